@@ -1,0 +1,241 @@
+// Package engine owns the inference engine's contract: a small array API
+// (Backend) that every backend implements, the model code written once against
+// it, the KV cache contract, and the loading of a model directory or GGUF file
+// into a runnable Model.
+//
+// Shape conventions (batch size is always 1 and never appears in a shape):
+//
+//	hidden states      [L, D]            L tokens in this step, D model width
+//	q                  [H, L, Dh]        H query heads, Dh head dim
+//	k, v (step)        [Hkv, L, Dh]
+//	k, v (cache)       [Hkv, T, Dh]      T tokens cached so far, per layer
+//	logits             [L, V] or [V]
+//
+// Evaluation model: a backend may be eager (cpu: every op computes at once) or
+// lazy (mlx: ops build a graph that Eval computes). Model code must therefore
+// call Eval before reading data back, and must not assume an op has run.
+//
+// Errors: ops do not return errors. Programming errors (shape mismatch, wrong
+// dtype) panic with a descriptive message; a backend's own runtime failure
+// (for mlx, an error reported by mlx-c) panics with an error value wrapping
+// ErrBackend. The engine's public entry points (Model.Forward and friends)
+// recover these panics into returned errors, so callers outside this package
+// never see them.
+//
+// Memory: arrays made during a step are temporaries. Backend.Free releases
+// them explicitly after the step; Backend.Keep marks arrays (weights, cache
+// storage) that a Free-all sweep must leave alone. The cpu backend relies on
+// the Go GC and may treat Free/Keep as no-ops; the mlx backend must not.
+//
+// This package must not import anything under supervisor/, nor kvwire, nor
+// any HTTP code: it is a library used by the runners.
+package engine
+
+import (
+	"errors"
+	"fmt"
+)
+
+// DType is an element type.
+type DType uint8
+
+// Element types. U32 holds packed quantized weights; I32 holds token ids.
+const (
+	F32 DType = iota + 1
+	F16
+	BF16
+	I32
+	U32
+	U8
+)
+
+// Size returns the size of one element in bytes.
+func (d DType) Size() int {
+	switch d {
+	case F32, I32, U32:
+		return 4
+	case F16, BF16:
+		return 2
+	case U8:
+		return 1
+	}
+	panic(fmt.Sprintf("engine: unknown dtype %d", d))
+}
+
+func (d DType) String() string {
+	switch d {
+	case F32:
+		return "float32"
+	case F16:
+		return "float16"
+	case BF16:
+		return "bfloat16"
+	case I32:
+		return "int32"
+	case U32:
+		return "uint32"
+	case U8:
+		return "uint8"
+	}
+	return fmt.Sprintf("dtype(%d)", uint8(d))
+}
+
+// ParseDType parses the names used by safetensors ("F32", "BF16") and by
+// HF config.json torch_dtype ("float32", "bfloat16").
+func ParseDType(s string) (DType, error) {
+	switch s {
+	case "F32", "float32":
+		return F32, nil
+	case "F16", "float16":
+		return F16, nil
+	case "BF16", "bfloat16":
+		return BF16, nil
+	case "I32", "int32":
+		return I32, nil
+	case "U32", "uint32":
+		return U32, nil
+	case "U8", "uint8":
+		return U8, nil
+	}
+	return 0, fmt.Errorf("engine: unknown dtype %q", s)
+}
+
+// ErrBackend wraps failures reported by a backend's runtime.
+var ErrBackend = errors.New("engine: backend error")
+
+// Array is a backend-owned n-dimensional array. Only the backend that made
+// it may operate on it.
+type Array interface {
+	Shape() []int
+	DType() DType
+}
+
+// Linear is a (possibly quantized) weight matrix in HF layout [out, in] with
+// an optional bias [out]. When Bits is 0 the weight is dense (W is [out, in]
+// float). When Bits > 0 it uses MLX's affine quantization: W is U32
+// [out, in*Bits/32] with values packed little-end first (element j of a
+// uint32 occupies bits [j*Bits, (j+1)*Bits)), Scales and Biases are
+// [out, in/GroupSize] float, and w = scale*q + bias for each group.
+// GGUF Q4_0, Q4_1 and Q8_0 are converted to this form at load (group 32).
+type Linear struct {
+	W, Scales, Biases Array
+	Bias              Array // nil when absent
+	Bits, GroupSize   int
+}
+
+// RoPE describes rotary position embedding as HF configs state it.
+// Dims is the number of rotated dimensions (normally the head dim); the
+// rotation is the non-interleaved "rotate half" form used by HF Llama/Qwen.
+type RoPE struct {
+	Dims  int
+	Base  float64
+	Scale RoPEScaling
+}
+
+// RoPEScaling is the rope_scaling block of config.json. Type is "" (none),
+// "linear", "llama3" or "yarn".
+type RoPEScaling struct {
+	Type                          string
+	Factor                        float64
+	LowFreqFactor, HighFreqFactor float64 // llama3
+	OriginalMaxPositions          int     // llama3, yarn
+	BetaFast, BetaSlow            float64 // yarn
+	MScale, MScaleAllDim          float64 // yarn
+}
+
+// Backend is the array API. The model code in this package is written only
+// against it. Implementations: engine/cpu (pure Go, eager) and engine/mlx
+// (mlx-c, lazy). A Backend is not safe for concurrent use unless it says so;
+// the runners serialize work per model.
+type Backend interface {
+	// Name is "cpu" or "mlx" (plus device, e.g. "mlx-gpu").
+	Name() string
+
+	// FromBytes makes an array from host bytes in dtype dt (little-endian),
+	// copying them. len(data) must equal product(shape)*dt.Size().
+	FromBytes(data []byte, shape []int, dt DType) Array
+	// FromFloat32 and FromInt32 are conveniences over FromBytes.
+	FromFloat32(data []float32, shape ...int) Array
+	FromInt32(data []int32, shape ...int) Array
+	// Bytes evaluates a and returns its contents as little-endian host
+	// bytes in a's dtype, row-major. The slice is the caller's.
+	Bytes(a Array) ([]byte, error)
+	// Float32 evaluates a and returns it converted to float32.
+	Float32(a Array) ([]float32, error)
+
+	// Eval computes the given arrays (a no-op for eager backends).
+	Eval(arrays ...Array) error
+	// Keep pins arrays so that Free-all sweeps leave them alone (weights,
+	// cache storage). Free releases arrays now; Free() with no arguments
+	// releases every array made since the last sweep that is not kept.
+	Keep(arrays ...Array)
+	Free(arrays ...Array)
+
+	// Linear computes x @ Wᵀ (+ bias) for x [L, in] → [L, out], dense or
+	// quantized as l says.
+	Linear(x Array, l *Linear) Array
+	// MatMul is a plain batched matmul: a [..., M, K] @ b [..., K, N].
+	MatMul(a, b Array) Array
+	// Embedding gathers rows ids [L] (I32) from table [V, D] (dense or
+	// quantized, as for Linear) → [L, D].
+	Embedding(table *Linear, ids Array) Array
+	// RMSNorm normalizes over the last axis: x / rms(x) * w.
+	RMSNorm(x, w Array, eps float32) Array
+	// RoPE rotates x [H, L, Dh] for positions offset..offset+L-1.
+	RoPE(x Array, offset int, r *RoPE) Array
+	// Attention computes softmax(q kᵀ * scale + mask) v for q [H, L, Dh] and
+	// k, v [Hkv, T, Dh] (H a multiple of Hkv: grouped-query attention),
+	// with a causal mask in which query i (absolute position T-L+i) sees
+	// keys 0..T-L+i. Returns [H, L, Dh].
+	Attention(q, k, v Array, scale float32) Array
+
+	SiLU(x Array) Array
+	Add(a, b Array) Array  // broadcasting over leading axes
+	Mul(a, b Array) Array  // broadcasting over leading axes
+	Softmax(x Array) Array // over the last axis
+	Argmax(x Array) Array  // over the last axis → I32
+	Reshape(x Array, shape ...int) Array
+	Transpose(x Array, perm ...int) Array
+	// Slice takes [start, end) along axis.
+	Slice(x Array, axis, start, end int) Array
+	Concat(axis int, arrays ...Array) Array
+	AsType(x Array, dt DType) Array
+
+	// NewKVCache makes an empty cache for the given geometry and dtype.
+	NewKVCache(g CacheGeometry, dt DType) KVCache
+}
+
+// CacheGeometry is the per-layer shape of a model's attention KV.
+type CacheGeometry struct {
+	Layers, KVHeads, HeadDim int
+}
+
+// KVCache holds K and V per layer as [Hkv, T, Dh] in the cache dtype, grown in
+// steps. All layers hold the same number of tokens between steps.
+type KVCache interface {
+	// Len is the number of cached token positions.
+	Len() int
+	// Append adds k, v [Hkv, L, Dh] to layer at position Len() and returns
+	// views of the whole layer's K and V [Hkv, Len()+L, Dh] for attention.
+	// Len() advances only once every layer has been appended (the model
+	// calls Append once per layer per step, in layer order).
+	Append(layer int, k, v Array) (kAll, vAll Array)
+	// Truncate drops positions ≥ n (n ≤ Len()).
+	Truncate(n int)
+	// Export returns positions [start, start+n) of one layer as host bytes:
+	// K then V, each [Hkv, n, Dh] row-major in the cache dtype.
+	Export(layer, start, n int) (k, v []byte, err error)
+	// Import writes positions [start, start+n) of one layer from bytes in
+	// Export's layout; start must be ≤ Len(). After every layer has been
+	// Import does not move Len(): once every layer holds [0, n) the caller
+	// calls Commit(n). On failure the caller Truncates back to where it
+	// began, so a partial import never becomes visible.
+	Import(layer, start, n int, k, v []byte) error
+	// Commit sets Len() to n after imports (n ≤ the imported extent).
+	Commit(n int) error
+	// DType and Geometry describe the storage.
+	DType() DType
+	Geometry() CacheGeometry
+	// Free releases the cache storage.
+	Free()
+}
