@@ -1,0 +1,51 @@
+package engine
+
+// This file fixes the contract between the engine and the runners. The
+// implementation (model.go, llama.go, …) provides exactly these
+// declarations; runners depend on nothing else in this package.
+//
+//	func Load(ctx context.Context, path string, b Backend, opts LoadOptions) (*Model, error)
+//	    path is a model directory (config.json + *.safetensors) or a .gguf file.
+//	func (m *Model) Info() ModelInfo
+//	func (m *Model) Fingerprint() Fingerprint
+//	func (m *Model) Backend() Backend
+//	func (m *Model) NewCache() KVCache
+//	func (m *Model) Forward(ctx context.Context, c KVCache, tokens []int32) ([]float32, error)
+//	    runs tokens at positions c.Len()…, appends their KV, returns the
+//	    float32 logits [V] of the last position only.
+//	func (m *Model) Prefill(ctx context.Context, c KVCache, tokens []int32, chunk int,
+//	    onChunk func(start, n int) error) error
+//	    runs tokens in chunks of at most chunk tokens (0 = default 512); after
+//	    each chunk's KV is in the cache (evaluated) calls onChunk with the
+//	    absolute positions [start, start+n); computes no logits; an error
+//	    from onChunk or ctx stops it after the current chunk.
+//	func (m *Model) Close() error
+
+// LoadOptions tunes Load.
+type LoadOptions struct {
+	// CacheDType is the KV cache dtype; 0 means the model's dtype (F32 for
+	// f32 weights, BF16 for bf16 or quantized safetensors, F32 for GGUF on
+	// the cpu backend).
+	CacheDType DType
+	// Progress, when set, is called as weights load with bytes done/total.
+	Progress func(done, total int64)
+}
+
+// ModelInfo describes a loaded model.
+type ModelInfo struct {
+	Arch         string // HF architecture name, e.g. "LlamaForCausalLM"
+	Layers       int
+	Hidden       int
+	Heads        int
+	KVHeads      int
+	HeadDim      int
+	Vocab        int
+	MaxPositions int
+	CacheDType   DType
+}
+
+// Fingerprint identifies everything that makes KV computed by one model
+// usable by another: layer count, KV heads, head dim, cache dtype, RoPE
+// settings and the vocabulary. Prefill and decode pair when fingerprints are
+// equal, whatever their weights' format or quantization.
+type Fingerprint [32]byte
