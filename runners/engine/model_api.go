@@ -45,7 +45,10 @@ type ModelInfo struct {
 }
 
 // Fingerprint identifies everything that makes KV computed by one model
-// usable by another: layer count, KV heads, head dim, cache dtype, RoPE
-// settings and the vocabulary. Prefill and decode pair when fingerprints are
-// equal, whatever their weights' format or quantization.
+// usable by another: architecture family, layer count, KV heads, head dim,
+// RoPE settings and the vocabulary (token strings in id order). It does not
+// include the dtype: the wire states the dtype of the bytes it carries and
+// the importing side converts between F32, F16 and BF16. Prefill and decode
+// pair when fingerprints are equal, whatever their weights' format or
+// quantization.
 type Fingerprint [32]byte
