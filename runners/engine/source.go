@@ -36,5 +36,9 @@ type Source interface {
 	// Config returns the model's HF config.json bytes (for GGUF, an
 	// equivalent config.json synthesized from the metadata).
 	Config() []byte
+	// Vocab returns the token strings in id order (tokenizer.json's
+	// model.vocab plus added_tokens, or GGUF tokenizer.ggml.tokens); the
+	// engine hashes it into the KV fingerprint.
+	Vocab() ([]string, error)
 	Close() error
 }
