@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Nix checks that need no nixpkgs and no network (what CI can run with
+# Debian's nix-bin): every .nix file must parse, and the pure helpers under
+# nix/lib must evaluate to the expected output committed in nix/tests/fixtures.
+# Exits non-zero on the first failure.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+if ! command -v nix-instantiate >/dev/null 2>&1; then
+	echo "nix-instantiate not found (apt-get install nix-bin)" >&2
+	exit 1
+fi
+
+# Evaluation must not touch a Nix store or daemon: read-only mode, and a
+# private state directory so it works for root and for ordinary users alike.
+export NIX_REMOTE=""
+NIX_STATE_DIR=$(mktemp -d)
+export NIX_STATE_DIR
+trap 'rm -rf "$NIX_STATE_DIR"' EXIT
+nixi() { nix-instantiate --readonly-mode "$@"; }
+
+fail=0
+n=0
+while IFS= read -r -d '' f; do
+	n=$((n + 1))
+	if ! nixi --parse "$f" >/dev/null; then
+		echo "FAIL parse: $f" >&2
+		fail=1
+	fi
+done < <(git ls-files -z --cached --others --exclude-standard -- '*.nix')
+echo "parsed $n .nix files"
+
+if [ -f nix/tests/eval.sh ]; then
+	# shellcheck source=/dev/null
+	. nix/tests/eval.sh
+fi
+
+if [ "$fail" -ne 0 ]; then
+	echo "nix checks failed" >&2
+	exit 1
+fi
+echo "nix checks ok"
