@@ -1,0 +1,112 @@
+// Package metrics owns the Prometheus metrics of a runner process (DESIGN.md
+// §7): request latency histograms and token counters, the queue gauge, the
+// remote-prefill outcome counter, KV transfer metrics and prefix-cache hits.
+// Each runner makes its own registry (no globals), so tests can run several
+// runners in one process. It must not import the engine, kvwire or anything
+// under supervisor/.
+package metrics
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Remote-prefill outcomes (label values of exo_remote_prefill_total).
+const (
+	OutcomeOK               = "ok"                  // KV came from a prefill runner
+	OutcomeFallbackBusy     = "fallback_busy"       // every endpoint busy: prefilled locally
+	OutcomeFallbackError    = "fallback_error"      // closed, timeout, internal, auth, version…: local
+	OutcomeFallbackMismatch = "fallback_mismatch"   // fingerprint/geometry mismatch: local
+	OutcomeFallbackCorrupt  = "fallback_corrupt"    // CRC/framing error: local
+	OutcomeSkippedShort     = "skipped_short"       // uncached tokens under the threshold
+	OutcomeSkippedNoEnd     = "skipped_no_endpoint" // no prefill endpoint configured
+	OutcomeSkippedDisabled  = "skipped_disabled"    // the request asked for local prefill
+	OutcomeSkippedCached    = "skipped_cached"      // the whole prompt was in the decode cache
+)
+
+// Runner holds one runner's metrics.
+type Runner struct {
+	Registry *prometheus.Registry
+
+	TTFT         *prometheus.HistogramVec // model
+	InterToken   *prometheus.HistogramVec // model
+	Duration     *prometheus.HistogramVec // model
+	PromptTokens *prometheus.CounterVec   // model
+	GenTokens    *prometheus.CounterVec   // model
+	Requests     *prometheus.CounterVec   // model, code
+	Waiting      prometheus.Gauge
+	Running      prometheus.Gauge
+
+	RemotePrefill *prometheus.CounterVec // outcome
+	KVBytes       *prometheus.CounterVec // role (prefill: sent, decode: received)
+	KVDuration    *prometheus.HistogramVec
+	KVWait        prometheus.Histogram
+	PrefixHit     *prometheus.CounterVec // role
+	PrefillTokens *prometheus.CounterVec // role: tokens computed by Prefill
+}
+
+var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
+
+// New makes the metrics of one runner with role "decode" or "prefill",
+// registered in a fresh registry together with the Go and process
+// collectors.
+func New(role string) *Runner {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	f := func(c prometheus.Collector) { reg.MustRegister(c) }
+	cl := prometheus.Labels{"role": role}
+	m := &Runner{Registry: reg}
+	m.TTFT = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "exo_time_to_first_token_seconds",
+		Help: "Time from request arrival to the first generated token.", Buckets: latencyBuckets}, []string{"model"})
+	m.InterToken = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "exo_inter_token_latency_seconds",
+		Help:    "Time between consecutive generated tokens.",
+		Buckets: []float64{.001, .0025, .005, .01, .02, .04, .08, .16, .32, .64, 1.28}}, []string{"model"})
+	m.Duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "exo_request_duration_seconds",
+		Help: "Time from request arrival to its completion.", Buckets: latencyBuckets}, []string{"model"})
+	m.PromptTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exo_prompt_tokens_total",
+		Help: "Prompt tokens of completed and failed requests."}, []string{"model"})
+	m.GenTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exo_generation_tokens_total",
+		Help: "Generated tokens."}, []string{"model"})
+	m.Requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exo_requests_total",
+		Help: "Requests by HTTP status code (499: the client went away)."}, []string{"model", "code"})
+	m.Waiting = prometheus.NewGauge(prometheus.GaugeOpts{Name: "exo_requests_waiting",
+		Help: "Requests waiting in the runner's queue.", ConstLabels: cl})
+	m.Running = prometheus.NewGauge(prometheus.GaugeOpts{Name: "exo_requests_running",
+		Help: "Requests being computed.", ConstLabels: cl})
+	m.RemotePrefill = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exo_remote_prefill_total",
+		Help: "Decode requests by remote-prefill outcome."}, []string{"outcome"})
+	m.KVBytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exo_kv_transfer_bytes_total",
+		Help: "KV payload bytes moved over the KV wire (prefill: sent, decode: received)."}, []string{"role"})
+	m.KVDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "exo_kv_transfer_duration_seconds",
+		Help: "Duration of KV wire transfers, request to done.", Buckets: latencyBuckets}, []string{"role"})
+	m.KVWait = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "exo_kv_wait_seconds",
+		Help: "Time the decode side spent waiting on the KV wire per transfer.", Buckets: latencyBuckets})
+	m.PrefixHit = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exo_prefix_cache_hit_tokens_total",
+		Help: "Prompt tokens whose KV came from a prefix cache instead of being computed."}, []string{"role"})
+	m.PrefillTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exo_prefill_computed_tokens_total",
+		Help: "Prompt tokens computed by this runner's prefill."}, []string{"role"})
+	for _, c := range []prometheus.Collector{m.TTFT, m.InterToken, m.Duration, m.PromptTokens, m.GenTokens, m.Requests,
+		m.Waiting, m.Running, m.RemotePrefill, m.KVBytes, m.KVDuration, m.KVWait, m.PrefixHit, m.PrefillTokens} {
+		f(c)
+	}
+	// Expose the outcome and role series at zero from the start, so a
+	// scrape (and a test) sees them before the first event.
+	for _, o := range []string{OutcomeOK, OutcomeFallbackBusy, OutcomeFallbackError, OutcomeFallbackMismatch,
+		OutcomeFallbackCorrupt, OutcomeSkippedShort, OutcomeSkippedNoEnd, OutcomeSkippedDisabled, OutcomeSkippedCached} {
+		if role == "decode" {
+			m.RemotePrefill.WithLabelValues(o)
+		}
+	}
+	m.PrefixHit.WithLabelValues(role)
+	m.KVBytes.WithLabelValues(role)
+	m.PrefillTokens.WithLabelValues(role)
+	return m
+}
+
+// Handler serves the registry in the Prometheus text format.
+func (m *Runner) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+}
