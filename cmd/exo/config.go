@@ -1,6 +1,70 @@
 package main
 
-import "context"
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
 
-// cmdConfig is a placeholder until its owner lands it.
-func cmdConfig(ctx context.Context, args []string) error { return errNotYet }
+	"github.com/exo-pd/exo-pd/supervisor/config"
+)
+
+// cmdConfig implements `exo config check [PATH]` and `exo config default`.
+func cmdConfig(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return exitError{2, "usage: exo config check [PATH] | exo config default"}
+	}
+	switch args[0] {
+	case "check":
+		fs := flag.NewFlagSet("config check", flag.ContinueOnError)
+		if err := fs.Parse(args[1:]); err != nil {
+			return exitError{2, ""}
+		}
+		path := config.DefaultPath
+		if fs.NArg() > 0 {
+			path = fs.Arg(0)
+		}
+		return configCheck(os.Stdout, os.Stderr, path)
+	case "default":
+		fmt.Print(config.DefaultText())
+		return nil
+	}
+	return exitError{2, fmt.Sprintf("config: unknown subcommand %q (want check or default)", args[0])}
+}
+
+// configCheck validates path and prints each host's plan to out, or every
+// error to errOut and returns exit status 1.
+func configCheck(out, errOut io.Writer, path string) error {
+	c, err := config.Load(path)
+	if err != nil {
+		var es config.Errors
+		if errors.As(err, &es) {
+			for _, e := range es {
+				fmt.Fprintln(errOut, e)
+			}
+			return exitError{1, fmt.Sprintf("%s: %d error(s)", path, len(es))}
+		}
+		return exitError{1, err.Error()}
+	}
+	printPlan(out, c)
+	return nil
+}
+
+func printPlan(out io.Writer, c *config.Config) {
+	name := c.Cluster.Name
+	if name == "" {
+		name = "(unnamed)"
+	}
+	fmt.Fprintf(out, "%s: ok: cluster %s, %d host(s), %d model(s), API on port %d of every host\n", c.Path, name, len(c.Hosts), len(c.Models), c.API.Port)
+	for _, hn := range c.HostNames() {
+		h := c.Hosts[hn]
+		rs := c.Runners(hn)
+		fmt.Fprintf(out, "\nhost %s (%s, backend %s): %d runner(s)\n", hn, h.Address, h.Backend, len(rs))
+		for _, r := range rs {
+			fmt.Fprintf(out, "  %-24s exo %s\n", r.Name, strings.Join(r.Args(), " "))
+		}
+	}
+}

@@ -1,0 +1,353 @@
+// Package config owns the cluster file: its schema, defaults, loading,
+// validation (every error with file:line:column and a reason), the plan of
+// runners each host must run (with deterministic ports), host identity and
+// Diff between two plans. It is pure: it starts no processes and opens no
+// sockets, and it must not import runners/ or any other supervisor package.
+package config
+
+import (
+	_ "embed"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+)
+
+// Defaults.
+const (
+	DefaultPath                   = "/etc/exo/cluster.toml"
+	DefaultAPIPort                = 52415
+	DefaultRunnerPortBase         = 52500
+	DefaultRemotePrefillMinTokens = 256
+	// PortsPerModel is the stride of automatically assigned ports: model i
+	// (0-based, file order) gets base+10i (decode HTTP), base+10i+1 (prefill
+	// KV wire) and base+10i+2 (prefill /health and /metrics).
+	PortsPerModel = 10
+)
+
+//go:embed default.toml
+var defaultTOML string
+
+// DefaultName is the Path of the embedded default config.
+const DefaultName = "(embedded default)"
+
+// Backend is what a host computes on.
+type Backend string
+
+// Backends.
+const (
+	CUDA  Backend = "cuda"
+	Metal Backend = "metal"
+	CPU   Backend = "cpu"
+)
+
+// Config is a loaded, defaulted and validated cluster file.
+type Config struct {
+	Path    string           `toml:"-"`
+	Cluster Cluster          `toml:"cluster"`
+	API     API              `toml:"api"`
+	Hosts   map[string]*Host `toml:"hosts"`
+	Models  []*Model         `toml:"models"`
+
+	pos []keyPos
+}
+
+// Cluster holds cluster-wide settings.
+type Cluster struct {
+	Name string `toml:"name"`
+	// SecretFile authenticates the KV channel; passed to every runner.
+	SecretFile string `toml:"secret_file"`
+	// ModelsDir is the model store passed to runners (--models-dir).
+	ModelsDir string `toml:"models_dir"`
+	// RunnerPortBase is where automatic runner ports start.
+	RunnerPortBase int `toml:"runner_port_base"`
+}
+
+// API is the gateway every supervisor serves.
+type API struct {
+	Listen string `toml:"listen"` // interface to bind; "" = all
+	Port   int    `toml:"port"`
+}
+
+// Host is one machine of the cluster.
+type Host struct {
+	Name    string  `toml:"-"`
+	Address string  `toml:"address"`
+	Backend Backend `toml:"backend"`
+}
+
+// Model is one served model: its decode runners and optional prefill runners.
+type Model struct {
+	Name string `toml:"name"`
+	// Source is the default weight source of both roles.
+	Source                 string `toml:"source"`
+	Decode                 *Role  `toml:"decode"`
+	Prefill                *Role  `toml:"prefill"`
+	RemotePrefillMinTokens int    `toml:"remote_prefill_min_tokens"`
+	MaxQueue               int    `toml:"max_queue"`
+}
+
+// Role is the decode or prefill part of a model.
+type Role struct {
+	Hosts  []string `toml:"hosts"`
+	Source string   `toml:"source"`
+	// Port is the decode runner's HTTP port, or the prefill runner's KV port.
+	Port int `toml:"port"`
+	// MetricsPort is the prefill runner's HTTP port (/health, /metrics).
+	MetricsPort int `toml:"metrics_port"`
+}
+
+// Error is one problem in a cluster file.
+type Error struct {
+	File string
+	Pos  Pos
+	Msg  string
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("%s:%d:%d: %s", e.File, e.Pos.Line, e.Pos.Col, e.Msg)
+}
+
+// Errors is every problem found in a file, in file order.
+type Errors []*Error
+
+func (es Errors) Error() string {
+	lines := make([]string, len(es))
+	for i, e := range es {
+		lines[i] = e.Error()
+	}
+	return strings.Join(lines, "\n")
+}
+
+// ErrInvalid is wrapped by every load error caused by the file's content.
+var ErrInvalid = errors.New("invalid cluster file")
+
+// Is lets errors.Is(err, ErrInvalid) match.
+func (es Errors) Is(target error) bool { return target == ErrInvalid }
+
+// Load reads, defaults and validates the file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read cluster file: %w", err)
+	}
+	return Parse(path, data)
+}
+
+// Default returns the embedded one-host default config: host "local" on
+// 127.0.0.1, cpu backend, SmolLM2-135M-Instruct served with decode and
+// prefill both on it.
+func Default() *Config {
+	c, err := Parse(DefaultName, []byte(defaultTOML))
+	if err != nil {
+		panic("embedded default config is invalid: " + err.Error())
+	}
+	return c
+}
+
+// DefaultText is the embedded default config as TOML.
+func DefaultText() string { return defaultTOML }
+
+var typeErrRe = regexp.MustCompile(`^toml: line (\d+) \(last key "([^"]*)"\): (.*)$`)
+
+// Parse decodes, defaults and validates data; name is used in messages.
+func Parse(name string, data []byte) (*Config, error) {
+	c := &Config{Path: name}
+	src := string(data)
+	md, err := toml.Decode(src, c)
+	if err != nil {
+		var pe toml.ParseError
+		if errors.As(err, &pe) {
+			return nil, Errors{{name, offsetPos(src, pe.Position.Start), pe.Message}}
+		}
+		if m := typeErrRe.FindStringSubmatch(err.Error()); m != nil {
+			line, _ := strconv.Atoi(m[1])
+			return nil, Errors{{name, Pos{line, keyCol(src, line, m[2])}, fmt.Sprintf("%s: %s", lastComponent(m[2]), m[3])}}
+		}
+		return nil, Errors{{name, Pos{1, 1}, err.Error()}}
+	}
+	c.pos = scanPositions(src)
+	var errs Errors
+	// Unknown keys: report each topmost undecoded key at every place it occurs.
+	undecoded := map[string]bool{}
+	for _, k := range md.Undecoded() {
+		undecoded[k.String()] = true
+	}
+	seen := map[Pos]bool{}
+	for _, kp := range c.pos {
+		st := stripIdx(kp.path)
+		if !undecoded[st] || seen[kp.pos] {
+			continue
+		}
+		parentUnknown := false
+		for i := 1; i < len(kp.path); i++ {
+			if undecoded[stripIdx(kp.path[:i])] {
+				parentUnknown = true
+			}
+		}
+		if parentUnknown {
+			continue
+		}
+		seen[kp.pos] = true
+		errs = append(errs, &Error{name, kp.pos, fmt.Sprintf("unknown key %q%s", lastComponent(st), knownKeysHint(kp.path))})
+	}
+	c.applyDefaults()
+	errs = append(errs, c.validate()...)
+	if len(errs) > 0 {
+		sort.SliceStable(errs, func(i, j int) bool {
+			a, b := errs[i].Pos, errs[j].Pos
+			return a.Line < b.Line || a.Line == b.Line && a.Col < b.Col
+		})
+		return nil, errs
+	}
+	return c, nil
+}
+
+// offsetPos converts a byte offset into a line and column.
+func offsetPos(src string, off int) Pos {
+	off = min(max(off, 0), len(src))
+	line := 1 + strings.Count(src[:off], "\n")
+	start := strings.LastIndexByte(src[:off], '\n') + 1
+	return Pos{line, 1 + len([]rune(src[start:off]))}
+}
+
+func lastComponent(k string) string {
+	if i := strings.LastIndexByte(k, '.'); i >= 0 {
+		return k[i+1:]
+	}
+	return k
+}
+
+// keyCol finds the column of key's last component on line (1 if unknown).
+func keyCol(src string, line int, key string) int {
+	lines := strings.Split(src, "\n")
+	if line < 1 || line > len(lines) {
+		return 1
+	}
+	if i := strings.Index(lines[line-1], lastComponent(key)); i >= 0 {
+		return len([]rune(lines[line-1][:i])) + 1
+	}
+	return 1
+}
+
+var knownKeys = map[string][]string{
+	"":               {"cluster", "api", "hosts", "models"},
+	"cluster":        {"name", "secret_file", "models_dir", "runner_port_base"},
+	"api":            {"listen", "port"},
+	"hosts.*":        {"address", "backend"},
+	"models":         {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "max_queue"},
+	"models.decode":  {"hosts", "source", "port"},
+	"models.prefill": {"hosts", "source", "port", "metrics_port"},
+}
+
+func knownKeysHint(path []string) string {
+	var parent []string
+	for _, p := range path[:len(path)-1] {
+		if !strings.HasPrefix(p, idxMark) {
+			parent = append(parent, p)
+		}
+	}
+	k := joinPath(parent)
+	if len(parent) == 2 && parent[0] == "hosts" {
+		k = "hosts.*"
+	}
+	if ks, ok := knownKeys[k]; ok {
+		return " (known keys here: " + strings.Join(ks, ", ") + ")"
+	}
+	return ""
+}
+
+// at returns the position of the key path (components as strings, indexes
+// as ints), falling back to the nearest enclosing key that has one.
+func (c *Config) at(path ...any) Pos {
+	p := make([]string, len(path))
+	for i, x := range path {
+		switch v := x.(type) {
+		case int:
+			p[i] = idx(v)
+		case string:
+			p[i] = v
+		}
+	}
+	for n := len(p); n > 0; n-- {
+		want := joinPath(p[:n])
+		for _, kp := range c.pos {
+			if joinPath(kp.path) == want {
+				return kp.pos
+			}
+		}
+	}
+	return Pos{1, 1}
+}
+
+func (c *Config) applyDefaults() {
+	if c.API.Port == 0 {
+		c.API.Port = DefaultAPIPort
+	}
+	if c.Cluster.RunnerPortBase == 0 {
+		c.Cluster.RunnerPortBase = DefaultRunnerPortBase
+	}
+	if c.Hosts == nil {
+		c.Hosts = map[string]*Host{}
+	}
+	for name, h := range c.Hosts {
+		if h == nil {
+			h = &Host{}
+			c.Hosts[name] = h
+		}
+		h.Name = name
+	}
+	for i, m := range c.Models {
+		if m == nil {
+			continue
+		}
+		if m.RemotePrefillMinTokens == 0 {
+			m.RemotePrefillMinTokens = DefaultRemotePrefillMinTokens
+		}
+		base := c.Cluster.RunnerPortBase + PortsPerModel*i
+		if m.Decode != nil {
+			if m.Decode.Source == "" {
+				m.Decode.Source = m.Source
+			}
+			if m.Decode.Port == 0 {
+				m.Decode.Port = base
+			}
+		}
+		if m.Prefill != nil {
+			if m.Prefill.Source == "" {
+				m.Prefill.Source = m.Source
+			}
+			if m.Prefill.Port == 0 {
+				m.Prefill.Port = base + 1
+			}
+			if m.Prefill.MetricsPort == 0 {
+				m.Prefill.MetricsPort = base + 2
+			}
+		}
+	}
+}
+
+// HostNames returns the hosts' names, sorted.
+func (c *Config) HostNames() []string {
+	names := make([]string, 0, len(c.Hosts))
+	for n := range c.Hosts {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Model returns the model called name, or nil.
+func (c *Config) Model(name string) *Model {
+	for _, m := range c.Models {
+		if m.Name == name {
+			return m
+		}
+	}
+	return nil
+}

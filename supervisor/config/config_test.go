@@ -1,0 +1,343 @@
+package config
+
+import (
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const twoHosts = `
+[cluster]
+name = "t"
+
+[hosts.spark]
+address = "127.0.0.2"
+backend = "cuda"
+
+[hosts.mac]
+address = "127.0.0.3"
+backend = "metal"
+`
+
+func TestInvalidFiles(t *testing.T) {
+	tests := []struct {
+		name string
+		src  string
+		want []string
+	}{
+		{"syntax", "[cluster\nname = 1\n", []string{
+			`f.toml:1:9: expected '.' or ']' to end table name, but got '\n' instead`}},
+		{"type", twoHosts + "[api]\nport = \"x\"\n", []string{
+			`f.toml:13:1: port: incompatible types: TOML value has type string; destination has type integer`}},
+		{"unknown keys", twoHosts + `
+[api]
+prot = 1
+
+[hosts.spark.extra]
+x = 1
+
+[[models]]
+name = "m"
+sauce = "a"
+decode = { hosts = ["mac"], source = "a", portt = 3 }
+`, []string{
+			`f.toml:14:1: unknown key "prot" (known keys here: listen, port)`,
+			`f.toml:16:2: unknown key "extra" (known keys here: address, backend)`,
+			`f.toml:21:1: unknown key "sauce" (known keys here: name, source, decode, prefill, remote_prefill_min_tokens, max_queue)`,
+			`f.toml:22:43: unknown key "portt" (known keys here: hosts, source, port)`,
+		}},
+		{"unknown host", twoHosts + `
+[[models]]
+name = "m"
+source = "org/m"
+decode = { hosts = ["mac", "studio"] }
+prefill = { hosts = ["spark", "spark"] }
+`, []string{
+			`f.toml:16:28: model m: decode on unknown host "studio" (hosts: mac, spark)`,
+			`f.toml:17:31: model m: host "spark" listed twice in prefill.hosts`,
+		}},
+		{"quantized on cuda", twoHosts + `
+[[models]]
+name = "m"
+decode = { hosts = ["mac"], source = "mlx-community/Qwen3-8B-4bit" }
+prefill = { hosts = ["spark"], source = "mlx-community/Qwen3-8B-4bit" }
+`, []string{
+			`f.toml:16:22: model m: host spark (backend cuda) cannot serve prefill of "mlx-community/Qwen3-8B-4bit": MLX on CUDA has no quantized matmul; give this role bf16/f16 weights (e.g. the original Hugging Face repository)`,
+		}},
+		{"port clash", twoHosts + `
+[[models]]
+name = "a"
+source = "org/a"
+decode = { hosts = ["mac"], port = 52415 }
+
+[[models]]
+name = "b"
+source = "org/b"
+prefill = { hosts = ["spark"], port = 9000, metrics_port = 9000 }
+decode = { hosts = ["mac"], port = 52510 }
+`, []string{
+			`f.toml:16:29: two runners on one port: the API gateway ([api] port) and model a decode both use port 52415 on host mac`,
+			`f.toml:21:45: two runners on one port: model b prefill and model b prefill metrics both use port 9000 on host spark`,
+		}},
+		{"auto port clash", twoHosts + `
+[[models]]
+name = "a"
+source = "org/a"
+decode = { hosts = ["mac"] }
+
+[[models]]
+name = "b"
+source = "org/b"
+decode = { hosts = ["mac"], port = 52500 }
+`, []string{
+			`f.toml:21:29: two runners on one port: model a decode and model b decode both use port 52500 on host mac`,
+		}},
+		{"missing pieces", `
+[api]
+port = 70000
+
+[hosts.x]
+backend = "rocm"
+
+[hosts.y]
+address = "a b"
+
+[[models]]
+decode = { hosts = ["x"] }
+
+[[models]]
+name = "x"
+remote_prefill_min_tokens = -1
+prefill = { hosts = ["y"], source = "s" }
+
+[[models]]
+name = "x"
+source = "s"
+decode = { hosts = [] }
+`, []string{
+			`f.toml:3:1: api port 70000 out of range 1-65535`,
+			`f.toml:5:2: host x has no address (how other hosts reach it, e.g. address = "10.0.0.10")`,
+			`f.toml:6:1: host x: unknown backend "rocm" (want cuda, metal or cpu)`,
+			`f.toml:8:2: host y has no backend (cuda, metal or cpu)`,
+			`f.toml:9:1: host y: address "a b" is neither an IP address nor a host name`,
+			`f.toml:11:3: models[0] has no name (what clients send as "model")`,
+			`f.toml:12:1: models[0]: decode has no source (set source on the model or decode.source)`,
+			`f.toml:14:3: model x has no decode = { hosts = [...] }: every model needs at least one decode runner`,
+			`f.toml:16:1: model x: remote_prefill_min_tokens must be at least 1`,
+			`f.toml:20:1: model "x" is defined twice (first as models[1])`,
+			`f.toml:22:1: model x: decode.hosts is empty`,
+		}},
+		{"empty", "", []string{
+			`f.toml:1:1: no hosts: add at least one [hosts.NAME] table with address and backend`,
+			`f.toml:1:1: no models: add at least one [[models]] table`,
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse("f.toml", []byte(tt.src))
+			if err == nil {
+				t.Fatalf("Parse succeeded: %+v", c)
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("error does not wrap ErrInvalid: %v", err)
+			}
+			got := strings.Split(err.Error(), "\n")
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("errors:\n got: %s\nwant: %s", strings.Join(got, "\n      "), strings.Join(tt.want, "\n      "))
+			}
+		})
+	}
+}
+
+func TestExampleFileIsValid(t *testing.T) {
+	c, err := Load(filepath.Join("..", "..", "etc", "exo", "cluster.example.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.HostNames(); !slices.Equal(got, []string{"mini", "spark", "studio"}) {
+		t.Errorf("hosts = %v", got)
+	}
+	spark := c.Runners("spark")
+	if len(spark) != 2 || spark[0].Role != Prefill || spark[1].Role != Prefill {
+		t.Fatalf("spark runners = %+v", spark)
+	}
+	want := []string{"runner", "prefill", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--served-name", "llama-3.1-8b",
+		"--listen", "10.0.0.10:52601", "--metrics", "10.0.0.10:52602", "--secret-file", "/etc/exo/secret", "--backend", "mlx", "--device", "gpu"}
+	if got := spark[0].Args(); !slices.Equal(got, want) {
+		t.Errorf("spark[0] args\n got %q\nwant %q", got, want)
+	}
+	studio := c.Runners("studio")
+	want = []string{"runner", "decode", "--model", "mlx-community/Qwen3-8B-4bit", "--served-name", "qwen3-8b",
+		"--listen", "10.0.0.20:52500", "--prefill", "10.0.0.10:52501", "--remote-prefill-min-tokens", "256",
+		"--secret-file", "/etc/exo/secret", "--backend", "mlx", "--device", "gpu", "--max-queue", "16"}
+	if len(studio) != 2 || !slices.Equal(studio[1].Args(), want) {
+		t.Errorf("studio runners = %+v\nwant second args %q", studio, want)
+	}
+	if got := len(c.DecodeRunners("qwen3-8b")); got != 2 {
+		t.Errorf("qwen3-8b decode runners = %d, want 2", got)
+	}
+}
+
+func TestDefault(t *testing.T) {
+	c := Default()
+	rs := c.Runners("local")
+	if len(rs) != 2 {
+		t.Fatalf("default runners = %+v", rs)
+	}
+	dec, pre := rs[0], rs[1]
+	if want := []string{"runner", "decode", "--model", "builtin:smollm2", "--served-name", "smollm2-135m",
+		"--listen", "127.0.0.1:52500", "--prefill", "127.0.0.1:52501", "--remote-prefill-min-tokens", "256", "--backend", "cpu"}; !slices.Equal(dec.Args(), want) {
+		t.Errorf("decode args %q, want %q", dec.Args(), want)
+	}
+	if want := []string{"runner", "prefill", "--model", "builtin:smollm2", "--served-name", "smollm2-135m",
+		"--listen", "127.0.0.1:52501", "--metrics", "127.0.0.1:52502", "--backend", "cpu"}; !slices.Equal(pre.Args(), want) {
+		t.Errorf("prefill args %q, want %q", pre.Args(), want)
+	}
+	if c.API.Port != 52415 || c.API.Listen != "127.0.0.1" {
+		t.Errorf("api = %+v", c.API)
+	}
+}
+
+func TestDiff(t *testing.T) {
+	base := twoHosts + `
+[[models]]
+name = "a"
+source = "org/a"
+decode = { hosts = ["mac"] }
+prefill = { hosts = ["spark"] }
+
+[[models]]
+name = "b"
+source = "org/b"
+decode = { hosts = ["mac"] }
+`
+	parse := func(s string) *Config {
+		t.Helper()
+		c, err := Parse("f", []byte(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	names := func(rs []Runner) string {
+		var s []string
+		for _, r := range rs {
+			s = append(s, r.Host+"/"+r.Name)
+		}
+		return strings.Join(s, ",")
+	}
+	old := parse(base)
+	tests := []struct {
+		name                       string
+		src                        string
+		host                       string
+		start, stop, restart, keep string
+	}{
+		{"same", base, "mac", "", "", "", "a-decode,b-decode"},
+		{"comment only", base + "# hello\n", "spark", "", "", "", "a-prefill"},
+		{"move decode of b", strings.Replace(base, `name = "b"
+source = "org/b"
+decode = { hosts = ["mac"] }`, `name = "b"
+source = "org/b"
+decode = { hosts = ["spark"] }`, 1), "spark", "spark/b-decode", "", "", "a-prefill"},
+		{"move decode of b (mac side)", strings.Replace(base, `source = "org/b"
+decode = { hosts = ["mac"] }`, `source = "org/b"
+decode = { hosts = ["spark"] }`, 1), "mac", "", "mac/b-decode", "", "a-decode"},
+		{"new source restarts", strings.Replace(base, `"org/b"`, `"org/b2"`, 1), "mac", "", "", "mac/b-decode", "a-decode"},
+		{"threshold restarts decode only", strings.Replace(base, `prefill = { hosts = ["spark"] }`, "prefill = { hosts = [\"spark\"] }\nremote_prefill_min_tokens = 9", 1), "spark", "", "", "", "a-prefill"},
+		{"threshold restarts decode", strings.Replace(base, `prefill = { hosts = ["spark"] }`, "prefill = { hosts = [\"spark\"] }\nremote_prefill_min_tokens = 9", 1), "mac", "", "", "mac/a-decode", "b-decode"},
+		{"secret restarts all", strings.Replace(base, `name = "t"`, "name = \"t\"\nsecret_file = \"/s\"", 1), "mac", "", "", "mac/a-decode,mac/b-decode", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ch := Diff(old.Runners(tt.host), parse(tt.src).Runners(tt.host))
+			if got := names(ch.Start); got != tt.start {
+				t.Errorf("start = %q, want %q", got, tt.start)
+			}
+			if got := names(ch.Stop); got != tt.stop {
+				t.Errorf("stop = %q, want %q", got, tt.stop)
+			}
+			if got := names(ch.Restart); got != tt.restart {
+				t.Errorf("restart = %q, want %q", got, tt.restart)
+			}
+			if got := strings.Join(ch.Keep, ","); got != tt.keep {
+				t.Errorf("keep = %q, want %q", got, tt.keep)
+			}
+		})
+	}
+}
+
+func TestIdentify(t *testing.T) {
+	c, err := Parse("f", []byte(twoHosts+"[[models]]\nname=\"m\"\nsource=\"s\"\ndecode={hosts=[\"mac\"]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		flag, hostname string
+		addrs          []string
+		want, wantErr  string
+	}{
+		{"spark", "mac", nil, "spark", ""},
+		{"", "mac", nil, "mac", ""},
+		{"", "mac.lan", nil, "mac", ""},
+		{"", "other", []string{"127.0.0.1", "127.0.0.2"}, "spark", ""},
+		{"nope", "mac", nil, "", `this host is not in the cluster file: --host "nope" is not one of f's hosts (mac, spark)`},
+		{"", "other", []string{"10.1.1.1"}, "", `this host is not in the cluster file: --host not given, hostname "other" names no [hosts.*] entry of f, and no host's address is local (hosts: mac, spark); pass --host NAME`},
+		{"", "other", []string{"127.0.0.2", "127.0.0.3"}, "", `this host is not in the cluster file: several hosts have a local address (mac, spark); pass --host NAME`},
+	}
+	for _, tt := range tests {
+		var ips []net.IP
+		for _, a := range tt.addrs {
+			ips = append(ips, net.ParseIP(a))
+		}
+		got, err := c.Identify(tt.flag, tt.hostname, ips)
+		if tt.wantErr != "" {
+			if err == nil || err.Error() != tt.wantErr || !errors.Is(err, ErrUnknownHost) {
+				t.Errorf("Identify(%q,%q,%v) err = %v, want %q", tt.flag, tt.hostname, tt.addrs, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil || got != tt.want {
+			t.Errorf("Identify(%q,%q,%v) = %q, %v; want %q", tt.flag, tt.hostname, tt.addrs, got, err, tt.want)
+		}
+	}
+}
+
+func TestQuantized(t *testing.T) {
+	for src, want := range map[string]bool{
+		"mlx-community/Qwen3-8B-4bit":      true,
+		"/models/Llama-3.2-1B.Q4_0.gguf":   true,
+		"x/Llama-Q8_0.gguf":                true,
+		"builtin:smollm2":                  true,
+		"Qwen/Qwen3-8B":                    false,
+		"/models/llama-f16.gguf":           false,
+		"meta-llama/Llama-3.1-8B-Instruct": false,
+		"Qwen/Qwen2.5-Coder-32B":           false,
+	} {
+		if got := Quantized(src); got != want {
+			t.Errorf("Quantized(%q) = %v, want %v", src, got, want)
+		}
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	ex, _ := os.ReadFile(filepath.Join("..", "..", "etc", "exo", "cluster.example.toml"))
+	f.Add(ex)
+	f.Add([]byte(DefaultText()))
+	f.Add([]byte(twoHosts))
+	f.Add([]byte("[[models]]\ndecode={hosts=[\"a\",{x=1}]}\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := Parse("fuzz", data)
+		if err == nil {
+			for _, h := range c.HostNames() {
+				for _, r := range c.Runners(h) {
+					_ = r.Args()
+				}
+			}
+		}
+	})
+}

@@ -1,0 +1,220 @@
+package config
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"sort"
+	"strconv"
+)
+
+// Roles.
+const (
+	Decode  = "decode"
+	Prefill = "prefill"
+)
+
+// Runner is one runner process as the cluster file defines it. Two Runners
+// with equal fields are the same process; any difference means a restart.
+type Runner struct {
+	Name    string // "<model>-<role>", unique on a host
+	Host    string
+	Address string // the host's address
+	Model   string
+	Role    string // Decode or Prefill
+	Source  string
+	// Listen is the decode runner's HTTP address or the prefill runner's KV
+	// wire address; Metrics is the prefill runner's HTTP address.
+	Listen, Metrics        string
+	Prefill                []string // decode: prefill KV endpoints, file order
+	RemotePrefillMinTokens int
+	SecretFile, ModelsDir  string
+	Backend, Device        string
+	MaxQueue               int
+}
+
+// HealthAddr is the HOST:PORT serving the runner's /health and /metrics.
+func (r Runner) HealthAddr() string {
+	if r.Role == Prefill {
+		return r.Metrics
+	}
+	return r.Listen
+}
+
+// Args is the runner's command line after the executable:
+// "runner decode …" or "runner prefill …" exactly as runners accept them.
+func (r Runner) Args() []string {
+	a := []string{"runner", r.Role, "--model", r.Source, "--served-name", r.Model, "--listen", r.Listen}
+	if r.Role == Prefill {
+		a = append(a, "--metrics", r.Metrics)
+	} else {
+		if len(r.Prefill) > 0 {
+			a = append(a, "--prefill", joinComma(r.Prefill))
+		}
+		a = append(a, "--remote-prefill-min-tokens", strconv.Itoa(r.RemotePrefillMinTokens))
+	}
+	if r.SecretFile != "" {
+		a = append(a, "--secret-file", r.SecretFile)
+	}
+	a = append(a, "--backend", r.Backend)
+	if r.Device != "" {
+		a = append(a, "--device", r.Device)
+	}
+	if r.MaxQueue > 0 {
+		a = append(a, "--max-queue", strconv.Itoa(r.MaxQueue))
+	}
+	if r.ModelsDir != "" {
+		a = append(a, "--models-dir", r.ModelsDir)
+	}
+	return a
+}
+
+// Equal reports whether two runner specs describe the same process.
+func (r Runner) Equal(o Runner) bool {
+	return r.Name == o.Name && r.Host == o.Host && slices.Equal(r.Args(), o.Args())
+}
+
+// LogValue makes runners log as their name, role, model and address.
+func (r Runner) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("name", r.Name), slog.String("role", r.Role),
+		slog.String("model", r.Model), slog.String("host", r.Host), slog.String("addr", r.HealthAddr()))
+}
+
+func joinComma(s []string) string {
+	out := ""
+	for i, x := range s {
+		if i > 0 {
+			out += ","
+		}
+		out += x
+	}
+	return out
+}
+
+// runnerBackend maps a host backend to the runner's --backend and --device.
+func runnerBackend(b Backend) (backend, device string) {
+	switch b {
+	case CUDA, Metal:
+		return "mlx", "gpu"
+	default:
+		return "cpu", ""
+	}
+}
+
+// AllRunners returns every runner of the cluster, sorted by host then name.
+func (c *Config) AllRunners() []Runner {
+	var out []Runner
+	for _, m := range c.Models {
+		var prefill []string
+		if m.Prefill != nil {
+			for _, hn := range m.Prefill.Hosts {
+				h := c.Hosts[hn]
+				prefill = append(prefill, net.JoinHostPort(h.Address, strconv.Itoa(m.Prefill.Port)))
+			}
+		}
+		add := func(role string, r *Role) {
+			if r == nil {
+				return
+			}
+			for _, hn := range r.Hosts {
+				h := c.Hosts[hn]
+				be, dev := runnerBackend(h.Backend)
+				ru := Runner{
+					Name: m.Name + "-" + role, Host: hn, Address: h.Address, Model: m.Name, Role: role,
+					Source: r.Source, Listen: net.JoinHostPort(h.Address, strconv.Itoa(r.Port)),
+					SecretFile: c.Cluster.SecretFile, ModelsDir: c.Cluster.ModelsDir,
+					Backend: be, Device: dev, MaxQueue: m.MaxQueue,
+				}
+				if role == Prefill {
+					ru.Metrics = net.JoinHostPort(h.Address, strconv.Itoa(r.MetricsPort))
+				} else {
+					ru.Prefill = slices.Clone(prefill)
+					ru.RemotePrefillMinTokens = m.RemotePrefillMinTokens
+				}
+				out = append(out, ru)
+			}
+		}
+		add(Decode, m.Decode)
+		add(Prefill, m.Prefill)
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Host != out[j].Host {
+			return out[i].Host < out[j].Host
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out
+}
+
+// Runners returns the runners host must run, sorted by name.
+func (c *Config) Runners(host string) []Runner {
+	var out []Runner
+	for _, r := range c.AllRunners() {
+		if r.Host == host {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// DecodeRunners returns every decode runner of model, in host order.
+func (c *Config) DecodeRunners(model string) []Runner {
+	var out []Runner
+	for _, r := range c.AllRunners() {
+		if r.Model == model && r.Role == Decode {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Changes is what turns one host's running set into another.
+type Changes struct {
+	Start   []Runner // new runners
+	Stop    []Runner // runners no longer wanted
+	Restart []Runner // runners whose spec changed (the new spec)
+	Keep    []string // names of untouched runners
+}
+
+// Empty reports whether nothing changes.
+func (ch Changes) Empty() bool { return len(ch.Start)+len(ch.Stop)+len(ch.Restart) == 0 }
+
+func (ch Changes) String() string {
+	names := func(rs []Runner) []string {
+		var s []string
+		for _, r := range rs {
+			s = append(s, r.Name)
+		}
+		return s
+	}
+	return fmt.Sprintf("start %v, stop %v, restart %v, keep %v", names(ch.Start), names(ch.Stop), names(ch.Restart), ch.Keep)
+}
+
+// Diff computes the minimal change from old to new (both one host's runners).
+func Diff(old, new []Runner) Changes {
+	var ch Changes
+	byName := map[string]Runner{}
+	for _, r := range old {
+		byName[r.Name] = r
+	}
+	wanted := map[string]bool{}
+	for _, n := range new {
+		wanted[n.Name] = true
+		o, ok := byName[n.Name]
+		switch {
+		case !ok:
+			ch.Start = append(ch.Start, n)
+		case o.Equal(n):
+			ch.Keep = append(ch.Keep, n.Name)
+		default:
+			ch.Restart = append(ch.Restart, n)
+		}
+	}
+	for _, o := range old {
+		if !wanted[o.Name] {
+			ch.Stop = append(ch.Stop, o)
+		}
+	}
+	return ch
+}

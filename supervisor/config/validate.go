@@ -1,0 +1,159 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"regexp"
+	"strings"
+)
+
+var (
+	nameRe      = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
+	quantizedRe = regexp.MustCompile(`(?i)([2-8]bit|(^|[^a-z0-9])i?q[2-8](_[0-9a-z]+)?([^a-z0-9]|$))`)
+)
+
+// Quantized reports whether a weight source names quantized weights
+// (MLX-quantized "…-4bit" repositories, GGUF Q4/Q8 files, builtin:smollm2).
+func Quantized(source string) bool {
+	return source == "builtin:smollm2" || quantizedRe.MatchString(source)
+}
+
+// canServe says whether a host of backend b can run role with source; the
+// reason explains a refusal.
+func canServe(b Backend, role, source string) (bool, string) {
+	if b == CUDA && Quantized(source) {
+		return false, "MLX on CUDA has no quantized matmul; give this role bf16/f16 weights (e.g. the original Hugging Face repository)"
+	}
+	return true, ""
+}
+
+func (c *Config) validate() Errors {
+	var errs Errors
+	bad := func(p Pos, format string, args ...any) {
+		errs = append(errs, &Error{c.Path, p, fmt.Sprintf(format, args...)})
+	}
+	if c.Cluster.Name != "" && !nameRe.MatchString(c.Cluster.Name) {
+		bad(c.at("cluster", "name"), "cluster name %q: use letters, digits, '.', '_' and '-'", c.Cluster.Name)
+	}
+	if c.Cluster.SecretFile != "" && !strings.HasPrefix(c.Cluster.SecretFile, "/") {
+		bad(c.at("cluster", "secret_file"), "secret_file %q must be an absolute path", c.Cluster.SecretFile)
+	}
+	if b := c.Cluster.RunnerPortBase; b < 1024 || b > 65000 {
+		bad(c.at("cluster", "runner_port_base"), "runner_port_base %d must be between 1024 and 65000", b)
+	}
+	if p := c.API.Port; p < 1 || p > 65535 {
+		bad(c.at("api", "port"), "api port %d out of range 1-65535", p)
+	}
+	if l := c.API.Listen; l != "" && net.ParseIP(l) == nil && !nameRe.MatchString(l) {
+		bad(c.at("api", "listen"), "api listen %q is neither an IP address nor a host name", l)
+	}
+	if len(c.Hosts) == 0 {
+		bad(Pos{1, 1}, "no hosts: add at least one [hosts.NAME] table with address and backend")
+	}
+	for _, name := range c.HostNames() {
+		h := c.Hosts[name]
+		if !nameRe.MatchString(name) {
+			bad(c.at("hosts", name), "host name %q: use letters, digits, '.', '_' and '-'", name)
+		}
+		if h.Address == "" {
+			bad(c.at("hosts", name), "host %s has no address (how other hosts reach it, e.g. address = \"10.0.0.10\")", name)
+		} else if net.ParseIP(h.Address) == nil && !nameRe.MatchString(h.Address) {
+			bad(c.at("hosts", name, "address"), "host %s: address %q is neither an IP address nor a host name", name, h.Address)
+		}
+		switch h.Backend {
+		case CUDA, Metal, CPU:
+		case "":
+			bad(c.at("hosts", name), "host %s has no backend (cuda, metal or cpu)", name)
+		default:
+			bad(c.at("hosts", name, "backend"), "host %s: unknown backend %q (want cuda, metal or cpu)", name, h.Backend)
+		}
+	}
+	if len(c.Models) == 0 {
+		bad(Pos{1, 1}, "no models: add at least one [[models]] table")
+	}
+	names := map[string]int{}
+	type use struct {
+		what string
+		pos  Pos
+	}
+	ports := map[string]map[int]use{} // host → port → first user
+	claim := func(host string, port int, what string, p Pos) {
+		if port < 1 || port > 65535 {
+			bad(p, "%s: port %d out of range 1-65535", what, port)
+			return
+		}
+		if ports[host] == nil {
+			ports[host] = map[int]use{c.API.Port: {"the API gateway ([api] port)", c.at("api", "port")}}
+		}
+		if u, ok := ports[host][port]; ok {
+			bad(p, "two runners on one port: %s and %s both use port %d on host %s", u.what, what, port, host)
+			return
+		}
+		ports[host][port] = use{what, p}
+	}
+	for i, m := range c.Models {
+		if m == nil {
+			continue
+		}
+		label := fmt.Sprintf("models[%d]", i)
+		switch {
+		case m.Name == "":
+			bad(c.at("models", i), "%s has no name (what clients send as \"model\")", label)
+		case !nameRe.MatchString(m.Name):
+			bad(c.at("models", i, "name"), "model name %q: use letters, digits, '.', '_' and '-'", m.Name)
+		default:
+			if j, dup := names[m.Name]; dup {
+				bad(c.at("models", i, "name"), "model %q is defined twice (first as models[%d])", m.Name, j)
+			}
+			names[m.Name] = i
+			label = fmt.Sprintf("model %s", m.Name)
+		}
+		if m.RemotePrefillMinTokens < 1 {
+			bad(c.at("models", i, "remote_prefill_min_tokens"), "%s: remote_prefill_min_tokens must be at least 1", label)
+		}
+		if m.MaxQueue < 0 {
+			bad(c.at("models", i, "max_queue"), "%s: max_queue must not be negative", label)
+		}
+		if m.Decode == nil {
+			bad(c.at("models", i), "%s has no decode = { hosts = [...] }: every model needs at least one decode runner", label)
+		}
+		for _, rr := range []struct {
+			role string
+			r    *Role
+		}{{"decode", m.Decode}, {"prefill", m.Prefill}} {
+			r := rr.r
+			if r == nil {
+				continue
+			}
+			if len(r.Hosts) == 0 {
+				bad(c.at("models", i, rr.role), "%s: %s.hosts is empty", label, rr.role)
+			}
+			if r.Source == "" {
+				bad(c.at("models", i, rr.role), "%s: %s has no source (set source on the model or %s.source)", label, rr.role, rr.role)
+			}
+			seen := map[string]bool{}
+			for j, hn := range r.Hosts {
+				p := c.at("models", i, rr.role, "hosts", j)
+				h, ok := c.Hosts[hn]
+				if !ok {
+					bad(p, "%s: %s on unknown host %q (hosts: %s)", label, rr.role, hn, strings.Join(c.HostNames(), ", "))
+					continue
+				}
+				if seen[hn] {
+					bad(p, "%s: host %q listed twice in %s.hosts", label, hn, rr.role)
+					continue
+				}
+				seen[hn] = true
+				if ok, why := canServe(h.Backend, rr.role, r.Source); !ok {
+					bad(p, "%s: host %s (backend %s) cannot serve %s of %q: %s", label, hn, h.Backend, rr.role, r.Source, why)
+				}
+				what := fmt.Sprintf("%s %s", label, rr.role)
+				claim(hn, r.Port, what, c.at("models", i, rr.role, "port"))
+				if rr.role == "prefill" {
+					claim(hn, r.MetricsPort, what+" metrics", c.at("models", i, rr.role, "metrics_port"))
+				}
+			}
+		}
+	}
+	return errs
+}
