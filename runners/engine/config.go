@@ -1,0 +1,340 @@
+package engine
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// Config is the part of an HF config.json that the decoder-only models
+// here read, after defaults are applied and validation has passed.
+type Config struct {
+	Arch             string // architectures[0], e.g. "LlamaForCausalLM"
+	ModelType        string // model_type
+	Hidden           int    // hidden_size
+	Intermediate     int    // intermediate_size
+	Layers           int    // num_hidden_layers
+	Heads            int    // num_attention_heads
+	KVHeads          int    // num_key_value_heads (default Heads)
+	HeadDim          int    // head_dim (default Hidden/Heads)
+	Vocab            int    // vocab_size
+	MaxPositions     int    // max_position_embeddings
+	RMSNormEps       float64
+	RoPE             RoPE
+	TieEmbeddings    bool // tie_word_embeddings
+	AttentionBias    bool // attention_bias (Llama); Qwen2 always has QKV bias
+	DType            DType
+	Quant            QuantSpec // quantization {bits, group_size}; zero when dense
+	SlidingWindowUse bool      // use_sliding_window (unsupported when true)
+}
+
+// ErrConfig is wrapped by every config.json validation error.
+var ErrConfig = errors.New("engine: invalid config.json")
+
+type rawConfig struct {
+	Architectures      []string         `json:"architectures"`
+	ModelType          string           `json:"model_type"`
+	HiddenSize         *int             `json:"hidden_size"`
+	IntermediateSize   *int             `json:"intermediate_size"`
+	NumHiddenLayers    *int             `json:"num_hidden_layers"`
+	NumAttentionHeads  *int             `json:"num_attention_heads"`
+	NumKeyValueHeads   *int             `json:"num_key_value_heads"`
+	HeadDim            *int             `json:"head_dim"`
+	VocabSize          *int             `json:"vocab_size"`
+	MaxPositions       *int             `json:"max_position_embeddings"`
+	RMSNormEps         *float64         `json:"rms_norm_eps"`
+	RopeTheta          *float64         `json:"rope_theta"`
+	RopeScaling        *json.RawMessage `json:"rope_scaling"`
+	RopeParameters     *json.RawMessage `json:"rope_parameters"`
+	PartialRotary      *float64         `json:"partial_rotary_factor"`
+	TieWordEmbeddings  *bool            `json:"tie_word_embeddings"`
+	AttentionBias      *bool            `json:"attention_bias"`
+	TorchDType         string           `json:"torch_dtype"`
+	DType              string           `json:"dtype"`
+	Quantization       *json.RawMessage `json:"quantization"`
+	QuantizationConfig *json.RawMessage `json:"quantization_config"`
+	UseSlidingWindow   *bool            `json:"use_sliding_window"`
+}
+
+type rawRoPE struct {
+	Type                 string   `json:"type"`
+	RopeType             string   `json:"rope_type"`
+	RopeTheta            *float64 `json:"rope_theta"`
+	Factor               *float64 `json:"factor"`
+	LowFreqFactor        *float64 `json:"low_freq_factor"`
+	HighFreqFactor       *float64 `json:"high_freq_factor"`
+	OriginalMaxPositions *int     `json:"original_max_position_embeddings"`
+	BetaFast             *float64 `json:"beta_fast"`
+	BetaSlow             *float64 `json:"beta_slow"`
+	MScale               *float64 `json:"mscale"`
+	MScaleAllDim         *float64 `json:"mscale_all_dim"`
+	AttentionFactor      *float64 `json:"attention_factor"`
+}
+
+func cfgErr(field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, args...))
+}
+
+func positive(field string, v *int, def int) (int, error) {
+	if v == nil {
+		if def > 0 {
+			return def, nil
+		}
+		return 0, cfgErr(field, "missing")
+	}
+	if *v <= 0 {
+		return 0, cfgErr(field, "must be positive (got %d)", *v)
+	}
+	return *v, nil
+}
+
+// ParseConfig parses and validates config.json bytes, applying HF defaults.
+func ParseConfig(data []byte) (*Config, error) {
+	var r rawConfig
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&r); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	c := &Config{ModelType: r.ModelType}
+	if len(r.Architectures) == 0 || r.Architectures[0] == "" {
+		return nil, cfgErr("architectures", "missing (want e.g. [\"LlamaForCausalLM\"])")
+	}
+	c.Arch = r.Architectures[0]
+	var err error
+	if c.Hidden, err = positive("hidden_size", r.HiddenSize, 0); err != nil {
+		return nil, err
+	}
+	if c.Intermediate, err = positive("intermediate_size", r.IntermediateSize, 0); err != nil {
+		return nil, err
+	}
+	if c.Layers, err = positive("num_hidden_layers", r.NumHiddenLayers, 0); err != nil {
+		return nil, err
+	}
+	if c.Heads, err = positive("num_attention_heads", r.NumAttentionHeads, 0); err != nil {
+		return nil, err
+	}
+	if c.KVHeads, err = positive("num_key_value_heads", r.NumKeyValueHeads, c.Heads); err != nil {
+		return nil, err
+	}
+	if c.Heads%c.KVHeads != 0 {
+		return nil, cfgErr("num_key_value_heads", "%d does not divide num_attention_heads %d", c.KVHeads, c.Heads)
+	}
+	defHead := 0
+	if c.Hidden%c.Heads == 0 {
+		defHead = c.Hidden / c.Heads
+	}
+	if c.HeadDim, err = positive("head_dim", r.HeadDim, defHead); err != nil {
+		return nil, fmt.Errorf("%w (hidden_size %d is not a multiple of num_attention_heads %d)", err, c.Hidden, c.Heads)
+	}
+	if c.HeadDim%2 != 0 {
+		return nil, cfgErr("head_dim", "must be even for RoPE (got %d)", c.HeadDim)
+	}
+	if c.Vocab, err = positive("vocab_size", r.VocabSize, 0); err != nil {
+		return nil, err
+	}
+	if c.MaxPositions, err = positive("max_position_embeddings", r.MaxPositions, 2048); err != nil {
+		return nil, err
+	}
+	c.RMSNormEps = 1e-6
+	if r.RMSNormEps != nil {
+		if *r.RMSNormEps <= 0 || *r.RMSNormEps > 0.1 {
+			return nil, cfgErr("rms_norm_eps", "out of range (got %v)", *r.RMSNormEps)
+		}
+		c.RMSNormEps = *r.RMSNormEps
+	}
+	if r.TieWordEmbeddings != nil {
+		c.TieEmbeddings = *r.TieWordEmbeddings
+	}
+	if r.AttentionBias != nil {
+		c.AttentionBias = *r.AttentionBias
+	}
+	if r.UseSlidingWindow != nil {
+		c.SlidingWindowUse = *r.UseSlidingWindow
+	}
+	c.DType = F32
+	dt := r.TorchDType
+	if dt == "" {
+		dt = r.DType
+	}
+	if dt != "" {
+		d, err := ParseDType(dt)
+		if err != nil || (d != F32 && d != F16 && d != BF16) {
+			return nil, cfgErr("torch_dtype", "unsupported %q (want float32, float16 or bfloat16)", dt)
+		}
+		c.DType = d
+	}
+	if err := parseRoPE(&r, c); err != nil {
+		return nil, err
+	}
+	q := r.Quantization
+	if q == nil {
+		q = r.QuantizationConfig
+	}
+	if q != nil && string(*q) != "null" {
+		var rq struct {
+			Bits      int `json:"bits"`
+			GroupSize int `json:"group_size"`
+		}
+		if err := json.Unmarshal(*q, &rq); err != nil {
+			return nil, cfgErr("quantization", "%v", err)
+		}
+		switch rq.Bits {
+		case 2, 4, 8:
+		default:
+			return nil, cfgErr("quantization.bits", "unsupported %d (want 2, 4 or 8)", rq.Bits)
+		}
+		switch rq.GroupSize {
+		case 32, 64, 128:
+		default:
+			return nil, cfgErr("quantization.group_size", "unsupported %d (want 32, 64 or 128)", rq.GroupSize)
+		}
+		c.Quant = QuantSpec{Bits: rq.Bits, GroupSize: rq.GroupSize}
+	}
+	return c, nil
+}
+
+func parseRoPE(r *rawConfig, c *Config) error {
+	theta := 10000.0
+	if r.RopeTheta != nil {
+		theta = *r.RopeTheta
+	}
+	var rr rawRoPE
+	field := "rope_scaling"
+	raw := r.RopeScaling
+	if r.RopeParameters != nil && string(*r.RopeParameters) != "null" {
+		raw, field = r.RopeParameters, "rope_parameters"
+	}
+	if raw != nil && string(*raw) != "null" {
+		if err := json.Unmarshal(*raw, &rr); err != nil {
+			return cfgErr(field, "%v", err)
+		}
+		if rr.RopeTheta != nil {
+			theta = *rr.RopeTheta
+		}
+	}
+	if theta <= 0 || math.IsInf(theta, 0) || math.IsNaN(theta) {
+		return cfgErr("rope_theta", "must be positive (got %v)", theta)
+	}
+	dims := c.HeadDim
+	if r.PartialRotary != nil {
+		if *r.PartialRotary <= 0 || *r.PartialRotary > 1 {
+			return cfgErr("partial_rotary_factor", "out of range (got %v)", *r.PartialRotary)
+		}
+		dims = int(float64(c.HeadDim) * *r.PartialRotary)
+		dims -= dims % 2
+	}
+	c.RoPE = RoPE{Dims: dims, Base: theta}
+	typ := rr.RopeType
+	if typ == "" {
+		typ = rr.Type
+	}
+	f := func(p *float64, def float64) float64 {
+		if p == nil {
+			return def
+		}
+		return *p
+	}
+	s := RoPEScaling{}
+	switch typ {
+	case "", "default":
+	case "linear":
+		s = RoPEScaling{Type: "linear", Factor: f(rr.Factor, 0)}
+		if s.Factor <= 0 {
+			return cfgErr(field+".factor", "must be positive for linear scaling (got %v)", s.Factor)
+		}
+	case "llama3":
+		s = RoPEScaling{Type: "llama3", Factor: f(rr.Factor, 0), LowFreqFactor: f(rr.LowFreqFactor, 1), HighFreqFactor: f(rr.HighFreqFactor, 4)}
+		if rr.OriginalMaxPositions != nil {
+			s.OriginalMaxPositions = *rr.OriginalMaxPositions
+		}
+		switch {
+		case s.Factor <= 0:
+			return cfgErr(field+".factor", "must be positive for llama3 scaling (got %v)", s.Factor)
+		case s.OriginalMaxPositions <= 0:
+			return cfgErr(field+".original_max_position_embeddings", "required for llama3 scaling")
+		case s.HighFreqFactor <= s.LowFreqFactor:
+			return cfgErr(field+".high_freq_factor", "must exceed low_freq_factor (%v ≤ %v)", s.HighFreqFactor, s.LowFreqFactor)
+		}
+	case "yarn":
+		s = RoPEScaling{Type: "yarn", Factor: f(rr.Factor, 0), BetaFast: f(rr.BetaFast, 32), BetaSlow: f(rr.BetaSlow, 1),
+			MScale: f(rr.MScale, 0), MScaleAllDim: f(rr.MScaleAllDim, 0)}
+		s.OriginalMaxPositions = c.MaxPositions
+		if rr.OriginalMaxPositions != nil {
+			s.OriginalMaxPositions = *rr.OriginalMaxPositions
+		}
+		if s.Factor <= 0 {
+			return cfgErr(field+".factor", "must be positive for yarn scaling (got %v)", s.Factor)
+		}
+		if rr.AttentionFactor != nil {
+			return cfgErr(field+".attention_factor", "explicit attention_factor is not supported")
+		}
+	default:
+		return cfgErr(field+".rope_type", "unsupported %q (want default, linear, llama3 or yarn)", typ)
+	}
+	c.RoPE.Scale = s
+	return nil
+}
+
+// Arch describes how a registered architecture differs from plain Llama.
+type Arch struct {
+	// Family names the KV semantics in the fingerprint (e.g. "llama").
+	Family string
+	// QKVBias: q/k/v projections always have a bias (Qwen2).
+	QKVBias bool
+	// QKNorm: per-head RMSNorm on q and k before RoPE (Qwen3).
+	QKNorm bool
+}
+
+// archRegistry maps HF architecture names to their variants. It is filled
+// by init functions only and read-only afterwards.
+var archRegistry = struct {
+	sync.RWMutex
+	m map[string]Arch
+}{m: map[string]Arch{}}
+
+// RegisterArch registers an HF architecture name (called from init).
+func RegisterArch(name string, a Arch) {
+	archRegistry.Lock()
+	defer archRegistry.Unlock()
+	if _, dup := archRegistry.m[name]; dup {
+		panic("engine: architecture registered twice: " + name)
+	}
+	archRegistry.m[name] = a
+}
+
+func lookupArch(name string) (Arch, error) {
+	archRegistry.RLock()
+	defer archRegistry.RUnlock()
+	if a, ok := archRegistry.m[name]; ok {
+		return a, nil
+	}
+	names := make([]string, 0, len(archRegistry.m))
+	for n := range archRegistry.m {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return Arch{}, cfgErr("architectures", "unsupported %q (supported: %s)", name, strings.Join(names, ", "))
+}
+
+// Architectures lists the registered HF architecture names.
+func Architectures() []string {
+	archRegistry.RLock()
+	defer archRegistry.RUnlock()
+	names := make([]string, 0, len(archRegistry.m))
+	for n := range archRegistry.m {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func init() {
+	RegisterArch("LlamaForCausalLM", Arch{Family: "llama"})
+	RegisterArch("Qwen2ForCausalLM", Arch{Family: "qwen2", QKVBias: true})
+	RegisterArch("Qwen3ForCausalLM", Arch{Family: "qwen3", QKNorm: true})
+}

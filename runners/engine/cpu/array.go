@@ -1,0 +1,370 @@
+// Package cpu implements engine.Backend in pure Go (no cgo): an eager
+// backend that computes every op at once in float32, stores F16/BF16 data as
+// 16-bit words (converted on use), multiplies matrices on all cores, and
+// multiplies MLX-affine-quantized weights without dequantizing them in
+// memory (each weight row is expanded on the fly, see matmul.go).
+//
+// It is the reference backend used by CI, by tests and wherever MLX is
+// absent. It owns only runners/engine/cpu: it must not import the model code
+// (package engine's Load/Model), the weights loaders, or anything above the
+// engine.
+package cpu
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"runtime"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+)
+
+// Array is the cpu backend's engine.Array. Exactly one of the storage
+// slices is set, matching dt; a KV cache view (kv != nil) refers to cache
+// storage instead.
+type Array struct {
+	shape []int
+	dt    engine.DType
+	f32   []float32 // F32
+	u16   []uint16  // F16, BF16
+	i32   []int32   // I32
+	u32   []uint32  // U32
+	u8    []byte    // U8
+	kv    *kvView   // cache view [Hkv, n, Dh] inside storage of capacity cap
+	memo  []float32 // float32 copy of a 16-bit array used as scales/biases
+}
+
+// kvView is a window onto one layer's K or V cache storage: head h's token
+// t lives at offset (h*cap+t)*dh.
+type kvView struct {
+	f32          []float32
+	u16          []uint16
+	dt           engine.DType
+	heads, n, dh int
+	cap          int
+}
+
+// Shape returns a copy of the shape.
+func (a *Array) Shape() []int { return append([]int(nil), a.shape...) }
+
+// DType returns the element type.
+func (a *Array) DType() engine.DType { return a.dt }
+
+func (a *Array) String() string { return fmt.Sprintf("cpu.Array(%v %v)", a.dt, a.shape) }
+
+// Backend is the pure-Go backend. It is not safe for concurrent use (the
+// runners serialize work per model); its ops use up to threads goroutines.
+type Backend struct {
+	threads int
+}
+
+// New returns a cpu backend using threads goroutines for the heavy ops;
+// 0 means runtime.NumCPU().
+func New(threads int) engine.Backend { return newBackend(threads) }
+
+func newBackend(threads int) *Backend {
+	if threads <= 0 {
+		threads = runtime.NumCPU()
+	}
+	return &Backend{threads: threads}
+}
+
+// Name is "cpu".
+func (b *Backend) Name() string { return "cpu" }
+
+func numel(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		if d < 0 {
+			panic(fmt.Sprintf("cpu: negative dimension in shape %v", shape))
+		}
+		n *= d
+	}
+	return n
+}
+
+func arr(a engine.Array) *Array {
+	x, ok := a.(*Array)
+	if !ok || x == nil {
+		panic(fmt.Sprintf("cpu: array %T was not made by the cpu backend", a))
+	}
+	return x
+}
+
+func newF32(shape []int, data []float32) *Array {
+	return &Array{shape: append([]int(nil), shape...), dt: engine.F32, f32: data}
+}
+
+// FromBytes copies little-endian host bytes into a new array.
+func (b *Backend) FromBytes(data []byte, shape []int, dt engine.DType) engine.Array {
+	n := numel(shape)
+	if len(data) != n*dt.Size() {
+		panic(fmt.Sprintf("cpu: FromBytes: %d bytes for shape %v of %v (want %d)", len(data), shape, dt, n*dt.Size()))
+	}
+	a := &Array{shape: append([]int(nil), shape...), dt: dt}
+	switch dt {
+	case engine.F32:
+		a.f32 = make([]float32, n)
+		for i := range a.f32 {
+			a.f32[i] = math.Float32frombits(binary.LittleEndian.Uint32(data[4*i:]))
+		}
+	case engine.F16, engine.BF16:
+		a.u16 = make([]uint16, n)
+		for i := range a.u16 {
+			a.u16[i] = binary.LittleEndian.Uint16(data[2*i:])
+		}
+	case engine.I32:
+		a.i32 = make([]int32, n)
+		for i := range a.i32 {
+			a.i32[i] = int32(binary.LittleEndian.Uint32(data[4*i:]))
+		}
+	case engine.U32:
+		a.u32 = make([]uint32, n)
+		for i := range a.u32 {
+			a.u32[i] = binary.LittleEndian.Uint32(data[4*i:])
+		}
+	case engine.U8:
+		a.u8 = append([]byte(nil), data...)
+	default:
+		panic(fmt.Sprintf("cpu: FromBytes: unsupported dtype %v", dt))
+	}
+	return a
+}
+
+// FromFloat32 copies data into a new F32 array.
+func (b *Backend) FromFloat32(data []float32, shape ...int) engine.Array {
+	if len(data) != numel(shape) {
+		panic(fmt.Sprintf("cpu: FromFloat32: %d values for shape %v", len(data), shape))
+	}
+	return newF32(shape, append([]float32(nil), data...))
+}
+
+// FromInt32 copies data into a new I32 array.
+func (b *Backend) FromInt32(data []int32, shape ...int) engine.Array {
+	if len(data) != numel(shape) {
+		panic(fmt.Sprintf("cpu: FromInt32: %d values for shape %v", len(data), shape))
+	}
+	return &Array{shape: append([]int(nil), shape...), dt: engine.I32, i32: append([]int32(nil), data...)}
+}
+
+// Bytes returns a's contents as little-endian bytes in its dtype.
+func (b *Backend) Bytes(x engine.Array) ([]byte, error) {
+	a := materialize(arr(x))
+	n := numel(a.shape)
+	out := make([]byte, n*a.dt.Size())
+	switch a.dt {
+	case engine.F32:
+		for i, v := range a.f32 {
+			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(v))
+		}
+	case engine.F16, engine.BF16:
+		for i, v := range a.u16 {
+			binary.LittleEndian.PutUint16(out[2*i:], v)
+		}
+	case engine.I32:
+		for i, v := range a.i32 {
+			binary.LittleEndian.PutUint32(out[4*i:], uint32(v))
+		}
+	case engine.U32:
+		for i, v := range a.u32 {
+			binary.LittleEndian.PutUint32(out[4*i:], v)
+		}
+	case engine.U8:
+		copy(out, a.u8)
+	default:
+		return nil, fmt.Errorf("cpu: Bytes: unsupported dtype %v", a.dt)
+	}
+	return out, nil
+}
+
+// Float32 returns a's contents converted to float32 (a copy).
+func (b *Backend) Float32(x engine.Array) ([]float32, error) {
+	a := arr(x)
+	switch a.dt {
+	case engine.F32, engine.F16, engine.BF16, engine.I32, engine.U32, engine.U8:
+	default:
+		return nil, fmt.Errorf("cpu: Float32: unsupported dtype %v", a.dt)
+	}
+	f := floats(a)
+	if a.dt == engine.F32 && a.kv == nil {
+		f = append([]float32(nil), f...)
+	}
+	return f, nil
+}
+
+// Eval is a no-op: every op has already run.
+func (b *Backend) Eval(arrays ...engine.Array) error { return nil }
+
+// Keep is a no-op: the Go GC owns cpu memory.
+func (b *Backend) Keep(arrays ...engine.Array) {}
+
+// Free is a no-op: the Go GC owns cpu memory.
+func (b *Backend) Free(arrays ...engine.Array) {}
+
+// materialize returns a contiguous array (copying a cache view).
+func materialize(a *Array) *Array {
+	if a.kv == nil {
+		return a
+	}
+	v := a.kv
+	out := &Array{shape: []int{v.heads, v.n, v.dh}, dt: v.dt}
+	n := v.heads * v.n * v.dh
+	if v.dt == engine.F32 {
+		out.f32 = make([]float32, n)
+	} else {
+		out.u16 = make([]uint16, n)
+	}
+	for h := 0; h < v.heads; h++ {
+		src := h * v.cap * v.dh
+		dst := h * v.n * v.dh
+		if v.dt == engine.F32 {
+			copy(out.f32[dst:dst+v.n*v.dh], v.f32[src:])
+		} else {
+			copy(out.u16[dst:dst+v.n*v.dh], v.u16[src:])
+		}
+	}
+	return out
+}
+
+// floats returns a's values as contiguous float32, without copying when a
+// is a contiguous F32 array (callers must not write to the result then).
+func floats(a *Array) []float32 {
+	a = materialize(a)
+	switch a.dt {
+	case engine.F32:
+		return a.f32
+	case engine.F16:
+		out := make([]float32, len(a.u16))
+		f16ToF32(out, a.u16)
+		return out
+	case engine.BF16:
+		out := make([]float32, len(a.u16))
+		bf16ToF32(out, a.u16)
+		return out
+	case engine.I32:
+		out := make([]float32, len(a.i32))
+		for i, v := range a.i32 {
+			out[i] = float32(v)
+		}
+		return out
+	case engine.U32:
+		out := make([]float32, len(a.u32))
+		for i, v := range a.u32 {
+			out[i] = float32(v)
+		}
+		return out
+	case engine.U8:
+		out := make([]float32, len(a.u8))
+		for i, v := range a.u8 {
+			out[i] = float32(v)
+		}
+		return out
+	}
+	panic(fmt.Sprintf("cpu: cannot read %v as float32", a.dt))
+}
+
+// Half-precision conversions.
+
+func bf16ToF32(dst []float32, src []uint16) {
+	for i, v := range src {
+		dst[i] = math.Float32frombits(uint32(v) << 16)
+	}
+}
+
+// f32ToBF16 rounds to nearest even, keeping NaNs quiet.
+func f32ToBF16(f float32) uint16 {
+	u := math.Float32bits(f)
+	if u&0x7fffffff > 0x7f800000 {
+		return uint16(u>>16) | 0x40
+	}
+	u += 0x7fff + (u>>16)&1
+	return uint16(u >> 16)
+}
+
+func f16ToF32(dst []float32, src []uint16) {
+	for i, v := range src {
+		dst[i] = f16ToF32One(v)
+	}
+}
+
+func f16ToF32One(h uint16) float32 {
+	sign := uint32(h>>15) << 31
+	exp := uint32(h>>10) & 0x1f
+	man := uint32(h) & 0x3ff
+	switch {
+	case exp == 0:
+		if man == 0 {
+			return math.Float32frombits(sign)
+		}
+		// Subnormal: value = man * 2^-24.
+		f := float32(man) * (1.0 / (1 << 24))
+		if sign != 0 {
+			f = -f
+		}
+		return f
+	case exp == 0x1f:
+		return math.Float32frombits(sign | 0x7f800000 | man<<13)
+	}
+	return math.Float32frombits(sign | (exp+112)<<23 | man<<13)
+}
+
+// f32ToF16 rounds to nearest even, with overflow to infinity and gradual
+// underflow.
+func f32ToF16(f float32) uint16 {
+	u := math.Float32bits(f)
+	sign := uint16(u>>16) & 0x8000
+	exp := int32(u>>23) & 0xff
+	man := u & 0x7fffff
+	if exp == 0xff {
+		if man != 0 {
+			return sign | 0x7e00
+		}
+		return sign | 0x7c00
+	}
+	e := exp - 127 + 15
+	if e >= 0x1f {
+		return sign | 0x7c00
+	}
+	if e <= 0 {
+		if e < -10 {
+			return sign
+		}
+		man |= 0x800000
+		shift := uint32(14 - e)
+		half := uint32(1) << (shift - 1)
+		rest := man & (1<<shift - 1)
+		r := man >> shift
+		if rest > half || (rest == half && r&1 == 1) {
+			r++
+		}
+		return sign | uint16(r)
+	}
+	r := uint32(e)<<10 | man>>13
+	rest := man & 0x1fff
+	if rest > 0x1000 || (rest == 0x1000 && r&1 == 1) {
+		r++ // may carry into the exponent, which is right (up to infinity)
+	}
+	return sign | uint16(r)
+}
+
+// toHalf converts float32 values to 16-bit words of dtype dt.
+func toHalf(dst []uint16, src []float32, dt engine.DType) {
+	if dt == engine.BF16 {
+		for i, v := range src {
+			dst[i] = f32ToBF16(v)
+		}
+		return
+	}
+	for i, v := range src {
+		dst[i] = f32ToF16(v)
+	}
+}
+
+// halfToF32 converts 16-bit words of dtype dt to float32.
+func halfToF32(dst []float32, src []uint16, dt engine.DType) {
+	if dt == engine.BF16 {
+		bf16ToF32(dst, src)
+		return
+	}
+	f16ToF32(dst, src)
+}

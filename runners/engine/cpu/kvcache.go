@@ -1,0 +1,242 @@
+package cpu
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+)
+
+// kvStep is the growth step of the cache, in tokens.
+const kvStep = 256
+
+// kvCache stores per layer K and V as [Hkv, cap, Dh] in F32 or 16-bit words.
+type kvCache struct {
+	g      engine.CacheGeometry
+	dt     engine.DType
+	n      int // committed length
+	cap    int // allocated tokens per head
+	layers []kvLayer
+}
+
+type kvLayer struct {
+	k32, v32 []float32
+	k16, v16 []uint16
+	// extent is how far this layer holds valid data contiguously from 0:
+	// n after Append/Commit/Truncate, further after Import.
+	extent int
+	// pending is the number of tokens appended in the current step.
+	pending int
+}
+
+// NewKVCache makes an empty cache; dt is F32, F16 or BF16.
+func (b *Backend) NewKVCache(g engine.CacheGeometry, dt engine.DType) engine.KVCache {
+	switch dt {
+	case engine.F32, engine.F16, engine.BF16:
+	default:
+		panic(fmt.Sprintf("cpu: KV cache dtype %v (want float32, float16 or bfloat16)", dt))
+	}
+	if g.Layers <= 0 || g.KVHeads <= 0 || g.HeadDim <= 0 {
+		panic(fmt.Sprintf("cpu: KV cache geometry %+v", g))
+	}
+	return &kvCache{g: g, dt: dt, layers: make([]kvLayer, g.Layers)}
+}
+
+func (c *kvCache) Len() int                       { return c.n }
+func (c *kvCache) DType() engine.DType            { return c.dt }
+func (c *kvCache) Geometry() engine.CacheGeometry { return c.g }
+
+// Free drops the storage; the cache is empty afterwards.
+func (c *kvCache) Free() {
+	c.n, c.cap = 0, 0
+	c.layers = make([]kvLayer, c.g.Layers)
+}
+
+// reserve grows every layer to hold at least n tokens.
+func (c *kvCache) reserve(n int) {
+	if n <= c.cap {
+		return
+	}
+	nc := (n + kvStep - 1) / kvStep * kvStep
+	hd := c.g.KVHeads
+	dh := c.g.HeadDim
+	for li := range c.layers {
+		l := &c.layers[li]
+		keep := max(l.extent, c.n)
+		if c.dt == engine.F32 {
+			k, v := make([]float32, hd*nc*dh), make([]float32, hd*nc*dh)
+			for h := 0; h < hd && keep > 0; h++ {
+				copy(k[h*nc*dh:h*nc*dh+keep*dh], l.k32[h*c.cap*dh:])
+				copy(v[h*nc*dh:h*nc*dh+keep*dh], l.v32[h*c.cap*dh:])
+			}
+			l.k32, l.v32 = k, v
+		} else {
+			k, v := make([]uint16, hd*nc*dh), make([]uint16, hd*nc*dh)
+			for h := 0; h < hd && keep > 0; h++ {
+				copy(k[h*nc*dh:h*nc*dh+keep*dh], l.k16[h*c.cap*dh:])
+				copy(v[h*nc*dh:h*nc*dh+keep*dh], l.v16[h*c.cap*dh:])
+			}
+			l.k16, l.v16 = k, v
+		}
+	}
+	c.cap = nc
+}
+
+// write stores src [Hkv, n, Dh] (float32) at token start of one layer.
+func (c *kvCache) write(l *kvLayer, start, n int, k, v []float32) {
+	dh := c.g.HeadDim
+	for h := range c.g.KVHeads {
+		dst := (h*c.cap + start) * dh
+		src := h * n * dh
+		if c.dt == engine.F32 {
+			copy(l.k32[dst:dst+n*dh], k[src:src+n*dh])
+			copy(l.v32[dst:dst+n*dh], v[src:src+n*dh])
+		} else {
+			toHalf(l.k16[dst:dst+n*dh], k[src:src+n*dh], c.dt)
+			toHalf(l.v16[dst:dst+n*dh], v[src:src+n*dh], c.dt)
+		}
+	}
+}
+
+func (c *kvCache) view(l *kvLayer, n int) (engine.Array, engine.Array) {
+	shape := []int{c.g.KVHeads, n, c.g.HeadDim}
+	kv := &kvView{dt: c.dt, heads: c.g.KVHeads, n: n, dh: c.g.HeadDim, cap: c.cap, f32: l.k32, u16: l.k16}
+	vv := &kvView{dt: c.dt, heads: c.g.KVHeads, n: n, dh: c.g.HeadDim, cap: c.cap, f32: l.v32, u16: l.v16}
+	return &Array{shape: shape, dt: c.dt, kv: kv}, &Array{shape: append([]int(nil), shape...), dt: c.dt, kv: vv}
+}
+
+// Append adds k, v [Hkv, L, Dh] to layer at Len() and returns views of the
+// layer's whole K and V. Len() advances when the last layer is appended.
+func (c *kvCache) Append(layer int, k, v engine.Array) (engine.Array, engine.Array) {
+	ka, va := arr(k), arr(v)
+	if layer < 0 || layer >= c.g.Layers {
+		panic(fmt.Sprintf("cpu: KV Append: layer %d of %d", layer, c.g.Layers))
+	}
+	if len(ka.shape) != 3 || ka.shape[0] != c.g.KVHeads || ka.shape[2] != c.g.HeadDim || fmt.Sprint(ka.shape) != fmt.Sprint(va.shape) {
+		panic(fmt.Sprintf("cpu: KV Append: k %v v %v for geometry %+v", ka.shape, va.shape, c.g))
+	}
+	n := ka.shape[1]
+	l := &c.layers[layer]
+	if layer > 0 && c.layers[layer-1].pending != n || layer == 0 && l.pending != 0 {
+		panic(fmt.Sprintf("cpu: KV Append: layer %d out of order", layer))
+	}
+	c.reserve(c.n + n)
+	c.write(l, c.n, n, floats(ka), floats(va))
+	l.pending = n
+	kAll, vAll := c.view(l, c.n+n)
+	if layer == c.g.Layers-1 {
+		c.n += n
+		for i := range c.layers {
+			c.layers[i].pending = 0
+			c.layers[i].extent = c.n
+		}
+	}
+	return kAll, vAll
+}
+
+// Truncate drops positions ≥ n.
+func (c *kvCache) Truncate(n int) {
+	if n < 0 || n > c.n {
+		panic(fmt.Sprintf("cpu: KV Truncate(%d) with %d cached", n, c.n))
+	}
+	c.n = n
+	for i := range c.layers {
+		c.layers[i].extent = n
+		c.layers[i].pending = 0
+	}
+}
+
+func (c *kvCache) checkRange(op string, layer, start, n int) error {
+	if layer < 0 || layer >= c.g.Layers {
+		return fmt.Errorf("cpu: KV %s: layer %d of %d", op, layer, c.g.Layers)
+	}
+	if start < 0 || n < 0 {
+		return fmt.Errorf("cpu: KV %s: range [%d, %d+%d)", op, start, start, n)
+	}
+	return nil
+}
+
+// Export returns positions [start, start+n) of one layer as K then V bytes,
+// each [Hkv, n, Dh] in the cache dtype.
+func (c *kvCache) Export(layer, start, n int) ([]byte, []byte, error) {
+	if err := c.checkRange("Export", layer, start, n); err != nil {
+		return nil, nil, err
+	}
+	l := &c.layers[layer]
+	if start+n > max(c.n, l.extent) {
+		return nil, nil, fmt.Errorf("cpu: KV Export: range [%d, %d) past %d cached", start, start+n, max(c.n, l.extent))
+	}
+	es := c.dt.Size()
+	dh := c.g.HeadDim
+	kb := make([]byte, c.g.KVHeads*n*dh*es)
+	vb := make([]byte, len(kb))
+	for h := range c.g.KVHeads {
+		src := (h*c.cap + start) * dh
+		dst := h * n * dh
+		for i := range n * dh {
+			if c.dt == engine.F32 {
+				binary.LittleEndian.PutUint32(kb[4*(dst+i):], math.Float32bits(l.k32[src+i]))
+				binary.LittleEndian.PutUint32(vb[4*(dst+i):], math.Float32bits(l.v32[src+i]))
+			} else {
+				binary.LittleEndian.PutUint16(kb[2*(dst+i):], l.k16[src+i])
+				binary.LittleEndian.PutUint16(vb[2*(dst+i):], l.v16[src+i])
+			}
+		}
+	}
+	return kb, vb, nil
+}
+
+// Import writes positions [start, start+n) of one layer from Export's
+// layout. start may not leave a gap: it must be ≤ what the layer already
+// holds (Len() or the end of earlier imports). Len() moves only on Commit.
+func (c *kvCache) Import(layer, start, n int, k, v []byte) error {
+	if err := c.checkRange("Import", layer, start, n); err != nil {
+		return err
+	}
+	l := &c.layers[layer]
+	have := max(c.n, l.extent)
+	if start > have {
+		return fmt.Errorf("cpu: KV Import: layer %d start %d leaves a gap after %d held", layer, start, have)
+	}
+	es := c.dt.Size()
+	dh := c.g.HeadDim
+	want := c.g.KVHeads * n * dh * es
+	if len(k) != want || len(v) != want {
+		return fmt.Errorf("cpu: KV Import: %d/%d bytes for %d tokens (want %d each)", len(k), len(v), n, want)
+	}
+	c.reserve(start + n)
+	l = &c.layers[layer]
+	for h := range c.g.KVHeads {
+		dst := (h*c.cap + start) * dh
+		src := h * n * dh
+		for i := range n * dh {
+			if c.dt == engine.F32 {
+				l.k32[dst+i] = math.Float32frombits(binary.LittleEndian.Uint32(k[4*(src+i):]))
+				l.v32[dst+i] = math.Float32frombits(binary.LittleEndian.Uint32(v[4*(src+i):]))
+			} else {
+				l.k16[dst+i] = binary.LittleEndian.Uint16(k[2*(src+i):])
+				l.v16[dst+i] = binary.LittleEndian.Uint16(v[2*(src+i):])
+			}
+		}
+	}
+	l.extent = max(have, start+n)
+	return nil
+}
+
+// Commit makes positions [0, n) visible; every layer must hold them.
+func (c *kvCache) Commit(n int) error {
+	for i := range c.layers {
+		if have := max(c.n, c.layers[i].extent); n > have {
+			return fmt.Errorf("cpu: KV Commit(%d): layer %d holds only %d", n, i, have)
+		}
+	}
+	if n < 0 {
+		return fmt.Errorf("cpu: KV Commit(%d)", n)
+	}
+	c.n = n
+	for i := range c.layers {
+		c.layers[i].extent = n
+	}
+	return nil
+}

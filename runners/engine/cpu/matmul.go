@@ -1,0 +1,371 @@
+package cpu
+
+import (
+	"fmt"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+)
+
+// Matrix multiplication.
+//
+// Every product here is x [L, K] times a weight stored row-major as [N, K]
+// (HF Linear layout): out[i, j] = dot(x_i, w_j). Work is split over the
+// output columns j in blocks of four weight rows, one contiguous range of
+// blocks per goroutine. Each block's four rows are fetched once as float32
+// (a slice of an F32 weight, or expanded from F16/BF16 words or from MLX
+// affine-quantized words into a per-goroutine scratch buffer) and then
+// multiplied with every input row, so a weight element is expanded once per
+// call however long the prompt is.
+//
+// Quantized weights are never expanded in memory as a whole: for decode
+// (L ≤ quantFusedMaxRows) the fused kernel reads the packed words directly
+// and folds the affine bias in per group (Σ s·q·x + b·Σx); for prefill the
+// block expansion above is cheaper. docs/BENCHMARKS.md records the numbers
+// behind this choice.
+
+// quantFusedMaxRows is the largest L for which quantized products use the
+// fused decode kernel.
+const quantFusedMaxRows = 2
+
+// weight is a Linear's matrix [out, in] prepared for the kernels.
+type weight struct {
+	out, in int
+	dt      engine.DType // dense storage dtype
+	f32     []float32
+	u16     []uint16
+	// Quantized (bits > 0): q is [out, in*bits/32] words, scales and
+	// biases [out, in/gs] as float32.
+	bits, gs       int
+	q              []uint32
+	scales, biases []float32
+	wpr            int // words per row
+}
+
+// halfFloats returns a 16-bit array's values as float32, memoized on the
+// array (scales and biases are converted once, not once per step).
+func halfFloats(a *Array) []float32 {
+	if a.dt == engine.F32 && a.kv == nil {
+		return a.f32
+	}
+	if a.memo == nil {
+		a.memo = floats(a)
+	}
+	return a.memo
+}
+
+func newWeight(l *engine.Linear) *weight {
+	if l == nil || l.W == nil {
+		panic("cpu: Linear without a weight")
+	}
+	w := arr(l.W)
+	if len(w.shape) != 2 {
+		panic(fmt.Sprintf("cpu: Linear weight of shape %v, want [out, in]", w.shape))
+	}
+	if l.Bits == 0 {
+		r := &weight{out: w.shape[0], in: w.shape[1], dt: w.dt}
+		switch w.dt {
+		case engine.F32:
+			r.f32 = w.f32
+		case engine.F16, engine.BF16:
+			r.u16 = w.u16
+		default:
+			panic(fmt.Sprintf("cpu: dense Linear weight of dtype %v", w.dt))
+		}
+		return r
+	}
+	if w.dt != engine.U32 {
+		panic(fmt.Sprintf("cpu: quantized Linear weight of dtype %v, want uint32", w.dt))
+	}
+	switch l.Bits {
+	case 2, 4, 8:
+	default:
+		panic(fmt.Sprintf("cpu: quantized Linear with %d bits (want 2, 4 or 8)", l.Bits))
+	}
+	in := w.shape[1] * 32 / l.Bits
+	if l.GroupSize <= 0 || in%l.GroupSize != 0 || l.GroupSize%(32/l.Bits) != 0 {
+		panic(fmt.Sprintf("cpu: quantized Linear: group size %d for %d inputs", l.GroupSize, in))
+	}
+	if l.Scales == nil || l.Biases == nil {
+		panic("cpu: quantized Linear without scales and biases")
+	}
+	s, bz := arr(l.Scales), arr(l.Biases)
+	ng := in / l.GroupSize
+	if numel(s.shape) != w.shape[0]*ng || numel(bz.shape) != w.shape[0]*ng {
+		panic(fmt.Sprintf("cpu: quantized Linear: scales %v / biases %v for weight %v with group %d", s.shape, bz.shape, w.shape, l.GroupSize))
+	}
+	return &weight{
+		out: w.shape[0], in: in, bits: l.Bits, gs: l.GroupSize,
+		q: w.u32, scales: halfFloats(s), biases: halfFloats(bz), wpr: w.shape[1],
+	}
+}
+
+// row writes weight row r as float32 into dst (len in).
+func (w *weight) row(dst []float32, r int) {
+	dst = dst[:w.in]
+	if w.bits == 0 {
+		switch w.dt {
+		case engine.F32:
+			copy(dst, w.f32[r*w.in:(r+1)*w.in])
+		default:
+			halfToF32(dst, w.u16[r*w.in:(r+1)*w.in], w.dt)
+		}
+		return
+	}
+	ng := w.in / w.gs
+	words := w.q[r*w.wpr : (r+1)*w.wpr]
+	sc := w.scales[r*ng : (r+1)*ng]
+	bi := w.biases[r*ng : (r+1)*ng]
+	per := 32 / w.bits
+	wpg := w.gs / per // words per group
+	mask := uint32(1)<<w.bits - 1
+	for g := range ng {
+		s, b := sc[g], bi[g]
+		gw := words[g*wpg : (g+1)*wpg]
+		d := dst[g*w.gs : (g+1)*w.gs]
+		switch w.bits {
+		case 4:
+			for k, u := range gw {
+				o := d[k*8 : k*8+8 : k*8+8]
+				o[0] = s*float32(u&15) + b
+				o[1] = s*float32(u>>4&15) + b
+				o[2] = s*float32(u>>8&15) + b
+				o[3] = s*float32(u>>12&15) + b
+				o[4] = s*float32(u>>16&15) + b
+				o[5] = s*float32(u>>20&15) + b
+				o[6] = s*float32(u>>24&15) + b
+				o[7] = s*float32(u>>28) + b
+			}
+		case 8:
+			for k, u := range gw {
+				o := d[k*4 : k*4+4 : k*4+4]
+				o[0] = s*float32(u&255) + b
+				o[1] = s*float32(u>>8&255) + b
+				o[2] = s*float32(u>>16&255) + b
+				o[3] = s*float32(u>>24) + b
+			}
+		default:
+			for k, u := range gw {
+				for j := range per {
+					d[k*per+j] = s*float32(u>>(uint(j)*uint(w.bits))&mask) + b
+				}
+			}
+		}
+	}
+}
+
+// rowF32 returns row r as float32: a slice of the weight when it is F32,
+// else expanded into buf.
+func (w *weight) rowF32(buf []float32, r int) []float32 {
+	if w.bits == 0 && w.dt == engine.F32 {
+		return w.f32[r*w.in : (r+1)*w.in : (r+1)*w.in]
+	}
+	w.row(buf, r)
+	return buf[:w.in:w.in]
+}
+
+// Linear computes x @ Wᵀ (+ bias) for x [L, in] → [L, out].
+func (b *Backend) Linear(x engine.Array, l *engine.Linear) engine.Array {
+	w := newWeight(l)
+	a := arr(x)
+	if len(a.shape) != 2 || a.shape[1] != w.in {
+		panic(fmt.Sprintf("cpu: Linear: x %v with weight [%d, %d]", a.shape, w.out, w.in))
+	}
+	xv := floats(a)
+	out := make([]float32, a.shape[0]*w.out)
+	b.matmulT(out, xv, a.shape[0], w)
+	if l.Bias != nil {
+		bias := floats(arr(l.Bias))
+		if len(bias) != w.out {
+			panic(fmt.Sprintf("cpu: Linear: bias %v for %d outputs", arr(l.Bias).shape, w.out))
+		}
+		for i := 0; i < a.shape[0]; i++ {
+			o := out[i*w.out : (i+1)*w.out]
+			for j := range o {
+				o[j] += bias[j]
+			}
+		}
+	}
+	return newF32([]int{a.shape[0], w.out}, out)
+}
+
+// matmulT computes out [L, N] = x [L, K] · wᵀ on all threads.
+func (b *Backend) matmulT(out, x []float32, L int, w *weight) {
+	N, K := w.out, w.in
+	fused := w.bits == 4 && L <= quantFusedMaxRows
+	var xsums []float32
+	if fused {
+		xsums = groupSums(x, L, K, w.gs)
+	}
+	blocks := (N + 3) / 4
+	// Aim for at least ~64k multiply-adds per goroutine.
+	minBlocks := max(1, 65536/(4*K*max(L, 1)))
+	b.parallel(blocks, minBlocks, func(lo, hi int) {
+		if fused {
+			for j := lo * 4; j < min(hi*4, N); j++ {
+				for i := range L {
+					out[i*N+j] = qdot4(x[i*K:(i+1)*K], w, j, xsums[i*(K/w.gs):(i+1)*(K/w.gs)])
+				}
+			}
+			return
+		}
+		buf := make([]float32, 4*K)
+		for blk := lo; blk < hi; blk++ {
+			j := blk * 4
+			if j+4 <= N {
+				w0 := w.rowF32(buf[0:K], j)
+				w1 := w.rowF32(buf[K:2*K], j+1)
+				w2 := w.rowF32(buf[2*K:3*K], j+2)
+				w3 := w.rowF32(buf[3*K:4*K], j+3)
+				i := 0
+				for ; i+2 <= L; i += 2 {
+					x0 := x[i*K : (i+1)*K : (i+1)*K]
+					x1 := x[(i+1)*K : (i+2)*K : (i+2)*K]
+					var r [8]float32
+					dot2x4(&r, x0, x1, w0, w1, w2, w3)
+					copy(out[i*N+j:i*N+j+4], r[:4])
+					copy(out[(i+1)*N+j:(i+1)*N+j+4], r[4:])
+				}
+				for ; i < L; i++ {
+					xi := x[i*K : (i+1)*K : (i+1)*K]
+					var r [4]float32
+					dot1x4(&r, xi, w0, w1, w2, w3)
+					copy(out[i*N+j:i*N+j+4], r[:])
+				}
+				continue
+			}
+			for jj := j; jj < N; jj++ {
+				wr := w.rowF32(buf[0:K], jj)
+				for i := range L {
+					out[i*N+jj] = dot(x[i*K:(i+1)*K], wr)
+				}
+			}
+		}
+	})
+}
+
+// groupSums returns Σx over each quantization group of each row of x.
+func groupSums(x []float32, L, K, gs int) []float32 {
+	ng := K / gs
+	s := make([]float32, L*ng)
+	for i := range L {
+		for g := range ng {
+			var acc float32
+			for _, v := range x[i*K+g*gs : i*K+(g+1)*gs] {
+				acc += v
+			}
+			s[i*ng+g] = acc
+		}
+	}
+	return s
+}
+
+// qdot4 is dot(x, row j of a 4-bit weight) without expanding the row:
+// Σ_g s_g·Σ q·x + b_g·Σx.
+func qdot4(x []float32, w *weight, j int, xsums []float32) float32 {
+	ng := w.in / w.gs
+	words := w.q[j*w.wpr : (j+1)*w.wpr]
+	sc := w.scales[j*ng : (j+1)*ng]
+	bi := w.biases[j*ng : (j+1)*ng]
+	wpg := w.gs / 8
+	var total float32
+	for g := range ng {
+		gw := words[g*wpg : (g+1)*wpg]
+		gx := x[g*w.gs : (g+1)*w.gs]
+		var a0, a1 float32
+		for k, u := range gw {
+			xs := gx[k*8 : k*8+8 : k*8+8]
+			a0 += float32(u&15)*xs[0] + float32(u>>4&15)*xs[1] + float32(u>>8&15)*xs[2] + float32(u>>12&15)*xs[3]
+			a1 += float32(u>>16&15)*xs[4] + float32(u>>20&15)*xs[5] + float32(u>>24&15)*xs[6] + float32(u>>28)*xs[7]
+		}
+		total += sc[g]*(a0+a1) + bi[g]*xsums[g]
+	}
+	return total
+}
+
+func dot(x, y []float32) float32 {
+	y = y[:len(x)]
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		s0 += x[i] * y[i]
+		s1 += x[i+1] * y[i+1]
+		s2 += x[i+2] * y[i+2]
+		s3 += x[i+3] * y[i+3]
+	}
+	for ; i < len(x); i++ {
+		s0 += x[i] * y[i]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+// dot1x4 computes r[k] = dot(x, wk) for four weight rows.
+func dot1x4(r *[4]float32, x, w0, w1, w2, w3 []float32) {
+	n := len(x)
+	w0, w1, w2, w3 = w0[:n], w1[:n], w2[:n], w3[:n]
+	var s0, s1, s2, s3 float32
+	for i, v := range x {
+		s0 += v * w0[i]
+		s1 += v * w1[i]
+		s2 += v * w2[i]
+		s3 += v * w3[i]
+	}
+	r[0], r[1], r[2], r[3] = s0, s1, s2, s3
+}
+
+// dot2x4 computes the 2×4 block r[i*4+k] = dot(xi, wk).
+func dot2x4(r *[8]float32, x0, x1, w0, w1, w2, w3 []float32) {
+	n := len(x0)
+	x1 = x1[:n]
+	w0, w1, w2, w3 = w0[:n], w1[:n], w2[:n], w3[:n]
+	var s00, s01, s02, s03, s10, s11, s12, s13 float32
+	for i, a := range x0 {
+		c := x1[i]
+		v0, v1, v2, v3 := w0[i], w1[i], w2[i], w3[i]
+		s00 += a * v0
+		s01 += a * v1
+		s02 += a * v2
+		s03 += a * v3
+		s10 += c * v0
+		s11 += c * v1
+		s12 += c * v2
+		s13 += c * v3
+	}
+	r[0], r[1], r[2], r[3] = s00, s01, s02, s03
+	r[4], r[5], r[6], r[7] = s10, s11, s12, s13
+}
+
+// MatMul is a batched matmul a [..., M, K] @ b [..., K, N]; b's leading
+// axes must equal a's or be absent.
+func (b *Backend) MatMul(x, y engine.Array) engine.Array {
+	a, c := materialize(arr(x)), materialize(arr(y))
+	if len(a.shape) < 2 || len(c.shape) < 2 {
+		panic(fmt.Sprintf("cpu: MatMul: %v @ %v", a.shape, c.shape))
+	}
+	M, K := a.shape[len(a.shape)-2], a.shape[len(a.shape)-1]
+	K2, N := c.shape[len(c.shape)-2], c.shape[len(c.shape)-1]
+	lead := a.shape[:len(a.shape)-2]
+	clead := c.shape[:len(c.shape)-2]
+	if K != K2 || (len(clead) > 0 && fmt.Sprint(lead) != fmt.Sprint(clead)) {
+		panic(fmt.Sprintf("cpu: MatMul: %v @ %v", a.shape, c.shape))
+	}
+	batches := numel(lead)
+	av, cv := floats(a), floats(c)
+	out := make([]float32, batches*M*N)
+	for bt := range batches {
+		cb := cv
+		if len(clead) > 0 {
+			cb = cv[bt*K*N : (bt+1)*K*N]
+		}
+		// Transpose this batch of c to [N, K] so rows are contiguous.
+		ct := make([]float32, N*K)
+		for k := range K {
+			for n := range N {
+				ct[n*K+k] = cb[k*N+n]
+			}
+		}
+		w := &weight{out: N, in: K, dt: engine.F32, f32: ct}
+		b.matmulT(out[bt*M*N:(bt+1)*M*N], av[bt*M*K:(bt+1)*M*K], M, w)
+	}
+	shape := append(append([]int(nil), lead...), M, N)
+	return newF32(shape, out)
+}

@@ -1,0 +1,528 @@
+package engine
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"runtime/debug"
+	"strings"
+	"sync"
+)
+
+// SourceOpener opens a model directory or GGUF file as a Source.
+type SourceOpener func(path string) (Source, error)
+
+// sourceOpener is set once by RegisterSourceOpener, from the init of the
+// package that implements the formats (engine/weights cannot be imported
+// here: it imports this package). It is read-only afterwards.
+var sourceOpener struct {
+	sync.RWMutex
+	open SourceOpener
+}
+
+// RegisterSourceOpener installs the function Load uses to open paths.
+// runners/engine/backend registers weights.Open; programs that call Load
+// import that package (they need a Backend from it anyway).
+func RegisterSourceOpener(open SourceOpener) {
+	sourceOpener.Lock()
+	defer sourceOpener.Unlock()
+	sourceOpener.open = open
+}
+
+// DefaultPrefillChunk is Prefill's chunk size when the caller passes 0.
+const DefaultPrefillChunk = 512
+
+// Model is a loaded decoder-only transformer, written once against
+// Backend. Forward and Prefill are serialized by a mutex.
+type Model struct {
+	mu      sync.Mutex
+	b       Backend
+	cfg     Config
+	arch    Arch
+	embed   *Linear // [V, D]
+	lmHead  *Linear // [V, D]; embed when tied
+	norm    Array   // [D]
+	layers  []block
+	cacheDT DType
+	fp      Fingerprint
+	eps     float32
+}
+
+// block is one decoder layer's weights.
+type block struct {
+	inNorm, postNorm Array // [D]
+	q, k, v, o       Linear
+	gate, up, down   Linear
+	qNorm, kNorm     Array // [Dh], Qwen3 only
+}
+
+// Load opens path (a model directory or .gguf file) with the registered
+// SourceOpener and loads it onto b.
+func Load(ctx context.Context, path string, b Backend, opts LoadOptions) (*Model, error) {
+	sourceOpener.RLock()
+	open := sourceOpener.open
+	sourceOpener.RUnlock()
+	if open == nil {
+		return nil, errors.New("engine: no weight loader registered (import runners/engine/backend)")
+	}
+	src, err := open(path)
+	if err != nil {
+		return nil, fmt.Errorf("engine: open %s: %w", path, err)
+	}
+	defer src.Close()
+	if opts.CacheDType == 0 && strings.HasSuffix(strings.ToLower(path), ".gguf") {
+		opts.CacheDType = F32
+		if b.Name() != "cpu" {
+			opts.CacheDType = F16
+		}
+	}
+	m, err := LoadSource(ctx, src, b, opts)
+	if err != nil {
+		return nil, fmt.Errorf("engine: load %s: %w", path, err)
+	}
+	return m, nil
+}
+
+// LoadSource loads a model from an open Source (which the caller closes;
+// the backend holds its own copies of the weights afterwards).
+func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m *Model, err error) {
+	defer recoverInto(&err, "load")
+	cfg, err := ParseConfig(src.Config())
+	if err != nil {
+		return nil, err
+	}
+	arch, err := lookupArch(cfg.Arch)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.SlidingWindowUse {
+		return nil, cfgErr("use_sliding_window", "sliding-window attention is not supported")
+	}
+	vocab, err := src.Vocab()
+	if err != nil {
+		return nil, fmt.Errorf("engine: vocabulary: %w", err)
+	}
+	m = &Model{b: b, cfg: *cfg, arch: arch, eps: float32(cfg.RMSNormEps)}
+	m.cacheDT = opts.CacheDType
+	if m.cacheDT == 0 {
+		m.cacheDT = cfg.DType
+		if cfg.Quant.Bits > 0 && cfg.DType == F32 {
+			m.cacheDT = F32
+		}
+	}
+	switch m.cacheDT {
+	case F32, F16, BF16:
+	default:
+		return nil, fmt.Errorf("engine: cache dtype %v (want float32, float16 or bfloat16)", m.cacheDT)
+	}
+	m.fp = fingerprint(cfg, arch, vocab)
+
+	l := &loader{src: src, b: b, ctx: ctx, progress: opts.Progress}
+	l.total = l.sizeOf()
+	D, H, Hkv, Dh, F, V := cfg.Hidden, cfg.Heads, cfg.KVHeads, cfg.HeadDim, cfg.Intermediate, cfg.Vocab
+	if m.embed, err = l.linear("model.embed_tokens", V, D, false); err != nil {
+		return nil, err
+	}
+	m.lmHead = m.embed
+	if !cfg.TieEmbeddings || l.has("lm_head.weight") {
+		if l.has("lm_head.weight") {
+			if m.lmHead, err = l.linear("lm_head", V, D, false); err != nil {
+				return nil, err
+			}
+		} else if !cfg.TieEmbeddings {
+			return nil, fmt.Errorf("engine: lm_head.weight: %w (and tie_word_embeddings is false)", ErrNotFound)
+		}
+	}
+	if m.norm, err = l.vector("model.norm.weight", D); err != nil {
+		return nil, err
+	}
+	m.layers = make([]block, cfg.Layers)
+	for i := range m.layers {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if err := l.block(&m.layers[i], i, cfg, arch, D, H, Hkv, Dh, F); err != nil {
+			return nil, fmt.Errorf("engine: load layer %d: %w", i, err)
+		}
+	}
+	if l.progress != nil {
+		l.progress(l.total, l.total)
+	}
+	return m, nil
+}
+
+type loader struct {
+	src         Source
+	b           Backend
+	ctx         context.Context
+	progress    func(done, total int64)
+	done, total int64
+	names       map[string]bool
+}
+
+func (l *loader) has(name string) bool {
+	if l.names == nil {
+		l.names = map[string]bool{}
+		for _, n := range l.src.Names() {
+			l.names[n] = true
+		}
+	}
+	return l.names[name]
+}
+
+func (l *loader) sizeOf() int64 {
+	var t int64
+	for _, n := range l.src.Names() {
+		if tt, err := l.src.Tensor(n); err == nil {
+			t += int64(len(tt.Data))
+		}
+	}
+	return t
+}
+
+// tensor loads a tensor, checking its shape when want is given.
+func (l *loader) tensor(name string, want ...int) (Array, DType, error) {
+	t, err := l.src.Tensor(name)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", name, err)
+	}
+	if want != nil && !equalShape(t.Shape, want) {
+		return nil, 0, fmt.Errorf("%s: shape %v, want %v", name, t.Shape, want)
+	}
+	a := l.b.FromBytes(t.Data, t.Shape, t.DType)
+	l.b.Keep(a)
+	l.done += int64(len(t.Data))
+	if l.progress != nil {
+		l.progress(l.done, l.total)
+	}
+	return a, t.DType, nil
+}
+
+func equalShape(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func (l *loader) vector(name string, n int) (Array, error) {
+	a, _, err := l.tensor(name, n)
+	return a, err
+}
+
+// linear loads prefix.weight [out, in] (dense or MLX-quantized) and, when
+// bias is set, prefix.bias [out].
+func (l *loader) linear(prefix string, out, in int, bias bool) (*Linear, error) {
+	q := l.src.Quant(prefix)
+	lin := &Linear{Bits: q.Bits, GroupSize: q.GroupSize}
+	var err error
+	if q.Bits == 0 {
+		if lin.W, _, err = l.tensor(prefix+".weight", out, in); err != nil {
+			return nil, err
+		}
+	} else {
+		if q.GroupSize <= 0 || in%q.GroupSize != 0 || (in*q.Bits)%32 != 0 {
+			return nil, fmt.Errorf("%s: %d-bit group %d does not fit %d inputs", prefix, q.Bits, q.GroupSize, in)
+		}
+		if lin.W, _, err = l.tensor(prefix+".weight", out, in*q.Bits/32); err != nil {
+			return nil, err
+		}
+		if lin.Scales, _, err = l.tensor(prefix+".scales", out, in/q.GroupSize); err != nil {
+			return nil, err
+		}
+		if lin.Biases, _, err = l.tensor(prefix+".biases", out, in/q.GroupSize); err != nil {
+			return nil, err
+		}
+	}
+	if bias {
+		if lin.Bias, _, err = l.tensor(prefix+".bias", out); err != nil {
+			return nil, err
+		}
+	}
+	return lin, nil
+}
+
+func (l *loader) block(b *block, i int, cfg *Config, arch Arch, D, H, Hkv, Dh, F int) error {
+	p := fmt.Sprintf("model.layers.%d.", i)
+	var err error
+	if b.inNorm, err = l.vector(p+"input_layernorm.weight", D); err != nil {
+		return err
+	}
+	if b.postNorm, err = l.vector(p+"post_attention_layernorm.weight", D); err != nil {
+		return err
+	}
+	qkvBias := arch.QKVBias || cfg.AttentionBias
+	lin := func(dst *Linear, name string, out, in int, bias bool) error {
+		x, err := l.linear(p+name, out, in, bias)
+		if err != nil {
+			return err
+		}
+		*dst = *x
+		return nil
+	}
+	if err := lin(&b.q, "self_attn.q_proj", H*Dh, D, qkvBias); err != nil {
+		return err
+	}
+	if err := lin(&b.k, "self_attn.k_proj", Hkv*Dh, D, qkvBias); err != nil {
+		return err
+	}
+	if err := lin(&b.v, "self_attn.v_proj", Hkv*Dh, D, qkvBias); err != nil {
+		return err
+	}
+	if err := lin(&b.o, "self_attn.o_proj", D, H*Dh, cfg.AttentionBias); err != nil {
+		return err
+	}
+	if err := lin(&b.gate, "mlp.gate_proj", F, D, false); err != nil {
+		return err
+	}
+	if err := lin(&b.up, "mlp.up_proj", F, D, false); err != nil {
+		return err
+	}
+	if err := lin(&b.down, "mlp.down_proj", D, F, false); err != nil {
+		return err
+	}
+	if arch.QKNorm {
+		if b.qNorm, err = l.vector(p+"self_attn.q_norm.weight", Dh); err != nil {
+			return err
+		}
+		if b.kNorm, err = l.vector(p+"self_attn.k_norm.weight", Dh); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fingerprint hashes what makes KV transferable between two models.
+func fingerprint(c *Config, a Arch, vocab []string) Fingerprint {
+	h := sha256.New()
+	w := func(v uint64) {
+		var b [8]byte
+		binary.LittleEndian.PutUint64(b[:], v)
+		h.Write(b[:])
+	}
+	ws := func(s string) {
+		w(uint64(len(s)))
+		h.Write([]byte(s))
+	}
+	ws("exo-pd kv fingerprint v1")
+	ws(a.Family)
+	w(uint64(c.Layers))
+	w(uint64(c.KVHeads))
+	w(uint64(c.HeadDim))
+	r := c.RoPE
+	w(uint64(r.Dims))
+	w(math.Float64bits(r.Base))
+	ws(r.Scale.Type)
+	for _, f := range []float64{r.Scale.Factor, r.Scale.LowFreqFactor, r.Scale.HighFreqFactor, r.Scale.BetaFast, r.Scale.BetaSlow, r.Scale.MScale, r.Scale.MScaleAllDim} {
+		w(math.Float64bits(f))
+	}
+	w(uint64(r.Scale.OriginalMaxPositions))
+	w(uint64(len(vocab)))
+	for _, t := range vocab {
+		ws(t)
+	}
+	var fp Fingerprint
+	copy(fp[:], h.Sum(nil))
+	return fp
+}
+
+// recoverInto turns a panic from the backend or the model code into *err.
+func recoverInto(err *error, op string) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	if e, ok := r.(error); ok {
+		*err = fmt.Errorf("engine: %s: %w", op, e)
+	} else {
+		*err = fmt.Errorf("engine: %s: %v", op, r)
+	}
+	if _, isRuntime := r.(interface{ RuntimeError() }); isRuntime {
+		*err = fmt.Errorf("%w\n%s", *err, debug.Stack())
+	}
+}
+
+// Info describes the model.
+func (m *Model) Info() ModelInfo {
+	c := m.cfg
+	return ModelInfo{Arch: c.Arch, Layers: c.Layers, Hidden: c.Hidden, Heads: c.Heads, KVHeads: c.KVHeads,
+		HeadDim: c.HeadDim, Vocab: c.Vocab, MaxPositions: c.MaxPositions, CacheDType: m.cacheDT}
+}
+
+// Config returns the parsed config.json.
+func (m *Model) Config() Config { return m.cfg }
+
+// Fingerprint identifies the KV this model computes (see Fingerprint).
+func (m *Model) Fingerprint() Fingerprint { return m.fp }
+
+// Backend returns the backend the model runs on.
+func (m *Model) Backend() Backend { return m.b }
+
+// NewCache makes an empty KV cache for this model in its cache dtype.
+func (m *Model) NewCache() KVCache {
+	return m.b.NewKVCache(CacheGeometry{Layers: m.cfg.Layers, KVHeads: m.cfg.KVHeads, HeadDim: m.cfg.HeadDim}, m.cacheDT)
+}
+
+// Close releases the weights.
+func (m *Model) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.layers = nil
+	m.embed, m.lmHead, m.norm = nil, nil, nil
+	return nil
+}
+
+func (m *Model) checkCache(c KVCache, tokens []int32) error {
+	if m.layers == nil {
+		return errors.New("engine: model is closed")
+	}
+	g := c.Geometry()
+	if g.Layers != m.cfg.Layers || g.KVHeads != m.cfg.KVHeads || g.HeadDim != m.cfg.HeadDim {
+		return fmt.Errorf("engine: cache geometry %+v does not match the model's", g)
+	}
+	for _, t := range tokens {
+		if t < 0 || int(t) >= m.cfg.Vocab {
+			return fmt.Errorf("engine: token id %d outside vocabulary of %d", t, m.cfg.Vocab)
+		}
+	}
+	return nil
+}
+
+// Forward runs tokens at positions c.Len()… (in chunks of
+// DefaultPrefillChunk), appends their KV and returns the float32 logits of
+// the last position [V]. On error the cache is truncated to where it was.
+func (m *Model) Forward(ctx context.Context, c KVCache, tokens []int32) (logits []float32, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(tokens) == 0 {
+		return nil, errors.New("engine: Forward with no tokens")
+	}
+	if err := m.checkCache(c, tokens); err != nil {
+		return nil, err
+	}
+	start := c.Len()
+	defer func() {
+		if err != nil {
+			c.Truncate(start)
+		}
+		m.b.Free()
+	}()
+	defer recoverInto(&err, "forward")
+	for len(tokens) > DefaultPrefillChunk {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if err := m.step(c, tokens[:DefaultPrefillChunk], false, nil); err != nil {
+			return nil, err
+		}
+		tokens = tokens[DefaultPrefillChunk:]
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out []float32
+	if err := m.step(c, tokens, true, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Prefill runs tokens in chunks of at most chunk tokens (0: 512), calling
+// onChunk(start, n) after each chunk's KV is in the cache. An error from
+// onChunk or ctx stops it after the current chunk; the chunks already done
+// stay in the cache.
+func (m *Model) Prefill(ctx context.Context, c KVCache, tokens []int32, chunk int, onChunk func(start, n int) error) (err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if chunk <= 0 {
+		chunk = DefaultPrefillChunk
+	}
+	if err := m.checkCache(c, tokens); err != nil {
+		return err
+	}
+	for len(tokens) > 0 {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n := min(chunk, len(tokens))
+		start := c.Len()
+		if err := m.guardedStep(c, tokens[:n]); err != nil {
+			return err
+		}
+		tokens = tokens[n:]
+		if onChunk != nil {
+			if err := onChunk(start, n); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (m *Model) guardedStep(c KVCache, tokens []int32) (err error) {
+	start := c.Len()
+	defer func() {
+		if err != nil {
+			c.Truncate(start)
+		}
+		m.b.Free()
+	}()
+	defer recoverInto(&err, "prefill")
+	return m.step(c, tokens, false, nil)
+}
+
+// step runs one chunk through every layer. With logits set it writes the
+// last position's logits [V] to *logits; otherwise it only fills the cache.
+func (m *Model) step(c KVCache, tokens []int32, wantLogits bool, logits *[]float32) error {
+	b := m.b
+	cfg := &m.cfg
+	L := len(tokens)
+	H, Hkv, Dh := cfg.Heads, cfg.KVHeads, cfg.HeadDim
+	offset := c.Len()
+	scale := float32(1 / math.Sqrt(float64(Dh)))
+	ids := b.FromInt32(tokens, L)
+	x := b.Embedding(m.embed, ids) // [L, D]
+	for i := range m.layers {
+		ly := &m.layers[i]
+		h := b.RMSNorm(x, ly.inNorm, m.eps)
+		q := b.Reshape(b.Linear(h, &ly.q), L, H, Dh)   // [L, H, Dh]
+		k := b.Reshape(b.Linear(h, &ly.k), L, Hkv, Dh) // [L, Hkv, Dh]
+		v := b.Reshape(b.Linear(h, &ly.v), L, Hkv, Dh)
+		if m.arch.QKNorm {
+			q = b.RMSNorm(q, ly.qNorm, m.eps)
+			k = b.RMSNorm(k, ly.kNorm, m.eps)
+		}
+		q = b.RoPE(b.Transpose(q, 1, 0, 2), offset, &cfg.RoPE) // [H, L, Dh]
+		k = b.RoPE(b.Transpose(k, 1, 0, 2), offset, &cfg.RoPE) // [Hkv, L, Dh]
+		v = b.Transpose(v, 1, 0, 2)
+		kAll, vAll := c.Append(i, k, v)                 // [Hkv, T, Dh]
+		a := b.Attention(q, kAll, vAll, scale)          // [H, L, Dh]
+		a = b.Reshape(b.Transpose(a, 1, 0, 2), L, H*Dh) // [L, H·Dh]
+		x = b.Add(x, b.Linear(a, &ly.o))
+		h = b.RMSNorm(x, ly.postNorm, m.eps)
+		g := b.SiLU(b.Linear(h, &ly.gate))
+		x = b.Add(x, b.Linear(b.Mul(g, b.Linear(h, &ly.up)), &ly.down))
+	}
+	if !wantLogits {
+		return b.Eval(x)
+	}
+	last := b.Slice(x, 0, L-1, L) // [1, D]
+	out := b.Linear(b.RMSNorm(last, m.norm, m.eps), m.lmHead)
+	if err := b.Eval(out); err != nil {
+		return err
+	}
+	f, err := b.Float32(out)
+	if err != nil {
+		return err
+	}
+	*logits = f
+	return nil
+}
