@@ -1,0 +1,122 @@
+package tokenizer
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/exo-pd/exo-pd/runners/engine/weights"
+)
+
+// GGUF token types (tokenizer.ggml.token_type).
+const (
+	ggufNormal      = 1
+	ggufControl     = 3
+	ggufUserDefined = 4
+)
+
+// ggufPre maps tokenizer.ggml.pre (llama.cpp's names) to our splitters.
+func ggufPre(pre string) (steps []splitter, normalizeNFC, llama3 bool, err error) {
+	switch pre {
+	case "llama-bpe", "llama3", "smaug-bpe", "falcon3", "pixtral":
+		return []splitter{regexSplit{llama3: true, maxDigits: 3}}, false, true, nil
+	case "qwen2", "deepseek-r1-qwen", "stablelm2", "megrez":
+		return []splitter{regexSplit{llama3: true, maxDigits: 1}}, true, false, nil
+	case "smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b":
+		return []splitter{digitSplit{individual: true}, regexSplit{}}, false, false, nil
+	case "gpt-2", "gpt2", "mpt", "olmo", "jais", "trillion", "default", "":
+		return []splitter{regexSplit{}}, false, false, nil
+	}
+	return nil, false, false, fmt.Errorf("tokenizer.ggml.pre %q is not supported", pre)
+}
+
+func loadGGUF(path string) (*Tokenizer, error) {
+	g, err := weights.OpenGGUF(path)
+	if err != nil {
+		return nil, err
+	}
+	defer g.Close()
+	return fromGGUF(g)
+}
+
+// fromGGUF builds a tokenizer from GGUF metadata (tokenizer.ggml.*).
+func fromGGUF(g *weights.GGUF) (*Tokenizer, error) {
+	if m, _ := g.String("tokenizer.ggml.model"); m != "gpt2" {
+		return nil, fmt.Errorf("tokenizer.ggml.model %q: only byte-level BPE (\"gpt2\") is supported", m)
+	}
+	tokens, ok := g.Strings("tokenizer.ggml.tokens")
+	if !ok || len(tokens) == 0 {
+		return nil, fmt.Errorf("tokenizer.ggml.tokens missing")
+	}
+	merges, ok := g.Strings("tokenizer.ggml.merges")
+	if !ok {
+		return nil, fmt.Errorf("tokenizer.ggml.merges missing")
+	}
+	types, ok := g.Int32s("tokenizer.ggml.token_type")
+	if !ok {
+		types = nil
+	} else if len(types) != len(tokens) {
+		return nil, fmt.Errorf("tokenizer.ggml.token_type has %d entries for %d tokens", len(types), len(tokens))
+	}
+	pre, _ := g.String("tokenizer.ggml.pre")
+	steps, nfc, llama3, err := ggufPre(pre)
+	if err != nil {
+		return nil, err
+	}
+	t := &Tokenizer{bos: -1, pretok: steps}
+	if nfc {
+		f, _ := normalizerFunc("NFC")
+		t.normalizers = append(t.normalizers, f)
+	}
+	t.model.ignoreMerges = llama3
+	t.model.unk = -1
+	t.model.vocab = make(map[string]int32, len(tokens))
+	t.idToToken = make([]string, len(tokens))
+	for i, s := range tokens {
+		t.idToToken[i] = s
+		typ := int32(ggufNormal)
+		if types != nil {
+			typ = types[i]
+		}
+		if typ == ggufControl || typ == ggufUserDefined {
+			t.added = append(t.added, addedToken{content: s, id: int32(i), special: typ == ggufControl})
+			continue
+		}
+		if _, dup := t.model.vocab[s]; !dup {
+			t.model.vocab[s] = int32(i)
+		}
+	}
+	t.model.merges = make(map[uint64]merge, len(merges))
+	for rank, m := range merges {
+		a, b, ok := strings.Cut(m, " ")
+		if !ok {
+			return nil, fmt.Errorf("tokenizer.ggml.merges[%d]: %q is not a pair", rank, m)
+		}
+		if err := t.addMerge(int32(rank), a, b); err != nil {
+			return nil, fmt.Errorf("tokenizer.ggml.merges[%d]: %w", rank, err)
+		}
+	}
+	id := func(key string) (int32, bool) {
+		u, ok := g.Uint(key)
+		if !ok || u >= uint64(len(tokens)) {
+			return 0, false
+		}
+		return int32(u), true
+	}
+	if u, ok := id("tokenizer.ggml.unknown_token_id"); ok {
+		t.model.unk = u
+	}
+	if b, ok := id("tokenizer.ggml.bos_token_id"); ok {
+		t.bos = b
+	}
+	t.addBOS = llama3
+	if b, ok := g.Bool("tokenizer.ggml.add_bos_token"); ok {
+		t.addBOS = b
+	}
+	for _, k := range []string{"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"} {
+		if e, ok := id(k); ok {
+			t.eos = append(t.eos, e)
+		}
+	}
+	t.addEndOfTurnTokens()
+	return t, nil
+}

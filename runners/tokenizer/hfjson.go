@@ -1,0 +1,396 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// tokenizerJSON is the subset of HF tokenizer.json that byte-level BPE uses.
+type tokenizerJSON struct {
+	AddedTokens []struct {
+		ID         int32  `json:"id"`
+		Content    string `json:"content"`
+		SingleWord bool   `json:"single_word"`
+		LStrip     bool   `json:"lstrip"`
+		RStrip     bool   `json:"rstrip"`
+		Normalized bool   `json:"normalized"`
+		Special    bool   `json:"special"`
+	} `json:"added_tokens"`
+	Normalizer    *component `json:"normalizer"`
+	PreTokenizer  *component `json:"pre_tokenizer"`
+	PostProcessor *component `json:"post_processor"`
+	Decoder       *component `json:"decoder"`
+	Model         struct {
+		Type         string            `json:"type"`
+		Vocab        map[string]int32  `json:"vocab"`
+		Merges       []json.RawMessage `json:"merges"` // "a b" or ["a", "b"]
+		UnkToken     *string           `json:"unk_token"`
+		IgnoreMerges bool              `json:"ignore_merges"`
+		ByteFallback bool              `json:"byte_fallback"`
+		Prefix       *string           `json:"continuing_subword_prefix"`
+		Suffix       *string           `json:"end_of_word_suffix"`
+	} `json:"model"`
+}
+
+// component is any normalizer / pre-tokenizer / processor / decoder node.
+type component struct {
+	Type          string       `json:"type"`
+	Normalizers   []*component `json:"normalizers"`
+	Pretokenizers []*component `json:"pretokenizers"`
+	Processors    []*component `json:"processors"`
+	Decoders      []*component `json:"decoders"`
+	Pattern       *struct {
+		Regex  *string `json:"Regex"`
+		String *string `json:"String"`
+	} `json:"pattern"`
+	Behavior         string `json:"behavior"`
+	Invert           bool   `json:"invert"`
+	AddPrefixSpace   bool   `json:"add_prefix_space"`
+	UseRegex         *bool  `json:"use_regex"`
+	IndividualDigits bool   `json:"individual_digits"`
+	// TemplateProcessing
+	Single []map[string]struct {
+		ID string `json:"id"`
+	} `json:"single"`
+	SpecialTokens map[string]struct {
+		IDs []int32 `json:"ids"`
+	} `json:"special_tokens"`
+}
+
+// tokenizerConfig is the subset of tokenizer_config.json used here.
+type tokenizerConfig struct {
+	AddBOSToken *bool       `json:"add_bos_token"`
+	BOSToken    tokenString `json:"bos_token"`
+	EOSToken    tokenString `json:"eos_token"`
+}
+
+// tokenString is a token given as "text" or {"content": "text", …}.
+type tokenString string
+
+func (s *tokenString) UnmarshalJSON(b []byte) error {
+	var v any
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	switch x := v.(type) {
+	case string:
+		*s = tokenString(x)
+	case map[string]any:
+		c, _ := x["content"].(string)
+		*s = tokenString(c)
+	}
+	return nil
+}
+
+// idList is an id given as a number or a list of numbers.
+type idList []int32
+
+func (l *idList) UnmarshalJSON(b []byte) error {
+	var one int32
+	if err := json.Unmarshal(b, &one); err == nil {
+		*l = idList{one}
+		return nil
+	}
+	var many []int32
+	if err := json.Unmarshal(b, &many); err != nil {
+		return err
+	}
+	*l = many
+	return nil
+}
+
+func loadHFDir(dir string) (*Tokenizer, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		return nil, err
+	}
+	var tj tokenizerJSON
+	if err := json.Unmarshal(raw, &tj); err != nil {
+		return nil, fmt.Errorf("parse tokenizer.json: %w", err)
+	}
+	var cfg tokenizerConfig
+	if b, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json")); err == nil {
+		if err := json.Unmarshal(b, &cfg); err != nil {
+			return nil, fmt.Errorf("parse tokenizer_config.json: %w", err)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	var gen struct {
+		EOS idList `json:"eos_token_id"`
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "generation_config.json")); err == nil {
+		if err := json.Unmarshal(b, &gen); err != nil {
+			return nil, fmt.Errorf("parse generation_config.json: %w", err)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	return fromHF(&tj, &cfg, gen.EOS)
+}
+
+func fromHF(tj *tokenizerJSON, cfg *tokenizerConfig, genEOS []int32) (*Tokenizer, error) {
+	m := &tj.Model
+	if m.Type != "" && m.Type != "BPE" {
+		return nil, fmt.Errorf("model type %q: only byte-level BPE is supported", m.Type)
+	}
+	if m.ByteFallback || (m.Prefix != nil && *m.Prefix != "") || (m.Suffix != nil && *m.Suffix != "") {
+		return nil, errors.New("model: byte_fallback / subword prefix or suffix BPE is not byte-level BPE")
+	}
+	t := &Tokenizer{bos: -1}
+	t.model.vocab = m.Vocab
+	t.model.ignoreMerges = m.IgnoreMerges
+	t.model.unk = -1
+	if m.UnkToken != nil {
+		if id, ok := m.Vocab[*m.UnkToken]; ok {
+			t.model.unk = id
+		}
+	}
+	size := 0
+	for _, id := range m.Vocab {
+		if id < 0 {
+			return nil, fmt.Errorf("model.vocab: negative id %d", id)
+		}
+		size = max(size, int(id)+1)
+	}
+	for _, a := range tj.AddedTokens {
+		size = max(size, int(a.ID)+1)
+	}
+	t.idToToken = make([]string, size)
+	for s, id := range m.Vocab {
+		t.idToToken[id] = s
+	}
+	t.model.merges = make(map[uint64]merge, len(m.Merges))
+	for rank, rm := range m.Merges {
+		var a, b string
+		var pair []string
+		if err := json.Unmarshal(rm, &pair); err == nil && len(pair) == 2 {
+			a, b = pair[0], pair[1]
+		} else {
+			var s string
+			if err := json.Unmarshal(rm, &s); err != nil {
+				return nil, fmt.Errorf("model.merges[%d]: %w", rank, err)
+			}
+			var ok bool
+			if a, b, ok = strings.Cut(s, " "); !ok {
+				return nil, fmt.Errorf("model.merges[%d]: %q is not a pair", rank, s)
+			}
+		}
+		if err := t.addMerge(int32(rank), a, b); err != nil {
+			return nil, fmt.Errorf("model.merges[%d]: %w", rank, err)
+		}
+	}
+	for _, a := range tj.AddedTokens {
+		t.added = append(t.added, addedToken{content: a.Content, id: a.ID, lstrip: a.LStrip, rstrip: a.RStrip,
+			singleWord: a.SingleWord, special: a.Special, isNormalized: a.Normalized})
+	}
+	if err := t.setNormalizer(tj.Normalizer); err != nil {
+		return nil, fmt.Errorf("normalizer: %w", err)
+	}
+	byteLevel, err := t.setPreTokenizer(tj.PreTokenizer)
+	if err != nil {
+		return nil, fmt.Errorf("pre_tokenizer: %w", err)
+	}
+	if !byteLevel {
+		return nil, errors.New("pre_tokenizer: no ByteLevel step (only byte-level BPE is supported)")
+	}
+	// BOS: tokenizer_config's add_bos_token decides when present; else the
+	// post-processor's template (Llama 3 prepends <|begin_of_text|> there).
+	if cfg.BOSToken != "" {
+		if id, ok := t.lookup(string(cfg.BOSToken)); ok {
+			t.bos = id
+		}
+	}
+	if tmplBOS, ok := templateBOS(tj.PostProcessor); ok {
+		if t.bos < 0 {
+			t.bos = tmplBOS
+		}
+		t.addBOS = tmplBOS == t.bos
+	}
+	if cfg.AddBOSToken != nil {
+		t.addBOS = *cfg.AddBOSToken
+	}
+	if cfg.EOSToken != "" {
+		if id, ok := t.lookup(string(cfg.EOSToken)); ok {
+			t.eos = append(t.eos, id)
+		}
+	}
+	t.eos = append(t.eos, genEOS...)
+	t.addEndOfTurnTokens()
+	return t, nil
+}
+
+func (t *Tokenizer) lookup(s string) (int32, bool) {
+	for _, a := range t.added {
+		if a.content == s {
+			return a.id, true
+		}
+	}
+	id, ok := t.model.vocab[s]
+	return id, ok
+}
+
+func (t *Tokenizer) addMerge(rank int32, a, b string) error {
+	ia, ok1 := t.model.vocab[a]
+	ib, ok2 := t.model.vocab[b]
+	im, ok3 := t.model.vocab[a+b]
+	if !ok1 || !ok2 || !ok3 {
+		return fmt.Errorf("merge %q + %q: token not in vocabulary", a, b)
+	}
+	k := pairKey(ia, ib)
+	if _, dup := t.model.merges[k]; !dup {
+		t.model.merges[k] = merge{rank: rank, id: im}
+	}
+	return nil
+}
+
+// endOfTurn are the texts of special tokens that end an assistant turn in
+// common chat formats; when present as special tokens they also stop
+// generation (as llama.cpp does).
+var endOfTurn = []string{"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "</s>"}
+
+func (t *Tokenizer) addEndOfTurnTokens() {
+	for _, a := range t.added {
+		if a.special && containsString(endOfTurn, a.content) {
+			t.eos = append(t.eos, a.id)
+		}
+	}
+	t.finish()
+}
+
+func containsString(l []string, s string) bool {
+	for _, x := range l {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func (t *Tokenizer) setNormalizer(c *component) error {
+	if c == nil {
+		return nil
+	}
+	if c.Type == "Sequence" {
+		for _, n := range c.Normalizers {
+			if err := t.setNormalizer(n); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	f, ok := normalizerFunc(c.Type)
+	if !ok {
+		return fmt.Errorf("unsupported normalizer %q", c.Type)
+	}
+	t.normalizers = append(t.normalizers, f)
+	return nil
+}
+
+// setPreTokenizer appends the splitters of c; it reports whether a
+// ByteLevel step was seen.
+func (t *Tokenizer) setPreTokenizer(c *component) (bool, error) {
+	if c == nil {
+		return false, nil
+	}
+	switch c.Type {
+	case "Sequence":
+		seen := false
+		for _, p := range c.Pretokenizers {
+			s, err := t.setPreTokenizer(p)
+			if err != nil {
+				return false, err
+			}
+			seen = seen || s
+		}
+		return seen, nil
+	case "ByteLevel":
+		t.prefixSpace = c.AddPrefixSpace
+		if c.UseRegex == nil || *c.UseRegex {
+			t.pretok = append(t.pretok, regexSplit{})
+		}
+		return true, nil
+	case "Digits":
+		t.pretok = append(t.pretok, digitSplit{individual: c.IndividualDigits})
+		return false, nil
+	case "Split":
+		if c.Invert || (c.Behavior != "" && c.Behavior != "Isolated") {
+			return false, fmt.Errorf("Split with behavior %q invert %v is not supported", c.Behavior, c.Invert)
+		}
+		if c.Pattern == nil {
+			return false, errors.New("Split without pattern")
+		}
+		var sp splitter
+		switch {
+		case c.Pattern.Regex != nil:
+			var err error
+			if sp, err = splitterForPattern(*c.Pattern.Regex); err != nil {
+				return false, err
+			}
+		case c.Pattern.String != nil:
+			sp = stringSplit(*c.Pattern.String)
+		default:
+			return false, errors.New("Split pattern is neither Regex nor String")
+		}
+		t.pretok = append(t.pretok, sp)
+		return false, nil
+	}
+	return false, fmt.Errorf("unsupported pre-tokenizer %q", c.Type)
+}
+
+// stringSplit isolates each occurrence of a literal string.
+type stringSplit string
+
+func (d stringSplit) split(s string, emit func(string)) {
+	if d == "" {
+		emit(s)
+		return
+	}
+	for {
+		i := strings.Index(s, string(d))
+		if i < 0 {
+			break
+		}
+		if i > 0 {
+			emit(s[:i])
+		}
+		emit(s[i : i+len(d)])
+		s = s[i+len(d):]
+	}
+	if s != "" {
+		emit(s)
+	}
+}
+
+// templateBOS returns the special token a TemplateProcessing post-processor
+// puts first in a single sequence.
+func templateBOS(c *component) (int32, bool) {
+	if c == nil {
+		return 0, false
+	}
+	switch c.Type {
+	case "Sequence":
+		for _, p := range c.Processors {
+			if id, ok := templateBOS(p); ok {
+				return id, true
+			}
+		}
+	case "TemplateProcessing":
+		if len(c.Single) == 0 {
+			return 0, false
+		}
+		st, ok := c.Single[0]["SpecialToken"]
+		if !ok {
+			return 0, false
+		}
+		if sp, ok := c.SpecialTokens[st.ID]; ok && len(sp.IDs) > 0 {
+			return sp.IDs[0], true
+		}
+	}
+	return 0, false
+}

@@ -1,0 +1,310 @@
+package tokenizer
+
+import (
+	"fmt"
+	"regexp"
+	"unicode"
+	"unicode/utf8"
+)
+
+// The split patterns of HF byte-level BPE tokenizers, as they appear in
+// tokenizer.json. They use a negative lookahead that Go's regexp lacks, so
+// they are implemented by hand below (matchGPT2, matchLlama3) with the
+// semantics of a leftmost-first backtracking engine (Oniguruma, which HF
+// tokenizers uses).
+const (
+	patternGPT2   = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
+	patternLlama3 = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	patternQwen2  = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+)
+
+// splitter cuts one piece of text into smaller pieces (substrings, in order,
+// covering the input exactly: pre-tokenization never drops bytes here).
+type splitter interface {
+	split(s string, emit func(string))
+}
+
+// regexSplit isolates the matches of a GPT-2-family pattern.
+type regexSplit struct {
+	llama3    bool // the Llama 3 / Qwen2 family; false: GPT-2
+	maxDigits int  // Llama 3: 3, Qwen2: 1
+}
+
+// digitSplit isolates digits (\p{N}): each one (individual) or each run.
+type digitSplit struct{ individual bool }
+
+// goRegexSplit isolates the matches of a pattern Go's regexp can compile
+// (for split patterns we do not know by name).
+type goRegexSplit struct{ re *regexp.Regexp }
+
+// splitterForPattern returns the splitter for a Split pre-tokenizer regex.
+func splitterForPattern(p string) (splitter, error) {
+	switch p {
+	case patternGPT2:
+		return regexSplit{}, nil
+	case patternLlama3:
+		return regexSplit{llama3: true, maxDigits: 3}, nil
+	case patternQwen2:
+		return regexSplit{llama3: true, maxDigits: 1}, nil
+	}
+	re, err := regexp.Compile(p)
+	if err != nil {
+		return nil, fmt.Errorf("unsupported split pattern %q: %w", p, err)
+	}
+	return goRegexSplit{re}, nil
+}
+
+func (g goRegexSplit) split(s string, emit func(string)) {
+	last := 0
+	for _, m := range g.re.FindAllStringIndex(s, -1) {
+		if m[0] > last {
+			emit(s[last:m[0]])
+		}
+		if m[1] > m[0] {
+			emit(s[m[0]:m[1]])
+		}
+		last = m[1]
+	}
+	if last < len(s) {
+		emit(s[last:])
+	}
+}
+
+func (d digitSplit) split(s string, emit func(string)) {
+	start := 0
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if !unicode.IsNumber(r) {
+			i += n
+			continue
+		}
+		if i > start {
+			emit(s[start:i])
+		}
+		j := i + n
+		if !d.individual {
+			for j < len(s) {
+				r2, n2 := utf8.DecodeRuneInString(s[j:])
+				if !unicode.IsNumber(r2) {
+					break
+				}
+				j += n2
+			}
+		}
+		emit(s[i:j])
+		i, start = j, j
+	}
+	if start < len(s) {
+		emit(s[start:])
+	}
+}
+
+func (x regexSplit) split(s string, emit func(string)) {
+	for i := 0; i < len(s); {
+		var j int
+		if x.llama3 {
+			j = matchLlama3(s, i, x.maxDigits)
+		} else {
+			j = matchGPT2(s, i)
+		}
+		emit(s[i:j])
+		i = j
+	}
+}
+
+type charClass uint8
+
+const (
+	clsLetter charClass = iota
+	clsNumber
+	clsSpace
+	clsOther // [^\s\p{L}\p{N}]
+)
+
+func classOf(r rune) charClass {
+	switch {
+	case r < utf8.RuneSelf:
+		switch {
+		case 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z':
+			return clsLetter
+		case '0' <= r && r <= '9':
+			return clsNumber
+		case r == ' ' || '\t' <= r && r <= '\r':
+			return clsSpace
+		}
+		return clsOther
+	case unicode.IsLetter(r):
+		return clsLetter
+	case unicode.IsNumber(r):
+		return clsNumber
+	case unicode.IsSpace(r):
+		return clsSpace
+	}
+	return clsOther
+}
+
+func runeAt(s string, i int) (rune, int) {
+	if c := s[i]; c < utf8.RuneSelf {
+		return rune(c), 1
+	}
+	return utf8.DecodeRuneInString(s[i:])
+}
+
+// runOf returns the end of the run of class c starting at i.
+func runOf(s string, i int, c charClass) int {
+	for i < len(s) {
+		r, n := runeAt(s, i)
+		if classOf(r) != c {
+			break
+		}
+		i += n
+	}
+	return i
+}
+
+// contraction matches 's|'t|'re|'ve|'m|'ll|'d at i (s[i] == '\”), returning
+// the end or -1.
+func contraction(s string, i int, fold bool) int {
+	if i+1 >= len(s) {
+		return -1
+	}
+	lower := func(c byte) byte {
+		if fold && 'A' <= c && c <= 'Z' {
+			return c + 'a' - 'A'
+		}
+		return c
+	}
+	switch lower(s[i+1]) {
+	case 's', 't', 'm', 'd':
+		return i + 2
+	case 'r', 'v':
+		if i+2 < len(s) && lower(s[i+2]) == 'e' {
+			return i + 3
+		}
+	case 'l':
+		if i+2 < len(s) && lower(s[i+2]) == 'l' {
+			return i + 3
+		}
+	}
+	return -1
+}
+
+// spaceTail handles the last alternatives `\s+(?!\S)|\s+` at a whitespace
+// rune at i: the whole run at the end of the text, else the run minus its
+// last rune when that leaves at least one, else the single rune.
+func spaceTail(s string, i int) int {
+	end, last := i, i
+	for end < len(s) {
+		r, n := runeAt(s, end)
+		if classOf(r) != clsSpace {
+			break
+		}
+		last = end
+		end += n
+	}
+	if end == len(s) || last == i {
+		return end
+	}
+	return last
+}
+
+// matchGPT2 returns the end of the match of patternGPT2 at i.
+func matchGPT2(s string, i int) int {
+	r, n := runeAt(s, i)
+	if r == '\'' {
+		if j := contraction(s, i, false); j > 0 {
+			return j
+		}
+	}
+	if r == ' ' && i+n < len(s) {
+		r2, _ := runeAt(s, i+n)
+		if c := classOf(r2); c != clsSpace {
+			return runOf(s, i+n, c)
+		}
+	}
+	if c := classOf(r); c != clsSpace {
+		return runOf(s, i, c)
+	}
+	return spaceTail(s, i)
+}
+
+// matchLlama3 returns the end of the match of patternLlama3 (maxDigits 3) or
+// patternQwen2 (maxDigits 1) at i.
+func matchLlama3(s string, i int, maxDigits int) int {
+	r, n := runeAt(s, i)
+	if r == '\'' {
+		if j := contraction(s, i, true); j > 0 {
+			return j
+		}
+	}
+	c := classOf(r)
+	// [^\r\n\p{L}\p{N}]?\p{L}+
+	if c == clsLetter {
+		return runOf(s, i, clsLetter)
+	}
+	if c != clsNumber && r != '\r' && r != '\n' && i+n < len(s) {
+		if r2, _ := runeAt(s, i+n); classOf(r2) == clsLetter {
+			return runOf(s, i+n, clsLetter)
+		}
+	}
+	// \p{N}{1,maxDigits}
+	if c == clsNumber {
+		j := i + n
+		for k := 1; k < maxDigits && j < len(s); k++ {
+			r2, n2 := runeAt(s, j)
+			if classOf(r2) != clsNumber {
+				break
+			}
+			j += n2
+		}
+		return j
+	}
+	// ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+	p := i
+	if r == ' ' && i+n < len(s) {
+		if r2, _ := runeAt(s, i+n); classOf(r2) == clsOther {
+			p = i + n
+		}
+	}
+	if r2, _ := runeAt(s, p); classOf(r2) == clsOther {
+		j := runOf(s, p, clsOther)
+		for j < len(s) && (s[j] == '\r' || s[j] == '\n') {
+			j++
+		}
+		return j
+	}
+	// here r is whitespace. `\s*[\r\n]+`: up to the run's last newline.
+	nl := -1
+	for j := i; j < len(s); {
+		r2, n2 := runeAt(s, j)
+		if classOf(r2) != clsSpace {
+			break
+		}
+		if r2 == '\r' || r2 == '\n' {
+			nl = j
+		}
+		j += n2
+	}
+	if nl >= 0 {
+		return nl + 1
+	}
+	return spaceTail(s, i)
+}
+
+// bytesToRunes is GPT-2's reversible byte ↔ printable-rune mapping:
+// printable Latin-1 bytes map to themselves, the rest to 256, 257, … in
+// byte order.
+func byteLevelTables() (b2r [256]rune, r2b map[rune]byte) {
+	r2b = make(map[rune]byte, 256)
+	next := rune(256)
+	for b := 0; b < 256; b++ {
+		if ('!' <= b && b <= '~') || (0xA1 <= b && b <= 0xAC) || (0xAE <= b && b <= 0xFF) {
+			b2r[b] = rune(b)
+		} else {
+			b2r[b] = next
+			next++
+		}
+		r2b[b2r[b]] = byte(b)
+	}
+	return b2r, r2b
+}

