@@ -1,0 +1,376 @@
+// Package decode owns the decode runner: it serves the OpenAI API (through
+// runners/openai) for one model, admits requests through a bounded FIFO
+// queue, runs one generation at a time on the engine, keeps a prefix cache of
+// recent conversations' KV, and decides per request whether to prefill the
+// uncached part of the prompt locally or on a prefill runner over the KV wire
+// (runners/kvwire), injecting the streamed KV transactionally and falling back
+// to local prefill on any failure. It must not import supervisor/ or
+// runners/prefill.
+package decode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/metrics"
+	"github.com/exo-pd/exo-pd/runners/openai"
+)
+
+// Model is what the decode runner needs of *engine.Model.
+type Model interface {
+	Info() engine.ModelInfo
+	Fingerprint() engine.Fingerprint
+	NewCache() engine.KVCache
+	Forward(ctx context.Context, c engine.KVCache, tokens []int32) ([]float32, error)
+	Prefill(ctx context.Context, c engine.KVCache, tokens []int32, chunk int, onChunk func(start, n int) error) error
+}
+
+// Text is the model's tokenizer and chat template.
+type Text interface {
+	Render(msgs []openai.ChatMessage, addGenerationPrompt bool) (string, error)
+	Encode(text string) []int32
+	EOS() []int32
+	VocabSize() int
+	// NewStream returns an incremental detokenizer.
+	NewStream() TextStream
+}
+
+// TextStream turns token ids into text as they come.
+type TextStream interface {
+	// Add returns the newly completed text (never a split UTF-8 rune).
+	Add(id int32) string
+}
+
+// Sampler picks the next token.
+type Sampler interface {
+	Sample(logits []float32, history []int32) int32
+}
+
+// StopMatcher holds back text that may begin a stop sequence.
+type StopMatcher interface {
+	Push(text string) (emit string, stopped bool)
+	Flush() string
+}
+
+// Remote fills a cache from a prefill runner.
+type Remote interface {
+	// Prefill makes cache hold the KV of prompt[:len(prompt)-1], given that
+	// it already holds prompt[:start] (cache.Len() == start). On error the
+	// cache is back at start. It returns the bytes received and the time
+	// spent waiting on the wire.
+	Prefill(ctx context.Context, reqID string, prompt []int32, start int, cache engine.KVCache) (RemoteStats, error)
+	// Classify maps a Prefill error to an exo_remote_prefill_total outcome.
+	Classify(err error) string
+}
+
+// RemoteStats describes one remote prefill.
+type RemoteStats struct {
+	Endpoint string
+	Bytes    int64
+	Duration time.Duration
+	Wait     time.Duration
+}
+
+// Options configures a Server.
+type Options struct {
+	Name           string // served model name
+	Model          Model
+	Text           Text
+	NewSampler     func(openai.Sampling) Sampler
+	NewStopMatcher func(stops []string) StopMatcher
+
+	Remote          Remote // nil: no prefill endpoints
+	RemoteMinTokens int    // uncached prompt tokens needed to go remote (default 256)
+
+	MaxQueue     int // waiting requests before 429 (default 64)
+	PrefillChunk int // local prefill chunk (0: engine default)
+	CacheEntries int // conversations kept in the prefix cache (default 4; <0: none)
+	CacheTokens  int // total tokens kept (default 32768)
+	// DefaultMaxTokens caps a request that sets no max_tokens (default
+	// 4096, and never past the context).
+	DefaultMaxTokens int
+
+	Metrics *metrics.Runner
+	Logger  *slog.Logger
+}
+
+// Server is a decode runner for one model. It implements openai.Generator.
+type Server struct {
+	o    Options
+	info engine.ModelInfo
+	adm  *admission
+	pool *kvPool
+	m    *metrics.Runner
+	log  *slog.Logger
+	seq  atomic.Uint64
+	eos  map[int32]bool
+	api  *openai.Handler
+}
+
+// New makes a Server.
+func New(o Options) *Server {
+	if o.RemoteMinTokens <= 0 {
+		o.RemoteMinTokens = 256
+	}
+	if o.MaxQueue <= 0 {
+		o.MaxQueue = 64
+	}
+	if o.CacheEntries == 0 {
+		o.CacheEntries = 4
+	}
+	if o.CacheTokens <= 0 {
+		o.CacheTokens = 32768
+	}
+	if o.DefaultMaxTokens <= 0 {
+		o.DefaultMaxTokens = 4096
+	}
+	if o.Metrics == nil {
+		o.Metrics = metrics.New("decode")
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	s := &Server{o: o, info: o.Model.Info(), m: o.Metrics, log: o.Logger, eos: map[int32]bool{}}
+	s.adm = newAdmission(1, o.MaxQueue, func(w, r int) {
+		s.m.Waiting.Set(float64(w))
+		s.m.Running.Set(float64(r))
+	})
+	s.pool = newKVPool(o.CacheEntries, o.CacheTokens, o.Model.NewCache)
+	for _, id := range o.Text.EOS() {
+		s.eos[id] = true
+	}
+	s.api = &openai.Handler{Gen: s, Served: []string{o.Name}, Logger: o.Logger,
+		OnResult: func(model string, code int) {
+			if model == "" {
+				model = o.Name
+			}
+			s.m.Requests.WithLabelValues(model, strconv.Itoa(code)).Inc()
+		}}
+	return s
+}
+
+// Register adds the OpenAI routes and /metrics to mux (/health is the
+// caller's, since it also answers while the model loads).
+func (s *Server) Register(mux *http.ServeMux) {
+	s.api.Register(mux)
+	mux.Handle("/metrics", s.m.Handler())
+}
+
+// Load returns the numbers of requests waiting and running.
+func (s *Server) Load() (waiting, running int) { return s.adm.counts() }
+
+// Close frees the prefix cache.
+func (s *Server) Close() { s.pool.close() }
+
+func (s *Server) prompt(req *openai.GenRequest, agp bool) ([]int32, error) {
+	switch {
+	case req.Chat:
+		text, err := s.o.Text.Render(req.Messages, agp)
+		if err != nil {
+			return nil, openai.Errorf("messages", "rendering the chat template: %v", err)
+		}
+		return s.o.Text.Encode(text), nil
+	case req.PromptIDs != nil:
+		v := s.o.Text.VocabSize()
+		for i, id := range req.PromptIDs {
+			if int(id) >= v {
+				return nil, openai.Errorf("prompt", "prompt token %d (index %d) is outside the vocabulary of %d", id, i, v)
+			}
+		}
+		return append([]int32(nil), req.PromptIDs...), nil
+	default:
+		return s.o.Text.Encode(req.Prompt), nil
+	}
+}
+
+// Tokenize implements openai.Generator.
+func (s *Server) Tokenize(ctx context.Context, req *openai.GenRequest, agp bool) ([]int32, int, error) {
+	toks, err := s.prompt(req, agp)
+	return toks, s.info.MaxPositions, err
+}
+
+// Generate implements openai.Generator.
+func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai.Emitter) (openai.Result, error) {
+	t0 := time.Now()
+	reqID := fmt.Sprintf("%s-%d", s.o.Name, s.seq.Add(1))
+	prompt, err := s.prompt(req, true)
+	if err != nil {
+		return openai.Result{}, err
+	}
+	n := len(prompt)
+	if n == 0 {
+		return openai.Result{}, openai.Errorf("messages", "the prompt is empty after tokenization")
+	}
+	maxPos := s.info.MaxPositions
+	if maxPos > 0 && n >= maxPos {
+		return openai.Result{}, openai.ContextTooLong(n, maxPos)
+	}
+	release, err := s.adm.acquire(ctx)
+	if errors.Is(err, errQueueFull) {
+		return openai.Result{}, openai.ErrQueueFull
+	}
+	if err != nil {
+		return openai.Result{}, fmt.Errorf("waiting for admission: %w", err)
+	}
+	defer release()
+	defer func() { s.m.Duration.WithLabelValues(s.o.Name).Observe(time.Since(t0).Seconds()) }()
+	s.m.PromptTokens.WithLabelValues(s.o.Name).Add(float64(n))
+	if err := em.Start(n); err != nil {
+		return openai.Result{}, err
+	}
+
+	entry, cached := s.pool.take(prompt)
+	ok := false
+	defer func() {
+		if ok {
+			s.pool.put(entry)
+		} else {
+			s.pool.drop(entry)
+		}
+	}()
+	start := min(cached, n-1)
+	entry.cache.Truncate(start)
+	entry.tokens = entry.tokens[:start]
+	if start > 0 {
+		s.m.PrefixHit.WithLabelValues("decode").Add(float64(start))
+	}
+
+	if err := s.fill(ctx, reqID, req, prompt, start, entry); err != nil {
+		return openai.Result{}, err
+	}
+
+	// The last prompt token: logits for the first sampled token.
+	logits, err := s.o.Model.Forward(ctx, entry.cache, prompt[n-1:])
+	if err != nil {
+		return openai.Result{}, fmt.Errorf("forward last prompt token: %w", err)
+	}
+	entry.tokens = append(entry.tokens[:0:0], prompt...)
+
+	res, err := s.generate(ctx, req, em, entry, logits, t0)
+	res.PromptTokens, res.CachedTokens = n, start
+	if err != nil {
+		return res, err
+	}
+	ok = entry.cache.Len() == len(entry.tokens)
+	return res, nil
+}
+
+// fill brings entry's cache from start to n-1 prompt tokens, remotely when
+// the request qualifies and that works, else locally.
+func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest, prompt []int32, start int, entry *convEntry) error {
+	n := len(prompt)
+	uncached := n - start
+	outcome := ""
+	switch {
+	case start == n-1:
+		outcome = metrics.OutcomeSkippedCached
+	case req.DisableRemotePrefill:
+		outcome = metrics.OutcomeSkippedDisabled
+	case s.o.Remote == nil:
+		outcome = metrics.OutcomeSkippedNoEnd
+	case uncached < s.o.RemoteMinTokens:
+		outcome = metrics.OutcomeSkippedShort
+	}
+	attrs := []any{"req", reqID, "prompt_tokens", n, "start_pos", start}
+	if outcome == "" {
+		st, err := s.o.Remote.Prefill(ctx, reqID, prompt, start, entry.cache)
+		if err == nil {
+			s.m.RemotePrefill.WithLabelValues(metrics.OutcomeOK).Inc()
+			s.m.KVBytes.WithLabelValues("decode").Add(float64(st.Bytes))
+			s.m.KVDuration.WithLabelValues("decode").Observe(st.Duration.Seconds())
+			s.m.KVWait.Observe(st.Wait.Seconds())
+			s.log.Info("remote prefill", append(attrs, "outcome", metrics.OutcomeOK, "endpoint", st.Endpoint,
+				"bytes", st.Bytes, "duration", st.Duration, "wire_wait", st.Wait)...)
+			entry.tokens = append(entry.tokens, prompt[start:n-1]...)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("remote prefill: %w", ctx.Err())
+		}
+		outcome = s.o.Remote.Classify(err)
+		attrs = append(attrs, "err", err.Error())
+		if entry.cache.Len() != start {
+			entry.cache.Truncate(start)
+		}
+	}
+	s.m.RemotePrefill.WithLabelValues(outcome).Inc()
+	s.log.Info("local prefill", append(attrs, "outcome", outcome)...)
+	if start < n-1 {
+		if err := s.o.Model.Prefill(ctx, entry.cache, prompt[start:n-1], s.o.PrefillChunk, nil); err != nil {
+			return fmt.Errorf("local prefill: %w", err)
+		}
+		s.m.PrefillTokens.WithLabelValues("decode").Add(float64(n - 1 - start))
+	}
+	entry.tokens = append(entry.tokens, prompt[start:n-1]...)
+	return nil
+}
+
+func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai.Emitter, entry *convEntry, logits []float32, t0 time.Time) (openai.Result, error) {
+	var res openai.Result
+	maxNew := req.MaxTokens
+	if maxNew == 0 {
+		maxNew = s.o.DefaultMaxTokens
+	}
+	sampler := s.o.NewSampler(req.Sampling)
+	var stops StopMatcher
+	if len(req.Stop) > 0 {
+		stops = s.o.NewStopMatcher(req.Stop)
+	}
+	stream := s.o.Text.NewStream()
+	history := append([]int32(nil), entry.tokens...)
+	last := time.Now()
+	emit := func(text string) (bool, error) {
+		if stops == nil {
+			return false, em.Text(text)
+		}
+		out, stopped := stops.Push(text)
+		return stopped, em.Text(out)
+	}
+	for {
+		tok := sampler.Sample(logits, history)
+		now := time.Now()
+		if res.CompletionTokens == 0 {
+			s.m.TTFT.WithLabelValues(s.o.Name).Observe(now.Sub(t0).Seconds())
+		} else {
+			s.m.InterToken.WithLabelValues(s.o.Name).Observe(now.Sub(last).Seconds())
+		}
+		last = now
+		if s.eos[tok] && !req.IgnoreEOS {
+			res.FinishReason = "stop"
+			break
+		}
+		res.CompletionTokens++
+		s.m.GenTokens.WithLabelValues(s.o.Name).Inc()
+		history = append(history, tok)
+		stopped, err := emit(stream.Add(tok))
+		if err != nil {
+			return res, err
+		}
+		if stopped {
+			res.FinishReason = "stop"
+			return res, nil
+		}
+		if res.CompletionTokens >= maxNew || (s.info.MaxPositions > 0 && entry.cache.Len()+1 >= s.info.MaxPositions) {
+			res.FinishReason = "length"
+			break
+		}
+		logits, err = s.o.Model.Forward(ctx, entry.cache, []int32{tok})
+		if err != nil {
+			return res, fmt.Errorf("decode step %d: %w", res.CompletionTokens, err)
+		}
+		entry.tokens = append(entry.tokens, tok)
+	}
+	if stops != nil {
+		if err := em.Text(stops.Flush()); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
