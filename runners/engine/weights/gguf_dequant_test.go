@@ -1,0 +1,253 @@
+package weights
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"math"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+)
+
+// dequantMLX expands MLX affine-quantized rows (U32 words, F16 scales and
+// biases) to float32: w = scale*q + bias.
+func dequantMLX(t *testing.T, w, scales, biases engine.Tensor, bits, group int) [][]float32 {
+	t.Helper()
+	if w.DType != engine.U32 || scales.DType != engine.F16 || biases.DType != engine.F16 {
+		t.Fatalf("dtypes %v %v %v", w.DType, scales.DType, biases.DType)
+	}
+	rows, words := w.Shape[0], w.Shape[1]
+	cols := words * 32 / bits
+	if scales.Shape[0] != rows || scales.Shape[1] != cols/group || biases.Shape[1] != cols/group {
+		t.Fatalf("shapes w %v scales %v biases %v", w.Shape, scales.Shape, biases.Shape)
+	}
+	out := make([][]float32, rows)
+	mask := uint32(1)<<bits - 1
+	for r := range out {
+		out[r] = make([]float32, cols)
+		for c := range out[r] {
+			word := binary.LittleEndian.Uint32(w.Data[4*(r*words+c*bits/32):])
+			q := word >> (uint(c*bits) % 32) & mask
+			g := r*(cols/group) + c/group
+			s := F16ToF32(binary.LittleEndian.Uint16(scales.Data[2*g:]))
+			b := F16ToF32(binary.LittleEndian.Uint16(biases.Data[2*g:]))
+			out[r][c] = s*float32(q) + b
+		}
+	}
+	return out
+}
+
+type dequantFixture struct {
+	Synthetic []struct {
+		Type       string
+		Rows, Cols int
+		RawB64     string `json:"raw_b64"`
+		Values     []float32
+	}
+	SmolLM2 []struct {
+		Tensor string
+		Type   string
+		Dims   []int
+		Rows   []int
+		Values [][]float32
+	} `json:"smollm2"`
+}
+
+func loadDequantFixture(t *testing.T) dequantFixture {
+	b, err := os.ReadFile("../testdata/reference/gguf_dequant.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f dequantFixture
+	if err := json.Unmarshal(b, &f); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func closeTo(a, b float32) bool {
+	return math.Abs(float64(a-b)) <= 1e-6+1e-6*math.Abs(float64(b))
+}
+
+// TestGGUFToMLXMatchesGGUFPy checks the Q4_0/Q4_1/Q8_0 → MLX conversion
+// against gguf-py's dequantization of blocks gguf-py quantized.
+func TestGGUFToMLXMatchesGGUFPy(t *testing.T) {
+	types := map[string]GGMLType{"Q4_0": TypeQ4_0, "Q4_1": TypeQ4_1, "Q8_0": TypeQ8_0}
+	for _, c := range loadDequantFixture(t).Synthetic {
+		t.Run(c.Type, func(t *testing.T) {
+			raw, err := base64.StdEncoding.DecodeString(c.RawB64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			typ := types[c.Type]
+			w, s, b, err := ggufToMLX(typ, raw, c.Rows, c.Cols)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bits := 4
+			if typ == TypeQ8_0 {
+				bits = 8
+			}
+			got := dequantMLX(t,
+				engine.Tensor{DType: engine.U32, Shape: []int{c.Rows, c.Cols * bits / 32}, Data: w},
+				engine.Tensor{DType: engine.F16, Shape: []int{c.Rows, c.Cols / 32}, Data: s},
+				engine.Tensor{DType: engine.F16, Shape: []int{c.Rows, c.Cols / 32}, Data: b}, bits, 32)
+			for r := 0; r < c.Rows; r++ {
+				for col := 0; col < c.Cols; col++ {
+					if want := c.Values[r*c.Cols+col]; !closeTo(got[r][col], want) {
+						t.Fatalf("[%d,%d] = %v, gguf-py %v", r, col, got[r][col], want)
+					}
+				}
+			}
+		})
+	}
+	if _, _, _, err := ggufToMLX(TypeQ4_0, make([]byte, 17), 1, 32); err == nil {
+		t.Error("short block accepted")
+	}
+}
+
+// TestGGUFSourceSmolLM2 opens the real SmolLM2 GGUF as a Source and checks
+// HF names, shapes, the synthesized config and dequantized rows (after
+// undoing llama.cpp's Q/K permutation) against gguf-py.
+func TestGGUFSourceSmolLM2(t *testing.T) {
+	path := smolLM2Path(t)
+	src, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	var cfg struct {
+		Architectures []string
+		HiddenSize    int     `json:"hidden_size"`
+		Layers        int     `json:"num_hidden_layers"`
+		Heads         int     `json:"num_attention_heads"`
+		KVHeads       int     `json:"num_key_value_heads"`
+		HeadDim       int     `json:"head_dim"`
+		Vocab         int     `json:"vocab_size"`
+		RopeTheta     float64 `json:"rope_theta"`
+		Eps           float64 `json:"rms_norm_eps"`
+		Tie           bool    `json:"tie_word_embeddings"`
+		Intermediate  int     `json:"intermediate_size"`
+		Quantization  map[string]any
+	}
+	if err := json.Unmarshal(src.Config(), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Architectures[0] != "LlamaForCausalLM" || cfg.HiddenSize != 576 || cfg.Layers != 30 || cfg.Heads != 9 ||
+		cfg.KVHeads != 3 || cfg.HeadDim != 64 || cfg.Vocab != 49152 || cfg.RopeTheta != 100000 || !cfg.Tie ||
+		cfg.Intermediate != 1536 || math.Abs(cfg.Eps-1e-5) > 1e-12 {
+		t.Errorf("config = %s", src.Config())
+	}
+	if cfg.Quantization["bits"] != 4.0 || cfg.Quantization["model.embed_tokens"] == nil {
+		t.Errorf("quantization = %v", cfg.Quantization)
+	}
+	if q := src.Quant("model.embed_tokens"); q != (engine.QuantSpec{Bits: 8, GroupSize: 32}) {
+		t.Errorf("embed quant %v", q)
+	}
+	if q := src.Quant("model.layers.29.mlp.down_proj"); q != (engine.QuantSpec{Bits: 4, GroupSize: 32}) {
+		t.Errorf("down_proj quant %v", q)
+	}
+	if q := src.Quant("model.norm"); q.Bits != 0 {
+		t.Errorf("norm quant %v", q)
+	}
+	names := src.Names()
+	if len(names) != 1+61+210*3+0+2 && len(names) < 600 {
+		t.Errorf("%d names", len(names))
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, "blk.") || strings.HasPrefix(n, "token_embd") {
+			t.Errorf("unmapped name %q", n)
+		}
+	}
+	voc, err := src.Vocab()
+	if err != nil || len(voc) != 49152 || voc[2] != "<|im_end|>" {
+		t.Errorf("vocab %d %v", len(voc), err)
+	}
+	hf := map[string]string{
+		"token_embd.weight":      "model.embed_tokens",
+		"blk.0.attn_q.weight":    "model.layers.0.self_attn.q_proj",
+		"blk.0.attn_k.weight":    "model.layers.0.self_attn.k_proj",
+		"blk.3.ffn_down.weight":  "model.layers.3.mlp.down_proj",
+		"blk.0.attn_norm.weight": "model.layers.0.input_layernorm",
+		"output_norm.weight":     "model.norm",
+	}
+	for _, fx := range loadDequantFixture(t).SmolLM2 {
+		prefix := hf[fx.Tensor]
+		var rows [][]float32
+		if fx.Type == "F32" {
+			w, err := src.Tensor(prefix + ".weight")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w.DType != engine.F32 || len(w.Shape) != 1 || w.Shape[0] != fx.Dims[0] {
+				t.Fatalf("%s: %v %v", prefix, w.DType, w.Shape)
+			}
+			row := make([]float32, w.Shape[0])
+			for i := range row {
+				row[i] = math.Float32frombits(binary.LittleEndian.Uint32(w.Data[4*i:]))
+			}
+			rows = [][]float32{row}
+		} else {
+			q := src.Quant(prefix)
+			parts := make([]engine.Tensor, 3)
+			for i, s := range []string{".weight", ".scales", ".biases"} {
+				if parts[i], err = src.Tensor(prefix + s); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rows = dequantMLX(t, parts[0], parts[1], parts[2], q.Bits, q.GroupSize)
+			if len(rows) != fx.Dims[1] || len(rows[0]) != fx.Dims[0] {
+				t.Fatalf("%s: HF shape %dx%d, GGUF dims %v", prefix, len(rows), len(rows[0]), fx.Dims)
+			}
+		}
+		heads := 0
+		switch fx.Tensor {
+		case "blk.0.attn_q.weight":
+			heads = 9
+		case "blk.0.attn_k.weight":
+			heads = 3
+		}
+		for k, g := range fx.Rows {
+			r := g
+			if heads > 0 { // GGUF row h*hd + 2i + j is HF row h*hd + j*hd/2 + i
+				hd := fx.Dims[1] / heads
+				h, within := g/hd, g%hd
+				r = h*hd + (within%2)*(hd/2) + within/2
+			}
+			for c, want := range fx.Values[k] {
+				if !closeTo(rows[r][c], want) {
+					t.Fatalf("%s GGUF row %d (HF row %d) col %d = %v, gguf-py %v", fx.Tensor, g, r, c, rows[r][c], want)
+				}
+			}
+		}
+	}
+}
+
+func TestHalfConversions(t *testing.T) {
+	for _, f := range []float32{0, 1, -2.5, 65504, 6.1035156e-05, 5.9604645e-08, 0.1, -0.3333} {
+		h := F32ToF16(f)
+		back := F16ToF32(h)
+		if math.Abs(float64(back-f)) > math.Abs(float64(f))*1e-3+1e-7 {
+			t.Errorf("f16 %v → %#x → %v", f, h, back)
+		}
+		bb := BF16ToF32(F32ToBF16(f))
+		if math.Abs(float64(bb-f)) > math.Abs(float64(f))*1e-2 {
+			t.Errorf("bf16 %v → %v", f, bb)
+		}
+	}
+	if F32ToF16(1e6) != 0x7c00 || F16ToF32(0x3c00) != 1 || F32ToBF16(1) != 0x3f80 {
+		t.Error("f16/bf16 constants")
+	}
+	// Exhaustive f16 round trip.
+	for h := 0; h < 1<<16; h++ {
+		if h&0x7c00 == 0x7c00 && h&0x3ff != 0 {
+			continue // NaN
+		}
+		if got := F32ToF16(F16ToF32(uint16(h))); got != uint16(h) {
+			t.Fatalf("f16 %#x round-trips to %#x", h, got)
+		}
+	}
+}

@@ -1,0 +1,501 @@
+package weights
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+)
+
+// ggufArchs maps GGUF general.architecture to the HF architecture and
+// model_type.
+var ggufArchs = map[string][2]string{
+	"llama": {"LlamaForCausalLM", "llama"},
+	"qwen2": {"Qwen2ForCausalLM", "qwen2"},
+	"qwen3": {"Qwen3ForCausalLM", "qwen3"},
+}
+
+// ggufLayerNames maps the per-block GGUF tensor stems to HF module paths
+// (under model.layers.N.).
+var ggufLayerNames = map[string]string{
+	"attn_q":      "self_attn.q_proj",
+	"attn_k":      "self_attn.k_proj",
+	"attn_v":      "self_attn.v_proj",
+	"attn_output": "self_attn.o_proj",
+	"attn_q_norm": "self_attn.q_norm",
+	"attn_k_norm": "self_attn.k_norm",
+	"ffn_gate":    "mlp.gate_proj",
+	"ffn_up":      "mlp.up_proj",
+	"ffn_down":    "mlp.down_proj",
+	"attn_norm":   "input_layernorm",
+	"ffn_norm":    "post_attention_layernorm",
+}
+
+// hfName returns the HF name of a GGUF tensor ("" when it has none).
+func hfName(gguf string) string {
+	switch gguf {
+	case "token_embd.weight":
+		return "model.embed_tokens.weight"
+	case "output_norm.weight":
+		return "model.norm.weight"
+	case "output.weight":
+		return "lm_head.weight"
+	}
+	rest, ok := strings.CutPrefix(gguf, "blk.")
+	if !ok {
+		return ""
+	}
+	num, rest, ok := strings.Cut(rest, ".")
+	if !ok {
+		return ""
+	}
+	if _, err := strconv.Atoi(num); err != nil {
+		return ""
+	}
+	stem, suffix, ok := strings.Cut(rest, ".")
+	if !ok || (suffix != "weight" && suffix != "bias") {
+		return ""
+	}
+	mod, ok := ggufLayerNames[stem]
+	if !ok {
+		return ""
+	}
+	return "model.layers." + num + "." + mod + "." + suffix
+}
+
+// ggufEntry says where an HF-named tensor comes from.
+type ggufEntry struct {
+	src   string // GGUF tensor name
+	part  int    // partDense, partW, partScales, partBiases
+	heads int    // > 0: undo llama.cpp's Q/K row permutation with this many heads
+}
+
+const (
+	partDense = iota
+	partW
+	partScales
+	partBiases
+)
+
+// ggufSource presents a GGUF file as an engine.Source in HF naming.
+type ggufSource struct {
+	g       *GGUF
+	config  []byte
+	names   []string
+	entries map[string]ggufEntry
+	quant   map[string]engine.QuantSpec // by HF module prefix
+
+	mu        sync.Mutex
+	lastSrc   string
+	lastParts [3][]byte // W, scales, biases of lastSrc
+}
+
+// OpenGGUFSource opens a GGUF file as an engine.Source: tensors renamed to
+// HF names with HF shapes, llama Q/K rows un-permuted, Q4_0/Q4_1/Q8_0
+// converted to MLX affine packing (group 32, F16 scales and biases), and a
+// config.json synthesized from the metadata.
+func OpenGGUFSource(path string) (engine.Source, error) {
+	g, err := OpenGGUF(path)
+	if err != nil {
+		return nil, err
+	}
+	s, err := newGGUFSource(g)
+	if err != nil {
+		g.Close()
+		return nil, fmt.Errorf("gguf %s: %w", path, err)
+	}
+	return s, nil
+}
+
+func newGGUFSource(g *GGUF) (*ggufSource, error) {
+	arch, _ := g.String("general.architecture")
+	if _, ok := ggufArchs[arch]; !ok {
+		return nil, fmt.Errorf("unsupported general.architecture %q (supported: llama, qwen2, qwen3)", arch)
+	}
+	heads, _ := g.Uint(arch + ".attention.head_count")
+	kvHeads, ok := g.Uint(arch + ".attention.head_count_kv")
+	if !ok {
+		kvHeads = heads
+	}
+	s := &ggufSource{g: g, entries: map[string]ggufEntry{}, quant: map[string]engine.QuantSpec{}}
+	for _, t := range g.tensors {
+		name := hfName(t.Name)
+		if name == "" {
+			name = t.Name // kept under its GGUF name (e.g. rope_freqs.weight)
+		}
+		e := ggufEntry{src: t.Name}
+		if arch == "llama" {
+			switch {
+			case strings.HasSuffix(name, ".self_attn.q_proj.weight"), strings.HasSuffix(name, ".self_attn.q_proj.bias"):
+				e.heads = int(heads)
+			case strings.HasSuffix(name, ".self_attn.k_proj.weight"), strings.HasSuffix(name, ".self_attn.k_proj.bias"):
+				e.heads = int(kvHeads)
+			}
+			if e.heads > 0 {
+				rows := t.Dims[len(t.Dims)-1]
+				if len(t.Dims) == 1 {
+					rows = t.Dims[0]
+				}
+				if rows%uint64(2*e.heads) != 0 {
+					return nil, fmt.Errorf("tensor %s: %d rows not divisible into %d heads of even size", t.Name, rows, e.heads)
+				}
+			}
+		}
+		switch t.Type {
+		case TypeF32, TypeF16, TypeBF16:
+			s.add(name, e)
+		case TypeQ4_0, TypeQ4_1, TypeQ8_0:
+			prefix, ok := strings.CutSuffix(name, ".weight")
+			if !ok || len(t.Dims) != 2 {
+				return nil, fmt.Errorf("tensor %s: quantized %s tensor is not a 2-D weight", t.Name, t.Type)
+			}
+			bits := 4
+			if t.Type == TypeQ8_0 {
+				bits = 8
+			}
+			s.quant[prefix] = engine.QuantSpec{Bits: bits, GroupSize: 32}
+			for part, suffix := range map[int]string{partW: ".weight", partScales: ".scales", partBiases: ".biases"} {
+				pe := e
+				pe.part = part
+				s.add(prefix+suffix, pe)
+			}
+		default:
+			return nil, fmt.Errorf("tensor %s: GGUF type %s not supported (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0)", t.Name, t.Type)
+		}
+	}
+	sort.Strings(s.names)
+	cfg, err := synthesizeConfig(g, arch, s)
+	if err != nil {
+		return nil, err
+	}
+	s.config = cfg
+	return s, nil
+}
+
+func (s *ggufSource) add(name string, e ggufEntry) {
+	s.entries[name] = e
+	s.names = append(s.names, name)
+}
+
+func (s *ggufSource) Names() []string { return append([]string(nil), s.names...) }
+func (s *ggufSource) Config() []byte  { return s.config }
+func (s *ggufSource) Close() error    { return s.g.Close() }
+
+func (s *ggufSource) Quant(prefix string) engine.QuantSpec { return s.quant[prefix] }
+
+func (s *ggufSource) Vocab() ([]string, error) {
+	toks, ok := s.g.Strings("tokenizer.ggml.tokens")
+	if !ok {
+		return nil, fmt.Errorf("gguf: no tokenizer.ggml.tokens")
+	}
+	return append([]string(nil), toks...), nil
+}
+
+func (s *ggufSource) Tensor(name string) (engine.Tensor, error) {
+	e, ok := s.entries[name]
+	if !ok {
+		return engine.Tensor{}, fmt.Errorf("tensor %q: %w", name, engine.ErrNotFound)
+	}
+	ti, raw, err := s.g.TensorData(e.src)
+	if err != nil {
+		return engine.Tensor{}, err
+	}
+	shape := make([]int, len(ti.Dims))
+	for i, d := range ti.Dims {
+		shape[len(shape)-1-i] = int(d)
+	}
+	out := engine.Tensor{Name: name, Shape: shape}
+	rows, cols := 1, shape[len(shape)-1]
+	if len(shape) == 2 {
+		rows = shape[0]
+	}
+	switch ti.Type {
+	case TypeF32, TypeF16, TypeBF16:
+		out.DType = map[GGMLType]engine.DType{TypeF32: engine.F32, TypeF16: engine.F16, TypeBF16: engine.BF16}[ti.Type]
+		out.Data = raw
+		if e.heads > 0 {
+			if len(shape) == 1 { // a bias: one element per row
+				rows, cols = shape[0], 1
+			}
+			out.Data = unpermuteRows(raw, rows, len(raw)/rows, e.heads)
+		}
+		return out, nil
+	}
+	parts, err := s.converted(e, ti, raw, rows, cols)
+	if err != nil {
+		return engine.Tensor{}, err
+	}
+	bits := 4
+	if ti.Type == TypeQ8_0 {
+		bits = 8
+	}
+	switch e.part {
+	case partW:
+		out.DType, out.Shape, out.Data = engine.U32, []int{rows, cols * bits / 32}, parts[0]
+	case partScales:
+		out.DType, out.Shape, out.Data = engine.F16, []int{rows, cols / 32}, parts[1]
+	case partBiases:
+		out.DType, out.Shape, out.Data = engine.F16, []int{rows, cols / 32}, parts[2]
+	}
+	return out, nil
+}
+
+// converted returns the MLX form of a quantized GGUF tensor, converting it
+// once for its three parts (only the most recent tensor is kept).
+func (s *ggufSource) converted(e ggufEntry, ti TensorInfo, raw []byte, rows, cols int) ([3][]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lastSrc == e.src {
+		return s.lastParts, nil
+	}
+	w, sc, bi, err := ggufToMLX(ti.Type, raw, rows, cols)
+	if err != nil {
+		return [3][]byte{}, fmt.Errorf("tensor %s: %w", ti.Name, err)
+	}
+	parts := [3][]byte{w, sc, bi}
+	if e.heads > 0 {
+		for i, p := range parts {
+			parts[i] = unpermuteRows(p, rows, len(p)/rows, e.heads)
+		}
+	}
+	s.lastSrc, s.lastParts = e.src, parts
+	return parts, nil
+}
+
+// unpermuteRows undoes llama.cpp's Q/K permutation (convert_hf_to_gguf.py
+// reshapes rows as (heads, 2, hd/2), swaps the last two axes): GGUF row
+// h*hd + 2i + j holds HF row h*hd + j*hd/2 + i. rowBytes is the byte size
+// of one row. Returns a new slice.
+func unpermuteRows(b []byte, rows, rowBytes, heads int) []byte {
+	out := make([]byte, len(b))
+	hd := rows / heads
+	half := hd / 2
+	for h := 0; h < heads; h++ {
+		for i := 0; i < half; i++ {
+			for j := 0; j < 2; j++ {
+				src := h*hd + 2*i + j
+				dst := h*hd + j*half + i
+				copy(out[dst*rowBytes:(dst+1)*rowBytes], b[src*rowBytes:(src+1)*rowBytes])
+			}
+		}
+	}
+	return out
+}
+
+// ggufToMLX converts rows×cols elements of a Q4_0, Q4_1 or Q8_0 tensor to
+// MLX affine form with group size 32: packed U32 words (element j of a word
+// at bits [j*bits, (j+1)*bits)), and F16 scales and biases [rows, cols/32]
+// such that w = scale*q + bias.
+//
+//	Q4_0: w = d*(q-8)        → scale d, bias -8d
+//	Q4_1: w = d*q + m        → scale d, bias m
+//	Q8_0: w = d*q (q int8)   → q+128 unsigned, scale d, bias -128d
+//
+// Q4 blocks keep element i in the low nibble of qs[i] and element i+16 in
+// the high nibble. The f16 biases -8d and -128d are exact (power-of-two
+// multiples of an f16).
+func ggufToMLX(t GGMLType, raw []byte, rows, cols int) (w, scales, biases []byte, err error) {
+	if cols%32 != 0 {
+		return nil, nil, nil, fmt.Errorf("%d columns not a multiple of 32", cols)
+	}
+	blocks := rows * cols / 32
+	var blockBytes, bits int
+	switch t {
+	case TypeQ4_0:
+		blockBytes, bits = 18, 4
+	case TypeQ4_1:
+		blockBytes, bits = 20, 4
+	case TypeQ8_0:
+		blockBytes, bits = 34, 8
+	default:
+		return nil, nil, nil, fmt.Errorf("cannot convert %s", t)
+	}
+	if len(raw) != blocks*blockBytes {
+		return nil, nil, nil, fmt.Errorf("%d bytes for %d %s blocks", len(raw), blocks, t)
+	}
+	wordsPerBlock := 32 * bits / 32
+	w = make([]byte, blocks*wordsPerBlock*4)
+	scales = make([]byte, blocks*2)
+	biases = make([]byte, blocks*2)
+	var q [32]uint32
+	for b := 0; b < blocks; b++ {
+		blk := raw[b*blockBytes : (b+1)*blockBytes]
+		d := binary.LittleEndian.Uint16(blk)
+		var bias uint16
+		switch t {
+		case TypeQ4_0, TypeQ4_1:
+			qs := blk[2:]
+			if t == TypeQ4_1 {
+				bias = binary.LittleEndian.Uint16(blk[2:])
+				qs = blk[4:]
+			} else {
+				bias = f16Mul(d, -8)
+			}
+			for i := 0; i < 16; i++ {
+				q[i] = uint32(qs[i] & 0x0f)
+				q[i+16] = uint32(qs[i] >> 4)
+			}
+		case TypeQ8_0:
+			bias = f16Mul(d, -128)
+			for i := 0; i < 32; i++ {
+				q[i] = uint32(uint8(int8(blk[2+i])) ^ 0x80) // int8 q → q+128
+			}
+		}
+		binary.LittleEndian.PutUint16(scales[2*b:], d)
+		binary.LittleEndian.PutUint16(biases[2*b:], bias)
+		per := 32 / bits
+		for k := 0; k < wordsPerBlock; k++ {
+			var word uint32
+			for j := 0; j < per; j++ {
+				word |= q[k*per+j] << (j * bits)
+			}
+			binary.LittleEndian.PutUint32(w[(b*wordsPerBlock+k)*4:], word)
+		}
+	}
+	return w, scales, biases, nil
+}
+
+// f16Mul multiplies an IEEE half by a negative power of two (-8 or -128)
+// exactly, through float32.
+func f16Mul(h uint16, m float32) uint16 {
+	return F32ToF16(F16ToF32(h) * m)
+}
+
+// synthesizeConfig writes an HF config.json equivalent to the GGUF
+// metadata.
+func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
+	key := func(k string) string { return arch + "." + k }
+	need := func(k string) (uint64, error) {
+		v, ok := g.Uint(key(k))
+		if !ok {
+			return 0, fmt.Errorf("metadata %s missing", key(k))
+		}
+		return v, nil
+	}
+	layers, err := need("block_count")
+	if err != nil {
+		return nil, err
+	}
+	hidden, err := need("embedding_length")
+	if err != nil {
+		return nil, err
+	}
+	ffn, err := need("feed_forward_length")
+	if err != nil {
+		return nil, err
+	}
+	heads, err := need("attention.head_count")
+	if err != nil {
+		return nil, err
+	}
+	if heads == 0 {
+		return nil, fmt.Errorf("metadata %s is 0", key("attention.head_count"))
+	}
+	kvHeads, ok := g.Uint(key("attention.head_count_kv"))
+	if !ok {
+		kvHeads = heads
+	}
+	headDim, ok := g.Uint(key("attention.key_length"))
+	if !ok {
+		headDim = hidden / heads
+	}
+	ctx, ok := g.Uint(key("context_length"))
+	if !ok {
+		ctx = 2048
+	}
+	eps, ok := g.Float(key("attention.layer_norm_rms_epsilon"))
+	if !ok {
+		eps = 1e-6
+	}
+	theta, ok := g.Float(key("rope.freq_base"))
+	if !ok {
+		theta = 10000
+	}
+	vocab, ok := g.Uint(key("vocab_size"))
+	if !ok {
+		if toks, ok := g.Strings("tokenizer.ggml.tokens"); ok {
+			vocab = uint64(len(toks))
+		} else if ti, ok := g.TensorInfo("token_embd.weight"); ok && len(ti.Dims) == 2 {
+			vocab = ti.Dims[1]
+		}
+	}
+	_, hasOutput := g.TensorInfo("output.weight")
+	_, hasQBias := g.TensorInfo("blk.0.attn_q.bias")
+	hf := ggufArchs[arch]
+	cfg := map[string]any{
+		"architectures":           []string{hf[0]},
+		"model_type":              hf[1],
+		"hidden_size":             hidden,
+		"intermediate_size":       ffn,
+		"num_hidden_layers":       layers,
+		"num_attention_heads":     heads,
+		"num_key_value_heads":     kvHeads,
+		"head_dim":                headDim,
+		"max_position_embeddings": ctx,
+		"rms_norm_eps":            eps,
+		"rope_theta":              theta,
+		"vocab_size":              vocab,
+		"tie_word_embeddings":     !hasOutput,
+		"hidden_act":              "silu",
+		"attention_bias":          hasQBias,
+		"torch_dtype":             "float32",
+	}
+	if id, ok := g.Uint("tokenizer.ggml.bos_token_id"); ok {
+		cfg["bos_token_id"] = id
+	}
+	if id, ok := g.Uint("tokenizer.ggml.eos_token_id"); ok {
+		cfg["eos_token_id"] = id
+	}
+	if typ, ok := g.String(key("rope.scaling.type")); ok && typ != "none" {
+		rs := map[string]any{"type": typ, "rope_type": typ}
+		if f, ok := g.Float(key("rope.scaling.factor")); ok {
+			rs["factor"] = f
+		}
+		if n, ok := g.Uint(key("rope.scaling.original_context_length")); ok {
+			rs["original_max_position_embeddings"] = n
+		}
+		cfg["rope_scaling"] = rs
+	}
+	if len(s.quant) > 0 {
+		// The most common spec is the default; the rest are per-module
+		// overrides in mlx-lm's form, dense linears marked false.
+		count := map[engine.QuantSpec]int{}
+		for _, q := range s.quant {
+			count[q]++
+		}
+		var def engine.QuantSpec
+		for q, n := range count {
+			if n > count[def] || (n == count[def] && q.Bits > def.Bits) {
+				def = q
+			}
+		}
+		qb := map[string]any{"group_size": def.GroupSize, "bits": def.Bits}
+		for p, q := range s.quant {
+			if q != def {
+				qb[p] = map[string]int{"group_size": q.GroupSize, "bits": q.Bits}
+			}
+		}
+		for _, n := range s.names {
+			p, ok := strings.CutSuffix(n, ".weight")
+			if _, quantized := s.quant[p]; ok && !quantized && isLinear(p) {
+				qb[p] = false
+			}
+		}
+		cfg["quantization"] = qb
+	}
+	return json.MarshalIndent(cfg, "", "  ")
+}
+
+func isLinear(prefix string) bool {
+	for _, l := range []string{"_proj", "lm_head", "embed_tokens"} {
+		if strings.HasSuffix(prefix, l) {
+			return true
+		}
+	}
+	return false
+}
