@@ -1,0 +1,415 @@
+package kvwire
+
+import (
+	"bufio"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+)
+
+// Sink receives a stream on the client. Calls come from the goroutine that
+// called Fetch, in wire order. The k, v and array slices are valid only
+// during the call (their buffers are reused). A Sink error aborts the
+// stream. On any failure — the sink's own, the wire's, a mismatch — the
+// client calls Rollback exactly once, possibly without Begin having been
+// called (an error before the header), so the sink can truncate back to the
+// request's start_pos; after a successful Done it is never called.
+type Sink interface {
+	Begin(h *Header) error
+	Chunk(layer, tokenStart, tokenCount int, k, v []byte) error
+	State(layer, tokenEnd int, arrays [][]byte) error
+	Done(t Totals) error
+	Rollback()
+}
+
+// Expect is what the client's model requires of the server's header.
+type Expect struct {
+	Fingerprint Fingerprint
+	Kinds       []LayerKind
+	KVHeads     int
+	HeadDim     int
+}
+
+// ClientConfig configures a Client. Zero values take the defaults shown.
+type ClientConfig struct {
+	// Secret authenticates to servers that require it, and is required of
+	// the server when set.
+	Secret []byte
+	// DialTimeout bounds the TCP connect (default 5 s).
+	DialTimeout time.Duration
+	// IdleTimeout bounds the handshake and the wait for each frame
+	// (default 30 s).
+	IdleTimeout time.Duration
+	Limits      Limits
+	// ReadAhead frames may be read from the socket before the sink takes
+	// them (default 4; each holds a buffer as large as the largest frame).
+	ReadAhead int
+	// Dial replaces net.Dialer.DialContext (tests, custom routes).
+	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
+	Logger *slog.Logger
+}
+
+// Client fetches KV streams. It is safe for concurrent use; each Fetch
+// uses its own connection and buffers.
+type Client struct {
+	cfg ClientConfig
+	log *slog.Logger
+}
+
+// NewClient fills in defaults.
+func NewClient(cfg ClientConfig) *Client {
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 5 * time.Second
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = 30 * time.Second
+	}
+	if cfg.ReadAhead <= 0 {
+		cfg.ReadAhead = 4
+	}
+	cfg.Limits = cfg.Limits.withDefaults()
+	if cfg.Dial == nil {
+		d := &net.Dialer{}
+		cfg.Dial = d.DialContext
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Client{cfg: cfg, log: log}
+}
+
+// Stats describes one Fetch, successful or not.
+type Stats struct {
+	Addr string
+	// WireBytes is every byte read from the socket (frames and Hello).
+	WireBytes int64
+	// PayloadBytes is the KV and state bytes handed to the sink.
+	PayloadBytes int64
+	Chunks       int
+	States       int
+	// FirstHeader is the time from the start of Fetch to the header.
+	FirstHeader time.Duration
+	// Duration is the time from the start of Fetch to its return.
+	Duration time.Duration
+	// WireWait is the time the sink side spent waiting for the next frame
+	// to arrive from the wire (stalls on the network or on the server).
+	WireWait time.Duration
+}
+
+// Fetch asks the server at addr for the KV of req and streams it into
+// sink. exp, when non-nil, is checked against the header before any KV is
+// accepted (ErrMismatch). Errors wrap one of the package's sentinels, or
+// the context's error when ctx was cancelled.
+func (c *Client) Fetch(ctx context.Context, addr string, req *Request, exp *Expect, sink Sink) (st Stats, err error) {
+	start := time.Now()
+	st.Addr = addr
+	defer func() {
+		st.Duration = time.Since(start)
+		if err != nil {
+			sink.Rollback()
+		}
+	}()
+	reqFrame, err := encodeRequest(req)
+	if err != nil {
+		return st, err
+	}
+
+	dctx, dcancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
+	conn, err := c.cfg.Dial(dctx, "tcp", addr)
+	dcancel()
+	if err != nil {
+		return st, c.netErr(ctx, fmt.Errorf("dial %s: %w", addr, err))
+	}
+	defer conn.Close()
+	// Cancelling ctx unblocks any read or write at once.
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	overall, hasOverall := ctx.Deadline()
+	deadline := func() time.Time {
+		d := time.Now().Add(c.cfg.IdleTimeout)
+		if hasOverall && overall.Before(d) {
+			return overall
+		}
+		return d
+	}
+
+	br := bufio.NewReaderSize(conn, 64<<10)
+	conn.SetDeadline(deadline())
+	if err := c.handshake(conn, br, reqFrame, &st); err != nil {
+		return st, c.netErr(ctx, err)
+	}
+
+	// Reader goroutine: socket → filled (bounded by ReadAhead buffers).
+	free := make(chan []byte, c.cfg.ReadAhead)
+	for range c.cfg.ReadAhead {
+		free <- nil
+	}
+	filled := make(chan rawFrame, c.cfg.ReadAhead)
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			var buf []byte
+			select {
+			case buf = <-free:
+			case <-quit:
+				return
+			}
+			conn.SetReadDeadline(deadline())
+			f := readFrame(br, buf, c.cfg.Limits)
+			select {
+			case filled <- f:
+			case <-quit:
+				return
+			}
+			if f.err != nil {
+				return
+			}
+		}
+	}()
+	defer func() {
+		close(quit)
+		conn.Close()
+		wg.Wait()
+	}()
+
+	rs := &recvState{req: req, exp: exp, sink: sink, lim: c.cfg.Limits, st: &st, start: start}
+	for {
+		w0 := time.Now()
+		f := <-filled
+		st.WireWait += time.Since(w0)
+		if f.err != nil {
+			if f.err == io.EOF {
+				f.err = fmt.Errorf("%w: server closed the connection before done", ErrClosed)
+			}
+			return st, c.netErr(ctx, f.err)
+		}
+		done, err := rs.handle(&f)
+		if err != nil || done {
+			return st, err
+		}
+		free <- f.buf
+	}
+}
+
+// recvState is the client's side of one stream after the request: it
+// checks each frame and drives the sink. Fetch feeds it frames from the
+// socket; the fuzz target feeds it arbitrary bytes.
+type recvState struct {
+	req    *Request
+	exp    *Expect
+	sink   Sink
+	lim    Limits
+	st     *Stats
+	start  time.Time
+	h      *Header
+	t      *tracker
+	arrays [][]byte
+}
+
+// handle processes one frame read without a transport error. It reports
+// done after a valid Done frame has been handed to the sink.
+func (rs *recvState) handle(f *rawFrame) (done bool, err error) {
+	st := rs.st
+	st.WireBytes += int64(frameHeaderSize + len(f.payload))
+	if err := f.check(); err != nil {
+		return false, err
+	}
+	switch f.typ {
+	case frameKeepalive:
+	case frameError:
+		return false, parseError(f.payload)
+	case frameHeader:
+		if rs.h != nil {
+			return false, corruptf("second header")
+		}
+		h, err := parseHeader(f.payload)
+		if err != nil {
+			return false, err
+		}
+		if err := checkHeader(h, rs.req, rs.exp); err != nil {
+			return false, err
+		}
+		rs.h = h
+		st.FirstHeader = time.Since(rs.start)
+		rs.t = newTracker(h, rs.lim)
+		if err := rs.sink.Begin(h); err != nil {
+			return false, fmt.Errorf("kvwire: sink begin: %w", err)
+		}
+	case frameChunk:
+		if rs.h == nil {
+			return false, corruptf("chunk before header")
+		}
+		layer, ts, tc, k, v, err := parseChunk(f.payload)
+		if err != nil {
+			return false, err
+		}
+		if err := rs.t.chunk(layer, ts, tc, len(k), len(v)); err != nil {
+			return false, corruptf("%v", err)
+		}
+		if err := rs.sink.Chunk(layer, ts, tc, k, v); err != nil {
+			return false, fmt.Errorf("kvwire: sink chunk layer %d [%d, +%d): %w", layer, ts, tc, err)
+		}
+		st.Chunks++
+		st.PayloadBytes += int64(len(k) + len(v))
+	case frameState:
+		if rs.h == nil {
+			return false, corruptf("state before header")
+		}
+		var layer, te int
+		if layer, te, rs.arrays, err = parseState(f.payload, rs.arrays); err != nil {
+			return false, err
+		}
+		var n int64
+		for _, a := range rs.arrays {
+			n += int64(len(a))
+		}
+		if err := rs.t.state(layer, te, n); err != nil {
+			return false, corruptf("%v", err)
+		}
+		if err := rs.sink.State(layer, te, rs.arrays); err != nil {
+			return false, fmt.Errorf("kvwire: sink state layer %d: %w", layer, err)
+		}
+		st.States++
+		st.PayloadBytes += n
+	case frameDone:
+		if rs.h == nil {
+			return false, corruptf("done before header")
+		}
+		tot, err := parseDone(f.payload)
+		if err != nil {
+			return false, err
+		}
+		if tot != rs.t.totals {
+			return false, corruptf("done reports %+v, received %+v", tot, rs.t.totals)
+		}
+		if err := rs.t.complete(); err != nil {
+			return false, corruptf("%v", err)
+		}
+		if err := rs.sink.Done(tot); err != nil {
+			return false, fmt.Errorf("kvwire: sink done: %w", err)
+		}
+		return true, nil
+	default:
+		return false, corruptf("unexpected frame type %d from the server", f.typ)
+	}
+	return false, nil
+}
+
+// handshake exchanges Hellos, authenticates and sends the request.
+func (c *Client) handshake(conn net.Conn, br *bufio.Reader, reqFrame []byte, st *Stats) error {
+	var cn [32]byte
+	rand.Read(cn[:])
+	var flags uint16
+	if len(c.cfg.Secret) > 0 {
+		flags |= flagHasSecret
+	}
+	var hello [helloSize]byte
+	putHello(hello[:], Version, flags, &cn)
+	if _, err := conn.Write(hello[:]); err != nil {
+		return fmt.Errorf("write hello: %w", err)
+	}
+	if _, err := io.ReadFull(br, hello[:]); err != nil {
+		return fmt.Errorf("read hello: %w", err)
+	}
+	st.WireBytes += helloSize
+	_, sflags, sn, err := parseHello(hello[:])
+	if err != nil {
+		return fmt.Errorf("server %s: %w", conn.RemoteAddr(), err)
+	}
+	switch {
+	case sflags&flagAuthRequired != 0 && len(c.cfg.Secret) == 0:
+		return fmt.Errorf("%w: server requires a secret and none is configured", ErrAuth)
+	case sflags&flagAuthRequired == 0 && len(c.cfg.Secret) > 0:
+		return fmt.Errorf("%w: server does not authenticate; refusing unauthenticated KV", ErrAuth)
+	case len(c.cfg.Secret) > 0:
+		if _, err := conn.Write(smallFrame(frameAuthProof, authMAC(c.cfg.Secret, "client", &sn, &cn))); err != nil {
+			return fmt.Errorf("write auth proof: %w", err)
+		}
+		f := readFrame(br, nil, c.cfg.Limits)
+		if f.err != nil {
+			return fmt.Errorf("read auth reply: %w", f.err)
+		}
+		st.WireBytes += int64(frameHeaderSize + len(f.payload))
+		if err := f.check(); err != nil {
+			return err
+		}
+		switch f.typ {
+		case frameError:
+			return parseError(f.payload)
+		case frameAuthOK:
+			if !hmac.Equal(f.payload, authMAC(c.cfg.Secret, "server", &sn, &cn)) {
+				return fmt.Errorf("%w: the server's proof is wrong (it does not know the secret)", ErrAuth)
+			}
+		default:
+			return corruptf("frame type %d where auth reply belongs", f.typ)
+		}
+	}
+	if _, err := conn.Write(reqFrame); err != nil {
+		return fmt.Errorf("write request: %w", err)
+	}
+	return nil
+}
+
+// checkHeader refuses a header that does not fit the request or the model.
+func checkHeader(h *Header, req *Request, exp *Expect) error {
+	if h.TokenStart != req.StartPos || h.TokenEnd > len(req.Tokens) {
+		return corruptf("header token range [%d, %d) for start_pos %d and %d tokens", h.TokenStart, h.TokenEnd, req.StartPos, len(req.Tokens))
+	}
+	if req.DType != 0 && h.DType != req.DType {
+		return fmt.Errorf("%w: server sends %v, requested %v", ErrMismatch, h.DType, req.DType)
+	}
+	if exp == nil {
+		return nil
+	}
+	if h.Fingerprint != exp.Fingerprint {
+		return fmt.Errorf("%w: server fingerprint %v, ours %v", ErrMismatch, h.Fingerprint, exp.Fingerprint)
+	}
+	if h.KVHeads != exp.KVHeads || h.HeadDim != exp.HeadDim || len(h.Kinds) != len(exp.Kinds) {
+		return fmt.Errorf("%w: server geometry %d layers × %d kv heads × %d head dim, ours %d × %d × %d",
+			ErrMismatch, len(h.Kinds), h.KVHeads, h.HeadDim, len(exp.Kinds), exp.KVHeads, exp.HeadDim)
+	}
+	for i := range h.Kinds {
+		if h.Kinds[i] != exp.Kinds[i] {
+			return fmt.Errorf("%w: layer %d is %v on the server, %v here", ErrMismatch, i, h.Kinds[i], exp.Kinds[i])
+		}
+	}
+	return nil
+}
+
+// netErr classifies a network error: the caller's context first, then
+// timeouts, then everything else as a closed connection. Errors that
+// already carry a sentinel pass through.
+func (c *Client) netErr(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		if errors.Is(cerr, context.DeadlineExceeded) {
+			return fmt.Errorf("%w: %w (%v)", ErrTimeout, cerr, err)
+		}
+		return fmt.Errorf("kvwire: %w (%v)", cerr, err)
+	}
+	for _, s := range []error{ErrBusy, ErrMismatch, ErrAuth, ErrCorrupt, ErrTimeout, ErrClosed, ErrRemoteInternal, ErrVersion, ErrBadRequest} {
+		if errors.Is(err, s) {
+			return err
+		}
+	}
+	var ne net.Error
+	if errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		return fmt.Errorf("%w: %w", ErrTimeout, err)
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("%w: truncated frame: %w", ErrClosed, err)
+	}
+	// EOF, reset, broken pipe, refused, unreachable: the peer is not there.
+	return fmt.Errorf("%w: %w", ErrClosed, err)
+}

@@ -1,0 +1,313 @@
+package kvwire
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// pattern fills b with bytes determined by (seed, layer, position, which).
+func pattern(b []byte, layer, pos int, which byte) {
+	x := uint32(layer)*2654435761 ^ uint32(pos)*40503 ^ uint32(which)*97
+	for i := range b {
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		b[i] = byte(x)
+	}
+}
+
+// testModel is the geometry a test producer serves.
+type testModel struct {
+	fp      Fingerprint
+	kinds   []LayerKind
+	kvHeads int
+	headDim int
+	dtype   DType
+	block   int // tokens per prefill block
+	tail    int // tokens the decode side computes itself
+}
+
+func (m *testModel) expect() *Expect {
+	return &Expect{Fingerprint: m.fp, Kinds: m.kinds, KVHeads: m.kvHeads, HeadDim: m.headDim}
+}
+
+func (m *testModel) header(req *Request) Header {
+	end := max(len(req.Tokens)-m.tail, req.StartPos)
+	return Header{Fingerprint: m.fp, DType: m.dtype, KVHeads: m.kvHeads, HeadDim: m.headDim,
+		Kinds: m.kinds, TokenStart: req.StartPos, TokenEnd: end}
+}
+
+// chunkBytes is what the producer sends (and the sink must receive) for a
+// layer and token range: K and V, each laid out per position block.
+func (m *testModel) chunkBytes(layer, start, n int) (k, v []byte) {
+	h := Header{DType: m.dtype, KVHeads: m.kvHeads, HeadDim: m.headDim}
+	k = make([]byte, h.KVBytes(n))
+	v = make([]byte, h.KVBytes(n))
+	pattern(k, layer, start*1000+n, 'k')
+	pattern(v, layer, start*1000+n, 'v')
+	return k, v
+}
+
+func (m *testModel) stateBytes(layer, end int) [][]byte {
+	a := make([]byte, 48)
+	b := make([]byte, 16)
+	pattern(a, layer, end, 's')
+	pattern(b, layer, end, 't')
+	return [][]byte{a, b}
+}
+
+// producer streams the model's KV block by block, layer by layer, with a
+// state per recurrent layer after each block.
+func (m *testModel) producer() ProducerFunc {
+	return func(ctx context.Context, req *Request, e *Emitter) error {
+		h := m.header(req)
+		if !req.Fingerprint.IsZero() && req.Fingerprint != m.fp {
+			return fmt.Errorf("%w: fingerprint %v", ErrMismatch, req.Fingerprint)
+		}
+		if err := e.Header(h); err != nil {
+			return err
+		}
+		for s := h.TokenStart; s < h.TokenEnd; s += m.block {
+			n := min(m.block, h.TokenEnd-s)
+			for l, kind := range m.kinds {
+				var err error
+				if kind == LayerAttention {
+					k, v := m.chunkBytes(l, s, n)
+					err = e.Chunk(l, s, n, k, v)
+				} else {
+					err = e.State(l, s+n, m.stateBytes(l, s+n)...)
+				}
+				if err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+}
+
+// recordSink keeps everything it is given (copies) and counts calls.
+type recordSink struct {
+	mu        sync.Mutex
+	header    *Header
+	chunks    []recChunk
+	states    map[int]recState
+	totals    *Totals
+	begins    int
+	rollbacks int
+	failAt    int // Chunk returns an error at this chunk number (1-based; 0 never)
+}
+
+type recChunk struct {
+	layer, start, n int
+	k, v            []byte
+}
+
+type recState struct {
+	end    int
+	arrays [][]byte
+}
+
+func (s *recordSink) Begin(h *Header) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.begins++
+	s.header = h
+	s.chunks = nil
+	s.states = map[int]recState{}
+	return nil
+}
+
+func (s *recordSink) Chunk(layer, start, n int, k, v []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.chunks = append(s.chunks, recChunk{layer, start, n, bytes.Clone(k), bytes.Clone(v)})
+	if s.failAt > 0 && len(s.chunks) == s.failAt {
+		return errSinkFull
+	}
+	return nil
+}
+
+var errSinkFull = errors.New("sink full")
+
+func (s *recordSink) State(layer, end int, arrays [][]byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cp := make([][]byte, len(arrays))
+	for i, a := range arrays {
+		cp[i] = bytes.Clone(a)
+	}
+	s.states[layer] = recState{end, cp}
+	return nil
+}
+
+func (s *recordSink) Done(t Totals) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.totals = &t
+	return nil
+}
+
+func (s *recordSink) Rollback() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rollbacks++
+}
+
+// verify checks that the sink holds exactly what m's producer sends for req.
+func (s *recordSink) verify(t *testing.T, m *testModel, req *Request) {
+	t.Helper()
+	h := m.header(req)
+	if s.header == nil || s.header.TokenStart != h.TokenStart || s.header.TokenEnd != h.TokenEnd || s.header.Fingerprint != m.fp || s.header.DType != m.dtype {
+		t.Fatalf("header %+v, want %+v", s.header, h)
+	}
+	if s.totals == nil {
+		t.Fatal("no Done")
+	}
+	var want []recChunk
+	for st := h.TokenStart; st < h.TokenEnd; st += m.block {
+		n := min(m.block, h.TokenEnd-st)
+		for l, kind := range m.kinds {
+			if kind == LayerAttention {
+				k, v := m.chunkBytes(l, st, n)
+				want = append(want, recChunk{l, st, n, k, v})
+			}
+		}
+	}
+	if len(s.chunks) != len(want) {
+		t.Fatalf("%d chunks, want %d", len(s.chunks), len(want))
+	}
+	for i, c := range s.chunks {
+		w := want[i]
+		if c.layer != w.layer || c.start != w.start || c.n != w.n || !bytes.Equal(c.k, w.k) || !bytes.Equal(c.v, w.v) {
+			t.Fatalf("chunk %d: layer %d [%d,+%d) differs from layer %d [%d,+%d) sent", i, c.layer, c.start, c.n, w.layer, w.start, w.n)
+		}
+	}
+	for l, kind := range m.kinds {
+		if kind != LayerRecurrent || h.TokenEnd == h.TokenStart {
+			continue
+		}
+		got, ok := s.states[l]
+		want := m.stateBytes(l, h.TokenEnd)
+		if !ok || got.end != h.TokenEnd || len(got.arrays) != len(want) || !bytes.Equal(got.arrays[0], want[0]) || !bytes.Equal(got.arrays[1], want[1]) {
+			t.Fatalf("layer %d state %+v, want end %d", l, got, h.TokenEnd)
+		}
+	}
+	if s.rollbacks != 0 {
+		t.Fatalf("%d rollbacks after success", s.rollbacks)
+	}
+}
+
+// startServer serves cfg on a loopback port until the test ends.
+func startServer(t testing.TB, cfg ServerConfig) (string, *Server) {
+	t.Helper()
+	srv, err := NewServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, l) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	return l.Addr().String(), srv
+}
+
+// proxy forwards TCP between a client and target; server→client bytes pass
+// through mangle (which may change them in place and return how many bytes
+// to forward, and whether to cut the connection after them) and are paced
+// to rate bytes/s when rate > 0.
+type proxy struct {
+	target string
+	mangle func(off int64, b []byte) (n int, cut bool)
+	rate   float64
+	l      net.Listener
+	wg     sync.WaitGroup
+}
+
+func startProxy(t testing.TB, p *proxy) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.l = l
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				p.serve(c)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		p.wg.Wait()
+	})
+	return l.Addr().String()
+}
+
+func (p *proxy) serve(c net.Conn) {
+	defer c.Close()
+	s, err := net.Dial("tcp", p.target)
+	if err != nil {
+		return
+	}
+	defer s.Close()
+	go func() {
+		io.Copy(s, c)
+		s.(*net.TCPConn).CloseWrite()
+	}()
+	buf := make([]byte, 256<<10)
+	var off int64
+	start := time.Now()
+	for {
+		n, err := s.Read(buf)
+		if n > 0 {
+			fwd, cut := n, false
+			if p.mangle != nil {
+				fwd, cut = p.mangle(off, buf[:n])
+			}
+			if p.rate > 0 {
+				due := start.Add(time.Duration(float64(off+int64(fwd)) / p.rate * float64(time.Second)))
+				if d := time.Until(due); d > 0 {
+					time.Sleep(d)
+				}
+			}
+			off += int64(n)
+			if _, werr := c.Write(buf[:fwd]); werr != nil || cut {
+				return
+			}
+		}
+		if err != nil {
+			c.(*net.TCPConn).CloseWrite()
+			return
+		}
+	}
+}
+
+// counter counts calls across goroutines.
+type counter struct{ n atomic.Int64 }

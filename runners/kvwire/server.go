@@ -1,0 +1,619 @@
+package kvwire
+
+import (
+	"bufio"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// Producer computes the KV of a request and emits it. Produce is called
+// once per admitted request, on its own goroutine. It must call e.Header
+// once, then e.Chunk / e.State as KV becomes ready (in PROTOCOL.md §12
+// order), and return nil when all of [TokenStart, TokenEnd) has been
+// emitted; the server then sends Done. An error it returns is sent to the
+// client as an Error frame: wrap ErrBadRequest, ErrBusy or ErrMismatch to
+// pick the code, anything else is "internal". When ctx ends (client gone,
+// deadline) every emit call fails, so a producer that stops at the first
+// emit error stops within one chunk.
+type Producer interface {
+	Produce(ctx context.Context, req *Request, e *Emitter) error
+}
+
+// ProducerFunc adapts a function to Producer.
+type ProducerFunc func(ctx context.Context, req *Request, e *Emitter) error
+
+// Produce calls f.
+func (f ProducerFunc) Produce(ctx context.Context, req *Request, e *Emitter) error {
+	return f(ctx, req, e)
+}
+
+// ServerConfig configures a Server. Zero values take the defaults shown.
+type ServerConfig struct {
+	Producer Producer
+	// Secret, when non-empty, requires clients to authenticate.
+	Secret []byte
+	// AllowedNets, when non-empty, drops connections from other sources.
+	AllowedNets []netip.Prefix
+	// MaxActive requests produce at once (default 1).
+	MaxActive int
+	// MaxQueue more wait in FIFO order (default 8; negative: none).
+	MaxQueue int
+	// SendQueue frames may wait between producer and socket (default 4).
+	SendQueue int
+	Limits    Limits
+	// HandshakeTimeout bounds Hello + auth + Request (default 10 s).
+	HandshakeTimeout time.Duration
+	// IdleTimeout bounds one frame write (default 30 s); a Keepalive goes
+	// out after IdleTimeout/3 without other frames.
+	IdleTimeout time.Duration
+	// MaxDuration bounds a whole request (default 10 min); a request's own
+	// deadline can only shorten it.
+	MaxDuration time.Duration
+	Logger      *slog.Logger
+}
+
+// Server serves KV streams. Create it with NewServer.
+type Server struct {
+	cfg ServerConfig
+	log *slog.Logger
+	adm *admission
+	wg  sync.WaitGroup
+}
+
+// NewServer checks cfg and fills in defaults.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	if cfg.Producer == nil {
+		return nil, errors.New("kvwire: server needs a Producer")
+	}
+	if cfg.MaxActive <= 0 {
+		cfg.MaxActive = 1
+	}
+	switch {
+	case cfg.MaxQueue == 0:
+		cfg.MaxQueue = 8
+	case cfg.MaxQueue < 0:
+		cfg.MaxQueue = 0
+	}
+	if cfg.SendQueue <= 0 {
+		cfg.SendQueue = 4
+	}
+	cfg.Limits = cfg.Limits.withDefaults()
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = 10 * time.Second
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = 30 * time.Second
+	}
+	if cfg.MaxDuration <= 0 {
+		cfg.MaxDuration = 10 * time.Minute
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Server{cfg: cfg, log: log, adm: newAdmission(cfg.MaxActive, cfg.MaxQueue)}, nil
+}
+
+// Load is the server's admission state.
+type Load struct {
+	Running int // requests producing now
+	Waiting int // requests queued for admission
+}
+
+// Load reports how many requests run and wait.
+func (s *Server) Load() Load {
+	r, w := s.adm.load()
+	return Load{Running: r, Waiting: w}
+}
+
+// ListenAndServe listens on addr (TCP) and serves until ctx ends.
+func (s *Server) ListenAndServe(ctx context.Context, addr string) error {
+	var lc net.ListenConfig
+	l, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("kvwire: listen %s: %w", addr, err)
+	}
+	return s.Serve(ctx, l)
+}
+
+// Serve accepts connections on l until ctx ends, then closes l, cancels
+// the running requests and waits for them. It returns nil after ctx ends.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { l.Close() })
+	defer stop()
+	defer s.wg.Wait()
+	for {
+		conn, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			return fmt.Errorf("kvwire: accept: %w", err)
+		}
+		if !s.allowed(conn.RemoteAddr()) {
+			s.log.Warn("kvwire: connection from a network not allowed", "remote", conn.RemoteAddr().String())
+			conn.Close()
+			continue
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.handle(ctx, conn)
+		}()
+	}
+}
+
+func (s *Server) allowed(a net.Addr) bool {
+	if len(s.cfg.AllowedNets) == 0 {
+		return true
+	}
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return false
+	}
+	ip := ap.Addr().Unmap()
+	for _, p := range s.cfg.AllowedNets {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// handle runs one connection: handshake, request, admission, stream.
+func (s *Server) handle(ctx context.Context, conn net.Conn) {
+	defer conn.Close()
+	log := s.log.With("remote", conn.RemoteAddr().String())
+	req, br, err := s.handshake(conn)
+	if err != nil {
+		log.Info("kvwire: handshake failed", "err", err)
+		lingerClose(conn)
+		return
+	}
+	log = log.With("id", req.ID, "model", req.Model, "tokens", len(req.Tokens), "start_pos", req.StartPos)
+	s.stream(ctx, conn, br, req, log)
+}
+
+// handshake exchanges Hellos, authenticates and reads the Request. On a
+// refusal it has already written the Error frame.
+func (s *Server) handshake(conn net.Conn) (*Request, *bufio.Reader, error) {
+	conn.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	defer conn.SetDeadline(time.Time{})
+	br := bufio.NewReaderSize(conn, 16<<10)
+	var ch [helloSize]byte
+	if _, err := io.ReadFull(br, ch[:]); err != nil {
+		return nil, nil, fmt.Errorf("read hello: %w", err)
+	}
+	var nonce [32]byte
+	rand.Read(nonce[:])
+	var flags uint16
+	if len(s.cfg.Secret) > 0 {
+		flags |= flagAuthRequired
+	}
+	var sh [helloSize]byte
+	putHello(sh[:], Version, flags, &nonce)
+	if _, err := conn.Write(sh[:]); err != nil {
+		return nil, nil, fmt.Errorf("write hello: %w", err)
+	}
+	_, cflags, cnonce, err := parseHello(ch[:])
+	if err != nil {
+		conn.Write(encodeError(codeVersion, err.Error()))
+		return nil, nil, err
+	}
+	if len(s.cfg.Secret) > 0 {
+		if cflags&flagHasSecret == 0 {
+			conn.Write(encodeError(codeAuth, "this server requires a secret and the client has none"))
+			return nil, nil, fmt.Errorf("%w: client has no secret", ErrAuth)
+		}
+		f := readFrame(br, nil, s.cfg.Limits)
+		if f.err == nil {
+			f.err = f.check()
+		}
+		if f.err != nil {
+			return nil, nil, fmt.Errorf("read auth proof: %w", f.err)
+		}
+		want := authMAC(s.cfg.Secret, "client", &nonce, &cnonce)
+		if f.typ != frameAuthProof || !hmac.Equal(f.payload, want) {
+			conn.Write(encodeError(codeAuth, "authentication failed"))
+			return nil, nil, fmt.Errorf("%w: wrong proof", ErrAuth)
+		}
+		if _, err := conn.Write(smallFrame(frameAuthOK, authMAC(s.cfg.Secret, "server", &nonce, &cnonce))); err != nil {
+			return nil, nil, fmt.Errorf("write auth ok: %w", err)
+		}
+	}
+	f := readFrame(br, nil, s.cfg.Limits)
+	if f.err == nil {
+		f.err = f.check()
+	}
+	if f.err == nil && f.typ != frameRequest {
+		f.err = corruptf("frame type %d where a request belongs", f.typ)
+	}
+	if f.err != nil {
+		conn.Write(encodeError(codeBadRequest, f.err.Error()))
+		return nil, nil, fmt.Errorf("read request: %w", f.err)
+	}
+	req, err := parseRequest(f.payload, s.cfg.Limits)
+	if err != nil {
+		conn.Write(encodeError(codeBadRequest, err.Error()))
+		return nil, nil, err
+	}
+	return req, br, nil
+}
+
+// lingerClose half-closes conn and discards what the client still sends
+// (briefly), so that an Error frame just written reaches the client instead
+// of being lost to a reset caused by unread request bytes.
+func lingerClose(conn net.Conn) {
+	if tc, ok := conn.(*net.TCPConn); ok {
+		tc.CloseWrite()
+	}
+	conn.SetReadDeadline(time.Now().Add(time.Second))
+	io.Copy(io.Discard, io.LimitReader(conn, 1<<20))
+}
+
+// authMAC is HMAC-SHA256(secret, "exo-kvwire/1 <role>" || sn || cn).
+func authMAC(secret []byte, role string, sn, cn *[32]byte) []byte {
+	m := hmac.New(sha256.New, secret)
+	fmt.Fprintf(m, "exo-kvwire/%d %s", Version, role)
+	m.Write(sn[:])
+	m.Write(cn[:])
+	return m.Sum(nil)
+}
+
+var (
+	errClientGone = fmt.Errorf("%w: client went away", ErrClosed)
+	errDeadline   = fmt.Errorf("%w: request deadline passed", ErrTimeout)
+)
+
+// stream admits the request, runs the producer and the socket writer.
+func (s *Server) stream(parent context.Context, conn net.Conn, br *bufio.Reader, req *Request, log *slog.Logger) {
+	d := s.cfg.MaxDuration
+	if req.Deadline > 0 && req.Deadline < d {
+		d = req.Deadline
+	}
+	ctx, cancel := context.WithCancelCause(parent)
+	defer cancel(nil)
+	ctx, cancelT := context.WithTimeoutCause(ctx, d, errDeadline)
+	defer cancelT()
+
+	// The client sends nothing after its request: any read result means it
+	// went away (or broke the protocol). Either way the producer stops.
+	go func() {
+		var b [1]byte
+		br.Read(b[:])
+		cancel(errClientGone)
+	}()
+
+	w := newWriter(conn, s.cfg.SendQueue, s.cfg.IdleTimeout)
+	wdone := make(chan struct{})
+	go func() {
+		defer close(wdone)
+		if err := w.run(); err != nil {
+			cancel(fmt.Errorf("%w: write: %w", ErrClosed, err))
+		}
+	}()
+	finish := func(last []byte) {
+		if last != nil {
+			w.send(context.Background(), &outFrame{bufs: [][]byte{last}})
+		}
+		w.close()
+		<-wdone
+	}
+
+	start := time.Now()
+	if err := s.adm.acquire(ctx); err != nil {
+		if errors.Is(err, ErrBusy) {
+			log.Info("kvwire: busy", "err", err)
+			finish(encodeError(codeBusy, err.Error()))
+			return
+		}
+		cause := context.Cause(ctx)
+		log.Info("kvwire: gave up waiting for admission", "err", cause)
+		if errors.Is(cause, ErrClosed) {
+			conn.Close()
+		}
+		finish(s.causeFrame(cause))
+		return
+	}
+	defer s.adm.release()
+	log.Debug("kvwire: admitted", "waited", time.Since(start))
+
+	e := &Emitter{ctx: ctx, w: w, lim: s.cfg.Limits}
+	err := s.produce(ctx, req, e)
+	switch {
+	case err == nil && e.t == nil:
+		err = fmt.Errorf("%w: producer emitted no header", ErrRemoteInternal)
+	case err == nil:
+		if cerr := e.t.complete(); cerr != nil {
+			err = fmt.Errorf("%w: producer stopped early: %v", ErrRemoteInternal, cerr)
+		}
+	}
+	if err == nil {
+		finish(encodeDone(e.t.totals))
+		log.Info("kvwire: sent", "chunks", e.t.totals.Chunks, "bytes", e.t.totals.PayloadBytes, "duration", time.Since(start))
+		return
+	}
+	if ctx.Err() != nil {
+		err = context.Cause(ctx)
+		log.Info("kvwire: stopped", "err", err, "frames_emitted", e.emitted)
+		if errors.Is(err, ErrClosed) {
+			conn.Close() // unblock a write to a peer that is gone
+		}
+		finish(s.causeFrame(err))
+		return
+	}
+	log.Warn("kvwire: producer failed", "err", err)
+	finish(encodeError(errorCode(err), err.Error()))
+}
+
+// causeFrame is the Error frame for a context cause (nil when the client
+// is gone and nothing can be told).
+func (s *Server) causeFrame(cause error) []byte {
+	if errors.Is(cause, ErrClosed) || errors.Is(cause, context.Canceled) {
+		return nil
+	}
+	if errors.Is(cause, ErrTimeout) {
+		return encodeError(codeTimeout, cause.Error())
+	}
+	return encodeError(codeInternal, cause.Error())
+}
+
+// produce runs the producer, turning a panic into an error.
+func (s *Server) produce(ctx context.Context, req *Request, e *Emitter) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: producer panic: %v", ErrRemoteInternal, r)
+		}
+	}()
+	return s.cfg.Producer.Produce(ctx, req, e)
+}
+
+// Emitter is how a Producer sends KV. Its methods must be called from one
+// goroutine. They block while the send queue is full (a slow link stalls
+// the producer) and fail once the request's context has ended.
+type Emitter struct {
+	ctx     context.Context
+	w       *writer
+	lim     Limits
+	h       *Header
+	t       *tracker
+	emitted int
+}
+
+// Header sends the stream's header; call it once, before any KV.
+func (e *Emitter) Header(h Header) error {
+	if e.t != nil {
+		return fmt.Errorf("%w: header emitted twice", ErrRemoteInternal)
+	}
+	if err := validateHeader(&h); err != nil {
+		return fmt.Errorf("%w: %v", ErrRemoteInternal, err)
+	}
+	h.Kinds = append([]LayerKind(nil), h.Kinds...)
+	e.h = &h
+	e.t = newTracker(e.h, e.lim)
+	return e.w.send(e.ctx, &outFrame{bufs: [][]byte{encodeHeader(e.h)}})
+}
+
+// Chunk sends K and V of positions [tokenStart, tokenStart+tokenCount) of
+// an attention layer, each [kv_heads, tokenCount, head_dim] in the header's
+// dtype. The emitter keeps k and v until the frame is written: the caller
+// must not modify them after the call. The CRC is computed here, on the
+// producer's goroutine, not on the socket's.
+func (e *Emitter) Chunk(layer, tokenStart, tokenCount int, k, v []byte) error {
+	if err := e.ready(); err != nil {
+		return err
+	}
+	if err := e.t.chunk(layer, tokenStart, tokenCount, len(k), len(v)); err != nil {
+		return fmt.Errorf("%w: %v", ErrRemoteInternal, err)
+	}
+	hdr := make([]byte, frameHeaderSize+chunkPrefixSize)
+	putChunkPrefix(hdr, layer, tokenStart, tokenCount, k, v)
+	e.emitted++
+	return e.w.send(e.ctx, &outFrame{bufs: [][]byte{hdr, k, v}})
+}
+
+// State sends the state arrays of a recurrent layer after positions
+// < tokenEnd. The same ownership rule as Chunk applies to arrays.
+func (e *Emitter) State(layer, tokenEnd int, arrays ...[]byte) error {
+	if err := e.ready(); err != nil {
+		return err
+	}
+	if len(arrays) < 1 || len(arrays) > maxArrays {
+		return fmt.Errorf("%w: %d state arrays (1..%d)", ErrRemoteInternal, len(arrays), maxArrays)
+	}
+	total := int64(stateFixed + 4*len(arrays))
+	var sizes int64
+	for _, a := range arrays {
+		sizes += int64(len(a))
+	}
+	if total+sizes > int64(e.lim.MaxFrame) {
+		return fmt.Errorf("%w: state frame of %d bytes exceeds the limit %d", ErrRemoteInternal, total+sizes, e.lim.MaxFrame)
+	}
+	if err := e.t.state(layer, tokenEnd, sizes); err != nil {
+		return fmt.Errorf("%w: %v", ErrRemoteInternal, err)
+	}
+	bufs := make([][]byte, 0, 1+len(arrays))
+	bufs = append(bufs, encodeStatePrefix(layer, tokenEnd, arrays))
+	bufs = append(bufs, arrays...)
+	e.emitted++
+	return e.w.send(e.ctx, &outFrame{bufs: bufs})
+}
+
+func (e *Emitter) ready() error {
+	if err := context.Cause(e.ctx); err != nil {
+		return err
+	}
+	if e.t == nil {
+		return fmt.Errorf("%w: KV emitted before the header", ErrRemoteInternal)
+	}
+	return nil
+}
+
+// ---- socket writer ----
+
+type outFrame struct {
+	bufs [][]byte
+}
+
+// writer owns the socket's write side: it drains a bounded queue of frames
+// with vectored writes and sends Keepalives when the queue stays empty.
+type writer struct {
+	conn net.Conn
+	q    chan *outFrame
+	dead chan struct{} // closed when run returns
+	idle time.Duration
+}
+
+func newWriter(conn net.Conn, depth int, idle time.Duration) *writer {
+	return &writer{conn: conn, q: make(chan *outFrame, depth), dead: make(chan struct{}), idle: idle}
+}
+
+// send queues f, blocking while the queue is full.
+func (w *writer) send(ctx context.Context, f *outFrame) error {
+	select {
+	case w.q <- f:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-w.dead:
+		return fmt.Errorf("%w: socket writer stopped", ErrClosed)
+	}
+}
+
+// close tells run to return after writing what is queued.
+func (w *writer) close() { close(w.q) }
+
+func (w *writer) run() error {
+	defer close(w.dead)
+	keep := time.NewTimer(w.idle / 3)
+	defer keep.Stop()
+	keepalive := smallFrame(frameKeepalive, nil)
+	var batch net.Buffers
+	q := w.q
+	for {
+		var f *outFrame
+		var ok bool
+		select {
+		case f, ok = <-q:
+			if !ok {
+				return nil
+			}
+		case <-keep.C:
+			f = &outFrame{bufs: [][]byte{keepalive}}
+		}
+		batch = append(batch[:0], f.bufs...)
+		// Coalesce whatever else is already queued into the same writev.
+	drain:
+		for len(batch) < 64 {
+			select {
+			case g, ok := <-q:
+				if !ok {
+					q = nil // closed: write this batch, then return
+					break drain
+				}
+				batch = append(batch, g.bufs...)
+			default:
+				break drain
+			}
+		}
+		w.conn.SetWriteDeadline(time.Now().Add(w.idle))
+		b := batch
+		_, err := b.WriteTo(w.conn)
+		clear(batch)
+		if err != nil {
+			return err
+		}
+		if q == nil {
+			return nil
+		}
+		keep.Reset(w.idle / 3)
+	}
+}
+
+// ---- admission ----
+
+// admission is a counting semaphore with a bounded FIFO queue.
+type admission struct {
+	mu        sync.Mutex
+	active    int
+	maxActive int
+	maxQueue  int
+	waiters   []chan struct{}
+}
+
+func newAdmission(maxActive, maxQueue int) *admission {
+	return &admission{maxActive: maxActive, maxQueue: maxQueue}
+}
+
+func (a *admission) load() (running, waiting int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.active, len(a.waiters)
+}
+
+// acquire takes a slot, waiting in FIFO order; a full queue is ErrBusy.
+func (a *admission) acquire(ctx context.Context) error {
+	a.mu.Lock()
+	if a.active < a.maxActive && len(a.waiters) == 0 {
+		a.active++
+		a.mu.Unlock()
+		return nil
+	}
+	if len(a.waiters) >= a.maxQueue {
+		r, w := a.active, len(a.waiters)
+		a.mu.Unlock()
+		return fmt.Errorf("%w: %d running, %d waiting", ErrBusy, r, w)
+	}
+	ch := make(chan struct{})
+	a.waiters = append(a.waiters, ch)
+	a.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		for i, c := range a.waiters {
+			if c == ch {
+				a.waiters = append(a.waiters[:i], a.waiters[i+1:]...)
+				return context.Cause(ctx)
+			}
+		}
+		// Granted while giving up: pass the slot on.
+		a.releaseLocked()
+		return context.Cause(ctx)
+	}
+}
+
+func (a *admission) release() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.releaseLocked()
+}
+
+func (a *admission) releaseLocked() {
+	if len(a.waiters) > 0 {
+		ch := a.waiters[0]
+		a.waiters = a.waiters[1:]
+		close(ch) // the slot passes to the first waiter
+		return
+	}
+	a.active--
+}
