@@ -1,6 +1,136 @@
 package main
 
-import "context"
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
 
-// cmdModel is a placeholder until its owner lands it.
-func cmdModel(ctx context.Context, args []string) error { return errNotYet }
+	"github.com/exo-pd/exo-pd/runners/hf"
+)
+
+const modelUsage = `usage:
+  exo model pull [--models-dir D] [--offline] ID[@REV]   fetch a Hugging Face model into the store
+  exo model list [--models-dir D]                      show the models in the store
+  exo model rm   [--models-dir D] ID                   delete a model (every revision) from the store
+
+ID is org/name (a safetensors model) or org/name/FILE.gguf (one GGUF file);
+REV is a branch, tag or commit (default main). The store is $EXO_MODELS_DIR,
+else $STATE_DIRECTORY/models, else ~/.cache/exo/models. HF_TOKEN and
+HF_ENDPOINT are honoured; HF_HUB_OFFLINE=1 uses only the store.`
+
+// cmdModel manages the local model store (runners/hf).
+func cmdModel(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprintln(os.Stderr, modelUsage)
+		return exitError{code: 2}
+	}
+	sub, args := args[0], args[1:]
+	fs := flag.NewFlagSet("exo model "+sub, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	dir := fs.String("models-dir", "", "model store directory")
+	offline := fs.Bool("offline", false, "use only the store")
+	if err := fs.Parse(args); err != nil {
+		fmt.Fprintln(os.Stderr, modelUsage)
+		return exitError{code: 2, msg: err.Error()}
+	}
+	o := hf.Options{StoreDir: *dir, Offline: *offline}
+	switch sub {
+	case "pull":
+		if fs.NArg() != 1 {
+			fmt.Fprintln(os.Stderr, modelUsage)
+			return exitError{code: 2}
+		}
+		return modelPull(ctx, fs.Arg(0), o, os.Stdout, os.Stderr)
+	case "list", "ls":
+		if fs.NArg() != 0 {
+			return exitError{code: 2, msg: "model list takes no arguments"}
+		}
+		return modelList(o, os.Stdout)
+	case "rm", "remove":
+		if fs.NArg() != 1 {
+			fmt.Fprintln(os.Stderr, modelUsage)
+			return exitError{code: 2}
+		}
+		if err := hf.Remove(ctx, fs.Arg(0), o); err != nil {
+			return err
+		}
+		fmt.Fprintln(os.Stderr, "removed", fs.Arg(0))
+		return nil
+	case "help", "-h", "--help":
+		fmt.Fprintln(os.Stdout, modelUsage)
+		return nil
+	}
+	fmt.Fprintln(os.Stderr, modelUsage)
+	return exitError{code: 2, msg: fmt.Sprintf("unknown model command %q", sub)}
+}
+
+// modelPull pulls one model with a progress line on stderr (redrawn in
+// place on a terminal, one line every 5 s otherwise) and prints its path.
+func modelPull(ctx context.Context, id string, o hf.Options, stdout, stderr io.Writer) error {
+	ref, err := hf.ParseRef(id)
+	if err != nil {
+		return exitError{code: 2, msg: err.Error()}
+	}
+	tty := false
+	if f, ok := stderr.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			tty = true
+		}
+	}
+	meter := hf.NewMeter(10 * time.Second)
+	var lastPrint time.Time
+	drawn := false
+	o.Progress = func(done, total int64) {
+		now := time.Now()
+		line := meter.Line(now, done, total)
+		switch {
+		case tty:
+			fmt.Fprintf(stderr, "\r%s\x1b[K", line)
+			drawn = true
+		case now.Sub(lastPrint) >= 5*time.Second || (total > 0 && done >= total):
+			fmt.Fprintln(stderr, strings.TrimSpace(line))
+			lastPrint = now
+		}
+	}
+	p, err := hf.Pull(ctx, ref, o)
+	if drawn {
+		fmt.Fprintln(stderr)
+	}
+	if err != nil {
+		if errors.Is(err, hf.ErrUnauthorized) {
+			return fmt.Errorf("%w\n(request access on the model's Hugging Face page, then export HF_TOKEN=hf_…)", err)
+		}
+		return err
+	}
+	fmt.Fprintln(stdout, p)
+	return nil
+}
+
+func modelList(o hf.Options, w io.Writer) error {
+	ms, err := hf.List(o)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tREVISION\tCOMMIT\tSIZE\tPATH")
+	for _, m := range ms {
+		id, path := m.Repo, m.Path
+		if !m.Full && len(m.Files) == 1 {
+			id += "/" + m.Files[0]
+			path = filepath.Join(m.Path, filepath.FromSlash(m.Files[0]))
+		}
+		rev := strings.Join(m.Revisions, ",")
+		if rev == "" {
+			rev = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", id, rev, m.Commit[:12], hf.Bytes(m.Size), path)
+	}
+	return tw.Flush()
+}
