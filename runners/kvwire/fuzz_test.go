@@ -1,0 +1,206 @@
+package kvwire
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+var updateSeeds = flag.Bool("update-seeds", false, "rewrite the committed fuzz seed corpora under testdata/fuzz")
+
+// fuzzLimits are small so the fuzzer reaches the limit checks, and so the
+// allocation bound can be asserted.
+var fuzzLimits = Limits{MaxTokens: 64, MaxFrame: 4096}
+
+// largestPayload is the largest payload any frame type may declare under
+// fuzzLimits: no buffer may ever grow beyond it.
+func largestPayload(l Limits) int {
+	m := 0
+	for typ := range 256 {
+		m = max(m, l.maxPayload(uint8(typ)))
+	}
+	return m
+}
+
+// discardSink accepts everything and checks the sizes it is given.
+type discardSink struct {
+	t *testing.T
+	h *Header
+}
+
+func (s *discardSink) Begin(h *Header) error { s.h = h; return nil }
+func (s *discardSink) Chunk(layer, start, n int, k, v []byte) error {
+	if int64(len(k)) != s.h.KVBytes(n) || len(v) != len(k) {
+		s.t.Fatalf("sink got K %d / V %d bytes for %d tokens", len(k), len(v), n)
+	}
+	return nil
+}
+func (s *discardSink) State(layer, end int, arrays [][]byte) error { return nil }
+func (s *discardSink) Done(t Totals) error                         { return nil }
+func (s *discardSink) Rollback()                                   {}
+
+func fuzzStreamSeeds() [][]byte {
+	m := &testModel{fp: Fingerprint{1}, kinds: []LayerKind{LayerAttention, LayerRecurrent}, kvHeads: 1, headDim: 4, dtype: DTypeBF16, block: 3, tail: 1}
+	req := &Request{Tokens: tokens(8)}
+	h := m.header(req)
+	var full bytes.Buffer
+	full.Write(encodeHeader(&h))
+	full.Write(smallFrame(frameKeepalive, nil))
+	var tot Totals
+	for s := h.TokenStart; s < h.TokenEnd; s += m.block {
+		n := min(m.block, h.TokenEnd-s)
+		k, v := m.chunkBytes(0, s, n)
+		full.Write(chunkFrame(0, s, n, k, v))
+		arrays := m.stateBytes(1, s+n)
+		full.Write(encodeStatePrefix(1, s+n, arrays))
+		full.Write(bytes.Join(arrays, nil))
+		tot.Chunks++
+		tot.States++
+		tot.PayloadBytes += int64(len(k)+len(v)) + int64(len(arrays[0])+len(arrays[1]))
+	}
+	tot.TokenEnd = h.TokenEnd
+	full.Write(encodeDone(tot))
+	reqFrame, _ := encodeRequest(req)
+	return [][]byte{
+		full.Bytes(),
+		encodeHeader(&h),
+		append(encodeHeader(&h), encodeError(codeBusy, "busy")...),
+		encodeError(codeMismatch, "no"),
+		reqFrame,
+		smallFrame(frameAuthOK, make([]byte, 32)),
+		full.Bytes()[:len(full.Bytes())/2],
+	}
+}
+
+// FuzzFrameDecoder feeds arbitrary server→client bytes (after the Hello)
+// through the client's frame reader and stream state machine: it must
+// never panic, never grow a buffer beyond the declared limits, and fail
+// only with the package's sentinel errors.
+func FuzzFrameDecoder(f *testing.F) {
+	for _, s := range fuzzStreamSeeds() {
+		f.Add(s)
+	}
+	bound := largestPayload(fuzzLimits)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		req := &Request{Tokens: tokens(8)}
+		var st Stats
+		rs := &recvState{req: req, sink: &discardSink{t: t}, lim: fuzzLimits, st: &st}
+		r := bytes.NewReader(data)
+		var buf []byte
+		for {
+			fr := readFrame(r, buf, fuzzLimits)
+			if cap(fr.buf) > bound {
+				t.Fatalf("buffer grew to %d bytes, limit %d", cap(fr.buf), bound)
+			}
+			if fr.err != nil {
+				return
+			}
+			done, err := rs.handle(&fr)
+			if err != nil {
+				if !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrMismatch) && !errors.As(err, new(*RemoteError)) {
+					t.Fatalf("error without a sentinel: %v", err)
+				}
+				return
+			}
+			if done {
+				return
+			}
+			buf = fr.buf
+		}
+	})
+}
+
+// FuzzRequest: the server's request parser never panics, allocates at most
+// the declared token count (≤ MaxTokens), fails only with ErrBadRequest,
+// and what it accepts re-encodes to the same bytes.
+func FuzzRequest(f *testing.F) {
+	for _, r := range []*Request{
+		{ID: "a", Model: "qwen3-8b", Tokens: tokens(10), StartPos: 3, DType: DTypeBF16, Deadline: 2000e6},
+		{Tokens: []int32{0}},
+		{ID: "x", Fingerprint: Fingerprint{1, 2}, Tokens: tokens(64), StartPos: 63, DType: DTypeF32},
+	} {
+		b, err := encodeRequest(r)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b[frameHeaderSize:])
+	}
+	f.Fuzz(func(t *testing.T, p []byte) {
+		req, err := parseRequest(p, fuzzLimits)
+		if err != nil {
+			if !errors.Is(err, ErrBadRequest) {
+				t.Fatalf("error without ErrBadRequest: %v", err)
+			}
+			return
+		}
+		if len(req.Tokens) > fuzzLimits.MaxTokens || req.StartPos >= len(req.Tokens) {
+			t.Fatalf("accepted %d tokens, start_pos %d", len(req.Tokens), req.StartPos)
+		}
+		b, err := encodeRequest(req)
+		if err != nil {
+			t.Fatalf("re-encode: %v", err)
+		}
+		if !bytes.Equal(b[frameHeaderSize:], p) {
+			t.Fatalf("re-encoded request differs:\n% x\n% x", b[frameHeaderSize:], p)
+		}
+	})
+}
+
+// TestWriteFuzzSeeds rewrites testdata/fuzz with -update-seeds.
+func TestWriteFuzzSeeds(t *testing.T) {
+	if !*updateSeeds {
+		t.Skip("run with -update-seeds to rewrite the seed corpora")
+	}
+	write := func(target string, seeds [][]byte) {
+		dir := filepath.Join("testdata", "fuzz", target)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range seeds {
+			name := fmt.Sprintf("seed-%x", sha256.Sum256(s))[:21]
+			body := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", s)
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	write("FuzzFrameDecoder", fuzzStreamSeeds())
+	var reqs [][]byte
+	for _, r := range []*Request{
+		{ID: "req-7", Model: "llama", Tokens: tokens(20), StartPos: 5, DType: DTypeF16, Deadline: 1e9},
+		{Fingerprint: Fingerprint{0xff}, Tokens: tokens(1)},
+	} {
+		b, _ := encodeRequest(r)
+		reqs = append(reqs, b[frameHeaderSize:])
+	}
+	write("FuzzRequest", reqs)
+}
+
+// TestFuzzSeedStream checks that the main frame seed is a complete valid
+// stream, so the fuzzer starts from the deep end of the state machine.
+func TestFuzzSeedStream(t *testing.T) {
+	var st Stats
+	rs := &recvState{req: &Request{Tokens: tokens(8)}, sink: &discardSink{t: t}, lim: fuzzLimits, st: &st}
+	r := bytes.NewReader(fuzzStreamSeeds()[0])
+	for {
+		fr := readFrame(r, nil, fuzzLimits)
+		if fr.err != nil {
+			t.Fatal(fr.err)
+		}
+		done, err := rs.handle(&fr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done {
+			break
+		}
+	}
+	if st.Chunks != 3 || st.States != 3 {
+		t.Fatalf("stats %+v", st)
+	}
+}
