@@ -288,7 +288,14 @@ func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest,
 			s.m.KVWait.Observe(st.Wait.Seconds())
 			s.log.Info("remote prefill", append(attrs, "outcome", metrics.OutcomeOK, "endpoint", st.Endpoint,
 				"bytes", st.Bytes, "duration", st.Duration, "wire_wait", st.Wait)...)
-			entry.tokens = append(entry.tokens, prompt[start:n-1]...)
+			got := entry.cache.Len()
+			entry.tokens = append(entry.tokens, prompt[start:got]...)
+			if got < n-1 { // the server left a tail (recurrent models): compute it here
+				if err := s.o.Model.Prefill(ctx, entry.cache, prompt[got:n-1], s.o.PrefillChunk, nil); err != nil {
+					return fmt.Errorf("local prefill of the tail after remote: %w", err)
+				}
+				entry.tokens = append(entry.tokens, prompt[got:n-1]...)
+			}
 			return nil
 		}
 		if ctx.Err() != nil {

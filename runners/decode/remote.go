@@ -1,0 +1,115 @@
+package decode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/kvconv"
+	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/metrics"
+)
+
+// KVRemote fetches prompt KV from prefill runners over the KV wire, failing
+// over between endpoints in the selector's order.
+type KVRemote struct {
+	Client   *kvwire.Client
+	Selector *kvwire.Selector
+	Name     string // served model name sent to the prefill runner
+	Model    Model
+	// Deadline bounds one fetch on the server (0: its default).
+	Deadline time.Duration
+}
+
+// Prefill implements Remote.
+func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, start int, cache engine.KVCache) (RemoteStats, error) {
+	info := r.Model.Info()
+	fp := kvwire.Fingerprint(r.Model.Fingerprint())
+	kinds := make([]kvwire.LayerKind, info.Layers)
+	req := &kvwire.Request{ID: reqID, Model: r.Name, Fingerprint: fp, Tokens: prompt, StartPos: start,
+		DType: kvconv.Wire(cache.DType()), Deadline: r.Deadline}
+	exp := &kvwire.Expect{Fingerprint: fp, Kinds: kinds, KVHeads: info.KVHeads, HeadDim: info.HeadDim}
+	sink := &cacheSink{cache: cache, start: start}
+	st, err := r.Client.FetchAny(ctx, r.Selector, req, exp, sink)
+	rs := RemoteStats{Endpoint: st.Addr, Bytes: st.PayloadBytes, Duration: st.Duration, Wait: st.WireWait}
+	if err != nil {
+		return rs, err
+	}
+	if cache.Len() > len(prompt)-1 || cache.Len() < start {
+		cache.Truncate(start)
+		return rs, fmt.Errorf("%w: prefill runner returned KV up to %d for a %d-token prompt", kvwire.ErrCorrupt, cache.Len(), len(prompt))
+	}
+	return rs, nil
+}
+
+// Classify implements Remote.
+func (r *KVRemote) Classify(err error) string {
+	switch {
+	case errors.Is(err, kvwire.ErrNoEndpoint):
+		return metrics.OutcomeSkippedNoEnd
+	case errors.Is(err, kvwire.ErrBusy):
+		return metrics.OutcomeFallbackBusy
+	case errors.Is(err, kvwire.ErrMismatch):
+		return metrics.OutcomeFallbackMismatch
+	case errors.Is(err, kvwire.ErrCorrupt):
+		return metrics.OutcomeFallbackCorrupt
+	}
+	return metrics.OutcomeFallbackError
+}
+
+// cacheSink injects a KV stream into a cache transactionally: chunks are
+// imported as they arrive (positions past Len(), invisible to attention),
+// Done commits them, and Rollback truncates back to start, so a failed
+// stream never leaves a partial cache behind.
+type cacheSink struct {
+	cache engine.KVCache
+	start int
+	wire  engine.DType
+}
+
+func (s *cacheSink) Begin(h *kvwire.Header) error {
+	if h.TokenStart != s.start {
+		return fmt.Errorf("%w: stream starts at %d, cache holds %d", kvwire.ErrCorrupt, h.TokenStart, s.start)
+	}
+	s.wire = kvconv.Engine(h.DType)
+	if s.wire == 0 {
+		return fmt.Errorf("%w: wire dtype %v", kvwire.ErrMismatch, h.DType)
+	}
+	g := s.cache.Geometry()
+	if h.Layers() != g.Layers || h.KVHeads != g.KVHeads || h.HeadDim != g.HeadDim {
+		return fmt.Errorf("%w: stream geometry %d×%d×%d, cache %d×%d×%d", kvwire.ErrMismatch,
+			h.Layers(), h.KVHeads, h.HeadDim, g.Layers, g.KVHeads, g.HeadDim)
+	}
+	return nil
+}
+
+func (s *cacheSink) Chunk(layer, tokenStart, tokenCount int, k, v []byte) error {
+	var err error
+	if s.wire != s.cache.DType() {
+		if k, err = kvconv.Convert(k, s.wire, s.cache.DType()); err != nil {
+			return err
+		}
+		if v, err = kvconv.Convert(v, s.wire, s.cache.DType()); err != nil {
+			return err
+		}
+	}
+	if err := s.cache.Import(layer, tokenStart, tokenCount, k, v); err != nil {
+		return fmt.Errorf("inject layer %d [%d,+%d): %w", layer, tokenStart, tokenCount, err)
+	}
+	return nil
+}
+
+func (s *cacheSink) State(layer, tokenEnd int, arrays [][]byte) error {
+	return fmt.Errorf("%w: recurrent state for layer %d, but this model is attention-only", kvwire.ErrMismatch, layer)
+}
+
+func (s *cacheSink) Done(t kvwire.Totals) error {
+	if err := s.cache.Commit(t.TokenEnd); err != nil {
+		return fmt.Errorf("commit injected KV: %w", err)
+	}
+	return nil
+}
+
+func (s *cacheSink) Rollback() { s.cache.Truncate(s.start) }
