@@ -1,0 +1,5 @@
+//go:build unix && !linux
+
+package process
+
+func groupAlive(pgid int) bool { return killGroupAlive(pgid) }

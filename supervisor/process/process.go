@@ -1,0 +1,397 @@
+// Package process owns one runner child process at a time: it starts it in
+// its own process group, logs its output line by line tagged with the
+// runner's name, polls its /health, restarts it under a restart.Policy when it
+// exits, and stops it (SIGTERM to the group, SIGKILL after a grace period) so
+// that no process of the group survives. It knows nothing about the cluster
+// file or HTTP routing and must not import runners/.
+package process
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/exo-pd/exo-pd/supervisor/restart"
+)
+
+// State is where a runner is in its life.
+type State string
+
+// States.
+const (
+	Starting  State = "starting"  // process running, /health not 200 yet (loading, downloading)
+	Ready     State = "ready"     // /health answers 200
+	Unhealthy State = "unhealthy" // was ready, /health stopped answering 200
+	Backoff   State = "backoff"   // exited; waiting to restart
+	CrashLoop State = "crashloop" // exited too often; restarting slowly
+	Stopped   State = "stopped"   // stopped on purpose
+)
+
+// Spec is one runner's command.
+type Spec struct {
+	Name      string
+	Path      string   // executable
+	Args      []string // after the executable
+	Env       []string // nil = the supervisor's environment
+	HealthURL string   // e.g. http://127.0.0.1:52500/health; "" = ready once started
+}
+
+// Options tune a Runner; zero fields take defaults.
+type Options struct {
+	Policy       restart.Policy // zero → restart.Default()
+	Grace        time.Duration  // SIGTERM → SIGKILL; default 10s
+	PollStarting time.Duration  // /health poll while starting; default 200ms
+	PollReady    time.Duration  // /health poll once ready; default 2s
+	Logger       *slog.Logger
+	Now          func() time.Time // default time.Now
+	Jitter       func() float64   // default rand.Float64
+	// OnChange is called (from the runner's goroutine) after every state change.
+	OnChange func(Status)
+	// Restarts is the restart count carried over from a previous Runner of the same name.
+	Restarts int
+}
+
+// Health is what a runner's /health said last.
+type Health struct {
+	Status   string  `json:"status"`
+	Role     string  `json:"role,omitempty"`
+	Model    string  `json:"model,omitempty"`
+	Progress float64 `json:"progress,omitempty"`
+	Waiting  int     `json:"waiting"`
+	Running  int     `json:"running"`
+}
+
+// Status is a snapshot of a runner.
+type Status struct {
+	Name      string    `json:"name"`
+	State     State     `json:"state"`
+	PID       int       `json:"pid,omitempty"`
+	Restarts  int       `json:"restarts"`
+	LastExit  string    `json:"last_exit,omitempty"`
+	Since     time.Time `json:"since"`
+	Health    *Health   `json:"health,omitempty"`
+	NextStart time.Time `json:"next_start,omitzero"`
+	// Backoff is the delay chosen before NextStart.
+	Backoff time.Duration `json:"backoff_ns,omitempty"`
+}
+
+// Runner keeps one child alive until Stop.
+type Runner struct {
+	spec Spec
+	opt  Options
+	log  *slog.Logger
+
+	mu     sync.Mutex
+	st     Status
+	ready  chan struct{} // closed on first Ready
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Start launches the child and its keep-alive loop.
+func Start(spec Spec, o Options) *Runner {
+	if o.Policy == (restart.Policy{}) {
+		o.Policy = restart.Default()
+	}
+	if o.Grace == 0 {
+		o.Grace = 10 * time.Second
+	}
+	if o.PollStarting == 0 {
+		o.PollStarting = 200 * time.Millisecond
+	}
+	if o.PollReady == 0 {
+		o.PollReady = 2 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Jitter == nil {
+		o.Jitter = rand.Float64
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Runner{spec: spec, opt: o, log: o.Logger.With("runner", spec.Name),
+		ready: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
+	r.st = Status{Name: spec.Name, State: Starting, Since: o.Now(), Restarts: o.Restarts}
+	go r.loop(ctx)
+	return r
+}
+
+// Status returns a snapshot.
+func (r *Runner) Status() Status {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.st
+	if s.Health != nil {
+		h := *s.Health
+		s.Health = &h
+	}
+	return s
+}
+
+// Spec returns the runner's command.
+func (r *Runner) Spec() Spec { return r.spec }
+
+// Ready is closed the first time the runner answers /health with 200.
+func (r *Runner) Ready() <-chan struct{} { return r.ready }
+
+// Stop stops the child (SIGTERM to its group, SIGKILL after the grace
+// period) and returns when every process of the group is gone or ctx ends.
+func (r *Runner) Stop(ctx context.Context) error {
+	r.cancel()
+	select {
+	case <-r.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("stop runner %s: %w", r.spec.Name, ctx.Err())
+	}
+}
+
+// Done is closed once the runner is stopped.
+func (r *Runner) Done() <-chan struct{} { return r.done }
+
+func (r *Runner) set(f func(*Status)) {
+	r.mu.Lock()
+	old := r.st.State
+	f(&r.st)
+	if r.st.State != old {
+		r.st.Since = r.opt.Now()
+	}
+	s := r.st
+	r.mu.Unlock()
+	if s.State == Ready {
+		select {
+		case <-r.ready:
+		default:
+			close(r.ready)
+		}
+	}
+	if r.opt.OnChange != nil {
+		r.opt.OnChange(s)
+	}
+}
+
+func (r *Runner) loop(ctx context.Context) {
+	defer close(r.done)
+	var tr restart.Tracker
+	for {
+		started := r.opt.Now()
+		err := r.runOnce(ctx)
+		if ctx.Err() != nil {
+			r.set(func(s *Status) { s.State, s.PID, s.Health = Stopped, 0, nil })
+			r.log.Info("runner stopped")
+			return
+		}
+		var d time.Duration
+		tr, d = r.opt.Policy.Exit(tr, r.opt.Now(), r.opt.Now().Sub(started), r.opt.Jitter())
+		state := Backoff
+		if tr.CrashLoop() {
+			state = CrashLoop
+		}
+		exit := describeExit(err)
+		r.log.Warn("runner exited; restarting", "exit", exit, "after", d.Round(time.Millisecond), "state", state)
+		r.set(func(s *Status) {
+			s.State, s.PID, s.Health, s.LastExit, s.NextStart, s.Backoff = state, 0, nil, exit, r.opt.Now().Add(d), d
+		})
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			r.set(func(s *Status) { s.State, s.NextStart = Stopped, time.Time{} })
+			return
+		case <-t.C:
+		}
+		r.set(func(s *Status) { s.State, s.Restarts, s.NextStart, s.Backoff = Starting, s.Restarts+1, time.Time{}, 0 })
+	}
+}
+
+func describeExit(err error) string {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return "signal " + ws.Signal().String()
+		}
+		return fmt.Sprintf("exit status %d", ee.ExitCode())
+	}
+	if err == nil {
+		return "exit status 0"
+	}
+	return err.Error()
+}
+
+// runOnce runs the child until it exits or ctx is cancelled; it returns
+// only when no process of the child's group is left.
+func (r *Runner) runOnce(ctx context.Context) error {
+	runCtx, stopHealth := context.WithCancel(ctx)
+	defer stopHealth()
+	cmd := exec.CommandContext(ctx, r.spec.Path, r.spec.Args...)
+	cmd.Env = r.spec.Env
+	cmd.SysProcAttr = sysProcAttr()
+	stdout := &lineLogger{log: r.log, stream: "stdout"}
+	stderr := &lineLogger{log: r.log, stream: "stderr"}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	var termAt time.Time // when the group got SIGTERM
+	cmd.Cancel = func() error {
+		termAt = time.Now()
+		return signalGroup(cmd.Process.Pid, syscall.SIGTERM)
+	}
+	cmd.WaitDelay = r.opt.Grace
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", r.spec.Path, err)
+	}
+	pid := cmd.Process.Pid
+	r.log.Info("runner started", "pid", pid, "args", r.spec.Args)
+	r.set(func(s *Status) { s.State, s.PID, s.Health = Starting, pid, nil })
+	go r.pollHealth(runCtx, pid)
+	err := cmd.Wait() // after Cancel, Wait SIGKILLs the leader once WaitDelay passes
+	stopHealth()
+	stdout.flush()
+	stderr.flush()
+	// The leader is gone. The rest of its group gets what is left of the
+	// grace period after its SIGTERM, then SIGKILL.
+	if groupAlive(pid) {
+		if termAt.IsZero() {
+			termAt = time.Now()
+			_ = signalGroup(pid, syscall.SIGTERM)
+		}
+		for groupAlive(pid) && time.Since(termAt) < r.opt.Grace {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if groupAlive(pid) {
+			r.log.Warn("runner's process group outlived the grace period; killing it", "pgid", pid)
+			_ = signalGroup(pid, syscall.SIGKILL)
+			for i := 0; groupAlive(pid) && i < 250; i++ {
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+	}
+	return err
+}
+
+func (r *Runner) pollHealth(ctx context.Context, pid int) {
+	if r.spec.HealthURL == "" {
+		r.set(func(s *Status) {
+			if s.PID == pid {
+				s.State = Ready
+			}
+		})
+		return
+	}
+	client := &http.Client{Timeout: 2 * time.Second}
+	wasReady := false
+	for {
+		h, code, err := getHealth(ctx, client, r.spec.HealthURL)
+		if ctx.Err() != nil {
+			return
+		}
+		r.set(func(s *Status) {
+			if s.PID != pid {
+				return
+			}
+			if err == nil {
+				s.Health = h
+			}
+			switch {
+			case code == http.StatusOK:
+				s.State = Ready
+				if !wasReady {
+					r.log.Info("runner ready", "pid", pid)
+				}
+				wasReady = true
+			case wasReady:
+				s.State = Unhealthy
+			default:
+				s.State = Starting
+			}
+		})
+		every := r.opt.PollStarting
+		if wasReady {
+			every = r.opt.PollReady
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
+	}
+}
+
+func getHealth(ctx context.Context, c *http.Client, url string) (*Health, int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	var h Health
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&h); err != nil {
+		return nil, resp.StatusCode, fmt.Errorf("decode /health: %w", err)
+	}
+	return &h, resp.StatusCode, nil
+}
+
+// lineLogger turns a child's output into one log record per line.
+type lineLogger struct {
+	log    *slog.Logger
+	stream string
+	mu     sync.Mutex
+	buf    []byte
+}
+
+func (l *lineLogger) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf = append(l.buf, p...)
+	for {
+		i := indexByte(l.buf, '\n')
+		if i < 0 {
+			break
+		}
+		l.emit(l.buf[:i])
+		l.buf = l.buf[i+1:]
+	}
+	if len(l.buf) > 64<<10 { // a runaway line: log what we have
+		l.emit(l.buf)
+		l.buf = nil
+	}
+	return len(p), nil
+}
+
+func (l *lineLogger) emit(line []byte) {
+	if n := len(line); n > 0 && line[n-1] == '\r' {
+		line = line[:n-1]
+	}
+	l.log.Info(string(line), "stream", l.stream)
+}
+
+func (l *lineLogger) flush() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.buf) > 0 {
+		l.emit(l.buf)
+		l.buf = nil
+	}
+}
+
+func indexByte(b []byte, c byte) int {
+	for i, x := range b {
+		if x == c {
+			return i
+		}
+	}
+	return -1
+}

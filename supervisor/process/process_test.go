@@ -1,0 +1,240 @@
+package process
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/exo-pd/exo-pd/supervisor/internal/fakerunner"
+	"github.com/exo-pd/exo-pd/supervisor/restart"
+)
+
+func TestMain(m *testing.M) {
+	fakerunner.MaybeRun()
+	os.Exit(m.Run())
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// fake returns a Spec that re-executes this test binary as a fake runner.
+func fake(t *testing.T, mode string, extraEnv ...string) (Spec, string) {
+	addr := freeAddr(t)
+	env := append(os.Environ(), fakerunner.EnvEnable+"=1", fakerunner.EnvMode+"="+mode)
+	env = append(env, extraEnv...)
+	return Spec{
+		Name: "m-decode", Path: os.Args[0],
+		Args:      []string{"runner", "decode", "--served-name", "m", "--listen", addr},
+		Env:       env,
+		HealthURL: "http://" + addr + "/health",
+	}, addr
+}
+
+// gone reports whether pid no longer runs (absent or a zombie).
+func gone(pid int) bool {
+	state, _, ok := procStat(pid)
+	return !ok || state == 'Z' || state == 'X'
+}
+
+// syncBuf is a goroutine-safe log sink.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuf) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+func logger() (*slog.Logger, *syncBuf) {
+	b := &syncBuf{}
+	return slog.New(slog.NewTextHandler(b, nil)), b
+}
+
+// waitFor polls cond until it holds or the test's deadline nears.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func stop(t *testing.T, r *Runner) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := r.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestReadyLogsAndStop(t *testing.T) {
+	spec, _ := fake(t, "serve")
+	log, buf := logger()
+	r := Start(spec, Options{Logger: log})
+	select {
+	case <-r.Ready():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("never ready: %+v\n%s", r.Status(), buf)
+	}
+	st := r.Status()
+	if st.State != Ready || st.PID == 0 || st.Health == nil || st.Health.Status != "ok" || st.Health.Role != "decode" {
+		t.Fatalf("status = %+v", st)
+	}
+	waitFor(t, "child output in the log", func() bool {
+		return strings.Contains(buf.String(), "msg=\"a line on stderr\" runner=m-decode stream=stderr")
+	})
+	if !strings.Contains(buf.String(), "runner=m-decode stream=stdout") {
+		t.Errorf("stdout not tagged:\n%s", buf)
+	}
+	stop(t, r)
+	if !gone(st.PID) {
+		t.Errorf("pid %d still running after Stop", st.PID)
+	}
+	if s := r.Status(); s.State != Stopped || s.PID != 0 {
+		t.Errorf("after stop: %+v", s)
+	}
+}
+
+func TestLoadingIsNotReady(t *testing.T) {
+	spec, _ := fake(t, "loading")
+	r := Start(spec, Options{})
+	defer stop(t, r)
+	waitFor(t, "health progress", func() bool { h := r.Status().Health; return h != nil && h.Progress == 0.5 })
+	if s := r.Status(); s.State != Starting {
+		t.Errorf("state = %s, want starting while loading", s.State)
+	}
+}
+
+func TestCrashIsRestartedWithBackoff(t *testing.T) {
+	for _, mode := range []string{"exit:3", "crash"} {
+		t.Run(mode, func(t *testing.T) {
+			spec, _ := fake(t, mode)
+			var mu sync.Mutex
+			var delays []time.Duration
+			var exits []string
+			p := restart.Policy{Attempts: 100, Interval: time.Minute, Initial: 20 * time.Millisecond, Max: 80 * time.Millisecond, StableAfter: time.Hour, CrashLoopDelay: time.Hour}
+			r := Start(spec, Options{Policy: p, Jitter: func() float64 { return 0.5 }, OnChange: func(s Status) {
+				if s.State == Backoff {
+					mu.Lock()
+					delays = append(delays, s.Backoff)
+					exits = append(exits, s.LastExit)
+					mu.Unlock()
+				}
+			}})
+			defer stop(t, r)
+			waitFor(t, "4 restarts", func() bool { return r.Status().Restarts >= 4 })
+			mu.Lock()
+			defer mu.Unlock()
+			want := map[string]string{"exit:3": "exit status 3", "crash": "signal killed"}[mode]
+			for i, e := range exits {
+				if e != want {
+					t.Errorf("exit %d = %q, want %q", i, e, want)
+				}
+			}
+			// Backoff doubles and is capped: 20, 40, 80, 80 ms.
+			for i, w := range []time.Duration{20, 40, 80, 80} {
+				if delays[i] != w*time.Millisecond {
+					t.Errorf("delay %d = %v, want %dms", i, delays[i], w)
+				}
+			}
+		})
+	}
+}
+
+func TestCrashLoop(t *testing.T) {
+	spec, _ := fake(t, "exit:1")
+	p := restart.Policy{Attempts: 2, Interval: time.Minute, Initial: time.Millisecond, Max: time.Millisecond, StableAfter: time.Hour, CrashLoopDelay: time.Hour}
+	r := Start(spec, Options{Policy: p})
+	defer stop(t, r)
+	waitFor(t, "crash loop", func() bool { return r.Status().State == CrashLoop })
+	if s := r.Status(); s.Restarts != 2 || s.LastExit != "exit status 1" {
+		t.Errorf("status = %+v, want 2 restarts then crash loop", s)
+	}
+}
+
+func TestSIGTERMIgnoringChildIsKilled(t *testing.T) {
+	spec, _ := fake(t, "ignore-term")
+	log, buf := logger()
+	r := Start(spec, Options{Grace: 300 * time.Millisecond, Logger: log})
+	<-r.Ready()
+	pid := r.Status().PID
+	stop(t, r)
+	if !gone(pid) {
+		t.Fatalf("SIGTERM-ignoring pid %d survived Stop", pid)
+	}
+	if !strings.Contains(buf.String(), "runner stopped") {
+		t.Errorf("log:\n%s", buf)
+	}
+}
+
+func TestGrandchildrenGoneAfterStop(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "gc.pid")
+	spec, _ := fake(t, "grandchild", fakerunner.EnvGrandchildPID+"="+pidFile)
+	log, buf := logger()
+	r := Start(spec, Options{Grace: 300 * time.Millisecond, Logger: log})
+	<-r.Ready()
+	var gc int
+	waitFor(t, "grandchild pid", func() bool {
+		b, _ := os.ReadFile(pidFile)
+		gc, _ = strconv.Atoi(string(b))
+		return gc > 0
+	})
+	if gone(gc) {
+		t.Fatalf("grandchild %d not running before Stop", gc)
+	}
+	stop(t, r)
+	if !gone(gc) {
+		t.Fatalf("grandchild %d survived Stop", gc)
+	}
+	if !strings.Contains(buf.String(), "outlived the grace period") {
+		t.Errorf("expected the group kill to be logged:\n%s", buf)
+	}
+}
+
+func TestCrashKillsOrphanedGrandchildren(t *testing.T) {
+	// The leader exits on its own while its grandchild ignores SIGTERM: the
+	// group is cleaned up before the restart.
+	pidFile := filepath.Join(t.TempDir(), "gc.pid")
+	spec, _ := fake(t, "grandchild", fakerunner.EnvGrandchildPID+"="+pidFile)
+	r := Start(spec, Options{Grace: 200 * time.Millisecond, Policy: restart.Policy{Attempts: 10, Interval: time.Minute, Initial: time.Hour, Max: time.Hour, StableAfter: time.Hour, CrashLoopDelay: time.Hour}})
+	defer stop(t, r)
+	<-r.Ready()
+	var gc int
+	waitFor(t, "grandchild pid", func() bool {
+		b, _ := os.ReadFile(pidFile)
+		gc, _ = strconv.Atoi(string(b))
+		return gc > 0
+	})
+	leader, err := os.FindProcess(r.Status().PID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader.Kill()
+	waitFor(t, "backoff", func() bool { return r.Status().State == Backoff })
+	if !gone(gc) {
+		t.Errorf("grandchild %d of crashed runner still running", gc)
+	}
+}
