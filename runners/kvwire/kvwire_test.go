@@ -446,6 +446,8 @@ func TestBusyAndFIFO(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	mu.Lock()
+	defer mu.Unlock()
 	if fmt.Sprint(order) != "[first second third]" {
 		t.Fatalf("admission order %v", order)
 	}
