@@ -1,0 +1,265 @@
+// Package chat renders a model's own Jinja chat template (HF
+// tokenizer_config.json "chat_template", chat_template.jinja, or GGUF
+// tokenizer.chat_template) into the prompt text, the way HF transformers'
+// apply_chat_template does: trim_blocks and lstrip_blocks on, bos_token /
+// eos_token / add_generation_prompt in scope, raise_exception() failing the
+// render, tojson as Python's json.dumps(ensure_ascii=False).
+//
+// It uses github.com/nikolalohinski/gonja/v2 as the Jinja engine, with a
+// private environment per template (no global state). It owns no
+// tokenization (runners/tokenizer) and no HTTP types (runners/openai).
+package chat
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/exo-pd/exo-pd/runners/engine/weights"
+	"github.com/nikolalohinski/gonja/v2/builtins"
+	"github.com/nikolalohinski/gonja/v2/config"
+	"github.com/nikolalohinski/gonja/v2/exec"
+	"github.com/nikolalohinski/gonja/v2/loaders"
+)
+
+// ErrNoTemplate is returned (wrapped) when a model has no chat template.
+var ErrNoTemplate = errors.New("chat: model has no chat template")
+
+// Message is one conversation turn.
+type Message struct{ Role, Content string }
+
+// Template is a parsed chat template. It is safe for concurrent use.
+type Template struct {
+	src      string
+	bos, eos string
+	mu       sync.Mutex // gonja's evaluator is not documented as reentrant
+	tpl      *exec.Template
+	now      func() time.Time
+}
+
+// Load reads the chat template of a model directory (tokenizer_config.json's
+// chat_template, a string or a list of named templates of which "default"
+// is used; else chat_template.jinja), a tokenizer_config.json file, or a
+// .gguf file (tokenizer.chat_template).
+func Load(path string) (*Template, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("chat: %w", err)
+	}
+	if !st.IsDir() && strings.HasSuffix(strings.ToLower(path), ".gguf") {
+		t, err := loadGGUF(path)
+		if err != nil {
+			return nil, fmt.Errorf("chat: %s: %w", path, err)
+		}
+		return t, nil
+	}
+	dir := path
+	if !st.IsDir() {
+		dir = filepath.Dir(path)
+	}
+	t, err := loadHF(dir)
+	if err != nil {
+		return nil, fmt.Errorf("chat: %s: %w", dir, err)
+	}
+	return t, nil
+}
+
+func loadHF(dir string) (*Template, error) {
+	var cfg struct {
+		ChatTemplate json.RawMessage `json:"chat_template"`
+		BOS          tokenString     `json:"bos_token"`
+		EOS          tokenString     `json:"eos_token"`
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	if err == nil {
+		if err := json.Unmarshal(b, &cfg); err != nil {
+			return nil, fmt.Errorf("parse tokenizer_config.json: %w", err)
+		}
+	}
+	src, err := pickTemplate(cfg.ChatTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer_config.json chat_template: %w", err)
+	}
+	if src == "" {
+		j, err := os.ReadFile(filepath.Join(dir, "chat_template.jinja"))
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, ErrNoTemplate
+		}
+		if err != nil {
+			return nil, err
+		}
+		src = string(j)
+	}
+	return Parse(src, string(cfg.BOS), string(cfg.EOS))
+}
+
+// pickTemplate returns the template from chat_template's string form or
+// the "default" entry (else the first) of its list form.
+func pickTemplate(raw json.RawMessage) (string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var list []struct{ Name, Template string }
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return "", errors.New("neither a string nor a list of {name, template}")
+	}
+	for _, e := range list {
+		if e.Name == "default" {
+			return e.Template, nil
+		}
+	}
+	if len(list) > 0 {
+		return list[0].Template, nil
+	}
+	return "", nil
+}
+
+// tokenString is a token given as "text" or {"content": "text", …}.
+type tokenString string
+
+func (s *tokenString) UnmarshalJSON(b []byte) error {
+	var v any
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	switch x := v.(type) {
+	case string:
+		*s = tokenString(x)
+	case map[string]any:
+		c, _ := x["content"].(string)
+		*s = tokenString(c)
+	}
+	return nil
+}
+
+func loadGGUF(path string) (*Template, error) {
+	g, err := weights.OpenGGUF(path)
+	if err != nil {
+		return nil, err
+	}
+	defer g.Close()
+	src, ok := g.String("tokenizer.chat_template")
+	if !ok || src == "" {
+		return nil, ErrNoTemplate
+	}
+	tokens, _ := g.Strings("tokenizer.ggml.tokens")
+	tok := func(key string) string {
+		if id, ok := g.Uint(key); ok && id < uint64(len(tokens)) {
+			return tokens[id]
+		}
+		return ""
+	}
+	return Parse(src, tok("tokenizer.ggml.bos_token_id"), tok("tokenizer.ggml.eos_token_id"))
+}
+
+// Parse compiles a Jinja chat template; bos and eos are the texts bound to
+// bos_token and eos_token.
+func Parse(src, bos, eos string) (*Template, error) {
+	cfg := config.New()
+	cfg.TrimBlocks = true
+	cfg.LeftStripBlocks = true
+	filters := exec.NewFilterSet(map[string]exec.FilterFunction{}).Update(builtins.Filters)
+	if err := filters.Replace("tojson", filterToJSON); err != nil {
+		return nil, fmt.Errorf("chat: %w", err)
+	}
+	env := &exec.Environment{
+		Context:           exec.EmptyContext().Update(builtins.GlobalFunctions).Update(builtins.GlobalVariables),
+		Filters:           filters,
+		Tests:             builtins.Tests,
+		ControlStructures: builtins.ControlStructures,
+		Methods:           builtins.Methods,
+	}
+	loader, err := loaders.NewMemoryLoader(map[string]string{"/chat_template": src})
+	if err != nil {
+		return nil, fmt.Errorf("chat: %w", err)
+	}
+	tpl, err := exec.NewTemplate("/chat_template", cfg, loader, env)
+	if err != nil {
+		return nil, fmt.Errorf("chat: parse template: %w", err)
+	}
+	return &Template{src: src, bos: bos, eos: eos, tpl: tpl, now: time.Now}, nil
+}
+
+// Source returns the template text.
+func (t *Template) Source() string { return t.src }
+
+// Render renders msgs; addGenerationPrompt appends the opening of the
+// assistant's turn.
+func (t *Template) Render(msgs []Message, addGenerationPrompt bool) (string, error) {
+	list := make([]any, len(msgs))
+	for i, m := range msgs {
+		list[i] = map[string]any{"role": m.Role, "content": m.Content}
+	}
+	ctx := exec.NewContext(map[string]any{
+		"messages":              list,
+		"add_generation_prompt": addGenerationPrompt,
+		"bos_token":             t.bos,
+		"eos_token":             t.eos,
+		"raise_exception": func(msg string) (string, error) {
+			return "", fmt.Errorf("template raised: %s", msg)
+		},
+		"strftime_now": func(format string) string { return strftime(t.now(), format) },
+	})
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out, err := t.tpl.ExecuteToString(ctx)
+	if err != nil {
+		return "", fmt.Errorf("chat: render: %w", err)
+	}
+	return out, nil
+}
+
+// strftime implements the directives chat templates use.
+func strftime(tm time.Time, f string) string {
+	var b strings.Builder
+	for i := 0; i < len(f); i++ {
+		if f[i] != '%' || i+1 == len(f) {
+			b.WriteByte(f[i])
+			continue
+		}
+		i++
+		switch f[i] {
+		case 'd':
+			fmt.Fprintf(&b, "%02d", tm.Day())
+		case 'm':
+			fmt.Fprintf(&b, "%02d", int(tm.Month()))
+		case 'Y':
+			fmt.Fprintf(&b, "%04d", tm.Year())
+		case 'y':
+			fmt.Fprintf(&b, "%02d", tm.Year()%100)
+		case 'b':
+			b.WriteString(tm.Month().String()[:3])
+		case 'B':
+			b.WriteString(tm.Month().String())
+		case 'a':
+			b.WriteString(tm.Weekday().String()[:3])
+		case 'A':
+			b.WriteString(tm.Weekday().String())
+		case 'H':
+			fmt.Fprintf(&b, "%02d", tm.Hour())
+		case 'M':
+			fmt.Fprintf(&b, "%02d", tm.Minute())
+		case 'S':
+			fmt.Fprintf(&b, "%02d", tm.Second())
+		case '%':
+			b.WriteByte('%')
+		default:
+			b.WriteByte('%')
+			b.WriteByte(f[i])
+		}
+	}
+	return b.String()
+}

