@@ -1,0 +1,62 @@
+// Command gen writes test models (runners/engine/testmodel).
+//
+//	go run ./runners/engine/testmodel/cmd/gen -reference DIR
+//	    writes every model of testmodel.ReferenceSet under DIR/<name>
+//	go run ./runners/engine/testmodel/cmd/gen -arch qwen3 -dtype bf16 -bits 4 -group 64 -seed 1 DIR
+//	    writes one model to DIR
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "gen:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("gen", flag.ContinueOnError)
+	ref := fs.Bool("reference", false, "write the reference set under DIR")
+	arch := fs.String("arch", "llama", "llama | qwen2 | qwen3")
+	dtype := fs.String("dtype", "f32", "f32 | bf16")
+	bits := fs.Int("bits", 0, "0 (dense), 4 or 8")
+	group := fs.Int("group", 64, "quantization group size")
+	seed := fs.Int64("seed", 7, "random seed")
+	layers := fs.Int("layers", 0, "layers (0 = default)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return fmt.Errorf("usage: gen [flags] DIR")
+	}
+	dir := fs.Arg(0)
+	if *ref {
+		for _, r := range testmodel.ReferenceSet() {
+			if err := testmodel.Write(filepath.Join(dir, r.Name), r.Spec); err != nil {
+				return fmt.Errorf("%s: %w", r.Name, err)
+			}
+			fmt.Println(filepath.Join(dir, r.Name))
+		}
+		return nil
+	}
+	dt := engine.F32
+	if *dtype == "bf16" {
+		dt = engine.BF16
+	} else if *dtype != "f32" {
+		return fmt.Errorf("unknown -dtype %q", *dtype)
+	}
+	s := testmodel.Spec{Arch: *arch, DType: dt, QuantBits: *bits, Seed: *seed, Layers: *layers}
+	if *bits != 0 {
+		s.GroupSize = *group
+	}
+	return testmodel.Write(dir, s)
+}

@@ -1,0 +1,39 @@
+package testmodel
+
+import "github.com/exo-pd/exo-pd/runners/engine"
+
+// Reference is one model of the reference-numerics set: the models that
+// scripts/reference/mlx_reference.py runs through mlx-lm and that
+// runners/engine's reference test runs through the engine.
+type Reference struct {
+	Name string // directory name, e.g. "llama-f32"
+	Spec Spec
+}
+
+// ReferenceSet returns the reference models: llama, qwen2 and qwen3 in
+// f32, bf16 and MLX 4-bit (bf16 scales, group 64), all with seed 7.
+func ReferenceSet() []Reference {
+	var out []Reference
+	for _, arch := range []string{"llama", "qwen2", "qwen3"} {
+		out = append(out,
+			Reference{arch + "-f32", Spec{Arch: arch, DType: engine.F32, Seed: 7}},
+			Reference{arch + "-bf16", Spec{Arch: arch, DType: engine.BF16, Seed: 7}},
+			Reference{arch + "-q4", Spec{Arch: arch, DType: engine.BF16, QuantBits: 4, GroupSize: 64, Seed: 7}},
+		)
+	}
+	return out
+}
+
+// ReferencePrompts are the fixed prompt token sequences of the reference
+// fixtures (ids valid for the default vocabulary of 512).
+func ReferencePrompts() [][]int32 {
+	return [][]int32{
+		{EndOfTextID(DefaultVocab)},
+		{ImStartID(DefaultVocab), 300, 301, 302, 10, 84, 104, 101, 32, 109},
+		{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20},
+		{400, 17, 400, 17, 400, 17, 256, 257, 258, 259, 260, 261},
+		{104, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 33, 32, 72, 111, 119, 32, 97, 114, 101,
+			32, 121, 111, 117, 63, 32, 73, 39, 109, 32, 102, 105, 110, 101, 44, 32, 116, 104, 97, 110,
+			107, 115, 46, 32, 501, 480, 333, 444, 255, 0, 128},
+	}
+}

@@ -1,0 +1,406 @@
+// Package testmodel writes tiny deterministic random-weight models in HF
+// safetensors form for tests: Llama (with Llama 3 RoPE scaling), Qwen2
+// (q/k/v biases) and Qwen3 (q/k RMSNorm, tied embeddings, head_dim ≠
+// hidden/heads), in f32 or bf16, dense or MLX affine-quantized (4/8-bit,
+// loadable by mlx-lm), with a real byte-level BPE tokenizer.json (merges
+// learned from an embedded text) and a ChatML chat template.
+//
+// It owns only the generation of such directories; it must not depend on
+// backends or runners. Output is byte-identical for the same Spec on every
+// platform (the random numbers use integer arithmetic and exact float64
+// sums only).
+package testmodel
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/weights"
+)
+
+// Spec describes a test model. Zero sizes take small defaults.
+type Spec struct {
+	Arch                                                                       string       // "llama" | "qwen2" | "qwen3"
+	DType                                                                      engine.DType // engine.F32 or engine.BF16 (0 → F32)
+	QuantBits, GroupSize                                                       int          // 0 = dense; 4 or 8 with group 32/64/128 (0 → 64)
+	Seed                                                                       int64
+	Layers, Hidden, Heads, KVHeads, HeadDim, Intermediate, Vocab, MaxPositions int
+}
+
+// Defaults used for zero Spec fields.
+const (
+	DefaultLayers       = 2
+	DefaultHidden       = 128
+	DefaultHeads        = 4
+	DefaultKVHeads      = 2
+	DefaultIntermediate = 256
+	DefaultVocab        = 512
+	DefaultMaxPositions = 512
+	DefaultGroupSize    = 64
+)
+
+// Added (special) tokens, appended after the BPE vocabulary in this order.
+var AddedTokens = []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
+
+// ChatTemplate is the ChatML template written to tokenizer_config.json.
+const ChatTemplate = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+
+// Normalized returns s with defaults filled in and checks it.
+func (s Spec) Normalized() (Spec, error) {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if s.DType == 0 {
+		s.DType = engine.F32
+	}
+	def(&s.Layers, DefaultLayers)
+	def(&s.Hidden, DefaultHidden)
+	def(&s.Heads, DefaultHeads)
+	def(&s.KVHeads, DefaultKVHeads)
+	if s.Arch == "qwen3" {
+		def(&s.HeadDim, 2*s.Hidden/s.Heads)
+	} else {
+		def(&s.HeadDim, s.Hidden/s.Heads)
+	}
+	def(&s.Intermediate, DefaultIntermediate)
+	def(&s.Vocab, DefaultVocab)
+	def(&s.MaxPositions, DefaultMaxPositions)
+	if s.QuantBits != 0 {
+		def(&s.GroupSize, DefaultGroupSize)
+	}
+	switch s.Arch {
+	case "llama", "qwen2", "qwen3":
+	default:
+		return s, fmt.Errorf("testmodel: unknown arch %q", s.Arch)
+	}
+	if s.DType != engine.F32 && s.DType != engine.BF16 {
+		return s, fmt.Errorf("testmodel: dtype %v (want F32 or BF16)", s.DType)
+	}
+	switch s.QuantBits {
+	case 0:
+		s.GroupSize = 0
+	case 4, 8:
+		if s.GroupSize != 32 && s.GroupSize != 64 && s.GroupSize != 128 {
+			return s, fmt.Errorf("testmodel: group size %d (want 32, 64 or 128)", s.GroupSize)
+		}
+	default:
+		return s, fmt.Errorf("testmodel: %d quantization bits (want 4 or 8)", s.QuantBits)
+	}
+	if s.Heads%s.KVHeads != 0 {
+		return s, fmt.Errorf("testmodel: %d heads not a multiple of %d kv heads", s.Heads, s.KVHeads)
+	}
+	if s.HeadDim%2 != 0 {
+		return s, fmt.Errorf("testmodel: odd head dim %d", s.HeadDim)
+	}
+	if s.Vocab < 256+len(AddedTokens) {
+		return s, fmt.Errorf("testmodel: vocab %d below %d (bytes + added tokens)", s.Vocab, 256+len(AddedTokens))
+	}
+	return s, nil
+}
+
+// Token ids of the added tokens for a vocabulary of size v.
+func EndOfTextID(v int) int32 { return int32(v - 3) }
+func ImStartID(v int) int32   { return int32(v - 2) }
+func ImEndID(v int) int32     { return int32(v - 1) }
+
+// Write writes the model directory dir (created if needed): config.json,
+// model.safetensors, tokenizer.json, tokenizer_config.json,
+// generation_config.json.
+func Write(dir string, s Spec) error {
+	s, err := s.Normalized()
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("testmodel: %w", err)
+	}
+	tok, err := TokenizerJSON(s.Vocab)
+	if err != nil {
+		return err
+	}
+	files := map[string][]byte{
+		"config.json":            configJSON(s),
+		"tokenizer.json":         tok,
+		"tokenizer_config.json":  tokenizerConfigJSON(s.Vocab),
+		"generation_config.json": generationConfigJSON(s.Vocab),
+	}
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if err := os.WriteFile(filepath.Join(dir, n), files[n], 0o644); err != nil {
+			return fmt.Errorf("testmodel: %w", err)
+		}
+	}
+	tensors, err := Tensors(s)
+	if err != nil {
+		return err
+	}
+	meta := map[string]string{"format": "pt"}
+	if s.QuantBits != 0 {
+		meta["format"] = "mlx"
+	}
+	if err := weights.WriteSafetensorsFile(filepath.Join(dir, "model.safetensors"), tensors, meta); err != nil {
+		return fmt.Errorf("testmodel: %w", err)
+	}
+	return nil
+}
+
+func (s Spec) ropeTheta() float64 {
+	switch s.Arch {
+	case "llama":
+		return 500000
+	case "qwen2":
+		return 1000000
+	}
+	return 1000000
+}
+
+func configJSON(s Spec) []byte {
+	arch := map[string]string{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[s.Arch]
+	dt := "float32"
+	if s.DType == engine.BF16 {
+		dt = "bfloat16"
+	}
+	c := map[string]any{
+		"architectures":           []string{arch},
+		"model_type":              s.Arch,
+		"hidden_size":             s.Hidden,
+		"intermediate_size":       s.Intermediate,
+		"num_hidden_layers":       s.Layers,
+		"num_attention_heads":     s.Heads,
+		"num_key_value_heads":     s.KVHeads,
+		"head_dim":                s.HeadDim,
+		"max_position_embeddings": s.MaxPositions,
+		"rms_norm_eps":            1e-5,
+		"rope_theta":              s.ropeTheta(),
+		"vocab_size":              s.Vocab,
+		"tie_word_embeddings":     s.tied(),
+		"hidden_act":              "silu",
+		"torch_dtype":             dt,
+		"bos_token_id":            EndOfTextID(s.Vocab),
+		"eos_token_id":            ImEndID(s.Vocab),
+	}
+	switch s.Arch {
+	case "llama":
+		c["attention_bias"] = false
+		c["mlp_bias"] = false
+		c["rope_scaling"] = map[string]any{
+			"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+			"original_max_position_embeddings": 64,
+		}
+	case "qwen2":
+		c["use_sliding_window"] = false
+	case "qwen3":
+		c["attention_bias"] = false
+	}
+	if s.QuantBits != 0 {
+		q := map[string]any{"group_size": s.GroupSize, "bits": s.QuantBits}
+		c["quantization"] = q
+		c["quantization_config"] = q
+	}
+	return marshal(c, true)
+}
+
+func (s Spec) tied() bool { return s.Arch == "qwen3" }
+
+func tokenizerConfigJSON(vocab int) []byte {
+	dec := map[string]any{}
+	for i, t := range AddedTokens {
+		dec[fmt.Sprint(vocab-len(AddedTokens)+i)] = map[string]any{
+			"content": t, "lstrip": false, "normalized": false, "rstrip": false, "single_word": false, "special": true,
+		}
+	}
+	c := map[string]any{
+		"add_bos_token":                false,
+		"add_eos_token":                false,
+		"added_tokens_decoder":         dec,
+		"bos_token":                    "<|endoftext|>",
+		"eos_token":                    "<|im_end|>",
+		"pad_token":                    "<|endoftext|>",
+		"unk_token":                    nil,
+		"chat_template":                ChatTemplate,
+		"clean_up_tokenization_spaces": false,
+		"model_max_length":             2048,
+		"tokenizer_class":              "GPT2Tokenizer",
+	}
+	return marshal(c, true)
+}
+
+func generationConfigJSON(vocab int) []byte {
+	c := map[string]any{
+		"bos_token_id": EndOfTextID(vocab),
+		"eos_token_id": []int32{ImEndID(vocab), EndOfTextID(vocab)},
+		"do_sample":    false,
+	}
+	return marshal(c, true)
+}
+
+// Tensors returns the model's tensors (sorted by name) as they are written
+// to model.safetensors.
+func Tensors(s Spec) ([]engine.Tensor, error) {
+	s, err := s.Normalized()
+	if err != nil {
+		return nil, err
+	}
+	var out []engine.Tensor
+	g := &gen{s: s}
+	// linear adds a (possibly quantized) weight [out, in] with std std.
+	linear := func(prefix string, outDim, inDim int, std float64) {
+		w := g.normal(prefix+".weight", outDim*inDim, std, 0)
+		if s.QuantBits != 0 && inDim%s.GroupSize == 0 {
+			out = append(out, quantize(prefix, w, outDim, inDim, s.QuantBits, s.GroupSize, s.DType)...)
+			return
+		}
+		out = append(out, floatTensor(prefix+".weight", w, s.DType, outDim, inDim))
+	}
+	vec := func(name string, n int, std, mean float64) {
+		out = append(out, floatTensor(name, g.normal(name, n, std, mean), s.DType, n))
+	}
+	h, hd := s.Hidden, s.HeadDim
+	// Embeddings with unit variance; the final RMSNorm makes the scale of
+	// the residual stream irrelevant, so lm_head's std sets the logit
+	// spread (≈ 4): sharp enough that greedy decoding is stable across
+	// engines.
+	// Tied models (qwen3) use a smaller embedding so the logits do not
+	// simply repeat the input token.
+	embStd := 1.0
+	if s.tied() {
+		embStd = 4 / math.Sqrt(float64(h))
+	}
+	linear("model.embed_tokens", s.Vocab, h, embStd)
+	if !s.tied() {
+		linear("lm_head", s.Vocab, h, 4/math.Sqrt(float64(h)))
+	}
+	vec("model.norm.weight", h, 0.1, 1)
+	for l := 0; l < s.Layers; l++ {
+		p := fmt.Sprintf("model.layers.%d.", l)
+		vec(p+"input_layernorm.weight", h, 0.1, 1)
+		vec(p+"post_attention_layernorm.weight", h, 0.1, 1)
+		in := 1 / math.Sqrt(float64(h))
+		linear(p+"self_attn.q_proj", s.Heads*hd, h, in)
+		linear(p+"self_attn.k_proj", s.KVHeads*hd, h, in)
+		linear(p+"self_attn.v_proj", s.KVHeads*hd, h, in)
+		linear(p+"self_attn.o_proj", h, s.Heads*hd, 1/math.Sqrt(float64(s.Heads*hd)))
+		if s.Arch == "qwen2" {
+			vec(p+"self_attn.q_proj.bias", s.Heads*hd, 0.2, 0)
+			vec(p+"self_attn.k_proj.bias", s.KVHeads*hd, 0.2, 0)
+			vec(p+"self_attn.v_proj.bias", s.KVHeads*hd, 0.2, 0)
+		}
+		if s.Arch == "qwen3" {
+			vec(p+"self_attn.q_norm.weight", hd, 0.1, 1)
+			vec(p+"self_attn.k_norm.weight", hd, 0.1, 1)
+		}
+		linear(p+"mlp.gate_proj", s.Intermediate, h, in)
+		linear(p+"mlp.up_proj", s.Intermediate, h, in)
+		linear(p+"mlp.down_proj", h, s.Intermediate, 1/math.Sqrt(float64(s.Intermediate)))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// floatTensor encodes float64 values as an F32 or BF16 tensor.
+func floatTensor(name string, v []float64, dt engine.DType, shape ...int) engine.Tensor {
+	data := make([]byte, len(v)*dt.Size())
+	for i, x := range v {
+		putFloat(data, i, x, dt)
+	}
+	return engine.Tensor{Name: name, DType: dt, Shape: shape, Data: data}
+}
+
+func putFloat(data []byte, i int, x float64, dt engine.DType) {
+	if dt == engine.BF16 {
+		binary.LittleEndian.PutUint16(data[2*i:], weights.F32ToBF16(float32(x)))
+		return
+	}
+	binary.LittleEndian.PutUint32(data[4*i:], math.Float32bits(float32(x)))
+}
+
+// roundTo returns x as stored in dtype dt.
+func roundTo(x float64, dt engine.DType) float64 {
+	if dt == engine.BF16 {
+		return float64(weights.BF16ToF32(weights.F32ToBF16(float32(x))))
+	}
+	return float64(float32(x))
+}
+
+// quantize applies MLX's affine quantization per group of g consecutive
+// input elements: scale = (max-min)/(2^bits-1), bias = min (both rounded
+// to dt), q = round((w-bias)/scale) clipped to [0, 2^bits-1]; q packed
+// into uint32 words little-end first. Returns prefix.weight (U32),
+// prefix.scales and prefix.biases ([out, in/g] in dt).
+func quantize(prefix string, w []float64, rows, cols, bits, g int, dt engine.DType) []engine.Tensor {
+	groups := cols / g
+	maxQ := float64(int(1)<<bits - 1)
+	perWord := 32 / bits
+	words := make([]byte, rows*cols/perWord*4)
+	scales := make([]byte, rows*groups*dt.Size())
+	biases := make([]byte, rows*groups*dt.Size())
+	for r := 0; r < rows; r++ {
+		for gi := 0; gi < groups; gi++ {
+			vals := w[r*cols+gi*g : r*cols+(gi+1)*g]
+			lo, hi := vals[0], vals[0]
+			for _, v := range vals {
+				lo, hi = math.Min(lo, v), math.Max(hi, v)
+			}
+			scale := roundTo((hi-lo)/maxQ, dt)
+			bias := roundTo(lo, dt)
+			putFloat(scales, r*groups+gi, scale, dt)
+			putFloat(biases, r*groups+gi, bias, dt)
+			for k, v := range vals {
+				q := 0.0
+				if scale != 0 {
+					q = math.Max(0, math.Min(maxQ, math.RoundToEven((v-bias)/scale)))
+				}
+				idx := r*cols + gi*g + k
+				word := idx / perWord
+				shift := uint(idx%perWord) * uint(bits)
+				old := binary.LittleEndian.Uint32(words[4*word:])
+				binary.LittleEndian.PutUint32(words[4*word:], old|uint32(q)<<shift)
+			}
+		}
+	}
+	return []engine.Tensor{
+		{Name: prefix + ".weight", DType: engine.U32, Shape: []int{rows, cols / perWord}, Data: words},
+		{Name: prefix + ".scales", DType: dt, Shape: []int{rows, groups}, Data: scales},
+		{Name: prefix + ".biases", DType: dt, Shape: []int{rows, groups}, Data: biases},
+	}
+}
+
+// gen draws deterministic pseudo-random numbers per tensor name.
+type gen struct{ s Spec }
+
+// normal returns n approximately normal values (Irwin–Hall: sum of 12
+// uniforms − 6, exact in float64 on every platform) with mean and std,
+// from a stream seeded by (Spec.Seed, name).
+func (g *gen) normal(name string, n int, std, mean float64) []float64 {
+	h := uint64(1469598103934665603)
+	for i := 0; i < len(name); i++ {
+		h ^= uint64(name[i])
+		h *= 1099511628211
+	}
+	st := h ^ uint64(g.s.Seed)*0x9e3779b97f4a7c15
+	out := make([]float64, n)
+	for i := range out {
+		sum := 0.0
+		for k := 0; k < 12; k++ {
+			st += 0x9e3779b97f4a7c15
+			z := st
+			z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+			z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+			z ^= z >> 31
+			sum += float64(z>>11) / (1 << 53)
+		}
+		out[i] = mean + std*(sum-6)
+	}
+	return out
+}
