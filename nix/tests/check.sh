@@ -27,8 +27,13 @@ while IFS= read -r -d '' f; do
 		echo "FAIL parse: $f" >&2
 		fail=1
 	fi
-done < <(git ls-files -z --cached --others --exclude-standard -- '*.nix')
+done < <(git ls-files -z --cached --others --exclude-standard -- '*.nix' 2>/dev/null ||
+	find . -name .git -prune -o -name '*.nix' -print0)
 echo "parsed $n .nix files"
+if [ "$n" -eq 0 ]; then
+	echo "FAIL: found no .nix files" >&2
+	fail=1
+fi
 
 if [ -f nix/tests/eval.sh ]; then
 	# shellcheck source=/dev/null
