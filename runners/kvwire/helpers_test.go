@@ -283,7 +283,12 @@ func (p *proxy) serve(c net.Conn) {
 	}()
 	buf := make([]byte, 256<<10)
 	var off int64
-	start := time.Now()
+	// A link of p.rate bytes/s: bytes read at t leave at
+	// max(t − 2 ms, when the previous bytes left) + n/rate. The 2 ms of
+	// credit (a switch buffer's worth) absorbs sleep overshoot on a loaded
+	// machine without letting an idle link bank more than 2 ms of burst.
+	const slack = 2 * time.Millisecond
+	var next time.Time
 	for {
 		n, err := s.Read(buf)
 		if n > 0 {
@@ -292,8 +297,11 @@ func (p *proxy) serve(c net.Conn) {
 				fwd, cut = p.mangle(off, buf[:n])
 			}
 			if p.rate > 0 {
-				due := start.Add(time.Duration(float64(off+int64(fwd)) / p.rate * float64(time.Second)))
-				if d := time.Until(due); d > 0 {
+				if now := time.Now(); now.Sub(next) > slack {
+					next = now.Add(-slack)
+				}
+				next = next.Add(time.Duration(float64(fwd) / p.rate * float64(time.Second)))
+				if d := time.Until(next); d > 0 {
 					time.Sleep(d)
 				}
 			}
