@@ -1,0 +1,165 @@
+// Package reconcile owns the set of runner processes on this host: given
+// the runners the cluster file assigns to the host, it applies the minimal
+// change (config.Diff) to the running set — starting new runners, stopping
+// removed ones, restarting changed ones and leaving the rest untouched —
+// and reports each runner's state. It builds the `exo runner …` command
+// lines from config.Runner.Args and must not import runners/.
+package reconcile
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/exo-pd/exo-pd/supervisor/config"
+	"github.com/exo-pd/exo-pd/supervisor/process"
+)
+
+// Options configure a Set.
+type Options struct {
+	// Executable runs the runners: `<Executable> runner decode …`.
+	Executable string
+	// ExtraEnv is appended to the supervisor's environment (minus the
+	// systemd variables meant for the supervisor alone).
+	ExtraEnv []string
+	// Process is the template for every runner's process options
+	// (policy, grace, logger); OnChange and Restarts are set per runner.
+	Process  process.Options
+	OnChange func(process.Status)
+}
+
+// Runner is one runner's spec and state.
+type Runner struct {
+	Spec   config.Runner
+	Status process.Status
+}
+
+// Set is the running runners of this host.
+type Set struct {
+	o        Options
+	env      []string
+	mu       sync.Mutex
+	running  map[string]*entry
+	restarts map[string]int // carried across config restarts
+}
+
+type entry struct {
+	spec config.Runner
+	proc *process.Runner
+}
+
+// New returns an empty Set.
+func New(o Options) *Set {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES":
+			continue
+		}
+		env = append(env, kv)
+	}
+	env = append(env, o.ExtraEnv...)
+	return &Set{o: o, env: env, running: map[string]*entry{}, restarts: map[string]int{}}
+}
+
+// Apply makes the running set equal want and returns what changed.
+// Runners that are stopped or restarted are fully gone before their
+// replacements start (they may reuse the same ports).
+func (s *Set) Apply(ctx context.Context, want []config.Runner) config.Changes {
+	s.mu.Lock()
+	var cur []config.Runner
+	for _, e := range s.running {
+		cur = append(cur, e.spec)
+	}
+	sort.Slice(cur, func(i, j int) bool { return cur[i].Name < cur[j].Name })
+	ch := config.Diff(cur, want)
+	var stopping []*entry
+	for _, r := range append(append([]config.Runner{}, ch.Stop...), ch.Restart...) {
+		stopping = append(stopping, s.running[r.Name])
+		delete(s.running, r.Name)
+	}
+	s.mu.Unlock()
+
+	var wg sync.WaitGroup
+	for _, e := range stopping {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := e.proc.Stop(ctx); err != nil {
+				s.logger().Error("stop runner", "runner", e.spec.Name, "err", err)
+			}
+			s.mu.Lock()
+			s.restarts[e.spec.Name] = e.proc.Status().Restarts
+			s.mu.Unlock()
+		}()
+	}
+	wg.Wait()
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range append(append([]config.Runner{}, ch.Restart...), ch.Start...) {
+		s.running[r.Name] = &entry{spec: r, proc: s.start(r)}
+	}
+	return ch
+}
+
+func (s *Set) logger() *slog.Logger {
+	if s.o.Process.Logger != nil {
+		return s.o.Process.Logger
+	}
+	return slog.Default()
+}
+
+func (s *Set) start(r config.Runner) *process.Runner {
+	po := s.o.Process
+	po.Restarts = s.restarts[r.Name]
+	po.OnChange = s.o.OnChange
+	return process.Start(process.Spec{
+		Name:      r.Name,
+		Path:      s.o.Executable,
+		Args:      r.Args(),
+		Env:       s.env,
+		HealthURL: "http://" + r.HealthAddr() + "/health",
+	}, po)
+}
+
+// Runners returns every running runner's spec and state, sorted by name.
+func (s *Set) Runners() []Runner {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Runner, 0, len(s.running))
+	for _, e := range s.running {
+		out = append(out, Runner{e.spec, e.proc.Status()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Spec.Name < out[j].Spec.Name })
+	return out
+}
+
+// WaitReady blocks until every runner now in the set has answered /health
+// once, or ctx ends (false).
+func (s *Set) WaitReady(ctx context.Context) bool {
+	s.mu.Lock()
+	var procs []*process.Runner
+	for _, e := range s.running {
+		procs = append(procs, e.proc)
+	}
+	s.mu.Unlock()
+	for _, p := range procs {
+		select {
+		case <-p.Ready():
+		case <-p.Done():
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
+}
+
+// StopAll stops every runner and waits until they are gone.
+func (s *Set) StopAll(ctx context.Context) {
+	s.Apply(ctx, nil)
+}

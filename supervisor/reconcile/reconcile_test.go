@@ -1,0 +1,125 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/exo-pd/exo-pd/supervisor/config"
+	"github.com/exo-pd/exo-pd/supervisor/internal/fakerunner"
+	"github.com/exo-pd/exo-pd/supervisor/process"
+)
+
+func TestMain(m *testing.M) {
+	fakerunner.MaybeRun()
+	os.Exit(m.Run())
+}
+
+func portBase(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func cfg(t *testing.T, base int, extra string) *config.Config {
+	t.Helper()
+	src := fmt.Sprintf(`
+[cluster]
+runner_port_base = %d
+[hosts.h]
+address = "127.0.0.1"
+backend = "cpu"
+[[models]]
+name = "m"
+source = "builtin:smollm2"
+decode = { hosts = ["h"] }
+prefill = { hosts = ["h"] }
+%s`, base, extra)
+	c, err := config.Parse("t.toml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func pids(s *Set) map[string]int {
+	out := map[string]int{}
+	for _, r := range s.Runners() {
+		out[r.Spec.Name] = r.Status.PID
+	}
+	return out
+}
+
+func TestApplyMinimalDiff(t *testing.T) {
+	base := portBase(t)
+	s := New(Options{Executable: os.Args[0], ExtraEnv: []string{fakerunner.EnvEnable + "=1"},
+		Process: process.Options{Grace: 2 * time.Second}})
+	ctx := context.Background()
+	defer s.StopAll(ctx)
+
+	ch := s.Apply(ctx, cfg(t, base, "").Runners("h"))
+	if len(ch.Start) != 2 {
+		t.Fatalf("first apply: %s", ch)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if !s.WaitReady(wctx) {
+		t.Fatalf("not ready: %+v", s.Runners())
+	}
+	before := pids(s)
+	for _, r := range s.Runners() {
+		if r.Status.State != process.Ready {
+			t.Errorf("%s is %s", r.Spec.Name, r.Status.State)
+		}
+		if !strings.Contains(r.Status.Health.Role, r.Spec.Role) {
+			t.Errorf("%s health role %q", r.Spec.Name, r.Status.Health.Role)
+		}
+	}
+
+	// A decode-only setting changes: only the decode runner restarts.
+	ch = s.Apply(ctx, cfg(t, base, "remote_prefill_min_tokens = 7").Runners("h"))
+	if ch.String() != "start [], stop [], restart [m-decode], keep [m-prefill]" {
+		t.Fatalf("second apply: %s", ch)
+	}
+	if !s.WaitReady(wctx) {
+		t.Fatal("not ready after restart")
+	}
+	after := pids(s)
+	if after["m-prefill"] != before["m-prefill"] {
+		t.Errorf("untouched prefill runner changed PID %d → %d", before["m-prefill"], after["m-prefill"])
+	}
+	if after["m-decode"] == before["m-decode"] || after["m-decode"] == 0 {
+		t.Errorf("decode runner did not restart: %d → %d", before["m-decode"], after["m-decode"])
+	}
+	if err := syscallGone(before["m-decode"]); err != nil {
+		t.Error(err)
+	}
+
+	s.StopAll(ctx)
+	if n := len(s.Runners()); n != 0 {
+		t.Errorf("%d runners left after StopAll", n)
+	}
+	for name, pid := range after {
+		if err := syscallGone(pid); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+func syscallGone(pid int) error {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil
+	}
+	if i := strings.LastIndexByte(string(b), ')'); i > 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X') {
+		return nil
+	}
+	return fmt.Errorf("pid %d still running", pid)
+}
