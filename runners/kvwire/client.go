@@ -123,6 +123,13 @@ func (c *Client) Fetch(ctx context.Context, addr string, req *Request, exp *Expe
 		return st, err
 	}
 
+	if req.Deadline > 0 {
+		// The server enforces the deadline and reports it; the client
+		// allows a second more to hear that, then gives up by itself.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, req.Deadline+time.Second)
+		defer cancel()
+	}
 	dctx, dcancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
 	conn, err := c.cfg.Dial(dctx, "tcp", addr)
 	dcancel()
@@ -392,7 +399,12 @@ func checkHeader(h *Header, req *Request, exp *Expect) error {
 // timeouts, then everything else as a closed connection. Errors that
 // already carry a sentinel pass through.
 func (c *Client) netErr(ctx context.Context, err error) error {
-	if cerr := ctx.Err(); cerr != nil {
+	cerr := ctx.Err()
+	if dl, ok := ctx.Deadline(); ok && cerr == nil && !time.Now().Before(dl) {
+		// The socket deadline (set to ctx's) fired before ctx's own timer.
+		cerr = context.DeadlineExceeded
+	}
+	if cerr != nil {
 		if errors.Is(cerr, context.DeadlineExceeded) {
 			return fmt.Errorf("%w: %w (%v)", ErrTimeout, cerr, err)
 		}

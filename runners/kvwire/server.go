@@ -180,6 +180,9 @@ func (s *Server) allowed(a net.Addr) bool {
 // handle runs one connection: handshake, request, admission, stream.
 func (s *Server) handle(ctx context.Context, conn net.Conn) {
 	defer conn.Close()
+	// Server shutdown aborts a handshake or a stalled write at once.
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
 	log := s.log.With("remote", conn.RemoteAddr().String())
 	req, br, err := s.handshake(conn)
 	if err != nil {
