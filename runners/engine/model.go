@@ -121,7 +121,7 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	m.fp = fingerprint(cfg, arch, vocab)
 
 	l := &loader{src: src, b: b, ctx: ctx, progress: opts.Progress}
-	l.total = l.sizeOf()
+	l.total = sizeOf(cfg, arch, cfg.TieEmbeddings && !l.has("lm_head.weight"))
 	D, H, Hkv, Dh, F, V := cfg.Hidden, cfg.Heads, cfg.KVHeads, cfg.HeadDim, cfg.Intermediate, cfg.Vocab
 	if m.embed, err = l.linear("model.embed_tokens", V, D, false); err != nil {
 		return nil, err
@@ -173,14 +173,30 @@ func (l *loader) has(name string) bool {
 	return l.names[name]
 }
 
-func (l *loader) sizeOf() int64 {
-	var t int64
-	for _, n := range l.src.Names() {
-		if tt, err := l.src.Tensor(n); err == nil {
-			t += int64(len(tt.Data))
+// sizeOf estimates the bytes the model's weights take once loaded, from the
+// config alone (asking the Source for every tensor twice would convert GGUF
+// tensors twice): dense weights at the config dtype's size, quantized ones
+// at bits/8 plus two 16-bit values per group. Progress reports bytes loaded
+// against this estimate; the final call reports done == total.
+func sizeOf(c *Config, a Arch, tied bool) int64 {
+	es := int64(c.DType.Size())
+	lin := func(out, in int) int64 {
+		if c.Quant.Bits == 0 {
+			return int64(out) * int64(in) * es
 		}
+		return int64(out)*int64(in)*int64(c.Quant.Bits)/8 + 2*2*int64(out)*int64(in/c.Quant.GroupSize)
 	}
-	return t
+	D, F, V := c.Hidden, c.Intermediate, c.Vocab
+	qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
+	layer := lin(qd, D) + 2*lin(kvd, D) + lin(D, qd) + 3*lin(F, D) + 2*int64(D)*es
+	if a.QKNorm {
+		layer += 2 * int64(c.HeadDim) * es
+	}
+	total := lin(V, D) + int64(D)*es + int64(c.Layers)*layer
+	if !tied {
+		total += lin(V, D)
+	}
+	return total
 }
 
 // tensor loads a tensor, checking its shape when want is given.
@@ -196,7 +212,7 @@ func (l *loader) tensor(name string, want ...int) (Array, DType, error) {
 	l.b.Keep(a)
 	l.done += int64(len(t.Data))
 	if l.progress != nil {
-		l.progress(l.done, l.total)
+		l.progress(min(l.done, l.total-1), l.total)
 	}
 	return a, t.DType, nil
 }

@@ -56,6 +56,7 @@ func (a *Array) String() string { return fmt.Sprintf("cpu.Array(%v %v)", a.dt, a
 // runners serialize work per model); its ops use up to threads goroutines.
 type Backend struct {
 	threads int
+	simd    bool // use the AVX2+FMA kernels (amd64 with both features)
 }
 
 // New returns a cpu backend using threads goroutines for the heavy ops;
@@ -66,7 +67,7 @@ func newBackend(threads int) *Backend {
 	if threads <= 0 {
 		threads = runtime.NumCPU()
 	}
-	return &Backend{threads: threads}
+	return &Backend{threads: threads, simd: hasSIMD()}
 }
 
 // Name is "cpu".

@@ -3,6 +3,7 @@ package cpu
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -133,53 +134,61 @@ func TestLinear(t *testing.T) {
 		{"q8 g32 decode", 1, 12, 64, 0, 8, 32, 0, 2},
 		{"q8 g64 prefill", 6, 5, 128, 0, 8, 64, 1, 2},
 		{"q2 g32", 3, 4, 64, 0, 2, 32, 0, 2},
+		{"f32 K not a multiple of 8", 3, 9, 44, engine.F32, 0, 0, 0, 2},
+		{"f32 K below 8", 2, 5, 6, engine.F32, 0, 0, 0, 2},
+	}
+	kernels := []bool{false}
+	if hasSIMD() {
+		kernels = append(kernels, true)
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			b := New(c.threads)
-			x := randF32(r, c.L*c.K)
-			w := randF32(r, c.N*c.K)
-			lin := &engine.Linear{Bits: c.bits, GroupSize: c.gs}
-			ref := w
-			switch {
-			case c.bits > 0:
-				q, s, bz, deq := quantize(w, c.N, c.K, c.bits, c.gs)
-				ref = deq
-				lin.W = b.FromBytes(u32Bytes(q), []int{c.N, c.K * c.bits / 32}, engine.U32)
-				sb, sv := halfBytes(s, engine.F16)
-				bb, bv := halfBytes(bz, engine.F16)
-				lin.Scales = b.FromBytes(sb, []int{c.N, c.K / c.gs}, engine.F16)
-				lin.Biases = b.FromBytes(bb, []int{c.N, c.K / c.gs}, engine.F16)
-				// Recompute the reference with the rounded scales/biases.
-				per := 32 / c.bits
-				for i := range ref {
-					qi := (q[i/per] >> (uint(i%per) * uint(c.bits))) & (1<<c.bits - 1)
-					g := (i/c.K)*(c.K/c.gs) + (i%c.K)/c.gs
-					ref[i] = sv[g]*float32(qi) + bv[g]
+		for _, simd := range kernels {
+			t.Run(fmt.Sprintf("%s/simd=%v", c.name, simd), func(t *testing.T) {
+				b := &Backend{threads: c.threads, simd: simd}
+				x := randF32(r, c.L*c.K)
+				w := randF32(r, c.N*c.K)
+				lin := &engine.Linear{Bits: c.bits, GroupSize: c.gs}
+				ref := w
+				switch {
+				case c.bits > 0:
+					q, s, bz, deq := quantize(w, c.N, c.K, c.bits, c.gs)
+					ref = deq
+					lin.W = b.FromBytes(u32Bytes(q), []int{c.N, c.K * c.bits / 32}, engine.U32)
+					sb, sv := halfBytes(s, engine.F16)
+					bb, bv := halfBytes(bz, engine.F16)
+					lin.Scales = b.FromBytes(sb, []int{c.N, c.K / c.gs}, engine.F16)
+					lin.Biases = b.FromBytes(bb, []int{c.N, c.K / c.gs}, engine.F16)
+					// Recompute the reference with the rounded scales/biases.
+					per := 32 / c.bits
+					for i := range ref {
+						qi := (q[i/per] >> (uint(i%per) * uint(c.bits))) & (1<<c.bits - 1)
+						g := (i/c.K)*(c.K/c.gs) + (i%c.K)/c.gs
+						ref[i] = sv[g]*float32(qi) + bv[g]
+					}
+				case c.dt == engine.F32:
+					lin.W = b.FromFloat32(w, c.N, c.K)
+				default:
+					wb, back := halfBytes(w, c.dt)
+					ref = back
+					lin.W = b.FromBytes(wb, []int{c.N, c.K}, c.dt)
 				}
-			case c.dt == engine.F32:
-				lin.W = b.FromFloat32(w, c.N, c.K)
-			default:
-				wb, back := halfBytes(w, c.dt)
-				ref = back
-				lin.W = b.FromBytes(wb, []int{c.N, c.K}, c.dt)
-			}
-			want := refMatmulT(x, ref, c.L, c.N, c.K)
-			if c.bias == 1 {
-				bias := randF32(r, c.N)
-				lin.Bias = b.FromFloat32(bias, c.N)
-				for i := range c.L {
-					for j := range c.N {
-						want[i*c.N+j] += bias[j]
+				want := refMatmulT(x, ref, c.L, c.N, c.K)
+				if c.bias == 1 {
+					bias := randF32(r, c.N)
+					lin.Bias = b.FromFloat32(bias, c.N)
+					for i := range c.L {
+						for j := range c.N {
+							want[i*c.N+j] += bias[j]
+						}
 					}
 				}
-			}
-			got := b.Linear(b.FromFloat32(x, c.L, c.K), lin)
-			if s := got.Shape(); s[0] != c.L || s[1] != c.N {
-				t.Fatalf("shape %v", s)
-			}
-			closeTo(t, c.name, get(t, b, got), want, 1e-4)
-		})
+				got := b.Linear(b.FromFloat32(x, c.L, c.K), lin)
+				if s := got.Shape(); s[0] != c.L || s[1] != c.N {
+					t.Fatalf("shape %v", s)
+				}
+				closeTo(t, c.name, get(t, b, got), want, 1e-4)
+			})
+		}
 	}
 }
 

@@ -190,8 +190,16 @@ func (b *Backend) Linear(x engine.Array, l *engine.Linear) engine.Array {
 
 // matmulT computes out [L, N] = x [L, K] · wᵀ on all threads.
 func (b *Backend) matmulT(out, x []float32, L int, w *weight) {
+	b.matmulTMode(out, x, L, w, w.bits == 4 && L <= quantFusedMaxRows)
+}
+
+// matmulTExpand always expands weight rows (the benchmarks' comparison).
+func (b *Backend) matmulTExpand(out, x []float32, L int, w *weight) {
+	b.matmulTMode(out, x, L, w, false)
+}
+
+func (b *Backend) matmulTMode(out, x []float32, L int, w *weight, fused bool) {
 	N, K := w.out, w.in
-	fused := w.bits == 4 && L <= quantFusedMaxRows
 	var xsums []float32
 	if fused {
 		xsums = groupSums(x, L, K, w.gs)
@@ -221,14 +229,14 @@ func (b *Backend) matmulT(out, x []float32, L int, w *weight) {
 					x0 := x[i*K : (i+1)*K : (i+1)*K]
 					x1 := x[(i+1)*K : (i+2)*K : (i+2)*K]
 					var r [8]float32
-					dot2x4(&r, x0, x1, w0, w1, w2, w3)
+					b.block2x4(&r, x0, x1, w0, w1, w2, w3)
 					copy(out[i*N+j:i*N+j+4], r[:4])
 					copy(out[(i+1)*N+j:(i+1)*N+j+4], r[4:])
 				}
 				for ; i < L; i++ {
 					xi := x[i*K : (i+1)*K : (i+1)*K]
 					var r [4]float32
-					dot1x4(&r, xi, w0, w1, w2, w3)
+					b.block1x4(&r, xi, w0, w1, w2, w3)
 					copy(out[i*N+j:i*N+j+4], r[:])
 				}
 				continue
@@ -296,6 +304,62 @@ func dot(x, y []float32) float32 {
 		s0 += x[i] * y[i]
 	}
 	return (s0 + s1) + (s2 + s3)
+}
+
+// hsum8 adds the 8 lanes of a SIMD accumulator.
+func hsum8(s []float32) float32 {
+	s = s[:8]
+	return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
+}
+
+// block2x4 is dot2x4 on the AVX2 kernel when the backend may use it.
+func (b *Backend) block2x4(r *[8]float32, x0, x1, w0, w1, w2, w3 []float32) {
+	n := len(x0)
+	if !b.simd || n < 8 {
+		dot2x4(r, x0, x1, w0, w1, w2, w3)
+		return
+	}
+	x1, w0, w1, w2, w3 = x1[:n], w0[:n], w1[:n], w2[:n], w3[:n]
+	n8 := n &^ 7
+	var acc [64]float32
+	dot2x4AVX(&x0[0], &x1[0], &w0[0], &w1[0], &w2[0], &w3[0], n8, &acc)
+	for p := range 8 {
+		r[p] = hsum8(acc[p*8:])
+	}
+	for i := n8; i < n; i++ {
+		a, c := x0[i], x1[i]
+		r[0] += a * w0[i]
+		r[1] += a * w1[i]
+		r[2] += a * w2[i]
+		r[3] += a * w3[i]
+		r[4] += c * w0[i]
+		r[5] += c * w1[i]
+		r[6] += c * w2[i]
+		r[7] += c * w3[i]
+	}
+}
+
+// block1x4 is dot1x4 on the AVX2 kernel when the backend may use it.
+func (b *Backend) block1x4(r *[4]float32, x, w0, w1, w2, w3 []float32) {
+	n := len(x)
+	if !b.simd || n < 8 {
+		dot1x4(r, x, w0, w1, w2, w3)
+		return
+	}
+	w0, w1, w2, w3 = w0[:n], w1[:n], w2[:n], w3[:n]
+	n8 := n &^ 7
+	var acc [32]float32
+	dot1x4AVX(&x[0], &w0[0], &w1[0], &w2[0], &w3[0], n8, &acc)
+	for p := range 4 {
+		r[p] = hsum8(acc[p*8:])
+	}
+	for i := n8; i < n; i++ {
+		a := x[i]
+		r[0] += a * w0[i]
+		r[1] += a * w1[i]
+		r[2] += a * w2[i]
+		r[3] += a * w3[i]
+	}
 }
 
 // dot1x4 computes r[k] = dot(x, wk) for four weight rows.

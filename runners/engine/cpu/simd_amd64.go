@@ -1,0 +1,20 @@
+//go:build amd64 && !purego
+
+package cpu
+
+import "golang.org/x/sys/cpu"
+
+// hasSIMD reports whether the AVX2+FMA kernels in simd_amd64.s can run.
+func hasSIMD() bool { return cpu.X86.HasAVX2 && cpu.X86.HasFMA }
+
+// dot2x4AVX accumulates the 2×4 block of dot products of x0, x1 with w0..w3
+// over n elements (n a multiple of 8) into acc: lane l of pair (i, k) at
+// acc[(i*4+k)*8+l].
+//
+//go:noescape
+func dot2x4AVX(x0, x1, w0, w1, w2, w3 *float32, n int, acc *[64]float32)
+
+// dot1x4AVX is dot2x4AVX for one input row: acc[k*8+l].
+//
+//go:noescape
+func dot1x4AVX(x0, w0, w1, w2, w3 *float32, n int, acc *[32]float32)

@@ -1,0 +1,13 @@
+//go:build !amd64 || purego
+
+package cpu
+
+func hasSIMD() bool { return false }
+
+func dot2x4AVX(x0, x1, w0, w1, w2, w3 *float32, n int, acc *[64]float32) {
+	panic("cpu: no SIMD kernels on this platform")
+}
+
+func dot1x4AVX(x0, w0, w1, w2, w3 *float32, n int, acc *[32]float32) {
+	panic("cpu: no SIMD kernels on this platform")
+}
