@@ -83,10 +83,22 @@ func fuzzStreamSeeds() [][]byte {
 // only with the package's sentinel errors.
 func FuzzFrameDecoder(f *testing.F) {
 	for _, s := range fuzzStreamSeeds() {
-		f.Add(s)
+		f.Add(append([]byte{0}, s...))
+		f.Add(append([]byte{1}, s...))
 	}
 	bound := largestPayload(fuzzLimits)
 	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) == 0 {
+			return
+		}
+		// The first byte's low bit asks to reseal every frame's CRC, so the
+		// fuzzer also explores the payload parsers and the ordering rules
+		// behind the digest; otherwise the bytes go in as they are.
+		if data[0]&1 == 1 {
+			data = resealFrames(bytes.Clone(data[1:]))
+		} else {
+			data = data[1:]
+		}
 		req := &Request{Tokens: tokens(8)}
 		var st Stats
 		rs := &recvState{req: req, sink: &discardSink{t: t}, lim: fuzzLimits, st: &st}
@@ -113,6 +125,20 @@ func FuzzFrameDecoder(f *testing.F) {
 			buf = fr.buf
 		}
 	})
+}
+
+// resealFrames rewrites the CRC of each whole frame in b.
+func resealFrames(b []byte) []byte {
+	for o := 0; o+frameHeaderSize <= len(b); {
+		n := int(le.Uint32(b[o+4 : o+8]))
+		if n < 0 || n > len(b)-o-frameHeaderSize {
+			break
+		}
+		end := o + frameHeaderSize + n
+		le.PutUint32(b[o+8:o+12], frameCRC(b[o:], b[o+frameHeaderSize:end]))
+		o = end
+	}
+	return b
 }
 
 // FuzzRequest: the server's request parser never panics, allocates at most
@@ -169,7 +195,11 @@ func TestWriteFuzzSeeds(t *testing.T) {
 			}
 		}
 	}
-	write("FuzzFrameDecoder", fuzzStreamSeeds())
+	var frames [][]byte
+	for _, s := range fuzzStreamSeeds() {
+		frames = append(frames, append([]byte{0}, s...), append([]byte{1}, s...))
+	}
+	write("FuzzFrameDecoder", frames)
 	var reqs [][]byte
 	for _, r := range []*Request{
 		{ID: "req-7", Model: "llama", Tokens: tokens(20), StartPos: 5, DType: DTypeF16, Deadline: 1e9},
