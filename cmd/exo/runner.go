@@ -1,6 +1,336 @@
 package main
 
-import "context"
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
 
-// cmdRunner is a placeholder until its owner lands it.
-func cmdRunner(ctx context.Context, args []string) error { return errNotYet }
+	"github.com/exo-pd/exo-pd/runners/chat"
+	"github.com/exo-pd/exo-pd/runners/decode"
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/hf"
+	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/metrics"
+	"github.com/exo-pd/exo-pd/runners/prefill"
+	"github.com/exo-pd/exo-pd/runners/tokenizer"
+)
+
+const runnerUsage = `usage:
+  exo runner decode  --model SRC --served-name NAME --listen HOST:PORT
+                     [--prefill HOST:PORT[,HOST:PORT…]] [--remote-prefill-min-tokens N]
+                     [--secret-file F] [--backend cpu|mlx|auto] [--device gpu|cpu]
+                     [--max-queue N] [--models-dir D]
+  exo runner prefill --model SRC --served-name NAME --listen HOST:PORT --metrics HOST:PORT
+                     [--secret-file F] [--backend cpu|mlx|auto] [--device gpu|cpu]
+                     [--max-queue N] [--models-dir D]
+
+The decode runner serves the OpenAI API (POST /v1/chat/completions,
+/v1/completions, /tokenize; GET /v1/models, /health, /metrics) on --listen.
+The prefill runner serves the KV wire on --listen and /health, /metrics on
+--metrics. SRC is a model directory, a .gguf file, builtin:smollm2 or a
+Hugging Face id.`
+
+// runnerFlags are the flags both roles share.
+type runnerFlags struct {
+	role, model, name, listen, secretFile, backend, device, modelsDir string
+	libPath                                                          string
+	maxQueue, threads, chunk                                         int
+	offline                                                          bool
+	// decode
+	prefill   string
+	minRemote int
+	// prefill
+	metricsAddr string
+	cacheMiB    int
+}
+
+func parseRunnerFlags(args []string) (*runnerFlags, error) {
+	if len(args) == 0 || (args[0] != "decode" && args[0] != "prefill") {
+		fmt.Fprintln(os.Stderr, runnerUsage)
+		return nil, exitError{code: 2, msg: "runner: first argument must be decode or prefill"}
+	}
+	f := &runnerFlags{role: args[0]}
+	fs := flag.NewFlagSet("exo runner "+f.role, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&f.model, "model", "", "model source")
+	fs.StringVar(&f.name, "served-name", "", "model name clients send")
+	fs.StringVar(&f.listen, "listen", "", "address to serve on")
+	fs.StringVar(&f.secretFile, "secret-file", "", "file holding the KV-wire secret")
+	fs.StringVar(&f.backend, "backend", "auto", "engine backend: cpu, mlx or auto")
+	fs.StringVar(&f.device, "device", "", "mlx device: gpu or cpu")
+	fs.StringVar(&f.libPath, "mlx-lib", "", "path of libmlxc (default: search)")
+	fs.StringVar(&f.modelsDir, "models-dir", "", "model store directory")
+	fs.BoolVar(&f.offline, "offline", false, "do not download models")
+	fs.IntVar(&f.maxQueue, "max-queue", 0, "requests that may wait (decode default 64, prefill default 8)")
+	fs.IntVar(&f.threads, "threads", 0, "cpu backend threads (0: all cores)")
+	fs.IntVar(&f.chunk, "prefill-chunk", 256, "prefill chunk in tokens")
+	if f.role == "decode" {
+		fs.StringVar(&f.prefill, "prefill", "", "prefill runners' KV-wire addresses, comma-separated")
+		fs.IntVar(&f.minRemote, "remote-prefill-min-tokens", 256, "uncached prompt tokens needed to prefill remotely")
+	} else {
+		fs.StringVar(&f.metricsAddr, "metrics", "", "HTTP address for /health and /metrics")
+		fs.IntVar(&f.cacheMiB, "prefix-cache-mib", 1024, "prefix cache size in MiB (0: off)")
+	}
+	if err := fs.Parse(args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, runnerUsage)
+		return nil, exitError{code: 2, msg: err.Error()}
+	}
+	switch {
+	case fs.NArg() != 0:
+		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: unexpected arguments %q", fs.Args())}
+	case f.model == "":
+		return nil, exitError{code: 2, msg: "runner: --model is required"}
+	case f.name == "":
+		return nil, exitError{code: 2, msg: "runner: --served-name is required"}
+	case f.listen == "":
+		return nil, exitError{code: 2, msg: "runner: --listen is required"}
+	case f.role == "prefill" && f.metricsAddr == "":
+		return nil, exitError{code: 2, msg: "runner: prefill needs --metrics HOST:PORT"}
+	}
+	return f, nil
+}
+
+// loadGate answers /health while the model loads and hands every other
+// request to the real handler once it is set.
+type loadGate struct {
+	role, name string
+	progress   atomic.Uint64 // float64 bits, 0..1
+	ready      atomic.Pointer[http.Handler]
+	load       func() (waiting, running int)
+}
+
+func (g *loadGate) setProgress(p float64) { g.progress.Store(math.Float64bits(min(max(p, 0), 1))) }
+
+func (g *loadGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := g.ready.Load()
+	if r.URL.Path == "/health" {
+		w.Header().Set("Content-Type", "application/json")
+		if h == nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_ = json.NewEncoder(w).Encode(map[string]any{"status": "loading", "role": g.role, "model": g.name,
+				"progress": math.Float64frombits(g.progress.Load())})
+			return
+		}
+		waiting, running := g.load()
+		_ = json.NewEncoder(w).Encode(map[string]any{"status": "ok", "role": g.role, "model": g.name,
+			"waiting": waiting, "running": running})
+		return
+	}
+	if h == nil {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Retry-After", "5")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, `{"error":{"message":"the model is still loading","type":"server_error","param":null,"code":"loading"}}`+"\n")
+		return
+	}
+	(*h).ServeHTTP(w, r)
+}
+
+// serveHTTP serves h on l until ctx ends, then shuts down gracefully.
+func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, log *slog.Logger) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second,
+		BaseContext: func(net.Listener) context.Context { return ctx }}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("http: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("http shutdown", "err", err)
+		_ = srv.Close()
+	}
+	return nil
+}
+
+func cmdRunner(ctx context.Context, args []string) error {
+	f, err := parseRunnerFlags(args)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("role", f.role, "model", f.name)
+	var secret []byte
+	if f.secretFile != "" {
+		b, err := os.ReadFile(f.secretFile)
+		if err != nil {
+			return fmt.Errorf("runner: secret: %w", err)
+		}
+		secret = []byte(strings.TrimSpace(string(b)))
+		if len(secret) == 0 {
+			return fmt.Errorf("runner: secret file %s is empty", f.secretFile)
+		}
+	}
+	httpAddr := f.listen
+	if f.role == "prefill" {
+		httpAddr = f.metricsAddr
+	}
+	hl, err := net.Listen("tcp", httpAddr)
+	if err != nil {
+		return fmt.Errorf("runner: listen %s: %w", httpAddr, err)
+	}
+	gate := &loadGate{role: f.role, name: f.name}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	httpDone := make(chan error, 1)
+	go func() { httpDone <- serveHTTP(ctx, hl, gate, log) }()
+	log.Info("runner starting", "http", hl.Addr().String(), "source", f.model)
+
+	m, err := loadModel(ctx, f, gate, log)
+	if err != nil {
+		cancel()
+		<-httpDone
+		return err
+	}
+	defer m.Close()
+
+	var runErr error
+	if f.role == "decode" {
+		runErr = runDecode(ctx, f, m, secret, gate, log)
+	} else {
+		runErr = runPrefill(ctx, f, m, secret, gate, log)
+	}
+	cancel()
+	if err := <-httpDone; err != nil && runErr == nil {
+		runErr = err
+	}
+	log.Info("runner stopped")
+	return runErr
+}
+
+// loadModel resolves the source (downloading if needed) and loads it,
+// reporting progress through the gate: the download is the first half.
+func loadModel(ctx context.Context, f *runnerFlags, gate *loadGate, log *slog.Logger) (*engine.Model, error) {
+	t0 := time.Now()
+	downloaded := false
+	path, err := hf.Resolve(ctx, f.model, hf.Options{StoreDir: f.modelsDir, Offline: f.offline, Logger: log,
+		Progress: func(done, total int64) {
+			downloaded = true
+			if total > 0 {
+				gate.setProgress(0.5 * float64(done) / float64(total))
+			}
+		}})
+	if err != nil {
+		return nil, fmt.Errorf("runner: model %s: %w", f.model, err)
+	}
+	base := 0.0
+	if downloaded {
+		base = 0.5
+	}
+	b, err := backend.Open(f.backend, backend.Options{LibPath: f.libPath, Device: f.device, Threads: f.threads, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("runner: %w", err)
+	}
+	lastLog := time.Now()
+	m, err := engine.Load(ctx, path, b, engine.LoadOptions{Progress: func(done, total int64) {
+		if total <= 0 {
+			return
+		}
+		gate.setProgress(base + (1-base)*float64(done)/float64(total))
+		if time.Since(lastLog) > 2*time.Second {
+			lastLog = time.Now()
+			log.Info("loading weights", "done_bytes", done, "total_bytes", total)
+		}
+	}})
+	if err != nil {
+		return nil, fmt.Errorf("runner: %w", err)
+	}
+	info := m.Info()
+	log.Info("model loaded", "path", path, "backend", b.Name(), "arch", info.Arch, "layers", info.Layers,
+		"kv_heads", info.KVHeads, "head_dim", info.HeadDim, "cache_dtype", info.CacheDType.String(),
+		"fingerprint", fingerprintShort(m.Fingerprint()), "took", time.Since(t0).Round(time.Millisecond))
+	return m, nil
+}
+
+func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, secret []byte, gate *loadGate, log *slog.Logger) error {
+	path, err := hf.Resolve(ctx, f.model, hf.Options{StoreDir: f.modelsDir, Offline: true, Logger: log})
+	if err != nil {
+		return fmt.Errorf("runner: %w", err)
+	}
+	tok, err := tokenizer.Load(path)
+	if err != nil {
+		return fmt.Errorf("runner: tokenizer: %w", err)
+	}
+	tmpl, err := chat.Load(path)
+	if err != nil {
+		log.Warn("no usable chat template: /v1/chat/completions will refuse requests", "err", err)
+		tmpl = nil
+	}
+	met := metrics.New("decode")
+	o := decode.Options{Name: f.name, Model: m, Text: decode.NewText(tok, tmpl),
+		NewSampler: decode.NewSampler, NewStopMatcher: decode.NewStopMatcher,
+		RemoteMinTokens: f.minRemote, MaxQueue: f.maxQueue, PrefillChunk: f.chunk,
+		Metrics: met, Logger: log}
+	if f.prefill != "" {
+		var eps []kvwire.Endpoint
+		for _, a := range strings.Split(f.prefill, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				eps = append(eps, kvwire.Endpoint{Addr: a})
+			}
+		}
+		o.Remote = &decode.KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{Secret: secret, Logger: log}),
+			Selector: kvwire.NewSelector(eps), Name: f.name, Model: m}
+		log.Info("remote prefill enabled", "endpoints", f.prefill, "min_tokens", f.minRemote)
+	}
+	srv := decode.New(o)
+	defer srv.Close()
+	mux := http.NewServeMux()
+	srv.Register(mux)
+	var h http.Handler = mux
+	gate.load = srv.Load
+	gate.ready.Store(&h)
+	log.Info("decode runner ready", "listen", f.listen)
+	<-ctx.Done()
+	return nil
+}
+
+func runPrefill(ctx context.Context, f *runnerFlags, m *engine.Model, secret []byte, gate *loadGate, log *slog.Logger) error {
+	met := metrics.New("prefill")
+	cacheBytes := int64(f.cacheMiB) << 20
+	if f.cacheMiB <= 0 {
+		cacheBytes = -1
+	}
+	prod := prefill.New(prefill.Options{Name: f.name, Model: m, Chunk: f.chunk, CacheBytes: cacheBytes, Metrics: met, Logger: log})
+	defer prod.Close()
+	ks, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod, Secret: secret, MaxQueue: f.maxQueue, Logger: log})
+	if err != nil {
+		return fmt.Errorf("runner: %w", err)
+	}
+	kl, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return fmt.Errorf("runner: listen %s: %w", f.listen, err)
+	}
+	load := func() (int, int) { l := ks.Load(); return l.Waiting, l.Running }
+	mux := http.NewServeMux()
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		w2, r2 := load()
+		met.Waiting.Set(float64(w2))
+		met.Running.Set(float64(r2))
+		met.Handler().ServeHTTP(w, r)
+	})
+	var h http.Handler = mux
+	gate.load = load
+	gate.ready.Store(&h)
+	log.Info("prefill runner ready", "kv_listen", kl.Addr().String(), "metrics", f.metricsAddr)
+	if err := ks.Serve(ctx, kl); err != nil && !errors.Is(err, context.Canceled) && ctx.Err() == nil {
+		return fmt.Errorf("runner: kv wire: %w", err)
+	}
+	return nil
+}
+
+
+func fingerprintShort(fp engine.Fingerprint) string { return fmt.Sprintf("%x", fp[:8]) }

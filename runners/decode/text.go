@@ -1,0 +1,75 @@
+package decode
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/exo-pd/exo-pd/runners/chat"
+	"github.com/exo-pd/exo-pd/runners/openai"
+	"github.com/exo-pd/exo-pd/runners/sample"
+	"github.com/exo-pd/exo-pd/runners/tokenizer"
+)
+
+// tokText adapts the tokenizer and chat template packages to Text.
+type tokText struct {
+	tok  *tokenizer.Tokenizer
+	tmpl *chat.Template
+}
+
+// NewText returns the Text of a model; tmpl may be nil (no chat template:
+// chat requests are refused, completions work).
+func NewText(tok *tokenizer.Tokenizer, tmpl *chat.Template) Text { return &tokText{tok: tok, tmpl: tmpl} }
+
+func (t *tokText) Render(msgs []openai.ChatMessage, agp bool) (string, error) {
+	if t.tmpl == nil {
+		return "", errors.New("this model has no chat template; use /v1/completions")
+	}
+	cm := make([]chat.Message, len(msgs))
+	for i, m := range msgs {
+		cm[i] = chat.Message{Role: m.Role, Content: m.Content}
+	}
+	return t.tmpl.Render(cm, agp)
+}
+
+func (t *tokText) Encode(s string) []int32 { return t.tok.Encode(s) }
+func (t *tokText) EOS() []int32            { return t.tok.EOS() }
+func (t *tokText) VocabSize() int          { return t.tok.VocabSize() }
+func (t *tokText) NewStream() TextStream   { return t.tok.NewStreamDecoder() }
+
+// NewSampler makes a sample.Sampler from validated request parameters.
+func NewSampler(s openai.Sampling) Sampler {
+	return sample.New(sample.Params{Temperature: s.Temperature, TopP: s.TopP, TopK: s.TopK, MinP: s.MinP,
+		RepetitionPenalty: s.RepetitionPenalty, Seed: s.Seed})
+}
+
+// NewStopMatcher makes a sample.StopMatcher.
+func NewStopMatcher(stops []string) StopMatcher { return &stopMatcher{stops: stops} }
+
+// stopMatcher is a temporary stand-in until sample.NewStopMatcher lands.
+type stopMatcher struct {
+	stops []string
+	held  string
+}
+
+func (m *stopMatcher) Push(text string) (string, bool) {
+	buf := m.held + text
+	for _, s := range m.stops {
+		if i := strings.Index(buf, s); i >= 0 {
+			m.held = ""
+			return buf[:i], true
+		}
+	}
+	keep := 0
+	for _, s := range m.stops {
+		for k := min(len(s)-1, len(buf)); k > keep; k-- {
+			if strings.HasSuffix(buf, s[:k]) {
+				keep = k
+				break
+			}
+		}
+	}
+	m.held = buf[len(buf)-keep:]
+	return buf[:len(buf)-keep], false
+}
+
+func (m *stopMatcher) Flush() string { h := m.held; m.held = ""; return h }

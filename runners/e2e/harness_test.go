@@ -1,0 +1,320 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var exoBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "exo-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	exoBin = filepath.Join(dir, "exo")
+	root, err := repoRoot()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	cmd := exec.Command("go", "build", "-o", exoBin, "./cmd/exo")
+	cmd.Dir = root
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building exo:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func repoRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	return filepath.Dir(strings.TrimSpace(string(out))), nil
+}
+
+// freeAddr returns a loopback address with a port that was free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// proc is a running exo process.
+type proc struct {
+	t      *testing.T
+	name   string
+	cmd    *exec.Cmd
+	http   string // address serving /health and /metrics
+	listen string // --listen
+	mu     sync.Mutex
+	log    bytes.Buffer
+	done   chan struct{}
+}
+
+func (p *proc) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.Write(b)
+}
+
+func (p *proc) logs() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// start runs `exo runner ROLE args…` and waits for /health to say ok.
+func start(t *testing.T, name, role string, args ...string) *proc {
+	t.Helper()
+	p := &proc{t: t, name: name, done: make(chan struct{})}
+	p.listen = freeAddr(t)
+	p.http = p.listen
+	full := []string{"runner", role, "--listen", p.listen, "--served-name", "m", "--backend", "cpu", "--offline"}
+	if role == "prefill" {
+		p.http = freeAddr(t)
+		full = append(full, "--metrics", p.http)
+	}
+	full = append(full, args...)
+	p.cmd = exec.Command(exoBin, full...)
+	p.cmd.Stdout, p.cmd.Stderr = p, p
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.stop()
+		if t.Failed() {
+			t.Logf("--- %s log:\n%s", p.name, tail(p.logs(), 4000))
+		}
+	})
+	deadline := time.Now().Add(120 * time.Second)
+	for {
+		select {
+		case <-p.done:
+			t.Fatalf("%s exited during start-up:\n%s", name, p.logs())
+		default:
+		}
+		resp, err := http.Get("http://" + p.http + "/health")
+		if err == nil {
+			var h struct{ Status string }
+			_ = json.NewDecoder(resp.Body).Decode(&h)
+			resp.Body.Close()
+			if resp.StatusCode == 200 && h.Status == "ok" {
+				return p
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not healthy after 120 s:\n%s", name, p.logs())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (p *proc) stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func (p *proc) kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}
+
+// metric returns the value of one series from /metrics (0 when absent).
+func (p *proc) metric(t *testing.T, series string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + p.http + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if rest, ok := strings.CutPrefix(line, series+" "); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			if err != nil {
+				t.Fatalf("metric %s: %v", line, err)
+			}
+			return v
+		}
+	}
+	return 0
+}
+
+func outcome(o string) string { return `exo_remote_prefill_total{outcome="` + o + `"}` }
+
+// chatResult is what a streamed chat request produced.
+type chatResult struct {
+	Status     int
+	Text       string
+	Finish     string
+	Prompt     int
+	Completion int
+	Cached     int
+	Done       bool
+	ErrorBody  string
+	Events     int
+}
+
+type msg struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// chatStream sends a streaming chat request at temperature 0.
+func chatStream(t *testing.T, addr string, msgs []msg, maxTokens int, extra map[string]any) chatResult {
+	t.Helper()
+	body := map[string]any{"model": "m", "messages": msgs, "stream": true, "temperature": 0, "max_tokens": maxTokens}
+	for k, v := range extra {
+		body[k] = v
+	}
+	b, _ := json.Marshal(body)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+addr+"/v1/chat/completions", bytes.NewReader(b))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("chat request: %v", err)
+	}
+	defer resp.Body.Close()
+	res := chatResult{Status: resp.StatusCode}
+	if resp.StatusCode != 200 {
+		eb, _ := io.ReadAll(resp.Body)
+		res.ErrorBody = string(eb)
+		return res
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	var text strings.Builder
+	for sc.Scan() {
+		line := sc.Text()
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok {
+			continue
+		}
+		res.Events++
+		if data == "[DONE]" {
+			res.Done = true
+			continue
+		}
+		var ch struct {
+			Choices []struct {
+				Delta struct {
+					Content *string `json:"content"`
+				} `json:"delta"`
+				FinishReason *string `json:"finish_reason"`
+			} `json:"choices"`
+			Usage *struct {
+				PromptTokens        int `json:"prompt_tokens"`
+				CompletionTokens    int `json:"completion_tokens"`
+				PromptTokensDetails *struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+			Error *json.RawMessage `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(data), &ch); err != nil {
+			t.Fatalf("bad SSE event %q: %v", data, err)
+		}
+		if ch.Error != nil {
+			res.ErrorBody = string(*ch.Error)
+		}
+		for _, c := range ch.Choices {
+			if c.Delta.Content != nil {
+				text.WriteString(*c.Delta.Content)
+			}
+			if c.FinishReason != nil {
+				res.Finish = *c.FinishReason
+			}
+		}
+		if ch.Usage != nil {
+			res.Prompt, res.Completion = ch.Usage.PromptTokens, ch.Usage.CompletionTokens
+			if ch.Usage.PromptTokensDetails != nil {
+				res.Cached = ch.Usage.PromptTokensDetails.CachedTokens
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatalf("reading stream: %v", err)
+	}
+	res.Text = text.String()
+	return res
+}
+
+// words makes a deterministic pseudo-text of about n words.
+func words(seed, n int) string {
+	vocab := strings.Fields("the of and to in is was for on that with as by at from his her it an were are which this be or have had not but what all when there can out who one been more if no so will about up into time only some could them other than then now its two may over new first any like our very after most where made also way well down should because each just those people how too little state good very make world still own see men work long get here between both life being under never day same another know while last might us great old year off come since against go came right used take three")
+	var b strings.Builder
+	x := uint32(seed*2654435761 + 1)
+	for i := range n {
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(vocab[x%uint32(len(vocab))])
+	}
+	return b.String()
+}
+
+var logOutcome = regexp.MustCompile(`outcome=(\S+)`)
+
+// lastOutcome returns the outcome logged for the last request.
+func (p *proc) lastOutcome() string {
+	m := logOutcome.FindAllStringSubmatch(p.logs(), -1)
+	if len(m) == 0 {
+		return ""
+	}
+	return m[len(m)-1][1]
+}
+
+func jsonNewDecoder(resp *http.Response) *json.Decoder { return json.NewDecoder(resp.Body) }

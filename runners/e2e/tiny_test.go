@@ -1,0 +1,408 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/kvwire"
+)
+
+var (
+	tinyOnce sync.Once
+	tinyDir  string
+	tinyErr  error
+)
+
+// tinyModel writes the tiny test models once: "main" and "other" (another
+// shape, for fingerprint mismatch).
+func tinyModel(t *testing.T, which string) string {
+	t.Helper()
+	tinyOnce.Do(func() {
+		tinyDir, tinyErr = os.MkdirTemp("", "exo-e2e-models-")
+		if tinyErr != nil {
+			return
+		}
+		tinyErr = testmodel.Write(filepath.Join(tinyDir, "main"), testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2, MaxPositions: 4096})
+		if tinyErr == nil {
+			tinyErr = testmodel.Write(filepath.Join(tinyDir, "other"), testmodel.Spec{Arch: "llama", Seed: 8, Layers: 3, MaxPositions: 4096})
+		}
+	})
+	if tinyErr != nil {
+		t.Fatal(tinyErr)
+	}
+	return filepath.Join(tinyDir, which)
+}
+
+func user(s string) []msg { return []msg{{Role: "user", Content: s}} }
+
+// expectSame checks that two results are complete and their texts equal.
+func expectSame(t *testing.T, what string, got, want chatResult) {
+	t.Helper()
+	for _, r := range []chatResult{got, want} {
+		if r.Status != 200 || !r.Done || r.ErrorBody != "" {
+			t.Fatalf("%s: request failed: %+v", what, r)
+		}
+	}
+	if got.Text != want.Text {
+		t.Fatalf("%s: remote-prefill text differs from local:\nremote: %q\nlocal:  %q", what, got.Text, want.Text)
+	}
+	if got.Completion != want.Completion || got.Prompt != want.Prompt {
+		t.Fatalf("%s: usage differs: remote %d+%d, local %d+%d", what, got.Prompt, got.Completion, want.Prompt, want.Completion)
+	}
+}
+
+const genTokens = 24
+
+var ignoreEOS = map[string]any{"ignore_eos": true}
+
+func TestTinyRemoteEqualsLocal(t *testing.T) {
+	dir := tinyModel(t, "main")
+	pre := start(t, "prefill", "prefill", "--model", dir, "--prefill-chunk", "128")
+	dec := start(t, "decode-remote", "decode", "--model", dir, "--prefill", pre.listen)
+	ref := start(t, "decode-local", "decode", "--model", dir)
+
+	cases := []struct {
+		name    string
+		words   int
+		minTok  int
+		maxTok  int
+		outcome string
+	}{
+		{"~50 tokens (skips remote)", 12, 30, 120, "skipped_short"},
+		{"~300 tokens", 125, 260, 420, "ok"},
+		{"~2000 tokens", 830, 1700, 2600, "ok"},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := user(words(100+i, c.words))
+			before := dec.metric(t, outcome(c.outcome))
+			got := chatStream(t, dec.listen, m, genTokens, ignoreEOS)
+			want := chatStream(t, ref.listen, m, genTokens, ignoreEOS)
+			expectSame(t, c.name, got, want)
+			if got.Prompt < c.minTok || got.Prompt > c.maxTok {
+				t.Fatalf("prompt has %d tokens, want %d..%d (adjust the word count)", got.Prompt, c.minTok, c.maxTok)
+			}
+			if after := dec.metric(t, outcome(c.outcome)); after != before+1 {
+				t.Fatalf("outcome %s counter %v → %v; last logged outcome %q", c.outcome, before, after, dec.lastOutcome())
+			}
+			if got.Completion != genTokens || got.Text == "" {
+				t.Fatalf("generated %d tokens %q", got.Completion, got.Text)
+			}
+		})
+	}
+
+	t.Run("second turn reuses cached KV on both sides", func(t *testing.T) {
+		first := user(words(7, 150))
+		r1 := chatStream(t, dec.listen, first, genTokens, ignoreEOS)
+		l1 := chatStream(t, ref.listen, first, genTokens, ignoreEOS)
+		expectSame(t, "turn 1", r1, l1)
+		second := append(first, msg{Role: "assistant", Content: r1.Text}, msg{Role: "user", Content: words(8, 120)})
+		decHit := dec.metric(t, `exo_prefix_cache_hit_tokens_total{role="decode"}`)
+		preHit := pre.metric(t, `exo_prefix_cache_hit_tokens_total{role="prefill"}`)
+		ok := dec.metric(t, outcome("ok"))
+		r2 := chatStream(t, dec.listen, second, genTokens, ignoreEOS)
+		l2 := chatStream(t, ref.listen, second, genTokens, ignoreEOS)
+		expectSame(t, "turn 2", r2, l2)
+		if r2.Cached == 0 || r2.Cached < r1.Prompt-1 {
+			t.Fatalf("turn 2 start_pos %d, want ≥ %d (turn 1's prompt)", r2.Cached, r1.Prompt-1)
+		}
+		if r2.Prompt-r2.Cached < 256 {
+			t.Fatalf("turn 2 leaves only %d uncached tokens: too few to go remote", r2.Prompt-r2.Cached)
+		}
+		if d := dec.metric(t, `exo_prefix_cache_hit_tokens_total{role="decode"}`) - decHit; d != float64(r2.Cached) {
+			t.Fatalf("decode prefix hits grew by %v, want %d", d, r2.Cached)
+		}
+		if d := pre.metric(t, `exo_prefix_cache_hit_tokens_total{role="prefill"}`) - preHit; d < float64(r1.Prompt-1) {
+			t.Fatalf("prefill prefix hits grew by %v, want ≥ %d", d, r1.Prompt-1)
+		}
+		if dec.metric(t, outcome("ok")) != ok+1 {
+			t.Fatalf("turn 2 did not prefill remotely; outcome %q", dec.lastOutcome())
+		}
+	})
+
+	t.Run("prefill-side cache serves a repeated prompt to a fresh decode cache", func(t *testing.T) {
+		p := user(words(9, 200))
+		r1 := chatStream(t, dec.listen, p, 4, ignoreEOS)
+		// A different conversation evicts nothing (pool of 4), so ask a
+		// second decode runner: its cache is cold, the prefill's is warm.
+		dec2 := start(t, "decode-remote-2", "decode", "--model", dir, "--prefill", pre.listen)
+		preHit := pre.metric(t, `exo_prefix_cache_hit_tokens_total{role="prefill"}`)
+		computed := pre.metric(t, `exo_prefill_computed_tokens_total{role="prefill"}`)
+		r2 := chatStream(t, dec2.listen, p, 4, ignoreEOS)
+		expectSame(t, "repeat", r2, r1)
+		if d := pre.metric(t, `exo_prefix_cache_hit_tokens_total{role="prefill"}`) - preHit; d != float64(r1.Prompt-1) {
+			t.Fatalf("prefill hit tokens grew by %v, want %d", d, r1.Prompt-1)
+		}
+		if d := pre.metric(t, `exo_prefill_computed_tokens_total{role="prefill"}`) - computed; d != 0 {
+			t.Fatalf("prefill recomputed %v tokens of a cached prompt", d)
+		}
+		if dec2.lastOutcome() != "ok" {
+			t.Fatalf("outcome %q", dec2.lastOutcome())
+		}
+	})
+}
+
+// blockingSink holds a prefill runner busy: it accepts the header and then
+// waits until released.
+type blockingSink struct {
+	began   chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (s *blockingSink) Begin(*kvwire.Header) error {
+	s.once.Do(func() { close(s.began) })
+	<-s.release
+	return nil
+}
+func (s *blockingSink) Chunk(int, int, int, []byte, []byte) error { return nil }
+func (s *blockingSink) State(int, int, [][]byte) error            { return nil }
+func (s *blockingSink) Done(kvwire.Totals) error                  { return nil }
+func (s *blockingSink) Rollback()                                 {}
+
+func TestTinyFaults(t *testing.T) {
+	dir := tinyModel(t, "main")
+	secret := filepath.Join(t.TempDir(), "secret")
+	wrong := filepath.Join(t.TempDir(), "wrong")
+	os.WriteFile(secret, []byte("correct horse battery staple\n"), 0o600)
+	os.WriteFile(wrong, []byte("tr0ub4dor&3\n"), 0o600)
+
+	ref := start(t, "decode-local", "decode", "--model", dir)
+	prompt := user(words(42, 400))
+	want := chatStream(t, ref.listen, prompt, genTokens, ignoreEOS)
+	if want.Status != 200 || !want.Done {
+		t.Fatalf("reference: %+v", want)
+	}
+
+	// check runs the prompt on dec and expects the reference text and
+	// exactly one more count of the outcome.
+	check := func(t *testing.T, dec *proc, wantOutcome string) {
+		t.Helper()
+		before := dec.metric(t, outcome(wantOutcome))
+		got := chatStream(t, dec.listen, prompt, genTokens, ignoreEOS)
+		expectSame(t, wantOutcome, got, want)
+		if after := dec.metric(t, outcome(wantOutcome)); after != before+1 {
+			t.Fatalf("outcome %s: %v → %v (last logged %q)", wantOutcome, before, after, dec.lastOutcome())
+		}
+	}
+
+	pre := start(t, "prefill", "prefill", "--model", dir, "--secret-file", secret, "--max-queue", "-1", "--prefix-cache-mib", "0", "--prefill-chunk", "64")
+
+	t.Run("authenticated ok", func(t *testing.T) {
+		dec := start(t, "decode-auth", "decode", "--model", dir, "--prefill", pre.listen, "--secret-file", secret)
+		check(t, dec, "ok")
+	})
+	t.Run("wrong secret", func(t *testing.T) {
+		dec := start(t, "decode-wrong", "decode", "--model", dir, "--prefill", pre.listen, "--secret-file", wrong)
+		check(t, dec, "fallback_error")
+		if !strings.Contains(dec.logs(), "authentication") {
+			t.Fatalf("no authentication error in the log")
+		}
+	})
+	t.Run("no secret against a server that requires one", func(t *testing.T) {
+		dec := start(t, "decode-nosecret", "decode", "--model", dir, "--prefill", pre.listen)
+		check(t, dec, "fallback_error")
+	})
+	t.Run("unreachable endpoint then a good one", func(t *testing.T) {
+		dead := freeAddr(t)
+		dec := start(t, "decode-failover", "decode", "--model", dir, "--prefill", dead+","+pre.listen, "--secret-file", secret)
+		check(t, dec, "ok")
+	})
+	t.Run("all endpoints unreachable", func(t *testing.T) {
+		dec := start(t, "decode-dead", "decode", "--model", dir, "--prefill", freeAddr(t), "--secret-file", secret)
+		check(t, dec, "fallback_error")
+	})
+	t.Run("byte flipped by a proxy", func(t *testing.T) {
+		px := newProxy(t, pre.listen)
+		px.flipAt = 20000 // inside the first chunk frames, past handshake and header
+		dec := start(t, "decode-flip", "decode", "--model", dir, "--prefill", px.addr(), "--secret-file", secret)
+		check(t, dec, "fallback_corrupt")
+		if px.flipped.Load() == 0 {
+			t.Fatal("the proxy flipped nothing")
+		}
+	})
+	t.Run("prefill busy", func(t *testing.T) {
+		// Occupy the single slot (queue: none) with a client that stalls.
+		sink := &blockingSink{began: make(chan struct{}), release: make(chan struct{})}
+		cl := kvwire.NewClient(kvwire.ClientConfig{Secret: []byte("correct horse battery staple")})
+		done := make(chan error, 1)
+		go func() {
+			toks := make([]int32, 64)
+			_, err := cl.Fetch(context.Background(), pre.listen, &kvwire.Request{ID: "hog", Model: "m", Tokens: toks, StartPos: 0}, nil, sink)
+			done <- err
+		}()
+		select {
+		case <-sink.began:
+		case err := <-done:
+			t.Fatalf("hog fetch ended early: %v", err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("hog fetch never began")
+		}
+		dec := start(t, "decode-busy", "decode", "--model", dir, "--prefill", pre.listen, "--secret-file", secret)
+		check(t, dec, "fallback_busy")
+		close(sink.release)
+		if err := <-done; err != nil {
+			t.Fatalf("hog fetch: %v", err)
+		}
+	})
+	t.Run("fingerprint mismatch", func(t *testing.T) {
+		other := start(t, "prefill-other", "prefill", "--model", tinyModel(t, "other"))
+		dec := start(t, "decode-mismatch", "decode", "--model", dir, "--prefill", other.listen)
+		check(t, dec, "fallback_mismatch")
+	})
+	t.Run("prefill killed mid-stream", func(t *testing.T) {
+		victim := start(t, "prefill-victim", "prefill", "--model", dir, "--prefill-chunk", "32", "--prefix-cache-mib", "0")
+		px := newProxy(t, victim.listen)
+		px.trigger = 8000
+		px.onTrig = victim.kill
+		dec := start(t, "decode-victim", "decode", "--model", dir, "--prefill", px.addr())
+		check(t, dec, "fallback_error")
+		select {
+		case <-victim.done:
+		default:
+			t.Fatal("the prefill runner was not killed")
+		}
+		// The endpoint is gone for good: the next request falls back too.
+		check(t, dec, "fallback_error")
+	})
+}
+
+func TestTinyAPI(t *testing.T) {
+	dir := tinyModel(t, "main")
+	dec := start(t, "decode", "decode", "--model", dir)
+	base := "http://" + dec.listen
+	cases := []struct {
+		name, path, body string
+		status           int
+	}{
+		{"malformed JSON", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user"`, 400},
+		{"unknown model", "/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`, 404},
+		{"missing messages", "/v1/chat/completions", `{"model":"m"}`, 400},
+		{"negative max_tokens", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":-1}`, 400},
+		{"bad temperature", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":9}`, 400},
+		{"token id outside vocabulary", "/v1/completions", `{"model":"m","prompt":[1,2,999999]}`, 400},
+		{"prompt over the context", "/v1/completions", `{"model":"m","prompt":[` + strings.Repeat("5,", 5000) + `5]}`, 400},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			resp, err := http.Post(base+c.path, "application/json", strings.NewReader(c.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var eb struct {
+				Error struct {
+					Message string `json:"message"`
+					Type    string `json:"type"`
+				} `json:"error"`
+			}
+			if err := jsonDecode(resp, &eb); err != nil {
+				t.Fatalf("body is not an OpenAI error: %v", err)
+			}
+			if resp.StatusCode != c.status || eb.Error.Message == "" || eb.Error.Type == "" {
+				t.Fatalf("status %d (want %d), error %+v", resp.StatusCode, c.status, eb.Error)
+			}
+		})
+	}
+	t.Run("models", func(t *testing.T) {
+		resp, err := http.Get(base + "/v1/models")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var ml struct {
+			Data []struct{ ID string } `json:"data"`
+		}
+		if err := jsonDecode(resp, &ml); err != nil || len(ml.Data) != 1 || ml.Data[0].ID != "m" {
+			t.Fatalf("models: %v %+v", err, ml)
+		}
+	})
+	t.Run("non-streaming completion with token ids", func(t *testing.T) {
+		resp, err := http.Post(base+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"m","prompt":[10,20,30,40],"max_tokens":5,"temperature":0,"ignore_eos":true}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var cr struct {
+			Choices []struct {
+				Text         string `json:"text"`
+				FinishReason string `json:"finish_reason"`
+			} `json:"choices"`
+			Usage struct {
+				PromptTokens, CompletionTokens int
+			} `json:"usage"`
+		}
+		if err := jsonDecode(resp, &cr); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%d %v", resp.StatusCode, err)
+		}
+		if len(cr.Choices) != 1 || cr.Choices[0].FinishReason != "length" {
+			t.Fatalf("%+v", cr)
+		}
+	})
+	t.Run("32 concurrent streaming clients", func(t *testing.T) {
+		var wg sync.WaitGroup
+		errs := make(chan error, 32)
+		for i := range 32 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := chatStream(t, dec.listen, user(words(1000+i, 8)), 8, nil)
+				if r.Status != 200 || !r.Done || r.ErrorBody != "" || r.Completion == 0 && r.Finish != "stop" {
+					errs <- fmt.Errorf("client %d: %+v", i, r)
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		if v := dec.metric(t, `exo_requests_total{code="200",model="m"}`); v < 32 {
+			t.Fatalf("exo_requests_total{code=200} = %v", v)
+		}
+	})
+	t.Run("client disconnect cancels generation", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/chat/completions",
+			strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"go on"}],"stream":true,"max_tokens":3000,"ignore_eos":true}`))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 512)
+		if _, err := resp.Body.Read(buf); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		resp.Body.Close()
+		deadline := time.Now().Add(30 * time.Second)
+		for dec.metric(t, `exo_requests_total{code="499",model="m"}`) < 1 {
+			if time.Now().After(deadline) {
+				t.Fatal("the cancelled request was never counted as 499")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		// The runner is free again: a new request completes.
+		r := chatStream(t, dec.listen, user("hello"), 4, nil)
+		if r.Status != 200 || !r.Done {
+			t.Fatalf("after cancel: %+v", r)
+		}
+	})
+}
+
+func jsonDecode(resp *http.Response, v any) error {
+	if resp.Header.Get("Content-Type") != "application/json" {
+		return errors.New("content-type " + resp.Header.Get("Content-Type"))
+	}
+	return jsonNewDecoder(resp).Decode(v)
+}

@@ -1,0 +1,183 @@
+// Package prefill owns the prefill runner's KV producer: for each KV-wire
+// request (runners/kvwire) it finds the longest cached prefix of the prompt
+// in a memory-bounded LRU keyed by token-block hashes, ships the cached KV
+// the decode side lacks, computes the rest with engine.Model.Prefill in
+// chunks and emits each chunk's KV for every layer as soon as it is
+// evaluated (the kvwire send queue puts chunk i on the wire while chunk i+1
+// computes), converting to the wire dtype the decode side asked for. It
+// ships positions [start_pos, N-1): the decode side computes the last
+// prompt token itself. It must not import supervisor/ or runners/decode.
+package prefill
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/kvconv"
+	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/metrics"
+)
+
+// Model is what the prefill runner needs of *engine.Model.
+type Model interface {
+	Info() engine.ModelInfo
+	Fingerprint() engine.Fingerprint
+	NewCache() engine.KVCache
+	Prefill(ctx context.Context, c engine.KVCache, tokens []int32, chunk int, onChunk func(start, n int) error) error
+}
+
+// Options configures a Producer.
+type Options struct {
+	Name  string // served model name; requests for another name are a mismatch
+	Model Model
+	// Chunk is the prefill chunk in tokens (default 256).
+	Chunk int
+	// CacheBytes bounds the prefix cache (default 1 GiB; <0: no cache).
+	CacheBytes int64
+	// CacheBlock is the prefix-cache block in tokens (default 64).
+	CacheBlock int
+	Metrics    *metrics.Runner
+	Logger     *slog.Logger
+}
+
+// Producer implements kvwire.Producer over a model.
+type Producer struct {
+	o     Options
+	info  engine.ModelInfo
+	fp    kvwire.Fingerprint
+	cache *prefixCache
+	m     *metrics.Runner
+	log   *slog.Logger
+}
+
+// New makes a Producer.
+func New(o Options) *Producer {
+	if o.Chunk <= 0 {
+		o.Chunk = 256
+	}
+	if o.CacheBytes == 0 {
+		o.CacheBytes = 1 << 30
+	}
+	if o.Metrics == nil {
+		o.Metrics = metrics.New("prefill")
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	info := o.Model.Info()
+	bpt := int64(2 * info.Layers * info.KVHeads * info.HeadDim * info.CacheDType.Size())
+	p := &Producer{o: o, info: info, fp: kvwire.Fingerprint(o.Model.Fingerprint()), m: o.Metrics, log: o.Logger}
+	p.cache = newPrefixCache(o.CacheBlock, max(o.CacheBytes, 0), bpt)
+	return p
+}
+
+// Close frees the prefix cache.
+func (p *Producer) Close() { p.cache.close() }
+
+// CacheStats reports the prefix cache's entries and bytes.
+func (p *Producer) CacheStats() (entries int, bytes int64) { return p.cache.stats() }
+
+// Produce implements kvwire.Producer.
+func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.Emitter) (err error) {
+	t0 := time.Now()
+	if req.Model != p.o.Name {
+		return fmt.Errorf("%w: this prefill runner serves %q, not %q", kvwire.ErrMismatch, p.o.Name, req.Model)
+	}
+	if req.Fingerprint != (kvwire.Fingerprint{}) && req.Fingerprint != p.fp {
+		return fmt.Errorf("%w: KV fingerprint differs from this runner's model", kvwire.ErrMismatch)
+	}
+	n := len(req.Tokens)
+	for i, t := range req.Tokens {
+		if int(t) >= p.info.Vocab {
+			return fmt.Errorf("%w: token %d at %d outside the vocabulary of %d", kvwire.ErrBadRequest, t, i, p.info.Vocab)
+		}
+	}
+	if p.info.MaxPositions > 0 && n > p.info.MaxPositions {
+		return fmt.Errorf("%w: %d tokens exceed the model's %d positions", kvwire.ErrBadRequest, n, p.info.MaxPositions)
+	}
+	cdt := p.info.CacheDType
+	wire := req.DType
+	if wire == 0 {
+		wire = kvconv.Wire(cdt)
+	}
+	wdt := kvconv.Engine(wire)
+	if wdt == 0 {
+		return fmt.Errorf("%w: wire dtype %v", kvwire.ErrMismatch, wire)
+	}
+	start, end := req.StartPos, n-1
+	kinds := make([]kvwire.LayerKind, p.info.Layers)
+	if err := e.Header(kvwire.Header{Fingerprint: p.fp, DType: wire, KVHeads: p.info.KVHeads, HeadDim: p.info.HeadDim,
+		Kinds: kinds, TokenStart: start, TokenEnd: end}); err != nil {
+		return err
+	}
+	if start >= end {
+		return nil
+	}
+
+	cache, cached, err := p.cache.acquire(req.Tokens, end, p.o.Model.NewCache)
+	if err != nil {
+		return fmt.Errorf("%w: %v", kvwire.ErrRemoteInternal, err)
+	}
+	defer func() {
+		// Keep whatever was computed, even after a failure mid-way.
+		if l := cache.Len(); l > 0 {
+			p.cache.release(append([]int32(nil), req.Tokens[:l]...), cache)
+		} else {
+			cache.Free()
+		}
+	}()
+	if cached > 0 {
+		p.m.PrefixHit.WithLabelValues("prefill").Add(float64(cached))
+	}
+	var sent int64
+	ship := func(from, to int) error {
+		for s := from; s < to; s += p.o.Chunk {
+			cnt := min(p.o.Chunk, to-s)
+			for l := range p.info.Layers {
+				k, v, err := cache.Export(l, s, cnt)
+				if err != nil {
+					return fmt.Errorf("%w: export layer %d: %v", kvwire.ErrRemoteInternal, l, err)
+				}
+				if k, err = kvconv.Convert(k, cdt, wdt); err != nil {
+					return err
+				}
+				if v, err = kvconv.Convert(v, cdt, wdt); err != nil {
+					return err
+				}
+				if err := e.Chunk(l, s, cnt, k, v); err != nil {
+					return err
+				}
+				sent += int64(len(k) + len(v))
+			}
+		}
+		return nil
+	}
+	// The cached KV the decode side lacks goes first.
+	if start < cached {
+		if err := ship(start, cached); err != nil {
+			return err
+		}
+	}
+	if cached < end {
+		err := p.o.Model.Prefill(ctx, cache, req.Tokens[cached:end], p.o.Chunk, func(cs, cn int) error {
+			from, to := max(cs, start), cs+cn
+			if from >= to {
+				return nil
+			}
+			return ship(from, to)
+		})
+		if err != nil {
+			return fmt.Errorf("prefill [%d,%d): %w", cached, end, err)
+		}
+		p.m.PrefillTokens.WithLabelValues("prefill").Add(float64(end - cached))
+	}
+	d := time.Since(t0)
+	p.m.KVBytes.WithLabelValues("prefill").Add(float64(sent))
+	p.m.KVDuration.WithLabelValues("prefill").Observe(d.Seconds())
+	p.log.Info("prefill served", "req", req.ID, "tokens", n, "start_pos", start, "cached", cached,
+		"computed", max(end-cached, 0), "bytes", sent, "wire_dtype", wire.String(), "duration", d)
+	return nil
+}
