@@ -45,9 +45,9 @@ Hugging Face id.`
 // runnerFlags are the flags both roles share.
 type runnerFlags struct {
 	role, model, name, listen, secretFile, backend, device, modelsDir string
-	libPath                                                          string
-	maxQueue, threads, chunk                                         int
-	offline                                                          bool
+	libPath                                                           string
+	maxQueue, threads, chunk                                          int
+	offline                                                           bool
 	// decode
 	prefill   string
 	minRemote int
@@ -331,6 +331,5 @@ func runPrefill(ctx context.Context, f *runnerFlags, m *engine.Model, secret []b
 	}
 	return nil
 }
-
 
 func fingerprintShort(fp engine.Fingerprint) string { return fmt.Sprintf("%x", fp[:8]) }

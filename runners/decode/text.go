@@ -18,7 +18,9 @@ type tokText struct {
 
 // NewText returns the Text of a model; tmpl may be nil (no chat template:
 // chat requests are refused, completions work).
-func NewText(tok *tokenizer.Tokenizer, tmpl *chat.Template) Text { return &tokText{tok: tok, tmpl: tmpl} }
+func NewText(tok *tokenizer.Tokenizer, tmpl *chat.Template) Text {
+	return &tokText{tok: tok, tmpl: tmpl}
+}
 
 func (t *tokText) Render(msgs []openai.ChatMessage, agp bool) (string, error) {
 	if t.tmpl == nil {
