@@ -1,0 +1,898 @@
+//go:build cgo && (linux || darwin)
+
+package mlx
+
+/*
+#include <stdlib.h>
+#include "capi.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"slices"
+	"sync"
+	"unsafe"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+)
+
+// array is the backend's engine.Array: one mlx_array handle plus its shape
+// and dtype, read once when the op made it (shapes are known before
+// evaluation).
+type array struct {
+	h     C.xmx_array
+	shape []int
+	dt    engine.DType
+	mdt   C.int
+	kept  bool // pinned: Free() sweeps leave it alone
+	freed bool // handle released; any further use panics
+	owner *backend
+}
+
+func (a *array) Shape() []int        { return slices.Clone(a.shape) }
+func (a *array) DType() engine.DType { return a.dt }
+func (a *array) String() string      { return fmt.Sprintf("mlx.array(%v %v)", a.dt, a.shape) }
+
+// backend implements engine.Backend on one MLX device. Every method runs its
+// work on the backend's own goroutine, locked to one OS thread for its whole
+// life (MLX streams belong to threads); callers are serialized by mu.
+type backend struct {
+	name   string
+	dev    C.xmx_device
+	stream C.xmx_stream
+	log    *slog.Logger
+
+	mu     sync.Mutex
+	work   chan func()
+	done   chan any
+	closed bool
+
+	// Owned by the MLX thread.
+	temps  []*array          // made since the last Free() sweep
+	qmmErr error             // why quantized_matmul cannot run here (nil: it can)
+	deq    map[*array]*array // dequantized copies of quantized weights when qmmErr != nil
+	freqs  map[engine.RoPE]ropeFreqs
+}
+
+// ropeFreqs caches a scaled RoPE's periods (kept) and attention factor.
+type ropeFreqs struct {
+	periods *array
+	attn    float32
+}
+
+// New loads mlx-c and returns a Backend on the requested device, or an error
+// wrapping ErrUnavailable (no library) or ErrDevice (no such device).
+func New(opts Options) (engine.Backend, error) {
+	b, err := newBackend(opts)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+func newBackend(opts Options) (*backend, error) {
+	path, version, err := loadLibrary(opts)
+	if err != nil {
+		return nil, err
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	b := &backend{
+		log:   log,
+		work:  make(chan func()),
+		done:  make(chan any),
+		deq:   map[*array]*array{},
+		freqs: map[engine.RoPE]ropeFreqs{},
+	}
+	go b.loop()
+	var initErr error
+	b.do(func() { initErr = b.init(opts.Device) })
+	if initErr != nil {
+		b.stop()
+		return nil, initErr
+	}
+	attrs := []any{"lib", path, "version", version, "device", b.name}
+	if b.qmmErr != nil {
+		log.Warn("mlx: quantized matmul unavailable on this device; quantized weights are dequantized once at first use",
+			append(attrs, "reason", b.qmmErr.Error())...)
+	} else {
+		log.Debug("mlx: backend ready", attrs...)
+	}
+	return b, nil
+}
+
+// loop is the MLX thread. It never unlocks the OS thread, so when it returns
+// (Close) the thread, and whatever MLX kept per thread, goes with it.
+func (b *backend) loop() {
+	runtime.LockOSThread()
+	for f := range b.work {
+		b.done <- run(f)
+	}
+}
+
+func run(f func()) (p any) {
+	defer func() { p = recover() }()
+	f()
+	return nil
+}
+
+// do runs f on the MLX thread and re-raises its panic in the caller.
+func (b *backend) do(f func()) {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		panic(fmt.Errorf("%w: mlx backend is closed", engine.ErrBackend))
+	}
+	b.work <- f
+	p := <-b.done
+	b.mu.Unlock()
+	if p != nil {
+		panic(p)
+	}
+}
+
+// doErr runs f on the MLX thread and returns its error or its panic as an
+// error.
+func (b *backend) doErr(f func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = panicError(r)
+		}
+	}()
+	b.do(func() { err = f() })
+	return err
+}
+
+func panicError(r any) error {
+	if e, ok := r.(error); ok {
+		return e
+	}
+	return fmt.Errorf("mlx: %v", r)
+}
+
+func (b *backend) stop() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.closed {
+		b.closed = true
+		close(b.work)
+	}
+}
+
+// init picks the device and its default stream, and checks whether
+// quantized matmul runs on it.
+func (b *backend) init(device string) error {
+	var gpu C.xmx_device
+	if C.xmx_device_new(&gpu, 1) != 0 {
+		return fmt.Errorf("%w: mlx: make gpu device: %s", ErrDevice, lastError())
+	}
+	var avail C.bool
+	if C.xmx_device_available(&avail, gpu) != 0 {
+		avail = false
+	}
+	useGPU := false
+	switch device {
+	case "", "auto":
+		useGPU = bool(avail)
+	case "gpu":
+		if !avail {
+			C.xmx_device_free(gpu)
+			return fmt.Errorf("%w: MLX reports no GPU on this machine (this libmlx has neither Metal nor CUDA, or no device is present); use --device cpu", ErrDevice)
+		}
+		useGPU = true
+	case "cpu":
+	default:
+		C.xmx_device_free(gpu)
+		return fmt.Errorf("%w: unknown device %q (want gpu or cpu)", ErrDevice, device)
+	}
+	if useGPU {
+		b.dev = gpu
+		b.name = "mlx-gpu"
+	} else {
+		C.xmx_device_free(gpu)
+		if C.xmx_device_new(&b.dev, 0) != 0 {
+			return fmt.Errorf("%w: mlx: make cpu device: %s", ErrDevice, lastError())
+		}
+		b.name = "mlx-cpu"
+	}
+	if C.xmx_default_stream(&b.stream, b.dev) != 0 {
+		return fmt.Errorf("%w: mlx: default stream of %s: %s", ErrDevice, b.name, lastError())
+	}
+	b.qmmErr = b.probeQuantizedMatmul()
+	return nil
+}
+
+// probeQuantizedMatmul runs a tiny 4-bit quantized matmul and reports why
+// it failed, if it did (exo found it missing on MLX CUDA).
+func (b *backend) probeQuantizedMatmul() (err error) {
+	if C.xmx_has_qmm() == 0 {
+		return errors.New("libmlxc has no mlx_quantized_matmul")
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = panicError(r)
+		}
+		b.sweep()
+	}()
+	const in, out, group, bits = 64, 8, 32, 4
+	x := b.fromBytes(make([]byte, in*4), []int{1, in}, engine.F32)
+	w := b.fromBytes(make([]byte, out*in*bits/8), []int{out, in * bits / 32}, engine.U32)
+	s := b.fromBytes(make([]byte, out*in/group*4), []int{out, in / group}, engine.F32)
+	y := b.mk("quantized_matmul", func(r *C.xmx_array) C.int {
+		return C.xmx_qmm(r, x.h, w.h, s.h, s.h, group, bits, b.stream)
+	})
+	return b.eval(y)
+}
+
+func lastError() string { return C.GoString(C.xmx_last_error()) }
+
+// mlxErr is the error for a failed mlx-c call.
+func mlxErr(op string) error {
+	return fmt.Errorf("%w: mlx %s: %s", engine.ErrBackend, op, lastError())
+}
+
+// mk runs one mlx-c op writing a new handle and tracks the result as a
+// temporary. On failure it panics with an error wrapping engine.ErrBackend.
+func (b *backend) mk(op string, f func(res *C.xmx_array) C.int) *array {
+	var res C.xmx_array
+	if f(&res) != 0 {
+		if res.ctx != nil {
+			C.xmx_array_free(res)
+		}
+		panic(mlxErr(op))
+	}
+	return b.track(res)
+}
+
+func (b *backend) track(h C.xmx_array) *array {
+	n := int(C.xmx_ndim(h))
+	shape := make([]int, n)
+	if n > 0 {
+		for i, d := range unsafe.Slice(C.xmx_shape(h), n) {
+			shape[i] = int(d)
+		}
+	}
+	a := &array{h: h, shape: shape, mdt: C.xmx_dtype(h), owner: b}
+	a.dt = fromMLX(a.mdt)
+	b.temps = append(b.temps, a)
+	return a
+}
+
+// release frees one array's handle now (MLX keeps the buffer while lazy
+// graphs still refer to it).
+func (b *backend) release(a *array) {
+	if a == nil || a.freed {
+		return
+	}
+	a.freed = true
+	C.xmx_array_free(a.h)
+	if d, ok := b.deq[a]; ok {
+		delete(b.deq, a)
+		b.release(d)
+	}
+}
+
+// sweep frees every temporary that is not kept.
+func (b *backend) sweep() {
+	for i, a := range b.temps {
+		if !a.kept {
+			b.release(a)
+		}
+		b.temps[i] = nil
+	}
+	b.temps = b.temps[:0]
+}
+
+// arr checks that x is a live array of this backend.
+func (b *backend) arr(x engine.Array) *array {
+	a, ok := x.(*array)
+	switch {
+	case !ok || a == nil:
+		panic(fmt.Sprintf("mlx: array %T from another backend", x))
+	case a.owner != b:
+		panic("mlx: array belongs to another mlx backend")
+	case a.freed:
+		panic(fmt.Sprintf("mlx: use of freed array %v %v", a.dt, a.shape))
+	}
+	return a
+}
+
+func toMLX(dt engine.DType) C.int {
+	switch dt {
+	case engine.F32:
+		return C.XMX_FLOAT32
+	case engine.F16:
+		return C.XMX_FLOAT16
+	case engine.BF16:
+		return C.XMX_BFLOAT16
+	case engine.I32:
+		return C.XMX_INT32
+	case engine.U32:
+		return C.XMX_UINT32
+	case engine.U8:
+		return C.XMX_UINT8
+	}
+	panic(fmt.Sprintf("mlx: unsupported dtype %v", dt))
+}
+
+// fromMLX maps an MLX dtype to ours; 0 for dtypes only used internally.
+func fromMLX(d C.int) engine.DType {
+	switch d {
+	case C.XMX_FLOAT32:
+		return engine.F32
+	case C.XMX_FLOAT16:
+		return engine.F16
+	case C.XMX_BFLOAT16:
+		return engine.BF16
+	case C.XMX_INT32:
+		return engine.I32
+	case C.XMX_UINT32:
+		return engine.U32
+	case C.XMX_UINT8:
+		return engine.U8
+	}
+	return 0
+}
+
+func cInts(v []int) []C.int {
+	out := make([]C.int, len(v))
+	for i, x := range v {
+		out[i] = C.int(x)
+	}
+	return out
+}
+
+func intsPtr(v []C.int) *C.int {
+	if len(v) == 0 {
+		return nil
+	}
+	return &v[0]
+}
+
+func numel(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	return n
+}
+
+// ---- engine.Backend ----
+
+func (b *backend) Name() string { return b.name }
+
+// Close stops the MLX thread after releasing every array this backend still
+// tracks. Arrays and caches must not be used afterwards.
+func (b *backend) Close() error {
+	err := b.doErr(func() error {
+		b.sweep()
+		for _, f := range b.freqs {
+			b.release(f.periods)
+		}
+		clear(b.freqs)
+		C.xmx_stream_free(b.stream)
+		C.xmx_device_free(b.dev)
+		return nil
+	})
+	b.stop()
+	return err
+}
+
+func (b *backend) fromBytes(data []byte, shape []int, dt engine.DType) *array {
+	for _, d := range shape {
+		if d < 0 {
+			panic(fmt.Sprintf("mlx: FromBytes: negative dimension in %v", shape))
+		}
+	}
+	n := numel(shape)
+	if len(data) != n*dt.Size() {
+		panic(fmt.Sprintf("mlx: FromBytes: %d bytes for %v %v (want %d)", len(data), dt, shape, n*dt.Size()))
+	}
+	cs := cInts(shape)
+	if n == 0 {
+		return b.mk("zeros", func(r *C.xmx_array) C.int {
+			return C.xmx_zeros(r, intsPtr(cs), C.size_t(len(cs)), toMLX(dt), b.stream)
+		})
+	}
+	return b.mk("array_new_data", func(r *C.xmx_array) C.int {
+		return C.xmx_array_from(r, unsafe.Pointer(&data[0]), intsPtr(cs), C.int(len(cs)), toMLX(dt))
+	})
+}
+
+func (b *backend) FromBytes(data []byte, shape []int, dt engine.DType) engine.Array {
+	var r *array
+	b.do(func() { r = b.fromBytes(data, shape, dt) })
+	return r
+}
+
+func (b *backend) FromFloat32(data []float32, shape ...int) engine.Array {
+	return b.FromBytes(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(data))), 4*len(data)), shape, engine.F32)
+}
+
+func (b *backend) FromInt32(data []int32, shape ...int) engine.Array {
+	return b.FromBytes(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(data))), 4*len(data)), shape, engine.I32)
+}
+
+// hostBytes evaluates a as a row-major array and copies its bytes out.
+// F16/BF16 are read through a uint16 view: mlx-c has no half-precision
+// accessors on x86, and the raw 16-bit words are what we want anyway.
+func (b *backend) hostBytes(a *array) ([]byte, error) {
+	if a.dt == 0 {
+		return nil, fmt.Errorf("mlx: Bytes of an array with internal dtype %d", int(a.mdt))
+	}
+	size := numel(a.shape) * a.dt.Size()
+	if size == 0 {
+		return []byte{}, nil
+	}
+	c := b.mk("contiguous", func(r *C.xmx_array) C.int { return C.xmx_contiguous(r, a.h, b.stream) })
+	defer b.release(c)
+	if a.dt == engine.F16 || a.dt == engine.BF16 {
+		v := b.mk("view", func(r *C.xmx_array) C.int { return C.xmx_view(r, c.h, C.XMX_UINT16, b.stream) })
+		defer b.release(v)
+		c = v
+	}
+	if err := b.eval(c); err != nil {
+		return nil, err
+	}
+	p := C.xmx_data(c.h, c.mdt)
+	if p == nil {
+		return nil, mlxErr("array data")
+	}
+	return C.GoBytes(p, C.int(size)), nil
+}
+
+func (b *backend) Bytes(x engine.Array) ([]byte, error) {
+	var out []byte
+	err := b.doErr(func() error {
+		var err error
+		out, err = b.hostBytes(b.arr(x))
+		return err
+	})
+	return out, err
+}
+
+func (b *backend) Float32(x engine.Array) ([]float32, error) {
+	var out []float32
+	err := b.doErr(func() error {
+		a := b.arr(x)
+		if a.dt != engine.F32 {
+			a = b.mk("astype", func(r *C.xmx_array) C.int { return C.xmx_astype(r, b.arr(x).h, C.XMX_FLOAT32, b.stream) })
+			defer b.release(a)
+		}
+		raw, err := b.hostBytes(a)
+		if err != nil {
+			return err
+		}
+		out = make([]float32, len(raw)/4)
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(out))), len(raw)), raw)
+		return nil
+	})
+	return out, err
+}
+
+func (b *backend) eval(arrays ...*array) error {
+	if len(arrays) == 0 {
+		return nil
+	}
+	hs := make([]C.xmx_array, len(arrays))
+	for i, a := range arrays {
+		hs[i] = a.h
+	}
+	if C.xmx_eval(&hs[0], C.size_t(len(hs))) != 0 {
+		return mlxErr("eval")
+	}
+	return nil
+}
+
+func (b *backend) Eval(arrays ...engine.Array) error {
+	return b.doErr(func() error {
+		as := make([]*array, len(arrays))
+		for i, x := range arrays {
+			as[i] = b.arr(x)
+		}
+		return b.eval(as...)
+	})
+}
+
+func (b *backend) Keep(arrays ...engine.Array) {
+	b.do(func() {
+		for _, x := range arrays {
+			b.arr(x).kept = true
+		}
+	})
+}
+
+func (b *backend) Free(arrays ...engine.Array) {
+	b.do(func() {
+		if len(arrays) == 0 {
+			b.sweep()
+			return
+		}
+		for _, x := range arrays {
+			if a, ok := x.(*array); ok && a != nil && a.owner == b {
+				b.release(a)
+			} else {
+				panic(fmt.Sprintf("mlx: Free of %T, not an array of this backend", x))
+			}
+		}
+	})
+}
+
+// op runs f on the MLX thread and returns its array.
+func (b *backend) op(f func() *array) engine.Array {
+	var r *array
+	b.do(func() { r = f() })
+	return r
+}
+
+func (b *backend) binary(name string, x, y engine.Array, f func(*C.xmx_array, C.xmx_array, C.xmx_array, C.xmx_stream) C.int) engine.Array {
+	return b.op(func() *array {
+		xa, ya := b.arr(x), b.arr(y)
+		return b.mk(name, func(r *C.xmx_array) C.int { return f(r, xa.h, ya.h, b.stream) })
+	})
+}
+
+func (b *backend) matmul(x, y *array) *array {
+	return b.mk("matmul", func(r *C.xmx_array) C.int { return C.xmx_matmul(r, x.h, y.h, b.stream) })
+}
+
+func (b *backend) transpose(x *array, perm ...int) *array {
+	cp := cInts(perm)
+	return b.mk("transpose", func(r *C.xmx_array) C.int {
+		return C.xmx_transpose(r, x.h, intsPtr(cp), C.size_t(len(cp)), b.stream)
+	})
+}
+
+func (b *backend) reshape(x *array, shape ...int) *array {
+	cs := cInts(shape)
+	return b.mk("reshape", func(r *C.xmx_array) C.int {
+		return C.xmx_reshape(r, x.h, intsPtr(cs), C.size_t(len(cs)), b.stream)
+	})
+}
+
+func (b *backend) add(x, y *array) *array {
+	return b.mk("add", func(r *C.xmx_array) C.int { return C.xmx_add(r, x.h, y.h, b.stream) })
+}
+
+func (b *backend) mul(x, y *array) *array {
+	return b.mk("multiply", func(r *C.xmx_array) C.int { return C.xmx_multiply(r, x.h, y.h, b.stream) })
+}
+
+func (b *backend) astype(x *array, mdt C.int) *array {
+	if x.mdt == mdt {
+		return x
+	}
+	return b.mk("astype", func(r *C.xmx_array) C.int { return C.xmx_astype(r, x.h, mdt, b.stream) })
+}
+
+func (b *backend) slice(x *array, axis, start, end int) *array {
+	n := len(x.shape)
+	if axis < 0 {
+		axis += n
+	}
+	if axis < 0 || axis >= n || start < 0 || end < start || end > x.shape[axis] {
+		panic(fmt.Sprintf("mlx: Slice [%d, %d) of axis %d of %v", start, end, axis, x.shape))
+	}
+	lo, hi, st := make([]C.int, n), cInts(x.shape), make([]C.int, n)
+	for i := range st {
+		st[i] = 1
+	}
+	lo[axis], hi[axis] = C.int(start), C.int(end)
+	return b.mk("slice", func(r *C.xmx_array) C.int {
+		return C.xmx_slice(r, x.h, intsPtr(lo), intsPtr(hi), intsPtr(st), C.size_t(n), b.stream)
+	})
+}
+
+// sliceUpdate writes upd into src at offset start along axis (every other
+// axis whole) and returns the new array.
+func (b *backend) sliceUpdate(src, upd *array, axis, start int) *array {
+	n := len(src.shape)
+	lo, hi, st := make([]C.int, n), cInts(src.shape), make([]C.int, n)
+	for i := range st {
+		st[i] = 1
+	}
+	lo[axis], hi[axis] = C.int(start), C.int(start+upd.shape[axis])
+	return b.mk("slice_update", func(r *C.xmx_array) C.int {
+		return C.xmx_slice_update(r, src.h, upd.h, intsPtr(lo), intsPtr(hi), intsPtr(st), C.size_t(n), b.stream)
+	})
+}
+
+func (b *backend) concat(axis int, as ...*array) *array {
+	hs := make([]C.xmx_array, len(as))
+	for i, a := range as {
+		hs[i] = a.h
+	}
+	return b.mk("concatenate", func(r *C.xmx_array) C.int {
+		return C.xmx_concat(r, &hs[0], C.size_t(len(hs)), C.int(axis), b.stream)
+	})
+}
+
+func (b *backend) zeros(shape []int, dt engine.DType) *array {
+	cs := cInts(shape)
+	return b.mk("zeros", func(r *C.xmx_array) C.int {
+		return C.xmx_zeros(r, intsPtr(cs), C.size_t(len(cs)), toMLX(dt), b.stream)
+	})
+}
+
+// scalar is a 0-d array of value v in dtype mdt.
+func (b *backend) scalar(v float32, mdt C.int) *array {
+	s := b.mk("scalar", func(r *C.xmx_array) C.int { return C.xmx_scalar_f32(r, C.float(v)) })
+	return b.astype(s, mdt)
+}
+
+func (b *backend) Linear(x engine.Array, l *engine.Linear) engine.Array {
+	return b.op(func() *array { return b.linear(b.arr(x), l) })
+}
+
+func (b *backend) linear(x *array, l *engine.Linear) *array {
+	w := b.arr(l.W)
+	var y *array
+	if l.Bits == 0 {
+		y = b.matmul(x, b.transpose(w, 1, 0))
+	} else {
+		s := b.arr(l.Scales)
+		var bi C.xmx_array // null: no biases
+		if l.Biases != nil {
+			bi = b.arr(l.Biases).h
+		}
+		if b.qmmErr == nil {
+			y = b.mk("quantized_matmul", func(r *C.xmx_array) C.int {
+				return C.xmx_qmm(r, x.h, w.h, s.h, bi, C.int(l.GroupSize), C.int(l.Bits), b.stream)
+			})
+		} else {
+			y = b.matmul(x, b.transpose(b.dequantized(w, l), 1, 0))
+		}
+	}
+	if l.Bias != nil {
+		y = b.add(y, b.arr(l.Bias))
+	}
+	return y
+}
+
+// dequantized returns (making once, kept) the dense copy of a quantized
+// weight, used only when the device cannot run quantized_matmul.
+func (b *backend) dequantized(w *array, l *engine.Linear) *array {
+	if d, ok := b.deq[w]; ok {
+		return d
+	}
+	d := b.dequantize(w, b.arr(l.Scales), l.Biases, l)
+	d.kept = true
+	if err := b.eval(d); err != nil {
+		panic(err)
+	}
+	b.deq[w] = d
+	return d
+}
+
+func (b *backend) dequantize(w, s *array, biases engine.Array, l *engine.Linear) *array {
+	var bi C.xmx_array
+	if biases != nil {
+		bi = b.arr(biases).h
+	}
+	return b.dequantizeRaw(w, s, bi, l)
+}
+
+func (b *backend) dequantizeRaw(w, s *array, bi C.xmx_array, l *engine.Linear) *array {
+	return b.mk("dequantize", func(r *C.xmx_array) C.int {
+		return C.xmx_dequantize(r, w.h, s.h, bi, C.int(l.GroupSize), C.int(l.Bits), b.stream)
+	})
+}
+
+func (b *backend) MatMul(x, y engine.Array) engine.Array {
+	return b.op(func() *array { return b.matmul(b.arr(x), b.arr(y)) })
+}
+
+func (b *backend) Embedding(table *engine.Linear, ids engine.Array) engine.Array {
+	return b.op(func() *array {
+		idx := b.arr(ids)
+		if idx.dt != engine.I32 {
+			panic(fmt.Sprintf("mlx: Embedding: ids are %v, want int32", idx.dt))
+		}
+		take := func(t *array) *array {
+			return b.mk("take", func(r *C.xmx_array) C.int { return C.xmx_take(r, t.h, idx.h, 0, b.stream) })
+		}
+		w := b.arr(table.W)
+		if table.Bits == 0 {
+			return take(w)
+		}
+		rows, scales := take(w), take(b.arr(table.Scales))
+		var bi C.xmx_array
+		if table.Biases != nil {
+			bi = take(b.arr(table.Biases)).h
+		}
+		return b.dequantizeRaw(rows, scales, bi, table)
+	})
+}
+
+func (b *backend) RMSNorm(x, w engine.Array, eps float32) engine.Array {
+	return b.op(func() *array {
+		xa, wa := b.arr(x), b.arr(w)
+		return b.mk("rms_norm", func(r *C.xmx_array) C.int { return C.xmx_rms_norm(r, xa.h, wa.h, C.float(eps), b.stream) })
+	})
+}
+
+func (b *backend) RoPE(x engine.Array, offset int, rp *engine.RoPE) engine.Array {
+	return b.op(func() *array {
+		xa := b.arr(x)
+		if len(xa.shape) < 2 {
+			panic(fmt.Sprintf("mlx: RoPE of %v", xa.shape))
+		}
+		dh := xa.shape[len(xa.shape)-1]
+		dims := rp.Dims
+		if dims <= 0 || dims > dh {
+			dims = dh
+		}
+		var freqs C.xmx_array // null: rotate with base
+		hasBase, base := true, float32(rp.Base)
+		mscale := float32(1)
+		if t := rp.Scale.Type; t != "" && t != "default" {
+			// Scaled schemes: the frequencies the engine computes for
+			// every backend, handed to MLX as periods (1/inv_freq).
+			key := *rp
+			key.Dims = dims
+			f, ok := b.freqs[key]
+			if !ok {
+				inv, attn, err := engine.RoPEFrequencies(rp, dims)
+				if err != nil {
+					panic(fmt.Errorf("mlx: RoPE: %w", err))
+				}
+				periods := make([]float32, len(inv))
+				for i, v := range inv {
+					periods[i] = 1 / v
+				}
+				f.periods = b.fromBytes(unsafe.Slice((*byte)(unsafe.Pointer(&periods[0])), 4*len(periods)), []int{len(periods)}, engine.F32)
+				f.periods.kept = true
+				f.attn = attn
+				b.freqs[key] = f
+			}
+			freqs, hasBase, mscale = f.periods.h, false, f.attn
+		}
+		if mscale != 1 {
+			ms := b.scalar(mscale, xa.mdt)
+			if dims == dh {
+				xa = b.mul(xa, ms)
+			} else {
+				axis := len(xa.shape) - 1
+				xa = b.concat(axis, b.mul(b.slice(xa, axis, 0, dims), ms), b.slice(xa, axis, dims, dh))
+			}
+		}
+		return b.mk("rope", func(r *C.xmx_array) C.int {
+			return C.xmx_rope(r, xa.h, C.int(dims), C.bool(hasBase), C.float(base), 1, C.int(offset), freqs, b.stream)
+		})
+	})
+}
+
+var (
+	maskCausal = C.CString("causal")
+	maskNone   = C.CString("")
+)
+
+func (b *backend) Attention(q, k, v engine.Array, scale float32) engine.Array {
+	return b.op(func() *array {
+		qa, ka, va := b.arr(q), b.arr(k), b.arr(v)
+		if len(qa.shape) != 3 || len(ka.shape) != 3 || len(va.shape) != 3 {
+			panic(fmt.Sprintf("mlx: Attention wants q [H, L, Dh], k, v [Hkv, T, Dh]; got %v %v %v", qa.shape, ka.shape, va.shape))
+		}
+		h, l, dh := qa.shape[0], qa.shape[1], qa.shape[2]
+		if ka.shape[0] == 0 || h%ka.shape[0] != 0 || ka.shape[2] != dh || !slices.Equal(ka.shape, va.shape) || ka.shape[1] < l {
+			panic(fmt.Sprintf("mlx: Attention shapes q %v k %v v %v", qa.shape, ka.shape, va.shape))
+		}
+		q4 := b.reshape(qa, append([]int{1}, qa.shape...)...)
+		k4 := b.reshape(ka, append([]int{1}, ka.shape...)...)
+		v4 := b.reshape(va, append([]int{1}, va.shape...)...)
+		mask := maskNone
+		if l > 1 {
+			mask = maskCausal // bottom-right aligned: query i sees keys ≤ T-L+i
+		}
+		o := b.mk("scaled_dot_product_attention", func(r *C.xmx_array) C.int {
+			return C.xmx_sdpa(r, q4.h, k4.h, v4.h, C.float(scale), mask, b.stream)
+		})
+		return b.reshape(o, h, l, dh)
+	})
+}
+
+func (b *backend) SiLU(x engine.Array) engine.Array {
+	return b.op(func() *array {
+		xa := b.arr(x)
+		s := b.mk("sigmoid", func(r *C.xmx_array) C.int { return C.xmx_sigmoid(r, xa.h, b.stream) })
+		return b.mul(xa, s)
+	})
+}
+
+func (b *backend) Add(x, y engine.Array) engine.Array {
+	return b.binary("add", x, y, func(r *C.xmx_array, p, q C.xmx_array, s C.xmx_stream) C.int { return C.xmx_add(r, p, q, s) })
+}
+
+func (b *backend) Mul(x, y engine.Array) engine.Array {
+	return b.binary("multiply", x, y, func(r *C.xmx_array, p, q C.xmx_array, s C.xmx_stream) C.int {
+		return C.xmx_multiply(r, p, q, s)
+	})
+}
+
+func (b *backend) Softmax(x engine.Array) engine.Array {
+	return b.op(func() *array {
+		xa := b.arr(x)
+		return b.mk("softmax", func(r *C.xmx_array) C.int { return C.xmx_softmax(r, xa.h, -1, b.stream) })
+	})
+}
+
+func (b *backend) Argmax(x engine.Array) engine.Array {
+	return b.op(func() *array {
+		xa := b.arr(x)
+		i := b.mk("argmax", func(r *C.xmx_array) C.int { return C.xmx_argmax(r, xa.h, -1, b.stream) })
+		return b.astype(i, C.XMX_INT32) // MLX's argmax is uint32
+	})
+}
+
+func (b *backend) Reshape(x engine.Array, shape ...int) engine.Array {
+	return b.op(func() *array {
+		xa := b.arr(x)
+		if numel(shape) != numel(xa.shape) && !slices.Contains(shape, -1) {
+			panic(fmt.Sprintf("mlx: Reshape %v to %v", xa.shape, shape))
+		}
+		return b.reshape(xa, shape...)
+	})
+}
+
+func (b *backend) Transpose(x engine.Array, perm ...int) engine.Array {
+	return b.op(func() *array {
+		xa := b.arr(x)
+		if len(perm) != len(xa.shape) {
+			panic(fmt.Sprintf("mlx: Transpose %v by %v", xa.shape, perm))
+		}
+		return b.transpose(xa, perm...)
+	})
+}
+
+func (b *backend) Slice(x engine.Array, axis, start, end int) engine.Array {
+	return b.op(func() *array { return b.slice(b.arr(x), axis, start, end) })
+}
+
+func (b *backend) Concat(axis int, arrays ...engine.Array) engine.Array {
+	return b.op(func() *array {
+		if len(arrays) == 0 {
+			panic("mlx: Concat of nothing")
+		}
+		as := make([]*array, len(arrays))
+		for i, x := range arrays {
+			as[i] = b.arr(x)
+		}
+		return b.concat(axis, as...)
+	})
+}
+
+func (b *backend) AsType(x engine.Array, dt engine.DType) engine.Array {
+	return b.op(func() *array {
+		xa := b.arr(x)
+		if xa.dt == dt {
+			// A new handle on the same array, so freeing either is safe.
+			return b.reshape(xa, xa.shape...)
+		}
+		return b.astype(xa, toMLX(dt))
+	})
+}
+
+// ActiveMemory reports MLX's allocated bytes in use and in its buffer cache.
+func (b *backend) ActiveMemory() (active, cache int64, err error) {
+	err = b.doErr(func() error {
+		var a, c C.size_t
+		if C.xmx_active_memory(&a) != 0 || C.xmx_cache_memory(&c) != 0 {
+			return mlxErr("get memory")
+		}
+		active, cache = int64(a), int64(c)
+		return nil
+	})
+	return active, cache, err
+}
+
+// QuantizedMatmul reports nil when quantized weights are multiplied
+// natively on this device, or why they are dequantized instead.
+func (b *backend) QuantizedMatmul() error { return b.qmmErr }
+
+var _ engine.Backend = (*backend)(nil)

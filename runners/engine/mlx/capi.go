@@ -1,0 +1,343 @@
+//go:build cgo && (linux || darwin)
+
+package mlx
+
+// The C side: a table of mlx-c function pointers filled by dlsym, and one
+// shim per function we call (cgo cannot call through a function pointer).
+// Shims take and return our own handle types (capi.h), which have the same
+// layout as mlx-c's.
+
+/*
+#cgo linux LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "capi.h"
+
+typedef void (*xmx_err_fn)(const char* msg, void* data);
+
+static struct {
+	void* lib;
+	void (*set_error_handler)(xmx_err_fn, void*, void (*)(void*));
+	int (*version)(xmx_string*);
+	xmx_string (*string_new)(void);
+	const char* (*string_data)(xmx_string);
+	int (*string_free)(xmx_string);
+
+	xmx_device (*device_new_type)(int, int);
+	int (*device_free)(xmx_device);
+	int (*device_is_available)(bool*, xmx_device);
+	int (*get_default_stream)(xmx_stream*, xmx_device);
+	int (*stream_free)(xmx_stream);
+	int (*get_active_memory)(size_t*);
+	int (*get_cache_memory)(size_t*);
+	int (*clear_cache)(void);
+
+	xmx_array (*array_new)(void);
+	int (*array_free)(xmx_array);
+	xmx_array (*array_new_data)(const void*, const int*, int, int);
+	xmx_array (*array_new_float32)(float);
+	size_t (*array_ndim)(xmx_array);
+	const int* (*array_shape)(xmx_array);
+	int (*array_dtype)(xmx_array);
+	const uint8_t* (*array_data_uint8)(xmx_array);
+	xmx_vector_array (*vector_array_new_data)(const xmx_array*, size_t);
+	int (*vector_array_free)(xmx_vector_array);
+	int (*eval)(xmx_vector_array);
+
+	int (*add)(xmx_array*, xmx_array, xmx_array, xmx_stream);
+	int (*multiply)(xmx_array*, xmx_array, xmx_array, xmx_stream);
+	int (*matmul)(xmx_array*, xmx_array, xmx_array, xmx_stream);
+	int (*sigmoid)(xmx_array*, xmx_array, xmx_stream);
+	int (*contiguous)(xmx_array*, xmx_array, bool, xmx_stream);
+	int (*transpose_axes)(xmx_array*, xmx_array, const int*, size_t, xmx_stream);
+	int (*reshape)(xmx_array*, xmx_array, const int*, size_t, xmx_stream);
+	int (*slice)(xmx_array*, xmx_array, const int*, size_t, const int*, size_t, const int*, size_t, xmx_stream);
+	int (*slice_update)(xmx_array*, xmx_array, xmx_array, const int*, size_t, const int*, size_t, const int*, size_t, xmx_stream);
+	int (*concatenate_axis)(xmx_array*, xmx_vector_array, int, xmx_stream);
+	int (*astype)(xmx_array*, xmx_array, int, xmx_stream);
+	int (*view)(xmx_array*, xmx_array, int, xmx_stream);
+	int (*softmax_axis)(xmx_array*, xmx_array, int, bool, xmx_stream);
+	int (*argmax_axis)(xmx_array*, xmx_array, int, bool, xmx_stream);
+	int (*take_axis)(xmx_array*, xmx_array, xmx_array, int, xmx_stream);
+	int (*zeros)(xmx_array*, const int*, size_t, int, xmx_stream);
+	int (*quantized_matmul)(xmx_array*, xmx_array, xmx_array, xmx_array, xmx_array, bool, xmx_opt_int, xmx_opt_int, const char*, xmx_stream);
+	int (*dequantize)(xmx_array*, xmx_array, xmx_array, xmx_array, xmx_opt_int, xmx_opt_int, const char*, xmx_array, xmx_opt_dtype, xmx_stream);
+	int (*rms_norm)(xmx_array*, xmx_array, xmx_array, float, xmx_stream);
+	int (*rope)(xmx_array*, xmx_array, int, bool, xmx_opt_float, float, int, xmx_array, xmx_stream);
+	int (*sdpa)(xmx_array*, xmx_array, xmx_array, xmx_array, float, const char*, xmx_array, xmx_array, xmx_stream);
+} X;
+
+// The last error mlx-c reported on this thread (all our calls come from the
+// one locked OS thread that owns a backend).
+static __thread char xmx_err[4096];
+
+static void xmx_on_error(const char* msg, void* data) {
+	(void)data;
+	snprintf(xmx_err, sizeof xmx_err, "%s", msg ? msg : "(no message)");
+}
+
+const char* xmx_last_error(void) { return xmx_err; }
+void xmx_clear_error(void) { xmx_err[0] = 0; }
+
+#define XMX_SYM(field, name, required)                                         \
+	do {                                                                       \
+		*(void**)(&X.field) = dlsym(h, name);                                  \
+		if (required && X.field == NULL) {                                     \
+			snprintf(err, errlen, "%s: missing symbol %s", path, name);        \
+			memset(&X, 0, sizeof X);                                           \
+			dlclose(h);                                                        \
+			return 2;                                                          \
+		}                                                                      \
+	} while (0)
+
+int xmx_load(const char* path, const char* preload, char* err, size_t errlen) {
+	if (preload != NULL && preload[0] != 0) {
+		// libmlxc needs libmlx; load the copy beside it first so the
+		// dynamic loader finds it without LD_LIBRARY_PATH or an RPATH.
+		// Failure is not fatal: the loader may still find one.
+		dlopen(preload, RTLD_NOW | RTLD_GLOBAL);
+	}
+	void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (h == NULL) {
+		const char* e = dlerror();
+		snprintf(err, errlen, "%s", e ? e : "dlopen failed");
+		return 1;
+	}
+	XMX_SYM(set_error_handler, "mlx_set_error_handler", 1);
+	XMX_SYM(version, "mlx_version", 1);
+	XMX_SYM(string_new, "mlx_string_new", 1);
+	XMX_SYM(string_data, "mlx_string_data", 1);
+	XMX_SYM(string_free, "mlx_string_free", 1);
+	XMX_SYM(device_new_type, "mlx_device_new_type", 1);
+	XMX_SYM(device_free, "mlx_device_free", 1);
+	XMX_SYM(device_is_available, "mlx_device_is_available", 1);
+	XMX_SYM(get_default_stream, "mlx_get_default_stream", 1);
+	XMX_SYM(stream_free, "mlx_stream_free", 1);
+	XMX_SYM(get_active_memory, "mlx_get_active_memory", 1);
+	XMX_SYM(get_cache_memory, "mlx_get_cache_memory", 1);
+	XMX_SYM(clear_cache, "mlx_clear_cache", 1);
+	XMX_SYM(array_new, "mlx_array_new", 1);
+	XMX_SYM(array_free, "mlx_array_free", 1);
+	XMX_SYM(array_new_data, "mlx_array_new_data", 1);
+	XMX_SYM(array_new_float32, "mlx_array_new_float32", 1);
+	XMX_SYM(array_ndim, "mlx_array_ndim", 1);
+	XMX_SYM(array_shape, "mlx_array_shape", 1);
+	XMX_SYM(array_dtype, "mlx_array_dtype", 1);
+	XMX_SYM(array_data_uint8, "mlx_array_data_uint8", 1);
+	XMX_SYM(vector_array_new_data, "mlx_vector_array_new_data", 1);
+	XMX_SYM(vector_array_free, "mlx_vector_array_free", 1);
+	XMX_SYM(eval, "mlx_eval", 1);
+	XMX_SYM(add, "mlx_add", 1);
+	XMX_SYM(multiply, "mlx_multiply", 1);
+	XMX_SYM(matmul, "mlx_matmul", 1);
+	XMX_SYM(sigmoid, "mlx_sigmoid", 1);
+	XMX_SYM(contiguous, "mlx_contiguous", 1);
+	XMX_SYM(transpose_axes, "mlx_transpose_axes", 1);
+	XMX_SYM(reshape, "mlx_reshape", 1);
+	XMX_SYM(slice, "mlx_slice", 1);
+	XMX_SYM(slice_update, "mlx_slice_update", 1);
+	XMX_SYM(concatenate_axis, "mlx_concatenate_axis", 1);
+	XMX_SYM(astype, "mlx_astype", 1);
+	XMX_SYM(view, "mlx_view", 1);
+	XMX_SYM(softmax_axis, "mlx_softmax_axis", 1);
+	XMX_SYM(argmax_axis, "mlx_argmax_axis", 1);
+	XMX_SYM(take_axis, "mlx_take_axis", 1);
+	XMX_SYM(zeros, "mlx_zeros", 1);
+	XMX_SYM(dequantize, "mlx_dequantize", 1);
+	XMX_SYM(rms_norm, "mlx_fast_rms_norm", 1);
+	XMX_SYM(rope, "mlx_fast_rope", 1);
+	XMX_SYM(sdpa, "mlx_fast_scaled_dot_product_attention", 1);
+	// Optional: a build without quantized matmul falls back to dequantize.
+	XMX_SYM(quantized_matmul, "mlx_quantized_matmul", 0);
+	X.lib = h;
+	return 0;
+}
+
+#define XMX_NEED(field) \
+	if (X.field == NULL) { snprintf(xmx_err, sizeof xmx_err, "mlx-c function %s not loaded", #field); return 3; }
+
+void xmx_install_error_handler(void) { X.set_error_handler(xmx_on_error, NULL, NULL); }
+
+int xmx_has_qmm(void) { return X.quantized_matmul != NULL; }
+
+int xmx_version(char* buf, size_t n) {
+	xmx_string s = X.string_new();
+	int rc = X.version(&s);
+	if (rc == 0) {
+		const char* d = X.string_data(s);
+		snprintf(buf, n, "%s", d ? d : "");
+	}
+	X.string_free(s);
+	return rc;
+}
+
+int xmx_device_new(xmx_device* dev, int gpu) {
+	*dev = X.device_new_type(gpu ? 1 : 0, 0);
+	return dev->ctx == NULL;
+}
+int xmx_device_free(xmx_device dev) { return X.device_free(dev); }
+int xmx_device_available(bool* res, xmx_device dev) { return X.device_is_available(res, dev); }
+int xmx_default_stream(xmx_stream* res, xmx_device dev) { return X.get_default_stream(res, dev); }
+int xmx_stream_free(xmx_stream s) { return X.stream_free(s); }
+int xmx_active_memory(size_t* res) { return X.get_active_memory(res); }
+int xmx_cache_memory(size_t* res) { return X.get_cache_memory(res); }
+int xmx_clear_cache(void) { return X.clear_cache(); }
+
+int xmx_array_free(xmx_array a) { return X.array_free(a); }
+int xmx_array_from(xmx_array* res, const void* data, const int* shape, int ndim, int dtype) {
+	*res = X.array_new_data(data, shape, ndim, dtype);
+	return res->ctx == NULL;
+}
+int xmx_scalar_f32(xmx_array* res, float v) {
+	*res = X.array_new_float32(v);
+	return res->ctx == NULL;
+}
+size_t xmx_ndim(xmx_array a) { return X.array_ndim(a); }
+const int* xmx_shape(xmx_array a) { return X.array_shape(a); }
+int xmx_dtype(xmx_array a) { return X.array_dtype(a); }
+const void* xmx_data(xmx_array a, int dtype) {
+	(void)dtype;
+	// mlx-c's typed accessors only reinterpret the buffer pointer; the
+	// uint8 one exists on every platform (the bfloat16 one does not on x86).
+	return X.array_data_uint8(a);
+}
+int xmx_eval(const xmx_array* arrs, size_t n) {
+	xmx_vector_array v = X.vector_array_new_data(arrs, n);
+	int rc = X.eval(v);
+	X.vector_array_free(v);
+	return rc;
+}
+
+int xmx_add(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s) { return X.add(res, a, b, s); }
+int xmx_multiply(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s) { return X.multiply(res, a, b, s); }
+int xmx_matmul(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s) { return X.matmul(res, a, b, s); }
+int xmx_sigmoid(xmx_array* res, xmx_array a, xmx_stream s) { return X.sigmoid(res, a, s); }
+int xmx_contiguous(xmx_array* res, xmx_array a, xmx_stream s) { return X.contiguous(res, a, false, s); }
+int xmx_transpose(xmx_array* res, xmx_array a, const int* axes, size_t n, xmx_stream s) {
+	return X.transpose_axes(res, a, axes, n, s);
+}
+int xmx_reshape(xmx_array* res, xmx_array a, const int* shape, size_t n, xmx_stream s) {
+	return X.reshape(res, a, shape, n, s);
+}
+int xmx_slice(xmx_array* res, xmx_array a, const int* start, const int* stop, const int* strides, size_t n, xmx_stream s) {
+	return X.slice(res, a, start, n, stop, n, strides, n, s);
+}
+int xmx_slice_update(xmx_array* res, xmx_array src, xmx_array upd, const int* start, const int* stop, const int* strides, size_t n, xmx_stream s) {
+	return X.slice_update(res, src, upd, start, n, stop, n, strides, n, s);
+}
+int xmx_concat(xmx_array* res, const xmx_array* arrs, size_t n, int axis, xmx_stream s) {
+	xmx_vector_array v = X.vector_array_new_data(arrs, n);
+	int rc = X.concatenate_axis(res, v, axis, s);
+	X.vector_array_free(v);
+	return rc;
+}
+int xmx_astype(xmx_array* res, xmx_array a, int dtype, xmx_stream s) { return X.astype(res, a, dtype, s); }
+int xmx_view(xmx_array* res, xmx_array a, int dtype, xmx_stream s) { return X.view(res, a, dtype, s); }
+int xmx_softmax(xmx_array* res, xmx_array a, int axis, xmx_stream s) { return X.softmax_axis(res, a, axis, true, s); }
+int xmx_argmax(xmx_array* res, xmx_array a, int axis, xmx_stream s) { return X.argmax_axis(res, a, axis, false, s); }
+int xmx_take(xmx_array* res, xmx_array a, xmx_array idx, int axis, xmx_stream s) { return X.take_axis(res, a, idx, axis, s); }
+int xmx_zeros(xmx_array* res, const int* shape, size_t n, int dtype, xmx_stream s) { return X.zeros(res, shape, n, dtype, s); }
+int xmx_qmm(xmx_array* res, xmx_array x, xmx_array w, xmx_array scales, xmx_array biases, int group, int bits, xmx_stream s) {
+	XMX_NEED(quantized_matmul);
+	xmx_opt_int g = {group, true}, b = {bits, true};
+	return X.quantized_matmul(res, x, w, scales, biases, true, g, b, "affine", s);
+}
+int xmx_dequantize(xmx_array* res, xmx_array w, xmx_array scales, xmx_array biases, int group, int bits, xmx_stream s) {
+	xmx_opt_int g = {group, true}, b = {bits, true};
+	xmx_opt_dtype dt = {0, false};
+	xmx_array none = {NULL};
+	return X.dequantize(res, w, scales, biases, g, b, "affine", none, dt, s);
+}
+int xmx_rms_norm(xmx_array* res, xmx_array x, xmx_array w, float eps, xmx_stream s) { return X.rms_norm(res, x, w, eps, s); }
+int xmx_rope(xmx_array* res, xmx_array x, int dims, bool has_base, float base, float scale, int offset, xmx_array freqs, xmx_stream s) {
+	xmx_opt_float b = {base, has_base};
+	return X.rope(res, x, dims, false, b, scale, offset, freqs, s);
+}
+int xmx_sdpa(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_stream s) {
+	xmx_array none = {NULL};
+	return X.sdpa(res, q, k, v, scale, mask_mode, none, none, s);
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"unsafe"
+)
+
+// library is the process-wide libmlxc: a shared object can be loaded once
+// per process, so the first successful load fixes its path for every
+// backend made afterwards.
+var library struct {
+	sync.Mutex
+	path    string
+	version string
+}
+
+// libName is the file name of libmlxc and of the libmlx it needs.
+func libNames() (mlxc, mlx string) {
+	if runtime.GOOS == "darwin" {
+		return "libmlxc.dylib", "libmlx.dylib"
+	}
+	return "libmlxc.so", "libmlx.so"
+}
+
+// loadLibrary loads libmlxc from the first candidate that works and installs
+// our error handler before any other mlx-c call. It returns the path and
+// MLX's version, or an error wrapping ErrUnavailable listing every attempt.
+func loadLibrary(opts Options) (path, version string, err error) {
+	library.Lock()
+	defer library.Unlock()
+	if library.path != "" {
+		if opts.LibPath != "" && filepath.Clean(opts.LibPath) != library.path {
+			return "", "", fmt.Errorf("%w: %s requested but %s is already loaded in this process",
+				ErrUnavailable, opts.LibPath, library.path)
+		}
+		return library.path, library.version, nil
+	}
+	mlxcName, mlxName := libNames()
+	exe, _ := os.Executable()
+	var tried []string
+	for _, cand := range candidates(opts.LibPath, os.Getenv(EnvLibPath), exe, mlxcName) {
+		preload := ""
+		if filepath.IsAbs(cand) {
+			preload = filepath.Join(filepath.Dir(cand), mlxName)
+			if _, statErr := os.Stat(preload); statErr != nil {
+				preload = ""
+			}
+			if _, statErr := os.Stat(cand); statErr != nil {
+				tried = append(tried, fmt.Sprintf("%s: no such file", cand))
+				continue
+			}
+		}
+		cpath := C.CString(cand)
+		cpre := C.CString(preload)
+		var buf [1024]C.char
+		rc := C.xmx_load(cpath, cpre, &buf[0], C.size_t(len(buf)))
+		C.free(unsafe.Pointer(cpath))
+		C.free(unsafe.Pointer(cpre))
+		if rc != 0 {
+			tried = append(tried, C.GoString(&buf[0]))
+			continue
+		}
+		// mlx-c's default handler prints and exits the process: replace it
+		// before anything else can fail.
+		C.xmx_install_error_handler()
+		var vbuf [64]C.char
+		if C.xmx_version(&vbuf[0], C.size_t(len(vbuf))) == 0 {
+			library.version = C.GoString(&vbuf[0])
+		}
+		library.path = cand
+		if filepath.IsAbs(cand) {
+			library.path = filepath.Clean(cand)
+		}
+		return library.path, library.version, nil
+	}
+	return "", "", fmt.Errorf("%w: tried %v", ErrUnavailable, tried)
+}

@@ -1,0 +1,92 @@
+// Our own declarations of the small part of the mlx-c API this package uses,
+// and of the C shims (defined in capi.go) that call mlx-c through function
+// pointers found with dlsym. Nothing here comes from mlx-c's headers: the
+// layouts below are the ABI mlx-c documents (every handle is a struct holding
+// one pointer; optionals are a value followed by a bool; dtypes are a C enum).
+#ifndef EXO_MLX_CAPI_H
+#define EXO_MLX_CAPI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct { void* ctx; } xmx_array;
+typedef struct { void* ctx; } xmx_stream;
+typedef struct { void* ctx; } xmx_device;
+typedef struct { void* ctx; } xmx_vector_array;
+typedef struct { void* ctx; } xmx_string;
+typedef struct { int value; bool has_value; } xmx_opt_int;
+typedef struct { float value; bool has_value; } xmx_opt_float;
+typedef struct { int value; bool has_value; } xmx_opt_dtype;
+
+// mlx_dtype values (mlx-c's enum order).
+enum {
+	XMX_BOOL = 0,
+	XMX_UINT8 = 1,
+	XMX_UINT16 = 2,
+	XMX_UINT32 = 3,
+	XMX_UINT64 = 4,
+	XMX_INT8 = 5,
+	XMX_INT16 = 6,
+	XMX_INT32 = 7,
+	XMX_INT64 = 8,
+	XMX_FLOAT16 = 9,
+	XMX_FLOAT32 = 10,
+	XMX_FLOAT64 = 11,
+	XMX_BFLOAT16 = 12,
+};
+
+// Loading. xmx_load returns 0 when libmlxc at path (and every required
+// symbol) loaded; otherwise non-zero with a message in err.
+int xmx_load(const char* path, const char* preload, char* err, size_t errlen);
+void xmx_install_error_handler(void);
+const char* xmx_last_error(void);
+void xmx_clear_error(void);
+int xmx_version(char* buf, size_t n);
+int xmx_has_qmm(void);
+
+// Devices, streams, memory.
+int xmx_device_new(xmx_device* dev, int gpu);
+int xmx_device_free(xmx_device dev);
+int xmx_device_available(bool* res, xmx_device dev);
+int xmx_default_stream(xmx_stream* res, xmx_device dev);
+int xmx_stream_free(xmx_stream s);
+int xmx_active_memory(size_t* res);
+int xmx_cache_memory(size_t* res);
+int xmx_clear_cache(void);
+
+// Arrays.
+int xmx_array_free(xmx_array a);
+int xmx_array_from(xmx_array* res, const void* data, const int* shape, int ndim, int dtype);
+int xmx_scalar_f32(xmx_array* res, float v);
+size_t xmx_ndim(xmx_array a);
+const int* xmx_shape(xmx_array a);
+int xmx_dtype(xmx_array a);
+const void* xmx_data(xmx_array a, int dtype);
+int xmx_eval(const xmx_array* arrs, size_t n);
+
+// Ops: each writes its result into *res and returns 0, or non-zero after
+// the error handler recorded the message.
+int xmx_add(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s);
+int xmx_multiply(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s);
+int xmx_matmul(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s);
+int xmx_sigmoid(xmx_array* res, xmx_array a, xmx_stream s);
+int xmx_contiguous(xmx_array* res, xmx_array a, xmx_stream s);
+int xmx_transpose(xmx_array* res, xmx_array a, const int* axes, size_t n, xmx_stream s);
+int xmx_reshape(xmx_array* res, xmx_array a, const int* shape, size_t n, xmx_stream s);
+int xmx_slice(xmx_array* res, xmx_array a, const int* start, const int* stop, const int* strides, size_t n, xmx_stream s);
+int xmx_slice_update(xmx_array* res, xmx_array src, xmx_array upd, const int* start, const int* stop, const int* strides, size_t n, xmx_stream s);
+int xmx_concat(xmx_array* res, const xmx_array* arrs, size_t n, int axis, xmx_stream s);
+int xmx_astype(xmx_array* res, xmx_array a, int dtype, xmx_stream s);
+int xmx_view(xmx_array* res, xmx_array a, int dtype, xmx_stream s);
+int xmx_softmax(xmx_array* res, xmx_array a, int axis, xmx_stream s);
+int xmx_argmax(xmx_array* res, xmx_array a, int axis, xmx_stream s);
+int xmx_take(xmx_array* res, xmx_array a, xmx_array idx, int axis, xmx_stream s);
+int xmx_zeros(xmx_array* res, const int* shape, size_t n, int dtype, xmx_stream s);
+int xmx_qmm(xmx_array* res, xmx_array x, xmx_array w, xmx_array scales, xmx_array biases, int group, int bits, xmx_stream s);
+int xmx_dequantize(xmx_array* res, xmx_array w, xmx_array scales, xmx_array biases, int group, int bits, xmx_stream s);
+int xmx_rms_norm(xmx_array* res, xmx_array x, xmx_array w, float eps, xmx_stream s);
+int xmx_rope(xmx_array* res, xmx_array x, int dims, bool has_base, float base, float scale, int offset, xmx_array freqs, xmx_stream s);
+int xmx_sdpa(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_stream s);
+
+#endif
