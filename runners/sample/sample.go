@@ -1,0 +1,253 @@
+// Package sample owns next-token selection from logits (greedy, temperature,
+// top-k, top-p, min-p, repetition penalty, seeded randomness) with HF
+// transformers' semantics, and the stop-sequence matcher that holds back
+// text which may begin a stop string. It knows nothing of models, tokenizers
+// or HTTP.
+package sample
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+)
+
+// Params configures a Sampler. Zero values disable a stage: Temperature 0
+// is greedy (argmax, ties → lowest id); TopK 0, TopP 0 or ≥ 1, MinP 0 and
+// RepetitionPenalty 0 or 1 are off. Seed seeds the random stream (every
+// value, 0 included, is a seed: the same Params and inputs give the same
+// tokens).
+type Params struct {
+	Temperature, TopP float64
+	TopK              int
+	MinP              float64
+	RepetitionPenalty float64
+	Seed              int64
+}
+
+// Sampler picks tokens for one generation stream. It is not safe for
+// concurrent use (it owns a random stream and scratch buffers).
+type Sampler struct {
+	p      Params
+	rng    *rand.Rand
+	logits []float32
+	cand   []cand
+	stamp  []uint32 // stamp[id] == gen: id already penalized this step
+	gen    uint32
+}
+
+type cand struct {
+	id int32
+	l  float64 // temperature-scaled logit, then probability
+}
+
+// New returns a Sampler for p.
+func New(p Params) *Sampler {
+	return &Sampler{p: p, rng: rand.New(rand.NewPCG(uint64(p.Seed), 0x9e3779b97f4a7c15))}
+}
+
+// Sample returns the next token id. history is every token so far (prompt
+// and generated), used by the repetition penalty. Processing order as in
+// HF transformers: repetition penalty, temperature, top-k, top-p, min-p,
+// then a draw from the renormalized distribution.
+func (s *Sampler) Sample(logits []float32, history []int32) int32 {
+	if len(logits) == 0 {
+		return 0
+	}
+	l := logits
+	if rp := s.p.RepetitionPenalty; rp > 0 && rp != 1 && len(history) > 0 {
+		s.logits = append(s.logits[:0], logits...)
+		l = s.logits
+		s.penalize(l, history, float32(rp))
+	}
+	if s.p.Temperature <= 0 {
+		return argmax(l)
+	}
+	return s.draw(l)
+}
+
+// penalize applies HF's repetition penalty once per distinct id in history:
+// a positive logit is divided by rp, a negative one multiplied.
+func (s *Sampler) penalize(l []float32, history []int32, rp float32) {
+	if len(s.stamp) < len(l) {
+		s.stamp = make([]uint32, len(l))
+		s.gen = 0
+	}
+	s.gen++
+	if s.gen == 0 { // wrapped: clear
+		clear(s.stamp)
+		s.gen = 1
+	}
+	for _, id := range history {
+		if id < 0 || int(id) >= len(l) || s.stamp[id] == s.gen {
+			continue
+		}
+		s.stamp[id] = s.gen
+		if l[id] < 0 {
+			l[id] *= rp
+		} else {
+			l[id] /= rp
+		}
+	}
+}
+
+// argmax returns the index of the largest logit, the lowest on ties; NaN
+// never wins.
+func argmax(l []float32) int32 {
+	best := -1
+	for i, v := range l {
+		if v != v {
+			continue
+		}
+		if best < 0 || v > l[best] {
+			best = i
+		}
+	}
+	if best < 0 {
+		return 0
+	}
+	return int32(best)
+}
+
+func (s *Sampler) draw(l []float32) int32 {
+	invT := 1 / s.p.Temperature
+	c := s.cand[:0]
+	for i, v := range l {
+		if v != v || math.IsInf(float64(v), -1) {
+			continue
+		}
+		c = append(c, cand{id: int32(i), l: float64(v) * invT})
+	}
+	if len(c) == 0 {
+		return argmax(l)
+	}
+	byLogit := func(a, b cand) int {
+		if a.l != b.l {
+			if a.l > b.l {
+				return -1
+			}
+			return 1
+		}
+		return int(a.id - b.id)
+	}
+	if k := s.p.TopK; k > 0 && k < len(c) {
+		// keep the k best and everything tied with the k-th (HF removes only
+		// scores strictly below the k-th score)
+		kth := kthLargest(c, k)
+		n := 0
+		for _, x := range c {
+			if x.l >= kth {
+				c[n] = x
+				n++
+			}
+		}
+		c = c[:n]
+	}
+	// probabilities over the survivors (normalized over the top-k set, as HF)
+	maxL := math.Inf(-1)
+	for _, x := range c {
+		maxL = max(maxL, x.l)
+	}
+	sum := 0.0
+	for i := range c {
+		c[i].l = math.Exp(c[i].l - maxL)
+		sum += c[i].l
+	}
+	pmax := 0.0
+	for i := range c {
+		c[i].l /= sum
+		pmax = max(pmax, c[i].l)
+	}
+	// min-p and top-p both keep a prefix of the descending order, so their
+	// intersection does not depend on the order they are applied in.
+	cut := 0.0
+	if mp := s.p.MinP; mp > 0 {
+		cut = mp * pmax
+	}
+	tp := s.p.TopP
+	topP := tp > 0 && tp < 1
+	if topP {
+		// tokens below eps hold less than 1-tp in total, so the nucleus
+		// lies among the rest: only those need sorting.
+		cut = max(cut, (1-tp)/float64(len(c))*0.999)
+	}
+	if cut > 0 {
+		n := 0
+		for _, x := range c {
+			if x.l >= cut || x.l == pmax {
+				c[n] = x
+				n++
+			}
+		}
+		c = c[:n]
+	}
+	if topP {
+		slices.SortFunc(c, byLogit) // by probability now, same order
+		before, n := 0.0, 0
+		for n < len(c) && before < tp {
+			before += c[n].l
+			n++
+		}
+		c = c[:max(n, 1)]
+	}
+	s.cand = c
+	total := 0.0
+	for _, x := range c {
+		total += x.l
+	}
+	u := s.rng.Float64() * total
+	for _, x := range c {
+		u -= x.l
+		if u < 0 {
+			return x.id
+		}
+	}
+	return c[len(c)-1].id
+}
+
+// kthLargest returns the k-th largest scaled logit in c (1-based) without
+// sorting all of c (c's order is changed).
+func kthLargest(c []cand, k int) float64 {
+	lo, hi := 0, len(c)-1
+	target := k - 1
+	for lo < hi {
+		// median-of-three pivot, Hoare-style partition by descending value
+		mid := lo + (hi-lo)/2
+		p := median3(c[lo].l, c[mid].l, c[hi].l)
+		i, j := lo, hi
+		for i <= j {
+			for c[i].l > p {
+				i++
+			}
+			for c[j].l < p {
+				j--
+			}
+			if i <= j {
+				c[i], c[j] = c[j], c[i]
+				i++
+				j--
+			}
+		}
+		switch {
+		case target <= j:
+			hi = j
+		case target >= i:
+			lo = i
+		default:
+			return c[target].l
+		}
+	}
+	return c[target].l
+}
+
+func median3(a, b, c float64) float64 {
+	if a > b {
+		a, b = b, a
+	}
+	if b > c {
+		b = c
+	}
+	if a > b {
+		return a
+	}
+	return b
+}
