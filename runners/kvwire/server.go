@@ -140,12 +140,13 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(10 * time.Millisecond)
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("kvwire: accept: %w", err)
 			}
-			return fmt.Errorf("kvwire: accept: %w", err)
+			// Out of file descriptors and the like: back off, keep serving.
+			s.log.Warn("kvwire: accept", "err", err)
+			time.Sleep(50 * time.Millisecond)
+			continue
 		}
 		if !s.allowed(conn.RemoteAddr()) {
 			s.log.Warn("kvwire: connection from a network not allowed", "remote", conn.RemoteAddr().String())
@@ -190,7 +191,7 @@ func (s *Server) handle(ctx context.Context, conn net.Conn) {
 		lingerClose(conn)
 		return
 	}
-	log = log.With("id", req.ID, "model", req.Model, "tokens", len(req.Tokens), "start_pos", req.StartPos)
+	log = log.With("req", req)
 	s.stream(ctx, conn, br, req, log)
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"log/slog"
 	"time"
 	"unicode/utf8"
 )
@@ -646,4 +647,29 @@ func parseError(p []byte) error {
 		return corruptf("error frame of %d bytes with a %d-byte reason", len(p), r)
 	}
 	return &RemoteError{Code: le.Uint16(p[0:2]), Reason: string(p[4:])}
+}
+
+// LogValue summarizes a request for log/slog (without its token ids).
+func (r *Request) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("id", r.ID),
+		slog.String("model", r.Model),
+		slog.Int("tokens", len(r.Tokens)),
+		slog.Int("start_pos", r.StartPos),
+		slog.String("dtype", r.DType.String()),
+		slog.Duration("deadline", r.Deadline),
+	)
+}
+
+// LogValue summarizes a header for log/slog.
+func (h *Header) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("fingerprint", h.Fingerprint.String()),
+		slog.String("dtype", h.DType.String()),
+		slog.Int("layers", len(h.Kinds)),
+		slog.Int("kv_heads", h.KVHeads),
+		slog.Int("head_dim", h.HeadDim),
+		slog.Int("token_start", h.TokenStart),
+		slog.Int("token_end", h.TokenEnd),
+	)
 }
