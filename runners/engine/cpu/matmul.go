@@ -190,7 +190,13 @@ func (b *Backend) Linear(x engine.Array, l *engine.Linear) engine.Array {
 
 // matmulT computes out [L, N] = x [L, K] · wᵀ on all threads.
 func (b *Backend) matmulT(out, x []float32, L int, w *weight) {
-	b.matmulTMode(out, x, L, w, w.bits == 4 && L <= quantFusedMaxRows)
+	b.matmulTMode(out, x, L, w, b.canFuse(w) && L <= quantFusedMaxRows)
+}
+
+// canFuse reports whether a quantized weight has a fused kernel here:
+// 4-bit always (scalar or AVX2), 8-bit with AVX2.
+func (b *Backend) canFuse(w *weight) bool {
+	return w.gs%8 == 0 && (w.bits == 4 || (w.bits == 8 && b.simd))
 }
 
 // matmulTExpand always expands weight rows (the benchmarks' comparison).
@@ -211,7 +217,7 @@ func (b *Backend) matmulTMode(out, x []float32, L int, w *weight, fused bool) {
 		if fused {
 			for j := lo * 4; j < min(hi*4, N); j++ {
 				for i := range L {
-					out[i*N+j] = qdot4(x[i*K:(i+1)*K], w, j, xsums[i*(K/w.gs):(i+1)*(K/w.gs)])
+					out[i*N+j] = b.qdot(x[i*K:(i+1)*K], w, j, xsums[i*(K/w.gs):(i+1)*(K/w.gs)])
 				}
 			}
 			return
@@ -265,6 +271,30 @@ func groupSums(x []float32, L, K, gs int) []float32 {
 		}
 	}
 	return s
+}
+
+// qdot is dot(x, row j of a quantized weight) without expanding the row,
+// on the AVX2 kernels when available.
+func (b *Backend) qdot(x []float32, w *weight, j int, xsums []float32) float32 {
+	if !b.simd {
+		return qdot4(x, w, j, xsums)
+	}
+	ng := w.in / w.gs
+	words := w.q[j*w.wpr : (j+1)*w.wpr]
+	sc := w.scales[j*ng : (j+1)*ng]
+	bi := w.biases[j*ng : (j+1)*ng]
+	x = x[:w.in]
+	var acc [8]float32
+	if w.bits == 4 {
+		q4dotAVX(&x[0], &words[0], &sc[0], ng, w.gs/8, &acc)
+	} else {
+		q8dotAVX(&x[0], &words[0], &sc[0], ng, w.gs/8, &acc)
+	}
+	total := hsum8(acc[:])
+	for g, bv := range bi {
+		total += bv * xsums[g]
+	}
+	return total
 }
 
 // qdot4 is dot(x, row j of a 4-bit weight) without expanding the row:

@@ -18,3 +18,15 @@ func dot2x4AVX(x0, x1, w0, w1, w2, w3 *float32, n int, acc *[64]float32)
 //
 //go:noescape
 func dot1x4AVX(x0, w0, w1, w2, w3 *float32, n int, acc *[32]float32)
+
+// q4dotAVX computes, lane-wise, Σ_g scales[g]·Σ q·x over ngroups groups of
+// 8·iters elements of one 4-bit weight row (the affine bias is added by the
+// caller from per-group sums of x).
+//
+//go:noescape
+func q4dotAVX(x *float32, words *uint32, scales *float32, ngroups, iters int, acc *[8]float32)
+
+// q8dotAVX is q4dotAVX for 8-bit weights.
+//
+//go:noescape
+func q8dotAVX(x *float32, words *uint32, scales *float32, ngroups, iters int, acc *[8]float32)

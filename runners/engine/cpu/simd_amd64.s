@@ -87,3 +87,92 @@ done1:
 	VMOVUPS Y3, 96(DX)
 	VZEROUPPER
 	RET
+
+DATA q4shifts<>+0(SB)/4, $0
+DATA q4shifts<>+4(SB)/4, $4
+DATA q4shifts<>+8(SB)/4, $8
+DATA q4shifts<>+12(SB)/4, $12
+DATA q4shifts<>+16(SB)/4, $16
+DATA q4shifts<>+20(SB)/4, $20
+DATA q4shifts<>+24(SB)/4, $24
+DATA q4shifts<>+28(SB)/4, $28
+GLOBL q4shifts<>(SB), RODATA|NOPTR, $32
+
+DATA q4mask<>+0(SB)/4, $15
+GLOBL q4mask<>(SB), RODATA|NOPTR, $4
+
+// func q4dotAVX(x *float32, words *uint32, scales *float32, ngroups, iters int, acc *[8]float32)
+// acc = Σ_g scales[g] · Σ_{k in g} q_k·x_k (lane-wise); iters = group/8.
+TEXT ·q4dotAVX(SB), NOSPLIT, $0-48
+	MOVQ x+0(FP), SI
+	MOVQ words+8(FP), DI
+	MOVQ scales+16(FP), R8
+	MOVQ ngroups+24(FP), CX
+	MOVQ iters+32(FP), R9
+	MOVQ acc+40(FP), DX
+	VMOVDQU q4shifts<>(SB), Y15
+	VPBROADCASTD q4mask<>(SB), Y14
+	VXORPS Y0, Y0, Y0
+
+q4group:
+	TESTQ CX, CX
+	JE    q4done
+	VXORPS Y1, Y1, Y1
+	MOVQ R9, BX
+
+q4word:
+	VPBROADCASTD (DI), Y2
+	VPSRLVD Y15, Y2, Y2
+	VPAND Y14, Y2, Y2
+	VCVTDQ2PS Y2, Y2
+	VFMADD231PS (SI), Y2, Y1
+	ADDQ $4, DI
+	ADDQ $32, SI
+	DECQ BX
+	JNZ  q4word
+	VBROADCASTSS (R8), Y3
+	VFMADD231PS Y3, Y1, Y0
+	ADDQ $4, R8
+	DECQ CX
+	JMP  q4group
+
+q4done:
+	VMOVUPS Y0, (DX)
+	VZEROUPPER
+	RET
+
+// func q8dotAVX(x *float32, words *uint32, scales *float32, ngroups, iters int, acc *[8]float32)
+// As q4dotAVX for 8-bit weights (4 per word; 8 bytes per iteration).
+TEXT ·q8dotAVX(SB), NOSPLIT, $0-48
+	MOVQ x+0(FP), SI
+	MOVQ words+8(FP), DI
+	MOVQ scales+16(FP), R8
+	MOVQ ngroups+24(FP), CX
+	MOVQ iters+32(FP), R9
+	MOVQ acc+40(FP), DX
+	VXORPS Y0, Y0, Y0
+
+q8group:
+	TESTQ CX, CX
+	JE    q8done
+	VXORPS Y1, Y1, Y1
+	MOVQ R9, BX
+
+q8word:
+	VPMOVZXBD (DI), Y2
+	VCVTDQ2PS Y2, Y2
+	VFMADD231PS (SI), Y2, Y1
+	ADDQ $8, DI
+	ADDQ $32, SI
+	DECQ BX
+	JNZ  q8word
+	VBROADCASTSS (R8), Y3
+	VFMADD231PS Y3, Y1, Y0
+	ADDQ $4, R8
+	DECQ CX
+	JMP  q8group
+
+q8done:
+	VMOVUPS Y0, (DX)
+	VZEROUPPER
+	RET
