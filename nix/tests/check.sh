@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Nix checks that need no nixpkgs and no network (what CI can run with
-# Debian's nix-bin): every .nix file must parse, and the pure helpers under
-# nix/lib must evaluate to the expected output committed in nix/tests/fixtures.
+# Nix checks that need no nixpkgs and no Nix store (what CI can run with
+# Debian's nix-bin): every .nix file must parse, the pure helpers under
+# nix/lib must evaluate to the expected output committed in nix/tests/fixtures,
+# and nix/package.nix's vendorHash must match `go mod vendor` (Go proxy).
 # Exits non-zero on the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -38,6 +39,14 @@ fi
 if [ -f nix/tests/eval.sh ]; then
 	# shellcheck source=/dev/null
 	. nix/tests/eval.sh
+fi
+
+# vendorHash in nix/package.nix must be the NAR hash of `go mod vendor` for
+# this tree (what buildGoModule's goModules derivation produces).
+if command -v go >/dev/null 2>&1; then
+	nix/update-vendor-hash.sh --check || fail=1
+else
+	echo "note: go not found; vendorHash not checked"
 fi
 
 if [ "$fail" -ne 0 ]; then

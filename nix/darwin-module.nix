@@ -1,0 +1,143 @@
+# nix-darwin module: services.exo runs `exo supervise` as the launchd daemon
+# org.exo-pd.exo (RunAtLoad, KeepAlive on failure, logs under
+# /var/log/exo), as the dedicated user _exo, with /etc/exo/cluster.toml
+# written from services.exo.settings and validated at build time by
+# `exo config check`. The job comes from nix/lib (shared with
+# etc/launchd/org.exo-pd.exo.plist).
+{ self ? null }:
+{
+  config,
+  lib,
+  pkgs,
+  ...
+}:
+let
+  cfg = config.services.exo;
+  exoLib = import ./lib;
+  format = pkgs.formats.toml { };
+  system = pkgs.stdenv.hostPlatform.system;
+
+  stateDir = "/var/lib/exo";
+  logDir = "/var/log/exo";
+
+  clusterFile = pkgs.runCommand "exo-cluster.toml"
+    {
+      nativeBuildInputs = [ cfg.package ];
+      raw = format.generate "cluster.toml" cfg.settings;
+    }
+    ''
+      exo config check "$raw"
+      cp "$raw" "$out"
+    '';
+
+  job = exoLib.launchdDaemon {
+    exe = lib.getExe cfg.package;
+    configFile = "/etc/exo/cluster.toml";
+    host = cfg.host;
+    user = "_exo";
+    group = "_exo";
+    inherit stateDir logDir;
+    environment = cfg.environment;
+  };
+in
+{
+  options.services.exo = {
+    enable = lib.mkEnableOption "exo-pd, disaggregated prefill/decode LLM serving (the exo supervisor)";
+
+    package =
+      lib.mkPackageOption pkgs "exo-pd" { }
+      // lib.optionalAttrs (self != null) {
+        default = self.packages.${system}.exo;
+        defaultText = lib.literalExpression "exo-pd.packages.\${system}.exo";
+      };
+
+    settings = lib.mkOption {
+      type = lib.types.submodule { freeformType = format.type; };
+      default = { };
+      description = ''
+        The cluster file, /etc/exo/cluster.toml, as Nix values (the same on
+        every host; see etc/exo/cluster.example.toml), validated with
+        `exo config check` when the system is built.
+      '';
+    };
+
+    host = lib.mkOption {
+      type = lib.types.nullOr lib.types.str;
+      default = null;
+      example = "studio";
+      description = "This machine's name in settings.hosts (`exo supervise --host`); null means the hostname.";
+    };
+
+    openFirewall = lib.mkOption {
+      type = lib.types.bool;
+      default = false;
+      description = ''
+        Accepted for symmetry with NixOS. macOS's firewall filters by
+        application, not by port: when it is on, allow the exo binary
+        (`/usr/libexec/ApplicationFirewall/socketfilterfw --add $(which exo)`),
+        which this option does during activation.
+      '';
+    };
+
+    environment = lib.mkOption {
+      type = lib.types.attrsOf lib.types.str;
+      default = { };
+      description = "Extra environment for the supervisor and its runners (not for secrets: it lands in the store).";
+    };
+
+    uid = lib.mkOption {
+      type = lib.types.int;
+      default = 535;
+      description = "uid of the _exo user (nix-darwin manages users with fixed ids).";
+    };
+
+    gid = lib.mkOption {
+      type = lib.types.int;
+      default = 535;
+      description = "gid of the _exo group.";
+    };
+  };
+
+  config = lib.mkIf cfg.enable {
+    assertions = [
+      {
+        assertion = cfg.settings != { };
+        message = "services.exo.settings is empty: describe the cluster (see etc/exo/cluster.example.toml).";
+      }
+    ];
+
+    environment.etc."exo/cluster.toml".source = clusterFile;
+    environment.systemPackages = [ cfg.package ];
+
+    users.knownUsers = [ "_exo" ];
+    users.knownGroups = [ "_exo" ];
+    users.users._exo = {
+      uid = cfg.uid;
+      gid = cfg.gid;
+      home = stateDir;
+      shell = "/usr/bin/false";
+      isHidden = true;
+      description = "exo-pd supervisor";
+    };
+    users.groups._exo = {
+      gid = cfg.gid;
+      members = [ "_exo" ];
+      description = "exo-pd supervisor";
+    };
+
+    # State (the model store) and logs, owned by the daemon's user.
+    system.activationScripts.extraActivation.text = lib.mkAfter (
+      ''
+        mkdir -p ${stateDir}/models ${logDir}
+        chown -R _exo:_exo ${stateDir} ${logDir}
+        chmod 0750 ${stateDir}
+      ''
+      + lib.optionalString cfg.openFirewall ''
+        /usr/libexec/ApplicationFirewall/socketfilterfw --add ${lib.getExe cfg.package} >/dev/null || true
+        /usr/libexec/ApplicationFirewall/socketfilterfw --unblockapp ${lib.getExe cfg.package} >/dev/null || true
+      ''
+    );
+
+    launchd.daemons.exo.serviceConfig = job;
+  };
+}
