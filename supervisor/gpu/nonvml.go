@@ -1,0 +1,30 @@
+//go:build !(cgo && linux)
+
+package gpu
+
+import (
+	"errors"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Collector is never created in builds without NVML support.
+type Collector struct{}
+
+// Open logs why there are no GPU metrics and returns nil.
+func Open(log *slog.Logger) *Collector {
+	log.Info("GPU metrics off", "reason", "this build has no NVML support (needs cgo on Linux)")
+	return nil
+}
+
+// Close does nothing.
+func (c *Collector) Close() {}
+
+// Describe implements metrics.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {}
+
+// Update implements metrics.Collector.
+func (c *Collector) Update(ch chan<- prometheus.Metric) error {
+	return errors.New("no NVML support in this build")
+}
