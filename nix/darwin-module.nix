@@ -132,9 +132,14 @@ in
         chown -R _exo:_exo ${stateDir} ${logDir}
         chmod 0750 ${stateDir}
       ''
+      # The wrapper execs bin/.exo-wrapped, the process that listens.
       + lib.optionalString cfg.openFirewall ''
-        /usr/libexec/ApplicationFirewall/socketfilterfw --add ${lib.getExe cfg.package} >/dev/null || true
-        /usr/libexec/ApplicationFirewall/socketfilterfw --unblockapp ${lib.getExe cfg.package} >/dev/null || true
+        for f in ${lib.getExe cfg.package} ${cfg.package}/bin/.exo-wrapped; do
+          if [ -e "$f" ]; then
+            /usr/libexec/ApplicationFirewall/socketfilterfw --add "$f" >/dev/null || true
+            /usr/libexec/ApplicationFirewall/socketfilterfw --unblockapp "$f" >/dev/null || true
+          fi
+        done
       ''
     );
 

@@ -20,7 +20,7 @@ buildGoModule {
   # The one place the Go dependencies are pinned: the NAR hash of
   # `go mod vendor` for this tree. nix/update-vendor-hash.sh recomputes it
   # (CI checks it: nix/tests/check.sh).
-  vendorHash = "sha256-PNzAFT0YjpSY6jQMazL0W/uk0zEevqwsU+kI5A8Z3Ok=";
+  vendorHash = "sha256-7LEqUVcziYF65PXvdVszZMbGHziOxEArHrdn781E5no=";
 
   subPackages = [ "cmd/exo" ];
 

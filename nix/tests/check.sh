@@ -41,6 +41,31 @@ if [ -f nix/tests/eval.sh ]; then
 	. nix/tests/eval.sh
 fi
 
+# The modules under nixpkgs' module system, with stand-ins for the NixOS and
+# nix-darwin options they set (needs a checkout of nixpkgs' lib/, e.g.
+# nix-community/nixpkgs.lib; CI has none, so this runs only when given one).
+if [ -n "${EXO_NIXPKGS_LIB:-}" ]; then
+	got=$(mktemp)
+	if nixi --eval --strict --json nix/tests/module-eval.nix --arg lib "import $EXO_NIXPKGS_LIB" >"$got" &&
+		python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1])), indent=1, sort_keys=True))' "$got" >"$got.pretty"; then
+		if [ "${NIX_UPDATE_FIXTURES:-0}" = 1 ]; then
+			cp "$got.pretty" nix/tests/fixtures-modules/module-eval.json
+			echo "wrote nix/tests/fixtures-modules/module-eval.json"
+		elif diff -u nix/tests/fixtures-modules/module-eval.json "$got.pretty" >&2; then
+			echo "ok   eval: modules under nixpkgs lib ($EXO_NIXPKGS_LIB)"
+		else
+			echo "FAIL eval: modules differ from nix/tests/fixtures-modules/module-eval.json" >&2
+			fail=1
+		fi
+	else
+		echo "FAIL eval: nix/tests/module-eval.nix" >&2
+		fail=1
+	fi
+	rm -f "$got" "$got.pretty"
+else
+	echo "note: EXO_NIXPKGS_LIB not set; modules not evaluated (only parsed)"
+fi
+
 # vendorHash in nix/package.nix must be the NAR hash of `go mod vendor` for
 # this tree (what buildGoModule's goModules derivation produces).
 if command -v go >/dev/null 2>&1; then
