@@ -1,0 +1,413 @@
+// Package gateway owns the OpenAI-compatible API every supervisor serves on
+// port 52415: it lists the cluster's models, and forwards each completion
+// request — streaming (SSE) included, flushed chunk by chunk, cancelled when
+// the client goes away — to a healthy decode runner of the requested model:
+// this host's first, then the least loaded elsewhere, as their /health
+// reports (waiting + running). A model without a healthy decode runner gets
+// 503 with the reasons, an unknown model 404, both as OpenAI-style JSON
+// errors. It speaks to runners only over HTTP and must not import runners/.
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/exo-pd/exo-pd/supervisor/config"
+)
+
+// MaxBody is the largest request body the gateway forwards.
+const MaxBody = 32 << 20
+
+// Options tune a Gateway.
+type Options struct {
+	Logger      *slog.Logger
+	HealthEvery time.Duration // poll interval of runners' /health; default 1s
+	Transport   http.RoundTripper
+}
+
+// Backend is one decode runner the gateway may forward to.
+type Backend struct {
+	Model, Runner, Host, Addr string
+	Local                     bool
+}
+
+// Health is what the gateway knows about a backend.
+type Health struct {
+	OK       bool      `json:"ok"`
+	Status   string    `json:"status"` // "ok", "loading", or the error
+	Progress float64   `json:"progress,omitempty"`
+	Waiting  int       `json:"waiting"`
+	Running  int       `json:"running"`
+	Checked  time.Time `json:"checked"`
+}
+
+type snapshot struct {
+	host     string
+	models   []string
+	backends map[string][]Backend // model → decode runners
+}
+
+// Gateway forwards API requests to decode runners.
+type Gateway struct {
+	o      Options
+	log    *slog.Logger
+	client *http.Client // for forwarding: no timeout (streams)
+	probe  *http.Client // for /health
+	snap   atomic.Pointer[snapshot]
+	kick   chan struct{}
+
+	mu     sync.Mutex
+	health map[string]Health // by addr
+}
+
+// New returns a gateway serving nothing until SetConfig.
+func New(o Options) *Gateway {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.HealthEvery == 0 {
+		o.HealthEvery = time.Second
+	}
+	tr := o.Transport
+	if tr == nil {
+		tr = http.DefaultTransport
+	}
+	g := &Gateway{o: o, log: o.Logger, client: &http.Client{Transport: tr},
+		probe: &http.Client{Transport: tr, Timeout: 2 * time.Second},
+		kick:  make(chan struct{}, 1), health: map[string]Health{}}
+	g.snap.Store(&snapshot{backends: map[string][]Backend{}})
+	return g
+}
+
+// SetConfig switches the gateway to a (new) cluster file; localHost is the
+// host this supervisor runs on.
+func (g *Gateway) SetConfig(c *config.Config, localHost string) {
+	s := &snapshot{host: localHost, backends: map[string][]Backend{}}
+	for _, m := range c.Models {
+		s.models = append(s.models, m.Name)
+		for _, r := range c.DecodeRunners(m.Name) {
+			s.backends[m.Name] = append(s.backends[m.Name], Backend{
+				Model: m.Name, Runner: r.Name, Host: r.Host, Addr: r.HealthAddr(), Local: r.Host == localHost})
+		}
+	}
+	g.snap.Store(s)
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run polls every backend's /health until ctx ends.
+func (g *Gateway) Run(ctx context.Context) {
+	t := time.NewTicker(g.o.HealthEvery)
+	defer t.Stop()
+	for {
+		g.pollAll(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-g.kick:
+		}
+	}
+}
+
+func (g *Gateway) pollAll(ctx context.Context) {
+	var all []Backend
+	for _, bs := range g.snap.Load().backends {
+		all = append(all, bs...)
+	}
+	g.poll(ctx, all)
+}
+
+func (g *Gateway) poll(ctx context.Context, bs []Backend) {
+	var wg sync.WaitGroup
+	for _, b := range bs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h := g.check(ctx, b.Addr)
+			g.mu.Lock()
+			g.health[b.Addr] = h
+			g.mu.Unlock()
+		}()
+	}
+	wg.Wait()
+}
+
+func (g *Gateway) check(ctx context.Context, addr string) Health {
+	h := Health{Checked: time.Now()}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/health", nil)
+	if err != nil {
+		h.Status = err.Error()
+		return h
+	}
+	resp, err := g.probe.Do(req)
+	if err != nil {
+		h.Status = shortErr(err)
+		return h
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Status   string  `json:"status"`
+		Progress float64 `json:"progress"`
+		Waiting  int     `json:"waiting"`
+		Running  int     `json:"running"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&body); err != nil {
+		h.Status = fmt.Sprintf("bad /health (%s): %v", resp.Status, err)
+		return h
+	}
+	h.OK = resp.StatusCode == http.StatusOK
+	h.Status, h.Progress, h.Waiting, h.Running = body.Status, body.Progress, body.Waiting, body.Running
+	if h.Status == "" {
+		h.Status = resp.Status
+	}
+	return h
+}
+
+func shortErr(err error) string {
+	s := err.Error()
+	if i := strings.LastIndex(s, ": "); i >= 0 && strings.Contains(s, "dial") {
+		return s[i+2:]
+	}
+	return s
+}
+
+// Health returns the known health of every backend, by address.
+func (g *Gateway) Health() map[string]Health {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make(map[string]Health, len(g.health))
+	for k, v := range g.health {
+		out[k] = v
+	}
+	return out
+}
+
+// candidates orders model's healthy backends: local first, then by load.
+func (g *Gateway) candidates(model string) (ok []Backend, reasons []string) {
+	bs := g.snap.Load().backends[model]
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	type cand struct {
+		b    Backend
+		load int
+	}
+	var cs []cand
+	for _, b := range bs {
+		h, known := g.health[b.Addr]
+		switch {
+		case !known:
+			reasons = append(reasons, fmt.Sprintf("%s on %s (%s): not checked yet", b.Runner, b.Host, b.Addr))
+		case !h.OK:
+			r := fmt.Sprintf("%s on %s (%s): %s", b.Runner, b.Host, b.Addr, h.Status)
+			if h.Status == "loading" {
+				r += fmt.Sprintf(" %.0f%%", 100*h.Progress)
+			}
+			reasons = append(reasons, r)
+		default:
+			cs = append(cs, cand{b, h.Waiting + h.Running})
+		}
+	}
+	sort.SliceStable(cs, func(i, j int) bool {
+		if cs[i].b.Local != cs[j].b.Local {
+			return cs[i].b.Local
+		}
+		return cs[i].load < cs[j].load
+	})
+	for _, c := range cs {
+		ok = append(ok, c.b)
+	}
+	return ok, reasons
+}
+
+func (g *Gateway) markDown(addr, why string) {
+	g.mu.Lock()
+	g.health[addr] = Health{Status: why, Checked: time.Now()}
+	g.mu.Unlock()
+}
+
+// Handler serves /v1/models, /v1/models/{id}, /health and forwards the
+// rest of /v1/ to decode runners.
+func (g *Gateway) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/models", g.models)
+	mux.HandleFunc("GET /v1/models/{id...}", g.model)
+	mux.HandleFunc("GET /health", g.healthz)
+	mux.HandleFunc("POST /v1/", g.forward)
+	return mux
+}
+
+type modelObj struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+func (g *Gateway) models(w http.ResponseWriter, r *http.Request) {
+	s := g.snap.Load()
+	data := []modelObj{}
+	for _, m := range s.models {
+		data = append(data, modelObj{m, "model", 0, "exo"})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
+func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	for _, m := range g.snap.Load().models {
+		if m == id {
+			writeJSON(w, http.StatusOK, modelObj{m, "model", 0, "exo"})
+			return
+		}
+	}
+	g.unknownModel(w, id)
+}
+
+func (g *Gateway) healthz(w http.ResponseWriter, r *http.Request) {
+	s := g.snap.Load()
+	type mh struct {
+		Healthy int `json:"healthy"`
+		Total   int `json:"total"`
+	}
+	models := map[string]mh{}
+	status := "ok"
+	for _, m := range s.models {
+		ok, _ := g.candidates(m)
+		models[m] = mh{len(ok), len(s.backends[m])}
+		if len(ok) == 0 {
+			status = "degraded"
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": status, "host": s.host, "models": models})
+}
+
+// APIError writes an OpenAI-style error.
+func APIError(w http.ResponseWriter, code int, typ, errCode, msg string) {
+	writeJSON(w, code, map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": errCode, "param": nil}})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (g *Gateway) unknownModel(w http.ResponseWriter, name string) {
+	APIError(w, http.StatusNotFound, "invalid_request_error", "model_not_found",
+		fmt.Sprintf("model %q is not served by this cluster (models: %s)", name, strings.Join(g.snap.Load().models, ", ")))
+}
+
+var hopByHop = map[string]bool{
+	"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
+	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Proxy-Connection": true,
+}
+
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	if err != nil {
+		APIError(w, http.StatusBadRequest, "invalid_request_error", "bad_body", "reading request body: "+err.Error())
+		return
+	}
+	if len(body) > MaxBody {
+		APIError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large", fmt.Sprintf("request body over %d bytes", MaxBody))
+		return
+	}
+	var req struct {
+		Model string `json:"model"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		APIError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "request body is not JSON: "+err.Error())
+		return
+	}
+	if req.Model == "" {
+		APIError(w, http.StatusBadRequest, "invalid_request_error", "missing_model", `request has no "model"`)
+		return
+	}
+	if _, ok := g.snap.Load().backends[req.Model]; !ok {
+		g.unknownModel(w, req.Model)
+		return
+	}
+	cands, reasons := g.candidates(req.Model)
+	if len(cands) == 0 { // stale view? look again now
+		g.poll(r.Context(), g.snap.Load().backends[req.Model])
+		cands, reasons = g.candidates(req.Model)
+	}
+	for _, b := range cands {
+		resp, err := g.send(r, b, body)
+		if err != nil {
+			if r.Context().Err() != nil {
+				return // the client went away
+			}
+			why := shortErr(err)
+			g.log.Warn("decode runner unreachable; trying the next", "model", req.Model, "runner", b.Runner, "host", b.Host, "err", why)
+			g.markDown(b.Addr, why)
+			reasons = append(reasons, fmt.Sprintf("%s on %s (%s): %s", b.Runner, b.Host, b.Addr, why))
+			continue
+		}
+		g.relay(w, r, resp, b)
+		return
+	}
+	APIError(w, http.StatusServiceUnavailable, "server_error", "no_healthy_runner",
+		fmt.Sprintf("no healthy decode runner for model %q: %s", req.Model, strings.Join(reasons, "; ")))
+}
+
+func (g *Gateway) send(r *http.Request, b Backend, body []byte) (*http.Response, error) {
+	url := "http://" + b.Addr + r.URL.Path
+	if r.URL.RawQuery != "" {
+		url += "?" + r.URL.RawQuery
+	}
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	for k, vs := range r.Header {
+		if !hopByHop[k] {
+			out.Header[k] = vs
+		}
+	}
+	return g.client.Do(out)
+}
+
+// relay copies the runner's answer to the client, flushing every chunk.
+func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, resp *http.Response, b Backend) {
+	defer resp.Body.Close()
+	for k, vs := range resp.Header {
+		if !hopByHop[k] {
+			w.Header()[k] = vs
+		}
+	}
+	w.Header().Set("X-Exo-Runner", b.Host+"/"+b.Runner)
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return // client gone; returning cancels the upstream request
+			}
+			_ = rc.Flush()
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) && r.Context().Err() == nil {
+				g.log.Warn("stream from decode runner broke", "runner", b.Runner, "host", b.Host, "err", err)
+			}
+			return
+		}
+	}
+}

@@ -1,0 +1,274 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/exo-pd/exo-pd/supervisor/config"
+)
+
+// fakeRunner is a decode runner's HTTP face on a chosen address.
+type fakeRunner struct {
+	name             string
+	srv              *httptest.Server
+	healthCode       atomic.Int32
+	waiting, running atomic.Int32
+	progress         float64
+	chat             http.HandlerFunc
+}
+
+func newFake(t *testing.T, name, addr string) *fakeRunner {
+	t.Helper()
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("cannot listen on %s: %v", addr, err)
+	}
+	f := &fakeRunner{name: name}
+	f.healthCode.Store(200)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		code := int(f.healthCode.Load())
+		w.WriteHeader(code)
+		if code == 200 {
+			fmt.Fprintf(w, `{"status":"ok","role":"decode","model":"m","waiting":%d,"running":%d}`, f.waiting.Load(), f.running.Load())
+		} else {
+			fmt.Fprintf(w, `{"status":"loading","progress":%g}`, f.progress)
+		}
+	})
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+		if f.chat != nil {
+			f.chat(w, r)
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"served_by":%q,"echo":%s,"auth":%q}`, f.name, b, r.Header.Get("Authorization"))
+	})
+	f.srv = httptest.NewUnstartedServer(mux)
+	f.srv.Listener.Close()
+	f.srv.Listener = l
+	f.srv.Start()
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+// cluster starts fake decode runners for model m on hosts a (127.0.0.1) and
+// b (127.0.0.2), same port, and a gateway for localHost.
+func cluster(t *testing.T, localHost string) (*Gateway, *httptest.Server, *fakeRunner, *fakeRunner) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	a := newFake(t, "a", fmt.Sprintf("127.0.0.1:%d", port))
+	b := newFake(t, "b", fmt.Sprintf("127.0.0.2:%d", port))
+	c, err := config.Parse("t.toml", []byte(fmt.Sprintf(`
+[hosts.a]
+address = "127.0.0.1"
+backend = "cpu"
+[hosts.b]
+address = "127.0.0.2"
+backend = "cpu"
+[hosts.c]
+address = "127.0.0.3"
+backend = "cpu"
+[[models]]
+name = "m"
+source = "s"
+decode = { hosts = ["a", "b"], port = %d }
+[[models]]
+name = "nobody"
+source = "s"
+decode = { hosts = ["c"], port = %d }
+`, port, port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := New(Options{HealthEvery: time.Hour})
+	g.SetConfig(c, localHost)
+	g.pollAll(context.Background())
+	srv := httptest.NewServer(g.Handler())
+	t.Cleanup(srv.Close)
+	return g, srv, a, b
+}
+
+func post(t *testing.T, url, body string) (*http.Response, map[string]any) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer k")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var v map[string]any
+	json.NewDecoder(resp.Body).Decode(&v)
+	return resp, v
+}
+
+func TestLocalFirst(t *testing.T) {
+	_, srv, a, _ := cluster(t, "b")
+	a.waiting.Store(0)
+	resp, v := post(t, srv.URL, `{"model":"m","messages":[]}`)
+	if resp.StatusCode != 200 || v["served_by"] != "b" || resp.Header.Get("X-Exo-Runner") != "b/m-decode" {
+		t.Fatalf("status %d body %v runner %q: want the local runner b", resp.StatusCode, v, resp.Header.Get("X-Exo-Runner"))
+	}
+	if v["auth"] != "Bearer k" || v["echo"].(map[string]any)["model"] != "m" {
+		t.Errorf("headers/body not forwarded: %v", v)
+	}
+}
+
+func TestLeastLoadedElsewhere(t *testing.T) {
+	g, srv, a, b := cluster(t, "c")
+	a.waiting.Store(3)
+	b.running.Store(1)
+	g.pollAll(context.Background())
+	if _, v := post(t, srv.URL, `{"model":"m"}`); v["served_by"] != "b" {
+		t.Errorf("served by %v, want b (load 1 < 3)", v["served_by"])
+	}
+	b.running.Store(5)
+	g.pollAll(context.Background())
+	if _, v := post(t, srv.URL, `{"model":"m"}`); v["served_by"] != "a" {
+		t.Errorf("served by %v, want a (load 3 < 5)", v["served_by"])
+	}
+}
+
+func TestFailoverWhenRunnerDisappears(t *testing.T) {
+	_, srv, a, _ := cluster(t, "a")
+	a.srv.Close() // health said ok a moment ago
+	resp, v := post(t, srv.URL, `{"model":"m"}`)
+	if resp.StatusCode != 200 || v["served_by"] != "b" {
+		t.Fatalf("status %d %v, want b after a vanished", resp.StatusCode, v)
+	}
+}
+
+func TestNoHealthyRunner(t *testing.T) {
+	g, srv, a, b := cluster(t, "a")
+	a.healthCode.Store(503)
+	a.progress = 0.3
+	b.srv.Close()
+	g.pollAll(context.Background())
+	resp, v := post(t, srv.URL, `{"model":"m"}`)
+	if resp.StatusCode != 503 {
+		t.Fatalf("status %d, want 503", resp.StatusCode)
+	}
+	e := v["error"].(map[string]any)
+	msg := e["message"].(string)
+	if e["code"] != "no_healthy_runner" || !strings.HasPrefix(msg, `no healthy decode runner for model "m": m-decode on a (127.0.0.1:`) ||
+		!strings.Contains(msg, "): loading 30%; m-decode on b (127.0.0.2:") || !strings.HasSuffix(msg, "connection refused") {
+		t.Errorf("error = %v", e)
+	}
+	resp, v = post(t, srv.URL, `{"model":"nobody"}`)
+	if resp.StatusCode != 503 || !strings.Contains(v["error"].(map[string]any)["message"].(string), `model "nobody": nobody-decode on c (127.0.0.3:`) {
+		t.Errorf("nobody: %d %v", resp.StatusCode, v)
+	}
+}
+
+func TestUnknownModelAndBadRequests(t *testing.T) {
+	_, srv, _, _ := cluster(t, "a")
+	resp, v := post(t, srv.URL, `{"model":"gpt-5"}`)
+	e := v["error"].(map[string]any)
+	if resp.StatusCode != 404 || e["code"] != "model_not_found" || e["message"] != `model "gpt-5" is not served by this cluster (models: m, nobody)` {
+		t.Errorf("unknown model: %d %v", resp.StatusCode, v)
+	}
+	resp, v = post(t, srv.URL, `not json`)
+	if resp.StatusCode != 400 || v["error"].(map[string]any)["code"] != "invalid_json" {
+		t.Errorf("bad json: %d %v", resp.StatusCode, v)
+	}
+	resp, v = post(t, srv.URL, `{}`)
+	if resp.StatusCode != 400 || v["error"].(map[string]any)["code"] != "missing_model" {
+		t.Errorf("no model: %d %v", resp.StatusCode, v)
+	}
+}
+
+func TestModelsAndHealth(t *testing.T) {
+	_, srv, _, _ := cluster(t, "a")
+	resp, err := http.Get(srv.URL + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := `{"data":[{"id":"m","object":"model","created":0,"owned_by":"exo"},{"id":"nobody","object":"model","created":0,"owned_by":"exo"}],"object":"list"}` + "\n"; string(b) != want {
+		t.Errorf("/v1/models = %s", b)
+	}
+	resp, _ = http.Get(srv.URL + "/health")
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := `{"host":"a","models":{"m":{"healthy":2,"total":2},"nobody":{"healthy":0,"total":1}},"status":"degraded"}` + "\n"; string(b) != want {
+		t.Errorf("/health = %s", b)
+	}
+}
+
+func TestStreamingIsFlushedPerChunk(t *testing.T) {
+	_, srv, a, _ := cluster(t, "a")
+	next := make(chan struct{})
+	a.chat = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := 0; i < 3; i++ {
+			fmt.Fprintf(w, "data: {\"chunk\":%d}\n\n", i)
+			w.(http.Flusher).Flush()
+			<-next // the client must have seen this chunk before the next is written
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}
+	resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Errorf("content type %q", ct)
+	}
+	rd := bufio.NewReader(resp.Body)
+	for i := 0; i < 3; i++ {
+		line, err := rd.ReadString('\n')
+		if err != nil || line != fmt.Sprintf("data: {\"chunk\":%d}\n", i) {
+			t.Fatalf("chunk %d: %q %v", i, line, err)
+		}
+		rd.ReadString('\n')
+		next <- struct{}{}
+	}
+	rest, _ := io.ReadAll(rd)
+	if string(rest) != "data: [DONE]\n\n" {
+		t.Errorf("tail %q", rest)
+	}
+}
+
+func TestClientCancellationReachesRunner(t *testing.T) {
+	_, srv, a, _ := cluster(t, "a")
+	cancelled := make(chan struct{})
+	a.chat = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {}\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+		close(cancelled)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bufio.NewReader(resp.Body).ReadString('\n')
+	cancel()
+	resp.Body.Close()
+	select {
+	case <-cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the runner never saw the client go away")
+	}
+}
