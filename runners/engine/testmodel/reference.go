@@ -11,14 +11,14 @@ type Reference struct {
 }
 
 // ReferenceSet returns the reference models: llama, qwen2 and qwen3 in
-// f32, bf16 and MLX 4-bit (bf16 scales, group 64), all with seed 7.
+// f32, bf16 and MLX 4-bit (bf16 scales, group 64), all with seed 4 (chosen among seeds 1-8 for the largest top-1/top-2 logit margin in f32 greedy decoding, ≥ 0.003).
 func ReferenceSet() []Reference {
 	var out []Reference
 	for _, arch := range []string{"llama", "qwen2", "qwen3"} {
 		out = append(out,
-			Reference{arch + "-f32", Spec{Arch: arch, DType: engine.F32, Seed: 7}},
-			Reference{arch + "-bf16", Spec{Arch: arch, DType: engine.BF16, Seed: 7}},
-			Reference{arch + "-q4", Spec{Arch: arch, DType: engine.BF16, QuantBits: 4, GroupSize: 64, Seed: 7}},
+			Reference{arch + "-f32", Spec{Arch: arch, DType: engine.F32, Seed: 4}},
+			Reference{arch + "-bf16", Spec{Arch: arch, DType: engine.BF16, Seed: 4}},
+			Reference{arch + "-q4", Spec{Arch: arch, DType: engine.BF16, QuantBits: 4, GroupSize: 64, Seed: 4}},
 		)
 	}
 	return out

@@ -1,12 +1,14 @@
 // Command gen writes test models (runners/engine/testmodel).
 //
 //	go run ./runners/engine/testmodel/cmd/gen -reference DIR
-//	    writes every model of testmodel.ReferenceSet under DIR/<name>
+//	    writes every model of testmodel.ReferenceSet under DIR/<name> and
+//	    the reference prompts (token ids) to DIR/prompts.json
 //	go run ./runners/engine/testmodel/cmd/gen -arch qwen3 -dtype bf16 -bits 4 -group 64 -seed 1 DIR
 //	    writes one model to DIR
 package main
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -46,7 +48,11 @@ func run(args []string) error {
 			}
 			fmt.Println(filepath.Join(dir, r.Name))
 		}
-		return nil
+		prompts, err := json.Marshal(testmodel.ReferencePrompts())
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dir, "prompts.json"), append(prompts, '\n'), 0o644)
 	}
 	dt := engine.F32
 	if *dtype == "bf16" {
