@@ -43,45 +43,60 @@ func (b *Backend) Attention(qa, ka, va engine.Array, scale float32) engine.Array
 	qv := floats(q)
 	group := H / hkv
 	out := make([]float32, H*L*Dh)
-	rows := H * L
-	b.parallel(rows, max(1, 4096/max(1, T)), func(lo, hi int) {
-		scores := make([]float32, T)
-		acc := make([]float32, Dh)
-		for r := lo; r < hi; r++ {
-			h, i := r/L, r%L
+	// Per query head: scores [L, T] = q_h · K_khᵀ on the matmul kernels,
+	// causal softmax per row, then out_i = Σ_t p_t v_t over the visible keys
+	// only, accumulated in key order. Every number a row gets is computed
+	// the same way whatever L and T are, so chunked prefill, one-shot
+	// prefill and decode agree bit for bit.
+	b.parallel(H, 1, func(lo, hi int) {
+		scores := make([]float32, L*T)
+		buf := make([]float32, 4*Dh)
+		for h := lo; h < hi; h++ {
 			kh := h / group
-			limit := T - L + i + 1 // keys 0..T-L+i
-			qi := qv[(h*L+i)*Dh : (h*L+i+1)*Dh]
-			kbase := kd[kh*kst:]
+			keys := &weight{out: T, in: Dh, dt: engine.F32, f32: kd[kh*kst : kh*kst+T*Dh]}
+			b.gemmBlocks(scores, qv[h*L*Dh:(h+1)*L*Dh], L, keys, 0, (T+3)/4, buf)
 			vbase := vd[kh*vst:]
-			m := float32(math.Inf(-1))
-			for t := range limit {
-				s := dot(qi, kbase[t*Dh:(t+1)*Dh]) * scale
-				scores[t] = s
-				m = max(m, s)
-			}
-			var sum float32
-			for t := range limit {
-				p := float32(math.Exp(float64(scores[t] - m)))
-				scores[t] = p
-				sum += p
-			}
-			clear(acc)
-			for t := range limit {
-				p := scores[t]
-				vr := vbase[t*Dh : (t+1)*Dh : (t+1)*Dh]
-				for d := range acc {
-					acc[d] += p * vr[d]
+			for i := range L {
+				limit := T - L + i + 1 // keys 0..T-L+i
+				row := scores[i*T : i*T+limit]
+				m := float32(math.Inf(-1))
+				for t, s := range row {
+					s *= scale
+					row[t] = s
+					m = max(m, s)
 				}
-			}
-			inv := 1 / sum
-			o := out[(h*L+i)*Dh : (h*L+i+1)*Dh]
-			for d := range o {
-				o[d] = acc[d] * inv
+				var sum float32
+				for t, s := range row {
+					p := float32(math.Exp(float64(s - m)))
+					row[t] = p
+					sum += p
+				}
+				o := out[(h*L+i)*Dh : (h*L+i+1)*Dh]
+				for t, p := range row {
+					b.axpy(p, vbase[t*Dh:(t+1)*Dh], o)
+				}
+				inv := 1 / sum
+				for d := range o {
+					o[d] *= inv
+				}
 			}
 		}
 	})
 	return newF32([]int{H, L, Dh}, out)
+}
+
+// axpy adds a·x to y.
+func (b *Backend) axpy(a float32, x, y []float32) {
+	n := len(y)
+	x = x[:n]
+	i := 0
+	if b.simd && n >= 8 {
+		i = n &^ 7
+		axpyAVX(a, &x[0], &y[0], i)
+	}
+	for ; i < n; i++ {
+		y[i] += a * x[i]
+	}
 }
 
 // RoPE rotates the first r.Dims dims of x [H, L, Dh] ("rotate half" form)

@@ -253,8 +253,12 @@ func TestAttention(t *testing.T) {
 		{4, 2, 5, 5, 16},  // prefill, GQA 2
 		{6, 2, 1, 9, 8},   // decode after 8 cached
 		{9, 3, 3, 11, 32}, // chunk at an offset
+		{2, 1, 2, 7, 12},  // head dim not a multiple of 8
 	} {
-		b := New(2)
+		b := &Backend{threads: 2, simd: hasSIMD()}
+		if c.T == 11 {
+			b.simd = false // the pure-Go path
+		}
 		q := randF32(r, c.H*c.L*c.Dh)
 		k := randF32(r, c.Hkv*c.T*c.Dh)
 		v := randF32(r, c.Hkv*c.T*c.Dh)

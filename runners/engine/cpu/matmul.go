@@ -222,39 +222,39 @@ func (b *Backend) matmulTMode(out, x []float32, L int, w *weight, fused bool) {
 			}
 			return
 		}
-		buf := make([]float32, 4*K)
-		for blk := lo; blk < hi; blk++ {
-			j := blk * 4
-			if j+4 <= N {
-				w0 := w.rowF32(buf[0:K], j)
-				w1 := w.rowF32(buf[K:2*K], j+1)
-				w2 := w.rowF32(buf[2*K:3*K], j+2)
-				w3 := w.rowF32(buf[3*K:4*K], j+3)
-				i := 0
-				for ; i+2 <= L; i += 2 {
-					x0 := x[i*K : (i+1)*K : (i+1)*K]
-					x1 := x[(i+1)*K : (i+2)*K : (i+2)*K]
-					var r [8]float32
-					b.block2x4(&r, x0, x1, w0, w1, w2, w3)
-					copy(out[i*N+j:i*N+j+4], r[:4])
-					copy(out[(i+1)*N+j:(i+1)*N+j+4], r[4:])
-				}
-				for ; i < L; i++ {
-					xi := x[i*K : (i+1)*K : (i+1)*K]
-					var r [4]float32
-					b.block1x4(&r, xi, w0, w1, w2, w3)
-					copy(out[i*N+j:i*N+j+4], r[:])
-				}
-				continue
-			}
-			for jj := j; jj < N; jj++ {
-				wr := w.rowF32(buf[0:K], jj)
-				for i := range L {
-					out[i*N+jj] = dot(x[i*K:(i+1)*K], wr)
-				}
-			}
-		}
+		b.gemmBlocks(out, x, L, w, lo, hi, make([]float32, 4*K))
 	})
+}
+
+// gemmBlocks computes out [L, N] = x [L, K] · wᵀ for the weight rows in
+// blocks [lo, hi) of four, on the calling goroutine; buf holds 4·K floats.
+func (b *Backend) gemmBlocks(out, x []float32, L int, w *weight, lo, hi int, buf []float32) {
+	N, K := w.out, w.in
+	for blk := lo; blk < hi; blk++ {
+		j := blk * 4
+		// A last partial block repeats its last row, so every output is
+		// computed by the same kernel (results do not depend on N).
+		nv := min(4, N-j)
+		w0 := w.rowF32(buf[0:K], j)
+		w1 := w.rowF32(buf[K:2*K], min(j+1, N-1))
+		w2 := w.rowF32(buf[2*K:3*K], min(j+2, N-1))
+		w3 := w.rowF32(buf[3*K:4*K], min(j+3, N-1))
+		i := 0
+		for ; i+2 <= L; i += 2 {
+			x0 := x[i*K : (i+1)*K : (i+1)*K]
+			x1 := x[(i+1)*K : (i+2)*K : (i+2)*K]
+			var r [8]float32
+			b.block2x4(&r, x0, x1, w0, w1, w2, w3)
+			copy(out[i*N+j:i*N+j+nv], r[:nv])
+			copy(out[(i+1)*N+j:(i+1)*N+j+nv], r[4:4+nv])
+		}
+		for ; i < L; i++ {
+			xi := x[i*K : (i+1)*K : (i+1)*K]
+			var r [4]float32
+			b.block1x4(&r, xi, w0, w1, w2, w3)
+			copy(out[i*N+j:i*N+j+nv], r[:nv])
+		}
+	}
 }
 
 // groupSums returns Σx over each quantization group of each row of x.

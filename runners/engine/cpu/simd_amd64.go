@@ -30,3 +30,8 @@ func q4dotAVX(x *float32, words *uint32, scales *float32, ngroups, iters int, ac
 //
 //go:noescape
 func q8dotAVX(x *float32, words *uint32, scales *float32, ngroups, iters int, acc *[8]float32)
+
+// axpyAVX adds a·x to y over n elements (n a multiple of 8).
+//
+//go:noescape
+func axpyAVX(a float32, x, y *float32, n int)

@@ -176,3 +176,25 @@ q8done:
 	VMOVUPS Y0, (DX)
 	VZEROUPPER
 	RET
+
+// func axpyAVX(a float32, x, y *float32, n int)
+// y[i] += a·x[i] for n a multiple of 8.
+TEXT ·axpyAVX(SB), NOSPLIT, $0-32
+	VBROADCASTSS a+0(FP), Y0
+	MOVQ x+8(FP), SI
+	MOVQ y+16(FP), DI
+	MOVQ n+24(FP), CX
+	XORQ AX, AX
+
+axloop:
+	CMPQ AX, CX
+	JGE  axdone
+	VMOVUPS (DI)(AX*4), Y1
+	VFMADD231PS (SI)(AX*4), Y0, Y1
+	VMOVUPS Y1, (DI)(AX*4)
+	ADDQ $8, AX
+	JMP  axloop
+
+axdone:
+	VZEROUPPER
+	RET

@@ -19,3 +19,7 @@ func q4dotAVX(x *float32, words *uint32, scales *float32, ngroups, iters int, ac
 func q8dotAVX(x *float32, words *uint32, scales *float32, ngroups, iters int, acc *[8]float32) {
 	panic("cpu: no SIMD kernels on this platform")
 }
+
+func axpyAVX(a float32, x, y *float32, n int) {
+	panic("cpu: no SIMD kernels on this platform")
+}
