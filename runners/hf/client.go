@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -31,6 +32,7 @@ type client struct {
 	backoff   time.Duration // first retry delay (doubles, capped at 5s)
 	stall     time.Duration // abort a connection that delivers nothing for this long
 	tick      time.Duration // progress reporting interval
+	logEvery  time.Duration // progress log interval
 }
 
 func newClient(o Options) (*client, error) {
@@ -52,6 +54,7 @@ func newClient(o Options) (*client, error) {
 		backoff:   250 * time.Millisecond,
 		stall:     60 * time.Second,
 		tick:      250 * time.Millisecond,
+		logEvery:  10 * time.Second,
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.ResponseHeaderTimeout = 60 * time.Second
@@ -322,7 +325,7 @@ func (c *client) pull(ctx context.Context, ref Ref) (string, error) {
 	for _, f := range append(append([]repoFile(nil), meta...), weights...) {
 		prog.addTotal(f.Size)
 	}
-	stopReport := prog.run(c.tick)
+	stopReport := prog.run(c.tick, c.logEvery, log)
 	defer stopReport()
 	log.Info("pulling model", "commit", mi.Commit[:12], "files", len(meta)+len(weights), "bytes", prog.total.Load(), "store", dir)
 
@@ -434,23 +437,33 @@ func (p *progress) addTotal(n int64) {
 }
 
 // run reports every tick until the returned stop is called (idempotent),
-// which makes one final report.
-func (p *progress) run(tick time.Duration) (stop func()) {
-	if p.fn == nil {
-		return func() {}
-	}
+// which makes one final report. It also logs a progress line every logEvery
+// (runners have no terminal: their logs show the download).
+func (p *progress) run(tick, logEvery time.Duration, log *slog.Logger) (stop func()) {
 	quit := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		t := time.NewTicker(tick)
 		defer t.Stop()
+		meter := NewMeter(30 * time.Second)
+		last := time.Now()
 		for {
 			select {
 			case <-quit:
-				p.fn(p.done.Load(), p.total.Load())
+				if p.fn != nil {
+					p.fn(p.done.Load(), p.total.Load())
+				}
 				return
-			case <-t.C:
-				p.fn(p.done.Load(), p.total.Load())
+			case now := <-t.C:
+				done, total := p.done.Load(), p.total.Load()
+				if p.fn != nil {
+					p.fn(done, total)
+				}
+				line := meter.Line(now, done, total)
+				if logEvery > 0 && now.Sub(last) >= logEvery {
+					last = now
+					log.Info("downloading", "progress", strings.Join(strings.Fields(line), " "), "done_bytes", done, "total_bytes", total)
+				}
 			}
 		}
 	})

