@@ -1,0 +1,188 @@
+package weights
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+)
+
+func writeGGUF(t *testing.T, b *ggufBuilder) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "m.gguf")
+	if err := os.WriteFile(p, b.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func f32s(t *testing.T, x engine.Tensor) []float32 {
+	t.Helper()
+	if x.DType != engine.F32 {
+		t.Fatalf("%s: dtype %v", x.Name, x.DType)
+	}
+	out := make([]float32, len(x.Data)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(x.Data[4*i:]))
+	}
+	return out
+}
+
+func llamaMeta(b *ggufBuilder, arch string, heads, kvHeads uint32) {
+	b.Str("general.architecture", arch)
+	b.U32(arch+".block_count", 1)
+	b.U32(arch+".embedding_length", 8)
+	b.U32(arch+".feed_forward_length", 32)
+	b.U32(arch+".attention.head_count", heads)
+	b.U32(arch+".attention.head_count_kv", kvHeads)
+	b.U32(arch+".context_length", 128)
+	b.F32(arch+".rope.freq_base", 1e6)
+	b.F32(arch+".attention.layer_norm_rms_epsilon", 1e-6)
+	b.Strs("tokenizer.ggml.tokens", []string{"a", "b", "c", "d"})
+}
+
+// TestGGUFSourceUnpermutesLlamaQK builds a llama GGUF whose F32 attn_q and
+// attn_k rows hold their own HF row index after llama.cpp's permutation,
+// and checks that the Source gives them back in HF order.
+func TestGGUFSourceUnpermutesLlamaQK(t *testing.T) {
+	const hidden, heads, kvHeads, hd = 8, 2, 1, 4
+	permuted := func(rows, nHeads int) []byte {
+		// convert_hf_to_gguf: rows (heads, 2, hd/2) → (heads, hd/2, 2).
+		v := make([]float32, rows*hidden)
+		half := rows / nHeads / 2
+		for h := 0; h < nHeads; h++ {
+			for i := 0; i < half; i++ {
+				for j := 0; j < 2; j++ {
+					hfRow := h*2*half + j*half + i
+					ggufRow := h*2*half + 2*i + j
+					for c := 0; c < hidden; c++ {
+						v[ggufRow*hidden+c] = float32(hfRow*100 + c)
+					}
+				}
+			}
+		}
+		return f32Bytes(v...)
+	}
+	var b ggufBuilder
+	llamaMeta(&b, "llama", heads, kvHeads)
+	b.Tensor("blk.0.attn_q.weight", TypeF32, permuted(heads*hd, heads), hidden, heads*hd)
+	b.Tensor("blk.0.attn_k.weight", TypeF32, permuted(kvHeads*hd, kvHeads), hidden, kvHeads*hd)
+	b.Tensor("blk.0.attn_v.weight", TypeF32, permuted(kvHeads*hd, 1), hidden, kvHeads*hd)
+	b.Tensor("token_embd.weight", TypeF32, make([]byte, 4*4*hidden), hidden, 4)
+	src, err := Open(writeGGUF(t, &b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	for _, name := range []string{"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight"} {
+		x, err := src.Tensor(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := f32s(t, x)
+		rows := x.Shape[0]
+		if x.Shape[1] != hidden {
+			t.Fatalf("%s shape %v", name, x.Shape)
+		}
+		for r := 0; r < rows; r++ {
+			if v[r*hidden+1] != float32(r*100+1) {
+				t.Fatalf("%s row %d holds HF row %v", name, r, (v[r*hidden+1]-1)/100)
+			}
+		}
+	}
+	// v_proj is never permuted: its rows stay as stored.
+	x, _ := src.Tensor("model.layers.0.self_attn.v_proj.weight")
+	if v := f32s(t, x); v[1*hidden] != 200 {
+		t.Errorf("v_proj was permuted: row 1 = %v", v[1*hidden])
+	}
+	var cfg map[string]any
+	json.Unmarshal(src.Config(), &cfg)
+	if cfg["tie_word_embeddings"] != true || cfg["head_dim"] != 4.0 || cfg["num_key_value_heads"] != 1.0 || cfg["quantization"] != nil {
+		t.Errorf("config %s", src.Config())
+	}
+}
+
+func TestGGUFSourceQwen3AndQ4_0(t *testing.T) {
+	var b ggufBuilder
+	llamaMeta(&b, "qwen3", 2, 2)
+	b.U32("qwen3.attention.key_length", 8)
+	norm := f32Bytes(1, 2, 3, 4, 5, 6, 7, 8)
+	b.Tensor("blk.0.attn_q_norm.weight", TypeF32, norm, 8)
+	b.Tensor("blk.0.attn_k_norm.weight", TypeF32, norm, 8)
+	// One Q4_0 row of 32: d = 1.0 (f16 0x3c00), nibbles 0..15 low, 15..0 high.
+	blk := []byte{0x00, 0x3c}
+	for i := 0; i < 16; i++ {
+		blk = append(blk, byte(i)|byte(15-i)<<4)
+	}
+	b.Tensor("blk.0.attn_q.weight", TypeQ4_0, blk, 32, 1)
+	b.Tensor("output.weight", TypeF16, make([]byte, 2*8*4), 8, 4)
+	b.Tensor("blk.0.attn_q.bias", TypeF32, f32Bytes(1), 1)
+	src, err := Open(writeGGUF(t, &b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	want := []string{
+		"lm_head.weight",
+		"model.layers.0.self_attn.k_norm.weight",
+		"model.layers.0.self_attn.q_norm.weight",
+		"model.layers.0.self_attn.q_proj.bias",
+		"model.layers.0.self_attn.q_proj.biases",
+		"model.layers.0.self_attn.q_proj.scales",
+		"model.layers.0.self_attn.q_proj.weight",
+	}
+	if got := src.Names(); !reflect.DeepEqual(got, want) {
+		t.Errorf("names %q", got)
+	}
+	x, err := src.Tensor("model.layers.0.self_attn.q_norm.weight")
+	if err != nil || !reflect.DeepEqual(f32s(t, x), []float32{1, 2, 3, 4, 5, 6, 7, 8}) {
+		t.Errorf("q_norm %v %v", x, err)
+	}
+	lm, _ := src.Tensor("lm_head.weight")
+	if lm.DType != engine.F16 || !reflect.DeepEqual(lm.Shape, []int{4, 8}) {
+		t.Errorf("lm_head %v %v", lm.DType, lm.Shape)
+	}
+	if q := src.Quant("model.layers.0.self_attn.q_proj"); q != (engine.QuantSpec{Bits: 4, GroupSize: 32}) {
+		t.Errorf("quant %v", q)
+	}
+	w, _ := src.Tensor("model.layers.0.self_attn.q_proj.weight")
+	s, _ := src.Tensor("model.layers.0.self_attn.q_proj.scales")
+	bi, _ := src.Tensor("model.layers.0.self_attn.q_proj.biases")
+	if !reflect.DeepEqual(w.Shape, []int{1, 4}) || !reflect.DeepEqual(s.Shape, []int{1, 1}) {
+		t.Fatalf("shapes %v %v", w.Shape, s.Shape)
+	}
+	if binary.LittleEndian.Uint32(w.Data) != 0x76543210 || binary.LittleEndian.Uint32(w.Data[8:]) != 0x89abcdef {
+		t.Errorf("packed words %x", w.Data)
+	}
+	if F16ToF32(binary.LittleEndian.Uint16(s.Data)) != 1 || F16ToF32(binary.LittleEndian.Uint16(bi.Data)) != -8 {
+		t.Errorf("scale/bias %x %x", s.Data, bi.Data)
+	}
+	var cfg map[string]any
+	json.Unmarshal(src.Config(), &cfg)
+	if cfg["architectures"].([]any)[0] != "Qwen3ForCausalLM" || cfg["head_dim"] != 8.0 || cfg["tie_word_embeddings"] != false || cfg["attention_bias"] != true {
+		t.Errorf("config %s", src.Config())
+	}
+	if _, err := src.Tensor("token_embd.weight"); !errors.Is(err, engine.ErrNotFound) {
+		t.Errorf("GGUF name resolved: %v", err)
+	}
+}
+
+func TestGGUFSourceRejects(t *testing.T) {
+	var b ggufBuilder
+	llamaMeta(&b, "gpt2", 2, 2)
+	if _, err := Open(writeGGUF(t, &b)); err == nil {
+		t.Error("unsupported architecture accepted")
+	}
+	var c ggufBuilder
+	llamaMeta(&c, "llama", 2, 2)
+	c.Tensor("blk.0.ffn_up.weight", TypeQ6_K, make([]byte, 210), 256, 1)
+	if _, err := Open(writeGGUF(t, &c)); err == nil {
+		t.Error("Q6_K accepted")
+	}
+}
