@@ -41,29 +41,35 @@ if [ -f nix/tests/eval.sh ]; then
 	. nix/tests/eval.sh
 fi
 
-# The modules under nixpkgs' module system, with stand-ins for the NixOS and
-# nix-darwin options they set (needs a checkout of nixpkgs' lib/, e.g.
-# nix-community/nixpkgs.lib; CI has none, so this runs only when given one).
+# The modules under nixpkgs' module system with stand-ins for the NixOS and
+# nix-darwin options they set, and the flake's outputs against a stand-in
+# nixpkgs (packages return their attributes). Both need a checkout of
+# nixpkgs' lib/ (e.g. nix-community/nixpkgs.lib); CI has none, so these run
+# only when EXO_NIXPKGS_LIB names one.
 if [ -n "${EXO_NIXPKGS_LIB:-}" ]; then
-	got=$(mktemp)
-	if nixi --eval --strict --json nix/tests/module-eval.nix --arg lib "import $EXO_NIXPKGS_LIB" >"$got" &&
-		python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1])), indent=1, sort_keys=True))' "$got" >"$got.pretty"; then
-		if [ "${NIX_UPDATE_FIXTURES:-0}" = 1 ]; then
-			cp "$got.pretty" nix/tests/fixtures-modules/module-eval.json
-			echo "wrote nix/tests/fixtures-modules/module-eval.json"
-		elif diff -u nix/tests/fixtures-modules/module-eval.json "$got.pretty" >&2; then
-			echo "ok   eval: modules under nixpkgs lib ($EXO_NIXPKGS_LIB)"
+	export EXO_NIXPKGS_LIB
+	for t in module-eval flake-eval; do
+		got=$(mktemp)
+		fx=nix/tests/fixtures-modules/$t.json
+		if nixi --eval --strict --json "nix/tests/$t.nix" --arg lib "import $EXO_NIXPKGS_LIB" -A report >"$got" &&
+			python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1])), indent=1, sort_keys=True))' "$got" >"$got.pretty"; then
+			if [ "${NIX_UPDATE_FIXTURES:-0}" = 1 ]; then
+				cp "$got.pretty" "$fx"
+				echo "wrote $fx"
+			elif diff -u "$fx" "$got.pretty" >&2; then
+				echo "ok   eval: $t under nixpkgs lib ($EXO_NIXPKGS_LIB)"
+			else
+				echo "FAIL eval: $t differs from $fx" >&2
+				fail=1
+			fi
 		else
-			echo "FAIL eval: modules differ from nix/tests/fixtures-modules/module-eval.json" >&2
+			echo "FAIL eval: nix/tests/$t.nix" >&2
 			fail=1
 		fi
-	else
-		echo "FAIL eval: nix/tests/module-eval.nix" >&2
-		fail=1
-	fi
-	rm -f "$got" "$got.pretty"
+		rm -f "$got" "$got.pretty"
+	done
 else
-	echo "note: EXO_NIXPKGS_LIB not set; modules not evaluated (only parsed)"
+	echo "note: EXO_NIXPKGS_LIB not set; modules and flake outputs not evaluated (only parsed)"
 fi
 
 # vendorHash in nix/package.nix must be the NAR hash of `go mod vendor` for

@@ -198,7 +198,7 @@ let
   };
 in
 {
-  nixos = {
+  report.nixos = {
     failedAssertions = checkAssertions nixos;
     inherit (nixos.networking.firewall) allowedTCPPorts;
     service = nixos.systemd.services.exo;
@@ -207,7 +207,7 @@ in
     disabledDefinesNothing = nixosOff.systemd.services == { } && nixosOff.networking.firewall.allowedTCPPorts == [ ];
     emptySettingsAsserts = checkAssertions nixosEmpty;
   };
-  darwin = {
+  report.darwin = {
     failedAssertions = checkAssertions darwin;
     daemon = darwin.launchd.daemons.exo.serviceConfig;
     activation = darwin.system.activationScripts.extraActivation.text;
