@@ -1,6 +1,67 @@
 package main
 
-import "context"
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
 
-// cmdSupervise is a placeholder until its owner lands it.
-func cmdSupervise(ctx context.Context, args []string) error { return errNotYet }
+	"github.com/exo-pd/exo-pd/supervisor"
+	"github.com/exo-pd/exo-pd/supervisor/config"
+	"github.com/exo-pd/exo-pd/supervisor/process"
+)
+
+// cmdSupervise runs this host's share of the cluster: `exo supervise
+// [--config PATH] [--host NAME]`. With --default (what a bare `exo` runs) it
+// supervises /etc/exo/cluster.toml when that exists, and otherwise the
+// embedded one-host default (SmolLM2-135M on the CPU backend).
+func cmdSupervise(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("supervise", flag.ContinueOnError)
+	cfgPath := fs.String("config", "", "cluster file (default "+config.DefaultPath+")")
+	useDefault := fs.Bool("default", false, "supervise "+config.DefaultPath+" if it exists, else the embedded one-host default")
+	host := fs.String("host", "", "this host's name in the cluster file (default: hostname, then a local address)")
+	listen := fs.String("listen", "", "API gateway address HOST:PORT (overrides [api] in the file)")
+	grace := fs.Duration("grace", 10*time.Second, "time runners get between SIGTERM and SIGKILL")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	logFormat := fs.String("log-format", "text", "text or json")
+	if err := fs.Parse(args); err != nil {
+		return exitError{2, ""}
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
+		return exitError{2, fmt.Sprintf("--log-level: %v", err)}
+	}
+	hopts := &slog.HandlerOptions{Level: lvl}
+	var h slog.Handler = slog.NewTextHandler(os.Stderr, hopts)
+	if *logFormat == "json" {
+		h = slog.NewJSONHandler(os.Stderr, hopts)
+	}
+	log := slog.New(h)
+
+	o := supervisor.Options{Host: *host, APIListen: *listen, Logger: log, Process: process.Options{Grace: *grace}}
+	switch {
+	case *cfgPath != "":
+		o.ConfigPath = *cfgPath
+	case *useDefault:
+		if _, err := os.Stat(config.DefaultPath); err == nil {
+			o.ConfigPath = config.DefaultPath
+		} else {
+			o.Embedded = true
+			c := config.Default()
+			var names []string
+			for _, m := range c.Models {
+				names = append(names, m.Name)
+			}
+			fmt.Fprintf(os.Stderr, "exo: no %s: running the built-in one-host cluster (%s on the CPU backend)\n", config.DefaultPath, strings.Join(names, ", "))
+		}
+	default:
+		o.ConfigPath = config.DefaultPath
+	}
+	o.Ready = func(api string) {
+		fmt.Fprintf(os.Stderr, "exo: ready: OpenAI API at %s/v1 (metrics %s/metrics, status: exo status)\n", api, api)
+	}
+	return supervisor.Run(ctx, o)
+}

@@ -1,0 +1,401 @@
+// Package supervisor owns `exo supervise`: it ties the cluster file
+// (config), this host's runner processes (reconcile, process, restart),
+// reloads (watch), systemd (sdnotify), the API gateway (gateway) and the
+// Prometheus endpoint (metrics, gpu) into one long-running service, and
+// serves its own status at /exo/status for `exo status`. It starts runners
+// as `<own executable> runner …` child processes and talks to them only over
+// HTTP: it must never import runners/, and it builds with CGO_ENABLED=0.
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/exo-pd/exo-pd/supervisor/config"
+	"github.com/exo-pd/exo-pd/supervisor/gateway"
+	"github.com/exo-pd/exo-pd/supervisor/gpu"
+	"github.com/exo-pd/exo-pd/supervisor/metrics"
+	"github.com/exo-pd/exo-pd/supervisor/process"
+	"github.com/exo-pd/exo-pd/supervisor/reconcile"
+	"github.com/exo-pd/exo-pd/supervisor/sdnotify"
+	"github.com/exo-pd/exo-pd/supervisor/watch"
+)
+
+// StatusPath is where the supervisor serves its status JSON.
+const StatusPath = "/exo/status"
+
+// Options configure Run.
+type Options struct {
+	// ConfigPath is the cluster file, loaded and watched. Empty with
+	// Embedded set: the embedded default, not watched.
+	ConfigPath string
+	Embedded   bool
+	// Host is this host's name in the file ("" = hostname, then address).
+	Host string
+	// Executable starts runners (default: this process's executable).
+	Executable string
+	ExtraEnv   []string
+	// APIListen overrides the file's [api] listen/port ("HOST:PORT").
+	APIListen string
+	Logger    *slog.Logger
+	Process   process.Options // restart policy, grace period
+	Debounce  time.Duration
+	// Ready is called once all of this host's runners answered /health.
+	Ready func(apiURL string)
+	// NoGPU skips the NVML collector (tests).
+	NoGPU bool
+}
+
+type supervisor struct {
+	o    Options
+	log  *slog.Logger
+	sd   *sdnotify.Notifier
+	set  *reconcile.Set
+	gw   *gateway.Gateway
+	met  *metrics.Metrics
+	host string
+	api  string
+
+	mu         sync.Mutex
+	cfg        *config.Config
+	lastReload Reload
+	started    time.Time
+}
+
+// Reload is the outcome of the last (re)load of the cluster file.
+type Reload struct {
+	OK      bool      `json:"ok"`
+	At      time.Time `json:"at"`
+	Error   string    `json:"error,omitempty"`
+	Changes string    `json:"changes,omitempty"`
+}
+
+// Run supervises this host's share of the cluster until ctx ends; then
+// every runner is stopped before it returns. Cancellation is not an error.
+func Run(ctx context.Context, o Options) error {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Executable == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("find own executable: %w", err)
+		}
+		o.Executable = exe
+	}
+	s := &supervisor{o: o, log: o.Logger, sd: sdnotify.New(o.Logger), started: time.Now()}
+	cfg, err := s.load()
+	if err != nil {
+		return err
+	}
+	s.cfg = cfg
+	if s.host, err = s.identify(cfg); err != nil {
+		return err
+	}
+	s.log = s.log.With("host", s.host)
+	s.met = metrics.New(s.metricRunners)
+	if !o.NoGPU {
+		if g := gpu.Open(s.log); g != nil {
+			defer g.Close()
+			s.met.Register("gpu", g)
+		}
+	}
+	s.gw = gateway.New(gateway.Options{Logger: s.log})
+	s.gw.SetConfig(cfg, s.host)
+	s.set = reconcile.New(reconcile.Options{Executable: o.Executable, ExtraEnv: o.ExtraEnv, Process: withLogger(o.Process, s.log)})
+
+	addr := o.APIListen
+	if addr == "" {
+		addr = net.JoinHostPort(cfg.API.Listen, strconv.Itoa(cfg.API.Port))
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("API gateway: %w", err)
+	}
+	s.api = apiURL(ln.Addr())
+	mux := http.NewServeMux()
+	mux.Handle("/", s.gw.Handler())
+	mux.Handle("GET /metrics", s.met.Handler())
+	mux.HandleFunc("GET "+StatusPath, s.serveStatus)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- srv.Serve(ln) }()
+
+	runCtx, stopAll := context.WithCancel(ctx)
+	defer stopAll()
+	go s.gw.Run(runCtx)
+
+	ch := s.set.Apply(runCtx, cfg.Runners(s.host))
+	s.setReload(Reload{OK: true, At: time.Now(), Changes: ch.String()})
+	s.log.Info("supervising", "cluster", cfg.Cluster.Name, "config", cfg.Path, "api", s.api, "runners", len(cfg.Runners(s.host)))
+	go s.announceReady(runCtx)
+
+	reload := make(chan string, 1)
+	if !o.Embedded {
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		go func() {
+			err := watch.Run(runCtx, o.ConfigPath, watch.Options{Debounce: o.Debounce, Trigger: hup, Logger: s.log},
+				func(reason string) {
+					select {
+					case reload <- reason:
+					default: // one pending reload covers this one too
+					}
+				})
+			if err != nil {
+				s.log.Error("not watching the cluster file; SIGHUP and restarts only", "err", err)
+			}
+		}()
+	}
+	ping := make(chan chan struct{})
+	go s.sd.RunWatchdog(runCtx, func() bool {
+		pong := make(chan struct{})
+		select {
+		case ping <- pong:
+		case <-time.After(5 * time.Second):
+			return false
+		}
+		select {
+		case <-pong:
+			return true
+		case <-time.After(5 * time.Second):
+			return false
+		}
+	})
+
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case err := <-srvDone:
+			s.log.Error("API server stopped", "err", err)
+			stopAll()
+			s.shutdown(srv)
+			return fmt.Errorf("API gateway: %w", err)
+		case reason := <-reload:
+			s.reload(runCtx, reason)
+		case pong := <-ping:
+			close(pong)
+		}
+	}
+	s.shutdown(srv)
+	return nil
+}
+
+func withLogger(p process.Options, l *slog.Logger) process.Options {
+	if p.Logger == nil {
+		p.Logger = l
+	}
+	return p
+}
+
+func apiURL(a net.Addr) string {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return "http://" + a.String()
+	}
+	host := ta.IP.String()
+	if ta.IP.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, strconv.Itoa(ta.Port))
+}
+
+func (s *supervisor) shutdown(srv *http.Server) {
+	s.sd.Stopping()
+	s.log.Info("stopping: runners get SIGTERM, then SIGKILL after the grace period")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = srv.Shutdown(ctx)
+	cancel()
+	ctx, cancel = context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s.set.StopAll(ctx)
+	s.log.Info("stopped")
+}
+
+func (s *supervisor) load() (*config.Config, error) {
+	if s.o.Embedded {
+		return config.Default(), nil
+	}
+	c, err := config.Load(s.o.ConfigPath)
+	if err != nil {
+		return nil, fmt.Errorf("cluster file: %w", err)
+	}
+	return c, nil
+}
+
+func (s *supervisor) identify(c *config.Config) (string, error) {
+	if s.o.Embedded && s.o.Host == "" {
+		return "local", nil
+	}
+	hn, _ := os.Hostname()
+	return c.Identify(s.o.Host, hn, config.LocalAddrs())
+}
+
+func (s *supervisor) setReload(r Reload) {
+	s.mu.Lock()
+	s.lastReload = r
+	s.mu.Unlock()
+	s.met.SetReload(r.OK, r.At)
+}
+
+// reload applies a changed cluster file, or keeps the old one if it is invalid.
+func (s *supervisor) reload(ctx context.Context, reason string) {
+	s.sd.Reloading()
+	s.log.Info("reloading the cluster file", "reason", reason)
+	c, err := s.load()
+	if err == nil {
+		if _, ok := c.Hosts[s.host]; !ok {
+			err = fmt.Errorf("%w: host %q is no longer in %s", config.ErrUnknownHost, s.host, c.Path)
+		}
+	}
+	if err != nil {
+		first, _, _ := strings.Cut(err.Error(), "\n")
+		s.log.Error("cluster file invalid; the previous configuration keeps running", "err", err)
+		s.setReload(Reload{OK: false, At: time.Now(), Error: err.Error()})
+		s.sd.Ready("config reload FAILED, running the previous config: " + first)
+		return
+	}
+	s.mu.Lock()
+	old := s.cfg
+	s.cfg = c
+	s.mu.Unlock()
+	if old.API != c.API {
+		s.log.Warn("the [api] section changed; restart the supervisor to apply it", "old", old.API, "new", c.API)
+	}
+	ch := s.set.Apply(ctx, c.Runners(s.host))
+	s.gw.SetConfig(c, s.host)
+	s.setReload(Reload{OK: true, At: time.Now(), Changes: ch.String()})
+	s.log.Info("cluster file applied", "changes", ch.String())
+	s.sd.Ready(s.statusLine())
+}
+
+// announceReady sends READY=1 (and calls Options.Ready) once every runner
+// answered /health; until then it keeps systemd's start timeout extended
+// and STATUS current (downloads can take long).
+func (s *supervisor) announceReady(ctx context.Context) {
+	done := make(chan bool, 1)
+	go func() { done <- s.set.WaitReady(ctx) }()
+	t := time.NewTicker(20 * time.Second)
+	defer t.Stop()
+	s.sd.Status(s.statusLine())
+	for {
+		select {
+		case ok := <-done:
+			if !ok {
+				return
+			}
+			s.log.Info("all runners ready", "api", s.api)
+			s.sd.Ready(s.statusLine())
+			if s.o.Ready != nil {
+				s.o.Ready(s.api)
+			}
+			return
+		case <-t.C:
+			s.sd.ExtendTimeout(time.Minute)
+			s.sd.Status(s.statusLine())
+		}
+	}
+}
+
+func (s *supervisor) statusLine() string {
+	rs := s.set.Runners()
+	ready := 0
+	var notes []string
+	for _, r := range rs {
+		switch {
+		case r.Status.State == process.Ready:
+			ready++
+		case r.Status.Health != nil && r.Status.Health.Status == "loading":
+			notes = append(notes, fmt.Sprintf("%s loading %.0f%%", r.Spec.Name, 100*r.Status.Health.Progress))
+		default:
+			notes = append(notes, r.Spec.Name+" "+string(r.Status.State))
+		}
+	}
+	s.mu.Lock()
+	rl := s.lastReload
+	s.mu.Unlock()
+	line := fmt.Sprintf("host %s: %d/%d runners ready; API %s", s.host, ready, len(rs), s.api)
+	if len(notes) > 0 {
+		line += "; " + strings.Join(notes, ", ")
+	}
+	if !rl.OK {
+		line += "; last reload FAILED"
+	}
+	return line
+}
+
+func (s *supervisor) metricRunners() []metrics.Runner {
+	var out []metrics.Runner
+	for _, r := range s.set.Runners() {
+		out = append(out, metrics.Runner{
+			Name: r.Spec.Name, Role: r.Spec.Role, Model: r.Spec.Model,
+			Up: r.Status.State == process.Ready, Restarts: r.Status.Restarts,
+			MetricsURL: "http://" + r.Spec.HealthAddr() + "/metrics",
+		})
+	}
+	return out
+}
+
+// Status is what /exo/status returns and `exo status` prints.
+type Status struct {
+	Cluster    string                    `json:"cluster"`
+	Host       string                    `json:"host"`
+	Config     string                    `json:"config"`
+	API        string                    `json:"api"`
+	Started    time.Time                 `json:"started"`
+	LastReload Reload                    `json:"last_reload"`
+	Runners    []RunnerStatus            `json:"runners"`
+	Hosts      []HostStatus              `json:"hosts"`
+	Decode     map[string]gateway.Health `json:"decode_health"` // by address, cluster-wide
+}
+
+// RunnerStatus is one local runner.
+type RunnerStatus struct {
+	Spec   config.Runner  `json:"spec"`
+	Status process.Status `json:"status"`
+}
+
+// HostStatus is one host of the file and the runners it should run.
+type HostStatus struct {
+	Name    string   `json:"name"`
+	Address string   `json:"address"`
+	Backend string   `json:"backend"`
+	Runners []string `json:"runners"`
+}
+
+func (s *supervisor) serveStatus(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	c, rl := s.cfg, s.lastReload
+	s.mu.Unlock()
+	st := Status{Cluster: c.Cluster.Name, Host: s.host, Config: c.Path, API: s.api, Started: s.started,
+		LastReload: rl, Decode: s.gw.Health()}
+	for _, r := range s.set.Runners() {
+		st.Runners = append(st.Runners, RunnerStatus{r.Spec, r.Status})
+	}
+	for _, hn := range c.HostNames() {
+		h := c.Hosts[hn]
+		hs := HostStatus{Name: hn, Address: h.Address, Backend: string(h.Backend)}
+		for _, r := range c.Runners(hn) {
+			hs.Runners = append(hs.Runners, r.Name)
+		}
+		st.Hosts = append(st.Hosts, hs)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(st)
+}

@@ -1,0 +1,359 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/exo-pd/exo-pd/supervisor/internal/fakerunner"
+	"github.com/exo-pd/exo-pd/supervisor/process"
+	"github.com/exo-pd/exo-pd/supervisor/restart"
+)
+
+func TestMain(m *testing.M) {
+	fakerunner.MaybeRun()
+	os.Exit(m.Run())
+}
+
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func clusterFile(base int, models ...string) string {
+	s := fmt.Sprintf("[cluster]\nname = \"t\"\nrunner_port_base = %d\n\n[hosts.h]\naddress = \"127.0.0.1\"\nbackend = \"cpu\"\n", base)
+	for _, m := range models {
+		name, src, _ := strings.Cut(m, "=")
+		s += fmt.Sprintf("\n[[models]]\nname = %q\nsource = %q\ndecode = { hosts = [\"h\"] }\nprefill = { hosts = [\"h\"] }\n", name, src)
+	}
+	return s
+}
+
+type harness struct {
+	t      *testing.T
+	dir    string
+	path   string
+	api    string
+	cancel context.CancelFunc
+	done   chan error
+	notify chan string
+}
+
+// start runs a supervisor on a real temp dir with fake runners.
+func start(t *testing.T, contents string) *harness {
+	t.Helper()
+	dir := t.TempDir()
+	h := &harness{t: t, dir: dir, path: filepath.Join(dir, "cluster.toml"), done: make(chan error, 1), notify: make(chan string, 100)}
+	h.write(contents)
+	// A real NOTIFY_SOCKET, as systemd would give.
+	sock := filepath.Join(dir, "notify.sock")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := conn.Read(buf)
+			if err != nil {
+				return
+			}
+			h.notify <- string(buf[:n])
+		}
+	}()
+	t.Setenv("NOTIFY_SOCKET", sock)
+	h.api = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	ready := make(chan string, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	go func() {
+		h.done <- Run(ctx, Options{
+			ConfigPath: h.path, Host: "h", Executable: os.Args[0],
+			ExtraEnv:  []string{fakerunner.EnvEnable + "=1"},
+			APIListen: h.api, Debounce: 50 * time.Millisecond, NoGPU: true,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Process: process.Options{Grace: 2 * time.Second, PollReady: 100 * time.Millisecond,
+				Policy: restart.Policy{Attempts: 5, Interval: time.Minute, Initial: 10 * time.Millisecond, Max: time.Second, StableAfter: time.Minute, CrashLoopDelay: time.Minute}},
+			Ready: func(api string) { ready <- api },
+		})
+	}()
+	select {
+	case <-ready:
+	case err := <-h.done:
+		t.Fatalf("Run ended: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("runners never ready")
+	}
+	t.Cleanup(func() { h.stop() })
+	return h
+}
+
+func (h *harness) stop() error {
+	if h.cancel == nil {
+		return nil
+	}
+	h.cancel()
+	h.cancel = nil
+	select {
+	case err := <-h.done:
+		return err
+	case <-time.After(60 * time.Second):
+		h.t.Fatal("Run did not return after cancel")
+		return nil
+	}
+}
+
+func (h *harness) write(s string) {
+	if err := os.WriteFile(h.path, []byte(s), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// renameOver writes s the way editors do: a new file renamed over the old.
+func (h *harness) renameOver(s string) {
+	tmp := filepath.Join(h.dir, ".cluster.toml.new")
+	if err := os.WriteFile(tmp, []byte(s), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, h.path); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// symlinkSwap points cluster.toml at a new file via an atomic symlink swap.
+func (h *harness) symlinkSwap(gen, s string) {
+	target := filepath.Join(h.dir, gen+".toml")
+	if err := os.WriteFile(target, []byte(s), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+	link := filepath.Join(h.dir, ".link")
+	os.Remove(link)
+	if err := os.Symlink(target, link); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := os.Rename(link, h.path); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *harness) status() Status {
+	h.t.Helper()
+	resp, err := http.Get("http://" + h.api + StatusPath)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		h.t.Fatal(err)
+	}
+	return st
+}
+
+func (h *harness) get(path string) string {
+	h.t.Helper()
+	resp, err := http.Get("http://" + h.api + path)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func pids(st Status) map[string]int {
+	out := map[string]int{}
+	for _, r := range st.Runners {
+		out[r.Spec.Name] = r.Status.PID
+	}
+	return out
+}
+
+// waitReload waits for a reload after prev and for every runner to be ready.
+func (h *harness) waitReload(prev time.Time) Status {
+	h.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		st := h.status()
+		allReady := true
+		for _, r := range st.Runners {
+			allReady = allReady && r.Status.State == process.Ready
+		}
+		if st.LastReload.At.After(prev) && (allReady || !st.LastReload.OK) {
+			return st
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	h.t.Fatalf("no reload after %v: %+v", prev, h.status())
+	return Status{}
+}
+
+// expectNotify reads datagrams until one starts with prefix.
+func (h *harness) expectNotify(prefix string) string {
+	h.t.Helper()
+	timeout := time.After(20 * time.Second)
+	for {
+		select {
+		case m := <-h.notify:
+			if strings.HasPrefix(m, prefix) {
+				return m
+			}
+		case <-timeout:
+			h.t.Fatalf("no sd_notify %q", prefix)
+			return ""
+		}
+	}
+}
+
+func gone(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i > 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
+}
+
+func TestReloadAppliesMinimalDiff(t *testing.T) {
+	base := freePort(t)
+	h := start(t, clusterFile(base, "a=src-a", "b=src-b"))
+	if m := h.expectNotify("READY=1"); !strings.Contains(m, "STATUS=host h: 4/4 runners ready") {
+		t.Errorf("ready notification %q", m)
+	}
+	st := h.status()
+	p0 := pids(st)
+	if len(p0) != 4 || st.Host != "h" || st.Cluster != "t" || !st.LastReload.OK {
+		t.Fatalf("status %+v", st)
+	}
+
+	// 1. Editor-style rename-over: only b's runners change.
+	h.renameOver(clusterFile(base, "a=src-a", "b=src-b2"))
+	h.expectNotify("RELOADING=1\nMONOTONIC_USEC=")
+	st = h.waitReload(st.LastReload.At)
+	p1 := pids(st)
+	if p1["a-decode"] != p0["a-decode"] || p1["a-prefill"] != p0["a-prefill"] {
+		t.Errorf("untouched runners restarted: %v → %v", p0, p1)
+	}
+	if p1["b-decode"] == p0["b-decode"] || p1["b-prefill"] == p0["b-prefill"] || !gone(p0["b-decode"]) {
+		t.Errorf("changed runners not restarted: %v → %v", p0, p1)
+	}
+	if st.LastReload.Changes != "start [], stop [], restart [b-decode b-prefill], keep [a-decode a-prefill]" {
+		t.Errorf("changes %q", st.LastReload.Changes)
+	}
+	h.expectNotify("READY=1")
+
+	// 2. An invalid in-place write: old runners keep running, the failure is reported.
+	h.write(clusterFile(base, "a=src-a") + "bogus = 1\n")
+	st = h.waitReload(st.LastReload.At)
+	if st.LastReload.OK || !strings.Contains(st.LastReload.Error, `cluster.toml:14:1: unknown key "bogus"`) {
+		t.Errorf("last reload %+v", st.LastReload)
+	}
+	if p := pids(st); fmt.Sprint(p) != fmt.Sprint(p1) {
+		t.Errorf("invalid file changed runners: %v → %v", p1, p)
+	}
+	if m := h.expectNotify("READY=1\nSTATUS=config reload FAILED"); !strings.Contains(m, `unknown key \"bogus\"`) && !strings.Contains(m, `unknown key "bogus"`) {
+		t.Errorf("status %q", m)
+	}
+	if m := h.get("/metrics"); !strings.Contains(m, "\nexo_config_last_reload_successful 0\n") {
+		t.Errorf("metrics after failed reload:\n%s", m)
+	}
+
+	// 3. NixOS-style symlink swap to a file without model b: b stops, a stays.
+	h.symlinkSwap("gen2", clusterFile(base, "a=src-a"))
+	st = h.waitReload(st.LastReload.At)
+	p2 := pids(st)
+	if len(p2) != 2 || p2["a-decode"] != p0["a-decode"] || p2["a-prefill"] != p0["a-prefill"] {
+		t.Errorf("after symlink swap: %v", p2)
+	}
+	if !gone(p1["b-decode"]) || !gone(p1["b-prefill"]) {
+		t.Errorf("removed runners still running: %v", p1)
+	}
+	if m := h.get("/metrics"); !strings.Contains(m, "\nexo_config_last_reload_successful 1\n") {
+		t.Errorf("metrics after good reload:\n%s", m)
+	}
+
+	// 4. SIGHUP with an unchanged file: a reload that changes nothing.
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	st = h.waitReload(st.LastReload.At)
+	if st.LastReload.Changes != "start [], stop [], restart [], keep [a-decode a-prefill]" || fmt.Sprint(pids(st)) != fmt.Sprint(p2) {
+		t.Errorf("SIGHUP reload: %+v %v", st.LastReload, pids(st))
+	}
+
+	// 5. Shutdown: STOPPING=1 and every runner gone.
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+	h.expectNotify("STOPPING=1")
+	for name, pid := range p2 {
+		if !gone(pid) {
+			t.Errorf("%s (pid %d) survived shutdown", name, pid)
+		}
+	}
+}
+
+func TestCrashedRunnerIsRestartedAndCounted(t *testing.T) {
+	h := start(t, clusterFile(freePort(t), "a=src-a"))
+	st := h.status()
+	old := pids(st)["a-decode"]
+	syscall.Kill(old, syscall.SIGKILL)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st = h.status()
+		r := st.Runners[0]
+		if r.Status.Restarts == 1 && r.Status.State == process.Ready && r.Status.PID != old {
+			if r.Status.LastExit != "signal killed" {
+				t.Errorf("last exit %q", r.Status.LastExit)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not restarted: %+v", r.Status)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	m := h.get("/metrics")
+	for _, want := range []string{
+		`exo_runner_restarts_total{runner="a-decode"} 1`,
+		`exo_runner_restarts_total{runner="a-prefill"} 0`,
+		`exo_runner_up{model="a",role="decode",runner="a-decode"} 1`,
+		`exo_requests_waiting{role="prefill",runner="a-prefill"} 0`,
+		`exo_scrape_collector_success{collector="runner:a-decode"} 1`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s:\n%s", want, m)
+		}
+	}
+}
+
+func TestGatewayServesThroughRunner(t *testing.T) {
+	h := start(t, clusterFile(freePort(t), "a=src-a"))
+	resp, err := http.Post("http://"+h.api+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"a","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"model":"a"`) || resp.Header.Get("X-Exo-Runner") != "h/a-decode" {
+		t.Errorf("%d %s %v", resp.StatusCode, b, resp.Header)
+	}
+	if m := h.get("/v1/models"); !strings.Contains(m, `"id":"a"`) {
+		t.Errorf("/v1/models = %s", m)
+	}
+}
