@@ -2,7 +2,6 @@ package decode
 
 import (
 	"errors"
-	"strings"
 
 	"github.com/exo-pd/exo-pd/runners/chat"
 	"github.com/exo-pd/exo-pd/runners/openai"
@@ -45,33 +44,4 @@ func NewSampler(s openai.Sampling) Sampler {
 }
 
 // NewStopMatcher makes a sample.StopMatcher.
-func NewStopMatcher(stops []string) StopMatcher { return &stopMatcher{stops: stops} }
-
-// stopMatcher is a temporary stand-in until sample.NewStopMatcher lands.
-type stopMatcher struct {
-	stops []string
-	held  string
-}
-
-func (m *stopMatcher) Push(text string) (string, bool) {
-	buf := m.held + text
-	for _, s := range m.stops {
-		if i := strings.Index(buf, s); i >= 0 {
-			m.held = ""
-			return buf[:i], true
-		}
-	}
-	keep := 0
-	for _, s := range m.stops {
-		for k := min(len(s)-1, len(buf)); k > keep; k-- {
-			if strings.HasSuffix(buf, s[:k]) {
-				keep = k
-				break
-			}
-		}
-	}
-	m.held = buf[len(buf)-keep:]
-	return buf[:len(buf)-keep], false
-}
-
-func (m *stopMatcher) Flush() string { h := m.held; m.held = ""; return h }
+func NewStopMatcher(stops []string) StopMatcher { return sample.NewStopMatcher(stops) }
