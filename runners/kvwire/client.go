@@ -149,7 +149,8 @@ func (c *Client) Fetch(ctx context.Context, addr string, req *Request, exp *Expe
 		return d
 	}
 
-	br := bufio.NewReaderSize(conn, 64<<10)
+	// Small: large payloads bypass it and go straight into frame buffers.
+	br := bufio.NewReaderSize(conn, 16<<10)
 	conn.SetDeadline(deadline())
 	if err := c.handshake(conn, br, reqFrame, &st); err != nil {
 		return st, c.netErr(ctx, err)

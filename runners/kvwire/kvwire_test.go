@@ -422,8 +422,8 @@ func TestBusyAndFIFO(t *testing.T) {
 		return m.producer()(ctx, r, e)
 	})
 	// Short idle timeouts: queued requests survive only thanks to keepalives.
-	addr, srv := startServer(t, ServerConfig{Producer: p, MaxActive: 1, MaxQueue: 2, IdleTimeout: 150 * time.Millisecond})
-	c := NewClient(ClientConfig{IdleTimeout: 150 * time.Millisecond})
+	addr, srv := startServer(t, ServerConfig{Producer: p, MaxActive: 1, MaxQueue: 2, IdleTimeout: 400 * time.Millisecond})
+	c := NewClient(ClientConfig{IdleTimeout: 400 * time.Millisecond})
 	errs := make(chan error, 3)
 	fetch := func(id string) {
 		_, err := c.Fetch(context.Background(), addr, &Request{ID: id, Tokens: tokens(40)}, m.expect(), &recordSink{})
@@ -439,7 +439,7 @@ func TestBusyAndFIFO(t *testing.T) {
 	if !errors.Is(err, ErrBusy) {
 		t.Fatalf("fourth: %v, want busy", err)
 	}
-	time.Sleep(500 * time.Millisecond) // longer than both idle timeouts
+	time.Sleep(1200 * time.Millisecond) // three times both idle timeouts
 	close(release)
 	for range 3 {
 		if err := <-errs; err != nil {
