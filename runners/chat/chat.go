@@ -6,7 +6,9 @@
 // render, tojson as Python's json.dumps(ensure_ascii=False).
 //
 // It uses github.com/nikolalohinski/gonja/v2 as the Jinja engine, with a
-// private environment per template (no global state). It owns no
+// private environment per template (no global state) and the fixes in
+// compat.go where gonja departs from Jinja; a panic inside gonja becomes an
+// error. It owns no
 // tokenization (runners/tokenizer) and no HTTP types (runners/openai).
 package chat
 
@@ -167,10 +169,15 @@ func loadGGUF(path string) (*Template, error) {
 
 // Parse compiles a Jinja chat template; bos and eos are the texts bound to
 // bos_token and eos_token.
-func Parse(src, bos, eos string) (*Template, error) {
+func Parse(src, bos, eos string) (t *Template, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			t, err = nil, fmt.Errorf("chat: parse template: panic in the Jinja engine: %v", r)
+		}
+	}()
 	cfg := config.New()
 	cfg.TrimBlocks = true
-	cfg.LeftStripBlocks = true
+	cfg.LeftStripBlocks = false // done by lstripBlocks, the way Jinja does it
 	filters := exec.NewFilterSet(map[string]exec.FilterFunction{}).Update(builtins.Filters)
 	if err := filters.Replace("tojson", filterToJSON); err != nil {
 		return nil, fmt.Errorf("chat: %w", err)
@@ -180,9 +187,9 @@ func Parse(src, bos, eos string) (*Template, error) {
 		Filters:           filters,
 		Tests:             builtins.Tests,
 		ControlStructures: builtins.ControlStructures,
-		Methods:           builtins.Methods,
+		Methods:           methods(),
 	}
-	loader, err := loaders.NewMemoryLoader(map[string]string{"/chat_template": src})
+	loader, err := loaders.NewMemoryLoader(map[string]string{"/chat_template": lstripBlocks(src)})
 	if err != nil {
 		return nil, fmt.Errorf("chat: %w", err)
 	}
@@ -198,8 +205,8 @@ func (t *Template) Source() string { return t.src }
 
 // Render renders msgs; addGenerationPrompt appends the opening of the
 // assistant's turn.
-func (t *Template) Render(msgs []Message, addGenerationPrompt bool) (string, error) {
-	list := make([]any, len(msgs))
+func (t *Template) Render(msgs []Message, addGenerationPrompt bool) (out string, err error) {
+	list := make(pyList, len(msgs))
 	for i, m := range msgs {
 		list[i] = map[string]any{"role": m.Role, "content": m.Content}
 	}
@@ -208,6 +215,8 @@ func (t *Template) Render(msgs []Message, addGenerationPrompt bool) (string, err
 		"add_generation_prompt": addGenerationPrompt,
 		"bos_token":             t.bos,
 		"eos_token":             t.eos,
+		"tools":                 nil, // HF passes tools=None, documents=None
+		"documents":             nil,
 		"raise_exception": func(msg string) (string, error) {
 			return "", fmt.Errorf("template raised: %s", msg)
 		},
@@ -215,7 +224,12 @@ func (t *Template) Render(msgs []Message, addGenerationPrompt bool) (string, err
 	})
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out, err := t.tpl.ExecuteToString(ctx)
+	defer func() {
+		if r := recover(); r != nil {
+			out, err = "", fmt.Errorf("chat: render: panic in the Jinja engine: %v", r)
+		}
+	}()
+	out, err = t.tpl.ExecuteToString(ctx)
 	if err != nil {
 		return "", fmt.Errorf("chat: render: %w", err)
 	}

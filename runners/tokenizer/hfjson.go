@@ -10,6 +10,10 @@ import (
 	"strings"
 )
 
+// maxVocab bounds token ids read from files (the largest vocabularies in use
+// are about 260k).
+const maxVocab = 1 << 24
+
 // tokenizerJSON is the subset of HF tokenizer.json that byte-level BPE uses.
 type tokenizerJSON struct {
 	AddedTokens []struct {
@@ -152,14 +156,20 @@ func fromHF(tj *tokenizerJSON, cfg *tokenizerConfig, genEOS []int32) (*Tokenizer
 		}
 	}
 	size := 0
-	for _, id := range m.Vocab {
-		if id < 0 {
-			return nil, fmt.Errorf("model.vocab: negative id %d", id)
+	for s, id := range m.Vocab {
+		if id < 0 || id >= maxVocab {
+			return nil, fmt.Errorf("model.vocab: token %q has id %d outside [0, %d)", s, id, maxVocab)
 		}
 		size = max(size, int(id)+1)
 	}
 	for _, a := range tj.AddedTokens {
+		if a.ID < 0 || a.ID >= maxVocab {
+			return nil, fmt.Errorf("added_tokens: %q has id %d outside [0, %d)", a.Content, a.ID, maxVocab)
+		}
 		size = max(size, int(a.ID)+1)
+	}
+	if limit := 2*(len(m.Vocab)+len(tj.AddedTokens)) + 1024; size > limit {
+		return nil, fmt.Errorf("token ids reach %d for %d tokens: too sparse", size, len(m.Vocab)+len(tj.AddedTokens))
 	}
 	t.idToToken = make([]string, size)
 	for s, id := range m.Vocab {

