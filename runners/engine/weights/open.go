@@ -95,6 +95,9 @@ func parseQuantConfig(config []byte) (quantConfig, error) {
 			return out, fmt.Errorf("config.json: quantization.bits: %w", err)
 		}
 	}
+	if err := checkQuantMode(q["mode"]); err != nil {
+		return out, fmt.Errorf("config.json: quantization: %w", err)
+	}
 	out.def = engine.QuantSpec{Bits: spec.Bits, GroupSize: spec.GroupSize}
 	out.overrides = map[string]engine.QuantSpec{}
 	for k, v := range q {
@@ -107,10 +110,14 @@ func parseQuantConfig(config []byte) (quantConfig, error) {
 			out.overrides[k] = engine.QuantSpec{}
 		case len(v) > 0 && v[0] == '{':
 			var o struct {
-				GroupSize *int `json:"group_size"`
-				Bits      *int `json:"bits"`
+				GroupSize *int            `json:"group_size"`
+				Bits      *int            `json:"bits"`
+				Mode      json.RawMessage `json:"mode"`
 			}
 			if err := json.Unmarshal(v, &o); err != nil {
+				return out, fmt.Errorf("config.json: quantization[%q]: %w", k, err)
+			}
+			if err := checkQuantMode(o.Mode); err != nil {
 				return out, fmt.Errorf("config.json: quantization[%q]: %w", k, err)
 			}
 			s := out.def
@@ -122,9 +129,25 @@ func parseQuantConfig(config []byte) (quantConfig, error) {
 			}
 			out.overrides[k] = s
 		}
-		// Other keys (e.g. "mode": "affine") are ignored.
+		// Other keys ("mode", checked above) are not modules.
 	}
 	return out, nil
+}
+
+// checkQuantMode accepts an absent mode or "affine" (the only MLX mode the
+// engine implements; "mxfp4" and others are refused).
+func checkQuantMode(raw json.RawMessage) error {
+	if len(raw) == 0 {
+		return nil
+	}
+	var mode string
+	if err := json.Unmarshal(raw, &mode); err != nil {
+		return fmt.Errorf("mode: %w", err)
+	}
+	if mode != "affine" {
+		return fmt.Errorf("mode %q not supported (only affine)", mode)
+	}
+	return nil
 }
 
 // OpenDir opens an HF safetensors model directory.

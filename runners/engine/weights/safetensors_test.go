@@ -116,7 +116,7 @@ func TestOpenShardedDirWithPerLayerQuant(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), []byte(index), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	writeConfig(t, dir, `{"quantization":{"group_size":64,"bits":4,"mode":"affine","y":{"group_size":32,"bits":8},"z":false}}`)
+	writeConfig(t, dir, `{"quantization":{"group_size":64,"bits":4,"mode":"affine","y":{"group_size":32,"bits":8,"mode":"affine"},"z":false}}`)
 	src, err := Open(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -164,9 +164,11 @@ func TestOpenDirErrors(t *testing.T) {
 		t.Error("index escaping the directory accepted")
 	}
 	os.Remove(filepath.Join(dir, "model.safetensors.index.json"))
-	writeConfig(t, dir, `{"quantization":{"bits":"four"}}`)
-	if _, err := Open(dir); err == nil {
-		t.Error("bad quantization accepted")
+	for _, q := range []string{`{"bits":"four"}`, `{"bits":4,"group_size":32,"mode":"mxfp4"}`, `{"bits":4,"x":{"bits":4,"mode":"nvfp4"}}`} {
+		writeConfig(t, dir, `{"quantization":`+q+`}`)
+		if _, err := Open(dir); err == nil {
+			t.Errorf("quantization %s accepted", q)
+		}
 	}
 }
 

@@ -34,6 +34,11 @@ func run(args []string) error {
 	group := fs.Int("group", 64, "quantization group size")
 	seed := fs.Int64("seed", 7, "random seed")
 	layers := fs.Int("layers", 0, "layers (0 = default)")
+	hidden := fs.Int("hidden", 0, "hidden size (0 = default)")
+	heads := fs.Int("heads", 0, "attention heads (0 = default)")
+	kvHeads := fs.Int("kv-heads", 0, "KV heads (0 = default)")
+	inter := fs.Int("intermediate", 0, "MLP size (0 = default)")
+	vocab := fs.Int("vocab", 0, "vocabulary size (0 = default)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -60,7 +65,8 @@ func run(args []string) error {
 	} else if *dtype != "f32" {
 		return fmt.Errorf("unknown -dtype %q", *dtype)
 	}
-	s := testmodel.Spec{Arch: *arch, DType: dt, QuantBits: *bits, Seed: *seed, Layers: *layers}
+	s := testmodel.Spec{Arch: *arch, DType: dt, QuantBits: *bits, Seed: *seed, Layers: *layers,
+		Hidden: *hidden, Heads: *heads, KVHeads: *kvHeads, Intermediate: *inter, Vocab: *vocab}
 	if *bits != 0 {
 		s.GroupSize = *group
 	}
