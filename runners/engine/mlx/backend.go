@@ -9,12 +9,12 @@ package mlx
 import "C"
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"slices"
-	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
@@ -31,11 +31,35 @@ type array struct {
 	kept  bool // pinned: Free() sweeps leave it alone
 	freed bool // handle released; any further use panics
 	owner *backend
+	// ready is set once the MLX thread has filled h, shape and dt: an op
+	// returns its array at once and the thread makes it later, in order.
+	ready atomic.Bool
 }
 
-func (a *array) Shape() []int        { return slices.Clone(a.shape) }
-func (a *array) DType() engine.DType { return a.dt }
-func (a *array) String() string      { return fmt.Sprintf("mlx.array(%v %v)", a.dt, a.shape) }
+// Shape returns the shape, waiting for the MLX thread to make the array.
+func (a *array) Shape() []int { a.wait(); return slices.Clone(a.shape) }
+
+// DType returns the element type, waiting as Shape does.
+func (a *array) DType() engine.DType { a.wait(); return a.dt }
+
+func (a *array) String() string {
+	if !a.ready.Load() {
+		return "mlx.array(pending)"
+	}
+	return fmt.Sprintf("mlx.array(%v %v)", a.dt, a.shape)
+}
+
+// wait returns once the thread has made a, re-raising the failure of the
+// op that should have made it.
+func (a *array) wait() {
+	if a.ready.Load() {
+		return
+	}
+	a.owner.do(func() {})
+	if !a.ready.Load() {
+		panic(fmt.Errorf("%w: mlx: array of an op that failed earlier", engine.ErrBackend))
+	}
+}
 
 // backend implements engine.Backend on one MLX device. Every method runs its
 // work on the backend's own goroutine, locked to one OS thread for its whole
@@ -46,10 +70,7 @@ type backend struct {
 	stream C.xmx_stream
 	log    *slog.Logger
 
-	mu     sync.Mutex
-	work   chan func()
-	done   chan any
-	closed bool
+	thread *osThread
 
 	// Owned by the MLX thread.
 	temps  []*array          // made since the last Free() sweep
@@ -84,13 +105,11 @@ func newBackend(opts Options) (*backend, error) {
 		log = slog.Default()
 	}
 	b := &backend{
-		log:   log,
-		work:  make(chan func()),
-		done:  make(chan any),
-		deq:   map[*array]*array{},
-		freqs: map[engine.RoPE]ropeFreqs{},
+		log:    log,
+		thread: startThread(),
+		deq:    map[*array]*array{},
+		freqs:  map[engine.RoPE]ropeFreqs{},
 	}
-	go b.loop()
 	var initErr error
 	b.do(func() { initErr = b.init(opts.Device) })
 	if initErr != nil {
@@ -107,33 +126,25 @@ func newBackend(opts Options) (*backend, error) {
 	return b, nil
 }
 
-// loop is the MLX thread. It never unlocks the OS thread, so when it returns
-// (Close) the thread, and whatever MLX kept per thread, goes with it.
-func (b *backend) loop() {
-	runtime.LockOSThread()
-	for f := range b.work {
-		b.done <- run(f)
-	}
-}
-
-func run(f func()) (p any) {
-	defer func() { p = recover() }()
-	f()
-	return nil
-}
-
-// do runs f on the MLX thread and re-raises its panic in the caller.
+// do runs f on the MLX thread after all posted work and re-raises in the
+// caller its panic, or the first panic of posted work since the last do.
 func (b *backend) do(f func()) {
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
-		panic(fmt.Errorf("%w: mlx backend is closed", engine.ErrBackend))
-	}
-	b.work <- f
-	p := <-b.done
-	b.mu.Unlock()
-	if p != nil {
-		panic(p)
+	defer closedError()
+	b.thread.do(f)
+}
+
+// post queues f for the MLX thread without waiting (see osThread).
+func (b *backend) post(f func()) {
+	defer closedError()
+	b.thread.post(f)
+}
+
+func closedError() {
+	if r := recover(); r != nil {
+		if r == errThreadStopped {
+			r = fmt.Errorf("%w: %w", engine.ErrBackend, errThreadStopped)
+		}
+		panic(r)
 	}
 }
 
@@ -156,14 +167,7 @@ func panicError(r any) error {
 	return fmt.Errorf("mlx: %v", r)
 }
 
-func (b *backend) stop() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if !b.closed {
-		b.closed = true
-		close(b.work)
-	}
-}
+func (b *backend) stop() { b.thread.stop() }
 
 // init picks the device and its default stream, and checks whether
 // quantized matmul runs on it.
@@ -260,8 +264,24 @@ func (b *backend) track(h C.xmx_array) *array {
 	}
 	a := &array{h: h, shape: shape, mdt: C.xmx_dtype(h), owner: b}
 	a.dt = fromMLX(a.mdt)
+	a.ready.Store(true)
 	b.temps = append(b.temps, a)
 	return a
+}
+
+// adopt makes the placeholder a (returned to the caller before the thread
+// ran the op) stand for r, the new array the op made.
+func (b *backend) adopt(a, r *array) {
+	for i := len(b.temps) - 1; i >= 0; i-- {
+		if b.temps[i] == r {
+			b.temps[i] = a
+			a.h, a.shape, a.dt, a.mdt = r.h, r.shape, r.dt, r.mdt
+			r.freed = true // the handle is a's now
+			a.ready.Store(true)
+			return
+		}
+	}
+	panic("mlx: internal error: an op returned an array it did not make")
 }
 
 // release frees one array's handle now (MLX keeps the buffer while lazy
@@ -299,6 +319,8 @@ func (b *backend) arr(x engine.Array) *array {
 		panic("mlx: array belongs to another mlx backend")
 	case a.freed:
 		panic(fmt.Sprintf("mlx: use of freed array %v %v", a.dt, a.shape))
+	case !a.ready.Load():
+		panic(fmt.Errorf("%w: mlx: use of an array whose op failed", engine.ErrBackend))
 	}
 	return a
 }
@@ -370,6 +392,7 @@ func (b *backend) Name() string { return b.name }
 // Close stops the MLX thread after releasing every array this backend still
 // tracks. Arrays and caches must not be used afterwards.
 func (b *backend) Close() error {
+	_ = b.doErr(func() error { return nil }) // a failure of posted work, already reported or moot
 	err := b.doErr(func() error {
 		b.sweep()
 		for _, f := range b.freqs {
@@ -405,10 +428,28 @@ func (b *backend) fromBytes(data []byte, shape []int, dt engine.DType) *array {
 	})
 }
 
+// syncFromBytes is the size above which FromBytes copies on the MLX thread
+// while the caller waits (weights) instead of copying the bytes first and
+// posting the work (token ids, small inputs).
+const syncFromBytes = 64 << 10
+
 func (b *backend) FromBytes(data []byte, shape []int, dt engine.DType) engine.Array {
-	var r *array
-	b.do(func() { r = b.fromBytes(data, shape, dt) })
-	return r
+	for _, d := range shape {
+		if d < 0 {
+			panic(fmt.Sprintf("mlx: FromBytes: negative dimension in %v", shape))
+		}
+	}
+	if len(data) != numel(shape)*dt.Size() {
+		panic(fmt.Sprintf("mlx: FromBytes: %d bytes for %v %v (want %d)", len(data), dt, shape, numel(shape)*dt.Size()))
+	}
+	toMLX(dt) // panics now for a dtype MLX cannot hold
+	if len(data) > syncFromBytes {
+		var r *array
+		b.do(func() { r = b.fromBytes(data, shape, dt) })
+		return r
+	}
+	own, sh := bytes.Clone(data), slices.Clone(shape)
+	return b.op(func() *array { return b.fromBytes(own, sh, dt) })
 }
 
 func (b *backend) FromFloat32(data []float32, shape ...int) engine.Array {
@@ -501,7 +542,8 @@ func (b *backend) Eval(arrays ...engine.Array) error {
 }
 
 func (b *backend) Keep(arrays ...engine.Array) {
-	b.do(func() {
+	arrays = slices.Clone(arrays)
+	b.post(func() {
 		for _, x := range arrays {
 			b.arr(x).kept = true
 		}
@@ -509,7 +551,8 @@ func (b *backend) Keep(arrays ...engine.Array) {
 }
 
 func (b *backend) Free(arrays ...engine.Array) {
-	b.do(func() {
+	arrays = slices.Clone(arrays)
+	b.post(func() {
 		if len(arrays) == 0 {
 			b.sweep()
 			return
@@ -524,11 +567,12 @@ func (b *backend) Free(arrays ...engine.Array) {
 	})
 }
 
-// op runs f on the MLX thread and returns its array.
+// op queues f for the MLX thread and returns at once the array f will
+// make.
 func (b *backend) op(f func() *array) engine.Array {
-	var r *array
-	b.do(func() { r = f() })
-	return r
+	a := &array{owner: b}
+	b.post(func() { b.adopt(a, f()) })
+	return a
 }
 
 func (b *backend) binary(name string, x, y engine.Array, f func(*C.xmx_array, C.xmx_array, C.xmx_array, C.xmx_stream) C.int) engine.Array {
@@ -717,7 +761,9 @@ func (b *backend) RMSNorm(x, w engine.Array, eps float32) engine.Array {
 	})
 }
 
-func (b *backend) RoPE(x engine.Array, offset int, rp *engine.RoPE) engine.Array {
+func (b *backend) RoPE(x engine.Array, offset int, r *engine.RoPE) engine.Array {
+	rp := new(engine.RoPE)
+	*rp = *r
 	return b.op(func() *array {
 		xa := b.arr(x)
 		if len(xa.shape) < 2 {
@@ -831,6 +877,7 @@ func (b *backend) Argmax(x engine.Array) engine.Array {
 }
 
 func (b *backend) Reshape(x engine.Array, shape ...int) engine.Array {
+	shape = slices.Clone(shape)
 	return b.op(func() *array {
 		xa := b.arr(x)
 		if numel(shape) != numel(xa.shape) && !slices.Contains(shape, -1) {
@@ -841,6 +888,7 @@ func (b *backend) Reshape(x engine.Array, shape ...int) engine.Array {
 }
 
 func (b *backend) Transpose(x engine.Array, perm ...int) engine.Array {
+	perm = slices.Clone(perm)
 	return b.op(func() *array {
 		xa := b.arr(x)
 		if len(perm) != len(xa.shape) {
@@ -855,6 +903,7 @@ func (b *backend) Slice(x engine.Array, axis, start, end int) engine.Array {
 }
 
 func (b *backend) Concat(axis int, arrays ...engine.Array) engine.Array {
+	arrays = slices.Clone(arrays)
 	return b.op(func() *array {
 		if len(arrays) == 0 {
 			panic("mlx: Concat of nothing")

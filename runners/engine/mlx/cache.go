@@ -108,30 +108,34 @@ func (c *kvCache) checkStep(op string, k, v *array) {
 	}
 }
 
+// Append is queued like an op; the views it returns are made in order.
 func (c *kvCache) Append(layer int, k, v engine.Array) (kAll, vAll engine.Array) {
-	c.b.do(func() {
-		c.checkLayer("Append", layer)
-		ka, va := c.b.arr(k), c.b.arr(v)
-		c.checkStep("Append", ka, va)
-		end := c.n + ka.shape[1]
-		c.write(layer, c.n, ka, va)
-		kAll = c.b.slice(c.k[layer], 1, 0, end)
-		vAll = c.b.slice(c.v[layer], 1, 0, end)
+	c.checkLayer("Append", layer)
+	ka, va := &array{owner: c.b}, &array{owner: c.b}
+	c.b.post(func() {
+		kx, vx := c.b.arr(k), c.b.arr(v)
+		c.checkStep("Append", kx, vx)
+		end := c.n + kx.shape[1]
+		c.write(layer, c.n, kx, vx)
+		c.b.adopt(ka, c.b.slice(c.k[layer], 1, 0, end))
+		c.b.adopt(va, c.b.slice(c.v[layer], 1, 0, end))
 		if layer == c.g.Layers-1 {
 			c.n = end
 		}
 	})
-	return kAll, vAll
+	return ka, va
 }
 
 func (c *kvCache) Truncate(n int) {
-	if n < 0 || n > c.n {
-		panic(fmt.Sprintf("mlx: KVCache.Truncate(%d) with %d cached", n, c.n))
-	}
-	c.n = n
-	for i := range c.extent {
-		c.extent[i] = min(c.extent[i], n)
-	}
+	c.b.do(func() {
+		if n < 0 || n > c.n {
+			panic(fmt.Sprintf("mlx: KVCache.Truncate(%d) with %d cached", n, c.n))
+		}
+		c.n = n
+		for i := range c.extent {
+			c.extent[i] = min(c.extent[i], n)
+		}
+	})
 }
 
 func (c *kvCache) Export(layer, start, n int) (kb, vb []byte, err error) {
@@ -188,16 +192,18 @@ func (c *kvCache) Import(layer, start, n int, kb, vb []byte) error {
 }
 
 func (c *kvCache) Commit(n int) error {
-	if n < 0 {
-		return fmt.Errorf("mlx: KVCache.Commit(%d)", n)
-	}
-	for l := range c.g.Layers {
-		if have := max(c.n, c.extent[l]); n > have {
-			return fmt.Errorf("mlx: KVCache.Commit(%d): layer %d holds only %d positions", n, l, have)
+	return c.b.doErr(func() error {
+		if n < 0 {
+			return fmt.Errorf("mlx: KVCache.Commit(%d)", n)
 		}
-	}
-	c.n = n
-	return nil
+		for l := range c.g.Layers {
+			if have := max(c.n, c.extent[l]); n > have {
+				return fmt.Errorf("mlx: KVCache.Commit(%d): layer %d holds only %d positions", n, l, have)
+			}
+		}
+		c.n = n
+		return nil
+	})
 }
 
 func (c *kvCache) Free() {
@@ -207,7 +213,7 @@ func (c *kvCache) Free() {
 			c.b.release(c.v[l])
 			c.k[l], c.v[l] = nil, nil
 		}
+		c.n = 0
+		clear(c.extent)
 	})
-	c.n = 0
-	clear(c.extent)
 }

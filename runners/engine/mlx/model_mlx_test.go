@@ -304,16 +304,18 @@ func TestDecodeMemoryFlat(t *testing.T) {
 	kc := c.(*kvCache)
 	kvBytes := func() int64 {
 		var n int64
-		for l := range kc.g.Layers {
-			n += 2 * int64(kc.g.KVHeads*kc.capacity(l)*kc.g.HeadDim*kc.dt.Size())
-		}
+		b.do(func() {
+			for l := range kc.g.Layers {
+				n += 2 * int64(kc.g.KVHeads*kc.capacity(l)*kc.g.HeadDim*kc.dt.Size())
+			}
+		})
 		return n
 	}
 	tok := int32(5)
 	var base, baseRSS int64
 	for step := range 1000 {
 		tok = argmax(forward(t, m, c, tok))
-		if n := len(b.temps); n != 0 {
+		if n := b.tempCount(); n != 0 {
 			t.Fatalf("step %d: %d temporaries left after Forward", step, n)
 		}
 		if step == 99 || step == 999 {

@@ -272,41 +272,58 @@ func TestOpsMatchCPU(t *testing.T) {
 		}
 	})
 	m.Free()
-	if n := len(m.temps); n != 0 {
+	if n := m.tempCount(); n != 0 {
 		t.Errorf("%d temporaries left after Free()", n)
 	}
 }
 
+// tempCount returns how many temporaries the backend tracks, after the
+// queued work.
+func (b *backend) tempCount() int {
+	var n int
+	b.do(func() { n = len(b.temps) })
+	return n
+}
+
 // An MLX error becomes a Go error (through the installed handler), not an
-// exit of the process; the backend keeps working afterwards.
+// exit of the process: ops are queued, so it surfaces at the next
+// synchronous call (Eval, Float32, Bytes) as an error wrapping
+// engine.ErrBackend, and the backend keeps working afterwards.
 func TestMLXErrorIsGoError(t *testing.T) {
 	b := newTestBackend(t)
 	x := b.FromFloat32(make([]float32, 6), 2, 3)
 	y := b.FromFloat32(make([]float32, 8), 2, 4)
+	bad := b.MatMul(x, y) // [2 3] @ [2 4]
+	err := b.Eval(bad)
+	if !errors.Is(err, engine.ErrBackend) {
+		t.Fatalf("Eval of matmul [2 3] @ [2 4]: %v, want an error wrapping engine.ErrBackend", err)
+	}
+	t.Logf("reported: %v", err)
 	func() {
 		defer func() {
 			r := recover()
-			err, ok := r.(error)
-			if !ok || !errors.Is(err, engine.ErrBackend) {
-				t.Fatalf("matmul of [2 3] by [2 4]: recovered %v, want an error wrapping engine.ErrBackend", r)
+			if e, ok := r.(error); !ok || !errors.Is(e, engine.ErrBackend) {
+				t.Errorf("Shape of the failed op's array: recovered %v, want an ErrBackend panic", r)
 			}
-			t.Logf("reported: %v", err)
 		}()
-		b.MatMul(x, y)
+		bad.Shape()
 	}()
 	z := b.Add(x, x)
 	if _, err := b.Float32(z); err != nil {
 		t.Fatalf("backend unusable after an MLX error: %v", err)
 	}
+	if got := z.Shape(); !slices.Equal(got, []int{2, 3}) {
+		t.Errorf("shape %v", got)
+	}
 	b.Free()
-	func() {
-		defer func() {
-			if r := recover(); r == nil {
-				t.Fatal("use of a freed array did not panic")
-			}
-		}()
-		b.Add(x, x)
-	}()
+	if _, err := b.Float32(b.Add(x, x)); err == nil {
+		t.Fatal("use of a freed array did not fail")
+	} else {
+		t.Logf("use after free: %v", err)
+	}
+	if _, err := b.Float32(b.FromFloat32([]float32{1}, 1)); err != nil {
+		t.Fatalf("backend unusable after a use-after-free: %v", err)
+	}
 }
 
 // The backend is used from many goroutines in turn (calls are serialized
