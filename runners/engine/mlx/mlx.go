@@ -4,13 +4,21 @@
 // ErrUnavailable when libmlxc cannot be loaded.
 //
 // One goroutine locked to one OS thread owns every MLX call of a backend;
-// every Backend and KVCache method hands its work to that goroutine and gets
-// the result (or the panic) back. Ops build MLX's lazy graph; Eval, Bytes
-// and Float32 compute it. Arrays made by ops are temporaries tracked by the
-// backend and released by Free(); Keep pins weights and cache storage.
-// Nothing relies on finalizers. MLX errors are caught by an mlx-c error
-// handler installed before the first call and become panics wrapping
-// engine.ErrBackend inside ops (returned errors elsewhere), never exit().
+// every Backend and KVCache method hands its work to that goroutine. Ops
+// only build MLX's lazy graph, so they are queued without waiting and
+// return their array at once (its Shape and DType wait for it); Eval, Bytes,
+// Float32, KVCache.Len/Export/Import/Commit and the other calls that return
+// something wait for the queue. A forward pass therefore costs a few
+// round trips between goroutines, not one per op. Arrays made by ops are
+// temporaries tracked by the backend and released by Free(); Keep pins
+// weights and cache storage. Nothing relies on finalizers.
+//
+// MLX errors are caught by an mlx-c error handler installed before the
+// first call, never exit(): a failing op (or a programming error caught on
+// the MLX thread, such as a shape mismatch) skips the rest of the queued
+// work and is re-raised by the next synchronous call: Eval, Bytes, Float32
+// and the KVCache methods return it as an error wrapping engine.ErrBackend;
+// the others panic with it, as the engine's error model allows.
 //
 // The package owns only runners/engine/mlx. It must not import the model
 // code, the weights loaders, or anything above the engine; mlx-c's headers
