@@ -304,3 +304,22 @@ func TestTestModelMatchesHF(t *testing.T) {
 		t.Error("<|im_start|> not special")
 	}
 }
+
+// TestTinyGGUFMatchesHF: the tiny vocabularies as GGUF metadata with
+// tokenizer.ggml.pre "llama-bpe" (Llama 3 split, ignore_merges, BOS) and
+// "qwen2" (Qwen2 split, NFC) give HF's ids.
+func TestTinyGGUFMatchesHF(t *testing.T) {
+	ts := texts(t)
+	for _, name := range []string{"tiny_llama3", "tiny_qwen2"} {
+		t.Run(name, func(t *testing.T) {
+			tok, err := Load(filepath.Join("testdata", name+".gguf"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			compareIDs(t, tok, ts, wantIDs(t, filepath.Join("testdata", name, "ids.json")))
+			if eos := tok.EOS(); !slices.Contains(eos, tok.lookupMust(t, "<|end|>")) {
+				t.Errorf("EOS %v lacks <|end|>", eos)
+			}
+		})
+	}
+}

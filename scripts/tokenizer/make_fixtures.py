@@ -12,6 +12,9 @@ Reference: HF `tokenizers` (pip install tokenizers gguf).
 3. tiny_llama3/ and tiny_qwen2/: small byte-level BPE tokenizers trained here with HF `tokenizers`,
    using the Llama 3 and Qwen2 split regexes (Qwen2 also NFC), committed as tokenizer.json +
    tokenizer_config.json together with the ids HF produces for texts.txt (ids.json).
+4. tiny_llama3.gguf and tiny_qwen2.gguf: the same two vocabularies written as GGUF metadata (gguf
+   python package) with tokenizer.ggml.pre "llama-bpe" / "qwen2", to check the GGUF path against
+   the same HF ids.
 """
 import json, os, subprocess, sys, sysconfig, tempfile
 
@@ -128,12 +131,44 @@ def testmodel(ts):
         f.write("\n")
 
 
+def to_gguf(name, pre, add_bos):
+    import gguf
+    d = os.path.join(OUT, name)
+    with open(os.path.join(d, "tokenizer.json"), encoding="utf-8") as f:
+        tj = json.load(f)
+    vocab = dict(tj["model"]["vocab"])
+    special = {}
+    for a in tj["added_tokens"]:
+        vocab[a["content"]] = a["id"]
+        special[a["id"]] = a["special"]
+    tokens = [None] * (max(vocab.values()) + 1)
+    for t, i in vocab.items():
+        tokens[i] = t
+    types = [gguf.TokenType.CONTROL if special.get(i) else gguf.TokenType.NORMAL for i in range(len(tokens))]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    w = gguf.GGUFWriter(os.path.join(OUT, name + ".gguf"), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(vocab["<|begin|>"])
+    w.add_eos_token_id(vocab["<|end|>"])
+    w.add_add_bos_token(add_bos)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def main():
     ts = texts()
     smollm2(ts)
     testmodel(ts)
     tiny("tiny_llama3", LLAMA3, nfc=False, bos=True, ts=ts)
     tiny("tiny_qwen2", QWEN2, nfc=True, bos=False, ts=ts)
+    to_gguf("tiny_llama3", "llama-bpe", True)
+    to_gguf("tiny_qwen2", "qwen2", False)
     print("wrote fixtures for %d texts to %s" % (len(ts), os.path.normpath(OUT)))
 
 
