@@ -1,6 +1,364 @@
 package main
 
-import "context"
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
 
-// cmdBench is a placeholder until its owner lands it.
-func cmdBench(ctx context.Context, args []string) error { return errNotYet }
+const benchUsage = `usage: exo bench [--url URL] [--model NAME] [--pp 512,2048] [--tg 64] [--repeat 3]
+                 [--compare-local] [--json]
+
+Sends streaming chat requests whose prompts have exactly PP tokens after the
+model's chat template (built with the runner's POST /tokenize), generating TG
+tokens each (ignore_eos), at temperature 0, and reports time to first token,
+prompt tokens/s and generation tokens/s (medians over --repeat runs). Every
+run starts its prompt with a fresh nonce, so no prefix cache can serve it.
+With --compare-local each prompt length is also run with
+x_exo_disable_remote_prefill (the decode runner prefills locally) and the
+TTFT speedup of remote prefill is shown.`
+
+// benchRun is one measured request.
+type benchRun struct {
+	Mode             string  `json:"mode"` // "remote" (default path) or "local"
+	PromptTokens     int     `json:"prompt_tokens"`
+	CachedTokens     int     `json:"cached_tokens"`
+	CompletionTokens int     `json:"completion_tokens"`
+	TTFT             float64 `json:"ttft_s"`
+	Total            float64 `json:"total_s"`
+	PromptTPS        float64 `json:"prompt_tokens_per_s"`
+	GenTPS           float64 `json:"generation_tokens_per_s"`
+}
+
+// benchRow summarizes the runs of one (pp, mode).
+type benchRow struct {
+	PP        int        `json:"pp"`
+	TG        int        `json:"tg"`
+	Mode      string     `json:"mode"`
+	TTFT      float64    `json:"ttft_s"`
+	PromptTPS float64    `json:"prompt_tokens_per_s"`
+	GenTPS    float64    `json:"generation_tokens_per_s"`
+	Speedup   float64    `json:"ttft_speedup_vs_local,omitempty"`
+	Runs      []benchRun `json:"runs"`
+}
+
+func cmdBench(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("exo bench", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	url := fs.String("url", "http://127.0.0.1:52415", "base URL of a gateway or decode runner")
+	model := fs.String("model", "", "model name (default: the only one /v1/models lists)")
+	ppList := fs.String("pp", "512,2048", "prompt lengths in tokens, comma-separated")
+	tg := fs.Int("tg", 64, "tokens to generate per request")
+	repeat := fs.Int("repeat", 3, "runs per prompt length and mode")
+	compare := fs.Bool("compare-local", false, "also run with remote prefill disabled and show the speedup")
+	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	timeout := fs.Duration("timeout", 30*time.Minute, "overall time limit")
+	if err := fs.Parse(args); err != nil {
+		fmt.Fprintln(os.Stderr, benchUsage)
+		return exitError{code: 2, msg: err.Error()}
+	}
+	if fs.NArg() != 0 || *tg < 1 || *repeat < 1 {
+		fmt.Fprintln(os.Stderr, benchUsage)
+		return exitError{code: 2, msg: "bench: bad arguments"}
+	}
+	var pps []int
+	for _, s := range strings.Split(*ppList, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 8 {
+			return exitError{code: 2, msg: fmt.Sprintf("bench: --pp %q: want integers ≥ 8", s)}
+		}
+		pps = append(pps, n)
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	b := &bencher{base: strings.TrimRight(*url, "/"), model: *model, client: &http.Client{}}
+	if b.model == "" {
+		m, err := b.onlyModel(ctx)
+		if err != nil {
+			return err
+		}
+		b.model = m
+	}
+	modes := []string{"remote"}
+	if *compare {
+		modes = append(modes, "local")
+	}
+	var rows []benchRow
+	for _, pp := range pps {
+		var local *benchRow
+		var group []benchRow
+		for _, mode := range modes {
+			row := benchRow{PP: pp, TG: *tg, Mode: mode}
+			for i := range *repeat {
+				r, err := b.run(ctx, pp, *tg, mode)
+				if err != nil {
+					return fmt.Errorf("bench: pp=%d %s run %d: %w", pp, mode, i+1, err)
+				}
+				row.Runs = append(row.Runs, r)
+				if !*asJSON {
+					fmt.Fprintf(os.Stderr, "pp=%d %s run %d: ttft %.3fs, %d prompt tokens, %.1f gen tok/s\n",
+						pp, mode, i+1, r.TTFT, r.PromptTokens, r.GenTPS)
+				}
+			}
+			row.TTFT = median(row.Runs, func(r benchRun) float64 { return r.TTFT })
+			row.PromptTPS = median(row.Runs, func(r benchRun) float64 { return r.PromptTPS })
+			row.GenTPS = median(row.Runs, func(r benchRun) float64 { return r.GenTPS })
+			group = append(group, row)
+			if mode == "local" {
+				local = &group[len(group)-1]
+			}
+		}
+		if local != nil && group[0].TTFT > 0 {
+			group[0].Speedup = local.TTFT / group[0].TTFT
+		}
+		rows = append(rows, group...)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(map[string]any{"url": b.base, "model": b.model, "repeat": *repeat, "results": rows})
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "pp\ttg\tprefill\tTTFT s\tprompt tok/s\tgen tok/s\tspeedup\t\n")
+	for _, r := range rows {
+		sp := ""
+		if r.Speedup > 0 {
+			sp = fmt.Sprintf("%.2fx", r.Speedup)
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%.3f\t%.1f\t%.1f\t%s\t\n", r.PP, r.TG, r.Mode, r.TTFT, r.PromptTPS, r.GenTPS, sp)
+	}
+	return tw.Flush()
+}
+
+func median(runs []benchRun, f func(benchRun) float64) float64 {
+	v := make([]float64, len(runs))
+	for i, r := range runs {
+		v[i] = f(r)
+	}
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
+
+type bencher struct {
+	base, model string
+	client      *http.Client
+}
+
+func (b *bencher) do(ctx context.Context, method, path string, body any) (*http.Response, error) {
+	var rd io.Reader
+	if body != nil {
+		bs, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		rd = bytes.NewReader(bs)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, b.base+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := b.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return nil, fmt.Errorf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, strings.TrimSpace(string(msg)))
+	}
+	return resp, nil
+}
+
+func (b *bencher) onlyModel(ctx context.Context) (string, error) {
+	resp, err := b.do(ctx, "GET", "/v1/models", nil)
+	if err != nil {
+		return "", fmt.Errorf("bench: %w", err)
+	}
+	defer resp.Body.Close()
+	var ml struct {
+		Data []struct{ ID string } `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&ml); err != nil {
+		return "", fmt.Errorf("bench: /v1/models: %w", err)
+	}
+	if len(ml.Data) != 1 {
+		return "", exitError{code: 2, msg: fmt.Sprintf("bench: %d models served; pick one with --model", len(ml.Data))}
+	}
+	return ml.Data[0].ID, nil
+}
+
+func (b *bencher) count(ctx context.Context, content string) (int, error) {
+	resp, err := b.do(ctx, "POST", "/tokenize", map[string]any{"model": b.model,
+		"messages": []map[string]string{{"role": "user", "content": content}}, "add_generation_prompt": true})
+	if err != nil {
+		return 0, fmt.Errorf("%w (exo bench builds token-exact prompts with the runner's /tokenize)", err)
+	}
+	defer resp.Body.Close()
+	var tr struct {
+		Count int `json:"count"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&tr); err != nil {
+		return 0, fmt.Errorf("/tokenize: %w", err)
+	}
+	return tr.Count, nil
+}
+
+var benchWords = strings.Fields("the quick brown fox jumps over a lazy dog while seven bright stars watch the quiet river under an old stone bridge and distant bells ring across the green valley")
+
+// prompt builds user content whose chat-templated prompt has exactly pp
+// tokens (or as close as the tokenizer allows), starting with a nonce.
+func (b *bencher) prompt(ctx context.Context, pp int) (string, int, error) {
+	nonce := fmt.Sprintf("Run %08x.", rand.Uint32())
+	text := func(w int) string {
+		var sb strings.Builder
+		sb.WriteString(nonce)
+		for i := range w {
+			sb.WriteByte(' ')
+			sb.WriteString(benchWords[i%len(benchWords)])
+		}
+		return sb.String()
+	}
+	// Largest word count whose prompt fits in pp tokens.
+	lo, hi := 0, 1
+	for {
+		n, err := b.count(ctx, text(hi))
+		if err != nil {
+			return "", 0, err
+		}
+		if n > pp {
+			break
+		}
+		lo, hi = hi, hi*2
+	}
+	for hi-lo > 1 {
+		mid := (lo + hi) / 2
+		n, err := b.count(ctx, text(mid))
+		if err != nil {
+			return "", 0, err
+		}
+		if n <= pp {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	content := text(lo)
+	n, err := b.count(ctx, content)
+	if err != nil {
+		return "", 0, err
+	}
+	// Top up with single letters, which are one token each in byte-level BPEs.
+	for i := 0; n < pp && i < 16; i++ {
+		c2 := content + " a"
+		n2, err := b.count(ctx, c2)
+		if err != nil {
+			return "", 0, err
+		}
+		if n2 > pp {
+			break
+		}
+		content, n = c2, n2
+	}
+	return content, n, nil
+}
+
+func (b *bencher) run(ctx context.Context, pp, tg int, mode string) (benchRun, error) {
+	content, _, err := b.prompt(ctx, pp)
+	if err != nil {
+		return benchRun{}, err
+	}
+	body := map[string]any{"model": b.model, "stream": true, "temperature": 0, "max_tokens": tg, "ignore_eos": true,
+		"messages": []map[string]string{{"role": "user", "content": content}}}
+	if mode == "local" {
+		body["x_exo_disable_remote_prefill"] = true
+	}
+	t0 := time.Now()
+	resp, err := b.do(ctx, "POST", "/v1/chat/completions", body)
+	if err != nil {
+		return benchRun{}, err
+	}
+	defer resp.Body.Close()
+	var first, last time.Time
+	r := benchRun{Mode: mode}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	done := false
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			done = true
+			break
+		}
+		var ev struct {
+			Choices []struct {
+				Delta struct {
+					Content string `json:"content"`
+				} `json:"delta"`
+			} `json:"choices"`
+			Usage *struct {
+				PromptTokens        int `json:"prompt_tokens"`
+				CompletionTokens    int `json:"completion_tokens"`
+				PromptTokensDetails *struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+			Error *struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			return r, fmt.Errorf("bad event %q: %w", data, err)
+		}
+		if ev.Error != nil {
+			return r, fmt.Errorf("server error mid-stream: %s", ev.Error.Message)
+		}
+		for _, c := range ev.Choices {
+			if c.Delta.Content != "" {
+				now := time.Now()
+				if first.IsZero() {
+					first = now
+				}
+				last = now
+			}
+		}
+		if u := ev.Usage; u != nil {
+			r.PromptTokens, r.CompletionTokens = u.PromptTokens, u.CompletionTokens
+			if u.PromptTokensDetails != nil {
+				r.CachedTokens = u.PromptTokensDetails.CachedTokens
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return r, fmt.Errorf("reading stream: %w", err)
+	}
+	if !done || first.IsZero() {
+		return r, errors.New("stream ended without [DONE] or without any text")
+	}
+	r.Total = time.Since(t0).Seconds()
+	r.TTFT = first.Sub(t0).Seconds()
+	r.PromptTPS = float64(r.PromptTokens-r.CachedTokens) / r.TTFT
+	if r.CompletionTokens > 1 && last.After(first) {
+		r.GenTPS = float64(r.CompletionTokens-1) / last.Sub(first).Seconds()
+	}
+	return r, nil
+}

@@ -1,0 +1,63 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os/exec"
+	"testing"
+)
+
+// TestBenchCompareLocal runs `exo bench --compare-local --json` against a
+// prefill+decode pair on the tiny model and checks that the prompts are
+// token-exact and that both modes ran the way they claim.
+func TestBenchCompareLocal(t *testing.T) {
+	dir := tinyModel(t, "main")
+	pre := start(t, "prefill", "prefill", "--model", dir)
+	dec := start(t, "decode", "decode", "--model", dir, "--prefill", pre.listen)
+	okBefore := dec.metric(t, outcome("ok"))
+	out, err := exec.Command(exoBin, "bench", "--url", "http://"+dec.listen, "--pp", "64,300", "--tg", "8",
+		"--repeat", "2", "--compare-local", "--json").Output()
+	if err != nil {
+		t.Fatalf("exo bench: %v\n%s", err, out)
+	}
+	var res struct {
+		Model   string
+		Results []struct {
+			PP      int     `json:"pp"`
+			Mode    string  `json:"mode"`
+			TTFT    float64 `json:"ttft_s"`
+			GenTPS  float64 `json:"generation_tokens_per_s"`
+			Speedup float64 `json:"ttft_speedup_vs_local"`
+			Runs    []struct {
+				PromptTokens     int `json:"prompt_tokens"`
+				CompletionTokens int `json:"completion_tokens"`
+				CachedTokens     int `json:"cached_tokens"`
+			} `json:"runs"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("bench JSON: %v\n%s", err, out)
+	}
+	if res.Model != "m" || len(res.Results) != 4 {
+		t.Fatalf("results: %s", out)
+	}
+	for _, r := range res.Results {
+		if r.TTFT <= 0 || r.GenTPS <= 0 || len(r.Runs) != 2 {
+			t.Fatalf("row %+v", r)
+		}
+		for _, run := range r.Runs {
+			if run.PromptTokens != r.PP || run.CompletionTokens != 8 {
+				t.Fatalf("pp=%d %s: prompt %d tokens, completion %d (want exact)", r.PP, r.Mode, run.PromptTokens, run.CompletionTokens)
+			}
+		}
+		if r.Mode == "remote" && r.Speedup <= 0 {
+			t.Fatalf("no speedup reported: %+v", r)
+		}
+	}
+	// pp=300 remote runs went over the wire (2 of them); pp=64 is short.
+	if got := dec.metric(t, outcome("ok")) - okBefore; got != 2 {
+		t.Fatalf("remote prefills %v, want 2", got)
+	}
+	if got := dec.metric(t, outcome("skipped_disabled")); got != 4 {
+		t.Fatalf("local (disabled) runs %v, want 4", got)
+	}
+}
