@@ -251,3 +251,17 @@ func TestHalfConversions(t *testing.T) {
 		}
 	}
 }
+
+func TestF16Mul(t *testing.T) {
+	for h := 0; h < 1<<16; h++ {
+		if h&0x7c00 == 0x7c00 {
+			continue // inf, NaN
+		}
+		for _, m := range []float32{-8, -128} {
+			want := F32ToF16(F16ToF32(uint16(h)) * m)
+			if got := f16Mul(uint16(h), m); got != want {
+				t.Fatalf("f16Mul(%#x, %v) = %#x, want %#x", h, m, got, want)
+			}
+		}
+	}
+}

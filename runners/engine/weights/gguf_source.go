@@ -318,51 +318,67 @@ func ggufToMLX(t GGMLType, raw []byte, rows, cols int) (w, scales, biases []byte
 	if len(raw) != blocks*blockBytes {
 		return nil, nil, nil, fmt.Errorf("%d bytes for %d %s blocks", len(raw), blocks, t)
 	}
-	wordsPerBlock := 32 * bits / 32
+	wordsPerBlock := bits // 32 elements of `bits` bits = `bits` words
 	w = make([]byte, blocks*wordsPerBlock*4)
 	scales = make([]byte, blocks*2)
 	biases = make([]byte, blocks*2)
-	var q [32]uint32
+	le := binary.LittleEndian
 	for b := 0; b < blocks; b++ {
 		blk := raw[b*blockBytes : (b+1)*blockBytes]
-		d := binary.LittleEndian.Uint16(blk)
+		d := le.Uint16(blk)
+		out := w[b*wordsPerBlock*4 : (b+1)*wordsPerBlock*4]
 		var bias uint16
 		switch t {
 		case TypeQ4_0, TypeQ4_1:
 			qs := blk[2:]
 			if t == TypeQ4_1 {
-				bias = binary.LittleEndian.Uint16(blk[2:])
+				bias = le.Uint16(blk[2:])
 				qs = blk[4:]
 			} else {
 				bias = f16Mul(d, -8)
 			}
-			for i := 0; i < 16; i++ {
-				q[i] = uint32(qs[i] & 0x0f)
-				q[i+16] = uint32(qs[i] >> 4)
-			}
+			// Elements 0..15 are the low nibbles of qs[0..15], 16..31
+			// the high nibbles: each run of 8 nibbles packs into a word.
+			lo0, lo1 := le.Uint64(qs), le.Uint64(qs[8:])
+			le.PutUint32(out[0:], packNibbles(lo0))
+			le.PutUint32(out[4:], packNibbles(lo1))
+			le.PutUint32(out[8:], packNibbles(lo0>>4))
+			le.PutUint32(out[12:], packNibbles(lo1>>4))
 		case TypeQ8_0:
 			bias = f16Mul(d, -128)
-			for i := 0; i < 32; i++ {
-				q[i] = uint32(uint8(int8(blk[2+i])) ^ 0x80) // int8 q → q+128
+			// int8 q → q+128: flip the sign bit of every byte; byte j of
+			// a little-endian word is element j.
+			for k := 0; k < 32; k += 8 {
+				le.PutUint64(out[k:], le.Uint64(blk[2+k:])^0x8080808080808080)
 			}
 		}
-		binary.LittleEndian.PutUint16(scales[2*b:], d)
-		binary.LittleEndian.PutUint16(biases[2*b:], bias)
-		per := 32 / bits
-		for k := 0; k < wordsPerBlock; k++ {
-			var word uint32
-			for j := 0; j < per; j++ {
-				word |= q[k*per+j] << (j * bits)
-			}
-			binary.LittleEndian.PutUint32(w[(b*wordsPerBlock+k)*4:], word)
-		}
+		le.PutUint16(scales[2*b:], d)
+		le.PutUint16(biases[2*b:], bias)
 	}
 	return w, scales, biases, nil
 }
 
-// f16Mul multiplies an IEEE half by a negative power of two (-8 or -128)
-// exactly, through float32.
+// packNibbles packs the low nibble of each of the 8 bytes of x into a
+// uint32, byte j's nibble at bits [4j, 4j+4).
+func packNibbles(x uint64) uint32 {
+	x &= 0x0f0f0f0f0f0f0f0f
+	x = (x | x>>4) & 0x00ff00ff00ff00ff
+	x = (x | x>>8) & 0x0000ffff0000ffff
+	x = (x | x>>16) & 0x00000000ffffffff
+	return uint32(x)
+}
+
+// f16Mul multiplies an IEEE half by m = -2^k (-8 or -128) exactly: for a
+// normal value whose exponent stays in range it adds k to the exponent
+// and flips the sign; other values go through float32.
 func f16Mul(h uint16, m float32) uint16 {
+	k := uint16(3)
+	if m == -128 {
+		k = 7
+	}
+	if exp := h >> 10 & 0x1f; (m == -8 || m == -128) && exp != 0 && exp+k < 0x1f {
+		return (h ^ 0x8000) + k<<10
+	}
 	return F32ToF16(F16ToF32(h) * m)
 }
 
