@@ -45,8 +45,10 @@ type Options struct {
 var (
 	// ErrNotFound: the repository, revision or file does not exist (HTTP 404).
 	ErrNotFound = errors.New("hf: not found")
-	// ErrUnauthorized: the repository is gated or private and no valid token was sent (HTTP 401/403).
-	ErrUnauthorized = errors.New("hf: unauthorized (gated or private repository: set HF_TOKEN)")
+	// ErrUnauthorized: HTTP 401/403. The Hub answers 401 for gated and
+	// private repositories without a valid token, and also for ones that do
+	// not exist.
+	ErrUnauthorized = errors.New("hf: unauthorized (gated or private repository, or no such repository; for gated ones accept the terms on its page and set HF_TOKEN)")
 	// ErrNotInStore: offline mode and the model is not in the store.
 	ErrNotInStore = errors.New("hf: model not in the local store (offline)")
 	// ErrChecksum: a downloaded file did not match its size or hash, even after re-fetching.

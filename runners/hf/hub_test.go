@@ -23,7 +23,7 @@ import (
 // 401 for gated repositories without the token, 404. It can cut a
 // connection mid-body or corrupt a body, once per file.
 type fakeHub struct {
-	t     *testing.T
+	t     testing.TB
 	hub   *httptest.Server
 	cdn   *httptest.Server
 	token string
@@ -46,9 +46,10 @@ type fakeRepo struct {
 	gated  bool
 	files  map[string][]byte
 	lfs    map[string]bool
+	sha    map[string]string // sha256 of each file, computed once
 }
 
-func newFakeHub(t *testing.T) *fakeHub {
+func newFakeHub(t testing.TB) *fakeHub {
 	h := &fakeHub{
 		t: t, token: "hf_secret_token",
 		repos: map[string]*fakeRepo{}, served: map[string]int64{}, ranges: map[string][]string{},
@@ -74,10 +75,11 @@ func (h *fakeHub) addRepo(id string, gated bool, files map[string][]byte) *fakeR
 		sum.Write([]byte(n))
 		sum.Write(files[n])
 	}
-	r := &fakeRepo{commit: hex.EncodeToString(sum.Sum(nil)), gated: gated, files: files, lfs: map[string]bool{}}
+	r := &fakeRepo{commit: hex.EncodeToString(sum.Sum(nil)), gated: gated, files: files, lfs: map[string]bool{}, sha: map[string]string{}}
 	r.refs = map[string]string{"main": r.commit}
 	for n := range files {
 		r.lfs[n] = strings.HasSuffix(n, ".safetensors") || strings.HasSuffix(n, ".gguf")
+		r.sha[n] = sha256hex(files[n])
 	}
 	h.mu.Lock()
 	h.repos[id] = r
@@ -132,7 +134,7 @@ func (h *fakeHub) serveHub(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("X-Repo-Commit", repo.commit)
 	if repo.lfs[name] {
-		w.Header().Set("X-Linked-Etag", `"`+sha256hex(data)+`"`)
+		w.Header().Set("X-Linked-Etag", `"`+repo.sha[name]+`"`)
 		w.Header().Set("X-Linked-Size", strconv.Itoa(len(data)))
 		http.Redirect(w, r, h.cdn.URL+"/cdn/"+id+"/"+name, http.StatusFound)
 		return
@@ -188,7 +190,7 @@ func (h *fakeHub) serveAPI(w http.ResponseWriter, r *http.Request, rest string) 
 			s.Size = &size
 			if repo.lfs[n] {
 				s.BlobID = strings.Repeat("ab", 20) // the pointer's blob, not the content's
-				s.LFS = &lfs{SHA256: sha256hex(data), Size: size, PointerSize: 134}
+				s.LFS = &lfs{SHA256: repo.sha[n], Size: size, PointerSize: 134}
 			} else {
 				s.BlobID = blobID(data)
 			}
