@@ -18,20 +18,23 @@ const (
 // Runner is one runner process as the cluster file defines it. Two Runners
 // with equal fields are the same process; any difference means a restart.
 type Runner struct {
-	Name    string // "<model>-<role>", unique on a host
-	Host    string
-	Address string // the host's address
-	Model   string
-	Role    string // Decode or Prefill
-	Source  string
+	Name    string `json:"name"` // "<model>-<role>", unique on a host
+	Host    string `json:"host"`
+	Address string `json:"address"` // the host's address
+	Model   string `json:"model"`
+	Role    string `json:"role"` // Decode or Prefill
+	Source  string `json:"source"`
 	// Listen is the decode runner's HTTP address or the prefill runner's KV
 	// wire address; Metrics is the prefill runner's HTTP address.
-	Listen, Metrics        string
-	Prefill                []string // decode: prefill KV endpoints, file order
-	RemotePrefillMinTokens int
-	SecretFile, ModelsDir  string
-	Backend, Device        string
-	MaxQueue               int
+	Listen                 string   `json:"listen"`
+	Metrics                string   `json:"metrics,omitempty"`
+	Prefill                []string `json:"prefill,omitempty"` // decode: prefill KV endpoints, file order
+	RemotePrefillMinTokens int      `json:"remote_prefill_min_tokens,omitempty"`
+	SecretFile             string   `json:"secret_file,omitempty"`
+	ModelsDir              string   `json:"models_dir,omitempty"`
+	Backend                string   `json:"backend"`
+	Device                 string   `json:"device,omitempty"`
+	MaxQueue               int      `json:"max_queue,omitempty"`
 }
 
 // HealthAddr is the HOST:PORT serving the runner's /health and /metrics.

@@ -16,6 +16,8 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -375,7 +377,41 @@ func (l *lineLogger) emit(line []byte) {
 	if n := len(line); n > 0 && line[n-1] == '\r' {
 		line = line[:n-1]
 	}
-	l.log.Info(string(line), "stream", l.stream)
+	lvl, msg := childLine(string(line))
+	l.log.Log(context.Background(), lvl, msg, "stream", l.stream)
+}
+
+// childLine takes apart a line a runner logged with slog's text handler
+// ("time=… level=WARN msg=… k=v"): the level becomes the record's level and
+// the time is dropped (the supervisor's record has one). Other lines are
+// logged as they are, at INFO.
+func childLine(line string) (slog.Level, string) {
+	lvl := slog.LevelInfo
+	rest, ok := strings.CutPrefix(line, "time=")
+	if !ok {
+		return lvl, line
+	}
+	_, rest, ok = strings.Cut(rest, " ")
+	if !ok {
+		return lvl, line
+	}
+	if v, ok := strings.CutPrefix(rest, "level="); ok {
+		word, after, _ := strings.Cut(v, " ")
+		if lvl.UnmarshalText([]byte(word)) == nil {
+			rest = after
+		}
+	}
+	if m, ok := strings.CutPrefix(rest, "msg="); ok {
+		rest = m
+		if strings.HasPrefix(m, `"`) { // unquote the message, keep the attributes
+			if q, err := strconv.QuotedPrefix(m); err == nil {
+				if u, err := strconv.Unquote(q); err == nil {
+					rest = u + m[len(q):]
+				}
+			}
+		}
+	}
+	return lvl, rest
 }
 
 func (l *lineLogger) flush() {

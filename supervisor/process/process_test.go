@@ -238,3 +238,22 @@ func TestCrashKillsOrphanedGrandchildren(t *testing.T) {
 		t.Errorf("grandchild %d of crashed runner still running", gc)
 	}
 }
+
+func TestChildLine(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		lvl  slog.Level
+		want string
+	}{
+		{`time=2026-12-02T12:44:50.830Z level=INFO msg="runner starting" role=decode`, slog.LevelInfo, `runner starting role=decode`},
+		{`time=2026-12-02T12:44:50.830Z level=WARN msg=slow x="a b"`, slog.LevelWarn, `slow x="a b"`},
+		{`time=2026-12-02T12:44:50.830Z level=ERROR msg="bad \"q\""`, slog.LevelError, `bad "q"`},
+		{`panic: boom`, slog.LevelInfo, `panic: boom`},
+		{`time=x`, slog.LevelInfo, `time=x`},
+	} {
+		lvl, got := childLine(tt.in)
+		if lvl != tt.lvl || got != tt.want {
+			t.Errorf("childLine(%q) = %v %q, want %v %q", tt.in, lvl, got, tt.lvl, tt.want)
+		}
+	}
+}
