@@ -323,3 +323,38 @@ func TestTinyGGUFMatchesHF(t *testing.T) {
 		})
 	}
 }
+
+// TestConcurrentEncode: one Tokenizer shared by goroutines (the word cache
+// is locked) gives the same ids as sequential use.
+func TestConcurrentEncode(t *testing.T) {
+	tok, err := Load("testdata/tiny_qwen2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := texts(t)
+	want := make([][]int32, len(ts))
+	for i, s := range ts {
+		want[i] = tok.Encode(s)
+	}
+	tok.model.cache = newLRU(8) // small: exercise eviction too
+	errs := make(chan string, 4*len(ts))
+	done := make(chan struct{})
+	for g := range 4 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for k := range len(ts) {
+				i := (k + g) % len(ts)
+				if got := tok.Encode(ts[i]); !slices.Equal(got, want[i]) {
+					errs <- ts[i]
+				}
+			}
+		}()
+	}
+	for range 4 {
+		<-done
+	}
+	close(errs)
+	for s := range errs {
+		t.Errorf("concurrent Encode(%q) differs", s)
+	}
+}
