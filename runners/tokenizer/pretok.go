@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"fmt"
 	"regexp"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -16,6 +17,10 @@ const (
 	patternGPT2   = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 	patternLlama3 = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 	patternQwen2  = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+
+	// the same contractions spelled case by case (as llama.cpp writes them)
+	contractionsCI   = `(?i:'s|'t|'re|'ve|'m|'ll|'d)`
+	contractionsCase = `(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])`
 )
 
 // splitter cuts one piece of text into smaller pieces (substrings, in order,
@@ -39,6 +44,9 @@ type goRegexSplit struct{ re *regexp.Regexp }
 
 // splitterForPattern returns the splitter for a Split pre-tokenizer regex.
 func splitterForPattern(p string) (splitter, error) {
+	if strings.HasPrefix(p, contractionsCase) {
+		p = contractionsCI + p[len(contractionsCase):]
+	}
 	switch p {
 	case patternGPT2:
 		return regexSplit{}, nil

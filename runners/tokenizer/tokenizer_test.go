@@ -358,3 +358,30 @@ func TestConcurrentEncode(t *testing.T) {
 		t.Errorf("concurrent Encode(%q) differs", s)
 	}
 }
+
+func TestSplitterForPattern(t *testing.T) {
+	cases := map[string]splitter{
+		patternGPT2:   regexSplit{},
+		patternLlama3: regexSplit{llama3: true, maxDigits: 3},
+		patternQwen2:  regexSplit{llama3: true, maxDigits: 1},
+		contractionsCase + patternLlama3[len(contractionsCI):]: regexSplit{llama3: true, maxDigits: 3},
+	}
+	for p, want := range cases {
+		got, err := splitterForPattern(p)
+		if err != nil || got != want {
+			t.Errorf("%q: got %#v, %v; want %#v", p, got, err, want)
+		}
+	}
+	if _, err := splitterForPattern(`\s+(?!\S)`); err == nil {
+		t.Error("an unknown lookahead pattern must be refused with an error")
+	}
+	sp, err := splitterForPattern(`\d+`) // Go-compatible: isolates matches
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	sp.split("ab12cd3", func(s string) { got = append(got, s) })
+	if !slices.Equal(got, []string{"ab", "12", "cd", "3"}) {
+		t.Errorf("go regexp split: %q", got)
+	}
+}
