@@ -141,6 +141,13 @@ in
       }
     ];
 
+    # The supervisor can also recognise itself by a local address, which
+    # cannot be known here: warn, do not fail.
+    warnings = lib.optional (cfg.settings != { } && !((cfg.settings.hosts or { }) ? ${hostName})) (
+      "services.exo: \"${hostName}\" is not in settings.hosts, so openFirewall opens only the API port "
+      + "and the supervisor must find itself by address; set services.exo.host to its name there."
+    );
+
     environment.etc."exo/cluster.toml".source = clusterFile;
     environment.systemPackages = [ cfg.package ];
 

@@ -66,6 +66,10 @@ let
   nixosStub = {
     imports = [ common ];
     options = {
+      warnings = mkOption {
+        type = types.listOf types.str;
+        default = [ ];
+      };
       networking.hostName = mkOption {
         type = types.str;
         default = "spark";
@@ -189,6 +193,12 @@ let
   };
   nixosOff = eval "x86_64-linux" nixosStub (import ../nixos-module.nix { inherit self; }) { };
   nixosEmpty = eval "x86_64-linux" nixosStub (import ../nixos-module.nix { inherit self; }) { enable = true; };
+  nixosStranger = eval "x86_64-linux" nixosStub (import ../nixos-module.nix { inherit self; }) {
+    enable = true;
+    host = "nothere";
+    openFirewall = true;
+    inherit settings;
+  };
 
   darwin = eval "aarch64-darwin" darwinStub (import ../darwin-module.nix { inherit self; }) {
     enable = true;
@@ -206,6 +216,9 @@ in
     users = nixos.users.users;
     disabledDefinesNothing = nixosOff.systemd.services == { } && nixosOff.networking.firewall.allowedTCPPorts == [ ];
     emptySettingsAsserts = checkAssertions nixosEmpty;
+    warnings = nixos.warnings;
+    strangerWarnings = nixosStranger.warnings;
+    strangerPorts = nixosStranger.networking.firewall.allowedTCPPorts;
   };
   report.darwin = {
     failedAssertions = checkAssertions darwin;
