@@ -103,6 +103,26 @@ func (b *Backend) FromBytes(data []byte, shape []int, dt engine.DType) engine.Ar
 		panic(fmt.Sprintf("cpu: FromBytes: %d bytes for shape %v of %v (want %d)", len(data), shape, dt, n*dt.Size()))
 	}
 	a := &Array{shape: append([]int(nil), shape...), dt: dt}
+	if nativeLittle {
+		switch dt {
+		case engine.F32:
+			a.f32 = make([]float32, n)
+			copy(asBytes(a.f32), data)
+			return a
+		case engine.F16, engine.BF16:
+			a.u16 = make([]uint16, n)
+			copy(asBytes(a.u16), data)
+			return a
+		case engine.I32:
+			a.i32 = make([]int32, n)
+			copy(asBytes(a.i32), data)
+			return a
+		case engine.U32:
+			a.u32 = make([]uint32, n)
+			copy(asBytes(a.u32), data)
+			return a
+		}
+	}
 	switch dt {
 	case engine.F32:
 		a.f32 = make([]float32, n)
@@ -153,6 +173,22 @@ func (b *Backend) Bytes(x engine.Array) ([]byte, error) {
 	a := materialize(arr(x))
 	n := numel(a.shape)
 	out := make([]byte, n*a.dt.Size())
+	if nativeLittle {
+		switch a.dt {
+		case engine.F32:
+			copy(out, asBytes(a.f32))
+			return out, nil
+		case engine.F16, engine.BF16:
+			copy(out, asBytes(a.u16))
+			return out, nil
+		case engine.I32:
+			copy(out, asBytes(a.i32))
+			return out, nil
+		case engine.U32:
+			copy(out, asBytes(a.u32))
+			return out, nil
+		}
+	}
 	switch a.dt {
 	case engine.F32:
 		for i, v := range a.f32 {

@@ -174,6 +174,16 @@ func (c *kvCache) Export(layer, start, n int) ([]byte, []byte, error) {
 	for h := range c.g.KVHeads {
 		src := (h*c.cap + start) * dh
 		dst := h * n * dh
+		if nativeLittle {
+			if c.dt == engine.F32 {
+				copy(kb[4*dst:4*(dst+n*dh)], asBytes(l.k32[src:src+n*dh]))
+				copy(vb[4*dst:4*(dst+n*dh)], asBytes(l.v32[src:src+n*dh]))
+			} else {
+				copy(kb[2*dst:2*(dst+n*dh)], asBytes(l.k16[src:src+n*dh]))
+				copy(vb[2*dst:2*(dst+n*dh)], asBytes(l.v16[src:src+n*dh]))
+			}
+			continue
+		}
 		for i := range n * dh {
 			if c.dt == engine.F32 {
 				binary.LittleEndian.PutUint32(kb[4*(dst+i):], math.Float32bits(l.k32[src+i]))
@@ -210,6 +220,16 @@ func (c *kvCache) Import(layer, start, n int, k, v []byte) error {
 	for h := range c.g.KVHeads {
 		dst := (h*c.cap + start) * dh
 		src := h * n * dh
+		if nativeLittle {
+			if c.dt == engine.F32 {
+				copy(asBytes(l.k32[dst:dst+n*dh]), k[4*src:4*(src+n*dh)])
+				copy(asBytes(l.v32[dst:dst+n*dh]), v[4*src:4*(src+n*dh)])
+			} else {
+				copy(asBytes(l.k16[dst:dst+n*dh]), k[2*src:2*(src+n*dh)])
+				copy(asBytes(l.v16[dst:dst+n*dh]), v[2*src:2*(src+n*dh)])
+			}
+			continue
+		}
 		for i := range n * dh {
 			if c.dt == engine.F32 {
 				l.k32[dst+i] = math.Float32frombits(binary.LittleEndian.Uint32(k[4*(src+i):]))
