@@ -1,0 +1,338 @@
+// Package e2e tests the supervisor end to end with real `exo` processes: two
+// supervisors acting as two hosts of one cluster file on loopback addresses,
+// real prefill and decode runners on a tiny generated model (cpu backend).
+// It builds the exo binary and generates the model with `go` commands; it
+// does not import runners/.
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func repoRoot(t *testing.T) string {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Dir(strings.TrimSpace(string(out)))
+}
+
+func run(t *testing.T, dir string, name string, args ...string) {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+	}
+}
+
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+type host struct {
+	name, api string
+	cmd       *exec.Cmd
+	log       string
+}
+
+type status struct {
+	LastReload struct {
+		OK      bool
+		At      time.Time
+		Changes string
+	} `json:"last_reload"`
+	Runners []struct {
+		Spec struct {
+			Name string `json:"name"`
+		} `json:"spec"`
+		Status struct {
+			State    string `json:"state"`
+			PID      int    `json:"pid"`
+			Restarts int    `json:"restarts"`
+		} `json:"status"`
+	} `json:"runners"`
+}
+
+func (h *host) status(t *testing.T) (status, error) {
+	var st status
+	resp, err := http.Get("http://" + h.api + "/exo/status")
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	return st, json.NewDecoder(resp.Body).Decode(&st)
+}
+
+// waitRunners waits until h runs exactly names, all ready, and returns PIDs.
+func (h *host) waitRunners(t *testing.T, names ...string) map[string]int {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	var last status
+	for time.Now().Before(deadline) {
+		st, err := h.status(t)
+		if err == nil {
+			last = st
+			pids := map[string]int{}
+			ready := 0
+			for _, r := range st.Runners {
+				pids[r.Spec.Name] = r.Status.PID
+				if r.Status.State == "ready" {
+					ready++
+				}
+			}
+			ok := len(st.Runners) == len(names) && ready == len(names)
+			for _, n := range names {
+				_, has := pids[n]
+				ok = ok && has
+			}
+			if ok {
+				return pids
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	b, _ := os.ReadFile(h.log)
+	t.Fatalf("%s: runners %v never ready; last status %+v\nlog:\n%s", h.name, names, last, tail(string(b), 4000))
+	return nil
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+var prompts = 0
+
+// chat sends a new prompt each time (a repeated one could be served from
+// the decode runner's own prefix cache, without remote prefill).
+func chat(t *testing.T, api string) (string, string) {
+	t.Helper()
+	prompts++
+	body := fmt.Sprintf(`{"model":"tiny","messages":[{"role":"user","content":"Prompt %d: hello there, how are you today? Tell me a story."}],"max_tokens":8,"temperature":0}`, prompts)
+	resp, err := http.Post("http://"+api+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("chat via %s: %d %s", api, resp.StatusCode, b)
+	}
+	var v struct {
+		Choices []struct {
+			Message struct{ Content string }
+		}
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		}
+	}
+	if err := json.Unmarshal(b, &v); err != nil || len(v.Choices) != 1 || v.Usage.CompletionTokens == 0 {
+		t.Fatalf("chat via %s: %s (%v)", api, b, err)
+	}
+	return resp.Header.Get("X-Exo-Runner"), v.Choices[0].Message.Content
+}
+
+// remotePrefillOK sums exo_remote_prefill_total{outcome="ok"} in h's /metrics.
+func remotePrefillOK(t *testing.T, api string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + api + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sum := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "exo_remote_prefill_total{") && strings.Contains(line, `outcome="ok"`) {
+			f := strings.Fields(line)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			sum += v
+		}
+	}
+	return sum
+}
+
+func cluster(base int, modelDir, decodeHost string) string {
+	return fmt.Sprintf(`[cluster]
+name = "e2e"
+runner_port_base = %d
+
+[hosts.spark]
+address = "127.0.0.2"
+backend = "cpu"
+
+[hosts.mac]
+address = "127.0.0.3"
+backend = "cpu"
+
+[[models]]
+name = "tiny"
+source = %q
+decode = { hosts = [%q] }
+prefill = { hosts = ["spark"] }
+remote_prefill_min_tokens = 1
+`, base, modelDir, decodeHost)
+}
+
+func gone(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i > 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
+}
+
+func TestTwoHosts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds exo and runs real runners")
+	}
+	for _, ip := range []string{"127.0.0.2", "127.0.0.3"} {
+		l, err := net.Listen("tcp", ip+":0")
+		if err != nil {
+			t.Skipf("loopback address %s unusable here: %v", ip, err)
+		}
+		l.Close()
+	}
+	root, dir := repoRoot(t), t.TempDir()
+	exe := filepath.Join(dir, "exo")
+	run(t, root, "go", "build", "-o", exe, "./cmd/exo")
+	model := filepath.Join(dir, "tiny")
+	run(t, root, "go", "run", "./runners/engine/testmodel/cmd/gen", "-arch", "llama", model)
+
+	cfgPath := filepath.Join(dir, "cluster.toml")
+	base, apiPort := freePort(t), freePort(t)
+	if err := os.WriteFile(cfgPath, []byte(cluster(base, model, "mac")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var hosts []*host
+	for _, hn := range []struct{ name, ip string }{{"spark", "127.0.0.2"}, {"mac", "127.0.0.3"}} {
+		h := &host{name: hn.name, api: fmt.Sprintf("%s:%d", hn.ip, apiPort), log: filepath.Join(dir, hn.name+".log")}
+		logf, err := os.Create(h.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.cmd = exec.Command(exe, "supervise", "--config", cfgPath, "--host", hn.name, "--listen", h.api, "--grace", "3s")
+		h.cmd.Stdout, h.cmd.Stderr = logf, logf
+		h.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET=")
+		if err := h.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.cmd.Process.Kill(); h.cmd.Wait(); logf.Close() })
+		hosts = append(hosts, h)
+	}
+	spark, mac := hosts[0], hosts[1]
+	sparkPIDs := spark.waitRunners(t, "tiny-prefill")
+	macPIDs := mac.waitRunners(t, "tiny-decode")
+
+	// 1. A chat completion through either gateway is served by mac's decode
+	// runner with spark's remote prefill.
+	for _, h := range hosts {
+		runner, text := chat(t, h.api)
+		if runner != "mac/tiny-decode" {
+			t.Errorf("via %s: served by %q", h.name, runner)
+		}
+		t.Logf("via %s: %q", h.name, text)
+	}
+	if n := remotePrefillOK(t, mac.api); n < 2 {
+		t.Errorf("remote prefill ok = %v on mac, want ≥ 2", n)
+	}
+
+	// 2. Move decode to spark: both hosts reconcile; prefill keeps its PID.
+	tmp := cfgPath + ".new"
+	os.WriteFile(tmp, []byte(cluster(base, model, "spark")), 0o644)
+	if err := os.Rename(tmp, cfgPath); err != nil {
+		t.Fatal(err)
+	}
+	sparkPIDs2 := spark.waitRunners(t, "tiny-decode", "tiny-prefill")
+	mac.waitRunners(t)
+	if sparkPIDs2["tiny-prefill"] != sparkPIDs["tiny-prefill"] {
+		t.Errorf("prefill runner restarted by an unrelated change: %v → %v", sparkPIDs, sparkPIDs2)
+	}
+	if !gone(macPIDs["tiny-decode"]) {
+		t.Errorf("mac's decode runner (pid %d) still running", macPIDs["tiny-decode"])
+	}
+	before := remotePrefillOK(t, spark.api)
+	if runner, _ := chat(t, mac.api); runner != "spark/tiny-decode" {
+		t.Errorf("after the move, via mac: served by %q", runner)
+	}
+	if after := remotePrefillOK(t, spark.api); after <= before {
+		t.Errorf("remote prefill ok on spark %v → %v, want an increase", before, after)
+	}
+
+	// 3. Kill the prefill runner: spark's supervisor heals it.
+	old := sparkPIDs2["tiny-prefill"]
+	syscall.Kill(old, syscall.SIGKILL)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st, err := spark.status(t)
+		healed := false
+		if err == nil {
+			for _, r := range st.Runners {
+				if r.Spec.Name == "tiny-prefill" && r.Status.PID != old && r.Status.State == "ready" && r.Status.Restarts == 1 {
+					healed = true
+				}
+			}
+		}
+		if healed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("prefill runner not healed: %+v", st)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	before = remotePrefillOK(t, spark.api)
+	chat(t, spark.api)
+	if after := remotePrefillOK(t, spark.api); after <= before {
+		t.Errorf("remote prefill after healing: %v → %v", before, after)
+	}
+
+	// 4. SIGTERM: both supervisors exit cleanly and take their runners along.
+	final := spark.waitRunners(t, "tiny-decode", "tiny-prefill")
+	for _, h := range hosts {
+		h.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, h := range hosts {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		done := make(chan error, 1)
+		go func() { done <- h.cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s exited: %v", h.name, err)
+			}
+		case <-ctx.Done():
+			t.Errorf("%s did not exit after SIGTERM", h.name)
+		}
+		cancel()
+	}
+	for name, pid := range final {
+		if !gone(pid) {
+			t.Errorf("%s (pid %d) survived its supervisor", name, pid)
+		}
+	}
+}
