@@ -17,6 +17,7 @@
   fetchFromGitHub,
   cmake,
   ninja,
+  zsh,
   fmt,
   nlohmann_json,
   openblas,
@@ -100,6 +101,8 @@ stdenv.mkDerivation (finalAttrs: {
     cmake
     ninja
   ]
+  # MLX's Metal configuration runs its probes through `zsh -c`.
+  ++ lib.optionals metal [ zsh ]
   ++ lib.optionals cuda [ cudaPackages.cuda_nvcc ];
 
   buildInputs = [

@@ -83,6 +83,7 @@ let
       // lib.genAttrs [
         "cmake"
         "ninja"
+        "zsh"
         "fmt"
         "openblas"
         "apple-sdk_26"
@@ -126,7 +127,12 @@ let
     in
     {
       packages = builtins.attrNames p;
-      mlx = { inherit (p.mlx) pname version cmakeFlags __noChroot; src = p.mlx.src.rev; };
+      mlx = {
+        inherit (p.mlx) pname version cmakeFlags __noChroot;
+        src = p.mlx.src.rev;
+        nativeBuildInputs = map (d: d.name) p.mlx.nativeBuildInputs;
+        buildInputs = map (d: d.name) p.mlx.buildInputs;
+      };
       mlx-cpu = { inherit (p.mlx-cpu) pname cmakeFlags; };
       mlx-c = { inherit (p.mlx-c) pname version cmakeFlags postInstall; src = p.mlx-c.src.rev; };
       exo = { inherit (p.exo) pname version ldflags subPackages postInstall; };
