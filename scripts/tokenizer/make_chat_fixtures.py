@@ -97,6 +97,8 @@ def main():
     templates["smollm2"] = smollm2_template()
     templates["tojson"] = (TOJSON, "", "")
     templates["testmodel"] = testmodel_template()
+    with open(os.path.join(OUT, "llama31_chat_template.jinja")) as f:  # Llama 3.1/3.2 Instruct's template
+        templates["llama31"] = (f.read(), "<|begin_of_text|>", "<|eot_id|>")
     with open(os.path.join(OUT, "features.jinja")) as f:  # macros, loop controls, slicing, methods, filters
         templates["features"] = (f.read(), "", "")
     cases = []
