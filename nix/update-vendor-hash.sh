@@ -14,10 +14,13 @@ tmp=$(mktemp -d)
 trap 'chmod -R u+w "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
 if [ "${EXO_VENDOR_FROM:-}" = HEAD ]; then
 	git archive HEAD | tar -x -C "$tmp"
-else
+elif git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
 	git ls-files -z --cached | while IFS= read -r -d '' f; do
 		[ -e "$f" ] && printf '%s\0' "$f"
 	done | xargs -0 cp --parents -t "$tmp"
+else
+	# Not a git checkout (e.g. an exported tree): take every file.
+	tar -c --exclude=./.git --exclude=./vendor . | tar -x -C "$tmp"
 fi
 (cd "$tmp" && rm -rf vendor && GOFLAGS= GOTOOLCHAIN=local GOWORK=off go mod vendor)
 mkdir -p "$tmp/vendor"
