@@ -147,11 +147,10 @@ func New(o Options) *Server {
 		s.eos[id] = true
 	}
 	s.api = &openai.Handler{Gen: s, Served: []string{o.Name}, Logger: o.Logger,
-		OnResult: func(model string, code int) {
-			if model == "" {
-				model = o.Name
-			}
-			s.m.Requests.WithLabelValues(model, strconv.Itoa(code)).Inc()
+		OnResult: func(_ string, code int) {
+			// Always the served name: a label from the request body would
+			// let clients mint unbounded series.
+			s.m.Requests.WithLabelValues(o.Name, strconv.Itoa(code)).Inc()
 		}}
 	return s
 }
