@@ -129,10 +129,12 @@
           pkgs = pkgsFor system;
           inherit (pkgs) lib;
           exo-go = self.packages.${system}.exo-go;
+          smollm2 = pkgs.callPackage ./nix/smollm2.nix { };
           evaluated = import ./nix/tests/eval.nix;
         in
         {
-          # Every Go test, offline, on the vendored modules of the package.
+          # Every Go test, offline, on the vendored modules of the package
+          # (tests that need Python reference packages skip without them).
           go-tests = pkgs.stdenv.mkDerivation {
             name = "exo-go-tests";
             src = self;
@@ -140,6 +142,7 @@
               exo-go.go
               pkgs.python3
             ];
+            env.EXO_SMOLLM2_GGUF = "${smollm2}/${smollm2.file}";
             buildPhase = ''
               runHook preBuild
               export HOME=$TMPDIR GOCACHE=$TMPDIR/go-cache GOFLAGS=-mod=vendor GOTOOLCHAIN=local GOPROXY=off

