@@ -2,10 +2,12 @@ package tokenizer
 
 import (
 	"fmt"
-	"regexp"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/dlclark/regexp2"
 )
 
 // The split patterns of HF byte-level BPE tokenizers, as they appear in
@@ -38,9 +40,11 @@ type regexSplit struct {
 // digitSplit isolates digits (\p{N}): each one (individual) or each run.
 type digitSplit struct{ individual bool }
 
-// goRegexSplit isolates the matches of a pattern Go's regexp can compile
-// (for split patterns we do not know by name).
-type goRegexSplit struct{ re *regexp.Regexp }
+// lookaheadSplit isolates the matches of any other pattern, with a
+// backtracking engine that has lookahead (github.com/dlclark/regexp2, .NET
+// syntax, close to Oniguruma's for these patterns). Slower than the
+// hand-written matchers; used for split patterns we do not know by name.
+type lookaheadSplit struct{ re *regexp2.Regexp }
 
 // splitterForPattern returns the splitter for a Split pre-tokenizer regex.
 func splitterForPattern(p string) (splitter, error) {
@@ -55,25 +59,38 @@ func splitterForPattern(p string) (splitter, error) {
 	case patternQwen2:
 		return regexSplit{llama3: true, maxDigits: 1}, nil
 	}
-	re, err := regexp.Compile(p)
+	re, err := regexp2.Compile(p, regexp2.Unicode)
 	if err != nil {
 		return nil, fmt.Errorf("unsupported split pattern %q: %w", p, err)
 	}
-	return goRegexSplit{re}, nil
+	re.MatchTimeout = 10 * time.Second
+	return lookaheadSplit{re}, nil
 }
 
-func (g goRegexSplit) split(s string, emit func(string)) {
-	last := 0
-	for _, m := range g.re.FindAllStringIndex(s, -1) {
-		if m[0] > last {
-			emit(s[last:m[0]])
-		}
-		if m[1] > m[0] {
-			emit(s[m[0]:m[1]])
-		}
-		last = m[1]
+func (g lookaheadSplit) split(s string, emit func(string)) {
+	// runes and the byte offset of each (invalid bytes: U+FFFD of width 1)
+	rs := make([]rune, 0, len(s))
+	offs := make([]int, 0, len(s)+1)
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		rs = append(rs, r)
+		offs = append(offs, i)
+		i += n
 	}
-	if last < len(s) {
+	offs = append(offs, len(s))
+	last := 0
+	m, err := g.re.FindRunesMatch(rs)
+	for ; m != nil && err == nil; m, err = g.re.FindNextMatch(m) {
+		a, b := offs[m.Index], offs[m.Index+m.Length]
+		if a > last {
+			emit(s[last:a])
+		}
+		if b > a {
+			emit(s[a:b])
+		}
+		last = b
+	}
+	if last < len(s) { // the rest, also after a match timeout
 		emit(s[last:])
 	}
 }

@@ -372,16 +372,26 @@ func TestSplitterForPattern(t *testing.T) {
 			t.Errorf("%q: got %#v, %v; want %#v", p, got, err, want)
 		}
 	}
-	if _, err := splitterForPattern(`\s+(?!\S)`); err == nil {
-		t.Error("an unknown lookahead pattern must be refused with an error")
+	if _, err := splitterForPattern(`(?<unclosed`); err == nil {
+		t.Error("an invalid pattern must be refused with an error")
 	}
-	sp, err := splitterForPattern(`\d+`) // Go-compatible: isolates matches
+	sp, err := splitterForPattern(`\d+`) // any other pattern: isolates matches
 	if err != nil {
 		t.Fatal(err)
 	}
 	var got []string
 	sp.split("ab12cd3", func(s string) { got = append(got, s) })
 	if !slices.Equal(got, []string{"ab", "12", "cd", "3"}) {
-		t.Errorf("go regexp split: %q", got)
+		t.Errorf("regexp2 split: %q", got)
+	}
+	// lookahead, multi-byte and invalid bytes keep their byte offsets
+	sp, err = splitterForPattern(`\s+(?!\S)|\S+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = got[:0]
+	sp.split("日本  b\xff c", func(s string) { got = append(got, s) })
+	if want := []string{"日本", " ", " ", "b\xff", " ", "c"}; !slices.Equal(got, want) {
+		t.Errorf("lookahead split: %q, want %q", got, want)
 	}
 }
