@@ -3,9 +3,18 @@
 // tokenizer_config.json, generation_config.json) and GGUF vocabularies
 // (tokenizer.ggml.model "gpt2"). It implements normalizers (NFC/NFD/NFKC/
 // NFKD, lowercase), the pre-tokenizer split patterns by hand (GPT-2, Llama 3,
-// Qwen2; Go's regexp lacks the lookahead they use), byte-level mapping, merges
-// by rank, added/special tokens matched in the text before BPE, and a
-// byte-level decoder with a streaming variant that never splits a UTF-8 rune.
+// Qwen2; Go's regexp lacks the lookahead they use; other patterns run on
+// github.com/dlclark/regexp2), individual digits (SmolLM2), byte-level
+// mapping, merges by rank (with Llama 3's ignore_merges), added/special
+// tokens matched in the text before BPE, and a byte-level decoder with a
+// streaming variant that never splits a UTF-8 rune.
+//
+// BOS: prepended when tokenizer_config.json's add_bos_token (or GGUF
+// tokenizer.ggml.add_bos_token) says so, else when tokenizer.json's
+// post-processor template starts with it (Llama 3), and never when the text
+// already starts with it (chat templates write bos_token themselves). EOS:
+// eos_token, generation_config.json's eos_token_id, GGUF eos/eot/eom ids,
+// and the special end-of-turn tokens present (<|im_end|>, <|eot_id|>, …).
 //
 // It owns no model weights and must not import the engine's compute code;
 // it reads GGUF metadata through runners/engine/weights.
