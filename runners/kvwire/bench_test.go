@@ -59,7 +59,10 @@ func (nullSink) Rollback()                                 {}
 
 // startRaw serves total bytes per connection from a 2 MiB buffer: the raw
 // TCP baseline (no framing, no digest).
-func startRaw(b *testing.B, total int64) string {
+func startRaw(b *testing.B, total int64) string { return startRawPaced(b, total, 0) }
+
+// startRawPaced is startRaw writing its i-th 2 MiB at start + (i+1)·every.
+func startRawPaced(b *testing.B, total int64, every time.Duration) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -74,7 +77,11 @@ func startRaw(b *testing.B, total int64) string {
 			}
 			go func() {
 				defer c.Close()
+				start := time.Now()
 				for n := int64(0); n < total; n += int64(len(buf)) {
+					if every > 0 {
+						time.Sleep(time.Until(start.Add(time.Duration(n/int64(len(buf))+1) * every)))
+					}
 					if _, err := c.Write(buf); err != nil {
 						return
 					}
@@ -170,7 +177,10 @@ func BenchmarkGoodput(b *testing.B) {
 // BenchmarkOverlap: a producer emitting one 2 MiB chunk every T through a
 // link of B bytes/s. ideal = max(P + c/B, T + N·c/B) where P = N·T is the
 // producer's time and c the chunk size: the slower of compute and wire, plus
-// one chunk of the other. Reports measured/ideal (goal ≤ 1.10).
+// one chunk of the other. Reports measured/ideal (goal ≤ 1.10), and the
+// same for raw TCP paced the same way through the same kind of proxy
+// (raw_ratio): the gap between the two is the protocol's, the rest is the
+// link emulation's on a loaded machine.
 func BenchmarkOverlap(b *testing.B) {
 	for _, tc := range []struct {
 		name   string
@@ -192,17 +202,22 @@ func BenchmarkOverlap(b *testing.B) {
 			wire := time.Duration(float64(total) / tc.rate * float64(time.Second))
 			one := time.Duration(float64(per) / tc.rate * float64(time.Second))
 			ideal := max(prod+one, tc.every+wire)
-			var worst, sum float64
+			rawAddr := startRawPaced(b, total, tc.every)
+			rawBuf := make([]byte, 2<<20)
+			var worst, sum, rawSum float64
 			n := 0
 			b.SetBytes(total)
 			b.ReportAllocs()
 			for b.Loop() {
-				// A fresh proxy per iteration: its pacing clock starts at connect.
+				// Fresh proxies per iteration: a link's clock starts at connect.
 				b.StopTimer()
-				p := &proxy{target: addr, rate: tc.rate}
-				pa := startProxy(b, p)
-				b.StartTimer()
+				pa := startProxy(b, &proxy{target: addr, rate: tc.rate})
+				pr := startProxy(b, &proxy{target: rawAddr, rate: tc.rate})
 				t0 := time.Now()
+				rawFetch(b, pr, rawBuf)
+				rawSum += float64(time.Since(t0)) / float64(ideal)
+				b.StartTimer()
+				t0 = time.Now()
 				if _, err := c.Fetch(context.Background(), pa, req, nil, nullSink{}); err != nil {
 					b.Fatal(err)
 				}
@@ -213,6 +228,7 @@ func BenchmarkOverlap(b *testing.B) {
 			}
 			b.ReportMetric(sum/float64(n), "ratio")
 			b.ReportMetric(worst, "worst_ratio")
+			b.ReportMetric(rawSum/float64(n), "raw_ratio")
 			b.ReportMetric(ideal.Seconds()*1e3, "ideal_ms")
 		})
 	}
