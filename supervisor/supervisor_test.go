@@ -25,7 +25,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -44,7 +44,7 @@ func clusterFile(base int, models ...string) string {
 }
 
 type harness struct {
-	t      *testing.T
+	t      testing.TB
 	dir    string
 	path   string
 	api    string
@@ -54,7 +54,11 @@ type harness struct {
 }
 
 // start runs a supervisor on a real temp dir with fake runners.
-func start(t *testing.T, contents string) *harness {
+func start(t testing.TB, contents string) *harness {
+	return startDebounce(t, contents, 50*time.Millisecond)
+}
+
+func startDebounce(t testing.TB, contents string, debounce time.Duration) *harness {
 	t.Helper()
 	dir := t.TempDir()
 	h := &harness{t: t, dir: dir, path: filepath.Join(dir, "cluster.toml"), done: make(chan error, 1), notify: make(chan string, 100)}
@@ -85,7 +89,7 @@ func start(t *testing.T, contents string) *harness {
 		h.done <- Run(ctx, Options{
 			ConfigPath: h.path, Host: "h", Executable: os.Args[0],
 			ExtraEnv:  []string{fakerunner.EnvEnable + "=1"},
-			APIListen: h.api, Debounce: 50 * time.Millisecond, NoGPU: true,
+			APIListen: h.api, Debounce: debounce, NoGPU: true,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Process: process.Options{Grace: 2 * time.Second, PollReady: 100 * time.Millisecond,
 				Policy: restart.Policy{Attempts: 5, Interval: time.Minute, Initial: 10 * time.Millisecond, Max: time.Second, StableAfter: time.Minute, CrashLoopDelay: time.Minute}},
@@ -197,7 +201,7 @@ func (h *harness) waitReload(prev time.Time) Status {
 		if st.LastReload.At.After(prev) && (allReady || !st.LastReload.OK) {
 			return st
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
 	h.t.Fatalf("no reload after %v: %+v", prev, h.status())
 	return Status{}
@@ -355,5 +359,21 @@ func TestGatewayServesThroughRunner(t *testing.T) {
 	}
 	if m := h.get("/v1/models"); !strings.Contains(m, `"id":"a"`) {
 		t.Errorf("/v1/models = %s", m)
+	}
+}
+
+// BenchmarkConfigEditToApplied measures an editor-style save of the cluster
+// file (rename-over) that changes one of two models, until the changed
+// model's new runners answer /health — with the default 200 ms debounce.
+func BenchmarkConfigEditToApplied(b *testing.B) {
+	b.ReportAllocs()
+	base := freePort(b)
+	h := startDebounce(b, clusterFile(base, "a=src-a", "b=src-b0"), 200*time.Millisecond)
+	st := h.status()
+	i := 0
+	for b.Loop() {
+		i++
+		h.renameOver(clusterFile(base, "a=src-a", fmt.Sprintf("b=src-b%d", i)))
+		st = h.waitReload(st.LastReload.At)
 	}
 }

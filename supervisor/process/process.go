@@ -51,7 +51,7 @@ type Spec struct {
 type Options struct {
 	Policy       restart.Policy // zero → restart.Default()
 	Grace        time.Duration  // SIGTERM → SIGKILL; default 10s
-	PollStarting time.Duration  // /health poll while starting; default 200ms
+	PollStarting time.Duration  // /health poll while starting; default 100ms
 	PollReady    time.Duration  // /health poll once ready; default 2s
 	Logger       *slog.Logger
 	Now          func() time.Time // default time.Now
@@ -108,7 +108,7 @@ func Start(spec Spec, o Options) *Runner {
 		o.Grace = 10 * time.Second
 	}
 	if o.PollStarting == 0 {
-		o.PollStarting = 200 * time.Millisecond
+		o.PollStarting = 100 * time.Millisecond
 	}
 	if o.PollReady == 0 {
 		o.PollReady = 2 * time.Second

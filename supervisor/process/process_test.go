@@ -22,9 +22,11 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+func netListen() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }
+
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := netListen()
 	if err != nil {
 		t.Fatal(err)
 	}
