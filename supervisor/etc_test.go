@@ -25,7 +25,7 @@ func TestSystemdUnit(t *testing.T) {
 	for k, want := range map[string]string{
 		"Type": "notify", "NotifyAccess": "main", "ExecReload": "/bin/kill -HUP $MAINPID", "Restart": "on-failure",
 		"WatchdogSec": "30", "KillMode": "mixed", "NoNewPrivileges": "yes", "ProtectSystem": "strict",
-		"ExecStart": "/usr/local/bin/exo supervise --config /etc/exo/cluster.toml",
+		"ExecStart":    "/usr/local/bin/exo supervise --config /etc/exo/cluster.toml",
 		"ExecStartPre": "/usr/local/bin/exo config check /etc/exo/cluster.toml",
 	} {
 		if !slices.Contains(keys[k], want) {
