@@ -55,7 +55,8 @@ func TestRoundTrip(t *testing.T) {
 				t.Fatal(err)
 			}
 			sink.verify(t, tc.m, req)
-			if st.Chunks != len(sink.chunks) || st.PayloadBytes != sink.totals.PayloadBytes || st.WireBytes <= st.PayloadBytes || st.Duration <= 0 {
+			if st.Chunks != len(sink.chunks) || st.PayloadBytes != sink.totals.PayloadBytes || st.WireBytes <= st.PayloadBytes ||
+				st.Duration <= 0 || st.FirstHeader <= 0 || st.FirstHeader > st.Duration || st.WireWait <= 0 || st.WireWait > st.Duration {
 				t.Errorf("stats %+v, totals %+v", st, sink.totals)
 			}
 		})
@@ -587,5 +588,50 @@ func TestClientContext(t *testing.T) {
 	_, err = c.Fetch(ctx, addr, &Request{Tokens: tokens(40)}, m.expect(), &recordSink{})
 	if !errors.Is(err, context.Canceled) || Retryable(err) {
 		t.Fatalf("cancel: %v", err)
+	}
+}
+
+// TestServerIdleWrite: a client that stops reading (but keeps the
+// connection open) cannot hold the producer: the stalled write times out
+// after IdleTimeout and the producer's next emit fails.
+func TestServerIdleWrite(t *testing.T) {
+	m := &testModel{fp: Fingerprint{4}, kinds: []LayerKind{0}, kvHeads: 8, headDim: 128, dtype: DTypeBF16, block: 512, tail: 1}
+	stopped := make(chan error, 1)
+	p := ProducerFunc(func(ctx context.Context, r *Request, e *Emitter) error {
+		h := m.header(r)
+		if err := e.Header(h); err != nil {
+			stopped <- err
+			return err
+		}
+		k, v := m.chunkBytes(0, 0, m.block)
+		for s := 0; s+m.block <= h.TokenEnd; s += m.block {
+			if err := e.Chunk(0, s, m.block, k, v); err != nil {
+				stopped <- err
+				return err
+			}
+		}
+		stopped <- nil
+		return nil
+	})
+	addr, _ := startServer(t, ServerConfig{Producer: p, IdleTimeout: 200 * time.Millisecond, SendQueue: 1})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.(*net.TCPConn).SetReadBuffer(64 << 10)
+	var n [32]byte
+	hello := make([]byte, helloSize)
+	putHello(hello, Version, 0, &n)
+	reqFrame, _ := encodeRequest(&Request{Tokens: make([]int32, 200*512+1)})
+	c.Write(append(hello, reqFrame...))
+	// Never read: the server's socket buffer and send queue fill up.
+	select {
+	case err := <-stopped:
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("producer stopped with %v, want ErrClosed (write timeout)", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("producer still running for a client that does not read")
 	}
 }
