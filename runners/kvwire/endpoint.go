@@ -161,9 +161,9 @@ type Selector struct {
 	mu  sync.Mutex
 	eps []*EndpointStatus
 	now func() time.Time
-	// BusyBackoff is how long a busy endpoint sorts behind idle ones
-	// (default 2 s); FailBackoff is the base back-off after a failure,
-	// doubling per consecutive failure up to 5 minutes (default 5 s).
+	// busyBackoff is how long a busy endpoint sorts behind idle peers of
+	// its link kind (2 s); failBackoff is how long a failed endpoint sorts
+	// last (5 s, doubling per consecutive failure up to 5 minutes).
 	busyBackoff, failBackoff time.Duration
 	lastFail                 []time.Time
 }
