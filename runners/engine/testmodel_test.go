@@ -1,0 +1,108 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+)
+
+// TestTestmodelDirsLoadAndRun loads HF safetensors directories written by
+// testmodel (llama, qwen2, qwen3 × f32, bf16, MLX 4-bit and 8-bit) through
+// engine.Load (weights.Open underneath), checks the reported geometry and
+// cache dtype, that logits are finite and informative, and that decoding
+// after chunked prefill equals decoding after one-shot Forward.
+func TestTestmodelDirsLoadAndRun(t *testing.T) {
+	b, err := backend.Open("cpu", backend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	archs := map[string]string{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+	for _, arch := range []string{"llama", "qwen2", "qwen3"} {
+		for _, v := range []struct {
+			dt        engine.DType
+			bits, gs  int
+			wantCache engine.DType
+		}{
+			{engine.F32, 0, 0, engine.F32},
+			{engine.BF16, 0, 0, engine.BF16},
+			{engine.BF16, 4, 64, engine.BF16},
+			{engine.F32, 8, 32, engine.F32},
+		} {
+			name := fmt.Sprintf("%s-%v-q%d", arch, v.dt, v.bits)
+			t.Run(name, func(t *testing.T) {
+				dir := t.TempDir()
+				spec := testmodel.Spec{Arch: arch, DType: v.dt, QuantBits: v.bits, GroupSize: v.gs, Seed: 3}
+				if err := testmodel.Write(dir, spec); err != nil {
+					t.Fatal(err)
+				}
+				var calls int
+				m, err := engine.Load(ctx, dir, b, engine.LoadOptions{Progress: func(done, total int64) {
+					calls++
+					if done > total || total <= 0 {
+						t.Errorf("progress %d/%d", done, total)
+					}
+				}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer m.Close()
+				info := m.Info()
+				norm, _ := spec.Normalized()
+				if info.Arch != archs[arch] || info.Layers != norm.Layers || info.KVHeads != norm.KVHeads || info.HeadDim != norm.HeadDim || info.CacheDType != v.wantCache {
+					t.Fatalf("info %+v for spec %+v", info, norm)
+				}
+				if calls == 0 {
+					t.Fatal("no progress reported")
+				}
+				prompt := testmodel.ReferencePrompts()[1]
+				c := m.NewCache()
+				logits, err := m.Forward(ctx, c, prompt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, x := range logits {
+					if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+						t.Fatal("non-finite logits")
+					}
+				}
+				if maxMinusMin(logits) < 0.1 {
+					t.Fatalf("degenerate logits (spread %v)", maxMinusMin(logits))
+				}
+				want := greedyFrom(t, m, c, logits, 8)
+
+				c2 := m.NewCache()
+				if err := m.Prefill(ctx, c2, prompt[:len(prompt)-1], 3, nil); err != nil {
+					t.Fatal(err)
+				}
+				lg, err := m.Forward(ctx, c2, prompt[len(prompt)-1:])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := greedyFrom(t, m, c2, lg, 8); !slices.Equal(got, want) {
+					t.Fatalf("chunked prefill decodes %v, one-shot %v", got, want)
+				}
+			})
+		}
+	}
+}
+
+func greedyFrom(t testing.TB, m *engine.Model, c engine.KVCache, logits []float32, n int) []int32 {
+	t.Helper()
+	var out []int32
+	for range n {
+		tok := int32(argmax(logits))
+		out = append(out, tok)
+		var err error
+		if logits, err = m.Forward(context.Background(), c, []int32{tok}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
