@@ -3,7 +3,9 @@
 # Debian's nix-bin): every .nix file must parse, the pure helpers under
 # nix/lib must evaluate to the expected output committed in nix/tests/fixtures,
 # and nix/package.nix's vendorHash must match `go mod vendor` (Go proxy).
-# Exits non-zero on the first failure.
+# With EXO_NIXPKGS_LIB=/path/to/nixpkgs/lib it also evaluates the modules and
+# the flake's outputs (nix/tests/{module,flake}-eval.nix). NIX_UPDATE_FIXTURES=1
+# rewrites the fixtures. Runs every check, then exits non-zero if any failed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
