@@ -152,6 +152,9 @@ func (c *Client) Fetch(ctx context.Context, addr string, req *Request, exp *Expe
 	// Small: large payloads bypass it and go straight into frame buffers.
 	br := bufio.NewReaderSize(conn, 16<<10)
 	conn.SetDeadline(deadline())
+	if ctx.Err() != nil { // cancelled before the deadline above was set
+		return st, c.netErr(ctx, ctx.Err())
+	}
 	if err := c.handshake(conn, br, reqFrame, &st); err != nil {
 		return st, c.netErr(ctx, err)
 	}
@@ -195,7 +198,14 @@ func (c *Client) Fetch(ctx context.Context, addr string, req *Request, exp *Expe
 	rs := &recvState{req: req, exp: exp, sink: sink, lim: c.cfg.Limits, st: &st, start: start}
 	for {
 		w0 := time.Now()
-		f := <-filled
+		var f rawFrame
+		select {
+		case f = <-filled:
+		case <-ctx.Done():
+			// The reader may have re-armed its deadline after the
+			// AfterFunc; closing the connection (deferred) stops it.
+			return st, c.netErr(ctx, context.Cause(ctx))
+		}
 		st.WireWait += time.Since(w0)
 		if f.err != nil {
 			if f.err == io.EOF {

@@ -330,7 +330,7 @@ func (s *Server) stream(parent context.Context, conn net.Conn, br *bufio.Reader,
 		}
 		cause := context.Cause(ctx)
 		log.Info("kvwire: gave up waiting for admission", "err", cause)
-		if errors.Is(cause, ErrClosed) {
+		if errors.Is(cause, ErrClosed) || errors.Is(cause, context.Canceled) {
 			conn.Close()
 		}
 		finish(s.causeFrame(cause))
@@ -357,8 +357,10 @@ func (s *Server) stream(parent context.Context, conn net.Conn, br *bufio.Reader,
 	if ctx.Err() != nil {
 		err = context.Cause(ctx)
 		log.Info("kvwire: stopped", "err", err, "frames_emitted", e.emitted)
-		if errors.Is(err, ErrClosed) {
-			conn.Close() // unblock a write to a peer that is gone
+		if errors.Is(err, ErrClosed) || errors.Is(err, context.Canceled) {
+			// The peer is gone or the server is stopping: nothing more
+			// will be said, and a stalled write must not hold us.
+			conn.Close()
 		}
 		finish(s.causeFrame(err))
 		return
