@@ -73,14 +73,14 @@ func BenchmarkQ4Decode(b *testing.B) {
 		b.Run(mode, func(b *testing.B) {
 			lin := benchWeights(b, be, N, K, "q4")
 			if mode == "dequantized-at-load" {
-				w := newWeight(lin)
+				w := be.newWeight(lin)
 				full := make([]float32, N*K)
 				for j := range N {
 					w.row(full[j*K:(j+1)*K], j)
 				}
 				lin = &engine.Linear{W: be.FromFloat32(full, N, K)}
 			}
-			w := newWeight(lin)
+			w := be.newWeight(lin)
 			x := randF32(rand.New(rand.NewPCG(2, 2)), K)
 			out := make([]float32, N)
 			b.ReportAllocs()

@@ -39,6 +39,7 @@ type weight struct {
 	q              []uint32
 	scales, biases []float32
 	wpr            int // words per row
+	simd           bool
 }
 
 // halfFloats returns a 16-bit array's values as float32, memoized on the
@@ -51,6 +52,12 @@ func halfFloats(a *Array) []float32 {
 		a.memo = floats(a)
 	}
 	return a.memo
+}
+
+func (b *Backend) newWeight(l *engine.Linear) *weight {
+	w := newWeight(l)
+	w.simd = b.simd
+	return w
 }
 
 func newWeight(l *engine.Linear) *weight {
@@ -115,6 +122,14 @@ func (w *weight) row(dst []float32, r int) {
 	words := w.q[r*w.wpr : (r+1)*w.wpr]
 	sc := w.scales[r*ng : (r+1)*ng]
 	bi := w.biases[r*ng : (r+1)*ng]
+	if w.simd && w.gs%8 == 0 && (w.bits == 4 || w.bits == 8) {
+		if w.bits == 4 {
+			q4expandAVX(&words[0], &sc[0], &bi[0], ng, w.gs/8, &dst[0])
+		} else {
+			q8expandAVX(&words[0], &sc[0], &bi[0], ng, w.gs/8, &dst[0])
+		}
+		return
+	}
 	per := 32 / w.bits
 	wpg := w.gs / per // words per group
 	mask := uint32(1)<<w.bits - 1
@@ -165,7 +180,7 @@ func (w *weight) rowF32(buf []float32, r int) []float32 {
 
 // Linear computes x @ Wᵀ (+ bias) for x [L, in] → [L, out].
 func (b *Backend) Linear(x engine.Array, l *engine.Linear) engine.Array {
-	w := newWeight(l)
+	w := b.newWeight(l)
 	a := arr(x)
 	if len(a.shape) != 2 || a.shape[1] != w.in {
 		panic(fmt.Sprintf("cpu: Linear: x %v with weight [%d, %d]", a.shape, w.out, w.in))
@@ -245,14 +260,20 @@ func (b *Backend) gemmBlocks(out, x []float32, L int, w *weight, lo, hi int, buf
 			x1 := x[(i+1)*K : (i+2)*K : (i+2)*K]
 			var r [8]float32
 			b.block2x4(&r, x0, x1, w0, w1, w2, w3)
-			copy(out[i*N+j:i*N+j+nv], r[:nv])
-			copy(out[(i+1)*N+j:(i+1)*N+j+nv], r[4:4+nv])
+			o0 := out[i*N+j : i*N+j+nv]
+			o1 := out[(i+1)*N+j : (i+1)*N+j+nv]
+			for k := range o0 {
+				o0[k], o1[k] = r[k], r[4+k]
+			}
 		}
 		for ; i < L; i++ {
 			xi := x[i*K : (i+1)*K : (i+1)*K]
 			var r [4]float32
 			b.block1x4(&r, xi, w0, w1, w2, w3)
-			copy(out[i*N+j:i*N+j+nv], r[:nv])
+			o := out[i*N+j : i*N+j+nv]
+			for k := range o {
+				o[k] = r[k]
+			}
 		}
 	}
 }

@@ -415,7 +415,7 @@ func (b *Backend) AsType(x engine.Array, dt engine.DType) engine.Array {
 
 // Embedding gathers rows of a dense or quantized table [V, D] → [L, D].
 func (b *Backend) Embedding(table *engine.Linear, ids engine.Array) engine.Array {
-	w := newWeight(table)
+	w := b.newWeight(table)
 	idx := arr(ids)
 	if idx.dt != engine.I32 {
 		panic(fmt.Sprintf("cpu: Embedding: ids are %v, want int32", idx.dt))

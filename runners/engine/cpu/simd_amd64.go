@@ -35,3 +35,14 @@ func q8dotAVX(x *float32, words *uint32, scales *float32, ngroups, iters int, ac
 //
 //go:noescape
 func axpyAVX(a float32, x, y *float32, n int)
+
+// q4expandAVX writes scale·q + bias for ngroups groups of 8·iters 4-bit
+// values to dst.
+//
+//go:noescape
+func q4expandAVX(words *uint32, scales, biases *float32, ngroups, iters int, dst *float32)
+
+// q8expandAVX is q4expandAVX for 8-bit values.
+//
+//go:noescape
+func q8expandAVX(words *uint32, scales, biases *float32, ngroups, iters int, dst *float32)

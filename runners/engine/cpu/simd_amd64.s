@@ -198,3 +198,78 @@ axloop:
 axdone:
 	VZEROUPPER
 	RET
+
+// func q4expandAVX(words *uint32, scales, biases *float32, ngroups, iters int, dst *float32)
+// dst = scale·q + bias for every element of ngroups groups of 8·iters.
+TEXT ·q4expandAVX(SB), NOSPLIT, $0-48
+	MOVQ words+0(FP), DI
+	MOVQ scales+8(FP), R8
+	MOVQ biases+16(FP), R10
+	MOVQ ngroups+24(FP), CX
+	MOVQ iters+32(FP), R9
+	MOVQ dst+40(FP), SI
+	VMOVDQU q4shifts<>(SB), Y15
+	VPBROADCASTD q4mask<>(SB), Y14
+
+e4group:
+	TESTQ CX, CX
+	JE    e4done
+	VBROADCASTSS (R8), Y3
+	VBROADCASTSS (R10), Y4
+	MOVQ R9, BX
+
+e4word:
+	VPBROADCASTD (DI), Y2
+	VPSRLVD Y15, Y2, Y2
+	VPAND Y14, Y2, Y2
+	VCVTDQ2PS Y2, Y2
+	VMOVAPS Y4, Y5
+	VFMADD231PS Y3, Y2, Y5
+	VMOVUPS Y5, (SI)
+	ADDQ $4, DI
+	ADDQ $32, SI
+	DECQ BX
+	JNZ  e4word
+	ADDQ $4, R8
+	ADDQ $4, R10
+	DECQ CX
+	JMP  e4group
+
+e4done:
+	VZEROUPPER
+	RET
+
+// func q8expandAVX(words *uint32, scales, biases *float32, ngroups, iters int, dst *float32)
+TEXT ·q8expandAVX(SB), NOSPLIT, $0-48
+	MOVQ words+0(FP), DI
+	MOVQ scales+8(FP), R8
+	MOVQ biases+16(FP), R10
+	MOVQ ngroups+24(FP), CX
+	MOVQ iters+32(FP), R9
+	MOVQ dst+40(FP), SI
+
+e8group:
+	TESTQ CX, CX
+	JE    e8done
+	VBROADCASTSS (R8), Y3
+	VBROADCASTSS (R10), Y4
+	MOVQ R9, BX
+
+e8word:
+	VPMOVZXBD (DI), Y2
+	VCVTDQ2PS Y2, Y2
+	VMOVAPS Y4, Y5
+	VFMADD231PS Y3, Y2, Y5
+	VMOVUPS Y5, (SI)
+	ADDQ $8, DI
+	ADDQ $32, SI
+	DECQ BX
+	JNZ  e8word
+	ADDQ $4, R8
+	ADDQ $4, R10
+	DECQ CX
+	JMP  e8group
+
+e8done:
+	VZEROUPPER
+	RET

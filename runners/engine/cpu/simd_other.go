@@ -23,3 +23,11 @@ func q8dotAVX(x *float32, words *uint32, scales *float32, ngroups, iters int, ac
 func axpyAVX(a float32, x, y *float32, n int) {
 	panic("cpu: no SIMD kernels on this platform")
 }
+
+func q4expandAVX(words *uint32, scales, biases *float32, ngroups, iters int, dst *float32) {
+	panic("cpu: no SIMD kernels on this platform")
+}
+
+func q8expandAVX(words *uint32, scales, biases *float32, ngroups, iters int, dst *float32) {
+	panic("cpu: no SIMD kernels on this platform")
+}
