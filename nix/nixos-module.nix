@@ -175,6 +175,7 @@ in
       restartTriggers = [ cfg.package ];
       environment = {
         EXO_MODELS_DIR = "/var/lib/exo/models";
+        HOME = "/var/lib/exo";
       }
       // cfg.environment;
       serviceConfig =

@@ -114,7 +114,10 @@ rec {
         # and READY=1 around a reload, WATCHDOG=1 at half of WatchdogSec.
         Type = "notify";
         NotifyAccess = "main";
+        ExecStartPre = "${exe} config check ${configFile}";
         ExecStart = concatStringsSep " " (supervisorArgs { inherit exe configFile host; });
+        # While models download the supervisor extends this (EXTEND_TIMEOUT_USEC).
+        TimeoutStartSec = 300;
         ExecReload = "${kill} -HUP $MAINPID";
         WatchdogSec = watchdogSec;
         Restart = "on-failure";
@@ -134,6 +137,7 @@ rec {
         WorkingDirectory = "/var/lib/${stateDirectory}";
         Environment = [
           "EXO_MODELS_DIR=/var/lib/${stateDirectory}/models"
+          "HOME=/var/lib/${stateDirectory}"
         ]
         ++ map (k: "${k}=${environment.${k}}") (attrNames environment);
         LimitNOFILE = 65536;
@@ -228,6 +232,9 @@ rec {
         SuccessfulExit = false;
       };
       ThrottleInterval = 10;
+      # Time between SIGTERM and SIGKILL at stop: the supervisor stops its
+      # runners first (SIGTERM, then SIGKILL after its own grace period).
+      ExitTimeOut = 45;
       # Not an App Nap candidate: a server answering requests.
       ProcessType = "Interactive";
       UserName = user;
@@ -240,6 +247,7 @@ rec {
       };
       EnvironmentVariables = {
         EXO_MODELS_DIR = "${stateDir}/models";
+        HOME = stateDir;
       }
       // environment;
     };
