@@ -558,10 +558,11 @@ func TestServerShutdownMidStream(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, l) }()
-	go func() { <-emitted; cancel() }()
-	sink := &recordSink{}
+	received := make(chan struct{})
+	go func() { <-emitted; <-received; cancel() }()
+	sink := &notifySink{recordSink: &recordSink{}, onChunk: func() { close(received) }}
 	_, err = NewClient(ClientConfig{}).Fetch(context.Background(), l.Addr().String(), &Request{Tokens: tokens(40)}, m.expect(), sink)
-	if !errors.Is(err, ErrClosed) || sink.rollbacks != 1 || sink.begins != 1 || sink.totals != nil {
+	if !errors.Is(err, ErrClosed) || sink.rollbacks != 1 || sink.begins != 1 || len(sink.chunks) != 1 || sink.totals != nil {
 		t.Fatalf("err %v, begins %d, rollbacks %d", err, sink.begins, sink.rollbacks)
 	}
 	if err := <-served; err != nil {
@@ -634,4 +635,17 @@ func TestServerIdleWrite(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("producer still running for a client that does not read")
 	}
+}
+
+// notifySink is a recordSink that calls onChunk after its first chunk.
+type notifySink struct {
+	*recordSink
+	onChunk func()
+	once    sync.Once
+}
+
+func (s *notifySink) Chunk(layer, start, n int, k, v []byte) error {
+	err := s.recordSink.Chunk(layer, start, n, k, v)
+	s.once.Do(s.onChunk)
+	return err
 }
