@@ -303,8 +303,14 @@ func floats(a *Array) []float32 {
 // Half-precision conversions.
 
 func bf16ToF32(dst []float32, src []uint16) {
-	for i, v := range src {
-		dst[i] = math.Float32frombits(uint32(v) << 16)
+	dst = dst[:len(src)]
+	i := 0
+	if halfSIMD && len(src) >= 8 {
+		i = len(src) &^ 7
+		bf16WidenAVX(&src[0], &dst[0], i)
+	}
+	for ; i < len(src); i++ {
+		dst[i] = math.Float32frombits(uint32(src[i]) << 16)
 	}
 }
 
@@ -319,8 +325,14 @@ func f32ToBF16(f float32) uint16 {
 }
 
 func f16ToF32(dst []float32, src []uint16) {
-	for i, v := range src {
-		dst[i] = f16ToF32One(v)
+	dst = dst[:len(src)]
+	i := 0
+	if halfSIMD && len(src) >= 8 {
+		i = len(src) &^ 7
+		f16WidenAVX(&src[0], &dst[0], i)
+	}
+	for ; i < len(src); i++ {
+		dst[i] = f16ToF32One(src[i])
 	}
 }
 

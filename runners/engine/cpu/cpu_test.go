@@ -403,6 +403,25 @@ func TestHalfConversions(t *testing.T) {
 			t.Fatalf("f16 %#x round trips to %#x", h, got)
 		}
 	}
+	// The bulk converters (AVX2/F16C where available) agree with the
+	// scalar ones on every 16-bit pattern (NaNs compared by bits).
+	all := make([]uint16, 1<<16+3)
+	for i := range all {
+		all[i] = uint16(i)
+	}
+	bulk := make([]float32, len(all))
+	f16ToF32(bulk, all)
+	for i, h := range all {
+		if w := f16ToF32One(h); math.Float32bits(bulk[i]) != math.Float32bits(w) && !(bulk[i] != bulk[i] && w != w) {
+			t.Fatalf("bulk f16 %#x = %v, scalar %v", h, bulk[i], w)
+		}
+	}
+	bf16ToF32(bulk, all)
+	for i, h := range all {
+		if math.Float32bits(bulk[i]) != uint32(h)<<16 {
+			t.Fatalf("bulk bf16 %#x = %#x", h, math.Float32bits(bulk[i]))
+		}
+	}
 	if got := f32ToBF16(1.00390625); got != 0x3f80 { // tie → even
 		t.Errorf("bf16 tie rounding %#x", got)
 	}

@@ -46,3 +46,13 @@ func q4expandAVX(words *uint32, scales, biases *float32, ngroups, iters int, dst
 //
 //go:noescape
 func q8expandAVX(words *uint32, scales, biases *float32, ngroups, iters int, dst *float32)
+
+// halfSIMD reports whether bf16WidenAVX and f16WidenAVX can run (their
+// results are exact, so callers need no switch for testing).
+var halfSIMD = cpu.X86.HasAVX2 && cpu.X86.HasF16C
+
+//go:noescape
+func bf16WidenAVX(src *uint16, dst *float32, n int)
+
+//go:noescape
+func f16WidenAVX(src *uint16, dst *float32, n int)

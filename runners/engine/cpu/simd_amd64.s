@@ -273,3 +273,44 @@ e8word:
 e8done:
 	VZEROUPPER
 	RET
+
+// func bf16WidenAVX(src *uint16, dst *float32, n int)
+// dst[i] = float32 with the bf16 bits src[i] (n a multiple of 8).
+TEXT ·bf16WidenAVX(SB), NOSPLIT, $0-24
+	MOVQ src+0(FP), SI
+	MOVQ dst+8(FP), DI
+	MOVQ n+16(FP), CX
+	XORQ AX, AX
+
+bwloop:
+	CMPQ AX, CX
+	JGE  bwdone
+	VPMOVZXWD (SI)(AX*2), Y0
+	VPSLLD $16, Y0, Y0
+	VMOVUPS Y0, (DI)(AX*4)
+	ADDQ $8, AX
+	JMP  bwloop
+
+bwdone:
+	VZEROUPPER
+	RET
+
+// func f16WidenAVX(src *uint16, dst *float32, n int)
+// IEEE half to float32 with F16C (n a multiple of 8).
+TEXT ·f16WidenAVX(SB), NOSPLIT, $0-24
+	MOVQ src+0(FP), SI
+	MOVQ dst+8(FP), DI
+	MOVQ n+16(FP), CX
+	XORQ AX, AX
+
+fwloop:
+	CMPQ AX, CX
+	JGE  fwdone
+	VCVTPH2PS (SI)(AX*2), Y0
+	VMOVUPS Y0, (DI)(AX*4)
+	ADDQ $8, AX
+	JMP  fwloop
+
+fwdone:
+	VZEROUPPER
+	RET

@@ -31,3 +31,13 @@ func q4expandAVX(words *uint32, scales, biases *float32, ngroups, iters int, dst
 func q8expandAVX(words *uint32, scales, biases *float32, ngroups, iters int, dst *float32) {
 	panic("cpu: no SIMD kernels on this platform")
 }
+
+const halfSIMD = false
+
+func bf16WidenAVX(src *uint16, dst *float32, n int) {
+	panic("cpu: no SIMD kernels on this platform")
+}
+
+func f16WidenAVX(src *uint16, dst *float32, n int) {
+	panic("cpu: no SIMD kernels on this platform")
+}
