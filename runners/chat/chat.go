@@ -205,23 +205,36 @@ func (t *Template) Source() string { return t.src }
 
 // Render renders msgs; addGenerationPrompt appends the opening of the
 // assistant's turn.
-func (t *Template) Render(msgs []Message, addGenerationPrompt bool) (out string, err error) {
+func (t *Template) Render(msgs []Message, addGenerationPrompt bool) (string, error) {
+	return t.RenderVars(msgs, addGenerationPrompt, nil)
+}
+
+// RenderVars is Render with extra template variables (HF's
+// apply_chat_template keyword arguments, e.g. {"enable_thinking": false}
+// for Qwen3); they cannot replace messages, add_generation_prompt or the
+// special-token names.
+func (t *Template) RenderVars(msgs []Message, addGenerationPrompt bool, vars map[string]any) (out string, err error) {
 	list := make(pyList, len(msgs))
 	for i, m := range msgs {
 		list[i] = map[string]any{"role": m.Role, "content": m.Content}
 	}
-	ctx := exec.NewContext(map[string]any{
+	data := map[string]any{"tools": nil, "documents": nil} // HF passes tools=None, documents=None
+	for k, v := range vars {
+		data[k] = v
+	}
+	for k, v := range map[string]any{
 		"messages":              list,
 		"add_generation_prompt": addGenerationPrompt,
 		"bos_token":             t.bos,
 		"eos_token":             t.eos,
-		"tools":                 nil, // HF passes tools=None, documents=None
-		"documents":             nil,
 		"raise_exception": func(msg string) (string, error) {
 			return "", fmt.Errorf("template raised: %s", msg)
 		},
 		"strftime_now": func(format string) string { return strftime(t.now(), format) },
-	})
+	} {
+		data[k] = v
+	}
+	ctx := exec.NewContext(data)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	defer func() {

@@ -23,6 +23,7 @@ type golden struct {
 		Output              *string
 		Error               *string
 		Raised              bool // by raise_exception: the message must match
+		Vars                map[string]any
 	}
 }
 
@@ -55,7 +56,7 @@ func TestMatchesJinja2(t *testing.T) {
 		for _, m := range g.Conversations[c.Conversation] {
 			msgs = append(msgs, Message{Role: m.Role, Content: m.Content})
 		}
-		got, err := parsed[c.Template].Render(msgs, c.AddGenerationPrompt)
+		got, err := parsed[c.Template].RenderVars(msgs, c.AddGenerationPrompt, c.Vars)
 		name := c.Template + "/" + c.Conversation
 		switch {
 		case c.Error != nil:

@@ -29,13 +29,14 @@ def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def render(src, messages, agp, bos, eos):
+def render(src, messages, agp, bos, eos, **kwargs):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     try:
         return {"output": env.from_string(src).render(messages=messages, add_generation_prompt=agp,
-                                                       tools=None, documents=None, bos_token=bos, eos_token=eos)}
+                                                       tools=None, documents=None, bos_token=bos, eos_token=eos,
+                                                       **kwargs)}
     except Raised as e:
         return {"error": str(e), "raised": True}
     except (jinja2.exceptions.TemplateError, LookupError, TypeError) as e:
@@ -118,6 +119,12 @@ def main():
                 c = {"template": tname, "conversation": cname, "add_generation_prompt": agp}
                 c.update(render(src, msgs, agp, bos, eos))
                 cases.append(c)
+    # extra variables (apply_chat_template keyword arguments)
+    for agp in (False, True):
+        c = {"template": "qwen3_real", "conversation": "thinking", "add_generation_prompt": agp,
+             "vars": {"enable_thinking": False}}
+        c.update(render(templates["qwen3_real"][0], CONVERSATIONS["thinking"], agp, "", "<|im_end|>", enable_thinking=False))
+        cases.append(c)
     with open(os.path.join(OUT, "golden.json"), "w") as f:
         json.dump({"jinja2": jinja2.__version__, "conversations": CONVERSATIONS,
                    "templates": {k: {"source": v[0], "bos": v[1], "eos": v[2]} for k, v in templates.items()},
