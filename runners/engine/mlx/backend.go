@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"unsafe"
 
@@ -74,6 +75,7 @@ type backend struct {
 
 	// Owned by the MLX thread.
 	temps  []*array          // made since the last Free() sweep
+	pinned map[*array]bool   // kept arrays, released by Close
 	qmmErr error             // why quantized_matmul cannot run here (nil: it can)
 	deq    map[*array]*array // dequantized copies of quantized weights when qmmErr != nil
 	freqs  map[engine.RoPE]ropeFreqs
@@ -107,6 +109,7 @@ func newBackend(opts Options) (*backend, error) {
 	b := &backend{
 		log:    log,
 		thread: startThread(),
+		pinned: map[*array]bool{},
 		deq:    map[*array]*array{},
 		freqs:  map[engine.RoPE]ropeFreqs{},
 	}
@@ -163,6 +166,9 @@ func (b *backend) doErr(f func() error) (err error) {
 func panicError(r any) error {
 	if e, ok := r.(error); ok {
 		return e
+	}
+	if s, ok := r.(string); ok && strings.HasPrefix(s, "mlx: ") {
+		return errors.New(s)
 	}
 	return fmt.Errorf("mlx: %v", r)
 }
@@ -292,10 +298,17 @@ func (b *backend) release(a *array) {
 	}
 	a.freed = true
 	C.xmx_array_free(a.h)
+	delete(b.pinned, a)
 	if d, ok := b.deq[a]; ok {
 		delete(b.deq, a)
 		b.release(d)
 	}
+}
+
+// keep pins a (on the MLX thread).
+func (b *backend) keep(a *array) {
+	a.kept = true
+	b.pinned[a] = true
 }
 
 // sweep frees every temporary that is not kept.
@@ -395,8 +408,8 @@ func (b *backend) Close() error {
 	_ = b.doErr(func() error { return nil }) // a failure of posted work, already reported or moot
 	err := b.doErr(func() error {
 		b.sweep()
-		for _, f := range b.freqs {
-			b.release(f.periods)
+		for a := range b.pinned {
+			b.release(a) // weights and caches still held
 		}
 		clear(b.freqs)
 		C.xmx_stream_free(b.stream)
@@ -545,7 +558,7 @@ func (b *backend) Keep(arrays ...engine.Array) {
 	arrays = slices.Clone(arrays)
 	b.post(func() {
 		for _, x := range arrays {
-			b.arr(x).kept = true
+			b.keep(b.arr(x))
 		}
 	})
 }
@@ -706,7 +719,7 @@ func (b *backend) dequantized(w *array, l *engine.Linear) *array {
 		return d
 	}
 	d := b.dequantize(w, b.arr(l.Scales), l.Biases, l)
-	d.kept = true
+	b.keep(d)
 	if err := b.eval(d); err != nil {
 		panic(err)
 	}
@@ -793,7 +806,7 @@ func (b *backend) RoPE(x engine.Array, offset int, r *engine.RoPE) engine.Array 
 					periods[i] = 1 / v
 				}
 				f.periods = b.fromBytes(unsafe.Slice((*byte)(unsafe.Pointer(&periods[0])), 4*len(periods)), []int{len(periods)}, engine.F32)
-				f.periods.kept = true
+				b.keep(f.periods)
 				f.attn = attn
 				b.freqs[key] = f
 			}

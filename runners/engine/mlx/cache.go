@@ -75,7 +75,7 @@ func (c *kvCache) ensure(layer, need int) {
 			c.b.release(old)
 			c.b.release(z)
 		}
-		next.kept = true
+		c.b.keep(next)
 		(*s)[layer] = next
 	}
 }
@@ -91,7 +91,7 @@ func (c *kvCache) write(layer, start int, k, v *array) {
 		old := p.s[layer]
 		upd := c.b.astype(p.upd, toMLX(c.dt))
 		next := c.b.sliceUpdate(old, upd, 1, start)
-		next.kept = true
+		c.b.keep(next)
 		c.b.release(old)
 		if upd != p.upd {
 			c.b.release(upd)

@@ -93,16 +93,20 @@ void xmx_clear_error(void) { xmx_err[0] = 0; }
 	} while (0)
 
 int xmx_load(const char* path, const char* preload, char* err, size_t errlen) {
+	char pre_err[512] = "";
 	if (preload != NULL && preload[0] != 0) {
 		// libmlxc needs libmlx; load the copy beside it first so the
 		// dynamic loader finds it without LD_LIBRARY_PATH or an RPATH.
 		// Failure is not fatal: the loader may still find one.
-		dlopen(preload, RTLD_NOW | RTLD_GLOBAL);
+		if (dlopen(preload, RTLD_NOW | RTLD_GLOBAL) == NULL) {
+			const char* e = dlerror();
+			snprintf(pre_err, sizeof pre_err, " (loading %s first failed: %s)", preload, e ? e : "?");
+		}
 	}
 	void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (h == NULL) {
 		const char* e = dlerror();
-		snprintf(err, errlen, "%s", e ? e : "dlopen failed");
+		snprintf(err, errlen, "%s: %s%s", path, e ? e : "dlopen failed", pre_err);
 		return 1;
 	}
 	XMX_SYM(set_error_handler, "mlx_set_error_handler", 1);

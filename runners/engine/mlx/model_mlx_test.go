@@ -173,6 +173,8 @@ func convertKV(raw []byte, from, to engine.DType) []byte {
 			f[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
 		case engine.BF16:
 			f[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(raw[2*i:])) << 16)
+		case engine.F16:
+			f[i] = fromF16(binary.LittleEndian.Uint16(raw[2*i:]))
 		default:
 			panic(fmt.Sprintf("convertKV from %v", from))
 		}
