@@ -22,6 +22,7 @@ package tokenizer
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -94,7 +95,7 @@ func isGGUF(path string) bool {
 	}
 	defer f.Close()
 	var b [4]byte
-	_, err = f.Read(b[:])
+	_, err = io.ReadFull(f, b[:])
 	return err == nil && string(b[:]) == "GGUF"
 }
 
