@@ -33,6 +33,7 @@ type client struct {
 	stall     time.Duration // abort a connection that delivers nothing for this long
 	tick      time.Duration // progress reporting interval
 	logEvery  time.Duration // progress log interval
+	free      func(dir string) (int64, error)
 }
 
 func newClient(o Options) (*client, error) {
@@ -55,6 +56,7 @@ func newClient(o Options) (*client, error) {
 		stall:     60 * time.Second,
 		tick:      250 * time.Millisecond,
 		logEvery:  10 * time.Second,
+		free:      freeBytes,
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.ResponseHeaderTimeout = 60 * time.Second
@@ -320,6 +322,9 @@ func (c *client) pull(ctx context.Context, ref Ref) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("hf: store: %w", err)
 	}
+	if err := c.checkSpace(dir, append(append([]repoFile(nil), meta...), weights...)); err != nil {
+		return "", err
+	}
 	start := time.Now()
 	prog := newProgress(c.opts.Progress)
 	for _, f := range append(append([]repoFile(nil), meta...), weights...) {
@@ -357,6 +362,35 @@ func (c *client) pull(ctx context.Context, ref Ref) (string, error) {
 	el := time.Since(start)
 	log.Info("pulled model", "commit", mi.Commit[:12], "bytes", prog.done.Load(), "downloaded_bytes", prog.fetched.Load(), "seconds", el.Seconds())
 	return c.store.lookupCommit(ref, mi.Commit)
+}
+
+// checkSpace fails early when the store's filesystem cannot hold what is
+// still to be downloaded (files already in place or partly fetched count as
+// present), rather than filling the disk half-way through a model.
+func (c *client) checkSpace(dir string, files []repoFile) error {
+	var need int64
+	for _, f := range files {
+		if f.Size <= 0 {
+			continue
+		}
+		p := filepath.Join(dir, filepath.FromSlash(f.Name))
+		have := int64(0)
+		if st, err := os.Stat(p); err == nil {
+			have = st.Size()
+		} else if st, err := os.Stat(p + ".partial"); err == nil {
+			have = min(st.Size(), f.Size) // sparse or partly written: count it as written
+		}
+		need += max(f.Size-have, 0)
+	}
+	free, err := c.free(dir)
+	if err != nil || need == 0 {
+		return nil // unknown: let the writes report it
+	}
+	// Keep a margin for the manifest, logs and the rest of the system.
+	if margin := int64(64 << 20); free < need+margin {
+		return fmt.Errorf("hf: %s: %w: need %s more, %s free", dir, ErrNoSpace, Bytes(need), Bytes(free))
+	}
+	return nil
 }
 
 // filterByIndex keeps the weight files the index's weight_map names.

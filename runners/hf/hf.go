@@ -51,6 +51,8 @@ var (
 	ErrUnauthorized = errors.New("hf: unauthorized (gated or private repository, or no such repository; for gated ones accept the terms on its page and set HF_TOKEN)")
 	// ErrNotInStore: offline mode and the model is not in the store.
 	ErrNotInStore = errors.New("hf: model not in the local store (offline)")
+	// ErrNoSpace: the store's filesystem cannot hold the model.
+	ErrNoSpace = errors.New("not enough free disk space for the model")
 	// ErrChecksum: a downloaded file did not match its size or hash, even after re-fetching.
 	ErrChecksum = errors.New("hf: checksum mismatch")
 )

@@ -631,3 +631,24 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+func TestNotEnoughSpace(t *testing.T) {
+	h := newFakeHub(t)
+	files := modelFiles()
+	h.addRepo("org/tiny", false, files)
+	c := testClient(t, h, t.TempDir(), nil)
+	c.free = func(string) (int64, error) { return 100 << 20, nil } // less than the 64 MiB model + the 64 MiB margin
+	big := modelFiles()
+	big["model-00001-of-00002.safetensors"] = randBytes(1, 64<<20)
+	h.addRepo("org/big", false, big)
+	_, err := c.pull(context.Background(), mustRef(t, "org/big"))
+	if !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("err = %v, want ErrNoSpace", err)
+	}
+	if h.servedBytes("model-00001-of-00002.safetensors") != 0 {
+		t.Error("downloaded although the disk was too small")
+	}
+	if _, err := c.pull(context.Background(), mustRef(t, "org/tiny")); err != nil {
+		t.Fatalf("a model that fits: %v", err)
+	}
+}
