@@ -66,6 +66,8 @@ type Cluster struct {
 	ModelsDir string `toml:"models_dir"`
 	// RunnerPortBase is where automatic runner ports start.
 	RunnerPortBase int `toml:"runner_port_base"`
+	// Offline forbids runners to download models (--offline).
+	Offline bool `toml:"offline"`
 }
 
 // API is the gateway every supervisor serves.
@@ -79,6 +81,8 @@ type Host struct {
 	Name    string  `toml:"-"`
 	Address string  `toml:"address"`
 	Backend Backend `toml:"backend"`
+	// Threads is the cpu backend's thread count (--threads; 0 = all cores).
+	Threads int `toml:"threads"`
 }
 
 // Model is one served model: its decode runners and optional prefill runners.
@@ -90,6 +94,8 @@ type Model struct {
 	Prefill                *Role  `toml:"prefill"`
 	RemotePrefillMinTokens int    `toml:"remote_prefill_min_tokens"`
 	MaxQueue               int    `toml:"max_queue"`
+	// PrefillChunk is the prefill chunk in tokens (--prefill-chunk; 0 = the runners' default).
+	PrefillChunk int `toml:"prefill_chunk"`
 }
 
 // Role is the decode or prefill part of a model.
@@ -100,6 +106,9 @@ type Role struct {
 	Port int `toml:"port"`
 	// MetricsPort is the prefill runner's HTTP port (/health, /metrics).
 	MetricsPort int `toml:"metrics_port"`
+	// PrefixCacheMiB bounds the prefill runner's prefix cache
+	// (--prefix-cache-mib; 0 = off; unset = the runner's default).
+	PrefixCacheMiB *int `toml:"prefix_cache_mib"`
 }
 
 // Error is one problem in a cluster file.
@@ -237,12 +246,12 @@ func keyCol(src string, line int, key string) int {
 
 var knownKeys = map[string][]string{
 	"":               {"cluster", "api", "hosts", "models"},
-	"cluster":        {"name", "secret_file", "models_dir", "runner_port_base"},
+	"cluster":        {"name", "secret_file", "models_dir", "runner_port_base", "offline"},
 	"api":            {"listen", "port"},
-	"hosts.*":        {"address", "backend"},
-	"models":         {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "max_queue"},
+	"hosts.*":        {"address", "backend", "threads"},
+	"models":         {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "max_queue", "prefill_chunk"},
 	"models.decode":  {"hosts", "source", "port"},
-	"models.prefill": {"hosts", "source", "port", "metrics_port"},
+	"models.prefill": {"hosts", "source", "port", "metrics_port", "prefix_cache_mib"},
 }
 
 func knownKeysHint(path []string) string {

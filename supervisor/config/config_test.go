@@ -46,8 +46,8 @@ sauce = "a"
 decode = { hosts = ["mac"], source = "a", portt = 3 }
 `, []string{
 			`f.toml:14:1: unknown key "prot" (known keys here: listen, port)`,
-			`f.toml:16:2: unknown key "extra" (known keys here: address, backend)`,
-			`f.toml:21:1: unknown key "sauce" (known keys here: name, source, decode, prefill, remote_prefill_min_tokens, max_queue)`,
+			`f.toml:16:2: unknown key "extra" (known keys here: address, backend, threads)`,
+			`f.toml:21:1: unknown key "sauce" (known keys here: name, source, decode, prefill, remote_prefill_min_tokens, max_queue, prefill_chunk)`,
 			`f.toml:22:43: unknown key "portt" (known keys here: hosts, source, port)`,
 		}},
 		{"unknown host", twoHosts + `
@@ -166,7 +166,7 @@ func TestExampleFileIsValid(t *testing.T) {
 		t.Fatalf("spark runners = %+v", spark)
 	}
 	want := []string{"runner", "prefill", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--served-name", "llama-3.1-8b",
-		"--listen", "10.0.0.10:52601", "--metrics", "10.0.0.10:52602", "--secret-file", "/etc/exo/secret", "--backend", "mlx", "--device", "gpu"}
+		"--listen", "10.0.0.10:52601", "--metrics", "10.0.0.10:52602", "--secret-file", "/etc/exo/secret", "--backend", "mlx", "--device", "gpu", "--prefix-cache-mib", "4096"}
 	if got := spark[0].Args(); !slices.Equal(got, want) {
 		t.Errorf("spark[0] args\n got %q\nwant %q", got, want)
 	}
@@ -199,6 +199,56 @@ func TestDefault(t *testing.T) {
 	}
 	if c.API.Port != 52415 || c.API.Listen != "127.0.0.1" {
 		t.Errorf("api = %+v", c.API)
+	}
+}
+
+func TestRunnerTuning(t *testing.T) {
+	c, err := Parse("f", []byte(`
+[cluster]
+offline = true
+[hosts.h]
+address = "127.0.0.1"
+backend = "cpu"
+threads = 2
+[[models]]
+name = "m"
+source = "s"
+prefill_chunk = 512
+decode = { hosts = ["h"] }
+prefill = { hosts = ["h"], prefix_cache_mib = 0 }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := c.Runners("h")
+	want := [][]string{
+		{"runner", "decode", "--model", "s", "--served-name", "m", "--listen", "127.0.0.1:52500", "--prefill", "127.0.0.1:52501",
+			"--remote-prefill-min-tokens", "256", "--backend", "cpu", "--prefill-chunk", "512", "--threads", "2", "--offline"},
+		{"runner", "prefill", "--model", "s", "--served-name", "m", "--listen", "127.0.0.1:52501", "--metrics", "127.0.0.1:52502",
+			"--backend", "cpu", "--prefill-chunk", "512", "--prefix-cache-mib", "0", "--threads", "2", "--offline"},
+	}
+	for i, r := range rs {
+		if !slices.Equal(r.Args(), want[i]) {
+			t.Errorf("%s args\n got %q\nwant %q", r.Name, r.Args(), want[i])
+		}
+	}
+	_, err = Parse("f", []byte(`
+[hosts.h]
+address = "127.0.0.1"
+backend = "cpu"
+threads = -1
+[[models]]
+name = "m"
+source = "s"
+prefill_chunk = -5
+decode = { hosts = ["h"] }
+prefill = { hosts = ["h"], prefix_cache_mib = -1 }
+`))
+	want2 := "f:5:1: host h: threads must not be negative\n" +
+		"f:9:1: model m: prefill_chunk must not be negative\n" +
+		"f:11:28: model m: prefix_cache_mib must not be negative (0 turns the cache off)"
+	if err == nil || err.Error() != want2 {
+		t.Errorf("errors:\n%v\nwant:\n%s", err, want2)
 	}
 }
 

@@ -35,6 +35,10 @@ type Runner struct {
 	Backend                string   `json:"backend"`
 	Device                 string   `json:"device,omitempty"`
 	MaxQueue               int      `json:"max_queue,omitempty"`
+	PrefillChunk           int      `json:"prefill_chunk,omitempty"`
+	PrefixCacheMiB         *int     `json:"prefix_cache_mib,omitempty"` // prefill only
+	Threads                int      `json:"threads,omitempty"`
+	Offline                bool     `json:"offline,omitempty"`
 }
 
 // HealthAddr is the HOST:PORT serving the runner's /health and /metrics.
@@ -66,6 +70,18 @@ func (r Runner) Args() []string {
 	}
 	if r.MaxQueue > 0 {
 		a = append(a, "--max-queue", strconv.Itoa(r.MaxQueue))
+	}
+	if r.PrefillChunk > 0 {
+		a = append(a, "--prefill-chunk", strconv.Itoa(r.PrefillChunk))
+	}
+	if r.Role == Prefill && r.PrefixCacheMiB != nil {
+		a = append(a, "--prefix-cache-mib", strconv.Itoa(*r.PrefixCacheMiB))
+	}
+	if r.Threads > 0 {
+		a = append(a, "--threads", strconv.Itoa(r.Threads))
+	}
+	if r.Offline {
+		a = append(a, "--offline")
 	}
 	if r.ModelsDir != "" {
 		a = append(a, "--models-dir", r.ModelsDir)
@@ -128,9 +144,14 @@ func (c *Config) AllRunners() []Runner {
 					Source: r.Source, Listen: net.JoinHostPort(h.Address, strconv.Itoa(r.Port)),
 					SecretFile: c.Cluster.SecretFile, ModelsDir: c.Cluster.ModelsDir,
 					Backend: be, Device: dev, MaxQueue: m.MaxQueue,
+					PrefillChunk: m.PrefillChunk, Threads: h.Threads, Offline: c.Cluster.Offline,
 				}
 				if role == Prefill {
 					ru.Metrics = net.JoinHostPort(h.Address, strconv.Itoa(r.MetricsPort))
+					if r.PrefixCacheMiB != nil {
+						v := *r.PrefixCacheMiB
+						ru.PrefixCacheMiB = &v
+					}
 				} else {
 					ru.Prefill = slices.Clone(prefill)
 					ru.RemotePrefillMinTokens = m.RemotePrefillMinTokens

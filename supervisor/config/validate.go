@@ -60,6 +60,9 @@ func (c *Config) validate() Errors {
 		} else if net.ParseIP(h.Address) == nil && !nameRe.MatchString(h.Address) {
 			bad(c.at("hosts", name, "address"), "host %s: address %q is neither an IP address nor a host name", name, h.Address)
 		}
+		if h.Threads < 0 {
+			bad(c.at("hosts", name, "threads"), "host %s: threads must not be negative", name)
+		}
 		switch h.Backend {
 		case CUDA, Metal, CPU:
 		case "":
@@ -113,6 +116,12 @@ func (c *Config) validate() Errors {
 		}
 		if m.MaxQueue < 0 {
 			bad(c.at("models", i, "max_queue"), "%s: max_queue must not be negative", label)
+		}
+		if m.PrefillChunk < 0 {
+			bad(c.at("models", i, "prefill_chunk"), "%s: prefill_chunk must not be negative", label)
+		}
+		if m.Prefill != nil && m.Prefill.PrefixCacheMiB != nil && *m.Prefill.PrefixCacheMiB < 0 {
+			bad(c.at("models", i, "prefill", "prefix_cache_mib"), "%s: prefix_cache_mib must not be negative (0 turns the cache off)", label)
 		}
 		if m.Decode == nil {
 			bad(c.at("models", i), "%s has no decode = { hosts = [...] }: every model needs at least one decode runner", label)
