@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 )
@@ -34,6 +35,9 @@ func tinyModel(t *testing.T, which string) string {
 		tinyErr = testmodel.Write(filepath.Join(tinyDir, "main"), testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2, MaxPositions: 4096})
 		if tinyErr == nil {
 			tinyErr = testmodel.Write(filepath.Join(tinyDir, "other"), testmodel.Spec{Arch: "llama", Seed: 8, Layers: 3, MaxPositions: 4096})
+		}
+		if tinyErr == nil {
+			tinyErr = testmodel.Write(filepath.Join(tinyDir, "bf16"), testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2, MaxPositions: 4096, DType: engine.BF16})
 		}
 	})
 	if tinyErr != nil {
@@ -414,4 +418,23 @@ func jsonDecode(resp *http.Response, v any) error {
 		return errors.New("content-type " + resp.Header.Get("Content-Type"))
 	}
 	return jsonNewDecoder(resp).Decode(v)
+}
+
+// TestTinyMixedDTypes pairs an f32 prefill runner with a decode runner of the
+// same model in bf16 (as a Spark with bf16 weights pairs with a Mac): the
+// fingerprints match, the decode side asks for bf16 on the wire and the
+// prefill side converts.
+func TestTinyMixedDTypes(t *testing.T) {
+	pre := start(t, "prefill-f32", "prefill", "--model", tinyModel(t, "main"))
+	dec := start(t, "decode-bf16", "decode", "--model", tinyModel(t, "bf16"), "--prefill", pre.listen)
+	r := chatStream(t, dec.listen, user(words(77, 200)), 8, ignoreEOS)
+	if r.Status != 200 || !r.Done || r.Completion != 8 {
+		t.Fatalf("%+v", r)
+	}
+	if dec.lastOutcome() != "ok" {
+		t.Fatalf("outcome %q", dec.lastOutcome())
+	}
+	if !strings.Contains(pre.logs(), "wire_dtype=bf16") {
+		t.Fatalf("the prefill runner did not send bf16:\n%s", tail(pre.logs(), 2000))
+	}
 }
