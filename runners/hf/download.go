@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -293,8 +294,20 @@ func (c *client) fetchRange(ctx context.Context, u string, file *os.File, st *dl
 func (c *client) getRange(ctx context.Context, u string, file *os.File, st *dlState, i int, off, end, size int64, prog *progress) (int64, error) {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stall := time.AfterFunc(c.stall, cancel)
+	var stalled atomic.Bool
+	stall := time.AfterFunc(c.stall, func() { stalled.Store(true); cancel() })
 	defer stall.Stop()
+	n, err := c.copyRange(rctx, u, file, st, i, off, end, size, prog, stall)
+	if err != nil && stalled.Load() && ctx.Err() == nil {
+		err = fmt.Errorf("no data for %s at byte %d: %w", c.stall, off+n, errStalled)
+	}
+	return n, err
+}
+
+// errStalled: a connection delivered nothing for the stall timeout (retried).
+var errStalled = errors.New("connection stalled")
+
+func (c *client) copyRange(rctx context.Context, u string, file *os.File, st *dlState, i int, off, end, size int64, prog *progress, stall *time.Timer) (int64, error) {
 	req, err := c.newRequest(rctx, http.MethodGet, u)
 	if err != nil {
 		return 0, &fatalError{err}

@@ -652,3 +652,25 @@ func TestNotEnoughSpace(t *testing.T) {
 		t.Fatalf("a model that fits: %v", err)
 	}
 }
+
+func TestStalledConnectionRetried(t *testing.T) {
+	h := newFakeHub(t)
+	files := modelFiles()
+	h.addRepo("org/tiny", false, files)
+	const big = "model-00001-of-00002.safetensors"
+	h.stallAt[big] = 70_000 // inside the second 64 KiB range
+	c := testClient(t, h, t.TempDir(), nil)
+	c.stall = 100 * time.Millisecond
+	dir, err := c.pull(context.Background(), mustRef(t, "org/tiny"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSnapshot(t, dir, files, wantFiles)
+	found := false
+	for _, r := range h.ranges[big] {
+		found = found || r == fmt.Sprintf("%d-%d", 70_000, 2*(64<<10)-1)
+	}
+	if !found {
+		t.Errorf("the stalled range was not resumed at its last byte: %v", h.ranges[big])
+	}
+}

@@ -36,6 +36,7 @@ type fakeHub struct {
 	tokenLeaks  int
 	cutAfter    map[string]int64 // cut the next response covering this file offset at that offset
 	corruptNext map[string]int   // corrupt the next N full responses for this file
+	stallAt     map[string]int64 // the next response covering this offset goes silent there
 	hideMeta    bool             // the API omits sizes and LFS info (clients must HEAD)
 	gate        chan struct{}    // when set, file bodies wait for it to close
 }
@@ -53,7 +54,7 @@ func newFakeHub(t testing.TB) *fakeHub {
 	h := &fakeHub{
 		t: t, token: "hf_secret_token",
 		repos: map[string]*fakeRepo{}, served: map[string]int64{}, ranges: map[string][]string{},
-		cutAfter: map[string]int64{}, corruptNext: map[string]int{},
+		cutAfter: map[string]int64{}, corruptNext: map[string]int{}, stallAt: map[string]int64{},
 	}
 	h.cdn = httptest.NewServer(http.HandlerFunc(h.serveCDN))
 	h.hub = httptest.NewServer(http.HandlerFunc(h.serveHub))
@@ -262,6 +263,12 @@ func (h *fakeHub) serveBody(w http.ResponseWriter, r *http.Request, name string,
 		delete(h.cutAfter, name)
 		cut -= start
 	}
+	stallOff, doStall := h.stallAt[name]
+	doStall = doStall && stallOff >= start && stallOff <= end
+	if doStall {
+		delete(h.stallAt, name)
+		stallOff -= start
+	}
 	body := data[start : end+1]
 	if h.corruptNext[name] > 0 && start == 0 {
 		h.corruptNext[name]--
@@ -276,6 +283,16 @@ func (h *fakeHub) serveBody(w http.ResponseWriter, r *http.Request, name string,
 		}
 	}
 	w.WriteHeader(status)
+	if doStall {
+		n, _ := w.Write(body[:stallOff])
+		h.count(name, n)
+		w.(http.Flusher).Flush()
+		select { // silent until the client gives up on this connection
+		case <-r.Context().Done():
+		case <-time.After(10 * time.Second):
+		}
+		panic(http.ErrAbortHandler)
+	}
 	if doCut && cut < int64(len(body)) {
 		n, _ := w.Write(body[:cut])
 		h.count(name, n)
