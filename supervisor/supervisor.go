@@ -22,6 +22,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
 	"github.com/exo-pd/exo-pd/supervisor/config"
 	"github.com/exo-pd/exo-pd/supervisor/gateway"
 	"github.com/exo-pd/exo-pd/supervisor/gpu"
@@ -105,6 +107,9 @@ func Run(ctx context.Context, o Options) error {
 	}
 	s.log = s.log.With("host", s.host)
 	s.met = metrics.New(s.metricRunners)
+	// The supervisor's own CPU, memory and file descriptors, named apart
+	// from the runners' process_* series.
+	s.met.Registry().MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{Namespace: "exo_supervisor"}))
 	if !o.NoGPU {
 		if g := gpu.Open(s.log); g != nil {
 			defer g.Close()

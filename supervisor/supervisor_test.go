@@ -339,6 +339,7 @@ func TestCrashedRunnerIsRestartedAndCounted(t *testing.T) {
 		`exo_runner_up{model="a",role="decode",runner="a-decode"} 1`,
 		`exo_requests_waiting{role="prefill",runner="a-prefill"} 0`,
 		`exo_scrape_collector_success{collector="runner:a-decode"} 1`,
+		"\nexo_supervisor_process_resident_memory_bytes ",
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %s:\n%s", want, m)
