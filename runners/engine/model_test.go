@@ -525,33 +525,43 @@ func TestKVImportErrors(t *testing.T) {
 	}
 }
 
+// TestChunkedPrefillEqualsOneShot: the KV of a prompt is the same bytes
+// whatever the chunk size (including chunks of 1 and 2 tokens, which take
+// the fused quantized decode kernel), and onChunk sees every chunk.
 func TestChunkedPrefillEqualsOneShot(t *testing.T) {
 	ctx := context.Background()
 	for _, spec := range []tinySpec{
 		{arch: "LlamaForCausalLM", dt: engine.F32, tied: true},
 		{arch: "Qwen2ForCausalLM", dt: engine.BF16, bits: 4, gs: 32},
+		{arch: "Qwen3ForCausalLM", dt: engine.F32, bits: 8, gs: 64},
 	} {
 		m := load(t, newTiny(t, spec, 5), engine.LoadOptions{})
 		one := m.NewCache()
 		if err := m.Prefill(ctx, one, prompt, 0, nil); err != nil {
 			t.Fatal(err)
 		}
-		chunked := m.NewCache()
-		var calls [][2]int
-		if err := m.Prefill(ctx, chunked, prompt, 4, func(s, n int) error {
-			calls = append(calls, [2]int{s, n})
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		if !slices.Equal(calls, [][2]int{{0, 4}, {4, 4}, {8, 3}}) {
-			t.Fatalf("onChunk calls %v", calls)
-		}
-		for l := range m.Info().Layers {
-			k1, v1, _ := one.Export(l, 0, len(prompt))
-			k2, v2, _ := chunked.Export(l, 0, len(prompt))
-			if string(k1) != string(k2) || string(v1) != string(v2) {
-				t.Fatalf("%s: layer %d KV differs between chunked and one-shot prefill", spec.arch, l)
+		for _, chunk := range []int{1, 2, 4} {
+			chunked := m.NewCache()
+			var calls [][2]int
+			if err := m.Prefill(ctx, chunked, prompt, chunk, func(s, n int) error {
+				calls = append(calls, [2]int{s, n})
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			var want [][2]int
+			for s := 0; s < len(prompt); s += chunk {
+				want = append(want, [2]int{s, min(chunk, len(prompt)-s)})
+			}
+			if !slices.Equal(calls, want) {
+				t.Fatalf("onChunk calls %v, want %v", calls, want)
+			}
+			for l := range m.Info().Layers {
+				k1, v1, _ := one.Export(l, 0, len(prompt))
+				k2, v2, _ := chunked.Export(l, 0, len(prompt))
+				if string(k1) != string(k2) || string(v1) != string(v2) {
+					t.Fatalf("%s q%d: layer %d KV differs between chunks of %d and one-shot prefill", spec.arch, spec.bits, l, chunk)
+				}
 			}
 		}
 	}

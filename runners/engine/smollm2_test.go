@@ -137,6 +137,13 @@ func TestSmolLM2ImportedKVDecodesTheSame(t *testing.T) {
 	if err := s.m.Prefill(ctx, chunked, body, 7, nil); err != nil {
 		t.Fatal(err)
 	}
+	for l := range s.m.Info().Layers {
+		k1, v1, _ := local.Export(l, 0, len(body))
+		k2, v2, _ := chunked.Export(l, 0, len(body))
+		if string(k1) != string(k2) || string(v1) != string(v2) {
+			t.Fatalf("layer %d: KV of chunked prefill differs from one-shot", l)
+		}
+	}
 	lg, err = s.m.Forward(ctx, chunked, []int32{last})
 	if err != nil {
 		t.Fatal(err)

@@ -452,3 +452,52 @@ func TestRoPE(t *testing.T) {
 		}
 	}
 }
+
+// TestLinearRowsIndependentOfL: row i of Linear(x) is bit-identical to
+// Linear of x_i alone and of any slice containing it, for every weight kind
+// and kernel (fused decode vs expanded prefill, 1×4 vs 2×4 blocks).
+func TestLinearRowsIndependentOfL(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	const N, K, L = 13, 128, 7
+	kernels := []bool{false}
+	if hasSIMD() {
+		kernels = append(kernels, true)
+	}
+	for _, kind := range []struct {
+		dt       engine.DType
+		bits, gs int
+	}{{engine.F32, 0, 0}, {engine.BF16, 0, 0}, {engine.F16, 0, 0}, {0, 4, 32}, {0, 4, 64}, {0, 8, 32}, {0, 8, 128}, {0, 2, 32}} {
+		for _, simd := range kernels {
+			b := &Backend{threads: 2, simd: simd}
+			w := randF32(r, N*K)
+			lin := &engine.Linear{Bits: kind.bits, GroupSize: kind.gs}
+			switch {
+			case kind.bits > 0:
+				q, s, bz, _ := quantize(w, N, K, kind.bits, kind.gs)
+				sb, _ := halfBytes(s, engine.F16)
+				bb, _ := halfBytes(bz, engine.F16)
+				lin.W = b.FromBytes(u32Bytes(q), []int{N, K * kind.bits / 32}, engine.U32)
+				lin.Scales = b.FromBytes(sb, []int{N, K / kind.gs}, engine.F16)
+				lin.Biases = b.FromBytes(bb, []int{N, K / kind.gs}, engine.F16)
+			case kind.dt == engine.F32:
+				lin.W = b.FromFloat32(w, N, K)
+			default:
+				wb, _ := halfBytes(w, kind.dt)
+				lin.W = b.FromBytes(wb, []int{N, K}, kind.dt)
+			}
+			x := randF32(r, L*K)
+			all := get(t, b, b.Linear(b.FromFloat32(x, L, K), lin))
+			for lo := range L {
+				for _, hi := range []int{lo + 1, min(lo+2, L), L} {
+					part := get(t, b, b.Linear(b.FromFloat32(x[lo*K:hi*K], hi-lo, K), lin))
+					for i := range part {
+						if math.Float32bits(part[i]) != math.Float32bits(all[lo*N+i]) {
+							t.Fatalf("%v/%d-bit g%d simd=%v: rows [%d,%d) differ from the full product at %d: %v vs %v",
+								kind.dt, kind.bits, kind.gs, simd, lo, hi, i, part[i], all[lo*N+i])
+						}
+					}
+				}
+			}
+		}
+	}
+}

@@ -18,10 +18,15 @@ import (
 // call however long the prompt is.
 //
 // Quantized weights are never expanded in memory as a whole: for decode
-// (L ≤ quantFusedMaxRows) the fused kernel reads the packed words directly
-// and folds the affine bias in per group (Σ s·q·x + b·Σx); for prefill the
-// block expansion above is cheaper. docs/BENCHMARKS.md records the numbers
-// behind this choice.
+// (L ≤ quantFusedMaxRows) the fused kernel reads the packed words and
+// widens them in registers; for prefill the block expansion above is
+// cheaper. docs/BENCHMARKS.md records the numbers behind this choice.
+//
+// Every kernel computes a given output element with the same operations in
+// the same order, whatever L is and whichever path runs (1×4 or 2×4 block,
+// fused or expanded): row i of x·Wᵀ is bit-identical to (x_i)·Wᵀ. The
+// model relies on it so that KV computed in chunks of any size (remote
+// prefill, local prefill, decode) is the same bytes.
 
 // quantFusedMaxRows is the largest L for which quantized products use the
 // fused decode kernel.
@@ -141,27 +146,27 @@ func (w *weight) row(dst []float32, r int) {
 		case 4:
 			for k, u := range gw {
 				o := d[k*8 : k*8+8 : k*8+8]
-				o[0] = s*float32(u&15) + b
-				o[1] = s*float32(u>>4&15) + b
-				o[2] = s*float32(u>>8&15) + b
-				o[3] = s*float32(u>>12&15) + b
-				o[4] = s*float32(u>>16&15) + b
-				o[5] = s*float32(u>>20&15) + b
-				o[6] = s*float32(u>>24&15) + b
-				o[7] = s*float32(u>>28) + b
+				o[0] = float32(s*float32(u&15)) + b
+				o[1] = float32(s*float32(u>>4&15)) + b
+				o[2] = float32(s*float32(u>>8&15)) + b
+				o[3] = float32(s*float32(u>>12&15)) + b
+				o[4] = float32(s*float32(u>>16&15)) + b
+				o[5] = float32(s*float32(u>>20&15)) + b
+				o[6] = float32(s*float32(u>>24&15)) + b
+				o[7] = float32(s*float32(u>>28)) + b
 			}
 		case 8:
 			for k, u := range gw {
 				o := d[k*4 : k*4+4 : k*4+4]
-				o[0] = s*float32(u&255) + b
-				o[1] = s*float32(u>>8&255) + b
-				o[2] = s*float32(u>>16&255) + b
-				o[3] = s*float32(u>>24) + b
+				o[0] = float32(s*float32(u&255)) + b
+				o[1] = float32(s*float32(u>>8&255)) + b
+				o[2] = float32(s*float32(u>>16&255)) + b
+				o[3] = float32(s*float32(u>>24)) + b
 			}
 		default:
 			for k, u := range gw {
 				for j := range per {
-					d[k*per+j] = s*float32(u>>(uint(j)*uint(w.bits))&mask) + b
+					d[k*per+j] = float32(s*float32(u>>(uint(j)*uint(w.bits))&mask)) + b
 				}
 			}
 		}
@@ -208,10 +213,10 @@ func (b *Backend) matmulT(out, x []float32, L int, w *weight) {
 	b.matmulTMode(out, x, L, w, b.canFuse(w) && L <= quantFusedMaxRows)
 }
 
-// canFuse reports whether a quantized weight has a fused kernel here:
-// 4-bit always (scalar or AVX2), 8-bit with AVX2.
+// canFuse reports whether a quantized weight has a fused kernel: 4 and
+// 8 bits (AVX2 or Go).
 func (b *Backend) canFuse(w *weight) bool {
-	return w.gs%8 == 0 && (w.bits == 4 || (w.bits == 8 && b.simd))
+	return w.gs%8 == 0 && (w.bits == 4 || w.bits == 8)
 }
 
 // matmulTExpand always expands weight rows (the benchmarks' comparison).
@@ -221,10 +226,6 @@ func (b *Backend) matmulTExpand(out, x []float32, L int, w *weight) {
 
 func (b *Backend) matmulTMode(out, x []float32, L int, w *weight, fused bool) {
 	N, K := w.out, w.in
-	var xsums []float32
-	if fused {
-		xsums = groupSums(x, L, K, w.gs)
-	}
 	blocks := (N + 3) / 4
 	// Aim for at least ~64k multiply-adds per goroutine.
 	minBlocks := max(1, 65536/(4*K*max(L, 1)))
@@ -232,7 +233,7 @@ func (b *Backend) matmulTMode(out, x []float32, L int, w *weight, fused bool) {
 		if fused {
 			for j := lo * 4; j < min(hi*4, N); j++ {
 				for i := range L {
-					out[i*N+j] = b.qdot(x[i*K:(i+1)*K], w, j, xsums[i*(K/w.gs):(i+1)*(K/w.gs)])
+					out[i*N+j] = b.qdot(x[i*K:(i+1)*K], w, j)
 				}
 			}
 			return
@@ -278,83 +279,48 @@ func (b *Backend) gemmBlocks(out, x []float32, L int, w *weight, lo, hi int, buf
 	}
 }
 
-// groupSums returns Σx over each quantization group of each row of x.
-func groupSums(x []float32, L, K, gs int) []float32 {
-	ng := K / gs
-	s := make([]float32, L*ng)
-	for i := range L {
-		for g := range ng {
-			var acc float32
-			for _, v := range x[i*K+g*gs : i*K+(g+1)*gs] {
-				acc += v
-			}
-			s[i*ng+g] = acc
-		}
-	}
-	return s
-}
-
-// qdot is dot(x, row j of a quantized weight) without expanding the row,
-// on the AVX2 kernels when available.
-func (b *Backend) qdot(x []float32, w *weight, j int, xsums []float32) float32 {
-	if !b.simd {
-		return qdot4(x, w, j, xsums)
-	}
+// qdot is dot(x, row j of a quantized weight) without expanding the row
+// to memory. It widens each weight exactly as row() does and accumulates in
+// block1x4's order, so its result equals the expand path's bit for bit:
+// the KV a prompt produces does not depend on how it was chunked.
+func (b *Backend) qdot(x []float32, w *weight, j int) float32 {
 	ng := w.in / w.gs
 	words := w.q[j*w.wpr : (j+1)*w.wpr]
 	sc := w.scales[j*ng : (j+1)*ng]
 	bi := w.biases[j*ng : (j+1)*ng]
 	x = x[:w.in]
+	if !b.simd {
+		return qdotScalar(x, words, sc, bi, w.bits, w.gs)
+	}
 	var acc [8]float32
 	if w.bits == 4 {
-		q4dotAVX(&x[0], &words[0], &sc[0], ng, w.gs/8, &acc)
+		q4dotAVX(&x[0], &words[0], &sc[0], &bi[0], ng, w.gs/8, &acc)
 	} else {
-		q8dotAVX(&x[0], &words[0], &sc[0], ng, w.gs/8, &acc)
+		q8dotAVX(&x[0], &words[0], &sc[0], &bi[0], ng, w.gs/8, &acc)
 	}
-	total := hsum8(acc[:])
-	for g, bv := range bi {
-		total += bv * xsums[g]
-	}
-	return total
+	return hsum8(acc[:])
 }
 
-// qdot4 is dot(x, row j of a 4-bit weight) without expanding the row:
-// Σ_g s_g·Σ q·x + b_g·Σx.
-func qdot4(x []float32, w *weight, j int, xsums []float32) float32 {
-	ng := w.in / w.gs
-	words := w.q[j*w.wpr : (j+1)*w.wpr]
-	sc := w.scales[j*ng : (j+1)*ng]
-	bi := w.biases[j*ng : (j+1)*ng]
-	wpg := w.gs / 8
-	var total float32
-	for g := range ng {
-		gw := words[g*wpg : (g+1)*wpg]
-		gx := x[g*w.gs : (g+1)*w.gs]
-		var a0, a1 float32
-		for k, u := range gw {
-			xs := gx[k*8 : k*8+8 : k*8+8]
-			a0 += float32(u&15)*xs[0] + float32(u>>4&15)*xs[1] + float32(u>>8&15)*xs[2] + float32(u>>12&15)*xs[3]
-			a1 += float32(u>>16&15)*xs[4] + float32(u>>20&15)*xs[5] + float32(u>>24&15)*xs[6] + float32(u>>28)*xs[7]
+// qdotScalar is qdot in Go: w = s·q + b then a single running sum in
+// element order, the explicit conversions ruling out fused multiply-adds so
+// it rounds like row() followed by dot1x4.
+func qdotScalar(x []float32, words []uint32, sc, bi []float32, bits, gs int) float32 {
+	per := 32 / bits
+	mask := uint32(1)<<bits - 1
+	wpg := gs / per
+	var acc float32
+	for g := range sc {
+		s, bz := sc[g], bi[g]
+		gx := x[g*gs : (g+1)*gs]
+		for k, u := range words[g*wpg : (g+1)*wpg] {
+			xs := gx[k*per : (k+1)*per]
+			for e := range xs {
+				wv := float32(s*float32(u>>(uint(e)*uint(bits))&mask)) + bz
+				acc += float32(wv * xs[e])
+			}
 		}
-		total += sc[g]*(a0+a1) + bi[g]*xsums[g]
 	}
-	return total
-}
-
-func dot(x, y []float32) float32 {
-	y = y[:len(x)]
-	var s0, s1, s2, s3 float32
-	i := 0
-	for ; i+4 <= len(x); i += 4 {
-		s0 += x[i] * y[i]
-		s1 += x[i+1] * y[i+1]
-		s2 += x[i+2] * y[i+2]
-		s3 += x[i+3] * y[i+3]
-	}
-	for ; i < len(x); i++ {
-		s0 += x[i] * y[i]
-	}
-	return (s0 + s1) + (s2 + s3)
+	return acc
 }
 
 // hsum8 adds the 8 lanes of a SIMD accumulator.
@@ -419,10 +385,10 @@ func dot1x4(r *[4]float32, x, w0, w1, w2, w3 []float32) {
 	w0, w1, w2, w3 = w0[:n], w1[:n], w2[:n], w3[:n]
 	var s0, s1, s2, s3 float32
 	for i, v := range x {
-		s0 += v * w0[i]
-		s1 += v * w1[i]
-		s2 += v * w2[i]
-		s3 += v * w3[i]
+		s0 += float32(v * w0[i])
+		s1 += float32(v * w1[i])
+		s2 += float32(v * w2[i])
+		s3 += float32(v * w3[i])
 	}
 	r[0], r[1], r[2], r[3] = s0, s1, s2, s3
 }
@@ -436,14 +402,14 @@ func dot2x4(r *[8]float32, x0, x1, w0, w1, w2, w3 []float32) {
 	for i, a := range x0 {
 		c := x1[i]
 		v0, v1, v2, v3 := w0[i], w1[i], w2[i], w3[i]
-		s00 += a * v0
-		s01 += a * v1
-		s02 += a * v2
-		s03 += a * v3
-		s10 += c * v0
-		s11 += c * v1
-		s12 += c * v2
-		s13 += c * v3
+		s00 += float32(a * v0)
+		s01 += float32(a * v1)
+		s02 += float32(a * v2)
+		s03 += float32(a * v3)
+		s10 += float32(c * v0)
+		s11 += float32(c * v1)
+		s12 += float32(c * v2)
+		s13 += float32(c * v3)
 	}
 	r[0], r[1], r[2], r[3] = s00, s01, s02, s03
 	r[4], r[5], r[6], r[7] = s10, s11, s12, s13

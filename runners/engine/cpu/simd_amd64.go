@@ -19,17 +19,17 @@ func dot2x4AVX(x0, x1, w0, w1, w2, w3 *float32, n int, acc *[64]float32)
 //go:noescape
 func dot1x4AVX(x0, w0, w1, w2, w3 *float32, n int, acc *[32]float32)
 
-// q4dotAVX computes, lane-wise, Σ_g scales[g]·Σ q·x over ngroups groups of
-// 8·iters elements of one 4-bit weight row (the affine bias is added by the
-// caller from per-group sums of x).
+// q4dotAVX accumulates, lane-wise, w·x over ngroups groups of 8·iters
+// elements of one 4-bit weight row, w widened in registers exactly as
+// q4expandAVX would (so results match the expand path bit for bit).
 //
 //go:noescape
-func q4dotAVX(x *float32, words *uint32, scales *float32, ngroups, iters int, acc *[8]float32)
+func q4dotAVX(x *float32, words *uint32, scales, biases *float32, ngroups, iters int, acc *[8]float32)
 
 // q8dotAVX is q4dotAVX for 8-bit weights.
 //
 //go:noescape
-func q8dotAVX(x *float32, words *uint32, scales *float32, ngroups, iters int, acc *[8]float32)
+func q8dotAVX(x *float32, words *uint32, scales, biases *float32, ngroups, iters int, acc *[8]float32)
 
 // axpyAVX adds a·x to y over n elements (n a multiple of 8).
 //

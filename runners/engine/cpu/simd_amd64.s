@@ -101,15 +101,19 @@ GLOBL q4shifts<>(SB), RODATA|NOPTR, $32
 DATA q4mask<>+0(SB)/4, $15
 GLOBL q4mask<>(SB), RODATA|NOPTR, $4
 
-// func q4dotAVX(x *float32, words *uint32, scales *float32, ngroups, iters int, acc *[8]float32)
-// acc = Σ_g scales[g] · Σ_{k in g} q_k·x_k (lane-wise); iters = group/8.
-TEXT ·q4dotAVX(SB), NOSPLIT, $0-48
+// func q4dotAVX(x *float32, words *uint32, scales, biases *float32, ngroups, iters int, acc *[8]float32)
+// Lane-wise Σ w·x over one 4-bit weight row, each w widened in registers
+// exactly as q4expandAVX writes it (w = fma(q, scale, bias)) and
+// accumulated in the order of dot1x4AVX, so decode and prefill agree bit
+// for bit. iters = group size / 8.
+TEXT ·q4dotAVX(SB), NOSPLIT, $0-56
 	MOVQ x+0(FP), SI
 	MOVQ words+8(FP), DI
 	MOVQ scales+16(FP), R8
-	MOVQ ngroups+24(FP), CX
-	MOVQ iters+32(FP), R9
-	MOVQ acc+40(FP), DX
+	MOVQ biases+24(FP), R10
+	MOVQ ngroups+32(FP), CX
+	MOVQ iters+40(FP), R9
+	MOVQ acc+48(FP), DX
 	VMOVDQU q4shifts<>(SB), Y15
 	VPBROADCASTD q4mask<>(SB), Y14
 	VXORPS Y0, Y0, Y0
@@ -117,7 +121,8 @@ TEXT ·q4dotAVX(SB), NOSPLIT, $0-48
 q4group:
 	TESTQ CX, CX
 	JE    q4done
-	VXORPS Y1, Y1, Y1
+	VBROADCASTSS (R8), Y3
+	VBROADCASTSS (R10), Y4
 	MOVQ R9, BX
 
 q4word:
@@ -125,14 +130,15 @@ q4word:
 	VPSRLVD Y15, Y2, Y2
 	VPAND Y14, Y2, Y2
 	VCVTDQ2PS Y2, Y2
-	VFMADD231PS (SI), Y2, Y1
+	VMOVAPS Y4, Y5
+	VFMADD231PS Y3, Y2, Y5
+	VFMADD231PS (SI), Y5, Y0
 	ADDQ $4, DI
 	ADDQ $32, SI
 	DECQ BX
 	JNZ  q4word
-	VBROADCASTSS (R8), Y3
-	VFMADD231PS Y3, Y1, Y0
 	ADDQ $4, R8
+	ADDQ $4, R10
 	DECQ CX
 	JMP  q4group
 
@@ -141,34 +147,37 @@ q4done:
 	VZEROUPPER
 	RET
 
-// func q8dotAVX(x *float32, words *uint32, scales *float32, ngroups, iters int, acc *[8]float32)
-// As q4dotAVX for 8-bit weights (4 per word; 8 bytes per iteration).
-TEXT ·q8dotAVX(SB), NOSPLIT, $0-48
+// func q8dotAVX(x *float32, words *uint32, scales, biases *float32, ngroups, iters int, acc *[8]float32)
+// As q4dotAVX for 8-bit weights (8 bytes per iteration), matching q8expandAVX.
+TEXT ·q8dotAVX(SB), NOSPLIT, $0-56
 	MOVQ x+0(FP), SI
 	MOVQ words+8(FP), DI
 	MOVQ scales+16(FP), R8
-	MOVQ ngroups+24(FP), CX
-	MOVQ iters+32(FP), R9
-	MOVQ acc+40(FP), DX
+	MOVQ biases+24(FP), R10
+	MOVQ ngroups+32(FP), CX
+	MOVQ iters+40(FP), R9
+	MOVQ acc+48(FP), DX
 	VXORPS Y0, Y0, Y0
 
 q8group:
 	TESTQ CX, CX
 	JE    q8done
-	VXORPS Y1, Y1, Y1
+	VBROADCASTSS (R8), Y3
+	VBROADCASTSS (R10), Y4
 	MOVQ R9, BX
 
 q8word:
 	VPMOVZXBD (DI), Y2
 	VCVTDQ2PS Y2, Y2
-	VFMADD231PS (SI), Y2, Y1
+	VMOVAPS Y4, Y5
+	VFMADD231PS Y3, Y2, Y5
+	VFMADD231PS (SI), Y5, Y0
 	ADDQ $8, DI
 	ADDQ $32, SI
 	DECQ BX
 	JNZ  q8word
-	VBROADCASTSS (R8), Y3
-	VFMADD231PS Y3, Y1, Y0
 	ADDQ $4, R8
+	ADDQ $4, R10
 	DECQ CX
 	JMP  q8group
 

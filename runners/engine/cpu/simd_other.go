@@ -12,11 +12,11 @@ func dot1x4AVX(x0, w0, w1, w2, w3 *float32, n int, acc *[32]float32) {
 	panic("cpu: no SIMD kernels on this platform")
 }
 
-func q4dotAVX(x *float32, words *uint32, scales *float32, ngroups, iters int, acc *[8]float32) {
+func q4dotAVX(x *float32, words *uint32, scales, biases *float32, ngroups, iters int, acc *[8]float32) {
 	panic("cpu: no SIMD kernels on this platform")
 }
 
-func q8dotAVX(x *float32, words *uint32, scales *float32, ngroups, iters int, acc *[8]float32) {
+func q8dotAVX(x *float32, words *uint32, scales, biases *float32, ngroups, iters int, acc *[8]float32) {
 	panic("cpu: no SIMD kernels on this platform")
 }
 
