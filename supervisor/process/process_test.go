@@ -47,11 +47,6 @@ func fake(t *testing.T, mode string, extraEnv ...string) (Spec, string) {
 	}, addr
 }
 
-// gone reports whether pid no longer runs (absent or a zombie).
-func gone(pid int) bool {
-	state, _, ok := procStat(pid)
-	return !ok || state == 'Z' || state == 'X'
-}
 
 // syncBuf is a goroutine-safe log sink.
 type syncBuf struct {
