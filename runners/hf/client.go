@@ -297,7 +297,7 @@ func selectFiles(mi *modelInfo, ref Ref) (meta, weights []repoFile, err error) {
 // pull downloads ref's current commit into the store (if not already
 // complete) and returns its local path.
 func (c *client) pull(ctx context.Context, ref Ref) (string, error) {
-	log := c.opts.logger().With("model", ref.String())
+	log := c.opts.logger().With("model", ref)
 	mi, err := c.info(ctx, ref)
 	if err != nil {
 		return "", err

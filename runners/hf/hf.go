@@ -126,6 +126,9 @@ type Ref struct {
 	File     string // "" for a safetensors model; "path/x.gguf" for one GGUF file
 }
 
+// LogValue logs a Ref as the id a user would type.
+func (r Ref) LogValue() slog.Value { return slog.StringValue(r.String()) }
+
 func (r Ref) String() string {
 	s := r.Repo
 	if r.File != "" {

@@ -128,6 +128,9 @@ func (s store) lookupCommit(ref Ref, commit string) (string, error) {
 func (s store) complete(m manifest, rev string) error {
 	if old, err := s.readManifest(m.Repo, m.Commit); err == nil {
 		m.Full = m.Full || old.Full
+		if m.PulledAt.IsZero() {
+			m.PulledAt = old.PulledAt
+		}
 		have := map[string]bool{}
 		for _, f := range m.Files {
 			have[f.Name] = true
