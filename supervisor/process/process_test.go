@@ -3,6 +3,7 @@ package process
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -19,6 +20,7 @@ import (
 
 func TestMain(m *testing.M) {
 	fakerunner.MaybeRun()
+	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil))) // quiet test output
 	os.Exit(m.Run())
 }
 
@@ -46,7 +48,6 @@ func fake(t *testing.T, mode string, extraEnv ...string) (Spec, string) {
 		HealthURL: "http://" + addr + "/health",
 	}, addr
 }
-
 
 // syncBuf is a goroutine-safe log sink.
 type syncBuf struct {

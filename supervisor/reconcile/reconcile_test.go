@@ -3,6 +3,8 @@ package reconcile
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"strings"
@@ -16,6 +18,7 @@ import (
 
 func TestMain(m *testing.M) {
 	fakerunner.MaybeRun()
+	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil))) // quiet test output
 	os.Exit(m.Run())
 }
 
