@@ -1,0 +1,69 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+func TestRunnerFlags(t *testing.T) {
+	bad := [][]string{
+		nil,
+		{"sideways"},
+		{"decode", "--served-name", "m", "--listen", ":0"},
+		{"decode", "--model", "x", "--listen", ":0"},
+		{"decode", "--model", "x", "--served-name", "m"},
+		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0"}, // no --metrics
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1"},
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "extra"},
+	}
+	for _, args := range bad {
+		_, err := parseRunnerFlags(args)
+		var ee exitError
+		if !errors.As(err, &ee) || ee.code != 2 {
+			t.Errorf("%q: %v, want a usage error", args, err)
+		}
+	}
+	f, err := parseRunnerFlags(strings.Fields("decode --model builtin:smollm2 --served-name s --listen 127.0.0.1:9 --prefill a:1,b:2 --remote-prefill-min-tokens 100 --max-queue 5 --backend cpu"))
+	if err != nil || f.prefill != "a:1,b:2" || f.minRemote != 100 || f.maxQueue != 5 || f.backend != "cpu" {
+		t.Fatalf("%+v %v", f, err)
+	}
+	f, err = parseRunnerFlags(strings.Fields("prefill --model m.gguf --served-name s --listen 127.0.0.1:9 --metrics 127.0.0.1:10 --secret-file /s"))
+	if err != nil || f.metricsAddr != "127.0.0.1:10" || f.secretFile != "/s" || f.minRemote != 0 {
+		t.Fatalf("%+v %v", f, err)
+	}
+}
+
+func TestLoadGate(t *testing.T) {
+	g := &loadGate{role: "decode", name: "m"}
+	g.setProgress(0.25)
+	get := func(path string) (int, map[string]any) {
+		rec := httptest.NewRecorder()
+		g.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		var body map[string]any
+		_ = json.Unmarshal(rec.Body.Bytes(), &body)
+		return rec.Code, body
+	}
+	code, body := get("/health")
+	if code != 503 || body["status"] != "loading" || body["progress"] != 0.25 {
+		t.Fatalf("loading health: %d %v", code, body)
+	}
+	if code, body := get("/v1/models"); code != 503 || body["error"] == nil {
+		t.Fatalf("API while loading: %d %v", code, body)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/models", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`{"ok":true}`)) })
+	var h http.Handler = mux
+	g.load = func() (int, int) { return 3, 1 }
+	g.ready.Store(&h)
+	code, body = get("/health")
+	if code != 200 || body["status"] != "ok" || body["role"] != "decode" || body["model"] != "m" || body["waiting"] != 3.0 || body["running"] != 1.0 {
+		t.Fatalf("ready health: %d %v", code, body)
+	}
+	if code, body := get("/v1/models"); code != 200 || body["ok"] != true {
+		t.Fatalf("API when ready: %d %v", code, body)
+	}
+}
