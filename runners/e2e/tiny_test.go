@@ -384,6 +384,22 @@ func TestTinyAPI(t *testing.T) {
 			t.Fatalf("exo_requests_total{code=200} = %v", v)
 		}
 	})
+	t.Run("stop sequence", func(t *testing.T) {
+		m := user("tell me a story")
+		full := chatStream(t, dec.listen, m, 40, ignoreEOS)
+		if full.Status != 200 || len(full.Text) < 12 {
+			t.Fatalf("%+v", full)
+		}
+		// Stop at a piece from the middle of the greedy text: the answer is
+		// the text before its first occurrence, finish_reason "stop".
+		rs := []rune(full.Text)
+		stop := string(rs[len(rs)/2 : len(rs)/2+3])
+		want := full.Text[:strings.Index(full.Text, stop)]
+		r := chatStream(t, dec.listen, m, 40, map[string]any{"ignore_eos": true, "stop": []string{stop}})
+		if r.Status != 200 || r.Text != want || r.Finish != "stop" {
+			t.Fatalf("stop %q: got %q (%s), want %q", stop, r.Text, r.Finish, want)
+		}
+	})
 	t.Run("client disconnect cancels generation", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		req, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/chat/completions",
