@@ -4,6 +4,7 @@ package mlx
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/engine/weights"
 )
 
 // benchModel returns the model directory to benchmark: $EXO_MLX_BENCH_MODEL
@@ -35,9 +37,36 @@ func benchModel(b *testing.B) string {
 	}
 	// SmolLM2-135M: 30 layers, width 576, 9 heads of 64 over 3 KV heads,
 	// MLP 1536, vocabulary 49152.
+	// testmodel's tokenizer cannot learn 49152 tokens: write the model with
+	// a small vocabulary, then replace the weights and config's vocab_size
+	// (the benchmark feeds token ids, not text).
 	spec := testmodel.Spec{Arch: "llama", DType: dt, Seed: 1, Layers: 30, Hidden: 576, Heads: 9, KVHeads: 3, HeadDim: 64,
-		Intermediate: 1536, Vocab: 49152, MaxPositions: 8192}
+		Intermediate: 1536, Vocab: 512, MaxPositions: 8192}
 	if err := testmodel.Write(dir, spec); err != nil {
+		b.Fatal(err)
+	}
+	spec.Vocab = 49152
+	tensors, err := testmodel.Tensors(spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := weights.WriteSafetensorsFile(filepath.Join(dir, "model.safetensors"), tensors, map[string]string{"format": "pt"}); err != nil {
+		b.Fatal(err)
+	}
+	cfgPath := filepath.Join(dir, "config.json")
+	raw, err := os.ReadFile(cfgPath)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		b.Fatal(err)
+	}
+	cfg["vocab_size"] = spec.Vocab
+	if raw, err = json.MarshalIndent(cfg, "", "  "); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(cfgPath, raw, 0o644); err != nil {
 		b.Fatal(err)
 	}
 	return dir
