@@ -72,7 +72,7 @@ var exported = []string{
 	"exo_prompt_tokens_total", "exo_generation_tokens_total", "exo_requests_total", "exo_requests_waiting",
 	"exo_requests_running", "exo_remote_prefill_total", "exo_kv_transfer_bytes_total",
 	"exo_kv_transfer_duration_seconds", "exo_kv_wait_seconds", "exo_prefix_cache_hit_tokens_total",
-	"exo_runner_up", "exo_runner_restarts_total", "exo_config_last_reload_successful",
+	"exo_runner_up", "exo_runner_restarts_total", "exo_runner_crash_looping", "exo_config_last_reload_successful",
 	"exo_config_last_reload_success_timestamp_seconds", "exo_gpu_utilization_ratio", "exo_gpu_memory_used_bytes",
 	"exo_gpu_temperature_celsius", "exo_gpu_power_watts",
 }

@@ -348,7 +348,7 @@ func (s *supervisor) metricRunners() []metrics.Runner {
 	for _, r := range s.set.Runners() {
 		out = append(out, metrics.Runner{
 			Name: r.Spec.Name, Role: r.Spec.Role, Model: r.Spec.Model,
-			Up: r.Status.State == process.Ready, Restarts: r.Status.Restarts,
+			Up: r.Status.State == process.Ready, CrashLoop: r.Status.State == process.CrashLoop, Restarts: r.Status.Restarts,
 			MetricsURL: "http://" + r.Spec.HealthAddr() + "/metrics",
 		})
 	}

@@ -59,6 +59,12 @@ func start(t testing.TB, contents string) *harness {
 }
 
 func startDebounce(t testing.TB, contents string, debounce time.Duration) *harness {
+	return startWith(t, contents, debounce, true)
+}
+
+// startWith starts a supervisor; wait: until every runner is ready; env:
+// more environment for the fake runners.
+func startWith(t testing.TB, contents string, debounce time.Duration, wait bool, env ...string) *harness {
 	t.Helper()
 	dir := t.TempDir()
 	h := &harness{t: t, dir: dir, path: filepath.Join(dir, "cluster.toml"), done: make(chan error, 1), notify: make(chan string, 100)}
@@ -88,7 +94,7 @@ func startDebounce(t testing.TB, contents string, debounce time.Duration) *harne
 	go func() {
 		h.done <- Run(ctx, Options{
 			ConfigPath: h.path, Host: "h", Executable: os.Args[0],
-			ExtraEnv:  []string{fakerunner.EnvEnable + "=1"},
+			ExtraEnv:  append([]string{fakerunner.EnvEnable + "=1"}, env...),
 			APIListen: h.api, Debounce: debounce, NoGPU: true,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Process: process.Options{Grace: 2 * time.Second, PollReady: 100 * time.Millisecond,
@@ -96,6 +102,19 @@ func startDebounce(t testing.TB, contents string, debounce time.Duration) *harne
 			Ready: func(api string) { ready <- api },
 		})
 	}()
+	t.Cleanup(func() { h.stop() })
+	if !wait {
+		for i := 0; ; i++ { // until the API answers
+			if resp, err := http.Get("http://" + h.api + "/health"); err == nil {
+				resp.Body.Close()
+				return h
+			}
+			if i > 3000 {
+				t.Fatal("API never up")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 	select {
 	case <-ready:
 	case err := <-h.done:
@@ -103,7 +122,6 @@ func startDebounce(t testing.TB, contents string, debounce time.Duration) *harne
 	case <-time.After(30 * time.Second):
 		t.Fatal("runners never ready")
 	}
-	t.Cleanup(func() { h.stop() })
 	return h
 }
 
@@ -376,5 +394,50 @@ func BenchmarkConfigEditToApplied(b *testing.B) {
 		i++
 		h.renameOver(clusterFile(base, "a=src-a", fmt.Sprintf("b=src-b%d", i)))
 		st = h.waitReload(st.LastReload.At)
+	}
+}
+
+func TestCrashLoopIsReported(t *testing.T) {
+	h := startWith(t, clusterFile(freePort(t), "a=src-a"), 50*time.Millisecond, false, fakerunner.EnvModeFor+"a_decode=exit:1")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st := h.status()
+		var dec process.Status
+		for _, r := range st.Runners {
+			if r.Spec.Name == "a-decode" {
+				dec = r.Status
+			}
+		}
+		if dec.State == process.CrashLoop {
+			if dec.Restarts != 5 || dec.LastExit != "exit status 1" {
+				t.Errorf("crash loop status %+v, want 5 restarts (policy: 5 attempts per minute)", dec)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no crash loop: %+v", dec)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	m := h.get("/metrics")
+	for _, want := range []string{
+		`exo_runner_crash_looping{runner="a-decode"} 1`,
+		`exo_runner_crash_looping{runner="a-prefill"} 0`,
+		`exo_runner_restarts_total{runner="a-decode"} 5`,
+		`exo_runner_up{model="a",role="decode",runner="a-decode"} 0`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	// The gateway explains why the model cannot be served.
+	resp, err := http.Post("http://"+h.api+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"a"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || !strings.Contains(string(b), `no healthy decode runner for model \"a\": a-decode on h (127.0.0.1:`) {
+		t.Errorf("%d %s", resp.StatusCode, b)
 	}
 }

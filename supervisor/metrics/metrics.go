@@ -28,6 +28,7 @@ import (
 type Runner struct {
 	Name, Role, Model string
 	Up                bool
+	CrashLoop         bool
 	Restarts          int
 	MetricsURL        string // http://HOST:PORT/metrics; "" = not scraped
 }
@@ -85,6 +86,7 @@ var (
 	descScrapeDuration = prometheus.NewDesc(scrapeDurationName, scrapeDurationHelp, []string{"collector"}, nil)
 	descRunnerUp       = prometheus.NewDesc("exo_runner_up", "Whether the runner answers /health with 200.", []string{"runner", "role", "model"}, nil)
 	descRunnerRestarts = prometheus.NewDesc("exo_runner_restarts_total", "Times the supervisor restarted the runner after it exited.", []string{"runner"}, nil)
+	descRunnerLoop     = prometheus.NewDesc("exo_runner_crash_looping", "Whether the runner exits too often and is being restarted slowly.", []string{"runner"}, nil)
 )
 
 type timed struct {
@@ -114,6 +116,7 @@ type runnerCollector struct{ m *Metrics }
 func (r runnerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descRunnerUp
 	ch <- descRunnerRestarts
+	ch <- descRunnerLoop
 }
 
 func (r runnerCollector) Collect(ch chan<- prometheus.Metric) {
@@ -124,6 +127,11 @@ func (r runnerCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descRunnerUp, prometheus.GaugeValue, up, ru.Name, ru.Role, ru.Model)
 		ch <- prometheus.MustNewConstMetric(descRunnerRestarts, prometheus.CounterValue, float64(ru.Restarts), ru.Name)
+		loop := 0.0
+		if ru.CrashLoop {
+			loop = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descRunnerLoop, prometheus.GaugeValue, loop, ru.Name)
 	}
 }
 
