@@ -1,0 +1,53 @@
+package metrics
+
+import (
+	"io"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// TestExposition checks that the DESIGN.md §7 names a runner owns are
+// exposed (the outcome and role series from the start) and that two
+// runners in one process do not share state.
+func TestExposition(t *testing.T) {
+	d := New("decode")
+	p := New("prefill")
+	d.TTFT.WithLabelValues("m").Observe(0.1)
+	d.InterToken.WithLabelValues("m").Observe(0.01)
+	d.Duration.WithLabelValues("m").Observe(1)
+	d.PromptTokens.WithLabelValues("m").Add(10)
+	d.GenTokens.WithLabelValues("m").Add(5)
+	d.Requests.WithLabelValues("m", "200").Inc()
+	d.RemotePrefill.WithLabelValues(OutcomeOK).Inc()
+	d.KVWait.Observe(0.2)
+	d.KVDuration.WithLabelValues("decode").Observe(0.3)
+	p.PrefixHit.WithLabelValues("prefill").Add(64)
+
+	scrape := func(m *Runner) string {
+		rec := httptest.NewRecorder()
+		m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		b, _ := io.ReadAll(rec.Body)
+		return string(b)
+	}
+	dt, pt := scrape(d), scrape(p)
+	for _, want := range []string{
+		"exo_time_to_first_token_seconds_bucket", "exo_inter_token_latency_seconds_count", "exo_request_duration_seconds_sum",
+		`exo_prompt_tokens_total{model="m"} 10`, `exo_generation_tokens_total{model="m"} 5`,
+		`exo_requests_total{code="200",model="m"} 1`, `exo_requests_waiting{role="decode"} 0`,
+		`exo_remote_prefill_total{outcome="ok"} 1`, `exo_remote_prefill_total{outcome="fallback_corrupt"} 0`,
+		`exo_remote_prefill_total{outcome="skipped_short"} 0`, `exo_kv_transfer_bytes_total{role="decode"} 0`,
+		"exo_kv_transfer_duration_seconds_count", "exo_kv_wait_seconds_count 1",
+		`exo_prefix_cache_hit_tokens_total{role="decode"} 0`, "go_goroutines", "process_cpu_seconds_total",
+	} {
+		if !strings.Contains(dt, want) {
+			t.Errorf("decode exposition lacks %q", want)
+		}
+	}
+	if !strings.Contains(pt, `exo_prefix_cache_hit_tokens_total{role="prefill"} 64`) || strings.Contains(pt, "exo_remote_prefill_total{") {
+		t.Errorf("prefill exposition wrong:\n%s", pt)
+	}
+	if strings.Contains(pt, `exo_prompt_tokens_total{model="m"}`) {
+		t.Error("registries share state")
+	}
+}
