@@ -230,6 +230,20 @@ func (b *Backend) matmulTMode(out, x []float32, L int, w *weight, fused bool) {
 	// Aim for at least ~64k multiply-adds per goroutine.
 	minBlocks := max(1, 65536/(4*K*max(L, 1)))
 	b.parallel(blocks, minBlocks, func(lo, hi int) {
+		if fused && !b.simd {
+			for blk := lo; blk < hi; blk++ {
+				j := blk * 4
+				nv := min(4, N-j)
+				for i := range L {
+					var r [4]float32
+					qdot4Rows(&r, x[i*K:(i+1)*K], w, [4]int{j, min(j+1, N-1), min(j+2, N-1), min(j+3, N-1)})
+					for k := range nv {
+						out[i*N+j+k] = r[k]
+					}
+				}
+			}
+			return
+		}
 		if fused {
 			for j := lo * 4; j < min(hi*4, N); j++ {
 				for i := range L {
@@ -299,6 +313,66 @@ func (b *Backend) qdot(x []float32, w *weight, j int) float32 {
 		q8dotAVX(&x[0], &words[0], &sc[0], &bi[0], ng, w.gs/8, &acc)
 	}
 	return hsum8(acc[:])
+}
+
+// qdot4Rows is qdotScalar for four weight rows at once (independent
+// running sums, so the additions overlap), unrolled for 4 and 8 bits. Each
+// row's result equals qdotScalar's bit for bit.
+func qdot4Rows(r *[4]float32, x []float32, w *weight, rows [4]int) {
+	ng := w.in / w.gs
+	x = x[:w.in]
+	var words [4][]uint32
+	var sc, bi [4][]float32
+	for k, j := range rows {
+		words[k] = w.q[j*w.wpr : (j+1)*w.wpr]
+		sc[k] = w.scales[j*ng : (j+1)*ng]
+		bi[k] = w.biases[j*ng : (j+1)*ng]
+	}
+	var a0, a1, a2, a3 float32
+	switch w.bits {
+	case 4:
+		wpg := w.gs / 8
+		for g := range ng {
+			s0, s1, s2, s3 := sc[0][g], sc[1][g], sc[2][g], sc[3][g]
+			b0, b1, b2, b3 := bi[0][g], bi[1][g], bi[2][g], bi[3][g]
+			for k := g * wpg; k < (g+1)*wpg; k++ {
+				u0, u1, u2, u3 := words[0][k], words[1][k], words[2][k], words[3][k]
+				xs := x[k*8 : k*8+8 : k*8+8]
+				for e := range 8 {
+					sh := uint(4 * e)
+					v := xs[e]
+					a0 += float32((float32(s0*float32(u0>>sh&15)) + b0) * v)
+					a1 += float32((float32(s1*float32(u1>>sh&15)) + b1) * v)
+					a2 += float32((float32(s2*float32(u2>>sh&15)) + b2) * v)
+					a3 += float32((float32(s3*float32(u3>>sh&15)) + b3) * v)
+				}
+			}
+		}
+	case 8:
+		wpg := w.gs / 4
+		for g := range ng {
+			s0, s1, s2, s3 := sc[0][g], sc[1][g], sc[2][g], sc[3][g]
+			b0, b1, b2, b3 := bi[0][g], bi[1][g], bi[2][g], bi[3][g]
+			for k := g * wpg; k < (g+1)*wpg; k++ {
+				u0, u1, u2, u3 := words[0][k], words[1][k], words[2][k], words[3][k]
+				xs := x[k*4 : k*4+4 : k*4+4]
+				for e := range 4 {
+					sh := uint(8 * e)
+					v := xs[e]
+					a0 += float32((float32(s0*float32(u0>>sh&255)) + b0) * v)
+					a1 += float32((float32(s1*float32(u1>>sh&255)) + b1) * v)
+					a2 += float32((float32(s2*float32(u2>>sh&255)) + b2) * v)
+					a3 += float32((float32(s3*float32(u3>>sh&255)) + b3) * v)
+				}
+			}
+		}
+	default:
+		for k, j := range rows {
+			r[k] = qdotScalar(x, w.q[j*w.wpr:(j+1)*w.wpr], w.scales[j*ng:(j+1)*ng], w.biases[j*ng:(j+1)*ng], w.bits, w.gs)
+		}
+		return
+	}
+	r[0], r[1], r[2], r[3] = a0, a1, a2, a3
 }
 
 // qdotScalar is qdot in Go: w = s·q + b then a single running sum in
