@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"net"
+	"os"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -119,7 +121,8 @@ func benchGoodput(b *testing.B, rate float64, total int64) {
 		rawAddr = startProxy(b, &proxy{target: rawAddr, rate: rate})
 		kvAddr = startProxy(b, &proxy{target: kvAddr, rate: rate})
 	}
-	c := NewClient(ClientConfig{})
+	ra, _ := strconv.Atoi(os.Getenv("KVWIRE_BENCH_READAHEAD"))
+	c := NewClient(ClientConfig{ReadAhead: ra})
 	req := &Request{Tokens: make([]int32, DefaultMaxTokens), Deadline: time.Hour}
 	buf := make([]byte, 2<<20)
 	var rawT, kvT, rawCPU, kvCPU time.Duration
