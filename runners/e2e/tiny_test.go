@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -452,5 +454,48 @@ func TestTinyMixedDTypes(t *testing.T) {
 	}
 	if !strings.Contains(pre.logs(), "wire_dtype=bf16") {
 		t.Fatalf("the prefill runner did not send bf16:\n%s", tail(pre.logs(), 2000))
+	}
+}
+
+// TestTinyQueueFull fills a decode runner's queue (one running, one
+// waiting with --max-queue 1) and expects the next request to get 429 with
+// an OpenAI error body at once.
+func TestTinyQueueFull(t *testing.T) {
+	dec := start(t, "decode-q1", "decode", "--model", tinyModel(t, "main"), "--max-queue", "1")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	long := `{"model":"m","messages":[{"role":"user","content":"go"}],"stream":true,"max_tokens":3900,"ignore_eos":true}`
+	for range 2 {
+		go func() {
+			req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+dec.listen+"/v1/chat/completions", strings.NewReader(long))
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + dec.listen + "/health")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var h struct{ Waiting, Running int }
+		_ = json.NewDecoder(resp.Body).Decode(&h)
+		resp.Body.Close()
+		if h.Waiting == 1 && h.Running == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("queue never filled: %+v", h)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r := chatStream(t, dec.listen, user("one more"), 4, nil)
+	if r.Status != http.StatusTooManyRequests || !strings.Contains(r.ErrorBody, `"code":"queue_full"`) {
+		t.Fatalf("got %d %s, want 429 queue_full", r.Status, r.ErrorBody)
+	}
+	if v := dec.metric(t, `exo_requests_total{code="429",model="m"}`); v != 1 {
+		t.Fatalf("429s counted: %v", v)
 	}
 }
