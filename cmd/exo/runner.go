@@ -190,7 +190,7 @@ func cmdRunner(ctx context.Context, args []string) error {
 	go func() { httpDone <- serveHTTP(ctx, hl, gate, log) }()
 	log.Info("runner starting", "http", hl.Addr().String(), "source", f.model)
 
-	m, err := loadModel(ctx, f, gate, log)
+	m, path, err := loadModel(ctx, f, gate, log)
 	if err != nil {
 		cancel()
 		<-httpDone
@@ -200,7 +200,7 @@ func cmdRunner(ctx context.Context, args []string) error {
 
 	var runErr error
 	if f.role == "decode" {
-		runErr = runDecode(ctx, f, m, secret, gate, log)
+		runErr = runDecode(ctx, f, m, path, secret, gate, log)
 	} else {
 		runErr = runPrefill(ctx, f, m, secret, gate, log)
 	}
@@ -214,7 +214,7 @@ func cmdRunner(ctx context.Context, args []string) error {
 
 // loadModel resolves the source (downloading if needed) and loads it,
 // reporting progress through the gate: the download is the first half.
-func loadModel(ctx context.Context, f *runnerFlags, gate *loadGate, log *slog.Logger) (*engine.Model, error) {
+func loadModel(ctx context.Context, f *runnerFlags, gate *loadGate, log *slog.Logger) (*engine.Model, string, error) {
 	t0 := time.Now()
 	downloaded := false
 	path, err := hf.Resolve(ctx, f.model, hf.Options{StoreDir: f.modelsDir, Offline: f.offline, Logger: log,
@@ -225,7 +225,7 @@ func loadModel(ctx context.Context, f *runnerFlags, gate *loadGate, log *slog.Lo
 			}
 		}})
 	if err != nil {
-		return nil, fmt.Errorf("runner: model %s: %w", f.model, err)
+		return nil, "", fmt.Errorf("runner: model %s: %w", f.model, err)
 	}
 	base := 0.0
 	if downloaded {
@@ -233,7 +233,7 @@ func loadModel(ctx context.Context, f *runnerFlags, gate *loadGate, log *slog.Lo
 	}
 	b, err := backend.Open(f.backend, backend.Options{LibPath: f.libPath, Device: f.device, Threads: f.threads, Logger: log})
 	if err != nil {
-		return nil, fmt.Errorf("runner: %w", err)
+		return nil, "", fmt.Errorf("runner: %w", err)
 	}
 	lastLog := time.Now()
 	m, err := engine.Load(ctx, path, b, engine.LoadOptions{Progress: func(done, total int64) {
@@ -247,20 +247,16 @@ func loadModel(ctx context.Context, f *runnerFlags, gate *loadGate, log *slog.Lo
 		}
 	}})
 	if err != nil {
-		return nil, fmt.Errorf("runner: %w", err)
+		return nil, "", fmt.Errorf("runner: %w", err)
 	}
 	info := m.Info()
 	log.Info("model loaded", "path", path, "backend", b.Name(), "arch", info.Arch, "layers", info.Layers,
 		"kv_heads", info.KVHeads, "head_dim", info.HeadDim, "cache_dtype", info.CacheDType.String(),
 		"fingerprint", fingerprintShort(m.Fingerprint()), "took", time.Since(t0).Round(time.Millisecond))
-	return m, nil
+	return m, path, nil
 }
 
-func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, secret []byte, gate *loadGate, log *slog.Logger) error {
-	path, err := hf.Resolve(ctx, f.model, hf.Options{StoreDir: f.modelsDir, Offline: true, Logger: log})
-	if err != nil {
-		return fmt.Errorf("runner: %w", err)
-	}
+func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string, secret []byte, gate *loadGate, log *slog.Logger) error {
 	tok, err := tokenizer.Load(path)
 	if err != nil {
 		return fmt.Errorf("runner: tokenizer: %w", err)

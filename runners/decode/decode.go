@@ -268,13 +268,13 @@ func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest,
 	uncached := n - start
 	outcome := ""
 	switch {
-	case start == n-1:
+	case start == n-1 && start > 0:
 		outcome = metrics.OutcomeSkippedCached
 	case req.DisableRemotePrefill:
 		outcome = metrics.OutcomeSkippedDisabled
 	case s.o.Remote == nil:
 		outcome = metrics.OutcomeSkippedNoEnd
-	case uncached < s.o.RemoteMinTokens:
+	case uncached < s.o.RemoteMinTokens || start == n-1:
 		outcome = metrics.OutcomeSkippedShort
 	}
 	attrs := []any{"req", reqID, "prompt_tokens", n, "start_pos", start}
