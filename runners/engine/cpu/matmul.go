@@ -270,6 +270,11 @@ func (b *Backend) gemmBlocks(out, x []float32, L int, w *weight, lo, hi int, buf
 		w2 := w.rowF32(buf[2*K:3*K], min(j+2, N-1))
 		w3 := w.rowF32(buf[3*K:4*K], min(j+3, N-1))
 		i := 0
+		if b.simd && nv == 4 && K%8 == 0 && L >= 3 {
+			t := L / 3
+			gemm3x4AVX(&x[0], 4*K, t, &w0[0], &w1[0], &w2[0], &w3[0], K, &out[j], 4*N)
+			i = 3 * t
+		}
 		for ; i+2 <= L; i += 2 {
 			x0 := x[i*K : (i+1)*K : (i+1)*K]
 			x1 := x[(i+1)*K : (i+2)*K : (i+2)*K]
@@ -397,10 +402,12 @@ func qdotScalar(x []float32, words []uint32, sc, bi []float32, bits, gs int) flo
 	return acc
 }
 
-// hsum8 adds the 8 lanes of a SIMD accumulator.
+// hsum8 adds the 8 lanes of a SIMD accumulator in the order the assembly
+// reduction in gemm3x4AVX uses (high half onto low half, then pairwise), so
+// every kernel rounds alike.
 func hsum8(s []float32) float32 {
 	s = s[:8]
-	return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
+	return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]))
 }
 
 // block2x4 is dot2x4 on the AVX2 kernel when the backend may use it.

@@ -56,3 +56,10 @@ func bf16WidenAVX(src *uint16, dst *float32, n int)
 
 //go:noescape
 func f16WidenAVX(src *uint16, dst *float32, n int)
+
+// gemm3x4AVX computes 3×4 blocks of dot products for `triples` groups of
+// three consecutive x rows against four weight rows and stores them (see
+// simd_amd64.s); ldx and ldo are row strides in bytes.
+//
+//go:noescape
+func gemm3x4AVX(x *float32, ldx, triples int, w0, w1, w2, w3 *float32, k int, out *float32, ldo int)

@@ -41,3 +41,7 @@ func bf16WidenAVX(src *uint16, dst *float32, n int) {
 func f16WidenAVX(src *uint16, dst *float32, n int) {
 	panic("cpu: no SIMD kernels on this platform")
 }
+
+func gemm3x4AVX(x *float32, ldx, triples int, w0, w1, w2, w3 *float32, k int, out *float32, ldo int) {
+	panic("cpu: no SIMD kernels on this platform")
+}
