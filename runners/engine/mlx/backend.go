@@ -613,6 +613,10 @@ func (b *backend) reshape(x *array, shape ...int) *array {
 	})
 }
 
+func (b *backend) expandDims(x *array, axis int) *array {
+	return b.mk("expand_dims", func(r *C.xmx_array) C.int { return C.xmx_expand_dims(r, x.h, C.int(axis), b.stream) })
+}
+
 func (b *backend) add(x, y *array) *array {
 	return b.mk("add", func(r *C.xmx_array) C.int { return C.xmx_add(r, x.h, y.h, b.stream) })
 }
@@ -842,9 +846,9 @@ func (b *backend) Attention(q, k, v engine.Array, scale float32) engine.Array {
 		if ka.shape[0] == 0 || h%ka.shape[0] != 0 || ka.shape[2] != dh || !slices.Equal(ka.shape, va.shape) || ka.shape[1] < l {
 			panic(fmt.Sprintf("mlx: Attention shapes q %v k %v v %v", qa.shape, ka.shape, va.shape))
 		}
-		q4 := b.reshape(qa, append([]int{1}, qa.shape...)...)
-		k4 := b.reshape(ka, append([]int{1}, ka.shape...)...)
-		v4 := b.reshape(va, append([]int{1}, va.shape...)...)
+		// [1, H, L, Dh] views: expand_dims never copies, while a reshape of
+		// a cache slice (strided) would.
+		q4, k4, v4 := b.expandDims(qa, 0), b.expandDims(ka, 0), b.expandDims(va, 0)
 		mask := maskNone
 		if l > 1 {
 			mask = maskCausal // bottom-right aligned: query i sees keys ≤ T-L+i

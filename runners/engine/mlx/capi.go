@@ -53,6 +53,7 @@ static struct {
 	int (*contiguous)(xmx_array*, xmx_array, bool, xmx_stream);
 	int (*transpose_axes)(xmx_array*, xmx_array, const int*, size_t, xmx_stream);
 	int (*reshape)(xmx_array*, xmx_array, const int*, size_t, xmx_stream);
+	int (*expand_dims)(xmx_array*, xmx_array, int, xmx_stream);
 	int (*slice)(xmx_array*, xmx_array, const int*, size_t, const int*, size_t, const int*, size_t, xmx_stream);
 	int (*slice_update)(xmx_array*, xmx_array, xmx_array, const int*, size_t, const int*, size_t, const int*, size_t, xmx_stream);
 	int (*concatenate_axis)(xmx_array*, xmx_vector_array, int, xmx_stream);
@@ -140,6 +141,7 @@ int xmx_load(const char* path, const char* preload, char* err, size_t errlen) {
 	XMX_SYM(contiguous, "mlx_contiguous", 1);
 	XMX_SYM(transpose_axes, "mlx_transpose_axes", 1);
 	XMX_SYM(reshape, "mlx_reshape", 1);
+	XMX_SYM(expand_dims, "mlx_expand_dims", 1);
 	XMX_SYM(slice, "mlx_slice", 1);
 	XMX_SYM(slice_update, "mlx_slice_update", 1);
 	XMX_SYM(concatenate_axis, "mlx_concatenate_axis", 1);
@@ -225,6 +227,7 @@ int xmx_transpose(xmx_array* res, xmx_array a, const int* axes, size_t n, xmx_st
 int xmx_reshape(xmx_array* res, xmx_array a, const int* shape, size_t n, xmx_stream s) {
 	return X.reshape(res, a, shape, n, s);
 }
+int xmx_expand_dims(xmx_array* res, xmx_array a, int axis, xmx_stream s) { return X.expand_dims(res, a, axis, s); }
 int xmx_slice(xmx_array* res, xmx_array a, const int* start, const int* stop, const int* strides, size_t n, xmx_stream s) {
 	return X.slice(res, a, start, n, stop, n, strides, n, s);
 }

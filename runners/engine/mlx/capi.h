@@ -73,6 +73,7 @@ int xmx_matmul(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s);
 int xmx_sigmoid(xmx_array* res, xmx_array a, xmx_stream s);
 int xmx_contiguous(xmx_array* res, xmx_array a, xmx_stream s);
 int xmx_transpose(xmx_array* res, xmx_array a, const int* axes, size_t n, xmx_stream s);
+int xmx_expand_dims(xmx_array* res, xmx_array a, int axis, xmx_stream s);
 int xmx_reshape(xmx_array* res, xmx_array a, const int* shape, size_t n, xmx_stream s);
 int xmx_slice(xmx_array* res, xmx_array a, const int* start, const int* stop, const int* strides, size_t n, xmx_stream s);
 int xmx_slice_update(xmx_array* res, xmx_array src, xmx_array upd, const int* start, const int* stop, const int* strides, size_t n, xmx_stream s);
