@@ -158,6 +158,27 @@ func median(runs []benchRun, f func(benchRun) float64) float64 {
 type bencher struct {
 	base, model string
 	client      *http.Client
+	noTokenize  bool
+}
+
+// countByUsage counts a prompt's tokens from the usage of a one-token
+// completion (for endpoints without /tokenize).
+func (b *bencher) countByUsage(ctx context.Context, content string) (int, error) {
+	resp, err := b.do(ctx, "POST", "/v1/chat/completions", map[string]any{"model": b.model, "max_tokens": 1,
+		"temperature": 0, "messages": []map[string]string{{"role": "user", "content": content}}})
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var cr struct {
+		Usage struct {
+			PromptTokens int `json:"prompt_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&cr); err != nil || cr.Usage.PromptTokens == 0 {
+		return 0, fmt.Errorf("counting tokens by usage: %v", err)
+	}
+	return cr.Usage.PromptTokens, nil
 }
 
 func (b *bencher) do(ctx context.Context, method, path string, body any) (*http.Response, error) {
@@ -177,6 +198,14 @@ func (b *bencher) do(ctx context.Context, method, path string, body any) (*http.
 	resp, err := b.client.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	if resp.StatusCode == http.StatusNotFound && path == "/tokenize" {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		if !bytes.Contains(msg, []byte("model_not_found")) {
+			return nil, errNoTokenize
+		}
+		return nil, fmt.Errorf("%s %s: HTTP 404: %s", method, path, strings.TrimSpace(string(msg)))
 	}
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
@@ -204,11 +233,23 @@ func (b *bencher) onlyModel(ctx context.Context) (string, error) {
 	return ml.Data[0].ID, nil
 }
 
+// errNoTokenize: the endpoint has no /tokenize (a gateway that does not
+// forward it, or another server).
+var errNoTokenize = errors.New("no /tokenize")
+
 func (b *bencher) count(ctx context.Context, content string) (int, error) {
+	if b.noTokenize {
+		return b.countByUsage(ctx, content)
+	}
 	resp, err := b.do(ctx, "POST", "/tokenize", map[string]any{"model": b.model,
 		"messages": []map[string]string{{"role": "user", "content": content}}, "add_generation_prompt": true})
+	if errors.Is(err, errNoTokenize) {
+		fmt.Fprintln(os.Stderr, "bench: the endpoint has no /tokenize; counting prompt tokens with 1-token requests instead (slower; each probe prefills)")
+		b.noTokenize = true
+		return b.countByUsage(ctx, content)
+	}
 	if err != nil {
-		return 0, fmt.Errorf("%w (exo bench builds token-exact prompts with the runner's /tokenize)", err)
+		return 0, err
 	}
 	defer resp.Body.Close()
 	var tr struct {

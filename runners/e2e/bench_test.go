@@ -2,7 +2,12 @@ package e2e
 
 import (
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os/exec"
+	"strings"
 	"testing"
 )
 
@@ -59,5 +64,42 @@ func TestBenchCompareLocal(t *testing.T) {
 	}
 	if got := dec.metric(t, outcome("skipped_disabled")); got != 4 {
 		t.Fatalf("local (disabled) runs %v, want 4", got)
+	}
+}
+
+// TestBenchWithoutTokenize runs exo bench through a proxy that has no
+// /tokenize (as a plain OpenAI gateway): it falls back to counting with
+// one-token requests and still builds exact prompts.
+func TestBenchWithoutTokenize(t *testing.T) {
+	dec := start(t, "decode", "decode", "--model", tinyModel(t, "main"))
+	target, _ := url.Parse("http://" + dec.listen)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/tokenize" {
+			http.NotFound(w, r)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	cmd := exec.Command(exoBin, "bench", "--url", srv.URL, "--model", "m", "--pp", "40", "--tg", "4", "--repeat", "1", "--json")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("exo bench: %v\n%s\n%s", err, out, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "no /tokenize") {
+		t.Fatalf("no fallback notice: %s", stderr.String())
+	}
+	var res struct {
+		Results []struct {
+			Runs []struct {
+				PromptTokens int `json:"prompt_tokens"`
+			} `json:"runs"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil || len(res.Results) != 1 || res.Results[0].Runs[0].PromptTokens != 40 {
+		t.Fatalf("%v %s", err, out)
 	}
 }
