@@ -254,12 +254,21 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 
 	res, err := s.generate(ctx, req, em, entry, logits, t0)
 	res.PromptTokens, res.CachedTokens = n, start
-	if err != nil {
-		return res, err
+	// After a success, or when the client went away between steps, the
+	// cache is consistent and the conversation is kept for its next turn.
+	var gone *clientGone
+	if err == nil || errors.As(err, &gone) {
+		ok = entry.cache.Len() == len(entry.tokens)
 	}
-	ok = entry.cache.Len() == len(entry.tokens)
-	return res, nil
+	return res, err
 }
+
+// clientGone marks an emitter failure (the client disconnected): the
+// engine was between steps, so the cache is intact.
+type clientGone struct{ err error }
+
+func (c *clientGone) Error() string { return "client went away: " + c.err.Error() }
+func (c *clientGone) Unwrap() error { return c.err }
 
 // fill brings entry's cache from start to n-1 prompt tokens, remotely when
 // the request qualifies and that works, else locally.
@@ -333,11 +342,14 @@ func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai
 	history := append([]int32(nil), entry.tokens...)
 	last := time.Now()
 	emit := func(text string) (bool, error) {
-		if stops == nil {
-			return false, em.Text(text)
+		stopped := false
+		if stops != nil {
+			text, stopped = stops.Push(text)
 		}
-		out, stopped := stops.Push(text)
-		return stopped, em.Text(out)
+		if err := em.Text(text); err != nil {
+			return stopped, &clientGone{err}
+		}
+		return stopped, nil
 	}
 	for {
 		tok := sampler.Sample(logits, history)
@@ -375,7 +387,7 @@ func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai
 	}
 	if stops != nil {
 		if err := em.Text(stops.Flush()); err != nil {
-			return res, err
+			return res, &clientGone{err}
 		}
 	}
 	return res, nil
