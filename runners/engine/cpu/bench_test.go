@@ -143,7 +143,7 @@ func BenchmarkDecodeModelSized(b *testing.B) {
 			w := randF32(r, N*K)
 			q, sc, bz, deq := quantize(w, N, K, 4, 32)
 			mats = append(mats, mat{
-				q4:  &weight{out: N, in: K, bits: 4, gs: 32, q: q, scales: sc, biases: bz, wpr: K / 8},
+				q4:  &weight{out: N, in: K, bits: 4, gs: 32, q: q, scales: sc, biases: bz, wpr: K / 8, simd: be.simd},
 				f32: &weight{out: N, in: K, dt: engine.F32, f32: deq},
 			})
 			flops += 2 * N * K
@@ -151,16 +151,19 @@ func BenchmarkDecodeModelSized(b *testing.B) {
 	}
 	x := randF32(r, F)
 	out := make([]float32, F)
-	for _, mode := range []string{"q4-fused", "f32-dequantized"} {
+	for _, mode := range []string{"q4-fused", "q4-expand", "f32-dequantized"} {
 		b.Run(mode, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				for _, m := range mats {
-					w := m.q4
-					if mode != "q4-fused" {
-						w = m.f32
+					switch mode {
+					case "q4-fused":
+						be.matmulTMode(out[:m.q4.out], x[:m.q4.in], 1, m.q4, true)
+					case "q4-expand":
+						be.matmulTMode(out[:m.q4.out], x[:m.q4.in], 1, m.q4, false)
+					default:
+						be.matmulT(out[:m.f32.out], x[:m.f32.in], 1, m.f32)
 					}
-					be.matmulT(out[:w.out], x[:w.in], 1, w)
 				}
 			}
 			b.ReportMetric(float64(flops)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
