@@ -186,3 +186,30 @@ func TestGGUFSourceRejects(t *testing.T) {
 		t.Error("Q6_K accepted")
 	}
 }
+
+// FuzzGGUFSource feeds mutated GGUF files through the whole Source path
+// (renaming, config synthesis, un-permutation, conversion): errors are
+// fine, panics are not.
+func FuzzGGUFSource(f *testing.F) {
+	var b ggufBuilder
+	llamaMeta(&b, "llama", 2, 1)
+	b.Tensor("blk.0.attn_q.weight", TypeF32, make([]byte, 4*8*8), 8, 8)
+	b.Tensor("blk.0.attn_k.weight", TypeQ8_0, make([]byte, 34*4), 32, 4)
+	b.Tensor("blk.0.ffn_up.weight", TypeQ4_1, make([]byte, 20*2), 32, 2)
+	b.Tensor("output_norm.weight", TypeF16, make([]byte, 16), 8)
+	f.Add(b.Bytes())
+	f.Fuzz(func(t *testing.T, data []byte) {
+		g, err := ParseGGUF(data)
+		if err != nil {
+			return
+		}
+		s, err := newGGUFSource(g)
+		if err != nil {
+			return
+		}
+		for _, n := range s.Names() {
+			s.Tensor(n)
+		}
+		s.Vocab()
+	})
+}
