@@ -439,6 +439,7 @@ func (m *Model) Forward(ctx context.Context, c KVCache, tokens []int32) (logits 
 		if err := m.step(c, tokens[:DefaultPrefillChunk], false, nil); err != nil {
 			return nil, err
 		}
+		m.b.Free() // this chunk's temporaries; its KV is in the cache
 		tokens = tokens[DefaultPrefillChunk:]
 	}
 	if err := ctx.Err(); err != nil {
