@@ -501,3 +501,21 @@ func TestLinearRowsIndependentOfL(t *testing.T) {
 		}
 	}
 }
+
+// TestParallelPanicReachesCaller: a panic on a worker goroutine surfaces on
+// the calling goroutine (where the engine turns it into an error) instead of
+// killing the process.
+func TestParallelPanicReachesCaller(t *testing.T) {
+	b := &Backend{threads: 4}
+	defer func() {
+		if r := recover(); r == nil || fmt.Sprint(r) != "boom" {
+			t.Fatalf("recovered %v", r)
+		}
+	}()
+	b.parallel(100, 1, func(lo, hi int) {
+		if lo > 0 {
+			panic("boom")
+		}
+	})
+	t.Fatal("no panic")
+}

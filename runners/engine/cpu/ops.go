@@ -28,13 +28,27 @@ func (b *Backend) parallel(n, minChunk int, fn func(lo, hi int)) {
 		return
 	}
 	var wg sync.WaitGroup
+	var once sync.Once
+	var failed any
 	per := (n + workers - 1) / workers
 	for lo := per; lo < n; lo += per {
 		hi := min(lo+per, n)
-		wg.Go(func() { fn(lo, hi) })
+		wg.Go(func() {
+			// A panic on a worker would kill the process; hand it to the
+			// caller's goroutine, where the engine recovers it into an error.
+			defer func() {
+				if r := recover(); r != nil {
+					once.Do(func() { failed = r })
+				}
+			}()
+			fn(lo, hi)
+		})
 	}
 	fn(0, min(per, n))
 	wg.Wait()
+	if failed != nil {
+		panic(failed)
+	}
 }
 
 // broadcastSuffix checks that small's shape, without leading size-1 axes,
