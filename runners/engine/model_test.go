@@ -663,3 +663,48 @@ func TestConfigValidation(t *testing.T) {
 		t.Fatalf("unknown architecture: %v", err)
 	}
 }
+
+// TestConcurrentRequests: goroutines using one Model with their own caches
+// (as a runner serving several requests) get the results they would get
+// alone (run with -race to check the locking).
+func TestConcurrentRequests(t *testing.T) {
+	m := load(t, newTiny(t, tinySpec{arch: "Qwen2ForCausalLM", dt: engine.BF16, bits: 4, gs: 32}, 9), engine.LoadOptions{})
+	want := greedy(t, m, prefilled(t, m), prompt[len(prompt)-1], 6)
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			c := m.NewCache()
+			if err := m.Prefill(context.Background(), c, prompt[:len(prompt)-1], 3, nil); err != nil {
+				errs <- err
+				return
+			}
+			tok := prompt[len(prompt)-1]
+			for i := range 6 {
+				logits, err := m.Forward(context.Background(), c, []int32{tok})
+				if err != nil {
+					errs <- err
+					return
+				}
+				tok = int32(argmax(logits))
+				if tok != want[i] {
+					errs <- fmt.Errorf("step %d: %d, want %d", i, tok, want[i])
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func prefilled(t *testing.T, m *engine.Model) engine.KVCache {
+	c := m.NewCache()
+	if err := m.Prefill(context.Background(), c, prompt[:len(prompt)-1], 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
