@@ -240,13 +240,16 @@ func (g *Gateway) markDown(addr, why string) {
 }
 
 // Handler serves /v1/models, /v1/models/{id}, /health and forwards the
-// rest of /v1/ to decode runners.
+// rest of /v1/ and POST /tokenize to decode runners.
 func (g *Gateway) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/models", g.models)
 	mux.HandleFunc("GET /v1/models/{id...}", g.model)
 	mux.HandleFunc("GET /health", g.healthz)
 	mux.HandleFunc("POST /v1/", g.forward)
+	// vLLM-shaped tokenizer endpoint of the decode runners (exo bench
+	// builds token-exact prompts with it); routed by "model" like /v1/.
+	mux.HandleFunc("POST /tokenize", g.forward)
 	return mux
 }
 

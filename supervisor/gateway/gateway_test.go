@@ -54,6 +54,10 @@ func newFake(t *testing.T, name, addr string) *fakeRunner {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"served_by":%q,"echo":%s,"auth":%q}`, f.name, b, r.Header.Get("Authorization"))
 	})
+	mux.HandleFunc("POST /tokenize", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"served_by":%q,"tokens":[1,2,3],"count":3}`, f.name)
+	})
 	f.srv = httptest.NewUnstartedServer(mux)
 	f.srv.Listener.Close()
 	f.srv.Listener = l
@@ -270,5 +274,29 @@ func TestClientCancellationReachesRunner(t *testing.T) {
 	case <-cancelled:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the runner never saw the client go away")
+	}
+}
+
+func TestTokenizeIsForwarded(t *testing.T) {
+	_, srv, _, _ := cluster(t, "a")
+	resp, err := http.Post(srv.URL+"/tokenize", "application/json", strings.NewReader(`{"model":"m","prompt":"hi"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var v map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 || v["served_by"] != "a" || v["count"] != float64(3) {
+		t.Fatalf("status %d body %v: want /tokenize forwarded to the local runner", resp.StatusCode, v)
+	}
+	resp2, err := http.Post(srv.URL+"/tokenize", "application/json", strings.NewReader(`{"model":"nope","prompt":"hi"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp2.Body.Close()
+	if resp2.StatusCode != http.StatusNotFound {
+		t.Fatalf("unknown model on /tokenize: status %d, want 404", resp2.StatusCode)
 	}
 }
