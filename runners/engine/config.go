@@ -26,9 +26,10 @@ type Config struct {
 	MaxPositions     int    // max_position_embeddings
 	RMSNormEps       float64
 	RoPE             RoPE
-	TieEmbeddings    bool // tie_word_embeddings
-	AttentionBias    bool // attention_bias (Llama); Qwen2 always has QKV bias
-	DType            DType
+	TieEmbeddings    bool      // tie_word_embeddings
+	AttentionBias    bool      // attention_bias (Llama); Qwen2 always has QKV bias
+	DType            DType     // torch_dtype (F32 when absent)
+	DTypeSet         bool      // torch_dtype (or dtype) was present
 	Quant            QuantSpec // quantization {bits, group_size}; zero when dense
 	SlidingWindowUse bool      // use_sliding_window (unsupported when true)
 }
@@ -166,7 +167,7 @@ func ParseConfig(data []byte) (*Config, error) {
 		if err != nil || (d != F32 && d != F16 && d != BF16) {
 			return nil, cfgErr("torch_dtype", "unsupported %q (want float32, float16 or bfloat16)", dt)
 		}
-		c.DType = d
+		c.DType, c.DTypeSet = d, true
 	}
 	if err := parseRoPE(&r, c); err != nil {
 		return nil, err

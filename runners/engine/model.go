@@ -109,8 +109,8 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	m.cacheDT = opts.CacheDType
 	if m.cacheDT == 0 {
 		m.cacheDT = cfg.DType
-		if cfg.Quant.Bits > 0 && cfg.DType == F32 {
-			m.cacheDT = F32
+		if cfg.Quant.Bits > 0 && !cfg.DTypeSet {
+			m.cacheDT = BF16 // MLX-quantized checkpoints compute in bf16
 		}
 	}
 	switch m.cacheDT {
