@@ -63,3 +63,14 @@ func f16WidenAVX(src *uint16, dst *float32, n int)
 //
 //go:noescape
 func gemm3x4AVX(x *float32, ldx, triples int, w0, w1, w2, w3 *float32, k int, out *float32, ldo int)
+
+// q4dot4AVX is q4dotAVX for four consecutive weight rows at once (strides
+// in bytes), bit-identical per row.
+//
+//go:noescape
+func q4dot4AVX(x *float32, words *uint32, wstride int, scales, biases *float32, sstride, ngroups, iters int, acc *[32]float32)
+
+// q8dot4AVX is q4dot4AVX for 8-bit weights.
+//
+//go:noescape
+func q8dot4AVX(x *float32, words *uint32, wstride int, scales, biases *float32, sstride, ngroups, iters int, acc *[32]float32)

@@ -459,3 +459,155 @@ g3reduce:
 g3done:
 	VZEROUPPER
 	RET
+
+// func q4dot4AVX(x *float32, words *uint32, wstride int, scales, biases *float32, sstride, ngroups, iters int, acc *[32]float32)
+// 4-bit fused decode for four consecutive weight rows (wstride bytes
+// apart in words, sstride bytes apart in scales/biases): acc[r*8+l] gets
+// lane l of row r. Per row and lane the operations and their order are those
+// of the single-row kernel, so results are identical; the four independent
+// accumulators hide the FMA latency that bounds the single-row kernel.
+TEXT ·q4dot4AVX(SB), NOSPLIT, $0-72
+	MOVQ x+0(FP), SI
+	MOVQ words+8(FP), DI
+	MOVQ wstride+16(FP), R8
+	MOVQ scales+24(FP), R9
+	MOVQ biases+32(FP), R10
+	MOVQ sstride+40(FP), R12
+	MOVQ ngroups+48(FP), CX
+	MOVQ iters+56(FP), AX
+	MOVQ acc+64(FP), DX
+	LEAQ (R8)(R8*2), R11
+	LEAQ (R12)(R12*2), R13
+	VMOVDQU q4shifts<>(SB), Y15
+	VPBROADCASTD q4mask<>(SB), Y14
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+q4dot4AVXgroup:
+	TESTQ CX, CX
+	JE    q4dot4AVXdone
+	VBROADCASTSS (R9), Y4
+	VBROADCASTSS (R9)(R12*1), Y5
+	VBROADCASTSS (R9)(R12*2), Y6
+	VBROADCASTSS (R9)(R13*1), Y7
+	VBROADCASTSS (R10), Y8
+	VBROADCASTSS (R10)(R12*1), Y9
+	VBROADCASTSS (R10)(R12*2), Y10
+	VBROADCASTSS (R10)(R13*1), Y11
+	MOVQ AX, BX
+
+q4dot4AVXword:
+	VMOVUPS (SI), Y13
+	VPBROADCASTD (DI), Y12
+	VPSRLVD Y15, Y12, Y12
+	VPAND Y14, Y12, Y12
+	VCVTDQ2PS Y12, Y12
+	VFMADD213PS Y8, Y4, Y12
+	VFMADD231PS Y13, Y12, Y0
+	VPBROADCASTD (DI)(R8*1), Y12
+	VPSRLVD Y15, Y12, Y12
+	VPAND Y14, Y12, Y12
+	VCVTDQ2PS Y12, Y12
+	VFMADD213PS Y9, Y5, Y12
+	VFMADD231PS Y13, Y12, Y1
+	VPBROADCASTD (DI)(R8*2), Y12
+	VPSRLVD Y15, Y12, Y12
+	VPAND Y14, Y12, Y12
+	VCVTDQ2PS Y12, Y12
+	VFMADD213PS Y10, Y6, Y12
+	VFMADD231PS Y13, Y12, Y2
+	VPBROADCASTD (DI)(R11*1), Y12
+	VPSRLVD Y15, Y12, Y12
+	VPAND Y14, Y12, Y12
+	VCVTDQ2PS Y12, Y12
+	VFMADD213PS Y11, Y7, Y12
+	VFMADD231PS Y13, Y12, Y3
+	ADDQ $4, DI
+	ADDQ $32, SI
+	DECQ BX
+	JNZ  q4dot4AVXword
+	ADDQ $4, R9
+	ADDQ $4, R10
+	DECQ CX
+	JMP  q4dot4AVXgroup
+
+q4dot4AVXdone:
+	VMOVUPS Y0, 0(DX)
+	VMOVUPS Y1, 32(DX)
+	VMOVUPS Y2, 64(DX)
+	VMOVUPS Y3, 96(DX)
+	VZEROUPPER
+	RET
+
+// func q8dot4AVX(x *float32, words *uint32, wstride int, scales, biases *float32, sstride, ngroups, iters int, acc *[32]float32)
+// 8-bit fused decode for four consecutive weight rows (wstride bytes
+// apart in words, sstride bytes apart in scales/biases): acc[r*8+l] gets
+// lane l of row r. Per row and lane the operations and their order are those
+// of the single-row kernel, so results are identical; the four independent
+// accumulators hide the FMA latency that bounds the single-row kernel.
+TEXT ·q8dot4AVX(SB), NOSPLIT, $0-72
+	MOVQ x+0(FP), SI
+	MOVQ words+8(FP), DI
+	MOVQ wstride+16(FP), R8
+	MOVQ scales+24(FP), R9
+	MOVQ biases+32(FP), R10
+	MOVQ sstride+40(FP), R12
+	MOVQ ngroups+48(FP), CX
+	MOVQ iters+56(FP), AX
+	MOVQ acc+64(FP), DX
+	LEAQ (R8)(R8*2), R11
+	LEAQ (R12)(R12*2), R13
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+q8dot4AVXgroup:
+	TESTQ CX, CX
+	JE    q8dot4AVXdone
+	VBROADCASTSS (R9), Y4
+	VBROADCASTSS (R9)(R12*1), Y5
+	VBROADCASTSS (R9)(R12*2), Y6
+	VBROADCASTSS (R9)(R13*1), Y7
+	VBROADCASTSS (R10), Y8
+	VBROADCASTSS (R10)(R12*1), Y9
+	VBROADCASTSS (R10)(R12*2), Y10
+	VBROADCASTSS (R10)(R13*1), Y11
+	MOVQ AX, BX
+
+q8dot4AVXword:
+	VMOVUPS (SI), Y13
+	VPMOVZXBD (DI), Y12
+	VCVTDQ2PS Y12, Y12
+	VFMADD213PS Y8, Y4, Y12
+	VFMADD231PS Y13, Y12, Y0
+	VPMOVZXBD (DI)(R8*1), Y12
+	VCVTDQ2PS Y12, Y12
+	VFMADD213PS Y9, Y5, Y12
+	VFMADD231PS Y13, Y12, Y1
+	VPMOVZXBD (DI)(R8*2), Y12
+	VCVTDQ2PS Y12, Y12
+	VFMADD213PS Y10, Y6, Y12
+	VFMADD231PS Y13, Y12, Y2
+	VPMOVZXBD (DI)(R11*1), Y12
+	VCVTDQ2PS Y12, Y12
+	VFMADD213PS Y11, Y7, Y12
+	VFMADD231PS Y13, Y12, Y3
+	ADDQ $8, DI
+	ADDQ $32, SI
+	DECQ BX
+	JNZ  q8dot4AVXword
+	ADDQ $4, R9
+	ADDQ $4, R10
+	DECQ CX
+	JMP  q8dot4AVXgroup
+
+q8dot4AVXdone:
+	VMOVUPS Y0, 0(DX)
+	VMOVUPS Y1, 32(DX)
+	VMOVUPS Y2, 64(DX)
+	VMOVUPS Y3, 96(DX)
+	VZEROUPPER
+	RET

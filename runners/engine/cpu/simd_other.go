@@ -45,3 +45,11 @@ func f16WidenAVX(src *uint16, dst *float32, n int) {
 func gemm3x4AVX(x *float32, ldx, triples int, w0, w1, w2, w3 *float32, k int, out *float32, ldo int) {
 	panic("cpu: no SIMD kernels on this platform")
 }
+
+func q4dot4AVX(x *float32, words *uint32, wstride int, scales, biases *float32, sstride, ngroups, iters int, acc *[32]float32) {
+	panic("cpu: no SIMD kernels on this platform")
+}
+
+func q8dot4AVX(x *float32, words *uint32, wstride int, scales, biases *float32, sstride, ngroups, iters int, acc *[32]float32) {
+	panic("cpu: no SIMD kernels on this platform")
+}
