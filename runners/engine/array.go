@@ -226,10 +226,12 @@ type KVCache interface {
 	// K then V, each [Hkv, n, Dh] row-major in the cache dtype.
 	Export(layer, start, n int) (k, v []byte, err error)
 	// Import writes positions [start, start+n) of one layer from bytes in
-	// Export's layout; start must be ≤ Len(). After every layer has been
-	// Import does not move Len(): once every layer holds [0, n) the caller
-	// calls Commit(n). On failure the caller Truncates back to where it
-	// began, so a partial import never becomes visible.
+	// Export's layout. It may not leave a gap: start must be ≤ what that
+	// layer already holds (Len(), or the end of its earlier imports), so a
+	// stream of chunks imports in order. Import does not move Len(): once
+	// every layer holds [0, n) the caller calls Commit(n). On failure the
+	// caller Truncates back to where it began, so a partial import never
+	// becomes visible.
 	Import(layer, start, n int, k, v []byte) error
 	// Commit sets Len() to n after imports (n ≤ the imported extent).
 	Commit(n int) error
