@@ -6,6 +6,10 @@ package engine
 //
 //	func Load(ctx context.Context, path string, b Backend, opts LoadOptions) (*Model, error)
 //	    path is a model directory (config.json + *.safetensors) or a .gguf file.
+//	    Load opens it with the SourceOpener that runners/engine/backend
+//	    registers (engine cannot import engine/weights, which imports it), so
+//	    programs get their Backend from backend.Open. LoadSource(ctx, src, b,
+//	    opts) loads from an already open Source.
 //	func (m *Model) Info() ModelInfo
 //	func (m *Model) Fingerprint() Fingerprint
 //	func (m *Model) Backend() Backend
