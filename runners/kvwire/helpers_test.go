@@ -229,10 +229,10 @@ func startServer(t testing.TB, cfg ServerConfig) (string, *Server) {
 	return l.Addr().String(), srv
 }
 
-// proxy forwards TCP between a client and target; server→client bytes pass
-// through mangle (which may change them in place and return how many bytes
-// to forward, and whether to cut the connection after them) and are paced
-// to rate bytes/s when rate > 0.
+// proxy forwards TCP between a client and target. With mangle, the
+// server→client bytes pass through it (it may change them in place and
+// returns how many to forward and whether to cut the connection after
+// them); without, they are spliced and paced to rate bytes/s (see pace).
 type proxy struct {
 	target string
 	mangle func(off int64, b []byte) (n int, cut bool)
@@ -287,28 +287,10 @@ func (p *proxy) serve(c net.Conn) {
 	}
 	buf := make([]byte, 256<<10)
 	var off int64
-	// A link of p.rate bytes/s: bytes read at t leave at
-	// max(t − 2 ms, when the previous bytes left) + n/rate. The 2 ms of
-	// credit (a switch buffer's worth) absorbs sleep overshoot on a loaded
-	// machine without letting an idle link bank more than 2 ms of burst.
-	const slack = 2 * time.Millisecond
-	var next time.Time
 	for {
 		n, err := s.Read(buf)
 		if n > 0 {
-			fwd, cut := n, false
-			if p.mangle != nil {
-				fwd, cut = p.mangle(off, buf[:n])
-			}
-			if p.rate > 0 {
-				if now := time.Now(); now.Sub(next) > slack {
-					next = now.Add(-slack)
-				}
-				next = next.Add(time.Duration(float64(fwd) / p.rate * float64(time.Second)))
-				if d := time.Until(next); d > 0 {
-					time.Sleep(d)
-				}
-			}
+			fwd, cut := p.mangle(off, buf[:n])
 			off += int64(n)
 			if _, werr := c.Write(buf[:fwd]); werr != nil || cut {
 				return
@@ -321,19 +303,29 @@ func (p *proxy) serve(c net.Conn) {
 	}
 }
 
-// pace forwards s → c in 256 KiB steps with io.CopyN, which on Linux
-// splices socket to socket without copying through user space (the proxy
-// must not eat the CPU the benchmark measures), and paces the steps like
-// serve does.
+// pace forwards s → c at p.rate bytes/s (unlimited when 0) in 256 KiB
+// steps with io.CopyN, which on Linux splices socket to socket without
+// copying through user space (the proxy must not eat the CPU the benchmark
+// measures). Link model: a step leaves at max(when the previous step left,
+// when its bytes were all there) + n/rate. A step whose bytes were already
+// waiting keeps the schedule, so a late wake-up (sleep overshoot on a
+// loaded machine) is caught up instead of lost; a step that had to wait
+// for its bytes for over 5 ms (the link was idle; shorter waits are
+// indistinguishable from being descheduled on a loaded machine) gets no
+// credit for the idle time, and no catch-up exceeds 20 ms of link time.
 func (p *proxy) pace(c, s net.Conn) {
 	const step = 256 << 10
-	const slack = 2 * time.Millisecond
-	var next time.Time
+	const maxLag = 20 * time.Millisecond
+	next := time.Now()
 	for {
+		t0 := time.Now()
 		n, err := io.CopyN(c, s, step)
 		if p.rate > 0 && n > 0 {
-			if now := time.Now(); now.Sub(next) > slack {
-				next = now.Add(-slack)
+			switch t1 := time.Now(); {
+			case t1.Sub(t0) > 5*time.Millisecond && next.Before(t1):
+				next = t1 // waited for data: the link was idle
+			case t1.Sub(next) > maxLag:
+				next = t1.Add(-maxLag) // catch up at most 20 ms
 			}
 			next = next.Add(time.Duration(float64(n) / p.rate * float64(time.Second)))
 			if d := time.Until(next); d > 0 {
