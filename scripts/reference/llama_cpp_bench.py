@@ -2,11 +2,13 @@
 """llama.cpp baseline speed on SmolLM2-135M-Instruct.Q4_1.gguf (PyPI
 llama-cpp-python built from its sdist): prefill tokens/s for a 512-token
 prompt (one batch of 512) and decode tokens/s for 128 single-token steps,
-with n_threads (default 2). Prints the best of --reps runs of each.
+with n_threads (default 2). Prints every run's wall-clock tokens/s and
+tokens per CPU-second (process user+system time over all threads, which
+other tenants of a shared machine disturb less).
 
     python3 scripts/reference/llama_cpp_bench.py [--threads 2] [--reps 3]
 """
-import argparse, glob, os, sysconfig, time
+import argparse, glob, importlib.metadata, os, sysconfig, time
 
 from llama_cpp import Llama
 
@@ -30,19 +32,23 @@ def main():
     text = ("The river runs past the old mill, under three stone bridges and through the market square. " * 64)
     toks = llm.tokenize(text.encode(), add_bos=False)[: a.prompt]
     assert len(toks) == a.prompt, len(toks)
-    pre, dec = [], []
+    pre, dec, pre_cpu, dec_cpu = [], [], [], []
     for _ in range(a.reps):
         llm.reset()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         llm.eval(toks)
         pre.append(a.prompt / (time.perf_counter() - t0))
-        t0 = time.perf_counter()
+        pre_cpu.append(a.prompt / (time.process_time() - c0))
+        t0, c0 = time.perf_counter(), time.process_time()
         for i in range(a.decode):
             llm.eval([toks[i % len(toks)]])
         dec.append(a.decode / (time.perf_counter() - t0))
-    print(f"llama.cpp (llama-cpp-python) SmolLM2-135M Q4_1, {a.threads} threads: "
-          f"prefill {a.prompt} tokens: {max(pre):.1f} tok/s (runs: {', '.join(f'{x:.1f}' for x in pre)}); "
-          f"decode {a.decode} tokens: {max(dec):.1f} tok/s (runs: {', '.join(f'{x:.1f}' for x in dec)})")
+        dec_cpu.append(a.decode / (time.process_time() - c0))
+    fmt = lambda v: ", ".join(f"{x:.1f}" for x in v)
+    print(f"llama.cpp (llama-cpp-python {importlib.metadata.version('llama-cpp-python')}) "
+          f"SmolLM2-135M Q4_1, {a.threads} threads, load average {os.getloadavg()[0]:.1f}")
+    print(f"  prefill {a.prompt} tokens: tok/s (wall) {fmt(pre)}; tok per CPU-second {fmt(pre_cpu)}")
+    print(f"  decode {a.decode} tokens:  tok/s (wall) {fmt(dec)}; tok per CPU-second {fmt(dec_cpu)}")
 
 
 if __name__ == "__main__":
