@@ -107,7 +107,7 @@ int xmx_load(const char* path, const char* preload, char* err, size_t errlen) {
 	void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (h == NULL) {
 		const char* e = dlerror();
-		snprintf(err, errlen, "%s: %s%s", path, e ? e : "dlopen failed", pre_err);
+		snprintf(err, errlen, "%s%s", e ? e : "dlopen failed", pre_err);
 		return 1;
 	}
 	XMX_SYM(set_error_handler, "mlx_set_error_handler", 1);
@@ -274,6 +274,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"unsafe"
 )
@@ -330,7 +331,11 @@ func loadLibrary(opts Options) (path, version string, err error) {
 		C.free(unsafe.Pointer(cpath))
 		C.free(unsafe.Pointer(cpre))
 		if rc != 0 {
-			tried = append(tried, C.GoString(&buf[0]))
+			msg := C.GoString(&buf[0])
+			if !strings.Contains(msg, cand) {
+				msg = cand + ": " + msg
+			}
+			tried = append(tried, msg)
 			continue
 		}
 		// mlx-c's default handler prints and exits the process: replace it
