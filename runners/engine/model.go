@@ -49,6 +49,7 @@ type Model struct {
 	cacheDT DType
 	fp      Fingerprint
 	eps     float32
+	weights []Array // every array Load kept, released by Close
 }
 
 // block is one decoder layer's weights.
@@ -121,6 +122,13 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	m.fp = fingerprint(cfg, arch, vocab)
 
 	l := &loader{src: src, b: b, ctx: ctx, progress: opts.Progress}
+	defer func() {
+		// A failed load must not leave weights pinned on the backend
+		// (the mlx backend holds them outside Go's heap).
+		if err != nil && len(l.kept) > 0 {
+			b.Free(l.kept...)
+		}
+	}()
 	l.total = sizeOf(cfg, arch, cfg.TieEmbeddings && !l.has("lm_head.weight"))
 	D, H, Hkv, Dh, F, V := cfg.Hidden, cfg.Heads, cfg.KVHeads, cfg.HeadDim, cfg.Intermediate, cfg.Vocab
 	if m.embed, err = l.linear("model.embed_tokens", V, D, false); err != nil {
@@ -151,6 +159,7 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	if l.progress != nil {
 		l.progress(l.total, l.total)
 	}
+	m.weights = l.kept
 	return m, nil
 }
 
@@ -161,6 +170,7 @@ type loader struct {
 	progress    func(done, total int64)
 	done, total int64
 	names       map[string]bool
+	kept        []Array
 }
 
 func (l *loader) has(name string) bool {
@@ -210,6 +220,7 @@ func (l *loader) tensor(name string, want ...int) (Array, DType, error) {
 	}
 	a := l.b.FromBytes(t.Data, t.Shape, t.DType)
 	l.b.Keep(a)
+	l.kept = append(l.kept, a)
 	l.done += int64(len(t.Data))
 	if l.progress != nil {
 		l.progress(min(l.done, l.total-1), l.total)
@@ -391,7 +402,10 @@ func (m *Model) NewCache() KVCache {
 func (m *Model) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.layers = nil
+	if m.weights != nil {
+		m.b.Free(m.weights...)
+	}
+	m.layers, m.weights = nil, nil
 	m.embed, m.lmHead, m.norm = nil, nil, nil
 	return nil
 }

@@ -409,3 +409,36 @@ func TestKVCache(t *testing.T) {
 		p.m.Free()
 	}
 }
+
+// Closing a model releases its weights on the backend: active memory
+// returns to what it was before the load.
+func TestModelCloseReleasesWeights(t *testing.T) {
+	b := newTestBackend(t)
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", DType: engine.F32, Seed: 5}); err != nil {
+		t.Fatal(err)
+	}
+	before, _, err := b.ActiveMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := load(t, dir, b)
+	loaded, _, err := b.ActiveMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if loaded <= before {
+		t.Fatalf("active memory %d B after load, %d B before: weights not on the backend?", loaded, before)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	after, _, err := b.ActiveMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("active memory: before load %d B, loaded %d B, after Close %d B", before, loaded, after)
+	if after != before {
+		t.Errorf("after Close %d B are active, want %d B (the weights were not released)", after, before)
+	}
+}
