@@ -35,7 +35,7 @@ func commands() map[string]command {
 }
 
 func usage() {
-	fmt.Fprintf(os.Stderr, "usage: exo <command> [flags]\n\nWith no command, exo runs the embedded default: a one-host cluster serving\nSmolLM2-135M-Instruct on the CPU backend (same as `exo supervise --default`).\n\nCommands:\n")
+	fmt.Fprintf(os.Stderr, "usage: exo <command> [flags]\n\nWith no command, exo runs `exo supervise --default`: /etc/exo/cluster.toml when\nit exists, else the embedded one-host cluster serving SmolLM2-135M-Instruct on\nthe CPU backend (`exo config default` prints it).\n\nCommands:\n")
 	cmds := commands()
 	names := make([]string, 0, len(cmds))
 	for n := range cmds {
