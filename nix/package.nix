@@ -20,7 +20,7 @@ buildGoModule {
   # The one place the Go dependencies are pinned: the NAR hash of
   # `go mod vendor` for this tree. nix/update-vendor-hash.sh recomputes it
   # (CI checks it: nix/tests/check.sh).
-  vendorHash = "sha256-56O3WAM4bzXZ5KDgu2a6Z8m6CTTHf1+gniGcrCfY/0w=";
+  vendorHash = "sha256-EOOyQ6mXUJrCwZSsCMo3beHWlG0OqClpWBIDn8QRzm8=";
 
   subPackages = [ "cmd/exo" ];
 
