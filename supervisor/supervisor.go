@@ -346,11 +346,15 @@ func (s *supervisor) statusLine() string {
 func (s *supervisor) metricRunners() []metrics.Runner {
 	var out []metrics.Runner
 	for _, r := range s.set.Runners() {
-		out = append(out, metrics.Runner{
+		mr := metrics.Runner{
 			Name: r.Spec.Name, Role: r.Spec.Role, Model: r.Spec.Model,
 			Up: r.Status.State == process.Ready, CrashLoop: r.Status.State == process.CrashLoop, Restarts: r.Status.Restarts,
 			MetricsURL: "http://" + r.Spec.HealthAddr() + "/metrics",
-		})
+		}
+		if h := r.Status.Health; h != nil && h.Status == "loading" {
+			mr.LoadProgress = h.Progress
+		}
+		out = append(out, mr)
 	}
 	return out
 }

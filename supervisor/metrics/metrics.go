@@ -30,7 +30,11 @@ type Runner struct {
 	Up                bool
 	CrashLoop         bool
 	Restarts          int
-	MetricsURL        string // http://HOST:PORT/metrics; "" = not scraped
+	// LoadProgress is how far the runner is through getting its model
+	// ready, 0..1: downloading is the first half, loading weights the
+	// second (as its /health reports); 1 once it serves.
+	LoadProgress float64
+	MetricsURL   string // http://HOST:PORT/metrics; "" = not scraped
 }
 
 // Metrics is the supervisor's registry and /metrics handler.
@@ -87,6 +91,7 @@ var (
 	descRunnerUp       = prometheus.NewDesc("exo_runner_up", "Whether the runner answers /health with 200.", []string{"runner", "role", "model"}, nil)
 	descRunnerRestarts = prometheus.NewDesc("exo_runner_restarts_total", "Times the supervisor restarted the runner after it exited.", []string{"runner"}, nil)
 	descRunnerLoop     = prometheus.NewDesc("exo_runner_crash_looping", "Whether the runner exits too often and is being restarted slowly.", []string{"runner"}, nil)
+	descRunnerProgress = prometheus.NewDesc("exo_runner_model_load_progress_ratio", "How far the runner is through downloading (first half) and loading (second half) its model; 1 once it serves.", []string{"runner", "model"}, nil)
 )
 
 type timed struct {
@@ -117,6 +122,7 @@ func (r runnerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descRunnerUp
 	ch <- descRunnerRestarts
 	ch <- descRunnerLoop
+	ch <- descRunnerProgress
 }
 
 func (r runnerCollector) Collect(ch chan<- prometheus.Metric) {
@@ -132,6 +138,11 @@ func (r runnerCollector) Collect(ch chan<- prometheus.Metric) {
 			loop = 1
 		}
 		ch <- prometheus.MustNewConstMetric(descRunnerLoop, prometheus.GaugeValue, loop, ru.Name)
+		progress := ru.LoadProgress
+		if ru.Up {
+			progress = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descRunnerProgress, prometheus.GaugeValue, progress, ru.Name, ru.Model)
 	}
 }
 
