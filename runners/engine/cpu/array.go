@@ -17,6 +17,7 @@ import (
 	"runtime"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/internal/half"
 )
 
 // Array is the cpu backend's engine.Array. Exactly one of the storage
@@ -300,7 +301,9 @@ func floats(a *Array) []float32 {
 	panic(fmt.Sprintf("cpu: cannot read %v as float32", a.dt))
 }
 
-// Half-precision conversions.
+// Half-precision conversions. The scalar rounding lives in
+// runners/internal/half; the bulk widening here only adds the AVX2/F16C
+// fast path (the assembly) in front of the shared scalar tail.
 
 func bf16ToF32(dst []float32, src []uint16) {
 	dst = dst[:len(src)]
@@ -310,18 +313,8 @@ func bf16ToF32(dst []float32, src []uint16) {
 		bf16WidenAVX(&src[0], &dst[0], i)
 	}
 	for ; i < len(src); i++ {
-		dst[i] = math.Float32frombits(uint32(src[i]) << 16)
+		dst[i] = half.BF16ToF32(src[i])
 	}
-}
-
-// f32ToBF16 rounds to nearest even, keeping NaNs quiet.
-func f32ToBF16(f float32) uint16 {
-	u := math.Float32bits(f)
-	if u&0x7fffffff > 0x7f800000 {
-		return uint16(u>>16) | 0x40
-	}
-	u += 0x7fff + (u>>16)&1
-	return uint16(u >> 16)
 }
 
 func f16ToF32(dst []float32, src []uint16) {
@@ -332,81 +325,17 @@ func f16ToF32(dst []float32, src []uint16) {
 		f16WidenAVX(&src[0], &dst[0], i)
 	}
 	for ; i < len(src); i++ {
-		dst[i] = f16ToF32One(src[i])
+		dst[i] = half.F16ToF32(src[i])
 	}
-}
-
-func f16ToF32One(h uint16) float32 {
-	sign := uint32(h>>15) << 31
-	exp := uint32(h>>10) & 0x1f
-	man := uint32(h) & 0x3ff
-	switch {
-	case exp == 0:
-		if man == 0 {
-			return math.Float32frombits(sign)
-		}
-		// Subnormal: value = man * 2^-24.
-		f := float32(man) * (1.0 / (1 << 24))
-		if sign != 0 {
-			f = -f
-		}
-		return f
-	case exp == 0x1f:
-		return math.Float32frombits(sign | 0x7f800000 | man<<13)
-	}
-	return math.Float32frombits(sign | (exp+112)<<23 | man<<13)
-}
-
-// f32ToF16 rounds to nearest even, with overflow to infinity and gradual
-// underflow.
-func f32ToF16(f float32) uint16 {
-	u := math.Float32bits(f)
-	sign := uint16(u>>16) & 0x8000
-	exp := int32(u>>23) & 0xff
-	man := u & 0x7fffff
-	if exp == 0xff {
-		if man != 0 {
-			return sign | 0x7e00
-		}
-		return sign | 0x7c00
-	}
-	e := exp - 127 + 15
-	if e >= 0x1f {
-		return sign | 0x7c00
-	}
-	if e <= 0 {
-		if e < -10 {
-			return sign
-		}
-		man |= 0x800000
-		shift := uint32(14 - e)
-		half := uint32(1) << (shift - 1)
-		rest := man & (1<<shift - 1)
-		r := man >> shift
-		if rest > half || (rest == half && r&1 == 1) {
-			r++
-		}
-		return sign | uint16(r)
-	}
-	r := uint32(e)<<10 | man>>13
-	rest := man & 0x1fff
-	if rest > 0x1000 || (rest == 0x1000 && r&1 == 1) {
-		r++ // may carry into the exponent, which is right (up to infinity)
-	}
-	return sign | uint16(r)
 }
 
 // toHalf converts float32 values to 16-bit words of dtype dt.
 func toHalf(dst []uint16, src []float32, dt engine.DType) {
 	if dt == engine.BF16 {
-		for i, v := range src {
-			dst[i] = f32ToBF16(v)
-		}
+		half.NarrowBF16(dst, src)
 		return
 	}
-	for i, v := range src {
-		dst[i] = f32ToF16(v)
-	}
+	half.NarrowF16(dst, src)
 }
 
 // halfToF32 converts 16-bit words of dtype dt to float32.

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/internal/half"
 )
 
 func randF32(r *rand.Rand, n int) []float32 {
@@ -89,11 +90,11 @@ func halfBytes(v []float32, dt engine.DType) ([]byte, []float32) {
 	for i, x := range v {
 		var h uint16
 		if dt == engine.BF16 {
-			h = f32ToBF16(x)
+			h = half.F32ToBF16(x)
 			back[i] = math.Float32frombits(uint32(h) << 16)
 		} else {
-			h = f32ToF16(x)
-			back[i] = f16ToF32One(h)
+			h = half.F32ToF16(x)
+			back[i] = half.F16ToF32(h)
 		}
 		binary.LittleEndian.PutUint16(b[2*i:], h)
 	}
@@ -385,11 +386,11 @@ func TestHalfConversions(t *testing.T) {
 		{float32(math.Inf(-1)), 0xfc00}, {5.960464477539063e-08, 0x0001}, {6.103515625e-05, 0x0400},
 		{0.333251953125, 0x3555},
 	} {
-		if got := f32ToF16(c.f); got != c.h {
-			t.Errorf("f32ToF16(%v) = %#x, want %#x", c.f, got, c.h)
+		if got := half.F32ToF16(c.f); got != c.h {
+			t.Errorf("half.F32ToF16(%v) = %#x, want %#x", c.f, got, c.h)
 		}
 		if c.h != 0x7c00 {
-			if got := f16ToF32One(c.h); got != c.f {
+			if got := half.F16ToF32(c.h); got != c.f {
 				t.Errorf("f16ToF32(%#x) = %v, want %v", c.h, got, c.f)
 			}
 		}
@@ -399,7 +400,7 @@ func TestHalfConversions(t *testing.T) {
 		if h&0x7c00 == 0x7c00 && h&0x3ff != 0 {
 			continue // NaN
 		}
-		if got := f32ToF16(f16ToF32One(uint16(h))); got != uint16(h) {
+		if got := half.F32ToF16(half.F16ToF32(uint16(h))); got != uint16(h) {
 			t.Fatalf("f16 %#x round trips to %#x", h, got)
 		}
 	}
@@ -412,7 +413,7 @@ func TestHalfConversions(t *testing.T) {
 	bulk := make([]float32, len(all))
 	f16ToF32(bulk, all)
 	for i, h := range all {
-		if w := f16ToF32One(h); math.Float32bits(bulk[i]) != math.Float32bits(w) && !(bulk[i] != bulk[i] && w != w) {
+		if w := half.F16ToF32(h); math.Float32bits(bulk[i]) != math.Float32bits(w) && !(bulk[i] != bulk[i] && w != w) {
 			t.Fatalf("bulk f16 %#x = %v, scalar %v", h, bulk[i], w)
 		}
 	}
@@ -422,10 +423,10 @@ func TestHalfConversions(t *testing.T) {
 			t.Fatalf("bulk bf16 %#x = %#x", h, math.Float32bits(bulk[i]))
 		}
 	}
-	if got := f32ToBF16(1.00390625); got != 0x3f80 { // tie → even
+	if got := half.F32ToBF16(1.00390625); got != 0x3f80 { // tie → even
 		t.Errorf("bf16 tie rounding %#x", got)
 	}
-	if got := f32ToBF16(1.01171875); got != 0x3f82 { // 1 + 3/256: tie → even up
+	if got := half.F32ToBF16(1.01171875); got != 0x3f82 { // 1 + 3/256: tie → even up
 		t.Errorf("bf16 tie rounding up %#x", got)
 	}
 }
