@@ -11,6 +11,7 @@ import (
 	"math"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/internal/half"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 )
 
@@ -61,17 +62,17 @@ func Convert(src []byte, from, to engine.DType) ([]byte, error) {
 		case engine.F32:
 			f = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
 		case engine.F16:
-			f = HalfToFloat(binary.LittleEndian.Uint16(src[2*i:]))
+			f = half.F16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
 		case engine.BF16:
-			f = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
+			f = half.BF16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
 		}
 		switch to {
 		case engine.F32:
 			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(f))
 		case engine.F16:
-			binary.LittleEndian.PutUint16(dst[2*i:], FloatToHalf(f))
+			binary.LittleEndian.PutUint16(dst[2*i:], half.F32ToF16(f))
 		case engine.BF16:
-			binary.LittleEndian.PutUint16(dst[2*i:], FloatToBF16(f))
+			binary.LittleEndian.PutUint16(dst[2*i:], half.F32ToBF16(f))
 		}
 	}
 	return dst, nil
@@ -87,67 +88,14 @@ func size(d engine.DType) int {
 	return 0
 }
 
-// FloatToBF16 rounds to nearest even (NaN stays NaN).
-func FloatToBF16(f float32) uint16 {
-	b := math.Float32bits(f)
-	if b&0x7fffffff > 0x7f800000 {
-		return uint16(b>>16) | 0x40
-	}
-	b += 0x7fff + (b>>16)&1
-	return uint16(b >> 16)
-}
+// FloatToBF16 rounds to nearest even (NaN stays NaN); it is
+// runners/internal/half's F32ToBF16.
+func FloatToBF16(f float32) uint16 { return half.F32ToBF16(f) }
 
-// HalfToFloat converts IEEE binary16 to float32.
-func HalfToFloat(h uint16) float32 {
-	sign := uint32(h>>15) << 31
-	exp := uint32(h>>10) & 0x1f
-	mant := uint32(h) & 0x3ff
-	switch {
-	case exp == 0 && mant == 0:
-		return math.Float32frombits(sign)
-	case exp == 0: // subnormal
-		e := uint32(127 - 15 + 1)
-		for mant&0x400 == 0 {
-			mant <<= 1
-			e--
-		}
-		mant &= 0x3ff
-		return math.Float32frombits(sign | e<<23 | mant<<13)
-	case exp == 0x1f:
-		return math.Float32frombits(sign | 0x7f800000 | mant<<13)
-	}
-	return math.Float32frombits(sign | (exp+127-15)<<23 | mant<<13)
-}
+// HalfToFloat converts IEEE binary16 to float32; it is
+// runners/internal/half's F16ToF32.
+func HalfToFloat(h uint16) float32 { return half.F16ToF32(h) }
 
-// FloatToHalf converts float32 to IEEE binary16, rounding to nearest even.
-func FloatToHalf(f float32) uint16 {
-	b := math.Float32bits(f)
-	sign := uint16(b>>16) & 0x8000
-	exp := int32(b>>23&0xff) - 127 + 15
-	mant := b & 0x7fffff
-	switch {
-	case b&0x7fffffff > 0x7f800000: // NaN
-		return sign | 0x7e00
-	case exp >= 0x1f: // overflow or Inf
-		return sign | 0x7c00
-	case exp <= 0: // subnormal or zero
-		if exp < -10 {
-			return sign
-		}
-		mant |= 0x800000
-		shift := uint32(14 - exp)
-		half := mant >> shift
-		rem := mant & (1<<shift - 1)
-		mid := uint32(1) << (shift - 1)
-		if rem > mid || rem == mid && half&1 == 1 {
-			half++
-		}
-		return sign | uint16(half)
-	}
-	half := uint16(exp)<<10 | uint16(mant>>13)
-	rem := mant & 0x1fff
-	if rem > 0x1000 || rem == 0x1000 && half&1 == 1 {
-		half++
-	}
-	return sign | half
-}
+// FloatToHalf converts float32 to IEEE binary16, rounding to nearest even;
+// it is runners/internal/half's F32ToF16.
+func FloatToHalf(f float32) uint16 { return half.F32ToF16(f) }
