@@ -20,6 +20,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/engine/weights"
+	"github.com/exo-pd/exo-pd/runners/internal/half"
 	"github.com/exo-pd/exo-pd/runners/tokenizer"
 )
 
@@ -174,7 +175,7 @@ func convertKV(raw []byte, from, to engine.DType) []byte {
 		case engine.BF16:
 			f[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(raw[2*i:])) << 16)
 		case engine.F16:
-			f[i] = fromF16(binary.LittleEndian.Uint16(raw[2*i:]))
+			f[i] = half.F16ToF32(binary.LittleEndian.Uint16(raw[2*i:]))
 		default:
 			panic(fmt.Sprintf("convertKV from %v", from))
 		}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
+	"github.com/exo-pd/exo-pd/runners/internal/half"
 )
 
 func newTestBackend(t testing.TB) *backend {
@@ -80,78 +81,17 @@ func encode(v []float32, dt engine.DType) []byte {
 	case engine.BF16:
 		out := make([]byte, 2*len(v))
 		for i, x := range v {
-			b := math.Float32bits(x)
-			b += 0x7fff + (b>>16)&1 // round to nearest even
-			binary.LittleEndian.PutUint16(out[2*i:], uint16(b>>16))
+			binary.LittleEndian.PutUint16(out[2*i:], half.F32ToBF16(x))
 		}
 		return out
 	case engine.F16:
 		out := make([]byte, 2*len(v))
 		for i, x := range v {
-			binary.LittleEndian.PutUint16(out[2*i:], toF16(x))
+			binary.LittleEndian.PutUint16(out[2*i:], half.F32ToF16(x))
 		}
 		return out
 	}
 	panic(fmt.Sprintf("encode %v", dt))
-}
-
-// toF16 rounds x to the nearest IEEE half (ties to even).
-func toF16(x float32) uint16 {
-	b := math.Float32bits(x)
-	sign := uint16(b>>16) & 0x8000
-	exp := int(b>>23&0xff) - 127 + 15
-	man := b & 0x7fffff
-	switch {
-	case b&0x7fffffff == 0:
-		return sign
-	case int(b>>23&0xff) == 0xff: // inf, nan
-		if man != 0 {
-			return sign | 0x7e00
-		}
-		return sign | 0x7c00
-	case exp >= 0x1f:
-		return sign | 0x7c00
-	case exp <= 0: // subnormal half
-		if exp < -10 {
-			return sign
-		}
-		man |= 0x800000
-		shift := uint(14 - exp)
-		h := man >> shift
-		rem := man & (1<<shift - 1)
-		half := uint32(1) << (shift - 1)
-		if rem > half || (rem == half && h&1 == 1) {
-			h++
-		}
-		return sign | uint16(h)
-	}
-	h := uint32(exp)<<10 | man>>13
-	rem := man & 0x1fff
-	if rem > 0x1000 || (rem == 0x1000 && h&1 == 1) {
-		h++ // may carry into the exponent, which is still correct
-	}
-	return sign | uint16(h)
-}
-
-// fromF16 widens a half to float32.
-func fromF16(h uint16) float32 {
-	sign := uint32(h&0x8000) << 16
-	exp := int(h >> 10 & 0x1f)
-	man := uint32(h & 0x3ff)
-	switch {
-	case exp == 0x1f:
-		return math.Float32frombits(sign | 0x7f800000 | man<<13)
-	case exp == 0:
-		return signed(h, float32(math.Ldexp(float64(man), -24)))
-	}
-	return math.Float32frombits(sign | uint32(exp-15+127)<<23 | man<<13)
-}
-
-func signed(h uint16, v float32) float32 {
-	if h&0x8000 != 0 {
-		return -v
-	}
-	return v
 }
 
 // same compares the two results (as float32) within tol relative to the
@@ -421,7 +361,7 @@ func TestManyGoroutines(t *testing.T) {
 	}
 }
 
-// The test's half conversion agrees with MLX's.
+// runners/internal/half's float32→float16 conversion agrees with MLX's.
 func TestHalfHelpers(t *testing.T) {
 	b := newTestBackend(t)
 	p := &pair{rng: rand.New(rand.NewPCG(3, 4))}
@@ -431,11 +371,11 @@ func TestHalfHelpers(t *testing.T) {
 		t.Fatal(err)
 	}
 	if want := encode(v, engine.F16); !slices.Equal(got, want) {
-		t.Fatal("toF16 differs from MLX's float32→float16")
+		t.Fatal("half.F32ToF16 differs from MLX's float32→float16")
 	}
 	for i := range v {
 		h := binary.LittleEndian.Uint16(got[2*i:])
-		if back := toF16(fromF16(h)); back != h {
+		if back := half.F32ToF16(half.F16ToF32(h)); back != h {
 			t.Fatalf("half %#04x round trips to %#04x", h, back)
 		}
 	}
