@@ -14,6 +14,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
+	"github.com/exo-pd/exo-pd/runners/internal/half"
 )
 
 // memSource is an in-memory engine.Source for tiny random models, with a
@@ -59,42 +60,8 @@ const (
 	tD, tH, tKV, tDh, tF, tV, tLayers = 64, 4, 2, 16, 128, 96, 2
 )
 
-func bf16Round(f float32) float32 {
-	u := math.Float32bits(f)
-	u += 0x7fff + (u>>16)&1
-	return math.Float32frombits(u &^ 0xffff)
-}
-
-func f16Bits(f float32) uint16 {
-	// Values here are small normal numbers: truncation-free conversion via
-	// rounding the mantissa to 10 bits.
-	u := math.Float32bits(f)
-	sign := uint16(u>>16) & 0x8000
-	exp := int(u>>23&0xff) - 127 + 15
-	man := u & 0x7fffff
-	if exp <= 0 {
-		return sign
-	}
-	r := uint32(exp)<<10 | man>>13
-	rest := man & 0x1fff
-	if rest > 0x1000 || rest == 0x1000 && r&1 == 1 {
-		r++
-	}
-	return sign | uint16(r)
-}
-
-func f16Value(h uint16) float64 {
-	exp := int(h>>10) & 0x1f
-	man := float64(h & 0x3ff)
-	if exp == 0 {
-		return 0
-	}
-	v := math.Ldexp(1+man/1024, exp-15)
-	if h&0x8000 != 0 {
-		v = -v
-	}
-	return v
-}
+// bf16Round is f rounded to bfloat16 (nearest even), as a float32.
+func bf16Round(f float32) float32 { return half.BF16ToF32(half.F32ToBF16(f)) }
 
 func newTiny(t testing.TB, s tinySpec, seed uint64) *memSource {
 	t.Helper()
@@ -156,8 +123,8 @@ func newTiny(t testing.TB, s tinySpec, seed uint64) *memSource {
 			levels := 1<<s.bits - 1
 			for o := range out {
 				for g := range ng {
-					sh := f16Bits(float32(0.9 / math.Sqrt(float64(in)) * 2 / float64(levels) * (0.5 + r.Float64())))
-					bh := f16Bits(float32(-0.9 / math.Sqrt(float64(in)) * (0.5 + r.Float64())))
+					sh := half.F32ToF16(float32(0.9 / math.Sqrt(float64(in)) * 2 / float64(levels) * (0.5 + r.Float64())))
+					bh := half.F32ToF16(float32(-0.9 / math.Sqrt(float64(in)) * (0.5 + r.Float64())))
 					binary.LittleEndian.PutUint16(sc[2*(o*ng+g):], sh)
 					binary.LittleEndian.PutUint16(bi[2*(o*ng+g):], bh)
 					for k := range s.gs {
@@ -166,7 +133,7 @@ func newTiny(t testing.TB, s tinySpec, seed uint64) *memSource {
 						w := binary.LittleEndian.Uint32(words[4*(idx/per):])
 						w |= q << (uint(idx%per) * uint(s.bits))
 						binary.LittleEndian.PutUint32(words[4*(idx/per):], w)
-						ref[idx] = float64(float32(f16Value(sh))*float32(q) + float32(f16Value(bh)))
+						ref[idx] = float64(half.F16ToF32(sh)*float32(q) + half.F16ToF32(bh))
 					}
 				}
 			}
