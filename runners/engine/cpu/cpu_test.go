@@ -91,7 +91,7 @@ func halfBytes(v []float32, dt engine.DType) ([]byte, []float32) {
 		var h uint16
 		if dt == engine.BF16 {
 			h = half.F32ToBF16(x)
-			back[i] = math.Float32frombits(uint32(h) << 16)
+			back[i] = half.BF16ToF32(h)
 		} else {
 			h = half.F32ToF16(x)
 			back[i] = half.F16ToF32(h)

@@ -173,7 +173,7 @@ func convertKV(raw []byte, from, to engine.DType) []byte {
 		case engine.F32:
 			f[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
 		case engine.BF16:
-			f[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(raw[2*i:])) << 16)
+			f[i] = half.BF16ToF32(binary.LittleEndian.Uint16(raw[2*i:]))
 		case engine.F16:
 			f[i] = half.F16ToF32(binary.LittleEndian.Uint16(raw[2*i:]))
 		default:
