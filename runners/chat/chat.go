@@ -16,7 +16,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -55,7 +54,7 @@ func Load(path string) (*Template, error) {
 	if err != nil {
 		return nil, fmt.Errorf("chat: %w", err)
 	}
-	if !st.IsDir() && (strings.HasSuffix(strings.ToLower(path), ".gguf") || isGGUF(path)) {
+	if !st.IsDir() && (strings.HasSuffix(strings.ToLower(path), ".gguf") || weights.IsGGUF(path)) {
 		t, err := loadGGUF(path)
 		if err != nil {
 			return nil, fmt.Errorf("chat: %s: %w", path, err)
@@ -71,17 +70,6 @@ func Load(path string) (*Template, error) {
 		return nil, fmt.Errorf("chat: %s: %w", dir, err)
 	}
 	return t, nil
-}
-
-func isGGUF(path string) bool {
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	var b [4]byte
-	_, err = io.ReadFull(f, b[:])
-	return err == nil && string(b[:]) == "GGUF"
 }
 
 func loadHF(dir string) (*Template, error) {

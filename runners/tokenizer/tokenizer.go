@@ -22,7 +22,6 @@ package tokenizer
 
 import (
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -31,6 +30,8 @@ import (
 	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
+
+	"github.com/exo-pd/exo-pd/runners/engine/weights"
 )
 
 // Tokenizer encodes and decodes text. It is safe for concurrent use.
@@ -72,7 +73,7 @@ func Load(path string) (*Tokenizer, error) {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
 	if !st.IsDir() {
-		if strings.HasSuffix(strings.ToLower(path), ".gguf") || isGGUF(path) {
+		if strings.HasSuffix(strings.ToLower(path), ".gguf") || weights.IsGGUF(path) {
 			t, err := loadGGUF(path)
 			if err != nil {
 				return nil, fmt.Errorf("tokenizer: %s: %w", path, err)
@@ -86,17 +87,6 @@ func Load(path string) (*Tokenizer, error) {
 		return nil, fmt.Errorf("tokenizer: %s: %w", path, err)
 	}
 	return t, nil
-}
-
-func isGGUF(path string) bool {
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	var b [4]byte
-	_, err = io.ReadFull(f, b[:])
-	return err == nil && string(b[:]) == "GGUF"
 }
 
 // newTokenizer fills the derived tables once vocab, merges and added tokens

@@ -23,7 +23,7 @@ func Open(path string) (engine.Source, error) {
 		return nil, fmt.Errorf("open weights: %w", err)
 	}
 	if !st.IsDir() {
-		if isGGUFFile(path) {
+		if IsGGUF(path) {
 			return OpenGGUFSource(path)
 		}
 		if strings.HasSuffix(path, ".safetensors") || filepath.Base(path) == "config.json" {
@@ -34,7 +34,9 @@ func Open(path string) (engine.Source, error) {
 	return OpenDir(path)
 }
 
-func isGGUFFile(path string) bool {
+// IsGGUF reports whether path is a readable file that starts with the GGUF
+// magic (the tokenizer and chat template loaders ask the same question).
+func IsGGUF(path string) bool {
 	f, err := os.Open(path)
 	if err != nil {
 		return false
