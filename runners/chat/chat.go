@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine/weights"
+	"github.com/exo-pd/exo-pd/runners/tokenizer"
 	"github.com/nikolalohinski/gonja/v2/builtins"
 	"github.com/nikolalohinski/gonja/v2/config"
 	"github.com/nikolalohinski/gonja/v2/exec"
@@ -74,9 +75,9 @@ func Load(path string) (*Template, error) {
 
 func loadHF(dir string) (*Template, error) {
 	var cfg struct {
-		ChatTemplate json.RawMessage `json:"chat_template"`
-		BOS          tokenString     `json:"bos_token"`
-		EOS          tokenString     `json:"eos_token"`
+		ChatTemplate json.RawMessage       `json:"chat_template"`
+		BOS          tokenizer.TokenString `json:"bos_token"`
+		EOS          tokenizer.TokenString `json:"eos_token"`
 	}
 	b, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -127,24 +128,6 @@ func pickTemplate(raw json.RawMessage) (string, error) {
 		return list[0].Template, nil
 	}
 	return "", nil
-}
-
-// tokenString is a token given as "text" or {"content": "text", …}.
-type tokenString string
-
-func (s *tokenString) UnmarshalJSON(b []byte) error {
-	var v any
-	if err := json.Unmarshal(b, &v); err != nil {
-		return err
-	}
-	switch x := v.(type) {
-	case string:
-		*s = tokenString(x)
-	case map[string]any:
-		c, _ := x["content"].(string)
-		*s = tokenString(c)
-	}
-	return nil
 }
 
 func loadGGUF(path string) (*Template, error) {

@@ -69,24 +69,25 @@ type component struct {
 // tokenizerConfig is the subset of tokenizer_config.json used here.
 type tokenizerConfig struct {
 	AddBOSToken *bool       `json:"add_bos_token"`
-	BOSToken    tokenString `json:"bos_token"`
-	EOSToken    tokenString `json:"eos_token"`
+	BOSToken    TokenString `json:"bos_token"`
+	EOSToken    TokenString `json:"eos_token"`
 }
 
-// tokenString is a token given as "text" or {"content": "text", …}.
-type tokenString string
+// TokenString is a special token as tokenizer_config.json gives it: "text"
+// or {"content": "text", …} (the chat template loader reads it too).
+type TokenString string
 
-func (s *tokenString) UnmarshalJSON(b []byte) error {
+func (s *TokenString) UnmarshalJSON(b []byte) error {
 	var v any
 	if err := json.Unmarshal(b, &v); err != nil {
 		return err
 	}
 	switch x := v.(type) {
 	case string:
-		*s = tokenString(x)
+		*s = TokenString(x)
 	case map[string]any:
 		c, _ := x["content"].(string)
-		*s = tokenString(c)
+		*s = TokenString(c)
 	}
 	return nil
 }
