@@ -78,14 +78,7 @@ func TestMatchesMLXQuantizedReference(t *testing.T) {
 					t.Fatal(err)
 				}
 				cs := cosine32(logits, want)
-				var greedy []int32
-				for len(greedy) < len(res.Greedy) {
-					tok := int32(argmax(logits))
-					greedy = append(greedy, tok)
-					if logits, err = m.Forward(ctx, c, []int32{tok}); err != nil {
-						t.Fatal(err)
-					}
-				}
+				greedy := greedyFrom(t, m, c, logits, len(res.Greedy))
 				same := 0
 				for same < len(greedy) && greedy[same] == res.Greedy[same] {
 					same++

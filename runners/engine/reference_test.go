@@ -116,14 +116,7 @@ func TestMatchesMLXReference(t *testing.T) {
 				if cs < minCos {
 					t.Errorf("prompt %d: logits cosine %.6f < %v", i, cs, minCos)
 				}
-				var greedy []int32
-				for range len(res.Greedy) {
-					tok := int32(argmax(logits))
-					greedy = append(greedy, tok)
-					if logits, err = m.Forward(ctx, c, []int32{tok}); err != nil {
-						t.Fatal(err)
-					}
-				}
+				greedy := greedyFrom(t, m, c, logits, len(res.Greedy))
 				same := 0
 				for same < len(greedy) && greedy[same] == res.Greedy[same] {
 					same++
