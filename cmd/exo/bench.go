@@ -17,6 +17,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/exo-pd/exo-pd/runners/openai"
 )
 
 const benchUsage = `usage: exo bench [--url URL] [--model NAME] [--pp 512,2048] [--tg 64] [--repeat 3]
@@ -351,21 +353,8 @@ func (b *bencher) run(ctx context.Context, pp, tg int, mode string) (benchRun, e
 			break
 		}
 		var ev struct {
-			Choices []struct {
-				Delta struct {
-					Content string `json:"content"`
-				} `json:"delta"`
-			} `json:"choices"`
-			Usage *struct {
-				PromptTokens        int `json:"prompt_tokens"`
-				CompletionTokens    int `json:"completion_tokens"`
-				PromptTokensDetails *struct {
-					CachedTokens int `json:"cached_tokens"`
-				} `json:"prompt_tokens_details"`
-			} `json:"usage"`
-			Error *struct {
-				Message string `json:"message"`
-			} `json:"error"`
+			openai.ChatChunk
+			Error *openai.ErrorDetail `json:"error"`
 		}
 		if err := json.Unmarshal([]byte(data), &ev); err != nil {
 			return r, fmt.Errorf("bad event %q: %w", data, err)
@@ -374,7 +363,7 @@ func (b *bencher) run(ctx context.Context, pp, tg int, mode string) (benchRun, e
 			return r, fmt.Errorf("server error mid-stream: %s", ev.Error.Message)
 		}
 		for _, c := range ev.Choices {
-			if c.Delta.Content != "" {
+			if c.Delta != nil && c.Delta.Content != nil && *c.Delta.Content != "" {
 				now := time.Now()
 				if first.IsZero() {
 					first = now

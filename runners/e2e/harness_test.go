@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/exo-pd/exo-pd/runners/openai"
 )
 
 var exoBin string
@@ -246,19 +248,7 @@ func chatStream(t *testing.T, addr string, msgs []msg, maxTokens int, extra map[
 			continue
 		}
 		var ch struct {
-			Choices []struct {
-				Delta struct {
-					Content *string `json:"content"`
-				} `json:"delta"`
-				FinishReason *string `json:"finish_reason"`
-			} `json:"choices"`
-			Usage *struct {
-				PromptTokens        int `json:"prompt_tokens"`
-				CompletionTokens    int `json:"completion_tokens"`
-				PromptTokensDetails *struct {
-					CachedTokens int `json:"cached_tokens"`
-				} `json:"prompt_tokens_details"`
-			} `json:"usage"`
+			openai.ChatChunk
 			Error *json.RawMessage `json:"error"`
 		}
 		if err := json.Unmarshal([]byte(data), &ch); err != nil {
@@ -268,7 +258,7 @@ func chatStream(t *testing.T, addr string, msgs []msg, maxTokens int, extra map[
 			res.ErrorBody = string(*ch.Error)
 		}
 		for _, c := range ch.Choices {
-			if c.Delta.Content != nil {
+			if c.Delta != nil && c.Delta.Content != nil {
 				text.WriteString(*c.Delta.Content)
 			}
 			if c.FinishReason != nil {
