@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 )
@@ -215,7 +216,7 @@ func (l *loader) tensor(name string, want ...int) (Array, DType, error) {
 	if err != nil {
 		return nil, 0, fmt.Errorf("%s: %w", name, err)
 	}
-	if want != nil && !equalShape(t.Shape, want) {
+	if want != nil && !slices.Equal(t.Shape, want) {
 		return nil, 0, fmt.Errorf("%s: shape %v, want %v", name, t.Shape, want)
 	}
 	a := l.b.FromBytes(t.Data, t.Shape, t.DType)
@@ -226,18 +227,6 @@ func (l *loader) tensor(name string, want ...int) (Array, DType, error) {
 		l.progress(min(l.done, l.total-1), l.total)
 	}
 	return a, t.DType, nil
-}
-
-func equalShape(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func (l *loader) vector(name string, n int) (Array, error) {
