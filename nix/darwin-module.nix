@@ -14,21 +14,14 @@
 let
   cfg = config.services.exo;
   exoLib = import ./lib;
-  format = pkgs.formats.toml { };
-  system = pkgs.stdenv.hostPlatform.system;
+  common = import ./common.nix {
+    inherit lib pkgs self cfg;
+    hostExample = "studio";
+  };
+  inherit (common) clusterFile;
 
   stateDir = "/var/lib/exo";
   logDir = "/var/log/exo";
-
-  clusterFile = pkgs.runCommand "exo-cluster.toml"
-    {
-      nativeBuildInputs = [ cfg.package ];
-      raw = format.generate "cluster.toml" cfg.settings;
-    }
-    ''
-      exo config check "$raw"
-      cp "$raw" "$out"
-    '';
 
   job = exoLib.launchdDaemon {
     exe = lib.getExe cfg.package;
@@ -41,33 +34,7 @@ let
   };
 in
 {
-  options.services.exo = {
-    enable = lib.mkEnableOption "exo-pd, disaggregated prefill/decode LLM serving (the exo supervisor)";
-
-    package =
-      lib.mkPackageOption pkgs "exo-pd" { }
-      // lib.optionalAttrs (self != null) {
-        default = self.packages.${system}.exo;
-        defaultText = lib.literalExpression "exo-pd.packages.\${system}.exo";
-      };
-
-    settings = lib.mkOption {
-      type = lib.types.submodule { freeformType = format.type; };
-      default = { };
-      description = ''
-        The cluster file, /etc/exo/cluster.toml, as Nix values (the same on
-        every host; see etc/exo/cluster.example.toml), validated with
-        `exo config check` when the system is built.
-      '';
-    };
-
-    host = lib.mkOption {
-      type = lib.types.nullOr lib.types.str;
-      default = null;
-      example = "studio";
-      description = "This machine's name in settings.hosts (`exo supervise --host`); null means the hostname.";
-    };
-
+  options.services.exo = common.options // {
     openFirewall = lib.mkOption {
       type = lib.types.bool;
       default = false;

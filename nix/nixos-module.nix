@@ -13,21 +13,13 @@
 let
   cfg = config.services.exo;
   exoLib = import ./lib;
-  format = pkgs.formats.toml { };
-  system = pkgs.stdenv.hostPlatform.system;
+  common = import ./common.nix {
+    inherit lib pkgs self cfg;
+    hostExample = "spark";
+  };
+  inherit (common) clusterFile;
 
   hostName = if cfg.host != null then cfg.host else config.networking.hostName;
-
-  # The TOML from settings, checked by the exo that will read it.
-  clusterFile = pkgs.runCommand "exo-cluster.toml"
-    {
-      nativeBuildInputs = [ cfg.package ];
-      raw = format.generate "cluster.toml" cfg.settings;
-    }
-    ''
-      exo config check "$raw"
-      cp "$raw" "$out"
-    '';
 
   unit = exoLib.systemdUnit {
     exe = lib.getExe cfg.package;
@@ -42,46 +34,7 @@ let
   };
 in
 {
-  options.services.exo = {
-    enable = lib.mkEnableOption "exo-pd, disaggregated prefill/decode LLM serving (the exo supervisor)";
-
-    package =
-      lib.mkPackageOption pkgs "exo-pd" { }
-      // lib.optionalAttrs (self != null) {
-        default = self.packages.${system}.exo;
-        defaultText = lib.literalExpression "exo-pd.packages.\${system}.exo";
-      };
-
-    settings = lib.mkOption {
-      type = lib.types.submodule { freeformType = format.type; };
-      default = { };
-      description = ''
-        The cluster file, /etc/exo/cluster.toml, as Nix values (see
-        etc/exo/cluster.example.toml). Every host of the cluster should get
-        the same settings; each supervisor runs only its own runners. The file
-        is validated with `exo config check` when the system is built.
-      '';
-      example = lib.literalExpression ''
-        {
-          cluster.name = "lab";
-          hosts.spark = { address = "10.0.0.10"; backend = "cuda"; };
-          hosts.studio = { address = "10.0.0.20"; backend = "metal"; };
-          models = [{
-            name = "qwen3-8b";
-            decode = { hosts = [ "studio" ]; source = "mlx-community/Qwen3-8B-4bit"; };
-            prefill = { hosts = [ "spark" ]; source = "Qwen/Qwen3-8B"; };
-          }];
-        }
-      '';
-    };
-
-    host = lib.mkOption {
-      type = lib.types.nullOr lib.types.str;
-      default = null;
-      example = "spark";
-      description = "This machine's name in settings.hosts (`exo supervise --host`); null means the hostname.";
-    };
-
+  options.services.exo = common.options // {
     openFirewall = lib.mkOption {
       type = lib.types.bool;
       default = false;
