@@ -24,8 +24,10 @@
 //
 // Memory: arrays made during a step are temporaries. Backend.Free releases
 // them explicitly after the step; Backend.Keep marks arrays (weights, cache
-// storage) that a Free-all sweep must leave alone. The cpu backend relies on
-// the Go GC and may treat Free/Keep as no-ops; the mlx backend must not.
+// storage) that a Free-all sweep must leave alone. Eval ends the life of the
+// temporaries it is not given (see Backend.Eval), so a step's intermediates
+// need not all be alive at once. The cpu backend relies on the Go GC and may
+// treat Free/Keep as no-ops; the mlx backend must not.
 //
 // This package must not import anything under supervisor/, nor kvwire, nor
 // any HTTP code: it is a library used by the runners.
@@ -163,7 +165,12 @@ type Backend interface {
 	// Float32 evaluates a and returns it converted to float32.
 	Float32(a Array) ([]float32, error)
 
-	// Eval computes the given arrays (a no-op for eager backends).
+	// Eval computes the given arrays (a no-op for eager backends). It also
+	// ends the step's other temporaries: a lazy backend releases every
+	// temporary made before the call that is neither among arrays nor
+	// kept, so that intermediate storage is freed while the graph runs.
+	// Using such an array afterwards is a programming error (the mlx
+	// backend panics); arrays stays valid until Free.
 	Eval(arrays ...Array) error
 	// Keep pins arrays so that Free-all sweeps leave them alone (weights,
 	// cache storage). Free releases arrays now; Free() with no arguments
@@ -189,7 +196,10 @@ type Backend interface {
 	// keys 0..T-L+i. Returns [H, L, Dh].
 	Attention(q, k, v Array, scale float32) Array
 
-	SiLU(x Array) Array
+	// SwiGLU is silu(gate) · up, silu(x) = x·sigmoid(x), for gate and up of
+	// one shape: the gated MLP's activation, one op so that a backend can
+	// fuse it (mlx compiles it into one kernel, as mlx-lm does).
+	SwiGLU(gate, up Array) Array
 	Add(a, b Array) Array  // broadcasting over leading axes
 	Mul(a, b Array) Array  // broadcasting over leading axes
 	Softmax(x Array) Array // over the last axis

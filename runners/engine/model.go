@@ -528,8 +528,8 @@ func (m *Model) step(c KVCache, tokens []int32, wantLogits bool, logits *[]float
 		a = b.Reshape(b.Transpose(a, 1, 0, 2), L, H*Dh) // [L, H·Dh]
 		x = b.Add(x, b.Linear(a, &ly.o))
 		h = b.RMSNorm(x, ly.postNorm, m.eps)
-		g := b.SiLU(b.Linear(h, &ly.gate))
-		x = b.Add(x, b.Linear(b.Mul(g, b.Linear(h, &ly.up)), &ly.down))
+		g := b.SwiGLU(b.Linear(h, &ly.gate), b.Linear(h, &ly.up))
+		x = b.Add(x, b.Linear(g, &ly.down))
 	}
 	if !wantLogits {
 		return b.Eval(x)

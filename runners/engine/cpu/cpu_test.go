@@ -298,11 +298,23 @@ func TestNormsAndElementwise(t *testing.T) {
 			t.Fatalf("softmax row %d sums to %v", i, s)
 		}
 	}
-	silu := get(t, b, b.SiLU(b.FromFloat32(x, 3, 16)))
-	for i, v := range x {
-		want[i] = float32(float64(v) / (1 + math.Exp(-float64(v))))
+	up := make([]float32, len(x))
+	for i := range up {
+		up[i] = float32(i%7) - 3
 	}
-	closeTo(t, "silu", silu, want, 1e-6)
+	swiglu := get(t, b, b.SwiGLU(b.FromFloat32(x, 3, 16), b.FromFloat32(up, 3, 16)))
+	for i, v := range x {
+		want[i] = float32(float64(v) / (1 + math.Exp(-float64(v))) * float64(up[i]))
+	}
+	closeTo(t, "swiglu", swiglu, want, 1e-5)
+	// Fused, it must round exactly as SiLU then Mul did (KV bytes and
+	// golden logits depend on it).
+	for i, v := range x {
+		s := v / (1 + float32(math.Exp(float64(-v))))
+		if swiglu[i] != s*up[i] {
+			t.Fatalf("swiglu[%d] = %v, want %v bit for bit", i, swiglu[i], s*up[i])
+		}
+	}
 
 	add := get(t, b, b.Add(b.FromFloat32(x, 3, 16), b.FromFloat32(w, 16)))
 	mul := get(t, b, b.Mul(b.FromFloat32(w, 1, 16), b.FromFloat32(x, 3, 16)))

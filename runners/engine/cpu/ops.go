@@ -96,17 +96,22 @@ func (b *Backend) Mul(x, y engine.Array) engine.Array {
 	return b.binary("Mul", x, y, func(p, q float32) float32 { return p * q })
 }
 
-// SiLU is x * sigmoid(x).
-func (b *Backend) SiLU(x engine.Array) engine.Array {
-	a := arr(x)
-	v := floats(a)
-	out := make([]float32, len(v))
-	b.parallel(len(v), 16384, func(lo, hi int) {
+// SwiGLU is silu(gate) * up in one pass, rounding as SiLU followed by Mul
+// would: s = g / (1 + e^-g) in float32, then s * u.
+func (b *Backend) SwiGLU(gate, up engine.Array) engine.Array {
+	g, u := arr(gate), arr(up)
+	if !slices.Equal(g.shape, u.shape) {
+		panic(fmt.Sprintf("cpu: SwiGLU of %v and %v", g.shape, u.shape))
+	}
+	gv, uv := floats(g), floats(u)
+	out := make([]float32, len(gv))
+	b.parallel(len(gv), 16384, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			out[i] = v[i] / (1 + float32(math.Exp(float64(-v[i]))))
+			s := gv[i] / (1 + float32(math.Exp(float64(-gv[i]))))
+			out[i] = s * uv[i]
 		}
 	})
-	return newF32(a.shape, out)
+	return newF32(g.shape, out)
 }
 
 func lastDim(op string, a *Array) (rows, d int) {

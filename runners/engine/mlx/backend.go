@@ -10,9 +10,13 @@ import "C"
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -74,11 +78,13 @@ type backend struct {
 	thread *osThread
 
 	// Owned by the MLX thread.
-	temps  []*array          // made since the last Free() sweep
-	pinned map[*array]bool   // kept arrays, released by Close
-	qmmErr error             // why quantized_matmul cannot run here (nil: it can)
-	deq    map[*array]*array // dequantized copies of quantized weights when qmmErr != nil
-	freqs  map[engine.RoPE]ropeFreqs
+	temps   []*array          // made since the last Free() sweep
+	pinned  map[*array]bool   // kept arrays, released by Close
+	qmmErr  error             // why quantized_matmul cannot run here (nil: it can)
+	fused   C.xmx_closure     // compiled SwiGLU; ctx nil when fuseErr != nil
+	fuseErr error             // why SwiGLU runs unfused (nil: it is fused)
+	deq     map[*array]*array // dequantized copies of quantized weights when qmmErr != nil
+	freqs   map[engine.RoPE]ropeFreqs
 }
 
 // ropeFreqs caches a scaled RoPE's periods (kept) and attention factor.
@@ -123,9 +129,18 @@ func newBackend(opts Options) (*backend, error) {
 	if b.qmmErr != nil {
 		log.Warn("mlx: quantized matmul unavailable on this device; quantized weights are dequantized once at first use",
 			append(attrs, "reason", b.qmmErr.Error())...)
-	} else {
-		log.Debug("mlx: backend ready", attrs...)
 	}
+	if b.name == "mlx-gpu" && runtime.GOOS == "linux" {
+		// MLX CUDA caches the PTX it compiles under the same directory.
+		if err := jitDirProblem(jitDir(os.Getenv), os.Geteuid()); err != nil {
+			log.Warn("mlx: unsafe JIT cache directory", append(attrs, "reason", err.Error())...)
+		}
+	}
+	if b.fuseErr != nil {
+		log.Info("mlx: kernel fusion unavailable; the MLP activation runs as separate ops",
+			append(attrs, "reason", b.fuseErr.Error())...)
+	}
+	log.Debug("mlx: backend ready", attrs...)
 	return b, nil
 }
 
@@ -215,6 +230,65 @@ func (b *backend) init(device string) error {
 		return fmt.Errorf("%w: mlx: default stream of %s: %s", ErrDevice, b.name, lastError())
 	}
 	b.qmmErr = b.probeQuantizedMatmul()
+	b.fuseErr = b.probeFusion()
+	return nil
+}
+
+// probeFusion compiles SwiGLU with mlx_compile and checks, on a small
+// input, that it runs and matches the unfused ops. MLX fuses on Metal and
+// CUDA by itself; on its CPU backend it generates C++ and runs g++ at the
+// first use of each kernel, so a machine without a compiler ends here and
+// SwiGLU stays three ops.
+func (b *backend) probeFusion() (err error) {
+	if C.xmx_has_compile() == 0 {
+		return errors.New("libmlxc has no mlx_compile")
+	}
+	if b.name == "mlx-cpu" {
+		if err := jitDirProblem(jitDir(os.Getenv), os.Geteuid()); err != nil {
+			return err
+		}
+	}
+	var f C.xmx_closure
+	if C.xmx_swiglu_compile(&f, b.stream) != 0 {
+		return mlxErr("compile")
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = panicError(r)
+		}
+		if err != nil {
+			C.xmx_closure_free(f)
+		}
+		b.sweep()
+	}()
+	const n = 64
+	gv, uv := make([]float32, n), make([]float32, n)
+	for i := range gv {
+		gv[i], uv[i] = float32(i-n/2)/8, float32(i%5)-2
+	}
+	g := b.fromBytes(unsafe.Slice((*byte)(unsafe.Pointer(&gv[0])), 4*n), []int{2, n / 2}, engine.F32)
+	u := b.fromBytes(unsafe.Slice((*byte)(unsafe.Pointer(&uv[0])), 4*n), []int{2, n / 2}, engine.F32)
+	fused := b.mk("compiled swiglu", func(r *C.xmx_array) C.int { return C.xmx_swiglu_apply(r, f, g.h, u.h) })
+	plain := b.swigluOps(g, u)
+	if err := b.eval(fused, plain); err != nil {
+		return err
+	}
+	fb, err := b.hostBytes(fused)
+	if err != nil {
+		return err
+	}
+	pb, err := b.hostBytes(plain)
+	if err != nil {
+		return err
+	}
+	for i := range n {
+		x := math.Float32frombits(binary.LittleEndian.Uint32(fb[4*i:]))
+		y := math.Float32frombits(binary.LittleEndian.Uint32(pb[4*i:]))
+		if math.Abs(float64(x-y)) > 1e-6*(1+math.Abs(float64(y))) {
+			return fmt.Errorf("compiled swiglu gives %v at %d, the ops give %v", x, i, y)
+		}
+	}
+	b.fused = f
 	return nil
 }
 
@@ -412,6 +486,10 @@ func (b *backend) Close() error {
 			b.release(a) // weights and caches still held
 		}
 		clear(b.freqs)
+		if b.fused.ctx != nil {
+			C.xmx_closure_free(b.fused)
+			b.fused.ctx = nil
+		}
 		C.xmx_stream_free(b.stream)
 		C.xmx_device_free(b.dev)
 		return nil
@@ -544,14 +622,39 @@ func (b *backend) eval(arrays ...*array) error {
 	return nil
 }
 
+// Eval computes arrays. As the engine's contract allows, it first releases
+// the step's other temporaries: MLX's graph still holds what the outputs
+// need, and without our handles it frees each intermediate buffer as soon
+// as its consumers have run, so a forward pass peaks at a few layers'
+// activations instead of all of them (and, on the CPU, does not page-fault
+// a fresh heap for every step).
 func (b *backend) Eval(arrays ...engine.Array) error {
 	return b.doErr(func() error {
 		as := make([]*array, len(arrays))
 		for i, x := range arrays {
 			as[i] = b.arr(x)
 		}
+		b.releaseTempsExcept(as)
 		return b.eval(as...)
 	})
+}
+
+// releaseTempsExcept releases every unkept temporary but those in keep,
+// which stay tracked until the next Free() sweep.
+func (b *backend) releaseTempsExcept(keep []*array) {
+	n := 0
+	for _, a := range b.temps {
+		if !a.kept && !a.freed && !slices.Contains(keep, a) {
+			b.release(a)
+			continue
+		}
+		if !a.freed {
+			b.temps[n] = a
+			n++
+		}
+	}
+	clear(b.temps[n:])
+	b.temps = b.temps[:n]
 }
 
 func (b *backend) Keep(arrays ...engine.Array) {
@@ -860,12 +963,22 @@ func (b *backend) Attention(q, k, v engine.Array, scale float32) engine.Array {
 	})
 }
 
-func (b *backend) SiLU(x engine.Array) engine.Array {
+func (b *backend) SwiGLU(gate, up engine.Array) engine.Array {
 	return b.op(func() *array {
-		xa := b.arr(x)
-		s := b.mk("sigmoid", func(r *C.xmx_array) C.int { return C.xmx_sigmoid(r, xa.h, b.stream) })
-		return b.mul(xa, s)
+		g, u := b.arr(gate), b.arr(up)
+		if !slices.Equal(g.shape, u.shape) {
+			panic(fmt.Sprintf("mlx: SwiGLU of %v and %v", g.shape, u.shape))
+		}
+		if b.fuseErr != nil {
+			return b.swigluOps(g, u)
+		}
+		return b.mk("compiled swiglu", func(r *C.xmx_array) C.int { return C.xmx_swiglu_apply(r, b.fused, g.h, u.h) })
 	})
+}
+
+// swigluOps is SwiGLU as three ops, the graph the compiled closure fuses.
+func (b *backend) swigluOps(g, u *array) *array {
+	return b.mk("swiglu", func(r *C.xmx_array) C.int { return C.xmx_swiglu(r, g.h, u.h, b.stream) })
 }
 
 func (b *backend) Add(x, y engine.Array) engine.Array {
@@ -945,6 +1058,24 @@ func (b *backend) AsType(x engine.Array, dt engine.DType) engine.Array {
 }
 
 // ActiveMemory reports MLX's allocated bytes in use and in its buffer cache.
+// PeakMemory returns the most memory MLX has had allocated for arrays since
+// the last reset (or the start), and with reset starts counting anew. Tests
+// and benchmarks use it; it is not part of engine.Backend.
+func (b *backend) PeakMemory(reset bool) (peak int64, err error) {
+	err = b.doErr(func() error {
+		var p C.size_t
+		if C.xmx_peak_memory(&p) != 0 {
+			return mlxErr("get peak memory")
+		}
+		if reset && C.xmx_reset_peak_memory() != 0 {
+			return mlxErr("reset peak memory")
+		}
+		peak = int64(p)
+		return nil
+	})
+	return peak, err
+}
+
 func (b *backend) ActiveMemory() (active, cache int64, err error) {
 	err = b.doErr(func() error {
 		var a, c C.size_t

@@ -33,6 +33,8 @@ static struct {
 	int (*get_active_memory)(size_t*);
 	int (*get_cache_memory)(size_t*);
 	int (*clear_cache)(void);
+	int (*get_peak_memory)(size_t*);
+	int (*reset_peak_memory)(void);
 
 	xmx_array (*array_new)(void);
 	int (*array_free)(xmx_array);
@@ -68,6 +70,16 @@ static struct {
 	int (*rms_norm)(xmx_array*, xmx_array, xmx_array, float, xmx_stream);
 	int (*rope)(xmx_array*, xmx_array, int, bool, xmx_opt_float, float, int, xmx_array, xmx_stream);
 	int (*sdpa)(xmx_array*, xmx_array, xmx_array, xmx_array, float, const char*, xmx_array, xmx_array, xmx_stream);
+
+	// Optional: compilation (kernel fusion).
+	xmx_vector_array (*vector_array_new)(void);
+	size_t (*vector_array_size)(xmx_vector_array);
+	int (*vector_array_get)(xmx_array*, xmx_vector_array, size_t);
+	int (*vector_array_set_value)(xmx_vector_array*, xmx_array);
+	xmx_closure (*closure_new_func_payload)(int (*)(xmx_vector_array*, const xmx_vector_array, void*), void*, void (*)(void*));
+	int (*closure_free)(xmx_closure);
+	int (*closure_apply)(xmx_vector_array*, xmx_closure, xmx_vector_array);
+	int (*compile)(xmx_closure*, xmx_closure, bool);
 } X;
 
 // The last error mlx-c reported on this thread (all our calls come from the
@@ -123,6 +135,8 @@ int xmx_load(const char* path, const char* preload, char* err, size_t errlen) {
 	XMX_SYM(get_active_memory, "mlx_get_active_memory", 1);
 	XMX_SYM(get_cache_memory, "mlx_get_cache_memory", 1);
 	XMX_SYM(clear_cache, "mlx_clear_cache", 1);
+	XMX_SYM(get_peak_memory, "mlx_get_peak_memory", 0);
+	XMX_SYM(reset_peak_memory, "mlx_reset_peak_memory", 0);
 	XMX_SYM(array_new, "mlx_array_new", 1);
 	XMX_SYM(array_free, "mlx_array_free", 1);
 	XMX_SYM(array_new_data, "mlx_array_new_data", 1);
@@ -157,6 +171,15 @@ int xmx_load(const char* path, const char* preload, char* err, size_t errlen) {
 	XMX_SYM(sdpa, "mlx_fast_scaled_dot_product_attention", 1);
 	// Optional: a build without quantized matmul falls back to dequantize.
 	XMX_SYM(quantized_matmul, "mlx_quantized_matmul", 0);
+	// Optional: without them SwiGLU runs as three unfused ops.
+	XMX_SYM(vector_array_new, "mlx_vector_array_new", 0);
+	XMX_SYM(vector_array_size, "mlx_vector_array_size", 0);
+	XMX_SYM(vector_array_get, "mlx_vector_array_get", 0);
+	XMX_SYM(vector_array_set_value, "mlx_vector_array_set_value", 0);
+	XMX_SYM(closure_new_func_payload, "mlx_closure_new_func_payload", 0);
+	XMX_SYM(closure_free, "mlx_closure_free", 0);
+	XMX_SYM(closure_apply, "mlx_closure_apply", 0);
+	XMX_SYM(compile, "mlx_compile", 0);
 	X.lib = h;
 	return 0;
 }
@@ -190,6 +213,8 @@ int xmx_stream_free(xmx_stream s) { return X.stream_free(s); }
 int xmx_active_memory(size_t* res) { return X.get_active_memory(res); }
 int xmx_cache_memory(size_t* res) { return X.get_cache_memory(res); }
 int xmx_clear_cache(void) { return X.clear_cache(); }
+int xmx_peak_memory(size_t* res) { XMX_NEED(get_peak_memory); return X.get_peak_memory(res); }
+int xmx_reset_peak_memory(void) { XMX_NEED(reset_peak_memory); return X.reset_peak_memory(); }
 
 int xmx_array_free(xmx_array a) { return X.array_free(a); }
 int xmx_array_from(xmx_array* res, const void* data, const int* shape, int ndim, int dtype) {
@@ -266,6 +291,75 @@ int xmx_sdpa(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale,
 	xmx_array none = {NULL};
 	return X.sdpa(res, q, k, v, scale, mask_mode, none, none, s);
 }
+
+int xmx_has_compile(void) {
+	return X.vector_array_new && X.vector_array_size && X.vector_array_get && X.vector_array_set_value &&
+		X.closure_new_func_payload && X.closure_free && X.closure_apply && X.compile;
+}
+
+// xmx_swiglu is the graph itself: (gate * sigmoid(gate)) * up, the order
+// of MLX's nn.silu followed by the multiply in mlx-lm's swiglu.
+int xmx_swiglu(xmx_array* res, xmx_array gate, xmx_array up, xmx_stream s) {
+	xmx_array sg = {NULL}, t = {NULL};
+	int rc = X.sigmoid(&sg, gate, s);
+	if (rc == 0) rc = X.multiply(&t, gate, sg, s);
+	if (rc == 0) rc = X.multiply(res, t, up, s);
+	if (sg.ctx) X.array_free(sg);
+	if (t.ctx) X.array_free(t);
+	return rc;
+}
+
+// xmx_swiglu_body is the closure mlx_compile traces; payload is the stream.
+static int xmx_swiglu_body(xmx_vector_array* res, const xmx_vector_array in, void* payload) {
+	xmx_stream s = *(xmx_stream*)payload;
+	if (X.vector_array_size(in) != 2) {
+		snprintf(xmx_err, sizeof xmx_err, "swiglu closure: %zu inputs, want 2", X.vector_array_size(in));
+		return 1;
+	}
+	xmx_array g = {NULL}, u = {NULL}, out = {NULL};
+	int rc = X.vector_array_get(&g, in, 0);
+	if (rc == 0) rc = X.vector_array_get(&u, in, 1);
+	if (rc == 0) rc = xmx_swiglu(&out, g, u, s);
+	if (rc == 0) rc = X.vector_array_set_value(res, out);
+	if (g.ctx) X.array_free(g);
+	if (u.ctx) X.array_free(u);
+	if (out.ctx) X.array_free(out);
+	return rc;
+}
+
+int xmx_swiglu_compile(xmx_closure* res, xmx_stream s) {
+	XMX_NEED(compile);
+	xmx_stream* p = malloc(sizeof *p);
+	if (p == NULL) {
+		snprintf(xmx_err, sizeof xmx_err, "out of memory");
+		return 1;
+	}
+	*p = s; // borrowed: the backend frees the stream after the closure
+	xmx_closure f = X.closure_new_func_payload(xmx_swiglu_body, p, free);
+	if (f.ctx == NULL) return 1;
+	xmx_closure c = {NULL};
+	int rc = X.compile(&c, f, true);
+	X.closure_free(f); // the compiled closure holds its own copy
+	if (rc != 0) {
+		if (c.ctx) X.closure_free(c);
+		return rc;
+	}
+	*res = c;
+	return 0;
+}
+
+int xmx_swiglu_apply(xmx_array* res, xmx_closure fused, xmx_array gate, xmx_array up) {
+	xmx_array in[2] = {gate, up};
+	xmx_vector_array vin = X.vector_array_new_data(in, 2);
+	xmx_vector_array vout = X.vector_array_new();
+	int rc = X.closure_apply(&vout, fused, vin);
+	if (rc == 0) rc = X.vector_array_get(res, vout, 0);
+	X.vector_array_free(vin);
+	X.vector_array_free(vout);
+	return rc;
+}
+
+int xmx_closure_free(xmx_closure c) { return X.closure_free(c); }
 */
 import "C"
 

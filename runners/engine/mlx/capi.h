@@ -15,6 +15,7 @@ typedef struct { void* ctx; } xmx_stream;
 typedef struct { void* ctx; } xmx_device;
 typedef struct { void* ctx; } xmx_vector_array;
 typedef struct { void* ctx; } xmx_string;
+typedef struct { void* ctx; } xmx_closure;
 typedef struct { int value; bool has_value; } xmx_opt_int;
 typedef struct { float value; bool has_value; } xmx_opt_float;
 typedef struct { int value; bool has_value; } xmx_opt_dtype;
@@ -54,6 +55,8 @@ int xmx_stream_free(xmx_stream s);
 int xmx_active_memory(size_t* res);
 int xmx_cache_memory(size_t* res);
 int xmx_clear_cache(void);
+int xmx_peak_memory(size_t* res);   // 3 when the library lacks it
+int xmx_reset_peak_memory(void);
 
 // Arrays.
 int xmx_array_free(xmx_array a);
@@ -89,5 +92,13 @@ int xmx_dequantize(xmx_array* res, xmx_array w, xmx_array scales, xmx_array bias
 int xmx_rms_norm(xmx_array* res, xmx_array x, xmx_array w, float eps, xmx_stream s);
 int xmx_rope(xmx_array* res, xmx_array x, int dims, bool has_base, float base, float scale, int offset, xmx_array freqs, xmx_stream s);
 int xmx_sdpa(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_stream s);
+
+// Compiled (fused) SwiGLU: silu(gate) * up traced once, shapeless, with
+// mlx_compile. xmx_has_compile is 0 when the library lacks mlx_compile.
+int xmx_has_compile(void);
+int xmx_swiglu(xmx_array* res, xmx_array gate, xmx_array up, xmx_stream s);
+int xmx_swiglu_compile(xmx_closure* res, xmx_stream s);
+int xmx_swiglu_apply(xmx_array* res, xmx_closure fused, xmx_array gate, xmx_array up);
+int xmx_closure_free(xmx_closure c);
 
 #endif

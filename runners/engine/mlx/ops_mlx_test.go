@@ -14,6 +14,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"slices"
 	"testing"
 
@@ -226,7 +227,7 @@ func TestOpsMatchCPU(t *testing.T) {
 		xm, xc := p.in(p.randn(4*5*8, 2), engine.F32, 4, 5, 8)
 		ym, yc := p.in(p.randn(4*5*8, 2), engine.F32, 4, 5, 8)
 		rm, rc := p.in(p.randn(5*8, 2), engine.F32, 5, 8)
-		p.same("silu", m.SiLU(xm), c.SiLU(xc), 1e-5)
+		p.same("swiglu", m.SwiGLU(xm, ym), c.SwiGLU(xc, yc), 1e-5)
 		p.same("add", m.Add(xm, ym), c.Add(xc, yc), 1e-6)
 		p.same("add broadcast", m.Add(xm, rm), c.Add(xc, rc), 1e-6)
 		p.same("mul broadcast", m.Mul(xm, rm), c.Mul(xc, rc), 1e-6)
@@ -379,4 +380,84 @@ func TestHalfHelpers(t *testing.T) {
 			t.Fatalf("half %#04x round trips to %#04x", h, back)
 		}
 	}
+}
+
+// The compiled SwiGLU is in use wherever it can be (MLX's CPU backend needs
+// g++ on PATH and a private JIT directory) and gives what the three ops and
+// the cpu backend give, for f32 and bf16, contiguous or not.
+func TestSwiGLUFused(t *testing.T) {
+	p := newPair(t)
+	m := p.m
+	_, gxxErr := exec.LookPath("g++")
+	switch {
+	case m.fuseErr == nil:
+		t.Logf("SwiGLU is fused on %s", m.name)
+	case m.name == "mlx-cpu" && (gxxErr != nil || jitDirProblem(jitDir(os.Getenv), os.Geteuid()) != nil):
+		t.Logf("SwiGLU unfused here, as expected: %v", m.fuseErr)
+	default:
+		t.Fatalf("SwiGLU unfused on %s although it should fuse: %v", m.name, m.fuseErr)
+	}
+	for _, dt := range []engine.DType{engine.F32, engine.BF16} {
+		gm, gc := p.in(p.randn(6*40, 3), dt, 6, 40)
+		um, uc := p.in(p.randn(6*40, 2), dt, 6, 40)
+		tol := 1e-5
+		if dt == engine.BF16 {
+			tol = 2e-2
+		}
+		p.same(fmt.Sprintf("%v", dt), m.SwiGLU(gm, um), p.c.SwiGLU(gc, uc), tol)
+		// Transposed views: the kernel for strided inputs.
+		gt, ut := m.Transpose(gm, 1, 0), m.Transpose(um, 1, 0)
+		p.same(fmt.Sprintf("%v strided", dt), m.SwiGLU(gt, ut), p.c.SwiGLU(p.c.Transpose(gc, 1, 0), p.c.Transpose(uc, 1, 0)), tol)
+		var plain engine.Array
+		m.do(func() { plain = m.swigluOps(m.arr(gm), m.arr(um)) })
+		fv, err := m.Float32(m.SwiGLU(gm, um))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pv, err := m.Float32(plain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range pv {
+			if math.Abs(float64(fv[i]-pv[i])) > tol*(1+math.Abs(float64(pv[i]))) {
+				t.Fatalf("%v: fused %v, ops %v at %d", dt, fv[i], pv[i], i)
+			}
+		}
+	}
+	m.Free()
+}
+
+// Eval releases the step's other temporaries (so MLX can free their
+// buffers as the graph runs) and keeps what it was given and what is kept.
+func TestEvalReleasesTemporaries(t *testing.T) {
+	b := newTestBackend(t)
+	w := b.FromFloat32([]float32{1, 2, 3, 4}, 2, 2)
+	b.Keep(w)
+	x := b.FromFloat32([]float32{1, 1, 1, 1}, 2, 2)
+	h := b.Add(x, w)
+	y := b.Mul(h, w)
+	if err := b.Eval(y); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.Float32(y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []float32{2, 6, 12, 20}; !slices.Equal(got, want) {
+		t.Fatalf("y = %v, want %v", got, want)
+	}
+	if _, err := b.Float32(w); err != nil {
+		t.Fatalf("kept weight after Eval: %v", err)
+	}
+	// h was neither evaluated nor kept: its handle is gone.
+	var used any
+	func() {
+		defer func() { used = recover() }()
+		b.Add(h, w).Shape()
+	}()
+	if used == nil {
+		t.Fatal("using a temporary released by Eval did not panic")
+	}
+	b.Free()
+	b.Free(w)
 }
