@@ -1,0 +1,71 @@
+# Benchmark mlx-lm on a safetensors model dir: prefill tok/s (cache only, no
+# logits, one chunk; the first repetition untimed) and greedy decode tok/s,
+# plus process CPU ms per token and peak MLX memory above the weights during
+# prefill. Used by bench_vs_mlxlm.sh; the prompt ids match benchPrompt in
+# runners/engine/mlx/bench_mlx_test.go.
+# usage: mlxlm_bench.py MODEL_DIR CONTEXT PREFILL DECODE REPS
+import sys, time, resource
+from pathlib import Path
+import mlx.core as mx
+from mlx_lm.utils import load_model
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.generate import generate_step
+
+path, ctx_len, prefill_len, decode_n, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+mx.set_default_device(mx.cpu)
+model, config = load_model(Path(path))
+vocab = config["vocab_size"]
+prompt = lambda n: [(i * 7919 + 13) % (vocab - 3) for i in range(n)]
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+def measure(name, run, n):
+    rates, cpus = [], []
+    for r in range(reps + 1):
+        setup = run()
+        c0, t = cpu(), time.perf_counter()
+        setup()
+        dt, dc = time.perf_counter() - t, cpu() - c0
+        if r > 0:
+            rates.append(n / dt); cpus.append(1000 * dc / n)
+    print(f"mlx-lm {name}: best {max(rates):.1f} tok/s, reps {[round(x,1) for x in rates]}, cpu-ms/tok min {min(cpus):.1f}")
+
+p = mx.array(prompt(prefill_len))[None]
+def prefill():
+    cache = make_prompt_cache(model)
+    def go():
+        model(p, cache=cache)
+        mx.eval([c.state for c in cache])
+    return go
+if prefill_len > 0:
+    warm = prefill(); warm()
+    base = mx.get_active_memory(); mx.reset_peak_memory()
+    measure(f"prefill {prefill_len}", prefill, prefill_len)
+    print(f"mlx-lm prefill {prefill_len}: peak-MB above weights {(mx.get_peak_memory() - base) / 2**20:.1f}")
+
+if decode_n == 0: sys.exit(0)
+greedy = lambda logprobs: mx.argmax(logprobs, axis=-1)
+def gen():
+    cache = make_prompt_cache(model)
+    g = generate_step(mx.array(prompt(ctx_len)), model, max_tokens=decode_n + 1, sampler=greedy, prompt_cache=cache)
+    next(g)
+    def go():
+        for _ in g:
+            pass
+    return go
+measure(f"decode (generate_step) after {ctx_len}", gen, decode_n)
+
+def sync():
+    cache = make_prompt_cache(model)
+    logits = model(mx.array(prompt(ctx_len))[None], cache=cache)
+    y = mx.argmax(logits[:, -1, :], axis=-1)
+    mx.eval(y)
+    def go():
+        nonlocal y
+        for _ in range(decode_n):
+            logits = model(y[:, None], cache=cache)
+            y = mx.argmax(logits[:, -1, :].astype(mx.float32), axis=-1)
+            mx.eval(y)
+    return go
+measure(f"decode (synchronous loop) after {ctx_len}", sync, decode_n)
