@@ -102,6 +102,15 @@ func start(t *testing.T, name, role string, args ...string) *proc {
 	if role == "prefill" {
 		p.http = freeAddr(t)
 		full = append(full, "--metrics", p.http)
+		// By hand, with libmlxc: EXO_E2E_PREFILL_BACKEND=mlx runs every
+		// prefill runner on MLX (CPU device) against cpu decode runners,
+		// the Spark→Mac pairing of two different engines.
+		if be := os.Getenv("EXO_E2E_PREFILL_BACKEND"); be != "" {
+			full = append(full, "--backend", be)
+			if be == "mlx" {
+				full = append(full, "--device", "cpu")
+			}
+		}
 	}
 	full = append(full, args...)
 	p.cmd = exec.Command(exoBin, full...)
