@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -73,37 +74,68 @@ func closeTo(a, b float32) bool {
 	return math.Abs(float64(a-b)) <= 1e-6+1e-6*math.Abs(float64(b))
 }
 
-// TestGGUFToMLXMatchesGGUFPy checks the Q4_0/Q4_1/Q8_0 → MLX conversion
-// against gguf-py's dequantization of blocks gguf-py quantized.
+// TestGGUFToMLXMatchesGGUFPy checks every quantized GGUF type's → MLX
+// conversion against gguf-py's dequantization: of blocks gguf-py quantized
+// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and of random K-quant blocks. The legacy
+// types are exact but for f16 rounding of Q5_0's bias; Q4_K/Q5_K round
+// their group scale d*sc and bias dmin*m to f16 (2^-11 relative); Q6_K is
+// requantized to 8 bits (at most half an 8-bit step of its group's range,
+// plus the f16 rounding of that step and of the group minimum).
 func TestGGUFToMLXMatchesGGUFPy(t *testing.T) {
-	types := map[string]GGMLType{"Q4_0": TypeQ4_0, "Q4_1": TypeQ4_1, "Q8_0": TypeQ8_0}
+	types := map[string]GGMLType{"Q4_0": TypeQ4_0, "Q4_1": TypeQ4_1, "Q5_0": TypeQ5_0, "Q5_1": TypeQ5_1,
+		"Q8_0": TypeQ8_0, "Q4_K": TypeQ4_K, "Q5_K": TypeQ5_K, "Q6_K": TypeQ6_K}
+	seen := map[string]bool{}
 	for _, c := range loadDequantFixture(t).Synthetic {
+		seen[c.Type] = true
 		t.Run(c.Type, func(t *testing.T) {
 			raw, err := base64.StdEncoding.DecodeString(c.RawB64)
 			if err != nil {
 				t.Fatal(err)
 			}
-			typ := types[c.Type]
+			typ, ok := types[c.Type]
+			if !ok {
+				t.Fatalf("fixture type %s unknown to the test", c.Type)
+			}
 			w, s, b, err := ggufToMLX(typ, raw, c.Rows, c.Cols)
 			if err != nil {
 				t.Fatal(err)
 			}
-			bits := 4
-			if typ == TypeQ8_0 {
-				bits = 8
-			}
+			bits := mlxBits(typ)
 			got := dequantMLX(t,
 				engine.Tensor{DType: engine.U32, Shape: []int{c.Rows, c.Cols * bits / 32}, Data: w},
 				engine.Tensor{DType: engine.F16, Shape: []int{c.Rows, c.Cols / 32}, Data: s},
 				engine.Tensor{DType: engine.F16, Shape: []int{c.Rows, c.Cols / 32}, Data: b}, bits, 32)
+			worst := 0.0
 			for r := 0; r < c.Rows; r++ {
-				for col := 0; col < c.Cols; col++ {
-					if want := c.Values[r*c.Cols+col]; !closeTo(got[r][col], want) {
-						t.Fatalf("[%d,%d] = %v, gguf-py %v", r, col, got[r][col], want)
+				for g := 0; g < c.Cols/32; g++ {
+					want := c.Values[r*c.Cols+32*g : r*c.Cols+32*g+32]
+					lo, hi := slices.Min(want), slices.Max(want)
+					span := math.Max(math.Abs(float64(lo)), math.Abs(float64(hi)))
+					var tol float64
+					switch typ {
+					case TypeQ4_0, TypeQ4_1, TypeQ8_0, TypeQ5_1:
+						tol = 1e-6 + 1e-6*span
+					case TypeQ5_0, TypeQ4_K, TypeQ5_K:
+						tol = 1e-6 + 32*span/2048 // scale and bias each off by 2^-11 relative
+					case TypeQ6_K:
+						tol = 1e-6 + float64(hi-lo)/255*0.51 + 2*span/2048
+					}
+					for i, x := range want {
+						if d := math.Abs(float64(got[r][32*g+i] - x)); d > tol {
+							t.Fatalf("[%d,%d] = %v, gguf-py %v (off by %g, tolerance %g)", r, 32*g+i, got[r][32*g+i], x, d, tol)
+						} else if span > 0 {
+							worst = math.Max(worst, d/span)
+						}
 					}
 				}
 			}
+			t.Logf("%s: worst error %.2g of the group's largest magnitude", c.Type, worst)
 		})
+	}
+	for name := range types {
+		if !seen[name] {
+			t.Errorf("the fixture has no %s case (rerun scripts/reference/gguf_dequant.py)", name)
+		}
 	}
 	if _, _, _, err := ggufToMLX(TypeQ4_0, make([]byte, 17), 1, 32); err == nil {
 		t.Error("short block accepted")

@@ -96,9 +96,10 @@ type ggufSource struct {
 }
 
 // OpenGGUFSource opens a GGUF file as an engine.Source: tensors renamed to
-// HF names with HF shapes, llama Q/K rows un-permuted, Q4_0/Q4_1/Q8_0
-// converted to MLX affine packing (group 32, F16 scales and biases), and a
-// config.json synthesized from the metadata.
+// HF names with HF shapes, llama Q/K rows un-permuted, quantized types
+// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) converted to MLX affine
+// packing (group 32, F16 scales and biases), and a config.json synthesized
+// from the metadata.
 func OpenGGUFSource(path string) (engine.Source, error) {
 	g, err := OpenGGUF(path)
 	if err != nil {
@@ -149,23 +150,19 @@ func newGGUFSource(g *GGUF) (*ggufSource, error) {
 		switch t.Type {
 		case TypeF32, TypeF16, TypeBF16:
 			s.add(name, e)
-		case TypeQ4_0, TypeQ4_1, TypeQ8_0:
+		case TypeQ4_0, TypeQ4_1, TypeQ5_0, TypeQ5_1, TypeQ8_0, TypeQ4_K, TypeQ5_K, TypeQ6_K:
 			prefix, ok := strings.CutSuffix(name, ".weight")
 			if !ok || len(t.Dims) != 2 {
 				return nil, fmt.Errorf("tensor %s: quantized %s tensor is not a 2-D weight", t.Name, t.Type)
 			}
-			bits := 4
-			if t.Type == TypeQ8_0 {
-				bits = 8
-			}
-			s.quant[prefix] = engine.QuantSpec{Bits: bits, GroupSize: 32}
+			s.quant[prefix] = engine.QuantSpec{Bits: mlxBits(t.Type), GroupSize: 32}
 			for part, suffix := range map[int]string{partW: ".weight", partScales: ".scales", partBiases: ".biases"} {
 				pe := e
 				pe.part = part
 				s.add(prefix+suffix, pe)
 			}
 		default:
-			return nil, fmt.Errorf("tensor %s: GGUF type %s not supported (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0)", t.Name, t.Type)
+			return nil, fmt.Errorf("tensor %s: GGUF type %s not supported (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)", t.Name, t.Type)
 		}
 	}
 	sort.Strings(s.names)
@@ -230,10 +227,7 @@ func (s *ggufSource) Tensor(name string) (engine.Tensor, error) {
 	if err != nil {
 		return engine.Tensor{}, err
 	}
-	bits := 4
-	if ti.Type == TypeQ8_0 {
-		bits = 8
-	}
+	bits := mlxBits(ti.Type)
 	switch e.part {
 	case partW:
 		out.DType, out.Shape, out.Data = engine.U32, []int{rows, cols * bits / 32}, parts[0]
@@ -287,7 +281,8 @@ func unpermuteRows(b []byte, rows, rowBytes, heads int) []byte {
 	return out
 }
 
-// ggufToMLX converts rows×cols elements of a Q4_0, Q4_1 or Q8_0 tensor to
+// ggufToMLX converts rows×cols elements of a quantized tensor (Q4_0, Q4_1,
+// Q8_0 here; Q5_0, Q5_1 and the K-quants in gguf_kquant.go) to
 // MLX affine form with group size 32: packed U32 words (element j of a word
 // at bits [j*bits, (j+1)*bits)), and F16 scales and biases [rows, cols/32]
 // such that w = scale*q + bias.
@@ -300,6 +295,9 @@ func unpermuteRows(b []byte, rows, rowBytes, heads int) []byte {
 // the high nibble. The f16 biases -8d and -128d are exact (power-of-two
 // multiples of an f16).
 func ggufToMLX(t GGMLType, raw []byte, rows, cols int) (w, scales, biases []byte, err error) {
+	if gw, ok := groupwiseTypes[t]; ok {
+		return groupwiseToMLX(gw, raw, rows, cols)
+	}
 	if cols%32 != 0 {
 		return nil, nil, nil, fmt.Errorf("%d columns not a multiple of 32", cols)
 	}
@@ -356,6 +354,17 @@ func ggufToMLX(t GGMLType, raw []byte, rows, cols int) (w, scales, biases []byte
 		le.PutUint16(biases[2*b:], bias)
 	}
 	return w, scales, biases, nil
+}
+
+// mlxBits is the bit width of the MLX form of a quantized GGUF type.
+func mlxBits(t GGMLType) int {
+	if gw, ok := groupwiseTypes[t]; ok {
+		return gw.bits
+	}
+	if t == TypeQ8_0 {
+		return 8
+	}
+	return 4
 }
 
 // packNibbles packs the low nibble of each of the 8 bytes of x into a

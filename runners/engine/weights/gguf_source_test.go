@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
@@ -181,9 +182,9 @@ func TestGGUFSourceRejects(t *testing.T) {
 	}
 	var c ggufBuilder
 	llamaMeta(&c, "llama", 2, 2)
-	c.Tensor("blk.0.ffn_up.weight", TypeQ6_K, make([]byte, 210), 256, 1)
-	if _, err := Open(writeGGUF(t, &c)); err == nil {
-		t.Error("Q6_K accepted")
+	c.Tensor("blk.0.ffn_up.weight", TypeQ2_K, make([]byte, 84), 256, 1)
+	if _, err := Open(writeGGUF(t, &c)); err == nil || !strings.Contains(err.Error(), "Q2_K not supported") {
+		t.Errorf("Q2_K: %v, want it refused by name", err)
 	}
 }
 
@@ -198,6 +199,14 @@ func FuzzGGUFSource(f *testing.F) {
 	b.Tensor("blk.0.ffn_up.weight", TypeQ4_1, make([]byte, 20*2), 32, 2)
 	b.Tensor("output_norm.weight", TypeF16, make([]byte, 16), 8)
 	f.Add(b.Bytes())
+	var k ggufBuilder
+	llamaMeta(&k, "llama", 2, 1)
+	k.Tensor("blk.0.attn_q.weight", TypeQ4_K, make([]byte, 144*2), 256, 2)
+	k.Tensor("blk.0.attn_k.weight", TypeQ5_K, make([]byte, 176), 256, 1)
+	k.Tensor("blk.0.ffn_down.weight", TypeQ6_K, make([]byte, 210), 256, 1)
+	k.Tensor("blk.0.ffn_up.weight", TypeQ5_0, make([]byte, 22*8), 32, 8)
+	k.Tensor("blk.0.ffn_gate.weight", TypeQ5_1, make([]byte, 24*8), 32, 8)
+	f.Add(k.Bytes())
 	f.Fuzz(func(t *testing.T, data []byte) {
 		g, err := ParseGGUF(data)
 		if err != nil {
