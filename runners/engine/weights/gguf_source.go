@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -391,6 +393,62 @@ func f16Mul(h uint16, m float32) uint16 {
 	return F32ToF16(F16ToF32(h) * m)
 }
 
+// Llama 3's RoPE scaling constants (Llama 3.1 and 3.2 use these with a
+// factor of 8 or 32).
+const (
+	llama3LowFreqFactor  = 1
+	llama3HighFreqFactor = 4
+	llama3OriginalCtx    = 8192
+)
+
+// ropeFreqsScaling recognizes a rope_freqs.weight tensor, which
+// llama.cpp's converter writes for Llama 3.1/3.2 instead of scaling
+// metadata: per rotated pair, the factor its frequency is divided by. It
+// returns the equivalent HF rope_scaling block, after checking that
+// Llama 3's scaling with the tensor's largest factor gives every one of
+// the tensor's factors; nil when there is no such tensor or all factors
+// are 1; an error for factors it cannot express.
+func ropeFreqsScaling(g *GGUF, theta float64, headDim int) (map[string]any, error) {
+	if _, ok := g.TensorInfo("rope_freqs.weight"); !ok {
+		return nil, nil
+	}
+	ti, raw, err := g.TensorData("rope_freqs.weight")
+	if err != nil {
+		return nil, err
+	}
+	if ti.Type != TypeF32 || len(raw) != 4*(headDim/2) {
+		return nil, fmt.Errorf("rope_freqs.weight: %s with %d bytes, want %d float32 factors (head dim %d)", ti.Type, len(raw), headDim/2, headDim)
+	}
+	got := make([]float64, headDim/2)
+	factor := 0.0
+	for i := range got {
+		got[i] = float64(math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:])))
+		factor = max(factor, got[i])
+	}
+	if factor == 1 && slices.Min(got) == 1 {
+		return nil, nil
+	}
+	plain, _, err := engine.RoPEFrequencies(&engine.RoPE{Dims: headDim, Base: theta}, headDim)
+	if err != nil {
+		return nil, fmt.Errorf("rope_freqs.weight: %w", err)
+	}
+	scaling := engine.RoPEScaling{Type: "llama3", Factor: factor, LowFreqFactor: llama3LowFreqFactor,
+		HighFreqFactor: llama3HighFreqFactor, OriginalMaxPositions: llama3OriginalCtx}
+	scaled, _, err := engine.RoPEFrequencies(&engine.RoPE{Dims: headDim, Base: theta, Scale: scaling}, headDim)
+	if err != nil {
+		return nil, fmt.Errorf("rope_freqs.weight: %w", err)
+	}
+	for i, f := range got {
+		if want := float64(plain[i]) / float64(scaled[i]); math.Abs(want-f) > 1e-3*f {
+			return nil, fmt.Errorf("rope_freqs.weight: factor %d is %g where Llama 3 scaling (factor %g, low %d, high %d, original context %d) gives %g; these frequency factors are not supported",
+				i, f, factor, llama3LowFreqFactor, llama3HighFreqFactor, llama3OriginalCtx, want)
+		}
+	}
+	return map[string]any{"type": "llama3", "rope_type": "llama3", "factor": factor,
+		"low_freq_factor": llama3LowFreqFactor, "high_freq_factor": llama3HighFreqFactor,
+		"original_max_position_embeddings": llama3OriginalCtx}, nil
+}
+
 // synthesizeConfig writes an HF config.json equivalent to the GGUF
 // metadata.
 func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
@@ -485,6 +543,14 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 			rs["original_max_position_embeddings"] = n
 		}
 		cfg["rope_scaling"] = rs
+	} else {
+		rs, err := ropeFreqsScaling(g, theta, int(headDim))
+		if err != nil {
+			return nil, err
+		}
+		if rs != nil {
+			cfg["rope_scaling"] = rs
+		}
 	}
 	if len(s.quant) > 0 {
 		// The most common spec is the default; the rest are per-module

@@ -222,3 +222,84 @@ func FuzzGGUFSource(f *testing.F) {
 		s.Vocab()
 	})
 }
+
+// llama3Factors is what llama.cpp's convert_hf_to_gguf.py writes as
+// rope_freqs.weight for Llama 3.1 (written here from that script, not from
+// the engine's RoPE code).
+func llama3Factors(base float64, dim int, factor, low, high, old float64) []float32 {
+	out := make([]float32, dim/2)
+	lowWave, highWave := old/low, old/high
+	for i := range out {
+		freq := float64(float32(1 / math.Pow(base, float64(2*i)/float64(dim))))
+		wave := 2 * math.Pi / freq
+		switch {
+		case wave < highWave:
+			out[i] = 1
+		case wave > lowWave:
+			out[i] = float32(factor)
+		default:
+			smooth := (old/wave - low) / (high - low)
+			out[i] = float32(1 / ((1-smooth)/factor + smooth))
+		}
+	}
+	return out
+}
+
+func TestGGUFRopeFreqsBecomeLlama3Scaling(t *testing.T) {
+	build := func(factors []float32) string {
+		var b ggufBuilder
+		b.Str("general.architecture", "llama")
+		b.U32("llama.block_count", 1)
+		b.U32("llama.embedding_length", 256) // head dim 128, as Llama 3.1
+		b.U32("llama.feed_forward_length", 32)
+		b.U32("llama.attention.head_count", 2)
+		b.U32("llama.attention.head_count_kv", 1)
+		b.F32("llama.rope.freq_base", 500000)
+		b.Strs("tokenizer.ggml.tokens", []string{"a", "b", "c", "d"})
+		raw := make([]byte, 4*len(factors))
+		for i, f := range factors {
+			binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(f))
+		}
+		b.Tensor("rope_freqs.weight", TypeF32, raw, uint64(len(factors)))
+		return writeGGUF(t, &b)
+	}
+	for _, factor := range []float64{8, 32} {
+		src, err := Open(build(llama3Factors(500000, 128, factor, 1, 4, 8192)))
+		if err != nil {
+			t.Fatalf("factor %v: %v", factor, err)
+		}
+		var cfg struct {
+			RopeScaling map[string]any `json:"rope_scaling"`
+		}
+		if err := json.Unmarshal(src.Config(), &cfg); err != nil {
+			t.Fatal(err)
+		}
+		rs := cfg.RopeScaling
+		if rs["rope_type"] != "llama3" || rs["factor"] != factor || rs["low_freq_factor"] != 1.0 ||
+			rs["high_freq_factor"] != 4.0 || rs["original_max_position_embeddings"] != 8192.0 {
+			t.Errorf("factor %v: rope_scaling %v", factor, rs)
+		}
+		src.Close()
+	}
+	// All ones: no scaling block.
+	ones := make([]float32, 64)
+	for i := range ones {
+		ones[i] = 1
+	}
+	src, err := Open(build(ones))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(src.Config()), "rope_scaling") {
+		t.Errorf("factors of 1 gave %s", src.Config())
+	}
+	src.Close()
+	// Factors that are not Llama 3's (another original context) are refused
+	// by name, not silently misapplied; so is a tensor of the wrong size.
+	if _, err := Open(build(llama3Factors(500000, 128, 8, 1, 4, 4096))); err == nil || !strings.Contains(err.Error(), "not supported") {
+		t.Errorf("foreign factors: %v", err)
+	}
+	if _, err := Open(build(ones[:10])); err == nil || !strings.Contains(err.Error(), "rope_freqs.weight") {
+		t.Errorf("wrong size: %v", err)
+	}
+}
