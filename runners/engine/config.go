@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -32,6 +33,19 @@ type Config struct {
 	DTypeSet         bool      // torch_dtype (or dtype) was present
 	Quant            QuantSpec // quantization {bits, group_size}; zero when dense
 	SlidingWindowUse bool      // use_sliding_window (unsupported when true)
+
+	// Mixture of experts (Qwen3-MoE); Experts is 0 for dense models.
+	Experts         int   // num_experts
+	ExpertsPerToken int   // num_experts_per_tok
+	MoEIntermediate int   // moe_intermediate_size
+	NormTopKProb    bool  // norm_topk_prob: renormalize the chosen experts' weights
+	SparseStep      int   // decoder_sparse_step (default 1): every n-th layer is sparse
+	MLPOnlyLayers   []int // mlp_only_layers: layers that stay dense
+}
+
+// IsMoELayer reports whether layer i has a sparse MoE block.
+func (c *Config) IsMoELayer(i int) bool {
+	return c.Experts > 0 && !slices.Contains(c.MLPOnlyLayers, i) && (i+1)%c.SparseStep == 0
 }
 
 // ErrConfig is wrapped by every config.json validation error.
@@ -60,6 +74,12 @@ type rawConfig struct {
 	Quantization       *json.RawMessage `json:"quantization"`
 	QuantizationConfig *json.RawMessage `json:"quantization_config"`
 	UseSlidingWindow   *bool            `json:"use_sliding_window"`
+	NumExperts         *int             `json:"num_experts"`
+	NumExpertsPerTok   *int             `json:"num_experts_per_tok"`
+	MoEIntermediate    *int             `json:"moe_intermediate_size"`
+	NormTopKProb       *bool            `json:"norm_topk_prob"`
+	DecoderSparseStep  *int             `json:"decoder_sparse_step"`
+	MLPOnlyLayers      []int            `json:"mlp_only_layers"`
 }
 
 type rawRoPE struct {
@@ -171,6 +191,30 @@ func ParseConfig(data []byte) (*Config, error) {
 	}
 	if err := parseRoPE(&r, c); err != nil {
 		return nil, err
+	}
+	if r.NumExperts != nil && *r.NumExperts > 0 {
+		c.Experts = *r.NumExperts
+		if c.ExpertsPerToken, err = positive("num_experts_per_tok", r.NumExpertsPerTok, 0); err != nil {
+			return nil, err
+		}
+		if c.ExpertsPerToken > c.Experts {
+			return nil, cfgErr("num_experts_per_tok", "%d exceeds num_experts %d", c.ExpertsPerToken, c.Experts)
+		}
+		if c.MoEIntermediate, err = positive("moe_intermediate_size", r.MoEIntermediate, 0); err != nil {
+			return nil, err
+		}
+		if c.SparseStep, err = positive("decoder_sparse_step", r.DecoderSparseStep, 1); err != nil {
+			return nil, err
+		}
+		if r.NormTopKProb != nil {
+			c.NormTopKProb = *r.NormTopKProb
+		}
+		for _, l := range r.MLPOnlyLayers {
+			if l < 0 || l >= c.Layers {
+				return nil, cfgErr("mlp_only_layers", "layer %d out of range [0, %d)", l, c.Layers)
+			}
+		}
+		c.MLPOnlyLayers = slices.Clone(r.MLPOnlyLayers)
 	}
 	q := r.Quantization
 	if q == nil {
@@ -289,6 +333,9 @@ type Arch struct {
 	QKVBias bool
 	// QKNorm: per-head RMSNorm on q and k before RoPE (Qwen3).
 	QKNorm bool
+	// MoE: sparse layers replace the MLP with routed experts (the config's
+	// num_experts must be set).
+	MoE bool
 }
 
 // archRegistry maps HF architecture names to their variants. It is filled
@@ -338,4 +385,5 @@ func init() {
 	RegisterArch("LlamaForCausalLM", Arch{Family: "llama"})
 	RegisterArch("Qwen2ForCausalLM", Arch{Family: "qwen2", QKVBias: true})
 	RegisterArch("Qwen3ForCausalLM", Arch{Family: "qwen3", QKNorm: true})
+	RegisterArch("Qwen3MoeForCausalLM", Arch{Family: "qwen3_moe", QKNorm: true, MoE: true})
 }

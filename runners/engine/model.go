@@ -58,7 +58,8 @@ type block struct {
 	inNorm, postNorm Array // [D]
 	q, k, v, o       Linear
 	gate, up, down   Linear
-	qNorm, kNorm     Array // [Dh], Qwen3 only
+	qNorm, kNorm     Array     // [Dh], Qwen3 only
+	moe              *moeBlock // sparse layers of MoE models; gate/up/down unused then
 }
 
 // Load opens path (a model directory or .gguf file) with the registered
@@ -102,6 +103,9 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	}
 	if cfg.SlidingWindowUse {
 		return nil, cfgErr("use_sliding_window", "sliding-window attention is not supported")
+	}
+	if arch.MoE != (cfg.Experts > 0) {
+		return nil, cfgErr("num_experts", "%d experts for architecture %s", cfg.Experts, cfg.Arch)
 	}
 	vocab, err := src.Vocab()
 	if err != nil {
@@ -199,11 +203,18 @@ func sizeOf(c *Config, a Arch, tied bool) int64 {
 	}
 	D, F, V := c.Hidden, c.Intermediate, c.Vocab
 	qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
-	layer := lin(qd, D) + 2*lin(kvd, D) + lin(D, qd) + 3*lin(F, D) + 2*int64(D)*es
+	layer := lin(qd, D) + 2*lin(kvd, D) + lin(D, qd) + 2*int64(D)*es
 	if a.QKNorm {
 		layer += 2 * int64(c.HeadDim) * es
 	}
 	total := lin(V, D) + int64(D)*es + int64(c.Layers)*layer
+	for i := range c.Layers {
+		if c.IsMoELayer(i) {
+			total += lin(c.Experts, D) + int64(c.Experts)*3*lin(c.MoEIntermediate, D)
+		} else {
+			total += 3 * lin(F, D)
+		}
+	}
 	if !tied {
 		total += lin(V, D)
 	}
@@ -296,14 +307,20 @@ func (l *loader) block(b *block, i int, cfg *Config, arch Arch, D, H, Hkv, Dh, F
 	if err := lin(&b.o, "self_attn.o_proj", D, H*Dh, cfg.AttentionBias); err != nil {
 		return err
 	}
-	if err := lin(&b.gate, "mlp.gate_proj", F, D, false); err != nil {
-		return err
-	}
-	if err := lin(&b.up, "mlp.up_proj", F, D, false); err != nil {
-		return err
-	}
-	if err := lin(&b.down, "mlp.down_proj", D, F, false); err != nil {
-		return err
+	if cfg.IsMoELayer(i) {
+		if b.moe, err = l.moe(p+"mlp.", cfg); err != nil {
+			return err
+		}
+	} else {
+		if err := lin(&b.gate, "mlp.gate_proj", F, D, false); err != nil {
+			return err
+		}
+		if err := lin(&b.up, "mlp.up_proj", F, D, false); err != nil {
+			return err
+		}
+		if err := lin(&b.down, "mlp.down_proj", D, F, false); err != nil {
+			return err
+		}
 	}
 	if arch.QKNorm {
 		if b.qNorm, err = l.vector(p+"self_attn.q_norm.weight", Dh); err != nil {
@@ -528,6 +545,14 @@ func (m *Model) step(c KVCache, tokens []int32, wantLogits bool, logits *[]float
 		a = b.Reshape(b.Transpose(a, 1, 0, 2), L, H*Dh) // [L, H·Dh]
 		x = b.Add(x, b.Linear(a, &ly.o))
 		h = b.RMSNorm(x, ly.postNorm, m.eps)
+		if ly.moe != nil {
+			y, err := m.moeForward(ly.moe, x, h)
+			if err != nil {
+				return err
+			}
+			x = b.Add(x, y)
+			continue
+		}
 		g := b.SwiGLU(b.Linear(h, &ly.gate), b.Linear(h, &ly.up))
 		x = b.Add(x, b.Linear(g, &ly.down))
 	}

@@ -28,8 +28,9 @@ type mlxFixture struct {
 		Name    string `json:"name"`
 		SHA256  string `json:"safetensors_sha256"`
 		Results []struct {
-			Logits string  `json:"logits_f32_b64"`
-			Greedy []int32 `json:"greedy"`
+			Logits    string  `json:"logits_f32_b64"`
+			Greedy    []int32 `json:"greedy"`
+			MinMargin float64 `json:"min_margin"`
 		} `json:"results"`
 	} `json:"models"`
 }
@@ -92,9 +93,11 @@ func TestMatchesMLXReference(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer m.Close()
-			dense := spec.QuantBits == 0 && (spec.DType == engine.F32 || spec.DType == 0)
+			f32 := spec.DType == engine.F32 || spec.DType == 0
+			dense := spec.QuantBits == 0 && f32
 			minCos := 0.999
-			if dense {
+			if f32 {
+				// Both sides compute in float32 (quantized: float32 scales).
 				minCos = 0.9999
 			}
 			for i, res := range fm.Results {
@@ -122,7 +125,10 @@ func TestMatchesMLXReference(t *testing.T) {
 					same++
 				}
 				t.Logf("prompt %d: cosine %.7f, greedy agrees for %d/%d tokens", i, cs, same, len(greedy))
-				if dense && !slices.Equal(greedy, res.Greedy) {
+				// Dense f32 models must decode identically; quantized ones
+				// with f32 scales too, unless mlx-lm's own top-two margin
+				// came within 0.001 somewhere along the way.
+				if (dense || (f32 && res.MinMargin >= 0.001)) && !slices.Equal(greedy, res.Greedy) {
 					t.Errorf("prompt %d: greedy %v, mlx-lm %v", i, greedy, res.Greedy)
 				}
 			}

@@ -23,8 +23,8 @@ func TestTestmodelDirsLoadAndRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	archs := map[string]string{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-	for _, arch := range []string{"llama", "qwen2", "qwen3"} {
+	archs := map[string]string{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}
+	for _, arch := range []string{"llama", "qwen2", "qwen3", "qwen3moe"} {
 		for _, v := range []struct {
 			dt        engine.DType
 			bits, gs  int
@@ -105,4 +105,47 @@ func greedyFrom(t testing.TB, m *engine.Model, c engine.KVCache, logits []float3
 		}
 	}
 	return out
+}
+
+// TestMoEChunkedPrefillBitIdentical: routing is per token, so a MoE model's
+// KV must not depend on how the prompt is chunked (remote prefill equals
+// local prefill only if it does).
+func TestMoEChunkedPrefillBitIdentical(t *testing.T) {
+	b, err := backend.Open("cpu", backend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	prompt := testmodel.ReferencePrompts()[4]
+	for _, spec := range []testmodel.Spec{
+		{Arch: "qwen3moe", DType: engine.F32, Seed: 5, Layers: 3},
+		{Arch: "qwen3moe", DType: engine.BF16, QuantBits: 4, GroupSize: 64, Seed: 5, Layers: 3},
+	} {
+		dir := t.TempDir()
+		if err := testmodel.Write(dir, spec); err != nil {
+			t.Fatal(err)
+		}
+		m, err := engine.Load(ctx, dir, b, engine.LoadOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		one := m.NewCache()
+		if err := m.Prefill(ctx, one, prompt, 0, nil); err != nil {
+			t.Fatal(err)
+		}
+		for _, chunk := range []int{1, 3, 16} {
+			c := m.NewCache()
+			if err := m.Prefill(ctx, c, prompt, chunk, nil); err != nil {
+				t.Fatal(err)
+			}
+			for l := range m.Info().Layers {
+				k1, v1, _ := one.Export(l, 0, len(prompt))
+				k2, v2, _ := c.Export(l, 0, len(prompt))
+				if string(k1) != string(k2) || string(v1) != string(v2) {
+					t.Fatalf("%v q%d: layer %d KV differs between chunks of %d and one-shot prefill", spec.DType, spec.QuantBits, l, chunk)
+				}
+			}
+		}
+		m.Close()
+	}
 }

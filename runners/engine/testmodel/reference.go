@@ -10,16 +10,30 @@ type Reference struct {
 	Spec Spec
 }
 
-// ReferenceSet returns the reference models: llama, qwen2 and qwen3 in
-// f32, bf16 and MLX 4-bit (bf16 scales, group 64), all with seed 4 (chosen among seeds 1-8 for the largest top-1/top-2 logit margin in f32 greedy decoding, ≥ 0.003).
+// ReferenceSet returns the reference models: llama, qwen2, qwen3 and
+// qwen3moe (3 layers) in f32, bf16 (not qwen3moe) and MLX 4-bit (bf16 scales, group 64), all with seed 4 (chosen among seeds 1-8 for the largest top-1/top-2 logit margin in f32 greedy decoding, ≥ 0.003).
 func ReferenceSet() []Reference {
 	var out []Reference
-	for _, arch := range []string{"llama", "qwen2", "qwen3"} {
-		out = append(out,
-			Reference{arch + "-f32", Spec{Arch: arch, DType: engine.F32, Seed: 4}},
-			Reference{arch + "-bf16", Spec{Arch: arch, DType: engine.BF16, Seed: 4}},
-			Reference{arch + "-q4", Spec{Arch: arch, DType: engine.BF16, QuantBits: 4, GroupSize: 64, Seed: 4}},
-		)
+	for _, arch := range []string{"llama", "qwen2", "qwen3", "qwen3moe"} {
+		layers := 0 // default
+		if arch == "qwen3moe" {
+			layers = 3 // one dense layer, two sparse
+		}
+		out = append(out, Reference{arch + "-f32", Spec{Arch: arch, DType: engine.F32, Seed: 4, Layers: layers}})
+		if arch != "qwen3moe" {
+			// MLX's CPU backend runs the dense gather_mm of mlx-lm's
+			// SwitchGLU in float32 only, so mlx-lm cannot give a bf16 MoE
+			// reference here.
+			out = append(out, Reference{arch + "-bf16", Spec{Arch: arch, DType: engine.BF16, Seed: 4, Layers: layers}})
+		}
+		q4 := Spec{Arch: arch, DType: engine.BF16, QuantBits: 4, GroupSize: 64, Seed: 4, Layers: layers}
+		if arch == "qwen3moe" {
+			// float32 scales, so mlx-lm computes in float32 too: in bf16 a
+			// near-tie between two experts' router probabilities can pick
+			// a different expert, which no tolerance on logits absorbs.
+			q4.DType = engine.F32
+		}
+		out = append(out, Reference{arch + "-q4", q4})
 	}
 	return out
 }

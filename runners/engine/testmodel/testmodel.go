@@ -1,7 +1,9 @@
 // Package testmodel writes tiny deterministic random-weight models in HF
 // safetensors form for tests: Llama (with Llama 3 RoPE scaling), Qwen2
-// (q/k/v biases) and Qwen3 (q/k RMSNorm, tied embeddings, head_dim ≠
-// hidden/heads), in f32 or bf16, dense or MLX affine-quantized (4/8-bit,
+// (q/k/v biases), Qwen3 (q/k RMSNorm, tied embeddings, head_dim ≠
+// hidden/heads) and Qwen3-MoE (layer 0 dense, the others routed experts:
+// one tensor per expert as HF stores them when dense, stacked as mlx-lm's
+// switch_mlp with an 8-bit router when quantized), in f32 or bf16, dense or MLX affine-quantized (4/8-bit,
 // loadable by mlx-lm), with a real byte-level BPE tokenizer.json (merges
 // learned from an embedded text) and a ChatML chat template.
 //
@@ -25,23 +27,27 @@ import (
 
 // Spec describes a test model. Zero sizes take small defaults.
 type Spec struct {
-	Arch                                                                       string       // "llama" | "qwen2" | "qwen3"
+	Arch                                                                       string       // "llama" | "qwen2" | "qwen3" | "qwen3moe"
 	DType                                                                      engine.DType // engine.F32 or engine.BF16 (0 → F32)
 	QuantBits, GroupSize                                                       int          // 0 = dense; 4 or 8 with group 32/64/128 (0 → 64)
 	Seed                                                                       int64
 	Layers, Hidden, Heads, KVHeads, HeadDim, Intermediate, Vocab, MaxPositions int
+	Experts, ExpertsPerToken, MoEIntermediate                                  int // qwen3moe only
 }
 
 // Defaults used for zero Spec fields.
 const (
-	DefaultLayers       = 2
-	DefaultHidden       = 128
-	DefaultHeads        = 4
-	DefaultKVHeads      = 2
-	DefaultIntermediate = 256
-	DefaultVocab        = 512
-	DefaultMaxPositions = 512
-	DefaultGroupSize    = 64
+	DefaultLayers          = 2
+	DefaultHidden          = 128
+	DefaultHeads           = 4
+	DefaultKVHeads         = 2
+	DefaultIntermediate    = 256
+	DefaultVocab           = 512
+	DefaultMaxPositions    = 512
+	DefaultGroupSize       = 64
+	DefaultExperts         = 8
+	DefaultExpertsPerToken = 2
+	DefaultMoEIntermediate = 64
 )
 
 // Added (special) tokens, appended after the BPE vocabulary in this order.
@@ -64,7 +70,12 @@ func (s Spec) Normalized() (Spec, error) {
 	def(&s.Hidden, DefaultHidden)
 	def(&s.Heads, DefaultHeads)
 	def(&s.KVHeads, DefaultKVHeads)
-	if s.Arch == "qwen3" {
+	if s.Arch == "qwen3moe" {
+		def(&s.Experts, DefaultExperts)
+		def(&s.ExpertsPerToken, DefaultExpertsPerToken)
+		def(&s.MoEIntermediate, DefaultMoEIntermediate)
+	}
+	if s.Arch == "qwen3" || s.Arch == "qwen3moe" {
 		def(&s.HeadDim, 2*s.Hidden/s.Heads)
 	} else {
 		def(&s.HeadDim, s.Hidden/s.Heads)
@@ -76,7 +87,7 @@ func (s Spec) Normalized() (Spec, error) {
 		def(&s.GroupSize, DefaultGroupSize)
 	}
 	switch s.Arch {
-	case "llama", "qwen2", "qwen3":
+	case "llama", "qwen2", "qwen3", "qwen3moe":
 	default:
 		return s, fmt.Errorf("testmodel: unknown arch %q", s.Arch)
 	}
@@ -166,14 +177,19 @@ func (s Spec) ropeTheta() float64 {
 }
 
 func configJSON(s Spec) []byte {
-	arch := map[string]string{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[s.Arch]
+	arch := map[string]string{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+		"qwen3moe": "Qwen3MoeForCausalLM"}[s.Arch]
+	modelType := map[string]string{"qwen3moe": "qwen3_moe"}[s.Arch]
+	if modelType == "" {
+		modelType = s.Arch
+	}
 	dt := "float32"
 	if s.DType == engine.BF16 {
 		dt = "bfloat16"
 	}
 	c := map[string]any{
 		"architectures":           []string{arch},
-		"model_type":              s.Arch,
+		"model_type":              modelType,
 		"hidden_size":             s.Hidden,
 		"intermediate_size":       s.Intermediate,
 		"num_hidden_layers":       s.Layers,
@@ -202,9 +218,23 @@ func configJSON(s Spec) []byte {
 		c["use_sliding_window"] = false
 	case "qwen3":
 		c["attention_bias"] = false
+	case "qwen3moe":
+		c["attention_bias"] = false
+		c["num_experts"] = s.Experts
+		c["num_experts_per_tok"] = s.ExpertsPerToken
+		c["moe_intermediate_size"] = s.MoEIntermediate
+		c["norm_topk_prob"] = true
+		c["decoder_sparse_step"] = 1
+		c["mlp_only_layers"] = []int{0}
 	}
 	if s.QuantBits != 0 {
 		q := map[string]any{"group_size": s.GroupSize, "bits": s.QuantBits}
+		if s.Arch == "qwen3moe" {
+			// As mlx-community's MoE checkpoints: routers at 8 bits.
+			for l := 1; l < s.Layers; l++ {
+				q[fmt.Sprintf("model.layers.%d.mlp.gate", l)] = map[string]any{"group_size": s.GroupSize, "bits": 8}
+			}
+		}
 		c["quantization"] = q
 		c["quantization_config"] = q
 	}
@@ -293,9 +323,13 @@ func Tensors(s Spec) ([]engine.Tensor, error) {
 			vec(p+"self_attn.k_proj.bias", s.KVHeads*hd, 0.2, 0)
 			vec(p+"self_attn.v_proj.bias", s.KVHeads*hd, 0.2, 0)
 		}
-		if s.Arch == "qwen3" {
+		if s.Arch == "qwen3" || s.Arch == "qwen3moe" {
 			vec(p+"self_attn.q_norm.weight", hd, 0.1, 1)
 			vec(p+"self_attn.k_norm.weight", hd, 0.1, 1)
+		}
+		if s.Arch == "qwen3moe" && l > 0 {
+			out = append(out, g.moe(p+"mlp.", in)...)
+			continue
 		}
 		linear(p+"mlp.gate_proj", s.Intermediate, h, in)
 		linear(p+"mlp.up_proj", s.Intermediate, h, in)
@@ -303,6 +337,54 @@ func Tensors(s Spec) ([]engine.Tensor, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
+}
+
+// moe returns a sparse block's tensors: the router prefix+"gate" [E, h]
+// (std 2/√h: distinct probabilities, so top-k choices are not near ties)
+// and the experts, one tensor per expert and projection when dense, or
+// stacked [E, …] under prefix+"switch_mlp." when quantized (mlx-lm's
+// layout; its loader stacks only dense per-expert weights).
+func (g *gen) moe(prefix string, in float64) []engine.Tensor {
+	s := g.s
+	h, F, E := s.Hidden, s.MoEIntermediate, s.Experts
+	var out []engine.Tensor
+	router := g.normal(prefix+"gate.weight", E*h, 2/math.Sqrt(float64(h)), 0)
+	if s.QuantBits != 0 {
+		out = append(out, quantize(prefix+"gate", router, E, h, 8, s.GroupSize, s.DType)...)
+	} else {
+		out = append(out, floatTensor(prefix+"gate.weight", router, s.DType, E, h))
+	}
+	projs := []struct {
+		name       string
+		rows, cols int
+		std        float64
+	}{{"gate_proj", F, h, in}, {"up_proj", F, h, in}, {"down_proj", h, F, 1 / math.Sqrt(float64(F))}}
+	for _, p := range projs {
+		if s.QuantBits == 0 {
+			for e := range E {
+				name := fmt.Sprintf("%sexperts.%d.%s", prefix, e, p.name)
+				out = append(out, floatTensor(name+".weight", g.normal(name+".weight", p.rows*p.cols, p.std, 0), s.DType, p.rows, p.cols))
+			}
+			continue
+		}
+		var stacked []engine.Tensor
+		for e := range E {
+			name := fmt.Sprintf("%sexperts.%d.%s", prefix, e, p.name)
+			parts := quantize(prefix+"switch_mlp."+p.name, g.normal(name+".weight", p.rows*p.cols, p.std, 0), p.rows, p.cols, s.QuantBits, s.GroupSize, s.DType)
+			if stacked == nil {
+				stacked = parts
+				for i := range stacked {
+					stacked[i].Shape = append([]int{E}, stacked[i].Shape...)
+				}
+				continue
+			}
+			for i := range stacked {
+				stacked[i].Data = append(stacked[i].Data, parts[i].Data...)
+			}
+		}
+		out = append(out, stacked...)
+	}
+	return out
 }
 
 // floatTensor encodes float64 values as an F32 or BF16 tensor.

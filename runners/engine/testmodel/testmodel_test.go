@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -37,7 +38,7 @@ func TestWriteIsDeterministicAndLoads(t *testing.T) {
 			}
 			defer src.Close()
 			s, _ := r.Spec.Normalized()
-			q := src.Quant("model.layers.1.mlp.down_proj")
+			q := src.Quant("model.layers.0.mlp.down_proj")
 			if q.Bits != s.QuantBits || q.GroupSize != s.GroupSize {
 				t.Errorf("quant %v, spec %v/%v", q, s.QuantBits, s.GroupSize)
 			}
@@ -60,8 +61,29 @@ func TestWriteIsDeterministicAndLoads(t *testing.T) {
 				t.Errorf("q bias: %v", err)
 			}
 			_, err = src.Tensor("model.layers.1.self_attn.k_norm.weight")
-			if (r.Spec.Arch == "qwen3") != (err == nil) {
+			if (r.Spec.Arch == "qwen3" || r.Spec.Arch == "qwen3moe") != (err == nil) {
 				t.Errorf("k_norm: %v", err)
+			}
+			if r.Spec.Arch == "qwen3moe" {
+				// Layer 1 is sparse: per-expert tensors (dense) or
+				// mlx-lm's stacked switch_mlp with an 8-bit router.
+				if s.QuantBits == 0 {
+					e, err := src.Tensor("model.layers.1.mlp.experts.7.down_proj.weight")
+					if err != nil || !slices.Equal(e.Shape, []int{s.Hidden, s.MoEIntermediate}) {
+						t.Errorf("expert 7 down_proj: %v %v", e.Shape, err)
+					}
+				} else {
+					e, err := src.Tensor("model.layers.1.mlp.switch_mlp.gate_proj.weight")
+					if err != nil || !slices.Equal(e.Shape, []int{s.Experts, s.MoEIntermediate, s.Hidden * s.QuantBits / 32}) {
+						t.Errorf("stacked gate_proj: %v %v", e.Shape, err)
+					}
+					if q := src.Quant("model.layers.1.mlp.gate"); q.Bits != 8 {
+						t.Errorf("router quantization %v, want 8 bits", q)
+					}
+				}
+				if _, err := src.Tensor("model.layers.1.mlp.gate_proj.weight"); err == nil {
+					t.Error("sparse layer has a dense MLP")
+				}
 			}
 			voc, err := src.Vocab()
 			if err != nil || len(voc) != s.Vocab || voc[ImEndID(s.Vocab)] != "<|im_end|>" || voc[32] != "Ġ" {
