@@ -87,29 +87,25 @@ func groupwiseToMLX(gw groupwise, raw []byte, rows, cols int) (w, scales, biases
 }
 
 func decodeQ5_0(blk []byte, out []affineGroup) {
-	le := binary.LittleEndian
-	d := le.Uint16(blk)
-	qh := le.Uint32(blk[2:])
-	qs := blk[6:22]
-	g := &out[0]
-	for j := range 16 {
-		g.q[j] = qs[j]&0xf | uint8(qh>>j&1)<<4
-		g.q[j+16] = qs[j]>>4 | uint8(qh>>(j+16)&1)<<4
-	}
-	g.scale, g.bias = d, F32ToF16(F16ToF32(d)*-16)
+	d := binary.LittleEndian.Uint16(blk)
+	unpack5(&out[0], binary.LittleEndian.Uint32(blk[2:]), blk[6:22])
+	out[0].scale, out[0].bias = d, F32ToF16(F16ToF32(d)*-16)
 }
 
 func decodeQ5_1(blk []byte, out []affineGroup) {
 	le := binary.LittleEndian
-	d, m := le.Uint16(blk), le.Uint16(blk[2:])
-	qh := le.Uint32(blk[4:])
-	qs := blk[8:24]
-	g := &out[0]
+	unpack5(&out[0], le.Uint32(blk[4:]), blk[8:24])
+	out[0].scale, out[0].bias = le.Uint16(blk), le.Uint16(blk[2:])
+}
+
+// unpack5 sets the 32 5-bit values of a Q5_0/Q5_1 block: element j's low
+// nibble is qs[j]'s (j < 16) or qs[j-16]'s high one, its fifth bit is bit j
+// of qh.
+func unpack5(g *affineGroup, qh uint32, qs []byte) {
 	for j := range 16 {
 		g.q[j] = qs[j]&0xf | uint8(qh>>j&1)<<4
 		g.q[j+16] = qs[j]>>4 | uint8(qh>>(j+16)&1)<<4
 	}
-	g.scale, g.bias = d, m
 }
 
 // scaleMinK4 unpacks sub-block j's 6-bit scale and min from the 12 packed
