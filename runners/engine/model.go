@@ -472,6 +472,47 @@ func (m *Model) Forward(ctx context.Context, c KVCache, tokens []int32) (logits 
 	return out, nil
 }
 
+// ForwardBatch runs one decode step for several sequences at once:
+// tokens[i] goes to caches[i] at position caches[i].Len(). Embedding,
+// projections and MLPs run once over all the rows (on bandwidth-bound
+// hardware a step of B sequences costs little more than one); attention
+// runs per sequence. It returns each sequence's logits [V], the same as
+// Forward(caches[i], tokens[i:i+1]) would give. The caches must be
+// distinct. On error every cache is truncated to where it was.
+func (m *Model) ForwardBatch(ctx context.Context, caches []KVCache, tokens []int32) (logits [][]float32, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(caches) == 0 || len(caches) != len(tokens) {
+		return nil, fmt.Errorf("engine: ForwardBatch with %d caches and %d tokens", len(caches), len(tokens))
+	}
+	seen := make(map[KVCache]bool, len(caches))
+	starts := make([]int, len(caches))
+	toks := make([][]int32, len(caches))
+	for i, c := range caches {
+		if seen[c] {
+			return nil, fmt.Errorf("engine: ForwardBatch: cache %d appears twice", i)
+		}
+		seen[c] = true
+		if err := m.checkCache(c, tokens[i:i+1]); err != nil {
+			return nil, err
+		}
+		starts[i], toks[i] = c.Len(), tokens[i:i+1]
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			for i, c := range caches {
+				c.Truncate(starts[i])
+			}
+		}
+		m.b.Free()
+	}()
+	defer recoverInto(&err, "forward batch")
+	return m.stepSeqs(caches, toks, true)
+}
+
 // Prefill runs tokens in chunks of at most chunk tokens (0: 512), calling
 // onChunk(start, n) after each chunk's KV is in the cache. An error from
 // onChunk or ctx stops it after the current chunk; the chunks already done
@@ -519,36 +560,72 @@ func (m *Model) guardedStep(c KVCache, tokens []int32) (err error) {
 // step runs one chunk through every layer. With logits set it writes the
 // last position's logits [V] to *logits; otherwise it only fills the cache.
 func (m *Model) step(c KVCache, tokens []int32, wantLogits bool, logits *[]float32) error {
+	out, err := m.stepSeqs([]KVCache{c}, [][]int32{tokens}, wantLogits)
+	if err == nil && wantLogits {
+		*logits = out[0]
+	}
+	return err
+}
+
+// stepSeqs runs several sequences' chunks through every layer at once:
+// toks[s] continues cs[s] at its current length. Embedding, projections
+// and MLPs run once over all rows; RoPE, the cache append and attention
+// run per sequence. With wantLogits it returns each sequence's last-
+// position logits [V]. With one sequence the graph is the plain one (no
+// slicing or concatenation). Every row's result is the same as when its
+// sequence runs alone: the backends' ops are row-independent.
+func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]float32, error) {
 	b := m.b
 	cfg := &m.cfg
-	L := len(tokens)
 	H, Hkv, Dh := cfg.Heads, cfg.KVHeads, cfg.HeadDim
-	offset := c.Len()
 	scale := float32(1 / math.Sqrt(float64(Dh)))
-	ids := b.FromInt32(tokens, L)
-	x := b.Embedding(m.embed, ids) // [L, D]
+	batched := len(cs) > 1
+	n := 0
+	starts, offsets := make([]int, len(cs)), make([]int, len(cs))
+	var all []int32
+	for s, t := range toks {
+		starts[s], offsets[s] = n, cs[s].Len()
+		n += len(t)
+		all = append(all, t...)
+	}
+	rows := func(a Array, s int) Array {
+		if !batched {
+			return a
+		}
+		return b.Slice(a, 0, starts[s], starts[s]+len(toks[s]))
+	}
+	ids := b.FromInt32(all, n)
+	x := b.Embedding(m.embed, ids) // [n, D]
+	outs := make([]Array, len(cs))
 	for i := range m.layers {
 		ly := &m.layers[i]
 		h := b.RMSNorm(x, ly.inNorm, m.eps)
-		q := b.Reshape(b.Linear(h, &ly.q), L, H, Dh)   // [L, H, Dh]
-		k := b.Reshape(b.Linear(h, &ly.k), L, Hkv, Dh) // [L, Hkv, Dh]
-		v := b.Reshape(b.Linear(h, &ly.v), L, Hkv, Dh)
+		q := b.Reshape(b.Linear(h, &ly.q), n, H, Dh)   // [n, H, Dh]
+		k := b.Reshape(b.Linear(h, &ly.k), n, Hkv, Dh) // [n, Hkv, Dh]
+		v := b.Reshape(b.Linear(h, &ly.v), n, Hkv, Dh)
 		if m.arch.QKNorm {
 			q = b.RMSNorm(q, ly.qNorm, m.eps)
 			k = b.RMSNorm(k, ly.kNorm, m.eps)
 		}
-		q = b.RoPE(b.Transpose(q, 1, 0, 2), offset, &cfg.RoPE) // [H, L, Dh]
-		k = b.RoPE(b.Transpose(k, 1, 0, 2), offset, &cfg.RoPE) // [Hkv, L, Dh]
-		v = b.Transpose(v, 1, 0, 2)
-		kAll, vAll := c.Append(i, k, v)                 // [Hkv, T, Dh]
-		a := b.Attention(q, kAll, vAll, scale)          // [H, L, Dh]
-		a = b.Reshape(b.Transpose(a, 1, 0, 2), L, H*Dh) // [L, H·Dh]
+		for s, c := range cs {
+			L := len(toks[s])
+			qs := b.RoPE(b.Transpose(rows(q, s), 1, 0, 2), offsets[s], &cfg.RoPE) // [H, L, Dh]
+			ks := b.RoPE(b.Transpose(rows(k, s), 1, 0, 2), offsets[s], &cfg.RoPE) // [Hkv, L, Dh]
+			vs := b.Transpose(rows(v, s), 1, 0, 2)
+			kAll, vAll := c.Append(i, ks, vs)                     // [Hkv, T, Dh]
+			a := b.Attention(qs, kAll, vAll, scale)               // [H, L, Dh]
+			outs[s] = b.Reshape(b.Transpose(a, 1, 0, 2), L, H*Dh) // [L, H·Dh]
+		}
+		a := outs[0]
+		if batched {
+			a = b.Concat(0, outs...)
+		}
 		x = b.Add(x, b.Linear(a, &ly.o))
 		h = b.RMSNorm(x, ly.postNorm, m.eps)
 		if ly.moe != nil {
 			y, err := m.moeForward(ly.moe, x, h)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			x = b.Add(x, y)
 			continue
@@ -557,17 +634,31 @@ func (m *Model) step(c KVCache, tokens []int32, wantLogits bool, logits *[]float
 		x = b.Add(x, b.Linear(g, &ly.down))
 	}
 	if !wantLogits {
-		return b.Eval(x)
+		return nil, b.Eval(x)
 	}
-	last := b.Slice(x, 0, L-1, L) // [1, D]
-	out := b.Linear(b.RMSNorm(last, m.norm, m.eps), m.lmHead)
+	last := x // one row per sequence when every chunk is one token
+	if n != len(cs) {
+		for s := range cs {
+			end := starts[s] + len(toks[s])
+			outs[s] = b.Slice(x, 0, end-1, end) // [1, D]
+		}
+		last = outs[0]
+		if batched {
+			last = b.Concat(0, outs...)
+		}
+	}
+	out := b.Linear(b.RMSNorm(last, m.norm, m.eps), m.lmHead) // [B, V]
 	if err := b.Eval(out); err != nil {
-		return err
+		return nil, err
 	}
 	f, err := b.Float32(out)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	*logits = f
-	return nil
+	V := len(f) / len(cs)
+	logits := make([][]float32, len(cs))
+	for s := range logits {
+		logits[s] = f[s*V : (s+1)*V : (s+1)*V]
+	}
+	return logits, nil
 }

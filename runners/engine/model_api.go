@@ -17,6 +17,10 @@ package engine
 //	func (m *Model) Forward(ctx context.Context, c KVCache, tokens []int32) ([]float32, error)
 //	    runs tokens at positions c.Len()…, appends their KV, returns the
 //	    float32 logits [V] of the last position only.
+//	func (m *Model) ForwardBatch(ctx context.Context, caches []KVCache, tokens []int32) ([][]float32, error)
+//	    one decode step for several sequences at once (token i appended to
+//	    caches[i]); the same logits as separate Forward calls, with the
+//	    projections and MLPs run once over all rows.
 //	func (m *Model) Prefill(ctx context.Context, c KVCache, tokens []int32, chunk int,
 //	    onChunk func(start, n int) error) error
 //	    runs tokens in chunks of at most chunk tokens (0 = default 512); after

@@ -149,3 +149,89 @@ func TestMoEChunkedPrefillBitIdentical(t *testing.T) {
 		m.Close()
 	}
 }
+
+// TestForwardBatchEqualsForward: a batched decode step gives, bit for bit,
+// the logits and KV of separate Forward calls, for sequences of different
+// lengths, dense, quantized and MoE.
+func TestForwardBatchEqualsForward(t *testing.T) {
+	b, err := backend.Open("cpu", backend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	prompts := testmodel.ReferencePrompts()[1:4]
+	for _, spec := range []testmodel.Spec{
+		{Arch: "llama", DType: engine.F32, Seed: 2},
+		{Arch: "qwen3", DType: engine.BF16, QuantBits: 4, GroupSize: 64, Seed: 2},
+		{Arch: "qwen3moe", DType: engine.F32, Seed: 2, Layers: 3},
+	} {
+		t.Run(spec.Arch, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := testmodel.Write(dir, spec); err != nil {
+				t.Fatal(err)
+			}
+			m, err := engine.Load(ctx, dir, b, engine.LoadOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			var alone, batch []engine.KVCache
+			next := make([]int32, len(prompts))
+			for i, p := range prompts {
+				a, c := m.NewCache(), m.NewCache()
+				lg, err := m.Forward(ctx, a, p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := m.Forward(ctx, c, p); err != nil {
+					t.Fatal(err)
+				}
+				alone, batch = append(alone, a), append(batch, c)
+				next[i] = int32(argmax(lg))
+			}
+			for step := range 6 {
+				got, err := m.ForwardBatch(ctx, batch, next)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i, c := range alone {
+					want, err := m.Forward(ctx, c, next[i:i+1])
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !slices.Equal(got[i], want) {
+						t.Fatalf("step %d sequence %d: batched logits differ from Forward's", step, i)
+					}
+					next[i] = int32(argmax(want))
+				}
+			}
+			for i := range alone {
+				for l := range m.Info().Layers {
+					k1, v1, _ := alone[i].Export(l, 0, alone[i].Len())
+					k2, v2, _ := batch[i].Export(l, 0, batch[i].Len())
+					if string(k1) != string(k2) || string(v1) != string(v2) {
+						t.Fatalf("sequence %d layer %d: KV differs", i, l)
+					}
+				}
+			}
+			// Bad calls change nothing.
+			lens := []int{batch[0].Len(), batch[1].Len()}
+			for _, bad := range []struct {
+				caches []engine.KVCache
+				toks   []int32
+			}{
+				{[]engine.KVCache{batch[0], batch[0]}, []int32{1, 2}},
+				{[]engine.KVCache{batch[0], batch[1]}, []int32{1}},
+				{[]engine.KVCache{batch[0], batch[1]}, []int32{1, 1 << 20}},
+				{nil, nil},
+			} {
+				if _, err := m.ForwardBatch(ctx, bad.caches, bad.toks); err == nil {
+					t.Errorf("ForwardBatch(%d caches, %v) succeeded", len(bad.caches), bad.toks)
+				}
+			}
+			if batch[0].Len() != lens[0] || batch[1].Len() != lens[1] {
+				t.Errorf("a refused batch changed the caches: %d %d, were %v", batch[0].Len(), batch[1].Len(), lens)
+			}
+		})
+	}
+}
