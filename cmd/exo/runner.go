@@ -31,7 +31,7 @@ const runnerUsage = `usage:
   exo runner decode  --model SRC --served-name NAME --listen HOST:PORT
                      [--prefill HOST:PORT[,HOST:PORT…]] [--remote-prefill-min-tokens N]
                      [--secret-file F] [--backend cpu|mlx|auto] [--device gpu|cpu]
-                     [--max-queue N] [--models-dir D]
+                     [--max-queue N] [--max-batch N] [--models-dir D]
   exo runner prefill --model SRC --served-name NAME --listen HOST:PORT --metrics HOST:PORT
                      [--secret-file F] [--backend cpu|mlx|auto] [--device gpu|cpu]
                      [--max-queue N] [--models-dir D]
@@ -46,7 +46,7 @@ Hugging Face id.`
 type runnerFlags struct {
 	role, model, name, listen, secretFile, backend, device, modelsDir string
 	libPath                                                           string
-	maxQueue, threads, chunk                                          int
+	maxQueue, maxBatch, threads, chunk                                int
 	offline                                                           bool
 	// decode
 	prefill   string
@@ -74,6 +74,7 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 	fs.StringVar(&f.modelsDir, "models-dir", "", "model store directory")
 	fs.BoolVar(&f.offline, "offline", false, "do not download models")
 	fs.IntVar(&f.maxQueue, "max-queue", 0, "requests that may wait (decode default 64, prefill default 8)")
+	fs.IntVar(&f.maxBatch, "max-batch", 0, "decode: generations run at once, their steps batched (default 4; 1: one at a time)")
 	fs.IntVar(&f.threads, "threads", 0, "cpu backend threads (0: all cores)")
 	fs.IntVar(&f.chunk, "prefill-chunk", 256, "prefill chunk in tokens")
 	if f.role == "decode" {
@@ -269,7 +270,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 	met := metrics.New("decode")
 	o := decode.Options{Name: f.name, Model: m, Text: decode.NewText(tok, tmpl),
 		NewSampler: decode.NewSampler, NewStopMatcher: decode.NewStopMatcher,
-		RemoteMinTokens: f.minRemote, MaxQueue: f.maxQueue, PrefillChunk: f.chunk,
+		RemoteMinTokens: f.minRemote, MaxQueue: f.maxQueue, MaxBatch: f.maxBatch, PrefillChunk: f.chunk,
 		Metrics: met, Logger: log}
 	if f.prefill != "" {
 		var eps []kvwire.Endpoint

@@ -1,6 +1,7 @@
 // Package decode owns the decode runner: it serves the OpenAI API (through
 // runners/openai) for one model, admits requests through a bounded FIFO
-// queue, runs one generation at a time on the engine, keeps a prefix cache of
+// queue, runs up to MaxBatch generations at once with their decode steps
+// batched on the engine (continuous batching), keeps a prefix cache of
 // recent conversations' KV, and decides per request whether to prefill the
 // uncached part of the prompt locally or on a prefill runner over the KV wire
 // (runners/kvwire), injecting the streamed KV transactionally and falling back
@@ -29,6 +30,7 @@ type Model interface {
 	Fingerprint() engine.Fingerprint
 	NewCache() engine.KVCache
 	Forward(ctx context.Context, c engine.KVCache, tokens []int32) ([]float32, error)
+	ForwardBatch(ctx context.Context, caches []engine.KVCache, tokens []int32) ([][]float32, error)
 	Prefill(ctx context.Context, c engine.KVCache, tokens []int32, chunk int, onChunk func(start, n int) error) error
 }
 
@@ -89,7 +91,11 @@ type Options struct {
 	Remote          Remote // nil: no prefill endpoints
 	RemoteMinTokens int    // uncached prompt tokens needed to go remote (default 256)
 
-	MaxQueue     int // waiting requests before 429 (default 64)
+	MaxQueue int // waiting requests before 429 (default 64)
+	// MaxBatch is how many generations run at once, their decode steps
+	// batched (default 4; 1: one generation at a time, no batching). Each
+	// holds its own KV cache.
+	MaxBatch     int
 	PrefillChunk int // local prefill chunk (0: engine default)
 	CacheEntries int // conversations kept in the prefix cache (default 4; <0: none)
 	CacheTokens  int // total tokens kept (default 32768)
@@ -112,6 +118,9 @@ type Server struct {
 	seq  atomic.Uint64
 	eos  map[int32]bool
 	api  *openai.Handler
+
+	batch     *batcher // nil when MaxBatch is 1
+	stopBatch context.CancelFunc
 }
 
 // New makes a Server.
@@ -121,6 +130,9 @@ func New(o Options) *Server {
 	}
 	if o.MaxQueue <= 0 {
 		o.MaxQueue = 64
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = 4
 	}
 	if o.CacheEntries == 0 {
 		o.CacheEntries = 4
@@ -138,11 +150,17 @@ func New(o Options) *Server {
 		o.Logger = slog.Default()
 	}
 	s := &Server{o: o, info: o.Model.Info(), m: o.Metrics, log: o.Logger, eos: map[int32]bool{}}
-	s.adm = newAdmission(1, o.MaxQueue, func(w, r int) {
+	s.adm = newAdmission(o.MaxBatch, o.MaxQueue, func(w, r int) {
 		s.m.Waiting.Set(float64(w))
 		s.m.Running.Set(float64(r))
 	})
 	s.pool = newKVPool(o.CacheEntries, o.CacheTokens, o.Model.NewCache)
+	if o.MaxBatch > 1 {
+		ctx, cancel := context.WithCancel(context.Background())
+		s.batch, s.stopBatch = newBatcher(o.Model, o.MaxBatch, 2*time.Millisecond), cancel
+		s.batch.sizes = func(n int) { s.m.DecodeBatch.Observe(float64(n)) }
+		go s.batch.run(ctx)
+	}
 	for _, id := range o.Text.EOS() {
 		s.eos[id] = true
 	}
@@ -166,7 +184,12 @@ func (s *Server) Register(mux *http.ServeMux) {
 func (s *Server) Load() (waiting, running int) { return s.adm.counts() }
 
 // Close frees the prefix cache.
-func (s *Server) Close() { s.pool.close() }
+func (s *Server) Close() {
+	if s.stopBatch != nil {
+		s.stopBatch()
+	}
+	s.pool.close()
+}
 
 func (s *Server) prompt(req *openai.GenRequest, agp bool) ([]int32, error) {
 	switch {
@@ -340,6 +363,10 @@ func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai
 	}
 	stream := s.o.Text.NewStream()
 	history := append([]int32(nil), entry.tokens...)
+	if s.batch != nil {
+		leave := s.batch.join()
+		defer leave()
+	}
 	last := time.Now()
 	emit := func(text string) (bool, error) {
 		stopped := false
@@ -379,7 +406,7 @@ func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai
 			res.FinishReason = "length"
 			break
 		}
-		logits, err = s.o.Model.Forward(ctx, entry.cache, []int32{tok})
+		logits, err = s.decodeStep(ctx, entry.cache, tok)
 		if err != nil {
 			return res, fmt.Errorf("decode step %d: %w", res.CompletionTokens, err)
 		}
@@ -391,4 +418,16 @@ func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai
 		}
 	}
 	return res, nil
+}
+
+// decodeStep appends tok to cache and returns the logits after it: in the
+// next batch when batching, else alone.
+func (s *Server) decodeStep(ctx context.Context, cache engine.KVCache, tok int32) ([]float32, error) {
+	if s.batch == nil {
+		return s.o.Model.Forward(ctx, cache, []int32{tok})
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return s.batch.step(cache, tok)
 }

@@ -461,7 +461,7 @@ func TestTinyMixedDTypes(t *testing.T) {
 // waiting with --max-queue 1) and expects the next request to get 429 with
 // an OpenAI error body at once.
 func TestTinyQueueFull(t *testing.T) {
-	dec := start(t, "decode-q1", "decode", "--model", tinyModel(t, "main"), "--max-queue", "1")
+	dec := start(t, "decode-q1", "decode", "--model", tinyModel(t, "main"), "--max-queue", "1", "--max-batch", "1")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	long := `{"model":"m","messages":[{"role":"user","content":"go"}],"stream":true,"max_tokens":3900,"ignore_eos":true}`
@@ -498,4 +498,43 @@ func TestTinyQueueFull(t *testing.T) {
 	if v := dec.metric(t, `exo_requests_total{code="429",model="m"}`); v != 1 {
 		t.Fatalf("429s counted: %v", v)
 	}
+}
+
+// TestTinyBatchedEqualsAlone: generations decoded together (continuous
+// batching, --max-batch 4) give exactly the text each gives alone, and the
+// runner did batch them.
+func TestTinyBatchedEqualsAlone(t *testing.T) {
+	dec := start(t, "decode-batch", "decode", "--model", tinyModel(t, "main"), "--max-batch", "4")
+	const n = 4
+	prompts := make([][]msg, n)
+	alone := make([]chatResult, n)
+	for i := range prompts {
+		prompts[i] = user(words(2000+i, 6+3*i))
+		alone[i] = chatStream(t, dec.listen, prompts[i], 48, ignoreEOS)
+		if alone[i].Status != 200 || !alone[i].Done {
+			t.Fatalf("prompt %d alone: %+v", i, alone[i])
+		}
+	}
+	solo := dec.metric(t, "exo_decode_batch_sequences_sum")
+	var wg sync.WaitGroup
+	together := make([]chatResult, n)
+	for i := range prompts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			together[i] = chatStream(t, dec.listen, prompts[i], 48, ignoreEOS)
+		}()
+	}
+	wg.Wait()
+	for i := range prompts {
+		expectSame(t, fmt.Sprintf("prompt %d batched", i), together[i], alone[i])
+	}
+	steps := dec.metric(t, "exo_decode_batch_sequences_count")
+	seqs := dec.metric(t, "exo_decode_batch_sequences_sum")
+	// 4 × 47 decode steps ran concurrently; had none been batched, the
+	// sequences per step would average exactly 1.
+	if ran := seqs - solo; ran <= 0 || dec.metric(t, `exo_decode_batch_sequences_bucket{le="1"}`) >= steps {
+		t.Fatalf("no batched step: %v sequences in %v steps", seqs, steps)
+	}
+	t.Logf("%v decode steps for %v sequence-steps in all", steps, seqs)
 }

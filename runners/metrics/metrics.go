@@ -46,6 +46,7 @@ type Runner struct {
 	KVWait        prometheus.Histogram
 	PrefixHit     *prometheus.CounterVec // role
 	PrefillTokens *prometheus.CounterVec // role: tokens computed by Prefill
+	DecodeBatch   prometheus.Histogram   // sequences per batched decode step
 }
 
 var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
@@ -88,9 +89,15 @@ func New(role string) *Runner {
 		Help: "Prompt tokens whose KV came from a prefix cache instead of being computed."}, []string{"role"})
 	m.PrefillTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exo_prefill_computed_tokens_total",
 		Help: "Prompt tokens computed by this runner's prefill."}, []string{"role"})
+	m.DecodeBatch = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "exo_decode_batch_sequences",
+		Help:    "Sequences decoded together per batched decode step.",
+		Buckets: []float64{1, 2, 4, 8, 16, 32}})
 	for _, c := range []prometheus.Collector{m.TTFT, m.InterToken, m.Duration, m.PromptTokens, m.GenTokens, m.Requests,
 		m.Waiting, m.Running, m.RemotePrefill, m.KVBytes, m.KVDuration, m.KVWait, m.PrefixHit, m.PrefillTokens} {
 		f(c)
+	}
+	if role == "decode" {
+		f(m.DecodeBatch)
 	}
 	// Expose the outcome and role series at zero from the start, so a
 	// scrape (and a test) sees them before the first event.

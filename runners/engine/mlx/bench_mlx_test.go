@@ -5,6 +5,7 @@ package mlx
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -177,5 +178,48 @@ func BenchmarkPrefill(b *testing.B) {
 	reportCPU(b, cpu0, n)
 	if peak, err := be.PeakMemory(false); err == nil {
 		b.ReportMetric(float64(peak-base)/(1<<20), "peak-MB")
+	}
+}
+
+// BenchmarkDecodeBatch measures batched greedy decode: one ForwardBatch of
+// B sequences (each after the $EXO_MLX_BENCH_CONTEXT-token prompt) per
+// iteration; tok/s counts every sequence's token.
+func BenchmarkDecodeBatch(b *testing.B) {
+	be := newTestBackend(b)
+	m := load(b, benchModel(b), be)
+	ctx := context.Background()
+	prompt := benchPrompt(benchInt("EXO_MLX_BENCH_CONTEXT", 128), m.Info().Vocab)
+	for _, B := range []int{1, 4, 8} {
+		b.Run(fmt.Sprintf("B=%d", B), func(b *testing.B) {
+			caches := make([]engine.KVCache, B)
+			toks := make([]int32, B)
+			for i := range caches {
+				caches[i] = m.NewCache()
+				defer caches[i].Free()
+				if err := m.Prefill(ctx, caches[i], prompt, 0, nil); err != nil {
+					b.Fatal(err)
+				}
+				toks[i] = prompt[len(prompt)-1-i]
+			}
+			n := 0
+			cpu0 := cpuTime()
+			for b.Loop() {
+				if caches[0].Len() >= len(prompt)+256 {
+					for _, c := range caches {
+						c.Truncate(len(prompt))
+					}
+				}
+				logits, err := m.ForwardBatch(ctx, caches, toks)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for i := range toks {
+					toks[i] = argmax(logits[i])
+				}
+				n += B
+			}
+			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "tok/s")
+			reportCPU(b, cpu0, n)
+		})
 	}
 }

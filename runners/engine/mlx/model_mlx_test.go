@@ -422,3 +422,51 @@ func TestModelCloseReleasesWeights(t *testing.T) {
 		t.Errorf("after Close %d B are active, want %d B (the weights were not released)", after, before)
 	}
 }
+
+// ForwardBatch on MLX gives each sequence the logits Forward gives it
+// (cosine ≥ 0.9999 and the same greedy token: a batched matmul may take
+// another BLAS path, so not bit for bit), for dense and MoE models.
+func TestForwardBatchMatchesForward(t *testing.T) {
+	b := newTestBackend(t)
+	ctx := context.Background()
+	prompts := testmodel.ReferencePrompts()[1:4]
+	for _, spec := range []testmodel.Spec{
+		{Arch: "qwen3", DType: engine.F32, Seed: 2},
+		{Arch: "llama", DType: engine.BF16, QuantBits: 4, GroupSize: 64, Seed: 2},
+		{Arch: "qwen3moe", DType: engine.F32, Seed: 2, Layers: 3},
+	} {
+		dir := t.TempDir()
+		if err := testmodel.Write(dir, spec); err != nil {
+			t.Fatal(err)
+		}
+		m := load(t, dir, b)
+		var alone, batch []engine.KVCache
+		next := make([]int32, len(prompts))
+		for i, p := range prompts {
+			a, c := m.NewCache(), m.NewCache()
+			next[i] = argmax(forward(t, m, a, p...))
+			forward(t, m, c, p...)
+			alone, batch = append(alone, a), append(batch, c)
+		}
+		worst := 1.0
+		for step := range 6 {
+			got, err := m.ForwardBatch(ctx, batch, next)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, c := range alone {
+				want := forward(t, m, c, next[i])
+				cs := cosine(got[i], want)
+				worst = min(worst, cs)
+				if cs < 0.9999 || argmax(got[i]) != argmax(want) {
+					t.Fatalf("%s step %d sequence %d: cosine %.6f, argmax %d vs %d", spec.Arch, step, i, cs, argmax(got[i]), argmax(want))
+				}
+				next[i] = argmax(want)
+			}
+		}
+		for _, c := range append(alone, batch...) {
+			c.Free()
+		}
+		t.Logf("%s %v q%d: worst cosine %.7f", spec.Arch, spec.DType, spec.QuantBits, worst)
+	}
+}
