@@ -5,17 +5,38 @@ import (
 	"container/list"
 	"strings"
 	"sync"
+	"unicode/utf8"
 )
 
-// bpe is a byte-level BPE model: vocabulary and merge ranks over token ids.
+// bpe is a BPE model: vocabulary and merge ranks over token ids. Byte-level
+// (GPT-2 style): a piece's bytes map to printable runes first. spm
+// (SentencePiece style): a piece's characters are the symbols, and one
+// missing from the vocabulary becomes its UTF-8 bytes' <0xXX> tokens
+// (byteFallback) or unk (consecutive unks fused with fuseUnk).
 type bpe struct {
-	vocab        map[string]int32 // byte-level token string → id
+	vocab        map[string]int32 // token string → id
 	merges       map[uint64]merge // pair (left id, right id) → merge
 	ignoreMerges bool             // a word that is itself in the vocabulary is one token (Llama 3)
 	unk          int32            // -1: none
 	b2r          [256]rune
 	cache        *lru
+
+	spm          bool
+	byteFallback bool
+	fuseUnk      bool
+	byteIDs      [256]int32 // <0xXX> token ids (byteFallback)
+	byteOfID     map[int32]byte
 }
+
+// byteOf reports whether id is a byte-fallback token, and its byte.
+func (m *bpe) byteOf(id int32) (byte, bool) {
+	c, ok := m.byteOfID[id]
+	return c, ok
+}
+
+// maxCachedPiece bounds the pieces the LRU keeps: SentencePiece-style
+// tokenizers have no pre-tokenizer, so a piece can be a whole prompt.
+const maxCachedPiece = 256
 
 type merge struct{ rank, id int32 }
 
@@ -27,13 +48,18 @@ func (m *bpe) appendWord(dst []int32, piece string) []int32 {
 		return append(dst, ids...)
 	}
 	ids := m.word(piece)
-	m.cache.put(piece, ids)
+	if len(piece) <= maxCachedPiece {
+		m.cache.put(piece, ids)
+	}
 	return append(dst, ids...)
 }
 
 // word tokenizes one piece: bytes → byte-level runes → symbols → merges in
 // rank order (ties: leftmost first, as HF tokenizers does).
 func (m *bpe) word(piece string) []int32 {
+	if m.spm {
+		return m.spmWord(piece)
+	}
 	mapped := make([]rune, len(piece))
 	for i := 0; i < len(piece); i++ {
 		mapped[i] = m.b2r[piece[i]]
@@ -57,6 +83,47 @@ func (m *bpe) word(piece string) []int32 {
 		}
 		syms = append(syms, symbol{id: id, prev: int32(len(syms)) - 1, next: int32(len(syms)) + 1})
 	}
+	return m.mergeSymbols(syms)
+}
+
+// spmWord tokenizes one SentencePiece-style piece: characters → symbols
+// (bytes or unk for characters outside the vocabulary) → merges.
+func (m *bpe) spmWord(piece string) []int32 {
+	syms := make([]symbol, 0, len(piece))
+	add := func(id int32) {
+		syms = append(syms, symbol{id: id, prev: int32(len(syms)) - 1, next: int32(len(syms)) + 1})
+	}
+	lastUnk := false
+	for i, r := range piece {
+		n := utf8.RuneLen(r)
+		if r == utf8.RuneError {
+			_, n = utf8.DecodeRuneInString(piece[i:])
+		}
+		ch := piece[i : i+n]
+		if id, ok := m.vocab[ch]; ok {
+			add(id)
+			lastUnk = false
+			continue
+		}
+		if m.byteFallback {
+			for k := 0; k < len(ch); k++ {
+				add(m.byteIDs[ch[k]])
+			}
+			lastUnk = false
+			continue
+		}
+		if m.unk < 0 || (m.fuseUnk && lastUnk) {
+			continue
+		}
+		add(m.unk)
+		lastUnk = true
+	}
+	return m.mergeSymbols(syms)
+}
+
+// mergeSymbols applies the merges in rank order (ties: leftmost first, as
+// HF tokenizers does) to a linked run of symbols and returns the ids.
+func (m *bpe) mergeSymbols(syms []symbol) []int32 {
 	if len(syms) == 0 {
 		return nil
 	}

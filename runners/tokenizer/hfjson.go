@@ -36,6 +36,7 @@ type tokenizerJSON struct {
 		UnkToken     *string          `json:"unk_token"`
 		IgnoreMerges bool             `json:"ignore_merges"`
 		ByteFallback bool             `json:"byte_fallback"`
+		FuseUnk      bool             `json:"fuse_unk"`
 		Prefix       *string          `json:"continuing_subword_prefix"`
 		Suffix       *string          `json:"end_of_word_suffix"`
 	} `json:"model"`
@@ -53,6 +54,13 @@ type component struct {
 		String *string `json:"String"`
 	} `json:"pattern"`
 	Behavior         string `json:"behavior"`
+	// Prepend / Replace normalizers, Metaspace, Strip decoder.
+	Prepend       string `json:"prepend"`
+	Content       string `json:"content"`
+	Replacement   string `json:"replacement"`
+	PrependScheme string `json:"prepend_scheme"`
+	Split         *bool  `json:"split"`
+	Start         int    `json:"start"`
 	Invert           bool   `json:"invert"`
 	AddPrefixSpace   bool   `json:"add_prefix_space"`
 	UseRegex         *bool  `json:"use_regex"`
@@ -144,10 +152,14 @@ func fromHF(tj *tokenizerJSON, cfg *tokenizerConfig, genEOS []int32) (*Tokenizer
 	if m.Type != "" && m.Type != "BPE" {
 		return nil, fmt.Errorf("model type %q: only byte-level BPE is supported", m.Type)
 	}
-	if m.ByteFallback || (m.Prefix != nil && *m.Prefix != "") || (m.Suffix != nil && *m.Suffix != "") {
-		return nil, errors.New("model: byte_fallback / subword prefix or suffix BPE is not byte-level BPE")
+	if (m.Prefix != nil && *m.Prefix != "") || (m.Suffix != nil && *m.Suffix != "") {
+		return nil, errors.New("model: subword prefix or suffix BPE is not supported")
 	}
 	t := &Tokenizer{bos: -1}
+	// SentencePiece-style BPE (Llama 2, Mistral, TinyLlama): text with "▁"
+	// for spaces, merges over characters, bytes only as <0xXX> fallback.
+	t.spm = m.ByteFallback || hasComponent(tj.Decoder, "ByteFallback") || hasComponent(tj.Decoder, "Metaspace") ||
+		hasComponent(tj.PreTokenizer, "Metaspace")
 	t.model.vocab = m.Vocab
 	t.model.ignoreMerges = m.IgnoreMerges
 	t.model.unk = -1
@@ -197,8 +209,27 @@ func fromHF(tj *tokenizerJSON, cfg *tokenizerConfig, genEOS []int32) (*Tokenizer
 	if err != nil {
 		return nil, fmt.Errorf("pre_tokenizer: %w", err)
 	}
-	if !byteLevel {
-		return nil, errors.New("pre_tokenizer: no ByteLevel step (only byte-level BPE is supported)")
+	switch {
+	case t.spm && byteLevel:
+		return nil, errors.New("pre_tokenizer: ByteLevel in a byte-fallback (SentencePiece-style) tokenizer")
+	case t.spm:
+		t.model.spm, t.model.fuseUnk = true, m.FuseUnk
+		if m.ByteFallback {
+			t.model.byteFallback = true
+			t.model.byteOfID = make(map[int32]byte, 256)
+			for b := range 256 {
+				id, ok := m.Vocab[fmt.Sprintf("<0x%02X>", b)]
+				if !ok {
+					return nil, fmt.Errorf("model: byte_fallback without the token <0x%02X>", b)
+				}
+				t.model.byteIDs[b], t.model.byteOfID[id] = id, byte(b)
+			}
+		}
+		if err := t.setSPMDecoder(tj.Decoder); err != nil {
+			return nil, fmt.Errorf("decoder: %w", err)
+		}
+	case !byteLevel:
+		return nil, errors.New("pre_tokenizer: no ByteLevel step (only byte-level BPE and SentencePiece-style BPE with byte fallback are supported)")
 	}
 	// BOS: tokenizer_config's add_bos_token decides when present; else the
 	// post-processor's template (Llama 3 prepends <|begin_of_text|> there).
@@ -285,12 +316,85 @@ func (t *Tokenizer) setNormalizer(c *component) error {
 		}
 		return nil
 	}
+	switch c.Type {
+	case "Prepend":
+		p := c.Prepend
+		t.normalizers = append(t.normalizers, func(s string) string { return p + s })
+		return nil
+	case "Replace":
+		if c.Pattern == nil || c.Pattern.String == nil {
+			return errors.New("Replace normalizer: only a String pattern is supported")
+		}
+		old, repl := *c.Pattern.String, c.Content
+		t.normalizers = append(t.normalizers, func(s string) string { return strings.ReplaceAll(s, old, repl) })
+		return nil
+	}
 	f, ok := normalizerFunc(c.Type)
 	if !ok {
 		return fmt.Errorf("unsupported normalizer %q", c.Type)
 	}
 	t.normalizers = append(t.normalizers, f)
 	return nil
+}
+
+// hasComponent reports whether c or a component of its sequence has type
+// kind.
+func hasComponent(c *component, kind string) bool {
+	if c == nil {
+		return false
+	}
+	if c.Type == kind {
+		return true
+	}
+	for _, l := range [][]*component{c.Normalizers, c.Pretokenizers, c.Decoders, c.Processors} {
+		for _, s := range l {
+			if hasComponent(s, kind) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// setSPMDecoder checks a SentencePiece-style decoder: Replace("▁", " "),
+// ByteFallback, Fuse and Strip(" ", start n) in a Sequence, or Metaspace
+// (which drops the space it prepended). It records how many leading spaces
+// decoding strips.
+func (t *Tokenizer) setSPMDecoder(c *component) error {
+	if c == nil {
+		return nil
+	}
+	switch c.Type {
+	case "Sequence":
+		for _, d := range c.Decoders {
+			if err := t.setSPMDecoder(d); err != nil {
+				return err
+			}
+		}
+		return nil
+	case "Replace":
+		if c.Pattern == nil || c.Pattern.String == nil || *c.Pattern.String != spmSpace || c.Content != " " {
+			return errors.New("Replace decoder other than \"▁\" → \" \"")
+		}
+		return nil
+	case "ByteFallback", "Fuse":
+		return nil
+	case "Strip":
+		if c.Content != " " {
+			return fmt.Errorf("Strip decoder of %q", c.Content)
+		}
+		t.stripLeading = c.Start
+		return nil
+	case "Metaspace":
+		if c.Replacement != "" && c.Replacement != spmSpace {
+			return fmt.Errorf("Metaspace decoder with replacement %q", c.Replacement)
+		}
+		if c.PrependScheme != "never" {
+			t.stripLeading = 1
+		}
+		return nil
+	}
+	return fmt.Errorf("unsupported decoder %q in a SentencePiece-style tokenizer", c.Type)
 }
 
 // setPreTokenizer appends the splitters of c; it reports whether a
@@ -318,6 +422,19 @@ func (t *Tokenizer) setPreTokenizer(c *component) (bool, error) {
 		return true, nil
 	case "Digits":
 		t.pretok = append(t.pretok, digitSplit{individual: c.IndividualDigits})
+		return false, nil
+	case "Metaspace":
+		if c.Replacement != "" && c.Replacement != spmSpace {
+			return false, fmt.Errorf("Metaspace with replacement %q is not supported", c.Replacement)
+		}
+		scheme := c.PrependScheme
+		if scheme == "" {
+			scheme = "always"
+			if !c.AddPrefixSpace {
+				scheme = "never"
+			}
+		}
+		t.metaspace = &metaspace{prepend: scheme, split: c.Split == nil || *c.Split}
 		return false, nil
 	case "Split":
 		if c.Invert || (c.Behavior != "" && c.Behavior != "Isolated") {

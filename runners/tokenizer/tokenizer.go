@@ -49,9 +49,27 @@ type Tokenizer struct {
 	pretok      []splitter
 	prefixSpace bool // ByteLevel add_prefix_space
 
+	// SentencePiece-style BPE (spm): token strings are text with "▁" for
+	// spaces, bytes appear only as <0xXX> fallback tokens, and decoding
+	// drops stripLeading leading spaces (the one the encoder prepended).
+	spm          bool
+	metaspace    *metaspace // Metaspace pre-tokenizer, if any
+	stripLeading int
+
 	bos    int32 // -1: none
 	addBOS bool
 	eos    []int32
+}
+
+// spmSpace is SentencePiece's visible space.
+const spmSpace = "▁"
+
+// metaspace is the Metaspace pre-tokenizer: spaces become "▁", a "▁" is
+// prepended (always, only to the text's first segment, or never), and with
+// split each "▁" starts a new piece.
+type metaspace struct {
+	prepend string // "always", "first" or "never"
+	split   bool
 }
 
 type addedToken struct {
@@ -161,7 +179,7 @@ func (t *Tokenizer) Encode(text string) []int32 {
 		if a.lstrip {
 			end = start + len(strings.TrimRightFunc(text[start:i], unicode.IsSpace))
 		}
-		ids = t.encodeOrdinary(ids, text[start:end])
+		ids = t.encodeOrdinary(ids, text[start:end], start == 0)
 		ids = append(ids, a.id)
 		i += len(a.content)
 		if a.rstrip {
@@ -169,7 +187,7 @@ func (t *Tokenizer) Encode(text string) []int32 {
 		}
 		start = i
 	}
-	return t.encodeOrdinary(ids, text[start:])
+	return t.encodeOrdinary(ids, text[start:], start == 0)
 }
 
 // matchAdded returns the longest added token that starts at text[i].
@@ -206,8 +224,8 @@ func isWordAfter(s string, i int) bool {
 }
 
 // encodeOrdinary runs normalizers, pre-tokenizers and BPE on text without
-// added tokens.
-func (t *Tokenizer) encodeOrdinary(dst []int32, text string) []int32 {
+// added tokens; first says the text begins the input.
+func (t *Tokenizer) encodeOrdinary(dst []int32, text string, first bool) []int32 {
 	if text == "" {
 		return dst
 	}
@@ -218,6 +236,25 @@ func (t *Tokenizer) encodeOrdinary(dst []int32, text string) []int32 {
 		text = " " + text
 	}
 	pieces := []string{text}
+	if ms := t.metaspace; ms != nil {
+		text = strings.ReplaceAll(text, " ", spmSpace)
+		if (ms.prepend == "always" || ms.prepend == "first" && first) && !strings.HasPrefix(text, spmSpace) {
+			text = spmSpace + text
+		}
+		pieces = []string{text}
+		if ms.split {
+			pieces = pieces[:0]
+			for len(text) > 0 {
+				i := strings.Index(text[1:], spmSpace)
+				if i < 0 {
+					pieces = append(pieces, text)
+					break
+				}
+				pieces = append(pieces, text[:i+1])
+				text = text[i+1:]
+			}
+		}
+	}
 	var next []string
 	for _, sp := range t.pretok {
 		next = next[:0]
@@ -241,6 +278,12 @@ func (t *Tokenizer) Decode(ids []int32) string {
 	for _, id := range ids {
 		b = t.appendBytes(b, id)
 	}
+	for range t.stripLeading {
+		if len(b) == 0 || b[0] != ' ' {
+			break
+		}
+		b = b[1:]
+	}
 	return string(b)
 }
 
@@ -251,6 +294,12 @@ func (t *Tokenizer) appendBytes(b []byte, id int32) []byte {
 	s := t.idToToken[id]
 	if _, ok := t.addedID[id]; ok {
 		return append(b, s...)
+	}
+	if t.spm {
+		if c, ok := t.model.byteOf(id); ok {
+			return append(b, c)
+		}
+		return append(b, strings.ReplaceAll(s, spmSpace, " ")...)
 	}
 	for _, r := range s {
 		if c, ok := t.r2b[r]; ok {
@@ -267,6 +316,7 @@ func (t *Tokenizer) appendBytes(b []byte, id int32) []byte {
 type StreamDecoder struct {
 	t       *Tokenizer
 	pending []byte
+	started bool // text has been returned (leading spaces are stripped once)
 }
 
 // NewStreamDecoder returns a decoder for one generation stream.
@@ -276,17 +326,30 @@ func (t *Tokenizer) NewStreamDecoder() *StreamDecoder { return &StreamDecoder{t:
 func (d *StreamDecoder) Add(id int32) string {
 	d.pending = d.t.appendBytes(d.pending, id)
 	n := completePrefix(d.pending)
-	out := string(d.pending[:n])
+	out := d.pending[:n]
+	if !d.started && n > 0 {
+		d.started = true
+		for k := 0; k < d.t.stripLeading && len(out) > 0 && out[0] == ' '; k++ {
+			out = out[1:]
+		}
+	}
+	s := string(out)
 	d.pending = append(d.pending[:0], d.pending[n:]...)
-	return out
+	return s
 }
 
 // Flush returns whatever is held back (an incomplete sequence at the end
 // of the stream) and resets the decoder.
 func (d *StreamDecoder) Flush() string {
-	out := string(d.pending)
-	d.pending = d.pending[:0]
-	return out
+	out := d.pending
+	if !d.started {
+		for k := 0; k < d.t.stripLeading && len(out) > 0 && out[0] == ' '; k++ {
+			out = out[1:]
+		}
+	}
+	s := string(out)
+	d.pending, d.started = d.pending[:0], false
+	return s
 }
 
 // completePrefix returns the length of b without a trailing incomplete (but

