@@ -33,6 +33,7 @@ type Config struct {
 	DTypeSet         bool      // torch_dtype (or dtype) was present
 	Quant            QuantSpec // quantization {bits, group_size}; zero when dense
 	SlidingWindowUse bool      // use_sliding_window (unsupported when true)
+	SlidingWindow    int       // sliding_window (0: none); see Arch.SlidingWindow
 
 	// Mixture of experts (Qwen3-MoE); Experts is 0 for dense models.
 	Experts         int   // num_experts
@@ -74,6 +75,7 @@ type rawConfig struct {
 	Quantization       *json.RawMessage `json:"quantization"`
 	QuantizationConfig *json.RawMessage `json:"quantization_config"`
 	UseSlidingWindow   *bool            `json:"use_sliding_window"`
+	SlidingWindow      *int             `json:"sliding_window"`
 	NumExperts         *int             `json:"num_experts"`
 	NumExpertsPerTok   *int             `json:"num_experts_per_tok"`
 	MoEIntermediate    *int             `json:"moe_intermediate_size"`
@@ -176,6 +178,9 @@ func ParseConfig(data []byte) (*Config, error) {
 	}
 	if r.UseSlidingWindow != nil {
 		c.SlidingWindowUse = *r.UseSlidingWindow
+	}
+	if r.SlidingWindow != nil && *r.SlidingWindow > 0 {
+		c.SlidingWindow = *r.SlidingWindow
 	}
 	c.DType = F32
 	dt := r.TorchDType
@@ -336,6 +341,10 @@ type Arch struct {
 	// MoE: sparse layers replace the MLP with routed experts (the config's
 	// num_experts must be set).
 	MoE bool
+	// SlidingWindow: the config's sliding_window, when set, limits
+	// attention to that many positions (Mistral). Full attention equals it
+	// within the window, so the context is capped there.
+	SlidingWindow bool
 }
 
 // archRegistry maps HF architecture names to their variants. It is filled
@@ -383,6 +392,7 @@ func Architectures() []string {
 
 func init() {
 	RegisterArch("LlamaForCausalLM", Arch{Family: "llama"})
+	RegisterArch("MistralForCausalLM", Arch{Family: "llama", SlidingWindow: true})
 	RegisterArch("Qwen2ForCausalLM", Arch{Family: "qwen2", QKVBias: true})
 	RegisterArch("Qwen3ForCausalLM", Arch{Family: "qwen3", QKNorm: true})
 	RegisterArch("Qwen3MoeForCausalLM", Arch{Family: "qwen3_moe", QKNorm: true, MoE: true})

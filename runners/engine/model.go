@@ -104,6 +104,11 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	if cfg.SlidingWindowUse {
 		return nil, cfgErr("use_sliding_window", "sliding-window attention is not supported")
 	}
+	if arch.SlidingWindow && cfg.SlidingWindow > 0 && cfg.SlidingWindow < cfg.MaxPositions {
+		// Within the window sliding-window attention is full attention;
+		// beyond it the model would need a window we do not implement.
+		cfg.MaxPositions = cfg.SlidingWindow
+	}
 	if arch.MoE != (cfg.Experts > 0) {
 		return nil, cfgErr("num_experts", "%d experts for architecture %s", cfg.Experts, cfg.Arch)
 	}

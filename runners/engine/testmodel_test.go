@@ -2,8 +2,11 @@ package engine_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -233,5 +236,70 @@ func TestForwardBatchEqualsForward(t *testing.T) {
 				t.Errorf("a refused batch changed the caches: %d %d, were %v", batch[0].Len(), batch[1].Len(), lens)
 			}
 		})
+	}
+}
+
+// TestMistralIsLlamaWithinItsWindow: MistralForCausalLM computes what
+// LlamaForCausalLM does, and a sliding_window below the context caps the
+// context at the window (where full attention equals sliding attention).
+func TestMistralIsLlamaWithinItsWindow(t *testing.T) {
+	b, err := backend.Open("cpu", backend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	llamaDir := t.TempDir()
+	if err := testmodel.Write(llamaDir, testmodel.Spec{Arch: "llama", Seed: 6}); err != nil {
+		t.Fatal(err)
+	}
+	llama, err := engine.Load(ctx, llamaDir, b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer llama.Close()
+	prompt := testmodel.ReferencePrompts()[2]
+	want, err := llama.Forward(ctx, llama.NewCache(), prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		window any
+		maxPos int
+	}{{64, 64}, {nil, testmodel.DefaultMaxPositions}, {4096, testmodel.DefaultMaxPositions}} {
+		dir := t.TempDir()
+		if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 6}); err != nil {
+			t.Fatal(err)
+		}
+		raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cfg map[string]any
+		if err := json.Unmarshal(raw, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		cfg["architectures"], cfg["model_type"], cfg["sliding_window"] = []string{"MistralForCausalLM"}, "mistral", c.window
+		raw, _ = json.Marshal(cfg)
+		if err := os.WriteFile(filepath.Join(dir, "config.json"), raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		m, err := engine.Load(ctx, dir, b, engine.LoadOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Info().MaxPositions; got != c.maxPos {
+			t.Errorf("sliding_window %v: context %d, want %d", c.window, got, c.maxPos)
+		}
+		got, err := m.Forward(ctx, m.NewCache(), prompt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("sliding_window %v: logits differ from the Llama model's", c.window)
+		}
+		if m.Fingerprint() != llama.Fingerprint() {
+			t.Errorf("sliding_window %v: KV fingerprint differs from the Llama model's", c.window)
+		}
+		m.Close()
 	}
 }
