@@ -53,14 +53,14 @@ type component struct {
 		Regex  *string `json:"Regex"`
 		String *string `json:"String"`
 	} `json:"pattern"`
-	Behavior         string `json:"behavior"`
+	Behavior string `json:"behavior"`
 	// Prepend / Replace normalizers, Metaspace, Strip decoder.
-	Prepend       string `json:"prepend"`
-	Content       string `json:"content"`
-	Replacement   string `json:"replacement"`
-	PrependScheme string `json:"prepend_scheme"`
-	Split         *bool  `json:"split"`
-	Start         int    `json:"start"`
+	Prepend          string `json:"prepend"`
+	Content          string `json:"content"`
+	Replacement      string `json:"replacement"`
+	PrependScheme    string `json:"prepend_scheme"`
+	Split            *bool  `json:"split"`
+	Start            int    `json:"start"`
 	Invert           bool   `json:"invert"`
 	AddPrefixSpace   bool   `json:"add_prefix_space"`
 	UseRegex         *bool  `json:"use_regex"`
