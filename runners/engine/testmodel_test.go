@@ -124,14 +124,7 @@ func TestMoEChunkedPrefillBitIdentical(t *testing.T) {
 		{Arch: "qwen3moe", DType: engine.F32, Seed: 5, Layers: 3},
 		{Arch: "qwen3moe", DType: engine.BF16, QuantBits: 4, GroupSize: 64, Seed: 5, Layers: 3},
 	} {
-		dir := t.TempDir()
-		if err := testmodel.Write(dir, spec); err != nil {
-			t.Fatal(err)
-		}
-		m, err := engine.Load(ctx, dir, b, engine.LoadOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		m := writeAndLoad(t, b, spec)
 		one := m.NewCache()
 		if err := m.Prefill(ctx, one, prompt, 0, nil); err != nil {
 			t.Fatal(err)
@@ -169,15 +162,7 @@ func TestForwardBatchEqualsForward(t *testing.T) {
 		{Arch: "qwen3moe", DType: engine.F32, Seed: 2, Layers: 3},
 	} {
 		t.Run(spec.Arch, func(t *testing.T) {
-			dir := t.TempDir()
-			if err := testmodel.Write(dir, spec); err != nil {
-				t.Fatal(err)
-			}
-			m, err := engine.Load(ctx, dir, b, engine.LoadOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer m.Close()
+			m := writeAndLoad(t, b, spec)
 			var alone, batch []engine.KVCache
 			next := make([]int32, len(prompts))
 			for i, p := range prompts {
@@ -248,15 +233,7 @@ func TestMistralIsLlamaWithinItsWindow(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	llamaDir := t.TempDir()
-	if err := testmodel.Write(llamaDir, testmodel.Spec{Arch: "llama", Seed: 6}); err != nil {
-		t.Fatal(err)
-	}
-	llama, err := engine.Load(ctx, llamaDir, b, engine.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer llama.Close()
+	llama := writeAndLoad(t, b, testmodel.Spec{Arch: "llama", Seed: 6})
 	prompt := testmodel.ReferencePrompts()[2]
 	want, err := llama.Forward(ctx, llama.NewCache(), prompt)
 	if err != nil {
@@ -302,4 +279,20 @@ func TestMistralIsLlamaWithinItsWindow(t *testing.T) {
 		}
 		m.Close()
 	}
+}
+
+// writeAndLoad writes spec's model to a temporary directory and loads it on
+// b; the model is closed when the test ends.
+func writeAndLoad(t *testing.T, b engine.Backend, spec testmodel.Spec) *engine.Model {
+	t.Helper()
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, spec); err != nil {
+		t.Fatal(err)
+	}
+	m, err := engine.Load(context.Background(), dir, b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
 }
