@@ -26,7 +26,8 @@ var (
 )
 
 // tinyModel writes the tiny test models once: "main" and "other" (another
-// shape, for fingerprint mismatch).
+// shape, for fingerprint mismatch), "bf16" (main in bf16) and "moe" (a
+// Qwen3-MoE).
 func tinyModel(t *testing.T, which string) string {
 	t.Helper()
 	tinyOnce.Do(func() {
@@ -40,6 +41,9 @@ func tinyModel(t *testing.T, which string) string {
 		}
 		if tinyErr == nil {
 			tinyErr = testmodel.Write(filepath.Join(tinyDir, "bf16"), testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2, MaxPositions: 4096, DType: engine.BF16})
+		}
+		if tinyErr == nil {
+			tinyErr = testmodel.Write(filepath.Join(tinyDir, "moe"), testmodel.Spec{Arch: "qwen3moe", Seed: 7, Layers: 3, MaxPositions: 4096})
 		}
 	})
 	if tinyErr != nil {
@@ -537,4 +541,45 @@ func TestTinyBatchedEqualsAlone(t *testing.T) {
 		t.Fatalf("no batched step: %v sequences in %v steps", seqs, steps)
 	}
 	t.Logf("%v decode steps for %v sequence-steps in all", steps, seqs)
+}
+
+// TestTinyConcurrentRemotePrefillWhileBatching: several long prompts at once
+// on a batching decode runner with a prefill runner, for a dense and a MoE
+// model: remote KV is injected into one request's cache while the others
+// decode in batches, and every text equals the one local prefill gives
+// alone.
+func TestTinyConcurrentRemotePrefillWhileBatching(t *testing.T) {
+	for _, which := range []string{"main", "moe"} {
+		t.Run(which, func(t *testing.T) {
+			dir := tinyModel(t, which)
+			pre := start(t, "prefill-"+which, "prefill", "--model", dir, "--prefill-chunk", "64")
+			dec := start(t, "decode-batch-remote-"+which, "decode", "--model", dir, "--prefill", pre.listen, "--max-batch", "4")
+			ref := start(t, "decode-ref-"+which, "decode", "--model", dir, "--max-batch", "1")
+			const n = 4
+			prompts := make([][]msg, n)
+			want := make([]chatResult, n)
+			for i := range prompts {
+				prompts[i] = user(words(3000+i, 120+40*i))
+				want[i] = chatStream(t, ref.listen, prompts[i], 32, ignoreEOS)
+			}
+			ok := dec.metric(t, outcome("ok"))
+			got := make([]chatResult, n)
+			var wg sync.WaitGroup
+			for i := range prompts {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					time.Sleep(time.Duration(i) * 20 * time.Millisecond) // arrive while the others decode
+					got[i] = chatStream(t, dec.listen, prompts[i], 32, ignoreEOS)
+				}()
+			}
+			wg.Wait()
+			for i := range prompts {
+				expectSame(t, fmt.Sprintf("prompt %d", i), got[i], want[i])
+			}
+			if d := dec.metric(t, outcome("ok")) - ok; d != n {
+				t.Fatalf("%v of %d prompts prefilled remotely; last outcome %q", d, n, dec.lastOutcome())
+			}
+		})
+	}
 }
