@@ -94,6 +94,9 @@ type Model struct {
 	Prefill                *Role  `toml:"prefill"`
 	RemotePrefillMinTokens int    `toml:"remote_prefill_min_tokens"`
 	MaxQueue               int    `toml:"max_queue"`
+	// MaxBatch is how many generations a decode runner runs at once, their
+	// steps batched (--max-batch; 0 = the runner's default, 4).
+	MaxBatch int `toml:"max_batch"`
 	// PrefillChunk is the prefill chunk in tokens (--prefill-chunk; 0 = the runners' default).
 	PrefillChunk int `toml:"prefill_chunk"`
 }
@@ -249,7 +252,7 @@ var knownKeys = map[string][]string{
 	"cluster":        {"name", "secret_file", "models_dir", "runner_port_base", "offline"},
 	"api":            {"listen", "port"},
 	"hosts.*":        {"address", "backend", "threads"},
-	"models":         {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "max_queue", "prefill_chunk"},
+	"models":         {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "max_queue", "max_batch", "prefill_chunk"},
 	"models.decode":  {"hosts", "source", "port"},
 	"models.prefill": {"hosts", "source", "port", "metrics_port", "prefix_cache_mib"},
 }

@@ -35,6 +35,7 @@ type Runner struct {
 	Backend                string   `json:"backend"`
 	Device                 string   `json:"device,omitempty"`
 	MaxQueue               int      `json:"max_queue,omitempty"`
+	MaxBatch               int      `json:"max_batch,omitempty"` // decode only
 	PrefillChunk           int      `json:"prefill_chunk,omitempty"`
 	PrefixCacheMiB         *int     `json:"prefix_cache_mib,omitempty"` // prefill only
 	Threads                int      `json:"threads,omitempty"`
@@ -70,6 +71,9 @@ func (r Runner) Args() []string {
 	}
 	if r.MaxQueue > 0 {
 		a = append(a, "--max-queue", strconv.Itoa(r.MaxQueue))
+	}
+	if r.Role == Decode && r.MaxBatch > 0 {
+		a = append(a, "--max-batch", strconv.Itoa(r.MaxBatch))
 	}
 	if r.PrefillChunk > 0 {
 		a = append(a, "--prefill-chunk", strconv.Itoa(r.PrefillChunk))
@@ -143,7 +147,7 @@ func (c *Config) AllRunners() []Runner {
 					Name: m.Name + "-" + role, Host: hn, Address: h.Address, Model: m.Name, Role: role,
 					Source: r.Source, Listen: net.JoinHostPort(h.Address, strconv.Itoa(r.Port)),
 					SecretFile: c.Cluster.SecretFile, ModelsDir: c.Cluster.ModelsDir,
-					Backend: be, Device: dev, MaxQueue: m.MaxQueue,
+					Backend: be, Device: dev, MaxQueue: m.MaxQueue, MaxBatch: m.MaxBatch,
 					PrefillChunk: m.PrefillChunk, Threads: h.Threads, Offline: c.Cluster.Offline,
 				}
 				if role == Prefill {

@@ -117,6 +117,9 @@ func (c *Config) validate() Errors {
 		if m.MaxQueue < 0 {
 			bad(c.at("models", i, "max_queue"), "%s: max_queue must not be negative", label)
 		}
+		if m.MaxBatch < 0 || m.MaxBatch > 256 {
+			bad(c.at("models", i, "max_batch"), "%s: max_batch must be between 0 (the runner's default) and 256", label)
+		}
 		if m.PrefillChunk < 0 {
 			bad(c.at("models", i, "prefill_chunk"), "%s: prefill_chunk must not be negative", label)
 		}
