@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/exo-pd/exo-pd/runners/engine/weights"
@@ -10,8 +11,11 @@ import (
 // GGUF token types (tokenizer.ggml.token_type).
 const (
 	ggufNormal      = 1
+	ggufUnknown     = 2
 	ggufControl     = 3
 	ggufUserDefined = 4
+	ggufUnused      = 5
+	ggufByte        = 6
 )
 
 // ggufPre maps tokenizer.ggml.pre (llama.cpp's names) to our splitters.
@@ -40,8 +44,12 @@ func loadGGUF(path string) (*Tokenizer, error) {
 
 // fromGGUF builds a tokenizer from GGUF metadata (tokenizer.ggml.*).
 func fromGGUF(g *weights.GGUF) (*Tokenizer, error) {
-	if m, _ := g.String("tokenizer.ggml.model"); m != "gpt2" {
-		return nil, fmt.Errorf("tokenizer.ggml.model %q: only byte-level BPE (\"gpt2\") is supported", m)
+	switch m, _ := g.String("tokenizer.ggml.model"); m {
+	case "gpt2":
+	case "llama":
+		return fromGGUFSPM(g)
+	default:
+		return nil, fmt.Errorf("tokenizer.ggml.model %q: only byte-level BPE (\"gpt2\") and SentencePiece (\"llama\") vocabularies are supported", m)
 	}
 	tokens, ok := g.Strings("tokenizer.ggml.tokens")
 	if !ok || len(tokens) == 0 {
@@ -116,6 +124,114 @@ func fromGGUF(g *weights.GGUF) (*Tokenizer, error) {
 		if e, ok := id(k); ok {
 			t.eos = append(t.eos, e)
 		}
+	}
+	t.addEndOfTurnTokens()
+	return t, nil
+}
+
+// fromGGUFSPM builds a tokenizer from a SentencePiece GGUF vocabulary
+// (tokenizer.ggml.model "llama": Llama 2, Mistral, TinyLlama), as llama.cpp
+// tokenizes it: spaces become "▁", a "▁" starts the text and every section
+// after a special token (add_space_prefix, default on), adjacent symbols
+// merge into the vocabulary piece with the highest score first (leftmost
+// on ties), and characters outside the vocabulary become <0xXX> byte
+// tokens. Merges are derived from the pieces: every split of a piece into
+// two pieces is a merge ranked by the whole piece's score.
+func fromGGUFSPM(g *weights.GGUF) (*Tokenizer, error) {
+	tokens, ok := g.Strings("tokenizer.ggml.tokens")
+	if !ok || len(tokens) == 0 {
+		return nil, fmt.Errorf("tokenizer.ggml.tokens missing")
+	}
+	scores, ok := g.Float32s("tokenizer.ggml.scores")
+	if !ok || len(scores) != len(tokens) {
+		return nil, fmt.Errorf("tokenizer.ggml.scores missing or not one per token")
+	}
+	types, ok := g.Int32s("tokenizer.ggml.token_type")
+	if !ok || len(types) != len(tokens) {
+		return nil, fmt.Errorf("tokenizer.ggml.token_type missing or not one per token")
+	}
+	t := &Tokenizer{bos: -1, spm: true}
+	t.model.spm, t.model.unk = true, -1
+	t.model.vocab = make(map[string]int32, len(tokens))
+	t.idToToken = slices.Clone(tokens)
+	t.model.byteOfID = make(map[int32]byte, 256)
+	for i, s := range tokens {
+		id := int32(i)
+		switch types[i] {
+		case ggufNormal:
+			if _, dup := t.model.vocab[s]; !dup {
+				t.model.vocab[s] = id
+			}
+		case ggufUnknown:
+			t.model.unk = id
+		case ggufControl, ggufUserDefined:
+			t.added = append(t.added, addedToken{content: s, id: id, special: types[i] == ggufControl})
+		case ggufByte:
+			var b byte
+			if n, err := fmt.Sscanf(s, "<0x%02X>", &b); err != nil || n != 1 || len(s) != 6 {
+				return nil, fmt.Errorf("byte token %d is %q, not <0xXX>", i, s)
+			}
+			t.model.byteIDs[b], t.model.byteOfID[id] = id, b
+		}
+	}
+	t.model.byteFallback = len(t.model.byteOfID) == 256
+	// Rank the pieces by score (highest first; ties: lower id), and make
+	// every split of a piece into two pieces a merge of that rank.
+	order := make([]int32, 0, len(t.model.vocab))
+	for _, id := range t.model.vocab {
+		order = append(order, id)
+	}
+	slices.SortFunc(order, func(a, b int32) int {
+		if scores[a] != scores[b] {
+			if scores[a] > scores[b] {
+				return -1
+			}
+			return 1
+		}
+		return int(a - b)
+	})
+	t.model.merges = make(map[uint64]merge)
+	for rank, id := range order {
+		s := tokens[id]
+		for i := range s {
+			if i == 0 {
+				continue
+			}
+			a, okA := t.model.vocab[s[:i]]
+			b, okB := t.model.vocab[s[i:]]
+			if okA && okB {
+				t.model.merges[pairKey(a, b)] = merge{rank: int32(rank), id: id}
+			}
+		}
+	}
+	addPrefix := true
+	if v, ok := g.Bool("tokenizer.ggml.add_space_prefix"); ok {
+		addPrefix = v
+	}
+	if addPrefix {
+		t.normalizers = append(t.normalizers, func(s string) string { return " " + s })
+		t.stripLeading = 1
+	}
+	t.normalizers = append(t.normalizers, func(s string) string { return strings.ReplaceAll(s, " ", spmSpace) })
+	id := func(key string) (int32, bool) {
+		u, ok := g.Uint(key)
+		if !ok || u >= uint64(len(tokens)) {
+			return 0, false
+		}
+		return int32(u), true
+	}
+	if u, ok := id("tokenizer.ggml.unknown_token_id"); ok {
+		t.model.unk = u
+	}
+	if b, ok := id("tokenizer.ggml.bos_token_id"); ok {
+		t.bos = b
+	}
+	t.addBOS = true // llama.cpp's default for SentencePiece vocabularies
+	if b, ok := g.Bool("tokenizer.ggml.add_bos_token"); ok {
+		t.addBOS = b
+	}
+	if e, ok := id("tokenizer.ggml.eos_token_id"); ok {
+		t.eos = append(t.eos, e)
 	}
 	t.addEndOfTurnTokens()
 	return t, nil

@@ -202,6 +202,68 @@ def to_gguf(name, pre, add_bos):
     w.close()
 
 
+def spm_gguf(ts):
+    """tiny_spm.gguf: tiny_spm's vocabulary as a SentencePiece ("llama") GGUF
+    vocabulary — tokens, scores (a merged token scores minus the rank of its
+    first merge; characters lower still), token types (byte tokens 6, <unk>
+    2, <s> and </s> 3) — with llama.cpp's own tokenization of texts.txt as
+    the reference (llama-cpp-python, vocab_only), in tiny_spm_gguf_ids.json."""
+    import gguf
+    from llama_cpp import Llama
+    d = os.path.join(OUT, "tiny_spm")
+    with open(os.path.join(d, "tokenizer.json"), encoding="utf-8") as f:
+        tj = json.load(f)
+    vocab = dict(tj["model"]["vocab"])
+    tokens = [None] * (max(vocab.values()) + 1)
+    for t, i in vocab.items():
+        tokens[i] = t
+    rank = {}
+    for r, m in enumerate(tj["model"]["merges"]):
+        a, b = m.split(" ") if isinstance(m, str) else m
+        rank.setdefault(a + b, r)
+    n = len(tokens)
+    scores = [-float(rank[t]) if t in rank else -float(n + i) for i, t in enumerate(tokens)]
+    types = []
+    for t in tokens:
+        if t == "<unk>":
+            types.append(gguf.TokenType.UNKNOWN)
+        elif t in ("<s>", "</s>"):
+            types.append(gguf.TokenType.CONTROL)
+        elif len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+            types.append(gguf.TokenType.BYTE)
+        else:
+            types.append(gguf.TokenType.NORMAL)
+    path = os.path.join(OUT, "tiny_spm.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(1)
+    w.add_context_length(512)
+    w.add_embedding_length(8)
+    w.add_feed_forward_length(8)
+    w.add_head_count(1)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(vocab["<s>"])
+    w.add_eos_token_id(vocab["</s>"])
+    w.add_unk_token_id(vocab["<unk>"])
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(True)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    llm = Llama(path, vocab_only=True, verbose=False)
+    ids = [llm.tokenize(t.encode("utf-8"), add_bos=True, special=True) for t in ts]
+    dec = [llm.detokenize(i[1:]).decode("utf-8", errors="replace") for i in ids]
+    with open(os.path.join(OUT, "tiny_spm_gguf_ids.json"), "w") as f:
+        json.dump({"source": "llama.cpp (llama-cpp-python %s) tokenize(add_bos=True, special=True)"
+                   % __import__("llama_cpp").__version__, "ids": ids, "decoded": dec}, f)
+        f.write("\n")
+
+
 def main():
     ts = texts()
     smollm2(ts)
@@ -211,6 +273,7 @@ def main():
     tiny_spm(ts)
     to_gguf("tiny_llama3", "llama-bpe", True)
     to_gguf("tiny_qwen2", "qwen2", False)
+    spm_gguf(ts)
     real = os.environ.get("EXO_REAL_TOKENIZERS")
     for name in ("llama3", "llama3_1", "qwen3", "llama2"):
         d = os.path.join(real or "", name)
