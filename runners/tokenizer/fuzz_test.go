@@ -3,8 +3,11 @@ package tokenizer
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/engine/weights"
 )
 
 // FuzzTokenizerJSON feeds arbitrary tokenizer.json bytes to the loader: it
@@ -63,4 +66,34 @@ func hasForeignRegex(c *component) bool {
 		}
 	}
 	return false
+}
+
+// FuzzGGUFTokenizer feeds mutated GGUF files (byte-level and SentencePiece
+// vocabularies) to the GGUF tokenizer loader: an error or a tokenizer that
+// encodes and decodes without panicking.
+func FuzzGGUFTokenizer(f *testing.F) {
+	for _, p := range []string{"testdata/spm_small.gguf", "testdata/spm_bytes.gguf"} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		g, err := weights.ParseGGUF(b)
+		if err != nil {
+			return
+		}
+		tok, err := fromGGUF(g)
+		if err != nil {
+			return
+		}
+		ids := tok.Encode("Hello </s> wörld 123 <|im_start|>\n\t 😀 \xff")
+		_ = tok.Decode(append(ids, -1, 1<<30))
+		d := tok.NewStreamDecoder()
+		for _, id := range ids {
+			d.Add(id)
+		}
+		d.Flush()
+	})
 }

@@ -264,6 +264,33 @@ def spm_gguf(ts):
         f.write("\n")
 
 
+def spm_fuzz_seeds():
+    """spm_small.gguf and spm_bytes.gguf: minimal SentencePiece GGUF
+    vocabularies (13 pieces; the second with the 256 byte tokens) seeding
+    FuzzGGUFTokenizer — the fuzzer crawls on larger seeds."""
+    import gguf
+    for name, with_bytes in (("spm_small.gguf", False), ("spm_bytes.gguf", True)):
+        toks = ["<unk>", "<s>", "</s>", "\u2581", "a", "b", "c", "\u2581a", "ab", "\u2581ab", "\u2581abc", "bc", "<|im_end|>"]
+        types = [2, 3, 3] + [1] * 9 + [3]
+        scores = [float(x) for x in (0, 0, 0, -1, -2, -3, -4, -5, -6, -7, -8, -9, 0)]
+        if with_bytes:
+            toks += ["<0x%02X>" % b for b in range(256)]
+            types += [6] * 256
+            scores += [0.0] * 256
+        w = gguf.GGUFWriter(os.path.join(OUT, name), "llama")
+        w.add_tokenizer_model("llama")
+        w.add_token_list(toks)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+
 def main():
     ts = texts()
     smollm2(ts)
@@ -274,6 +301,7 @@ def main():
     to_gguf("tiny_llama3", "llama-bpe", True)
     to_gguf("tiny_qwen2", "qwen2", False)
     spm_gguf(ts)
+    spm_fuzz_seeds()
     real = os.environ.get("EXO_REAL_TOKENIZERS")
     for name in ("llama3", "llama3_1", "qwen3", "llama2"):
         d = os.path.join(real or "", name)
