@@ -1,10 +1,11 @@
 // Package tokenizer owns text ↔ token-id conversion for byte-level BPE
 // models (Llama 3, Qwen2/3, SmolLM2, GPT-2 family): HF tokenizer.json (+
 // tokenizer_config.json, generation_config.json) and GGUF vocabularies
-// (tokenizer.ggml.model "gpt2"); and for SentencePiece-style BPE in
-// tokenizer.json (Llama 2, Mistral, TinyLlama: "▁" for spaces, merges over
-// characters, <0xXX> byte fallback, Prepend/Replace normalizers or
-// Metaspace). It implements normalizers (NFC/NFD/NFKC/
+// (tokenizer.ggml.model "gpt2"); and for SentencePiece-style BPE (Llama 2,
+// Mistral, TinyLlama: "▁" for spaces, merges over characters, <0xXX> byte
+// fallback) from tokenizer.json (Prepend/Replace normalizers or Metaspace)
+// and from GGUF SentencePiece vocabularies (tokenizer.ggml.model "llama":
+// pieces with scores, tokenized as llama.cpp does). It implements normalizers (NFC/NFD/NFKC/
 // NFKD, lowercase), the pre-tokenizer split patterns by hand (GPT-2, Llama 3,
 // Qwen2; Go's regexp lacks the lookahead they use; other patterns run on
 // github.com/dlclark/regexp2), individual digits (SmolLM2), byte-level
