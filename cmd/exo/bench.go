@@ -15,6 +15,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -22,7 +24,7 @@ import (
 )
 
 const benchUsage = `usage: exo bench [--url URL] [--model NAME] [--pp 512,2048] [--tg 64] [--repeat 3]
-                 [--compare-local] [--json]
+                 [--concurrency N] [--compare-local] [--json]
 
 Sends streaming chat requests whose prompts have exactly PP tokens after the
 model's chat template (built with the runner's POST /tokenize), generating TG
@@ -31,7 +33,10 @@ prompt tokens/s and generation tokens/s (medians over --repeat runs). Every
 run starts its prompt with a fresh nonce, so no prefix cache can serve it.
 With --compare-local each prompt length is also run with
 x_exo_disable_remote_prefill (the decode runner prefills locally) and the
-TTFT speedup of remote prefill is shown.`
+TTFT speedup of remote prefill is shown. With --concurrency N every run sends
+N such requests at once (each with its own nonce) and also reports the
+aggregate generation rate: all completion tokens over the run's wall time,
+which is what a decode runner's batching (--max-batch) raises.`
 
 // benchRun is one measured request.
 type benchRun struct {
@@ -47,14 +52,18 @@ type benchRun struct {
 
 // benchRow summarizes the runs of one (pp, mode).
 type benchRow struct {
-	PP        int        `json:"pp"`
-	TG        int        `json:"tg"`
-	Mode      string     `json:"mode"`
-	TTFT      float64    `json:"ttft_s"`
-	PromptTPS float64    `json:"prompt_tokens_per_s"`
-	GenTPS    float64    `json:"generation_tokens_per_s"`
-	Speedup   float64    `json:"ttft_speedup_vs_local,omitempty"`
-	Runs      []benchRun `json:"runs"`
+	PP        int     `json:"pp"`
+	TG        int     `json:"tg"`
+	Mode      string  `json:"mode"`
+	TTFT      float64 `json:"ttft_s"`
+	PromptTPS float64 `json:"prompt_tokens_per_s"`
+	GenTPS    float64 `json:"generation_tokens_per_s"`
+	Speedup   float64 `json:"ttft_speedup_vs_local,omitempty"`
+	// Concurrency requests per run; AggregateTPS is the median over runs
+	// of all their completion tokens over the run's wall time.
+	Concurrency  int        `json:"concurrency"`
+	AggregateTPS float64    `json:"aggregate_generation_tokens_per_s"`
+	Runs         []benchRun `json:"runs"`
 }
 
 func cmdBench(ctx context.Context, args []string) error {
@@ -68,11 +77,12 @@ func cmdBench(ctx context.Context, args []string) error {
 	compare := fs.Bool("compare-local", false, "also run with remote prefill disabled and show the speedup")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	timeout := fs.Duration("timeout", 30*time.Minute, "overall time limit")
+	conc := fs.Int("concurrency", 1, "requests sent at once in each run")
 	if err := fs.Parse(args); err != nil {
 		fmt.Fprintln(os.Stderr, benchUsage)
 		return exitError{code: 2, msg: err.Error()}
 	}
-	if fs.NArg() != 0 || *tg < 1 || *repeat < 1 {
+	if fs.NArg() != 0 || *tg < 1 || *repeat < 1 || *conc < 1 || *conc > 256 {
 		fmt.Fprintln(os.Stderr, benchUsage)
 		return exitError{code: 2, msg: "bench: bad arguments"}
 	}
@@ -103,18 +113,26 @@ func cmdBench(ctx context.Context, args []string) error {
 		var local *benchRow
 		var group []benchRow
 		for _, mode := range modes {
-			row := benchRow{PP: pp, TG: *tg, Mode: mode}
+			row := benchRow{PP: pp, TG: *tg, Mode: mode, Concurrency: *conc}
+			var aggs []float64
 			for i := range *repeat {
-				r, err := b.run(ctx, pp, *tg, mode)
+				rs, agg, err := b.runGroup(ctx, pp, *tg, mode, *conc)
 				if err != nil {
 					return fmt.Errorf("bench: pp=%d %s run %d: %w", pp, mode, i+1, err)
 				}
-				row.Runs = append(row.Runs, r)
+				row.Runs = append(row.Runs, rs...)
+				aggs = append(aggs, agg)
 				if !*asJSON {
-					fmt.Fprintf(os.Stderr, "pp=%d %s run %d: ttft %.3fs, %d prompt tokens, %.1f gen tok/s\n",
-						pp, mode, i+1, r.TTFT, r.PromptTokens, r.GenTPS)
+					for _, r := range rs {
+						fmt.Fprintf(os.Stderr, "pp=%d %s run %d: ttft %.3fs, %d prompt tokens, %.1f gen tok/s\n",
+							pp, mode, i+1, r.TTFT, r.PromptTokens, r.GenTPS)
+					}
+					if *conc > 1 {
+						fmt.Fprintf(os.Stderr, "pp=%d %s run %d: %d streams, %.1f gen tok/s together\n", pp, mode, i+1, *conc, agg)
+					}
 				}
 			}
+			row.AggregateTPS = medianOf(aggs)
 			row.TTFT = median(row.Runs, func(r benchRun) float64 { return r.TTFT })
 			row.PromptTPS = median(row.Runs, func(r benchRun) float64 { return r.PromptTPS })
 			row.GenTPS = median(row.Runs, func(r benchRun) float64 { return r.GenTPS })
@@ -134,13 +152,14 @@ func cmdBench(ctx context.Context, args []string) error {
 		return enc.Encode(map[string]any{"url": b.base, "model": b.model, "repeat": *repeat, "results": rows})
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "pp\ttg\tprefill\tTTFT s\tprompt tok/s\tgen tok/s\tspeedup\t\n")
+	fmt.Fprintf(tw, "pp\ttg\tprefill\tstreams\tTTFT s\tprompt tok/s\tgen tok/s\ttotal gen tok/s\tspeedup\t\n")
 	for _, r := range rows {
 		sp := ""
 		if r.Speedup > 0 {
 			sp = fmt.Sprintf("%.2fx", r.Speedup)
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%.3f\t%.1f\t%.1f\t%s\t\n", r.PP, r.TG, r.Mode, r.TTFT, r.PromptTPS, r.GenTPS, sp)
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%.3f\t%.1f\t%.1f\t%.1f\t%s\t\n", r.PP, r.TG, r.Mode, r.Concurrency, r.TTFT,
+			r.PromptTPS, r.GenTPS, r.AggregateTPS, sp)
 	}
 	return tw.Flush()
 }
@@ -150,6 +169,14 @@ func median(runs []benchRun, f func(benchRun) float64) float64 {
 	for i, r := range runs {
 		v[i] = f(r)
 	}
+	return medianOf(v)
+}
+
+func medianOf(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	v = slices.Clone(v)
 	slices.Sort(v)
 	if len(v)%2 == 1 {
 		return v[len(v)/2]
@@ -157,10 +184,46 @@ func median(runs []benchRun, f func(benchRun) float64) float64 {
 	return (v[len(v)/2-1] + v[len(v)/2]) / 2
 }
 
+// runGroup sends n requests at once (each its own prompt) and returns them
+// with the group's aggregate generation rate: all completion tokens over
+// the wall time from the first request sent to the last one finished.
+func (b *bencher) runGroup(ctx context.Context, pp, tg int, mode string, n int) ([]benchRun, float64, error) {
+	// The prompts first: building one asks /tokenize, which must not run
+	// beside the measured requests.
+	prompts := make([]string, n)
+	for i := range prompts {
+		var err error
+		if prompts[i], _, err = b.prompt(ctx, pp); err != nil {
+			return nil, 0, err
+		}
+	}
+	rs := make([]benchRun, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rs[i], errs[i] = b.send(ctx, prompts[i], tg, mode)
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(t0).Seconds()
+	if err := errors.Join(errs...); err != nil {
+		return nil, 0, err
+	}
+	tokens := 0
+	for _, r := range rs {
+		tokens += r.CompletionTokens
+	}
+	return rs, float64(tokens) / wall, nil
+}
+
 type bencher struct {
 	base, model string
 	client      *http.Client
-	noTokenize  bool
+	noTokenize  atomic.Bool
 }
 
 // countByUsage counts a prompt's tokens from the usage of a one-token
@@ -240,14 +303,14 @@ func (b *bencher) onlyModel(ctx context.Context) (string, error) {
 var errNoTokenize = errors.New("no /tokenize")
 
 func (b *bencher) count(ctx context.Context, content string) (int, error) {
-	if b.noTokenize {
+	if b.noTokenize.Load() {
 		return b.countByUsage(ctx, content)
 	}
 	resp, err := b.do(ctx, "POST", "/tokenize", map[string]any{"model": b.model,
 		"messages": []map[string]string{{"role": "user", "content": content}}, "add_generation_prompt": true})
 	if errors.Is(err, errNoTokenize) {
 		fmt.Fprintln(os.Stderr, "bench: the endpoint has no /tokenize; counting prompt tokens with 1-token requests instead (slower; each probe prefills)")
-		b.noTokenize = true
+		b.noTokenize.Store(true)
 		return b.countByUsage(ctx, content)
 	}
 	if err != nil {
@@ -322,11 +385,8 @@ func (b *bencher) prompt(ctx context.Context, pp int) (string, int, error) {
 	return content, n, nil
 }
 
-func (b *bencher) run(ctx context.Context, pp, tg int, mode string) (benchRun, error) {
-	content, _, err := b.prompt(ctx, pp)
-	if err != nil {
-		return benchRun{}, err
-	}
+// send streams one chat request and measures it.
+func (b *bencher) send(ctx context.Context, content string, tg int, mode string) (benchRun, error) {
 	body := map[string]any{"model": b.model, "stream": true, "temperature": 0, "max_tokens": tg, "ignore_eos": true,
 		"messages": []map[string]string{{"role": "user", "content": content}}}
 	if mode == "local" {

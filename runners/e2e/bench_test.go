@@ -103,3 +103,45 @@ func TestBenchWithoutTokenize(t *testing.T) {
 		t.Fatalf("%v %s", err, out)
 	}
 }
+
+// TestBenchConcurrency runs `exo bench --concurrency 4` against a batching
+// decode runner: every run sends four requests at once, each token-exact,
+// the JSON reports the aggregate rate, and the runner batched their steps.
+func TestBenchConcurrency(t *testing.T) {
+	dec := start(t, "decode-bench-conc", "decode", "--model", tinyModel(t, "main"), "--max-batch", "4")
+	out, err := exec.Command(exoBin, "bench", "--url", "http://"+dec.listen, "--pp", "40", "--tg", "24",
+		"--repeat", "2", "--concurrency", "4", "--json").Output()
+	if err != nil {
+		t.Fatalf("exo bench: %v\n%s", err, out)
+	}
+	var res struct {
+		Results []struct {
+			Concurrency  int     `json:"concurrency"`
+			AggregateTPS float64 `json:"aggregate_generation_tokens_per_s"`
+			GenTPS       float64 `json:"generation_tokens_per_s"`
+			Runs         []struct {
+				PromptTokens     int `json:"prompt_tokens"`
+				CompletionTokens int `json:"completion_tokens"`
+			} `json:"runs"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("bench JSON: %v\n%s", err, out)
+	}
+	if len(res.Results) != 1 {
+		t.Fatalf("results: %s", out)
+	}
+	r := res.Results[0]
+	if r.Concurrency != 4 || len(r.Runs) != 8 || r.AggregateTPS <= 0 || r.GenTPS <= 0 {
+		t.Fatalf("row %+v", r)
+	}
+	for _, run := range r.Runs {
+		if run.PromptTokens != 40 || run.CompletionTokens != 24 {
+			t.Fatalf("run %+v, want 40 prompt and 24 completion tokens", run)
+		}
+	}
+	steps := dec.metric(t, "exo_decode_batch_sequences_count")
+	if single := dec.metric(t, `exo_decode_batch_sequences_bucket{le="1"}`); single >= steps {
+		t.Fatalf("no batched decode step (%v of %v steps held one sequence)", single, steps)
+	}
+}
