@@ -421,9 +421,11 @@ func (m *Model) Close() error {
 	return nil
 }
 
+var errModelClosed = errors.New("engine: model is closed")
+
 func (m *Model) checkCache(c KVCache, tokens []int32) error {
 	if m.layers == nil {
-		return errors.New("engine: model is closed")
+		return errModelClosed
 	}
 	g := c.Geometry()
 	if g.Layers != m.cfg.Layers || g.KVHeads != m.cfg.KVHeads || g.HeadDim != m.cfg.HeadDim {
@@ -522,13 +524,19 @@ func (m *Model) ForwardBatch(ctx context.Context, caches []KVCache, tokens []int
 // onChunk(start, n) after each chunk's KV is in the cache. An error from
 // onChunk or ctx stops it after the current chunk; the chunks already done
 // stay in the cache.
+//
+// The model is locked per chunk, not for the whole prompt: other callers'
+// steps (a decode runner's batched generations) run between chunks, and
+// onChunk runs unlocked (it may send KV over the network or step the model
+// itself). The caller must not use c concurrently.
 func (m *Model) Prefill(ctx context.Context, c KVCache, tokens []int32, chunk int, onChunk func(start, n int) error) (err error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	if chunk <= 0 {
 		chunk = DefaultPrefillChunk
 	}
-	if err := m.checkCache(c, tokens); err != nil {
+	m.mu.Lock()
+	err = m.checkCache(c, tokens)
+	m.mu.Unlock()
+	if err != nil {
 		return err
 	}
 	for len(tokens) > 0 {
@@ -537,7 +545,13 @@ func (m *Model) Prefill(ctx context.Context, c KVCache, tokens []int32, chunk in
 		}
 		n := min(chunk, len(tokens))
 		start := c.Len()
-		if err := m.guardedStep(c, tokens[:n]); err != nil {
+		m.mu.Lock()
+		err := errModelClosed
+		if m.layers != nil { // Close may have run between chunks
+			err = m.guardedStep(c, tokens[:n])
+		}
+		m.mu.Unlock()
+		if err != nil {
 			return err
 		}
 		tokens = tokens[n:]

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
@@ -295,4 +296,54 @@ func writeAndLoad(t *testing.T, b engine.Backend, spec testmodel.Spec) *engine.M
 	}
 	t.Cleanup(func() { m.Close() })
 	return m
+}
+
+// TestPrefillLetsOthersStepBetweenChunks: the model is locked per prefill
+// chunk, so another sequence can decode (here: from onChunk itself, which
+// would deadlock under a whole-prompt lock) and the prefill's KV is still
+// the one-shot KV.
+func TestPrefillLetsOthersStepBetweenChunks(t *testing.T) {
+	b, err := backend.Open("cpu", backend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	m := writeAndLoad(t, b, testmodel.Spec{Arch: "qwen3", Seed: 3})
+	prompt := testmodel.ReferencePrompts()[4]
+	other := m.NewCache()
+	if _, err := m.Forward(ctx, other, prompt[:5]); err != nil {
+		t.Fatal(err)
+	}
+	chunked := m.NewCache()
+	steps := 0
+	done := make(chan error, 1)
+	go func() {
+		done <- m.Prefill(ctx, chunked, prompt, 8, func(start, n int) error {
+			_, err := m.ForwardBatch(ctx, []engine.KVCache{other}, []int32{prompt[steps%len(prompt)]})
+			steps++
+			return err
+		})
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Prefill with a step in onChunk did not finish: the model stays locked between chunks")
+	}
+	if want := (len(prompt) + 7) / 8; steps != want || other.Len() != 5+want {
+		t.Fatalf("%d steps between chunks (cache %d), want %d", steps, other.Len(), want)
+	}
+	one := m.NewCache()
+	if err := m.Prefill(ctx, one, prompt, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	for l := range m.Info().Layers {
+		k1, v1, _ := one.Export(l, 0, len(prompt))
+		k2, v2, _ := chunked.Export(l, 0, len(prompt))
+		if string(k1) != string(k2) || string(v1) != string(v2) {
+			t.Fatalf("layer %d: KV differs after interleaved steps", l)
+		}
+	}
 }
