@@ -35,13 +35,7 @@ func FuzzTokenizerJSON(f *testing.F) {
 		if err != nil {
 			return
 		}
-		ids := tok.Encode("Hello <x> wörld 123 <|im_start|>\n\t 😀")
-		_ = tok.Decode(append(ids, -1, 1<<30))
-		d := tok.NewStreamDecoder()
-		for _, id := range ids {
-			d.Add(id)
-		}
-		d.Flush()
+		exercise(tok, "Hello <x> wörld 123 <|im_start|>\n\t 😀")
 	})
 }
 
@@ -88,12 +82,18 @@ func FuzzGGUFTokenizer(f *testing.F) {
 		if err != nil {
 			return
 		}
-		ids := tok.Encode("Hello </s> wörld 123 <|im_start|>\n\t 😀 \xff")
-		_ = tok.Decode(append(ids, -1, 1<<30))
-		d := tok.NewStreamDecoder()
-		for _, id := range ids {
-			d.Add(id)
-		}
-		d.Flush()
+		exercise(tok, "Hello </s> wörld 123 <|im_start|>\n\t 😀 \xff")
 	})
+}
+
+// exercise encodes text and decodes the ids (plus out-of-range ones) both
+// ways: a fuzzed tokenizer must do all of it without panicking.
+func exercise(tok *Tokenizer, text string) {
+	ids := tok.Encode(text)
+	_ = tok.Decode(append(ids, -1, 1<<30))
+	d := tok.NewStreamDecoder()
+	for _, id := range ids {
+		d.Add(id)
+	}
+	d.Flush()
 }

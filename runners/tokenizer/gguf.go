@@ -103,9 +103,16 @@ func fromGGUF(g *weights.GGUF) (*Tokenizer, error) {
 			return nil, fmt.Errorf("tokenizer.ggml.merges[%d]: %w", rank, err)
 		}
 	}
+	t.setGGUFSpecials(g, len(tokens), llama3)
+	return t, nil
+}
+
+// setGGUFSpecials reads the unknown, BOS and end-of-generation ids and
+// add_bos_token (default addBOS) from GGUF metadata, then finishes t.
+func (t *Tokenizer) setGGUFSpecials(g *weights.GGUF, n int, addBOS bool) {
 	id := func(key string) (int32, bool) {
 		u, ok := g.Uint(key)
-		if !ok || u >= uint64(len(tokens)) {
+		if !ok || u >= uint64(n) {
 			return 0, false
 		}
 		return int32(u), true
@@ -116,7 +123,7 @@ func fromGGUF(g *weights.GGUF) (*Tokenizer, error) {
 	if b, ok := id("tokenizer.ggml.bos_token_id"); ok {
 		t.bos = b
 	}
-	t.addBOS = llama3
+	t.addBOS = addBOS
 	if b, ok := g.Bool("tokenizer.ggml.add_bos_token"); ok {
 		t.addBOS = b
 	}
@@ -126,7 +133,6 @@ func fromGGUF(g *weights.GGUF) (*Tokenizer, error) {
 		}
 	}
 	t.addEndOfTurnTokens()
-	return t, nil
 }
 
 // fromGGUFSPM builds a tokenizer from a SentencePiece GGUF vocabulary
@@ -213,26 +219,6 @@ func fromGGUFSPM(g *weights.GGUF) (*Tokenizer, error) {
 		t.stripLeading = 1
 	}
 	t.normalizers = append(t.normalizers, func(s string) string { return strings.ReplaceAll(s, " ", spmSpace) })
-	id := func(key string) (int32, bool) {
-		u, ok := g.Uint(key)
-		if !ok || u >= uint64(len(tokens)) {
-			return 0, false
-		}
-		return int32(u), true
-	}
-	if u, ok := id("tokenizer.ggml.unknown_token_id"); ok {
-		t.model.unk = u
-	}
-	if b, ok := id("tokenizer.ggml.bos_token_id"); ok {
-		t.bos = b
-	}
-	t.addBOS = true // llama.cpp's default for SentencePiece vocabularies
-	if b, ok := g.Bool("tokenizer.ggml.add_bos_token"); ok {
-		t.addBOS = b
-	}
-	if e, ok := id("tokenizer.ggml.eos_token_id"); ok {
-		t.eos = append(t.eos, e)
-	}
-	t.addEndOfTurnTokens()
+	t.setGGUFSpecials(g, len(tokens), true) // BOS: llama.cpp's default for SentencePiece
 	return t, nil
 }

@@ -23,6 +23,23 @@ func texts(t testing.TB) []string {
 	return strings.Split(string(b), "\n=====\n")
 }
 
+// decodedFixture reads a fixture with the reference's ids and its decoding
+// of them (without the BOS) for each text.
+func decodedFixture(t testing.TB, path string) (f struct {
+	IDs     [][]int32
+	Decoded []string
+}) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &f); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
 func wantIDs(t testing.TB, path string) [][]int32 {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -443,17 +460,7 @@ func TestTinySPMMatchesHF(t *testing.T) {
 	}
 	ts := texts(t)
 	compareIDs(t, tok, ts, wantIDs(t, "testdata/tiny_spm/ids.json"))
-	b, err := os.ReadFile("testdata/tiny_spm/ids.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var f struct {
-		IDs     [][]int32
-		Decoded []string
-	}
-	if err := json.Unmarshal(b, &f); err != nil {
-		t.Fatal(err)
-	}
+	f := decodedFixture(t, "testdata/tiny_spm/ids.json")
 	fallback := 0
 	for i, ids := range f.IDs {
 		if ids[0] != tok.BOS() {
@@ -556,17 +563,7 @@ func TestSPMGGUFMatchesLlamaCpp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile("testdata/tiny_spm_gguf_ids.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var f struct {
-		IDs     [][]int32
-		Decoded []string
-	}
-	if err := json.Unmarshal(b, &f); err != nil {
-		t.Fatal(err)
-	}
+	f := decodedFixture(t, "testdata/tiny_spm_gguf_ids.json")
 	ts := texts(t)
 	if len(f.IDs) != len(ts) {
 		t.Fatalf("fixture has %d id lists for %d texts", len(f.IDs), len(ts))
