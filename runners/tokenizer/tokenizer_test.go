@@ -444,6 +444,23 @@ func TestRealTokenizersMatchHF(t *testing.T) {
 			if eos := tok.EOS(); !slices.Contains(eos, id) {
 				t.Errorf("EOS %v lacks %s (%d)", eos, c.eos, id)
 			}
+			if c.name == "llama2" {
+				// The Prepend normalizer runs per section: "▁" again after
+				// a special token (HF tokenizers 0.23.3's ids).
+				for _, k := range []struct {
+					text string
+					ids  []int32
+				}{
+					{"Hi</s>there now", []int32{1, 15359, 2, 736, 1055}},
+					{"</s> x", []int32{1, 2, 28705, 1318}},
+					{"a</s></s>b", []int32{1, 264, 2, 2, 287}},
+					{" lead", []int32{1, 28705, 1736}},
+				} {
+					if got := tok.Encode(k.text); !slices.Equal(got, k.ids) {
+						t.Errorf("Encode(%q) = %v, HF %v", k.text, got, k.ids)
+					}
+				}
+			}
 		})
 	}
 }
