@@ -22,6 +22,7 @@ import (
 // runOptions are exo run's flags.
 type runOptions struct {
 	model, backend, system string
+	device                 string
 	params                 sample.Params
 	maxTokens              int
 	stats, offline         bool
@@ -41,6 +42,7 @@ func cmdRun(ctx context.Context, args []string) error {
 	}
 	fs.StringVar(&o.model, "model", "builtin:smollm2", "model: directory, .gguf file, builtin:smollm2 or HF id org/name[@rev]")
 	fs.StringVar(&o.backend, "backend", "auto", "backend: auto, cpu or mlx")
+	fs.StringVar(&o.device, "device", "", "mlx device: gpu or cpu (default: gpu when MLX has one)")
 	fs.IntVar(&o.threads, "threads", 0, "cpu backend threads (0: all cores)")
 	fs.StringVar(&o.system, "system", "", "system prompt")
 	fs.Float64Var(&o.params.Temperature, "temperature", 0, "sampling temperature (0: greedy)")
@@ -84,7 +86,7 @@ func run(ctx context.Context, o runOptions, prompt string, stdout, stderr io.Wri
 	if err != nil {
 		return fmt.Errorf("resolve model %s: %w", o.model, err)
 	}
-	b, err := backend.Open(o.backend, backend.Options{Threads: o.threads})
+	b, err := backend.Open(o.backend, backend.Options{Threads: o.threads, Device: o.device})
 	if err != nil {
 		return err
 	}
