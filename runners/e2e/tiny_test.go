@@ -560,9 +560,11 @@ func TestTinyConcurrentRemotePrefillWhileBatching(t *testing.T) {
 			want := make([]chatResult, n)
 			for i := range prompts {
 				prompts[i] = user(words(3000+i, 120+40*i))
-				want[i] = chatStream(t, ref.listen, prompts[i], 32, ignoreEOS)
+				want[i] = chatStream(t, ref.listen, prompts[i], 160, ignoreEOS)
 			}
 			ok := dec.metric(t, outcome("ok"))
+			steps0 := dec.metric(t, "exo_decode_batch_sequences_count")
+			seqs0 := dec.metric(t, "exo_decode_batch_sequences_sum")
 			got := make([]chatResult, n)
 			var wg sync.WaitGroup
 			for i := range prompts {
@@ -570,7 +572,7 @@ func TestTinyConcurrentRemotePrefillWhileBatching(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					time.Sleep(time.Duration(i) * 20 * time.Millisecond) // arrive while the others decode
-					got[i] = chatStream(t, dec.listen, prompts[i], 32, ignoreEOS)
+					got[i] = chatStream(t, dec.listen, prompts[i], 160, ignoreEOS)
 				}()
 			}
 			wg.Wait()
@@ -580,6 +582,13 @@ func TestTinyConcurrentRemotePrefillWhileBatching(t *testing.T) {
 			if d := dec.metric(t, outcome("ok")) - ok; d != n {
 				t.Fatalf("%v of %d prompts prefilled remotely; last outcome %q", d, n, dec.lastOutcome())
 			}
+			// Generations overlapped: some steps held more than one.
+			steps := dec.metric(t, "exo_decode_batch_sequences_count") - steps0
+			seqs := dec.metric(t, "exo_decode_batch_sequences_sum") - seqs0
+			if seqs <= steps {
+				t.Fatalf("%v sequence-steps in %v steps: the requests never decoded together", seqs, steps)
+			}
+			t.Logf("%v sequence-steps in %v steps", seqs, steps)
 		})
 	}
 }
