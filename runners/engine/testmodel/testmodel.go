@@ -32,7 +32,8 @@ type Spec struct {
 	QuantBits, GroupSize                                                       int          // 0 = dense; 4 or 8 with group 32/64/128 (0 → 64)
 	Seed                                                                       int64
 	Layers, Hidden, Heads, KVHeads, HeadDim, Intermediate, Vocab, MaxPositions int
-	Experts, ExpertsPerToken, MoEIntermediate                                  int // qwen3moe only
+	Experts, ExpertsPerToken, MoEIntermediate                                  int  // qwen3moe only
+	AllSparse                                                                  bool // qwen3moe: layer 0 sparse too (as llama.cpp's qwen3moe requires)
 }
 
 // Defaults used for zero Spec fields.
@@ -226,6 +227,9 @@ func configJSON(s Spec) []byte {
 		c["norm_topk_prob"] = true
 		c["decoder_sparse_step"] = 1
 		c["mlp_only_layers"] = []int{0}
+		if s.AllSparse {
+			c["mlp_only_layers"] = []int{}
+		}
 	}
 	if s.QuantBits != 0 {
 		q := map[string]any{"group_size": s.GroupSize, "bits": s.QuantBits}
@@ -327,7 +331,7 @@ func Tensors(s Spec) ([]engine.Tensor, error) {
 			vec(p+"self_attn.q_norm.weight", hd, 0.1, 1)
 			vec(p+"self_attn.k_norm.weight", hd, 0.1, 1)
 		}
-		if s.Arch == "qwen3moe" && l > 0 {
+		if s.Arch == "qwen3moe" && (l > 0 || s.AllSparse) {
 			out = append(out, g.moe(p+"mlp.", in)...)
 			continue
 		}

@@ -20,6 +20,8 @@ var ggufArchs = map[string][2]string{
 	"llama": {"LlamaForCausalLM", "llama"},
 	"qwen2": {"Qwen2ForCausalLM", "qwen2"},
 	"qwen3": {"Qwen3ForCausalLM", "qwen3"},
+	// Every layer sparse (llama.cpp's qwen3moe has no dense layers).
+	"qwen3moe": {"Qwen3MoeForCausalLM", "qwen3_moe"},
 }
 
 // ggufLayerNames maps the per-block GGUF tensor stems to HF module paths
@@ -36,6 +38,12 @@ var ggufLayerNames = map[string]string{
 	"ffn_down":    "mlp.down_proj",
 	"attn_norm":   "input_layernorm",
 	"ffn_norm":    "post_attention_layernorm",
+	// Mixture of experts: the router, and the experts stacked [E, out, in]
+	// as mlx-lm's switch_mlp holds them.
+	"ffn_gate_inp":  "mlp.gate",
+	"ffn_gate_exps": "mlp.switch_mlp.gate_proj",
+	"ffn_up_exps":   "mlp.switch_mlp.up_proj",
+	"ffn_down_exps": "mlp.switch_mlp.down_proj",
 }
 
 // hfName returns the HF name of a GGUF tensor ("" when it has none).
@@ -118,7 +126,7 @@ func OpenGGUFSource(path string) (engine.Source, error) {
 func newGGUFSource(g *GGUF) (*ggufSource, error) {
 	arch, _ := g.String("general.architecture")
 	if _, ok := ggufArchs[arch]; !ok {
-		return nil, fmt.Errorf("unsupported general.architecture %q (supported: llama, qwen2, qwen3)", arch)
+		return nil, fmt.Errorf("unsupported general.architecture %q (supported: llama, qwen2, qwen3, qwen3moe)", arch)
 	}
 	heads, _ := g.Uint(arch + ".attention.head_count")
 	kvHeads, ok := g.Uint(arch + ".attention.head_count_kv")
@@ -154,8 +162,8 @@ func newGGUFSource(g *GGUF) (*ggufSource, error) {
 			s.add(name, e)
 		case TypeQ4_0, TypeQ4_1, TypeQ5_0, TypeQ5_1, TypeQ8_0, TypeQ4_K, TypeQ5_K, TypeQ6_K:
 			prefix, ok := strings.CutSuffix(name, ".weight")
-			if !ok || len(t.Dims) != 2 {
-				return nil, fmt.Errorf("tensor %s: quantized %s tensor is not a 2-D weight", t.Name, t.Type)
+			if !ok || (len(t.Dims) != 2 && !(len(t.Dims) == 3 && strings.Contains(prefix, ".switch_mlp."))) {
+				return nil, fmt.Errorf("tensor %s: quantized %s tensor is not a 2-D weight (or 3-D stacked experts)", t.Name, t.Type)
 			}
 			s.quant[prefix] = engine.QuantSpec{Bits: mlxBits(t.Type), GroupSize: 32}
 			for part, suffix := range map[int]string{partW: ".weight", partScales: ".scales", partBiases: ".biases"} {
@@ -210,8 +218,9 @@ func (s *ggufSource) Tensor(name string) (engine.Tensor, error) {
 	}
 	out := engine.Tensor{Name: name, Shape: shape}
 	rows, cols := 1, shape[len(shape)-1]
-	if len(shape) == 2 {
-		rows = shape[0]
+	lead := shape[:len(shape)-1] // [out] or, for stacked experts, [E, out]
+	for _, d := range lead {
+		rows *= d
 	}
 	switch ti.Type {
 	case TypeF32, TypeF16, TypeBF16:
@@ -232,11 +241,11 @@ func (s *ggufSource) Tensor(name string) (engine.Tensor, error) {
 	bits := mlxBits(ti.Type)
 	switch e.part {
 	case partW:
-		out.DType, out.Shape, out.Data = engine.U32, []int{rows, cols * bits / 32}, parts[0]
+		out.DType, out.Shape, out.Data = engine.U32, append(slices.Clone(lead), cols*bits/32), parts[0]
 	case partScales:
-		out.DType, out.Shape, out.Data = engine.F16, []int{rows, cols / 32}, parts[1]
+		out.DType, out.Shape, out.Data = engine.F16, append(slices.Clone(lead), cols/32), parts[1]
 	case partBiases:
-		out.DType, out.Shape, out.Data = engine.F16, []int{rows, cols / 32}, parts[2]
+		out.DType, out.Shape, out.Data = engine.F16, append(slices.Clone(lead), cols/32), parts[2]
 	}
 	return out, nil
 }
@@ -470,7 +479,11 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 	}
 	ffn, err := need("feed_forward_length")
 	if err != nil {
-		return nil, err
+		if f, ok := g.Uint(key("expert_feed_forward_length")); ok && arch == "qwen3moe" {
+			ffn, err = f, nil // no dense layer uses it
+		} else {
+			return nil, err
+		}
 	}
 	heads, err := need("attention.head_count")
 	if err != nil {
@@ -527,6 +540,19 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 		"hidden_act":              "silu",
 		"attention_bias":          hasQBias,
 		"torch_dtype":             "float32",
+	}
+	if arch == "qwen3moe" {
+		for hfKey, k := range map[string]string{"num_experts": "expert_count",
+			"num_experts_per_tok": "expert_used_count", "moe_intermediate_size": "expert_feed_forward_length"} {
+			v, err := need(k)
+			if err != nil {
+				return nil, err
+			}
+			cfg[hfKey] = v
+		}
+		// llama.cpp's qwen3moe renormalizes the chosen experts' weights and
+		// has every layer sparse.
+		cfg["norm_topk_prob"], cfg["decoder_sparse_step"], cfg["mlp_only_layers"] = true, 1, []int{}
 	}
 	if id, ok := g.Uint("tokenizer.ggml.bos_token_id"); ok {
 		cfg["bos_token_id"] = id

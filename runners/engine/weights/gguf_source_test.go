@@ -207,6 +207,15 @@ func FuzzGGUFSource(f *testing.F) {
 	k.Tensor("blk.0.ffn_up.weight", TypeQ5_0, make([]byte, 22*8), 32, 8)
 	k.Tensor("blk.0.ffn_gate.weight", TypeQ5_1, make([]byte, 24*8), 32, 8)
 	f.Add(k.Bytes())
+	var moe ggufBuilder
+	llamaMeta(&moe, "qwen3moe", 2, 1)
+	moe.U32("qwen3moe.expert_count", 2)
+	moe.U32("qwen3moe.expert_used_count", 1)
+	moe.U32("qwen3moe.expert_feed_forward_length", 32)
+	moe.Tensor("blk.0.ffn_gate_inp.weight", TypeF32, make([]byte, 4*8*2), 8, 2)
+	moe.Tensor("blk.0.ffn_gate_exps.weight", TypeQ8_0, make([]byte, 34*2*32/32*2), 32, 2, 2)
+	moe.Tensor("blk.0.ffn_down_exps.weight", TypeQ4_K, make([]byte, 144*2*2), 256, 2, 2)
+	f.Add(moe.Bytes())
 	f.Fuzz(func(t *testing.T, data []byte) {
 		g, err := ParseGGUF(data)
 		if err != nil {

@@ -28,7 +28,7 @@ func main() {
 func run(args []string) error {
 	fs := flag.NewFlagSet("gen", flag.ContinueOnError)
 	ref := fs.Bool("reference", false, "write the reference set under DIR")
-	arch := fs.String("arch", "llama", "llama | qwen2 | qwen3")
+	arch := fs.String("arch", "llama", "llama | qwen2 | qwen3 | qwen3moe")
 	dtype := fs.String("dtype", "f32", "f32 | bf16")
 	bits := fs.Int("bits", 0, "0 (dense), 4 or 8")
 	group := fs.Int("group", 64, "quantization group size")
@@ -39,6 +39,7 @@ func run(args []string) error {
 	kvHeads := fs.Int("kv-heads", 0, "KV heads (0 = default)")
 	inter := fs.Int("intermediate", 0, "MLP size (0 = default)")
 	vocab := fs.Int("vocab", 0, "vocabulary size (0 = default)")
+	allSparse := fs.Bool("all-sparse", false, "qwen3moe: every layer sparse (llama.cpp's qwen3moe has no dense layers)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -66,7 +67,7 @@ func run(args []string) error {
 		return fmt.Errorf("unknown -dtype %q", *dtype)
 	}
 	s := testmodel.Spec{Arch: *arch, DType: dt, QuantBits: *bits, Seed: *seed, Layers: *layers,
-		Hidden: *hidden, Heads: *heads, KVHeads: *kvHeads, Intermediate: *inter, Vocab: *vocab}
+		Hidden: *hidden, Heads: *heads, KVHeads: *kvHeads, Intermediate: *inter, Vocab: *vocab, AllSparse: *allSparse}
 	if *bits != 0 {
 		s.GroupSize = *group
 	}
