@@ -68,6 +68,7 @@ def to_gguf(src, dst):
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
     w.add_bos_token_id(cfg["bos_token_id"])
     w.add_eos_token_id(cfg["eos_token_id"])
+    w.add_chat_template(json.load(open(os.path.join(src, "tokenizer_config.json")))["chat_template"])
 
     def add(name, arr):
         w.add_tensor(name, np.ascontiguousarray(arr.astype(np.float32)))
