@@ -2,10 +2,7 @@ package engine_test
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/binary"
 	"encoding/json"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -54,14 +51,7 @@ func TestGGUFQwen3MoeMatchesLlamaCpp(t *testing.T) {
 		t.Fatalf("info %+v", info)
 	}
 	for i, p := range fx.Prompts {
-		lb, err := base64.StdEncoding.DecodeString(p.Logits)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := make([]float32, len(lb)/4)
-		for j := range want {
-			want[j] = math.Float32frombits(binary.LittleEndian.Uint32(lb[4*j:]))
-		}
+		want := f32FromBase64(t, p.Logits)
 		got, err := m.Forward(ctx, m.NewCache(), p.Tokens)
 		if err != nil {
 			t.Fatal(err)

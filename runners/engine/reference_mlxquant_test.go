@@ -2,10 +2,7 @@ package engine_test
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/binary"
 	"encoding/json"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -64,14 +61,7 @@ func TestMatchesMLXQuantizedReference(t *testing.T) {
 				minCos = 0.9999
 			}
 			for i, res := range fm.Results {
-				lb, err := base64.StdEncoding.DecodeString(res.Logits)
-				if err != nil {
-					t.Fatal(err)
-				}
-				want := make([]float32, len(lb)/4)
-				for j := range want {
-					want[j] = math.Float32frombits(binary.LittleEndian.Uint32(lb[4*j:]))
-				}
+				want := f32FromBase64(t, res.Logits)
 				c := m.NewCache()
 				logits, err := m.Forward(ctx, c, fx.Prompts[i])
 				if err != nil {

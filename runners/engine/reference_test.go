@@ -102,14 +102,7 @@ func TestMatchesMLXReference(t *testing.T) {
 			}
 			for i, res := range fm.Results {
 				prompt := fx.Prompts[i]
-				lb, err := base64.StdEncoding.DecodeString(res.Logits)
-				if err != nil {
-					t.Fatal(err)
-				}
-				want := make([]float32, len(lb)/4)
-				for j := range want {
-					want[j] = math.Float32frombits(binary.LittleEndian.Uint32(lb[4*j:]))
-				}
+				want := f32FromBase64(t, res.Logits)
 				c := m.NewCache()
 				logits, err := m.Forward(ctx, c, prompt)
 				if err != nil {
@@ -134,4 +127,18 @@ func TestMatchesMLXReference(t *testing.T) {
 			}
 		})
 	}
+}
+
+// f32FromBase64 decodes a fixture's little-endian float32 values.
+func f32FromBase64(t *testing.T, s string) []float32 {
+	t.Helper()
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, len(b)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return out
 }
