@@ -412,39 +412,30 @@ func (b *backend) arr(x engine.Array) *array {
 	return a
 }
 
+// dtypes pairs our element types with MLX's (read-only).
+var dtypes = [...]struct {
+	e engine.DType
+	m C.int
+}{
+	{engine.F32, C.XMX_FLOAT32}, {engine.F16, C.XMX_FLOAT16}, {engine.BF16, C.XMX_BFLOAT16},
+	{engine.I32, C.XMX_INT32}, {engine.U32, C.XMX_UINT32}, {engine.U8, C.XMX_UINT8},
+}
+
 func toMLX(dt engine.DType) C.int {
-	switch dt {
-	case engine.F32:
-		return C.XMX_FLOAT32
-	case engine.F16:
-		return C.XMX_FLOAT16
-	case engine.BF16:
-		return C.XMX_BFLOAT16
-	case engine.I32:
-		return C.XMX_INT32
-	case engine.U32:
-		return C.XMX_UINT32
-	case engine.U8:
-		return C.XMX_UINT8
+	for _, p := range dtypes {
+		if p.e == dt {
+			return p.m
+		}
 	}
 	panic(fmt.Sprintf("mlx: unsupported dtype %v", dt))
 }
 
 // fromMLX maps an MLX dtype to ours; 0 for dtypes only used internally.
 func fromMLX(d C.int) engine.DType {
-	switch d {
-	case C.XMX_FLOAT32:
-		return engine.F32
-	case C.XMX_FLOAT16:
-		return engine.F16
-	case C.XMX_BFLOAT16:
-		return engine.BF16
-	case C.XMX_INT32:
-		return engine.I32
-	case C.XMX_UINT32:
-		return engine.U32
-	case C.XMX_UINT8:
-		return engine.U8
+	for _, p := range dtypes {
+		if p.m == d {
+			return p.e
+		}
 	}
 	return 0
 }

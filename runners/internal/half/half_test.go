@@ -185,28 +185,22 @@ func TestSlices(t *testing.T) {
 	}
 }
 
-func BenchmarkNarrowBF16(b *testing.B) {
+func BenchmarkNarrow(b *testing.B) {
 	src := make([]float32, 4096)
 	for i := range src {
 		src[i] = float32(i) * 0.37
 	}
 	dst := make([]uint16, len(src))
-	b.SetBytes(int64(4 * len(src)))
-	b.ReportAllocs()
-	for b.Loop() {
-		NarrowBF16(dst, src)
-	}
-}
-
-func BenchmarkNarrowF16(b *testing.B) {
-	src := make([]float32, 4096)
-	for i := range src {
-		src[i] = float32(i) * 0.37
-	}
-	dst := make([]uint16, len(src))
-	b.SetBytes(int64(4 * len(src)))
-	b.ReportAllocs()
-	for b.Loop() {
-		NarrowF16(dst, src)
+	for _, c := range []struct {
+		name   string
+		narrow func(dst []uint16, src []float32)
+	}{{"BF16", NarrowBF16}, {"F16", NarrowF16}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(4 * len(src)))
+			b.ReportAllocs()
+			for b.Loop() {
+				c.narrow(dst, src)
+			}
+		})
 	}
 }
