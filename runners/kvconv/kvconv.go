@@ -15,28 +15,28 @@ import (
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 )
 
+// dtypes pairs the engine's KV dtypes with the wire's (read-only).
+var dtypes = [...]struct {
+	e engine.DType
+	w kvwire.DType
+}{{engine.F32, kvwire.DTypeF32}, {engine.F16, kvwire.DTypeF16}, {engine.BF16, kvwire.DTypeBF16}}
+
 // Wire maps an engine dtype to the wire's (0 when it has none).
 func Wire(d engine.DType) kvwire.DType {
-	switch d {
-	case engine.F32:
-		return kvwire.DTypeF32
-	case engine.F16:
-		return kvwire.DTypeF16
-	case engine.BF16:
-		return kvwire.DTypeBF16
+	for _, p := range dtypes {
+		if p.e == d {
+			return p.w
+		}
 	}
 	return 0
 }
 
 // Engine maps a wire dtype to the engine's (0 when invalid).
 func Engine(d kvwire.DType) engine.DType {
-	switch d {
-	case kvwire.DTypeF32:
-		return engine.F32
-	case kvwire.DTypeF16:
-		return engine.F16
-	case kvwire.DTypeBF16:
-		return engine.BF16
+	for _, p := range dtypes {
+		if p.w == d {
+			return p.e
+		}
 	}
 	return 0
 }
