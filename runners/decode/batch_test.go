@@ -44,8 +44,13 @@ func TestBatcherBatchesJoinedGenerations(t *testing.T) {
 	go b.run(ctx)
 	var wg sync.WaitGroup
 	const gens, steps = 4, 20
-	for g := range gens {
-		leave := b.join()
+	// Every generation joins before any steps (else the first to step
+	// could run alone while the others are still joining).
+	leaves := make([]func(), gens)
+	for g := range leaves {
+		leaves[g] = b.join()
+	}
+	for g, leave := range leaves {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
