@@ -240,7 +240,11 @@ func (b *bencher) countByUsage(ctx context.Context, content string) (int, error)
 			PromptTokens int `json:"prompt_tokens"`
 		} `json:"usage"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&cr); err != nil || cr.Usage.PromptTokens == 0 {
+	err = json.NewDecoder(resp.Body).Decode(&cr)
+	// Read to the end, so that the connection is reused instead of being
+	// closed under a response the server is still finishing.
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if err != nil || cr.Usage.PromptTokens == 0 {
 		return 0, fmt.Errorf("counting tokens by usage: %v", err)
 	}
 	return cr.Usage.PromptTokens, nil
