@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,6 +67,7 @@ type supervisor struct {
 	set  *reconcile.Set
 	gw   *gateway.Gateway
 	met  *metrics.Metrics
+	auth *gateway.Auth
 	host string
 	api  string
 
@@ -133,7 +135,15 @@ func Run(ctx context.Context, o Options) error {
 	mux.Handle("/", s.gw.Handler())
 	mux.Handle("GET /metrics", s.met.Handler())
 	mux.HandleFunc("GET "+StatusPath, s.serveStatus)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	var key []byte
+	if f := cfg.API.APIKeyFile; f != "" {
+		if key, err = gateway.ReadKeyFile(f); err != nil {
+			ln.Close()
+			return err
+		}
+	}
+	s.auth = gateway.NewAuth(mux, key, cfg.API.OpenPaths)
+	srv := &http.Server{Handler: s.auth, ReadHeaderTimeout: 10 * time.Second}
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Serve(ln) }()
 
@@ -278,8 +288,18 @@ func (s *supervisor) reload(ctx context.Context, reason string) {
 	old := s.cfg
 	s.cfg = c
 	s.mu.Unlock()
-	if old.API != c.API {
+	if old.API.Listen != c.API.Listen || old.API.Port != c.API.Port || old.API.APIKeyFile != c.API.APIKeyFile ||
+		!slices.Equal(old.API.OpenPaths, c.API.OpenPaths) {
 		s.log.Warn("the [api] section changed; restart the supervisor to apply it", "old", old.API, "new", c.API)
+	}
+	// The key file itself is re-read on every reload (key rotation by
+	// rewriting the file and `systemctl reload exo`).
+	if f := old.API.APIKeyFile; f != "" {
+		if key, err := gateway.ReadKeyFile(f); err != nil {
+			s.log.Error("API key not reloaded; the previous key stays in force", "err", err)
+		} else {
+			s.auth.SetKey(key)
+		}
 	}
 	ch := s.set.Apply(ctx, c.Runners(s.host))
 	s.gw.SetConfig(c, s.host)
