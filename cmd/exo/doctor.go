@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net"
 	"net/http"
@@ -27,6 +28,7 @@ import (
 	"github.com/exo-pd/exo-pd/supervisor"
 	"github.com/exo-pd/exo-pd/supervisor/config"
 	"github.com/exo-pd/exo-pd/supervisor/gateway"
+	"github.com/exo-pd/exo-pd/supervisor/gpu"
 )
 
 // A doctor check's outcome.
@@ -134,6 +136,7 @@ func (d *doctor) run(ctx context.Context, path string, embedded bool, host strin
 	}
 	rep.Host = d.host
 	d.checkFiles(rep)
+	d.checkNVML(rep)
 	d.checkMLX(rep)
 	d.checkDisk(rep)
 	d.checkLocalPorts(ctx, rep)
@@ -209,6 +212,43 @@ func (d *doctor) checkFiles(rep *doctorReport) {
 			rep.add(check{Name: "api key file", Status: checkOK, Detail: f})
 		}
 	}
+}
+
+// checkNVML: a cuda host needs the NVIDIA driver, for CUDA 13.
+func (d *doctor) checkNVML(rep *doctorReport) {
+	if d.cfg.Hosts[d.host].Backend != config.CUDA {
+		return
+	}
+	g := gpu.Open(slog.New(slog.DiscardHandler))
+	if g == nil {
+		rep.add(check{Name: "nvidia driver", Status: checkFail, Detail: "NVML cannot be loaded (no NVIDIA driver, or an exo built without cgo)",
+			Fix: "install the NVIDIA driver (580 or newer, for CUDA 13; NixOS: hardware.nvidia with services.xserver.videoDrivers = [\"nvidia\"]) so that nvidia-smi works"})
+		return
+	}
+	defer g.Close()
+	sys, err := g.System()
+	if err != nil {
+		rep.add(check{Name: "nvidia driver", Status: checkFail, Detail: err.Error(), Fix: "check the driver with nvidia-smi"})
+		return
+	}
+	var gpus []string
+	for _, dev := range sys.Devices {
+		s := dev.Name
+		if dev.MemoryTotal > 0 {
+			s += fmt.Sprintf(" (%.0f GiB, %.0f free)", float64(dev.MemoryTotal)/(1<<30), float64(dev.MemoryFree)/(1<<30))
+		}
+		gpus = append(gpus, s)
+	}
+	c := check{Name: "nvidia driver", Status: checkOK,
+		Detail: fmt.Sprintf("driver %s, CUDA %d.%d; %s", sys.Driver, sys.CUDA/1000, sys.CUDA%1000/10, strings.Join(gpus, ", ")),
+		Data:   map[string]any{"driver": sys.Driver, "cuda": sys.CUDA, "devices": sys.Devices}}
+	switch {
+	case len(sys.Devices) == 0:
+		c.Status, c.Fix = checkFail, "the driver sees no GPU: check nvidia-smi and the device nodes (/dev/nvidia*)"
+	case sys.CUDA < 13000:
+		c.Status, c.Fix = checkFail, "mlx-cuda-13 needs a driver for CUDA 13 (580 or newer): upgrade the NVIDIA driver"
+	}
+	rep.add(c)
 }
 
 // checkMLX loads libmlxc, reports its version and device, and compares a
