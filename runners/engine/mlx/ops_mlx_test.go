@@ -10,13 +10,13 @@ package mlx
 import (
 	"encoding/binary"
 	"errors"
-	"strings"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
