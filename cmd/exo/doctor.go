@@ -139,6 +139,7 @@ func (d *doctor) run(ctx context.Context, path string, embedded bool, host strin
 	d.checkNVML(rep)
 	d.checkMLX(rep)
 	d.checkDisk(rep)
+	d.checkMemory(rep)
 	d.checkLocalPorts(ctx, rep)
 	d.checkPeers(ctx, rep)
 	d.checkKV(ctx, rep)
@@ -322,6 +323,98 @@ func matmulAgainstCPU(be engine.Backend) (float64, error) {
 		scale = max(scale, math.Abs(float64(want[i])))
 	}
 	return worst / max(scale, 1e-30), nil
+}
+
+// checkMemory compares the weights of the runners placed on this host (as
+// far as they are on disk already) with the memory they will load into:
+// the GPUs' free memory where NVML reports dedicated memory, else the
+// system's (unified on a Mac or a GB10).
+func (d *doctor) checkMemory(rep *doctorReport) {
+	var need int64
+	var known, unknown []string
+	for _, r := range d.cfg.Runners(d.host) {
+		path, err := hf.Resolve(context.Background(), r.Source, hf.Options{Offline: true, StoreDir: d.cfg.Cluster.ModelsDir})
+		if err != nil {
+			unknown = append(unknown, r.Name)
+			continue
+		}
+		n, err := weightBytes(path)
+		if err != nil {
+			unknown = append(unknown, r.Name)
+			continue
+		}
+		need += n
+		known = append(known, fmt.Sprintf("%s %.1f GiB", r.Name, float64(n)/(1<<30)))
+	}
+	if len(known) == 0 {
+		if len(unknown) > 0 {
+			rep.add(check{Name: "memory", Status: checkSkip, Detail: "no weights on disk yet (" + strings.Join(unknown, ", ") + "): `exo model pull` them to check their size"})
+		}
+		return
+	}
+	avail, what, err := d.memoryFor()
+	if err != nil {
+		rep.add(check{Name: "memory", Status: checkWarn, Detail: err.Error()})
+		return
+	}
+	c := check{Name: "memory", Status: checkOK,
+		Detail: fmt.Sprintf("weights %.1f GiB (%s) of %.1f GiB %s", float64(need)/(1<<30), strings.Join(known, ", "), float64(avail)/(1<<30), what),
+		Data:   map[string]any{"weights_bytes": need, "memory_bytes": avail}}
+	if len(unknown) > 0 {
+		c.Detail += "; not on disk yet: " + strings.Join(unknown, ", ")
+	}
+	// The KV cache and activations come on top of the weights.
+	switch ratio := float64(need) / float64(avail); {
+	case ratio > 0.9:
+		c.Status, c.Fix = checkFail, "the weights alone nearly fill the memory: place a model on another host, or use a quantized source (4-bit MLX, Q4 GGUF)"
+	case ratio > 0.7:
+		c.Status, c.Fix = checkWarn, "little room is left for the KV cache: expect short contexts or few concurrent requests, or move a model"
+	}
+	rep.add(c)
+}
+
+// memoryFor is the memory models load into on this host.
+func (d *doctor) memoryFor() (uint64, string, error) {
+	if d.cfg.Hosts[d.host].Backend == config.CUDA {
+		if g := gpu.Open(slog.New(slog.DiscardHandler)); g != nil {
+			defer g.Close()
+			if sys, err := g.System(); err == nil {
+				var free uint64
+				for _, dev := range sys.Devices {
+					free += dev.MemoryFree
+				}
+				if free > 0 {
+					return free, "free GPU memory", nil
+				}
+			}
+		}
+	}
+	return availableMemory()
+}
+
+// weightBytes is the size of a model's weight files: a .gguf file, or the
+// .safetensors files of a directory.
+func weightBytes(path string) (int64, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0, err
+	}
+	if !st.IsDir() {
+		return st.Size(), nil
+	}
+	files, err := filepath.Glob(filepath.Join(path, "*.safetensors"))
+	if err != nil || len(files) == 0 {
+		return 0, fmt.Errorf("%s: no .safetensors files", path)
+	}
+	var n int64
+	for _, f := range files {
+		fi, err := os.Stat(f)
+		if err != nil {
+			return 0, err
+		}
+		n += fi.Size()
+	}
+	return n, nil
 }
 
 // checkDisk reports the free space of the model store.
