@@ -30,6 +30,7 @@ import (
 const runnerUsage = `usage:
   exo runner decode  --model SRC --served-name NAME --listen HOST:PORT
                      [--prefill HOST:PORT[,HOST:PORT…]] [--remote-prefill-min-tokens N]
+                     [--prefill-connect-timeout D] [--prefill-idle-floor D]
                      [--secret-file F] [--backend cpu|mlx|auto] [--device gpu|cpu]
                      [--max-queue N] [--max-batch N] [--models-dir D]
   exo runner prefill --model SRC --served-name NAME --listen HOST:PORT --metrics HOST:PORT
@@ -49,8 +50,10 @@ type runnerFlags struct {
 	maxQueue, maxBatch, threads, chunk                                int
 	offline                                                           bool
 	// decode
-	prefill   string
-	minRemote int
+	prefill        string
+	minRemote      int
+	connectTimeout time.Duration
+	idleFloor      time.Duration
 	// prefill
 	metricsAddr string
 	cacheMiB    int
@@ -80,6 +83,8 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 	if f.role == "decode" {
 		fs.StringVar(&f.prefill, "prefill", "", "prefill runners' KV-wire addresses, comma-separated")
 		fs.IntVar(&f.minRemote, "remote-prefill-min-tokens", 256, "uncached prompt tokens needed to prefill remotely")
+		fs.DurationVar(&f.connectTimeout, "prefill-connect-timeout", time.Second, "connect + hello deadline of a prefill endpoint; past it the endpoint is skipped until it answers a probe")
+		fs.DurationVar(&f.idleFloor, "prefill-idle-floor", 3*time.Second, "shortest wait for the next KV frame (the deadline grows with the endpoint's measured chunk time)")
 	} else {
 		fs.StringVar(&f.metricsAddr, "metrics", "", "HTTP address for /health and /metrics")
 		fs.IntVar(&f.cacheMiB, "prefix-cache-mib", 1024, "prefix cache size in MiB (0: off)")
@@ -99,6 +104,10 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		return nil, exitError{code: 2, msg: "runner: --listen is required"}
 	case f.role == "prefill" && f.metricsAddr == "":
 		return nil, exitError{code: 2, msg: "runner: prefill needs --metrics HOST:PORT"}
+	case f.role == "decode" && f.connectTimeout <= 0:
+		return nil, exitError{code: 2, msg: "runner: --prefill-connect-timeout must be positive"}
+	case f.role == "decode" && f.idleFloor <= 0:
+		return nil, exitError{code: 2, msg: "runner: --prefill-idle-floor must be positive"}
 	}
 	return f, nil
 }
@@ -110,6 +119,8 @@ type loadGate struct {
 	progress   atomic.Uint64 // float64 bits, 0..1
 	ready      atomic.Pointer[http.Handler]
 	load       func() (waiting, running int)
+	// endpoints, when set, reports the prefill endpoints' breaker states.
+	endpoints func() []decode.EndpointHealth
 }
 
 func (g *loadGate) setProgress(p float64) { g.progress.Store(math.Float64bits(min(max(p, 0), 1))) }
@@ -125,8 +136,12 @@ func (g *loadGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		waiting, running := g.load()
-		_ = json.NewEncoder(w).Encode(map[string]any{"status": "ok", "role": g.role, "model": g.name,
-			"waiting": waiting, "running": running})
+		body := map[string]any{"status": "ok", "role": g.role, "model": g.name,
+			"waiting": waiting, "running": running}
+		if g.endpoints != nil {
+			body["prefill_endpoints"] = g.endpoints()
+		}
+		_ = json.NewEncoder(w).Encode(body)
 		return
 	}
 	if h == nil {
@@ -279,9 +294,31 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 				eps = append(eps, kvwire.Endpoint{Addr: a})
 			}
 		}
-		o.Remote = &decode.KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{Secret: secret, Logger: log}),
-			Selector: kvwire.NewSelector(eps), Name: f.name, Model: m}
-		log.Info("remote prefill enabled", "endpoints", f.prefill, "min_tokens", f.minRemote)
+		addrs := make([]string, len(eps))
+		for i, e := range eps {
+			addrs[i] = e.Addr
+			met.PrefillEndpointState.WithLabelValues(e.Addr).Set(0)
+			met.PrefillEndpointTrips.WithLabelValues(e.Addr)
+		}
+		br := decode.NewBreaker(addrs, decode.BreakerOptions{IdleFloor: f.idleFloor,
+			OnChange: func(addr string, s decode.BreakerState) {
+				if s == decode.Open {
+					met.PrefillEndpointState.WithLabelValues(addr).Set(1)
+					met.PrefillEndpointTrips.WithLabelValues(addr).Inc()
+					log.Warn("prefill endpoint not answering; skipping it until it answers a probe", "endpoint", addr)
+				} else {
+					met.PrefillEndpointState.WithLabelValues(addr).Set(0)
+					log.Info("prefill endpoint answers again", "endpoint", addr)
+				}
+			}})
+		remote := &decode.KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{Secret: secret, Logger: log,
+			ConnectTimeout: f.connectTimeout, IdleTimeout: 30 * time.Second}),
+			Selector: kvwire.NewSelector(eps), Name: f.name, Model: m, Breaker: br}
+		o.Remote = remote
+		gate.endpoints = br.Status
+		go remote.RunProbes(ctx, 0)
+		log.Info("remote prefill enabled", "endpoints", f.prefill, "min_tokens", f.minRemote,
+			"connect_timeout", f.connectTimeout, "idle_floor", f.idleFloor)
 	}
 	srv := decode.New(o)
 	defer srv.Close()
