@@ -1,0 +1,248 @@
+package e2e
+
+import (
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// endpointState is one prefill endpoint as a decode runner's /health
+// reports it.
+type endpointState struct {
+	Addr      string `json:"addr"`
+	State     string `json:"state"`
+	Trips     int    `json:"trips"`
+	LastError string `json:"last_error"`
+}
+
+func (p *proc) endpoints(t *testing.T) []endpointState {
+	t.Helper()
+	resp, err := http.Get("http://" + p.http + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var h struct {
+		PrefillEndpoints []endpointState `json:"prefill_endpoints"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		t.Fatal(err)
+	}
+	return h.PrefillEndpoints
+}
+
+// waitEndpoint waits (up to limit) until the decode runner reports the
+// endpoint in state want, and returns how long that took.
+func (p *proc) waitEndpoint(t *testing.T, addr, want string, limit time.Duration) time.Duration {
+	t.Helper()
+	t0 := time.Now()
+	for {
+		for _, e := range p.endpoints(t) {
+			if e.Addr == addr && e.State == want {
+				return time.Since(t0)
+			}
+		}
+		if time.Since(t0) > limit {
+			t.Fatalf("endpoint %s not %s after %v: %+v", addr, want, limit, p.endpoints(t))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestChaosStalledPrefill: a SIGSTOPped prefill runner (what a GPU hang or
+// a swap storm looks like) costs the first request one connect+hello
+// deadline, after which its circuit is open and the next requests prefill
+// locally without trying it; every text equals the local-only runner's.
+// After SIGCONT a probe closes the circuit and remote prefill resumes. The
+// assertions are on outcomes and breaker state; the durations are logged
+// (speed is measured, not asserted).
+func TestChaosStalledPrefill(t *testing.T) {
+	dir := tinyModel(t, "main")
+	pre := start(t, "prefill", "prefill", "--model", dir, "--prefix-cache-mib", "0")
+	dec := start(t, "decode", "decode", "--model", dir, "--prefill", pre.listen, "--prefill-connect-timeout", "1s")
+	ref := start(t, "decode-local", "decode", "--model", dir)
+	state := `exo_prefill_endpoint_state{endpoint="` + pre.listen + `"}`
+	trips := `exo_prefill_endpoint_trips_total{endpoint="` + pre.listen + `"}`
+
+	run := func(i int) (chatResult, chatResult, time.Duration) {
+		m := user(words(500+i, 400))
+		t0 := time.Now()
+		got := chatStream(t, dec.listen, m, genTokens, ignoreEOS)
+		d := time.Since(t0)
+		want := chatStream(t, ref.listen, m, genTokens, ignoreEOS)
+		expectSame(t, "request", got, want)
+		return got, want, d
+	}
+	okBefore := dec.metric(t, outcome("ok"))
+	_, _, d := run(0)
+	if dec.metric(t, outcome("ok")) != okBefore+1 || dec.metric(t, state) != 0 {
+		t.Fatalf("healthy request not remote: %s", dec.lastOutcome())
+	}
+	t.Logf("healthy remote request: %v", d)
+
+	if err := pre.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	defer func() {
+		if stopped {
+			pre.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}()
+	errBefore, openBefore := dec.metric(t, outcome("fallback_error")), dec.metric(t, outcome("skipped_open"))
+	for i := 1; i <= 5; i++ {
+		got, _, d := run(i)
+		t.Logf("prefill stopped: request %d (%d prompt tokens) took %v, outcome %s", i, got.Prompt, d, dec.lastOutcome())
+	}
+	if n := dec.metric(t, outcome("fallback_error")) - errBefore; n != 1 {
+		t.Errorf("fallback_error +%v, want +1 (the first request pays the hello deadline once)", n)
+	}
+	if n := dec.metric(t, outcome("skipped_open")) - openBefore; n != 4 {
+		t.Errorf("skipped_open +%v, want +4 (the circuit is open for the others)", n)
+	}
+	if dec.metric(t, state) != 1 || dec.metric(t, trips) != 1 {
+		t.Errorf("%s = %v, %s = %v; want 1, 1", state, dec.metric(t, state), trips, dec.metric(t, trips))
+	}
+	eps := dec.endpoints(t)
+	if len(eps) != 1 || eps[0].State != "open" || eps[0].LastError == "" {
+		t.Errorf("/health prefill_endpoints = %+v, want one open with its error", eps)
+	}
+
+	if err := pre.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stopped = false
+	took := dec.waitEndpoint(t, pre.listen, "closed", 15*time.Second)
+	t.Logf("circuit closed %v after SIGCONT", took)
+	okBefore = dec.metric(t, outcome("ok"))
+	run(6)
+	if dec.metric(t, outcome("ok")) != okBefore+1 || dec.metric(t, state) != 0 {
+		t.Fatalf("remote prefill did not resume: last outcome %s", dec.lastOutcome())
+	}
+}
+
+// relay forwards each connection to the current target (which can be
+// switched while it runs) and, when armed, SIGKILLs the target process
+// once a connection has carried killAt bytes back.
+type relay struct {
+	l      net.Listener
+	mu     sync.Mutex
+	target string
+	victim *proc
+	killAt int64
+	kills  atomic.Int64
+	wg     sync.WaitGroup
+}
+
+func newRelay(t *testing.T) *relay {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &relay{l: l}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			r.wg.Add(1)
+			go func() { defer r.wg.Done(); r.handle(c) }()
+		}
+	}()
+	t.Cleanup(func() { l.Close(); r.wg.Wait() })
+	return r
+}
+
+// arm points the relay at p and kills p after killAt bytes (0: never).
+func (r *relay) arm(p *proc, killAt int64) {
+	r.mu.Lock()
+	r.target, r.victim, r.killAt = p.listen, p, killAt
+	r.mu.Unlock()
+}
+
+func (r *relay) handle(c net.Conn) {
+	defer c.Close()
+	r.mu.Lock()
+	target, victim, killAt := r.target, r.victim, r.killAt
+	r.mu.Unlock()
+	s, err := net.Dial("tcp", target)
+	if err != nil {
+		return
+	}
+	defer s.Close()
+	go func() {
+		_, _ = io.Copy(s, c)
+		s.(*net.TCPConn).CloseWrite()
+	}()
+	buf := make([]byte, 16<<10)
+	var off int64
+	for {
+		n, err := s.Read(buf)
+		if n > 0 {
+			off += int64(n)
+			if _, werr := c.Write(buf[:n]); werr != nil {
+				return
+			}
+			if killAt > 0 && off >= killAt {
+				r.kills.Add(1)
+				victim.cmd.Process.Signal(syscall.SIGKILL) // kill -9, mid-stream
+				killAt = 0
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// TestChaosPrefillKilledMidStream: 20 long requests in a row, each while
+// the prefill runner is SIGKILLed at a different point of its stream (and
+// a fresh one started behind the same address): every text equals the
+// local-only runner's, no request fails, and the circuit closes again each
+// time the new runner answers.
+func TestChaosPrefillKilledMidStream(t *testing.T) {
+	dir := tinyModel(t, "main")
+	ref := start(t, "decode-local", "decode", "--model", dir)
+	rl := newRelay(t)
+	pre := start(t, "prefill-0", "prefill", "--model", dir, "--prefill-chunk", "32", "--prefix-cache-mib", "0")
+	rl.arm(pre, 0)
+	dec := start(t, "decode", "decode", "--model", dir, "--prefill", rl.l.Addr().String())
+	const n = 20
+	okBefore, errBefore := dec.metric(t, outcome("ok")), dec.metric(t, outcome("fallback_error"))
+	for i := range n {
+		// Byte offsets from inside the handshake to deep in the stream
+		// (the whole stream of a ~400-token prompt is ~200 KB here).
+		killAt := int64(40 + i*9000)
+		rl.arm(pre, killAt)
+		m := user(words(900+i, 400))
+		got := chatStream(t, dec.listen, m, genTokens, ignoreEOS)
+		want := chatStream(t, ref.listen, m, genTokens, ignoreEOS)
+		expectSame(t, "request", got, want)
+		t.Logf("request %d: kill at byte %d, outcome %s", i, killAt, dec.lastOutcome())
+		select {
+		case <-pre.done:
+			pre = start(t, "prefill", "prefill", "--model", dir, "--prefill-chunk", "32", "--prefix-cache-mib", "0")
+			rl.arm(pre, 0)
+			dec.waitEndpoint(t, rl.l.Addr().String(), "closed", 15*time.Second)
+		default:
+		}
+	}
+	kills := rl.kills.Load()
+	ok, fail := dec.metric(t, outcome("ok"))-okBefore, dec.metric(t, outcome("fallback_error"))-errBefore
+	t.Logf("%d kills; outcomes: ok %v, fallback_error %v", kills, ok, fail)
+	if kills < n/2 {
+		t.Errorf("only %d of %d requests had their prefill runner killed", kills, n)
+	}
+	// A kill that lands after the stream's last byte leaves an ok fetch.
+	if ok+fail != n || int64(fail) > kills || fail < n/2 {
+		t.Errorf("outcomes ok %v + fallback_error %v, want %d in all, at most one fallback per kill (%d)", ok, fail, n, kills)
+	}
+}
