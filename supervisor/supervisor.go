@@ -350,7 +350,7 @@ func (s *supervisor) metricRunners() []metrics.Runner {
 			Name: r.Spec.Name, Role: r.Spec.Role, Model: r.Spec.Model,
 			Up: r.Status.State == process.Ready, CrashLoop: r.Status.State == process.CrashLoop, Restarts: r.Status.Restarts,
 			LivenessKills: r.Status.LivenessKills,
-			MetricsURL: "http://" + r.Spec.HealthAddr() + "/metrics",
+			MetricsURL:    "http://" + r.Spec.HealthAddr() + "/metrics",
 		}
 		if h := r.Status.Health; h != nil && h.Status == "loading" {
 			mr.LoadProgress = h.Progress

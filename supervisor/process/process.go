@@ -57,9 +57,9 @@ type Options struct {
 	// Liveness: a runner whose /health stays unanswered this long is
 	// stopped (SIGTERM, SIGKILL after Grace) and restarted under Policy.
 	Liveness Liveness
-	Logger       *slog.Logger
-	Now          func() time.Time // default time.Now
-	Jitter       func() float64   // default rand.Float64
+	Logger   *slog.Logger
+	Now      func() time.Time // default time.Now
+	Jitter   func() float64   // default rand.Float64
 	// OnChange is called (from the runner's goroutine) after every state change.
 	OnChange func(Status)
 	// Restarts is the restart count carried over from a previous Runner of the same name.
