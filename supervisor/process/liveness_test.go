@@ -66,7 +66,7 @@ func TestStoppedChildIsRestarted(t *testing.T) {
 	})
 	t.Logf("restarted %v after SIGSTOP", time.Since(t0))
 	s := r.Status()
-	if s.Restarts != 1 || s.LivenessKills != 1 || !strings.Contains(s.LastExit, "liveness: /health unanswered") {
+	if s.Restarts != 1 || s.LivenessKills != 1 || !strings.Contains(s.LastExit, "liveness: /health unanswered") || !strings.Contains(s.LastExit, "then signal ") {
 		t.Fatalf("status = %+v, want 1 restart by liveness", s)
 	}
 	if !gone(old) {

@@ -327,7 +327,12 @@ func (r *Runner) runOnce(ctx context.Context) error {
 		}
 	}
 	if ctx.Err() == nil && procCtx.Err() != nil {
-		return &killedError{reason: context.Cause(procCtx).Error(), exit: err}
+		// Wait reports the cancellation; the process state says how it ended.
+		exit := err
+		if ps := cmd.ProcessState; ps != nil {
+			exit = &exec.ExitError{ProcessState: ps}
+		}
+		return &killedError{reason: context.Cause(procCtx).Error(), exit: exit}
 	}
 	return err
 }
