@@ -37,7 +37,7 @@ type Options struct {
 	// that does not answer is out of rotation until it does; a request
 	// forwarded to it that has no answer yet is sent to the next runner.
 	HealthTimeout time.Duration
-	Transport   http.RoundTripper
+	Transport     http.RoundTripper
 }
 
 // Backend is one decode runner the gateway may forward to.
