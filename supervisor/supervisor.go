@@ -57,6 +57,11 @@ type Options struct {
 	Ready func(apiURL string)
 	// NoGPU skips the NVML collector (tests).
 	NoGPU bool
+	// ReadHeaderTimeout closes API connections that have not sent their
+	// request headers within it (default 10 s): hundreds of clients that
+	// never finish (slowloris) cost a goroutine each until then, and
+	// every other client is served meanwhile.
+	ReadHeaderTimeout time.Duration
 }
 
 type supervisor struct {
@@ -133,7 +138,11 @@ func Run(ctx context.Context, o Options) error {
 	mux.Handle("/", s.gw.Handler())
 	mux.Handle("GET /metrics", s.met.Handler())
 	mux.HandleFunc("GET "+StatusPath, s.serveStatus)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	rht := o.ReadHeaderTimeout
+	if rht <= 0 {
+		rht = 10 * time.Second
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: rht}
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Serve(ln) }()
 

@@ -32,7 +32,7 @@ const runnerUsage = `usage:
                      [--prefill HOST:PORT[,HOST:PORT…]] [--remote-prefill-min-tokens N]
                      [--prefill-connect-timeout D] [--prefill-idle-floor D]
                      [--secret-file F] [--backend cpu|mlx|auto] [--device gpu|cpu]
-                     [--max-queue N] [--max-batch N] [--models-dir D]
+                     [--max-queue N] [--max-batch N] [--models-dir D] [--read-header-timeout D]
   exo runner prefill --model SRC --served-name NAME --listen HOST:PORT --metrics HOST:PORT
                      [--secret-file F] [--backend cpu|mlx|auto] [--device gpu|cpu]
                      [--max-queue N] [--models-dir D]
@@ -49,6 +49,7 @@ type runnerFlags struct {
 	libPath                                                           string
 	maxQueue, maxBatch, threads, chunk                                int
 	offline                                                           bool
+	readHeaderTimeout                                                 time.Duration
 	// decode
 	prefill        string
 	minRemote      int
@@ -80,6 +81,7 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 	fs.IntVar(&f.maxBatch, "max-batch", 0, "decode: generations run at once, their steps batched (default 4; 1: one at a time)")
 	fs.IntVar(&f.threads, "threads", 0, "cpu backend threads (0: all cores)")
 	fs.IntVar(&f.chunk, "prefill-chunk", 256, "prefill chunk in tokens")
+	fs.DurationVar(&f.readHeaderTimeout, "read-header-timeout", 10*time.Second, "HTTP connections that have not sent their headers within this are closed")
 	if f.role == "decode" {
 		fs.StringVar(&f.prefill, "prefill", "", "prefill runners' KV-wire addresses, comma-separated")
 		fs.IntVar(&f.minRemote, "remote-prefill-min-tokens", 256, "uncached prompt tokens needed to prefill remotely")
@@ -104,6 +106,8 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		return nil, exitError{code: 2, msg: "runner: --listen is required"}
 	case f.role == "prefill" && f.metricsAddr == "":
 		return nil, exitError{code: 2, msg: "runner: prefill needs --metrics HOST:PORT"}
+	case f.readHeaderTimeout <= 0:
+		return nil, exitError{code: 2, msg: "runner: --read-header-timeout must be positive"}
 	case f.role == "decode" && f.connectTimeout <= 0:
 		return nil, exitError{code: 2, msg: "runner: --prefill-connect-timeout must be positive"}
 	case f.role == "decode" && f.idleFloor <= 0:
@@ -155,8 +159,8 @@ func (g *loadGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // serveHTTP serves h on l until ctx ends, then shuts down gracefully.
-func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, log *slog.Logger) error {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second,
+func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, readHeader time.Duration, log *slog.Logger) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: readHeader,
 		BaseContext: func(net.Listener) context.Context { return ctx }}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
@@ -203,7 +207,7 @@ func cmdRunner(ctx context.Context, args []string) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	httpDone := make(chan error, 1)
-	go func() { httpDone <- serveHTTP(ctx, hl, gate, log) }()
+	go func() { httpDone <- serveHTTP(ctx, hl, gate, f.readHeaderTimeout, log) }()
 	log.Info("runner starting", "http", hl.Addr().String(), "source", f.model)
 
 	m, path, err := loadModel(ctx, f, gate, log)

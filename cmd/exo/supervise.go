@@ -27,6 +27,7 @@ func cmdSupervise(ctx context.Context, args []string) error {
 	grace := fs.Duration("grace", 10*time.Second, "time runners get between SIGTERM and SIGKILL")
 	liveness := fs.Duration("liveness", 10*time.Second, "restart a ready runner whose /health stays unanswered this long (negative: never)")
 	livenessStart := fs.Duration("liveness-starting", 2*time.Minute, "the same before a runner's first ready answer (a loading runner answers 503, which counts)")
+	readHeader := fs.Duration("read-header-timeout", 10*time.Second, "API connections that have not sent their headers within this are closed")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	logFormat := fs.String("log-format", "text", "text or json")
 	if err := fs.Parse(args); err != nil {
@@ -46,8 +47,11 @@ func cmdSupervise(ctx context.Context, args []string) error {
 	if *liveness == 0 || *livenessStart == 0 {
 		return exitError{2, "--liveness and --liveness-starting must not be 0 (negative turns the check off)"}
 	}
-	o := supervisor.Options{Host: *host, APIListen: *listen, Logger: log, Process: process.Options{Grace: *grace,
-		Liveness: process.Liveness{Ready: *liveness, Starting: *livenessStart}}}
+	if *readHeader <= 0 {
+		return exitError{2, "--read-header-timeout must be positive"}
+	}
+	o := supervisor.Options{Host: *host, APIListen: *listen, Logger: log, ReadHeaderTimeout: *readHeader,
+		Process: process.Options{Grace: *grace, Liveness: process.Liveness{Ready: *liveness, Starting: *livenessStart}}}
 	switch {
 	case *cfgPath != "":
 		o.ConfigPath = *cfgPath

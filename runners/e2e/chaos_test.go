@@ -2,9 +2,12 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -244,5 +247,91 @@ func TestChaosPrefillKilledMidStream(t *testing.T) {
 	// A kill that lands after the stream's last byte leaves an ok fetch.
 	if ok+fail != n || int64(fail) > kills || fail < n/2 {
 		t.Errorf("outcomes ok %v + fallback_error %v, want %d in all, at most one fallback per kill (%d)", ok, fail, n, kills)
+	}
+}
+
+// TestSlowlorisAgainstADecodeRunner: 300 connections that never finish
+// their headers do not stop a decode runner from serving a chat, and each
+// is closed at its header deadline (--read-header-timeout).
+func TestSlowlorisAgainstADecodeRunner(t *testing.T) {
+	dec := start(t, "decode", "decode", "--model", tinyModel(t, "main"), "--read-header-timeout", "1s")
+	t0 := time.Now()
+	conns := make([]net.Conn, 0, 300)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range 300 {
+		c, err := net.Dial("tcp", dec.listen)
+		if err != nil {
+			t.Fatalf("slow connection %d: %v", i, err)
+		}
+		fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow-%d: ", i)
+		conns = append(conns, c)
+	}
+	r := chatStream(t, dec.listen, user("hello during a slowloris"), 8, ignoreEOS)
+	if r.Status != 200 || !r.Done || r.Completion != 8 {
+		t.Fatalf("chat during the attack: %+v", r)
+	}
+	var wg sync.WaitGroup
+	var closed atomic.Int64
+	for _, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.SetReadDeadline(time.Now().Add(15 * time.Second))
+			if _, err := io.Copy(io.Discard, c); !errors.Is(err, os.ErrDeadlineExceeded) {
+				closed.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if closed.Load() != int64(len(conns)) {
+		t.Fatalf("%d of %d slow connections closed", closed.Load(), len(conns))
+	}
+	t.Logf("all %d slow connections closed %v after they opened", len(conns), time.Since(t0))
+}
+
+// TestHealthAnswersDuringALongGeneration: /health is served off the
+// model's goroutine, so a runner busy generating (on every core) still
+// answers it at once — the supervisor's liveness check never mistakes a
+// long generation for a hang. Each probe gets the supervisor's 2 s timeout.
+func TestHealthAnswersDuringALongGeneration(t *testing.T) {
+	dec := start(t, "decode", "decode", "--model", tinyModel(t, "main"), "--max-batch", "1")
+	done := make(chan chatResult, 1)
+	go func() { done <- chatStream(t, dec.listen, user(words(77, 600)), 1500, ignoreEOS) }()
+	c := &http.Client{Timeout: 2 * time.Second}
+	probes, worst := 0, time.Duration(0)
+	for {
+		select {
+		case r := <-done:
+			if r.Status != 200 || !r.Done {
+				t.Fatalf("long generation: %+v", r)
+			}
+			if probes < 5 {
+				t.Fatalf("only %d probes during the generation; make it longer", probes)
+			}
+			t.Logf("%d /health probes during a %d-token generation, slowest %v", probes, r.Completion, worst)
+			return
+		default:
+		}
+		t0 := time.Now()
+		resp, err := c.Get("http://" + dec.http + "/health")
+		if err != nil {
+			t.Fatalf("/health during a long generation: %v", err)
+		}
+		var h struct {
+			Status  string
+			Running int
+		}
+		json.NewDecoder(resp.Body).Decode(&h)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || h.Status != "ok" {
+			t.Fatalf("/health during a long generation: %s %+v", resp.Status, h)
+		}
+		probes++
+		worst = max(worst, time.Since(t0))
+		time.Sleep(50 * time.Millisecond)
 	}
 }
