@@ -331,6 +331,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 	var h http.Handler = mux
 	gate.load = srv.Load
 	gate.ready.Store(&h)
+	go trimWhenIdle(ctx, srv.Load, 5*time.Second, log)
 	log.Info("decode runner ready", "listen", f.listen)
 	<-ctx.Done()
 	return nil
@@ -363,6 +364,7 @@ func runPrefill(ctx context.Context, f *runnerFlags, m *engine.Model, secret []b
 	var h http.Handler = mux
 	gate.load = load
 	gate.ready.Store(&h)
+	go trimWhenIdle(ctx, load, 5*time.Second, log)
 	log.Info("prefill runner ready", "kv_listen", kl.Addr().String(), "metrics", f.metricsAddr)
 	if err := ks.Serve(ctx, kl); err != nil && !errors.Is(err, context.Canceled) && ctx.Err() == nil {
 		return fmt.Errorf("runner: kv wire: %w", err)
