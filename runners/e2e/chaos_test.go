@@ -74,17 +74,21 @@ func TestChaosStalledPrefill(t *testing.T) {
 	state := `exo_prefill_endpoint_state{endpoint="` + pre.listen + `"}`
 	trips := `exo_prefill_endpoint_trips_total{endpoint="` + pre.listen + `"}`
 
-	run := func(i int) (chatResult, chatResult, time.Duration) {
+	// run sends prompt i to dec and to the local-only ref runner and
+	// returns the result and both durations.
+	run := func(i int) (chatResult, time.Duration, time.Duration) {
 		m := user(words(500+i, 400))
 		t0 := time.Now()
 		got := chatStream(t, dec.listen, m, genTokens, ignoreEOS)
 		d := time.Since(t0)
+		t0 = time.Now()
 		want := chatStream(t, ref.listen, m, genTokens, ignoreEOS)
+		dl := time.Since(t0)
 		expectSame(t, "request", got, want)
-		return got, want, d
+		return got, d, dl
 	}
 	okBefore := dec.metric(t, outcome("ok"))
-	_, _, d := run(0)
+	_, d, _ := run(0)
 	if dec.metric(t, outcome("ok")) != okBefore+1 || dec.metric(t, state) != 0 {
 		t.Fatalf("healthy request not remote: %s", dec.lastOutcome())
 	}
@@ -101,8 +105,8 @@ func TestChaosStalledPrefill(t *testing.T) {
 	}()
 	errBefore, openBefore := dec.metric(t, outcome("fallback_error")), dec.metric(t, outcome("skipped_open"))
 	for i := 1; i <= 5; i++ {
-		got, _, d := run(i)
-		t.Logf("prefill stopped: request %d (%d prompt tokens) took %v, outcome %s", i, got.Prompt, d, dec.lastOutcome())
+		got, d, dl := run(i)
+		t.Logf("prefill stopped: request %d (%d prompt tokens) took %v (local-only runner: %v), outcome %s", i, got.Prompt, d, dl, dec.lastOutcome())
 	}
 	if n := dec.metric(t, outcome("fallback_error")) - errBefore; n != 1 {
 		t.Errorf("fallback_error +%v, want +1 (the first request pays the hello deadline once)", n)
