@@ -30,16 +30,18 @@ type Runner struct {
 	Metrics                string   `json:"metrics,omitempty"`
 	Prefill                []string `json:"prefill,omitempty"` // decode: prefill KV endpoints, file order
 	RemotePrefillMinTokens int      `json:"remote_prefill_min_tokens,omitempty"`
-	SecretFile             string   `json:"secret_file,omitempty"`
-	ModelsDir              string   `json:"models_dir,omitempty"`
-	Backend                string   `json:"backend"`
-	Device                 string   `json:"device,omitempty"`
-	MaxQueue               int      `json:"max_queue,omitempty"`
-	MaxBatch               int      `json:"max_batch,omitempty"` // decode only
-	PrefillChunk           int      `json:"prefill_chunk,omitempty"`
-	PrefixCacheMiB         *int     `json:"prefix_cache_mib,omitempty"` // prefill only
-	Threads                int      `json:"threads,omitempty"`
-	Offline                bool     `json:"offline,omitempty"`
+	// PrefillConnectTimeoutMs: decode only; 0 = the runner's default.
+	PrefillConnectTimeoutMs int    `json:"prefill_connect_timeout_ms,omitempty"`
+	SecretFile              string `json:"secret_file,omitempty"`
+	ModelsDir               string `json:"models_dir,omitempty"`
+	Backend                 string `json:"backend"`
+	Device                  string `json:"device,omitempty"`
+	MaxQueue                int    `json:"max_queue,omitempty"`
+	MaxBatch                int    `json:"max_batch,omitempty"` // decode only
+	PrefillChunk            int    `json:"prefill_chunk,omitempty"`
+	PrefixCacheMiB          *int   `json:"prefix_cache_mib,omitempty"` // prefill only
+	Threads                 int    `json:"threads,omitempty"`
+	Offline                 bool   `json:"offline,omitempty"`
 }
 
 // HealthAddr is the HOST:PORT serving the runner's /health and /metrics.
@@ -61,6 +63,9 @@ func (r Runner) Args() []string {
 			a = append(a, "--prefill", joinComma(r.Prefill))
 		}
 		a = append(a, "--remote-prefill-min-tokens", strconv.Itoa(r.RemotePrefillMinTokens))
+		if r.PrefillConnectTimeoutMs > 0 {
+			a = append(a, "--prefill-connect-timeout", strconv.Itoa(r.PrefillConnectTimeoutMs)+"ms")
+		}
 	}
 	if r.SecretFile != "" {
 		a = append(a, "--secret-file", r.SecretFile)
@@ -159,6 +164,7 @@ func (c *Config) AllRunners() []Runner {
 				} else {
 					ru.Prefill = slices.Clone(prefill)
 					ru.RemotePrefillMinTokens = m.RemotePrefillMinTokens
+					ru.PrefillConnectTimeoutMs = m.PrefillConnectTimeoutMs
 				}
 				out = append(out, ru)
 			}

@@ -121,6 +121,9 @@ func (c *Config) validate() Errors {
 		if m.PrefillChunk < 0 {
 			bad(c.at("models", i, "prefill_chunk"), "%s: prefill_chunk must not be negative", label)
 		}
+		if m.PrefillConnectTimeoutMs < 0 || m.PrefillConnectTimeoutMs > 60000 {
+			bad(c.at("models", i, "prefill_connect_timeout_ms"), "%s: prefill_connect_timeout_ms must be between 0 (the runner's default, 1000) and 60000", label)
+		}
 		if m.Prefill != nil && m.Prefill.PrefixCacheMiB != nil && *m.Prefill.PrefixCacheMiB < 0 {
 			bad(c.at("models", i, "prefill", "prefix_cache_mib"), "%s: prefix_cache_mib must not be negative (0 turns the cache off)", label)
 		}

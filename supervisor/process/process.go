@@ -16,6 +16,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,10 +53,13 @@ type Options struct {
 	Policy       restart.Policy // zero → restart.Default()
 	Grace        time.Duration  // SIGTERM → SIGKILL; default 10s
 	PollStarting time.Duration  // /health poll while starting; default 100ms
-	PollReady    time.Duration  // /health poll once ready; default 2s
-	Logger       *slog.Logger
-	Now          func() time.Time // default time.Now
-	Jitter       func() float64   // default rand.Float64
+	PollReady    time.Duration  // /health poll once ready; default 2s (at most Liveness.Ready/4)
+	// Liveness: a runner whose /health stays unanswered this long is
+	// stopped (SIGTERM, SIGKILL after Grace) and restarted under Policy.
+	Liveness Liveness
+	Logger   *slog.Logger
+	Now      func() time.Time // default time.Now
+	Jitter   func() float64   // default rand.Float64
 	// OnChange is called (from the runner's goroutine) after every state change.
 	OnChange func(Status)
 	// Restarts is the restart count carried over from a previous Runner of the same name.
@@ -70,6 +74,17 @@ type Health struct {
 	Progress float64 `json:"progress,omitempty"`
 	Waiting  int     `json:"waiting"`
 	Running  int     `json:"running"`
+	// PrefillEndpoints: a decode runner's circuit breakers, one per
+	// prefill endpoint ("closed": used; "open": skipped until it answers).
+	PrefillEndpoints []PrefillEndpoint `json:"prefill_endpoints,omitempty"`
+}
+
+// PrefillEndpoint is one prefill endpoint as a decode runner sees it.
+type PrefillEndpoint struct {
+	Addr      string `json:"addr"`
+	State     string `json:"state"`
+	Trips     int    `json:"trips"`
+	LastError string `json:"last_error,omitempty"`
 }
 
 // Status is a snapshot of a runner.
@@ -84,6 +99,9 @@ type Status struct {
 	NextStart time.Time `json:"next_start,omitzero"`
 	// Backoff is the delay chosen before NextStart.
 	Backoff time.Duration `json:"backoff_ns,omitempty"`
+	// LivenessKills counts the times the supervisor stopped the runner
+	// because its /health went unanswered (each followed by a restart).
+	LivenessKills int `json:"liveness_kills,omitempty"`
 }
 
 // Runner keeps one child alive until Stop.
@@ -113,6 +131,10 @@ func Start(spec Spec, o Options) *Runner {
 	if o.PollReady == 0 {
 		o.PollReady = 2 * time.Second
 	}
+	o.Liveness = o.Liveness.withDefaults()
+	if o.Liveness.Ready > 0 {
+		o.PollReady = min(o.PollReady, max(o.Liveness.Ready/4, 10*time.Millisecond))
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -137,6 +159,7 @@ func (r *Runner) Status() Status {
 	s := r.st
 	if s.Health != nil {
 		h := *s.Health
+		h.PrefillEndpoints = slices.Clone(h.PrefillEndpoints)
 		s.Health = &h
 	}
 	return s
@@ -202,9 +225,14 @@ func (r *Runner) loop(ctx context.Context) {
 			state = CrashLoop
 		}
 		exit := describeExit(err)
+		var ke *killedError
+		killed := errors.As(err, &ke)
 		r.log.Warn("runner exited; restarting", "exit", exit, "after", d.Round(time.Millisecond), "state", state)
 		r.set(func(s *Status) {
 			s.State, s.PID, s.Health, s.LastExit, s.NextStart, s.Backoff = state, 0, nil, exit, r.opt.Now().Add(d), d
+			if killed {
+				s.LivenessKills++
+			}
 		})
 		t := time.NewTimer(d)
 		select {
@@ -218,7 +246,19 @@ func (r *Runner) loop(ctx context.Context) {
 	}
 }
 
+// killedError is how runOnce reports a child it stopped for not answering.
+type killedError struct {
+	reason string
+	exit   error
+}
+
+func (k *killedError) Error() string { return k.reason + "; then " + describeExit(k.exit) }
+
 func describeExit(err error) string {
+	var ke *killedError
+	if errors.As(err, &ke) {
+		return ke.Error()
+	}
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
@@ -237,7 +277,11 @@ func describeExit(err error) string {
 func (r *Runner) runOnce(ctx context.Context) error {
 	runCtx, stopHealth := context.WithCancel(ctx)
 	defer stopHealth()
-	cmd := exec.CommandContext(ctx, r.spec.Path, r.spec.Args...)
+	// The health poller cancels procCtx (with the reason) to stop a child
+	// that stopped answering; cancelling ctx stops it for good.
+	procCtx, kill := context.WithCancelCause(ctx)
+	defer kill(nil)
+	cmd := exec.CommandContext(procCtx, r.spec.Path, r.spec.Args...)
 	cmd.Env = r.spec.Env
 	cmd.SysProcAttr = sysProcAttr()
 	stdout := &lineLogger{log: r.log, stream: "stdout"}
@@ -246,7 +290,11 @@ func (r *Runner) runOnce(ctx context.Context) error {
 	var termAt time.Time // when the group got SIGTERM
 	cmd.Cancel = func() error {
 		termAt = time.Now()
-		return signalGroup(cmd.Process.Pid, syscall.SIGTERM)
+		err := signalGroup(cmd.Process.Pid, syscall.SIGTERM)
+		// A stopped (SIGSTOP, SIGTSTP) group gets its SIGTERM only once
+		// it runs again; let it, so it can exit cleanly within the grace.
+		_ = signalGroup(cmd.Process.Pid, syscall.SIGCONT)
+		return err
 	}
 	cmd.WaitDelay = r.opt.Grace
 	if err := cmd.Start(); err != nil {
@@ -255,7 +303,7 @@ func (r *Runner) runOnce(ctx context.Context) error {
 	pid := cmd.Process.Pid
 	r.log.Info("runner started", "pid", pid, "args", r.spec.Args)
 	r.set(func(s *Status) { s.State, s.PID, s.Health = Starting, pid, nil })
-	go r.pollHealth(runCtx, pid)
+	go r.pollHealth(runCtx, pid, func(reason string) { kill(errors.New(reason)) })
 	err := cmd.Wait() // after Cancel, Wait SIGKILLs the leader once WaitDelay passes
 	stopHealth()
 	stdout.flush()
@@ -278,10 +326,20 @@ func (r *Runner) runOnce(ctx context.Context) error {
 			}
 		}
 	}
+	if ctx.Err() == nil && procCtx.Err() != nil {
+		// Wait reports the cancellation; the process state says how it ended.
+		exit := err
+		if ps := cmd.ProcessState; ps != nil {
+			exit = &exec.ExitError{ProcessState: ps}
+		}
+		return &killedError{reason: context.Cause(procCtx).Error(), exit: exit}
+	}
 	return err
 }
 
-func (r *Runner) pollHealth(ctx context.Context, pid int) {
+// pollHealth polls the child's /health, keeps the state current, and calls
+// kill when the child stays silent past its Liveness limit.
+func (r *Runner) pollHealth(ctx context.Context, pid int, kill func(reason string)) {
 	if r.spec.HealthURL == "" {
 		r.set(func(s *Status) {
 			if s.PID == pid {
@@ -290,11 +348,29 @@ func (r *Runner) pollHealth(ctx context.Context, pid int) {
 		})
 		return
 	}
-	client := &http.Client{Timeout: 2 * time.Second}
+	timeout := 2 * time.Second
+	if l := r.opt.Liveness.Ready; l > 0 {
+		timeout = min(timeout, max(l/3, 10*time.Millisecond))
+	}
+	client := &http.Client{Timeout: timeout}
 	wasReady := false
+	lastAnswer := r.opt.Now()
 	for {
 		h, code, err := getHealth(ctx, client, r.spec.HealthURL)
 		if ctx.Err() != nil {
+			return
+		}
+		now := r.opt.Now()
+		if code != 0 { // any HTTP answer: the process is alive
+			lastAnswer = now
+		} else if dead, why := r.opt.Liveness.Dead(wasReady, lastAnswer, now); dead {
+			r.log.Warn("runner not answering /health; stopping it to restart it", "pid", pid, "reason", why, "err", err)
+			r.set(func(s *Status) {
+				if s.PID == pid {
+					s.State = Unhealthy
+				}
+			})
+			kill(why)
 			return
 		}
 		r.set(func(s *Status) {
