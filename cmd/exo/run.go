@@ -116,7 +116,7 @@ func run(ctx context.Context, o runOptions, prompt string, stdout, stderr io.Wri
 	if err != nil {
 		return fmt.Errorf("chat template: %w", err)
 	}
-	ids := tok.Encode(text)
+	ids := tok.EncodeChat(text)
 	if len(ids) == 0 {
 		return errors.New("the prompt encodes to no tokens")
 	}

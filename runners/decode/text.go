@@ -32,10 +32,11 @@ func (t *tokText) Render(msgs []openai.ChatMessage, agp bool) (string, error) {
 	return t.tmpl.Render(cm, agp)
 }
 
-func (t *tokText) Encode(s string) []int32 { return t.tok.Encode(s) }
-func (t *tokText) EOS() []int32            { return t.tok.EOS() }
-func (t *tokText) VocabSize() int          { return t.tok.VocabSize() }
-func (t *tokText) NewStream() TextStream   { return t.tok.NewStreamDecoder() }
+func (t *tokText) Encode(s string) []int32     { return t.tok.Encode(s) }
+func (t *tokText) EncodeChat(s string) []int32 { return t.tok.EncodeChat(s) }
+func (t *tokText) EOS() []int32                { return t.tok.EOS() }
+func (t *tokText) VocabSize() int              { return t.tok.VocabSize() }
+func (t *tokText) NewStream() TextStream       { return t.tok.NewStreamDecoder() }
 
 // NewSampler makes a sample.Sampler from validated request parameters.
 func NewSampler(s openai.Sampling) Sampler {

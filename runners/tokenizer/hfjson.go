@@ -437,8 +437,9 @@ func (t *Tokenizer) setPreTokenizer(c *component) (bool, error) {
 		t.metaspace = &metaspace{prepend: scheme, split: c.Split == nil || *c.Split}
 		return false, nil
 	case "Split":
-		if c.Invert || (c.Behavior != "" && c.Behavior != "Isolated") {
-			return false, fmt.Errorf("Split with behavior %q invert %v is not supported", c.Behavior, c.Invert)
+		beh, ok := behaviors[c.Behavior]
+		if !ok {
+			return false, fmt.Errorf("Split with behavior %q is not supported", c.Behavior)
 		}
 		if c.Pattern == nil {
 			return false, errors.New("Split without pattern")
@@ -454,6 +455,10 @@ func (t *Tokenizer) setPreTokenizer(c *component) (bool, error) {
 			sp = stringSplit(*c.Pattern.String)
 		default:
 			return false, errors.New("Split pattern is neither Regex nor String")
+		}
+		if beh != isolated || c.Invert {
+			// Isolated ignores invert: matches and gaps are pieces either way.
+			sp = patternSplit{m: sp.(matcher), behavior: beh, invert: c.Invert}
 		}
 		t.pretok = append(t.pretok, sp)
 		return false, nil

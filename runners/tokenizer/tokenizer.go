@@ -13,10 +13,11 @@
 // tokens matched in the text before BPE, and a byte-level decoder with a
 // streaming variant that never splits a UTF-8 rune.
 //
-// BOS: prepended when tokenizer_config.json's add_bos_token (or GGUF
-// tokenizer.ggml.add_bos_token) says so, else when tokenizer.json's
-// post-processor template starts with it (Llama 3), and never when the text
-// already starts with it (chat templates write bos_token themselves). EOS:
+// BOS: prepended by Encode when tokenizer_config.json's add_bos_token (or
+// GGUF tokenizer.ggml.add_bos_token) says so, else when tokenizer.json's
+// post-processor template starts with it (Llama 3), as HF does even when the
+// text starts with it; never by EncodeChat (chat templates write bos_token
+// themselves). EOS:
 // eos_token, generation_config.json's eos_token_id, GGUF eos/eot/eom ids,
 // and the special end-of-turn tokens present (<|im_end|>, <|eot_id|>, …).
 //
@@ -164,12 +165,26 @@ func (t *Tokenizer) Token(id int32) string {
 	return t.idToToken[id]
 }
 
-// Encode tokenizes text. Added and special tokens written in the text
-// ("<|im_start|>") become their ids. BOS is prepended only when the model's
-// configuration asks for it and the text does not already start with it.
+// Encode tokenizes text as HF's encode(text) does (add_special_tokens):
+// added and special tokens written in the text ("<|im_start|>") become
+// their ids, and BOS is prepended when the model's configuration asks for
+// it, also before a text that starts with BOS itself (HF gives "<s>" two).
+// A prompt rendered by a chat template goes through EncodeChat instead.
 func (t *Tokenizer) Encode(text string) []int32 {
+	return t.encode(text, t.addBOS)
+}
+
+// EncodeChat tokenizes a prompt rendered by the model's chat template as
+// HF's apply_chat_template does (add_special_tokens=False): no BOS is
+// added, since the template writes bos_token itself where the model wants
+// it.
+func (t *Tokenizer) EncodeChat(text string) []int32 {
+	return t.encode(text, false)
+}
+
+func (t *Tokenizer) encode(text string, addBOS bool) []int32 {
 	ids := make([]int32, 0, len(text)/3+2)
-	if t.addBOS && t.bos >= 0 && !strings.HasPrefix(text, t.Token(t.bos)) {
+	if addBOS && t.bos >= 0 {
 		ids = append(ids, t.bos)
 	}
 	start := 0 // start of the pending ordinary text
@@ -209,7 +224,7 @@ func (t *Tokenizer) matchAdded(text string, i int) (addedToken, bool) {
 	return addedToken{}, false
 }
 
-func isWordRune(r rune) bool { return r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r) }
+func isWordRune(r rune) bool { return r == '_' || unicode.Is(tableL, r) || unicode.Is(tableNd, r) }
 
 func isWordBefore(s string, i int) bool {
 	if i == 0 {
@@ -297,6 +312,9 @@ func (t *Tokenizer) appendBytes(b []byte, id int32) []byte {
 	}
 	s := t.idToToken[id]
 	if _, ok := t.addedID[id]; ok {
+		if t.spm { // SentencePiece-style decoders replace "▁" in added tokens too ("▁▁" in Gemma)
+			return append(b, strings.ReplaceAll(s, spmSpace, " ")...)
+		}
 		return append(b, s...)
 	}
 	if t.spm {

@@ -121,15 +121,28 @@ func TestTinyTokenizersMatchHF(t *testing.T) {
 	}
 }
 
-func TestBOSNotDoubled(t *testing.T) {
+// TestBOSAsHF: Encode prepends BOS as HF's encode does, also before a text
+// that starts with BOS ("<|begin|>hello" gets two, as in HF), and
+// EncodeChat (a rendered chat prompt: add_special_tokens=False) adds none.
+// (HF tokenizers 0.23.3 on tiny_llama3.)
+func TestBOSAsHF(t *testing.T) {
 	tok, err := Load("testdata/tiny_llama3")
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := tok.Encode("<|begin|>hello")
-	b := tok.Encode("hello")
-	if !slices.Equal(a, b) {
-		t.Errorf("text starting with BOS: %v, plain: %v", a, b)
+	for _, c := range []struct {
+		text      string
+		enc, chat []int32
+	}{
+		{"<|begin|>hello", []int32{0, 0, 270, 395}, []int32{0, 270, 395}},
+		{"hello", []int32{0, 270, 395}, []int32{270, 395}},
+	} {
+		if got := tok.Encode(c.text); !slices.Equal(got, c.enc) {
+			t.Errorf("Encode(%q) = %v, HF %v", c.text, got, c.enc)
+		}
+		if got := tok.EncodeChat(c.text); !slices.Equal(got, c.chat) {
+			t.Errorf("EncodeChat(%q) = %v, HF (add_special_tokens=False) %v", c.text, got, c.chat)
+		}
 	}
 	if eos := tok.EOS(); !slices.Contains(eos, tok.lookupMust(t, "<|end|>")) {
 		t.Errorf("EOS %v lacks eos_token <|end|>", eos)
@@ -225,12 +238,10 @@ func FuzzRoundTrip(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		ids := tok.Encode(s)
-		if !strings.HasPrefix(s, "<|begin|>") {
-			if len(ids) == 0 || ids[0] != tok.BOS() {
-				t.Fatalf("no BOS: %v", ids)
-			}
-			ids = ids[1:]
+		if len(ids) == 0 || ids[0] != tok.BOS() {
+			t.Fatalf("no BOS: %v", ids)
 		}
+		ids = ids[1:]
 		if got := tok.Decode(ids); got != s {
 			t.Fatalf("Decode(Encode(%q)) = %q", s, got)
 		}
@@ -455,6 +466,8 @@ func TestRealTokenizersMatchHF(t *testing.T) {
 					{"</s> x", []int32{1, 2, 28705, 1318}},
 					{"a</s></s>b", []int32{1, 264, 2, 2, 287}},
 					{" lead", []int32{1, 28705, 1736}},
+					{"<s>", []int32{1, 1}}, // BOS added before a BOS, as HF does
+					{"<s>hi", []int32{1, 1, 12014}},
 				} {
 					if got := tok.Encode(k.text); !slices.Equal(got, k.ids) {
 						t.Errorf("Encode(%q) = %v, HF %v", k.text, got, k.ids)
@@ -604,5 +617,56 @@ func TestSPMGGUFMatchesLlamaCpp(t *testing.T) {
 	}
 	if eos := tok.EOS(); !slices.Contains(eos, 2) || tok.BOS() != 1 {
 		t.Errorf("BOS %d EOS %v", tok.BOS(), eos)
+	}
+}
+
+// broadTexts are testdata/texts_broad.txt (scripts/tokenizer/make_broad_texts.py).
+func broadTexts(t testing.TB) []string {
+	b, err := os.ReadFile("testdata/texts_broad.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(string(b), "\n=====\n")
+}
+
+// TestRealTokenizersBroadMatchHF compares ids and decoding with HF
+// tokenizers' on texts_broad.txt (multilingual prose, code, whitespace,
+// numbers, emoji, special tokens, text drawn at random from the Unicode 16
+// database, long texts) for every real tokenizer.json under
+// $EXO_REAL_TOKENIZERS: the four of TestRealTokenizersMatchHF and Gemma 3
+// (SentencePiece-style BPE, Split MergedWithPrevious), gpt-oss and GPT-4o
+// (o200k split; GPT-4o's as Removed with invert).
+func TestRealTokenizersBroadMatchHF(t *testing.T) {
+	root := os.Getenv("EXO_REAL_TOKENIZERS")
+	if root == "" {
+		t.Skip("set EXO_REAL_TOKENIZERS (see TestRealTokenizersMatchHF)")
+	}
+	ts := broadTexts(t)
+	for _, name := range []string{"llama3", "llama3_1", "qwen3", "llama2", "gemma3", "gptoss", "gpt4o"} {
+		t.Run(name, func(t *testing.T) {
+			tok, err := Load(filepath.Join(root, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := decodedFixture(t, "testdata/real_"+name+"_broad_ids.json")
+			if len(f.IDs) != len(ts) || len(f.Decoded) != len(ts) {
+				t.Fatalf("fixture has %d id lists for %d texts", len(f.IDs), len(ts))
+			}
+			bad := 0
+			for i, s := range ts {
+				if got := tok.Encode(s); !slices.Equal(got, f.IDs[i]) {
+					bad++
+					if bad <= 5 {
+						t.Errorf("text %d %q:\n got %v\nwant %v", i, s, got, f.IDs[i])
+					}
+				}
+				if got := tok.Decode(f.IDs[i]); got != f.Decoded[i] {
+					t.Errorf("text %d: Decode %q, HF %q", i, got, f.Decoded[i])
+				}
+			}
+			if bad > 0 {
+				t.Errorf("%d of %d texts differ", bad, len(ts))
+			}
+		})
 	}
 }

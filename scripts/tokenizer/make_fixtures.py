@@ -302,19 +302,48 @@ def main():
     to_gguf("tiny_qwen2", "qwen2", False)
     spm_gguf(ts)
     spm_fuzz_seeds()
-    real = os.environ.get("EXO_REAL_TOKENIZERS")
-    for name in ("llama3", "llama3_1", "qwen3", "llama2"):
-        d = os.path.join(real or "", name)
-        if not real or not os.path.isdir(d):
-            continue
-        tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
-        ids = [tok.encode(t, add_special_tokens=True).ids for t in ts]
-        with open(os.path.join(OUT, "real_%s_ids.json" % name), "w") as f:
-            json.dump({"source": "HF tokenizers %s on %s's tokenizer.json, add_special_tokens=True"
-                       % (__import__("tokenizers").__version__, name), "ids": ids}, f)
-            f.write("\n")
+    real_fixtures(ts)
     print("wrote fixtures for %d texts to %s" % (len(ts), os.path.normpath(OUT)))
 
 
+# real tokenizers: the original four on texts.txt; all seven also on
+# texts_broad.txt (make_broad_texts.py), with HF's decoding of the ids.
+REAL = ("llama3", "llama3_1", "qwen3", "llama2")
+REAL_BROAD = REAL + ("gemma3", "gptoss", "gpt4o")
+
+
+def broad_texts():
+    with open(os.path.join(OUT, "texts_broad.txt"), encoding="utf-8", newline="") as f:
+        return f.read().split("\n=====\n")
+
+
+def real_fixtures(ts):
+    real = os.environ.get("EXO_REAL_TOKENIZERS")
+    if not real:
+        return
+    bts = broad_texts()
+    version = __import__("tokenizers").__version__
+    for name in REAL_BROAD:
+        d = os.path.join(real, name)
+        if not os.path.isdir(d):
+            continue
+        tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+        if name in REAL:
+            ids = [tok.encode(t, add_special_tokens=True).ids for t in ts]
+            with open(os.path.join(OUT, "real_%s_ids.json" % name), "w") as f:
+                json.dump({"source": "HF tokenizers %s on %s's tokenizer.json, add_special_tokens=True"
+                           % (version, name), "ids": ids}, f)
+                f.write("\n")
+        ids = [tok.encode(t, add_special_tokens=True).ids for t in bts]
+        with open(os.path.join(OUT, "real_%s_broad_ids.json" % name), "w") as f:
+            json.dump({"source": "HF tokenizers %s on %s's tokenizer.json, texts_broad.txt, add_special_tokens=True; "
+                       "decoded: decode(ids, skip_special_tokens=False)" % (version, name), "ids": ids,
+                       "decoded": [tok.decode(i, skip_special_tokens=False) for i in ids]}, f,
+                      ensure_ascii=False, separators=(",", ":"))
+            f.write("\n")
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["real"]:  # only the real-tokenizer fixtures (no llama.cpp needed)
+        sys.exit(real_fixtures(texts()))
     sys.exit(main())
