@@ -1,8 +1,14 @@
 package tokenizer
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
 	"slices"
+	"strings"
 	"testing"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/dlclark/regexp2"
@@ -82,4 +88,87 @@ func FuzzSplitMatchesRegexEngine(f *testing.F) {
 		}
 		checkSplits(t, s)
 	})
+}
+
+// TestPreTokenizersMatchHF builds each Split pre-tokenizer of
+// testdata/pretok_pieces.json (the GPT-2, Llama 3, Qwen2, o200k and
+// DeepSeek V3 patterns, and every behavior with and without invert) and
+// compares its pieces of texts.txt and texts_broad.txt with HF's
+// pre_tokenize_str (as SHA-256 prefixes; make_fixtures.py). The broad
+// texts hold letters Unicode 16 added, which Go's tables (15.0) lack.
+func TestPreTokenizersMatchHF(t *testing.T) {
+	b, err := os.ReadFile("testdata/pretok_pieces.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Configs []struct {
+			Name         string
+			PreTokenizer *component `json:"pre_tokenizer"`
+			Hashes       []string
+		}
+	}
+	if err := json.Unmarshal(b, &f); err != nil {
+		t.Fatal(err)
+	}
+	ts := append(texts(t), broadTexts(t)...)
+	for _, c := range f.Configs {
+		t.Run(c.Name, func(t *testing.T) {
+			if len(c.Hashes) != len(ts) {
+				t.Fatalf("%d hashes for %d texts", len(c.Hashes), len(ts))
+			}
+			var tok Tokenizer
+			if _, err := tok.setPreTokenizer(c.PreTokenizer); err != nil {
+				t.Fatal(err)
+			}
+			bad := 0
+			for i, s := range ts {
+				pieces := []string{s}
+				for _, sp := range tok.pretok {
+					var next []string
+					for _, p := range pieces {
+						sp.split(p, func(x string) { next = append(next, x) })
+					}
+					pieces = next
+				}
+				sum := sha256.Sum256([]byte(strings.Join(pieces, "\x1f")))
+				if got := hex.EncodeToString(sum[:8]); got != c.Hashes[i] {
+					if bad++; bad <= 3 {
+						t.Errorf("text %d %q: our pieces %q differ from HF's", i, s, pieces)
+					}
+				}
+			}
+		})
+	}
+	if len(f.Configs) < 16 {
+		t.Fatalf("only %d configurations", len(f.Configs))
+	}
+}
+
+// TestCategoryTables: letters Unicode 16 added are letters to our tables
+// (Go's unicode package is at an older version), and a split pattern run by
+// regexp2 sees them through withCategoryTables.
+func TestCategoryTables(t *testing.T) {
+	for _, c := range []struct {
+		r     rune
+		table string
+	}{
+		{0x10D50, "Lu"}, // GARAY CAPITAL LETTER A
+		{0x10D70, "Ll"}, // GARAY SMALL LETTER A
+		{0x11380, "Lo"}, // TULU-TIGALARI LETTER A
+		{0x16D43, "Lo"}, // KIRAT RAI LETTER A
+		{0x16D70, "Nd"}, // KIRAT RAI DIGIT ZERO
+	} {
+		if !unicode.Is(categoryTables[c.table], c.r) {
+			t.Errorf("U+%04X not in %s (Unicode %s tables)", c.r, c.table, unicodeVersion)
+		}
+	}
+	sp, err := splitterForPattern(`\p{L}+|\p{N}+|[^\p{L}\p{N}]+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := ourPieces(sp, "a\U00010D50\U00010D70!\U00016D70")
+	if want := []string{"a\U00010D50\U00010D70", "!", "\U00016D70"}; !slices.Equal(got, want) {
+		t.Errorf("regexp2 split with our tables: %q, want %q", got, want)
+	}
 }

@@ -138,7 +138,8 @@ func (x o200kSplit) find(s string, match func(a, b int)) {
 }
 
 // find implements matcher with regexp2, on runes (invalid bytes: U+FFFD of
-// width 1).
+// width 1). As HF's iterator over Oniguruma's matches, it skips an empty
+// match that starts where the previous match ended (regexp2 reports it).
 func (g lookaheadSplit) find(s string, match func(a, b int)) {
 	rs := make([]rune, 0, len(s))
 	offs := make([]int, 0, len(s)+1)
@@ -149,9 +150,14 @@ func (g lookaheadSplit) find(s string, match func(a, b int)) {
 		i += n
 	}
 	offs = append(offs, len(s))
+	prevEnd := -1
 	m, err := g.re.FindRunesMatch(rs)
 	for ; m != nil && err == nil; m, err = g.re.FindNextMatch(m) {
+		if m.Length == 0 && m.Index == prevEnd {
+			continue
+		}
 		match(offs[m.Index], offs[m.Index+m.Length])
+		prevEnd = m.Index + m.Length
 	}
 }
 

@@ -303,6 +303,7 @@ def main():
     spm_gguf(ts)
     spm_fuzz_seeds()
     real_fixtures(ts)
+    pretok_fixture()
     print("wrote fixtures for %d texts to %s" % (len(ts), os.path.normpath(OUT)))
 
 
@@ -343,7 +344,58 @@ def real_fixtures(ts):
             f.write("\n")
 
 
+O200K = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+         r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+         r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+DEEPSEEK_V3 = [
+    {"type": "Split", "pattern": {"Regex": "\\p{N}{1,3}"}, "behavior": "Isolated", "invert": False},
+    {"type": "Split", "pattern": {"Regex": "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"}, "behavior": "Isolated", "invert": False},
+    {"type": "Split", "pattern": {"Regex": "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"}, "behavior": "Isolated", "invert": False},
+]
+
+
+def split(pattern, behavior="Isolated", invert=False, literal=False):
+    return {"type": "Split", "pattern": {"String" if literal else "Regex": pattern}, "behavior": behavior, "invert": invert}
+
+
+def pretok_fixture():
+    """pretok_pieces.json: HF's pre_tokenize_str pieces for Split pre-tokenizers
+    (the GPT-2, Llama 3, Qwen2, o200k and DeepSeek V3 patterns; every
+    behavior, with and without invert, on a literal and on a regex) over
+    texts.txt and texts_broad.txt, as the first 16 hex digits of the SHA-256
+    of the pieces joined by U+001F (the Go test prints its own pieces when
+    one differs)."""
+    import hashlib
+    configs = [
+        ("gpt2", split(GPT2)), ("llama3", split(LLAMA3)), ("qwen2", split(QWEN2)),
+        ("o200k", split(O200K)), ("o200k_removed_invert", split(O200K, "Removed", True)),
+        ("deepseek_v3", {"type": "Sequence", "pretokenizers": DEEPSEEK_V3}),
+    ]
+    for beh in ("Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"):
+        for inv in (False, True):
+            configs.append(("space_%s_%s" % (beh, inv), split(" ", beh, inv, literal=True)))
+            configs.append(("regex_%s_%s" % (beh, inv), split(r"\s+|\p{P}|\p{N}|x*", beh, inv)))
+    ts = texts() + broad_texts()
+    out = {"source": "HF tokenizers %s pre_tokenize_str" % __import__("tokenizers").__version__, "configs": []}
+    for name, cfg in configs:
+        tj = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+              "pre_tokenizer": cfg, "post_processor": None, "decoder": None,
+              "model": {"type": "BPE", "vocab": {}, "merges": []}}
+        pt = Tokenizer.from_str(json.dumps(tj)).pre_tokenizer
+        hashes = []
+        for t in ts:
+            pieces = [p for p, _ in pt.pre_tokenize_str(t)]
+            hashes.append(hashlib.sha256("\x1f".join(pieces).encode("utf-8")).hexdigest()[:16])
+        out["configs"].append({"name": name, "pre_tokenizer": cfg, "hashes": hashes})
+    with open(os.path.join(OUT, "pretok_pieces.json"), "w") as f:
+        json.dump(out, f, indent=0)
+        f.write("\n")
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["pretok"]:  # only pretok_pieces.json
+        sys.exit(pretok_fixture())
     if sys.argv[1:] == ["real"]:  # only the real-tokenizer fixtures (no llama.cpp needed)
         sys.exit(real_fixtures(texts()))
     sys.exit(main())
