@@ -288,22 +288,65 @@ func (t *Tokenizer) encodeOrdinary(dst []int32, text string, first bool) []int32
 	return dst
 }
 
-// Decode turns ids back into text: ordinary tokens through the byte-level
-// map, added and special tokens as their literal text. Out-of-range ids are
-// skipped. The bytes are returned as is (Decode(Encode(s)) == s for any
-// valid UTF-8 s the normalizers leave unchanged).
+// Decode turns ids back into text as HF's decode does: ordinary tokens
+// through the byte-level map, added and special tokens as their literal
+// text; out-of-range ids are skipped. Bytes that are not valid UTF-8 (a
+// byte-level model can emit any bytes) become U+FFFD, one per maximal
+// invalid subsequence as HF's ByteLevel decoder (Rust's from_utf8_lossy,
+// Python's decode('utf-8', 'replace')) gives; in a SentencePiece-style
+// tokenizer a run of <0xXX> tokens that is not valid UTF-8 as a whole
+// becomes one U+FFFD per token, as HF's ByteFallback decoder gives. So
+// Decode(Encode(s)) == s for any valid UTF-8 s the normalizers leave
+// unchanged.
 func (t *Tokenizer) Decode(ids []int32) string {
-	var b []byte
+	var d decodeState
 	for _, id := range ids {
-		b = t.appendBytes(b, id)
+		d.add(t, id)
 	}
-	for range t.stripLeading {
-		if len(b) == 0 || b[0] != ' ' {
-			break
+	d.endRun()
+	return string(t.strip(appendLossy(nil, d.raw)))
+}
+
+// decodeState accumulates the raw bytes of a decoding; run holds a
+// SentencePiece byte-fallback run not yet resolved.
+type decodeState struct {
+	raw []byte
+	run []byte
+}
+
+func (d *decodeState) add(t *Tokenizer, id int32) {
+	if t.spm {
+		if c, ok := t.model.byteOf(id); ok {
+			d.run = append(d.run, c)
+			return
 		}
+		d.endRun()
+	}
+	d.raw = t.appendBytes(d.raw, id)
+}
+
+// endRun resolves a byte-fallback run: its bytes when they are valid UTF-8,
+// else U+FFFD for each.
+func (d *decodeState) endRun() {
+	if len(d.run) == 0 {
+		return
+	}
+	if utf8.Valid(d.run) {
+		d.raw = append(d.raw, d.run...)
+	} else {
+		for range d.run {
+			d.raw = utf8.AppendRune(d.raw, utf8.RuneError)
+		}
+	}
+	d.run = d.run[:0]
+}
+
+// strip drops the leading spaces the SentencePiece-style decoder drops.
+func (t *Tokenizer) strip(b []byte) []byte {
+	for k := 0; k < t.stripLeading && len(b) > 0 && b[0] == ' '; k++ {
 		b = b[1:]
 	}
-	return string(b)
+	return b
 }
 
 func (t *Tokenizer) appendBytes(b []byte, id int32) []byte {
@@ -333,11 +376,75 @@ func (t *Tokenizer) appendBytes(b []byte, id int32) []byte {
 	return b
 }
 
+// appendLossy appends b to dst with each maximal invalid subsequence (the
+// longest prefix of a well-formed sequence, or one byte) replaced by
+// U+FFFD (the Unicode standard's recommended practice, which Rust's
+// from_utf8_lossy and Python's 'replace' follow; Go's decoder instead
+// gives one U+FFFD per byte).
+func appendLossy(dst, b []byte) []byte {
+	for i := 0; i < len(b); {
+		if c := b[i]; c < utf8.RuneSelf {
+			dst = append(dst, c)
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRune(b[i:])
+		if r != utf8.RuneError || n > 1 {
+			dst = append(dst, b[i:i+n]...)
+			i += n
+			continue
+		}
+		dst = utf8.AppendRune(dst, utf8.RuneError)
+		i += maximalSubpart(b[i:])
+	}
+	return dst
+}
+
+// maximalSubpart returns the length (≥ 1) of the maximal subpart at the
+// start of b, which does not begin with a valid sequence: the lead byte and
+// the continuation bytes that still fit a well-formed sequence (Unicode
+// Table 3-7).
+func maximalSubpart(b []byte) int {
+	c := b[0]
+	var need int
+	lo, hi := byte(0x80), byte(0xBF) // range of the second byte
+	switch {
+	case 0xC2 <= c && c <= 0xDF:
+		need = 1
+	case c == 0xE0:
+		need, lo = 2, 0xA0
+	case 0xE1 <= c && c <= 0xEC, c == 0xEE, c == 0xEF:
+		need = 2
+	case c == 0xED:
+		need, hi = 2, 0x9F
+	case c == 0xF0:
+		need, lo = 3, 0x90
+	case 0xF1 <= c && c <= 0xF3:
+		need = 3
+	case c == 0xF4:
+		need, hi = 3, 0x8F
+	default:
+		return 1
+	}
+	n := 1
+	for k := 0; k < need && n < len(b); k++ {
+		x := b[n]
+		if k == 0 && (x < lo || x > hi) || k > 0 && (x < 0x80 || x > 0xBF) {
+			break
+		}
+		n++
+	}
+	return n
+}
+
 // StreamDecoder turns ids into text incrementally; it holds back the bytes
-// of a UTF-8 sequence that a later token completes.
+// of a UTF-8 sequence that a later token may complete (and, in a
+// SentencePiece-style tokenizer, a run of <0xXX> tokens until it ends,
+// since HF renders a run that is not valid UTF-8 as a whole differently).
+// The concatenation of its outputs and Flush equals Decode of the same ids.
 type StreamDecoder struct {
 	t       *Tokenizer
-	pending []byte
+	d       decodeState
 	started bool // text has been returned (leading spaces are stripped once)
 }
 
@@ -346,31 +453,30 @@ func (t *Tokenizer) NewStreamDecoder() *StreamDecoder { return &StreamDecoder{t:
 
 // Add appends one token and returns the text it completes (possibly "").
 func (d *StreamDecoder) Add(id int32) string {
-	d.pending = d.t.appendBytes(d.pending, id)
-	n := completePrefix(d.pending)
-	out := d.pending[:n]
-	if !d.started && n > 0 {
-		d.started = true
-		for k := 0; k < d.t.stripLeading && len(out) > 0 && out[0] == ' '; k++ {
-			out = out[1:]
-		}
-	}
-	s := string(out)
-	d.pending = append(d.pending[:0], d.pending[n:]...)
+	d.d.add(d.t, id)
+	n := completePrefix(d.d.raw)
+	s := d.emit(d.d.raw[:n])
+	d.d.raw = append(d.d.raw[:0], d.d.raw[n:]...)
 	return s
 }
 
-// Flush returns whatever is held back (an incomplete sequence at the end
-// of the stream) and resets the decoder.
-func (d *StreamDecoder) Flush() string {
-	out := d.pending
-	if !d.started {
-		for k := 0; k < d.t.stripLeading && len(out) > 0 && out[0] == ' '; k++ {
-			out = out[1:]
-		}
+func (d *StreamDecoder) emit(b []byte) string {
+	if len(b) == 0 {
+		return ""
 	}
-	s := string(out)
-	d.pending, d.started = d.pending[:0], false
+	if !d.started {
+		d.started = true
+		b = d.t.strip(b)
+	}
+	return string(appendLossy(nil, b))
+}
+
+// Flush returns whatever is held back at the end of the stream (an
+// incomplete sequence becomes U+FFFD, as in Decode) and resets the decoder.
+func (d *StreamDecoder) Flush() string {
+	d.d.endRun()
+	s := d.emit(d.d.raw)
+	d.d.raw, d.started = d.d.raw[:0], false
 	return s
 }
 

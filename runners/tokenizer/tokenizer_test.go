@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -242,8 +243,9 @@ func FuzzRoundTrip(f *testing.F) {
 			t.Fatalf("no BOS: %v", ids)
 		}
 		ids = ids[1:]
-		if got := tok.Decode(ids); got != s {
-			t.Fatalf("Decode(Encode(%q)) = %q", s, got)
+		want := string(appendLossy(nil, []byte(s))) // s itself when valid UTF-8
+		if got := tok.Decode(ids); got != want {
+			t.Fatalf("Decode(Encode(%q)) = %q, want %q", s, got, want)
 		}
 		d := tok.NewStreamDecoder()
 		var b strings.Builder
@@ -251,8 +253,8 @@ func FuzzRoundTrip(f *testing.F) {
 			b.WriteString(d.Add(id))
 		}
 		b.WriteString(d.Flush())
-		if b.String() != s {
-			t.Fatalf("stream decode of %q = %q", s, b.String())
+		if b.String() != want {
+			t.Fatalf("stream decode of %q = %q, want %q", s, b.String(), want)
 		}
 	})
 }
@@ -539,9 +541,9 @@ func TestTinySPMMatchesHF(t *testing.T) {
 
 // FuzzSPMRoundTrip: with the SentencePiece-style tokenizer, streaming
 // decode always equals Decode, and Decode(Encode(s)) is s for any text
-// that avoids what Metaspace makes lossy (a leading space, a literal "▁")
-// and the added tokens' texts; byte fallback must carry invalid UTF-8
-// through unchanged.
+// that avoids what Metaspace makes lossy (a leading space, a literal "▁"),
+// the added tokens' texts and invalid UTF-8 (which decodes to U+FFFD, as
+// TestInvalidUTF8DecodesAsHF checks).
 func FuzzSPMRoundTrip(f *testing.F) {
 	for _, s := range texts(f) {
 		f.Add(strings.TrimLeft(s, " "))
@@ -567,7 +569,7 @@ func FuzzSPMRoundTrip(f *testing.F) {
 		if b.String() != dec {
 			t.Fatalf("stream decode of %q = %q, Decode %q", s, b.String(), dec)
 		}
-		lossy := strings.HasPrefix(s, " ") || strings.Contains(s, spmSpace)
+		lossy := strings.HasPrefix(s, " ") || strings.Contains(s, spmSpace) || !utf8.ValidString(s)
 		for _, a := range []string{"<s>", "</s>", "<unk>"} {
 			lossy = lossy || strings.Contains(s, a)
 		}
@@ -668,5 +670,87 @@ func TestRealTokenizersBroadMatchHF(t *testing.T) {
 				t.Errorf("%d of %d texts differ", bad, len(ts))
 			}
 		})
+	}
+}
+
+// TestInvalidUTF8DecodesAsHF: bytes that are not valid UTF-8, decoded from
+// byte tokens, render as HF's decode renders them (testdata/lossy_utf8.json,
+// make_fixtures.py): byte-level, one U+FFFD per maximal invalid
+// subsequence (= Python's decode('utf-8', 'replace'); Go's own decoder
+// gives one per byte); SentencePiece byte fallback, one U+FFFD per byte of
+// a run that is invalid as a whole. The stream decoder with Flush gives the
+// same text: an incomplete sequence at the end is flushed, not dropped.
+func TestInvalidUTF8DecodesAsHF(t *testing.T) {
+	raw, err := os.ReadFile("testdata/lossy_utf8.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Cases []struct {
+			Hex       string
+			ByteLevel string `json:"bytelevel"`
+			SPM       string `json:"spm"`
+		}
+	}
+	if err := json.Unmarshal(raw, &f); err != nil {
+		t.Fatal(err)
+	}
+	bl, err := Load("testdata/tiny_llama3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spm, err := Load("testdata/tiny_spm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream := func(tok *Tokenizer, ids []int32) string {
+		d := tok.NewStreamDecoder()
+		var sb strings.Builder
+		for _, id := range ids {
+			s := d.Add(id)
+			if !utf8.ValidString(s) {
+				t.Fatalf("stream chunk %q is not valid UTF-8", s)
+			}
+			sb.WriteString(s)
+		}
+		sb.WriteString(d.Flush())
+		return sb.String()
+	}
+	invalid := 0
+	for _, c := range f.Cases {
+		b, err := hex.DecodeString(c.Hex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !utf8.Valid(b) {
+			invalid++
+		}
+		if got := string(appendLossy(nil, b)); got != c.ByteLevel {
+			t.Errorf("%x: appendLossy %q, Python/HF %q", b, got, c.ByteLevel)
+		}
+		var ids []int32
+		for _, x := range b {
+			ids = append(ids, bl.model.vocab[string(bl.model.b2r[x])])
+		}
+		if got := bl.Decode(ids); got != c.ByteLevel {
+			t.Errorf("%x: byte-level Decode %q, HF %q", b, got, c.ByteLevel)
+		}
+		if got := stream(bl, ids); got != c.ByteLevel {
+			t.Errorf("%x: byte-level stream %q, HF %q", b, got, c.ByteLevel)
+		}
+		sids := []int32{spm.lookupMust(t, "a")}
+		for _, x := range b {
+			sids = append(sids, spm.model.byteIDs[x])
+		}
+		sids = append(sids, spm.lookupMust(t, "b"))
+		if got := spm.Decode(sids); got != c.SPM {
+			t.Errorf("%x: byte-fallback Decode %q, HF %q", b, got, c.SPM)
+		}
+		if got := stream(spm, sids); got != c.SPM {
+			t.Errorf("%x: byte-fallback stream %q, HF %q", b, got, c.SPM)
+		}
+	}
+	if invalid < 100 {
+		t.Fatalf("only %d invalid cases", invalid)
 	}
 }

@@ -304,6 +304,7 @@ def main():
     spm_fuzz_seeds()
     real_fixtures(ts)
     pretok_fixture()
+    lossy_fixture()
     print("wrote fixtures for %d texts to %s" % (len(ts), os.path.normpath(OUT)))
 
 
@@ -393,7 +394,58 @@ def pretok_fixture():
         f.write("\n")
 
 
+def lossy_fixture():
+    """lossy_utf8.json: byte strings (hand-picked edge cases and random ones)
+    with HF's decoding of them as byte tokens — through tiny_llama3's
+    byte-level vocabulary (one token per byte) and through tiny_spm's <0xXX>
+    byte-fallback tokens (between two ordinary tokens) — and Python's
+    bytes.decode('utf-8', 'replace'), which the byte-level decoding must
+    equal (one U+FFFD per maximal invalid subsequence)."""
+    import random
+    rnd = random.Random(7)
+    cases = [b"", b"a", b"\xff", b"\x80", b"\xc0\x80", b"\xc2", b"\xe2\x82", b"\xe2\x82\xac", b"\xe2\x82a",
+             b"\xe0\x80\x80", b"\xe0\xa0", b"\xed\xa0\x80", b"\xed\x9f\xbf", b"\xf0\x80\x80\x80", b"\xf0\x90\x80",
+             b"\xf0\x9f\x98\x80", b"\xf0\x9f\x98", b"\xf4\x8f\xbf\xbf", b"\xf4\x90\x80\x80", b"\xf5\x80", b"\xfe\xff",
+             "日".encode() + b"\xff", b"\xe6\x97" + "本".encode(), b"a\xf1\x80\x80b\xc3"]
+    pool = list(range(0x80, 0x100)) * 3 + list(range(0x20, 0x7f))
+    for _ in range(200):
+        b = bytes(rnd.choice(pool) for _ in range(rnd.randint(1, 12)))
+        if rnd.random() < 0.5:  # splice in a valid multi-byte character
+            i = rnd.randint(0, len(b))
+            b = b[:i] + rnd.choice(["é", "€", "日", "😀", "\U00010d50"]).encode() + b[i:]
+        cases.append(b)
+    bl = Tokenizer.from_file(os.path.join(OUT, "tiny_llama3", "tokenizer.json"))
+    from tokenizers.pre_tokenizers import ByteLevel
+    alphabet = sorted(ByteLevel.alphabet())
+    # GPT-2's byte → character map, as in the byte-level pre-tokenizer
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for c in range(256):
+        if c not in bs:
+            bs.append(c)
+            cs.append(256 + n)
+            n += 1
+    b2c = {b: chr(c) for b, c in zip(bs, cs)}
+    assert sorted(b2c.values()) == alphabet
+    spm = Tokenizer.from_file(os.path.join(OUT, "tiny_spm", "tokenizer.json"))
+    a_id, b_id = spm.token_to_id("a"), spm.token_to_id("b")
+    out = []
+    for b in cases:
+        ids = [bl.token_to_id(b2c[c]) for c in b]
+        got = bl.decode(ids, skip_special_tokens=False)
+        assert got == b.decode("utf-8", "replace"), (b, got)
+        sids = [a_id] + [spm.token_to_id("<0x%02X>" % c) for c in b] + [b_id]
+        out.append({"hex": b.hex(), "bytelevel": got, "spm": spm.decode(sids, skip_special_tokens=False)})
+    with open(os.path.join(OUT, "lossy_utf8.json"), "w") as f:
+        json.dump({"source": "HF tokenizers %s decode; Python bytes.decode('utf-8', 'replace')"
+                   % __import__("tokenizers").__version__, "cases": out}, f, ensure_ascii=False, indent=0)
+        f.write("\n")
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["lossy"]:  # only lossy_utf8.json
+        sys.exit(lossy_fixture())
     if sys.argv[1:] == ["pretok"]:  # only pretok_pieces.json
         sys.exit(pretok_fixture())
     if sys.argv[1:] == ["real"]:  # only the real-tokenizer fixtures (no llama.cpp needed)
