@@ -85,8 +85,8 @@ func fromGGUF(g *weights.GGUF) (*Tokenizer, error) {
 		if types != nil {
 			typ = types[i]
 		}
-		if typ == ggufControl || typ == ggufUserDefined {
-			t.added = append(t.added, addedToken{content: s, id: int32(i), special: typ == ggufControl})
+		if typ == ggufControl || typ == ggufUserDefined || typ == ggufUnknown {
+			t.added = append(t.added, addedToken{content: s, id: int32(i), special: typ != ggufUserDefined})
 			continue
 		}
 		if _, dup := t.model.vocab[s]; !dup {
@@ -107,8 +107,11 @@ func fromGGUF(g *weights.GGUF) (*Tokenizer, error) {
 	return t, nil
 }
 
-// setGGUFSpecials reads the unknown, BOS and end-of-generation ids and
-// add_bos_token (default addBOS) from GGUF metadata, then finishes t.
+// setGGUFSpecials reads the BOS and end-of-generation ids and
+// add_bos_token (default addBOS) from GGUF metadata, then finishes t. (The
+// unknown id matters only to SentencePiece vocabularies: in a byte-level
+// one, a byte without a token is dropped, as llama.cpp and HF drop it;
+// SmolLM2's unknown_token_id is <|endoftext|>.)
 func (t *Tokenizer) setGGUFSpecials(g *weights.GGUF, n int, addBOS bool) {
 	id := func(key string) (int32, bool) {
 		u, ok := g.Uint(key)
@@ -116,9 +119,6 @@ func (t *Tokenizer) setGGUFSpecials(g *weights.GGUF, n int, addBOS bool) {
 			return 0, false
 		}
 		return int32(u), true
-	}
-	if u, ok := id("tokenizer.ggml.unknown_token_id"); ok {
-		t.model.unk = u
 	}
 	if b, ok := id("tokenizer.ggml.bos_token_id"); ok {
 		t.bos = b
@@ -169,7 +169,11 @@ func fromGGUFSPM(g *weights.GGUF) (*Tokenizer, error) {
 				t.model.vocab[s] = id
 			}
 		case ggufUnknown:
+			// also matched when written in the text, as llama.cpp (its
+			// special-token cache holds UNKNOWN tokens) and HF (<unk> is
+			// an added special token) do
 			t.model.unk = id
+			t.added = append(t.added, addedToken{content: s, id: id, special: true})
 		case ggufControl, ggufUserDefined:
 			t.added = append(t.added, addedToken{content: s, id: id, special: types[i] == ggufControl})
 		case ggufByte:
@@ -219,6 +223,9 @@ func fromGGUFSPM(g *weights.GGUF) (*Tokenizer, error) {
 		t.stripLeading = 1
 	}
 	t.normalizers = append(t.normalizers, func(s string) string { return strings.ReplaceAll(s, " ", spmSpace) })
+	if u, ok := g.Uint("tokenizer.ggml.unknown_token_id"); ok && u < uint64(len(tokens)) {
+		t.model.unk = int32(u)
+	}
 	t.setGGUFSpecials(g, len(tokens), true) // BOS: llama.cpp's default for SentencePiece
 	return t, nil
 }

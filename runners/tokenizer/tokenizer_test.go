@@ -90,6 +90,48 @@ func TestSmolLM2MatchesHF(t *testing.T) {
 	if ids := tok.Encode("Hi"); ids[0] == tok.BOS() {
 		t.Errorf("SmolLM2's GGUF says add_bos_token=false, got %v", ids)
 	}
+	// Bytes without a token in the vocabulary are dropped (HF tokenizers
+	// 0.23.3 on the same vocabulary; llama.cpp drops them too), not
+	// turned into unknown_token_id, which here is <|endoftext|> (0).
+	for _, c := range []struct {
+		text string
+		ids  []int32
+	}{
+		{"a\x1db", []int32{81, 82}},
+		{"\x1c\x1d\x1e\x1f", []int32{213, 214, 215}},
+		{"x\x00\x01\x7fy", []int32{104, 190, 191, 217, 105}},
+	} {
+		if got := tok.Encode(c.text); !slices.Equal(got, c.ids) {
+			t.Errorf("Encode(%q) = %v, HF %v", c.text, got, c.ids)
+		}
+	}
+}
+
+// TestUnkTypedByUser: "<unk>" in the text is the unknown token on both
+// SentencePiece paths, as in HF (an added special token: tiny_spm's
+// tokenizer.json, HF tokenizers 0.23.3 ids) and llama.cpp (its special
+// tokens include the UNKNOWN type: tiny_spm.gguf, where each section also
+// starts with "▁", as llama.cpp's add_space_prefix puts one after every
+// special token).
+func TestUnkTypedByUser(t *testing.T) {
+	hf, err := Load("testdata/tiny_spm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := hf.Encode("a<unk>b"), []int32{1, 65, 0, 33}; !slices.Equal(got, want) {
+		t.Errorf("tokenizer.json: Encode(a<unk>b) = %v, HF %v", got, want)
+	}
+	g, err := Load("testdata/tiny_spm.gguf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append(append(g.Encode("a"), 0), g.EncodeChat("b")...)
+	if got := g.Encode("a<unk>b"); !slices.Equal(got, want) || !slices.Contains(got, 0) {
+		t.Errorf("GGUF: Encode(a<unk>b) = %v, want %v", got, want)
+	}
+	if !g.IsSpecial(0) || g.Decode([]int32{0}) != "<unk>" {
+		t.Errorf("GGUF <unk>: special %v, decodes to %q", g.IsSpecial(0), g.Decode([]int32{0}))
+	}
 }
 
 func TestTinyTokenizersMatchHF(t *testing.T) {
