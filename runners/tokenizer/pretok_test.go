@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"unicode"
 	"unicode/utf8"
@@ -52,11 +53,22 @@ var splitRefs = []struct {
 	{"gpt2", patternGPT2, regexSplit{}},
 	{"llama3", patternLlama3, regexSplit{llama3: true, maxDigits: 3}},
 	{"qwen2", patternQwen2, regexSplit{llama3: true, maxDigits: 1}},
+	{"o200k", patternO200k, o200kSplit{}},
 }
 
+// splitRefRegexes are splitRefs' patterns compiled once (with our category
+// tables): compiling the large classes takes a while.
+var splitRefRegexes = sync.OnceValue(func() []*regexp2.Regexp {
+	out := make([]*regexp2.Regexp, len(splitRefs))
+	for i, r := range splitRefs {
+		out[i] = regexp2.MustCompile(withCategoryTables(r.pattern), regexp2.Unicode)
+	}
+	return out
+})
+
 func checkSplits(t *testing.T, s string) {
-	for _, r := range splitRefs {
-		re := regexp2.MustCompile(r.pattern, regexp2.Unicode)
+	for i, r := range splitRefs {
+		re := splitRefRegexes()[i]
 		want := regexPieces(t, re, s)
 		if got := ourPieces(r.sp, s); !slices.Equal(got, want) {
 			t.Errorf("%s split of %q:\n got %q\nwant %q", r.name, s, got, want)
@@ -65,19 +77,23 @@ func checkSplits(t *testing.T, s string) {
 }
 
 func TestSplitMatchesRegexEngine(t *testing.T) {
-	for _, s := range texts(t) {
+	for _, s := range append(texts(t), broadTexts(t)...) {
 		checkSplits(t, s)
 	}
 	for _, s := range []string{
 		"", " ", "  ", "a  b", "x \n\n y", "\r\n", " \r\n ", "'S'T'Re'VE'm'LL'd", "''s", "a'", "123456789",
 		"   (x)  ", "\t\tz", "?!\n\n", " ?!\r\n", "\u00a0a", "\u3000日本", "x\u2028y", "٣٤٥٦ ½Ⅻ", " 12", "a1b2",
+		// o200k: upper/lower runs, marks, contractions after words, "/" after punctuation
+		"HELLOworld", "helloWORLD", "ǅǆ", "\u0301a", "\u0301A", "!\u0301", "a\u0301B", "Ab'S", "AB's", "x'LL", " ;/\n/",
+		"\u0301\u0302", "'s", " 'd", "Ⅻa", "ʰʰ", "ʰA", "Aʰa", "\U00010D50\U00010D70", "\U00010D70\U00010D50",
 	} {
 		checkSplits(t, s)
 	}
 }
 
 // FuzzSplitMatchesRegexEngine compares the hand-written GPT-2 / Llama 3 /
-// Qwen2 split matchers with a backtracking regex engine on arbitrary text.
+// Qwen2 / o200k split matchers with a backtracking regex engine on
+// arbitrary text.
 func FuzzSplitMatchesRegexEngine(f *testing.F) {
 	for _, s := range texts(f) {
 		f.Add(s)
@@ -170,5 +186,30 @@ func TestCategoryTables(t *testing.T) {
 	got := ourPieces(sp, "a\U00010D50\U00010D70!\U00016D70")
 	if want := []string{"a\U00010D50\U00010D70", "!", "\U00016D70"}; !slices.Equal(got, want) {
 		t.Errorf("regexp2 split with our tables: %q, want %q", got, want)
+	}
+}
+
+// BenchmarkSplitO200k: the hand-written o200k split against the same
+// pattern on regexp2 (with our category tables), on texts_broad.txt.
+func BenchmarkSplitO200k(b *testing.B) {
+	text := strings.Join(broadTexts(b), " ")
+	re, err := splitterForPattern(withCategoryTables(patternO200k) + "|(?!)") // any change defeats the by-name match
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, ok := re.(lookaheadSplit); !ok {
+		b.Fatalf("%T, want regexp2", re)
+	}
+	for _, c := range []struct {
+		name string
+		sp   splitter
+	}{{"hand", o200kSplit{}}, {"regexp2", re}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(text)))
+			b.ReportAllocs()
+			for b.Loop() {
+				c.sp.split(text, func(string) {})
+			}
+		})
 	}
 }

@@ -796,3 +796,60 @@ func TestInvalidUTF8DecodesAsHF(t *testing.T) {
 		t.Fatalf("only %d invalid cases", invalid)
 	}
 }
+
+func BenchmarkDecodeSmolLM2(b *testing.B) {
+	tok, err := Load(testenv.SmolLM2(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := strings.Repeat(strings.Join(texts(b), " "), 4)
+	ids := tok.Encode(text)
+	b.SetBytes(int64(len(text)))
+	b.ReportAllocs()
+	for b.Loop() {
+		tok.Decode(ids)
+	}
+}
+
+func BenchmarkStreamDecodeSmolLM2(b *testing.B) {
+	tok, err := Load(testenv.SmolLM2(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := strings.Repeat(strings.Join(texts(b), " "), 4)
+	ids := tok.Encode(text)
+	b.SetBytes(int64(len(text)))
+	b.ReportAllocs()
+	for b.Loop() {
+		d := tok.NewStreamDecoder()
+		for _, id := range ids {
+			d.Add(id)
+		}
+		d.Flush()
+	}
+}
+
+// BenchmarkEncodeReal encodes texts_broad.txt with each real tokenizer under
+// $EXO_REAL_TOKENIZERS (word cache cleared each time: the broad texts are
+// mostly unseen words).
+func BenchmarkEncodeReal(b *testing.B) {
+	root := os.Getenv("EXO_REAL_TOKENIZERS")
+	if root == "" {
+		b.Skip("set EXO_REAL_TOKENIZERS")
+	}
+	text := strings.Join(broadTexts(b), " ")
+	for _, name := range []string{"llama3", "qwen3", "llama2", "gemma3", "gptoss", "gpt4o"} {
+		b.Run(name, func(b *testing.B) {
+			tok, err := Load(filepath.Join(root, name))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(int64(len(text)))
+			b.ReportAllocs()
+			for b.Loop() {
+				tok.model.cache = newLRU(1 << 15)
+				tok.Encode(text)
+			}
+		})
+	}
+}
