@@ -162,14 +162,18 @@ func (g lookaheadSplit) find(s string, match func(a, b int)) {
 }
 
 // withCategoryTables rewrites the \p{X} and \pX classes of a regex whose
-// category our tables know (L, Lu, …, N, P, S: unicode_tables.go) into
-// explicit character classes, so that regexp2 (which uses Go's older
-// Unicode tables) matches as HF's Oniguruma does. \P{X} becomes a negated
-// class outside brackets; inside brackets it is left to regexp2.
+// category our tables know (L, Lu, …, N, P, S: unicode_tables.go), so that
+// regexp2 (which uses Go's older Unicode tables) matches as HF's Oniguruma
+// does: \p{X} becomes [\p{X}…] with the code points Go's table lacks
+// (inside brackets, just those added), or, where Go's table also has code
+// points ours lacks (a category changed), the whole table as ranges. \P{X}
+// outside brackets becomes the negated class; inside brackets it is left to
+// regexp2.
 func withCategoryTables(p string) string {
 	var b strings.Builder
 	inClass := false
 	rs := []rune(p)
+	classes := map[string]string{} // category → the inside of its class
 	for i := 0; i < len(rs); i++ {
 		r := rs[i]
 		switch {
@@ -189,17 +193,25 @@ func withCategoryTables(p string) string {
 				b.WriteRune(r)
 				continue
 			}
+			inner, ok := classes[name]
+			if !ok {
+				var w strings.Builder
+				if added, exact := categoryDelta(name, tab); exact {
+					fmt.Fprintf(&w, `\p{%s}`, name)
+					writeRanges(&w, added)
+				} else {
+					writeRanges(&w, tab)
+				}
+				inner = w.String()
+				classes[name] = inner
+			}
 			switch {
 			case inClass:
-				writeRanges(&b, tab)
+				b.WriteString(inner)
 			case neg:
-				b.WriteString("[^")
-				writeRanges(&b, tab)
-				b.WriteByte(']')
+				b.WriteString("[^" + inner + "]")
 			default:
-				b.WriteByte('[')
-				writeRanges(&b, tab)
-				b.WriteByte(']')
+				b.WriteString("[" + inner + "]")
 			}
 			i += n - 1
 		case r == '\\' && i+1 < len(rs):
@@ -221,6 +233,51 @@ func withCategoryTables(p string) string {
 		}
 	}
 	return b.String()
+}
+
+// categoryDelta returns the code points of tab that Go's table of the same
+// category lacks, and whether Go's table holds no code point tab lacks (so
+// that Go's table plus the delta is exactly tab).
+func categoryDelta(name string, tab *unicode.RangeTable) (*unicode.RangeTable, bool) {
+	goTab, ok := unicode.Categories[name]
+	if !ok {
+		return nil, false
+	}
+	var added []unicode.Range32
+	each(tab, func(r rune) bool {
+		if !unicode.Is(goTab, r) {
+			if k := len(added) - 1; k >= 0 && added[k].Hi == uint32(r)-1 {
+				added[k].Hi++
+			} else {
+				added = append(added, unicode.Range32{Lo: uint32(r), Hi: uint32(r), Stride: 1})
+			}
+		}
+		return true
+	})
+	exact := true
+	each(goTab, func(r rune) bool {
+		exact = unicode.Is(tab, r)
+		return exact
+	})
+	return &unicode.RangeTable{R32: added}, exact
+}
+
+// each calls f with every code point of t until f returns false.
+func each(t *unicode.RangeTable, f func(rune) bool) {
+	for _, r := range t.R16 {
+		for c := rune(r.Lo); c <= rune(r.Hi); c += rune(r.Stride) {
+			if !f(c) {
+				return
+			}
+		}
+	}
+	for _, r := range t.R32 {
+		for c := rune(r.Lo); c <= rune(r.Hi); c += rune(r.Stride) {
+			if !f(c) {
+				return
+			}
+		}
+	}
 }
 
 func indexRune(rs []rune, r rune) int {

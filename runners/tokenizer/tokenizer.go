@@ -304,7 +304,16 @@ func (t *Tokenizer) Decode(ids []int32) string {
 		d.add(t, id)
 	}
 	d.endRun()
-	return string(t.strip(appendLossy(nil, d.raw)))
+	return lossyString(t.strip(d.raw))
+}
+
+// lossyString is string(appendLossy(nil, b)), without the copy when b is
+// valid UTF-8 (the usual case).
+func lossyString(b []byte) string {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	return string(appendLossy(nil, b))
 }
 
 // decodeState accumulates the raw bytes of a decoding; run holds a
@@ -468,7 +477,7 @@ func (d *StreamDecoder) emit(b []byte) string {
 		d.started = true
 		b = d.t.strip(b)
 	}
-	return string(appendLossy(nil, b))
+	return lossyString(b)
 }
 
 // Flush returns whatever is held back at the end of the stream (an
