@@ -711,8 +711,31 @@ func TestRealTokenizersBroadMatchHF(t *testing.T) {
 			if bad > 0 {
 				t.Errorf("%d of %d texts differ", bad, len(ts))
 			}
+			if c, ok := realSpecials[name]; ok {
+				if got := tok.EOS(); !slices.Equal(got, c.eos) {
+					t.Errorf("EOS %v, want %v", got, c.eos)
+				}
+				if tok.BOS() != c.bos || tok.addBOS != c.add {
+					t.Errorf("BOS %d (added: %v), want %d (%v)", tok.BOS(), tok.addBOS, c.bos, c.add)
+				}
+			}
 		})
 	}
+}
+
+// realSpecials are the ids that end generation and the BOS of the new real
+// tokenizers: Gemma 3 <eos> and <end_of_turn> (its generation_config's
+// eos_token_id), BOS added; gpt-oss <|return|>, <|call|> and
+// <|endoftext|> (generation_config's [200002, 199999, 200012]) but not
+// <|end|>, which only closes a harmony message; GPT-4o <|endoftext|>.
+var realSpecials = map[string]struct {
+	eos []int32
+	bos int32
+	add bool
+}{
+	"gemma3": {[]int32{1, 106}, 2, true},
+	"gptoss": {[]int32{199999, 200002, 200012}, 199998, false},
+	"gpt4o":  {[]int32{199999}, 199999, false},
 }
 
 // TestInvalidUTF8DecodesAsHF: bytes that are not valid UTF-8, decoded from
