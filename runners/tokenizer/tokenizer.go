@@ -1,17 +1,22 @@
 // Package tokenizer owns text ↔ token-id conversion for byte-level BPE
-// models (Llama 3, Qwen2/3, SmolLM2, GPT-2 family): HF tokenizer.json (+
-// tokenizer_config.json, generation_config.json) and GGUF vocabularies
-// (tokenizer.ggml.model "gpt2"); and for SentencePiece-style BPE (Llama 2,
-// Mistral, TinyLlama: "▁" for spaces, merges over characters, <0xXX> byte
-// fallback) from tokenizer.json (Prepend/Replace normalizers or Metaspace)
-// and from GGUF SentencePiece vocabularies (tokenizer.ggml.model "llama":
-// pieces with scores, tokenized as llama.cpp does). It implements normalizers (NFC/NFD/NFKC/
-// NFKD, lowercase), the pre-tokenizer split patterns by hand (GPT-2, Llama 3,
-// Qwen2; Go's regexp lacks the lookahead they use; other patterns run on
-// github.com/dlclark/regexp2), individual digits (SmolLM2), byte-level
-// mapping, merges by rank (with Llama 3's ignore_merges), added/special
-// tokens matched in the text before BPE, and a byte-level decoder with a
-// streaming variant that never splits a UTF-8 rune.
+// models (Llama 3, Qwen2/3, SmolLM2, GPT-2 family, gpt-oss and GPT-4o's
+// o200k): HF tokenizer.json (+ tokenizer_config.json,
+// generation_config.json) and GGUF vocabularies (tokenizer.ggml.model
+// "gpt2"); and for SentencePiece-style BPE (Llama 2, Mistral, TinyLlama,
+// Gemma 3: "▁" for spaces, merges over characters, <0xXX> byte fallback)
+// from tokenizer.json (Prepend/Replace normalizers or Metaspace) and from
+// GGUF SentencePiece vocabularies (tokenizer.ggml.model "llama": pieces
+// with scores, tokenized as llama.cpp does). It implements normalizers
+// (NFC/NFD/NFKC/NFKD, lowercase), HF's Split pre-tokenizer with every
+// behavior (Isolated, Removed, MergedWithPrevious/Next, Contiguous; invert),
+// the common split patterns by hand (GPT-2, Llama 3, Qwen2, o200k; Go's
+// regexp lacks the lookahead they use; other patterns run on
+// github.com/dlclark/regexp2), all with Unicode 16 category tables (HF's
+// regex engine's version; Go's are older: unicode_tables.go), individual
+// digits (SmolLM2), byte-level mapping, merges by rank (with Llama 3's
+// ignore_merges), added/special tokens matched in the text before BPE, and
+// decoders (whole and streaming, never splitting a UTF-8 rune) that render
+// invalid UTF-8 as HF's decode does.
 //
 // BOS: prepended by Encode when tokenizer_config.json's add_bos_token (or
 // GGUF tokenizer.ggml.add_bos_token) says so, else when tokenizer.json's
