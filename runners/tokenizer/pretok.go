@@ -189,6 +189,9 @@ func contraction(s string, i int, fold bool) int {
 		}
 		return c
 	}
+	if fold && strings.HasPrefix(s[i+1:], "ſ") { // U+017F folds to 's' (Oniguruma's (?i), as HF)
+		return i + 1 + len("ſ")
+	}
 	switch lower(s[i+1]) {
 	case 's', 't', 'm', 'd':
 		return i + 2

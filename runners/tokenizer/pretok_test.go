@@ -61,7 +61,9 @@ var splitRefs = []struct {
 var splitRefRegexes = sync.OnceValue(func() []*regexp2.Regexp {
 	out := make([]*regexp2.Regexp, len(splitRefs))
 	for i, r := range splitRefs {
-		out[i] = regexp2.MustCompile(withCategoryTables(r.pattern), regexp2.Unicode)
+		// regexp2's (?i) does not fold ſ (U+017F) to s; Oniguruma's does
+		p := strings.ReplaceAll(r.pattern, `(?i:'s|`, `(?i:'s|'ſ|`)
+		out[i] = regexp2.MustCompile(withCategoryTables(p), regexp2.Unicode)
 	}
 	return out
 })
@@ -86,6 +88,7 @@ func TestSplitMatchesRegexEngine(t *testing.T) {
 		// o200k: upper/lower runs, marks, contractions after words, "/" after punctuation
 		"HELLOworld", "helloWORLD", "ǅǆ", "\u0301a", "\u0301A", "!\u0301", "a\u0301B", "Ab'S", "AB's", "x'LL", " ;/\n/",
 		"\u0301\u0302", "'s", " 'd", "Ⅻa", "ʰʰ", "ʰA", "Aʰa", "\U00010D50\U00010D70", "\U00010D70\U00010D50",
+		"x'ſ y", "'ſa", "X'ſT", "it'ſ",
 	} {
 		checkSplits(t, s)
 	}

@@ -84,6 +84,7 @@ HAND = [
     "zero\u200bwidth\u200cnon\u200djoiner\u2060word\ufeffbom \u00ad soft\u00adhyphen e\u0301 a\u0308 \u0301\u0302lead",
     "variation\ufe0f\ufe0e selectors \U000e0100 tags \U000e0041\U000e0042 private \ue000\uf8ff \U000f0000 noncharacter \ufffe\uffff \ufffd",
     "Ǆǅǆ ǈ ǋ ᾈ ᾼ ﬁ ﬂ ﬀ ǲ ß ẞ İ ı ſ ĸ ŉ",
+    "it'ſ x'ſ y 'ſa X'ſT X'ST x'\u212a I'\u0130 x'\ufb05 O'NEILL'S o'neill's",
 ]
 
 TEXT_CATS = ("Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No", "Pc", "Pd", "Ps", "Pe", "Pi", "Pf",
