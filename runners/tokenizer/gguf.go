@@ -29,8 +29,27 @@ func ggufPre(pre string) (steps []splitter, normalizeNFC, llama3 bool, err error
 		return []splitter{digitSplit{individual: true}, regexSplit{}}, false, false, nil
 	case "gpt-2", "gpt2", "mpt", "olmo", "jais", "trillion", "default", "":
 		return []splitter{regexSplit{}}, false, false, nil
+	case "gpt-4o", "llama4": // o200k (gpt-oss, GPT-4o); llama.cpp does not ignore merges here
+		return []splitter{o200kSplit{}}, false, false, nil
+	case "deepseek-v3":
+		for _, p := range deepSeekV3Patterns {
+			sp, err := splitterForPattern(p)
+			if err != nil {
+				return nil, false, false, err
+			}
+			steps = append(steps, sp)
+		}
+		return steps, false, false, nil
 	}
 	return nil, false, false, fmt.Errorf("tokenizer.ggml.pre %q is not supported", pre)
+}
+
+// deepSeekV3Patterns are the Split patterns of DeepSeek V3's
+// tokenizer.json, in order (llama.cpp's "deepseek-v3" pre-tokenizer).
+var deepSeekV3Patterns = []string{
+	`\p{N}{1,3}`,
+	`[一-龥぀-ゟ゠-ヿ]+`,
+	"[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
 }
 
 func loadGGUF(path string) (*Tokenizer, error) {

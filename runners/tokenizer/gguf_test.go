@@ -212,3 +212,88 @@ func TestRealGemma3GGUF(t *testing.T) {
 		t.Errorf("BOS %d EOS %v", tok.BOS(), tok.EOS())
 	}
 }
+
+// byteLevelGGUFVocab writes the vocabulary of a byte-level tokenizer.json
+// as convert_hf_to_gguf.py writes a "gpt2" GGUF vocabulary: tokens by id
+// (gaps as [PADn], UNUSED), merges as "a b", added special tokens CONTROL
+// and other added tokens USER_DEFINED, with tokenizer.ggml.pre pre.
+func byteLevelGGUFVocab(t *testing.T, dir, pre string) []byte {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tj tokenizerJSON
+	if err := json.Unmarshal(raw, &tj); err != nil {
+		t.Fatal(err)
+	}
+	pairs, err := parseMerges(tj.Model.Merges)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, id := range tj.Model.Vocab {
+		n = max(n, int(id)+1)
+	}
+	for _, a := range tj.AddedTokens {
+		n = max(n, int(a.ID)+1)
+	}
+	tokens := make([]string, n)
+	types := make([]int32, n)
+	for i := range tokens {
+		tokens[i], types[i] = fmt.Sprintf("[PAD%d]", i), ggufUnused
+	}
+	for s, id := range tj.Model.Vocab {
+		tokens[id], types[id] = s, ggufNormal
+	}
+	for _, a := range tj.AddedTokens {
+		tokens[a.ID], types[a.ID] = a.Content, ggufUserDefined
+		if a.Special {
+			types[a.ID] = ggufControl
+		}
+	}
+	merges := make([]string, len(pairs))
+	for i, p := range pairs {
+		merges[i] = p[0] + " " + p[1]
+	}
+	var w ggufKV
+	w.String("general.architecture", "gpt-oss")
+	w.String("tokenizer.ggml.model", "gpt2")
+	w.String("tokenizer.ggml.pre", pre)
+	w.Strings("tokenizer.ggml.tokens", tokens)
+	w.Int32s("tokenizer.ggml.token_type", types)
+	w.Strings("tokenizer.ggml.merges", merges)
+	w.Uint32("tokenizer.ggml.eos_token_id", 199999)
+	w.Bool("tokenizer.ggml.add_bos_token", false)
+	return w.Bytes()
+}
+
+// TestRealO200kGGUF: GPT-4o's real vocabulary as a GGUF byte-level
+// vocabulary with tokenizer.ggml.pre "gpt-4o" (llama.cpp's name for the
+// o200k split, used by gpt-oss GGUFs) tokenizes texts_broad.txt as HF does
+// with GPT-4o's tokenizer.json. (gpt-oss's own tokenizer.json sets
+// ignore_merges, which llama.cpp does not apply to "gpt-4o"; GPT-4o's does
+// not, so the two agree exactly.)
+func TestRealO200kGGUF(t *testing.T) {
+	root := os.Getenv("EXO_REAL_TOKENIZERS")
+	if root == "" {
+		t.Skip("set EXO_REAL_TOKENIZERS (see TestRealTokenizersMatchHF)")
+	}
+	g, err := weights.ParseGGUF(byteLevelGGUFVocab(t, filepath.Join(root, "gpt4o"), "gpt-4o"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := fromGGUF(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := decodedFixture(t, "testdata/real_gpt4o_broad_ids.json")
+	for i, s := range broadTexts(t) {
+		if got := tok.Encode(s); !slices.Equal(got, f.IDs[i]) {
+			t.Errorf("text %d %q:\n got %v\nwant %v", i, s, got, f.IDs[i])
+		}
+		if got := tok.Decode(f.IDs[i]); got != f.Decoded[i] {
+			t.Errorf("text %d: Decode %q, HF %q", i, got, f.Decoded[i])
+		}
+	}
+}

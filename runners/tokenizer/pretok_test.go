@@ -132,6 +132,15 @@ func TestPreTokenizersMatchHF(t *testing.T) {
 	}
 	ts := append(texts(t), broadTexts(t)...)
 	for _, c := range f.Configs {
+		if c.Name == "deepseek_v3" { // the same patterns as the GGUF "deepseek-v3" pre-tokenizer
+			var ps []string
+			for _, p := range c.PreTokenizer.Pretokenizers {
+				ps = append(ps, *p.Pattern.Regex)
+			}
+			if !slices.Equal(ps, deepSeekV3Patterns) {
+				t.Errorf("deepSeekV3Patterns %q differ from the fixture's %q", deepSeekV3Patterns, ps)
+			}
+		}
 		t.Run(c.Name, func(t *testing.T) {
 			if len(c.Hashes) != len(ts) {
 				t.Fatalf("%d hashes for %d texts", len(c.Hashes), len(ts))
