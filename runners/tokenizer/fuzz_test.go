@@ -70,9 +70,10 @@ func hasForeignRegex(c *component) bool {
 	return false
 }
 
-// FuzzGGUFTokenizer feeds mutated GGUF files (byte-level and SentencePiece
-// vocabularies) to the GGUF tokenizer loader: an error or a tokenizer that
-// encodes and decodes without panicking.
+// FuzzGGUFTokenizer feeds mutated GGUF files (SentencePiece vocabularies,
+// and byte-level ones with the o200k and DeepSeek V3 splits) to the GGUF
+// tokenizer loader: an error or a tokenizer that encodes and decodes
+// without panicking.
 func FuzzGGUFTokenizer(f *testing.F) {
 	for _, p := range []string{"testdata/spm_small.gguf", "testdata/spm_bytes.gguf"} {
 		b, err := os.ReadFile(p)
@@ -80,6 +81,17 @@ func FuzzGGUFTokenizer(f *testing.F) {
 			f.Fatal(err)
 		}
 		f.Add(b)
+	}
+	// small byte-level vocabularies with the o200k and DeepSeek V3 splits
+	for _, pre := range []string{"gpt-4o", "deepseek-v3"} {
+		var w ggufKV
+		w.String("tokenizer.ggml.model", "gpt2")
+		w.String("tokenizer.ggml.pre", pre)
+		w.Strings("tokenizer.ggml.tokens", []string{"a", "b", "ab", "Ġ", "<|endoftext|>", "<unk>"})
+		w.Int32s("tokenizer.ggml.token_type", []int32{1, 1, 1, 1, 3, 2})
+		w.Strings("tokenizer.ggml.merges", []string{"a b"})
+		w.Uint32("tokenizer.ggml.eos_token_id", 4)
+		f.Add(w.Bytes())
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		g, err := weights.ParseGGUF(b)
