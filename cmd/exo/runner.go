@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/exo-pd/exo-pd/runners/chat"
@@ -110,6 +111,10 @@ func (o optInt) Set(s string) error {
 }
 
 func parseRunnerFlags(args []string) (*runnerFlags, error) {
+	if len(args) > 0 && isHelp(args[0]) {
+		fmt.Println(runnerUsage)
+		return nil, helpShown
+	}
 	if len(args) == 0 || (args[0] != "decode" && args[0] != "prefill") {
 		fmt.Fprintln(os.Stderr, runnerUsage)
 		return nil, exitError{code: 2, msg: "runner: first argument must be decode or prefill"}
@@ -143,9 +148,8 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		fs.StringVar(&f.metricsAddr, "metrics", "", "HTTP address for /health and /metrics")
 		fs.IntVar(&f.cacheMiB, "prefix-cache-mib", 1024, "prefix cache size in MiB (0: off)")
 	}
-	if err := fs.Parse(args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, runnerUsage)
-		return nil, exitError{code: 2, msg: err.Error()}
+	if err := parseFlags(fs, runnerUsage, args[1:]); err != nil {
+		return nil, err
 	}
 	switch {
 	case fs.NArg() != 0:
@@ -245,7 +249,7 @@ func cmdRunner(ctx context.Context, args []string) error {
 	}
 	hl, err := net.Listen("tcp", httpAddr)
 	if err != nil {
-		return fmt.Errorf("runner: listen %s: %w", httpAddr, err)
+		return listenError(httpAddr, err)
 	}
 	gate := &loadGate{role: f.role, name: f.name, instance: f.instance}
 	ctx, cancel := context.WithCancel(ctx)
@@ -378,7 +382,7 @@ func runPrefill(ctx context.Context, f *runnerFlags, m *engine.Model, secret []b
 	}
 	kl, err := net.Listen("tcp", f.listen)
 	if err != nil {
-		return fmt.Errorf("runner: listen %s: %w", f.listen, err)
+		return listenError(f.listen, err)
 	}
 	load := func() (int, int) { l := ks.Load(); return l.Waiting, l.Running }
 	mux := http.NewServeMux()
@@ -396,6 +400,16 @@ func runPrefill(ctx context.Context, f *runnerFlags, m *engine.Model, secret []b
 		return fmt.Errorf("runner: kv wire: %w", err)
 	}
 	return nil
+}
+
+// listenError explains a runner's failed listen; a taken port points at
+// the settings that choose it.
+func listenError(addr string, err error) error {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("runner: %s is taken (another exo supervise or runner running?): the cluster file chooses it "+
+			"([cluster] runner_port_base, or the model's decode/prefill port / metrics_port): %w", addr, err)
+	}
+	return fmt.Errorf("runner: listen %s: %w", addr, err)
 }
 
 func fingerprintShort(fp engine.Fingerprint) string { return fmt.Sprintf("%x", fp[:8]) }

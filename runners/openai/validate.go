@@ -84,6 +84,16 @@ func (d Defaults) Check() error {
 	return nil
 }
 
+// Sampling returns the sampling parameters d gives (OpenAI's defaults
+// where d has none), validated; the seed is left unset.
+func (d Defaults) Sampling() (Sampling, error) {
+	g := &GenRequest{}
+	if e := validateSampling(&SamplingFields{}, d, g); e != nil {
+		return Sampling{}, errors.New(e.Message)
+	}
+	return g.Sampling, nil
+}
+
 // GenRequest is a validated request for a Generator.
 type GenRequest struct {
 	Model string
