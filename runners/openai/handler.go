@@ -21,6 +21,9 @@ type Result struct {
 	CompletionTokens int
 	// FinishReason is "stop" (end token or stop sequence) or "length".
 	FinishReason string
+	// StopSequence is the stop sequence that ended the generation, if one
+	// did.
+	StopSequence string
 }
 
 // Emitter receives a generation's output. Start is called once, after the
