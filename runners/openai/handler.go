@@ -97,6 +97,7 @@ func (h *Handler) Register(mux *http.ServeMux) {
 	mux.HandleFunc("/v1/models", h.models)
 	mux.HandleFunc("/tokenize", h.tokenize)
 	mux.HandleFunc("/detokenize", h.detokenize)
+	mux.HandleFunc("/v1/responses", h.responses)
 }
 
 func (h *Handler) served(name string) bool {
