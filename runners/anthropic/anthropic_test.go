@@ -144,3 +144,19 @@ func TestErrors(t *testing.T) {
 		})
 	}
 }
+
+func FuzzMessagesRequest(f *testing.F) {
+	f.Add(`{"model":"tiny","max_tokens":5,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`)
+	f.Add(`{"model":"tiny","max_tokens":5,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"x"}]}]}`)
+	f.Add(`{"model":"tiny","messages":"x","stop_sequences":[""]}`)
+	h := &Handler{Served: []string{"tiny"}}
+	f.Fuzz(func(t *testing.T, s string) {
+		if blockTypes([]byte(s)) != nil {
+			return
+		}
+		var r Request
+		if openai.DecodeStrict([]byte(s), &r, requestShape) == nil {
+			_, _ = h.convert(&r)
+		}
+	})
+}

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/chat"
@@ -305,5 +306,44 @@ func TestModelDefaultsFromFiles(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "generation_config.json"), []byte(`{"temperature":7}`), 0o644)
 	if _, err := ModelDefaults(dir); err == nil || !strings.Contains(err.Error(), "temperature") {
 		t.Fatalf("invalid default accepted: %v", err)
+	}
+}
+
+// TestSeededBatchedEqualsAlone: seeded temperature-1 requests decoded
+// together (batched) give the texts they give alone.
+func TestSeededBatchedEqualsAlone(t *testing.T) {
+	s := newTinyServer(t, openai.Defaults{})
+	const n = 2
+	alone := make([]string, n)
+	for i := range alone {
+		alone[i] = s.chat(t, map[string]any{"temperature": 1, "seed": 100 + i, "max_tokens": 24}).Choices[0].Message.Content
+	}
+	together := make([]string, n)
+	var wg sync.WaitGroup
+	for i := range together {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b, _ := json.Marshal(map[string]any{"model": "m", "messages": []map[string]any{{"role": "user", "content": "tell me something"}},
+				"ignore_eos": true, "temperature": 1, "seed": 100 + i, "max_tokens": 24})
+			resp, err := http.Post(s.url+"/v1/chat/completions", "application/json", strings.NewReader(string(b)))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			var out chatOut
+			if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || len(out.Choices) != 1 {
+				t.Errorf("batched request %d: %v", i, err)
+				return
+			}
+			together[i] = out.Choices[0].Message.Content
+		}()
+	}
+	wg.Wait()
+	for i := range alone {
+		if alone[i] != together[i] {
+			t.Fatalf("seed %d: alone %q, batched %q", 100+i, alone[i], together[i])
+		}
 	}
 }

@@ -64,3 +64,19 @@ func TestResponsesConversionAndErrors(t *testing.T) {
 		}
 	}
 }
+
+func FuzzResponsesRequest(f *testing.F) {
+	f.Add(`{"model":"tiny","input":"hi","instructions":"s","max_output_tokens":3}`)
+	f.Add(`{"model":"tiny","input":[{"role":"user","content":[{"type":"input_text","text":"x"}]},{"type":"function_call"}]}`)
+	f.Add(`{"model":"tiny","instructions":"s","input":[{"role":"wizard","content":"x"}]}`)
+	h := &Handler{Served: []string{"tiny"}}
+	f.Fuzz(func(t *testing.T, s string) {
+		if responsesItemTypes([]byte(s)) != nil {
+			return
+		}
+		var r ResponsesRequest
+		if decodeJSON([]byte(s), &r, responsesShape) == nil {
+			_, _ = h.convertResponses(&r)
+		}
+	})
+}
