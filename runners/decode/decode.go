@@ -202,7 +202,7 @@ func New(o Options) *Server {
 		s.batch.sizes = func(n int) { s.m.DecodeBatch.Observe(float64(n)) }
 		go s.batch.run(ctx)
 	}
-	s.msgs = &anthropic.Handler{Gen: s, Served: []string{o.Name}, Logger: o.Logger, Defaults: o.Defaults,
+	s.msgs = &anthropic.Handler{Gen: s, Served: []string{o.Name}, Logger: o.Logger, Defaults: o.Defaults, AcceptTools: o.AcceptTools,
 		OnResult: func(_ string, code int) { s.m.Requests.WithLabelValues(o.Name, strconv.Itoa(code)).Inc() }}
 	for _, id := range o.Text.EOS() {
 		s.eos[id] = true
