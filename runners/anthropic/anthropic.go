@@ -5,9 +5,11 @@
 // ignores) and run by the same openai.Generator; the answer and the stream
 // (message_start, content_block_start, ping, content_block_delta…,
 // content_block_stop, message_delta, message_stop) take Anthropic's
-// shapes. Text only for now: tools, tool_choice, tool_use / tool_result
-// blocks and thinking are refused with a 400 naming them until the grammar
-// engine and tool-call parsers are wired. Nothing is stored server-side.
+// shapes. Text output only for now: unless Handler.AcceptTools (set once
+// tool calling is wired), tools, tool_choice and tool_use / tool_result
+// blocks are refused with a 400 naming them; with it, they become the
+// generation request's Tools/ToolChoice and OpenAI-shaped history
+// (convertMessage). thinking is refused. Nothing is stored server-side.
 // The anthropic-version header is accepted (any value); x-api-key is not
 // checked. It must not import the engine or anything under supervisor/.
 package anthropic
