@@ -347,3 +347,135 @@ func TestSeededBatchedEqualsAlone(t *testing.T) {
 		}
 	}
 }
+
+// TestPenaltiesAndBiasMatchReference: greedy generations on the tiny model
+// with logit_bias, presence/frequency and repetition penalties equal a
+// reference computed here from the engine's own logits by the definitions
+// (OpenAI: l[id] += bias, -100 bans; l[id] -= count·frequency +
+// [count>0]·presence over generated tokens; HF: l[id] /= rp when positive,
+// *= rp when negative, over prompt and generated tokens).
+func TestPenaltiesAndBiasMatchReference(t *testing.T) {
+	s := newTinyServer(t, openai.Defaults{})
+	msgs := []map[string]any{{"role": "user", "content": "tell me something"}}
+	var tk struct{ Tokens []int32 }
+	if s.post(t, "/tokenize", map[string]any{"model": "m", "messages": msgs}, &tk) != 200 {
+		t.Fatal("tokenize")
+	}
+	const steps = 10
+	cases := []struct {
+		name           string
+		bias           map[int32]float64
+		presence, freq float64
+		rep            float64
+	}{
+		{"frequency", nil, 0, 1.5, 1},
+		{"presence", nil, 1.2, 0, 1},
+		{"both, negative presence", nil, -0.5, 0.8, 1},
+		{"repetition", nil, 0, 0, 1.8},
+		{"bias", map[int32]float64{5: 3, 99: 1.5}, 0, 0, 1}, // and the plain greedy first token banned
+		{"all", map[int32]float64{42: 2}, 0.4, 0.6, 1.3},
+	}
+	first := func() int32 {
+		cache := s.model.NewCache()
+		defer cache.Free()
+		l, err := s.model.Forward(context.Background(), cache, tk.Tokens)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int32(slices.Index(l, slices.Max(l)))
+	}()
+	for _, c := range cases {
+		if c.bias != nil {
+			c.bias[first] = -100
+		}
+		t.Run(c.name, func(t *testing.T) {
+			// the reference
+			cache := s.model.NewCache()
+			defer cache.Free()
+			logits, err := s.model.Forward(context.Background(), cache, tk.Tokens)
+			if err != nil {
+				t.Fatal(err)
+			}
+			history := slices.Clone(tk.Tokens)
+			counts := map[int32]int{}
+			var want []int32
+			for range steps {
+				adj := slices.Clone(logits)
+				for id, b := range c.bias {
+					if b <= -100 {
+						adj[id] = float32(math.Inf(-1))
+					} else {
+						adj[id] += float32(b)
+					}
+				}
+				if c.rep != 1 {
+					seen := map[int32]bool{}
+					for _, id := range history {
+						if seen[id] {
+							continue
+						}
+						seen[id] = true
+						if adj[id] < 0 {
+							adj[id] *= float32(c.rep)
+						} else {
+							adj[id] /= float32(c.rep)
+						}
+					}
+				}
+				for id, n := range counts {
+					adj[id] -= float32(float64(n)*c.freq + c.presence)
+				}
+				best := int32(0)
+				for i, v := range adj {
+					if v > adj[best] {
+						best = int32(i)
+					}
+				}
+				want = append(want, best)
+				history = append(history, best)
+				counts[best]++
+				if logits, err = s.model.Forward(context.Background(), cache, []int32{best}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// the server
+			bias := map[string]float64{}
+			for id, b := range c.bias {
+				bias[strconv.Itoa(int(id))] = b
+			}
+			out := s.chat(t, map[string]any{"temperature": 0, "max_tokens": steps, "logprobs": true, "logit_bias": bias,
+				"presence_penalty": c.presence, "frequency_penalty": c.freq, "repetition_penalty": c.rep})
+			var got []int32
+			for _, lp := range out.Choices[0].Logprobs.Content {
+				b := make([]byte, len(lp.Bytes))
+				for i, x := range lp.Bytes {
+					b[i] = byte(x)
+				}
+				got = append(got, tokenOf(t, s.tok, b, want[len(got)]))
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("server %v, reference %v", got, want)
+			}
+			// and the knobs did something: plain greedy differs
+			plain := s.chat(t, map[string]any{"temperature": 0, "max_tokens": steps})
+			if plain.Choices[0].Message.Content == out.Choices[0].Message.Content {
+				t.Fatalf("same text as plain greedy: %q", plain.Choices[0].Message.Content)
+			}
+		})
+	}
+}
+
+// tokenOf returns want when its bytes are b (the server reports bytes, not
+// ids), else the first id with bytes b.
+func tokenOf(t *testing.T, tok *tokenizer.Tokenizer, b []byte, want int32) int32 {
+	if slices.Equal(tok.TokenBytes(want), b) {
+		return want
+	}
+	for id := range int32(tok.VocabSize()) {
+		if slices.Equal(tok.TokenBytes(id), b) {
+			return id
+		}
+	}
+	t.Fatalf("no token has bytes %v", b)
+	return -1
+}
