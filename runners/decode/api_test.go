@@ -2,6 +2,7 @@ package decode
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"io"
 	"math"
@@ -478,4 +479,40 @@ func tokenOf(t *testing.T, tok *tokenizer.Tokenizer, b []byte, want int32) int32
 	}
 	t.Fatalf("no token has bytes %v", b)
 	return -1
+}
+
+// TestModelDefaultsFromGGUF reads general.sampling.* from a GGUF written
+// here byte by byte (v3: magic, version, counts, then key/type/value).
+func TestModelDefaultsFromGGUF(t *testing.T) {
+	var b []byte
+	u32 := func(v uint32) { b = binary.LittleEndian.AppendUint32(b, v) }
+	u64 := func(v uint64) { b = binary.LittleEndian.AppendUint64(b, v) }
+	str := func(s string) { u64(uint64(len(s))); b = append(b, s...) }
+	b = append(b, "GGUF"...)
+	u32(3)
+	u64(0) // tensors
+	u64(4) // key/values
+	str("general.architecture")
+	u32(8)
+	str("llama")
+	str("general.sampling.temp")
+	u32(6)
+	u32(math.Float32bits(0.6))
+	str("general.sampling.top_k")
+	u32(4)
+	u32(20)
+	str("general.sampling.penalty_repeat")
+	u32(6)
+	u32(math.Float32bits(1.25))
+	p := filepath.Join(t.TempDir(), "m.gguf")
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := ModelDefaults(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := DescribeDefaults(d); got != "temperature=0.6 top_k=20 repetition_penalty=1.25" {
+		t.Fatalf("%q", got)
+	}
 }
