@@ -55,6 +55,9 @@ func TestEverySubcommandAnswersHelp(t *testing.T) {
 			t.Errorf("subcommand %q has no --help case here", name)
 		}
 	}
+	if out, _, code := exo(t, "--help"); code != 0 || !strings.Contains(out, "supervise") || !strings.Contains(out, "--help") {
+		t.Errorf("exo --help: exit %d:\n%s", code, out)
+	}
 	for cmd, mentions := range want {
 		for _, h := range []string{"--help", "-h"} {
 			args := append(strings.Fields(cmd), h)
