@@ -105,6 +105,8 @@ func TestAnthropicSDK(t *testing.T) {
 		Prefill    string `json:"prefill"`
 		ToolsError string `json:"tools_error"`
 		Stop       []any  `json:"stop"`
+		Count      int    `json:"count_tokens"`
+		Prompt     int    `json:"create_prompt_tokens"`
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
@@ -119,6 +121,9 @@ func TestAnthropicSDK(t *testing.T) {
 	}
 	if got.Prefill == "" || strings.HasPrefix(strings.TrimSpace(got.Prefill), "The capital") {
 		t.Errorf("prefill was not continued: %q", got.Prefill)
+	}
+	if got.Count == 0 || got.Count != got.Prompt {
+		t.Errorf("count_tokens %d, the same request's prompt %d", got.Count, got.Prompt)
 	}
 	if !strings.Contains(got.ToolsError, "tools") {
 		t.Errorf("tools error %q", got.ToolsError)
