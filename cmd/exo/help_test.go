@@ -49,6 +49,7 @@ func TestEverySubcommandAnswersHelp(t *testing.T) {
 		"model pull":     {"-models-dir", "-offline"},
 		"status":         {"-api", "-json"},
 		"version":        {"usage: exo version"},
+		"doctor":         {"-config", "-probe-mib", "-json"},
 	}
 	for name := range commands() {
 		if _, ok := want[name]; !ok {
