@@ -276,7 +276,15 @@ func (g *Gateway) Handler() http.Handler {
 	// builds token-exact prompts with it); routed by "model" like /v1/.
 	mux.HandleFunc("POST /tokenize", g.forward)
 	mux.HandleFunc("POST /detokenize", g.forward)
+	// The Responses API's retrieval routes: nothing is stored, say so.
+	mux.HandleFunc("GET /v1/responses/{id}", g.notStored)
+	mux.HandleFunc("DELETE /v1/responses/{id}", g.notStored)
 	return mux
+}
+
+func (g *Gateway) notStored(w http.ResponseWriter, r *http.Request) {
+	APIError(w, http.StatusNotFound, "invalid_request_error", "not_found",
+		fmt.Sprintf("response %q not found: this server stores no responses (send the whole conversation as input)", r.PathValue("id")))
 }
 
 // CORS answers browsers for the origins in [api] cors_origins: it adds

@@ -383,6 +383,19 @@ func TestCORS(t *testing.T) {
 	}
 }
 
+func TestStoredResponsesAreNotFound(t *testing.T) {
+	_, srv, _, _ := cluster(t, "a")
+	resp, err := http.Get(srv.URL + "/v1/responses/resp_1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var v map[string]map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil || resp.StatusCode != 404 || !strings.Contains(v["error"]["message"].(string), "stores no responses") {
+		t.Fatalf("%d %v %v", resp.StatusCode, v, err)
+	}
+}
+
 func TestDetokenizeIsForwarded(t *testing.T) {
 	_, srv, _, _ := cluster(t, "a")
 	resp, err := http.Post(srv.URL+"/detokenize", "application/json", strings.NewReader(`{"model":"m","tokens":[1]}`))
