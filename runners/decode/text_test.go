@@ -71,7 +71,7 @@ func (m *scriptModel) promptLen() int { return 1 }
 type textEmitter struct{ strings.Builder }
 
 func (e *textEmitter) Start(int) error { return nil }
-func (e *textEmitter) Text(s string) error {
+func (e *textEmitter) Text(s string, _ *openai.TokenLogprob) error {
 	e.WriteString(s)
 	return nil
 }
