@@ -341,10 +341,14 @@ type Arch struct {
 	// MoE: sparse layers replace the MLP with routed experts (the config's
 	// num_experts must be set).
 	MoE bool
-	// SlidingWindow: the config's sliding_window, when set, limits
-	// attention to that many positions (Mistral). Full attention equals it
-	// within the window, so the context is capped there.
+	// SlidingWindow: the config's sliding_window, when set, limits every
+	// layer's attention to that many positions (Mistral): sliding-window
+	// layers (sliding.go) with ring caches.
 	SlidingWindow bool
+	// Windows, when set, gives each layer's attention window from the
+	// config (0: full attention), for architectures that interleave the
+	// kinds; it overrides SlidingWindow.
+	Windows func(c *Config) ([]int, error)
 }
 
 // archRegistry maps HF architecture names to their variants. It is filled

@@ -51,6 +51,7 @@ type Model struct {
 	fp      Fingerprint
 	eps     float32
 	weights []Array // every array Load kept, released by Close
+	windows []int   // per layer: 0 full attention, W sliding; nil when all full
 }
 
 // block is one decoder layer's weights.
@@ -60,6 +61,7 @@ type block struct {
 	gate, up, down   Linear
 	qNorm, kNorm     Array     // [Dh], Qwen3 only
 	moe              *moeBlock // sparse layers of MoE models; gate/up/down unused then
+	sinks            Array     // [H] attention sinks (nil: none)
 }
 
 // Load opens path (a model directory or .gguf file) with the registered
@@ -104,10 +106,9 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	if cfg.SlidingWindowUse {
 		return nil, cfgErr("use_sliding_window", "sliding-window attention is not supported")
 	}
-	if arch.SlidingWindow && cfg.SlidingWindow > 0 && cfg.SlidingWindow < cfg.MaxPositions {
-		// Within the window sliding-window attention is full attention;
-		// beyond it the model would need a window we do not implement.
-		cfg.MaxPositions = cfg.SlidingWindow
+	windows, err := layerWindows(cfg, arch)
+	if err != nil {
+		return nil, err
 	}
 	if arch.MoE != (cfg.Experts > 0) {
 		return nil, cfgErr("num_experts", "%d experts for architecture %s", cfg.Experts, cfg.Arch)
@@ -116,7 +117,7 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	if err != nil {
 		return nil, fmt.Errorf("engine: vocabulary: %w", err)
 	}
-	m = &Model{b: b, cfg: *cfg, arch: arch, eps: float32(cfg.RMSNormEps)}
+	m = &Model{b: b, cfg: *cfg, arch: arch, eps: float32(cfg.RMSNormEps), windows: windows}
 	m.cacheDT = opts.CacheDType
 	if m.cacheDT == 0 {
 		m.cacheDT = cfg.DType
@@ -129,7 +130,7 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	default:
 		return nil, fmt.Errorf("engine: cache dtype %v (want float32, float16 or bfloat16)", m.cacheDT)
 	}
-	m.fp = fingerprint(cfg, arch, vocab)
+	m.fp = fingerprint(cfg, arch, vocab, windows)
 
 	l := &loader{src: src, b: b, ctx: ctx, progress: opts.Progress}
 	defer func() {
@@ -339,7 +340,7 @@ func (l *loader) block(b *block, i int, cfg *Config, arch Arch, D, H, Hkv, Dh, F
 }
 
 // fingerprint hashes what makes KV transferable between two models.
-func fingerprint(c *Config, a Arch, vocab []string) Fingerprint {
+func fingerprint(c *Config, a Arch, vocab []string, windows []int) Fingerprint {
 	h := sha256.New()
 	w := func(v uint64) {
 		var b [8]byte
@@ -367,6 +368,14 @@ func fingerprint(c *Config, a Arch, vocab []string) Fingerprint {
 	for _, t := range vocab {
 		ws(t)
 	}
+	if windows != nil {
+		// Only models with sliding layers hash their window pattern, so
+		// full-attention models keep the fingerprints they had.
+		ws("windows")
+		for _, x := range windows {
+			w(uint64(x))
+		}
+	}
 	var fp Fingerprint
 	copy(fp[:], h.Sum(nil))
 	return fp
@@ -392,7 +401,8 @@ func recoverInto(err *error, op string) {
 func (m *Model) Info() ModelInfo {
 	c := m.cfg
 	return ModelInfo{Arch: c.Arch, Layers: c.Layers, Hidden: c.Hidden, Heads: c.Heads, KVHeads: c.KVHeads,
-		HeadDim: c.HeadDim, Vocab: c.Vocab, MaxPositions: c.MaxPositions, CacheDType: m.cacheDT}
+		HeadDim: c.HeadDim, Vocab: c.Vocab, MaxPositions: c.MaxPositions, CacheDType: m.cacheDT,
+		Windows: slices.Clone(m.windows)}
 }
 
 // Config returns the parsed config.json.
@@ -406,7 +416,7 @@ func (m *Model) Backend() Backend { return m.b }
 
 // NewCache makes an empty KV cache for this model in its cache dtype.
 func (m *Model) NewCache() KVCache {
-	return m.b.NewKVCache(CacheGeometry{Layers: m.cfg.Layers, KVHeads: m.cfg.KVHeads, HeadDim: m.cfg.HeadDim}, m.cacheDT)
+	return m.b.NewKVCache(m.geometry(), m.cacheDT)
 }
 
 // Close releases the weights.
@@ -428,7 +438,7 @@ func (m *Model) checkCache(c KVCache, tokens []int32) error {
 		return errModelClosed
 	}
 	g := c.Geometry()
-	if g.Layers != m.cfg.Layers || g.KVHeads != m.cfg.KVHeads || g.HeadDim != m.cfg.HeadDim {
+	if !g.Same(m.geometry()) {
 		return fmt.Errorf("engine: cache geometry %+v does not match the model's", g)
 	}
 	for _, t := range tokens {
@@ -632,7 +642,7 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 			ks := b.RoPE(b.Transpose(rows(k, s), 1, 0, 2), offsets[s], &cfg.RoPE) // [Hkv, L, Dh]
 			vs := b.Transpose(rows(v, s), 1, 0, 2)
 			kAll, vAll := c.Append(i, ks, vs)                     // [Hkv, T, Dh]
-			a := b.Attention(qs, kAll, vAll, scale)               // [H, L, Dh]
+			a := m.attention(i, qs, kAll, vAll, scale)            // [H, L, Dh]
 			outs[s] = b.Reshape(b.Transpose(a, 1, 0, 2), L, H*Dh) // [L, H·Dh]
 		}
 		a := outs[0]

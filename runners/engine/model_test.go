@@ -54,6 +54,7 @@ type tinySpec struct {
 	bits, gs int
 	tied     bool
 	rope     map[string]any
+	window   int // sliding_window (MistralForCausalLM): every layer sees its last window positions
 }
 
 const (
@@ -78,6 +79,9 @@ func newTiny(t testing.TB, s tinySpec, seed uint64) *memSource {
 	}
 	if s.rope != nil {
 		cfg["rope_scaling"] = s.rope
+	}
+	if s.window > 0 {
+		cfg["sliding_window"] = s.window
 	}
 	if s.bits > 0 {
 		cfg["quantization"] = map[string]int{"bits": s.bits, "group_size": s.gs}
@@ -268,6 +272,10 @@ func refForward(src *memSource, s tinySpec, tokens []int32, cacheRound func(floa
 				sc := make([]float64, i+1)
 				m := math.Inf(-1)
 				for t := 0; t <= i; t++ {
+					if s.window > 0 && t <= i-s.window {
+						sc[t] = math.Inf(-1) // outside the sliding window
+						continue
+					}
 					var d float64
 					for e := range tDh {
 						d += qs[i][hh*tDh+e] * ks[t][kh*tDh+e]

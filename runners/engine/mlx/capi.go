@@ -291,6 +291,9 @@ int xmx_sdpa(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale,
 	xmx_array none = {NULL};
 	return X.sdpa(res, q, k, v, scale, mask_mode, none, none, s);
 }
+int xmx_sdpa_ext(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_array mask, xmx_array sinks, xmx_stream s) {
+	return X.sdpa(res, q, k, v, scale, mask_mode, mask, sinks, s);
+}
 
 int xmx_has_compile(void) {
 	return X.vector_array_new && X.vector_array_size && X.vector_array_get && X.vector_array_set_value &&

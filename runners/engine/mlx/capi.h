@@ -92,6 +92,9 @@ int xmx_dequantize(xmx_array* res, xmx_array w, xmx_array scales, xmx_array bias
 int xmx_rms_norm(xmx_array* res, xmx_array x, xmx_array w, float eps, xmx_stream s);
 int xmx_rope(xmx_array* res, xmx_array x, int dims, bool has_base, float base, float scale, int offset, xmx_array freqs, xmx_stream s);
 int xmx_sdpa(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_stream s);
+// xmx_sdpa_ext takes an explicit mask array (additive, mask_mode "") and
+// per-head sinks [H]; either may be {NULL}.
+int xmx_sdpa_ext(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_array mask, xmx_array sinks, xmx_stream s);
 
 // Compiled (fused) SwiGLU: silu(gate) * up traced once, shapeless, with
 // mlx_compile. xmx_has_compile is 0 when the library lacks mlx_compile.
