@@ -83,16 +83,22 @@ func (p *prefixCache) acquire(tokens []int32, limit int, newCache func() engine.
 	defer p.mu.Unlock()
 	keys := p.blockKeys(tokens[:min(len(tokens), limit)])
 	var best *cacheEntry
+	n := 0
 	for i := len(keys) - 1; i >= 0; i-- {
-		if e, ok := p.index[keys[i]]; ok && commonPrefix(e.tokens, tokens) >= (i+1)*p.block {
-			best = e
+		e, ok := p.index[keys[i]]
+		if !ok || commonPrefix(e.tokens, tokens) < (i+1)*p.block {
+			continue
+		}
+		// An entry whose sliding layers have moved past the window of
+		// the shared prefix cannot serve it (PROTOCOL.md, prefix caches).
+		if m := min(commonPrefix(e.tokens, tokens), limit); m == len(e.tokens) || e.cache.CanTruncate(m) {
+			best, n = e, m
 			break
 		}
 	}
 	if best == nil {
 		return newCache(), 0, nil
 	}
-	n := min(commonPrefix(best.tokens, tokens), limit)
 	if n == len(best.tokens) {
 		p.remove(best)
 		return best.cache, n, nil
@@ -100,12 +106,13 @@ func (p *prefixCache) acquire(tokens []int32, limit int, newCache func() engine.
 	c := newCache()
 	g := best.cache.Geometry()
 	for l := range g.Layers {
-		k, v, err := best.cache.Export(l, 0, n)
+		from := engine.WindowStart(g.Window(l), n) // a sliding layer copies its window only
+		k, v, err := best.cache.Export(l, from, n-from)
 		if err != nil {
 			c.Free()
 			return nil, 0, fmt.Errorf("prefix cache: copy layer %d: %w", l, err)
 		}
-		if err := c.Import(l, 0, n, k, v); err != nil {
+		if err := c.Import(l, from, n-from, k, v); err != nil {
 			c.Free()
 			return nil, 0, fmt.Errorf("prefix cache: copy layer %d: %w", l, err)
 		}

@@ -109,8 +109,9 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 	}
 	start, end := req.StartPos, n-1
 	kinds := make([]kvwire.LayerKind, p.info.Layers)
-	if err := e.Header(kvwire.Header{Fingerprint: p.fp, DType: wire, KVHeads: p.info.KVHeads, HeadDim: p.info.HeadDim,
-		Kinds: kinds, TokenStart: start, TokenEnd: end}); err != nil {
+	hdr := kvwire.Header{Fingerprint: p.fp, DType: wire, KVHeads: p.info.KVHeads, HeadDim: p.info.HeadDim,
+		Kinds: kinds, Windows: p.info.Windows, TokenStart: start, TokenEnd: end}
+	if err := e.Header(hdr); err != nil {
 		return err
 	}
 	if start >= end {
@@ -135,9 +136,14 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 	var sent int64
 	ship := func(from, to int) error {
 		for s := from; s < to; s += p.o.Chunk {
-			cnt := min(p.o.Chunk, to-s)
 			for l := range p.info.Layers {
-				k, v, err := cache.Export(l, s, cnt)
+				// A sliding layer ships only its window of token_end.
+				ls := max(s, hdr.LayerStart(l))
+				cnt := min(p.o.Chunk, to-s) - (ls - s)
+				if cnt <= 0 {
+					continue
+				}
+				k, v, err := cache.Export(l, ls, cnt)
 				if err != nil {
 					return fmt.Errorf("%w: export layer %d: %v", kvwire.ErrRemoteInternal, l, err)
 				}
@@ -147,7 +153,7 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 				if v, err = kvconv.Convert(v, cdt, wdt); err != nil {
 					return err
 				}
-				if err := e.Chunk(l, s, cnt, k, v); err != nil {
+				if err := e.Chunk(l, ls, cnt, k, v); err != nil {
 					return err
 				}
 				sent += int64(len(k) + len(v))
