@@ -27,13 +27,14 @@ import (
 
 // Spec describes a test model. Zero sizes take small defaults.
 type Spec struct {
-	Arch                                                                       string       // "llama" | "qwen2" | "qwen3" | "qwen3moe"
+	Arch                                                                       string       // "llama" | "qwen2" | "qwen3" | "qwen3moe" | "mistral"
 	DType                                                                      engine.DType // engine.F32 or engine.BF16 (0 → F32)
 	QuantBits, GroupSize                                                       int          // 0 = dense; 4 or 8 with group 32/64/128 (0 → 64)
 	Seed                                                                       int64
 	Layers, Hidden, Heads, KVHeads, HeadDim, Intermediate, Vocab, MaxPositions int
 	Experts, ExpertsPerToken, MoEIntermediate                                  int  // qwen3moe only
 	AllSparse                                                                  bool // qwen3moe: layer 0 sparse too (as llama.cpp's qwen3moe requires)
+	SlidingWindow                                                              int  // mistral: sliding_window (0: none)
 }
 
 // Defaults used for zero Spec fields.
@@ -88,7 +89,7 @@ func (s Spec) Normalized() (Spec, error) {
 		def(&s.GroupSize, DefaultGroupSize)
 	}
 	switch s.Arch {
-	case "llama", "qwen2", "qwen3", "qwen3moe":
+	case "llama", "qwen2", "qwen3", "qwen3moe", "mistral":
 	default:
 		return s, fmt.Errorf("testmodel: unknown arch %q", s.Arch)
 	}
@@ -179,7 +180,7 @@ func (s Spec) ropeTheta() float64 {
 
 func configJSON(s Spec) []byte {
 	arch := map[string]string{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-		"qwen3moe": "Qwen3MoeForCausalLM"}[s.Arch]
+		"qwen3moe": "Qwen3MoeForCausalLM", "mistral": "MistralForCausalLM"}[s.Arch]
 	modelType := map[string]string{"qwen3moe": "qwen3_moe"}[s.Arch]
 	if modelType == "" {
 		modelType = s.Arch
@@ -217,6 +218,13 @@ func configJSON(s Spec) []byte {
 		}
 	case "qwen2":
 		c["use_sliding_window"] = false
+	case "mistral":
+		// Llama's tensors; every layer attends to its last sliding_window
+		// positions (null: full attention).
+		c["sliding_window"] = nil
+		if s.SlidingWindow > 0 {
+			c["sliding_window"] = s.SlidingWindow
+		}
 	case "qwen3":
 		c["attention_bias"] = false
 	case "qwen3moe":
