@@ -213,6 +213,12 @@ type Backend interface {
 	// one shape: the gated MLP's activation, one op so that a backend can
 	// fuse it (mlx compiles it into one kernel, as mlx-lm does).
 	SwiGLU(gate, up Array) Array
+	// GeGLU is gelu_tanh(gate) · up with gelu_tanh(x) = 0.5·x·(1 +
+	// tanh(√(2/π)·(x + 0.044715·x³))): Gemma's gated MLP activation (HF
+	// gelu_pytorch_tanh, mlx-lm's nn.gelu_approx). One op, like SwiGLU, so
+	// that a backend can fuse it; neither the array API's other ops nor
+	// SwiGLU can express the tanh.
+	GeGLU(gate, up Array) Array
 	Add(a, b Array) Array  // broadcasting over leading axes
 	Mul(a, b Array) Array  // broadcasting over leading axes
 	Softmax(x Array) Array // over the last axis

@@ -42,6 +42,9 @@ type Config struct {
 	NormTopKProb    bool  // norm_topk_prob: renormalize the chosen experts' weights
 	SparseStep      int   // decoder_sparse_step (default 1): every n-th layer is sparse
 	MLPOnlyLayers   []int // mlp_only_layers: layers that stay dense
+
+	// Gemma3 holds Gemma 3's own settings (gemma3.go); nil otherwise.
+	Gemma3 *Gemma3Config
 }
 
 // IsMoELayer reports whether layer i has a sparse MoE block.
@@ -118,6 +121,10 @@ func positive(field string, v *int, def int) (int, error) {
 
 // ParseConfig parses and validates config.json bytes, applying HF defaults.
 func ParseConfig(data []byte) (*Config, error) {
+	data, err := gemma3Prepare(data)
+	if err != nil {
+		return nil, err
+	}
 	var r rawConfig
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&r); err != nil {
@@ -128,7 +135,6 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, cfgErr("architectures", "missing (want e.g. [\"LlamaForCausalLM\"])")
 	}
 	c.Arch = r.Architectures[0]
-	var err error
 	if c.Hidden, err = positive("hidden_size", r.HiddenSize, 0); err != nil {
 		return nil, err
 	}
@@ -244,6 +250,11 @@ func ParseConfig(data []byte) (*Config, error) {
 			return nil, cfgErr("quantization.group_size", "unsupported %d (want 32, 64 or 128)", rq.GroupSize)
 		}
 		c.Quant = QuantSpec{Bits: rq.Bits, GroupSize: rq.GroupSize}
+	}
+	if isGemma3(c.Arch) {
+		if err := parseGemma3(data, c); err != nil {
+			return nil, err
+		}
 	}
 	return c, nil
 }

@@ -52,6 +52,10 @@ type Model struct {
 	eps     float32
 	weights []Array // every array Load kept, released by Close
 	windows []int   // per layer: 0 full attention, W sliding; nil when all full
+	// Gemma 3 (gemma3.go): embeddings times embedScale [D], attention
+	// scale attnScale (0: 1/√Dh).
+	embedScale Array
+	attnScale  float32
 }
 
 // block is one decoder layer's weights.
@@ -62,6 +66,10 @@ type block struct {
 	qNorm, kNorm     Array     // [Dh], Qwen3 only
 	moe              *moeBlock // sparse layers of MoE models; gate/up/down unused then
 	sinks            Array     // [H] attention sinks (nil: none)
+	// Gemma 3: norms around the MLP (nil otherwise; postNorm then norms
+	// the attention output) and the layer's RoPE when not the model's.
+	preFFNorm, postFFNorm Array
+	rope                  *RoPE
 }
 
 // Load opens path (a model directory or .gguf file) with the registered
@@ -141,6 +149,16 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 		}
 	}()
 	l.total = sizeOf(cfg, arch, cfg.TieEmbeddings && !l.has("lm_head.weight"))
+	if cfg.Gemma3 != nil {
+		if err := l.gemma3(m, cfg); err != nil {
+			return nil, err
+		}
+		if l.progress != nil {
+			l.progress(l.total, l.total)
+		}
+		m.weights = l.kept
+		return m, nil
+	}
 	D, H, Hkv, Dh, F, V := cfg.Hidden, cfg.Heads, cfg.KVHeads, cfg.HeadDim, cfg.Intermediate, cfg.Vocab
 	if m.embed, err = l.linear("model.embed_tokens", V, D, false); err != nil {
 		return nil, err
@@ -367,6 +385,10 @@ func fingerprint(c *Config, a Arch, vocab []string, windows []int) Fingerprint {
 	w(uint64(len(vocab)))
 	for _, t := range vocab {
 		ws(t)
+	}
+	if c.Gemma3 != nil {
+		ws("gemma3 local rope base")
+		w(math.Float64bits(c.Gemma3.LocalBase))
 	}
 	if windows != nil {
 		// Only models with sliding layers hash their window pattern, so
@@ -608,6 +630,9 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 	cfg := &m.cfg
 	H, Hkv, Dh := cfg.Heads, cfg.KVHeads, cfg.HeadDim
 	scale := float32(1 / math.Sqrt(float64(Dh)))
+	if m.attnScale != 0 {
+		scale = m.attnScale
+	}
 	batched := len(cs) > 1
 	n := 0
 	starts, offsets := make([]int, len(cs)), make([]int, len(cs))
@@ -625,6 +650,9 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 	}
 	ids := b.FromInt32(all, n)
 	x := b.Embedding(m.embed, ids) // [n, D]
+	if m.embedScale != nil {
+		x = b.Mul(x, m.embedScale)
+	}
 	outs := make([]Array, len(cs))
 	for i := range m.layers {
 		ly := &m.layers[i]
@@ -636,10 +664,14 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 			q = b.RMSNorm(q, ly.qNorm, m.eps)
 			k = b.RMSNorm(k, ly.kNorm, m.eps)
 		}
+		rope := &cfg.RoPE
+		if ly.rope != nil {
+			rope = ly.rope
+		}
 		for s, c := range cs {
 			L := len(toks[s])
-			qs := b.RoPE(b.Transpose(rows(q, s), 1, 0, 2), offsets[s], &cfg.RoPE) // [H, L, Dh]
-			ks := b.RoPE(b.Transpose(rows(k, s), 1, 0, 2), offsets[s], &cfg.RoPE) // [Hkv, L, Dh]
+			qs := b.RoPE(b.Transpose(rows(q, s), 1, 0, 2), offsets[s], rope) // [H, L, Dh]
+			ks := b.RoPE(b.Transpose(rows(k, s), 1, 0, 2), offsets[s], rope) // [Hkv, L, Dh]
 			vs := b.Transpose(rows(v, s), 1, 0, 2)
 			kAll, vAll := c.Append(i, ks, vs)                     // [Hkv, T, Dh]
 			a := m.attention(i, qs, kAll, vAll, scale)            // [H, L, Dh]
@@ -648,6 +680,10 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 		a := outs[0]
 		if batched {
 			a = b.Concat(0, outs...)
+		}
+		if ly.postFFNorm != nil {
+			x = m.gemma3Residual(ly, x, a)
+			continue
 		}
 		x = b.Add(x, b.Linear(a, &ly.o))
 		h = b.RMSNorm(x, ly.postNorm, m.eps)

@@ -27,14 +27,16 @@ import (
 
 // Spec describes a test model. Zero sizes take small defaults.
 type Spec struct {
-	Arch                                                                       string       // "llama" | "qwen2" | "qwen3" | "qwen3moe" | "mistral"
+	Arch                                                                       string       // "llama" | "qwen2" | "qwen3" | "qwen3moe" | "mistral" | "gemma3"
 	DType                                                                      engine.DType // engine.F32 or engine.BF16 (0 → F32)
 	QuantBits, GroupSize                                                       int          // 0 = dense; 4 or 8 with group 32/64/128 (0 → 64)
 	Seed                                                                       int64
 	Layers, Hidden, Heads, KVHeads, HeadDim, Intermediate, Vocab, MaxPositions int
 	Experts, ExpertsPerToken, MoEIntermediate                                  int  // qwen3moe only
 	AllSparse                                                                  bool // qwen3moe: layer 0 sparse too (as llama.cpp's qwen3moe requires)
-	SlidingWindow                                                              int  // mistral: sliding_window (0: none)
+	SlidingWindow                                                              int  // mistral: sliding_window (0: none); gemma3: the sliding layers' window (0 → 8)
+	SlidingPattern                                                             int  // gemma3: every n-th layer is global (0 → 3)
+	Tied                                                                       bool // gemma3: tied embeddings (no lm_head), as Gemma ships
 }
 
 // Defaults used for zero Spec fields.
@@ -90,6 +92,9 @@ func (s Spec) Normalized() (Spec, error) {
 	}
 	switch s.Arch {
 	case "llama", "qwen2", "qwen3", "qwen3moe", "mistral":
+	case "gemma3":
+		def(&s.SlidingWindow, 8)
+		def(&s.SlidingPattern, 3)
 	default:
 		return s, fmt.Errorf("testmodel: unknown arch %q", s.Arch)
 	}
@@ -180,8 +185,8 @@ func (s Spec) ropeTheta() float64 {
 
 func configJSON(s Spec) []byte {
 	arch := map[string]string{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-		"qwen3moe": "Qwen3MoeForCausalLM", "mistral": "MistralForCausalLM"}[s.Arch]
-	modelType := map[string]string{"qwen3moe": "qwen3_moe"}[s.Arch]
+		"qwen3moe": "Qwen3MoeForCausalLM", "mistral": "MistralForCausalLM", "gemma3": "Gemma3ForCausalLM"}[s.Arch]
+	modelType := map[string]string{"qwen3moe": "qwen3_moe", "gemma3": "gemma3_text"}[s.Arch]
 	if modelType == "" {
 		modelType = s.Arch
 	}
@@ -218,6 +223,20 @@ func configJSON(s Spec) []byte {
 		}
 	case "qwen2":
 		c["use_sliding_window"] = false
+	case "gemma3":
+		// mlx-lm's gemma3_text reads these (HF's names): sliding layers
+		// with the local RoPE base, every SlidingPattern-th layer global
+		// with rope_theta and linear rope_scaling; attention scaled by
+		// query_pre_attn_scalar (≠ head_dim here, so it matters).
+		delete(c, "hidden_act")
+		c["hidden_activation"] = "gelu_pytorch_tanh"
+		c["query_pre_attn_scalar"] = 24
+		c["rope_local_base_freq"] = 10000.0
+		c["sliding_window"] = s.SlidingWindow
+		c["sliding_window_pattern"] = s.SlidingPattern
+		c["rope_scaling"] = map[string]any{"rope_type": "linear", "factor": 2.0}
+		c["final_logit_softcapping"] = nil
+		c["attn_logit_softcapping"] = nil
 	case "mistral":
 		// Llama's tensors; every layer attends to its last sliding_window
 		// positions (null: full attention).
@@ -256,7 +275,7 @@ func configJSON(s Spec) []byte {
 // tied reports tie_word_embeddings. The test models never tie: random
 // tied embeddings make greedy decoding degenerate (the input token or one
 // fixed token wins every step). Tied embeddings are exercised by SmolLM2.
-func (s Spec) tied() bool { return false }
+func (s Spec) tied() bool { return s.Tied && s.Arch == "gemma3" }
 
 func tokenizerConfigJSON(vocab int) []byte {
 	dec := map[string]any{}
@@ -316,15 +335,35 @@ func Tensors(s Spec) ([]engine.Tensor, error) {
 	// the residual stream irrelevant, so lm_head's std sets the logit
 	// spread (≈ 4): sharp enough that greedy decoding is stable across
 	// engines.
-	linear("model.embed_tokens", s.Vocab, h, 1)
+	if s.tied() {
+		// Tied: the embeddings are the output head too, so their std sets
+		// the logit spread (≈ 4 over the final norm's √h).
+		linear("model.embed_tokens", s.Vocab, h, 0.35)
+	} else {
+		linear("model.embed_tokens", s.Vocab, h, 1)
+	}
 	if !s.tied() {
 		linear("lm_head", s.Vocab, h, 4/math.Sqrt(float64(h)))
 	}
-	vec("model.norm.weight", h, 0.1, 1)
+	if s.Arch == "gemma3" {
+		vec("model.norm.weight", h, 0.1, 0)
+	} else {
+		vec("model.norm.weight", h, 0.1, 1)
+	}
 	for l := 0; l < s.Layers; l++ {
 		p := fmt.Sprintf("model.layers.%d.", l)
-		vec(p+"input_layernorm.weight", h, 0.1, 1)
-		vec(p+"post_attention_layernorm.weight", h, 0.1, 1)
+		normMean, postMean := 1.0, 1.0
+		if s.Arch == "gemma3" {
+			// Gemma's norms scale by 1 + w. Its post-attention and post-
+			// feedforward norms set how much each layer adds to the
+			// residual: 1 + w ≈ 3, so that the layers, not the input
+			// token's (√h-scaled) embedding, decide the next token.
+			normMean, postMean = 0, 2
+			vec(p+"pre_feedforward_layernorm.weight", h, 0.1, 0)
+			vec(p+"post_feedforward_layernorm.weight", h, 0.1, postMean)
+		}
+		vec(p+"input_layernorm.weight", h, 0.1, normMean)
+		vec(p+"post_attention_layernorm.weight", h, 0.1, postMean)
 		in := 1 / math.Sqrt(float64(h))
 		linear(p+"self_attn.q_proj", s.Heads*hd, h, in)
 		linear(p+"self_attn.k_proj", s.KVHeads*hd, h, in)
@@ -335,9 +374,9 @@ func Tensors(s Spec) ([]engine.Tensor, error) {
 			vec(p+"self_attn.k_proj.bias", s.KVHeads*hd, 0.2, 0)
 			vec(p+"self_attn.v_proj.bias", s.KVHeads*hd, 0.2, 0)
 		}
-		if s.Arch == "qwen3" || s.Arch == "qwen3moe" {
-			vec(p+"self_attn.q_norm.weight", hd, 0.1, 1)
-			vec(p+"self_attn.k_norm.weight", hd, 0.1, 1)
+		if s.Arch == "qwen3" || s.Arch == "qwen3moe" || s.Arch == "gemma3" {
+			vec(p+"self_attn.q_norm.weight", hd, 0.1, normMean)
+			vec(p+"self_attn.k_norm.weight", hd, 0.1, normMean)
 		}
 		if s.Arch == "qwen3moe" && (l > 0 || s.AllSparse) {
 			out = append(out, g.moe(p+"mlp.", in)...)
