@@ -8,11 +8,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/engine/weights"
 )
 
 // TestGemma3MatchesMLXReference runs testmodel.SlidingSet (Gemma 3 text
@@ -134,5 +136,67 @@ func TestGemma3Configs(t *testing.T) {
 		if _, err := engine.ParseConfig([]byte(bad)); err == nil {
 			t.Errorf("accepted %s", bad)
 		}
+	}
+}
+
+// TestGemma3MultimodalLayout: the same weights as a Gemma3ForConditional-
+// Generation checkpoint (text_config, weights under language_model.model.,
+// a vision tower that is not read) give the text model's logits bit for bit.
+func TestGemma3MultimodalLayout(t *testing.T) {
+	spec := testmodel.SlidingSet()[2].Spec // tied, as Gemma ships
+	plain := t.TempDir()
+	if err := testmodel.Write(plain, spec); err != nil {
+		t.Fatal(err)
+	}
+	tensors, err := testmodel.Tensors(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pfx := range []string{"language_model.model.", "model.language_model."} {
+		mm := t.TempDir()
+		var out []engine.Tensor
+		for _, x := range tensors {
+			x.Name = pfx + strings.TrimPrefix(x.Name, "model.")
+			out = append(out, x)
+		}
+		out = append(out, engine.Tensor{Name: "vision_tower.vision_model.post_layernorm.weight", DType: engine.F32, Shape: []int{2}, Data: make([]byte, 8)})
+		if err := weights.WriteSafetensorsFile(filepath.Join(mm, "model.safetensors"), out, nil); err != nil {
+			t.Fatal(err)
+		}
+		var text map[string]any
+		raw, _ := os.ReadFile(filepath.Join(plain, "config.json"))
+		if err := json.Unmarshal(raw, &text); err != nil {
+			t.Fatal(err)
+		}
+		delete(text, "architectures")
+		cfg, _ := json.Marshal(map[string]any{"architectures": []string{"Gemma3ForConditionalGeneration"}, "model_type": "gemma3",
+			"text_config": text, "vision_config": map[string]any{"hidden_size": 16}})
+		for name, data := range map[string][]byte{"config.json": cfg} {
+			if err := os.WriteFile(filepath.Join(mm, name), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, f := range []string{"tokenizer.json", "tokenizer_config.json"} {
+			data, _ := os.ReadFile(filepath.Join(plain, f))
+			os.WriteFile(filepath.Join(mm, f), data, 0o644)
+		}
+		b, _ := backend.Open("cpu", backend.Options{})
+		ctx := context.Background()
+		a, err := engine.Load(ctx, plain, b, engine.LoadOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := engine.Load(ctx, mm, b, engine.LoadOptions{})
+		if err != nil {
+			t.Fatalf("%s: %v", pfx, err)
+		}
+		p := testmodel.SlidingPrompts()[3]
+		la, _ := a.Forward(ctx, a.NewCache(), p)
+		lm, _ := m.Forward(ctx, m.NewCache(), p)
+		if !slices.Equal(la, lm) || m.Fingerprint() != a.Fingerprint() {
+			t.Fatalf("%s: the multimodal layout gives other logits or another fingerprint", pfx)
+		}
+		a.Close()
+		m.Close()
 	}
 }
