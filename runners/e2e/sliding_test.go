@@ -11,23 +11,39 @@ import (
 // least 4 windows long.
 const slidingWindow = 64
 
-// TestTinySlidingRemoteEqualsLocal runs a tiny Mistral whose layers all
-// slide (window 64) through real runners: remote prefill gives the local
-// text for prompts of ~5 and ~30 windows and for a cached second turn
-// (where a sliding layer's window starts past start_pos, so the decode
-// side stages it), each sliding layer receives exactly the W-1 positions
-// of its window (from the transfer totals), and a prefill runner killed
-// mid-stream falls back to the same text.
+// TestTinySlidingRemoteEqualsLocal runs two tiny sliding-window models
+// through real runners: a Mistral whose layers all slide and a Gemma 3
+// whose every third layer is global (window 64 for both). Remote prefill
+// gives the local text for prompts of ~5 and ~30 windows and for a cached
+// second turn (where a sliding layer's window starts past start_pos, so the
+// decode side stages it); the bytes received are exactly W-1 positions per
+// sliding layer plus the whole prompt per full layer (from the transfer
+// totals); a prefill runner killed mid-stream falls back to the same text.
 func TestTinySlidingRemoteEqualsLocal(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "mistral")
-	spec := testmodel.Spec{Arch: "mistral", Seed: 7, Layers: 2, MaxPositions: 4096, SlidingWindow: slidingWindow}
+	for _, spec := range []testmodel.Spec{
+		{Arch: "mistral", Seed: 7, Layers: 2, MaxPositions: 4096, SlidingWindow: slidingWindow},
+		{Arch: "gemma3", Seed: 7, Layers: 4, MaxPositions: 4096, SlidingWindow: slidingWindow, SlidingPattern: 3},
+	} {
+		t.Run(spec.Arch, func(t *testing.T) { slidingRemoteEqualsLocal(t, spec) })
+	}
+}
+
+func slidingRemoteEqualsLocal(t *testing.T, spec testmodel.Spec) {
+	dir := filepath.Join(t.TempDir(), spec.Arch)
 	if err := testmodel.Write(dir, spec); err != nil {
 		t.Fatal(err)
 	}
 	spec, _ = spec.Normalized()
 	// K and V of one position of one layer, in the f32 cache dtype.
 	perPos := float64(2 * spec.KVHeads * spec.HeadDim * 4)
-	windowBytes := float64(spec.Layers) * (slidingWindow - 1) * perPos
+	global := 0 // full-attention layers
+	if spec.Arch == "gemma3" {
+		global = spec.Layers / spec.SlidingPattern
+	}
+	// What a prompt of n tokens puts on the link with start_pos 0.
+	wantBytes := func(n int) float64 {
+		return (float64(spec.Layers-global)*(slidingWindow-1) + float64(global)*float64(n-1)) * perPos
+	}
 
 	pre := start(t, "prefill", "prefill", "--model", dir, "--prefill-chunk", "48")
 	dec := start(t, "decode-remote", "decode", "--model", dir, "--prefill", pre.listen)
@@ -50,11 +66,11 @@ func TestTinySlidingRemoteEqualsLocal(t *testing.T) {
 			if dec.metric(t, outcome("ok")) != ok0+1 {
 				t.Fatalf("not prefilled remotely: %q", dec.lastOutcome())
 			}
-			// Every layer slides: the link carries W-1 positions per
-			// layer, not the prompt's N-1.
-			if d := received() - b0; d != windowBytes {
-				t.Fatalf("received %v bytes for a %d-token prompt, want %v (%d layers × %d positions); all positions would be %v",
-					d, got.Prompt, windowBytes, spec.Layers, slidingWindow-1, float64(spec.Layers)*float64(got.Prompt-1)*perPos)
+			// A sliding layer carries W-1 positions, not the prompt's N-1.
+			if d := received() - b0; d != wantBytes(got.Prompt) {
+				t.Fatalf("received %v bytes for a %d-token prompt, want %v (%d sliding layers × %d positions, %d full × %d); all positions would be %v",
+					d, got.Prompt, wantBytes(got.Prompt), spec.Layers-global, slidingWindow-1, global, got.Prompt-1,
+					float64(spec.Layers)*float64(got.Prompt-1)*perPos)
 			}
 		})
 	}
