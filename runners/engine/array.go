@@ -219,6 +219,11 @@ type Backend interface {
 	// that a backend can fuse it; neither the array API's other ops nor
 	// SwiGLU can express the tanh.
 	GeGLU(gate, up Array) Array
+	// ClampedSwiGLU is gpt-oss's expert activation: with g = min(gate,
+	// limit) and u = clamp(up, -limit, limit), (u + 1) · g · σ(alpha·g).
+	// One op for the same reason as SwiGLU; the clamps and the +1 are not
+	// expressible with the other ops.
+	ClampedSwiGLU(gate, up Array, alpha, limit float32) Array
 	Add(a, b Array) Array  // broadcasting over leading axes
 	Mul(a, b Array) Array  // broadcasting over leading axes
 	Softmax(x Array) Array // over the last axis

@@ -45,6 +45,8 @@ type Config struct {
 
 	// Gemma3 holds Gemma 3's own settings (gemma3.go); nil otherwise.
 	Gemma3 *Gemma3Config
+	// GptOss holds gpt-oss's own settings (gptoss.go); nil otherwise.
+	GptOss *GptOssConfig
 }
 
 // IsMoELayer reports whether layer i has a sparse MoE block.
@@ -123,6 +125,9 @@ func positive(field string, v *int, def int) (int, error) {
 func ParseConfig(data []byte) (*Config, error) {
 	data, err := gemma3Prepare(data)
 	if err != nil {
+		return nil, err
+	}
+	if data, err = gptossPrepare(data); err != nil {
 		return nil, err
 	}
 	var r rawConfig
@@ -256,6 +261,11 @@ func ParseConfig(data []byte) (*Config, error) {
 			return nil, err
 		}
 	}
+	if c.Arch == "GptOssForCausalLM" {
+		if err := parseGptOss(data, c); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
 }
 
@@ -360,6 +370,11 @@ type Arch struct {
 	// config (0: full attention), for architectures that interleave the
 	// kinds; it overrides SlidingWindow.
 	Windows func(c *Config) ([]int, error)
+	// Sinks: every layer has attention sinks, self_attn.sinks [H].
+	Sinks bool
+	// LoadMoE, when set, loads a sparse block instead of the Qwen3-MoE
+	// layout (gpt-oss).
+	LoadMoE func(l *loader, prefix string, cfg *Config) (*moeBlock, error)
 }
 
 // archRegistry maps HF architecture names to their variants. It is filled

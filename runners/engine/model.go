@@ -332,7 +332,11 @@ func (l *loader) block(b *block, i int, cfg *Config, arch Arch, D, H, Hkv, Dh, F
 		return err
 	}
 	if cfg.IsMoELayer(i) {
-		if b.moe, err = l.moe(p+"mlp.", cfg); err != nil {
+		load := (*loader).moe
+		if arch.LoadMoE != nil {
+			load = arch.LoadMoE
+		}
+		if b.moe, err = load(l, p+"mlp.", cfg); err != nil {
 			return err
 		}
 	} else {
@@ -343,6 +347,11 @@ func (l *loader) block(b *block, i int, cfg *Config, arch Arch, D, H, Hkv, Dh, F
 			return err
 		}
 		if err := lin(&b.down, "mlp.down_proj", D, F, false); err != nil {
+			return err
+		}
+	}
+	if arch.Sinks {
+		if b.sinks, err = l.vector(p+"self_attn.sinks", H); err != nil {
 			return err
 		}
 	}

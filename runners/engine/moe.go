@@ -26,6 +26,7 @@ type moeBlock struct {
 	experts []expert
 	topK    int
 	norm    bool
+	limit   float32 // gpt-oss: the clamp of its SwiGLU (gptoss.go); 0: plain SwiGLU
 }
 
 type expert struct{ gate, up, down Linear }
@@ -213,7 +214,7 @@ func (m *Model) moeForward(mb *moeBlock, x, h Array) (Array, error) {
 			xe = b.MatMul(b.AsType(b.FromFloat32(sel, n, L), dt), h)
 		}
 		ex := &mb.experts[e]
-		ye := b.Linear(b.SwiGLU(b.Linear(xe, &ex.gate), b.Linear(xe, &ex.up)), &ex.down) // [n, D]
+		ye := b.Linear(mb.act(b, b.Linear(xe, &ex.gate), b.Linear(xe, &ex.up)), &ex.down) // [n, D]
 		scatter := make([]float32, L*n)                                                  // [L, n]: weights back to the rows
 		for i, t := range toks {
 			scatter[t*n+i] = float32(rowW[e][i])

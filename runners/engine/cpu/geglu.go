@@ -27,3 +27,22 @@ func (b *Backend) GeGLU(gate, up engine.Array) engine.Array {
 	})
 	return newF32(g.shape, out)
 }
+
+// ClampedSwiGLU is gpt-oss's activation (see engine.Backend).
+func (b *Backend) ClampedSwiGLU(gate, up engine.Array, alpha, limit float32) engine.Array {
+	g, u := arr(gate), arr(up)
+	if !slices.Equal(g.shape, u.shape) {
+		panic(fmt.Sprintf("cpu: ClampedSwiGLU of %v and %v", g.shape, u.shape))
+	}
+	gv, uv := floats(g), floats(u)
+	out := make([]float32, len(gv))
+	b.parallel(len(gv), 16384, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			x := min(gv[i], limit)
+			y := max(min(uv[i], limit), -limit)
+			s := x / (1 + float32(math.Exp(float64(-alpha*x))))
+			out[i] = (y + 1) * s
+		}
+	})
+	return newF32(g.shape, out)
+}

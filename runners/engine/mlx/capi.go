@@ -53,6 +53,8 @@ static struct {
 	int (*matmul)(xmx_array*, xmx_array, xmx_array, xmx_stream);
 	int (*sigmoid)(xmx_array*, xmx_array, xmx_stream);
 	int (*tanh)(xmx_array*, xmx_array, xmx_stream);
+	int (*minimum)(xmx_array*, xmx_array, xmx_array, xmx_stream);
+	int (*maximum)(xmx_array*, xmx_array, xmx_array, xmx_stream);
 	int (*contiguous)(xmx_array*, xmx_array, bool, xmx_stream);
 	int (*transpose_axes)(xmx_array*, xmx_array, const int*, size_t, xmx_stream);
 	int (*reshape)(xmx_array*, xmx_array, const int*, size_t, xmx_stream);
@@ -154,6 +156,8 @@ int xmx_load(const char* path, const char* preload, char* err, size_t errlen) {
 	XMX_SYM(matmul, "mlx_matmul", 1);
 	XMX_SYM(sigmoid, "mlx_sigmoid", 1);
 	XMX_SYM(tanh, "mlx_tanh", 1);
+	XMX_SYM(minimum, "mlx_minimum", 1);
+	XMX_SYM(maximum, "mlx_maximum", 1);
 	XMX_SYM(contiguous, "mlx_contiguous", 1);
 	XMX_SYM(transpose_axes, "mlx_transpose_axes", 1);
 	XMX_SYM(reshape, "mlx_reshape", 1);
@@ -248,6 +252,8 @@ int xmx_multiply(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s) { retur
 int xmx_matmul(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s) { return X.matmul(res, a, b, s); }
 int xmx_sigmoid(xmx_array* res, xmx_array a, xmx_stream s) { return X.sigmoid(res, a, s); }
 int xmx_tanh(xmx_array* res, xmx_array a, xmx_stream s) { return X.tanh(res, a, s); }
+int xmx_minimum(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s) { return X.minimum(res, a, b, s); }
+int xmx_maximum(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s) { return X.maximum(res, a, b, s); }
 int xmx_contiguous(xmx_array* res, xmx_array a, xmx_stream s) { return X.contiguous(res, a, false, s); }
 int xmx_transpose(xmx_array* res, xmx_array a, const int* axes, size_t n, xmx_stream s) {
 	return X.transpose_axes(res, a, axes, n, s);

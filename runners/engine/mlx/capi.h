@@ -75,6 +75,8 @@ int xmx_multiply(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s);
 int xmx_matmul(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s);
 int xmx_sigmoid(xmx_array* res, xmx_array a, xmx_stream s);
 int xmx_tanh(xmx_array* res, xmx_array a, xmx_stream s);
+int xmx_minimum(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s);
+int xmx_maximum(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s);
 int xmx_contiguous(xmx_array* res, xmx_array a, xmx_stream s);
 int xmx_transpose(xmx_array* res, xmx_array a, const int* axes, size_t n, xmx_stream s);
 int xmx_expand_dims(xmx_array* res, xmx_array a, int axis, xmx_stream s);

@@ -28,3 +28,20 @@ func (b *backend) GeGLU(gate, up engine.Array) engine.Array {
 		return b.mul(gelu, u)
 	})
 }
+
+// ClampedSwiGLU is mlx-lm's swiglu_oai as MLX ops, in gate's dtype.
+func (b *backend) ClampedSwiGLU(gate, up engine.Array, alpha, limit float32) engine.Array {
+	return b.op(func() *array {
+		g, u := b.arr(gate), b.arr(up)
+		if !slices.Equal(g.shape, u.shape) {
+			panic(fmt.Sprintf("mlx: ClampedSwiGLU of %v and %v", g.shape, u.shape))
+		}
+		hi, lo := b.scalar(limit, g.mdt), b.scalar(-limit, g.mdt)
+		gc := b.mk("minimum", func(r *C.xmx_array) C.int { return C.xmx_minimum(r, g.h, hi.h, b.stream) })
+		um := b.mk("minimum", func(r *C.xmx_array) C.int { return C.xmx_minimum(r, u.h, hi.h, b.stream) })
+		uc := b.mk("maximum", func(r *C.xmx_array) C.int { return C.xmx_maximum(r, um.h, lo.h, b.stream) })
+		ag := b.mul(b.scalar(alpha, g.mdt), gc)
+		sg := b.mk("sigmoid", func(r *C.xmx_array) C.int { return C.xmx_sigmoid(r, ag.h, b.stream) })
+		return b.mul(b.add(uc, b.scalar(1, g.mdt)), b.mul(gc, sg))
+	})
+}

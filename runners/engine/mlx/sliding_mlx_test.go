@@ -112,9 +112,25 @@ func TestGeGLUMatchesCPU(t *testing.T) {
 	}
 }
 
-// The Gemma 3 reference models (f32, 4-bit, tied) on MLX follow the cpu
-// backend through a chunked prefill of 5 windows and 32 greedy steps.
-func TestGemma3MatchesCPU(t *testing.T) {
+// ClampedSwiGLU (gpt-oss) agrees with the cpu backend's, with inputs
+// beyond the clamp.
+func TestClampedSwiGLUMatchesCPU(t *testing.T) {
+	p := newPair(t)
+	for _, dt := range []engine.DType{engine.F32, engine.BF16} {
+		gm, gc := p.in(p.randn(6*40, 6), dt, 6, 40)
+		um, uc := p.in(p.randn(6*40, 6), dt, 6, 40)
+		tol := 1e-5
+		if dt == engine.BF16 {
+			tol = 2e-2
+		}
+		p.same(fmt.Sprint("ClampedSwiGLU ", dt), p.m.ClampedSwiGLU(gm, um, 1.702, 7), p.c.ClampedSwiGLU(gc, uc, 1.702, 7), tol)
+	}
+}
+
+// The sliding reference models (Gemma 3 f32, 4-bit, tied; gpt-oss) on MLX
+// follow the cpu backend through a chunked prefill of 5 windows and 32
+// greedy steps.
+func TestSlidingReferenceModelsMatchCPU(t *testing.T) {
 	mb := newTestBackend(t)
 	for _, ref := range testmodel.SlidingSet() {
 		t.Run(ref.Name, func(t *testing.T) {

@@ -15,6 +15,7 @@ package testmodel
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -27,7 +28,7 @@ import (
 
 // Spec describes a test model. Zero sizes take small defaults.
 type Spec struct {
-	Arch                                                                       string       // "llama" | "qwen2" | "qwen3" | "qwen3moe" | "mistral" | "gemma3"
+	Arch                                                                       string       // "llama" | "qwen2" | "qwen3" | "qwen3moe" | "mistral" | "gemma3" | "gptoss"
 	DType                                                                      engine.DType // engine.F32 or engine.BF16 (0 → F32)
 	QuantBits, GroupSize                                                       int          // 0 = dense; 4 or 8 with group 32/64/128 (0 → 64)
 	Seed                                                                       int64
@@ -74,7 +75,7 @@ func (s Spec) Normalized() (Spec, error) {
 	def(&s.Hidden, DefaultHidden)
 	def(&s.Heads, DefaultHeads)
 	def(&s.KVHeads, DefaultKVHeads)
-	if s.Arch == "qwen3moe" {
+	if s.Arch == "qwen3moe" || s.Arch == "gptoss" {
 		def(&s.Experts, DefaultExperts)
 		def(&s.ExpertsPerToken, DefaultExpertsPerToken)
 		def(&s.MoEIntermediate, DefaultMoEIntermediate)
@@ -95,6 +96,11 @@ func (s Spec) Normalized() (Spec, error) {
 	case "gemma3":
 		def(&s.SlidingWindow, 8)
 		def(&s.SlidingPattern, 3)
+	case "gptoss":
+		def(&s.SlidingWindow, 8)
+		if s.QuantBits != 0 {
+			return s, fmt.Errorf("testmodel: gptoss is dense only (MXFP4 experts are not generated)")
+		}
 	default:
 		return s, fmt.Errorf("testmodel: unknown arch %q", s.Arch)
 	}
@@ -185,8 +191,9 @@ func (s Spec) ropeTheta() float64 {
 
 func configJSON(s Spec) []byte {
 	arch := map[string]string{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-		"qwen3moe": "Qwen3MoeForCausalLM", "mistral": "MistralForCausalLM", "gemma3": "Gemma3ForCausalLM"}[s.Arch]
-	modelType := map[string]string{"qwen3moe": "qwen3_moe", "gemma3": "gemma3_text"}[s.Arch]
+		"qwen3moe": "Qwen3MoeForCausalLM", "mistral": "MistralForCausalLM", "gemma3": "Gemma3ForCausalLM",
+		"gptoss": "GptOssForCausalLM"}[s.Arch]
+	modelType := map[string]string{"qwen3moe": "qwen3_moe", "gemma3": "gemma3_text", "gptoss": "gpt_oss"}[s.Arch]
 	if modelType == "" {
 		modelType = s.Arch
 	}
@@ -223,6 +230,24 @@ func configJSON(s Spec) []byte {
 		}
 	case "qwen2":
 		c["use_sliding_window"] = false
+	case "gptoss":
+		// mlx-lm's gpt_oss: alternating sliding/full layers, every layer
+		// sparse (intermediate_size is the experts' size), YaRN with a
+		// small original context so that it changes the frequencies.
+		types := make([]string, s.Layers)
+		for i := range types {
+			types[i] = []string{"sliding_attention", "full_attention"}[i%2]
+		}
+		c["layer_types"] = types
+		c["sliding_window"] = s.SlidingWindow
+		c["num_local_experts"] = s.Experts
+		c["num_experts_per_tok"] = s.ExpertsPerToken
+		c["intermediate_size"] = s.MoEIntermediate
+		c["attention_bias"] = true
+		c["swiglu_limit"] = json.RawMessage("7.0") // transformers checks that it is a float
+		c["rope_theta"] = 150000.0
+		c["rope_scaling"] = map[string]any{"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+			"original_max_position_embeddings": s.MaxPositions / 4, "truncate": false}
 	case "gemma3":
 		// mlx-lm's gemma3_text reads these (HF's names): sliding layers
 		// with the local RoPE base, every SlidingPattern-th layer global
@@ -369,6 +394,15 @@ func Tensors(s Spec) ([]engine.Tensor, error) {
 		linear(p+"self_attn.k_proj", s.KVHeads*hd, h, in)
 		linear(p+"self_attn.v_proj", s.KVHeads*hd, h, in)
 		linear(p+"self_attn.o_proj", h, s.Heads*hd, 1/math.Sqrt(float64(s.Heads*hd)))
+		if s.Arch == "gptoss" {
+			vec(p+"self_attn.q_proj.bias", s.Heads*hd, 0.2, 0)
+			vec(p+"self_attn.k_proj.bias", s.KVHeads*hd, 0.2, 0)
+			vec(p+"self_attn.v_proj.bias", s.KVHeads*hd, 0.2, 0)
+			vec(p+"self_attn.o_proj.bias", h, 0.2, 0)
+			vec(p+"self_attn.sinks", s.Heads, 1, 0)
+			out = append(out, g.gptossMoE(p+"mlp.", in)...)
+			continue
+		}
 		if s.Arch == "qwen2" {
 			vec(p+"self_attn.q_proj.bias", s.Heads*hd, 0.2, 0)
 			vec(p+"self_attn.k_proj.bias", s.KVHeads*hd, 0.2, 0)
@@ -434,6 +468,30 @@ func (g *gen) moe(prefix string, in float64) []engine.Tensor {
 			}
 		}
 		out = append(out, stacked...)
+	}
+	return out
+}
+
+// gptossMoE returns a gpt-oss sparse block in mlx-lm's layout: the router
+// prefix+"router" with a bias, and the experts stacked [E, out, in] under
+// prefix+"experts.{gate,up,down}_proj" with biases [E, out]. Gate and up
+// have std 4/√h, so that gpt-oss's clamp at ±7 can be reached.
+func (g *gen) gptossMoE(prefix string, in float64) []engine.Tensor {
+	s := g.s
+	h, F, E := s.Hidden, s.MoEIntermediate, s.Experts
+	out := []engine.Tensor{
+		floatTensor(prefix+"router.weight", g.normal(prefix+"router.weight", E*h, 2/math.Sqrt(float64(h)), 0), s.DType, E, h),
+		floatTensor(prefix+"router.bias", g.normal(prefix+"router.bias", E, 0.5, 0), s.DType, E),
+	}
+	for _, p := range []struct {
+		name       string
+		rows, cols int
+		std        float64
+	}{{"gate_proj", F, h, 4 * in}, {"up_proj", F, h, 4 * in}, {"down_proj", h, F, 1 / math.Sqrt(float64(F))}} {
+		name := prefix + "experts." + p.name
+		out = append(out,
+			floatTensor(name+".weight", g.normal(name+".weight", E*p.rows*p.cols, p.std, 0), s.DType, E, p.rows, p.cols),
+			floatTensor(name+".bias", g.normal(name+".bias", E*p.rows, 0.2, 0), s.DType, E, p.rows))
 	}
 	return out
 }
