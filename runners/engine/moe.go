@@ -215,7 +215,7 @@ func (m *Model) moeForward(mb *moeBlock, x, h Array) (Array, error) {
 		}
 		ex := &mb.experts[e]
 		ye := b.Linear(mb.act(b, b.Linear(xe, &ex.gate), b.Linear(xe, &ex.up)), &ex.down) // [n, D]
-		scatter := make([]float32, L*n)                                                  // [L, n]: weights back to the rows
+		scatter := make([]float32, L*n)                                                   // [L, n]: weights back to the rows
 		for i, t := range toks {
 			scatter[t*n+i] = float32(rowW[e][i])
 		}
