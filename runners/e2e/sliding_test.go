@@ -11,9 +11,10 @@ import (
 // least 4 windows long.
 const slidingWindow = 64
 
-// TestTinySlidingRemoteEqualsLocal runs two tiny sliding-window models
-// through real runners: a Mistral whose layers all slide and a Gemma 3
-// whose every third layer is global (window 64 for both). Remote prefill
+// TestTinySlidingRemoteEqualsLocal runs three tiny sliding-window models
+// through real runners: a Mistral whose layers all slide, a Gemma 3 whose
+// every third layer is global and a gpt-oss alternating sliding and full
+// layers with sinks and experts (window 64 for all). Remote prefill
 // gives the local text for prompts of ~5 and ~30 windows and for a cached
 // second turn (where a sliding layer's window starts past start_pos, so the
 // decode side stages it); the bytes received are exactly W-1 positions per
@@ -23,6 +24,7 @@ func TestTinySlidingRemoteEqualsLocal(t *testing.T) {
 	for _, spec := range []testmodel.Spec{
 		{Arch: "mistral", Seed: 7, Layers: 2, MaxPositions: 4096, SlidingWindow: slidingWindow},
 		{Arch: "gemma3", Seed: 7, Layers: 4, MaxPositions: 4096, SlidingWindow: slidingWindow, SlidingPattern: 3},
+		{Arch: "gptoss", Seed: 7, Layers: 2, MaxPositions: 4096, SlidingWindow: slidingWindow},
 	} {
 		t.Run(spec.Arch, func(t *testing.T) { slidingRemoteEqualsLocal(t, spec) })
 	}
@@ -37,8 +39,11 @@ func slidingRemoteEqualsLocal(t *testing.T, spec testmodel.Spec) {
 	// K and V of one position of one layer, in the f32 cache dtype.
 	perPos := float64(2 * spec.KVHeads * spec.HeadDim * 4)
 	global := 0 // full-attention layers
-	if spec.Arch == "gemma3" {
+	switch spec.Arch {
+	case "gemma3":
 		global = spec.Layers / spec.SlidingPattern
+	case "gptoss":
+		global = spec.Layers / 2
 	}
 	// What a prompt of n tokens puts on the link with start_pos 0.
 	wantBytes := func(n int) float64 {
