@@ -123,6 +123,12 @@ type Linear struct {
 	W, Scales, Biases Array
 	Bias              Array // nil when absent
 	Bits, GroupSize   int
+	// Mode "mxfp4" (MLX's and OCP's MXFP4, gpt-oss's experts): Bits 4,
+	// GroupSize 32, W packed as for affine but each 4-bit value is an
+	// E2M1 float (sign, 2 exponent bits, 1 mantissa bit: ±{0, 0.5, 1,
+	// 1.5, 2, 3, 4, 6}), Scales U8 [out, in/32] E8M0 (2^(s-127)), no
+	// Biases: w = e2m1(q) · 2^(s-127), exact in float32.
+	Mode string
 }
 
 // RoPE describes rotary position embedding as HF configs state it.

@@ -273,7 +273,10 @@ func (l *loader) vector(name string, n int) (Array, error) {
 // bias is set, prefix.bias [out].
 func (l *loader) linear(prefix string, out, in int, bias bool) (*Linear, error) {
 	q := l.src.Quant(prefix)
-	lin := &Linear{Bits: q.Bits, GroupSize: q.GroupSize}
+	lin := &Linear{Bits: q.Bits, GroupSize: q.GroupSize, Mode: q.Mode}
+	if q.Mode == "mxfp4" && (q.Bits != 4 || q.GroupSize != 32) {
+		return nil, fmt.Errorf("%s: mxfp4 with %d bits in groups of %d (want 4 and 32)", prefix, q.Bits, q.GroupSize)
+	}
 	var err error
 	if q.Bits == 0 {
 		if lin.W, _, err = l.tensor(prefix+".weight", out, in); err != nil {
@@ -289,8 +292,10 @@ func (l *loader) linear(prefix string, out, in int, bias bool) (*Linear, error) 
 		if lin.Scales, _, err = l.tensor(prefix+".scales", out, in/q.GroupSize); err != nil {
 			return nil, err
 		}
-		if lin.Biases, _, err = l.tensor(prefix+".biases", out, in/q.GroupSize); err != nil {
-			return nil, err
+		if q.Mode == "" {
+			if lin.Biases, _, err = l.tensor(prefix+".biases", out, in/q.GroupSize); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if bias {

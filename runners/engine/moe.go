@@ -90,10 +90,13 @@ func (l *loader) stackedLinears(prefix string, E, out, in int) ([]*Linear, error
 			suffix string
 			cols   int
 		}{{".weight", in * q.Bits / 32}, {".scales", in / q.GroupSize}, {".biases", in / q.GroupSize}}
+		if q.Mode == "mxfp4" {
+			parts = parts[:2] // no biases
+		}
 	}
 	lins := make([]*Linear, E)
 	for e := range lins {
-		lins[e] = &Linear{Bits: q.Bits, GroupSize: q.GroupSize}
+		lins[e] = &Linear{Bits: q.Bits, GroupSize: q.GroupSize, Mode: q.Mode}
 	}
 	for _, part := range parts {
 		t, err := l.src.Tensor(prefix + part.suffix)

@@ -285,6 +285,17 @@ int xmx_qmm(xmx_array* res, xmx_array x, xmx_array w, xmx_array scales, xmx_arra
 	xmx_opt_int g = {group, true}, b = {bits, true};
 	return X.quantized_matmul(res, x, w, scales, biases, true, g, b, "affine", s);
 }
+int xmx_qmm_mode(xmx_array* res, xmx_array x, xmx_array w, xmx_array scales, xmx_array biases, int group, int bits, const char* mode, xmx_stream s) {
+	XMX_NEED(quantized_matmul);
+	xmx_opt_int g = {group, true}, b = {bits, true};
+	return X.quantized_matmul(res, x, w, scales, biases, true, g, b, mode, s);
+}
+int xmx_dequantize_mode(xmx_array* res, xmx_array w, xmx_array scales, xmx_array biases, int group, int bits, const char* mode, xmx_stream s) {
+	xmx_opt_int g = {group, true}, b = {bits, true};
+	xmx_opt_dtype dt = {0, false};
+	xmx_array none = {NULL};
+	return X.dequantize(res, w, scales, biases, g, b, mode, none, dt, s);
+}
 int xmx_dequantize(xmx_array* res, xmx_array w, xmx_array scales, xmx_array biases, int group, int bits, xmx_stream s) {
 	xmx_opt_int g = {group, true}, b = {bits, true};
 	xmx_opt_dtype dt = {0, false};

@@ -45,3 +45,20 @@ func (b *backend) ClampedSwiGLU(gate, up engine.Array, alpha, limit float32) eng
 		return b.mul(b.add(uc, b.scalar(1, g.mdt)), b.mul(gc, sg))
 	})
 }
+
+var (
+	modeAffine = C.CString("affine")
+	modeMXFP4  = C.CString("mxfp4")
+)
+
+// quantMode is MLX's name for a Linear's quantization mode (the engine's
+// "" is MLX's affine).
+func quantMode(m string) *C.char {
+	switch m {
+	case "":
+		return modeAffine
+	case "mxfp4":
+		return modeMXFP4
+	}
+	panic(fmt.Sprintf("mlx: quantization mode %q", m))
+}

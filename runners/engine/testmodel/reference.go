@@ -41,15 +41,17 @@ func ReferenceSet() []Reference {
 // SlidingSet returns the sliding-window reference models (fixture
 // testdata/reference/mlx_lm_sliding.json): Gemma 3 text models of 4 layers
 // (window 8, every third layer global) in f32, MLX 4-bit with f32 scales,
-// and with tied embeddings, and a 4-layer gpt-oss in f32 (window 8,
-// alternating, sinks, YaRN, 8 experts top-2), all with seed 4.
+// and with tied embeddings, and a 4-layer gpt-oss (window 8, alternating,
+// sinks, YaRN, 8 experts top-2) in f32 and with MXFP4 experts, all with
+// seed 4.
 func SlidingSet() []Reference {
 	g := Spec{Arch: "gemma3", Seed: 4, Layers: 4}
 	q4, tied := g, g
 	q4.QuantBits, q4.GroupSize = 4, 64
 	tied.Tied = true
 	return []Reference{{"gemma3-f32", g}, {"gemma3-q4", q4}, {"gemma3-tied-f32", tied},
-		{"gptoss-f32", Spec{Arch: "gptoss", Seed: 4, Layers: 4}}}
+		{"gptoss-f32", Spec{Arch: "gptoss", Seed: 4, Layers: 4}},
+		{"gptoss-mxfp4", Spec{Arch: "gptoss", Seed: 4, Layers: 4, MXFP4: true}}}
 }
 
 // SlidingPrompts are the prompts of the sliding-window fixtures: one

@@ -38,6 +38,7 @@ type Spec struct {
 	SlidingWindow                                                              int  // mistral: sliding_window (0: none); gemma3: the sliding layers' window (0 → 8)
 	SlidingPattern                                                             int  // gemma3: every n-th layer is global (0 → 3)
 	Tied                                                                       bool // gemma3: tied embeddings (no lm_head), as Gemma ships
+	MXFP4                                                                      bool // gptoss: experts in MLX's mxfp4 (random E2M1 values and E8M0 scales)
 }
 
 // Defaults used for zero Spec fields.
@@ -99,7 +100,7 @@ func (s Spec) Normalized() (Spec, error) {
 	case "gptoss":
 		def(&s.SlidingWindow, 8)
 		if s.QuantBits != 0 {
-			return s, fmt.Errorf("testmodel: gptoss is dense only (MXFP4 experts are not generated)")
+			return s, fmt.Errorf("testmodel: gptoss is dense or MXFP4 (Spec.MXFP4), not affine-quantized")
 		}
 	default:
 		return s, fmt.Errorf("testmodel: unknown arch %q", s.Arch)
@@ -246,6 +247,11 @@ func configJSON(s Spec) []byte {
 		c["attention_bias"] = true
 		c["swiglu_limit"] = json.RawMessage("7.0") // transformers checks that it is a float
 		c["rope_theta"] = 150000.0
+		if s.MXFP4 {
+			// Only the experts have scales: mlx-lm and the engine quantize
+			// just those modules.
+			c["quantization"] = map[string]any{"group_size": 32, "bits": 4, "mode": "mxfp4"}
+		}
 		c["rope_scaling"] = map[string]any{"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
 			"original_max_position_embeddings": s.MaxPositions / 4, "truncate": false}
 	case "gemma3":
@@ -489,11 +495,41 @@ func (g *gen) gptossMoE(prefix string, in float64) []engine.Tensor {
 		std        float64
 	}{{"gate_proj", F, h, 4 * in}, {"up_proj", F, h, 4 * in}, {"down_proj", h, F, 1 / math.Sqrt(float64(F))}} {
 		name := prefix + "experts." + p.name
+		if s.MXFP4 {
+			out = append(out, g.mxfp4(name, E*p.rows, p.cols, []int{E, p.rows}),
+				floatTensor(name+".bias", g.normal(name+".bias", E*p.rows, 0.2, 0), s.DType, E, p.rows))
+			out = append(out, g.mxfp4Scales(name, E*p.rows, p.cols, []int{E, p.rows}, p.std))
+			continue
+		}
 		out = append(out,
 			floatTensor(name+".weight", g.normal(name+".weight", E*p.rows*p.cols, p.std, 0), s.DType, E, p.rows, p.cols),
 			floatTensor(name+".bias", g.normal(name+".bias", E*p.rows, 0.2, 0), s.DType, E, p.rows))
 	}
 	return out
+}
+
+// mxfp4 returns name.weight: rows×cols random 4-bit E2M1 codes packed 8 per
+// uint32 (little end first), shape lead + [cols/8].
+func (g *gen) mxfp4(name string, rows, cols int, lead []int) engine.Tensor {
+	u := g.normal(name+".weight", rows*cols, 1, 0)
+	data := make([]byte, rows*cols/2)
+	for i, v := range u {
+		code := byte(int(math.Abs(v)*1000)) & 15 // deterministic, spread over all 16 codes
+		data[i/2] |= code << (4 * uint(i%2))
+	}
+	return engine.Tensor{Name: name + ".weight", DType: engine.U32, Shape: append(append([]int(nil), lead...), cols/8), Data: data}
+}
+
+// mxfp4Scales returns name.scales: E8M0 scales (uint8, 2^(s-127)) per 32
+// values, around std/2.5 (E2M1 codes average about 2.5 in magnitude).
+func (g *gen) mxfp4Scales(name string, rows, cols int, lead []int, std float64) engine.Tensor {
+	u := g.normal(name+".scales", rows*cols/32, 0.7, 0)
+	base := 127 + math.Round(math.Log2(std/2.5))
+	data := make([]byte, len(u))
+	for i, v := range u {
+		data[i] = byte(base + math.Round(v))
+	}
+	return engine.Tensor{Name: name + ".scales", DType: engine.U8, Shape: append(append([]int(nil), lead...), cols/32), Data: data}
 }
 
 // floatTensor encodes float64 values as an F32 or BF16 tensor.
