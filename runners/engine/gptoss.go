@@ -14,8 +14,10 @@ import (
 // weights as a softmax over all experts renormalized over the k), and whose
 // experts have biases and gpt-oss's clamped SwiGLU (Backend.ClampedSwiGLU).
 // The experts run on the existing MoE path (moe.go); only the router, the
-// biases and the activation differ. Not done: MXFP4 expert weights (the
-// released checkpoints' format), HF's fused gate_up_proj layout.
+// biases and the activation differ. Expert weights may be MXFP4, in
+// mlx-lm's layout or in the released checkpoints' (gate_up_proj_blocks,
+// rows interleaving gate and up); HF's dense bf16 layout (gate_up_proj
+// [E, D, 2F]) is refused.
 
 // GptOssConfig holds gpt-oss's own config.json fields.
 type GptOssConfig struct {
@@ -50,6 +52,16 @@ func gptossPrepare(data []byte) ([]byte, error) {
 		m["moe_intermediate_size"] = m["intermediate_size"]
 	}
 	m["norm_topk_prob"] = json.RawMessage("true")
+	if raw, ok := m["quantization_config"]; ok {
+		var q struct {
+			Method string `json:"quant_method"`
+		}
+		if json.Unmarshal(raw, &q) == nil && q.Method == "mxfp4" {
+			// The released checkpoints' MXFP4 experts (_blocks/_scales)
+			// are read as they are (gptossMoE); the rest is dense.
+			delete(m, "quantization_config")
+		}
+	}
 	if _, ok := m["attention_bias"]; !ok {
 		m["attention_bias"] = json.RawMessage("true")
 	}
@@ -123,6 +135,12 @@ func (l *loader) gptossMoE(prefix string, cfg *Config) (*moeBlock, error) {
 		return nil, err
 	}
 	mb.router = *r
+	if l.has(prefix + "experts.gate_up_proj_blocks") {
+		return mb, l.gptossBlocks(prefix+"experts.", mb, D, F, E)
+	}
+	if l.has(prefix + "experts.gate_up_proj") {
+		return nil, fmt.Errorf("%sexperts.gate_up_proj: HF's dense gpt-oss expert layout is not supported (use the MXFP4 checkpoint or mlx-lm's layout)", prefix)
+	}
 	for _, p := range []struct {
 		name    string
 		out, in int
@@ -164,4 +182,83 @@ func (mb *moeBlock) act(b Backend, gate, up Array) Array {
 		return b.ClampedSwiGLU(gate, up, gptossAlpha, mb.limit)
 	}
 	return b.SwiGLU(gate, up)
+}
+
+// gptossBlocks loads the released checkpoints' MXFP4 experts:
+// gate_up_proj_blocks [E, 2F, D/32, 16] (uint8, two E2M1 values a byte, low
+// nibble first: MLX's packing) with gate_up_proj_scales [E, 2F, D/32] (E8M0)
+// and gate_up_proj_bias [E, 2F], whose even rows are the gate and odd rows
+// the up projection; down_proj_blocks/_scales/_bias likewise for [E, D, F].
+func (l *loader) gptossBlocks(prefix string, mb *moeBlock, D, F, E int) error {
+	get := func(name string, shape ...int) (Tensor, error) {
+		t, err := l.src.Tensor(prefix + name)
+		if err != nil {
+			return t, fmt.Errorf("%s%s: %w", prefix, name, err)
+		}
+		if !slices.Equal(t.Shape, shape) {
+			return t, fmt.Errorf("%s%s: shape %v, want %v", prefix, name, t.Shape, shape)
+		}
+		l.done += int64(len(t.Data))
+		return t, nil
+	}
+	keep := func(data []byte, shape []int, dt DType) Array {
+		a := l.b.FromBytes(data, shape, dt)
+		l.b.Keep(a)
+		l.kept = append(l.kept, a)
+		return a
+	}
+	// rows picks rows first, first+step, … of expert e of a [E, R, ...]
+	// tensor whose rows are rowBytes long.
+	rows := func(t Tensor, e, R, rowBytes, first, step int) []byte {
+		var out []byte
+		base := e * R * rowBytes
+		for r := first; r < R; r += step {
+			out = append(out, t.Data[base+r*rowBytes:base+(r+1)*rowBytes]...)
+		}
+		return out
+	}
+	for _, p := range []struct {
+		name    string
+		out, in int
+		fused   bool
+	}{{"gate_up_proj", 2 * F, D, true}, {"down_proj", D, F, false}} {
+		if p.in%32 != 0 {
+			return fmt.Errorf("%s%s: %d inputs not a multiple of 32", prefix, p.name, p.in)
+		}
+		blocks, err := get(p.name+"_blocks", E, p.out, p.in/32, 16)
+		if err != nil {
+			return err
+		}
+		scales, err := get(p.name+"_scales", E, p.out, p.in/32)
+		if err != nil {
+			return err
+		}
+		bias, err := get(p.name+"_bias", E, p.out)
+		if err != nil {
+			return err
+		}
+		if blocks.DType != U8 || scales.DType != U8 {
+			return fmt.Errorf("%s%s: blocks %v, scales %v (want uint8)", prefix, p.name, blocks.DType, scales.DType)
+		}
+		bs := bias.DType.Size()
+		for e := range mb.experts {
+			ex := &mb.experts[e]
+			type part struct {
+				dst        *Linear
+				first, cnt int
+			}
+			parts := []part{{&ex.down, 0, p.out}}
+			step := 1
+			if p.fused {
+				parts, step = []part{{&ex.gate, 0, F}, {&ex.up, 1, F}}, 2
+			}
+			for _, q := range parts {
+				*q.dst = Linear{Bits: 4, GroupSize: 32, Mode: "mxfp4",
+					W:      keep(rows(blocks, e, p.out, p.in/2, q.first, step), []int{q.cnt, p.in / 8}, U32),
+					Scales: keep(rows(scales, e, p.out, p.in/32, q.first, step), []int{q.cnt, p.in / 32}, U8),
+					Bias:   keep(rows(bias, e, p.out, bs, q.first, step), []int{q.cnt}, bias.DType)}
+			}
+		}
+	}
+	return nil
 }

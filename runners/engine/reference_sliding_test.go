@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -203,5 +204,96 @@ func TestGemma3MultimodalLayout(t *testing.T) {
 		}
 		a.Close()
 		m.Close()
+	}
+}
+
+// TestGptOssReleasedLayout: the tiny MXFP4 gpt-oss rewritten in the
+// released checkpoints' layout (gate_up_proj_blocks with interleaved gate
+// and up rows, _scales, _bias; quantization_config quant_method mxfp4)
+// gives bit for bit the logits of mlx-lm's layout.
+func TestGptOssReleasedLayout(t *testing.T) {
+	spec := testmodel.Spec{Arch: "gptoss", Seed: 4, Layers: 4, MXFP4: true}
+	mlxDir, hfDir := t.TempDir(), t.TempDir()
+	if err := testmodel.Write(mlxDir, spec); err != nil {
+		t.Fatal(err)
+	}
+	tensors, err := testmodel.Tensors(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]engine.Tensor{}
+	for _, x := range tensors {
+		byName[x.Name] = x
+	}
+	interleave := func(a, b engine.Tensor, shape []int) engine.Tensor {
+		E, R := a.Shape[0], a.Shape[1]
+		row := len(a.Data) / (E * R)
+		out := make([]byte, 0, 2*len(a.Data))
+		for e := range E {
+			for r := range R {
+				o := (e*R + r) * row
+				out = append(out, a.Data[o:o+row]...)
+				out = append(out, b.Data[o:o+row]...)
+			}
+		}
+		return engine.Tensor{DType: a.DType, Shape: shape, Data: out}
+	}
+	var out []engine.Tensor
+	add := func(name string, x engine.Tensor, dt engine.DType, shape ...int) {
+		x.Name, x.DType, x.Shape = name, dt, shape
+		out = append(out, x)
+	}
+	s, _ := spec.Normalized()
+	E, F, D := s.Experts, s.MoEIntermediate, s.Hidden
+	for _, x := range tensors {
+		if !strings.Contains(x.Name, ".experts.") {
+			out = append(out, x)
+		}
+	}
+	for l := range s.Layers {
+		p := fmt.Sprintf("model.layers.%d.mlp.experts.", l)
+		g, u := p+"gate_proj.", p+"up_proj."
+		add(p+"gate_up_proj_blocks", interleave(byName[g+"weight"], byName[u+"weight"], nil), engine.U8, E, 2*F, D/32, 16)
+		add(p+"gate_up_proj_scales", interleave(byName[g+"scales"], byName[u+"scales"], nil), engine.U8, E, 2*F, D/32)
+		gb, ub := byName[g+"bias"], byName[u+"bias"]
+		gb.Shape, ub.Shape = []int{E, F, 1}, []int{E, F, 1}
+		add(p+"gate_up_proj_bias", interleave(gb, ub, nil), gb.DType, E, 2*F)
+		add(p+"down_proj_blocks", byName[p+"down_proj.weight"], engine.U8, E, D, F/32, 16)
+		add(p+"down_proj_scales", byName[p+"down_proj.scales"], engine.U8, E, D, F/32)
+		add(p+"down_proj_bias", byName[p+"down_proj.bias"], byName[p+"down_proj.bias"].DType, E, D)
+	}
+	if err := weights.WriteSafetensorsFile(filepath.Join(hfDir, "model.safetensors"), out, nil); err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	raw, _ := os.ReadFile(filepath.Join(mlxDir, "config.json"))
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	delete(cfg, "quantization")
+	cfg["quantization_config"] = map[string]any{"quant_method": "mxfp4", "modules_to_not_convert": []string{"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"}}
+	raw, _ = json.Marshal(cfg)
+	os.WriteFile(filepath.Join(hfDir, "config.json"), raw, 0o644)
+	for _, f := range []string{"tokenizer.json", "tokenizer_config.json"} {
+		data, _ := os.ReadFile(filepath.Join(mlxDir, f))
+		os.WriteFile(filepath.Join(hfDir, f), data, 0o644)
+	}
+	b, _ := backend.Open("cpu", backend.Options{})
+	ctx := context.Background()
+	a, err := engine.Load(ctx, mlxDir, b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	h, err := engine.Load(ctx, hfDir, b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	p := testmodel.SlidingPrompts()[3]
+	la, _ := a.Forward(ctx, a.NewCache(), p)
+	lh, _ := h.Forward(ctx, h.NewCache(), p)
+	if !slices.Equal(la, lh) || a.Fingerprint() != h.Fingerprint() {
+		t.Fatal("the released layout gives other logits or another fingerprint than mlx-lm's")
 	}
 }
