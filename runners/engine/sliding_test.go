@@ -179,3 +179,37 @@ func TestSlidingRollback(t *testing.T) {
 		t.Fatal("after going back, logits differ from recomputation")
 	}
 }
+
+// TestSlidingForwardBatch: batched decode over ring caches at different
+// lengths (some past their slab, some not) gives each sequence the logits
+// of its own Forward.
+func TestSlidingForwardBatch(t *testing.T) {
+	ctx := context.Background()
+	spec := tinySpec{arch: "MistralForCausalLM", dt: engine.F32, window: tWindow}
+	m := load(t, newTiny(t, spec, 5), engine.LoadOptions{})
+	var batch, alone []engine.KVCache
+	for i, n := range []int{3, 30, 90} {
+		p := slidingPrompt(n + i)
+		for _, dst := range []*[]engine.KVCache{&batch, &alone} {
+			c := m.NewCache()
+			if err := m.Prefill(ctx, c, p, 7, nil); err != nil {
+				t.Fatal(err)
+			}
+			*dst = append(*dst, c)
+		}
+	}
+	toks := []int32{5, 6, 7}
+	for step := range 2 * tWindow {
+		got, err := m.ForwardBatch(ctx, batch, toks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range alone {
+			want, _ := m.Forward(ctx, c, toks[i:i+1])
+			if !slices.Equal(got[i], want) {
+				t.Fatalf("step %d sequence %d: batched logits differ", step, i)
+			}
+			toks[i] = int32(argmax(want))
+		}
+	}
+}
