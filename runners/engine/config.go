@@ -32,8 +32,10 @@ type Config struct {
 	DType            DType     // torch_dtype (F32 when absent)
 	DTypeSet         bool      // torch_dtype (or dtype) was present
 	Quant            QuantSpec // quantization {bits, group_size}; zero when dense
-	SlidingWindowUse bool      // use_sliding_window (unsupported when true)
+	SlidingWindowUse bool      // use_sliding_window (Qwen2/Qwen3: layers from MaxWindowLayers slide)
 	SlidingWindow    int       // sliding_window (0: none); see Arch.SlidingWindow
+	MaxWindowLayers  int       // max_window_layers (default 28): Qwen's first sliding layer
+	LayerTypes       []string  // layer_types ("sliding_attention" | "full_attention"), when given
 
 	// Mixture of experts (Qwen3-MoE); Experts is 0 for dense models.
 	Experts         int   // num_experts
@@ -81,6 +83,8 @@ type rawConfig struct {
 	QuantizationConfig *json.RawMessage `json:"quantization_config"`
 	UseSlidingWindow   *bool            `json:"use_sliding_window"`
 	SlidingWindow      *int             `json:"sliding_window"`
+	MaxWindowLayers    *int             `json:"max_window_layers"`
+	LayerTypes         []string         `json:"layer_types"`
 	NumExperts         *int             `json:"num_experts"`
 	NumExpertsPerTok   *int             `json:"num_experts_per_tok"`
 	MoEIntermediate    *int             `json:"moe_intermediate_size"`
@@ -192,6 +196,21 @@ func ParseConfig(data []byte) (*Config, error) {
 	}
 	if r.SlidingWindow != nil && *r.SlidingWindow > 0 {
 		c.SlidingWindow = *r.SlidingWindow
+	}
+	c.MaxWindowLayers = 28
+	if r.MaxWindowLayers != nil {
+		c.MaxWindowLayers = *r.MaxWindowLayers
+	}
+	if r.LayerTypes != nil {
+		if len(r.LayerTypes) != c.Layers {
+			return nil, cfgErr("layer_types", "%d entries for %d layers", len(r.LayerTypes), c.Layers)
+		}
+		for i, t := range r.LayerTypes {
+			if t != "sliding_attention" && t != "full_attention" {
+				return nil, cfgErr("layer_types", "layer %d: unsupported %q (want sliding_attention or full_attention)", i, t)
+			}
+		}
+		c.LayerTypes = slices.Clone(r.LayerTypes)
 	}
 	c.DType = F32
 	dt := r.TorchDType
@@ -423,7 +442,7 @@ func Architectures() []string {
 func init() {
 	RegisterArch("LlamaForCausalLM", Arch{Family: "llama"})
 	RegisterArch("MistralForCausalLM", Arch{Family: "llama", SlidingWindow: true})
-	RegisterArch("Qwen2ForCausalLM", Arch{Family: "qwen2", QKVBias: true})
-	RegisterArch("Qwen3ForCausalLM", Arch{Family: "qwen3", QKNorm: true})
-	RegisterArch("Qwen3MoeForCausalLM", Arch{Family: "qwen3_moe", QKNorm: true, MoE: true})
+	RegisterArch("Qwen2ForCausalLM", Arch{Family: "qwen2", QKVBias: true, Windows: qwenWindows})
+	RegisterArch("Qwen3ForCausalLM", Arch{Family: "qwen3", QKNorm: true, Windows: qwenWindows})
+	RegisterArch("Qwen3MoeForCausalLM", Arch{Family: "qwen3_moe", QKNorm: true, MoE: true, Windows: qwenWindows})
 }

@@ -111,8 +111,8 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	if err != nil {
 		return nil, err
 	}
-	if cfg.SlidingWindowUse {
-		return nil, cfgErr("use_sliding_window", "sliding-window attention is not supported")
+	if cfg.SlidingWindowUse && arch.Windows == nil {
+		return nil, cfgErr("use_sliding_window", "sliding-window attention is not supported for %s", cfg.Arch)
 	}
 	windows, err := layerWindows(cfg, arch)
 	if err != nil {

@@ -62,3 +62,26 @@ func (m *Model) attention(i int, q, k, v Array, scale float32) Array {
 	}
 	return m.b.WindowedAttention(q, k, v, scale, w, sinks)
 }
+
+// qwenWindows is HF Qwen2/Qwen3's rule: with use_sliding_window, the layers
+// from max_window_layers on (or those layer_types names
+// sliding_attention) slide over sliding_window; without it none does.
+func qwenWindows(c *Config) ([]int, error) {
+	if !c.SlidingWindowUse {
+		return nil, nil
+	}
+	if c.SlidingWindow <= 0 {
+		return nil, cfgErr("sliding_window", "use_sliding_window needs a positive sliding_window")
+	}
+	w := make([]int, c.Layers)
+	for i := range w {
+		slide := i >= c.MaxWindowLayers
+		if c.LayerTypes != nil {
+			slide = c.LayerTypes[i] == "sliding_attention"
+		}
+		if slide {
+			w[i] = c.SlidingWindow
+		}
+	}
+	return w, nil
+}

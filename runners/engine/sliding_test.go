@@ -213,3 +213,29 @@ func TestSlidingForwardBatch(t *testing.T) {
 		}
 	}
 }
+
+// TestQwen2SlidingLayers: Qwen2 with use_sliding_window slides the layers
+// from max_window_layers on (HF's rule) and matches the float64 reference
+// that windows only those layers.
+func TestQwen2SlidingLayers(t *testing.T) {
+	spec := tinySpec{arch: "Qwen2ForCausalLM", dt: engine.F32, window: tWindow, windowFrom: 1}
+	src := newTiny(t, spec, 9)
+	m := load(t, src, engine.LoadOptions{})
+	if w := m.Info().Windows; !slices.Equal(w, []int{0, tWindow}) {
+		t.Fatalf("windows %v, want [0 %d]", w, tWindow)
+	}
+	p := slidingPrompt(5 * tWindow)
+	got, err := m.Forward(context.Background(), m.NewCache(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	identity := func(v float64) float64 { return v }
+	if c := cosine(got, refForward(src, spec, p, identity)); c < 0.99999 {
+		t.Fatalf("cosine %v against the reference windowing layer 1 only", c)
+	}
+	all := spec
+	all.windowFrom = 0
+	if c := cosine(got, refForward(src, all, p, identity)); c > 0.9999 {
+		t.Fatalf("cosine %v against windowing every layer: layer 0 is not full", c)
+	}
+}
