@@ -30,6 +30,7 @@ func commands() map[string]command {
 		"bench":     {cmdBench, "measure TTFT and tokens/s against an endpoint"},
 		"model":     {cmdModel, "pull, list and remove models in the local store"},
 		"status":    {cmdStatus, "show what a running supervisor is doing"},
+		"doctor":    {cmdDoctor, "check that this host can serve its part of the cluster (and its links to the others)"},
 		"version":   {cmdVersion, "print the version"},
 	}
 }

@@ -78,7 +78,8 @@ func cluster(t *testing.T, localHost string) (*Gateway, *httptest.Server, *fakeR
 	l.Close()
 	a := newFake(t, "a", fmt.Sprintf("127.0.0.1:%d", port))
 	b := newFake(t, "b", fmt.Sprintf("127.0.0.2:%d", port))
-	c, err := config.Parse("t.toml", []byte(fmt.Sprintf(`
+	c, err := config.Parse("t.toml", []byte(fmt.Sprintf(`[cluster]
+insecure = true
 [hosts.a]
 address = "127.0.0.1"
 backend = "cpu"
