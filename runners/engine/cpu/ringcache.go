@@ -272,6 +272,16 @@ func (c *ringCache) Export(layer, start, n int) ([]byte, []byte, error) {
 	for h := range c.g.KVHeads {
 		src := (h*s.cap + start - s.base) * dh
 		dst := h * n * dh
+		if nativeLittle {
+			if c.dt == engine.F32 {
+				copy(kb[4*dst:4*(dst+n*dh)], asBytes(s.k32[src:src+n*dh]))
+				copy(vb[4*dst:4*(dst+n*dh)], asBytes(s.v32[src:src+n*dh]))
+			} else {
+				copy(kb[2*dst:2*(dst+n*dh)], asBytes(s.k16[src:src+n*dh]))
+				copy(vb[2*dst:2*(dst+n*dh)], asBytes(s.v16[src:src+n*dh]))
+			}
+			continue
+		}
 		for i := range n * dh {
 			if c.dt == engine.F32 {
 				binary.LittleEndian.PutUint32(kb[4*(dst+i):], math.Float32bits(s.k32[src+i]))
@@ -291,6 +301,16 @@ func (c *ringCache) read(s *slab, start, n int, k, v []byte) {
 	for h := range c.g.KVHeads {
 		dst := (h*s.cap + start - s.base) * dh
 		src := h * n * dh
+		if nativeLittle {
+			if c.dt == engine.F32 {
+				copy(asBytes(s.k32[dst:dst+n*dh]), k[4*src:4*(src+n*dh)])
+				copy(asBytes(s.v32[dst:dst+n*dh]), v[4*src:4*(src+n*dh)])
+			} else {
+				copy(asBytes(s.k16[dst:dst+n*dh]), k[2*src:2*(src+n*dh)])
+				copy(asBytes(s.v16[dst:dst+n*dh]), v[2*src:2*(src+n*dh)])
+			}
+			continue
+		}
 		for i := range n * dh {
 			if c.dt == engine.F32 {
 				s.k32[dst+i] = math.Float32frombits(binary.LittleEndian.Uint32(k[4*(src+i):]))
