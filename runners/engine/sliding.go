@@ -20,7 +20,7 @@ func layerWindows(cfg *Config, arch Arch) ([]int, error) {
 		if w, err = arch.Windows(cfg); err != nil {
 			return nil, err
 		}
-		if len(w) != cfg.Layers {
+		if w != nil && len(w) != cfg.Layers {
 			return nil, fmt.Errorf("engine: %d layer windows for %d layers", len(w), cfg.Layers)
 		}
 	case arch.SlidingWindow && cfg.SlidingWindow > 0:
