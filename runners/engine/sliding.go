@@ -10,6 +10,18 @@ import "fmt"
 // the cache geometry, the KV fingerprint and the wire header, so that
 // prefill and decode agree on which positions a layer keeps.
 
+// RingSlack is how many positions before its window a sliding layer keeps
+// when it drops old positions (both backends' ring caches), so that a
+// conversation can go back a little without losing the window.
+const RingSlack = 32
+
+// SlidingHeldMax bounds the positions a sliding layer of window w holds
+// when every step appends at most chunk positions: the size of its ring's
+// storage (both backends size it so), whatever the sequence's length.
+func SlidingHeldMax(w, chunk int) int {
+	return (max(w-1+RingSlack+chunk, 2*(w+RingSlack)) + 15) / 16 * 16
+}
+
 // layerWindows returns each layer's window for cfg (nil when every layer is
 // full attention).
 func layerWindows(cfg *Config, arch Arch) ([]int, error) {

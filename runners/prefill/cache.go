@@ -20,6 +20,9 @@ type prefixCache struct {
 	block         int
 	maxBytes      int64
 	bytesPerToken int64
+	// sizeOf, when set, is the bytes an entry of n tokens holds (a model
+	// with sliding layers holds less than n·bytesPerToken).
+	sizeOf func(n int) int64
 	seed          maphash.Seed
 	lru           list.List // of *cacheEntry, front = most recent
 	index         map[uint64]*cacheEntry
@@ -131,7 +134,7 @@ func (p *prefixCache) acquire(tokens []int32, limit int, newCache func() engine.
 func (p *prefixCache) release(tokens []int32, c engine.KVCache) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	size := int64(len(tokens)) * p.bytesPerToken
+	size := p.entrySize(len(tokens))
 	if len(tokens) < p.block || size > p.maxBytes {
 		c.Free()
 		return
@@ -154,6 +157,13 @@ func (p *prefixCache) release(tokens []int32, c engine.KVCache) {
 	}
 }
 
+func (p *prefixCache) entrySize(n int) int64 {
+	if p.sizeOf != nil {
+		return p.sizeOf(n)
+	}
+	return int64(n) * p.bytesPerToken
+}
+
 func deleteKey(keys []uint64, k uint64) []uint64 {
 	for i, x := range keys {
 		if x == k {
@@ -174,7 +184,7 @@ func (p *prefixCache) remove(e *cacheEntry) {
 		}
 	}
 	e.keys = nil
-	p.used -= int64(len(e.tokens)) * p.bytesPerToken
+	p.used -= p.entrySize(len(e.tokens))
 }
 
 // stats returns the entries and bytes held.

@@ -71,6 +71,23 @@ func New(o Options) *Producer {
 	bpt := int64(2 * info.Layers * info.KVHeads * info.HeadDim * info.CacheDType.Size())
 	p := &Producer{o: o, info: info, fp: kvwire.Fingerprint(o.Model.Fingerprint()), m: o.Metrics, log: o.Logger}
 	p.cache = newPrefixCache(o.CacheBlock, max(o.CacheBytes, 0), bpt)
+	if info.Windows != nil {
+		// A sliding layer holds at most its ring, whatever the length.
+		perLayer := bpt / int64(info.Layers)
+		windows := info.Windows
+		chunk := o.Chunk
+		p.cache.sizeOf = func(n int) int64 {
+			var pos int64
+			for _, w := range windows {
+				if w == 0 {
+					pos += int64(n)
+				} else {
+					pos += int64(min(n, engine.SlidingHeldMax(w, chunk)))
+				}
+			}
+			return pos * perLayer
+		}
+	}
 	return p
 }
 

@@ -12,7 +12,7 @@ import (
 // cache keeps when it drops old positions, so that a conversation can be
 // rolled back a little (a chat template that re-renders the end of the
 // last turn) without losing the window.
-const ringSlack = 32
+const ringSlack = engine.RingSlack
 
 // ringCache is the KV cache of a model with sliding-window layers. Each
 // layer keeps its positions in its own slab; a full layer (window 0) grows

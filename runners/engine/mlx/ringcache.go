@@ -10,7 +10,7 @@ import (
 
 // ringSlack is how many positions before a sliding layer's window are kept
 // when old positions are dropped (as on the cpu backend).
-const ringSlack = 32
+const ringSlack = engine.RingSlack
 
 // mslab holds positions [base, base+cap) of one layer as kept MLX arrays
 // [Hkv, cap, Dh].
