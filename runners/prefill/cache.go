@@ -20,13 +20,14 @@ type prefixCache struct {
 	block         int
 	maxBytes      int64
 	bytesPerToken int64
+	seed          maphash.Seed
+	lru           list.List // of *cacheEntry, front = most recent
+	index         map[uint64]*cacheEntry
+	used          int64
+
 	// sizeOf, when set, is the bytes an entry of n tokens holds (a model
 	// with sliding layers holds less than n·bytesPerToken).
 	sizeOf func(n int) int64
-	seed   maphash.Seed
-	lru    list.List // of *cacheEntry, front = most recent
-	index  map[uint64]*cacheEntry
-	used   int64
 }
 
 type cacheEntry struct {
