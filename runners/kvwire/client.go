@@ -34,11 +34,12 @@ type Sink interface {
 type Expect struct {
 	Fingerprint Fingerprint
 	Kinds       []LayerKind
+	KVHeads     int
+	HeadDim     int
+
 	// Windows is the client model's window per layer (nil: all full); the
 	// server's must be the same.
 	Windows []int
-	KVHeads int
-	HeadDim int
 }
 
 // ClientConfig configures a Client. Zero values take the defaults shown.
