@@ -60,7 +60,7 @@ func TestGemma3Template(t *testing.T) {
 // parenthesized conditionals as Jinja does (lazy branches, dashes, nesting,
 // "if" inside strings left alone).
 func TestParenthesizedConditional(t *testing.T) {
-	msgs := []Message{{"user", "a"}, {"assistant", "b"}}
+	msgs := []Message{{Role: "user", Content: "a"}, {Role: "assistant", Content: "b"}}
 	for _, c := range []struct{ src, want string }{
 		{`{% for m in messages %}{{ '[' + (m.content if loop.first else "-") + ']' }}{% endfor %}`, "[a][-]"},
 		{"x  {{- 'y' + ('z' if true else undefined_thing.attr) }}", "xyz"},
