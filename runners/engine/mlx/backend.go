@@ -74,6 +74,8 @@ type backend struct {
 	dev    C.xmx_device
 	stream C.xmx_stream
 	log    *slog.Logger
+	// lib and version: the libmlxc loaded and the MLX version it reports.
+	lib, version string
 
 	thread *osThread
 
@@ -113,11 +115,13 @@ func newBackend(opts Options) (*backend, error) {
 		log = slog.Default()
 	}
 	b := &backend{
-		log:    log,
-		thread: startThread(),
-		pinned: map[*array]bool{},
-		deq:    map[*array]*array{},
-		freqs:  map[engine.RoPE]ropeFreqs{},
+		lib:     path,
+		version: version,
+		log:     log,
+		thread:  startThread(),
+		pinned:  map[*array]bool{},
+		deq:     map[*array]*array{},
+		freqs:   map[engine.RoPE]ropeFreqs{},
 	}
 	var initErr error
 	b.do(func() { initErr = b.init(opts.Device) })
@@ -142,6 +146,17 @@ func newBackend(opts Options) (*backend, error) {
 	}
 	log.Debug("mlx: backend ready", attrs...)
 	return b, nil
+}
+
+// Describe says which library, MLX version and device a backend made by
+// New runs on, and why quantized matmul or kernel fusion is unavailable
+// there (nil: available); ok is false for any other backend.
+func Describe(eb engine.Backend) (info Info, ok bool) {
+	b, ok := eb.(*backend)
+	if !ok {
+		return Info{}, false
+	}
+	return Info{Lib: b.lib, Version: b.version, Device: b.name, QuantizedMatmul: b.qmmErr, Fusion: b.fuseErr}, true
 }
 
 // do runs f on the MLX thread after all posted work and re-raises in the
@@ -798,7 +813,7 @@ func (b *backend) linear(x *array, l *engine.Linear) *array {
 		}
 		if b.qmmErr == nil {
 			y = b.mk("quantized_matmul", func(r *C.xmx_array) C.int {
-				return C.xmx_qmm(r, x.h, w.h, s.h, bi, C.int(l.GroupSize), C.int(l.Bits), b.stream)
+				return C.xmx_qmm_mode(r, x.h, w.h, s.h, bi, C.int(l.GroupSize), C.int(l.Bits), quantMode(l.Mode), b.stream)
 			})
 		} else {
 			y = b.matmul(x, b.transpose(b.dequantized(w, l), 1, 0))
@@ -835,7 +850,7 @@ func (b *backend) dequantize(w, s *array, biases engine.Array, l *engine.Linear)
 
 func (b *backend) dequantizeRaw(w, s *array, bi C.xmx_array, l *engine.Linear) *array {
 	return b.mk("dequantize", func(r *C.xmx_array) C.int {
-		return C.xmx_dequantize(r, w.h, s.h, bi, C.int(l.GroupSize), C.int(l.Bits), b.stream)
+		return C.xmx_dequantize_mode(r, w.h, s.h, bi, C.int(l.GroupSize), C.int(l.Bits), quantMode(l.Mode), b.stream)
 	})
 }
 
