@@ -1,0 +1,214 @@
+// Package grammar owns constrained decoding: it compiles a subset of JSON
+// Schema (and the tool-call wrappers built on it) into a byte-level
+// pushdown automaton, runs that automaton incrementally over generated
+// bytes (Matcher), and turns a matcher state into a per-step token mask by
+// walking a byte trie of the vocabulary (Vocab). It knows nothing of HTTP,
+// tokenizers or engines: callers hand it token bytes and logits masks.
+//
+// Supported JSON Schema keywords: type (one or a list), properties,
+// required, additionalProperties (schema or boolean; absent means any, as
+// the specification says), enum, const, items, minItems, maxItems,
+// minLength, maxLength, anyOf, allOf with one member, $ref into $defs /
+// definitions / the root, nullable (OpenAPI), boolean schemas, and the
+// annotations title, description, default, examples, $schema, $id,
+// $comment, deprecated, readOnly, writeOnly. Any other keyword is an
+// *UnsupportedError naming it.
+//
+// What the generated text looks like: object properties come in the
+// order the schema declares them (optional ones may be skipped, required
+// ones may not), keys matched by additionalProperties come as plain
+// strings without escapes and never equal a declared name, whitespace is
+// allowed where JSON allows it but at most MaxWhitespace bytes in a row,
+// and numbers have at most MaxNumberLen bytes.
+package grammar
+
+import (
+	"fmt"
+	"strings"
+)
+
+// MaxWhitespace bounds a run of whitespace between JSON tokens, so that a
+// model cannot pad forever.
+const MaxWhitespace = 24
+
+// MaxNumberLen bounds the bytes of one JSON number.
+const MaxNumberLen = 32
+
+type kind uint8
+
+const (
+	kNever  kind = iota // matches nothing (schema false)
+	kLit                // one of a set of byte strings (enum, const, true, false, null, wrappers)
+	kString             // a JSON string
+	kNumber             // a JSON number (integer: no fraction or exponent)
+	kArray              // a JSON array
+	kObject             // a JSON object
+	kUnion              // one of alts
+	kSeq                // alts in order
+	kRepeat             // items, minItems..maxItems times
+	kRoot               // the document: optional leading whitespace, then alts[0]
+)
+
+type node struct {
+	id   int32
+	kind kind
+
+	integer bool // kNumber
+
+	minLen, maxLen int32 // kString (maxLen < 0: none), code points
+
+	items              *node // kArray, kRepeat
+	minItems, maxItems int32 // kArray, kRepeat (maxItems < 0: none)
+
+	props      []prop   // kObject, in the order generated
+	additional *node    // kObject: schema of other keys, nil: none allowed
+	allowed    []uint64 // kObject: per progress p, the props that may come next
+	closable   []bool   // kObject: per progress p, whether '}' may come
+
+	lit *litTrie // kLit
+
+	alts []*node // kUnion, kSeq, kRoot
+}
+
+type prop struct {
+	key      []byte // the JSON encoding of the name, without the quotes
+	node     *node
+	required bool
+}
+
+// litTrie is a byte trie of a set of literals; node 0 is the root.
+type litTrie struct{ nodes []litNode }
+
+type litNode struct {
+	edges    []litEdge
+	terminal bool
+}
+
+type litEdge struct {
+	b  byte
+	to int32
+}
+
+func newLitTrie(lits [][]byte) *litTrie {
+	t := &litTrie{nodes: []litNode{{}}}
+	for _, l := range lits {
+		cur := int32(0)
+	next:
+		for _, b := range l {
+			for _, e := range t.nodes[cur].edges {
+				if e.b == b {
+					cur = e.to
+					continue next
+				}
+			}
+			t.nodes = append(t.nodes, litNode{})
+			to := int32(len(t.nodes) - 1)
+			t.nodes[cur].edges = append(t.nodes[cur].edges, litEdge{b, to})
+			cur = to
+		}
+		t.nodes[cur].terminal = true
+	}
+	return t
+}
+
+func (t *litTrie) step(pos int32, b byte) int32 {
+	for _, e := range t.nodes[pos].edges {
+		if e.b == b {
+			return e.to
+		}
+	}
+	return -1
+}
+
+// Grammar is a compiled grammar. It is immutable and safe for concurrent
+// use; each generation runs its own Matcher.
+type Grammar struct {
+	root  *node
+	nodes int32
+}
+
+// UnsupportedError names JSON Schema keywords the compiler does not
+// implement, with the JSON pointer of the schema that uses them.
+type UnsupportedError struct {
+	Keywords []string
+	Path     string
+}
+
+func (e *UnsupportedError) Error() string {
+	p := e.Path
+	if p == "" {
+		p = "#"
+	}
+	return fmt.Sprintf("unsupported JSON Schema keyword(s) %s at %s", strings.Join(e.Keywords, ", "), p)
+}
+
+type builder struct {
+	next int32
+}
+
+func (b *builder) node(k kind) *node {
+	n := &node{id: b.next, kind: k, maxLen: -1, maxItems: -1}
+	b.next++
+	return n
+}
+
+func (b *builder) lit(lits ...string) *node {
+	bs := make([][]byte, len(lits))
+	for i, l := range lits {
+		bs[i] = []byte(l)
+	}
+	n := b.node(kLit)
+	n.lit = newLitTrie(bs)
+	return n
+}
+
+// anyValue returns a node matching any JSON value.
+func (b *builder) anyValue() *node {
+	u := b.node(kUnion)
+	obj := b.node(kObject)
+	obj.additional = u
+	obj.finishObject()
+	arr := b.node(kArray)
+	arr.items = u
+	str := b.node(kString)
+	num := b.node(kNumber)
+	u.alts = []*node{obj, arr, str, num, b.lit("true", "false", "null")}
+	return u
+}
+
+// finishObject computes allowed and closable.
+func (n *node) finishObject() {
+	k := len(n.props)
+	n.allowed = make([]uint64, k+1)
+	n.closable = make([]bool, k+1)
+	n.closable[k] = true
+	for p := k - 1; p >= 0; p-- {
+		if n.props[p].node.kind == kNever { // never generated, but its name is not an additional key
+			n.allowed[p] = n.allowed[p+1]
+			n.closable[p] = n.closable[p+1]
+			continue
+		}
+		if n.props[p].required {
+			n.allowed[p] = 1 << p
+		} else {
+			n.allowed[p] = 1<<p | n.allowed[p+1]
+			n.closable[p] = n.closable[p+1]
+		}
+	}
+}
+
+func (b *builder) root(v *node) *Grammar {
+	r := b.node(kRoot)
+	r.alts = []*node{v}
+	return &Grammar{root: r, nodes: b.next}
+}
+
+// AnyJSONObject returns the grammar of response_format json_object: any
+// JSON object.
+func AnyJSONObject() *Grammar {
+	b := &builder{}
+	obj := b.node(kObject)
+	obj.additional = b.anyValue()
+	obj.finishObject()
+	return b.root(obj)
+}
