@@ -100,7 +100,7 @@ func TestAdvanceRejectKeepsState(t *testing.T) {
 
 func TestUnsupportedKeywords(t *testing.T) {
 	cases := map[string][]string{
-		`{"type":"string","pattern":"^a$"}`:                            {"pattern"},
+		`{"type":"string","pattern":"^a$"}`:                              {"pattern"},
 		`{"type":"object","properties":{"a":{"minimum":1,"maximum":2}}}`: {"maximum", "minimum"},
 		`{"oneOf":[{"type":"string"}]}`:                                  {"oneOf"},
 		`{"type":"array","prefixItems":[true]}`:                          {"prefixItems"},

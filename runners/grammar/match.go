@@ -664,4 +664,3 @@ func (s *stepper) objKey(f *frame, b byte) {
 // noAdd in an object key's u8 marks a key that can no longer be an
 // additional one (it has taken a byte only a declared name allows).
 const noAdd = 0xFF
-
