@@ -39,7 +39,7 @@ func (m *Matcher) Advance(bs []byte) error {
 		if len(s.out) == 0 {
 			return fmt.Errorf("%w: %q at byte %d", ErrRejected, b, i)
 		}
-		alts = dedupe(s.out)
+		alts = capAlts(dedupe(s.out))
 	}
 	m.alts = alts
 	return nil
@@ -95,4 +95,16 @@ func dedupe(alts []*frame) []*frame {
 		out = append(out, f)
 	}
 	return out
+}
+
+// MaxAlternatives bounds the stacks a state keeps (anyOf branches still
+// open). Past it the later ones are dropped: what remains still only
+// produces valid documents, but fewer of them.
+const MaxAlternatives = 32
+
+func capAlts(alts []*frame) []*frame {
+	if len(alts) > MaxAlternatives {
+		return alts[:MaxAlternatives]
+	}
+	return alts
 }

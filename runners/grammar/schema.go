@@ -29,6 +29,9 @@ func Compile(schema []byte) (*Grammar, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkLeftRecursion(n); err != nil {
+		return nil, err
+	}
 	return c.b.root(n), nil
 }
 
@@ -533,4 +536,60 @@ func canonicalJSON(v any) ([]byte, error) {
 		return nil, err
 	}
 	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
+// checkLeftRecursion refuses schemas that reach themselves through anyOf
+// and $ref alone ({"anyOf":[{"$ref":"#"}]}): such a value would have to
+// start with itself.
+func checkLeftRecursion(root *node) error {
+	const (
+		white = iota
+		grey
+		black
+	)
+	color := map[*node]int{}
+	var all []*node
+	seen := map[*node]bool{}
+	var collect func(n *node)
+	collect = func(n *node) {
+		if n == nil || seen[n] {
+			return
+		}
+		seen[n] = true
+		all = append(all, n)
+		collect(n.items)
+		collect(n.additional)
+		for _, p := range n.props {
+			collect(p.node)
+		}
+		for _, a := range n.alts {
+			collect(a)
+		}
+	}
+	collect(root)
+	var visit func(n *node) bool
+	visit = func(n *node) bool {
+		switch color[n] {
+		case grey:
+			return false
+		case black:
+			return true
+		}
+		color[n] = grey
+		if n.kind == kUnion {
+			for _, a := range n.alts {
+				if !visit(a) {
+					return false
+				}
+			}
+		}
+		color[n] = black
+		return true
+	}
+	for _, n := range all {
+		if !visit(n) {
+			return errors.New("grammar: schema refers to itself through anyOf/$ref without a value in between")
+		}
+	}
+	return nil
 }

@@ -301,7 +301,7 @@ func (w *walker) walk(ni int32, alts []*frame, depth int) {
 		w.setRange(c.t0, c.tEnd)
 		if c.e1 > c.e0 {
 			if len(next) > 8 {
-				next = dedupe(next)
+				next = capAlts(dedupe(next))
 			}
 			w.walk(ci, next, depth+1)
 		}
