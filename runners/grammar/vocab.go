@@ -22,6 +22,11 @@ type Vocab struct {
 	edgeB  []byte
 	edgeTo []int32
 	order  []int32 // token ids in trie (sorted-bytes) order
+
+	// plainSet[u]: the tokens made only of string-body bytes from UTF-8
+	// state u; a mask in a free string starts from it and walks only the
+	// rest of the trie.
+	plainSet [numU8][]uint64
 }
 
 type tnode struct {
@@ -121,6 +126,9 @@ func (v *Vocab) build() {
 			v.edgeB[e], v.edgeTo[e] = n.b, int32(i)
 		}
 	}
+	for u := range v.plainSet {
+		v.plainSet[u] = make([]uint64, v.MaskWords())
+	}
 	for i := len(v.nodes) - 1; i >= 0; i-- {
 		n := &v.nodes[i]
 		var plain uint8
@@ -139,6 +147,35 @@ func (v *Vocab) build() {
 			}
 		}
 		n.plain = plain
+	}
+	for u := uint8(0); u < numU8; u++ {
+		v.markPlain(0, u, v.plainSet[u])
+	}
+}
+
+// markPlain sets in dst the tokens under node ni made only of string-body
+// bytes, the path to ni having left UTF-8 state u.
+func (v *Vocab) markPlain(ni int32, u uint8, dst []uint64) {
+	n := &v.nodes[ni]
+	if n.plain&(1<<u) != 0 {
+		for _, id := range v.order[n.t0:n.s1] {
+			dst[id>>6] |= 1 << (id & 63)
+		}
+		return
+	}
+	if ni != 0 {
+		for _, id := range v.order[n.t0:n.tEnd] {
+			dst[id>>6] |= 1 << (id & 63)
+		}
+	}
+	for e := n.e0; e < n.e1; e++ {
+		b := v.edgeB[e]
+		if u == u8None && (b < 0x20 || b == '"' || b == '\\') {
+			continue
+		}
+		if nu, ok := utf8Step(u, b); ok {
+			v.markPlain(v.edgeTo[e], nu, dst)
+		}
 	}
 }
 
@@ -218,16 +255,21 @@ func (c *Constraint) Mask(dst []uint64) {
 	if c.done {
 		return
 	}
-	c.key = stateKey(c.key[:0], c.m.alts)
-	if m, ok := c.cache[string(c.key)]; ok {
-		copy(dst, m)
-		return
+	if c.cache != nil {
+		c.key = stateKey(c.key[:0], c.m.alts)
+		if m, ok := c.cache[string(c.key)]; ok {
+			copy(dst, m)
+			return
+		}
 	}
 	c.w.mask(c.m.alts, dst)
 	if c.m.CanEnd() {
 		for _, e := range c.v.eos {
 			dst[e/64] |= 1 << (e % 64)
 		}
+	}
+	if c.cache == nil {
+		return
 	}
 	if len(c.cache) >= maxCache {
 		clear(c.cache)
@@ -240,15 +282,21 @@ type walker struct {
 	v    *Vocab
 	a    arena
 	s    stepper
-	bufs [][]*frame
-	dst  []uint64
+	bufs  [][]*frame
+	dst   []uint64
+	plain bool // the walk started in plain mode: plain subtrees are set already
 }
 
 func (w *walker) mask(alts []*frame, dst []uint64) {
 	w.a.reset()
 	w.s.a = &w.a
 	w.dst = dst
-	w.walk(0, alts, 0)
+	w.plain = false
+	if u, ok := plainMode(alts); ok {
+		copy(dst, w.v.plainSet[u]) // the walk below skips what this covers
+		w.plain = true
+	}
+	w.walk(0, alts, 0, w.plain)
 	w.dst = nil
 }
 
@@ -275,7 +323,10 @@ func plainMode(alts []*frame) (uint8, bool) {
 	return 0, false
 }
 
-func (w *walker) walk(ni int32, alts []*frame, depth int) {
+// walk extends the stacks alts at trie node ni. inPlain: the walk began
+// in plain mode and the path to ni is plain string-body bytes, so the
+// tokens of a plain subtree below are in plainSet already.
+func (w *walker) walk(ni int32, alts []*frame, depth int, inPlain bool) {
 	v := w.v
 	n := &v.nodes[ni]
 	if depth == len(w.bufs) {
@@ -294,8 +345,11 @@ func (w *walker) walk(ni int32, alts []*frame, depth int) {
 		}
 		ci := v.edgeTo[e]
 		c := &v.nodes[ci]
+		childPlain := inPlain && b >= 0x20 && b != '"' && b != '\\'
 		if u, ok := plainMode(next); ok && c.plain&(1<<u) != 0 {
-			w.setRange(c.t0, c.s1)
+			if !childPlain {
+				w.setRange(c.t0, c.s1)
+			}
 			continue
 		}
 		w.setRange(c.t0, c.tEnd)
@@ -303,7 +357,8 @@ func (w *walker) walk(ni int32, alts []*frame, depth int) {
 			if len(next) > 8 {
 				next = capAlts(dedupe(next))
 			}
-			w.walk(ci, next, depth+1)
+			w.walk(ci, next, depth+1, childPlain)
 		}
 	}
 }
+
