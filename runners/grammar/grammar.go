@@ -123,8 +123,9 @@ func (t *litTrie) step(pos int32, b byte) int32 {
 // Grammar is a compiled grammar. It is immutable and safe for concurrent
 // use; each generation runs its own Matcher.
 type Grammar struct {
-	root  *node
-	nodes int32
+	root     *node
+	nodes    int32
+	wrappers [][]byte // tool-call wrapper literals
 }
 
 // UnsupportedError names JSON Schema keywords the compiler does not
@@ -143,7 +144,8 @@ func (e *UnsupportedError) Error() string {
 }
 
 type builder struct {
-	next int32
+	next     int32
+	wrappers [][]byte
 }
 
 func (b *builder) node(k kind) *node {
@@ -200,7 +202,7 @@ func (n *node) finishObject() {
 func (b *builder) root(v *node) *Grammar {
 	r := b.node(kRoot)
 	r.alts = []*node{v}
-	return &Grammar{root: r, nodes: b.next}
+	return &Grammar{root: r, nodes: b.next, wrappers: b.wrappers}
 }
 
 // AnyJSONObject returns the grammar of response_format json_object: any

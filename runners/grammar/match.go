@@ -223,14 +223,10 @@ func (s *stepper) afterChild(up *frame) *frame {
 // completes reports whether a stack whose top is f can end the document
 // now.
 func completes(f *frame) bool {
-	for {
-		if !canEnd(f) {
-			return false
-		}
-		up := f.up
-		if up == nil {
-			return true
-		}
+	if !canEnd(f) {
+		return false
+	}
+	for up := f.up; up != nil; up = up.up {
 		switch up.n.kind {
 		case kSeq:
 			if int(up.st)+1 != len(up.n.alts) {
@@ -245,8 +241,8 @@ func completes(f *frame) bool {
 		default:
 			return false // arrays and objects still need their closing byte
 		}
-		f = up
 	}
+	return true
 }
 
 // enter starts node n under up with byte b.

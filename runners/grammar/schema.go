@@ -15,6 +15,16 @@ import (
 // Compile compiles a JSON Schema (the subset in the package comment) into
 // a Grammar whose documents are the JSON texts the schema accepts.
 func Compile(schema []byte) (*Grammar, error) {
+	b := &builder{}
+	n, err := b.schema(schema)
+	if err != nil {
+		return nil, err
+	}
+	return b.root(n), nil
+}
+
+// schema compiles one schema document into b's node space.
+func (b *builder) schema(schema []byte) (*node, error) {
 	d := json.NewDecoder(bytes.NewReader(schema))
 	d.UseNumber()
 	v, err := decodeOrdered(d)
@@ -24,7 +34,7 @@ func Compile(schema []byte) (*Grammar, error) {
 	if _, err := d.Token(); err != io.EOF {
 		return nil, errors.New("grammar: schema: trailing data after the JSON value")
 	}
-	c := &compiler{b: &builder{}, root: v, refs: map[string]*node{}}
+	c := &compiler{b: b, root: v, refs: map[string]*node{}}
 	n, err := c.compile(v, "")
 	if err != nil {
 		return nil, err
@@ -32,7 +42,7 @@ func Compile(schema []byte) (*Grammar, error) {
 	if err := checkLeftRecursion(n); err != nil {
 		return nil, err
 	}
-	return c.b.root(n), nil
+	return n, nil
 }
 
 type compiler struct {

@@ -18,6 +18,8 @@ type Vocab struct {
 	eos   []int32
 	bytes [][]byte // per id; nil when left out
 
+	special map[int32][]byte // tokens left out of the trie, by id: only a tool-call wrapper may spell them
+
 	nodes  []tnode
 	edgeB  []byte
 	edgeTo []int32
@@ -61,6 +63,14 @@ func NewVocab(size int, bytesOf func(id int32) []byte, leave func(id int32) bool
 		}
 		v.bytes[id] = slices.Clone(b)
 		ids = append(ids, id)
+	}
+	v.special = map[int32][]byte{}
+	for id := int32(0); int(id) < size; id++ {
+		if v.bytes[id] == nil && !slices.Contains(eos, id) {
+			if b := bytesOf(id); len(b) > 0 {
+				v.special[id] = slices.Clone(b)
+			}
+		}
 	}
 	slices.SortFunc(ids, func(a, b int32) int {
 		if c := bytes.Compare(v.bytes[a], v.bytes[b]); c != 0 {
@@ -200,12 +210,13 @@ func (v *Vocab) IsEOS(id int32) bool { return slices.Contains(v.eos, id) }
 // allowed next, Accept consumes the token chosen. Masks are cached by
 // automaton state. Not safe for concurrent use.
 type Constraint struct {
-	v     *Vocab
-	m     *Matcher
-	done  bool
-	w     walker
-	cache map[string][]uint64
-	key   []byte
+	v        *Vocab
+	m        *Matcher
+	specials []int32 // left-out tokens the grammar's wrappers spell
+	done     bool
+	w        walker
+	cache    map[string][]uint64
+	key      []byte
 }
 
 // maxCache bounds the masks kept per generation.
@@ -213,7 +224,17 @@ const maxCache = 256
 
 // NewConstraint starts g over v.
 func NewConstraint(g *Grammar, v *Vocab) *Constraint {
-	return &Constraint{v: v, m: g.NewMatcher(), w: walker{v: v}, cache: map[string][]uint64{}}
+	c := &Constraint{v: v, m: g.NewMatcher(), w: walker{v: v}, cache: map[string][]uint64{}}
+	for id, b := range v.special {
+		for _, w := range g.wrappers {
+			if bytes.Contains(w, b) {
+				c.specials = append(c.specials, id)
+				break
+			}
+		}
+	}
+	slices.Sort(c.specials)
+	return c
 }
 
 // Done reports whether an end-of-generation token has been accepted.
@@ -242,6 +263,9 @@ func (c *Constraint) Accept(id int32) error {
 		return nil
 	}
 	b := c.v.TokenBytes(id)
+	if b == nil && slices.Contains(c.specials, id) {
+		b = c.v.special[id]
+	}
 	if b == nil {
 		return fmt.Errorf("%w: token %d is not in the constrained vocabulary", ErrRejected, id)
 	}
@@ -263,6 +287,11 @@ func (c *Constraint) Mask(dst []uint64) {
 		}
 	}
 	c.w.mask(c.m.alts, dst)
+	for _, id := range c.specials {
+		if c.m.Accepts(c.v.special[id]) {
+			dst[id/64] |= 1 << (id % 64)
+		}
+	}
 	if c.m.CanEnd() {
 		for _, e := range c.v.eos {
 			dst[e/64] |= 1 << (e % 64)
@@ -279,9 +308,9 @@ func (c *Constraint) Mask(dst []uint64) {
 
 // walker computes masks by walking the trie with the automaton.
 type walker struct {
-	v    *Vocab
-	a    arena
-	s    stepper
+	v     *Vocab
+	a     arena
+	s     stepper
 	bufs  [][]*frame
 	dst   []uint64
 	plain bool // the walk started in plain mode: plain subtrees are set already
@@ -361,4 +390,3 @@ func (w *walker) walk(ni int32, alts []*frame, depth int, inPlain bool) {
 		}
 	}
 }
-
