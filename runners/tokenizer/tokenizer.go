@@ -291,12 +291,6 @@ func (t *Tokenizer) Decode(ids []int32) string {
 	return string(b)
 }
 
-// TokenBytes returns the bytes id adds to decoded text (a byte-level BPE
-// token's bytes, a SentencePiece piece with its spaces, an added token's
-// text), nil when id is out of range. Decode may drop a leading space of
-// the whole text that TokenBytes keeps.
-func (t *Tokenizer) TokenBytes(id int32) []byte { return t.appendBytes(nil, id) }
-
 func (t *Tokenizer) appendBytes(b []byte, id int32) []byte {
 	if id < 0 || int(id) >= len(t.idToToken) {
 		return b
