@@ -10,6 +10,7 @@ package supervisor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -116,7 +117,9 @@ func Run(ctx context.Context, o Options) error {
 			s.met.Register("gpu", g)
 		}
 	}
-	s.gw = gateway.New(gateway.Options{Logger: s.log})
+	s.gw = gateway.New(gateway.Options{Logger: s.log,
+		Instance:    func(runner string) string { return s.set.Instance(runner) },
+		RunnerError: func(runner string) string { return s.set.LastError(runner) }})
 	s.gw.SetConfig(cfg, s.host)
 	s.set = reconcile.New(reconcile.Options{Executable: o.Executable, ExtraEnv: o.ExtraEnv, Process: withLogger(o.Process, s.log)})
 
@@ -125,6 +128,9 @@ func Run(ctx context.Context, o Options) error {
 		addr = net.JoinHostPort(cfg.API.Listen, strconv.Itoa(cfg.API.Port))
 	}
 	ln, err := net.Listen("tcp", addr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("API gateway: %s is taken (another exo supervise running?): pick another address with --listen HOST:PORT or [api] port in the cluster file: %w", addr, err)
+	}
 	if err != nil {
 		return fmt.Errorf("API gateway: %w", err)
 	}
@@ -278,8 +284,8 @@ func (s *supervisor) reload(ctx context.Context, reason string) {
 	old := s.cfg
 	s.cfg = c
 	s.mu.Unlock()
-	if old.API != c.API {
-		s.log.Warn("the [api] section changed; restart the supervisor to apply it", "old", old.API, "new", c.API)
+	if old.API.Listen != c.API.Listen || old.API.Port != c.API.Port { // cors_origins applies live
+		s.log.Warn("the [api] listen address changed; restart the supervisor to apply it", "old", old.API, "new", c.API)
 	}
 	ch := s.set.Apply(ctx, c.Runners(s.host))
 	s.gw.SetConfig(c, s.host)

@@ -441,3 +441,73 @@ func TestCrashLoopIsReported(t *testing.T) {
 		t.Errorf("%d %s", resp.StatusCode, b)
 	}
 }
+
+// TestSecondSupervisorIsNotReadyOnTheFirstsRunners: with one cluster
+// running, a second supervisor of the same cluster file (another API
+// port) does not count the first one's runners as its own: they answer its
+// probes on the shared ports with another instance token, so its runners
+// are not ready, it sends no READY=1, and its gateway answers 503 saying
+// the port is taken instead of serving from the first cluster's runners.
+func TestSecondSupervisorIsNotReadyOnTheFirstsRunners(t *testing.T) {
+	file := clusterFile(freePort(t), "a=src-a")
+	first := start(t, file)
+	second := startWith(t, file, 50*time.Millisecond, false, fakerunner.EnvListenDelay+"=1s")
+	var msg string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Post("http://"+second.api+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"a","messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			t.Fatalf("the second supervisor served from the first's runner: %s", b)
+		}
+		msg = string(b)
+		if resp.StatusCode == 503 && strings.Contains(msg, "answered by another process") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no 503 naming the taken port; last answer %d %s", resp.StatusCode, b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, r := range second.status().Runners {
+		if r.Status.State == process.Ready {
+			t.Fatalf("second supervisor's %s is ready: %+v", r.Spec.Name, r.Status)
+		}
+	}
+	for {
+		select {
+		case m := <-second.notify:
+			if strings.HasPrefix(m, "READY=1") {
+				t.Fatalf("second supervisor sent %q", m)
+			}
+			continue
+		default:
+		}
+		break
+	}
+	// the first cluster still serves
+	if st := first.status(); len(st.Runners) != 2 || st.Runners[0].Status.State != process.Ready {
+		t.Fatalf("first: %+v", st.Runners)
+	}
+	t.Logf("second's 503: %s", msg)
+}
+
+func TestTakenAPIPortNamesTheFix(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "cluster.toml")
+	os.WriteFile(path, []byte(clusterFile(freePort(t), "a=src-a")), 0o644)
+	err = Run(context.Background(), Options{ConfigPath: path, Host: "h", Executable: os.Args[0], APIListen: l.Addr().String(), NoGPU: true,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err == nil || !strings.Contains(err.Error(), "--listen") || !strings.Contains(err.Error(), "[api] port") {
+		t.Fatalf("got %v", err)
+	}
+}

@@ -90,6 +90,10 @@ type exitError struct {
 func (e exitError) Error() string { return fmt.Sprintf("exit %d: %s", e.code, e.msg) }
 
 func cmdVersion(ctx context.Context, args []string) error {
+	if len(args) > 0 && isHelp(args[0]) {
+		fmt.Println("usage: exo version\n\nPrints the version of this exo binary.")
+		return helpShown
+	}
 	fmt.Println("exo", version.String())
 	return nil
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/metrics"
 	"github.com/exo-pd/exo-pd/runners/openai"
+	"github.com/exo-pd/exo-pd/runners/sample"
 )
 
 // Model is what the decode runner needs of *engine.Model.
@@ -36,12 +37,32 @@ type Model interface {
 
 // Text is the model's tokenizer and chat template.
 type Text interface {
-	Render(msgs []openai.ChatMessage, addGenerationPrompt bool) (string, error)
+	// Render renders msgs through the chat template: with a generation
+	// prompt (a new assistant turn), or with the final message left open
+	// (continueFinal: no end-of-turn after it, so generation continues
+	// it), or neither.
+	Render(msgs []openai.ChatMessage, addGenerationPrompt, continueFinal bool) (string, error)
 	Encode(text string) []int32
+	Decode(ids []int32) string
+	// TokenBytes is the bytes one token stands for.
+	TokenBytes(id int32) []byte
 	EOS() []int32
 	VocabSize() int
 	// NewStream returns an incremental detokenizer.
 	NewStream() TextStream
+}
+
+// Constraint restricts what a generation may produce: the seam for
+// grammar-constrained decoding (response_format, tool arguments). For
+// every step, Mask gets that step's logits (the generation's own copy) and
+// sets those of disallowed tokens to -Inf; after sampling, Accept is told
+// the token; when Done reports true the output is complete and generation
+// ends with finish_reason "stop". Log-probabilities are computed from the
+// logits before Mask.
+type Constraint interface {
+	Mask(logits []float32) error
+	Accept(tok int32) error
+	Done() bool
 }
 
 // TextStream turns token ids into text as they come.
@@ -102,6 +123,14 @@ type Options struct {
 	// DefaultMaxTokens caps a request that sets no max_tokens (default
 	// 4096, and never past the context).
 	DefaultMaxTokens int
+	// Defaults are the sampling defaults requests start from: the model's
+	// own (ModelDefaults) overlaid by the cluster file's [models.defaults].
+	Defaults openai.Defaults
+	// NewConstraint, when set, is asked for each request's Constraint (nil:
+	// unconstrained); it is how tools and response_format plug in. Set
+	// AcceptTools too once it honours them (else the API refuses them).
+	NewConstraint func(req *openai.GenRequest) (Constraint, error)
+	AcceptTools   bool
 
 	Metrics *metrics.Runner
 	Logger  *slog.Logger
@@ -164,7 +193,7 @@ func New(o Options) *Server {
 	for _, id := range o.Text.EOS() {
 		s.eos[id] = true
 	}
-	s.api = &openai.Handler{Gen: s, Served: []string{o.Name}, Logger: o.Logger,
+	s.api = &openai.Handler{Gen: s, Served: []string{o.Name}, Logger: o.Logger, Defaults: o.Defaults, AcceptTools: o.AcceptTools,
 		OnResult: func(_ string, code int) {
 			// Always the served name: a label from the request body would
 			// let clients mint unbounded series.
@@ -191,10 +220,10 @@ func (s *Server) Close() {
 	s.pool.close()
 }
 
-func (s *Server) prompt(req *openai.GenRequest, agp bool) ([]int32, error) {
+func (s *Server) prompt(req *openai.GenRequest) ([]int32, error) {
 	switch {
 	case req.Chat:
-		text, err := s.o.Text.Render(req.Messages, agp)
+		text, err := s.o.Text.Render(req.Messages, req.AddGenerationPrompt, req.ContinueFinal)
 		if err != nil {
 			return nil, openai.Errorf("messages", "rendering the chat template: %v", err)
 		}
@@ -213,18 +242,41 @@ func (s *Server) prompt(req *openai.GenRequest, agp bool) ([]int32, error) {
 }
 
 // Tokenize implements openai.Generator.
-func (s *Server) Tokenize(ctx context.Context, req *openai.GenRequest, agp bool) ([]int32, int, error) {
-	toks, err := s.prompt(req, agp)
+func (s *Server) Tokenize(ctx context.Context, req *openai.GenRequest) ([]int32, int, error) {
+	toks, err := s.prompt(req)
 	return toks, s.info.MaxPositions, err
+}
+
+// Detokenize implements openai.Generator.
+func (s *Server) Detokenize(ctx context.Context, ids []int32) (string, error) {
+	v := s.o.Text.VocabSize()
+	for i, id := range ids {
+		if id < 0 || int(id) >= v {
+			return "", openai.Errorf("tokens", "tokens[%d] = %d is outside the vocabulary of %d", i, id, v)
+		}
+	}
+	return s.o.Text.Decode(ids), nil
 }
 
 // Generate implements openai.Generator.
 func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai.Emitter) (openai.Result, error) {
 	t0 := time.Now()
 	reqID := fmt.Sprintf("%s-%d", s.o.Name, s.seq.Add(1))
-	prompt, err := s.prompt(req, true)
+	prompt, err := s.prompt(req)
 	if err != nil {
 		return openai.Result{}, err
+	}
+	v := s.o.Text.VocabSize()
+	for id := range req.Sampling.LogitBias {
+		if int(id) >= v {
+			return openai.Result{}, openai.Errorf("logit_bias", "logit_bias token %d is outside the vocabulary of %d", id, v)
+		}
+	}
+	var cons Constraint
+	if s.o.NewConstraint != nil {
+		if cons, err = s.o.NewConstraint(req); err != nil {
+			return openai.Result{}, err
+		}
 	}
 	n := len(prompt)
 	if n == 0 {
@@ -275,7 +327,7 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 	}
 	entry.tokens = append(entry.tokens[:0:0], prompt...)
 
-	res, err := s.generate(ctx, req, em, entry, logits, t0)
+	res, err := s.generate(ctx, req, em, entry, logits, cons, t0)
 	res.PromptTokens, res.CachedTokens = n, start
 	// After a success, or when the client went away between steps, the
 	// cache is consistent and the conversation is kept for its next turn.
@@ -350,7 +402,7 @@ func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest,
 	return nil
 }
 
-func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai.Emitter, entry *convEntry, logits []float32, t0 time.Time) (openai.Result, error) {
+func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai.Emitter, entry *convEntry, logits []float32, cons Constraint, t0 time.Time) (openai.Result, error) {
 	var res openai.Result
 	maxNew := req.MaxTokens
 	if maxNew == 0 {
@@ -368,18 +420,32 @@ func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai
 		defer leave()
 	}
 	last := time.Now()
-	emit := func(text string) (bool, error) {
+	emit := func(text string, lp *openai.TokenLogprob) (bool, error) {
 		stopped := false
 		if stops != nil {
 			text, stopped = stops.Push(text)
 		}
-		if err := em.Text(text); err != nil {
+		if err := em.Text(text, lp); err != nil {
 			return stopped, &clientGone{err}
 		}
 		return stopped, nil
 	}
+	var masked []float32
 	for {
-		tok := sampler.Sample(logits, history)
+		sl := logits
+		if cons != nil {
+			masked = append(masked[:0], logits...)
+			if err := cons.Mask(masked); err != nil {
+				return res, fmt.Errorf("constraint: %w", err)
+			}
+			sl = masked
+		}
+		tok := sampler.Sample(sl, history)
+		if cons != nil {
+			if err := cons.Accept(tok); err != nil {
+				return res, fmt.Errorf("constraint: %w", err)
+			}
+		}
 		now := time.Now()
 		if res.CompletionTokens == 0 {
 			s.m.TTFT.WithLabelValues(s.o.Name).Observe(now.Sub(t0).Seconds())
@@ -394,13 +460,21 @@ func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai
 		res.CompletionTokens++
 		s.m.GenTokens.WithLabelValues(s.o.Name).Inc()
 		history = append(history, tok)
-		stopped, err := emit(stream.Add(tok))
+		var lp *openai.TokenLogprob
+		if req.Logprobs {
+			lp = s.logprob(logits, tok, req.TopLogprobs)
+		}
+		stopped, err := emit(stream.Add(tok), lp)
 		if err != nil {
 			return res, err
 		}
 		if stopped {
 			res.FinishReason = "stop"
 			return res, nil
+		}
+		if cons != nil && cons.Done() {
+			res.FinishReason = "stop"
+			break
 		}
 		if res.CompletionTokens >= maxNew || (s.info.MaxPositions > 0 && entry.cache.Len()+1 >= s.info.MaxPositions) {
 			res.FinishReason = "length"
@@ -413,11 +487,22 @@ func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai
 		entry.tokens = append(entry.tokens, tok)
 	}
 	if stops != nil {
-		if err := em.Text(stops.Flush()); err != nil {
+		if err := em.Text(stops.Flush(), nil); err != nil {
 			return res, &clientGone{err}
 		}
 	}
 	return res, nil
+}
+
+// logprob describes tok under the model's logits (before any sampling
+// transform): its log-probability and the top most likely tokens.
+func (s *Server) logprob(logits []float32, tok int32, top int) *openai.TokenLogprob {
+	lp, best := sample.Logprobs(logits, tok, top)
+	out := &openai.TokenLogprob{Bytes: s.o.Text.TokenBytes(tok), Logprob: lp}
+	for _, b := range best {
+		out.Top = append(out.Top, openai.TopToken{Bytes: s.o.Text.TokenBytes(b.ID), Logprob: b.Logprob})
+	}
+	return out
 }
 
 // decodeStep appends tok to cache and returns the logits after it: in the

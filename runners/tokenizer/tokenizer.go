@@ -390,3 +390,8 @@ func normalizerFunc(kind string) (func(string) string, bool) {
 	}
 	return nil, false
 }
+
+// TokenBytes returns the bytes one token stands for (as Decode would give
+// it within a text, without stripping a leading space); nil when out of
+// range. A byte-level token may hold part of a UTF-8 sequence.
+func (t *Tokenizer) TokenBytes(id int32) []byte { return t.appendBytes(nil, id) }

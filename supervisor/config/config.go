@@ -74,6 +74,9 @@ type Cluster struct {
 type API struct {
 	Listen string `toml:"listen"` // interface to bind; "" = all
 	Port   int    `toml:"port"`
+	// CORSOrigins are the origins browsers may call the gateway from
+	// ("https://app.example", or "*" for any); empty: no CORS headers.
+	CORSOrigins []string `toml:"cors_origins"`
 }
 
 // Host is one machine of the cluster.
@@ -99,6 +102,20 @@ type Model struct {
 	MaxBatch int `toml:"max_batch"`
 	// PrefillChunk is the prefill chunk in tokens (--prefill-chunk; 0 = the runners' default).
 	PrefillChunk int `toml:"prefill_chunk"`
+	// Defaults are sampling defaults over the model's own
+	// (generation_config.json, GGUF general.sampling.*), under each
+	// request's fields (decode runners' --default-*).
+	Defaults *SamplingDefaults `toml:"defaults"`
+}
+
+// SamplingDefaults is a model's [models.defaults] table; unset keys keep
+// the model's own default.
+type SamplingDefaults struct {
+	Temperature       *float64 `toml:"temperature"`
+	TopP              *float64 `toml:"top_p"`
+	TopK              *int     `toml:"top_k"`
+	MinP              *float64 `toml:"min_p"`
+	RepetitionPenalty *float64 `toml:"repetition_penalty"`
 }
 
 // Role is the decode or prefill part of a model.
@@ -248,13 +265,14 @@ func keyCol(src string, line int, key string) int {
 }
 
 var knownKeys = map[string][]string{
-	"":               {"cluster", "api", "hosts", "models"},
-	"cluster":        {"name", "secret_file", "models_dir", "runner_port_base", "offline"},
-	"api":            {"listen", "port"},
-	"hosts.*":        {"address", "backend", "threads"},
-	"models":         {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "max_queue", "max_batch", "prefill_chunk"},
-	"models.decode":  {"hosts", "source", "port"},
-	"models.prefill": {"hosts", "source", "port", "metrics_port", "prefix_cache_mib"},
+	"":                {"cluster", "api", "hosts", "models"},
+	"cluster":         {"name", "secret_file", "models_dir", "runner_port_base", "offline"},
+	"api":             {"listen", "port", "cors_origins"},
+	"hosts.*":         {"address", "backend", "threads"},
+	"models":          {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "max_queue", "max_batch", "prefill_chunk", "defaults"},
+	"models.defaults": {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"},
+	"models.decode":   {"hosts", "source", "port"},
+	"models.prefill":  {"hosts", "source", "port", "metrics_port", "prefix_cache_mib"},
 }
 
 func knownKeysHint(path []string) string {
