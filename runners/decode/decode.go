@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/exo-pd/exo-pd/runners/anthropic"
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/metrics"
 	"github.com/exo-pd/exo-pd/runners/openai"
@@ -80,6 +81,8 @@ type Sampler interface {
 type StopMatcher interface {
 	Push(text string) (emit string, stopped bool)
 	Flush() string
+	// Matched is the stop sequence seen, once Push reported one.
+	Matched() string
 }
 
 // Remote fills a cache from a prefill runner.
@@ -147,6 +150,7 @@ type Server struct {
 	seq  atomic.Uint64
 	eos  map[int32]bool
 	api  *openai.Handler
+	msgs *anthropic.Handler
 
 	batch     *batcher // nil when MaxBatch is 1
 	stopBatch context.CancelFunc
@@ -190,6 +194,8 @@ func New(o Options) *Server {
 		s.batch.sizes = func(n int) { s.m.DecodeBatch.Observe(float64(n)) }
 		go s.batch.run(ctx)
 	}
+	s.msgs = &anthropic.Handler{Gen: s, Served: []string{o.Name}, Logger: o.Logger, Defaults: o.Defaults,
+		OnResult: func(_ string, code int) { s.m.Requests.WithLabelValues(o.Name, strconv.Itoa(code)).Inc() }}
 	for _, id := range o.Text.EOS() {
 		s.eos[id] = true
 	}
@@ -202,10 +208,12 @@ func New(o Options) *Server {
 	return s
 }
 
-// Register adds the OpenAI routes and /metrics to mux (/health is the
-// caller's, since it also answers while the model loads).
+// Register adds the OpenAI routes, Anthropic's /v1/messages and /metrics to
+// mux (/health is the caller's, since it also answers while the model
+// loads).
 func (s *Server) Register(mux *http.ServeMux) {
 	s.api.Register(mux)
+	s.msgs.Register(mux)
 	mux.Handle("/metrics", s.m.Handler())
 }
 
@@ -469,7 +477,7 @@ func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai
 			return res, err
 		}
 		if stopped {
-			res.FinishReason = "stop"
+			res.FinishReason, res.StopSequence = "stop", stops.Matched()
 			return res, nil
 		}
 		if cons != nil && cons.Done() {

@@ -21,6 +21,9 @@ type Result struct {
 	CompletionTokens int
 	// FinishReason is "stop" (end token or stop sequence) or "length".
 	FinishReason string
+	// StopSequence is the stop sequence that ended the generation, if one
+	// did.
+	StopSequence string
 }
 
 // Emitter receives a generation's output. Start is called once, after the
@@ -94,6 +97,7 @@ func (h *Handler) Register(mux *http.ServeMux) {
 	mux.HandleFunc("/v1/models", h.models)
 	mux.HandleFunc("/tokenize", h.tokenize)
 	mux.HandleFunc("/detokenize", h.detokenize)
+	mux.HandleFunc("/v1/responses", h.responses)
 }
 
 func (h *Handler) served(name string) bool {

@@ -135,29 +135,47 @@ type GenRequest struct {
 // MaxBodyBytes bounds a request body.
 const MaxBodyBytes = 32 << 20
 
-// shape lists the JSON object keys a request may carry, recursively: the
+// Shape lists the JSON object keys a request may carry, recursively: the
 // value of a key is the shape of its value (nil: not checked here), and a
 // shape applies to every element of an array. Keys outside it get a 400
 // naming them, so no field is silently ignored.
-type shape map[string]shape
+type Shape map[string]Shape
 
 var (
-	toolCallShape = shape{"id": nil, "type": nil, "function": shape{"name": nil, "arguments": nil}}
-	messageShape  = shape{"role": nil, "content": shape{"type": nil, "text": nil}, "name": nil,
+	toolCallShape = Shape{"id": nil, "type": nil, "function": Shape{"name": nil, "arguments": nil}}
+	messageShape  = Shape{"role": nil, "content": Shape{"type": nil, "text": nil}, "name": nil,
 		"tool_calls": toolCallShape, "tool_call_id": nil}
-	streamOptionsShape = shape{"include_usage": nil}
-	chatShape          = withFields(reflect.TypeFor[ChatRequest](), shape{"messages": messageShape, "stream_options": streamOptionsShape,
-		"tools":           shape{"type": nil, "function": shape{"name": nil, "description": nil, "parameters": nil, "strict": nil}},
-		"response_format": shape{"type": nil, "json_schema": shape{"name": nil, "description": nil, "schema": nil, "strict": nil}}})
-	completionShape = withFields(reflect.TypeFor[CompletionRequest](), shape{"stream_options": streamOptionsShape})
-	tokenizeShape   = withFields(reflect.TypeFor[TokenizeRequest](), shape{"messages": messageShape})
+	streamOptionsShape = Shape{"include_usage": nil}
+	chatShape          = withFields(reflect.TypeFor[ChatRequest](), Shape{"messages": messageShape, "stream_options": streamOptionsShape,
+		"tools":           Shape{"type": nil, "function": Shape{"name": nil, "description": nil, "parameters": nil, "strict": nil}},
+		"response_format": Shape{"type": nil, "json_schema": Shape{"name": nil, "description": nil, "schema": nil, "strict": nil}}})
+	completionShape = withFields(reflect.TypeFor[CompletionRequest](), Shape{"stream_options": streamOptionsShape})
+	tokenizeShape   = withFields(reflect.TypeFor[TokenizeRequest](), Shape{"messages": messageShape})
 	detokenizeShape = withFields(reflect.TypeFor[DetokenizeRequest](), nil)
 )
 
+// FieldsOf is the Shape of every JSON field of struct type t (embedded
+// structs included), with sub-shapes from sub.
+func FieldsOf(t reflect.Type, sub Shape) Shape { return withFields(t, sub) }
+
+// DecodeStrict decodes a JSON object body into v: a key outside sh is a
+// 400 naming its JSON path, a type error names the JSON field.
+func DecodeStrict(body []byte, v any, sh Shape) *Error { return decodeJSON(body, v, sh) }
+
+// ReadBody reads a POST body (bounded by MaxBodyBytes) with OpenAI-style
+// errors.
+func ReadBody(w http.ResponseWriter, r *http.Request) ([]byte, *Error) {
+	var raw json.RawMessage
+	if e := decodeBody(w, r, &raw, nil); e != nil {
+		return nil, e
+	}
+	return raw, nil
+}
+
 // withFields is a shape of every JSON field of struct type t (embedded
 // structs included), with sub-shapes from sub.
-func withFields(t reflect.Type, sub shape) shape {
-	s := shape{}
+func withFields(t reflect.Type, sub Shape) Shape {
+	s := Shape{}
 	for i := range t.NumField() {
 		f := t.Field(i)
 		if f.Anonymous {
@@ -177,7 +195,7 @@ func withFields(t reflect.Type, sub shape) shape {
 
 // check returns the path of the first key (in sorted order) that v carries
 // outside s, or "".
-func (s shape) check(v any, path string) string {
+func (s Shape) check(v any, path string) string {
 	if s == nil {
 		return ""
 	}
@@ -213,7 +231,7 @@ func (s shape) check(v any, path string) string {
 
 // decodeBody reads a JSON body into v with OpenAI-style errors: a key
 // outside sh is refused by name, a type error names the JSON field.
-func decodeBody(w http.ResponseWriter, r *http.Request, v any, sh shape) *Error {
+func decodeBody(w http.ResponseWriter, r *http.Request, v any, sh Shape) *Error {
 	if r.Method != http.MethodPost {
 		return &Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Message: fmt.Sprintf("method %s not allowed; use POST", r.Method)}
 	}
@@ -228,7 +246,7 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any, sh shape) *Error 
 	return decodeJSON(body, v, sh)
 }
 
-func decodeJSON(body []byte, v any, sh shape) *Error {
+func decodeJSON(body []byte, v any, sh Shape) *Error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return Errorf("", "request body is empty; expected a JSON object")
 	}

@@ -1,0 +1,68 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/internal/testenv"
+)
+
+// python returns the interpreter for the SDK tests ($EXO_PYTHON, else
+// python3) if it can import module; else the test skips (scripts/run-tests
+// installs the SDKs, so CI runs them).
+func python(t *testing.T, module string) string {
+	t.Helper()
+	py := os.Getenv("EXO_PYTHON")
+	if py == "" {
+		py = "python3"
+	}
+	if err := exec.Command(py, "-c", "import "+module).Run(); err != nil {
+		t.Skipf("%s cannot import %s (pip install %s): %v", py, module, module, err)
+	}
+	return py
+}
+
+// TestAnthropicSDK: the official anthropic Python SDK talks to a decode
+// runner serving SmolLM2: create, stream (same text), a stop sequence,
+// assistant prefill, tools refused by name.
+func TestAnthropicSDK(t *testing.T) {
+	py := python(t, "anthropic")
+	gguf := testenv.SmolLM2(t)
+	dec := start(t, "smol-anthropic", "decode", "--model", gguf)
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(py, filepath.Join(root, "scripts", "clients", "anthropic_sdk.py"), "http://"+dec.listen, "m").CombinedOutput()
+	if err != nil {
+		t.Fatalf("anthropic SDK: %v\n%s", err, out)
+	}
+	var got struct {
+		Create     string `json:"create"`
+		Stream     string `json:"stream"`
+		Prefill    string `json:"prefill"`
+		ToolsError string `json:"tools_error"`
+		Stop       []any  `json:"stop"`
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	t.Logf("%s", lines[len(lines)-1])
+	if !strings.Contains(got.Create, "Paris") {
+		t.Errorf("create answered %q", got.Create)
+	}
+	if len(got.Stop) != 3 || got.Stop[0] != "stop_sequence" || got.Stop[1] != "Paris" || strings.Contains(got.Stop[2].(string), "Paris") {
+		t.Errorf("stop sequence: %v", got.Stop)
+	}
+	if got.Prefill == "" || strings.HasPrefix(strings.TrimSpace(got.Prefill), "The capital") {
+		t.Errorf("prefill was not continued: %q", got.Prefill)
+	}
+	if !strings.Contains(got.ToolsError, "tools") {
+		t.Errorf("tools error %q", got.ToolsError)
+	}
+}
