@@ -1,0 +1,282 @@
+package decode
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/exo-pd/exo-pd/runners/chat"
+	"github.com/exo-pd/exo-pd/runners/grammar"
+	"github.com/exo-pd/exo-pd/runners/openai"
+)
+
+// ToolText is a Text that can offer tools to the model and knows how its
+// family writes calls; tokText is one. Tools need it.
+type ToolText interface {
+	// RenderTools is Render with tools offered (through the template when
+	// it takes them, else the generic prompt).
+	RenderTools(msgs []openai.ChatMessage, tools []openai.Tool, addGenerationPrompt, continueFinal bool) (string, error)
+	ToolFamily() chat.Family
+	// IsSpecial reports control tokens, which constrained output never
+	// contains (but where a call format spells one).
+	IsSpecial(id int32) bool
+}
+
+func (t *tokText) RenderTools(msgs []openai.ChatMessage, tools []openai.Tool, agp, continueFinal bool) (string, error) {
+	if t.tmpl == nil {
+		return "", errors.New("this model has no chat template; use /v1/completions")
+	}
+	defs := make([]chat.ToolDef, len(tools))
+	for i, tl := range tools {
+		defs[i] = chat.ToolDef{Name: tl.Function.Name, Description: tl.Function.Description, Parameters: tl.Function.Parameters}
+	}
+	return renderChatWith(func(m []chat.Message, agp bool) (string, error) { return t.tmpl.RenderTools(m, defs, agp) },
+		ChatMessages(msgs), agp, continueFinal)
+}
+
+func (t *tokText) ToolFamily() chat.Family {
+	if t.tmpl == nil {
+		return chat.Hermes
+	}
+	return t.tmpl.ToolFamily()
+}
+
+func (t *tokText) IsSpecial(id int32) bool { return t.tok.IsSpecial(id) }
+
+// toolsOffered reports whether req's tools are shown to the model and its
+// output parsed for calls: tools given and tool_choice not "none".
+func toolsOffered(req *openai.GenRequest) bool {
+	return req.Chat && len(req.Tools) > 0 && (req.ToolChoice == nil || req.ToolChoice.Mode != "none")
+}
+
+// CallFormat is the grammar of family f's calls.
+func CallFormat(f chat.Family, parallel bool) grammar.CallFormat {
+	switch f {
+	case chat.Llama:
+		return grammar.CallFormat{ArgsKey: "parameters"} // one call per answer
+	case chat.Mistral:
+		return grammar.CallFormat{List: true, ListPrefix: "[TOOL_CALLS]", ArgsKey: "arguments", Parallel: parallel}
+	}
+	return grammar.CallFormat{Prefix: "<tool_call>\n", Suffix: "\n</tool_call>", Separator: "\n", ArgsKey: "arguments", Parallel: parallel}
+}
+
+// Grammars makes Options.NewConstraint for a model: response_format
+// json_object / json_schema, and tool_choice "required" or a named
+// function, become grammar constraints over the model's vocabulary (built
+// on first use).
+type Grammars struct {
+	Text Text
+
+	once  sync.Once
+	vocab *grammar.Vocab
+	err   error
+}
+
+func (g *Grammars) vocabulary() (*grammar.Vocab, error) {
+	g.once.Do(func() {
+		var special func(int32) bool
+		if tt, ok := g.Text.(ToolText); ok {
+			special = tt.IsSpecial
+		}
+		g.vocab, g.err = grammar.NewVocab(g.Text.VocabSize(), g.Text.TokenBytes, special, g.Text.EOS())
+	})
+	return g.vocab, g.err
+}
+
+// NewConstraint implements Options.NewConstraint.
+func (g *Grammars) NewConstraint(req *openai.GenRequest) (Constraint, error) {
+	gr, err := g.grammarFor(req)
+	if gr == nil || err != nil {
+		return nil, err
+	}
+	v, err := g.vocabulary()
+	if err != nil {
+		return nil, fmt.Errorf("grammar vocabulary: %w", err)
+	}
+	return newMaskConstraint(grammar.NewConstraint(gr, v), v), nil
+}
+
+func (g *Grammars) grammarFor(req *openai.GenRequest) (*grammar.Grammar, error) {
+	forced := ""
+	if tc := req.ToolChoice; len(req.Tools) > 0 && tc != nil && (tc.Mode == "required" || tc.Mode == "function") {
+		forced = tc.Mode
+	}
+	rf := req.ResponseFormat
+	structured := rf != nil && rf.Type != "text"
+	if structured && toolsOffered(req) {
+		return nil, openai.Errorf("response_format", "response_format %q together with tools is not supported: send tool_choice \"none\" or no tools", rf.Type)
+	}
+	switch {
+	case forced != "":
+		tools := req.Tools
+		if forced == "function" {
+			tools = nil
+			for _, t := range req.Tools {
+				if t.Function.Name == req.ToolChoice.Name {
+					tools = append(tools, t)
+				}
+			}
+			if len(tools) == 0 {
+				return nil, openai.Errorf("tool_choice", "tool_choice names function %q, which is not in tools", req.ToolChoice.Name)
+			}
+		}
+		gt := make([]grammar.Tool, len(tools))
+		for i, t := range tools {
+			gt[i] = grammar.Tool{Name: t.Function.Name, Parameters: t.Function.Parameters}
+		}
+		fam := chat.Hermes
+		if tt, ok := g.Text.(ToolText); ok {
+			fam = tt.ToolFamily()
+		}
+		parallel := forced == "required" && (req.ParallelToolCalls == nil || *req.ParallelToolCalls)
+		gr, err := grammar.ToolCalls(gt, CallFormat(fam, parallel))
+		if err != nil {
+			return nil, openai.Errorf("tools", "tools: %v", err)
+		}
+		return gr, nil
+	case structured && rf.Type == "json_object":
+		return grammar.AnyJSONObject(), nil
+	case structured && rf.Type == "json_schema":
+		gr, err := grammar.Compile(rf.JSONSchema.Schema)
+		if err != nil {
+			return nil, openai.Errorf("response_format.json_schema.schema", "response_format.json_schema.schema: %v", err)
+		}
+		return gr, nil
+	}
+	return nil, nil
+}
+
+// maskConstraint applies a grammar.Constraint to logits. After each
+// Accept it starts computing the next step's mask on another goroutine,
+// so that the mask is made while the backend computes the step's logits.
+type maskConstraint struct {
+	c    *grammar.Constraint
+	v    *grammar.Vocab
+	mask []uint64
+	next chan struct{} // closed when mask holds the next step's mask; nil: compute on demand
+}
+
+func newMaskConstraint(c *grammar.Constraint, v *grammar.Vocab) *maskConstraint {
+	m := &maskConstraint{c: c, v: v, mask: make([]uint64, v.MaskWords())}
+	m.prefetch()
+	return m
+}
+
+func (m *maskConstraint) prefetch() {
+	done := make(chan struct{})
+	m.next = done
+	go func() {
+		defer close(done)
+		m.c.Mask(m.mask)
+	}()
+}
+
+// Mask implements Constraint.
+func (m *maskConstraint) Mask(logits []float32) error {
+	if m.next == nil {
+		m.c.Mask(m.mask)
+	} else {
+		<-m.next
+		m.next = nil
+	}
+	ninf := float32(math.Inf(-1))
+	any := false
+	for i := range logits {
+		if i >= m.v.Size() || m.mask[i>>6]&(1<<(i&63)) == 0 {
+			logits[i] = ninf
+		} else {
+			any = true
+		}
+	}
+	if !any {
+		return errors.New("the grammar allows no token here")
+	}
+	return nil
+}
+
+// Accept implements Constraint.
+func (m *maskConstraint) Accept(tok int32) error {
+	if m.next != nil { // Accept without Mask: drop the prefetched mask
+		<-m.next
+		m.next = nil
+	}
+	if err := m.c.Accept(tok); err != nil {
+		return err
+	}
+	if !m.c.Done() {
+		m.prefetch()
+	}
+	return nil
+}
+
+// Done implements Constraint.
+func (m *maskConstraint) Done() bool { return m.c.Done() }
+
+// Close waits for a prefetch in flight (the generation ended early).
+func (m *maskConstraint) Close() {
+	if m.next != nil {
+		<-m.next
+		m.next = nil
+	}
+}
+
+// toolEmitter parses tool calls out of the text a generation emits and
+// forwards text and calls (with fresh call ids) to the request's emitter.
+type toolEmitter struct {
+	openai.Emitter
+	calls openai.ToolCallEmitter // nil: the API cannot take calls
+	ts    *chat.ToolStream
+}
+
+func newToolEmitter(em openai.Emitter, f chat.Family) *toolEmitter {
+	te := &toolEmitter{Emitter: em, ts: chat.NewToolStream(f)}
+	te.calls, _ = em.(openai.ToolCallEmitter)
+	return te
+}
+
+// Text implements openai.Emitter.
+func (t *toolEmitter) Text(s string, lp *openai.TokenLogprob) error {
+	return t.forward(t.ts.Push(s), lp)
+}
+
+// finish flushes what the parser held back; it returns the number of
+// tool calls made.
+func (t *toolEmitter) finish() (int, error) {
+	err := t.forward(t.ts.Finish(), nil)
+	return t.ts.Calls(), err
+}
+
+func (t *toolEmitter) forward(ev []chat.ToolEvent, lp *openai.TokenLogprob) error {
+	for _, e := range ev {
+		if e.Index < 0 {
+			if err := t.Emitter.Text(e.Text, lp); err != nil {
+				return err
+			}
+			lp = nil
+			continue
+		}
+		if t.calls == nil {
+			return errors.New("this API cannot return tool calls")
+		}
+		id := ""
+		if e.Name != "" {
+			id = newCallID()
+		}
+		if err := t.calls.ToolCall(e.Index, id, e.Name, e.Args); err != nil {
+			return err
+		}
+	}
+	if lp != nil {
+		return t.Emitter.Text("", lp)
+	}
+	return nil
+}
+
+func newCallID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return "call_" + hex.EncodeToString(b[:])
+}
