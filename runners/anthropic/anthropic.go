@@ -5,9 +5,11 @@
 // ignores) and run by the same openai.Generator; the answer and the stream
 // (message_start, content_block_start, ping, content_block_delta…,
 // content_block_stop, message_delta, message_stop) take Anthropic's
-// shapes. Text only for now: tools, tool_choice, tool_use / tool_result
-// blocks and thinking are refused with a 400 naming them until the grammar
-// engine and tool-call parsers are wired. Nothing is stored server-side.
+// shapes. Text output only for now: unless Handler.AcceptTools (set once
+// tool calling is wired), tools, tool_choice and tool_use / tool_result
+// blocks are refused with a 400 naming them; with it, they become the
+// generation request's Tools/ToolChoice and OpenAI-shaped history
+// (convertMessage). thinking is refused. Nothing is stored server-side.
 // The anthropic-version header is accepted (any value); x-api-key is not
 // checked. It must not import the engine or anything under supervisor/.
 package anthropic
@@ -39,10 +41,27 @@ type Request struct {
 	TopP          *float64        `json:"top_p,omitempty"`
 	TopK          *int            `json:"top_k,omitempty"`
 	Metadata      json.RawMessage `json:"metadata,omitempty"`
-	// Tools and ToolChoice are parsed to be refused by name until tool
-	// calling is wired.
-	Tools      json.RawMessage `json:"tools,omitempty"`
-	ToolChoice json.RawMessage `json:"tool_choice,omitempty"`
+	// Tools and ToolChoice become the generation request's tools (refused
+	// by name unless Handler.AcceptTools).
+	Tools      []Tool      `json:"tools,omitempty"`
+	ToolChoice *ToolChoice `json:"tool_choice,omitempty"`
+}
+
+// Tool is a client tool: a name, a description and a JSON Schema.
+type Tool struct {
+	Type         string          `json:"type,omitempty"`
+	Name         string          `json:"name"`
+	Description  string          `json:"description,omitempty"`
+	InputSchema  json.RawMessage `json:"input_schema"`
+	CacheControl json.RawMessage `json:"cache_control,omitempty"`
+}
+
+// ToolChoice is Anthropic's tool_choice: auto, any, tool (with name) or
+// none.
+type ToolChoice struct {
+	Type                   string `json:"type"`
+	Name                   string `json:"name,omitempty"`
+	DisableParallelToolUse *bool  `json:"disable_parallel_tool_use,omitempty"`
 }
 
 // Message is one turn: role user or assistant.
@@ -59,11 +78,20 @@ type Content struct {
 	Set    bool
 }
 
-// Block is one content block.
+// Block is one content block: text, or (with tools) tool_use in an
+// assistant turn and tool_result in a user turn.
 type Block struct {
 	Type         string          `json:"type"`
-	Text         string          `json:"text"`
+	Text         string          `json:"text,omitempty"`
 	CacheControl json.RawMessage `json:"cache_control,omitempty"`
+	// tool_use
+	ID    string          `json:"id,omitempty"`
+	Name  string          `json:"name,omitempty"`
+	Input json.RawMessage `json:"input,omitempty"`
+	// tool_result: Content is a string or text blocks
+	ToolUseID string   `json:"tool_use_id,omitempty"`
+	Content   *Content `json:"content,omitempty"`
+	IsError   bool     `json:"is_error,omitempty"`
 }
 
 // UnmarshalJSON accepts a string or an array of blocks.
@@ -85,11 +113,18 @@ func (c *Content) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-var requestShape = openai.FieldsOf(reflect.TypeFor[Request](), openai.Shape{
-	"messages": {"role": nil, "content": {"type": nil, "text": nil, "cache_control": nil}},
-	"system":   {"type": nil, "text": nil, "cache_control": nil},
-	"metadata": {"user_id": nil},
-})
+var (
+	textBlockShape = openai.Shape{"type": nil, "text": nil, "cache_control": nil}
+	blockShape     = openai.Shape{"type": nil, "text": nil, "cache_control": nil, "id": nil, "name": nil, "input": nil,
+		"tool_use_id": nil, "is_error": nil, "content": textBlockShape}
+	requestShape = openai.FieldsOf(reflect.TypeFor[Request](), openai.Shape{
+		"messages":    {"role": nil, "content": blockShape},
+		"system":      textBlockShape,
+		"metadata":    {"user_id": nil},
+		"tools":       {"type": nil, "name": nil, "description": nil, "input_schema": nil, "cache_control": nil},
+		"tool_choice": {"type": nil, "name": nil, "disable_parallel_tool_use": nil},
+	})
+)
 
 // text joins a content's text blocks; path names the field for errors.
 func (c Content) text(path string) (string, *openai.Error) {
@@ -107,9 +142,10 @@ func (c Content) text(path string) (string, *openai.Error) {
 	return sb.String(), nil
 }
 
-// blockTypes refuses content blocks other than text by their type, before
-// their other keys are checked, so the error says what is missing.
-func blockTypes(body []byte) *openai.Error {
+// blockTypes refuses content blocks other than text (and, with tools,
+// tool_use and tool_result) by their type, before their other keys are
+// checked, so the error says what is missing.
+func blockTypes(body []byte, tools bool) *openai.Error {
 	var loose struct {
 		System   json.RawMessage `json:"system"`
 		Messages []struct {
@@ -127,9 +163,9 @@ func blockTypes(body []byte) *openai.Error {
 			return nil
 		}
 		for i, b := range blocks {
-			if b.Type != "text" {
+			if b.Type != "text" && !(tools && path != "system" && (b.Type == "tool_use" || b.Type == "tool_result")) {
 				return openai.Errorf(fmt.Sprintf("%s[%d].type", path, i),
-					"%s[%d].type %q is not supported by this server yet (text only)", path, i, b.Type)
+					"%s[%d].type %q is not supported by this server yet", path, i, b.Type)
 			}
 		}
 		return nil
@@ -155,6 +191,9 @@ type Handler struct {
 	NewID func(prefix string) string
 	// OnResult, when set, is called once per request with its HTTP status.
 	OnResult func(model string, code int)
+	// AcceptTools: Gen honours tools (set with openai.Handler.AcceptTools);
+	// else tools, tool_choice and tool blocks are refused by name.
+	AcceptTools bool
 }
 
 // Register adds the route to mux.
@@ -234,12 +273,6 @@ func (h *Handler) fail(w http.ResponseWriter, model string, e *openai.Error) {
 
 // convert validates r and turns it into a generation request.
 func (h *Handler) convert(r *Request) (*openai.GenRequest, *openai.Error) {
-	if len(r.Tools) > 0 && string(r.Tools) != "null" && string(r.Tools) != "[]" {
-		return nil, openai.Errorf("tools", "tools is not supported by this server yet")
-	}
-	if len(r.ToolChoice) > 0 && string(r.ToolChoice) != "null" {
-		return nil, openai.Errorf("tool_choice", "tool_choice is not supported by this server yet")
-	}
 	if r.MaxTokens == nil {
 		return nil, openai.Errorf("max_tokens", "max_tokens is required")
 	}
@@ -261,18 +294,35 @@ func (h *Handler) convert(r *Request) (*openai.GenRequest, *openai.Error) {
 		if !m.Content.Set {
 			return nil, openai.Errorf(fmt.Sprintf("messages[%d].content", i), "messages[%d].content is required", i)
 		}
-		t, e := m.Content.text(fmt.Sprintf("messages[%d].content", i))
+		msgs, e := convertMessage(m, fmt.Sprintf("messages[%d].content", i))
 		if e != nil {
 			return nil, e
 		}
-		cr.Messages = append(cr.Messages, openai.Message{Role: m.Role, Content: openai.Content{Text: t, Set: true}})
+		cr.Messages = append(cr.Messages, msgs...)
+	}
+	for i, t := range r.Tools {
+		if t.Type != "" && t.Type != "custom" {
+			return nil, openai.Errorf(fmt.Sprintf("tools[%d].type", i), "tools[%d].type %q is not supported (server tools are not run here)", i, t.Type)
+		}
+		cr.Tools = append(cr.Tools, openai.Tool{Type: "function", Function: openai.FunctionDef{Name: t.Name, Description: t.Description, Parameters: t.InputSchema}})
+	}
+	if tc := r.ToolChoice; tc != nil {
+		mode := map[string]string{"auto": "auto", "any": "required", "tool": "function", "none": "none"}[tc.Type]
+		if mode == "" || (mode == "function") != (tc.Name != "") {
+			return nil, openai.Errorf("tool_choice", "tool_choice.type must be auto, any, none, or tool with a name")
+		}
+		cr.ToolChoice = &openai.ToolChoice{Mode: mode, Name: tc.Name}
+		if tc.DisableParallelToolUse != nil {
+			p := !*tc.DisableParallelToolUse
+			cr.ParallelToolCalls = &p
+		}
 	}
 	if len(r.Messages) == 0 {
 		return nil, openai.Errorf("messages", "messages is required and must not be empty")
 	}
 	cr.MaxTokens, cr.Temperature, cr.TopP, cr.TopK = r.MaxTokens, r.Temperature, r.TopP, r.TopK
 	cr.Stop, cr.Stream = r.StopSequences, r.Stream
-	v := openai.Validator{Served: h.served, Defaults: h.Defaults}
+	v := openai.Validator{Served: h.served, Defaults: h.Defaults, AcceptTools: h.AcceptTools}
 	g, e := v.ValidateChat(&cr)
 	if e != nil {
 		if e.Param == "stop" {
@@ -283,6 +333,66 @@ func (h *Handler) convert(r *Request) (*openai.GenRequest, *openai.Error) {
 	}
 	g.IncludeUsage = true
 	return g, nil
+}
+
+// convertMessage turns one Anthropic turn into chat messages: text blocks
+// become its content, tool_use blocks an assistant's tool_calls (input as
+// the arguments' JSON), and each tool_result block a "tool" message
+// (before the turn's text; is_error results are prefixed "Error: ").
+func convertMessage(m Message, path string) ([]openai.Message, *openai.Error) {
+	if m.Content.Blocks == nil {
+		return []openai.Message{{Role: m.Role, Content: openai.Content{Text: m.Content.Text, Set: true}}}, nil
+	}
+	var out []openai.Message
+	var text strings.Builder
+	var calls []openai.ToolCall
+	hasText := false
+	for j, b := range m.Content.Blocks {
+		at := fmt.Sprintf("%s[%d]", path, j)
+		switch b.Type {
+		case "text":
+			text.WriteString(b.Text)
+			hasText = true
+		case "tool_use":
+			if m.Role != "assistant" {
+				return nil, openai.Errorf(at+".type", "%s: tool_use blocks belong to assistant turns", at)
+			}
+			args := string(b.Input)
+			if args == "" {
+				args = "{}"
+			}
+			calls = append(calls, openai.ToolCall{ID: b.ID, Type: "function", Function: openai.FunctionCall{Name: b.Name, Arguments: args}})
+		case "tool_result":
+			if m.Role != "user" {
+				return nil, openai.Errorf(at+".type", "%s: tool_result blocks belong to user turns", at)
+			}
+			res := ""
+			if b.Content != nil {
+				t, e := b.Content.text(at + ".content")
+				if e != nil {
+					return nil, e
+				}
+				res = t
+			}
+			if b.IsError {
+				res = "Error: " + res
+			}
+			out = append(out, openai.Message{Role: "tool", ToolCallID: b.ToolUseID, Content: openai.Content{Text: res, Set: true}})
+		default:
+			return nil, openai.Errorf(at+".type", "%s.type %q is not supported by this server yet", at, b.Type)
+		}
+	}
+	switch {
+	case len(calls) > 0:
+		msg := openai.Message{Role: "assistant", ToolCalls: calls}
+		if hasText {
+			msg.Content = openai.Content{Text: text.String(), Set: true}
+		}
+		out = append(out, msg)
+	case hasText || len(out) == 0:
+		out = append(out, openai.Message{Role: m.Role, Content: openai.Content{Text: text.String(), Set: true}})
+	}
+	return out, nil
 }
 
 // Response is a non-streamed message.
@@ -368,7 +478,7 @@ func (h *Handler) messages(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, "", e)
 		return
 	}
-	if e := blockTypes(body); e != nil {
+	if e := blockTypes(body, h.AcceptTools); e != nil {
 		h.fail(w, "", e)
 		return
 	}

@@ -144,3 +144,61 @@ func TestErrors(t *testing.T) {
 		})
 	}
 }
+
+func FuzzMessagesRequest(f *testing.F) {
+	f.Add(`{"model":"tiny","max_tokens":5,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`)
+	f.Add(`{"model":"tiny","max_tokens":5,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"x"}]}]}`)
+	f.Add(`{"model":"tiny","messages":"x","stop_sequences":[""]}`)
+	h := &Handler{Served: []string{"tiny"}}
+	f.Fuzz(func(t *testing.T, s string) {
+		if blockTypes([]byte(s), true) != nil {
+			return
+		}
+		var r Request
+		if openai.DecodeStrict([]byte(s), &r, requestShape) == nil {
+			_, _ = h.convert(&r)
+		}
+	})
+}
+
+// TestToolsKeptWhenAccepted: with AcceptTools, tools, tool_choice and a
+// tool_use → tool_result history become the generation request's tools and
+// OpenAI-shaped history (the seam tool calling plugs into).
+func TestToolsKeptWhenAccepted(t *testing.T) {
+	h := &Handler{Served: []string{"tiny"}, AcceptTools: true}
+	body := `{"model":"tiny","max_tokens":20,
+		"tools":[{"name":"get_weather","description":"Weather","input_schema":{"type":"object","properties":{"city":{"type":"string"}}}}],
+		"tool_choice":{"type":"any","disable_parallel_tool_use":true},
+		"messages":[{"role":"user","content":"Weather in Paris?"},
+		{"role":"assistant","content":[{"type":"text","text":"Checking."},{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"city":"Paris"}}]},
+		{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":[{"type":"text","text":"18C"}]},{"type":"text","text":"Thanks"}]}]}`
+	if e := blockTypes([]byte(body), true); e != nil {
+		t.Fatal(e)
+	}
+	var r Request
+	if e := openai.DecodeStrict([]byte(body), &r, requestShape); e != nil {
+		t.Fatal(e)
+	}
+	g, e := h.convert(&r)
+	if e != nil {
+		t.Fatal(e)
+	}
+	m := g.Messages
+	if len(g.Tools) != 1 || g.Tools[0].Function.Name != "get_weather" || !strings.Contains(string(g.Tools[0].Function.Parameters), `"city"`) ||
+		g.ToolChoice.Mode != "required" || *g.ParallelToolCalls {
+		t.Fatalf("tools %+v choice %+v", g.Tools, g.ToolChoice)
+	}
+	if len(m) != 4 || m[1].Role != "assistant" || m[1].Content != "Checking." || len(m[1].ToolCalls) != 1 ||
+		m[1].ToolCalls[0].ID != "toolu_1" || m[1].ToolCalls[0].Function.Arguments != `{"city":"Paris"}` ||
+		m[2].Role != "tool" || m[2].ToolCallID != "toolu_1" || m[2].Content != "18C" || m[3].Role != "user" || m[3].Content != "Thanks" {
+		t.Fatalf("%+v", m)
+	}
+	// without AcceptTools the same request is refused by name
+	if e := blockTypes([]byte(body), false); e == nil || e.Param != "messages[1].content[1].type" {
+		t.Fatalf("tool_use block: %v", e)
+	}
+	h.AcceptTools = false
+	if _, e := h.convert(&r); e == nil || e.Param != "tools" {
+		t.Fatalf("tools: %v", e)
+	}
+}

@@ -7,6 +7,14 @@
 // (runners/kvwire), injecting the streamed KV transactionally and falling back
 // to local prefill on any failure. It must not import supervisor/ or
 // runners/prefill.
+//
+// Constrained decoding plugs in through Options.NewConstraint (a
+// Constraint masks each step's logits and is told each sampled token) and
+// Options.AcceptTools (lets tools, tool_choice and response_format through
+// the API's validation); the parsed fields are on openai.GenRequest
+// (Tools, ToolChoice, ParallelToolCalls, ResponseFormat). Tool-call
+// parsing of the output belongs in the Emitter path (openai.Handler),
+// which sees every piece of text and the Result.
 package decode
 
 import (
@@ -195,7 +203,7 @@ func New(o Options) *Server {
 		s.batch.sizes = func(n int) { s.m.DecodeBatch.Observe(float64(n)) }
 		go s.batch.run(ctx)
 	}
-	s.msgs = &anthropic.Handler{Gen: s, Served: []string{o.Name}, Logger: o.Logger, Defaults: o.Defaults,
+	s.msgs = &anthropic.Handler{Gen: s, Served: []string{o.Name}, Logger: o.Logger, Defaults: o.Defaults, AcceptTools: o.AcceptTools,
 		OnResult: func(_ string, code int) { s.m.Requests.WithLabelValues(o.Name, strconv.Itoa(code)).Inc() }}
 	for _, id := range o.Text.EOS() {
 		s.eos[id] = true

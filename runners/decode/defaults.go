@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/exo-pd/exo-pd/runners/engine/weights"
@@ -34,6 +35,12 @@ func ModelDefaults(path string) (openai.Defaults, error) {
 		}
 		defer g.Close()
 		f := func(key string) *float64 {
+			if v32, ok := g.Meta("general.sampling." + key); ok {
+				if x, ok := v32.(float32); ok { // 0.6f is 0.6, not 0.6000000238…
+					v, _ := strconv.ParseFloat(strconv.FormatFloat(float64(x), 'g', -1, 32), 64)
+					return &v
+				}
+			}
 			if v, ok := g.Float("general.sampling." + key); ok {
 				return &v
 			}

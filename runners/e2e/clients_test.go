@@ -66,3 +66,52 @@ func TestAnthropicSDK(t *testing.T) {
 		t.Errorf("tools error %q", got.ToolsError)
 	}
 }
+
+// TestOpenAISDK: the official openai Python SDK against a decode runner
+// serving SmolLM2: five temperature-1 requests without a seed give at
+// least 4 texts, with a seed one; logprobs (greedy token = best of
+// top_logprobs, streamed too); a refused field named; the Responses API
+// (create and stream agree).
+func TestOpenAISDK(t *testing.T) {
+	py := python(t, "openai")
+	gguf := testenv.SmolLM2(t)
+	dec := start(t, "smol-openai", "decode", "--model", gguf)
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(py, filepath.Join(root, "scripts", "clients", "openai_sdk.py"), "http://"+dec.listen, "m").CombinedOutput()
+	if err != nil {
+		t.Fatalf("openai SDK: %v\n%s", err, out)
+	}
+	var got struct {
+		Unseeded      int      `json:"unseeded_distinct"`
+		Seeded        int      `json:"seeded_distinct"`
+		LogprobsText  string   `json:"logprobs_text"`
+		Content       string   `json:"content"`
+		Streamed      int      `json:"streamed_logprobs"`
+		Refused       string   `json:"refused_param"`
+		Responses     string   `json:"responses_text"`
+		ResponsesStr  string   `json:"responses_stream_text"`
+		ResponsesEvts []string `json:"responses_events"`
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	t.Logf("%s", lines[len(lines)-1])
+	if got.Unseeded < 4 || got.Seeded != 1 {
+		t.Errorf("sampling: %d distinct texts without a seed (want ≥ 4), %d with one (want 1)", got.Unseeded, got.Seeded)
+	}
+	if got.LogprobsText != got.Content || !strings.Contains(got.Content, "Paris") || got.Streamed == 0 {
+		t.Errorf("logprobs: tokens spell %q, content %q, %d streamed", got.LogprobsText, got.Content, got.Streamed)
+	}
+	if got.Refused != "n" { // response_format is served since the grammar engine is wired
+
+		t.Errorf("refused param %q", got.Refused)
+	}
+	if !strings.Contains(got.Responses, "Paris") || got.ResponsesStr != got.Responses ||
+		len(got.ResponsesEvts) != 2 || got.ResponsesEvts[0] != "response.created" || got.ResponsesEvts[1] != "response.completed" {
+		t.Errorf("responses: %q / %q, events %v", got.Responses, got.ResponsesStr, got.ResponsesEvts)
+	}
+}

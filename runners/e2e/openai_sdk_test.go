@@ -96,7 +96,7 @@ func TestOpenAISDKToolsAndStructuredOutputs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(py, filepath.Join(root, "scripts", "clients", "openai_sdk.py"), url, "m").CombinedOutput()
+	out, err := exec.Command(py, filepath.Join(root, "scripts", "clients", "openai_tools_sdk.py"), url, "m").CombinedOutput()
 	if err != nil {
 		t.Fatalf("openai SDK: %v\n%s", err, out)
 	}

@@ -11,9 +11,11 @@ import (
 
 // The OpenAI Responses API (POST /v1/responses) as a thin adapter over the
 // same Generator as chat completions: input (a string or message items),
-// instructions, max_output_tokens, temperature, top_p, stream. Text only
-// for now: function tools, tool items and non-text formats are refused
-// with a 400 naming them until the grammar engine is wired. Nothing is
+// instructions, max_output_tokens, temperature, top_p, stream. Text output
+// only for now: unless Handler.AcceptTools, function tools, forced
+// tool_choice, function_call / function_call_output items and non-text
+// formats are refused with a 400 naming them; with it, they become the
+// generation request's tools and OpenAI-shaped history. Nothing is
 // stored server-side: store must be absent or false, and
 // previous_response_id (which needs stored responses) is refused.
 
@@ -30,10 +32,20 @@ type ResponsesRequest struct {
 	Metadata           json.RawMessage `json:"metadata,omitempty"`
 	User               string          `json:"user,omitempty"`
 	ParallelToolCalls  *bool           `json:"parallel_tool_calls,omitempty"`
-	ToolChoice         json.RawMessage `json:"tool_choice,omitempty"`
-	Tools              json.RawMessage `json:"tools,omitempty"`
+	ToolChoice         *ToolChoice     `json:"tool_choice,omitempty"`
+	Tools              []ResponsesTool `json:"tools,omitempty"`
 	Text               *ResponsesText  `json:"text,omitempty"`
 	PreviousResponseID *string         `json:"previous_response_id,omitempty"`
+}
+
+// ResponsesTool is a function tool of the Responses API (flat, unlike
+// chat's {"type","function":{…}}).
+type ResponsesTool struct {
+	Type        string          `json:"type"`
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+	Strict      *bool           `json:"strict,omitempty"`
 }
 
 // ResponsesText is the request's "text" ({"format":{"type":"text"}}).
@@ -50,13 +62,19 @@ type ResponsesInput struct {
 	Set   bool
 }
 
-// ResponsesItem is one input item (a message).
+// ResponsesItem is one input item: a message, or (with tools) a
+// function_call the model made or a function_call_output answering it.
 type ResponsesItem struct {
 	Type    string         `json:"type,omitempty"`
-	Role    string         `json:"role"`
+	Role    string         `json:"role,omitempty"`
 	Content ResponsesParts `json:"content"`
 	ID      string         `json:"id,omitempty"`
 	Status  string         `json:"status,omitempty"`
+	// function_call / function_call_output
+	CallID    string `json:"call_id,omitempty"`
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments,omitempty"`
+	Output    string `json:"output,omitempty"`
 }
 
 // ResponsesParts is an item's content: a string or a list of parts.
@@ -99,13 +117,15 @@ func (c *ResponsesParts) UnmarshalJSON(b []byte) error {
 }
 
 var responsesShape = withFields(reflect.TypeFor[ResponsesRequest](), Shape{
-	"input": {"type": nil, "role": nil, "id": nil, "status": nil, "content": {"type": nil, "text": nil, "annotations": nil}},
+	"input": {"type": nil, "role": nil, "id": nil, "status": nil, "content": {"type": nil, "text": nil, "annotations": nil},
+		"call_id": nil, "name": nil, "arguments": nil, "output": nil},
+	"tools": {"type": nil, "name": nil, "description": nil, "parameters": nil, "strict": nil},
 	"text":  {"format": {"type": nil}},
 })
 
 // responsesItemTypes refuses input items and parts other than messages and
 // text by their type, before their other keys are checked.
-func responsesItemTypes(body []byte) *Error {
+func responsesItemTypes(body []byte, tools bool) *Error {
 	var loose struct {
 		Input json.RawMessage `json:"input"`
 	}
@@ -120,7 +140,7 @@ func responsesItemTypes(body []byte) *Error {
 		return nil
 	}
 	for i, it := range items {
-		if it.Type != "" && it.Type != "message" {
+		if it.Type != "" && it.Type != "message" && !(tools && (it.Type == "function_call" || it.Type == "function_call_output")) {
 			return Errorf(fmt.Sprintf("input[%d].type", i), "input[%d].type %q is not supported by this server yet (message items only)", i, it.Type)
 		}
 		var parts []struct {
@@ -142,10 +162,6 @@ func responsesItemTypes(body []byte) *Error {
 // convertResponses validates r into a generation request.
 func (h *Handler) convertResponses(r *ResponsesRequest) (*GenRequest, *Error) {
 	switch {
-	case len(r.Tools) > 0 && string(r.Tools) != "null" && string(r.Tools) != "[]":
-		return nil, Errorf("tools", "tools is not supported by this server yet")
-	case len(r.ToolChoice) > 0 && string(r.ToolChoice) != "null" && string(r.ToolChoice) != `"none"` && string(r.ToolChoice) != `"auto"`:
-		return nil, Errorf("tool_choice", "tool_choice is not supported by this server yet")
 	case r.Store != nil && *r.Store:
 		return nil, Errorf("store", "store: true is not supported: this server stores no responses")
 	case r.PreviousResponseID != nil:
@@ -163,6 +179,19 @@ func (h *Handler) convertResponses(r *ResponsesRequest) (*GenRequest, *Error) {
 		cr.Messages = append(cr.Messages, Message{Role: "user", Content: Content{Text: r.Input.Text, Set: true}})
 	}
 	for i, it := range r.Input.Items {
+		switch it.Type {
+		case "function_call":
+			call := ToolCall{ID: it.CallID, Type: "function", Function: FunctionCall{Name: it.Name, Arguments: it.Arguments}}
+			if n := len(cr.Messages); n > 0 && cr.Messages[n-1].Role == "assistant" && len(cr.Messages[n-1].ToolCalls) > 0 {
+				cr.Messages[n-1].ToolCalls = append(cr.Messages[n-1].ToolCalls, call) // parallel calls: one turn
+			} else {
+				cr.Messages = append(cr.Messages, Message{Role: "assistant", ToolCalls: []ToolCall{call}})
+			}
+			continue
+		case "function_call_output":
+			cr.Messages = append(cr.Messages, Message{Role: "tool", ToolCallID: it.CallID, Content: Content{Text: it.Output, Set: true}})
+			continue
+		}
 		if !it.Content.Set {
 			return nil, Errorf(fmt.Sprintf("input[%d].content", i), "input[%d].content is required", i)
 		}
@@ -179,6 +208,10 @@ func (h *Handler) convertResponses(r *ResponsesRequest) (*GenRequest, *Error) {
 		}
 		cr.Messages = append(cr.Messages, Message{Role: it.Role, Content: Content{Text: text, Set: true}})
 	}
+	for _, t := range r.Tools {
+		cr.Tools = append(cr.Tools, Tool{Type: t.Type, Function: FunctionDef{Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: t.Strict}})
+	}
+	cr.ToolChoice, cr.ParallelToolCalls = r.ToolChoice, r.ParallelToolCalls
 	cr.MaxTokens, cr.Temperature, cr.TopP, cr.Stream = r.MaxOutputTokens, r.Temperature, r.TopP, r.Stream
 	g, e := h.validator().ValidateChat(&cr)
 	if e != nil {
@@ -345,7 +378,7 @@ func (h *Handler) responses(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, "", e)
 		return
 	}
-	if e := responsesItemTypes(body); e != nil {
+	if e := responsesItemTypes(body, h.AcceptTools); e != nil {
 		h.fail(w, "", e)
 		return
 	}

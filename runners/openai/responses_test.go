@@ -64,3 +64,55 @@ func TestResponsesConversionAndErrors(t *testing.T) {
 		}
 	}
 }
+
+func FuzzResponsesRequest(f *testing.F) {
+	f.Add(`{"model":"tiny","input":"hi","instructions":"s","max_output_tokens":3}`)
+	f.Add(`{"model":"tiny","input":[{"role":"user","content":[{"type":"input_text","text":"x"}]},{"type":"function_call"}]}`)
+	f.Add(`{"model":"tiny","instructions":"s","input":[{"role":"wizard","content":"x"}]}`)
+	h := &Handler{Served: []string{"tiny"}}
+	f.Fuzz(func(t *testing.T, s string) {
+		if responsesItemTypes([]byte(s), true) != nil {
+			return
+		}
+		var r ResponsesRequest
+		if decodeJSON([]byte(s), &r, responsesShape) == nil {
+			_, _ = h.convertResponses(&r)
+		}
+	})
+}
+
+// TestResponsesToolsKeptWhenAccepted: with AcceptTools, function tools and
+// function_call / function_call_output items become the generation
+// request's tools and OpenAI-shaped history.
+func TestResponsesToolsKeptWhenAccepted(t *testing.T) {
+	h := &Handler{Served: []string{"tiny"}, AcceptTools: true}
+	body := `{"model":"tiny","tool_choice":"required","parallel_tool_calls":true,
+		"tools":[{"type":"function","name":"get_weather","parameters":{"type":"object"},"strict":true}],
+		"input":[{"role":"user","content":"Weather in Paris and Rome?"},
+		{"type":"function_call","call_id":"c1","name":"get_weather","arguments":"{\"city\":\"Paris\"}"},
+		{"type":"function_call","call_id":"c2","name":"get_weather","arguments":"{\"city\":\"Rome\"}"},
+		{"type":"function_call_output","call_id":"c1","output":"18C"},
+		{"type":"function_call_output","call_id":"c2","output":"22C"}]}`
+	if e := responsesItemTypes([]byte(body), true); e != nil {
+		t.Fatal(e)
+	}
+	var r ResponsesRequest
+	if e := decodeJSON([]byte(body), &r, responsesShape); e != nil {
+		t.Fatal(e)
+	}
+	g, e := h.convertResponses(&r)
+	if e != nil {
+		t.Fatal(e)
+	}
+	m := g.Messages
+	if len(g.Tools) != 1 || g.Tools[0].Function.Name != "get_weather" || g.ToolChoice.Mode != "required" || !*g.ParallelToolCalls {
+		t.Fatalf("%+v", g)
+	}
+	if len(m) != 4 || m[1].Role != "assistant" || len(m[1].ToolCalls) != 2 || m[1].ToolCalls[1].Function.Arguments != `{"city":"Rome"}` ||
+		m[2].Role != "tool" || m[2].ToolCallID != "c1" || m[3].Content != "22C" || !g.AddGenerationPrompt {
+		t.Fatalf("%+v", m)
+	}
+	if e := responsesItemTypes([]byte(body), false); e == nil || e.Param != "input[1].type" {
+		t.Fatalf("without AcceptTools: %v", e)
+	}
+}

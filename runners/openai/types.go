@@ -1,10 +1,13 @@
 // Package openai owns the OpenAI-compatible HTTP surface of a decode runner:
-// the request and response types of /v1/chat/completions, /v1/completions
-// and /v1/models, their validation, OpenAI-style error bodies, the SSE
-// writer for streaming, and an http.Handler that turns requests into calls
-// on a Generator. It knows nothing about models, caches or the KV wire: the
-// decode runner implements Generator. It must not import the engine,
-// kvwire or anything under supervisor/.
+// the request and response types of /v1/chat/completions, /v1/completions,
+// /v1/responses and /v1/models, their validation (every field honoured or
+// refused with a 400 naming its JSON path: see Shape), OpenAI-style error
+// bodies, the SSE writer for streaming, and an http.Handler that turns
+// requests into calls on a Generator. The Anthropic adapter
+// (runners/anthropic) reuses its Validator and Generator. It knows nothing
+// about models, caches or the KV wire: the decode runner implements
+// Generator. It must not import the engine, kvwire or anything under
+// supervisor/.
 //
 // Streaming: chunks are "chat.completion.chunk" (or "text_completion")
 // objects written as `data: {json}\n\n`, ending with `data: [DONE]\n\n`.
@@ -14,15 +17,27 @@
 // (exo bench, dashboards) want token counts; a request that sets
 // stream_options.include_usage to false does not get it.
 //
+// Sampling: Defaults (the model's, then the cluster file's) under the
+// request's fields; no seed means fresh randomness. Logprobs describe the
+// model's own distribution (before sampling transforms).
+//
+// Accepted without effect (documented allow-list): user, metadata,
+// store: false, parallel_tool_calls, tool_choice "none"/"auto" without
+// tools, response_format {"type":"text"}. tools, forced tool_choice and
+// json_object/json_schema formats are parsed into GenRequest (the seam for
+// constrained decoding) and refused until Handler.AcceptTools is set.
+//
 // Extensions (all optional, ignored by OpenAI clients that do not send them):
 //   - top_k, min_p, repetition_penalty: sampling knobs as in vLLM.
 //   - ignore_eos: keep generating past end-of-sequence tokens until
 //     max_tokens (as in vLLM; used by exo bench).
+//   - add_generation_prompt, continue_final_message (vLLM's): a final
+//     assistant message is continued by default (assistant prefill).
 //   - x_exo_disable_remote_prefill: prefill this request locally even when a
 //     prefill runner is configured (exo bench --compare-local).
 //   - POST /tokenize {"model","messages"|"prompt","add_generation_prompt"}
-//     → {"count","tokens","max_model_len"} (vLLM's shape), so exo bench can
-//     build token-exact prompts through the model's chat template.
+//     → {"count","tokens","max_model_len"} and POST /detokenize
+//     {"model","tokens"} → {"prompt"} (vLLM's shapes).
 package openai
 
 import (
