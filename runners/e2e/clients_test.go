@@ -107,7 +107,6 @@ func TestOpenAISDK(t *testing.T) {
 		t.Errorf("logprobs: tokens spell %q, content %q, %d streamed", got.LogprobsText, got.Content, got.Streamed)
 	}
 	if got.Refused != "n" { // response_format is served since the grammar engine is wired
-
 		t.Errorf("refused param %q", got.Refused)
 	}
 	if !strings.Contains(got.Responses, "Paris") || got.ResponsesStr != got.Responses ||
