@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -266,4 +267,78 @@ func streamedCalls(t *testing.T, s *tinyServer, body map[string]any) [][2]string
 		t.Fatalf("stream finish_reason %q", finish)
 	}
 	return calls
+}
+
+// TestResponsesFunctionCall: the Responses API returns a forced call as a
+// function_call output item, and streams it as output_item.added plus
+// function_call_arguments deltas that add up to the same arguments.
+func TestResponsesFunctionCall(t *testing.T) {
+	s := newGrammarServer(t)
+	tools := []map[string]any{{"type": "function", "name": "add",
+		"parameters": json.RawMessage(`{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},"required":["a","b"],"additionalProperties":false}`)}}
+	body := map[string]any{"model": "m", "input": "add 2 and 3", "max_output_tokens": 400, "temperature": 0,
+		"tools": tools, "tool_choice": "required", "parallel_tool_calls": false}
+	var out struct {
+		Output []fcItem `json:"output"`
+	}
+	raw, _ := json.Marshal(body)
+	resp, err := http.Post(s.url+"/v1/responses", "application/json", bytes.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, _ := io.ReadAll(resp.Body)
+	if err := json.Unmarshal(rb, &out); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("status %d %v: %s", resp.StatusCode, err, rb)
+	}
+	resp.Body.Close()
+	var call *fcItem
+	for i := range out.Output {
+		if out.Output[i].Type == "function_call" && call == nil {
+			call = &out.Output[i]
+		}
+	}
+	if call == nil || call.Name != "add" || !strings.HasPrefix(call.CallID, "call_") {
+		t.Fatalf("output %+v: want a function_call of add", out.Output)
+	}
+	validate(t, validator(t, `{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},"required":["a","b"],"additionalProperties":false}`), call.Arguments)
+
+	body["stream"] = true
+	raw, _ = json.Marshal(body)
+	resp, err = http.Post(s.url+"/v1/responses", "application/json", bytes.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var args, name string
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		var ev struct {
+			Type  string
+			Delta string
+			Item  struct{ Type, Name string }
+		}
+		if json.Unmarshal([]byte(line), &ev) != nil {
+			continue
+		}
+		switch {
+		case ev.Type == "response.output_item.added" && ev.Item.Type == "function_call":
+			name = ev.Item.Name
+		case ev.Type == "response.function_call_arguments.delta":
+			args += ev.Delta
+		}
+	}
+	if name != "add" || args != call.Arguments {
+		t.Fatalf("streamed %q %q, non-streamed %q %q", name, args, call.Name, call.Arguments)
+	}
+}
+
+type fcItem struct {
+	Type      string `json:"type"`
+	CallID    string `json:"call_id"`
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
 }
