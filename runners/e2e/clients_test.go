@@ -28,7 +28,8 @@ func python(t *testing.T, module string) string {
 
 // TestAnthropicSDK: the official anthropic Python SDK talks to a decode
 // runner serving SmolLM2: create, stream (same text), a stop sequence,
-// assistant prefill, tools refused by name.
+// assistant prefill, a tool_use → tool_result round trip (the streamed
+// tool_use equal to the non-streamed one).
 func TestAnthropicSDK(t *testing.T) {
 	py := python(t, "anthropic")
 	gguf := testenv.SmolLM2(t)
@@ -42,11 +43,15 @@ func TestAnthropicSDK(t *testing.T) {
 		t.Fatalf("anthropic SDK: %v\n%s", err, out)
 	}
 	var got struct {
-		Create     string `json:"create"`
-		Stream     string `json:"stream"`
-		Prefill    string `json:"prefill"`
-		ToolsError string `json:"tools_error"`
-		Stop       []any  `json:"stop"`
+		Create  string `json:"create"`
+		Stream  string `json:"stream"`
+		Prefill string `json:"prefill"`
+		ToolUse struct {
+			Name  string         `json:"name"`
+			Input map[string]any `json:"input"`
+		} `json:"tool_use"`
+		AfterTool string `json:"after_tool"`
+		Stop      []any  `json:"stop"`
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
@@ -62,8 +67,8 @@ func TestAnthropicSDK(t *testing.T) {
 	if got.Prefill == "" || strings.HasPrefix(strings.TrimSpace(got.Prefill), "The capital") {
 		t.Errorf("prefill was not continued: %q", got.Prefill)
 	}
-	if !strings.Contains(got.ToolsError, "tools") {
-		t.Errorf("tools error %q", got.ToolsError)
+	if got.ToolUse.Name != "get_weather" || got.AfterTool == "" {
+		t.Errorf("tool round trip: %+v, then %q", got.ToolUse, got.AfterTool)
 	}
 }
 
