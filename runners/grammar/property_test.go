@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/hf"
@@ -161,7 +162,21 @@ func syntheticVocab(t testing.TB) *Vocab {
 	return v
 }
 
+var (
+	vocabsOnce sync.Once
+	vocabs     []namedVocab
+)
+
+// testVocabs loads the vocabularies once per test binary.
 func testVocabs(t *testing.T) []namedVocab {
+	vocabsOnce.Do(func() { vocabs = loadVocabs(t) })
+	if vocabs == nil {
+		t.Fatal("vocabularies failed to load (see the first test that used them)")
+	}
+	return vocabs
+}
+
+func loadVocabs(t *testing.T) []namedVocab {
 	vs := []namedVocab{{"synthetic", syntheticVocab(t)}}
 	if p, err := findSmolLM2(); err == nil {
 		tok, err := tokenizer.Load(p)
