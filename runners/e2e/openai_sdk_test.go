@@ -89,13 +89,50 @@ decode = { hosts = ["local"] }
 // tool_choice "required" completes, the streamed call equals the
 // non-streamed one, and an unsupported schema keyword is a 400 naming it.
 func TestOpenAISDKToolsAndStructuredOutputs(t *testing.T) {
-	py := python(t, "openai, pydantic")
 	gguf := testenv.SmolLM2(t)
 	url := startCluster(t, gguf)
 	root, err := repoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Run("python", func(t *testing.T) { pythonSDK(t, root, url) })
+	t.Run("node", func(t *testing.T) { nodeSDK(t, root, url) })
+}
+
+// nodeSDK: the official openai npm package: runTools calls our function
+// with parsed arguments, and streamed delta.tool_calls reassemble into the
+// non-streamed call. $EXO_NODE_OPENAI names the node_modules holding it
+// (scripts/run-tests installs it).
+func nodeSDK(t *testing.T, root, url string) {
+	mods := os.Getenv("EXO_NODE_OPENAI")
+	node, err := exec.LookPath("node")
+	if mods == "" || err != nil {
+		t.Skip("needs node and $EXO_NODE_OPENAI (a node_modules with the openai package)")
+	}
+	cmd := exec.Command(node, filepath.Join(root, "scripts", "clients", "openai_runtools.cjs"), url, "m")
+	cmd.Env = append(os.Environ(), "NODE_PATH="+mods)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("openai npm: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	t.Logf("%s", lines[len(lines)-1])
+	var got struct {
+		Args     map[string]any `json:"runtools_args"`
+		Roles    []string       `json:"runtools_messages"`
+		Whole    [][2]string    `json:"whole"`
+		Streamed [][2]string    `json:"streamed"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if _, ok := got.Args["city"].(string); !ok || len(got.Whole) == 0 || got.Whole[0][0] != "get_weather" {
+		t.Errorf("runTools args %v, call %v", got.Args, got.Whole)
+	}
+}
+
+func pythonSDK(t *testing.T, root, url string) {
+	py := python(t, "openai, pydantic")
 	out, err := exec.Command(py, filepath.Join(root, "scripts", "clients", "openai_tools_sdk.py"), url, "m").CombinedOutput()
 	if err != nil {
 		t.Fatalf("openai SDK: %v\n%s", err, out)
