@@ -360,8 +360,8 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 		em = te
 	}
 	res, err := s.generate(ctx, req, em, entry, logits, cons, t0)
-	if mc, isMask := cons.(*maskConstraint); isMask {
-		mc.Close()
+	if cl, closes := cons.(interface{ Close() }); closes {
+		cl.Close() // a mask computed ahead may still be running
 	}
 	if te != nil && err == nil {
 		calls, ferr := te.finish()

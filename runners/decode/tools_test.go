@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -149,6 +150,8 @@ func TestResponseFormatErrors(t *testing.T) {
 			"schema": map[string]any{"type": "string", "pattern": "^a"}}}}, "pattern"},
 		{map[string]any{"tools": weatherTools, "tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "nope"}}}, "nope"},
 		{map[string]any{"tools": weatherTools, "response_format": map[string]any{"type": "json_object"}}, "response_format"},
+		{map[string]any{"tools": []map[string]any{{"type": "function", "function": map[string]any{"name": "f", "strict": true,
+			"parameters": map[string]any{"type": "object", "properties": map[string]any{"s": map[string]any{"type": "string", "pattern": "a"}}}}}}}, "strict"},
 	} {
 		body := map[string]any{"model": "m", "messages": []map[string]any{{"role": "user", "content": "x"}}, "max_tokens": 4}
 		for k, v := range c.extra {
@@ -341,4 +344,63 @@ type fcItem struct {
 	CallID    string `json:"call_id"`
 	Name      string `json:"name"`
 	Arguments string `json:"arguments"`
+}
+
+// TestAutoToolChoiceConstrainsCallsOnly: with tool_choice auto the text is
+// free, a call the model opens is held to an offered tool's schema until
+// it closes, and then the text is free again.
+func TestAutoToolChoiceConstrainsCallsOnly(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "tiny")
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 1}); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := chat.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &Grammars{Text: NewText(tok, tmpl)}
+	var tools []openai.Tool
+	raw, _ := json.Marshal(weatherTools)
+	if err := json.Unmarshal(raw, &tools); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := g.NewConstraint(&openai.GenRequest{Chat: true, Tools: tools})
+	if err != nil || cons == nil {
+		t.Fatalf("NewConstraint: %v %v", cons, err)
+	}
+	logits := make([]float32, tok.VocabSize())
+	allowed := func(id int32) bool {
+		clear(logits)
+		if err := cons.Mask(logits); err != nil {
+			t.Fatal(err)
+		}
+		return !math.IsInf(float64(logits[id]), -1)
+	}
+	feed := func(s string, wantAllowed bool) {
+		for _, id := range tok.Encode(s) {
+			if allowed(id) != wantAllowed {
+				t.Fatalf("token %q: allowed %v, want %v", tok.TokenBytes(id), !wantAllowed, wantAllowed)
+			}
+			if err := cons.Accept(id); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	feed("Let me check the weather. <tool_call>", true)
+	feed("\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>", true)
+	if x := tok.Encode("x")[0]; allowed(x) != true {
+		t.Fatal("after the call, text is not free")
+	}
+	feed(" More text. <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": ", true)
+	if x := tok.Encode("7")[0]; allowed(x) {
+		t.Fatal("a number accepted where the schema wants a string")
+	}
+	if x := tok.Encode("\"")[0]; !allowed(x) {
+		t.Fatal("a string refused where the schema wants one")
+	}
+	cons.(interface{ Close() }).Close()
 }

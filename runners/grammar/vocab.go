@@ -272,6 +272,16 @@ func (c *Constraint) Accept(id int32) error {
 	return c.m.Advance(b)
 }
 
+// AdvanceBytes consumes text that came without tokens (what was generated
+// before the constraint began); on a byte the grammar refuses it returns
+// an error wrapping ErrRejected and leaves the state as it was.
+func (c *Constraint) AdvanceBytes(b []byte) error {
+	if c.done {
+		return ErrDone
+	}
+	return c.m.Advance(b)
+}
+
 // Mask sets dst (MaskWords long) to the bitset of the tokens allowed next.
 // After the end of generation nothing is allowed.
 func (c *Constraint) Mask(dst []uint64) {
