@@ -343,6 +343,11 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 	met := metrics.New("decode")
 	text := decode.NewText(tok, tmpl)
 	grammars := &decode.Grammars{Text: text} // response_format and forced tool calls
+	go func() {
+		if err := grammars.Warm(); err != nil {
+			log.Warn("constrained decoding unavailable: the vocabulary trie failed", "err", err)
+		}
+	}()
 	o := decode.Options{Name: f.name, Model: m, Text: text, Defaults: defaults,
 		NewConstraint: grammars.NewConstraint, AcceptTools: true,
 		NewSampler: decode.NewSampler, NewStopMatcher: decode.NewStopMatcher,
