@@ -104,6 +104,27 @@ func randomSchema(r *rand.Rand, depth int) map[string]any {
 	}
 }
 
+// pydanticSchemas are what the openai Python SDK sends for pydantic
+// models (fixture by scripts/grammar/make_pydantic_schemas.py).
+func pydanticSchemas(t testing.TB) []string {
+	b, err := os.ReadFile("testdata/pydantic_schemas.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, name := range []string{"person", "reasoning", "node", "get_weather"} {
+		if m[name] == nil {
+			t.Fatalf("fixture lacks %s", name)
+		}
+		out = append(out, string(m[name]))
+	}
+	return out
+}
+
 func dedupStrings(l []string) []string {
 	seen := map[string]bool{}
 	var out []string
@@ -118,6 +139,7 @@ func dedupStrings(l []string) []string {
 
 func propertySchemas(t testing.TB) []string {
 	out := append([]string(nil), handSchemas...)
+	out = append(out, pydanticSchemas(t)...)
 	r := rand.New(rand.NewPCG(1, 2))
 	for len(out) < 64 {
 		b, err := json.Marshal(randomSchema(r, 3))
