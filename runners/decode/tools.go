@@ -137,10 +137,7 @@ func (g *Grammars) lazyCalls(req *openai.GenRequest) (Constraint, error) {
 	default:
 		f, marker = grammar.CallFormat{Suffix: "\n</tool_call>", ArgsKey: "arguments"}, "<tool_call>"
 	}
-	gt := make([]grammar.Tool, len(req.Tools))
-	for i, t := range req.Tools {
-		gt[i] = grammar.Tool{Name: t.Function.Name, Parameters: t.Function.Parameters}
-	}
+	gt := toolDefs(req.Tools)
 	gr, err := grammar.ToolCalls(gt, f)
 	if err != nil {
 		for i, t := range req.Tools {
@@ -247,8 +244,17 @@ func (g *Grammars) grammarFor(req *openai.GenRequest) (*grammar.Grammar, error) 
 	}
 	rf := req.ResponseFormat
 	structured := rf != nil && rf.Type != "text"
-	if structured && toolsOffered(req) {
-		return nil, openai.Errorf("response_format", "response_format %q together with tools is not supported: send tool_choice \"none\" or no tools", rf.Type)
+	if structured && toolsOffered(req) && forced == "" {
+		// auto: a call of an offered tool, or the final answer in the format.
+		var schema []byte
+		if rf.Type == "json_schema" {
+			schema = rf.JSONSchema.Schema
+		}
+		gr, err := grammar.ToolCallsOr(toolDefs(req.Tools), CallFormat(g.family(), req.ParallelToolCalls == nil || *req.ParallelToolCalls), schema)
+		if err != nil {
+			return nil, openai.Errorf("response_format", "tools with response_format: %v", err)
+		}
+		return gr, nil
 	}
 	switch {
 	case forced != "":
@@ -264,16 +270,8 @@ func (g *Grammars) grammarFor(req *openai.GenRequest) (*grammar.Grammar, error) 
 				return nil, openai.Errorf("tool_choice", "tool_choice names function %q, which is not in tools", req.ToolChoice.Name)
 			}
 		}
-		gt := make([]grammar.Tool, len(tools))
-		for i, t := range tools {
-			gt[i] = grammar.Tool{Name: t.Function.Name, Parameters: t.Function.Parameters}
-		}
-		fam := chat.Hermes
-		if tt, ok := g.Text.(ToolText); ok {
-			fam = tt.ToolFamily()
-		}
 		parallel := forced == "required" && (req.ParallelToolCalls == nil || *req.ParallelToolCalls)
-		gr, err := grammar.ToolCalls(gt, CallFormat(fam, parallel))
+		gr, err := grammar.ToolCalls(toolDefs(tools), CallFormat(g.family(), parallel))
 		if err != nil {
 			return nil, openai.Errorf("tools", "tools: %v", err)
 		}
@@ -420,4 +418,12 @@ func newCallID() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
 	return "call_" + hex.EncodeToString(b[:])
+}
+
+func toolDefs(tools []openai.Tool) []grammar.Tool {
+	gt := make([]grammar.Tool, len(tools))
+	for i, t := range tools {
+		gt[i] = grammar.Tool{Name: t.Function.Name, Parameters: t.Function.Parameters}
+	}
+	return gt
 }

@@ -149,7 +149,6 @@ func TestResponseFormatErrors(t *testing.T) {
 		{map[string]any{"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "x",
 			"schema": map[string]any{"type": "string", "pattern": "^a"}}}}, "pattern"},
 		{map[string]any{"tools": weatherTools, "tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "nope"}}}, "nope"},
-		{map[string]any{"tools": weatherTools, "response_format": map[string]any{"type": "json_object"}}, "response_format"},
 		{map[string]any{"tools": []map[string]any{{"type": "function", "function": map[string]any{"name": "f", "strict": true,
 			"parameters": map[string]any{"type": "object", "properties": map[string]any{"s": map[string]any{"type": "string", "pattern": "a"}}}}}}}, "strict"},
 	} {
@@ -403,4 +402,35 @@ func TestAutoToolChoiceConstrainsCallsOnly(t *testing.T) {
 		t.Fatal("a string refused where the schema wants one")
 	}
 	cons.(interface{ Close() }).Close()
+}
+
+// TestToolsWithResponseFormat: tool_choice auto with response_format: the
+// answer is either a valid call or a document of the schema.
+func TestToolsWithResponseFormat(t *testing.T) {
+	s := newGrammarServer(t)
+	v := validator(t, personSchema)
+	rf := map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "person", "schema": json.RawMessage(personSchema)}}
+	kinds := map[string]int{}
+	for seed := range 6 {
+		var out toolChatOut
+		body := map[string]any{"model": "m", "messages": []map[string]any{{"role": "user", "content": "a person"}},
+			"max_tokens": 800, "temperature": 1, "seed": seed, "response_format": rf, "tools": weatherTools, "parallel_tool_calls": false}
+		if code := s.post(t, "/v1/chat/completions", body, &out); code != 200 {
+			t.Fatalf("status %d", code)
+		}
+		c := out.Choices[0]
+		switch c.FinishReason {
+		case "tool_calls":
+			kinds["call"]++
+			if len(c.Message.ToolCalls) != 1 {
+				t.Fatalf("seed %d: %d calls", seed, len(c.Message.ToolCalls))
+			}
+		case "stop":
+			kinds["document"]++
+			validate(t, v, *c.Message.Content)
+		default:
+			t.Fatalf("seed %d: finish %q", seed, c.FinishReason)
+		}
+	}
+	t.Logf("answers: %v", kinds)
 }

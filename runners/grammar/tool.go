@@ -37,13 +37,43 @@ const MaxParallelCalls = 16
 // arguments>} with the arguments valid under that tool's schema, in the
 // family's wrapping.
 func ToolCalls(tools []Tool, f CallFormat) (*Grammar, error) {
+	b := &builder{}
+	n, err := b.toolCalls(tools, f)
+	if err != nil {
+		return nil, err
+	}
+	return b.root(n), nil
+}
+
+// ToolCallsOr is the grammar of an answer that is either tool calls (as
+// ToolCalls) or a document of schema (nil: any JSON object): tool_choice
+// "auto" together with response_format.
+func ToolCallsOr(tools []Tool, f CallFormat, schema []byte) (*Grammar, error) {
+	b := &builder{}
+	calls, err := b.toolCalls(tools, f)
+	if err != nil {
+		return nil, err
+	}
+	var doc *node
+	if schema == nil {
+		doc = b.node(kObject)
+		doc.additional = b.anyValue()
+		doc.finishObject()
+	} else if doc, err = b.schema(schema); err != nil {
+		return nil, err
+	}
+	u := b.node(kUnion)
+	u.alts = []*node{calls, doc}
+	return b.root(u), nil
+}
+
+func (b *builder) toolCalls(tools []Tool, f CallFormat) (*node, error) {
 	if len(tools) == 0 {
 		return nil, errors.New("grammar: no tools to call")
 	}
 	if f.ArgsKey == "" {
 		return nil, errors.New("grammar: call format without an arguments key")
 	}
-	b := &builder{}
 	call := b.node(kUnion)
 	for _, t := range tools {
 		var args *node
@@ -72,18 +102,18 @@ func ToolCalls(tools []Tool, f CallFormat) (*Grammar, error) {
 	if f.List {
 		list := b.node(kArray)
 		list.items, list.minItems, list.maxItems = call, 1, maxCalls
-		return b.root(b.seq(b.wrapper(f.ListPrefix), list)), nil
+		return b.seq(b.wrapper(f.ListPrefix), list), nil
 	}
 	one := call
 	if f.Prefix != "" || f.Suffix != "" {
 		one = b.seq(b.wrapper(f.Prefix), call, b.wrapper(f.Suffix))
 	}
 	if maxCalls == 1 {
-		return b.root(one), nil
+		return one, nil
 	}
 	more := b.node(kRepeat)
 	more.items, more.minItems, more.maxItems = b.seq(b.wrapper(f.Separator), one), 0, maxCalls-1
-	return b.root(b.seq(one, more)), nil
+	return b.seq(one, more), nil
 }
 
 // literalJSON is the node of one JSON string value.

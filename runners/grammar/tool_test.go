@@ -165,3 +165,23 @@ func unmarshalInstance(b []byte) (any, error) {
 	var v any
 	return v, d.Decode(&v)
 }
+
+func TestToolCallsOr(t *testing.T) {
+	g, err := ToolCallsOr(testTools, hermes, []byte(`{"type":"object","properties":{"x":{"type":"integer"}},"required":["x"],"additionalProperties":false}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>", `{"x": 3}`} {
+		if !complete(g, d) {
+			t.Errorf("%q rejected", d)
+		}
+	}
+	for _, d := range []string{`{"x": "3"}`, "hello", `{"name": "add", "arguments": {"a": 1, "b": 2}}`} {
+		if complete(g, d) {
+			t.Errorf("%q accepted", d)
+		}
+	}
+	if g, err = ToolCallsOr(testTools, hermes, nil); err != nil || !complete(g, `{"any": [1]}`) {
+		t.Errorf("json_object alternative: %v", err)
+	}
+}
