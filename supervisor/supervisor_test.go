@@ -511,3 +511,36 @@ func TestTakenAPIPortNamesTheFix(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+// TestCORSWrapsTheKeyCheck: with an API key and allowed origins, a
+// browser's preflight (which carries no key) is answered, and a keyless
+// request gets a 401 the page can read (CORS headers on it).
+func TestCORSWrapsTheKeyCheck(t *testing.T) {
+	keyFile := filepath.Join(t.TempDir(), "key")
+	os.WriteFile(keyFile, []byte("k3y\n"), 0o600)
+	file := clusterFile(freePort(t), "a=src-a") + fmt.Sprintf("\n[api]\napi_key_file = %q\ncors_origins = [\"https://app.example\"]\n", keyFile)
+	h := start(t, file)
+	do := func(method string, hdr map[string]string) *http.Response {
+		req, _ := http.NewRequest(method, "http://"+h.api+"/v1/chat/completions", strings.NewReader(`{"model":"a","messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set("Origin", "https://app.example")
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	if r := do("OPTIONS", map[string]string{"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}); r.StatusCode != 204 ||
+		r.Header.Get("Access-Control-Allow-Origin") != "https://app.example" {
+		t.Fatalf("preflight: %d %v", r.StatusCode, r.Header)
+	}
+	if r := do("POST", nil); r.StatusCode != 401 || r.Header.Get("Access-Control-Allow-Origin") != "https://app.example" {
+		t.Fatalf("keyless POST: %d %v", r.StatusCode, r.Header)
+	}
+	if r := do("POST", map[string]string{"Authorization": "Bearer k3y"}); r.StatusCode != 200 {
+		t.Fatalf("keyed POST: %d", r.StatusCode)
+	}
+}

@@ -49,11 +49,15 @@ func TestEverySubcommandAnswersHelp(t *testing.T) {
 		"model pull":     {"-models-dir", "-offline"},
 		"status":         {"-api", "-json"},
 		"version":        {"usage: exo version"},
+		"doctor":         {"-config", "-probe-mib", "-json"},
 	}
 	for name := range commands() {
 		if _, ok := want[name]; !ok {
 			t.Errorf("subcommand %q has no --help case here", name)
 		}
+	}
+	if out, _, code := exo(t, "--help"); code != 0 || !strings.Contains(out, "supervise") || !strings.Contains(out, "--help") {
+		t.Errorf("exo --help: exit %d:\n%s", code, out)
 	}
 	for cmd, mentions := range want {
 		for _, h := range []string{"--help", "-h"} {

@@ -193,6 +193,10 @@ type session struct {
 	tmpl     *chat.Template
 	sampling openai.Sampling
 	loadTime time.Duration
+	// cache holds the KV of cached: the last reply's prompt and output, so
+	// a chat's next turn prefills only what is new.
+	cache  engine.KVCache
+	cached []int32
 }
 
 func openSession(ctx context.Context, o runOptions, stderr io.Writer) (*session, error) {
@@ -234,7 +238,12 @@ func openSession(ctx context.Context, o runOptions, stderr io.Writer) (*session,
 	return &session{o: o, b: b, m: m, tok: tok, tmpl: tmpl, sampling: sp, loadTime: time.Since(t0)}, nil
 }
 
-func (s *session) close() { s.m.Close() }
+func (s *session) close() {
+	if s.cache != nil {
+		s.cache.Free()
+	}
+	s.m.Close()
+}
 
 // chat is the interactive loop: each line is a user turn; the conversation
 // is kept; /bye or end of input ends it.
@@ -294,8 +303,18 @@ func (s *session) reply(ctx context.Context, msgs []chat.Message, stdout, stderr
 		}
 	}
 
-	cache := s.m.NewCache()
-	defer cache.Free()
+	if s.cache == nil {
+		s.cache = s.m.NewCache()
+	}
+	cache := s.cache
+	// reuse the KV of the longest common prefix (at least one token is
+	// computed again, for its logits)
+	keep := 0
+	for keep < len(s.cached) && keep < len(ids)-1 && s.cached[keep] == ids[keep] {
+		keep++
+	}
+	cache.Truncate(keep)
+	s.cached = append(s.cached[:0], ids[:keep]...)
 	sampler := sample.New(decode.SampleParams(s.sampling))
 	stream := s.tok.NewStreamDecoder()
 	eos := s.tok.EOS()
@@ -304,10 +323,13 @@ func (s *session) reply(ctx context.Context, msgs []chat.Message, stdout, stderr
 	w := io.MultiWriter(stdout, &out)
 
 	t1 := time.Now()
-	logits, err := s.m.Forward(ctx, cache, ids)
+	logits, err := s.m.Forward(ctx, cache, ids[keep:])
 	if err != nil {
+		s.cached = s.cached[:0]
+		cache.Truncate(0)
 		return "", err
 	}
+	s.cached = append(s.cached, ids[keep:]...)
 	prefillTime := time.Since(t1)
 	t2 := time.Now()
 	generated := 0
@@ -325,16 +347,19 @@ func (s *session) reply(ctx context.Context, msgs []chat.Message, stdout, stderr
 			break
 		}
 		if logits, err = s.m.Forward(ctx, cache, []int32{next}); err != nil {
+			s.cached = s.cached[:0]
+			cache.Truncate(0)
 			return "", err
 		}
+		s.cached = append(s.cached, next)
 	}
 	decodeTime := time.Since(t2)
 	io.WriteString(w, stream.Flush())
 	fmt.Fprintln(stdout)
 	if o.stats {
-		fmt.Fprintf(stderr, "backend %s, load %.2fs\nprefill: %d tokens in %.3fs (%.1f tokens/s)\ndecode: %d tokens in %.3fs (%.1f tokens/s)\n",
+		fmt.Fprintf(stderr, "backend %s, load %.2fs\nprefill: %d tokens in %.3fs (%.1f tokens/s; %d more from the previous turn)\ndecode: %d tokens in %.3fs (%.1f tokens/s)\n",
 			s.b.Name(), s.loadTime.Seconds(),
-			len(ids), prefillTime.Seconds(), float64(len(ids))/prefillTime.Seconds(),
+			len(ids)-keep, prefillTime.Seconds(), float64(len(ids)-keep)/prefillTime.Seconds(), keep,
 			generated, decodeTime.Seconds(), float64(max(generated-1, 0))/decodeTime.Seconds())
 	}
 	return out.String(), nil

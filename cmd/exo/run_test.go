@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/exo-pd/exo-pd/runners/chat"
 	"github.com/exo-pd/exo-pd/runners/hf"
 	"github.com/exo-pd/exo-pd/runners/openai"
 )
@@ -79,15 +80,17 @@ func TestRunChatKeepsHistory(t *testing.T) {
 	if err := s.chat(context.Background(), in, &stdout, &stderr); err != nil {
 		t.Fatal(err)
 	}
-	var prompts []int
+	var prompts, reused []int
 	for _, l := range strings.Split(stderr.String(), "\n") {
-		var n int
-		if _, err := fmt.Sscanf(strings.TrimPrefix(l, ">>> "), "prefill: %d tokens", &n); err == nil {
-			prompts = append(prompts, n)
+		var n, keep int
+		var secs, rate float64
+		if _, err := fmt.Sscanf(strings.TrimPrefix(l, ">>> "), "prefill: %d tokens in %fs (%f tokens/s; %d more", &n, &secs, &rate, &keep); err == nil {
+			prompts, reused = append(prompts, n+keep), append(reused, keep)
 		}
 	}
-	if len(prompts) != 2 || prompts[1] <= prompts[0]+5 {
-		t.Fatalf("prefill sizes %v: the second turn does not carry the first\n%s", prompts, stderr.String())
+	// the second prompt holds the first turn (and its reply), whose KV is reused
+	if len(prompts) != 2 || prompts[1] <= prompts[0]+5 || reused[0] != 0 || reused[1] < prompts[0] {
+		t.Fatalf("prompt sizes %v, reused %v: the second turn does not carry the first\n%s", prompts, reused, stderr.String())
 	}
 	if !strings.Contains(stderr.String(), "unknown command /help") || strings.Count(stdout.String(), "\n") != 2 {
 		t.Fatalf("stdout %q stderr %q", stdout.String(), stderr.String())
@@ -108,5 +111,41 @@ func TestRunServedName(t *testing.T) {
 	o = runOptions{model: "other/model", configPath: f}
 	if err := o.resolveServedName(); err != nil || o.model != "other/model" {
 		t.Fatalf("%v %+v", err, o)
+	}
+}
+
+// TestRunReusedKVGivesTheSameReply: a second turn that reuses the first
+// turn's KV answers exactly as a fresh session computing it all.
+func TestRunReusedKVGivesTheSameReply(t *testing.T) {
+	path := smolGGUF(t)
+	zero := 0.0
+	o := runOptions{model: path, backend: "cpu", maxTokens: 10, offline: true, flags: openai.Defaults{Temperature: &zero}}
+	ctx := context.Background()
+	s, err := openSession(ctx, o, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	u1 := chat.Message{Role: "user", Content: "What is the capital of France?"}
+	a1, err := s.reply(ctx, []chat.Message{u1}, &bytes.Buffer{}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conv := []chat.Message{u1, {Role: "assistant", Content: a1}, {Role: "user", Content: "And of Italy?"}}
+	reused, err := s.reply(ctx, conv, &bytes.Buffer{}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := openSession(ctx, o, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.close()
+	want, err := fresh.reply(ctx, conv, &bytes.Buffer{}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reused != want || reused == "" {
+		t.Fatalf("with reused KV %q, fresh %q", reused, want)
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/supervisor"
 	"github.com/exo-pd/exo-pd/supervisor/config"
+	"github.com/exo-pd/exo-pd/supervisor/gateway"
 	"github.com/exo-pd/exo-pd/supervisor/process"
 )
 
@@ -28,9 +29,14 @@ func cmdStatus(ctx context.Context, args []string) error {
 		return err
 	}
 	url := *api
+	var key []byte // the gateway's API key, when the cluster file names one we can read
+	c, cerr := config.Load(config.DefaultPath)
+	if cerr == nil && c.API.APIKeyFile != "" {
+		key, _ = gateway.ReadKeyFile(c.API.APIKeyFile)
+	}
 	if url == "" {
 		port := config.DefaultAPIPort
-		if c, err := config.Load(config.DefaultPath); err == nil {
+		if cerr == nil {
 			port = c.API.Port
 		}
 		url = "http://127.0.0.1:" + strconv.Itoa(port)
@@ -40,6 +46,9 @@ func cmdStatus(ctx context.Context, args []string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(url, "/")+supervisor.StatusPath, nil)
 	if err != nil {
 		return exitError{2, err.Error()}
+	}
+	if key != nil {
+		req.Header.Set("Authorization", "Bearer "+string(key))
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -143,6 +143,19 @@ func (c Content) text(path string) (string, *openai.Error) {
 	return sb.String(), nil
 }
 
+// countShape is requestShape without the generation-only fields.
+var countShape = func() openai.Shape {
+	s := openai.Shape{}
+	for k, v := range requestShape {
+		switch k {
+		case "max_tokens", "stream", "stop_sequences", "temperature", "top_p", "top_k", "metadata":
+		default:
+			s[k] = v
+		}
+	}
+	return s
+}()
+
 // blockTypes refuses content blocks other than text (and, with tools,
 // tool_use and tool_result) by their type, before their other keys are
 // checked, so the error says what is missing.
@@ -197,9 +210,47 @@ type Handler struct {
 	AcceptTools bool
 }
 
-// Register adds the route to mux.
+// Register adds the routes to mux.
 func (h *Handler) Register(mux *http.ServeMux) {
 	mux.HandleFunc("/v1/messages", h.messages)
+	mux.HandleFunc("/v1/messages/count_tokens", h.countTokens)
+}
+
+// countTokens answers POST /v1/messages/count_tokens: the prompt tokens the
+// same request would have ({"input_tokens": N}); max_tokens is not needed.
+func (h *Handler) countTokens(w http.ResponseWriter, r *http.Request) {
+	body, e := openai.ReadBody(w, r)
+	if e != nil {
+		h.fail(w, "", e)
+		return
+	}
+	if e := blockTypes(body, h.AcceptTools); e != nil {
+		h.fail(w, "", e)
+		return
+	}
+	var req Request
+	if e := openai.DecodeStrict(body, &req, countShape); e != nil {
+		h.fail(w, "", e)
+		return
+	}
+	if !h.served(req.Model) {
+		h.fail(w, req.Model, openai.UnknownModel(req.Model))
+		return
+	}
+	one := 1
+	req.MaxTokens, req.Stream = &one, false
+	g, e := h.convert(&req)
+	if e != nil {
+		h.fail(w, req.Model, e)
+		return
+	}
+	toks, _, err := h.Gen.Tokenize(r.Context(), g)
+	if err != nil {
+		h.fail(w, req.Model, openai.AsError(err))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]int{"input_tokens": len(toks)})
 }
 
 func (h *Handler) id(prefix string) string {

@@ -38,8 +38,13 @@ func (g *scriptGen) Generate(ctx context.Context, req *openai.GenRequest, em ope
 	return g.res, nil
 }
 
-func (g *scriptGen) Tokenize(context.Context, *openai.GenRequest) ([]int32, int, error) {
-	return nil, 0, nil
+// Tokenize counts one token per byte of the messages.
+func (g *scriptGen) Tokenize(_ context.Context, req *openai.GenRequest) ([]int32, int, error) {
+	n := 0
+	for _, m := range req.Messages {
+		n += len(m.Content)
+	}
+	return make([]int32, n), 2048, nil
 }
 func (g *scriptGen) Detokenize(context.Context, []int32) (string, error) { return "", nil }
 
@@ -200,5 +205,30 @@ func TestToolsKeptWhenAccepted(t *testing.T) {
 	h.AcceptTools = false
 	if _, e := h.convert(&r); e == nil || e.Param != "tools" {
 		t.Fatalf("tools: %v", e)
+	}
+}
+
+func TestCountTokens(t *testing.T) {
+	url := serve(t, &scriptGen{})
+	req, _ := http.NewRequest("POST", url+"/v1/messages/count_tokens", strings.NewReader(
+		`{"model":"tiny","system":"sys","messages":[{"role":"user","content":"hello"}]}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var v map[string]int
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil || resp.StatusCode != 200 || v["input_tokens"] != len("sys")+len("hello") {
+		t.Fatalf("%d %v %v", resp.StatusCode, v, err)
+	}
+	req, _ = http.NewRequest("POST", url+"/v1/messages/count_tokens", strings.NewReader(
+		`{"model":"tiny","max_tokens":5,"messages":[{"role":"user","content":"hello"}]}`))
+	resp2, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp2.Body.Close()
+	if resp2.StatusCode != 400 {
+		t.Fatalf("max_tokens on count_tokens: %d", resp2.StatusCode)
 	}
 }

@@ -2,11 +2,14 @@ package e2e
 
 import (
 	"encoding/json"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/exo-pd/exo-pd/runners/internal/testenv"
 )
@@ -26,19 +29,74 @@ func python(t *testing.T, module string) string {
 	return py
 }
 
-// TestAnthropicSDK: the official anthropic Python SDK talks to a decode
-// runner serving SmolLM2: create, stream (same text), a stop sequence,
-// assistant prefill, a tool_use → tool_result round trip (the streamed
-// tool_use equal to the non-streamed one).
+// cluster runs `exo supervise` on a one-host cluster file serving SmolLM2
+// as "m" (decode runner only) and returns its gateway's base URL once the
+// model is healthy there: the SDK tests go through the gateway, as users
+// do.
+func cluster(t *testing.T) string {
+	t.Helper()
+	gguf := testenv.SmolLM2(t)
+	dir := t.TempDir()
+	api := freeAddr(t)
+	_, apiPort, _ := strings.Cut(api, ":")
+	base := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
+	file := filepath.Join(dir, "cluster.toml")
+	cfg := "[cluster]\nname = \"sdk\"\nrunner_port_base = " + base + "\n[api]\nlisten = \"127.0.0.1\"\nport = " + apiPort +
+		"\n[hosts.h]\naddress = \"127.0.0.1\"\nbackend = \"cpu\"\n[[models]]\nname = \"m\"\nsource = \"" + gguf + "\"\ndecode = { hosts = [\"h\"] }\n"
+	if err := os.WriteFile(file, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{t: t, name: "supervise", done: make(chan struct{})}
+	p.cmd = exec.Command(exoBin, "supervise", "--config", file, "--host", "h")
+	p.cmd.Stdout, p.cmd.Stderr = p, p
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.stop()
+		if t.Failed() {
+			t.Logf("--- supervisor log:\n%s", tail(p.logs(), 6000))
+		}
+	})
+	deadline := time.Now().Add(120 * time.Second)
+	for {
+		resp, err := http.Get("http://" + api + "/health")
+		if err == nil {
+			var h struct {
+				Models map[string]struct{ Healthy int } `json:"models"`
+			}
+			_ = json.NewDecoder(resp.Body).Decode(&h)
+			resp.Body.Close()
+			if h.Models["m"].Healthy == 1 {
+				return "http://" + api
+			}
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("exo supervise exited:\n%s", p.logs())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("model not healthy at the gateway after 120 s:\n%s", p.logs())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestAnthropicSDK: the official anthropic Python SDK talks to the gateway
+// of a cluster serving SmolLM2: create, stream (same text), a stop
+// sequence, assistant prefill, count_tokens, a tool_use → tool_result
+// round trip (the streamed tool_use equal to the non-streamed one).
 func TestAnthropicSDK(t *testing.T) {
 	py := python(t, "anthropic")
-	gguf := testenv.SmolLM2(t)
-	dec := start(t, "smol-anthropic", "decode", "--model", gguf)
+	url := cluster(t)
 	root, err := repoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(py, filepath.Join(root, "scripts", "clients", "anthropic_sdk.py"), "http://"+dec.listen, "m").CombinedOutput()
+	out, err := exec.Command(py, filepath.Join(root, "scripts", "clients", "anthropic_sdk.py"), url, "m").CombinedOutput()
 	if err != nil {
 		t.Fatalf("anthropic SDK: %v\n%s", err, out)
 	}
@@ -52,6 +110,8 @@ func TestAnthropicSDK(t *testing.T) {
 		} `json:"tool_use"`
 		AfterTool string `json:"after_tool"`
 		Stop      []any  `json:"stop"`
+		Count     int    `json:"count_tokens"`
+		Prompt    int    `json:"create_prompt_tokens"`
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
@@ -67,25 +127,27 @@ func TestAnthropicSDK(t *testing.T) {
 	if got.Prefill == "" || strings.HasPrefix(strings.TrimSpace(got.Prefill), "The capital") {
 		t.Errorf("prefill was not continued: %q", got.Prefill)
 	}
+	if got.Count == 0 || got.Count != got.Prompt {
+		t.Errorf("count_tokens %d, the same request's prompt %d", got.Count, got.Prompt)
+	}
 	if got.ToolUse.Name != "get_weather" || got.AfterTool == "" {
 		t.Errorf("tool round trip: %+v, then %q", got.ToolUse, got.AfterTool)
 	}
 }
 
-// TestOpenAISDK: the official openai Python SDK against a decode runner
-// serving SmolLM2: five temperature-1 requests without a seed give at
+// TestOpenAISDK: the official openai Python SDK against the gateway of a
+// cluster serving SmolLM2: five temperature-1 requests without a seed give at
 // least 4 texts, with a seed one; logprobs (greedy token = best of
 // top_logprobs, streamed too); a refused field named; the Responses API
 // (create and stream agree).
 func TestOpenAISDK(t *testing.T) {
 	py := python(t, "openai")
-	gguf := testenv.SmolLM2(t)
-	dec := start(t, "smol-openai", "decode", "--model", gguf)
+	url := cluster(t)
 	root, err := repoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(py, filepath.Join(root, "scripts", "clients", "openai_sdk.py"), "http://"+dec.listen, "m").CombinedOutput()
+	out, err := exec.Command(py, filepath.Join(root, "scripts", "clients", "openai_sdk.py"), url, "m").CombinedOutput()
 	if err != nil {
 		t.Fatalf("openai SDK: %v\n%s", err, out)
 	}

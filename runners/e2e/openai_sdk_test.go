@@ -2,86 +2,12 @@ package e2e
 
 import (
 	"encoding/json"
-	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
-
-	"github.com/exo-pd/exo-pd/runners/internal/testenv"
 )
-
-// startCluster runs `exo supervise` on a one-host cluster file serving the
-// GGUF model as "m" (decode and prefill runners on this machine) and
-// returns the gateway's base URL once it answers a chat completion.
-func startCluster(t *testing.T, gguf string) string {
-	t.Helper()
-	dir := t.TempDir()
-	api := freeAddr(t)
-	_, port, _ := strings.Cut(api, ":")
-	base := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
-	cfg := fmt.Sprintf(`[cluster]
-name = "sdk"
-runner_port_base = %s
-
-[api]
-listen = "127.0.0.1"
-port = %s
-
-[hosts.local]
-address = "127.0.0.1"
-backend = "cpu"
-
-[[models]]
-name = "m"
-source = %q
-decode = { hosts = ["local"] }
-`, base, port, gguf)
-	path := filepath.Join(dir, "cluster.toml")
-	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{t: t, name: "supervise", done: make(chan struct{}), listen: api, http: api}
-	p.cmd = exec.Command(exoBin, "supervise", "--config", path, "--host", "local", "--listen", api)
-	p.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET=")
-	p.cmd.Stdout, p.cmd.Stderr = p, p
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		p.stop()
-		if t.Failed() {
-			t.Logf("--- supervise log:\n%s", tail(p.logs(), 6000))
-		}
-	})
-	url := "http://" + api
-	deadline := time.Now().Add(120 * time.Second)
-	for {
-		select {
-		case <-p.done:
-			t.Fatalf("exo supervise exited:\n%s", p.logs())
-		default:
-		}
-		resp, err := http.Post(url+"/v1/chat/completions", "application/json",
-			strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`))
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return url
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the gateway did not serve m within 120 s:\n%s", tail(p.logs(), 6000))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
 
 // TestOpenAISDKToolsAndStructuredOutputs: the official openai Python SDK,
 // through the gateway of a real cluster on SmolLM2: chat.completions.parse
@@ -89,8 +15,7 @@ decode = { hosts = ["local"] }
 // tool_choice "required" completes, the streamed call equals the
 // non-streamed one, and an unsupported schema keyword is a 400 naming it.
 func TestOpenAISDKToolsAndStructuredOutputs(t *testing.T) {
-	gguf := testenv.SmolLM2(t)
-	url := startCluster(t, gguf)
+	url := cluster(t)
 	root, err := repoRoot()
 	if err != nil {
 		t.Fatal(err)

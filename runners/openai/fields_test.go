@@ -132,10 +132,15 @@ func TestPrefillDecision(t *testing.T) {
 		{"assistant last, new turn asked", "assistant", &tr, nil, true, false},
 		{"assistant last, continue off", "assistant", nil, &fa, true, false},
 		{"no generation prompt", "user", &fa, nil, false, false},
+		{"empty assistant last: new turn", "assistant-empty", nil, nil, true, false},
 	}
 	v := Validator{Served: func(string) bool { return true }}
 	for _, c := range cases {
-		r := ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: Content{Text: "q", Set: true}}, {Role: c.last, Content: Content{Text: "a", Set: true}}},
+		last := Message{Role: c.last, Content: Content{Text: "a", Set: true}}
+		if c.last == "assistant-empty" {
+			last = Message{Role: "assistant", Content: Content{Text: " ", Set: true}}
+		}
+		r := ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: Content{Text: "q", Set: true}}, last},
 			AddGenerationPrompt: c.agp, ContinueFinalMessage: c.cont}
 		g, e := v.ValidateChat(&r)
 		if e != nil {

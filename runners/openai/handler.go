@@ -106,6 +106,10 @@ func (h *Handler) Register(mux *http.ServeMux) {
 	mux.HandleFunc("/tokenize", h.tokenize)
 	mux.HandleFunc("/detokenize", h.detokenize)
 	mux.HandleFunc("/v1/responses", h.responses)
+	mux.HandleFunc("/v1/responses/", func(w http.ResponseWriter, r *http.Request) {
+		WriteError(w, &Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found",
+			Message: "this server stores no responses (send the whole conversation as input)"})
+	})
 }
 
 func (h *Handler) served(name string) bool {

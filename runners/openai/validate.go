@@ -500,9 +500,12 @@ func (v Validator) ValidateChat(r *ChatRequest) (*GenRequest, *Error) {
 // chatPrefill decides between a new assistant turn and continuing the
 // final assistant message.
 func (v Validator) chatPrefill(r *ChatRequest, g *GenRequest) *Error {
-	lastAssistant := g.Messages[len(g.Messages)-1].Role == "assistant"
+	last := g.Messages[len(g.Messages)-1]
+	lastAssistant := last.Role == "assistant"
 	agpSet := r.AddGenerationPrompt != nil
-	cont := lastAssistant && !(agpSet && *r.AddGenerationPrompt)
+	// by default, an assistant's final words are continued (prefill); an
+	// empty one or one that only calls tools is not
+	cont := lastAssistant && len(last.ToolCalls) == 0 && strings.TrimSpace(last.Content) != "" && !(agpSet && *r.AddGenerationPrompt)
 	if r.ContinueFinalMessage != nil {
 		cont = *r.ContinueFinalMessage
 	}

@@ -2,6 +2,7 @@ package sample
 
 import (
 	"math"
+	"math/rand/v2"
 	"slices"
 	"testing"
 )
@@ -138,4 +139,47 @@ func TestLogprobs(t *testing.T) {
 	if _, top := Logprobs(l, g, 1); top[0].ID != g {
 		t.Fatalf("greedy %d, top %v", g, top)
 	}
+}
+
+// BenchmarkSamplingExtras measures what logit bias, presence/frequency
+// penalties and logprobs add per token on a Qwen3-sized vocabulary
+// (151,936), against plain greedy in the same run.
+func BenchmarkSamplingExtras(b *testing.B) {
+	rng := rand.New(rand.NewPCG(2, 2))
+	logits := make([]float32, 151936)
+	for i := range logits {
+		logits[i] = float32(rng.NormFloat64() * 3)
+	}
+	hist := make([]int32, 2048)
+	for i := range hist {
+		hist[i] = int32(rng.IntN(len(logits)))
+	}
+	bias := map[int32]float32{}
+	for range 50 {
+		bias[int32(rng.IntN(len(logits)))] = float32(rng.NormFloat64())
+	}
+	run := func(name string, p Params, lp int) {
+		b.Run(name, func(b *testing.B) {
+			s := New(p)
+			if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+				s.counts = map[int32]int{} // a generation's worth of counted tokens
+				for i := range 256 {
+					s.counts[int32(i*97)]++
+				}
+			}
+			b.SetBytes(int64(4 * len(logits)))
+			b.ReportAllocs()
+			for b.Loop() {
+				tok := s.Sample(logits, hist)
+				if lp >= 0 {
+					Logprobs(logits, tok, lp)
+				}
+			}
+		})
+	}
+	run("greedy", Params{}, -1)
+	run("greedy+bias+presence+frequency", Params{LogitBias: bias, PresencePenalty: 0.5, FrequencyPenalty: 0.5}, -1)
+	run("greedy+logprobs", Params{}, 0)
+	run("greedy+top_logprobs=20", Params{}, 20)
+	run("temp0.7+topp0.9", Params{Temperature: 0.7, TopP: 0.9}, -1)
 }

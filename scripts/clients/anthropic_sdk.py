@@ -19,6 +19,7 @@ assert msg.stop_reason in ("end_turn", "max_tokens"), msg.stop_reason
 assert msg.content and msg.content[0].type == "text", msg.content
 assert msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0) > 0 and msg.usage.output_tokens > 0, msg.usage
 out["create"] = msg.content[0].text
+out["_create_prompt"] = msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0)
 
 # stream: the SDK's event accumulator rebuilds the same message
 with client.messages.stream(model=model, max_tokens=12, extra_body={"temperature": 0}, system="Answer in one word.",
@@ -41,6 +42,12 @@ msg = client.messages.create(model=model, max_tokens=8, extra_body={"temperature
                              messages=[{"role": "user", "content": "What is the capital of France?"},
                                        {"role": "assistant", "content": "The capital of France is"}])
 out["prefill"] = msg.content[0].text
+
+# count_tokens equals the prompt of the same request
+ct = client.messages.count_tokens(model=model, system="Answer in one word.",
+                                  messages=[{"role": "user", "content": "What is the capital of France?"}])
+out["count_tokens"] = ct.input_tokens
+out["create_prompt_tokens"] = out.pop("_create_prompt")
 
 # a tool_use -> tool_result round trip (tool_choice any forces the call; the grammar makes its input valid)
 tools = [{"name": "get_weather", "description": "Current weather in a city",

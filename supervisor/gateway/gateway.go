@@ -276,14 +276,24 @@ func (g *Gateway) Handler() http.Handler {
 	// builds token-exact prompts with it); routed by "model" like /v1/.
 	mux.HandleFunc("POST /tokenize", g.forward)
 	mux.HandleFunc("POST /detokenize", g.forward)
-	return g.cors(mux)
+	// The Responses API's retrieval routes: nothing is stored, say so.
+	mux.HandleFunc("GET /v1/responses/{id}", g.notStored)
+	mux.HandleFunc("DELETE /v1/responses/{id}", g.notStored)
+	return mux
 }
 
-// cors answers browsers for the origins in [api] cors_origins: it adds
+func (g *Gateway) notStored(w http.ResponseWriter, r *http.Request) {
+	APIError(w, http.StatusNotFound, "invalid_request_error", "not_found",
+		fmt.Sprintf("response %q not found: this server stores no responses (send the whole conversation as input)", r.PathValue("id")))
+}
+
+// CORS answers browsers for the origins in [api] cors_origins: it adds
 // Access-Control-Allow-Origin to responses and answers preflight OPTIONS
 // requests itself (204; 403 for an origin not allowed). Requests without
-// an Origin header pass through untouched.
-func (g *Gateway) cors(next http.Handler) http.Handler {
+// an Origin header pass through untouched. It wraps the whole API,
+// authentication included: preflights carry no key, and a 401 must be
+// readable by the page that caused it.
+func (g *Gateway) CORS(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		origin := r.Header.Get("Origin")
 		allowed := g.snap.Load().cors

@@ -88,7 +88,8 @@ func clusterWith(t *testing.T, localHost string, o Options, api string) (*Gatewa
 	l.Close()
 	a := newFake(t, "a", fmt.Sprintf("127.0.0.1:%d", port))
 	b := newFake(t, "b", fmt.Sprintf("127.0.0.2:%d", port))
-	c, err := config.Parse("t.toml", []byte(api+fmt.Sprintf(`
+	c, err := config.Parse("t.toml", []byte(api+fmt.Sprintf(`[cluster]
+insecure = true
 [hosts.a]
 address = "127.0.0.1"
 backend = "cpu"
@@ -114,7 +115,7 @@ decode = { hosts = ["c"], port = %d }
 	g := New(o)
 	g.SetConfig(c, localHost)
 	g.pollAll(context.Background())
-	srv := httptest.NewServer(g.Handler())
+	srv := httptest.NewServer(g.CORS(g.Handler()))
 	t.Cleanup(srv.Close)
 	return g, srv, a, b
 }
@@ -379,6 +380,19 @@ func TestCORS(t *testing.T) {
 	resp.Body.Close()
 	if resp.Header.Get("Access-Control-Allow-Origin") != "" {
 		t.Fatalf("CORS without cors_origins: %v", resp.Header)
+	}
+}
+
+func TestStoredResponsesAreNotFound(t *testing.T) {
+	_, srv, _, _ := cluster(t, "a")
+	resp, err := http.Get(srv.URL + "/v1/responses/resp_1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var v map[string]map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil || resp.StatusCode != 404 || !strings.Contains(v["error"]["message"].(string), "stores no responses") {
+		t.Fatalf("%d %v %v", resp.StatusCode, v, err)
 	}
 }
 
