@@ -20,6 +20,17 @@
 // strings without escapes and never equal a declared name, whitespace is
 // allowed where JSON allows it but at most MaxWhitespace bytes in a row,
 // and numbers have at most MaxNumberLen bytes.
+//
+// ToolCalls (and ToolCallsOr) build the grammar of an answer made of tool
+// calls in a family's wrapping (Hermes <tool_call>, Llama's bare JSON,
+// Mistral's [TOOL_CALLS] list), each call's arguments compiled from that
+// tool's schema. Constraint pairs a grammar with a Vocab for one
+// generation: Mask gives the allowed tokens as a bitset (end tokens only
+// when the document is complete; special tokens never, except where a
+// wrapper spells one), Accept consumes the chosen token. Masks are walked
+// over the trie with the automaton, pruning a subtree at its first refused
+// byte; inside free strings the all-plain tokens come from a set
+// precomputed per UTF-8 state, and masks are cached by automaton state.
 package grammar
 
 import (
