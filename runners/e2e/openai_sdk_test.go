@@ -9,11 +9,13 @@ import (
 	"testing"
 )
 
-// TestOpenAISDKToolsAndStructuredOutputs: the official openai Python SDK,
-// through the gateway of a real cluster on SmolLM2: chat.completions.parse
-// with a pydantic model returns a parsed object, a two-step tool loop with
-// tool_choice "required" completes, the streamed call equals the
-// non-streamed one, and an unsupported schema keyword is a 400 naming it.
+// TestOpenAISDKToolsAndStructuredOutputs: clients no one here wrote,
+// through the gateway of a real cluster on SmolLM2. The official openai
+// Python SDK: chat.completions.parse with a pydantic model returns a parsed
+// object, a two-step tool loop with tool_choice "required" completes, the
+// streamed call equals the non-streamed one, an unsupported schema keyword
+// is a 400 naming it. The openai npm package: runTools, streamed deltas.
+// langchain-openai: with_structured_output and bind_tools.
 func TestOpenAISDKToolsAndStructuredOutputs(t *testing.T) {
 	url := cluster(t)
 	root, err := repoRoot()
@@ -22,6 +24,31 @@ func TestOpenAISDKToolsAndStructuredOutputs(t *testing.T) {
 	}
 	t.Run("python", func(t *testing.T) { pythonSDK(t, root, url) })
 	t.Run("node", func(t *testing.T) { nodeSDK(t, root, url) })
+	t.Run("langchain", func(t *testing.T) { langchainOpenAI(t, root, url) })
+}
+
+// langchainOpenAI: langchain-openai's with_structured_output (a pydantic
+// model) and bind_tools with a forced tool.
+func langchainOpenAI(t *testing.T, root, url string) {
+	py := python(t, "langchain_openai")
+	out, err := exec.Command(py, filepath.Join(root, "scripts", "clients", "langchain_client.py"), url, "m").CombinedOutput()
+	if err != nil {
+		t.Fatalf("langchain-openai: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	t.Logf("%s", lines[len(lines)-1])
+	var got struct {
+		Structured map[string]any `json:"structured"`
+		ToolCall   struct {
+			Name string `json:"name"`
+		} `json:"tool_call"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if _, ok := got.Structured["name"].(string); !ok || got.ToolCall.Name != "get_weather" {
+		t.Errorf("langchain: %+v", got)
+	}
 }
 
 // nodeSDK: the official openai npm package: runTools calls our function
