@@ -434,3 +434,23 @@ func TestToolsWithResponseFormat(t *testing.T) {
 	}
 	t.Logf("answers: %v", kinds)
 }
+
+// TestToolCallMessageContentNull: a message that only calls tools has
+// "content": null, as OpenAI answers it.
+func TestToolCallMessageContentNull(t *testing.T) {
+	s := newGrammarServer(t)
+	body := map[string]any{"model": "m", "messages": []map[string]any{{"role": "user", "content": "add"}},
+		"max_tokens": 800, "temperature": 1, "seed": 2, "tools": weatherTools, "parallel_tool_calls": false,
+		"tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "add"}}}
+	var out struct {
+		Choices []struct {
+			Message map[string]json.RawMessage `json:"message"`
+		} `json:"choices"`
+	}
+	if code := s.post(t, "/v1/chat/completions", body, &out); code != 200 {
+		t.Fatalf("status %d", code)
+	}
+	if c, ok := out.Choices[0].Message["content"]; !ok || string(c) != "null" {
+		t.Fatalf("content %q (present %v), want null", c, ok)
+	}
+}

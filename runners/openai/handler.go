@@ -369,7 +369,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, g *GenRequest, c
 		if chat {
 			c := ChatChoice{Index: 0, Message: &ResponseMessage{Role: "assistant", Content: &text, ToolCalls: be.calls}, FinishReason: &fr}
 			if len(be.calls) > 0 && text == "" {
-				c.Message.Content = nil // OpenAI's content: null beside tool calls
+				c.Message.Content, c.Message.NullContent = nil, true // OpenAI's content: null beside tool calls
 			}
 			if g.Logprobs {
 				c.Logprobs = &ChatLogprobs{Content: []LogprobContent{}}

@@ -421,6 +421,22 @@ type ResponseMessage struct {
 	// (a delta: the first of a call has id, type and the name; later ones
 	// pieces of the arguments text).
 	ToolCalls []ToolCallDelta `json:"tool_calls,omitempty"`
+	// NullContent writes "content": null (a message that only calls
+	// tools, as OpenAI answers it) where Content is nil.
+	NullContent bool `json:"-"`
+}
+
+// MarshalJSON writes content null when NullContent asks for it.
+func (m ResponseMessage) MarshalJSON() ([]byte, error) {
+	type plain ResponseMessage
+	if !m.NullContent || m.Content != nil {
+		return json.Marshal(plain(m))
+	}
+	return json.Marshal(struct {
+		Role      string          `json:"role,omitempty"`
+		Content   *string         `json:"content"`
+		ToolCalls []ToolCallDelta `json:"tool_calls,omitempty"`
+	}{m.Role, nil, m.ToolCalls})
 }
 
 // ToolCallDelta is a tool call in a response: whole in a message, in
