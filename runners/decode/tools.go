@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -74,6 +75,54 @@ type Grammars struct {
 	once  sync.Once
 	vocab *grammar.Vocab
 	err   error
+
+	mu    sync.Mutex
+	cache map[string]*grammar.Grammar // compiled grammars (and their shared masks) by request shape
+	order []string
+}
+
+// maxGrammars bounds the compiled grammars kept: an agent sends the same
+// tools and formats turn after turn.
+const maxGrammars = 8
+
+// compiled returns the grammar for key, building it on a miss (errors are
+// not cached).
+func (g *Grammars) compiled(key string, build func() (*grammar.Grammar, error)) (*grammar.Grammar, error) {
+	g.mu.Lock()
+	gr, ok := g.cache[key]
+	g.mu.Unlock()
+	if ok {
+		return gr, nil
+	}
+	gr, err := build()
+	if err != nil {
+		return nil, err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cache == nil {
+		g.cache = map[string]*grammar.Grammar{}
+	}
+	if _, ok := g.cache[key]; !ok {
+		if len(g.order) >= maxGrammars {
+			delete(g.cache, g.order[0])
+			g.order = g.order[1:]
+		}
+		g.order = append(g.order, key)
+	}
+	g.cache[key] = gr
+	return gr, nil
+}
+
+// cacheKey identifies a grammar by what it is compiled from.
+func cacheKey(kind string, f grammar.CallFormat, tools []grammar.Tool, schema []byte) string {
+	b, _ := json.Marshal(struct {
+		Kind   string
+		F      grammar.CallFormat
+		Tools  []grammar.Tool
+		Schema []byte
+	}{kind, f, tools, schema})
+	return string(b)
 }
 
 func (g *Grammars) vocabulary() (*grammar.Vocab, error) {
@@ -138,7 +187,7 @@ func (g *Grammars) lazyCalls(req *openai.GenRequest) (Constraint, error) {
 		f, marker = grammar.CallFormat{Suffix: "\n</tool_call>", ArgsKey: "arguments"}, "<tool_call>"
 	}
 	gt := toolDefs(req.Tools)
-	gr, err := grammar.ToolCalls(gt, f)
+	gr, err := g.compiled(cacheKey("lazy", f, gt, nil), func() (*grammar.Grammar, error) { return grammar.ToolCalls(gt, f) })
 	if err != nil {
 		for i, t := range req.Tools {
 			if t.Function.Strict != nil && *t.Function.Strict {
@@ -250,7 +299,16 @@ func (g *Grammars) grammarFor(req *openai.GenRequest) (*grammar.Grammar, error) 
 		if rf.Type == "json_schema" {
 			schema = rf.JSONSchema.Schema
 		}
-		gr, err := grammar.ToolCallsOr(toolDefs(req.Tools), CallFormat(g.family(), req.ParallelToolCalls == nil || *req.ParallelToolCalls), schema)
+		gt, f := toolDefs(req.Tools), CallFormat(g.family(), req.ParallelToolCalls == nil || *req.ParallelToolCalls)
+		if schema == nil {
+			schema = []byte{} // json_object: distinct from json_schema in the key
+		}
+		gr, err := g.compiled(cacheKey("or", f, gt, schema), func() (*grammar.Grammar, error) {
+			if len(schema) == 0 {
+				return grammar.ToolCallsOr(gt, f, nil)
+			}
+			return grammar.ToolCallsOr(gt, f, schema)
+		})
 		if err != nil {
 			return nil, openai.Errorf("response_format", "tools with response_format: %v", err)
 		}
@@ -271,15 +329,18 @@ func (g *Grammars) grammarFor(req *openai.GenRequest) (*grammar.Grammar, error) 
 			}
 		}
 		parallel := forced == "required" && (req.ParallelToolCalls == nil || *req.ParallelToolCalls)
-		gr, err := grammar.ToolCalls(toolDefs(tools), CallFormat(g.family(), parallel))
+		gt, f := toolDefs(tools), CallFormat(g.family(), parallel)
+		gr, err := g.compiled(cacheKey("calls", f, gt, nil), func() (*grammar.Grammar, error) { return grammar.ToolCalls(gt, f) })
 		if err != nil {
 			return nil, openai.Errorf("tools", "tools: %v", err)
 		}
 		return gr, nil
 	case structured && rf.Type == "json_object":
-		return grammar.AnyJSONObject(), nil
+		return g.compiled("json_object", func() (*grammar.Grammar, error) { return grammar.AnyJSONObject(), nil })
 	case structured && rf.Type == "json_schema":
-		gr, err := grammar.Compile(rf.JSONSchema.Schema)
+		gr, err := g.compiled(cacheKey("schema", grammar.CallFormat{}, nil, rf.JSONSchema.Schema), func() (*grammar.Grammar, error) {
+			return grammar.Compile(rf.JSONSchema.Schema)
+		})
 		if err != nil {
 			return nil, openai.Errorf("response_format.json_schema.schema", "response_format.json_schema.schema: %v", err)
 		}

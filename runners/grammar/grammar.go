@@ -36,6 +36,7 @@ package grammar
 import (
 	"fmt"
 	"strings"
+	"sync"
 )
 
 // MaxWhitespace bounds a run of whitespace between JSON tokens, so that a
@@ -137,6 +138,44 @@ type Grammar struct {
 	root     *node
 	nodes    int32
 	wrappers [][]byte // tool-call wrapper literals
+	shared   *sharedMasks
+}
+
+// sharedMasks caches masks by automaton state across the generations of
+// one Grammar (an agent sends the same tools turn after turn), for the
+// first Vocab it is used with.
+type sharedMasks struct {
+	mu sync.Mutex
+	v  *Vocab
+	m  map[string][]uint64
+}
+
+// maxShared bounds the masks a Grammar keeps for all its generations.
+const maxShared = 64
+
+func (s *sharedMasks) get(v *Vocab, key []byte) []uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.v != v {
+		return nil
+	}
+	return s.m[string(key)]
+}
+
+// put stores mask (never modified afterwards) under key.
+func (s *sharedMasks) put(v *Vocab, key []byte, mask []uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.v == nil {
+		s.v = v
+	}
+	if s.v != v {
+		return
+	}
+	if s.m == nil || len(s.m) >= maxShared {
+		s.m = map[string][]uint64{}
+	}
+	s.m[string(key)] = mask
 }
 
 // UnsupportedError names JSON Schema keywords the compiler does not
@@ -213,7 +252,7 @@ func (n *node) finishObject() {
 func (b *builder) root(v *node) *Grammar {
 	r := b.node(kRoot)
 	r.alts = []*node{v}
-	return &Grammar{root: r, nodes: b.next, wrappers: b.wrappers}
+	return &Grammar{root: r, nodes: b.next, wrappers: b.wrappers, shared: &sharedMasks{}}
 }
 
 // AnyJSONObject returns the grammar of response_format json_object: any

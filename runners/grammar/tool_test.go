@@ -3,6 +3,8 @@ package grammar
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"slices"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -183,5 +185,49 @@ func TestToolCallsOr(t *testing.T) {
 	}
 	if g, err = ToolCallsOr(testTools, hermes, nil); err != nil || !complete(g, `{"any": [1]}`) {
 		t.Errorf("json_object alternative: %v", err)
+	}
+}
+
+// TestSharedMasksAcrossGenerations: generations of one grammar, run at
+// once, share masks by state and still get each state's own mask (checked
+// against a grammar of its own that shares nothing).
+func TestSharedMasksAcrossGenerations(t *testing.T) {
+	v := syntheticVocab(t)
+	g := mustCompile(t, benchSchema)
+	doc := []byte(`{"user": {"name": "Ada", "age": 36, "emails": ["a@b"]}, "orders": [], "tags": ["x"]}`)
+	done := make(chan error, 4)
+	for range 4 {
+		go func() {
+			c := NewConstraint(g, v)
+			fresh := NewConstraint(mustCompile(t, benchSchema), v)
+			fresh.cache = nil
+			a, b := make([]uint64, v.MaskWords()), make([]uint64, v.MaskWords())
+			for _, ch := range doc {
+				id := int32(ch) // the synthetic vocabulary's first 256 ids are the bytes
+				c.Mask(a)
+				fresh.Mask(b)
+				if !slices.Equal(a, b) {
+					done <- fmt.Errorf("shared mask differs at %q", ch)
+					return
+				}
+				if err := c.Accept(id); err != nil {
+					done <- err
+					return
+				}
+				if err := fresh.Accept(id); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	for range 4 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(g.shared.m) == 0 {
+		t.Fatal("nothing was shared")
 	}
 }

@@ -216,6 +216,7 @@ type Constraint struct {
 	done     bool
 	w        walker
 	cache    map[string][]uint64
+	shared   *sharedMasks // the grammar's, across generations
 	key      []byte
 }
 
@@ -224,7 +225,7 @@ const maxCache = 256
 
 // NewConstraint starts g over v.
 func NewConstraint(g *Grammar, v *Vocab) *Constraint {
-	c := &Constraint{v: v, m: g.NewMatcher(), w: walker{v: v}, cache: map[string][]uint64{}}
+	c := &Constraint{v: v, m: g.NewMatcher(), w: walker{v: v}, cache: map[string][]uint64{}, shared: g.shared}
 	for id, b := range v.special {
 		for _, w := range g.wrappers {
 			if bytes.Contains(w, b) {
@@ -295,6 +296,13 @@ func (c *Constraint) Mask(dst []uint64) {
 			copy(dst, m)
 			return
 		}
+		if c.shared != nil {
+			if m := c.shared.get(c.v, c.key); m != nil {
+				copy(dst, m)
+				c.cache[string(c.key)] = m
+				return
+			}
+		}
 	}
 	c.w.mask(c.m.alts, dst)
 	for _, id := range c.specials {
@@ -313,7 +321,11 @@ func (c *Constraint) Mask(dst []uint64) {
 	if len(c.cache) >= maxCache {
 		clear(c.cache)
 	}
-	c.cache[string(c.key)] = slices.Clone(dst)
+	m := slices.Clone(dst)
+	c.cache[string(c.key)] = m
+	if c.shared != nil {
+		c.shared.put(c.v, c.key, m)
+	}
 }
 
 // walker computes masks by walking the trie with the automaton.
