@@ -31,7 +31,9 @@ const benchDoc = `{"user": {"name": "Ada Lovelace", "age": 36, "emails": ["ada@e
 // BenchmarkMaskQwen3 times Constraint.Mask per token over the Qwen3
 // vocabulary (151k) while following the tokenization of benchDoc, a
 // document of the nested benchSchema. cold: every mask computed (no
-// cache); cached: as a generation runs it (masks reused by state). The
+// cache); cached: as a first generation runs it (masks reused by state
+// within it); shared: a later generation of the same grammar (masks of
+// earlier generations reused, up to maxShared of them). The
 // baseline is one pass over a float32 logits row of the vocabulary (what
 // applying any mask costs), timed in the same run.
 func BenchmarkMaskQwen3(b *testing.B) {
@@ -53,14 +55,18 @@ func BenchmarkMaskQwen3(b *testing.B) {
 	}
 	b.Logf("document: %d bytes, %d tokens", len(benchDoc), len(ids))
 	logits := make([]float32, v.Size())
-	for _, mode := range []string{"cold", "cached"} {
+	for _, mode := range []string{"cold", "cached", "shared"} {
 		b.Run(mode, func(b *testing.B) {
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
 			var d, cpu []time.Duration
 			mask := make([]uint64, v.MaskWords())
 			for b.Loop() {
-				c := NewConstraint(g, v)
+				gg := g
+				if mode != "shared" { // a grammar of its own: nothing from earlier generations
+					gg = mustCompile(b, benchSchema)
+				}
+				c := NewConstraint(gg, v)
 				if mode == "cold" {
 					c.cache = nil
 				}

@@ -151,7 +151,7 @@ type sharedMasks struct {
 }
 
 // maxShared bounds the masks a Grammar keeps for all its generations.
-const maxShared = 64
+const maxShared = 256
 
 func (s *sharedMasks) get(v *Vocab, key []byte) []uint64 {
 	s.mu.Lock()
