@@ -291,7 +291,7 @@ func (s *session) reply(ctx context.Context, msgs []chat.Message, stdout, stderr
 	if err != nil {
 		return "", fmt.Errorf("chat template: %w", err)
 	}
-	ids := s.tok.Encode(text)
+	ids := s.tok.EncodeChat(text)
 	if len(ids) == 0 {
 		return "", errors.New("the prompt encodes to no tokens")
 	}

@@ -53,6 +53,9 @@ type Text interface {
 	// it), or neither.
 	Render(msgs []openai.ChatMessage, addGenerationPrompt, continueFinal bool) (string, error)
 	Encode(text string) []int32
+	// EncodeChat encodes a prompt rendered by Render (no BOS added: the
+	// template writes it, as with HF's apply_chat_template).
+	EncodeChat(text string) []int32
 	Decode(ids []int32) string
 	// TokenBytes is the bytes one token stands for.
 	TokenBytes(id int32) []byte
@@ -79,6 +82,9 @@ type Constraint interface {
 type TextStream interface {
 	// Add returns the newly completed text (never a split UTF-8 rune).
 	Add(id int32) string
+	// Flush returns what Add held back at the end of the stream (an
+	// incomplete UTF-8 sequence, rendered as U+FFFD).
+	Flush() string
 }
 
 // Sampler picks the next token.
@@ -254,7 +260,7 @@ func (s *Server) prompt(req *openai.GenRequest) ([]int32, error) {
 		if err != nil {
 			return nil, openai.Errorf("messages", "rendering the chat template: %v", err)
 		}
-		return s.o.Text.Encode(text), nil
+		return s.o.Text.EncodeChat(text), nil
 	case req.PromptIDs != nil:
 		v := s.o.Text.VocabSize()
 		for i, id := range req.PromptIDs {
@@ -537,6 +543,16 @@ func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai
 			return res, fmt.Errorf("decode step %d: %w", res.CompletionTokens, err)
 		}
 		entry.tokens = append(entry.tokens, tok)
+	}
+	if rest := stream.Flush(); rest != "" { // bytes of an unfinished UTF-8 sequence: shown, not dropped
+		stopped, err := emit(rest, nil)
+		if err != nil {
+			return res, err
+		}
+		if stopped {
+			res.FinishReason, res.StopSequence = "stop", stops.Matched()
+			return res, nil
+		}
 	}
 	if stops != nil {
 		if err := em.Text(stops.Flush(), nil); err != nil {

@@ -69,12 +69,13 @@ func renderChatWith(render func([]chat.Message, bool) (string, error), msgs []ch
 	return out[:i+len(final)], nil
 }
 
-func (t *tokText) Encode(s string) []int32    { return t.tok.Encode(s) }
-func (t *tokText) Decode(ids []int32) string  { return t.tok.Decode(ids) }
-func (t *tokText) TokenBytes(id int32) []byte { return t.tok.TokenBytes(id) }
-func (t *tokText) EOS() []int32               { return t.tok.EOS() }
-func (t *tokText) VocabSize() int             { return t.tok.VocabSize() }
-func (t *tokText) NewStream() TextStream      { return t.tok.NewStreamDecoder() }
+func (t *tokText) Encode(s string) []int32     { return t.tok.Encode(s) }
+func (t *tokText) EncodeChat(s string) []int32 { return t.tok.EncodeChat(s) }
+func (t *tokText) Decode(ids []int32) string   { return t.tok.Decode(ids) }
+func (t *tokText) TokenBytes(id int32) []byte  { return t.tok.TokenBytes(id) }
+func (t *tokText) EOS() []int32                { return t.tok.EOS() }
+func (t *tokText) VocabSize() int              { return t.tok.VocabSize() }
+func (t *tokText) NewStream() TextStream       { return t.tok.NewStreamDecoder() }
 
 // NewSampler makes a sample.Sampler from validated request parameters.
 func NewSampler(s openai.Sampling) Sampler {
