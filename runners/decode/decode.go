@@ -254,7 +254,7 @@ func (s *Server) prompt(req *openai.GenRequest) ([]int32, error) {
 		if err != nil {
 			return nil, openai.Errorf("messages", "rendering the chat template with tools: %v", err)
 		}
-		return s.o.Text.Encode(text), nil
+		return s.o.Text.EncodeChat(text), nil
 	case req.Chat:
 		text, err := s.o.Text.Render(req.Messages, req.AddGenerationPrompt, req.ContinueFinal)
 		if err != nil {
