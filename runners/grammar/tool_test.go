@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 )
