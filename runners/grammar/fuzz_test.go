@@ -19,6 +19,7 @@ func FuzzCompile(f *testing.F) {
 	f.Add([]byte(`{"$ref":"#"}`), []byte(`1`))
 	f.Add([]byte(`{"anyOf":[{"$ref":"#/anyOf/0"}]}`), []byte(`1`))
 	f.Add([]byte(`{"enum":[1,"a",null]}`), []byte(`"a"`))
+	f.Add([]byte(`{"type":"integer","minimum":-7,"exclusiveMaximum":40}`), []byte(`-7`))
 	f.Add([]byte(`{"type":"string","minLength":1,"maxLength":2}`), []byte(`"\u00e9x"`))
 	f.Fuzz(func(t *testing.T, schema, doc []byte) {
 		g, err := Compile(schema)

@@ -8,7 +8,8 @@
 // Supported JSON Schema keywords: type (one or a list), properties,
 // required, additionalProperties (schema or boolean; absent means any, as
 // the specification says), enum, const, items, minItems, maxItems,
-// minLength, maxLength, anyOf, allOf with one member, $ref into $defs /
+// minLength, maxLength, minimum / maximum / exclusiveMinimum /
+// exclusiveMaximum on integers (not on type number), anyOf, allOf with one member, $ref into $defs /
 // definitions / the root, nullable (OpenAPI), boolean schemas, and the
 // annotations title, description, default, examples, $schema, $id,
 // $comment, deprecated, readOnly, writeOnly. Any other keyword is an
@@ -66,6 +67,11 @@ type node struct {
 	kind kind
 
 	integer bool // kNumber
+
+	// kNumber with integer: bounds from minimum/maximum (exclusive ones
+	// made inclusive).
+	bounded, hasLo, hasHi bool
+	lo, hi                int64
 
 	minLen, maxLen int32 // kString (maxLen < 0: none), code points
 
@@ -226,6 +232,10 @@ func (b *builder) anyValue() *node {
 	num := b.node(kNumber)
 	u.alts = []*node{obj, arr, str, num, b.lit("true", "false", "null")}
 	return u
+}
+
+func (n *node) inRange(v int64) bool {
+	return (!n.hasLo || v >= n.lo) && (!n.hasHi || v <= n.hi)
 }
 
 // finishObject computes allowed and closable.

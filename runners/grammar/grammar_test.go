@@ -58,6 +58,11 @@ func TestMatcherTable(t *testing.T) {
 		{`{}`, []string{`"s"`, `[]`}, []string{`nul`}},
 		{`{"type":"object","properties":{"a":false}}`, []string{`{"b":1}`}, []string{`{"a":1}`}},
 		{`{"allOf":[{"type":"integer"}],"description":"d"}`, []string{`5`}, []string{`"5"`}},
+		{`{"type":"integer","minimum":0}`, []string{`0`, `7`, `-0`, `123456789`}, []string{`-1`, `-12`}},
+		{`{"type":"integer","minimum":10,"maximum":20}`, []string{`10`, `15`, `20`}, []string{`9`, `21`, `1`, `2`, `100`, `-15`, `0`}},
+		{`{"type":"integer","exclusiveMinimum":-3,"exclusiveMaximum":3}`, []string{`-2`, `0`, `2`, `-0`}, []string{`-3`, `3`, `-10`}},
+		{`{"type":"integer","maximum":-5}`, []string{`-5`, `-100`}, []string{`-4`, `0`, `5`, `-0`}},
+		{`{"type":"integer","minimum":1.5,"maximum":2.5}`, []string{`2`}, []string{`1`, `3`}},
 	}
 	for _, c := range cases {
 		g := mustCompile(t, c.schema)
@@ -101,7 +106,7 @@ func TestAdvanceRejectKeepsState(t *testing.T) {
 func TestUnsupportedKeywords(t *testing.T) {
 	cases := map[string][]string{
 		`{"type":"string","pattern":"^a$"}`:                              {"pattern"},
-		`{"type":"object","properties":{"a":{"minimum":1,"maximum":2}}}`: {"maximum", "minimum"},
+		`{"type":"object","properties":{"a":{"type":"number","minimum":1,"maximum":2}}}`: {"maximum on type number (integers only)", "minimum on type number (integers only)"},
 		`{"oneOf":[{"type":"string"}]}`:                                  {"oneOf"},
 		`{"type":"array","prefixItems":[true]}`:                          {"prefixItems"},
 		`{"not":{}}`:                                                     {"not"},

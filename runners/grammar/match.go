@@ -183,7 +183,8 @@ func canEnd(f *frame) bool {
 	case kString:
 		return f.st == sStrDone
 	case kNumber:
-		return f.st == sNumZero || f.st == sNumInt || f.st == sNumFrac || f.st == sNumExp
+		end := f.st == sNumZero || f.st == sNumInt || f.st == sNumFrac || f.st == sNumExp
+		return end && (!n.bounded || n.inRange(intValue(f)))
 	case kArray:
 		return f.st == sArrDone
 	case kObject:
@@ -462,7 +463,52 @@ func (s *stepper) ownNumber(f *frame, b byte) {
 		}
 		g.st = sNumExp
 	}
+	if f.n.bounded && !boundedStep(f, &g, b) {
+		return
+	}
 	s.push(g)
+}
+
+// A bounded integer's frame keeps its sign in u8 (1: negative), its
+// digits in pos and their value in mask.
+
+// boundedStep updates g (f after byte b) and reports whether some integer
+// it can still become lies within the node's bounds.
+func boundedStep(f, g *frame, b byte) bool {
+	n := f.n
+	if b == '-' {
+		g.u8 = 1
+		return !n.hasLo || n.lo <= 0 // at least -0
+	}
+	g.pos = f.pos + 1
+	if g.pos > 18 {
+		return false
+	}
+	g.mask = f.mask*10 + uint64(b-'0')
+	if g.st == sNumZero {
+		return n.inRange(0)
+	}
+	v := int64(g.mask)
+	for k, p := int32(0), int64(1); g.pos+k <= 18; k, p = k+1, p*10 {
+		a, z := v*p, v*p+p-1 // the values with k more digits
+		if k == 0 {
+			z = a
+		}
+		if g.u8 == 1 {
+			a, z = -z, -a
+		}
+		if (!n.hasLo || z >= n.lo) && (!n.hasHi || a <= n.hi) {
+			return true
+		}
+	}
+	return false
+}
+
+func intValue(f *frame) int64 {
+	if f.u8 == 1 {
+		return -int64(f.mask)
+	}
+	return int64(f.mask)
 }
 
 // ws handles a whitespace byte in a state that allows it.

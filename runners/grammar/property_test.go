@@ -33,6 +33,7 @@ var handSchemas = []string{
 	`{"type":"object","properties":{"x":{"anyOf":[{"type":"string","maxLength":4},{"type":"integer"}]},"y":{"allOf":[{"$ref":"#/definitions/p"}]}},"required":["x","y"],"additionalProperties":false,"definitions":{"p":{"type":"array","items":{"type":"number"},"minItems":1,"maxItems":3}}}`,
 	`{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"},"c":{"type":"string"}},"required":["c"]}`,
 	`true`,
+	`{"type":"object","properties":{"age":{"type":"integer","minimum":0,"maximum":120},"delta":{"type":"integer","exclusiveMinimum":-5,"exclusiveMaximum":5},"big":{"type":"integer","minimum":1000000}},"required":["age","delta","big"],"additionalProperties":false}`,
 	`{"type":"object","properties":{"steps":{"type":"array","items":{"type":"object","properties":{"explanation":{"type":"string"},"output":{"type":"string"}},"required":["explanation","output"],"additionalProperties":false}},"final_answer":{"type":"string"}},"required":["steps","final_answer"],"additionalProperties":false}`,
 }
 
@@ -53,6 +54,10 @@ func randomSchema(r *rand.Rand, depth int) map[string]any {
 		}
 		return s
 	case 1:
+		if r.IntN(2) == 0 {
+			lo := r.IntN(200) - 100
+			return map[string]any{"type": "integer", "minimum": lo, "maximum": lo + r.IntN(300)}
+		}
 		return map[string]any{"type": []string{"integer", "number"}[r.IntN(2)]}
 	case 2:
 		return map[string]any{"type": []any{"boolean", "null", []string{"string", "null"}, []string{"integer", "boolean"}}[r.IntN(4)]}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"sort"
 	"strconv"
@@ -61,7 +62,7 @@ var supported = map[string]bool{
 	"type": true, "properties": true, "required": true, "additionalProperties": true,
 	"enum": true, "const": true, "items": true, "minItems": true, "maxItems": true,
 	"minLength": true, "maxLength": true, "anyOf": true, "allOf": true, "$ref": true,
-	"nullable": true,
+	"nullable": true, "minimum": true, "maximum": true, "exclusiveMinimum": true, "exclusiveMaximum": true,
 }
 
 func schemaErr(path, format string, a ...any) error {
@@ -250,6 +251,9 @@ func (c *compiler) typed(t string, s map[string]any, path string) (*node, error)
 	case "number", "integer":
 		n := c.b.node(kNumber)
 		n.integer = t == "integer"
+		if err := bounds(n, s, path); err != nil {
+			return nil, err
+		}
 		return n, nil
 	case "string":
 		n := c.b.node(kString)
@@ -600,6 +604,67 @@ func checkLeftRecursion(root *node) error {
 		if !visit(n) {
 			return errors.New("grammar: schema refers to itself through anyOf/$ref without a value in between")
 		}
+	}
+	return nil
+}
+
+// bounds reads minimum, maximum, exclusiveMinimum and exclusiveMaximum into
+// an integer node (|bound| < 10^18); on type number they are refused.
+func bounds(n *node, s map[string]any, path string) error {
+	var present []string
+	for _, k := range []string{"exclusiveMaximum", "exclusiveMinimum", "maximum", "minimum"} {
+		if _, ok := s[k]; ok {
+			present = append(present, k)
+		}
+	}
+	if len(present) == 0 {
+		return nil
+	}
+	if !n.integer {
+		kw := make([]string, len(present))
+		for i, k := range present {
+			kw[i] = k + " on type number (integers only)"
+		}
+		return &UnsupportedError{Keywords: kw, Path: pathOrRoot(path)}
+	}
+	n.bounded = true
+	for _, k := range present {
+		var f float64
+		switch x := s[k].(type) {
+		case json.Number:
+			var err error
+			if f, err = x.Float64(); err != nil {
+				return schemaErr(path, "%s: %v", k, err)
+			}
+		case float64:
+			f = x
+		default:
+			return schemaErr(path, "%s must be a number", k)
+		}
+		if math.IsNaN(f) || math.Abs(f) >= 1e18 {
+			return schemaErr(path, "%s must be a number of magnitude below 10^18", k)
+		}
+		switch k {
+		case "minimum", "exclusiveMinimum":
+			lo := int64(math.Ceil(f))
+			if k == "exclusiveMinimum" {
+				lo = int64(math.Floor(f)) + 1
+			}
+			if !n.hasLo || lo > n.lo {
+				n.lo, n.hasLo = lo, true
+			}
+		default:
+			hi := int64(math.Floor(f))
+			if k == "exclusiveMaximum" {
+				hi = int64(math.Ceil(f)) - 1
+			}
+			if !n.hasHi || hi < n.hi {
+				n.hi, n.hasHi = hi, true
+			}
+		}
+	}
+	if n.hasLo && n.hasHi && n.lo > n.hi {
+		return schemaErr(path, "no integer lies between the bounds (%d > %d)", n.lo, n.hi)
 	}
 	return nil
 }

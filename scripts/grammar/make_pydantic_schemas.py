@@ -26,7 +26,7 @@ class Address(BaseModel):
 
 class Person(BaseModel):
     name: str = Field(min_length=1, max_length=40)
-    age: int
+    age: int = Field(ge=0, le=150)
     height_m: float
     emails: list[str]
     address: Address
