@@ -105,12 +105,12 @@ func TestAdvanceRejectKeepsState(t *testing.T) {
 
 func TestUnsupportedKeywords(t *testing.T) {
 	cases := map[string][]string{
-		`{"type":"string","pattern":"^a$"}`:                              {"pattern"},
+		`{"type":"string","pattern":"^a$"}`:                                              {"pattern"},
 		`{"type":"object","properties":{"a":{"type":"number","minimum":1,"maximum":2}}}`: {"maximum on type number (integers only)", "minimum on type number (integers only)"},
-		`{"oneOf":[{"type":"string"}]}`:                                  {"oneOf"},
-		`{"type":"array","prefixItems":[true]}`:                          {"prefixItems"},
-		`{"not":{}}`:                                                     {"not"},
-		`{"$ref":"http://example.com/s.json"}`:                           {"$ref to http://example.com/s.json (only local #/... references)"},
+		`{"oneOf":[{"type":"string"}]}`:                                                  {"oneOf"},
+		`{"type":"array","prefixItems":[true]}`:                                          {"prefixItems"},
+		`{"not":{}}`:                                                                     {"not"},
+		`{"$ref":"http://example.com/s.json"}`:                                           {"$ref to http://example.com/s.json (only local #/... references)"},
 	}
 	for schema, want := range cases {
 		_, err := Compile([]byte(schema))
