@@ -21,6 +21,8 @@ func TestMaskMatchesMatcherExhaustive(t *testing.T) {
 		{`{"type":"object","properties":{"abc":{"type":"integer"}}}`, `{"ab`},
 		{`{"type":"string","maxLength":3}`, `"ab`},
 		{`{"type":"number"}`, `-1.5`},
+		{`{"type":"integer","minimum":10,"maximum":2000}`, `1`},
+		{`{"type":"integer","minimum":-50,"maximum":-3}`, `-`},
 		{`{"enum":["x","xy"]}`, `"x`},
 	}
 	for _, nv := range testVocabs(t) {
