@@ -9,7 +9,7 @@
 // required, additionalProperties (schema or boolean; absent means any, as
 // the specification says), enum, const, items, minItems, maxItems,
 // minLength, maxLength, minimum / maximum / exclusiveMinimum /
-// exclusiveMaximum on integers (not on type number), anyOf, allOf with one member, $ref into $defs /
+// exclusiveMaximum on integers (on type number: minimum 0 only), anyOf, allOf with one member, $ref into $defs /
 // definitions / the root, nullable (OpenAPI), boolean schemas, and the
 // annotations title, description, default, examples, $schema, $id,
 // $comment, deprecated, readOnly, writeOnly. Any other keyword is an
@@ -72,6 +72,7 @@ type node struct {
 	// made inclusive).
 	bounded, hasLo, hasHi bool
 	lo, hi                int64
+	nonNegative           bool // kNumber, not integer: minimum 0
 
 	minLen, maxLen int32 // kString (maxLen < 0: none), code points
 

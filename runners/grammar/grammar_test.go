@@ -63,6 +63,7 @@ func TestMatcherTable(t *testing.T) {
 		{`{"type":"integer","exclusiveMinimum":-3,"exclusiveMaximum":3}`, []string{`-2`, `0`, `2`, `-0`}, []string{`-3`, `3`, `-10`}},
 		{`{"type":"integer","maximum":-5}`, []string{`-5`, `-100`}, []string{`-4`, `0`, `5`, `-0`}},
 		{`{"type":"integer","minimum":1.5,"maximum":2.5}`, []string{`2`}, []string{`1`, `3`}},
+		{`{"type":"number","minimum":0}`, []string{`0`, `1.5`, `2e3`}, []string{`-1`, `-0.5`}},
 	}
 	for _, c := range cases {
 		g := mustCompile(t, c.schema)
@@ -106,7 +107,7 @@ func TestAdvanceRejectKeepsState(t *testing.T) {
 func TestUnsupportedKeywords(t *testing.T) {
 	cases := map[string][]string{
 		`{"type":"string","pattern":"^a$"}`:                                              {"pattern"},
-		`{"type":"object","properties":{"a":{"type":"number","minimum":1,"maximum":2}}}`: {"maximum on type number (integers only)", "minimum on type number (integers only)"},
+		`{"type":"object","properties":{"a":{"type":"number","minimum":1,"maximum":2}}}`: {"maximum on type number (integers only; minimum 0 alone is supported)", "minimum on type number (integers only; minimum 0 alone is supported)"},
 		`{"oneOf":[{"type":"string"}]}`:                                                  {"oneOf"},
 		`{"type":"array","prefixItems":[true]}`:                                          {"prefixItems"},
 		`{"not":{}}`:                                                                     {"not"},

@@ -411,6 +411,8 @@ func (s *stepper) ownNumber(f *frame, b byte) {
 	switch f.st {
 	case sNumStart:
 		switch {
+		case b == '-' && f.n.nonNegative:
+			return
 		case b == '-':
 			g.st = sNumMinus
 		case b == '0':

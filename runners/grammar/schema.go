@@ -609,7 +609,8 @@ func checkLeftRecursion(root *node) error {
 }
 
 // bounds reads minimum, maximum, exclusiveMinimum and exclusiveMaximum into
-// an integer node (|bound| < 10^18); on type number they are refused.
+// an integer node (|bound| < 10^18); on type number only minimum 0 is
+// taken (no minus sign), the rest refused.
 func bounds(n *node, s map[string]any, path string) error {
 	var present []string
 	for _, k := range []string{"exclusiveMaximum", "exclusiveMinimum", "maximum", "minimum"} {
@@ -620,10 +621,16 @@ func bounds(n *node, s map[string]any, path string) error {
 	if len(present) == 0 {
 		return nil
 	}
+	if !n.integer && len(present) == 1 && present[0] == "minimum" {
+		if v, ok := s["minimum"].(json.Number); ok && (v.String() == "0" || v.String() == "0.0") {
+			n.nonNegative = true // ge=0, the common case: no minus sign
+			return nil
+		}
+	}
 	if !n.integer {
 		kw := make([]string, len(present))
 		for i, k := range present {
-			kw[i] = k + " on type number (integers only)"
+			kw[i] = k + " on type number (integers only; minimum 0 alone is supported)"
 		}
 		return &UnsupportedError{Keywords: kw, Path: pathOrRoot(path)}
 	}

@@ -27,7 +27,7 @@ class Address(BaseModel):
 class Person(BaseModel):
     name: str = Field(min_length=1, max_length=40)
     age: int = Field(ge=0, le=150)
-    height_m: float
+    height_m: float = Field(ge=0)
     emails: list[str]
     address: Address
     previous: list[Address] = Field(default_factory=list)
