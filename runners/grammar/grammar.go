@@ -20,7 +20,8 @@
 // ones may not), keys matched by additionalProperties come as plain
 // strings without escapes and never equal a declared name, whitespace is
 // allowed where JSON allows it but at most MaxWhitespace bytes in a row,
-// and numbers have at most MaxNumberLen bytes.
+// and numbers have at most MaxNumberLen bytes and MaxExponentDigits
+// exponent digits.
 //
 // ToolCalls (and ToolCallsOr) build the grammar of an answer made of tool
 // calls in a family's wrapping (Hermes <tool_call>, Llama's bare JSON,
@@ -46,6 +47,10 @@ const MaxWhitespace = 24
 
 // MaxNumberLen bounds the bytes of one JSON number.
 const MaxNumberLen = 32
+
+// MaxExponentDigits bounds a number's exponent (e±99), so that every
+// number fits a float64 (decoders refuse 1e999).
+const MaxExponentDigits = 2
 
 type kind uint8
 

@@ -31,7 +31,7 @@ func TestMatcherTable(t *testing.T) {
 			[]string{`"`, `"a`, `"a""`, "\"\x01\"", `"\x"`, `"\u12"`, `"\ud800"`, `1`, `"a" `, "\"\xff\"", "\"\xe0\x80\x80\"", "\"\xed\xa0\x80\""}},
 		{`{"type":"string","minLength":2,"maxLength":3}`, []string{`"ab"`, `"abc"`, `"\n\t"`, `"éé"`}, []string{`"a"`, `"abcd"`, `""`}},
 		{`{"type":"integer"}`, []string{`0`, `-1`, `123`, `-0`}, []string{`01`, `1.5`, `1e3`, `-`, `+1`, `""`}},
-		{`{"type":"number"}`, []string{`0`, `1.5`, `-0.25e-3`, `1E+9`, `12`}, []string{`1.`, `.5`, `1e`, `00`, `1.5.`}},
+		{`{"type":"number"}`, []string{`0`, `1.5`, `-0.25e-3`, `1E+9`, `12`}, []string{`1.`, `.5`, `1e`, `00`, `1.5.`, `1e999`, `2E-100`}},
 		{`{"type":"boolean"}`, []string{`true`, `false`}, []string{`tru`, `null`, `"true"`}},
 		{`{"type":"null"}`, []string{`null`}, []string{`nul`, `0`}},
 		{`{"type":["string","null"]}`, []string{`null`, `"x"`}, []string{`1`}},

@@ -455,7 +455,7 @@ func (s *stepper) ownNumber(f *frame, b byte) {
 		case b == '+' || b == '-':
 			g.st = sNumESign
 		case digit:
-			g.st = sNumExp
+			g.st, g.pos = sNumExp, 1
 		default:
 			return
 		}
@@ -463,7 +463,10 @@ func (s *stepper) ownNumber(f *frame, b byte) {
 		if !digit {
 			return
 		}
-		g.st = sNumExp
+		g.st, g.pos = sNumExp, f.pos+1
+		if g.pos > MaxExponentDigits {
+			return
+		}
 	}
 	if f.n.bounded && !boundedStep(f, &g, b) {
 		return
