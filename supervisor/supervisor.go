@@ -12,6 +12,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -126,7 +127,9 @@ func Run(ctx context.Context, o Options) error {
 			s.met.Register("gpu", g)
 		}
 	}
-	s.gw = gateway.New(gateway.Options{Logger: s.log})
+	s.gw = gateway.New(gateway.Options{Logger: s.log,
+		Instance:    func(runner string) string { return s.set.Instance(runner) },
+		RunnerError: func(runner string) string { return s.set.LastError(runner) }})
 	s.gw.SetConfig(cfg, s.host)
 	s.set = reconcile.New(reconcile.Options{Executable: o.Executable, ExtraEnv: o.ExtraEnv, Process: withLogger(o.Process, s.log)})
 
@@ -135,6 +138,9 @@ func Run(ctx context.Context, o Options) error {
 		addr = net.JoinHostPort(cfg.API.Listen, strconv.Itoa(cfg.API.Port))
 	}
 	ln, err := net.Listen("tcp", addr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("API gateway: %s is taken (another exo supervise running?): pick another address with --listen HOST:PORT or [api] port in the cluster file: %w", addr, err)
+	}
 	if err != nil {
 		return fmt.Errorf("API gateway: %w", err)
 	}
@@ -156,7 +162,7 @@ func Run(ctx context.Context, o Options) error {
 	if rht <= 0 {
 		rht = 10 * time.Second
 	}
-	srv := &http.Server{Handler: s.auth, ReadHeaderTimeout: rht}
+	srv := &http.Server{Handler: s.gw.CORS(s.auth), ReadHeaderTimeout: rht}
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Serve(ln) }()
 
@@ -306,7 +312,7 @@ func (s *supervisor) reload(ctx context.Context, reason string) {
 	s.cfg, s.digest = c, digest
 	s.mu.Unlock()
 	if old.API.Listen != c.API.Listen || old.API.Port != c.API.Port || old.API.APIKeyFile != c.API.APIKeyFile ||
-		!slices.Equal(old.API.OpenPaths, c.API.OpenPaths) {
+		!slices.Equal(old.API.OpenPaths, c.API.OpenPaths) { // cors_origins applies live
 		s.log.Warn("the [api] section changed; restart the supervisor to apply it", "old", old.API, "new", c.API)
 	}
 	// The key file itself is re-read on every reload (key rotation by

@@ -69,8 +69,7 @@ func cmdDoctor(ctx context.Context, args []string) error {
 	useMLX := fs.String("mlx", "auto", "check MLX: auto (when this host's backend is cuda or metal), on, off")
 	probeMiB := fs.Int("probe-mib", 64, "KV-wire link probe size per prefill endpoint, MiB (0: no goodput probe)")
 	timeout := fs.Duration("timeout", 5*time.Second, "bound of each network check")
-	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), `usage: exo doctor [--config F | --default] [--host H] [--json] [--mlx auto|on|off] [--probe-mib N]
+	if err := parseFlags(fs, `usage: exo doctor [--config F | --default] [--host H] [--json] [--mlx auto|on|off] [--probe-mib N]
 
 Checks that this host can serve its part of the cluster: the cluster file,
 the secret and API key files, MLX (library, version, device, a matmul on the
@@ -78,11 +77,8 @@ GPU against the cpu backend), the model store's disk, this host's ports; and
 across hosts, through the other supervisors: the same cluster file, clocks,
 every runner port reachable, the same KV secret (proved with the KV wire's
 challenge, never sent) and the goodput of each prefill link. Every problem
-comes with its fix; exit status 1 when something would break serving.`)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return exitError{2, ""}
+comes with its fix; exit status 1 when something would break serving.`, args); err != nil {
+		return err
 	}
 	if *useMLX != "auto" && *useMLX != "on" && *useMLX != "off" {
 		return exitError{2, fmt.Sprintf("--mlx %q: want auto, on or off", *useMLX)}

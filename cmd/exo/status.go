@@ -17,6 +17,7 @@ import (
 	"github.com/exo-pd/exo-pd/supervisor"
 	"github.com/exo-pd/exo-pd/supervisor/config"
 	"github.com/exo-pd/exo-pd/supervisor/gateway"
+	"github.com/exo-pd/exo-pd/supervisor/process"
 )
 
 // cmdStatus asks a running supervisor what it is doing: `exo status [--api URL] [--json]`.
@@ -24,8 +25,8 @@ func cmdStatus(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	api := fs.String("api", "", "the supervisor's API URL (default: from "+config.DefaultPath+", else http://127.0.0.1:52415)")
 	asJSON := fs.Bool("json", false, "print the raw JSON")
-	if err := fs.Parse(args); err != nil {
-		return exitError{2, ""}
+	if err := parseFlags(fs, "usage: exo status [--api URL] [--json]\n\nShows what the supervisor on this host is doing: its runners, hosts, and the\ndecode runners as its gateway sees them.", args); err != nil {
+		return err
 	}
 	url := *api
 	var key []byte // the gateway's API key, when the cluster file names one we can read
@@ -87,6 +88,9 @@ func printStatus(out io.Writer, st supervisor.Status, now time.Time) {
 	fmt.Fprintln(tw, "NAME\tROLE\tSTATE\tPID\tRESTARTS\tADDRESS\tDETAIL")
 	for _, r := range st.Runners {
 		detail := r.Status.LastExit
+		if e := r.Status.LastError; e != "" && r.Status.State != process.Ready {
+			detail += ": " + e
+		}
 		if h := r.Status.Health; h != nil {
 			switch {
 			case h.Status == "loading":
@@ -96,6 +100,8 @@ func printStatus(out io.Writer, st supervisor.Status, now time.Time) {
 				if r.Status.Restarts > 0 && r.Status.LastExit != "" {
 					detail += "; last restart: " + r.Status.LastExit
 				}
+			case h.Status != "":
+				detail = h.Status
 			}
 			for _, e := range h.PrefillEndpoints {
 				detail += fmt.Sprintf("; prefill %s %s", e.Addr, e.State)

@@ -30,7 +30,7 @@ type KVRemote struct {
 var errAllOpen = fmt.Errorf("%w: every prefill endpoint's circuit is open", kvwire.ErrNoEndpoint)
 
 // RunProbes probes each endpoint whose circuit is open every `every`
-// (default 500 ms) with a hello-only connection (kvwire.Client.Probe) and
+// (default 500 ms) with a hello-only connection (kvwire.Client.Ping) and
 // closes the circuit when it answers, until ctx ends.
 func (r *KVRemote) RunProbes(ctx context.Context, every time.Duration) {
 	if r.Breaker == nil {
@@ -48,7 +48,7 @@ func (r *KVRemote) RunProbes(ctx context.Context, every time.Duration) {
 		case <-t.C:
 		}
 		for _, a := range r.Breaker.OpenEndpoints() {
-			err := r.Client.Probe(ctx, a)
+			err := r.Client.Ping(ctx, a)
 			if ctx.Err() != nil {
 				return
 			}
@@ -62,9 +62,11 @@ func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, st
 	info := r.Model.Info()
 	fp := kvwire.Fingerprint(r.Model.Fingerprint())
 	kinds := make([]kvwire.LayerKind, info.Layers)
+	// Windows (nil for full-attention models) is checked against the
+	// server's header: both sides must keep the same positions.
 	req := &kvwire.Request{ID: reqID, Model: r.Name, Fingerprint: fp, Tokens: prompt, StartPos: start,
 		DType: kvconv.Wire(cache.DType()), Deadline: r.Deadline}
-	exp := &kvwire.Expect{Fingerprint: fp, Kinds: kinds, KVHeads: info.KVHeads, HeadDim: info.HeadDim}
+	exp := &kvwire.Expect{Fingerprint: fp, Kinds: kinds, Windows: info.Windows, KVHeads: info.KVHeads, HeadDim: info.HeadDim}
 	sink := &cacheSink{cache: cache, start: start}
 	var st kvwire.Stats
 	var err error
@@ -88,7 +90,11 @@ func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, st
 		return rs, err
 	}
 	if cache.Len() > len(prompt)-1 || cache.Len() < start {
-		cache.Truncate(start)
+		if cache.CanTruncate(start) {
+			cache.Truncate(start)
+		} else {
+			cache.Truncate(0) // the caller sees Len() != start and starts over
+		}
 		return rs, fmt.Errorf("%w: prefill runner returned KV up to %d for a %d-token prompt", kvwire.ErrCorrupt, cache.Len(), len(prompt))
 	}
 	return rs, nil
@@ -133,6 +139,11 @@ func (s *cacheSink) Begin(h *kvwire.Header) error {
 	if h.Layers() != g.Layers || h.KVHeads != g.KVHeads || h.HeadDim != g.HeadDim {
 		return fmt.Errorf("%w: stream geometry %d×%d×%d, cache %d×%d×%d", kvwire.ErrMismatch,
 			h.Layers(), h.KVHeads, h.HeadDim, g.Layers, g.KVHeads, g.HeadDim)
+	}
+	for l := range g.Layers {
+		if h.Window(l) != g.Window(l) {
+			return fmt.Errorf("%w: stream layer %d window %d, cache %d", kvwire.ErrMismatch, l, h.Window(l), g.Window(l))
+		}
 	}
 	return nil
 }

@@ -36,6 +36,10 @@ type Expect struct {
 	Kinds       []LayerKind
 	KVHeads     int
 	HeadDim     int
+
+	// Windows is the client model's window per layer (nil: all full); the
+	// server's must be the same.
+	Windows []int
 }
 
 // ClientConfig configures a Client. Zero values take the defaults shown.
@@ -439,11 +443,11 @@ func (c *Client) connect(ctx context.Context, addr string, st *Stats) (net.Conn,
 	return conn, br, nil
 }
 
-// Probe checks that a server at addr is alive: it connects and exchanges
+// Ping checks that a server at addr is alive: it connects and exchanges
 // Hellos (and authenticates) within ConnectTimeout, then closes the
 // connection without a request. It answers nil, or an error wrapping
 // ErrTimeout, ErrClosed, ErrAuth or ErrVersion.
-func (c *Client) Probe(ctx context.Context, addr string) error {
+func (c *Client) Ping(ctx context.Context, addr string) error {
 	var st Stats
 	conn, _, err := c.connect(ctx, addr, &st)
 	if err != nil {
@@ -473,6 +477,13 @@ func checkHeader(h *Header, req *Request, exp *Expect) error {
 	for i := range h.Kinds {
 		if h.Kinds[i] != exp.Kinds[i] {
 			return fmt.Errorf("%w: layer %d is %v on the server, %v here", ErrMismatch, i, h.Kinds[i], exp.Kinds[i])
+		}
+		var w int
+		if exp.Windows != nil {
+			w = exp.Windows[i]
+		}
+		if h.Window(i) != w {
+			return fmt.Errorf("%w: layer %d has window %d on the server, %d here", ErrMismatch, i, h.Window(i), w)
 		}
 	}
 	return nil

@@ -40,10 +40,10 @@ func TestStalledServerFailsAtTheHello(t *testing.T) {
 	t.Logf("stalled server refused after %v: %v", time.Since(t0), err)
 }
 
-// TestProbe: a live server answers the probe (and logs nothing about a
+// TestPing: a live server answers the ping (and logs nothing about a
 // failed handshake); a stalled one times out; a closed port is ErrClosed;
 // a server that requires a secret refuses a client without one.
-func TestProbe(t *testing.T) {
+func TestPing(t *testing.T) {
 	m := smallModel()
 	live, srv := startServer(t, ServerConfig{Producer: m.producer()})
 	authed, _ := startServer(t, ServerConfig{Producer: m.producer(), Secret: []byte("s")})
@@ -66,19 +66,19 @@ func TestProbe(t *testing.T) {
 		{"secret required", authed, c, ErrAuth},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := tc.client.Probe(context.Background(), tc.addr)
+			err := tc.client.Ping(context.Background(), tc.addr)
 			if (tc.want == nil) != (err == nil) || (tc.want != nil && !errors.Is(err, tc.want)) {
-				t.Fatalf("Probe = %v, want %v", err, tc.want)
+				t.Fatalf("Ping = %v, want %v", err, tc.want)
 			}
 		})
 	}
-	// The probes left the server serving: a real fetch still works.
+	// The pings left the server serving: a real fetch still works.
 	sink := &recordSink{}
 	if _, err := c.Fetch(context.Background(), live, &Request{ID: "r", Model: "m", Fingerprint: m.fp, Tokens: tokens(40)}, m.expect(), sink); err != nil {
-		t.Fatalf("fetch after probes: %v", err)
+		t.Fatalf("fetch after pings: %v", err)
 	}
 	if l := srv.Load(); l.Running != 0 || l.Waiting != 0 {
-		t.Fatalf("server load after probes %+v", l)
+		t.Fatalf("server load after pings %+v", l)
 	}
 }
 

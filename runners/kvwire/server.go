@@ -194,7 +194,7 @@ func (s *Server) handle(ctx context.Context, conn net.Conn) {
 	log := s.log.With("remote", conn.RemoteAddr().String())
 	req, br, err := s.handshake(conn)
 	if errors.Is(err, errProbe) {
-		log.Debug("kvwire: probed")
+		log.Debug("kvwire: pinged")
 		return
 	}
 	if err != nil {
@@ -254,7 +254,7 @@ func (s *Server) handshake(conn net.Conn) (*Request, *bufio.Reader, error) {
 		}
 	}
 	f := readFrame(br, nil, s.cfg.Limits)
-	if f.err == io.EOF { // a client's Probe: Hellos only, then a clean close
+	if f.err == io.EOF { // a client's Ping: Hellos only, then a clean close
 		return nil, nil, errProbe
 	}
 	if f.err == nil {
@@ -296,7 +296,7 @@ func authMAC(secret []byte, role string, sn, cn *[32]byte) []byte {
 }
 
 var (
-	errProbe      = errors.New("kvwire: probe (closed after the hello)")
+	errProbe      = errors.New("kvwire: ping (closed after the hello)")
 	errClientGone = fmt.Errorf("%w: client went away", ErrClosed)
 	errDeadline   = fmt.Errorf("%w: request deadline passed", ErrTimeout)
 )

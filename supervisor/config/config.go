@@ -83,6 +83,9 @@ type API struct {
 	// OpenPaths are served without the key when APIKeyFile is set: a subset
 	// of /health and /metrics (default both).
 	OpenPaths []string `toml:"open_paths"`
+	// CORSOrigins are the origins browsers may call the gateway from
+	// ("https://app.example", or "*" for any); empty: no CORS headers.
+	CORSOrigins []string `toml:"cors_origins"`
 }
 
 // KeyExemptPaths are the paths [api] open_paths may name.
@@ -116,6 +119,20 @@ type Model struct {
 	// default, 1000). A prefill runner that does not answer in time is
 	// skipped until it answers a probe.
 	PrefillConnectTimeoutMs int `toml:"prefill_connect_timeout_ms"`
+	// Defaults are sampling defaults over the model's own
+	// (generation_config.json, GGUF general.sampling.*), under each
+	// request's fields (decode runners' --default-*).
+	Defaults *SamplingDefaults `toml:"defaults"`
+}
+
+// SamplingDefaults is a model's [models.defaults] table; unset keys keep
+// the model's own default.
+type SamplingDefaults struct {
+	Temperature       *float64 `toml:"temperature"`
+	TopP              *float64 `toml:"top_p"`
+	TopK              *int     `toml:"top_k"`
+	MinP              *float64 `toml:"min_p"`
+	RepetitionPenalty *float64 `toml:"repetition_penalty"`
 }
 
 // Role is the decode or prefill part of a model.
@@ -268,13 +285,14 @@ func keyCol(src string, line int, key string) int {
 }
 
 var knownKeys = map[string][]string{
-	"":               {"cluster", "api", "hosts", "models"},
-	"cluster":        {"name", "secret_file", "models_dir", "runner_port_base", "offline", "insecure"},
-	"api":            {"listen", "port", "api_key_file", "open_paths"},
-	"hosts.*":        {"address", "backend", "threads"},
-	"models":         {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "max_queue", "max_batch", "prefill_chunk", "prefill_connect_timeout_ms"},
-	"models.decode":  {"hosts", "source", "port"},
-	"models.prefill": {"hosts", "source", "port", "metrics_port", "prefix_cache_mib"},
+	"":                {"cluster", "api", "hosts", "models"},
+	"cluster":         {"name", "secret_file", "models_dir", "runner_port_base", "offline", "insecure"},
+	"api":             {"listen", "port", "api_key_file", "open_paths", "cors_origins"},
+	"hosts.*":         {"address", "backend", "threads"},
+	"models":          {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "max_queue", "max_batch", "prefill_chunk", "prefill_connect_timeout_ms", "defaults"},
+	"models.defaults": {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"},
+	"models.decode":   {"hosts", "source", "port"},
+	"models.prefill":  {"hosts", "source", "port", "metrics_port", "prefix_cache_mib"},
 }
 
 func knownKeysHint(path []string) string {

@@ -45,9 +45,9 @@ name = "m"
 sauce = "a"
 decode = { hosts = ["mac"], source = "a", portt = 3 }
 `, []string{
-			`f.toml:14:1: unknown key "prot" (known keys here: listen, port, api_key_file, open_paths)`,
+			`f.toml:14:1: unknown key "prot" (known keys here: listen, port, api_key_file, open_paths, cors_origins)`,
 			`f.toml:16:2: unknown key "extra" (known keys here: address, backend, threads)`,
-			`f.toml:21:1: unknown key "sauce" (known keys here: name, source, decode, prefill, remote_prefill_min_tokens, max_queue, max_batch, prefill_chunk, prefill_connect_timeout_ms)`,
+			`f.toml:21:1: unknown key "sauce" (known keys here: name, source, decode, prefill, remote_prefill_min_tokens, max_queue, max_batch, prefill_chunk, prefill_connect_timeout_ms, defaults)`,
 			`f.toml:22:43: unknown key "portt" (known keys here: hosts, source, port)`,
 		}},
 		{"unknown host", twoHosts + `
@@ -372,6 +372,46 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestSamplingDefaultsAndCORS(t *testing.T) {
+	c, err := Parse("f", []byte(twoHosts+`
+[api]
+cors_origins = ["https://app.example", "http://localhost:3000"]
+
+[[models]]
+name = "m"
+source = "org/m-4bit"
+decode = { hosts = ["mac"] }
+[models.defaults]
+temperature = 0.6
+top_k = 20
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Join(c.Runners("mac")[0].Args(), " ")
+	if !strings.Contains(args, "--default-temperature 0.6 --default-top-k 20") || strings.Contains(args, "--default-top-p") {
+		t.Fatalf("args %s", args)
+	}
+	if len(c.API.CORSOrigins) != 2 {
+		t.Fatalf("cors %v", c.API.CORSOrigins)
+	}
+	for _, bad := range []struct{ src, want string }{
+		{"[models.defaults]\ntemperature = 3\n", "f:18:1: model m: defaults.temperature must be between 0 and 2, got 3"},
+		{"[models.defaults]\ntop_p = 0.0\n", "f:18:1: model m: defaults.top_p must be in (0, 1], got 0"},
+		{"[models.defaults]\ntop_k = -2\n", "f:18:1: model m: defaults.top_k must be -1 or 0 (off) or positive, got -2"},
+		{"[models.defaults]\nseed = 1\n", `f:18:1: unknown key "seed" (known keys here: temperature, top_p, top_k, min_p, repetition_penalty)`},
+	} {
+		_, err := Parse("f", []byte(twoHosts+"\n[[models]]\nname = \"m\"\nsource = \"org/m-4bit\"\ndecode = { hosts = [\"mac\"] }\n"+bad.src))
+		if err == nil || err.Error() != "invalid cluster file: "+bad.want && !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("got %v, want %s", err, bad.want)
+		}
+	}
+	_, err = Parse("f", []byte(twoHosts+"[api]\ncors_origins = [\"app.example/path\"]\n"))
+	if err == nil || !strings.Contains(err.Error(), "cors_origins[0]") {
+		t.Errorf("bad origin: %v", err)
+	}
 }
 
 // The secure defaults: a cluster reachable beyond loopback needs a secret

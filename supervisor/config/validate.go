@@ -8,7 +8,10 @@ import (
 	"strings"
 )
 
-var nameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
+var (
+	nameRe       = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
+	corsOriginRe = regexp.MustCompile(`^https?://[^/\s]+$`)
+)
 
 func (c *Config) validate() Errors {
 	var errs Errors
@@ -38,6 +41,11 @@ func (c *Config) validate() Errors {
 	}
 	if b := c.Cluster.RunnerPortBase; b < 1024 || b > 65000 {
 		bad(c.at("cluster", "runner_port_base"), "runner_port_base %d must be between 1024 and 65000", b)
+	}
+	for j, o := range c.API.CORSOrigins {
+		if o != "*" && !corsOriginRe.MatchString(o) {
+			bad(c.at("api", "cors_origins", j), "cors_origins[%d] %q: an origin is scheme://host[:port] with no path (or \"*\" for any)", j, o)
+		}
 	}
 	if p := c.API.Port; p < 1 || p > 65535 {
 		bad(c.at("api", "port"), "api port %d out of range 1-65535", p)
@@ -123,6 +131,20 @@ func (c *Config) validate() Errors {
 		}
 		if m.PrefillConnectTimeoutMs < 0 || m.PrefillConnectTimeoutMs > 60000 {
 			bad(c.at("models", i, "prefill_connect_timeout_ms"), "%s: prefill_connect_timeout_ms must be between 0 (the runner's default, 1000) and 60000", label)
+		}
+		if d := m.Defaults; d != nil {
+			rng := func(key string, v *float64, lo, hi float64, loOpen bool, what string) {
+				if v != nil && (*v != *v || *v > hi || *v < lo || (loOpen && *v == lo)) {
+					bad(c.at("models", i, "defaults", key), "%s: defaults.%s must be %s, got %v", label, key, what, *v)
+				}
+			}
+			rng("temperature", d.Temperature, 0, 2, false, "between 0 and 2")
+			rng("top_p", d.TopP, 0, 1, true, "in (0, 1]")
+			rng("min_p", d.MinP, 0, 1, false, "in [0, 1]")
+			rng("repetition_penalty", d.RepetitionPenalty, 0, 10, true, "in (0, 10]")
+			if d.TopK != nil && *d.TopK < -1 {
+				bad(c.at("models", i, "defaults", "top_k"), "%s: defaults.top_k must be -1 or 0 (off) or positive, got %d", label, *d.TopK)
+			}
 		}
 		if m.Prefill != nil && m.Prefill.PrefixCacheMiB != nil && *m.Prefill.PrefixCacheMiB < 0 {
 			bad(c.at("models", i, "prefill", "prefix_cache_mib"), "%s: prefix_cache_mib must not be negative (0 turns the cache off)", label)

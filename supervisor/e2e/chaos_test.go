@@ -22,6 +22,7 @@ func chaosCluster(base int, modelDir string) string {
 	return fmt.Sprintf(`[cluster]
 name = "chaos"
 runner_port_base = %d
+insecure = true # loopback only; the KV secret is exercised by TestTwoHosts
 
 [hosts.spark]
 address = "127.0.0.2"

@@ -26,8 +26,8 @@ func ReadKeyFile(path string) ([]byte, error) {
 	return b, nil
 }
 
-// Auth requires "Authorization: Bearer <key>" on every request except to
-// the open paths. The key can be replaced while serving (SetKey); with no
+// Auth requires "Authorization: Bearer <key>" (or Anthropic clients'
+// "x-api-key: <key>") on every request except to the open paths. The key can be replaced while serving (SetKey); with no
 // key set every request passes.
 type Auth struct {
 	next http.Handler
@@ -59,6 +59,9 @@ func (a *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if x := r.Header.Get("X-Api-Key"); !ok && x != "" { // Anthropic SDKs send the key here
+		tok, ok = x, true
+	}
 	// Both sides are hashed first, so the comparison takes the same time
 	// whatever the length or content of what the client sent.
 	got := sha256.Sum256([]byte(strings.TrimSpace(tok)))

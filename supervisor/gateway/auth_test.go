@@ -29,11 +29,15 @@ func TestAuth(t *testing.T) {
 		{"right key", keyed, "/v1/models", "Bearer s3cret", 200, "served"},
 		{"open path", keyed, "/health", "", 200, "served"},
 		{"metrics not open here", keyed, "/metrics", "", 401, "missing API key"},
+		{"x-api-key (Anthropic clients)", keyed, "/v1/messages", "x-api-key s3cret", 200, "served"},
+		{"wrong x-api-key", keyed, "/v1/messages", "x-api-key nope", 401, "invalid API key"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			req := httptest.NewRequest(http.MethodGet, tt.path, nil)
-			if tt.auth != "" {
+			if k, ok := strings.CutPrefix(tt.auth, "x-api-key "); ok {
+				req.Header.Set("X-Api-Key", k)
+			} else if tt.auth != "" {
 				req.Header.Set("Authorization", tt.auth)
 			}
 			rec := httptest.NewRecorder()
