@@ -1,0 +1,240 @@
+package decode
+
+import (
+	"math"
+	"sync"
+	"time"
+)
+
+// Route names and decision reasons (exo_remote_prefill_decisions_total's
+// labels once wired into the runner).
+const (
+	RouteLocal  = "local"
+	RouteRemote = "remote"
+
+	ReasonShort      = "below_floor"       // fewer uncached tokens than remote_prefill_min_tokens
+	ReasonNoEndpoint = "no_endpoint"       // no remote candidate
+	ReasonUnmeasured = "unmeasured"        // a rate is unknown: the floor alone decides
+	ReasonFaster     = "faster"            // the chosen route is predicted faster by more than the hysteresis
+	ReasonHysteresis = "within_hysteresis" // remote predicted faster, but not by enough to leave local
+)
+
+// RemoteCandidate is what the cost model knows about one prefill endpoint.
+type RemoteCandidate struct {
+	Addr string
+	// Rate is its measured prefill rate for this prompt length, tokens/s
+	// (0: unknown).
+	Rate float64
+	// Queue is the time before it starts this request (from its health).
+	Queue time.Duration
+	// Cached is how many of the uncached tokens it already holds (prefix
+	// hit on its side): it computes Uncached-Cached but still sends all.
+	Cached int
+	// Goodput is the link's measured goodput to it, bytes/s (0: unknown).
+	Goodput float64
+	// Handshake is the fixed cost of one fetch: connect, hello, request.
+	Handshake time.Duration
+}
+
+// RouteInput is one request's routing question. A pure value: Decide has
+// no clock, no state and no I/O.
+type RouteInput struct {
+	Uncached int // prompt tokens the decode cache lacks (n-1-start)
+	// Tail is how many of those the decode runner computes itself after a
+	// remote fill (recurrent models); 0 for attention-only.
+	Tail int
+	// KVBytesPerToken on the wire, all layers, K and V.
+	KVBytesPerToken float64
+	LocalRate       float64       // tokens/s for this length (0: unknown)
+	LocalQueue      time.Duration // own wait before a local prefill starts
+	MinTokens       int           // remote_prefill_min_tokens: a floor
+	// Hysteresis: remote must be predicted faster than local by this
+	// fraction of local (e.g. 0.1) to be chosen.
+	Hysteresis float64
+	Remotes    []RemoteCandidate
+}
+
+// RouteDecision is the cost model's answer. Remote is the best remote
+// candidate's predicted TTFT (0 when none was predicted).
+type RouteDecision struct {
+	Route    string
+	Reason   string
+	Endpoint string // best remote candidate (also when Route is local)
+	Local    time.Duration
+	Remote   time.Duration
+	// Order ranks the remote candidates by predicted finish, best first:
+	// the failover order when Route is remote.
+	Order []string
+}
+
+func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// PredictLocal is the predicted time to fill the cache locally.
+func PredictLocal(in RouteInput) time.Duration {
+	if in.LocalRate <= 0 {
+		return 0
+	}
+	return in.LocalQueue + secs(float64(in.Uncached)/in.LocalRate)
+}
+
+// PredictRemote is the predicted time to fill the cache from c:
+// handshake + queue + max(its prefill time, KV bytes / goodput) + the
+// tail computed locally. Compute and transfer overlap (the KV streams as
+// chunks finish), so the slower of the two sets the pace. 0 when a rate
+// it needs is unknown.
+func PredictRemote(in RouteInput, c RemoteCandidate) time.Duration {
+	if c.Rate <= 0 || c.Goodput <= 0 || (in.Tail > 0 && in.LocalRate <= 0) {
+		return 0
+	}
+	compute := float64(max(in.Uncached-in.Tail-c.Cached, 0)) / c.Rate
+	wire := float64(in.Uncached-in.Tail) * in.KVBytesPerToken / c.Goodput
+	t := c.Handshake + c.Queue + secs(math.Max(compute, wire))
+	if in.Tail > 0 {
+		t += secs(float64(in.Tail) / in.LocalRate)
+	}
+	return t
+}
+
+// Decide picks the route for one request.
+func Decide(in RouteInput) RouteDecision {
+	d := RouteDecision{Route: RouteLocal, Local: PredictLocal(in)}
+	type scored struct {
+		addr string
+		t    time.Duration
+	}
+	var ranked, unknown []scored
+	for _, c := range in.Remotes {
+		if t := PredictRemote(in, c); t > 0 {
+			ranked = append(ranked, scored{c.Addr, t})
+		} else {
+			unknown = append(unknown, scored{c.Addr, 0})
+		}
+	}
+	// Stable insertion sort: equal predictions keep the given order.
+	for i := 1; i < len(ranked); i++ {
+		for j := i; j > 0 && ranked[j].t < ranked[j-1].t; j-- {
+			ranked[j], ranked[j-1] = ranked[j-1], ranked[j]
+		}
+	}
+	for _, s := range append(ranked, unknown...) {
+		d.Order = append(d.Order, s.addr)
+	}
+	if len(ranked) > 0 {
+		d.Endpoint, d.Remote = ranked[0].addr, ranked[0].t
+	} else if len(unknown) > 0 {
+		d.Endpoint = unknown[0].addr
+	}
+	switch {
+	case len(in.Remotes) == 0:
+		d.Reason = ReasonNoEndpoint
+	case in.Uncached < in.MinTokens:
+		d.Reason = ReasonShort
+	case d.Local == 0 || d.Remote == 0:
+		// Blind: the floor alone (the old fixed threshold) decides.
+		d.Route, d.Reason = RouteRemote, ReasonUnmeasured
+	case float64(d.Remote) < float64(d.Local)*(1-in.Hysteresis):
+		d.Route, d.Reason = RouteRemote, ReasonFaster
+	case d.Remote < d.Local:
+		d.Reason = ReasonHysteresis
+	default:
+		d.Reason = ReasonFaster
+	}
+	return d
+}
+
+// Rates holds online measurements: prefill rates by key ("local" or an
+// endpoint) and prompt-length bucket, and link goodput by endpoint, each
+// an exponentially weighted moving average. Safe for concurrent use.
+type Rates struct {
+	// Alpha is the weight of a new sample (default 0.3).
+	Alpha   float64
+	mu      sync.Mutex
+	prefill map[string]map[int]float64
+	goodput map[string]float64
+}
+
+// NewRates returns empty measurements.
+func NewRates() *Rates {
+	return &Rates{Alpha: 0.3, prefill: map[string]map[int]float64{}, goodput: map[string]float64{}}
+}
+
+// bucket is a prompt-length bucket: ⌈log2(tokens)⌉, at least 6 (64).
+func bucket(tokens int) int {
+	b := 6
+	for 1<<b < tokens && b < 30 {
+		b++
+	}
+	return b
+}
+
+func (r *Rates) ewma(old, x float64) float64 {
+	if old == 0 {
+		return x
+	}
+	a := r.Alpha
+	if a <= 0 || a > 1 {
+		a = 0.3
+	}
+	return (1-a)*old + a*x
+}
+
+// ObservePrefill records that key computed tokens in d.
+func (r *Rates) ObservePrefill(key string, tokens int, d time.Duration) {
+	if tokens <= 0 || d <= 0 {
+		return
+	}
+	x := float64(tokens) / d.Seconds()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.prefill[key]
+	if m == nil {
+		m = map[int]float64{}
+		r.prefill[key] = m
+	}
+	b := bucket(tokens)
+	m[b] = r.ewma(m[b], x)
+}
+
+// PrefillRate is key's rate for a prompt of this length: its bucket's, else
+// the nearest measured bucket's (shorter first on ties); 0 when none.
+func (r *Rates) PrefillRate(key string, tokens int) float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.prefill[key]
+	b := bucket(tokens)
+	for d := 0; d <= 24; d++ {
+		if v := m[b-d]; v > 0 {
+			return v
+		}
+		if v := m[b+d]; v > 0 {
+			return v
+		}
+	}
+	return 0
+}
+
+// ObserveTransfer records that bytes reached us from addr in d (a real
+// transfer or a link probe).
+func (r *Rates) ObserveTransfer(addr string, bytes int64, d time.Duration) {
+	if bytes <= 0 || d <= 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.goodput[addr] = r.ewma(r.goodput[addr], float64(bytes)/d.Seconds())
+}
+
+// Goodput is addr's measured link goodput, bytes/s (0: unknown).
+func (r *Rates) Goodput(addr string) float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.goodput[addr]
+}
+
+// ForgetLink drops addr's goodput (after a reconnect: the path may have
+// changed; the next probe measures it again).
+func (r *Rates) ForgetLink(addr string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.goodput, addr)
+}
