@@ -129,6 +129,10 @@ type Options struct {
 
 	Remote          Remote // nil: no prefill endpoints
 	RemoteMinTokens int    // uncached prompt tokens needed to go remote (default 256)
+	// Router, when set, decides local vs remote prefill per request by
+	// predicted time (RemoteMinTokens stays a floor) and learns the rates
+	// from each fill. Nil: the floor alone decides.
+	Router *Router
 
 	MaxQueue int // waiting requests before 429 (default 64)
 	// MaxBatch is how many generations run at once, their decode steps
@@ -423,8 +427,29 @@ func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest,
 		outcome = metrics.OutcomeSkippedShort
 	}
 	attrs := []any{"req", reqID, "prompt_tokens", n, "start_pos", start}
+	var predicted time.Duration // of the route taken, when the cost model chose
+	if outcome == "" && s.o.Router != nil {
+		d := s.o.Router.Decide(n-1-start, s.o.RemoteMinTokens)
+		s.m.RouteDecisions.WithLabelValues(d.Route, d.Reason).Inc()
+		s.log.Info("route decision", "req", reqID, "uncached", n-1-start, "route", d.Route, "reason", d.Reason,
+			"predicted_local", d.Local, "predicted_remote", d.Remote, "endpoint", d.Endpoint)
+		switch {
+		case d.Route == RouteRemote:
+			predicted = d.Remote
+		case d.Reason == ReasonShort:
+			outcome = metrics.OutcomeSkippedShort
+		case d.Reason != ReasonNoEndpoint: // no endpoint allowed: the remote classifies it
+			outcome = metrics.OutcomeSkippedCost
+			predicted = d.Local
+		}
+	}
+	t0 := time.Now()
 	if outcome == "" {
 		st, err := s.o.Remote.Prefill(ctx, reqID, prompt, start, entry.cache)
+		if err == nil && s.o.Router != nil {
+			s.o.Router.ObserveRemote(st.Endpoint, n-1-start, st.Bytes, st.Duration)
+			s.observeError(predicted, time.Since(t0))
+		}
 		if err == nil {
 			s.m.RemotePrefill.WithLabelValues(metrics.OutcomeOK).Inc()
 			s.m.KVBytes.WithLabelValues("decode").Add(float64(st.Bytes))
@@ -459,8 +484,15 @@ func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest,
 	s.m.RemotePrefill.WithLabelValues(outcome).Inc()
 	s.log.Info("local prefill", append(attrs, "outcome", outcome)...)
 	if start < n-1 {
+		t1 := time.Now()
 		if err := s.o.Model.Prefill(ctx, entry.cache, prompt[start:n-1], s.o.PrefillChunk, nil); err != nil {
 			return fmt.Errorf("local prefill: %w", err)
+		}
+		if s.o.Router != nil {
+			s.o.Router.ObserveLocal(n-1-start, time.Since(t1))
+			if outcome == metrics.OutcomeSkippedCost {
+				s.observeError(predicted, time.Since(t1))
+			}
 		}
 		s.m.PrefillTokens.WithLabelValues("decode").Add(float64(n - 1 - start))
 	}
@@ -591,4 +623,11 @@ func (s *Server) decodeStep(ctx context.Context, cache engine.KVCache, tok int32
 		return nil, err
 	}
 	return s.batch.step(cache, tok)
+}
+
+// observeError records the cost model's relative error for one fill.
+func (s *Server) observeError(predicted, actual time.Duration) {
+	if predicted > 0 {
+		s.m.RouteError.Observe((actual - predicted).Seconds() / predicted.Seconds())
+	}
 }

@@ -238,3 +238,75 @@ func (r *Rates) ForgetLink(addr string) {
 	defer r.mu.Unlock()
 	delete(r.goodput, addr)
 }
+
+// Router applies the cost model in a decode runner: it builds each
+// request's RouteInput from the measured rates and learns from each fill.
+type Router struct {
+	Rates *Rates
+	// KVBytesPerToken on the wire (all layers, K and V, wire dtype).
+	KVBytesPerToken float64
+	// Hysteresis: remote must be predicted this fraction faster (0: 0.05).
+	Hysteresis float64
+	// Handshake is the fixed cost of one fetch (0: 5 ms).
+	Handshake time.Duration
+	// Endpoints lists the prefill endpoints requests may go to now.
+	Endpoints func() []string
+	// Queue, when set, estimates how long an endpoint makes a new request
+	// wait (from its health).
+	Queue func(addr string) time.Duration
+}
+
+// Input is the routing question for a fill of uncached tokens.
+func (r *Router) Input(uncached, minTokens int) RouteInput {
+	h := r.Hysteresis
+	if h <= 0 {
+		h = 0.05
+	}
+	hs := r.Handshake
+	if hs <= 0 {
+		hs = 5 * time.Millisecond
+	}
+	in := RouteInput{Uncached: uncached, KVBytesPerToken: r.KVBytesPerToken, MinTokens: minTokens, Hysteresis: h,
+		LocalRate: r.Rates.PrefillRate("local", uncached)}
+	if r.Endpoints != nil {
+		for _, a := range r.Endpoints() {
+			c := RemoteCandidate{Addr: a, Rate: r.Rates.PrefillRate(a, uncached), Goodput: r.Rates.Goodput(a), Handshake: hs}
+			if r.Queue != nil {
+				c.Queue = r.Queue(a)
+			}
+			in.Remotes = append(in.Remotes, c)
+		}
+	}
+	return in
+}
+
+// Decide answers the routing question for a fill of uncached tokens.
+func (r *Router) Decide(uncached, minTokens int) RouteDecision {
+	return Decide(r.Input(uncached, minTokens))
+}
+
+// ObserveLocal learns the local prefill rate from a local fill.
+func (r *Router) ObserveLocal(tokens int, d time.Duration) {
+	r.Rates.ObservePrefill("local", tokens, d)
+}
+
+// ObserveRemote learns from a remote fill: the endpoint's effective rate
+// (request to done, so it includes the wire when the link is the slower
+// stage; the max() in PredictRemote then still predicts that time), and
+// its goodput, but only upward: a compute-bound transfer says nothing
+// about the link, so only a probe (ObserveProbe) can lower it.
+func (r *Router) ObserveRemote(addr string, tokens int, bytes int64, d time.Duration) {
+	if addr == "" {
+		return
+	}
+	r.Rates.ObservePrefill(addr, tokens, d)
+	if d > 0 && float64(bytes)/d.Seconds() > r.Rates.Goodput(addr) {
+		r.Rates.ObserveTransfer(addr, bytes, d)
+	}
+}
+
+// ObserveProbe learns addr's link goodput from a link probe
+// (kvwire.Client.Probe: payload bytes over the transfer time).
+func (r *Router) ObserveProbe(addr string, bytes int64, transfer time.Duration) {
+	r.Rates.ObserveTransfer(addr, bytes, transfer)
+}

@@ -26,6 +26,7 @@ const (
 	OutcomeSkippedDisabled  = "skipped_disabled"    // the request asked for local prefill
 	OutcomeSkippedCached    = "skipped_cached"      // the whole prompt was in the decode cache
 	OutcomeSkippedOpen      = "skipped_open"        // every endpoint's circuit breaker is open
+	OutcomeSkippedCost      = "skipped_cost"        // the cost model predicted local prefill faster
 )
 
 // Runner holds one runner's metrics.
@@ -53,6 +54,11 @@ type Runner struct {
 	PrefillEndpointState *prometheus.GaugeVec // endpoint
 	// PrefillEndpointTrips counts closed → open transitions.
 	PrefillEndpointTrips *prometheus.CounterVec // endpoint
+	// RouteDecisions counts the P/D cost model's decisions (decode only).
+	RouteDecisions *prometheus.CounterVec // route, reason
+	// RouteError is (actual - predicted) / predicted fill time of the
+	// chosen route.
+	RouteError prometheus.Histogram
 }
 
 var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
@@ -102,6 +108,11 @@ func New(role string) *Runner {
 		Help: "Circuit breaker of each prefill endpoint: 1 open (skipped after a timeout or connection failure), 0 closed."}, []string{"endpoint"})
 	m.PrefillEndpointTrips = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exo_prefill_endpoint_trips_total",
 		Help: "Times a prefill endpoint's circuit breaker opened."}, []string{"endpoint"})
+	m.RouteDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exo_remote_prefill_decisions_total",
+		Help: "Cost-model route decisions for prompt prefill, by route (local, remote) and reason."}, []string{"route", "reason"})
+	m.RouteError = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "exo_route_prediction_error_ratio",
+		Help:    "Relative error of the cost model's predicted prefill time for the route taken: (actual - predicted) / predicted.",
+		Buckets: []float64{-0.75, -0.5, -0.25, -0.1, 0, 0.1, 0.25, 0.5, 1, 2, 4}})
 	for _, c := range []prometheus.Collector{m.TTFT, m.InterToken, m.Duration, m.PromptTokens, m.GenTokens, m.Requests,
 		m.Waiting, m.Running, m.RemotePrefill, m.KVBytes, m.KVDuration, m.KVWait, m.PrefixHit, m.PrefillTokens} {
 		f(c)
@@ -110,11 +121,13 @@ func New(role string) *Runner {
 		f(m.DecodeBatch)
 		f(m.PrefillEndpointState)
 		f(m.PrefillEndpointTrips)
+		f(m.RouteDecisions)
+		f(m.RouteError)
 	}
 	// Expose the outcome and role series at zero from the start, so a
 	// scrape (and a test) sees them before the first event.
 	for _, o := range []string{OutcomeOK, OutcomeFallbackBusy, OutcomeFallbackError, OutcomeFallbackMismatch,
-		OutcomeFallbackCorrupt, OutcomeSkippedShort, OutcomeSkippedNoEnd, OutcomeSkippedDisabled, OutcomeSkippedCached, OutcomeSkippedOpen} {
+		OutcomeFallbackCorrupt, OutcomeSkippedShort, OutcomeSkippedNoEnd, OutcomeSkippedDisabled, OutcomeSkippedCached, OutcomeSkippedOpen, OutcomeSkippedCost} {
 		if role == "decode" {
 			m.RemotePrefill.WithLabelValues(o)
 		}
