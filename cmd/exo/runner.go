@@ -66,6 +66,7 @@ type runnerFlags struct {
 	// decode
 	prefill        string
 	minRemote      int
+	route          string
 	connectTimeout time.Duration
 	idleFloor      time.Duration
 	// prefill
@@ -149,6 +150,7 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		fs.Var(optFloat{&f.defaults.RepetitionPenalty}, "default-repetition-penalty", "default repetition_penalty (over the model's)")
 		fs.StringVar(&f.prefill, "prefill", "", "prefill runners' KV-wire addresses, comma-separated")
 		fs.IntVar(&f.minRemote, "remote-prefill-min-tokens", 256, "uncached prompt tokens needed to prefill remotely")
+		fs.StringVar(&f.route, "remote-prefill-route", "floor", "how a long prompt picks local or remote prefill: floor (the min tokens alone) or cost (predicted time from measured rates and links, the min tokens a floor)")
 		fs.DurationVar(&f.connectTimeout, "prefill-connect-timeout", time.Second, "connect + hello deadline of a prefill endpoint; past it the endpoint is skipped until it answers a probe")
 		fs.DurationVar(&f.idleFloor, "prefill-idle-floor", 3*time.Second, "shortest wait for the next KV frame (the deadline grows with the endpoint's measured chunk time)")
 	} else {
@@ -171,6 +173,8 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		return nil, exitError{code: 2, msg: "runner: prefill needs --metrics HOST:PORT"}
 	case f.readHeaderTimeout <= 0:
 		return nil, exitError{code: 2, msg: "runner: --read-header-timeout must be positive"}
+	case f.role == "decode" && f.route != "cost" && f.route != "floor":
+		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --remote-prefill-route %q: want cost or floor", f.route)}
 	case f.role == "decode" && f.connectTimeout <= 0:
 		return nil, exitError{code: 2, msg: "runner: --prefill-connect-timeout must be positive"}
 	case f.role == "decode" && f.idleFloor <= 0:
@@ -385,8 +389,18 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 			met.PrefillEndpointState.WithLabelValues(e.Addr).Set(0)
 			met.PrefillEndpointTrips.WithLabelValues(e.Addr)
 		}
+		client := kvwire.NewClient(kvwire.ClientConfig{Secret: secret, Logger: log,
+			ConnectTimeout: f.connectTimeout, IdleTimeout: 30 * time.Second})
+		var router *decode.Router
+		if f.route == "cost" {
+			router = newRouter(m, addrs)
+		}
 		br := decode.NewBreaker(addrs, decode.BreakerOptions{IdleFloor: f.idleFloor,
 			OnChange: func(addr string, s decode.BreakerState) {
+				if router != nil && s == decode.Closed { // reconnected: the path may differ, measure it again
+					router.Rates.ForgetLink(addr)
+					go probeLink(ctx, client, router, addr, log)
+				}
 				if s == decode.Open {
 					met.PrefillEndpointState.WithLabelValues(addr).Set(1)
 					met.PrefillEndpointTrips.WithLabelValues(addr).Inc()
@@ -396,13 +410,28 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 					log.Info("prefill endpoint answers again", "endpoint", addr)
 				}
 			}})
-		remote := &decode.KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{Secret: secret, Logger: log,
-			ConnectTimeout: f.connectTimeout, IdleTimeout: 30 * time.Second}),
+		remote := &decode.KVRemote{Client: client,
 			Selector: kvwire.NewSelector(eps), Name: f.name, Model: m, Breaker: br}
 		o.Remote = remote
+		if router != nil {
+			router.Endpoints = func() []string {
+				var out []string
+				for _, a := range br.Endpoints() {
+					if br.Allow(a) {
+						out = append(out, a)
+					}
+				}
+				return out
+			}
+			o.Router = router
+			calibrate(ctx, m, router, f.chunk, log)
+			for _, a := range addrs {
+				go probeLink(ctx, client, router, a, log)
+			}
+		}
 		gate.endpoints = br.Status
 		go remote.RunProbes(ctx, 0)
-		log.Info("remote prefill enabled", "endpoints", f.prefill, "min_tokens", f.minRemote,
+		log.Info("remote prefill enabled", "endpoints", f.prefill, "min_tokens", f.minRemote, "route", f.route,
 			"connect_timeout", f.connectTimeout, "idle_floor", f.idleFloor)
 	}
 	srv := decode.New(o)
@@ -464,3 +493,42 @@ func listenError(addr string, err error) error {
 }
 
 func fingerprintShort(fp engine.Fingerprint) string { return fmt.Sprintf("%x", fp[:8]) }
+
+// newRouter makes the decode runner's cost model: the KV bytes per token
+// on the wire from the model's geometry and cache dtype.
+func newRouter(m *engine.Model, addrs []string) *decode.Router {
+	info := m.Info()
+	kv := float64(2 * info.Layers * info.KVHeads * info.HeadDim * info.CacheDType.Size())
+	return &decode.Router{Rates: decode.NewRates(), KVBytesPerToken: kv}
+}
+
+// calibrate measures the local prefill rate once at start (a 256-token
+// prompt on a scratch cache) so the first request is not routed blind.
+func calibrate(ctx context.Context, m *engine.Model, r *decode.Router, chunk int, log *slog.Logger) {
+	n := min(256, m.Info().MaxPositions-1)
+	if n <= 0 {
+		return
+	}
+	c := m.NewCache()
+	defer c.Free()
+	t0 := time.Now()
+	if err := m.Prefill(ctx, c, make([]int32, n), chunk, nil); err != nil {
+		log.Warn("local prefill calibration failed; routing by the floor until a request measures it", "err", err)
+		return
+	}
+	d := time.Since(t0)
+	r.ObserveLocal(n, d)
+	log.Info("local prefill calibrated", "tokens", n, "duration", d, "tokens_per_s", float64(n)/d.Seconds())
+}
+
+// probeLink measures addr's link goodput with a kvwire link probe (128
+// tokens of probe KV: 16 MiB).
+func probeLink(ctx context.Context, c *kvwire.Client, r *decode.Router, addr string, log *slog.Logger) {
+	pr, err := c.Probe(ctx, addr, 128)
+	if err != nil {
+		log.Warn("link probe failed; the route to this endpoint is decided by the floor until a transfer measures it", "endpoint", addr, "err", err)
+		return
+	}
+	r.ObserveProbe(addr, pr.PayloadBytes, pr.Transfer)
+	log.Info("link probed", "endpoint", addr, "bytes", pr.PayloadBytes, "transfer", pr.Transfer, "goodput_bytes_per_s", pr.Goodput())
+}

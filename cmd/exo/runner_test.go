@@ -19,6 +19,7 @@ func TestRunnerFlags(t *testing.T) {
 		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0"}, // no --metrics
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1"},
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "extra"},
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--remote-prefill-route", "fastest"},
 	}
 	for _, args := range bad {
 		_, err := parseRunnerFlags(args)
@@ -29,6 +30,10 @@ func TestRunnerFlags(t *testing.T) {
 	}
 	f, err := parseRunnerFlags(strings.Fields("decode --model builtin:smollm2 --served-name s --listen 127.0.0.1:9 --prefill a:1,b:2 --remote-prefill-min-tokens 100 --max-queue 5 --backend cpu"))
 	if err != nil || f.prefill != "a:1,b:2" || f.minRemote != 100 || f.maxQueue != 5 || f.backend != "cpu" {
+		t.Fatalf("%+v %v", f, err)
+	}
+	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --remote-prefill-route cost"))
+	if err != nil || f.route != "cost" {
 		t.Fatalf("%+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("prefill --model m.gguf --served-name s --listen 127.0.0.1:9 --metrics 127.0.0.1:10 --secret-file /s"))
