@@ -392,6 +392,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 		client := kvwire.NewClient(kvwire.ClientConfig{Secret: secret, Logger: log,
 			ConnectTimeout: f.connectTimeout, IdleTimeout: 30 * time.Second})
 		var router *decode.Router
+		var remote *decode.KVRemote
 		if f.route == "cost" {
 			router = newRouter(m, addrs)
 		}
@@ -399,7 +400,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 			OnChange: func(addr string, s decode.BreakerState) {
 				if router != nil && s == decode.Closed { // reconnected: the path may differ, measure it again
 					router.Rates.ForgetLink(addr)
-					go probeLink(ctx, client, router, addr, log)
+					go measureEndpoint(ctx, remote, router, addr, log)
 				}
 				if s == decode.Open {
 					met.PrefillEndpointState.WithLabelValues(addr).Set(1)
@@ -410,7 +411,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 					log.Info("prefill endpoint answers again", "endpoint", addr)
 				}
 			}})
-		remote := &decode.KVRemote{Client: client,
+		remote = &decode.KVRemote{Client: client,
 			Selector: kvwire.NewSelector(eps), Name: f.name, Model: m, Breaker: br}
 		o.Remote = remote
 		if router != nil {
@@ -426,7 +427,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 			o.Router = router
 			calibrate(ctx, m, router, f.chunk, log)
 			for _, a := range addrs {
-				go probeLink(ctx, client, router, a, log)
+				go measureEndpoint(ctx, remote, router, a, log)
 			}
 		}
 		gate.endpoints = br.Status
@@ -521,14 +522,32 @@ func calibrate(ctx context.Context, m *engine.Model, r *decode.Router, chunk int
 	log.Info("local prefill calibrated", "tokens", n, "duration", d, "tokens_per_s", float64(n)/d.Seconds())
 }
 
-// probeLink measures addr's link goodput with a kvwire link probe (128
-// tokens of probe KV: 16 MiB).
-func probeLink(ctx context.Context, c *kvwire.Client, r *decode.Router, addr string, log *slog.Logger) {
-	pr, err := c.Probe(ctx, addr, 128)
+// measureEndpoint measures addr for the router: its link goodput with a
+// kvwire link probe (128 tokens of probe KV: 16 MiB), then its prefill
+// rate with one real 256-token prefill of tokens no earlier request used.
+func measureEndpoint(ctx context.Context, r *decode.KVRemote, rt *decode.Router, addr string, log *slog.Logger) {
+	pr, err := r.Client.Probe(ctx, addr, 128)
 	if err != nil {
 		log.Warn("link probe failed; the route to this endpoint is decided by the floor until a transfer measures it", "endpoint", addr, "err", err)
 		return
 	}
-	r.ObserveProbe(addr, pr.PayloadBytes, pr.Transfer)
+	rt.ObserveProbe(addr, pr.PayloadBytes, pr.Transfer)
 	log.Info("link probed", "endpoint", addr, "bytes", pr.PayloadBytes, "transfer", pr.Transfer, "goodput_bytes_per_s", pr.Goodput())
+	info := r.Model.Info()
+	n := min(256, info.MaxPositions-1)
+	if n <= 0 || info.Vocab <= 0 {
+		return
+	}
+	seed := time.Now().UnixNano()
+	prompt := make([]int32, n+1)
+	for i := range prompt {
+		prompt[i] = int32((seed + int64(i)*7919) % int64(info.Vocab))
+	}
+	st, err := r.Calibrate(ctx, addr, prompt)
+	if err != nil {
+		log.Warn("remote prefill calibration failed", "endpoint", addr, "err", err)
+		return
+	}
+	rt.ObserveRemote(addr, n, st.Bytes, st.Duration)
+	log.Info("remote prefill calibrated", "endpoint", addr, "tokens", n, "duration", st.Duration)
 }

@@ -176,3 +176,20 @@ func (s *cacheSink) Done(t kvwire.Totals) error {
 }
 
 func (s *cacheSink) Rollback() { s.cache.Truncate(s.start) }
+
+// Calibrate runs one real prefill of prompt on the endpoint at addr alone
+// (no failover) into a scratch cache that is then freed: the router's
+// start-up measurement of that endpoint's rate. The prompt should differ
+// from earlier calibrations so that the endpoint's prefix cache does not
+// answer it.
+func (r *KVRemote) Calibrate(ctx context.Context, addr string, prompt []int32) (RemoteStats, error) {
+	info := r.Model.Info()
+	cache := r.Model.NewCache()
+	defer cache.Free()
+	fp := kvwire.Fingerprint(r.Model.Fingerprint())
+	req := &kvwire.Request{ID: "calibrate", Model: r.Name, Fingerprint: fp, Tokens: prompt,
+		DType: kvconv.Wire(cache.DType()), Deadline: r.Deadline}
+	exp := &kvwire.Expect{Fingerprint: fp, Kinds: make([]kvwire.LayerKind, info.Layers), KVHeads: info.KVHeads, HeadDim: info.HeadDim}
+	st, err := r.Client.Fetch(ctx, addr, req, exp, &cacheSink{cache: cache})
+	return RemoteStats{Endpoint: addr, Bytes: st.PayloadBytes, Duration: st.Duration, Wait: st.WireWait}, err
+}
