@@ -424,6 +424,15 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 				}
 				return out
 			}
+			sel := remote.Selector
+			router.Queue = func(addr string) time.Duration { // fetches ahead of ours × their mean duration
+				for _, e := range sel.Status() {
+					if e.Addr == addr {
+						return time.Duration(e.InFlight+e.Waiting) * e.Latency
+					}
+				}
+				return 0
+			}
 			o.Router = router
 			calibrate(ctx, m, router, f.chunk, log)
 			for _, a := range addrs {

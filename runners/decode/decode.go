@@ -106,7 +106,8 @@ type Remote interface {
 	// it already holds prompt[:start] (cache.Len() == start). On error the
 	// cache is back at start. It returns the bytes received and the time
 	// spent waiting on the wire.
-	Prefill(ctx context.Context, reqID string, prompt []int32, start int, cache engine.KVCache) (RemoteStats, error)
+	// prefer, when not empty, are endpoints to try first, in that order.
+	Prefill(ctx context.Context, reqID string, prompt []int32, start int, cache engine.KVCache, prefer []string) (RemoteStats, error)
 	// Classify maps a Prefill error to an exo_remote_prefill_total outcome.
 	Classify(err error) string
 }
@@ -428,6 +429,7 @@ func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest,
 	}
 	attrs := []any{"req", reqID, "prompt_tokens", n, "start_pos", start}
 	var predicted time.Duration // of the route taken, when the cost model chose
+	var prefer []string         // endpoints by predicted finish, best first
 	if outcome == "" && s.o.Router != nil {
 		d := s.o.Router.Decide(n-1-start, s.o.RemoteMinTokens)
 		s.m.RouteDecisions.WithLabelValues(d.Route, d.Reason).Inc()
@@ -435,7 +437,7 @@ func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest,
 			"predicted_local", d.Local, "predicted_remote", d.Remote, "endpoint", d.Endpoint)
 		switch {
 		case d.Route == RouteRemote:
-			predicted = d.Remote
+			predicted, prefer = d.Remote, d.Order
 		case d.Reason == ReasonShort:
 			outcome = metrics.OutcomeSkippedShort
 		case d.Reason != ReasonNoEndpoint: // no endpoint allowed: the remote classifies it
@@ -445,7 +447,7 @@ func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest,
 	}
 	t0 := time.Now()
 	if outcome == "" {
-		st, err := s.o.Remote.Prefill(ctx, reqID, prompt, start, entry.cache)
+		st, err := s.o.Remote.Prefill(ctx, reqID, prompt, start, entry.cache, prefer)
 		if err == nil && s.o.Router != nil {
 			s.o.Router.ObserveRemote(st.Endpoint, n-1-start, st.Bytes, st.Duration)
 			s.observeError(predicted, time.Since(t0))

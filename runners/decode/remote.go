@@ -58,7 +58,7 @@ func (r *KVRemote) RunProbes(ctx context.Context, every time.Duration) {
 }
 
 // Prefill implements Remote.
-func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, start int, cache engine.KVCache) (RemoteStats, error) {
+func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, start int, cache engine.KVCache, prefer []string) (RemoteStats, error) {
 	info := r.Model.Info()
 	fp := kvwire.Fingerprint(r.Model.Fingerprint())
 	kinds := make([]kvwire.LayerKind, info.Layers)
@@ -71,9 +71,13 @@ func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, st
 	var st kvwire.Stats
 	var err error
 	if r.Breaker == nil {
-		st, err = r.Client.FetchAny(ctx, r.Selector, req, exp, sink)
+		err = r.Selector.DoPreferred(ctx, prefer, nil, func(ctx context.Context, addr string) error {
+			var err error
+			st, err = r.Client.Fetch(ctx, addr, req, exp, sink)
+			return err
+		})
 	} else {
-		err = r.Selector.DoAllowed(ctx, r.Breaker.Allow, func(ctx context.Context, addr string) error {
+		err = r.Selector.DoPreferred(ctx, prefer, r.Breaker.Allow, func(ctx context.Context, addr string) error {
 			var err error
 			st, err = r.Client.FetchIdle(ctx, addr, r.Breaker.Idle(addr), req, exp, sink)
 			if ctx.Err() == nil {

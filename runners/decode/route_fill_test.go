@@ -25,7 +25,7 @@ var errTestBusy = errors.New("test remote: busy")
 // locally), so the test sees whether the router sent the request remote.
 type busyRemote struct{ calls atomic.Int32 }
 
-func (r *busyRemote) Prefill(context.Context, string, []int32, int, engine.KVCache) (RemoteStats, error) {
+func (r *busyRemote) Prefill(context.Context, string, []int32, int, engine.KVCache, []string) (RemoteStats, error) {
 	r.calls.Add(1)
 	return RemoteStats{}, errTestBusy
 }

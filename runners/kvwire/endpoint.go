@@ -328,7 +328,24 @@ func (s *Selector) Do(ctx context.Context, try func(ctx context.Context, addr st
 // nil), e.g. those whose circuit breaker is closed. With none allowed it
 // returns ErrNoEndpoint.
 func (s *Selector) DoAllowed(ctx context.Context, allow func(addr string) bool, try func(ctx context.Context, addr string) error) error {
+	return s.DoPreferred(ctx, nil, allow, try)
+}
+
+// DoPreferred is DoAllowed trying the endpoints of prefer first, in that
+// order (e.g. a cost model's ranking by predicted finish), then the rest in
+// Order. Addresses the selector does not hold are ignored.
+func (s *Selector) DoPreferred(ctx context.Context, prefer []string, allow func(addr string) bool, try func(ctx context.Context, addr string) error) error {
 	order := s.Order()
+	if len(prefer) > 0 {
+		var first []string
+		for _, a := range prefer {
+			if slices.Contains(order, a) && !slices.Contains(first, a) {
+				first = append(first, a)
+			}
+		}
+		rest := slices.DeleteFunc(order, func(a string) bool { return slices.Contains(first, a) })
+		order = append(first, rest...)
+	}
 	if allow != nil {
 		order = slices.DeleteFunc(order, func(a string) bool { return !allow(a) })
 	}

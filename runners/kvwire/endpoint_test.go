@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 )
@@ -159,4 +160,28 @@ func TestFailover(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+func TestDoPreferred(t *testing.T) {
+	eps := []Endpoint{{Addr: "a:1", Link: LinkEthernet}, {Addr: "b:1", Link: LinkEthernet}, {Addr: "c:1", Link: LinkEthernet}}
+	for _, c := range []struct {
+		prefer []string
+		allow  func(string) bool
+		want   []string
+	}{
+		{nil, nil, []string{"a:1", "b:1", "c:1"}},
+		{[]string{"c:1", "a:1"}, nil, []string{"c:1", "a:1", "b:1"}},
+		{[]string{"x:9", "b:1", "b:1"}, nil, []string{"b:1", "a:1", "c:1"}},                         // unknown and repeated ignored
+		{[]string{"c:1", "b:1"}, func(a string) bool { return a != "c:1" }, []string{"b:1", "a:1"}}, // open breaker skipped
+	} {
+		s := NewSelector(eps)
+		var tried []string
+		s.DoPreferred(context.Background(), c.prefer, c.allow, func(_ context.Context, addr string) error {
+			tried = append(tried, addr)
+			return ErrClosed
+		})
+		if !slices.Equal(tried, c.want) {
+			t.Errorf("prefer %v: tried %v, want %v", c.prefer, tried, c.want)
+		}
+	}
 }
