@@ -67,6 +67,7 @@ type runnerFlags struct {
 	prefill        string
 	minRemote      int
 	route          string
+	testSlowLocal  time.Duration
 	connectTimeout time.Duration
 	idleFloor      time.Duration
 	// prefill
@@ -150,6 +151,7 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		fs.Var(optFloat{&f.defaults.RepetitionPenalty}, "default-repetition-penalty", "default repetition_penalty (over the model's)")
 		fs.StringVar(&f.prefill, "prefill", "", "prefill runners' KV-wire addresses, comma-separated")
 		fs.IntVar(&f.minRemote, "remote-prefill-min-tokens", 256, "uncached prompt tokens needed to prefill remotely")
+		fs.DurationVar(&f.testSlowLocal, "test-local-prefill-delay", 0, "TEST ONLY: extra time per 1000 tokens of local prefill (slows this host for routing tests)")
 		fs.StringVar(&f.route, "remote-prefill-route", "floor", "how a long prompt picks local or remote prefill: floor (the min tokens alone) or cost (predicted time from measured rates and links, the min tokens a floor)")
 		fs.DurationVar(&f.connectTimeout, "prefill-connect-timeout", time.Second, "connect + hello deadline of a prefill endpoint; past it the endpoint is skipped until it answers a probe")
 		fs.DurationVar(&f.idleFloor, "prefill-idle-floor", 3*time.Second, "shortest wait for the next KV frame (the deadline grows with the endpoint's measured chunk time)")
@@ -173,6 +175,8 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		return nil, exitError{code: 2, msg: "runner: prefill needs --metrics HOST:PORT"}
 	case f.readHeaderTimeout <= 0:
 		return nil, exitError{code: 2, msg: "runner: --read-header-timeout must be positive"}
+	case f.testSlowLocal < 0:
+		return nil, exitError{code: 2, msg: "runner: --test-local-prefill-delay must not be negative"}
 	case f.role == "decode" && f.route != "cost" && f.route != "floor":
 		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --remote-prefill-route %q: want cost or floor", f.route)}
 	case f.role == "decode" && f.connectTimeout <= 0:
@@ -371,7 +375,12 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 			log.Warn("constrained decoding unavailable: the vocabulary trie failed", "err", err)
 		}
 	}()
-	o := decode.Options{Name: f.name, Model: m, Text: text, Defaults: defaults,
+	var dm decode.Model = m
+	if f.testSlowLocal > 0 {
+		dm = slowPrefill{m, f.testSlowLocal}
+		log.Warn("test-only: local prefill slowed", "per_1000_tokens", f.testSlowLocal)
+	}
+	o := decode.Options{Name: f.name, Model: dm, Text: text, Defaults: defaults,
 		NewConstraint: grammars.NewConstraint, AcceptTools: true,
 		NewSampler: decode.NewSampler, NewStopMatcher: decode.NewStopMatcher,
 		RemoteMinTokens: f.minRemote, MaxQueue: f.maxQueue, MaxBatch: f.maxBatch, PrefillChunk: f.chunk,
@@ -425,16 +434,16 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 				return out
 			}
 			sel := remote.Selector
-			router.Queue = func(addr string) time.Duration { // fetches ahead of ours × their mean duration
+			router.Ahead = func(addr string) int { // fetches in flight from us plus its reported queue
 				for _, e := range sel.Status() {
 					if e.Addr == addr {
-						return time.Duration(e.InFlight+e.Waiting) * e.Latency
+						return e.InFlight + e.Waiting
 					}
 				}
 				return 0
 			}
 			o.Router = router
-			calibrate(ctx, m, router, f.chunk, log)
+			calibrate(ctx, dm, router, f.chunk, log)
 			for _, a := range addrs {
 				go measureEndpoint(ctx, remote, router, a, log)
 			}
@@ -514,7 +523,7 @@ func newRouter(m *engine.Model, addrs []string) *decode.Router {
 
 // calibrate measures the local prefill rate once at start (a 256-token
 // prompt on a scratch cache) so the first request is not routed blind.
-func calibrate(ctx context.Context, m *engine.Model, r *decode.Router, chunk int, log *slog.Logger) {
+func calibrate(ctx context.Context, m decode.Model, r *decode.Router, chunk int, log *slog.Logger) {
 	n := min(256, m.Info().MaxPositions-1)
 	if n <= 0 {
 		return
@@ -559,4 +568,25 @@ func measureEndpoint(ctx context.Context, r *decode.KVRemote, rt *decode.Router,
 	}
 	rt.ObserveRemote(addr, n, st.Bytes, st.Duration)
 	log.Info("remote prefill calibrated", "endpoint", addr, "tokens", n, "duration", st.Duration)
+}
+
+// slowPrefill (--test-local-prefill-delay) adds a delay per 1000 prompt
+// tokens to local prefill, so routing tests can make this host slow.
+type slowPrefill struct {
+	decode.Model
+	per1000 time.Duration
+}
+
+func (s slowPrefill) Prefill(ctx context.Context, c engine.KVCache, toks []int32, chunk int, on func(start, n int) error) error {
+	if err := s.Model.Prefill(ctx, c, toks, chunk, on); err != nil {
+		return err
+	}
+	t := time.NewTimer(s.per1000 * time.Duration(len(toks)) / 1000)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }

@@ -27,6 +27,9 @@ type RemoteCandidate struct {
 	Rate float64
 	// Queue is the time before it starts this request (from its health).
 	Queue time.Duration
+	// Ahead is how many fetches are in flight or waiting there; each is
+	// taken to cost what this one does (the host serves them in turn).
+	Ahead int
 	// Cached is how many of the uncached tokens it already holds (prefix
 	// hit on its side): it computes Uncached-Cached but still sends all.
 	Cached int
@@ -88,7 +91,7 @@ func PredictRemote(in RouteInput, c RemoteCandidate) time.Duration {
 	}
 	compute := float64(max(in.Uncached-in.Tail-c.Cached, 0)) / c.Rate
 	wire := float64(in.Uncached-in.Tail) * in.KVBytesPerToken / c.Goodput
-	t := c.Handshake + c.Queue + secs(math.Max(compute, wire))
+	t := c.Handshake + c.Queue + secs(float64(1+max(c.Ahead, 0))*math.Max(compute, wire))
 	if in.Tail > 0 {
 		t += secs(float64(in.Tail) / in.LocalRate)
 	}
@@ -254,6 +257,9 @@ type Router struct {
 	// Queue, when set, estimates how long an endpoint makes a new request
 	// wait (from its health).
 	Queue func(addr string) time.Duration
+	// Ahead, when set, counts the fetches in flight or waiting at an
+	// endpoint.
+	Ahead func(addr string) int
 }
 
 // Input is the routing question for a fill of uncached tokens.
@@ -273,6 +279,9 @@ func (r *Router) Input(uncached, minTokens int) RouteInput {
 			c := RemoteCandidate{Addr: a, Rate: r.Rates.PrefillRate(a, uncached), Goodput: r.Rates.Goodput(a), Handshake: hs}
 			if r.Queue != nil {
 				c.Queue = r.Queue(a)
+			}
+			if r.Ahead != nil {
+				c.Ahead = r.Ahead(a)
 			}
 			in.Remotes = append(in.Remotes, c)
 		}

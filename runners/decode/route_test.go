@@ -53,6 +53,14 @@ func TestDecide(t *testing.T) {
 			hit.Addr, hit.Cached = "hit", 12000
 			in.Remotes = []RemoteCandidate{spark, hit}
 		}), RouteRemote, ReasonFaster, "hit", []string{"hit", "spark"}},
+		{"two hosts, fewer fetches ahead first", with(func(in *RouteInput) {
+			in.Uncached = 8000
+			busy := spark
+			busy.Addr, busy.Ahead = "busy", 2
+			idle := spark
+			idle.Addr, idle.Ahead = "idle", 1
+			in.Remotes = []RemoteCandidate{busy, idle}
+		}), RouteRemote, ReasonFaster, "idle", []string{"idle", "busy"}},
 		{"unknown host ranked last", with(func(in *RouteInput) {
 			in.Uncached = 8000
 			u := spark

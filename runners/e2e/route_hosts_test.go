@@ -1,0 +1,57 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestCostRouteSpreadsOverTwoPrefillHosts: two prefill runners behind one
+// decode runner with --remote-prefill-route cost; under 8 concurrent long
+// prompts both serve prefills (the ranking counts fetches in flight), and
+// every reply completes. Local prefill is slowed (--test-local-prefill-delay)
+// so that remote wins on this one machine.
+func TestCostRouteSpreadsOverTwoPrefillHosts(t *testing.T) {
+	dir := tinyModel(t, "main")
+	p1 := start(t, "prefill-1", "prefill", "--model", dir)
+	p2 := start(t, "prefill-2", "prefill", "--model", dir)
+	dec := start(t, "decode", "decode", "--model", dir, "--prefill", p1.listen+","+p2.listen,
+		"--remote-prefill-route", "cost", "--remote-prefill-min-tokens", "64", "--max-batch", "8",
+		"--test-local-prefill-delay", "3s") // local ≈ 4 s for these prompts: remote wins
+	deadline := time.Now().Add(30 * time.Second)
+	for strings.Count(dec.logs(), "remote prefill calibrated") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("both endpoints not calibrated:\n%s", tail(dec.logs(), 3000))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	sent := `exo_kv_transfer_bytes_total{role="prefill"}`
+	b1, b2 := p1.metric(t, sent), p2.metric(t, sent)
+	var wg sync.WaitGroup
+	res := make([]chatResult, 8)
+	for i := range res {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			text := fmt.Sprintf("request %d: ", i) + strings.Repeat("the quick brown fox jumps over the lazy dog ", 60)
+			res[i] = chatStream(t, dec.listen, []msg{{Role: "user", Content: text}}, 2, nil)
+		}()
+	}
+	wg.Wait()
+	for i, r := range res {
+		if r.Status != 200 || !r.Done {
+			t.Fatalf("request %d: %+v", i, r)
+		}
+	}
+	d1, d2 := p1.metric(t, sent)-b1, p2.metric(t, sent)-b2
+	remote := dec.metric(t, outcome("ok"))
+	t.Logf("prefill-1 sent %v bytes, prefill-2 %v; remote fills %v of 8", d1, d2, remote)
+	if remote != 8 {
+		t.Fatalf("remote fills %v of 8, want all: local prefill is slowed 3 s per 1000 tokens:\n%s", remote, tail(dec.logs(), 6000))
+	}
+	if d1 == 0 || d2 == 0 {
+		t.Fatalf("one prefill host did all the remote work (%v, %v bytes):\n%s", d1, d2, tail(dec.logs(), 12000))
+	}
+}
