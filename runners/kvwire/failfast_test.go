@@ -139,3 +139,32 @@ func TestDoAllowed(t *testing.T) {
 		t.Fatalf("none allowed: err %v, tried %v", err, tried)
 	}
 }
+
+// TestStuckComputeAfterHeader: the server's process answers (Keepalives
+// keep coming) but its producer hangs after the header, as on a GPU hang:
+// the client gives up after ProgressTimeout with ErrTimeout.
+func TestStuckComputeAfterHeader(t *testing.T) {
+	m := smallModel()
+	release := make(chan struct{})
+	defer close(release)
+	p := ProducerFunc(func(ctx context.Context, r *Request, e *Emitter) error {
+		if err := e.Header(m.header(r)); err != nil {
+			return err
+		}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return ctx.Err()
+	})
+	addr, _ := startServer(t, ServerConfig{Producer: p, KeepaliveEvery: 20 * time.Millisecond})
+	c := NewClient(ClientConfig{ProgressTimeout: 200 * time.Millisecond})
+	sink := &recordSink{}
+	_, err := c.Fetch(context.Background(), addr, &Request{ID: "r", Model: "m", Fingerprint: m.fp, Tokens: tokens(40)}, m.expect(), sink)
+	if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "only keepalives") {
+		t.Fatalf("err = %v, want ErrTimeout for stuck compute", err)
+	}
+	if sink.rollbacks != 1 {
+		t.Fatalf("rollbacks %d", sink.rollbacks)
+	}
+}
