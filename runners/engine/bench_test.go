@@ -67,14 +67,15 @@ func BenchmarkSmolLM2Decode(b *testing.B) {
 		b.Fatal(err)
 	}
 	tok := ids[len(ids)-1]
+	var logits []float32 // reused: a warm decode step allocates nothing
 	b.ReportAllocs()
 	cpu0 := cpuTime()
 	for b.Loop() {
 		if c.Len() > 1024 {
 			c.Truncate(len(ids))
 		}
-		logits, err := s.m.Forward(ctx, c, []int32{tok})
-		if err != nil {
+		var err error
+		if logits, err = s.m.ForwardInto(ctx, c, []int32{tok}, logits); err != nil {
 			b.Fatal(err)
 		}
 		tok = int32(argmax(logits))
@@ -82,10 +83,10 @@ func BenchmarkSmolLM2Decode(b *testing.B) {
 	reportTokens(b, b.N, cpu0)
 }
 
-// BenchmarkSmolLM2DecodeBatch measures batched generation: one ForwardBatch
-// step of B sequences (each after the same 128-token prompt) per
-// iteration; tokens/s counts all B sequences' tokens, to compare with
-// BenchmarkSmolLM2Decode (B = 1 through Forward).
+// BenchmarkSmolLM2DecodeBatch measures batched generation: one
+// ForwardBatchInto step of B sequences (each after the same 128-token
+// prompt) per iteration; tokens/s counts all B sequences' tokens, to
+// compare with BenchmarkSmolLM2Decode (B = 1 through ForwardInto).
 func BenchmarkSmolLM2DecodeBatch(b *testing.B) {
 	s := loadSmol(b)
 	ids := benchPrompt(b, s, 128)
@@ -101,6 +102,7 @@ func BenchmarkSmolLM2DecodeBatch(b *testing.B) {
 				}
 				toks[i] = ids[len(ids)-1-i]
 			}
+			flat := make([]float32, 0, B*s.m.Info().Vocab) // reused
 			b.ReportAllocs()
 			cpu0 := cpuTime()
 			for b.Loop() {
@@ -109,7 +111,7 @@ func BenchmarkSmolLM2DecodeBatch(b *testing.B) {
 						c.Truncate(len(ids))
 					}
 				}
-				logits, err := s.m.ForwardBatch(ctx, caches, toks)
+				logits, err := s.m.ForwardBatchInto(ctx, caches, toks, flat)
 				if err != nil {
 					b.Fatal(err)
 				}
