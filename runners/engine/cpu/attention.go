@@ -47,7 +47,8 @@ func (b *Backend) Attention(qa, ka, va engine.Array, scale float32) engine.Array
 	// Each range of heads gets its own scores and row buffers.
 	per := L*T + 4*Dh
 	if need := b.threads * per; cap(t.scratch) < need {
-		t.scratch = make([]float32, need)
+		// Room for the next kvStep keys too: decode grows T by one a step.
+		t.scratch = make([]float32, b.threads*(L*(T+kvStep)+4*Dh))
 	}
 	b.run(H, 1, t)
 	scratch := t.scratch

@@ -3,6 +3,7 @@ package cpu
 import (
 	"runtime"
 	"sync"
+	"time"
 )
 
 // Worker pool.
@@ -44,6 +45,13 @@ type pool struct {
 // waking a parked goroutine costs more than that.
 const spinRecv = 200
 
+// pollFirst and pollLast bound the sleeps between a worker's polls once
+// spinning gave up (doubling: 20, 40, … 640 µs, about 1.3 ms in all).
+const (
+	pollFirst = 20 * time.Microsecond
+	pollLast  = 640 * time.Microsecond
+)
+
 func newPool(workers int) *pool {
 	p := &pool{jobs: make([]chan job, workers)}
 	for i := range p.jobs {
@@ -55,9 +63,11 @@ func newPool(workers int) *pool {
 }
 
 func (p *pool) work(ch chan job) {
+	// Declared once: select takes their address, which moves them to the
+	// heap (once per worker here, not once per job).
+	var j job
+	var ok bool
 	for {
-		var j job
-		var ok bool
 		got := false
 		for range spinRecv {
 			select {
@@ -69,16 +79,34 @@ func (p *pool) work(ch chan job) {
 			}
 			break
 		}
+		// Then poll at growing intervals for about a millisecond, so the
+		// short pauses between a step's ops and between steps do not park
+		// the worker on the channel: parking takes a runtime waiter record
+		// that is sometimes freshly allocated, and a decode step must not
+		// allocate.
+		for d := pollFirst; !got && d <= pollLast; d *= 2 {
+			time.Sleep(d)
+			select {
+			case j, ok = <-ch:
+				got = true
+			default:
+			}
+		}
 		if !got {
-			j, ok = <-ch
+			j, ok = <-ch // idle: park
 		}
 		if !ok {
 			return
 		}
 		p.runJob(j)
+		j = job{}
 	}
 }
 
+// runJob is not inlined: inside work's loop its defers would become
+// heap-allocated loop defers.
+//
+//go:noinline
 func (p *pool) runJob(j job) {
 	defer p.wg.Done()
 	defer func() {
