@@ -106,7 +106,7 @@ func BenchmarkSmolLM2DecodeBatch(b *testing.B) {
 				}
 				toks[i] = ids[len(ids)-1-i]
 			}
-			flat := make([]float32, 0, B*s.m.Info().Vocab) // reused
+			flat := make([]float32, 0, B*s.m.Info().Vocab)                           // reused
 			if _, err := s.m.ForwardBatchInto(ctx, caches, toks, flat); err != nil { // warm
 				b.Fatal(err)
 			}
