@@ -44,8 +44,11 @@ type weight struct {
 	bits, gs       int
 	q              []uint32
 	scales, biases []float32
-	wpr            int // words per row
-	simd           bool
+	// scales16, biases16 are the float16 originals when both are F16:
+	// the fused decode kernels read them (exact widening, fewer bytes).
+	scales16, biases16 []uint16
+	wpr                int // words per row
+	simd               bool
 }
 
 // halfFloats returns a 16-bit array's values as float32, memoized on the
@@ -122,6 +125,9 @@ func setWeight(r *weight, l *engine.Linear) {
 	*r = weight{
 		out: w.shape[0], in: in, bits: l.Bits, gs: l.GroupSize,
 		q: w.u32, scales: halfFloats(s), biases: halfFloats(bz), wpr: w.shape[1],
+	}
+	if s.dt == engine.F16 && bz.dt == engine.F16 && s.kv == nil && bz.kv == nil {
+		r.scales16, r.biases16 = s.u16, bz.u16
 	}
 }
 
@@ -459,7 +465,15 @@ func (b *Backend) qdot4(r *[4]float32, x []float32, w *weight, j int) {
 	_ = w.scales[(j+4)*ng-1]
 	_ = w.biases[(j+4)*ng-1]
 	var acc [32]float32
-	if w.bits == 4 {
+	if halfSIMD && w.scales16 != nil {
+		_ = w.scales16[(j+4)*ng-1]
+		_ = w.biases16[(j+4)*ng-1]
+		if w.bits == 4 {
+			q4dot4HAVX(&x[0], &w.q[j*w.wpr], 4*w.wpr, &w.scales16[j*ng], &w.biases16[j*ng], 2*ng, ng, w.gs/8, &acc)
+		} else {
+			q8dot4HAVX(&x[0], &w.q[j*w.wpr], 4*w.wpr, &w.scales16[j*ng], &w.biases16[j*ng], 2*ng, ng, w.gs/8, &acc)
+		}
+	} else if w.bits == 4 {
 		q4dot4AVX(&x[0], &w.q[j*w.wpr], 4*w.wpr, &w.scales[j*ng], &w.biases[j*ng], 4*ng, ng, w.gs/8, &acc)
 	} else {
 		q8dot4AVX(&x[0], &w.q[j*w.wpr], 4*w.wpr, &w.scales[j*ng], &w.biases[j*ng], 4*ng, ng, w.gs/8, &acc)
