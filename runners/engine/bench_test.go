@@ -40,20 +40,26 @@ func benchPrompt(b *testing.B, s smol, n int) []int32 {
 }
 
 // BenchmarkSmolLM2Prefill measures prompt processing of SmolLM2-135M
-// (Q4_1 GGUF) on the cpu backend: tokens/s for a 128-token prompt.
+// (Q4_1 GGUF, or $EXO_SMOLLM2_GGUF) on the cpu backend: tokens/s for a
+// 128-token prompt, and for 512 and 2048 (chunks of 512) as sub-benchmarks
+// (-bench 'SmolLM2Prefill/2048').
 func BenchmarkSmolLM2Prefill(b *testing.B) {
 	s := loadSmol(b)
-	ids := benchPrompt(b, s, 128)
 	ctx := context.Background()
-	b.ReportAllocs()
-	cpu0 := cpuTime()
-	for b.Loop() {
-		c := s.m.NewCache()
-		if err := s.m.Prefill(ctx, c, ids, 0, nil); err != nil {
-			b.Fatal(err)
-		}
+	for _, n := range []int{128, 512, 2048} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			ids := benchPrompt(b, s, n)
+			b.ReportAllocs()
+			cpu0 := cpuTime()
+			for b.Loop() {
+				c := s.m.NewCache()
+				if err := s.m.Prefill(ctx, c, ids, 0, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportTokens(b, len(ids)*b.N, cpu0)
+		})
 	}
-	reportTokens(b, len(ids)*b.N, cpu0)
 }
 
 // BenchmarkSmolLM2Decode measures generation speed: one token per
