@@ -103,8 +103,13 @@ func (t *attnTask) run(lo, hi int) {
 				sum += p
 			}
 			o := t.out[(h*L+i)*Dh : (h*L+i+1)*Dh]
-			for j, p := range row {
-				b.axpy(p, vbase[j*Dh:(j+1)*Dh], o)
+			if b.simd && Dh%8 == 0 && len(row) > 0 {
+				_ = vbase[len(row)*Dh-1]
+				wsumAVX(&row[0], len(row), &vbase[0], 4*Dh, &o[0], Dh/8)
+			} else {
+				for j, p := range row {
+					b.axpy(p, vbase[j*Dh:(j+1)*Dh], o)
+				}
 			}
 			inv := 1 / sum
 			for d := range o {

@@ -86,3 +86,11 @@ func q4dot4HAVX(x *float32, words *uint32, wstride int, scales, biases *uint16, 
 //
 //go:noescape
 func q8dot4HAVX(x *float32, words *uint32, wstride int, scales, biases *uint16, sstride, ngroups, iters int, acc *[32]float32)
+
+// wsumAVX adds Σ_t p[t]·v_t to o over chunks groups of 8 lanes, t in
+// order, each step one fused multiply-add per element: bit-identical to
+// axpyAVX(p[t], v_t, o) for t = 0..n-1, without reloading o per key. vstride
+// is in bytes.
+//
+//go:noescape
+func wsumAVX(p *float32, n int, v *float32, vstride int, o *float32, chunks int)

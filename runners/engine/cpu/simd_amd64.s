@@ -773,3 +773,79 @@ q8dot4HAVXdone:
 	VMOVUPS Y3, 96(DX)
 	VZEROUPPER
 	RET
+
+// func wsumAVX(p *float32, n int, v *float32, vstride int, o *float32, chunks int)
+// For each of `chunks` groups of 8 lanes of o: o = fma(p[t], v_t, o) for
+// t = 0..n-1 in order, v_t at v + t·vstride bytes. Per element exactly the
+// sequence of axpyAVX calls it replaces, with o kept in registers (four
+// groups per pass over the keys).
+TEXT ·wsumAVX(SB), NOSPLIT, $0-48
+	MOVQ p+0(FP), SI
+	MOVQ n+8(FP), CX
+	MOVQ v+16(FP), DI
+	MOVQ vstride+24(FP), R8
+	MOVQ o+32(FP), DX
+	MOVQ chunks+40(FP), R9
+
+ws4:
+	CMPQ R9, $4
+	JLT  ws1
+	VMOVUPS 0(DX), Y0
+	VMOVUPS 32(DX), Y1
+	VMOVUPS 64(DX), Y2
+	VMOVUPS 96(DX), Y3
+	MOVQ SI, AX
+	MOVQ DI, BX
+	MOVQ CX, R10
+
+ws4key:
+	TESTQ R10, R10
+	JE    ws4store
+	VBROADCASTSS (AX), Y4
+	VFMADD231PS 0(BX), Y4, Y0
+	VFMADD231PS 32(BX), Y4, Y1
+	VFMADD231PS 64(BX), Y4, Y2
+	VFMADD231PS 96(BX), Y4, Y3
+	ADDQ $4, AX
+	ADDQ R8, BX
+	DECQ R10
+	JMP  ws4key
+
+ws4store:
+	VMOVUPS Y0, 0(DX)
+	VMOVUPS Y1, 32(DX)
+	VMOVUPS Y2, 64(DX)
+	VMOVUPS Y3, 96(DX)
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $4, R9
+	JMP  ws4
+
+ws1:
+	TESTQ R9, R9
+	JE    wsdone
+	VMOVUPS 0(DX), Y0
+	MOVQ SI, AX
+	MOVQ DI, BX
+	MOVQ CX, R10
+
+ws1key:
+	TESTQ R10, R10
+	JE    ws1store
+	VBROADCASTSS (AX), Y4
+	VFMADD231PS 0(BX), Y4, Y0
+	ADDQ $4, AX
+	ADDQ R8, BX
+	DECQ R10
+	JMP  ws1key
+
+ws1store:
+	VMOVUPS Y0, 0(DX)
+	ADDQ $32, DX
+	ADDQ $32, DI
+	DECQ R9
+	JMP  ws1
+
+wsdone:
+	VZEROUPPER
+	RET

@@ -61,3 +61,7 @@ func q4dot4HAVX(x *float32, words *uint32, wstride int, scales, biases *uint16, 
 func q8dot4HAVX(x *float32, words *uint32, wstride int, scales, biases *uint16, sstride, ngroups, iters int, acc *[32]float32) {
 	panic("cpu: no SIMD kernels on this platform")
 }
+
+func wsumAVX(p *float32, n int, v *float32, vstride int, o *float32, chunks int) {
+	panic("cpu: no SIMD kernels on this platform")
+}
