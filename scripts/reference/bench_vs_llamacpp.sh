@@ -33,10 +33,13 @@ for f in "$@"; do
 	uptime
 	OMP_WAIT_POLICY=passive $py $b --prompt 128 --decode 64 --reps 2 --threads 2
 	$py $b --prompt 128 --decode 64 --reps 2 --threads 1
+	# (-bench splits its pattern at slashes: one pattern per level.)
 	echo "engine, 2 threads:"
-	eng "$tmp/engine.test" -test.run XXX -test.bench 'SmolLM2(Decode$|Prefill/128$)' -test.benchtime 40x -test.count 2
+	eng "$tmp/engine.test" -test.run XXX -test.bench 'SmolLM2Decode$' -test.benchtime 40x -test.count 2
+	eng "$tmp/engine.test" -test.run XXX -test.bench 'SmolLM2Prefill/128$' -test.benchtime 10x -test.count 2
 	echo "engine, 1 thread (taskset -c 0):"
-	eng taskset -c 0 "$tmp/engine.test" -test.run XXX -test.bench 'SmolLM2(Decode$|Prefill/128$)' -test.benchtime 40x -test.count 2
+	eng taskset -c 0 "$tmp/engine.test" -test.run XXX -test.bench 'SmolLM2Decode$' -test.benchtime 40x -test.count 2
+	eng taskset -c 0 "$tmp/engine.test" -test.run XXX -test.bench 'SmolLM2Prefill/128$' -test.benchtime 10x -test.count 2
 	OMP_WAIT_POLICY=passive $py $b --prompt 512 --decode 8 --reps 2 --threads 2
 	OMP_WAIT_POLICY=passive $py $b --prompt 2048 --decode 8 --reps 1 --threads 2
 	echo "engine, 2 threads:"
