@@ -88,10 +88,14 @@ func (b *Backend) header(shape []int) *Array {
 	case a.used < len(a.hdrs):
 		h = a.hdrs[a.used]
 		*h = Array{}
-	case a.used >= maxPooledHeaders:
+	case a.used >= maxPooledHeaders || a.extra > 0:
 		// A backend whose steps are never swept (ops used directly, or a
 		// cache of this backend serving a model on another) must not
-		// hold every header it ever made.
+		// hold every header it ever made. And once a step has outgrown
+		// the slab (a long prefill chunk), its further arrays are left to
+		// the GC entirely: a pooled header would keep its heap data alive
+		// until the sweep, where before the arena it died with its last
+		// use.
 		h = new(Array)
 		h.setShape(shape)
 		return h
@@ -124,9 +128,10 @@ func (a *Array) setShape(shape []int) {
 
 // newF32 makes an F32 temporary of the given shape with zeroed data.
 func (b *Backend) newF32(shape ...int) *Array {
+	f := b.floats(numel(shape)) // first: an overflow unpools the header
 	h := b.header(shape)
 	h.dt = engine.F32
-	h.f32 = b.floats(numel(h.shape))
+	h.f32 = f
 	return h
 }
 
