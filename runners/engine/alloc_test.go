@@ -16,9 +16,28 @@ import (
 // the model's host-side bookkeeping in its scratch. The logits must still
 // equal plain Forward's, bit for bit. Runs on tiny generated models of
 // each weight kind the cpu backend multiplies differently (f32, MLX 4-bit,
-// MLX 8-bit; F32 cache) and on SmolLM2 when it is installed.
+// MLX 8-bit; F32 cache) and on SmolLM2 when it is installed (two threads).
+//
+// With one thread the count must be exactly 0. With two, the worker
+// goroutine parks when the step pauses for over a millisecond (the test's
+// goroutine descheduled on a loaded machine), and after a GC cycle the
+// runtime may allocate a fresh waiter record for that: at most one
+// allocation over all the steps is tolerated then (an allocation per step
+// would show as at least runs).
 func TestDecodeStepAllocatesNothing(t *testing.T) {
-	b, err := backend.Open("cpu", backend.Options{Threads: 2})
+	for _, threads := range []int{1, 2} {
+		t.Run(fmt.Sprintf("threads=%d", threads), func(t *testing.T) {
+			decodeAllocs(t, threads)
+		})
+	}
+	t.Run("smollm2", func(t *testing.T) {
+		s := loadSmol(t)
+		checkDecodeAllocs(t, s.m, s.promptIDs(t, "What is the capital of France?"), 4, 1)
+	})
+}
+
+func decodeAllocs(t *testing.T, threads int) {
+	b, err := backend.Open("cpu", backend.Options{Threads: threads})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,16 +61,12 @@ func TestDecodeStepAllocatesNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer m.Close()
-			checkDecodeAllocs(t, m, []int32{1, 2, 3, 4, 5, 6, 7, 8}, 20)
+			checkDecodeAllocs(t, m, []int32{1, 2, 3, 4, 5, 6, 7, 8}, 20, threads-1)
 		})
 	}
-	t.Run("smollm2", func(t *testing.T) {
-		s := loadSmol(t)
-		checkDecodeAllocs(t, s.m, s.promptIDs(t, "What is the capital of France?"), 4)
-	})
 }
 
-func checkDecodeAllocs(t *testing.T, m *engine.Model, prompt []int32, runs int) {
+func checkDecodeAllocs(t *testing.T, m *engine.Model, prompt []int32, runs, slack int) {
 	t.Helper()
 	ctx := context.Background()
 	const B = 3
@@ -92,7 +107,7 @@ func checkDecodeAllocs(t *testing.T, m *engine.Model, prompt []int32, runs int) 
 	if !sameBits(buf, want) {
 		t.Fatal("ForwardInto's logits differ from Forward's")
 	}
-	if a := allocsPerStep(runs, single); a != 0 {
+	if a := allocsPerStep(runs, single); a > float64(slack) {
 		t.Errorf("ForwardInto: %v allocations in %d decode steps, want 0", a, runs)
 	}
 
@@ -108,7 +123,7 @@ func checkDecodeAllocs(t *testing.T, m *engine.Model, prompt []int32, runs int) 
 		}
 	}
 	batch()
-	if a := allocsPerStep(runs, batch); a != 0 {
+	if a := allocsPerStep(runs, batch); a > float64(slack) {
 		t.Errorf("ForwardBatchInto: %v allocations in %d decode steps, want 0", a, runs)
 	}
 }
