@@ -51,7 +51,9 @@ func (p *kvPool) take(prompt []int32) (*convEntry, int) {
 	defer p.mu.Unlock()
 	best, bestN := -1, 0
 	for i, e := range p.entries {
-		if n := commonPrefix(e.tokens, prompt); n > bestN {
+		// A sliding layer keeps only a suffix: the entry serves a prefix
+		// only while every such layer still holds that prefix's window.
+		if n := commonPrefix(e.tokens, prompt); n > bestN && e.cache.CanTruncate(n) {
 			best, bestN = i, n
 		}
 	}

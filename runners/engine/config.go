@@ -32,8 +32,10 @@ type Config struct {
 	DType            DType     // torch_dtype (F32 when absent)
 	DTypeSet         bool      // torch_dtype (or dtype) was present
 	Quant            QuantSpec // quantization {bits, group_size}; zero when dense
-	SlidingWindowUse bool      // use_sliding_window (unsupported when true)
+	SlidingWindowUse bool      // use_sliding_window (Qwen2/Qwen3: layers from MaxWindowLayers slide)
 	SlidingWindow    int       // sliding_window (0: none); see Arch.SlidingWindow
+	MaxWindowLayers  int       // max_window_layers (default 28): Qwen's first sliding layer
+	LayerTypes       []string  // layer_types ("sliding_attention" | "full_attention"), when given
 
 	// Mixture of experts (Qwen3-MoE); Experts is 0 for dense models.
 	Experts         int   // num_experts
@@ -42,6 +44,11 @@ type Config struct {
 	NormTopKProb    bool  // norm_topk_prob: renormalize the chosen experts' weights
 	SparseStep      int   // decoder_sparse_step (default 1): every n-th layer is sparse
 	MLPOnlyLayers   []int // mlp_only_layers: layers that stay dense
+
+	// Gemma3 holds Gemma 3's own settings (gemma3.go); nil otherwise.
+	Gemma3 *Gemma3Config
+	// GptOss holds gpt-oss's own settings (gptoss.go); nil otherwise.
+	GptOss *GptOssConfig
 }
 
 // IsMoELayer reports whether layer i has a sparse MoE block.
@@ -76,6 +83,8 @@ type rawConfig struct {
 	QuantizationConfig *json.RawMessage `json:"quantization_config"`
 	UseSlidingWindow   *bool            `json:"use_sliding_window"`
 	SlidingWindow      *int             `json:"sliding_window"`
+	MaxWindowLayers    *int             `json:"max_window_layers"`
+	LayerTypes         []string         `json:"layer_types"`
 	NumExperts         *int             `json:"num_experts"`
 	NumExpertsPerTok   *int             `json:"num_experts_per_tok"`
 	MoEIntermediate    *int             `json:"moe_intermediate_size"`
@@ -118,6 +127,13 @@ func positive(field string, v *int, def int) (int, error) {
 
 // ParseConfig parses and validates config.json bytes, applying HF defaults.
 func ParseConfig(data []byte) (*Config, error) {
+	data, err := gemma3Prepare(data)
+	if err != nil {
+		return nil, err
+	}
+	if data, err = gptossPrepare(data); err != nil {
+		return nil, err
+	}
 	var r rawConfig
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&r); err != nil {
@@ -128,7 +144,6 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, cfgErr("architectures", "missing (want e.g. [\"LlamaForCausalLM\"])")
 	}
 	c.Arch = r.Architectures[0]
-	var err error
 	if c.Hidden, err = positive("hidden_size", r.HiddenSize, 0); err != nil {
 		return nil, err
 	}
@@ -181,6 +196,21 @@ func ParseConfig(data []byte) (*Config, error) {
 	}
 	if r.SlidingWindow != nil && *r.SlidingWindow > 0 {
 		c.SlidingWindow = *r.SlidingWindow
+	}
+	c.MaxWindowLayers = 28
+	if r.MaxWindowLayers != nil {
+		c.MaxWindowLayers = *r.MaxWindowLayers
+	}
+	if r.LayerTypes != nil {
+		if len(r.LayerTypes) != c.Layers {
+			return nil, cfgErr("layer_types", "%d entries for %d layers", len(r.LayerTypes), c.Layers)
+		}
+		for i, t := range r.LayerTypes {
+			if t != "sliding_attention" && t != "full_attention" {
+				return nil, cfgErr("layer_types", "layer %d: unsupported %q (want sliding_attention or full_attention)", i, t)
+			}
+		}
+		c.LayerTypes = slices.Clone(r.LayerTypes)
 	}
 	c.DType = F32
 	dt := r.TorchDType
@@ -244,6 +274,16 @@ func ParseConfig(data []byte) (*Config, error) {
 			return nil, cfgErr("quantization.group_size", "unsupported %d (want 32, 64 or 128)", rq.GroupSize)
 		}
 		c.Quant = QuantSpec{Bits: rq.Bits, GroupSize: rq.GroupSize}
+	}
+	if isGemma3(c.Arch) {
+		if err := parseGemma3(data, c); err != nil {
+			return nil, err
+		}
+	}
+	if c.Arch == "GptOssForCausalLM" {
+		if err := parseGptOss(data, c); err != nil {
+			return nil, err
+		}
 	}
 	return c, nil
 }
@@ -341,10 +381,19 @@ type Arch struct {
 	// MoE: sparse layers replace the MLP with routed experts (the config's
 	// num_experts must be set).
 	MoE bool
-	// SlidingWindow: the config's sliding_window, when set, limits
-	// attention to that many positions (Mistral). Full attention equals it
-	// within the window, so the context is capped there.
+	// SlidingWindow: the config's sliding_window, when set, limits every
+	// layer's attention to that many positions (Mistral): sliding-window
+	// layers (sliding.go) with ring caches.
 	SlidingWindow bool
+	// Windows, when set, gives each layer's attention window from the
+	// config (0: full attention), for architectures that interleave the
+	// kinds; it overrides SlidingWindow.
+	Windows func(c *Config) ([]int, error)
+	// Sinks: every layer has attention sinks, self_attn.sinks [H].
+	Sinks bool
+	// LoadMoE, when set, loads a sparse block instead of the Qwen3-MoE
+	// layout (gpt-oss).
+	LoadMoE func(l *loader, prefix string, cfg *Config) (*moeBlock, error)
 }
 
 // archRegistry maps HF architecture names to their variants. It is filled
@@ -393,7 +442,7 @@ func Architectures() []string {
 func init() {
 	RegisterArch("LlamaForCausalLM", Arch{Family: "llama"})
 	RegisterArch("MistralForCausalLM", Arch{Family: "llama", SlidingWindow: true})
-	RegisterArch("Qwen2ForCausalLM", Arch{Family: "qwen2", QKVBias: true})
-	RegisterArch("Qwen3ForCausalLM", Arch{Family: "qwen3", QKNorm: true})
-	RegisterArch("Qwen3MoeForCausalLM", Arch{Family: "qwen3_moe", QKNorm: true, MoE: true})
+	RegisterArch("Qwen2ForCausalLM", Arch{Family: "qwen2", QKVBias: true, Windows: qwenWindows})
+	RegisterArch("Qwen3ForCausalLM", Arch{Family: "qwen3", QKNorm: true, Windows: qwenWindows})
+	RegisterArch("Qwen3MoeForCausalLM", Arch{Family: "qwen3_moe", QKNorm: true, MoE: true, Windows: qwenWindows})
 }

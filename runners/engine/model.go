@@ -51,7 +51,12 @@ type Model struct {
 	fp      Fingerprint
 	eps     float32
 	weights []Array // every array Load kept, released by Close
-	scr     stepScratch
+	windows []int   // per layer: 0 full attention, W sliding; nil when all full
+	// Gemma 3 (gemma3.go): embeddings times embedScale [D], attention
+	// scale attnScale (0: 1/√Dh).
+	embedScale Array
+	attnScale  float32
+	scr        stepScratch
 }
 
 // block is one decoder layer's weights.
@@ -61,6 +66,11 @@ type block struct {
 	gate, up, down   Linear
 	qNorm, kNorm     Array     // [Dh], Qwen3 only
 	moe              *moeBlock // sparse layers of MoE models; gate/up/down unused then
+	sinks            Array     // [H] attention sinks (nil: none)
+	// Gemma 3: norms around the MLP (nil otherwise; postNorm then norms
+	// the attention output) and the layer's RoPE when not the model's.
+	preFFNorm, postFFNorm Array
+	rope                  *RoPE
 }
 
 // Load opens path (a model directory or .gguf file) with the registered
@@ -102,13 +112,12 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	if err != nil {
 		return nil, err
 	}
-	if cfg.SlidingWindowUse {
-		return nil, cfgErr("use_sliding_window", "sliding-window attention is not supported")
+	if cfg.SlidingWindowUse && arch.Windows == nil {
+		return nil, cfgErr("use_sliding_window", "sliding-window attention is not supported for %s", cfg.Arch)
 	}
-	if arch.SlidingWindow && cfg.SlidingWindow > 0 && cfg.SlidingWindow < cfg.MaxPositions {
-		// Within the window sliding-window attention is full attention;
-		// beyond it the model would need a window we do not implement.
-		cfg.MaxPositions = cfg.SlidingWindow
+	windows, err := layerWindows(cfg, arch)
+	if err != nil {
+		return nil, err
 	}
 	if arch.MoE != (cfg.Experts > 0) {
 		return nil, cfgErr("num_experts", "%d experts for architecture %s", cfg.Experts, cfg.Arch)
@@ -117,7 +126,7 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	if err != nil {
 		return nil, fmt.Errorf("engine: vocabulary: %w", err)
 	}
-	m = &Model{b: b, cfg: *cfg, arch: arch, eps: float32(cfg.RMSNormEps)}
+	m = &Model{b: b, cfg: *cfg, arch: arch, eps: float32(cfg.RMSNormEps), windows: windows}
 	m.cacheDT = opts.CacheDType
 	if m.cacheDT == 0 {
 		m.cacheDT = cfg.DType
@@ -130,7 +139,7 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	default:
 		return nil, fmt.Errorf("engine: cache dtype %v (want float32, float16 or bfloat16)", m.cacheDT)
 	}
-	m.fp = fingerprint(cfg, arch, vocab)
+	m.fp = fingerprint(cfg, arch, vocab, windows)
 
 	l := &loader{src: src, b: b, ctx: ctx, progress: opts.Progress}
 	defer func() {
@@ -141,6 +150,16 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 		}
 	}()
 	l.total = sizeOf(cfg, arch, cfg.TieEmbeddings && !l.has("lm_head.weight"))
+	if cfg.Gemma3 != nil {
+		if err := l.gemma3(m, cfg); err != nil {
+			return nil, err
+		}
+		if l.progress != nil {
+			l.progress(l.total, l.total)
+		}
+		m.weights = l.kept
+		return m, nil
+	}
 	D, H, Hkv, Dh, F, V := cfg.Hidden, cfg.Heads, cfg.KVHeads, cfg.HeadDim, cfg.Intermediate, cfg.Vocab
 	if m.embed, err = l.linear("model.embed_tokens", V, D, false); err != nil {
 		return nil, err
@@ -255,7 +274,10 @@ func (l *loader) vector(name string, n int) (Array, error) {
 // bias is set, prefix.bias [out].
 func (l *loader) linear(prefix string, out, in int, bias bool) (*Linear, error) {
 	q := l.src.Quant(prefix)
-	lin := &Linear{Bits: q.Bits, GroupSize: q.GroupSize}
+	lin := &Linear{Bits: q.Bits, GroupSize: q.GroupSize, Mode: q.Mode}
+	if q.Mode == "mxfp4" && (q.Bits != 4 || q.GroupSize != 32) {
+		return nil, fmt.Errorf("%s: mxfp4 with %d bits in groups of %d (want 4 and 32)", prefix, q.Bits, q.GroupSize)
+	}
 	var err error
 	if q.Bits == 0 {
 		if lin.W, _, err = l.tensor(prefix+".weight", out, in); err != nil {
@@ -271,8 +293,10 @@ func (l *loader) linear(prefix string, out, in int, bias bool) (*Linear, error) 
 		if lin.Scales, _, err = l.tensor(prefix+".scales", out, in/q.GroupSize); err != nil {
 			return nil, err
 		}
-		if lin.Biases, _, err = l.tensor(prefix+".biases", out, in/q.GroupSize); err != nil {
-			return nil, err
+		if q.Mode == "" {
+			if lin.Biases, _, err = l.tensor(prefix+".biases", out, in/q.GroupSize); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if bias {
@@ -314,7 +338,11 @@ func (l *loader) block(b *block, i int, cfg *Config, arch Arch, D, H, Hkv, Dh, F
 		return err
 	}
 	if cfg.IsMoELayer(i) {
-		if b.moe, err = l.moe(p+"mlp.", cfg); err != nil {
+		load := (*loader).moe
+		if arch.LoadMoE != nil {
+			load = arch.LoadMoE
+		}
+		if b.moe, err = load(l, p+"mlp.", cfg); err != nil {
 			return err
 		}
 	} else {
@@ -325,6 +353,11 @@ func (l *loader) block(b *block, i int, cfg *Config, arch Arch, D, H, Hkv, Dh, F
 			return err
 		}
 		if err := lin(&b.down, "mlp.down_proj", D, F, false); err != nil {
+			return err
+		}
+	}
+	if arch.Sinks {
+		if b.sinks, err = l.vector(p+"self_attn.sinks", H); err != nil {
 			return err
 		}
 	}
@@ -340,7 +373,7 @@ func (l *loader) block(b *block, i int, cfg *Config, arch Arch, D, H, Hkv, Dh, F
 }
 
 // fingerprint hashes what makes KV transferable between two models.
-func fingerprint(c *Config, a Arch, vocab []string) Fingerprint {
+func fingerprint(c *Config, a Arch, vocab []string, windows []int) Fingerprint {
 	h := sha256.New()
 	w := func(v uint64) {
 		var b [8]byte
@@ -368,6 +401,18 @@ func fingerprint(c *Config, a Arch, vocab []string) Fingerprint {
 	for _, t := range vocab {
 		ws(t)
 	}
+	if c.Gemma3 != nil {
+		ws("gemma3 local rope base")
+		w(math.Float64bits(c.Gemma3.LocalBase))
+	}
+	if windows != nil {
+		// Only models with sliding layers hash their window pattern, so
+		// full-attention models keep the fingerprints they had.
+		ws("windows")
+		for _, x := range windows {
+			w(uint64(x))
+		}
+	}
 	var fp Fingerprint
 	copy(fp[:], h.Sum(nil))
 	return fp
@@ -393,7 +438,8 @@ func recoverInto(err *error, op string) {
 func (m *Model) Info() ModelInfo {
 	c := m.cfg
 	return ModelInfo{Arch: c.Arch, Layers: c.Layers, Hidden: c.Hidden, Heads: c.Heads, KVHeads: c.KVHeads,
-		HeadDim: c.HeadDim, Vocab: c.Vocab, MaxPositions: c.MaxPositions, CacheDType: m.cacheDT}
+		HeadDim: c.HeadDim, Vocab: c.Vocab, MaxPositions: c.MaxPositions, CacheDType: m.cacheDT,
+		Windows: slices.Clone(m.windows)}
 }
 
 // Config returns the parsed config.json.
@@ -407,7 +453,7 @@ func (m *Model) Backend() Backend { return m.b }
 
 // NewCache makes an empty KV cache for this model in its cache dtype.
 func (m *Model) NewCache() KVCache {
-	return m.b.NewKVCache(CacheGeometry{Layers: m.cfg.Layers, KVHeads: m.cfg.KVHeads, HeadDim: m.cfg.HeadDim}, m.cacheDT)
+	return m.b.NewKVCache(m.geometry(), m.cacheDT)
 }
 
 // Close releases the weights.
@@ -429,7 +475,7 @@ func (m *Model) checkCache(c KVCache, tokens []int32) error {
 		return errModelClosed
 	}
 	g := c.Geometry()
-	if g.Layers != m.cfg.Layers || g.KVHeads != m.cfg.KVHeads || g.HeadDim != m.cfg.HeadDim {
+	if !g.Same(m.geometry()) {
 		return fmt.Errorf("engine: cache geometry %+v does not match the model's", g)
 	}
 	for _, t := range tokens {
@@ -623,6 +669,9 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 	cfg := &m.cfg
 	H, Hkv, Dh := cfg.Heads, cfg.KVHeads, cfg.HeadDim
 	scale := float32(1 / math.Sqrt(float64(Dh)))
+	if m.attnScale != 0 {
+		scale = m.attnScale
+	}
 	batched := len(cs) > 1
 	n := 0
 	scr := &m.scr
@@ -649,6 +698,9 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 	}
 	ids := b.FromInt32(all, nShape...)
 	x := b.Embedding(m.embed, ids) // [n, D]
+	if m.embedScale != nil {
+		x = b.Mul(x, m.embedScale)
+	}
 	outs := grow(&scr.outs, len(cs))
 	defer clear(outs)
 	oShape := grow(&scr.oShapes, 2*len(cs))
@@ -662,19 +714,27 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 			q = b.RMSNorm(q, ly.qNorm, m.eps)
 			k = b.RMSNorm(k, ly.kNorm, m.eps)
 		}
+		rope := &cfg.RoPE
+		if ly.rope != nil {
+			rope = ly.rope
+		}
 		for s, c := range cs {
 			L := len(toks[s])
-			qs := b.RoPE(b.Transpose(rows(q, s), perm102...), offsets[s], &cfg.RoPE) // [H, L, Dh]
-			ks := b.RoPE(b.Transpose(rows(k, s), perm102...), offsets[s], &cfg.RoPE) // [Hkv, L, Dh]
+			qs := b.RoPE(b.Transpose(rows(q, s), perm102...), offsets[s], rope) // [H, L, Dh]
+			ks := b.RoPE(b.Transpose(rows(k, s), perm102...), offsets[s], rope) // [Hkv, L, Dh]
 			vs := b.Transpose(rows(v, s), perm102...)
-			kAll, vAll := c.Append(i, ks, vs)       // [Hkv, T, Dh]
-			a := b.Attention(qs, kAll, vAll, scale) // [H, L, Dh]
+			kAll, vAll := c.Append(i, ks, vs)          // [Hkv, T, Dh]
+			a := m.attention(i, qs, kAll, vAll, scale) // [H, L, Dh]
 			os := append(oShape[2*s:2*s:2*s+2], L, H*Dh)
 			outs[s] = b.Reshape(b.Transpose(a, perm102...), os...) // [L, H·Dh]
 		}
 		a := outs[0]
 		if batched {
 			a = b.Concat(0, outs...)
+		}
+		if ly.postFFNorm != nil {
+			x = m.gemma3Residual(ly, x, a)
+			continue
 		}
 		x = b.Add(x, b.Linear(a, &ly.o))
 		h = b.RMSNorm(x, ly.postNorm, m.eps)

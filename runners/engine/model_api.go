@@ -54,6 +54,9 @@ type ModelInfo struct {
 	Vocab        int
 	MaxPositions int
 	CacheDType   DType
+	// Windows has one entry per layer (0: full attention, W: sliding
+	// window of W positions); nil when every layer is full attention.
+	Windows []int
 }
 
 // Fingerprint identifies everything that makes KV computed by one model

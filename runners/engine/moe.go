@@ -26,6 +26,7 @@ type moeBlock struct {
 	experts []expert
 	topK    int
 	norm    bool
+	limit   float32 // gpt-oss: the clamp of its SwiGLU (gptoss.go); 0: plain SwiGLU
 }
 
 type expert struct{ gate, up, down Linear }
@@ -89,10 +90,13 @@ func (l *loader) stackedLinears(prefix string, E, out, in int) ([]*Linear, error
 			suffix string
 			cols   int
 		}{{".weight", in * q.Bits / 32}, {".scales", in / q.GroupSize}, {".biases", in / q.GroupSize}}
+		if q.Mode == "mxfp4" {
+			parts = parts[:2] // no biases
+		}
 	}
 	lins := make([]*Linear, E)
 	for e := range lins {
-		lins[e] = &Linear{Bits: q.Bits, GroupSize: q.GroupSize}
+		lins[e] = &Linear{Bits: q.Bits, GroupSize: q.GroupSize, Mode: q.Mode}
 	}
 	for _, part := range parts {
 		t, err := l.src.Tensor(prefix + part.suffix)
@@ -213,8 +217,8 @@ func (m *Model) moeForward(mb *moeBlock, x, h Array) (Array, error) {
 			xe = b.MatMul(b.AsType(b.FromFloat32(sel, n, L), dt), h)
 		}
 		ex := &mb.experts[e]
-		ye := b.Linear(b.SwiGLU(b.Linear(xe, &ex.gate), b.Linear(xe, &ex.up)), &ex.down) // [n, D]
-		scatter := make([]float32, L*n)                                                  // [L, n]: weights back to the rows
+		ye := b.Linear(mb.act(b, b.Linear(xe, &ex.gate), b.Linear(xe, &ex.up)), &ex.down) // [n, D]
+		scatter := make([]float32, L*n)                                                   // [L, n]: weights back to the rows
 		for i, t := range toks {
 			scatter[t*n+i] = float32(rowW[e][i])
 		}

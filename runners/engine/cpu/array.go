@@ -35,6 +35,7 @@ type Array struct {
 	u8    []byte    // U8
 	kv    *kvView   // cache view [Hkv, n, Dh] inside storage of capacity cap
 	memo  []float32 // float32 copy of a 16-bit array used as scales/biases
+	mxfp4 *weight   // an MXFP4 weight in 8-bit affine form (mxfp4.go)
 	// Temporaries (arena.go): owner is the backend whose step arena holds
 	// the array, gen the step it belongs to; kept when Keep pinned it.
 	kvv   kvView // kv's storage for views made in the arena

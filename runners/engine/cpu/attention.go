@@ -180,9 +180,15 @@ func (b *Backend) RoPE(xa engine.Array, offset int, r *engine.RoPE) engine.Array
 	return res
 }
 
-// ropeCache remembers the inverse frequencies of the last RoPE settings
-// used (a model uses one), so RoPE does not recompute them per call.
+// ropeCache remembers the inverse frequencies of the last few RoPE
+// settings used (a model uses one or two: Gemma 3 alternates local and
+// global), so RoPE does not recompute them per call.
 type ropeCache struct {
+	entries [4]ropeEntry
+	next    int
+}
+
+type ropeEntry struct {
 	key        engine.RoPE
 	dims       int
 	invFreq    []float32
@@ -190,13 +196,16 @@ type ropeCache struct {
 }
 
 func (c *ropeCache) frequencies(r *engine.RoPE, dims int) ([]float32, float32) {
-	if c.invFreq != nil && c.key == *r && c.dims == dims {
-		return c.invFreq, c.attnFactor
+	for i := range c.entries {
+		if e := &c.entries[i]; e.invFreq != nil && e.key == *r && e.dims == dims {
+			return e.invFreq, e.attnFactor
+		}
 	}
 	invFreq, attnFactor, err := engine.RoPEFrequencies(r, dims)
 	if err != nil {
 		panic(fmt.Errorf("cpu: RoPE: %w", err))
 	}
-	c.key, c.dims, c.invFreq, c.attnFactor = *r, dims, invFreq, attnFactor
+	c.entries[c.next] = ropeEntry{key: *r, dims: dims, invFreq: invFreq, attnFactor: attnFactor}
+	c.next = (c.next + 1) % len(c.entries)
 	return invFreq, attnFactor
 }

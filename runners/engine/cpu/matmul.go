@@ -72,7 +72,11 @@ func (b *Backend) newWeight(l *engine.Linear) *weight {
 // setWeight fills r from l for this backend's kernels (no allocation once
 // l's scales and biases have been widened).
 func (b *Backend) setWeight(r *weight, l *engine.Linear) {
-	setWeight(r, l)
+	if l != nil && l.Mode == "mxfp4" {
+		*r = *mxfp4Weight(l)
+	} else {
+		setWeight(r, l)
+	}
 	r.simd = b.simd
 }
 
