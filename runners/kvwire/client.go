@@ -61,7 +61,13 @@ type ClientConfig struct {
 	// (1 s) without other frames, so a few seconds is ample; FetchIdle
 	// sets it per fetch from the endpoint's measured frame gaps.
 	IdleTimeout time.Duration
-	Limits      Limits
+	// ProgressTimeout bounds the wait for the next KV frame once the
+	// header has arrived, Keepalives not counting (default 30 s): the
+	// server is then computing this request (it is past its queue), so
+	// Keepalives with no KV mean its compute hangs while its process
+	// still answers (a GPU hang).
+	ProgressTimeout time.Duration
+	Limits          Limits
 	// ReadAhead frames may be read from the socket before the sink takes
 	// them (default 2: one being received while the other is verified and
 	// sunk; each holds a buffer as large as the largest frame). 1 makes
@@ -94,6 +100,9 @@ func NewClient(cfg ClientConfig) *Client {
 	}
 	if cfg.ReadAhead <= 0 {
 		cfg.ReadAhead = 2
+	}
+	if cfg.ProgressTimeout <= 0 {
+		cfg.ProgressTimeout = 30 * time.Second
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
 	if cfg.Dial == nil {
@@ -225,6 +234,7 @@ func (c *Client) FetchIdle(ctx context.Context, addr string, idle time.Duration,
 
 	rs := &recvState{req: req, exp: exp, sink: sink, lim: c.cfg.Limits, st: &st, start: start}
 	last := time.Now()
+	lastKV := last
 	for {
 		w0 := time.Now()
 		var f rawFrame
@@ -246,6 +256,11 @@ func (c *Client) FetchIdle(ctx context.Context, addr string, idle time.Duration,
 				f.err = fmt.Errorf("%w: server closed the connection before done", ErrClosed)
 			}
 			return st, c.netErr(ctx, f.err)
+		}
+		if f.typ != frameKeepalive || rs.h == nil {
+			lastKV = now
+		} else if now.Sub(lastKV) > c.cfg.ProgressTimeout {
+			return st, fmt.Errorf("%w: no KV for %v after the header, only keepalives (the server's compute is stuck)", ErrTimeout, now.Sub(lastKV).Round(time.Millisecond))
 		}
 		done, err := rs.handle(&f)
 		if err != nil || done {

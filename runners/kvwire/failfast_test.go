@@ -77,8 +77,16 @@ func TestPing(t *testing.T) {
 	if _, err := c.Fetch(context.Background(), live, &Request{ID: "r", Model: "m", Fingerprint: m.fp, Tokens: tokens(40)}, m.expect(), sink); err != nil {
 		t.Fatalf("fetch after pings: %v", err)
 	}
-	if l := srv.Load(); l.Running != 0 || l.Waiting != 0 {
-		t.Fatalf("server load after pings %+v", l)
+	// The server releases the fetch's slot just after the client has its
+	// Done; nothing the pings did may stay admitted.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		l := srv.Load()
+		if l.Running == 0 && l.Waiting == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server load after pings %+v", l)
+		}
 	}
 }
 
@@ -137,5 +145,34 @@ func TestDoAllowed(t *testing.T) {
 	tried = nil
 	if err := s.DoAllowed(context.Background(), func(string) bool { return false }, try); !errors.Is(err, ErrNoEndpoint) || len(tried) != 0 {
 		t.Fatalf("none allowed: err %v, tried %v", err, tried)
+	}
+}
+
+// TestStuckComputeAfterHeader: the server's process answers (Keepalives
+// keep coming) but its producer hangs after the header, as on a GPU hang:
+// the client gives up after ProgressTimeout with ErrTimeout.
+func TestStuckComputeAfterHeader(t *testing.T) {
+	m := smallModel()
+	release := make(chan struct{})
+	defer close(release)
+	p := ProducerFunc(func(ctx context.Context, r *Request, e *Emitter) error {
+		if err := e.Header(m.header(r)); err != nil {
+			return err
+		}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return ctx.Err()
+	})
+	addr, _ := startServer(t, ServerConfig{Producer: p, KeepaliveEvery: 20 * time.Millisecond})
+	c := NewClient(ClientConfig{ProgressTimeout: 200 * time.Millisecond})
+	sink := &recordSink{}
+	_, err := c.Fetch(context.Background(), addr, &Request{ID: "r", Model: "m", Fingerprint: m.fp, Tokens: tokens(40)}, m.expect(), sink)
+	if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "only keepalives") {
+		t.Fatalf("err = %v, want ErrTimeout for stuck compute", err)
+	}
+	if sink.rollbacks != 1 {
+		t.Fatalf("rollbacks %d", sink.rollbacks)
 	}
 }

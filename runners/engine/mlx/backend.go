@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
@@ -87,6 +88,11 @@ type backend struct {
 	fuseErr error             // why SwiGLU runs unfused (nil: it is fused)
 	deq     map[*array]*array // dequantized copies of quantized weights when qmmErr != nil
 	freqs   map[engine.RoPE]ropeFreqs
+
+	// evalNanos is the time spent inside MLX's eval (the computation and
+	// the wait for it), summed: the benchmarks subtract it from a step's
+	// time to get the host's share (building and queueing the graph).
+	evalNanos atomic.Int64
 }
 
 // ropeFreqs caches a scaled RoPE's periods (kept) and attention factor.
@@ -641,7 +647,10 @@ func (b *backend) Eval(arrays ...engine.Array) error {
 			as[i] = b.arr(x)
 		}
 		b.releaseTempsExcept(as)
-		return b.eval(as...)
+		t0 := time.Now()
+		err := b.eval(as...)
+		b.evalNanos.Add(int64(time.Since(t0)))
+		return err
 	})
 }
 
