@@ -108,7 +108,12 @@ type Model struct {
 	Decode                 *Role  `toml:"decode"`
 	Prefill                *Role  `toml:"prefill"`
 	RemotePrefillMinTokens int    `toml:"remote_prefill_min_tokens"`
-	MaxQueue               int    `toml:"max_queue"`
+	// RemotePrefillRoute is how a long prompt picks local or remote
+	// prefill (--remote-prefill-route): "cost" (predicted time from
+	// measured rates and links) or "floor" (the min tokens alone); "" =
+	// the runner's default, floor.
+	RemotePrefillRoute string `toml:"remote_prefill_route"`
+	MaxQueue           int    `toml:"max_queue"`
 	// MaxBatch is how many generations a decode runner runs at once, their
 	// steps batched (--max-batch; 0 = the runner's default, 4).
 	MaxBatch int `toml:"max_batch"`
@@ -289,7 +294,7 @@ var knownKeys = map[string][]string{
 	"cluster":         {"name", "secret_file", "models_dir", "runner_port_base", "offline", "insecure"},
 	"api":             {"listen", "port", "api_key_file", "open_paths", "cors_origins"},
 	"hosts.*":         {"address", "backend", "threads"},
-	"models":          {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "max_queue", "max_batch", "prefill_chunk", "prefill_connect_timeout_ms", "defaults"},
+	"models":          {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "remote_prefill_route", "max_queue", "max_batch", "prefill_chunk", "prefill_connect_timeout_ms", "defaults"},
 	"models.defaults": {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"},
 	"models.decode":   {"hosts", "source", "port"},
 	"models.prefill":  {"hosts", "source", "port", "metrics_port", "prefix_cache_mib"},

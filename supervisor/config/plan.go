@@ -30,6 +30,7 @@ type Runner struct {
 	Metrics                string   `json:"metrics,omitempty"`
 	Prefill                []string `json:"prefill,omitempty"` // decode: prefill KV endpoints, file order
 	RemotePrefillMinTokens int      `json:"remote_prefill_min_tokens,omitempty"`
+	RemotePrefillRoute     string   `json:"remote_prefill_route,omitempty"` // decode: cost or floor; "" = the runner's default
 	// PrefillConnectTimeoutMs: decode only; 0 = the runner's default.
 	PrefillConnectTimeoutMs int    `json:"prefill_connect_timeout_ms,omitempty"`
 	SecretFile              string `json:"secret_file,omitempty"`
@@ -65,6 +66,9 @@ func (r Runner) Args() []string {
 			a = append(a, "--prefill", joinComma(r.Prefill))
 		}
 		a = append(a, "--remote-prefill-min-tokens", strconv.Itoa(r.RemotePrefillMinTokens))
+		if r.RemotePrefillRoute != "" {
+			a = append(a, "--remote-prefill-route", r.RemotePrefillRoute)
+		}
 		if r.PrefillConnectTimeoutMs > 0 {
 			a = append(a, "--prefill-connect-timeout", strconv.Itoa(r.PrefillConnectTimeoutMs)+"ms")
 		}
@@ -180,6 +184,7 @@ func (c *Config) AllRunners() []Runner {
 				} else {
 					ru.Prefill = slices.Clone(prefill)
 					ru.RemotePrefillMinTokens = m.RemotePrefillMinTokens
+					ru.RemotePrefillRoute = m.RemotePrefillRoute
 					ru.PrefillConnectTimeoutMs = m.PrefillConnectTimeoutMs
 					if m.Defaults != nil {
 						d := *m.Defaults

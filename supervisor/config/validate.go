@@ -120,6 +120,9 @@ func (c *Config) validate() Errors {
 		if m.RemotePrefillMinTokens < 1 {
 			bad(c.at("models", i, "remote_prefill_min_tokens"), "%s: remote_prefill_min_tokens must be at least 1", label)
 		}
+		if r := m.RemotePrefillRoute; r != "" && r != "cost" && r != "floor" {
+			bad(c.at("models", i, "remote_prefill_route"), "%s: remote_prefill_route %q: want \"cost\" or \"floor\"", label, r)
+		}
 		if m.MaxQueue < 0 {
 			bad(c.at("models", i, "max_queue"), "%s: max_queue must not be negative", label)
 		}
