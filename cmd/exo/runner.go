@@ -566,7 +566,7 @@ func measureEndpoint(ctx context.Context, r *decode.KVRemote, rt *decode.Router,
 		log.Warn("remote prefill calibration failed", "endpoint", addr, "err", err)
 		return
 	}
-	rt.ObserveRemote(addr, n, st.Bytes, st.Duration)
+	rt.ObserveRemote(addr, n, 0, st.Bytes, st.Duration)
 	log.Info("remote prefill calibrated", "endpoint", addr, "tokens", n, "duration", st.Duration)
 }
 

@@ -430,6 +430,7 @@ func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest,
 	attrs := []any{"req", reqID, "prompt_tokens", n, "start_pos", start}
 	var predicted time.Duration // of the route taken, when the cost model chose
 	var prefer []string         // endpoints by predicted finish, best first
+	var ahead map[string]int    // fetches ahead at each endpoint when routed
 	if outcome == "" && s.o.Router != nil {
 		d := s.o.Router.Decide(n-1-start, s.o.RemoteMinTokens)
 		s.m.RouteDecisions.WithLabelValues(d.Route, d.Reason).Inc()
@@ -437,7 +438,7 @@ func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest,
 			"predicted_local", d.Local, "predicted_remote", d.Remote, "endpoint", d.Endpoint)
 		switch {
 		case d.Route == RouteRemote:
-			predicted, prefer = d.Remote, d.Order
+			predicted, prefer, ahead = d.Remote, d.Order, d.Ahead
 		case d.Reason == ReasonShort:
 			outcome = metrics.OutcomeSkippedShort
 		case d.Reason != ReasonNoEndpoint: // no endpoint allowed: the remote classifies it
@@ -449,7 +450,7 @@ func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest,
 	if outcome == "" {
 		st, err := s.o.Remote.Prefill(ctx, reqID, prompt, start, entry.cache, prefer)
 		if err == nil && s.o.Router != nil {
-			s.o.Router.ObserveRemote(st.Endpoint, n-1-start, st.Bytes, st.Duration)
+			s.o.Router.ObserveRemote(st.Endpoint, n-1-start, ahead[st.Endpoint], st.Bytes, st.Duration)
 			s.observeError(predicted, time.Since(t0))
 		}
 		if err == nil {

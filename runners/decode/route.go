@@ -68,6 +68,10 @@ type RouteDecision struct {
 	// Order ranks the remote candidates by predicted finish, best first:
 	// the failover order when Route is remote.
 	Order []string
+	// Ahead is each candidate's fetches ahead (RemoteCandidate.Ahead), by
+	// address: a fill's measured time is divided by 1+Ahead to learn the
+	// host's rate, not its queue.
+	Ahead map[string]int
 }
 
 func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
@@ -107,6 +111,12 @@ func Decide(in RouteInput) RouteDecision {
 	}
 	var ranked, unknown []scored
 	for _, c := range in.Remotes {
+		if c.Ahead > 0 {
+			if d.Ahead == nil {
+				d.Ahead = map[string]int{}
+			}
+			d.Ahead[c.Addr] = c.Ahead
+		}
 		if t := PredictRemote(in, c); t > 0 {
 			ranked = append(ranked, scored{c.Addr, t})
 		} else {
@@ -304,11 +314,14 @@ func (r *Router) ObserveLocal(tokens int, d time.Duration) {
 // stage; the max() in PredictRemote then still predicts that time), and
 // its goodput, but only upward: a compute-bound transfer says nothing
 // about the link, so only a probe (ObserveProbe) can lower it.
-func (r *Router) ObserveRemote(addr string, tokens int, bytes int64, d time.Duration) {
+//
+// ahead is how many fetches were ahead of this one there when it was
+// routed: the measured time is divided by 1+ahead.
+func (r *Router) ObserveRemote(addr string, tokens, ahead int, bytes int64, d time.Duration) {
 	if addr == "" {
 		return
 	}
-	r.Rates.ObservePrefill(addr, tokens, d)
+	r.Rates.ObservePrefill(addr, tokens, d/time.Duration(1+max(ahead, 0)))
 	if d > 0 && float64(bytes)/d.Seconds() > r.Rates.Goodput(addr) {
 		r.Rates.ObserveTransfer(addr, bytes, d)
 	}

@@ -130,6 +130,11 @@ func TestRates(t *testing.T) {
 	if got := r.Goodput("a"); got != 1e9 {
 		t.Fatalf("goodput %v", got)
 	}
+	rt := &Router{Rates: r}
+	rt.ObserveRemote("b", 1000, 3, 1<<20, 4*time.Second) // 3 ahead: 1 s of its own
+	if got := r.PrefillRate("b", 1000); got != 1000 {
+		t.Fatalf("remote rate with 3 ahead %v, want 1000", got)
+	}
 	r.ForgetLink("a")
 	if r.Goodput("a") != 0 {
 		t.Fatal("ForgetLink kept the goodput")
