@@ -185,3 +185,40 @@ func TestRouteSimulation(t *testing.T) {
 		t.Fatalf("cost model matched the better route in %.1f %%, want ≥ 95 %%: %s", 100*pm, msg)
 	}
 }
+
+// TestRouteSimulationPreset prints (with -v) exo's published preset —
+// M3 Ultra decoding, Spark prefilling Llama-8B bf16 KV over 10GbE — for
+// prompt lengths 64 … 32k, prefix hits and queue depths: the route chosen,
+// its predicted and true TTFT, and the best achievable; and asserts that a
+// long cold prompt goes remote and a short one stays local.
+func TestRouteSimulationPreset(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	base := simCase{local: simHost{"m3-ultra", 1500}, remote: simHost{"spark", 5600},
+		link: simLink{"10gbe", 1.17e9, 2 * time.Millisecond}, kvBytes: 128 << 10}
+	t.Logf("%6s %4s %5s  %-6s %10s %10s %10s", "tokens", "hit", "queue", "route", "predicted", "true", "best")
+	for _, n := range []int{64, 256, 1024, 4096, 8192, 16384, 32768} {
+		for _, hit := range []float64{0, 0.9} {
+			for _, q := range []time.Duration{0, 5 * time.Second} {
+				c := base
+				c.tokens, c.cachedFrac, c.queue = n, hit, q
+				r := simRates(c, rng)
+				d := Decide(RouteInput{Uncached: n, KVBytesPerToken: c.kvBytes, LocalRate: r.PrefillRate("local", n),
+					MinTokens: 256, Hysteresis: 0.05, Remotes: []RemoteCandidate{{Addr: "spark", Rate: r.PrefillRate("spark", n),
+						Queue: q, Cached: int(hit * float64(n)), Goodput: r.Goodput("spark"), Handshake: 5 * time.Millisecond}}})
+				tl, tr := trueLocal(c), trueRemote(c)
+				pred, got := d.Local, tl
+				if d.Route == RouteRemote {
+					pred, got = d.Remote, tr
+				}
+				t.Logf("%6d %3.0f%% %5v  %-6s %10v %10v %10v", n, 100*hit, q, d.Route,
+					pred.Round(time.Millisecond), got.Round(time.Millisecond), min(tl, tr).Round(time.Millisecond))
+				if n == 8192 && hit == 0 && q == 0 && d.Route != RouteRemote {
+					t.Errorf("8k cold prompt, idle Spark: routed %s", d.Route)
+				}
+				if n == 64 && d.Route != RouteLocal {
+					t.Errorf("64-token prompt routed %s", d.Route)
+				}
+			}
+		}
+	}
+}
