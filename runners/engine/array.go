@@ -211,6 +211,42 @@ type Backend interface {
 	Concat(axis int, arrays ...Array) Array
 	AsType(x Array, dt DType) Array
 
+	// The routing ops below exist so that a mixture of experts chooses and
+	// runs its experts inside the graph (as mlx-lm does): a decode step is
+	// then one Eval however many sparse layers the model has, instead of
+	// one read-back of router logits per layer, which stalls a GPU.
+
+	// TopK returns the indices (I32) of the k largest entries of x along
+	// the last axis: x [..., N] → [..., k]. It picks each token's experts.
+	// The order of the k indices is the backend's (mlx: argpartition's,
+	// unspecified; cpu: by descending value, ties to the lower index), so
+	// callers must not depend on it beyond the set.
+	TopK(x Array, k int) Array
+	// TakeAlongAxis gathers along the last axis: x [..., N] and idx
+	// [..., k] (I32, same leading axes) → [..., k] with out[..., j] =
+	// x[..., idx[..., j]]. It reads the chosen experts' router scores.
+	TakeAlongAxis(x, idx Array) Array
+	// Take gathers rows: x [R, ...] and idx [N] (I32) → [N, ...] with
+	// out[n] = x[idx[n]]. MoE prefill moves (token, expert) rows into
+	// expert order with it and back again.
+	Take(x, idx Array) Array
+	// Argsort returns (I32) the permutation that sorts x along the last
+	// axis ascending: x [..., N] → [..., N]. MoE prefill sorts its
+	// (token, expert) pairs by expert so that each expert's weights are
+	// read once per chunk. Ties may come in any order.
+	Argsort(x Array) Array
+	// GatherLinear applies a different weight matrix to each row: l holds
+	// E stacked matrices (dense W [E, out, in], or MLX affine-quantized W
+	// U32 [E, out, in*Bits/32] with Scales and Biases [E, out, in/GroupSize];
+	// optional Bias [E, out]), x is [N, in] or [1, in] (then shared by every
+	// row), experts is [N] (I32, values in [0, E)), and the result is
+	// [N, out] with row n = x[n] · W[experts[n]]ᵀ (+ Bias[experts[n]]).
+	// These are MLX's gather_mm / gather_qmm semantics with rhs_indices:
+	// only the chosen experts' weights are read. sorted says that experts
+	// is ascending, so a backend may read each expert's weights once for
+	// its run of rows (MLX's sorted_indices); it changes no result.
+	GatherLinear(x Array, l *Linear, experts Array, sorted bool) Array
+
 	// NewKVCache makes an empty cache for the given geometry and dtype.
 	NewKVCache(g CacheGeometry, dt DType) KVCache
 }

@@ -51,6 +51,8 @@ type Model struct {
 	fp      Fingerprint
 	eps     float32
 	weights []Array // every array Load kept, released by Close
+	// hostRouting: MoE layers route on the host (LoadOptions.HostMoERouting).
+	hostRouting bool
 }
 
 // block is one decoder layer's weights.
@@ -116,7 +118,7 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	if err != nil {
 		return nil, fmt.Errorf("engine: vocabulary: %w", err)
 	}
-	m = &Model{b: b, cfg: *cfg, arch: arch, eps: float32(cfg.RMSNormEps)}
+	m = &Model{b: b, cfg: *cfg, arch: arch, eps: float32(cfg.RMSNormEps), hostRouting: opts.HostMoERouting}
 	m.cacheDT = opts.CacheDType
 	if m.cacheDT == 0 {
 		m.cacheDT = cfg.DType
@@ -642,7 +644,7 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 		x = b.Add(x, b.Linear(a, &ly.o))
 		h = b.RMSNorm(x, ly.postNorm, m.eps)
 		if ly.moe != nil {
-			y, err := m.moeForward(ly.moe, x, h)
+			y, err := m.moeForward(ly.moe, x, h, n, m.hostRouting)
 			if err != nil {
 				return nil, err
 			}

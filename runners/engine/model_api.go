@@ -37,6 +37,12 @@ type LoadOptions struct {
 	CacheDType DType
 	// Progress, when set, is called as weights load with bytes done/total.
 	Progress func(done, total int64)
+	// HostMoERouting makes MoE layers read their router logits back and
+	// choose experts on the host (one synchronization per sparse layer and
+	// step) instead of inside the graph. It exists only as the baseline of
+	// the benchmarks that measure what in-graph routing gains; the results
+	// agree up to rounding of the expert weights.
+	HostMoERouting bool
 }
 
 // ModelInfo describes a loaded model.

@@ -12,30 +12,43 @@ import (
 // probabilities (renormalized over the k when norm_topk_prob is set), as
 // mlx-lm's Qwen3MoeSparseMoeBlock does.
 //
-// Routing is decided on the host: the router logits come back with
-// Float32 (one synchronization per sparse layer and step), then each
-// chosen expert runs on the rows routed to it, gathered and scattered with
-// one-hot matrices through MatMul. That keeps the array API free of
-// gather/scatter ops, runs only the experts some token chose, and gives
-// every token the same bits whatever the chunking (each output row is one
-// product per expert plus exact zeros).
+// Routing runs inside the graph, as mlx-lm's SwitchGLU does: TopK picks
+// each token's experts, TakeAlongAxis their scores, and GatherLinear runs
+// each (token, expert) row through that expert's slice of the stacked
+// weights [E, out, in]. Nothing is read back, so a decode step is one Eval
+// however many sparse layers the model has. When a step routes at least
+// moeSortMin (token, expert) pairs (a prefill chunk, mlx-lm's threshold),
+// the pairs are first sorted by expert so that each expert's weights are
+// read once per chunk, and put back in token order afterwards. Each row's
+// result is computed the same way whichever path it takes, so (on the cpu
+// backend) a token's output does not depend on the chunking, bit for bit.
+//
+// Renormalized scores are the softmax of the k chosen logits, which equals
+// the k probabilities divided by their sum (one op fewer; equal up to
+// rounding).
 
-// moeBlock is one sparse layer's router and experts.
+// moeSortMin is the number of routed (token, expert) pairs from which a
+// step sorts them by expert (mlx-lm's SwitchGLU uses 64).
+const moeSortMin = 64
+
+// moeBlock is one sparse layer's router and stacked experts.
 type moeBlock struct {
-	router  Linear // [E, D]
-	experts []expert
-	topK    int
-	norm    bool
+	router         Linear // [E, D]
+	gate, up, down Linear // stacked: [E, F, D], [E, F, D], [E, D, F]
+	experts, topK  int
+	norm           bool
 }
 
-type expert struct{ gate, up, down Linear }
-
-// moe loads prefix+"gate" (the router) and the experts, either one Linear
-// per expert as HF stores them (prefix+"experts.N.gate_proj", …) or
-// stacked [E, out, in] as mlx-lm stores them (prefix+"switch_mlp.gate_proj").
+// moe loads prefix+"gate" (the router) and the experts, either stacked
+// [E, out, in] as mlx-lm (and our GGUF reader) store them
+// (prefix+"switch_mlp.gate_proj") or one Linear per expert as HF stores
+// them (prefix+"experts.N.gate_proj"), which are stacked here.
 func (l *loader) moe(prefix string, cfg *Config) (*moeBlock, error) {
 	D, F, E := cfg.Hidden, cfg.MoEIntermediate, cfg.Experts
-	mb := &moeBlock{experts: make([]expert, E), topK: cfg.ExpertsPerToken, norm: cfg.NormTopKProb}
+	if cfg.ExpertsPerToken < 1 || cfg.ExpertsPerToken > E {
+		return nil, cfgErr("num_experts_per_tok", "%d of %d experts", cfg.ExpertsPerToken, E)
+	}
+	mb := &moeBlock{experts: E, topK: cfg.ExpertsPerToken, norm: cfg.NormTopKProb}
 	r, err := l.linear(prefix+"gate", E, D, false)
 	if err != nil {
 		return nil, err
@@ -44,84 +57,89 @@ func (l *loader) moe(prefix string, cfg *Config) (*moeBlock, error) {
 	projs := []struct {
 		name    string
 		out, in int
-		dst     func(e *expert) *Linear
+		dst     *Linear
 	}{
-		{"gate_proj", F, D, func(e *expert) *Linear { return &e.gate }},
-		{"up_proj", F, D, func(e *expert) *Linear { return &e.up }},
-		{"down_proj", D, F, func(e *expert) *Linear { return &e.down }},
+		{"gate_proj", F, D, &mb.gate},
+		{"up_proj", F, D, &mb.up},
+		{"down_proj", D, F, &mb.down},
 	}
 	stacked := l.has(prefix + "switch_mlp.gate_proj.weight")
 	for _, p := range projs {
-		if stacked {
-			lins, err := l.stackedLinears(prefix+"switch_mlp."+p.name, E, p.out, p.in)
-			if err != nil {
-				return nil, err
-			}
-			for e := range mb.experts {
-				*p.dst(&mb.experts[e]) = *lins[e]
-			}
-			continue
+		name := func(int) string { return prefix + "switch_mlp." + p.name }
+		if !stacked {
+			name = func(e int) string { return fmt.Sprintf("%sexperts.%d.%s", prefix, e, p.name) }
 		}
-		for e := range mb.experts {
-			lin, err := l.linear(fmt.Sprintf("%sexperts.%d.%s", prefix, e, p.name), p.out, p.in, false)
-			if err != nil {
-				return nil, err
-			}
-			*p.dst(&mb.experts[e]) = *lin
+		lin, err := l.stackedLinear(name, stacked, E, p.out, p.in)
+		if err != nil {
+			return nil, err
 		}
+		*p.dst = *lin
 	}
 	return mb, nil
 }
 
-// stackedLinears loads prefix.weight [E, out, in] (and, quantized,
-// prefix.scales and prefix.biases) and splits it into E Linears.
-func (l *loader) stackedLinears(prefix string, E, out, in int) ([]*Linear, error) {
-	q := l.src.Quant(prefix)
-	parts := []struct {
+// stackedLinear loads E matrices [out, in] (dense or MLX-quantized) as one
+// stacked Linear [E, out, in]: from one tensor per part (name(0).weight,
+// and .scales/.biases when quantized) when stacked, else from one tensor
+// per expert (name(e).weight, …), concatenated on the host.
+func (l *loader) stackedLinear(name func(e int) string, stacked bool, E, out, in int) (*Linear, error) {
+	q := l.src.Quant(name(0))
+	if q.Bits != 0 && (q.GroupSize <= 0 || in%q.GroupSize != 0 || (in*q.Bits)%32 != 0) {
+		return nil, fmt.Errorf("%s: %d-bit group %d does not fit %d inputs", name(0), q.Bits, q.GroupSize, in)
+	}
+	type part struct {
 		suffix string
 		cols   int
-	}{{".weight", in}}
+		dst    *Array
+	}
+	lin := &Linear{Bits: q.Bits, GroupSize: q.GroupSize}
+	parts := []part{{".weight", in, &lin.W}}
 	if q.Bits != 0 {
-		if q.GroupSize <= 0 || in%q.GroupSize != 0 || (in*q.Bits)%32 != 0 {
-			return nil, fmt.Errorf("%s: %d-bit group %d does not fit %d inputs", prefix, q.Bits, q.GroupSize, in)
-		}
-		parts = []struct {
-			suffix string
-			cols   int
-		}{{".weight", in * q.Bits / 32}, {".scales", in / q.GroupSize}, {".biases", in / q.GroupSize}}
+		parts = []part{{".weight", in * q.Bits / 32, &lin.W}, {".scales", in / q.GroupSize, &lin.Scales}, {".biases", in / q.GroupSize, &lin.Biases}}
 	}
-	lins := make([]*Linear, E)
-	for e := range lins {
-		lins[e] = &Linear{Bits: q.Bits, GroupSize: q.GroupSize}
-	}
-	for _, part := range parts {
-		t, err := l.src.Tensor(prefix + part.suffix)
-		if err != nil {
-			return nil, fmt.Errorf("%s%s: %w", prefix, part.suffix, err)
-		}
-		if want := []int{E, out, part.cols}; !slices.Equal(t.Shape, want) {
-			return nil, fmt.Errorf("%s%s: shape %v, want %v", prefix, part.suffix, t.Shape, want)
-		}
-		per := len(t.Data) / E
-		for e, lin := range lins {
-			a := l.b.FromBytes(t.Data[e*per:(e+1)*per], []int{out, part.cols}, t.DType)
-			l.b.Keep(a)
-			l.kept = append(l.kept, a)
-			switch part.suffix {
-			case ".weight":
-				lin.W = a
-			case ".scales":
-				lin.Scales = a
-			case ".biases":
-				lin.Biases = a
+	for _, p := range parts {
+		var data []byte
+		var dt DType
+		if stacked {
+			t, err := l.src.Tensor(name(0) + p.suffix)
+			if err != nil {
+				return nil, fmt.Errorf("%s%s: %w", name(0), p.suffix, err)
+			}
+			if want := []int{E, out, p.cols}; !slices.Equal(t.Shape, want) {
+				return nil, fmt.Errorf("%s%s: shape %v, want %v", name(0), p.suffix, t.Shape, want)
+			}
+			data, dt = t.Data, t.DType
+		} else {
+			for e := range E {
+				if eq := l.src.Quant(name(e)); eq != q {
+					return nil, fmt.Errorf("%s: quantized %+v, expert 0 %+v (experts must share one format)", name(e), eq, q)
+				}
+				t, err := l.src.Tensor(name(e) + p.suffix)
+				if err != nil {
+					return nil, fmt.Errorf("%s%s: %w", name(e), p.suffix, err)
+				}
+				if want := []int{out, p.cols}; !slices.Equal(t.Shape, want) {
+					return nil, fmt.Errorf("%s%s: shape %v, want %v", name(e), p.suffix, t.Shape, want)
+				}
+				if e == 0 {
+					dt = t.DType
+					data = make([]byte, 0, E*len(t.Data))
+				} else if t.DType != dt {
+					return nil, fmt.Errorf("%s%s: dtype %v, expert 0 %v", name(e), p.suffix, t.DType, dt)
+				}
+				data = append(data, t.Data...)
 			}
 		}
-		l.done += int64(len(t.Data))
+		a := l.b.FromBytes(data, []int{E, out, p.cols}, dt)
+		l.b.Keep(a)
+		l.kept = append(l.kept, a)
+		*p.dst = a
+		l.done += int64(len(data))
 		if l.progress != nil {
 			l.progress(min(l.done, l.total-1), l.total)
 		}
 	}
-	return lins, nil
+	return lin, nil
 }
 
 // route returns, for each of the L rows of router logits, the chosen
@@ -171,59 +189,76 @@ func route(logits []float32, L, E, k int, norm bool) (experts [][]int, weights [
 	return experts, weights
 }
 
-// moeForward returns the sparse block's output for h [L, D] (x, the
-// residual stream, is kept alive across the routing read-back).
-func (m *Model) moeForward(mb *moeBlock, x, h Array) (Array, error) {
+// moeForward returns the sparse block's output for h [n, D], routing
+// inside the graph. With host set it instead reads the router logits back
+// and routes on the host (one synchronization per sparse layer and step):
+// the path in-graph routing replaced, kept as the benchmarks' baseline. x
+// (the residual stream) must survive that read-back.
+func (m *Model) moeForward(mb *moeBlock, x, h Array, n int, host bool) (Array, error) {
 	b := m.b
-	E := len(mb.experts)
-	logits := b.Linear(h, &mb.router) // [L, E]
-	// The read-back below is the step's only mid-graph synchronization:
-	// Eval releases the layer's spent temporaries first (x and h survive).
-	if err := b.Eval(logits, x, h); err != nil {
-		return nil, err
-	}
-	lv, err := b.Float32(logits)
-	if err != nil {
-		return nil, err
-	}
-	shape := h.Shape()
-	L := shape[0]
-	dt := h.DType()
-	experts, weights := route(lv, L, E, mb.topK, mb.norm)
-	rows := make([][]int, E)     // tokens routed to each expert
-	rowW := make([][]float64, E) // and their weights
-	for t := range L {
-		for j, e := range experts[t] {
-			rows[e] = append(rows[e], t)
-			rowW[e] = append(rowW[e], weights[t][j])
+	k := mb.topK
+	logits := b.Linear(h, &mb.router) // [n, E]
+	var inds, scores Array            // [n, k]
+	if host {
+		if err := b.Eval(logits, x, h); err != nil {
+			return nil, err
 		}
-	}
-	var out Array
-	for e, toks := range rows {
-		if len(toks) == 0 {
-			continue
+		lv, err := b.Float32(logits)
+		if err != nil {
+			return nil, err
 		}
-		n := len(toks)
-		xe := h
-		if L > 1 {
-			sel := make([]float32, n*L) // [n, L] one-hot: gathers the rows
-			for i, t := range toks {
-				sel[i*L+t] = 1
+		experts, weights := route(lv, n, mb.experts, k, mb.norm)
+		ei, wf := make([]int32, 0, n*k), make([]float32, 0, n*k)
+		for t := range n {
+			for j, e := range experts[t] {
+				ei = append(ei, int32(e))
+				wf = append(wf, float32(weights[t][j]))
 			}
-			xe = b.MatMul(b.AsType(b.FromFloat32(sel, n, L), dt), h)
 		}
-		ex := &mb.experts[e]
-		ye := b.Linear(b.SwiGLU(b.Linear(xe, &ex.gate), b.Linear(xe, &ex.up)), &ex.down) // [n, D]
-		scatter := make([]float32, L*n)                                                  // [L, n]: weights back to the rows
-		for i, t := range toks {
-			scatter[t*n+i] = float32(rowW[e][i])
-		}
-		c := b.MatMul(b.AsType(b.FromFloat32(scatter, L, n), dt), ye)
-		if out == nil {
-			out = c
+		inds, scores = b.FromInt32(ei, n, k), b.FromFloat32(wf, n, k)
+	} else {
+		inds = b.TopK(logits, k)
+		if mb.norm {
+			scores = b.Softmax(b.TakeAlongAxis(logits, inds))
 		} else {
-			out = b.Add(out, c)
+			scores = b.TakeAlongAxis(b.Softmax(logits), inds)
 		}
 	}
-	return out, nil
+	return m.switchGLU(mb, h, n, inds, scores), nil
+}
+
+// switchGLU runs each token of h [n, D] through its k experts inds [n, k]
+// and sums their outputs weighted by scores [n, k] → [n, D].
+func (m *Model) switchGLU(mb *moeBlock, h Array, n int, inds, scores Array) Array {
+	b := m.b
+	k, D := mb.topK, m.cfg.Hidden
+	N := n * k
+	flat := b.Reshape(inds, N) // pair i is (token i/k, slot i%k)
+	mlp := func(xs, experts Array, sorted bool) Array {
+		g := b.SwiGLU(b.GatherLinear(xs, &mb.gate, experts, sorted), b.GatherLinear(xs, &mb.up, experts, sorted))
+		return b.GatherLinear(g, &mb.down, experts, sorted) // [N, D]
+	}
+	var y Array
+	switch {
+	case N >= moeSortMin:
+		order := b.Argsort(flat)                            // pairs in expert order
+		xs := b.Take(h, b.Take(pairTokens(b, n, k), order)) // [N, D]
+		ys := mlp(xs, b.Take(flat, order), true)
+		y = b.Take(ys, b.Argsort(order)) // back to pair order
+	case n == 1:
+		y = mlp(h, flat, false) // the one row is shared by its k pairs
+	default:
+		y = mlp(b.Take(h, pairTokens(b, n, k)), flat, false)
+	}
+	w := b.Reshape(b.AsType(scores, h.DType()), n, 1, k)
+	return b.Reshape(b.MatMul(w, b.Reshape(y, n, k, D)), n, D) // Σ_j w_j · y_j
+}
+
+// pairTokens is [n·k] I32 with entry i = i/k: the token of each pair.
+func pairTokens(b Backend, n, k int) Array {
+	t := make([]int32, n*k)
+	for i := range t {
+		t[i] = int32(i / k)
+	}
+	return b.FromInt32(t, n*k)
 }

@@ -71,6 +71,13 @@ static struct {
 	int (*rope)(xmx_array*, xmx_array, int, bool, xmx_opt_float, float, int, xmx_array, xmx_stream);
 	int (*sdpa)(xmx_array*, xmx_array, xmx_array, xmx_array, float, const char*, xmx_array, xmx_array, xmx_stream);
 
+	// Optional: MoE routing inside the graph.
+	int (*argpartition_axis)(xmx_array*, xmx_array, int, int, xmx_stream);
+	int (*argsort_axis)(xmx_array*, xmx_array, int, xmx_stream);
+	int (*take_along_axis)(xmx_array*, xmx_array, xmx_array, int, xmx_stream);
+	int (*gather_mm)(xmx_array*, xmx_array, xmx_array, xmx_array, xmx_array, bool, xmx_stream);
+	int (*gather_qmm)(xmx_array*, xmx_array, xmx_array, xmx_array, xmx_array, xmx_array, xmx_array, bool, xmx_opt_int, xmx_opt_int, const char*, bool, xmx_stream);
+
 	// Optional: compilation (kernel fusion).
 	xmx_vector_array (*vector_array_new)(void);
 	size_t (*vector_array_size)(xmx_vector_array);
@@ -171,6 +178,11 @@ int xmx_load(const char* path, const char* preload, char* err, size_t errlen) {
 	XMX_SYM(sdpa, "mlx_fast_scaled_dot_product_attention", 1);
 	// Optional: a build without quantized matmul falls back to dequantize.
 	XMX_SYM(quantized_matmul, "mlx_quantized_matmul", 0);
+	XMX_SYM(argpartition_axis, "mlx_argpartition_axis", 0);
+	XMX_SYM(argsort_axis, "mlx_argsort_axis", 0);
+	XMX_SYM(take_along_axis, "mlx_take_along_axis", 0);
+	XMX_SYM(gather_mm, "mlx_gather_mm", 0);
+	XMX_SYM(gather_qmm, "mlx_gather_qmm", 0);
 	// Optional: without them SwiGLU runs as three unfused ops.
 	XMX_SYM(vector_array_new, "mlx_vector_array_new", 0);
 	XMX_SYM(vector_array_size, "mlx_vector_array_size", 0);
@@ -290,6 +302,33 @@ int xmx_rope(xmx_array* res, xmx_array x, int dims, bool has_base, float base, f
 int xmx_sdpa(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_stream s) {
 	xmx_array none = {NULL};
 	return X.sdpa(res, q, k, v, scale, mask_mode, none, none, s);
+}
+
+int xmx_argpartition(xmx_array* res, xmx_array a, int kth, int axis, xmx_stream s) {
+	XMX_NEED(argpartition_axis);
+	return X.argpartition_axis(res, a, kth, axis, s);
+}
+int xmx_argsort(xmx_array* res, xmx_array a, int axis, xmx_stream s) {
+	XMX_NEED(argsort_axis);
+	return X.argsort_axis(res, a, axis, s);
+}
+int xmx_take_along_axis(xmx_array* res, xmx_array a, xmx_array idx, int axis, xmx_stream s) {
+	XMX_NEED(take_along_axis);
+	return X.take_along_axis(res, a, idx, axis, s);
+}
+// The gathered matmuls take only rhs_indices (which matrix of b / w each
+// batch row uses); lhs_indices is null, so a's batch rows are taken in
+// order (broadcast against rhs when a has one).
+int xmx_gather_mm(xmx_array* res, xmx_array a, xmx_array b, xmx_array rhs, bool sorted, xmx_stream s) {
+	XMX_NEED(gather_mm);
+	xmx_array none = {NULL};
+	return X.gather_mm(res, a, b, none, rhs, sorted, s);
+}
+int xmx_gather_qmm(xmx_array* res, xmx_array x, xmx_array w, xmx_array scales, xmx_array biases, xmx_array rhs, int group, int bits, bool sorted, xmx_stream s) {
+	XMX_NEED(gather_qmm);
+	xmx_opt_int g = {group, true}, b = {bits, true};
+	xmx_array none = {NULL};
+	return X.gather_qmm(res, x, w, scales, biases, none, rhs, true, g, b, "affine", sorted, s);
 }
 
 int xmx_has_compile(void) {

@@ -91,6 +91,13 @@ int xmx_qmm(xmx_array* res, xmx_array x, xmx_array w, xmx_array scales, xmx_arra
 int xmx_dequantize(xmx_array* res, xmx_array w, xmx_array scales, xmx_array biases, int group, int bits, xmx_stream s);
 int xmx_rms_norm(xmx_array* res, xmx_array x, xmx_array w, float eps, xmx_stream s);
 int xmx_rope(xmx_array* res, xmx_array x, int dims, bool has_base, float base, float scale, int offset, xmx_array freqs, xmx_stream s);
+// MoE routing (optional symbols: a library without them fails only the
+// ops that need them, with the missing name).
+int xmx_argpartition(xmx_array* res, xmx_array a, int kth, int axis, xmx_stream s);
+int xmx_argsort(xmx_array* res, xmx_array a, int axis, xmx_stream s);
+int xmx_take_along_axis(xmx_array* res, xmx_array a, xmx_array idx, int axis, xmx_stream s);
+int xmx_gather_mm(xmx_array* res, xmx_array a, xmx_array b, xmx_array rhs, bool sorted, xmx_stream s);
+int xmx_gather_qmm(xmx_array* res, xmx_array x, xmx_array w, xmx_array scales, xmx_array biases, xmx_array rhs, int group, int bits, bool sorted, xmx_stream s);
 int xmx_sdpa(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_stream s);
 
 // Compiled (fused) SwiGLU: silu(gate) * up traced once, shapeless, with

@@ -1,0 +1,129 @@
+//go:build cgo && (linux || darwin)
+
+package mlx
+
+/*
+#include "capi.h"
+*/
+import "C"
+
+import (
+	"fmt"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+)
+
+// The MoE routing ops, mapped to MLX as mlx-lm's SwitchGLU uses them:
+// argpartition for the top k, take_along_axis, argsort, take, and
+// gather_mm / gather_qmm over stacked expert weights.
+
+// int32 returns MLX's uint32 index results as our I32.
+func (b *backend) int32(x *array) *array { return b.astype(x, C.XMX_INT32) }
+
+func (b *backend) indices(op string, x engine.Array) *array {
+	a := b.arr(x)
+	if a.dt != engine.I32 {
+		panic(fmt.Sprintf("mlx: %s: indices are %v, want int32", op, a.dt))
+	}
+	return a
+}
+
+func (b *backend) TopK(x engine.Array, k int) engine.Array {
+	return b.op(func() *array {
+		xa := b.arr(x)
+		if len(xa.shape) == 0 {
+			panic("mlx: TopK of a scalar")
+		}
+		n := xa.shape[len(xa.shape)-1]
+		if k < 1 || k > n {
+			panic(fmt.Sprintf("mlx: TopK: k = %d over %d entries", k, n))
+		}
+		p := b.mk("argpartition", func(r *C.xmx_array) C.int {
+			return C.xmx_argpartition(r, xa.h, C.int(n-k), -1, b.stream)
+		})
+		return b.int32(b.slice(p, -1, n-k, n))
+	})
+}
+
+func (b *backend) TakeAlongAxis(x, idx engine.Array) engine.Array {
+	return b.op(func() *array {
+		xa, ia := b.arr(x), b.indices("TakeAlongAxis", idx)
+		if len(xa.shape) != len(ia.shape) || len(xa.shape) == 0 {
+			panic(fmt.Sprintf("mlx: TakeAlongAxis: x %v with indices %v", xa.shape, ia.shape))
+		}
+		return b.mk("take_along_axis", func(r *C.xmx_array) C.int {
+			return C.xmx_take_along_axis(r, xa.h, ia.h, -1, b.stream)
+		})
+	})
+}
+
+func (b *backend) Take(x, idx engine.Array) engine.Array {
+	return b.op(func() *array {
+		xa, ia := b.arr(x), b.indices("Take", idx)
+		if len(xa.shape) == 0 || len(ia.shape) != 1 {
+			panic(fmt.Sprintf("mlx: Take: x %v with indices %v", xa.shape, ia.shape))
+		}
+		return b.mk("take", func(r *C.xmx_array) C.int { return C.xmx_take(r, xa.h, ia.h, 0, b.stream) })
+	})
+}
+
+func (b *backend) Argsort(x engine.Array) engine.Array {
+	return b.op(func() *array {
+		xa := b.arr(x)
+		if len(xa.shape) == 0 {
+			panic("mlx: Argsort of a scalar")
+		}
+		return b.int32(b.mk("argsort", func(r *C.xmx_array) C.int { return C.xmx_argsort(r, xa.h, -1, b.stream) }))
+	})
+}
+
+func (b *backend) GatherLinear(x engine.Array, l *engine.Linear, experts engine.Array, sorted bool) engine.Array {
+	return b.op(func() *array {
+		xa, ia := b.arr(x), b.indices("GatherLinear", experts)
+		w := b.arr(l.W)
+		if len(w.shape) != 3 || len(ia.shape) != 1 {
+			panic(fmt.Sprintf("mlx: GatherLinear: weight %v with experts %v", w.shape, ia.shape))
+		}
+		in := w.shape[2]
+		if l.Bits > 0 {
+			in = in * 32 / l.Bits
+		}
+		N := ia.shape[0]
+		if len(xa.shape) != 2 || xa.shape[1] != in || (xa.shape[0] != N && xa.shape[0] != 1) {
+			panic(fmt.Sprintf("mlx: GatherLinear: x %v for %d rows of weight %v", xa.shape, N, w.shape))
+		}
+		x3 := b.reshape(xa, xa.shape[0], 1, in) // [R, 1, in]: one matrix row per batch entry
+		var y *array
+		switch {
+		case l.Bits == 0:
+			y = b.gatherMM(x3, w, ia, sorted)
+		case b.qmmErr == nil:
+			s := b.arr(l.Scales)
+			var bi C.xmx_array
+			if l.Biases != nil {
+				bi = b.arr(l.Biases).h
+			}
+			y = b.mk("gather_qmm", func(r *C.xmx_array) C.int {
+				return C.xmx_gather_qmm(r, x3.h, w.h, s.h, bi, ia.h, C.int(l.GroupSize), C.int(l.Bits), C.bool(sorted), b.stream)
+			})
+		default:
+			y = b.gatherMM(x3, b.dequantized(w, l), ia, sorted)
+		}
+		y = b.reshape(y, N, y.shape[len(y.shape)-1]) // [N, out]
+		if l.Bias != nil {
+			bias := b.arr(l.Bias)
+			y = b.add(y, b.mk("take", func(r *C.xmx_array) C.int { return C.xmx_take(r, bias.h, ia.h, 0, b.stream) }))
+		}
+		return y
+	})
+}
+
+// gatherMM is gather_mm of x3 [R, 1, in] with the stacked dense weight
+// w [E, out, in] (transposed to [E, in, out] as a view, as mlx-lm's
+// SwitchLinear does) → [N, 1, out].
+func (b *backend) gatherMM(x3, w, idx *array, sorted bool) *array {
+	wt := b.transpose(w, 0, 2, 1)
+	return b.mk("gather_mm", func(r *C.xmx_array) C.int {
+		return C.xmx_gather_mm(r, x3.h, wt.h, idx.h, C.bool(sorted), b.stream)
+	})
+}
