@@ -34,6 +34,7 @@ type Spec struct {
 	Layers, Hidden, Heads, KVHeads, HeadDim, Intermediate, Vocab, MaxPositions int
 	Experts, ExpertsPerToken, MoEIntermediate                                  int  // qwen3moe only
 	AllSparse                                                                  bool // qwen3moe: layer 0 sparse too (as llama.cpp's qwen3moe requires)
+	RawTopKProb                                                                bool // qwen3moe: norm_topk_prob false (weights are the plain softmax probabilities)
 }
 
 // Defaults used for zero Spec fields.
@@ -224,7 +225,7 @@ func configJSON(s Spec) []byte {
 		c["num_experts"] = s.Experts
 		c["num_experts_per_tok"] = s.ExpertsPerToken
 		c["moe_intermediate_size"] = s.MoEIntermediate
-		c["norm_topk_prob"] = true
+		c["norm_topk_prob"] = !s.RawTopKProb
 		c["decoder_sparse_step"] = 1
 		c["mlp_only_layers"] = []int{0}
 		if s.AllSparse {
