@@ -120,10 +120,59 @@ func (b *backend) GatherLinear(x engine.Array, l *engine.Linear, experts engine.
 
 // gatherMM is gather_mm of x3 [R, 1, in] with the stacked dense weight
 // w [E, out, in] (transposed to [E, in, out] as a view, as mlx-lm's
-// SwitchLinear does) → [N, 1, out].
+// SwitchLinear does) → [N, 1, out]. Where gather_mm takes only float32
+// (MLX's CPU backend) a 16-bit weight is multiplied through a float32
+// copy made once and kept with it, and the result is cast back to x's
+// dtype.
 func (b *backend) gatherMM(x3, w, idx *array, sorted bool) *array {
+	out := x3.mdt
+	if b.gmmHalfErr != nil && w.mdt != C.XMX_FLOAT32 {
+		w = b.float32Copy(w)
+	}
+	if b.gmmHalfErr != nil {
+		x3 = b.astype(x3, C.XMX_FLOAT32)
+	}
 	wt := b.transpose(w, 0, 2, 1)
-	return b.mk("gather_mm", func(r *C.xmx_array) C.int {
+	y := b.mk("gather_mm", func(r *C.xmx_array) C.int {
 		return C.xmx_gather_mm(r, x3.h, wt.h, idx.h, C.bool(sorted), b.stream)
 	})
+	if b.gmmHalfErr != nil {
+		y = b.astype(y, out)
+	}
+	return y
+}
+
+// float32Copy returns (making once, kept, released with w) w as float32.
+func (b *backend) float32Copy(w *array) *array {
+	if d, ok := b.deq[w]; ok {
+		return d
+	}
+	if !w.kept {
+		return b.astype(w, C.XMX_FLOAT32) // a temporary: convert per use
+	}
+	d := b.astype(w, C.XMX_FLOAT32)
+	b.keep(d)
+	if err := b.eval(d); err != nil {
+		panic(err)
+	}
+	b.deq[w] = d
+	return d
+}
+
+// probeGatherMMHalf runs a tiny bfloat16 gather_mm and reports why it
+// failed, if it did (MLX's CPU backend supports float32 only).
+func (b *backend) probeGatherMMHalf() (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = panicError(r)
+		}
+		b.sweep()
+	}()
+	x := b.fromBytes(make([]byte, 2*8), []int{1, 1, 8}, engine.BF16)
+	w := b.fromBytes(make([]byte, 2*2*8*4), []int{2, 8, 4}, engine.BF16)
+	idx := b.fromBytes(make([]byte, 4), []int{1}, engine.I32)
+	y := b.mk("gather_mm", func(r *C.xmx_array) C.int {
+		return C.xmx_gather_mm(r, x.h, w.h, idx.h, false, b.stream)
+	})
+	return b.eval(y)
 }
