@@ -236,7 +236,11 @@ func configJSON(s Spec) []byte {
 		q := map[string]any{"group_size": s.GroupSize, "bits": s.QuantBits}
 		if s.Arch == "qwen3moe" {
 			// As mlx-community's MoE checkpoints: routers at 8 bits.
-			for l := 1; l < s.Layers; l++ {
+			first := 1
+			if s.AllSparse {
+				first = 0
+			}
+			for l := first; l < s.Layers; l++ {
 				q[fmt.Sprintf("model.layers.%d.mlp.gate", l)] = map[string]any{"group_size": s.GroupSize, "bits": 8}
 			}
 		}
