@@ -5,6 +5,7 @@ package mlx
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -55,8 +56,14 @@ func BenchmarkMoEDecode(b *testing.B) {
 	}
 }
 
+// moeBenchModel writes the benchmark's MoE model into
+// $EXO_MLX_BENCH_MOE_MODEL (kept there, for mlx-lm to load too) or a
+// temporary directory.
 func moeBenchModel(b *testing.B) string {
-	dir := filepath.Join(b.TempDir(), "moe")
+	dir := os.Getenv("EXO_MLX_BENCH_MOE_MODEL")
+	if dir == "" {
+		dir = filepath.Join(b.TempDir(), "moe")
+	}
 	spec := testmodel.Spec{Arch: "qwen3moe", DType: engine.F32, Seed: 1, Layers: 8, Hidden: 256, Heads: 4, KVHeads: 2,
 		Experts: 32, ExpertsPerToken: 4, MoEIntermediate: 256, AllSparse: true, MaxPositions: 2048}
 	if err := testmodel.Write(dir, spec); err != nil {
