@@ -247,6 +247,28 @@ type Backend interface {
 	// its run of rows (MLX's sorted_indices); it changes no result.
 	GatherLinear(x Array, l *Linear, experts Array, sorted bool) Array
 
+	// The two ops below are the recurrence of Gated DeltaNet layers
+	// (Qwen3-Next, Qwen3.5: mlx-lm's gated_delta_update), a linear
+	// attention whose per-head state [Dv, Dk] replaces the KV cache. They
+	// are ops, not compositions, because the recurrence runs token by
+	// token (dozens of tiny ops per token otherwise) and because its gates
+	// must be computed in float32 whatever the weights' dtype for engines
+	// to agree (exo's parity patches; mlx-lm's compute_g).
+
+	// DeltaGates computes the per-token gates in float32: a, b [L, H] (the
+	// layer's projections, any float dtype), aLog, dtBias [H] →
+	// g = exp(−exp(aLog) · softplus(a + dtBias)), the state's decay in
+	// (0, 1), and beta = sigmoid(b), its write strength; both F32 [L, H].
+	DeltaGates(a, b, aLog, dtBias Array) (g, beta Array)
+	// GatedDelta runs the gated delta rule over L tokens: q, k [L, Hk, Dk]
+	// and v [L, Hv, Dv] (Hv a multiple of Hk; each k head serves Hv/Hk
+	// consecutive v heads), g and beta [L, Hv] F32, state [Hv, Dv, Dk] F32.
+	// For each token and head, in float32: S ← g·S; S ← S + β (v − S k) kᵀ;
+	// y = S q. It returns y [L, Hv, Dv] in q's dtype and the new state
+	// (F32). Running L tokens at once equals running them in any split
+	// with the state carried over (the recurrence is the same).
+	GatedDelta(q, k, v, g, beta, state Array) (y, newState Array)
+
 	// NewKVCache makes an empty cache for the given geometry and dtype.
 	NewKVCache(g CacheGeometry, dt DType) KVCache
 }

@@ -77,6 +77,13 @@ static struct {
 	int (*take_along_axis)(xmx_array*, xmx_array, xmx_array, int, xmx_stream);
 	int (*gather_mm)(xmx_array*, xmx_array, xmx_array, xmx_array, xmx_array, bool, xmx_stream);
 	int (*gather_qmm)(xmx_array*, xmx_array, xmx_array, xmx_array, xmx_array, xmx_array, xmx_array, bool, xmx_opt_int, xmx_opt_int, const char*, bool, xmx_stream);
+	// Optional: the gated delta rule.
+	int (*exp)(xmx_array*, xmx_array, xmx_stream);
+	int (*negative)(xmx_array*, xmx_array, xmx_stream);
+	int (*logaddexp)(xmx_array*, xmx_array, xmx_array, xmx_stream);
+	int (*subtract)(xmx_array*, xmx_array, xmx_array, xmx_stream);
+	int (*sum_axis)(xmx_array*, xmx_array, int, bool, xmx_stream);
+	int (*repeat_axis)(xmx_array*, xmx_array, int, int, xmx_stream);
 
 	// Optional: compilation (kernel fusion).
 	xmx_vector_array (*vector_array_new)(void);
@@ -183,6 +190,12 @@ int xmx_load(const char* path, const char* preload, char* err, size_t errlen) {
 	XMX_SYM(take_along_axis, "mlx_take_along_axis", 0);
 	XMX_SYM(gather_mm, "mlx_gather_mm", 0);
 	XMX_SYM(gather_qmm, "mlx_gather_qmm", 0);
+	XMX_SYM(exp, "mlx_exp", 0);
+	XMX_SYM(negative, "mlx_negative", 0);
+	XMX_SYM(logaddexp, "mlx_logaddexp", 0);
+	XMX_SYM(subtract, "mlx_subtract", 0);
+	XMX_SYM(sum_axis, "mlx_sum_axis", 0);
+	XMX_SYM(repeat_axis, "mlx_repeat_axis", 0);
 	// Optional: without them SwiGLU runs as three unfused ops.
 	XMX_SYM(vector_array_new, "mlx_vector_array_new", 0);
 	XMX_SYM(vector_array_size, "mlx_vector_array_size", 0);
@@ -329,6 +342,122 @@ int xmx_gather_qmm(xmx_array* res, xmx_array x, xmx_array w, xmx_array scales, x
 	xmx_opt_int g = {group, true}, b = {bits, true};
 	xmx_array none = {NULL};
 	return X.gather_qmm(res, x, w, scales, biases, none, rhs, true, g, b, "affine", sorted, s);
+}
+
+// Temporaries of the shims below: every handle made goes into a pool
+// freed at the end (handles are reference counts: the results keep what
+// they need).
+typedef struct { xmx_array a[64]; int n; } xmx_pool;
+static xmx_array* xmx_new(xmx_pool* p) {
+	if (p->n == 64) return NULL;
+	p->a[p->n].ctx = NULL;
+	return &p->a[p->n++];
+}
+static void xmx_drain(xmx_pool* p) {
+	for (int i = 0; i < p->n; i++) if (p->a[i].ctx) X.array_free(p->a[i]);
+	p->n = 0;
+}
+#define XMX_T(var) xmx_array* var = xmx_new(&pool); if (var == NULL) { rc = 1; goto out; }
+#define XMX_DO(call) if (rc == 0) rc = (call)
+
+int xmx_delta_gates(xmx_array* g, xmx_array* beta, xmx_array a, xmx_array b, xmx_array alog, xmx_array dtbias, xmx_stream s) {
+	XMX_NEED(exp); XMX_NEED(negative); XMX_NEED(logaddexp);
+	xmx_pool pool = {.n = 0};
+	int rc = 0;
+	XMX_T(af) XMX_T(df) XMX_T(x) XMX_T(zero) XMX_T(sp) XMX_T(lf) XMX_T(ea) XMX_T(t) XMX_T(nt) XMX_T(bf)
+	XMX_DO(X.astype(af, a, XMX_FLOAT32, s));
+	XMX_DO(X.astype(df, dtbias, XMX_FLOAT32, s));
+	XMX_DO(X.add(x, *af, *df, s));
+	if (rc == 0) { *zero = X.array_new_float32(0); rc = zero->ctx == NULL; }
+	XMX_DO(X.logaddexp(sp, *x, *zero, s)); // softplus, as MLX's nn.softplus
+	XMX_DO(X.astype(lf, alog, XMX_FLOAT32, s));
+	XMX_DO(X.exp(ea, *lf, s));
+	XMX_DO(X.multiply(t, *ea, *sp, s));
+	XMX_DO(X.negative(nt, *t, s));
+	XMX_DO(X.exp(g, *nt, s));
+	XMX_DO(X.astype(bf, b, XMX_FLOAT32, s));
+	XMX_DO(X.sigmoid(beta, *bf, s));
+out:
+	xmx_drain(&pool);
+	return rc;
+}
+
+// xmx_row takes row t of a [L, ...] array and reshapes it to shape.
+static int xmx_row(xmx_array* res, xmx_array a, int t, int ndim, const int* full, const int* shape, int rdim, xmx_stream s) {
+	int start[4] = {0}, stop[4], str[4];
+	for (int i = 0; i < ndim; i++) { stop[i] = full[i]; str[i] = 1; }
+	start[0] = t; stop[0] = t + 1;
+	xmx_array tmp = {NULL};
+	int rc = X.slice(&tmp, a, start, ndim, stop, ndim, str, ndim, s);
+	if (rc == 0) rc = X.reshape(res, tmp, shape, rdim, s);
+	if (tmp.ctx) X.array_free(tmp);
+	return rc;
+}
+
+// xmx_gated_delta is mlx-lm's gated_delta_ops: for each token, S = g·S;
+// mem = Σ_k S·k; S += k ⊗ (β(v − mem)); y = Σ_k S·q. q, k [L, Hk, dk]
+// (repeated rep times to hv heads), v [L, hv, dv], g, beta [L, hv] float32,
+// state [hv, dv, dk] float32 → y [L, hv, dv] in q's dtype, state_out.
+int xmx_gated_delta(xmx_array* y, xmx_array* state_out, xmx_array q, xmx_array k, xmx_array v, xmx_array g, xmx_array beta, xmx_array state, int L, int hv, int dv, int dk, int rep, xmx_stream s) {
+	XMX_NEED(subtract); XMX_NEED(sum_axis); XMX_NEED(repeat_axis);
+	int rc = 0;
+	xmx_pool pool = {.n = 0};
+	xmx_array S = {NULL}, qr = {NULL}, kr = {NULL};
+	xmx_array* ys = calloc(L > 0 ? L : 1, sizeof(xmx_array));
+	if (ys == NULL) return 1;
+	int qdt = X.array_dtype(q);
+	if (rep > 1) {
+		rc = X.repeat_axis(&qr, q, rep, 1, s);
+		if (rc == 0) rc = X.repeat_axis(&kr, k, rep, 1, s);
+	} else {
+		qr = q; kr = k; // borrowed
+	}
+	const int fq[3] = {L, hv, dk}, fv[3] = {L, hv, dv}, fg[2] = {L, hv};
+	const int sq[3] = {hv, 1, dk}, sv[2] = {hv, dv}, sg[3] = {hv, 1, 1}, sb[2] = {hv, 1}, sd[3] = {hv, dv, 1}, sy[3] = {1, hv, dv};
+	if (rc == 0) {
+		// An own handle on the state to replace as the tokens go (adding 0
+		// keeps the values).
+		xmx_array zero = X.array_new_float32(0);
+		rc = zero.ctx == NULL || X.add(&S, state, zero, s);
+		if (zero.ctx) X.array_free(zero);
+	}
+	for (int t = 0; rc == 0 && t < L; t++) {
+		XMX_T(qt) XMX_T(kt) XMX_T(vt) XMX_T(gt) XMX_T(bt) XMX_T(S1) XMX_T(p) XMX_T(mem) XMX_T(d0) XMX_T(d) XMX_T(d3) XMX_T(u) XMX_T(S2) XMX_T(p2) XMX_T(yt)
+		XMX_DO(xmx_row(qt, qr, t, 3, fq, sq, 3, s));
+		XMX_DO(xmx_row(kt, kr, t, 3, fq, sq, 3, s));
+		XMX_DO(xmx_row(vt, v, t, 3, fv, sv, 2, s));
+		XMX_DO(xmx_row(gt, g, t, 2, fg, sg, 3, s));
+		XMX_DO(xmx_row(bt, beta, t, 2, fg, sb, 2, s));
+		XMX_DO(X.multiply(S1, S, *gt, s));          // decay
+		XMX_DO(X.multiply(p, *S1, *kt, s));
+		XMX_DO(X.sum_axis(mem, *p, -1, false, s));  // [hv, dv]
+		XMX_DO(X.subtract(d0, *vt, *mem, s));
+		XMX_DO(X.multiply(d, *d0, *bt, s));
+		XMX_DO(X.reshape(d3, *d, sd, 3, s));
+		XMX_DO(X.multiply(u, *kt, *d3, s));         // [hv, dv, dk]
+		XMX_DO(X.add(S2, *S1, *u, s));
+		XMX_DO(X.multiply(p2, *S2, *qt, s));
+		XMX_DO(X.sum_axis(yt, *p2, -1, false, s));
+		if (rc == 0) rc = X.reshape(&ys[t], *yt, sy, 3, s);
+		if (rc == 0) { X.array_free(S); S = *S2; S2->ctx = NULL; }
+		xmx_drain(&pool);
+	}
+	xmx_array cat = {NULL};
+	if (rc == 0 && L > 0) {
+		xmx_vector_array vec = X.vector_array_new_data(ys, L);
+		rc = X.concatenate_axis(&cat, vec, 0, s);
+		X.vector_array_free(vec);
+	}
+	if (rc == 0) rc = X.astype(y, cat, qdt, s);
+	if (rc == 0) { *state_out = S; S.ctx = NULL; }
+out:
+	xmx_drain(&pool);
+	for (int t = 0; t < L; t++) if (ys[t].ctx) X.array_free(ys[t]);
+	free(ys);
+	if (cat.ctx) X.array_free(cat);
+	if (S.ctx) X.array_free(S);
+	if (rep > 1) { if (qr.ctx) X.array_free(qr); if (kr.ctx) X.array_free(kr); }
+	return rc;
 }
 
 int xmx_has_compile(void) {
