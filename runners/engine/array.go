@@ -246,6 +246,10 @@ type Backend interface {
 	// is ascending, so a backend may read each expert's weights once for
 	// its run of rows (MLX's sorted_indices); it changes no result.
 	GatherLinear(x Array, l *Linear, experts Array, sorted bool) Array
+	// Sigmoid is 1/(1+e^−x) elementwise. Shared-expert MoE blocks
+	// (Qwen2-MoE, Qwen3-Next) scale the shared expert's output by the
+	// sigmoid of a one-output gate.
+	Sigmoid(x Array) Array
 
 	// The two ops below are the recurrence of Gated DeltaNet layers
 	// (Qwen3-Next, Qwen3.5: mlx-lm's gated_delta_update), a linear

@@ -42,6 +42,9 @@ type Config struct {
 	NormTopKProb    bool  // norm_topk_prob: renormalize the chosen experts' weights
 	SparseStep      int   // decoder_sparse_step (default 1): every n-th layer is sparse
 	MLPOnlyLayers   []int // mlp_only_layers: layers that stay dense
+	// shared_expert_intermediate_size (Qwen2-MoE): every sparse block also
+	// runs one shared expert of this width, gated by sigmoid; 0: none.
+	SharedExpertIntermediate int
 }
 
 // IsMoELayer reports whether layer i has a sparse MoE block.
@@ -82,6 +85,7 @@ type rawConfig struct {
 	NormTopKProb       *bool            `json:"norm_topk_prob"`
 	DecoderSparseStep  *int             `json:"decoder_sparse_step"`
 	MLPOnlyLayers      []int            `json:"mlp_only_layers"`
+	SharedExpert       *int             `json:"shared_expert_intermediate_size"`
 }
 
 type rawRoPE struct {
@@ -220,6 +224,11 @@ func ParseConfig(data []byte) (*Config, error) {
 			}
 		}
 		c.MLPOnlyLayers = slices.Clone(r.MLPOnlyLayers)
+		if r.SharedExpert != nil {
+			if c.SharedExpertIntermediate, err = positive("shared_expert_intermediate_size", r.SharedExpert, 0); err != nil {
+				return nil, err
+			}
+		}
 	}
 	q := r.Quantization
 	if q == nil {
@@ -396,4 +405,5 @@ func init() {
 	RegisterArch("Qwen2ForCausalLM", Arch{Family: "qwen2", QKVBias: true})
 	RegisterArch("Qwen3ForCausalLM", Arch{Family: "qwen3", QKNorm: true})
 	RegisterArch("Qwen3MoeForCausalLM", Arch{Family: "qwen3_moe", QKNorm: true, MoE: true})
+	RegisterArch("Qwen2MoeForCausalLM", Arch{Family: "qwen2_moe", QKVBias: true, MoE: true})
 }

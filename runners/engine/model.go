@@ -218,6 +218,9 @@ func sizeOf(c *Config, a Arch, tied bool) int64 {
 	for i := range c.Layers {
 		if c.IsMoELayer(i) {
 			total += lin(c.Experts, D) + int64(c.Experts)*3*lin(c.MoEIntermediate, D)
+			if c.SharedExpertIntermediate > 0 {
+				total += 3*lin(c.SharedExpertIntermediate, D) + lin(1, D)
+			}
 		} else {
 			total += 3 * lin(F, D)
 		}

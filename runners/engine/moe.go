@@ -31,12 +31,20 @@ import (
 // step sorts them by expert (mlx-lm's SwitchGLU uses 64).
 const moeSortMin = 64
 
-// moeBlock is one sparse layer's router and stacked experts.
+// moeBlock is one sparse layer's router and stacked experts, and its
+// shared expert when the model has one (Qwen2-MoE: every token also runs
+// a dense SwiGLU MLP whose output is scaled by sigmoid(sharedGate · x)).
 type moeBlock struct {
 	router         Linear // [E, D]
 	gate, up, down Linear // stacked: [E, F, D], [E, F, D], [E, D, F]
 	experts, topK  int
 	norm           bool
+	shared         *sharedExpert
+}
+
+type sharedExpert struct {
+	gate, up, down Linear // [Fs, D], [Fs, D], [D, Fs]
+	scale          Linear // [1, D]: the sigmoid gate
 }
 
 // moe loads prefix+"gate" (the router) and the experts, either stacked
@@ -74,6 +82,26 @@ func (l *loader) moe(prefix string, cfg *Config) (*moeBlock, error) {
 			return nil, err
 		}
 		*p.dst = *lin
+	}
+	if Fs := cfg.SharedExpertIntermediate; Fs > 0 {
+		se := &sharedExpert{}
+		for _, p := range []struct {
+			name    string
+			out, in int
+			dst     *Linear
+		}{
+			{"shared_expert.gate_proj", Fs, D, &se.gate},
+			{"shared_expert.up_proj", Fs, D, &se.up},
+			{"shared_expert.down_proj", D, Fs, &se.down},
+			{"shared_expert_gate", 1, D, &se.scale},
+		} {
+			lin, err := l.linear(prefix+p.name, p.out, p.in, false)
+			if err != nil {
+				return nil, err
+			}
+			*p.dst = *lin
+		}
+		mb.shared = se
 	}
 	return mb, nil
 }
@@ -224,7 +252,16 @@ func (m *Model) moeForward(mb *moeBlock, x, h Array, n int, host bool) (Array, e
 			scores = b.TakeAlongAxis(b.Softmax(logits), inds)
 		}
 	}
-	return m.switchGLU(mb, h, n, inds, scores), nil
+	y := m.switchGLU(mb, h, n, inds, scores)
+	if se := mb.shared; se != nil {
+		s := b.Linear(b.SwiGLU(b.Linear(h, &se.gate), b.Linear(h, &se.up)), &se.down) // [n, D]
+		g := b.Sigmoid(b.Linear(h, &se.scale))                                        // [n, 1]
+		// g·s row by row as a batched matmul [n, 1, 1] @ [n, 1, D] (the
+		// elementwise ops broadcast only over leading axes).
+		gs := b.MatMul(b.Reshape(g, n, 1, 1), b.Reshape(s, n, 1, m.cfg.Hidden))
+		y = b.Add(y, b.Reshape(gs, n, m.cfg.Hidden))
+	}
+	return y, nil
 }
 
 // switchGLU runs each token of h [n, D] through its k experts inds [n, k]

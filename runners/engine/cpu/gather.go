@@ -3,6 +3,7 @@ package cpu
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
@@ -292,4 +293,15 @@ func (b *Backend) GatherLinear(x engine.Array, l *engine.Linear, experts engine.
 		i = j
 	}
 	return newF32([]int{N, s.out}, out)
+}
+
+// Sigmoid is 1/(1+e^−x) in float32 (computed in float64, rounded once).
+func (b *Backend) Sigmoid(x engine.Array) engine.Array {
+	a := arr(x)
+	v := floats(a)
+	out := make([]float32, len(v))
+	for i, e := range v {
+		out[i] = float32(1 / (1 + math.Exp(-float64(e))))
+	}
+	return newF32(a.shape, out)
 }

@@ -176,3 +176,10 @@ func (b *backend) probeGatherMMHalf() (err error) {
 	})
 	return b.eval(y)
 }
+
+func (b *backend) Sigmoid(x engine.Array) engine.Array {
+	return b.op(func() *array {
+		xa := b.arr(x)
+		return b.mk("sigmoid", func(r *C.xmx_array) C.int { return C.xmx_sigmoid(r, xa.h, b.stream) })
+	})
+}

@@ -1,9 +1,11 @@
 // Package testmodel writes tiny deterministic random-weight models in HF
 // safetensors form for tests: Llama (with Llama 3 RoPE scaling), Qwen2
 // (q/k/v biases), Qwen3 (q/k RMSNorm, tied embeddings, head_dim ≠
-// hidden/heads) and Qwen3-MoE (layer 0 dense, the others routed experts:
+// hidden/heads), Qwen3-MoE (layer 0 dense, the others routed experts:
 // one tensor per expert as HF stores them when dense, stacked as mlx-lm's
-// switch_mlp with an 8-bit router when quantized), in f32 or bf16, dense or MLX affine-quantized (4/8-bit,
+// switch_mlp with an 8-bit router when quantized) and Qwen2-MoE (Qwen2
+// attention, every layer routed experts plus a shared expert behind a
+// sigmoid gate, whose gate is 8-bit like the router when quantized), in f32 or bf16, dense or MLX affine-quantized (4/8-bit,
 // loadable by mlx-lm), with a real byte-level BPE tokenizer.json (merges
 // learned from an embedded text) and a ChatML chat template.
 //
@@ -27,7 +29,7 @@ import (
 
 // Spec describes a test model. Zero sizes take small defaults.
 type Spec struct {
-	Arch                                                                       string       // "llama" | "qwen2" | "qwen3" | "qwen3moe"
+	Arch                                                                       string       // "llama" | "qwen2" | "qwen3" | "qwen3moe" | "qwen2moe"
 	DType                                                                      engine.DType // engine.F32 or engine.BF16 (0 → F32)
 	QuantBits, GroupSize                                                       int          // 0 = dense; 4 or 8 with group 32/64/128 (0 → 64)
 	Seed                                                                       int64
@@ -35,6 +37,7 @@ type Spec struct {
 	Experts, ExpertsPerToken, MoEIntermediate                                  int  // qwen3moe only
 	AllSparse                                                                  bool // qwen3moe: layer 0 sparse too (as llama.cpp's qwen3moe requires)
 	RawTopKProb                                                                bool // qwen3moe: norm_topk_prob false (weights are the plain softmax probabilities)
+	SharedExpertIntermediate                                                   int  // qwen2moe only: the shared expert's width
 }
 
 // Defaults used for zero Spec fields.
@@ -50,6 +53,7 @@ const (
 	DefaultExperts         = 8
 	DefaultExpertsPerToken = 2
 	DefaultMoEIntermediate = 64
+	DefaultSharedExpert    = 96
 )
 
 // Added (special) tokens, appended after the BPE vocabulary in this order.
@@ -72,7 +76,10 @@ func (s Spec) Normalized() (Spec, error) {
 	def(&s.Hidden, DefaultHidden)
 	def(&s.Heads, DefaultHeads)
 	def(&s.KVHeads, DefaultKVHeads)
-	if s.Arch == "qwen3moe" {
+	if s.Arch == "qwen2moe" {
+		def(&s.SharedExpertIntermediate, DefaultSharedExpert)
+	}
+	if s.moe() {
 		def(&s.Experts, DefaultExperts)
 		def(&s.ExpertsPerToken, DefaultExpertsPerToken)
 		def(&s.MoEIntermediate, DefaultMoEIntermediate)
@@ -89,7 +96,7 @@ func (s Spec) Normalized() (Spec, error) {
 		def(&s.GroupSize, DefaultGroupSize)
 	}
 	switch s.Arch {
-	case "llama", "qwen2", "qwen3", "qwen3moe":
+	case "llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe":
 	default:
 		return s, fmt.Errorf("testmodel: unknown arch %q", s.Arch)
 	}
@@ -180,8 +187,8 @@ func (s Spec) ropeTheta() float64 {
 
 func configJSON(s Spec) []byte {
 	arch := map[string]string{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-		"qwen3moe": "Qwen3MoeForCausalLM"}[s.Arch]
-	modelType := map[string]string{"qwen3moe": "qwen3_moe"}[s.Arch]
+		"qwen3moe": "Qwen3MoeForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM"}[s.Arch]
+	modelType := map[string]string{"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}[s.Arch]
 	if modelType == "" {
 		modelType = s.Arch
 	}
@@ -231,17 +238,32 @@ func configJSON(s Spec) []byte {
 		if s.AllSparse {
 			c["mlp_only_layers"] = []int{}
 		}
+	case "qwen2moe":
+		// Every layer sparse: mlx-lm's qwen2_moe reads neither
+		// decoder_sparse_step nor mlp_only_layers nor norm_topk_prob.
+		c["use_sliding_window"] = false
+		c["num_experts"] = s.Experts
+		c["num_experts_per_tok"] = s.ExpertsPerToken
+		c["moe_intermediate_size"] = s.MoEIntermediate
+		c["shared_expert_intermediate_size"] = s.SharedExpertIntermediate
+		c["norm_topk_prob"] = false
+		c["decoder_sparse_step"] = 1
+		c["mlp_only_layers"] = []int{}
 	}
 	if s.QuantBits != 0 {
 		q := map[string]any{"group_size": s.GroupSize, "bits": s.QuantBits}
-		if s.Arch == "qwen3moe" {
-			// As mlx-community's MoE checkpoints: routers at 8 bits.
+		if s.moe() {
+			// As mlx-community's MoE checkpoints: routers (and shared
+			// expert gates) at 8 bits.
 			first := 1
-			if s.AllSparse {
+			if s.AllSparse || s.Arch == "qwen2moe" {
 				first = 0
 			}
 			for l := first; l < s.Layers; l++ {
 				q[fmt.Sprintf("model.layers.%d.mlp.gate", l)] = map[string]any{"group_size": s.GroupSize, "bits": 8}
+				if s.Arch == "qwen2moe" {
+					q[fmt.Sprintf("model.layers.%d.mlp.shared_expert_gate", l)] = map[string]any{"group_size": s.GroupSize, "bits": 8}
+				}
 			}
 		}
 		c["quantization"] = q
@@ -254,6 +276,9 @@ func configJSON(s Spec) []byte {
 // tied embeddings make greedy decoding degenerate (the input token or one
 // fixed token wins every step). Tied embeddings are exercised by SmolLM2.
 func (s Spec) tied() bool { return false }
+
+// moe reports whether the architecture routes experts.
+func (s Spec) moe() bool { return s.Arch == "qwen3moe" || s.Arch == "qwen2moe" }
 
 func tokenizerConfigJSON(vocab int) []byte {
 	dec := map[string]any{}
@@ -327,7 +352,7 @@ func Tensors(s Spec) ([]engine.Tensor, error) {
 		linear(p+"self_attn.k_proj", s.KVHeads*hd, h, in)
 		linear(p+"self_attn.v_proj", s.KVHeads*hd, h, in)
 		linear(p+"self_attn.o_proj", h, s.Heads*hd, 1/math.Sqrt(float64(s.Heads*hd)))
-		if s.Arch == "qwen2" {
+		if s.Arch == "qwen2" || s.Arch == "qwen2moe" {
 			vec(p+"self_attn.q_proj.bias", s.Heads*hd, 0.2, 0)
 			vec(p+"self_attn.k_proj.bias", s.KVHeads*hd, 0.2, 0)
 			vec(p+"self_attn.v_proj.bias", s.KVHeads*hd, 0.2, 0)
@@ -336,8 +361,20 @@ func Tensors(s Spec) ([]engine.Tensor, error) {
 			vec(p+"self_attn.q_norm.weight", hd, 0.1, 1)
 			vec(p+"self_attn.k_norm.weight", hd, 0.1, 1)
 		}
-		if s.Arch == "qwen3moe" && (l > 0 || s.AllSparse) {
+		if s.Arch == "qwen3moe" && (l > 0 || s.AllSparse) || s.Arch == "qwen2moe" {
 			out = append(out, g.moe(p+"mlp.", in)...)
+			if s.Arch == "qwen2moe" {
+				F := s.SharedExpertIntermediate
+				linear(p+"mlp.shared_expert.gate_proj", F, h, in)
+				linear(p+"mlp.shared_expert.up_proj", F, h, in)
+				linear(p+"mlp.shared_expert.down_proj", h, F, 1/math.Sqrt(float64(F)))
+				gate := g.normal(p+"mlp.shared_expert_gate.weight", h, 2*in, 0)
+				if s.QuantBits != 0 {
+					out = append(out, quantize(p+"mlp.shared_expert_gate", gate, 1, h, 8, s.GroupSize, s.DType)...)
+				} else {
+					out = append(out, floatTensor(p+"mlp.shared_expert_gate.weight", gate, s.DType, 1, h))
+				}
+			}
 			continue
 		}
 		linear(p+"mlp.gate_proj", s.Intermediate, h, in)
