@@ -263,6 +263,10 @@ type Backend interface {
 	// layer's projections, any float dtype), aLog, dtBias [H] →
 	// g = exp(−exp(aLog) · softplus(a + dtBias)), the state's decay in
 	// (0, 1), and beta = sigmoid(b), its write strength; both F32 [L, H].
+	// mlx-lm adds a + dtBias and takes the sigmoid in the inputs' dtype
+	// (bfloat16 for bf16 checkpoints) and only the rest in float32; here
+	// all of it is float32, as exo's parity patches do (the decay is
+	// raised to a power per token, so its rounding compounds).
 	DeltaGates(a, b, aLog, dtBias Array) (g, beta Array)
 	// GatedDelta runs the gated delta rule over L tokens: q, k [L, Hk, Dk]
 	// and v [L, Hv, Dv] (Hv a multiple of Hk; each k head serves Hv/Hk
