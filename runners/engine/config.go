@@ -45,6 +45,19 @@ type Config struct {
 	// shared_expert_intermediate_size (Qwen2-MoE): every sparse block also
 	// runs one shared expert of this width, gated by sigmoid; 0: none.
 	SharedExpertIntermediate int
+
+	// Gated DeltaNet hybrids (Qwen3-Next): every FullAttentionInterval-th
+	// layer is gated full attention, the others Gated DeltaNet (linear
+	// attention with a conv state and a recurrent state). 0: no such layers.
+	FullAttentionInterval            int // full_attention_interval
+	LinearKeyHeads, LinearValueHeads int // linear_num_key_heads, linear_num_value_heads
+	LinearKeyDim, LinearValueDim     int // linear_key_head_dim, linear_value_head_dim
+	LinearConvKernel                 int // linear_conv_kernel_dim
+}
+
+// IsLinearLayer reports whether layer i is a Gated DeltaNet layer.
+func (c *Config) IsLinearLayer(i int) bool {
+	return c.FullAttentionInterval > 0 && (i+1)%c.FullAttentionInterval != 0
 }
 
 // IsMoELayer reports whether layer i has a sparse MoE block.
@@ -86,6 +99,12 @@ type rawConfig struct {
 	DecoderSparseStep  *int             `json:"decoder_sparse_step"`
 	MLPOnlyLayers      []int            `json:"mlp_only_layers"`
 	SharedExpert       *int             `json:"shared_expert_intermediate_size"`
+	FullAttnInterval   *int             `json:"full_attention_interval"`
+	LinearKeyHeads     *int             `json:"linear_num_key_heads"`
+	LinearValueHeads   *int             `json:"linear_num_value_heads"`
+	LinearKeyDim       *int             `json:"linear_key_head_dim"`
+	LinearValueDim     *int             `json:"linear_value_head_dim"`
+	LinearConvKernel   *int             `json:"linear_conv_kernel_dim"`
 }
 
 type rawRoPE struct {
@@ -230,6 +249,28 @@ func ParseConfig(data []byte) (*Config, error) {
 			}
 		}
 	}
+	if r.LinearKeyHeads != nil || r.FullAttnInterval != nil {
+		for _, f := range []struct {
+			name string
+			raw  *int
+			def  int
+			dst  *int
+		}{
+			{"full_attention_interval", r.FullAttnInterval, 4, &c.FullAttentionInterval},
+			{"linear_num_key_heads", r.LinearKeyHeads, 0, &c.LinearKeyHeads},
+			{"linear_num_value_heads", r.LinearValueHeads, 0, &c.LinearValueHeads},
+			{"linear_key_head_dim", r.LinearKeyDim, 0, &c.LinearKeyDim},
+			{"linear_value_head_dim", r.LinearValueDim, 0, &c.LinearValueDim},
+			{"linear_conv_kernel_dim", r.LinearConvKernel, 0, &c.LinearConvKernel},
+		} {
+			if *f.dst, err = positive(f.name, f.raw, f.def); err != nil {
+				return nil, err
+			}
+		}
+		if c.LinearValueHeads%c.LinearKeyHeads != 0 {
+			return nil, cfgErr("linear_num_value_heads", "%d is not a multiple of linear_num_key_heads %d", c.LinearValueHeads, c.LinearKeyHeads)
+		}
+	}
 	q := r.Quantization
 	if q == nil {
 		q = r.QuantizationConfig
@@ -350,6 +391,10 @@ type Arch struct {
 	// MoE: sparse layers replace the MLP with routed experts (the config's
 	// num_experts must be set).
 	MoE bool
+	// GatedDeltaNet: the config's full_attention_interval splits the
+	// layers into gated full attention (q_proj doubled: queries and an
+	// output gate) and Gated DeltaNet layers (Qwen3-Next).
+	GatedDeltaNet bool
 	// SlidingWindow: the config's sliding_window, when set, limits
 	// attention to that many positions (Mistral). Full attention equals it
 	// within the window, so the context is capped there.
@@ -406,4 +451,5 @@ func init() {
 	RegisterArch("Qwen3ForCausalLM", Arch{Family: "qwen3", QKNorm: true})
 	RegisterArch("Qwen3MoeForCausalLM", Arch{Family: "qwen3_moe", QKNorm: true, MoE: true})
 	RegisterArch("Qwen2MoeForCausalLM", Arch{Family: "qwen2_moe", QKVBias: true, MoE: true})
+	RegisterArch("Qwen3NextForCausalLM", Arch{Family: "qwen3_next", QKNorm: true, MoE: true, GatedDeltaNet: true})
 }

@@ -60,8 +60,9 @@ type block struct {
 	inNorm, postNorm Array // [D]
 	q, k, v, o       Linear
 	gate, up, down   Linear
-	qNorm, kNorm     Array     // [Dh], Qwen3 only
-	moe              *moeBlock // sparse layers of MoE models; gate/up/down unused then
+	qNorm, kNorm     Array       // [Dh], Qwen3 only
+	moe              *moeBlock   // sparse layers of MoE models; gate/up/down unused then
+	delta            *deltaBlock // Gated DeltaNet layers; q/k/v/o and qNorm/kNorm unused then
 }
 
 // Load opens path (a model directory or .gguf file) with the registered
@@ -305,16 +306,18 @@ func (l *loader) block(b *block, i int, cfg *Config, arch Arch, D, H, Hkv, Dh, F
 		*dst = *x
 		return nil
 	}
-	if err := lin(&b.q, "self_attn.q_proj", H*Dh, D, qkvBias); err != nil {
+	qOut := H * Dh
+	if arch.GatedDeltaNet {
+		qOut *= 2 // queries and the output gate
+	}
+	if cfg.IsLinearLayer(i) {
+		if b.delta, err = l.delta(p+"linear_attn.", cfg); err != nil {
+			return err
+		}
+	} else if err := lin(&b.q, "self_attn.q_proj", qOut, D, qkvBias); err != nil {
 		return err
 	}
-	if err := lin(&b.k, "self_attn.k_proj", Hkv*Dh, D, qkvBias); err != nil {
-		return err
-	}
-	if err := lin(&b.v, "self_attn.v_proj", Hkv*Dh, D, qkvBias); err != nil {
-		return err
-	}
-	if err := lin(&b.o, "self_attn.o_proj", D, H*Dh, cfg.AttentionBias); err != nil {
+	if err := l.attention(b, p, cfg, arch, lin, D, Hkv, Dh, H, qkvBias); err != nil {
 		return err
 	}
 	if cfg.IsMoELayer(i) {
@@ -332,7 +335,26 @@ func (l *loader) block(b *block, i int, cfg *Config, arch Arch, D, H, Hkv, Dh, F
 			return err
 		}
 	}
+	return nil
+}
+
+// attention loads the k, v, o projections and the q/k norms of an
+// attention layer (nothing for a Gated DeltaNet layer).
+func (l *loader) attention(b *block, p string, cfg *Config, arch Arch, lin func(*Linear, string, int, int, bool) error, D, Hkv, Dh, H int, qkvBias bool) error {
+	if b.delta != nil {
+		return nil
+	}
+	if err := lin(&b.k, "self_attn.k_proj", Hkv*Dh, D, qkvBias); err != nil {
+		return err
+	}
+	if err := lin(&b.v, "self_attn.v_proj", Hkv*Dh, D, qkvBias); err != nil {
+		return err
+	}
+	if err := lin(&b.o, "self_attn.o_proj", D, H*Dh, cfg.AttentionBias); err != nil {
+		return err
+	}
 	if arch.QKNorm {
+		var err error
 		if b.qNorm, err = l.vector(p+"self_attn.q_norm.weight", Dh); err != nil {
 			return err
 		}
@@ -411,6 +433,9 @@ func (m *Model) Backend() Backend { return m.b }
 
 // NewCache makes an empty KV cache for this model in its cache dtype.
 func (m *Model) NewCache() KVCache {
+	if m.arch.GatedDeltaNet {
+		return m.newHybridCache()
+	}
 	return m.b.NewKVCache(CacheGeometry{Layers: m.cfg.Layers, KVHeads: m.cfg.KVHeads, HeadDim: m.cfg.HeadDim}, m.cacheDT)
 }
 
@@ -457,6 +482,7 @@ func (m *Model) Forward(ctx context.Context, c KVCache, tokens []int32) (logits 
 		return nil, err
 	}
 	start := c.Len()
+	beginStep(c)
 	defer func() {
 		if err != nil {
 			c.Truncate(start)
@@ -509,6 +535,9 @@ func (m *Model) ForwardBatch(ctx context.Context, caches []KVCache, tokens []int
 			return nil, err
 		}
 		starts[i], toks[i] = c.Len(), tokens[i:i+1]
+	}
+	for _, c := range caches {
+		beginStep(c)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -571,6 +600,7 @@ func (m *Model) Prefill(ctx context.Context, c KVCache, tokens []int32, chunk in
 
 func (m *Model) guardedStep(c KVCache, tokens []int32) (err error) {
 	start := c.Len()
+	beginStep(c)
 	defer func() {
 		if err != nil {
 			c.Truncate(start)
@@ -621,10 +651,35 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 	ids := b.FromInt32(all, n)
 	x := b.Embedding(m.embed, ids) // [n, D]
 	outs := make([]Array, len(cs))
+	var states []Array // new recurrent states, evaluated with the step
 	for i := range m.layers {
 		ly := &m.layers[i]
 		h := b.RMSNorm(x, ly.inNorm, m.eps)
-		q := b.Reshape(b.Linear(h, &ly.q), n, H, Dh)   // [n, H, Dh]
+		if ly.delta != nil {
+			for s, c := range cs {
+				hc := c.(*hybridCache)
+				var st deltaState
+				outs[s], st = m.deltaForward(ly.delta, rows(h, s), len(toks[s]), hc.states[i])
+				hc.set(i, st)
+				states = append(states, st.conv, st.rec)
+			}
+			a := outs[0]
+			if batched {
+				a = b.Concat(0, outs...)
+			}
+			var err error
+			if x, err = m.mlpOrMoE(ly, b.Add(x, a), n); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		q := b.Linear(h, &ly.q)
+		var gate Array // gated attention (Qwen3-Next): [n, H·Dh]
+		if m.arch.GatedDeltaNet {
+			qg := b.Reshape(q, n, H, 2*Dh)
+			q, gate = b.Slice(qg, 2, 0, Dh), b.Reshape(b.Slice(qg, 2, Dh, 2*Dh), n, H*Dh)
+		}
+		q = b.Reshape(q, n, H, Dh)                     // [n, H, Dh]
 		k := b.Reshape(b.Linear(h, &ly.k), n, Hkv, Dh) // [n, Hkv, Dh]
 		v := b.Reshape(b.Linear(h, &ly.v), n, Hkv, Dh)
 		if m.arch.QKNorm {
@@ -644,21 +699,16 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 		if batched {
 			a = b.Concat(0, outs...)
 		}
-		x = b.Add(x, b.Linear(a, &ly.o))
-		h = b.RMSNorm(x, ly.postNorm, m.eps)
-		if ly.moe != nil {
-			y, err := m.moeForward(ly.moe, x, h, n, m.hostRouting)
-			if err != nil {
-				return nil, err
-			}
-			x = b.Add(x, y)
-			continue
+		if gate != nil {
+			a = b.Mul(a, b.Sigmoid(gate))
 		}
-		g := b.SwiGLU(b.Linear(h, &ly.gate), b.Linear(h, &ly.up))
-		x = b.Add(x, b.Linear(g, &ly.down))
+		var err error
+		if x, err = m.mlpOrMoE(ly, b.Add(x, b.Linear(a, &ly.o)), n); err != nil {
+			return nil, err
+		}
 	}
 	if !wantLogits {
-		return nil, b.Eval(x)
+		return nil, b.Eval(append([]Array{x}, states...)...)
 	}
 	last := x // one row per sequence when every chunk is one token
 	if n != len(cs) {
@@ -672,7 +722,7 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 		}
 	}
 	out := b.Linear(b.RMSNorm(last, m.norm, m.eps), m.lmHead) // [B, V]
-	if err := b.Eval(out); err != nil {
+	if err := b.Eval(append([]Array{out}, states...)...); err != nil {
 		return nil, err
 	}
 	f, err := b.Float32(out)
@@ -685,4 +735,26 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 		logits[s] = f[s*V : (s+1)*V : (s+1)*V]
 	}
 	return logits, nil
+}
+
+// mlpOrMoE adds the layer's MLP (dense or sparse) to the residual x [n, D].
+func (m *Model) mlpOrMoE(ly *block, x Array, n int) (Array, error) {
+	b := m.b
+	h := b.RMSNorm(x, ly.postNorm, m.eps)
+	if ly.moe != nil {
+		y, err := m.moeForward(ly.moe, x, h, n, m.hostRouting)
+		if err != nil {
+			return nil, err
+		}
+		return b.Add(x, y), nil
+	}
+	g := b.SwiGLU(b.Linear(h, &ly.gate), b.Linear(h, &ly.up))
+	return b.Add(x, b.Linear(g, &ly.down)), nil
+}
+
+// beginStep marks where a hybrid cache's step begins (see hybridCache).
+func beginStep(c KVCache) {
+	if hc, ok := c.(*hybridCache); ok {
+		hc.begin()
+	}
 }

@@ -1,0 +1,170 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+)
+
+// hybridCache is the cache of a model whose layers are of two kinds: the
+// full-attention layers keep K and V in a backend KVCache (over those
+// layers only), the Gated DeltaNet layers a conv state and a recurrent
+// state (deltaState), replaced by each step.
+//
+// A recurrent state cannot be cut back to an earlier position, so
+// Truncate(n) is exact only for n = Len() and for n = the position where
+// the current step began (mark: the state there is kept until the next
+// mark), which is what a failed Forward or Prefill chunk rolls back to.
+// Any other n empties the cache (Len() = 0): callers that reuse a prefix
+// read Len() after Truncate. Saving states at chunk boundaries for the
+// prefix caches, and State frames on the KV wire, are not done yet: Export
+// and Import of a recurrent layer fail, so remote prefill falls back to
+// local prefill.
+type hybridCache struct {
+	m      *Model
+	attn   KVCache      // the full-attention layers, in order
+	index  []int        // model layer → attention layer; −1 for a recurrent layer
+	states []deltaState // per model layer (zero for attention layers)
+	mark   struct {
+		n      int
+		states []deltaState // nil: no mark
+	}
+}
+
+var errRecurrentLayer = errors.New("engine: the state of a recurrent (Gated DeltaNet) layer cannot be exported or imported yet")
+
+func (m *Model) newHybridCache() *hybridCache {
+	c := &hybridCache{m: m, index: make([]int, m.cfg.Layers), states: make([]deltaState, m.cfg.Layers)}
+	n := 0
+	for i := range c.index {
+		c.index[i] = -1
+		if !m.cfg.IsLinearLayer(i) {
+			c.index[i] = n
+			n++
+		}
+	}
+	c.attn = m.b.NewKVCache(CacheGeometry{Layers: n, KVHeads: m.cfg.KVHeads, HeadDim: m.cfg.HeadDim}, m.cacheDT)
+	c.reset()
+	return c
+}
+
+// reset sets every recurrent layer to the empty state.
+func (c *hybridCache) reset() {
+	for i, ix := range c.index {
+		if ix < 0 {
+			c.set(i, c.m.newDeltaState())
+		}
+	}
+}
+
+// set replaces layer i's state (kept on the backend); the old one is
+// released unless the mark holds it.
+func (c *hybridCache) set(i int, s deltaState) {
+	b := c.m.b
+	b.Keep(s.conv, s.rec)
+	old := c.states[i]
+	c.states[i] = s
+	c.release(old, i)
+}
+
+// release frees s (layer i's) unless it is the current or the marked state.
+func (c *hybridCache) release(s deltaState, i int) {
+	if s.conv == nil {
+		return
+	}
+	var held []Array
+	held = append(held, c.states[i].conv, c.states[i].rec)
+	if c.mark.states != nil {
+		held = append(held, c.mark.states[i].conv, c.mark.states[i].rec)
+	}
+	for _, a := range []Array{s.conv, s.rec} {
+		free := true
+		for _, h := range held {
+			if h == a {
+				free = false
+			}
+		}
+		if free {
+			c.m.b.Free(a)
+		}
+	}
+}
+
+// begin marks the start of a step: Truncate(Len()) from now on restores
+// the states as they are.
+func (c *hybridCache) begin() {
+	old := c.mark.states
+	c.mark.n, c.mark.states = c.Len(), append([]deltaState(nil), c.states...)
+	for i, s := range old {
+		c.release(s, i)
+	}
+}
+
+func (c *hybridCache) Len() int { return c.attn.Len() }
+
+func (c *hybridCache) Append(layer int, k, v Array) (Array, Array) {
+	return c.attn.Append(c.index[layer], k, v)
+}
+
+func (c *hybridCache) Truncate(n int) {
+	switch {
+	case n >= c.Len():
+		return
+	case c.mark.states != nil && n == c.mark.n:
+		for i, s := range c.mark.states {
+			if c.index[i] < 0 {
+				c.set(i, s)
+			}
+		}
+		c.attn.Truncate(n)
+	default:
+		c.attn.Truncate(0)
+		c.reset()
+	}
+}
+
+func (c *hybridCache) Export(layer, start, n int) ([]byte, []byte, error) {
+	if layer < 0 || layer >= len(c.index) {
+		return nil, nil, fmt.Errorf("engine: Export of layer %d of %d", layer, len(c.index))
+	}
+	if c.index[layer] < 0 {
+		return nil, nil, fmt.Errorf("layer %d: %w", layer, errRecurrentLayer)
+	}
+	return c.attn.Export(c.index[layer], start, n)
+}
+
+func (c *hybridCache) Import(layer, start, n int, k, v []byte) error {
+	if layer < 0 || layer >= len(c.index) {
+		return fmt.Errorf("engine: Import of layer %d of %d", layer, len(c.index))
+	}
+	if c.index[layer] < 0 {
+		return fmt.Errorf("layer %d: %w", layer, errRecurrentLayer)
+	}
+	return c.attn.Import(c.index[layer], start, n, k, v)
+}
+
+func (c *hybridCache) Commit(n int) error { return c.attn.Commit(n) }
+func (c *hybridCache) DType() DType       { return c.attn.DType() }
+
+// Geometry is the model's: every layer counts, so the engine's checks and
+// the wire see the model's layer count.
+func (c *hybridCache) Geometry() CacheGeometry {
+	g := c.attn.Geometry()
+	g.Layers = len(c.index)
+	return g
+}
+
+func (c *hybridCache) Free() {
+	c.attn.Free()
+	for i, s := range c.states {
+		if s.conv != nil {
+			c.m.b.Free(s.conv, s.rec)
+		}
+		c.states[i] = deltaState{}
+	}
+	for _, s := range c.mark.states {
+		if s.conv != nil {
+			c.m.b.Free(s.conv, s.rec)
+		}
+	}
+	c.mark.states = nil
+}
