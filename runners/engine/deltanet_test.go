@@ -2,14 +2,19 @@ package engine_test
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
+	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/engine/weights"
 )
 
 type qwen3NextFixture struct {
@@ -86,5 +91,158 @@ func TestQwen3NextMatchesMLXLM(t *testing.T) {
 			}
 			c.Free()
 		}
+	}
+}
+
+// TestQwen3NextHFLayout: the same model rewritten in Hugging Face's layout
+// (RMSNorm weights stored minus one, one tensor per expert, conv1d as
+// PyTorch's [C, 1, K]) loads to the same model: mlx-lm's outputs again
+// (the ±1 round trip rounds the norm weights, hence cosine, not equality).
+func TestQwen3NextHFLayout(t *testing.T) {
+	fx := loadQwen3NextFixture(t)
+	src := filepath.Join("testdata", "reference", "qwen3_next")
+	in, err := weights.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []engine.Tensor
+	for _, name := range in.Names() {
+		tn, err := in.Tensor(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tn.Data = slices.Clone(tn.Data)
+		switch {
+		case strings.HasSuffix(name, "layernorm.weight") || name == "model.norm.weight" ||
+			strings.HasSuffix(name, "q_norm.weight") || strings.HasSuffix(name, "k_norm.weight"):
+			for i := 0; i < len(tn.Data); i += 4 {
+				v := math.Float32frombits(binary.LittleEndian.Uint32(tn.Data[i:])) - 1
+				binary.LittleEndian.PutUint32(tn.Data[i:], math.Float32bits(v))
+			}
+		case strings.HasSuffix(name, "conv1d.weight"):
+			tn.Shape = []int{tn.Shape[0], 1, tn.Shape[1]}
+		case strings.Contains(name, ".switch_mlp."):
+			E, per := tn.Shape[0], len(tn.Data)/tn.Shape[0]
+			for e := range E {
+				out = append(out, engine.Tensor{Name: strings.Replace(name, ".switch_mlp.", fmt.Sprintf(".experts.%d.", e), 1),
+					DType: tn.DType, Shape: tn.Shape[1:], Data: tn.Data[e*per : (e+1)*per]})
+			}
+			continue
+		}
+		out = append(out, tn)
+	}
+	in.Close()
+	slices.SortFunc(out, func(a, b engine.Tensor) int { return strings.Compare(a.Name, b.Name) })
+	dir := t.TempDir()
+	if err := weights.WriteSafetensorsFile(filepath.Join(dir, "model.safetensors"), out, map[string]string{"format": "pt"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"} {
+		raw, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := backend.Open("cpu", backend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	m, err := engine.Load(ctx, dir, b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for i, p := range fx.Prompts {
+		c := m.NewCache()
+		logits, err := m.Forward(ctx, c, p.Tokens)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs := cosine32(logits, f32FromBase64(t, p.Logits))
+		greedy := greedyFrom(t, m, c, logits, len(p.Greedy))
+		t.Logf("prompt %d: cosine %.7f", i, cs)
+		if cs < 0.9999 || !slices.Equal(greedy, p.Greedy) {
+			t.Errorf("prompt %d: cosine %.7f, greedy %v, mlx-lm %v", i, cs, greedy, p.Greedy)
+		}
+		c.Free()
+	}
+}
+
+// TestQwen3NextChunkInvariantAndRollback: on the cpu backend the 150-token
+// prompt's logits after prefill in chunks of 1, 7 and 64 equal one pass
+// bit for bit (recurrent and conv states carried across chunks, MoE rows
+// sorted or not). A hybrid cache rolls back exactly to where the last step
+// began (a failed step's Truncate) and to nothing else: any other
+// Truncate empties it, so a prefix cache reads Len() and recomputes.
+func TestQwen3NextChunkInvariantAndRollback(t *testing.T) {
+	fx := loadQwen3NextFixture(t)
+	b, err := backend.Open("cpu", backend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	m, err := engine.Load(ctx, filepath.Join("testdata", "reference", "qwen3_next"), b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	p := fx.Prompts[3].Tokens
+	want, err := m.Forward(ctx, m.NewCache(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, chunk := range []int{1, 7, 64} {
+		c := m.NewCache()
+		if err := m.Prefill(ctx, c, p[:len(p)-1], chunk, nil); err != nil {
+			t.Fatal(err)
+		}
+		got, err := m.Forward(ctx, c, p[len(p)-1:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("chunks of %d: logits differ from one pass (cosine %.9f)", chunk, cosine32(got, want))
+		}
+	}
+
+	c := m.NewCache()
+	if _, err := m.Forward(ctx, c, p[:100]); err != nil {
+		t.Fatal(err)
+	}
+	a, err := m.Forward(ctx, c, p[100:120])
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Truncate(100) // where the last step began: exact
+	if c.Len() != 100 {
+		t.Fatalf("Len %d after Truncate(100)", c.Len())
+	}
+	again, err := m.Forward(ctx, c, p[100:120])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(a, again) {
+		t.Fatal("rolled-back state gives other logits")
+	}
+	c.Truncate(50) // not a step boundary the cache kept
+	if c.Len() != 0 {
+		t.Fatalf("Len %d after Truncate(50), want 0 (recurrent state cannot go back there)", c.Len())
+	}
+	fresh, err := m.Forward(ctx, c, p[:120])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(fresh, a) {
+		t.Fatal("an emptied cache does not start afresh")
+	}
+	if _, _, err := c.Export(0, 0, 10); err == nil {
+		t.Fatal("Export of a recurrent layer succeeded")
+	}
+	if _, _, err := c.Export(1, 0, 10); err != nil {
+		t.Fatalf("Export of an attention layer: %v", err)
 	}
 }

@@ -157,7 +157,18 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 			return nil, fmt.Errorf("engine: lm_head.weight: %w (and tie_word_embeddings is false)", ErrNotFound)
 		}
 	}
-	if m.norm, err = l.vector("model.norm.weight", D); err != nil {
+	if arch.GatedDeltaNet {
+		// HF Qwen3-Next checkpoints store these norms' weights minus one
+		// (zero-centred); mlx-lm adds 1 when it sees HF's per-expert
+		// layout, and so do we.
+		for _, n := range src.Names() {
+			if strings.HasSuffix(n, ".mlp.experts.0.up_proj.weight") {
+				l.normOffset = true
+				break
+			}
+		}
+	}
+	if m.norm, err = l.norm("model.norm.weight", D); err != nil {
 		return nil, err
 	}
 	m.layers = make([]block, cfg.Layers)
@@ -184,6 +195,7 @@ type loader struct {
 	done, total int64
 	names       map[string]bool
 	kept        []Array
+	normOffset  bool // RMSNorm weights are stored minus one (HF Qwen3-Next)
 }
 
 func (l *loader) has(name string) bool {
@@ -251,6 +263,30 @@ func (l *loader) tensor(name string, want ...int) (Array, DType, error) {
 	return a, t.DType, nil
 }
 
+// norm loads an RMSNorm weight [n], adding 1 when normOffset says the
+// checkpoint stores it zero-centred.
+func (l *loader) norm(name string, n int) (Array, error) {
+	if !l.normOffset {
+		return l.vector(name, n)
+	}
+	t, err := l.src.Tensor(name)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if !slices.Equal(t.Shape, []int{n}) {
+		return nil, fmt.Errorf("%s: shape %v, want [%d]", name, t.Shape, n)
+	}
+	v, err := floats32(t)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	for i := range v {
+		v[i]++
+	}
+	l.done += int64(len(t.Data))
+	return l.keep(l.b.AsType(l.b.FromFloat32(v, n), t.DType)), nil
+}
+
 func (l *loader) vector(name string, n int) (Array, error) {
 	a, _, err := l.tensor(name, n)
 	return a, err
@@ -291,10 +327,10 @@ func (l *loader) linear(prefix string, out, in int, bias bool) (*Linear, error) 
 func (l *loader) block(b *block, i int, cfg *Config, arch Arch, D, H, Hkv, Dh, F int) error {
 	p := fmt.Sprintf("model.layers.%d.", i)
 	var err error
-	if b.inNorm, err = l.vector(p+"input_layernorm.weight", D); err != nil {
+	if b.inNorm, err = l.norm(p+"input_layernorm.weight", D); err != nil {
 		return err
 	}
-	if b.postNorm, err = l.vector(p+"post_attention_layernorm.weight", D); err != nil {
+	if b.postNorm, err = l.norm(p+"post_attention_layernorm.weight", D); err != nil {
 		return err
 	}
 	qkvBias := arch.QKVBias || cfg.AttentionBias
@@ -355,10 +391,10 @@ func (l *loader) attention(b *block, p string, cfg *Config, arch Arch, lin func(
 	}
 	if arch.QKNorm {
 		var err error
-		if b.qNorm, err = l.vector(p+"self_attn.q_norm.weight", Dh); err != nil {
+		if b.qNorm, err = l.norm(p+"self_attn.q_norm.weight", Dh); err != nil {
 			return err
 		}
-		if b.kNorm, err = l.vector(p+"self_attn.k_norm.weight", Dh); err != nil {
+		if b.kNorm, err = l.norm(p+"self_attn.k_norm.weight", Dh); err != nil {
 			return err
 		}
 	}
