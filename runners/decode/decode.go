@@ -259,6 +259,7 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 	}()
 	start := min(cached, n-1)
 	entry.cache.Truncate(start)
+	start = min(start, entry.cache.Len()) // a recurrent model's cache may not go back to start (it empties)
 	entry.tokens = entry.tokens[:start]
 	if start > 0 {
 		s.m.PrefixHit.WithLabelValues("decode").Add(float64(start))

@@ -108,7 +108,7 @@ func (c *hybridCache) Append(layer int, k, v Array) (Array, Array) {
 func (c *hybridCache) Truncate(n int) {
 	switch {
 	case n >= c.Len():
-		return
+		c.attn.Truncate(n) // drops imports beyond Len, if any
 	case c.mark.states != nil && n == c.mark.n:
 		for i, s := range c.mark.states {
 			if c.index[i] < 0 {
