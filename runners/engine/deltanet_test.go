@@ -246,3 +246,33 @@ func TestQwen3NextChunkInvariantAndRollback(t *testing.T) {
 		t.Fatalf("Export of an attention layer: %v", err)
 	}
 }
+
+// TestQwen3NextDecodeStepIsOneEval: a hybrid model's decode step (routed
+// experts, recurrent states) is one Eval and one read of the logits.
+func TestQwen3NextDecodeStepIsOneEval(t *testing.T) {
+	cb, err := backend.Open("cpu", backend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &syncCounter{Backend: cb}
+	ctx := context.Background()
+	m, err := engine.Load(ctx, filepath.Join("testdata", "reference", "qwen3_next"), b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	c := m.NewCache()
+	logits, err := m.Forward(ctx, c, []int32{1, 2, 3, 4, 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for step := range 3 {
+		b.evals, b.reads = 0, 0
+		if logits, err = m.Forward(ctx, c, []int32{int32(argmax(logits))}); err != nil {
+			t.Fatal(err)
+		}
+		if b.evals != 1 || b.reads != 1 {
+			t.Fatalf("step %d: %d evals, %d reads", step, b.evals, b.reads)
+		}
+	}
+}
