@@ -8,7 +8,10 @@ fixed MLX seed (norm weights perturbed around 1), and writes, under
 runners/engine/testdata/reference/qwen3_next/: config.json,
 model.safetensors (mlx-lm's layout, as mlx-community ships it: stacked
 switch_mlp experts, conv1d [C, K, 1]) and the tokenizer files of our Go
-test models (the vocabulary of 512), then qwen3_next.json beside it: for
+test models (the vocabulary of 512), then qwen3_next.json beside it; and
+the same model quantized as mlx-lm's convert does (4-bit, group 64, the
+router and shared-expert gate at 8 bits, float32 scales) under
+qwen3_next_q4/ with qwen3_next_q4.json. Each fixture holds, for
 each prompt (token ids; the long ones span several prefill chunks of the
 Go test), the last-position logits (float32, base64) and the greedy
 32-token continuation through mlx-lm's caches.
@@ -21,13 +24,13 @@ import base64, importlib.metadata, json, os, shutil, subprocess, sys, tempfile
 
 import numpy as np
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
 from mlx_lm.models import qwen3_next
 from mlx_lm.models.cache import make_prompt_cache
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
-DIR = os.path.join(ROOT, "runners", "engine", "testdata", "reference", "qwen3_next")
-OUT = os.path.join(ROOT, "runners", "engine", "testdata", "reference", "qwen3_next.json")
+REF = os.path.join(ROOT, "runners", "engine", "testdata", "reference")
 STEPS = 32
 
 CONFIG = {
@@ -85,17 +88,39 @@ def main():
         return v
     model.update(tree_map_with_path(perturb, model.parameters()))
     mx.eval(model.parameters())
-    shutil.rmtree(DIR, ignore_errors=True)
-    os.makedirs(DIR)
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(["go", "run", "./runners/engine/testmodel/cmd/gen", "-arch", "qwen3", os.path.join(tmp, "m")],
                        cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-        for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]:
-            shutil.copy(os.path.join(tmp, "m", f), DIR)
+        tok = {f: open(os.path.join(tmp, "m", f), "rb").read()
+               for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]}
+    write(model, "qwen3_next", CONFIG, tok)
+    # mlx-lm's convert: 4-bit where the input width is a multiple of the
+    # group, the model's quant_predicate (routers, shared-expert gates at 8).
+    pred = model.quant_predicate
+    def class_predicate(path, m):
+        if not hasattr(m, "to_quantized") or m.weight.shape[-1] % 64 != 0:
+            return False
+        return pred(path, m)
+    nn.quantize(model, group_size=64, bits=4, class_predicate=class_predicate)
+    qcfg = dict(CONFIG)
+    q = {"group_size": 64, "bits": 4}
+    for path, _ in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module):
+        if path.endswith("mlp.gate") or path.endswith("shared_expert_gate"):
+            q[path] = {"group_size": 64, "bits": 8}
+    qcfg["quantization"] = q
+    write(model, "qwen3_next_q4", qcfg, tok)
+
+
+def write(model, name, config, tok):
+    d = os.path.join(REF, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    for f, raw in tok.items():
+        open(os.path.join(d, f), "wb").write(raw)
     weights = dict(tree_flatten(model.parameters()))
-    mx.save_safetensors(os.path.join(DIR, "model.safetensors"), weights, metadata={"format": "mlx"})
-    with open(os.path.join(DIR, "config.json"), "w") as f:
-        json.dump(CONFIG, f, indent=1)
+    mx.save_safetensors(os.path.join(d, "model.safetensors"), weights, metadata={"format": "mlx"})
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
         f.write("\n")
     results = []
     for p in prompts():
@@ -107,20 +132,20 @@ def main():
             v = np.array(logits, dtype=np.float32)
             top2 = np.sort(v)[-2:]
             margin = min(margin, float(top2[1] - top2[0]))
-            tok = int(np.argmax(v))
-            greedy.append(tok)
-            logits = model(mx.array([[tok]]), cache=cache)[0, -1].astype(mx.float32)
+            tok_id = int(np.argmax(v))
+            greedy.append(tok_id)
+            logits = model(mx.array([[tok_id]]), cache=cache)[0, -1].astype(mx.float32)
         results.append({"tokens": p, "logits_f32_b64": base64.b64encode(first.astype("<f4").tobytes()).decode(),
                         "greedy": greedy, "min_margin": round(margin, 5)})
-        print(len(p), "tokens: greedy[:8]", greedy[:8], "min margin", round(margin, 5), file=sys.stderr)
-    with open(OUT, "w") as f:
+        print(name, len(p), "tokens: greedy[:8]", greedy[:8], "min margin", round(margin, 5), file=sys.stderr)
+    out = os.path.join(REF, name + ".json")
+    with open(out, "w") as f:
         json.dump({"generator": "scripts/reference/qwen3_next_reference.py",
                    "mlx_version": importlib.metadata.version("mlx"),
                    "mlx_lm_version": importlib.metadata.version("mlx-lm"),
                    "device": "cpu", "steps": STEPS, "prompts": results}, f, indent=1)
         f.write("\n")
-    print("wrote", os.path.relpath(OUT, ROOT))
-
+    print("wrote", os.path.relpath(out, ROOT))
 
 if __name__ == "__main__":
     main()

@@ -15,9 +15,17 @@ import (
 // ../testdata/reference/qwen3_next on the MLX backend (Gated DeltaNet
 // through DeltaGates/GatedDelta, gather_mm experts, gated partial-rotary
 // attention): mlx-lm's logits (cosine ≥ 0.9999) and greedy continuations,
-// in one pass and in prefill chunks of 16.
+// in one pass and in prefill chunks of 16; f32 and mlx-lm's 4-bit
+// quantization (gather_qmm).
 func TestQwen3NextMatchesMLXLMOnMLX(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join("..", "testdata", "reference", "qwen3_next.json"))
+	b := newTestBackend(t)
+	for _, name := range []string{"qwen3_next", "qwen3_next_q4"} {
+		t.Run(name, func(t *testing.T) { testQwen3NextMLX(t, b, name) })
+	}
+}
+
+func testQwen3NextMLX(t *testing.T, b *backend, name string) {
+	raw, err := os.ReadFile(filepath.Join("..", "testdata", "reference", name+".json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,8 +39,7 @@ func TestQwen3NextMatchesMLXLMOnMLX(t *testing.T) {
 	if err := json.Unmarshal(raw, &fx); err != nil {
 		t.Fatal(err)
 	}
-	b := newTestBackend(t)
-	m := load(t, filepath.Join("..", "testdata", "reference", "qwen3_next"), b)
+	m := load(t, filepath.Join("..", "testdata", "reference", name), b)
 	for i, p := range fx.Prompts {
 		want := decodeF32(t, p.Logits)
 		for _, chunk := range []int{0, 16} {
