@@ -141,6 +141,10 @@ func positive(field string, v *int, def int) (int, error) {
 
 // ParseConfig parses and validates config.json bytes, applying HF defaults.
 func ParseConfig(data []byte) (*Config, error) {
+	data, err := flattenTextConfig(data)
+	if err != nil {
+		return nil, err
+	}
 	var r rawConfig
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&r); err != nil {
@@ -151,7 +155,6 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, cfgErr("architectures", "missing (want e.g. [\"LlamaForCausalLM\"])")
 	}
 	c.Arch = r.Architectures[0]
-	var err error
 	if c.Hidden, err = positive("hidden_size", r.HiddenSize, 0); err != nil {
 		return nil, err
 	}
@@ -452,4 +455,47 @@ func init() {
 	RegisterArch("Qwen3MoeForCausalLM", Arch{Family: "qwen3_moe", QKNorm: true, MoE: true})
 	RegisterArch("Qwen2MoeForCausalLM", Arch{Family: "qwen2_moe", QKVBias: true, MoE: true})
 	RegisterArch("Qwen3NextForCausalLM", Arch{Family: "qwen3_next", QKNorm: true, MoE: true, GatedDeltaNet: true})
+	RegisterArch("Qwen3_5ForConditionalGeneration", Arch{Family: "qwen3_5", QKNorm: true, GatedDeltaNet: true})
+	RegisterArch("Qwen3_5MoeForConditionalGeneration", Arch{Family: "qwen3_5_moe", QKNorm: true, MoE: true, GatedDeltaNet: true})
+}
+
+// flattenTextConfig lifts a multimodal config's text_config (Qwen3.5: the
+// language model's fields live there, architectures and quantization at the
+// top) to the top level, the top level's own keys winning only where
+// text_config lacks them, and rope_parameters' partial_rotary_factor next
+// to them. Configs without text_config come back unchanged.
+func flattenTextConfig(data []byte) ([]byte, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(data, &top); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	raw, ok := top["text_config"]
+	if !ok || string(raw) == "null" {
+		return data, nil
+	}
+	var text map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &text); err != nil {
+		return nil, cfgErr("text_config", "%v", err)
+	}
+	for k, v := range top {
+		if _, has := text[k]; !has && k != "text_config" && k != "vision_config" {
+			text[k] = v
+		}
+	}
+	for _, k := range []string{"architectures", "quantization", "quantization_config"} {
+		if v, has := top[k]; has {
+			text[k] = v
+		}
+	}
+	if rp, has := text["rope_parameters"]; has {
+		var p map[string]json.RawMessage
+		if json.Unmarshal(rp, &p) == nil {
+			if v, has := p["partial_rotary_factor"]; has {
+				if _, set := text["partial_rotary_factor"]; !set {
+					text["partial_rotary_factor"] = v
+				}
+			}
+		}
+	}
+	return json.Marshal(text)
 }

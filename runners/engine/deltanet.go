@@ -19,9 +19,13 @@ import (
 // updates each value head's state [Dv, Dk] token by token; the output is
 // RMSNorm(y)·SiLU(z), projected back to the model width.
 
-// deltaBlock is one Gated DeltaNet layer's weights.
+// deltaBlock is one Gated DeltaNet layer's weights. Qwen3-Next projects
+// q, k, v, z in one matrix grouped per key head (qkvz) and b, a in another
+// (ba); Qwen3.5 has four plain projections (split: qkv, z, b, a).
 type deltaBlock struct {
 	qkvz, ba, out Linear  // [2·Kd + 2·Vd, D], [2·Hv, D], [D, Vd]
+	split         bool    // Qwen3.5's projections below instead of qkvz and ba
+	qkv, z, b, a  Linear  // [2·Kd + Vd, D], [Vd, D], [Hv, D], [Hv, D]
 	taps          []Array // K conv taps, each [C]: tap j weighs input row t+j for output t
 	aLog, dtBias  Array   // [Hv]
 	norm          Array   // [Dv]: the gated RMSNorm's weight
@@ -41,16 +45,18 @@ func (l *loader) delta(prefix string, cfg *Config) (*deltaBlock, error) {
 	Hk, Hv, Dk, Dv, K := cfg.LinearKeyHeads, cfg.LinearValueHeads, cfg.LinearKeyDim, cfg.LinearValueDim, cfg.LinearConvKernel
 	Kd, Vd := Hk*Dk, Hv*Dv
 	C := 2*Kd + Vd
-	d := &deltaBlock{}
-	for _, p := range []struct {
+	d := &deltaBlock{split: l.has(prefix + "in_proj_qkv.weight")}
+	type proj struct {
 		name    string
 		out, in int
 		dst     *Linear
-	}{
-		{"in_proj_qkvz", 2*Kd + 2*Vd, D, &d.qkvz},
-		{"in_proj_ba", 2 * Hv, D, &d.ba},
-		{"out_proj", D, Vd, &d.out},
-	} {
+	}
+	projs := []proj{{"in_proj_qkvz", 2*Kd + 2*Vd, D, &d.qkvz}, {"in_proj_ba", 2 * Hv, D, &d.ba}}
+	if d.split {
+		projs = []proj{{"in_proj_qkv", 2*Kd + Vd, D, &d.qkv}, {"in_proj_z", Vd, D, &d.z},
+			{"in_proj_b", Hv, D, &d.b}, {"in_proj_a", Hv, D, &d.a}}
+	}
+	for _, p := range append(projs, proj{"out_proj", D, Vd, &d.out}) {
 		lin, err := l.linear(prefix+p.name, p.out, p.in, false)
 		if err != nil {
 			return nil, err
@@ -156,16 +162,24 @@ func (m *Model) deltaForward(d *deltaBlock, h Array, L int, st deltaState) (Arra
 	Hk, Hv, Dk, Dv, K := c.LinearKeyHeads, c.LinearValueHeads, c.LinearKeyDim, c.LinearValueDim, c.LinearConvKernel
 	r, Kd, Vd := Hv/Hk, Hk*Dk, Hv*Dv
 	C := 2*Kd + Vd
-	qkvz := b.Reshape(b.Linear(h, &d.qkvz), L, Hk, 2*Dk+2*r*Dv) // per key head: q, k, r·v, r·z
-	q := b.Reshape(b.Slice(qkvz, 2, 0, Dk), L, Kd)
-	k := b.Reshape(b.Slice(qkvz, 2, Dk, 2*Dk), L, Kd)
-	v := b.Reshape(b.Slice(qkvz, 2, 2*Dk, 2*Dk+r*Dv), L, Vd)
-	z := b.Reshape(b.Slice(qkvz, 2, 2*Dk+r*Dv, 2*Dk+2*r*Dv), L, Hv, Dv)
-	ba := b.Reshape(b.Linear(h, &d.ba), L, Hk, 2*r) // per key head: r·b, r·a
-	beta := b.Reshape(b.Slice(ba, 2, 0, r), L, Hv)
-	a := b.Reshape(b.Slice(ba, 2, r, 2*r), L, Hv)
+	var mixed, z, beta, a Array // [L, C], [L, Hv, Dv], [L, Hv], [L, Hv]
+	if d.split {
+		mixed = b.Linear(h, &d.qkv)
+		z = b.Reshape(b.Linear(h, &d.z), L, Hv, Dv)
+		beta, a = b.Linear(h, &d.b), b.Linear(h, &d.a)
+	} else {
+		qkvz := b.Reshape(b.Linear(h, &d.qkvz), L, Hk, 2*Dk+2*r*Dv) // per key head: q, k, r·v, r·z
+		q := b.Reshape(b.Slice(qkvz, 2, 0, Dk), L, Kd)
+		k := b.Reshape(b.Slice(qkvz, 2, Dk, 2*Dk), L, Kd)
+		v := b.Reshape(b.Slice(qkvz, 2, 2*Dk, 2*Dk+r*Dv), L, Vd)
+		z = b.Reshape(b.Slice(qkvz, 2, 2*Dk+r*Dv, 2*Dk+2*r*Dv), L, Hv, Dv)
+		ba := b.Reshape(b.Linear(h, &d.ba), L, Hk, 2*r) // per key head: r·b, r·a
+		beta = b.Reshape(b.Slice(ba, 2, 0, r), L, Hv)
+		a = b.Reshape(b.Slice(ba, 2, r, 2*r), L, Hv)
+		mixed = b.Concat(1, q, k, v)
+	}
 
-	in := b.Concat(0, st.conv, b.Concat(1, q, k, v)) // [K−1+L, C]
+	in := b.Concat(0, st.conv, mixed) // [K−1+L, C]
 	next := deltaState{conv: b.Slice(in, 0, L, L+K-1)}
 	var conv Array
 	for j, tap := range d.taps {

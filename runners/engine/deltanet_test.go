@@ -56,9 +56,11 @@ func loadQwen3NextFixture(t *testing.T, name ...string) qwen3NextFixture {
 // so conv and recurrent states cross chunk boundaries). The same for the
 // model quantized by mlx-lm (4-bit, 8-bit routers, float32 scales):
 // cosine ≥ 0.9999 and the same greedy tokens wherever mlx-lm's top two
-// stayed 0.001 apart.
+// stayed 0.001 apart. And Qwen3.5, dense and MoE (mlx-lm's qwen3_5 and
+// qwen3_5_moe: text_config, separate DeltaNet projections, weights under
+// language_model.*), built by the same script.
 func TestQwen3NextMatchesMLXLM(t *testing.T) {
-	for _, name := range []string{"qwen3_next", "qwen3_next_q4"} {
+	for _, name := range []string{"qwen3_next", "qwen3_next_q4", "qwen3_5", "qwen3_5_moe"} {
 		t.Run(name, func(t *testing.T) { testQwen3Next(t, name) })
 	}
 }

@@ -96,6 +96,7 @@ func Load(ctx context.Context, path string, b Backend, opts LoadOptions) (*Model
 // the backend holds its own copies of the weights afterwards).
 func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m *Model, err error) {
 	defer recoverInto(&err, "load")
+	src = wrapLanguageModel(src)
 	cfg, err := ParseConfig(src.Config())
 	if err != nil {
 		return nil, err
@@ -161,10 +162,17 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 		// HF Qwen3-Next checkpoints store these norms' weights minus one
 		// (zero-centred); mlx-lm adds 1 when it sees HF's per-expert
 		// layout, and so do we.
+		// Qwen3.5: mlx-lm adds it when conv1d is in PyTorch's [C, 1, K].
 		for _, n := range src.Names() {
-			if strings.HasSuffix(n, ".mlp.experts.0.up_proj.weight") {
+			if strings.HasSuffix(n, ".mlp.experts.0.up_proj.weight") && cfg.Arch == "Qwen3NextForCausalLM" {
 				l.normOffset = true
 				break
+			}
+			if strings.HasSuffix(n, ".linear_attn.conv1d.weight") && cfg.Arch != "Qwen3NextForCausalLM" {
+				if t, err := src.Tensor(n); err == nil && len(t.Shape) == 3 && t.Shape[2] != 1 {
+					l.normOffset = true
+					break
+				}
 			}
 		}
 	}

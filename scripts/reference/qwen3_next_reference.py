@@ -11,7 +11,10 @@ switch_mlp experts, conv1d [C, K, 1]) and the tokenizer files of our Go
 test models (the vocabulary of 512), then qwen3_next.json beside it; and
 the same model quantized as mlx-lm's convert does (4-bit, group 64, the
 router and shared-expert gate at 8 bits, float32 scales) under
-qwen3_next_q4/ with qwen3_next_q4.json. Each fixture holds, for
+qwen3_next_q4/ with qwen3_next_q4.json; and Qwen3.5 built with mlx-lm's
+qwen3_5 and qwen3_5_moe classes (the text model under text_config, separate
+q/k/v, z, b, a projections, weights under language_model.*) as qwen3_5/ and
+qwen3_5_moe/. Each fixture holds, for
 each prompt (token ids; the long ones span several prefill chunks of the
 Go test), the last-position logits (float32, base64) and the greedy
 32-token continuation through mlx-lm's caches.
@@ -26,7 +29,7 @@ import numpy as np
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
-from mlx_lm.models import qwen3_next
+from mlx_lm.models import qwen3_5, qwen3_5_moe, qwen3_next
 from mlx_lm.models.cache import make_prompt_cache
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -109,6 +112,26 @@ def main():
             q[path] = {"group_size": 64, "bits": 8}
     qcfg["quantization"] = q
     write(model, "qwen3_next_q4", qcfg, tok)
+
+    for name, mod, arch, moe in [("qwen3_5", qwen3_5, "Qwen3_5ForConditionalGeneration", False),
+                                 ("qwen3_5_moe", qwen3_5_moe, "Qwen3_5MoeForConditionalGeneration", True)]:
+        text = {k: v for k, v in CONFIG.items() if k not in ("architectures", "model_type", "partial_rotary_factor",
+                                                               "rope_theta", "mlp_only_layers", "torch_dtype",
+                                                               "bos_token_id", "eos_token_id")}
+        text["model_type"] = name + "_text"
+        text["rope_parameters"] = {"type": "default", "mrope_section": [2, 1, 1], "rope_theta": 10000.0,
+                                   "partial_rotary_factor": 0.25}
+        if not moe:
+            for k in ("num_experts", "num_experts_per_tok", "decoder_sparse_step", "shared_expert_intermediate_size",
+                      "moe_intermediate_size", "norm_topk_prob"):
+                text.pop(k)
+        cfg = {"architectures": [arch], "model_type": name, "text_config": text, "tie_word_embeddings": False,
+               "torch_dtype": "float32", "bos_token_id": 509, "eos_token_id": 511}
+        mx.random.seed(12)
+        m = mod.Model(mod.ModelArgs.from_dict(cfg))
+        m.update(tree_map_with_path(perturb, m.parameters()))
+        mx.eval(m.parameters())
+        write(m, name, cfg, tok)
 
 
 def write(model, name, config, tok):

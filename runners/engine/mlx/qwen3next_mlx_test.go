@@ -16,10 +16,10 @@ import (
 // through DeltaGates/GatedDelta, gather_mm experts, gated partial-rotary
 // attention): mlx-lm's logits (cosine ≥ 0.9999) and greedy continuations,
 // in one pass and in prefill chunks of 16; f32 and mlx-lm's 4-bit
-// quantization (gather_qmm).
+// quantization (gather_qmm); Qwen3.5 dense and MoE.
 func TestQwen3NextMatchesMLXLMOnMLX(t *testing.T) {
 	b := newTestBackend(t)
-	for _, name := range []string{"qwen3_next", "qwen3_next_q4"} {
+	for _, name := range []string{"qwen3_next", "qwen3_next_q4", "qwen3_5", "qwen3_5_moe"} {
 		t.Run(name, func(t *testing.T) { testQwen3NextMLX(t, b, name) })
 	}
 }
