@@ -109,37 +109,73 @@ func testQwen3Next(t *testing.T, name string) {
 	}
 }
 
-// TestQwen3NextHFLayout: the same model rewritten in Hugging Face's layout
-// (RMSNorm weights stored minus one, one tensor per expert, conv1d as
-// PyTorch's [C, 1, K]) loads to the same model: mlx-lm's outputs again
-// (the ±1 round trip rounds the norm weights, hence cosine, not equality).
+// TestQwen3NextHFLayout: the same models rewritten in Hugging Face's
+// layout load to the same models: mlx-lm's outputs again (the ±1 round
+// trip rounds the norm weights, hence cosine, not equality). Qwen3-Next:
+// RMSNorm weights stored minus one, one tensor per expert, conv1d as
+// PyTorch's [C, 1, K]. Qwen3.5-MoE: the same norms and conv1d, the
+// language model under model.language_model.* beside a vision tower (not
+// loaded), lm_head at the top, and fused experts (gate_up_proj [E, 2F, D],
+// down_proj [E, D, F]).
 func TestQwen3NextHFLayout(t *testing.T) {
-	fx := loadQwen3NextFixture(t)
-	src := filepath.Join("testdata", "reference", "qwen3_next")
+	for _, name := range []string{"qwen3_next", "qwen3_5_moe"} {
+		t.Run(name, func(t *testing.T) { testHFLayout(t, name) })
+	}
+}
+
+func testHFLayout(t *testing.T, name string) {
+	fx := loadQwen3NextFixture(t, name)
+	src := filepath.Join("testdata", "reference", name)
 	in, err := weights.Open(src)
 	if err != nil {
 		t.Fatal(err)
 	}
+	qwen35 := strings.HasPrefix(name, "qwen3_5")
 	var out []engine.Tensor
-	for _, name := range in.Names() {
-		tn, err := in.Tensor(name)
+	fused := map[string][]byte{} // layer prefix → gate then up, per expert
+	for _, n := range in.Names() {
+		tn, err := in.Tensor(n)
 		if err != nil {
 			t.Fatal(err)
 		}
 		tn.Data = slices.Clone(tn.Data)
+		if qwen35 {
+			n = strings.Replace(strings.Replace(n, "language_model.model.", "model.language_model.", 1), "language_model.lm_head.", "lm_head.", 1)
+		}
+		tn.Name = n
 		switch {
-		case strings.HasSuffix(name, "layernorm.weight") || name == "model.norm.weight" ||
-			strings.HasSuffix(name, "q_norm.weight") || strings.HasSuffix(name, "k_norm.weight"):
+		case strings.HasSuffix(n, "layernorm.weight") || strings.HasSuffix(n, ".norm.weight") && !strings.Contains(n, "linear_attn") ||
+			strings.HasSuffix(n, "q_norm.weight") || strings.HasSuffix(n, "k_norm.weight"):
 			for i := 0; i < len(tn.Data); i += 4 {
 				v := math.Float32frombits(binary.LittleEndian.Uint32(tn.Data[i:])) - 1
 				binary.LittleEndian.PutUint32(tn.Data[i:], math.Float32bits(v))
 			}
-		case strings.HasSuffix(name, "conv1d.weight"):
+		case strings.HasSuffix(n, "conv1d.weight"):
 			tn.Shape = []int{tn.Shape[0], 1, tn.Shape[1]}
-		case strings.Contains(name, ".switch_mlp."):
+		case strings.Contains(n, ".switch_mlp.") && qwen35:
+			pre := n[:strings.Index(n, "switch_mlp.")]
+			switch {
+			case strings.HasSuffix(n, "down_proj.weight"):
+				tn.Name = pre + "experts.down_proj"
+				out = append(out, tn)
+			default:
+				// gate before up: collect both, interleave per expert below.
+				fused[pre+strings.TrimSuffix(strings.TrimPrefix(n, pre+"switch_mlp."), ".weight")] = tn.Data
+				if g, u := fused[pre+"gate_proj"], fused[pre+"up_proj"]; g != nil && u != nil {
+					E, per := tn.Shape[0], len(g)/tn.Shape[0]
+					var gu []byte
+					for e := range E {
+						gu = append(append(gu, g[e*per:(e+1)*per]...), u[e*per:(e+1)*per]...)
+					}
+					out = append(out, engine.Tensor{Name: pre + "experts.gate_up_proj", DType: tn.DType,
+						Shape: []int{E, 2 * tn.Shape[1], tn.Shape[2]}, Data: gu})
+				}
+			}
+			continue
+		case strings.Contains(n, ".switch_mlp."):
 			E, per := tn.Shape[0], len(tn.Data)/tn.Shape[0]
 			for e := range E {
-				out = append(out, engine.Tensor{Name: strings.Replace(name, ".switch_mlp.", fmt.Sprintf(".experts.%d.", e), 1),
+				out = append(out, engine.Tensor{Name: strings.Replace(n, ".switch_mlp.", fmt.Sprintf(".experts.%d.", e), 1),
 					DType: tn.DType, Shape: tn.Shape[1:], Data: tn.Data[e*per : (e+1)*per]})
 			}
 			continue
@@ -147,6 +183,9 @@ func TestQwen3NextHFLayout(t *testing.T) {
 		out = append(out, tn)
 	}
 	in.Close()
+	if qwen35 {
+		out = append(out, engine.Tensor{Name: "model.visual.patch_embed.weight", DType: engine.F32, Shape: []int{2}, Data: make([]byte, 8)})
+	}
 	slices.SortFunc(out, func(a, b engine.Tensor) int { return strings.Compare(a.Name, b.Name) })
 	dir := t.TempDir()
 	if err := weights.WriteSafetensorsFile(filepath.Join(dir, "model.safetensors"), out, map[string]string{"format": "pt"}); err != nil {

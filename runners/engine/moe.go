@@ -71,6 +71,14 @@ func (l *loader) moe(prefix string, cfg *Config) (*moeBlock, error) {
 		{"up_proj", F, D, &mb.up},
 		{"down_proj", D, F, &mb.down},
 	}
+	if l.has(prefix + "experts.gate_up_proj") {
+		// Hugging Face's fused experts (Qwen3.5-MoE): gate_up_proj
+		// [E, 2F, D] (gate rows, then up rows) and down_proj [E, D, F].
+		if err := l.fusedExperts(prefix+"experts.", mb, E, F, D); err != nil {
+			return nil, err
+		}
+		projs = nil
+	}
 	stacked := l.has(prefix + "switch_mlp.gate_proj.weight")
 	for _, p := range projs {
 		name := func(int) string { return prefix + "switch_mlp." + p.name }
@@ -104,6 +112,35 @@ func (l *loader) moe(prefix string, cfg *Config) (*moeBlock, error) {
 		mb.shared = se
 	}
 	return mb, nil
+}
+
+// fusedExperts loads Hugging Face's fused expert tensors (dense only).
+func (l *loader) fusedExperts(prefix string, mb *moeBlock, E, F, D int) error {
+	gu, err := l.src.Tensor(prefix + "gate_up_proj")
+	if err != nil {
+		return fmt.Errorf("%sgate_up_proj: %w", prefix, err)
+	}
+	if !slices.Equal(gu.Shape, []int{E, 2 * F, D}) {
+		return fmt.Errorf("%sgate_up_proj: shape %v, want [%d, %d, %d]", prefix, gu.Shape, E, 2*F, D)
+	}
+	dn, err := l.src.Tensor(prefix + "down_proj")
+	if err != nil {
+		return fmt.Errorf("%sdown_proj: %w", prefix, err)
+	}
+	if !slices.Equal(dn.Shape, []int{E, D, F}) {
+		return fmt.Errorf("%sdown_proj: shape %v, want [%d, %d, %d]", prefix, dn.Shape, E, D, F)
+	}
+	half := F * D * gu.DType.Size() // one expert's gate (or up) rows
+	gate, up := make([]byte, 0, E*half), make([]byte, 0, E*half)
+	for e := range E {
+		slab := gu.Data[e*2*half : (e+1)*2*half]
+		gate, up = append(gate, slab[:half]...), append(up, slab[half:]...)
+	}
+	mb.gate.W = l.keep(l.b.FromBytes(gate, []int{E, F, D}, gu.DType))
+	mb.up.W = l.keep(l.b.FromBytes(up, []int{E, F, D}, gu.DType))
+	mb.down.W = l.keep(l.b.FromBytes(dn.Data, []int{E, D, F}, dn.DType))
+	l.done += int64(len(gu.Data) + len(dn.Data))
+	return nil
 }
 
 // stackedLinear loads E matrices [out, in] (dense or MLX-quantized) as one
