@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 )
 
 // hybridCache is the cache of a model whose layers are of two kinds: the
@@ -16,9 +18,8 @@ import (
 // mark), which is what a failed Forward or Prefill chunk rolls back to.
 // Any other n empties the cache (Len() = 0): callers that reuse a prefix
 // read Len() after Truncate. Saving states at chunk boundaries for the
-// prefix caches, and State frames on the KV wire, are not done yet: Export
-// and Import of a recurrent layer fail, so remote prefill falls back to
-// local prefill.
+// prefix caches is not done yet. Recurrent layers cross the KV wire as
+// states (RecurrentState): Export and Import of their K/V fail.
 type hybridCache struct {
 	m      *Model
 	attn   KVCache      // the full-attention layers, in order
@@ -28,6 +29,7 @@ type hybridCache struct {
 		n      int
 		states []deltaState // nil: no mark
 	}
+	pending map[int]deltaState // imported states, applied by Commit
 }
 
 var errRecurrentLayer = errors.New("engine: the state of a recurrent (Gated DeltaNet) layer cannot be exported or imported yet")
@@ -106,6 +108,7 @@ func (c *hybridCache) Append(layer int, k, v Array) (Array, Array) {
 }
 
 func (c *hybridCache) Truncate(n int) {
+	c.dropPending()
 	switch {
 	case n >= c.Len():
 		c.attn.Truncate(n) // drops imports beyond Len, if any
@@ -142,8 +145,97 @@ func (c *hybridCache) Import(layer, start, n int, k, v []byte) error {
 	return c.attn.Import(c.index[layer], start, n, k, v)
 }
 
-func (c *hybridCache) Commit(n int) error { return c.attn.Commit(n) }
-func (c *hybridCache) DType() DType       { return c.attn.DType() }
+// Commit applies the imported attention KV and the staged states together.
+func (c *hybridCache) Commit(n int) error {
+	recurrent := 0
+	for _, ix := range c.index {
+		if ix < 0 {
+			recurrent++
+		}
+	}
+	if n > c.Len() && len(c.pending) != recurrent {
+		return fmt.Errorf("engine: commit to %d with states for %d of %d recurrent layers", n, len(c.pending), recurrent)
+	}
+	if err := c.attn.Commit(n); err != nil {
+		return err
+	}
+	for i, s := range c.pending {
+		c.set(i, s)
+	}
+	c.pending = nil
+	return nil
+}
+
+func (c *hybridCache) Recurrent(layer int) bool {
+	return layer >= 0 && layer < len(c.index) && c.index[layer] < 0
+}
+
+// stateSizes are the element counts of a recurrent layer's two arrays.
+func (c *hybridCache) stateSizes() (conv, rec int) {
+	g := &c.m.cfg
+	C := 2*g.LinearKeyHeads*g.LinearKeyDim + g.LinearValueHeads*g.LinearValueDim
+	return (g.LinearConvKernel - 1) * C, g.LinearValueHeads * g.LinearValueDim * g.LinearKeyDim
+}
+
+func (c *hybridCache) ExportState(layer int) (out [][]byte, err error) {
+	defer recoverInto(&err, "export state")
+	if !c.Recurrent(layer) {
+		return nil, fmt.Errorf("engine: ExportState of layer %d, which is not recurrent", layer)
+	}
+	st := c.states[layer]
+	for _, a := range []Array{st.conv, st.rec} {
+		f, err := c.m.b.Float32(a)
+		if err != nil {
+			return nil, err
+		}
+		raw := make([]byte, 4*len(f))
+		for i, v := range f {
+			binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(v))
+		}
+		out = append(out, raw)
+	}
+	return out, nil
+}
+
+func (c *hybridCache) ImportState(layer int, arrays [][]byte) (err error) {
+	defer recoverInto(&err, "import state")
+	if !c.Recurrent(layer) {
+		return fmt.Errorf("engine: ImportState of layer %d, which is not recurrent", layer)
+	}
+	nc, nr := c.stateSizes()
+	if len(arrays) != 2 || len(arrays[0]) != 4*nc || len(arrays[1]) != 4*nr {
+		sizes := make([]int, len(arrays))
+		for i, a := range arrays {
+			sizes[i] = len(a)
+		}
+		return fmt.Errorf("engine: layer %d state arrays of %v bytes, want [%d %d]", layer, sizes, 4*nc, 4*nr)
+	}
+	g := &c.m.cfg
+	C := nc / (g.LinearConvKernel - 1)
+	b := c.m.b
+	st := deltaState{
+		conv: b.AsType(b.FromBytes(arrays[0], []int{g.LinearConvKernel - 1, C}, F32), c.m.actDType()),
+		rec:  b.FromBytes(arrays[1], []int{g.LinearValueHeads, g.LinearValueDim, g.LinearKeyDim}, F32),
+	}
+	b.Keep(st.conv, st.rec)
+	if c.pending == nil {
+		c.pending = map[int]deltaState{}
+	}
+	if old, ok := c.pending[layer]; ok {
+		b.Free(old.conv, old.rec)
+	}
+	c.pending[layer] = st
+	return nil
+}
+
+// dropPending frees staged states (a failed stream's).
+func (c *hybridCache) dropPending() {
+	for _, s := range c.pending {
+		c.m.b.Free(s.conv, s.rec)
+	}
+	c.pending = nil
+}
+func (c *hybridCache) DType() DType { return c.attn.DType() }
 
 // Geometry is the model's: every layer counts, so the engine's checks and
 // the wire see the model's layer count.
@@ -154,6 +246,7 @@ func (c *hybridCache) Geometry() CacheGeometry {
 }
 
 func (c *hybridCache) Free() {
+	c.dropPending()
 	c.attn.Free()
 	for i, s := range c.states {
 		if s.conv != nil {

@@ -434,6 +434,13 @@ func fingerprint(c *Config, a Arch, vocab []string) Fingerprint {
 		w(math.Float64bits(f))
 	}
 	w(uint64(r.Scale.OriginalMaxPositions))
+	if c.FullAttentionInterval > 0 {
+		// Which layers are recurrent and the shapes of their states.
+		ws("gated deltanet")
+		for _, v := range []int{c.FullAttentionInterval, c.LinearKeyHeads, c.LinearValueHeads, c.LinearKeyDim, c.LinearValueDim, c.LinearConvKernel} {
+			w(uint64(v))
+		}
+	}
 	w(uint64(len(vocab)))
 	for _, t := range vocab {
 		ws(t)
@@ -462,8 +469,15 @@ func recoverInto(err *error, op string) {
 // Info describes the model.
 func (m *Model) Info() ModelInfo {
 	c := m.cfg
-	return ModelInfo{Arch: c.Arch, Layers: c.Layers, Hidden: c.Hidden, Heads: c.Heads, KVHeads: c.KVHeads,
+	info := ModelInfo{Arch: c.Arch, Layers: c.Layers, Hidden: c.Hidden, Heads: c.Heads, KVHeads: c.KVHeads,
 		HeadDim: c.HeadDim, Vocab: c.Vocab, MaxPositions: c.MaxPositions, CacheDType: m.cacheDT}
+	if c.FullAttentionInterval > 0 {
+		info.Recurrent = make([]bool, c.Layers)
+		for i := range info.Recurrent {
+			info.Recurrent[i] = c.IsLinearLayer(i)
+		}
+	}
+	return info
 }
 
 // Config returns the parsed config.json.

@@ -56,6 +56,25 @@ type ModelInfo struct {
 	Vocab        int
 	MaxPositions int
 	CacheDType   DType
+	// Recurrent marks the recurrent (Gated DeltaNet) layers; nil when the
+	// model has none. Their caches implement RecurrentState.
+	Recurrent []bool
+}
+
+// RecurrentState is implemented by the cache of a model with recurrent
+// layers: what such a layer keeps is a state, not K and V per position, and
+// it crosses the KV wire in State frames.
+type RecurrentState interface {
+	// Recurrent reports whether layer is recurrent.
+	Recurrent(layer int) bool
+	// ExportState returns the layer's state after the cache's Len()
+	// positions: for Gated DeltaNet, the conv state [K−1, C] and the
+	// recurrent state [Hv, Dv, Dk], each float32 little-endian.
+	ExportState(layer int) ([][]byte, error)
+	// ImportState stages a layer's state in ExportState's layout; Commit
+	// applies every staged state at once (and fails unless every recurrent
+	// layer has one), Truncate back to Len() drops them.
+	ImportState(layer int, arrays [][]byte) error
 }
 
 // Fingerprint identifies everything that makes KV computed by one model

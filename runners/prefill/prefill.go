@@ -109,6 +109,11 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 	}
 	start, end := req.StartPos, n-1
 	kinds := make([]kvwire.LayerKind, p.info.Layers)
+	for l, r := range p.info.Recurrent {
+		if r {
+			kinds[l] = kvwire.LayerRecurrent
+		}
+	}
 	if err := e.Header(kvwire.Header{Fingerprint: p.fp, DType: wire, KVHeads: p.info.KVHeads, HeadDim: p.info.HeadDim,
 		Kinds: kinds, TokenStart: start, TokenEnd: end}); err != nil {
 		return err
@@ -117,13 +122,20 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 		return nil
 	}
 
-	cache, cached, err := p.cache.acquire(req.Tokens, end, p.o.Model.NewCache)
-	if err != nil {
+	// A model with recurrent layers computes from position 0 every time:
+	// its cache cannot go back to a shorter prefix (no prefix cache yet),
+	// and the decode side gets the state after end in State frames.
+	recurrent := p.info.Recurrent != nil
+	var cache engine.KVCache
+	cached := 0
+	if recurrent {
+		cache = p.o.Model.NewCache()
+	} else if cache, cached, err = p.cache.acquire(req.Tokens, end, p.o.Model.NewCache); err != nil {
 		return fmt.Errorf("%w: %v", kvwire.ErrRemoteInternal, err)
 	}
 	defer func() {
 		// Keep whatever was computed, even after a failure mid-way.
-		if l := cache.Len(); l > 0 {
+		if l := cache.Len(); l > 0 && !recurrent {
 			p.cache.release(append([]int32(nil), req.Tokens[:l]...), cache)
 		} else {
 			cache.Free()
@@ -137,6 +149,9 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 		for s := from; s < to; s += p.o.Chunk {
 			cnt := min(p.o.Chunk, to-s)
 			for l := range p.info.Layers {
+				if kinds[l] == kvwire.LayerRecurrent {
+					continue
+				}
 				k, v, err := cache.Export(l, s, cnt)
 				if err != nil {
 					return fmt.Errorf("%w: export layer %d: %v", kvwire.ErrRemoteInternal, l, err)
@@ -173,6 +188,27 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 			return fmt.Errorf("prefill [%d,%d): %w", cached, end, err)
 		}
 		p.m.PrefillTokens.WithLabelValues("prefill").Add(float64(end - cached))
+	}
+	if recurrent {
+		rs, ok := cache.(engine.RecurrentState)
+		if !ok {
+			return fmt.Errorf("%w: the cache of a model with recurrent layers has no state", kvwire.ErrRemoteInternal)
+		}
+		for l, k := range kinds {
+			if k != kvwire.LayerRecurrent {
+				continue
+			}
+			arrays, err := rs.ExportState(l)
+			if err != nil {
+				return fmt.Errorf("%w: export state of layer %d: %v", kvwire.ErrRemoteInternal, l, err)
+			}
+			if err := e.State(l, end, arrays...); err != nil {
+				return err
+			}
+			for _, a := range arrays {
+				sent += int64(len(a))
+			}
+		}
 	}
 	d := time.Since(t0)
 	p.m.KVBytes.WithLabelValues("prefill").Add(float64(sent))
