@@ -10,7 +10,8 @@ import (
 // tiny Qwen3-Next, checked against mlx-lm) through real runners: remote
 // prefill (attention KV in chunks, the recurrent layers' states in State
 // frames, counted in the decode runner's log) gives the local text for
-// ~300- and ~1,000-token prompts and for a second turn; a prefill runner
+// ~300- and ~1,000-token prompts and for a second turn that resumes from
+// the states kept where turn 1's remote KV ended; a prefill runner
 // killed mid-stream falls back to local prefill with the same text.
 func TestHybridRemoteEqualsLocal(t *testing.T) {
 	dir, err := filepath.Abs(filepath.Join("..", "engine", "testdata", "reference", "qwen3_next"))
@@ -45,7 +46,14 @@ func TestHybridRemoteEqualsLocal(t *testing.T) {
 		l1 := chatStream(t, ref.listen, first, genTokens, ignoreEOS)
 		expectSame(t, "turn 1", r1, l1)
 		second := append(first, msg{Role: "assistant", Content: r1.Text}, msg{Role: "user", Content: words(12, 150)})
-		expectSame(t, "turn 2", chatStream(t, dec.listen, second, genTokens, ignoreEOS), chatStream(t, ref.listen, second, genTokens, ignoreEOS))
+		hit := dec.metric(t, `exo_prefix_cache_hit_tokens_total{role="decode"}`)
+		r2 := chatStream(t, dec.listen, second, genTokens, ignoreEOS)
+		expectSame(t, "turn 2", r2, chatStream(t, ref.listen, second, genTokens, ignoreEOS))
+		// The decode cache kept the recurrent states where turn 1's remote
+		// KV ended, so turn 2 resumes there.
+		if d := dec.metric(t, `exo_prefix_cache_hit_tokens_total{role="decode"}`) - hit; d < float64(r1.Prompt-1) || r2.Cached < r1.Prompt-1 {
+			t.Fatalf("turn 2 reused %v cached tokens (start_pos %d), want ≥ %d", d, r2.Cached, r1.Prompt-1)
+		}
 	})
 	t.Run("prefill killed mid-stream", func(t *testing.T) {
 		victim := start(t, "prefill-victim", "prefill", "--model", dir, "--prefill-chunk", "16", "--prefix-cache-mib", "0")

@@ -230,8 +230,9 @@ func testHFLayout(t *testing.T, name string) {
 // prompt's logits after prefill in chunks of 1, 7 and 64 equal one pass
 // bit for bit (recurrent and conv states carried across chunks, MoE rows
 // sorted or not). A hybrid cache rolls back exactly to where the last step
-// began (a failed step's Truncate) and to nothing else: any other
-// Truncate empties it, so a prefix cache reads Len() and recomputes.
+// began (a failed step's Truncate); other Truncates go back to the latest
+// kept position at or below the target (prefill chunk boundaries), or to
+// 0, and continuing from there gives the same logits as a fresh cache.
 func TestQwen3NextChunkInvariantAndRollback(t *testing.T) {
 	fx := loadQwen3NextFixture(t)
 	b, err := backend.Open("cpu", backend.Options{})
@@ -292,6 +293,28 @@ func TestQwen3NextChunkInvariantAndRollback(t *testing.T) {
 	}
 	if !slices.Equal(fresh, a) {
 		t.Fatal("an emptied cache does not start afresh")
+	}
+	// Prefill in chunks of 32 keeps the states at 32, 64, 96; decode a
+	// few tokens past them, then go back to 80: the cache resumes at 64.
+	c2 := m.NewCache()
+	if err := m.Prefill(ctx, c2, p[:110], 32, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, tok := range p[110:115] {
+		if _, err := m.Forward(ctx, c2, []int32{tok}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c2.Truncate(80)
+	if c2.Len() != 64 {
+		t.Fatalf("Len %d after Truncate(80), want the chunk boundary 64", c2.Len())
+	}
+	resumed, err := m.Forward(ctx, c2, p[64:120])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(resumed, a) {
+		t.Fatal("resuming from a kept chunk boundary gives other logits than a fresh cache")
 	}
 	if _, _, err := c.Export(0, 0, 10); err == nil {
 		t.Fatal("Export of a recurrent layer succeeded")

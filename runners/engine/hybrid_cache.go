@@ -12,14 +12,15 @@ import (
 // layers only), the Gated DeltaNet layers a conv state and a recurrent
 // state (deltaState), replaced by each step.
 //
-// A recurrent state cannot be cut back to an earlier position, so
-// Truncate(n) is exact only for n = Len() and for n = the position where
-// the current step began (mark: the state there is kept until the next
-// mark), which is what a failed Forward or Prefill chunk rolls back to.
-// Any other n empties the cache (Len() = 0): callers that reuse a prefix
-// read Len() after Truncate. Saving states at chunk boundaries for the
-// prefix caches is not done yet. Recurrent layers cross the KV wire as
-// states (RecurrentState): Export and Import of their K/V fail.
+// A recurrent state cannot be cut back to an earlier position, so the
+// cache keeps the states of a few positions: where the current step began
+// (mark, what a failed Forward or Prefill chunk rolls back to), where each
+// multi-token step began (prefill chunk boundaries) and where remote KV
+// was committed, the last maxSnapshots of those. Truncate(n) goes back to
+// the latest kept position ≤ n (0 if none), so Len() may end below n:
+// callers that reuse a prefix read Len() after Truncate. Recurrent layers
+// cross the KV wire as states (RecurrentState): Export and Import of their
+// K/V fail.
 type hybridCache struct {
 	m      *Model
 	attn   KVCache      // the full-attention layers, in order
@@ -30,7 +31,18 @@ type hybridCache struct {
 		states []deltaState // nil: no mark
 	}
 	pending map[int]deltaState // imported states, applied by Commit
+	snaps   []snapshot         // kept positions, oldest first
 }
+
+// snapshot is every layer's state after n positions.
+type snapshot struct {
+	n      int
+	states []deltaState
+}
+
+// maxSnapshots bounds the positions a hybrid cache keeps (each holds every
+// recurrent layer's state).
+const maxSnapshots = 4
 
 var errRecurrentLayer = errors.New("engine: the state of a recurrent (Gated DeltaNet) layer cannot be exported or imported yet")
 
@@ -68,7 +80,8 @@ func (c *hybridCache) set(i int, s deltaState) {
 	c.release(old, i)
 }
 
-// release frees s (layer i's) unless it is the current or the marked state.
+// release frees s (layer i's) unless the current state, the mark or a
+// snapshot holds it.
 func (c *hybridCache) release(s deltaState, i int) {
 	if s.conv == nil {
 		return
@@ -77,6 +90,9 @@ func (c *hybridCache) release(s deltaState, i int) {
 	held = append(held, c.states[i].conv, c.states[i].rec)
 	if c.mark.states != nil {
 		held = append(held, c.mark.states[i].conv, c.mark.states[i].rec)
+	}
+	for _, sn := range c.snaps {
+		held = append(held, sn.states[i].conv, sn.states[i].rec)
 	}
 	for _, a := range []Array{s.conv, s.rec} {
 		free := true
@@ -91,13 +107,39 @@ func (c *hybridCache) release(s deltaState, i int) {
 	}
 }
 
-// begin marks the start of a step: Truncate(Len()) from now on restores
-// the states as they are.
-func (c *hybridCache) begin() {
+// begin marks the start of a step of tokens positions: Truncate(Len())
+// from now on restores the states as they are; a multi-token step's start
+// is also kept as a snapshot.
+func (c *hybridCache) begin(tokens int) {
 	old := c.mark.states
 	c.mark.n, c.mark.states = c.Len(), append([]deltaState(nil), c.states...)
 	for i, s := range old {
 		c.release(s, i)
+	}
+	if tokens > 1 {
+		c.snapshot()
+	}
+}
+
+// snapshot keeps the current states at Len() (not at 0: the empty state
+// needs no copy), dropping the oldest beyond maxSnapshots.
+func (c *hybridCache) snapshot() {
+	n := c.Len()
+	if n == 0 {
+		return
+	}
+	for _, sn := range c.snaps {
+		if sn.n == n {
+			return
+		}
+	}
+	c.snaps = append(c.snaps, snapshot{n: n, states: append([]deltaState(nil), c.states...)})
+	if len(c.snaps) > maxSnapshots {
+		old := c.snaps[0]
+		c.snaps = c.snaps[1:]
+		for i, s := range old.states {
+			c.release(s, i)
+		}
 	}
 }
 
@@ -109,19 +151,46 @@ func (c *hybridCache) Append(layer int, k, v Array) (Array, Array) {
 
 func (c *hybridCache) Truncate(n int) {
 	c.dropPending()
-	switch {
-	case n >= c.Len():
+	if n >= c.Len() {
 		c.attn.Truncate(n) // drops imports beyond Len, if any
-	case c.mark.states != nil && n == c.mark.n:
-		for i, s := range c.mark.states {
+		return
+	}
+	// The latest kept position ≤ n: the mark or a snapshot.
+	best, states := 0, []deltaState(nil)
+	if c.mark.states != nil && c.mark.n <= n {
+		best, states = c.mark.n, c.mark.states
+	}
+	for _, sn := range c.snaps {
+		if sn.n <= n && sn.n > best {
+			best, states = sn.n, sn.states
+		}
+	}
+	// Snapshots past the new end describe positions that are gone.
+	kept := c.snaps[:0]
+	var dropped []snapshot
+	for _, sn := range c.snaps {
+		if sn.n <= best {
+			kept = append(kept, sn)
+		} else {
+			dropped = append(dropped, sn)
+		}
+	}
+	c.snaps = kept
+	if states == nil {
+		c.attn.Truncate(0)
+		c.reset()
+	} else {
+		for i, s := range states {
 			if c.index[i] < 0 {
 				c.set(i, s)
 			}
 		}
-		c.attn.Truncate(n)
-	default:
-		c.attn.Truncate(0)
-		c.reset()
+		c.attn.Truncate(best)
+	}
+	for _, sn := range dropped {
+		for i, s := range sn.states {
+			c.release(s, i)
+		}
 	}
 }
 
@@ -163,6 +232,7 @@ func (c *hybridCache) Commit(n int) error {
 		c.set(i, s)
 	}
 	c.pending = nil
+	c.snapshot() // where remote KV ended: a later turn can resume here
 	return nil
 }
 
@@ -260,4 +330,12 @@ func (c *hybridCache) Free() {
 		}
 	}
 	c.mark.states = nil
+	for _, sn := range c.snaps {
+		for _, s := range sn.states {
+			if s.conv != nil {
+				c.m.b.Free(s.conv, s.rec)
+			}
+		}
+	}
+	c.snaps = nil
 }

@@ -540,7 +540,7 @@ func (m *Model) Forward(ctx context.Context, c KVCache, tokens []int32) (logits 
 		return nil, err
 	}
 	start := c.Len()
-	beginStep(c)
+	beginStep(c, len(tokens))
 	defer func() {
 		if err != nil {
 			c.Truncate(start)
@@ -595,7 +595,7 @@ func (m *Model) ForwardBatch(ctx context.Context, caches []KVCache, tokens []int
 		starts[i], toks[i] = c.Len(), tokens[i:i+1]
 	}
 	for _, c := range caches {
-		beginStep(c)
+		beginStep(c, 1)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -658,7 +658,7 @@ func (m *Model) Prefill(ctx context.Context, c KVCache, tokens []int32, chunk in
 
 func (m *Model) guardedStep(c KVCache, tokens []int32) (err error) {
 	start := c.Len()
-	beginStep(c)
+	beginStep(c, len(tokens))
 	defer func() {
 		if err != nil {
 			c.Truncate(start)
@@ -810,9 +810,10 @@ func (m *Model) mlpOrMoE(ly *block, x Array, n int) (Array, error) {
 	return b.Add(x, b.Linear(g, &ly.down)), nil
 }
 
-// beginStep marks where a hybrid cache's step begins (see hybridCache).
-func beginStep(c KVCache) {
+// beginStep marks where a hybrid cache's step of n tokens begins (see
+// hybridCache).
+func beginStep(c KVCache, n int) {
 	if hc, ok := c.(*hybridCache); ok {
-		hc.begin()
+		hc.begin(n)
 	}
 }
