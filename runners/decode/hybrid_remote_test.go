@@ -13,7 +13,9 @@ import (
 	_ "github.com/exo-pd/exo-pd/runners/engine/backend" // registers the weight loader
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/metrics"
 	"github.com/exo-pd/exo-pd/runners/prefill"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // TestHybridRemotePrefillEqualsLocal: a Qwen3-Next model (the engine's
@@ -21,7 +23,8 @@ import (
 // KV wire (loopback TCP): the attention layers' KV arrives in chunks and
 // the Gated DeltaNet layers' states in State frames (one per recurrent
 // layer, counted), and the decode side's text equals local prefill's, for
-// a fresh prompt and for a continued conversation (start_pos > 0). A byte
+// a fresh prompt and for a continued conversation (start_pos > 0, the
+// prefill side resuming from its cached turn-1 state). A byte
 // flipped inside a State frame is caught (ErrCorrupt) and leaves the
 // cache as it was.
 func TestHybridRemotePrefillEqualsLocal(t *testing.T) {
@@ -40,7 +43,8 @@ func TestHybridRemotePrefillEqualsLocal(t *testing.T) {
 	if recurrent == 0 {
 		t.Fatal("no recurrent layers")
 	}
-	prod := prefill.New(prefill.Options{Name: "m", Model: m, Chunk: 16})
+	met := metrics.New("prefill")
+	prod := prefill.New(prefill.Options{Name: "m", Model: m, Chunk: 16, Metrics: met})
 	defer prod.Close()
 	srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
 	if err != nil {
@@ -107,6 +111,15 @@ func TestHybridRemotePrefillEqualsLocal(t *testing.T) {
 	}
 	if got, want2 := greedy(c, turn2[len(turn2)-1]), greedy(local2, turn2[len(turn2)-1]); !slices.Equal(got, want2) {
 		t.Fatalf("second turn: remote %v, local %v", got, want2)
+	}
+	// The prefill side kept turn 1's cache (its state after 69 tokens)
+	// and computed only the new tokens.
+	var hit dto.Metric
+	if err := met.PrefixHit.WithLabelValues("prefill").Write(&hit); err != nil {
+		t.Fatal(err)
+	}
+	if got := hit.GetCounter().GetValue(); got != float64(len(prompt)-1) {
+		t.Fatalf("prefill prefix hit %v tokens, want %d", got, len(prompt)-1)
 	}
 
 	// A flipped byte inside a State frame (they come last, before Done).

@@ -122,20 +122,17 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 		return nil
 	}
 
-	// A model with recurrent layers computes from position 0 every time:
-	// its cache cannot go back to a shorter prefix (no prefix cache yet),
-	// and the decode side gets the state after end in State frames.
+	// A model with recurrent layers reuses only a cached entry that is a
+	// whole prefix of the prompt (its state cannot go back to a shorter
+	// one); the decode side gets the state after end in State frames.
 	recurrent := p.info.Recurrent != nil
-	var cache engine.KVCache
-	cached := 0
-	if recurrent {
-		cache = p.o.Model.NewCache()
-	} else if cache, cached, err = p.cache.acquire(req.Tokens, end, p.o.Model.NewCache); err != nil {
+	cache, cached, err := p.cache.acquire(req.Tokens, end, p.o.Model.NewCache, recurrent)
+	if err != nil {
 		return fmt.Errorf("%w: %v", kvwire.ErrRemoteInternal, err)
 	}
 	defer func() {
 		// Keep whatever was computed, even after a failure mid-way.
-		if l := cache.Len(); l > 0 && !recurrent {
+		if l := cache.Len(); l > 0 {
 			p.cache.release(append([]int32(nil), req.Tokens[:l]...), cache)
 		} else {
 			cache.Free()
