@@ -68,3 +68,33 @@ func testQwen3NextMLX(t *testing.T, b *backend, name string) {
 		}
 	}
 }
+
+// TestHybridCacheKeepsNoGarbage: decoding with a hybrid cache on MLX pins
+// a fixed number of arrays: each step's new recurrent states replace the
+// old ones (freed unless a mark or snapshot holds them), and a freed cache
+// unpins all of its own.
+func TestHybridCacheKeepsNoGarbage(t *testing.T) {
+	b := newTestBackend(t)
+	m := load(t, filepath.Join("..", "testdata", "reference", "qwen3_next"), b)
+	pinned := func() (n int) {
+		b.do(func() { n = len(b.pinned) })
+		return n
+	}
+	base := pinned()
+	c := m.NewCache()
+	if err := m.Prefill(context.Background(), c, make([]int32, 100), 32, nil); err != nil {
+		t.Fatal(err)
+	}
+	tok := argmax(forward(t, m, c, 1))
+	after := pinned()
+	for range 40 {
+		tok = argmax(forward(t, m, c, tok))
+	}
+	if got := pinned(); got != after {
+		t.Fatalf("%d arrays pinned after 40 decode steps, %d before", got, after)
+	}
+	c.Free()
+	if got := pinned(); got != base {
+		t.Fatalf("%d arrays pinned after Free, %d before the cache", got, base)
+	}
+}
