@@ -1,42 +1,17 @@
 {
   description = "exo-pd: disaggregated LLM serving, prefill on NVIDIA (MLX CUDA), decode on Apple Silicon (MLX Metal)";
 
-  # No flake.lock is committed: it could not be computed where this flake was
-  # written (no Nix store, no network to nixpkgs). `nix flake lock` (or the
-  # first `nix build`) pins every input below and records its hash; commit
-  # that flake.lock. MLX and mlx-c themselves are pinned by commit and NAR
-  # hash in nix/mlx.nix and nix/mlx-c.nix.
+  # flake.lock pins nixpkgs by revision. MLX comes from its PyPI release
+  # wheels (URL + sha256 in nix/mlx-wheels.json), mlx-c from GitHub by commit
+  # and NAR hash (nix/mlx-c.nix): no other inputs.
   inputs = {
     nixpkgs.url = "github:NixOS/nixpkgs/nixos-unstable";
-
-    # MLX v0.31.2's build-time sources that its CMake would download; the
-    # exact versions that release names (CMakeLists.txt, backend/cuda).
-    cccl = {
-      url = "https://github.com/NVIDIA/cccl/releases/download/v3.1.3/cccl-v3.1.3.zip";
-      flake = false;
-    };
-    nvtx = {
-      url = "github:NVIDIA/NVTX/v3.1.1";
-      flake = false;
-    };
-    cutlass = {
-      url = "github:NVIDIA/cutlass/v4.4.2";
-      flake = false;
-    };
-    metal-cpp = {
-      url = "https://developer.apple.com/metal/cpp/files/metal-cpp_26.zip";
-      flake = false;
-    };
   };
 
   outputs =
     {
       self,
       nixpkgs,
-      cccl,
-      nvtx,
-      cutlass,
-      metal-cpp,
     }:
     let
       systems = [
@@ -48,7 +23,7 @@
 
       version = "0.1.0+${self.shortRev or self.dirtyShortRev or "dirty"}";
 
-      # CUDA is unfree; MLX v0.31.2 refuses CUDA 13.1, so 13.0 is pinned.
+      # CUDA is unfree (the wheel's libmlx links cuBLAS, NVRTC, cuDNN, NCCL).
       pkgsFor =
         system:
         import nixpkgs {
@@ -60,38 +35,35 @@
         system:
         let
           pkgs = pkgsFor system;
-          inherit (pkgs) lib;
           darwin = pkgs.stdenv.hostPlatform.isDarwin;
+          # mlx-cuda-13 0.31.1 is built against CUDA 13.0.
           cudaPackages =
-            pkgs.cudaPackages_13_0 or (throw "this nixpkgs has no cudaPackages_13_0 (MLX v0.31.2 needs CUDA 13.0)");
+            pkgs.cudaPackages_13_0 or (throw "this nixpkgs has no cudaPackages_13_0 (mlx-cuda-13 needs CUDA 13)");
 
-          mlxWith =
+          # MLX 0.31.1 from PyPI's release wheels (the default).
+          mlxWheel =
             backend:
-            pkgs.callPackage ./nix/mlx.nix (
-              {
-                inherit backend;
-              }
-              // lib.optionalAttrs (backend == "cuda") {
-                inherit cudaPackages;
-                cccl-src = cccl;
-                nvtx-src = nvtx;
-                cutlass-src = cutlass;
-              }
-              // lib.optionalAttrs (backend == "metal") {
-                metal-cpp-src = metal-cpp;
-              }
+            pkgs.callPackage ./nix/mlx-wheel.nix (
+              { inherit backend; } // pkgs.lib.optionalAttrs (backend == "cuda") { inherit cudaPackages; }
             );
           exoWith =
             mlx-c:
             pkgs.callPackage ./nix/package.nix {
               inherit mlx-c version;
+              buildGoModule = pkgs.buildGo126Module;
               src = self;
             };
 
-          mlx = mlxWith (if darwin then "metal" else "cuda");
-          mlx-cpu = mlxWith "cpu";
+          mlx = mlxWheel (if darwin then "metal" else "cuda");
+          mlx-cpu = mlxWheel "cpu";
           mlx-c = pkgs.callPackage ./nix/mlx-c.nix { inherit mlx; };
           mlx-c-cpu = pkgs.callPackage ./nix/mlx-c.nix { mlx = mlx-cpu; };
+
+          # MLX v0.31.2 built from source (CPU backend; nix/mlx.nix also
+          # builds Metal and CUDA given the sources MLX's CMake would
+          # download, see docs/NIX.md), with mlx-c fba4470b.
+          mlx-src-cpu = pkgs.callPackage ./nix/mlx.nix { backend = "cpu"; };
+          mlx-c-src-cpu = pkgs.callPackage ./nix/mlx-c.nix { mlx = mlx-src-cpu; };
         in
         {
           inherit
@@ -99,11 +71,15 @@
             mlx-cpu
             mlx-c
             mlx-c-cpu
+            mlx-src-cpu
+            mlx-c-src-cpu
             ;
           # exo with MLX (Metal on the Macs, CUDA on Linux): the deployment build.
           exo = exoWith mlx-c;
           # exo with MLX's CPU backend: for machines without a GPU.
           exo-cpu = exoWith mlx-c-cpu;
+          # exo with MLX v0.31.2 built from source (CPU backend).
+          exo-src-cpu = exoWith mlx-c-src-cpu;
           # exo alone: the pure-Go CPU backend, no MLX at all (cheap to build).
           exo-go = exoWith null;
           default = self.packages.${system}.exo;
@@ -185,9 +161,9 @@
         in
         {
           default = pkgs.mkShell {
-            # MLX's build inputs (compilers, cmake, BLAS or the SDK) for
+            # mlx-c's build inputs (compilers, cmake, the MLX wheel) for
             # working on the MLX backend against a local mlx-c build.
-            inputsFrom = [ self.packages.${system}.mlx-cpu ];
+            inputsFrom = [ self.packages.${system}.mlx-c-cpu ];
             packages = [
               self.packages.${system}.exo-go.go
               pkgs.gopls

@@ -1,4 +1,6 @@
-# MLX v0.31.2 as a shared C++ library, in three flavours:
+# MLX v0.31.2 built from source: not the flake's default (that is the PyPI
+# wheel, nix/mlx-wheel.nix); the flake exposes the CPU flavour as
+# mlx-src-cpu. As a shared C++ library, in three flavours:
 #   Metal  (aarch64-darwin; needs the Metal toolchain from Xcode, see below)
 #   CUDA   (Linux, nixpkgs cudaPackages with CUDA 13; the DGX Spark is sm_121)
 #   CPU    (anywhere; OpenBLAS + LAPACKE)
@@ -7,8 +9,9 @@
 #
 # MLX's CMake fetches its dependencies at configure time; the Nix sandbox has
 # no network, so every one is provided here: nlohmann_json and fmt from
-# nixpkgs, the CUDA header libraries and metal-cpp from the flake's pinned
-# inputs (locked by `nix flake lock`), cudnn-frontend by hash below. GGUF
+# nixpkgs, cudnn-frontend by hash below; the CUDA header libraries (CCCL,
+# NVTX, CUTLASS) and metal-cpp are arguments the caller provides (their
+# hashes could not be computed where this was written; docs/NIX.md). GGUF
 # support is off: its dependency (gguf-tools) is not packaged, and exo reads
 # GGUF in Go and hands MLX the arrays.
 {

@@ -104,6 +104,13 @@ in
     environment.etc."exo/cluster.toml".source = clusterFile;
     environment.systemPackages = [ cfg.package ];
 
+    # libmlx (mlx-cuda-13) loads the driver's libcuda.so.1 from
+    # /run/opengl-driver/lib (its RUNPATH, set by addDriverRunpath), which
+    # NixOS populates with the NVIDIA driver's libraries when graphics are
+    # enabled (the driver itself: hardware.nvidia / videoDrivers, as for any
+    # CUDA host).
+    hardware.graphics.enable = lib.mkIf cfg.nvidia (lib.mkDefault true);
+
     users.users.exo = {
       isSystemUser = true;
       group = "exo";

@@ -9,13 +9,17 @@ package supervisor
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,11 +70,13 @@ type supervisor struct {
 	set  *reconcile.Set
 	gw   *gateway.Gateway
 	met  *metrics.Metrics
+	auth *gateway.Auth
 	host string
 	api  string
 
 	mu         sync.Mutex
 	cfg        *config.Config
+	digest     string // ClusterDigest of the file cfg was parsed from
 	lastReload Reload
 	started    time.Time
 }
@@ -97,11 +103,11 @@ func Run(ctx context.Context, o Options) error {
 		o.Executable = exe
 	}
 	s := &supervisor{o: o, log: o.Logger, sd: sdnotify.New(o.Logger), started: time.Now()}
-	cfg, err := s.load()
+	cfg, digest, err := s.load()
 	if err != nil {
 		return err
 	}
-	s.cfg = cfg
+	s.cfg, s.digest = cfg, digest
 	if s.host, err = s.identify(cfg); err != nil {
 		return err
 	}
@@ -116,7 +122,9 @@ func Run(ctx context.Context, o Options) error {
 			s.met.Register("gpu", g)
 		}
 	}
-	s.gw = gateway.New(gateway.Options{Logger: s.log})
+	s.gw = gateway.New(gateway.Options{Logger: s.log,
+		Instance:    func(runner string) string { return s.set.Instance(runner) },
+		RunnerError: func(runner string) string { return s.set.LastError(runner) }})
 	s.gw.SetConfig(cfg, s.host)
 	s.set = reconcile.New(reconcile.Options{Executable: o.Executable, ExtraEnv: o.ExtraEnv, Process: withLogger(o.Process, s.log)})
 
@@ -125,6 +133,9 @@ func Run(ctx context.Context, o Options) error {
 		addr = net.JoinHostPort(cfg.API.Listen, strconv.Itoa(cfg.API.Port))
 	}
 	ln, err := net.Listen("tcp", addr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("API gateway: %s is taken (another exo supervise running?): pick another address with --listen HOST:PORT or [api] port in the cluster file: %w", addr, err)
+	}
 	if err != nil {
 		return fmt.Errorf("API gateway: %w", err)
 	}
@@ -133,7 +144,16 @@ func Run(ctx context.Context, o Options) error {
 	mux.Handle("/", s.gw.Handler())
 	mux.Handle("GET /metrics", s.met.Handler())
 	mux.HandleFunc("GET "+StatusPath, s.serveStatus)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	mux.HandleFunc("GET "+ClusterPath, s.serveCluster)
+	var key []byte
+	if f := cfg.API.APIKeyFile; f != "" {
+		if key, err = gateway.ReadKeyFile(f); err != nil {
+			ln.Close()
+			return err
+		}
+	}
+	s.auth = gateway.NewAuth(mux, key, cfg.API.OpenPaths)
+	srv := &http.Server{Handler: s.gw.CORS(s.auth), ReadHeaderTimeout: 10 * time.Second}
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Serve(ln) }()
 
@@ -231,15 +251,19 @@ func (s *supervisor) shutdown(srv *http.Server) {
 	s.log.Info("stopped")
 }
 
-func (s *supervisor) load() (*config.Config, error) {
+// load reads and checks the cluster file; digest is ClusterDigest of its bytes.
+func (s *supervisor) load() (c *config.Config, digest string, err error) {
 	if s.o.Embedded {
-		return config.Default(), nil
+		return config.Default(), ClusterDigest([]byte(config.DefaultText())), nil
 	}
-	c, err := config.Load(s.o.ConfigPath)
+	data, err := os.ReadFile(s.o.ConfigPath)
 	if err != nil {
-		return nil, fmt.Errorf("cluster file: %w", err)
+		return nil, "", fmt.Errorf("cluster file: %w", err)
 	}
-	return c, nil
+	if c, err = config.Parse(s.o.ConfigPath, data); err != nil {
+		return nil, "", fmt.Errorf("cluster file: %w", err)
+	}
+	return c, ClusterDigest(data), nil
 }
 
 func (s *supervisor) identify(c *config.Config) (string, error) {
@@ -261,7 +285,7 @@ func (s *supervisor) setReload(r Reload) {
 func (s *supervisor) reload(ctx context.Context, reason string) {
 	s.sd.Reloading()
 	s.log.Info("reloading the cluster file", "reason", reason)
-	c, err := s.load()
+	c, digest, err := s.load()
 	if err == nil {
 		if _, ok := c.Hosts[s.host]; !ok {
 			err = fmt.Errorf("%w: host %q is no longer in %s", config.ErrUnknownHost, s.host, c.Path)
@@ -276,10 +300,20 @@ func (s *supervisor) reload(ctx context.Context, reason string) {
 	}
 	s.mu.Lock()
 	old := s.cfg
-	s.cfg = c
+	s.cfg, s.digest = c, digest
 	s.mu.Unlock()
-	if old.API != c.API {
+	if old.API.Listen != c.API.Listen || old.API.Port != c.API.Port || old.API.APIKeyFile != c.API.APIKeyFile ||
+		!slices.Equal(old.API.OpenPaths, c.API.OpenPaths) { // cors_origins applies live
 		s.log.Warn("the [api] section changed; restart the supervisor to apply it", "old", old.API, "new", c.API)
+	}
+	// The key file itself is re-read on every reload (key rotation by
+	// rewriting the file and `systemctl reload exo`).
+	if f := old.API.APIKeyFile; f != "" {
+		if key, err := gateway.ReadKeyFile(f); err != nil {
+			s.log.Error("API key not reloaded; the previous key stays in force", "err", err)
+		} else {
+			s.auth.SetKey(key)
+		}
 	}
 	ch := s.set.Apply(ctx, c.Runners(s.host))
 	s.gw.SetConfig(c, s.host)
@@ -376,6 +410,35 @@ type Status struct {
 type RunnerStatus struct {
 	Spec   config.Runner  `json:"spec"`
 	Status process.Status `json:"status"`
+}
+
+// ClusterPath is where the supervisor says which cluster file it runs and
+// what its clock reads (`exo doctor` compares hosts with it).
+const ClusterPath = "/exo/cluster"
+
+// ClusterInfo is served at ClusterPath.
+type ClusterInfo struct {
+	Cluster string `json:"cluster"`
+	Host    string `json:"host"`
+	// Digest is ClusterDigest of the cluster file now in force.
+	Digest string    `json:"config_sha256"`
+	Time   time.Time `json:"time"`
+}
+
+// ClusterDigest is the hex SHA-256 of a cluster file's bytes: equal on two
+// hosts exactly when they run the same file.
+func ClusterDigest(data []byte) string {
+	h := sha256.Sum256(data)
+	return hex.EncodeToString(h[:])
+}
+
+func (s *supervisor) serveCluster(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	info := ClusterInfo{Cluster: s.cfg.Cluster.Name, Host: s.host, Digest: s.digest}
+	s.mu.Unlock()
+	info.Time = time.Now()
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(info)
 }
 
 // HostStatus is one host of the file and the runners it should run.

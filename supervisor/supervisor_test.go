@@ -441,3 +441,106 @@ func TestCrashLoopIsReported(t *testing.T) {
 		t.Errorf("%d %s", resp.StatusCode, b)
 	}
 }
+
+// TestSecondSupervisorIsNotReadyOnTheFirstsRunners: with one cluster
+// running, a second supervisor of the same cluster file (another API
+// port) does not count the first one's runners as its own: they answer its
+// probes on the shared ports with another instance token, so its runners
+// are not ready, it sends no READY=1, and its gateway answers 503 saying
+// the port is taken instead of serving from the first cluster's runners.
+func TestSecondSupervisorIsNotReadyOnTheFirstsRunners(t *testing.T) {
+	file := clusterFile(freePort(t), "a=src-a")
+	first := start(t, file)
+	second := startWith(t, file, 50*time.Millisecond, false, fakerunner.EnvListenDelay+"=1s")
+	var msg string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Post("http://"+second.api+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"a","messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			t.Fatalf("the second supervisor served from the first's runner: %s", b)
+		}
+		msg = string(b)
+		if resp.StatusCode == 503 && strings.Contains(msg, "answered by another process") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no 503 naming the taken port; last answer %d %s", resp.StatusCode, b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, r := range second.status().Runners {
+		if r.Status.State == process.Ready {
+			t.Fatalf("second supervisor's %s is ready: %+v", r.Spec.Name, r.Status)
+		}
+	}
+	for {
+		select {
+		case m := <-second.notify:
+			if strings.HasPrefix(m, "READY=1") {
+				t.Fatalf("second supervisor sent %q", m)
+			}
+			continue
+		default:
+		}
+		break
+	}
+	// the first cluster still serves
+	if st := first.status(); len(st.Runners) != 2 || st.Runners[0].Status.State != process.Ready {
+		t.Fatalf("first: %+v", st.Runners)
+	}
+	t.Logf("second's 503: %s", msg)
+}
+
+func TestTakenAPIPortNamesTheFix(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "cluster.toml")
+	os.WriteFile(path, []byte(clusterFile(freePort(t), "a=src-a")), 0o644)
+	err = Run(context.Background(), Options{ConfigPath: path, Host: "h", Executable: os.Args[0], APIListen: l.Addr().String(), NoGPU: true,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err == nil || !strings.Contains(err.Error(), "--listen") || !strings.Contains(err.Error(), "[api] port") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+// TestCORSWrapsTheKeyCheck: with an API key and allowed origins, a
+// browser's preflight (which carries no key) is answered, and a keyless
+// request gets a 401 the page can read (CORS headers on it).
+func TestCORSWrapsTheKeyCheck(t *testing.T) {
+	keyFile := filepath.Join(t.TempDir(), "key")
+	os.WriteFile(keyFile, []byte("k3y\n"), 0o600)
+	file := clusterFile(freePort(t), "a=src-a") + fmt.Sprintf("\n[api]\napi_key_file = %q\ncors_origins = [\"https://app.example\"]\n", keyFile)
+	h := start(t, file)
+	do := func(method string, hdr map[string]string) *http.Response {
+		req, _ := http.NewRequest(method, "http://"+h.api+"/v1/chat/completions", strings.NewReader(`{"model":"a","messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set("Origin", "https://app.example")
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	if r := do("OPTIONS", map[string]string{"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}); r.StatusCode != 204 ||
+		r.Header.Get("Access-Control-Allow-Origin") != "https://app.example" {
+		t.Fatalf("preflight: %d %v", r.StatusCode, r.Header)
+	}
+	if r := do("POST", nil); r.StatusCode != 401 || r.Header.Get("Access-Control-Allow-Origin") != "https://app.example" {
+		t.Fatalf("keyless POST: %d %v", r.StatusCode, r.Header)
+	}
+	if r := do("POST", map[string]string{"Authorization": "Bearer k3y"}); r.StatusCode != 200 {
+		t.Fatalf("keyed POST: %d", r.StatusCode)
+	}
+}

@@ -78,9 +78,8 @@ func cmdBench(ctx context.Context, args []string) error {
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	timeout := fs.Duration("timeout", 30*time.Minute, "overall time limit")
 	conc := fs.Int("concurrency", 1, "requests sent at once in each run")
-	if err := fs.Parse(args); err != nil {
-		fmt.Fprintln(os.Stderr, benchUsage)
-		return exitError{code: 2, msg: err.Error()}
+	if err := parseFlags(fs, benchUsage, args); err != nil {
+		return err
 	}
 	if fs.NArg() != 0 || *tg < 1 || *repeat < 1 || *conc < 1 || *conc > 256 {
 		fmt.Fprintln(os.Stderr, benchUsage)

@@ -14,14 +14,19 @@ import (
 
 // cmdConfig implements `exo config check [PATH]` and `exo config default`.
 func cmdConfig(ctx context.Context, args []string) error {
+	const usage = "usage: exo config check [PATH] | exo config default\n\ncheck validates a cluster file (default " + config.DefaultPath + ") and prints\neach host's runners and their command lines; default prints the embedded\none-host cluster file."
 	if len(args) == 0 {
-		return exitError{2, "usage: exo config check [PATH] | exo config default"}
+		return exitError{2, usage}
+	}
+	if isHelp(args[0]) || len(args) > 1 && isHelp(args[1]) {
+		fmt.Println(usage)
+		return helpShown
 	}
 	switch args[0] {
 	case "check":
 		fs := flag.NewFlagSet("config check", flag.ContinueOnError)
-		if err := fs.Parse(args[1:]); err != nil {
-			return exitError{2, ""}
+		if err := parseFlags(fs, usage, args[1:]); err != nil {
+			return err
 		}
 		path := config.DefaultPath
 		if fs.NArg() > 0 {

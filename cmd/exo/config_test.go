@@ -28,7 +28,7 @@ func TestConfigCheckExample(t *testing.T) {
 
 func TestConfigCheckErrors(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "bad.toml")
-	os.WriteFile(p, []byte("[hosts.a]\naddress = \"1.2.3.4\"\nbackend = \"cpu\"\nbogus = 1\n"), 0o644)
+	os.WriteFile(p, []byte("[hosts.a]\naddress = \"127.0.0.1\"\nbackend = \"cpu\"\nbogus = 1\n"), 0o644)
 	var out, errOut bytes.Buffer
 	err := configCheck(&out, &errOut, p)
 	var ee exitError

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"sort"
@@ -30,12 +31,13 @@ func commands() map[string]command {
 		"bench":     {cmdBench, "measure TTFT and tokens/s against an endpoint"},
 		"model":     {cmdModel, "pull, list and remove models in the local store"},
 		"status":    {cmdStatus, "show what a running supervisor is doing"},
+		"doctor":    {cmdDoctor, "check that this host can serve its part of the cluster (and its links to the others)"},
 		"version":   {cmdVersion, "print the version"},
 	}
 }
 
-func usage() {
-	fmt.Fprintf(os.Stderr, "usage: exo <command> [flags]\n\nWith no command, exo runs `exo supervise --default`: /etc/exo/cluster.toml when\nit exists, else the embedded one-host cluster serving SmolLM2-135M-Instruct on\nthe CPU backend (`exo config default` prints it).\n\nCommands:\n")
+func usage(w io.Writer) {
+	fmt.Fprintf(w, "usage: exo <command> [flags]\n\nWith no command, exo runs `exo supervise --default`: /etc/exo/cluster.toml when\nit exists, else the embedded one-host cluster serving SmolLM2-135M-Instruct on\nthe CPU backend (`exo config default` prints it).\n\nCommands:\n")
 	cmds := commands()
 	names := make([]string, 0, len(cmds))
 	for n := range cmds {
@@ -43,7 +45,7 @@ func usage() {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(os.Stderr, "  %-10s %s\n", n, cmds[n].summary)
+		fmt.Fprintf(w, "  %-10s %s\n", n, cmds[n].summary)
 	}
 }
 
@@ -56,13 +58,14 @@ func main() {
 		name, args = args[0], args[1:]
 	}
 	if name == "-h" || name == "--help" || name == "help" {
-		usage()
+		usage(os.Stdout)
+		fmt.Println("\n`exo COMMAND --help` shows a command's flags.")
 		return
 	}
 	cmd, ok := commands()[name]
 	if !ok {
 		fmt.Fprintf(os.Stderr, "exo: unknown command %q\n\n", name)
-		usage()
+		usage(os.Stderr)
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -90,6 +93,10 @@ type exitError struct {
 func (e exitError) Error() string { return fmt.Sprintf("exit %d: %s", e.code, e.msg) }
 
 func cmdVersion(ctx context.Context, args []string) error {
+	if len(args) > 0 && isHelp(args[0]) {
+		fmt.Println("usage: exo version\n\nPrints the version of this exo binary.")
+		return helpShown
+	}
 	fmt.Println("exo", version.String())
 	return nil
 }

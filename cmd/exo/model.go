@@ -31,14 +31,17 @@ func cmdModel(ctx context.Context, args []string) error {
 		fmt.Fprintln(os.Stderr, modelUsage)
 		return exitError{code: 2}
 	}
+	if isHelp(args[0]) {
+		fmt.Println(modelUsage)
+		return helpShown
+	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("exo model "+sub, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	dir := fs.String("models-dir", "", "model store directory")
 	offline := fs.Bool("offline", false, "use only the store")
-	if err := fs.Parse(args); err != nil {
-		fmt.Fprintln(os.Stderr, modelUsage)
-		return exitError{code: 2, msg: err.Error()}
+	if err := parseFlags(fs, modelUsage, args); err != nil {
+		return err
 	}
 	o := hf.Options{StoreDir: *dir, Offline: *offline}
 	switch sub {

@@ -12,8 +12,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/exo-pd/exo-pd/runners/chat"
@@ -23,6 +25,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/hf"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 	"github.com/exo-pd/exo-pd/runners/metrics"
+	"github.com/exo-pd/exo-pd/runners/openai"
 	"github.com/exo-pd/exo-pd/runners/prefill"
 	"github.com/exo-pd/exo-pd/runners/tokenizer"
 )
@@ -32,6 +35,8 @@ const runnerUsage = `usage:
                      [--prefill HOST:PORT[,HOST:PORT…]] [--remote-prefill-min-tokens N]
                      [--secret-file F] [--backend cpu|mlx|auto] [--device gpu|cpu]
                      [--max-queue N] [--max-batch N] [--models-dir D]
+                     [--default-temperature X] [--default-top-p X] [--default-top-k N]
+                     [--default-min-p X] [--default-repetition-penalty X]
   exo runner prefill --model SRC --served-name NAME --listen HOST:PORT --metrics HOST:PORT
                      [--secret-file F] [--backend cpu|mlx|auto] [--device gpu|cpu]
                      [--max-queue N] [--models-dir D]
@@ -40,7 +45,15 @@ The decode runner serves the OpenAI API (POST /v1/chat/completions,
 /v1/completions, /tokenize; GET /v1/models, /health, /metrics) on --listen.
 The prefill runner serves the KV wire on --listen and /health, /metrics on
 --metrics. SRC is a model directory, a .gguf file, builtin:smollm2 or a
-Hugging Face id.`
+Hugging Face id.
+
+Sampling defaults of the decode runner: the model's own (generation_config.json,
+GGUF general.sampling.*), overridden by --default-* (the cluster file's
+[models.defaults]), overridden by each request's fields.
+
+--instance TOKEN (both roles; the supervisor passes a fresh one per start)
+is echoed by /health as "instance", so a prober can tell this process from
+another one answering on the same port.`
 
 // runnerFlags are the flags both roles share.
 type runnerFlags struct {
@@ -54,9 +67,54 @@ type runnerFlags struct {
 	// prefill
 	metricsAddr string
 	cacheMiB    int
+	// decode: sampling defaults over the model's
+	defaults openai.Defaults
+	instance string
+}
+
+// optFloat is a float flag that records whether it was given.
+type optFloat struct{ p **float64 }
+
+func (o optFloat) String() string {
+	if o.p == nil || *o.p == nil {
+		return ""
+	}
+	return strconv.FormatFloat(**o.p, 'g', -1, 64)
+}
+
+func (o optFloat) Set(s string) error {
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return err
+	}
+	*o.p = &v
+	return nil
+}
+
+// optInt is an int flag that records whether it was given.
+type optInt struct{ p **int }
+
+func (o optInt) String() string {
+	if o.p == nil || *o.p == nil {
+		return ""
+	}
+	return strconv.Itoa(**o.p)
+}
+
+func (o optInt) Set(s string) error {
+	v, err := strconv.Atoi(s)
+	if err != nil {
+		return err
+	}
+	*o.p = &v
+	return nil
 }
 
 func parseRunnerFlags(args []string) (*runnerFlags, error) {
+	if len(args) > 0 && isHelp(args[0]) {
+		fmt.Println(runnerUsage)
+		return nil, helpShown
+	}
 	if len(args) == 0 || (args[0] != "decode" && args[0] != "prefill") {
 		fmt.Fprintln(os.Stderr, runnerUsage)
 		return nil, exitError{code: 2, msg: "runner: first argument must be decode or prefill"}
@@ -77,16 +135,21 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 	fs.IntVar(&f.maxBatch, "max-batch", 0, "decode: generations run at once, their steps batched (default 4; 1: one at a time)")
 	fs.IntVar(&f.threads, "threads", 0, "cpu backend threads (0: all cores)")
 	fs.IntVar(&f.chunk, "prefill-chunk", 256, "prefill chunk in tokens")
+	fs.StringVar(&f.instance, "instance", "", "identity token /health reports (the supervisor's per-start token)")
 	if f.role == "decode" {
+		fs.Var(optFloat{&f.defaults.Temperature}, "default-temperature", "default temperature (over the model's)")
+		fs.Var(optFloat{&f.defaults.TopP}, "default-top-p", "default top_p (over the model's)")
+		fs.Var(optInt{&f.defaults.TopK}, "default-top-k", "default top_k (over the model's)")
+		fs.Var(optFloat{&f.defaults.MinP}, "default-min-p", "default min_p (over the model's)")
+		fs.Var(optFloat{&f.defaults.RepetitionPenalty}, "default-repetition-penalty", "default repetition_penalty (over the model's)")
 		fs.StringVar(&f.prefill, "prefill", "", "prefill runners' KV-wire addresses, comma-separated")
 		fs.IntVar(&f.minRemote, "remote-prefill-min-tokens", 256, "uncached prompt tokens needed to prefill remotely")
 	} else {
 		fs.StringVar(&f.metricsAddr, "metrics", "", "HTTP address for /health and /metrics")
 		fs.IntVar(&f.cacheMiB, "prefix-cache-mib", 1024, "prefix cache size in MiB (0: off)")
 	}
-	if err := fs.Parse(args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, runnerUsage)
-		return nil, exitError{code: 2, msg: err.Error()}
+	if err := parseFlags(fs, runnerUsage, args[1:]); err != nil {
+		return nil, err
 	}
 	switch {
 	case fs.NArg() != 0:
@@ -100,6 +163,9 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 	case f.role == "prefill" && f.metricsAddr == "":
 		return nil, exitError{code: 2, msg: "runner: prefill needs --metrics HOST:PORT"}
 	}
+	if err := f.defaults.Check(); err != nil {
+		return nil, exitError{code: 2, msg: "runner: --default-*: " + err.Error()}
+	}
 	return f, nil
 }
 
@@ -107,6 +173,7 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 // request to the real handler once it is set.
 type loadGate struct {
 	role, name string
+	instance   string        // echoed by /health (the supervisor's token)
 	progress   atomic.Uint64 // float64 bits, 0..1
 	ready      atomic.Pointer[http.Handler]
 	load       func() (waiting, running int)
@@ -121,12 +188,12 @@ func (g *loadGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if h == nil {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			_ = json.NewEncoder(w).Encode(map[string]any{"status": "loading", "role": g.role, "model": g.name,
-				"progress": math.Float64frombits(g.progress.Load())})
+				"progress": math.Float64frombits(g.progress.Load()), "instance": g.instance, "pid": os.Getpid()})
 			return
 		}
 		waiting, running := g.load()
 		_ = json.NewEncoder(w).Encode(map[string]any{"status": "ok", "role": g.role, "model": g.name,
-			"waiting": waiting, "running": running})
+			"waiting": waiting, "running": running, "instance": g.instance, "pid": os.Getpid()})
 		return
 	}
 	if h == nil {
@@ -182,9 +249,9 @@ func cmdRunner(ctx context.Context, args []string) error {
 	}
 	hl, err := net.Listen("tcp", httpAddr)
 	if err != nil {
-		return fmt.Errorf("runner: listen %s: %w", httpAddr, err)
+		return listenError(httpAddr, err)
 	}
-	gate := &loadGate{role: f.role, name: f.name}
+	gate := &loadGate{role: f.role, name: f.name, instance: f.instance}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	httpDone := make(chan error, 1)
@@ -267,8 +334,14 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 		log.Warn("no usable chat template: /v1/chat/completions will refuse requests", "err", err)
 		tmpl = nil
 	}
+	defaults, err := decode.ModelDefaults(path)
+	if err != nil {
+		log.Warn("the model's sampling defaults are invalid and not used", "err", err)
+	}
+	defaults = defaults.Over(f.defaults)
+	log.Info("sampling defaults (under request fields)", "defaults", decode.DescribeDefaults(defaults))
 	met := metrics.New("decode")
-	o := decode.Options{Name: f.name, Model: m, Text: decode.NewText(tok, tmpl),
+	o := decode.Options{Name: f.name, Model: m, Text: decode.NewText(tok, tmpl), Defaults: defaults,
 		NewSampler: decode.NewSampler, NewStopMatcher: decode.NewStopMatcher,
 		RemoteMinTokens: f.minRemote, MaxQueue: f.maxQueue, MaxBatch: f.maxBatch, PrefillChunk: f.chunk,
 		Metrics: met, Logger: log}
@@ -309,7 +382,7 @@ func runPrefill(ctx context.Context, f *runnerFlags, m *engine.Model, secret []b
 	}
 	kl, err := net.Listen("tcp", f.listen)
 	if err != nil {
-		return fmt.Errorf("runner: listen %s: %w", f.listen, err)
+		return listenError(f.listen, err)
 	}
 	load := func() (int, int) { l := ks.Load(); return l.Waiting, l.Running }
 	mux := http.NewServeMux()
@@ -327,6 +400,16 @@ func runPrefill(ctx context.Context, f *runnerFlags, m *engine.Model, secret []b
 		return fmt.Errorf("runner: kv wire: %w", err)
 	}
 	return nil
+}
+
+// listenError explains a runner's failed listen; a taken port points at
+// the settings that choose it.
+func listenError(addr string, err error) error {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("runner: %s is taken (another exo supervise or runner running?): the cluster file chooses it "+
+			"([cluster] runner_port_base, or the model's decode/prefill port / metrics_port): %w", addr, err)
+	}
+	return fmt.Errorf("runner: listen %s: %w", addr, err)
 }
 
 func fingerprintShort(fp engine.Fingerprint) string { return fmt.Sprintf("%x", fp[:8]) }

@@ -16,6 +16,8 @@ import (
 
 	"github.com/exo-pd/exo-pd/supervisor"
 	"github.com/exo-pd/exo-pd/supervisor/config"
+	"github.com/exo-pd/exo-pd/supervisor/gateway"
+	"github.com/exo-pd/exo-pd/supervisor/process"
 )
 
 // cmdStatus asks a running supervisor what it is doing: `exo status [--api URL] [--json]`.
@@ -23,13 +25,18 @@ func cmdStatus(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	api := fs.String("api", "", "the supervisor's API URL (default: from "+config.DefaultPath+", else http://127.0.0.1:52415)")
 	asJSON := fs.Bool("json", false, "print the raw JSON")
-	if err := fs.Parse(args); err != nil {
-		return exitError{2, ""}
+	if err := parseFlags(fs, "usage: exo status [--api URL] [--json]\n\nShows what the supervisor on this host is doing: its runners, hosts, and the\ndecode runners as its gateway sees them.", args); err != nil {
+		return err
 	}
 	url := *api
+	var key []byte // the gateway's API key, when the cluster file names one we can read
+	c, cerr := config.Load(config.DefaultPath)
+	if cerr == nil && c.API.APIKeyFile != "" {
+		key, _ = gateway.ReadKeyFile(c.API.APIKeyFile)
+	}
 	if url == "" {
 		port := config.DefaultAPIPort
-		if c, err := config.Load(config.DefaultPath); err == nil {
+		if cerr == nil {
 			port = c.API.Port
 		}
 		url = "http://127.0.0.1:" + strconv.Itoa(port)
@@ -39,6 +46,9 @@ func cmdStatus(ctx context.Context, args []string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(url, "/")+supervisor.StatusPath, nil)
 	if err != nil {
 		return exitError{2, err.Error()}
+	}
+	if key != nil {
+		req.Header.Set("Authorization", "Bearer "+string(key))
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -78,12 +88,17 @@ func printStatus(out io.Writer, st supervisor.Status, now time.Time) {
 	fmt.Fprintln(tw, "NAME\tROLE\tSTATE\tPID\tRESTARTS\tADDRESS\tDETAIL")
 	for _, r := range st.Runners {
 		detail := r.Status.LastExit
+		if e := r.Status.LastError; e != "" && r.Status.State != process.Ready {
+			detail += ": " + e
+		}
 		if h := r.Status.Health; h != nil {
 			switch {
 			case h.Status == "loading":
 				detail = fmt.Sprintf("loading/downloading %.0f%%", 100*h.Progress)
 			case h.Status == "ok":
 				detail = fmt.Sprintf("waiting %d, running %d", h.Waiting, h.Running)
+			case h.Status != "":
+				detail = h.Status
 			}
 		}
 		if !r.Status.NextStart.IsZero() {

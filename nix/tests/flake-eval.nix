@@ -42,7 +42,7 @@ let
         inherit lib;
         stdenv = {
           inherit mkDerivation;
-          cc = pkg "cc";
+          cc = pkg "cc" // { cc = pkg "gcc" // { lib = pkg "gcc-lib"; }; };
           hostPlatform = {
             inherit system;
             isDarwin = darwin;
@@ -53,10 +53,10 @@ let
         callPackage = lib.callPackageWith self;
         fetchFromGitHub =
           { owner, repo, rev, hash }: pkg "github-${owner}-${repo}-${builtins.substring 0 8 rev}" // { inherit rev hash; };
-        fetchurl = { url, hash }: pkg (baseNameOf url) // { inherit url hash; };
+        fetchurl = { url, sha256 }: pkg (baseNameOf url) // { inherit url sha256; };
         runCommand = name: env: script: pkg name // env // env.passthru or { } // { inherit env script; };
         mkShell = args: pkg "shell" // args;
-        buildGoModule =
+        buildGo126Module =
           args:
           mkDerivation args
           // {
@@ -78,6 +78,7 @@ let
           "libcublas"
           "libcufft"
           "cudnn"
+          "nccl"
         ] pkg;
       }
       // lib.genAttrs [
@@ -93,6 +94,8 @@ let
         "gotools"
         "go-tools"
         "unzip"
+        "autoPatchelfHook"
+        "addDriverRunpath"
         "curl"
         "jq"
         "coreutils"
@@ -105,7 +108,6 @@ let
     inherit lib;
     outPath = ./stub-nixpkgs;
   };
-  input = name: { outPath = store "input-${name}"; };
   self = outputs // {
     outPath = ../..;
     shortRev = "abcdef0";
@@ -113,10 +115,6 @@ let
   outputs = flake.outputs {
     inherit self;
     inherit nixpkgs;
-    cccl = input "cccl";
-    nvtx = input "nvtx";
-    cutlass = input "cutlass";
-    metal-cpp = input "metal-cpp";
   };
 
   summary =
@@ -128,13 +126,17 @@ let
     {
       packages = builtins.attrNames p;
       mlx = {
-        inherit (p.mlx) pname version cmakeFlags __noChroot;
-        src = p.mlx.src.rev;
+        inherit (p.mlx) pname version autoPatchelfIgnoreMissingDeps installPhase postFixup;
+        src = { inherit (p.mlx.src) url sha256; };
         nativeBuildInputs = map (d: d.name) p.mlx.nativeBuildInputs;
         buildInputs = map (d: d.name) p.mlx.buildInputs;
+        inherit (p.mlx.meta) platforms;
       };
-      mlx-cpu = { inherit (p.mlx-cpu) pname cmakeFlags; };
+      mlx-cpu = { inherit (p.mlx-cpu) pname; src = p.mlx-cpu.src.url; };
       mlx-c = { inherit (p.mlx-c) pname version cmakeFlags postInstall; src = p.mlx-c.src.rev; };
+      mlx-c-cpu = { inherit (p.mlx-c-cpu) pname version; };
+      mlx-src-cpu = { inherit (p.mlx-src-cpu) pname version cmakeFlags; src = p.mlx-src-cpu.src.rev; };
+      mlx-c-src-cpu = { inherit (p.mlx-c-src-cpu) pname version; src = p.mlx-c-src-cpu.src.rev; };
       exo = { inherit (p.exo) pname version ldflags subPackages postInstall; };
       exo-go-postInstall = p.exo-go.postInstall;
       default = p.default.name;

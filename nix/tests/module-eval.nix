@@ -70,6 +70,10 @@ let
         type = types.listOf types.str;
         default = [ ];
       };
+      hardware.graphics.enable = mkOption {
+        type = types.bool;
+        default = false;
+      };
       networking.hostName = mkOption {
         type = types.str;
         default = "spark";
@@ -159,7 +163,7 @@ let
   };
 
   settings = {
-    cluster.name = "lab";
+    cluster = { name = "lab"; secret_file = "/etc/exo/secret"; };
     hosts.spark = { address = "10.0.0.10"; backend = "cuda"; };
     hosts.studio = { address = "10.0.0.20"; backend = "metal"; };
     models = [
@@ -219,6 +223,7 @@ in
     warnings = nixos.warnings;
     strangerWarnings = nixosStranger.warnings;
     strangerPorts = nixosStranger.networking.firewall.allowedTCPPorts;
+    driverLibraries = nixos.hardware.graphics.enable;
   };
   report.darwin = {
     failedAssertions = checkAssertions darwin;

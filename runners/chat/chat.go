@@ -34,8 +34,47 @@ import (
 // ErrNoTemplate is returned (wrapped) when a model has no chat template.
 var ErrNoTemplate = errors.New("chat: model has no chat template")
 
-// Message is one conversation turn.
-type Message struct{ Role, Content string }
+// Message is one conversation turn. An assistant turn may carry ToolCalls
+// (its content is then often ""); a "tool" turn answers one by ToolCallID.
+// They are rendered as HF transformers passes OpenAI-style messages:
+// message.tool_calls[i] = {"id", "type": "function", "function": {"name",
+// "arguments"}} with arguments parsed into an object when it is JSON (as
+// vLLM does, since templates apply tojson to it), message.tool_call_id and
+// message.name when set.
+type Message struct {
+	Role, Content string
+	ToolCalls     []ToolCall
+	ToolCallID    string
+	Name          string
+}
+
+// ToolCall is one function call of an assistant turn; Arguments is JSON
+// text.
+type ToolCall struct{ ID, Name, Arguments string }
+
+func (m Message) templateValue() map[string]any {
+	v := map[string]any{"role": m.Role, "content": m.Content}
+	if len(m.ToolCalls) > 0 {
+		calls := make(pyList, len(m.ToolCalls))
+		for i, c := range m.ToolCalls {
+			var args any = c.Arguments
+			var obj map[string]any
+			if json.Unmarshal([]byte(c.Arguments), &obj) == nil && obj != nil {
+				args = obj
+			}
+			calls[i] = map[string]any{"id": c.ID, "type": "function",
+				"function": map[string]any{"name": c.Name, "arguments": args}}
+		}
+		v["tool_calls"] = calls
+	}
+	if m.ToolCallID != "" {
+		v["tool_call_id"] = m.ToolCallID
+	}
+	if m.Name != "" {
+		v["name"] = m.Name
+	}
+	return v
+}
 
 // Template is a parsed chat template. It is safe for concurrent use.
 type Template struct {
@@ -199,7 +238,7 @@ func (t *Template) Render(msgs []Message, addGenerationPrompt bool) (string, err
 func (t *Template) RenderVars(msgs []Message, addGenerationPrompt bool, vars map[string]any) (out string, err error) {
 	list := make(pyList, len(msgs))
 	for i, m := range msgs {
-		list[i] = map[string]any{"role": m.Role, "content": m.Content}
+		list[i] = m.templateValue()
 	}
 	data := map[string]any{"tools": nil, "documents": nil} // HF passes tools=None, documents=None
 	for k, v := range vars {

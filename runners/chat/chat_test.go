@@ -73,7 +73,7 @@ func TestMatchesJinja2(t *testing.T) {
 
 func TestLoadTokenizerConfigForms(t *testing.T) {
 	g := loadGolden(t)
-	msgs := []Message{{"user", "What is the capital of France?"}}
+	msgs := []Message{{Role: "user", Content: "What is the capital of France?"}}
 	for _, name := range []string{"chatml", "llama3", "qwen3"} {
 		dir := t.TempDir()
 		b, err := os.ReadFile(filepath.Join("testdata", name+"_tokenizer_config.json"))
@@ -129,7 +129,7 @@ func TestLoadSmolLM2GGUF(t *testing.T) {
 	if tpl.Source() != string(want) {
 		t.Errorf("template from GGUF differs from testdata/smollm2_chat_template.jinja")
 	}
-	got, err := tpl.Render([]Message{{"user", "What is the capital of France?"}}, true)
+	got, err := tpl.Render([]Message{{Role: "user", Content: "What is the capital of France?"}}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestLoadTestModel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := tpl.Render([]Message{{"system", "Be brief."}, {"user", "Hi"}}, true)
+	got, err := tpl.Render([]Message{{Role: "system", Content: "Be brief."}, {Role: "user", Content: "Hi"}}, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ func FuzzTemplate(f *testing.F) {
 	}
 	f.Add(`{{ messages[-1]['content'].split()|join(',') }}{{ raise_exception('x') if messages|length > 3 }}`)
 	f.Add(`{% for m in messages[::-1] %}{{ m.content.replace('a', 'b') }}{% endfor %}{{ messages | tojson(indent=2) }}`)
-	msgs := []Message{{"system", "s"}, {"user", "Hi there"}, {"assistant", "<think>x</think>y"}}
+	msgs := []Message{{Role: "system", Content: "s"}, {Role: "user", Content: "Hi there"}, {Role: "assistant", Content: "<think>x</think>y"}}
 	f.Fuzz(func(t *testing.T, src string) {
 		tpl, err := Parse(src, "<s>", "</s>")
 		if err != nil {

@@ -7,6 +7,14 @@
 // (runners/kvwire), injecting the streamed KV transactionally and falling back
 // to local prefill on any failure. It must not import supervisor/ or
 // runners/prefill.
+//
+// Constrained decoding plugs in through Options.NewConstraint (a
+// Constraint masks each step's logits and is told each sampled token) and
+// Options.AcceptTools (lets tools, tool_choice and response_format through
+// the API's validation); the parsed fields are on openai.GenRequest
+// (Tools, ToolChoice, ParallelToolCalls, ResponseFormat). Tool-call
+// parsing of the output belongs in the Emitter path (openai.Handler),
+// which sees every piece of text and the Result.
 package decode
 
 import (
@@ -19,9 +27,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/exo-pd/exo-pd/runners/anthropic"
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/metrics"
 	"github.com/exo-pd/exo-pd/runners/openai"
+	"github.com/exo-pd/exo-pd/runners/sample"
 )
 
 // Model is what the decode runner needs of *engine.Model.
@@ -36,18 +46,44 @@ type Model interface {
 
 // Text is the model's tokenizer and chat template.
 type Text interface {
-	Render(msgs []openai.ChatMessage, addGenerationPrompt bool) (string, error)
+	// Render renders msgs through the chat template: with a generation
+	// prompt (a new assistant turn), or with the final message left open
+	// (continueFinal: no end-of-turn after it, so generation continues
+	// it), or neither.
+	Render(msgs []openai.ChatMessage, addGenerationPrompt, continueFinal bool) (string, error)
 	Encode(text string) []int32
+	// EncodeChat encodes a prompt rendered by Render (no BOS added: the
+	// template writes it, as with HF's apply_chat_template).
+	EncodeChat(text string) []int32
+	Decode(ids []int32) string
+	// TokenBytes is the bytes one token stands for.
+	TokenBytes(id int32) []byte
 	EOS() []int32
 	VocabSize() int
 	// NewStream returns an incremental detokenizer.
 	NewStream() TextStream
 }
 
+// Constraint restricts what a generation may produce: the seam for
+// grammar-constrained decoding (response_format, tool arguments). For
+// every step, Mask gets that step's logits (the generation's own copy) and
+// sets those of disallowed tokens to -Inf; after sampling, Accept is told
+// the token; when Done reports true the output is complete and generation
+// ends with finish_reason "stop". Log-probabilities are computed from the
+// logits before Mask.
+type Constraint interface {
+	Mask(logits []float32) error
+	Accept(tok int32) error
+	Done() bool
+}
+
 // TextStream turns token ids into text as they come.
 type TextStream interface {
 	// Add returns the newly completed text (never a split UTF-8 rune).
 	Add(id int32) string
+	// Flush returns what Add held back at the end of the stream (an
+	// incomplete UTF-8 sequence, rendered as U+FFFD).
+	Flush() string
 }
 
 // Sampler picks the next token.
@@ -59,6 +95,8 @@ type Sampler interface {
 type StopMatcher interface {
 	Push(text string) (emit string, stopped bool)
 	Flush() string
+	// Matched is the stop sequence seen, once Push reported one.
+	Matched() string
 }
 
 // Remote fills a cache from a prefill runner.
@@ -103,6 +141,14 @@ type Options struct {
 	// DefaultMaxTokens caps a request that sets no max_tokens (default
 	// 4096, and never past the context).
 	DefaultMaxTokens int
+	// Defaults are the sampling defaults requests start from: the model's
+	// own (ModelDefaults) overlaid by the cluster file's [models.defaults].
+	Defaults openai.Defaults
+	// NewConstraint, when set, is asked for each request's Constraint (nil:
+	// unconstrained); it is how tools and response_format plug in. Set
+	// AcceptTools too once it honours them (else the API refuses them).
+	NewConstraint func(req *openai.GenRequest) (Constraint, error)
+	AcceptTools   bool
 
 	Metrics *metrics.Runner
 	Logger  *slog.Logger
@@ -119,6 +165,7 @@ type Server struct {
 	seq  atomic.Uint64
 	eos  map[int32]bool
 	api  *openai.Handler
+	msgs *anthropic.Handler
 
 	batch     *batcher // nil when MaxBatch is 1
 	stopBatch context.CancelFunc
@@ -162,10 +209,12 @@ func New(o Options) *Server {
 		s.batch.sizes = func(n int) { s.m.DecodeBatch.Observe(float64(n)) }
 		go s.batch.run(ctx)
 	}
+	s.msgs = &anthropic.Handler{Gen: s, Served: []string{o.Name}, Logger: o.Logger, Defaults: o.Defaults, AcceptTools: o.AcceptTools,
+		OnResult: func(_ string, code int) { s.m.Requests.WithLabelValues(o.Name, strconv.Itoa(code)).Inc() }}
 	for _, id := range o.Text.EOS() {
 		s.eos[id] = true
 	}
-	s.api = &openai.Handler{Gen: s, Served: []string{o.Name}, Logger: o.Logger,
+	s.api = &openai.Handler{Gen: s, Served: []string{o.Name}, Logger: o.Logger, Defaults: o.Defaults, AcceptTools: o.AcceptTools,
 		OnResult: func(_ string, code int) {
 			// Always the served name: a label from the request body would
 			// let clients mint unbounded series.
@@ -174,10 +223,12 @@ func New(o Options) *Server {
 	return s
 }
 
-// Register adds the OpenAI routes and /metrics to mux (/health is the
-// caller's, since it also answers while the model loads).
+// Register adds the OpenAI routes, Anthropic's /v1/messages and /metrics to
+// mux (/health is the caller's, since it also answers while the model
+// loads).
 func (s *Server) Register(mux *http.ServeMux) {
 	s.api.Register(mux)
+	s.msgs.Register(mux)
 	mux.Handle("/metrics", s.m.Handler())
 }
 
@@ -192,14 +243,14 @@ func (s *Server) Close() {
 	s.pool.close()
 }
 
-func (s *Server) prompt(req *openai.GenRequest, agp bool) ([]int32, error) {
+func (s *Server) prompt(req *openai.GenRequest) ([]int32, error) {
 	switch {
 	case req.Chat:
-		text, err := s.o.Text.Render(req.Messages, agp)
+		text, err := s.o.Text.Render(req.Messages, req.AddGenerationPrompt, req.ContinueFinal)
 		if err != nil {
 			return nil, openai.Errorf("messages", "rendering the chat template: %v", err)
 		}
-		return s.o.Text.Encode(text), nil
+		return s.o.Text.EncodeChat(text), nil
 	case req.PromptIDs != nil:
 		v := s.o.Text.VocabSize()
 		for i, id := range req.PromptIDs {
@@ -214,18 +265,41 @@ func (s *Server) prompt(req *openai.GenRequest, agp bool) ([]int32, error) {
 }
 
 // Tokenize implements openai.Generator.
-func (s *Server) Tokenize(ctx context.Context, req *openai.GenRequest, agp bool) ([]int32, int, error) {
-	toks, err := s.prompt(req, agp)
+func (s *Server) Tokenize(ctx context.Context, req *openai.GenRequest) ([]int32, int, error) {
+	toks, err := s.prompt(req)
 	return toks, s.info.MaxPositions, err
+}
+
+// Detokenize implements openai.Generator.
+func (s *Server) Detokenize(ctx context.Context, ids []int32) (string, error) {
+	v := s.o.Text.VocabSize()
+	for i, id := range ids {
+		if id < 0 || int(id) >= v {
+			return "", openai.Errorf("tokens", "tokens[%d] = %d is outside the vocabulary of %d", i, id, v)
+		}
+	}
+	return s.o.Text.Decode(ids), nil
 }
 
 // Generate implements openai.Generator.
 func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai.Emitter) (openai.Result, error) {
 	t0 := time.Now()
 	reqID := fmt.Sprintf("%s-%d", s.o.Name, s.seq.Add(1))
-	prompt, err := s.prompt(req, true)
+	prompt, err := s.prompt(req)
 	if err != nil {
 		return openai.Result{}, err
+	}
+	v := s.o.Text.VocabSize()
+	for id := range req.Sampling.LogitBias {
+		if int(id) >= v {
+			return openai.Result{}, openai.Errorf("logit_bias", "logit_bias token %d is outside the vocabulary of %d", id, v)
+		}
+	}
+	var cons Constraint
+	if s.o.NewConstraint != nil {
+		if cons, err = s.o.NewConstraint(req); err != nil {
+			return openai.Result{}, err
+		}
 	}
 	n := len(prompt)
 	if n == 0 {
@@ -277,7 +351,7 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 	}
 	entry.tokens = append(entry.tokens[:0:0], prompt...)
 
-	res, err := s.generate(ctx, req, em, entry, logits, t0)
+	res, err := s.generate(ctx, req, em, entry, logits, cons, t0)
 	res.PromptTokens, res.CachedTokens = n, start
 	// After a success, or when the client went away between steps, the
 	// cache is consistent and the conversation is kept for its next turn.
@@ -352,7 +426,7 @@ func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest,
 	return nil
 }
 
-func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai.Emitter, entry *convEntry, logits []float32, t0 time.Time) (openai.Result, error) {
+func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai.Emitter, entry *convEntry, logits []float32, cons Constraint, t0 time.Time) (openai.Result, error) {
 	var res openai.Result
 	maxNew := req.MaxTokens
 	if maxNew == 0 {
@@ -370,18 +444,32 @@ func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai
 		defer leave()
 	}
 	last := time.Now()
-	emit := func(text string) (bool, error) {
+	emit := func(text string, lp *openai.TokenLogprob) (bool, error) {
 		stopped := false
 		if stops != nil {
 			text, stopped = stops.Push(text)
 		}
-		if err := em.Text(text); err != nil {
+		if err := em.Text(text, lp); err != nil {
 			return stopped, &clientGone{err}
 		}
 		return stopped, nil
 	}
+	var masked []float32
 	for {
-		tok := sampler.Sample(logits, history)
+		sl := logits
+		if cons != nil {
+			masked = append(masked[:0], logits...)
+			if err := cons.Mask(masked); err != nil {
+				return res, fmt.Errorf("constraint: %w", err)
+			}
+			sl = masked
+		}
+		tok := sampler.Sample(sl, history)
+		if cons != nil {
+			if err := cons.Accept(tok); err != nil {
+				return res, fmt.Errorf("constraint: %w", err)
+			}
+		}
 		now := time.Now()
 		if res.CompletionTokens == 0 {
 			s.m.TTFT.WithLabelValues(s.o.Name).Observe(now.Sub(t0).Seconds())
@@ -396,13 +484,21 @@ func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai
 		res.CompletionTokens++
 		s.m.GenTokens.WithLabelValues(s.o.Name).Inc()
 		history = append(history, tok)
-		stopped, err := emit(stream.Add(tok))
+		var lp *openai.TokenLogprob
+		if req.Logprobs {
+			lp = s.logprob(logits, tok, req.TopLogprobs)
+		}
+		stopped, err := emit(stream.Add(tok), lp)
 		if err != nil {
 			return res, err
 		}
 		if stopped {
-			res.FinishReason = "stop"
+			res.FinishReason, res.StopSequence = "stop", stops.Matched()
 			return res, nil
+		}
+		if cons != nil && cons.Done() {
+			res.FinishReason = "stop"
+			break
 		}
 		if res.CompletionTokens >= maxNew || (s.info.MaxPositions > 0 && entry.cache.Len()+1 >= s.info.MaxPositions) {
 			res.FinishReason = "length"
@@ -414,12 +510,33 @@ func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai
 		}
 		entry.tokens = append(entry.tokens, tok)
 	}
+	if rest := stream.Flush(); rest != "" { // bytes of an unfinished UTF-8 sequence: shown, not dropped
+		stopped, err := emit(rest, nil)
+		if err != nil {
+			return res, err
+		}
+		if stopped {
+			res.FinishReason, res.StopSequence = "stop", stops.Matched()
+			return res, nil
+		}
+	}
 	if stops != nil {
-		if err := em.Text(stops.Flush()); err != nil {
+		if err := em.Text(stops.Flush(), nil); err != nil {
 			return res, &clientGone{err}
 		}
 	}
 	return res, nil
+}
+
+// logprob describes tok under the model's logits (before any sampling
+// transform): its log-probability and the top most likely tokens.
+func (s *Server) logprob(logits []float32, tok int32, top int) *openai.TokenLogprob {
+	lp, best := sample.Logprobs(logits, tok, top)
+	out := &openai.TokenLogprob{Bytes: s.o.Text.TokenBytes(tok), Logprob: lp}
+	for _, b := range best {
+		out.Top = append(out.Top, openai.TopToken{Bytes: s.o.Text.TokenBytes(b.ID), Logprob: b.Logprob})
+	}
+	return out
 }
 
 // decodeStep appends tok to cache and returns the logits after it: in the

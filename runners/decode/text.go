@@ -2,6 +2,7 @@ package decode
 
 import (
 	"errors"
+	"strings"
 
 	"github.com/exo-pd/exo-pd/runners/chat"
 	"github.com/exo-pd/exo-pd/runners/openai"
@@ -21,26 +22,67 @@ func NewText(tok *tokenizer.Tokenizer, tmpl *chat.Template) Text {
 	return &tokText{tok: tok, tmpl: tmpl}
 }
 
-func (t *tokText) Render(msgs []openai.ChatMessage, agp bool) (string, error) {
+func (t *tokText) Render(msgs []openai.ChatMessage, agp, continueFinal bool) (string, error) {
 	if t.tmpl == nil {
 		return "", errors.New("this model has no chat template; use /v1/completions")
 	}
-	cm := make([]chat.Message, len(msgs))
-	for i, m := range msgs {
-		cm[i] = chat.Message{Role: m.Role, Content: m.Content}
-	}
-	return t.tmpl.Render(cm, agp)
+	return RenderChat(t.tmpl, ChatMessages(msgs), agp, continueFinal)
 }
 
-func (t *tokText) Encode(s string) []int32 { return t.tok.Encode(s) }
-func (t *tokText) EOS() []int32            { return t.tok.EOS() }
-func (t *tokText) VocabSize() int          { return t.tok.VocabSize() }
-func (t *tokText) NewStream() TextStream   { return t.tok.NewStreamDecoder() }
+// ChatMessages converts validated API messages to the chat template's.
+func ChatMessages(msgs []openai.ChatMessage) []chat.Message {
+	cm := make([]chat.Message, len(msgs))
+	for i, m := range msgs {
+		cm[i] = chat.Message{Role: m.Role, Content: m.Content, ToolCallID: m.ToolCallID, Name: m.Name}
+		for _, c := range m.ToolCalls {
+			cm[i].ToolCalls = append(cm[i].ToolCalls, chat.ToolCall{ID: c.ID, Name: c.Function.Name, Arguments: c.Function.Arguments})
+		}
+	}
+	return cm
+}
+
+// RenderChat renders msgs; with continueFinal the final message is left
+// open: the conversation is rendered without a generation prompt and cut
+// right after the final message's content (vLLM's continue_final_message),
+// so what the template appends after it (end of turn) is dropped.
+func RenderChat(tmpl *chat.Template, msgs []chat.Message, agp, continueFinal bool) (string, error) {
+	if !continueFinal {
+		return tmpl.Render(msgs, agp)
+	}
+	out, err := tmpl.Render(msgs, false)
+	if err != nil {
+		return "", err
+	}
+	final := strings.TrimSpace(msgs[len(msgs)-1].Content)
+	if final == "" {
+		return "", errors.New("continue_final_message: the final assistant message is empty")
+	}
+	i := strings.LastIndex(out, final)
+	if i < 0 {
+		return "", errors.New("continue_final_message: the chat template does not render the final message's content verbatim")
+	}
+	return out[:i+len(final)], nil
+}
+
+func (t *tokText) Encode(s string) []int32     { return t.tok.Encode(s) }
+func (t *tokText) EncodeChat(s string) []int32 { return t.tok.EncodeChat(s) }
+func (t *tokText) Decode(ids []int32) string   { return t.tok.Decode(ids) }
+func (t *tokText) TokenBytes(id int32) []byte  { return t.tok.TokenBytes(id) }
+func (t *tokText) EOS() []int32                { return t.tok.EOS() }
+func (t *tokText) VocabSize() int              { return t.tok.VocabSize() }
+func (t *tokText) NewStream() TextStream       { return t.tok.NewStreamDecoder() }
 
 // NewSampler makes a sample.Sampler from validated request parameters.
 func NewSampler(s openai.Sampling) Sampler {
-	return sample.New(sample.Params{Temperature: s.Temperature, TopP: s.TopP, TopK: s.TopK, MinP: s.MinP,
-		RepetitionPenalty: s.RepetitionPenalty, Seed: s.Seed})
+	return sample.New(SampleParams(s))
+}
+
+// SampleParams converts validated request parameters: no seed in the
+// request means fresh randomness.
+func SampleParams(s openai.Sampling) sample.Params {
+	return sample.Params{Temperature: s.Temperature, TopP: s.TopP, TopK: s.TopK, MinP: s.MinP,
+		RepetitionPenalty: s.RepetitionPenalty, PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty,
+		LogitBias: s.LogitBias, Seed: s.Seed, RandomSeed: !s.SeedSet}
 }
 
 // NewStopMatcher makes a sample.StopMatcher.

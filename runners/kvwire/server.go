@@ -322,6 +322,11 @@ func (s *Server) stream(parent context.Context, conn net.Conn, br *bufio.Reader,
 	}
 
 	start := time.Now()
+	if req.Model == ProbeModel {
+		// A link probe: answered here, not queued behind prefills.
+		s.serveProbe(ctx, conn, req, w, finish, log)
+		return
+	}
 	if err := s.adm.acquire(ctx); err != nil {
 		if errors.Is(err, ErrBusy) {
 			log.Info("kvwire: busy", "err", err)
@@ -367,6 +372,32 @@ func (s *Server) stream(parent context.Context, conn net.Conn, br *bufio.Reader,
 	}
 	log.Warn("kvwire: producer failed", "err", err)
 	finish(encodeError(errorCode(err), err.Error()))
+}
+
+// serveProbe streams a link probe (probe.go) and ends the stream like a
+// produced request.
+func (s *Server) serveProbe(ctx context.Context, conn net.Conn, req *Request, w *writer, finish func([]byte), log *slog.Logger) {
+	e := &Emitter{ctx: ctx, w: w, lim: s.cfg.Limits}
+	err := produceProbe(req, e)
+	if err == nil {
+		if cerr := e.t.complete(); cerr != nil {
+			err = fmt.Errorf("%w: probe stopped early: %v", ErrRemoteInternal, cerr)
+		}
+	}
+	switch {
+	case err == nil:
+		finish(encodeDone(e.t.totals))
+		log.Info("kvwire: probe sent", "bytes", e.t.totals.PayloadBytes)
+	case ctx.Err() != nil:
+		cause := context.Cause(ctx)
+		if errors.Is(cause, ErrClosed) || errors.Is(cause, context.Canceled) {
+			conn.Close()
+		}
+		finish(s.causeFrame(cause))
+	default:
+		log.Info("kvwire: probe refused", "err", err)
+		finish(encodeError(errorCode(err), err.Error()))
+	}
 }
 
 // causeFrame is the Error frame for a context cause (nil when the client

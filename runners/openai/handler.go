@@ -5,10 +5,13 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Result is what a generation produced.
@@ -18,15 +21,36 @@ type Result struct {
 	CompletionTokens int
 	// FinishReason is "stop" (end token or stop sequence) or "length".
 	FinishReason string
+	// StopSequence is the stop sequence that ended the generation, if one
+	// did.
+	StopSequence string
 }
 
 // Emitter receives a generation's output. Start is called once, after the
 // request is admitted and its prompt tokenized, before any text; Text is
-// called with newly generated text (never a split UTF-8 rune). An error
+// called with newly generated text (never a split UTF-8 rune), and, when
+// the request asked for logprobs, with the log-probabilities of the token
+// generated in that step (lp nil otherwise, and for text flushed at the
+// end). Text may be "" with a non-nil lp (a token whose text is held back,
+// e.g. the start of a UTF-8 rune or of a possible stop sequence). An error
 // from either (the client went away) stops the generation.
 type Emitter interface {
 	Start(promptTokens int) error
-	Text(s string) error
+	Text(s string, lp *TokenLogprob) error
+}
+
+// TokenLogprob is one generated token's log-probability under the model's
+// distribution and its most likely alternatives (descending).
+type TokenLogprob struct {
+	Bytes   []byte
+	Logprob float64
+	Top     []TopToken
+}
+
+// TopToken is one alternative of a TokenLogprob.
+type TopToken struct {
+	Bytes   []byte
+	Logprob float64
 }
 
 // Generator runs generations; the decode runner implements it.
@@ -36,7 +60,10 @@ type Generator interface {
 	// status; others are 500).
 	Generate(ctx context.Context, req *GenRequest, em Emitter) (Result, error)
 	// Tokenize renders and tokenizes req's prompt as Generate would.
-	Tokenize(ctx context.Context, req *GenRequest, addGenerationPrompt bool) (tokens []int32, maxModelLen int, err error)
+	Tokenize(ctx context.Context, req *GenRequest) (tokens []int32, maxModelLen int, err error)
+	// Detokenize turns token ids into text (ids outside the vocabulary are
+	// an *Error naming "tokens").
+	Detokenize(ctx context.Context, tokens []int32) (string, error)
 }
 
 // Handler serves the OpenAI-compatible routes on top of a Generator.
@@ -52,6 +79,15 @@ type Handler struct {
 	// OnResult, when set, is called once per generation request with its
 	// HTTP status code (for metrics), after the response is complete.
 	OnResult func(model string, code int)
+	// Defaults are the model's sampling defaults (under request fields).
+	Defaults Defaults
+	// AcceptTools: Gen honours tools, tool_choice and non-text
+	// response_format; false refuses them with a 400 naming the field.
+	AcceptTools bool
+}
+
+func (h *Handler) validator() Validator {
+	return Validator{Served: h.served, Defaults: h.Defaults, AcceptTools: h.AcceptTools}
 }
 
 // Register adds the routes to mux.
@@ -60,6 +96,12 @@ func (h *Handler) Register(mux *http.ServeMux) {
 	mux.HandleFunc("/v1/completions", h.completions)
 	mux.HandleFunc("/v1/models", h.models)
 	mux.HandleFunc("/tokenize", h.tokenize)
+	mux.HandleFunc("/detokenize", h.detokenize)
+	mux.HandleFunc("/v1/responses", h.responses)
+	mux.HandleFunc("/v1/responses/", func(w http.ResponseWriter, r *http.Request) {
+		WriteError(w, &Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found",
+			Message: "this server stores no responses (send the whole conversation as input)"})
+	})
 }
 
 func (h *Handler) served(name string) bool {
@@ -119,7 +161,7 @@ func (h *Handler) models(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) tokenize(w http.ResponseWriter, r *http.Request) {
 	var req TokenizeRequest
-	if e := decodeBody(w, r, &req); e != nil {
+	if e := decodeBody(w, r, &req, tokenizeShape); e != nil {
 		WriteError(w, e)
 		return
 	}
@@ -130,8 +172,9 @@ func (h *Handler) tokenize(w http.ResponseWriter, r *http.Request) {
 	g := &GenRequest{Model: req.Model}
 	switch {
 	case len(req.Messages) > 0:
-		cr := ChatRequest{Model: req.Model, Messages: req.Messages}
-		v, e := ValidateChat(&cr, h.served)
+		cr := ChatRequest{Model: req.Model, Messages: req.Messages,
+			AddGenerationPrompt: req.AddGenerationPrompt, ContinueFinalMessage: req.ContinueFinalMessage}
+		v, e := h.validator().ValidateChat(&cr)
 		if e != nil {
 			WriteError(w, e)
 			return
@@ -143,11 +186,7 @@ func (h *Handler) tokenize(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, Errorf("messages", "messages or prompt is required"))
 		return
 	}
-	agp := true
-	if req.AddGenerationPrompt != nil {
-		agp = *req.AddGenerationPrompt
-	}
-	toks, maxLen, err := h.Gen.Tokenize(r.Context(), g, agp)
+	toks, maxLen, err := h.Gen.Tokenize(r.Context(), g)
 	if err != nil {
 		WriteError(w, AsError(err))
 		return
@@ -158,13 +197,45 @@ func (h *Handler) tokenize(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, TokenizeResponse{Count: len(toks), MaxModelLen: maxLen, Tokens: toks})
 }
 
+func (h *Handler) detokenize(w http.ResponseWriter, r *http.Request) {
+	var req DetokenizeRequest
+	if e := decodeBody(w, r, &req, detokenizeShape); e != nil {
+		WriteError(w, e)
+		return
+	}
+	if !h.served(req.Model) {
+		WriteError(w, UnknownModel(req.Model))
+		return
+	}
+	if req.Tokens == nil {
+		WriteError(w, Errorf("tokens", "tokens is required"))
+		return
+	}
+	for i, id := range req.Tokens {
+		if id < 0 || id > 1<<31-1 {
+			WriteError(w, Errorf("tokens", "tokens[%d] = %d is not a token id", i, id))
+			return
+		}
+	}
+	ids := make([]int32, len(req.Tokens))
+	for i, id := range req.Tokens {
+		ids[i] = int32(id)
+	}
+	text, err := h.Gen.Detokenize(r.Context(), ids)
+	if err != nil {
+		WriteError(w, AsError(err))
+		return
+	}
+	writeJSON(w, http.StatusOK, DetokenizeResponse{Prompt: text})
+}
+
 func (h *Handler) chat(w http.ResponseWriter, r *http.Request) {
 	var req ChatRequest
-	if e := decodeBody(w, r, &req); e != nil {
+	if e := decodeBody(w, r, &req, chatShape); e != nil {
 		h.fail(w, "", e)
 		return
 	}
-	g, e := ValidateChat(&req, h.served)
+	g, e := h.validator().ValidateChat(&req)
 	if e != nil {
 		h.fail(w, req.Model, e)
 		return
@@ -174,11 +245,11 @@ func (h *Handler) chat(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) completions(w http.ResponseWriter, r *http.Request) {
 	var req CompletionRequest
-	if e := decodeBody(w, r, &req); e != nil {
+	if e := decodeBody(w, r, &req, completionShape); e != nil {
 		h.fail(w, "", e)
 		return
 	}
-	g, e := ValidateCompletion(&req, h.served)
+	g, e := h.validator().ValidateCompletion(&req)
 	if e != nil {
 		h.fail(w, req.Model, e)
 		return
@@ -193,6 +264,7 @@ type streamEmitter struct {
 	id      string
 	created int64
 	model   string
+	offset  int // bytes of completion text sent (legacy text_offset)
 }
 
 func (s *streamEmitter) Start(int) error {
@@ -205,23 +277,43 @@ func (s *streamEmitter) Start(int) error {
 		Choices: []ChatChoice{{Index: 0, Delta: &ResponseMessage{Role: "assistant", Content: &empty}}}})
 }
 
-func (s *streamEmitter) Text(t string) error {
-	if t == "" {
+func (s *streamEmitter) Text(t string, lp *TokenLogprob) error {
+	if t == "" && lp == nil {
 		return nil
 	}
 	if !s.chat {
+		c := CompletionChoice{Index: 0, Text: t}
+		if lp != nil {
+			var cl CompletionLogprobs
+			cl.add(lp, s.offset)
+			c.Logprobs = &cl
+			s.offset += len(lp.Bytes)
+		}
 		return s.sse.Event(CompletionResponse{ID: s.id, Object: "text_completion", Created: s.created, Model: s.model,
-			Choices: []CompletionChoice{{Index: 0, Text: t}}})
+			Choices: []CompletionChoice{c}})
+	}
+	c := ChatChoice{Index: 0, Delta: &ResponseMessage{Content: &t}}
+	if lp != nil {
+		c.Logprobs = &ChatLogprobs{Content: []LogprobContent{chatLogprob(lp)}}
 	}
 	return s.sse.Event(ChatChunk{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.model,
-		Choices: []ChatChoice{{Index: 0, Delta: &ResponseMessage{Content: &t}}}})
+		Choices: []ChatChoice{c}})
 }
 
-// bufferEmitter collects the text of a non-streaming request.
-type bufferEmitter struct{ b strings.Builder }
+// bufferEmitter collects the text (and logprobs) of a non-streaming request.
+type bufferEmitter struct {
+	b   strings.Builder
+	lps []*TokenLogprob
+}
 
-func (b *bufferEmitter) Start(int) error     { return nil }
-func (b *bufferEmitter) Text(t string) error { b.b.WriteString(t); return nil }
+func (b *bufferEmitter) Start(int) error { return nil }
+func (b *bufferEmitter) Text(t string, lp *TokenLogprob) error {
+	b.b.WriteString(t)
+	if lp != nil {
+		b.lps = append(b.lps, lp)
+	}
+	return nil
+}
 
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, g *GenRequest, chat bool) {
 	prefix, object := "cmpl-", "text_completion"
@@ -242,12 +334,28 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, g *GenRequest, c
 		fr := res.FinishReason
 		text := be.b.String()
 		if chat {
+			c := ChatChoice{Index: 0, Message: &ResponseMessage{Role: "assistant", Content: &text}, FinishReason: &fr}
+			if g.Logprobs {
+				c.Logprobs = &ChatLogprobs{Content: []LogprobContent{}}
+				for _, lp := range be.lps {
+					c.Logprobs.Content = append(c.Logprobs.Content, chatLogprob(lp))
+				}
+			}
 			writeJSON(w, http.StatusOK, ChatResponse{ID: id, Object: object, Created: created, Model: g.Model,
-				Choices: []ChatChoice{{Index: 0, Message: &ResponseMessage{Role: "assistant", Content: &text}, FinishReason: &fr}},
-				Usage:   usage})
+				Choices: []ChatChoice{c}, Usage: usage})
 		} else {
+			c := CompletionChoice{Index: 0, Text: text, FinishReason: &fr}
+			if g.Logprobs {
+				cl := &CompletionLogprobs{Tokens: []string{}, TokenLogprobs: []float64{}, TopLogprobs: []map[string]float64{}, TextOffset: []int{}}
+				off := 0
+				for _, lp := range be.lps {
+					cl.add(lp, off)
+					off += len(lp.Bytes)
+				}
+				c.Logprobs = cl
+			}
 			writeJSON(w, http.StatusOK, CompletionResponse{ID: id, Object: object, Created: created, Model: g.Model,
-				Choices: []CompletionChoice{{Index: 0, Text: text, FinishReason: &fr}}, Usage: usage})
+				Choices: []CompletionChoice{c}, Usage: usage})
 		}
 		h.result(g.Model, http.StatusOK)
 		return
@@ -291,6 +399,65 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, g *GenRequest, c
 	}
 	_ = sse.Done()
 	h.result(g.Model, http.StatusOK)
+}
+
+// minLogprob stands for -Inf, which JSON cannot carry (OpenAI's value).
+const minLogprob = -9999.0
+
+func clampLogprob(v float64) float64 {
+	if math.IsNaN(v) || v < minLogprob {
+		return minLogprob
+	}
+	return v
+}
+
+func byteInts(b []byte) []int {
+	out := make([]int, len(b))
+	for i, c := range b {
+		out[i] = int(c)
+	}
+	return out
+}
+
+// tokenString is a token's text; bytes that are not valid UTF-8 on their
+// own (part of a multi-byte rune) are written as \xHH, as OpenAI does.
+func tokenString(b []byte) string {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	var sb strings.Builder
+	for len(b) > 0 {
+		r, n := utf8.DecodeRune(b)
+		if r == utf8.RuneError && n <= 1 {
+			fmt.Fprintf(&sb, "\\x%02x", b[0])
+			b = b[1:]
+			continue
+		}
+		sb.Write(b[:n])
+		b = b[n:]
+	}
+	return sb.String()
+}
+
+func chatLogprob(lp *TokenLogprob) LogprobContent {
+	c := LogprobContent{Token: tokenString(lp.Bytes), Logprob: clampLogprob(lp.Logprob), Bytes: byteInts(lp.Bytes), TopLogprobs: []TopLogprob{}}
+	for _, t := range lp.Top {
+		c.TopLogprobs = append(c.TopLogprobs, TopLogprob{Token: tokenString(t.Bytes), Logprob: clampLogprob(t.Logprob), Bytes: byteInts(t.Bytes)})
+	}
+	return c
+}
+
+func (cl *CompletionLogprobs) add(lp *TokenLogprob, offset int) {
+	cl.Tokens = append(cl.Tokens, tokenString(lp.Bytes))
+	cl.TokenLogprobs = append(cl.TokenLogprobs, clampLogprob(lp.Logprob))
+	top := map[string]float64{}
+	for _, t := range lp.Top {
+		if _, dup := top[tokenString(t.Bytes)]; !dup {
+			top[tokenString(t.Bytes)] = clampLogprob(t.Logprob)
+		}
+	}
+	cl.TopLogprobs = append(cl.TopLogprobs, top)
+	cl.TextOffset = append(cl.TextOffset, offset)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -38,7 +38,7 @@ func (g *scriptGen) Generate(ctx context.Context, req *GenRequest, em Emitter) (
 		return Result{}, err
 	}
 	for _, p := range g.pieces {
-		if err := em.Text(p); err != nil {
+		if err := em.Text(p, nil); err != nil {
 			return Result{}, err
 		}
 	}
@@ -48,7 +48,18 @@ func (g *scriptGen) Generate(ctx context.Context, req *GenRequest, em Emitter) (
 	return Result{PromptTokens: 7, CachedTokens: 3, CompletionTokens: len(g.pieces), FinishReason: g.finish}, nil
 }
 
-func (g *scriptGen) Tokenize(ctx context.Context, req *GenRequest, agp bool) ([]int32, int, error) {
+func (g *scriptGen) Detokenize(ctx context.Context, ids []int32) (string, error) {
+	var b strings.Builder
+	for _, id := range ids {
+		if id >= 1000 {
+			return "", Errorf("tokens", "tokens: %d is outside the vocabulary", id)
+		}
+		fmt.Fprintf(&b, "<%d>", id)
+	}
+	return b.String(), nil
+}
+
+func (g *scriptGen) Tokenize(ctx context.Context, req *GenRequest) ([]int32, int, error) {
 	n := len(req.Prompt)
 	for _, m := range req.Messages {
 		n += len(m.Content)
@@ -192,7 +203,7 @@ func TestValidationErrors(t *testing.T) {
 		{"zero max_completion_tokens", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":0}`, 400, "max_completion_tokens", "at least 1"},
 		{"temperature too high", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"temperature":3}`, 400, "temperature", "between 0 and 2"},
 		{"temperature negative", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"temperature":-0.1}`, 400, "temperature", "between 0 and 2"},
-		{"temperature string", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"temperature":"hot"}`, 400, "", "invalid JSON"},
+		{"temperature string", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"temperature":"hot"}`, 400, "temperature", "temperature must be a number, got string"},
 		{"top_p zero", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"top_p":0}`, 400, "top_p", "top_p"},
 		{"n=2", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"n":2}`, 400, "n", "n=1"},
 		{"completion no prompt", "/v1/completions", `{"model":"tiny"}`, 400, "prompt", "prompt"},
@@ -273,13 +284,14 @@ func FuzzDecodeChatRequest(f *testing.F) {
 	f.Add(`{"model":"tiny","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`)
 	f.Add(`{"model":"tiny","prompt":[1,2,3]}`)
 	f.Fuzz(func(t *testing.T, s string) {
+		v := Validator{Served: func(string) bool { return true }}
 		var r ChatRequest
-		if json.Unmarshal([]byte(s), &r) == nil {
-			_, _ = ValidateChat(&r, func(string) bool { return true })
+		if decodeJSON([]byte(s), &r, chatShape) == nil {
+			_, _ = v.ValidateChat(&r)
 		}
 		var c CompletionRequest
-		if json.Unmarshal([]byte(s), &c) == nil {
-			_, _ = ValidateCompletion(&c, func(string) bool { return true })
+		if decodeJSON([]byte(s), &c, completionShape) == nil {
+			_, _ = v.ValidateCompletion(&c)
 		}
 	})
 }

@@ -52,6 +52,28 @@ func (s *SSEWriter) Event(v any) error {
 	return s.raw(b)
 }
 
+// NamedEvent writes v as one event with an event name (`event: name`
+// then `data: {json}`), the form of Anthropic's and the Responses API's
+// streams.
+func (s *SSEWriter) NamedEvent(name string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("sse: marshal: %w", err)
+	}
+	s.Start()
+	buf := make([]byte, 0, len(b)+len(name)+16)
+	buf = append(buf, "event: "...)
+	buf = append(buf, name...)
+	buf = append(buf, "\ndata: "...)
+	buf = append(buf, b...)
+	buf = append(buf, "\n\n"...)
+	if _, err := s.w.Write(buf); err != nil {
+		return fmt.Errorf("sse: write: %w", err)
+	}
+	s.flush()
+	return nil
+}
+
 // Done writes the terminating [DONE] event.
 func (s *SSEWriter) Done() error { return s.raw([]byte("[DONE]")) }
 

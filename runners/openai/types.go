@@ -1,10 +1,13 @@
 // Package openai owns the OpenAI-compatible HTTP surface of a decode runner:
-// the request and response types of /v1/chat/completions, /v1/completions
-// and /v1/models, their validation, OpenAI-style error bodies, the SSE
-// writer for streaming, and an http.Handler that turns requests into calls
-// on a Generator. It knows nothing about models, caches or the KV wire: the
-// decode runner implements Generator. It must not import the engine,
-// kvwire or anything under supervisor/.
+// the request and response types of /v1/chat/completions, /v1/completions,
+// /v1/responses and /v1/models, their validation (every field honoured or
+// refused with a 400 naming its JSON path: see Shape), OpenAI-style error
+// bodies, the SSE writer for streaming, and an http.Handler that turns
+// requests into calls on a Generator. The Anthropic adapter
+// (runners/anthropic) reuses its Validator and Generator. It knows nothing
+// about models, caches or the KV wire: the decode runner implements
+// Generator. It must not import the engine, kvwire or anything under
+// supervisor/.
 //
 // Streaming: chunks are "chat.completion.chunk" (or "text_completion")
 // objects written as `data: {json}\n\n`, ending with `data: [DONE]\n\n`.
@@ -14,15 +17,27 @@
 // (exo bench, dashboards) want token counts; a request that sets
 // stream_options.include_usage to false does not get it.
 //
+// Sampling: Defaults (the model's, then the cluster file's) under the
+// request's fields; no seed means fresh randomness. Logprobs describe the
+// model's own distribution (before sampling transforms).
+//
+// Accepted without effect (documented allow-list): user, metadata,
+// store: false, parallel_tool_calls, tool_choice "none"/"auto" without
+// tools, response_format {"type":"text"}. tools, forced tool_choice and
+// json_object/json_schema formats are parsed into GenRequest (the seam for
+// constrained decoding) and refused until Handler.AcceptTools is set.
+//
 // Extensions (all optional, ignored by OpenAI clients that do not send them):
 //   - top_k, min_p, repetition_penalty: sampling knobs as in vLLM.
 //   - ignore_eos: keep generating past end-of-sequence tokens until
 //     max_tokens (as in vLLM; used by exo bench).
+//   - add_generation_prompt, continue_final_message (vLLM's): a final
+//     assistant message is continued by default (assistant prefill).
 //   - x_exo_disable_remote_prefill: prefill this request locally even when a
 //     prefill runner is configured (exo bench --compare-local).
 //   - POST /tokenize {"model","messages"|"prompt","add_generation_prompt"}
-//     → {"count","tokens","max_model_len"} (vLLM's shape), so exo bench can
-//     build token-exact prompts through the model's chat template.
+//     → {"count","tokens","max_model_len"} and POST /detokenize
+//     {"model","tokens"} → {"prompt"} (vLLM's shapes).
 package openai
 
 import (
@@ -33,10 +48,91 @@ import (
 
 // Message is one chat message. Content may be a string or an array of
 // content parts ({"type":"text","text":"…"}); only text parts are accepted.
+// An assistant message may carry tool_calls (and then content null); a
+// "tool" message answers one of them by tool_call_id.
 type Message struct {
-	Role    string  `json:"role"`
-	Content Content `json:"content"`
-	Name    string  `json:"name,omitempty"`
+	Role       string     `json:"role"`
+	Content    Content    `json:"content"`
+	Name       string     `json:"name,omitempty"`
+	ToolCalls  []ToolCall `json:"tool_calls,omitempty"`
+	ToolCallID string     `json:"tool_call_id,omitempty"`
+}
+
+// ToolCall is one function call an assistant made (OpenAI's shape:
+// arguments is a JSON text).
+type ToolCall struct {
+	ID       string       `json:"id"`
+	Type     string       `json:"type"`
+	Function FunctionCall `json:"function"`
+}
+
+// FunctionCall names a function and its JSON-encoded arguments.
+type FunctionCall struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+// Tool is one entry of a request's "tools".
+type Tool struct {
+	Type     string      `json:"type"`
+	Function FunctionDef `json:"function"`
+}
+
+// FunctionDef describes a function the model may call; Parameters is a
+// JSON Schema kept as raw JSON for the grammar engine.
+type FunctionDef struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+	Strict      *bool           `json:"strict,omitempty"`
+}
+
+// ToolChoice is a parsed "tool_choice": Mode is "auto", "none",
+// "required" or "function" (then Name is the function's name).
+type ToolChoice struct {
+	Mode string
+	Name string
+}
+
+// UnmarshalJSON accepts "auto" | "none" | "required" |
+// {"type":"function","function":{"name":…}}.
+func (t *ToolChoice) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		switch s {
+		case "auto", "none", "required":
+			*t = ToolChoice{Mode: s}
+			return nil
+		}
+		return fmt.Errorf("tool_choice must be \"auto\", \"none\", \"required\" or {\"type\":\"function\",\"function\":{\"name\":…}}, got %q", s)
+	}
+	var o struct {
+		Type     string `json:"type"`
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	if err := json.Unmarshal(b, &o); err != nil || o.Type != "function" || o.Function.Name == "" {
+		return fmt.Errorf("tool_choice must be \"auto\", \"none\", \"required\" or {\"type\":\"function\",\"function\":{\"name\":…}}")
+	}
+	*t = ToolChoice{Mode: "function", Name: o.Function.Name}
+	return nil
+}
+
+// ResponseFormat is "response_format": type "text", "json_object" or
+// "json_schema" (with JSONSchema).
+type ResponseFormat struct {
+	Type       string            `json:"type"`
+	JSONSchema *JSONSchemaFormat `json:"json_schema,omitempty"`
+}
+
+// JSONSchemaFormat is response_format.json_schema; Schema stays raw JSON
+// for the grammar engine.
+type JSONSchemaFormat struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Schema      json.RawMessage `json:"schema,omitempty"`
+	Strict      *bool           `json:"strict,omitempty"`
 }
 
 // Content is message content, normalized to text.
@@ -166,21 +262,31 @@ type StreamOptions struct {
 
 // SamplingFields are the request fields shared by chat and completions.
 type SamplingFields struct {
-	MaxTokens           *int           `json:"max_tokens,omitempty"`
-	MaxCompletionTokens *int           `json:"max_completion_tokens,omitempty"`
-	Temperature         *float64       `json:"temperature,omitempty"`
-	TopP                *float64       `json:"top_p,omitempty"`
-	TopK                *int           `json:"top_k,omitempty"`
-	MinP                *float64       `json:"min_p,omitempty"`
-	RepetitionPenalty   *float64       `json:"repetition_penalty,omitempty"`
-	Seed                *int64         `json:"seed,omitempty"`
-	N                   *int           `json:"n,omitempty"`
-	Stop                StringList     `json:"stop,omitempty"`
-	Stream              bool           `json:"stream,omitempty"`
-	StreamOptions       *StreamOptions `json:"stream_options,omitempty"`
-	IgnoreEOS           bool           `json:"ignore_eos,omitempty"`
+	MaxTokens           *int               `json:"max_tokens,omitempty"`
+	MaxCompletionTokens *int               `json:"max_completion_tokens,omitempty"`
+	Temperature         *float64           `json:"temperature,omitempty"`
+	TopP                *float64           `json:"top_p,omitempty"`
+	TopK                *int               `json:"top_k,omitempty"`
+	MinP                *float64           `json:"min_p,omitempty"`
+	RepetitionPenalty   *float64           `json:"repetition_penalty,omitempty"`
+	PresencePenalty     *float64           `json:"presence_penalty,omitempty"`
+	FrequencyPenalty    *float64           `json:"frequency_penalty,omitempty"`
+	LogitBias           map[string]float64 `json:"logit_bias,omitempty"`
+	Seed                *int64             `json:"seed,omitempty"`
+	N                   *int               `json:"n,omitempty"`
+	Stop                StringList         `json:"stop,omitempty"`
+	Stream              bool               `json:"stream,omitempty"`
+	StreamOptions       *StreamOptions     `json:"stream_options,omitempty"`
+	IgnoreEOS           bool               `json:"ignore_eos,omitempty"`
 	// DisableRemotePrefill is exo's extension: prefill locally.
 	DisableRemotePrefill bool `json:"x_exo_disable_remote_prefill,omitempty"`
+
+	// Harmless fields, accepted and documented as having no effect here:
+	// user (an end-user id for the provider's abuse monitoring), metadata
+	// (tags for stored completions; nothing is stored). store must be false.
+	User     string          `json:"user,omitempty"`
+	Metadata json.RawMessage `json:"metadata,omitempty"`
+	Store    *bool           `json:"store,omitempty"`
 }
 
 // ChatRequest is the body of POST /v1/chat/completions.
@@ -188,6 +294,20 @@ type ChatRequest struct {
 	Model    string    `json:"model"`
 	Messages []Message `json:"messages"`
 	SamplingFields
+	Logprobs    *bool `json:"logprobs,omitempty"`
+	TopLogprobs *int  `json:"top_logprobs,omitempty"`
+
+	Tools             []Tool          `json:"tools,omitempty"`
+	ToolChoice        *ToolChoice     `json:"tool_choice,omitempty"`
+	ParallelToolCalls *bool           `json:"parallel_tool_calls,omitempty"`
+	ResponseFormat    *ResponseFormat `json:"response_format,omitempty"`
+
+	// Extensions (vLLM's): add_generation_prompt (default: true unless the
+	// final message is continued) and continue_final_message (default: true
+	// when the last message is the assistant's and add_generation_prompt is
+	// not set to true).
+	AddGenerationPrompt  *bool `json:"add_generation_prompt,omitempty"`
+	ContinueFinalMessage *bool `json:"continue_final_message,omitempty"`
 }
 
 // CompletionRequest is the body of POST /v1/completions.
@@ -195,14 +315,29 @@ type CompletionRequest struct {
 	Model  string `json:"model"`
 	Prompt Prompt `json:"prompt"`
 	SamplingFields
+	// Logprobs is the legacy field: how many top alternatives to return
+	// per token (0: only the chosen token's).
+	Logprobs *int `json:"logprobs,omitempty"`
 }
 
 // TokenizeRequest is the body of POST /tokenize (vLLM's shape).
 type TokenizeRequest struct {
-	Model               string    `json:"model"`
-	Messages            []Message `json:"messages,omitempty"`
-	Prompt              *string   `json:"prompt,omitempty"`
-	AddGenerationPrompt *bool     `json:"add_generation_prompt,omitempty"`
+	Model                string    `json:"model"`
+	Messages             []Message `json:"messages,omitempty"`
+	Prompt               *string   `json:"prompt,omitempty"`
+	AddGenerationPrompt  *bool     `json:"add_generation_prompt,omitempty"`
+	ContinueFinalMessage *bool     `json:"continue_final_message,omitempty"`
+}
+
+// DetokenizeRequest is the body of POST /detokenize (vLLM's shape).
+type DetokenizeRequest struct {
+	Model  string  `json:"model"`
+	Tokens []int64 `json:"tokens"`
+}
+
+// DetokenizeResponse is the answer of POST /detokenize.
+type DetokenizeResponse struct {
+	Prompt string `json:"prompt"`
 }
 
 // TokenizeResponse is the answer of POST /tokenize.
@@ -243,7 +378,39 @@ type ChatChoice struct {
 	Index        int              `json:"index"`
 	Message      *ResponseMessage `json:"message,omitempty"`
 	Delta        *ResponseMessage `json:"delta,omitempty"`
+	Logprobs     *ChatLogprobs    `json:"logprobs,omitempty"`
 	FinishReason *string          `json:"finish_reason"`
+}
+
+// ChatLogprobs is choices[].logprobs of a chat completion.
+type ChatLogprobs struct {
+	Content []LogprobContent `json:"content"`
+}
+
+// LogprobContent is one generated token with its log-probability and the
+// most likely alternatives. Bytes is a JSON array of byte values (a token
+// may hold part of a UTF-8 sequence).
+type LogprobContent struct {
+	Token       string       `json:"token"`
+	Logprob     float64      `json:"logprob"`
+	Bytes       []int        `json:"bytes"`
+	TopLogprobs []TopLogprob `json:"top_logprobs"`
+}
+
+// TopLogprob is one alternative in top_logprobs.
+type TopLogprob struct {
+	Token   string  `json:"token"`
+	Logprob float64 `json:"logprob"`
+	Bytes   []int   `json:"bytes"`
+}
+
+// CompletionLogprobs is the legacy choices[].logprobs of /v1/completions.
+// TextOffset is each token's byte offset in the completion text.
+type CompletionLogprobs struct {
+	Tokens        []string             `json:"tokens"`
+	TokenLogprobs []float64            `json:"token_logprobs"`
+	TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+	TextOffset    []int                `json:"text_offset"`
 }
 
 // ResponseMessage is the assistant message (or delta) in a response.

@@ -8,20 +8,90 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"reflect"
+	"sort"
+	"strconv"
 	"strings"
 )
 
-// ChatMessage is a validated chat message.
-type ChatMessage struct{ Role, Content string }
+// ChatMessage is a validated chat message. Content is "" for an assistant
+// message that only calls tools; ToolCalls keep OpenAI's shape (arguments
+// as JSON text); ToolCallID is set on "tool" messages.
+type ChatMessage struct {
+	Role, Content string
+	Name          string
+	ToolCalls     []ToolCall
+	ToolCallID    string
+}
 
-// Sampling holds validated sampling parameters (defaults applied).
+// Sampling holds validated sampling parameters (model defaults and the
+// request applied).
 type Sampling struct {
 	Temperature, TopP float64
 	TopK              int
 	MinP              float64
 	RepetitionPenalty float64
-	Seed              int64
-	SeedSet           bool
+	PresencePenalty   float64
+	FrequencyPenalty  float64
+	// LogitBias maps token ids to a bias in [-100, 100]; the generator
+	// checks the ids against its vocabulary.
+	LogitBias map[int32]float32
+	Seed      int64
+	// SeedSet: the request gave a seed. Without one, every request draws
+	// fresh randomness.
+	SeedSet bool
+}
+
+// Defaults are a model's default sampling parameters (nil: not set). The
+// decode runner fills them from the model (generation_config.json, GGUF
+// general.sampling.*) overlaid by the cluster file's [models.defaults];
+// request fields override them.
+type Defaults struct {
+	Temperature       *float64
+	TopP              *float64
+	TopK              *int
+	MinP              *float64
+	RepetitionPenalty *float64
+}
+
+// Over returns d with every field set in o replacing d's.
+func (d Defaults) Over(o Defaults) Defaults {
+	if o.Temperature != nil {
+		d.Temperature = o.Temperature
+	}
+	if o.TopP != nil {
+		d.TopP = o.TopP
+	}
+	if o.TopK != nil {
+		d.TopK = o.TopK
+	}
+	if o.MinP != nil {
+		d.MinP = o.MinP
+	}
+	if o.RepetitionPenalty != nil {
+		d.RepetitionPenalty = o.RepetitionPenalty
+	}
+	return d
+}
+
+// Check validates d with the same limits as request fields; the error
+// names the field as the request would.
+func (d Defaults) Check() error {
+	f := SamplingFields{Temperature: d.Temperature, TopP: d.TopP, TopK: d.TopK, MinP: d.MinP, RepetitionPenalty: d.RepetitionPenalty}
+	if e := validateSampling(&f, Defaults{}, &GenRequest{}); e != nil {
+		return errors.New(e.Message)
+	}
+	return nil
+}
+
+// Sampling returns the sampling parameters d gives (OpenAI's defaults
+// where d has none), validated; the seed is left unset.
+func (d Defaults) Sampling() (Sampling, error) {
+	g := &GenRequest{}
+	if e := validateSampling(&SamplingFields{}, d, g); e != nil {
+		return Sampling{}, errors.New(e.Message)
+	}
+	return g.Sampling, nil
 }
 
 // GenRequest is a validated request for a Generator.
@@ -32,6 +102,12 @@ type GenRequest struct {
 	Messages  []ChatMessage
 	Prompt    string
 	PromptIDs []int32
+	// AddGenerationPrompt opens a new assistant turn after Messages;
+	// ContinueFinal instead renders the final (assistant) message open, so
+	// generation continues it (no end-of-turn, no new turn). At most one
+	// is true.
+	AddGenerationPrompt bool
+	ContinueFinal       bool
 	// MaxTokens is the completion limit; 0 means "until an end token or the
 	// context is full".
 	MaxTokens            int
@@ -41,13 +117,121 @@ type GenRequest struct {
 	DisableRemotePrefill bool
 	Stream               bool
 	IncludeUsage         bool
+	// Logprobs asks for each generated token's log-probability and its
+	// TopLogprobs (0–20) most likely alternatives.
+	Logprobs    bool
+	TopLogprobs int
+
+	// The constrained-generation seam, parsed and kept for the generator:
+	// Tools, ToolChoice, ParallelToolCalls and ResponseFormat. Until the
+	// grammar engine and tool-call parsers are wired (Handler.AcceptTools),
+	// requests that need them are refused with a 400 naming the field.
+	Tools             []Tool
+	ToolChoice        *ToolChoice
+	ParallelToolCalls *bool
+	ResponseFormat    *ResponseFormat
 }
 
 // MaxBodyBytes bounds a request body.
 const MaxBodyBytes = 32 << 20
 
-// decodeBody reads a JSON body into v with OpenAI-style errors.
-func decodeBody(w http.ResponseWriter, r *http.Request, v any) *Error {
+// Shape lists the JSON object keys a request may carry, recursively: the
+// value of a key is the shape of its value (nil: not checked here), and a
+// shape applies to every element of an array. Keys outside it get a 400
+// naming them, so no field is silently ignored.
+type Shape map[string]Shape
+
+var (
+	toolCallShape = Shape{"id": nil, "type": nil, "function": Shape{"name": nil, "arguments": nil}}
+	messageShape  = Shape{"role": nil, "content": Shape{"type": nil, "text": nil}, "name": nil,
+		"tool_calls": toolCallShape, "tool_call_id": nil}
+	streamOptionsShape = Shape{"include_usage": nil}
+	chatShape          = withFields(reflect.TypeFor[ChatRequest](), Shape{"messages": messageShape, "stream_options": streamOptionsShape,
+		"tools":           Shape{"type": nil, "function": Shape{"name": nil, "description": nil, "parameters": nil, "strict": nil}},
+		"response_format": Shape{"type": nil, "json_schema": Shape{"name": nil, "description": nil, "schema": nil, "strict": nil}}})
+	completionShape = withFields(reflect.TypeFor[CompletionRequest](), Shape{"stream_options": streamOptionsShape})
+	tokenizeShape   = withFields(reflect.TypeFor[TokenizeRequest](), Shape{"messages": messageShape})
+	detokenizeShape = withFields(reflect.TypeFor[DetokenizeRequest](), nil)
+)
+
+// FieldsOf is the Shape of every JSON field of struct type t (embedded
+// structs included), with sub-shapes from sub.
+func FieldsOf(t reflect.Type, sub Shape) Shape { return withFields(t, sub) }
+
+// DecodeStrict decodes a JSON object body into v: a key outside sh is a
+// 400 naming its JSON path, a type error names the JSON field.
+func DecodeStrict(body []byte, v any, sh Shape) *Error { return decodeJSON(body, v, sh) }
+
+// ReadBody reads a POST body (bounded by MaxBodyBytes) with OpenAI-style
+// errors.
+func ReadBody(w http.ResponseWriter, r *http.Request) ([]byte, *Error) {
+	var raw json.RawMessage
+	if e := decodeBody(w, r, &raw, nil); e != nil {
+		return nil, e
+	}
+	return raw, nil
+}
+
+// withFields is a shape of every JSON field of struct type t (embedded
+// structs included), with sub-shapes from sub.
+func withFields(t reflect.Type, sub Shape) Shape {
+	s := Shape{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Anonymous {
+			for k, v := range withFields(f.Type, sub) {
+				s[k] = v
+			}
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		s[name] = sub[name]
+	}
+	return s
+}
+
+// check returns the path of the first key (in sorted order) that v carries
+// outside s, or "".
+func (s Shape) check(v any, path string) string {
+	if s == nil {
+		return ""
+	}
+	switch x := v.(type) {
+	case []any:
+		for i, e := range x {
+			if p := s.check(e, fmt.Sprintf("%s[%d]", path, i)); p != "" {
+				return p
+			}
+		}
+	case map[string]any:
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			p := k
+			if path != "" {
+				p = path + "." + k
+			}
+			sub, ok := s[k]
+			if !ok {
+				return p
+			}
+			if q := sub.check(x[k], p); q != "" {
+				return q
+			}
+		}
+	}
+	return ""
+}
+
+// decodeBody reads a JSON body into v with OpenAI-style errors: a key
+// outside sh is refused by name, a type error names the JSON field.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any, sh Shape) *Error {
 	if r.Method != http.MethodPost {
 		return &Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Message: fmt.Sprintf("method %s not allowed; use POST", r.Method)}
 	}
@@ -59,16 +243,83 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) *Error {
 		}
 		return Errorf("", "reading request body: %v", err)
 	}
+	return decodeJSON(body, v, sh)
+}
+
+func decodeJSON(body []byte, v any, sh Shape) *Error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return Errorf("", "request body is empty; expected a JSON object")
 	}
+	var generic any
+	if err := json.Unmarshal(body, &generic); err != nil {
+		return Errorf("", "invalid JSON body: %v", err)
+	}
+	if _, ok := generic.(map[string]any); !ok {
+		return Errorf("", "invalid JSON body: expected a JSON object")
+	}
+	if p := sh.check(generic, ""); p != "" {
+		return Errorf(p, "%s is not supported by this server (exo-pd refuses fields it does not implement rather than ignore them)", p)
+	}
 	if err := json.Unmarshal(body, v); err != nil {
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &ute) && ute.Field != "" {
+			f := jsonPath(ute.Field)
+			return Errorf(f, "invalid JSON body: %s must be %s, got %s", f, jsonKind(ute.Type), ute.Value)
+		}
 		return Errorf("", "invalid JSON body: %v", err)
 	}
 	return nil
 }
 
-func validateSampling(f *SamplingFields, g *GenRequest) *Error {
+// jsonPath drops the Go names of embedded structs from a decoding error's
+// field path ("SamplingFields.temperature" → "temperature"): JSON fields
+// here are all lower case.
+func jsonPath(p string) string {
+	parts := strings.Split(p, ".")
+	out := parts[:0]
+	for _, s := range parts {
+		if s != "" && !(s[0] >= 'A' && s[0] <= 'Z') {
+			out = append(out, s)
+		}
+	}
+	return strings.Join(out, ".")
+}
+
+// jsonKind names the JSON type a Go type is decoded from.
+func jsonKind(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	}
+	return "another JSON type"
+}
+
+// Validator checks requests against what this server serves.
+type Validator struct {
+	// Served reports whether a model name is served here.
+	Served func(string) bool
+	// Defaults are the model's sampling defaults.
+	Defaults Defaults
+	// AcceptTools: the generator honours tools, tool_choice and
+	// response_format (else they are refused with a 400).
+	AcceptTools bool
+}
+
+func validateSampling(f *SamplingFields, d Defaults, g *GenRequest) *Error {
 	mt := f.MaxTokens
 	param := "max_tokens"
 	if f.MaxCompletionTokens != nil {
@@ -81,19 +332,20 @@ func validateSampling(f *SamplingFields, g *GenRequest) *Error {
 		g.MaxTokens = *mt
 	}
 	s := Sampling{Temperature: 1, TopP: 1, RepetitionPenalty: 1}
-	if t := f.Temperature; t != nil {
+	d = d.Over(Defaults{Temperature: f.Temperature, TopP: f.TopP, TopK: f.TopK, MinP: f.MinP, RepetitionPenalty: f.RepetitionPenalty})
+	if t := d.Temperature; t != nil {
 		if math.IsNaN(*t) || *t < 0 || *t > 2 {
 			return Errorf("temperature", "temperature must be between 0 and 2, got %v", *t)
 		}
 		s.Temperature = *t
 	}
-	if p := f.TopP; p != nil {
+	if p := d.TopP; p != nil {
 		if math.IsNaN(*p) || *p <= 0 || *p > 1 {
 			return Errorf("top_p", "top_p must be in (0, 1], got %v", *p)
 		}
 		s.TopP = *p
 	}
-	if k := f.TopK; k != nil {
+	if k := d.TopK; k != nil {
 		if *k < -1 {
 			return Errorf("top_k", "top_k must be -1 (off), 0 (off) or positive, got %d", *k)
 		}
@@ -101,23 +353,55 @@ func validateSampling(f *SamplingFields, g *GenRequest) *Error {
 			s.TopK = *k
 		}
 	}
-	if m := f.MinP; m != nil {
+	if m := d.MinP; m != nil {
 		if math.IsNaN(*m) || *m < 0 || *m > 1 {
 			return Errorf("min_p", "min_p must be in [0, 1], got %v", *m)
 		}
 		s.MinP = *m
 	}
-	if r := f.RepetitionPenalty; r != nil {
+	if r := d.RepetitionPenalty; r != nil {
 		if math.IsNaN(*r) || *r <= 0 || *r > 10 {
 			return Errorf("repetition_penalty", "repetition_penalty must be in (0, 10], got %v", *r)
 		}
 		s.RepetitionPenalty = *r
+	}
+	for _, pp := range []struct {
+		name string
+		v    *float64
+		dst  *float64
+	}{{"presence_penalty", f.PresencePenalty, &s.PresencePenalty}, {"frequency_penalty", f.FrequencyPenalty, &s.FrequencyPenalty}} {
+		if pp.v == nil {
+			continue
+		}
+		if math.IsNaN(*pp.v) || *pp.v < -2 || *pp.v > 2 {
+			return Errorf(pp.name, "%s must be between -2 and 2, got %v", pp.name, *pp.v)
+		}
+		*pp.dst = *pp.v
+	}
+	if len(f.LogitBias) > 0 {
+		if len(f.LogitBias) > 1024 {
+			return Errorf("logit_bias", "logit_bias may hold at most 1024 tokens, got %d", len(f.LogitBias))
+		}
+		s.LogitBias = make(map[int32]float32, len(f.LogitBias))
+		for k, b := range f.LogitBias {
+			id, err := strconv.ParseInt(k, 10, 32)
+			if err != nil || id < 0 {
+				return Errorf("logit_bias", "logit_bias keys must be token ids (non-negative integers), got %q", k)
+			}
+			if math.IsNaN(b) || b < -100 || b > 100 {
+				return Errorf("logit_bias", "logit_bias[%q] must be between -100 and 100, got %v", k, b)
+			}
+			s.LogitBias[int32(id)] = float32(b)
+		}
 	}
 	if f.Seed != nil {
 		s.Seed, s.SeedSet = *f.Seed, true
 	}
 	if f.N != nil && *f.N != 1 {
 		return Errorf("n", "only n=1 is supported, got %d", *f.N)
+	}
+	if f.Store != nil && *f.Store {
+		return Errorf("store", "store: true is not supported: this server stores no completions")
 	}
 	if len(f.Stop) > 16 {
 		return Errorf("stop", "at most 16 stop sequences, got %d", len(f.Stop))
@@ -134,6 +418,9 @@ func validateSampling(f *SamplingFields, g *GenRequest) *Error {
 	g.Stream = f.Stream
 	g.IncludeUsage = true
 	if f.StreamOptions != nil && f.StreamOptions.IncludeUsage != nil {
+		if !f.Stream {
+			return Errorf("stream_options", "stream_options is only allowed with stream: true")
+		}
 		g.IncludeUsage = *f.StreamOptions.IncludeUsage
 	}
 	return nil
@@ -141,13 +428,12 @@ func validateSampling(f *SamplingFields, g *GenRequest) *Error {
 
 var validRoles = map[string]bool{"system": true, "developer": true, "user": true, "assistant": true, "tool": true}
 
-// ValidateChat checks a chat request and converts it. served reports
-// whether a model name is served here.
-func ValidateChat(r *ChatRequest, served func(string) bool) (*GenRequest, *Error) {
+// ValidateChat checks a chat request and converts it.
+func (v Validator) ValidateChat(r *ChatRequest) (*GenRequest, *Error) {
 	if strings.TrimSpace(r.Model) == "" {
 		return nil, Errorf("model", "model is required")
 	}
-	if !served(r.Model) {
+	if !v.Served(r.Model) {
 		return nil, UnknownModel(r.Model)
 	}
 	if len(r.Messages) == 0 {
@@ -155,30 +441,139 @@ func ValidateChat(r *ChatRequest, served func(string) bool) (*GenRequest, *Error
 	}
 	g := &GenRequest{Model: r.Model, Chat: true}
 	for i, m := range r.Messages {
+		at := func(f string) string { return fmt.Sprintf("messages[%d].%s", i, f) }
 		if !validRoles[m.Role] {
-			return nil, Errorf(fmt.Sprintf("messages[%d].role", i), "messages[%d].role %q is not one of system, developer, user, assistant, tool", i, m.Role)
+			return nil, Errorf(at("role"), "%s %q is not one of system, developer, user, assistant, tool", at("role"), m.Role)
 		}
-		if !m.Content.Set {
-			return nil, Errorf(fmt.Sprintf("messages[%d].content", i), "messages[%d].content is required", i)
+		if len(m.ToolCalls) > 0 && m.Role != "assistant" {
+			return nil, Errorf(at("tool_calls"), "%s is only allowed on assistant messages", at("tool_calls"))
+		}
+		if !m.Content.Set && len(m.ToolCalls) == 0 {
+			return nil, Errorf(at("content"), "%s is required (it may be null only on an assistant message with tool_calls)", at("content"))
+		}
+		for j, tc := range m.ToolCalls {
+			tat := fmt.Sprintf("%s[%d]", at("tool_calls"), j)
+			if tc.Type != "" && tc.Type != "function" {
+				return nil, Errorf(tat+".type", "%s.type must be \"function\", got %q", tat, tc.Type)
+			}
+			if tc.Function.Name == "" {
+				return nil, Errorf(tat+".function.name", "%s.function.name is required", tat)
+			}
+		}
+		if m.Role == "tool" && m.ToolCallID == "" {
+			return nil, Errorf(at("tool_call_id"), "%s is required on a tool message", at("tool_call_id"))
+		}
+		if m.Role != "tool" && m.ToolCallID != "" {
+			return nil, Errorf(at("tool_call_id"), "%s is only allowed on tool messages", at("tool_call_id"))
 		}
 		role := m.Role
 		if role == "developer" {
 			role = "system"
 		}
-		g.Messages = append(g.Messages, ChatMessage{Role: role, Content: m.Content.Text})
+		g.Messages = append(g.Messages, ChatMessage{Role: role, Content: m.Content.Text, Name: m.Name,
+			ToolCalls: m.ToolCalls, ToolCallID: m.ToolCallID})
 	}
-	if e := validateSampling(&r.SamplingFields, g); e != nil {
+	if e := validateSampling(&r.SamplingFields, v.Defaults, g); e != nil {
+		return nil, e
+	}
+	if r.Logprobs != nil && *r.Logprobs {
+		g.Logprobs = true
+	}
+	if r.TopLogprobs != nil {
+		if *r.TopLogprobs < 0 || *r.TopLogprobs > 20 {
+			return nil, Errorf("top_logprobs", "top_logprobs must be between 0 and 20, got %d", *r.TopLogprobs)
+		}
+		if !g.Logprobs {
+			return nil, Errorf("top_logprobs", "top_logprobs needs logprobs: true")
+		}
+		g.TopLogprobs = *r.TopLogprobs
+	}
+	if e := v.chatPrefill(r, g); e != nil {
+		return nil, e
+	}
+	if e := v.constraints(r, g); e != nil {
 		return nil, e
 	}
 	return g, nil
 }
 
+// chatPrefill decides between a new assistant turn and continuing the
+// final assistant message.
+func (v Validator) chatPrefill(r *ChatRequest, g *GenRequest) *Error {
+	last := g.Messages[len(g.Messages)-1]
+	lastAssistant := last.Role == "assistant"
+	agpSet := r.AddGenerationPrompt != nil
+	// by default, an assistant's final words are continued (prefill); an
+	// empty one or one that only calls tools is not
+	cont := lastAssistant && len(last.ToolCalls) == 0 && strings.TrimSpace(last.Content) != "" && !(agpSet && *r.AddGenerationPrompt)
+	if r.ContinueFinalMessage != nil {
+		cont = *r.ContinueFinalMessage
+	}
+	agp := !cont
+	if agpSet {
+		agp = *r.AddGenerationPrompt
+	}
+	if cont && agp {
+		return Errorf("continue_final_message", "continue_final_message and add_generation_prompt cannot both be true")
+	}
+	if cont && !lastAssistant {
+		return Errorf("continue_final_message", "continue_final_message needs the last message to be the assistant's")
+	}
+	if cont && len(g.Messages[len(g.Messages)-1].ToolCalls) > 0 {
+		return Errorf("continue_final_message", "an assistant message with tool_calls cannot be continued")
+	}
+	g.AddGenerationPrompt, g.ContinueFinal = agp, cont
+	return nil
+}
+
+// constraints keeps tools, tool_choice, parallel_tool_calls and
+// response_format on g, and refuses what needs the grammar engine while
+// it is not wired (v.AcceptTools false).
+func (v Validator) constraints(r *ChatRequest, g *GenRequest) *Error {
+	for i, t := range r.Tools {
+		if t.Type != "function" {
+			return Errorf(fmt.Sprintf("tools[%d].type", i), "tools[%d].type must be \"function\", got %q", i, t.Type)
+		}
+		if t.Function.Name == "" {
+			return Errorf(fmt.Sprintf("tools[%d].function.name", i), "tools[%d].function.name is required", i)
+		}
+	}
+	if rf := r.ResponseFormat; rf != nil {
+		switch rf.Type {
+		case "text", "json_object":
+		case "json_schema":
+			if rf.JSONSchema == nil || len(rf.JSONSchema.Schema) == 0 {
+				return Errorf("response_format.json_schema", "response_format type json_schema needs json_schema.schema")
+			}
+		default:
+			return Errorf("response_format.type", "response_format.type must be text, json_object or json_schema, got %q", rf.Type)
+		}
+	}
+	if tc := r.ToolChoice; tc != nil && (tc.Mode == "required" || tc.Mode == "function") && len(r.Tools) == 0 {
+		return Errorf("tool_choice", "tool_choice %q needs tools", tc.Mode)
+	}
+	g.Tools, g.ToolChoice, g.ParallelToolCalls, g.ResponseFormat = r.Tools, r.ToolChoice, r.ParallelToolCalls, r.ResponseFormat
+	if v.AcceptTools {
+		return nil
+	}
+	if len(r.Tools) > 0 {
+		return Errorf("tools", "tools is not supported by this server yet")
+	}
+	if tc := r.ToolChoice; tc != nil && tc.Mode != "none" && tc.Mode != "auto" {
+		return Errorf("tool_choice", "tool_choice is not supported by this server yet")
+	}
+	if rf := r.ResponseFormat; rf != nil && rf.Type != "text" {
+		return Errorf("response_format", "response_format type %q is not supported by this server yet", rf.Type)
+	}
+	return nil
+}
+
 // ValidateCompletion checks a completion request and converts it.
-func ValidateCompletion(r *CompletionRequest, served func(string) bool) (*GenRequest, *Error) {
+func (v Validator) ValidateCompletion(r *CompletionRequest) (*GenRequest, *Error) {
 	if strings.TrimSpace(r.Model) == "" {
 		return nil, Errorf("model", "model is required")
 	}
-	if !served(r.Model) {
+	if !v.Served(r.Model) {
 		return nil, UnknownModel(r.Model)
 	}
 	if !r.Prompt.Set {
@@ -196,8 +591,14 @@ func ValidateCompletion(r *CompletionRequest, served func(string) bool) (*GenReq
 		}
 		g.Prompt = r.Prompt.Text
 	}
-	if e := validateSampling(&r.SamplingFields, g); e != nil {
+	if e := validateSampling(&r.SamplingFields, v.Defaults, g); e != nil {
 		return nil, e
+	}
+	if r.Logprobs != nil {
+		if *r.Logprobs < 0 || *r.Logprobs > 20 {
+			return nil, Errorf("logprobs", "logprobs must be between 0 and 20, got %d", *r.Logprobs)
+		}
+		g.Logprobs, g.TopLogprobs = true, *r.Logprobs
 	}
 	return g, nil
 }

@@ -1,28 +1,48 @@
 // Package sample owns next-token selection from logits (greedy, temperature,
-// top-k, top-p, min-p, repetition penalty, seeded randomness) with HF
-// transformers' semantics, and the stop-sequence matcher that holds back
-// text which may begin a stop string. It knows nothing of models, tokenizers
-// or HTTP.
+// top-k, top-p, min-p, repetition penalty with HF transformers' semantics;
+// presence and frequency penalties and logit bias with OpenAI's; seeded or
+// fresh randomness), log-probabilities of the model's distribution, and the
+// stop-sequence matcher that holds back text which may begin a stop string.
+// It knows nothing of models, tokenizers or HTTP.
 package sample
 
 import (
+	crand "crypto/rand"
+	"encoding/binary"
 	"math"
 	"math/rand/v2"
 	"slices"
 )
 
 // Params configures a Sampler. Zero values disable a stage: Temperature 0
-// is greedy (argmax, ties → lowest id); TopK 0, TopP 0 or ≥ 1, MinP 0 and
-// RepetitionPenalty 0 or 1 are off. Seed seeds the random stream (every
+// is greedy (argmax, ties → lowest id); TopK 0, TopP 0 or ≥ 1, MinP 0,
+// RepetitionPenalty 0 or 1, PresencePenalty 0, FrequencyPenalty 0 and an
+// empty LogitBias are off.
+//
+// Randomness: with RandomSeed false, Seed seeds the random stream (every
 // value, 0 included, is a seed: the same Params and inputs give the same
-// tokens).
+// tokens). With RandomSeed true, New draws a fresh seed from the operating
+// system, so two samplers give different draws (a request without "seed").
 type Params struct {
 	Temperature, TopP float64
 	TopK              int
 	MinP              float64
 	RepetitionPenalty float64
-	Seed              int64
+	// PresencePenalty and FrequencyPenalty are OpenAI's: for every token
+	// this Sampler has already returned c > 0 times, its logit is lowered
+	// by c×FrequencyPenalty + PresencePenalty (negative values raise it).
+	// Only generated tokens count, not the prompt (as OpenAI and vLLM).
+	PresencePenalty, FrequencyPenalty float64
+	// LogitBias is added to the logits of its token ids before any other
+	// stage; a bias of -100 or less bans the token outright (its logit
+	// becomes -Inf), so it is never sampled, greedy or not.
+	LogitBias  map[int32]float32
+	Seed       int64
+	RandomSeed bool
 }
+
+// BanBias is the logit bias at or below which a token is banned.
+const BanBias = -100
 
 // Sampler picks tokens for one generation stream. It is not safe for
 // concurrent use (it owns a random stream and scratch buffers).
@@ -33,6 +53,7 @@ type Sampler struct {
 	cand   []cand
 	stamp  []uint32 // stamp[id] == gen: id already penalized this step
 	gen    uint32
+	counts map[int32]int // tokens returned so far (presence/frequency)
 }
 
 type cand struct {
@@ -42,27 +63,81 @@ type cand struct {
 
 // New returns a Sampler for p.
 func New(p Params) *Sampler {
-	return &Sampler{p: p, rng: rand.New(rand.NewPCG(uint64(p.Seed), 0x9e3779b97f4a7c15))}
+	seed := uint64(p.Seed)
+	if p.RandomSeed {
+		seed = FreshSeed()
+	}
+	return &Sampler{p: p, rng: rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))}
+}
+
+// FreshSeed returns 64 random bits from the operating system.
+func FreshSeed() uint64 {
+	var b [8]byte
+	_, _ = crand.Read(b[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
+	return binary.LittleEndian.Uint64(b[:])
 }
 
 // Sample returns the next token id. history is every token so far (prompt
-// and generated), used by the repetition penalty. Processing order as in
-// HF transformers: repetition penalty, temperature, top-k, top-p, min-p,
-// then a draw from the renormalized distribution.
+// and generated), used by the repetition penalty. Processing order (as in
+// vLLM): logit bias, repetition penalty (HF's), presence and frequency
+// penalties (OpenAI's), then temperature, top-k, top-p, min-p (HF's order)
+// and a draw from the renormalized distribution. The returned token counts
+// towards the presence and frequency penalties of later calls.
 func (s *Sampler) Sample(logits []float32, history []int32) int32 {
 	if len(logits) == 0 {
 		return 0
 	}
-	l := logits
-	if rp := s.p.RepetitionPenalty; rp > 0 && rp != 1 && len(history) > 0 {
-		s.logits = append(s.logits[:0], logits...)
-		l = s.logits
+	l := s.Adjust(logits, history)
+	var tok int32
+	if s.p.Temperature <= 0 {
+		tok = argmax(l)
+	} else {
+		tok = s.draw(l)
+	}
+	if s.p.PresencePenalty != 0 || s.p.FrequencyPenalty != 0 {
+		if s.counts == nil {
+			s.counts = map[int32]int{}
+		}
+		s.counts[tok]++
+	}
+	return tok
+}
+
+// Adjust returns the logits after logit bias and the repetition, presence
+// and frequency penalties: logits itself when no stage applies, else a
+// scratch copy owned by s (valid until the next call). The caller's slice
+// is never modified.
+func (s *Sampler) Adjust(logits []float32, history []int32) []float32 {
+	rp := s.p.RepetitionPenalty
+	doRep := rp > 0 && rp != 1 && len(history) > 0
+	doCount := len(s.counts) > 0
+	if len(s.p.LogitBias) == 0 && !doRep && !doCount {
+		return logits
+	}
+	s.logits = append(s.logits[:0], logits...)
+	l := s.logits
+	for id, b := range s.p.LogitBias {
+		if id < 0 || int(id) >= len(l) {
+			continue
+		}
+		if b <= BanBias {
+			l[id] = float32(math.Inf(-1))
+		} else {
+			l[id] += b
+		}
+	}
+	if doRep {
 		s.penalize(l, history, float32(rp))
 	}
-	if s.p.Temperature <= 0 {
-		return argmax(l)
+	if doCount {
+		for id, c := range s.counts {
+			if id < 0 || int(id) >= len(l) {
+				continue
+			}
+			l[id] -= float32(float64(c)*s.p.FrequencyPenalty + s.p.PresencePenalty)
+		}
 	}
-	return s.draw(l)
+	return l
 }
 
 // penalize applies HF's repetition penalty once per distinct id in history:

@@ -11,7 +11,11 @@ type StopMatcher struct {
 	stops   []string
 	pending string
 	stopped bool
+	matched string
 }
+
+// Matched returns the stop sequence that was seen ("" before one is).
+func (m *StopMatcher) Matched() string { return m.matched }
 
 // NewStopMatcher returns a matcher for stops (empty strings are ignored).
 func NewStopMatcher(stops []string) *StopMatcher {
@@ -40,7 +44,7 @@ func (m *StopMatcher) Push(text string) (emit string, stopped bool) {
 	first := -1
 	for _, s := range m.stops {
 		if i := strings.Index(m.pending, s); i >= 0 && (first < 0 || i < first) {
-			first = i
+			first, m.matched = i, s
 		}
 	}
 	if first >= 0 {

@@ -29,8 +29,27 @@ func ggufPre(pre string) (steps []splitter, normalizeNFC, llama3 bool, err error
 		return []splitter{digitSplit{individual: true}, regexSplit{}}, false, false, nil
 	case "gpt-2", "gpt2", "mpt", "olmo", "jais", "trillion", "default", "":
 		return []splitter{regexSplit{}}, false, false, nil
+	case "gpt-4o", "llama4": // o200k (gpt-oss, GPT-4o); llama.cpp does not ignore merges here
+		return []splitter{o200kSplit{}}, false, false, nil
+	case "deepseek-v3":
+		for _, p := range deepSeekV3Patterns {
+			sp, err := splitterForPattern(p)
+			if err != nil {
+				return nil, false, false, err
+			}
+			steps = append(steps, sp)
+		}
+		return steps, false, false, nil
 	}
 	return nil, false, false, fmt.Errorf("tokenizer.ggml.pre %q is not supported", pre)
+}
+
+// deepSeekV3Patterns are the Split patterns of DeepSeek V3's
+// tokenizer.json, in order (llama.cpp's "deepseek-v3" pre-tokenizer).
+var deepSeekV3Patterns = []string{
+	`\p{N}{1,3}`,
+	`[一-龥぀-ゟ゠-ヿ]+`,
+	"[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
 }
 
 func loadGGUF(path string) (*Tokenizer, error) {
@@ -85,8 +104,8 @@ func fromGGUF(g *weights.GGUF) (*Tokenizer, error) {
 		if types != nil {
 			typ = types[i]
 		}
-		if typ == ggufControl || typ == ggufUserDefined {
-			t.added = append(t.added, addedToken{content: s, id: int32(i), special: typ == ggufControl})
+		if typ == ggufControl || typ == ggufUserDefined || typ == ggufUnknown {
+			t.added = append(t.added, addedToken{content: s, id: int32(i), special: typ != ggufUserDefined})
 			continue
 		}
 		if _, dup := t.model.vocab[s]; !dup {
@@ -107,8 +126,11 @@ func fromGGUF(g *weights.GGUF) (*Tokenizer, error) {
 	return t, nil
 }
 
-// setGGUFSpecials reads the unknown, BOS and end-of-generation ids and
-// add_bos_token (default addBOS) from GGUF metadata, then finishes t.
+// setGGUFSpecials reads the BOS and end-of-generation ids and
+// add_bos_token (default addBOS) from GGUF metadata, then finishes t. (The
+// unknown id matters only to SentencePiece vocabularies: in a byte-level
+// one, a byte without a token is dropped, as llama.cpp and HF drop it;
+// SmolLM2's unknown_token_id is <|endoftext|>.)
 func (t *Tokenizer) setGGUFSpecials(g *weights.GGUF, n int, addBOS bool) {
 	id := func(key string) (int32, bool) {
 		u, ok := g.Uint(key)
@@ -116,9 +138,6 @@ func (t *Tokenizer) setGGUFSpecials(g *weights.GGUF, n int, addBOS bool) {
 			return 0, false
 		}
 		return int32(u), true
-	}
-	if u, ok := id("tokenizer.ggml.unknown_token_id"); ok {
-		t.model.unk = u
 	}
 	if b, ok := id("tokenizer.ggml.bos_token_id"); ok {
 		t.bos = b
@@ -169,7 +188,11 @@ func fromGGUFSPM(g *weights.GGUF) (*Tokenizer, error) {
 				t.model.vocab[s] = id
 			}
 		case ggufUnknown:
+			// also matched when written in the text, as llama.cpp (its
+			// special-token cache holds UNKNOWN tokens) and HF (<unk> is
+			// an added special token) do
 			t.model.unk = id
+			t.added = append(t.added, addedToken{content: s, id: id, special: true})
 		case ggufControl, ggufUserDefined:
 			t.added = append(t.added, addedToken{content: s, id: id, special: types[i] == ggufControl})
 		case ggufByte:
@@ -219,6 +242,9 @@ func fromGGUFSPM(g *weights.GGUF) (*Tokenizer, error) {
 		t.stripLeading = 1
 	}
 	t.normalizers = append(t.normalizers, func(s string) string { return strings.ReplaceAll(s, " ", spmSpace) })
+	if u, ok := g.Uint("tokenizer.ggml.unknown_token_id"); ok && u < uint64(len(tokens)) {
+		t.model.unk = int32(u)
+	}
 	t.setGGUFSpecials(g, len(tokens), true) // BOS: llama.cpp's default for SentencePiece
 	return t, nil
 }

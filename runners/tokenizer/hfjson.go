@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -283,14 +284,26 @@ func (t *Tokenizer) addMerge(rank int32, a, b string) error {
 
 // endOfTurn are the texts of special tokens that end an assistant turn in
 // common chat formats; when present as special tokens they also stop
-// generation (as llama.cpp does).
-var endOfTurn = []string{"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "</s>"}
+// generation (as llama.cpp does). gpt-oss's harmony format ends a reply
+// with <|return|> or a tool call with <|call|> (its generation_config's
+// eos_token_id); its <|end|> only closes a message (the analysis channel
+// before the final one), so with those present <|end|> does not stop
+// generation (llama.cpp's rule too).
+var endOfTurn = []string{"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+	"<|end_of_text|>", "</s>", "<eos>", "<|return|>", "<|call|>"}
 
 func (t *Tokenizer) addEndOfTurnTokens() {
+	harmony := false
 	for _, a := range t.added {
-		if a.special && containsString(endOfTurn, a.content) {
+		harmony = harmony || a.special && (a.content == "<|return|>" || a.content == "<|call|>")
+	}
+	for _, a := range t.added {
+		if a.special && containsString(endOfTurn, a.content) && !(harmony && a.content == "<|end|>") {
 			t.eos = append(t.eos, a.id)
 		}
+	}
+	if harmony {
+		t.eos = slices.DeleteFunc(t.eos, func(id int32) bool { return t.Token(id) == "<|end|>" })
 	}
 	t.finish()
 }
@@ -437,8 +450,9 @@ func (t *Tokenizer) setPreTokenizer(c *component) (bool, error) {
 		t.metaspace = &metaspace{prepend: scheme, split: c.Split == nil || *c.Split}
 		return false, nil
 	case "Split":
-		if c.Invert || (c.Behavior != "" && c.Behavior != "Isolated") {
-			return false, fmt.Errorf("Split with behavior %q invert %v is not supported", c.Behavior, c.Invert)
+		beh, ok := behaviors[c.Behavior]
+		if !ok {
+			return false, fmt.Errorf("Split with behavior %q is not supported", c.Behavior)
 		}
 		if c.Pattern == nil {
 			return false, errors.New("Split without pattern")
@@ -454,6 +468,10 @@ func (t *Tokenizer) setPreTokenizer(c *component) (bool, error) {
 			sp = stringSplit(*c.Pattern.String)
 		default:
 			return false, errors.New("Split pattern is neither Regex nor String")
+		}
+		if beh != isolated || c.Invert {
+			// Isolated ignores invert: matches and gaps are pieces either way.
+			sp = patternSplit{m: sp.(matcher), behavior: beh, invert: c.Invert}
 		}
 		t.pretok = append(t.pretok, sp)
 		return false, nil

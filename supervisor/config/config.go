@@ -68,13 +68,28 @@ type Cluster struct {
 	RunnerPortBase int `toml:"runner_port_base"`
 	// Offline forbids runners to download models (--offline).
 	Offline bool `toml:"offline"`
+	// Insecure allows a cluster whose runners listen beyond loopback to run
+	// without secret_file (anyone who reaches a KV port gets prefill).
+	Insecure bool `toml:"insecure"`
 }
 
 // API is the gateway every supervisor serves.
 type API struct {
 	Listen string `toml:"listen"` // interface to bind; "" = all
 	Port   int    `toml:"port"`
+	// APIKeyFile holds the bearer token every request to the gateway must
+	// carry ("Authorization: Bearer <key>"); "" = no key.
+	APIKeyFile string `toml:"api_key_file"`
+	// OpenPaths are served without the key when APIKeyFile is set: a subset
+	// of /health and /metrics (default both).
+	OpenPaths []string `toml:"open_paths"`
+	// CORSOrigins are the origins browsers may call the gateway from
+	// ("https://app.example", or "*" for any); empty: no CORS headers.
+	CORSOrigins []string `toml:"cors_origins"`
 }
+
+// KeyExemptPaths are the paths [api] open_paths may name.
+var KeyExemptPaths = []string{"/health", "/metrics"}
 
 // Host is one machine of the cluster.
 type Host struct {
@@ -99,6 +114,20 @@ type Model struct {
 	MaxBatch int `toml:"max_batch"`
 	// PrefillChunk is the prefill chunk in tokens (--prefill-chunk; 0 = the runners' default).
 	PrefillChunk int `toml:"prefill_chunk"`
+	// Defaults are sampling defaults over the model's own
+	// (generation_config.json, GGUF general.sampling.*), under each
+	// request's fields (decode runners' --default-*).
+	Defaults *SamplingDefaults `toml:"defaults"`
+}
+
+// SamplingDefaults is a model's [models.defaults] table; unset keys keep
+// the model's own default.
+type SamplingDefaults struct {
+	Temperature       *float64 `toml:"temperature"`
+	TopP              *float64 `toml:"top_p"`
+	TopK              *int     `toml:"top_k"`
+	MinP              *float64 `toml:"min_p"`
+	RepetitionPenalty *float64 `toml:"repetition_penalty"`
 }
 
 // Role is the decode or prefill part of a model.
@@ -209,6 +238,9 @@ func Parse(name string, data []byte) (*Config, error) {
 		errs = append(errs, &Error{name, kp.pos, fmt.Sprintf("unknown key %q%s", lastComponent(st), knownKeysHint(kp.path))})
 	}
 	c.applyDefaults()
+	if !md.IsDefined("api", "open_paths") {
+		c.API.OpenPaths = append([]string(nil), KeyExemptPaths...)
+	}
 	errs = append(errs, c.validate()...)
 	if len(errs) > 0 {
 		sort.SliceStable(errs, func(i, j int) bool {
@@ -248,13 +280,14 @@ func keyCol(src string, line int, key string) int {
 }
 
 var knownKeys = map[string][]string{
-	"":               {"cluster", "api", "hosts", "models"},
-	"cluster":        {"name", "secret_file", "models_dir", "runner_port_base", "offline"},
-	"api":            {"listen", "port"},
-	"hosts.*":        {"address", "backend", "threads"},
-	"models":         {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "max_queue", "max_batch", "prefill_chunk"},
-	"models.decode":  {"hosts", "source", "port"},
-	"models.prefill": {"hosts", "source", "port", "metrics_port", "prefix_cache_mib"},
+	"":                {"cluster", "api", "hosts", "models"},
+	"cluster":         {"name", "secret_file", "models_dir", "runner_port_base", "offline", "insecure"},
+	"api":             {"listen", "port", "api_key_file", "open_paths", "cors_origins"},
+	"hosts.*":         {"address", "backend", "threads"},
+	"models":          {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "max_queue", "max_batch", "prefill_chunk", "defaults"},
+	"models.defaults": {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"},
+	"models.decode":   {"hosts", "source", "port"},
+	"models.prefill":  {"hosts", "source", "port", "metrics_port", "prefix_cache_mib"},
 }
 
 func knownKeysHint(path []string) string {

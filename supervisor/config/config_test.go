@@ -10,9 +10,9 @@ import (
 	"testing"
 )
 
-const twoHosts = `
-[cluster]
+const twoHosts = `[cluster]
 name = "t"
+secret_file = "/etc/exo/secret"
 
 [hosts.spark]
 address = "127.0.0.2"
@@ -45,9 +45,9 @@ name = "m"
 sauce = "a"
 decode = { hosts = ["mac"], source = "a", portt = 3 }
 `, []string{
-			`f.toml:14:1: unknown key "prot" (known keys here: listen, port)`,
+			`f.toml:14:1: unknown key "prot" (known keys here: listen, port, api_key_file, open_paths, cors_origins)`,
 			`f.toml:16:2: unknown key "extra" (known keys here: address, backend, threads)`,
-			`f.toml:21:1: unknown key "sauce" (known keys here: name, source, decode, prefill, remote_prefill_min_tokens, max_queue, max_batch, prefill_chunk)`,
+			`f.toml:21:1: unknown key "sauce" (known keys here: name, source, decode, prefill, remote_prefill_min_tokens, max_queue, max_batch, prefill_chunk, defaults)`,
 			`f.toml:22:43: unknown key "portt" (known keys here: hosts, source, port)`,
 		}},
 		{"unknown host", twoHosts + `
@@ -59,14 +59,6 @@ prefill = { hosts = ["spark", "spark"] }
 `, []string{
 			`f.toml:16:28: model m: decode on unknown host "studio" (hosts: mac, spark)`,
 			`f.toml:17:31: model m: host "spark" listed twice in prefill.hosts`,
-		}},
-		{"quantized on cuda", twoHosts + `
-[[models]]
-name = "m"
-decode = { hosts = ["mac"], source = "mlx-community/Qwen3-8B-4bit" }
-prefill = { hosts = ["spark"], source = "mlx-community/Qwen3-8B-4bit" }
-`, []string{
-			`f.toml:16:22: model m: host spark (backend cuda) cannot serve prefill of "mlx-community/Qwen3-8B-4bit": MLX on CUDA has no quantized matmul; give this role bf16/f16 weights (e.g. the original Hugging Face repository)`,
 		}},
 		{"port clash", twoHosts + `
 [[models]]
@@ -119,6 +111,7 @@ name = "x"
 source = "s"
 decode = { hosts = [] }
 `, []string{
+			`f.toml:1:1: the cluster has 2 hosts and [cluster] has no secret_file: anyone who reaches a KV port gets prefill and can feed decode runners; create one secret for all hosts (head -c 32 /dev/urandom | base64 > /etc/exo/secret), copy it to every host and set secret_file = "/etc/exo/secret" under [cluster], or write insecure = true there to run open`,
 			`f.toml:3:1: api port 70000 out of range 1-65535`,
 			`f.toml:5:2: host x has no address (how other hosts reach it, e.g. address = "10.0.0.10")`,
 			`f.toml:6:1: host x: unknown backend "rocm" (want cuda, metal or cpu)`,
@@ -303,7 +296,7 @@ decode = { hosts = ["spark"] }`, 1), "mac", "", "mac/b-decode", "", "a-decode"},
 		{"new source restarts", strings.Replace(base, `"org/b"`, `"org/b2"`, 1), "mac", "", "", "mac/b-decode", "a-decode"},
 		{"threshold restarts decode only", strings.Replace(base, `prefill = { hosts = ["spark"] }`, "prefill = { hosts = [\"spark\"] }\nremote_prefill_min_tokens = 9", 1), "spark", "", "", "", "a-prefill"},
 		{"threshold restarts decode", strings.Replace(base, `prefill = { hosts = ["spark"] }`, "prefill = { hosts = [\"spark\"] }\nremote_prefill_min_tokens = 9", 1), "mac", "", "", "mac/a-decode", "b-decode"},
-		{"secret restarts all", strings.Replace(base, `name = "t"`, "name = \"t\"\nsecret_file = \"/s\"", 1), "mac", "", "", "mac/a-decode,mac/b-decode", ""},
+		{"secret restarts all", strings.Replace(base, `secret_file = "/etc/exo/secret"`, `secret_file = "/s"`, 1), "mac", "", "", "mac/a-decode,mac/b-decode", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -360,23 +353,6 @@ func TestIdentify(t *testing.T) {
 	}
 }
 
-func TestQuantized(t *testing.T) {
-	for src, want := range map[string]bool{
-		"mlx-community/Qwen3-8B-4bit":      true,
-		"/models/Llama-3.2-1B.Q4_0.gguf":   true,
-		"x/Llama-Q8_0.gguf":                true,
-		"builtin:smollm2":                  true,
-		"Qwen/Qwen3-8B":                    false,
-		"/models/llama-f16.gguf":           false,
-		"meta-llama/Llama-3.1-8B-Instruct": false,
-		"Qwen/Qwen2.5-Coder-32B":           false,
-	} {
-		if got := Quantized(src); got != want {
-			t.Errorf("Quantized(%q) = %v, want %v", src, got, want)
-		}
-	}
-}
-
 func FuzzParse(f *testing.F) {
 	ex, _ := os.ReadFile(filepath.Join("..", "..", "etc", "exo", "cluster.example.toml"))
 	f.Add(ex)
@@ -393,4 +369,98 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestSamplingDefaultsAndCORS(t *testing.T) {
+	c, err := Parse("f", []byte(twoHosts+`
+[api]
+cors_origins = ["https://app.example", "http://localhost:3000"]
+
+[[models]]
+name = "m"
+source = "org/m-4bit"
+decode = { hosts = ["mac"] }
+[models.defaults]
+temperature = 0.6
+top_k = 20
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Join(c.Runners("mac")[0].Args(), " ")
+	if !strings.Contains(args, "--default-temperature 0.6 --default-top-k 20") || strings.Contains(args, "--default-top-p") {
+		t.Fatalf("args %s", args)
+	}
+	if len(c.API.CORSOrigins) != 2 {
+		t.Fatalf("cors %v", c.API.CORSOrigins)
+	}
+	for _, bad := range []struct{ src, want string }{
+		{"[models.defaults]\ntemperature = 3\n", "f:18:1: model m: defaults.temperature must be between 0 and 2, got 3"},
+		{"[models.defaults]\ntop_p = 0.0\n", "f:18:1: model m: defaults.top_p must be in (0, 1], got 0"},
+		{"[models.defaults]\ntop_k = -2\n", "f:18:1: model m: defaults.top_k must be -1 or 0 (off) or positive, got -2"},
+		{"[models.defaults]\nseed = 1\n", `f:18:1: unknown key "seed" (known keys here: temperature, top_p, top_k, min_p, repetition_penalty)`},
+	} {
+		_, err := Parse("f", []byte(twoHosts+"\n[[models]]\nname = \"m\"\nsource = \"org/m-4bit\"\ndecode = { hosts = [\"mac\"] }\n"+bad.src))
+		if err == nil || err.Error() != "invalid cluster file: "+bad.want && !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("got %v, want %s", err, bad.want)
+		}
+	}
+	_, err = Parse("f", []byte(twoHosts+"[api]\ncors_origins = [\"app.example/path\"]\n"))
+	if err == nil || !strings.Contains(err.Error(), "cors_origins[0]") {
+		t.Errorf("bad origin: %v", err)
+	}
+}
+
+// The secure defaults: a cluster reachable beyond loopback needs a secret
+// (or an explicit insecure = true); quantized sources are accepted on every
+// backend; [api] api_key_file and open_paths are checked.
+func TestSecureDefaults(t *testing.T) {
+	const models = `
+[[models]]
+name = "m"
+decode = { hosts = ["mac"], source = "mlx-community/Qwen3-8B-4bit" }
+prefill = { hosts = ["spark"], source = "mlx-community/Qwen3-8B-4bit" }
+`
+	open := strings.Replace(twoHosts, "secret_file = \"/etc/exo/secret\"\n", "", 1)
+	oneHost := func(addr string) string {
+		return "[cluster]\nname = \"t\"\n\n[hosts.mac]\naddress = \"" + addr + "\"\nbackend = \"metal\"\n\n[[models]]\nname = \"m\"\nsource = \"org/m\"\ndecode = { hosts = [\"mac\"] }\n"
+	}
+	tests := []struct {
+		name, src, want string // want: "" = valid, else a substring of the error
+	}{
+		{"quantized prefill on cuda with secret", twoHosts + models, ""},
+		{"two hosts without secret", open + models, "f.toml:1:2: the cluster has 2 hosts and [cluster] has no secret_file"},
+		{"two hosts, insecure written out", strings.Replace(open, `name = "t"`, "name = \"t\"\ninsecure = true", 1) + models, ""},
+		{"one host on loopback, no secret", oneHost("127.0.0.1"), ""},
+		{"one host on localhost, no secret", oneHost("localhost"), ""},
+		{"one host on the LAN, no secret", oneHost("10.0.0.20"), "host mac listens on 10.0.0.20, beyond loopback, and [cluster] has no secret_file"},
+		{"api key file", twoHosts + "[api]\napi_key_file = \"/etc/exo/api-key\"\nopen_paths = [\"/health\"]\n" + models, ""},
+		{"relative api key file", twoHosts + "[api]\napi_key_file = \"api-key\"\n" + models, `f.toml:13:1: api_key_file "api-key" must be an absolute path`},
+		{"open path not allowed", twoHosts + "[api]\nopen_paths = [\"/metrics\", \"/v1/models\"]\n" + models, `f.toml:13:27: open_paths: "/v1/models" cannot be served without the API key (allowed: /health, /metrics)`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("f.toml", []byte(tt.src))
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("want valid, got %v", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Errorf("error %v\nwant it to contain %q", err, tt.want)
+			}
+		})
+	}
+	c, err := Parse("f.toml", []byte(twoHosts+models))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(c.API.OpenPaths, []string{"/health", "/metrics"}) {
+		t.Errorf("default open_paths = %q", c.API.OpenPaths)
+	}
+	c, err = Parse("f.toml", []byte(twoHosts+"[api]\nopen_paths = []\n"+models))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.API.OpenPaths) != 0 {
+		t.Errorf("open_paths = [] gave %q", c.API.OpenPaths)
+	}
 }

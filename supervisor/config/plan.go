@@ -40,6 +40,8 @@ type Runner struct {
 	PrefixCacheMiB         *int     `json:"prefix_cache_mib,omitempty"` // prefill only
 	Threads                int      `json:"threads,omitempty"`
 	Offline                bool     `json:"offline,omitempty"`
+	// Defaults: decode runners' sampling defaults (--default-*).
+	Defaults *SamplingDefaults `json:"defaults,omitempty"`
 }
 
 // HealthAddr is the HOST:PORT serving the runner's /health and /metrics.
@@ -61,6 +63,20 @@ func (r Runner) Args() []string {
 			a = append(a, "--prefill", joinComma(r.Prefill))
 		}
 		a = append(a, "--remote-prefill-min-tokens", strconv.Itoa(r.RemotePrefillMinTokens))
+		if d := r.Defaults; d != nil {
+			f := func(flag string, v *float64) {
+				if v != nil {
+					a = append(a, flag, strconv.FormatFloat(*v, 'g', -1, 64))
+				}
+			}
+			f("--default-temperature", d.Temperature)
+			f("--default-top-p", d.TopP)
+			if d.TopK != nil {
+				a = append(a, "--default-top-k", strconv.Itoa(*d.TopK))
+			}
+			f("--default-min-p", d.MinP)
+			f("--default-repetition-penalty", d.RepetitionPenalty)
+		}
 	}
 	if r.SecretFile != "" {
 		a = append(a, "--secret-file", r.SecretFile)
@@ -159,6 +175,10 @@ func (c *Config) AllRunners() []Runner {
 				} else {
 					ru.Prefill = slices.Clone(prefill)
 					ru.RemotePrefillMinTokens = m.RemotePrefillMinTokens
+					if m.Defaults != nil {
+						d := *m.Defaults
+						ru.Defaults = &d
+					}
 				}
 				out = append(out, ru)
 			}

@@ -4,28 +4,14 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"slices"
 	"strings"
 )
 
 var (
-	nameRe      = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
-	quantizedRe = regexp.MustCompile(`(?i)([2-8]bit|(^|[^a-z0-9])i?q[2-8](_[0-9a-z]+)?([^a-z0-9]|$))`)
+	nameRe       = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
+	corsOriginRe = regexp.MustCompile(`^https?://[^/\s]+$`)
 )
-
-// Quantized reports whether a weight source names quantized weights
-// (MLX-quantized "…-4bit" repositories, GGUF Q4/Q8 files, builtin:smollm2).
-func Quantized(source string) bool {
-	return source == "builtin:smollm2" || quantizedRe.MatchString(source)
-}
-
-// canServe says whether a host of backend b can run role with source; the
-// reason explains a refusal.
-func canServe(b Backend, role, source string) (bool, string) {
-	if b == CUDA && Quantized(source) {
-		return false, "MLX on CUDA has no quantized matmul; give this role bf16/f16 weights (e.g. the original Hugging Face repository)"
-	}
-	return true, ""
-}
 
 func (c *Config) validate() Errors {
 	var errs Errors
@@ -38,8 +24,28 @@ func (c *Config) validate() Errors {
 	if c.Cluster.SecretFile != "" && !strings.HasPrefix(c.Cluster.SecretFile, "/") {
 		bad(c.at("cluster", "secret_file"), "secret_file %q must be an absolute path", c.Cluster.SecretFile)
 	}
+	if c.Cluster.SecretFile == "" && !c.Cluster.Insecure {
+		if beyond := c.beyondLoopback(); beyond != "" {
+			bad(c.at("cluster"), "%s and [cluster] has no secret_file: anyone who reaches a KV port gets prefill and can feed decode runners; "+
+				"create one secret for all hosts (head -c 32 /dev/urandom | base64 > /etc/exo/secret), copy it to every host and set "+
+				"secret_file = \"/etc/exo/secret\" under [cluster], or write insecure = true there to run open", beyond)
+		}
+	}
+	if f := c.API.APIKeyFile; f != "" && !strings.HasPrefix(f, "/") {
+		bad(c.at("api", "api_key_file"), "api_key_file %q must be an absolute path", f)
+	}
+	for i, p := range c.API.OpenPaths {
+		if !slices.Contains(KeyExemptPaths, p) {
+			bad(c.at("api", "open_paths", i), "open_paths: %q cannot be served without the API key (allowed: %s)", p, strings.Join(KeyExemptPaths, ", "))
+		}
+	}
 	if b := c.Cluster.RunnerPortBase; b < 1024 || b > 65000 {
 		bad(c.at("cluster", "runner_port_base"), "runner_port_base %d must be between 1024 and 65000", b)
+	}
+	for j, o := range c.API.CORSOrigins {
+		if o != "*" && !corsOriginRe.MatchString(o) {
+			bad(c.at("api", "cors_origins", j), "cors_origins[%d] %q: an origin is scheme://host[:port] with no path (or \"*\" for any)", j, o)
+		}
 	}
 	if p := c.API.Port; p < 1 || p > 65535 {
 		bad(c.at("api", "port"), "api port %d out of range 1-65535", p)
@@ -123,6 +129,20 @@ func (c *Config) validate() Errors {
 		if m.PrefillChunk < 0 {
 			bad(c.at("models", i, "prefill_chunk"), "%s: prefill_chunk must not be negative", label)
 		}
+		if d := m.Defaults; d != nil {
+			rng := func(key string, v *float64, lo, hi float64, loOpen bool, what string) {
+				if v != nil && (*v != *v || *v > hi || *v < lo || (loOpen && *v == lo)) {
+					bad(c.at("models", i, "defaults", key), "%s: defaults.%s must be %s, got %v", label, key, what, *v)
+				}
+			}
+			rng("temperature", d.Temperature, 0, 2, false, "between 0 and 2")
+			rng("top_p", d.TopP, 0, 1, true, "in (0, 1]")
+			rng("min_p", d.MinP, 0, 1, false, "in [0, 1]")
+			rng("repetition_penalty", d.RepetitionPenalty, 0, 10, true, "in (0, 10]")
+			if d.TopK != nil && *d.TopK < -1 {
+				bad(c.at("models", i, "defaults", "top_k"), "%s: defaults.top_k must be -1 or 0 (off) or positive, got %d", label, *d.TopK)
+			}
+		}
 		if m.Prefill != nil && m.Prefill.PrefixCacheMiB != nil && *m.Prefill.PrefixCacheMiB < 0 {
 			bad(c.at("models", i, "prefill", "prefix_cache_mib"), "%s: prefix_cache_mib must not be negative (0 turns the cache off)", label)
 		}
@@ -146,7 +166,7 @@ func (c *Config) validate() Errors {
 			seen := map[string]bool{}
 			for j, hn := range r.Hosts {
 				p := c.at("models", i, rr.role, "hosts", j)
-				h, ok := c.Hosts[hn]
+				_, ok := c.Hosts[hn]
 				if !ok {
 					bad(p, "%s: %s on unknown host %q (hosts: %s)", label, rr.role, hn, strings.Join(c.HostNames(), ", "))
 					continue
@@ -156,9 +176,6 @@ func (c *Config) validate() Errors {
 					continue
 				}
 				seen[hn] = true
-				if ok, why := canServe(h.Backend, rr.role, r.Source); !ok {
-					bad(p, "%s: host %s (backend %s) cannot serve %s of %q: %s", label, hn, h.Backend, rr.role, r.Source, why)
-				}
 				what := fmt.Sprintf("%s %s", label, rr.role)
 				claim(hn, r.Port, what, c.at("models", i, rr.role, "port"))
 				if rr.role == "prefill" {
@@ -168,4 +185,20 @@ func (c *Config) validate() Errors {
 		}
 	}
 	return errs
+}
+
+// beyondLoopback says why the cluster's runners are reachable from other
+// machines ("" when they are not): several hosts, or one host whose address
+// is not a loopback address.
+func (c *Config) beyondLoopback() string {
+	if len(c.Hosts) > 1 {
+		return fmt.Sprintf("the cluster has %d hosts", len(c.Hosts))
+	}
+	for _, name := range c.HostNames() {
+		a := c.Hosts[name].Address
+		if ip := net.ParseIP(a); a != "" && a != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			return fmt.Sprintf("host %s listens on %s, beyond loopback,", name, a)
+		}
+	}
+	return ""
 }

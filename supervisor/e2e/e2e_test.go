@@ -175,10 +175,11 @@ func remotePrefillOK(t *testing.T, api string) float64 {
 	return sum
 }
 
-func cluster(base int, modelDir, decodeHost string) string {
+func cluster(base int, modelDir, decodeHost, secretFile string) string {
 	return fmt.Sprintf(`[cluster]
 name = "e2e"
 runner_port_base = %d
+secret_file = %q
 
 [hosts.spark]
 address = "127.0.0.2"
@@ -194,7 +195,7 @@ source = %q
 decode = { hosts = [%q] }
 prefill = { hosts = ["spark"] }
 remote_prefill_min_tokens = 1
-`, base, modelDir, decodeHost)
+`, base, secretFile, modelDir, decodeHost)
 }
 
 func gone(pid int) bool {
@@ -223,9 +224,12 @@ func TestTwoHosts(t *testing.T) {
 	model := filepath.Join(dir, "tiny")
 	run(t, root, "go", "run", "./runners/engine/testmodel/cmd/gen", "-arch", "llama", model)
 
-	cfgPath := filepath.Join(dir, "cluster.toml")
+	cfgPath, secret := filepath.Join(dir, "cluster.toml"), filepath.Join(dir, "secret")
+	if err := os.WriteFile(secret, []byte("e2e secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	base, apiPort := freePort(t), freePort(t)
-	if err := os.WriteFile(cfgPath, []byte(cluster(base, model, "mac")), 0o644); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(cluster(base, model, "mac", secret)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	var hosts []*host
@@ -263,7 +267,7 @@ func TestTwoHosts(t *testing.T) {
 
 	// 2. Move decode to spark: both hosts reconcile; prefill keeps its PID.
 	tmp := cfgPath + ".new"
-	os.WriteFile(tmp, []byte(cluster(base, model, "spark")), 0o644)
+	os.WriteFile(tmp, []byte(cluster(base, model, "spark", secret)), 0o644)
 	if err := os.Rename(tmp, cfgPath); err != nil {
 		t.Fatal(err)
 	}
@@ -334,5 +338,113 @@ func TestTwoHosts(t *testing.T) {
 		if !gone(pid) {
 			t.Errorf("%s (pid %d) survived its supervisor", name, pid)
 		}
+	}
+}
+
+// TestAPIKey: a gateway with [api] api_key_file refuses requests without
+// the key (or with a wrong one) and serves them with it, through the
+// official openai Python client; /health stays open.
+func TestAPIKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds exo and runs real runners")
+	}
+	if err := exec.Command("python3", "-c", "import openai").Run(); err != nil {
+		t.Skip("python3 with the openai package needed (scripts/run-tests installs it)")
+	}
+	root, dir := repoRoot(t), t.TempDir()
+	exe := filepath.Join(dir, "exo")
+	run(t, root, "go", "build", "-o", exe, "./cmd/exo")
+	model := filepath.Join(dir, "tiny")
+	run(t, root, "go", "run", "./runners/engine/testmodel/cmd/gen", "-arch", "llama", model)
+	keyFile := filepath.Join(dir, "api-key")
+	if err := os.WriteFile(keyFile, []byte("sk-exo-test-key\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(dir, "cluster.toml")
+	cfg := fmt.Sprintf(`[cluster]
+runner_port_base = %d
+
+[api]
+api_key_file = %q
+
+[hosts.local]
+address = "127.0.0.1"
+backend = "cpu"
+
+[[models]]
+name = "tiny"
+source = %q
+decode = { hosts = ["local"] }
+`, freePort(t), keyFile, model)
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := &host{name: "local", api: fmt.Sprintf("127.0.0.1:%d", freePort(t)), log: filepath.Join(dir, "local.log")}
+	logf, err := os.Create(h.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.cmd = exec.Command(exe, "supervise", "--config", cfgPath, "--host", "local", "--listen", h.api, "--grace", "3s")
+	h.cmd.Stdout, h.cmd.Stderr = logf, logf
+	h.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET=")
+	if err := h.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.cmd.Process.Kill(); h.cmd.Wait(); logf.Close() })
+
+	// /health is open by default; wait for the decode runner through it.
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		resp, err := http.Get("http://" + h.api + "/health")
+		if err == nil {
+			var v struct{ Status string }
+			json.NewDecoder(resp.Body).Decode(&v)
+			resp.Body.Close()
+			if resp.StatusCode == 200 && v.Status == "ok" {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(h.log)
+			t.Fatalf("gateway never healthy: %v\n%s", err, tail(string(b), 4000))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// The supervisor's status is not open.
+	if resp, err := http.Get("http://" + h.api + "/exo/status"); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("/exo/status without key: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+
+	out, err := exec.Command("python3", filepath.Join(root, "supervisor", "e2e", "testdata", "openai_auth.py"),
+		"http://"+h.api+"/v1", "tiny", "sk-exo-test-key").Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("openai client: %v\n%s", err, stderr)
+	}
+	type result struct {
+		OK               bool
+		Status           int
+		Message          string
+		Content          string
+		CompletionTokens int `json:"completion_tokens"`
+	}
+	var got map[string]result
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("%s: %v", out, err)
+	}
+	t.Logf("openai client: %s", out)
+	if r := got["none"]; r.OK || r.Status != 401 || !strings.Contains(r.Message, "missing API key") {
+		t.Errorf("without a key: %+v", r)
+	}
+	if r := got["wrong"]; r.OK || r.Status != 401 || !strings.Contains(r.Message, "invalid API key") {
+		t.Errorf("with a wrong key: %+v", r)
+	}
+	if r := got["right"]; !r.OK || r.CompletionTokens == 0 {
+		t.Errorf("with the key: %+v", r)
 	}
 }

@@ -34,6 +34,15 @@ type Options struct {
 	Logger      *slog.Logger
 	HealthEvery time.Duration // poll interval of runners' /health; default 1s
 	Transport   http.RoundTripper
+	// Instance, when set, gives the instance token this host's supervisor
+	// passed to a local runner (by runner name; "" = unknown): a local
+	// backend whose /health reports another instance is not healthy (its
+	// port is answered by a process this supervisor did not start).
+	Instance func(runner string) string
+	// RunnerError, when set, gives the error a local runner last exited
+	// with (by runner name; "" = none), added to a 503's reasons so the
+	// client sees why (e.g. a model that cannot be found, with its hint).
+	RunnerError func(runner string) string
 }
 
 // Backend is one decode runner the gateway may forward to.
@@ -53,6 +62,7 @@ type Health struct {
 }
 
 type snapshot struct {
+	cors     []string // [api] cors_origins
 	host     string
 	models   []string
 	backends map[string][]Backend // model → decode runners
@@ -93,7 +103,7 @@ func New(o Options) *Gateway {
 // SetConfig switches the gateway to a (new) cluster file; localHost is the
 // host this supervisor runs on.
 func (g *Gateway) SetConfig(c *config.Config, localHost string) {
-	s := &snapshot{host: localHost, backends: map[string][]Backend{}}
+	s := &snapshot{host: localHost, backends: map[string][]Backend{}, cors: c.API.CORSOrigins}
 	for _, m := range c.Models {
 		s.models = append(s.models, m.Name)
 		for _, r := range c.DecodeRunners(m.Name) {
@@ -137,7 +147,7 @@ func (g *Gateway) poll(ctx context.Context, bs []Backend) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			h := g.check(ctx, b.Addr)
+			h := g.check(ctx, b)
 			g.mu.Lock()
 			g.health[b.Addr] = h
 			g.mu.Unlock()
@@ -146,7 +156,8 @@ func (g *Gateway) poll(ctx context.Context, bs []Backend) {
 	wg.Wait()
 }
 
-func (g *Gateway) check(ctx context.Context, addr string) Health {
+func (g *Gateway) check(ctx context.Context, b Backend) Health {
+	addr := b.Addr
 	h := Health{Checked: time.Now()}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/health", nil)
 	if err != nil {
@@ -164,10 +175,19 @@ func (g *Gateway) check(ctx context.Context, addr string) Health {
 		Progress float64 `json:"progress"`
 		Waiting  int     `json:"waiting"`
 		Running  int     `json:"running"`
+		Instance string  `json:"instance"`
+		PID      int     `json:"pid"`
+		Error    string  `json:"error"`
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&body); err != nil {
 		h.Status = fmt.Sprintf("bad /health (%s): %v", resp.Status, err)
 		return h
+	}
+	if b.Local && g.o.Instance != nil {
+		if want := g.o.Instance(b.Runner); want != "" && body.Instance != want {
+			h.Status = fmt.Sprintf("%s is answered by another process (pid %d), not runner %s started by this supervisor: its port is taken (another exo supervise running? change runner_port_base or the model's port in the cluster file)", addr, body.PID, b.Runner)
+			return h
+		}
 	}
 	h.OK = resp.StatusCode == http.StatusOK
 	h.Status, h.Progress, h.Waiting, h.Running = body.Status, body.Progress, body.Waiting, body.Running
@@ -216,6 +236,11 @@ func (g *Gateway) candidates(model string) (ok []Backend, reasons []string) {
 			if h.Status == "loading" {
 				r += fmt.Sprintf(" %.0f%%", 100*h.Progress)
 			}
+			if b.Local && g.o.RunnerError != nil {
+				if e := g.o.RunnerError(b.Runner); e != "" {
+					r += "; it last exited with: " + e
+				}
+			}
 			reasons = append(reasons, r)
 		default:
 			cs = append(cs, cand{b, h.Waiting + h.Running})
@@ -250,7 +275,66 @@ func (g *Gateway) Handler() http.Handler {
 	// vLLM-shaped tokenizer endpoint of the decode runners (exo bench
 	// builds token-exact prompts with it); routed by "model" like /v1/.
 	mux.HandleFunc("POST /tokenize", g.forward)
+	mux.HandleFunc("POST /detokenize", g.forward)
+	// The Responses API's retrieval routes: nothing is stored, say so.
+	mux.HandleFunc("GET /v1/responses/{id}", g.notStored)
+	mux.HandleFunc("DELETE /v1/responses/{id}", g.notStored)
 	return mux
+}
+
+func (g *Gateway) notStored(w http.ResponseWriter, r *http.Request) {
+	APIError(w, http.StatusNotFound, "invalid_request_error", "not_found",
+		fmt.Sprintf("response %q not found: this server stores no responses (send the whole conversation as input)", r.PathValue("id")))
+}
+
+// CORS answers browsers for the origins in [api] cors_origins: it adds
+// Access-Control-Allow-Origin to responses and answers preflight OPTIONS
+// requests itself (204; 403 for an origin not allowed). Requests without
+// an Origin header pass through untouched. It wraps the whole API,
+// authentication included: preflights carry no key, and a 401 must be
+// readable by the page that caused it.
+func (g *Gateway) CORS(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		origin := r.Header.Get("Origin")
+		allowed := g.snap.Load().cors
+		if origin == "" || len(allowed) == 0 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		allow := ""
+		for _, o := range allowed {
+			if o == "*" {
+				allow = "*"
+				break
+			}
+			if strings.EqualFold(o, origin) {
+				allow = origin
+			}
+		}
+		h := w.Header()
+		h.Add("Vary", "Origin")
+		preflight := r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != ""
+		if allow == "" {
+			if preflight {
+				http.Error(w, "origin not allowed by [api] cors_origins", http.StatusForbidden)
+				return
+			}
+			next.ServeHTTP(w, r)
+			return
+		}
+		h.Set("Access-Control-Allow-Origin", allow)
+		if preflight {
+			h.Set("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
+			if req := r.Header.Get("Access-Control-Request-Headers"); req != "" {
+				h.Set("Access-Control-Allow-Headers", req)
+			}
+			h.Set("Access-Control-Max-Age", "600")
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		h.Set("Access-Control-Expose-Headers", "X-Exo-Runner")
+		next.ServeHTTP(w, r)
+	})
 }
 
 type modelObj struct {

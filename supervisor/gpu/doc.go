@@ -16,3 +16,22 @@ var (
 	descTemp  = prometheus.NewDesc("exo_gpu_temperature_celsius", "GPU core temperature.", []string{"gpu"}, nil)
 	descPower = prometheus.NewDesc("exo_gpu_power_watts", "GPU power draw.", []string{"gpu"}, nil)
 )
+
+// Device is one GPU as NVML describes it (for `exo doctor`).
+type Device struct {
+	Index int    `json:"index"`
+	Name  string `json:"name"`
+	// MemoryTotal and MemoryFree are 0 when the GPU has no dedicated memory
+	// (NVML's NOT_SUPPORTED, e.g. the GB10's unified memory).
+	MemoryTotal uint64 `json:"memory_total_bytes,omitempty"`
+	MemoryFree  uint64 `json:"memory_free_bytes,omitempty"`
+}
+
+// System is the driver and its GPUs.
+type System struct {
+	Driver string `json:"driver"`
+	// CUDA is the CUDA version the driver supports, as major*1000+minor*10
+	// (13000 = 13.0).
+	CUDA    int      `json:"cuda"`
+	Devices []Device `json:"devices"`
+}

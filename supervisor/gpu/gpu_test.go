@@ -5,6 +5,7 @@ package gpu
 import (
 	"bytes"
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -111,5 +112,35 @@ func TestNoDriver(t *testing.T) {
 		if c := Open(slog.Default()); c != nil {
 			t.Errorf("Open returned a collector without a driver")
 		}
+	}
+}
+
+func TestSystem(t *testing.T) {
+	lib := fakeGPUs()
+	lib.SystemGetDriverVersionFunc = func() (string, nvml.Return) { return "580.95.05", nvml.SUCCESS }
+	lib.SystemGetCudaDriverVersionFunc = func() (int, nvml.Return) { return 13000, nvml.SUCCESS }
+	names := []string{"NVIDIA H100 80GB HBM3", "NVIDIA GB10"}
+	for i := range 2 {
+		d, _ := lib.DeviceGetHandleByIndex(i)
+		d.(*mock.Device).GetNameFunc = func() (string, nvml.Return) { return names[i], nvml.SUCCESS }
+	}
+	c, err := New(lib, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.System()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := System{Driver: "580.95.05", CUDA: 13000, Devices: []Device{
+		{Index: 0, Name: "NVIDIA H100 80GB HBM3", MemoryTotal: 80 << 30},
+		{Index: 1, Name: "NVIDIA GB10"},
+	}}
+	if fmt.Sprint(s) != fmt.Sprint(want) {
+		t.Errorf("System() = %+v\nwant %+v", s, want)
+	}
+	lib.SystemGetCudaDriverVersionFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_UNKNOWN }
+	if _, err := c.System(); err == nil {
+		t.Error("System succeeded without the CUDA version")
 	}
 }

@@ -28,3 +28,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {}
 func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 	return errors.New("no NVML support in this build")
 }
+
+// System fails: this build cannot read NVML.
+func (c *Collector) System() (System, error) {
+	return System{}, errors.New("this build has no NVML support (needs cgo on Linux)")
+}

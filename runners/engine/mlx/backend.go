@@ -74,6 +74,8 @@ type backend struct {
 	dev    C.xmx_device
 	stream C.xmx_stream
 	log    *slog.Logger
+	// lib and version: the libmlxc loaded and the MLX version it reports.
+	lib, version string
 
 	thread *osThread
 
@@ -119,11 +121,13 @@ func newBackend(opts Options) (*backend, error) {
 		log = slog.Default()
 	}
 	b := &backend{
-		log:    log,
-		thread: startThread(),
-		pinned: map[*array]bool{},
-		deq:    map[*array]*array{},
-		freqs:  map[engine.RoPE]ropeFreqs{},
+		lib:     path,
+		version: version,
+		log:     log,
+		thread:  startThread(),
+		pinned:  map[*array]bool{},
+		deq:     map[*array]*array{},
+		freqs:   map[engine.RoPE]ropeFreqs{},
 	}
 	var initErr error
 	b.do(func() { initErr = b.init(opts.Device) })
@@ -152,6 +156,17 @@ func newBackend(opts Options) (*backend, error) {
 	}
 	log.Debug("mlx: backend ready", attrs...)
 	return b, nil
+}
+
+// Describe says which library, MLX version and device a backend made by
+// New runs on, and why quantized matmul or kernel fusion is unavailable
+// there (nil: available); ok is false for any other backend.
+func Describe(eb engine.Backend) (info Info, ok bool) {
+	b, ok := eb.(*backend)
+	if !ok {
+		return Info{}, false
+	}
+	return Info{Lib: b.lib, Version: b.version, Device: b.name, QuantizedMatmul: b.qmmErr, Fusion: b.fuseErr}, true
 }
 
 // do runs f on the MLX thread after all posted work and re-raises in the

@@ -54,6 +54,14 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// Info describes a loaded MLX backend (Describe).
+type Info struct {
+	Lib, Version, Device string
+	// QuantizedMatmul and Fusion say why that feature is unavailable on
+	// the device (nil: it is available).
+	QuantizedMatmul, Fusion error
+}
+
 // candidates lists where to look for libmlxc, in order: the explicit path,
 // the environment variable, beside the executable, then the bare name for
 // the system loader. A directory means the library file inside it.

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
@@ -460,4 +461,16 @@ func TestEvalReleasesTemporaries(t *testing.T) {
 	}
 	b.Free()
 	b.Free(w)
+}
+
+func TestDescribe(t *testing.T) {
+	b := newTestBackend(t)
+	info, ok := Describe(b)
+	if !ok || info.Lib == "" || info.Device != b.name || !strings.HasPrefix(info.Version, "0.") {
+		t.Errorf("Describe = %+v, %v", info, ok)
+	}
+	t.Logf("%+v", info)
+	if _, ok := Describe(cpu.New(1)); ok {
+		t.Error("Describe accepted the cpu backend")
+	}
 }

@@ -26,6 +26,7 @@ const (
 	EnvMode          = "EXO_FAKE_MODE"           // see MaybeRun
 	EnvGrandchildPID = "EXO_FAKE_GRANDCHILD_PID" // file for the grandchild's PID
 	EnvModeFor       = "EXO_FAKE_MODE_"          // + served name + "_" + role: per-runner mode override
+	EnvListenDelay   = "EXO_FAKE_LISTEN_DELAY"   // a duration to wait before listening (a slow-loading runner)
 )
 
 // MaybeRun becomes a fake runner and never returns when EXO_FAKE_RUNNER=1.
@@ -34,11 +35,15 @@ const (
 //	serve        serve /health 200 until SIGTERM (default)
 //	loading      serve /health 503 {"status":"loading","progress":0.5}
 //	exit:N       exit with status N at once
+//	fail:MSG     print "exo: MSG" on stderr (as exo does) and exit 1
 //	crash        die by SIGKILL at once
 //	ignore-term  ignore SIGTERM and serve
 //	grandchild   fork a grandchild in mode sleep, then serve
 //	sleep        ignore SIGTERM, write the PID to $EXO_FAKE_GRANDCHILD_PID
 //	             when set, and sleep (the grandchild)
+//
+// /health echoes --instance as "instance" and the PID as "pid", as exo
+// runners do.
 func MaybeRun() {
 	if os.Getenv(EnvEnable) != "1" {
 		return
@@ -77,6 +82,9 @@ func run(args []string) int {
 	fmt.Printf("fake runner %s %s pid %d mode %s on %s\n", served, role, os.Getpid(), mode, addr)
 	fmt.Fprintln(os.Stderr, "a line on stderr")
 	switch {
+	case strings.HasPrefix(mode, "fail:"):
+		fmt.Fprintln(os.Stderr, "exo:", strings.TrimPrefix(mode, "fail:"))
+		return 1
 	case strings.HasPrefix(mode, "exit:"):
 		n, _ := strconv.Atoi(strings.TrimPrefix(mode, "exit:"))
 		return n
@@ -104,15 +112,20 @@ func run(args []string) int {
 		time.Sleep(time.Hour)
 		return 0
 	}
+	if d, err := time.ParseDuration(os.Getenv(EnvListenDelay)); err == nil {
+		time.Sleep(d)
+	}
+	instance := flagValue(args, "--instance")
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		if mode == "loading" {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			json.NewEncoder(w).Encode(map[string]any{"status": "loading", "progress": 0.5})
+			json.NewEncoder(w).Encode(map[string]any{"status": "loading", "progress": 0.5, "instance": instance, "pid": os.Getpid()})
 			return
 		}
-		json.NewEncoder(w).Encode(map[string]any{"status": "ok", "role": role, "model": served, "waiting": 0, "running": 0})
+		json.NewEncoder(w).Encode(map[string]any{"status": "ok", "role": role, "model": served, "waiting": 0, "running": 0,
+			"instance": instance, "pid": os.Getpid()})
 	})
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "# HELP exo_requests_waiting Requests waiting.\n# TYPE exo_requests_waiting gauge\nexo_requests_waiting{role=%q} 0\n", role)

@@ -1,0 +1,9 @@
+//go:build !linux && !darwin
+
+package main
+
+import "errors"
+
+func availableMemory() (uint64, string, error) {
+	return 0, "", errors.New("memory size unknown on this system")
+}

@@ -1,0 +1,594 @@
+// Package anthropic serves Anthropic's Messages API (POST /v1/messages) as
+// a thin adapter over the same generation core as the OpenAI API: a
+// request is converted to an openai.ChatRequest, validated by the same
+// openai.Validator (sampling defaults, assistant prefill, no silent
+// ignores) and run by the same openai.Generator; the answer and the stream
+// (message_start, content_block_start, ping, content_block_delta…,
+// content_block_stop, message_delta, message_stop) take Anthropic's
+// shapes. Text output only for now: unless Handler.AcceptTools (set once
+// tool calling is wired), tools, tool_choice and tool_use / tool_result
+// blocks are refused with a 400 naming them; with it, they become the
+// generation request's Tools/ToolChoice and OpenAI-shaped history
+// (convertMessage). thinking is refused. Nothing is stored server-side.
+// The anthropic-version header is accepted (any value); x-api-key is not
+// checked. It must not import the engine or anything under supervisor/.
+package anthropic
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"reflect"
+	"strings"
+
+	"github.com/exo-pd/exo-pd/runners/openai"
+)
+
+// Request is the body of POST /v1/messages.
+type Request struct {
+	Model         string          `json:"model"`
+	MaxTokens     *int            `json:"max_tokens"`
+	Messages      []Message       `json:"messages"`
+	System        *Content        `json:"system,omitempty"`
+	StopSequences []string        `json:"stop_sequences,omitempty"`
+	Stream        bool            `json:"stream,omitempty"`
+	Temperature   *float64        `json:"temperature,omitempty"`
+	TopP          *float64        `json:"top_p,omitempty"`
+	TopK          *int            `json:"top_k,omitempty"`
+	Metadata      json.RawMessage `json:"metadata,omitempty"`
+	// Tools and ToolChoice become the generation request's tools (refused
+	// by name unless Handler.AcceptTools).
+	Tools      []Tool      `json:"tools,omitempty"`
+	ToolChoice *ToolChoice `json:"tool_choice,omitempty"`
+}
+
+// Tool is a client tool: a name, a description and a JSON Schema.
+type Tool struct {
+	Type         string          `json:"type,omitempty"`
+	Name         string          `json:"name"`
+	Description  string          `json:"description,omitempty"`
+	InputSchema  json.RawMessage `json:"input_schema"`
+	CacheControl json.RawMessage `json:"cache_control,omitempty"`
+}
+
+// ToolChoice is Anthropic's tool_choice: auto, any, tool (with name) or
+// none.
+type ToolChoice struct {
+	Type                   string `json:"type"`
+	Name                   string `json:"name,omitempty"`
+	DisableParallelToolUse *bool  `json:"disable_parallel_tool_use,omitempty"`
+}
+
+// Message is one turn: role user or assistant.
+type Message struct {
+	Role    string  `json:"role"`
+	Content Content `json:"content"`
+}
+
+// Content is a string or an array of content blocks; only text blocks are
+// accepted for now. Set reports that the field was present.
+type Content struct {
+	Text   string
+	Blocks []Block
+	Set    bool
+}
+
+// Block is one content block: text, or (with tools) tool_use in an
+// assistant turn and tool_result in a user turn.
+type Block struct {
+	Type         string          `json:"type"`
+	Text         string          `json:"text,omitempty"`
+	CacheControl json.RawMessage `json:"cache_control,omitempty"`
+	// tool_use
+	ID    string          `json:"id,omitempty"`
+	Name  string          `json:"name,omitempty"`
+	Input json.RawMessage `json:"input,omitempty"`
+	// tool_result: Content is a string or text blocks
+	ToolUseID string   `json:"tool_use_id,omitempty"`
+	Content   *Content `json:"content,omitempty"`
+	IsError   bool     `json:"is_error,omitempty"`
+}
+
+// UnmarshalJSON accepts a string or an array of blocks.
+func (c *Content) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		*c = Content{Text: s, Set: true}
+		return nil
+	}
+	var blocks []Block
+	if err := json.Unmarshal(b, &blocks); err != nil {
+		return fmt.Errorf("content must be a string or an array of content blocks")
+	}
+	*c = Content{Blocks: blocks, Set: true}
+	return nil
+}
+
+var (
+	textBlockShape = openai.Shape{"type": nil, "text": nil, "cache_control": nil}
+	blockShape     = openai.Shape{"type": nil, "text": nil, "cache_control": nil, "id": nil, "name": nil, "input": nil,
+		"tool_use_id": nil, "is_error": nil, "content": textBlockShape}
+	requestShape = openai.FieldsOf(reflect.TypeFor[Request](), openai.Shape{
+		"messages":    {"role": nil, "content": blockShape},
+		"system":      textBlockShape,
+		"metadata":    {"user_id": nil},
+		"tools":       {"type": nil, "name": nil, "description": nil, "input_schema": nil, "cache_control": nil},
+		"tool_choice": {"type": nil, "name": nil, "disable_parallel_tool_use": nil},
+	})
+)
+
+// text joins a content's text blocks; path names the field for errors.
+func (c Content) text(path string) (string, *openai.Error) {
+	if c.Blocks == nil {
+		return c.Text, nil
+	}
+	var sb strings.Builder
+	for i, b := range c.Blocks {
+		if b.Type != "text" {
+			return "", openai.Errorf(fmt.Sprintf("%s[%d].type", path, i),
+				"%s[%d].type %q is not supported by this server yet (text only)", path, i, b.Type)
+		}
+		sb.WriteString(b.Text)
+	}
+	return sb.String(), nil
+}
+
+// countShape is requestShape without the generation-only fields.
+var countShape = func() openai.Shape {
+	s := openai.Shape{}
+	for k, v := range requestShape {
+		switch k {
+		case "max_tokens", "stream", "stop_sequences", "temperature", "top_p", "top_k", "metadata":
+		default:
+			s[k] = v
+		}
+	}
+	return s
+}()
+
+// blockTypes refuses content blocks other than text (and, with tools,
+// tool_use and tool_result) by their type, before their other keys are
+// checked, so the error says what is missing.
+func blockTypes(body []byte, tools bool) *openai.Error {
+	var loose struct {
+		System   json.RawMessage `json:"system"`
+		Messages []struct {
+			Content json.RawMessage `json:"content"`
+		} `json:"messages"`
+	}
+	if json.Unmarshal(body, &loose) != nil {
+		return nil // the strict decode reports it
+	}
+	check := func(raw json.RawMessage, path string) *openai.Error {
+		var blocks []struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(raw, &blocks) != nil {
+			return nil
+		}
+		for i, b := range blocks {
+			if b.Type != "text" && !(tools && path != "system" && (b.Type == "tool_use" || b.Type == "tool_result")) {
+				return openai.Errorf(fmt.Sprintf("%s[%d].type", path, i),
+					"%s[%d].type %q is not supported by this server yet", path, i, b.Type)
+			}
+		}
+		return nil
+	}
+	if e := check(loose.System, "system"); e != nil {
+		return e
+	}
+	for i, m := range loose.Messages {
+		if e := check(m.Content, fmt.Sprintf("messages[%d].content", i)); e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+// Handler serves POST /v1/messages on top of an openai.Generator.
+type Handler struct {
+	Gen      openai.Generator
+	Served   []string
+	Defaults openai.Defaults
+	Logger   *slog.Logger
+	// NewID is injectable for golden tests; nil means a random id.
+	NewID func(prefix string) string
+	// OnResult, when set, is called once per request with its HTTP status.
+	OnResult func(model string, code int)
+	// AcceptTools: Gen honours tools (set with openai.Handler.AcceptTools);
+	// else tools, tool_choice and tool blocks are refused by name.
+	AcceptTools bool
+}
+
+// Register adds the routes to mux.
+func (h *Handler) Register(mux *http.ServeMux) {
+	mux.HandleFunc("/v1/messages", h.messages)
+	mux.HandleFunc("/v1/messages/count_tokens", h.countTokens)
+}
+
+// countTokens answers POST /v1/messages/count_tokens: the prompt tokens the
+// same request would have ({"input_tokens": N}); max_tokens is not needed.
+func (h *Handler) countTokens(w http.ResponseWriter, r *http.Request) {
+	body, e := openai.ReadBody(w, r)
+	if e != nil {
+		h.fail(w, "", e)
+		return
+	}
+	if e := blockTypes(body, h.AcceptTools); e != nil {
+		h.fail(w, "", e)
+		return
+	}
+	var req Request
+	if e := openai.DecodeStrict(body, &req, countShape); e != nil {
+		h.fail(w, "", e)
+		return
+	}
+	if !h.served(req.Model) {
+		h.fail(w, req.Model, openai.UnknownModel(req.Model))
+		return
+	}
+	one := 1
+	req.MaxTokens, req.Stream = &one, false
+	g, e := h.convert(&req)
+	if e != nil {
+		h.fail(w, req.Model, e)
+		return
+	}
+	toks, _, err := h.Gen.Tokenize(r.Context(), g)
+	if err != nil {
+		h.fail(w, req.Model, openai.AsError(err))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]int{"input_tokens": len(toks)})
+}
+
+func (h *Handler) id(prefix string) string {
+	if h.NewID != nil {
+		return h.NewID(prefix)
+	}
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+func (h *Handler) log() *slog.Logger {
+	if h.Logger != nil {
+		return h.Logger
+	}
+	return slog.Default()
+}
+
+func (h *Handler) served(name string) bool {
+	for _, s := range h.Served {
+		if s == name {
+			return true
+		}
+	}
+	return false
+}
+
+func (h *Handler) result(model string, code int) {
+	if h.OnResult != nil {
+		h.OnResult(model, code)
+	}
+}
+
+// ErrorBody is Anthropic's error shape.
+type ErrorBody struct {
+	Type  string      `json:"type"`
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail is the inner object of ErrorBody.
+type ErrorDetail struct {
+	Type    string `json:"type"`
+	Message string `json:"message"`
+}
+
+func errorBody(e *openai.Error) ErrorBody {
+	typ := "api_error"
+	switch {
+	case e.Status == http.StatusNotFound:
+		typ = "not_found_error"
+	case e.Status == http.StatusTooManyRequests:
+		typ = "rate_limit_error"
+	case e.Status == http.StatusServiceUnavailable:
+		typ = "overloaded_error"
+	case e.Status == http.StatusRequestEntityTooLarge:
+		typ = "request_too_large"
+	case e.Status >= 400 && e.Status < 500:
+		typ = "invalid_request_error"
+	}
+	return ErrorBody{Type: "error", Error: ErrorDetail{Type: typ, Message: e.Message}}
+}
+
+func (h *Handler) fail(w http.ResponseWriter, model string, e *openai.Error) {
+	w.Header().Set("Content-Type", "application/json")
+	if e.Status == http.StatusTooManyRequests || e.Status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1")
+	}
+	w.WriteHeader(e.Status)
+	_ = json.NewEncoder(w).Encode(errorBody(e))
+	h.result(model, e.Status)
+}
+
+// convert validates r and turns it into a generation request.
+func (h *Handler) convert(r *Request) (*openai.GenRequest, *openai.Error) {
+	if r.MaxTokens == nil {
+		return nil, openai.Errorf("max_tokens", "max_tokens is required")
+	}
+	if t := r.Temperature; t != nil && (math.IsNaN(*t) || *t < 0 || *t > 1) {
+		return nil, openai.Errorf("temperature", "temperature must be between 0 and 1, got %v", *t)
+	}
+	cr := openai.ChatRequest{Model: r.Model}
+	if r.System != nil {
+		sys, e := r.System.text("system")
+		if e != nil {
+			return nil, e
+		}
+		cr.Messages = append(cr.Messages, openai.Message{Role: "system", Content: openai.Content{Text: sys, Set: true}})
+	}
+	for i, m := range r.Messages {
+		if m.Role != "user" && m.Role != "assistant" {
+			return nil, openai.Errorf(fmt.Sprintf("messages[%d].role", i), "messages[%d].role must be user or assistant, got %q", i, m.Role)
+		}
+		if !m.Content.Set {
+			return nil, openai.Errorf(fmt.Sprintf("messages[%d].content", i), "messages[%d].content is required", i)
+		}
+		msgs, e := convertMessage(m, fmt.Sprintf("messages[%d].content", i))
+		if e != nil {
+			return nil, e
+		}
+		cr.Messages = append(cr.Messages, msgs...)
+	}
+	for i, t := range r.Tools {
+		if t.Type != "" && t.Type != "custom" {
+			return nil, openai.Errorf(fmt.Sprintf("tools[%d].type", i), "tools[%d].type %q is not supported (server tools are not run here)", i, t.Type)
+		}
+		cr.Tools = append(cr.Tools, openai.Tool{Type: "function", Function: openai.FunctionDef{Name: t.Name, Description: t.Description, Parameters: t.InputSchema}})
+	}
+	if tc := r.ToolChoice; tc != nil {
+		mode := map[string]string{"auto": "auto", "any": "required", "tool": "function", "none": "none"}[tc.Type]
+		if mode == "" || (mode == "function") != (tc.Name != "") {
+			return nil, openai.Errorf("tool_choice", "tool_choice.type must be auto, any, none, or tool with a name")
+		}
+		cr.ToolChoice = &openai.ToolChoice{Mode: mode, Name: tc.Name}
+		if tc.DisableParallelToolUse != nil {
+			p := !*tc.DisableParallelToolUse
+			cr.ParallelToolCalls = &p
+		}
+	}
+	if len(r.Messages) == 0 {
+		return nil, openai.Errorf("messages", "messages is required and must not be empty")
+	}
+	cr.MaxTokens, cr.Temperature, cr.TopP, cr.TopK = r.MaxTokens, r.Temperature, r.TopP, r.TopK
+	cr.Stop, cr.Stream = r.StopSequences, r.Stream
+	v := openai.Validator{Served: h.served, Defaults: h.Defaults, AcceptTools: h.AcceptTools}
+	g, e := v.ValidateChat(&cr)
+	if e != nil {
+		if e.Param == "stop" {
+			e.Param = "stop_sequences"
+			e.Message = strings.ReplaceAll(e.Message, "stop sequences", "stop_sequences")
+		}
+		return nil, e
+	}
+	g.IncludeUsage = true
+	return g, nil
+}
+
+// convertMessage turns one Anthropic turn into chat messages: text blocks
+// become its content, tool_use blocks an assistant's tool_calls (input as
+// the arguments' JSON), and each tool_result block a "tool" message
+// (before the turn's text; is_error results are prefixed "Error: ").
+func convertMessage(m Message, path string) ([]openai.Message, *openai.Error) {
+	if m.Content.Blocks == nil {
+		return []openai.Message{{Role: m.Role, Content: openai.Content{Text: m.Content.Text, Set: true}}}, nil
+	}
+	var out []openai.Message
+	var text strings.Builder
+	var calls []openai.ToolCall
+	hasText := false
+	for j, b := range m.Content.Blocks {
+		at := fmt.Sprintf("%s[%d]", path, j)
+		switch b.Type {
+		case "text":
+			text.WriteString(b.Text)
+			hasText = true
+		case "tool_use":
+			if m.Role != "assistant" {
+				return nil, openai.Errorf(at+".type", "%s: tool_use blocks belong to assistant turns", at)
+			}
+			args := string(b.Input)
+			if args == "" {
+				args = "{}"
+			}
+			calls = append(calls, openai.ToolCall{ID: b.ID, Type: "function", Function: openai.FunctionCall{Name: b.Name, Arguments: args}})
+		case "tool_result":
+			if m.Role != "user" {
+				return nil, openai.Errorf(at+".type", "%s: tool_result blocks belong to user turns", at)
+			}
+			res := ""
+			if b.Content != nil {
+				t, e := b.Content.text(at + ".content")
+				if e != nil {
+					return nil, e
+				}
+				res = t
+			}
+			if b.IsError {
+				res = "Error: " + res
+			}
+			out = append(out, openai.Message{Role: "tool", ToolCallID: b.ToolUseID, Content: openai.Content{Text: res, Set: true}})
+		default:
+			return nil, openai.Errorf(at+".type", "%s.type %q is not supported by this server yet", at, b.Type)
+		}
+	}
+	switch {
+	case len(calls) > 0:
+		msg := openai.Message{Role: "assistant", ToolCalls: calls}
+		if hasText {
+			msg.Content = openai.Content{Text: text.String(), Set: true}
+		}
+		out = append(out, msg)
+	case hasText || len(out) == 0:
+		out = append(out, openai.Message{Role: m.Role, Content: openai.Content{Text: text.String(), Set: true}})
+	}
+	return out, nil
+}
+
+// Response is a non-streamed message.
+type Response struct {
+	ID           string         `json:"id"`
+	Type         string         `json:"type"`
+	Role         string         `json:"role"`
+	Model        string         `json:"model"`
+	Content      []ContentBlock `json:"content"`
+	StopReason   *string        `json:"stop_reason"`
+	StopSequence *string        `json:"stop_sequence"`
+	Usage        Usage          `json:"usage"`
+}
+
+// ContentBlock is an output content block.
+type ContentBlock struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+// Usage counts tokens: InputTokens are the prompt tokens not read from the
+// prefix cache, CacheReadInputTokens those that were.
+type Usage struct {
+	InputTokens              int `json:"input_tokens"`
+	OutputTokens             int `json:"output_tokens"`
+	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
+}
+
+func usage(res openai.Result) Usage {
+	return Usage{InputTokens: res.PromptTokens - res.CachedTokens, OutputTokens: res.CompletionTokens, CacheReadInputTokens: res.CachedTokens}
+}
+
+func stopReason(res openai.Result) (reason string, seq *string) {
+	switch {
+	case res.FinishReason == "length":
+		return "max_tokens", nil
+	case res.StopSequence != "":
+		s := res.StopSequence
+		return "stop_sequence", &s
+	}
+	return "end_turn", nil
+}
+
+type buffer struct{ b strings.Builder }
+
+func (b *buffer) Start(int) error                             { return nil }
+func (b *buffer) Text(t string, _ *openai.TokenLogprob) error { b.b.WriteString(t); return nil }
+
+// stream writes Anthropic's event sequence as text arrives.
+type stream struct {
+	sse     *openai.SSEWriter
+	id      string
+	model   string
+	started bool
+}
+
+func (s *stream) Start(promptTokens int) error {
+	s.started = true
+	msg := Response{ID: s.id, Type: "message", Role: "assistant", Model: s.model, Content: []ContentBlock{},
+		Usage: Usage{InputTokens: promptTokens}}
+	if err := s.sse.NamedEvent("message_start", map[string]any{"type": "message_start", "message": msg}); err != nil {
+		return err
+	}
+	if err := s.sse.NamedEvent("content_block_start", map[string]any{"type": "content_block_start", "index": 0,
+		"content_block": ContentBlock{Type: "text", Text: ""}}); err != nil {
+		return err
+	}
+	return s.sse.NamedEvent("ping", map[string]any{"type": "ping"})
+}
+
+func (s *stream) Text(t string, _ *openai.TokenLogprob) error {
+	if t == "" {
+		return nil
+	}
+	return s.sse.NamedEvent("content_block_delta", map[string]any{"type": "content_block_delta", "index": 0,
+		"delta": map[string]any{"type": "text_delta", "text": t}})
+}
+
+func (h *Handler) messages(w http.ResponseWriter, r *http.Request) {
+	body, e := openai.ReadBody(w, r)
+	if e != nil {
+		h.fail(w, "", e)
+		return
+	}
+	if e := blockTypes(body, h.AcceptTools); e != nil {
+		h.fail(w, "", e)
+		return
+	}
+	var req Request
+	if e := openai.DecodeStrict(body, &req, requestShape); e != nil {
+		h.fail(w, "", e)
+		return
+	}
+	if !h.served(req.Model) {
+		if strings.TrimSpace(req.Model) == "" {
+			h.fail(w, "", openai.Errorf("model", "model is required"))
+		} else {
+			h.fail(w, req.Model, openai.UnknownModel(req.Model))
+		}
+		return
+	}
+	g, e := h.convert(&req)
+	if e != nil {
+		h.fail(w, req.Model, e)
+		return
+	}
+	id := h.id("msg_")
+	if !g.Stream {
+		var b buffer
+		res, err := h.Gen.Generate(r.Context(), g, &b)
+		if err != nil {
+			h.fail(w, g.Model, openai.AsError(err))
+			return
+		}
+		reason, seq := stopReason(res)
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(Response{ID: id, Type: "message", Role: "assistant", Model: g.Model,
+			Content: []ContentBlock{{Type: "text", Text: b.b.String()}}, StopReason: &reason, StopSequence: seq, Usage: usage(res)})
+		h.result(g.Model, http.StatusOK)
+		return
+	}
+	sse := openai.NewSSEWriter(w)
+	st := &stream{sse: sse, id: id, model: g.Model}
+	res, err := h.Gen.Generate(r.Context(), g, st)
+	if err != nil {
+		oe := openai.AsError(err)
+		if !sse.Started() {
+			h.fail(w, g.Model, oe)
+			return
+		}
+		code := oe.Status
+		if r.Context().Err() != nil {
+			code = 499
+		} else {
+			h.log().Warn("generation failed mid-stream", "model", g.Model, "err", err)
+			_ = sse.NamedEvent("error", errorBody(oe))
+		}
+		h.result(g.Model, code)
+		return
+	}
+	reason, seq := stopReason(res)
+	_ = sse.NamedEvent("content_block_stop", map[string]any{"type": "content_block_stop", "index": 0})
+	_ = sse.NamedEvent("message_delta", map[string]any{"type": "message_delta",
+		"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq}, "usage": usage(res)})
+	_ = sse.NamedEvent("message_stop", map[string]any{"type": "message_stop"})
+	h.result(g.Model, http.StatusOK)
+}

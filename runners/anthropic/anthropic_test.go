@@ -1,0 +1,234 @@
+package anthropic
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/openai"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+// scriptGen replays fixed text pieces (the model is exercised by the decode
+// package's tests over the same handler).
+type scriptGen struct {
+	pieces []string
+	res    openai.Result
+	got    *openai.GenRequest
+}
+
+func (g *scriptGen) Generate(ctx context.Context, req *openai.GenRequest, em openai.Emitter) (openai.Result, error) {
+	g.got = req
+	if err := em.Start(g.res.PromptTokens); err != nil {
+		return openai.Result{}, err
+	}
+	for _, p := range g.pieces {
+		if err := em.Text(p, nil); err != nil {
+			return openai.Result{}, err
+		}
+	}
+	return g.res, nil
+}
+
+// Tokenize counts one token per byte of the messages.
+func (g *scriptGen) Tokenize(_ context.Context, req *openai.GenRequest) ([]int32, int, error) {
+	n := 0
+	for _, m := range req.Messages {
+		n += len(m.Content)
+	}
+	return make([]int32, n), 2048, nil
+}
+func (g *scriptGen) Detokenize(context.Context, []int32) (string, error) { return "", nil }
+
+func serve(t *testing.T, g *scriptGen) string {
+	h := &Handler{Gen: g, Served: []string{"tiny"}, NewID: func(p string) string { return p + "test" }}
+	mux := http.NewServeMux()
+	h.Register(mux)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func post(t *testing.T, url, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url+"/v1/messages", strings.NewReader(body))
+	req.Header.Set("anthropic-version", "2023-06-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (go test -update writes it)", err)
+	}
+	if string(want) != got {
+		t.Errorf("%s:\n--- got\n%s\n--- want\n%s", name, got, want)
+	}
+}
+
+func TestMessagesGolden(t *testing.T) {
+	res := openai.Result{PromptTokens: 12, CachedTokens: 4, CompletionTokens: 3, FinishReason: "stop", StopSequence: "END"}
+	for _, c := range []struct{ name, body string }{
+		{"message", `{"model":"tiny","max_tokens":50,"system":"Be brief.","messages":[{"role":"user","content":"hi"}]}`},
+		{"message_stream", `{"model":"tiny","max_tokens":50,"stream":true,"stop_sequences":["END"],"messages":[{"role":"user","content":[{"type":"text","text":"hi","cache_control":{"type":"ephemeral"}}]}]}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			g := &scriptGen{pieces: []string{"Hel", "lo", "!"}, res: res}
+			code, body := post(t, serve(t, g), c.body)
+			if code != 200 {
+				t.Fatalf("%d %s", code, body)
+			}
+			golden(t, c.name, body)
+		})
+	}
+}
+
+func TestConversion(t *testing.T) {
+	g := &scriptGen{res: openai.Result{FinishReason: "length"}}
+	code, body := post(t, serve(t, g), `{"model":"tiny","max_tokens":7,"temperature":0.5,"top_k":3,"metadata":{"user_id":"u"},
+		"system":[{"type":"text","text":"Be "},{"type":"text","text":"brief."}],
+		"messages":[{"role":"user","content":"Name a colour."},{"role":"assistant","content":"The colour is"}]}`)
+	if code != 200 || !strings.Contains(body, `"stop_reason":"max_tokens"`) {
+		t.Fatalf("%d %s", code, body)
+	}
+	r := g.got
+	if len(r.Messages) != 3 || r.Messages[0].Role != "system" || r.Messages[0].Content != "Be brief." || !r.ContinueFinal || r.AddGenerationPrompt ||
+		r.MaxTokens != 7 || r.Sampling.Temperature != 0.5 || r.Sampling.TopK != 3 || r.Sampling.SeedSet {
+		t.Fatalf("%+v", r)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	cases := []struct {
+		name, body string
+		code       int
+		typ, has   string
+	}{
+		{"no max_tokens", `{"model":"tiny","messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request_error", "max_tokens"},
+		{"unknown model", `{"model":"claude-9","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, 404, "not_found_error", "claude-9"},
+		{"unknown field", `{"model":"tiny","max_tokens":5,"thinking":{"type":"enabled"},"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request_error", "thinking"},
+		{"tools", `{"model":"tiny","max_tokens":5,"tools":[{"name":"f","input_schema":{}}],"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request_error", "tools"},
+		{"tool_use block", `{"model":"tiny","max_tokens":5,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{}}]}]}`, 400, "invalid_request_error", "messages[0].content[0].type"},
+		{"temperature over 1", `{"model":"tiny","max_tokens":5,"temperature":1.5,"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request_error", "temperature"},
+		{"system role in messages", `{"model":"tiny","max_tokens":5,"messages":[{"role":"system","content":"hi"}]}`, 400, "invalid_request_error", "messages[0].role"},
+		{"empty stop sequence", `{"model":"tiny","max_tokens":5,"stop_sequences":[""],"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request_error", "stop_sequences"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			g := &scriptGen{}
+			code, body := post(t, serve(t, g), c.body)
+			var eb ErrorBody
+			if err := json.Unmarshal([]byte(body), &eb); err != nil || code != c.code || eb.Type != "error" || eb.Error.Type != c.typ || !strings.Contains(eb.Error.Message, c.has) {
+				t.Fatalf("%d %s", code, body)
+			}
+			if g.got != nil {
+				t.Fatal("reached the generator")
+			}
+		})
+	}
+}
+
+func FuzzMessagesRequest(f *testing.F) {
+	f.Add(`{"model":"tiny","max_tokens":5,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`)
+	f.Add(`{"model":"tiny","max_tokens":5,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"x"}]}]}`)
+	f.Add(`{"model":"tiny","messages":"x","stop_sequences":[""]}`)
+	h := &Handler{Served: []string{"tiny"}}
+	f.Fuzz(func(t *testing.T, s string) {
+		if blockTypes([]byte(s), true) != nil {
+			return
+		}
+		var r Request
+		if openai.DecodeStrict([]byte(s), &r, requestShape) == nil {
+			_, _ = h.convert(&r)
+		}
+	})
+}
+
+// TestToolsKeptWhenAccepted: with AcceptTools, tools, tool_choice and a
+// tool_use → tool_result history become the generation request's tools and
+// OpenAI-shaped history (the seam tool calling plugs into).
+func TestToolsKeptWhenAccepted(t *testing.T) {
+	h := &Handler{Served: []string{"tiny"}, AcceptTools: true}
+	body := `{"model":"tiny","max_tokens":20,
+		"tools":[{"name":"get_weather","description":"Weather","input_schema":{"type":"object","properties":{"city":{"type":"string"}}}}],
+		"tool_choice":{"type":"any","disable_parallel_tool_use":true},
+		"messages":[{"role":"user","content":"Weather in Paris?"},
+		{"role":"assistant","content":[{"type":"text","text":"Checking."},{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"city":"Paris"}}]},
+		{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":[{"type":"text","text":"18C"}]},{"type":"text","text":"Thanks"}]}]}`
+	if e := blockTypes([]byte(body), true); e != nil {
+		t.Fatal(e)
+	}
+	var r Request
+	if e := openai.DecodeStrict([]byte(body), &r, requestShape); e != nil {
+		t.Fatal(e)
+	}
+	g, e := h.convert(&r)
+	if e != nil {
+		t.Fatal(e)
+	}
+	m := g.Messages
+	if len(g.Tools) != 1 || g.Tools[0].Function.Name != "get_weather" || !strings.Contains(string(g.Tools[0].Function.Parameters), `"city"`) ||
+		g.ToolChoice.Mode != "required" || *g.ParallelToolCalls {
+		t.Fatalf("tools %+v choice %+v", g.Tools, g.ToolChoice)
+	}
+	if len(m) != 4 || m[1].Role != "assistant" || m[1].Content != "Checking." || len(m[1].ToolCalls) != 1 ||
+		m[1].ToolCalls[0].ID != "toolu_1" || m[1].ToolCalls[0].Function.Arguments != `{"city":"Paris"}` ||
+		m[2].Role != "tool" || m[2].ToolCallID != "toolu_1" || m[2].Content != "18C" || m[3].Role != "user" || m[3].Content != "Thanks" {
+		t.Fatalf("%+v", m)
+	}
+	// without AcceptTools the same request is refused by name
+	if e := blockTypes([]byte(body), false); e == nil || e.Param != "messages[1].content[1].type" {
+		t.Fatalf("tool_use block: %v", e)
+	}
+	h.AcceptTools = false
+	if _, e := h.convert(&r); e == nil || e.Param != "tools" {
+		t.Fatalf("tools: %v", e)
+	}
+}
+
+func TestCountTokens(t *testing.T) {
+	url := serve(t, &scriptGen{})
+	req, _ := http.NewRequest("POST", url+"/v1/messages/count_tokens", strings.NewReader(
+		`{"model":"tiny","system":"sys","messages":[{"role":"user","content":"hello"}]}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var v map[string]int
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil || resp.StatusCode != 200 || v["input_tokens"] != len("sys")+len("hello") {
+		t.Fatalf("%d %v %v", resp.StatusCode, v, err)
+	}
+	req, _ = http.NewRequest("POST", url+"/v1/messages/count_tokens", strings.NewReader(
+		`{"model":"tiny","max_tokens":5,"messages":[{"role":"user","content":"hello"}]}`))
+	resp2, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp2.Body.Close()
+	if resp2.StatusCode != 400 {
+		t.Fatalf("max_tokens on count_tokens: %d", resp2.StatusCode)
+	}
+}

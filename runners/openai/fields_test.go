@@ -1,0 +1,211 @@
+package openai
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"strings"
+	"testing"
+)
+
+// TestNoSilentIgnores: every field this server does not implement is a 400
+// naming the JSON field (nested ones by their path); errors never name Go
+// types.
+func TestNoSilentIgnores(t *testing.T) {
+	const msgs = `"messages":[{"role":"user","content":"hi"}]`
+	cases := []struct {
+		name, path, body, param string
+	}{
+		{"unknown top-level", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"reasoning_effort":"high"}`, "reasoning_effort"},
+		{"echo on completions", "/v1/completions", `{"model":"tiny","prompt":"x","echo":true}`, "echo"},
+		{"best_of", "/v1/completions", `{"model":"tiny","prompt":"x","best_of":2}`, "best_of"},
+		{"suffix", "/v1/completions", `{"model":"tiny","prompt":"x","suffix":"y"}`, "suffix"},
+		{"chat logprobs field on completions is an int", "/v1/completions", `{"model":"tiny","prompt":"x","logprobs":true}`, "logprobs"},
+		{"unknown message key", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi","audio":{}}]}`, "messages[0].audio"},
+		{"unknown content-part key", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":[{"type":"text","text":"a","cache":1}]}]}`, "messages[0].content[0].cache"},
+		{"unknown stream_options key", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"stream":true,"stream_options":{"x":1}}`, "stream_options.x"},
+		{"tools refused until wired", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"tools":[{"type":"function","function":{"name":"f","parameters":{}}}]}`, "tools"},
+		{"forced tool_choice refused", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"tool_choice":"required"}`, "tool_choice"},
+		{"json_object refused until wired", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"response_format":{"type":"json_object"}}`, "response_format"},
+		{"json_schema refused until wired", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object"}}}}`, "response_format"},
+		{"store true", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"store":true}`, "store"},
+		{"top_logprobs over 20", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"logprobs":true,"top_logprobs":21}`, "top_logprobs"},
+		{"top_logprobs without logprobs", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"top_logprobs":2}`, "top_logprobs"},
+		{"presence_penalty range", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"presence_penalty":2.5}`, "presence_penalty"},
+		{"frequency_penalty range", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"frequency_penalty":-3}`, "frequency_penalty"},
+		{"logit_bias key", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"logit_bias":{"abc":1}}`, "logit_bias"},
+		{"logit_bias value", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"logit_bias":{"5":101}}`, "logit_bias"},
+		{"wrong type names the field", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":7,"content":"hi"}]}`, "messages.role"},
+		{"tool message without id", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"tool","content":"42"}]}`, "messages[0].tool_call_id"},
+		{"tool_calls on a user message", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"x","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]}]}`, "messages[0].tool_calls"},
+		{"null content without tool_calls", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"assistant","content":null}]}`, "messages[0].content"},
+		{"continue a user message", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"continue_final_message":true}`, "continue_final_message"},
+		{"continue and new turn", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"assistant","content":"a"}],"continue_final_message":true,"add_generation_prompt":true}`, "continue_final_message"},
+		{"unknown detokenize key", "/detokenize", `{"model":"tiny","tokens":[1],"skip":true}`, "skip"},
+		{"detokenize outside vocabulary", "/detokenize", `{"model":"tiny","tokens":[1,5000]}`, "tokens"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			gen := &scriptGen{pieces: []string{"never"}, finish: "stop"}
+			srv, _ := newTestServer(t, gen)
+			resp, body := post(t, srv.URL+c.path, c.body)
+			if resp.StatusCode != 400 {
+				t.Fatalf("status %d, want 400: %s", resp.StatusCode, body)
+			}
+			if gen.got != nil {
+				t.Fatal("the request reached the generator")
+			}
+			var eb ErrorBody
+			if err := json.Unmarshal([]byte(body), &eb); err != nil {
+				t.Fatalf("not an OpenAI error: %s", body)
+			}
+			if eb.Error.Param == nil || *eb.Error.Param != c.param || !strings.Contains(eb.Error.Message, c.param) {
+				t.Fatalf("error %s does not name %q", body, c.param)
+			}
+			for _, goName := range []string{"Go ", "float64", "int64", "openai.", "Request", "SamplingFields", "struct"} {
+				if strings.Contains(eb.Error.Message, goName) {
+					t.Fatalf("error names a Go type (%q): %s", goName, eb.Error.Message)
+				}
+			}
+		})
+	}
+}
+
+// TestAcceptedFields: the documented harmless fields, tool-call history,
+// and the kept-for-later tool fields that need no grammar engine.
+func TestAcceptedFields(t *testing.T) {
+	cases := []struct{ name, body string }{
+		{"harmless", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"user":"u1","metadata":{"a":"b"},"store":false,"parallel_tool_calls":true,"tool_choice":"none","response_format":{"type":"text"},"tools":[]}`},
+		{"tool history", `{"model":"tiny","messages":[{"role":"user","content":"weather?"},
+			{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},
+			{"role":"tool","tool_call_id":"call_1","content":"18C"}]}`},
+	}
+	for _, c := range cases {
+		gen := &scriptGen{pieces: []string{"ok"}, finish: "stop"}
+		srv, _ := newTestServer(t, gen)
+		resp, body := post(t, srv.URL+"/v1/chat/completions", c.body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d: %s", c.name, resp.StatusCode, body)
+		}
+	}
+	gen := &scriptGen{finish: "stop"}
+	srv, _ := newTestServer(t, gen)
+	post(t, srv.URL+"/v1/chat/completions", cases[1].body)
+	m := gen.got.Messages
+	if len(m) != 3 || m[1].Content != "" || len(m[1].ToolCalls) != 1 || m[1].ToolCalls[0].Function.Name != "get_weather" ||
+		m[1].ToolCalls[0].Function.Arguments != `{"city":"Paris"}` || m[2].Role != "tool" || m[2].ToolCallID != "call_1" {
+		t.Fatalf("tool history converted wrong: %+v", m)
+	}
+}
+
+// TestToolsKeptWhenAccepted: with AcceptTools the parsed fields reach the
+// generator (the seam the grammar engine plugs into).
+func TestToolsKeptWhenAccepted(t *testing.T) {
+	v := Validator{Served: func(string) bool { return true }, AcceptTools: true}
+	var r ChatRequest
+	body := `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],
+		"tool_choice":{"type":"function","function":{"name":"f"}},"parallel_tool_calls":false,"response_format":{"type":"json_schema","json_schema":{"name":"s","schema":{"type":"object"},"strict":true}}}`
+	if e := decodeJSON([]byte(body), &r, chatShape); e != nil {
+		t.Fatal(e)
+	}
+	g, e := v.ValidateChat(&r)
+	if e != nil {
+		t.Fatal(e)
+	}
+	if len(g.Tools) != 1 || string(g.Tools[0].Function.Parameters) != `{"type":"object"}` || g.ToolChoice.Mode != "function" ||
+		g.ToolChoice.Name != "f" || *g.ParallelToolCalls || g.ResponseFormat.JSONSchema.Name != "s" {
+		t.Fatalf("%+v", g)
+	}
+}
+
+func TestPrefillDecision(t *testing.T) {
+	tr, fa := true, false
+	cases := []struct {
+		name      string
+		last      string
+		agp, cont *bool
+		wantAGP   bool
+		wantCont  bool
+	}{
+		{"user last: new turn", "user", nil, nil, true, false},
+		{"assistant last: continue", "assistant", nil, nil, false, true},
+		{"assistant last, new turn asked", "assistant", &tr, nil, true, false},
+		{"assistant last, continue off", "assistant", nil, &fa, true, false},
+		{"no generation prompt", "user", &fa, nil, false, false},
+		{"empty assistant last: new turn", "assistant-empty", nil, nil, true, false},
+	}
+	v := Validator{Served: func(string) bool { return true }}
+	for _, c := range cases {
+		last := Message{Role: c.last, Content: Content{Text: "a", Set: true}}
+		if c.last == "assistant-empty" {
+			last = Message{Role: "assistant", Content: Content{Text: " ", Set: true}}
+		}
+		r := ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: Content{Text: "q", Set: true}}, last},
+			AddGenerationPrompt: c.agp, ContinueFinalMessage: c.cont}
+		g, e := v.ValidateChat(&r)
+		if e != nil {
+			t.Fatalf("%s: %v", c.name, e)
+		}
+		if g.AddGenerationPrompt != c.wantAGP || g.ContinueFinal != c.wantCont {
+			t.Fatalf("%s: agp %v cont %v", c.name, g.AddGenerationPrompt, g.ContinueFinal)
+		}
+	}
+}
+
+func TestDefaultsPrecedence(t *testing.T) {
+	f := func(v float64) *float64 { return &v }
+	k := 7
+	v := Validator{Served: func(string) bool { return true }, Defaults: Defaults{Temperature: f(0.6), TopP: f(0.9), TopK: &k, RepetitionPenalty: f(1.1)}}
+	r := ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: Content{Text: "q", Set: true}}}}
+	r.TopP = f(0.5)
+	g, e := v.ValidateChat(&r)
+	if e != nil {
+		t.Fatal(e)
+	}
+	s := g.Sampling
+	if s.Temperature != 0.6 || s.TopP != 0.5 || s.TopK != 7 || s.RepetitionPenalty != 1.1 || s.MinP != 0 || s.SeedSet {
+		t.Fatalf("%+v", s)
+	}
+	if err := (Defaults{Temperature: f(3)}).Check(); err == nil || !strings.Contains(err.Error(), "temperature") {
+		t.Fatalf("bad default accepted: %v", err)
+	}
+}
+
+// lpGen emits two tokens with logprobs.
+type lpGen struct{ scriptGen }
+
+func (g *lpGen) Generate(ctx context.Context, req *GenRequest, em Emitter) (Result, error) {
+	g.got = req
+	_ = em.Start(3)
+	_ = em.Text("Hi", &TokenLogprob{Bytes: []byte("Hi"), Logprob: -0.5, Top: []TopToken{{Bytes: []byte("Hi"), Logprob: -0.5}, {Bytes: []byte("Yo"), Logprob: -1.25}}})
+	_ = em.Text("", &TokenLogprob{Bytes: []byte{0xe2, 0x82}, Logprob: math.Inf(-1)})
+	return Result{PromptTokens: 3, CompletionTokens: 2, FinishReason: "length"}, nil
+}
+
+func TestLogprobsShapes(t *testing.T) {
+	for _, c := range []struct{ name, path, body string }{
+		{"chat_logprobs", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":2}`},
+		{"chat_logprobs_stream", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":2,"stream":true}`},
+		{"completion_logprobs", "/v1/completions", `{"model":"tiny","prompt":"hi","logprobs":2}`},
+		{"completion_logprobs_stream", "/v1/completions", `{"model":"tiny","prompt":"hi","logprobs":2,"stream":true}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			gen := &lpGen{}
+			srv, _ := newTestServer(t, gen)
+			resp, body := post(t, srv.URL+c.path, c.body)
+			if resp.StatusCode != 200 || !gen.got.Logprobs || gen.got.TopLogprobs != 2 {
+				t.Fatalf("%d %s %+v", resp.StatusCode, body, gen.got)
+			}
+			golden(t, c.name, body)
+		})
+	}
+}
+
+func TestDetokenize(t *testing.T) {
+	srv, _ := newTestServer(t, &scriptGen{})
+	resp, body := post(t, srv.URL+"/detokenize", `{"model":"tiny","tokens":[1,2,3]}`)
+	var dr DetokenizeResponse
+	if err := json.Unmarshal([]byte(body), &dr); err != nil || resp.StatusCode != 200 || dr.Prompt != "<1><2><3>" {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+}

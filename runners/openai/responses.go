@@ -1,0 +1,451 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"reflect"
+	"strings"
+)
+
+// The OpenAI Responses API (POST /v1/responses) as a thin adapter over the
+// same Generator as chat completions: input (a string or message items),
+// instructions, max_output_tokens, temperature, top_p, stream. Text output
+// only for now: unless Handler.AcceptTools, function tools, forced
+// tool_choice, function_call / function_call_output items and non-text
+// formats are refused with a 400 naming them; with it, they become the
+// generation request's tools and OpenAI-shaped history. Nothing is
+// stored server-side: store must be absent or false, and
+// previous_response_id (which needs stored responses) is refused.
+
+// ResponsesRequest is the body of POST /v1/responses.
+type ResponsesRequest struct {
+	Model              string          `json:"model"`
+	Input              ResponsesInput  `json:"input"`
+	Instructions       *string         `json:"instructions,omitempty"`
+	MaxOutputTokens    *int            `json:"max_output_tokens,omitempty"`
+	Temperature        *float64        `json:"temperature,omitempty"`
+	TopP               *float64        `json:"top_p,omitempty"`
+	Stream             bool            `json:"stream,omitempty"`
+	Store              *bool           `json:"store,omitempty"`
+	Metadata           json.RawMessage `json:"metadata,omitempty"`
+	User               string          `json:"user,omitempty"`
+	ParallelToolCalls  *bool           `json:"parallel_tool_calls,omitempty"`
+	ToolChoice         *ToolChoice     `json:"tool_choice,omitempty"`
+	Tools              []ResponsesTool `json:"tools,omitempty"`
+	Text               *ResponsesText  `json:"text,omitempty"`
+	PreviousResponseID *string         `json:"previous_response_id,omitempty"`
+}
+
+// ResponsesTool is a function tool of the Responses API (flat, unlike
+// chat's {"type","function":{…}}).
+type ResponsesTool struct {
+	Type        string          `json:"type"`
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+	Strict      *bool           `json:"strict,omitempty"`
+}
+
+// ResponsesText is the request's "text" ({"format":{"type":"text"}}).
+type ResponsesText struct {
+	Format *struct {
+		Type string `json:"type"`
+	} `json:"format,omitempty"`
+}
+
+// ResponsesInput is "input": a string, or a list of message items.
+type ResponsesInput struct {
+	Text  string
+	Items []ResponsesItem
+	Set   bool
+}
+
+// ResponsesItem is one input item: a message, or (with tools) a
+// function_call the model made or a function_call_output answering it.
+type ResponsesItem struct {
+	Type    string         `json:"type,omitempty"`
+	Role    string         `json:"role,omitempty"`
+	Content ResponsesParts `json:"content"`
+	ID      string         `json:"id,omitempty"`
+	Status  string         `json:"status,omitempty"`
+	// function_call / function_call_output
+	CallID    string `json:"call_id,omitempty"`
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments,omitempty"`
+	Output    string `json:"output,omitempty"`
+}
+
+// ResponsesParts is an item's content: a string or a list of parts.
+type ResponsesParts struct {
+	Text  string
+	Parts []struct {
+		Type        string          `json:"type"`
+		Text        string          `json:"text"`
+		Annotations json.RawMessage `json:"annotations,omitempty"`
+	}
+	Set bool
+}
+
+// UnmarshalJSON accepts a string or a list of items.
+func (in *ResponsesInput) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if len(b) > 0 && b[0] == '"' {
+		*in = ResponsesInput{Set: true}
+		return json.Unmarshal(b, &in.Text)
+	}
+	*in = ResponsesInput{Set: true}
+	if err := json.Unmarshal(b, &in.Items); err != nil {
+		return fmt.Errorf("input must be a string or an array of input items")
+	}
+	return nil
+}
+
+// UnmarshalJSON accepts a string or a list of parts.
+func (c *ResponsesParts) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if len(b) > 0 && b[0] == '"' {
+		*c = ResponsesParts{Set: true}
+		return json.Unmarshal(b, &c.Text)
+	}
+	*c = ResponsesParts{Set: true}
+	if err := json.Unmarshal(b, &c.Parts); err != nil {
+		return fmt.Errorf("content must be a string or an array of content parts")
+	}
+	return nil
+}
+
+var responsesShape = withFields(reflect.TypeFor[ResponsesRequest](), Shape{
+	"input": {"type": nil, "role": nil, "id": nil, "status": nil, "content": {"type": nil, "text": nil, "annotations": nil},
+		"call_id": nil, "name": nil, "arguments": nil, "output": nil},
+	"tools": {"type": nil, "name": nil, "description": nil, "parameters": nil, "strict": nil},
+	"text":  {"format": {"type": nil}},
+})
+
+// responsesItemTypes refuses input items and parts other than messages and
+// text by their type, before their other keys are checked.
+func responsesItemTypes(body []byte, tools bool) *Error {
+	var loose struct {
+		Input json.RawMessage `json:"input"`
+	}
+	if json.Unmarshal(body, &loose) != nil {
+		return nil
+	}
+	var items []struct {
+		Type    string          `json:"type"`
+		Content json.RawMessage `json:"content"`
+	}
+	if json.Unmarshal(loose.Input, &items) != nil {
+		return nil
+	}
+	for i, it := range items {
+		if it.Type != "" && it.Type != "message" && !(tools && (it.Type == "function_call" || it.Type == "function_call_output")) {
+			return Errorf(fmt.Sprintf("input[%d].type", i), "input[%d].type %q is not supported by this server yet (message items only)", i, it.Type)
+		}
+		var parts []struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(it.Content, &parts) != nil {
+			continue
+		}
+		for j, p := range parts {
+			if p.Type != "input_text" && p.Type != "output_text" && p.Type != "text" {
+				return Errorf(fmt.Sprintf("input[%d].content[%d].type", i, j),
+					"input[%d].content[%d].type %q is not supported by this server yet (text only)", i, j, p.Type)
+			}
+		}
+	}
+	return nil
+}
+
+// convertResponses validates r into a generation request.
+func (h *Handler) convertResponses(r *ResponsesRequest) (*GenRequest, *Error) {
+	switch {
+	case r.Store != nil && *r.Store:
+		return nil, Errorf("store", "store: true is not supported: this server stores no responses")
+	case r.PreviousResponseID != nil:
+		return nil, Errorf("previous_response_id", "previous_response_id is not supported: this server stores no responses; send the whole conversation as input")
+	case r.Text != nil && r.Text.Format != nil && r.Text.Format.Type != "text":
+		return nil, Errorf("text.format", "text.format type %q is not supported by this server yet", r.Text.Format.Type)
+	case !r.Input.Set:
+		return nil, Errorf("input", "input is required")
+	}
+	cr := ChatRequest{Model: r.Model}
+	if r.Instructions != nil {
+		cr.Messages = append(cr.Messages, Message{Role: "system", Content: Content{Text: *r.Instructions, Set: true}})
+	}
+	if r.Input.Items == nil {
+		cr.Messages = append(cr.Messages, Message{Role: "user", Content: Content{Text: r.Input.Text, Set: true}})
+	}
+	for i, it := range r.Input.Items {
+		switch it.Type {
+		case "function_call":
+			call := ToolCall{ID: it.CallID, Type: "function", Function: FunctionCall{Name: it.Name, Arguments: it.Arguments}}
+			if n := len(cr.Messages); n > 0 && cr.Messages[n-1].Role == "assistant" && len(cr.Messages[n-1].ToolCalls) > 0 {
+				cr.Messages[n-1].ToolCalls = append(cr.Messages[n-1].ToolCalls, call) // parallel calls: one turn
+			} else {
+				cr.Messages = append(cr.Messages, Message{Role: "assistant", ToolCalls: []ToolCall{call}})
+			}
+			continue
+		case "function_call_output":
+			cr.Messages = append(cr.Messages, Message{Role: "tool", ToolCallID: it.CallID, Content: Content{Text: it.Output, Set: true}})
+			continue
+		}
+		if !it.Content.Set {
+			return nil, Errorf(fmt.Sprintf("input[%d].content", i), "input[%d].content is required", i)
+		}
+		text := it.Content.Text
+		if it.Content.Parts != nil {
+			var sb strings.Builder
+			for _, p := range it.Content.Parts {
+				sb.WriteString(p.Text)
+			}
+			text = sb.String()
+		}
+		if it.Role == "tool" {
+			return nil, Errorf(fmt.Sprintf("input[%d].role", i), "input[%d].role must be user, assistant, system or developer", i)
+		}
+		cr.Messages = append(cr.Messages, Message{Role: it.Role, Content: Content{Text: text, Set: true}})
+	}
+	for _, t := range r.Tools {
+		cr.Tools = append(cr.Tools, Tool{Type: t.Type, Function: FunctionDef{Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: t.Strict}})
+	}
+	cr.ToolChoice, cr.ParallelToolCalls = r.ToolChoice, r.ParallelToolCalls
+	cr.MaxTokens, cr.Temperature, cr.TopP, cr.Stream = r.MaxOutputTokens, r.Temperature, r.TopP, r.Stream
+	g, e := h.validator().ValidateChat(&cr)
+	if e != nil {
+		if e.Param == "max_tokens" {
+			e.Param, e.Message = "max_output_tokens", strings.ReplaceAll(e.Message, "max_tokens", "max_output_tokens")
+		}
+		// point at input[i]: instructions are message 0 when given
+		var i int
+		var rest string
+		if n, _ := fmt.Sscanf(e.Param, "messages[%d]%s", &i, &rest); n >= 1 && r.Input.Items != nil {
+			off := 0
+			if r.Instructions != nil {
+				off = 1
+			}
+			e.Message = strings.ReplaceAll(e.Message, fmt.Sprintf("messages[%d]", i), fmt.Sprintf("input[%d]", i-off))
+			e.Param = fmt.Sprintf("input[%d]%s", i-off, rest)
+		}
+		return nil, e
+	}
+	return g, nil
+}
+
+// ResponseObject is a Responses API response.
+type ResponseObject struct {
+	ID                string             `json:"id"`
+	Object            string             `json:"object"`
+	CreatedAt         int64              `json:"created_at"`
+	Status            string             `json:"status"`
+	Error             any                `json:"error"`
+	IncompleteDetails *IncompleteDetails `json:"incomplete_details"`
+	Instructions      *string            `json:"instructions"`
+	MaxOutputTokens   *int               `json:"max_output_tokens"`
+	Model             string             `json:"model"`
+	Output            []ResponseItem     `json:"output"`
+	ParallelToolCalls bool               `json:"parallel_tool_calls"`
+	Temperature       float64            `json:"temperature"`
+	TopP              float64            `json:"top_p"`
+	ToolChoice        string             `json:"tool_choice"`
+	Tools             []any              `json:"tools"`
+	Text              map[string]any     `json:"text"`
+	Store             bool               `json:"store"`
+	Metadata          json.RawMessage    `json:"metadata"`
+	Usage             *ResponsesUsage    `json:"usage"`
+	User              *string            `json:"user,omitempty"`
+	Truncation        string             `json:"truncation"`
+	Reasoning         map[string]any     `json:"reasoning"`
+	Background        bool               `json:"background"`
+	ServiceTier       string             `json:"service_tier"`
+	PreviousResponse  *string            `json:"previous_response_id"`
+}
+
+// IncompleteDetails says why a response is incomplete.
+type IncompleteDetails struct {
+	Reason string `json:"reason"`
+}
+
+// ResponseItem is an output message.
+type ResponseItem struct {
+	Type    string         `json:"type"`
+	ID      string         `json:"id"`
+	Status  string         `json:"status"`
+	Role    string         `json:"role"`
+	Content []ResponsePart `json:"content"`
+}
+
+// ResponsePart is one output_text part.
+type ResponsePart struct {
+	Type        string `json:"type"`
+	Text        string `json:"text"`
+	Annotations []any  `json:"annotations"`
+	Logprobs    []any  `json:"logprobs"`
+}
+
+// ResponsesUsage is the Responses API's usage.
+type ResponsesUsage struct {
+	InputTokens         int            `json:"input_tokens"`
+	InputTokensDetails  map[string]int `json:"input_tokens_details"`
+	OutputTokens        int            `json:"output_tokens"`
+	OutputTokensDetails map[string]int `json:"output_tokens_details"`
+	TotalTokens         int            `json:"total_tokens"`
+}
+
+func (h *Handler) responseObject(id string, r *ResponsesRequest, g *GenRequest, status string) ResponseObject {
+	meta := r.Metadata
+	if len(meta) == 0 {
+		meta = json.RawMessage(`{}`)
+	}
+	o := ResponseObject{ID: id, Object: "response", CreatedAt: h.now().Unix(), Status: status, Instructions: r.Instructions,
+		MaxOutputTokens: r.MaxOutputTokens, Model: g.Model, Output: []ResponseItem{}, ParallelToolCalls: true,
+		Temperature: g.Sampling.Temperature, TopP: g.Sampling.TopP, ToolChoice: "auto", Tools: []any{},
+		Text: map[string]any{"format": map[string]any{"type": "text"}}, Metadata: meta, Truncation: "disabled",
+		Reasoning: map[string]any{"effort": nil, "summary": nil}, ServiceTier: "default"}
+	if r.ParallelToolCalls != nil {
+		o.ParallelToolCalls = *r.ParallelToolCalls
+	}
+	if r.User != "" {
+		u := r.User
+		o.User = &u
+	}
+	return o
+}
+
+func responsesUsage(res Result) *ResponsesUsage {
+	return &ResponsesUsage{InputTokens: res.PromptTokens, InputTokensDetails: map[string]int{"cached_tokens": res.CachedTokens},
+		OutputTokens: res.CompletionTokens, OutputTokensDetails: map[string]int{"reasoning_tokens": 0},
+		TotalTokens: res.PromptTokens + res.CompletionTokens}
+}
+
+func finish(o *ResponseObject, res Result, msgID, text string) {
+	o.Status = "completed"
+	itemStatus := "completed"
+	if res.FinishReason == "length" {
+		o.Status, itemStatus = "incomplete", "incomplete"
+		o.IncompleteDetails = &IncompleteDetails{Reason: "max_output_tokens"}
+	}
+	o.Output = []ResponseItem{{Type: "message", ID: msgID, Status: itemStatus, Role: "assistant",
+		Content: []ResponsePart{{Type: "output_text", Text: text, Annotations: []any{}, Logprobs: []any{}}}}}
+	o.Usage = responsesUsage(res)
+}
+
+// responsesStream writes the Responses streaming events as text arrives.
+type responsesStream struct {
+	sse   *SSEWriter
+	seq   int
+	obj   ResponseObject
+	msgID string
+	text  strings.Builder
+}
+
+func (s *responsesStream) event(typ string, fields map[string]any) error {
+	fields["type"] = typ
+	fields["sequence_number"] = s.seq
+	s.seq++
+	return s.sse.NamedEvent(typ, fields)
+}
+
+func (s *responsesStream) Start(int) error {
+	if err := s.event("response.created", map[string]any{"response": s.obj}); err != nil {
+		return err
+	}
+	if err := s.event("response.in_progress", map[string]any{"response": s.obj}); err != nil {
+		return err
+	}
+	if err := s.event("response.output_item.added", map[string]any{"output_index": 0,
+		"item": ResponseItem{Type: "message", ID: s.msgID, Status: "in_progress", Role: "assistant", Content: []ResponsePart{}}}); err != nil {
+		return err
+	}
+	return s.event("response.content_part.added", map[string]any{"item_id": s.msgID, "output_index": 0, "content_index": 0,
+		"part": ResponsePart{Type: "output_text", Text: "", Annotations: []any{}, Logprobs: []any{}}})
+}
+
+func (s *responsesStream) Text(t string, _ *TokenLogprob) error {
+	if t == "" {
+		return nil
+	}
+	s.text.WriteString(t)
+	return s.event("response.output_text.delta", map[string]any{"item_id": s.msgID, "output_index": 0, "content_index": 0,
+		"delta": t, "logprobs": []any{}})
+}
+
+func (h *Handler) responses(w http.ResponseWriter, r *http.Request) {
+	body, e := ReadBody(w, r)
+	if e != nil {
+		h.fail(w, "", e)
+		return
+	}
+	if e := responsesItemTypes(body, h.AcceptTools); e != nil {
+		h.fail(w, "", e)
+		return
+	}
+	var req ResponsesRequest
+	if e := decodeJSON(body, &req, responsesShape); e != nil {
+		h.fail(w, "", e)
+		return
+	}
+	if strings.TrimSpace(req.Model) == "" {
+		h.fail(w, "", Errorf("model", "model is required"))
+		return
+	}
+	if !h.served(req.Model) {
+		h.fail(w, req.Model, UnknownModel(req.Model))
+		return
+	}
+	g, e := h.convertResponses(&req)
+	if e != nil {
+		h.fail(w, req.Model, e)
+		return
+	}
+	id, msgID := h.id("resp_"), h.id("msg_")
+	obj := h.responseObject(id, &req, g, "in_progress")
+	if !g.Stream {
+		var be bufferEmitter
+		res, err := h.Gen.Generate(r.Context(), g, &be)
+		if err != nil {
+			h.fail(w, g.Model, AsError(err))
+			return
+		}
+		finish(&obj, res, msgID, be.b.String())
+		writeJSON(w, http.StatusOK, obj)
+		h.result(g.Model, http.StatusOK)
+		return
+	}
+	sse := NewSSEWriter(w)
+	st := &responsesStream{sse: sse, obj: obj, msgID: msgID}
+	res, err := h.Gen.Generate(r.Context(), g, st)
+	if err != nil {
+		oe := AsError(err)
+		if !sse.Started() {
+			h.fail(w, g.Model, oe)
+			return
+		}
+		code := oe.Status
+		if r.Context().Err() != nil {
+			code = 499
+		} else {
+			h.log().Warn("generation failed mid-stream", "model", g.Model, "err", err)
+			failed := obj
+			failed.Status = "failed"
+			failed.Error = map[string]any{"code": "server_error", "message": oe.Message}
+			_ = st.event("response.failed", map[string]any{"response": failed})
+		}
+		h.result(g.Model, code)
+		return
+	}
+	text := st.text.String()
+	finish(&obj, res, msgID, text)
+	part := obj.Output[0].Content[0]
+	_ = st.event("response.output_text.done", map[string]any{"item_id": msgID, "output_index": 0, "content_index": 0, "text": text, "logprobs": []any{}})
+	_ = st.event("response.content_part.done", map[string]any{"item_id": msgID, "output_index": 0, "content_index": 0, "part": part})
+	_ = st.event("response.output_item.done", map[string]any{"output_index": 0, "item": obj.Output[0]})
+	done := "response.completed"
+	if obj.Status == "incomplete" {
+		done = "response.incomplete"
+	}
+	_ = st.event(done, map[string]any{"response": obj})
+	h.result(g.Model, http.StatusOK)
+}

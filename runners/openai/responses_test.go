@@ -1,0 +1,118 @@
+package openai
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func TestResponsesGolden(t *testing.T) {
+	for _, c := range []struct {
+		name, body string
+		gen        *scriptGen
+	}{
+		{"responses", `{"model":"tiny","input":"hi","instructions":"Be brief.","max_output_tokens":20,"store":false}`,
+			&scriptGen{pieces: []string{"Hel", "lo"}, finish: "stop"}},
+		{"responses_stream", `{"model":"tiny","input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]}],"stream":true}`,
+			&scriptGen{pieces: []string{"Hel", "lo"}, finish: "length"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv, _ := newTestServer(t, c.gen)
+			resp, body := post(t, srv.URL+"/v1/responses", c.body)
+			if resp.StatusCode != 200 {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+			golden(t, c.name, body)
+		})
+	}
+}
+
+func TestResponsesConversionAndErrors(t *testing.T) {
+	gen := &scriptGen{finish: "stop"}
+	srv, _ := newTestServer(t, gen)
+	resp, body := post(t, srv.URL+"/v1/responses", `{"model":"tiny","instructions":"sys","temperature":0.3,"input":[
+		{"role":"developer","content":"be nice"},{"type":"message","role":"user","content":"q"},
+		{"role":"assistant","content":[{"type":"output_text","text":"The answer","annotations":[]}]}]}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	m := gen.got.Messages
+	if len(m) != 4 || m[0].Content != "sys" || m[1].Role != "system" || m[3].Content != "The answer" || !gen.got.ContinueFinal || gen.got.Sampling.Temperature != 0.3 {
+		t.Fatalf("%+v", gen.got)
+	}
+	for _, c := range []struct{ body, param string }{
+		{`{"model":"tiny","input":"x","tools":[{"type":"function","name":"f"}]}`, "tools"},
+		{`{"model":"tiny","input":"x","store":true}`, "store"},
+		{`{"model":"tiny","input":"x","previous_response_id":"resp_1"}`, "previous_response_id"},
+		{`{"model":"tiny","input":"x","reasoning":{"effort":"low"}}`, "reasoning"},
+		{`{"model":"tiny","input":"x","text":{"format":{"type":"json_schema"}}}`, "text.format"},
+		{`{"model":"tiny","input":[{"type":"function_call_output","call_id":"c","output":"1"}]}`, "input[0].type"},
+		{`{"model":"tiny","input":[{"role":"user","content":[{"type":"input_image","image_url":"x"}]}]}`, "input[0].content[0].type"},
+		{`{"model":"tiny","instructions":"s","input":[{"role":"wizard","content":"x"}]}`, "input[0].role"},
+		{`{"model":"tiny","input":"x","max_output_tokens":0}`, "max_output_tokens"},
+		{`{"model":"tiny"}`, "input"},
+	} {
+		gen := &scriptGen{}
+		srv, _ := newTestServer(t, gen)
+		resp, body := post(t, srv.URL+"/v1/responses", c.body)
+		var eb ErrorBody
+		if json.Unmarshal([]byte(body), &eb) != nil || resp.StatusCode != 400 || eb.Error.Param == nil || *eb.Error.Param != c.param || gen.got != nil {
+			t.Errorf("%s: %d %s (want param %s)", c.body, resp.StatusCode, body, c.param)
+		}
+		if !strings.Contains(eb.Error.Message, c.param) {
+			t.Errorf("message %q does not name %s", eb.Error.Message, c.param)
+		}
+	}
+}
+
+func FuzzResponsesRequest(f *testing.F) {
+	f.Add(`{"model":"tiny","input":"hi","instructions":"s","max_output_tokens":3}`)
+	f.Add(`{"model":"tiny","input":[{"role":"user","content":[{"type":"input_text","text":"x"}]},{"type":"function_call"}]}`)
+	f.Add(`{"model":"tiny","instructions":"s","input":[{"role":"wizard","content":"x"}]}`)
+	h := &Handler{Served: []string{"tiny"}}
+	f.Fuzz(func(t *testing.T, s string) {
+		if responsesItemTypes([]byte(s), true) != nil {
+			return
+		}
+		var r ResponsesRequest
+		if decodeJSON([]byte(s), &r, responsesShape) == nil {
+			_, _ = h.convertResponses(&r)
+		}
+	})
+}
+
+// TestResponsesToolsKeptWhenAccepted: with AcceptTools, function tools and
+// function_call / function_call_output items become the generation
+// request's tools and OpenAI-shaped history.
+func TestResponsesToolsKeptWhenAccepted(t *testing.T) {
+	h := &Handler{Served: []string{"tiny"}, AcceptTools: true}
+	body := `{"model":"tiny","tool_choice":"required","parallel_tool_calls":true,
+		"tools":[{"type":"function","name":"get_weather","parameters":{"type":"object"},"strict":true}],
+		"input":[{"role":"user","content":"Weather in Paris and Rome?"},
+		{"type":"function_call","call_id":"c1","name":"get_weather","arguments":"{\"city\":\"Paris\"}"},
+		{"type":"function_call","call_id":"c2","name":"get_weather","arguments":"{\"city\":\"Rome\"}"},
+		{"type":"function_call_output","call_id":"c1","output":"18C"},
+		{"type":"function_call_output","call_id":"c2","output":"22C"}]}`
+	if e := responsesItemTypes([]byte(body), true); e != nil {
+		t.Fatal(e)
+	}
+	var r ResponsesRequest
+	if e := decodeJSON([]byte(body), &r, responsesShape); e != nil {
+		t.Fatal(e)
+	}
+	g, e := h.convertResponses(&r)
+	if e != nil {
+		t.Fatal(e)
+	}
+	m := g.Messages
+	if len(g.Tools) != 1 || g.Tools[0].Function.Name != "get_weather" || g.ToolChoice.Mode != "required" || !*g.ParallelToolCalls {
+		t.Fatalf("%+v", g)
+	}
+	if len(m) != 4 || m[1].Role != "assistant" || len(m[1].ToolCalls) != 2 || m[1].ToolCalls[1].Function.Arguments != `{"city":"Rome"}` ||
+		m[2].Role != "tool" || m[2].ToolCallID != "c1" || m[3].Content != "22C" || !g.AddGenerationPrompt {
+		t.Fatalf("%+v", m)
+	}
+	if e := responsesItemTypes([]byte(body), false); e == nil || e.Param != "input[1].type" {
+		t.Fatalf("without AcceptTools: %v", e)
+	}
+}

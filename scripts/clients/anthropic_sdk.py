@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Acceptance test of /v1/messages with the official anthropic Python SDK (pip install anthropic),
+run by runners/e2e/clients_test.go against a real decode runner: python3 anthropic_sdk.py BASE_URL MODEL.
+Prints one JSON object with what it saw; exits non-zero on any failure."""
+import json, sys
+
+import anthropic
+
+base, model = sys.argv[1], sys.argv[2]
+client = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
+out = {}
+
+# create
+msg = client.messages.create(model=model, max_tokens=12, extra_body={"temperature": 0},
+                             system="Answer in one word.",
+                             messages=[{"role": "user", "content": "What is the capital of France?"}])
+assert msg.type == "message" and msg.role == "assistant", msg
+assert msg.stop_reason in ("end_turn", "max_tokens"), msg.stop_reason
+assert msg.content and msg.content[0].type == "text", msg.content
+assert msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0) > 0 and msg.usage.output_tokens > 0, msg.usage
+out["create"] = msg.content[0].text
+out["_create_prompt"] = msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0)
+
+# stream: the SDK's event accumulator rebuilds the same message
+with client.messages.stream(model=model, max_tokens=12, extra_body={"temperature": 0}, system="Answer in one word.",
+                            messages=[{"role": "user", "content": "What is the capital of France?"}]) as stream:
+    events = [e.type for e in stream]
+    final = stream.get_final_message()
+assert events[0] == "message_start" and events[-1] == "message_stop", events
+assert "content_block_delta" in events or "text" in events, events
+out["stream"] = final.content[0].text
+out["stream_stop_reason"] = final.stop_reason
+assert out["stream"] == out["create"], (out["stream"], out["create"])
+
+# stop sequence
+msg = client.messages.create(model=model, max_tokens=40, extra_body={"temperature": 0}, stop_sequences=["Paris"],
+                             messages=[{"role": "user", "content": "What is the capital of France?"}])
+out["stop"] = [msg.stop_reason, msg.stop_sequence, msg.content[0].text]
+
+# assistant prefill: the reply continues the given text
+msg = client.messages.create(model=model, max_tokens=8, extra_body={"temperature": 0},
+                             messages=[{"role": "user", "content": "What is the capital of France?"},
+                                       {"role": "assistant", "content": "The capital of France is"}])
+out["prefill"] = msg.content[0].text
+
+# count_tokens equals the prompt of the same request
+ct = client.messages.count_tokens(model=model, system="Answer in one word.",
+                                  messages=[{"role": "user", "content": "What is the capital of France?"}])
+out["count_tokens"] = ct.input_tokens
+out["create_prompt_tokens"] = out.pop("_create_prompt")
+
+# refused, by name
+try:
+    client.messages.create(model=model, max_tokens=8, messages=[{"role": "user", "content": "hi"}],
+                           tools=[{"name": "f", "input_schema": {"type": "object"}}])
+    raise SystemExit("tools were not refused")
+except anthropic.BadRequestError as e:
+    out["tools_error"] = e.body["error"]["message"]
+
+print(json.dumps(out))
