@@ -211,7 +211,7 @@ func Parse(src, bos, eos string) (t *Template, err error) {
 		ControlStructures: builtins.ControlStructures,
 		Methods:           methods(),
 	}
-	loader, err := loaders.NewMemoryLoader(map[string]string{"/chat_template": lstripBlocks(src)})
+	loader, err := loaders.NewMemoryLoader(map[string]string{"/chat_template": hoistConditionals(lstripBlocks(src))})
 	if err != nil {
 		return nil, fmt.Errorf("chat: %w", err)
 	}

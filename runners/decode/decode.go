@@ -333,8 +333,11 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 		}
 	}()
 	start := min(cached, n-1)
+	if !entry.cache.CanTruncate(start) {
+		start = 0 // a sliding layer no longer holds the window start needs
+	}
 	entry.cache.Truncate(start)
-	start = min(start, entry.cache.Len()) // a recurrent model's cache may not go back to start (it empties)
+	start = min(start, entry.cache.Len()) // a recurrent model's cache goes back to its latest kept state
 	entry.tokens = entry.tokens[:start]
 	if start > 0 {
 		s.m.PrefixHit.WithLabelValues("decode").Add(float64(start))
@@ -411,6 +414,11 @@ func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest,
 		outcome = s.o.Remote.Classify(err)
 		attrs = append(attrs, "err", err.Error())
 		if entry.cache.Len() != start {
+			if !entry.cache.CanTruncate(start) {
+				// A committed stream replaced a sliding layer's window
+				// before the failure: start over from nothing.
+				start, entry.tokens = 0, entry.tokens[:0]
+			}
 			entry.cache.Truncate(start)
 		}
 	}

@@ -51,7 +51,9 @@ func (p *kvPool) take(prompt []int32) (*convEntry, int) {
 	defer p.mu.Unlock()
 	best, bestN := -1, 0
 	for i, e := range p.entries {
-		if n := commonPrefix(e.tokens, prompt); n > bestN {
+		// A sliding layer keeps only a suffix: the entry serves a prefix
+		// only while every such layer still holds that prefix's window.
+		if n := commonPrefix(e.tokens, prompt); n > bestN && e.cache.CanTruncate(n) {
 			best, bestN = i, n
 		}
 	}
@@ -71,7 +73,7 @@ func (p *kvPool) take(prompt []int32) (*convEntry, int) {
 	e := p.entries[best]
 	p.entries = append(p.entries[:best], p.entries[best+1:]...)
 	e.cache.Truncate(bestN)
-	bestN = min(bestN, e.cache.Len()) // a recurrent model's cache may not go back to bestN (it empties)
+	bestN = min(bestN, e.cache.Len()) // a recurrent model's cache goes back to its latest kept state
 	e.tokens = e.tokens[:bestN]
 	return e, bestN
 }

@@ -33,9 +33,11 @@ func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, st
 			kinds[l] = kvwire.LayerRecurrent
 		}
 	}
+	// Windows (nil for full-attention models) is checked against the
+	// server's header: both sides must keep the same positions.
 	req := &kvwire.Request{ID: reqID, Model: r.Name, Fingerprint: fp, Tokens: prompt, StartPos: start,
 		DType: kvconv.Wire(cache.DType()), Deadline: r.Deadline}
-	exp := &kvwire.Expect{Fingerprint: fp, Kinds: kinds, KVHeads: info.KVHeads, HeadDim: info.HeadDim}
+	exp := &kvwire.Expect{Fingerprint: fp, Kinds: kinds, Windows: info.Windows, KVHeads: info.KVHeads, HeadDim: info.HeadDim}
 	sink := &cacheSink{cache: cache, start: start}
 	st, err := r.Client.FetchAny(ctx, r.Selector, req, exp, sink)
 	rs := RemoteStats{Endpoint: st.Addr, Bytes: st.PayloadBytes, States: st.States, Duration: st.Duration, Wait: st.WireWait}
@@ -43,7 +45,11 @@ func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, st
 		return rs, err
 	}
 	if cache.Len() > len(prompt)-1 || cache.Len() < start {
-		cache.Truncate(start)
+		if cache.CanTruncate(start) {
+			cache.Truncate(start)
+		} else {
+			cache.Truncate(0) // the caller sees Len() != start and starts over
+		}
 		return rs, fmt.Errorf("%w: prefill runner returned KV up to %d for a %d-token prompt", kvwire.ErrCorrupt, cache.Len(), len(prompt))
 	}
 	return rs, nil
@@ -86,6 +92,11 @@ func (s *cacheSink) Begin(h *kvwire.Header) error {
 	if h.Layers() != g.Layers || h.KVHeads != g.KVHeads || h.HeadDim != g.HeadDim {
 		return fmt.Errorf("%w: stream geometry %d×%d×%d, cache %d×%d×%d", kvwire.ErrMismatch,
 			h.Layers(), h.KVHeads, h.HeadDim, g.Layers, g.KVHeads, g.HeadDim)
+	}
+	for l := range g.Layers {
+		if h.Window(l) != g.Window(l) {
+			return fmt.Errorf("%w: stream layer %d window %d, cache %d", kvwire.ErrMismatch, l, h.Window(l), g.Window(l))
+		}
 	}
 	return nil
 }

@@ -13,11 +13,14 @@ import (
 // connection, or call onBytes once the server has sent more than a given
 // number of bytes (to kill the server mid-stream).
 type proxy struct {
-	l        net.Listener
-	target   string
-	flipAt   int64 // byte offset to flip in server→client data; <0 none
-	trigger  int64 // call onTrigger once this many bytes went server→client; <=0 none
-	onTrig   func()
+	l       net.Listener
+	target  string
+	flipAt  int64 // byte offset to flip in server→client data; <0 none
+	trigger int64 // call onTrigger once this many bytes went server→client; <=0 none
+	onTrig  func()
+	// cut stops forwarding at trigger: a short stream (a sliding model's
+	// windows) can be in the socket buffers whole before the kill lands.
+	cut      bool
 	trigOnce sync.Once
 	flipped  atomic.Int64
 	wg       sync.WaitGroup
@@ -68,6 +71,13 @@ func (p *proxy) handle(c net.Conn) {
 		n, err := s.Read(buf)
 		if n > 0 {
 			chunk := buf[:n]
+			if p.cut && p.trigger > 0 && off+int64(n) >= p.trigger {
+				_, _ = c.Write(chunk[:p.trigger-off])
+				if p.onTrig != nil {
+					p.trigOnce.Do(p.onTrig)
+				}
+				return
+			}
 			if p.flipAt >= off && p.flipAt < off+int64(n) {
 				chunk[p.flipAt-off] ^= 0x10
 				p.flipped.Add(1)

@@ -123,6 +123,12 @@ type Linear struct {
 	W, Scales, Biases Array
 	Bias              Array // nil when absent
 	Bits, GroupSize   int
+	// Mode "mxfp4" (MLX's and OCP's MXFP4, gpt-oss's experts): Bits 4,
+	// GroupSize 32, W packed as for affine but each 4-bit value is an
+	// E2M1 float (sign, 2 exponent bits, 1 mantissa bit: ±{0, 0.5, 1,
+	// 1.5, 2, 3, 4, 6}), Scales U8 [out, in/32] E8M0 (2^(s-127)), no
+	// Biases: w = e2m1(q) · 2^(s-127), exact in float32.
+	Mode string
 }
 
 // RoPE describes rotary position embedding as HF configs state it.
@@ -195,11 +201,35 @@ type Backend interface {
 	// with a causal mask in which query i (absolute position T-L+i) sees
 	// keys 0..T-L+i. Returns [H, L, Dh].
 	Attention(q, k, v Array, scale float32) Array
+	// WindowedAttention is Attention for the layer kinds that need more
+	// than a causal mask (sliding.go). With window > 0, query i (absolute
+	// key index T-L+i) sees only keys T-L+i-window+1..T-L+i: sliding-window
+	// attention, where k and v hold at least the window each query needs
+	// (a sliding layer's cache view). sinks, when not nil, is [H] float32:
+	// one learned logit per head that joins each row's softmax denominator
+	// and contributes no value (gpt-oss's attention sinks). window 0 and
+	// nil sinks is exactly Attention. It is one op rather than a mask
+	// argument because the cpu backend skips the masked keys (its sums run
+	// over the visible keys only, so chunked and one-shot prefill agree bit
+	// for bit) and MLX's fused attention takes the mask and the sinks
+	// together.
+	WindowedAttention(q, k, v Array, scale float32, window int, sinks Array) Array
 
 	// SwiGLU is silu(gate) · up, silu(x) = x·sigmoid(x), for gate and up of
 	// one shape: the gated MLP's activation, one op so that a backend can
 	// fuse it (mlx compiles it into one kernel, as mlx-lm does).
 	SwiGLU(gate, up Array) Array
+	// GeGLU is gelu_tanh(gate) · up with gelu_tanh(x) = 0.5·x·(1 +
+	// tanh(√(2/π)·(x + 0.044715·x³))): Gemma's gated MLP activation (HF
+	// gelu_pytorch_tanh, mlx-lm's nn.gelu_approx). One op, like SwiGLU, so
+	// that a backend can fuse it; neither the array API's other ops nor
+	// SwiGLU can express the tanh.
+	GeGLU(gate, up Array) Array
+	// ClampedSwiGLU is gpt-oss's expert activation: with g = min(gate,
+	// limit) and u = clamp(up, -limit, limit), (u + 1) · g · σ(alpha·g).
+	// One op for the same reason as SwiGLU; the clamps and the +1 are not
+	// expressible with the other ops.
+	ClampedSwiGLU(gate, up Array, alpha, limit float32) Array
 	Add(a, b Array) Array  // broadcasting over leading axes
 	Mul(a, b Array) Array  // broadcasting over leading axes
 	Softmax(x Array) Array // over the last axis
@@ -287,10 +317,68 @@ type Backend interface {
 // CacheGeometry is the per-layer shape of a model's attention KV.
 type CacheGeometry struct {
 	Layers, KVHeads, HeadDim int
+	// Windows, when not nil, has one entry per layer: 0 for a full-
+	// attention layer, W > 0 for a sliding-window layer whose position p
+	// sees positions p-W+1..p. A sliding layer keeps only what later
+	// positions can still see (at least the last W-1, see KVCache).
+	Windows []int
+}
+
+// Window is layer's window (0: full attention).
+func (g CacheGeometry) Window(layer int) int {
+	if g.Windows == nil {
+		return 0
+	}
+	return g.Windows[layer]
+}
+
+// Sliding reports whether any layer is a sliding-window layer.
+func (g CacheGeometry) Sliding() bool {
+	for _, w := range g.Windows {
+		if w > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Same reports whether g and o describe the same storage.
+func (g CacheGeometry) Same(o CacheGeometry) bool {
+	if g.Layers != o.Layers || g.KVHeads != o.KVHeads || g.HeadDim != o.HeadDim {
+		return false
+	}
+	for i := range g.Layers {
+		if g.Window(i) != o.Window(i) {
+			return false
+		}
+	}
+	return true
+}
+
+// WindowStart is the first position a sliding layer of window w must hold
+// for a sequence of n positions to continue (n itself sees n-w+1..n): 0
+// for a full layer (w == 0).
+func WindowStart(w, n int) int {
+	if w <= 0 {
+		return 0
+	}
+	return max(0, n-w+1)
 }
 
 // KVCache holds K and V per layer as [Hkv, T, Dh] in the cache dtype, grown in
 // steps. All layers hold the same number of tokens between steps.
+//
+// Sliding-window layers (Geometry().Windows) hold a suffix of the
+// positions: always at least [WindowStart(W, Len()), Len()), and older
+// positions only until the storage would grow past its bound (about the
+// window plus a step's tokens), when they are dropped. For such a layer
+// Append returns views of the held suffix only (T counts from its first
+// held position), Export accepts only held positions, and Import may start
+// past what the layer holds: the layer then restarts at that position when
+// Commit makes the import visible (the positions before it are no longer
+// needed), while the committed content stays intact until then, so a
+// failed import still rolls back by Truncate. A cache can go back only as
+// far as its sliding layers still hold the window: see CanTruncate.
 type KVCache interface {
 	// Len is the number of cached token positions.
 	Len() int
@@ -299,8 +387,14 @@ type KVCache interface {
 	// Len() advances only once every layer has been appended (the model
 	// calls Append once per layer per step, in layer order).
 	Append(layer int, k, v Array) (kAll, vAll Array)
-	// Truncate drops positions ≥ n (n ≤ Len()).
+	// Truncate drops positions ≥ n (n ≤ Len()); n must satisfy
+	// CanTruncate.
 	Truncate(n int)
+	// CanTruncate reports whether Truncate(n) leaves a usable cache: n is
+	// 0, or 0 < n ≤ Len() and every sliding layer still holds
+	// [WindowStart(W, n), n). Always true for 0 ≤ n ≤ Len() without
+	// sliding layers.
+	CanTruncate(n int) bool
 	// Export returns positions [start, start+n) of one layer as host bytes:
 	// K then V, each [Hkv, n, Dh] row-major in the cache dtype.
 	Export(layer, start, n int) (k, v []byte, err error)

@@ -32,8 +32,10 @@ type Config struct {
 	DType            DType     // torch_dtype (F32 when absent)
 	DTypeSet         bool      // torch_dtype (or dtype) was present
 	Quant            QuantSpec // quantization {bits, group_size}; zero when dense
-	SlidingWindowUse bool      // use_sliding_window (unsupported when true)
+	SlidingWindowUse bool      // use_sliding_window (Qwen2/Qwen3: layers from MaxWindowLayers slide)
 	SlidingWindow    int       // sliding_window (0: none); see Arch.SlidingWindow
+	MaxWindowLayers  int       // max_window_layers (default 28): Qwen's first sliding layer
+	LayerTypes       []string  // layer_types ("sliding_attention" | "full_attention"), when given
 
 	// Mixture of experts (Qwen3-MoE); Experts is 0 for dense models.
 	Experts         int   // num_experts
@@ -53,6 +55,11 @@ type Config struct {
 	LinearKeyHeads, LinearValueHeads int // linear_num_key_heads, linear_num_value_heads
 	LinearKeyDim, LinearValueDim     int // linear_key_head_dim, linear_value_head_dim
 	LinearConvKernel                 int // linear_conv_kernel_dim
+
+	// Gemma3 holds Gemma 3's own settings (gemma3.go); nil otherwise.
+	Gemma3 *Gemma3Config
+	// GptOss holds gpt-oss's own settings (gptoss.go); nil otherwise.
+	GptOss *GptOssConfig
 }
 
 // IsLinearLayer reports whether layer i is a Gated DeltaNet layer.
@@ -92,6 +99,8 @@ type rawConfig struct {
 	QuantizationConfig *json.RawMessage `json:"quantization_config"`
 	UseSlidingWindow   *bool            `json:"use_sliding_window"`
 	SlidingWindow      *int             `json:"sliding_window"`
+	MaxWindowLayers    *int             `json:"max_window_layers"`
+	LayerTypes         []string         `json:"layer_types"`
 	NumExperts         *int             `json:"num_experts"`
 	NumExpertsPerTok   *int             `json:"num_experts_per_tok"`
 	MoEIntermediate    *int             `json:"moe_intermediate_size"`
@@ -143,6 +152,12 @@ func positive(field string, v *int, def int) (int, error) {
 func ParseConfig(data []byte) (*Config, error) {
 	data, err := flattenTextConfig(data)
 	if err != nil {
+		return nil, err
+	}
+	if data, err = gemma3Prepare(data); err != nil {
+		return nil, err
+	}
+	if data, err = gptossPrepare(data); err != nil {
 		return nil, err
 	}
 	var r rawConfig
@@ -207,6 +222,21 @@ func ParseConfig(data []byte) (*Config, error) {
 	}
 	if r.SlidingWindow != nil && *r.SlidingWindow > 0 {
 		c.SlidingWindow = *r.SlidingWindow
+	}
+	c.MaxWindowLayers = 28
+	if r.MaxWindowLayers != nil {
+		c.MaxWindowLayers = *r.MaxWindowLayers
+	}
+	if r.LayerTypes != nil {
+		if len(r.LayerTypes) != c.Layers {
+			return nil, cfgErr("layer_types", "%d entries for %d layers", len(r.LayerTypes), c.Layers)
+		}
+		for i, t := range r.LayerTypes {
+			if t != "sliding_attention" && t != "full_attention" {
+				return nil, cfgErr("layer_types", "layer %d: unsupported %q (want sliding_attention or full_attention)", i, t)
+			}
+		}
+		c.LayerTypes = slices.Clone(r.LayerTypes)
 	}
 	c.DType = F32
 	dt := r.TorchDType
@@ -297,6 +327,16 @@ func ParseConfig(data []byte) (*Config, error) {
 			return nil, cfgErr("quantization.group_size", "unsupported %d (want 32, 64 or 128)", rq.GroupSize)
 		}
 		c.Quant = QuantSpec{Bits: rq.Bits, GroupSize: rq.GroupSize}
+	}
+	if isGemma3(c.Arch) {
+		if err := parseGemma3(data, c); err != nil {
+			return nil, err
+		}
+	}
+	if c.Arch == "GptOssForCausalLM" {
+		if err := parseGptOss(data, c); err != nil {
+			return nil, err
+		}
 	}
 	return c, nil
 }
@@ -398,10 +438,19 @@ type Arch struct {
 	// layers into gated full attention (q_proj doubled: queries and an
 	// output gate) and Gated DeltaNet layers (Qwen3-Next).
 	GatedDeltaNet bool
-	// SlidingWindow: the config's sliding_window, when set, limits
-	// attention to that many positions (Mistral). Full attention equals it
-	// within the window, so the context is capped there.
+	// SlidingWindow: the config's sliding_window, when set, limits every
+	// layer's attention to that many positions (Mistral): sliding-window
+	// layers (sliding.go) with ring caches.
 	SlidingWindow bool
+	// Windows, when set, gives each layer's attention window from the
+	// config (0: full attention), for architectures that interleave the
+	// kinds; it overrides SlidingWindow.
+	Windows func(c *Config) ([]int, error)
+	// Sinks: every layer has attention sinks, self_attn.sinks [H].
+	Sinks bool
+	// LoadMoE, when set, loads a sparse block instead of the Qwen3-MoE
+	// layout (gpt-oss).
+	LoadMoE func(l *loader, prefix string, cfg *Config) (*moeBlock, error)
 }
 
 // archRegistry maps HF architecture names to their variants. It is filled
@@ -450,27 +499,27 @@ func Architectures() []string {
 func init() {
 	RegisterArch("LlamaForCausalLM", Arch{Family: "llama"})
 	RegisterArch("MistralForCausalLM", Arch{Family: "llama", SlidingWindow: true})
-	RegisterArch("Qwen2ForCausalLM", Arch{Family: "qwen2", QKVBias: true})
-	RegisterArch("Qwen3ForCausalLM", Arch{Family: "qwen3", QKNorm: true})
-	RegisterArch("Qwen3MoeForCausalLM", Arch{Family: "qwen3_moe", QKNorm: true, MoE: true})
+	RegisterArch("Qwen2ForCausalLM", Arch{Family: "qwen2", QKVBias: true, Windows: qwenWindows})
+	RegisterArch("Qwen3ForCausalLM", Arch{Family: "qwen3", QKNorm: true, Windows: qwenWindows})
+	RegisterArch("Qwen3MoeForCausalLM", Arch{Family: "qwen3_moe", QKNorm: true, MoE: true, Windows: qwenWindows})
 	RegisterArch("Qwen2MoeForCausalLM", Arch{Family: "qwen2_moe", QKVBias: true, MoE: true})
 	RegisterArch("Qwen3NextForCausalLM", Arch{Family: "qwen3_next", QKNorm: true, MoE: true, GatedDeltaNet: true})
 	RegisterArch("Qwen3_5ForConditionalGeneration", Arch{Family: "qwen3_5", QKNorm: true, GatedDeltaNet: true})
 	RegisterArch("Qwen3_5MoeForConditionalGeneration", Arch{Family: "qwen3_5_moe", QKNorm: true, MoE: true, GatedDeltaNet: true})
 }
 
-// flattenTextConfig lifts a multimodal config's text_config (Qwen3.5: the
-// language model's fields live there, architectures and quantization at the
-// top) to the top level, the top level's own keys winning only where
-// text_config lacks them, and rope_parameters' partial_rotary_factor next
-// to them. Configs without text_config come back unchanged.
+// flattenTextConfig lifts a Qwen3.5 config's text_config (the language
+// model's fields live there, architectures and quantization at the top) to
+// the top level, the top level's own keys winning only where text_config
+// lacks them, and rope_parameters' partial_rotary_factor next to them.
+// Other configs (Gemma 3's have their own preparation) come back unchanged.
 func flattenTextConfig(data []byte) ([]byte, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(data, &top); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	raw, ok := top["text_config"]
-	if !ok || string(raw) == "null" {
+	if !ok || string(raw) == "null" || !isQwen35(top["architectures"]) {
 		return data, nil
 	}
 	var text map[string]json.RawMessage
@@ -498,4 +547,10 @@ func flattenTextConfig(data []byte) ([]byte, error) {
 		}
 	}
 	return json.Marshal(text)
+}
+
+// isQwen35 reports whether an architectures list names a Qwen3.5 model.
+func isQwen35(raw json.RawMessage) bool {
+	var archs []string
+	return json.Unmarshal(raw, &archs) == nil && len(archs) > 0 && strings.HasPrefix(archs[0], "Qwen3_5")
 }

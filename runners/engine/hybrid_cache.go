@@ -149,6 +149,10 @@ func (c *hybridCache) Append(layer int, k, v Array) (Array, Array) {
 	return c.attn.Append(c.index[layer], k, v)
 }
 
+// CanTruncate: a hybrid cache can go back anywhere, but Truncate(n) ends at
+// the latest kept position ≤ n (0 if none), so Len() may end below n.
+func (c *hybridCache) CanTruncate(n int) bool { return n >= 0 && n <= c.Len() }
+
 func (c *hybridCache) Truncate(n int) {
 	c.dropPending()
 	if n >= c.Len() {

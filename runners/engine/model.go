@@ -53,6 +53,11 @@ type Model struct {
 	weights []Array // every array Load kept, released by Close
 	// hostRouting: MoE layers route on the host (LoadOptions.HostMoERouting).
 	hostRouting bool
+	windows     []int // per layer: 0 full attention, W sliding; nil when all full
+	// Gemma 3 (gemma3.go): embeddings times embedScale [D], attention
+	// scale attnScale (0: 1/√Dh).
+	embedScale Array
+	attnScale  float32
 }
 
 // block is one decoder layer's weights.
@@ -63,6 +68,11 @@ type block struct {
 	qNorm, kNorm     Array       // [Dh], Qwen3 only
 	moe              *moeBlock   // sparse layers of MoE models; gate/up/down unused then
 	delta            *deltaBlock // Gated DeltaNet layers; q/k/v/o and qNorm/kNorm unused then
+	sinks            Array       // [H] attention sinks (nil: none)
+	// Gemma 3: norms around the MLP (nil otherwise; postNorm then norms
+	// the attention output) and the layer's RoPE when not the model's.
+	preFFNorm, postFFNorm Array
+	rope                  *RoPE
 }
 
 // Load opens path (a model directory or .gguf file) with the registered
@@ -105,13 +115,12 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	if err != nil {
 		return nil, err
 	}
-	if cfg.SlidingWindowUse {
-		return nil, cfgErr("use_sliding_window", "sliding-window attention is not supported")
+	if cfg.SlidingWindowUse && arch.Windows == nil {
+		return nil, cfgErr("use_sliding_window", "sliding-window attention is not supported for %s", cfg.Arch)
 	}
-	if arch.SlidingWindow && cfg.SlidingWindow > 0 && cfg.SlidingWindow < cfg.MaxPositions {
-		// Within the window sliding-window attention is full attention;
-		// beyond it the model would need a window we do not implement.
-		cfg.MaxPositions = cfg.SlidingWindow
+	windows, err := layerWindows(cfg, arch)
+	if err != nil {
+		return nil, err
 	}
 	if arch.MoE != (cfg.Experts > 0) {
 		return nil, cfgErr("num_experts", "%d experts for architecture %s", cfg.Experts, cfg.Arch)
@@ -120,7 +129,7 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	if err != nil {
 		return nil, fmt.Errorf("engine: vocabulary: %w", err)
 	}
-	m = &Model{b: b, cfg: *cfg, arch: arch, eps: float32(cfg.RMSNormEps), hostRouting: opts.HostMoERouting}
+	m = &Model{b: b, cfg: *cfg, arch: arch, eps: float32(cfg.RMSNormEps), hostRouting: opts.HostMoERouting, windows: windows}
 	m.cacheDT = opts.CacheDType
 	if m.cacheDT == 0 {
 		m.cacheDT = cfg.DType
@@ -133,7 +142,7 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	default:
 		return nil, fmt.Errorf("engine: cache dtype %v (want float32, float16 or bfloat16)", m.cacheDT)
 	}
-	m.fp = fingerprint(cfg, arch, vocab)
+	m.fp = fingerprint(cfg, arch, vocab, windows)
 
 	l := &loader{src: src, b: b, ctx: ctx, progress: opts.Progress}
 	defer func() {
@@ -144,6 +153,16 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 		}
 	}()
 	l.total = sizeOf(cfg, arch, cfg.TieEmbeddings && !l.has("lm_head.weight"))
+	if cfg.Gemma3 != nil {
+		if err := l.gemma3(m, cfg); err != nil {
+			return nil, err
+		}
+		if l.progress != nil {
+			l.progress(l.total, l.total)
+		}
+		m.weights = l.kept
+		return m, nil
+	}
 	D, H, Hkv, Dh, F, V := cfg.Hidden, cfg.Heads, cfg.KVHeads, cfg.HeadDim, cfg.Intermediate, cfg.Vocab
 	if m.embed, err = l.linear("model.embed_tokens", V, D, false); err != nil {
 		return nil, err
@@ -304,7 +323,10 @@ func (l *loader) vector(name string, n int) (Array, error) {
 // bias is set, prefix.bias [out].
 func (l *loader) linear(prefix string, out, in int, bias bool) (*Linear, error) {
 	q := l.src.Quant(prefix)
-	lin := &Linear{Bits: q.Bits, GroupSize: q.GroupSize}
+	lin := &Linear{Bits: q.Bits, GroupSize: q.GroupSize, Mode: q.Mode}
+	if q.Mode == "mxfp4" && (q.Bits != 4 || q.GroupSize != 32) {
+		return nil, fmt.Errorf("%s: mxfp4 with %d bits in groups of %d (want 4 and 32)", prefix, q.Bits, q.GroupSize)
+	}
 	var err error
 	if q.Bits == 0 {
 		if lin.W, _, err = l.tensor(prefix+".weight", out, in); err != nil {
@@ -320,8 +342,10 @@ func (l *loader) linear(prefix string, out, in int, bias bool) (*Linear, error) 
 		if lin.Scales, _, err = l.tensor(prefix+".scales", out, in/q.GroupSize); err != nil {
 			return nil, err
 		}
-		if lin.Biases, _, err = l.tensor(prefix+".biases", out, in/q.GroupSize); err != nil {
-			return nil, err
+		if q.Mode == "" {
+			if lin.Biases, _, err = l.tensor(prefix+".biases", out, in/q.GroupSize); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if bias {
@@ -365,7 +389,11 @@ func (l *loader) block(b *block, i int, cfg *Config, arch Arch, D, H, Hkv, Dh, F
 		return err
 	}
 	if cfg.IsMoELayer(i) {
-		if b.moe, err = l.moe(p+"mlp.", cfg); err != nil {
+		load := (*loader).moe
+		if arch.LoadMoE != nil {
+			load = arch.LoadMoE
+		}
+		if b.moe, err = load(l, p+"mlp.", cfg); err != nil {
 			return err
 		}
 	} else {
@@ -382,8 +410,8 @@ func (l *loader) block(b *block, i int, cfg *Config, arch Arch, D, H, Hkv, Dh, F
 	return nil
 }
 
-// attention loads the k, v, o projections and the q/k norms of an
-// attention layer (nothing for a Gated DeltaNet layer).
+// attention loads the k, v, o projections, the sinks and the q/k norms of
+// an attention layer (nothing for a Gated DeltaNet layer).
 func (l *loader) attention(b *block, p string, cfg *Config, arch Arch, lin func(*Linear, string, int, int, bool) error, D, Hkv, Dh, H int, qkvBias bool) error {
 	if b.delta != nil {
 		return nil
@@ -396,6 +424,12 @@ func (l *loader) attention(b *block, p string, cfg *Config, arch Arch, lin func(
 	}
 	if err := lin(&b.o, "self_attn.o_proj", D, H*Dh, cfg.AttentionBias); err != nil {
 		return err
+	}
+	if arch.Sinks {
+		var err error
+		if b.sinks, err = l.vector(p+"self_attn.sinks", H); err != nil {
+			return err
+		}
 	}
 	if arch.QKNorm {
 		var err error
@@ -410,7 +444,7 @@ func (l *loader) attention(b *block, p string, cfg *Config, arch Arch, lin func(
 }
 
 // fingerprint hashes what makes KV transferable between two models.
-func fingerprint(c *Config, a Arch, vocab []string) Fingerprint {
+func fingerprint(c *Config, a Arch, vocab []string, windows []int) Fingerprint {
 	h := sha256.New()
 	w := func(v uint64) {
 		var b [8]byte
@@ -445,6 +479,18 @@ func fingerprint(c *Config, a Arch, vocab []string) Fingerprint {
 	for _, t := range vocab {
 		ws(t)
 	}
+	if c.Gemma3 != nil {
+		ws("gemma3 local rope base")
+		w(math.Float64bits(c.Gemma3.LocalBase))
+	}
+	if windows != nil {
+		// Only models with sliding layers hash their window pattern, so
+		// full-attention models keep the fingerprints they had.
+		ws("windows")
+		for _, x := range windows {
+			w(uint64(x))
+		}
+	}
 	var fp Fingerprint
 	copy(fp[:], h.Sum(nil))
 	return fp
@@ -470,7 +516,8 @@ func recoverInto(err *error, op string) {
 func (m *Model) Info() ModelInfo {
 	c := m.cfg
 	info := ModelInfo{Arch: c.Arch, Layers: c.Layers, Hidden: c.Hidden, Heads: c.Heads, KVHeads: c.KVHeads,
-		HeadDim: c.HeadDim, Vocab: c.Vocab, MaxPositions: c.MaxPositions, CacheDType: m.cacheDT}
+		HeadDim: c.HeadDim, Vocab: c.Vocab, MaxPositions: c.MaxPositions, CacheDType: m.cacheDT,
+		Windows: slices.Clone(m.windows)}
 	if c.FullAttentionInterval > 0 {
 		info.Recurrent = make([]bool, c.Layers)
 		for i := range info.Recurrent {
@@ -494,7 +541,7 @@ func (m *Model) NewCache() KVCache {
 	if m.arch.GatedDeltaNet {
 		return m.newHybridCache()
 	}
-	return m.b.NewKVCache(CacheGeometry{Layers: m.cfg.Layers, KVHeads: m.cfg.KVHeads, HeadDim: m.cfg.HeadDim}, m.cacheDT)
+	return m.b.NewKVCache(m.geometry(), m.cacheDT)
 }
 
 // Close releases the weights.
@@ -516,7 +563,7 @@ func (m *Model) checkCache(c KVCache, tokens []int32) error {
 		return errModelClosed
 	}
 	g := c.Geometry()
-	if g.Layers != m.cfg.Layers || g.KVHeads != m.cfg.KVHeads || g.HeadDim != m.cfg.HeadDim {
+	if !g.Same(m.geometry()) {
 		return fmt.Errorf("engine: cache geometry %+v does not match the model's", g)
 	}
 	for _, t := range tokens {
@@ -691,6 +738,9 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 	cfg := &m.cfg
 	H, Hkv, Dh := cfg.Heads, cfg.KVHeads, cfg.HeadDim
 	scale := float32(1 / math.Sqrt(float64(Dh)))
+	if m.attnScale != 0 {
+		scale = m.attnScale
+	}
 	batched := len(cs) > 1
 	n := 0
 	starts, offsets := make([]int, len(cs)), make([]int, len(cs))
@@ -708,6 +758,9 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 	}
 	ids := b.FromInt32(all, n)
 	x := b.Embedding(m.embed, ids) // [n, D]
+	if m.embedScale != nil {
+		x = b.Mul(x, m.embedScale)
+	}
 	outs := make([]Array, len(cs))
 	var states []Array // new recurrent states, evaluated with the step
 	for i := range m.layers {
@@ -744,13 +797,17 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 			q = b.RMSNorm(q, ly.qNorm, m.eps)
 			k = b.RMSNorm(k, ly.kNorm, m.eps)
 		}
+		rope := &cfg.RoPE
+		if ly.rope != nil {
+			rope = ly.rope
+		}
 		for s, c := range cs {
 			L := len(toks[s])
-			qs := b.RoPE(b.Transpose(rows(q, s), 1, 0, 2), offsets[s], &cfg.RoPE) // [H, L, Dh]
-			ks := b.RoPE(b.Transpose(rows(k, s), 1, 0, 2), offsets[s], &cfg.RoPE) // [Hkv, L, Dh]
+			qs := b.RoPE(b.Transpose(rows(q, s), 1, 0, 2), offsets[s], rope) // [H, L, Dh]
+			ks := b.RoPE(b.Transpose(rows(k, s), 1, 0, 2), offsets[s], rope) // [Hkv, L, Dh]
 			vs := b.Transpose(rows(v, s), 1, 0, 2)
 			kAll, vAll := c.Append(i, ks, vs)                     // [Hkv, T, Dh]
-			a := b.Attention(qs, kAll, vAll, scale)               // [H, L, Dh]
+			a := m.attention(i, qs, kAll, vAll, scale)            // [H, L, Dh]
 			outs[s] = b.Reshape(b.Transpose(a, 1, 0, 2), L, H*Dh) // [L, H·Dh]
 		}
 		a := outs[0]
@@ -759,6 +816,10 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 		}
 		if gate != nil {
 			a = b.Mul(a, b.Sigmoid(gate))
+		}
+		if ly.postFFNorm != nil {
+			x = m.gemma3Residual(ly, x, a)
+			continue
 		}
 		var err error
 		if x, err = m.mlpOrMoE(ly, b.Add(x, b.Linear(a, &ly.o)), n); err != nil {

@@ -56,6 +56,9 @@ type ModelInfo struct {
 	Vocab        int
 	MaxPositions int
 	CacheDType   DType
+	// Windows has one entry per layer (0: full attention, W: sliding
+	// window of W positions); nil when every layer is full attention.
+	Windows []int
 	// Recurrent marks the recurrent (Gated DeltaNet) layers; nil when the
 	// model has none. Their caches implement RecurrentState.
 	Recurrent []bool

@@ -54,6 +54,10 @@ type tinySpec struct {
 	bits, gs int
 	tied     bool
 	rope     map[string]any
+	window   int // sliding_window (MistralForCausalLM): every layer sees its last window positions
+	// windowFrom: Qwen2 with use_sliding_window: layers ≥ windowFrom
+	// (max_window_layers) slide, the others are full.
+	windowFrom int
 }
 
 const (
@@ -78,6 +82,12 @@ func newTiny(t testing.TB, s tinySpec, seed uint64) *memSource {
 	}
 	if s.rope != nil {
 		cfg["rope_scaling"] = s.rope
+	}
+	if s.window > 0 {
+		cfg["sliding_window"] = s.window
+		if s.arch == "Qwen2ForCausalLM" {
+			cfg["use_sliding_window"], cfg["max_window_layers"] = true, s.windowFrom
+		}
 	}
 	if s.bits > 0 {
 		cfg["quantization"] = map[string]int{"bits": s.bits, "group_size": s.gs}
@@ -268,6 +278,10 @@ func refForward(src *memSource, s tinySpec, tokens []int32, cacheRound func(floa
 				sc := make([]float64, i+1)
 				m := math.Inf(-1)
 				for t := 0; t <= i; t++ {
+					if s.window > 0 && l >= s.windowFrom && t <= i-s.window {
+						sc[t] = math.Inf(-1) // outside the sliding window
+						continue
+					}
 					var d float64
 					for e := range tDh {
 						d += qs[i][hh*tDh+e] * ks[t][kh*tDh+e]

@@ -34,13 +34,21 @@ const moeSortMin = 64
 // moeBlock is one sparse layer's router and stacked experts, and its
 // shared expert when the model has one (Qwen2-MoE: every token also runs
 // a dense SwiGLU MLP whose output is scaled by sigmoid(sharedGate · x)).
+// gpt-oss's experts (biases, MXFP4, a clamped SwiGLU: gptoss.go) are held
+// per expert instead (experts) and still routed on the host
+// (moeForwardPerExpert).
 type moeBlock struct {
 	router         Linear // [E, D]
 	gate, up, down Linear // stacked: [E, F, D], [E, F, D], [E, D, F]
-	experts, topK  int
+	numExperts     int
+	topK           int
 	norm           bool
 	shared         *sharedExpert
+	experts        []expert // per-expert layout (gpt-oss); nil for the stacked one
+	limit          float32  // gpt-oss: the clamp of its SwiGLU (gptoss.go); 0: plain SwiGLU
 }
+
+type expert struct{ gate, up, down Linear }
 
 type sharedExpert struct {
 	gate, up, down Linear // [Fs, D], [Fs, D], [D, Fs]
@@ -56,7 +64,7 @@ func (l *loader) moe(prefix string, cfg *Config) (*moeBlock, error) {
 	if cfg.ExpertsPerToken < 1 || cfg.ExpertsPerToken > E {
 		return nil, cfgErr("num_experts_per_tok", "%d of %d experts", cfg.ExpertsPerToken, E)
 	}
-	mb := &moeBlock{experts: E, topK: cfg.ExpertsPerToken, norm: cfg.NormTopKProb}
+	mb := &moeBlock{numExperts: E, topK: cfg.ExpertsPerToken, norm: cfg.NormTopKProb}
 	r, err := l.linear(prefix+"gate", E, D, false)
 	if err != nil {
 		return nil, err
@@ -260,6 +268,9 @@ func route(logits []float32, L, E, k int, norm bool) (experts [][]int, weights [
 // the path in-graph routing replaced, kept as the benchmarks' baseline. x
 // (the residual stream) must survive that read-back.
 func (m *Model) moeForward(mb *moeBlock, x, h Array, n int, host bool) (Array, error) {
+	if mb.experts != nil {
+		return m.moeForwardPerExpert(mb, x, h)
+	}
 	b := m.b
 	k := mb.topK
 	logits := b.Linear(h, &mb.router) // [n, E]
@@ -272,7 +283,7 @@ func (m *Model) moeForward(mb *moeBlock, x, h Array, n int, host bool) (Array, e
 		if err != nil {
 			return nil, err
 		}
-		experts, weights := route(lv, n, mb.experts, k, mb.norm)
+		experts, weights := route(lv, n, mb.numExperts, k, mb.norm)
 		ei, wf := make([]int32, 0, n*k), make([]float32, 0, n*k)
 		for t := range n {
 			for j, e := range experts[t] {
@@ -309,7 +320,7 @@ func (m *Model) switchGLU(mb *moeBlock, h Array, n int, inds, scores Array) Arra
 	N := n * k
 	flat := b.Reshape(inds, N) // pair i is (token i/k, slot i%k)
 	mlp := func(xs, experts Array, sorted bool) Array {
-		g := b.SwiGLU(b.GatherLinear(xs, &mb.gate, experts, sorted), b.GatherLinear(xs, &mb.up, experts, sorted))
+		g := mb.act(b, b.GatherLinear(xs, &mb.gate, experts, sorted), b.GatherLinear(xs, &mb.up, experts, sorted))
 		return b.GatherLinear(g, &mb.down, experts, sorted) // [N, D]
 	}
 	var y Array
@@ -335,4 +346,118 @@ func pairTokens(b Backend, n, k int) Array {
 		t[i] = int32(i / k)
 	}
 	return b.FromInt32(t, n*k)
+}
+
+// stackedLinears loads prefix.weight [E, out, in] (and, quantized,
+// prefix.scales and prefix.biases) and splits it into E Linears.
+func (l *loader) stackedLinears(prefix string, E, out, in int) ([]*Linear, error) {
+	q := l.src.Quant(prefix)
+	parts := []struct {
+		suffix string
+		cols   int
+	}{{".weight", in}}
+	if q.Bits != 0 {
+		if q.GroupSize <= 0 || in%q.GroupSize != 0 || (in*q.Bits)%32 != 0 {
+			return nil, fmt.Errorf("%s: %d-bit group %d does not fit %d inputs", prefix, q.Bits, q.GroupSize, in)
+		}
+		parts = []struct {
+			suffix string
+			cols   int
+		}{{".weight", in * q.Bits / 32}, {".scales", in / q.GroupSize}, {".biases", in / q.GroupSize}}
+		if q.Mode == "mxfp4" {
+			parts = parts[:2] // no biases
+		}
+	}
+	lins := make([]*Linear, E)
+	for e := range lins {
+		lins[e] = &Linear{Bits: q.Bits, GroupSize: q.GroupSize, Mode: q.Mode}
+	}
+	for _, part := range parts {
+		t, err := l.src.Tensor(prefix + part.suffix)
+		if err != nil {
+			return nil, fmt.Errorf("%s%s: %w", prefix, part.suffix, err)
+		}
+		if want := []int{E, out, part.cols}; !slices.Equal(t.Shape, want) {
+			return nil, fmt.Errorf("%s%s: shape %v, want %v", prefix, part.suffix, t.Shape, want)
+		}
+		per := len(t.Data) / E
+		for e, lin := range lins {
+			a := l.b.FromBytes(t.Data[e*per:(e+1)*per], []int{out, part.cols}, t.DType)
+			l.b.Keep(a)
+			l.kept = append(l.kept, a)
+			switch part.suffix {
+			case ".weight":
+				lin.W = a
+			case ".scales":
+				lin.Scales = a
+			case ".biases":
+				lin.Biases = a
+			}
+		}
+		l.done += int64(len(t.Data))
+		if l.progress != nil {
+			l.progress(min(l.done, l.total-1), l.total)
+		}
+	}
+	return lins, nil
+}
+
+// moeForwardPerExpert is the host-routed path of per-expert blocks
+// (gpt-oss): the router logits are read back (one synchronization per
+// sparse layer and step), then each chosen expert runs on its rows,
+// gathered and scattered with one-hot matrices (x, the residual stream, is
+// kept alive across the read-back).
+func (m *Model) moeForwardPerExpert(mb *moeBlock, x, h Array) (Array, error) {
+	b := m.b
+	E := len(mb.experts)
+	logits := b.Linear(h, &mb.router) // [L, E]
+	// The read-back below is the step's only mid-graph synchronization:
+	// Eval releases the layer's spent temporaries first (x and h survive).
+	if err := b.Eval(logits, x, h); err != nil {
+		return nil, err
+	}
+	lv, err := b.Float32(logits)
+	if err != nil {
+		return nil, err
+	}
+	shape := h.Shape()
+	L := shape[0]
+	dt := h.DType()
+	experts, weights := route(lv, L, E, mb.topK, mb.norm)
+	rows := make([][]int, E)     // tokens routed to each expert
+	rowW := make([][]float64, E) // and their weights
+	for t := range L {
+		for j, e := range experts[t] {
+			rows[e] = append(rows[e], t)
+			rowW[e] = append(rowW[e], weights[t][j])
+		}
+	}
+	var out Array
+	for e, toks := range rows {
+		if len(toks) == 0 {
+			continue
+		}
+		n := len(toks)
+		xe := h
+		if L > 1 {
+			sel := make([]float32, n*L) // [n, L] one-hot: gathers the rows
+			for i, t := range toks {
+				sel[i*L+t] = 1
+			}
+			xe = b.MatMul(b.AsType(b.FromFloat32(sel, n, L), dt), h)
+		}
+		ex := &mb.experts[e]
+		ye := b.Linear(mb.act(b, b.Linear(xe, &ex.gate), b.Linear(xe, &ex.up)), &ex.down) // [n, D]
+		scatter := make([]float32, L*n)                                                   // [L, n]: weights back to the rows
+		for i, t := range toks {
+			scatter[t*n+i] = float32(rowW[e][i])
+		}
+		c := b.MatMul(b.AsType(b.FromFloat32(scatter, L, n), dt), ye)
+		if out == nil {
+			out = c
+		} else {
+			out = b.Add(out, c)
+		}
+	}
+	return out, nil
 }

@@ -18,6 +18,7 @@ type Tensor struct {
 // see Linear). Bits 0 means dense.
 type QuantSpec struct {
 	Bits, GroupSize int
+	Mode            string // "" (MLX affine) or "mxfp4" (see Linear)
 }
 
 // Source is a set of named tensors in HF naming

@@ -1,6 +1,9 @@
 package engine
 
-import "strings"
+import (
+	"encoding/json"
+	"strings"
+)
 
 // languageModelSource presents the language model inside a multimodal
 // checkpoint (Qwen3.5) under the plain names the loader uses:
@@ -13,9 +16,16 @@ type languageModelSource struct {
 	model, head string // the prefixes standing for "model." and "lm_head."
 }
 
-// wrapLanguageModel returns src itself unless its tensors live under a
-// language-model prefix.
+// wrapLanguageModel returns src itself unless it is a Qwen3.5 checkpoint
+// whose tensors live under a language-model prefix (Gemma 3's multimodal
+// layout is handled by gemma3.go).
 func wrapLanguageModel(src Source) Source {
+	var cfg struct {
+		Architectures json.RawMessage `json:"architectures"`
+	}
+	if json.Unmarshal(src.Config(), &cfg) != nil || !isQwen35(cfg.Architectures) {
+		return src
+	}
 	for _, n := range src.Names() {
 		switch {
 		case strings.HasPrefix(n, "language_model.model."):

@@ -36,6 +36,10 @@ type Expect struct {
 	Kinds       []LayerKind
 	KVHeads     int
 	HeadDim     int
+
+	// Windows is the client model's window per layer (nil: all full); the
+	// server's must be the same.
+	Windows []int
 }
 
 // ClientConfig configures a Client. Zero values take the defaults shown.
@@ -405,6 +409,13 @@ func checkHeader(h *Header, req *Request, exp *Expect) error {
 	for i := range h.Kinds {
 		if h.Kinds[i] != exp.Kinds[i] {
 			return fmt.Errorf("%w: layer %d is %v on the server, %v here", ErrMismatch, i, h.Kinds[i], exp.Kinds[i])
+		}
+		var w int
+		if exp.Windows != nil {
+			w = exp.Windows[i]
+		}
+		if h.Window(i) != w {
+			return fmt.Errorf("%w: layer %d has window %d on the server, %d here", ErrMismatch, i, h.Window(i), w)
 		}
 	}
 	return nil

@@ -80,8 +80,12 @@ func (m *testModel) producer() ProducerFunc {
 			for l, kind := range m.kinds {
 				var err error
 				if kind == LayerAttention {
-					k, v := m.chunkBytes(l, s, n)
-					err = e.Chunk(l, s, n, k, v)
+					from := max(s, h.LayerStart(l)) // a sliding layer: its window only
+					if from >= s+n {
+						continue
+					}
+					k, v := m.chunkBytes(l, from, s+n-from)
+					err = e.Chunk(l, from, s+n-from, k, v)
 				} else {
 					err = e.State(l, s+n, m.stateBytes(l, s+n)...)
 				}

@@ -91,6 +91,19 @@ func TestFrameCodecs(t *testing.T) {
 	if err != nil || fmt.Sprint(*gh) != fmt.Sprint(*h) {
 		t.Fatalf("header %+v, %v", gh, err)
 	}
+	h = &Header{Fingerprint: Fingerprint{1}, DType: DTypeBF16, KVHeads: 8, HeadDim: 128, Kinds: []LayerKind{0, 0, 1}, Windows: []int{128, 0, 0}, TokenStart: 3, TokenEnd: 999}
+	gh, err = parseHeader(read(encodeHeader(h)).payload)
+	if err != nil || fmt.Sprint(*gh) != fmt.Sprint(*h) || gh.LayerStart(0) != 999-127 || gh.LayerStart(1) != 3 {
+		t.Fatalf("header with windows %+v, %v", gh, err)
+	}
+	for _, bad := range []*Header{
+		{DType: DTypeBF16, KVHeads: 1, HeadDim: 1, Kinds: []LayerKind{0, 1}, Windows: []int{0, 4}}, // recurrent with a window
+		{DType: DTypeBF16, KVHeads: 1, HeadDim: 1, Kinds: []LayerKind{0, 0}, Windows: []int{4}},    // windows for one layer of two
+	} {
+		if validateHeader(bad) == nil {
+			t.Fatalf("header %+v accepted", bad)
+		}
+	}
 	k, v := []byte("kkkkkkkk"), []byte("vvvvvvvv")
 	hdr := make([]byte, frameHeaderSize+chunkPrefixSize)
 	putChunkPrefix(hdr, 2, 10, 4, k, v)
@@ -377,7 +390,8 @@ func TestServerRefuses(t *testing.T) {
 		want error
 	}{
 		{"wrong magic", ServerConfig{}, hello([4]byte{'G', 'E', 'T', ' '}, Version, 0), ErrVersion},
-		{"wrong version", ServerConfig{}, hello(magic, 2, 0), ErrVersion},
+		{"wrong version", ServerConfig{}, hello(magic, Version+1, 0), ErrVersion},
+		{"older peer (version 1, no windows in the header)", ServerConfig{}, hello(magic, 1, 0), ErrVersion},
 		{"no secret when required", ServerConfig{Secret: []byte("x")}, good, ErrAuth},
 		{"wrong proof", ServerConfig{Secret: []byte("x")}, append(hello(magic, Version, flagHasSecret), smallFrame(frameAuthProof, make([]byte, 32))...), ErrAuth},
 		{"oversize request length", ServerConfig{}, append(bytes.Clone(good), big...), ErrBadRequest},

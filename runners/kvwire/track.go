@@ -18,7 +18,7 @@ func newTracker(h *Header, lim Limits) *tracker {
 	t := &tracker{h: h, maxFrame: lim.MaxFrame, next: make([]int, len(h.Kinds))}
 	for i, k := range h.Kinds {
 		if k == LayerAttention {
-			t.next[i] = h.TokenStart
+			t.next[i] = h.LayerStart(i)
 		} else {
 			t.next[i] = -1
 		}

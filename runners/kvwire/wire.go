@@ -12,7 +12,7 @@ import (
 )
 
 // Version is the protocol version this package speaks (PROTOCOL.md §14).
-const Version uint16 = 1
+const Version uint16 = 2
 
 // Sizes of the fixed parts of the wire (PROTOCOL.md §2, §4, §8).
 const (
@@ -29,6 +29,7 @@ const (
 	maxModelLen  = 256
 	maxReasonLen = 1024
 	maxLayers    = 1024
+	maxWindow    = 1 << 30 // a sliding layer's window, in positions
 	maxKVHeads   = 1024
 	maxHeadDim   = 4096
 	maxArrays    = 64
@@ -156,7 +157,7 @@ func (l Limits) maxPayload(typ uint8) int {
 	case frameAuthProof, frameAuthOK:
 		return macSize
 	case frameHeader:
-		return headerFixed + maxLayers
+		return headerFixed + 5*maxLayers
 	case frameChunk, frameState:
 		return l.MaxFrame
 	case frameDone:
@@ -196,6 +197,11 @@ type Header struct {
 	HeadDim     int
 	// Kinds has one entry per layer.
 	Kinds []LayerKind
+	// Windows, when not nil, has one entry per layer: 0 for a full
+	// attention (or recurrent) layer, W > 0 for a sliding-window layer,
+	// which carries only the positions [LayerStart, TokenEnd) the decode
+	// side can still attend to (PROTOCOL.md §6).
+	Windows []int
 	// TokenStart and TokenEnd are the positions [TokenStart, TokenEnd) the
 	// stream carries.
 	TokenStart, TokenEnd int
@@ -203,6 +209,26 @@ type Header struct {
 
 // Layers is the layer count.
 func (h *Header) Layers() int { return len(h.Kinds) }
+
+// Window is layer's window (0: full attention).
+func (h *Header) Window(layer int) int {
+	if h.Windows == nil {
+		return 0
+	}
+	return h.Windows[layer]
+}
+
+// LayerStart is the first position an attention layer's chunks carry:
+// TokenStart for a full layer; for a sliding layer of window W, the window
+// of position TokenEnd (the first one the decode side computes), that is
+// max(TokenStart, TokenEnd-W+1).
+func (h *Header) LayerStart(layer int) int {
+	w := h.Window(layer)
+	if w <= 0 {
+		return h.TokenStart
+	}
+	return max(h.TokenStart, h.TokenEnd-w+1)
+}
 
 // KVBytes is the size of K (and of V) for tokens positions of one layer.
 func (h *Header) KVBytes(tokens int) int64 {
@@ -451,6 +477,14 @@ func validateHeader(h *Header) error {
 			return fmt.Errorf("header layer %d kind %d unknown", i, k)
 		}
 	}
+	if h.Windows != nil && len(h.Windows) != len(h.Kinds) {
+		return fmt.Errorf("header has %d windows for %d layers", len(h.Windows), len(h.Kinds))
+	}
+	for i, w := range h.Windows {
+		if w < 0 || w > maxWindow || (w > 0 && h.Kinds[i] != LayerAttention) {
+			return fmt.Errorf("header layer %d (%v) window %d invalid", i, h.Kinds[i], w)
+		}
+	}
 	if h.TokenStart < 0 || h.TokenEnd < h.TokenStart || int64(h.TokenEnd) > 1<<32-1 {
 		return fmt.Errorf("header token range [%d, %d) invalid", h.TokenStart, h.TokenEnd)
 	}
@@ -458,7 +492,7 @@ func validateHeader(h *Header) error {
 }
 
 func encodeHeader(h *Header) []byte {
-	p := make([]byte, headerFixed+len(h.Kinds))
+	p := make([]byte, headerFixed+5*len(h.Kinds))
 	copy(p[0:32], h.Fingerprint[:])
 	p[32] = byte(h.DType)
 	le.PutUint32(p[36:40], uint32(len(h.Kinds)))
@@ -468,6 +502,7 @@ func encodeHeader(h *Header) []byte {
 	le.PutUint32(p[52:56], uint32(h.TokenEnd))
 	for i, k := range h.Kinds {
 		p[headerFixed+i] = byte(k)
+		le.PutUint32(p[headerFixed+len(h.Kinds)+4*i:], uint32(h.Window(i)))
 	}
 	return smallFrame(frameHeader, p)
 }
@@ -481,7 +516,7 @@ func parseHeader(p []byte) (*Header, error) {
 		return nil, corruptf("header reserved bytes non-zero")
 	}
 	layers := le.Uint32(p[36:40])
-	if layers < 1 || layers > maxLayers || len(p) != headerFixed+int(layers) {
+	if layers < 1 || layers > maxLayers || len(p) != headerFixed+5*int(layers) {
 		return nil, corruptf("header of %d bytes for %d layers", len(p), layers)
 	}
 	h := &Header{
@@ -495,6 +530,12 @@ func parseHeader(p []byte) (*Header, error) {
 	copy(h.Fingerprint[:], p[0:32])
 	for i := range h.Kinds {
 		h.Kinds[i] = LayerKind(p[headerFixed+i])
+		if w := le.Uint32(p[headerFixed+int(layers)+4*i:]); w != 0 {
+			if h.Windows == nil {
+				h.Windows = make([]int, layers)
+			}
+			h.Windows[i] = int(min(w, maxWindow+1))
+		}
 	}
 	if err := validateHeader(h); err != nil {
 		return nil, corruptf("%v", err)

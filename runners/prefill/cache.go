@@ -24,6 +24,10 @@ type prefixCache struct {
 	lru           list.List // of *cacheEntry, front = most recent
 	index         map[uint64]*cacheEntry
 	used          int64
+
+	// sizeOf, when set, is the bytes an entry of n tokens holds (a model
+	// with sliding layers holds less than n·bytesPerToken).
+	sizeOf func(n int) int64
 }
 
 type cacheEntry struct {
@@ -87,16 +91,22 @@ func (p *prefixCache) acquire(tokens []int32, limit int, newCache func() engine.
 	defer p.mu.Unlock()
 	keys := p.blockKeys(tokens[:min(len(tokens), limit)])
 	var best *cacheEntry
+	n := 0
 	for i := len(keys) - 1; i >= 0; i-- {
-		if e, ok := p.index[keys[i]]; ok && commonPrefix(e.tokens, tokens) >= (i+1)*p.block {
-			best = e
+		e, ok := p.index[keys[i]]
+		if !ok || commonPrefix(e.tokens, tokens) < (i+1)*p.block {
+			continue
+		}
+		// An entry whose sliding layers have moved past the window of
+		// the shared prefix cannot serve it (PROTOCOL.md, prefix caches).
+		if m := min(commonPrefix(e.tokens, tokens), limit); m == len(e.tokens) || e.cache.CanTruncate(m) {
+			best, n = e, m
 			break
 		}
 	}
 	if best == nil {
 		return newCache(), 0, nil
 	}
-	n := min(commonPrefix(best.tokens, tokens), limit)
 	if n == len(best.tokens) {
 		p.remove(best)
 		return best.cache, n, nil
@@ -107,12 +117,13 @@ func (p *prefixCache) acquire(tokens []int32, limit int, newCache func() engine.
 	c := newCache()
 	g := best.cache.Geometry()
 	for l := range g.Layers {
-		k, v, err := best.cache.Export(l, 0, n)
+		from := engine.WindowStart(g.Window(l), n) // a sliding layer copies its window only
+		k, v, err := best.cache.Export(l, from, n-from)
 		if err != nil {
 			c.Free()
 			return nil, 0, fmt.Errorf("prefix cache: copy layer %d: %w", l, err)
 		}
-		if err := c.Import(l, 0, n, k, v); err != nil {
+		if err := c.Import(l, from, n-from, k, v); err != nil {
 			c.Free()
 			return nil, 0, fmt.Errorf("prefix cache: copy layer %d: %w", l, err)
 		}
@@ -131,7 +142,7 @@ func (p *prefixCache) acquire(tokens []int32, limit int, newCache func() engine.
 func (p *prefixCache) release(tokens []int32, c engine.KVCache) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	size := int64(len(tokens)) * p.bytesPerToken
+	size := p.entrySize(len(tokens))
 	if len(tokens) < p.block || size > p.maxBytes {
 		c.Free()
 		return
@@ -154,6 +165,13 @@ func (p *prefixCache) release(tokens []int32, c engine.KVCache) {
 	}
 }
 
+func (p *prefixCache) entrySize(n int) int64 {
+	if p.sizeOf != nil {
+		return p.sizeOf(n)
+	}
+	return int64(n) * p.bytesPerToken
+}
+
 func deleteKey(keys []uint64, k uint64) []uint64 {
 	for i, x := range keys {
 		if x == k {
@@ -174,7 +192,7 @@ func (p *prefixCache) remove(e *cacheEntry) {
 		}
 	}
 	e.keys = nil
-	p.used -= int64(len(e.tokens)) * p.bytesPerToken
+	p.used -= p.entrySize(len(e.tokens))
 }
 
 // stats returns the entries and bytes held.

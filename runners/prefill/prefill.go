@@ -71,6 +71,23 @@ func New(o Options) *Producer {
 	bpt := int64(2 * info.Layers * info.KVHeads * info.HeadDim * info.CacheDType.Size())
 	p := &Producer{o: o, info: info, fp: kvwire.Fingerprint(o.Model.Fingerprint()), m: o.Metrics, log: o.Logger}
 	p.cache = newPrefixCache(o.CacheBlock, max(o.CacheBytes, 0), bpt)
+	if info.Windows != nil {
+		// A sliding layer holds at most its ring, whatever the length.
+		perLayer := bpt / int64(info.Layers)
+		windows := info.Windows
+		chunk := o.Chunk
+		p.cache.sizeOf = func(n int) int64 {
+			var pos int64
+			for _, w := range windows {
+				if w == 0 {
+					pos += int64(n)
+				} else {
+					pos += int64(min(n, engine.SlidingHeldMax(w, chunk)))
+				}
+			}
+			return pos * perLayer
+		}
+	}
 	return p
 }
 
@@ -114,8 +131,9 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 			kinds[l] = kvwire.LayerRecurrent
 		}
 	}
-	if err := e.Header(kvwire.Header{Fingerprint: p.fp, DType: wire, KVHeads: p.info.KVHeads, HeadDim: p.info.HeadDim,
-		Kinds: kinds, TokenStart: start, TokenEnd: end}); err != nil {
+	hdr := kvwire.Header{Fingerprint: p.fp, DType: wire, KVHeads: p.info.KVHeads, HeadDim: p.info.HeadDim,
+		Kinds: kinds, Windows: p.info.Windows, TokenStart: start, TokenEnd: end}
+	if err := e.Header(hdr); err != nil {
 		return err
 	}
 	if start >= end {
@@ -144,12 +162,17 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 	var sent int64
 	ship := func(from, to int) error {
 		for s := from; s < to; s += p.o.Chunk {
-			cnt := min(p.o.Chunk, to-s)
 			for l := range p.info.Layers {
 				if kinds[l] == kvwire.LayerRecurrent {
 					continue
 				}
-				k, v, err := cache.Export(l, s, cnt)
+				// A sliding layer ships only its window of token_end.
+				ls := max(s, hdr.LayerStart(l))
+				cnt := min(p.o.Chunk, to-s) - (ls - s)
+				if cnt <= 0 {
+					continue
+				}
+				k, v, err := cache.Export(l, ls, cnt)
 				if err != nil {
 					return fmt.Errorf("%w: export layer %d: %v", kvwire.ErrRemoteInternal, l, err)
 				}
@@ -159,7 +182,7 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 				if v, err = kvconv.Convert(v, cdt, wdt); err != nil {
 					return err
 				}
-				if err := e.Chunk(l, s, cnt, k, v); err != nil {
+				if err := e.Chunk(l, ls, cnt, k, v); err != nil {
 					return err
 				}
 				sent += int64(len(k) + len(v))

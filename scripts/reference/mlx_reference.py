@@ -14,6 +14,11 @@ against this file.
 Run by hand (not in CI), from the repository root:
     pip install "mlx[cpu]" mlx-lm
     python3 scripts/reference/mlx_reference.py
+    python3 scripts/reference/mlx_reference.py --sliding
+The second form does the same for the sliding-window set (testmodel.SlidingSet:
+Gemma 3 text models via mlx-lm's gemma3_text, prompts several windows long) and
+writes runners/engine/testdata/reference/mlx_lm_sliding.json, which
+runners/engine/reference_sliding_test.go checks.
 """
 import base64, hashlib, importlib.metadata, json, os, subprocess, sys, tempfile
 
@@ -23,7 +28,9 @@ from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
-OUT = os.path.join(ROOT, "runners", "engine", "testdata", "reference", "mlx_lm.json")
+SLIDING = "--sliding" in sys.argv[1:]
+OUT = os.path.join(ROOT, "runners", "engine", "testdata", "reference",
+                   "mlx_lm_sliding.json" if SLIDING else "mlx_lm.json")
 STEPS = 32
 
 
@@ -35,7 +42,8 @@ def last_logits(model, tokens, cache):
 def main():
     mx.set_default_device(mx.cpu)
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(["go", "run", "./runners/engine/testmodel/cmd/gen", "-reference", tmp],
+        subprocess.run(["go", "run", "./runners/engine/testmodel/cmd/gen",
+                        "-sliding-reference" if SLIDING else "-reference", tmp],
                        cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
         prompts = json.load(open(os.path.join(tmp, "prompts.json")))
         names = sorted(d for d in os.listdir(tmp) if os.path.isdir(os.path.join(tmp, d)))

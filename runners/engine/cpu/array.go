@@ -33,6 +33,7 @@ type Array struct {
 	u8    []byte    // U8
 	kv    *kvView   // cache view [Hkv, n, Dh] inside storage of capacity cap
 	memo  []float32 // float32 copy of a 16-bit array used as scales/biases
+	mxfp4 *weight   // an MXFP4 weight in 8-bit affine form (mxfp4.go)
 }
 
 // kvView is a window onto one layer's K or V cache storage: head h's token

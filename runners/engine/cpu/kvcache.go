@@ -40,8 +40,14 @@ func (b *Backend) NewKVCache(g engine.CacheGeometry, dt engine.DType) engine.KVC
 	if g.Layers <= 0 || g.KVHeads <= 0 || g.HeadDim <= 0 {
 		panic(fmt.Sprintf("cpu: KV cache geometry %+v", g))
 	}
+	if g.Sliding() {
+		return newRingCache(g, dt)
+	}
 	return &kvCache{g: g, dt: dt, layers: make([]kvLayer, g.Layers)}
 }
+
+// CanTruncate: a cache without sliding layers can go back anywhere.
+func (c *kvCache) CanTruncate(n int) bool { return n >= 0 && n <= c.n }
 
 func (c *kvCache) Len() int                       { return c.n }
 func (c *kvCache) DType() engine.DType            { return c.dt }

@@ -60,7 +60,13 @@ func halfFloats(a *Array) []float32 {
 }
 
 func (b *Backend) newWeight(l *engine.Linear) *weight {
-	w := newWeight(l)
+	var w *weight
+	if l != nil && l.Mode == "mxfp4" {
+		c := *mxfp4Weight(l)
+		w = &c
+	} else {
+		w = newWeight(l)
+	}
 	w.simd = b.simd
 	return w
 }

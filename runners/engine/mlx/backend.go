@@ -825,7 +825,7 @@ func (b *backend) linear(x *array, l *engine.Linear) *array {
 		}
 		if b.qmmErr == nil {
 			y = b.mk("quantized_matmul", func(r *C.xmx_array) C.int {
-				return C.xmx_qmm(r, x.h, w.h, s.h, bi, C.int(l.GroupSize), C.int(l.Bits), b.stream)
+				return C.xmx_qmm_mode(r, x.h, w.h, s.h, bi, C.int(l.GroupSize), C.int(l.Bits), quantMode(l.Mode), b.stream)
 			})
 		} else {
 			y = b.matmul(x, b.transpose(b.dequantized(w, l), 1, 0))
@@ -862,7 +862,7 @@ func (b *backend) dequantize(w, s *array, biases engine.Array, l *engine.Linear)
 
 func (b *backend) dequantizeRaw(w, s *array, bi C.xmx_array, l *engine.Linear) *array {
 	return b.mk("dequantize", func(r *C.xmx_array) C.int {
-		return C.xmx_dequantize(r, w.h, s.h, bi, C.int(l.GroupSize), C.int(l.Bits), b.stream)
+		return C.xmx_dequantize_mode(r, w.h, s.h, bi, C.int(l.GroupSize), C.int(l.Bits), quantMode(l.Mode), b.stream)
 	})
 }
 

@@ -33,6 +33,9 @@ func (b *backend) NewKVCache(g engine.CacheGeometry, dt engine.DType) engine.KVC
 	default:
 		panic(fmt.Sprintf("mlx: NewKVCache: dtype %v (want float32, float16 or bfloat16)", dt))
 	}
+	if g.Sliding() {
+		return newRingCache(b, g, dt)
+	}
 	return &kvCache{
 		b: b, g: g, dt: dt,
 		k: make([]*array, g.Layers), v: make([]*array, g.Layers),
@@ -124,6 +127,12 @@ func (c *kvCache) Append(layer int, k, v engine.Array) (kAll, vAll engine.Array)
 		}
 	})
 	return ka, va
+}
+
+// CanTruncate: a cache without sliding layers can go back anywhere.
+func (c *kvCache) CanTruncate(n int) (ok bool) {
+	c.b.do(func() { ok = n >= 0 && n <= c.n })
+	return ok
 }
 
 func (c *kvCache) Truncate(n int) {

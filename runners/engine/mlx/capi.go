@@ -52,6 +52,9 @@ static struct {
 	int (*multiply)(xmx_array*, xmx_array, xmx_array, xmx_stream);
 	int (*matmul)(xmx_array*, xmx_array, xmx_array, xmx_stream);
 	int (*sigmoid)(xmx_array*, xmx_array, xmx_stream);
+	int (*tanh)(xmx_array*, xmx_array, xmx_stream);
+	int (*minimum)(xmx_array*, xmx_array, xmx_array, xmx_stream);
+	int (*maximum)(xmx_array*, xmx_array, xmx_array, xmx_stream);
 	int (*contiguous)(xmx_array*, xmx_array, bool, xmx_stream);
 	int (*transpose_axes)(xmx_array*, xmx_array, const int*, size_t, xmx_stream);
 	int (*reshape)(xmx_array*, xmx_array, const int*, size_t, xmx_stream);
@@ -86,7 +89,6 @@ static struct {
 	int (*repeat_axis)(xmx_array*, xmx_array, int, int, xmx_stream);
 	int (*log)(xmx_array*, xmx_array, xmx_stream);
 	int (*cumsum)(xmx_array*, xmx_array, int, bool, bool, xmx_stream);
-	int (*minimum)(xmx_array*, xmx_array, xmx_array, xmx_stream);
 
 	// Optional: compilation (kernel fusion).
 	xmx_vector_array (*vector_array_new)(void);
@@ -169,6 +171,9 @@ int xmx_load(const char* path, const char* preload, char* err, size_t errlen) {
 	XMX_SYM(multiply, "mlx_multiply", 1);
 	XMX_SYM(matmul, "mlx_matmul", 1);
 	XMX_SYM(sigmoid, "mlx_sigmoid", 1);
+	XMX_SYM(tanh, "mlx_tanh", 1);
+	XMX_SYM(minimum, "mlx_minimum", 1);
+	XMX_SYM(maximum, "mlx_maximum", 1);
 	XMX_SYM(contiguous, "mlx_contiguous", 1);
 	XMX_SYM(transpose_axes, "mlx_transpose_axes", 1);
 	XMX_SYM(reshape, "mlx_reshape", 1);
@@ -201,7 +206,6 @@ int xmx_load(const char* path, const char* preload, char* err, size_t errlen) {
 	XMX_SYM(repeat_axis, "mlx_repeat_axis", 0);
 	XMX_SYM(log, "mlx_log", 0);
 	XMX_SYM(cumsum, "mlx_cumsum", 0);
-	XMX_SYM(minimum, "mlx_minimum", 0);
 	// Optional: without them SwiGLU runs as three unfused ops.
 	XMX_SYM(vector_array_new, "mlx_vector_array_new", 0);
 	XMX_SYM(vector_array_size, "mlx_vector_array_size", 0);
@@ -276,6 +280,9 @@ int xmx_add(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s) { return X.a
 int xmx_multiply(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s) { return X.multiply(res, a, b, s); }
 int xmx_matmul(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s) { return X.matmul(res, a, b, s); }
 int xmx_sigmoid(xmx_array* res, xmx_array a, xmx_stream s) { return X.sigmoid(res, a, s); }
+int xmx_tanh(xmx_array* res, xmx_array a, xmx_stream s) { return X.tanh(res, a, s); }
+int xmx_minimum(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s) { return X.minimum(res, a, b, s); }
+int xmx_maximum(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s) { return X.maximum(res, a, b, s); }
 int xmx_contiguous(xmx_array* res, xmx_array a, xmx_stream s) { return X.contiguous(res, a, false, s); }
 int xmx_transpose(xmx_array* res, xmx_array a, const int* axes, size_t n, xmx_stream s) {
 	return X.transpose_axes(res, a, axes, n, s);
@@ -307,6 +314,17 @@ int xmx_qmm(xmx_array* res, xmx_array x, xmx_array w, xmx_array scales, xmx_arra
 	xmx_opt_int g = {group, true}, b = {bits, true};
 	return X.quantized_matmul(res, x, w, scales, biases, true, g, b, "affine", s);
 }
+int xmx_qmm_mode(xmx_array* res, xmx_array x, xmx_array w, xmx_array scales, xmx_array biases, int group, int bits, const char* mode, xmx_stream s) {
+	XMX_NEED(quantized_matmul);
+	xmx_opt_int g = {group, true}, b = {bits, true};
+	return X.quantized_matmul(res, x, w, scales, biases, true, g, b, mode, s);
+}
+int xmx_dequantize_mode(xmx_array* res, xmx_array w, xmx_array scales, xmx_array biases, int group, int bits, const char* mode, xmx_stream s) {
+	xmx_opt_int g = {group, true}, b = {bits, true};
+	xmx_opt_dtype dt = {0, false};
+	xmx_array none = {NULL};
+	return X.dequantize(res, w, scales, biases, g, b, mode, none, dt, s);
+}
 int xmx_dequantize(xmx_array* res, xmx_array w, xmx_array scales, xmx_array biases, int group, int bits, xmx_stream s) {
 	xmx_opt_int g = {group, true}, b = {bits, true};
 	xmx_opt_dtype dt = {0, false};
@@ -321,6 +339,9 @@ int xmx_rope(xmx_array* res, xmx_array x, int dims, bool has_base, float base, f
 int xmx_sdpa(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_stream s) {
 	xmx_array none = {NULL};
 	return X.sdpa(res, q, k, v, scale, mask_mode, none, none, s);
+}
+int xmx_sdpa_ext(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_array mask, xmx_array sinks, xmx_stream s) {
+	return X.sdpa(res, q, k, v, scale, mask_mode, mask, sinks, s);
 }
 
 int xmx_argpartition(xmx_array* res, xmx_array a, int kth, int axis, xmx_stream s) {

@@ -74,6 +74,9 @@ int xmx_add(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s);
 int xmx_multiply(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s);
 int xmx_matmul(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s);
 int xmx_sigmoid(xmx_array* res, xmx_array a, xmx_stream s);
+int xmx_tanh(xmx_array* res, xmx_array a, xmx_stream s);
+int xmx_minimum(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s);
+int xmx_maximum(xmx_array* res, xmx_array a, xmx_array b, xmx_stream s);
 int xmx_contiguous(xmx_array* res, xmx_array a, xmx_stream s);
 int xmx_transpose(xmx_array* res, xmx_array a, const int* axes, size_t n, xmx_stream s);
 int xmx_expand_dims(xmx_array* res, xmx_array a, int axis, xmx_stream s);
@@ -89,6 +92,9 @@ int xmx_take(xmx_array* res, xmx_array a, xmx_array idx, int axis, xmx_stream s)
 int xmx_zeros(xmx_array* res, const int* shape, size_t n, int dtype, xmx_stream s);
 int xmx_qmm(xmx_array* res, xmx_array x, xmx_array w, xmx_array scales, xmx_array biases, int group, int bits, xmx_stream s);
 int xmx_dequantize(xmx_array* res, xmx_array w, xmx_array scales, xmx_array biases, int group, int bits, xmx_stream s);
+// The _mode forms take MLX's quantization mode ("affine", "mxfp4").
+int xmx_qmm_mode(xmx_array* res, xmx_array x, xmx_array w, xmx_array scales, xmx_array biases, int group, int bits, const char* mode, xmx_stream s);
+int xmx_dequantize_mode(xmx_array* res, xmx_array w, xmx_array scales, xmx_array biases, int group, int bits, const char* mode, xmx_stream s);
 int xmx_rms_norm(xmx_array* res, xmx_array x, xmx_array w, float eps, xmx_stream s);
 int xmx_rope(xmx_array* res, xmx_array x, int dims, bool has_base, float base, float scale, int offset, xmx_array freqs, xmx_stream s);
 // MoE routing (optional symbols: a library without them fails only the
@@ -104,6 +110,9 @@ int xmx_delta_gates(xmx_array* g, xmx_array* beta, xmx_array a, xmx_array b, xmx
 int xmx_gated_delta(xmx_array* y, xmx_array* state_out, xmx_array q, xmx_array k, xmx_array v, xmx_array g, xmx_array beta, xmx_array state, int L, int hv, int dv, int dk, int rep, xmx_stream s);
 int xmx_gated_delta_chunked(xmx_array* y, xmx_array* state_out, xmx_array q, xmx_array k, xmx_array v, xmx_array g, xmx_array beta, xmx_array state, int L, int hv, int dv, int dk, int rep, int chunk, xmx_stream s);
 int xmx_sdpa(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_stream s);
+// xmx_sdpa_ext takes an explicit mask array (additive, mask_mode "") and
+// per-head sinks [H]; either may be {NULL}.
+int xmx_sdpa_ext(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_array mask, xmx_array sinks, xmx_stream s);
 
 // Compiled (fused) SwiGLU: silu(gate) * up traced once, shapeless, with
 // mlx_compile. xmx_has_compile is 0 when the library lacks mlx_compile.

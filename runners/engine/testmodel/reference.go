@@ -39,6 +39,36 @@ func ReferenceSet() []Reference {
 	return out
 }
 
+// SlidingSet returns the sliding-window reference models (fixture
+// testdata/reference/mlx_lm_sliding.json): Gemma 3 text models of 4 layers
+// (window 8, every third layer global) in f32, MLX 4-bit with f32 scales,
+// and with tied embeddings, and a 4-layer gpt-oss (window 8, alternating,
+// sinks, YaRN, 8 experts top-2) in f32 and with MXFP4 experts, all with
+// seed 4.
+func SlidingSet() []Reference {
+	g := Spec{Arch: "gemma3", Seed: 4, Layers: 4}
+	q4, tied := g, g
+	q4.QuantBits, q4.GroupSize = 4, 64
+	tied.Tied = true
+	return []Reference{{"gemma3-f32", g}, {"gemma3-q4", q4}, {"gemma3-tied-f32", tied},
+		{"gptoss-f32", Spec{Arch: "gptoss", Seed: 4, Layers: 4}},
+		{"gptoss-mxfp4", Spec{Arch: "gptoss", Seed: 4, Layers: 4, MXFP4: true}}}
+}
+
+// SlidingPrompts are the prompts of the sliding-window fixtures: one
+// shorter than the window, the rest 3 to 6 windows of 8 long.
+func SlidingPrompts() [][]int32 {
+	out := [][]int32{ReferencePrompts()[1], ReferencePrompts()[4]}
+	for _, n := range []int{24, 40} {
+		p := make([]int32, n)
+		for i := range p {
+			p[i] = int32((i*37 + 11) % 500)
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
 // ReferencePrompts are the fixed prompt token sequences of the reference
 // fixtures (ids valid for the default vocabulary of 512).
 func ReferencePrompts() [][]int32 {

@@ -17,6 +17,7 @@ package testmodel
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -29,7 +30,7 @@ import (
 
 // Spec describes a test model. Zero sizes take small defaults.
 type Spec struct {
-	Arch                                                                       string       // "llama" | "qwen2" | "qwen3" | "qwen3moe" | "qwen2moe"
+	Arch                                                                       string       // "llama" | "qwen2" | "qwen3" | "qwen3moe" | "qwen2moe" | "mistral" | "gemma3" | "gptoss"
 	DType                                                                      engine.DType // engine.F32 or engine.BF16 (0 → F32)
 	QuantBits, GroupSize                                                       int          // 0 = dense; 4 or 8 with group 32/64/128 (0 → 64)
 	Seed                                                                       int64
@@ -38,6 +39,10 @@ type Spec struct {
 	AllSparse                                                                  bool // qwen3moe: layer 0 sparse too (as llama.cpp's qwen3moe requires)
 	RawTopKProb                                                                bool // qwen3moe: norm_topk_prob false (weights are the plain softmax probabilities)
 	SharedExpertIntermediate                                                   int  // qwen2moe only: the shared expert's width
+	SlidingWindow                                                              int  // mistral: sliding_window (0: none); gemma3: the sliding layers' window (0 → 8)
+	SlidingPattern                                                             int  // gemma3: every n-th layer is global (0 → 3)
+	Tied                                                                       bool // gemma3: tied embeddings (no lm_head), as Gemma ships
+	MXFP4                                                                      bool // gptoss: experts in MLX's mxfp4 (random E2M1 values and E8M0 scales)
 }
 
 // Defaults used for zero Spec fields.
@@ -79,7 +84,7 @@ func (s Spec) Normalized() (Spec, error) {
 	if s.Arch == "qwen2moe" {
 		def(&s.SharedExpertIntermediate, DefaultSharedExpert)
 	}
-	if s.moe() {
+	if s.moe() || s.Arch == "gptoss" {
 		def(&s.Experts, DefaultExperts)
 		def(&s.ExpertsPerToken, DefaultExpertsPerToken)
 		def(&s.MoEIntermediate, DefaultMoEIntermediate)
@@ -96,7 +101,15 @@ func (s Spec) Normalized() (Spec, error) {
 		def(&s.GroupSize, DefaultGroupSize)
 	}
 	switch s.Arch {
-	case "llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe":
+	case "llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "mistral":
+	case "gemma3":
+		def(&s.SlidingWindow, 8)
+		def(&s.SlidingPattern, 3)
+	case "gptoss":
+		def(&s.SlidingWindow, 8)
+		if s.QuantBits != 0 {
+			return s, fmt.Errorf("testmodel: gptoss is dense or MXFP4 (Spec.MXFP4), not affine-quantized")
+		}
 	default:
 		return s, fmt.Errorf("testmodel: unknown arch %q", s.Arch)
 	}
@@ -187,8 +200,9 @@ func (s Spec) ropeTheta() float64 {
 
 func configJSON(s Spec) []byte {
 	arch := map[string]string{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-		"qwen3moe": "Qwen3MoeForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM"}[s.Arch]
-	modelType := map[string]string{"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}[s.Arch]
+		"qwen3moe": "Qwen3MoeForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM", "mistral": "MistralForCausalLM",
+		"gemma3": "Gemma3ForCausalLM", "gptoss": "GptOssForCausalLM"}[s.Arch]
+	modelType := map[string]string{"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "gemma3": "gemma3_text", "gptoss": "gpt_oss"}[s.Arch]
 	if modelType == "" {
 		modelType = s.Arch
 	}
@@ -225,6 +239,50 @@ func configJSON(s Spec) []byte {
 		}
 	case "qwen2":
 		c["use_sliding_window"] = false
+	case "gptoss":
+		// mlx-lm's gpt_oss: alternating sliding/full layers, every layer
+		// sparse (intermediate_size is the experts' size), YaRN with a
+		// small original context so that it changes the frequencies.
+		types := make([]string, s.Layers)
+		for i := range types {
+			types[i] = []string{"sliding_attention", "full_attention"}[i%2]
+		}
+		c["layer_types"] = types
+		c["sliding_window"] = s.SlidingWindow
+		c["num_local_experts"] = s.Experts
+		c["num_experts_per_tok"] = s.ExpertsPerToken
+		c["intermediate_size"] = s.MoEIntermediate
+		c["attention_bias"] = true
+		c["swiglu_limit"] = json.RawMessage("7.0") // transformers checks that it is a float
+		c["rope_theta"] = 150000.0
+		if s.MXFP4 {
+			// Only the experts have scales: mlx-lm and the engine quantize
+			// just those modules.
+			c["quantization"] = map[string]any{"group_size": 32, "bits": 4, "mode": "mxfp4"}
+		}
+		c["rope_scaling"] = map[string]any{"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+			"original_max_position_embeddings": s.MaxPositions / 4, "truncate": false}
+	case "gemma3":
+		// mlx-lm's gemma3_text reads these (HF's names): sliding layers
+		// with the local RoPE base, every SlidingPattern-th layer global
+		// with rope_theta and linear rope_scaling; attention scaled by
+		// query_pre_attn_scalar (≠ head_dim here, so it matters).
+		delete(c, "hidden_act")
+		c["hidden_activation"] = "gelu_pytorch_tanh"
+		c["query_pre_attn_scalar"] = 24
+		c["rope_local_base_freq"] = 10000.0
+		c["sliding_window"] = s.SlidingWindow
+		c["sliding_window_pattern"] = s.SlidingPattern
+		c["rope_scaling"] = map[string]any{"rope_type": "linear", "factor": 2.0}
+		c["final_logit_softcapping"] = nil
+		c["attn_logit_softcapping"] = nil
+	case "mistral":
+		// Llama's tensors; every layer attends to its last sliding_window
+		// positions (null: full attention).
+		c["sliding_window"] = nil
+		if s.SlidingWindow > 0 {
+			c["sliding_window"] = s.SlidingWindow
+		}
 	case "qwen3":
 		c["attention_bias"] = false
 	case "qwen3moe":
@@ -275,7 +333,7 @@ func configJSON(s Spec) []byte {
 // tied reports tie_word_embeddings. The test models never tie: random
 // tied embeddings make greedy decoding degenerate (the input token or one
 // fixed token wins every step). Tied embeddings are exercised by SmolLM2.
-func (s Spec) tied() bool { return false }
+func (s Spec) tied() bool { return s.Tied && s.Arch == "gemma3" }
 
 // moe reports whether the architecture routes experts.
 func (s Spec) moe() bool { return s.Arch == "qwen3moe" || s.Arch == "qwen2moe" }
@@ -338,28 +396,57 @@ func Tensors(s Spec) ([]engine.Tensor, error) {
 	// the residual stream irrelevant, so lm_head's std sets the logit
 	// spread (≈ 4): sharp enough that greedy decoding is stable across
 	// engines.
-	linear("model.embed_tokens", s.Vocab, h, 1)
+	if s.tied() {
+		// Tied: the embeddings are the output head too, so their std sets
+		// the logit spread (≈ 4 over the final norm's √h).
+		linear("model.embed_tokens", s.Vocab, h, 0.35)
+	} else {
+		linear("model.embed_tokens", s.Vocab, h, 1)
+	}
 	if !s.tied() {
 		linear("lm_head", s.Vocab, h, 4/math.Sqrt(float64(h)))
 	}
-	vec("model.norm.weight", h, 0.1, 1)
+	if s.Arch == "gemma3" {
+		vec("model.norm.weight", h, 0.1, 0)
+	} else {
+		vec("model.norm.weight", h, 0.1, 1)
+	}
 	for l := 0; l < s.Layers; l++ {
 		p := fmt.Sprintf("model.layers.%d.", l)
-		vec(p+"input_layernorm.weight", h, 0.1, 1)
-		vec(p+"post_attention_layernorm.weight", h, 0.1, 1)
+		normMean, postMean := 1.0, 1.0
+		if s.Arch == "gemma3" {
+			// Gemma's norms scale by 1 + w. Its post-attention and post-
+			// feedforward norms set how much each layer adds to the
+			// residual: 1 + w ≈ 3, so that the layers, not the input
+			// token's (√h-scaled) embedding, decide the next token.
+			normMean, postMean = 0, 2
+			vec(p+"pre_feedforward_layernorm.weight", h, 0.1, 0)
+			vec(p+"post_feedforward_layernorm.weight", h, 0.1, postMean)
+		}
+		vec(p+"input_layernorm.weight", h, 0.1, normMean)
+		vec(p+"post_attention_layernorm.weight", h, 0.1, postMean)
 		in := 1 / math.Sqrt(float64(h))
 		linear(p+"self_attn.q_proj", s.Heads*hd, h, in)
 		linear(p+"self_attn.k_proj", s.KVHeads*hd, h, in)
 		linear(p+"self_attn.v_proj", s.KVHeads*hd, h, in)
 		linear(p+"self_attn.o_proj", h, s.Heads*hd, 1/math.Sqrt(float64(s.Heads*hd)))
+		if s.Arch == "gptoss" {
+			vec(p+"self_attn.q_proj.bias", s.Heads*hd, 0.2, 0)
+			vec(p+"self_attn.k_proj.bias", s.KVHeads*hd, 0.2, 0)
+			vec(p+"self_attn.v_proj.bias", s.KVHeads*hd, 0.2, 0)
+			vec(p+"self_attn.o_proj.bias", h, 0.2, 0)
+			vec(p+"self_attn.sinks", s.Heads, 1, 0)
+			out = append(out, g.gptossMoE(p+"mlp.", in)...)
+			continue
+		}
 		if s.Arch == "qwen2" || s.Arch == "qwen2moe" {
 			vec(p+"self_attn.q_proj.bias", s.Heads*hd, 0.2, 0)
 			vec(p+"self_attn.k_proj.bias", s.KVHeads*hd, 0.2, 0)
 			vec(p+"self_attn.v_proj.bias", s.KVHeads*hd, 0.2, 0)
 		}
-		if s.Arch == "qwen3" || s.Arch == "qwen3moe" {
-			vec(p+"self_attn.q_norm.weight", hd, 0.1, 1)
-			vec(p+"self_attn.k_norm.weight", hd, 0.1, 1)
+		if s.Arch == "qwen3" || s.Arch == "qwen3moe" || s.Arch == "gemma3" {
+			vec(p+"self_attn.q_norm.weight", hd, 0.1, normMean)
+			vec(p+"self_attn.k_norm.weight", hd, 0.1, normMean)
 		}
 		if s.Arch == "qwen3moe" && (l > 0 || s.AllSparse) || s.Arch == "qwen2moe" {
 			out = append(out, g.moe(p+"mlp.", in)...)
@@ -431,6 +518,60 @@ func (g *gen) moe(prefix string, in float64) []engine.Tensor {
 		out = append(out, stacked...)
 	}
 	return out
+}
+
+// gptossMoE returns a gpt-oss sparse block in mlx-lm's layout: the router
+// prefix+"router" with a bias, and the experts stacked [E, out, in] under
+// prefix+"experts.{gate,up,down}_proj" with biases [E, out]. Gate and up
+// have std 4/√h, so that gpt-oss's clamp at ±7 can be reached.
+func (g *gen) gptossMoE(prefix string, in float64) []engine.Tensor {
+	s := g.s
+	h, F, E := s.Hidden, s.MoEIntermediate, s.Experts
+	out := []engine.Tensor{
+		floatTensor(prefix+"router.weight", g.normal(prefix+"router.weight", E*h, 2/math.Sqrt(float64(h)), 0), s.DType, E, h),
+		floatTensor(prefix+"router.bias", g.normal(prefix+"router.bias", E, 0.5, 0), s.DType, E),
+	}
+	for _, p := range []struct {
+		name       string
+		rows, cols int
+		std        float64
+	}{{"gate_proj", F, h, 4 * in}, {"up_proj", F, h, 4 * in}, {"down_proj", h, F, 1 / math.Sqrt(float64(F))}} {
+		name := prefix + "experts." + p.name
+		if s.MXFP4 {
+			out = append(out, g.mxfp4(name, E*p.rows, p.cols, []int{E, p.rows}),
+				floatTensor(name+".bias", g.normal(name+".bias", E*p.rows, 0.2, 0), s.DType, E, p.rows))
+			out = append(out, g.mxfp4Scales(name, E*p.rows, p.cols, []int{E, p.rows}, p.std))
+			continue
+		}
+		out = append(out,
+			floatTensor(name+".weight", g.normal(name+".weight", E*p.rows*p.cols, p.std, 0), s.DType, E, p.rows, p.cols),
+			floatTensor(name+".bias", g.normal(name+".bias", E*p.rows, 0.2, 0), s.DType, E, p.rows))
+	}
+	return out
+}
+
+// mxfp4 returns name.weight: rows×cols random 4-bit E2M1 codes packed 8 per
+// uint32 (little end first), shape lead + [cols/8].
+func (g *gen) mxfp4(name string, rows, cols int, lead []int) engine.Tensor {
+	u := g.normal(name+".weight", rows*cols, 1, 0)
+	data := make([]byte, rows*cols/2)
+	for i, v := range u {
+		code := byte(int(math.Abs(v)*1000)) & 15 // deterministic, spread over all 16 codes
+		data[i/2] |= code << (4 * uint(i%2))
+	}
+	return engine.Tensor{Name: name + ".weight", DType: engine.U32, Shape: append(append([]int(nil), lead...), cols/8), Data: data}
+}
+
+// mxfp4Scales returns name.scales: E8M0 scales (uint8, 2^(s-127)) per 32
+// values, around std/2.5 (E2M1 codes average about 2.5 in magnitude).
+func (g *gen) mxfp4Scales(name string, rows, cols int, lead []int, std float64) engine.Tensor {
+	u := g.normal(name+".scales", rows*cols/32, 0.7, 0)
+	base := 127 + math.Round(math.Log2(std/2.5))
+	data := make([]byte, len(u))
+	for i, v := range u {
+		data[i] = byte(base + math.Round(v))
+	}
+	return engine.Tensor{Name: name + ".scales", DType: engine.U8, Shape: append(append([]int(nil), lead...), cols/32), Data: data}
 }
 
 // floatTensor encodes float64 values as an F32 or BF16 tensor.

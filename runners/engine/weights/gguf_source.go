@@ -22,6 +22,17 @@ var ggufArchs = map[string][2]string{
 	"qwen3": {"Qwen3ForCausalLM", "qwen3"},
 	// Every layer sparse (llama.cpp's qwen3moe has no dense layers).
 	"qwen3moe": {"Qwen3MoeForCausalLM", "qwen3_moe"},
+	// Gemma 3's text model, as llama.cpp's converter writes it: norm
+	// weights stored as 1 + w (undone on read, see ggufEntry.minusOne).
+	"gemma3": {"Gemma3ForCausalLM", "gemma3_text"},
+}
+
+// gemma3LayerNames are the gemma3 block stems whose meaning differs from
+// llama's (ffn_norm is the pre-feedforward norm there).
+var gemma3LayerNames = map[string]string{
+	"ffn_norm":            "pre_feedforward_layernorm",
+	"post_attention_norm": "post_attention_layernorm",
+	"post_ffw_norm":       "post_feedforward_layernorm",
 }
 
 // ggufLayerNames maps the per-block GGUF tensor stems to HF module paths
@@ -44,6 +55,22 @@ var ggufLayerNames = map[string]string{
 	"ffn_gate_exps": "mlp.switch_mlp.gate_proj",
 	"ffn_up_exps":   "mlp.switch_mlp.up_proj",
 	"ffn_down_exps": "mlp.switch_mlp.down_proj",
+}
+
+// hfNameArch is hfName with the architecture's own block stems.
+func hfNameArch(arch, gguf string) string {
+	if arch == "gemma3" {
+		if rest, ok := strings.CutPrefix(gguf, "blk."); ok {
+			if num, rest, ok := strings.Cut(rest, "."); ok {
+				if stem, suffix, ok := strings.Cut(rest, "."); ok && suffix == "weight" {
+					if mod, ok := gemma3LayerNames[stem]; ok {
+						return "model.layers." + num + "." + mod + "." + suffix
+					}
+				}
+			}
+		}
+	}
+	return hfName(gguf)
 }
 
 // hfName returns the HF name of a GGUF tensor ("" when it has none).
@@ -83,6 +110,9 @@ type ggufEntry struct {
 	src   string // GGUF tensor name
 	part  int    // partDense, partW, partScales, partBiases
 	heads int    // > 0: undo llama.cpp's Q/K row permutation with this many heads
+	// minusOne: a Gemma norm weight stored as 1 + w; read back as w (the
+	// engine adds the 1 as for HF weights; exact for |1 + w| < 2^24).
+	minusOne bool
 }
 
 const (
@@ -126,7 +156,7 @@ func OpenGGUFSource(path string) (engine.Source, error) {
 func newGGUFSource(g *GGUF) (*ggufSource, error) {
 	arch, _ := g.String("general.architecture")
 	if _, ok := ggufArchs[arch]; !ok {
-		return nil, fmt.Errorf("unsupported general.architecture %q (supported: llama, qwen2, qwen3, qwen3moe)", arch)
+		return nil, fmt.Errorf("unsupported general.architecture %q (supported: llama, qwen2, qwen3, qwen3moe, gemma3)", arch)
 	}
 	heads, _ := g.Uint(arch + ".attention.head_count")
 	kvHeads, ok := g.Uint(arch + ".attention.head_count_kv")
@@ -135,11 +165,17 @@ func newGGUFSource(g *GGUF) (*ggufSource, error) {
 	}
 	s := &ggufSource{g: g, entries: map[string]ggufEntry{}, quant: map[string]engine.QuantSpec{}}
 	for _, t := range g.tensors {
-		name := hfName(t.Name)
+		name := hfNameArch(arch, t.Name)
 		if name == "" {
 			name = t.Name // kept under its GGUF name (e.g. rope_freqs.weight)
 		}
 		e := ggufEntry{src: t.Name}
+		if arch == "gemma3" && strings.HasSuffix(name, "norm.weight") {
+			if t.Type != TypeF32 {
+				return nil, fmt.Errorf("tensor %s: gemma3 norm weight of type %s (want F32)", t.Name, t.Type)
+			}
+			e.minusOne = true
+		}
 		if arch == "llama" {
 			switch {
 			case strings.HasSuffix(name, ".self_attn.q_proj.weight"), strings.HasSuffix(name, ".self_attn.q_proj.bias"):
@@ -226,6 +262,13 @@ func (s *ggufSource) Tensor(name string) (engine.Tensor, error) {
 	case TypeF32, TypeF16, TypeBF16:
 		out.DType = map[GGMLType]engine.DType{TypeF32: engine.F32, TypeF16: engine.F16, TypeBF16: engine.BF16}[ti.Type]
 		out.Data = raw
+		if e.minusOne {
+			out.Data = make([]byte, len(raw))
+			for i := 0; i+4 <= len(raw); i += 4 {
+				v := math.Float32frombits(binary.LittleEndian.Uint32(raw[i:]))
+				binary.LittleEndian.PutUint32(out.Data[i:], math.Float32bits(v-1))
+			}
+		}
 		if e.heads > 0 {
 			if len(shape) == 1 { // a bias: one element per row
 				rows, cols = shape[0], 1
@@ -540,6 +583,25 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 		"hidden_act":              "silu",
 		"attention_bias":          hasQBias,
 		"torch_dtype":             "float32",
+	}
+	if arch == "gemma3" {
+		// What llama.cpp's gemma3 assumes beyond the metadata: every 6th
+		// layer global, the sliding layers' RoPE base 10,000, attention
+		// scaled by 1/√head_dim (by 1/√(hidden/heads) for the 62-layer
+		// 27B), GeGLU.
+		delete(cfg, "hidden_act")
+		cfg["hidden_activation"] = "gelu_pytorch_tanh"
+		cfg["sliding_window_pattern"] = 6
+		cfg["rope_local_base_freq"] = 10000.0
+		cfg["query_pre_attn_scalar"] = headDim
+		if layers == 62 {
+			cfg["query_pre_attn_scalar"] = hidden / heads
+		}
+		w, err := need("attention.sliding_window")
+		if err != nil {
+			return nil, err
+		}
+		cfg["sliding_window"] = w
 	}
 	if arch == "qwen3moe" {
 		for hfKey, k := range map[string]string{"num_experts": "expert_count",

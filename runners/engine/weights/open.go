@@ -97,10 +97,11 @@ func parseQuantConfig(config []byte) (quantConfig, error) {
 			return out, fmt.Errorf("config.json: quantization.bits: %w", err)
 		}
 	}
-	if err := checkQuantMode(q["mode"]); err != nil {
+	mode, err := checkQuantMode(q["mode"])
+	if err != nil {
 		return out, fmt.Errorf("config.json: quantization: %w", err)
 	}
-	out.def = engine.QuantSpec{Bits: spec.Bits, GroupSize: spec.GroupSize}
+	out.def = engine.QuantSpec{Bits: spec.Bits, GroupSize: spec.GroupSize, Mode: mode}
 	out.overrides = map[string]engine.QuantSpec{}
 	for k, v := range q {
 		if k == "group_size" || k == "bits" {
@@ -119,10 +120,14 @@ func parseQuantConfig(config []byte) (quantConfig, error) {
 			if err := json.Unmarshal(v, &o); err != nil {
 				return out, fmt.Errorf("config.json: quantization[%q]: %w", k, err)
 			}
-			if err := checkQuantMode(o.Mode); err != nil {
+			mode, err := checkQuantMode(o.Mode)
+			if err != nil {
 				return out, fmt.Errorf("config.json: quantization[%q]: %w", k, err)
 			}
 			s := out.def
+			if len(o.Mode) > 0 {
+				s.Mode = mode
+			}
 			if o.GroupSize != nil {
 				s.GroupSize = *o.GroupSize
 			}
@@ -136,20 +141,24 @@ func parseQuantConfig(config []byte) (quantConfig, error) {
 	return out, nil
 }
 
-// checkQuantMode accepts an absent mode or "affine" (the only MLX mode the
-// engine implements; "mxfp4" and others are refused).
-func checkQuantMode(raw json.RawMessage) error {
+// checkQuantMode accepts an absent mode or "affine" (returned as "") and
+// "mxfp4" (4-bit E2M1 values in groups of 32 with an E8M0 scale, as
+// gpt-oss's experts ship); other MLX modes are refused.
+func checkQuantMode(raw json.RawMessage) (string, error) {
 	if len(raw) == 0 {
-		return nil
+		return "", nil
 	}
 	var mode string
 	if err := json.Unmarshal(raw, &mode); err != nil {
-		return fmt.Errorf("mode: %w", err)
+		return "", fmt.Errorf("mode: %w", err)
 	}
-	if mode != "affine" {
-		return fmt.Errorf("mode %q not supported (only affine)", mode)
+	switch mode {
+	case "affine":
+		return "", nil
+	case "mxfp4":
+		return mode, nil
 	}
-	return nil
+	return "", fmt.Errorf("mode %q not supported (affine or mxfp4)", mode)
 }
 
 // OpenDir opens an HF safetensors model directory.

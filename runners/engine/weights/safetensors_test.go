@@ -164,7 +164,8 @@ func TestOpenDirErrors(t *testing.T) {
 		t.Error("index escaping the directory accepted")
 	}
 	os.Remove(filepath.Join(dir, "model.safetensors.index.json"))
-	for _, q := range []string{`{"bits":"four"}`, `{"bits":4,"group_size":32,"mode":"mxfp4"}`, `{"bits":4,"x":{"bits":4,"mode":"nvfp4"}}`} {
+	// mxfp4 is supported (gpt-oss's experts); nvfp4 and mxfp8 are not.
+	for _, q := range []string{`{"bits":"four"}`, `{"bits":4,"group_size":16,"mode":"nvfp4"}`, `{"bits":4,"x":{"bits":4,"mode":"nvfp4"}}`, `{"bits":8,"mode":"mxfp8"}`} {
 		writeConfig(t, dir, `{"quantization":`+q+`}`)
 		if _, err := Open(dir); err == nil {
 			t.Errorf("quantization %s accepted", q)

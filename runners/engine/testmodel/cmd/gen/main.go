@@ -28,7 +28,8 @@ func main() {
 func run(args []string) error {
 	fs := flag.NewFlagSet("gen", flag.ContinueOnError)
 	ref := fs.Bool("reference", false, "write the reference set under DIR")
-	arch := fs.String("arch", "llama", "llama | qwen2 | qwen3 | qwen3moe | qwen2moe")
+	sliding := fs.Bool("sliding-reference", false, "write the sliding-window reference set (testmodel.SlidingSet) under DIR")
+	arch := fs.String("arch", "llama", "llama | qwen2 | qwen3 | qwen3moe | qwen2moe | mistral")
 	dtype := fs.String("dtype", "f32", "f32 | bf16")
 	bits := fs.Int("bits", 0, "0 (dense), 4 or 8")
 	group := fs.Int("group", 64, "quantization group size")
@@ -47,18 +48,22 @@ func run(args []string) error {
 		return fmt.Errorf("usage: gen [flags] DIR")
 	}
 	dir := fs.Arg(0)
-	if *ref {
-		for _, r := range testmodel.ReferenceSet() {
+	if *ref || *sliding {
+		set, prompts := testmodel.ReferenceSet(), testmodel.ReferencePrompts()
+		if *sliding {
+			set, prompts = testmodel.SlidingSet(), testmodel.SlidingPrompts()
+		}
+		for _, r := range set {
 			if err := testmodel.Write(filepath.Join(dir, r.Name), r.Spec); err != nil {
 				return fmt.Errorf("%s: %w", r.Name, err)
 			}
 			fmt.Println(filepath.Join(dir, r.Name))
 		}
-		prompts, err := json.Marshal(testmodel.ReferencePrompts())
+		raw, err := json.Marshal(prompts)
 		if err != nil {
 			return err
 		}
-		return os.WriteFile(filepath.Join(dir, "prompts.json"), append(prompts, '\n'), 0o644)
+		return os.WriteFile(filepath.Join(dir, "prompts.json"), append(raw, '\n'), 0o644)
 	}
 	dt := engine.F32
 	if *dtype == "bf16" {

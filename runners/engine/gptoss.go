@@ -1,0 +1,264 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+)
+
+// This file is gpt-oss (HF GptOssForCausalLM, mlx-lm's gpt_oss layout) as a
+// composition of the engine's blocks: sliding-window layers (window 128 in
+// the released models) alternating with full ones, every layer with
+// attention sinks and q/k/v/o biases, YaRN RoPE, and a sparse MoE on every
+// layer whose router has a bias, whose top-k logits are softmaxed (the same
+// weights as a softmax over all experts renormalized over the k), and whose
+// experts have biases and gpt-oss's clamped SwiGLU (Backend.ClampedSwiGLU).
+// The experts run on the existing MoE path (moe.go); only the router, the
+// biases and the activation differ. Expert weights may be MXFP4, in
+// mlx-lm's layout or in the released checkpoints' (gate_up_proj_blocks,
+// rows interleaving gate and up); HF's dense bf16 layout (gate_up_proj
+// [E, D, 2F]) is refused.
+
+// GptOssConfig holds gpt-oss's own config.json fields.
+type GptOssConfig struct {
+	SwiGLULimit float64  // swiglu_limit: the clamp of the expert activation
+	LayerTypes  []string // layer_types (default: sliding, full, sliding, …)
+}
+
+// gptossAlpha is the sigmoid's slope in gpt-oss's SwiGLU (fixed, not in
+// config.json).
+const gptossAlpha = 1.702
+
+func init() {
+	RegisterArch("GptOssForCausalLM", Arch{Family: "gpt_oss", MoE: true, Sinks: true, Windows: gptossWindows, LoadMoE: (*loader).gptossMoE})
+}
+
+// gptossPrepare maps gpt-oss's names onto the MoE fields ParseConfig reads
+// (num_local_experts → num_experts, intermediate_size → the experts' size,
+// top-k weights renormalized); other configs come back unchanged.
+func gptossPrepare(data []byte) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(data, &m); err != nil {
+		return data, nil
+	}
+	var archs []string
+	if err := json.Unmarshal(m["architectures"], &archs); err != nil || len(archs) == 0 || archs[0] != "GptOssForCausalLM" {
+		return data, nil
+	}
+	if _, ok := m["num_experts"]; !ok {
+		m["num_experts"] = m["num_local_experts"]
+	}
+	if _, ok := m["moe_intermediate_size"]; !ok {
+		m["moe_intermediate_size"] = m["intermediate_size"]
+	}
+	m["norm_topk_prob"] = json.RawMessage("true")
+	if raw, ok := m["quantization_config"]; ok {
+		var q struct {
+			Method string `json:"quant_method"`
+		}
+		if json.Unmarshal(raw, &q) == nil && q.Method == "mxfp4" {
+			// The released checkpoints' MXFP4 experts (_blocks/_scales)
+			// are read as they are (gptossMoE); the rest is dense.
+			delete(m, "quantization_config")
+		}
+	}
+	if _, ok := m["attention_bias"]; !ok {
+		m["attention_bias"] = json.RawMessage("true")
+	}
+	return json.Marshal(m)
+}
+
+func parseGptOss(data []byte, c *Config) error {
+	var r struct {
+		Limit *float64 `json:"swiglu_limit"`
+		Types []string `json:"layer_types"`
+		Bias  bool     `json:"attention_bias"`
+	}
+	if err := json.Unmarshal(data, &r); err != nil {
+		return cfgErr("config.json", "%v", err)
+	}
+	g := &GptOssConfig{SwiGLULimit: 7}
+	if r.Limit != nil {
+		g.SwiGLULimit = *r.Limit
+	}
+	if g.SwiGLULimit <= 0 {
+		return cfgErr("swiglu_limit", "must be positive (got %v)", g.SwiGLULimit)
+	}
+	if !r.Bias {
+		return cfgErr("attention_bias", "gpt-oss without attention biases is not supported")
+	}
+	if c.Experts == 0 {
+		return cfgErr("num_local_experts", "missing")
+	}
+	if r.Types == nil {
+		for i := range c.Layers {
+			r.Types = append(r.Types, []string{"sliding_attention", "full_attention"}[i%2])
+		}
+	}
+	if len(r.Types) != c.Layers {
+		return cfgErr("layer_types", "%d entries for %d layers", len(r.Types), c.Layers)
+	}
+	for i, t := range r.Types {
+		if t != "sliding_attention" && t != "full_attention" {
+			return cfgErr("layer_types", "layer %d: unsupported %q", i, t)
+		}
+	}
+	if slices.Contains(r.Types, "sliding_attention") && c.SlidingWindow <= 0 {
+		return cfgErr("sliding_window", "sliding layers need a positive window")
+	}
+	g.LayerTypes = r.Types
+	c.GptOss = g
+	return nil
+}
+
+func gptossWindows(c *Config) ([]int, error) {
+	if c.GptOss == nil {
+		return nil, cfgErr("architectures", "%s without its gpt-oss settings", c.Arch)
+	}
+	w := make([]int, c.Layers)
+	for i, t := range c.GptOss.LayerTypes {
+		if t == "sliding_attention" {
+			w[i] = c.SlidingWindow
+		}
+	}
+	return w, nil
+}
+
+// gptossMoE loads a gpt-oss MoE block in mlx-lm's layout: prefix+"router"
+// (weight and bias) and the experts stacked [E, out, in] under
+// prefix+"experts.{gate,up,down}_proj" with biases [E, out].
+func (l *loader) gptossMoE(prefix string, cfg *Config) (*moeBlock, error) {
+	D, F, E := cfg.Hidden, cfg.MoEIntermediate, cfg.Experts
+	mb := &moeBlock{experts: make([]expert, E), topK: cfg.ExpertsPerToken, norm: true, limit: float32(cfg.GptOss.SwiGLULimit)}
+	r, err := l.linear(prefix+"router", E, D, true)
+	if err != nil {
+		return nil, err
+	}
+	mb.router = *r
+	if l.has(prefix + "experts.gate_up_proj_blocks") {
+		return mb, l.gptossBlocks(prefix+"experts.", mb, D, F, E)
+	}
+	if l.has(prefix + "experts.gate_up_proj") {
+		return nil, fmt.Errorf("%sexperts.gate_up_proj: HF's dense gpt-oss expert layout is not supported (use the MXFP4 checkpoint or mlx-lm's layout)", prefix)
+	}
+	for _, p := range []struct {
+		name    string
+		out, in int
+		dst     func(e *expert) *Linear
+	}{
+		{"gate_proj", F, D, func(e *expert) *Linear { return &e.gate }},
+		{"up_proj", F, D, func(e *expert) *Linear { return &e.up }},
+		{"down_proj", D, F, func(e *expert) *Linear { return &e.down }},
+	} {
+		name := prefix + "experts." + p.name
+		lins, err := l.stackedLinears(name, E, p.out, p.in)
+		if err != nil {
+			return nil, err
+		}
+		t, err := l.src.Tensor(name + ".bias")
+		if err != nil {
+			return nil, fmt.Errorf("%s.bias: %w", name, err)
+		}
+		if !slices.Equal(t.Shape, []int{E, p.out}) {
+			return nil, fmt.Errorf("%s.bias: shape %v, want [%d %d]", name, t.Shape, E, p.out)
+		}
+		per := len(t.Data) / E
+		for e := range mb.experts {
+			lin := lins[e]
+			lin.Bias = l.b.FromBytes(t.Data[e*per:(e+1)*per], []int{p.out}, t.DType)
+			l.b.Keep(lin.Bias)
+			l.kept = append(l.kept, lin.Bias)
+			*p.dst(&mb.experts[e]) = *lin
+		}
+		l.done += int64(len(t.Data))
+	}
+	return mb, nil
+}
+
+// act is the experts' activation: gpt-oss's clamped SwiGLU when the block
+// has a limit, plain SwiGLU otherwise.
+func (mb *moeBlock) act(b Backend, gate, up Array) Array {
+	if mb.limit > 0 {
+		return b.ClampedSwiGLU(gate, up, gptossAlpha, mb.limit)
+	}
+	return b.SwiGLU(gate, up)
+}
+
+// gptossBlocks loads the released checkpoints' MXFP4 experts:
+// gate_up_proj_blocks [E, 2F, D/32, 16] (uint8, two E2M1 values a byte, low
+// nibble first: MLX's packing) with gate_up_proj_scales [E, 2F, D/32] (E8M0)
+// and gate_up_proj_bias [E, 2F], whose even rows are the gate and odd rows
+// the up projection; down_proj_blocks/_scales/_bias likewise for [E, D, F].
+func (l *loader) gptossBlocks(prefix string, mb *moeBlock, D, F, E int) error {
+	get := func(name string, shape ...int) (Tensor, error) {
+		t, err := l.src.Tensor(prefix + name)
+		if err != nil {
+			return t, fmt.Errorf("%s%s: %w", prefix, name, err)
+		}
+		if !slices.Equal(t.Shape, shape) {
+			return t, fmt.Errorf("%s%s: shape %v, want %v", prefix, name, t.Shape, shape)
+		}
+		l.done += int64(len(t.Data))
+		return t, nil
+	}
+	keep := func(data []byte, shape []int, dt DType) Array {
+		a := l.b.FromBytes(data, shape, dt)
+		l.b.Keep(a)
+		l.kept = append(l.kept, a)
+		return a
+	}
+	// rows picks rows first, first+step, … of expert e of a [E, R, ...]
+	// tensor whose rows are rowBytes long.
+	rows := func(t Tensor, e, R, rowBytes, first, step int) []byte {
+		var out []byte
+		base := e * R * rowBytes
+		for r := first; r < R; r += step {
+			out = append(out, t.Data[base+r*rowBytes:base+(r+1)*rowBytes]...)
+		}
+		return out
+	}
+	for _, p := range []struct {
+		name    string
+		out, in int
+		fused   bool
+	}{{"gate_up_proj", 2 * F, D, true}, {"down_proj", D, F, false}} {
+		if p.in%32 != 0 {
+			return fmt.Errorf("%s%s: %d inputs not a multiple of 32", prefix, p.name, p.in)
+		}
+		blocks, err := get(p.name+"_blocks", E, p.out, p.in/32, 16)
+		if err != nil {
+			return err
+		}
+		scales, err := get(p.name+"_scales", E, p.out, p.in/32)
+		if err != nil {
+			return err
+		}
+		bias, err := get(p.name+"_bias", E, p.out)
+		if err != nil {
+			return err
+		}
+		if blocks.DType != U8 || scales.DType != U8 {
+			return fmt.Errorf("%s%s: blocks %v, scales %v (want uint8)", prefix, p.name, blocks.DType, scales.DType)
+		}
+		bs := bias.DType.Size()
+		for e := range mb.experts {
+			ex := &mb.experts[e]
+			type part struct {
+				dst        *Linear
+				first, cnt int
+			}
+			parts := []part{{&ex.down, 0, p.out}}
+			step := 1
+			if p.fused {
+				parts, step = []part{{&ex.gate, 0, F}, {&ex.up, 1, F}}, 2
+			}
+			for _, q := range parts {
+				*q.dst = Linear{Bits: 4, GroupSize: 32, Mode: "mxfp4",
+					W:      keep(rows(blocks, e, p.out, p.in/2, q.first, step), []int{q.cnt, p.in / 8}, U32),
+					Scales: keep(rows(scales, e, p.out, p.in/32, q.first, step), []int{q.cnt, p.in / 32}, U8),
+					Bias:   keep(rows(bias, e, p.out, bs, q.first, step), []int{q.cnt}, bias.DType)}
+			}
+		}
+	}
+	return nil
+}
