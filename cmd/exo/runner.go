@@ -341,7 +341,15 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 	defaults = defaults.Over(f.defaults)
 	log.Info("sampling defaults (under request fields)", "defaults", decode.DescribeDefaults(defaults))
 	met := metrics.New("decode")
-	o := decode.Options{Name: f.name, Model: m, Text: decode.NewText(tok, tmpl), Defaults: defaults,
+	text := decode.NewText(tok, tmpl)
+	grammars := &decode.Grammars{Text: text} // response_format and forced tool calls
+	go func() {
+		if err := grammars.Warm(); err != nil {
+			log.Warn("constrained decoding unavailable: the vocabulary trie failed", "err", err)
+		}
+	}()
+	o := decode.Options{Name: f.name, Model: m, Text: text, Defaults: defaults,
+		NewConstraint: grammars.NewConstraint, AcceptTools: true,
 		NewSampler: decode.NewSampler, NewStopMatcher: decode.NewStopMatcher,
 		RemoteMinTokens: f.minRemote, MaxQueue: f.maxQueue, MaxBatch: f.maxBatch, PrefillChunk: f.chunk,
 		Metrics: met, Logger: log}

@@ -5,11 +5,12 @@
 // ignores) and run by the same openai.Generator; the answer and the stream
 // (message_start, content_block_start, ping, content_block_delta…,
 // content_block_stop, message_delta, message_stop) take Anthropic's
-// shapes. Text output only for now: unless Handler.AcceptTools (set once
-// tool calling is wired), tools, tool_choice and tool_use / tool_result
-// blocks are refused with a 400 naming them; with it, they become the
-// generation request's Tools/ToolChoice and OpenAI-shaped history
-// (convertMessage). thinking is refused. Nothing is stored server-side.
+// shapes. Unless Handler.AcceptTools, tools, tool_choice and tool_use /
+// tool_result blocks are refused with a 400 naming them; with it, they
+// become the generation request's Tools/ToolChoice and OpenAI-shaped
+// history (convertMessage), and the calls the generator reports
+// (openai.ToolCallEmitter) come back as tool_use blocks (streamed as
+// input_json_delta) with stop_reason "tool_use". thinking is refused. Nothing is stored server-side.
 // The anthropic-version header is accepted (any value); x-api-key is not
 // checked. It must not import the engine or anything under supervisor/.
 package anthropic
@@ -458,11 +459,36 @@ type Response struct {
 	Usage        Usage          `json:"usage"`
 }
 
-// ContentBlock is an output content block.
+// ContentBlock is an output content block: text, or a tool_use (ID,
+// Name, Input: the arguments object).
 type ContentBlock struct {
-	Type string `json:"type"`
-	Text string `json:"text"`
+	Type  string          `json:"type"`
+	Text  string          `json:"text"`
+	ID    string          `json:"-"`
+	Name  string          `json:"-"`
+	Input json.RawMessage `json:"-"`
 }
+
+// MarshalJSON writes a tool_use block in its own shape.
+func (b ContentBlock) MarshalJSON() ([]byte, error) {
+	if b.Type == "tool_use" {
+		in := b.Input
+		if !json.Valid(in) {
+			in = json.RawMessage(`{}`)
+		}
+		return json.Marshal(struct {
+			Type  string          `json:"type"`
+			ID    string          `json:"id"`
+			Name  string          `json:"name"`
+			Input json.RawMessage `json:"input"`
+		}{b.Type, b.ID, b.Name, in})
+	}
+	type plain ContentBlock
+	return json.Marshal(plain(b))
+}
+
+// toolUseID turns a generated call id into Anthropic's form.
+func toolUseID(callID string) string { return "toolu_" + strings.TrimPrefix(callID, "call_") }
 
 // Usage counts tokens: InputTokens are the prompt tokens not read from the
 // prefix cache, CacheReadInputTokens those that were.
@@ -481,6 +507,8 @@ func stopReason(res openai.Result) (reason string, seq *string) {
 	switch {
 	case res.FinishReason == "length":
 		return "max_tokens", nil
+	case res.FinishReason == "tool_calls":
+		return "tool_use", nil
 	case res.StopSequence != "":
 		s := res.StopSequence
 		return "stop_sequence", &s
@@ -488,10 +516,37 @@ func stopReason(res openai.Result) (reason string, seq *string) {
 	return "end_turn", nil
 }
 
-type buffer struct{ b strings.Builder }
+type buffer struct {
+	b     strings.Builder
+	calls []ContentBlock
+}
 
 func (b *buffer) Start(int) error                             { return nil }
 func (b *buffer) Text(t string, _ *openai.TokenLogprob) error { b.b.WriteString(t); return nil }
+
+// ToolCall implements openai.ToolCallEmitter.
+func (b *buffer) ToolCall(index int, id, name, args string) error {
+	for len(b.calls) <= index {
+		b.calls = append(b.calls, ContentBlock{Type: "tool_use"})
+	}
+	c := &b.calls[index]
+	if id != "" {
+		c.ID = toolUseID(id)
+	}
+	c.Name += name
+	c.Input = append(c.Input, args...)
+	return nil
+}
+
+// content is the answer's blocks: its text (kept when empty only if there
+// is nothing else), then its tool_use blocks.
+func (b *buffer) content() []ContentBlock {
+	var out []ContentBlock
+	if t := b.b.String(); t != "" || len(b.calls) == 0 {
+		out = append(out, ContentBlock{Type: "text", Text: t})
+	}
+	return append(out, b.calls...)
+}
 
 // stream writes Anthropic's event sequence as text arrives.
 type stream struct {
@@ -499,6 +554,38 @@ type stream struct {
 	id      string
 	model   string
 	started bool
+	block   int    // index of the open content block
+	kind    string // its type: "text" or "tool_use"
+	calls   map[int]int
+}
+
+// open closes the open block and starts block cb.
+func (s *stream) open(cb ContentBlock) error {
+	if err := s.sse.NamedEvent("content_block_stop", map[string]any{"type": "content_block_stop", "index": s.block}); err != nil {
+		return err
+	}
+	s.block++
+	s.kind = cb.Type
+	return s.sse.NamedEvent("content_block_start", map[string]any{"type": "content_block_start", "index": s.block, "content_block": cb})
+}
+
+// ToolCall implements openai.ToolCallEmitter: a tool_use block whose
+// input streams as input_json_delta.
+func (s *stream) ToolCall(index int, id, name, args string) error {
+	if s.calls == nil {
+		s.calls = map[int]int{}
+	}
+	if id != "" {
+		if err := s.open(ContentBlock{Type: "tool_use", ID: toolUseID(id), Name: name, Input: json.RawMessage(`{}`)}); err != nil {
+			return err
+		}
+		s.calls[index] = s.block
+	}
+	if args == "" {
+		return nil
+	}
+	return s.sse.NamedEvent("content_block_delta", map[string]any{"type": "content_block_delta", "index": s.calls[index],
+		"delta": map[string]any{"type": "input_json_delta", "partial_json": args}})
 }
 
 func (s *stream) Start(promptTokens int) error {
@@ -519,7 +606,12 @@ func (s *stream) Text(t string, _ *openai.TokenLogprob) error {
 	if t == "" {
 		return nil
 	}
-	return s.sse.NamedEvent("content_block_delta", map[string]any{"type": "content_block_delta", "index": 0,
+	if s.kind == "tool_use" { // text after a call: a new text block
+		if err := s.open(ContentBlock{Type: "text"}); err != nil {
+			return err
+		}
+	}
+	return s.sse.NamedEvent("content_block_delta", map[string]any{"type": "content_block_delta", "index": s.block,
 		"delta": map[string]any{"type": "text_delta", "text": t}})
 }
 
@@ -562,7 +654,7 @@ func (h *Handler) messages(w http.ResponseWriter, r *http.Request) {
 		reason, seq := stopReason(res)
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(Response{ID: id, Type: "message", Role: "assistant", Model: g.Model,
-			Content: []ContentBlock{{Type: "text", Text: b.b.String()}}, StopReason: &reason, StopSequence: seq, Usage: usage(res)})
+			Content: b.content(), StopReason: &reason, StopSequence: seq, Usage: usage(res)})
 		h.result(g.Model, http.StatusOK)
 		return
 	}
@@ -586,7 +678,7 @@ func (h *Handler) messages(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	reason, seq := stopReason(res)
-	_ = sse.NamedEvent("content_block_stop", map[string]any{"type": "content_block_stop", "index": 0})
+	_ = sse.NamedEvent("content_block_stop", map[string]any{"type": "content_block_stop", "index": st.block})
 	_ = sse.NamedEvent("message_delta", map[string]any{"type": "message_delta",
 		"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq}, "usage": usage(res)})
 	_ = sse.NamedEvent("message_stop", map[string]any{"type": "message_stop"})

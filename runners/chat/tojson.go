@@ -139,12 +139,29 @@ func pyString(b *strings.Builder, s string) {
 	b.WriteByte('"')
 }
 
+// keyRank orders the keys of the dicts HF builds as Python would have
+// them: messages (role, content), tool calls (id, type, function), tools
+// ({"type", "function": {"name", "description", "parameters"}}) and
+// schemas ("type" first); the rest sorted. (A schema's property names
+// come sorted, not in the order the client wrote them.)
 func keyRank(k string) int {
 	switch k {
 	case "role":
 		return 0
 	case "content":
 		return 1
+	case "id":
+		return 2
+	case "type":
+		return 3
+	case "function":
+		return 4
+	case "name":
+		return 5
+	case "description":
+		return 6
+	case "parameters":
+		return 7
 	}
-	return 2
+	return 8
 }

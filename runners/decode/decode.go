@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/exo-pd/exo-pd/runners/anthropic"
+	"github.com/exo-pd/exo-pd/runners/chat"
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/metrics"
 	"github.com/exo-pd/exo-pd/runners/openai"
@@ -245,6 +246,16 @@ func (s *Server) Close() {
 
 func (s *Server) prompt(req *openai.GenRequest) ([]int32, error) {
 	switch {
+	case req.Chat && toolsOffered(req):
+		tt, ok := s.o.Text.(ToolText)
+		if !ok {
+			return nil, openai.Errorf("tools", "this model cannot be offered tools")
+		}
+		text, err := tt.RenderTools(req.Messages, req.Tools, req.AddGenerationPrompt, req.ContinueFinal)
+		if err != nil {
+			return nil, openai.Errorf("messages", "rendering the chat template with tools: %v", err)
+		}
+		return s.o.Text.EncodeChat(text), nil
 	case req.Chat:
 		text, err := s.o.Text.Render(req.Messages, req.AddGenerationPrompt, req.ContinueFinal)
 		if err != nil {
@@ -354,7 +365,24 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 	}
 	entry.tokens = append(entry.tokens[:0:0], prompt...)
 
+	var te *toolEmitter
+	if toolsOffered(req) {
+		te = newToolEmitter(em, s.toolFamily())
+		em = te
+	}
 	res, err := s.generate(ctx, req, em, entry, logits, cons, t0)
+	if cl, closes := cons.(interface{ Close() }); closes {
+		cl.Close() // a mask computed ahead may still be running
+	}
+	if te != nil && err == nil {
+		calls, ferr := te.finish()
+		if ferr != nil {
+			err = &clientGone{ferr}
+		}
+		if calls > 0 && res.FinishReason == "stop" {
+			res.FinishReason = "tool_calls"
+		}
+	}
 	res.PromptTokens, res.CachedTokens = n, start
 	// After a success, or when the client went away between steps, the
 	// cache is consistent and the conversation is kept for its next turn.
@@ -363,6 +391,14 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 		ok = entry.cache.Len() == len(entry.tokens)
 	}
 	return res, err
+}
+
+// toolFamily is how the model writes tool calls.
+func (s *Server) toolFamily() chat.Family {
+	if tt, ok := s.o.Text.(ToolText); ok {
+		return tt.ToolFamily()
+	}
+	return chat.Hermes
 }
 
 // clientGone marks an emitter failure (the client disconnected): the

@@ -71,7 +71,7 @@ func TestHybridRemotePrefillEqualsLocal(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			last = int32(argmaxF(lg))
+			last = int32(argmaxHybrid(lg))
 			out = append(out, last)
 		}
 		return out
@@ -187,7 +187,7 @@ func flipProxy(l net.Listener, server string, back int) {
 	conn.Write(held)
 }
 
-func argmaxF(v []float32) int {
+func argmaxHybrid(v []float32) int {
 	best := 0
 	for i, x := range v {
 		if x > v[best] {

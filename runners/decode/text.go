@@ -46,10 +46,15 @@ func ChatMessages(msgs []openai.ChatMessage) []chat.Message {
 // right after the final message's content (vLLM's continue_final_message),
 // so what the template appends after it (end of turn) is dropped.
 func RenderChat(tmpl *chat.Template, msgs []chat.Message, agp, continueFinal bool) (string, error) {
+	return renderChatWith(tmpl.Render, msgs, agp, continueFinal)
+}
+
+// renderChatWith is RenderChat over any render function.
+func renderChatWith(render func([]chat.Message, bool) (string, error), msgs []chat.Message, agp, continueFinal bool) (string, error) {
 	if !continueFinal {
-		return tmpl.Render(msgs, agp)
+		return render(msgs, agp)
 	}
-	out, err := tmpl.Render(msgs, false)
+	out, err := render(msgs, false)
 	if err != nil {
 		return "", err
 	}

@@ -28,11 +28,11 @@ type countCache struct {
 
 func (c *countCache) Len() int       { return c.n }
 func (c *countCache) Truncate(n int) { c.n = n }
+func (c *countCache) Free()          {}
 
-// CanTruncate: the fake goes back anywhere (main's merge of h-sliding
-// added the method to KVCache after this fake was written).
-func (c *countCache) CanTruncate(n int) bool { return n >= 0 && n <= c.n }
-func (c *countCache) Free()                  {}
+// CanTruncate: a count can go back anywhere (KVCache gained it on main
+// with sliding-window layers).
+func (c *countCache) CanTruncate(n int) bool { return n <= c.n }
 
 func (m *scriptModel) Info() engine.ModelInfo {
 	return engine.ModelInfo{Vocab: m.vocab, MaxPositions: 4096}

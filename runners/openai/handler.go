@@ -39,6 +39,14 @@ type Emitter interface {
 	Text(s string, lp *TokenLogprob) error
 }
 
+// ToolCallEmitter is an Emitter that also takes tool calls as they are
+// parsed from the output: call index starts with its id and name (args
+// ""), then gets pieces of its arguments text (id and name "").
+type ToolCallEmitter interface {
+	Emitter
+	ToolCall(index int, id, name, args string) error
+}
+
 // TokenLogprob is one generated token's log-probability under the model's
 // distribution and its most likely alternatives (descending).
 type TokenLogprob struct {
@@ -300,10 +308,35 @@ func (s *streamEmitter) Text(t string, lp *TokenLogprob) error {
 		Choices: []ChatChoice{c}})
 }
 
+// ToolCall implements ToolCallEmitter: OpenAI's delta.tool_calls.
+func (s *streamEmitter) ToolCall(index int, id, name, args string) error {
+	d := ToolCallDelta{Index: &index, ID: id, Function: FunctionCallPartial{Name: name, Arguments: args}}
+	if id != "" {
+		d.Type = "function"
+	}
+	return s.sse.Event(ChatChunk{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.model,
+		Choices: []ChatChoice{{Index: 0, Delta: &ResponseMessage{ToolCalls: []ToolCallDelta{d}}}}})
+}
+
 // bufferEmitter collects the text (and logprobs) of a non-streaming request.
 type bufferEmitter struct {
-	b   strings.Builder
-	lps []*TokenLogprob
+	b     strings.Builder
+	lps   []*TokenLogprob
+	calls []ToolCallDelta
+}
+
+// ToolCall implements ToolCallEmitter.
+func (b *bufferEmitter) ToolCall(index int, id, name, args string) error {
+	for len(b.calls) <= index {
+		b.calls = append(b.calls, ToolCallDelta{Type: "function"})
+	}
+	c := &b.calls[index]
+	if id != "" {
+		c.ID = id
+	}
+	c.Function.Name += name
+	c.Function.Arguments += args
+	return nil
 }
 
 func (b *bufferEmitter) Start(int) error { return nil }
@@ -334,7 +367,10 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, g *GenRequest, c
 		fr := res.FinishReason
 		text := be.b.String()
 		if chat {
-			c := ChatChoice{Index: 0, Message: &ResponseMessage{Role: "assistant", Content: &text}, FinishReason: &fr}
+			c := ChatChoice{Index: 0, Message: &ResponseMessage{Role: "assistant", Content: &text, ToolCalls: be.calls}, FinishReason: &fr}
+			if len(be.calls) > 0 && text == "" {
+				c.Message.Content, c.Message.NullContent = nil, true // OpenAI's content: null beside tool calls
+			}
 			if g.Logprobs {
 				c.Logprobs = &ChatLogprobs{Content: []LogprobContent{}}
 				for _, lp := range be.lps {

@@ -268,13 +268,44 @@ type IncompleteDetails struct {
 	Reason string `json:"reason"`
 }
 
-// ResponseItem is an output message.
+// ResponseItem is an output message, or (Type "function_call") a tool
+// call: CallID, Name and Arguments (JSON text).
 type ResponseItem struct {
 	Type    string         `json:"type"`
 	ID      string         `json:"id"`
 	Status  string         `json:"status"`
 	Role    string         `json:"role"`
 	Content []ResponsePart `json:"content"`
+
+	CallID    string `json:"-"`
+	Name      string `json:"-"`
+	Arguments string `json:"-"`
+}
+
+// MarshalJSON writes a function_call item in its own shape.
+func (it ResponseItem) MarshalJSON() ([]byte, error) {
+	if it.Type == "function_call" {
+		return json.Marshal(struct {
+			Type      string `json:"type"`
+			ID        string `json:"id"`
+			CallID    string `json:"call_id"`
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+			Status    string `json:"status"`
+		}{it.Type, it.ID, it.CallID, it.Name, it.Arguments, it.Status})
+	}
+	type plain ResponseItem
+	return json.Marshal(plain(it))
+}
+
+// functionCallItems turns collected tool calls into output items.
+func functionCallItems(calls []ToolCallDelta, status string) []ResponseItem {
+	var out []ResponseItem
+	for _, c := range calls {
+		out = append(out, ResponseItem{Type: "function_call", ID: "fc_" + strings.TrimPrefix(c.ID, "call_"), Status: status,
+			CallID: c.ID, Name: c.Function.Name, Arguments: c.Function.Arguments})
+	}
+	return out
 }
 
 // ResponsePart is one output_text part.
@@ -339,6 +370,7 @@ type responsesStream struct {
 	obj   ResponseObject
 	msgID string
 	text  strings.Builder
+	calls []ToolCallDelta
 }
 
 func (s *responsesStream) event(typ string, fields map[string]any) error {
@@ -361,6 +393,31 @@ func (s *responsesStream) Start(int) error {
 	}
 	return s.event("response.content_part.added", map[string]any{"item_id": s.msgID, "output_index": 0, "content_index": 0,
 		"part": ResponsePart{Type: "output_text", Text: "", Annotations: []any{}, Logprobs: []any{}}})
+}
+
+// ToolCall implements ToolCallEmitter: a function_call output item after
+// the message, its arguments streamed as deltas.
+func (s *responsesStream) ToolCall(index int, id, name, args string) error {
+	for len(s.calls) <= index {
+		s.calls = append(s.calls, ToolCallDelta{Type: "function"})
+	}
+	c := &s.calls[index]
+	if id != "" {
+		c.ID = id
+	}
+	c.Function.Name += name
+	c.Function.Arguments += args
+	item := functionCallItems([]ToolCallDelta{*c}, "in_progress")[0]
+	if id != "" {
+		item.Arguments = ""
+		if err := s.event("response.output_item.added", map[string]any{"output_index": index + 1, "item": item}); err != nil {
+			return err
+		}
+	}
+	if args == "" {
+		return nil
+	}
+	return s.event("response.function_call_arguments.delta", map[string]any{"item_id": item.ID, "output_index": index + 1, "delta": args})
 }
 
 func (s *responsesStream) Text(t string, _ *TokenLogprob) error {
@@ -410,6 +467,7 @@ func (h *Handler) responses(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		finish(&obj, res, msgID, be.b.String())
+		obj.Output = append(obj.Output, functionCallItems(be.calls, obj.Output[0].Status)...)
 		writeJSON(w, http.StatusOK, obj)
 		h.result(g.Model, http.StatusOK)
 		return
@@ -442,6 +500,11 @@ func (h *Handler) responses(w http.ResponseWriter, r *http.Request) {
 	_ = st.event("response.output_text.done", map[string]any{"item_id": msgID, "output_index": 0, "content_index": 0, "text": text, "logprobs": []any{}})
 	_ = st.event("response.content_part.done", map[string]any{"item_id": msgID, "output_index": 0, "content_index": 0, "part": part})
 	_ = st.event("response.output_item.done", map[string]any{"output_index": 0, "item": obj.Output[0]})
+	for i, it := range functionCallItems(st.calls, obj.Output[0].Status) {
+		_ = st.event("response.function_call_arguments.done", map[string]any{"item_id": it.ID, "output_index": i + 1, "arguments": it.Arguments})
+		_ = st.event("response.output_item.done", map[string]any{"output_index": i + 1, "item": it})
+		obj.Output = append(obj.Output, it)
+	}
 	done := "response.completed"
 	if obj.Status == "incomplete" {
 		done = "response.incomplete"

@@ -417,6 +417,42 @@ type CompletionLogprobs struct {
 type ResponseMessage struct {
 	Role    string  `json:"role,omitempty"`
 	Content *string `json:"content,omitempty"`
+	// ToolCalls: a message's calls (non-streaming), or fragments of them
+	// (a delta: the first of a call has id, type and the name; later ones
+	// pieces of the arguments text).
+	ToolCalls []ToolCallDelta `json:"tool_calls,omitempty"`
+	// NullContent writes "content": null (a message that only calls
+	// tools, as OpenAI answers it) where Content is nil.
+	NullContent bool `json:"-"`
+}
+
+// MarshalJSON writes content null when NullContent asks for it.
+func (m ResponseMessage) MarshalJSON() ([]byte, error) {
+	type plain ResponseMessage
+	if !m.NullContent || m.Content != nil {
+		return json.Marshal(plain(m))
+	}
+	return json.Marshal(struct {
+		Role      string          `json:"role,omitempty"`
+		Content   *string         `json:"content"`
+		ToolCalls []ToolCallDelta `json:"tool_calls,omitempty"`
+	}{m.Role, nil, m.ToolCalls})
+}
+
+// ToolCallDelta is a tool call in a response: whole in a message, in
+// fragments in a stream delta (then Index says which call).
+type ToolCallDelta struct {
+	Index    *int                `json:"index,omitempty"`
+	ID       string              `json:"id,omitempty"`
+	Type     string              `json:"type,omitempty"`
+	Function FunctionCallPartial `json:"function"`
+}
+
+// FunctionCallPartial is a call's function: the name (on the first
+// fragment) and arguments text (whole, or a piece).
+type FunctionCallPartial struct {
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments"`
 }
 
 // ChatChunk is one streamed chat.completion.chunk.

@@ -49,12 +49,25 @@ ct = client.messages.count_tokens(model=model, system="Answer in one word.",
 out["count_tokens"] = ct.input_tokens
 out["create_prompt_tokens"] = out.pop("_create_prompt")
 
-# refused, by name
-try:
-    client.messages.create(model=model, max_tokens=8, messages=[{"role": "user", "content": "hi"}],
-                           tools=[{"name": "f", "input_schema": {"type": "object"}}])
-    raise SystemExit("tools were not refused")
-except anthropic.BadRequestError as e:
-    out["tools_error"] = e.body["error"]["message"]
+# a tool_use -> tool_result round trip (tool_choice any forces the call; the grammar makes its input valid)
+tools = [{"name": "get_weather", "description": "Current weather in a city",
+          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+q = [{"role": "user", "content": "What is the weather in Paris?"}]
+msg = client.messages.create(model=model, max_tokens=100, extra_body={"temperature": 0}, tools=tools,
+                             tool_choice={"type": "any"}, messages=q)
+assert msg.stop_reason == "tool_use", msg
+use = [b for b in msg.content if b.type == "tool_use"][0]
+assert use.name == "get_weather" and isinstance(use.input.get("city"), str), use
+out["tool_use"] = {"name": use.name, "input": use.input}
+with client.messages.stream(model=model, max_tokens=100, extra_body={"temperature": 0}, tools=tools,
+                            tool_choice={"type": "any"}, messages=q) as stream:
+    smsg = stream.get_final_message()
+suse = [b for b in smsg.content if b.type == "tool_use"][0]
+assert {"name": suse.name, "input": suse.input} == out["tool_use"], (suse, use)
+final = client.messages.create(model=model, max_tokens=30, extra_body={"temperature": 0}, tools=tools, messages=q + [
+    {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in msg.content]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "18 C and sunny"}]}])
+assert final.stop_reason in ("end_turn", "max_tokens", "tool_use"), final
+out["after_tool"] = final.stop_reason
 
 print(json.dumps(out))

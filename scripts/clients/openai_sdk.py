@@ -38,8 +38,8 @@ out["streamed_logprobs"] = n
 
 # a field this server does not implement is refused by name
 try:
-    client.chat.completions.create(model=model, messages=q, max_tokens=4, response_format={"type": "json_object"})
-    raise SystemExit("response_format was not refused")
+    client.chat.completions.create(model=model, messages=q, max_tokens=4, n=2)
+    raise SystemExit("n=2 was not refused")
 except openai.BadRequestError as e:
     out["refused_param"] = e.body.get("param")
 

@@ -1,0 +1,282 @@
+// Package grammar owns constrained decoding: it compiles a subset of JSON
+// Schema (and the tool-call wrappers built on it) into a byte-level
+// pushdown automaton, runs that automaton incrementally over generated
+// bytes (Matcher), and turns a matcher state into a per-step token mask by
+// walking a byte trie of the vocabulary (Vocab). It knows nothing of HTTP,
+// tokenizers or engines: callers hand it token bytes and logits masks.
+//
+// Supported JSON Schema keywords: type (one or a list), properties,
+// required, additionalProperties (schema or boolean; absent means any, as
+// the specification says), enum, const, items, minItems, maxItems,
+// minLength, maxLength, minimum / maximum / exclusiveMinimum /
+// exclusiveMaximum on integers (on type number: minimum 0 only), anyOf, allOf with one member, $ref into $defs /
+// definitions / the root, nullable (OpenAPI), boolean schemas, and the
+// annotations title, description, default, examples, $schema, $id,
+// $comment, deprecated, readOnly, writeOnly. Any other keyword is an
+// *UnsupportedError naming it.
+//
+// What the generated text looks like: object properties come in the
+// order the schema declares them (optional ones may be skipped, required
+// ones may not), keys matched by additionalProperties come as plain
+// strings without escapes and never equal a declared name, whitespace is
+// allowed where JSON allows it but at most MaxWhitespace bytes in a row,
+// and numbers have at most MaxNumberLen bytes and MaxExponentDigits
+// exponent digits.
+//
+// ToolCalls (and ToolCallsOr) build the grammar of an answer made of tool
+// calls in a family's wrapping (Hermes <tool_call>, Llama's bare JSON,
+// Mistral's [TOOL_CALLS] list), each call's arguments compiled from that
+// tool's schema. Constraint pairs a grammar with a Vocab for one
+// generation: Mask gives the allowed tokens as a bitset (end tokens only
+// when the document is complete; special tokens never, except where a
+// wrapper spells one), Accept consumes the chosen token. Masks are walked
+// over the trie with the automaton, pruning a subtree at its first refused
+// byte; inside free strings the all-plain tokens come from a set
+// precomputed per UTF-8 state, and masks are cached by automaton state.
+package grammar
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+)
+
+// MaxWhitespace bounds a run of whitespace between JSON tokens, so that a
+// model cannot pad forever.
+const MaxWhitespace = 24
+
+// MaxNumberLen bounds the bytes of one JSON number.
+const MaxNumberLen = 32
+
+// MaxExponentDigits bounds a number's exponent (e±99), so that every
+// number fits a float64 (decoders refuse 1e999).
+const MaxExponentDigits = 2
+
+type kind uint8
+
+const (
+	kNever  kind = iota // matches nothing (schema false)
+	kLit                // one of a set of byte strings (enum, const, true, false, null, wrappers)
+	kString             // a JSON string
+	kNumber             // a JSON number (integer: no fraction or exponent)
+	kArray              // a JSON array
+	kObject             // a JSON object
+	kUnion              // one of alts
+	kSeq                // alts in order
+	kRepeat             // items, minItems..maxItems times
+	kRoot               // the document: optional leading whitespace, then alts[0]
+)
+
+type node struct {
+	id   int32
+	kind kind
+
+	integer bool // kNumber
+
+	// kNumber with integer: bounds from minimum/maximum (exclusive ones
+	// made inclusive).
+	bounded, hasLo, hasHi bool
+	lo, hi                int64
+	nonNegative           bool // kNumber, not integer: minimum 0
+
+	minLen, maxLen int32 // kString (maxLen < 0: none), code points
+
+	items              *node // kArray, kRepeat
+	minItems, maxItems int32 // kArray, kRepeat (maxItems < 0: none)
+
+	props      []prop   // kObject, in the order generated
+	additional *node    // kObject: schema of other keys, nil: none allowed
+	allowed    []uint64 // kObject: per progress p, the props that may come next
+	closable   []bool   // kObject: per progress p, whether '}' may come
+
+	lit *litTrie // kLit
+
+	alts []*node // kUnion, kSeq, kRoot
+}
+
+type prop struct {
+	key      []byte // the JSON encoding of the name, without the quotes
+	node     *node
+	required bool
+}
+
+// litTrie is a byte trie of a set of literals; node 0 is the root.
+type litTrie struct{ nodes []litNode }
+
+type litNode struct {
+	edges    []litEdge
+	terminal bool
+}
+
+type litEdge struct {
+	b  byte
+	to int32
+}
+
+func newLitTrie(lits [][]byte) *litTrie {
+	t := &litTrie{nodes: []litNode{{}}}
+	for _, l := range lits {
+		cur := int32(0)
+	next:
+		for _, b := range l {
+			for _, e := range t.nodes[cur].edges {
+				if e.b == b {
+					cur = e.to
+					continue next
+				}
+			}
+			t.nodes = append(t.nodes, litNode{})
+			to := int32(len(t.nodes) - 1)
+			t.nodes[cur].edges = append(t.nodes[cur].edges, litEdge{b, to})
+			cur = to
+		}
+		t.nodes[cur].terminal = true
+	}
+	return t
+}
+
+func (t *litTrie) step(pos int32, b byte) int32 {
+	for _, e := range t.nodes[pos].edges {
+		if e.b == b {
+			return e.to
+		}
+	}
+	return -1
+}
+
+// Grammar is a compiled grammar. It is immutable and safe for concurrent
+// use; each generation runs its own Matcher.
+type Grammar struct {
+	root     *node
+	nodes    int32
+	wrappers [][]byte // tool-call wrapper literals
+	shared   *sharedMasks
+}
+
+// sharedMasks caches masks by automaton state across the generations of
+// one Grammar (an agent sends the same tools turn after turn), for the
+// first Vocab it is used with.
+type sharedMasks struct {
+	mu sync.Mutex
+	v  *Vocab
+	m  map[string][]uint64
+}
+
+// maxShared bounds the masks a Grammar keeps for all its generations.
+const maxShared = 256
+
+func (s *sharedMasks) get(v *Vocab, key []byte) []uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.v != v {
+		return nil
+	}
+	return s.m[string(key)]
+}
+
+// put stores mask (never modified afterwards) under key.
+func (s *sharedMasks) put(v *Vocab, key []byte, mask []uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.v == nil {
+		s.v = v
+	}
+	if s.v != v {
+		return
+	}
+	if s.m == nil || len(s.m) >= maxShared {
+		s.m = map[string][]uint64{}
+	}
+	s.m[string(key)] = mask
+}
+
+// UnsupportedError names JSON Schema keywords the compiler does not
+// implement, with the JSON pointer of the schema that uses them.
+type UnsupportedError struct {
+	Keywords []string
+	Path     string
+}
+
+func (e *UnsupportedError) Error() string {
+	p := e.Path
+	if p == "" {
+		p = "#"
+	}
+	return fmt.Sprintf("unsupported JSON Schema keyword(s) %s at %s", strings.Join(e.Keywords, ", "), p)
+}
+
+type builder struct {
+	next     int32
+	wrappers [][]byte
+}
+
+func (b *builder) node(k kind) *node {
+	n := &node{id: b.next, kind: k, maxLen: -1, maxItems: -1}
+	b.next++
+	return n
+}
+
+func (b *builder) lit(lits ...string) *node {
+	bs := make([][]byte, len(lits))
+	for i, l := range lits {
+		bs[i] = []byte(l)
+	}
+	n := b.node(kLit)
+	n.lit = newLitTrie(bs)
+	return n
+}
+
+// anyValue returns a node matching any JSON value.
+func (b *builder) anyValue() *node {
+	u := b.node(kUnion)
+	obj := b.node(kObject)
+	obj.additional = u
+	obj.finishObject()
+	arr := b.node(kArray)
+	arr.items = u
+	str := b.node(kString)
+	num := b.node(kNumber)
+	u.alts = []*node{obj, arr, str, num, b.lit("true", "false", "null")}
+	return u
+}
+
+func (n *node) inRange(v int64) bool {
+	return (!n.hasLo || v >= n.lo) && (!n.hasHi || v <= n.hi)
+}
+
+// finishObject computes allowed and closable.
+func (n *node) finishObject() {
+	k := len(n.props)
+	n.allowed = make([]uint64, k+1)
+	n.closable = make([]bool, k+1)
+	n.closable[k] = true
+	for p := k - 1; p >= 0; p-- {
+		if n.props[p].node.kind == kNever { // never generated, but its name is not an additional key
+			n.allowed[p] = n.allowed[p+1]
+			n.closable[p] = n.closable[p+1]
+			continue
+		}
+		if n.props[p].required {
+			n.allowed[p] = 1 << p
+		} else {
+			n.allowed[p] = 1<<p | n.allowed[p+1]
+			n.closable[p] = n.closable[p+1]
+		}
+	}
+}
+
+func (b *builder) root(v *node) *Grammar {
+	r := b.node(kRoot)
+	r.alts = []*node{v}
+	return &Grammar{root: r, nodes: b.next, wrappers: b.wrappers, shared: &sharedMasks{}}
+}
+
+// AnyJSONObject returns the grammar of response_format json_object: any
+// JSON object.
+func AnyJSONObject() *Grammar {
+	b := &builder{}
+	obj := b.node(kObject)
+	obj.additional = b.anyValue()
+	obj.finishObject()
+	return b.root(obj)
+}

@@ -1,0 +1,145 @@
+package grammar
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func mustCompile(t testing.TB, schema string) *Grammar {
+	t.Helper()
+	g, err := Compile([]byte(schema))
+	if err != nil {
+		t.Fatalf("Compile(%s): %v", schema, err)
+	}
+	return g
+}
+
+// complete reports whether doc is a whole document of g.
+func complete(g *Grammar, doc string) bool {
+	m := g.NewMatcher()
+	return m.Advance([]byte(doc)) == nil && m.CanEnd()
+}
+
+func TestMatcherTable(t *testing.T) {
+	cases := []struct {
+		schema string
+		ok     []string
+		bad    []string
+	}{
+		{`{"type":"string"}`, []string{`""`, `"a b"`, `"é\n\u00e9"`, ` "x"`, `"\"\\\/\b\f\n\r\t"`, `"日本"`},
+			[]string{`"`, `"a`, `"a""`, "\"\x01\"", `"\x"`, `"\u12"`, `"\ud800"`, `1`, `"a" `, "\"\xff\"", "\"\xe0\x80\x80\"", "\"\xed\xa0\x80\""}},
+		{`{"type":"string","minLength":2,"maxLength":3}`, []string{`"ab"`, `"abc"`, `"\n\t"`, `"éé"`}, []string{`"a"`, `"abcd"`, `""`}},
+		{`{"type":"integer"}`, []string{`0`, `-1`, `123`, `-0`}, []string{`01`, `1.5`, `1e3`, `-`, `+1`, `""`}},
+		{`{"type":"number"}`, []string{`0`, `1.5`, `-0.25e-3`, `1E+9`, `12`}, []string{`1.`, `.5`, `1e`, `00`, `1.5.`, `1e999`, `2E-100`}},
+		{`{"type":"boolean"}`, []string{`true`, `false`}, []string{`tru`, `null`, `"true"`}},
+		{`{"type":"null"}`, []string{`null`}, []string{`nul`, `0`}},
+		{`{"type":["string","null"]}`, []string{`null`, `"x"`}, []string{`1`}},
+		{`{"type":"string","nullable":true}`, []string{`null`, `"x"`}, []string{`1`}},
+		{`{"enum":["a","ab",1,12,null,{"k":[1]}]}`, []string{`"a"`, `"ab"`, `1`, `12`, `null`, `{"k":[1]}`}, []string{`"abc"`, `123`, `2`, `{"k":[2]}`}},
+		{`{"type":"string","enum":["a",1]}`, []string{`"a"`}, []string{`1`}},
+		{`{"const":"fixed"}`, []string{`"fixed"`}, []string{`"fixe"`, `"fixedd"`}},
+		{`{"type":"array","items":{"type":"integer"},"minItems":1,"maxItems":2}`,
+			[]string{`[1]`, `[1,2]`, `[ 1 , 2 ]`, "[\n1\n]"}, []string{`[]`, `[1,2,3]`, `[1,]`, `["a"]`}},
+		{`{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"}},"required":["b"],"additionalProperties":false}`,
+			[]string{`{"b":"x"}`, `{"a":1,"b":"x"}`, `{ "a" : 1 , "b" : "" }`},
+			[]string{`{}`, `{"a":1}`, `{"b":"x","a":1}`, `{"b":"x","c":1}`, `{"b":"x","b":"y"}`, `{"b":"x",}`, `{"a":1,"a":2,"b":"x"}`}},
+		{`{"type":"object","properties":{"a":{"type":"integer"}}}`,
+			[]string{`{}`, `{"a":1}`, `{"x":[1,{"y":null}]}`, `{"a":1,"ab":"s","b":true}`, `{"ab":1}`},
+			[]string{`{"a":"s"}`, `{"x":1,"a":"s"}`, `{"a\u0062":1}`}},
+		{`{"type":"object","properties":{"q\"t":{"type":"integer"}},"required":["q\"t"],"additionalProperties":false}`,
+			[]string{`{"q\"t":1}`}, []string{`{"q":1}`, `{"qt":1}`}},
+		{`{"anyOf":[{"type":"object","properties":{"k":{"const":"a"},"v":{"type":"integer"}},"required":["k","v"],"additionalProperties":false},{"type":"object","properties":{"k":{"const":"b"},"v":{"type":"string"}},"required":["k","v"],"additionalProperties":false}]}`,
+			[]string{`{"k":"a","v":1}`, `{"k":"b","v":"s"}`}, []string{`{"k":"a","v":"s"}`, `{"k":"b","v":1}`}},
+		{`{"$defs":{"node":{"type":"object","properties":{"v":{"type":"integer"},"next":{"anyOf":[{"$ref":"#/$defs/node"},{"type":"null"}]}},"required":["v","next"],"additionalProperties":false}},"$ref":"#/$defs/node"}`,
+			[]string{`{"v":1,"next":null}`, `{"v":1,"next":{"v":2,"next":null}}`}, []string{`{"v":1}`, `{"v":1,"next":{"v":2}}`}},
+		{`{"type":"array","items":{"$ref":"#"},"maxItems":2}`, []string{`[]`, `[[],[[]]]`}, []string{`[1]`, `[[],[],[]]`}},
+		{`true`, []string{`1`, `{"a":[true,null,"x",-1.5e3]}`}, []string{`{`, `[1,]`}},
+		{`{}`, []string{`"s"`, `[]`}, []string{`nul`}},
+		{`{"type":"object","properties":{"a":false}}`, []string{`{"b":1}`}, []string{`{"a":1}`}},
+		{`{"allOf":[{"type":"integer"}],"description":"d"}`, []string{`5`}, []string{`"5"`}},
+		{`{"type":"integer","minimum":0}`, []string{`0`, `7`, `-0`, `123456789`}, []string{`-1`, `-12`}},
+		{`{"type":"integer","minimum":10,"maximum":20}`, []string{`10`, `15`, `20`}, []string{`9`, `21`, `1`, `2`, `100`, `-15`, `0`}},
+		{`{"type":"integer","exclusiveMinimum":-3,"exclusiveMaximum":3}`, []string{`-2`, `0`, `2`, `-0`}, []string{`-3`, `3`, `-10`}},
+		{`{"type":"integer","maximum":-5}`, []string{`-5`, `-100`}, []string{`-4`, `0`, `5`, `-0`}},
+		{`{"type":"integer","minimum":1.5,"maximum":2.5}`, []string{`2`}, []string{`1`, `3`}},
+		{`{"type":"number","minimum":0}`, []string{`0`, `1.5`, `2e3`}, []string{`-1`, `-0.5`}},
+	}
+	for _, c := range cases {
+		g := mustCompile(t, c.schema)
+		for _, d := range c.ok {
+			if !complete(g, d) {
+				t.Errorf("%s: %q rejected", c.schema, d)
+			}
+		}
+		for _, d := range c.bad {
+			if complete(g, d) {
+				t.Errorf("%s: %q accepted", c.schema, d)
+			}
+		}
+	}
+}
+
+func TestWhitespaceBounded(t *testing.T) {
+	g := mustCompile(t, `{"type":"array"}`)
+	if !complete(g, "["+strings.Repeat(" ", MaxWhitespace)+"]") {
+		t.Errorf("%d spaces rejected", MaxWhitespace)
+	}
+	if complete(g, "["+strings.Repeat(" ", MaxWhitespace+1)+"]") {
+		t.Errorf("%d spaces accepted", MaxWhitespace+1)
+	}
+}
+
+func TestAdvanceRejectKeepsState(t *testing.T) {
+	g := mustCompile(t, `{"type":"array","items":{"type":"integer"}}`)
+	m := g.NewMatcher()
+	if err := m.Advance([]byte("[1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Advance([]byte(`,"`)); !errors.Is(err, ErrRejected) {
+		t.Fatalf("Advance(,\") = %v, want ErrRejected", err)
+	}
+	if err := m.Advance([]byte("2]")); err != nil || !m.CanEnd() {
+		t.Fatalf("after a rejected Advance the state moved: %v", err)
+	}
+}
+
+func TestUnsupportedKeywords(t *testing.T) {
+	cases := map[string][]string{
+		`{"type":"string","pattern":"^a$"}`:                                              {"pattern"},
+		`{"type":"object","properties":{"a":{"type":"number","minimum":1,"maximum":2}}}`: {"maximum on type number (integers only; minimum 0 alone is supported)", "minimum on type number (integers only; minimum 0 alone is supported)"},
+		`{"oneOf":[{"type":"string"}]}`:                                                  {"oneOf"},
+		`{"type":"array","prefixItems":[true]}`:                                          {"prefixItems"},
+		`{"not":{}}`:                                                                     {"not"},
+		`{"$ref":"http://example.com/s.json"}`:                                           {"$ref to http://example.com/s.json (only local #/... references)"},
+	}
+	for schema, want := range cases {
+		_, err := Compile([]byte(schema))
+		var ue *UnsupportedError
+		if !errors.As(err, &ue) {
+			t.Errorf("%s: err %v, want *UnsupportedError", schema, err)
+			continue
+		}
+		if strings.Join(ue.Keywords, ",") != strings.Join(want, ",") {
+			t.Errorf("%s: keywords %q, want %q", schema, ue.Keywords, want)
+		}
+		for _, k := range want {
+			if !strings.Contains(err.Error(), k) {
+				t.Errorf("%s: error %q does not name %q", schema, err, k)
+			}
+		}
+	}
+	if _, err := Compile([]byte(`{"type":"object","properties":{"a":{"type":"strin"}}}`)); err == nil || !strings.Contains(err.Error(), "#/properties/a") {
+		t.Errorf("unknown type: err %v, want one naming #/properties/a", err)
+	}
+	if _, err := Compile([]byte(`{"type":`)); err == nil {
+		t.Error("truncated schema compiled")
+	}
+}
+
+func TestPropertyOrderFollowsSchemaText(t *testing.T) {
+	g := mustCompile(t, `{"type":"object","properties":{"z":{"type":"integer"},"a":{"type":"integer"}},"required":["z","a"],"additionalProperties":false}`)
+	if !complete(g, `{"z":1,"a":2}`) || complete(g, `{"a":2,"z":1}`) {
+		t.Error("properties are not generated in the schema's order")
+	}
+}

@@ -1,0 +1,713 @@
+package grammar
+
+import "math/bits"
+
+// A frame is one level of the automaton's stack: the node being matched
+// and where in it. Frames are immutable once made, so a state is a set of
+// stack tops that share their lower frames, and backtracking costs
+// nothing.
+type frame struct {
+	n    *node
+	up   *frame
+	st   uint8  // sub-state, per kind (below)
+	ws   uint8  // whitespace bytes in a row
+	u8   uint8  // UTF-8 continuation bytes still expected (strings, keys)
+	cnt  int32  // kString: code points; kArray, kRepeat: items; kObject: progress; kNumber: bytes
+	pos  int32  // kLit: trie node; kObject: key bytes (in a key) or the property (after it)
+	mask uint64 // kObject, in a key: declared names the key is still a prefix of
+}
+
+// Sub-states.
+const (
+	// kString
+	sStrOpen uint8 = iota // expects '"'
+	sStrBody
+	sStrEsc
+	sStrHex // + 0..3: hex digits of \u seen
+	_
+	_
+	_
+	sStrHexD // after \uD: the next digit must be 0-7 (no surrogates)
+	sStrDone
+)
+
+const (
+	// kArray
+	sArrOpen  uint8 = iota // expects '['
+	sArrFirst              // after '['
+	sArrItem               // an item is in progress (as an up frame)
+	sArrAfter              // after an item
+	sArrComma              // after ','
+	sArrDone
+)
+
+const (
+	// kObject
+	sObjOpen  uint8 = iota // expects '{'
+	sObjFirst              // after '{'
+	sObjKey                // inside a key
+	sObjColon              // after a key, expects ':'
+	sObjValue              // after ':'
+	sObjChild              // a value is in progress (as an up frame)
+	sObjAfter              // after a value
+	sObjComma              // after ','
+	sObjDone
+)
+
+const (
+	// kNumber
+	sNumStart uint8 = iota
+	sNumMinus
+	sNumZero
+	sNumInt
+	sNumDot
+	sNumFrac
+	sNumE
+	sNumESign
+	sNumExp
+)
+
+// arena hands out frames for the mask walk and is reset per walk; a nil
+// arena allocates from the heap (committed states).
+type arena struct {
+	chunks [][]frame
+	ci, i  int
+}
+
+const chunkSize = 4096
+
+func (a *arena) alloc(f frame) *frame {
+	if a == nil {
+		p := new(frame)
+		*p = f
+		return p
+	}
+	if a.ci == len(a.chunks) {
+		a.chunks = append(a.chunks, make([]frame, chunkSize))
+	}
+	p := &a.chunks[a.ci][a.i]
+	*p = f
+	a.i++
+	if a.i == chunkSize {
+		a.ci, a.i = a.ci+1, 0
+	}
+	return p
+}
+
+func (a *arena) reset() { a.ci, a.i = 0, 0 }
+
+func isWS(b byte) bool { return b == ' ' || b == '\n' || b == '\t' || b == '\r' }
+
+// UTF-8 states of a string body: the continuation bytes still expected,
+// with the narrower ranges after E0, ED, F0 and F4 (so that overlong
+// forms and surrogates, which decoders replace, never come out).
+const (
+	u8None uint8 = iota
+	u8One
+	u8Two
+	u8Three
+	u8E0 // A0..BF, then one more
+	u8ED // 80..9F, then one more
+	u8F0 // 90..BF, then two more
+	u8F4 // 80..8F, then two more
+	numU8
+)
+
+// utf8Step advances UTF-8 state u by b in a string body; ok is false
+// when b cannot come there. Bytes below 0x20, '"' and '\\' are the
+// caller's.
+func utf8Step(u uint8, b byte) (uint8, bool) {
+	lo, hi, next := byte(0x80), byte(0xBF), u8None
+	switch u {
+	case u8None:
+		switch {
+		case b < 0x80:
+			return u8None, true
+		case b >= 0xC2 && b <= 0xDF:
+			return u8One, true
+		case b == 0xE0:
+			return u8E0, true
+		case b == 0xED:
+			return u8ED, true
+		case b >= 0xE1 && b <= 0xEF:
+			return u8Two, true
+		case b == 0xF0:
+			return u8F0, true
+		case b == 0xF4:
+			return u8F4, true
+		case b >= 0xF1 && b <= 0xF3:
+			return u8Three, true
+		}
+		return 0, false
+	case u8One:
+	case u8Two:
+		next = u8One
+	case u8Three:
+		next = u8Two
+	case u8E0:
+		lo, next = 0xA0, u8One
+	case u8ED:
+		hi, next = 0x9F, u8One
+	case u8F0:
+		lo, next = 0x90, u8Two
+	case u8F4:
+		hi, next = 0x8F, u8Two
+	default:
+		return 0, false
+	}
+	if b >= lo && b <= hi {
+		return next, true
+	}
+	return 0, false
+}
+
+func isHex(b byte) bool {
+	return b >= '0' && b <= '9' || b >= 'a' && b <= 'f' || b >= 'A' && b <= 'F'
+}
+
+// stepper advances frames; out collects the resulting stack tops.
+type stepper struct {
+	a     *arena
+	out   []*frame
+	depth int // enter recursion, guards grammars that recurse without consuming
+}
+
+const maxEnterDepth = 64
+
+// canEnd reports whether f's node is complete (it may be popped).
+func canEnd(f *frame) bool {
+	n := f.n
+	switch n.kind {
+	case kLit:
+		return n.lit.nodes[f.pos].terminal
+	case kString:
+		return f.st == sStrDone
+	case kNumber:
+		end := f.st == sNumZero || f.st == sNumInt || f.st == sNumFrac || f.st == sNumExp
+		return end && (!n.bounded || n.inRange(intValue(f)))
+	case kArray:
+		return f.st == sArrDone
+	case kObject:
+		return f.st == sObjDone
+	case kSeq:
+		return int(f.st) == len(n.alts)
+	case kRepeat:
+		return f.cnt >= n.minItems
+	case kRoot:
+		return f.st == 1
+	}
+	return false
+}
+
+// afterChild returns up with its child complete.
+func (s *stepper) afterChild(up *frame) *frame {
+	g := *up
+	g.ws = 0
+	switch up.n.kind {
+	case kArray:
+		g.st, g.cnt = sArrAfter, up.cnt+1
+	case kObject:
+		g.st = sObjAfter
+		if up.pos >= 0 {
+			g.cnt = up.pos + 1
+		}
+	case kSeq:
+		g.st = up.st + 1
+	case kRepeat:
+		g.cnt = up.cnt + 1
+	case kRoot:
+		g.st = 1
+	}
+	return s.a.alloc(g)
+}
+
+// completes reports whether a stack whose top is f can end the document
+// now.
+func completes(f *frame) bool {
+	if !canEnd(f) {
+		return false
+	}
+	for up := f.up; up != nil; up = up.up {
+		switch up.n.kind {
+		case kSeq:
+			if int(up.st)+1 != len(up.n.alts) {
+				return false
+			}
+		case kRepeat:
+			if up.cnt+1 < up.n.minItems {
+				return false
+			}
+		case kRoot:
+			return true
+		default:
+			return false // arrays and objects still need their closing byte
+		}
+	}
+	return true
+}
+
+// enter starts node n under up with byte b.
+func (s *stepper) enter(n *node, up *frame, b byte) {
+	if s.depth > maxEnterDepth {
+		return
+	}
+	s.depth++
+	defer func() { s.depth-- }()
+	switch n.kind {
+	case kNever:
+		return
+	case kUnion:
+		for _, a := range n.alts {
+			s.enter(a, up, b)
+		}
+		return
+	}
+	f := frame{n: n, up: up}
+	s.feed(&f, b)
+}
+
+// feed advances the stack top f by b, appending the results to s.out. f
+// itself is never kept (only copies), so it may live on the Go stack.
+func (s *stepper) feed(f *frame, b byte) {
+	s.own(f, b)
+	if canEnd(f) && f.up != nil {
+		s.feed(s.afterChild(f.up), b)
+	}
+}
+
+func (s *stepper) push(g frame) { s.out = append(s.out, s.a.alloc(g)) }
+
+// own applies f's own transitions on b.
+func (s *stepper) own(f *frame, b byte) {
+	n := f.n
+	switch n.kind {
+	case kLit:
+		if p := n.lit.step(f.pos, b); p >= 0 {
+			g := *f
+			g.pos = p
+			s.push(g)
+		}
+	case kString:
+		s.ownString(f, b)
+	case kNumber:
+		s.ownNumber(f, b)
+	case kArray:
+		s.ownArray(f, b)
+	case kObject:
+		s.ownObject(f, b)
+	case kSeq:
+		if int(f.st) < len(n.alts) {
+			s.enter(n.alts[f.st], s.a.alloc(*f), b)
+		}
+	case kRepeat:
+		if n.maxItems < 0 || f.cnt < n.maxItems {
+			s.enter(n.items, s.a.alloc(*f), b)
+		}
+	case kRoot:
+		if f.st == 0 {
+			if isWS(b) {
+				if f.ws < MaxWhitespace {
+					g := *f
+					g.ws++
+					s.push(g)
+				}
+				return
+			}
+			g := *f
+			g.ws = 0
+			s.enter(n.alts[0], s.a.alloc(g), b)
+		}
+	}
+}
+
+func (s *stepper) ownString(f *frame, b byte) {
+	n := f.n
+	g := *f
+	switch f.st {
+	case sStrOpen:
+		if b == '"' {
+			g.st = sStrBody
+			s.push(g)
+		}
+	case sStrBody:
+		if f.u8 > 0 {
+			if u, ok := utf8Step(f.u8, b); ok {
+				g.u8 = u
+				s.push(g)
+			}
+			return
+		}
+		switch {
+		case b == '"':
+			if f.cnt >= n.minLen {
+				g.st = sStrDone
+				s.push(g)
+			}
+			return
+		case b < 0x20:
+			return
+		}
+		if n.maxLen >= 0 && f.cnt >= n.maxLen {
+			return
+		}
+		if b == '\\' {
+			g.st = sStrEsc
+			s.push(g)
+			return
+		}
+		u, ok := utf8Step(0, b)
+		if !ok {
+			return
+		}
+		g.u8 = u
+		if n.minLen > 0 || n.maxLen >= 0 {
+			g.cnt++
+		}
+		s.push(g)
+	case sStrEsc:
+		switch b {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			g.st = sStrBody
+		case 'u':
+			g.st = sStrHex
+		default:
+			return
+		}
+		if g.st == sStrBody && (n.minLen > 0 || n.maxLen >= 0) {
+			g.cnt++
+		}
+		s.push(g)
+	case sStrHexD:
+		if b < '0' || b > '7' {
+			return
+		}
+		g.st = sStrHex + 2
+		s.push(g)
+	case sStrHex, sStrHex + 1, sStrHex + 2, sStrHex + 3:
+		if !isHex(b) {
+			return
+		}
+		if f.st == sStrHex && (b == 'd' || b == 'D') {
+			g.st = sStrHexD
+		} else if f.st == sStrHex+3 {
+			g.st = sStrBody
+			if n.minLen > 0 || n.maxLen >= 0 {
+				g.cnt++
+			}
+		} else {
+			g.st++
+		}
+		s.push(g)
+	}
+}
+
+func (s *stepper) ownNumber(f *frame, b byte) {
+	if f.cnt >= MaxNumberLen {
+		return
+	}
+	g := *f
+	g.cnt++
+	digit := b >= '0' && b <= '9'
+	switch f.st {
+	case sNumStart:
+		switch {
+		case b == '-' && f.n.nonNegative:
+			return
+		case b == '-':
+			g.st = sNumMinus
+		case b == '0':
+			g.st = sNumZero
+		case digit:
+			g.st = sNumInt
+		default:
+			return
+		}
+	case sNumMinus:
+		switch {
+		case b == '0':
+			g.st = sNumZero
+		case digit:
+			g.st = sNumInt
+		default:
+			return
+		}
+	case sNumZero, sNumInt:
+		switch {
+		case digit && f.st == sNumInt:
+		case b == '.' && !f.n.integer:
+			g.st = sNumDot
+		case (b == 'e' || b == 'E') && !f.n.integer:
+			g.st = sNumE
+		default:
+			return
+		}
+	case sNumDot, sNumFrac:
+		switch {
+		case digit:
+			g.st = sNumFrac
+		case (b == 'e' || b == 'E') && f.st == sNumFrac:
+			g.st = sNumE
+		default:
+			return
+		}
+	case sNumE:
+		switch {
+		case b == '+' || b == '-':
+			g.st = sNumESign
+		case digit:
+			g.st, g.pos = sNumExp, 1
+		default:
+			return
+		}
+	case sNumESign, sNumExp:
+		if !digit {
+			return
+		}
+		g.st, g.pos = sNumExp, f.pos+1
+		if g.pos > MaxExponentDigits {
+			return
+		}
+	}
+	if f.n.bounded && !boundedStep(f, &g, b) {
+		return
+	}
+	s.push(g)
+}
+
+// A bounded integer's frame keeps its sign in u8 (1: negative), its
+// digits in pos and their value in mask.
+
+// boundedStep updates g (f after byte b) and reports whether some integer
+// it can still become lies within the node's bounds.
+func boundedStep(f, g *frame, b byte) bool {
+	n := f.n
+	if b == '-' {
+		g.u8 = 1
+		return !n.hasLo || n.lo <= 0 // at least -0
+	}
+	g.pos = f.pos + 1
+	if g.pos > 18 {
+		return false
+	}
+	g.mask = f.mask*10 + uint64(b-'0')
+	if g.st == sNumZero {
+		return n.inRange(0)
+	}
+	v := int64(g.mask)
+	for k, p := int32(0), int64(1); g.pos+k <= 18; k, p = k+1, p*10 {
+		a, z := v*p, v*p+p-1 // the values with k more digits
+		if k == 0 {
+			z = a
+		}
+		if g.u8 == 1 {
+			a, z = -z, -a
+		}
+		if (!n.hasLo || z >= n.lo) && (!n.hasHi || a <= n.hi) {
+			return true
+		}
+	}
+	return false
+}
+
+func intValue(f *frame) int64 {
+	if f.u8 == 1 {
+		return -int64(f.mask)
+	}
+	return int64(f.mask)
+}
+
+// ws handles a whitespace byte in a state that allows it.
+func (s *stepper) ws(f *frame) {
+	if f.ws < MaxWhitespace {
+		g := *f
+		g.ws++
+		s.push(g)
+	}
+}
+
+func (s *stepper) ownArray(f *frame, b byte) {
+	n := f.n
+	g := *f
+	g.ws = 0
+	switch f.st {
+	case sArrOpen:
+		if b == '[' {
+			g.st = sArrFirst
+			s.push(g)
+		}
+	case sArrFirst, sArrComma:
+		if isWS(b) {
+			s.ws(f)
+			return
+		}
+		if b == ']' && f.st == sArrFirst {
+			if n.minItems <= 0 {
+				g.st = sArrDone
+				s.push(g)
+			}
+			return
+		}
+		if n.maxItems >= 0 && f.cnt >= n.maxItems {
+			return
+		}
+		g.st = sArrItem
+		s.enter(n.items, s.a.alloc(g), b)
+	case sArrAfter:
+		switch {
+		case isWS(b):
+			s.ws(f)
+		case b == ',':
+			if n.maxItems < 0 || f.cnt < n.maxItems {
+				g.st = sArrComma
+				s.push(g)
+			}
+		case b == ']':
+			if f.cnt >= n.minItems {
+				g.st = sArrDone
+				s.push(g)
+			}
+		}
+	}
+}
+
+func (s *stepper) ownObject(f *frame, b byte) {
+	n := f.n
+	g := *f
+	g.ws = 0
+	switch f.st {
+	case sObjOpen:
+		if b == '{' {
+			g.st = sObjFirst
+			s.push(g)
+		}
+	case sObjFirst, sObjComma:
+		switch {
+		case isWS(b):
+			s.ws(f)
+		case b == '"':
+			if n.allowed[f.cnt] == 0 && n.additional == nil {
+				return
+			}
+			g.st, g.pos, g.u8 = sObjKey, 0, 0
+			g.mask = n.allowed[f.cnt]
+			if n.additional != nil {
+				g.mask = allMask(len(n.props))
+			}
+			s.push(g)
+		case b == '}' && f.st == sObjFirst:
+			if n.closable[f.cnt] {
+				g.st = sObjDone
+				s.push(g)
+			}
+		}
+	case sObjKey:
+		s.objKey(f, b)
+	case sObjColon:
+		switch {
+		case isWS(b):
+			s.ws(f)
+		case b == ':':
+			g.st = sObjValue
+			s.push(g)
+		}
+	case sObjValue:
+		if isWS(b) {
+			s.ws(f)
+			return
+		}
+		child := n.additional
+		if f.pos >= 0 {
+			child = n.props[f.pos].node
+		}
+		g.st = sObjChild
+		s.enter(child, s.a.alloc(g), b)
+	case sObjAfter:
+		switch {
+		case isWS(b):
+			s.ws(f)
+		case b == ',':
+			if n.allowed[f.cnt] != 0 || n.additional != nil {
+				g.st = sObjComma
+				s.push(g)
+			}
+		case b == '}':
+			if n.closable[f.cnt] {
+				g.st = sObjDone
+				s.push(g)
+			}
+		}
+	}
+}
+
+func allMask(k int) uint64 {
+	if k >= 64 {
+		return ^uint64(0)
+	}
+	return 1<<k - 1
+}
+
+// objKey advances a key. mask holds the declared names the key is still a
+// prefix of (with additionalProperties: all of them, to refuse a key equal
+// to one; without: only those allowed next).
+func (s *stepper) objKey(f *frame, b byte) {
+	n := f.n
+	g := *f
+	quoted := false // a declared name continues with an escaped quote
+	for r := f.mask; r != 0; r &= r - 1 {
+		k := n.props[bits.TrailingZeros64(r)].key
+		if int(f.pos) < len(k) && k[f.pos] == '"' {
+			quoted = true
+		}
+	}
+	if b == '"' && !quoted && (f.u8 == 0 || f.u8 == noAdd) {
+		// Close: an exact declared name, or an additional key.
+		allowed := n.allowed[f.cnt]
+		exact := -1
+		for m := f.mask; m != 0; m &= m - 1 {
+			i := bits.TrailingZeros64(m)
+			if int(f.pos) == len(n.props[i].key) {
+				exact = i
+				break
+			}
+		}
+		switch {
+		case exact >= 0 && allowed&(1<<exact) != 0:
+			g.pos = int32(exact)
+		case exact >= 0:
+			return // a declared name out of order, or again
+		case n.additional != nil && f.u8 == 0:
+			g.pos = -1
+		default:
+			return
+		}
+		g.st, g.mask, g.u8 = sObjColon, 0, 0
+		s.push(g)
+		return
+	}
+	var m uint64
+	for r := f.mask; r != 0; r &= r - 1 {
+		i := bits.TrailingZeros64(r)
+		k := n.props[i].key
+		if int(f.pos) < len(k) && k[f.pos] == b {
+			m |= 1 << i
+		}
+	}
+	g.mask = m
+	g.pos = f.pos + 1
+	declaredOK := m&n.allowed[f.cnt] != 0
+	if n.additional != nil && f.u8 != noAdd && b >= 0x20 && b != '\\' && b != '"' {
+		if u, ok := utf8Step(f.u8, b); ok {
+			g.u8 = u
+			s.push(g)
+			return
+		}
+	}
+	if declaredOK {
+		g.u8 = noAdd // only a declared name from here: compared bytewise
+		s.push(g)
+	}
+}
+
+// noAdd in an object key's u8 marks a key that can no longer be an
+// additional one (it has taken a byte only a declared name allows).
+const noAdd = 0xFF

@@ -1,0 +1,677 @@
+package grammar
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Compile compiles a JSON Schema (the subset in the package comment) into
+// a Grammar whose documents are the JSON texts the schema accepts.
+func Compile(schema []byte) (*Grammar, error) {
+	b := &builder{}
+	n, err := b.schema(schema)
+	if err != nil {
+		return nil, err
+	}
+	return b.root(n), nil
+}
+
+// schema compiles one schema document into b's node space.
+func (b *builder) schema(schema []byte) (*node, error) {
+	d := json.NewDecoder(bytes.NewReader(schema))
+	d.UseNumber()
+	v, err := decodeOrdered(d)
+	if err != nil {
+		return nil, fmt.Errorf("grammar: schema is not JSON: %w", err)
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return nil, errors.New("grammar: schema: trailing data after the JSON value")
+	}
+	c := &compiler{b: b, root: v, refs: map[string]*node{}}
+	n, err := c.compile(v, "")
+	if err != nil {
+		return nil, err
+	}
+	if err := checkLeftRecursion(n); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+type compiler struct {
+	b    *builder
+	root any
+	refs map[string]*node
+}
+
+var annotations = map[string]bool{
+	"title": true, "description": true, "default": true, "examples": true,
+	"$schema": true, "$id": true, "$comment": true, "deprecated": true,
+	"readOnly": true, "writeOnly": true, "$defs": true, "definitions": true,
+}
+
+var supported = map[string]bool{
+	"type": true, "properties": true, "required": true, "additionalProperties": true,
+	"enum": true, "const": true, "items": true, "minItems": true, "maxItems": true,
+	"minLength": true, "maxLength": true, "anyOf": true, "allOf": true, "$ref": true,
+	"nullable": true, "minimum": true, "maximum": true, "exclusiveMinimum": true, "exclusiveMaximum": true,
+}
+
+func schemaErr(path, format string, a ...any) error {
+	return fmt.Errorf("grammar: schema at %s: %s", pathOrRoot(path), fmt.Sprintf(format, a...))
+}
+
+func (c *compiler) compile(v any, path string) (*node, error) {
+	switch s := v.(type) {
+	case bool:
+		if s {
+			return c.b.anyValue(), nil
+		}
+		return c.b.node(kNever), nil
+	case map[string]any:
+		return c.compileObject(s, path)
+	}
+	return nil, schemaErr(path, "a schema must be an object or a boolean")
+}
+
+func (c *compiler) compileObject(s map[string]any, path string) (*node, error) {
+	var bad []string
+	for k := range s {
+		if !supported[k] && !annotations[k] && k != propOrderKey {
+			bad = append(bad, k)
+		}
+	}
+	if len(bad) > 0 {
+		sort.Strings(bad)
+		return nil, &UnsupportedError{Keywords: bad, Path: pathOrRoot(path)}
+	}
+	if ref, ok := s["$ref"]; ok {
+		for k := range s {
+			if k != "$ref" && !annotations[k] && k != propOrderKey {
+				return nil, &UnsupportedError{Keywords: []string{"$ref with sibling " + k}, Path: pathOrRoot(path)}
+			}
+		}
+		r, ok := ref.(string)
+		if !ok {
+			return nil, schemaErr(path, "$ref must be a string")
+		}
+		return c.ref(r, path)
+	}
+	if all, ok := s["allOf"]; ok {
+		l, ok := all.([]any)
+		if !ok || len(l) != 1 {
+			return nil, &UnsupportedError{Keywords: []string{"allOf with other than one schema"}, Path: pathOrRoot(path)}
+		}
+		for k := range s {
+			if k != "allOf" && !annotations[k] && k != propOrderKey {
+				return nil, &UnsupportedError{Keywords: []string{"allOf with sibling " + k}, Path: pathOrRoot(path)}
+			}
+		}
+		return c.compile(l[0], path+"/allOf/0")
+	}
+	if anyOf, ok := s["anyOf"]; ok {
+		l, ok := anyOf.([]any)
+		if !ok || len(l) == 0 {
+			return nil, schemaErr(path, "anyOf must be a non-empty array")
+		}
+		for k := range s {
+			if k != "anyOf" && k != "nullable" && !annotations[k] && k != propOrderKey {
+				return nil, &UnsupportedError{Keywords: []string{"anyOf with sibling " + k}, Path: pathOrRoot(path)}
+			}
+		}
+		u := c.b.node(kUnion)
+		for i, a := range l {
+			n, err := c.compile(a, path+"/anyOf/"+strconv.Itoa(i))
+			if err != nil {
+				return nil, err
+			}
+			u.alts = append(u.alts, n)
+		}
+		if nullable(s) {
+			u.alts = append(u.alts, c.b.lit("null"))
+		}
+		return u, nil
+	}
+
+	types, err := schemaTypes(s, path)
+	if err != nil {
+		return nil, err
+	}
+	var lits []any
+	if e, ok := s["enum"]; ok {
+		l, ok := e.([]any)
+		if !ok || len(l) == 0 {
+			return nil, schemaErr(path, "enum must be a non-empty array")
+		}
+		lits = l
+	}
+	if cv, ok := s["const"]; ok {
+		if lits != nil {
+			return nil, &UnsupportedError{Keywords: []string{"enum with const"}, Path: pathOrRoot(path)}
+		}
+		lits = []any{cv}
+	}
+	var alts []*node
+	for _, t := range types {
+		n, err := c.typed(t, s, path)
+		if err != nil {
+			return nil, err
+		}
+		alts = append(alts, n)
+	}
+	var n *node
+	if len(alts) == 1 {
+		n = alts[0]
+	} else {
+		n = c.b.node(kUnion)
+		n.alts = alts
+	}
+	if lits != nil {
+		return c.literals(lits, n, path)
+	}
+	return n, nil
+}
+
+func pathOrRoot(p string) string {
+	if p == "" {
+		return "#"
+	}
+	return "#" + p
+}
+
+func nullable(s map[string]any) bool {
+	b, _ := s["nullable"].(bool)
+	return b
+}
+
+var allTypes = []string{"object", "array", "string", "number", "boolean", "null"}
+
+// schemaTypes returns the types a schema allows: its "type", else those
+// its keywords imply, else all.
+func schemaTypes(s map[string]any, path string) ([]string, error) {
+	var ts []string
+	switch t := s["type"].(type) {
+	case nil:
+		_, props := s["properties"]
+		_, addl := s["additionalProperties"]
+		_, req := s["required"]
+		_, items := s["items"]
+		_, minI := s["minItems"]
+		_, maxI := s["maxItems"]
+		_, minL := s["minLength"]
+		_, maxL := s["maxLength"]
+		if props || addl || req {
+			ts = append(ts, "object")
+		}
+		if items || minI || maxI {
+			ts = append(ts, "array")
+		}
+		if minL || maxL {
+			ts = append(ts, "string")
+		}
+		if len(ts) == 0 {
+			ts = allTypes
+		}
+	case string:
+		ts = []string{t}
+	case []any:
+		for _, e := range t {
+			str, ok := e.(string)
+			if !ok {
+				return nil, schemaErr(path, "type list entries must be strings")
+			}
+			ts = append(ts, str)
+		}
+		if len(ts) == 0 {
+			return nil, schemaErr(path, "type must not be an empty list")
+		}
+	default:
+		return nil, schemaErr(path, "type must be a string or a list of strings")
+	}
+	if nullable(s) && !slices.Contains(ts, "null") {
+		ts = append(slices.Clone(ts), "null")
+	}
+	return ts, nil
+}
+
+func (c *compiler) typed(t string, s map[string]any, path string) (*node, error) {
+	switch t {
+	case "null":
+		return c.b.lit("null"), nil
+	case "boolean":
+		return c.b.lit("true", "false"), nil
+	case "number", "integer":
+		n := c.b.node(kNumber)
+		n.integer = t == "integer"
+		if err := bounds(n, s, path); err != nil {
+			return nil, err
+		}
+		return n, nil
+	case "string":
+		n := c.b.node(kString)
+		var err error
+		if n.minLen, err = count(s, "minLength", 0, path); err != nil {
+			return nil, err
+		}
+		if n.maxLen, err = count(s, "maxLength", -1, path); err != nil {
+			return nil, err
+		}
+		if n.maxLen >= 0 && n.minLen > n.maxLen {
+			return nil, schemaErr(path, "minLength %d > maxLength %d", n.minLen, n.maxLen)
+		}
+		return n, nil
+	case "array":
+		n := c.b.node(kArray)
+		var err error
+		if n.minItems, err = count(s, "minItems", 0, path); err != nil {
+			return nil, err
+		}
+		if n.maxItems, err = count(s, "maxItems", -1, path); err != nil {
+			return nil, err
+		}
+		if n.maxItems >= 0 && n.minItems > n.maxItems {
+			return nil, schemaErr(path, "minItems %d > maxItems %d", n.minItems, n.maxItems)
+		}
+		if it, ok := s["items"]; ok {
+			if _, isList := it.([]any); isList {
+				return nil, &UnsupportedError{Keywords: []string{"items as a list (use prefixItems semantics)"}, Path: pathOrRoot(path)}
+			}
+			if n.items, err = c.compile(it, path+"/items"); err != nil {
+				return nil, err
+			}
+		} else {
+			n.items = c.b.anyValue()
+		}
+		return n, nil
+	case "object":
+		return c.object(s, path)
+	}
+	return nil, schemaErr(path, "unknown type %q", t)
+}
+
+func count(s map[string]any, key string, def int32, path string) (int32, error) {
+	v, ok := s[key]
+	if !ok {
+		return def, nil
+	}
+	var f float64
+	switch x := v.(type) {
+	case json.Number:
+		var err error
+		if f, err = x.Float64(); err != nil {
+			return 0, schemaErr(path, "%s: %v", key, err)
+		}
+	case float64:
+		f = x
+	default:
+		return 0, schemaErr(path, "%s must be a non-negative integer", key)
+	}
+	if f < 0 || f != float64(int64(f)) || f > 1<<24 {
+		return 0, schemaErr(path, "%s must be a non-negative integer (at most %d)", key, 1<<24)
+	}
+	return int32(f), nil
+}
+
+func (c *compiler) object(s map[string]any, path string) (*node, error) {
+	n := c.b.node(kObject)
+	required := map[string]bool{}
+	if r, ok := s["required"]; ok {
+		l, ok := r.([]any)
+		if !ok {
+			return nil, schemaErr(path, "required must be an array of strings")
+		}
+		for _, e := range l {
+			name, ok := e.(string)
+			if !ok {
+				return nil, schemaErr(path, "required must be an array of strings")
+			}
+			required[name] = true
+		}
+	}
+	switch a := s["additionalProperties"].(type) {
+	case nil:
+		if _, present := s["additionalProperties"]; present {
+			return nil, schemaErr(path, "additionalProperties must be a schema")
+		}
+		n.additional = c.b.anyValue()
+	case bool:
+		if a {
+			n.additional = c.b.anyValue()
+		}
+	default:
+		ad, err := c.compile(a, path+"/additionalProperties")
+		if err != nil {
+			return nil, err
+		}
+		if ad.kind != kNever {
+			n.additional = ad
+		}
+	}
+	seen := map[string]bool{}
+	if p, ok := s["properties"]; ok {
+		m, ok := p.(map[string]any)
+		if !ok {
+			return nil, schemaErr(path, "properties must be an object")
+		}
+		for _, name := range orderedKeys(m) {
+			pn, err := c.compile(m[name], path+"/properties/"+escapePointer(name))
+			if err != nil {
+				return nil, err
+			}
+			seen[name] = true
+			if pn.kind == kNever && required[name] {
+				return nil, schemaErr(path, "required property %q has schema false", name)
+			}
+			n.props = append(n.props, prop{key: encodeKey(name), node: pn, required: required[name]})
+		}
+	}
+	var extra []string
+	for name := range required {
+		if !seen[name] {
+			extra = append(extra, name)
+		}
+	}
+	sort.Strings(extra)
+	for _, name := range extra {
+		if n.additional == nil {
+			return nil, schemaErr(path, "required property %q is neither in properties nor allowed by additionalProperties", name)
+		}
+		n.props = append(n.props, prop{key: encodeKey(name), node: n.additional, required: true})
+	}
+	if len(n.props) > 64 {
+		return nil, &UnsupportedError{Keywords: []string{"properties (more than 64 in one object)"}, Path: pathOrRoot(path)}
+	}
+	n.finishObject()
+	return n, nil
+}
+
+// propOrderKey holds, in every object decodeOrdered makes, its keys in
+// the order of the text: properties are generated in that order.
+const propOrderKey = "\x00order"
+
+// orderedKeys returns the keys of m in the order the schema text has them.
+func orderedKeys(m map[string]any) []string {
+	o, _ := m[propOrderKey].([]string)
+	return o
+}
+
+// decodeOrdered decodes one JSON value like json.Decoder.Decode with
+// UseNumber, recording each object's key order under propOrderKey.
+func decodeOrdered(d *json.Decoder) (any, error) {
+	t, err := d.Token()
+	if err != nil {
+		return nil, err
+	}
+	switch t {
+	case json.Delim('{'):
+		m := map[string]any{}
+		var order []string
+		for d.More() {
+			kt, err := d.Token()
+			if err != nil {
+				return nil, err
+			}
+			k, _ := kt.(string)
+			v, err := decodeOrdered(d)
+			if err != nil {
+				return nil, err
+			}
+			if _, dup := m[k]; !dup {
+				order = append(order, k)
+			}
+			m[k] = v
+		}
+		if _, err := d.Token(); err != nil {
+			return nil, err
+		}
+		m[propOrderKey] = order
+		return m, nil
+	case json.Delim('['):
+		l := []any{}
+		for d.More() {
+			v, err := decodeOrdered(d)
+			if err != nil {
+				return nil, err
+			}
+			l = append(l, v)
+		}
+		if _, err := d.Token(); err != nil {
+			return nil, err
+		}
+		return l, nil
+	}
+	return t, nil
+}
+
+// stripOrder returns v without the propOrderKey entries.
+func stripOrder(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		m := make(map[string]any, len(x))
+		for k, e := range x {
+			if k != propOrderKey {
+				m[k] = stripOrder(e)
+			}
+		}
+		return m
+	case []any:
+		l := make([]any, len(x))
+		for i, e := range x {
+			l[i] = stripOrder(e)
+		}
+		return l
+	}
+	return v
+}
+
+func encodeKey(name string) []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(name) // a string always encodes
+	out := bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+	return out[1 : len(out)-1]
+}
+
+func escapePointer(s string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1")
+}
+
+func (c *compiler) ref(r, path string) (*node, error) {
+	if n, ok := c.refs[r]; ok {
+		return n, nil
+	}
+	if !strings.HasPrefix(r, "#") {
+		return nil, &UnsupportedError{Keywords: []string{"$ref to " + r + " (only local #/... references)"}, Path: pathOrRoot(path)}
+	}
+	target := c.root
+	ptr := strings.TrimPrefix(r, "#")
+	if ptr != "" {
+		if !strings.HasPrefix(ptr, "/") {
+			return nil, &UnsupportedError{Keywords: []string{"$ref to " + r + " (anchors)"}, Path: pathOrRoot(path)}
+		}
+		for _, tok := range strings.Split(ptr[1:], "/") {
+			tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+			m, ok := target.(map[string]any)
+			if !ok {
+				return nil, schemaErr(path, "$ref %s does not resolve", r)
+			}
+			if target, ok = m[tok]; !ok {
+				return nil, schemaErr(path, "$ref %s does not resolve", r)
+			}
+		}
+	}
+	n := c.b.node(kUnion) // a forwarder, so that recursive references resolve
+	c.refs[r] = n
+	t, err := c.compile(target, ptr)
+	if err != nil {
+		return nil, err
+	}
+	n.alts = []*node{t}
+	return n, nil
+}
+
+// literals compiles enum/const values; values the other keywords (the
+// node n) do not accept are dropped.
+func (c *compiler) literals(vals []any, n *node, path string) (*node, error) {
+	g := &Grammar{root: &node{kind: kRoot, alts: []*node{n}}}
+	var lits [][]byte
+	for _, v := range vals {
+		b, err := canonicalJSON(v)
+		if err != nil {
+			return nil, schemaErr(path, "enum/const value: %v", err)
+		}
+		m := g.NewMatcher()
+		if m.Advance(b) == nil && m.CanEnd() {
+			lits = append(lits, b)
+		}
+	}
+	if len(lits) == 0 {
+		return c.b.node(kNever), nil
+	}
+	l := c.b.node(kLit)
+	l.lit = newLitTrie(lits)
+	return l, nil
+}
+
+func canonicalJSON(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(stripOrder(v)); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
+// checkLeftRecursion refuses schemas that reach themselves through anyOf
+// and $ref alone ({"anyOf":[{"$ref":"#"}]}): such a value would have to
+// start with itself.
+func checkLeftRecursion(root *node) error {
+	const (
+		white = iota
+		grey
+		black
+	)
+	color := map[*node]int{}
+	var all []*node
+	seen := map[*node]bool{}
+	var collect func(n *node)
+	collect = func(n *node) {
+		if n == nil || seen[n] {
+			return
+		}
+		seen[n] = true
+		all = append(all, n)
+		collect(n.items)
+		collect(n.additional)
+		for _, p := range n.props {
+			collect(p.node)
+		}
+		for _, a := range n.alts {
+			collect(a)
+		}
+	}
+	collect(root)
+	var visit func(n *node) bool
+	visit = func(n *node) bool {
+		switch color[n] {
+		case grey:
+			return false
+		case black:
+			return true
+		}
+		color[n] = grey
+		if n.kind == kUnion {
+			for _, a := range n.alts {
+				if !visit(a) {
+					return false
+				}
+			}
+		}
+		color[n] = black
+		return true
+	}
+	for _, n := range all {
+		if !visit(n) {
+			return errors.New("grammar: schema refers to itself through anyOf/$ref without a value in between")
+		}
+	}
+	return nil
+}
+
+// bounds reads minimum, maximum, exclusiveMinimum and exclusiveMaximum into
+// an integer node (|bound| < 10^18); on type number only minimum 0 is
+// taken (no minus sign), the rest refused.
+func bounds(n *node, s map[string]any, path string) error {
+	var present []string
+	for _, k := range []string{"exclusiveMaximum", "exclusiveMinimum", "maximum", "minimum"} {
+		if _, ok := s[k]; ok {
+			present = append(present, k)
+		}
+	}
+	if len(present) == 0 {
+		return nil
+	}
+	if !n.integer && len(present) == 1 && present[0] == "minimum" {
+		if v, ok := s["minimum"].(json.Number); ok && (v.String() == "0" || v.String() == "0.0") {
+			n.nonNegative = true // ge=0, the common case: no minus sign
+			return nil
+		}
+	}
+	if !n.integer {
+		kw := make([]string, len(present))
+		for i, k := range present {
+			kw[i] = k + " on type number (integers only; minimum 0 alone is supported)"
+		}
+		return &UnsupportedError{Keywords: kw, Path: pathOrRoot(path)}
+	}
+	n.bounded = true
+	for _, k := range present {
+		var f float64
+		switch x := s[k].(type) {
+		case json.Number:
+			var err error
+			if f, err = x.Float64(); err != nil {
+				return schemaErr(path, "%s: %v", k, err)
+			}
+		case float64:
+			f = x
+		default:
+			return schemaErr(path, "%s must be a number", k)
+		}
+		if math.IsNaN(f) || math.Abs(f) >= 1e18 {
+			return schemaErr(path, "%s must be a number of magnitude below 10^18", k)
+		}
+		switch k {
+		case "minimum", "exclusiveMinimum":
+			lo := int64(math.Ceil(f))
+			if k == "exclusiveMinimum" {
+				lo = int64(math.Floor(f)) + 1
+			}
+			if !n.hasLo || lo > n.lo {
+				n.lo, n.hasLo = lo, true
+			}
+		default:
+			hi := int64(math.Floor(f))
+			if k == "exclusiveMaximum" {
+				hi = int64(math.Ceil(f)) - 1
+			}
+			if !n.hasHi || hi < n.hi {
+				n.hi, n.hasHi = hi, true
+			}
+		}
+	}
+	if n.hasLo && n.hasHi && n.lo > n.hi {
+		return schemaErr(path, "no integer lies between the bounds (%d > %d)", n.lo, n.hi)
+	}
+	return nil
+}

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Acceptance test of tools and structured outputs with the official openai Python SDK (pip install openai
+pydantic), run by runners/e2e/openai_sdk_test.go against the gateway of a real cluster:
+python3 openai_tools_sdk.py BASE_URL MODEL. Prints one JSON object with what it saw; exits non-zero on any failure."""
+import json, sys
+
+import openai
+from pydantic import BaseModel
+
+base, model = sys.argv[1], sys.argv[2]
+client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+out = {}
+
+
+# 1. chat.completions.parse with a pydantic model: the SDK sends a strict json_schema and parses the reply.
+class City(BaseModel):
+    name: str
+    country: str
+    population_millions: int
+    is_capital: bool
+
+
+done = client.chat.completions.parse(
+    model=model, temperature=0, max_tokens=200, response_format=City,
+    messages=[{"role": "user", "content": "Describe Paris as JSON with name, country, population_millions and is_capital."}])
+city = done.choices[0].message.parsed
+assert isinstance(city, City), done
+out["parsed"] = city.model_dump()
+
+# 2. a two-step tool loop: a forced call, the tool's result, then the answer.
+tools = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                   "additionalProperties": False}}}]
+messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+first = client.chat.completions.create(model=model, temperature=0, max_tokens=100, messages=messages,
+                                       tools=tools, tool_choice="required")
+choice = first.choices[0]
+assert choice.finish_reason == "tool_calls", choice
+calls = choice.message.tool_calls
+assert calls and calls[0].function.name == "get_weather", calls
+args = json.loads(calls[0].function.arguments)
+assert isinstance(args.get("city"), str), args
+out["call"] = {"name": calls[0].function.name, "arguments": args}
+messages.append(choice.message.model_dump(exclude_none=True))
+messages.append({"role": "tool", "tool_call_id": calls[0].id, "content": "18 degrees C and sunny"})
+second = client.chat.completions.create(model=model, temperature=0, max_tokens=40, messages=messages, tools=tools)
+answer = second.choices[0]
+assert answer.finish_reason in ("stop", "length", "tool_calls"), answer
+out["answer"] = {"finish_reason": answer.finish_reason, "content": answer.message.content,
+                 "tool_calls": len(answer.message.tool_calls or [])}
+
+# 3. the same forced call streamed: the SDK's accumulator rebuilds it from delta.tool_calls.
+with client.chat.completions.stream(model=model, temperature=0, max_tokens=100,
+                                    messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+                                    tools=tools, tool_choice="required") as stream:
+    final = stream.get_final_completion()
+scalls = final.choices[0].message.tool_calls
+assert final.choices[0].finish_reason == "tool_calls", final
+out["stream_call"] = {"name": scalls[0].function.name, "arguments": json.loads(scalls[0].function.arguments)}
+assert out["stream_call"] == out["call"], (out["stream_call"], out["call"])
+
+# 4. an unsupported schema keyword is a 400 that names it.
+try:
+    client.chat.completions.create(model=model, max_tokens=4, messages=[{"role": "user", "content": "hi"}],
+                                   response_format={"type": "json_schema", "json_schema": {
+                                       "name": "x", "schema": {"type": "string", "pattern": "^a+$"}}})
+    raise SystemExit("an unsupported keyword was not refused")
+except openai.BadRequestError as e:
+    out["schema_error"] = e.body["message"] if "message" in e.body else str(e.body)
+
+print(json.dumps(out))
