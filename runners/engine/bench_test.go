@@ -40,20 +40,26 @@ func benchPrompt(b *testing.B, s smol, n int) []int32 {
 }
 
 // BenchmarkSmolLM2Prefill measures prompt processing of SmolLM2-135M
-// (Q4_1 GGUF) on the cpu backend: tokens/s for a 128-token prompt.
+// (Q4_1 GGUF, or $EXO_SMOLLM2_GGUF) on the cpu backend: tokens/s for a
+// 128-token prompt, and for 512 and 2048 (chunks of 512) as sub-benchmarks
+// (-bench 'SmolLM2Prefill/2048').
 func BenchmarkSmolLM2Prefill(b *testing.B) {
 	s := loadSmol(b)
-	ids := benchPrompt(b, s, 128)
 	ctx := context.Background()
-	b.ReportAllocs()
-	cpu0 := cpuTime()
-	for b.Loop() {
-		c := s.m.NewCache()
-		if err := s.m.Prefill(ctx, c, ids, 0, nil); err != nil {
-			b.Fatal(err)
-		}
+	for _, n := range []int{128, 512, 2048} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			ids := benchPrompt(b, s, n)
+			b.ReportAllocs()
+			cpu0 := cpuTime()
+			for b.Loop() {
+				c := s.m.NewCache()
+				if err := s.m.Prefill(ctx, c, ids, 0, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportTokens(b, len(ids)*b.N, cpu0)
+		})
 	}
-	reportTokens(b, len(ids)*b.N, cpu0)
 }
 
 // BenchmarkSmolLM2Decode measures generation speed: one token per
@@ -67,14 +73,19 @@ func BenchmarkSmolLM2Decode(b *testing.B) {
 		b.Fatal(err)
 	}
 	tok := ids[len(ids)-1]
+	// One step before timing: the logits buffer, the backend's step arena
+	// and the model's scratch take their size (reused afterwards).
+	logits, err := s.m.ForwardInto(ctx, c, []int32{tok}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
 	b.ReportAllocs()
 	cpu0 := cpuTime()
 	for b.Loop() {
 		if c.Len() > 1024 {
 			c.Truncate(len(ids))
 		}
-		logits, err := s.m.Forward(ctx, c, []int32{tok})
-		if err != nil {
+		if logits, err = s.m.ForwardInto(ctx, c, []int32{tok}, logits); err != nil {
 			b.Fatal(err)
 		}
 		tok = int32(argmax(logits))
@@ -82,10 +93,10 @@ func BenchmarkSmolLM2Decode(b *testing.B) {
 	reportTokens(b, b.N, cpu0)
 }
 
-// BenchmarkSmolLM2DecodeBatch measures batched generation: one ForwardBatch
-// step of B sequences (each after the same 128-token prompt) per
-// iteration; tokens/s counts all B sequences' tokens, to compare with
-// BenchmarkSmolLM2Decode (B = 1 through Forward).
+// BenchmarkSmolLM2DecodeBatch measures batched generation: one
+// ForwardBatchInto step of B sequences (each after the same 128-token
+// prompt) per iteration; tokens/s counts all B sequences' tokens, to
+// compare with BenchmarkSmolLM2Decode (B = 1 through ForwardInto).
 func BenchmarkSmolLM2DecodeBatch(b *testing.B) {
 	s := loadSmol(b)
 	ids := benchPrompt(b, s, 128)
@@ -101,6 +112,10 @@ func BenchmarkSmolLM2DecodeBatch(b *testing.B) {
 				}
 				toks[i] = ids[len(ids)-1-i]
 			}
+			flat := make([]float32, 0, B*s.m.Info().Vocab)                           // reused
+			if _, err := s.m.ForwardBatchInto(ctx, caches, toks, flat); err != nil { // warm
+				b.Fatal(err)
+			}
 			b.ReportAllocs()
 			cpu0 := cpuTime()
 			for b.Loop() {
@@ -109,7 +124,7 @@ func BenchmarkSmolLM2DecodeBatch(b *testing.B) {
 						c.Truncate(len(ids))
 					}
 				}
-				logits, err := s.m.ForwardBatch(ctx, caches, toks)
+				logits, err := s.m.ForwardBatchInto(ctx, caches, toks, flat)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -58,6 +58,7 @@ type Model struct {
 	// scale attnScale (0: 1/√Dh).
 	embedScale Array
 	attnScale  float32
+	scr        stepScratch
 }
 
 // block is one decoder layer's weights.
@@ -578,6 +579,14 @@ func (m *Model) checkCache(c KVCache, tokens []int32) error {
 // DefaultPrefillChunk), appends their KV and returns the float32 logits of
 // the last position [V]. On error the cache is truncated to where it was.
 func (m *Model) Forward(ctx context.Context, c KVCache, tokens []int32) (logits []float32, err error) {
+	return m.ForwardInto(ctx, c, tokens, nil)
+}
+
+// ForwardInto is Forward writing the logits into dst's storage when its
+// capacity suffices (growing it otherwise) and returning dst[:V]: a decode
+// loop that passes the same buffer every step allocates nothing on the
+// cpu backend.
+func (m *Model) ForwardInto(ctx context.Context, c KVCache, tokens []int32, dst []float32) (logits []float32, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if len(tokens) == 0 {
@@ -608,11 +617,11 @@ func (m *Model) Forward(ctx context.Context, c KVCache, tokens []int32) (logits 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	var out []float32
-	if err := m.step(c, tokens, true, &out); err != nil {
+	m.scr.flat = dst
+	if err := m.step(c, tokens, true, &dst); err != nil {
 		return nil, err
 	}
-	return out, nil
+	return dst, nil
 }
 
 // ForwardBatch runs one decode step for several sequences at once:
@@ -623,19 +632,30 @@ func (m *Model) Forward(ctx context.Context, c KVCache, tokens []int32) (logits 
 // Forward(caches[i], tokens[i:i+1]) would give. The caches must be
 // distinct. On error every cache is truncated to where it was.
 func (m *Model) ForwardBatch(ctx context.Context, caches []KVCache, tokens []int32) (logits [][]float32, err error) {
+	out, err := m.ForwardBatchInto(ctx, caches, tokens, nil)
+	if err != nil {
+		return nil, err
+	}
+	return slices.Clone(out), nil
+}
+
+// ForwardBatchInto is ForwardBatch writing every sequence's logits into
+// dst's storage (B·V floats, grown when its capacity is less). The slice
+// of rows it returns belongs to m and is valid until the next call; the
+// rows are views of dst. A decode loop passing the same buffer every step
+// allocates nothing on the cpu backend.
+func (m *Model) ForwardBatchInto(ctx context.Context, caches []KVCache, tokens []int32, dst []float32) (logits [][]float32, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if len(caches) == 0 || len(caches) != len(tokens) {
 		return nil, fmt.Errorf("engine: ForwardBatch with %d caches and %d tokens", len(caches), len(tokens))
 	}
-	seen := make(map[KVCache]bool, len(caches))
-	starts := make([]int, len(caches))
-	toks := make([][]int32, len(caches))
+	starts := grow(&m.scr.starts, len(caches))
+	toks := grow(&m.scr.toks, len(caches))
 	for i, c := range caches {
-		if seen[c] {
+		if slices.Contains(caches[:i], c) {
 			return nil, fmt.Errorf("engine: ForwardBatch: cache %d appears twice", i)
 		}
-		seen[c] = true
 		if err := m.checkCache(c, tokens[i:i+1]); err != nil {
 			return nil, err
 		}
@@ -644,6 +664,7 @@ func (m *Model) ForwardBatch(ctx context.Context, caches []KVCache, tokens []int
 	for _, c := range caches {
 		beginStep(c, 1)
 	}
+	m.scr.flat = dst
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -719,7 +740,11 @@ func (m *Model) guardedStep(c KVCache, tokens []int32) (err error) {
 // step runs one chunk through every layer. With logits set it writes the
 // last position's logits [V] to *logits; otherwise it only fills the cache.
 func (m *Model) step(c KVCache, tokens []int32, wantLogits bool, logits *[]float32) error {
-	out, err := m.stepSeqs([]KVCache{c}, [][]int32{tokens}, wantLogits)
+	cs := &m.scr.oneCache
+	cs[0] = c
+	defer func() { cs[0] = nil }()
+	ts := [1][]int32{tokens} // stepSeqs does not keep toks: stays on the stack
+	out, err := m.stepSeqs(cs[:], ts[:], wantLogits)
 	if err == nil && wantLogits {
 		*logits = out[0]
 	}
@@ -743,26 +768,37 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 	}
 	batched := len(cs) > 1
 	n := 0
-	starts, offsets := make([]int, len(cs)), make([]int, len(cs))
-	var all []int32
+	scr := &m.scr
+	starts, offsets := grow(&scr.rowStarts, len(cs)), grow(&scr.offsets, len(cs))
+	all := scr.ids[:0]
 	for s, t := range toks {
 		starts[s], offsets[s] = n, cs[s].Len()
 		n += len(t)
 		all = append(all, t...)
 	}
+	scr.ids = all
+	// Shapes and permutations passed to the backend's variadic ops come
+	// from the scratch: a literal argument list would be a heap
+	// allocation per call (the backend is an interface).
+	sh := grow(&scr.shapes, 8)
+	nShape := append(sh[0:0:1], n)
+	qShape := append(sh[1:1:4], n, H, Dh)
+	kvShape := append(sh[4:4:7], n, Hkv, Dh)
 	rows := func(a Array, s int) Array {
 		if !batched {
 			return a
 		}
 		return b.Slice(a, 0, starts[s], starts[s]+len(toks[s]))
 	}
-	ids := b.FromInt32(all, n)
+	ids := b.FromInt32(all, nShape...)
 	x := b.Embedding(m.embed, ids) // [n, D]
 	if m.embedScale != nil {
 		x = b.Mul(x, m.embedScale)
 	}
-	outs := make([]Array, len(cs))
-	var states []Array // new recurrent states, evaluated with the step
+	outs := grow(&scr.outs, len(cs))
+	defer clear(outs)
+	oShape := grow(&scr.oShapes, 2*len(cs))
+	var states []Array // new recurrent states (hybrid models), evaluated with the step
 	for i := range m.layers {
 		ly := &m.layers[i]
 		h := b.RMSNorm(x, ly.inNorm, m.eps)
@@ -790,9 +826,9 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 			qg := b.Reshape(q, n, H, 2*Dh)
 			q, gate = b.Slice(qg, 2, 0, Dh), b.Reshape(b.Slice(qg, 2, Dh, 2*Dh), n, H*Dh)
 		}
-		q = b.Reshape(q, n, H, Dh)                     // [n, H, Dh]
-		k := b.Reshape(b.Linear(h, &ly.k), n, Hkv, Dh) // [n, Hkv, Dh]
-		v := b.Reshape(b.Linear(h, &ly.v), n, Hkv, Dh)
+		q = b.Reshape(q, qShape...)                    // [n, H, Dh]
+		k := b.Reshape(b.Linear(h, &ly.k), kvShape...) // [n, Hkv, Dh]
+		v := b.Reshape(b.Linear(h, &ly.v), kvShape...)
 		if m.arch.QKNorm {
 			q = b.RMSNorm(q, ly.qNorm, m.eps)
 			k = b.RMSNorm(k, ly.kNorm, m.eps)
@@ -803,12 +839,13 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 		}
 		for s, c := range cs {
 			L := len(toks[s])
-			qs := b.RoPE(b.Transpose(rows(q, s), 1, 0, 2), offsets[s], rope) // [H, L, Dh]
-			ks := b.RoPE(b.Transpose(rows(k, s), 1, 0, 2), offsets[s], rope) // [Hkv, L, Dh]
-			vs := b.Transpose(rows(v, s), 1, 0, 2)
-			kAll, vAll := c.Append(i, ks, vs)                     // [Hkv, T, Dh]
-			a := m.attention(i, qs, kAll, vAll, scale)            // [H, L, Dh]
-			outs[s] = b.Reshape(b.Transpose(a, 1, 0, 2), L, H*Dh) // [L, H·Dh]
+			qs := b.RoPE(b.Transpose(rows(q, s), perm102...), offsets[s], rope) // [H, L, Dh]
+			ks := b.RoPE(b.Transpose(rows(k, s), perm102...), offsets[s], rope) // [Hkv, L, Dh]
+			vs := b.Transpose(rows(v, s), perm102...)
+			kAll, vAll := c.Append(i, ks, vs)          // [Hkv, T, Dh]
+			a := m.attention(i, qs, kAll, vAll, scale) // [H, L, Dh]
+			os := append(oShape[2*s:2*s:2*s+2], L, H*Dh)
+			outs[s] = b.Reshape(b.Transpose(a, perm102...), os...) // [L, H·Dh]
 		}
 		a := outs[0]
 		if batched {
@@ -826,8 +863,14 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 			return nil, err
 		}
 	}
+	one := &scr.evalArg
+	defer func() { one[0] = nil }()
 	if !wantLogits {
-		return nil, b.Eval(append([]Array{x}, states...)...)
+		if states != nil {
+			return nil, b.Eval(append([]Array{x}, states...)...)
+		}
+		one[0] = x
+		return nil, b.Eval(one[:]...)
 	}
 	last := x // one row per sequence when every chunk is one token
 	if n != len(cs) {
@@ -841,15 +884,30 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 		}
 	}
 	out := b.Linear(b.RMSNorm(last, m.norm, m.eps), m.lmHead) // [B, V]
-	if err := b.Eval(append([]Array{out}, states...)...); err != nil {
+	evalArgs := one[:]
+	one[0] = out
+	if states != nil {
+		evalArgs = append([]Array{out}, states...)
+	}
+	if err := b.Eval(evalArgs...); err != nil {
 		return nil, err
 	}
-	f, err := b.Float32(out)
+	var f []float32
+	var err error
+	if r, ok := b.(float32IntoReader); ok {
+		f, err = r.Float32Into(scr.flat[:0], out)
+	} else {
+		var g []float32
+		if g, err = b.Float32(out); err == nil {
+			f = append(scr.flat[:0], g...)
+		}
+	}
+	scr.flat = nil
 	if err != nil {
 		return nil, err
 	}
 	V := len(f) / len(cs)
-	logits := make([][]float32, len(cs))
+	logits := grow(&scr.logits, len(cs))
 	for s := range logits {
 		logits[s] = f[s*V : (s+1)*V : (s+1)*V]
 	}
@@ -877,4 +935,42 @@ func beginStep(c KVCache, n int) {
 	if hc, ok := c.(*hybridCache); ok {
 		hc.begin(n)
 	}
+}
+
+// perm102 swaps the first two of three axes ([L, H, Dh] ↔ [H, L, Dh]).
+// Read-only.
+var perm102 = []int{1, 0, 2}
+
+// float32IntoReader is implemented by backends that can copy an array's
+// float32 values into a caller's buffer (the cpu backend), sparing the
+// copy Float32 returns.
+type float32IntoReader interface {
+	Float32Into(dst []float32, a Array) ([]float32, error)
+}
+
+// stepScratch is what a step needs on the host besides arrays, kept on
+// the Model (steps are serialized by its mutex) and reused, so that a
+// decode step allocates nothing once warm.
+type stepScratch struct {
+	starts          []int     // ForwardBatchInto: each cache's length before the step
+	toks            [][]int32 // ForwardBatchInto: each sequence's token
+	rowStarts       []int     // stepSeqs: each sequence's first row
+	offsets         []int     // stepSeqs: each sequence's position
+	ids             []int32
+	shapes, oShapes []int
+	outs            []Array
+	logits          [][]float32
+	flat            []float32 // the caller's logits buffer for this step
+	evalArg         [1]Array
+	oneCache        [1]KVCache
+	oneToks         [1][]int32
+}
+
+// grow returns (*s)[:n], reallocating *s when its capacity is less.
+func grow[T any](s *[]T, n int) []T {
+	if cap(*s) < n {
+		*s = make([]T, n)
+	}
+	*s = (*s)[:n]
+	return *s
 }

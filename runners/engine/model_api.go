@@ -21,6 +21,10 @@ package engine
 //	    one decode step for several sequences at once (token i appended to
 //	    caches[i]); the same logits as separate Forward calls, with the
 //	    projections and MLPs run once over all rows.
+//	func (m *Model) ForwardInto(ctx, c, tokens, dst []float32) ([]float32, error)
+//	func (m *Model) ForwardBatchInto(ctx, caches, tokens, dst []float32) ([][]float32, error)
+//	    the same, writing the logits into the caller's reused buffer: a warm
+//	    decode step then allocates nothing on the cpu backend.
 //	func (m *Model) Prefill(ctx context.Context, c KVCache, tokens []int32, chunk int,
 //	    onChunk func(start, n int) error) error
 //	    runs tokens in chunks of at most chunk tokens (0 = default 512); after

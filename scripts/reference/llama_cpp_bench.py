@@ -29,7 +29,7 @@ def main():
     a = ap.parse_args()
     llm = Llama(model_path=smollm2_path(), n_ctx=a.prompt + a.decode + 8, n_batch=a.prompt,
                 n_threads=a.threads, n_threads_batch=a.threads, verbose=False)
-    text = ("The river runs past the old mill, under three stone bridges and through the market square. " * 64)
+    text = ("The river runs past the old mill, under three stone bridges and through the market square. " * (a.prompt // 16 + 8))
     toks = llm.tokenize(text.encode(), add_bos=False)[: a.prompt]
     assert len(toks) == a.prompt, len(toks)
     pre, dec, pre_cpu, dec_cpu = [], [], [], []
@@ -46,7 +46,7 @@ def main():
         dec_cpu.append(a.decode / (time.process_time() - c0))
     fmt = lambda v: ", ".join(f"{x:.1f}" for x in v)
     print(f"llama.cpp (llama-cpp-python {importlib.metadata.version('llama-cpp-python')}) "
-          f"SmolLM2-135M Q4_1, {a.threads} threads, load average {os.getloadavg()[0]:.1f}")
+          f"{os.path.basename(smollm2_path())}, {a.threads} threads, load average {os.getloadavg()[0]:.1f}")
     print(f"  prefill {a.prompt} tokens: tok/s (wall) {fmt(pre)}; tok per CPU-second {fmt(pre_cpu)}")
     print(f"  decode {a.decode} tokens:  tok/s (wall) {fmt(dec)}; tok per CPU-second {fmt(dec_cpu)}")
 

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/internal/half"
@@ -25,6 +26,7 @@ import (
 // storage instead.
 type Array struct {
 	shape []int
+	dims  [4]int // shape's storage for temporaries of up to 4 axes
 	dt    engine.DType
 	f32   []float32 // F32
 	u16   []uint16  // F16, BF16
@@ -34,6 +36,12 @@ type Array struct {
 	kv    *kvView   // cache view [Hkv, n, Dh] inside storage of capacity cap
 	memo  []float32 // float32 copy of a 16-bit array used as scales/biases
 	mxfp4 *weight   // an MXFP4 weight in 8-bit affine form (mxfp4.go)
+	// Temporaries (arena.go): owner is the backend whose step arena holds
+	// the array, gen the step it belongs to; kept when Keep pinned it.
+	kvv   kvView // kv's storage for views made in the arena
+	owner *Backend
+	gen   uint32
+	kept  bool
 }
 
 // kvView is a window onto one layer's K or V cache storage: head h's token
@@ -59,6 +67,14 @@ func (a *Array) String() string { return fmt.Sprintf("cpu.Array(%v %v)", a.dt, a
 type Backend struct {
 	threads int
 	simd    bool // use the AVX2+FMA kernels (amd64 with both features)
+
+	pool  *pool // workers, started on first use (pool.go)
+	arena arena // the step's temporaries (arena.go)
+	// Per-op scratch reused across steps (the backend is not safe for
+	// concurrent use, so one of each suffices).
+	mm   matmulTask
+	att  attnTask
+	rope ropeCache
 }
 
 // New returns a cpu backend using threads goroutines for the heavy ops;
@@ -79,7 +95,7 @@ func numel(shape []int) int {
 	n := 1
 	for _, d := range shape {
 		if d < 0 {
-			panic(fmt.Sprintf("cpu: negative dimension in shape %v", shape))
+			panic(fmt.Sprintf("cpu: negative dimension in shape %v", slices.Clone(shape)))
 		}
 		n *= d
 	}
@@ -91,10 +107,12 @@ func arr(a engine.Array) *Array {
 	if !ok || x == nil {
 		panic(fmt.Sprintf("cpu: array %T was not made by the cpu backend", a))
 	}
+	x.checkLive()
 	return x
 }
 
-func newF32(shape []int, data []float32) *Array {
+// heapF32 wraps data (not from the arena) as an F32 array.
+func heapF32(shape []int, data []float32) *Array {
 	return &Array{shape: append([]int(nil), shape...), dt: engine.F32, f32: data}
 }
 
@@ -159,7 +177,9 @@ func (b *Backend) FromFloat32(data []float32, shape ...int) engine.Array {
 	if len(data) != numel(shape) {
 		panic(fmt.Sprintf("cpu: FromFloat32: %d values for shape %v", len(data), shape))
 	}
-	return newF32(shape, append([]float32(nil), data...))
+	out := b.newF32(shape...)
+	copy(out.f32, data)
+	return out
 }
 
 // FromInt32 copies data into a new I32 array.
@@ -167,7 +187,11 @@ func (b *Backend) FromInt32(data []int32, shape ...int) engine.Array {
 	if len(data) != numel(shape) {
 		panic(fmt.Sprintf("cpu: FromInt32: %d values for shape %v", len(data), shape))
 	}
-	return &Array{shape: append([]int(nil), shape...), dt: engine.I32, i32: append([]int32(nil), data...)}
+	out := b.header(shape)
+	out.dt = engine.I32
+	out.i32 = b.int32s(len(data))
+	copy(out.i32, data)
+	return out
 }
 
 // Bytes returns a's contents as little-endian bytes in its dtype.
@@ -234,11 +258,35 @@ func (b *Backend) Float32(x engine.Array) ([]float32, error) {
 // Eval is a no-op: every op has already run.
 func (b *Backend) Eval(arrays ...engine.Array) error { return nil }
 
-// Keep is a no-op: the Go GC owns cpu memory.
-func (b *Backend) Keep(arrays ...engine.Array) {}
+// Keep pins arrays: a temporary's data moves off the step arena, so later
+// sweeps leave it alone. Arrays from FromBytes need nothing.
+func (b *Backend) Keep(arrays ...engine.Array) {
+	for _, x := range arrays {
+		b.keep(arr(x))
+	}
+}
 
-// Free is a no-op: the Go GC owns cpu memory.
-func (b *Backend) Free(arrays ...engine.Array) {}
+// Free with no arguments ends the step: every temporary made since the last
+// sweep and not kept is released, and its storage serves the next step.
+// Free of given arrays is a no-op (the Go GC owns what is not in the
+// arena, and arena storage is reclaimed only by the sweep).
+func (b *Backend) Free(arrays ...engine.Array) {
+	if len(arrays) == 0 {
+		b.sweep()
+	}
+}
+
+// Float32Into is Float32 into dst's storage when it has the capacity
+// (growing it otherwise): the engine reads a step's logits with it so
+// that a decode step allocates nothing.
+func (b *Backend) Float32Into(dst []float32, x engine.Array) ([]float32, error) {
+	a := arr(x)
+	if a.dt != engine.F32 || a.kv != nil {
+		f, err := b.Float32(x)
+		return append(dst[:0], f...), err
+	}
+	return append(dst[:0], a.f32...), nil
+}
 
 // materialize returns a contiguous array (copying a cache view).
 func materialize(a *Array) *Array {

@@ -9,14 +9,14 @@ import (
 
 // kvRows returns the float32 rows of a K or V array [Hkv, T, Dh] (a cache
 // view or a plain array) and the distance between heads in elements.
-func kvRows(a *Array) (data []float32, heads, T, dh, headStride int) {
+func (b *Backend) kvRows(a *Array) (data []float32, heads, T, dh, headStride int) {
 	if a.kv != nil {
 		v := a.kv
 		if v.dt == engine.F32 {
 			return v.f32, v.heads, v.n, v.dh, v.cap * v.dh
 		}
 		// Expand only the live part of each head.
-		out := make([]float32, v.heads*v.n*v.dh)
+		out := b.floats(v.heads * v.n * v.dh)
 		for h := 0; h < v.heads; h++ {
 			halfToF32(out[h*v.n*v.dh:(h+1)*v.n*v.dh], v.u16[h*v.cap*v.dh:h*v.cap*v.dh+v.n*v.dh], v.dt)
 		}
@@ -35,54 +35,88 @@ func (b *Backend) Attention(qa, ka, va engine.Array, scale float32) engine.Array
 		panic(fmt.Sprintf("cpu: Attention: q of shape %v, want [H, L, Dh]", q.shape))
 	}
 	H, L, Dh := q.shape[0], q.shape[1], q.shape[2]
-	kd, hkv, T, kdh, kst := kvRows(arr(ka))
-	vd, vhkv, vT, vdh, vst := kvRows(arr(va))
+	kd, hkv, T, kdh, kst := b.kvRows(arr(ka))
+	vd, vhkv, vT, vdh, vst := b.kvRows(arr(va))
 	if kdh != Dh || vdh != Dh || vhkv != hkv || vT != T || hkv == 0 || H%hkv != 0 || T < L {
 		panic(fmt.Sprintf("cpu: Attention: q %v with k [%d %d %d] v [%d %d %d]", q.shape, hkv, T, kdh, vhkv, vT, vdh))
 	}
-	qv := floats(q)
-	group := H / hkv
-	out := make([]float32, H*L*Dh)
-	// Per query head: scores [L, T] = q_h · K_khᵀ on the matmul kernels,
-	// causal softmax per row, then out_i = Σ_t p_t v_t over the visible keys
-	// only, accumulated in key order. Every number a row gets is computed
-	// the same way whatever L and T are, so chunked prefill, one-shot
-	// prefill and decode agree bit for bit.
-	b.parallel(H, 1, func(lo, hi int) {
-		scores := make([]float32, L*T)
-		buf := make([]float32, 4*Dh)
-		for h := lo; h < hi; h++ {
-			kh := h / group
-			keys := &weight{out: T, in: Dh, dt: engine.F32, f32: kd[kh*kst : kh*kst+T*Dh]}
-			b.gemmBlocks(scores, qv[h*L*Dh:(h+1)*L*Dh], L, keys, 0, (T+3)/4, buf)
-			vbase := vd[kh*vst:]
-			for i := range L {
-				limit := T - L + i + 1 // keys 0..T-L+i
-				row := scores[i*T : i*T+limit]
-				m := float32(math.Inf(-1))
-				for t, s := range row {
-					s *= scale
-					row[t] = s
-					m = max(m, s)
-				}
-				var sum float32
-				for t, s := range row {
-					p := float32(math.Exp(float64(s - m)))
-					row[t] = p
-					sum += p
-				}
-				o := out[(h*L+i)*Dh : (h*L+i+1)*Dh]
-				for t, p := range row {
-					b.axpy(p, vbase[t*Dh:(t+1)*Dh], o)
-				}
-				inv := 1 / sum
-				for d := range o {
-					o[d] *= inv
+	res := b.newF32(H, L, Dh)
+	t := &b.att
+	*t = attnTask{b: b, q: floats(q), kd: kd, vd: vd, out: res.f32, scratch: t.scratch,
+		L: L, T: T, Dh: Dh, group: H / hkv, kst: kst, vst: vst, scale: scale}
+	// Each range of heads gets its own scores and row buffers.
+	per := L*T + 4*Dh
+	if need := b.threads * per; cap(t.scratch) < need {
+		// Room for the next kvStep keys too: decode grows T by one a step.
+		t.scratch = make([]float32, b.threads*(L*(T+kvStep)+4*Dh))
+	}
+	b.run(H, 1, t)
+	scratch := t.scratch
+	*t = attnTask{scratch: scratch}
+	return res
+}
+
+// attnTask is Attention's work over query heads; the Backend owns one.
+//
+// Per query head: scores [L, T] = q_h · K_khᵀ on the matmul kernels,
+// causal softmax per row, then out_i = Σ_t p_t v_t over the visible keys
+// only, accumulated in key order. Every number a row gets is computed
+// the same way whatever L and T are, so chunked prefill, one-shot
+// prefill and decode agree bit for bit.
+type attnTask struct {
+	b               *Backend
+	q, kd, vd, out  []float32
+	scratch         []float32 // threads × (L·T + 4·Dh)
+	L, T, Dh, group int
+	kst, vst        int
+	scale           float32
+}
+
+func (t *attnTask) run(lo, hi int) {
+	b, L, T, Dh := t.b, t.L, t.T, t.Dh
+	// The range's slot in scratch: run's ranges start at multiples of
+	// their length.
+	_, per := b.split(len(t.out)/(L*Dh), 1)
+	slot := lo / per
+	sz := L*T + 4*Dh
+	mine := t.scratch[slot*sz : (slot+1)*sz]
+	scores, buf := mine[:L*T], mine[L*T:]
+	var keys weight
+	for h := lo; h < hi; h++ {
+		kh := h / t.group
+		keys = weight{out: T, in: Dh, dt: engine.F32, f32: t.kd[kh*t.kst : kh*t.kst+T*Dh]}
+		b.gemmBlocks(scores, t.q[h*L*Dh:(h+1)*L*Dh], L, &keys, 0, (T+3)/4, buf)
+		vbase := t.vd[kh*t.vst:]
+		for i := range L {
+			limit := T - L + i + 1 // keys 0..T-L+i
+			row := scores[i*T : i*T+limit]
+			m := float32(math.Inf(-1))
+			for j, s := range row {
+				s *= t.scale
+				row[j] = s
+				m = max(m, s)
+			}
+			var sum float32
+			for j, s := range row {
+				p := float32(math.Exp(float64(s - m)))
+				row[j] = p
+				sum += p
+			}
+			o := t.out[(h*L+i)*Dh : (h*L+i+1)*Dh]
+			if b.simd && Dh%8 == 0 && len(row) > 0 {
+				_ = vbase[len(row)*Dh-1]
+				wsumAVX(&row[0], len(row), &vbase[0], 4*Dh, &o[0], Dh/8)
+			} else {
+				for j, p := range row {
+					b.axpy(p, vbase[j*Dh:(j+1)*Dh], o)
 				}
 			}
+			inv := 1 / sum
+			for d := range o {
+				o[d] *= inv
+			}
 		}
-	})
-	return newF32([]int{H, L, Dh}, out)
+	}
 }
 
 // axpy adds a·x to y.
@@ -114,13 +148,10 @@ func (b *Backend) RoPE(xa engine.Array, offset int, r *engine.RoPE) engine.Array
 	if dims > Dh || dims%2 != 0 {
 		panic(fmt.Sprintf("cpu: RoPE: %d rotated dims for head dim %d", dims, Dh))
 	}
-	invFreq, attnFactor, err := engine.RoPEFrequencies(r, dims)
-	if err != nil {
-		panic(fmt.Errorf("cpu: RoPE: %w", err))
-	}
+	invFreq, attnFactor := b.rope.frequencies(r, dims)
 	half := dims / 2
-	cos := make([]float32, L*half)
-	sin := make([]float32, L*half)
+	cos := b.floats(L * half)
+	sin := b.floats(L * half)
 	for i := range L {
 		pos := float32(offset + i)
 		for j := range half {
@@ -131,7 +162,8 @@ func (b *Backend) RoPE(xa engine.Array, offset int, r *engine.RoPE) engine.Array
 		}
 	}
 	v := floats(x)
-	out := make([]float32, len(v))
+	res := b.newF32(x.shape...)
+	out := res.f32
 	copy(out, v)
 	for h := range H {
 		for i := range L {
@@ -145,5 +177,35 @@ func (b *Backend) RoPE(xa engine.Array, offset int, r *engine.RoPE) engine.Array
 			}
 		}
 	}
-	return newF32(x.shape, out)
+	return res
+}
+
+// ropeCache remembers the inverse frequencies of the last few RoPE
+// settings used (a model uses one or two: Gemma 3 alternates local and
+// global), so RoPE does not recompute them per call.
+type ropeCache struct {
+	entries [4]ropeEntry
+	next    int
+}
+
+type ropeEntry struct {
+	key        engine.RoPE
+	dims       int
+	invFreq    []float32
+	attnFactor float32
+}
+
+func (c *ropeCache) frequencies(r *engine.RoPE, dims int) ([]float32, float32) {
+	for i := range c.entries {
+		if e := &c.entries[i]; e.invFreq != nil && e.key == *r && e.dims == dims {
+			return e.invFreq, e.attnFactor
+		}
+	}
+	invFreq, attnFactor, err := engine.RoPEFrequencies(r, dims)
+	if err != nil {
+		panic(fmt.Errorf("cpu: RoPE: %w", err))
+	}
+	c.entries[c.next] = ropeEntry{key: *r, dims: dims, invFreq: invFreq, attnFactor: attnFactor}
+	c.next = (c.next + 1) % len(c.entries)
+	return invFreq, attnFactor
 }

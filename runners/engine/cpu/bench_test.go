@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/internal/half"
 )
 
 // The benchmarks use SmolLM2-135M's MLP shape (up/gate: 1536×576) so the
@@ -133,7 +134,7 @@ func BenchmarkDecodeModelSized(b *testing.B) {
 	be := newBackend(0)
 	r := rand.New(rand.NewPCG(5, 5))
 	type mat struct {
-		q4, f32 *weight
+		q4, q4h, f32 *weight
 	}
 	var mats []mat
 	flops := 0
@@ -142,7 +143,13 @@ func BenchmarkDecodeModelSized(b *testing.B) {
 			N, K := s[0], s[1]
 			w := randF32(r, N*K)
 			q, sc, bz, deq := quantize(w, N, K, 4, 32)
+			sc16, bz16 := make([]uint16, len(sc)), make([]uint16, len(bz))
+			half.NarrowF16(sc16, sc)
+			half.NarrowF16(bz16, bz)
+			q4h := &weight{out: N, in: K, bits: 4, gs: 32, q: q, scales: sc, biases: bz, wpr: K / 8, simd: be.simd}
+			q4h.scales16, q4h.biases16 = sc16, bz16
 			mats = append(mats, mat{
+				q4h: q4h,
 				q4:  &weight{out: N, in: K, bits: 4, gs: 32, q: q, scales: sc, biases: bz, wpr: K / 8, simd: be.simd},
 				f32: &weight{out: N, in: K, dt: engine.F32, f32: deq},
 			})
@@ -151,7 +158,7 @@ func BenchmarkDecodeModelSized(b *testing.B) {
 	}
 	x := randF32(r, F)
 	out := make([]float32, F)
-	for _, mode := range []string{"q4-fused", "q4-expand", "f32-dequantized"} {
+	for _, mode := range []string{"q4-fused", "q4-fused-f16-scales", "q4-expand", "f32-dequantized"} {
 		b.Run(mode, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
@@ -159,6 +166,8 @@ func BenchmarkDecodeModelSized(b *testing.B) {
 					switch mode {
 					case "q4-fused":
 						be.matmulTMode(out[:m.q4.out], x[:m.q4.in], 1, m.q4, true)
+					case "q4-fused-f16-scales":
+						be.matmulTMode(out[:m.q4h.out], x[:m.q4h.in], 1, m.q4h, true)
 					case "q4-expand":
 						be.matmulTMode(out[:m.q4.out], x[:m.q4.in], 1, m.q4, false)
 					default:

@@ -532,3 +532,30 @@ func TestParallelPanicReachesCaller(t *testing.T) {
 	})
 	t.Fatal("no panic")
 }
+
+// TestWeightedSumMatchesAxpy: attention's value sum (wsumAVX, the output row
+// in registers) is bit-identical to one axpy per key, for head dims that
+// take its four-group and one-group paths.
+func TestWeightedSumMatchesAxpy(t *testing.T) {
+	if !hasSIMD() {
+		t.Skip("no AVX2+FMA")
+	}
+	r := rand.New(rand.NewPCG(21, 22))
+	b := &Backend{threads: 1, simd: true}
+	for _, dh := range []int{8, 40, 64, 128} {
+		for _, n := range []int{1, 7, 300} {
+			p, v := randF32(r, n), randF32(r, n*dh)
+			want, got := randF32(r, dh), make([]float32, dh)
+			copy(got, want)
+			for j := range n {
+				b.axpy(p[j], v[j*dh:(j+1)*dh], want)
+			}
+			wsumAVX(&p[0], n, &v[0], 4*dh, &got[0], dh/8)
+			for i := range got {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("dh %d, %d keys: [%d] = %v, axpy gives %v", dh, n, i, got[i], want[i])
+				}
+			}
+		}
+	}
+}

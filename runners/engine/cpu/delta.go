@@ -39,7 +39,7 @@ func (b *Backend) DeltaGates(a, bb, aLog, dtBias engine.Array) (engine.Array, en
 			beta[i] = float32(1 / (1 + math.Exp(-float64(bv[i]))))
 		}
 	}
-	return newF32(aa.shape, g), newF32(ba.shape, beta)
+	return heapF32(aa.shape, g), heapF32(ba.shape, beta)
 }
 
 // GatedDelta runs the recurrence (see engine.Backend.GatedDelta).
@@ -90,5 +90,5 @@ func (b *Backend) GatedDelta(q, k, v, g, beta, state engine.Array) (engine.Array
 			}
 		}
 	})
-	return newF32([]int{L, Hv, Dv}, y), newF32([]int{Hv, Dv, Dk}, S)
+	return heapF32([]int{L, Hv, Dv}, y), heapF32([]int{Hv, Dv, Dk}, S)
 }

@@ -292,7 +292,7 @@ func (b *Backend) GatherLinear(x engine.Array, l *engine.Linear, experts engine.
 		}
 		i = j
 	}
-	return newF32([]int{N, s.out}, out)
+	return heapF32([]int{N, s.out}, out)
 }
 
 // Sigmoid is 1/(1+e^−x) in float32 (computed in float64, rounded once).
@@ -303,5 +303,5 @@ func (b *Backend) Sigmoid(x engine.Array) engine.Array {
 	for i, e := range v {
 		out[i] = float32(1 / (1 + math.Exp(-float64(e))))
 	}
-	return newF32(a.shape, out)
+	return heapF32(a.shape, out)
 }

@@ -25,7 +25,7 @@ func (b *Backend) GeGLU(gate, up engine.Array) engine.Array {
 			out[i] = 0.5 * x * (1 + t) * uv[i]
 		}
 	})
-	return newF32(g.shape, out)
+	return heapF32(g.shape, out)
 }
 
 // ClampedSwiGLU is gpt-oss's activation (see engine.Backend).
@@ -44,5 +44,5 @@ func (b *Backend) ClampedSwiGLU(gate, up engine.Array, alpha, limit float32) eng
 			out[i] = (y + 1) * s
 		}
 	})
-	return newF32(g.shape, out)
+	return heapF32(g.shape, out)
 }

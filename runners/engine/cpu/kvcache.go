@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 )
@@ -13,6 +14,7 @@ const kvStep = 256
 
 // kvCache stores per layer K and V as [Hkv, cap, Dh] in F32 or 16-bit words.
 type kvCache struct {
+	b      *Backend // whose step arena holds the views Append returns
 	g      engine.CacheGeometry
 	dt     engine.DType
 	n      int // committed length
@@ -43,7 +45,7 @@ func (b *Backend) NewKVCache(g engine.CacheGeometry, dt engine.DType) engine.KVC
 	if g.Sliding() {
 		return newRingCache(g, dt)
 	}
-	return &kvCache{g: g, dt: dt, layers: make([]kvLayer, g.Layers)}
+	return &kvCache{b: b, g: g, dt: dt, layers: make([]kvLayer, g.Layers)}
 }
 
 // CanTruncate: a cache without sliding layers can go back anywhere.
@@ -106,10 +108,12 @@ func (c *kvCache) write(l *kvLayer, start, n int, k, v []float32) {
 }
 
 func (c *kvCache) view(l *kvLayer, n int) (engine.Array, engine.Array) {
-	shape := []int{c.g.KVHeads, n, c.g.HeadDim}
-	kv := &kvView{dt: c.dt, heads: c.g.KVHeads, n: n, dh: c.g.HeadDim, cap: c.cap, f32: l.k32, u16: l.k16}
-	vv := &kvView{dt: c.dt, heads: c.g.KVHeads, n: n, dh: c.g.HeadDim, cap: c.cap, f32: l.v32, u16: l.v16}
-	return &Array{shape: shape, dt: c.dt, kv: kv}, &Array{shape: append([]int(nil), shape...), dt: c.dt, kv: vv}
+	k, v := c.b.header3(c.g.KVHeads, n, c.g.HeadDim), c.b.header3(c.g.KVHeads, n, c.g.HeadDim)
+	k.dt, v.dt = c.dt, c.dt
+	k.kvv = kvView{dt: c.dt, heads: c.g.KVHeads, n: n, dh: c.g.HeadDim, cap: c.cap, f32: l.k32, u16: l.k16}
+	v.kvv = kvView{dt: c.dt, heads: c.g.KVHeads, n: n, dh: c.g.HeadDim, cap: c.cap, f32: l.v32, u16: l.v16}
+	k.kv, v.kv = &k.kvv, &v.kvv
+	return k, v
 }
 
 // Append adds k, v [Hkv, L, Dh] to layer at Len() and returns views of the
@@ -119,7 +123,7 @@ func (c *kvCache) Append(layer int, k, v engine.Array) (engine.Array, engine.Arr
 	if layer < 0 || layer >= c.g.Layers {
 		panic(fmt.Sprintf("cpu: KV Append: layer %d of %d", layer, c.g.Layers))
 	}
-	if len(ka.shape) != 3 || ka.shape[0] != c.g.KVHeads || ka.shape[2] != c.g.HeadDim || fmt.Sprint(ka.shape) != fmt.Sprint(va.shape) {
+	if len(ka.shape) != 3 || ka.shape[0] != c.g.KVHeads || ka.shape[2] != c.g.HeadDim || !slices.Equal(ka.shape, va.shape) {
 		panic(fmt.Sprintf("cpu: KV Append: k %v v %v for geometry %+v", ka.shape, va.shape, c.g))
 	}
 	n := ka.shape[1]

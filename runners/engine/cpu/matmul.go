@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"sync"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 )
@@ -43,8 +44,11 @@ type weight struct {
 	bits, gs       int
 	q              []uint32
 	scales, biases []float32
-	wpr            int // words per row
-	simd           bool
+	// scales16, biases16 are the float16 originals when both are F16:
+	// the fused decode kernels read them (exact widening, fewer bytes).
+	scales16, biases16 []uint16
+	wpr                int // words per row
+	simd               bool
 }
 
 // halfFloats returns a 16-bit array's values as float32, memoized on the
@@ -60,18 +64,29 @@ func halfFloats(a *Array) []float32 {
 }
 
 func (b *Backend) newWeight(l *engine.Linear) *weight {
-	var w *weight
-	if l != nil && l.Mode == "mxfp4" {
-		c := *mxfp4Weight(l)
-		w = &c
-	} else {
-		w = newWeight(l)
-	}
-	w.simd = b.simd
+	w := new(weight)
+	b.setWeight(w, l)
 	return w
 }
 
+// setWeight fills r from l for this backend's kernels (no allocation once
+// l's scales and biases have been widened).
+func (b *Backend) setWeight(r *weight, l *engine.Linear) {
+	if l != nil && l.Mode == "mxfp4" {
+		*r = *mxfp4Weight(l)
+	} else {
+		setWeight(r, l)
+	}
+	r.simd = b.simd
+}
+
 func newWeight(l *engine.Linear) *weight {
+	w := new(weight)
+	setWeight(w, l)
+	return w
+}
+
+func setWeight(r *weight, l *engine.Linear) {
 	if l == nil || l.W == nil {
 		panic("cpu: Linear without a weight")
 	}
@@ -80,7 +95,7 @@ func newWeight(l *engine.Linear) *weight {
 		panic(fmt.Sprintf("cpu: Linear weight of shape %v, want [out, in]", w.shape))
 	}
 	if l.Bits == 0 {
-		r := &weight{out: w.shape[0], in: w.shape[1], dt: w.dt}
+		*r = weight{out: w.shape[0], in: w.shape[1], dt: w.dt}
 		switch w.dt {
 		case engine.F32:
 			r.f32 = w.f32
@@ -89,7 +104,7 @@ func newWeight(l *engine.Linear) *weight {
 		default:
 			panic(fmt.Sprintf("cpu: dense Linear weight of dtype %v", w.dt))
 		}
-		return r
+		return
 	}
 	if w.dt != engine.U32 {
 		panic(fmt.Sprintf("cpu: quantized Linear weight of dtype %v, want uint32", w.dt))
@@ -111,9 +126,12 @@ func newWeight(l *engine.Linear) *weight {
 	if numel(s.shape) != w.shape[0]*ng || numel(bz.shape) != w.shape[0]*ng {
 		panic(fmt.Sprintf("cpu: quantized Linear: scales %v / biases %v for weight %v with group %d", s.shape, bz.shape, w.shape, l.GroupSize))
 	}
-	return &weight{
+	*r = weight{
 		out: w.shape[0], in: in, bits: l.Bits, gs: l.GroupSize,
 		q: w.u32, scales: halfFloats(s), biases: halfFloats(bz), wpr: w.shape[1],
+	}
+	if s.dt == engine.F16 && bz.dt == engine.F16 && s.kv == nil && bz.kv == nil {
+		r.scales16, r.biases16 = s.u16, bz.u16
 	}
 }
 
@@ -191,13 +209,15 @@ func (w *weight) rowF32(buf []float32, r int) []float32 {
 
 // Linear computes x @ Wᵀ (+ bias) for x [L, in] → [L, out].
 func (b *Backend) Linear(x engine.Array, l *engine.Linear) engine.Array {
-	w := b.newWeight(l)
+	w := &b.mm.wv
+	b.setWeight(w, l)
 	a := arr(x)
 	if len(a.shape) != 2 || a.shape[1] != w.in {
 		panic(fmt.Sprintf("cpu: Linear: x %v with weight [%d, %d]", a.shape, w.out, w.in))
 	}
 	xv := floats(a)
-	out := make([]float32, a.shape[0]*w.out)
+	res := b.newF32(a.shape[0], w.out)
+	out := res.f32
 	b.matmulT(out, xv, a.shape[0], w)
 	if l.Bias != nil {
 		bias := floats(arr(l.Bias))
@@ -211,7 +231,8 @@ func (b *Backend) Linear(x engine.Array, l *engine.Linear) engine.Array {
 			}
 		}
 	}
-	return newF32([]int{a.shape[0], w.out}, out)
+	*w = weight{} // drop the references to l's storage
+	return res
 }
 
 // matmulT computes out [L, N] = x [L, K] · wᵀ on all threads.
@@ -235,7 +256,49 @@ func (b *Backend) matmulTMode(out, x []float32, L int, w *weight, fused bool) {
 	blocks := (N + 3) / 4
 	// Aim for at least ~64k multiply-adds per goroutine.
 	minBlocks := max(1, 65536/(4*K*max(L, 1)))
-	b.parallel(blocks, minBlocks, func(lo, hi int) {
+	t := &b.mm
+	t.b, t.out, t.x, t.L, t.w, t.fused = b, out, x, L, w, fused
+	b.run(blocks, minBlocks, t)
+	t.out, t.x, t.w = nil, nil, nil
+}
+
+// matmulTask is matmulTMode's work over blocks of four weight rows; the
+// Backend owns one, reused by every product.
+type matmulTask struct {
+	b      *Backend
+	out, x []float32
+	L      int
+	w      *weight
+	fused  bool
+	wv     weight // Linear's weight, prepared in place
+	mw     weight // MatMul's right operand, transposed
+	// bufs holds the expand path's per-range buffers of 4·K floats.
+	mu   sync.Mutex
+	bufs [][]float32
+}
+
+func (t *matmulTask) buf(n int) []float32 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, s := range t.bufs {
+		if cap(s) >= n {
+			t.bufs = append(t.bufs[:i], t.bufs[i+1:]...)
+			return s[:n]
+		}
+	}
+	return make([]float32, n)
+}
+
+func (t *matmulTask) putBuf(s []float32) {
+	t.mu.Lock()
+	t.bufs = append(t.bufs, s)
+	t.mu.Unlock()
+}
+
+func (t *matmulTask) run(lo, hi int) {
+	b, out, x, L, w, fused := t.b, t.out, t.x, t.L, t.w, t.fused
+	N, K := w.out, w.in
+	{
 		if fused && !b.simd {
 			for blk := lo; blk < hi; blk++ {
 				j := blk * 4
@@ -267,8 +330,10 @@ func (b *Backend) matmulTMode(out, x []float32, L int, w *weight, fused bool) {
 			}
 			return
 		}
-		b.gemmBlocks(out, x, L, w, lo, hi, make([]float32, 4*K))
-	})
+		buf := t.buf(4 * K)
+		b.gemmBlocks(out, x, L, w, lo, hi, buf)
+		t.putBuf(buf)
+	}
 }
 
 // gemmBlocks computes out [L, N] = x [L, K] · wᵀ for the weight rows in
@@ -404,7 +469,15 @@ func (b *Backend) qdot4(r *[4]float32, x []float32, w *weight, j int) {
 	_ = w.scales[(j+4)*ng-1]
 	_ = w.biases[(j+4)*ng-1]
 	var acc [32]float32
-	if w.bits == 4 {
+	if halfSIMD && w.scales16 != nil {
+		_ = w.scales16[(j+4)*ng-1]
+		_ = w.biases16[(j+4)*ng-1]
+		if w.bits == 4 {
+			q4dot4HAVX(&x[0], &w.q[j*w.wpr], 4*w.wpr, &w.scales16[j*ng], &w.biases16[j*ng], 2*ng, ng, w.gs/8, &acc)
+		} else {
+			q8dot4HAVX(&x[0], &w.q[j*w.wpr], 4*w.wpr, &w.scales16[j*ng], &w.biases16[j*ng], 2*ng, ng, w.gs/8, &acc)
+		}
+	} else if w.bits == 4 {
 		q4dot4AVX(&x[0], &w.q[j*w.wpr], 4*w.wpr, &w.scales[j*ng], &w.biases[j*ng], 4*ng, ng, w.gs/8, &acc)
 	} else {
 		q8dot4AVX(&x[0], &w.q[j*w.wpr], 4*w.wpr, &w.scales[j*ng], &w.biases[j*ng], 4*ng, ng, w.gs/8, &acc)
@@ -546,22 +619,26 @@ func (b *Backend) MatMul(x, y engine.Array) engine.Array {
 	}
 	batches := numel(lead)
 	av, cv := floats(a), floats(c)
-	out := make([]float32, batches*M*N)
+	var shb [maxFastDims]int
+	shape := append(append(shb[:0], lead...), M, N)
+	res := b.newF32(shape...)
+	out := res.f32
+	ct := b.floats(N * K)
 	for bt := range batches {
 		cb := cv
 		if len(clead) > 0 {
 			cb = cv[bt*K*N : (bt+1)*K*N]
 		}
 		// Transpose this batch of c to [N, K] so rows are contiguous.
-		ct := make([]float32, N*K)
 		for k := range K {
 			for n := range N {
 				ct[n*K+k] = cb[k*N+n]
 			}
 		}
-		w := &weight{out: N, in: K, dt: engine.F32, f32: ct}
+		w := &b.mm.mw
+		*w = weight{out: N, in: K, dt: engine.F32, f32: ct}
 		b.matmulT(out[bt*M*N:(bt+1)*M*N], av[bt*M*K:(bt+1)*M*K], M, w)
+		*w = weight{}
 	}
-	shape := append(append([]int(nil), lead...), M, N)
-	return newF32(shape, out)
+	return res
 }

@@ -4,52 +4,9 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"sync"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 )
-
-// parallel runs fn over [0, n) split into at most b.threads contiguous
-// ranges; ranges are at least minChunk long, so small work stays on the
-// calling goroutine.
-func (b *Backend) parallel(n, minChunk int, fn func(lo, hi int)) {
-	if n <= 0 {
-		return
-	}
-	workers := b.threads
-	if minChunk < 1 {
-		minChunk = 1
-	}
-	if w := (n + minChunk - 1) / minChunk; w < workers {
-		workers = w
-	}
-	if workers <= 1 {
-		fn(0, n)
-		return
-	}
-	var wg sync.WaitGroup
-	var once sync.Once
-	var failed any
-	per := (n + workers - 1) / workers
-	for lo := per; lo < n; lo += per {
-		hi := min(lo+per, n)
-		wg.Go(func() {
-			// A panic on a worker would kill the process; hand it to the
-			// caller's goroutine, where the engine recovers it into an error.
-			defer func() {
-				if r := recover(); r != nil {
-					once.Do(func() { failed = r })
-				}
-			}()
-			fn(lo, hi)
-		})
-	}
-	fn(0, min(per, n))
-	wg.Wait()
-	if failed != nil {
-		panic(failed)
-	}
-}
 
 // broadcastSuffix checks that small's shape, without leading size-1 axes,
 // equals the trailing axes of big's shape (broadcasting over leading axes).
@@ -70,10 +27,11 @@ func (b *Backend) binary(op string, x, y engine.Array, f func(p, q float32) floa
 	}
 	broadcastSuffix(op, a.shape, c.shape)
 	av, cv := floats(a), floats(c)
-	out := make([]float32, len(av))
+	res := b.newF32(a.shape...)
+	out := res.f32
 	m := len(cv)
 	if m == 0 {
-		return newF32(a.shape, out)
+		return res
 	}
 	// Strip leading size-1 axes of the smaller operand: it repeats every m.
 	for i := 0; i < len(av); i += m {
@@ -83,7 +41,7 @@ func (b *Backend) binary(op string, x, y engine.Array, f func(p, q float32) floa
 			o[j] = f(s[j], cv[j])
 		}
 	}
-	return newF32(a.shape, out)
+	return res
 }
 
 // Add adds with broadcasting over leading axes.
@@ -104,14 +62,28 @@ func (b *Backend) SwiGLU(gate, up engine.Array) engine.Array {
 		panic(fmt.Sprintf("cpu: SwiGLU of %v and %v", g.shape, u.shape))
 	}
 	gv, uv := floats(g), floats(u)
-	out := make([]float32, len(gv))
-	b.parallel(len(gv), 16384, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			s := gv[i] / (1 + float32(math.Exp(float64(-gv[i]))))
-			out[i] = s * uv[i]
-		}
+	res := b.newF32(g.shape...)
+	out := res.f32
+	if len(gv) < 2*swigluChunk {
+		swiglu(out, gv, uv)
+		return res
+	}
+	b.parallel(len(gv), swigluChunk, func(lo, hi int) {
+		swiglu(out[lo:hi], gv[lo:hi], uv[lo:hi])
 	})
-	return newF32(g.shape, out)
+	return res
+}
+
+// swigluChunk is the least work SwiGLU gives a thread.
+const swigluChunk = 16384
+
+func swiglu(out, gv, uv []float32) {
+	uv = uv[:len(gv)]
+	out = out[:len(gv)]
+	for i, g := range gv {
+		s := g / (1 + float32(math.Exp(float64(-g))))
+		out[i] = s * uv[i]
+	}
 }
 
 func lastDim(op string, a *Array) (rows, d int) {
@@ -134,22 +106,34 @@ func (b *Backend) RMSNorm(x, w engine.Array, eps float32) engine.Array {
 		panic(fmt.Sprintf("cpu: RMSNorm: weight %v for x %v", arr(w).shape, a.shape))
 	}
 	v := floats(a)
-	out := make([]float32, len(v))
-	b.parallel(rows, 64, func(lo, hi int) {
-		for r := lo; r < hi; r++ {
-			row := v[r*d : (r+1)*d]
-			var ss float64
-			for _, e := range row {
-				ss += float64(e) * float64(e)
-			}
-			inv := float32(1 / math.Sqrt(ss/float64(d)+float64(eps)))
-			o := out[r*d : (r+1)*d]
-			for j, e := range row {
-				o[j] = e * inv * wv[j]
-			}
-		}
+	res := b.newF32(a.shape...)
+	out := res.f32
+	if rows < 2*rmsNormRows {
+		rmsNorm(out, v, wv, 0, rows, d, eps)
+		return res
+	}
+	b.parallel(rows, rmsNormRows, func(lo, hi int) {
+		rmsNorm(out, v, wv, lo, hi, d, eps)
 	})
-	return newF32(a.shape, out)
+	return res
+}
+
+// rmsNormRows is the least work RMSNorm gives a thread.
+const rmsNormRows = 64
+
+func rmsNorm(out, v, wv []float32, lo, hi, d int, eps float32) {
+	for r := lo; r < hi; r++ {
+		row := v[r*d : (r+1)*d]
+		var ss float64
+		for _, e := range row {
+			ss += float64(e) * float64(e)
+		}
+		inv := float32(1 / math.Sqrt(ss/float64(d)+float64(eps)))
+		o := out[r*d : (r+1)*d]
+		for j, e := range row {
+			o[j] = e * inv * wv[j]
+		}
+	}
 }
 
 // Softmax over the last axis.
@@ -157,11 +141,12 @@ func (b *Backend) Softmax(x engine.Array) engine.Array {
 	a := arr(x)
 	rows, d := lastDim("Softmax", a)
 	v := floats(a)
-	out := make([]float32, len(v))
+	res := b.newF32(a.shape...)
+	out := res.f32
 	for r := 0; r < rows; r++ {
 		softmaxInto(out[r*d:(r+1)*d], v[r*d:(r+1)*d])
 	}
-	return newF32(a.shape, out)
+	return res
 }
 
 func softmaxInto(dst, src []float32) {
@@ -186,7 +171,10 @@ func (b *Backend) Argmax(x engine.Array) engine.Array {
 	a := arr(x)
 	rows, d := lastDim("Argmax", a)
 	v := floats(a)
-	out := make([]int32, rows)
+	res := b.header(a.shape[:len(a.shape)-1])
+	res.dt = engine.I32
+	res.i32 = b.int32s(rows)
+	out := res.i32
 	for r := 0; r < rows; r++ {
 		row := v[r*d : (r+1)*d]
 		best := 0
@@ -197,15 +185,16 @@ func (b *Backend) Argmax(x engine.Array) engine.Array {
 		}
 		out[r] = int32(best)
 	}
-	return &Array{shape: slices.Clone(a.shape[:len(a.shape)-1]), dt: engine.I32, i32: out}
+	return res
 }
 
 // Reshape returns a with a new shape of the same size; one dimension may be
 // -1 (inferred).
 func (b *Backend) Reshape(x engine.Array, shape ...int) engine.Array {
 	a := materialize(arr(x))
-	shape = slices.Clone(shape)
 	n := numel(a.shape)
+	out := b.header(shape)
+	shape = out.shape
 	infer := -1
 	known := 1
 	for i, d := range shape {
@@ -227,14 +216,17 @@ func (b *Backend) Reshape(x engine.Array, shape ...int) engine.Array {
 	if numel(shape) != n {
 		panic(fmt.Sprintf("cpu: Reshape: %v (%d elements) to %v", a.shape, n, shape))
 	}
-	out := *a
-	out.shape = shape
-	return &out
+	out.dt, out.f32, out.u16, out.i32, out.u32, out.u8 = a.dt, a.f32, a.u16, a.i32, a.u32, a.u8
+	return out
 }
 
-// strides returns row-major strides for shape.
-func strides(shape []int) []int {
-	s := make([]int, len(shape))
+// maxFastDims is the rank up to which the shape ops keep their index
+// arithmetic on the stack.
+const maxFastDims = 8
+
+// strides writes row-major strides for shape into s (len(shape)).
+func strides(s, shape []int) []int {
+	s = s[:len(shape)]
 	acc := 1
 	for i := len(shape) - 1; i >= 0; i-- {
 		s[i] = acc
@@ -243,7 +235,15 @@ func strides(shape []int) []int {
 	return s
 }
 
-// gatherIndex calls fn(dst, src) for every element of a permuted/sliced
+// intBuf returns n ints in buf when they fit, else new ones.
+func intBuf(buf *[maxFastDims]int, n int) []int {
+	if n <= len(buf) {
+		return buf[:n:n]
+	}
+	return make([]int, n)
+}
+
+// forEachIndex calls fn(dst, src) for every element of a permuted/sliced
 // view, with src offsets computed from srcStrides over the output shape.
 func forEachIndex(shape, srcStrides []int, base int, fn func(dst, src int)) {
 	n := numel(shape)
@@ -251,7 +251,8 @@ func forEachIndex(shape, srcStrides []int, base int, fn func(dst, src int)) {
 		return
 	}
 	nd := len(shape)
-	idx := make([]int, nd)
+	var ib [maxFastDims]int
+	idx := intBuf(&ib, nd)
 	src := base
 	for dst := 0; dst < n; dst++ {
 		fn(dst, src)
@@ -268,19 +269,30 @@ func forEachIndex(shape, srcStrides []int, base int, fn func(dst, src int)) {
 }
 
 // copyStrided builds a new array of a's dtype whose element dst is a's
-// element at src offset, as forEachIndex enumerates.
-func copyStrided(a *Array, shape, srcStrides []int, base int) *Array {
+// element at src offset, as forEachIndex enumerates. Runs of contiguous
+// float32 along the last axis are copied whole.
+func (b *Backend) copyStrided(a *Array, shape, srcStrides []int, base int) *Array {
 	n := numel(shape)
-	out := &Array{shape: shape, dt: a.dt}
+	out := b.header(shape)
+	out.dt = a.dt
 	switch {
 	case a.f32 != nil || a.dt == engine.F32:
-		out.f32 = make([]float32, n)
+		out.f32 = b.floats(n)
+		nd := len(shape)
+		if nd > 0 && srcStrides[nd-1] == 1 && shape[nd-1] > 1 {
+			// Copy rows: enumerate all but the last axis.
+			run := shape[nd-1]
+			forEachIndex(shape[:nd-1], srcStrides[:nd-1], base, func(d, s int) {
+				copy(out.f32[d*run:(d+1)*run], a.f32[s:s+run])
+			})
+			break
+		}
 		forEachIndex(shape, srcStrides, base, func(d, s int) { out.f32[d] = a.f32[s] })
 	case a.dt == engine.F16 || a.dt == engine.BF16:
 		out.u16 = make([]uint16, n)
 		forEachIndex(shape, srcStrides, base, func(d, s int) { out.u16[d] = a.u16[s] })
 	case a.dt == engine.I32:
-		out.i32 = make([]int32, n)
+		out.i32 = b.int32s(n)
 		forEachIndex(shape, srcStrides, base, func(d, s int) { out.i32[d] = a.i32[s] })
 	case a.dt == engine.U32:
 		out.u32 = make([]uint32, n)
@@ -298,28 +310,29 @@ func copyStrided(a *Array, shape, srcStrides []int, base int) *Array {
 func (b *Backend) Transpose(x engine.Array, perm ...int) engine.Array {
 	a := materialize(arr(x))
 	nd := len(a.shape)
+	var pb, sb, shb, srb [maxFastDims]int
 	if len(perm) == 0 {
-		perm = make([]int, nd)
+		perm = intBuf(&pb, nd)
 		for i := range perm {
 			perm[i] = nd - 1 - i
 		}
 	}
 	if len(perm) != nd {
-		panic(fmt.Sprintf("cpu: Transpose: perm %v for shape %v", perm, a.shape))
+		panic(fmt.Sprintf("cpu: Transpose: perm %v for shape %v", slices.Clone(perm), a.shape))
 	}
-	seen := make([]bool, nd)
-	st := strides(a.shape)
-	shape := make([]int, nd)
-	src := make([]int, nd)
+	st := strides(intBuf(&sb, nd), a.shape)
+	shape := intBuf(&shb, nd)
+	src := intBuf(&srb, nd)
+	var seen uint64
 	for i, p := range perm {
-		if p < 0 || p >= nd || seen[p] {
-			panic(fmt.Sprintf("cpu: Transpose: bad perm %v", perm))
+		if p < 0 || p >= nd || p >= 64 || seen&(1<<p) != 0 {
+			panic(fmt.Sprintf("cpu: Transpose: bad perm %v", slices.Clone(perm)))
 		}
-		seen[p] = true
+		seen |= 1 << p
 		shape[i] = a.shape[p]
 		src[i] = st[p]
 	}
-	return copyStrided(a, shape, src, 0)
+	return b.copyStrided(a, shape, src, 0)
 }
 
 // Slice takes [start, end) along axis.
@@ -331,10 +344,12 @@ func (b *Backend) Slice(x engine.Array, axis, start, end int) engine.Array {
 	if axis < 0 || axis >= len(a.shape) || start < 0 || end < start || end > a.shape[axis] {
 		panic(fmt.Sprintf("cpu: Slice: axis %d [%d,%d) of %v", axis, start, end, a.shape))
 	}
-	shape := slices.Clone(a.shape)
+	var shb, sb [maxFastDims]int
+	shape := intBuf(&shb, len(a.shape))
+	copy(shape, a.shape)
 	shape[axis] = end - start
-	st := strides(a.shape)
-	return copyStrided(a, shape, st, start*st[axis])
+	st := strides(intBuf(&sb, len(a.shape)), a.shape)
+	return b.copyStrided(a, shape, st, start*st[axis])
 }
 
 // Concat joins arrays along axis; all other dimensions must agree.
@@ -342,11 +357,7 @@ func (b *Backend) Concat(axis int, arrays ...engine.Array) engine.Array {
 	if len(arrays) == 0 {
 		panic("cpu: Concat of nothing")
 	}
-	parts := make([]*Array, len(arrays))
-	for i, x := range arrays {
-		parts[i] = materialize(arr(x))
-	}
-	first := parts[0]
+	first := materialize(arr(arrays[0]))
 	nd := len(first.shape)
 	if axis < 0 {
 		axis += nd
@@ -354,9 +365,12 @@ func (b *Backend) Concat(axis int, arrays ...engine.Array) engine.Array {
 	if axis < 0 || axis >= nd {
 		panic(fmt.Sprintf("cpu: Concat: axis %d for %v", axis, first.shape))
 	}
-	shape := slices.Clone(first.shape)
+	var shb [maxFastDims]int
+	shape := intBuf(&shb, nd)
+	copy(shape, first.shape)
 	shape[axis] = 0
-	for _, p := range parts {
+	for _, x := range arrays {
+		p := materialize(arr(x))
 		if len(p.shape) != nd || p.dt != first.dt {
 			panic(fmt.Sprintf("cpu: Concat: %v %v with %v %v", p.dt, p.shape, first.dt, first.shape))
 		}
@@ -369,11 +383,26 @@ func (b *Backend) Concat(axis int, arrays ...engine.Array) engine.Array {
 	}
 	outer := numel(shape[:axis])
 	inner := numel(shape[axis+1:])
-	out := &Array{shape: shape, dt: first.dt}
+	out := b.header(shape)
+	out.dt = first.dt
 	n := numel(shape)
+	if first.dt == engine.F32 {
+		out.f32 = b.floats(n)
+		at := 0
+		for o := 0; o < outer; o++ {
+			for _, x := range arrays {
+				p := materialize(arr(x))
+				w := p.shape[axis] * inner
+				at += copy(out.f32[at:], p.f32[o*w:(o+1)*w])
+			}
+		}
+		return out
+	}
+	parts := make([]*Array, len(arrays))
+	for i, x := range arrays {
+		parts[i] = materialize(arr(x))
+	}
 	switch first.dt {
-	case engine.F32:
-		out.f32 = make([]float32, 0, n)
 	case engine.F16, engine.BF16:
 		out.u16 = make([]uint16, 0, n)
 	case engine.I32:
@@ -387,8 +416,6 @@ func (b *Backend) Concat(axis int, arrays ...engine.Array) engine.Array {
 		for _, p := range parts {
 			w := p.shape[axis] * inner
 			switch first.dt {
-			case engine.F32:
-				out.f32 = append(out.f32, p.f32[o*w:(o+1)*w]...)
 			case engine.F16, engine.BF16:
 				out.u16 = append(out.u16, p.u16[o*w:(o+1)*w]...)
 			case engine.I32:
@@ -412,10 +439,10 @@ func (b *Backend) AsType(x engine.Array, dt engine.DType) engine.Array {
 	shape := slices.Clone(a.shape)
 	switch dt {
 	case engine.F32:
-		return newF32(shape, floats(a))
+		return heapF32(shape, floats(a))
 	case engine.F16, engine.BF16:
 		if a.dt == engine.F16 || a.dt == engine.BF16 {
-			a = newF32(shape, floats(a))
+			a = heapF32(shape, floats(a))
 		}
 		v := floats(a)
 		out := make([]uint16, len(v))
@@ -434,18 +461,20 @@ func (b *Backend) AsType(x engine.Array, dt engine.DType) engine.Array {
 
 // Embedding gathers rows of a dense or quantized table [V, D] → [L, D].
 func (b *Backend) Embedding(table *engine.Linear, ids engine.Array) engine.Array {
-	w := b.newWeight(table)
+	var w weight
+	b.setWeight(&w, table)
 	idx := arr(ids)
 	if idx.dt != engine.I32 {
 		panic(fmt.Sprintf("cpu: Embedding: ids are %v, want int32", idx.dt))
 	}
 	tokens := idx.i32
-	out := make([]float32, len(tokens)*w.in)
+	res := b.newF32(len(tokens), w.in)
+	out := res.f32
 	for i, t := range tokens {
 		if t < 0 || int(t) >= w.out {
 			panic(fmt.Sprintf("cpu: Embedding: token id %d outside vocabulary of %d", t, w.out))
 		}
 		w.row(out[i*w.in:(i+1)*w.in], int(t))
 	}
-	return newF32([]int{len(tokens), w.in}, out)
+	return res
 }

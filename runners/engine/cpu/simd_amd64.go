@@ -74,3 +74,23 @@ func q4dot4AVX(x *float32, words *uint32, wstride int, scales, biases *float32, 
 //
 //go:noescape
 func q8dot4AVX(x *float32, words *uint32, wstride int, scales, biases *float32, sstride, ngroups, iters int, acc *[32]float32)
+
+// q4dot4HAVX is q4dot4AVX with float16 scales and biases (sstride in
+// bytes), widened exactly in registers: bit-identical results, and a
+// quarter less memory traffic per 4-bit weight (decode is bandwidth-bound).
+//
+//go:noescape
+func q4dot4HAVX(x *float32, words *uint32, wstride int, scales, biases *uint16, sstride, ngroups, iters int, acc *[32]float32)
+
+// q8dot4HAVX is q4dot4HAVX for 8-bit weights.
+//
+//go:noescape
+func q8dot4HAVX(x *float32, words *uint32, wstride int, scales, biases *uint16, sstride, ngroups, iters int, acc *[32]float32)
+
+// wsumAVX adds Σ_t p[t]·v_t to o over chunks groups of 8 lanes, t in
+// order, each step one fused multiply-add per element: bit-identical to
+// axpyAVX(p[t], v_t, o) for t = 0..n-1, without reloading o per key. vstride
+// is in bytes.
+//
+//go:noescape
+func wsumAVX(p *float32, n int, v *float32, vstride int, o *float32, chunks int)

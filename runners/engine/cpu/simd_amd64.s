@@ -611,3 +611,241 @@ q8dot4AVXdone:
 	VMOVUPS Y3, 96(DX)
 	VZEROUPPER
 	RET
+
+// func q4dot4HAVX(x *float32, words *uint32, wstride int, scales, biases *uint16, sstride, ngroups, iters int, acc *[32]float32)
+// q4dot4AVX with float16 scales and biases (sstride in bytes), widened
+// exactly with VCVTPH2PS: the same products, half the scale traffic.
+TEXT ·q4dot4HAVX(SB), NOSPLIT, $0-72
+	MOVQ x+0(FP), SI
+	MOVQ words+8(FP), DI
+	MOVQ wstride+16(FP), R8
+	MOVQ scales+24(FP), R9
+	MOVQ biases+32(FP), R10
+	MOVQ sstride+40(FP), R12
+	MOVQ ngroups+48(FP), CX
+	MOVQ iters+56(FP), AX
+	MOVQ acc+64(FP), DX
+	LEAQ (R8)(R8*2), R11
+	LEAQ (R12)(R12*2), R13
+	VMOVDQU q4shifts<>(SB), Y15
+	VPBROADCASTD q4mask<>(SB), Y14
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+q4dot4HAVXgroup:
+	TESTQ CX, CX
+	JE    q4dot4HAVXdone
+	VPBROADCASTW (R9), X4
+	VCVTPH2PS X4, Y4
+	VPBROADCASTW (R9)(R12*1), X5
+	VCVTPH2PS X5, Y5
+	VPBROADCASTW (R9)(R12*2), X6
+	VCVTPH2PS X6, Y6
+	VPBROADCASTW (R9)(R13*1), X7
+	VCVTPH2PS X7, Y7
+	VPBROADCASTW (R10), X8
+	VCVTPH2PS X8, Y8
+	VPBROADCASTW (R10)(R12*1), X9
+	VCVTPH2PS X9, Y9
+	VPBROADCASTW (R10)(R12*2), X10
+	VCVTPH2PS X10, Y10
+	VPBROADCASTW (R10)(R13*1), X11
+	VCVTPH2PS X11, Y11
+	MOVQ AX, BX
+
+q4dot4HAVXword:
+	VMOVUPS (SI), Y13
+	VPBROADCASTD (DI), Y12
+	VPSRLVD Y15, Y12, Y12
+	VPAND Y14, Y12, Y12
+	VCVTDQ2PS Y12, Y12
+	VFMADD213PS Y8, Y4, Y12
+	VFMADD231PS Y13, Y12, Y0
+	VPBROADCASTD (DI)(R8*1), Y12
+	VPSRLVD Y15, Y12, Y12
+	VPAND Y14, Y12, Y12
+	VCVTDQ2PS Y12, Y12
+	VFMADD213PS Y9, Y5, Y12
+	VFMADD231PS Y13, Y12, Y1
+	VPBROADCASTD (DI)(R8*2), Y12
+	VPSRLVD Y15, Y12, Y12
+	VPAND Y14, Y12, Y12
+	VCVTDQ2PS Y12, Y12
+	VFMADD213PS Y10, Y6, Y12
+	VFMADD231PS Y13, Y12, Y2
+	VPBROADCASTD (DI)(R11*1), Y12
+	VPSRLVD Y15, Y12, Y12
+	VPAND Y14, Y12, Y12
+	VCVTDQ2PS Y12, Y12
+	VFMADD213PS Y11, Y7, Y12
+	VFMADD231PS Y13, Y12, Y3
+	ADDQ $4, DI
+	ADDQ $32, SI
+	DECQ BX
+	JNZ  q4dot4HAVXword
+	ADDQ $2, R9
+	ADDQ $2, R10
+	DECQ CX
+	JMP  q4dot4HAVXgroup
+
+q4dot4HAVXdone:
+	VMOVUPS Y0, 0(DX)
+	VMOVUPS Y1, 32(DX)
+	VMOVUPS Y2, 64(DX)
+	VMOVUPS Y3, 96(DX)
+	VZEROUPPER
+	RET
+
+// func q8dot4HAVX(x *float32, words *uint32, wstride int, scales, biases *uint16, sstride, ngroups, iters int, acc *[32]float32)
+// q8dot4AVX with float16 scales and biases (sstride in bytes), widened
+// exactly with VCVTPH2PS: the same products, half the scale traffic.
+TEXT ·q8dot4HAVX(SB), NOSPLIT, $0-72
+	MOVQ x+0(FP), SI
+	MOVQ words+8(FP), DI
+	MOVQ wstride+16(FP), R8
+	MOVQ scales+24(FP), R9
+	MOVQ biases+32(FP), R10
+	MOVQ sstride+40(FP), R12
+	MOVQ ngroups+48(FP), CX
+	MOVQ iters+56(FP), AX
+	MOVQ acc+64(FP), DX
+	LEAQ (R8)(R8*2), R11
+	LEAQ (R12)(R12*2), R13
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+q8dot4HAVXgroup:
+	TESTQ CX, CX
+	JE    q8dot4HAVXdone
+	VPBROADCASTW (R9), X4
+	VCVTPH2PS X4, Y4
+	VPBROADCASTW (R9)(R12*1), X5
+	VCVTPH2PS X5, Y5
+	VPBROADCASTW (R9)(R12*2), X6
+	VCVTPH2PS X6, Y6
+	VPBROADCASTW (R9)(R13*1), X7
+	VCVTPH2PS X7, Y7
+	VPBROADCASTW (R10), X8
+	VCVTPH2PS X8, Y8
+	VPBROADCASTW (R10)(R12*1), X9
+	VCVTPH2PS X9, Y9
+	VPBROADCASTW (R10)(R12*2), X10
+	VCVTPH2PS X10, Y10
+	VPBROADCASTW (R10)(R13*1), X11
+	VCVTPH2PS X11, Y11
+	MOVQ AX, BX
+
+q8dot4HAVXword:
+	VMOVUPS (SI), Y13
+	VPMOVZXBD (DI), Y12
+	VCVTDQ2PS Y12, Y12
+	VFMADD213PS Y8, Y4, Y12
+	VFMADD231PS Y13, Y12, Y0
+	VPMOVZXBD (DI)(R8*1), Y12
+	VCVTDQ2PS Y12, Y12
+	VFMADD213PS Y9, Y5, Y12
+	VFMADD231PS Y13, Y12, Y1
+	VPMOVZXBD (DI)(R8*2), Y12
+	VCVTDQ2PS Y12, Y12
+	VFMADD213PS Y10, Y6, Y12
+	VFMADD231PS Y13, Y12, Y2
+	VPMOVZXBD (DI)(R11*1), Y12
+	VCVTDQ2PS Y12, Y12
+	VFMADD213PS Y11, Y7, Y12
+	VFMADD231PS Y13, Y12, Y3
+	ADDQ $8, DI
+	ADDQ $32, SI
+	DECQ BX
+	JNZ  q8dot4HAVXword
+	ADDQ $2, R9
+	ADDQ $2, R10
+	DECQ CX
+	JMP  q8dot4HAVXgroup
+
+q8dot4HAVXdone:
+	VMOVUPS Y0, 0(DX)
+	VMOVUPS Y1, 32(DX)
+	VMOVUPS Y2, 64(DX)
+	VMOVUPS Y3, 96(DX)
+	VZEROUPPER
+	RET
+
+// func wsumAVX(p *float32, n int, v *float32, vstride int, o *float32, chunks int)
+// For each of `chunks` groups of 8 lanes of o: o = fma(p[t], v_t, o) for
+// t = 0..n-1 in order, v_t at v + t·vstride bytes. Per element exactly the
+// sequence of axpyAVX calls it replaces, with o kept in registers (four
+// groups per pass over the keys).
+TEXT ·wsumAVX(SB), NOSPLIT, $0-48
+	MOVQ p+0(FP), SI
+	MOVQ n+8(FP), CX
+	MOVQ v+16(FP), DI
+	MOVQ vstride+24(FP), R8
+	MOVQ o+32(FP), DX
+	MOVQ chunks+40(FP), R9
+
+ws4:
+	CMPQ R9, $4
+	JLT  ws1
+	VMOVUPS 0(DX), Y0
+	VMOVUPS 32(DX), Y1
+	VMOVUPS 64(DX), Y2
+	VMOVUPS 96(DX), Y3
+	MOVQ SI, AX
+	MOVQ DI, BX
+	MOVQ CX, R10
+
+ws4key:
+	TESTQ R10, R10
+	JE    ws4store
+	VBROADCASTSS (AX), Y4
+	VFMADD231PS 0(BX), Y4, Y0
+	VFMADD231PS 32(BX), Y4, Y1
+	VFMADD231PS 64(BX), Y4, Y2
+	VFMADD231PS 96(BX), Y4, Y3
+	ADDQ $4, AX
+	ADDQ R8, BX
+	DECQ R10
+	JMP  ws4key
+
+ws4store:
+	VMOVUPS Y0, 0(DX)
+	VMOVUPS Y1, 32(DX)
+	VMOVUPS Y2, 64(DX)
+	VMOVUPS Y3, 96(DX)
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $4, R9
+	JMP  ws4
+
+ws1:
+	TESTQ R9, R9
+	JE    wsdone
+	VMOVUPS 0(DX), Y0
+	MOVQ SI, AX
+	MOVQ DI, BX
+	MOVQ CX, R10
+
+ws1key:
+	TESTQ R10, R10
+	JE    ws1store
+	VBROADCASTSS (AX), Y4
+	VFMADD231PS 0(BX), Y4, Y0
+	ADDQ $4, AX
+	ADDQ R8, BX
+	DECQ R10
+	JMP  ws1key
+
+ws1store:
+	VMOVUPS Y0, 0(DX)
+	ADDQ $32, DX
+	ADDQ $32, DI
+	DECQ R9
+	JMP  ws1
+
+wsdone:
+	VZEROUPPER
+	RET

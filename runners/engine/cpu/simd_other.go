@@ -53,3 +53,15 @@ func q4dot4AVX(x *float32, words *uint32, wstride int, scales, biases *float32, 
 func q8dot4AVX(x *float32, words *uint32, wstride int, scales, biases *float32, sstride, ngroups, iters int, acc *[32]float32) {
 	panic("cpu: no SIMD kernels on this platform")
 }
+
+func q4dot4HAVX(x *float32, words *uint32, wstride int, scales, biases *uint16, sstride, ngroups, iters int, acc *[32]float32) {
+	panic("cpu: no SIMD kernels on this platform")
+}
+
+func q8dot4HAVX(x *float32, words *uint32, wstride int, scales, biases *uint16, sstride, ngroups, iters int, acc *[32]float32) {
+	panic("cpu: no SIMD kernels on this platform")
+}
+
+func wsumAVX(p *float32, n int, v *float32, vstride int, o *float32, chunks int) {
+	panic("cpu: no SIMD kernels on this platform")
+}

@@ -20,8 +20,8 @@ func (b *Backend) WindowedAttention(qa, ka, va engine.Array, scale float32, wind
 		panic(fmt.Sprintf("cpu: WindowedAttention: q of shape %v, want [H, L, Dh]", q.shape))
 	}
 	H, L, Dh := q.shape[0], q.shape[1], q.shape[2]
-	kd, hkv, T, kdh, kst := kvRows(arr(ka))
-	vd, vhkv, vT, vdh, vst := kvRows(arr(va))
+	kd, hkv, T, kdh, kst := b.kvRows(arr(ka))
+	vd, vhkv, vT, vdh, vst := b.kvRows(arr(va))
 	if kdh != Dh || vdh != Dh || vhkv != hkv || vT != T || hkv == 0 || H%hkv != 0 || T < L {
 		panic(fmt.Sprintf("cpu: WindowedAttention: q %v with k [%d %d %d] v [%d %d %d]", q.shape, hkv, T, kdh, vhkv, vT, vdh))
 	}
@@ -79,5 +79,5 @@ func (b *Backend) WindowedAttention(qa, ka, va engine.Array, scale float32, wind
 			}
 		}
 	})
-	return newF32([]int{H, L, Dh}, out)
+	return heapF32([]int{H, L, Dh}, out)
 }

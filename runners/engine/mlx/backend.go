@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
@@ -93,6 +94,10 @@ type backend struct {
 	gmmHalfErr error
 	// mlx_eval calls so far (tests count synchronizations).
 	evals int
+	// evalNanos is the time spent inside MLX's eval (the computation and
+	// the wait for it), summed: the benchmarks subtract it from a step's
+	// time to get the host's share (building and queueing the graph).
+	evalNanos atomic.Int64
 }
 
 // ropeFreqs caches a scaled RoPE's periods (kept) and attention factor.
@@ -653,7 +658,10 @@ func (b *backend) Eval(arrays ...engine.Array) error {
 			as[i] = b.arr(x)
 		}
 		b.releaseTempsExcept(as)
-		return b.eval(as...)
+		t0 := time.Now()
+		err := b.eval(as...)
+		b.evalNanos.Add(int64(time.Since(t0)))
+		return err
 	})
 }
 

@@ -1,0 +1,152 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+)
+
+// TestDecodeStepAllocatesNothing: once warm, a decode step on the cpu
+// backend (ForwardInto with a reused logits buffer, and ForwardBatchInto)
+// makes no heap allocation: temporaries live in the backend's step arena,
+// the model's host-side bookkeeping in its scratch. The logits must still
+// equal plain Forward's, bit for bit. Runs on tiny generated models of
+// each weight kind the cpu backend multiplies differently (f32, MLX 4-bit,
+// MLX 8-bit; F32 cache) and on SmolLM2 when it is installed (two threads).
+//
+// With one thread the count must be exactly 0. With two, the worker
+// goroutine parks when the step pauses for over a millisecond (the test's
+// goroutine descheduled on a loaded machine), and after a GC cycle the
+// runtime may allocate a fresh waiter record for that: at most one
+// allocation over all the steps is tolerated then (an allocation per step
+// would show as at least runs).
+func TestDecodeStepAllocatesNothing(t *testing.T) {
+	for _, threads := range []int{1, 2} {
+		t.Run(fmt.Sprintf("threads=%d", threads), func(t *testing.T) {
+			decodeAllocs(t, threads)
+		})
+	}
+	t.Run("smollm2", func(t *testing.T) {
+		s := loadSmol(t)
+		checkDecodeAllocs(t, s.m, s.promptIDs(t, "What is the capital of France?"), 4, 1)
+	})
+}
+
+func decodeAllocs(t *testing.T, threads int) {
+	b, err := backend.Open("cpu", backend.Options{Threads: threads})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, v := range []struct {
+		arch     string
+		dt       engine.DType
+		bits, gs int
+	}{
+		{"llama", engine.F32, 0, 0},
+		{"qwen3", engine.F32, 4, 32},
+		{"qwen2", engine.F32, 8, 32},
+	} {
+		t.Run(fmt.Sprintf("%s-q%d", v.arch, v.bits), func(t *testing.T) {
+			dir := t.TempDir()
+			if err := testmodel.Write(dir, testmodel.Spec{Arch: v.arch, DType: v.dt, QuantBits: v.bits, GroupSize: v.gs, Seed: 5}); err != nil {
+				t.Fatal(err)
+			}
+			m, err := engine.Load(ctx, dir, b, engine.LoadOptions{CacheDType: engine.F32})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			checkDecodeAllocs(t, m, []int32{1, 2, 3, 4, 5, 6, 7, 8}, 20, threads-1)
+		})
+	}
+}
+
+func checkDecodeAllocs(t *testing.T, m *engine.Model, prompt []int32, runs, slack int) {
+	t.Helper()
+	ctx := context.Background()
+	const B = 3
+	caches := make([]engine.KVCache, B)
+	toks := make([]int32, B)
+	for i := range caches {
+		caches[i] = m.NewCache()
+		defer caches[i].Free()
+		if err := m.Prefill(ctx, caches[i], prompt[:len(prompt)-i], 0, nil); err != nil {
+			t.Fatal(err)
+		}
+		toks[i] = prompt[len(prompt)-1-i]
+	}
+	n0 := caches[0].Len()
+	// The reference: plain Forward on a copy of the sequence's cache state.
+	ref := m.NewCache()
+	defer ref.Free()
+	if err := m.Prefill(ctx, ref, prompt, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	want, err := m.Forward(ctx, ref, []int32{toks[0]})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var buf []float32
+	tok := toks[0]
+	single := func() {
+		if caches[0].Len() > n0+40 {
+			caches[0].Truncate(n0)
+		}
+		var err error
+		if buf, err = m.ForwardInto(ctx, caches[0], []int32{tok}, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	single() // warm: the arena and scratch take their size
+	if !sameBits(buf, want) {
+		t.Fatal("ForwardInto's logits differ from Forward's")
+	}
+	if a := allocsPerStep(runs, single); a > float64(slack) {
+		t.Errorf("ForwardInto: %v allocations in %d decode steps, want 0", a, runs)
+	}
+
+	flat := make([]float32, 0, B*len(want))
+	batch := func() {
+		if caches[1].Len() > n0+40 {
+			for _, c := range caches {
+				c.Truncate(c.Len() - 20)
+			}
+		}
+		if _, err := m.ForwardBatchInto(ctx, caches, toks, flat); err != nil {
+			t.Fatal(err)
+		}
+	}
+	batch()
+	if a := allocsPerStep(runs, batch); a > float64(slack) {
+		t.Errorf("ForwardBatchInto: %v allocations in %d decode steps, want 0", a, runs)
+	}
+}
+
+// allocsPerStep is the total of testing.AllocsPerRun(1, f) over runs
+// calls: AllocsPerRun divides by its run count and truncates, so one
+// allocation in several runs would read as 0.
+func allocsPerStep(runs int, f func()) float64 {
+	var n float64
+	for range runs {
+		n += testing.AllocsPerRun(1, f)
+	}
+	return n
+}
+
+func sameBits(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] && !(a[i] != a[i] && b[i] != b[i]) {
+			return false
+		}
+	}
+	return true
+}
