@@ -61,6 +61,11 @@ type Options struct {
 	Ready func(apiURL string)
 	// NoGPU skips the NVML collector (tests).
 	NoGPU bool
+	// ReadHeaderTimeout closes API connections that have not sent their
+	// request headers within it (default 10 s): hundreds of clients that
+	// never finish (slowloris) cost a goroutine each until then, and
+	// every other client is served meanwhile.
+	ReadHeaderTimeout time.Duration
 }
 
 type supervisor struct {
@@ -153,7 +158,11 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}
 	s.auth = gateway.NewAuth(mux, key, cfg.API.OpenPaths)
-	srv := &http.Server{Handler: s.gw.CORS(s.auth), ReadHeaderTimeout: 10 * time.Second}
+	rht := o.ReadHeaderTimeout
+	if rht <= 0 {
+		rht = 10 * time.Second
+	}
+	srv := &http.Server{Handler: s.gw.CORS(s.auth), ReadHeaderTimeout: rht}
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Serve(ln) }()
 
@@ -383,7 +392,8 @@ func (s *supervisor) metricRunners() []metrics.Runner {
 		mr := metrics.Runner{
 			Name: r.Spec.Name, Role: r.Spec.Role, Model: r.Spec.Model,
 			Up: r.Status.State == process.Ready, CrashLoop: r.Status.State == process.CrashLoop, Restarts: r.Status.Restarts,
-			MetricsURL: "http://" + r.Spec.HealthAddr() + "/metrics",
+			LivenessKills: r.Status.LivenessKills,
+			MetricsURL:    "http://" + r.Spec.HealthAddr() + "/metrics",
 		}
 		if h := r.Status.Health; h != nil && h.Status == "loading" {
 			mr.LoadProgress = h.Progress

@@ -66,6 +66,12 @@ func startDebounce(t testing.TB, contents string, debounce time.Duration) *harne
 // more environment for the fake runners.
 func startWith(t testing.TB, contents string, debounce time.Duration, wait bool, env ...string) *harness {
 	t.Helper()
+	return startOpts(t, contents, debounce, wait, nil, env...)
+}
+
+// startOpts is startWith with mutate (when set) applied to the Options.
+func startOpts(t testing.TB, contents string, debounce time.Duration, wait bool, mutate func(*Options), env ...string) *harness {
+	t.Helper()
 	dir := t.TempDir()
 	h := &harness{t: t, dir: dir, path: filepath.Join(dir, "cluster.toml"), done: make(chan error, 1), notify: make(chan string, 100)}
 	h.write(contents)
@@ -91,17 +97,19 @@ func startWith(t testing.TB, contents string, debounce time.Duration, wait bool,
 	ready := make(chan string, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
-	go func() {
-		h.done <- Run(ctx, Options{
-			ConfigPath: h.path, Host: "h", Executable: os.Args[0],
-			ExtraEnv:  append([]string{fakerunner.EnvEnable + "=1"}, env...),
-			APIListen: h.api, Debounce: debounce, NoGPU: true,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Process: process.Options{Grace: 2 * time.Second, PollReady: 100 * time.Millisecond,
-				Policy: restart.Policy{Attempts: 5, Interval: time.Minute, Initial: 10 * time.Millisecond, Max: time.Second, StableAfter: time.Minute, CrashLoopDelay: time.Minute}},
-			Ready: func(api string) { ready <- api },
-		})
-	}()
+	o := Options{
+		ConfigPath: h.path, Host: "h", Executable: os.Args[0],
+		ExtraEnv:  append([]string{fakerunner.EnvEnable + "=1"}, env...),
+		APIListen: h.api, Debounce: debounce, NoGPU: true,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Process: process.Options{Grace: 2 * time.Second, PollReady: 100 * time.Millisecond,
+			Policy: restart.Policy{Attempts: 5, Interval: time.Minute, Initial: 10 * time.Millisecond, Max: time.Second, StableAfter: time.Minute, CrashLoopDelay: time.Minute}},
+		Ready: func(api string) { ready <- api },
+	}
+	if mutate != nil {
+		mutate(&o)
+	}
+	go func() { h.done <- Run(ctx, o) }()
 	t.Cleanup(func() { h.stop() })
 	if !wait {
 		for i := 0; ; i++ { // until the API answers

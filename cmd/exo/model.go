@@ -102,6 +102,16 @@ func modelPull(ctx context.Context, id string, o hf.Options, stdout, stderr io.W
 			lastPrint = now
 		}
 	}
+	o.Plan = func(dir string, need, free int64) {
+		switch {
+		case need == 0:
+			fmt.Fprintf(stderr, "%s: every file already in %s\n", id, dir)
+		case free < 0:
+			fmt.Fprintf(stderr, "%s: needs %s in %s (free space unknown)\n", id, hf.Bytes(need), dir)
+		default:
+			fmt.Fprintf(stderr, "%s: needs %s in %s, %s free\n", id, hf.Bytes(need), dir, hf.Bytes(free))
+		}
+	}
 	p, err := hf.Pull(ctx, ref, o)
 	if drawn {
 		fmt.Fprintln(stderr)

@@ -33,8 +33,9 @@ import (
 const runnerUsage = `usage:
   exo runner decode  --model SRC --served-name NAME --listen HOST:PORT
                      [--prefill HOST:PORT[,HOST:PORT…]] [--remote-prefill-min-tokens N]
+                     [--prefill-connect-timeout D] [--prefill-idle-floor D]
                      [--secret-file F] [--backend cpu|mlx|auto] [--device gpu|cpu]
-                     [--max-queue N] [--max-batch N] [--models-dir D]
+                     [--max-queue N] [--max-batch N] [--models-dir D] [--read-header-timeout D]
                      [--default-temperature X] [--default-top-p X] [--default-top-k N]
                      [--default-min-p X] [--default-repetition-penalty X]
   exo runner prefill --model SRC --served-name NAME --listen HOST:PORT --metrics HOST:PORT
@@ -61,9 +62,12 @@ type runnerFlags struct {
 	libPath                                                           string
 	maxQueue, maxBatch, threads, chunk                                int
 	offline                                                           bool
+	readHeaderTimeout                                                 time.Duration
 	// decode
-	prefill   string
-	minRemote int
+	prefill        string
+	minRemote      int
+	connectTimeout time.Duration
+	idleFloor      time.Duration
 	// prefill
 	metricsAddr string
 	cacheMiB    int
@@ -135,6 +139,7 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 	fs.IntVar(&f.maxBatch, "max-batch", 0, "decode: generations run at once, their steps batched (default 4; 1: one at a time)")
 	fs.IntVar(&f.threads, "threads", 0, "cpu backend threads (0: all cores)")
 	fs.IntVar(&f.chunk, "prefill-chunk", 256, "prefill chunk in tokens")
+	fs.DurationVar(&f.readHeaderTimeout, "read-header-timeout", 10*time.Second, "HTTP connections that have not sent their headers within this are closed")
 	fs.StringVar(&f.instance, "instance", "", "identity token /health reports (the supervisor's per-start token)")
 	if f.role == "decode" {
 		fs.Var(optFloat{&f.defaults.Temperature}, "default-temperature", "default temperature (over the model's)")
@@ -144,6 +149,8 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		fs.Var(optFloat{&f.defaults.RepetitionPenalty}, "default-repetition-penalty", "default repetition_penalty (over the model's)")
 		fs.StringVar(&f.prefill, "prefill", "", "prefill runners' KV-wire addresses, comma-separated")
 		fs.IntVar(&f.minRemote, "remote-prefill-min-tokens", 256, "uncached prompt tokens needed to prefill remotely")
+		fs.DurationVar(&f.connectTimeout, "prefill-connect-timeout", time.Second, "connect + hello deadline of a prefill endpoint; past it the endpoint is skipped until it answers a probe")
+		fs.DurationVar(&f.idleFloor, "prefill-idle-floor", 3*time.Second, "shortest wait for the next KV frame (the deadline grows with the endpoint's measured chunk time)")
 	} else {
 		fs.StringVar(&f.metricsAddr, "metrics", "", "HTTP address for /health and /metrics")
 		fs.IntVar(&f.cacheMiB, "prefix-cache-mib", 1024, "prefix cache size in MiB (0: off)")
@@ -162,6 +169,12 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		return nil, exitError{code: 2, msg: "runner: --listen is required"}
 	case f.role == "prefill" && f.metricsAddr == "":
 		return nil, exitError{code: 2, msg: "runner: prefill needs --metrics HOST:PORT"}
+	case f.readHeaderTimeout <= 0:
+		return nil, exitError{code: 2, msg: "runner: --read-header-timeout must be positive"}
+	case f.role == "decode" && f.connectTimeout <= 0:
+		return nil, exitError{code: 2, msg: "runner: --prefill-connect-timeout must be positive"}
+	case f.role == "decode" && f.idleFloor <= 0:
+		return nil, exitError{code: 2, msg: "runner: --prefill-idle-floor must be positive"}
 	}
 	if err := f.defaults.Check(); err != nil {
 		return nil, exitError{code: 2, msg: "runner: --default-*: " + err.Error()}
@@ -177,6 +190,8 @@ type loadGate struct {
 	progress   atomic.Uint64 // float64 bits, 0..1
 	ready      atomic.Pointer[http.Handler]
 	load       func() (waiting, running int)
+	// endpoints, when set, reports the prefill endpoints' breaker states.
+	endpoints func() []decode.EndpointHealth
 }
 
 func (g *loadGate) setProgress(p float64) { g.progress.Store(math.Float64bits(min(max(p, 0), 1))) }
@@ -192,8 +207,12 @@ func (g *loadGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		waiting, running := g.load()
-		_ = json.NewEncoder(w).Encode(map[string]any{"status": "ok", "role": g.role, "model": g.name,
-			"waiting": waiting, "running": running, "instance": g.instance, "pid": os.Getpid()})
+		body := map[string]any{"status": "ok", "role": g.role, "model": g.name,
+			"waiting": waiting, "running": running, "instance": g.instance, "pid": os.Getpid()}
+		if g.endpoints != nil {
+			body["prefill_endpoints"] = g.endpoints()
+		}
+		_ = json.NewEncoder(w).Encode(body)
 		return
 	}
 	if h == nil {
@@ -207,8 +226,8 @@ func (g *loadGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // serveHTTP serves h on l until ctx ends, then shuts down gracefully.
-func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, log *slog.Logger) error {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second,
+func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, readHeader time.Duration, log *slog.Logger) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: readHeader,
 		BaseContext: func(net.Listener) context.Context { return ctx }}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
@@ -255,7 +274,7 @@ func cmdRunner(ctx context.Context, args []string) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	httpDone := make(chan error, 1)
-	go func() { httpDone <- serveHTTP(ctx, hl, gate, log) }()
+	go func() { httpDone <- serveHTTP(ctx, hl, gate, f.readHeaderTimeout, log) }()
 	log.Info("runner starting", "http", hl.Addr().String(), "source", f.model)
 
 	m, path, err := loadModel(ctx, f, gate, log)
@@ -360,9 +379,31 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 				eps = append(eps, kvwire.Endpoint{Addr: a})
 			}
 		}
-		o.Remote = &decode.KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{Secret: secret, Logger: log}),
-			Selector: kvwire.NewSelector(eps), Name: f.name, Model: m}
-		log.Info("remote prefill enabled", "endpoints", f.prefill, "min_tokens", f.minRemote)
+		addrs := make([]string, len(eps))
+		for i, e := range eps {
+			addrs[i] = e.Addr
+			met.PrefillEndpointState.WithLabelValues(e.Addr).Set(0)
+			met.PrefillEndpointTrips.WithLabelValues(e.Addr)
+		}
+		br := decode.NewBreaker(addrs, decode.BreakerOptions{IdleFloor: f.idleFloor,
+			OnChange: func(addr string, s decode.BreakerState) {
+				if s == decode.Open {
+					met.PrefillEndpointState.WithLabelValues(addr).Set(1)
+					met.PrefillEndpointTrips.WithLabelValues(addr).Inc()
+					log.Warn("prefill endpoint not answering; skipping it until it answers a probe", "endpoint", addr)
+				} else {
+					met.PrefillEndpointState.WithLabelValues(addr).Set(0)
+					log.Info("prefill endpoint answers again", "endpoint", addr)
+				}
+			}})
+		remote := &decode.KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{Secret: secret, Logger: log,
+			ConnectTimeout: f.connectTimeout, IdleTimeout: 30 * time.Second}),
+			Selector: kvwire.NewSelector(eps), Name: f.name, Model: m, Breaker: br}
+		o.Remote = remote
+		gate.endpoints = br.Status
+		go remote.RunProbes(ctx, 0)
+		log.Info("remote prefill enabled", "endpoints", f.prefill, "min_tokens", f.minRemote,
+			"connect_timeout", f.connectTimeout, "idle_floor", f.idleFloor)
 	}
 	srv := decode.New(o)
 	defer srv.Close()
@@ -371,6 +412,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 	var h http.Handler = mux
 	gate.load = srv.Load
 	gate.ready.Store(&h)
+	go trimWhenIdle(ctx, srv.Load, 5*time.Second, log)
 	log.Info("decode runner ready", "listen", f.listen)
 	<-ctx.Done()
 	return nil
@@ -403,6 +445,7 @@ func runPrefill(ctx context.Context, f *runnerFlags, m *engine.Model, secret []b
 	var h http.Handler = mux
 	gate.load = load
 	gate.ready.Store(&h)
+	go trimWhenIdle(ctx, load, 5*time.Second, log)
 	log.Info("prefill runner ready", "kv_listen", kl.Addr().String(), "metrics", f.metricsAddr)
 	if err := ks.Serve(ctx, kl); err != nil && !errors.Is(err, context.Canceled) && ctx.Err() == nil {
 		return fmt.Errorf("runner: kv wire: %w", err)

@@ -97,8 +97,17 @@ func printStatus(out io.Writer, st supervisor.Status, now time.Time) {
 				detail = fmt.Sprintf("loading/downloading %.0f%%", 100*h.Progress)
 			case h.Status == "ok":
 				detail = fmt.Sprintf("waiting %d, running %d", h.Waiting, h.Running)
+				if r.Status.Restarts > 0 && r.Status.LastExit != "" {
+					detail += "; last restart: " + r.Status.LastExit
+				}
 			case h.Status != "":
 				detail = h.Status
+			}
+			for _, e := range h.PrefillEndpoints {
+				detail += fmt.Sprintf("; prefill %s %s", e.Addr, e.State)
+				if e.State != "closed" && e.LastError != "" {
+					detail += " (" + e.LastError + ")"
+				}
 			}
 		}
 		if !r.Status.NextStart.IsZero() {

@@ -31,6 +31,9 @@ func cmdSupervise(ctx context.Context, args []string) error {
 	host := fs.String("host", "", "this host's name in the cluster file (default: hostname, then a local address)")
 	listen := fs.String("listen", "", "API gateway address HOST:PORT (overrides [api] in the file)")
 	grace := fs.Duration("grace", 10*time.Second, "time runners get between SIGTERM and SIGKILL")
+	liveness := fs.Duration("liveness", 10*time.Second, "restart a ready runner whose /health stays unanswered this long (negative: never)")
+	livenessStart := fs.Duration("liveness-starting", 2*time.Minute, "the same before a runner's first ready answer (a loading runner answers 503, which counts)")
+	readHeader := fs.Duration("read-header-timeout", 10*time.Second, "API connections that have not sent their headers within this are closed")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	logFormat := fs.String("log-format", "text", "text or json")
 	if err := parseFlags(fs, superviseUsage, args); err != nil {
@@ -47,7 +50,14 @@ func cmdSupervise(ctx context.Context, args []string) error {
 	}
 	log := slog.New(h)
 
-	o := supervisor.Options{Host: *host, APIListen: *listen, Logger: log, Process: process.Options{Grace: *grace}}
+	if *liveness == 0 || *livenessStart == 0 {
+		return exitError{2, "--liveness and --liveness-starting must not be 0 (negative turns the check off)"}
+	}
+	if *readHeader <= 0 {
+		return exitError{2, "--read-header-timeout must be positive"}
+	}
+	o := supervisor.Options{Host: *host, APIListen: *listen, Logger: log, ReadHeaderTimeout: *readHeader,
+		Process: process.Options{Grace: *grace, Liveness: process.Liveness{Ready: *liveness, Starting: *livenessStart}}}
 	switch {
 	case *cfgPath != "":
 		o.ConfigPath = *cfgPath

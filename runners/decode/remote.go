@@ -21,6 +21,40 @@ type KVRemote struct {
 	Model    Model
 	// Deadline bounds one fetch on the server (0: its default).
 	Deadline time.Duration
+	// Breaker, when set, skips endpoints that stopped answering and sizes
+	// each fetch's idle deadline; RunProbes closes it again.
+	Breaker *Breaker
+}
+
+// errAllOpen: every prefill endpoint's circuit is open.
+var errAllOpen = fmt.Errorf("%w: every prefill endpoint's circuit is open", kvwire.ErrNoEndpoint)
+
+// RunProbes probes each endpoint whose circuit is open every `every`
+// (default 500 ms) with a hello-only connection (kvwire.Client.Ping) and
+// closes the circuit when it answers, until ctx ends.
+func (r *KVRemote) RunProbes(ctx context.Context, every time.Duration) {
+	if r.Breaker == nil {
+		return
+	}
+	if every <= 0 {
+		every = 500 * time.Millisecond
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, a := range r.Breaker.OpenEndpoints() {
+			err := r.Client.Ping(ctx, a)
+			if ctx.Err() != nil {
+				return
+			}
+			r.Breaker.Probed(a, err)
+		}
+	}
 }
 
 // Prefill implements Remote.
@@ -39,7 +73,23 @@ func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, st
 		DType: kvconv.Wire(cache.DType()), Deadline: r.Deadline}
 	exp := &kvwire.Expect{Fingerprint: fp, Kinds: kinds, Windows: info.Windows, KVHeads: info.KVHeads, HeadDim: info.HeadDim}
 	sink := &cacheSink{cache: cache, start: start}
-	st, err := r.Client.FetchAny(ctx, r.Selector, req, exp, sink)
+	var st kvwire.Stats
+	var err error
+	if r.Breaker == nil {
+		st, err = r.Client.FetchAny(ctx, r.Selector, req, exp, sink)
+	} else {
+		err = r.Selector.DoAllowed(ctx, r.Breaker.Allow, func(ctx context.Context, addr string) error {
+			var err error
+			st, err = r.Client.FetchIdle(ctx, addr, r.Breaker.Idle(addr), req, exp, sink)
+			if ctx.Err() == nil {
+				r.Breaker.Report(addr, st, err)
+			}
+			return err
+		})
+		if errors.Is(err, kvwire.ErrNoEndpoint) && len(r.Breaker.Endpoints()) > 0 {
+			err = errAllOpen
+		}
+	}
 	rs := RemoteStats{Endpoint: st.Addr, Bytes: st.PayloadBytes, States: st.States, Duration: st.Duration, Wait: st.WireWait}
 	if err != nil {
 		return rs, err
@@ -58,6 +108,8 @@ func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, st
 // Classify implements Remote.
 func (r *KVRemote) Classify(err error) string {
 	switch {
+	case errors.Is(err, errAllOpen):
+		return metrics.OutcomeSkippedOpen
 	case errors.Is(err, kvwire.ErrNoEndpoint):
 		return metrics.OutcomeSkippedNoEnd
 	case errors.Is(err, kvwire.ErrBusy):

@@ -34,6 +34,9 @@ type client struct {
 	tick      time.Duration // progress reporting interval
 	logEvery  time.Duration // progress log interval
 	free      func(dir string) (int64, error)
+	// writeAt writes downloaded bytes into a .partial file (tests inject
+	// faults such as a full disk here).
+	writeAt func(f *os.File, b []byte, off int64) (int, error)
 }
 
 func newClient(o Options) (*client, error) {
@@ -57,6 +60,7 @@ func newClient(o Options) (*client, error) {
 		tick:      250 * time.Millisecond,
 		logEvery:  10 * time.Second,
 		free:      freeBytes,
+		writeAt:   (*os.File).WriteAt,
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.ResponseHeaderTimeout = 60 * time.Second
@@ -383,6 +387,13 @@ func (c *client) checkSpace(dir string, files []repoFile) error {
 		need += max(f.Size-have, 0)
 	}
 	free, err := c.free(dir)
+	if c.opts.Plan != nil {
+		known := free
+		if err != nil {
+			known = -1
+		}
+		c.opts.Plan(dir, need, known)
+	}
 	if err != nil || need == 0 {
 		return nil // unknown: let the writes report it
 	}

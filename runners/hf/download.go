@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -239,7 +240,7 @@ func (c *client) download(ctx context.Context, u, final string, f repoFile, sem 
 		return counted, err
 	}
 	if err := file.Sync(); err != nil {
-		return counted, fmt.Errorf("store: %w", err)
+		return counted, storeErr(err)
 	}
 	if err := verify(file, f); err != nil {
 		file.Close()
@@ -248,7 +249,7 @@ func (c *client) download(ctx context.Context, u, final string, f repoFile, sem 
 		return counted, err
 	}
 	if err := file.Close(); err != nil {
-		return counted, fmt.Errorf("store: %w", err)
+		return counted, storeErr(err)
 	}
 	if err := os.Rename(partial, final); err != nil {
 		return counted, fmt.Errorf("store: %w", err)
@@ -304,6 +305,15 @@ func (c *client) getRange(ctx context.Context, u string, file *os.File, st *dlSt
 	return n, err
 }
 
+// storeErr wraps an error of the store's filesystem; a full disk becomes
+// ErrNoSpace with what is kept for the next pull.
+func storeErr(err error) error {
+	if errors.Is(err, syscall.ENOSPC) {
+		return fmt.Errorf("store: %w: the disk filled up during the download (%w); the partial file is kept and the next pull resumes it", ErrNoSpace, err)
+	}
+	return fmt.Errorf("store: %w", err)
+}
+
 // errStalled: a connection delivered nothing for the stall timeout (retried).
 var errStalled = errors.New("connection stalled")
 
@@ -338,8 +348,8 @@ func (c *client) copyRange(rctx context.Context, u string, file *os.File, st *dl
 		if n > 0 {
 			stall.Reset(c.stall)
 			w := min(int64(n), end-off+1)
-			if _, err := file.WriteAt(buf[:w], off); err != nil {
-				return got, &fatalError{fmt.Errorf("store: %w", err)}
+			if _, err := c.writeAt(file, buf[:w], off); err != nil {
+				return got, &fatalError{storeErr(err)}
 			}
 			off += w
 			got += w
@@ -347,7 +357,7 @@ func (c *client) copyRange(rctx context.Context, u string, file *os.File, st *dl
 			prog.fetched.Add(w)
 			if st.add(i, w) {
 				if err := st.save(); err != nil {
-					return got, &fatalError{err}
+					return got, &fatalError{storeErr(err)}
 				}
 			}
 		}
@@ -391,7 +401,10 @@ func (c *client) downloadStream(ctx context.Context, u, final, partial string, f
 	defer file.Close()
 	n, err := io.Copy(file, io.TeeReader(resp.Body, countWriter{prog}))
 	if err != nil {
-		os.Remove(partial)
+		os.Remove(partial) // no resume without a known size
+		if errors.Is(err, syscall.ENOSPC) {
+			return n, storeErr(err)
+		}
 		return n, err
 	}
 	f.Size = n

@@ -39,6 +39,12 @@ type Options struct {
 	Progress func(done, total int64)
 	// Logger receives download progress lines; nil means slog.Default().
 	Logger *slog.Logger
+	// Plan, when set, is called once before any weights are fetched with
+	// the store directory, the bytes still to download (what is already
+	// there, whole or partial, not counted) and the bytes free on its
+	// filesystem (-1: unknown). A pull that does not fit then fails with
+	// ErrNoSpace before downloading.
+	Plan func(dir string, need, free int64)
 }
 
 // Errors callers may branch on (with errors.Is).

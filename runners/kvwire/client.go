@@ -47,12 +47,27 @@ type ClientConfig struct {
 	// Secret authenticates to servers that require it, and is required of
 	// the server when set.
 	Secret []byte
-	// DialTimeout bounds the TCP connect (default 5 s).
+	// ConnectTimeout bounds the TCP connect, the Hello exchange and the
+	// authentication together (default 1 s). A healthy server answers the
+	// Hello from its accept loop at once, whatever it is computing, so a
+	// server that does not answer within a second is stalled (a GPU hang,
+	// SIGSTOP, a swap storm) and the client moves on.
+	ConnectTimeout time.Duration
+	// DialTimeout, when set, bounds the TCP connect alone (within
+	// ConnectTimeout).
 	DialTimeout time.Duration
-	// IdleTimeout bounds the handshake and the wait for each frame
-	// (default 30 s).
+	// IdleTimeout bounds the wait for each frame after the request
+	// (default 30 s). A server sends a Keepalive after KeepaliveEvery
+	// (1 s) without other frames, so a few seconds is ample; FetchIdle
+	// sets it per fetch from the endpoint's measured frame gaps.
 	IdleTimeout time.Duration
-	Limits      Limits
+	// ProgressTimeout bounds the wait for the next KV frame once the
+	// header has arrived, Keepalives not counting (default 30 s): the
+	// server is then computing this request (it is past its queue), so
+	// Keepalives with no KV mean its compute hangs while its process
+	// still answers (a GPU hang).
+	ProgressTimeout time.Duration
+	Limits          Limits
 	// ReadAhead frames may be read from the socket before the sink takes
 	// them (default 2: one being received while the other is verified and
 	// sunk; each holds a buffer as large as the largest frame). 1 makes
@@ -74,14 +89,20 @@ type Client struct {
 
 // NewClient fills in defaults.
 func NewClient(cfg ClientConfig) *Client {
-	if cfg.DialTimeout <= 0 {
-		cfg.DialTimeout = 5 * time.Second
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = time.Second
+	}
+	if cfg.DialTimeout <= 0 || cfg.DialTimeout > cfg.ConnectTimeout {
+		cfg.DialTimeout = cfg.ConnectTimeout
 	}
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = 30 * time.Second
 	}
 	if cfg.ReadAhead <= 0 {
 		cfg.ReadAhead = 2
+	}
+	if cfg.ProgressTimeout <= 0 {
+		cfg.ProgressTimeout = 30 * time.Second
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
 	if cfg.Dial == nil {
@@ -111,14 +132,27 @@ type Stats struct {
 	// WireWait is the time the sink side spent waiting for the next frame
 	// to arrive from the wire (stalls on the network or on the server).
 	WireWait time.Duration
+	// MaxGap is the longest time between the request and the first frame
+	// or between two frames (Keepalives included): what a healthy server
+	// makes this client wait at most, the basis of the next idle deadline.
+	MaxGap time.Duration
 }
 
 // Fetch asks the server at addr for the KV of req and streams it into
 // sink. exp, when non-nil, is checked against the header before any KV is
 // accepted (ErrMismatch). Errors wrap one of the package's sentinels, or
 // the context's error when ctx was cancelled.
-func (c *Client) Fetch(ctx context.Context, addr string, req *Request, exp *Expect, sink Sink) (st Stats, err error) {
+func (c *Client) Fetch(ctx context.Context, addr string, req *Request, exp *Expect, sink Sink) (Stats, error) {
+	return c.FetchIdle(ctx, addr, 0, req, exp, sink)
+}
+
+// FetchIdle is Fetch with idle (when > 0) in place of the configured
+// IdleTimeout as the longest wait for any one frame after the request.
+func (c *Client) FetchIdle(ctx context.Context, addr string, idle time.Duration, req *Request, exp *Expect, sink Sink) (st Stats, err error) {
 	start := time.Now()
+	if idle <= 0 {
+		idle = c.cfg.IdleTimeout
+	}
 	st.Addr = addr
 	defer func() {
 		st.Duration = time.Since(start)
@@ -138,11 +172,9 @@ func (c *Client) Fetch(ctx context.Context, addr string, req *Request, exp *Expe
 		ctx, cancel = context.WithTimeout(ctx, req.Deadline+time.Second)
 		defer cancel()
 	}
-	dctx, dcancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
-	conn, err := c.cfg.Dial(dctx, "tcp", addr)
-	dcancel()
+	conn, br, err := c.connect(ctx, addr, &st)
 	if err != nil {
-		return st, c.netErr(ctx, fmt.Errorf("dial %s: %w", addr, err))
+		return st, err
 	}
 	defer conn.Close()
 	// Cancelling ctx unblocks any read or write at once.
@@ -150,21 +182,18 @@ func (c *Client) Fetch(ctx context.Context, addr string, req *Request, exp *Expe
 	defer stop()
 	overall, hasOverall := ctx.Deadline()
 	deadline := func() time.Time {
-		d := time.Now().Add(c.cfg.IdleTimeout)
+		d := time.Now().Add(idle)
 		if hasOverall && overall.Before(d) {
 			return overall
 		}
 		return d
 	}
-
-	// Small: large payloads bypass it and go straight into frame buffers.
-	br := bufio.NewReaderSize(conn, 16<<10)
 	conn.SetDeadline(deadline())
 	if ctx.Err() != nil { // cancelled before the deadline above was set
 		return st, c.netErr(ctx, ctx.Err())
 	}
-	if err := c.handshake(conn, br, reqFrame, &st); err != nil {
-		return st, c.netErr(ctx, err)
+	if _, err := conn.Write(reqFrame); err != nil {
+		return st, c.netErr(ctx, fmt.Errorf("write request: %w", err))
 	}
 
 	// Reader goroutine: socket → filled (bounded by ReadAhead buffers).
@@ -204,6 +233,8 @@ func (c *Client) Fetch(ctx context.Context, addr string, req *Request, exp *Expe
 	}()
 
 	rs := &recvState{req: req, exp: exp, sink: sink, lim: c.cfg.Limits, st: &st, start: start}
+	last := time.Now()
+	lastKV := last
 	for {
 		w0 := time.Now()
 		var f rawFrame
@@ -214,12 +245,22 @@ func (c *Client) Fetch(ctx context.Context, addr string, req *Request, exp *Expe
 			// AfterFunc; closing the connection (deferred) stops it.
 			return st, c.netErr(ctx, context.Cause(ctx))
 		}
-		st.WireWait += time.Since(w0)
+		now := time.Now()
+		st.WireWait += now.Sub(w0)
+		if f.err == nil {
+			st.MaxGap = max(st.MaxGap, now.Sub(last))
+			last = now
+		}
 		if f.err != nil {
 			if f.err == io.EOF {
 				f.err = fmt.Errorf("%w: server closed the connection before done", ErrClosed)
 			}
 			return st, c.netErr(ctx, f.err)
+		}
+		if f.typ != frameKeepalive || rs.h == nil {
+			lastKV = now
+		} else if now.Sub(lastKV) > c.cfg.ProgressTimeout {
+			return st, fmt.Errorf("%w: no KV for %v after the header, only keepalives (the server's compute is stuck)", ErrTimeout, now.Sub(lastKV).Round(time.Millisecond))
 		}
 		done, err := rs.handle(&f)
 		if err != nil || done {
@@ -333,8 +374,8 @@ func (rs *recvState) handle(f *rawFrame) (done bool, err error) {
 	return false, nil
 }
 
-// handshake exchanges Hellos, authenticates and sends the request.
-func (c *Client) handshake(conn net.Conn, br *bufio.Reader, reqFrame []byte, st *Stats) error {
+// handshake exchanges Hellos and authenticates.
+func (c *Client) handshake(conn net.Conn, br *bufio.Reader, st *Stats) error {
 	var cn [32]byte
 	rand.Read(cn[:])
 	var flags uint16
@@ -382,10 +423,52 @@ func (c *Client) handshake(conn net.Conn, br *bufio.Reader, reqFrame []byte, st 
 			return corruptf("frame type %d where auth reply belongs", f.typ)
 		}
 	}
-	if _, err := conn.Write(reqFrame); err != nil {
-		return fmt.Errorf("write request: %w", err)
-	}
 	return nil
+}
+
+// connect dials addr and exchanges Hellos (and authenticates), all within
+// ConnectTimeout. The returned connection has no deadline set.
+func (c *Client) connect(ctx context.Context, addr string, st *Stats) (net.Conn, *bufio.Reader, error) {
+	hctx, hcancel := context.WithTimeout(ctx, c.cfg.ConnectTimeout)
+	defer hcancel()
+	dctx, dcancel := context.WithTimeout(hctx, c.cfg.DialTimeout)
+	conn, err := c.cfg.Dial(dctx, "tcp", addr)
+	dcancel()
+	if err != nil {
+		return nil, nil, c.netErr(ctx, fmt.Errorf("dial %s: %w", addr, err))
+	}
+	dl, _ := hctx.Deadline()
+	conn.SetDeadline(dl)
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	// Small: large payloads bypass it and go straight into frame buffers.
+	br := bufio.NewReaderSize(conn, 16<<10)
+	if err := c.handshake(conn, br, st); err != nil {
+		conn.Close()
+		if ctx.Err() == nil && errors.Is(err, os.ErrDeadlineExceeded) {
+			err = fmt.Errorf("%w: %s did not answer the hello within %v: %w", ErrTimeout, addr, c.cfg.ConnectTimeout, err)
+		}
+		return nil, nil, c.netErr(ctx, err)
+	}
+	if !stop() { // ctx ended during the handshake: its deadline poisoned conn
+		conn.Close()
+		return nil, nil, c.netErr(ctx, ctx.Err())
+	}
+	conn.SetDeadline(time.Time{})
+	return conn, br, nil
+}
+
+// Ping checks that a server at addr is alive: it connects and exchanges
+// Hellos (and authenticates) within ConnectTimeout, then closes the
+// connection without a request. It answers nil, or an error wrapping
+// ErrTimeout, ErrClosed, ErrAuth or ErrVersion.
+func (c *Client) Ping(ctx context.Context, addr string) error {
+	var st Stats
+	conn, _, err := c.connect(ctx, addr, &st)
+	if err != nil {
+		return err
+	}
+	return conn.Close()
 }
 
 // checkHeader refuses a header that does not fit the request or the model.

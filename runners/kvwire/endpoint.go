@@ -321,7 +321,17 @@ func Retryable(err error) bool {
 // the last failure (wrapped with the count of endpoints tried, so errors.Is
 // still tells busy from mismatch). With no endpoints it returns ErrNoEndpoint.
 func (s *Selector) Do(ctx context.Context, try func(ctx context.Context, addr string) error) error {
+	return s.DoAllowed(ctx, nil, try)
+}
+
+// DoAllowed is Do over the endpoints allow accepts (all when allow is
+// nil), e.g. those whose circuit breaker is closed. With none allowed it
+// returns ErrNoEndpoint.
+func (s *Selector) DoAllowed(ctx context.Context, allow func(addr string) bool, try func(ctx context.Context, addr string) error) error {
 	order := s.Order()
+	if allow != nil {
+		order = slices.DeleteFunc(order, func(a string) bool { return !allow(a) })
+	}
 	if len(order) == 0 {
 		return ErrNoEndpoint
 	}

@@ -53,9 +53,12 @@ type ServerConfig struct {
 	Limits    Limits
 	// HandshakeTimeout bounds Hello + auth + Request (default 10 s).
 	HandshakeTimeout time.Duration
-	// IdleTimeout bounds one frame write (default 30 s); a Keepalive goes
-	// out after IdleTimeout/3 without other frames.
+	// IdleTimeout bounds one frame write (default 30 s).
 	IdleTimeout time.Duration
+	// KeepaliveEvery: a Keepalive goes out after this long without other
+	// frames (default 1 s, at most IdleTimeout/3), so that clients can
+	// tell a stalled server from a busy one within a few seconds.
+	KeepaliveEvery time.Duration
 	// MaxDuration bounds a whole request (default 10 min); a request's own
 	// deadline can only shorten it.
 	MaxDuration time.Duration
@@ -97,6 +100,10 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.MaxDuration <= 0 {
 		cfg.MaxDuration = 10 * time.Minute
 	}
+	if cfg.KeepaliveEvery <= 0 {
+		cfg.KeepaliveEvery = time.Second
+	}
+	cfg.KeepaliveEvery = min(cfg.KeepaliveEvery, cfg.IdleTimeout/3)
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -186,6 +193,10 @@ func (s *Server) handle(ctx context.Context, conn net.Conn) {
 	defer stop()
 	log := s.log.With("remote", conn.RemoteAddr().String())
 	req, br, err := s.handshake(conn)
+	if errors.Is(err, errProbe) {
+		log.Debug("kvwire: pinged")
+		return
+	}
 	if err != nil {
 		log.Info("kvwire: handshake failed", "err", err)
 		lingerClose(conn)
@@ -243,6 +254,9 @@ func (s *Server) handshake(conn net.Conn) (*Request, *bufio.Reader, error) {
 		}
 	}
 	f := readFrame(br, nil, s.cfg.Limits)
+	if f.err == io.EOF { // a client's Ping: Hellos only, then a clean close
+		return nil, nil, errProbe
+	}
 	if f.err == nil {
 		f.err = f.check()
 	}
@@ -282,6 +296,7 @@ func authMAC(secret []byte, role string, sn, cn *[32]byte) []byte {
 }
 
 var (
+	errProbe      = errors.New("kvwire: ping (closed after the hello)")
 	errClientGone = fmt.Errorf("%w: client went away", ErrClosed)
 	errDeadline   = fmt.Errorf("%w: request deadline passed", ErrTimeout)
 )
@@ -305,7 +320,7 @@ func (s *Server) stream(parent context.Context, conn net.Conn, br *bufio.Reader,
 		cancel(errClientGone)
 	}()
 
-	w := newWriter(conn, s.cfg.SendQueue, s.cfg.IdleTimeout)
+	w := newWriter(conn, s.cfg.SendQueue, s.cfg.IdleTimeout, s.cfg.KeepaliveEvery)
 	wdone := make(chan struct{})
 	go func() {
 		defer close(wdone)
@@ -516,10 +531,11 @@ type writer struct {
 	q    chan *outFrame
 	dead chan struct{} // closed when run returns
 	idle time.Duration
+	keep time.Duration // Keepalive after this long without frames
 }
 
-func newWriter(conn net.Conn, depth int, idle time.Duration) *writer {
-	return &writer{conn: conn, q: make(chan *outFrame, depth), dead: make(chan struct{}), idle: idle}
+func newWriter(conn net.Conn, depth int, idle, keep time.Duration) *writer {
+	return &writer{conn: conn, q: make(chan *outFrame, depth), dead: make(chan struct{}), idle: idle, keep: keep}
 }
 
 // send queues f, blocking while the queue is full.
@@ -539,7 +555,7 @@ func (w *writer) close() { close(w.q) }
 
 func (w *writer) run() error {
 	defer close(w.dead)
-	keep := time.NewTimer(w.idle / 3)
+	keep := time.NewTimer(w.keep)
 	defer keep.Stop()
 	keepalive := smallFrame(frameKeepalive, nil)
 	var batch net.Buffers
@@ -580,7 +596,7 @@ func (w *writer) run() error {
 		if q == nil {
 			return nil
 		}
-		keep.Reset(w.idle / 3)
+		keep.Reset(w.keep)
 	}
 }
 

@@ -25,6 +25,7 @@ const (
 	OutcomeSkippedNoEnd     = "skipped_no_endpoint" // no prefill endpoint configured
 	OutcomeSkippedDisabled  = "skipped_disabled"    // the request asked for local prefill
 	OutcomeSkippedCached    = "skipped_cached"      // the whole prompt was in the decode cache
+	OutcomeSkippedOpen      = "skipped_open"        // every endpoint's circuit breaker is open
 )
 
 // Runner holds one runner's metrics.
@@ -47,6 +48,11 @@ type Runner struct {
 	PrefixHit     *prometheus.CounterVec // role
 	PrefillTokens *prometheus.CounterVec // role: tokens computed by Prefill
 	DecodeBatch   prometheus.Histogram   // sequences per batched decode step
+	// PrefillEndpointState is 1 while a prefill endpoint's circuit breaker
+	// is open (skipped), 0 while closed (decode only).
+	PrefillEndpointState *prometheus.GaugeVec // endpoint
+	// PrefillEndpointTrips counts closed → open transitions.
+	PrefillEndpointTrips *prometheus.CounterVec // endpoint
 }
 
 var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
@@ -92,17 +98,23 @@ func New(role string) *Runner {
 	m.DecodeBatch = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "exo_decode_batch_sequences",
 		Help:    "Sequences decoded together per batched decode step.",
 		Buckets: []float64{1, 2, 4, 8, 16, 32}})
+	m.PrefillEndpointState = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "exo_prefill_endpoint_state",
+		Help: "Circuit breaker of each prefill endpoint: 1 open (skipped after a timeout or connection failure), 0 closed."}, []string{"endpoint"})
+	m.PrefillEndpointTrips = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exo_prefill_endpoint_trips_total",
+		Help: "Times a prefill endpoint's circuit breaker opened."}, []string{"endpoint"})
 	for _, c := range []prometheus.Collector{m.TTFT, m.InterToken, m.Duration, m.PromptTokens, m.GenTokens, m.Requests,
 		m.Waiting, m.Running, m.RemotePrefill, m.KVBytes, m.KVDuration, m.KVWait, m.PrefixHit, m.PrefillTokens} {
 		f(c)
 	}
 	if role == "decode" {
 		f(m.DecodeBatch)
+		f(m.PrefillEndpointState)
+		f(m.PrefillEndpointTrips)
 	}
 	// Expose the outcome and role series at zero from the start, so a
 	// scrape (and a test) sees them before the first event.
 	for _, o := range []string{OutcomeOK, OutcomeFallbackBusy, OutcomeFallbackError, OutcomeFallbackMismatch,
-		OutcomeFallbackCorrupt, OutcomeSkippedShort, OutcomeSkippedNoEnd, OutcomeSkippedDisabled, OutcomeSkippedCached} {
+		OutcomeFallbackCorrupt, OutcomeSkippedShort, OutcomeSkippedNoEnd, OutcomeSkippedDisabled, OutcomeSkippedCached, OutcomeSkippedOpen} {
 		if role == "decode" {
 			m.RemotePrefill.WithLabelValues(o)
 		}

@@ -114,6 +114,11 @@ type Model struct {
 	MaxBatch int `toml:"max_batch"`
 	// PrefillChunk is the prefill chunk in tokens (--prefill-chunk; 0 = the runners' default).
 	PrefillChunk int `toml:"prefill_chunk"`
+	// PrefillConnectTimeoutMs bounds a decode runner's connect + hello to a
+	// prefill endpoint (--prefill-connect-timeout; 0 = the runner's
+	// default, 1000). A prefill runner that does not answer in time is
+	// skipped until it answers a probe.
+	PrefillConnectTimeoutMs int `toml:"prefill_connect_timeout_ms"`
 	// Defaults are sampling defaults over the model's own
 	// (generation_config.json, GGUF general.sampling.*), under each
 	// request's fields (decode runners' --default-*).
@@ -284,7 +289,7 @@ var knownKeys = map[string][]string{
 	"cluster":         {"name", "secret_file", "models_dir", "runner_port_base", "offline", "insecure"},
 	"api":             {"listen", "port", "api_key_file", "open_paths", "cors_origins"},
 	"hosts.*":         {"address", "backend", "threads"},
-	"models":          {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "max_queue", "max_batch", "prefill_chunk", "defaults"},
+	"models":          {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "max_queue", "max_batch", "prefill_chunk", "prefill_connect_timeout_ms", "defaults"},
 	"models.defaults": {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"},
 	"models.decode":   {"hosts", "source", "port"},
 	"models.prefill":  {"hosts", "source", "port", "metrics_port", "prefix_cache_mib"},

@@ -47,7 +47,7 @@ decode = { hosts = ["mac"], source = "a", portt = 3 }
 `, []string{
 			`f.toml:14:1: unknown key "prot" (known keys here: listen, port, api_key_file, open_paths, cors_origins)`,
 			`f.toml:16:2: unknown key "extra" (known keys here: address, backend, threads)`,
-			`f.toml:21:1: unknown key "sauce" (known keys here: name, source, decode, prefill, remote_prefill_min_tokens, max_queue, max_batch, prefill_chunk, defaults)`,
+			`f.toml:21:1: unknown key "sauce" (known keys here: name, source, decode, prefill, remote_prefill_min_tokens, max_queue, max_batch, prefill_chunk, prefill_connect_timeout_ms, defaults)`,
 			`f.toml:22:43: unknown key "portt" (known keys here: hosts, source, port)`,
 		}},
 		{"unknown host", twoHosts + `
@@ -208,6 +208,7 @@ name = "m"
 source = "s"
 prefill_chunk = 512
 max_batch = 8
+prefill_connect_timeout_ms = 250
 decode = { hosts = ["h"] }
 prefill = { hosts = ["h"], prefix_cache_mib = 0 }
 `))
@@ -217,7 +218,7 @@ prefill = { hosts = ["h"], prefix_cache_mib = 0 }
 	rs := c.Runners("h")
 	want := [][]string{
 		{"runner", "decode", "--model", "s", "--served-name", "m", "--listen", "127.0.0.1:52500", "--prefill", "127.0.0.1:52501",
-			"--remote-prefill-min-tokens", "256", "--backend", "cpu", "--max-batch", "8", "--prefill-chunk", "512", "--threads", "2", "--offline"},
+			"--remote-prefill-min-tokens", "256", "--prefill-connect-timeout", "250ms", "--backend", "cpu", "--max-batch", "8", "--prefill-chunk", "512", "--threads", "2", "--offline"},
 		{"runner", "prefill", "--model", "s", "--served-name", "m", "--listen", "127.0.0.1:52501", "--metrics", "127.0.0.1:52502",
 			"--backend", "cpu", "--prefill-chunk", "512", "--prefix-cache-mib", "0", "--threads", "2", "--offline"},
 	}
@@ -238,11 +239,13 @@ prefill_chunk = -5
 decode = { hosts = ["h"] }
 prefill = { hosts = ["h"], prefix_cache_mib = -1 }
 max_batch = 1000
+prefill_connect_timeout_ms = -1
 `))
 	want2 := "f:5:1: host h: threads must not be negative\n" +
 		"f:9:1: model m: prefill_chunk must not be negative\n" +
 		"f:11:28: model m: prefix_cache_mib must not be negative (0 turns the cache off)\n" +
-		"f:12:1: model m: max_batch must be between 0 (the runner's default) and 256"
+		"f:12:1: model m: max_batch must be between 0 (the runner's default) and 256\n" +
+		"f:13:1: model m: prefill_connect_timeout_ms must be between 0 (the runner's default, 1000) and 60000"
 	if err == nil || err.Error() != want2 {
 		t.Errorf("errors:\n%v\nwant:\n%s", err, want2)
 	}

@@ -30,16 +30,18 @@ type Runner struct {
 	Metrics                string   `json:"metrics,omitempty"`
 	Prefill                []string `json:"prefill,omitempty"` // decode: prefill KV endpoints, file order
 	RemotePrefillMinTokens int      `json:"remote_prefill_min_tokens,omitempty"`
-	SecretFile             string   `json:"secret_file,omitempty"`
-	ModelsDir              string   `json:"models_dir,omitempty"`
-	Backend                string   `json:"backend"`
-	Device                 string   `json:"device,omitempty"`
-	MaxQueue               int      `json:"max_queue,omitempty"`
-	MaxBatch               int      `json:"max_batch,omitempty"` // decode only
-	PrefillChunk           int      `json:"prefill_chunk,omitempty"`
-	PrefixCacheMiB         *int     `json:"prefix_cache_mib,omitempty"` // prefill only
-	Threads                int      `json:"threads,omitempty"`
-	Offline                bool     `json:"offline,omitempty"`
+	// PrefillConnectTimeoutMs: decode only; 0 = the runner's default.
+	PrefillConnectTimeoutMs int    `json:"prefill_connect_timeout_ms,omitempty"`
+	SecretFile              string `json:"secret_file,omitempty"`
+	ModelsDir               string `json:"models_dir,omitempty"`
+	Backend                 string `json:"backend"`
+	Device                  string `json:"device,omitempty"`
+	MaxQueue                int    `json:"max_queue,omitempty"`
+	MaxBatch                int    `json:"max_batch,omitempty"` // decode only
+	PrefillChunk            int    `json:"prefill_chunk,omitempty"`
+	PrefixCacheMiB          *int   `json:"prefix_cache_mib,omitempty"` // prefill only
+	Threads                 int    `json:"threads,omitempty"`
+	Offline                 bool   `json:"offline,omitempty"`
 	// Defaults: decode runners' sampling defaults (--default-*).
 	Defaults *SamplingDefaults `json:"defaults,omitempty"`
 }
@@ -63,6 +65,9 @@ func (r Runner) Args() []string {
 			a = append(a, "--prefill", joinComma(r.Prefill))
 		}
 		a = append(a, "--remote-prefill-min-tokens", strconv.Itoa(r.RemotePrefillMinTokens))
+		if r.PrefillConnectTimeoutMs > 0 {
+			a = append(a, "--prefill-connect-timeout", strconv.Itoa(r.PrefillConnectTimeoutMs)+"ms")
+		}
 		if d := r.Defaults; d != nil {
 			f := func(flag string, v *float64) {
 				if v != nil {
@@ -175,6 +180,7 @@ func (c *Config) AllRunners() []Runner {
 				} else {
 					ru.Prefill = slices.Clone(prefill)
 					ru.RemotePrefillMinTokens = m.RemotePrefillMinTokens
+					ru.PrefillConnectTimeoutMs = m.PrefillConnectTimeoutMs
 					if m.Defaults != nil {
 						d := *m.Defaults
 						ru.Defaults = &d

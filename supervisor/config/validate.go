@@ -129,6 +129,9 @@ func (c *Config) validate() Errors {
 		if m.PrefillChunk < 0 {
 			bad(c.at("models", i, "prefill_chunk"), "%s: prefill_chunk must not be negative", label)
 		}
+		if m.PrefillConnectTimeoutMs < 0 || m.PrefillConnectTimeoutMs > 60000 {
+			bad(c.at("models", i, "prefill_connect_timeout_ms"), "%s: prefill_connect_timeout_ms must be between 0 (the runner's default, 1000) and 60000", label)
+		}
 		if d := m.Defaults; d != nil {
 			rng := func(key string, v *float64, lo, hi float64, loOpen bool, what string) {
 				if v != nil && (*v != *v || *v > hi || *v < lo || (loOpen && *v == lo)) {

@@ -33,7 +33,11 @@ const MaxBody = 32 << 20
 type Options struct {
 	Logger      *slog.Logger
 	HealthEvery time.Duration // poll interval of runners' /health; default 1s
-	Transport   http.RoundTripper
+	// HealthTimeout bounds one /health check (default 2 s). A runner
+	// that does not answer is out of rotation until it does; a request
+	// forwarded to it that has no answer yet is sent to the next runner.
+	HealthTimeout time.Duration
+	Transport     http.RoundTripper
 	// Instance, when set, gives the instance token this host's supervisor
 	// passed to a local runner (by runner name; "" = unknown): a local
 	// backend whose /health reports another instance is not healthy (its
@@ -59,6 +63,8 @@ type Health struct {
 	Waiting  int       `json:"waiting"`
 	Running  int       `json:"running"`
 	Checked  time.Time `json:"checked"`
+	// Silent: the check got no HTTP answer at all (refused, timeout).
+	Silent bool `json:"silent,omitempty"`
 }
 
 type snapshot struct {
@@ -89,12 +95,15 @@ func New(o Options) *Gateway {
 	if o.HealthEvery == 0 {
 		o.HealthEvery = time.Second
 	}
+	if o.HealthTimeout == 0 {
+		o.HealthTimeout = 2 * time.Second
+	}
 	tr := o.Transport
 	if tr == nil {
 		tr = http.DefaultTransport
 	}
 	g := &Gateway{o: o, log: o.Logger, client: &http.Client{Transport: tr},
-		probe: &http.Client{Transport: tr, Timeout: 2 * time.Second},
+		probe: &http.Client{Transport: tr, Timeout: o.HealthTimeout},
 		kick:  make(chan struct{}, 1), health: map[string]Health{}}
 	g.snap.Store(&snapshot{backends: map[string][]Backend{}})
 	return g
@@ -166,7 +175,7 @@ func (g *Gateway) check(ctx context.Context, b Backend) Health {
 	}
 	resp, err := g.probe.Do(req)
 	if err != nil {
-		h.Status = shortErr(err)
+		h.Status, h.Silent = shortErr(err), true
 		return h
 	}
 	defer resp.Body.Close()
@@ -434,7 +443,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 		cands, reasons = g.candidates(req.Model)
 	}
 	for _, b := range cands {
-		resp, err := g.send(r, b, body)
+		resp, done, err := g.sendWatched(r, b, body)
 		if err != nil {
 			if r.Context().Err() != nil {
 				return // the client went away
@@ -446,10 +455,62 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		g.relay(w, r, resp, b)
+		done()
 		return
 	}
 	APIError(w, http.StatusServiceUnavailable, "server_error", "no_healthy_runner",
 		fmt.Sprintf("no healthy decode runner for model %q: %s", req.Model, strings.Join(reasons, "; ")))
+}
+
+// errWentSilent: the runner stopped answering /health before it answered
+// the forwarded request.
+var errWentSilent = errors.New("stopped answering /health before answering the request")
+
+// sendWatched sends the request to b and waits for its response headers,
+// giving up (errWentSilent) if the health poller finds b not answering
+// meanwhile: a stopped or hung runner would otherwise hold the request
+// until its supervisor restarts it. The body is still in hand, so the next
+// runner can serve it. done releases the request's context after relaying.
+func (g *Gateway) sendWatched(r *http.Request, b Backend, body []byte) (*http.Response, func(), error) {
+	ctx, cancel := context.WithCancelCause(r.Context())
+	since := time.Now()
+	type result struct {
+		resp *http.Response
+		err  error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		resp, err := g.send(r.WithContext(ctx), b, body)
+		ch <- result{resp, err}
+	}()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case res := <-ch:
+			if res.err != nil {
+				cancel(nil)
+				if errors.Is(context.Cause(ctx), errWentSilent) {
+					return nil, nil, errWentSilent
+				}
+				return nil, nil, res.err
+			}
+			return res.resp, func() { cancel(nil) }, nil
+		case <-tick.C:
+			if g.silentSince(b.Addr, since) {
+				cancel(errWentSilent)
+			}
+		}
+	}
+}
+
+// silentSince reports whether a health check that started after t found
+// addr not answering (a transport error, not a "loading" answer).
+func (g *Gateway) silentSince(addr string, t time.Time) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	h, ok := g.health[addr]
+	return ok && !h.OK && h.Silent && h.Checked.After(t)
 }
 
 func (g *Gateway) send(r *http.Request, b Backend, body []byte) (*http.Response, error) {

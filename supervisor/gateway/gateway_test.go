@@ -25,6 +25,7 @@ type fakeRunner struct {
 	waiting, running atomic.Int32
 	progress         float64
 	chat             http.HandlerFunc
+	stallHealth      atomic.Pointer[chan struct{}] // set: /health waits for it to close
 }
 
 func newFake(t *testing.T, name, addr string) *fakeRunner {
@@ -37,6 +38,13 @@ func newFake(t *testing.T, name, addr string) *fakeRunner {
 	f.healthCode.Store(200)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		if ch := f.stallHealth.Load(); ch != nil {
+			select {
+			case <-*ch:
+			case <-r.Context().Done():
+			}
+			return
+		}
 		code := int(f.healthCode.Load())
 		w.WriteHeader(code)
 		if code == 200 {
@@ -310,6 +318,45 @@ func TestTokenizeIsForwarded(t *testing.T) {
 	resp2.Body.Close()
 	if resp2.StatusCode != http.StatusNotFound {
 		t.Fatalf("unknown model on /tokenize: status %d, want 404", resp2.StatusCode)
+	}
+}
+
+// TestSilentRunnerLosesItsPendingRequest: runner a (local, first choice)
+// stops answering anything — /health and the request it was just sent —
+// as a SIGSTOPped process does. The health poller finds it silent and the
+// gateway sends the pending request to b instead of waiting on a.
+func TestSilentRunnerLosesItsPendingRequest(t *testing.T) {
+	g, srv, a, _ := cluster(t, "a")
+	g.o.HealthTimeout = 200 * time.Millisecond
+	g.probe.Timeout = 200 * time.Millisecond
+	stall := make(chan struct{})
+	var got atomic.Int32
+	a.chat = func(w http.ResponseWriter, r *http.Request) {
+		got.Add(1)
+		select {
+		case <-stall:
+		case <-r.Context().Done():
+		}
+	}
+	a.stallHealth.Store(&stall) // a's /health hangs from now on too
+	defer close(stall)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		for ctx.Err() == nil {
+			g.pollAll(ctx)
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	resp, v := post(t, srv.URL, `{"model":"m"}`)
+	if resp.StatusCode != 200 || v["served_by"] != "b" {
+		t.Fatalf("status %d %v, want b to serve the request a held", resp.StatusCode, v)
+	}
+	if got.Load() != 1 {
+		t.Fatalf("a got %d requests, want 1 (it was tried first)", got.Load())
+	}
+	if h := g.Health()[a.srv.Listener.Addr().String()]; h.OK {
+		t.Fatalf("a's health %+v, want out of rotation", h)
 	}
 }
 

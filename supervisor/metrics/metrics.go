@@ -30,6 +30,9 @@ type Runner struct {
 	Up                bool
 	CrashLoop         bool
 	Restarts          int
+	// LivenessKills counts restarts the supervisor forced because the
+	// runner's /health went unanswered.
+	LivenessKills int
 	// LoadProgress is how far the runner is through getting its model
 	// ready, 0..1: downloading is the first half, loading weights the
 	// second (as its /health reports); 1 once it serves.
@@ -90,6 +93,7 @@ var (
 	descScrapeDuration = prometheus.NewDesc(scrapeDurationName, scrapeDurationHelp, []string{"collector"}, nil)
 	descRunnerUp       = prometheus.NewDesc("exo_runner_up", "Whether the runner answers /health with 200.", []string{"runner", "role", "model"}, nil)
 	descRunnerRestarts = prometheus.NewDesc("exo_runner_restarts_total", "Times the supervisor restarted the runner after it exited.", []string{"runner"}, nil)
+	descRunnerKills    = prometheus.NewDesc("exo_runner_liveness_restarts_total", "Restarts the supervisor forced because the runner's /health went unanswered (also counted in exo_runner_restarts_total).", []string{"runner"}, nil)
 	descRunnerLoop     = prometheus.NewDesc("exo_runner_crash_looping", "Whether the runner exits too often and is being restarted slowly.", []string{"runner"}, nil)
 	descRunnerProgress = prometheus.NewDesc("exo_runner_model_load_progress_ratio", "How far the runner is through downloading (first half) and loading (second half) its model; 1 once it serves.", []string{"runner", "model"}, nil)
 )
@@ -121,6 +125,7 @@ type runnerCollector struct{ m *Metrics }
 func (r runnerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descRunnerUp
 	ch <- descRunnerRestarts
+	ch <- descRunnerKills
 	ch <- descRunnerLoop
 	ch <- descRunnerProgress
 }
@@ -133,6 +138,7 @@ func (r runnerCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descRunnerUp, prometheus.GaugeValue, up, ru.Name, ru.Role, ru.Model)
 		ch <- prometheus.MustNewConstMetric(descRunnerRestarts, prometheus.CounterValue, float64(ru.Restarts), ru.Name)
+		ch <- prometheus.MustNewConstMetric(descRunnerKills, prometheus.CounterValue, float64(ru.LivenessKills), ru.Name)
 		loop := 0.0
 		if ru.CrashLoop {
 			loop = 1

@@ -41,7 +41,7 @@ exo_requests_waiting 2
 		return []Runner{
 			{Name: "m-decode", Role: "decode", Model: "m", Up: true, Restarts: 2, MetricsURL: decode.URL + "/metrics"},
 			{Name: "m-prefill", Role: "prefill", Model: "m", Up: false, Restarts: 0, LoadProgress: 0.25, MetricsURL: prefill.URL + "/metrics"},
-			{Name: "x-decode", Role: "decode", Model: "x", Up: false, CrashLoop: true, Restarts: 9, MetricsURL: "http://127.0.0.1:1/metrics"},
+			{Name: "x-decode", Role: "decode", Model: "x", Up: false, CrashLoop: true, Restarts: 9, LivenessKills: 3, MetricsURL: "http://127.0.0.1:1/metrics"},
 		}
 	})
 	m.SetReload(true, time.Unix(1700000000, 500e6))

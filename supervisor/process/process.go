@@ -16,6 +16,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,10 +59,13 @@ type Options struct {
 	Policy       restart.Policy // zero → restart.Default()
 	Grace        time.Duration  // SIGTERM → SIGKILL; default 10s
 	PollStarting time.Duration  // /health poll while starting; default 100ms
-	PollReady    time.Duration  // /health poll once ready; default 2s
-	Logger       *slog.Logger
-	Now          func() time.Time // default time.Now
-	Jitter       func() float64   // default rand.Float64
+	PollReady    time.Duration  // /health poll once ready; default 2s (at most Liveness.Ready/4)
+	// Liveness: a runner whose /health stays unanswered this long is
+	// stopped (SIGTERM, SIGKILL after Grace) and restarted under Policy.
+	Liveness Liveness
+	Logger   *slog.Logger
+	Now      func() time.Time // default time.Now
+	Jitter   func() float64   // default rand.Float64
 	// OnChange is called (from the runner's goroutine) after every state change.
 	OnChange func(Status)
 	// Restarts is the restart count carried over from a previous Runner of the same name.
@@ -78,6 +82,17 @@ type Health struct {
 	Running  int     `json:"running"`
 	Instance string  `json:"instance,omitempty"`
 	PID      int     `json:"pid,omitempty"`
+	// PrefillEndpoints: a decode runner's circuit breakers, one per
+	// prefill endpoint ("closed": used; "open": skipped until it answers).
+	PrefillEndpoints []PrefillEndpoint `json:"prefill_endpoints,omitempty"`
+}
+
+// PrefillEndpoint is one prefill endpoint as a decode runner sees it.
+type PrefillEndpoint struct {
+	Addr      string `json:"addr"`
+	State     string `json:"state"`
+	Trips     int    `json:"trips"`
+	LastError string `json:"last_error,omitempty"`
 }
 
 // Status is a snapshot of a runner.
@@ -95,6 +110,9 @@ type Status struct {
 	NextStart time.Time `json:"next_start,omitzero"`
 	// Backoff is the delay chosen before NextStart.
 	Backoff time.Duration `json:"backoff_ns,omitempty"`
+	// LivenessKills counts the times the supervisor stopped the runner
+	// because its /health went unanswered (each followed by a restart).
+	LivenessKills int `json:"liveness_kills,omitempty"`
 }
 
 // Runner keeps one child alive until Stop.
@@ -137,6 +155,10 @@ func Start(spec Spec, o Options) *Runner {
 	if o.PollReady == 0 {
 		o.PollReady = 2 * time.Second
 	}
+	o.Liveness = o.Liveness.withDefaults()
+	if o.Liveness.Ready > 0 {
+		o.PollReady = min(o.PollReady, max(o.Liveness.Ready/4, 10*time.Millisecond))
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -161,6 +183,7 @@ func (r *Runner) Status() Status {
 	s := r.st
 	if s.Health != nil {
 		h := *s.Health
+		h.PrefillEndpoints = slices.Clone(h.PrefillEndpoints)
 		s.Health = &h
 	}
 	return s
@@ -226,9 +249,14 @@ func (r *Runner) loop(ctx context.Context) {
 			state = CrashLoop
 		}
 		exit := describeExit(err)
+		var ke *killedError
+		killed := errors.As(err, &ke)
 		r.log.Warn("runner exited; restarting", "exit", exit, "after", d.Round(time.Millisecond), "state", state)
 		r.set(func(s *Status) {
 			s.State, s.PID, s.Health, s.LastExit, s.NextStart, s.Backoff = state, 0, nil, exit, r.opt.Now().Add(d), d
+			if killed {
+				s.LivenessKills++
+			}
 			s.LastError = fatal
 		})
 		t := time.NewTimer(d)
@@ -243,7 +271,19 @@ func (r *Runner) loop(ctx context.Context) {
 	}
 }
 
+// killedError is how runOnce reports a child it stopped for not answering.
+type killedError struct {
+	reason string
+	exit   error
+}
+
+func (k *killedError) Error() string { return k.reason + "; then " + describeExit(k.exit) }
+
 func describeExit(err error) string {
+	var ke *killedError
+	if errors.As(err, &ke) {
+		return ke.Error()
+	}
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
@@ -263,6 +303,10 @@ func describeExit(err error) string {
 func (r *Runner) runOnce(ctx context.Context) (fatal string, err error) {
 	runCtx, stopHealth := context.WithCancel(ctx)
 	defer stopHealth()
+	// The health poller cancels procCtx (with the reason) to stop a child
+	// that stopped answering; cancelling ctx stops it for good.
+	procCtx, kill := context.WithCancelCause(ctx)
+	defer kill(nil)
 	args := r.spec.Args
 	token := ""
 	if r.spec.InstanceFlag != "" {
@@ -272,7 +316,7 @@ func (r *Runner) runOnce(ctx context.Context) (fatal string, err error) {
 	r.mu.Lock()
 	r.token = token
 	r.mu.Unlock()
-	cmd := exec.CommandContext(ctx, r.spec.Path, args...)
+	cmd := exec.CommandContext(procCtx, r.spec.Path, args...)
 	cmd.Env = r.spec.Env
 	cmd.SysProcAttr = sysProcAttr()
 	stdout := &lineLogger{log: r.log, stream: "stdout"}
@@ -281,7 +325,11 @@ func (r *Runner) runOnce(ctx context.Context) (fatal string, err error) {
 	var termAt time.Time // when the group got SIGTERM
 	cmd.Cancel = func() error {
 		termAt = time.Now()
-		return signalGroup(cmd.Process.Pid, syscall.SIGTERM)
+		err := signalGroup(cmd.Process.Pid, syscall.SIGTERM)
+		// A stopped (SIGSTOP, SIGTSTP) group gets its SIGTERM only once
+		// it runs again; let it, so it can exit cleanly within the grace.
+		_ = signalGroup(cmd.Process.Pid, syscall.SIGCONT)
+		return err
 	}
 	cmd.WaitDelay = r.opt.Grace
 	if err := cmd.Start(); err != nil {
@@ -290,7 +338,7 @@ func (r *Runner) runOnce(ctx context.Context) (fatal string, err error) {
 	pid := cmd.Process.Pid
 	r.log.Info("runner started", "pid", pid, "args", r.spec.Args)
 	r.set(func(s *Status) { s.State, s.PID, s.Health = Starting, pid, nil })
-	go r.pollHealth(runCtx, pid, token)
+	go r.pollHealth(runCtx, pid, token, func(reason string) { kill(errors.New(reason)) })
 	err = cmd.Wait() // after Cancel, Wait SIGKILLs the leader once WaitDelay passes
 	stopHealth()
 	stdout.flush()
@@ -313,10 +361,20 @@ func (r *Runner) runOnce(ctx context.Context) (fatal string, err error) {
 			}
 		}
 	}
+	if ctx.Err() == nil && procCtx.Err() != nil {
+		// Wait reports the cancellation; the process state says how it ended.
+		exit := err
+		if ps := cmd.ProcessState; ps != nil {
+			exit = &exec.ExitError{ProcessState: ps}
+		}
+		return stderr.fatalLine(), &killedError{reason: context.Cause(procCtx).Error(), exit: exit}
+	}
 	return stderr.fatalLine(), err
 }
 
-func (r *Runner) pollHealth(ctx context.Context, pid int, token string) {
+// pollHealth polls the child's /health, keeps the state current, and calls
+// kill when the child stays silent past its Liveness limit.
+func (r *Runner) pollHealth(ctx context.Context, pid int, token string, kill func(reason string)) {
 	if r.spec.HealthURL == "" {
 		r.set(func(s *Status) {
 			if s.PID == pid {
@@ -325,11 +383,31 @@ func (r *Runner) pollHealth(ctx context.Context, pid int, token string) {
 		})
 		return
 	}
-	client := &http.Client{Timeout: 2 * time.Second}
+	timeout := 2 * time.Second
+	if l := r.opt.Liveness.Ready; l > 0 {
+		timeout = min(timeout, max(l/3, 10*time.Millisecond))
+	}
+	client := &http.Client{Timeout: timeout}
 	wasReady, warned := false, false
+	lastAnswer := r.opt.Now()
 	for {
 		h, code, err := getHealth(ctx, client, r.spec.HealthURL)
 		if ctx.Err() != nil {
+			return
+		}
+		now := r.opt.Now()
+		// Any HTTP answer from our own child (not another process on its
+		// port) says it is alive.
+		if code != 0 && !(token != "" && h != nil && h.Instance != token) {
+			lastAnswer = now
+		} else if dead, why := r.opt.Liveness.Dead(wasReady, lastAnswer, now); dead {
+			r.log.Warn("runner not answering /health; stopping it to restart it", "pid", pid, "reason", why, "err", err)
+			r.set(func(s *Status) {
+				if s.PID == pid {
+					s.State = Unhealthy
+				}
+			})
+			kill(why)
 			return
 		}
 		if token != "" && h != nil && h.Instance != token {

@@ -1,0 +1,238 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// chaosCluster serves model "tiny" with a decode runner on both hosts and
+// the prefill runner on spark.
+func chaosCluster(base int, modelDir string) string {
+	return fmt.Sprintf(`[cluster]
+name = "chaos"
+runner_port_base = %d
+insecure = true # loopback only; the KV secret is exercised by TestTwoHosts
+
+[hosts.spark]
+address = "127.0.0.2"
+backend = "cpu"
+
+[hosts.mac]
+address = "127.0.0.3"
+backend = "cpu"
+
+[[models]]
+name = "tiny"
+source = %q
+decode = { hosts = ["spark", "mac"] }
+prefill = { hosts = ["spark"] }
+remote_prefill_min_tokens = 1
+`, base, modelDir)
+}
+
+// post sends one small chat and returns the status code and the runner
+// that served it.
+func post(api string, i int) (int, string, error) {
+	body := fmt.Sprintf(`{"model":"tiny","messages":[{"role":"user","content":"chaos %d: hello"}],"max_tokens":4,"temperature":0}`, i)
+	c := &http.Client{Timeout: 60 * time.Second}
+	resp, err := c.Post("http://"+api+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, resp.Header.Get("X-Exo-Runner"), nil
+}
+
+type decodeHealth struct {
+	OK     bool   `json:"ok"`
+	Status string `json:"status"`
+}
+
+func (h *host) gatewayView(t *testing.T) map[string]decodeHealth {
+	t.Helper()
+	resp, err := http.Get("http://" + h.api + "/exo/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Decode map[string]decodeHealth `json:"decode_health"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Decode
+}
+
+// TestChaosDecodeHostStopped: the decode runner on mac is SIGSTOPped. The
+// gateways take it out of rotation within seconds and serve every request
+// through spark's decode runner (no 5xx after the detection window, while
+// requests keep coming); mac's supervisor stops it for not answering
+// /health, restarts it, and `exo status` says why. Assertions are on status
+// codes, states and counts; the durations are logged.
+func TestChaosDecodeHostStopped(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds exo and runs real runners")
+	}
+	for _, ip := range []string{"127.0.0.2", "127.0.0.3"} {
+		l, err := net.Listen("tcp", ip+":0")
+		if err != nil {
+			t.Skipf("loopback address %s unusable here: %v", ip, err)
+		}
+		l.Close()
+	}
+	root, dir := repoRoot(t), t.TempDir()
+	exe := filepath.Join(dir, "exo")
+	run(t, root, "go", "build", "-o", exe, "./cmd/exo")
+	model := filepath.Join(dir, "tiny")
+	run(t, root, "go", "run", "./runners/engine/testmodel/cmd/gen", "-arch", "llama", model)
+	cfgPath := filepath.Join(dir, "cluster.toml")
+	base, apiPort := freePort(t), freePort(t)
+	if err := os.WriteFile(cfgPath, []byte(chaosCluster(base, model)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	hosts := map[string]*host{}
+	for _, hn := range []struct{ name, ip string }{{"spark", "127.0.0.2"}, {"mac", "127.0.0.3"}} {
+		h := &host{name: hn.name, api: fmt.Sprintf("%s:%d", hn.ip, apiPort), log: filepath.Join(dir, hn.name+".log")}
+		logf, err := os.Create(h.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.cmd = exec.Command(exe, "supervise", "--config", cfgPath, "--host", hn.name, "--listen", h.api,
+			"--grace", "1s", "--liveness", "3s")
+		h.cmd.Stdout, h.cmd.Stderr = logf, logf
+		h.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET=")
+		if err := h.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			h.cmd.Process.Signal(syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { h.cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+				h.cmd.Process.Kill()
+				<-done
+			}
+			logf.Close()
+			if t.Failed() {
+				b, _ := os.ReadFile(h.log)
+				t.Logf("--- %s log:\n%s", h.name, tail(string(b), 6000))
+			}
+		})
+		hosts[hn.name] = h
+	}
+	spark, mac := hosts["spark"], hosts["mac"]
+	spark.waitRunners(t, "tiny-decode", "tiny-prefill")
+	macPIDs := mac.waitRunners(t, "tiny-decode")
+	macDecode := fmt.Sprintf("127.0.0.3:%d", base)
+	// Both gateways see both decode runners before the fault.
+	for _, h := range []*host{spark, mac} {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			v := h.gatewayView(t)
+			if len(v) == 2 && v[macDecode].OK && v[fmt.Sprintf("127.0.0.2:%d", base)].OK {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s's gateway never saw both decode runners: %+v", h.name, v)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if code, _, err := post(h.api, 0); err != nil || code != 200 {
+			t.Fatalf("before the fault, via %s: %d %v", h.name, code, err)
+		}
+	}
+
+	victim := macPIDs["tiny-decode"]
+	if err := syscall.Kill(victim, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(victim, syscall.SIGCONT) // let it die if the test fails early
+	stopped := time.Now()
+
+	// Detection: both gateways take mac's decode runner out of rotation.
+	for _, h := range []*host{spark, mac} {
+		deadline := time.Now().Add(20 * time.Second)
+		for h.gatewayView(t)[macDecode].OK {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s's gateway still routes to the stopped runner", h.name)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Logf("%s's gateway dropped the stopped runner %v after SIGSTOP", h.name, time.Since(stopped))
+	}
+
+	// After the detection window: a steady stream of requests through both
+	// gateways while mac's runner is stopped, killed and restarted.
+	var mu sync.Mutex
+	codes := map[int]int{}
+	servedBy := map[string]int{}
+	var errs []string
+	i := 1
+	restarted := false
+	deadline := time.Now().Add(60 * time.Second)
+	for !restarted || i < 20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("mac's decode runner was not restarted within 60 s of SIGSTOP; codes %v", codes)
+		}
+		for _, h := range []*host{spark, mac} {
+			code, by, err := post(h.api, i)
+			mu.Lock()
+			if err != nil {
+				errs = append(errs, err.Error())
+			}
+			codes[code]++
+			servedBy[by]++
+			mu.Unlock()
+			i++
+		}
+		if st, err := mac.status(t); err == nil {
+			for _, r := range st.Runners {
+				if r.Spec.Name == "tiny-decode" && r.Status.PID != victim && r.Status.State == "ready" && r.Status.Restarts == 1 {
+					restarted = true
+				}
+			}
+		}
+	}
+	t.Logf("mac's decode runner restarted %v after SIGSTOP; %d requests: codes %v, served by %v", time.Since(stopped), i-1, codes, servedBy)
+	if len(errs) > 0 || len(codes) != 1 || codes[200] == 0 {
+		t.Fatalf("after the detection window: codes %v, errors %v; want only 200", codes, errs)
+	}
+	if !gone(victim) {
+		t.Errorf("the stopped runner (pid %d) is still there", victim)
+	}
+
+	// exo status on mac says why it restarted.
+	out, err := exec.Command(exe, "status", "--api", "http://"+mac.api).CombinedOutput()
+	if err != nil {
+		t.Fatalf("exo status: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "last restart: liveness: /health unanswered") {
+		t.Fatalf("exo status does not say why the runner restarted:\n%s", out)
+	}
+	t.Logf("exo status:\n%s", out)
+	// And the supervisor's metrics count it.
+	resp, err := http.Get("http://" + mac.api + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), `exo_runner_liveness_restarts_total{runner="tiny-decode"} 1`) {
+		t.Fatalf("no liveness restart counted in /metrics")
+	}
+}
