@@ -632,7 +632,11 @@ func (m *Model) ForwardInto(ctx context.Context, c KVCache, tokens []int32, dst 
 // Forward(caches[i], tokens[i:i+1]) would give. The caches must be
 // distinct. On error every cache is truncated to where it was.
 func (m *Model) ForwardBatch(ctx context.Context, caches []KVCache, tokens []int32) (logits [][]float32, err error) {
-	out, err := m.ForwardBatchInto(ctx, caches, tokens, nil)
+	// The row headers live in m's scratch: clone them before the lock goes,
+	// or a concurrent step rewrites them under the caller.
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out, err := m.forwardBatchLocked(ctx, caches, tokens, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -647,6 +651,11 @@ func (m *Model) ForwardBatch(ctx context.Context, caches []KVCache, tokens []int
 func (m *Model) ForwardBatchInto(ctx context.Context, caches []KVCache, tokens []int32, dst []float32) (logits [][]float32, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	return m.forwardBatchLocked(ctx, caches, tokens, dst)
+}
+
+// forwardBatchLocked is ForwardBatchInto with m.mu held by the caller.
+func (m *Model) forwardBatchLocked(ctx context.Context, caches []KVCache, tokens []int32, dst []float32) (logits [][]float32, err error) {
 	if len(caches) == 0 || len(caches) != len(tokens) {
 		return nil, fmt.Errorf("engine: ForwardBatch with %d caches and %d tokens", len(caches), len(tokens))
 	}
