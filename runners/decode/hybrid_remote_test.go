@@ -87,7 +87,7 @@ func TestHybridRemotePrefillEqualsLocal(t *testing.T) {
 	want := greedy(local, prompt[len(prompt)-1])
 
 	c := m.NewCache()
-	st, err := r.Prefill(ctx, "a", prompt, 0, c)
+	st, err := r.Prefill(ctx, "a", prompt, 0, c, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestHybridRemotePrefillEqualsLocal(t *testing.T) {
 	// asks only for the new tokens' attention KV and the new states.
 	turn2 := append(append(slices.Clone(prompt), want...), 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50)
 	start := c.Len()
-	if _, err := r.Prefill(ctx, "b", turn2, start, c); err != nil {
+	if _, err := r.Prefill(ctx, "b", turn2, start, c, nil); err != nil {
 		t.Fatal(err)
 	}
 	local2 := m.NewCache()
@@ -130,7 +130,7 @@ func TestHybridRemotePrefillEqualsLocal(t *testing.T) {
 	defer pl.Close()
 	go flipProxy(pl, l.Addr().String(), 300)
 	c3 := m.NewCache()
-	_, err = remote(pl.Addr().String()).Prefill(ctx, "c", prompt, 0, c3)
+	_, err = remote(pl.Addr().String()).Prefill(ctx, "c", prompt, 0, c3, nil)
 	if !errors.Is(err, kvwire.ErrCorrupt) {
 		t.Fatalf("flipped state byte: %v, want ErrCorrupt", err)
 	}
