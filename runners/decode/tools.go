@@ -176,6 +176,9 @@ func (g *Grammars) family() chat.Family {
 // it asks for strict, which is a 400.
 func (g *Grammars) lazyCalls(req *openai.GenRequest) (Constraint, error) {
 	fam := g.family()
+	if fam == chat.Harmony {
+		return nil, nil // calls are parsed (HarmonyParser), not constrained
+	}
 	var f grammar.CallFormat
 	marker := ""
 	switch fam {
@@ -293,6 +296,14 @@ func (g *Grammars) grammarFor(req *openai.GenRequest) (*grammar.Grammar, error) 
 	}
 	rf := req.ResponseFormat
 	structured := rf != nil && rf.Type != "text"
+	if req.Chat && g.family() == chat.Harmony && (forced != "" || structured) {
+		// A grammar from the first token would keep a harmony model from
+		// writing its channel headers; refused rather than mangled.
+		if forced != "" {
+			return nil, openai.Errorf("tool_choice", "tool_choice %q is not supported for harmony (gpt-oss) models; use \"auto\"", forced)
+		}
+		return nil, openai.Errorf("response_format", "response_format %q is not supported for harmony (gpt-oss) models", rf.Type)
+	}
 	if structured && toolsOffered(req) && forced == "" {
 		// auto: a call of an offered tool, or the final answer in the format.
 		var schema []byte
