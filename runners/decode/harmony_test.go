@@ -375,3 +375,62 @@ func TestHarmonyCallsNeedAnAPIThatTakesThem(t *testing.T) {
 		t.Fatalf("call through a text-only emitter: %v", err)
 	}
 }
+
+func postJSON(t *testing.T, url string, body any) (int, []byte) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, out
+}
+
+// TestHarmonyAdapters: the Responses and Anthropic Messages APIs get a
+// harmony model's answer as their text and its call as their function
+// call / tool_use; they have no reasoning field here, so the analysis
+// channel is dropped, never leaked into the answer.
+func TestHarmonyAdapters(t *testing.T) {
+	respTools := []map[string]any{{"type": "function", "name": "get_weather",
+		"parameters": map[string]any{"type": "object", "properties": map[string]any{"city": map[string]any{"type": "string"}}}}}
+	antTools := []map[string]any{{"name": "get_weather",
+		"input_schema": map[string]any{"type": "object", "properties": map[string]any{"city": map[string]any{"type": "string"}}}}}
+	for _, c := range []struct {
+		name, gen, path string
+		body            map[string]any
+		want            []string
+	}{
+		{"responses answer", harmonyAnswer, "/v1/responses", map[string]any{"model": "m", "input": "hi", "temperature": 0},
+			[]string{`"text":"Hello! How can I help?"`}},
+		{"responses call", harmonyCall, "/v1/responses", map[string]any{"model": "m", "input": "hi", "temperature": 0, "tools": respTools},
+			[]string{`"type":"function_call"`, `"name":"get_weather"`, `"arguments":"{\"city\":\"Paris\",\"unit\":\"c\"}"`}},
+		{"messages answer", harmonyAnswer, "/v1/messages", map[string]any{"model": "m", "max_tokens": 500, "temperature": 0,
+			"messages": []map[string]any{{"role": "user", "content": "hi"}}},
+			[]string{`"text":"Hello! How can I help?"`, `"stop_reason":"end_turn"`}},
+		{"messages call", harmonyCall, "/v1/messages", map[string]any{"model": "m", "max_tokens": 500, "temperature": 0, "tools": antTools,
+			"messages": []map[string]any{{"role": "user", "content": "hi"}}},
+			[]string{`"type":"tool_use"`, `"name":"get_weather"`, `"input":{"city":"Paris","unit":"c"}`, `"stop_reason":"tool_use"`}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			code, raw := postJSON(t, harmonyServer(t, c.gen)+c.path, c.body)
+			if code != http.StatusOK {
+				t.Fatalf("status %d: %s", code, raw)
+			}
+			for _, w := range c.want {
+				if !bytes.Contains(raw, []byte(w)) {
+					t.Errorf("no %s in %s", w, raw)
+				}
+			}
+			for _, leak := range []string{"User says hi", "Need the weather", "<|"} {
+				if bytes.Contains(raw, []byte(leak)) {
+					t.Errorf("%q leaked into %s", leak, raw)
+				}
+			}
+		})
+	}
+}
