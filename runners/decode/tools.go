@@ -177,7 +177,14 @@ func (g *Grammars) family() chat.Family {
 func (g *Grammars) lazyCalls(req *openai.GenRequest) (Constraint, error) {
 	fam := g.family()
 	if fam == chat.Harmony {
-		return nil, nil // calls are parsed (HarmonyParser), not constrained
+		// Calls are parsed (HarmonyParser), not constrained: a tool that
+		// asks for strict cannot have it.
+		for i, t := range req.Tools {
+			if t.Function.Strict != nil && *t.Function.Strict {
+				return nil, openai.Errorf(fmt.Sprintf("tools[%d].function.strict", i), "tools[%d] is strict, which is not enforced for harmony (gpt-oss) models", i)
+			}
+		}
+		return nil, nil
 	}
 	var f grammar.CallFormat
 	marker := ""
