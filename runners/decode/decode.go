@@ -114,7 +114,8 @@ type Remote interface {
 // RemoteStats describes one remote prefill.
 type RemoteStats struct {
 	Endpoint string
-	Bytes    int64
+	Bytes    int64 // K/V and state payload bytes
+	States   int   // State frames (recurrent layers)
 	Duration time.Duration
 	Wait     time.Duration
 }
@@ -347,6 +348,7 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 		start = 0 // a sliding layer no longer holds the window start needs
 	}
 	entry.cache.Truncate(start)
+	start = min(start, entry.cache.Len()) // a recurrent model's cache goes back to its latest kept state
 	entry.tokens = entry.tokens[:start]
 	if start > 0 {
 		s.m.PrefixHit.WithLabelValues("decode").Add(float64(start))
@@ -435,7 +437,7 @@ func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest,
 			s.m.KVDuration.WithLabelValues("decode").Observe(st.Duration.Seconds())
 			s.m.KVWait.Observe(st.Wait.Seconds())
 			s.log.Info("remote prefill", append(attrs, "outcome", metrics.OutcomeOK, "endpoint", st.Endpoint,
-				"bytes", st.Bytes, "duration", st.Duration, "wire_wait", st.Wait)...)
+				"bytes", st.Bytes, "states", st.States, "duration", st.Duration, "wire_wait", st.Wait)...)
 			got := entry.cache.Len()
 			entry.tokens = append(entry.tokens, prompt[start:got]...)
 			if got < n-1 { // the server left a tail (recurrent models): compute it here

@@ -73,6 +73,7 @@ func (p *kvPool) take(prompt []int32) (*convEntry, int) {
 	e := p.entries[best]
 	p.entries = append(p.entries[:best], p.entries[best+1:]...)
 	e.cache.Truncate(bestN)
+	bestN = min(bestN, e.cache.Len()) // a recurrent model's cache goes back to its latest kept state
 	e.tokens = e.tokens[:bestN]
 	return e, bestN
 }

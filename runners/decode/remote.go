@@ -62,6 +62,11 @@ func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, st
 	info := r.Model.Info()
 	fp := kvwire.Fingerprint(r.Model.Fingerprint())
 	kinds := make([]kvwire.LayerKind, info.Layers)
+	for l, r := range info.Recurrent {
+		if r {
+			kinds[l] = kvwire.LayerRecurrent
+		}
+	}
 	// Windows (nil for full-attention models) is checked against the
 	// server's header: both sides must keep the same positions.
 	req := &kvwire.Request{ID: reqID, Model: r.Name, Fingerprint: fp, Tokens: prompt, StartPos: start,
@@ -85,7 +90,7 @@ func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, st
 			err = errAllOpen
 		}
 	}
-	rs := RemoteStats{Endpoint: st.Addr, Bytes: st.PayloadBytes, Duration: st.Duration, Wait: st.WireWait}
+	rs := RemoteStats{Endpoint: st.Addr, Bytes: st.PayloadBytes, States: st.States, Duration: st.Duration, Wait: st.WireWait}
 	if err != nil {
 		return rs, err
 	}
@@ -164,8 +169,17 @@ func (s *cacheSink) Chunk(layer, tokenStart, tokenCount int, k, v []byte) error 
 	return nil
 }
 
+// State stages a recurrent layer's state; Done's Commit applies it with
+// the chunks (the tracker has checked it is for a recurrent layer).
 func (s *cacheSink) State(layer, tokenEnd int, arrays [][]byte) error {
-	return fmt.Errorf("%w: recurrent state for layer %d, but this model is attention-only", kvwire.ErrMismatch, layer)
+	rs, ok := s.cache.(engine.RecurrentState)
+	if !ok || !rs.Recurrent(layer) {
+		return fmt.Errorf("%w: recurrent state for layer %d, which is not recurrent here", kvwire.ErrMismatch, layer)
+	}
+	if err := rs.ImportState(layer, arrays); err != nil {
+		return fmt.Errorf("%w: inject state of layer %d: %v", kvwire.ErrCorrupt, layer, err)
+	}
+	return nil
 }
 
 func (s *cacheSink) Done(t kvwire.Totals) error {

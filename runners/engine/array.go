@@ -241,6 +241,75 @@ type Backend interface {
 	Concat(axis int, arrays ...Array) Array
 	AsType(x Array, dt DType) Array
 
+	// The routing ops below exist so that a mixture of experts chooses and
+	// runs its experts inside the graph (as mlx-lm does): a decode step is
+	// then one Eval however many sparse layers the model has, instead of
+	// one read-back of router logits per layer, which stalls a GPU.
+
+	// TopK returns the indices (I32) of the k largest entries of x along
+	// the last axis: x [..., N] → [..., k]. It picks each token's experts.
+	// The order of the k indices is the backend's (mlx: argpartition's,
+	// unspecified; cpu: by descending value, ties to the lower index), so
+	// callers must not depend on it beyond the set.
+	TopK(x Array, k int) Array
+	// TakeAlongAxis gathers along the last axis: x [..., N] and idx
+	// [..., k] (I32, same leading axes) → [..., k] with out[..., j] =
+	// x[..., idx[..., j]]. It reads the chosen experts' router scores.
+	TakeAlongAxis(x, idx Array) Array
+	// Take gathers rows: x [R, ...] and idx [N] (I32) → [N, ...] with
+	// out[n] = x[idx[n]]. MoE prefill moves (token, expert) rows into
+	// expert order with it and back again.
+	Take(x, idx Array) Array
+	// Argsort returns (I32) the permutation that sorts x along the last
+	// axis ascending: x [..., N] → [..., N]. MoE prefill sorts its
+	// (token, expert) pairs by expert so that each expert's weights are
+	// read once per chunk. Ties may come in any order.
+	Argsort(x Array) Array
+	// GatherLinear applies a different weight matrix to each row: l holds
+	// E stacked matrices (dense W [E, out, in], or MLX affine-quantized W
+	// U32 [E, out, in*Bits/32] with Scales and Biases [E, out, in/GroupSize];
+	// optional Bias [E, out]), x is [N, in] or [1, in] (then shared by every
+	// row), experts is [N] (I32, values in [0, E)), and the result is
+	// [N, out] with row n = x[n] · W[experts[n]]ᵀ (+ Bias[experts[n]]).
+	// These are MLX's gather_mm / gather_qmm semantics with rhs_indices:
+	// only the chosen experts' weights are read. sorted says that experts
+	// is ascending, so a backend may read each expert's weights once for
+	// its run of rows (MLX's sorted_indices); it changes no result.
+	GatherLinear(x Array, l *Linear, experts Array, sorted bool) Array
+	// Sigmoid is 1/(1+e^−x) elementwise. Shared-expert MoE blocks
+	// (Qwen2-MoE, Qwen3-Next) scale the shared expert's output by the
+	// sigmoid of a one-output gate.
+	Sigmoid(x Array) Array
+
+	// The two ops below are the recurrence of Gated DeltaNet layers
+	// (Qwen3-Next, Qwen3.5: mlx-lm's gated_delta_update), a linear
+	// attention whose per-head state [Dv, Dk] replaces the KV cache. They
+	// are ops, not compositions, because the recurrence runs token by
+	// token (dozens of tiny ops per token otherwise) and because its gates
+	// must be computed in float32 whatever the weights' dtype for engines
+	// to agree (exo's parity patches; mlx-lm's compute_g).
+
+	// DeltaGates computes the per-token gates in float32: a, b [L, H] (the
+	// layer's projections, any float dtype), aLog, dtBias [H] →
+	// g = exp(−exp(aLog) · softplus(a + dtBias)), the state's decay in
+	// (0, 1), and beta = sigmoid(b), its write strength; both F32 [L, H].
+	// mlx-lm adds a + dtBias and takes the sigmoid in the inputs' dtype
+	// (bfloat16 for bf16 checkpoints) and only the rest in float32; here
+	// all of it is float32, as exo's parity patches do (the decay is
+	// raised to a power per token, so its rounding compounds).
+	DeltaGates(a, b, aLog, dtBias Array) (g, beta Array)
+	// GatedDelta runs the gated delta rule over L tokens: q, k [L, Hk, Dk]
+	// and v [L, Hv, Dv] (Hv a multiple of Hk; each k head serves Hv/Hk
+	// consecutive v heads), g and beta [L, Hv] F32, state [Hv, Dv, Dk] F32.
+	// For each token and head, in float32: S ← g·S; S ← S + β (v − S k) kᵀ;
+	// y = S q. It returns y [L, Hv, Dv] in q's dtype and the new state
+	// (F32). Running L tokens at once equals running them in any split
+	// with the state carried over: bit for bit on cpu (the recurrence is
+	// the same); the mlx backend runs steps of 128+ tokens in a chunked
+	// matrix form that agrees within float32 rounding (1e-6 of the largest
+	// value measured; the test allows 2e-5).
+	GatedDelta(q, k, v, g, beta, state Array) (y, newState Array)
+
 	// NewKVCache makes an empty cache for the given geometry and dtype.
 	NewKVCache(g CacheGeometry, dt DType) KVCache
 }

@@ -44,11 +44,27 @@ type Config struct {
 	NormTopKProb    bool  // norm_topk_prob: renormalize the chosen experts' weights
 	SparseStep      int   // decoder_sparse_step (default 1): every n-th layer is sparse
 	MLPOnlyLayers   []int // mlp_only_layers: layers that stay dense
+	// shared_expert_intermediate_size (Qwen2-MoE): every sparse block also
+	// runs one shared expert of this width, gated by sigmoid; 0: none.
+	SharedExpertIntermediate int
+
+	// Gated DeltaNet hybrids (Qwen3-Next): every FullAttentionInterval-th
+	// layer is gated full attention, the others Gated DeltaNet (linear
+	// attention with a conv state and a recurrent state). 0: no such layers.
+	FullAttentionInterval            int // full_attention_interval
+	LinearKeyHeads, LinearValueHeads int // linear_num_key_heads, linear_num_value_heads
+	LinearKeyDim, LinearValueDim     int // linear_key_head_dim, linear_value_head_dim
+	LinearConvKernel                 int // linear_conv_kernel_dim
 
 	// Gemma3 holds Gemma 3's own settings (gemma3.go); nil otherwise.
 	Gemma3 *Gemma3Config
 	// GptOss holds gpt-oss's own settings (gptoss.go); nil otherwise.
 	GptOss *GptOssConfig
+}
+
+// IsLinearLayer reports whether layer i is a Gated DeltaNet layer.
+func (c *Config) IsLinearLayer(i int) bool {
+	return c.FullAttentionInterval > 0 && (i+1)%c.FullAttentionInterval != 0
 }
 
 // IsMoELayer reports whether layer i has a sparse MoE block.
@@ -91,6 +107,13 @@ type rawConfig struct {
 	NormTopKProb       *bool            `json:"norm_topk_prob"`
 	DecoderSparseStep  *int             `json:"decoder_sparse_step"`
 	MLPOnlyLayers      []int            `json:"mlp_only_layers"`
+	SharedExpert       *int             `json:"shared_expert_intermediate_size"`
+	FullAttnInterval   *int             `json:"full_attention_interval"`
+	LinearKeyHeads     *int             `json:"linear_num_key_heads"`
+	LinearValueHeads   *int             `json:"linear_num_value_heads"`
+	LinearKeyDim       *int             `json:"linear_key_head_dim"`
+	LinearValueDim     *int             `json:"linear_value_head_dim"`
+	LinearConvKernel   *int             `json:"linear_conv_kernel_dim"`
 }
 
 type rawRoPE struct {
@@ -127,8 +150,11 @@ func positive(field string, v *int, def int) (int, error) {
 
 // ParseConfig parses and validates config.json bytes, applying HF defaults.
 func ParseConfig(data []byte) (*Config, error) {
-	data, err := gemma3Prepare(data)
+	data, err := flattenTextConfig(data)
 	if err != nil {
+		return nil, err
+	}
+	if data, err = gemma3Prepare(data); err != nil {
 		return nil, err
 	}
 	if data, err = gptossPrepare(data); err != nil {
@@ -250,6 +276,33 @@ func ParseConfig(data []byte) (*Config, error) {
 			}
 		}
 		c.MLPOnlyLayers = slices.Clone(r.MLPOnlyLayers)
+		if r.SharedExpert != nil {
+			if c.SharedExpertIntermediate, err = positive("shared_expert_intermediate_size", r.SharedExpert, 0); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if r.LinearKeyHeads != nil || r.FullAttnInterval != nil {
+		for _, f := range []struct {
+			name string
+			raw  *int
+			def  int
+			dst  *int
+		}{
+			{"full_attention_interval", r.FullAttnInterval, 4, &c.FullAttentionInterval},
+			{"linear_num_key_heads", r.LinearKeyHeads, 0, &c.LinearKeyHeads},
+			{"linear_num_value_heads", r.LinearValueHeads, 0, &c.LinearValueHeads},
+			{"linear_key_head_dim", r.LinearKeyDim, 0, &c.LinearKeyDim},
+			{"linear_value_head_dim", r.LinearValueDim, 0, &c.LinearValueDim},
+			{"linear_conv_kernel_dim", r.LinearConvKernel, 0, &c.LinearConvKernel},
+		} {
+			if *f.dst, err = positive(f.name, f.raw, f.def); err != nil {
+				return nil, err
+			}
+		}
+		if c.LinearValueHeads%c.LinearKeyHeads != 0 {
+			return nil, cfgErr("linear_num_value_heads", "%d is not a multiple of linear_num_key_heads %d", c.LinearValueHeads, c.LinearKeyHeads)
+		}
 	}
 	q := r.Quantization
 	if q == nil {
@@ -381,6 +434,10 @@ type Arch struct {
 	// MoE: sparse layers replace the MLP with routed experts (the config's
 	// num_experts must be set).
 	MoE bool
+	// GatedDeltaNet: the config's full_attention_interval splits the
+	// layers into gated full attention (q_proj doubled: queries and an
+	// output gate) and Gated DeltaNet layers (Qwen3-Next).
+	GatedDeltaNet bool
 	// SlidingWindow: the config's sliding_window, when set, limits every
 	// layer's attention to that many positions (Mistral): sliding-window
 	// layers (sliding.go) with ring caches.
@@ -445,4 +502,55 @@ func init() {
 	RegisterArch("Qwen2ForCausalLM", Arch{Family: "qwen2", QKVBias: true, Windows: qwenWindows})
 	RegisterArch("Qwen3ForCausalLM", Arch{Family: "qwen3", QKNorm: true, Windows: qwenWindows})
 	RegisterArch("Qwen3MoeForCausalLM", Arch{Family: "qwen3_moe", QKNorm: true, MoE: true, Windows: qwenWindows})
+	RegisterArch("Qwen2MoeForCausalLM", Arch{Family: "qwen2_moe", QKVBias: true, MoE: true})
+	RegisterArch("Qwen3NextForCausalLM", Arch{Family: "qwen3_next", QKNorm: true, MoE: true, GatedDeltaNet: true})
+	RegisterArch("Qwen3_5ForConditionalGeneration", Arch{Family: "qwen3_5", QKNorm: true, GatedDeltaNet: true})
+	RegisterArch("Qwen3_5MoeForConditionalGeneration", Arch{Family: "qwen3_5_moe", QKNorm: true, MoE: true, GatedDeltaNet: true})
+}
+
+// flattenTextConfig lifts a Qwen3.5 config's text_config (the language
+// model's fields live there, architectures and quantization at the top) to
+// the top level, the top level's own keys winning only where text_config
+// lacks them, and rope_parameters' partial_rotary_factor next to them.
+// Other configs (Gemma 3's have their own preparation) come back unchanged.
+func flattenTextConfig(data []byte) ([]byte, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(data, &top); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	raw, ok := top["text_config"]
+	if !ok || string(raw) == "null" || !isQwen35(top["architectures"]) {
+		return data, nil
+	}
+	var text map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &text); err != nil {
+		return nil, cfgErr("text_config", "%v", err)
+	}
+	for k, v := range top {
+		if _, has := text[k]; !has && k != "text_config" && k != "vision_config" {
+			text[k] = v
+		}
+	}
+	for _, k := range []string{"architectures", "quantization", "quantization_config"} {
+		if v, has := top[k]; has {
+			text[k] = v
+		}
+	}
+	if rp, has := text["rope_parameters"]; has {
+		var p map[string]json.RawMessage
+		if json.Unmarshal(rp, &p) == nil {
+			if v, has := p["partial_rotary_factor"]; has {
+				if _, set := text["partial_rotary_factor"]; !set {
+					text["partial_rotary_factor"] = v
+				}
+			}
+		}
+	}
+	return json.Marshal(text)
+}
+
+// isQwen35 reports whether an architectures list names a Qwen3.5 model.
+func isQwen35(raw json.RawMessage) bool {
+	var archs []string
+	return json.Unmarshal(raw, &archs) == nil && len(archs) > 0 && strings.HasPrefix(archs[0], "Qwen3_5")
 }

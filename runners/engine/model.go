@@ -51,7 +51,9 @@ type Model struct {
 	fp      Fingerprint
 	eps     float32
 	weights []Array // every array Load kept, released by Close
-	windows []int   // per layer: 0 full attention, W sliding; nil when all full
+	// hostRouting: MoE layers route on the host (LoadOptions.HostMoERouting).
+	hostRouting bool
+	windows     []int // per layer: 0 full attention, W sliding; nil when all full
 	// Gemma 3 (gemma3.go): embeddings times embedScale [D], attention
 	// scale attnScale (0: 1/√Dh).
 	embedScale Array
@@ -64,9 +66,10 @@ type block struct {
 	inNorm, postNorm Array // [D]
 	q, k, v, o       Linear
 	gate, up, down   Linear
-	qNorm, kNorm     Array     // [Dh], Qwen3 only
-	moe              *moeBlock // sparse layers of MoE models; gate/up/down unused then
-	sinks            Array     // [H] attention sinks (nil: none)
+	qNorm, kNorm     Array       // [Dh], Qwen3 only
+	moe              *moeBlock   // sparse layers of MoE models; gate/up/down unused then
+	delta            *deltaBlock // Gated DeltaNet layers; q/k/v/o and qNorm/kNorm unused then
+	sinks            Array       // [H] attention sinks (nil: none)
 	// Gemma 3: norms around the MLP (nil otherwise; postNorm then norms
 	// the attention output) and the layer's RoPE when not the model's.
 	preFFNorm, postFFNorm Array
@@ -104,6 +107,7 @@ func Load(ctx context.Context, path string, b Backend, opts LoadOptions) (*Model
 // the backend holds its own copies of the weights afterwards).
 func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m *Model, err error) {
 	defer recoverInto(&err, "load")
+	src = wrapLanguageModel(src)
 	cfg, err := ParseConfig(src.Config())
 	if err != nil {
 		return nil, err
@@ -126,7 +130,7 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	if err != nil {
 		return nil, fmt.Errorf("engine: vocabulary: %w", err)
 	}
-	m = &Model{b: b, cfg: *cfg, arch: arch, eps: float32(cfg.RMSNormEps), windows: windows}
+	m = &Model{b: b, cfg: *cfg, arch: arch, eps: float32(cfg.RMSNormEps), hostRouting: opts.HostMoERouting, windows: windows}
 	m.cacheDT = opts.CacheDType
 	if m.cacheDT == 0 {
 		m.cacheDT = cfg.DType
@@ -174,7 +178,25 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 			return nil, fmt.Errorf("engine: lm_head.weight: %w (and tie_word_embeddings is false)", ErrNotFound)
 		}
 	}
-	if m.norm, err = l.vector("model.norm.weight", D); err != nil {
+	if arch.GatedDeltaNet {
+		// HF Qwen3-Next checkpoints store these norms' weights minus one
+		// (zero-centred); mlx-lm adds 1 when it sees HF's per-expert
+		// layout, and so do we.
+		// Qwen3.5: mlx-lm adds it when conv1d is in PyTorch's [C, 1, K].
+		for _, n := range src.Names() {
+			if strings.HasSuffix(n, ".mlp.experts.0.up_proj.weight") && cfg.Arch == "Qwen3NextForCausalLM" {
+				l.normOffset = true
+				break
+			}
+			if strings.HasSuffix(n, ".linear_attn.conv1d.weight") && cfg.Arch != "Qwen3NextForCausalLM" {
+				if t, err := src.Tensor(n); err == nil && len(t.Shape) == 3 && t.Shape[2] != 1 {
+					l.normOffset = true
+					break
+				}
+			}
+		}
+	}
+	if m.norm, err = l.norm("model.norm.weight", D); err != nil {
 		return nil, err
 	}
 	m.layers = make([]block, cfg.Layers)
@@ -201,6 +223,7 @@ type loader struct {
 	done, total int64
 	names       map[string]bool
 	kept        []Array
+	normOffset  bool // RMSNorm weights are stored minus one (HF Qwen3-Next)
 }
 
 func (l *loader) has(name string) bool {
@@ -236,6 +259,9 @@ func sizeOf(c *Config, a Arch, tied bool) int64 {
 	for i := range c.Layers {
 		if c.IsMoELayer(i) {
 			total += lin(c.Experts, D) + int64(c.Experts)*3*lin(c.MoEIntermediate, D)
+			if c.SharedExpertIntermediate > 0 {
+				total += 3*lin(c.SharedExpertIntermediate, D) + lin(1, D)
+			}
 		} else {
 			total += 3 * lin(F, D)
 		}
@@ -263,6 +289,30 @@ func (l *loader) tensor(name string, want ...int) (Array, DType, error) {
 		l.progress(min(l.done, l.total-1), l.total)
 	}
 	return a, t.DType, nil
+}
+
+// norm loads an RMSNorm weight [n], adding 1 when normOffset says the
+// checkpoint stores it zero-centred.
+func (l *loader) norm(name string, n int) (Array, error) {
+	if !l.normOffset {
+		return l.vector(name, n)
+	}
+	t, err := l.src.Tensor(name)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if !slices.Equal(t.Shape, []int{n}) {
+		return nil, fmt.Errorf("%s: shape %v, want [%d]", name, t.Shape, n)
+	}
+	v, err := floats32(t)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	for i := range v {
+		v[i]++
+	}
+	l.done += int64(len(t.Data))
+	return l.keep(l.b.AsType(l.b.FromFloat32(v, n), t.DType)), nil
 }
 
 func (l *loader) vector(name string, n int) (Array, error) {
@@ -310,10 +360,10 @@ func (l *loader) linear(prefix string, out, in int, bias bool) (*Linear, error) 
 func (l *loader) block(b *block, i int, cfg *Config, arch Arch, D, H, Hkv, Dh, F int) error {
 	p := fmt.Sprintf("model.layers.%d.", i)
 	var err error
-	if b.inNorm, err = l.vector(p+"input_layernorm.weight", D); err != nil {
+	if b.inNorm, err = l.norm(p+"input_layernorm.weight", D); err != nil {
 		return err
 	}
-	if b.postNorm, err = l.vector(p+"post_attention_layernorm.weight", D); err != nil {
+	if b.postNorm, err = l.norm(p+"post_attention_layernorm.weight", D); err != nil {
 		return err
 	}
 	qkvBias := arch.QKVBias || cfg.AttentionBias
@@ -325,16 +375,18 @@ func (l *loader) block(b *block, i int, cfg *Config, arch Arch, D, H, Hkv, Dh, F
 		*dst = *x
 		return nil
 	}
-	if err := lin(&b.q, "self_attn.q_proj", H*Dh, D, qkvBias); err != nil {
+	qOut := H * Dh
+	if arch.GatedDeltaNet {
+		qOut *= 2 // queries and the output gate
+	}
+	if cfg.IsLinearLayer(i) {
+		if b.delta, err = l.delta(p+"linear_attn.", cfg); err != nil {
+			return err
+		}
+	} else if err := lin(&b.q, "self_attn.q_proj", qOut, D, qkvBias); err != nil {
 		return err
 	}
-	if err := lin(&b.k, "self_attn.k_proj", Hkv*Dh, D, qkvBias); err != nil {
-		return err
-	}
-	if err := lin(&b.v, "self_attn.v_proj", Hkv*Dh, D, qkvBias); err != nil {
-		return err
-	}
-	if err := lin(&b.o, "self_attn.o_proj", D, H*Dh, cfg.AttentionBias); err != nil {
+	if err := l.attention(b, p, cfg, arch, lin, D, Hkv, Dh, H, qkvBias); err != nil {
 		return err
 	}
 	if cfg.IsMoELayer(i) {
@@ -356,16 +408,36 @@ func (l *loader) block(b *block, i int, cfg *Config, arch Arch, D, H, Hkv, Dh, F
 			return err
 		}
 	}
+	return nil
+}
+
+// attention loads the k, v, o projections, the sinks and the q/k norms of
+// an attention layer (nothing for a Gated DeltaNet layer).
+func (l *loader) attention(b *block, p string, cfg *Config, arch Arch, lin func(*Linear, string, int, int, bool) error, D, Hkv, Dh, H int, qkvBias bool) error {
+	if b.delta != nil {
+		return nil
+	}
+	if err := lin(&b.k, "self_attn.k_proj", Hkv*Dh, D, qkvBias); err != nil {
+		return err
+	}
+	if err := lin(&b.v, "self_attn.v_proj", Hkv*Dh, D, qkvBias); err != nil {
+		return err
+	}
+	if err := lin(&b.o, "self_attn.o_proj", D, H*Dh, cfg.AttentionBias); err != nil {
+		return err
+	}
 	if arch.Sinks {
+		var err error
 		if b.sinks, err = l.vector(p+"self_attn.sinks", H); err != nil {
 			return err
 		}
 	}
 	if arch.QKNorm {
-		if b.qNorm, err = l.vector(p+"self_attn.q_norm.weight", Dh); err != nil {
+		var err error
+		if b.qNorm, err = l.norm(p+"self_attn.q_norm.weight", Dh); err != nil {
 			return err
 		}
-		if b.kNorm, err = l.vector(p+"self_attn.k_norm.weight", Dh); err != nil {
+		if b.kNorm, err = l.norm(p+"self_attn.k_norm.weight", Dh); err != nil {
 			return err
 		}
 	}
@@ -397,6 +469,13 @@ func fingerprint(c *Config, a Arch, vocab []string, windows []int) Fingerprint {
 		w(math.Float64bits(f))
 	}
 	w(uint64(r.Scale.OriginalMaxPositions))
+	if c.FullAttentionInterval > 0 {
+		// Which layers are recurrent and the shapes of their states.
+		ws("gated deltanet")
+		for _, v := range []int{c.FullAttentionInterval, c.LinearKeyHeads, c.LinearValueHeads, c.LinearKeyDim, c.LinearValueDim, c.LinearConvKernel} {
+			w(uint64(v))
+		}
+	}
 	w(uint64(len(vocab)))
 	for _, t := range vocab {
 		ws(t)
@@ -437,9 +516,16 @@ func recoverInto(err *error, op string) {
 // Info describes the model.
 func (m *Model) Info() ModelInfo {
 	c := m.cfg
-	return ModelInfo{Arch: c.Arch, Layers: c.Layers, Hidden: c.Hidden, Heads: c.Heads, KVHeads: c.KVHeads,
+	info := ModelInfo{Arch: c.Arch, Layers: c.Layers, Hidden: c.Hidden, Heads: c.Heads, KVHeads: c.KVHeads,
 		HeadDim: c.HeadDim, Vocab: c.Vocab, MaxPositions: c.MaxPositions, CacheDType: m.cacheDT,
 		Windows: slices.Clone(m.windows)}
+	if c.FullAttentionInterval > 0 {
+		info.Recurrent = make([]bool, c.Layers)
+		for i := range info.Recurrent {
+			info.Recurrent[i] = c.IsLinearLayer(i)
+		}
+	}
+	return info
 }
 
 // Config returns the parsed config.json.
@@ -453,6 +539,9 @@ func (m *Model) Backend() Backend { return m.b }
 
 // NewCache makes an empty KV cache for this model in its cache dtype.
 func (m *Model) NewCache() KVCache {
+	if m.arch.GatedDeltaNet {
+		return m.newHybridCache()
+	}
 	return m.b.NewKVCache(m.geometry(), m.cacheDT)
 }
 
@@ -507,6 +596,7 @@ func (m *Model) ForwardInto(ctx context.Context, c KVCache, tokens []int32, dst 
 		return nil, err
 	}
 	start := c.Len()
+	beginStep(c, len(tokens))
 	defer func() {
 		if err != nil {
 			c.Truncate(start)
@@ -542,7 +632,11 @@ func (m *Model) ForwardInto(ctx context.Context, c KVCache, tokens []int32, dst 
 // Forward(caches[i], tokens[i:i+1]) would give. The caches must be
 // distinct. On error every cache is truncated to where it was.
 func (m *Model) ForwardBatch(ctx context.Context, caches []KVCache, tokens []int32) (logits [][]float32, err error) {
-	out, err := m.ForwardBatchInto(ctx, caches, tokens, nil)
+	// The row headers live in m's scratch: clone them before the lock goes,
+	// or a concurrent step rewrites them under the caller.
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out, err := m.forwardBatchLocked(ctx, caches, tokens, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -557,6 +651,11 @@ func (m *Model) ForwardBatch(ctx context.Context, caches []KVCache, tokens []int
 func (m *Model) ForwardBatchInto(ctx context.Context, caches []KVCache, tokens []int32, dst []float32) (logits [][]float32, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	return m.forwardBatchLocked(ctx, caches, tokens, dst)
+}
+
+// forwardBatchLocked is ForwardBatchInto with m.mu held by the caller.
+func (m *Model) forwardBatchLocked(ctx context.Context, caches []KVCache, tokens []int32, dst []float32) (logits [][]float32, err error) {
 	if len(caches) == 0 || len(caches) != len(tokens) {
 		return nil, fmt.Errorf("engine: ForwardBatch with %d caches and %d tokens", len(caches), len(tokens))
 	}
@@ -570,6 +669,9 @@ func (m *Model) ForwardBatchInto(ctx context.Context, caches []KVCache, tokens [
 			return nil, err
 		}
 		starts[i], toks[i] = c.Len(), tokens[i:i+1]
+	}
+	for _, c := range caches {
+		beginStep(c, 1)
 	}
 	m.scr.flat = dst
 	if err := ctx.Err(); err != nil {
@@ -633,6 +735,7 @@ func (m *Model) Prefill(ctx context.Context, c KVCache, tokens []int32, chunk in
 
 func (m *Model) guardedStep(c KVCache, tokens []int32) (err error) {
 	start := c.Len()
+	beginStep(c, len(tokens))
 	defer func() {
 		if err != nil {
 			c.Truncate(start)
@@ -704,10 +807,35 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 	outs := grow(&scr.outs, len(cs))
 	defer clear(outs)
 	oShape := grow(&scr.oShapes, 2*len(cs))
+	var states []Array // new recurrent states (hybrid models), evaluated with the step
 	for i := range m.layers {
 		ly := &m.layers[i]
 		h := b.RMSNorm(x, ly.inNorm, m.eps)
-		q := b.Reshape(b.Linear(h, &ly.q), qShape...)  // [n, H, Dh]
+		if ly.delta != nil {
+			for s, c := range cs {
+				hc := c.(*hybridCache)
+				var st deltaState
+				outs[s], st = m.deltaForward(ly.delta, rows(h, s), len(toks[s]), hc.states[i])
+				hc.set(i, st)
+				states = append(states, st.conv, st.rec)
+			}
+			a := outs[0]
+			if batched {
+				a = b.Concat(0, outs...)
+			}
+			var err error
+			if x, err = m.mlpOrMoE(ly, b.Add(x, a), n); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		q := b.Linear(h, &ly.q)
+		var gate Array // gated attention (Qwen3-Next): [n, H·Dh]
+		if m.arch.GatedDeltaNet {
+			qg := b.Reshape(q, n, H, 2*Dh)
+			q, gate = b.Slice(qg, 2, 0, Dh), b.Reshape(b.Slice(qg, 2, Dh, 2*Dh), n, H*Dh)
+		}
+		q = b.Reshape(q, qShape...)                    // [n, H, Dh]
 		k := b.Reshape(b.Linear(h, &ly.k), kvShape...) // [n, Hkv, Dh]
 		v := b.Reshape(b.Linear(h, &ly.v), kvShape...)
 		if m.arch.QKNorm {
@@ -732,26 +860,24 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 		if batched {
 			a = b.Concat(0, outs...)
 		}
+		if gate != nil {
+			a = b.Mul(a, b.Sigmoid(gate))
+		}
 		if ly.postFFNorm != nil {
 			x = m.gemma3Residual(ly, x, a)
 			continue
 		}
-		x = b.Add(x, b.Linear(a, &ly.o))
-		h = b.RMSNorm(x, ly.postNorm, m.eps)
-		if ly.moe != nil {
-			y, err := m.moeForward(ly.moe, x, h)
-			if err != nil {
-				return nil, err
-			}
-			x = b.Add(x, y)
-			continue
+		var err error
+		if x, err = m.mlpOrMoE(ly, b.Add(x, b.Linear(a, &ly.o)), n); err != nil {
+			return nil, err
 		}
-		g := b.SwiGLU(b.Linear(h, &ly.gate), b.Linear(h, &ly.up))
-		x = b.Add(x, b.Linear(g, &ly.down))
 	}
 	one := &scr.evalArg
 	defer func() { one[0] = nil }()
 	if !wantLogits {
+		if states != nil {
+			return nil, b.Eval(append([]Array{x}, states...)...)
+		}
 		one[0] = x
 		return nil, b.Eval(one[:]...)
 	}
@@ -767,8 +893,12 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 		}
 	}
 	out := b.Linear(b.RMSNorm(last, m.norm, m.eps), m.lmHead) // [B, V]
+	evalArgs := one[:]
 	one[0] = out
-	if err := b.Eval(one[:]...); err != nil {
+	if states != nil {
+		evalArgs = append([]Array{out}, states...)
+	}
+	if err := b.Eval(evalArgs...); err != nil {
 		return nil, err
 	}
 	var f []float32
@@ -791,6 +921,29 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 		logits[s] = f[s*V : (s+1)*V : (s+1)*V]
 	}
 	return logits, nil
+}
+
+// mlpOrMoE adds the layer's MLP (dense or sparse) to the residual x [n, D].
+func (m *Model) mlpOrMoE(ly *block, x Array, n int) (Array, error) {
+	b := m.b
+	h := b.RMSNorm(x, ly.postNorm, m.eps)
+	if ly.moe != nil {
+		y, err := m.moeForward(ly.moe, x, h, n, m.hostRouting)
+		if err != nil {
+			return nil, err
+		}
+		return b.Add(x, y), nil
+	}
+	g := b.SwiGLU(b.Linear(h, &ly.gate), b.Linear(h, &ly.up))
+	return b.Add(x, b.Linear(g, &ly.down)), nil
+}
+
+// beginStep marks where a hybrid cache's step of n tokens begins (see
+// hybridCache).
+func beginStep(c KVCache, n int) {
+	if hc, ok := c.(*hybridCache); ok {
+		hc.begin(n)
+	}
 }
 
 // perm102 swaps the first two of three axes ([L, H, Dh] ↔ [H, L, Dh]).

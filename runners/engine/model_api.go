@@ -41,6 +41,12 @@ type LoadOptions struct {
 	CacheDType DType
 	// Progress, when set, is called as weights load with bytes done/total.
 	Progress func(done, total int64)
+	// HostMoERouting makes MoE layers read their router logits back and
+	// choose experts on the host (one synchronization per sparse layer and
+	// step) instead of inside the graph. It exists only as the baseline of
+	// the benchmarks that measure what in-graph routing gains; the results
+	// agree up to rounding of the expert weights.
+	HostMoERouting bool
 }
 
 // ModelInfo describes a loaded model.
@@ -57,6 +63,25 @@ type ModelInfo struct {
 	// Windows has one entry per layer (0: full attention, W: sliding
 	// window of W positions); nil when every layer is full attention.
 	Windows []int
+	// Recurrent marks the recurrent (Gated DeltaNet) layers; nil when the
+	// model has none. Their caches implement RecurrentState.
+	Recurrent []bool
+}
+
+// RecurrentState is implemented by the cache of a model with recurrent
+// layers: what such a layer keeps is a state, not K and V per position, and
+// it crosses the KV wire in State frames.
+type RecurrentState interface {
+	// Recurrent reports whether layer is recurrent.
+	Recurrent(layer int) bool
+	// ExportState returns the layer's state after the cache's Len()
+	// positions: for Gated DeltaNet, the conv state [K−1, C] and the
+	// recurrent state [Hv, Dv, Dk], each float32 little-endian.
+	ExportState(layer int) ([][]byte, error)
+	// ImportState stages a layer's state in ExportState's layout; Commit
+	// applies every staged state at once (and fails unless every recurrent
+	// layer has one), Truncate back to Len() drops them.
+	ImportState(layer int, arrays [][]byte) error
 }
 
 // Fingerprint identifies everything that makes KV computed by one model

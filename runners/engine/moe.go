@@ -12,31 +12,59 @@ import (
 // probabilities (renormalized over the k when norm_topk_prob is set), as
 // mlx-lm's Qwen3MoeSparseMoeBlock does.
 //
-// Routing is decided on the host: the router logits come back with
-// Float32 (one synchronization per sparse layer and step), then each
-// chosen expert runs on the rows routed to it, gathered and scattered with
-// one-hot matrices through MatMul. That keeps the array API free of
-// gather/scatter ops, runs only the experts some token chose, and gives
-// every token the same bits whatever the chunking (each output row is one
-// product per expert plus exact zeros).
+// Routing runs inside the graph, as mlx-lm's SwitchGLU does: TopK picks
+// each token's experts, TakeAlongAxis their scores, and GatherLinear runs
+// each (token, expert) row through that expert's slice of the stacked
+// weights [E, out, in]. Nothing is read back, so a decode step is one Eval
+// however many sparse layers the model has. When a step routes at least
+// moeSortMin (token, expert) pairs (a prefill chunk, mlx-lm's threshold),
+// the pairs are first sorted by expert so that each expert's weights are
+// read once per chunk, and put back in token order afterwards. Each row's
+// result is computed the same way whichever path it takes, so (on the cpu
+// backend) a token's output does not depend on the chunking, bit for bit.
+//
+// Renormalized scores are the softmax of the k chosen logits, which equals
+// the k probabilities divided by their sum (one op fewer; equal up to
+// rounding).
 
-// moeBlock is one sparse layer's router and experts.
+// moeSortMin is the number of routed (token, expert) pairs from which a
+// step sorts them by expert (mlx-lm's SwitchGLU uses 64).
+const moeSortMin = 64
+
+// moeBlock is one sparse layer's router and stacked experts, and its
+// shared expert when the model has one (Qwen2-MoE: every token also runs
+// a dense SwiGLU MLP whose output is scaled by sigmoid(sharedGate · x)).
+// gpt-oss's experts (biases, MXFP4, a clamped SwiGLU: gptoss.go) are held
+// per expert instead (experts) and still routed on the host
+// (moeForwardPerExpert).
 type moeBlock struct {
-	router  Linear // [E, D]
-	experts []expert
-	topK    int
-	norm    bool
-	limit   float32 // gpt-oss: the clamp of its SwiGLU (gptoss.go); 0: plain SwiGLU
+	router         Linear // [E, D]
+	gate, up, down Linear // stacked: [E, F, D], [E, F, D], [E, D, F]
+	numExperts     int
+	topK           int
+	norm           bool
+	shared         *sharedExpert
+	experts        []expert // per-expert layout (gpt-oss); nil for the stacked one
+	limit          float32  // gpt-oss: the clamp of its SwiGLU (gptoss.go); 0: plain SwiGLU
 }
 
 type expert struct{ gate, up, down Linear }
 
-// moe loads prefix+"gate" (the router) and the experts, either one Linear
-// per expert as HF stores them (prefix+"experts.N.gate_proj", …) or
-// stacked [E, out, in] as mlx-lm stores them (prefix+"switch_mlp.gate_proj").
+type sharedExpert struct {
+	gate, up, down Linear // [Fs, D], [Fs, D], [D, Fs]
+	scale          Linear // [1, D]: the sigmoid gate
+}
+
+// moe loads prefix+"gate" (the router) and the experts, either stacked
+// [E, out, in] as mlx-lm (and our GGUF reader) store them
+// (prefix+"switch_mlp.gate_proj") or one Linear per expert as HF stores
+// them (prefix+"experts.N.gate_proj"), which are stacked here.
 func (l *loader) moe(prefix string, cfg *Config) (*moeBlock, error) {
 	D, F, E := cfg.Hidden, cfg.MoEIntermediate, cfg.Experts
-	mb := &moeBlock{experts: make([]expert, E), topK: cfg.ExpertsPerToken, norm: cfg.NormTopKProb}
+	if cfg.ExpertsPerToken < 1 || cfg.ExpertsPerToken > E {
+		return nil, cfgErr("num_experts_per_tok", "%d of %d experts", cfg.ExpertsPerToken, E)
+	}
+	mb := &moeBlock{numExperts: E, topK: cfg.ExpertsPerToken, norm: cfg.NormTopKProb}
 	r, err := l.linear(prefix+"gate", E, D, false)
 	if err != nil {
 		return nil, err
@@ -45,33 +73,279 @@ func (l *loader) moe(prefix string, cfg *Config) (*moeBlock, error) {
 	projs := []struct {
 		name    string
 		out, in int
-		dst     func(e *expert) *Linear
+		dst     *Linear
 	}{
-		{"gate_proj", F, D, func(e *expert) *Linear { return &e.gate }},
-		{"up_proj", F, D, func(e *expert) *Linear { return &e.up }},
-		{"down_proj", D, F, func(e *expert) *Linear { return &e.down }},
+		{"gate_proj", F, D, &mb.gate},
+		{"up_proj", F, D, &mb.up},
+		{"down_proj", D, F, &mb.down},
+	}
+	if l.has(prefix + "experts.gate_up_proj") {
+		// Hugging Face's fused experts (Qwen3.5-MoE): gate_up_proj
+		// [E, 2F, D] (gate rows, then up rows) and down_proj [E, D, F].
+		if err := l.fusedExperts(prefix+"experts.", mb, E, F, D); err != nil {
+			return nil, err
+		}
+		projs = nil
 	}
 	stacked := l.has(prefix + "switch_mlp.gate_proj.weight")
 	for _, p := range projs {
-		if stacked {
-			lins, err := l.stackedLinears(prefix+"switch_mlp."+p.name, E, p.out, p.in)
+		name := func(int) string { return prefix + "switch_mlp." + p.name }
+		if !stacked {
+			name = func(e int) string { return fmt.Sprintf("%sexperts.%d.%s", prefix, e, p.name) }
+		}
+		lin, err := l.stackedLinear(name, stacked, E, p.out, p.in)
+		if err != nil {
+			return nil, err
+		}
+		*p.dst = *lin
+	}
+	if Fs := cfg.SharedExpertIntermediate; Fs > 0 {
+		se := &sharedExpert{}
+		for _, p := range []struct {
+			name    string
+			out, in int
+			dst     *Linear
+		}{
+			{"shared_expert.gate_proj", Fs, D, &se.gate},
+			{"shared_expert.up_proj", Fs, D, &se.up},
+			{"shared_expert.down_proj", D, Fs, &se.down},
+			{"shared_expert_gate", 1, D, &se.scale},
+		} {
+			lin, err := l.linear(prefix+p.name, p.out, p.in, false)
 			if err != nil {
 				return nil, err
 			}
-			for e := range mb.experts {
-				*p.dst(&mb.experts[e]) = *lins[e]
-			}
-			continue
+			*p.dst = *lin
 		}
-		for e := range mb.experts {
-			lin, err := l.linear(fmt.Sprintf("%sexperts.%d.%s", prefix, e, p.name), p.out, p.in, false)
-			if err != nil {
-				return nil, err
-			}
-			*p.dst(&mb.experts[e]) = *lin
-		}
+		mb.shared = se
 	}
 	return mb, nil
+}
+
+// fusedExperts loads Hugging Face's fused expert tensors (dense only).
+func (l *loader) fusedExperts(prefix string, mb *moeBlock, E, F, D int) error {
+	gu, err := l.src.Tensor(prefix + "gate_up_proj")
+	if err != nil {
+		return fmt.Errorf("%sgate_up_proj: %w", prefix, err)
+	}
+	if !slices.Equal(gu.Shape, []int{E, 2 * F, D}) {
+		return fmt.Errorf("%sgate_up_proj: shape %v, want [%d, %d, %d]", prefix, gu.Shape, E, 2*F, D)
+	}
+	dn, err := l.src.Tensor(prefix + "down_proj")
+	if err != nil {
+		return fmt.Errorf("%sdown_proj: %w", prefix, err)
+	}
+	if !slices.Equal(dn.Shape, []int{E, D, F}) {
+		return fmt.Errorf("%sdown_proj: shape %v, want [%d, %d, %d]", prefix, dn.Shape, E, D, F)
+	}
+	half := F * D * gu.DType.Size() // one expert's gate (or up) rows
+	gate, up := make([]byte, 0, E*half), make([]byte, 0, E*half)
+	for e := range E {
+		slab := gu.Data[e*2*half : (e+1)*2*half]
+		gate, up = append(gate, slab[:half]...), append(up, slab[half:]...)
+	}
+	mb.gate.W = l.keep(l.b.FromBytes(gate, []int{E, F, D}, gu.DType))
+	mb.up.W = l.keep(l.b.FromBytes(up, []int{E, F, D}, gu.DType))
+	mb.down.W = l.keep(l.b.FromBytes(dn.Data, []int{E, D, F}, dn.DType))
+	l.done += int64(len(gu.Data) + len(dn.Data))
+	return nil
+}
+
+// stackedLinear loads E matrices [out, in] (dense or MLX-quantized) as one
+// stacked Linear [E, out, in]: from one tensor per part (name(0).weight,
+// and .scales/.biases when quantized) when stacked, else from one tensor
+// per expert (name(e).weight, …), concatenated on the host.
+func (l *loader) stackedLinear(name func(e int) string, stacked bool, E, out, in int) (*Linear, error) {
+	q := l.src.Quant(name(0))
+	if q.Bits != 0 && (q.GroupSize <= 0 || in%q.GroupSize != 0 || (in*q.Bits)%32 != 0) {
+		return nil, fmt.Errorf("%s: %d-bit group %d does not fit %d inputs", name(0), q.Bits, q.GroupSize, in)
+	}
+	type part struct {
+		suffix string
+		cols   int
+		dst    *Array
+	}
+	lin := &Linear{Bits: q.Bits, GroupSize: q.GroupSize}
+	parts := []part{{".weight", in, &lin.W}}
+	if q.Bits != 0 {
+		parts = []part{{".weight", in * q.Bits / 32, &lin.W}, {".scales", in / q.GroupSize, &lin.Scales}, {".biases", in / q.GroupSize, &lin.Biases}}
+	}
+	for _, p := range parts {
+		var data []byte
+		var dt DType
+		if stacked {
+			t, err := l.src.Tensor(name(0) + p.suffix)
+			if err != nil {
+				return nil, fmt.Errorf("%s%s: %w", name(0), p.suffix, err)
+			}
+			if want := []int{E, out, p.cols}; !slices.Equal(t.Shape, want) {
+				return nil, fmt.Errorf("%s%s: shape %v, want %v", name(0), p.suffix, t.Shape, want)
+			}
+			data, dt = t.Data, t.DType
+		} else {
+			for e := range E {
+				if eq := l.src.Quant(name(e)); eq != q {
+					return nil, fmt.Errorf("%s: quantized %+v, expert 0 %+v (experts must share one format)", name(e), eq, q)
+				}
+				t, err := l.src.Tensor(name(e) + p.suffix)
+				if err != nil {
+					return nil, fmt.Errorf("%s%s: %w", name(e), p.suffix, err)
+				}
+				if want := []int{out, p.cols}; !slices.Equal(t.Shape, want) {
+					return nil, fmt.Errorf("%s%s: shape %v, want %v", name(e), p.suffix, t.Shape, want)
+				}
+				if e == 0 {
+					dt = t.DType
+					data = make([]byte, 0, E*len(t.Data))
+				} else if t.DType != dt {
+					return nil, fmt.Errorf("%s%s: dtype %v, expert 0 %v", name(e), p.suffix, t.DType, dt)
+				}
+				data = append(data, t.Data...)
+			}
+		}
+		a := l.b.FromBytes(data, []int{E, out, p.cols}, dt)
+		l.b.Keep(a)
+		l.kept = append(l.kept, a)
+		*p.dst = a
+		l.done += int64(len(data))
+		if l.progress != nil {
+			l.progress(min(l.done, l.total-1), l.total)
+		}
+	}
+	return lin, nil
+}
+
+// route returns, for each of the L rows of router logits, the chosen
+// experts (highest probability first, ties to the lower index) and their
+// weights.
+func route(logits []float32, L, E, k int, norm bool) (experts [][]int, weights [][]float64) {
+	experts, weights = make([][]int, L), make([][]float64, L)
+	idx := make([]int, E)
+	for t := range L {
+		row := logits[t*E : (t+1)*E]
+		mx := math.Inf(-1)
+		for _, v := range row {
+			mx = max(mx, float64(v))
+		}
+		p := make([]float64, E)
+		sum := 0.0
+		for i, v := range row {
+			p[i] = math.Exp(float64(v) - mx)
+			sum += p[i]
+		}
+		for i := range idx {
+			idx[i] = i
+		}
+		slices.SortStableFunc(idx, func(a, b int) int {
+			switch {
+			case p[a] > p[b]:
+				return -1
+			case p[a] < p[b]:
+				return 1
+			}
+			return 0
+		})
+		experts[t] = slices.Clone(idx[:k])
+		w := make([]float64, k)
+		tot := 0.0
+		for j, e := range experts[t] {
+			w[j] = p[e] / sum
+			tot += w[j]
+		}
+		if norm {
+			for j := range w {
+				w[j] /= tot
+			}
+		}
+		weights[t] = w
+	}
+	return experts, weights
+}
+
+// moeForward returns the sparse block's output for h [n, D], routing
+// inside the graph. With host set it instead reads the router logits back
+// and routes on the host (one synchronization per sparse layer and step):
+// the path in-graph routing replaced, kept as the benchmarks' baseline. x
+// (the residual stream) must survive that read-back.
+func (m *Model) moeForward(mb *moeBlock, x, h Array, n int, host bool) (Array, error) {
+	if mb.experts != nil {
+		return m.moeForwardPerExpert(mb, x, h)
+	}
+	b := m.b
+	k := mb.topK
+	logits := b.Linear(h, &mb.router) // [n, E]
+	var inds, scores Array            // [n, k]
+	if host {
+		if err := b.Eval(logits, x, h); err != nil {
+			return nil, err
+		}
+		lv, err := b.Float32(logits)
+		if err != nil {
+			return nil, err
+		}
+		experts, weights := route(lv, n, mb.numExperts, k, mb.norm)
+		ei, wf := make([]int32, 0, n*k), make([]float32, 0, n*k)
+		for t := range n {
+			for j, e := range experts[t] {
+				ei = append(ei, int32(e))
+				wf = append(wf, float32(weights[t][j]))
+			}
+		}
+		inds, scores = b.FromInt32(ei, n, k), b.FromFloat32(wf, n, k)
+	} else {
+		inds = b.TopK(logits, k)
+		if mb.norm {
+			scores = b.Softmax(b.TakeAlongAxis(logits, inds))
+		} else {
+			scores = b.TakeAlongAxis(b.Softmax(logits), inds)
+		}
+	}
+	y := m.switchGLU(mb, h, n, inds, scores)
+	if se := mb.shared; se != nil {
+		s := b.Linear(b.SwiGLU(b.Linear(h, &se.gate), b.Linear(h, &se.up)), &se.down) // [n, D]
+		g := b.Sigmoid(b.Linear(h, &se.scale))                                        // [n, 1]
+		// g·s row by row as a batched matmul [n, 1, 1] @ [n, 1, D] (the
+		// elementwise ops broadcast only over leading axes).
+		gs := b.MatMul(b.Reshape(g, n, 1, 1), b.Reshape(s, n, 1, m.cfg.Hidden))
+		y = b.Add(y, b.Reshape(gs, n, m.cfg.Hidden))
+	}
+	return y, nil
+}
+
+// switchGLU runs each token of h [n, D] through its k experts inds [n, k]
+// and sums their outputs weighted by scores [n, k] → [n, D].
+func (m *Model) switchGLU(mb *moeBlock, h Array, n int, inds, scores Array) Array {
+	b := m.b
+	k, D := mb.topK, m.cfg.Hidden
+	N := n * k
+	flat := b.Reshape(inds, N) // pair i is (token i/k, slot i%k)
+	mlp := func(xs, experts Array, sorted bool) Array {
+		g := mb.act(b, b.GatherLinear(xs, &mb.gate, experts, sorted), b.GatherLinear(xs, &mb.up, experts, sorted))
+		return b.GatherLinear(g, &mb.down, experts, sorted) // [N, D]
+	}
+	var y Array
+	switch {
+	case N >= moeSortMin:
+		order := b.Argsort(flat)                            // pairs in expert order
+		xs := b.Take(h, b.Take(pairTokens(b, n, k), order)) // [N, D]
+		ys := mlp(xs, b.Take(flat, order), true)
+		y = b.Take(ys, b.Argsort(order)) // back to pair order
+	case n == 1:
+		y = mlp(h, flat, false) // the one row is shared by its k pairs
+	default:
+		y = mlp(b.Take(h, pairTokens(b, n, k)), flat, false)
+	}
+	w := b.Reshape(b.AsType(scores, h.DType()), n, 1, k)
+	return b.Reshape(b.MatMul(w, b.Reshape(y, n, k, D)), n, D) // Σ_j w_j · y_j
+}
+
+// pairTokens is [n·k] I32 with entry i = i/k: the token of each pair.
+func pairTokens(b Backend, n, k int) Array {
+	t := make([]int32, n*k)
+	for i := range t {
+		t[i] = int32(i / k)
+	}
+	return b.FromInt32(t, n*k)
 }
 
 // stackedLinears loads prefix.weight [E, out, in] (and, quantized,
@@ -128,56 +402,12 @@ func (l *loader) stackedLinears(prefix string, E, out, in int) ([]*Linear, error
 	return lins, nil
 }
 
-// route returns, for each of the L rows of router logits, the chosen
-// experts (highest probability first, ties to the lower index) and their
-// weights.
-func route(logits []float32, L, E, k int, norm bool) (experts [][]int, weights [][]float64) {
-	experts, weights = make([][]int, L), make([][]float64, L)
-	idx := make([]int, E)
-	for t := range L {
-		row := logits[t*E : (t+1)*E]
-		mx := math.Inf(-1)
-		for _, v := range row {
-			mx = max(mx, float64(v))
-		}
-		p := make([]float64, E)
-		sum := 0.0
-		for i, v := range row {
-			p[i] = math.Exp(float64(v) - mx)
-			sum += p[i]
-		}
-		for i := range idx {
-			idx[i] = i
-		}
-		slices.SortStableFunc(idx, func(a, b int) int {
-			switch {
-			case p[a] > p[b]:
-				return -1
-			case p[a] < p[b]:
-				return 1
-			}
-			return 0
-		})
-		experts[t] = slices.Clone(idx[:k])
-		w := make([]float64, k)
-		tot := 0.0
-		for j, e := range experts[t] {
-			w[j] = p[e] / sum
-			tot += w[j]
-		}
-		if norm {
-			for j := range w {
-				w[j] /= tot
-			}
-		}
-		weights[t] = w
-	}
-	return experts, weights
-}
-
-// moeForward returns the sparse block's output for h [L, D] (x, the
-// residual stream, is kept alive across the routing read-back).
-func (m *Model) moeForward(mb *moeBlock, x, h Array) (Array, error) {
+// moeForwardPerExpert is the host-routed path of per-expert blocks
+// (gpt-oss): the router logits are read back (one synchronization per
+// sparse layer and step), then each chosen expert runs on its rows,
+// gathered and scattered with one-hot matrices (x, the residual stream, is
+// kept alive across the read-back).
+func (m *Model) moeForwardPerExpert(mb *moeBlock, x, h Array) (Array, error) {
 	b := m.b
 	E := len(mb.experts)
 	logits := b.Linear(h, &mb.router) // [L, E]

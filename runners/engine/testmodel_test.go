@@ -27,8 +27,8 @@ func TestTestmodelDirsLoadAndRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	archs := map[string]string{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}
-	for _, arch := range []string{"llama", "qwen2", "qwen3", "qwen3moe"} {
+	archs := map[string]string{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM"}
+	for _, arch := range []string{"llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe"} {
 		for _, v := range []struct {
 			dt        engine.DType
 			bits, gs  int
@@ -124,6 +124,7 @@ func TestMoEChunkedPrefillBitIdentical(t *testing.T) {
 	for _, spec := range []testmodel.Spec{
 		{Arch: "qwen3moe", DType: engine.F32, Seed: 5, Layers: 3},
 		{Arch: "qwen3moe", DType: engine.BF16, QuantBits: 4, GroupSize: 64, Seed: 5, Layers: 3},
+		{Arch: "qwen2moe", DType: engine.F32, Seed: 5},
 	} {
 		m := writeAndLoad(t, b, spec)
 		one := m.NewCache()

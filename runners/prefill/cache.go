@@ -82,7 +82,11 @@ func commonPrefix(a, b []int32) int {
 // cache and hands it back with release. When the best entry is exactly a
 // prefix of tokens it is taken out of the LRU and reused in place;
 // otherwise its prefix is copied into a new cache, so the entry stays.
-func (p *prefixCache) acquire(tokens []int32, limit int, newCache func() engine.KVCache) (engine.KVCache, int, error) {
+//
+// With exact set (a model with recurrent layers, whose state cannot be
+// copied back to a shorter prefix) only an entry whose every token is a
+// prefix of tokens is used, as it is.
+func (p *prefixCache) acquire(tokens []int32, limit int, newCache func() engine.KVCache, exact bool) (engine.KVCache, int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	keys := p.blockKeys(tokens[:min(len(tokens), limit)])
@@ -106,6 +110,9 @@ func (p *prefixCache) acquire(tokens []int32, limit int, newCache func() engine.
 	if n == len(best.tokens) {
 		p.remove(best)
 		return best.cache, n, nil
+	}
+	if exact {
+		return newCache(), 0, nil
 	}
 	c := newCache()
 	g := best.cache.Geometry()

@@ -43,7 +43,7 @@ func TestPrefixCacheHitsAndCopies(t *testing.T) {
 	p := newPrefixCache(64, 1<<20, bpt)
 
 	a := seq(200, 1)
-	c, n, err := p.acquire(a, len(a), newCache)
+	c, n, err := p.acquire(a, len(a), newCache, false)
 	if err != nil || n != 0 || c.Len() != 0 {
 		t.Fatalf("cold acquire: n=%d len=%d err=%v", n, c.Len(), err)
 	}
@@ -51,7 +51,7 @@ func TestPrefixCacheHitsAndCopies(t *testing.T) {
 
 	// An extension of a takes the entry itself (no copy).
 	ext := append(append([]int32(nil), a...), seq(50, 500)...)
-	c, n, err = p.acquire(ext, len(ext)-1, newCache)
+	c, n, err = p.acquire(ext, len(ext)-1, newCache, false)
 	if err != nil || n != 200 || c.Len() != 200 {
 		t.Fatalf("extension: n=%d len=%d err=%v", n, c.Len(), err)
 	}
@@ -63,7 +63,7 @@ func TestPrefixCacheHitsAndCopies(t *testing.T) {
 	// A prompt sharing 130 tokens (past two full blocks) gets a copy of
 	// exactly those 130, and the entry stays.
 	fork := append(append([]int32(nil), a[:130]...), seq(100, 900)...)
-	c, n, err = p.acquire(fork, len(fork)-1, newCache)
+	c, n, err = p.acquire(fork, len(fork)-1, newCache, false)
 	if err != nil || n != 130 || c.Len() != 130 {
 		t.Fatalf("fork: n=%d len=%d err=%v", n, c.Len(), err)
 	}
@@ -84,11 +84,11 @@ func TestPrefixCacheHitsAndCopies(t *testing.T) {
 
 	// Less than one block in common: no hit.
 	other := append(append([]int32(nil), a[:40]...), seq(100, 7000)...)
-	if _, n, _ := p.acquire(other, len(other)-1, newCache); n != 0 {
+	if _, n, _ := p.acquire(other, len(other)-1, newCache, false); n != 0 {
 		t.Fatalf("a prefix shorter than a block hit %d tokens", n)
 	}
 	// The limit caps a hit (the server never ships past N-1).
-	if _, n, _ := p.acquire(a, 100, newCache); n != 100 {
+	if _, n, _ := p.acquire(a, 100, newCache, false); n != 100 {
 		t.Fatalf("limited hit %d, want 100", n)
 	}
 }
@@ -105,16 +105,16 @@ func TestPrefixCacheEvictsLRU(t *testing.T) {
 	}
 	p.release(z, filled(t, b, z)) // evicts x, the least recently used
 	newCache := func() engine.KVCache { return b.NewKVCache(geom, engine.F32) }
-	if _, n, _ := p.acquire(x, 128, newCache); n != 0 {
+	if _, n, _ := p.acquire(x, 128, newCache, false); n != 0 {
 		t.Fatalf("x still cached (%d)", n)
 	}
-	if _, n, _ := p.acquire(z, 128, newCache); n != 128 {
+	if _, n, _ := p.acquire(z, 128, newCache, false); n != 128 {
 		t.Fatalf("z not cached (%d)", n)
 	}
 	// Too big for the bound: not kept.
 	big := seq(400, 5)
 	p.release(big, filled(t, b, big))
-	if _, n, _ := p.acquire(big, 400, newCache); n != 0 {
+	if _, n, _ := p.acquire(big, 400, newCache, false); n != 0 {
 		t.Fatalf("oversized entry kept")
 	}
 }

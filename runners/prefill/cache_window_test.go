@@ -32,7 +32,7 @@ func TestPrefixCacheSlidingReuseRule(t *testing.T) {
 
 	// Shares all but the last 6 tokens: within the kept slack.
 	near := append(append([]int32(nil), a[:250]...), seq(20, 900)...)
-	c, n, err := p.acquire(near, len(near)-1, newCache)
+	c, n, err := p.acquire(near, len(near)-1, newCache, false)
 	if err != nil || n != 250 || c.Len() != 250 {
 		t.Fatalf("near divergence: n=%d err=%v", n, err)
 	}
@@ -49,7 +49,7 @@ func TestPrefixCacheSlidingReuseRule(t *testing.T) {
 	// Shares 100 tokens: the sliding layer has moved past position 100's
 	// window in every entry, so nothing is served.
 	far := append(append([]int32(nil), a[:100]...), seq(20, 900)...)
-	if c, n, err := p.acquire(far, len(far)-1, newCache); err != nil || n != 0 || c.Len() != 0 {
+	if c, n, err := p.acquire(far, len(far)-1, newCache, false); err != nil || n != 0 || c.Len() != 0 {
 		t.Fatalf("far divergence served %d tokens (err %v)", n, err)
 	}
 }

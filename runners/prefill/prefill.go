@@ -126,6 +126,11 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 	}
 	start, end := req.StartPos, n-1
 	kinds := make([]kvwire.LayerKind, p.info.Layers)
+	for l, r := range p.info.Recurrent {
+		if r {
+			kinds[l] = kvwire.LayerRecurrent
+		}
+	}
 	hdr := kvwire.Header{Fingerprint: p.fp, DType: wire, KVHeads: p.info.KVHeads, HeadDim: p.info.HeadDim,
 		Kinds: kinds, Windows: p.info.Windows, TokenStart: start, TokenEnd: end}
 	if err := e.Header(hdr); err != nil {
@@ -135,7 +140,11 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 		return nil
 	}
 
-	cache, cached, err := p.cache.acquire(req.Tokens, end, p.o.Model.NewCache)
+	// A model with recurrent layers reuses only a cached entry that is a
+	// whole prefix of the prompt (its state cannot go back to a shorter
+	// one); the decode side gets the state after end in State frames.
+	recurrent := p.info.Recurrent != nil
+	cache, cached, err := p.cache.acquire(req.Tokens, end, p.o.Model.NewCache, recurrent)
 	if err != nil {
 		return fmt.Errorf("%w: %v", kvwire.ErrRemoteInternal, err)
 	}
@@ -154,6 +163,9 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 	ship := func(from, to int) error {
 		for s := from; s < to; s += p.o.Chunk {
 			for l := range p.info.Layers {
+				if kinds[l] == kvwire.LayerRecurrent {
+					continue
+				}
 				// A sliding layer ships only its window of token_end.
 				ls := max(s, hdr.LayerStart(l))
 				cnt := min(p.o.Chunk, to-s) - (ls - s)
@@ -196,6 +208,27 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 			return fmt.Errorf("prefill [%d,%d): %w", cached, end, err)
 		}
 		p.m.PrefillTokens.WithLabelValues("prefill").Add(float64(end - cached))
+	}
+	if recurrent {
+		rs, ok := cache.(engine.RecurrentState)
+		if !ok {
+			return fmt.Errorf("%w: the cache of a model with recurrent layers has no state", kvwire.ErrRemoteInternal)
+		}
+		for l, k := range kinds {
+			if k != kvwire.LayerRecurrent {
+				continue
+			}
+			arrays, err := rs.ExportState(l)
+			if err != nil {
+				return fmt.Errorf("%w: export state of layer %d: %v", kvwire.ErrRemoteInternal, l, err)
+			}
+			if err := e.State(l, end, arrays...); err != nil {
+				return err
+			}
+			for _, a := range arrays {
+				sent += int64(len(a))
+			}
+		}
 	}
 	d := time.Since(t0)
 	p.m.KVBytes.WithLabelValues("prefill").Add(float64(sent))

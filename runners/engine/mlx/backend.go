@@ -86,9 +86,14 @@ type backend struct {
 	qmmErr  error             // why quantized_matmul cannot run here (nil: it can)
 	fused   C.xmx_closure     // compiled SwiGLU; ctx nil when fuseErr != nil
 	fuseErr error             // why SwiGLU runs unfused (nil: it is fused)
-	deq     map[*array]*array // dequantized copies of quantized weights when qmmErr != nil
+	deq     map[*array]*array // dequantized copies of quantized weights when qmmErr != nil, float32 copies of experts when gmmHalfErr != nil
 	freqs   map[engine.RoPE]ropeFreqs
 
+	// Why gather_mm cannot take 16-bit floats here (MLX's CPU backend:
+	// float32 only); nil: it can.
+	gmmHalfErr error
+	// mlx_eval calls so far (tests count synchronizations).
+	evals int
 	// evalNanos is the time spent inside MLX's eval (the computation and
 	// the wait for it), summed: the benchmarks subtract it from a step's
 	// time to get the host's share (building and queueing the graph).
@@ -149,6 +154,10 @@ func newBackend(opts Options) (*backend, error) {
 	if b.fuseErr != nil {
 		log.Info("mlx: kernel fusion unavailable; the MLP activation runs as separate ops",
 			append(attrs, "reason", b.fuseErr.Error())...)
+	}
+	if b.gmmHalfErr != nil {
+		log.Debug("mlx: gather_mm takes only float32 here; 16-bit dense experts get a float32 copy at first use",
+			append(attrs, "reason", b.gmmHalfErr.Error())...)
 	}
 	log.Debug("mlx: backend ready", attrs...)
 	return b, nil
@@ -252,6 +261,7 @@ func (b *backend) init(device string) error {
 	}
 	b.qmmErr = b.probeQuantizedMatmul()
 	b.fuseErr = b.probeFusion()
+	b.gmmHalfErr = b.probeGatherMMHalf()
 	return nil
 }
 
@@ -628,6 +638,7 @@ func (b *backend) eval(arrays ...*array) error {
 	for i, a := range arrays {
 		hs[i] = a.h
 	}
+	b.evals++
 	if C.xmx_eval(&hs[0], C.size_t(len(hs))) != 0 {
 		return mlxErr("eval")
 	}

@@ -74,6 +74,22 @@ static struct {
 	int (*rope)(xmx_array*, xmx_array, int, bool, xmx_opt_float, float, int, xmx_array, xmx_stream);
 	int (*sdpa)(xmx_array*, xmx_array, xmx_array, xmx_array, float, const char*, xmx_array, xmx_array, xmx_stream);
 
+	// Optional: MoE routing inside the graph.
+	int (*argpartition_axis)(xmx_array*, xmx_array, int, int, xmx_stream);
+	int (*argsort_axis)(xmx_array*, xmx_array, int, xmx_stream);
+	int (*take_along_axis)(xmx_array*, xmx_array, xmx_array, int, xmx_stream);
+	int (*gather_mm)(xmx_array*, xmx_array, xmx_array, xmx_array, xmx_array, bool, xmx_stream);
+	int (*gather_qmm)(xmx_array*, xmx_array, xmx_array, xmx_array, xmx_array, xmx_array, xmx_array, bool, xmx_opt_int, xmx_opt_int, const char*, bool, xmx_stream);
+	// Optional: the gated delta rule.
+	int (*exp)(xmx_array*, xmx_array, xmx_stream);
+	int (*negative)(xmx_array*, xmx_array, xmx_stream);
+	int (*logaddexp)(xmx_array*, xmx_array, xmx_array, xmx_stream);
+	int (*subtract)(xmx_array*, xmx_array, xmx_array, xmx_stream);
+	int (*sum_axis)(xmx_array*, xmx_array, int, bool, xmx_stream);
+	int (*repeat_axis)(xmx_array*, xmx_array, int, int, xmx_stream);
+	int (*log)(xmx_array*, xmx_array, xmx_stream);
+	int (*cumsum)(xmx_array*, xmx_array, int, bool, bool, xmx_stream);
+
 	// Optional: compilation (kernel fusion).
 	xmx_vector_array (*vector_array_new)(void);
 	size_t (*vector_array_size)(xmx_vector_array);
@@ -177,6 +193,19 @@ int xmx_load(const char* path, const char* preload, char* err, size_t errlen) {
 	XMX_SYM(sdpa, "mlx_fast_scaled_dot_product_attention", 1);
 	// Optional: a build without quantized matmul falls back to dequantize.
 	XMX_SYM(quantized_matmul, "mlx_quantized_matmul", 0);
+	XMX_SYM(argpartition_axis, "mlx_argpartition_axis", 0);
+	XMX_SYM(argsort_axis, "mlx_argsort_axis", 0);
+	XMX_SYM(take_along_axis, "mlx_take_along_axis", 0);
+	XMX_SYM(gather_mm, "mlx_gather_mm", 0);
+	XMX_SYM(gather_qmm, "mlx_gather_qmm", 0);
+	XMX_SYM(exp, "mlx_exp", 0);
+	XMX_SYM(negative, "mlx_negative", 0);
+	XMX_SYM(logaddexp, "mlx_logaddexp", 0);
+	XMX_SYM(subtract, "mlx_subtract", 0);
+	XMX_SYM(sum_axis, "mlx_sum_axis", 0);
+	XMX_SYM(repeat_axis, "mlx_repeat_axis", 0);
+	XMX_SYM(log, "mlx_log", 0);
+	XMX_SYM(cumsum, "mlx_cumsum", 0);
 	// Optional: without them SwiGLU runs as three unfused ops.
 	XMX_SYM(vector_array_new, "mlx_vector_array_new", 0);
 	XMX_SYM(vector_array_size, "mlx_vector_array_size", 0);
@@ -313,6 +342,299 @@ int xmx_sdpa(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale,
 }
 int xmx_sdpa_ext(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_array mask, xmx_array sinks, xmx_stream s) {
 	return X.sdpa(res, q, k, v, scale, mask_mode, mask, sinks, s);
+}
+
+int xmx_argpartition(xmx_array* res, xmx_array a, int kth, int axis, xmx_stream s) {
+	XMX_NEED(argpartition_axis);
+	return X.argpartition_axis(res, a, kth, axis, s);
+}
+int xmx_argsort(xmx_array* res, xmx_array a, int axis, xmx_stream s) {
+	XMX_NEED(argsort_axis);
+	return X.argsort_axis(res, a, axis, s);
+}
+int xmx_take_along_axis(xmx_array* res, xmx_array a, xmx_array idx, int axis, xmx_stream s) {
+	XMX_NEED(take_along_axis);
+	return X.take_along_axis(res, a, idx, axis, s);
+}
+// The gathered matmuls take only rhs_indices (which matrix of b / w each
+// batch row uses); lhs_indices is null, so a's batch rows are taken in
+// order (broadcast against rhs when a has one).
+int xmx_gather_mm(xmx_array* res, xmx_array a, xmx_array b, xmx_array rhs, bool sorted, xmx_stream s) {
+	XMX_NEED(gather_mm);
+	xmx_array none = {NULL};
+	return X.gather_mm(res, a, b, none, rhs, sorted, s);
+}
+int xmx_gather_qmm(xmx_array* res, xmx_array x, xmx_array w, xmx_array scales, xmx_array biases, xmx_array rhs, int group, int bits, bool sorted, xmx_stream s) {
+	XMX_NEED(gather_qmm);
+	xmx_opt_int g = {group, true}, b = {bits, true};
+	xmx_array none = {NULL};
+	return X.gather_qmm(res, x, w, scales, biases, none, rhs, true, g, b, "affine", sorted, s);
+}
+
+// Temporaries of the shims below: every handle made goes into a pool
+// freed at the end (handles are reference counts: the results keep what
+// they need).
+typedef struct { xmx_array a[128]; int n; } xmx_pool;
+static xmx_array* xmx_new(xmx_pool* p) {
+	if (p->n == 128) return NULL;
+	p->a[p->n].ctx = NULL;
+	return &p->a[p->n++];
+}
+static void xmx_drain(xmx_pool* p) {
+	for (int i = 0; i < p->n; i++) if (p->a[i].ctx) X.array_free(p->a[i]);
+	p->n = 0;
+}
+#define XMX_T(var) xmx_array* var = xmx_new(&pool); if (var == NULL) { rc = 1; goto out; }
+#define XMX_DO(call) if (rc == 0) rc = (call)
+
+int xmx_delta_gates(xmx_array* g, xmx_array* beta, xmx_array a, xmx_array b, xmx_array alog, xmx_array dtbias, xmx_stream s) {
+	XMX_NEED(exp); XMX_NEED(negative); XMX_NEED(logaddexp);
+	xmx_pool pool = {.n = 0};
+	int rc = 0;
+	XMX_T(af) XMX_T(df) XMX_T(x) XMX_T(zero) XMX_T(sp) XMX_T(lf) XMX_T(ea) XMX_T(t) XMX_T(nt) XMX_T(bf)
+	XMX_DO(X.astype(af, a, XMX_FLOAT32, s));
+	XMX_DO(X.astype(df, dtbias, XMX_FLOAT32, s));
+	XMX_DO(X.add(x, *af, *df, s));
+	if (rc == 0) { *zero = X.array_new_float32(0); rc = zero->ctx == NULL; }
+	XMX_DO(X.logaddexp(sp, *x, *zero, s)); // softplus, as MLX's nn.softplus
+	XMX_DO(X.astype(lf, alog, XMX_FLOAT32, s));
+	XMX_DO(X.exp(ea, *lf, s));
+	XMX_DO(X.multiply(t, *ea, *sp, s));
+	XMX_DO(X.negative(nt, *t, s));
+	XMX_DO(X.exp(g, *nt, s));
+	XMX_DO(X.astype(bf, b, XMX_FLOAT32, s));
+	XMX_DO(X.sigmoid(beta, *bf, s));
+out:
+	xmx_drain(&pool);
+	return rc;
+}
+
+// xmx_row takes row t of a [L, ...] array and reshapes it to shape.
+static int xmx_row(xmx_array* res, xmx_array a, int t, int ndim, const int* full, const int* shape, int rdim, xmx_stream s) {
+	int start[4] = {0}, stop[4], str[4];
+	for (int i = 0; i < ndim; i++) { stop[i] = full[i]; str[i] = 1; }
+	start[0] = t; stop[0] = t + 1;
+	xmx_array tmp = {NULL};
+	int rc = X.slice(&tmp, a, start, ndim, stop, ndim, str, ndim, s);
+	if (rc == 0) rc = X.reshape(res, tmp, shape, rdim, s);
+	if (tmp.ctx) X.array_free(tmp);
+	return rc;
+}
+
+// xmx_gated_delta is mlx-lm's gated_delta_ops: for each token, S = g·S;
+// mem = Σ_k S·k; S += k ⊗ (β(v − mem)); y = Σ_k S·q. q, k [L, Hk, dk]
+// (repeated rep times to hv heads), v [L, hv, dv], g, beta [L, hv] float32,
+// state [hv, dv, dk] float32 → y [L, hv, dv] in q's dtype, state_out.
+int xmx_gated_delta(xmx_array* y, xmx_array* state_out, xmx_array q, xmx_array k, xmx_array v, xmx_array g, xmx_array beta, xmx_array state, int L, int hv, int dv, int dk, int rep, xmx_stream s) {
+	XMX_NEED(subtract); XMX_NEED(sum_axis); XMX_NEED(repeat_axis);
+	int rc = 0;
+	xmx_pool pool = {.n = 0};
+	xmx_array S = {NULL}, qr = {NULL}, kr = {NULL};
+	xmx_array* ys = calloc(L > 0 ? L : 1, sizeof(xmx_array));
+	if (ys == NULL) return 1;
+	int qdt = X.array_dtype(q);
+	if (rep > 1) {
+		rc = X.repeat_axis(&qr, q, rep, 1, s);
+		if (rc == 0) rc = X.repeat_axis(&kr, k, rep, 1, s);
+	} else {
+		qr = q; kr = k; // borrowed
+	}
+	const int fq[3] = {L, hv, dk}, fv[3] = {L, hv, dv}, fg[2] = {L, hv};
+	const int sq[3] = {hv, 1, dk}, sv[2] = {hv, dv}, sg[3] = {hv, 1, 1}, sb[2] = {hv, 1}, sd[3] = {hv, dv, 1}, sy[3] = {1, hv, dv};
+	if (rc == 0) {
+		// An own handle on the state to replace as the tokens go (adding 0
+		// keeps the values).
+		xmx_array zero = X.array_new_float32(0);
+		rc = zero.ctx == NULL || X.add(&S, state, zero, s);
+		if (zero.ctx) X.array_free(zero);
+	}
+	for (int t = 0; rc == 0 && t < L; t++) {
+		XMX_T(qt) XMX_T(kt) XMX_T(vt) XMX_T(gt) XMX_T(bt) XMX_T(S1) XMX_T(p) XMX_T(mem) XMX_T(d0) XMX_T(d) XMX_T(d3) XMX_T(u) XMX_T(S2) XMX_T(p2) XMX_T(yt)
+		XMX_DO(xmx_row(qt, qr, t, 3, fq, sq, 3, s));
+		XMX_DO(xmx_row(kt, kr, t, 3, fq, sq, 3, s));
+		XMX_DO(xmx_row(vt, v, t, 3, fv, sv, 2, s));
+		XMX_DO(xmx_row(gt, g, t, 2, fg, sg, 3, s));
+		XMX_DO(xmx_row(bt, beta, t, 2, fg, sb, 2, s));
+		XMX_DO(X.multiply(S1, S, *gt, s));          // decay
+		XMX_DO(X.multiply(p, *S1, *kt, s));
+		XMX_DO(X.sum_axis(mem, *p, -1, false, s));  // [hv, dv]
+		XMX_DO(X.subtract(d0, *vt, *mem, s));
+		XMX_DO(X.multiply(d, *d0, *bt, s));
+		XMX_DO(X.reshape(d3, *d, sd, 3, s));
+		XMX_DO(X.multiply(u, *kt, *d3, s));         // [hv, dv, dk]
+		XMX_DO(X.add(S2, *S1, *u, s));
+		XMX_DO(X.multiply(p2, *S2, *qt, s));
+		XMX_DO(X.sum_axis(yt, *p2, -1, false, s));
+		if (rc == 0) rc = X.reshape(&ys[t], *yt, sy, 3, s);
+		if (rc == 0) { X.array_free(S); S = *S2; S2->ctx = NULL; }
+		xmx_drain(&pool);
+	}
+	xmx_array cat = {NULL};
+	if (rc == 0 && L > 0) {
+		xmx_vector_array vec = X.vector_array_new_data(ys, L);
+		rc = X.concatenate_axis(&cat, vec, 0, s);
+		X.vector_array_free(vec);
+	}
+	if (rc == 0) rc = X.astype(y, cat, qdt, s);
+	if (rc == 0) { *state_out = S; S.ctx = NULL; }
+out:
+	xmx_drain(&pool);
+	for (int t = 0; t < L; t++) if (ys[t].ctx) X.array_free(ys[t]);
+	free(ys);
+	if (cat.ctx) X.array_free(cat);
+	if (S.ctx) X.array_free(S);
+	if (rep > 1) { if (qr.ctx) X.array_free(qr); if (kr.ctx) X.array_free(kr); }
+	return rc;
+}
+
+// xmx_mask makes a [n, n] float32 constant: 1 where keep(i, j), else 0.
+static int xmx_mask(xmx_array* res, int n, int kind) {
+	float* m = calloc((size_t)n * n, sizeof(float));
+	if (m == NULL) return 1;
+	for (int i = 0; i < n; i++)
+		for (int j = 0; j < n; j++)
+			m[i * n + j] = (kind == 0 && j < i) || (kind == 1 && j <= i) || (kind == 2 && j == i);
+	int shape[2] = {n, n};
+	*res = X.array_new_data(m, shape, 2, XMX_FLOAT32);
+	free(m);
+	return res->ctx == NULL;
+}
+
+// xmx_gated_delta_chunked computes what xmx_gated_delta does, chunk by
+// chunk of `chunk` tokens with matrix products (the WY form of the delta
+// rule): per head, with Γ the running product of g inside the chunk,
+// E[t,j] = Γt/Γj (j ≤ t), the chunk's pseudo-values U solve
+// (I + A) U = β(V − Γ K S0ᵀ) with A = strictly-lower(β E ⊙ K Kᵀ), the
+// inverse taken as Π (I + N^(2^m)), N = −A nilpotent; then
+// Y = Γ Q S0ᵀ + lower(E ⊙ Q Kᵀ) U and S = Γ_C S0 + Uᵀ (Γ_C/Γ ⊙ K).
+int xmx_gated_delta_chunked(xmx_array* y, xmx_array* state_out, xmx_array q, xmx_array k, xmx_array v, xmx_array g, xmx_array beta, xmx_array state, int L, int hv, int dv, int dk, int rep, int chunk, xmx_stream s) {
+	XMX_NEED(subtract); XMX_NEED(repeat_axis); XMX_NEED(log); XMX_NEED(cumsum); XMX_NEED(minimum); XMX_NEED(exp); XMX_NEED(negative);
+	int rc = 0;
+	xmx_pool pool = {.n = 0};
+	xmx_pool top = {.n = 0};
+	int nch = (L + chunk - 1) / chunk;
+	xmx_array* ys = calloc(nch > 0 ? nch : 1, sizeof(xmx_array));
+	if (ys == NULL) return 1;
+	xmx_array S = {NULL}, cat = {NULL};
+	int qdt = X.array_dtype(q);
+	const int perm[3] = {1, 0, 2}, perm2[2] = {1, 0};
+	xmx_array *qf, *kf, *qr, *kr, *qT, *kT, *vf, *vT, *gT, *bT, *lg, *zero;
+	// Inputs as float32, heads first: [hv, L, d] and [hv, L].
+	#define XMX_TOP(var) var = xmx_new(&top); if (var == NULL) { rc = 1; goto out; }
+	XMX_TOP(qf) XMX_TOP(kf) XMX_TOP(qr) XMX_TOP(kr) XMX_TOP(qT) XMX_TOP(kT) XMX_TOP(vf) XMX_TOP(vT) XMX_TOP(gT) XMX_TOP(bT) XMX_TOP(lg) XMX_TOP(zero)
+	XMX_DO(X.astype(qf, q, XMX_FLOAT32, s));
+	XMX_DO(X.astype(kf, k, XMX_FLOAT32, s));
+	XMX_DO(X.repeat_axis(qr, *qf, rep, 1, s));
+	XMX_DO(X.repeat_axis(kr, *kf, rep, 1, s));
+	XMX_DO(X.transpose_axes(qT, *qr, perm, 3, s));
+	XMX_DO(X.transpose_axes(kT, *kr, perm, 3, s));
+	XMX_DO(X.astype(vf, v, XMX_FLOAT32, s));
+	XMX_DO(X.transpose_axes(vT, *vf, perm, 3, s));
+	XMX_DO(X.transpose_axes(gT, g, perm2, 2, s));
+	XMX_DO(X.transpose_axes(bT, beta, perm2, 2, s));
+	XMX_DO(X.log(lg, *gT, s));
+	if (rc == 0) { *zero = X.array_new_float32(0); rc = zero->ctx == NULL; }
+	if (rc == 0) {
+		xmx_array z = X.array_new_float32(0);
+		rc = z.ctx == NULL || X.add(&S, state, z, s);
+		if (z.ctx) X.array_free(z);
+	}
+	for (int ci = 0; rc == 0 && ci < nch; ci++) {
+		int c0 = ci * chunk, c1 = c0 + chunk < L ? c0 + chunk : L, C = c1 - c0;
+		int st3[3] = {0, c0, 0}, sp3q[3] = {hv, c1, dk}, sp3v[3] = {hv, c1, dv}, one3[3] = {1, 1, 1};
+		int st2[2] = {0, c0}, sp2[2] = {hv, c1}, one2[2] = {1, 1};
+		int col[3] = {hv, C, 1}, row[3] = {hv, 1, C}, last0[2] = {0, C - 1}, last1[2] = {hv, C}, g3[3] = {hv, 1, 1};
+		const int sw[3] = {0, 2, 1};
+		XMX_T(Qc) XMX_T(Kc) XMX_T(Vc) XMX_T(lc) XMX_T(bc) XMX_T(cl) XMX_T(G) XMX_T(clc) XMX_T(clr) XMX_T(D) XMX_T(Dm) XMX_T(E)
+		XMX_T(KtT) XMX_T(KK) XMX_T(strict) XMX_T(lower) XMX_T(I) XMX_T(b3) XMX_T(A0) XMX_T(A1) XMX_T(A) XMX_T(N)
+		XMX_T(S0T) XMX_T(KS) XMX_T(G3) XMX_T(GKS) XMX_T(VmG) XMX_T(B) XMX_T(R) XMX_T(U)
+		XMX_T(QK) XMX_T(W0) XMX_T(W) XMX_T(QS) XMX_T(GQS) XMX_T(WU) XMX_T(Yc)
+		XMX_T(cll) XMX_T(dl0) XMX_T(dl1) XMX_T(dl) XMX_T(dl3) XMX_T(Kd) XMX_T(UT) XMX_T(UK) XMX_T(GC) XMX_T(GC3) XMX_T(S1) XMX_T(S2)
+		XMX_DO(X.slice(Qc, *qT, st3, 3, sp3q, 3, one3, 3, s));
+		XMX_DO(X.slice(Kc, *kT, st3, 3, sp3q, 3, one3, 3, s));
+		XMX_DO(X.slice(Vc, *vT, st3, 3, sp3v, 3, one3, 3, s));
+		XMX_DO(X.slice(lc, *lg, st2, 2, sp2, 2, one2, 2, s));
+		XMX_DO(X.slice(bc, *bT, st2, 2, sp2, 2, one2, 2, s));
+		XMX_DO(X.cumsum(cl, *lc, 1, false, true, s));          // [hv, C] log Γ
+		XMX_DO(X.exp(G, *cl, s));                              // Γ
+		XMX_DO(X.reshape(clc, *cl, col, 3, s));
+		XMX_DO(X.reshape(clr, *cl, row, 3, s));
+		XMX_DO(X.subtract(D, *clc, *clr, s));                  // log Γt − log Γj
+		XMX_DO(X.minimum(Dm, *D, *zero, s));                   // ≤ 0 where it is used (j ≤ t)
+		XMX_DO(X.exp(E, *Dm, s));
+		XMX_DO(X.transpose_axes(KtT, *Kc, sw, 3, s));           // [hv, dk, C]
+		XMX_DO(X.matmul(KK, *Kc, *KtT, s));                    // k_t · k_j
+		if (rc == 0) rc = xmx_mask(strict, C, 0);
+		if (rc == 0) rc = xmx_mask(lower, C, 1);
+		if (rc == 0) rc = xmx_mask(I, C, 2);
+		XMX_DO(X.reshape(b3, *bc, col, 3, s));                 // β_t per row
+		XMX_DO(X.multiply(A0, *E, *KK, s));
+		XMX_DO(X.multiply(A1, *A0, *b3, s));
+		XMX_DO(X.multiply(A, *A1, *strict, s));
+		XMX_DO(X.negative(N, *A, s));
+		XMX_DO(X.transpose_axes(S0T, S, sw, 3, s));            // [hv, dk, dv]
+		XMX_DO(X.matmul(KS, *Kc, *S0T, s));                    // [hv, C, dv]
+		XMX_DO(X.reshape(G3, *G, col, 3, s));
+		XMX_DO(X.multiply(GKS, *G3, *KS, s));
+		XMX_DO(X.subtract(VmG, *Vc, *GKS, s));
+		XMX_DO(X.multiply(B, *VmG, *b3, s));
+		XMX_DO(X.add(R, *I, *N, s));                           // (I + N)
+		if (rc == 0) {
+			xmx_array P = {NULL}, P2 = {NULL}, IP = {NULL}, R2 = {NULL};
+			rc = X.add(&P, *N, *zero, s);
+			for (int p = 2; rc == 0 && p < C; p *= 2) {
+				rc = X.matmul(&P2, P, P, s);                       // N^(2^m)
+				if (rc == 0) rc = X.add(&IP, *I, P2, s);
+				if (rc == 0) rc = X.matmul(&R2, *R, IP, s);
+				if (rc == 0) { X.array_free(P); P = P2; P2.ctx = NULL; X.array_free(*R); *R = R2; R2.ctx = NULL; }
+				if (IP.ctx) { X.array_free(IP); IP.ctx = NULL; }
+			}
+			if (P.ctx) X.array_free(P);
+			if (P2.ctx) X.array_free(P2);
+		}
+		XMX_DO(X.matmul(U, *R, *B, s));                        // [hv, C, dv]
+		XMX_DO(X.matmul(QK, *Qc, *KtT, s));
+		XMX_DO(X.multiply(W0, *E, *QK, s));
+		XMX_DO(X.multiply(W, *W0, *lower, s));
+		XMX_DO(X.matmul(QS, *Qc, *S0T, s));
+		XMX_DO(X.multiply(GQS, *G3, *QS, s));
+		XMX_DO(X.matmul(WU, *W, *U, s));
+		XMX_DO(X.add(Yc, *GQS, *WU, s));
+		// The state after the chunk.
+		XMX_DO(X.slice(cll, *cl, last0, 2, last1, 2, one2, 2, s)); // [hv, 1] log Γ_C
+		XMX_DO(X.subtract(dl0, *cll, *cl, s));                 // log(Γ_C/Γ_j) ≤ 0
+		XMX_DO(X.minimum(dl1, *dl0, *zero, s));
+		XMX_DO(X.exp(dl, *dl1, s));
+		XMX_DO(X.reshape(dl3, *dl, col, 3, s));
+		XMX_DO(X.multiply(Kd, *dl3, *Kc, s));                  // [hv, C, dk]
+		XMX_DO(X.transpose_axes(UT, *U, sw, 3, s));            // [hv, dv, C]
+		XMX_DO(X.matmul(UK, *UT, *Kd, s));                     // [hv, dv, dk]
+		XMX_DO(X.exp(GC, *cll, s));
+		XMX_DO(X.reshape(GC3, *GC, g3, 3, s));
+		XMX_DO(X.multiply(S1, *GC3, S, s));
+		XMX_DO(X.add(S2, *S1, *UK, s));
+		if (rc == 0) { ys[ci] = *Yc; Yc->ctx = NULL; X.array_free(S); S = *S2; S2->ctx = NULL; }
+		xmx_drain(&pool);
+	}
+	if (rc == 0 && nch > 0) {
+		xmx_vector_array vec = X.vector_array_new_data(ys, nch);
+		xmx_array yh = {NULL};
+		rc = X.concatenate_axis(&yh, vec, 1, s);               // [hv, L, dv]
+		X.vector_array_free(vec);
+		if (rc == 0) rc = X.transpose_axes(&cat, yh, perm, 3, s);
+		if (yh.ctx) X.array_free(yh);
+	}
+	if (rc == 0) rc = X.astype(y, cat, qdt, s);
+	if (rc == 0) { *state_out = S; S.ctx = NULL; }
+out:
+	#undef XMX_TOP
+	xmx_drain(&pool);
+	xmx_drain(&top);
+	for (int i = 0; i < nch; i++) if (ys[i].ctx) X.array_free(ys[i]);
+	free(ys);
+	if (cat.ctx) X.array_free(cat);
+	if (S.ctx) X.array_free(S);
+	return rc;
 }
 
 int xmx_has_compile(void) {

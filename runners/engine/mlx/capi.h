@@ -97,6 +97,18 @@ int xmx_qmm_mode(xmx_array* res, xmx_array x, xmx_array w, xmx_array scales, xmx
 int xmx_dequantize_mode(xmx_array* res, xmx_array w, xmx_array scales, xmx_array biases, int group, int bits, const char* mode, xmx_stream s);
 int xmx_rms_norm(xmx_array* res, xmx_array x, xmx_array w, float eps, xmx_stream s);
 int xmx_rope(xmx_array* res, xmx_array x, int dims, bool has_base, float base, float scale, int offset, xmx_array freqs, xmx_stream s);
+// MoE routing (optional symbols: a library without them fails only the
+// ops that need them, with the missing name).
+int xmx_argpartition(xmx_array* res, xmx_array a, int kth, int axis, xmx_stream s);
+int xmx_argsort(xmx_array* res, xmx_array a, int axis, xmx_stream s);
+int xmx_take_along_axis(xmx_array* res, xmx_array a, xmx_array idx, int axis, xmx_stream s);
+int xmx_gather_mm(xmx_array* res, xmx_array a, xmx_array b, xmx_array rhs, bool sorted, xmx_stream s);
+int xmx_gather_qmm(xmx_array* res, xmx_array x, xmx_array w, xmx_array scales, xmx_array biases, xmx_array rhs, int group, int bits, bool sorted, xmx_stream s);
+// Gated delta rule (optional symbols as above): the float32 gates, and the
+// recurrence over L tokens built from MLX ops in one call.
+int xmx_delta_gates(xmx_array* g, xmx_array* beta, xmx_array a, xmx_array b, xmx_array alog, xmx_array dtbias, xmx_stream s);
+int xmx_gated_delta(xmx_array* y, xmx_array* state_out, xmx_array q, xmx_array k, xmx_array v, xmx_array g, xmx_array beta, xmx_array state, int L, int hv, int dv, int dk, int rep, xmx_stream s);
+int xmx_gated_delta_chunked(xmx_array* y, xmx_array* state_out, xmx_array q, xmx_array k, xmx_array v, xmx_array g, xmx_array beta, xmx_array state, int L, int hv, int dv, int dk, int rep, int chunk, xmx_stream s);
 int xmx_sdpa(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_stream s);
 // xmx_sdpa_ext takes an explicit mask array (additive, mask_mode "") and
 // per-head sinks [H]; either may be {NULL}.

@@ -11,23 +11,24 @@ type Reference struct {
 }
 
 // ReferenceSet returns the reference models: llama, qwen2, qwen3 and
-// qwen3moe (3 layers) in f32, bf16 (not qwen3moe) and MLX 4-bit (bf16 scales, group 64), all with seed 4 (chosen among seeds 1-8 for the largest top-1/top-2 logit margin in f32 greedy decoding, ≥ 0.003).
+// qwen3moe (3 layers) and qwen2moe (2 layers, both sparse, with a shared expert) in f32, bf16 (not the MoE models) and MLX 4-bit (bf16 scales, group 64), all with seed 4 (chosen among seeds 1-8 for the largest top-1/top-2 logit margin in f32 greedy decoding, ≥ 0.003).
 func ReferenceSet() []Reference {
 	var out []Reference
-	for _, arch := range []string{"llama", "qwen2", "qwen3", "qwen3moe"} {
+	for _, arch := range []string{"llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe"} {
 		layers := 0 // default
 		if arch == "qwen3moe" {
 			layers = 3 // one dense layer, two sparse
 		}
 		out = append(out, Reference{arch + "-f32", Spec{Arch: arch, DType: engine.F32, Seed: 4, Layers: layers}})
-		if arch != "qwen3moe" {
+		moe := arch == "qwen3moe" || arch == "qwen2moe"
+		if !moe {
 			// MLX's CPU backend runs the dense gather_mm of mlx-lm's
 			// SwitchGLU in float32 only, so mlx-lm cannot give a bf16 MoE
 			// reference here.
 			out = append(out, Reference{arch + "-bf16", Spec{Arch: arch, DType: engine.BF16, Seed: 4, Layers: layers}})
 		}
 		q4 := Spec{Arch: arch, DType: engine.BF16, QuantBits: 4, GroupSize: 64, Seed: 4, Layers: layers}
-		if arch == "qwen3moe" {
+		if moe {
 			// float32 scales, so mlx-lm computes in float32 too: in bf16 a
 			// near-tie between two experts' router probabilities can pick
 			// a different expert, which no tolerance on logits absorbs.

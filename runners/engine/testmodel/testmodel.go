@@ -1,9 +1,11 @@
 // Package testmodel writes tiny deterministic random-weight models in HF
 // safetensors form for tests: Llama (with Llama 3 RoPE scaling), Qwen2
 // (q/k/v biases), Qwen3 (q/k RMSNorm, tied embeddings, head_dim ≠
-// hidden/heads) and Qwen3-MoE (layer 0 dense, the others routed experts:
+// hidden/heads), Qwen3-MoE (layer 0 dense, the others routed experts:
 // one tensor per expert as HF stores them when dense, stacked as mlx-lm's
-// switch_mlp with an 8-bit router when quantized), in f32 or bf16, dense or MLX affine-quantized (4/8-bit,
+// switch_mlp with an 8-bit router when quantized) and Qwen2-MoE (Qwen2
+// attention, every layer routed experts plus a shared expert behind a
+// sigmoid gate, whose gate is 8-bit like the router when quantized), in f32 or bf16, dense or MLX affine-quantized (4/8-bit,
 // loadable by mlx-lm), with a real byte-level BPE tokenizer.json (merges
 // learned from an embedded text) and a ChatML chat template.
 //
@@ -28,13 +30,15 @@ import (
 
 // Spec describes a test model. Zero sizes take small defaults.
 type Spec struct {
-	Arch                                                                       string       // "llama" | "qwen2" | "qwen3" | "qwen3moe" | "mistral" | "gemma3" | "gptoss"
+	Arch                                                                       string       // "llama" | "qwen2" | "qwen3" | "qwen3moe" | "qwen2moe" | "mistral" | "gemma3" | "gptoss"
 	DType                                                                      engine.DType // engine.F32 or engine.BF16 (0 → F32)
 	QuantBits, GroupSize                                                       int          // 0 = dense; 4 or 8 with group 32/64/128 (0 → 64)
 	Seed                                                                       int64
 	Layers, Hidden, Heads, KVHeads, HeadDim, Intermediate, Vocab, MaxPositions int
 	Experts, ExpertsPerToken, MoEIntermediate                                  int  // qwen3moe only
 	AllSparse                                                                  bool // qwen3moe: layer 0 sparse too (as llama.cpp's qwen3moe requires)
+	RawTopKProb                                                                bool // qwen3moe: norm_topk_prob false (weights are the plain softmax probabilities)
+	SharedExpertIntermediate                                                   int  // qwen2moe only: the shared expert's width
 	SlidingWindow                                                              int  // mistral: sliding_window (0: none); gemma3: the sliding layers' window (0 → 8)
 	SlidingPattern                                                             int  // gemma3: every n-th layer is global (0 → 3)
 	Tied                                                                       bool // gemma3: tied embeddings (no lm_head), as Gemma ships
@@ -54,6 +58,7 @@ const (
 	DefaultExperts         = 8
 	DefaultExpertsPerToken = 2
 	DefaultMoEIntermediate = 64
+	DefaultSharedExpert    = 96
 )
 
 // Added (special) tokens, appended after the BPE vocabulary in this order.
@@ -76,7 +81,10 @@ func (s Spec) Normalized() (Spec, error) {
 	def(&s.Hidden, DefaultHidden)
 	def(&s.Heads, DefaultHeads)
 	def(&s.KVHeads, DefaultKVHeads)
-	if s.Arch == "qwen3moe" || s.Arch == "gptoss" {
+	if s.Arch == "qwen2moe" {
+		def(&s.SharedExpertIntermediate, DefaultSharedExpert)
+	}
+	if s.moe() || s.Arch == "gptoss" {
 		def(&s.Experts, DefaultExperts)
 		def(&s.ExpertsPerToken, DefaultExpertsPerToken)
 		def(&s.MoEIntermediate, DefaultMoEIntermediate)
@@ -93,7 +101,7 @@ func (s Spec) Normalized() (Spec, error) {
 		def(&s.GroupSize, DefaultGroupSize)
 	}
 	switch s.Arch {
-	case "llama", "qwen2", "qwen3", "qwen3moe", "mistral":
+	case "llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "mistral":
 	case "gemma3":
 		def(&s.SlidingWindow, 8)
 		def(&s.SlidingPattern, 3)
@@ -192,9 +200,9 @@ func (s Spec) ropeTheta() float64 {
 
 func configJSON(s Spec) []byte {
 	arch := map[string]string{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-		"qwen3moe": "Qwen3MoeForCausalLM", "mistral": "MistralForCausalLM", "gemma3": "Gemma3ForCausalLM",
-		"gptoss": "GptOssForCausalLM"}[s.Arch]
-	modelType := map[string]string{"qwen3moe": "qwen3_moe", "gemma3": "gemma3_text", "gptoss": "gpt_oss"}[s.Arch]
+		"qwen3moe": "Qwen3MoeForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM", "mistral": "MistralForCausalLM",
+		"gemma3": "Gemma3ForCausalLM", "gptoss": "GptOssForCausalLM"}[s.Arch]
+	modelType := map[string]string{"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "gemma3": "gemma3_text", "gptoss": "gpt_oss"}[s.Arch]
 	if modelType == "" {
 		modelType = s.Arch
 	}
@@ -282,19 +290,38 @@ func configJSON(s Spec) []byte {
 		c["num_experts"] = s.Experts
 		c["num_experts_per_tok"] = s.ExpertsPerToken
 		c["moe_intermediate_size"] = s.MoEIntermediate
-		c["norm_topk_prob"] = true
+		c["norm_topk_prob"] = !s.RawTopKProb
 		c["decoder_sparse_step"] = 1
 		c["mlp_only_layers"] = []int{0}
 		if s.AllSparse {
 			c["mlp_only_layers"] = []int{}
 		}
+	case "qwen2moe":
+		// Every layer sparse: mlx-lm's qwen2_moe reads neither
+		// decoder_sparse_step nor mlp_only_layers nor norm_topk_prob.
+		c["use_sliding_window"] = false
+		c["num_experts"] = s.Experts
+		c["num_experts_per_tok"] = s.ExpertsPerToken
+		c["moe_intermediate_size"] = s.MoEIntermediate
+		c["shared_expert_intermediate_size"] = s.SharedExpertIntermediate
+		c["norm_topk_prob"] = false
+		c["decoder_sparse_step"] = 1
+		c["mlp_only_layers"] = []int{}
 	}
 	if s.QuantBits != 0 {
 		q := map[string]any{"group_size": s.GroupSize, "bits": s.QuantBits}
-		if s.Arch == "qwen3moe" {
-			// As mlx-community's MoE checkpoints: routers at 8 bits.
-			for l := 1; l < s.Layers; l++ {
+		if s.moe() {
+			// As mlx-community's MoE checkpoints: routers (and shared
+			// expert gates) at 8 bits.
+			first := 1
+			if s.AllSparse || s.Arch == "qwen2moe" {
+				first = 0
+			}
+			for l := first; l < s.Layers; l++ {
 				q[fmt.Sprintf("model.layers.%d.mlp.gate", l)] = map[string]any{"group_size": s.GroupSize, "bits": 8}
+				if s.Arch == "qwen2moe" {
+					q[fmt.Sprintf("model.layers.%d.mlp.shared_expert_gate", l)] = map[string]any{"group_size": s.GroupSize, "bits": 8}
+				}
 			}
 		}
 		c["quantization"] = q
@@ -307,6 +334,9 @@ func configJSON(s Spec) []byte {
 // tied embeddings make greedy decoding degenerate (the input token or one
 // fixed token wins every step). Tied embeddings are exercised by SmolLM2.
 func (s Spec) tied() bool { return s.Tied && s.Arch == "gemma3" }
+
+// moe reports whether the architecture routes experts.
+func (s Spec) moe() bool { return s.Arch == "qwen3moe" || s.Arch == "qwen2moe" }
 
 func tokenizerConfigJSON(vocab int) []byte {
 	dec := map[string]any{}
@@ -409,7 +439,7 @@ func Tensors(s Spec) ([]engine.Tensor, error) {
 			out = append(out, g.gptossMoE(p+"mlp.", in)...)
 			continue
 		}
-		if s.Arch == "qwen2" {
+		if s.Arch == "qwen2" || s.Arch == "qwen2moe" {
 			vec(p+"self_attn.q_proj.bias", s.Heads*hd, 0.2, 0)
 			vec(p+"self_attn.k_proj.bias", s.KVHeads*hd, 0.2, 0)
 			vec(p+"self_attn.v_proj.bias", s.KVHeads*hd, 0.2, 0)
@@ -418,8 +448,20 @@ func Tensors(s Spec) ([]engine.Tensor, error) {
 			vec(p+"self_attn.q_norm.weight", hd, 0.1, normMean)
 			vec(p+"self_attn.k_norm.weight", hd, 0.1, normMean)
 		}
-		if s.Arch == "qwen3moe" && (l > 0 || s.AllSparse) {
+		if s.Arch == "qwen3moe" && (l > 0 || s.AllSparse) || s.Arch == "qwen2moe" {
 			out = append(out, g.moe(p+"mlp.", in)...)
+			if s.Arch == "qwen2moe" {
+				F := s.SharedExpertIntermediate
+				linear(p+"mlp.shared_expert.gate_proj", F, h, in)
+				linear(p+"mlp.shared_expert.up_proj", F, h, in)
+				linear(p+"mlp.shared_expert.down_proj", h, F, 1/math.Sqrt(float64(F)))
+				gate := g.normal(p+"mlp.shared_expert_gate.weight", h, 2*in, 0)
+				if s.QuantBits != 0 {
+					out = append(out, quantize(p+"mlp.shared_expert_gate", gate, 1, h, 8, s.GroupSize, s.DType)...)
+				} else {
+					out = append(out, floatTensor(p+"mlp.shared_expert_gate.weight", gate, s.DType, 1, h))
+				}
+			}
 			continue
 		}
 		linear(p+"mlp.gate_proj", s.Intermediate, h, in)

@@ -38,7 +38,11 @@ func TestWriteIsDeterministicAndLoads(t *testing.T) {
 			}
 			defer src.Close()
 			s, _ := r.Spec.Normalized()
-			q := src.Quant("model.layers.0.mlp.down_proj")
+			mlp := "model.layers.0.mlp.down_proj"
+			if r.Spec.Arch == "qwen2moe" {
+				mlp = "model.layers.0.mlp.shared_expert.gate_proj" // every layer is sparse
+			}
+			q := src.Quant(mlp)
 			if q.Bits != s.QuantBits || q.GroupSize != s.GroupSize {
 				t.Errorf("quant %v, spec %v/%v", q, s.QuantBits, s.GroupSize)
 			}
@@ -57,7 +61,7 @@ func TestWriteIsDeterministicAndLoads(t *testing.T) {
 				t.Errorf("lm_head: %v", err)
 			}
 			_, err = src.Tensor("model.layers.1.self_attn.q_proj.bias")
-			if (r.Spec.Arch == "qwen2") != (err == nil) {
+			if (r.Spec.Arch == "qwen2" || r.Spec.Arch == "qwen2moe") != (err == nil) {
 				t.Errorf("q bias: %v", err)
 			}
 			_, err = src.Tensor("model.layers.1.self_attn.k_norm.weight")
@@ -83,6 +87,24 @@ func TestWriteIsDeterministicAndLoads(t *testing.T) {
 				}
 				if _, err := src.Tensor("model.layers.1.mlp.gate_proj.weight"); err == nil {
 					t.Error("sparse layer has a dense MLP")
+				}
+			}
+			if r.Spec.Arch == "qwen2moe" {
+				// A shared expert beside the routed ones; its gate is
+				// 8-bit like the router when quantized.
+				e, err := src.Tensor("model.layers.1.mlp.shared_expert.up_proj.weight")
+				wantCols := s.Hidden
+				if s.QuantBits != 0 {
+					wantCols = s.Hidden * s.QuantBits / 32
+				}
+				if err != nil || !slices.Equal(e.Shape, []int{s.SharedExpertIntermediate, wantCols}) {
+					t.Errorf("shared expert up_proj: %v %v", e.Shape, err)
+				}
+				if q := src.Quant("model.layers.1.mlp.shared_expert_gate"); s.QuantBits != 0 && q.Bits != 8 {
+					t.Errorf("shared expert gate quantization %v, want 8 bits", q)
+				}
+				if _, err := src.Tensor("model.layers.0.mlp.gate.weight"); err != nil {
+					t.Errorf("layer 0 router: %v", err)
 				}
 			}
 			voc, err := src.Vocab()

@@ -29,7 +29,7 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("gen", flag.ContinueOnError)
 	ref := fs.Bool("reference", false, "write the reference set under DIR")
 	sliding := fs.Bool("sliding-reference", false, "write the sliding-window reference set (testmodel.SlidingSet) under DIR")
-	arch := fs.String("arch", "llama", "llama | qwen2 | qwen3 | qwen3moe | mistral")
+	arch := fs.String("arch", "llama", "llama | qwen2 | qwen3 | qwen3moe | qwen2moe | mistral")
 	dtype := fs.String("dtype", "f32", "f32 | bf16")
 	bits := fs.Int("bits", 0, "0 (dense), 4 or 8")
 	group := fs.Int("group", 64, "quantization group size")

@@ -1,0 +1,140 @@
+package cpu
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+)
+
+type deltaCase struct {
+	Name                                            string
+	L, Hk, Hv, Dk, Dv                               int
+	Q, K, V, A, B, ALog, DtBias, State, Y, StateOut string
+	G, Beta                                         string
+}
+
+func (c *deltaCase) UnmarshalJSON(raw []byte) error {
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return err
+	}
+	i := func(k string) int { return int(m[k].(float64)) }
+	s := func(k string) string { return m[k].(string) }
+	*c = deltaCase{Name: s("name"), L: i("L"), Hk: i("Hk"), Hv: i("Hv"), Dk: i("Dk"), Dv: i("Dv"),
+		Q: s("q"), K: s("k"), V: s("v"), A: s("a"), B: s("b"), ALog: s("A_log"), DtBias: s("dt_bias"),
+		State: s("state"), Y: s("y"), StateOut: s("state_out"), G: s("g"), Beta: s("beta")}
+	return nil
+}
+
+// deltaFixture reads testdata/reference/gated_delta.json, written by
+// scripts/reference/gated_delta_reference.py from mlx-lm.
+func deltaFixture(t *testing.T) []deltaCase {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "testdata", "reference", "gated_delta.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fx struct{ Cases []deltaCase }
+	if err := json.Unmarshal(raw, &fx); err != nil {
+		t.Fatal(err)
+	}
+	if len(fx.Cases) != 3 {
+		t.Fatalf("%d cases in the fixture", len(fx.Cases))
+	}
+	return fx.Cases
+}
+
+func f32s(t *testing.T, s string) []float32 {
+	t.Helper()
+	raw, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, len(raw)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+	}
+	return out
+}
+
+// TestGatedDeltaMatchesMLXLM: the gates and the recurrence equal mlx-lm's
+// gated_delta_update on the fixture's random inputs (float32; 1e-5
+// relative to the largest value, summation order differs).
+func TestGatedDeltaMatchesMLXLM(t *testing.T) {
+	b := newBackend(2)
+	for _, c := range deltaFixture(t) {
+		t.Run(c.Name, func(t *testing.T) {
+			g, beta := b.DeltaGates(b.FromFloat32(f32s(t, c.A), c.L, c.Hv), b.FromFloat32(f32s(t, c.B), c.L, c.Hv),
+				b.FromFloat32(f32s(t, c.ALog), c.Hv), b.FromFloat32(f32s(t, c.DtBias), c.Hv))
+			closeTo(t, "g", get(t, b, g), f32s(t, c.G), 1e-6)
+			closeTo(t, "beta", get(t, b, beta), f32s(t, c.Beta), 1e-6)
+			y, s := b.GatedDelta(b.FromFloat32(f32s(t, c.Q), c.L, c.Hk, c.Dk), b.FromFloat32(f32s(t, c.K), c.L, c.Hk, c.Dk),
+				b.FromFloat32(f32s(t, c.V), c.L, c.Hv, c.Dv), g, beta, b.FromFloat32(f32s(t, c.State), c.Hv, c.Dv, c.Dk))
+			if !slices.Equal(y.Shape(), []int{c.L, c.Hv, c.Dv}) || !slices.Equal(s.Shape(), []int{c.Hv, c.Dv, c.Dk}) {
+				t.Fatalf("shapes y %v state %v", y.Shape(), s.Shape())
+			}
+			maxRel(t, "y", get(t, b, y), f32s(t, c.Y), 1e-5)
+			maxRel(t, "state", get(t, b, s), f32s(t, c.StateOut), 1e-5)
+		})
+	}
+}
+
+// maxRel fails when some |got−want| exceeds tol times the largest |want|.
+func maxRel(t *testing.T, name string, got, want []float32, tol float64) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values, want %d", name, len(got), len(want))
+	}
+	var scale, worst float64
+	for i := range want {
+		scale = max(scale, math.Abs(float64(want[i])))
+		worst = max(worst, math.Abs(float64(got[i]-want[i])))
+	}
+	t.Logf("%s: max |diff| %.3g, scale %.3g", name, worst, scale)
+	if worst > tol*scale || math.IsNaN(worst) {
+		t.Fatalf("%s: max |diff| %g > %g × %g", name, worst, tol, scale)
+	}
+}
+
+// TestGatedDeltaSplitInvariant: the recurrence over L tokens at once
+// equals, bit for bit, the same tokens in pieces with the state carried
+// (chunked prefill then decode).
+func TestGatedDeltaSplitInvariant(t *testing.T) {
+	b := newBackend(2)
+	c := deltaFixture(t)[2]
+	q, k, v := f32s(t, c.Q), f32s(t, c.K), f32s(t, c.V)
+	g, beta := b.DeltaGates(b.FromFloat32(f32s(t, c.A), c.L, c.Hv), b.FromFloat32(f32s(t, c.B), c.L, c.Hv),
+		b.FromFloat32(f32s(t, c.ALog), c.Hv), b.FromFloat32(f32s(t, c.DtBias), c.Hv))
+	gv, bv := get(t, b, g), get(t, b, beta)
+	state0 := f32s(t, c.State)
+	run := func(lo, hi int, st engine.Array) (engine.Array, engine.Array) {
+		n := hi - lo
+		qk := c.Hk * c.Dk
+		return b.GatedDelta(b.FromFloat32(q[lo*qk:hi*qk], n, c.Hk, c.Dk), b.FromFloat32(k[lo*qk:hi*qk], n, c.Hk, c.Dk),
+			b.FromFloat32(v[lo*c.Hv*c.Dv:hi*c.Hv*c.Dv], n, c.Hv, c.Dv),
+			b.FromFloat32(gv[lo*c.Hv:hi*c.Hv], n, c.Hv), b.FromFloat32(bv[lo*c.Hv:hi*c.Hv], n, c.Hv), st)
+	}
+	yAll, sAll := run(0, c.L, b.FromFloat32(state0, c.Hv, c.Dv, c.Dk))
+	want := get(t, b, yAll)
+	for _, cuts := range [][]int{{1}, {3, 7, 20}, {16, 32}} {
+		st := b.FromFloat32(state0, c.Hv, c.Dv, c.Dk)
+		var ys []float32
+		lo := 0
+		for _, hi := range append(cuts, c.L) {
+			var y engine.Array
+			y, st = run(lo, hi, st)
+			ys = append(ys, get(t, b, y)...)
+			lo = hi
+		}
+		if !slices.Equal(ys, want) || !slices.Equal(get(t, b, st), get(t, b, sAll)) {
+			t.Fatalf("split at %v differs from one pass", cuts)
+		}
+	}
+}
