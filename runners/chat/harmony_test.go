@@ -70,3 +70,19 @@ func FuzzHarmonyParser(f *testing.F) {
 		}
 	})
 }
+
+// TestHarmonyFamily: a template that writes harmony's <|channel|> headers
+// (gpt-oss's) is the Harmony tool-call family, whatever else it holds.
+func TestHarmonyFamily(t *testing.T) {
+	src := `{%- if tools %}<|start|>developer<|message|># Tools<|end|>{%- endif %}` +
+		`{%- for m in messages %}{%- if m.role == "assistant" %}<|start|>assistant<|channel|>final<|message|>` +
+		`{%- else %}<|start|>{{ m.role }}<|message|>{%- endif %}{{ m.content }}<|end|>{%- endfor %}` +
+		`{%- if add_generation_prompt %}<|start|>assistant{%- endif %}`
+	tpl, err := Parse(src, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tpl.ToolFamily(); got != Harmony || got.String() != "harmony" {
+		t.Errorf("family %v, want harmony", got)
+	}
+}

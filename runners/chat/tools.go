@@ -26,6 +26,11 @@ const (
 	Llama
 	// Mistral: [TOOL_CALLS] then a JSON array of {"name", "arguments"}.
 	Mistral
+	// Harmony: gpt-oss's channels; a call is a commentary message
+	// addressed to=functions.NAME whose body is the arguments, ended by
+	// <|call|> (see HarmonyParser, which parses this family instead of
+	// ToolStream, since its analysis channel is reasoning, not content).
+	Harmony
 )
 
 func (f Family) String() string {
@@ -34,6 +39,8 @@ func (f Family) String() string {
 		return "llama"
 	case Mistral:
 		return "mistral"
+	case Harmony:
+		return "harmony"
 	}
 	return "hermes"
 }
@@ -54,6 +61,8 @@ func (t *Template) NativeTools() bool { return strings.Contains(t.src, "tools") 
 // markers, else Hermes (which the generic prompt asks for).
 func (t *Template) ToolFamily() Family {
 	switch {
+	case strings.Contains(t.src, "<|channel|>"):
+		return Harmony
 	case strings.Contains(t.src, "[TOOL_CALLS]"):
 		return Mistral
 	case strings.Contains(t.src, "<tool_call>"):

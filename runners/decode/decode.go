@@ -370,10 +370,14 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 	}
 	entry.tokens = append(entry.tokens[:0:0], prompt...)
 
-	var te *toolEmitter
-	if toolsOffered(req) {
-		te = newToolEmitter(em, s.toolFamily())
-		em = te
+	var te interface{ finish() (int, error) }
+	switch {
+	case req.Chat && s.toolFamily() == chat.Harmony:
+		he := newHarmonyEmitter(em) // channels, with or without tools
+		te, em = he, he
+	case toolsOffered(req):
+		tse := newToolEmitter(em, s.toolFamily())
+		te, em = tse, tse
 	}
 	res, err := s.generate(ctx, req, em, entry, logits, cons, t0)
 	if cl, closes := cons.(interface{ Close() }); closes {

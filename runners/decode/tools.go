@@ -176,6 +176,16 @@ func (g *Grammars) family() chat.Family {
 // it asks for strict, which is a 400.
 func (g *Grammars) lazyCalls(req *openai.GenRequest) (Constraint, error) {
 	fam := g.family()
+	if fam == chat.Harmony {
+		// Calls are parsed (HarmonyParser), not constrained: a tool that
+		// asks for strict cannot have it.
+		for i, t := range req.Tools {
+			if t.Function.Strict != nil && *t.Function.Strict {
+				return nil, openai.Errorf(fmt.Sprintf("tools[%d].function.strict", i), "tools[%d] is strict, which is not enforced for harmony (gpt-oss) models", i)
+			}
+		}
+		return nil, nil
+	}
 	var f grammar.CallFormat
 	marker := ""
 	switch fam {
@@ -293,6 +303,14 @@ func (g *Grammars) grammarFor(req *openai.GenRequest) (*grammar.Grammar, error) 
 	}
 	rf := req.ResponseFormat
 	structured := rf != nil && rf.Type != "text"
+	if req.Chat && g.family() == chat.Harmony && (forced != "" || structured) {
+		// A grammar from the first token would keep a harmony model from
+		// writing its channel headers; refused rather than mangled.
+		if forced != "" {
+			return nil, openai.Errorf("tool_choice", "tool_choice %q is not supported for harmony (gpt-oss) models; use \"auto\"", forced)
+		}
+		return nil, openai.Errorf("response_format", "response_format %q is not supported for harmony (gpt-oss) models", rf.Type)
+	}
 	if structured && toolsOffered(req) && forced == "" {
 		// auto: a call of an offered tool, or the final answer in the format.
 		var schema []byte

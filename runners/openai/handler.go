@@ -47,6 +47,14 @@ type ToolCallEmitter interface {
 	ToolCall(index int, id, name, args string) error
 }
 
+// ReasoningEmitter is an Emitter that also takes the model's reasoning (a
+// harmony model's analysis channel) apart from its answer text; an
+// emitter that is not one drops reasoning.
+type ReasoningEmitter interface {
+	Emitter
+	Reasoning(s string) error
+}
+
 // TokenLogprob is one generated token's log-probability under the model's
 // distribution and its most likely alternatives (descending).
 type TokenLogprob struct {
@@ -318,9 +326,19 @@ func (s *streamEmitter) ToolCall(index int, id, name, args string) error {
 		Choices: []ChatChoice{{Index: 0, Delta: &ResponseMessage{ToolCalls: []ToolCallDelta{d}}}}})
 }
 
+// Reasoning implements ReasoningEmitter: OpenAI's delta.reasoning_content.
+func (s *streamEmitter) Reasoning(t string) error {
+	if t == "" || !s.chat {
+		return nil
+	}
+	return s.sse.Event(ChatChunk{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.model,
+		Choices: []ChatChoice{{Index: 0, Delta: &ResponseMessage{ReasoningContent: &t}}}})
+}
+
 // bufferEmitter collects the text (and logprobs) of a non-streaming request.
 type bufferEmitter struct {
 	b     strings.Builder
+	r     strings.Builder // reasoning
 	lps   []*TokenLogprob
 	calls []ToolCallDelta
 }
@@ -338,6 +356,9 @@ func (b *bufferEmitter) ToolCall(index int, id, name, args string) error {
 	c.Function.Arguments += args
 	return nil
 }
+
+// Reasoning implements ReasoningEmitter.
+func (b *bufferEmitter) Reasoning(t string) error { b.r.WriteString(t); return nil }
 
 func (b *bufferEmitter) Start(int) error { return nil }
 func (b *bufferEmitter) Text(t string, lp *TokenLogprob) error {
@@ -370,6 +391,9 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, g *GenRequest, c
 			c := ChatChoice{Index: 0, Message: &ResponseMessage{Role: "assistant", Content: &text, ToolCalls: be.calls}, FinishReason: &fr}
 			if len(be.calls) > 0 && text == "" {
 				c.Message.Content, c.Message.NullContent = nil, true // OpenAI's content: null beside tool calls
+			}
+			if r := be.r.String(); r != "" {
+				c.Message.ReasoningContent = &r
 			}
 			if g.Logprobs {
 				c.Logprobs = &ChatLogprobs{Content: []LogprobContent{}}

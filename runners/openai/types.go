@@ -417,6 +417,9 @@ type CompletionLogprobs struct {
 type ResponseMessage struct {
 	Role    string  `json:"role,omitempty"`
 	Content *string `json:"content,omitempty"`
+	// ReasoningContent is the model's reasoning before its answer (a
+	// harmony model's analysis channel), as vLLM and llama.cpp return it.
+	ReasoningContent *string `json:"reasoning_content,omitempty"`
 	// ToolCalls: a message's calls (non-streaming), or fragments of them
 	// (a delta: the first of a call has id, type and the name; later ones
 	// pieces of the arguments text).
@@ -433,10 +436,11 @@ func (m ResponseMessage) MarshalJSON() ([]byte, error) {
 		return json.Marshal(plain(m))
 	}
 	return json.Marshal(struct {
-		Role      string          `json:"role,omitempty"`
-		Content   *string         `json:"content"`
-		ToolCalls []ToolCallDelta `json:"tool_calls,omitempty"`
-	}{m.Role, nil, m.ToolCalls})
+		Role             string          `json:"role,omitempty"`
+		Content          *string         `json:"content"`
+		ReasoningContent *string         `json:"reasoning_content,omitempty"`
+		ToolCalls        []ToolCallDelta `json:"tool_calls,omitempty"`
+	}{m.Role, nil, m.ReasoningContent, m.ToolCalls})
 }
 
 // ToolCallDelta is a tool call in a response: whole in a message, in
