@@ -12,20 +12,32 @@
 # with `pip install mlx[cpu]==0.31.2 mlx-lm` and MLX/mlx-c built as the
 # README's MLX section says. MODEL is written by the first Go run if absent
 # (random weights, SmolLM2-135M's shapes; EXO_MLX_BENCH_DTYPE=bf16 for bf16).
+#
+# Where mlx-c is linked against the very libmlx.so that mlx-lm's wheel ships
+# (the same file), give MLXC=path/to/libmlxc.so and PY=that venv's python
+# instead of PREFIX: no LD_PRELOAD is needed. PREFILL=0 skips prefill.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-: "${PREFIX:?set PREFIX to the prefix holding lib/libmlx.so and lib/libmlxc.so}"
+if [[ -z ${MLXC:-} ]]; then
+	: "${PREFIX:?set PREFIX to the prefix holding lib/libmlx.so and lib/libmlxc.so, or MLXC}"
+	MLXC=$PREFIX/lib/libmlxc.so
+	export LD_PRELOAD_LM=$PREFIX/lib/libmlx.so
+fi
 : "${MODEL:?set MODEL to the benchmark model directory}"
+PY=${PY:-python3}
 DECODE=${DECODE:-16}
+PREFILL=${PREFILL:-256}
 test=$(mktemp -d)/mlx.test
 go test -c -tags mlx -o "$test" ./runners/engine/mlx/
-export EXO_MLXC_PATH=$PREFIX/lib/libmlxc.so EXO_MLX_BENCH_MODEL=$MODEL
+export EXO_MLXC_PATH=$MLXC EXO_MLX_BENCH_MODEL=$MODEL
 exo() {
-	EXO_MLX_BENCH_PREFILL=256 "$test" -test.run XXX -test.bench BenchmarkPrefill -test.benchtime 1x -test.count 3 | grep ^Bench
-	"$test" -test.run XXX -test.bench BenchmarkDecode -test.benchtime "${DECODE}x" -test.count 3 | grep ^Bench
+	if ((PREFILL)); then
+		EXO_MLX_BENCH_PREFILL=$PREFILL "$test" -test.run XXX -test.bench BenchmarkPrefill -test.benchtime 1x -test.count 3 | grep ^Bench
+	fi
+	"$test" -test.run XXX -test.bench 'BenchmarkDecode$' -test.benchtime "${DECODE}x" -test.count 3 | grep ^Bench
 }
-lm() { LD_PRELOAD=$PREFIX/lib/libmlx.so python3 scripts/reference/mlxlm_bench.py "$MODEL" 128 256 "$DECODE" 3; }
-"$test" -test.run XXX -test.bench BenchmarkPrefill -test.benchtime 1x >/dev/null # writes MODEL if absent
+lm() { LD_PRELOAD=${LD_PRELOAD_LM:-} "$PY" scripts/reference/mlxlm_bench.py "$MODEL" 128 "$PREFILL" "$DECODE" 3; }
+[[ -f $MODEL/config.json ]] || "$test" -test.run XXX -test.bench BenchmarkPrefill -test.benchtime 1x >/dev/null # writes MODEL
 rounds=("$@")
 ((${#rounds[@]})) || rounds=(1 2)
 for round in "${rounds[@]}"; do

@@ -29,7 +29,7 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("gen", flag.ContinueOnError)
 	ref := fs.Bool("reference", false, "write the reference set under DIR")
 	sliding := fs.Bool("sliding-reference", false, "write the sliding-window reference set (testmodel.SlidingSet) under DIR")
-	arch := fs.String("arch", "llama", "llama | qwen2 | qwen3 | qwen3moe | qwen2moe | mistral")
+	arch := fs.String("arch", "llama", "llama | qwen2 | qwen3 | qwen3moe | qwen2moe | mistral | gemma3 | gptoss")
 	dtype := fs.String("dtype", "f32", "f32 | bf16")
 	bits := fs.Int("bits", 0, "0 (dense), 4 or 8")
 	group := fs.Int("group", 64, "quantization group size")
@@ -40,6 +40,11 @@ func run(args []string) error {
 	kvHeads := fs.Int("kv-heads", 0, "KV heads (0 = default)")
 	inter := fs.Int("intermediate", 0, "MLP size (0 = default)")
 	vocab := fs.Int("vocab", 0, "vocabulary size (0 = default)")
+	window := fs.Int("window", 0, "gemma3, gptoss, mistral: sliding window (0 = default)")
+	pattern := fs.Int("pattern", 0, "gemma3: every n-th layer is global (0 = default)")
+	headDim := fs.Int("head-dim", 0, "head dimension (0 = default)")
+	maxPos := fs.Int("max-positions", 0, "max_position_embeddings (0 = default)")
+	mxfp4 := fs.Bool("mxfp4", false, "gptoss: experts in MLX's mxfp4")
 	allSparse := fs.Bool("all-sparse", false, "qwen3moe: every layer sparse (llama.cpp's qwen3moe has no dense layers)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -72,7 +77,8 @@ func run(args []string) error {
 		return fmt.Errorf("unknown -dtype %q", *dtype)
 	}
 	s := testmodel.Spec{Arch: *arch, DType: dt, QuantBits: *bits, Seed: *seed, Layers: *layers,
-		Hidden: *hidden, Heads: *heads, KVHeads: *kvHeads, Intermediate: *inter, Vocab: *vocab, AllSparse: *allSparse}
+		Hidden: *hidden, Heads: *heads, KVHeads: *kvHeads, Intermediate: *inter, Vocab: *vocab, AllSparse: *allSparse,
+		SlidingWindow: *window, SlidingPattern: *pattern, HeadDim: *headDim, MaxPositions: *maxPos, MXFP4: *mxfp4}
 	if *bits != 0 {
 		s.GroupSize = *group
 	}
