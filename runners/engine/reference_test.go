@@ -77,22 +77,7 @@ func TestMatchesMLXReference(t *testing.T) {
 			if !ok {
 				t.Fatalf("fixture model %s is not in testmodel.ReferenceSet", fm.Name)
 			}
-			dir := t.TempDir()
-			if err := testmodel.Write(dir, spec); err != nil {
-				t.Fatal(err)
-			}
-			st, err := os.ReadFile(filepath.Join(dir, "model.safetensors"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if sum := sha256.Sum256(st); hex.EncodeToString(sum[:]) != fm.SHA256 {
-				t.Fatalf("regenerated weights differ from the ones mlx-lm ran (sha256 %x)", sum)
-			}
-			m, err := engine.Load(ctx, dir, b, engine.LoadOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer m.Close()
+			m := loadRegenerated(t, ctx, b, spec, fm.SHA256)
 			f32 := spec.DType == engine.F32 || spec.DType == 0
 			dense := spec.QuantBits == 0 && f32
 			minCos := 0.999
@@ -127,6 +112,30 @@ func TestMatchesMLXReference(t *testing.T) {
 			}
 		})
 	}
+}
+
+// loadRegenerated writes spec's model into a temporary directory, checks
+// that its safetensors are byte-identical to the ones mlx-lm ran (by
+// sha256) and loads it; the model is closed at cleanup.
+func loadRegenerated(t *testing.T, ctx context.Context, b engine.Backend, spec testmodel.Spec, wantSHA256 string) *engine.Model {
+	t.Helper()
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, spec); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.ReadFile(filepath.Join(dir, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum := sha256.Sum256(st); hex.EncodeToString(sum[:]) != wantSHA256 {
+		t.Fatalf("regenerated weights differ from the ones mlx-lm ran (sha256 %x)", sum)
+	}
+	m, err := engine.Load(ctx, dir, b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
 }
 
 // f32FromBase64 decodes a fixture's little-endian float32 values.
