@@ -12,6 +12,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/engine/weights"
 )
@@ -61,7 +62,7 @@ func TestSlidingModelsMatchMLXReference(t *testing.T) {
 			}
 			for i, res := range fm.Results {
 				prompt := fx.Prompts[i]
-				want := f32FromBase64(t, res.Logits)
+				want := fixture.F32FromBase64(t, res.Logits)
 				for _, chunk := range []int{0, 5} {
 					c := m.NewCache()
 					if chunk > 0 {

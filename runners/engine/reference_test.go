@@ -3,8 +3,6 @@ package engine_test
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/base64"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"math"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 )
 
@@ -87,7 +86,7 @@ func TestMatchesMLXReference(t *testing.T) {
 			}
 			for i, res := range fm.Results {
 				prompt := fx.Prompts[i]
-				want := f32FromBase64(t, res.Logits)
+				want := fixture.F32FromBase64(t, res.Logits)
 				c := m.NewCache()
 				logits, err := m.Forward(ctx, c, prompt)
 				if err != nil {
@@ -136,18 +135,4 @@ func loadRegenerated(t *testing.T, ctx context.Context, b engine.Backend, spec t
 	}
 	t.Cleanup(func() { m.Close() })
 	return m
-}
-
-// f32FromBase64 decodes a fixture's little-endian float32 values.
-func f32FromBase64(t *testing.T, s string) []float32 {
-	t.Helper()
-	b, err := base64.StdEncoding.DecodeString(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := make([]float32, len(b)/4)
-	for i := range out {
-		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-	}
-	return out
 }

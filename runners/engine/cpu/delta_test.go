@@ -1,8 +1,6 @@
 package cpu
 
 import (
-	"encoding/base64"
-	"encoding/binary"
 	"encoding/json"
 	"math"
 	"os"
@@ -11,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 )
 
 type deltaCase struct {
@@ -51,19 +50,6 @@ func deltaFixture(t *testing.T) []deltaCase {
 	return fx.Cases
 }
 
-func f32s(t *testing.T, s string) []float32 {
-	t.Helper()
-	raw, err := base64.StdEncoding.DecodeString(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := make([]float32, len(raw)/4)
-	for i := range out {
-		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
-	}
-	return out
-}
-
 // TestGatedDeltaMatchesMLXLM: the gates and the recurrence equal mlx-lm's
 // gated_delta_update on the fixture's random inputs (float32; 1e-5
 // relative to the largest value, summation order differs).
@@ -71,17 +57,17 @@ func TestGatedDeltaMatchesMLXLM(t *testing.T) {
 	b := newBackend(2)
 	for _, c := range deltaFixture(t) {
 		t.Run(c.Name, func(t *testing.T) {
-			g, beta := b.DeltaGates(b.FromFloat32(f32s(t, c.A), c.L, c.Hv), b.FromFloat32(f32s(t, c.B), c.L, c.Hv),
-				b.FromFloat32(f32s(t, c.ALog), c.Hv), b.FromFloat32(f32s(t, c.DtBias), c.Hv))
-			closeTo(t, "g", get(t, b, g), f32s(t, c.G), 1e-6)
-			closeTo(t, "beta", get(t, b, beta), f32s(t, c.Beta), 1e-6)
-			y, s := b.GatedDelta(b.FromFloat32(f32s(t, c.Q), c.L, c.Hk, c.Dk), b.FromFloat32(f32s(t, c.K), c.L, c.Hk, c.Dk),
-				b.FromFloat32(f32s(t, c.V), c.L, c.Hv, c.Dv), g, beta, b.FromFloat32(f32s(t, c.State), c.Hv, c.Dv, c.Dk))
+			g, beta := b.DeltaGates(b.FromFloat32(fixture.F32FromBase64(t, c.A), c.L, c.Hv), b.FromFloat32(fixture.F32FromBase64(t, c.B), c.L, c.Hv),
+				b.FromFloat32(fixture.F32FromBase64(t, c.ALog), c.Hv), b.FromFloat32(fixture.F32FromBase64(t, c.DtBias), c.Hv))
+			closeTo(t, "g", get(t, b, g), fixture.F32FromBase64(t, c.G), 1e-6)
+			closeTo(t, "beta", get(t, b, beta), fixture.F32FromBase64(t, c.Beta), 1e-6)
+			y, s := b.GatedDelta(b.FromFloat32(fixture.F32FromBase64(t, c.Q), c.L, c.Hk, c.Dk), b.FromFloat32(fixture.F32FromBase64(t, c.K), c.L, c.Hk, c.Dk),
+				b.FromFloat32(fixture.F32FromBase64(t, c.V), c.L, c.Hv, c.Dv), g, beta, b.FromFloat32(fixture.F32FromBase64(t, c.State), c.Hv, c.Dv, c.Dk))
 			if !slices.Equal(y.Shape(), []int{c.L, c.Hv, c.Dv}) || !slices.Equal(s.Shape(), []int{c.Hv, c.Dv, c.Dk}) {
 				t.Fatalf("shapes y %v state %v", y.Shape(), s.Shape())
 			}
-			maxRel(t, "y", get(t, b, y), f32s(t, c.Y), 1e-5)
-			maxRel(t, "state", get(t, b, s), f32s(t, c.StateOut), 1e-5)
+			maxRel(t, "y", get(t, b, y), fixture.F32FromBase64(t, c.Y), 1e-5)
+			maxRel(t, "state", get(t, b, s), fixture.F32FromBase64(t, c.StateOut), 1e-5)
 		})
 	}
 }
@@ -109,11 +95,11 @@ func maxRel(t *testing.T, name string, got, want []float32, tol float64) {
 func TestGatedDeltaSplitInvariant(t *testing.T) {
 	b := newBackend(2)
 	c := deltaFixture(t)[2]
-	q, k, v := f32s(t, c.Q), f32s(t, c.K), f32s(t, c.V)
-	g, beta := b.DeltaGates(b.FromFloat32(f32s(t, c.A), c.L, c.Hv), b.FromFloat32(f32s(t, c.B), c.L, c.Hv),
-		b.FromFloat32(f32s(t, c.ALog), c.Hv), b.FromFloat32(f32s(t, c.DtBias), c.Hv))
+	q, k, v := fixture.F32FromBase64(t, c.Q), fixture.F32FromBase64(t, c.K), fixture.F32FromBase64(t, c.V)
+	g, beta := b.DeltaGates(b.FromFloat32(fixture.F32FromBase64(t, c.A), c.L, c.Hv), b.FromFloat32(fixture.F32FromBase64(t, c.B), c.L, c.Hv),
+		b.FromFloat32(fixture.F32FromBase64(t, c.ALog), c.Hv), b.FromFloat32(fixture.F32FromBase64(t, c.DtBias), c.Hv))
 	gv, bv := get(t, b, g), get(t, b, beta)
-	state0 := f32s(t, c.State)
+	state0 := fixture.F32FromBase64(t, c.State)
 	run := func(lo, hi int, st engine.Array) (engine.Array, engine.Array) {
 		n := hi - lo
 		qk := c.Hk * c.Dk

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 )
 
 // TestGatedDeltaMatchesMLXLMOnMLX: DeltaGates and GatedDelta on MLX give
@@ -58,7 +59,7 @@ func TestGatedDeltaMatchesMLXLMOnMLX(t *testing.T) {
 	}
 	for _, c := range fx.Cases {
 		n := func(k string) int { return int(c[k].(float64)) }
-		f := func(k string) []float32 { return decodeF32(t, c[k].(string)) }
+		f := func(k string) []float32 { return fixture.F32FromBase64(t, c[k].(string)) }
 		L, Hk, Hv, Dk, Dv := n("L"), n("Hk"), n("Hv"), n("Dk"), n("Dv")
 		t.Run(c["name"].(string), func(t *testing.T) {
 			g, beta := b.DeltaGates(b.FromFloat32(f("a"), L, Hv), b.FromFloat32(f("b"), L, Hv), b.FromFloat32(f("A_log"), Hv), b.FromFloat32(f("dt_bias"), Hv))
