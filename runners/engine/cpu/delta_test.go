@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"encoding/json"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -75,17 +74,8 @@ func TestGatedDeltaMatchesMLXLM(t *testing.T) {
 // maxRel fails when some |got−want| exceeds tol times the largest |want|.
 func maxRel(t *testing.T, name string, got, want []float32, tol float64) {
 	t.Helper()
-	if len(got) != len(want) {
-		t.Fatalf("%s: %d values, want %d", name, len(got), len(want))
-	}
-	var scale, worst float64
-	for i := range want {
-		scale = max(scale, math.Abs(float64(want[i])))
-		worst = max(worst, math.Abs(float64(got[i]-want[i])))
-	}
-	t.Logf("%s: max |diff| %.3g, scale %.3g", name, worst, scale)
-	if worst > tol*scale || math.IsNaN(worst) {
-		t.Fatalf("%s: max |diff| %g > %g × %g", name, worst, tol, scale)
+	if !fixture.MaxRel(t, name, got, want, tol) {
+		t.FailNow()
 	}
 }
 

@@ -44,18 +44,7 @@ func TestGatedDeltaMatchesMLXLMOnMLX(t *testing.T) {
 	}
 	near := func(name string, got, want []float32, tol float64) {
 		t.Helper()
-		if len(got) != len(want) {
-			t.Fatalf("%s: %d values, want %d", name, len(got), len(want))
-		}
-		var scale, worst float64
-		for i := range want {
-			scale = max(scale, math.Abs(float64(want[i])))
-			worst = max(worst, math.Abs(float64(got[i]-want[i])))
-		}
-		t.Logf("%s: max |diff| %.3g, scale %.3g", name, worst, scale)
-		if worst > tol*scale || math.IsNaN(worst) {
-			t.Errorf("%s: max |diff| %g > %g × %g", name, worst, tol, scale)
-		}
+		fixture.MaxRel(t, name, got, want, tol)
 	}
 	for _, c := range fx.Cases {
 		n := func(k string) int { return int(c[k].(float64)) }
