@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -48,10 +47,12 @@ type loadResult struct {
 	// requests that failed otherwise (transport, mid-stream error).
 	Status map[int]int `json:"status,omitempty"`
 	Failed int         `json:"failed"`
-	// MinInFlightAt429 is the fewest of this client's requests in flight
-	// (the refused one included) when a 429 came back: with no other
-	// client, a 429 below max_batch+max_queue+1 would be a refusal before
-	// the queue was full.
+	// MinInFlightAt429 is, over the 429s, the fewest of this client's
+	// requests in flight (the refused one included) at the most crowded
+	// moment between sending the refused request and reading its answer:
+	// with no other client, a runner whose queue of Q was full held Q
+	// waiting requests then, so a number ≤ Q would be a refusal before the
+	// queue was full.
 	MinInFlightAt429 int     `json:"min_in_flight_at_429,omitempty"`
 	TTFTP50          float64 `json:"ttft_p50_s"`
 	TTFTP99          float64 `json:"ttft_p99_s"`
@@ -59,6 +60,36 @@ type loadResult struct {
 	LatencyP99       float64 `json:"latency_p99_s"`
 	AggregateTPS     float64 `json:"aggregate_generation_tokens_per_s"`
 	FirstError       string  `json:"first_error,omitempty"`
+}
+
+// flights tracks the requests in flight and, for each, the most that were
+// in flight at once during its life.
+type flights struct {
+	mu     sync.Mutex
+	active map[*int]struct{}
+}
+
+func (f *flights) begin() *int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.active == nil {
+		f.active = map[*int]struct{}{}
+	}
+	n := len(f.active) + 1
+	for p := range f.active {
+		*p = max(*p, n)
+	}
+	peak := n
+	f.active[&peak] = struct{}{}
+	return &peak
+}
+
+// end removes a request and returns its peak.
+func (f *flights) end(p *int) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.active, p)
+	return *p
 }
 
 // runLoad keeps n requests in flight for d: each worker builds one prompt
@@ -74,10 +105,10 @@ func (b *bencher) runLoad(ctx context.Context, pp, tg int, mode string, n int, d
 	}
 	res := loadResult{PP: pp, TG: tg, Mode: mode, Streams: n, Status: map[int]int{}}
 	var (
-		mu       sync.Mutex
-		runs     []benchRun
-		inFlight atomic.Int64
-		wg       sync.WaitGroup
+		mu   sync.Mutex
+		runs []benchRun
+		fl   flights
+		wg   sync.WaitGroup
 	)
 	t0 := time.Now()
 	end := t0.Add(d)
@@ -87,10 +118,10 @@ func (b *bencher) runLoad(ctx context.Context, pp, tg int, mode string, n int, d
 			defer wg.Done()
 			for time.Now().Before(end) && ctx.Err() == nil {
 				content := fmt.Sprintf("Run %08x.", rand.Uint32()) + strings.TrimPrefix(base[i], base[i][:len("Run 00000000.")])
-				now := inFlight.Add(1)
+				peak := fl.begin()
 				r, err := b.send(ctx, content, tg, mode)
-				inFlight.Add(-1)
 				mu.Lock()
+				now := fl.end(peak)
 				var he *httpStatusError
 				switch {
 				case err == nil:
@@ -98,8 +129,8 @@ func (b *bencher) runLoad(ctx context.Context, pp, tg int, mode string, n int, d
 					runs = append(runs, r)
 				case errors.As(err, &he):
 					res.Status[he.Code]++
-					if he.Code == http.StatusTooManyRequests && (res.MinInFlightAt429 == 0 || int(now) < res.MinInFlightAt429) {
-						res.MinInFlightAt429 = int(now)
+					if he.Code == http.StatusTooManyRequests && (res.MinInFlightAt429 == 0 || now < res.MinInFlightAt429) {
+						res.MinInFlightAt429 = now
 					}
 				default:
 					res.Failed++

@@ -58,3 +58,28 @@ func TestLoadErr(t *testing.T) {
 		}
 	}
 }
+
+// Each request's peak is the most in flight at once during its life.
+func TestFlights(t *testing.T) {
+	var f flights
+	a := f.begin() // 1
+	b := f.begin() // 2
+	if got := f.end(a); got != 2 {
+		t.Errorf("a peak %d, want 2", got)
+	}
+	c := f.begin() // b, c: 2
+	d := f.begin() // 3
+	if got := f.end(b); got != 3 {
+		t.Errorf("b peak %d, want 3", got)
+	}
+	if got := f.end(d); got != 3 {
+		t.Errorf("d peak %d, want 3", got)
+	}
+	e := f.begin() // c, e: 2
+	if got := f.end(e); got != 2 {
+		t.Errorf("e peak %d, want 2", got)
+	}
+	if got := f.end(c); got != 3 {
+		t.Errorf("c peak %d, want 3", got)
+	}
+}
