@@ -83,3 +83,23 @@ func TestFlights(t *testing.T) {
 		t.Errorf("c peak %d, want 3", got)
 	}
 }
+
+func TestPrintLoad(t *testing.T) {
+	var sb strings.Builder
+	err := printLoad(&sb, loadResult{PP: 300, TG: 32, Mode: "remote", Streams: 64, Duration: 60.2, OK: 10,
+		Status: map[int]int{503: 1, 429: 5}, MinInFlightAt429: 21, TTFTP50: 0.5, TTFTP99: 1.25, LatencyP50: 0.75, LatencyP99: 1.5,
+		AggregateTPS: 100, FirstError: "HTTP 503: down"})
+	out := sb.String()
+	for _, want := range []string{
+		"pp=300 tg=32 remote: 64 streams for 60.2s: 10 ok, 5 × HTTP 429, 1 × HTTP 503, 0 failed otherwise\n",
+		"429s came with at least 21 requests in flight",
+		"TTFT p50 0.500s p99 1.250s; latency p50 0.750s p99 1.500s; 100.0 gen tok/s together",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if err == nil || !strings.Contains(err.Error(), "1 requests failed other than with 429 (first: HTTP 503: down)") {
+		t.Errorf("err %v", err)
+	}
+}
