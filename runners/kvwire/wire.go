@@ -12,7 +12,7 @@ import (
 )
 
 // Version is the protocol version this package speaks (PROTOCOL.md §14).
-const Version uint16 = 2
+const Version uint16 = 3
 
 // Sizes of the fixed parts of the wire (PROTOCOL.md §2, §4, §8).
 const (
