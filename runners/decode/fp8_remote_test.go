@@ -4,11 +4,13 @@ import (
 	"context"
 	"math"
 	"net"
+	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
+	"github.com/exo-pd/exo-pd/runners/internal/testenv"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 	"github.com/exo-pd/exo-pd/runners/metrics"
 	"github.com/exo-pd/exo-pd/runners/prefill"
@@ -27,12 +29,31 @@ func TestFP8WireAgainstBF16(t *testing.T) {
 	if testing.Short() {
 		t.Skip("2,000 positions")
 	}
-	ctx := context.Background()
-	m, err := engine.Load(ctx, filepath.Join("..", "engine", "testdata", "reference", "qwen3_next"), cpu.New(2), engine.LoadOptions{})
+	m, err := engine.Load(context.Background(), filepath.Join("..", "engine", "testdata", "reference", "qwen3_next"), cpu.New(2), engine.LoadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
+	fp8AgainstBF16(t, m, 4, 601, 500)
+}
+
+// TestFP8WireAgainstBF16SmolLM2: the same on SmolLM2-135M (4 × 500
+// positions after 257-token wire prompts). Minutes on 2 cores, so it runs
+// only with EXO_FP8_SMOLLM2=1.
+func TestFP8WireAgainstBF16SmolLM2(t *testing.T) {
+	if os.Getenv("EXO_FP8_SMOLLM2") == "" {
+		t.Skip("set EXO_FP8_SMOLLM2=1 (minutes on 2 cores)")
+	}
+	m, err := engine.Load(context.Background(), testenv.SmolLM2(t), cpu.New(2), engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	fp8AgainstBF16(t, m, 4, 257, 500)
+}
+
+func fp8AgainstBF16(t *testing.T, m *engine.Model, prompts, plen, steps int) {
+	ctx := context.Background()
 	info := m.Info()
 	attn := 0
 	for l := range info.Layers {
@@ -60,14 +81,13 @@ func TestFP8WireAgainstBF16(t *testing.T) {
 	}
 	r16, r8 := remote(kvwire.DTypeBF16), remote(kvwire.DTypeF8E4M3)
 
-	const prompts, plen, steps = 4, 601, 500
 	var positions, agree int
 	minCos, sumCos := 1.0, 0.0
 	var low []float64
 	for p := range prompts {
 		prompt := make([]int32, plen)
 		for i := range prompt {
-			prompt[i] = int32(3 + (i*37+p*101+i*i*7)%500)
+			prompt[i] = int32(3 + (i*37+p*101+i*i*7)%min(500, info.Vocab-3))
 		}
 		c16, c8 := m.NewCache(), m.NewCache()
 		st16, err := r16.Prefill(ctx, "a", prompt, 0, c16, nil)
