@@ -79,7 +79,10 @@ func fp8AgainstBF16(t *testing.T, m *engine.Model, prompts, plen, steps int) {
 		return &KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{}), Name: "m", Model: m, WireDType: dt,
 			Selector: kvwire.NewSelector([]kvwire.Endpoint{{Addr: l.Addr().String(), Link: kvwire.LinkLoopback}})}
 	}
-	r16, r8 := remote(kvwire.DTypeBF16), remote(kvwire.DTypeF8E4M3)
+	r32, r16, r8 := remote(kvwire.DTypeF32), remote(kvwire.DTypeBF16), remote(kvwire.DTypeF8E4M3)
+	// Context, not asserted: the same comparison of the bf16 wire against
+	// the f32 wire (bf16's own loss).
+	var baseMin, baseSum float64 = 1, 0
 
 	var positions, agree int
 	minCos, sumCos := 1.0, 0.0
@@ -89,7 +92,10 @@ func fp8AgainstBF16(t *testing.T, m *engine.Model, prompts, plen, steps int) {
 		for i := range prompt {
 			prompt[i] = int32(3 + (i*37+p*101+i*i*7)%min(500, info.Vocab-3))
 		}
-		c16, c8 := m.NewCache(), m.NewCache()
+		c32, c16, c8 := m.NewCache(), m.NewCache(), m.NewCache()
+		if _, err := r32.Prefill(ctx, "f", prompt, 0, c32, nil); err != nil {
+			t.Fatal(err)
+		}
 		st16, err := r16.Prefill(ctx, "a", prompt, 0, c16, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -121,6 +127,12 @@ func fp8AgainstBF16(t *testing.T, m *engine.Model, prompts, plen, steps int) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			f, err := m.Forward(ctx, c32, []int32{last})
+			if err != nil {
+				t.Fatal(err)
+			}
+			bc := cosine(f, a)
+			baseMin, baseSum = math.Min(baseMin, bc), baseSum+bc
 			cs := cosine(a, b)
 			minCos = math.Min(minCos, cs)
 			sumCos += cs
@@ -147,6 +159,7 @@ func fp8AgainstBF16(t *testing.T, m *engine.Model, prompts, plen, steps int) {
 	}
 	frac := float64(agree) / float64(positions)
 	mean := sumCos / float64(positions)
+	t.Logf("baseline bf16 wire vs f32 wire: mean cosine %.6f, min %.6f", baseSum/float64(positions), baseMin)
 	t.Logf("%d positions: mean cosine %.6f, min %.6f, %d below 0.999 %v; top-1 agreement %.4f", positions, mean, minCos, len(low), low, frac)
 	if positions < 2000 || mean < 0.999 || frac < 0.99 {
 		t.Fatalf("%d positions: mean cosine %.6f (want ≥ 0.999), top-1 agreement %.4f (want ≥ 0.99)", positions, mean, frac)
