@@ -407,7 +407,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 		var router *decode.Router
 		var remote *decode.KVRemote
 		if f.route == "cost" {
-			router = newRouter(m, addrs)
+			router = newRouter(m, addrs, f.kvWireDType)
 		}
 		br := decode.NewBreaker(addrs, decode.BreakerOptions{IdleFloor: f.idleFloor,
 			OnChange: func(addr string, s decode.BreakerState) {
@@ -521,10 +521,15 @@ func listenError(addr string, err error) error {
 func fingerprintShort(fp engine.Fingerprint) string { return fmt.Sprintf("%x", fp[:8]) }
 
 // newRouter makes the decode runner's cost model: the KV bytes per token
-// on the wire from the model's geometry and cache dtype.
-func newRouter(m *engine.Model, addrs []string) *decode.Router {
+// on the wire from the model's geometry and the wire dtype (the cache's, or
+// one byte per element for fp8; its per-head scales are under 1 %).
+func newRouter(m *engine.Model, addrs []string, wireDType string) *decode.Router {
 	info := m.Info()
-	kv := float64(2 * info.Layers * info.KVHeads * info.HeadDim * info.CacheDType.Size())
+	size := info.CacheDType.Size()
+	if wireDType == "fp8" {
+		size = 1
+	}
+	kv := float64(2 * info.Layers * info.KVHeads * info.HeadDim * size)
 	return &decode.Router{Rates: decode.NewRates(), KVBytesPerToken: kv}
 }
 
