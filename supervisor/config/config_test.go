@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 const twoHosts = `[cluster]
@@ -482,5 +483,37 @@ prefill = { hosts = ["spark"], source = "mlx-community/Qwen3-8B-4bit" }
 	}
 	if len(c.API.OpenPaths) != 0 {
 		t.Errorf("open_paths = [] gave %q", c.API.OpenPaths)
+	}
+}
+
+// [supervisor] sets the liveness limits: Go durations, negative = off, 0
+// and non-durations refused at their file:line:col, unknown keys named.
+func TestSupervisorLiveness(t *testing.T) {
+	const model = "\n[[models]]\nname = \"m\"\nsource = \"org/m\"\ndecode = { hosts = [\"mac\"] }\n"
+	c, err := Parse("f.toml", []byte(twoHosts+"[supervisor]\nliveness_timeout = \"3s\"\nliveness_starting_timeout = \"-1s\"\n"+model))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Supervisor.Liveness != 3*time.Second || c.Supervisor.LivenessStarting != -time.Second {
+		t.Errorf("liveness %v, starting %v", c.Supervisor.Liveness, c.Supervisor.LivenessStarting)
+	}
+	c, err = Parse("f.toml", []byte(twoHosts+model))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Supervisor.Liveness != 0 || c.Supervisor.LivenessStarting != 0 {
+		t.Errorf("unset gave %v, %v; want 0 (the supervisor's defaults)", c.Supervisor.Liveness, c.Supervisor.LivenessStarting)
+	}
+	for _, tt := range []struct{ src, want string }{
+		{"liveness_timeout = \"10\"\n", `f.toml:13:1: liveness_timeout "10" is not a duration`},
+		{"liveness_timeout = \"0s\"\n", "f.toml:13:1: liveness_timeout must not be 0"},
+		{"x = 1\nliveness_starting_timeout = \"soon\"\n", `f.toml:14:1: liveness_starting_timeout "soon" is not a duration`},
+		{"liveness = \"5s\"\n", `f.toml:13:1: unknown key "liveness" (known keys here: liveness_timeout, liveness_starting_timeout)`},
+		{"liveness_timeout = 10\n", "liveness_timeout"},
+	} {
+		_, err := Parse("f.toml", []byte(twoHosts+"[supervisor]\n"+tt.src+model))
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%q: got %v, want %q", tt.src, err, tt.want)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 )
 
 var (
@@ -17,6 +18,27 @@ func (c *Config) validate() Errors {
 	var errs Errors
 	bad := func(p Pos, format string, args ...any) {
 		errs = append(errs, &Error{c.Path, p, fmt.Sprintf(format, args...)})
+	}
+	for _, d := range []struct {
+		key string
+		src string
+		dst *time.Duration
+	}{
+		{"liveness_timeout", c.Supervisor.LivenessTimeout, &c.Supervisor.Liveness},
+		{"liveness_starting_timeout", c.Supervisor.LivenessStartingTimeout, &c.Supervisor.LivenessStarting},
+	} {
+		if d.src == "" {
+			continue
+		}
+		v, err := time.ParseDuration(d.src)
+		switch {
+		case err != nil:
+			bad(c.at("supervisor", d.key), "%s %q is not a duration (write e.g. \"10s\" or \"2m\"; negative turns the check off)", d.key, d.src)
+		case v == 0:
+			bad(c.at("supervisor", d.key), "%s must not be 0 (negative turns the check off)", d.key)
+		default:
+			*d.dst = v
+		}
 	}
 	if c.Cluster.Name != "" && !nameRe.MatchString(c.Cluster.Name) {
 		bad(c.at("cluster", "name"), "cluster name %q: use letters, digits, '.', '_' and '-'", c.Cluster.Name)
