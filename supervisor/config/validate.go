@@ -145,6 +145,12 @@ func (c *Config) validate() Errors {
 		if r := m.RemotePrefillRoute; r != "" && r != "cost" && r != "floor" {
 			bad(c.at("models", i, "remote_prefill_route"), "%s: remote_prefill_route %q: want \"cost\" or \"floor\"", label, r)
 		}
+		if d := m.KVWireDType; d != "" && d != "fp8" {
+			bad(c.at("models", i, "kv_wire_dtype"), "%s: kv_wire_dtype %q: want \"fp8\" (or leave it out for the cache's dtype)", label, d)
+		}
+		if m.KVWireDType != "" && m.Prefill == nil {
+			bad(c.at("models", i, "kv_wire_dtype"), "%s: kv_wire_dtype needs [models.prefill] runners", label)
+		}
 		if m.MaxQueue < 0 {
 			bad(c.at("models", i, "max_queue"), "%s: max_queue must not be negative", label)
 		}
