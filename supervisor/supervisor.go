@@ -131,7 +131,7 @@ func Run(ctx context.Context, o Options) error {
 		Instance:    func(runner string) string { return s.set.Instance(runner) },
 		RunnerError: func(runner string) string { return s.set.LastError(runner) }})
 	s.gw.SetConfig(cfg, s.host)
-	s.set = reconcile.New(reconcile.Options{Executable: o.Executable, ExtraEnv: o.ExtraEnv, Process: withLogger(o.Process, s.log)})
+	s.set = reconcile.New(reconcile.Options{Executable: o.Executable, ExtraEnv: o.ExtraEnv, Process: withLogger(livenessFrom(o.Process, cfg), s.log)})
 
 	addr := o.APIListen
 	if addr == "" {
@@ -260,6 +260,19 @@ func (s *supervisor) shutdown(srv *http.Server) {
 	s.log.Info("stopped")
 }
 
+// livenessFrom fills the liveness limits the options leave unset (0: no
+// flag given) from the cluster file's [supervisor] table; what both leave
+// unset keeps process's defaults.
+func livenessFrom(po process.Options, c *config.Config) process.Options {
+	if po.Liveness.Ready == 0 {
+		po.Liveness.Ready = c.Supervisor.Liveness
+	}
+	if po.Liveness.Starting == 0 {
+		po.Liveness.Starting = c.Supervisor.LivenessStarting
+	}
+	return po
+}
+
 // load reads and checks the cluster file; digest is ClusterDigest of its bytes.
 func (s *supervisor) load() (c *config.Config, digest string, err error) {
 	if s.o.Embedded {
@@ -314,6 +327,11 @@ func (s *supervisor) reload(ctx context.Context, reason string) {
 	if old.API.Listen != c.API.Listen || old.API.Port != c.API.Port || old.API.APIKeyFile != c.API.APIKeyFile ||
 		!slices.Equal(old.API.OpenPaths, c.API.OpenPaths) { // cors_origins applies live
 		s.log.Warn("the [api] section changed; restart the supervisor to apply it", "old", old.API, "new", c.API)
+	}
+	if old.Supervisor.Liveness != c.Supervisor.Liveness || old.Supervisor.LivenessStarting != c.Supervisor.LivenessStarting {
+		s.log.Warn("the [supervisor] section changed; restart the supervisor to apply it",
+			"old", old.Supervisor.LivenessTimeout+"/"+old.Supervisor.LivenessStartingTimeout,
+			"new", c.Supervisor.LivenessTimeout+"/"+c.Supervisor.LivenessStartingTimeout)
 	}
 	// The key file itself is re-read on every reload (key rotation by
 	// rewriting the file and `systemctl reload exo`).

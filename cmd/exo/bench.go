@@ -24,7 +24,7 @@ import (
 )
 
 const benchUsage = `usage: exo bench [--url URL] [--model NAME] [--pp 512,2048] [--tg 64] [--repeat 3]
-                 [--concurrency N] [--compare-local] [--json]
+                 [--concurrency N] [--duration D] [--compare-local] [--json]
 
 Sends streaming chat requests whose prompts have exactly PP tokens after the
 model's chat template (built with the runner's POST /tokenize), generating TG
@@ -36,7 +36,12 @@ x_exo_disable_remote_prefill (the decode runner prefills locally) and the
 TTFT speedup of remote prefill is shown. With --concurrency N every run sends
 N such requests at once (each with its own nonce) and also reports the
 aggregate generation rate: all completion tokens over the run's wall time,
-which is what a decode runner's batching (--max-batch) raises.`
+which is what a decode runner's batching (--max-batch) raises.
+With --duration D (load mode) each prompt length instead keeps N requests
+in flight for D, one after another per stream, and reports how many
+succeeded, the non-200 answers by status, TTFT and request latency p50/p99
+and, for 429s, the fewest requests in flight when one came; it exits 1 if
+any request failed other than with 429.`
 
 // benchRun is one measured request.
 type benchRun struct {
@@ -78,6 +83,7 @@ func cmdBench(ctx context.Context, args []string) error {
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	timeout := fs.Duration("timeout", 30*time.Minute, "overall time limit")
 	conc := fs.Int("concurrency", 1, "requests sent at once in each run")
+	dur := fs.Duration("duration", 0, "load mode: keep --concurrency requests in flight this long per prompt length (instead of --repeat runs) and report counts by status, p50/p99 TTFT and latency")
 	if err := parseFlags(fs, benchUsage, args); err != nil {
 		return err
 	}
@@ -106,6 +112,32 @@ func cmdBench(ctx context.Context, args []string) error {
 	modes := []string{"remote"}
 	if *compare {
 		modes = append(modes, "local")
+	}
+	if *dur > 0 {
+		var loads []loadResult
+		var errs []error
+		for _, pp := range pps {
+			for _, mode := range modes {
+				r, err := b.runLoad(ctx, pp, *tg, mode, *conc, *dur)
+				if err != nil {
+					return fmt.Errorf("bench: pp=%d %s load: %w", pp, mode, err)
+				}
+				loads = append(loads, r)
+				if !*asJSON {
+					errs = append(errs, printLoad(os.Stdout, r))
+				} else {
+					errs = append(errs, loadErr(r))
+				}
+			}
+		}
+		if *asJSON {
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			if err := enc.Encode(map[string]any{"url": b.base, "model": b.model, "load": loads}); err != nil {
+				return err
+			}
+		}
+		return errors.Join(errs...)
 	}
 	var rows []benchRow
 	for _, pp := range pps {
@@ -278,7 +310,7 @@ func (b *bencher) do(ctx context.Context, method, path string, body any) (*http.
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return nil, fmt.Errorf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, strings.TrimSpace(string(msg)))
+		return nil, fmt.Errorf("%s %s: %w", method, path, &httpStatusError{resp.StatusCode, strings.TrimSpace(string(msg))})
 	}
 	return resp, nil
 }

@@ -33,7 +33,7 @@ import (
 const runnerUsage = `usage:
   exo runner decode  --model SRC --served-name NAME --listen HOST:PORT
                      [--prefill HOST:PORT[,HOST:PORT…]] [--remote-prefill-min-tokens N]
-                     [--prefill-connect-timeout D] [--prefill-idle-floor D]
+                     [--prefill-connect-timeout D] [--prefill-idle-floor D] [--kv-wire-dtype native|fp8]
                      [--secret-file F] [--backend cpu|mlx|auto] [--device gpu|cpu]
                      [--max-queue N] [--max-batch N] [--models-dir D] [--read-header-timeout D]
                      [--default-temperature X] [--default-top-p X] [--default-top-k N]
@@ -70,6 +70,7 @@ type runnerFlags struct {
 	testSlowLocal  time.Duration
 	connectTimeout time.Duration
 	idleFloor      time.Duration
+	kvWireDType    string
 	// prefill
 	metricsAddr string
 	cacheMiB    int
@@ -154,6 +155,7 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		fs.DurationVar(&f.testSlowLocal, "test-local-prefill-delay", 0, "TEST ONLY: extra time per 1000 tokens of local prefill (slows this host for routing tests)")
 		fs.StringVar(&f.route, "remote-prefill-route", "floor", "how a long prompt picks local or remote prefill: floor (the min tokens alone) or cost (predicted time from measured rates and links, the min tokens a floor)")
 		fs.DurationVar(&f.connectTimeout, "prefill-connect-timeout", time.Second, "connect + hello deadline of a prefill endpoint; past it the endpoint is skipped until it answers a probe")
+		fs.StringVar(&f.kvWireDType, "kv-wire-dtype", "native", "KV dtype asked of prefill runners: native (this cache's dtype) or fp8 (E4M3, per-head scales; half of bf16's bytes)")
 		fs.DurationVar(&f.idleFloor, "prefill-idle-floor", 3*time.Second, "shortest wait for the next KV frame (the deadline grows with the endpoint's measured chunk time)")
 	} else {
 		fs.StringVar(&f.metricsAddr, "metrics", "", "HTTP address for /health and /metrics")
@@ -181,6 +183,8 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --remote-prefill-route %q: want cost or floor", f.route)}
 	case f.role == "decode" && f.connectTimeout <= 0:
 		return nil, exitError{code: 2, msg: "runner: --prefill-connect-timeout must be positive"}
+	case f.role == "decode" && f.kvWireDType != "native" && f.kvWireDType != "fp8":
+		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --kv-wire-dtype %q: want native or fp8", f.kvWireDType)}
 	case f.role == "decode" && f.idleFloor <= 0:
 		return nil, exitError{code: 2, msg: "runner: --prefill-idle-floor must be positive"}
 	}
@@ -403,7 +407,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 		var router *decode.Router
 		var remote *decode.KVRemote
 		if f.route == "cost" {
-			router = newRouter(m, addrs)
+			router = newRouter(m, addrs, f.kvWireDType)
 		}
 		br := decode.NewBreaker(addrs, decode.BreakerOptions{IdleFloor: f.idleFloor,
 			OnChange: func(addr string, s decode.BreakerState) {
@@ -422,6 +426,9 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 			}})
 		remote = &decode.KVRemote{Client: client,
 			Selector: kvwire.NewSelector(eps), Name: f.name, Model: m, Breaker: br}
+		if f.kvWireDType == "fp8" {
+			remote.WireDType = kvwire.DTypeF8E4M3
+		}
 		o.Remote = remote
 		if router != nil {
 			router.Endpoints = func() []string {
@@ -450,7 +457,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 		}
 		gate.endpoints = br.Status
 		go remote.RunProbes(ctx, 0)
-		log.Info("remote prefill enabled", "endpoints", f.prefill, "min_tokens", f.minRemote, "route", f.route,
+		log.Info("remote prefill enabled", "endpoints", f.prefill, "min_tokens", f.minRemote, "route", f.route, "kv_wire_dtype", f.kvWireDType,
 			"connect_timeout", f.connectTimeout, "idle_floor", f.idleFloor)
 	}
 	srv := decode.New(o)
@@ -514,10 +521,15 @@ func listenError(addr string, err error) error {
 func fingerprintShort(fp engine.Fingerprint) string { return fmt.Sprintf("%x", fp[:8]) }
 
 // newRouter makes the decode runner's cost model: the KV bytes per token
-// on the wire from the model's geometry and cache dtype.
-func newRouter(m *engine.Model, addrs []string) *decode.Router {
+// on the wire from the model's geometry and the wire dtype (the cache's, or
+// one byte per element for fp8; its per-head scales are under 1 %).
+func newRouter(m *engine.Model, addrs []string, wireDType string) *decode.Router {
 	info := m.Info()
-	kv := float64(2 * info.Layers * info.KVHeads * info.HeadDim * info.CacheDType.Size())
+	size := info.CacheDType.Size()
+	if wireDType == "fp8" {
+		size = 1
+	}
+	kv := float64(2 * info.Layers * info.KVHeads * info.HeadDim * size)
 	return &decode.Router{Rates: decode.NewRates(), KVBytesPerToken: kv}
 }
 

@@ -20,6 +20,8 @@ func TestRunnerFlags(t *testing.T) {
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1"},
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "extra"},
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--remote-prefill-route", "fastest"},
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--kv-wire-dtype", "fp4"},
+		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--kv-wire-dtype", "fp8"}, // asked by decode runners
 	}
 	for _, args := range bad {
 		_, err := parseRunnerFlags(args)
@@ -33,7 +35,11 @@ func TestRunnerFlags(t *testing.T) {
 		t.Fatalf("%+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --remote-prefill-route cost"))
-	if err != nil || f.route != "cost" {
+	if err != nil || f.route != "cost" || f.kvWireDType != "native" {
+		t.Fatalf("%+v %v", f, err)
+	}
+	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --kv-wire-dtype fp8"))
+	if err != nil || f.kvWireDType != "fp8" {
 		t.Fatalf("%+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("prefill --model m.gguf --served-name s --listen 127.0.0.1:9 --metrics 127.0.0.1:10 --secret-file /s"))

@@ -31,8 +31,8 @@ func cmdSupervise(ctx context.Context, args []string) error {
 	host := fs.String("host", "", "this host's name in the cluster file (default: hostname, then a local address)")
 	listen := fs.String("listen", "", "API gateway address HOST:PORT (overrides [api] in the file)")
 	grace := fs.Duration("grace", 10*time.Second, "time runners get between SIGTERM and SIGKILL")
-	liveness := fs.Duration("liveness", 10*time.Second, "restart a ready runner whose /health stays unanswered this long (negative: never)")
-	livenessStart := fs.Duration("liveness-starting", 2*time.Minute, "the same before a runner's first ready answer (a loading runner answers 503, which counts)")
+	liveness := fs.Duration("liveness", 10*time.Second, "restart a ready runner whose /health stays unanswered this long (negative: never; overrides [supervisor] liveness_timeout)")
+	livenessStart := fs.Duration("liveness-starting", 2*time.Minute, "the same before a runner's first ready answer (a loading runner answers 503, which counts; overrides [supervisor] liveness_starting_timeout)")
 	readHeader := fs.Duration("read-header-timeout", 10*time.Second, "API connections that have not sent their headers within this are closed")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	logFormat := fs.String("log-format", "text", "text or json")
@@ -56,8 +56,20 @@ func cmdSupervise(ctx context.Context, args []string) error {
 	if *readHeader <= 0 {
 		return exitError{2, "--read-header-timeout must be positive"}
 	}
+	// Liveness flags given on the command line win over [supervisor] in the
+	// cluster file; left at 0, the supervisor takes the file's value or the
+	// default.
+	var live process.Liveness
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "liveness":
+			live.Ready = *liveness
+		case "liveness-starting":
+			live.Starting = *livenessStart
+		}
+	})
 	o := supervisor.Options{Host: *host, APIListen: *listen, Logger: log, ReadHeaderTimeout: *readHeader,
-		Process: process.Options{Grace: *grace, Liveness: process.Liveness{Ready: *liveness, Starting: *livenessStart}}}
+		Process: process.Options{Grace: *grace, Liveness: live}}
 	switch {
 	case *cfgPath != "":
 		o.ConfigPath = *cfgPath

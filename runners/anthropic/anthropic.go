@@ -216,21 +216,32 @@ func (h *Handler) Register(mux *http.ServeMux) {
 	mux.HandleFunc("/v1/messages/count_tokens", h.countTokens)
 }
 
-// countTokens answers POST /v1/messages/count_tokens: the prompt tokens the
-// same request would have ({"input_tokens": N}); max_tokens is not needed.
-func (h *Handler) countTokens(w http.ResponseWriter, r *http.Request) {
+// readRequest reads and strictly decodes a request body of the given shape
+// (content block types checked first); on an error it has answered the
+// client and returns false.
+func (h *Handler) readRequest(w http.ResponseWriter, r *http.Request, shape openai.Shape) (Request, bool) {
 	body, e := openai.ReadBody(w, r)
 	if e != nil {
 		h.fail(w, "", e)
-		return
+		return Request{}, false
 	}
 	if e := blockTypes(body, h.AcceptTools); e != nil {
 		h.fail(w, "", e)
-		return
+		return Request{}, false
 	}
 	var req Request
-	if e := openai.DecodeStrict(body, &req, countShape); e != nil {
+	if e := openai.DecodeStrict(body, &req, shape); e != nil {
 		h.fail(w, "", e)
+		return Request{}, false
+	}
+	return req, true
+}
+
+// countTokens answers POST /v1/messages/count_tokens: the prompt tokens the
+// same request would have ({"input_tokens": N}); max_tokens is not needed.
+func (h *Handler) countTokens(w http.ResponseWriter, r *http.Request) {
+	req, ok := h.readRequest(w, r, countShape)
+	if !ok {
 		return
 	}
 	if !h.served(req.Model) {
@@ -616,18 +627,8 @@ func (s *stream) Text(t string, _ *openai.TokenLogprob) error {
 }
 
 func (h *Handler) messages(w http.ResponseWriter, r *http.Request) {
-	body, e := openai.ReadBody(w, r)
-	if e != nil {
-		h.fail(w, "", e)
-		return
-	}
-	if e := blockTypes(body, h.AcceptTools); e != nil {
-		h.fail(w, "", e)
-		return
-	}
-	var req Request
-	if e := openai.DecodeStrict(body, &req, requestShape); e != nil {
-		h.fail(w, "", e)
+	req, ok := h.readRequest(w, r, requestShape)
+	if !ok {
 		return
 	}
 	if !h.served(req.Model) {

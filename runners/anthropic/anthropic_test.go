@@ -7,11 +7,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/exo-pd/exo-pd/runners/internal/testenv"
 	"github.com/exo-pd/exo-pd/runners/openai"
 )
 
@@ -72,20 +71,7 @@ func post(t *testing.T, url, body string) (int, string) {
 
 func golden(t *testing.T, name, got string) {
 	t.Helper()
-	path := filepath.Join("testdata", name+".golden")
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (go test -update writes it)", err)
-	}
-	if string(want) != got {
-		t.Errorf("%s:\n--- got\n%s\n--- want\n%s", name, got, want)
-	}
+	testenv.Golden(t, name, got, *update)
 }
 
 func TestMessagesGolden(t *testing.T) {

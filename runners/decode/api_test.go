@@ -36,8 +36,18 @@ type tinyServer struct {
 
 func newTinyServer(t *testing.T, defaults openai.Defaults) *tinyServer {
 	t.Helper()
+	return startTinyServer(t, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}, func(_ Text, o *Options) {
+		o.Defaults = defaults
+	})
+}
+
+// startTinyServer writes spec's model, loads it on the cpu backend and
+// serves it over HTTP by a decode Server whose Options configure may adjust
+// (text is the Server's Text).
+func startTinyServer(t *testing.T, spec testmodel.Spec, configure func(text Text, o *Options)) *tinyServer {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "tiny")
-	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}); err != nil {
+	if err := testmodel.Write(dir, spec); err != nil {
 		t.Fatal(err)
 	}
 	b, err := backend.Open("cpu", backend.Options{Threads: 1})
@@ -57,8 +67,11 @@ func newTinyServer(t *testing.T, defaults openai.Defaults) *tinyServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := New(Options{Name: "m", Model: m, Text: NewText(tok, tmpl), NewSampler: NewSampler, NewStopMatcher: NewStopMatcher,
-		MaxBatch: 2, CacheEntries: -1, Defaults: defaults})
+	text := NewText(tok, tmpl)
+	o := Options{Name: "m", Model: m, Text: text, NewSampler: NewSampler, NewStopMatcher: NewStopMatcher,
+		MaxBatch: 2, CacheEntries: -1}
+	configure(text, &o)
+	srv := New(o)
 	t.Cleanup(srv.Close)
 	mux := http.NewServeMux()
 	srv.Register(mux)

@@ -24,6 +24,16 @@ type KVRemote struct {
 	// Breaker, when set, skips endpoints that stopped answering and sizes
 	// each fetch's idle deadline; RunProbes closes it again.
 	Breaker *Breaker
+	// WireDType is the KV wire dtype asked of the prefill runner: 0 for the
+	// cache dtype, or kvwire.DTypeF8E4M3 (opt-in, --kv-wire-dtype fp8).
+	WireDType kvwire.DType
+}
+
+func (r *KVRemote) wireDType(cache engine.KVCache) kvwire.DType {
+	if r.WireDType != 0 {
+		return r.WireDType
+	}
+	return kvconv.Wire(cache.DType())
 }
 
 // errAllOpen: every prefill endpoint's circuit is open.
@@ -70,7 +80,7 @@ func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, st
 	// Windows (nil for full-attention models) is checked against the
 	// server's header: both sides must keep the same positions.
 	req := &kvwire.Request{ID: reqID, Model: r.Name, Fingerprint: fp, Tokens: prompt, StartPos: start,
-		DType: kvconv.Wire(cache.DType()), Deadline: r.Deadline}
+		DType: r.wireDType(cache), Deadline: r.Deadline}
 	exp := &kvwire.Expect{Fingerprint: fp, Kinds: kinds, Windows: info.Windows, KVHeads: info.KVHeads, HeadDim: info.HeadDim}
 	sink := &cacheSink{cache: cache, start: start}
 	var st kvwire.Stats
@@ -134,6 +144,19 @@ type cacheSink struct {
 	cache engine.KVCache
 	start int
 	wire  engine.DType
+	fp8   bool // FP8 wire: chunks are widened into the cache dtype
+	heads int
+}
+
+// widen decodes one FP8 K or V section into the cache dtype.
+func (s *cacheSink) widen(sec []byte, tokens int) ([]byte, error) {
+	to := kvconv.Wire(s.cache.DType())
+	g := s.cache.Geometry()
+	out := make([]byte, s.heads*tokens*g.HeadDim*to.Size())
+	if err := kvwire.DecodeFP8(out, to, sec, s.heads); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 func (s *cacheSink) Begin(h *kvwire.Header) error {
@@ -141,6 +164,11 @@ func (s *cacheSink) Begin(h *kvwire.Header) error {
 		return fmt.Errorf("%w: stream starts at %d, cache holds %d", kvwire.ErrCorrupt, h.TokenStart, s.start)
 	}
 	s.wire = kvconv.Engine(h.DType)
+	s.fp8 = h.DType == kvwire.DTypeF8E4M3
+	if s.fp8 {
+		s.wire = s.cache.DType() // widened straight into the cache dtype
+		s.heads = h.KVHeads
+	}
 	if s.wire == 0 {
 		return fmt.Errorf("%w: wire dtype %v", kvwire.ErrMismatch, h.DType)
 	}
@@ -159,6 +187,14 @@ func (s *cacheSink) Begin(h *kvwire.Header) error {
 
 func (s *cacheSink) Chunk(layer, tokenStart, tokenCount int, k, v []byte) error {
 	var err error
+	if s.fp8 {
+		if k, err = s.widen(k, tokenCount); err != nil {
+			return err
+		}
+		if v, err = s.widen(v, tokenCount); err != nil {
+			return err
+		}
+	}
 	if s.wire != s.cache.DType() {
 		if k, err = kvconv.Convert(k, s.wire, s.cache.DType()); err != nil {
 			return err
@@ -206,7 +242,7 @@ func (r *KVRemote) Calibrate(ctx context.Context, addr string, prompt []int32) (
 	defer cache.Free()
 	fp := kvwire.Fingerprint(r.Model.Fingerprint())
 	req := &kvwire.Request{ID: "calibrate", Model: r.Name, Fingerprint: fp, Tokens: prompt,
-		DType: kvconv.Wire(cache.DType()), Deadline: r.Deadline}
+		DType: r.wireDType(cache), Deadline: r.Deadline}
 	exp := &kvwire.Expect{Fingerprint: fp, Kinds: make([]kvwire.LayerKind, info.Layers), KVHeads: info.KVHeads, HeadDim: info.HeadDim}
 	st, err := r.Client.Fetch(ctx, addr, req, exp, &cacheSink{cache: cache})
 	return RemoteStats{Endpoint: addr, Bytes: st.PayloadBytes, Duration: st.Duration, Wait: st.WireWait}, err

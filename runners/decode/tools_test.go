@@ -3,20 +3,16 @@ package decode
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"math"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/chat"
-	"github.com/exo-pd/exo-pd/runners/engine"
-	"github.com/exo-pd/exo-pd/runners/engine/backend"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/grammar"
 	"github.com/exo-pd/exo-pd/runners/openai"
@@ -28,37 +24,10 @@ import (
 // exo runner wires it.
 func newGrammarServer(t *testing.T) *tinyServer {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "tiny")
-	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2, MaxPositions: 2048}); err != nil {
-		t.Fatal(err)
-	}
-	b, err := backend.Open("cpu", backend.Options{Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := engine.Load(context.Background(), dir, b, engine.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	tok, err := tokenizer.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl, err := chat.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := NewText(tok, tmpl)
-	g := &Grammars{Text: text}
-	srv := New(Options{Name: "m", Model: m, Text: text, NewSampler: NewSampler, NewStopMatcher: NewStopMatcher,
-		MaxBatch: 2, CacheEntries: -1, NewConstraint: g.NewConstraint, AcceptTools: true})
-	t.Cleanup(srv.Close)
-	mux := http.NewServeMux()
-	srv.Register(mux)
-	hs := httptest.NewServer(mux)
-	t.Cleanup(hs.Close)
-	return &tinyServer{url: hs.URL, model: m, tok: tok, dir: dir}
+	return startTinyServer(t, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2, MaxPositions: 2048}, func(text Text, o *Options) {
+		g := &Grammars{Text: text}
+		o.NewConstraint, o.AcceptTools = g.NewConstraint, true
+	})
 }
 
 type toolChatOut struct {

@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -47,19 +46,7 @@ func cluster(t *testing.T) string {
 		t.Fatal(err)
 	}
 	p := &proc{t: t, name: "supervise", done: make(chan struct{})}
-	p.cmd = exec.Command(exoBin, "supervise", "--config", file, "--host", "h")
-	p.cmd.Stdout, p.cmd.Stderr = p, p
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		p.stop()
-		if t.Failed() {
-			t.Logf("--- supervisor log:\n%s", tail(p.logs(), 6000))
-		}
-	})
+	p.launch(t, []string{"supervise", "--config", file, "--host", "h"}, "supervisor", 6000)
 	deadline := time.Now().Add(120 * time.Second)
 	for {
 		resp, err := http.Get("http://" + api + "/health")

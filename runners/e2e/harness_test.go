@@ -92,6 +92,26 @@ func (p *proc) logs() string {
 	return p.log.String()
 }
 
+// launch starts exo with args in its own process group, logging into p;
+// at cleanup it stops it and, when t failed, logs the last logTail bytes
+// of its output under label.
+func (p *proc) launch(t *testing.T, args []string, label string, logTail int) {
+	t.Helper()
+	p.cmd = exec.Command(exoBin, args...)
+	p.cmd.Stdout, p.cmd.Stderr = p, p
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.stop()
+		if t.Failed() {
+			t.Logf("--- %s log:\n%s", label, tail(p.logs(), logTail))
+		}
+	})
+}
+
 // start runs `exo runner ROLE args…` and waits for /health to say ok.
 func start(t *testing.T, name, role string, args ...string) *proc {
 	t.Helper()
@@ -113,19 +133,7 @@ func start(t *testing.T, name, role string, args ...string) *proc {
 		}
 	}
 	full = append(full, args...)
-	p.cmd = exec.Command(exoBin, full...)
-	p.cmd.Stdout, p.cmd.Stderr = p, p
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		p.stop()
-		if t.Failed() {
-			t.Logf("--- %s log:\n%s", p.name, tail(p.logs(), 4000))
-		}
-	})
+	p.launch(t, full, p.name, 4000)
 	deadline := time.Now().Add(120 * time.Second)
 	for {
 		select {

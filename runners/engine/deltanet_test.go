@@ -14,6 +14,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 	"github.com/exo-pd/exo-pd/runners/engine/weights"
 )
 
@@ -78,7 +79,7 @@ func testQwen3Next(t *testing.T, name string) {
 	}
 	defer m.Close()
 	for i, p := range fx.Prompts {
-		want := f32FromBase64(t, p.Logits)
+		want := fixture.F32FromBase64(t, p.Logits)
 		for _, chunk := range []int{0, 16} {
 			c := m.NewCache()
 			var logits []float32
@@ -216,7 +217,7 @@ func testHFLayout(t *testing.T, name string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cs := cosine32(logits, f32FromBase64(t, p.Logits))
+		cs := cosine32(logits, fixture.F32FromBase64(t, p.Logits))
 		greedy := greedyFrom(t, m, c, logits, len(p.Greedy))
 		t.Logf("prompt %d: cosine %.7f", i, cs)
 		if cs < 0.9999 || !slices.Equal(greedy, p.Greedy) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 )
 
 // TestGGUFQwen3MoeMatchesLlamaCpp loads a Qwen3-MoE GGUF that llama.cpp
@@ -51,7 +52,7 @@ func TestGGUFQwen3MoeMatchesLlamaCpp(t *testing.T) {
 		t.Fatalf("info %+v", info)
 	}
 	for i, p := range fx.Prompts {
-		want := f32FromBase64(t, p.Logits)
+		want := fixture.F32FromBase64(t, p.Logits)
 		got, err := m.Forward(ctx, m.NewCache(), p.Tokens)
 		if err != nil {
 			t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
+	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 	"github.com/exo-pd/exo-pd/runners/engine/weights"
 )
 
@@ -61,7 +62,7 @@ func TestMatchesMLXQuantizedReference(t *testing.T) {
 				minCos = 0.9999
 			}
 			for i, res := range fm.Results {
-				want := f32FromBase64(t, res.Logits)
+				want := fixture.F32FromBase64(t, res.Logits)
 				c := m.NewCache()
 				logits, err := m.Forward(ctx, c, fx.Prompts[i])
 				if err != nil {

@@ -2,8 +2,6 @@ package engine_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/engine/weights"
 )
@@ -53,22 +52,7 @@ func TestSlidingModelsMatchMLXReference(t *testing.T) {
 			if !ok {
 				t.Fatalf("fixture model %s is not in testmodel.SlidingSet", fm.Name)
 			}
-			dir := t.TempDir()
-			if err := testmodel.Write(dir, spec); err != nil {
-				t.Fatal(err)
-			}
-			st, err := os.ReadFile(filepath.Join(dir, "model.safetensors"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if sum := sha256.Sum256(st); hex.EncodeToString(sum[:]) != fm.SHA256 {
-				t.Fatalf("regenerated weights differ from the ones mlx-lm ran (sha256 %x)", sum)
-			}
-			m, err := engine.Load(ctx, dir, b, engine.LoadOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer m.Close()
+			m := loadRegenerated(t, ctx, b, spec, fm.SHA256)
 			wantW := []int{8, 8, 0, 8} // Gemma 3: every third layer global
 			if spec.Arch == "gptoss" {
 				wantW = []int{8, 0, 8, 0} // gpt-oss: alternating
@@ -78,7 +62,7 @@ func TestSlidingModelsMatchMLXReference(t *testing.T) {
 			}
 			for i, res := range fm.Results {
 				prompt := fx.Prompts[i]
-				want := f32FromBase64(t, res.Logits)
+				want := fixture.F32FromBase64(t, res.Logits)
 				for _, chunk := range []int{0, 5} {
 					c := m.NewCache()
 					if chunk > 0 {

@@ -3,8 +3,6 @@ package engine_test
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/base64"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"math"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 )
 
@@ -77,22 +76,7 @@ func TestMatchesMLXReference(t *testing.T) {
 			if !ok {
 				t.Fatalf("fixture model %s is not in testmodel.ReferenceSet", fm.Name)
 			}
-			dir := t.TempDir()
-			if err := testmodel.Write(dir, spec); err != nil {
-				t.Fatal(err)
-			}
-			st, err := os.ReadFile(filepath.Join(dir, "model.safetensors"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if sum := sha256.Sum256(st); hex.EncodeToString(sum[:]) != fm.SHA256 {
-				t.Fatalf("regenerated weights differ from the ones mlx-lm ran (sha256 %x)", sum)
-			}
-			m, err := engine.Load(ctx, dir, b, engine.LoadOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer m.Close()
+			m := loadRegenerated(t, ctx, b, spec, fm.SHA256)
 			f32 := spec.DType == engine.F32 || spec.DType == 0
 			dense := spec.QuantBits == 0 && f32
 			minCos := 0.999
@@ -102,7 +86,7 @@ func TestMatchesMLXReference(t *testing.T) {
 			}
 			for i, res := range fm.Results {
 				prompt := fx.Prompts[i]
-				want := f32FromBase64(t, res.Logits)
+				want := fixture.F32FromBase64(t, res.Logits)
 				c := m.NewCache()
 				logits, err := m.Forward(ctx, c, prompt)
 				if err != nil {
@@ -129,16 +113,26 @@ func TestMatchesMLXReference(t *testing.T) {
 	}
 }
 
-// f32FromBase64 decodes a fixture's little-endian float32 values.
-func f32FromBase64(t *testing.T, s string) []float32 {
+// loadRegenerated writes spec's model into a temporary directory, checks
+// that its safetensors are byte-identical to the ones mlx-lm ran (by
+// sha256) and loads it; the model is closed at cleanup.
+func loadRegenerated(t *testing.T, ctx context.Context, b engine.Backend, spec testmodel.Spec, wantSHA256 string) *engine.Model {
 	t.Helper()
-	b, err := base64.StdEncoding.DecodeString(s)
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, spec); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.ReadFile(filepath.Join(dir, "model.safetensors"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := make([]float32, len(b)/4)
-	for i := range out {
-		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	if sum := sha256.Sum256(st); hex.EncodeToString(sum[:]) != wantSHA256 {
+		t.Fatalf("regenerated weights differ from the ones mlx-lm ran (sha256 %x)", sum)
 	}
-	return out
+	m, err := engine.Load(ctx, dir, b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -38,6 +39,13 @@ func (s *discardSink) Chunk(layer, start, n int, k, v []byte) error {
 	if int64(len(k)) != s.h.KVBytes(n) || len(v) != len(k) {
 		s.t.Fatalf("sink got K %d / V %d bytes for %d tokens", len(k), len(v), n)
 	}
+	if s.h.DType == DTypeF8E4M3 { // widen as the decode runner does
+		for _, sec := range [][]byte{k, v} {
+			if err := DecodeFP8(make([]byte, 4*n*s.h.KVHeads*s.h.HeadDim), DTypeF32, sec, s.h.KVHeads); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
 func (s *discardSink) State(layer, end int, arrays [][]byte) error { return nil }
@@ -45,7 +53,11 @@ func (s *discardSink) Done(t Totals) error                         { return nil 
 func (s *discardSink) Rollback()                                   {}
 
 func fuzzStreamSeeds() [][]byte {
-	m := &testModel{fp: Fingerprint{1}, kinds: []LayerKind{LayerAttention, LayerRecurrent}, kvHeads: 1, headDim: 4, dtype: DTypeBF16, block: 3, tail: 1}
+	return append(streamSeeds(DTypeBF16), streamSeeds(DTypeF8E4M3)[0])
+}
+
+func streamSeeds(dt DType) [][]byte {
+	m := &testModel{fp: Fingerprint{1}, kinds: []LayerKind{LayerAttention, LayerRecurrent}, kvHeads: 2, headDim: 4, dtype: dt, block: 3, tail: 1}
 	req := &Request{Tokens: tokens(8)}
 	h := m.header(req)
 	var full bytes.Buffer
@@ -55,6 +67,12 @@ func fuzzStreamSeeds() [][]byte {
 	for s := h.TokenStart; s < h.TokenEnd; s += m.block {
 		n := min(m.block, h.TokenEnd-s)
 		k, v := m.chunkBytes(0, s, n)
+		if dt == DTypeF8E4M3 { // valid scales
+			for hd := range m.kvHeads {
+				le.PutUint32(k[4*hd:], math.Float32bits(0.5))
+				le.PutUint32(v[4*hd:], math.Float32bits(2))
+			}
+		}
 		full.Write(chunkFrame(0, s, n, k, v))
 		arrays := m.stateBytes(1, s+n)
 		full.Write(encodeStatePrefix(1, s+n, arrays))
@@ -232,5 +250,27 @@ func TestFuzzSeedStream(t *testing.T) {
 	}
 	if st.Chunks != 3 || st.States != 3 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestFP8StreamSeed: the fp8 seed of the fuzzers is a whole valid stream
+// (header, chunks widened by the sink, states, Done), so the fuzzer starts
+// from the real FP8 decode path.
+func TestFP8StreamSeed(t *testing.T) {
+	st := Stats{}
+	rs := &recvState{req: &Request{Tokens: tokens(8)}, sink: &discardSink{t: t}, lim: fuzzLimits, st: &st}
+	r := bytes.NewReader(streamSeeds(DTypeF8E4M3)[0])
+	for {
+		fr := readFrame(r, nil, fuzzLimits)
+		if fr.err != nil {
+			t.Fatal(fr.err)
+		}
+		done, err := rs.handle(&fr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done {
+			return
+		}
 	}
 }

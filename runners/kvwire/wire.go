@@ -12,7 +12,7 @@ import (
 )
 
 // Version is the protocol version this package speaks (PROTOCOL.md §14).
-const Version uint16 = 2
+const Version uint16 = 3
 
 // Sizes of the fixed parts of the wire (PROTOCOL.md §2, §4, §8).
 const (
@@ -68,6 +68,9 @@ const (
 	DTypeF32  DType = 1
 	DTypeF16  DType = 2
 	DTypeBF16 DType = 3
+	// DTypeF8E4M3 is FP8 E4M3 with a float32 scale per head per K and per
+	// V section of each Chunk (fp8.go); opt-in, attention KV only.
+	DTypeF8E4M3 DType = 4
 )
 
 // Size is the size of one element in bytes (0 for an invalid dtype).
@@ -77,6 +80,8 @@ func (d DType) Size() int {
 		return 4
 	case DTypeF16, DTypeBF16:
 		return 2
+	case DTypeF8E4M3:
+		return 1
 	}
 	return 0
 }
@@ -89,6 +94,8 @@ func (d DType) String() string {
 		return "f16"
 	case DTypeBF16:
 		return "bf16"
+	case DTypeF8E4M3:
+		return "fp8"
 	case 0:
 		return "native"
 	}
@@ -232,6 +239,9 @@ func (h *Header) LayerStart(layer int) int {
 
 // KVBytes is the size of K (and of V) for tokens positions of one layer.
 func (h *Header) KVBytes(tokens int) int64 {
+	if h.DType == DTypeF8E4M3 {
+		return int64(FP8Len(h.KVHeads, h.KVHeads*tokens*h.HeadDim))
+	}
 	return int64(h.KVHeads) * int64(tokens) * int64(h.HeadDim) * int64(h.DType.Size())
 }
 

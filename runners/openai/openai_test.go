@@ -9,11 +9,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/exo-pd/exo-pd/runners/internal/testenv"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -102,20 +102,7 @@ func post(t *testing.T, url, body string) (*http.Response, string) {
 
 func golden(t *testing.T, name, got string) {
 	t.Helper()
-	path := filepath.Join("testdata", name+".golden")
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to create it)", err)
-	}
-	if string(want) != got {
-		t.Errorf("%s differs from golden file:\n--- got\n%s\n--- want\n%s", name, got, want)
-	}
+	testenv.Golden(t, name, got, *update)
 }
 
 func TestSSEGolden(t *testing.T) {

@@ -121,6 +121,10 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 		wire = kvconv.Wire(cdt)
 	}
 	wdt := kvconv.Engine(wire)
+	fp8 := wire == kvwire.DTypeF8E4M3
+	if fp8 {
+		wdt = cdt // exported as is, then scaled into FP8 per head
+	}
 	if wdt == 0 {
 		return fmt.Errorf("%w: wire dtype %v", kvwire.ErrMismatch, wire)
 	}
@@ -182,6 +186,14 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 				if v, err = kvconv.Convert(v, cdt, wdt); err != nil {
 					return err
 				}
+				if fp8 {
+					if k, err = toFP8(k, cdt, p.info.KVHeads); err != nil {
+						return err
+					}
+					if v, err = toFP8(v, cdt, p.info.KVHeads); err != nil {
+						return err
+					}
+				}
 				if err := e.Chunk(l, ls, cnt, k, v); err != nil {
 					return err
 				}
@@ -236,4 +248,15 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 	p.log.Info("prefill served", "req", req.ID, "tokens", n, "start_pos", start, "cached", cached,
 		"computed", max(end-cached, 0), "bytes", sent, "wire_dtype", wire.String(), "duration", d)
 	return nil
+}
+
+// toFP8 scales one K or V export ([heads, t, head_dim] of the cache dtype)
+// into an FP8 wire section.
+func toFP8(b []byte, cdt engine.DType, heads int) ([]byte, error) {
+	from := kvconv.Wire(cdt)
+	out := make([]byte, kvwire.FP8Len(heads, len(b)/from.Size()))
+	if err := kvwire.EncodeFP8(out, b, from, heads); err != nil {
+		return nil, fmt.Errorf("%w: %v", kvwire.ErrRemoteInternal, err)
+	}
+	return out, nil
 }

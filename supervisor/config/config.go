@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/BurntSushi/toml"
 )
@@ -48,11 +49,13 @@ const (
 
 // Config is a loaded, defaulted and validated cluster file.
 type Config struct {
-	Path    string           `toml:"-"`
-	Cluster Cluster          `toml:"cluster"`
-	API     API              `toml:"api"`
-	Hosts   map[string]*Host `toml:"hosts"`
-	Models  []*Model         `toml:"models"`
+	Path    string  `toml:"-"`
+	Cluster Cluster `toml:"cluster"`
+	API     API     `toml:"api"`
+	// Supervisor tunes the supervisor itself (liveness limits).
+	Supervisor Supervisor       `toml:"supervisor"`
+	Hosts      map[string]*Host `toml:"hosts"`
+	Models     []*Model         `toml:"models"`
 
 	pos []keyPos
 }
@@ -88,6 +91,19 @@ type API struct {
 	CORSOrigins []string `toml:"cors_origins"`
 }
 
+// Supervisor is the [supervisor] table: how long a runner's /health may
+// stay unanswered before the supervisor restarts it. Values are Go
+// durations ("10s", "2m"); a negative one ("-1s") turns that check off, 0 is
+// refused; unset keys keep the defaults (10 s, 2 min). The supervise flags
+// --liveness and --liveness-starting, when given, win over the file.
+type Supervisor struct {
+	LivenessTimeout         string `toml:"liveness_timeout"`
+	LivenessStartingTimeout string `toml:"liveness_starting_timeout"`
+	// Liveness and LivenessStarting are the parsed values (0 = unset).
+	Liveness         time.Duration `toml:"-"`
+	LivenessStarting time.Duration `toml:"-"`
+}
+
 // KeyExemptPaths are the paths [api] open_paths may name.
 var KeyExemptPaths = []string{"/health", "/metrics"}
 
@@ -113,7 +129,11 @@ type Model struct {
 	// measured rates and links) or "floor" (the min tokens alone); "" =
 	// the runner's default, floor.
 	RemotePrefillRoute string `toml:"remote_prefill_route"`
-	MaxQueue           int    `toml:"max_queue"`
+	// KVWireDType is the KV dtype the decode runners ask of prefill runners
+	// (--kv-wire-dtype): "fp8" (E4M3 with per-head scales, half of bf16's
+	// bytes; opt-in, lossy) or "" = the decode cache's own dtype.
+	KVWireDType string `toml:"kv_wire_dtype"`
+	MaxQueue    int    `toml:"max_queue"`
 	// MaxBatch is how many generations a decode runner runs at once, their
 	// steps batched (--max-batch; 0 = the runner's default, 4).
 	MaxBatch int `toml:"max_batch"`
@@ -290,11 +310,12 @@ func keyCol(src string, line int, key string) int {
 }
 
 var knownKeys = map[string][]string{
-	"":                {"cluster", "api", "hosts", "models"},
+	"":                {"cluster", "api", "supervisor", "hosts", "models"},
 	"cluster":         {"name", "secret_file", "models_dir", "runner_port_base", "offline", "insecure"},
 	"api":             {"listen", "port", "api_key_file", "open_paths", "cors_origins"},
+	"supervisor":      {"liveness_timeout", "liveness_starting_timeout"},
 	"hosts.*":         {"address", "backend", "threads"},
-	"models":          {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "remote_prefill_route", "max_queue", "max_batch", "prefill_chunk", "prefill_connect_timeout_ms", "defaults"},
+	"models":          {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "remote_prefill_route", "kv_wire_dtype", "max_queue", "max_batch", "prefill_chunk", "prefill_connect_timeout_ms", "defaults"},
 	"models.defaults": {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"},
 	"models.decode":   {"hosts", "source", "port"},
 	"models.prefill":  {"hosts", "source", "port", "metrics_port", "prefix_cache_mib"},

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 const twoHosts = `[cluster]
@@ -47,7 +48,7 @@ decode = { hosts = ["mac"], source = "a", portt = 3 }
 `, []string{
 			`f.toml:14:1: unknown key "prot" (known keys here: listen, port, api_key_file, open_paths, cors_origins)`,
 			`f.toml:16:2: unknown key "extra" (known keys here: address, backend, threads)`,
-			`f.toml:21:1: unknown key "sauce" (known keys here: name, source, decode, prefill, remote_prefill_min_tokens, remote_prefill_route, max_queue, max_batch, prefill_chunk, prefill_connect_timeout_ms, defaults)`,
+			`f.toml:21:1: unknown key "sauce" (known keys here: name, source, decode, prefill, remote_prefill_min_tokens, remote_prefill_route, kv_wire_dtype, max_queue, max_batch, prefill_chunk, prefill_connect_timeout_ms, defaults)`,
 			`f.toml:22:43: unknown key "portt" (known keys here: hosts, source, port)`,
 		}},
 		{"unknown host", twoHosts + `
@@ -105,6 +106,7 @@ decode = { hosts = ["x"] }
 name = "x"
 remote_prefill_min_tokens = -1
 remote_prefill_route = "fastest"
+kv_wire_dtype = "fp4"
 prefill = { hosts = ["y"], source = "s" }
 
 [[models]]
@@ -123,8 +125,20 @@ decode = { hosts = [] }
 			`f.toml:14:3: model x has no decode = { hosts = [...] }: every model needs at least one decode runner`,
 			`f.toml:16:1: model x: remote_prefill_min_tokens must be at least 1`,
 			`f.toml:17:1: model x: remote_prefill_route "fastest": want "cost" or "floor"`,
-			`f.toml:21:1: model "x" is defined twice (first as models[1])`,
-			`f.toml:23:1: model x: decode.hosts is empty`,
+			`f.toml:18:1: model x: kv_wire_dtype "fp4": want "fp8" (or leave it out for the cache's dtype)`,
+			`f.toml:22:1: model "x" is defined twice (first as models[1])`,
+			`f.toml:24:1: model x: decode.hosts is empty`,
+		}},
+		{"fp8 without prefill", `[hosts.h]
+address = "127.0.0.1"
+backend = "cpu"
+[[models]]
+name = "m"
+source = "s"
+kv_wire_dtype = "fp8"
+decode = { hosts = ["h"] }
+`, []string{
+			`f.toml:7:1: model m: kv_wire_dtype needs [models.prefill] runners`,
 		}},
 		{"empty", "", []string{
 			`f.toml:1:1: no hosts: add at least one [hosts.NAME] table with address and backend`,
@@ -212,6 +226,7 @@ prefill_chunk = 512
 max_batch = 8
 prefill_connect_timeout_ms = 250
 remote_prefill_route = "cost"
+kv_wire_dtype = "fp8"
 decode = { hosts = ["h"] }
 prefill = { hosts = ["h"], prefix_cache_mib = 0 }
 `))
@@ -221,7 +236,7 @@ prefill = { hosts = ["h"], prefix_cache_mib = 0 }
 	rs := c.Runners("h")
 	want := [][]string{
 		{"runner", "decode", "--model", "s", "--served-name", "m", "--listen", "127.0.0.1:52500", "--prefill", "127.0.0.1:52501",
-			"--remote-prefill-min-tokens", "256", "--remote-prefill-route", "cost", "--prefill-connect-timeout", "250ms", "--backend", "cpu", "--max-batch", "8", "--prefill-chunk", "512", "--threads", "2", "--offline"},
+			"--remote-prefill-min-tokens", "256", "--remote-prefill-route", "cost", "--kv-wire-dtype", "fp8", "--prefill-connect-timeout", "250ms", "--backend", "cpu", "--max-batch", "8", "--prefill-chunk", "512", "--threads", "2", "--offline"},
 		{"runner", "prefill", "--model", "s", "--served-name", "m", "--listen", "127.0.0.1:52501", "--metrics", "127.0.0.1:52502",
 			"--backend", "cpu", "--prefill-chunk", "512", "--prefix-cache-mib", "0", "--threads", "2", "--offline"},
 	}
@@ -468,5 +483,37 @@ prefill = { hosts = ["spark"], source = "mlx-community/Qwen3-8B-4bit" }
 	}
 	if len(c.API.OpenPaths) != 0 {
 		t.Errorf("open_paths = [] gave %q", c.API.OpenPaths)
+	}
+}
+
+// [supervisor] sets the liveness limits: Go durations, negative = off, 0
+// and non-durations refused at their file:line:col, unknown keys named.
+func TestSupervisorLiveness(t *testing.T) {
+	const model = "\n[[models]]\nname = \"m\"\nsource = \"org/m\"\ndecode = { hosts = [\"mac\"] }\n"
+	c, err := Parse("f.toml", []byte(twoHosts+"[supervisor]\nliveness_timeout = \"3s\"\nliveness_starting_timeout = \"-1s\"\n"+model))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Supervisor.Liveness != 3*time.Second || c.Supervisor.LivenessStarting != -time.Second {
+		t.Errorf("liveness %v, starting %v", c.Supervisor.Liveness, c.Supervisor.LivenessStarting)
+	}
+	c, err = Parse("f.toml", []byte(twoHosts+model))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Supervisor.Liveness != 0 || c.Supervisor.LivenessStarting != 0 {
+		t.Errorf("unset gave %v, %v; want 0 (the supervisor's defaults)", c.Supervisor.Liveness, c.Supervisor.LivenessStarting)
+	}
+	for _, tt := range []struct{ src, want string }{
+		{"liveness_timeout = \"10\"\n", `f.toml:13:1: liveness_timeout "10" is not a duration`},
+		{"liveness_timeout = \"0s\"\n", "f.toml:13:1: liveness_timeout must not be 0"},
+		{"x = 1\nliveness_starting_timeout = \"soon\"\n", `f.toml:14:1: liveness_starting_timeout "soon" is not a duration`},
+		{"liveness = \"5s\"\n", `f.toml:13:1: unknown key "liveness" (known keys here: liveness_timeout, liveness_starting_timeout)`},
+		{"liveness_timeout = 10\n", "liveness_timeout"},
+	} {
+		_, err := Parse("f.toml", []byte(twoHosts+"[supervisor]\n"+tt.src+model))
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%q: got %v, want %q", tt.src, err, tt.want)
+		}
 	}
 }

@@ -31,6 +31,7 @@ type Runner struct {
 	Prefill                []string `json:"prefill,omitempty"` // decode: prefill KV endpoints, file order
 	RemotePrefillMinTokens int      `json:"remote_prefill_min_tokens,omitempty"`
 	RemotePrefillRoute     string   `json:"remote_prefill_route,omitempty"` // decode: cost or floor; "" = the runner's default
+	KVWireDType            string   `json:"kv_wire_dtype,omitempty"`        // decode: fp8; "" = the cache's dtype
 	// PrefillConnectTimeoutMs: decode only; 0 = the runner's default.
 	PrefillConnectTimeoutMs int    `json:"prefill_connect_timeout_ms,omitempty"`
 	SecretFile              string `json:"secret_file,omitempty"`
@@ -68,6 +69,9 @@ func (r Runner) Args() []string {
 		a = append(a, "--remote-prefill-min-tokens", strconv.Itoa(r.RemotePrefillMinTokens))
 		if r.RemotePrefillRoute != "" {
 			a = append(a, "--remote-prefill-route", r.RemotePrefillRoute)
+		}
+		if r.KVWireDType != "" {
+			a = append(a, "--kv-wire-dtype", r.KVWireDType)
 		}
 		if r.PrefillConnectTimeoutMs > 0 {
 			a = append(a, "--prefill-connect-timeout", strconv.Itoa(r.PrefillConnectTimeoutMs)+"ms")
@@ -185,6 +189,7 @@ func (c *Config) AllRunners() []Runner {
 					ru.Prefill = slices.Clone(prefill)
 					ru.RemotePrefillMinTokens = m.RemotePrefillMinTokens
 					ru.RemotePrefillRoute = m.RemotePrefillRoute
+					ru.KVWireDType = m.KVWireDType
 					ru.PrefillConnectTimeoutMs = m.PrefillConnectTimeoutMs
 					if m.Defaults != nil {
 						d := *m.Defaults

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 )
 
 var (
@@ -17,6 +18,27 @@ func (c *Config) validate() Errors {
 	var errs Errors
 	bad := func(p Pos, format string, args ...any) {
 		errs = append(errs, &Error{c.Path, p, fmt.Sprintf(format, args...)})
+	}
+	for _, d := range []struct {
+		key string
+		src string
+		dst *time.Duration
+	}{
+		{"liveness_timeout", c.Supervisor.LivenessTimeout, &c.Supervisor.Liveness},
+		{"liveness_starting_timeout", c.Supervisor.LivenessStartingTimeout, &c.Supervisor.LivenessStarting},
+	} {
+		if d.src == "" {
+			continue
+		}
+		v, err := time.ParseDuration(d.src)
+		switch {
+		case err != nil:
+			bad(c.at("supervisor", d.key), "%s %q is not a duration (write e.g. \"10s\" or \"2m\"; negative turns the check off)", d.key, d.src)
+		case v == 0:
+			bad(c.at("supervisor", d.key), "%s must not be 0 (negative turns the check off)", d.key)
+		default:
+			*d.dst = v
+		}
 	}
 	if c.Cluster.Name != "" && !nameRe.MatchString(c.Cluster.Name) {
 		bad(c.at("cluster", "name"), "cluster name %q: use letters, digits, '.', '_' and '-'", c.Cluster.Name)
@@ -122,6 +144,12 @@ func (c *Config) validate() Errors {
 		}
 		if r := m.RemotePrefillRoute; r != "" && r != "cost" && r != "floor" {
 			bad(c.at("models", i, "remote_prefill_route"), "%s: remote_prefill_route %q: want \"cost\" or \"floor\"", label, r)
+		}
+		if d := m.KVWireDType; d != "" && d != "fp8" {
+			bad(c.at("models", i, "kv_wire_dtype"), "%s: kv_wire_dtype %q: want \"fp8\" (or leave it out for the cache's dtype)", label, d)
+		}
+		if m.KVWireDType != "" && m.Prefill == nil {
+			bad(c.at("models", i, "kv_wire_dtype"), "%s: kv_wire_dtype needs [models.prefill] runners", label)
 		}
 		if m.MaxQueue < 0 {
 			bad(c.at("models", i, "max_queue"), "%s: max_queue must not be negative", label)

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -86,18 +85,8 @@ func TestChaosDecodeHostStopped(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds exo and runs real runners")
 	}
-	for _, ip := range []string{"127.0.0.2", "127.0.0.3"} {
-		l, err := net.Listen("tcp", ip+":0")
-		if err != nil {
-			t.Skipf("loopback address %s unusable here: %v", ip, err)
-		}
-		l.Close()
-	}
-	root, dir := repoRoot(t), t.TempDir()
-	exe := filepath.Join(dir, "exo")
-	run(t, root, "go", "build", "-o", exe, "./cmd/exo")
-	model := filepath.Join(dir, "tiny")
-	run(t, root, "go", "run", "./runners/engine/testmodel/cmd/gen", "-arch", "llama", model)
+	needLoopbackHosts(t)
+	_, dir, exe, model := buildExoAndModel(t)
 	cfgPath := filepath.Join(dir, "cluster.toml")
 	base, apiPort := freePort(t), freePort(t)
 	if err := os.WriteFile(cfgPath, []byte(chaosCluster(base, model)), 0o644); err != nil {

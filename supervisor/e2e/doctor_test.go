@@ -89,18 +89,8 @@ func TestDoctor(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds exo and runs real runners")
 	}
-	for _, ip := range []string{"127.0.0.2", "127.0.0.3"} {
-		l, err := net.Listen("tcp", ip+":0")
-		if err != nil {
-			t.Skipf("loopback address %s unusable here: %v", ip, err)
-		}
-		l.Close()
-	}
-	root, dir := repoRoot(t), t.TempDir()
-	exe := filepath.Join(dir, "exo")
-	run(t, root, "go", "build", "-o", exe, "./cmd/exo")
-	model := filepath.Join(dir, "tiny")
-	run(t, root, "go", "run", "./runners/engine/testmodel/cmd/gen", "-arch", "llama", model)
+	needLoopbackHosts(t)
+	_, dir, exe, model := buildExoAndModel(t)
 
 	cfgPath, secret := filepath.Join(dir, "cluster.toml"), filepath.Join(dir, "secret")
 	if err := os.WriteFile(secret, []byte("right secret\n"), 0o600); err != nil {
@@ -111,24 +101,9 @@ func TestDoctor(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	hosts := map[string]*host{}
-	for _, hn := range []struct{ name, ip string }{{"spark", "127.0.0.2"}, {"mac", "127.0.0.3"}} {
-		h := &host{name: hn.name, api: fmt.Sprintf("%s:%d", hn.ip, apiPort), log: filepath.Join(dir, hn.name+".log")}
-		logf, err := os.Create(h.log)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h.cmd = exec.Command(exe, "supervise", "--config", cfgPath, "--host", hn.name, "--listen", h.api, "--grace", "3s")
-		h.cmd.Stdout, h.cmd.Stderr = logf, logf
-		h.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET=")
-		if err := h.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { h.cmd.Process.Kill(); h.cmd.Wait(); logf.Close() })
-		hosts[hn.name] = h
-	}
-	hosts["spark"].waitRunners(t, "tiny-prefill")
-	hosts["mac"].waitRunners(t, "tiny-decode")
+	spark, mac := startTwoHosts(t, exe, dir, cfgPath, apiPort)
+	spark.waitRunners(t, "tiny-prefill")
+	mac.waitRunners(t, "tiny-decode")
 
 	// 1. Healthy, seen from both hosts; mac measures its link to spark.
 	for _, hn := range []string{"spark", "mac"} {
@@ -169,7 +144,6 @@ func TestDoctor(t *testing.T) {
 
 	// 4. mac down and its gateway port taken by another program: mac's
 	// doctor says the port is taken; spark's says mac's ports are unreachable.
-	mac := hosts["mac"]
 	mac.cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan error, 1)
 	go func() { done <- mac.cmd.Wait() }()

@@ -207,10 +207,10 @@ func gone(pid int) bool {
 	return i > 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
 }
 
-func TestTwoHosts(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds exo and runs real runners")
-	}
+// needLoopbackHosts skips the test where 127.0.0.2 and 127.0.0.3, the two
+// hosts' addresses, cannot be listened on.
+func needLoopbackHosts(t *testing.T) {
+	t.Helper()
 	for _, ip := range []string{"127.0.0.2", "127.0.0.3"} {
 		l, err := net.Listen("tcp", ip+":0")
 		if err != nil {
@@ -218,20 +218,27 @@ func TestTwoHosts(t *testing.T) {
 		}
 		l.Close()
 	}
-	root, dir := repoRoot(t), t.TempDir()
-	exe := filepath.Join(dir, "exo")
-	run(t, root, "go", "build", "-o", exe, "./cmd/exo")
-	model := filepath.Join(dir, "tiny")
-	run(t, root, "go", "run", "./runners/engine/testmodel/cmd/gen", "-arch", "llama", model)
+}
 
-	cfgPath, secret := filepath.Join(dir, "cluster.toml"), filepath.Join(dir, "secret")
-	if err := os.WriteFile(secret, []byte("e2e secret\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	base, apiPort := freePort(t), freePort(t)
-	if err := os.WriteFile(cfgPath, []byte(cluster(base, model, "mac", secret)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+// buildExoAndModel builds the exo binary and generates the tiny llama model
+// in a fresh temporary directory, returned with their paths and the
+// repository root.
+func buildExoAndModel(t *testing.T) (root, dir, exe, model string) {
+	t.Helper()
+	root = repoRoot(t)
+	dir = t.TempDir()
+	exe = filepath.Join(dir, "exo")
+	run(t, root, "go", "build", "-o", exe, "./cmd/exo")
+	model = filepath.Join(dir, "tiny")
+	run(t, root, "go", "run", "./runners/engine/testmodel/cmd/gen", "-arch", "llama", model)
+	return root, dir, exe, model
+}
+
+// startTwoHosts starts `exo supervise` for spark (127.0.0.2) and mac
+// (127.0.0.3) on cfgPath, each logging to dir/<name>.log and killed at
+// cleanup.
+func startTwoHosts(t *testing.T, exe, dir, cfgPath string, apiPort int) (spark, mac *host) {
+	t.Helper()
 	var hosts []*host
 	for _, hn := range []struct{ name, ip string }{{"spark", "127.0.0.2"}, {"mac", "127.0.0.3"}} {
 		h := &host{name: hn.name, api: fmt.Sprintf("%s:%d", hn.ip, apiPort), log: filepath.Join(dir, hn.name+".log")}
@@ -248,7 +255,26 @@ func TestTwoHosts(t *testing.T) {
 		t.Cleanup(func() { h.cmd.Process.Kill(); h.cmd.Wait(); logf.Close() })
 		hosts = append(hosts, h)
 	}
-	spark, mac := hosts[0], hosts[1]
+	return hosts[0], hosts[1]
+}
+
+func TestTwoHosts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds exo and runs real runners")
+	}
+	needLoopbackHosts(t)
+	_, dir, exe, model := buildExoAndModel(t)
+
+	cfgPath, secret := filepath.Join(dir, "cluster.toml"), filepath.Join(dir, "secret")
+	if err := os.WriteFile(secret, []byte("e2e secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base, apiPort := freePort(t), freePort(t)
+	if err := os.WriteFile(cfgPath, []byte(cluster(base, model, "mac", secret)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	spark, mac := startTwoHosts(t, exe, dir, cfgPath, apiPort)
+	hosts := []*host{spark, mac}
 	sparkPIDs := spark.waitRunners(t, "tiny-prefill")
 	macPIDs := mac.waitRunners(t, "tiny-decode")
 
@@ -351,11 +377,7 @@ func TestAPIKey(t *testing.T) {
 	if err := exec.Command("python3", "-c", "import openai").Run(); err != nil {
 		t.Skip("python3 with the openai package needed (scripts/run-tests installs it)")
 	}
-	root, dir := repoRoot(t), t.TempDir()
-	exe := filepath.Join(dir, "exo")
-	run(t, root, "go", "build", "-o", exe, "./cmd/exo")
-	model := filepath.Join(dir, "tiny")
-	run(t, root, "go", "run", "./runners/engine/testmodel/cmd/gen", "-arch", "llama", model)
+	root, dir, exe, model := buildExoAndModel(t)
 	keyFile := filepath.Join(dir, "api-key")
 	if err := os.WriteFile(keyFile, []byte("sk-exo-test-key\n"), 0o600); err != nil {
 		t.Fatal(err)

@@ -1,16 +1,14 @@
 package cpu
 
 import (
-	"encoding/base64"
-	"encoding/binary"
 	"encoding/json"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 )
 
 type deltaCase struct {
@@ -51,19 +49,6 @@ func deltaFixture(t *testing.T) []deltaCase {
 	return fx.Cases
 }
 
-func f32s(t *testing.T, s string) []float32 {
-	t.Helper()
-	raw, err := base64.StdEncoding.DecodeString(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := make([]float32, len(raw)/4)
-	for i := range out {
-		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
-	}
-	return out
-}
-
 // TestGatedDeltaMatchesMLXLM: the gates and the recurrence equal mlx-lm's
 // gated_delta_update on the fixture's random inputs (float32; 1e-5
 // relative to the largest value, summation order differs).
@@ -71,17 +56,17 @@ func TestGatedDeltaMatchesMLXLM(t *testing.T) {
 	b := newBackend(2)
 	for _, c := range deltaFixture(t) {
 		t.Run(c.Name, func(t *testing.T) {
-			g, beta := b.DeltaGates(b.FromFloat32(f32s(t, c.A), c.L, c.Hv), b.FromFloat32(f32s(t, c.B), c.L, c.Hv),
-				b.FromFloat32(f32s(t, c.ALog), c.Hv), b.FromFloat32(f32s(t, c.DtBias), c.Hv))
-			closeTo(t, "g", get(t, b, g), f32s(t, c.G), 1e-6)
-			closeTo(t, "beta", get(t, b, beta), f32s(t, c.Beta), 1e-6)
-			y, s := b.GatedDelta(b.FromFloat32(f32s(t, c.Q), c.L, c.Hk, c.Dk), b.FromFloat32(f32s(t, c.K), c.L, c.Hk, c.Dk),
-				b.FromFloat32(f32s(t, c.V), c.L, c.Hv, c.Dv), g, beta, b.FromFloat32(f32s(t, c.State), c.Hv, c.Dv, c.Dk))
+			g, beta := b.DeltaGates(b.FromFloat32(fixture.F32FromBase64(t, c.A), c.L, c.Hv), b.FromFloat32(fixture.F32FromBase64(t, c.B), c.L, c.Hv),
+				b.FromFloat32(fixture.F32FromBase64(t, c.ALog), c.Hv), b.FromFloat32(fixture.F32FromBase64(t, c.DtBias), c.Hv))
+			closeTo(t, "g", get(t, b, g), fixture.F32FromBase64(t, c.G), 1e-6)
+			closeTo(t, "beta", get(t, b, beta), fixture.F32FromBase64(t, c.Beta), 1e-6)
+			y, s := b.GatedDelta(b.FromFloat32(fixture.F32FromBase64(t, c.Q), c.L, c.Hk, c.Dk), b.FromFloat32(fixture.F32FromBase64(t, c.K), c.L, c.Hk, c.Dk),
+				b.FromFloat32(fixture.F32FromBase64(t, c.V), c.L, c.Hv, c.Dv), g, beta, b.FromFloat32(fixture.F32FromBase64(t, c.State), c.Hv, c.Dv, c.Dk))
 			if !slices.Equal(y.Shape(), []int{c.L, c.Hv, c.Dv}) || !slices.Equal(s.Shape(), []int{c.Hv, c.Dv, c.Dk}) {
 				t.Fatalf("shapes y %v state %v", y.Shape(), s.Shape())
 			}
-			maxRel(t, "y", get(t, b, y), f32s(t, c.Y), 1e-5)
-			maxRel(t, "state", get(t, b, s), f32s(t, c.StateOut), 1e-5)
+			maxRel(t, "y", get(t, b, y), fixture.F32FromBase64(t, c.Y), 1e-5)
+			maxRel(t, "state", get(t, b, s), fixture.F32FromBase64(t, c.StateOut), 1e-5)
 		})
 	}
 }
@@ -89,17 +74,8 @@ func TestGatedDeltaMatchesMLXLM(t *testing.T) {
 // maxRel fails when some |got−want| exceeds tol times the largest |want|.
 func maxRel(t *testing.T, name string, got, want []float32, tol float64) {
 	t.Helper()
-	if len(got) != len(want) {
-		t.Fatalf("%s: %d values, want %d", name, len(got), len(want))
-	}
-	var scale, worst float64
-	for i := range want {
-		scale = max(scale, math.Abs(float64(want[i])))
-		worst = max(worst, math.Abs(float64(got[i]-want[i])))
-	}
-	t.Logf("%s: max |diff| %.3g, scale %.3g", name, worst, scale)
-	if worst > tol*scale || math.IsNaN(worst) {
-		t.Fatalf("%s: max |diff| %g > %g × %g", name, worst, tol, scale)
+	if !fixture.MaxRel(t, name, got, want, tol) {
+		t.FailNow()
 	}
 }
 
@@ -109,11 +85,11 @@ func maxRel(t *testing.T, name string, got, want []float32, tol float64) {
 func TestGatedDeltaSplitInvariant(t *testing.T) {
 	b := newBackend(2)
 	c := deltaFixture(t)[2]
-	q, k, v := f32s(t, c.Q), f32s(t, c.K), f32s(t, c.V)
-	g, beta := b.DeltaGates(b.FromFloat32(f32s(t, c.A), c.L, c.Hv), b.FromFloat32(f32s(t, c.B), c.L, c.Hv),
-		b.FromFloat32(f32s(t, c.ALog), c.Hv), b.FromFloat32(f32s(t, c.DtBias), c.Hv))
+	q, k, v := fixture.F32FromBase64(t, c.Q), fixture.F32FromBase64(t, c.K), fixture.F32FromBase64(t, c.V)
+	g, beta := b.DeltaGates(b.FromFloat32(fixture.F32FromBase64(t, c.A), c.L, c.Hv), b.FromFloat32(fixture.F32FromBase64(t, c.B), c.L, c.Hv),
+		b.FromFloat32(fixture.F32FromBase64(t, c.ALog), c.Hv), b.FromFloat32(fixture.F32FromBase64(t, c.DtBias), c.Hv))
 	gv, bv := get(t, b, g), get(t, b, beta)
-	state0 := f32s(t, c.State)
+	state0 := fixture.F32FromBase64(t, c.State)
 	run := func(lo, hi int, st engine.Array) (engine.Array, engine.Array) {
 		n := hi - lo
 		qk := c.Hk * c.Dk

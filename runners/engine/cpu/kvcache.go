@@ -1,9 +1,7 @@
 package cpu
 
 import (
-	"encoding/binary"
 	"fmt"
-	"math"
 	"slices"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
@@ -23,8 +21,7 @@ type kvCache struct {
 }
 
 type kvLayer struct {
-	k32, v32 []float32
-	k16, v16 []uint16
+	kvWords
 	// extent is how far this layer holds valid data contiguously from 0:
 	// n after Append/Commit/Truncate, further after Import.
 	extent int
@@ -177,33 +174,7 @@ func (c *kvCache) Export(layer, start, n int) ([]byte, []byte, error) {
 	if start+n > max(c.n, l.extent) {
 		return nil, nil, fmt.Errorf("cpu: KV Export: range [%d, %d) past %d cached", start, start+n, max(c.n, l.extent))
 	}
-	es := c.dt.Size()
-	dh := c.g.HeadDim
-	kb := make([]byte, c.g.KVHeads*n*dh*es)
-	vb := make([]byte, len(kb))
-	for h := range c.g.KVHeads {
-		src := (h*c.cap + start) * dh
-		dst := h * n * dh
-		if nativeLittle {
-			if c.dt == engine.F32 {
-				copy(kb[4*dst:4*(dst+n*dh)], asBytes(l.k32[src:src+n*dh]))
-				copy(vb[4*dst:4*(dst+n*dh)], asBytes(l.v32[src:src+n*dh]))
-			} else {
-				copy(kb[2*dst:2*(dst+n*dh)], asBytes(l.k16[src:src+n*dh]))
-				copy(vb[2*dst:2*(dst+n*dh)], asBytes(l.v16[src:src+n*dh]))
-			}
-			continue
-		}
-		for i := range n * dh {
-			if c.dt == engine.F32 {
-				binary.LittleEndian.PutUint32(kb[4*(dst+i):], math.Float32bits(l.k32[src+i]))
-				binary.LittleEndian.PutUint32(vb[4*(dst+i):], math.Float32bits(l.v32[src+i]))
-			} else {
-				binary.LittleEndian.PutUint16(kb[2*(dst+i):], l.k16[src+i])
-				binary.LittleEndian.PutUint16(vb[2*(dst+i):], l.v16[src+i])
-			}
-		}
-	}
+	kb, vb := l.export(c.dt, c.g.KVHeads, c.g.HeadDim, c.cap, start, n)
 	return kb, vb, nil
 }
 
@@ -227,29 +198,7 @@ func (c *kvCache) Import(layer, start, n int, k, v []byte) error {
 	}
 	c.reserve(start + n)
 	l = &c.layers[layer]
-	for h := range c.g.KVHeads {
-		dst := (h*c.cap + start) * dh
-		src := h * n * dh
-		if nativeLittle {
-			if c.dt == engine.F32 {
-				copy(asBytes(l.k32[dst:dst+n*dh]), k[4*src:4*(src+n*dh)])
-				copy(asBytes(l.v32[dst:dst+n*dh]), v[4*src:4*(src+n*dh)])
-			} else {
-				copy(asBytes(l.k16[dst:dst+n*dh]), k[2*src:2*(src+n*dh)])
-				copy(asBytes(l.v16[dst:dst+n*dh]), v[2*src:2*(src+n*dh)])
-			}
-			continue
-		}
-		for i := range n * dh {
-			if c.dt == engine.F32 {
-				l.k32[dst+i] = math.Float32frombits(binary.LittleEndian.Uint32(k[4*(src+i):]))
-				l.v32[dst+i] = math.Float32frombits(binary.LittleEndian.Uint32(v[4*(src+i):]))
-			} else {
-				l.k16[dst+i] = binary.LittleEndian.Uint16(k[2*(src+i):])
-				l.v16[dst+i] = binary.LittleEndian.Uint16(v[2*(src+i):])
-			}
-		}
-	}
+	l.load(c.dt, c.g.KVHeads, dh, c.cap, start, n, k, v)
 	l.extent = max(have, start+n)
 	return nil
 }

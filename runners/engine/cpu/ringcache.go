@@ -1,9 +1,7 @@
 package cpu
 
 import (
-	"encoding/binary"
 	"fmt"
-	"math"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 )
@@ -32,8 +30,7 @@ type ringCache struct {
 // slab holds positions [base, base+cap) of one layer as [Hkv, cap, Dh].
 type slab struct {
 	base, cap int
-	k32, v32  []float32
-	k16, v16  []uint16
+	kvWords
 }
 
 type ringLayer struct {
@@ -264,63 +261,13 @@ func (c *ringCache) Export(layer, start, n int) ([]byte, []byte, error) {
 	if n > 0 && start < l.lo {
 		return nil, nil, fmt.Errorf("cpu: KV Export: layer %d (window %d) no longer holds position %d (holds from %d)", layer, l.w, start, l.lo)
 	}
-	es := c.dt.Size()
-	dh := c.g.HeadDim
-	kb := make([]byte, c.g.KVHeads*n*dh*es)
-	vb := make([]byte, len(kb))
-	s := &l.s
-	for h := range c.g.KVHeads {
-		src := (h*s.cap + start - s.base) * dh
-		dst := h * n * dh
-		if nativeLittle {
-			if c.dt == engine.F32 {
-				copy(kb[4*dst:4*(dst+n*dh)], asBytes(s.k32[src:src+n*dh]))
-				copy(vb[4*dst:4*(dst+n*dh)], asBytes(s.v32[src:src+n*dh]))
-			} else {
-				copy(kb[2*dst:2*(dst+n*dh)], asBytes(s.k16[src:src+n*dh]))
-				copy(vb[2*dst:2*(dst+n*dh)], asBytes(s.v16[src:src+n*dh]))
-			}
-			continue
-		}
-		for i := range n * dh {
-			if c.dt == engine.F32 {
-				binary.LittleEndian.PutUint32(kb[4*(dst+i):], math.Float32bits(s.k32[src+i]))
-				binary.LittleEndian.PutUint32(vb[4*(dst+i):], math.Float32bits(s.v32[src+i]))
-			} else {
-				binary.LittleEndian.PutUint16(kb[2*(dst+i):], s.k16[src+i])
-				binary.LittleEndian.PutUint16(vb[2*(dst+i):], s.v16[src+i])
-			}
-		}
-	}
+	kb, vb := l.s.export(c.dt, c.g.KVHeads, c.g.HeadDim, l.s.cap, start-l.s.base, n)
 	return kb, vb, nil
 }
 
 // read copies Export-layout bytes into positions [start, start+n) of s.
 func (c *ringCache) read(s *slab, start, n int, k, v []byte) {
-	dh := c.g.HeadDim
-	for h := range c.g.KVHeads {
-		dst := (h*s.cap + start - s.base) * dh
-		src := h * n * dh
-		if nativeLittle {
-			if c.dt == engine.F32 {
-				copy(asBytes(s.k32[dst:dst+n*dh]), k[4*src:4*(src+n*dh)])
-				copy(asBytes(s.v32[dst:dst+n*dh]), v[4*src:4*(src+n*dh)])
-			} else {
-				copy(asBytes(s.k16[dst:dst+n*dh]), k[2*src:2*(src+n*dh)])
-				copy(asBytes(s.v16[dst:dst+n*dh]), v[2*src:2*(src+n*dh)])
-			}
-			continue
-		}
-		for i := range n * dh {
-			if c.dt == engine.F32 {
-				s.k32[dst+i] = math.Float32frombits(binary.LittleEndian.Uint32(k[4*(src+i):]))
-				s.v32[dst+i] = math.Float32frombits(binary.LittleEndian.Uint32(v[4*(src+i):]))
-			} else {
-				s.k16[dst+i] = binary.LittleEndian.Uint16(k[2*(src+i):])
-				s.v16[dst+i] = binary.LittleEndian.Uint16(v[2*(src+i):])
-			}
-		}
-	}
+	s.load(c.dt, c.g.KVHeads, c.g.HeadDim, s.cap, start-s.base, n, k, v)
 }
 
 // Import writes positions [start, start+n) of one layer. A full layer may

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 )
 
 // TestGatedDeltaMatchesMLXLMOnMLX: DeltaGates and GatedDelta on MLX give
@@ -43,22 +44,11 @@ func TestGatedDeltaMatchesMLXLMOnMLX(t *testing.T) {
 	}
 	near := func(name string, got, want []float32, tol float64) {
 		t.Helper()
-		if len(got) != len(want) {
-			t.Fatalf("%s: %d values, want %d", name, len(got), len(want))
-		}
-		var scale, worst float64
-		for i := range want {
-			scale = max(scale, math.Abs(float64(want[i])))
-			worst = max(worst, math.Abs(float64(got[i]-want[i])))
-		}
-		t.Logf("%s: max |diff| %.3g, scale %.3g", name, worst, scale)
-		if worst > tol*scale || math.IsNaN(worst) {
-			t.Errorf("%s: max |diff| %g > %g × %g", name, worst, tol, scale)
-		}
+		fixture.MaxRel(t, name, got, want, tol)
 	}
 	for _, c := range fx.Cases {
 		n := func(k string) int { return int(c[k].(float64)) }
-		f := func(k string) []float32 { return decodeF32(t, c[k].(string)) }
+		f := func(k string) []float32 { return fixture.F32FromBase64(t, c[k].(string)) }
 		L, Hk, Hv, Dk, Dv := n("L"), n("Hk"), n("Hv"), n("Dk"), n("Dv")
 		t.Run(c["name"].(string), func(t *testing.T) {
 			g, beta := b.DeltaGates(b.FromFloat32(f("a"), L, Hv), b.FromFloat32(f("b"), L, Hv), b.FromFloat32(f("A_log"), Hv), b.FromFloat32(f("dt_bias"), Hv))

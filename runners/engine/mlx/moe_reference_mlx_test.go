@@ -3,16 +3,14 @@
 package mlx
 
 import (
-	"encoding/base64"
-	"encoding/binary"
 	"encoding/json"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 )
 
@@ -66,7 +64,7 @@ func TestMoEMatchesMLXLMOnMLX(t *testing.T) {
 				minCos = 0.9999
 			}
 			for i, res := range fm.Results {
-				want := decodeF32(t, res.Logits)
+				want := fixture.F32FromBase64(t, res.Logits)
 				c := m.NewCache()
 				logits := forward(t, m, c, fx.Prompts[i]...)
 				cs := cosine(logits, want)
@@ -90,17 +88,4 @@ func TestMoEMatchesMLXLMOnMLX(t *testing.T) {
 	if ran != 4 {
 		t.Fatalf("%d MoE models in the fixture, want 4", ran)
 	}
-}
-
-func decodeF32(t *testing.T, s string) []float32 {
-	t.Helper()
-	raw, err := base64.StdEncoding.DecodeString(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := make([]float32, len(raw)/4)
-	for i := range out {
-		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
-	}
-	return out
 }

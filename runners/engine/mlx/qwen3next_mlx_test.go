@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 )
 
 // TestQwen3NextMatchesMLXLMOnMLX runs the tiny Qwen3-Next model of
@@ -41,7 +43,7 @@ func testQwen3NextMLX(t *testing.T, b *backend, name string) {
 	}
 	m := load(t, filepath.Join("..", "testdata", "reference", name), b)
 	for i, p := range fx.Prompts {
-		want := decodeF32(t, p.Logits)
+		want := fixture.F32FromBase64(t, p.Logits)
 		for _, chunk := range []int{0, 16} {
 			c := m.NewCache()
 			var logits []float32

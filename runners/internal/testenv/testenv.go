@@ -1,7 +1,8 @@
 // Package testenv holds what tests under runners/ share to find real
-// inputs installed on this machine. Only _test.go files import it; it owns
-// no runner behaviour and must not import anything but runners/hf (which
-// resolves the models) and the standard library.
+// inputs installed on this machine and to check golden files. Only
+// _test.go files import it; it owns no runner behaviour and must not
+// import anything but runners/hf (which resolves the models) and the
+// standard library.
 package testenv
 
 import (
