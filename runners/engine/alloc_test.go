@@ -131,12 +131,27 @@ func checkDecodeAllocs(t *testing.T, m *engine.Model, prompt []int32, runs, slac
 // allocsPerStep is the total of testing.AllocsPerRun(1, f) over runs
 // calls: AllocsPerRun divides by its run count and truncates, so one
 // allocation in several runs would read as 0.
+//
+// AllocsPerRun counts the whole process's mallocs, so a stray runtime
+// allocation elsewhere (seen once in CI under load: 1 in 20 steps with one
+// thread) can land in a window. The least of three windows is returned: an
+// allocation the step itself makes shows in every window (at least runs),
+// a stray one does not.
 func allocsPerStep(runs int, f func()) float64 {
-	var n float64
-	for range runs {
-		n += testing.AllocsPerRun(1, f)
+	least := -1.0
+	for range 3 {
+		var n float64
+		for range runs {
+			n += testing.AllocsPerRun(1, f)
+		}
+		if least < 0 || n < least {
+			least = n
+		}
+		if least == 0 {
+			break
+		}
 	}
-	return n
+	return least
 }
 
 func sameBits(a, b []float32) bool {
