@@ -199,7 +199,8 @@ func TestDefault(t *testing.T) {
 	}
 	dec, pre := rs[0], rs[1]
 	if want := []string{"runner", "decode", "--model", "builtin:smollm2", "--served-name", "smollm2-135m",
-		"--listen", "127.0.0.1:52500", "--prefill", "127.0.0.1:52501", "--remote-prefill-min-tokens", "256", "--backend", "cpu"}; !slices.Equal(dec.Args(), want) {
+		"--listen", "127.0.0.1:52500", "--prefill", "127.0.0.1:52501", "--remote-prefill-min-tokens", "256",
+		"--default-temperature", "0.2", "--default-top-p", "0.9", "--backend", "cpu"}; !slices.Equal(dec.Args(), want) {
 		t.Errorf("decode args %q, want %q", dec.Args(), want)
 	}
 	if want := []string{"runner", "prefill", "--model", "builtin:smollm2", "--served-name", "smollm2-135m",
