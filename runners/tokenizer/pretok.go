@@ -291,22 +291,8 @@ func matchLlama3(s string, i int, maxDigits int) int {
 		}
 		return j
 	}
-	// here r is whitespace. `\s*[\r\n]+`: up to the run's last newline.
-	nl := -1
-	for j := i; j < len(s); {
-		r2, n2 := runeAt(s, j)
-		if classOf(r2) != clsSpace {
-			break
-		}
-		if r2 == '\r' || r2 == '\n' {
-			nl = j
-		}
-		j += n2
-	}
-	if nl >= 0 {
-		return nl + 1
-	}
-	return spaceTail(s, i)
+	// here r is whitespace.
+	return whitespaceEnd(s, i)
 }
 
 // bytesToRunes is GPT-2's reversible byte ↔ printable-rune mapping:
@@ -459,6 +445,13 @@ func matchO200k(s string, i int) int {
 		return j
 	}
 	// whitespace: `\s*[\r\n]+`, then `\s+(?!\S)|\s+`
+	return whitespaceEnd(s, i)
+}
+
+// whitespaceEnd is where the piece starting with the whitespace at s[i]
+// ends: `\s*[\r\n]+` (up to the run's last newline) when the run holds a
+// newline, else spaceTail's `\s+(?!\S)|\s+`.
+func whitespaceEnd(s string, i int) int {
 	nl := -1
 	for j := i; j < len(s); {
 		r2, n2 := runeAt(s, j)
