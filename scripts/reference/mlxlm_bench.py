@@ -29,7 +29,7 @@ def measure(name, run, n):
         dt, dc = time.perf_counter() - t, cpu() - c0
         if r > 0:
             rates.append(n / dt); cpus.append(1000 * dc / n)
-    print(f"mlx-lm {name}: best {max(rates):.1f} tok/s, reps {[round(x,1) for x in rates]}, cpu-ms/tok min {min(cpus):.1f}")
+    print(f"mlx-lm {name}: best {max(rates):.1f} tok/s, reps {[round(x,1) for x in rates]}, cpu-ms/tok min {min(cpus):.2f}")
 
 p = mx.array(prompt(prefill_len))[None]
 def prefill():

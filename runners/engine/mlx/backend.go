@@ -640,7 +640,15 @@ func (b *backend) eval(arrays ...*array) error {
 	}
 	b.evals++
 	if C.xmx_eval(&hs[0], C.size_t(len(hs))) != 0 {
-		return mlxErr("eval")
+		err := mlxErr("eval")
+		// An op that throws while its graph is being scheduled (GatherMM
+		// in bfloat16 on MLX's CPU: probeGatherMMHalf) leaves the ops
+		// already queued running on the stream's thread, writing buffers
+		// whose last handles the caller is about to free: wait for them
+		// (valgrind showed those writes after free, and heap corruption
+		// crashed later tests).
+		C.xmx_synchronize(b.stream)
+		return err
 	}
 	return nil
 }

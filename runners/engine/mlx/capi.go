@@ -30,6 +30,7 @@ static struct {
 	int (*device_is_available)(bool*, xmx_device);
 	int (*get_default_stream)(xmx_stream*, xmx_device);
 	int (*stream_free)(xmx_stream);
+	int (*synchronize)(xmx_stream);
 	int (*get_active_memory)(size_t*);
 	int (*get_cache_memory)(size_t*);
 	int (*clear_cache)(void);
@@ -151,6 +152,7 @@ int xmx_load(const char* path, const char* preload, char* err, size_t errlen) {
 	XMX_SYM(device_is_available, "mlx_device_is_available", 1);
 	XMX_SYM(get_default_stream, "mlx_get_default_stream", 1);
 	XMX_SYM(stream_free, "mlx_stream_free", 1);
+	XMX_SYM(synchronize, "mlx_synchronize", 0);
 	XMX_SYM(get_active_memory, "mlx_get_active_memory", 1);
 	XMX_SYM(get_cache_memory, "mlx_get_cache_memory", 1);
 	XMX_SYM(clear_cache, "mlx_clear_cache", 1);
@@ -245,6 +247,9 @@ int xmx_device_free(xmx_device dev) { return X.device_free(dev); }
 int xmx_device_available(bool* res, xmx_device dev) { return X.device_is_available(res, dev); }
 int xmx_default_stream(xmx_stream* res, xmx_device dev) { return X.get_default_stream(res, dev); }
 int xmx_stream_free(xmx_stream s) { return X.stream_free(s); }
+// xmx_synchronize waits until the stream has run everything queued on it
+// (0 where this mlx-c lacks mlx_synchronize).
+int xmx_synchronize(xmx_stream s) { return X.synchronize ? X.synchronize(s) : 0; }
 int xmx_active_memory(size_t* res) { return X.get_active_memory(res); }
 int xmx_cache_memory(size_t* res) { return X.get_cache_memory(res); }
 int xmx_clear_cache(void) { return X.clear_cache(); }
@@ -493,7 +498,7 @@ static int xmx_mask(xmx_array* res, int n, int kind) {
 	if (m == NULL) return 1;
 	for (int i = 0; i < n; i++)
 		for (int j = 0; j < n; j++)
-			m[i * n + j] = (kind == 0 && j < i) || (kind == 1 && j <= i) || (kind == 2 && j == i);
+			m[i * n + j] = (kind == 0 && j < i) || (kind == 1 && j <= i);
 	int shape[2] = {n, n};
 	*res = X.array_new_data(m, shape, 2, XMX_FLOAT32);
 	free(m);
@@ -505,10 +510,14 @@ static int xmx_mask(xmx_array* res, int n, int kind) {
 // rule): per head, with Γ the running product of g inside the chunk,
 // E[t,j] = Γt/Γj (j ≤ t), the chunk's pseudo-values U solve
 // (I + A) U = β(V − Γ K S0ᵀ) with A = strictly-lower(β E ⊙ K Kᵀ), the
-// inverse taken as Π (I + N^(2^m)), N = −A nilpotent; then
+// inverse taken as Π (I + N^(2^m)), N = −A nilpotent, applied factor by
+// factor to the right-hand side (X += N^(2^m) X: C²·dv flops each, where
+// forming the inverse would cost C³); then
 // Y = Γ Q S0ᵀ + lower(E ⊙ Q Kᵀ) U and S = Γ_C S0 + Uᵀ (Γ_C/Γ ⊙ K).
+// The masks are made once, for a full chunk; a shorter last chunk uses
+// their top-left corner.
 int xmx_gated_delta_chunked(xmx_array* y, xmx_array* state_out, xmx_array q, xmx_array k, xmx_array v, xmx_array g, xmx_array beta, xmx_array state, int L, int hv, int dv, int dk, int rep, int chunk, xmx_stream s) {
-	XMX_NEED(subtract); XMX_NEED(repeat_axis); XMX_NEED(log); XMX_NEED(cumsum); XMX_NEED(minimum); XMX_NEED(exp); XMX_NEED(negative);
+	XMX_NEED(subtract); XMX_NEED(repeat_axis); XMX_NEED(log); XMX_NEED(cumsum); XMX_NEED(minimum); XMX_NEED(maximum); XMX_NEED(exp); XMX_NEED(negative);
 	int rc = 0;
 	xmx_pool pool = {.n = 0};
 	xmx_pool top = {.n = 0};
@@ -518,10 +527,13 @@ int xmx_gated_delta_chunked(xmx_array* y, xmx_array* state_out, xmx_array q, xmx
 	xmx_array S = {NULL}, cat = {NULL};
 	int qdt = X.array_dtype(q);
 	const int perm[3] = {1, 0, 2}, perm2[2] = {1, 0};
-	xmx_array *qf, *kf, *qr, *kr, *qT, *kT, *vf, *vT, *gT, *bT, *lg, *zero;
+	xmx_array *qf, *kf, *qr, *kr, *qT, *kT, *vf, *vT, *gT, *bT, *lg, *lg0, *floor, *zero, *strict0, *lower0;
 	// Inputs as float32, heads first: [hv, L, d] and [hv, L].
 	#define XMX_TOP(var) var = xmx_new(&top); if (var == NULL) { rc = 1; goto out; }
 	XMX_TOP(qf) XMX_TOP(kf) XMX_TOP(qr) XMX_TOP(kr) XMX_TOP(qT) XMX_TOP(kT) XMX_TOP(vf) XMX_TOP(vT) XMX_TOP(gT) XMX_TOP(bT) XMX_TOP(lg) XMX_TOP(zero)
+	XMX_TOP(strict0) XMX_TOP(lower0)
+	if (rc == 0) rc = xmx_mask(strict0, chunk, 0);
+	if (rc == 0) rc = xmx_mask(lower0, chunk, 1);
 	XMX_DO(X.astype(qf, q, XMX_FLOAT32, s));
 	XMX_DO(X.astype(kf, k, XMX_FLOAT32, s));
 	XMX_DO(X.repeat_axis(qr, *qf, rep, 1, s));
@@ -532,7 +544,13 @@ int xmx_gated_delta_chunked(xmx_array* y, xmx_array* state_out, xmx_array q, xmx
 	XMX_DO(X.transpose_axes(vT, *vf, perm, 3, s));
 	XMX_DO(X.transpose_axes(gT, g, perm2, 2, s));
 	XMX_DO(X.transpose_axes(bT, beta, perm2, 2, s));
-	XMX_DO(X.log(lg, *gT, s));
+	XMX_TOP(lg0) XMX_TOP(floor)
+	XMX_DO(X.log(lg0, *gT, s));
+	// log g floored at −60: a gate that underflowed to 0 (large A·softplus)
+	// would make −inf and then NaN (−inf − −inf); e^−60 ≈ 1e−26 scales the
+	// state below float32's resolution of anything it is added to, as 0 does.
+	if (rc == 0) { *floor = X.array_new_float32(-60); rc = floor->ctx == NULL; }
+	XMX_DO(X.maximum(lg, *lg0, *floor, s));
 	if (rc == 0) { *zero = X.array_new_float32(0); rc = zero->ctx == NULL; }
 	if (rc == 0) {
 		xmx_array z = X.array_new_float32(0);
@@ -546,8 +564,8 @@ int xmx_gated_delta_chunked(xmx_array* y, xmx_array* state_out, xmx_array q, xmx
 		int col[3] = {hv, C, 1}, row[3] = {hv, 1, C}, last0[2] = {0, C - 1}, last1[2] = {hv, C}, g3[3] = {hv, 1, 1};
 		const int sw[3] = {0, 2, 1};
 		XMX_T(Qc) XMX_T(Kc) XMX_T(Vc) XMX_T(lc) XMX_T(bc) XMX_T(cl) XMX_T(G) XMX_T(clc) XMX_T(clr) XMX_T(D) XMX_T(Dm) XMX_T(E)
-		XMX_T(KtT) XMX_T(KK) XMX_T(strict) XMX_T(lower) XMX_T(I) XMX_T(b3) XMX_T(A0) XMX_T(A1) XMX_T(A) XMX_T(N)
-		XMX_T(S0T) XMX_T(KS) XMX_T(G3) XMX_T(GKS) XMX_T(VmG) XMX_T(B) XMX_T(R) XMX_T(U)
+		XMX_T(KtT) XMX_T(KK) XMX_T(strict) XMX_T(lower) XMX_T(b3) XMX_T(A0) XMX_T(A1) XMX_T(A) XMX_T(N)
+		XMX_T(S0T) XMX_T(KS) XMX_T(G3) XMX_T(GKS) XMX_T(VmG) XMX_T(B) XMX_T(NB) XMX_T(U)
 		XMX_T(QK) XMX_T(W0) XMX_T(W) XMX_T(QS) XMX_T(GQS) XMX_T(WU) XMX_T(Yc)
 		XMX_T(cll) XMX_T(dl0) XMX_T(dl1) XMX_T(dl) XMX_T(dl3) XMX_T(Kd) XMX_T(UT) XMX_T(UK) XMX_T(GC) XMX_T(GC3) XMX_T(S1) XMX_T(S2)
 		XMX_DO(X.slice(Qc, *qT, st3, 3, sp3q, 3, one3, 3, s));
@@ -564,13 +582,17 @@ int xmx_gated_delta_chunked(xmx_array* y, xmx_array* state_out, xmx_array q, xmx
 		XMX_DO(X.exp(E, *Dm, s));
 		XMX_DO(X.transpose_axes(KtT, *Kc, sw, 3, s));           // [hv, dk, C]
 		XMX_DO(X.matmul(KK, *Kc, *KtT, s));                    // k_t · k_j
-		if (rc == 0) rc = xmx_mask(strict, C, 0);
-		if (rc == 0) rc = xmx_mask(lower, C, 1);
-		if (rc == 0) rc = xmx_mask(I, C, 2);
+		xmx_array *sm = strict0, *lm = lower0;
+		if (C < chunk) {
+			int mst[2] = {0, 0}, msp[2] = {C, C};
+			XMX_DO(X.slice(strict, *strict0, mst, 2, msp, 2, one2, 2, s));
+			XMX_DO(X.slice(lower, *lower0, mst, 2, msp, 2, one2, 2, s));
+			sm = strict; lm = lower;
+		}
 		XMX_DO(X.reshape(b3, *bc, col, 3, s));                 // β_t per row
 		XMX_DO(X.multiply(A0, *E, *KK, s));
 		XMX_DO(X.multiply(A1, *A0, *b3, s));
-		XMX_DO(X.multiply(A, *A1, *strict, s));
+		XMX_DO(X.multiply(A, *A1, *sm, s));
 		XMX_DO(X.negative(N, *A, s));
 		XMX_DO(X.transpose_axes(S0T, S, sw, 3, s));            // [hv, dk, dv]
 		XMX_DO(X.matmul(KS, *Kc, *S0T, s));                    // [hv, C, dv]
@@ -578,24 +600,25 @@ int xmx_gated_delta_chunked(xmx_array* y, xmx_array* state_out, xmx_array q, xmx
 		XMX_DO(X.multiply(GKS, *G3, *KS, s));
 		XMX_DO(X.subtract(VmG, *Vc, *GKS, s));
 		XMX_DO(X.multiply(B, *VmG, *b3, s));
-		XMX_DO(X.add(R, *I, *N, s));                           // (I + N)
+		XMX_DO(X.matmul(NB, *N, *B, s));
+		XMX_DO(X.add(U, *B, *NB, s));                          // (I + N) B
 		if (rc == 0) {
-			xmx_array P = {NULL}, P2 = {NULL}, IP = {NULL}, R2 = {NULL};
+			// U = (I + N^(C/2))…(I + N²)(I + N) B, [hv, C, dv]
+			xmx_array P = {NULL}, P2 = {NULL}, PU = {NULL}, U2 = {NULL};
 			rc = X.add(&P, *N, *zero, s);
 			for (int p = 2; rc == 0 && p < C; p *= 2) {
 				rc = X.matmul(&P2, P, P, s);                       // N^(2^m)
-				if (rc == 0) rc = X.add(&IP, *I, P2, s);
-				if (rc == 0) rc = X.matmul(&R2, *R, IP, s);
-				if (rc == 0) { X.array_free(P); P = P2; P2.ctx = NULL; X.array_free(*R); *R = R2; R2.ctx = NULL; }
-				if (IP.ctx) { X.array_free(IP); IP.ctx = NULL; }
+				if (rc == 0) rc = X.matmul(&PU, P2, *U, s);
+				if (rc == 0) rc = X.add(&U2, *U, PU, s);
+				if (rc == 0) { X.array_free(P); P = P2; P2.ctx = NULL; X.array_free(*U); *U = U2; U2.ctx = NULL; }
+				if (PU.ctx) { X.array_free(PU); PU.ctx = NULL; }
 			}
 			if (P.ctx) X.array_free(P);
 			if (P2.ctx) X.array_free(P2);
 		}
-		XMX_DO(X.matmul(U, *R, *B, s));                        // [hv, C, dv]
 		XMX_DO(X.matmul(QK, *Qc, *KtT, s));
 		XMX_DO(X.multiply(W0, *E, *QK, s));
-		XMX_DO(X.multiply(W, *W0, *lower, s));
+		XMX_DO(X.multiply(W, *W0, *lm, s));
 		XMX_DO(X.matmul(QS, *Qc, *S0T, s));
 		XMX_DO(X.multiply(GQS, *G3, *QS, s));
 		XMX_DO(X.matmul(WU, *W, *U, s));

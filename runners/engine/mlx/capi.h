@@ -52,6 +52,7 @@ int xmx_device_free(xmx_device dev);
 int xmx_device_available(bool* res, xmx_device dev);
 int xmx_default_stream(xmx_stream* res, xmx_device dev);
 int xmx_stream_free(xmx_stream s);
+int xmx_synchronize(xmx_stream s);
 int xmx_active_memory(size_t* res);
 int xmx_cache_memory(size_t* res);
 int xmx_clear_cache(void);

@@ -57,15 +57,28 @@ func (b *backend) DeltaGates(a, bb, aLog, dtBias engine.Array) (engine.Array, en
 	})
 }
 
-// deltaChunk is the chunk of the chunked form of the gated delta rule,
-// which GatedDelta uses from 2·deltaChunk tokens on (prefill): a few dozen
-// matrix ops per chunk instead of a dozen small ops per token. It agrees
-// with the per-token form within float32 rounding (tests: 2e-5 of the
-// largest value over hundreds of tokens).
-const deltaChunk = 64
+// deltaChunkGPU and deltaChunkCPU are the chunk of the chunked form of
+// the gated delta rule, which GatedDelta uses from 2 chunks on (prefill):
+// a few dozen matrix ops per chunk instead of a dozen small ops per token.
+// It agrees with the per-token form within float32 rounding (tests: 2e-5
+// of the largest value over hundreds of tokens). Its arithmetic grows as
+// L·chunk·log₂ chunk (the chunk's triangular solve is log₂ chunk matrix
+// squares) and its op count as L/chunk: on a GPU, where a 64×64 product is
+// as cheap as an elementwise op, 64 (not measured: no GPU here); on MLX's
+// CPU backend, whose PyPI builds multiply with a reference BLAS, 16 (on
+// the tiny Qwen3-Next, 256 tokens: 64 cost ~1.7× the CPU time of 16, the
+// squares of 64×64 were two thirds of all flops; docs/BENCHMARKS.md).
+const (
+	deltaChunkGPU = 64
+	deltaChunkCPU = 16
+)
 
 func (b *backend) GatedDelta(q, k, v, g, beta, state engine.Array) (engine.Array, engine.Array) {
-	return b.gatedDelta(q, k, v, g, beta, state, deltaChunk)
+	chunk := deltaChunkCPU
+	if b.name == "mlx-gpu" {
+		chunk = deltaChunkGPU
+	}
+	return b.gatedDelta(q, k, v, g, beta, state, chunk)
 }
 
 // gatedDelta runs the chunked form with chunks of chunk tokens when L ≥

@@ -18,7 +18,9 @@ import (
 // mlx-lm's gated_delta_update results on the fixture's random inputs
 // (../testdata/reference/gated_delta.json), within 1e-5 of the largest
 // value, and running the tokens in two calls with the state carried gives
-// the one-call result (within 1e-6).
+// the one-call result (within 1e-6; 2e-5 where the one call takes the
+// chunked form: "long", 40 tokens, on the CPU, whose gates include one
+// that underflowed to 0, as mlx-lm computes it).
 func TestGatedDeltaMatchesMLXLMOnMLX(t *testing.T) {
 	raw, err := os.ReadFile(filepath.Join("..", "testdata", "reference", "gated_delta.json"))
 	if err != nil {
@@ -69,8 +71,12 @@ func TestGatedDeltaMatchesMLXLMOnMLX(t *testing.T) {
 			if L > 1 {
 				y1, s1 := run(0, L/2, b.FromFloat32(f("state"), Hv, Dv, Dk))
 				y2, s2 := run(L/2, L, s1)
-				near("split y", append(read(y1), read(y2)...), read(y), 1e-6)
-				near("split state", read(s2), read(s), 1e-6)
+				tol := 1e-6
+				if b.name != "mlx-gpu" && L >= 2*deltaChunkCPU {
+					tol = 2e-5 // one call chunked, two calls per token
+				}
+				near("split y", append(read(y1), read(y2)...), read(y), tol)
+				near("split state", read(s2), read(s), tol)
 			}
 		})
 	}
@@ -78,8 +84,9 @@ func TestGatedDeltaMatchesMLXLMOnMLX(t *testing.T) {
 
 // TestGatedDeltaChunkedEqualsRecurrent: the chunked (matrix) form of the
 // gated delta rule agrees with the per-token form on random inputs over
-// 300 tokens (chunks of 16, 64 and a ragged last one), in y and in the
-// final state, within 2e-5 of the largest value (1e-6 measured).
+// 300 tokens (chunks of 16, 64 and a ragged last one; a few gates 0), in
+// y and in the final state, within 2e-5 of the largest value (2e-6
+// measured).
 func TestGatedDeltaChunkedEqualsRecurrent(t *testing.T) {
 	b := newTestBackend(t)
 	p := newPair(t)
@@ -106,6 +113,16 @@ func TestGatedDeltaChunkedEqualsRecurrent(t *testing.T) {
 	v := b.FromFloat32(scaled(L*Hv*Dv, 1), L, Hv, Dv)
 	g, beta := b.DeltaGates(b.FromFloat32(scaled(L*Hv, 1), L, Hv), b.FromFloat32(scaled(L*Hv, 1), L, Hv),
 		b.FromFloat32([]float32{0.1, 0.5, 1, 2}, Hv), b.FromFloat32([]float32{0, 0.5, -0.5, 1}, Hv))
+	// A few gates exactly 0, as large A·softplus(a + dt_bias) underflow
+	// (mlx-lm's fixture has them): the chunked form works in log g.
+	keep := make([]float32, L*Hv)
+	for i := range keep {
+		keep[i] = 1
+	}
+	for _, i := range []int{5*Hv + 0, 70*Hv + 1, 70*Hv + 2, 200*Hv + 3, 255 * Hv} {
+		keep[i] = 0
+	}
+	g = b.Mul(g, b.FromFloat32(keep, L, Hv))
 	s0 := b.FromFloat32(scaled(Hv*Dv*Dk, 0.1), Hv, Dv, Dk)
 	yr, sr := b.gatedDelta(q, k, v, g, beta, s0, 0)
 	wantY, wantS := read(yr), read(sr)
