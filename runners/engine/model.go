@@ -808,8 +808,14 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 	defer clear(outs)
 	oShape := grow(&scr.oShapes, 2*len(cs))
 	var states []Array // new recurrent states (hybrid models), evaluated with the step
+	// Without logits nothing reads the last layer's output, only what it
+	// puts in the cache: its attention and MLP are not built, and the step
+	// evaluates that layer's cache arrays (and the recurrent states), as
+	// mlx-lm's prefill evaluates only the cache.
+	var tailKV []Array
 	for i := range m.layers {
 		ly := &m.layers[i]
+		tail := !wantLogits && i == len(m.layers)-1
 		h := b.RMSNorm(x, ly.inNorm, m.eps)
 		if ly.delta != nil {
 			for s, c := range cs {
@@ -818,6 +824,9 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 				outs[s], st = m.deltaForward(ly.delta, rows(h, s), len(toks[s]), hc.states[i])
 				hc.set(i, st)
 				states = append(states, st.conv, st.rec)
+			}
+			if tail {
+				break
 			}
 			a := outs[0]
 			if batched {
@@ -848,13 +857,20 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 		}
 		for s, c := range cs {
 			L := len(toks[s])
-			qs := b.RoPE(b.Transpose(rows(q, s), perm102...), offsets[s], rope) // [H, L, Dh]
 			ks := b.RoPE(b.Transpose(rows(k, s), perm102...), offsets[s], rope) // [Hkv, L, Dh]
 			vs := b.Transpose(rows(v, s), perm102...)
-			kAll, vAll := c.Append(i, ks, vs)          // [Hkv, T, Dh]
-			a := m.attention(i, qs, kAll, vAll, scale) // [H, L, Dh]
+			kAll, vAll := c.Append(i, ks, vs) // [Hkv, T, Dh]
+			if tail {
+				tailKV = append(tailKV, kAll, vAll)
+				continue
+			}
+			qs := b.RoPE(b.Transpose(rows(q, s), perm102...), offsets[s], rope) // [H, L, Dh]
+			a := m.attention(i, qs, kAll, vAll, scale)                          // [H, L, Dh]
 			os := append(oShape[2*s:2*s:2*s+2], L, H*Dh)
 			outs[s] = b.Reshape(b.Transpose(a, perm102...), os...) // [L, H·Dh]
+		}
+		if tail {
+			break
 		}
 		a := outs[0]
 		if batched {
@@ -875,8 +891,8 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 	one := &scr.evalArg
 	defer func() { one[0] = nil }()
 	if !wantLogits {
-		if states != nil {
-			return nil, b.Eval(append([]Array{x}, states...)...)
+		if tailKV != nil || states != nil {
+			return nil, b.Eval(append(tailKV, states...)...)
 		}
 		one[0] = x
 		return nil, b.Eval(one[:]...)
