@@ -20,10 +20,11 @@ import (
 
 type qwen3NextFixture struct {
 	Prompts []struct {
-		Tokens    []int32 `json:"tokens"`
-		Logits    string  `json:"logits_f32_b64"`
-		Greedy    []int32 `json:"greedy"`
-		MinMargin float64 `json:"min_margin"`
+		Tokens    []int32   `json:"tokens"`
+		Logits    string    `json:"logits_f32_b64"`
+		Greedy    []int32   `json:"greedy"`
+		MinMargin float64   `json:"min_margin"`
+		Margins   []float64 `json:"margins"` // bf16 fixtures: each greedy step's top-two gap
 	} `json:"prompts"`
 }
 
@@ -106,6 +107,86 @@ func testQwen3Next(t *testing.T, name string) {
 				t.Errorf("prompt %d chunk %d: greedy %v, mlx-lm %v", i, chunk, greedy, p.Greedy)
 			}
 			c.Free()
+		}
+	}
+}
+
+// TestQwen35BF16MatchesMLXLM: the tiny Qwen3.5 (dense) with its weights
+// in bfloat16, against mlx-lm computing in bfloat16 with the recurrent
+// state and gates in float32. The cpu backend computes in float32 from the
+// bf16 weights (mlx-lm rounds every activation to bf16), so: logits cosine
+// ≥ 0.999 after a one-pass and a chunked prefill, and, fed mlx-lm's own
+// greedy tokens, the same argmax at every step where mlx-lm's top two were
+// at least 0.25 apart (8 bf16 steps of these logits; ties and near-ties
+// in mlx-lm's bf16 logits are common).
+func TestQwen35BF16MatchesMLXLM(t *testing.T) {
+	fx := loadQwen3NextFixture(t, "qwen3_5_bf16")
+	b, err := backend.Open("cpu", backend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	m, err := engine.Load(ctx, filepath.Join("testdata", "reference", "qwen3_5_bf16"), b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	bf16Check(t, fx, func(tokens []int32, chunk int) (engine.KVCache, []float32) {
+		c := m.NewCache()
+		if chunk > 0 && len(tokens) > 1 {
+			if err := m.Prefill(ctx, c, tokens[:len(tokens)-1], chunk, nil); err != nil {
+				t.Fatal(err)
+			}
+			tokens = tokens[len(tokens)-1:]
+		}
+		logits, err := m.Forward(ctx, c, tokens)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, logits
+	}, func(c engine.KVCache, tok int32) []float32 {
+		logits, err := m.Forward(ctx, c, []int32{tok})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return logits
+	}, 0.999, 0.25)
+}
+
+// bf16Check compares a bf16 model with the fixture: start runs a prompt
+// (chunk 0: one pass) and returns its cache and last logits, step feeds one
+// token. Logits cosine ≥ minCos at the prompt's end; then, teacher-forced
+// with mlx-lm's greedy tokens, the argmax equals mlx-lm's wherever its
+// top-two margin was ≥ minMargin.
+func bf16Check(t *testing.T, fx qwen3NextFixture, start func([]int32, int) (engine.KVCache, []float32),
+	step func(engine.KVCache, int32) []float32, minCos, minMargin float64) {
+	t.Helper()
+	for i, p := range fx.Prompts {
+		if len(p.Margins) != len(p.Greedy) {
+			t.Fatalf("prompt %d: %d margins for %d greedy tokens", i, len(p.Margins), len(p.Greedy))
+		}
+		for _, chunk := range []int{0, 16} {
+			c, logits := start(p.Tokens, chunk)
+			cs := cosine32(logits, fixture.F32FromBase64(t, p.Logits))
+			checked, worst := 0, 0.0 // steps held to mlx-lm's token; largest margin we disagreed at
+			for s, want := range p.Greedy {
+				if got := int32(argmax(logits)); got != want {
+					worst = max(worst, p.Margins[s])
+					if p.Margins[s] >= minMargin {
+						t.Errorf("prompt %d chunk %d step %d: argmax %d, mlx-lm %d (its margin %.3f)", i, chunk, s, got, want, p.Margins[s])
+					}
+				}
+				if p.Margins[s] >= minMargin {
+					checked++
+				}
+				logits = step(c, want)
+			}
+			c.Free()
+			t.Logf("prompt %d (%d tokens) chunk %d: cosine %.6f, %d/%d steps checked, largest margin of a disagreement %.3f",
+				i, len(p.Tokens), chunk, cs, checked, len(p.Greedy), worst)
+			if cs < minCos {
+				t.Errorf("prompt %d chunk %d: cosine %.6f < %g", i, chunk, cs, minCos)
+			}
 		}
 	}
 }

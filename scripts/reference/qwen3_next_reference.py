@@ -14,7 +14,7 @@ router and shared-expert gate at 8 bits, float32 scales) under
 qwen3_next_q4/ with qwen3_next_q4.json; and Qwen3.5 built with mlx-lm's
 qwen3_5 and qwen3_5_moe classes (the text model under text_config, separate
 q/k/v, z, b, a projections, weights under language_model.*) as qwen3_5/ and
-qwen3_5_moe/. Each fixture holds, for
+qwen3_5_moe/, and the dense one's weights cast to bfloat16 as qwen3_5_bf16/. Each fixture holds, for
 each prompt (token ids; the long ones span several prefill chunks of the
 Go test), the last-position logits (float32, base64) and the greedy
 32-token continuation through mlx-lm's caches.
@@ -132,9 +132,19 @@ def main():
         m.update(tree_map_with_path(perturb, m.parameters()))
         mx.eval(m.parameters())
         write(m, name, cfg, tok)
+        if not moe:
+            # The same weights in bfloat16, as an mlx-community bf16
+            # checkpoint: mlx-lm computes in bfloat16, the recurrent state
+            # and the gates in float32 (mlx-lm >= 0.32; 0.31 kept the state
+            # in bf16). Dense only: MLX's CPU GatherMM is float32-only.
+            bf = mod.Model(mod.ModelArgs.from_dict(cfg))
+            bf.update(m.parameters())
+            bf.set_dtype(mx.bfloat16)
+            mx.eval(bf.parameters())
+            write(bf, name + "_bf16", dict(cfg, torch_dtype="bfloat16"), tok, margins=True)
 
 
-def write(model, name, config, tok):
+def write(model, name, config, tok, margins=False):
     d = os.path.join(REF, name)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
@@ -150,16 +160,19 @@ def write(model, name, config, tok):
         cache = model.make_cache()
         logits = model(mx.array([p]), cache=cache)[0, -1].astype(mx.float32)
         first = np.array(logits, dtype=np.float32)
-        greedy, margin = [], float("inf")
+        greedy, margin, steps = [], float("inf"), []
         for _ in range(STEPS):
             v = np.array(logits, dtype=np.float32)
             top2 = np.sort(v)[-2:]
             margin = min(margin, float(top2[1] - top2[0]))
+            steps.append(round(float(top2[1] - top2[0]), 5))
             tok_id = int(np.argmax(v))
             greedy.append(tok_id)
             logits = model(mx.array([[tok_id]]), cache=cache)[0, -1].astype(mx.float32)
         results.append({"tokens": p, "logits_f32_b64": base64.b64encode(first.astype("<f4").tobytes()).decode(),
                         "greedy": greedy, "min_margin": round(margin, 5)})
+        if margins:  # each greedy step's top-two gap
+            results[-1]["margins"] = steps
         print(name, len(p), "tokens: greedy[:8]", greedy[:8], "min margin", round(margin, 5), file=sys.stderr)
     out = os.path.join(REF, name + ".json")
     with open(out, "w") as f:

@@ -100,3 +100,70 @@ func TestHybridCacheKeepsNoGarbage(t *testing.T) {
 		t.Fatalf("%d arrays pinned after Free, %d before the cache", got, base)
 	}
 }
+
+// TestQwen35BF16MatchesMLXLMOnMLX: the tiny Qwen3.5 with bfloat16 weights
+// (../testdata/reference/qwen3_5_bf16) on MLX, which computes in bfloat16
+// as mlx-lm does, the recurrent state and gates in float32 as mlx-lm
+// 0.32 does: logits cosine ≥ 0.999 in one pass and after a chunked
+// prefill, and, fed mlx-lm's greedy tokens, the same argmax at every step
+// where mlx-lm's top two were ≥ 0.25 apart (8 bf16 steps of these logits).
+func TestQwen35BF16MatchesMLXLMOnMLX(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "testdata", "reference", "qwen3_5_bf16.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fx struct {
+		Prompts []struct {
+			Tokens  []int32   `json:"tokens"`
+			Logits  string    `json:"logits_f32_b64"`
+			Greedy  []int32   `json:"greedy"`
+			Margins []float64 `json:"margins"`
+		} `json:"prompts"`
+	}
+	if err := json.Unmarshal(raw, &fx); err != nil {
+		t.Fatal(err)
+	}
+	if len(fx.Prompts) != 4 {
+		t.Fatalf("%d prompts in the fixture", len(fx.Prompts))
+	}
+	b := newTestBackend(t)
+	m := load(t, filepath.Join("..", "testdata", "reference", "qwen3_5_bf16"), b)
+	const minCos, minMargin = 0.999, 0.25
+	for i, p := range fx.Prompts {
+		if len(p.Margins) != len(p.Greedy) {
+			t.Fatalf("prompt %d: %d margins for %d greedy tokens", i, len(p.Margins), len(p.Greedy))
+		}
+		for _, chunk := range []int{0, 16} {
+			c := m.NewCache()
+			var logits []float32
+			if chunk == 0 || len(p.Tokens) == 1 {
+				logits = forward(t, m, c, p.Tokens...)
+			} else {
+				if err := m.Prefill(context.Background(), c, p.Tokens[:len(p.Tokens)-1], chunk, nil); err != nil {
+					t.Fatal(err)
+				}
+				logits = forward(t, m, c, p.Tokens[len(p.Tokens)-1])
+			}
+			cs := cosine(logits, fixture.F32FromBase64(t, p.Logits))
+			checked, worst := 0, 0.0
+			for s, want := range p.Greedy {
+				if got := argmax(logits); got != want {
+					worst = max(worst, p.Margins[s])
+					if p.Margins[s] >= minMargin {
+						t.Errorf("prompt %d chunk %d step %d: argmax %d, mlx-lm %d (its margin %.3f)", i, chunk, s, got, want, p.Margins[s])
+					}
+				}
+				if p.Margins[s] >= minMargin {
+					checked++
+				}
+				logits = forward(t, m, c, want)
+			}
+			c.Free()
+			t.Logf("prompt %d (%d tokens) chunk %d: cosine %.6f, %d/%d steps checked, largest margin of a disagreement %.3f",
+				i, len(p.Tokens), chunk, cs, checked, len(p.Greedy), worst)
+			if cs < minCos {
+				t.Errorf("prompt %d chunk %d: cosine %.6f < %g", i, chunk, cs, minCos)
+			}
+		}
+	}
+}
