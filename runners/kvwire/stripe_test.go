@@ -69,6 +69,9 @@ func (p *stripeProxy) serve(i int, c net.Conn) {
 		return
 	}
 	defer s.Close()
+	// A small receive window: the link, not this socket's buffer, holds
+	// what is in flight, so the server sees each connection's real pace.
+	s.(*net.TCPConn).SetReadBuffer(64 << 10)
 	go func() {
 		io.Copy(s, c)
 		s.(*net.TCPConn).CloseWrite()
@@ -486,3 +489,97 @@ func TestJoinRefused(t *testing.T) {
 }
 
 func bufioReader(c net.Conn) *bufio.Reader { return bufio.NewReaderSize(c, 16<<10) }
+
+// goodputModel has 64 KiB K and V per chunk (8 heads × 32 positions × 128
+// × bf16): small frames, so four connections share a few-MB transfer
+// evenly.
+var goodputModel = &testModel{fp: Fingerprint{0x60}, kinds: make([]LayerKind, 8), kvHeads: 8, headDim: 128, dtype: DTypeBF16, block: 32, tail: 1}
+
+// stripedGoodput fetches a transfer of about total payload bytes with
+// streams connections, each paced to rate bytes/s by its own proxy link,
+// and returns the payload bytes per second of the whole Fetch (handshakes
+// and joins included).
+func stripedGoodput(t testing.TB, addr string, streams int, total int64) (float64, Stats) {
+	m := goodputModel
+	perTok := int64(len(m.kinds)) * 2 * (&Header{DType: m.dtype, KVHeads: m.kvHeads, HeadDim: m.headDim}).KVBytes(1)
+	n := int(total/perTok) + 1
+	c := NewClient(ClientConfig{})
+	req := &Request{Tokens: tokens(n), Streams: streams, Deadline: time.Minute}
+	st, err := c.Fetch(context.Background(), addr, req, nil, nullSink{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return float64(st.PayloadBytes) / st.Duration.Seconds(), st
+}
+
+// goodputProducer streams goodputModel's chunks, reusing one K and one V
+// buffer (the bytes do not matter here, the rate does).
+func goodputProducer() ProducerFunc {
+	m := goodputModel
+	k, v := m.chunkBytes(0, 0, m.block)
+	return func(ctx context.Context, req *Request, e *Emitter) error {
+		h := m.header(req)
+		if err := e.Header(h); err != nil {
+			return err
+		}
+		for s := h.TokenStart; s < h.TokenEnd; s += m.block {
+			n := min(m.block, h.TokenEnd-s)
+			for l := range m.kinds {
+				if err := e.Chunk(l, s, n, k[:h.KVBytes(n)], v[:h.KVBytes(n)]); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+}
+
+// TestStripedGoodput: each connection capped at C by a shaping proxy,
+// four streams carry at least 0.9 × 4C. C is low (3 MB/s) so the test
+// costs little CPU; on a loaded machine a late wake-up of the pacer can
+// cost a run, so the best of three counts (a capacity is shown by any run
+// that reaches it).
+func TestStripedGoodput(t *testing.T) {
+	const c = 3e6
+	addr, _ := startServer(t, ServerConfig{Producer: goodputProducer()})
+	paddr := startStripeProxy(t, &stripeProxy{target: addr, cut: -1, rate: func(int) float64 { return c }})
+	best := 0.0
+	for try := range 3 {
+		g, st := stripedGoodput(t, paddr, 4, 18e6) // 1.5 s at 4C
+		t.Logf("try %d: %.2f MB/s = %.3f × 4C (%d chunks, %d over secondaries, %d waited)", try, g/1e6, g/(4*c), st.Chunks, st.SecondaryChunks, st.ChunksWaited)
+		best = max(best, g)
+		if best >= 0.9*4*c {
+			return
+		}
+	}
+	t.Fatalf("best goodput %.2f MB/s = %.3f × 4C, want ≥ 0.9", best/1e6, best/(4*c))
+}
+
+// BenchmarkStripedGoodput: N connections each paced to 10 MB/s (a stand-in
+// for a per-connection ceiling such as one TCP stream's share of a
+// Thunderbolt bridge), 1 and 4 streams in the same loop. Reports each
+// rate, their ratio (ideal 4) and the 4-stream rate over 4C (ideal 1).
+func BenchmarkStripedGoodput(b *testing.B) {
+	const c = 10e6
+	const total = 40e6
+	addr, _ := startServer(b, ServerConfig{Producer: goodputProducer()})
+	paddr := startStripeProxy(b, &stripeProxy{target: addr, cut: -1, rate: func(int) float64 { return c }})
+	var t1, t4 time.Duration
+	var n1, n4 int64
+	b.SetBytes(2 * total)
+	b.ReportAllocs()
+	for b.Loop() {
+		_, s1 := stripedGoodput(b, paddr, 1, total)
+		_, s4 := stripedGoodput(b, paddr, 4, total)
+		t1 += s1.Duration
+		t4 += s4.Duration
+		n1 += s1.PayloadBytes
+		n4 += s4.PayloadBytes
+	}
+	g1 := float64(n1) / t1.Seconds()
+	g4 := float64(n4) / t4.Seconds()
+	b.ReportMetric(g1/1e6, "1stream_MB/s")
+	b.ReportMetric(g4/1e6, "4streams_MB/s")
+	b.ReportMetric(g4/g1, "ratio")
+	b.ReportMetric(g4/(4*c), "of_4C")
+}
