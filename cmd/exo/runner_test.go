@@ -23,7 +23,7 @@ func TestRunnerFlags(t *testing.T) {
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--kv-wire-dtype", "fp4"},
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--kv-streams", "0"},
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--kv-streams", "17"},
-		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--kv-streams", "4"}, // asked by decode runners
+		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--kv-streams", "4"},      // asked by decode runners
 		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--kv-wire-dtype", "fp8"}, // asked by decode runners
 	}
 	for _, args := range bad {
