@@ -212,6 +212,9 @@ func (c *Client) FetchIdle(ctx context.Context, addr string, idle time.Duration,
 	var wg sync.WaitGroup
 	var connMu sync.Mutex
 	conns := []net.Conn{conn}
+	// joinCtx ends with the fetch: a secondary still connecting gives up.
+	joinCtx, endJoins := context.WithCancel(ctx)
+	defer endJoins()
 	var frees []chan []byte
 	newFree := func() chan []byte {
 		free := make(chan []byte, c.cfg.ReadAhead)
@@ -253,7 +256,7 @@ func (c *Client) FetchIdle(ctx context.Context, addr string, idle time.Duration,
 	join := func(i int, id JoinID, free chan []byte) {
 		defer wg.Done()
 		var hst Stats
-		sc, sbr, err := c.connect(ctx, addr, &hst)
+		sc, sbr, err := c.connect(joinCtx, addr, &hst)
 		if err == nil {
 			connMu.Lock()
 			select {
@@ -287,6 +290,7 @@ func (c *Client) FetchIdle(ctx context.Context, addr string, idle time.Duration,
 			c.Close()
 		}
 		connMu.Unlock()
+		endJoins()
 		wg.Wait()
 	}()
 

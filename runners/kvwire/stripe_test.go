@@ -348,15 +348,19 @@ func TestReassemblerOrder(t *testing.T) {
 	}
 }
 
-// TestStripedDroppedConnection: a secondary connection dropped in the
-// middle of the transfer fails the whole transfer with ErrClosed; the sink
-// never commits and is rolled back; the server stops producing.
+// TestStripedDroppedConnection: a connection (the primary or a secondary)
+// dropped in the middle of the transfer, or a secondary that cannot even
+// connect, fails the whole transfer with ErrClosed; the sink never commits
+// and is rolled back; the server stops producing.
 func TestStripedDroppedConnection(t *testing.T) {
 	m := &testModel{fp: Fingerprint{3}, kinds: make([]LayerKind, 4), kvHeads: 2, headDim: 64, dtype: DTypeBF16, block: 16, tail: 1}
-	for _, cut := range []int{0, 2} {
-		t.Run(fmt.Sprintf("connection %d", cut), func(t *testing.T) {
+	for _, tc := range []struct {
+		cut   int
+		after int64
+	}{{0, 40 << 10}, {2, 40 << 10}, {1, 0}} {
+		t.Run(fmt.Sprintf("connection %d after %d bytes", tc.cut, tc.after), func(t *testing.T) {
 			addr, srv := startServer(t, ServerConfig{Producer: m.producer()})
-			p := &stripeProxy{target: addr, cut: cut, cutAfter: 40 << 10, rate: func(int) float64 { return 2e6 }}
+			p := &stripeProxy{target: addr, cut: tc.cut, cutAfter: tc.after, rate: func(int) float64 { return 2e6 }}
 			paddr := startStripeProxy(t, p)
 			c := NewClient(ClientConfig{})
 			req := &Request{Tokens: tokens(2000), Streams: 4, Deadline: time.Minute}
@@ -371,7 +375,11 @@ func TestStripedDroppedConnection(t *testing.T) {
 			if sink.totals != nil || sink.rollbacks != 1 {
 				t.Fatalf("committed %v, %d rollbacks", sink.totals, sink.rollbacks)
 			}
-			if st.Chunks == 0 || st.Chunks >= len(m.kinds)*(2000/16) {
+			if tc.after == 0 { // the secondary never got its Hello: nothing applied
+				if st.Chunks != 0 {
+					t.Fatalf("%d chunks applied", st.Chunks)
+				}
+			} else if st.Chunks == 0 || st.Chunks >= len(m.kinds)*(2000/16) {
 				t.Fatalf("%d chunks before the drop: the cut was not mid-transfer", st.Chunks)
 			}
 			waitIdle(t, srv)
