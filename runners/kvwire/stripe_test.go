@@ -591,3 +591,23 @@ func BenchmarkStripedGoodput(b *testing.B) {
 	b.ReportMetric(g4/g1, "ratio")
 	b.ReportMetric(g4/(4*c), "of_4C")
 }
+
+// TestStreamsGrantedFewer: a server whose MaxStreams is below what the
+// client asks grants fewer (down to 1: no joins), and the transfer is
+// still whole.
+func TestStreamsGrantedFewer(t *testing.T) {
+	m := smallModel()
+	for _, limit := range []int{1, 2} {
+		addr, _ := startServer(t, ServerConfig{Producer: m.producer(), MaxStreams: limit})
+		req := &Request{Tokens: tokens(300), Streams: 4, Deadline: time.Minute}
+		sink := &recordSink{}
+		st, err := NewClient(ClientConfig{}).Fetch(context.Background(), addr, req, m.expect(), sink)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sink.verifyPerLayer(t, m, req)
+		if st.Streams != limit || (limit == 1 && st.SecondaryChunks != 0) {
+			t.Fatalf("limit %d: stats %+v", limit, st)
+		}
+	}
+}
