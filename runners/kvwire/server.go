@@ -760,7 +760,8 @@ func (w *writer) run() error {
 				batch = append(batch, g.bufs...)
 			}
 		}
-		if q == nil && bulk == nil && open() && len(batch) < 64 {
+		// open() first: it may hand this writer the shared queue to drain.
+		if open() && q == nil && bulk == nil && len(batch) < 64 {
 			ending = true
 			if w.last != nil {
 				batch = append(batch, w.last)
