@@ -16,7 +16,8 @@ import (
 )
 
 // Sink receives a stream on the client. Calls come from the goroutine that
-// called Fetch, in wire order. The k, v and array slices are valid only
+// called Fetch, in wire order (a striped transfer's chunks reassembled:
+// each layer's in position order, layers interleaved). The k, v and array slices are valid only
 // during the call (their buffers are reused). A Sink error aborts the
 // stream. On any failure — the sink's own, the wire's, a mismatch — the
 // client calls Rollback exactly once, possibly without Begin having been
