@@ -388,7 +388,9 @@ func TestStripedDroppedConnection(t *testing.T) {
 }
 
 // joinConn opens a connection to addr, exchanges Hellos (authenticating
-// with secret) and sends a Join; it returns the server's first frame.
+// with secret) and sends a Join; it returns the server's first frame. The
+// connection stays open until the test ends: closing it would tell the
+// server the client went away.
 func joinConn(t *testing.T, addr string, local string, secret []byte, index int, id JoinID) rawFrame {
 	t.Helper()
 	d := net.Dialer{Timeout: time.Second}
@@ -397,14 +399,16 @@ func joinConn(t *testing.T, addr string, local string, secret []byte, index int,
 	}
 	conn, err := d.Dial("tcp", addr)
 	if err != nil {
-		t.Fatal(err)
+		t.Error(err)
+		return rawFrame{err: err}
 	}
-	defer conn.Close()
+	t.Cleanup(func() { conn.Close() })
 	conn.SetDeadline(time.Now().Add(5 * time.Second))
 	c := NewClient(ClientConfig{Secret: secret})
 	br := bufioReader(conn)
 	if err := c.handshake(conn, br, &Stats{}); err != nil {
-		t.Fatal(err)
+		t.Error(err)
+		return rawFrame{err: err}
 	}
 	conn.Write(encodeJoin(index, &id))
 	f := readFrame(br, nil, Limits{}.withDefaults())
@@ -430,8 +434,28 @@ func TestJoinRefused(t *testing.T) {
 		}
 		return m.producer()(ctx, req, e)
 	})
-	addr, _ := startServer(t, ServerConfig{Producer: prod, Secret: secret})
+	addr, srv := startServer(t, ServerConfig{Producer: prod, Secret: secret})
 	cl := NewClient(ClientConfig{Secret: secret})
+	// joined waits until the transfer of id has k secondaries (or is
+	// forgotten, when k is all of them).
+	joined := func(id JoinID, k int) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+			srv.joins.mu.Lock()
+			tr := srv.joins.m[id]
+			srv.joins.mu.Unlock()
+			if tr == nil {
+				return
+			}
+			tr.mu.Lock()
+			j := tr.joined
+			tr.mu.Unlock()
+			if j >= k {
+				return
+			}
+		}
+		t.Fatalf("%d secondaries never joined", k)
+	}
 
 	// The primary, by hand: Hello, auth, Request(streams=3), Streams.
 	conn, br, err := cl.connect(context.Background(), addr, &Stats{})
@@ -475,11 +499,11 @@ func TestJoinRefused(t *testing.T) {
 	}
 	wg.Add(1)
 	go join(1)
-	time.Sleep(100 * time.Millisecond) // joined (its first frame waits for KV)
+	joined(id, 1) // its first frame waits for KV
 	refused("replayed index", joinConn(t, addr, "", secret, 1, id))
 	wg.Add(1)
 	go join(2)
-	time.Sleep(100 * time.Millisecond)
+	joined(id, 2)
 	refused("id after every stream joined", joinConn(t, addr, "", secret, 2, id))
 	close(release)
 	wg.Wait()
