@@ -373,7 +373,7 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 	var te interface{ finish() (int, error) }
 	switch {
 	case req.Chat && s.toolFamily() == chat.Harmony:
-		he := newHarmonyEmitter(em) // channels, with or without tools
+		he := newHarmonyEmitter(em, toolsOffered(req)) // channels, with or without tools
 		te, em = he, he
 	case toolsOffered(req):
 		tse := newToolEmitter(em, s.toolFamily())

@@ -159,19 +159,29 @@ func str(p *string) string {
 // TestHarmonyChat: a gpt-oss generation's analysis channel comes back as
 // reasoning_content, its final channel as content, and a commentary
 // message to=functions.NAME as a tool call with finish_reason
-// "tool_calls", in a whole response and (joined) in a stream.
+// "tool_calls", in a whole response and (joined) in a stream. A call the
+// model makes although no tools were offered (none given, or tool_choice
+// "none") is never a tool call: its arguments come back as content and
+// the finish reason is "stop".
 func TestHarmonyChat(t *testing.T) {
+	const none = "none"
 	cases := []struct {
 		name, gen          string
 		tools              bool
+		choice             string // tool_choice; "": not sent
 		content, reasoning string // "<nil>": absent or null
 		calls              []harmonyCallOut
 		finish             string
 	}{
-		{"answer", harmonyAnswer, false, "Hello! How can I help?", "User says hi. <|x|> < reply.", nil, "stop"},
-		{"answer with tools", harmonyAnswer, true, "Hello! How can I help?", "User says hi. <|x|> < reply.", nil, "stop"},
-		{"call", harmonyCall, true, "<nil>", "Need the weather.",
+		{"answer", harmonyAnswer, false, "", "Hello! How can I help?", "User says hi. <|x|> < reply.", nil, "stop"},
+		{"answer with tools", harmonyAnswer, true, "", "Hello! How can I help?", "User says hi. <|x|> < reply.", nil, "stop"},
+		{"call", harmonyCall, true, "", "<nil>", "Need the weather.",
 			[]harmonyCallOut{{"", "function", "get_weather", `{"city":"Paris","unit":"c"}`}}, "tool_calls"},
+		{"call with tool_choice auto", harmonyCall, true, "auto", "<nil>", "Need the weather.",
+			[]harmonyCallOut{{"", "function", "get_weather", `{"city":"Paris","unit":"c"}`}}, "tool_calls"},
+		{"call with tool_choice none", harmonyCall, true, none, `{"city":"Paris","unit":"c"}`, "Need the weather.", nil, "stop"},
+		{"call without tools", harmonyCall, false, "", `{"city":"Paris","unit":"c"}`, "Need the weather.", nil, "stop"},
+		{"answer with tool_choice none", harmonyAnswer, true, none, "Hello! How can I help?", "User says hi. <|x|> < reply.", nil, "stop"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -180,6 +190,9 @@ func TestHarmonyChat(t *testing.T) {
 				b := map[string]any{"max_tokens": 500, "temperature": 0}
 				if c.tools {
 					b["tools"] = harmonyTools
+				}
+				if c.choice != "" {
+					b["tool_choice"] = c.choice
 				}
 				return b
 			}
@@ -327,7 +340,7 @@ func TestHarmonyEmitterSplits(t *testing.T) {
 	for cut := 0; cut <= len(gen); cut++ {
 		for _, n := range []int{1, 3, len(gen)} {
 			var r recorder
-			h := newHarmonyEmitter(&r)
+			h := newHarmonyEmitter(&r, true)
 			pieces := []string{gen[:cut]}
 			for rest := gen[cut:]; rest != ""; rest = rest[min(n, len(rest)):] {
 				pieces = append(pieces, rest[:min(n, len(rest))])
@@ -362,14 +375,14 @@ func TestHarmonyEmitterSplits(t *testing.T) {
 // without reasoning drops only the reasoning.
 func TestHarmonyCallsNeedAnAPIThatTakesThem(t *testing.T) {
 	var te textEmitter
-	h := newHarmonyEmitter(&te)
+	h := newHarmonyEmitter(&te, true)
 	if err := h.Text(harmonyAnswer, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := h.finish(); err != nil || te.String() != "Hello! How can I help?" {
 		t.Fatalf("answer: %q %v", te.String(), err)
 	}
-	h = newHarmonyEmitter(&te)
+	h = newHarmonyEmitter(&te, true)
 	err := h.Text(harmonyCall, nil)
 	if err == nil {
 		_, err = h.finish()
@@ -407,17 +420,25 @@ func TestHarmonyAdapters(t *testing.T) {
 		name, gen, path string
 		body            map[string]any
 		want            []string
+		not             []string
 	}{
 		{"responses answer", harmonyAnswer, "/v1/responses", map[string]any{"model": "m", "input": "hi", "temperature": 0},
-			[]string{`"text":"Hello! How can I help?"`}},
+			[]string{`"text":"Hello! How can I help?"`}, nil},
 		{"responses call", harmonyCall, "/v1/responses", map[string]any{"model": "m", "input": "hi", "temperature": 0, "tools": respTools},
-			[]string{`"type":"function_call"`, `"name":"get_weather"`, `"arguments":"{\"city\":\"Paris\",\"unit\":\"c\"}"`}},
+			[]string{`"type":"function_call"`, `"name":"get_weather"`, `"arguments":"{\"city\":\"Paris\",\"unit\":\"c\"}"`}, nil},
 		{"messages answer", harmonyAnswer, "/v1/messages", map[string]any{"model": "m", "max_tokens": 500, "temperature": 0,
 			"messages": []map[string]any{{"role": "user", "content": "hi"}}},
-			[]string{`"text":"Hello! How can I help?"`, `"stop_reason":"end_turn"`}},
+			[]string{`"text":"Hello! How can I help?"`, `"stop_reason":"end_turn"`}, nil},
 		{"messages call", harmonyCall, "/v1/messages", map[string]any{"model": "m", "max_tokens": 500, "temperature": 0, "tools": antTools,
 			"messages": []map[string]any{{"role": "user", "content": "hi"}}},
-			[]string{`"type":"tool_use"`, `"name":"get_weather"`, `"input":{"city":"Paris","unit":"c"}`, `"stop_reason":"tool_use"`}},
+			[]string{`"type":"tool_use"`, `"name":"get_weather"`, `"input":{"city":"Paris","unit":"c"}`, `"stop_reason":"tool_use"`}, nil},
+		// tool_choice none: a stray call is answer text, never a call
+		{"responses call, tool_choice none", harmonyCall, "/v1/responses", map[string]any{"model": "m", "input": "hi", "temperature": 0,
+			"tools": respTools, "tool_choice": "none"},
+			[]string{`"text":"{\"city\":\"Paris\",\"unit\":\"c\"}"`, `"status":"completed"`}, []string{`function_call`}},
+		{"messages call, tool_choice none", harmonyCall, "/v1/messages", map[string]any{"model": "m", "max_tokens": 500, "temperature": 0,
+			"tools": antTools, "tool_choice": map[string]any{"type": "none"}, "messages": []map[string]any{{"role": "user", "content": "hi"}}},
+			[]string{`"text":"{\"city\":\"Paris\",\"unit\":\"c\"}"`, `"stop_reason":"end_turn"`}, []string{`tool_use`}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			code, raw := postJSON(t, harmonyServer(t, c.gen)+c.path, c.body)
@@ -429,7 +450,7 @@ func TestHarmonyAdapters(t *testing.T) {
 					t.Errorf("no %s in %s", w, raw)
 				}
 			}
-			for _, leak := range []string{"User says hi", "Need the weather", "<|"} {
+			for _, leak := range append([]string{"User says hi", "Need the weather", "<|"}, c.not...) {
 				if bytes.Contains(raw, []byte(leak)) {
 					t.Errorf("%q leaked into %s", leak, raw)
 				}
