@@ -227,6 +227,10 @@ type lazyConstraint struct {
 	buf     []byte
 	decided bool // Llama: the first non-space byte was seen
 	inner   *maskConstraint
+	// think: the model reasons in <think>…</think> first (Qwen3); a
+	// marker inside the reasoning is not a call, so only the answer text
+	// is watched.
+	think *chat.ThinkParser
 }
 
 func (l *lazyConstraint) Mask(logits []float32) error {
@@ -252,7 +256,12 @@ func (l *lazyConstraint) Accept(tok int32) error {
 	if l.v.IsEOS(tok) {
 		return nil
 	}
-	l.buf = append(l.buf, l.bytesOf(tok)...)
+	b := l.bytesOf(tok)
+	if l.think != nil {
+		_, answer := l.think.Feed(string(b))
+		b = []byte(answer)
+	}
+	l.buf = append(l.buf, b...)
 	var rest []byte
 	switch {
 	case l.marker == "":

@@ -1,0 +1,245 @@
+package decode
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/chat"
+	"github.com/exo-pd/exo-pd/runners/openai"
+	"github.com/exo-pd/exo-pd/runners/tokenizer"
+)
+
+// qwen3Server serves a scripted model with a byte-level tokenizer and
+// Qwen3's real chat template: it writes gen whatever it is asked. Before
+// each request, plen points the script at the end of that request's
+// prompt.
+type qwen3Server struct {
+	url  string
+	srv  *Server
+	m    *scriptModel
+	tok  *tokenizer.Tokenizer
+	tmpl *chat.Template
+}
+
+func newQwen3Server(t *testing.T, gen string) *qwen3Server {
+	t.Helper()
+	tok, err := tokenizer.Load("../tokenizer/testdata/tiny_qwen2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile("../chat/testdata/qwen3_real_chat_template.jinja")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := chat.Parse(string(src), "", "<|im_end|>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := tok.Encode(gen)
+	if got := tok.Decode(script); got != gen {
+		t.Fatalf("the tokenizer does not round-trip the script: %q", got)
+	}
+	m := &scriptModel{script: script, eos: tok.EOS()[0], vocab: tok.VocabSize()}
+	text := NewText(tok, tmpl)
+	g := &Grammars{Text: text}
+	srv := New(Options{Name: "m", Model: m, Text: text, NewSampler: NewSampler, NewStopMatcher: NewStopMatcher,
+		MaxBatch: 1, CacheEntries: -1, NewConstraint: g.NewConstraint, AcceptTools: true,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	t.Cleanup(srv.Close)
+	mux := http.NewServeMux()
+	srv.Register(mux)
+	hs := httptest.NewServer(mux)
+	t.Cleanup(hs.Close)
+	return &qwen3Server{url: hs.URL, srv: srv, m: m, tok: tok, tmpl: tmpl}
+}
+
+// aim sets the script's prompt length to that of a chat request's.
+func (q *qwen3Server) aim(t *testing.T, msgs []openai.ChatMessage, tools []openai.Tool) string {
+	t.Helper()
+	req := &openai.GenRequest{Chat: true, Messages: msgs, Tools: tools, AddGenerationPrompt: true}
+	ids, _, err := q.srv.Tokenize(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.m.plen = len(ids)
+	return q.tok.Decode(ids)
+}
+
+const qwen3Think = "<think>\nThe user greets me.\nReply briefly.\n</think>\n\nHello! How can I help?"
+
+// TestQwen3ThinkSplit: a Qwen3-template model's <think>…</think> comes
+// back as reasoning_content and the rest as content, in a whole response
+// and (joined) in a stream; with tools, a call after the reasoning is a
+// tool call, and a call-shaped text inside the reasoning is not. The
+// Responses and Anthropic APIs, which have no reasoning field here, get
+// the answer alone.
+func TestQwen3ThinkSplit(t *testing.T) {
+	call := "<think>\nNeed the weather. <tool_call> is how I call.\n</think>\n\n<tool_call>\n" +
+		`{"name": "get_weather", "arguments": {"city": "Paris"}}` + "\n</tool_call>"
+	user := []openai.ChatMessage{{Role: "user", Content: "hi"}}
+	var tools []openai.Tool
+	if err := json.Unmarshal(mustJSON(t, harmonyTools), &tools); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, gen          string
+		tools              bool
+		content, reasoning string
+		calls              []harmonyCallOut
+		finish             string
+	}{
+		{"answer", qwen3Think, false, "Hello! How can I help?", "The user greets me.\nReply briefly.", nil, "stop"},
+		{"no think", "Hello!", false, "Hello!", "<nil>", nil, "stop"},
+		{"call", call, true, "<nil>", "Need the weather. <tool_call> is how I call.",
+			[]harmonyCallOut{{"", "function", "get_weather", `{"city": "Paris"}`}}, "tool_calls"},
+		{"cut off while reasoning", "<think>\nStill thinking", false, "", "Still thinking", nil, "stop"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			q := newQwen3Server(t, c.gen)
+			var tl []openai.Tool
+			body := map[string]any{"max_tokens": 500, "temperature": 0}
+			if c.tools {
+				tl = tools
+				body["tools"] = harmonyTools
+			}
+			q.aim(t, user, tl)
+			code, raw := postChat(t, q.url, body)
+			if code != http.StatusOK {
+				t.Fatalf("status %d: %s", code, raw)
+			}
+			var out struct {
+				Choices []struct {
+					Message      harmonyMessage `json:"message"`
+					FinishReason string         `json:"finish_reason"`
+				} `json:"choices"`
+			}
+			if err := json.Unmarshal(raw, &out); err != nil || len(out.Choices) != 1 {
+				t.Fatalf("%v: %s", err, raw)
+			}
+			msg := out.Choices[0].Message
+			calls := callsOf(msg.ToolCalls)
+			for i := range calls {
+				calls[i].ID = ""
+			}
+			wantReasoning := c.reasoning
+			if str(msg.Content) != c.content || str(msg.ReasoningContent) != wantReasoning || !reflect.DeepEqual(calls, c.calls) ||
+				out.Choices[0].FinishReason != c.finish {
+				t.Errorf("got content %q reasoning %q calls %+v finish %q\nwant %q %q %+v %q",
+					str(msg.Content), str(msg.ReasoningContent), calls, out.Choices[0].FinishReason, c.content, c.reasoning, c.calls, c.finish)
+			}
+
+			body["stream"] = true
+			code, raw = postChat(t, q.url, body)
+			if code != http.StatusOK {
+				t.Fatalf("stream status %d: %s", code, raw)
+			}
+			var content, reasoning strings.Builder
+			var scalls []harmonyCallOut
+			sc := bufio.NewScanner(bytes.NewReader(raw))
+			for sc.Scan() {
+				data, ok := strings.CutPrefix(sc.Text(), "data: ")
+				if !ok || data == "[DONE]" {
+					continue
+				}
+				var ch struct {
+					Choices []struct {
+						Delta harmonyMessage `json:"delta"`
+					} `json:"choices"`
+				}
+				if err := json.Unmarshal([]byte(data), &ch); err != nil {
+					t.Fatalf("%v: %s", err, data)
+				}
+				for _, x := range ch.Choices {
+					if x.Delta.Content != nil {
+						content.WriteString(*x.Delta.Content)
+					}
+					if x.Delta.ReasoningContent != nil {
+						reasoning.WriteString(*x.Delta.ReasoningContent)
+					}
+					for _, d := range x.Delta.ToolCalls {
+						if d.Index != nil && *d.Index == len(scalls) {
+							scalls = append(scalls, harmonyCallOut{Type: d.Type})
+						}
+						scalls[len(scalls)-1].Name += d.Function.Name
+						scalls[len(scalls)-1].Args += d.Function.Arguments
+					}
+				}
+			}
+			wantContent, wantR := c.content, c.reasoning
+			if wantContent == "<nil>" {
+				wantContent = ""
+			}
+			if wantR == "<nil>" {
+				wantR = ""
+			}
+			if content.String() != wantContent || reasoning.String() != wantR || !reflect.DeepEqual(scalls, c.calls) {
+				t.Errorf("stream: content %q reasoning %q calls %+v\n%s", content.String(), reasoning.String(), scalls, raw)
+			}
+		})
+	}
+	t.Run("adapters", func(t *testing.T) {
+		q := newQwen3Server(t, qwen3Think)
+		q.aim(t, user, nil)
+		for path, body := range map[string]map[string]any{
+			"/v1/responses": {"model": "m", "input": "hi", "temperature": 0},
+			"/v1/messages":  {"model": "m", "max_tokens": 500, "temperature": 0, "messages": []map[string]any{{"role": "user", "content": "hi"}}},
+		} {
+			code, raw := postJSON(t, q.url+path, body)
+			if code != http.StatusOK || !bytes.Contains(raw, []byte(`"text":"Hello! How can I help?"`)) ||
+				bytes.Contains(raw, []byte("greets")) || bytes.Contains(raw, []byte("think>")) {
+				t.Errorf("%s: %d %s", path, code, raw)
+			}
+		}
+	})
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestReasoningContentInHistory: an assistant message's reasoning_content
+// is rendered where the template reads it (Qwen3's: kept after the last
+// user turn, as <think>) and refused by name where it does not (the tiny
+// model's ChatML template), instead of vanishing.
+func TestReasoningContentInHistory(t *testing.T) {
+	msgs := []map[string]any{{"role": "user", "content": "Weather in Paris?"},
+		{"role": "assistant", "content": nil, "reasoning_content": "Need the weather.", "tool_calls": []map[string]any{
+			{"id": "call_1", "type": "function", "function": map[string]any{"name": "get_weather", "arguments": `{"city":"Paris"}`}}}},
+		{"role": "tool", "tool_call_id": "call_1", "content": "18 C"}}
+
+	q := newQwen3Server(t, qwen3Think)
+	prompt := q.aim(t, []openai.ChatMessage{{Role: "user", Content: "Weather in Paris?"},
+		{Role: "assistant", Reasoning: "Need the weather.", ToolCalls: []openai.ToolCall{{ID: "call_1", Type: "function",
+			Function: openai.FunctionCall{Name: "get_weather", Arguments: `{"city":"Paris"}`}}}},
+		{Role: "tool", ToolCallID: "call_1", Content: "18 C"}}, nil)
+	if !strings.Contains(prompt, "<|im_start|>assistant\n<think>\nNeed the weather.\n</think>\n\n<tool_call>") {
+		t.Errorf("reasoning not rendered: %q", prompt)
+	}
+	code, raw := postJSON(t, q.url+"/v1/chat/completions", map[string]any{"model": "m", "messages": msgs, "temperature": 0})
+	if code != http.StatusOK {
+		t.Errorf("qwen3 template: %d %s", code, raw)
+	}
+
+	s := newTinyServer(t, openai.Defaults{})
+	code, raw = postJSON(t, s.url+"/v1/chat/completions", map[string]any{"model": "m", "messages": msgs, "max_tokens": 2})
+	var eb openai.ErrorBody
+	if err := json.Unmarshal(raw, &eb); err != nil || code != http.StatusBadRequest ||
+		eb.Error.Param == nil || *eb.Error.Param != "messages[1].reasoning_content" {
+		t.Errorf("ChatML template: %d %s", code, raw)
+	}
+}
