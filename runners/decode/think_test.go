@@ -33,11 +33,18 @@ type qwen3Server struct {
 
 func newQwen3Server(t *testing.T, gen string) *qwen3Server {
 	t.Helper()
+	return newTemplateServer(t, "qwen3_real_chat_template.jinja", gen)
+}
+
+// newTemplateServer is newQwen3Server with another template of
+// runners/chat/testdata.
+func newTemplateServer(t *testing.T, template, gen string) *qwen3Server {
+	t.Helper()
 	tok, err := tokenizer.Load("../tokenizer/testdata/tiny_qwen2")
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, err := os.ReadFile("../chat/testdata/qwen3_real_chat_template.jinja")
+	src, err := os.ReadFile("../chat/testdata/" + template)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,6 +240,22 @@ func TestReasoningContentInHistory(t *testing.T) {
 	code, raw := postJSON(t, q.url+"/v1/chat/completions", map[string]any{"model": "m", "messages": msgs, "temperature": 0})
 	if code != http.StatusOK {
 		t.Errorf("qwen3 template: %d %s", code, raw)
+	}
+
+	// gpt-oss's template: the call turn's reasoning is its analysis
+	// message; the answer is parsed as harmony (the tiny tokenizer's <|end|>
+	// is an end token, so the script is a final message alone).
+	q = newTemplateServer(t, "gptoss_chat_template.jinja", "<|channel|>final<|message|>Hello! How can I help?<|return|>")
+	prompt = q.aim(t, []openai.ChatMessage{{Role: "user", Content: "Weather in Paris?"},
+		{Role: "assistant", Reasoning: "Need the weather.", ToolCalls: []openai.ToolCall{{ID: "call_1", Type: "function",
+			Function: openai.FunctionCall{Name: "get_weather", Arguments: `{"city":"Paris"}`}}}},
+		{Role: "tool", ToolCallID: "call_1", Content: "18 C"}}, nil)
+	if !strings.Contains(prompt, "<|start|>assistant<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant to=functions.get_weather") {
+		t.Errorf("gpt-oss: reasoning not rendered: %q", prompt)
+	}
+	code, raw = postJSON(t, q.url+"/v1/chat/completions", map[string]any{"model": "m", "messages": msgs, "temperature": 0})
+	if code != http.StatusOK || !bytes.Contains(raw, []byte(`"content":"Hello! How can I help?"`)) {
+		t.Errorf("gpt-oss template: %d %s", code, raw)
 	}
 
 	s := newTinyServer(t, openai.Defaults{})
