@@ -2,8 +2,6 @@ package decode
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -502,11 +500,7 @@ func (t *toolEmitter) forward(ev []chat.ToolEvent, lp *openai.TokenLogprob) erro
 	return nil
 }
 
-func newCallID() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
-	return "call_" + hex.EncodeToString(b[:])
-}
+func newCallID() string { return openai.NewID(nil, "call_") }
 
 func toolDefs(tools []openai.Tool) []grammar.Tool {
 	gt := make([]grammar.Tool, len(tools))
