@@ -266,3 +266,25 @@ func TestReasoningContentInHistory(t *testing.T) {
 		t.Errorf("ChatML template: %d %s", code, raw)
 	}
 }
+
+// TestToolChoiceNoneRendersNoTools: with gpt-oss's real template, tools
+// reach the prompt (its "# Tools" developer section) under tool_choice
+// "auto" and not under "none".
+func TestToolChoiceNoneRendersNoTools(t *testing.T) {
+	q := newTemplateServer(t, "gptoss_chat_template.jinja", "<|channel|>final<|message|>Hi<|return|>")
+	var tools []openai.Tool
+	if err := json.Unmarshal(mustJSON(t, harmonyTools), &tools); err != nil {
+		t.Fatal(err)
+	}
+	for mode, want := range map[string]bool{"auto": true, "none": false} {
+		req := &openai.GenRequest{Chat: true, Messages: []openai.ChatMessage{{Role: "user", Content: "hi"}}, Tools: tools,
+			ToolChoice: &openai.ToolChoice{Mode: mode}, AddGenerationPrompt: true}
+		ids, _, err := q.srv.Tokenize(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(q.tok.Decode(ids), "get_weather"); got != want {
+			t.Errorf("tool_choice %s: tools in the prompt %v, want %v", mode, got, want)
+		}
+	}
+}
