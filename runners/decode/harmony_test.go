@@ -196,95 +196,111 @@ func TestHarmonyChat(t *testing.T) {
 				}
 				return b
 			}
-			code, raw := postChat(t, url, body())
-			if code != http.StatusOK {
-				t.Fatalf("status %d: %s", code, raw)
-			}
-			var out struct {
-				Choices []struct {
-					Message      harmonyMessage `json:"message"`
-					FinishReason string         `json:"finish_reason"`
-				} `json:"choices"`
-			}
-			if err := json.Unmarshal(raw, &out); err != nil || len(out.Choices) != 1 {
-				t.Fatalf("%v: %s", err, raw)
-			}
-			msg := out.Choices[0].Message
-			calls := callsOf(msg.ToolCalls)
-			for i := range calls {
-				if !strings.HasPrefix(calls[i].ID, "call_") {
-					t.Errorf("call id %q", calls[i].ID)
-				}
-				calls[i].ID = ""
-			}
-			if str(msg.Content) != c.content || str(msg.ReasoningContent) != c.reasoning || !reflect.DeepEqual(calls, c.calls) ||
-				out.Choices[0].FinishReason != c.finish {
-				t.Errorf("got content %q reasoning %q calls %+v finish %q\nwant %q %q %+v %q",
-					str(msg.Content), str(msg.ReasoningContent), calls, out.Choices[0].FinishReason, c.content, c.reasoning, c.calls, c.finish)
+			want := chatParts{c.content, c.reasoning, c.calls, c.finish}
+			got, raw := chatWhole(t, url, body())
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("got %+v\nwant %+v", got, want)
 			}
 			if c.calls != nil && !bytes.Contains(raw, []byte(`"content":null`)) {
 				t.Errorf("a call-only message has content null: %s", raw)
 			}
-
 			// Streaming: the deltas join to the same message.
-			sb := body()
-			sb["stream"] = true
-			code, raw = postChat(t, url, sb)
-			if code != http.StatusOK {
-				t.Fatalf("stream status %d: %s", code, raw)
-			}
-			var content, reasoning strings.Builder
-			var scalls []harmonyCallOut
-			finish := ""
-			sc := bufio.NewScanner(bytes.NewReader(raw))
-			for sc.Scan() {
-				data, ok := strings.CutPrefix(sc.Text(), "data: ")
-				if !ok || data == "[DONE]" {
-					continue
-				}
-				var ch struct {
-					Choices []struct {
-						Delta        harmonyMessage `json:"delta"`
-						FinishReason *string        `json:"finish_reason"`
-					} `json:"choices"`
-				}
-				if err := json.Unmarshal([]byte(data), &ch); err != nil {
-					t.Fatalf("%v: %s", err, data)
-				}
-				for _, x := range ch.Choices {
-					if x.Delta.Content != nil {
-						content.WriteString(*x.Delta.Content)
-					}
-					if x.Delta.ReasoningContent != nil {
-						reasoning.WriteString(*x.Delta.ReasoningContent)
-					}
-					for _, d := range x.Delta.ToolCalls {
-						if d.Index == nil || *d.Index != len(scalls) && *d.Index != len(scalls)-1 {
-							t.Fatalf("delta index out of order: %s", data)
-						}
-						if *d.Index == len(scalls) {
-							if !strings.HasPrefix(d.ID, "call_") || d.Type != "function" || d.Function.Name == "" {
-								t.Errorf("first fragment of a call lacks id/type/name: %s", data)
-							}
-							scalls = append(scalls, harmonyCallOut{Type: d.Type})
-						}
-						scalls[*d.Index].Name += d.Function.Name
-						scalls[*d.Index].Args += d.Function.Arguments
-					}
-					if x.FinishReason != nil {
-						finish = *x.FinishReason
-					}
-				}
-			}
-			wantContent := c.content
-			if wantContent == "<nil>" {
-				wantContent = ""
-			}
-			if content.String() != wantContent || reasoning.String() != c.reasoning || !reflect.DeepEqual(scalls, c.calls) || finish != c.finish {
-				t.Errorf("stream: content %q reasoning %q calls %+v finish %q\n%s", content.String(), reasoning.String(), scalls, finish, raw)
+			want.content, want.reasoning = strings.TrimPrefix(want.content, "<nil>"), strings.TrimPrefix(want.reasoning, "<nil>")
+			if got, raw := chatStream(t, url, body()); !reflect.DeepEqual(got, want) {
+				t.Errorf("stream: %+v\nwant %+v\n%s", got, want, raw)
 			}
 		})
 	}
+}
+
+// chatParts is what a chat completion came back with: in a whole
+// response content and reasoning are "<nil>" when absent or null; joined
+// from a stream, "" then. Calls have their ids (checked) cleared.
+type chatParts struct {
+	content, reasoning string
+	calls              []harmonyCallOut
+	finish             string
+}
+
+// chatWhole posts a chat request and reads its response.
+func chatWhole(t *testing.T, url string, body map[string]any) (chatParts, []byte) {
+	t.Helper()
+	code, raw := postChat(t, url, body)
+	if code != http.StatusOK {
+		t.Fatalf("status %d: %s", code, raw)
+	}
+	var out struct {
+		Choices []struct {
+			Message      harmonyMessage `json:"message"`
+			FinishReason string         `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(raw, &out); err != nil || len(out.Choices) != 1 {
+		t.Fatalf("%v: %s", err, raw)
+	}
+	msg := out.Choices[0].Message
+	calls := callsOf(msg.ToolCalls)
+	for i := range calls {
+		if !strings.HasPrefix(calls[i].ID, "call_") {
+			t.Errorf("call id %q", calls[i].ID)
+		}
+		calls[i].ID = ""
+	}
+	return chatParts{str(msg.Content), str(msg.ReasoningContent), calls, out.Choices[0].FinishReason}, raw
+}
+
+// chatStream posts a chat request with stream: true and joins its deltas.
+func chatStream(t *testing.T, url string, body map[string]any) (chatParts, []byte) {
+	t.Helper()
+	body["stream"] = true
+	code, raw := postChat(t, url, body)
+	if code != http.StatusOK {
+		t.Fatalf("stream status %d: %s", code, raw)
+	}
+	var content, reasoning strings.Builder
+	var p chatParts
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var ch struct {
+			Choices []struct {
+				Delta        harmonyMessage `json:"delta"`
+				FinishReason *string        `json:"finish_reason"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(data), &ch); err != nil {
+			t.Fatalf("%v: %s", err, data)
+		}
+		for _, x := range ch.Choices {
+			if x.Delta.Content != nil {
+				content.WriteString(*x.Delta.Content)
+			}
+			if x.Delta.ReasoningContent != nil {
+				reasoning.WriteString(*x.Delta.ReasoningContent)
+			}
+			for _, d := range x.Delta.ToolCalls {
+				if d.Index == nil || *d.Index != len(p.calls) && *d.Index != len(p.calls)-1 {
+					t.Fatalf("delta index out of order: %s", data)
+				}
+				if *d.Index == len(p.calls) {
+					if !strings.HasPrefix(d.ID, "call_") || d.Type != "function" || d.Function.Name == "" {
+						t.Errorf("first fragment of a call lacks id/type/name: %s", data)
+					}
+					p.calls = append(p.calls, harmonyCallOut{Type: d.Type})
+				}
+				p.calls[*d.Index].Name += d.Function.Name
+				p.calls[*d.Index].Args += d.Function.Arguments
+			}
+			if x.FinishReason != nil {
+				p.finish = *x.FinishReason
+			}
+		}
+	}
+	p.content, p.reasoning = content.String(), reasoning.String()
+	return p, raw
 }
 
 // TestHarmonyRefusesGrammars: a grammar from the first token would keep a

@@ -1,7 +1,6 @@
 package decode
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -120,77 +119,13 @@ func TestQwen3ThinkSplit(t *testing.T) {
 				body["tools"] = harmonyTools
 			}
 			q.aim(t, user, tl)
-			code, raw := postChat(t, q.url, body)
-			if code != http.StatusOK {
-				t.Fatalf("status %d: %s", code, raw)
+			want := chatParts{c.content, c.reasoning, c.calls, c.finish}
+			if got, _ := chatWhole(t, q.url, body); !reflect.DeepEqual(got, want) {
+				t.Errorf("got %+v\nwant %+v", got, want)
 			}
-			var out struct {
-				Choices []struct {
-					Message      harmonyMessage `json:"message"`
-					FinishReason string         `json:"finish_reason"`
-				} `json:"choices"`
-			}
-			if err := json.Unmarshal(raw, &out); err != nil || len(out.Choices) != 1 {
-				t.Fatalf("%v: %s", err, raw)
-			}
-			msg := out.Choices[0].Message
-			calls := callsOf(msg.ToolCalls)
-			for i := range calls {
-				calls[i].ID = ""
-			}
-			wantReasoning := c.reasoning
-			if str(msg.Content) != c.content || str(msg.ReasoningContent) != wantReasoning || !reflect.DeepEqual(calls, c.calls) ||
-				out.Choices[0].FinishReason != c.finish {
-				t.Errorf("got content %q reasoning %q calls %+v finish %q\nwant %q %q %+v %q",
-					str(msg.Content), str(msg.ReasoningContent), calls, out.Choices[0].FinishReason, c.content, c.reasoning, c.calls, c.finish)
-			}
-
-			body["stream"] = true
-			code, raw = postChat(t, q.url, body)
-			if code != http.StatusOK {
-				t.Fatalf("stream status %d: %s", code, raw)
-			}
-			var content, reasoning strings.Builder
-			var scalls []harmonyCallOut
-			sc := bufio.NewScanner(bytes.NewReader(raw))
-			for sc.Scan() {
-				data, ok := strings.CutPrefix(sc.Text(), "data: ")
-				if !ok || data == "[DONE]" {
-					continue
-				}
-				var ch struct {
-					Choices []struct {
-						Delta harmonyMessage `json:"delta"`
-					} `json:"choices"`
-				}
-				if err := json.Unmarshal([]byte(data), &ch); err != nil {
-					t.Fatalf("%v: %s", err, data)
-				}
-				for _, x := range ch.Choices {
-					if x.Delta.Content != nil {
-						content.WriteString(*x.Delta.Content)
-					}
-					if x.Delta.ReasoningContent != nil {
-						reasoning.WriteString(*x.Delta.ReasoningContent)
-					}
-					for _, d := range x.Delta.ToolCalls {
-						if d.Index != nil && *d.Index == len(scalls) {
-							scalls = append(scalls, harmonyCallOut{Type: d.Type})
-						}
-						scalls[len(scalls)-1].Name += d.Function.Name
-						scalls[len(scalls)-1].Args += d.Function.Arguments
-					}
-				}
-			}
-			wantContent, wantR := c.content, c.reasoning
-			if wantContent == "<nil>" {
-				wantContent = ""
-			}
-			if wantR == "<nil>" {
-				wantR = ""
-			}
-			if content.String() != wantContent || reasoning.String() != wantR || !reflect.DeepEqual(scalls, c.calls) {
-				t.Errorf("stream: content %q reasoning %q calls %+v\n%s", content.String(), reasoning.String(), scalls, raw)
+			want.content, want.reasoning = strings.TrimPrefix(want.content, "<nil>"), strings.TrimPrefix(want.reasoning, "<nil>")
+			if got, raw := chatStream(t, q.url, body); !reflect.DeepEqual(got, want) {
+				t.Errorf("stream: %+v\nwant %+v\n%s", got, want, raw)
 			}
 		})
 	}
