@@ -92,7 +92,13 @@ func (s pieceStream) Flush() string       { return "" }
 func harmonyServer(t *testing.T, gen string) string {
 	t.Helper()
 	text := newPieceText()
-	m := &scriptModel{script: text.encode(gen), eos: text.ids["<|return|>"], vocab: text.VocabSize()}
+	url, _ := serveScript(t, &scriptModel{script: text.encode(gen), eos: text.ids["<|return|>"], vocab: text.VocabSize()}, text)
+	return url
+}
+
+// serveScript serves a scripted model over HTTP, tools and grammars on.
+func serveScript(t *testing.T, m *scriptModel, text Text) (string, *Server) {
+	t.Helper()
 	g := &Grammars{Text: text}
 	srv := New(Options{Name: "m", Model: m, Text: text, NewSampler: NewSampler, NewStopMatcher: NewStopMatcher,
 		MaxBatch: 1, CacheEntries: -1, NewConstraint: g.NewConstraint, AcceptTools: true,
@@ -102,7 +108,7 @@ func harmonyServer(t *testing.T, gen string) string {
 	srv.Register(mux)
 	hs := httptest.NewServer(mux)
 	t.Cleanup(hs.Close)
-	return hs.URL
+	return hs.URL, srv
 }
 
 const (

@@ -4,10 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"reflect"
 	"strings"
@@ -56,17 +53,8 @@ func newTemplateServer(t *testing.T, template, gen string) *qwen3Server {
 		t.Fatalf("the tokenizer does not round-trip the script: %q", got)
 	}
 	m := &scriptModel{script: script, eos: tok.EOS()[0], vocab: tok.VocabSize()}
-	text := NewText(tok, tmpl)
-	g := &Grammars{Text: text}
-	srv := New(Options{Name: "m", Model: m, Text: text, NewSampler: NewSampler, NewStopMatcher: NewStopMatcher,
-		MaxBatch: 1, CacheEntries: -1, NewConstraint: g.NewConstraint, AcceptTools: true,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	t.Cleanup(srv.Close)
-	mux := http.NewServeMux()
-	srv.Register(mux)
-	hs := httptest.NewServer(mux)
-	t.Cleanup(hs.Close)
-	return &qwen3Server{url: hs.URL, srv: srv, m: m, tok: tok, tmpl: tmpl}
+	url, srv := serveScript(t, m, NewText(tok, tmpl))
+	return &qwen3Server{url: url, srv: srv, m: m, tok: tok, tmpl: tmpl}
 }
 
 // aim sets the script's prompt length to that of a chat request's.
