@@ -430,7 +430,7 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 // opensThink reports whether the prompt ends inside <think> (a template
 // that opens the reasoning itself), so the output starts as reasoning.
 func (s *Server) opensThink(prompt []int32) bool {
-	tail := s.o.Text.Decode(prompt[max(0, len(prompt)-4):])
+	tail := s.o.Text.Decode(prompt[max(0, len(prompt)-32):]) // "<think>\n" is one to nine tokens
 	return strings.HasSuffix(strings.TrimRightFunc(tail, unicode.IsSpace), "<think>")
 }
 

@@ -36,15 +36,21 @@ func newQwen3Server(t *testing.T, gen string) *qwen3Server {
 // runners/chat/testdata.
 func newTemplateServer(t *testing.T, template, gen string) *qwen3Server {
 	t.Helper()
-	tok, err := tokenizer.Load("../tokenizer/testdata/tiny_qwen2")
-	if err != nil {
-		t.Fatal(err)
-	}
 	src, err := os.ReadFile("../chat/testdata/" + template)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl, err := chat.Parse(string(src), "", "<|im_end|>")
+	return serveTemplate(t, string(src), gen)
+}
+
+// serveTemplate is newTemplateServer with the template's source.
+func serveTemplate(t *testing.T, src, gen string) *qwen3Server {
+	t.Helper()
+	tok, err := tokenizer.Load("../tokenizer/testdata/tiny_qwen2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := chat.Parse(src, "", "<|im_end|>")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,6 +137,51 @@ func TestQwen3ThinkSplit(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestThinkOpenedByThePrompt: a template whose generation prompt opens
+// <think> itself (as Qwen3's 2507 thinking models' do) has output that
+// starts as reasoning; a call after </think> is still a call (and the
+// lazy call constraint, which only watches the answer, lets it through).
+func TestThinkOpenedByThePrompt(t *testing.T) {
+	src, err := os.ReadFile("../chat/testdata/qwen3_real_chat_template.jinja")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opened := strings.Replace(string(src), `{{- '<|im_start|>assistant\n' }}`, `{{- '<|im_start|>assistant\n<think>\n' }}`, 1)
+	if opened == string(src) {
+		t.Fatal("the template's generation prompt moved")
+	}
+	user := []openai.ChatMessage{{Role: "user", Content: "hi"}}
+	var tools []openai.Tool
+	if err := json.Unmarshal(mustJSON(t, harmonyTools), &tools); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, gen string
+		tools     bool
+		want      chatParts
+	}{
+		{"answer", "The user greets me. <tool_call> here is not a call.\n</think>\n\nHello!", false,
+			chatParts{"Hello!", "The user greets me. <tool_call> here is not a call.", nil, "stop"}},
+		{"call", "Need f. <tool_call>\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>", true,
+			chatParts{"<nil>", "Need f. <tool_call>", []harmonyCallOut{{"", "function", "get_weather", `{"city": "Oslo"}`}}, "tool_calls"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			q := serveTemplate(t, opened, c.gen)
+			body := map[string]any{"max_tokens": 200, "temperature": 0}
+			var tl []openai.Tool
+			if c.tools {
+				tl, body["tools"] = tools, harmonyTools
+			}
+			if p := q.aim(t, user, tl); !strings.HasSuffix(p, "<think>\n") {
+				t.Fatalf("prompt %q", p)
+			}
+			if got, raw := chatWhole(t, q.url, body); !reflect.DeepEqual(got, c.want) {
+				t.Errorf("got %+v\nwant %+v\n%s", got, c.want, raw)
+			}
+		})
+	}
 }
 
 func mustJSON(t *testing.T, v any) []byte {
