@@ -397,8 +397,8 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 			// <think> reasoning first; the answer after it is parsed (and
 			// constrained) for calls
 			open := s.opensThink(prompt)
-			the := &thinkEmitter{Emitter: em, reasoning: reasoning, next: te, p: chat.ThinkParser{Open: open}}
-			te, em = the, the
+			th := &thinkEmitter{Emitter: em, reasoning: reasoning, next: te, p: chat.ThinkParser{Open: open}}
+			te, em = th, th
 			if lc, ok := cons.(*lazyConstraint); ok {
 				lc.think = &chat.ThinkParser{Open: open}
 			}
