@@ -66,8 +66,9 @@ func (b *backend) DeltaGates(a, bb, aLog, dtBias engine.Array) (engine.Array, en
 // squares) and its op count as L/chunk: on a GPU, where a 64×64 product is
 // as cheap as an elementwise op, 64 (not measured: no GPU here); on MLX's
 // CPU backend, whose PyPI builds multiply with a reference BLAS, 16 (on
-// the tiny Qwen3-Next, 256 tokens: 64 cost ~1.7× the CPU time of 16, the
-// squares of 64×64 were two thirds of all flops; docs/BENCHMARKS.md).
+// the tiny Qwen3-Next, 256 tokens: the whole prefill took 1.5–1.8× the CPU
+// time with 64 as with 16; the 64×64 squares were two thirds of its
+// flops; docs/BENCHMARKS.md).
 const (
 	deltaChunkGPU = 64
 	deltaChunkCPU = 16
