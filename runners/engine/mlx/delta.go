@@ -66,7 +66,7 @@ func (b *backend) DeltaGates(a, bb, aLog, dtBias engine.Array) (engine.Array, en
 // squares) and its op count as L/chunk: on a GPU, where a 64×64 product is
 // as cheap as an elementwise op, 64 (not measured: no GPU here); on MLX's
 // CPU backend, whose PyPI builds multiply with a reference BLAS, 16 (on
-// the tiny Qwen3-Next, 256 tokens: the whole prefill took 1.5–1.8× the CPU
+// the tiny Qwen3-Next, 256 tokens: the whole prefill took 1.5–2× the CPU
 // time with 64 as with 16; the 64×64 squares were two thirds of its
 // flops; docs/BENCHMARKS.md).
 const (
