@@ -309,25 +309,6 @@ func chatStream(t *testing.T, url string, body map[string]any) (chatParts, []byt
 	return p, raw
 }
 
-// TestHarmonyRefusesGrammars: a grammar from the first token would keep a
-// harmony model from writing its channel headers, so forced tool_choice,
-// response_format and strict tools (whose calls are parsed, not
-// constrained) are a clear 400 naming the field.
-func TestHarmonyRefusesGrammars(t *testing.T) {
-	url := harmonyServer(t, harmonyAnswer)
-	for field, body := range map[string]map[string]any{
-		"tool_choice":     {"tools": harmonyTools, "tool_choice": "required"},
-		"response_format": {"response_format": map[string]any{"type": "json_object"}},
-		"tools[0].function.strict": {"tools": []map[string]any{{"type": "function", "function": map[string]any{
-			"name": "f", "strict": true, "parameters": map[string]any{"type": "object"}}}}},
-	} {
-		code, raw := postChat(t, url, body)
-		if code != http.StatusBadRequest || !bytes.Contains(raw, []byte(field)) || !bytes.Contains(raw, []byte("harmony")) {
-			t.Errorf("%s: status %d %s", field, code, raw)
-		}
-	}
-}
-
 // recorder is an emitter that takes calls and reasoning, as the OpenAI
 // chat API does.
 type recorder struct {
