@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math"
 	"net/http"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -262,5 +263,83 @@ func TestDeferredErrors(t *testing.T) {
 	body := map[string]any{"model": "m", "messages": []map[string]any{{"role": "user", "content": "x"}}, "max_tokens": 4, "max_reasoning_tokens": 8}
 	if code := s.post(t, "/v1/chat/completions", body, nil); code != http.StatusBadRequest {
 		t.Errorf("max_reasoning_tokens on a model that does not reason: status %d", code)
+	}
+}
+
+// TestThinkConstrainedAnswers: on a Qwen3-template model, response_format
+// and tool_choice "required" start after </think> (or at once when the
+// model does not reason): the reasoning comes back untouched as
+// reasoning_content, the answer validates, a forced call is parsed, and
+// a stream joins to the same message; with a template whose prompt opens
+// <think> the output starts free; max_reasoning_tokens closes an endless
+// reasoning.
+func TestThinkConstrainedAnswers(t *testing.T) {
+	src, err := os.ReadFile("../chat/testdata/qwen3_real_chat_template.jinja")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opened := strings.Replace(string(src), `{{- '<|im_start|>assistant\n' }}`, `{{- '<|im_start|>assistant\n<think>\n' }}`, 1)
+	point := map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "p", "schema": json.RawMessage(pointSchema)}}
+	endless := strings.Repeat("hmm ", 60)
+	user := []openai.ChatMessage{{Role: "user", Content: "hi"}}
+	var weather []openai.Tool
+	if err := json.Unmarshal(mustJSON(t, []any{cityTool}), &weather); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name, template, gen string
+		body                map[string]any
+		reasoning           string // "prefix:" + text: a prefix of text
+		call                string
+	}{
+		{"json_schema over prose", string(src), "<think>\nThe user wants a point. { not json }\n</think>\n\nSure: x is 3.",
+			map[string]any{"response_format": point}, "The user wants a point. { not json }", ""},
+		{"json_schema without reasoning", string(src), `{"x": 1, "tag": "a"}`, map[string]any{"response_format": point}, "<nil>", ""},
+		{"required over prose", string(src), qwen3Think, map[string]any{"tools": []any{cityTool}, "tool_choice": "required", "parallel_tool_calls": false},
+			"The user greets me.\nReply briefly.", "get_weather"},
+		{"opened by the prompt", opened, "Thinking { about } it.\n</think>\n\nSure: x is 3.", map[string]any{"response_format": point}, "Thinking { about } it.", ""},
+		{"max_reasoning_tokens", string(src), "<think>\n" + endless, map[string]any{"response_format": point, "max_reasoning_tokens": 6}, "prefix:" + endless, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			q := serveTemplate(t, c.template, c.gen)
+			var tl []openai.Tool
+			if c.call != "" {
+				tl = weather
+			}
+			q.aim(t, user, tl)
+			body := func() map[string]any {
+				b := map[string]any{"max_tokens": 500, "temperature": 0}
+				for k, v := range c.body {
+					b[k] = v
+				}
+				return b
+			}
+			got, raw := chatWhole(t, q.url, body())
+			t.Logf("%+v", got)
+			if p, ok := strings.CutPrefix(c.reasoning, "prefix:"); ok {
+				if got.reasoning == "" || got.reasoning == "<nil>" || !strings.HasPrefix(p, got.reasoning) || len(q.tok.Encode(got.reasoning)) > 6 {
+					t.Errorf("reasoning %q: want at most 6 tokens of %q", got.reasoning, p)
+				}
+			} else if got.reasoning != c.reasoning {
+				t.Errorf("reasoning %q, want %q", got.reasoning, c.reasoning)
+			}
+			if c.call != "" {
+				if len(got.calls) != 1 || got.calls[0].Name != c.call || got.finish != "tool_calls" {
+					t.Fatalf("want one call of %s: %+v\n%s", c.call, got, raw)
+				}
+				validate(t, validator(t, toolSchemas[c.call]), got.calls[0].Args)
+			} else {
+				if got.finish != "stop" {
+					t.Fatalf("%+v", got)
+				}
+				validate(t, validator(t, pointSchema), got.content)
+			}
+			want := got
+			want.content, want.reasoning = strings.TrimPrefix(want.content, "<nil>"), strings.TrimPrefix(want.reasoning, "<nil>")
+			if s, raw := chatStream(t, q.url, body()); !reflect.DeepEqual(s, want) {
+				t.Errorf("stream: %+v\nwant %+v\n%s", s, want, raw)
+			}
+		})
 	}
 }
