@@ -300,11 +300,6 @@ func (g *Grammars) deferred(req *openai.GenRequest) (c Constraint, ok bool, err 
 		}
 		return nil, false, nil // Qwen3: constrained from the first token, as for any model
 	}
-	// The answer grammar alone: validates schemas with errors naming the
-	// request's fields (compiled in the family's format, cached).
-	if _, err := g.grammarFor(req); err != nil {
-		return nil, false, err
-	}
 	v, err := g.vocabulary()
 	if err != nil {
 		return nil, false, fmt.Errorf("grammar vocabulary: %w", err)
@@ -312,8 +307,11 @@ func (g *Grammars) deferred(req *openai.GenRequest) (c Constraint, ok bool, err 
 	var p *deferPlan
 	if harmony {
 		p, err = g.harmonyPlan(req, tools, forced != "", structured)
-	} else {
-		p, err = g.thinkPlan(req, tools, forced)
+	} else if p, err = g.thinkPlan(req, tools, forced); err != nil {
+		// the answer's grammar alone names the field at fault
+		if _, ferr := g.grammarFor(req); ferr != nil {
+			return nil, false, ferr
+		}
 	}
 	if err != nil {
 		return nil, false, err
@@ -411,6 +409,9 @@ func (g *Grammars) harmonyPlan(req *openai.GenRequest, tools []openai.Tool, forc
 	}
 	switch rf := req.ResponseFormat; {
 	case structured && rf.Type == "json_schema":
+		if _, err := grammar.Compile(rf.JSONSchema.Schema); err != nil {
+			return nil, openai.Errorf("response_format.json_schema.schema", "response_format.json_schema.schema: %v", err)
+		}
 		answer = append(answer, grammar.Alt{Head: harmonyFinal, Schema: rf.JSONSchema.Schema})
 	case structured:
 		answer = append(answer, grammar.Alt{Head: harmonyFinal, Object: true})
@@ -422,7 +423,11 @@ func (g *Grammars) harmonyPlan(req *openai.GenRequest, tools []openai.Tool, forc
 	// (then the answer's header is forced); in "auto" the model may go
 	// back to analysis after a preamble or a free call.
 	again := !forced && !structured
-	return g.plan(free, answer, "", harmonyStart, harmonyEnd+harmonyStart, again, false, harmonyEnd, harmonyHeaderEnd)
+	p, err := g.plan(free, answer, "", harmonyStart, harmonyEnd+harmonyStart, again, false, harmonyEnd, harmonyHeaderEnd)
+	if err != nil {
+		return nil, openai.Errorf("tools", "the answer's grammar: %v", err) // its parts compiled alone above
+	}
+	return p, nil
 }
 
 // thinkPlan: see deferPlan.

@@ -251,12 +251,25 @@ func TestDeferredErrors(t *testing.T) {
 		{"continue_final_message", map[string]any{"response_format": map[string]any{"type": "json_object"}, "continue_final_message": true,
 			"messages": []map[string]any{{"role": "user", "content": "hi"}, {"role": "assistant", "content": "{"}}}},
 		{"max_reasoning_tokens", map[string]any{"max_reasoning_tokens": 0}},
+		{"response_format.json_schema.schema", map[string]any{"response_format": map[string]any{"type": "json_schema",
+			"json_schema": map[string]any{"name": "x", "schema": map[string]any{"type": "string", "pattern": "^a"}}}}},
 		{"tool_choice", map[string]any{"tools": harmonyTools, "tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "nope"}}}},
 	} {
 		code, raw := postChat(t, url, c.body)
 		if code != http.StatusBadRequest || !bytes.Contains(raw, []byte(`"param":"`+c.field+`"`)) {
 			t.Errorf("%s: status %d %s", c.field, code, raw)
 		}
+	}
+	// Qwen3: the same field named
+	q := newQwen3Server(t, qwen3Think)
+	code, raw := postChat(t, q.url, map[string]any{"response_format": map[string]any{"type": "json_schema",
+		"json_schema": map[string]any{"name": "x", "schema": map[string]any{"type": "string", "pattern": "^a"}}}})
+	if code != http.StatusBadRequest || !bytes.Contains(raw, []byte(`"param":"response_format.json_schema.schema"`)) {
+		t.Errorf("qwen3 schema: status %d %s", code, raw)
+	}
+	// Qwen3 reasons, but an unconstrained answer has no place to cap it
+	if code, raw := postChat(t, q.url, map[string]any{"max_reasoning_tokens": 5}); code != http.StatusBadRequest || !bytes.Contains(raw, []byte(`"param":"max_reasoning_tokens"`)) {
+		t.Errorf("qwen3 max_reasoning_tokens unconstrained: status %d %s", code, raw)
 	}
 	// a model that does not reason has no use for max_reasoning_tokens
 	s := newGrammarServer(t)
