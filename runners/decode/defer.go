@@ -27,7 +27,8 @@ import (
 // Harmony (the prompt ends with "<|start|>assistant"):
 //
 //	start:  <|channel|>analysis<|message|>                            → free reasoning until <|end|>
-//	        <|channel|>final<|message|>{document}                     (response_format)
+//	        <|channel|>final<|message|>{document}                     (response_format; or
+//	        <|channel|>final <|constrain|>json<|message|>{document}    with the content type)
 //	        <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{arguments}
 //	                                                                  (an offered tool; named: that one)
 //	next:   an answer alternative, after "<|start|>assistant" (tool_choice
@@ -215,6 +216,7 @@ const (
 	harmonyStart     = "<|start|>assistant"
 	harmonyAnalysis  = "<|channel|>analysis<|message|>"
 	harmonyFinal     = "<|channel|>final<|message|>"
+	harmonyFinalJSON = "<|channel|>final <|constrain|>json<|message|>" // as gpt-oss may write it for a response format
 	harmonyPreamble  = "<|channel|>commentary<|message|>"
 	harmonyEnd       = "<|end|>"
 	harmonyHeaderEnd = "<|message|>"
@@ -412,9 +414,13 @@ func (g *Grammars) harmonyPlan(req *openai.GenRequest, tools []openai.Tool, forc
 		if _, err := grammar.Compile(rf.JSONSchema.Schema); err != nil {
 			return nil, openai.Errorf("response_format.json_schema.schema", "response_format.json_schema.schema: %v", err)
 		}
-		answer = append(answer, grammar.Alt{Head: harmonyFinal, Schema: rf.JSONSchema.Schema})
+		for _, h := range []string{harmonyFinal, harmonyFinalJSON} {
+			answer = append(answer, grammar.Alt{Head: h, Schema: rf.JSONSchema.Schema})
+		}
 	case structured:
-		answer = append(answer, grammar.Alt{Head: harmonyFinal, Object: true})
+		for _, h := range []string{harmonyFinal, harmonyFinalJSON} {
+			answer = append(answer, grammar.Alt{Head: h, Object: true})
+		}
 	case !forced:
 		free[harmonyFinal] = segment{final: true}
 		free[harmonyPreamble] = segment{}

@@ -120,6 +120,11 @@ func TestHarmonyDeferredSteps(t *testing.T) {
 			if len(allowed) != 1 || !allowed['f'] {
 				t.Errorf("channel: %v, want f", keys(allowed))
 			}
+		case strings.HasSuffix(text, "<|start|>assistant<|channel|>final"):
+			// the body, or the content type first
+			if len(allowed) != 2 || !allowed[' '] || !allowed[p.ids["<|message|>"]] {
+				t.Errorf("after final: %v, want ' ' or <|message|>", keys(allowed))
+			}
 		}
 		if err := c.Accept(tok); err != nil {
 			t.Fatalf("step %d: %v", i, err)
@@ -184,6 +189,8 @@ func TestHarmonyConstrainedAnswers(t *testing.T) {
 		{"json_schema over prose", prose, map[string]any{"response_format": point}, "Need a point.", pointSchema, "", ""},
 		{"json_object", strings.Replace(prose, "Sure: x is 3, tag b.", `{"a": [1, true]}`, 1), map[string]any{"response_format": map[string]any{"type": "json_object"}},
 			"Need a point.", `{"type":"object"}`, "", ""},
+		{"json_object, final with a content type", strings.Replace(prose, "final<|message|>Sure: x is 3, tag b.", `final <|constrain|>json<|message|>{"a": 1}`, 1),
+			map[string]any{"response_format": map[string]any{"type": "json_object"}}, "Need a point.", `{"type":"object","required":["a"]}`, "", ""},
 		{"required over an answer", harmonyAnswer, map[string]any{"tools": []any{cityTool}, "tool_choice": "required"},
 			"User says hi. <|x|> < reply.", "", "", "get_weather"},
 		{"named over a call of another tool", harmonyCall, map[string]any{"tools": []any{cityTool, addTool},
