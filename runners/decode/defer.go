@@ -83,7 +83,8 @@ type deferredConstraint struct {
 	inner    *maskConstraint
 	inHeader bool
 	started  bool
-	open     bool // the prompt opened the reasoning (Qwen3's <think>): start in it
+	open     bool    // the prompt opened the reasoning (Qwen3's <think>): start in it
+	ban      []int32 // control and end tokens other than the closer: masked in a free segment
 }
 
 // maxHead bounds the bytes kept to recognise a head.
@@ -134,8 +135,15 @@ func (d *deferredConstraint) Mask(logits []float32) error {
 	ninf := float32(math.Inf(-1))
 	if d.seg != nil {
 		if !(d.seg.reasoning && d.budget > 0 && d.used >= d.budget && d.p.capped != nil) {
-			for _, id := range d.dv.special {
-				if int(id) < len(logits) && !bytes.Equal(d.bytesOf(id), d.p.closer) && !(d.seg.final && d.v.IsEOS(id)) {
+			if d.ban == nil {
+				for _, id := range d.dv.special {
+					if !bytes.Equal(d.bytesOf(id), d.p.closer) {
+						d.ban = append(d.ban, id)
+					}
+				}
+			}
+			for _, id := range d.ban {
+				if int(id) < len(logits) && !(d.seg.final && d.v.IsEOS(id)) {
 					logits[id] = ninf
 				}
 			}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -100,7 +101,8 @@ func writeJSON(t *testing.T, path string, v any) {
 // 1 over several seeds: whatever garbage it reasons, response_format
 // json_schema returns a schema-valid content and tool_choice "required" a
 // call of the offered tool with schema-valid arguments, once
-// max_reasoning_tokens has closed the analysis (or the model closed it).
+// max_reasoning_tokens has closed the analysis (or the model closed it);
+// a stream (same seed) joins to the same message.
 func TestTinyGptOssConstrained(t *testing.T) {
 	dir := writeHarmonyGptOss(t)
 	s := serveTinyDir(t, dir, func(text Text, o *Options) {
@@ -114,51 +116,41 @@ func TestTinyGptOssConstrained(t *testing.T) {
 		t.Fatalf("<|channel|> is %v, want one control token", ids)
 	}
 	point := map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "p", "schema": json.RawMessage(pointSchema)}}
-	msgs := []map[string]any{{"role": "user", "content": "a point, please"}}
 	for seed := range 3 {
-		var out struct {
-			Choices []struct {
-				Message struct {
-					Content   *string `json:"content"`
-					Reasoning *string `json:"reasoning_content"`
-					ToolCalls []struct {
-						Function struct{ Name, Arguments string }
-					} `json:"tool_calls"`
-				} `json:"message"`
-				FinishReason string `json:"finish_reason"`
-			} `json:"choices"`
-			Usage struct {
-				CompletionTokens int `json:"completion_tokens"`
-			} `json:"usage"`
-		}
-		body := map[string]any{"model": "m", "messages": msgs, "max_tokens": 300, "temperature": 1, "seed": seed,
-			"response_format": point, "max_reasoning_tokens": 8}
-		if code := s.post(t, "/v1/chat/completions", body, &out); code != 200 {
-			t.Fatalf("status %d", code)
-		}
-		c := out.Choices[0]
-		if c.FinishReason != "stop" || c.Message.Content == nil {
-			t.Fatalf("seed %d: finish %q content %v", seed, c.FinishReason, c.Message.Content)
-		}
-		t.Logf("seed %d: reasoning %q content %q", seed, str(c.Message.Reasoning), *c.Message.Content)
-		validate(t, validator(t, pointSchema), *c.Message.Content)
-		// (the cap itself is counted exactly in TestHarmonyConstrainedAnswers;
-		// garbage text does not re-tokenize to the tokens it came from)
-
-		body = map[string]any{"model": "m", "messages": msgs, "max_tokens": 300, "temperature": 1, "seed": seed,
-			"tools": []any{cityTool}, "tool_choice": "required", "max_reasoning_tokens": 8}
-		out.Choices = nil
-		if code := s.post(t, "/v1/chat/completions", body, &out); code != 200 {
-			t.Fatalf("status %d", code)
-		}
-		c = out.Choices[0]
-		if c.FinishReason != "tool_calls" || len(c.Message.ToolCalls) != 1 || c.Message.ToolCalls[0].Function.Name != "get_weather" {
-			t.Fatalf("seed %d: finish %q calls %+v content %q", seed, c.FinishReason, c.Message.ToolCalls, str(c.Message.Content))
-		}
-		t.Logf("seed %d: call %s", seed, c.Message.ToolCalls[0].Function.Arguments)
-		validate(t, validator(t, toolSchemas["get_weather"]), c.Message.ToolCalls[0].Function.Arguments)
-		if strings.Contains(str(c.Message.Content), "<|") {
-			t.Errorf("seed %d: control tokens leaked into content %q", seed, str(c.Message.Content))
+		for _, c := range []struct {
+			body   map[string]any
+			schema string // the content's ("": a call's arguments, get_weather's)
+		}{
+			{map[string]any{"response_format": point}, pointSchema},
+			{map[string]any{"tools": []any{cityTool}, "tool_choice": "required"}, ""},
+		} {
+			body := func() map[string]any {
+				b := map[string]any{"max_tokens": 300, "temperature": 1, "seed": seed, "max_reasoning_tokens": 8}
+				for k, v := range c.body {
+					b[k] = v
+				}
+				return b
+			}
+			got, raw := chatWhole(t, s.url, body())
+			t.Logf("seed %d: %+v", seed, got)
+			if c.schema != "" {
+				if got.finish != "stop" || got.calls != nil {
+					t.Fatalf("seed %d: %+v\n%s", seed, got, raw)
+				}
+				validate(t, validator(t, c.schema), got.content)
+			} else {
+				if got.finish != "tool_calls" || len(got.calls) != 1 || got.calls[0].Name != "get_weather" || got.content != "<nil>" {
+					t.Fatalf("seed %d: %+v\n%s", seed, got, raw)
+				}
+				validate(t, validator(t, toolSchemas["get_weather"]), got.calls[0].Args)
+			}
+			// (the cap itself is counted exactly in TestHarmonyConstrainedAnswers;
+			// garbage text does not re-tokenize to the tokens it came from)
+			want := got
+			want.content, want.reasoning = strings.TrimPrefix(want.content, "<nil>"), strings.TrimPrefix(want.reasoning, "<nil>")
+			if st, raw := chatStream(t, s.url, body()); !reflect.DeepEqual(st, want) {
+				t.Errorf("seed %d stream: %+v\nwant %+v\n%s", seed, st, want, raw)
+			}
 		}
 	}
 }
