@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -362,4 +364,88 @@ func TestThinkConstrainedAnswers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDeferredRandomWalks: generations made of random choices among the
+// tokens each mask allows (a model that can be anything) always end, within
+// a bound, in an answer that parses and validates: for gpt-oss's harmony
+// under response_format, tool_choice "required" and a named tool, with a
+// random reasoning budget; the reasoning never holds more tokens than the
+// budget.
+func TestDeferredRandomWalks(t *testing.T) {
+	p := newPieceText()
+	g := &Grammars{Text: p}
+	var tools []openai.Tool
+	if err := json.Unmarshal(mustJSON(t, []any{cityTool, addTool}), &tools); err != nil {
+		t.Fatal(err)
+	}
+	reqs := map[string]*openai.GenRequest{
+		"response_format": {Chat: true, ResponseFormat: harmonyRF},
+		"required":        {Chat: true, Tools: tools, ToolChoice: &openai.ToolChoice{Mode: "required"}},
+		"named":           {Chat: true, Tools: tools, ToolChoice: &openai.ToolChoice{Mode: "function", Name: "add"}},
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	reasoned, capped := 0, 0
+	for name, req := range reqs {
+		for walk := range 40 {
+			r := *req
+			r.MaxReasoningTokens = 1 + rng.IntN(30)
+			c, err := g.NewConstraint(&r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var text strings.Builder
+			ended := false
+			for step := 0; step < 2000 && !ended; step++ {
+				allowed := keys(allowedBy(t, c, p.VocabSize()))
+				slices.Sort(allowed)
+				tok := allowed[rng.IntN(len(allowed))]
+				if err := c.Accept(tok); err != nil {
+					t.Fatalf("%s walk %d: %v", name, walk, err)
+				}
+				if tok == p.ids["<|return|>"] || tok == p.ids["<|call|>"] {
+					ended = true
+					continue
+				}
+				text.WriteString(p.vocab[tok])
+			}
+			if !ended || !c.Done() {
+				t.Fatalf("%s walk %d: no end after 2000 tokens: %q", name, walk, text.String())
+			}
+			var rec recorder
+			h := newHarmonyEmitter(&rec, true)
+			if err := h.Text(text.String(), nil); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := h.finish(); err != nil {
+				t.Fatal(err)
+			}
+			n := len(p.encode(rec.reasoning.String()))
+			if n > r.MaxReasoningTokens {
+				t.Fatalf("%s walk %d: %d reasoning tokens, budget %d: %q", name, walk, n, r.MaxReasoningTokens, text.String())
+			}
+			if n > 0 {
+				reasoned++
+			}
+			if n == r.MaxReasoningTokens {
+				capped++
+			}
+			switch name {
+			case "response_format":
+				if len(rec.calls) != 0 {
+					t.Fatalf("%s walk %d: calls in %q", name, walk, text.String())
+				}
+				validate(t, validator(t, pointSchema), rec.text.String())
+			default:
+				if len(rec.calls) != 1 || rec.text.Len() != 0 || name == "named" && rec.calls[0].Name != "add" {
+					t.Fatalf("%s walk %d: %+v %q in %q", name, walk, rec.calls, rec.text.String(), text.String())
+				}
+				validate(t, validator(t, toolSchemas[rec.calls[0].Name]), rec.calls[0].Args)
+			}
+		}
+	}
+	if reasoned < 20 || capped < 10 {
+		t.Fatalf("of 120 walks %d reasoned and %d reached their budget: the walks do not exercise the reasoning", reasoned, capped)
+	}
+	t.Logf("of 120 walks %d reasoned, %d reached their budget", reasoned, capped)
 }
