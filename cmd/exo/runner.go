@@ -34,6 +34,7 @@ const runnerUsage = `usage:
   exo runner decode  --model SRC --served-name NAME --listen HOST:PORT
                      [--prefill HOST:PORT[,HOST:PORT…]] [--remote-prefill-min-tokens N]
                      [--prefill-connect-timeout D] [--prefill-idle-floor D] [--kv-wire-dtype native|fp8]
+                     [--kv-streams N]
                      [--secret-file F] [--backend cpu|mlx|auto] [--device gpu|cpu]
                      [--max-queue N] [--max-batch N] [--models-dir D] [--read-header-timeout D]
                      [--default-temperature X] [--default-top-p X] [--default-top-k N]
@@ -71,6 +72,7 @@ type runnerFlags struct {
 	connectTimeout time.Duration
 	idleFloor      time.Duration
 	kvWireDType    string
+	kvStreams      int
 	// prefill
 	metricsAddr string
 	cacheMiB    int
@@ -156,6 +158,7 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		fs.StringVar(&f.route, "remote-prefill-route", "floor", "how a long prompt picks local or remote prefill: floor (the min tokens alone) or cost (predicted time from measured rates and links, the min tokens a floor)")
 		fs.DurationVar(&f.connectTimeout, "prefill-connect-timeout", time.Second, "connect + hello deadline of a prefill endpoint; past it the endpoint is skipped until it answers a probe")
 		fs.StringVar(&f.kvWireDType, "kv-wire-dtype", "native", "KV dtype asked of prefill runners: native (this cache's dtype) or fp8 (E4M3, per-head scales; half of bf16's bytes)")
+		fs.IntVar(&f.kvStreams, "kv-streams", 1, "TCP connections each KV transfer from a prefill runner is striped over (1 to 16; the prefill runner must speak kvwire version 4)")
 		fs.DurationVar(&f.idleFloor, "prefill-idle-floor", 3*time.Second, "shortest wait for the next KV frame (the deadline grows with the endpoint's measured chunk time)")
 	} else {
 		fs.StringVar(&f.metricsAddr, "metrics", "", "HTTP address for /health and /metrics")
@@ -185,6 +188,8 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		return nil, exitError{code: 2, msg: "runner: --prefill-connect-timeout must be positive"}
 	case f.role == "decode" && f.kvWireDType != "native" && f.kvWireDType != "fp8":
 		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --kv-wire-dtype %q: want native or fp8", f.kvWireDType)}
+	case f.role == "decode" && (f.kvStreams < 1 || f.kvStreams > kvwire.MaxStreams):
+		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --kv-streams %d: want 1 to %d", f.kvStreams, kvwire.MaxStreams)}
 	case f.role == "decode" && f.idleFloor <= 0:
 		return nil, exitError{code: 2, msg: "runner: --prefill-idle-floor must be positive"}
 	}
@@ -425,7 +430,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 				}
 			}})
 		remote = &decode.KVRemote{Client: client,
-			Selector: kvwire.NewSelector(eps), Name: f.name, Model: m, Breaker: br}
+			Selector: kvwire.NewSelector(eps), Name: f.name, Model: m, Breaker: br, Streams: f.kvStreams}
 		if f.kvWireDType == "fp8" {
 			remote.WireDType = kvwire.DTypeF8E4M3
 		}
@@ -457,7 +462,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 		}
 		gate.endpoints = br.Status
 		go remote.RunProbes(ctx, 0)
-		log.Info("remote prefill enabled", "endpoints", f.prefill, "min_tokens", f.minRemote, "route", f.route, "kv_wire_dtype", f.kvWireDType,
+		log.Info("remote prefill enabled", "endpoints", f.prefill, "min_tokens", f.minRemote, "route", f.route, "kv_wire_dtype", f.kvWireDType, "kv_streams", f.kvStreams,
 			"connect_timeout", f.connectTimeout, "idle_floor", f.idleFloor)
 	}
 	srv := decode.New(o)
@@ -556,7 +561,7 @@ func calibrate(ctx context.Context, m decode.Model, r *decode.Router, chunk int,
 // kvwire link probe (128 tokens of probe KV: 16 MiB), then its prefill
 // rate with one real 256-token prefill of tokens no earlier request used.
 func measureEndpoint(ctx context.Context, r *decode.KVRemote, rt *decode.Router, addr string, log *slog.Logger) {
-	pr, err := r.Client.Probe(ctx, addr, 128)
+	pr, err := r.Client.ProbeStreams(ctx, addr, 128, r.Streams)
 	if err != nil {
 		log.Warn("link probe failed; the route to this endpoint is decided by the floor until a transfer measures it", "endpoint", addr, "err", err)
 		return

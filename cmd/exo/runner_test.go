@@ -21,6 +21,9 @@ func TestRunnerFlags(t *testing.T) {
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "extra"},
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--remote-prefill-route", "fastest"},
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--kv-wire-dtype", "fp4"},
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--kv-streams", "0"},
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--kv-streams", "17"},
+		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--kv-streams", "4"},      // asked by decode runners
 		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--kv-wire-dtype", "fp8"}, // asked by decode runners
 	}
 	for _, args := range bad {
@@ -39,7 +42,11 @@ func TestRunnerFlags(t *testing.T) {
 		t.Fatalf("%+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --kv-wire-dtype fp8"))
-	if err != nil || f.kvWireDType != "fp8" {
+	if err != nil || f.kvWireDType != "fp8" || f.kvStreams != 1 {
+		t.Fatalf("%+v %v", f, err)
+	}
+	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --kv-streams 4"))
+	if err != nil || f.kvStreams != 4 {
 		t.Fatalf("%+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("prefill --model m.gguf --served-name s --listen 127.0.0.1:9 --metrics 127.0.0.1:10 --secret-file /s"))
