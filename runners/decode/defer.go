@@ -236,6 +236,17 @@ func harmonyCallHead(name string) string {
 	return "<|channel|>commentary to=functions." + name + " <|constrain|>json<|message|>"
 }
 
+// harmonyName reports whether name can stand in a harmony header
+// (recipient functions.NAME, which ends at white space or a control token).
+func harmonyName(name string) bool {
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' || r == '.') {
+			return false
+		}
+	}
+	return name != ""
+}
+
 // deferVocabulary computes the deferVocab once.
 func (g *Grammars) deferVocabulary(v *grammar.Vocab) *deferVocab {
 	g.dvOnce.Do(func() {
@@ -403,6 +414,9 @@ func (g *Grammars) harmonyPlan(req *openai.GenRequest, tools []openai.Tool, forc
 	var answer []grammar.Alt
 	if forced || toolsOffered(req) {
 		for i, t := range tools {
+			if !harmonyName(t.Function.Name) {
+				return nil, openai.Errorf(fmt.Sprintf("tools[%d].function.name", i), "tools[%d].function.name %q: a constrained harmony call needs a name of letters, digits, '_', '-' and '.'", i, t.Function.Name)
+			}
 			a := grammar.Alt{Head: harmonyCallHead(t.Function.Name), Schema: t.Function.Parameters, Object: len(t.Function.Parameters) == 0}
 			if a.Object {
 				a.Schema = nil

@@ -260,6 +260,8 @@ func TestDeferredErrors(t *testing.T) {
 		{"continue_final_message", map[string]any{"response_format": map[string]any{"type": "json_object"}, "continue_final_message": true,
 			"messages": []map[string]any{{"role": "user", "content": "hi"}, {"role": "assistant", "content": "{"}}}},
 		{"max_reasoning_tokens", map[string]any{"max_reasoning_tokens": 0}},
+		{"tools[0].function.name", map[string]any{"tools": []map[string]any{{"type": "function", "function": map[string]any{"name": "get weather<|message|>"}}},
+			"tool_choice": "required"}},
 		{"response_format.json_schema.schema", map[string]any{"response_format": map[string]any{"type": "json_schema",
 			"json_schema": map[string]any{"name": "x", "schema": map[string]any{"type": "string", "pattern": "^a"}}}}},
 		{"tool_choice", map[string]any{"tools": harmonyTools, "tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "nope"}}}},
