@@ -3,6 +3,8 @@ package decode
 import (
 	"bytes"
 	"encoding/json"
+	"github.com/exo-pd/exo-pd/runners/chat"
+	"github.com/exo-pd/exo-pd/runners/tokenizer"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -450,4 +452,93 @@ func TestDeferredRandomWalks(t *testing.T) {
 		t.Fatalf("of 120 walks %d reasoned and %d reached their budget: the walks do not exercise the reasoning", reasoned, capped)
 	}
 	t.Logf("of 120 walks %d reasoned, %d reached their budget", reasoned, capped)
+}
+
+// TestThinkRandomWalks is TestDeferredRandomWalks for a Qwen3-template
+// model (a byte-level BPE vocabulary whose tokens span several bytes, so
+// </think> and the answer's wrappers are spelled across tokens): with the
+// reasoning opened by the model or by the prompt, response_format and
+// tool_choice "required" end in an answer that parses (reasoning split off
+// as the server does) and validates.
+func TestThinkRandomWalks(t *testing.T) {
+	tok, err := tokenizer.Load("../tokenizer/testdata/tiny_qwen2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile("../chat/testdata/qwen3_real_chat_template.jinja")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := chat.Parse(string(src), "", "<|im_end|>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := NewText(tok, tmpl)
+	g := &Grammars{Text: text}
+	var tools []openai.Tool
+	if err := json.Unmarshal(mustJSON(t, []any{cityTool, addTool}), &tools); err != nil {
+		t.Fatal(err)
+	}
+	no := false
+	reqs := map[string]*openai.GenRequest{
+		"response_format": {Chat: true, ResponseFormat: harmonyRF},
+		"required":        {Chat: true, Tools: tools, ToolChoice: &openai.ToolChoice{Mode: "required"}, ParallelToolCalls: &no},
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	reasoned := 0
+	for name, req := range reqs {
+		for walk := range 30 {
+			r := *req
+			r.MaxReasoningTokens = 1 + rng.IntN(20)
+			c, err := g.NewConstraint(&r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			open := walk%2 == 1
+			c.(*deferredConstraint).open = open
+			var ids []int32
+			ended := false
+			for step := 0; step < 3000 && !ended; step++ {
+				allowed := keys(allowedBy(t, c, tok.VocabSize()))
+				slices.Sort(allowed)
+				id := allowed[rng.IntN(len(allowed))]
+				if err := c.Accept(id); err != nil {
+					t.Fatalf("%s walk %d: %v", name, walk, err)
+				}
+				if slices.Contains(tok.EOS(), id) {
+					ended = true
+					continue
+				}
+				ids = append(ids, id)
+			}
+			out := tok.Decode(ids)
+			if !ended || !c.Done() {
+				t.Fatalf("%s walk %d: no end after 3000 tokens: %q", name, walk, out)
+			}
+			var rec recorder
+			te := newToolEmitter(&rec, chat.Hermes)
+			th := &thinkEmitter{Emitter: te, reasoning: &rec, next: te, p: chat.ThinkParser{Open: open}}
+			if err := th.Text(out, nil); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := th.finish(); err != nil {
+				t.Fatal(err)
+			}
+			if rec.reasoning.Len() > 0 {
+				reasoned++
+			}
+			if name == "response_format" {
+				validate(t, validator(t, pointSchema), rec.text.String())
+				continue
+			}
+			if len(rec.calls) != 1 || strings.TrimSpace(rec.text.String()) != "" {
+				t.Fatalf("%s walk %d: %+v %q in %q", name, walk, rec.calls, rec.text.String(), out)
+			}
+			validate(t, validator(t, toolSchemas[rec.calls[0].Name]), rec.calls[0].Args)
+		}
+	}
+	if reasoned < 30 {
+		t.Fatalf("only %d of 60 walks reasoned", reasoned)
+	}
+	t.Logf("%d of 60 walks reasoned", reasoned)
 }
