@@ -451,7 +451,11 @@ func (g *Grammars) harmonyPlan(req *openai.GenRequest, tools []openai.Tool, forc
 	// (then the answer's header is forced); in "auto" the model may go
 	// back to analysis after a preamble or a free call.
 	again := !forced && !structured
-	p, err := g.plan(free, answer, "", harmonyStart, harmonyEnd+harmonyStart, again, false, harmonyEnd, harmonyHeaderEnd)
+	start := "" // the prompt ends with "<|start|>assistant"
+	if !req.AddGenerationPrompt {
+		start = harmonyStart // it ends after the last message: the model opens its own
+	}
+	p, err := g.plan(free, answer, start, harmonyStart, harmonyEnd+harmonyStart, again, false, harmonyEnd, harmonyHeaderEnd)
 	if err != nil {
 		return nil, openai.Errorf("tools", "the answer's grammar: %v", err) // its parts compiled alone above
 	}

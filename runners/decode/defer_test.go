@@ -69,7 +69,7 @@ func grammarAllows(p *pieceText, m *grammar.Matcher, eos []int32) map[int32]bool
 func TestHarmonyDeferredSteps(t *testing.T) {
 	p := newPieceText()
 	g := &Grammars{Text: p}
-	c, err := g.NewConstraint(&openai.GenRequest{Chat: true, ResponseFormat: harmonyRF})
+	c, err := g.NewConstraint(&openai.GenRequest{Chat: true, AddGenerationPrompt: true, ResponseFormat: harmonyRF})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,6 +203,8 @@ func TestHarmonyConstrainedAnswers(t *testing.T) {
 		{"strict auto: a plain answer stays free", harmonyAnswer, map[string]any{"tools": []any{cityTool}},
 			"User says hi. <|x|> < reply.", "", "Hello! How can I help?", ""},
 		{"max_reasoning_tokens", endless, map[string]any{"response_format": point, "max_reasoning_tokens": 6}, "hmm hm", pointSchema, "", ""},
+		{"add_generation_prompt false: the model opens its message", "<|start|>assistant" + prose, map[string]any{"response_format": point, "add_generation_prompt": false},
+			"Need a point.", pointSchema, "", ""},
 		{"max_reasoning_tokens, auto", endless, map[string]any{"max_reasoning_tokens": 5}, "hmm h", "", "", ""},
 	}
 	for _, c := range cases {
@@ -384,9 +386,9 @@ func TestDeferredRandomWalks(t *testing.T) {
 		t.Fatal(err)
 	}
 	reqs := map[string]*openai.GenRequest{
-		"response_format": {Chat: true, ResponseFormat: harmonyRF},
-		"required":        {Chat: true, Tools: tools, ToolChoice: &openai.ToolChoice{Mode: "required"}},
-		"named":           {Chat: true, Tools: tools, ToolChoice: &openai.ToolChoice{Mode: "function", Name: "add"}},
+		"response_format": {Chat: true, AddGenerationPrompt: true, ResponseFormat: harmonyRF},
+		"required":        {Chat: true, AddGenerationPrompt: true, Tools: tools, ToolChoice: &openai.ToolChoice{Mode: "required"}},
+		"named":           {Chat: true, AddGenerationPrompt: true, Tools: tools, ToolChoice: &openai.ToolChoice{Mode: "function", Name: "add"}},
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	reasoned, capped := 0, 0
@@ -481,8 +483,8 @@ func TestThinkRandomWalks(t *testing.T) {
 	}
 	no := false
 	reqs := map[string]*openai.GenRequest{
-		"response_format": {Chat: true, ResponseFormat: harmonyRF},
-		"required":        {Chat: true, Tools: tools, ToolChoice: &openai.ToolChoice{Mode: "required"}, ParallelToolCalls: &no},
+		"response_format": {Chat: true, AddGenerationPrompt: true, ResponseFormat: harmonyRF},
+		"required":        {Chat: true, AddGenerationPrompt: true, Tools: tools, ToolChoice: &openai.ToolChoice{Mode: "required"}, ParallelToolCalls: &no},
 	}
 	rng := rand.New(rand.NewPCG(3, 4))
 	reasoned := 0

@@ -435,6 +435,12 @@ func TestHarmonyAdapters(t *testing.T) {
 		{"messages call", harmonyCall, "/v1/messages", map[string]any{"model": "m", "max_tokens": 500, "temperature": 0, "tools": antTools,
 			"messages": []map[string]any{{"role": "user", "content": "hi"}}},
 			[]string{`"type":"tool_use"`, `"name":"get_weather"`, `"input":{"city":"Paris","unit":"c"}`, `"stop_reason":"tool_use"`}, nil},
+		// forced: a call, whatever the model wanted to answer
+		{"messages, tool_choice any over an answer", harmonyAnswer, "/v1/messages", map[string]any{"model": "m", "max_tokens": 500, "temperature": 0,
+			"tools": []map[string]any{{"name": "get_weather", "input_schema": map[string]any{"type": "object",
+				"properties": map[string]any{"city": map[string]any{"type": "string", "maxLength": 8}}, "required": []string{"city"}, "additionalProperties": false}}},
+			"tool_choice": map[string]any{"type": "any"}, "messages": []map[string]any{{"role": "user", "content": "hi"}}},
+			[]string{`"type":"tool_use"`, `"name":"get_weather"`, `"input":{"city":`, `"stop_reason":"tool_use"`}, []string{"Hello"}},
 		// tool_choice none: a stray call is answer text, never a call
 		{"responses call, tool_choice none", harmonyCall, "/v1/responses", map[string]any{"model": "m", "input": "hi", "temperature": 0,
 			"tools": respTools, "tool_choice": "none"},
