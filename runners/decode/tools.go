@@ -66,7 +66,9 @@ func CallFormat(f chat.Family, parallel bool) grammar.CallFormat {
 // Grammars makes Options.NewConstraint for a model: response_format
 // json_object / json_schema, and tool_choice "required" or a named
 // function, become grammar constraints over the model's vocabulary (built
-// on first use).
+// on first use). For a model that reasons first (gpt-oss's harmony,
+// Qwen3's <think>) the constraint is deferred until the answer begins
+// (defer.go).
 type Grammars struct {
 	Text Text
 
