@@ -67,7 +67,6 @@ type runnerFlags struct {
 	prefill        string
 	minRemote      int
 	route          string
-	testSlowLocal  time.Duration
 	connectTimeout time.Duration
 	idleFloor      time.Duration
 	kvWireDType    string
@@ -77,6 +76,9 @@ type runnerFlags struct {
 	// decode: sampling defaults over the model's
 	defaults openai.Defaults
 	instance string
+	// testPrefillRate (both roles) caps this runner's prefill at so many
+	// tokens/s: TEST ONLY, to simulate a slower host on one machine.
+	testPrefillRate float64
 }
 
 // optFloat is a float flag that records whether it was given.
@@ -144,6 +146,9 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 	fs.IntVar(&f.chunk, "prefill-chunk", 256, "prefill chunk in tokens")
 	fs.DurationVar(&f.readHeaderTimeout, "read-header-timeout", 10*time.Second, "HTTP connections that have not sent their headers within this are closed")
 	fs.StringVar(&f.instance, "instance", "", "identity token /health reports (the supervisor's per-start token)")
+	// Not in the usage text: tests only (routing and scheduling tests make
+	// one machine look like several of different speeds).
+	fs.Float64Var(&f.testPrefillRate, "test-slow-prefill-tokens-per-sec", 0, "TEST ONLY: cap this runner's prefill at N tokens/s (0: off)")
 	if f.role == "decode" {
 		fs.Var(optFloat{&f.defaults.Temperature}, "default-temperature", "default temperature (over the model's)")
 		fs.Var(optFloat{&f.defaults.TopP}, "default-top-p", "default top_p (over the model's)")
@@ -152,7 +157,6 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		fs.Var(optFloat{&f.defaults.RepetitionPenalty}, "default-repetition-penalty", "default repetition_penalty (over the model's)")
 		fs.StringVar(&f.prefill, "prefill", "", "prefill runners' KV-wire addresses, comma-separated")
 		fs.IntVar(&f.minRemote, "remote-prefill-min-tokens", 256, "uncached prompt tokens needed to prefill remotely")
-		fs.DurationVar(&f.testSlowLocal, "test-local-prefill-delay", 0, "TEST ONLY: extra time per 1000 tokens of local prefill (slows this host for routing tests)")
 		fs.StringVar(&f.route, "remote-prefill-route", "floor", "how a long prompt picks local or remote prefill: floor (the min tokens alone) or cost (predicted time from measured rates and links, the min tokens a floor)")
 		fs.DurationVar(&f.connectTimeout, "prefill-connect-timeout", time.Second, "connect + hello deadline of a prefill endpoint; past it the endpoint is skipped until it answers a probe")
 		fs.StringVar(&f.kvWireDType, "kv-wire-dtype", "native", "KV dtype asked of prefill runners: native (this cache's dtype) or fp8 (E4M3, per-head scales; half of bf16's bytes)")
@@ -177,8 +181,8 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		return nil, exitError{code: 2, msg: "runner: prefill needs --metrics HOST:PORT"}
 	case f.readHeaderTimeout <= 0:
 		return nil, exitError{code: 2, msg: "runner: --read-header-timeout must be positive"}
-	case f.testSlowLocal < 0:
-		return nil, exitError{code: 2, msg: "runner: --test-local-prefill-delay must not be negative"}
+	case f.testPrefillRate < 0 || math.IsNaN(f.testPrefillRate) || math.IsInf(f.testPrefillRate, 0):
+		return nil, exitError{code: 2, msg: "runner: --test-slow-prefill-tokens-per-sec must be a finite number ≥ 0"}
 	case f.role == "decode" && f.route != "cost" && f.route != "floor":
 		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --remote-prefill-route %q: want cost or floor", f.route)}
 	case f.role == "decode" && f.connectTimeout <= 0:
@@ -380,9 +384,9 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 		}
 	}()
 	var dm decode.Model = m
-	if f.testSlowLocal > 0 {
-		dm = slowPrefill{m, f.testSlowLocal}
-		log.Warn("test-only: local prefill slowed", "per_1000_tokens", f.testSlowLocal)
+	if f.testPrefillRate > 0 {
+		dm = pacedPrefill{m, f.testPrefillRate}
+		log.Warn("TEST ONLY: local prefill capped (--test-slow-prefill-tokens-per-sec)", "tokens_per_s", f.testPrefillRate)
 	}
 	o := decode.Options{Name: f.name, Model: dm, Text: text, Defaults: defaults,
 		NewConstraint: grammars.NewConstraint, AcceptTools: true,
@@ -479,7 +483,12 @@ func runPrefill(ctx context.Context, f *runnerFlags, m *engine.Model, secret []b
 	if f.cacheMiB <= 0 {
 		cacheBytes = -1
 	}
-	prod := prefill.New(prefill.Options{Name: f.name, Model: m, Chunk: f.chunk, CacheBytes: cacheBytes, Metrics: met, Logger: log})
+	var pm prefill.Model = m
+	if f.testPrefillRate > 0 {
+		pm = pacedPrefill{m, f.testPrefillRate}
+		log.Warn("TEST ONLY: prefill capped (--test-slow-prefill-tokens-per-sec)", "tokens_per_s", f.testPrefillRate)
+	}
+	prod := prefill.New(prefill.Options{Name: f.name, Model: pm, Chunk: f.chunk, CacheBytes: cacheBytes, Metrics: met, Logger: log})
 	defer prod.Close()
 	ks, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod, Secret: secret, MaxQueue: f.maxQueue, Logger: log})
 	if err != nil {
@@ -553,10 +562,18 @@ func calibrate(ctx context.Context, m decode.Model, r *decode.Router, chunk int,
 }
 
 // measureEndpoint measures addr for the router: its link goodput with a
-// kvwire link probe (128 tokens of probe KV: 16 MiB), then its prefill
-// rate with one real 256-token prefill of tokens no earlier request used.
+// kvwire link probe, then its prefill rate with one real 256-token prefill
+// of tokens no earlier request used. The probe is sized to the link: one
+// probe token (128 KiB) first, then as many as fit in about 250 ms at the
+// rate that showed (at most 128: 16 MiB), so a slow link is not held for
+// seconds and a fast one is measured past its latency.
 func measureEndpoint(ctx context.Context, r *decode.KVRemote, rt *decode.Router, addr string, log *slog.Logger) {
-	pr, err := r.Client.Probe(ctx, addr, 128)
+	pr, err := r.Client.Probe(ctx, addr, 1)
+	if err == nil {
+		if n := probeTokens(pr.Transfer); n > 1 {
+			pr, err = r.Client.Probe(ctx, addr, n)
+		}
+	}
 	if err != nil {
 		log.Warn("link probe failed; the route to this endpoint is decided by the floor until a transfer measures it", "endpoint", addr, "err", err)
 		return
@@ -582,23 +599,53 @@ func measureEndpoint(ctx context.Context, r *decode.KVRemote, rt *decode.Router,
 	log.Info("remote prefill calibrated", "endpoint", addr, "tokens", n, "duration", st.Duration)
 }
 
-// slowPrefill (--test-local-prefill-delay) adds a delay per 1000 prompt
-// tokens to local prefill, so routing tests can make this host slow.
-type slowPrefill struct {
-	decode.Model
-	per1000 time.Duration
+// probeTokens is the size of the second link probe after a one-token
+// probe took d: what fits in 250 ms at that pace, 1 to 128 tokens.
+func probeTokens(d time.Duration) int {
+	if d <= 0 {
+		return 128
+	}
+	return int(min(max(float64(250*time.Millisecond)/float64(d), 1), 128))
 }
 
-func (s slowPrefill) Prefill(ctx context.Context, c engine.KVCache, toks []int32, chunk int, on func(start, n int) error) error {
-	if err := s.Model.Prefill(ctx, c, toks, chunk, on); err != nil {
+// pacedPrefill (--test-slow-prefill-tokens-per-sec, tests only) caps
+// prefill at rate tokens/s: each chunk is handed on (and the call returns)
+// no earlier than its last token's turn at that rate, so a remote stream
+// flows at the simulated pace too. Real compute slower than the cap is
+// not hidden: the time is then the real one.
+type pacedPrefill struct {
+	*engine.Model
+	rate float64
+}
+
+func (p pacedPrefill) Prefill(ctx context.Context, c engine.KVCache, toks []int32, chunk int, on func(start, n int) error) error {
+	t0 := time.Now()
+	wait := func(tokens int) error {
+		d := time.Until(t0.Add(time.Duration(float64(tokens) / p.rate * float64(time.Second))))
+		if d <= 0 {
+			return nil
+		}
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			return nil
+		}
+	}
+	base := c.Len()
+	paced := func(start, n int) error {
+		if err := wait(start + n - base); err != nil {
+			return err
+		}
+		if on == nil {
+			return nil
+		}
+		return on(start, n)
+	}
+	if err := p.Model.Prefill(ctx, c, toks, chunk, paced); err != nil {
 		return err
 	}
-	t := time.NewTimer(s.per1000 * time.Duration(len(toks)) / 1000)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	return wait(len(toks))
 }

@@ -20,7 +20,7 @@ func TestCostRouteSpreadsOverTwoPrefillHosts(t *testing.T) {
 	p2 := start(t, "prefill-2", "prefill", "--model", dir)
 	dec := start(t, "decode", "decode", "--model", dir, "--prefill", p1.listen+","+p2.listen,
 		"--remote-prefill-route", "cost", "--remote-prefill-min-tokens", "64", "--max-batch", "8",
-		"--test-local-prefill-delay", "3s") // local ≈ 4 s for these prompts: remote wins
+		"--test-slow-prefill-tokens-per-sec", "300") // local ≈ 4 s for these prompts: remote wins
 	deadline := time.Now().Add(60 * time.Second)
 	for strings.Count(dec.logs(), "remote prefill calibrated") < 2 {
 		if time.Now().After(deadline) {
@@ -49,7 +49,7 @@ func TestCostRouteSpreadsOverTwoPrefillHosts(t *testing.T) {
 	// decode runner with prefill-1 alone; latency logged, not asserted.
 	one := start(t, "decode-one", "decode", "--model", dir, "--prefill", p1.listen,
 		"--remote-prefill-route", "cost", "--remote-prefill-min-tokens", "64", "--max-batch", "8",
-		"--test-local-prefill-delay", "3s")
+		"--test-slow-prefill-tokens-per-sec", "300")
 	for !strings.Contains(one.logs(), "remote prefill calibrated") {
 		if time.Now().After(deadline) {
 			t.Fatalf("not calibrated:\n%s", tail(one.logs(), 3000))
