@@ -57,7 +57,9 @@ func TestCostRouteShapedLink(t *testing.T) {
 			var routed, forcedLocal, forcedRemote []time.Duration
 			var predLocal, predRemote []time.Duration
 			for i := range reqs {
-				prompt := func(way string) string { return fmt.Sprintf("%s %s %d: %s", c.name, way, i, words(100*i+len(way), 160)) }
+				prompt := func(way string) string {
+					return fmt.Sprintf("%s %s %d: %s", c.name, way, i, words(100*i+len(way), 160))
+				}
 				before := len(logDecision.FindAllString(cost.logs(), -1))
 				d, r := timeToFirst(t, cost.listen, prompt("routed"), nil)
 				m := waitDecision(t, cost, before)
