@@ -32,7 +32,8 @@ import (
 
 const runnerUsage = `usage:
   exo runner decode  --model SRC --served-name NAME --listen HOST:PORT
-                     [--prefill HOST:PORT[,HOST:PORT…]] [--remote-prefill-min-tokens N]
+                     [--prefill HOST:PORT[,HOST:PORT…]] [--prefill-health HOST:PORT[,HOST:PORT…]]
+                     [--remote-prefill-min-tokens N] [--remote-prefill-route cost|floor]
                      [--prefill-connect-timeout D] [--prefill-idle-floor D] [--kv-wire-dtype native|fp8]
                      [--secret-file F] [--backend cpu|mlx|auto] [--device gpu|cpu]
                      [--max-queue N] [--max-batch N] [--models-dir D] [--read-header-timeout D]
@@ -65,6 +66,7 @@ type runnerFlags struct {
 	readHeaderTimeout                                                 time.Duration
 	// decode
 	prefill        string
+	prefillHealth  string
 	minRemote      int
 	route          string
 	connectTimeout time.Duration
@@ -156,6 +158,7 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		fs.Var(optFloat{&f.defaults.MinP}, "default-min-p", "default min_p (over the model's)")
 		fs.Var(optFloat{&f.defaults.RepetitionPenalty}, "default-repetition-penalty", "default repetition_penalty (over the model's)")
 		fs.StringVar(&f.prefill, "prefill", "", "prefill runners' KV-wire addresses, comma-separated")
+		fs.StringVar(&f.prefillHealth, "prefill-health", "", "the prefill runners' HTTP (--metrics) addresses, comma-separated, in --prefill's order: their /health load ranks busy hosts later")
 		fs.IntVar(&f.minRemote, "remote-prefill-min-tokens", 256, "uncached prompt tokens needed to prefill remotely")
 		fs.StringVar(&f.route, "remote-prefill-route", "floor", "how a long prompt picks local or remote prefill: floor (the min tokens alone) or cost (predicted time from measured rates and links, the min tokens a floor)")
 		fs.DurationVar(&f.connectTimeout, "prefill-connect-timeout", time.Second, "connect + hello deadline of a prefill endpoint; past it the endpoint is skipped until it answers a probe")
@@ -189,6 +192,9 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		return nil, exitError{code: 2, msg: "runner: --prefill-connect-timeout must be positive"}
 	case f.role == "decode" && f.kvWireDType != "native" && f.kvWireDType != "fp8":
 		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --kv-wire-dtype %q: want native or fp8", f.kvWireDType)}
+	case f.role == "decode" && f.prefillHealth != "" && len(splitList(f.prefillHealth)) != len(splitList(f.prefill)):
+		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --prefill-health lists %d addresses, --prefill %d: want one per prefill endpoint, in the same order",
+			len(splitList(f.prefillHealth)), len(splitList(f.prefill)))}
 	case f.role == "decode" && f.idleFloor <= 0:
 		return nil, exitError{code: 2, msg: "runner: --prefill-idle-floor must be positive"}
 	}
@@ -395,10 +401,8 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 		Metrics: met, Logger: log}
 	if f.prefill != "" {
 		var eps []kvwire.Endpoint
-		for _, a := range strings.Split(f.prefill, ",") {
-			if a = strings.TrimSpace(a); a != "" {
-				eps = append(eps, kvwire.Endpoint{Addr: a})
-			}
+		for _, a := range splitList(f.prefill) {
+			eps = append(eps, kvwire.Endpoint{Addr: a})
 		}
 		addrs := make([]string, len(eps))
 		for i, e := range eps {
@@ -444,20 +448,20 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 				}
 				return out
 			}
-			sel := remote.Selector
-			router.Ahead = func(addr string) int { // fetches in flight from us plus its reported queue
-				for _, e := range sel.Status() {
-					if e.Addr == addr {
-						return e.InFlight + e.Waiting
-					}
-				}
-				return 0
-			}
+			router.Ahead = decode.SelectorAhead(remote.Selector)
 			o.Router = router
 			calibrate(ctx, dm, router, f.chunk, log)
 			for _, a := range addrs {
 				go measureEndpoint(ctx, remote, router, a, log)
 			}
+		}
+		if f.prefillHealth != "" {
+			health := map[string]string{}
+			for i, h := range splitList(f.prefillHealth) {
+				health[addrs[i]] = h
+				met.PrefillEndpointLoad.WithLabelValues(addrs[i]).Set(0)
+			}
+			go watchLoad(ctx, remote.Selector, health, met, log)
 		}
 		gate.endpoints = br.Status
 		go remote.RunProbes(ctx, 0)
@@ -597,6 +601,37 @@ func measureEndpoint(ctx context.Context, r *decode.KVRemote, rt *decode.Router,
 	}
 	rt.ObserveRemote(addr, n, 0, st.Bytes, st.Duration)
 	log.Info("remote prefill calibrated", "endpoint", addr, "tokens", n, "duration", st.Duration)
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, a := range strings.Split(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// watchLoad feeds the prefill runners' /health load (--prefill-health) to
+// the selector, which orders failover by it and, through
+// decode.SelectorAhead, makes the cost model predict a busy host slower.
+// A poll that starts or stops failing is logged once.
+func watchLoad(ctx context.Context, sel *kvwire.Selector, health map[string]string, met *metrics.Runner, log *slog.Logger) {
+	failing := map[string]bool{}
+	decode.WatchLoad(ctx, health, 0, func(addr string, n int, err error) {
+		sel.ReportLoad(addr, n)
+		met.PrefillEndpointLoad.WithLabelValues(addr).Set(float64(n))
+		if (err != nil) != failing[addr] {
+			failing[addr] = err != nil
+			if err != nil {
+				log.Warn("prefill runner's load unknown (its /health does not answer)", "endpoint", addr, "health", health[addr], "err", err)
+			} else {
+				log.Info("prefill runner's load known again", "endpoint", addr, "health", health[addr])
+			}
+		}
+	})
 }
 
 // probeTokens is the size of the second link probe after a one-token

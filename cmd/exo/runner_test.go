@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +25,8 @@ func TestRunnerFlags(t *testing.T) {
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--kv-wire-dtype", "fp4"},
 		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--kv-wire-dtype", "fp8"}, // asked by decode runners
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--test-slow-prefill-tokens-per-sec", "-1"},
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--prefill", "a:1,b:2", "--prefill-health", "a:9"},
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--prefill-health", "a:9"},
 		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--test-slow-prefill-tokens-per-sec", "NaN"},
 	}
 	for _, args := range bad {
@@ -39,6 +42,10 @@ func TestRunnerFlags(t *testing.T) {
 	}
 	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --remote-prefill-route cost"))
 	if err != nil || f.route != "cost" || f.kvWireDType != "native" {
+		t.Fatalf("%+v %v", f, err)
+	}
+	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --prefill a:1,b:2 --prefill-health a:9,b:9"))
+	if err != nil || !slices.Equal(splitList(f.prefillHealth), []string{"a:9", "b:9"}) {
 		t.Fatalf("%+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --kv-wire-dtype fp8"))
