@@ -160,7 +160,7 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		fs.StringVar(&f.prefill, "prefill", "", "prefill runners' KV-wire addresses, comma-separated")
 		fs.StringVar(&f.prefillHealth, "prefill-health", "", "the prefill runners' HTTP (--metrics) addresses, comma-separated, in --prefill's order: their /health load ranks busy hosts later")
 		fs.IntVar(&f.minRemote, "remote-prefill-min-tokens", 256, "uncached prompt tokens needed to prefill remotely")
-		fs.StringVar(&f.route, "remote-prefill-route", "floor", "how a long prompt picks local or remote prefill: floor (the min tokens alone) or cost (predicted time from measured rates and links, the min tokens a floor)")
+		fs.StringVar(&f.route, "remote-prefill-route", "cost", "how a long prompt picks local or remote prefill: cost (predicted time from measured rates, queues and links; the min tokens a floor) or floor (the min tokens alone)")
 		fs.DurationVar(&f.connectTimeout, "prefill-connect-timeout", time.Second, "connect + hello deadline of a prefill endpoint; past it the endpoint is skipped until it answers a probe")
 		fs.StringVar(&f.kvWireDType, "kv-wire-dtype", "native", "KV dtype asked of prefill runners: native (this cache's dtype) or fp8 (E4M3, per-head scales; half of bf16's bytes)")
 		fs.DurationVar(&f.idleFloor, "prefill-idle-floor", 3*time.Second, "shortest wait for the next KV frame (the deadline grows with the endpoint's measured chunk time)")
