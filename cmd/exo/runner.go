@@ -35,6 +35,7 @@ const runnerUsage = `usage:
                      [--prefill HOST:PORT[,HOST:PORT…]] [--prefill-health HOST:PORT[,HOST:PORT…]]
                      [--remote-prefill-min-tokens N] [--remote-prefill-route cost|floor]
                      [--prefill-connect-timeout D] [--prefill-idle-floor D] [--kv-wire-dtype native|fp8]
+                     [--kv-streams N]
                      [--secret-file F] [--backend cpu|mlx|auto] [--device gpu|cpu]
                      [--max-queue N] [--max-batch N] [--models-dir D] [--read-header-timeout D]
                      [--default-temperature X] [--default-top-p X] [--default-top-k N]
@@ -72,6 +73,7 @@ type runnerFlags struct {
 	connectTimeout time.Duration
 	idleFloor      time.Duration
 	kvWireDType    string
+	kvStreams      int
 	// prefill
 	metricsAddr string
 	cacheMiB    int
@@ -163,6 +165,7 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		fs.StringVar(&f.route, "remote-prefill-route", "cost", "how a long prompt picks local or remote prefill: cost (predicted time from measured rates, queues and links; the min tokens a floor) or floor (the min tokens alone)")
 		fs.DurationVar(&f.connectTimeout, "prefill-connect-timeout", time.Second, "connect + hello deadline of a prefill endpoint; past it the endpoint is skipped until it answers a probe")
 		fs.StringVar(&f.kvWireDType, "kv-wire-dtype", "native", "KV dtype asked of prefill runners: native (this cache's dtype) or fp8 (E4M3, per-head scales; half of bf16's bytes)")
+		fs.IntVar(&f.kvStreams, "kv-streams", 1, "TCP connections each KV transfer from a prefill runner is striped over (1 to 16; the prefill runner must speak kvwire version 4)")
 		fs.DurationVar(&f.idleFloor, "prefill-idle-floor", 3*time.Second, "shortest wait for the next KV frame (the deadline grows with the endpoint's measured chunk time)")
 	} else {
 		fs.StringVar(&f.metricsAddr, "metrics", "", "HTTP address for /health and /metrics")
@@ -195,6 +198,8 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 	case f.role == "decode" && f.prefillHealth != "" && len(splitList(f.prefillHealth)) != len(splitList(f.prefill)):
 		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --prefill-health lists %d addresses, --prefill %d: want one per prefill endpoint, in the same order",
 			len(splitList(f.prefillHealth)), len(splitList(f.prefill)))}
+	case f.role == "decode" && (f.kvStreams < 1 || f.kvStreams > kvwire.MaxStreams):
+		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --kv-streams %d: want 1 to %d", f.kvStreams, kvwire.MaxStreams)}
 	case f.role == "decode" && f.idleFloor <= 0:
 		return nil, exitError{code: 2, msg: "runner: --prefill-idle-floor must be positive"}
 	}
@@ -433,7 +438,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 				}
 			}})
 		remote = &decode.KVRemote{Client: client,
-			Selector: kvwire.NewSelector(eps), Name: f.name, Model: m, Breaker: br}
+			Selector: kvwire.NewSelector(eps), Name: f.name, Model: m, Breaker: br, Streams: f.kvStreams}
 		if f.kvWireDType == "fp8" {
 			remote.WireDType = kvwire.DTypeF8E4M3
 		}
@@ -465,7 +470,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 		}
 		gate.endpoints = br.Status
 		go remote.RunProbes(ctx, 0)
-		log.Info("remote prefill enabled", "endpoints", f.prefill, "min_tokens", f.minRemote, "route", f.route, "kv_wire_dtype", f.kvWireDType,
+		log.Info("remote prefill enabled", "endpoints", f.prefill, "min_tokens", f.minRemote, "route", f.route, "kv_wire_dtype", f.kvWireDType, "kv_streams", f.kvStreams,
 			"connect_timeout", f.connectTimeout, "idle_floor", f.idleFloor)
 	}
 	srv := decode.New(o)
@@ -572,10 +577,10 @@ func calibrate(ctx context.Context, m decode.Model, r *decode.Router, chunk int,
 // rate that showed (at most 128: 16 MiB), so a slow link is not held for
 // seconds and a fast one is measured past its latency.
 func measureEndpoint(ctx context.Context, r *decode.KVRemote, rt *decode.Router, addr string, log *slog.Logger) {
-	pr, err := r.Client.Probe(ctx, addr, 1)
+	pr, err := r.Client.ProbeStreams(ctx, addr, 1, r.Streams)
 	if err == nil {
 		if n := probeTokens(pr.Transfer); n > 1 {
-			pr, err = r.Client.Probe(ctx, addr, n)
+			pr, err = r.Client.ProbeStreams(ctx, addr, n, r.Streams)
 		}
 	}
 	if err != nil {

@@ -23,6 +23,9 @@ func TestRunnerFlags(t *testing.T) {
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "extra"},
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--remote-prefill-route", "fastest"},
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--kv-wire-dtype", "fp4"},
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--kv-streams", "0"},
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--kv-streams", "17"},
+		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--kv-streams", "4"},      // asked by decode runners
 		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--kv-wire-dtype", "fp8"}, // asked by decode runners
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--test-slow-prefill-tokens-per-sec", "-1"},
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--prefill", "a:1,b:2", "--prefill-health", "a:9"},
@@ -49,7 +52,11 @@ func TestRunnerFlags(t *testing.T) {
 		t.Fatalf("%+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --kv-wire-dtype fp8"))
-	if err != nil || f.kvWireDType != "fp8" {
+	if err != nil || f.kvWireDType != "fp8" || f.kvStreams != 1 {
+		t.Fatalf("%+v %v", f, err)
+	}
+	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --kv-streams 4"))
+	if err != nil || f.kvStreams != 4 {
 		t.Fatalf("%+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("prefill --model x --served-name s --listen 127.0.0.1:9 --metrics 127.0.0.1:10 --test-slow-prefill-tokens-per-sec 500"))

@@ -33,6 +33,7 @@ type Runner struct {
 	RemotePrefillMinTokens int      `json:"remote_prefill_min_tokens,omitempty"`
 	RemotePrefillRoute     string   `json:"remote_prefill_route,omitempty"` // decode: cost or floor; "" = the runner's default
 	KVWireDType            string   `json:"kv_wire_dtype,omitempty"`        // decode: fp8; "" = the cache's dtype
+	KVStreams              int      `json:"kv_streams,omitempty"`           // decode: connections per KV transfer; 0 = 1
 	// PrefillConnectTimeoutMs: decode only; 0 = the runner's default.
 	PrefillConnectTimeoutMs int    `json:"prefill_connect_timeout_ms,omitempty"`
 	SecretFile              string `json:"secret_file,omitempty"`
@@ -76,6 +77,9 @@ func (r Runner) Args() []string {
 		}
 		if r.KVWireDType != "" {
 			a = append(a, "--kv-wire-dtype", r.KVWireDType)
+		}
+		if r.KVStreams > 1 {
+			a = append(a, "--kv-streams", strconv.Itoa(r.KVStreams))
 		}
 		if r.PrefillConnectTimeoutMs > 0 {
 			a = append(a, "--prefill-connect-timeout", strconv.Itoa(r.PrefillConnectTimeoutMs)+"ms")
@@ -196,6 +200,9 @@ func (c *Config) AllRunners() []Runner {
 					ru.RemotePrefillMinTokens = m.RemotePrefillMinTokens
 					ru.RemotePrefillRoute = m.RemotePrefillRoute
 					ru.KVWireDType = m.KVWireDType
+					if m.KVStreams != nil {
+						ru.KVStreams = *m.KVStreams
+					}
 					ru.PrefillConnectTimeoutMs = m.PrefillConnectTimeoutMs
 					if m.Defaults != nil {
 						d := *m.Defaults
