@@ -68,9 +68,10 @@ func TestFP8WireDenseTinyModels(t *testing.T) {
 
 // TestFP8WireAgainstBF16SmolLM2: the same on SmolLM2-135M (4 × 500
 // positions after 257-token wire prompts). Minutes on 2 cores, so it runs
-// only with EXO_FP8_SMOLLM2=1. Measured 2026-12-03 (197 s): mean cosine
-// 0.999995, min 0.999976, top-1 agreement 100 %, attention KV 0.5005 of
-// bf16's bytes.
+// only with EXO_FP8_SMOLLM2=1; every position's cosine is asserted ≥ 0.999.
+// Measured 2026-12-03 (197 s; again 458 s on a busier machine, the same
+// numbers): mean cosine 0.999995, min 0.999976, top-1 agreement 100 %,
+// attention KV 0.5005 of bf16's bytes.
 func TestFP8WireAgainstBF16SmolLM2(t *testing.T) {
 	if os.Getenv("EXO_FP8_SMOLLM2") == "" {
 		t.Skip("set EXO_FP8_SMOLLM2=1 (minutes on 2 cores)")
