@@ -53,6 +53,11 @@ func TestCostRouteShapedLink(t *testing.T) {
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
+			for _, l := range strings.Split(cost.logs(), "\n") {
+				if strings.Contains(l, "calibrated") || strings.Contains(l, "link probed") {
+					t.Log(l[strings.Index(l, "msg="):])
+				}
+			}
 			const reqs = 3
 			var routed, forcedLocal, forcedRemote []time.Duration
 			var predLocal, predRemote []time.Duration
