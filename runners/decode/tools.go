@@ -142,7 +142,10 @@ func (g *Grammars) vocabulary() (*grammar.Vocab, error) {
 // Warm builds the vocabulary trie now (a fraction of a second for a
 // 150k vocabulary) rather than on the first constrained request.
 func (g *Grammars) Warm() error {
-	_, err := g.vocabulary()
+	v, err := g.vocabulary()
+	if err == nil {
+		g.deferVocabulary(v) // the control tokens a deferred grammar masks
+	}
 	return err
 }
 
