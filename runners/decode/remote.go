@@ -246,7 +246,15 @@ func (r *KVRemote) Calibrate(ctx context.Context, addr string, prompt []int32) (
 	fp := kvwire.Fingerprint(r.Model.Fingerprint())
 	req := &kvwire.Request{ID: "calibrate", Model: r.Name, Fingerprint: fp, Tokens: prompt,
 		DType: r.wireDType(cache), Deadline: r.Deadline, Streams: r.Streams}
-	exp := &kvwire.Expect{Fingerprint: fp, Kinds: make([]kvwire.LayerKind, info.Layers), KVHeads: info.KVHeads, HeadDim: info.HeadDim}
+	// The same expectations as a real fetch: recurrent layers and sliding
+	// windows included, or a hybrid or sliding model is never calibrated.
+	kinds := make([]kvwire.LayerKind, info.Layers)
+	for l, rec := range info.Recurrent {
+		if rec {
+			kinds[l] = kvwire.LayerRecurrent
+		}
+	}
+	exp := &kvwire.Expect{Fingerprint: fp, Kinds: kinds, Windows: info.Windows, KVHeads: info.KVHeads, HeadDim: info.HeadDim}
 	st, err := r.Client.Fetch(ctx, addr, req, exp, &cacheSink{cache: cache})
 	return RemoteStats{Endpoint: addr, Bytes: st.PayloadBytes, Duration: st.Duration, Wait: st.WireWait}, err
 }

@@ -126,8 +126,8 @@ type Model struct {
 	RemotePrefillMinTokens int    `toml:"remote_prefill_min_tokens"`
 	// RemotePrefillRoute is how a long prompt picks local or remote
 	// prefill (--remote-prefill-route): "cost" (predicted time from
-	// measured rates and links) or "floor" (the min tokens alone); "" =
-	// the runner's default, floor.
+	// measured rates, queues and links) or "floor" (the min tokens alone);
+	// "" = the runner's default, cost.
 	RemotePrefillRoute string `toml:"remote_prefill_route"`
 	// KVWireDType is the KV dtype the decode runners ask of prefill runners
 	// (--kv-wire-dtype): "fp8" (E4M3 with per-head scales, half of bf16's

@@ -200,7 +200,7 @@ func TestExampleFileIsValid(t *testing.T) {
 	}
 	studio := c.Runners("studio")
 	want = []string{"runner", "decode", "--model", "mlx-community/Qwen3-8B-4bit", "--served-name", "qwen3-8b",
-		"--listen", "10.0.0.20:52500", "--prefill", "10.0.0.10:52501", "--remote-prefill-min-tokens", "256",
+		"--listen", "10.0.0.20:52500", "--prefill", "10.0.0.10:52501", "--prefill-health", "10.0.0.10:52502", "--remote-prefill-min-tokens", "256",
 		"--secret-file", "/etc/exo/secret", "--backend", "mlx", "--device", "gpu", "--max-queue", "16"}
 	if len(studio) != 2 || !slices.Equal(studio[1].Args(), want) {
 		t.Errorf("studio runners = %+v\nwant second args %q", studio, want)
@@ -218,7 +218,7 @@ func TestDefault(t *testing.T) {
 	}
 	dec, pre := rs[0], rs[1]
 	if want := []string{"runner", "decode", "--model", "builtin:smollm2", "--served-name", "smollm2-135m",
-		"--listen", "127.0.0.1:52500", "--prefill", "127.0.0.1:52501", "--remote-prefill-min-tokens", "256",
+		"--listen", "127.0.0.1:52500", "--prefill", "127.0.0.1:52501", "--prefill-health", "127.0.0.1:52502", "--remote-prefill-min-tokens", "256",
 		"--default-temperature", "0.2", "--default-top-p", "0.9", "--backend", "cpu"}; !slices.Equal(dec.Args(), want) {
 		t.Errorf("decode args %q, want %q", dec.Args(), want)
 	}
@@ -256,7 +256,7 @@ prefill = { hosts = ["h"], prefix_cache_mib = 0 }
 	}
 	rs := c.Runners("h")
 	want := [][]string{
-		{"runner", "decode", "--model", "s", "--served-name", "m", "--listen", "127.0.0.1:52500", "--prefill", "127.0.0.1:52501",
+		{"runner", "decode", "--model", "s", "--served-name", "m", "--listen", "127.0.0.1:52500", "--prefill", "127.0.0.1:52501", "--prefill-health", "127.0.0.1:52502",
 			"--remote-prefill-min-tokens", "256", "--remote-prefill-route", "cost", "--kv-wire-dtype", "fp8", "--kv-streams", "4", "--prefill-connect-timeout", "250ms", "--backend", "cpu", "--max-batch", "8", "--prefill-chunk", "512", "--threads", "2", "--offline"},
 		{"runner", "prefill", "--model", "s", "--served-name", "m", "--listen", "127.0.0.1:52501", "--metrics", "127.0.0.1:52502",
 			"--backend", "cpu", "--prefill-chunk", "512", "--prefix-cache-mib", "0", "--threads", "2", "--offline"},

@@ -28,7 +28,8 @@ type Runner struct {
 	// wire address; Metrics is the prefill runner's HTTP address.
 	Listen                 string   `json:"listen"`
 	Metrics                string   `json:"metrics,omitempty"`
-	Prefill                []string `json:"prefill,omitempty"` // decode: prefill KV endpoints, file order
+	Prefill                []string `json:"prefill,omitempty"`        // decode: prefill KV endpoints, file order
+	PrefillHealth          []string `json:"prefill_health,omitempty"` // decode: those prefill runners' /health addresses, same order
 	RemotePrefillMinTokens int      `json:"remote_prefill_min_tokens,omitempty"`
 	RemotePrefillRoute     string   `json:"remote_prefill_route,omitempty"` // decode: cost or floor; "" = the runner's default
 	KVWireDType            string   `json:"kv_wire_dtype,omitempty"`        // decode: fp8; "" = the cache's dtype
@@ -66,6 +67,9 @@ func (r Runner) Args() []string {
 	} else {
 		if len(r.Prefill) > 0 {
 			a = append(a, "--prefill", joinComma(r.Prefill))
+		}
+		if len(r.PrefillHealth) > 0 {
+			a = append(a, "--prefill-health", joinComma(r.PrefillHealth))
 		}
 		a = append(a, "--remote-prefill-min-tokens", strconv.Itoa(r.RemotePrefillMinTokens))
 		if r.RemotePrefillRoute != "" {
@@ -162,11 +166,12 @@ func runnerBackend(b Backend) (backend, device string) {
 func (c *Config) AllRunners() []Runner {
 	var out []Runner
 	for _, m := range c.Models {
-		var prefill []string
+		var prefill, health []string
 		if m.Prefill != nil {
 			for _, hn := range m.Prefill.Hosts {
 				h := c.Hosts[hn]
 				prefill = append(prefill, net.JoinHostPort(h.Address, strconv.Itoa(m.Prefill.Port)))
+				health = append(health, net.JoinHostPort(h.Address, strconv.Itoa(m.Prefill.MetricsPort)))
 			}
 		}
 		add := func(role string, r *Role) {
@@ -191,6 +196,7 @@ func (c *Config) AllRunners() []Runner {
 					}
 				} else {
 					ru.Prefill = slices.Clone(prefill)
+					ru.PrefillHealth = slices.Clone(health)
 					ru.RemotePrefillMinTokens = m.RemotePrefillMinTokens
 					ru.RemotePrefillRoute = m.RemotePrefillRoute
 					ru.KVWireDType = m.KVWireDType
