@@ -585,23 +585,31 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 		"torch_dtype":             "float32",
 	}
 	if arch == "gemma3" {
-		// What llama.cpp's gemma3 assumes beyond the metadata: every 6th
-		// layer global, the sliding layers' RoPE base 10,000, attention
-		// scaled by 1/√head_dim (by 1/√(hidden/heads) for the 62-layer
-		// 27B), GeGLU.
+		// llama.cpp's gemma3: GeGLU; attention scaled by 1/√head_dim (by
+		// 1/√(hidden/heads) for the 62-layer 27B); the sliding layers'
+		// RoPE base rope.freq_base_swa (10,000 when absent; the
+		// converter does not write it) without rope scaling (HF's too).
 		delete(cfg, "hidden_act")
 		cfg["hidden_activation"] = "gelu_pytorch_tanh"
-		cfg["sliding_window_pattern"] = 6
-		cfg["rope_local_base_freq"] = 10000.0
 		cfg["query_pre_attn_scalar"] = headDim
 		if layers == 62 {
 			cfg["query_pre_attn_scalar"] = hidden / heads
 		}
-		w, err := need("attention.sliding_window")
+		cfg["rope_local_base_freq"] = 10000.0
+		if b, ok := g.Float(key("rope.freq_base_swa")); ok {
+			cfg["rope_local_base_freq"] = b
+		}
+		types, w, err := ggufSlidingLayers(g, key, int(layers), 6)
 		if err != nil {
 			return nil, err
 		}
-		cfg["sliding_window"] = w
+		cfg["layer_types"] = types
+		if w > 0 {
+			cfg["sliding_window"] = w
+		}
+		if c, ok := g.Float(key("final_logit_softcapping")); ok && c != 0 {
+			cfg["final_logit_softcapping"] = c // refused by name by the engine
+		}
 	}
 	if arch == "qwen3moe" {
 		for hfKey, k := range map[string]string{"num_experts": "expert_count",
@@ -668,6 +676,49 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 		cfg["quantization"] = qb
 	}
 	return json.MarshalIndent(cfg, "", "  ")
+}
+
+// ggufSlidingLayers returns HF layer_types and sliding_window for
+// llama.cpp's sliding-window metadata: no (or a zero)
+// attention.sliding_window makes every layer full; otherwise
+// attention.sliding_window_pattern says which layers slide, as a bool per
+// layer or as a period n (layer i slides unless i%n == n-1; n = 0: all
+// slide), defaulting to the architecture's period.
+func ggufSlidingLayers(g *GGUF, key func(string) string, layers, defPattern int) ([]string, uint64, error) {
+	types := make([]string, layers)
+	for i := range types {
+		types[i] = "full_attention"
+	}
+	w, ok := g.Uint(key("attention.sliding_window"))
+	if !ok || w == 0 {
+		return types, 0, nil
+	}
+	pk := key("attention.sliding_window_pattern")
+	raw, present := g.Meta(pk)
+	flags := make([]bool, layers)
+	switch v := raw.(type) {
+	case []bool:
+		if len(v) != layers {
+			return nil, 0, fmt.Errorf("metadata %s: %d entries for %d layers", pk, len(v), layers)
+		}
+		copy(flags, v)
+	default:
+		n := uint64(defPattern)
+		if present {
+			if n, ok = toUint(v); !ok {
+				return nil, 0, fmt.Errorf("metadata %s: %v is neither a period nor a bool per layer", pk, raw)
+			}
+		}
+		for i := range flags {
+			flags[i] = n == 0 || uint64(i)%n < n-1
+		}
+	}
+	for i, f := range flags {
+		if f {
+			types[i] = "sliding_attention"
+		}
+	}
+	return types, w, nil
 }
 
 func isLinear(prefix string) bool {

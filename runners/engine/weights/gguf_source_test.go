@@ -216,6 +216,14 @@ func FuzzGGUFSource(f *testing.F) {
 	moe.Tensor("blk.0.ffn_gate_exps.weight", TypeQ8_0, make([]byte, 34*2*32/32*2), 32, 2, 2)
 	moe.Tensor("blk.0.ffn_down_exps.weight", TypeQ4_K, make([]byte, 144*2*2), 256, 2, 2)
 	f.Add(moe.Bytes())
+	var gem ggufBuilder
+	llamaMeta(&gem, "gemma3", 2, 1)
+	gem.U32("gemma3.attention.sliding_window", 4)
+	gem.Bools("gemma3.attention.sliding_window_pattern", []bool{true})
+	gem.F32("gemma3.rope.freq_base_swa", 1e4)
+	gem.Tensor("blk.0.post_ffw_norm.weight", TypeF32, make([]byte, 4*8), 8)
+	gem.Tensor("blk.0.ffn_gate.weight", TypeQ8_0, make([]byte, 34*2), 32, 2)
+	f.Add(gem.Bytes())
 	f.Fuzz(func(t *testing.T, data []byte) {
 		g, err := ParseGGUF(data)
 		if err != nil {
@@ -310,5 +318,90 @@ func TestGGUFRopeFreqsBecomeLlama3Scaling(t *testing.T) {
 	}
 	if _, err := Open(build(ones[:10])); err == nil || !strings.Contains(err.Error(), "rope_freqs.weight") {
 		t.Errorf("wrong size: %v", err)
+	}
+}
+
+// TestGGUFGemma3SlidingMetadata: llama.cpp's gemma3 sliding-window keys
+// become layer_types, sliding_window and rope_local_base_freq: no
+// attention.sliding_window → every layer full; sliding_window_pattern as
+// a period (default 6; 0: every layer slides) or as a bool per layer;
+// rope.freq_base_swa; final_logit_softcapping passed on (for the engine to
+// refuse by name).
+func TestGGUFGemma3SlidingMetadata(t *testing.T) {
+	const S, F = "sliding_attention", "full_attention"
+	for _, tc := range []struct {
+		name    string
+		meta    func(b *ggufBuilder)
+		types   []string
+		window  any
+		local   float64
+		softcap any
+		err     string
+	}{
+		{"no window", func(b *ggufBuilder) {}, []string{F, F, F, F, F, F, F}, nil, 10000, nil, ""},
+		{"default period", func(b *ggufBuilder) { b.U32("gemma3.attention.sliding_window", 8) },
+			[]string{S, S, S, S, S, F, S}, 8.0, 10000, nil, ""},
+		{"period 3, swa base", func(b *ggufBuilder) {
+			b.U32("gemma3.attention.sliding_window", 16)
+			b.U32("gemma3.attention.sliding_window_pattern", 3)
+			b.F32("gemma3.rope.freq_base_swa", 5000)
+		}, []string{S, S, F, S, S, F, S}, 16.0, 5000, nil, ""},
+		{"period 0", func(b *ggufBuilder) {
+			b.U32("gemma3.attention.sliding_window", 8)
+			b.U32("gemma3.attention.sliding_window_pattern", 0)
+		}, []string{S, S, S, S, S, S, S}, 8.0, 10000, nil, ""},
+		{"bools", func(b *ggufBuilder) {
+			b.U32("gemma3.attention.sliding_window", 8)
+			b.Bools("gemma3.attention.sliding_window_pattern", []bool{true, false, true, false, false, true, true})
+		}, []string{S, F, S, F, F, S, S}, 8.0, 10000, nil, ""},
+		{"softcap", func(b *ggufBuilder) {
+			b.U32("gemma3.attention.sliding_window", 8)
+			b.F32("gemma3.final_logit_softcapping", 30)
+		}, []string{S, S, S, S, S, F, S}, 8.0, 10000, 30.0, ""},
+		{"bools of the wrong length", func(b *ggufBuilder) {
+			b.U32("gemma3.attention.sliding_window", 8)
+			b.Bools("gemma3.attention.sliding_window_pattern", []bool{true})
+		}, nil, nil, 0, nil, "1 entries for 7 layers"},
+		{"string pattern", func(b *ggufBuilder) {
+			b.U32("gemma3.attention.sliding_window", 8)
+			b.Str("gemma3.attention.sliding_window_pattern", "6")
+		}, nil, nil, 0, nil, "neither a period"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &ggufBuilder{}
+			b.Str("general.architecture", "gemma3")
+			for k, v := range map[string]uint32{"block_count": 7, "embedding_length": 8, "feed_forward_length": 32,
+				"attention.head_count": 2, "attention.head_count_kv": 1} {
+				b.U32("gemma3."+k, v)
+			}
+			tc.meta(b)
+			g, err := ParseGGUF(b.Bytes())
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := newGGUFSource(g)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cfg map[string]any
+			if err := json.Unmarshal(s.Config(), &cfg); err != nil {
+				t.Fatal(err)
+			}
+			var types []string
+			for _, x := range cfg["layer_types"].([]any) {
+				types = append(types, x.(string))
+			}
+			if !reflect.DeepEqual(types, tc.types) || cfg["sliding_window"] != tc.window ||
+				cfg["rope_local_base_freq"] != tc.local || cfg["final_logit_softcapping"] != tc.softcap {
+				t.Fatalf("layer_types %v sliding_window %v local base %v softcap %v", types, cfg["sliding_window"],
+					cfg["rope_local_base_freq"], cfg["final_logit_softcapping"])
+			}
+		})
 	}
 }
