@@ -11,21 +11,29 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
 	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 )
 
 // ggufLlamaFixture is what scripts/reference/gguf_llamacpp.py records: per
-// GGUF file (f32 and llama.cpp's quantizations of it) and prompt, llama.cpp's
-// last-position logits and 32-token greedy continuation.
+// GGUF file (f32, llama.cpp's quantizations of it, MXFP4 experts) and
+// prompt, llama.cpp's last-position logits and 32-token greedy
+// continuation, on the file and, for a quantized one, on its weights
+// dequantized to f32.
 type ggufLlamaFixture struct {
 	Files []struct {
-		Type    string `json:"type"`
-		File    string `json:"file"`
-		Prompts []struct {
-			Tokens []int32 `json:"tokens"`
-			Logits string  `json:"logits_f32_b64"`
-			Greedy []int32 `json:"greedy"`
-		} `json:"prompts"`
+		Type    string         `json:"type"`
+		File    string         `json:"file"`
+		Prompts []ggufLlamaRun `json:"prompts"`
+		// For a quantized file: llama.cpp on the same weights
+		// dequantized to f32 (no 8-bit rounding of activations).
+		Dequantized []ggufLlamaRun `json:"dequantized_prompts"`
 	} `json:"files"`
+}
+
+type ggufLlamaRun struct {
+	Tokens []int32 `json:"tokens"`
+	Logits string  `json:"logits_f32_b64"`
+	Greedy []int32 `json:"greedy"`
 }
 
 // ggufTolerance: f32 files must agree closely with llama.cpp (which runs
@@ -33,7 +41,7 @@ type ggufLlamaFixture struct {
 // less closely, since llama.cpp rounds activations to 8 bits inside
 // quantized matmuls, and their greedy continuations are compared only up
 // to the first position where llama.cpp's own top two logits were close.
-var ggufTolerance = map[string]float64{"f32": 0.99999, "q8_0": 0.999, "q4_0": 0.999, "mxfp4": 0.999}
+var ggufTolerance = map[string]float64{"f32": 0.99999, "q8_0": 0.999, "q4_0": 0.999, "mxfp4": 0.998}
 
 // ggufSlack is how far below the engine's top logit llama.cpp's greedy
 // token may be on a quantized file (the tiny models' logits span about ±6;
@@ -46,7 +54,9 @@ const ggufSlack = 0.25
 // <arch>_llamacpp.json on the cpu backend and compares it with llama.cpp:
 // last-position logits by cosine, after a one-shot prefill and after a
 // chunked one whose chunks (5 tokens) cross the window boundaries, and the
-// greedy continuation (which decodes several windows further).
+// greedy continuation (which decodes several windows further). A
+// quantized file is held to the f32 bounds against llama.cpp on its
+// dequantized weights, and to looser ones against llama.cpp on the file.
 func checkGGUFAgainstLlamaCpp(t *testing.T, arch, wantArch string, wantWindows []int) {
 	dir := filepath.Join("testdata", "reference", "gguf")
 	raw, err := os.ReadFile(filepath.Join(dir, arch+"_llamacpp.json"))
@@ -115,6 +125,26 @@ func checkGGUFAgainstLlamaCpp(t *testing.T, arch, wantArch string, wantWindows [
 					t.Logf("prompt %d: llama.cpp's greedy tokens teacher-forced: %d of %d not the engine's top (largest gap %.3f)", i, differ, len(p.Greedy), worst)
 				}
 			}
+			if f.Type != "f32" && len(f.Dequantized) != len(f.Prompts) {
+				t.Fatalf("%d dequantized runs for %d prompts", len(f.Dequantized), len(f.Prompts))
+			}
+			// The strict check of a quantized file: the engine's logits
+			// and greedy text equal llama.cpp's on the dequantized weights.
+			for i, p := range f.Dequantized {
+				c := m.NewCache()
+				got, err := m.Forward(ctx, c, p.Tokens)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cs := cosine32(got, fixture.F32FromBase64(t, p.Logits))
+				t.Logf("prompt %d: cosine %.7f with llama.cpp on the dequantized weights", i, cs)
+				if cs < ggufTolerance["f32"] {
+					t.Errorf("prompt %d: cosine %.7f with llama.cpp on the dequantized weights < %g", i, cs, ggufTolerance["f32"])
+				}
+				if greedy := greedyFrom(t, m, c, got, len(p.Greedy)); !slices.Equal(greedy, p.Greedy) {
+					t.Errorf("prompt %d: greedy %v, llama.cpp on the dequantized weights %v", i, greedy, p.Greedy)
+				}
+			}
 		})
 	}
 }
@@ -155,4 +185,52 @@ func teacherForced(t *testing.T, m *engine.Model, prompt, want []int32, slack fl
 // llama.cpp on prompts up to 5 windows long.
 func TestGGUFGemma3MatchesLlamaCpp(t *testing.T) {
 	checkGGUFAgainstLlamaCpp(t, "gemma3", "Gemma3ForCausalLM", []int{8, 8, 8, 8, 8, 0})
+}
+
+// TestGGUFGptOssMatchesLlamaCpp: gpt-oss GGUFs in llama.cpp's converter
+// layout (alternating sliding/full layers by llama.cpp's default period,
+// sinks, q/k/v/o biases, YaRN, router with a bias, stacked experts with
+// biases), with dense f32 experts and with MXFP4 experts (ggml type 39),
+// against llama.cpp on prompts up to 5 windows long.
+func TestGGUFGptOssMatchesLlamaCpp(t *testing.T) {
+	checkGGUFAgainstLlamaCpp(t, "gptoss", "GptOssForCausalLM", []int{8, 0, 8, 0})
+}
+
+// TestGGUFGptOssMatchesSafetensors: the gpt-oss GGUFs load to the same
+// model as the safetensors they were written from (testmodel, regenerated
+// here with the script's generator flags): logits equal bit for bit on a
+// prompt 5 windows long.
+func TestGGUFGptOssMatchesSafetensors(t *testing.T) {
+	b, err := backend.Open("cpu", backend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	prompt := make([]int32, 40)
+	for i := range prompt {
+		prompt[i] = int32((i*53 + 11) % 290)
+	}
+	for _, mxfp4 := range []bool{false, true} {
+		spec := testmodel.Spec{Arch: "gptoss", Layers: 4, Hidden: 32, Heads: 2, KVHeads: 1, HeadDim: 16, Experts: 4,
+			MoEIntermediate: 32, Vocab: 300, Seed: 31, MXFP4: mxfp4}
+		dir := t.TempDir()
+		if err := testmodel.Write(dir, spec); err != nil {
+			t.Fatal(err)
+		}
+		file := map[bool]string{false: "gptoss_f32.gguf", true: "gptoss_mxfp4.gguf"}[mxfp4]
+		var logits [2][]float32
+		for i, path := range []string{dir, filepath.Join("testdata", "reference", "gguf", file)} {
+			m, err := engine.Load(ctx, path, b, engine.LoadOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if logits[i], err = m.Forward(ctx, m.NewCache(), prompt); err != nil {
+				t.Fatal(err)
+			}
+			m.Close()
+		}
+		if !slices.Equal(logits[0], logits[1]) {
+			t.Errorf("%s: logits differ from the safetensors model's (cosine %.7f)", file, cosine32(logits[0], logits[1]))
+		}
+	}
 }

@@ -12,7 +12,9 @@ continuation. Writes under runners/engine/testdata/reference/gguf/:
 
   <arch>_<type>.gguf          the model llama.cpp ran
   <arch>_llamacpp.json        per file and prompt: tokens, last-position
-                              logits (float32, base64), greedy continuation
+                              logits (float32, base64), greedy continuation;
+                              for MXFP4 files also llama.cpp's results on the
+                              same weights dequantized to f32
 
 runners/engine/reference_gguf_test.go checks the engine against them.
 
@@ -20,7 +22,7 @@ Run by hand (not in CI), from the repository root:
     pip install gguf numpy safetensors llama-cpp-python
     python3 scripts/reference/gguf_llamacpp.py gemma3 [gptoss qwen3next]
 """
-import base64, ctypes, json, os, subprocess, sys, tempfile
+import base64, ctypes, json, os, shutil, subprocess, sys, tempfile
 
 import numpy as np
 import gguf
@@ -52,6 +54,14 @@ MODELS = {
                         "-kv-heads", "1", "-head-dim", "16", "-intermediate", "64", "-vocab", str(VOCAB),
                         "-tied", "-seed", "21"],
                    quant={"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0}),
+    # gpt-oss: dense f32 experts (the converter's non-MXFP4 path), and the
+    # same shapes with MXFP4 experts as the released checkpoints have
+    # (repacked into ggml's MXFP4 blocks, the rest f32). No quantization by
+    # llama.cpp: its MXFP4 ftype is what the second file already is.
+    "gptoss": dict(gen=["-arch", "gptoss", "-layers", "4", "-hidden", "32", "-heads", "2", "-kv-heads", "1",
+                        "-head-dim", "16", "-experts", "4", "-moe-intermediate", "32", "-vocab", str(VOCAB),
+                        "-seed", "31"],
+                   variants={"mxfp4": ["-mxfp4"]}),
 }
 
 
@@ -113,7 +123,111 @@ def write_gemma3(src, dst):
     finish(w)
 
 
-WRITERS = {"gemma3": write_gemma3}
+def mxfp4_blocks(weight, scales):
+    """MLX's mxfp4 (weight: uint32 [..., cols/8], E2M1 codes packed 8 to a
+    word, element j of a word in bits 4j..4j+3; scales: uint8 E8M0
+    [..., cols/32]) as ggml MXFP4 blocks [..., cols/32, 17]: the E8M0 byte,
+    then 16 bytes whose low nibbles are elements 0..15 of the block and
+    high nibbles elements 16..31. The codes and scales are unchanged (ggml's
+    value table is E2M1 doubled, its scale halved)."""
+    b = weight.view(np.uint8)  # little-endian: byte k holds elements 2k, 2k+1
+    codes = np.stack([b & 15, b >> 4], axis=-1).reshape(*b.shape[:-1], -1)  # [..., cols]
+    codes = codes.reshape(*codes.shape[:-1], -1, 32)
+    qs = codes[..., :16] | (codes[..., 16:] << 4)
+    return np.concatenate([scales[..., None], qs], axis=-1).astype(np.uint8)
+
+
+E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
+
+
+def dequantize_mxfp4_dir(src, dst):
+    """Copies the model directory src to dst with its MLX mxfp4 tensors
+    dequantized (E2M1 value times 2^(scale-127), exact in f32)."""
+    from safetensors.numpy import save_file
+    shutil.copytree(src, dst)
+    t = load_file(os.path.join(src, "model.safetensors"))
+    out = {}
+    for k, v in t.items():
+        sk = k[:-len(".weight")] + ".scales" if k.endswith(".weight") else None
+        if k.endswith(".scales"):
+            continue
+        if sk in t:
+            b = v.view(np.uint8)
+            codes = np.stack([b & 15, b >> 4], axis=-1).reshape(*b.shape[:-1], -1)
+            v = (E2M1[codes] * np.repeat(2.0 ** (t[sk].astype(np.float64) - 127), 32, axis=-1)).astype(np.float32)
+        out[k] = v
+    save_file(out, os.path.join(dst, "model.safetensors"))
+
+
+def dequantize_gguf(src, dst):
+    """Rewrites the GGUF src as dst with every tensor dequantized to f32
+    (gguf-py's dequantizers) and the same metadata."""
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k in ("general.architecture", "general.file_type", "general.quantization_version"):
+            continue
+        w.add_key_value(k, f.contents(), f.types[0], f.types[1] if len(f.types) > 1 else None)
+    for t in r.tensors:
+        v = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        w.add_tensor(t.name, v.reshape([int(d) for d in reversed(t.shape)]))
+    finish(w)
+
+
+def write_gptoss(src, dst):
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    t = load_file(os.path.join(src, "model.safetensors"))
+    w = gguf.GGUFWriter(dst, "gpt-oss")
+    n = cfg["num_hidden_layers"]
+    w.add_block_count(n)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(cfg["rope_theta"])
+    rs = cfg["rope_scaling"]
+    assert rs["rope_type"] == "yarn" and rs["beta_fast"] == 32 and rs["beta_slow"] == 1
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(rs["factor"])
+    w.add_rope_scaling_orig_ctx_len(rs["original_max_position_embeddings"])
+    w.add_expert_count(cfg["num_local_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(cfg["intermediate_size"])
+    w.add_sliding_window(cfg["sliding_window"])
+    # llama.cpp's default pattern for gpt-oss (period 2: even layers slide)
+    # and its fixed SwiGLU limit 7 are the generator's.
+    assert cfg["layer_types"][:2] == ["sliding_attention", "full_attention"] and cfg["swiglu_limit"] == 7
+    vocab_keys(w, src, cfg)
+    f32(w, "token_embd.weight", t["model.embed_tokens.weight"])
+    f32(w, "output_norm.weight", t["model.norm.weight"])
+    f32(w, "output.weight", t["lm_head.weight"])
+    for l in range(n):
+        p, b = "model.layers.%d." % l, "blk.%d." % l
+        f32(w, b + "attn_norm.weight", t[p + "input_layernorm.weight"])
+        f32(w, b + "post_attention_norm.weight", t[p + "post_attention_layernorm.weight"])
+        for hf, gg in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
+            for suf in ("weight", "bias"):
+                f32(w, b + gg + "." + suf, t[p + "self_attn." + hf + "." + suf])
+        f32(w, b + "attn_sinks.weight", t[p + "self_attn.sinks"])
+        f32(w, b + "ffn_gate_inp.weight", t[p + "mlp.router.weight"])
+        f32(w, b + "ffn_gate_inp.bias", t[p + "mlp.router.bias"])
+        for hf, gg in (("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")):
+            e = p + "mlp.experts." + hf
+            if e + ".scales" in t:
+                blk = mxfp4_blocks(t[e + ".weight"], t[e + ".scales"])
+                w.add_tensor(b + gg + ".weight", blk.reshape(*blk.shape[:-2], -1),
+                             raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+            else:
+                f32(w, b + gg + ".weight", t[e + ".weight"])
+            f32(w, b + gg + ".bias", t[e + ".bias"])
+    finish(w)
+
+
+WRITERS = {"gemma3": write_gemma3, "gptoss": write_gptoss}
 
 
 def finish(w):
@@ -147,13 +261,22 @@ def main(archs):
     os.makedirs(OUT, exist_ok=True)
     for arch in archs:
         spec = MODELS[arch]
-        files = {}
+        files, dequantized = {}, {}
         with tempfile.TemporaryDirectory() as tmp:
-            st = os.path.join(tmp, "st")
-            subprocess.run(GEN + spec["gen"] + [st], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-            base = os.path.join(OUT, arch + "_f32.gguf")
-            WRITERS[arch](st, base)
-            files["f32"] = base
+            for name, extra in [("f32", [])] + list(spec.get("variants", {}).items()):
+                st = os.path.join(tmp, name)
+                subprocess.run(GEN + spec["gen"] + extra + [st], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+                files[name] = os.path.join(OUT, "%s_%s.gguf" % (arch, name))
+                WRITERS[arch](st, files[name])
+                if name == "mxfp4":
+                    # llama.cpp on the same weights dequantized exactly to
+                    # f32: the MXFP4 file's reference without llama.cpp's
+                    # 8-bit rounding of the activations.
+                    dense = os.path.join(tmp, name + "_dense")
+                    dequantize_mxfp4_dir(st, dense)
+                    WRITERS[arch](dense, os.path.join(tmp, name + "_dense.gguf"))
+                    dequantized[name] = run_llama(os.path.join(tmp, name + "_dense.gguf"))
+            base = files["f32"]
             for name, ftype in spec.get("quant", {}).items():
                 out = os.path.join(OUT, "%s_%s.gguf" % (arch, name))
                 p = llama_cpp.llama_model_quantize_default_params()
@@ -162,10 +285,17 @@ def main(archs):
                 if llama_cpp.llama_model_quantize(base.encode(), out.encode(), ctypes.byref(p)) != 0:
                     raise SystemExit("llama_model_quantize failed")
                 files[name] = out
-        doc = {"generator": "scripts/reference/gguf_llamacpp.py", "gen": spec["gen"],
+                # llama.cpp on this file's weights dequantized to f32.
+                dense = os.path.join(tmp, name + "_dense.gguf")
+                dequantize_gguf(out, dense)
+                dequantized[name] = run_llama(dense)
+        doc = {"generator": "scripts/reference/gguf_llamacpp.py", "gen": spec["gen"], "variants": spec.get("variants", {}),
                "llama_cpp_python": llama_cpp.__version__, "files": []}
         for name, path in files.items():
-            doc["files"].append({"type": name, "file": os.path.basename(path), "prompts": run_llama(path)})
+            entry = {"type": name, "file": os.path.basename(path), "prompts": run_llama(path)}
+            if name in dequantized:
+                entry["dequantized_prompts"] = dequantized[name]
+            doc["files"].append(entry)
             print("wrote", os.path.relpath(path, ROOT), os.path.getsize(path), "bytes")
         with open(os.path.join(OUT, arch + "_llamacpp.json"), "w") as f:
             json.dump(doc, f, indent=1)

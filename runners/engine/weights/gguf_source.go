@@ -25,14 +25,28 @@ var ggufArchs = map[string][2]string{
 	// Gemma 3's text model, as llama.cpp's converter writes it: norm
 	// weights stored as 1 + w (undone on read, see ggufEntry.minusOne).
 	"gemma3": {"Gemma3ForCausalLM", "gemma3_text"},
+	// gpt-oss: experts stacked, gate and up apart (the converter splits
+	// HF's interleaved gate_up_proj), MXFP4 or dense, with biases.
+	"gpt-oss": {"GptOssForCausalLM", "gpt_oss"},
 }
 
-// gemma3LayerNames are the gemma3 block stems whose meaning differs from
-// llama's (ffn_norm is the pre-feedforward norm there).
-var gemma3LayerNames = map[string]string{
-	"ffn_norm":            "pre_feedforward_layernorm",
-	"post_attention_norm": "post_attention_layernorm",
-	"post_ffw_norm":       "post_feedforward_layernorm",
+// ggufArchLayerNames are, per architecture, the block stems whose HF
+// module differs from ggufLayerNames' (in gemma3, ffn_norm is the
+// pre-feedforward norm; gpt-oss's MoE is in mlx-lm's gpt_oss layout).
+var ggufArchLayerNames = map[string]map[string]string{
+	"gemma3": {
+		"ffn_norm":            "pre_feedforward_layernorm",
+		"post_attention_norm": "post_attention_layernorm",
+		"post_ffw_norm":       "post_feedforward_layernorm",
+	},
+	"gpt-oss": {
+		"post_attention_norm": "post_attention_layernorm",
+		"attn_sinks":          "self_attn.sinks", // a tensor, not a module: no suffix
+		"ffn_gate_inp":        "mlp.router",
+		"ffn_gate_exps":       "mlp.experts.gate_proj",
+		"ffn_up_exps":         "mlp.experts.up_proj",
+		"ffn_down_exps":       "mlp.experts.down_proj",
+	},
 }
 
 // ggufLayerNames maps the per-block GGUF tensor stems to HF module paths
@@ -59,11 +73,20 @@ var ggufLayerNames = map[string]string{
 
 // hfNameArch is hfName with the architecture's own block stems.
 func hfNameArch(arch, gguf string) string {
-	if arch == "gemma3" {
+	if names, ok := ggufArchLayerNames[arch]; ok {
 		if rest, ok := strings.CutPrefix(gguf, "blk."); ok {
 			if num, rest, ok := strings.Cut(rest, "."); ok {
-				if stem, suffix, ok := strings.Cut(rest, "."); ok && suffix == "weight" {
-					if mod, ok := gemma3LayerNames[stem]; ok {
+				if stem, suffix, ok := strings.Cut(rest, "."); ok && (suffix == "weight" || suffix == "bias") {
+					if mod, ok := names[stem]; ok {
+						if _, err := strconv.Atoi(num); err != nil {
+							return ""
+						}
+						if stem == "attn_sinks" {
+							if suffix != "weight" {
+								return ""
+							}
+							return "model.layers." + num + "." + mod
+						}
 						return "model.layers." + num + "." + mod + "." + suffix
 					}
 				}
@@ -156,7 +179,7 @@ func OpenGGUFSource(path string) (engine.Source, error) {
 func newGGUFSource(g *GGUF) (*ggufSource, error) {
 	arch, _ := g.String("general.architecture")
 	if _, ok := ggufArchs[arch]; !ok {
-		return nil, fmt.Errorf("unsupported general.architecture %q (supported: llama, qwen2, qwen3, qwen3moe, gemma3)", arch)
+		return nil, fmt.Errorf("unsupported general.architecture %q (supported: llama, qwen2, qwen3, qwen3moe, gemma3, gpt-oss)", arch)
 	}
 	heads, _ := g.Uint(arch + ".attention.head_count")
 	kvHeads, ok := g.Uint(arch + ".attention.head_count_kv")
@@ -198,7 +221,7 @@ func newGGUFSource(g *GGUF) (*ggufSource, error) {
 			s.add(name, e)
 		case TypeQ4_0, TypeQ4_1, TypeQ5_0, TypeQ5_1, TypeQ8_0, TypeQ4_K, TypeQ5_K, TypeQ6_K:
 			prefix, ok := strings.CutSuffix(name, ".weight")
-			if !ok || (len(t.Dims) != 2 && !(len(t.Dims) == 3 && strings.Contains(prefix, ".switch_mlp."))) {
+			if !ok || (len(t.Dims) != 2 && !(len(t.Dims) == 3 && stackedExperts(prefix))) {
 				return nil, fmt.Errorf("tensor %s: quantized %s tensor is not a 2-D weight (or 3-D stacked experts)", t.Name, t.Type)
 			}
 			s.quant[prefix] = engine.QuantSpec{Bits: mlxBits(t.Type), GroupSize: 32}
@@ -207,8 +230,21 @@ func newGGUFSource(g *GGUF) (*ggufSource, error) {
 				pe.part = part
 				s.add(prefix+suffix, pe)
 			}
+		case TypeMXFP4:
+			// MLX's mxfp4 form: packed E2M1 codes and E8M0 scales, no
+			// biases.
+			prefix, ok := strings.CutSuffix(name, ".weight")
+			if !ok || (len(t.Dims) != 2 && !(len(t.Dims) == 3 && stackedExperts(prefix))) {
+				return nil, fmt.Errorf("tensor %s: MXFP4 tensor is not a 2-D weight (or 3-D stacked experts)", t.Name)
+			}
+			s.quant[prefix] = engine.QuantSpec{Bits: 4, GroupSize: 32, Mode: "mxfp4"}
+			for part, suffix := range map[int]string{partW: ".weight", partScales: ".scales"} {
+				pe := e
+				pe.part = part
+				s.add(prefix+suffix, pe)
+			}
 		default:
-			return nil, fmt.Errorf("tensor %s: GGUF type %s not supported (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)", t.Name, t.Type)
+			return nil, fmt.Errorf("tensor %s: GGUF type %s not supported (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4)", t.Name, t.Type)
 		}
 	}
 	sort.Strings(s.names)
@@ -287,6 +323,9 @@ func (s *ggufSource) Tensor(name string) (engine.Tensor, error) {
 		out.DType, out.Shape, out.Data = engine.U32, append(slices.Clone(lead), cols*bits/32), parts[0]
 	case partScales:
 		out.DType, out.Shape, out.Data = engine.F16, append(slices.Clone(lead), cols/32), parts[1]
+		if ti.Type == TypeMXFP4 {
+			out.DType = engine.U8
+		}
 	case partBiases:
 		out.DType, out.Shape, out.Data = engine.F16, append(slices.Clone(lead), cols/32), parts[2]
 	}
@@ -352,6 +391,10 @@ func ggufToMLX(t GGMLType, raw []byte, rows, cols int) (w, scales, biases []byte
 	if gw, ok := groupwiseTypes[t]; ok {
 		return groupwiseToMLX(gw, raw, rows, cols)
 	}
+	if t == TypeMXFP4 {
+		w, scales, err = mxfp4ToMLX(raw, rows, cols)
+		return w, scales, nil, err
+	}
 	if cols%32 != 0 {
 		return nil, nil, nil, fmt.Errorf("%d columns not a multiple of 32", cols)
 	}
@@ -408,6 +451,41 @@ func ggufToMLX(t GGMLType, raw []byte, rows, cols int) (w, scales, biases []byte
 		le.PutUint16(biases[2*b:], bias)
 	}
 	return w, scales, biases, nil
+}
+
+// mxfp4ToMLX converts rows×cols elements of ggml MXFP4 blocks to MLX's
+// mxfp4 form: the same E2M1 codes packed 8 to a U32 word (element j of a
+// word at bits [4j, 4j+4)) and the same E8M0 scale bytes [rows, cols/32].
+// ggml's value table is E2M1 doubled and its scale halved, so the values
+// are equal.
+func mxfp4ToMLX(raw []byte, rows, cols int) (w, scales []byte, err error) {
+	if cols%32 != 0 {
+		return nil, nil, fmt.Errorf("%d columns not a multiple of 32", cols)
+	}
+	blocks := rows * cols / 32
+	if len(raw) != blocks*17 {
+		return nil, nil, fmt.Errorf("%d bytes for %d MXFP4 blocks", len(raw), blocks)
+	}
+	w = make([]byte, blocks*16)
+	scales = make([]byte, blocks)
+	le := binary.LittleEndian
+	for b := 0; b < blocks; b++ {
+		blk := raw[b*17 : (b+1)*17]
+		scales[b] = blk[0]
+		lo0, lo1 := le.Uint64(blk[1:]), le.Uint64(blk[9:])
+		out := w[b*16 : (b+1)*16]
+		le.PutUint32(out[0:], packNibbles(lo0))
+		le.PutUint32(out[4:], packNibbles(lo1))
+		le.PutUint32(out[8:], packNibbles(lo0>>4))
+		le.PutUint32(out[12:], packNibbles(lo1>>4))
+	}
+	return w, scales, nil
+}
+
+// stackedExperts reports whether an HF module prefix holds experts stacked
+// [E, out, in] (mlx-lm's switch_mlp, gpt-oss's experts).
+func stackedExperts(prefix string) bool {
+	return strings.Contains(prefix, ".switch_mlp.") || strings.Contains(prefix, ".mlp.experts.")
 }
 
 // mlxBits is the bit width of the MLX form of a quantized GGUF type.
@@ -522,7 +600,7 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 	}
 	ffn, err := need("feed_forward_length")
 	if err != nil {
-		if f, ok := g.Uint(key("expert_feed_forward_length")); ok && arch == "qwen3moe" {
+		if f, ok := g.Uint(key("expert_feed_forward_length")); ok && (arch == "qwen3moe" || arch == "gpt-oss") {
 			ffn, err = f, nil // no dense layer uses it
 		} else {
 			return nil, err
@@ -624,6 +702,38 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 		// has every layer sparse.
 		cfg["norm_topk_prob"], cfg["decoder_sparse_step"], cfg["mlp_only_layers"] = true, 1, []int{}
 	}
+	if arch == "gpt-oss" {
+		// llama.cpp's gpt-oss: every layer sparse, top-k logits
+		// softmaxed, the experts' SwiGLU clamped at 7, every other layer
+		// (from the first) sliding; one RoPE for all layers.
+		for hfKey, k := range map[string]string{"num_local_experts": "expert_count",
+			"num_experts_per_tok": "expert_used_count", "intermediate_size": "expert_feed_forward_length"} {
+			v, err := need(k)
+			if err != nil {
+				return nil, err
+			}
+			cfg[hfKey] = v
+		}
+		cfg["swiglu_limit"] = 7.0
+		types, w, err := ggufSlidingLayers(g, key, int(layers), 2)
+		if err != nil {
+			return nil, err
+		}
+		cfg["layer_types"] = types
+		if w > 0 {
+			cfg["sliding_window"] = w
+		}
+		if b, ok := g.Float(key("rope.freq_base_swa")); ok && b != theta {
+			return nil, fmt.Errorf("metadata %s: %g differs from rope.freq_base %g; a separate RoPE base for the sliding layers is not supported for gpt-oss", key("rope.freq_base_swa"), b, theta)
+		}
+	}
+	// Scaling settings the engine does not implement are refused by name.
+	if f, ok := g.Float(key("rope.scaling.attn_factor")); ok && f != 1 {
+		return nil, fmt.Errorf("metadata %s = %g is not supported", key("rope.scaling.attn_factor"), f)
+	}
+	if f, ok := g.Float(key("rope.scaling.yarn_log_multiplier")); ok && f != 0 {
+		return nil, fmt.Errorf("metadata %s = %g is not supported", key("rope.scaling.yarn_log_multiplier"), f)
+	}
 	if id, ok := g.Uint("tokenizer.ggml.bos_token_id"); ok {
 		cfg["bos_token_id"] = id
 	}
@@ -661,10 +771,17 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 				def = q
 			}
 		}
-		qb := map[string]any{"group_size": def.GroupSize, "bits": def.Bits}
+		spec := func(q engine.QuantSpec) map[string]any {
+			m := map[string]any{"group_size": q.GroupSize, "bits": q.Bits}
+			if q.Mode != "" {
+				m["mode"] = q.Mode
+			}
+			return m
+		}
+		qb := spec(def)
 		for p, q := range s.quant {
 			if q != def {
-				qb[p] = map[string]int{"group_size": q.GroupSize, "bits": q.Bits}
+				qb[p] = spec(q)
 			}
 		}
 		for _, n := range s.names {

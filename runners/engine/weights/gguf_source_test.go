@@ -224,6 +224,16 @@ func FuzzGGUFSource(f *testing.F) {
 	gem.Tensor("blk.0.post_ffw_norm.weight", TypeF32, make([]byte, 4*8), 8)
 	gem.Tensor("blk.0.ffn_gate.weight", TypeQ8_0, make([]byte, 34*2), 32, 2)
 	f.Add(gem.Bytes())
+	var oss ggufBuilder
+	llamaMeta(&oss, "gpt-oss", 2, 1)
+	oss.U32("gpt-oss.expert_count", 2)
+	oss.U32("gpt-oss.expert_used_count", 1)
+	oss.U32("gpt-oss.expert_feed_forward_length", 32)
+	oss.U32("gpt-oss.attention.sliding_window", 4)
+	oss.Tensor("blk.0.attn_sinks.weight", TypeF32, make([]byte, 4*2), 2)
+	oss.Tensor("blk.0.ffn_up_exps.weight", TypeMXFP4, make([]byte, 17*2*2), 32, 2, 2)
+	oss.Tensor("blk.0.ffn_up_exps.bias", TypeF32, make([]byte, 4*2*2), 2, 2)
+	f.Add(oss.Bytes())
 	f.Fuzz(func(t *testing.T, data []byte) {
 		g, err := ParseGGUF(data)
 		if err != nil {
@@ -403,5 +413,57 @@ func TestGGUFGemma3SlidingMetadata(t *testing.T) {
 					cfg["rope_local_base_freq"], cfg["final_logit_softcapping"])
 			}
 		})
+	}
+}
+
+// TestGGUFMXFP4ToMLX: a ggml MXFP4 block (E8M0 byte, then element j in the
+// low nibble of byte j and element j+16 in its high nibble) becomes MLX's
+// mxfp4 form: the same codes, element j of a U32 word at bits 4j..4j+3,
+// and the same scale byte.
+func TestGGUFMXFP4ToMLX(t *testing.T) {
+	blk := make([]byte, 17)
+	blk[0] = 130
+	for j := 0; j < 16; j++ {
+		blk[1+j] = byte(j) | byte(15-j)<<4 // element j = j, element j+16 = 15-j
+	}
+	w, sc, err := mxfp4ToMLX(blk, 1, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sc) != 1 || sc[0] != 130 || len(w) != 16 {
+		t.Fatalf("scales %v, %d weight bytes", sc, len(w))
+	}
+	for e := 0; e < 32; e++ {
+		word := binary.LittleEndian.Uint32(w[4*(e/8):])
+		got := word >> (4 * (e % 8)) & 15
+		want := uint32(e)
+		if e >= 16 {
+			want = uint32(15 - (e - 16))
+		}
+		if got != want {
+			t.Fatalf("element %d: code %d, want %d", e, got, want)
+		}
+	}
+	if _, _, err := mxfp4ToMLX(blk[:16], 1, 32); err == nil {
+		t.Error("a short block was accepted")
+	}
+}
+
+// TestGGUFGptOssNames: gpt-oss's GGUF tensors map onto mlx-lm's gpt_oss
+// names (the sinks are a bare tensor).
+func TestGGUFGptOssNames(t *testing.T) {
+	for gguf, want := range map[string]string{
+		"blk.3.attn_sinks.weight":          "model.layers.3.self_attn.sinks",
+		"blk.3.attn_sinks.bias":            "",
+		"blk.3.post_attention_norm.weight": "model.layers.3.post_attention_layernorm.weight",
+		"blk.3.ffn_gate_inp.bias":          "model.layers.3.mlp.router.bias",
+		"blk.3.ffn_down_exps.weight":       "model.layers.3.mlp.experts.down_proj.weight",
+		"blk.3.ffn_up_exps.bias":           "model.layers.3.mlp.experts.up_proj.bias",
+		"blk.3.attn_q.bias":                "model.layers.3.self_attn.q_proj.bias",
+		"blk.x.attn_sinks.weight":          "",
+	} {
+		if got := hfNameArch("gpt-oss", gguf); got != want {
+			t.Errorf("%s → %q, want %q", gguf, got, want)
+		}
 	}
 }
