@@ -38,7 +38,8 @@ GREEDY = 32
 
 
 def prompts():
-    # One shorter than the window (8), the others 3 and 5 windows long.
+    # One shorter than the window (8), the others 3 and 5 windows long (for
+    # Qwen3-Next: several of the Go test's 5-token prefill chunks).
     out = [[297, 200, 201, 202, 10, 84]]
     for n, a in ((24, 37), (40, 53)):
         out.append([(i * a + 11) % 290 for i in range(n)])
@@ -62,7 +63,82 @@ MODELS = {
                         "-head-dim", "16", "-experts", "4", "-moe-intermediate", "32", "-vocab", str(VOCAB),
                         "-seed", "31"],
                    variants={"mxfp4": ["-mxfp4"]}),
+    # Qwen3-Next: our generator has no qwen3_next, so the weights are drawn
+    # here (numpy, fixed seed) in mlx-lm's layout; the tokenizer files come
+    # from the generator. Every layer sparse with a shared expert (llama.cpp's
+    # qwen3next has no dense layers), a full-attention layer every 2nd
+    # (two intervals), 2 value heads per key head.
+    "qwen3next": dict(gen=["-arch", "qwen3", "-vocab", str(VOCAB), "-seed", "41"], make=lambda d: make_qwen3next(d),
+                      quant={"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0}),
 }
+
+QWEN3NEXT = {
+    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+    "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "head_dim": 16, "linear_num_value_heads": 2, "linear_num_key_heads": 1,
+    "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "num_experts": 4,
+    "num_experts_per_tok": 2, "decoder_sparse_step": 1, "shared_expert_intermediate_size": 32, "mlp_only_layers": [],
+    "moe_intermediate_size": 32, "norm_topk_prob": True, "rms_norm_eps": 1e-6, "vocab_size": VOCAB,
+    "rope_theta": 10000.0, "partial_rotary_factor": 0.25, "max_position_embeddings": 512,
+    "full_attention_interval": 2, "tie_word_embeddings": False, "attention_bias": False, "torch_dtype": "float32",
+}
+
+
+def make_qwen3next(d):
+    """Replaces the generator's model in directory d by a Qwen3-Next of
+    QWEN3NEXT's shape, weights drawn in mlx-lm's layout: in_proj_qkvz and
+    in_proj_ba grouped per key head as HF has them, conv1d [C, K, 1],
+    stacked switch_mlp experts, norm weights as multipliers (around 1)."""
+    from safetensors.numpy import save_file
+    c = dict(QWEN3NEXT)
+    old = json.load(open(os.path.join(d, "config.json")))
+    c["bos_token_id"], c["eos_token_id"] = old["bos_token_id"], old["eos_token_id"]
+    json.dump(c, open(os.path.join(d, "config.json"), "w"), indent=1)
+    rng = np.random.default_rng(41)
+    t = {}
+
+    def lin(name, out, inp, scale=1.0):
+        t[name + ".weight"] = (rng.standard_normal((out, inp)) * scale / np.sqrt(inp)).astype(np.float32)
+
+    def norm(name, n):
+        t[name] = (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    D, V, H, Hkv, hd = c["hidden_size"], VOCAB, c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    Hk, Hv, Dk, Dv, K = (c["linear_num_key_heads"], c["linear_num_value_heads"], c["linear_key_head_dim"],
+                         c["linear_value_head_dim"], c["linear_conv_kernel_dim"])
+    E, F, Fs = c["num_experts"], c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
+    t["model.embed_tokens.weight"] = rng.standard_normal((V, D)).astype(np.float32)
+    lin("lm_head", V, D, 4)
+    norm("model.norm.weight", D)
+    for l in range(c["num_hidden_layers"]):
+        p = "model.layers.%d." % l
+        norm(p + "input_layernorm.weight", D)
+        norm(p + "post_attention_layernorm.weight", D)
+        if (l + 1) % c["full_attention_interval"] == 0:
+            lin(p + "self_attn.q_proj", 2 * H * hd, D)
+            lin(p + "self_attn.k_proj", Hkv * hd, D)
+            lin(p + "self_attn.v_proj", Hkv * hd, D)
+            lin(p + "self_attn.o_proj", D, H * hd)
+            norm(p + "self_attn.q_norm.weight", hd)
+            norm(p + "self_attn.k_norm.weight", hd)
+        else:
+            a = p + "linear_attn."
+            lin(a + "in_proj_qkvz", 2 * Hk * Dk + 2 * Hv * Dv, D)
+            lin(a + "in_proj_ba", 2 * Hv, D, 2)
+            lin(a + "out_proj", D, Hv * Dv)
+            t[a + "conv1d.weight"] = (rng.standard_normal((2 * Hk * Dk + Hv * Dv, K, 1)) * 0.5).astype(np.float32)
+            t[a + "A_log"] = np.log(rng.uniform(1, 16, Hv)).astype(np.float32)
+            t[a + "dt_bias"] = (0.5 * rng.standard_normal(Hv)).astype(np.float32)
+            norm(a + "norm.weight", Dv)
+        m = p + "mlp."
+        lin(m + "gate", E, D, 2)
+        t[m + "switch_mlp.gate_proj.weight"] = (rng.standard_normal((E, F, D)) / np.sqrt(D)).astype(np.float32)
+        t[m + "switch_mlp.up_proj.weight"] = (rng.standard_normal((E, F, D)) / np.sqrt(D)).astype(np.float32)
+        t[m + "switch_mlp.down_proj.weight"] = (rng.standard_normal((E, D, F)) / np.sqrt(F)).astype(np.float32)
+        lin(m + "shared_expert.gate_proj", Fs, D)
+        lin(m + "shared_expert.up_proj", Fs, D)
+        lin(m + "shared_expert.down_proj", D, Fs)
+        lin(m + "shared_expert_gate", 1, D, 2)
+    save_file(t, os.path.join(d, "model.safetensors"), {"format": "mlx"})
 
 
 def vocab_keys(w, src, cfg):
@@ -227,7 +303,76 @@ def write_gptoss(src, dst):
     finish(w)
 
 
-WRITERS = {"gemma3": write_gemma3, "gptoss": write_gptoss}
+def write_qwen3next(src, dst):
+    """Qwen3-Next in the converter's layout: in_proj_qkvz regrouped into
+    attn_qkv (all q heads, all k heads, all v heads) and attn_gate (z),
+    in_proj_ba kept grouped as ssm_ba, conv1d squeezed to [C, K], ssm_a =
+    -exp(A_log), dt_bias as ssm_dt.bias. Norm weights: the converter adds
+    1 to HF's zero-centred ones; mlx-lm's layout already holds 1 + w, so
+    they are written as they are (the gated linear_attn.norm is a plain
+    weight in both)."""
+    c = json.load(open(os.path.join(src, "config.json")))
+    t = load_file(os.path.join(src, "model.safetensors"))
+    w = gguf.GGUFWriter(dst, "qwen3next")
+    n, D = c["num_hidden_layers"], c["hidden_size"]
+    Hk, Hv, Dk, Dv = c["linear_num_key_heads"], c["linear_num_value_heads"], c["linear_key_head_dim"], c["linear_value_head_dim"]
+    w.add_block_count(n)
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(D)
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_head_count_kv(c["num_key_value_heads"])
+    w.add_key_length(c["head_dim"])
+    w.add_value_length(c["head_dim"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_rope_freq_base(c["rope_theta"])
+    w.add_rope_dimension_count(int(c["head_dim"] * c["partial_rotary_factor"]))
+    w.add_expert_count(c["num_experts"])
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    w.add_expert_shared_feed_forward_length(c["shared_expert_intermediate_size"])
+    w.add_ssm_conv_kernel(c["linear_conv_kernel_dim"])
+    w.add_ssm_state_size(Dk)
+    w.add_ssm_group_count(Hk)
+    w.add_ssm_time_step_rank(Hv)
+    w.add_ssm_inner_size(Dv * Hv)
+    w.add_uint32("qwen3next.full_attention_interval", c["full_attention_interval"])
+    assert c["norm_topk_prob"] and c["mlp_only_layers"] == [] and Dk == Dv
+    vocab_keys(w, src, c)
+    f32(w, "token_embd.weight", t["model.embed_tokens.weight"])
+    f32(w, "output_norm.weight", t["model.norm.weight"])
+    f32(w, "output.weight", t["lm_head.weight"])
+    r = Hv // Hk
+    for l in range(n):
+        p, b = "model.layers.%d." % l, "blk.%d." % l
+        f32(w, b + "attn_norm.weight", t[p + "input_layernorm.weight"])
+        f32(w, b + "post_attention_norm.weight", t[p + "post_attention_layernorm.weight"])
+        if p + "self_attn.q_proj.weight" in t:
+            for hf, gg in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output"),
+                           ("q_norm", "attn_q_norm"), ("k_norm", "attn_k_norm")):
+                f32(w, b + gg + ".weight", t[p + "self_attn." + hf + ".weight"])
+        else:
+            a = p + "linear_attn."
+            qkvz = t[a + "in_proj_qkvz.weight"].reshape(Hk, 2 * Dk + 2 * r * Dv, D)
+            q, k, v, z = np.split(qkvz, [Dk, 2 * Dk, 2 * Dk + r * Dv], axis=1)
+            f32(w, b + "attn_qkv.weight", np.concatenate([q.reshape(-1, D), k.reshape(-1, D), v.reshape(-1, D)]))
+            f32(w, b + "attn_gate.weight", z.reshape(-1, D))
+            f32(w, b + "ssm_ba.weight", t[a + "in_proj_ba.weight"])
+            f32(w, b + "ssm_conv1d.weight", t[a + "conv1d.weight"][:, :, 0])
+            f32(w, b + "ssm_a", -np.exp(t[a + "A_log"]))
+            f32(w, b + "ssm_dt.bias", t[a + "dt_bias"])
+            f32(w, b + "ssm_norm.weight", t[a + "norm.weight"])
+            f32(w, b + "ssm_out.weight", t[a + "out_proj.weight"])
+        m = p + "mlp."
+        f32(w, b + "ffn_gate_inp.weight", t[m + "gate.weight"])
+        for hf, gg in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
+            f32(w, b + gg + "_exps.weight", t[m + "switch_mlp." + hf + ".weight"])
+            f32(w, b + gg + "_shexp.weight", t[m + "shared_expert." + hf + ".weight"])
+        f32(w, b + "ffn_gate_inp_shexp.weight", t[m + "shared_expert_gate.weight"][0])
+    finish(w)
+
+
+WRITERS = {"gemma3": write_gemma3, "gptoss": write_gptoss, "qwen3next": write_qwen3next}
 
 
 def finish(w):
@@ -266,6 +411,8 @@ def main(archs):
             for name, extra in [("f32", [])] + list(spec.get("variants", {}).items()):
                 st = os.path.join(tmp, name)
                 subprocess.run(GEN + spec["gen"] + extra + [st], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+                if "make" in spec:
+                    spec["make"](st)
                 files[name] = os.path.join(OUT, "%s_%s.gguf" % (arch, name))
                 WRITERS[arch](st, files[name])
                 if name == "mxfp4":

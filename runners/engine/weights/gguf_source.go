@@ -28,6 +28,10 @@ var ggufArchs = map[string][2]string{
 	// gpt-oss: experts stacked, gate and up apart (the converter splits
 	// HF's interleaved gate_up_proj), MXFP4 or dense, with biases.
 	"gpt-oss": {"GptOssForCausalLM", "gpt_oss"},
+	// Qwen3-Next (Gated DeltaNet hybrid), every layer sparse with a
+	// shared expert; its linear-attention tensors are mapped by
+	// qwen3nextTargets.
+	"qwen3next": {"Qwen3NextForCausalLM", "qwen3_next"},
 }
 
 // ggufArchLayerNames are, per architecture, the block stems whose HF
@@ -46,6 +50,12 @@ var ggufArchLayerNames = map[string]map[string]string{
 		"ffn_gate_exps":       "mlp.experts.gate_proj",
 		"ffn_up_exps":         "mlp.experts.up_proj",
 		"ffn_down_exps":       "mlp.experts.down_proj",
+	},
+	"qwen3next": {
+		"post_attention_norm": "post_attention_layernorm",
+		"ffn_gate_shexp":      "mlp.shared_expert.gate_proj",
+		"ffn_up_shexp":        "mlp.shared_expert.up_proj",
+		"ffn_down_shexp":      "mlp.shared_expert.down_proj",
 	},
 }
 
@@ -136,6 +146,15 @@ type ggufEntry struct {
 	// minusOne: a Gemma norm weight stored as 1 + w; read back as w (the
 	// engine adds the 1 as for HF weights; exact for |1 + w| < 2^24).
 	minusOne bool
+	// negLog: stored as -exp(x) (Qwen3-Next's ssm_a); read back as x =
+	// log(-v) (F32 only).
+	negLog bool
+	// rows, when set, picks these rows (of the HF [out, in] matrix), in
+	// this order: one GGUF tensor split into several HF ones.
+	rows []int
+	// shape, when set, is the HF shape of a dense tensor whose GGUF
+	// dims are another view of the same data.
+	shape []int
 }
 
 const (
@@ -156,6 +175,8 @@ type ggufSource struct {
 	mu        sync.Mutex
 	lastSrc   string
 	lastParts [3][]byte // W, scales, biases of lastSrc
+
+	q3n *qwen3nextLayout // qwen3next's layer kinds
 }
 
 // OpenGGUFSource opens a GGUF file as an engine.Source: tensors renamed to
@@ -179,72 +200,33 @@ func OpenGGUFSource(path string) (engine.Source, error) {
 func newGGUFSource(g *GGUF) (*ggufSource, error) {
 	arch, _ := g.String("general.architecture")
 	if _, ok := ggufArchs[arch]; !ok {
-		return nil, fmt.Errorf("unsupported general.architecture %q (supported: llama, qwen2, qwen3, qwen3moe, gemma3, gpt-oss)", arch)
+		return nil, fmt.Errorf("unsupported general.architecture %q (supported: llama, qwen2, qwen3, qwen3moe, gemma3, gpt-oss, qwen3next)", arch)
+	}
+	var q3n *qwen3nextLayout
+	if arch == "qwen3next" {
+		var err error
+		if q3n, err = newQwen3nextLayout(g); err != nil {
+			return nil, err
+		}
 	}
 	heads, _ := g.Uint(arch + ".attention.head_count")
 	kvHeads, ok := g.Uint(arch + ".attention.head_count_kv")
 	if !ok {
 		kvHeads = heads
 	}
-	s := &ggufSource{g: g, entries: map[string]ggufEntry{}, quant: map[string]engine.QuantSpec{}}
+	s := &ggufSource{g: g, entries: map[string]ggufEntry{}, quant: map[string]engine.QuantSpec{}, q3n: q3n}
 	for _, t := range g.tensors {
-		name := hfNameArch(arch, t.Name)
-		if name == "" {
-			name = t.Name // kept under its GGUF name (e.g. rope_freqs.weight)
-		}
-		e := ggufEntry{src: t.Name}
-		if arch == "gemma3" && strings.HasSuffix(name, "norm.weight") {
-			if t.Type != TypeF32 {
-				return nil, fmt.Errorf("tensor %s: gemma3 norm weight of type %s (want F32)", t.Name, t.Type)
-			}
-			e.minusOne = true
-		}
-		if arch == "llama" {
-			switch {
-			case strings.HasSuffix(name, ".self_attn.q_proj.weight"), strings.HasSuffix(name, ".self_attn.q_proj.bias"):
-				e.heads = int(heads)
-			case strings.HasSuffix(name, ".self_attn.k_proj.weight"), strings.HasSuffix(name, ".self_attn.k_proj.bias"):
-				e.heads = int(kvHeads)
-			}
-			if e.heads > 0 {
-				rows := t.Dims[len(t.Dims)-1]
-				if len(t.Dims) == 1 {
-					rows = t.Dims[0]
-				}
-				if rows%uint64(2*e.heads) != 0 {
-					return nil, fmt.Errorf("tensor %s: %d rows not divisible into %d heads of even size", t.Name, rows, e.heads)
-				}
+		targets := []ggufTarget{{hfNameArch(arch, t.Name), ggufEntry{src: t.Name}}}
+		if q3n != nil {
+			var err error
+			if targets, err = q3n.targets(t); err != nil {
+				return nil, err
 			}
 		}
-		switch t.Type {
-		case TypeF32, TypeF16, TypeBF16:
-			s.add(name, e)
-		case TypeQ4_0, TypeQ4_1, TypeQ5_0, TypeQ5_1, TypeQ8_0, TypeQ4_K, TypeQ5_K, TypeQ6_K:
-			prefix, ok := strings.CutSuffix(name, ".weight")
-			if !ok || (len(t.Dims) != 2 && !(len(t.Dims) == 3 && stackedExperts(prefix))) {
-				return nil, fmt.Errorf("tensor %s: quantized %s tensor is not a 2-D weight (or 3-D stacked experts)", t.Name, t.Type)
+		for _, tg := range targets {
+			if err := s.addTarget(arch, t, tg.name, tg.e, heads, kvHeads); err != nil {
+				return nil, err
 			}
-			s.quant[prefix] = engine.QuantSpec{Bits: mlxBits(t.Type), GroupSize: 32}
-			for part, suffix := range map[int]string{partW: ".weight", partScales: ".scales", partBiases: ".biases"} {
-				pe := e
-				pe.part = part
-				s.add(prefix+suffix, pe)
-			}
-		case TypeMXFP4:
-			// MLX's mxfp4 form: packed E2M1 codes and E8M0 scales, no
-			// biases.
-			prefix, ok := strings.CutSuffix(name, ".weight")
-			if !ok || (len(t.Dims) != 2 && !(len(t.Dims) == 3 && stackedExperts(prefix))) {
-				return nil, fmt.Errorf("tensor %s: MXFP4 tensor is not a 2-D weight (or 3-D stacked experts)", t.Name)
-			}
-			s.quant[prefix] = engine.QuantSpec{Bits: 4, GroupSize: 32, Mode: "mxfp4"}
-			for part, suffix := range map[int]string{partW: ".weight", partScales: ".scales"} {
-				pe := e
-				pe.part = part
-				s.add(prefix+suffix, pe)
-			}
-		default:
-			return nil, fmt.Errorf("tensor %s: GGUF type %s not supported (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4)", t.Name, t.Type)
 		}
 	}
 	sort.Strings(s.names)
@@ -254,6 +236,94 @@ func newGGUFSource(g *GGUF) (*ggufSource, error) {
 	}
 	s.config = cfg
 	return s, nil
+}
+
+// ggufTarget is one HF-named tensor made from a GGUF tensor.
+type ggufTarget struct {
+	name string
+	e    ggufEntry
+}
+
+// addTarget adds the HF tensor name (with its quantized parts) made from
+// the GGUF tensor t.
+func (s *ggufSource) addTarget(arch string, t TensorInfo, name string, e ggufEntry, heads, kvHeads uint64) error {
+	if name == "" {
+		name = t.Name // kept under its GGUF name (e.g. rope_freqs.weight)
+	}
+	if (e.negLog || e.shape != nil) && t.Type != TypeF32 && t.Type != TypeF16 && t.Type != TypeBF16 {
+		return fmt.Errorf("tensor %s: type %s (want F32, F16 or BF16)", t.Name, t.Type)
+	}
+	if e.negLog && t.Type != TypeF32 {
+		return fmt.Errorf("tensor %s: type %s (want F32)", t.Name, t.Type)
+	}
+	if e.shape != nil {
+		n := uint64(1)
+		for _, d := range e.shape {
+			n *= uint64(d)
+		}
+		if n != t.Elements() {
+			return fmt.Errorf("tensor %s: %d elements, not a %v view", t.Name, t.Elements(), e.shape)
+		}
+	}
+	for _, r := range e.rows {
+		if len(t.Dims) != 2 || r < 0 || uint64(r) >= t.Dims[1] {
+			return fmt.Errorf("tensor %s: row %d out of range", t.Name, r)
+		}
+	}
+	if arch == "gemma3" && strings.HasSuffix(name, "norm.weight") {
+		if t.Type != TypeF32 {
+			return fmt.Errorf("tensor %s: gemma3 norm weight of type %s (want F32)", t.Name, t.Type)
+		}
+		e.minusOne = true
+	}
+	if arch == "llama" {
+		switch {
+		case strings.HasSuffix(name, ".self_attn.q_proj.weight"), strings.HasSuffix(name, ".self_attn.q_proj.bias"):
+			e.heads = int(heads)
+		case strings.HasSuffix(name, ".self_attn.k_proj.weight"), strings.HasSuffix(name, ".self_attn.k_proj.bias"):
+			e.heads = int(kvHeads)
+		}
+		if e.heads > 0 {
+			rows := t.Dims[len(t.Dims)-1]
+			if len(t.Dims) == 1 {
+				rows = t.Dims[0]
+			}
+			if rows%uint64(2*e.heads) != 0 {
+				return fmt.Errorf("tensor %s: %d rows not divisible into %d heads of even size", t.Name, rows, e.heads)
+			}
+		}
+	}
+	switch t.Type {
+	case TypeF32, TypeF16, TypeBF16:
+		s.add(name, e)
+	case TypeQ4_0, TypeQ4_1, TypeQ5_0, TypeQ5_1, TypeQ8_0, TypeQ4_K, TypeQ5_K, TypeQ6_K:
+		prefix, ok := strings.CutSuffix(name, ".weight")
+		if !ok || (len(t.Dims) != 2 && !(len(t.Dims) == 3 && stackedExperts(prefix))) {
+			return fmt.Errorf("tensor %s: quantized %s tensor is not a 2-D weight (or 3-D stacked experts)", t.Name, t.Type)
+		}
+		s.quant[prefix] = engine.QuantSpec{Bits: mlxBits(t.Type), GroupSize: 32}
+		for part, suffix := range map[int]string{partW: ".weight", partScales: ".scales", partBiases: ".biases"} {
+			pe := e
+			pe.part = part
+			s.add(prefix+suffix, pe)
+		}
+	case TypeMXFP4:
+		// MLX's mxfp4 form: packed E2M1 codes and E8M0 scales, no
+		// biases.
+		prefix, ok := strings.CutSuffix(name, ".weight")
+		if !ok || (len(t.Dims) != 2 && !(len(t.Dims) == 3 && stackedExperts(prefix))) {
+			return fmt.Errorf("tensor %s: MXFP4 tensor is not a 2-D weight (or 3-D stacked experts)", t.Name)
+		}
+		s.quant[prefix] = engine.QuantSpec{Bits: 4, GroupSize: 32, Mode: "mxfp4"}
+		for part, suffix := range map[int]string{partW: ".weight", partScales: ".scales"} {
+			pe := e
+			pe.part = part
+			s.add(prefix+suffix, pe)
+		}
+	default:
+		return fmt.Errorf("tensor %s: GGUF type %s not supported (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4)", t.Name, t.Type)
+	}
+	return nil
 }
 
 func (s *ggufSource) add(name string, e ggufEntry) {
@@ -288,6 +358,9 @@ func (s *ggufSource) Tensor(name string) (engine.Tensor, error) {
 	for i, d := range ti.Dims {
 		shape[len(shape)-1-i] = int(d)
 	}
+	if e.shape != nil {
+		shape = slices.Clone(e.shape)
+	}
 	out := engine.Tensor{Name: name, Shape: shape}
 	rows, cols := 1, shape[len(shape)-1]
 	lead := shape[:len(shape)-1] // [out] or, for stacked experts, [E, out]
@@ -305,17 +378,34 @@ func (s *ggufSource) Tensor(name string) (engine.Tensor, error) {
 				binary.LittleEndian.PutUint32(out.Data[i:], math.Float32bits(v-1))
 			}
 		}
+		if e.negLog {
+			out.Data = make([]byte, len(raw))
+			for i := 0; i+4 <= len(raw); i += 4 {
+				v := math.Float32frombits(binary.LittleEndian.Uint32(raw[i:]))
+				binary.LittleEndian.PutUint32(out.Data[i:], math.Float32bits(float32(math.Log(-float64(v)))))
+			}
+		}
 		if e.heads > 0 {
 			if len(shape) == 1 { // a bias: one element per row
 				rows, cols = shape[0], 1
 			}
 			out.Data = unpermuteRows(raw, rows, len(raw)/rows, e.heads)
 		}
+		if e.rows != nil {
+			out.Data = pickRows(out.Data, rows, e.rows)
+			out.Shape[0] = len(e.rows)
+		}
 		return out, nil
 	}
 	parts, err := s.converted(e, ti, raw, rows, cols)
 	if err != nil {
 		return engine.Tensor{}, err
+	}
+	if e.rows != nil {
+		for i, p := range parts {
+			parts[i] = pickRows(p, rows, e.rows)
+		}
+		lead = []int{len(e.rows)}
 	}
 	bits := mlxBits(ti.Type)
 	switch e.part {
@@ -352,6 +442,20 @@ func (s *ggufSource) converted(e ggufEntry, ti TensorInfo, raw []byte, rows, col
 	}
 	s.lastSrc, s.lastParts = e.src, parts
 	return parts, nil
+}
+
+// pickRows returns rows sel (in that order) of b, which holds n rows of
+// equal size.
+func pickRows(b []byte, n int, sel []int) []byte {
+	if len(b) == 0 || n == 0 {
+		return nil
+	}
+	rowBytes := len(b) / n
+	out := make([]byte, 0, len(sel)*rowBytes)
+	for _, r := range sel {
+		out = append(out, b[r*rowBytes:(r+1)*rowBytes]...)
+	}
+	return out
 }
 
 // unpermuteRows undoes llama.cpp's Q/K permutation (convert_hf_to_gguf.py
@@ -600,7 +704,7 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 	}
 	ffn, err := need("feed_forward_length")
 	if err != nil {
-		if f, ok := g.Uint(key("expert_feed_forward_length")); ok && (arch == "qwen3moe" || arch == "gpt-oss") {
+		if f, ok := g.Uint(key("expert_feed_forward_length")); ok && (arch == "qwen3moe" || arch == "gpt-oss" || arch == "qwen3next") {
 			ffn, err = f, nil // no dense layer uses it
 		} else {
 			return nil, err
@@ -725,6 +829,44 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 		}
 		if b, ok := g.Float(key("rope.freq_base_swa")); ok && b != theta {
 			return nil, fmt.Errorf("metadata %s: %g differs from rope.freq_base %g; a separate RoPE base for the sliding layers is not supported for gpt-oss", key("rope.freq_base_swa"), b, theta)
+		}
+	}
+	if arch == "qwen3next" {
+		// llama.cpp's qwen3next: every layer sparse with a shared expert,
+		// the chosen experts' weights renormalized.
+		for hfKey, k := range map[string]string{"num_experts": "expert_count", "num_experts_per_tok": "expert_used_count",
+			"moe_intermediate_size": "expert_feed_forward_length", "linear_num_key_heads": "ssm.group_count",
+			"linear_num_value_heads": "ssm.time_step_rank", "linear_key_head_dim": "ssm.state_size",
+			"linear_conv_kernel_dim": "ssm.conv_kernel"} {
+			v, err := need(k)
+			if err != nil {
+				return nil, err
+			}
+			cfg[hfKey] = v
+		}
+		inner, err := need("ssm.inner_size")
+		if err != nil {
+			return nil, err
+		}
+		if hv := cfg["linear_num_value_heads"].(uint64); hv == 0 || inner%hv != 0 {
+			return nil, fmt.Errorf("metadata %s %d is not a multiple of ssm.time_step_rank %d", key("ssm.inner_size"), inner, hv)
+		} else {
+			cfg["linear_value_head_dim"] = inner / hv
+		}
+		cfg["shared_expert_intermediate_size"] = ffn
+		if v, ok := g.Uint(key("expert_shared_feed_forward_length")); ok {
+			cfg["shared_expert_intermediate_size"] = v
+		}
+		cfg["norm_topk_prob"], cfg["decoder_sparse_step"], cfg["mlp_only_layers"] = true, 1, []int{}
+		n := s.q3n.interval()
+		if n == 0 {
+			return nil, fmt.Errorf("metadata %s: the recurrent layers %v do not repeat with a full-attention interval", key("attention.recurrent_layers"), s.q3n.recurrent)
+		}
+		cfg["full_attention_interval"] = n
+		// llama.cpp rotates rope.dimension_count dims (default: all).
+		cfg["partial_rotary_factor"] = 1.0
+		if d, ok := g.Uint(key("rope.dimension_count")); ok {
+			cfg["partial_rotary_factor"] = float64(d) / float64(headDim)
 		}
 	}
 	// Scaling settings the engine does not implement are refused by name.
