@@ -857,7 +857,15 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 		if v, ok := g.Uint(key("expert_shared_feed_forward_length")); ok {
 			cfg["shared_expert_intermediate_size"] = v
 		}
-		cfg["norm_topk_prob"], cfg["decoder_sparse_step"], cfg["mlp_only_layers"] = true, 1, []int{}
+		// Layers with a dense MLP (llama.cpp's qwen3next has none; HF's
+		// mlp_only_layers) are those without a router.
+		dense := []int{}
+		for i := range s.q3n.recurrent {
+			if _, ok := g.TensorInfo(fmt.Sprintf("blk.%d.ffn_gate_inp.weight", i)); !ok {
+				dense = append(dense, i)
+			}
+		}
+		cfg["norm_topk_prob"], cfg["decoder_sparse_step"], cfg["mlp_only_layers"] = true, 1, dense
 		n := s.q3n.interval()
 		if n == 0 {
 			return nil, fmt.Errorf("metadata %s: the recurrent layers %v do not repeat with a full-attention interval", key("attention.recurrent_layers"), s.q3n.recurrent)

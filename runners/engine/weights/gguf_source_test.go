@@ -234,6 +234,18 @@ func FuzzGGUFSource(f *testing.F) {
 	oss.Tensor("blk.0.ffn_up_exps.weight", TypeMXFP4, make([]byte, 17*2*2), 32, 2, 2)
 	oss.Tensor("blk.0.ffn_up_exps.bias", TypeF32, make([]byte, 4*2*2), 2, 2)
 	f.Add(oss.Bytes())
+	var q3n ggufBuilder
+	llamaMeta(&q3n, "qwen3next", 2, 1)
+	for k, v := range map[string]uint32{"expert_count": 2, "expert_used_count": 1, "expert_feed_forward_length": 32,
+		"ssm.conv_kernel": 2, "ssm.state_size": 4, "ssm.group_count": 1, "ssm.time_step_rank": 2, "ssm.inner_size": 8} {
+		q3n.U32("qwen3next."+k, v)
+	}
+	q3n.Bools("qwen3next.attention.recurrent_layers", []bool{true})
+	q3n.Tensor("blk.0.ssm_ba.weight", TypeQ8_0, make([]byte, 34*4), 32, 4)
+	q3n.Tensor("blk.0.ssm_a", TypeF32, make([]byte, 4*2), 2)
+	q3n.Tensor("blk.0.ssm_conv1d.weight", TypeF32, make([]byte, 4*2*16), 2, 16)
+	q3n.Tensor("blk.0.ffn_gate_inp_shexp.weight", TypeF32, make([]byte, 4*8), 8)
+	f.Add(q3n.Bytes())
 	f.Fuzz(func(t *testing.T, data []byte) {
 		g, err := ParseGGUF(data)
 		if err != nil {
