@@ -72,6 +72,15 @@ MODELS = {
                       quant={"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0}),
 }
 
+# Qwen3.5 (dense and MoE): the mlx-lm-checked fixtures of
+# scripts/reference/qwen3_next_reference.py (2 key heads, 4 value heads, so
+# that the converter's reordering of value heads matters), written in the
+# converter's layout. Only llama.cpp's Q4_0 of each is kept (llama.cpp's run
+# on its dequantized weights is the strict reference); the f32 GGUF is not,
+# its safetensors being in the repository.
+MODELS["qwen35"] = dict(src="qwen3_5", quant={"q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0}, keep_f32=False)
+MODELS["qwen35moe"] = dict(src="qwen3_5_moe", quant={"q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0}, keep_f32=False)
+
 QWEN3NEXT = {
     "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
     "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64, "num_attention_heads": 2,
@@ -372,7 +381,98 @@ def write_qwen3next(src, dst):
     finish(w)
 
 
-WRITERS = {"gemma3": write_gemma3, "gptoss": write_gptoss, "qwen3next": write_qwen3next}
+def tiled(x, nk, r, hd, axis=0):
+    """The converter's reordering of value heads along axis: from grouped
+    by key head (g·r + j) to tiled (j·nk + g), hd rows (or columns) each."""
+    x = np.moveaxis(x, axis, 0)
+    shape = x.shape
+    x = x.reshape(nk, r, hd, *shape[1:]).swapaxes(0, 1).reshape(shape)
+    return np.moveaxis(x, 0, axis)
+
+
+def write_qwen35(src, dst):
+    """Qwen3.5 in the converter's layout (qwen35 / qwen35moe): like
+    qwen3next but with Qwen3.5's separate projections (in_proj_qkv →
+    attn_qkv, in_proj_z → attn_gate, in_proj_b → ssm_beta, in_proj_a →
+    ssm_alpha), the value heads reordered from grouped-by-key-head to tiled
+    in every tensor that has them (the v rows of attn_qkv and of the conv
+    kernel, attn_gate, ssm_beta, ssm_alpha, ssm_a, ssm_dt, the columns of
+    ssm_out), and rope.dimension_sections (interleaved MRoPE, which for
+    text positions is plain RoPE over rope.dimension_count dims)."""
+    top = json.load(open(os.path.join(src, "config.json")))
+    c = dict(top["text_config"])
+    moe = "num_experts" in c
+    t = {k.replace("language_model.", "", 1): v for k, v in load_file(os.path.join(src, "model.safetensors")).items()}
+    w = gguf.GGUFWriter(dst, "qwen35moe" if moe else "qwen35")
+    n, D = c["num_hidden_layers"], c["hidden_size"]
+    Hk, Hv, Dk, Dv = c["linear_num_key_heads"], c["linear_num_value_heads"], c["linear_key_head_dim"], c["linear_value_head_dim"]
+    rp = c["rope_parameters"]
+    w.add_block_count(n)
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(D)
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_head_count_kv(c["num_key_value_heads"])
+    w.add_key_length(c["head_dim"])
+    w.add_value_length(c["head_dim"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_rope_freq_base(rp["rope_theta"])
+    w.add_rope_dimension_count(int(c["head_dim"] * rp["partial_rotary_factor"]))
+    w.add_rope_dimension_sections(list(rp["mrope_section"]) + [0] * (4 - len(rp["mrope_section"])))
+    if moe:
+        w.add_expert_count(c["num_experts"])
+        w.add_expert_used_count(c["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+        w.add_expert_shared_feed_forward_length(c["shared_expert_intermediate_size"])
+        assert c["norm_topk_prob"]
+    w.add_ssm_conv_kernel(c["linear_conv_kernel_dim"])
+    w.add_ssm_state_size(Dk)
+    w.add_ssm_group_count(Hk)
+    w.add_ssm_time_step_rank(Hv)
+    w.add_ssm_inner_size(Dv * Hv)
+    w.add_uint32(("qwen35moe" if moe else "qwen35") + ".full_attention_interval", c["full_attention_interval"])
+    assert Dk == Dv
+    vocab_keys(w, src, top)
+    f32(w, "token_embd.weight", t["model.embed_tokens.weight"])
+    f32(w, "output_norm.weight", t["model.norm.weight"])
+    f32(w, "output.weight", t["lm_head.weight"])
+    r = Hv // Hk
+    for l in range(n):
+        p, b = "model.layers.%d." % l, "blk.%d." % l
+        f32(w, b + "attn_norm.weight", t[p + "input_layernorm.weight"])
+        f32(w, b + "post_attention_norm.weight", t[p + "post_attention_layernorm.weight"])
+        if p + "self_attn.q_proj.weight" in t:
+            for hf, gg in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output"),
+                           ("q_norm", "attn_q_norm"), ("k_norm", "attn_k_norm")):
+                f32(w, b + gg + ".weight", t[p + "self_attn." + hf + ".weight"])
+        else:
+            a = p + "linear_attn."
+            qkv = t[a + "in_proj_qkv.weight"]
+            f32(w, b + "attn_qkv.weight", np.concatenate([qkv[:2 * Hk * Dk], tiled(qkv[2 * Hk * Dk:], Hk, r, Dv)]))
+            f32(w, b + "attn_gate.weight", tiled(t[a + "in_proj_z.weight"], Hk, r, Dv))
+            f32(w, b + "ssm_beta.weight", tiled(t[a + "in_proj_b.weight"], Hk, r, 1))
+            f32(w, b + "ssm_alpha.weight", tiled(t[a + "in_proj_a.weight"], Hk, r, 1))
+            conv = t[a + "conv1d.weight"][:, :, 0]
+            f32(w, b + "ssm_conv1d.weight", np.concatenate([conv[:2 * Hk * Dk], tiled(conv[2 * Hk * Dk:], Hk, r, Dv)]))
+            f32(w, b + "ssm_a", tiled(-np.exp(t[a + "A_log"]), Hk, r, 1))
+            f32(w, b + "ssm_dt.bias", tiled(t[a + "dt_bias"], Hk, r, 1))
+            f32(w, b + "ssm_norm.weight", t[a + "norm.weight"])
+            f32(w, b + "ssm_out.weight", tiled(t[a + "out_proj.weight"], Hk, r, Dv, axis=1))
+        m = p + "mlp."
+        if moe:
+            f32(w, b + "ffn_gate_inp.weight", t[m + "gate.weight"])
+            for hf, gg in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
+                f32(w, b + gg + "_exps.weight", t[m + "switch_mlp." + hf + ".weight"])
+                f32(w, b + gg + "_shexp.weight", t[m + "shared_expert." + hf + ".weight"])
+            f32(w, b + "ffn_gate_inp_shexp.weight", t[m + "shared_expert_gate.weight"][0])
+        else:
+            for hf, gg in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
+                f32(w, b + gg + ".weight", t[m + hf + ".weight"])
+    finish(w)
+
+
+WRITERS = {"gemma3": write_gemma3, "gptoss": write_gptoss, "qwen3next": write_qwen3next,
+           "qwen35": write_qwen35, "qwen35moe": write_qwen35}
 
 
 def finish(w):
@@ -380,6 +480,33 @@ def finish(w):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def check_against_mlx_lm(path, src):
+    """Runs llama.cpp on the f32 GGUF written from an mlx-lm fixture
+    directory on that fixture's prompts and compares with mlx-lm's recorded
+    outputs (runners/engine/testdata/reference/<src>.json): a check of this
+    script's layout, printed and recorded as information."""
+    fx = json.load(open(os.path.join(ROOT, "runners", "engine", "testdata", "reference", src + ".json")))
+    m = Llama(path, n_ctx=512, n_batch=512, logits_all=True, verbose=False, type_k=0, type_v=0)
+    out = []
+    for p in fx["prompts"]:
+        m.reset()
+        m.eval(p["tokens"])
+        lg = np.array(m.scores[m.n_tokens - 1], dtype=np.float64)
+        want = np.frombuffer(base64.b64decode(p["logits_f32_b64"]), "<f4").astype(np.float64)
+        cur, agree = lg, 0
+        for tok in p["greedy"]:
+            if int(np.argmax(cur)) != tok:
+                break
+            agree += 1
+            m.eval([tok])
+            cur = np.array(m.scores[m.n_tokens - 1])
+        cos = float(lg @ want / np.linalg.norm(lg) / np.linalg.norm(want))
+        print("%s: llama.cpp on the f32 GGUF vs mlx-lm, %d tokens: cosine %.7f, greedy agrees %d/%d"
+              % (src, len(p["tokens"]), cos, agree, len(p["greedy"])))
+        out.append({"tokens": len(p["tokens"]), "cosine": round(cos, 7), "greedy_agree": agree, "greedy": len(p["greedy"])})
+    return out
 
 
 def run_llama(path):
@@ -406,14 +533,18 @@ def main(archs):
     os.makedirs(OUT, exist_ok=True)
     for arch in archs:
         spec = MODELS[arch]
-        files, dequantized = {}, {}
+        files, dequantized, mlx_check = {}, {}, None
         with tempfile.TemporaryDirectory() as tmp:
             for name, extra in [("f32", [])] + list(spec.get("variants", {}).items()):
-                st = os.path.join(tmp, name)
-                subprocess.run(GEN + spec["gen"] + extra + [st], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+                if "src" in spec:
+                    st = os.path.join(ROOT, "runners", "engine", "testdata", "reference", spec["src"])
+                else:
+                    st = os.path.join(tmp, name)
+                    subprocess.run(GEN + spec["gen"] + extra + [st], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
                 if "make" in spec:
                     spec["make"](st)
-                files[name] = os.path.join(OUT, "%s_%s.gguf" % (arch, name))
+                files[name] = os.path.join(OUT if spec.get("keep_f32", True) or name != "f32" else tmp,
+                                           "%s_%s.gguf" % (arch, name))
                 WRITERS[arch](st, files[name])
                 if name == "mxfp4":
                     # llama.cpp on the same weights dequantized exactly to
@@ -436,9 +567,20 @@ def main(archs):
                 dense = os.path.join(tmp, name + "_dense.gguf")
                 dequantize_gguf(out, dense)
                 dequantized[name] = run_llama(dense)
-        doc = {"generator": "scripts/reference/gguf_llamacpp.py", "gen": spec["gen"], "variants": spec.get("variants", {}),
+            if "src" in spec:
+                mlx_check = check_against_mlx_lm(files["f32"], spec["src"])
+            if not spec.get("keep_f32", True):
+                # llama.cpp's quantizations need the f32 file, which is
+                # not kept.
+                files["f32"] = None
+        doc = {"generator": "scripts/reference/gguf_llamacpp.py", "gen": spec.get("gen"), "src": spec.get("src"),
+               "variants": spec.get("variants", {}),
                "llama_cpp_python": llama_cpp.__version__, "files": []}
+        if mlx_check is not None:
+            doc["f32_gguf_vs_mlx_lm"] = mlx_check
         for name, path in files.items():
+            if path is None:
+                continue
             entry = {"type": name, "file": os.path.basename(path), "prompts": run_llama(path)}
             if name in dequantized:
                 entry["dequantized_prompts"] = dequantized[name]

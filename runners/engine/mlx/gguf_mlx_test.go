@@ -11,14 +11,15 @@ import (
 )
 
 // The GGUF reference files (Gemma 3 f32/Q8_0/Q4_0, gpt-oss f32/MXFP4,
-// Qwen3-Next f32/Q8_0; scripts/reference/gguf_llamacpp.py) on MLX follow
+// Qwen3-Next f32/Q8_0, Qwen3.5 dense and MoE Q4_0;
+// scripts/reference/gguf_llamacpp.py) on MLX follow
 // the cpu backend (which the engine tests hold to llama.cpp) through a
 // chunked prefill of 5 windows and 32 greedy steps.
 func TestGGUFReferenceFilesMatchCPU(t *testing.T) {
 	mb := newTestBackend(t)
 	dir := filepath.Join("..", "testdata", "reference", "gguf")
 	for _, f := range []string{"gemma3_f32", "gemma3_q8_0", "gemma3_q4_0", "gptoss_f32", "gptoss_mxfp4",
-		"qwen3next_f32", "qwen3next_q8_0"} {
+		"qwen3next_f32", "qwen3next_q8_0", "qwen35_q4_0", "qwen35moe_q4_0"} {
 		t.Run(f, func(t *testing.T) {
 			path := filepath.Join(dir, f+".gguf")
 			mm, cm := load(t, path, mb), load(t, path, cpu.New(0))

@@ -27,34 +27,62 @@ import (
 // layout. The attention layers' q_proj holds queries and gates per head as
 // in HF.
 
+//
+// Qwen3.5 (qwen35, qwen35moe) is laid out the same way with Qwen3.5's
+// separate projections (ssm_beta → in_proj_b, ssm_alpha → in_proj_a), and
+// its value heads reordered by the converter from grouped by key head (HF:
+// head g·r + j, r value heads per key head) to tiled (j·Hk + g) in every
+// tensor that has them: the v rows of attn_qkv and of the conv kernel,
+// attn_gate, ssm_beta, ssm_alpha, ssm_a, ssm_dt, and the columns of
+// ssm_out. They are put back by row and column-block selection.
+// rope.dimension_sections (Qwen3.5's interleaved MRoPE) needs nothing: on
+// text all three position components are the token's position, which is
+// plain RoPE over rope.dimension_count dims.
+
 // qwen3nextLayout is what the tensor mapping needs from the metadata.
 type qwen3nextLayout struct {
+	arch       string // qwen3next, qwen35 or qwen35moe
+	tiled      bool   // value heads in tiled order (Qwen3.5)
 	recurrent  []bool // per layer: Gated DeltaNet (true) or attention
 	keyHeads   int    // ssm.group_count
 	valueHeads int    // ssm.time_step_rank
+	keyDim     int    // ssm.state_size
+	valueDim   int    // ssm.inner_size / valueHeads
 	legacy     map[string]bool
 }
 
-func newQwen3nextLayout(g *GGUF) (*qwen3nextLayout, error) {
-	layers, ok := g.Uint("qwen3next.block_count")
+// isGatedDeltaNetArch reports whether a GGUF architecture is one of the
+// Gated DeltaNet hybrids.
+func isGatedDeltaNetArch(arch string) bool {
+	return arch == "qwen3next" || arch == "qwen35" || arch == "qwen35moe"
+}
+
+func newQwen3nextLayout(g *GGUF, arch string) (*qwen3nextLayout, error) {
+	layers, ok := g.Uint(arch + ".block_count")
 	if !ok || layers == 0 || layers > 1<<16 {
-		return nil, fmt.Errorf("metadata qwen3next.block_count missing or out of range")
+		return nil, fmt.Errorf("metadata %s.block_count missing or out of range", arch)
 	}
-	l := &qwen3nextLayout{legacy: map[string]bool{}}
+	l := &qwen3nextLayout{arch: arch, tiled: arch != "qwen3next", legacy: map[string]bool{}}
+	var inner int
 	for _, k := range []struct {
 		key string
 		dst *int
-	}{{"ssm.group_count", &l.keyHeads}, {"ssm.time_step_rank", &l.valueHeads}} {
-		v, ok := g.Uint("qwen3next." + k.key)
-		if !ok || v == 0 || v > 1<<16 {
-			return nil, fmt.Errorf("metadata qwen3next.%s missing or out of range", k.key)
+	}{{"ssm.group_count", &l.keyHeads}, {"ssm.time_step_rank", &l.valueHeads}, {"ssm.state_size", &l.keyDim},
+		{"ssm.inner_size", &inner}} {
+		v, ok := g.Uint(arch + "." + k.key)
+		if !ok || v == 0 || v > 1<<20 {
+			return nil, fmt.Errorf("metadata %s.%s missing or out of range", arch, k.key)
 		}
 		*k.dst = int(v)
 	}
-	if l.valueHeads%l.keyHeads != 0 {
-		return nil, fmt.Errorf("metadata qwen3next.ssm.time_step_rank %d is not a multiple of ssm.group_count %d", l.valueHeads, l.keyHeads)
+	if inner%l.valueHeads != 0 {
+		return nil, fmt.Errorf("metadata %s.ssm.inner_size %d is not a multiple of ssm.time_step_rank %d", arch, inner, l.valueHeads)
 	}
-	rk := "qwen3next.attention.recurrent_layers"
+	l.valueDim = inner / l.valueHeads
+	if l.valueHeads%l.keyHeads != 0 {
+		return nil, fmt.Errorf("metadata %s.ssm.time_step_rank %d is not a multiple of ssm.group_count %d", arch, l.valueHeads, l.keyHeads)
+	}
+	rk := arch + ".attention.recurrent_layers"
 	if raw, ok := g.Meta(rk); ok {
 		flags, ok := raw.([]bool)
 		if !ok || len(flags) < int(layers) {
@@ -63,11 +91,11 @@ func newQwen3nextLayout(g *GGUF) (*qwen3nextLayout, error) {
 		l.recurrent = flags[:layers]
 	} else {
 		n := uint64(4)
-		if v, ok := g.Uint("qwen3next.full_attention_interval"); ok {
+		if v, ok := g.Uint(arch + ".full_attention_interval"); ok {
 			n = v
 		}
 		if n == 0 {
-			return nil, fmt.Errorf("metadata qwen3next.full_attention_interval is 0")
+			return nil, fmt.Errorf("metadata %s.full_attention_interval is 0", arch)
 		}
 		l.recurrent = make([]bool, layers)
 		for i := range l.recurrent {
@@ -75,7 +103,7 @@ func newQwen3nextLayout(g *GGUF) (*qwen3nextLayout, error) {
 		}
 	}
 	for _, t := range g.tensors {
-		if num, ok := strings.CutSuffix(strings.TrimPrefix(t.Name, "blk."), ".ssm_in.weight"); ok && strings.HasPrefix(t.Name, "blk.") {
+		if num, ok := strings.CutSuffix(strings.TrimPrefix(t.Name, "blk."), ".ssm_in.weight"); ok && strings.HasPrefix(t.Name, "blk.") && !l.tiled {
 			l.legacy[num] = true
 		}
 	}
@@ -105,12 +133,12 @@ func (l *qwen3nextLayout) targets(t TensorInfo) ([]ggufTarget, error) {
 	e := ggufEntry{src: t.Name}
 	rest, ok := strings.CutPrefix(t.Name, "blk.")
 	if !ok {
-		return []ggufTarget{{hfNameArch("qwen3next", t.Name), e}}, nil
+		return []ggufTarget{{hfNameArch(l.arch, t.Name), e}}, nil
 	}
 	num, stem, _ := strings.Cut(rest, ".")
 	i, err := strconv.Atoi(num)
 	if err != nil || i < 0 || i >= len(l.recurrent) {
-		return []ggufTarget{{hfNameArch("qwen3next", t.Name), e}}, nil
+		return []ggufTarget{{hfNameArch(l.arch, t.Name), e}}, nil
 	}
 	p := "model.layers." + num + "."
 	la := p + "linear_attn."
@@ -122,38 +150,74 @@ func (l *qwen3nextLayout) targets(t TensorInfo) ([]ggufTarget, error) {
 	}
 	switch stem {
 	case "attn_qkv.weight", "attn_gate.weight", "ssm_in.weight", "ssm_ba.weight", "ssm_conv1d.weight", "ssm_a",
-		"ssm_dt.bias", "ssm_norm.weight", "ssm_out.weight":
+		"ssm_dt.bias", "ssm_norm.weight", "ssm_out.weight", "ssm_beta.weight", "ssm_alpha.weight":
 		if !l.recurrent[i] {
 			return nil, fmt.Errorf("tensor %s in full-attention layer %d (a fused attention QKV is not supported)", t.Name, i)
 		}
 	case "ffn_gate_up_exps.weight":
 		return nil, fmt.Errorf("tensor %s: fused gate/up experts are not supported", t.Name)
 	}
+	// heads(n, w) selects, for a run of n value heads of w rows each
+	// starting at row `from` (rows before it kept), HF's grouped order
+	// out of the tiled one.
+	r := l.valueHeads / l.keyHeads
+	untile := func(from, w int) []int {
+		var rows []int
+		for i := range from {
+			rows = append(rows, i)
+		}
+		for h := range l.valueHeads {
+			src := (h%r)*l.keyHeads + h/r
+			for i := range w {
+				rows = append(rows, from+src*w+i)
+			}
+		}
+		return rows
+	}
+	tile := func(e ggufEntry, from, w int) ggufEntry {
+		if l.tiled && r > 1 {
+			e.rows = untile(from, w)
+		}
+		return e
+	}
+	Kd := l.keyHeads * l.keyDim
 	switch stem {
 	case "attn_qkv.weight":
-		return []ggufTarget{{la + "in_proj_qkv.weight", e}}, nil
+		return []ggufTarget{{la + "in_proj_qkv.weight", tile(e, 2*Kd, l.valueDim)}}, nil
 	case "attn_gate.weight":
-		return []ggufTarget{{la + "in_proj_z.weight", e}}, nil
+		return []ggufTarget{{la + "in_proj_z.weight", tile(e, 0, l.valueDim)}}, nil
+	case "ssm_beta.weight":
+		return []ggufTarget{{la + "in_proj_b.weight", tile(e, 0, 1)}}, nil
+	case "ssm_alpha.weight":
+		return []ggufTarget{{la + "in_proj_a.weight", tile(e, 0, 1)}}, nil
 	case "ssm_in.weight":
+		if l.tiled {
+			return nil, fmt.Errorf("tensor %s: a fused in_proj_qkvz in %s is not supported", t.Name, l.arch)
+		}
 		return []ggufTarget{{la + "in_proj_qkvz.weight", e}}, nil
 	case "ssm_out.weight":
+		if l.tiled && r > 1 {
+			for h := range l.valueHeads {
+				e.colBlocks = append(e.colBlocks, (h%r)*l.keyHeads+h/r)
+			}
+		}
 		return []ggufTarget{{la + "out_proj.weight", e}}, nil
 	case "ssm_norm.weight":
 		return []ggufTarget{{la + "norm.weight", e}}, nil
 	case "ssm_dt.bias":
-		return []ggufTarget{{la + "dt_bias", e}}, nil
+		return []ggufTarget{{la + "dt_bias", tile(e, 0, 1)}}, nil
 	case "ssm_a":
 		if t.Type != TypeF32 {
 			return nil, fmt.Errorf("tensor %s: type %s (want F32)", t.Name, t.Type)
 		}
 		e.negLog = true
-		return []ggufTarget{{la + "A_log", e}}, nil
+		return []ggufTarget{{la + "A_log", tile(e, 0, 1)}}, nil
 	case "ssm_conv1d.weight":
 		if err := dims(2); err != nil {
 			return nil, err
 		}
 		e.shape = []int{int(t.Dims[1]), int(t.Dims[0]), 1}
-		return []ggufTarget{{la + "conv1d.weight", e}}, nil
+		return []ggufTarget{{la + "conv1d.weight", tile(e, 2*Kd, l.valueDim)}}, nil
 	case "ffn_gate_inp_shexp.weight":
 		if err := dims(1); err != nil {
 			return nil, err
@@ -161,6 +225,9 @@ func (l *qwen3nextLayout) targets(t TensorInfo) ([]ggufTarget, error) {
 		e.shape = []int{1, int(t.Dims[0])}
 		return []ggufTarget{{p + "mlp.shared_expert_gate.weight", e}}, nil
 	case "ssm_ba.weight":
+		if l.tiled {
+			return nil, fmt.Errorf("tensor %s: a fused ssm_ba in %s is not supported", t.Name, l.arch)
+		}
 		if l.legacy[num] {
 			return []ggufTarget{{la + "in_proj_ba.weight", e}}, nil
 		}
@@ -172,7 +239,6 @@ func (l *qwen3nextLayout) targets(t TensorInfo) ([]ggufTarget, error) {
 		}
 		// Rows grouped per key head g: [b of its r value heads, a of
 		// them]; value head h = g·r + j.
-		r := l.valueHeads / l.keyHeads
 		b, a := e, e
 		for h := range l.valueHeads {
 			g, j := h/r, h%r
@@ -181,5 +247,5 @@ func (l *qwen3nextLayout) targets(t TensorInfo) ([]ggufTarget, error) {
 		}
 		return []ggufTarget{{la + "in_proj_b.weight", b}, {la + "in_proj_a.weight", a}}, nil
 	}
-	return []ggufTarget{{hfNameArch("qwen3next", t.Name), e}}, nil
+	return []ggufTarget{{hfNameArch(l.arch, t.Name), e}}, nil
 }

@@ -32,6 +32,10 @@ var ggufArchs = map[string][2]string{
 	// shared expert; its linear-attention tensors are mapped by
 	// qwen3nextTargets.
 	"qwen3next": {"Qwen3NextForCausalLM", "qwen3_next"},
+	// Qwen3.5's text model, dense and MoE (the same mapping, value heads
+	// reordered: see gguf_qwen3next.go).
+	"qwen35":    {"Qwen3_5ForConditionalGeneration", "qwen3_5"},
+	"qwen35moe": {"Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe"},
 }
 
 // ggufArchLayerNames are, per architecture, the block stems whose HF
@@ -51,12 +55,18 @@ var ggufArchLayerNames = map[string]map[string]string{
 		"ffn_up_exps":         "mlp.experts.up_proj",
 		"ffn_down_exps":       "mlp.experts.down_proj",
 	},
-	"qwen3next": {
-		"post_attention_norm": "post_attention_layernorm",
-		"ffn_gate_shexp":      "mlp.shared_expert.gate_proj",
-		"ffn_up_shexp":        "mlp.shared_expert.up_proj",
-		"ffn_down_shexp":      "mlp.shared_expert.down_proj",
-	},
+	"qwen3next": qwenGDNLayerNames,
+	"qwen35":    qwenGDNLayerNames,
+	"qwen35moe": qwenGDNLayerNames,
+}
+
+// qwenGDNLayerNames are the Gated DeltaNet hybrids' block stems that map
+// one to one (the rest: qwen3nextLayout.targets).
+var qwenGDNLayerNames = map[string]string{
+	"post_attention_norm": "post_attention_layernorm",
+	"ffn_gate_shexp":      "mlp.shared_expert.gate_proj",
+	"ffn_up_shexp":        "mlp.shared_expert.up_proj",
+	"ffn_down_shexp":      "mlp.shared_expert.down_proj",
 }
 
 // ggufLayerNames maps the per-block GGUF tensor stems to HF module paths
@@ -155,6 +165,17 @@ type ggufEntry struct {
 	// shape, when set, is the HF shape of a dense tensor whose GGUF
 	// dims are another view of the same data.
 	shape []int
+	// colBlocks, when set, reorders the columns in len(colBlocks) equal
+	// blocks: block i of the result is block colBlocks[i] of the file.
+	colBlocks []int
+	// f32Scales: the scales and biases of a quantized tensor given as F32
+	// (exact): the embedding table, which backends dequantize to its
+	// scales' type (MLX), and llama.cpp's models compute in float32.
+	f32Scales bool
+	// dequant: a quantized tensor given as F32 (its column blocks are
+	// narrower than the 32-element groups; exact for the 4- and 8-bit
+	// forms, whose scale·q + bias is exact in float32).
+	dequant bool
 }
 
 const (
@@ -200,12 +221,12 @@ func OpenGGUFSource(path string) (engine.Source, error) {
 func newGGUFSource(g *GGUF) (*ggufSource, error) {
 	arch, _ := g.String("general.architecture")
 	if _, ok := ggufArchs[arch]; !ok {
-		return nil, fmt.Errorf("unsupported general.architecture %q (supported: llama, qwen2, qwen3, qwen3moe, gemma3, gpt-oss, qwen3next)", arch)
+		return nil, fmt.Errorf("unsupported general.architecture %q (supported: llama, qwen2, qwen3, qwen3moe, gemma3, gpt-oss, qwen3next, qwen35, qwen35moe)", arch)
 	}
 	var q3n *qwen3nextLayout
-	if arch == "qwen3next" {
+	if isGatedDeltaNetArch(arch) {
 		var err error
-		if q3n, err = newQwen3nextLayout(g); err != nil {
+		if q3n, err = newQwen3nextLayout(g, arch); err != nil {
 			return nil, err
 		}
 	}
@@ -266,8 +287,23 @@ func (s *ggufSource) addTarget(arch string, t TensorInfo, name string, e ggufEnt
 		}
 	}
 	for _, r := range e.rows {
-		if len(t.Dims) != 2 || r < 0 || uint64(r) >= t.Dims[1] {
+		n := t.Dims[len(t.Dims)-1]
+		if len(t.Dims) > 2 || r < 0 || uint64(r) >= n {
 			return fmt.Errorf("tensor %s: row %d out of range", t.Name, r)
+		}
+	}
+	if e.colBlocks != nil {
+		nb := uint64(len(e.colBlocks))
+		if len(t.Dims) != 2 || t.Dims[0]%nb != 0 || (t.Type == TypeMXFP4 && (t.Dims[0]/nb)%32 != 0) {
+			return fmt.Errorf("tensor %s: %d columns cannot be reordered in %d blocks", t.Name, t.Dims[0], nb)
+		}
+		if _, quantized := ggmlTypes[t.Type]; quantized && !isFloatType(t.Type) && (t.Dims[0]/nb)%32 != 0 {
+			e.dequant = true
+		}
+		for _, b := range e.colBlocks {
+			if b < 0 || uint64(b) >= nb {
+				return fmt.Errorf("tensor %s: column block %d out of range", t.Name, b)
+			}
 		}
 	}
 	if arch == "gemma3" && strings.HasSuffix(name, "norm.weight") {
@@ -293,6 +329,11 @@ func (s *ggufSource) addTarget(arch string, t TensorInfo, name string, e ggufEnt
 			}
 		}
 	}
+	switch {
+	case e.dequant:
+		s.add(name, e)
+		return nil
+	}
 	switch t.Type {
 	case TypeF32, TypeF16, TypeBF16:
 		s.add(name, e)
@@ -302,6 +343,7 @@ func (s *ggufSource) addTarget(arch string, t TensorInfo, name string, e ggufEnt
 			return fmt.Errorf("tensor %s: quantized %s tensor is not a 2-D weight (or 3-D stacked experts)", t.Name, t.Type)
 		}
 		s.quant[prefix] = engine.QuantSpec{Bits: mlxBits(t.Type), GroupSize: 32}
+		e.f32Scales = prefix == "model.embed_tokens"
 		for part, suffix := range map[int]string{partW: ".weight", partScales: ".scales", partBiases: ".biases"} {
 			pe := e
 			pe.part = part
@@ -392,8 +434,16 @@ func (s *ggufSource) Tensor(name string) (engine.Tensor, error) {
 			out.Data = unpermuteRows(raw, rows, len(raw)/rows, e.heads)
 		}
 		if e.rows != nil {
-			out.Data = pickRows(out.Data, rows, e.rows)
-			out.Shape[0] = len(e.rows)
+			n := int(ti.Dims[len(ti.Dims)-1]) // the file's rows (elements of a vector)
+			out.Data = pickRows(out.Data, n, e.rows)
+			if e.shape == nil {
+				out.Shape[0] = len(e.rows)
+			} else if len(e.rows) != n {
+				return engine.Tensor{}, fmt.Errorf("tensor %s: %d of %d rows picked from a reshaped tensor", ti.Name, len(e.rows), n)
+			}
+		}
+		if e.colBlocks != nil {
+			out.Data = permuteColBlocks(out.Data, rows, e.colBlocks)
 		}
 		return out, nil
 	}
@@ -407,6 +457,20 @@ func (s *ggufSource) Tensor(name string) (engine.Tensor, error) {
 		}
 		lead = []int{len(e.rows)}
 	}
+	if e.dequant {
+		out.DType = engine.F32
+		out.Shape = append(slices.Clone(lead), cols)
+		out.Data = dequantMLXParts(parts, rows, cols, mlxBits(ti.Type))
+		if e.colBlocks != nil {
+			out.Data = permuteColBlocks(out.Data, rows, e.colBlocks)
+		}
+		return out, nil
+	}
+	if e.colBlocks != nil {
+		for i, p := range parts {
+			parts[i] = permuteColBlocks(p, lead[0], e.colBlocks)
+		}
+	}
 	bits := mlxBits(ti.Type)
 	switch e.part {
 	case partW:
@@ -418,6 +482,13 @@ func (s *ggufSource) Tensor(name string) (engine.Tensor, error) {
 		}
 	case partBiases:
 		out.DType, out.Shape, out.Data = engine.F16, append(slices.Clone(lead), cols/32), parts[2]
+	}
+	if e.f32Scales && e.part != partW && out.DType == engine.F16 {
+		f := make([]byte, 2*len(out.Data))
+		for i := 0; i+2 <= len(out.Data); i += 2 {
+			binary.LittleEndian.PutUint32(f[2*i:], math.Float32bits(F16ToF32(binary.LittleEndian.Uint16(out.Data[i:]))))
+		}
+		out.DType, out.Data = engine.F32, f
 	}
 	return out, nil
 }
@@ -442,6 +513,47 @@ func (s *ggufSource) converted(e ggufEntry, ti TensorInfo, raw []byte, rows, col
 	}
 	s.lastSrc, s.lastParts = e.src, parts
 	return parts, nil
+}
+
+func isFloatType(t GGMLType) bool { return t == TypeF32 || t == TypeF16 || t == TypeBF16 }
+
+// permuteColBlocks returns b (n rows of equal size) with each row's
+// len(blocks) equal column blocks reordered: block i of a row is its block
+// blocks[i] of b.
+func permuteColBlocks(b []byte, n int, blocks []int) []byte {
+	if len(b) == 0 || n == 0 {
+		return b
+	}
+	rowBytes := len(b) / n
+	bb := rowBytes / len(blocks)
+	out := make([]byte, 0, len(b))
+	for r := range n {
+		row := b[r*rowBytes : (r+1)*rowBytes]
+		for _, k := range blocks {
+			out = append(out, row[k*bb:(k+1)*bb]...)
+		}
+	}
+	return out
+}
+
+// dequantMLXParts expands the MLX affine form (words with element j at
+// bits [j·bits, (j+1)·bits), bits 4 or 8; F16 scales and biases per 32
+// elements) of rows×cols elements to little-endian float32.
+func dequantMLXParts(parts [3][]byte, rows, cols, bits int) []byte {
+	out := make([]byte, 4*rows*cols)
+	le := binary.LittleEndian
+	mask := uint32(1)<<bits - 1
+	words := cols * bits / 32
+	for r := range rows {
+		for c := range cols {
+			word := le.Uint32(parts[0][4*(r*words+c*bits/32):])
+			q := word >> (uint(c*bits) % 32) & mask
+			g := r*(cols/32) + c/32
+			v := F16ToF32(le.Uint16(parts[1][2*g:]))*float32(q) + F16ToF32(le.Uint16(parts[2][2*g:]))
+			le.PutUint32(out[4*(r*cols+c):], math.Float32bits(v))
+		}
+	}
+	return out
 }
 
 // pickRows returns rows sel (in that order) of b, which holds n rows of
@@ -704,7 +816,7 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 	}
 	ffn, err := need("feed_forward_length")
 	if err != nil {
-		if f, ok := g.Uint(key("expert_feed_forward_length")); ok && (arch == "qwen3moe" || arch == "gpt-oss" || arch == "qwen3next") {
+		if f, ok := g.Uint(key("expert_feed_forward_length")); ok && (arch == "qwen3moe" || arch == "gpt-oss" || arch == "qwen3next" || arch == "qwen35moe") {
 			ffn, err = f, nil // no dense layer uses it
 		} else {
 			return nil, err
@@ -831,13 +943,17 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 			return nil, fmt.Errorf("metadata %s: %g differs from rope.freq_base %g; a separate RoPE base for the sliding layers is not supported for gpt-oss", key("rope.freq_base_swa"), b, theta)
 		}
 	}
-	if arch == "qwen3next" {
-		// llama.cpp's qwen3next: every layer sparse with a shared expert,
-		// the chosen experts' weights renormalized.
-		for hfKey, k := range map[string]string{"num_experts": "expert_count", "num_experts_per_tok": "expert_used_count",
-			"moe_intermediate_size": "expert_feed_forward_length", "linear_num_key_heads": "ssm.group_count",
+	if isGatedDeltaNetArch(arch) {
+		// llama.cpp's qwen3next and qwen35moe: every layer sparse with a
+		// shared expert, the chosen experts' weights renormalized; qwen35:
+		// every layer dense.
+		keys := map[string]string{"linear_num_key_heads": "ssm.group_count",
 			"linear_num_value_heads": "ssm.time_step_rank", "linear_key_head_dim": "ssm.state_size",
-			"linear_conv_kernel_dim": "ssm.conv_kernel"} {
+			"linear_conv_kernel_dim": "ssm.conv_kernel"}
+		if arch != "qwen35" {
+			keys["num_experts"], keys["num_experts_per_tok"], keys["moe_intermediate_size"] = "expert_count", "expert_used_count", "expert_feed_forward_length"
+		}
+		for hfKey, k := range keys {
 			v, err := need(k)
 			if err != nil {
 				return nil, err
@@ -853,19 +969,21 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 		} else {
 			cfg["linear_value_head_dim"] = inner / hv
 		}
-		cfg["shared_expert_intermediate_size"] = ffn
-		if v, ok := g.Uint(key("expert_shared_feed_forward_length")); ok {
-			cfg["shared_expert_intermediate_size"] = v
-		}
-		// Layers with a dense MLP (llama.cpp's qwen3next has none; HF's
-		// mlp_only_layers) are those without a router.
-		dense := []int{}
-		for i := range s.q3n.recurrent {
-			if _, ok := g.TensorInfo(fmt.Sprintf("blk.%d.ffn_gate_inp.weight", i)); !ok {
-				dense = append(dense, i)
+		if arch != "qwen35" {
+			cfg["shared_expert_intermediate_size"] = ffn
+			if v, ok := g.Uint(key("expert_shared_feed_forward_length")); ok {
+				cfg["shared_expert_intermediate_size"] = v
 			}
+			// Layers with a dense MLP (llama.cpp's have none; HF's
+			// mlp_only_layers) are those without a router.
+			dense := []int{}
+			for i := range s.q3n.recurrent {
+				if _, ok := g.TensorInfo(fmt.Sprintf("blk.%d.ffn_gate_inp.weight", i)); !ok {
+					dense = append(dense, i)
+				}
+			}
+			cfg["norm_topk_prob"], cfg["decoder_sparse_step"], cfg["mlp_only_layers"] = true, 1, dense
 		}
-		cfg["norm_topk_prob"], cfg["decoder_sparse_step"], cfg["mlp_only_layers"] = true, 1, dense
 		n := s.q3n.interval()
 		if n == 0 {
 			return nil, fmt.Errorf("metadata %s: the recurrent layers %v do not repeat with a full-attention interval", key("attention.recurrent_layers"), s.q3n.recurrent)

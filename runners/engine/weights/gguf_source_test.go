@@ -246,6 +246,18 @@ func FuzzGGUFSource(f *testing.F) {
 	q3n.Tensor("blk.0.ssm_conv1d.weight", TypeF32, make([]byte, 4*2*16), 2, 16)
 	q3n.Tensor("blk.0.ffn_gate_inp_shexp.weight", TypeF32, make([]byte, 4*8), 8)
 	f.Add(q3n.Bytes())
+	var q35 ggufBuilder
+	llamaMeta(&q35, "qwen35moe", 2, 1)
+	for k, v := range map[string]uint32{"expert_count": 2, "expert_used_count": 1, "expert_feed_forward_length": 32,
+		"ssm.conv_kernel": 2, "ssm.state_size": 4, "ssm.group_count": 2, "ssm.time_step_rank": 4, "ssm.inner_size": 16,
+		"full_attention_interval": 2} {
+		q35.U32("qwen35moe."+k, v)
+	}
+	q35.Tensor("blk.0.ssm_out.weight", TypeQ8_0, make([]byte, 34*8), 32, 8)
+	q35.Tensor("blk.0.ssm_alpha.weight", TypeF32, make([]byte, 4*4*8), 8, 4)
+	q35.Tensor("blk.0.ssm_a", TypeF32, make([]byte, 4*4), 4)
+	q35.Tensor("blk.0.ssm_conv1d.weight", TypeF32, make([]byte, 4*2*32), 2, 32)
+	f.Add(q35.Bytes())
 	f.Fuzz(func(t *testing.T, data []byte) {
 		g, err := ParseGGUF(data)
 		if err != nil {
@@ -477,5 +489,14 @@ func TestGGUFGptOssNames(t *testing.T) {
 		if got := hfNameArch("gpt-oss", gguf); got != want {
 			t.Errorf("%s → %q, want %q", gguf, got, want)
 		}
+	}
+}
+
+// TestPermuteColBlocks: each row's column blocks are reordered, for any
+// element size.
+func TestPermuteColBlocks(t *testing.T) {
+	b := []byte("abcdefgh" + "ABCDEFGH") // 2 rows, 4 blocks of 2 bytes
+	if got := string(permuteColBlocks(b, 2, []int{2, 0, 3, 1})); got != "efabghcd"+"EFABGHCD" {
+		t.Fatalf("got %q", got)
 	}
 }
