@@ -32,8 +32,10 @@ import (
 
 const runnerUsage = `usage:
   exo runner decode  --model SRC --served-name NAME --listen HOST:PORT
-                     [--prefill HOST:PORT[,HOST:PORT…]] [--remote-prefill-min-tokens N]
+                     [--prefill HOST:PORT[,HOST:PORT…]] [--prefill-health HOST:PORT[,HOST:PORT…]]
+                     [--remote-prefill-min-tokens N] [--remote-prefill-route cost|floor]
                      [--prefill-connect-timeout D] [--prefill-idle-floor D] [--kv-wire-dtype native|fp8]
+                     [--kv-streams N]
                      [--secret-file F] [--backend cpu|mlx|auto] [--device gpu|cpu]
                      [--max-queue N] [--max-batch N] [--models-dir D] [--read-header-timeout D]
                      [--default-temperature X] [--default-top-p X] [--default-top-k N]
@@ -65,18 +67,22 @@ type runnerFlags struct {
 	readHeaderTimeout                                                 time.Duration
 	// decode
 	prefill        string
+	prefillHealth  string
 	minRemote      int
 	route          string
-	testSlowLocal  time.Duration
 	connectTimeout time.Duration
 	idleFloor      time.Duration
 	kvWireDType    string
+	kvStreams      int
 	// prefill
 	metricsAddr string
 	cacheMiB    int
 	// decode: sampling defaults over the model's
 	defaults openai.Defaults
 	instance string
+	// testPrefillRate (both roles) caps this runner's prefill at so many
+	// tokens/s: TEST ONLY, to simulate a slower host on one machine.
+	testPrefillRate float64
 }
 
 // optFloat is a float flag that records whether it was given.
@@ -144,6 +150,9 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 	fs.IntVar(&f.chunk, "prefill-chunk", 256, "prefill chunk in tokens")
 	fs.DurationVar(&f.readHeaderTimeout, "read-header-timeout", 10*time.Second, "HTTP connections that have not sent their headers within this are closed")
 	fs.StringVar(&f.instance, "instance", "", "identity token /health reports (the supervisor's per-start token)")
+	// Not in the usage text: tests only (routing and scheduling tests make
+	// one machine look like several of different speeds).
+	fs.Float64Var(&f.testPrefillRate, "test-slow-prefill-tokens-per-sec", 0, "TEST ONLY: cap this runner's prefill at N tokens/s (0: off)")
 	if f.role == "decode" {
 		fs.Var(optFloat{&f.defaults.Temperature}, "default-temperature", "default temperature (over the model's)")
 		fs.Var(optFloat{&f.defaults.TopP}, "default-top-p", "default top_p (over the model's)")
@@ -151,11 +160,12 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		fs.Var(optFloat{&f.defaults.MinP}, "default-min-p", "default min_p (over the model's)")
 		fs.Var(optFloat{&f.defaults.RepetitionPenalty}, "default-repetition-penalty", "default repetition_penalty (over the model's)")
 		fs.StringVar(&f.prefill, "prefill", "", "prefill runners' KV-wire addresses, comma-separated")
+		fs.StringVar(&f.prefillHealth, "prefill-health", "", "the prefill runners' HTTP (--metrics) addresses, comma-separated, in --prefill's order: their /health load ranks busy hosts later")
 		fs.IntVar(&f.minRemote, "remote-prefill-min-tokens", 256, "uncached prompt tokens needed to prefill remotely")
-		fs.DurationVar(&f.testSlowLocal, "test-local-prefill-delay", 0, "TEST ONLY: extra time per 1000 tokens of local prefill (slows this host for routing tests)")
-		fs.StringVar(&f.route, "remote-prefill-route", "floor", "how a long prompt picks local or remote prefill: floor (the min tokens alone) or cost (predicted time from measured rates and links, the min tokens a floor)")
+		fs.StringVar(&f.route, "remote-prefill-route", "cost", "how a long prompt picks local or remote prefill: cost (predicted time from measured rates, queues and links; the min tokens a floor) or floor (the min tokens alone)")
 		fs.DurationVar(&f.connectTimeout, "prefill-connect-timeout", time.Second, "connect + hello deadline of a prefill endpoint; past it the endpoint is skipped until it answers a probe")
 		fs.StringVar(&f.kvWireDType, "kv-wire-dtype", "native", "KV dtype asked of prefill runners: native (this cache's dtype) or fp8 (E4M3, per-head scales; half of bf16's bytes)")
+		fs.IntVar(&f.kvStreams, "kv-streams", 1, "TCP connections each KV transfer from a prefill runner is striped over (1 to 16; the prefill runner must speak kvwire version 4)")
 		fs.DurationVar(&f.idleFloor, "prefill-idle-floor", 3*time.Second, "shortest wait for the next KV frame (the deadline grows with the endpoint's measured chunk time)")
 	} else {
 		fs.StringVar(&f.metricsAddr, "metrics", "", "HTTP address for /health and /metrics")
@@ -177,14 +187,19 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		return nil, exitError{code: 2, msg: "runner: prefill needs --metrics HOST:PORT"}
 	case f.readHeaderTimeout <= 0:
 		return nil, exitError{code: 2, msg: "runner: --read-header-timeout must be positive"}
-	case f.testSlowLocal < 0:
-		return nil, exitError{code: 2, msg: "runner: --test-local-prefill-delay must not be negative"}
+	case f.testPrefillRate < 0 || math.IsNaN(f.testPrefillRate) || math.IsInf(f.testPrefillRate, 0):
+		return nil, exitError{code: 2, msg: "runner: --test-slow-prefill-tokens-per-sec must be a finite number ≥ 0"}
 	case f.role == "decode" && f.route != "cost" && f.route != "floor":
 		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --remote-prefill-route %q: want cost or floor", f.route)}
 	case f.role == "decode" && f.connectTimeout <= 0:
 		return nil, exitError{code: 2, msg: "runner: --prefill-connect-timeout must be positive"}
 	case f.role == "decode" && f.kvWireDType != "native" && f.kvWireDType != "fp8":
 		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --kv-wire-dtype %q: want native or fp8", f.kvWireDType)}
+	case f.role == "decode" && f.prefillHealth != "" && len(splitList(f.prefillHealth)) != len(splitList(f.prefill)):
+		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --prefill-health lists %d addresses, --prefill %d: want one per prefill endpoint, in the same order",
+			len(splitList(f.prefillHealth)), len(splitList(f.prefill)))}
+	case f.role == "decode" && (f.kvStreams < 1 || f.kvStreams > kvwire.MaxStreams):
+		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --kv-streams %d: want 1 to %d", f.kvStreams, kvwire.MaxStreams)}
 	case f.role == "decode" && f.idleFloor <= 0:
 		return nil, exitError{code: 2, msg: "runner: --prefill-idle-floor must be positive"}
 	}
@@ -380,9 +395,9 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 		}
 	}()
 	var dm decode.Model = m
-	if f.testSlowLocal > 0 {
-		dm = slowPrefill{m, f.testSlowLocal}
-		log.Warn("test-only: local prefill slowed", "per_1000_tokens", f.testSlowLocal)
+	if f.testPrefillRate > 0 {
+		dm = pacedPrefill{m, f.testPrefillRate}
+		log.Warn("TEST ONLY: local prefill capped (--test-slow-prefill-tokens-per-sec)", "tokens_per_s", f.testPrefillRate)
 	}
 	o := decode.Options{Name: f.name, Model: dm, Text: text, Defaults: defaults,
 		NewConstraint: grammars.NewConstraint, AcceptTools: true,
@@ -391,10 +406,8 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 		Metrics: met, Logger: log}
 	if f.prefill != "" {
 		var eps []kvwire.Endpoint
-		for _, a := range strings.Split(f.prefill, ",") {
-			if a = strings.TrimSpace(a); a != "" {
-				eps = append(eps, kvwire.Endpoint{Addr: a})
-			}
+		for _, a := range splitList(f.prefill) {
+			eps = append(eps, kvwire.Endpoint{Addr: a})
 		}
 		addrs := make([]string, len(eps))
 		for i, e := range eps {
@@ -425,7 +438,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 				}
 			}})
 		remote = &decode.KVRemote{Client: client,
-			Selector: kvwire.NewSelector(eps), Name: f.name, Model: m, Breaker: br}
+			Selector: kvwire.NewSelector(eps), Name: f.name, Model: m, Breaker: br, Streams: f.kvStreams}
 		if f.kvWireDType == "fp8" {
 			remote.WireDType = kvwire.DTypeF8E4M3
 		}
@@ -440,24 +453,24 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 				}
 				return out
 			}
-			sel := remote.Selector
-			router.Ahead = func(addr string) int { // fetches in flight from us plus its reported queue
-				for _, e := range sel.Status() {
-					if e.Addr == addr {
-						return e.InFlight + e.Waiting
-					}
-				}
-				return 0
-			}
+			router.Ahead = decode.SelectorAhead(remote.Selector)
 			o.Router = router
 			calibrate(ctx, dm, router, f.chunk, log)
 			for _, a := range addrs {
 				go measureEndpoint(ctx, remote, router, a, log)
 			}
 		}
+		if f.prefillHealth != "" {
+			health := map[string]string{}
+			for i, h := range splitList(f.prefillHealth) {
+				health[addrs[i]] = h
+				met.PrefillEndpointLoad.WithLabelValues(addrs[i]).Set(0)
+			}
+			go watchLoad(ctx, remote.Selector, health, met, log)
+		}
 		gate.endpoints = br.Status
 		go remote.RunProbes(ctx, 0)
-		log.Info("remote prefill enabled", "endpoints", f.prefill, "min_tokens", f.minRemote, "route", f.route, "kv_wire_dtype", f.kvWireDType,
+		log.Info("remote prefill enabled", "endpoints", f.prefill, "min_tokens", f.minRemote, "route", f.route, "kv_wire_dtype", f.kvWireDType, "kv_streams", f.kvStreams,
 			"connect_timeout", f.connectTimeout, "idle_floor", f.idleFloor)
 	}
 	srv := decode.New(o)
@@ -479,7 +492,12 @@ func runPrefill(ctx context.Context, f *runnerFlags, m *engine.Model, secret []b
 	if f.cacheMiB <= 0 {
 		cacheBytes = -1
 	}
-	prod := prefill.New(prefill.Options{Name: f.name, Model: m, Chunk: f.chunk, CacheBytes: cacheBytes, Metrics: met, Logger: log})
+	var pm prefill.Model = m
+	if f.testPrefillRate > 0 {
+		pm = pacedPrefill{m, f.testPrefillRate}
+		log.Warn("TEST ONLY: prefill capped (--test-slow-prefill-tokens-per-sec)", "tokens_per_s", f.testPrefillRate)
+	}
+	prod := prefill.New(prefill.Options{Name: f.name, Model: pm, Chunk: f.chunk, CacheBytes: cacheBytes, Metrics: met, Logger: log})
 	defer prod.Close()
 	ks, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod, Secret: secret, MaxQueue: f.maxQueue, Logger: log})
 	if err != nil {
@@ -553,10 +571,18 @@ func calibrate(ctx context.Context, m decode.Model, r *decode.Router, chunk int,
 }
 
 // measureEndpoint measures addr for the router: its link goodput with a
-// kvwire link probe (128 tokens of probe KV: 16 MiB), then its prefill
-// rate with one real 256-token prefill of tokens no earlier request used.
+// kvwire link probe, then its prefill rate with one real 256-token prefill
+// of tokens no earlier request used. The probe is sized to the link: one
+// probe token (128 KiB) first, then as many as fit in about 250 ms at the
+// rate that showed (at most 128: 16 MiB), so a slow link is not held for
+// seconds and a fast one is measured past its latency.
 func measureEndpoint(ctx context.Context, r *decode.KVRemote, rt *decode.Router, addr string, log *slog.Logger) {
-	pr, err := r.Client.Probe(ctx, addr, 128)
+	pr, err := r.Client.ProbeStreams(ctx, addr, 1, r.Streams)
+	if err == nil {
+		if n := probeTokens(pr.Transfer); n > 1 {
+			pr, err = r.Client.ProbeStreams(ctx, addr, n, r.Streams)
+		}
+	}
 	if err != nil {
 		log.Warn("link probe failed; the route to this endpoint is decided by the floor until a transfer measures it", "endpoint", addr, "err", err)
 		return
@@ -582,23 +608,84 @@ func measureEndpoint(ctx context.Context, r *decode.KVRemote, rt *decode.Router,
 	log.Info("remote prefill calibrated", "endpoint", addr, "tokens", n, "duration", st.Duration)
 }
 
-// slowPrefill (--test-local-prefill-delay) adds a delay per 1000 prompt
-// tokens to local prefill, so routing tests can make this host slow.
-type slowPrefill struct {
-	decode.Model
-	per1000 time.Duration
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, a := range strings.Split(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
-func (s slowPrefill) Prefill(ctx context.Context, c engine.KVCache, toks []int32, chunk int, on func(start, n int) error) error {
-	if err := s.Model.Prefill(ctx, c, toks, chunk, on); err != nil {
+// watchLoad feeds the prefill runners' /health load (--prefill-health) to
+// the selector, which orders failover by it and, through
+// decode.SelectorAhead, makes the cost model predict a busy host slower.
+// A poll that starts or stops failing is logged once.
+func watchLoad(ctx context.Context, sel *kvwire.Selector, health map[string]string, met *metrics.Runner, log *slog.Logger) {
+	failing := map[string]bool{}
+	decode.WatchLoad(ctx, health, 0, func(addr string, n int, err error) {
+		sel.ReportLoad(addr, n)
+		met.PrefillEndpointLoad.WithLabelValues(addr).Set(float64(n))
+		if (err != nil) != failing[addr] {
+			failing[addr] = err != nil
+			if err != nil {
+				log.Warn("prefill runner's load unknown (its /health does not answer)", "endpoint", addr, "health", health[addr], "err", err)
+			} else {
+				log.Info("prefill runner's load known again", "endpoint", addr, "health", health[addr])
+			}
+		}
+	})
+}
+
+// probeTokens is the size of the second link probe after a one-token
+// probe took d: what fits in 250 ms at that pace, 1 to 128 tokens.
+func probeTokens(d time.Duration) int {
+	if d <= 0 {
+		return 128
+	}
+	return int(min(max(float64(250*time.Millisecond)/float64(d), 1), 128))
+}
+
+// pacedPrefill (--test-slow-prefill-tokens-per-sec, tests only) caps
+// prefill at rate tokens/s: each chunk is handed on (and the call returns)
+// no earlier than its last token's turn at that rate, so a remote stream
+// flows at the simulated pace too. Real compute slower than the cap is
+// not hidden: the time is then the real one.
+type pacedPrefill struct {
+	*engine.Model
+	rate float64
+}
+
+func (p pacedPrefill) Prefill(ctx context.Context, c engine.KVCache, toks []int32, chunk int, on func(start, n int) error) error {
+	t0 := time.Now()
+	wait := func(tokens int) error {
+		d := time.Until(t0.Add(time.Duration(float64(tokens) / p.rate * float64(time.Second))))
+		if d <= 0 {
+			return nil
+		}
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			return nil
+		}
+	}
+	base := c.Len()
+	paced := func(start, n int) error {
+		if err := wait(start + n - base); err != nil {
+			return err
+		}
+		if on == nil {
+			return nil
+		}
+		return on(start, n)
+	}
+	if err := p.Model.Prefill(ctx, c, toks, chunk, paced); err != nil {
 		return err
 	}
-	t := time.NewTimer(s.per1000 * time.Duration(len(toks)) / 1000)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	return wait(len(toks))
 }

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestRunnerFlags(t *testing.T) {
@@ -21,7 +23,14 @@ func TestRunnerFlags(t *testing.T) {
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "extra"},
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--remote-prefill-route", "fastest"},
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--kv-wire-dtype", "fp4"},
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--kv-streams", "0"},
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--kv-streams", "17"},
+		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--kv-streams", "4"},      // asked by decode runners
 		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--kv-wire-dtype", "fp8"}, // asked by decode runners
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--test-slow-prefill-tokens-per-sec", "-1"},
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--prefill", "a:1,b:2", "--prefill-health", "a:9"},
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--prefill-health", "a:9"},
+		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--test-slow-prefill-tokens-per-sec", "NaN"},
 	}
 	for _, args := range bad {
 		_, err := parseRunnerFlags(args)
@@ -38,9 +47,24 @@ func TestRunnerFlags(t *testing.T) {
 	if err != nil || f.route != "cost" || f.kvWireDType != "native" {
 		t.Fatalf("%+v %v", f, err)
 	}
-	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --kv-wire-dtype fp8"))
-	if err != nil || f.kvWireDType != "fp8" {
+	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --prefill a:1,b:2 --prefill-health a:9,b:9"))
+	if err != nil || !slices.Equal(splitList(f.prefillHealth), []string{"a:9", "b:9"}) {
 		t.Fatalf("%+v %v", f, err)
+	}
+	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --kv-wire-dtype fp8"))
+	if err != nil || f.kvWireDType != "fp8" || f.kvStreams != 1 {
+		t.Fatalf("%+v %v", f, err)
+	}
+	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --kv-streams 4"))
+	if err != nil || f.kvStreams != 4 {
+		t.Fatalf("%+v %v", f, err)
+	}
+	f, err = parseRunnerFlags(strings.Fields("prefill --model x --served-name s --listen 127.0.0.1:9 --metrics 127.0.0.1:10 --test-slow-prefill-tokens-per-sec 500"))
+	if err != nil || f.testPrefillRate != 500 {
+		t.Fatalf("%+v %v", f, err)
+	}
+	if strings.Contains(runnerUsage, "test-slow") {
+		t.Fatal("the test-only prefill cap is in the usage text")
 	}
 	f, err = parseRunnerFlags(strings.Fields("prefill --model m.gguf --served-name s --listen 127.0.0.1:9 --metrics 127.0.0.1:10 --secret-file /s"))
 	if err != nil || f.metricsAddr != "127.0.0.1:10" || f.secretFile != "/s" || f.minRemote != 0 {
@@ -76,5 +100,19 @@ func TestLoadGate(t *testing.T) {
 	}
 	if code, body := get("/v1/models"); code != 200 || body["ok"] != true {
 		t.Fatalf("API when ready: %d %v", code, body)
+	}
+}
+
+func TestProbeTokens(t *testing.T) {
+	for _, c := range []struct {
+		d    time.Duration
+		want int
+	}{
+		{0, 128}, {100 * time.Microsecond, 128}, {2 * time.Millisecond, 125}, {50 * time.Millisecond, 5},
+		{250 * time.Millisecond, 1}, {2 * time.Second, 1},
+	} {
+		if got := probeTokens(c.d); got != c.want {
+			t.Errorf("probeTokens(%v) = %d, want %d", c.d, got, c.want)
+		}
 	}
 }

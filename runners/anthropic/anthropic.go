@@ -17,8 +17,6 @@ package anthropic
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -264,21 +262,9 @@ func (h *Handler) countTokens(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]int{"input_tokens": len(toks)})
 }
 
-func (h *Handler) id(prefix string) string {
-	if h.NewID != nil {
-		return h.NewID(prefix)
-	}
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	return prefix + hex.EncodeToString(b[:])
-}
+func (h *Handler) id(prefix string) string { return openai.NewID(h.NewID, prefix) }
 
-func (h *Handler) log() *slog.Logger {
-	if h.Logger != nil {
-		return h.Logger
-	}
-	return slog.Default()
-}
+func (h *Handler) log() *slog.Logger { return openai.LoggerOr(h.Logger) }
 
 func (h *Handler) served(name string) bool {
 	for _, s := range h.Served {

@@ -40,9 +40,13 @@ var ErrNoTemplate = errors.New("chat: model has no chat template")
 // message.tool_calls[i] = {"id", "type": "function", "function": {"name",
 // "arguments"}} with arguments parsed into an object when it is JSON (as
 // vLLM does, since templates apply tojson to it), message.tool_call_id and
-// message.name when set.
+// message.name when set. Reasoning (OpenAI's reasoning_content of an
+// earlier answer) is passed, when set, both as message.reasoning_content
+// (Qwen3's templates read it) and as message.thinking (gpt-oss's); the
+// template decides which turns keep it (see HistoryReasoning).
 type Message struct {
 	Role, Content string
+	Reasoning     string
 	ToolCalls     []ToolCall
 	ToolCallID    string
 	Name          string
@@ -66,6 +70,10 @@ func (m Message) templateValue() map[string]any {
 				"function": map[string]any{"name": c.Name, "arguments": args}}
 		}
 		v["tool_calls"] = calls
+	}
+	if m.Reasoning != "" {
+		v["reasoning_content"] = m.Reasoning
+		v["thinking"] = m.Reasoning
 	}
 	if m.ToolCallID != "" {
 		v["tool_call_id"] = m.ToolCallID
@@ -220,6 +228,15 @@ func Parse(src, bos, eos string) (t *Template, err error) {
 		return nil, fmt.Errorf("chat: parse template: %w", err)
 	}
 	return &Template{src: src, bos: bos, eos: eos, tpl: tpl, now: time.Now}, nil
+}
+
+// HistoryReasoning reports whether the template reads an assistant
+// message's reasoning (message.reasoning_content as Qwen3's do, or
+// message.thinking as gpt-oss's does); for any other, a message's
+// Reasoning would silently vanish, so callers refuse it.
+func (t *Template) HistoryReasoning() bool {
+	return strings.Contains(t.src, "reasoning_content") || strings.Contains(t.src, ".thinking") ||
+		strings.Contains(t.src, "['thinking']") || strings.Contains(t.src, `["thinking"]`)
 }
 
 // Source returns the template text.

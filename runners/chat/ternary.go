@@ -2,6 +2,7 @@ package chat
 
 import (
 	"fmt"
+	"iter"
 	"strings"
 )
 
@@ -64,23 +65,38 @@ func hoistConditionals(src string) string {
 // exprEnd returns the index of the "}}" closing an output tag whose body
 // starts at from, skipping string literals; -1 if none.
 func exprEnd(s string, from int) int {
-	var quote byte
-	for i := from; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case quote != 0:
-			if c == '\\' {
-				i++
-			} else if c == quote {
-				quote = 0
-			}
-		case c == '\'' || c == '"':
-			quote = c
-		case c == '}' && i+1 < len(s) && s[i+1] == '}':
+	for i, c := range code(s, from) {
+		if c == '}' && i+1 < len(s) && s[i+1] == '}' {
 			return i
 		}
 	}
 	return -1
+}
+
+// code yields the bytes of s from index from that lie outside Jinja string
+// literals ('…' or "…", with backslash escapes), with their indexes: the
+// one lexer the scanners here share.
+func code(s string, from int) iter.Seq2[int, byte] {
+	return func(yield func(int, byte) bool) {
+		var quote byte
+		for i := from; i < len(s); i++ {
+			c := s[i]
+			switch {
+			case quote != 0:
+				if c == '\\' {
+					i++
+				} else if c == quote {
+					quote = 0
+				}
+			case c == '\'' || c == '"':
+				quote = c
+			default:
+				if !yield(i, c) {
+					return
+				}
+			}
+		}
+	}
 }
 
 // innerConditional finds an innermost parenthesized group of expr holding
@@ -88,18 +104,8 @@ func exprEnd(s string, from int) int {
 // the indexes of its parentheses.
 func innerConditional(expr string) (lo, hi int, ok bool) {
 	var stack []int
-	var quote byte
-	for i := 0; i < len(expr); i++ {
-		c := expr[i]
+	for i, c := range code(expr, 0) {
 		switch {
-		case quote != 0:
-			if c == '\\' {
-				i++
-			} else if c == quote {
-				quote = 0
-			}
-		case c == '\'' || c == '"':
-			quote = c
 		case c == '(':
 			stack = append(stack, i)
 		case c == ')' && len(stack) > 0:
@@ -118,21 +124,11 @@ func innerConditional(expr string) (lo, hi int, ok bool) {
 func hasWordsAtTop(s string, words ...string) bool {
 	found := map[string]bool{}
 	depth := 0
-	var quote byte
 	isIdent := func(c byte) bool {
 		return c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
 	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
+	for i, c := range code(s, 0) {
 		switch {
-		case quote != 0:
-			if c == '\\' {
-				i++
-			} else if c == quote {
-				quote = 0
-			}
-		case c == '\'' || c == '"':
-			quote = c
 		case c == '(' || c == '[' || c == '{':
 			depth++
 		case c == ')' || c == ']' || c == '}':
@@ -143,7 +139,6 @@ func hasWordsAtTop(s string, words ...string) bool {
 				j++
 			}
 			found[s[i:j]] = true
-			i = j - 1
 		}
 	}
 	for _, w := range words {

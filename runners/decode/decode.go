@@ -24,8 +24,10 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/exo-pd/exo-pd/runners/anthropic"
 	"github.com/exo-pd/exo-pd/runners/chat"
@@ -250,6 +252,16 @@ func (s *Server) Close() {
 }
 
 func (s *Server) prompt(req *openai.GenRequest) ([]int32, error) {
+	if req.Chat {
+		rt, ok := s.o.Text.(ReasoningText)
+		for i, m := range req.Messages {
+			if m.Reasoning != "" && !(ok && rt.HistoryReasoning()) {
+				f := fmt.Sprintf("messages[%d].reasoning_content", i)
+				return nil, openai.Errorf(f, "%s: this model's chat template has no place for reasoning "+
+					"(templates that read reasoning_content or thinking, such as Qwen3's and gpt-oss's, take it); leave it out", f)
+			}
+		}
+	}
 	switch {
 	case req.Chat && toolsOffered(req):
 		tt, ok := s.o.Text.(ToolText)
@@ -373,11 +385,24 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 	var te interface{ finish() (int, error) }
 	switch {
 	case req.Chat && s.toolFamily() == chat.Harmony:
-		he := newHarmonyEmitter(em) // channels, with or without tools
+		he := newHarmonyEmitter(em, toolsOffered(req)) // channels, with or without tools
 		te, em = he, he
-	case toolsOffered(req):
-		tse := newToolEmitter(em, s.toolFamily())
-		te, em = tse, tse
+	default:
+		reasoning, _ := em.(openai.ReasoningEmitter)
+		if toolsOffered(req) {
+			tse := newToolEmitter(em, s.toolFamily())
+			te, em = tse, tse
+		}
+		if rt, ok := s.o.Text.(ReasoningText); ok && req.Chat && rt.ThinkTags() {
+			// <think> reasoning first; the answer after it is parsed (and
+			// constrained) for calls
+			open := s.opensThink(prompt)
+			th := &thinkEmitter{Emitter: em, reasoning: reasoning, next: te, p: chat.ThinkParser{Open: open}}
+			te, em = th, th
+			if lc, ok := cons.(*lazyConstraint); ok {
+				lc.think = &chat.ThinkParser{Open: open}
+			}
+		}
 	}
 	res, err := s.generate(ctx, req, em, entry, logits, cons, t0)
 	if cl, closes := cons.(interface{ Close() }); closes {
@@ -400,6 +425,13 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 		ok = entry.cache.Len() == len(entry.tokens)
 	}
 	return res, err
+}
+
+// opensThink reports whether the prompt ends inside <think> (a template
+// that opens the reasoning itself), so the output starts as reasoning.
+func (s *Server) opensThink(prompt []int32) bool {
+	tail := s.o.Text.Decode(prompt[max(0, len(prompt)-32):]) // "<think>\n" is one to nine tokens
+	return strings.HasSuffix(strings.TrimRightFunc(tail, unicode.IsSpace), "<think>")
 }
 
 // toolFamily is how the model writes tool calls.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/internal/testenv"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 	"github.com/exo-pd/exo-pd/runners/metrics"
@@ -17,31 +18,60 @@ import (
 )
 
 // TestFP8WireAgainstBF16: the tiny Qwen3-Next model (attention + Gated
-// DeltaNet layers) prefilled by a real producer over loopback TCP, once with
-// the bf16 wire and once with FP8 (states stay float32). Attention KV bytes
-// on the wire (transfer totals less the state bytes) are half of bf16's plus
-// the per-head scales; over 2,000 positions (4 prompts of 600 wire tokens,
-// 500 teacher-forced steps each) next-token logits have mean cosine ≥ 0.999
-// and top-1 agreement ≥ 99 %. The minimum cosine is NOT bounded (here a few
-// positions of the random tiny model fall to ~0.83; they are logged), nor
-// are greedy continuations (logged).
+// DeltaNet layers, MoE) prefilled by a real producer over loopback TCP,
+// once with the bf16 wire and once with FP8 (states stay float32).
+// Attention KV bytes on the wire (transfer totals less the state bytes) are
+// half of bf16's plus the per-head scales; over 2,000 positions (4 prompts
+// of 600 wire tokens, 500 teacher-forced steps each) next-token logits have
+// mean cosine ≥ 0.999 and top-1 agreement ≥ 99 %. The minimum cosine is
+// NOT bounded here: a few positions fall to ~0.83. The cause is the MoE
+// routing of this random-weight model, not the FP8 scales: every tiny MoE
+// model shows such drops (a near-tied router flips its top-k experts under
+// the KV perturbation), no dense one does, and finer scales (per head and
+// token, per channel) or FP8 on K or V alone do not remove them; see
+// docs/BENCHMARKS.md "FP8 KV wire: per-position cosine". The dense tiny
+// models are held to the per-position bound (TestFP8WireDenseTinyModels).
 func TestFP8WireAgainstBF16(t *testing.T) {
-	if testing.Short() {
-		t.Skip("2,000 positions")
+	if testing.Short() || raceDetector {
+		t.Skip("2,000 positions of numerics (not under -race or -short)")
 	}
 	m, err := engine.Load(context.Background(), filepath.Join("..", "engine", "testdata", "reference", "qwen3_next"), cpu.New(2), engine.LoadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	fp8AgainstBF16(t, m, 4, 601, 500)
+	fp8AgainstBF16(t, m, 4, 601, 500, false)
+}
+
+// TestFP8WireDenseTinyModels: on dense tiny models (Llama; Qwen3 with q/k
+// norms and head_dim ≠ hidden/heads) every one of 2,000 positions has next-token logits
+// cosine ≥ 0.999 against the bf16 wire, and top-1 agreement is ≥ 99 %.
+func TestFP8WireDenseTinyModels(t *testing.T) {
+	if testing.Short() || raceDetector {
+		t.Skip("2,000 positions of numerics (not under -race or -short)")
+	}
+	for _, arch := range []string{"llama", "qwen3"} {
+		t.Run(arch, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), arch)
+			if err := testmodel.Write(dir, testmodel.Spec{Arch: arch, Seed: 7, MaxPositions: 2048}); err != nil {
+				t.Fatal(err)
+			}
+			m, err := engine.Load(context.Background(), dir, cpu.New(2), engine.LoadOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			fp8AgainstBF16(t, m, 4, 601, 500, true)
+		})
+	}
 }
 
 // TestFP8WireAgainstBF16SmolLM2: the same on SmolLM2-135M (4 × 500
 // positions after 257-token wire prompts). Minutes on 2 cores, so it runs
-// only with EXO_FP8_SMOLLM2=1. Measured 2026-12-03 (197 s): mean cosine
-// 0.999995, min 0.999976, top-1 agreement 100 %, attention KV 0.5005 of
-// bf16's bytes.
+// only with EXO_FP8_SMOLLM2=1; every position's cosine is asserted ≥ 0.999.
+// Measured 2026-12-03 (197 s; again 458 s on a busier machine, the same
+// numbers): mean cosine 0.999995, min 0.999976, top-1 agreement 100 %,
+// attention KV 0.5005 of bf16's bytes.
 func TestFP8WireAgainstBF16SmolLM2(t *testing.T) {
 	if os.Getenv("EXO_FP8_SMOLLM2") == "" {
 		t.Skip("set EXO_FP8_SMOLLM2=1 (minutes on 2 cores)")
@@ -51,10 +81,13 @@ func TestFP8WireAgainstBF16SmolLM2(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	fp8AgainstBF16(t, m, 4, 257, 500)
+	fp8AgainstBF16(t, m, 4, 257, 500, true)
 }
 
-func fp8AgainstBF16(t *testing.T, m *engine.Model, prompts, plen, steps int) {
+// fp8AgainstBF16 compares the FP8 wire with the bf16 wire over
+// prompts × steps positions: mean cosine ≥ 0.999 and top-1 ≥ 99 % always,
+// and with perPosition every position's cosine ≥ 0.999.
+func fp8AgainstBF16(t *testing.T, m *engine.Model, prompts, plen, steps int, perPosition bool) {
 	ctx := context.Background()
 	info := m.Info()
 	attn := 0
@@ -165,6 +198,9 @@ func fp8AgainstBF16(t *testing.T, m *engine.Model, prompts, plen, steps int) {
 	t.Logf("%d positions: mean cosine %.6f, min %.6f, %d below 0.999 %v; top-1 agreement %.4f", positions, mean, minCos, len(low), low, frac)
 	if positions < 2000 || mean < 0.999 || frac < 0.99 {
 		t.Fatalf("%d positions: mean cosine %.6f (want ≥ 0.999), top-1 agreement %.4f (want ≥ 0.99)", positions, mean, frac)
+	}
+	if perPosition && len(low) > 0 {
+		t.Fatalf("%d of %d positions have cosine < 0.999 (min %.6f), want none", len(low), positions, minCos)
 	}
 }
 

@@ -14,17 +14,21 @@ import (
 // addressed to=functions.NAME as tool calls (fresh call ids). A call is
 // emitted whole when its message ends (<|call|> stops generation, so that
 // is at the end), as one fragment with id and name then one with the
-// arguments.
+// arguments. When the request offered no tools (none given, or
+// tool_choice "none"), a call the model writes anyway is not a tool call:
+// its arguments text becomes answer text (as vLLM returns such a message's
+// body as content), so the finish reason stays "stop".
 type harmonyEmitter struct {
 	openai.Emitter
 	calls     openai.ToolCallEmitter  // nil: the API cannot take calls
 	reasoning openai.ReasoningEmitter // nil: reasoning is dropped
+	offered   bool                    // tools were offered: calls are tool calls
 	p         chat.HarmonyParser
 	n         int // tool calls emitted
 }
 
-func newHarmonyEmitter(em openai.Emitter) *harmonyEmitter {
-	h := &harmonyEmitter{Emitter: em}
+func newHarmonyEmitter(em openai.Emitter, toolsOffered bool) *harmonyEmitter {
+	h := &harmonyEmitter{Emitter: em, offered: toolsOffered}
 	h.calls, _ = em.(openai.ToolCallEmitter)
 	h.reasoning, _ = em.(openai.ReasoningEmitter)
 	return h
@@ -57,6 +61,13 @@ func (h *harmonyEmitter) forward(ev []chat.HarmonyEvent, lp *openai.TokenLogprob
 				}
 			}
 		case chat.HarmonyToolCall:
+			if !h.offered {
+				if err := h.Emitter.Text(e.Text, lp); err != nil {
+					return err
+				}
+				lp = nil
+				continue
+			}
 			if h.calls == nil {
 				return errors.New("this API cannot return tool calls")
 			}

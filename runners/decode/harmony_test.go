@@ -92,7 +92,13 @@ func (s pieceStream) Flush() string       { return "" }
 func harmonyServer(t *testing.T, gen string) string {
 	t.Helper()
 	text := newPieceText()
-	m := &scriptModel{script: text.encode(gen), eos: text.ids["<|return|>"], vocab: text.VocabSize()}
+	url, _ := serveScript(t, &scriptModel{script: text.encode(gen), eos: text.ids["<|return|>"], vocab: text.VocabSize()}, text)
+	return url
+}
+
+// serveScript serves a scripted model over HTTP, tools and grammars on.
+func serveScript(t *testing.T, m *scriptModel, text Text) (string, *Server) {
+	t.Helper()
 	g := &Grammars{Text: text}
 	srv := New(Options{Name: "m", Model: m, Text: text, NewSampler: NewSampler, NewStopMatcher: NewStopMatcher,
 		MaxBatch: 1, CacheEntries: -1, NewConstraint: g.NewConstraint, AcceptTools: true,
@@ -102,7 +108,7 @@ func harmonyServer(t *testing.T, gen string) string {
 	srv.Register(mux)
 	hs := httptest.NewServer(mux)
 	t.Cleanup(hs.Close)
-	return hs.URL
+	return hs.URL, srv
 }
 
 const (
@@ -159,19 +165,29 @@ func str(p *string) string {
 // TestHarmonyChat: a gpt-oss generation's analysis channel comes back as
 // reasoning_content, its final channel as content, and a commentary
 // message to=functions.NAME as a tool call with finish_reason
-// "tool_calls", in a whole response and (joined) in a stream.
+// "tool_calls", in a whole response and (joined) in a stream. A call the
+// model makes although no tools were offered (none given, or tool_choice
+// "none") is never a tool call: its arguments come back as content and
+// the finish reason is "stop".
 func TestHarmonyChat(t *testing.T) {
+	const none = "none"
 	cases := []struct {
 		name, gen          string
 		tools              bool
+		choice             string // tool_choice; "": not sent
 		content, reasoning string // "<nil>": absent or null
 		calls              []harmonyCallOut
 		finish             string
 	}{
-		{"answer", harmonyAnswer, false, "Hello! How can I help?", "User says hi. <|x|> < reply.", nil, "stop"},
-		{"answer with tools", harmonyAnswer, true, "Hello! How can I help?", "User says hi. <|x|> < reply.", nil, "stop"},
-		{"call", harmonyCall, true, "<nil>", "Need the weather.",
+		{"answer", harmonyAnswer, false, "", "Hello! How can I help?", "User says hi. <|x|> < reply.", nil, "stop"},
+		{"answer with tools", harmonyAnswer, true, "", "Hello! How can I help?", "User says hi. <|x|> < reply.", nil, "stop"},
+		{"call", harmonyCall, true, "", "<nil>", "Need the weather.",
 			[]harmonyCallOut{{"", "function", "get_weather", `{"city":"Paris","unit":"c"}`}}, "tool_calls"},
+		{"call with tool_choice auto", harmonyCall, true, "auto", "<nil>", "Need the weather.",
+			[]harmonyCallOut{{"", "function", "get_weather", `{"city":"Paris","unit":"c"}`}}, "tool_calls"},
+		{"call with tool_choice none", harmonyCall, true, none, `{"city":"Paris","unit":"c"}`, "Need the weather.", nil, "stop"},
+		{"call without tools", harmonyCall, false, "", `{"city":"Paris","unit":"c"}`, "Need the weather.", nil, "stop"},
+		{"answer with tool_choice none", harmonyAnswer, true, none, "Hello! How can I help?", "User says hi. <|x|> < reply.", nil, "stop"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -181,97 +197,116 @@ func TestHarmonyChat(t *testing.T) {
 				if c.tools {
 					b["tools"] = harmonyTools
 				}
+				if c.choice != "" {
+					b["tool_choice"] = c.choice
+				}
 				return b
 			}
-			code, raw := postChat(t, url, body())
-			if code != http.StatusOK {
-				t.Fatalf("status %d: %s", code, raw)
-			}
-			var out struct {
-				Choices []struct {
-					Message      harmonyMessage `json:"message"`
-					FinishReason string         `json:"finish_reason"`
-				} `json:"choices"`
-			}
-			if err := json.Unmarshal(raw, &out); err != nil || len(out.Choices) != 1 {
-				t.Fatalf("%v: %s", err, raw)
-			}
-			msg := out.Choices[0].Message
-			calls := callsOf(msg.ToolCalls)
-			for i := range calls {
-				if !strings.HasPrefix(calls[i].ID, "call_") {
-					t.Errorf("call id %q", calls[i].ID)
-				}
-				calls[i].ID = ""
-			}
-			if str(msg.Content) != c.content || str(msg.ReasoningContent) != c.reasoning || !reflect.DeepEqual(calls, c.calls) ||
-				out.Choices[0].FinishReason != c.finish {
-				t.Errorf("got content %q reasoning %q calls %+v finish %q\nwant %q %q %+v %q",
-					str(msg.Content), str(msg.ReasoningContent), calls, out.Choices[0].FinishReason, c.content, c.reasoning, c.calls, c.finish)
+			want := chatParts{c.content, c.reasoning, c.calls, c.finish}
+			got, raw := chatWhole(t, url, body())
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("got %+v\nwant %+v", got, want)
 			}
 			if c.calls != nil && !bytes.Contains(raw, []byte(`"content":null`)) {
 				t.Errorf("a call-only message has content null: %s", raw)
 			}
-
 			// Streaming: the deltas join to the same message.
-			sb := body()
-			sb["stream"] = true
-			code, raw = postChat(t, url, sb)
-			if code != http.StatusOK {
-				t.Fatalf("stream status %d: %s", code, raw)
-			}
-			var content, reasoning strings.Builder
-			var scalls []harmonyCallOut
-			finish := ""
-			sc := bufio.NewScanner(bytes.NewReader(raw))
-			for sc.Scan() {
-				data, ok := strings.CutPrefix(sc.Text(), "data: ")
-				if !ok || data == "[DONE]" {
-					continue
-				}
-				var ch struct {
-					Choices []struct {
-						Delta        harmonyMessage `json:"delta"`
-						FinishReason *string        `json:"finish_reason"`
-					} `json:"choices"`
-				}
-				if err := json.Unmarshal([]byte(data), &ch); err != nil {
-					t.Fatalf("%v: %s", err, data)
-				}
-				for _, x := range ch.Choices {
-					if x.Delta.Content != nil {
-						content.WriteString(*x.Delta.Content)
-					}
-					if x.Delta.ReasoningContent != nil {
-						reasoning.WriteString(*x.Delta.ReasoningContent)
-					}
-					for _, d := range x.Delta.ToolCalls {
-						if d.Index == nil || *d.Index != len(scalls) && *d.Index != len(scalls)-1 {
-							t.Fatalf("delta index out of order: %s", data)
-						}
-						if *d.Index == len(scalls) {
-							if !strings.HasPrefix(d.ID, "call_") || d.Type != "function" || d.Function.Name == "" {
-								t.Errorf("first fragment of a call lacks id/type/name: %s", data)
-							}
-							scalls = append(scalls, harmonyCallOut{Type: d.Type})
-						}
-						scalls[*d.Index].Name += d.Function.Name
-						scalls[*d.Index].Args += d.Function.Arguments
-					}
-					if x.FinishReason != nil {
-						finish = *x.FinishReason
-					}
-				}
-			}
-			wantContent := c.content
-			if wantContent == "<nil>" {
-				wantContent = ""
-			}
-			if content.String() != wantContent || reasoning.String() != c.reasoning || !reflect.DeepEqual(scalls, c.calls) || finish != c.finish {
-				t.Errorf("stream: content %q reasoning %q calls %+v finish %q\n%s", content.String(), reasoning.String(), scalls, finish, raw)
+			want.content, want.reasoning = strings.TrimPrefix(want.content, "<nil>"), strings.TrimPrefix(want.reasoning, "<nil>")
+			if got, raw := chatStream(t, url, body()); !reflect.DeepEqual(got, want) {
+				t.Errorf("stream: %+v\nwant %+v\n%s", got, want, raw)
 			}
 		})
 	}
+}
+
+// chatParts is what a chat completion came back with: in a whole
+// response content and reasoning are "<nil>" when absent or null; joined
+// from a stream, "" then. Calls have their ids (checked) cleared.
+type chatParts struct {
+	content, reasoning string
+	calls              []harmonyCallOut
+	finish             string
+}
+
+// chatWhole posts a chat request and reads its response.
+func chatWhole(t *testing.T, url string, body map[string]any) (chatParts, []byte) {
+	t.Helper()
+	code, raw := postChat(t, url, body)
+	if code != http.StatusOK {
+		t.Fatalf("status %d: %s", code, raw)
+	}
+	var out struct {
+		Choices []struct {
+			Message      harmonyMessage `json:"message"`
+			FinishReason string         `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(raw, &out); err != nil || len(out.Choices) != 1 {
+		t.Fatalf("%v: %s", err, raw)
+	}
+	msg := out.Choices[0].Message
+	calls := callsOf(msg.ToolCalls)
+	for i := range calls {
+		if !strings.HasPrefix(calls[i].ID, "call_") {
+			t.Errorf("call id %q", calls[i].ID)
+		}
+		calls[i].ID = ""
+	}
+	return chatParts{str(msg.Content), str(msg.ReasoningContent), calls, out.Choices[0].FinishReason}, raw
+}
+
+// chatStream posts a chat request with stream: true and joins its deltas.
+func chatStream(t *testing.T, url string, body map[string]any) (chatParts, []byte) {
+	t.Helper()
+	body["stream"] = true
+	code, raw := postChat(t, url, body)
+	if code != http.StatusOK {
+		t.Fatalf("stream status %d: %s", code, raw)
+	}
+	var content, reasoning strings.Builder
+	var p chatParts
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var ch struct {
+			Choices []struct {
+				Delta        harmonyMessage `json:"delta"`
+				FinishReason *string        `json:"finish_reason"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(data), &ch); err != nil {
+			t.Fatalf("%v: %s", err, data)
+		}
+		for _, x := range ch.Choices {
+			if x.Delta.Content != nil {
+				content.WriteString(*x.Delta.Content)
+			}
+			if x.Delta.ReasoningContent != nil {
+				reasoning.WriteString(*x.Delta.ReasoningContent)
+			}
+			for _, d := range x.Delta.ToolCalls {
+				if d.Index == nil || *d.Index != len(p.calls) && *d.Index != len(p.calls)-1 {
+					t.Fatalf("delta index out of order: %s", data)
+				}
+				if *d.Index == len(p.calls) {
+					if !strings.HasPrefix(d.ID, "call_") || d.Type != "function" || d.Function.Name == "" {
+						t.Errorf("first fragment of a call lacks id/type/name: %s", data)
+					}
+					p.calls = append(p.calls, harmonyCallOut{Type: d.Type})
+				}
+				p.calls[*d.Index].Name += d.Function.Name
+				p.calls[*d.Index].Args += d.Function.Arguments
+			}
+			if x.FinishReason != nil {
+				p.finish = *x.FinishReason
+			}
+		}
+	}
+	p.content, p.reasoning = content.String(), reasoning.String()
+	return p, raw
 }
 
 // TestHarmonyRefusesGrammars: a grammar from the first token would keep a
@@ -327,7 +362,7 @@ func TestHarmonyEmitterSplits(t *testing.T) {
 	for cut := 0; cut <= len(gen); cut++ {
 		for _, n := range []int{1, 3, len(gen)} {
 			var r recorder
-			h := newHarmonyEmitter(&r)
+			h := newHarmonyEmitter(&r, true)
 			pieces := []string{gen[:cut]}
 			for rest := gen[cut:]; rest != ""; rest = rest[min(n, len(rest)):] {
 				pieces = append(pieces, rest[:min(n, len(rest))])
@@ -362,14 +397,14 @@ func TestHarmonyEmitterSplits(t *testing.T) {
 // without reasoning drops only the reasoning.
 func TestHarmonyCallsNeedAnAPIThatTakesThem(t *testing.T) {
 	var te textEmitter
-	h := newHarmonyEmitter(&te)
+	h := newHarmonyEmitter(&te, true)
 	if err := h.Text(harmonyAnswer, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := h.finish(); err != nil || te.String() != "Hello! How can I help?" {
 		t.Fatalf("answer: %q %v", te.String(), err)
 	}
-	h = newHarmonyEmitter(&te)
+	h = newHarmonyEmitter(&te, true)
 	err := h.Text(harmonyCall, nil)
 	if err == nil {
 		_, err = h.finish()
@@ -407,17 +442,25 @@ func TestHarmonyAdapters(t *testing.T) {
 		name, gen, path string
 		body            map[string]any
 		want            []string
+		not             []string
 	}{
 		{"responses answer", harmonyAnswer, "/v1/responses", map[string]any{"model": "m", "input": "hi", "temperature": 0},
-			[]string{`"text":"Hello! How can I help?"`}},
+			[]string{`"text":"Hello! How can I help?"`}, nil},
 		{"responses call", harmonyCall, "/v1/responses", map[string]any{"model": "m", "input": "hi", "temperature": 0, "tools": respTools},
-			[]string{`"type":"function_call"`, `"name":"get_weather"`, `"arguments":"{\"city\":\"Paris\",\"unit\":\"c\"}"`}},
+			[]string{`"type":"function_call"`, `"name":"get_weather"`, `"arguments":"{\"city\":\"Paris\",\"unit\":\"c\"}"`}, nil},
 		{"messages answer", harmonyAnswer, "/v1/messages", map[string]any{"model": "m", "max_tokens": 500, "temperature": 0,
 			"messages": []map[string]any{{"role": "user", "content": "hi"}}},
-			[]string{`"text":"Hello! How can I help?"`, `"stop_reason":"end_turn"`}},
+			[]string{`"text":"Hello! How can I help?"`, `"stop_reason":"end_turn"`}, nil},
 		{"messages call", harmonyCall, "/v1/messages", map[string]any{"model": "m", "max_tokens": 500, "temperature": 0, "tools": antTools,
 			"messages": []map[string]any{{"role": "user", "content": "hi"}}},
-			[]string{`"type":"tool_use"`, `"name":"get_weather"`, `"input":{"city":"Paris","unit":"c"}`, `"stop_reason":"tool_use"`}},
+			[]string{`"type":"tool_use"`, `"name":"get_weather"`, `"input":{"city":"Paris","unit":"c"}`, `"stop_reason":"tool_use"`}, nil},
+		// tool_choice none: a stray call is answer text, never a call
+		{"responses call, tool_choice none", harmonyCall, "/v1/responses", map[string]any{"model": "m", "input": "hi", "temperature": 0,
+			"tools": respTools, "tool_choice": "none"},
+			[]string{`"text":"{\"city\":\"Paris\",\"unit\":\"c\"}"`, `"status":"completed"`}, []string{`function_call`}},
+		{"messages call, tool_choice none", harmonyCall, "/v1/messages", map[string]any{"model": "m", "max_tokens": 500, "temperature": 0,
+			"tools": antTools, "tool_choice": map[string]any{"type": "none"}, "messages": []map[string]any{{"role": "user", "content": "hi"}}},
+			[]string{`"text":"{\"city\":\"Paris\",\"unit\":\"c\"}"`, `"stop_reason":"end_turn"`}, []string{`tool_use`}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			code, raw := postJSON(t, harmonyServer(t, c.gen)+c.path, c.body)
@@ -429,7 +472,7 @@ func TestHarmonyAdapters(t *testing.T) {
 					t.Errorf("no %s in %s", w, raw)
 				}
 			}
-			for _, leak := range []string{"User says hi", "Need the weather", "<|"} {
+			for _, leak := range append([]string{"User says hi", "Need the weather", "<|"}, c.not...) {
 				if bytes.Contains(raw, []byte(leak)) {
 					t.Errorf("%q leaked into %s", leak, raw)
 				}

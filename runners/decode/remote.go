@@ -27,6 +27,9 @@ type KVRemote struct {
 	// WireDType is the KV wire dtype asked of the prefill runner: 0 for the
 	// cache dtype, or kvwire.DTypeF8E4M3 (opt-in, --kv-wire-dtype fp8).
 	WireDType kvwire.DType
+	// Streams is how many TCP connections each transfer is striped over
+	// (--kv-streams; 0 or 1: one; PROTOCOL.md §17).
+	Streams int
 }
 
 func (r *KVRemote) wireDType(cache engine.KVCache) kvwire.DType {
@@ -80,7 +83,7 @@ func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, st
 	// Windows (nil for full-attention models) is checked against the
 	// server's header: both sides must keep the same positions.
 	req := &kvwire.Request{ID: reqID, Model: r.Name, Fingerprint: fp, Tokens: prompt, StartPos: start,
-		DType: r.wireDType(cache), Deadline: r.Deadline}
+		DType: r.wireDType(cache), Deadline: r.Deadline, Streams: r.Streams}
 	exp := &kvwire.Expect{Fingerprint: fp, Kinds: kinds, Windows: info.Windows, KVHeads: info.KVHeads, HeadDim: info.HeadDim}
 	sink := &cacheSink{cache: cache, start: start}
 	var st kvwire.Stats
@@ -242,8 +245,16 @@ func (r *KVRemote) Calibrate(ctx context.Context, addr string, prompt []int32) (
 	defer cache.Free()
 	fp := kvwire.Fingerprint(r.Model.Fingerprint())
 	req := &kvwire.Request{ID: "calibrate", Model: r.Name, Fingerprint: fp, Tokens: prompt,
-		DType: r.wireDType(cache), Deadline: r.Deadline}
-	exp := &kvwire.Expect{Fingerprint: fp, Kinds: make([]kvwire.LayerKind, info.Layers), KVHeads: info.KVHeads, HeadDim: info.HeadDim}
+		DType: r.wireDType(cache), Deadline: r.Deadline, Streams: r.Streams}
+	// The same expectations as a real fetch: recurrent layers and sliding
+	// windows included, or a hybrid or sliding model is never calibrated.
+	kinds := make([]kvwire.LayerKind, info.Layers)
+	for l, rec := range info.Recurrent {
+		if rec {
+			kinds[l] = kvwire.LayerRecurrent
+		}
+	}
+	exp := &kvwire.Expect{Fingerprint: fp, Kinds: kinds, Windows: info.Windows, KVHeads: info.KVHeads, HeadDim: info.HeadDim}
 	st, err := r.Client.Fetch(ctx, addr, req, exp, &cacheSink{cache: cache})
 	return RemoteStats{Endpoint: addr, Bytes: st.PayloadBytes, Duration: st.Duration, Wait: st.WireWait}, err
 }

@@ -4,6 +4,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/exo-pd/exo-pd/runners/kvwire"
 )
 
 // Route names and decision reasons (exo_remote_prefill_decisions_total's
@@ -331,4 +333,20 @@ func (r *Router) ObserveRemote(addr string, tokens, ahead int, bytes int64, d ti
 // (kvwire.Client.Probe: payload bytes over the transfer time).
 func (r *Router) ObserveProbe(addr string, bytes int64, transfer time.Duration) {
 	r.Rates.ObserveTransfer(addr, bytes, transfer)
+}
+
+// SelectorAhead is a Router.Ahead over sel: the fetches ahead of a new one
+// at an endpoint are this runner's own in flight there or, when larger,
+// the endpoint's whole load as its health last reported
+// (Selector.ReportLoad, from WatchLoad: waiting + running, which already
+// counts this runner's fetches, so the two are not added).
+func SelectorAhead(sel *kvwire.Selector) func(addr string) int {
+	return func(addr string) int {
+		for _, e := range sel.Status() {
+			if e.Addr == addr {
+				return max(e.InFlight, e.Waiting)
+			}
+		}
+		return 0
+	}
 }

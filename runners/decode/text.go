@@ -33,7 +33,7 @@ func (t *tokText) Render(msgs []openai.ChatMessage, agp, continueFinal bool) (st
 func ChatMessages(msgs []openai.ChatMessage) []chat.Message {
 	cm := make([]chat.Message, len(msgs))
 	for i, m := range msgs {
-		cm[i] = chat.Message{Role: m.Role, Content: m.Content, ToolCallID: m.ToolCallID, Name: m.Name}
+		cm[i] = chat.Message{Role: m.Role, Content: m.Content, Reasoning: m.Reasoning, ToolCallID: m.ToolCallID, Name: m.Name}
 		for _, c := range m.ToolCalls {
 			cm[i].ToolCalls = append(cm[i].ToolCalls, chat.ToolCall{ID: c.ID, Name: c.Function.Name, Arguments: c.Function.Arguments})
 		}
@@ -68,6 +68,22 @@ func renderChatWith(render func([]chat.Message, bool) (string, error), msgs []ch
 	}
 	return out[:i+len(final)], nil
 }
+
+// ReasoningText is a Text whose chat template may read and write
+// reasoning; tokText is one. A Text that is not one takes no reasoning
+// in its history and writes none apart from its answer (harmony's
+// analysis channel aside, which its tool family splits).
+type ReasoningText interface {
+	// HistoryReasoning: the template renders an assistant message's
+	// reasoning_content (Qwen3's, gpt-oss's as "thinking").
+	HistoryReasoning() bool
+	// ThinkTags: the model reasons in <think>…</think> before its answer
+	// (Qwen3's template), returned apart as reasoning_content.
+	ThinkTags() bool
+}
+
+func (t *tokText) HistoryReasoning() bool { return t.tmpl != nil && t.tmpl.HistoryReasoning() }
+func (t *tokText) ThinkTags() bool        { return t.tmpl != nil && t.tmpl.ThinkTags() }
 
 func (t *tokText) Encode(s string) []int32     { return t.tok.Encode(s) }
 func (t *tokText) EncodeChat(s string) []int32 { return t.tok.EncodeChat(s) }

@@ -19,6 +19,7 @@ type scriptModel struct {
 	script []int32
 	eos    int32
 	vocab  int
+	plen   int // prompt tokens (0: 1)
 }
 
 type countCache struct {
@@ -69,8 +70,8 @@ func (m *scriptModel) ForwardBatch(ctx context.Context, cs []engine.KVCache, tok
 	return out, nil
 }
 
-// promptLen: the tests' prompt is one token ("a").
-func (m *scriptModel) promptLen() int { return 1 }
+// promptLen: the tests' prompt is one token ("a") unless plen says.
+func (m *scriptModel) promptLen() int { return max(1, m.plen) }
 
 type textEmitter struct{ strings.Builder }
 

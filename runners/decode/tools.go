@@ -2,8 +2,6 @@ package decode
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -227,6 +225,10 @@ type lazyConstraint struct {
 	buf     []byte
 	decided bool // Llama: the first non-space byte was seen
 	inner   *maskConstraint
+	// think: the model reasons in <think>…</think> first (Qwen3); a
+	// marker inside the reasoning is not a call, so only the answer text
+	// is watched.
+	think *chat.ThinkParser
 }
 
 func (l *lazyConstraint) Mask(logits []float32) error {
@@ -252,7 +254,12 @@ func (l *lazyConstraint) Accept(tok int32) error {
 	if l.v.IsEOS(tok) {
 		return nil
 	}
-	l.buf = append(l.buf, l.bytesOf(tok)...)
+	b := l.bytesOf(tok)
+	if l.think != nil {
+		_, answer := l.think.Feed(string(b))
+		b = []byte(answer)
+	}
+	l.buf = append(l.buf, b...)
 	var rest []byte
 	switch {
 	case l.marker == "":
@@ -493,11 +500,7 @@ func (t *toolEmitter) forward(ev []chat.ToolEvent, lp *openai.TokenLogprob) erro
 	return nil
 }
 
-func newCallID() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
-	return "call_" + hex.EncodeToString(b[:])
-}
+func newCallID() string { return openai.NewID(nil, "call_") }
 
 func toolDefs(tools []openai.Tool) []grammar.Tool {
 	gt := make([]grammar.Tool, len(tools))

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -131,6 +132,14 @@ func start(t *testing.T, name, role string, args ...string) *proc {
 				full = append(full, "--device", "cpu")
 			}
 		}
+	}
+	if role == "decode" && slices.Contains(args, "--prefill") && !slices.Contains(args, "--remote-prefill-route") {
+		// Most tests here test the KV transfer itself (fidelity, failover,
+		// corruption, auth), not the routing: they fix the route by the
+		// floor so that each long prompt goes remote whatever the cost
+		// model would predict on this machine. The route tests pass
+		// --remote-prefill-route explicitly (the runner's default is cost).
+		full = append(full, "--remote-prefill-route", "floor")
 	}
 	full = append(full, args...)
 	p.launch(t, full, p.name, 4000)

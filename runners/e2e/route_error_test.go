@@ -25,7 +25,7 @@ func TestCostRoutePredictionError(t *testing.T) {
 	dir := tinyModel(t, "main")
 	pre := start(t, "prefill", "prefill", "--model", dir, "--prefix-cache-mib", "0")
 	dec := start(t, "decode", "decode", "--model", dir, "--prefill", pre.listen, "--remote-prefill-route", "cost",
-		"--remote-prefill-min-tokens", "64", "--test-local-prefill-delay", "3s")
+		"--remote-prefill-min-tokens", "64", "--test-slow-prefill-tokens-per-sec", "300")
 	deadline := time.Now().Add(20 * time.Second)
 	for !strings.Contains(dec.logs(), "remote prefill calibrated") {
 		if time.Now().After(deadline) {

@@ -183,8 +183,7 @@ func canEnd(f *frame) bool {
 	case kString:
 		return f.st == sStrDone
 	case kNumber:
-		end := f.st == sNumZero || f.st == sNumInt || f.st == sNumFrac || f.st == sNumExp
-		return end && (!n.bounded || n.inRange(intValue(f)))
+		return numComplete(f.st) && (!n.bounded || n.inRange(intValue(f)))
 	case kArray:
 		return f.st == sArrDone
 	case kObject:
@@ -402,68 +401,21 @@ func (s *stepper) ownString(f *frame, b byte) {
 }
 
 func (s *stepper) ownNumber(f *frame, b byte) {
-	if f.cnt >= MaxNumberLen {
+	if f.cnt >= MaxNumberLen || b == '-' && f.st == sNumStart && f.n.nonNegative {
+		return
+	}
+	st, ok := numNext(f.st, b, f.n.integer)
+	if !ok {
 		return
 	}
 	g := *f
 	g.cnt++
-	digit := b >= '0' && b <= '9'
-	switch f.st {
-	case sNumStart:
-		switch {
-		case b == '-' && f.n.nonNegative:
-			return
-		case b == '-':
-			g.st = sNumMinus
-		case b == '0':
-			g.st = sNumZero
-		case digit:
-			g.st = sNumInt
-		default:
-			return
+	g.st = st
+	if st == sNumExp {
+		g.pos = 1 // exponent digits
+		if f.st == sNumExp {
+			g.pos = f.pos + 1
 		}
-	case sNumMinus:
-		switch {
-		case b == '0':
-			g.st = sNumZero
-		case digit:
-			g.st = sNumInt
-		default:
-			return
-		}
-	case sNumZero, sNumInt:
-		switch {
-		case digit && f.st == sNumInt:
-		case b == '.' && !f.n.integer:
-			g.st = sNumDot
-		case (b == 'e' || b == 'E') && !f.n.integer:
-			g.st = sNumE
-		default:
-			return
-		}
-	case sNumDot, sNumFrac:
-		switch {
-		case digit:
-			g.st = sNumFrac
-		case (b == 'e' || b == 'E') && f.st == sNumFrac:
-			g.st = sNumE
-		default:
-			return
-		}
-	case sNumE:
-		switch {
-		case b == '+' || b == '-':
-			g.st = sNumESign
-		case digit:
-			g.st, g.pos = sNumExp, 1
-		default:
-			return
-		}
-	case sNumESign, sNumExp:
-		if !digit {
-			return
-		}
-		g.st, g.pos = sNumExp, f.pos+1
 		if g.pos > MaxExponentDigits {
 			return
 		}
@@ -472,6 +424,37 @@ func (s *stepper) ownNumber(f *frame, b byte) {
 		return
 	}
 	s.push(g)
+}
+
+// numNext is JSON's number automaton (integer: no fraction or exponent):
+// the state after byte b in state st, or false where b cannot follow.
+func numNext(st uint8, b byte, integer bool) (uint8, bool) {
+	digit := b >= '0' && b <= '9'
+	exp := (b == 'e' || b == 'E') && !integer
+	switch {
+	case st == sNumStart && b == '-':
+		return sNumMinus, true
+	case (st == sNumStart || st == sNumMinus) && b == '0':
+		return sNumZero, true
+	case (st == sNumStart || st == sNumMinus || st == sNumInt) && digit:
+		return sNumInt, true
+	case (st == sNumZero || st == sNumInt) && b == '.' && !integer:
+		return sNumDot, true
+	case (st == sNumDot || st == sNumFrac) && digit:
+		return sNumFrac, true
+	case (st == sNumZero || st == sNumInt || st == sNumFrac) && exp:
+		return sNumE, true
+	case st == sNumE && (b == '+' || b == '-'):
+		return sNumESign, true
+	case (st == sNumE || st == sNumESign || st == sNumExp) && digit:
+		return sNumExp, true
+	}
+	return 0, false
+}
+
+// numComplete reports whether a number in state st is a whole number.
+func numComplete(st uint8) bool {
+	return st == sNumZero || st == sNumInt || st == sNumFrac || st == sNumExp
 }
 
 // A bounded integer's frame keeps its sign in u8 (1: negative), its

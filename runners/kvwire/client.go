@@ -16,7 +16,8 @@ import (
 )
 
 // Sink receives a stream on the client. Calls come from the goroutine that
-// called Fetch, in wire order. The k, v and array slices are valid only
+// called Fetch, in wire order (a striped transfer's chunks reassembled:
+// each layer's in position order, layers interleaved). The k, v and array slices are valid only
 // during the call (their buffers are reused). A Sink error aborts the
 // stream. On any failure — the sink's own, the wire's, a mismatch — the
 // client calls Rollback exactly once, possibly without Begin having been
@@ -136,6 +137,14 @@ type Stats struct {
 	// or between two frames (Keepalives included): what a healthy server
 	// makes this client wait at most, the basis of the next idle deadline.
 	MaxGap time.Duration
+	// Streams is the number of connections the transfer used (PROTOCOL.md
+	// §17): 1, or what the server granted of Request.Streams.
+	Streams int
+	// SecondaryChunks counts the chunks that came over the secondaries.
+	SecondaryChunks int
+	// ChunksWaited counts striped chunks that arrived before the previous
+	// chunk of their layer and waited for it (reassembly).
+	ChunksWaited int
 }
 
 // Fetch asks the server at addr for the KV of req and streams it into
@@ -196,17 +205,27 @@ func (c *Client) FetchIdle(ctx context.Context, addr string, idle time.Duration,
 		return st, c.netErr(ctx, fmt.Errorf("write request: %w", err))
 	}
 
-	// Reader goroutine: socket → filled (bounded by ReadAhead buffers).
-	free := make(chan []byte, c.cfg.ReadAhead)
-	for range c.cfg.ReadAhead {
-		free <- nil
-	}
-	filled := make(chan rawFrame, c.cfg.ReadAhead)
+	// One reader goroutine per connection: socket → events, each bounded
+	// by its own ReadAhead buffers. The primary is stream 0; secondaries
+	// (PROTOCOL.md §17) join once the server has granted them.
+	events := make(chan streamEvent, MaxStreams*c.cfg.ReadAhead)
 	quit := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	var connMu sync.Mutex
+	conns := []net.Conn{conn}
+	// joinCtx ends with the fetch: a secondary still connecting gives up.
+	joinCtx, endJoins := context.WithCancel(ctx)
+	defer endJoins()
+	var frees []chan []byte
+	newFree := func() chan []byte {
+		free := make(chan []byte, c.cfg.ReadAhead)
+		for range c.cfg.ReadAhead {
+			free <- nil
+		}
+		frees = append(frees, free)
+		return free
+	}
+	read := func(i int, conn net.Conn, br *bufio.Reader, free chan []byte, hs int64) {
 		for {
 			var buf []byte
 			select {
@@ -217,57 +236,128 @@ func (c *Client) FetchIdle(ctx context.Context, addr string, idle time.Duration,
 			conn.SetReadDeadline(deadline())
 			f := readFrame(br, buf, c.cfg.Limits)
 			select {
-			case filled <- f:
+			case events <- streamEvent{i: i, f: f, hs: hs}:
 			case <-quit:
 				return
 			}
+			hs = 0
 			if f.err != nil {
 				return
 			}
 		}
+	}
+	free0 := newFree()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		read(0, conn, br, free0, 0)
 	}()
+	// join opens secondary i and starts its reader; a failure becomes
+	// that stream's error event.
+	join := func(i int, id JoinID, free chan []byte) {
+		defer wg.Done()
+		var hst Stats
+		sc, sbr, err := c.connect(joinCtx, addr, &hst)
+		if err == nil {
+			connMu.Lock()
+			select {
+			case <-quit:
+				err = errors.New("fetch ended")
+				sc.Close()
+			default:
+				conns = append(conns, sc)
+			}
+			connMu.Unlock()
+		}
+		if err == nil {
+			sc.SetWriteDeadline(deadline())
+			if _, werr := sc.Write(encodeJoin(i, &id)); werr != nil {
+				err = c.netErr(ctx, fmt.Errorf("write join: %w", werr))
+			}
+		}
+		if err != nil {
+			select {
+			case events <- streamEvent{i: i, f: rawFrame{err: err}}:
+			case <-quit:
+			}
+			return
+		}
+		read(i, sc, sbr, free, hst.WireBytes)
+	}
 	defer func() {
+		connMu.Lock()
 		close(quit)
-		conn.Close()
+		for _, c := range conns {
+			c.Close()
+		}
+		connMu.Unlock()
+		endJoins()
 		wg.Wait()
 	}()
 
 	rs := &recvState{req: req, exp: exp, sink: sink, lim: c.cfg.Limits, st: &st, start: start}
+	m := newReassembler(rs, req.Streams)
+	st.Streams = 1
+	free := func(i int, buf []byte) { frees[i] <- buf }
 	last := time.Now()
 	lastKV := last
 	for {
 		w0 := time.Now()
-		var f rawFrame
+		var ev streamEvent
 		select {
-		case f = <-filled:
+		case ev = <-events:
 		case <-ctx.Done():
-			// The reader may have re-armed its deadline after the
-			// AfterFunc; closing the connection (deferred) stops it.
+			// A reader may have re-armed its deadline after the
+			// AfterFunc; closing the connections (deferred) stops it.
 			return st, c.netErr(ctx, context.Cause(ctx))
 		}
 		now := time.Now()
 		st.WireWait += now.Sub(w0)
-		if f.err == nil {
-			st.MaxGap = max(st.MaxGap, now.Sub(last))
-			last = now
-		}
+		st.WireBytes += ev.hs
+		f := ev.f
 		if f.err != nil {
+			if m.closedOK(ev.i) {
+				continue // the connection's end after its Done
+			}
 			if f.err == io.EOF {
 				f.err = fmt.Errorf("%w: server closed the connection before done", ErrClosed)
 			}
+			if ev.i > 0 {
+				f.err = fmt.Errorf("stream %d of %d: %w", ev.i, m.streams(), f.err)
+			}
 			return st, c.netErr(ctx, f.err)
 		}
+		st.MaxGap = max(st.MaxGap, now.Sub(last))
+		last = now
 		if f.typ != frameKeepalive || rs.h == nil {
 			lastKV = now
 		} else if now.Sub(lastKV) > c.cfg.ProgressTimeout {
 			return st, fmt.Errorf("%w: no KV for %v after the header, only keepalives (the server's compute is stuck)", ErrTimeout, now.Sub(lastKV).Round(time.Millisecond))
 		}
-		done, err := rs.handle(&f)
-		if err != nil || done {
-			return st, err
+		m.push(ev.i, f)
+		for {
+			granted, done, err := m.step(free)
+			if err != nil || done {
+				return st, err
+			}
+			if granted < 2 {
+				break
+			}
+			st.Streams = granted
+			for i := 1; i < granted; i++ {
+				wg.Add(1)
+				go join(i, m.joinID, newFree())
+			}
 		}
-		free <- f.buf
 	}
+}
+
+// streamEvent is a frame (or a transport error) read from stream i; hs
+// counts the secondary's handshake bytes with its first event.
+type streamEvent struct {
+	i  int
+	f  rawFrame
+	hs int64
 }
 
 // recvState is the client's side of one stream after the request: it

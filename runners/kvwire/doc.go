@@ -2,8 +2,9 @@
 // and a decode runner (client), specified in docs/PROTOCOL.md: the versioned
 // handshake, challenge-response authentication, the request, the
 // self-describing header, CRC32C-checked chunk, state, done and error frames,
-// admission, flow control, cancellation and timeouts, and the choice of and
-// failover between prefill endpoints.
+// admission, flow control, cancellation and timeouts, striping one
+// transfer over several authenticated connections (stripe.go), and the
+// choice of and failover between prefill endpoints.
 //
 // It is model-independent: it must not import runners/engine or any model
 // code. A KV fingerprint is an opaque [32]byte and the wire dtypes are this

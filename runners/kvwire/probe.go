@@ -76,10 +76,16 @@ func (r ProbeResult) Goodput() float64 {
 // token it is a cheap check that the server answers and that both sides
 // hold the same secret (errors wrap ErrAuth when they do not).
 func (c *Client) Probe(ctx context.Context, addr string, tokens int) (ProbeResult, error) {
+	return c.ProbeStreams(ctx, addr, tokens, 1)
+}
+
+// ProbeStreams is Probe striped over streams connections (PROTOCOL.md
+// §17), the way transfers with that many streams go.
+func (c *Client) ProbeStreams(ctx context.Context, addr string, tokens, streams int) (ProbeResult, error) {
 	if tokens < 1 || tokens > ProbeMaxTokens {
 		return ProbeResult{}, fmt.Errorf("kvwire: probe of %d tokens (1 to %d)", tokens, ProbeMaxTokens)
 	}
-	req := &Request{ID: "probe", Model: ProbeModel, Tokens: make([]int32, tokens)}
+	req := &Request{ID: "probe", Model: ProbeModel, Tokens: make([]int32, tokens), Streams: streams}
 	st, err := c.Fetch(ctx, addr, req, nil, discard{})
 	return ProbeResult{Stats: st, Transfer: st.Duration - st.FirstHeader}, err
 }

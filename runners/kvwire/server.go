@@ -50,7 +50,10 @@ type ServerConfig struct {
 	MaxQueue int
 	// SendQueue frames may wait between producer and socket (default 4).
 	SendQueue int
-	Limits    Limits
+	// MaxStreams bounds the connections one transfer may stripe its
+	// chunks over (PROTOCOL.md §17; default and most: 16).
+	MaxStreams int
+	Limits     Limits
 	// HandshakeTimeout bounds Hello + auth + Request (default 10 s).
 	HandshakeTimeout time.Duration
 	// IdleTimeout bounds one frame write (default 30 s).
@@ -67,10 +70,11 @@ type ServerConfig struct {
 
 // Server serves KV streams. Create it with NewServer.
 type Server struct {
-	cfg ServerConfig
-	log *slog.Logger
-	adm *admission
-	wg  sync.WaitGroup
+	cfg   ServerConfig
+	log   *slog.Logger
+	adm   *admission
+	joins joinRegistry
+	wg    sync.WaitGroup
 }
 
 // NewServer checks cfg and fills in defaults.
@@ -89,6 +93,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	}
 	if cfg.SendQueue <= 0 {
 		cfg.SendQueue = 4
+	}
+	if cfg.MaxStreams <= 0 || cfg.MaxStreams > MaxStreams {
+		cfg.MaxStreams = MaxStreams
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
 	if cfg.HandshakeTimeout <= 0 {
@@ -192,7 +199,11 @@ func (s *Server) handle(ctx context.Context, conn net.Conn) {
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	log := s.log.With("remote", conn.RemoteAddr().String())
-	req, br, err := s.handshake(conn)
+	req, jf, br, err := s.handshake(conn)
+	if err == nil && jf != nil {
+		s.serveJoin(conn, br, jf, log)
+		return
+	}
 	if errors.Is(err, errProbe) {
 		log.Debug("kvwire: pinged")
 		return
@@ -206,15 +217,16 @@ func (s *Server) handle(ctx context.Context, conn net.Conn) {
 	s.stream(ctx, conn, br, req, log)
 }
 
-// handshake exchanges Hellos, authenticates and reads the Request. On a
-// refusal it has already written the Error frame.
-func (s *Server) handshake(conn net.Conn) (*Request, *bufio.Reader, error) {
+// handshake exchanges Hellos, authenticates and reads the Request, or a
+// secondary's Join (returned as its payload). On a refusal it has already
+// written the Error frame.
+func (s *Server) handshake(conn net.Conn) (*Request, []byte, *bufio.Reader, error) {
 	conn.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
 	defer conn.SetDeadline(time.Time{})
 	br := bufio.NewReaderSize(conn, 16<<10)
 	var ch [helloSize]byte
 	if _, err := io.ReadFull(br, ch[:]); err != nil {
-		return nil, nil, fmt.Errorf("read hello: %w", err)
+		return nil, nil, nil, fmt.Errorf("read hello: %w", err)
 	}
 	var nonce [32]byte
 	rand.Read(nonce[:])
@@ -225,54 +237,88 @@ func (s *Server) handshake(conn net.Conn) (*Request, *bufio.Reader, error) {
 	var sh [helloSize]byte
 	putHello(sh[:], Version, flags, &nonce)
 	if _, err := conn.Write(sh[:]); err != nil {
-		return nil, nil, fmt.Errorf("write hello: %w", err)
+		return nil, nil, nil, fmt.Errorf("write hello: %w", err)
 	}
 	_, cflags, cnonce, err := parseHello(ch[:])
 	if err != nil {
 		conn.Write(encodeError(codeVersion, err.Error()))
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if len(s.cfg.Secret) > 0 {
 		if cflags&flagHasSecret == 0 {
 			conn.Write(encodeError(codeAuth, "this server requires a secret and the client has none"))
-			return nil, nil, fmt.Errorf("%w: client has no secret", ErrAuth)
+			return nil, nil, nil, fmt.Errorf("%w: client has no secret", ErrAuth)
 		}
 		f := readFrame(br, nil, s.cfg.Limits)
 		if f.err == nil {
 			f.err = f.check()
 		}
 		if f.err != nil {
-			return nil, nil, fmt.Errorf("read auth proof: %w", f.err)
+			return nil, nil, nil, fmt.Errorf("read auth proof: %w", f.err)
 		}
 		want := authMAC(s.cfg.Secret, "client", &nonce, &cnonce)
 		if f.typ != frameAuthProof || !hmac.Equal(f.payload, want) {
 			conn.Write(encodeError(codeAuth, "authentication failed"))
-			return nil, nil, fmt.Errorf("%w: wrong proof", ErrAuth)
+			return nil, nil, nil, fmt.Errorf("%w: wrong proof", ErrAuth)
 		}
 		if _, err := conn.Write(smallFrame(frameAuthOK, authMAC(s.cfg.Secret, "server", &nonce, &cnonce))); err != nil {
-			return nil, nil, fmt.Errorf("write auth ok: %w", err)
+			return nil, nil, nil, fmt.Errorf("write auth ok: %w", err)
 		}
 	}
 	f := readFrame(br, nil, s.cfg.Limits)
 	if f.err == io.EOF { // a client's Ping: Hellos only, then a clean close
-		return nil, nil, errProbe
+		return nil, nil, nil, errProbe
 	}
 	if f.err == nil {
 		f.err = f.check()
+	}
+	if f.err == nil && f.typ == frameJoin {
+		return nil, f.payload, br, nil
 	}
 	if f.err == nil && f.typ != frameRequest {
 		f.err = corruptf("frame type %d where a request belongs", f.typ)
 	}
 	if f.err != nil {
 		conn.Write(encodeError(codeBadRequest, f.err.Error()))
-		return nil, nil, fmt.Errorf("read request: %w", f.err)
+		return nil, nil, nil, fmt.Errorf("read request: %w", f.err)
 	}
 	req, err := parseRequest(f.payload, s.cfg.Limits)
 	if err != nil {
 		conn.Write(encodeError(codeBadRequest, err.Error()))
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return req, br, nil
+	return req, nil, br, nil
+}
+
+// serveJoin attaches a secondary connection to its transfer (PROTOCOL.md
+// §17) and runs its writer until the transfer ends it.
+func (s *Server) serveJoin(conn net.Conn, br *bufio.Reader, payload []byte, log *slog.Logger) {
+	index, id, err := parseJoin(payload)
+	var tr *transfer
+	var w *writer
+	if err == nil {
+		tr, w, err = s.joins.join(id, index, conn, func(t *transfer) *writer {
+			limitUnsent(conn, unsentLimit)
+			return newWriter(conn, 1, s.cfg.IdleTimeout, s.cfg.KeepaliveEvery, t.bulk, t.gate)
+		})
+	}
+	if err != nil {
+		log.Info("kvwire: join refused", "err", err)
+		conn.SetWriteDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+		conn.Write(encodeError(errorCode(err), err.Error()))
+		lingerClose(conn)
+		return
+	}
+	log.Debug("kvwire: stream joined", "index", index)
+	// As on the primary: any read result means the client went away.
+	go func() {
+		var b [1]byte
+		br.Read(b[:])
+		tr.cancel(errClientGone)
+	}()
+	if err := w.run(); err != nil {
+		tr.cancel(fmt.Errorf("%w: write stream %d: %w", ErrClosed, index, err))
+	}
 }
 
 // lingerClose half-closes conn and discards what the client still sends
@@ -320,7 +366,32 @@ func (s *Server) stream(parent context.Context, conn net.Conn, br *bufio.Reader,
 		cancel(errClientGone)
 	}()
 
-	w := newWriter(conn, s.cfg.SendQueue, s.cfg.IdleTimeout, s.cfg.KeepaliveEvery)
+	// A striped transfer (PROTOCOL.md §17): the Streams frame goes first,
+	// before admission, so the secondaries join while the request waits.
+	var tr *transfer
+	var bulk chan *outFrame
+	n := 1
+	if req.Streams >= 2 {
+		n = min(req.Streams, s.cfg.MaxStreams)
+	}
+	var streamsFrame []byte
+	if n >= 2 {
+		tr = s.joins.open(ctx, cancel, n, s.cfg.SendQueue, remoteAddr(conn), time.Now().Add(s.cfg.HandshakeTimeout))
+		defer s.joins.forget(tr)
+		bulk = tr.bulk
+		streamsFrame = encodeStreams(n, &tr.id)
+	} else if req.Streams >= 2 {
+		streamsFrame = encodeStreams(1, &JoinID{})
+	}
+	var gate chan struct{}
+	if tr != nil {
+		gate = tr.gate
+		limitUnsent(conn, unsentLimit)
+	}
+	w := newWriter(conn, s.cfg.SendQueue, s.cfg.IdleTimeout, s.cfg.KeepaliveEvery, bulk, gate)
+	if streamsFrame != nil {
+		w.q <- &outFrame{bufs: [][]byte{streamsFrame}} // the queue is empty: never blocks
+	}
 	wdone := make(chan struct{})
 	go func() {
 		defer close(wdone)
@@ -328,38 +399,67 @@ func (s *Server) stream(parent context.Context, conn net.Conn, br *bufio.Reader,
 			cancel(fmt.Errorf("%w: write: %w", ErrClosed, err))
 		}
 	}()
-	finish := func(last []byte) {
-		if last != nil {
-			w.send(context.Background(), &outFrame{bufs: [][]byte{last}})
+	// finish ends the stream with last (Done when ok, else an Error or
+	// nothing) on every connection: after a success it waits for the
+	// secondaries still to join, since each must end with its Done.
+	finish := func(last []byte, ok bool) {
+		if tr != nil {
+			if ok {
+				if j := tr.waitJoined(); j < n-1 {
+					log.Warn("kvwire: secondary streams did not join", "joined", j, "want", n-1)
+					last = encodeError(codeInternal, fmt.Sprintf("%d of %d secondary streams joined", j, n-1))
+				}
+			}
+			sec := tr.end()
+			s.joins.forget(tr)
+			tr.openGate()
+			close(bulk)
+			for _, sw := range sec {
+				sw.closeWith(last)
+			}
+			w.closeWith(last)
+			<-wdone
+			for _, sw := range sec {
+				<-sw.dead
+			}
+			return
 		}
-		w.close()
+		w.closeWith(last)
 		<-wdone
+	}
+	// gone closes every connection of the stream: the client is gone or
+	// the server is stopping, and a stalled write must not hold us.
+	gone := func() {
+		conn.Close()
+		if tr != nil {
+			tr.closeConns()
+		}
 	}
 
 	start := time.Now()
 	if req.Model == ProbeModel {
 		// A link probe: answered here, not queued behind prefills.
-		s.serveProbe(ctx, conn, req, w, finish, log)
+		s.serveProbe(ctx, req, w, bulk, finish, gone, log)
 		return
 	}
 	if err := s.adm.acquire(ctx); err != nil {
 		if errors.Is(err, ErrBusy) {
 			log.Info("kvwire: busy", "err", err)
-			finish(encodeError(codeBusy, err.Error()))
+			finish(encodeError(codeBusy, err.Error()), false)
 			return
 		}
 		cause := context.Cause(ctx)
 		log.Info("kvwire: gave up waiting for admission", "err", cause)
 		if errors.Is(cause, ErrClosed) || errors.Is(cause, context.Canceled) {
-			conn.Close()
+			gone()
 		}
-		finish(s.causeFrame(cause))
+		finish(s.causeFrame(cause), false)
 		return
 	}
 	defer s.adm.release()
 	log.Debug("kvwire: admitted", "waited", time.Since(start))
 
-	e := &Emitter{ctx: ctx, w: w, lim: s.cfg.Limits}
+	e := &Emitter{ctx: ctx, w: w, bulk: bulk, lim: s.cfg.Limits}
 	err := s.produce(ctx, req, e)
 	switch {
 	case err == nil && e.t == nil:
@@ -370,8 +470,8 @@ func (s *Server) stream(parent context.Context, conn net.Conn, br *bufio.Reader,
 		}
 	}
 	if err == nil {
-		finish(encodeDone(e.t.totals))
-		log.Info("kvwire: sent", "chunks", e.t.totals.Chunks, "bytes", e.t.totals.PayloadBytes, "duration", time.Since(start))
+		finish(encodeDone(e.t.totals), true)
+		log.Info("kvwire: sent", "chunks", e.t.totals.Chunks, "bytes", e.t.totals.PayloadBytes, "streams", n, "duration", time.Since(start))
 		return
 	}
 	if ctx.Err() != nil {
@@ -380,19 +480,19 @@ func (s *Server) stream(parent context.Context, conn net.Conn, br *bufio.Reader,
 		if errors.Is(err, ErrClosed) || errors.Is(err, context.Canceled) {
 			// The peer is gone or the server is stopping: nothing more
 			// will be said, and a stalled write must not hold us.
-			conn.Close()
+			gone()
 		}
-		finish(s.causeFrame(err))
+		finish(s.causeFrame(err), false)
 		return
 	}
 	log.Warn("kvwire: producer failed", "err", err)
-	finish(encodeError(errorCode(err), err.Error()))
+	finish(encodeError(errorCode(err), err.Error()), false)
 }
 
 // serveProbe streams a link probe (probe.go) and ends the stream like a
 // produced request.
-func (s *Server) serveProbe(ctx context.Context, conn net.Conn, req *Request, w *writer, finish func([]byte), log *slog.Logger) {
-	e := &Emitter{ctx: ctx, w: w, lim: s.cfg.Limits}
+func (s *Server) serveProbe(ctx context.Context, req *Request, w *writer, bulk chan *outFrame, finish func([]byte, bool), gone func(), log *slog.Logger) {
+	e := &Emitter{ctx: ctx, w: w, bulk: bulk, lim: s.cfg.Limits}
 	err := produceProbe(req, e)
 	if err == nil {
 		if cerr := e.t.complete(); cerr != nil {
@@ -401,17 +501,17 @@ func (s *Server) serveProbe(ctx context.Context, conn net.Conn, req *Request, w 
 	}
 	switch {
 	case err == nil:
-		finish(encodeDone(e.t.totals))
+		finish(encodeDone(e.t.totals), true)
 		log.Info("kvwire: probe sent", "bytes", e.t.totals.PayloadBytes)
 	case ctx.Err() != nil:
 		cause := context.Cause(ctx)
 		if errors.Is(cause, ErrClosed) || errors.Is(cause, context.Canceled) {
-			conn.Close()
+			gone()
 		}
-		finish(s.causeFrame(cause))
+		finish(s.causeFrame(cause), false)
 	default:
 		log.Info("kvwire: probe refused", "err", err)
-		finish(encodeError(errorCode(err), err.Error()))
+		finish(encodeError(errorCode(err), err.Error()), false)
 	}
 }
 
@@ -443,6 +543,7 @@ func (s *Server) produce(ctx context.Context, req *Request, e *Emitter) (err err
 type Emitter struct {
 	ctx     context.Context
 	w       *writer
+	bulk    chan *outFrame // a striped transfer's shared chunk queue (nil: w's)
 	lim     Limits
 	h       *Header
 	t       *tracker
@@ -478,7 +579,18 @@ func (e *Emitter) Chunk(layer, tokenStart, tokenCount int, k, v []byte) error {
 	hdr := make([]byte, frameHeaderSize+chunkPrefixSize)
 	putChunkPrefix(hdr, layer, tokenStart, tokenCount, k, v)
 	e.emitted++
-	return e.w.send(e.ctx, &outFrame{bufs: [][]byte{hdr, k, v}})
+	f := &outFrame{bufs: [][]byte{hdr, k, v}}
+	if e.bulk == nil {
+		return e.w.send(e.ctx, f)
+	}
+	// Any of the transfer's writers takes it; each one's failure cancels
+	// ctx, so this cannot wait forever.
+	select {
+	case e.bulk <- f:
+		return nil
+	case <-e.ctx.Done():
+		return context.Cause(e.ctx)
+	}
 }
 
 // State sends the state arrays of a recurrent layer after positions
@@ -524,18 +636,23 @@ type outFrame struct {
 	bufs [][]byte
 }
 
-// writer owns the socket's write side: it drains a bounded queue of frames
-// with vectored writes and sends Keepalives when the queue stays empty.
+// writer owns a socket's write side: it drains its own bounded queue and,
+// in a striped transfer (stripe.go), the transfer's shared chunk queue,
+// with vectored writes; it sends Keepalives when both stay empty, and its
+// last frame (Done or Error) once both are closed and drained.
 type writer struct {
 	conn net.Conn
 	q    chan *outFrame
-	dead chan struct{} // closed when run returns
+	bulk chan *outFrame // shared by the transfer's writers; nil: not striped
+	gate chan struct{}  // bulk is taken from once this is closed (nil: at once)
+	last []byte         // set before q is closed
+	dead chan struct{}  // closed when run returns
 	idle time.Duration
 	keep time.Duration // Keepalive after this long without frames
 }
 
-func newWriter(conn net.Conn, depth int, idle, keep time.Duration) *writer {
-	return &writer{conn: conn, q: make(chan *outFrame, depth), dead: make(chan struct{}), idle: idle, keep: keep}
+func newWriter(conn net.Conn, depth int, idle, keep time.Duration, bulk chan *outFrame, gate chan struct{}) *writer {
+	return &writer{conn: conn, q: make(chan *outFrame, depth), bulk: bulk, gate: gate, dead: make(chan struct{}), idle: idle, keep: keep}
 }
 
 // send queues f, blocking while the queue is full.
@@ -550,8 +667,12 @@ func (w *writer) send(ctx context.Context, f *outFrame) error {
 	}
 }
 
-// close tells run to return after writing what is queued.
-func (w *writer) close() { close(w.q) }
+// closeWith tells run to write last (when not nil) after what is queued,
+// then return. The shared queue, if any, must be closed too.
+func (w *writer) closeWith(last []byte) {
+	w.last = last
+	close(w.q)
+}
 
 func (w *writer) run() error {
 	defer close(w.dead)
@@ -559,41 +680,103 @@ func (w *writer) run() error {
 	defer keep.Stop()
 	keepalive := smallFrame(frameKeepalive, nil)
 	var batch net.Buffers
-	q := w.q
-	for {
-		var f *outFrame
-		var ok bool
-		select {
-		case f, ok = <-q:
-			if !ok {
-				return nil
-			}
-		case <-keep.C:
-			f = &outFrame{bufs: [][]byte{keepalive}}
-		}
-		batch = append(batch[:0], f.bufs...)
-		// Coalesce whatever else is already queued into the same writev.
-	drain:
-		for len(batch) < 64 {
+	q, bulk, gate := w.q, w.bulk, w.gate
+	if gate != nil {
+		bulk = nil // until the gate opens
+	}
+	open := func() bool { // the gate, without blocking
+		if gate != nil {
 			select {
-			case g, ok := <-q:
-				if !ok {
-					q = nil // closed: write this batch, then return
-					break drain
-				}
-				batch = append(batch, g.bufs...)
+			case <-gate:
+				gate, bulk = nil, w.bulk
 			default:
-				break drain
 			}
 		}
-		w.conn.SetWriteDeadline(time.Now().Add(w.idle))
-		b := batch
-		_, err := b.WriteTo(w.conn)
-		clear(batch)
-		if err != nil {
-			return err
+		return gate == nil
+	}
+	// take returns a queued frame, preferring q (the header and states
+	// precede chunks), without blocking; ok is false when none is ready.
+	take := func() (f *outFrame, ok bool) {
+		for q != nil {
+			select {
+			case f, open := <-q:
+				if open {
+					return f, true
+				}
+				q = nil
+				continue
+			default:
+			}
+			break
 		}
-		if q == nil {
+		for bulk != nil {
+			select {
+			case f, open := <-bulk:
+				if open {
+					return f, true
+				}
+				bulk = nil
+				continue
+			default:
+			}
+			break
+		}
+		return nil, false
+	}
+	for {
+		open()
+		f, ok := take()
+		for !ok && (q != nil || bulk != nil || gate != nil) {
+			select {
+			case <-gate:
+				gate, bulk = nil, w.bulk
+				f, ok = take()
+				continue
+			case g, open := <-q:
+				if !open {
+					q = nil
+				} else {
+					f, ok = g, true
+				}
+			case g, open := <-bulk:
+				if !open {
+					bulk = nil
+				} else {
+					f, ok = g, true
+				}
+			case <-keep.C:
+				f, ok = &outFrame{bufs: [][]byte{keepalive}}, true
+			}
+		}
+		ending := !ok // both queues closed and drained, the gate open
+		batch = batch[:0]
+		if ok {
+			batch = append(batch, f.bufs...)
+		}
+		// Coalesce whatever else is already queued into the same writev.
+		for ok && len(batch) < 64 {
+			var g *outFrame
+			if g, ok = take(); ok {
+				batch = append(batch, g.bufs...)
+			}
+		}
+		// open() first: it may hand this writer the shared queue to drain.
+		if open() && q == nil && bulk == nil && len(batch) < 64 {
+			ending = true
+			if w.last != nil {
+				batch = append(batch, w.last)
+			}
+		}
+		if len(batch) > 0 {
+			w.conn.SetWriteDeadline(time.Now().Add(w.idle))
+			b := batch
+			_, err := b.WriteTo(w.conn)
+			clear(batch)
+			if err != nil {
+				return err
+			}
+		}
+		if ending {
 			return nil
 		}
 		keep.Reset(w.keep)

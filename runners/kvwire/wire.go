@@ -12,7 +12,7 @@ import (
 )
 
 // Version is the protocol version this package speaks (PROTOCOL.md §14).
-const Version uint16 = 3
+const Version uint16 = 4
 
 // Sizes of the fixed parts of the wire (PROTOCOL.md §2, §4, §8).
 const (
@@ -52,6 +52,8 @@ const (
 	frameDone      uint8 = 7
 	frameError     uint8 = 8
 	frameKeepalive uint8 = 9
+	frameStreams   uint8 = 10 // version 4: stripe.go
+	frameJoin      uint8 = 11 // version 4: stripe.go
 )
 
 // Hello flags.
@@ -173,6 +175,8 @@ func (l Limits) maxPayload(typ uint8) int {
 		return 4 + maxReasonLen
 	case frameKeepalive:
 		return 0
+	case frameStreams, frameJoin:
+		return streamsSize
 	}
 	return -1
 }
@@ -194,6 +198,10 @@ type Request struct {
 	// Deadline is how long the client allows (0: the server's default);
 	// sent in milliseconds.
 	Deadline time.Duration
+	// Streams is how many connections the client asks to stripe the
+	// chunks over (0 or 1: this one only; at most MaxStreams; PROTOCOL.md
+	// §17).
+	Streams int
 }
 
 // Header describes the KV a stream carries (PROTOCOL.md §6).
@@ -330,6 +338,8 @@ type rawFrame struct {
 	payload []byte // aliases buf
 	buf     []byte // the (possibly grown) buffer to hand back for reuse
 	err     error
+	checked bool // the CRC has been verified
+	waited  bool // a striped chunk that arrived before its layer's previous one
 }
 
 // readFrame reads one frame into buf, growing it only up to the limit the
@@ -362,9 +372,13 @@ func readFrame(r io.Reader, buf []byte, lim Limits) rawFrame {
 
 // check verifies the frame's CRC32C.
 func (f *rawFrame) check() error {
+	if f.checked {
+		return nil
+	}
 	if got := frameCRC(f.hdr[:], f.payload); got != f.crc {
 		return corruptf("frame type %d (%d bytes): crc32c %08x, header says %08x", f.typ, len(f.payload), got, f.crc)
 	}
+	f.checked = true
 	return nil
 }
 
@@ -380,6 +394,9 @@ func encodeRequest(req *Request) ([]byte, error) {
 	if req.DType != 0 && req.DType.Size() == 0 {
 		return nil, fmt.Errorf("%w: dtype %v", ErrBadRequest, req.DType)
 	}
+	if req.Streams < 0 || req.Streams > MaxStreams {
+		return nil, fmt.Errorf("%w: %d streams (0..%d)", ErrBadRequest, req.Streams, MaxStreams)
+	}
 	ms := req.Deadline.Milliseconds()
 	if ms < 0 || ms > 1<<32-1 {
 		return nil, fmt.Errorf("%w: deadline %v", ErrBadRequest, req.Deadline)
@@ -391,6 +408,7 @@ func encodeRequest(req *Request) ([]byte, error) {
 	b := make([]byte, frameHeaderSize+n)
 	p := b[frameHeaderSize:]
 	p[0] = byte(req.DType)
+	p[1] = byte(req.Streams)
 	le.PutUint32(p[4:8], uint32(req.StartPos))
 	le.PutUint32(p[8:12], uint32(ms))
 	copy(p[12:44], req.Fingerprint[:])
@@ -422,7 +440,10 @@ func parseRequest(p []byte, lim Limits) (*Request, error) {
 	if dt != 0 && dt.Size() == 0 {
 		return nil, bad("unknown dtype %d", p[0])
 	}
-	if p[1] != 0 || p[2] != 0 || p[3] != 0 {
+	if p[1] > MaxStreams {
+		return nil, bad("%d streams (at most %d)", p[1], MaxStreams)
+	}
+	if p[2] != 0 || p[3] != 0 {
 		return nil, bad("non-zero reserved bytes")
 	}
 	start := le.Uint32(p[4:8])
@@ -444,6 +465,7 @@ func parseRequest(p []byte, lim Limits) (*Request, error) {
 	}
 	req := &Request{
 		StartPos: int(start),
+		Streams:  int(p[1]),
 		DType:    dt,
 		Deadline: time.Duration(ms) * time.Millisecond,
 	}
@@ -709,6 +731,7 @@ func (r *Request) LogValue() slog.Value {
 		slog.Int("start_pos", r.StartPos),
 		slog.String("dtype", r.DType.String()),
 		slog.Duration("deadline", r.Deadline),
+		slog.Int("streams", max(r.Streams, 1)),
 	)
 }
 

@@ -54,6 +54,9 @@ type Runner struct {
 	PrefillEndpointState *prometheus.GaugeVec // endpoint
 	// PrefillEndpointTrips counts closed → open transitions.
 	PrefillEndpointTrips *prometheus.CounterVec // endpoint
+	// PrefillEndpointLoad is each prefill runner's load (waiting +
+	// running) as its /health last said (decode, with --prefill-health).
+	PrefillEndpointLoad *prometheus.GaugeVec // endpoint
 	// RouteDecisions counts the P/D cost model's decisions (decode only).
 	RouteDecisions *prometheus.CounterVec // route, reason
 	// RouteError is (actual - predicted) / predicted fill time of the
@@ -108,6 +111,8 @@ func New(role string) *Runner {
 		Help: "Circuit breaker of each prefill endpoint: 1 open (skipped after a timeout or connection failure), 0 closed."}, []string{"endpoint"})
 	m.PrefillEndpointTrips = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exo_prefill_endpoint_trips_total",
 		Help: "Times a prefill endpoint's circuit breaker opened."}, []string{"endpoint"})
+	m.PrefillEndpointLoad = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "exo_prefill_endpoint_load",
+		Help: "Requests waiting or running at each prefill runner, as its /health last reported (0: unknown)."}, []string{"endpoint"})
 	m.RouteDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exo_remote_prefill_decisions_total",
 		Help: "Cost-model route decisions for prompt prefill, by route (local, remote) and reason."}, []string{"route", "reason"})
 	m.RouteError = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "exo_route_prediction_error_ratio",
@@ -121,6 +126,7 @@ func New(role string) *Runner {
 		f(m.DecodeBatch)
 		f(m.PrefillEndpointState)
 		f(m.PrefillEndpointTrips)
+		f(m.PrefillEndpointLoad)
 		f(m.RouteDecisions)
 		f(m.RouteError)
 	}

@@ -38,6 +38,7 @@ func TestNoSilentIgnores(t *testing.T) {
 		{"wrong type names the field", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":7,"content":"hi"}]}`, "messages.role"},
 		{"tool message without id", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"tool","content":"42"}]}`, "messages[0].tool_call_id"},
 		{"tool_calls on a user message", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"x","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]}]}`, "messages[0].tool_calls"},
+		{"reasoning_content on a user message", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"x","reasoning_content":"r"}]}`, "messages[0].reasoning_content"},
 		{"null content without tool_calls", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"assistant","content":null}]}`, "messages[0].content"},
 		{"continue a user message", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"continue_final_message":true}`, "continue_final_message"},
 		{"continue and new turn", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"assistant","content":"a"}],"continue_final_message":true,"add_generation_prompt":true}`, "continue_final_message"},
@@ -149,6 +150,23 @@ func TestPrefillDecision(t *testing.T) {
 		if g.AddGenerationPrompt != c.wantAGP || g.ContinueFinal != c.wantCont {
 			t.Fatalf("%s: agp %v cont %v", c.name, g.AddGenerationPrompt, g.ContinueFinal)
 		}
+	}
+}
+
+// TestReasoningContentReachesTheGenerator: an assistant message's
+// reasoning_content (as this server returned it) is passed on, for the
+// generator to render or refuse by the model's template.
+func TestReasoningContentReachesTheGenerator(t *testing.T) {
+	gen := &scriptGen{pieces: []string{"ok"}, finish: "stop"}
+	srv, _ := newTestServer(t, gen)
+	resp, body := post(t, srv.URL+"/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"q"},`+
+		`{"role":"assistant","content":null,"reasoning_content":"Need f.","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},`+
+		`{"role":"tool","tool_call_id":"c","content":"1"}]}`)
+	if resp.StatusCode != 200 || gen.got == nil {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if m := gen.got.Messages[1]; m.Reasoning != "Need f." || m.Content != "" || len(m.ToolCalls) != 1 || gen.got.Messages[0].Reasoning != "" {
+		t.Fatalf("%+v", gen.got.Messages)
 	}
 }
 

@@ -2,8 +2,6 @@ package openai
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -136,21 +134,9 @@ func (h *Handler) now() time.Time {
 	return time.Now()
 }
 
-func (h *Handler) id(prefix string) string {
-	if h.NewID != nil {
-		return h.NewID(prefix)
-	}
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	return prefix + hex.EncodeToString(b[:])
-}
+func (h *Handler) id(prefix string) string { return NewID(h.NewID, prefix) }
 
-func (h *Handler) log() *slog.Logger {
-	if h.Logger != nil {
-		return h.Logger
-	}
-	return slog.Default()
-}
+func (h *Handler) log() *slog.Logger { return LoggerOr(h.Logger) }
 
 func (h *Handler) result(model string, code int) {
 	if h.OnResult != nil {

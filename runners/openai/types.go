@@ -56,6 +56,10 @@ type Message struct {
 	Name       string     `json:"name,omitempty"`
 	ToolCalls  []ToolCall `json:"tool_calls,omitempty"`
 	ToolCallID string     `json:"tool_call_id,omitempty"`
+	// ReasoningContent is an assistant turn's reasoning as this server
+	// (and vLLM, llama.cpp) returned it; rendered where the model's chat
+	// template reads it, else refused by the generator.
+	ReasoningContent *string `json:"reasoning_content,omitempty"`
 }
 
 // ToolCall is one function call an assistant made (OpenAI's shape:

@@ -16,9 +16,12 @@ import (
 
 // ChatMessage is a validated chat message. Content is "" for an assistant
 // message that only calls tools; ToolCalls keep OpenAI's shape (arguments
-// as JSON text); ToolCallID is set on "tool" messages.
+// as JSON text); ToolCallID is set on "tool" messages; Reasoning is an
+// assistant message's reasoning_content (the generator renders it when the
+// chat template reads reasoning, else refuses it by name).
 type ChatMessage struct {
 	Role, Content string
+	Reasoning     string
 	Name          string
 	ToolCalls     []ToolCall
 	ToolCallID    string
@@ -144,7 +147,7 @@ type Shape map[string]Shape
 var (
 	toolCallShape = Shape{"id": nil, "type": nil, "function": Shape{"name": nil, "arguments": nil}}
 	messageShape  = Shape{"role": nil, "content": Shape{"type": nil, "text": nil}, "name": nil,
-		"tool_calls": toolCallShape, "tool_call_id": nil}
+		"tool_calls": toolCallShape, "tool_call_id": nil, "reasoning_content": nil}
 	streamOptionsShape = Shape{"include_usage": nil}
 	chatShape          = withFields(reflect.TypeFor[ChatRequest](), Shape{"messages": messageShape, "stream_options": streamOptionsShape,
 		"tools":           Shape{"type": nil, "function": Shape{"name": nil, "description": nil, "parameters": nil, "strict": nil}},
@@ -466,12 +469,18 @@ func (v Validator) ValidateChat(r *ChatRequest) (*GenRequest, *Error) {
 		if m.Role != "tool" && m.ToolCallID != "" {
 			return nil, Errorf(at("tool_call_id"), "%s is only allowed on tool messages", at("tool_call_id"))
 		}
+		if m.ReasoningContent != nil && m.Role != "assistant" {
+			return nil, Errorf(at("reasoning_content"), "%s is only allowed on assistant messages", at("reasoning_content"))
+		}
 		role := m.Role
 		if role == "developer" {
 			role = "system"
 		}
-		g.Messages = append(g.Messages, ChatMessage{Role: role, Content: m.Content.Text, Name: m.Name,
-			ToolCalls: m.ToolCalls, ToolCallID: m.ToolCallID})
+		cm := ChatMessage{Role: role, Content: m.Content.Text, Name: m.Name, ToolCalls: m.ToolCalls, ToolCallID: m.ToolCallID}
+		if m.ReasoningContent != nil {
+			cm.Reasoning = *m.ReasoningContent
+		}
+		g.Messages = append(g.Messages, cm)
 	}
 	if e := validateSampling(&r.SamplingFields, v.Defaults, g); e != nil {
 		return nil, e

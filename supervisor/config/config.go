@@ -126,14 +126,17 @@ type Model struct {
 	RemotePrefillMinTokens int    `toml:"remote_prefill_min_tokens"`
 	// RemotePrefillRoute is how a long prompt picks local or remote
 	// prefill (--remote-prefill-route): "cost" (predicted time from
-	// measured rates and links) or "floor" (the min tokens alone); "" =
-	// the runner's default, floor.
+	// measured rates, queues and links) or "floor" (the min tokens alone);
+	// "" = the runner's default, cost.
 	RemotePrefillRoute string `toml:"remote_prefill_route"`
 	// KVWireDType is the KV dtype the decode runners ask of prefill runners
 	// (--kv-wire-dtype): "fp8" (E4M3 with per-head scales, half of bf16's
 	// bytes; opt-in, lossy) or "" = the decode cache's own dtype.
 	KVWireDType string `toml:"kv_wire_dtype"`
-	MaxQueue    int    `toml:"max_queue"`
+	// KVStreams is how many TCP connections the decode runners stripe
+	// each KV transfer over (--kv-streams, 1 to 16; nil = 1).
+	KVStreams *int `toml:"kv_streams"`
+	MaxQueue  int  `toml:"max_queue"`
 	// MaxBatch is how many generations a decode runner runs at once, their
 	// steps batched (--max-batch; 0 = the runner's default, 4).
 	MaxBatch int `toml:"max_batch"`
@@ -315,7 +318,7 @@ var knownKeys = map[string][]string{
 	"api":             {"listen", "port", "api_key_file", "open_paths", "cors_origins"},
 	"supervisor":      {"liveness_timeout", "liveness_starting_timeout"},
 	"hosts.*":         {"address", "backend", "threads"},
-	"models":          {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "remote_prefill_route", "kv_wire_dtype", "max_queue", "max_batch", "prefill_chunk", "prefill_connect_timeout_ms", "defaults"},
+	"models":          {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "remote_prefill_route", "kv_wire_dtype", "kv_streams", "max_queue", "max_batch", "prefill_chunk", "prefill_connect_timeout_ms", "defaults"},
 	"models.defaults": {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"},
 	"models.decode":   {"hosts", "source", "port"},
 	"models.prefill":  {"hosts", "source", "port", "metrics_port", "prefix_cache_mib"},

@@ -48,7 +48,7 @@ decode = { hosts = ["mac"], source = "a", portt = 3 }
 `, []string{
 			`f.toml:14:1: unknown key "prot" (known keys here: listen, port, api_key_file, open_paths, cors_origins)`,
 			`f.toml:16:2: unknown key "extra" (known keys here: address, backend, threads)`,
-			`f.toml:21:1: unknown key "sauce" (known keys here: name, source, decode, prefill, remote_prefill_min_tokens, remote_prefill_route, kv_wire_dtype, max_queue, max_batch, prefill_chunk, prefill_connect_timeout_ms, defaults)`,
+			`f.toml:21:1: unknown key "sauce" (known keys here: name, source, decode, prefill, remote_prefill_min_tokens, remote_prefill_route, kv_wire_dtype, kv_streams, max_queue, max_batch, prefill_chunk, prefill_connect_timeout_ms, defaults)`,
 			`f.toml:22:43: unknown key "portt" (known keys here: hosts, source, port)`,
 		}},
 		{"unknown host", twoHosts + `
@@ -107,6 +107,7 @@ name = "x"
 remote_prefill_min_tokens = -1
 remote_prefill_route = "fastest"
 kv_wire_dtype = "fp4"
+kv_streams = 17
 prefill = { hosts = ["y"], source = "s" }
 
 [[models]]
@@ -126,8 +127,9 @@ decode = { hosts = [] }
 			`f.toml:16:1: model x: remote_prefill_min_tokens must be at least 1`,
 			`f.toml:17:1: model x: remote_prefill_route "fastest": want "cost" or "floor"`,
 			`f.toml:18:1: model x: kv_wire_dtype "fp4": want "fp8" (or leave it out for the cache's dtype)`,
-			`f.toml:22:1: model "x" is defined twice (first as models[1])`,
-			`f.toml:24:1: model x: decode.hosts is empty`,
+			`f.toml:19:1: model x: kv_streams 17: want 1 to 16 (TCP connections per KV transfer)`,
+			`f.toml:23:1: model "x" is defined twice (first as models[1])`,
+			`f.toml:25:1: model x: decode.hosts is empty`,
 		}},
 		{"fp8 without prefill", `[hosts.h]
 address = "127.0.0.1"
@@ -139,6 +141,23 @@ kv_wire_dtype = "fp8"
 decode = { hosts = ["h"] }
 `, []string{
 			`f.toml:7:1: model m: kv_wire_dtype needs [models.prefill] runners`,
+		}},
+		{"kv_streams zero, and streams without prefill", `[hosts.h]
+address = "127.0.0.1"
+backend = "cpu"
+[[models]]
+name = "m"
+source = "s"
+kv_streams = 0
+decode = { hosts = ["h"] }
+[[models]]
+name = "n"
+source = "s"
+kv_streams = 4
+decode = { hosts = ["h"] }
+`, []string{
+			`f.toml:7:1: model m: kv_streams 0: want 1 to 16 (TCP connections per KV transfer)`,
+			`f.toml:12:1: model n: kv_streams needs [models.prefill] runners`,
 		}},
 		{"empty", "", []string{
 			`f.toml:1:1: no hosts: add at least one [hosts.NAME] table with address and backend`,
@@ -181,7 +200,7 @@ func TestExampleFileIsValid(t *testing.T) {
 	}
 	studio := c.Runners("studio")
 	want = []string{"runner", "decode", "--model", "mlx-community/Qwen3-8B-4bit", "--served-name", "qwen3-8b",
-		"--listen", "10.0.0.20:52500", "--prefill", "10.0.0.10:52501", "--remote-prefill-min-tokens", "256",
+		"--listen", "10.0.0.20:52500", "--prefill", "10.0.0.10:52501", "--prefill-health", "10.0.0.10:52502", "--remote-prefill-min-tokens", "256",
 		"--secret-file", "/etc/exo/secret", "--backend", "mlx", "--device", "gpu", "--max-queue", "16"}
 	if len(studio) != 2 || !slices.Equal(studio[1].Args(), want) {
 		t.Errorf("studio runners = %+v\nwant second args %q", studio, want)
@@ -199,7 +218,7 @@ func TestDefault(t *testing.T) {
 	}
 	dec, pre := rs[0], rs[1]
 	if want := []string{"runner", "decode", "--model", "builtin:smollm2", "--served-name", "smollm2-135m",
-		"--listen", "127.0.0.1:52500", "--prefill", "127.0.0.1:52501", "--remote-prefill-min-tokens", "256",
+		"--listen", "127.0.0.1:52500", "--prefill", "127.0.0.1:52501", "--prefill-health", "127.0.0.1:52502", "--remote-prefill-min-tokens", "256",
 		"--default-temperature", "0.2", "--default-top-p", "0.9", "--backend", "cpu"}; !slices.Equal(dec.Args(), want) {
 		t.Errorf("decode args %q, want %q", dec.Args(), want)
 	}
@@ -228,6 +247,7 @@ max_batch = 8
 prefill_connect_timeout_ms = 250
 remote_prefill_route = "cost"
 kv_wire_dtype = "fp8"
+kv_streams = 4
 decode = { hosts = ["h"] }
 prefill = { hosts = ["h"], prefix_cache_mib = 0 }
 `))
@@ -236,8 +256,8 @@ prefill = { hosts = ["h"], prefix_cache_mib = 0 }
 	}
 	rs := c.Runners("h")
 	want := [][]string{
-		{"runner", "decode", "--model", "s", "--served-name", "m", "--listen", "127.0.0.1:52500", "--prefill", "127.0.0.1:52501",
-			"--remote-prefill-min-tokens", "256", "--remote-prefill-route", "cost", "--kv-wire-dtype", "fp8", "--prefill-connect-timeout", "250ms", "--backend", "cpu", "--max-batch", "8", "--prefill-chunk", "512", "--threads", "2", "--offline"},
+		{"runner", "decode", "--model", "s", "--served-name", "m", "--listen", "127.0.0.1:52500", "--prefill", "127.0.0.1:52501", "--prefill-health", "127.0.0.1:52502",
+			"--remote-prefill-min-tokens", "256", "--remote-prefill-route", "cost", "--kv-wire-dtype", "fp8", "--kv-streams", "4", "--prefill-connect-timeout", "250ms", "--backend", "cpu", "--max-batch", "8", "--prefill-chunk", "512", "--threads", "2", "--offline"},
 		{"runner", "prefill", "--model", "s", "--served-name", "m", "--listen", "127.0.0.1:52501", "--metrics", "127.0.0.1:52502",
 			"--backend", "cpu", "--prefill-chunk", "512", "--prefix-cache-mib", "0", "--threads", "2", "--offline"},
 	}

@@ -28,10 +28,12 @@ type Runner struct {
 	// wire address; Metrics is the prefill runner's HTTP address.
 	Listen                 string   `json:"listen"`
 	Metrics                string   `json:"metrics,omitempty"`
-	Prefill                []string `json:"prefill,omitempty"` // decode: prefill KV endpoints, file order
+	Prefill                []string `json:"prefill,omitempty"`        // decode: prefill KV endpoints, file order
+	PrefillHealth          []string `json:"prefill_health,omitempty"` // decode: those prefill runners' /health addresses, same order
 	RemotePrefillMinTokens int      `json:"remote_prefill_min_tokens,omitempty"`
 	RemotePrefillRoute     string   `json:"remote_prefill_route,omitempty"` // decode: cost or floor; "" = the runner's default
 	KVWireDType            string   `json:"kv_wire_dtype,omitempty"`        // decode: fp8; "" = the cache's dtype
+	KVStreams              int      `json:"kv_streams,omitempty"`           // decode: connections per KV transfer; 0 = 1
 	// PrefillConnectTimeoutMs: decode only; 0 = the runner's default.
 	PrefillConnectTimeoutMs int    `json:"prefill_connect_timeout_ms,omitempty"`
 	SecretFile              string `json:"secret_file,omitempty"`
@@ -66,12 +68,18 @@ func (r Runner) Args() []string {
 		if len(r.Prefill) > 0 {
 			a = append(a, "--prefill", joinComma(r.Prefill))
 		}
+		if len(r.PrefillHealth) > 0 {
+			a = append(a, "--prefill-health", joinComma(r.PrefillHealth))
+		}
 		a = append(a, "--remote-prefill-min-tokens", strconv.Itoa(r.RemotePrefillMinTokens))
 		if r.RemotePrefillRoute != "" {
 			a = append(a, "--remote-prefill-route", r.RemotePrefillRoute)
 		}
 		if r.KVWireDType != "" {
 			a = append(a, "--kv-wire-dtype", r.KVWireDType)
+		}
+		if r.KVStreams > 1 {
+			a = append(a, "--kv-streams", strconv.Itoa(r.KVStreams))
 		}
 		if r.PrefillConnectTimeoutMs > 0 {
 			a = append(a, "--prefill-connect-timeout", strconv.Itoa(r.PrefillConnectTimeoutMs)+"ms")
@@ -158,11 +166,12 @@ func runnerBackend(b Backend) (backend, device string) {
 func (c *Config) AllRunners() []Runner {
 	var out []Runner
 	for _, m := range c.Models {
-		var prefill []string
+		var prefill, health []string
 		if m.Prefill != nil {
 			for _, hn := range m.Prefill.Hosts {
 				h := c.Hosts[hn]
 				prefill = append(prefill, net.JoinHostPort(h.Address, strconv.Itoa(m.Prefill.Port)))
+				health = append(health, net.JoinHostPort(h.Address, strconv.Itoa(m.Prefill.MetricsPort)))
 			}
 		}
 		add := func(role string, r *Role) {
@@ -187,9 +196,13 @@ func (c *Config) AllRunners() []Runner {
 					}
 				} else {
 					ru.Prefill = slices.Clone(prefill)
+					ru.PrefillHealth = slices.Clone(health)
 					ru.RemotePrefillMinTokens = m.RemotePrefillMinTokens
 					ru.RemotePrefillRoute = m.RemotePrefillRoute
 					ru.KVWireDType = m.KVWireDType
+					if m.KVStreams != nil {
+						ru.KVStreams = *m.KVStreams
+					}
 					ru.PrefillConnectTimeoutMs = m.PrefillConnectTimeoutMs
 					if m.Defaults != nil {
 						d := *m.Defaults

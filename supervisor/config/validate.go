@@ -151,6 +151,11 @@ func (c *Config) validate() Errors {
 		if m.KVWireDType != "" && m.Prefill == nil {
 			bad(c.at("models", i, "kv_wire_dtype"), "%s: kv_wire_dtype needs [models.prefill] runners", label)
 		}
+		if n := m.KVStreams; n != nil && (*n < 1 || *n > 16) {
+			bad(c.at("models", i, "kv_streams"), "%s: kv_streams %d: want 1 to 16 (TCP connections per KV transfer)", label, *n)
+		} else if n != nil && *n > 1 && m.Prefill == nil {
+			bad(c.at("models", i, "kv_streams"), "%s: kv_streams needs [models.prefill] runners", label)
+		}
 		if m.MaxQueue < 0 {
 			bad(c.at("models", i, "max_queue"), "%s: max_queue must not be negative", label)
 		}

@@ -37,6 +37,7 @@ source = %q
 decode = { hosts = ["spark", "mac"] }
 prefill = { hosts = ["spark"] }
 remote_prefill_min_tokens = 1
+remote_prefill_route = "floor" # every prompt remote: the test is about the remote path, not the route
 `, base, modelDir)
 }
 
