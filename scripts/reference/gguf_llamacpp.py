@@ -1,26 +1,31 @@
 #!/usr/bin/env python3
 """Windowed and hybrid architectures as GGUF, with llama.cpp as the reference.
 
-For each architecture (gemma3, gpt-oss, qwen3next) this generates a tiny
-model with our Go generator (testmodel, f32 safetensors), writes it as a GGUF
-in the layout llama.cpp's converter gives that architecture (tensor names and
-metadata keys from gguf-py's constants; the per-architecture transforms are
-stated where they are done; this script is ours), has llama.cpp quantize it
-where asked (llama_model_quantize), and runs llama.cpp on prompts several
-sliding windows long: logits at the last position, and a 32-token greedy
-continuation. Writes under runners/engine/testdata/reference/gguf/:
+For each architecture (gemma3, gptoss, qwen3next, qwen35, qwen35moe) this
+takes a tiny model (made by our Go generator, testmodel; drawn here for
+Qwen3-Next; the mlx-lm-checked fixtures under runners/engine/testdata/
+reference for Qwen3.5), writes it as a GGUF in the layout llama.cpp's
+converter gives that architecture (tensor names and metadata keys from
+gguf-py's constants; the per-architecture transforms are stated where they
+are done; this script is ours), has llama.cpp quantize it where asked
+(llama_model_quantize), and runs llama.cpp on prompts several sliding
+windows (or prefill chunks) long: logits at the last position, and a
+32-token greedy continuation. Writes under
+runners/engine/testdata/reference/gguf/:
 
   <arch>_<type>.gguf          the model llama.cpp ran
   <arch>_llamacpp.json        per file and prompt: tokens, last-position
                               logits (float32, base64), greedy continuation;
-                              for MXFP4 files also llama.cpp's results on the
-                              same weights dequantized to f32
+                              for quantized files also llama.cpp's results on
+                              the same weights dequantized to f32
 
-runners/engine/reference_gguf_test.go checks the engine against them.
+runners/engine/reference_gguf_test.go checks the engine against them. For
+Qwen3.5 it also prints (and records) llama.cpp on the f32 GGUF against
+mlx-lm's recorded outputs for the same model: a check of this layout.
 
 Run by hand (not in CI), from the repository root:
-    pip install gguf numpy safetensors llama-cpp-python
-    python3 scripts/reference/gguf_llamacpp.py gemma3 [gptoss qwen3next]
+    pip install gguf numpy safetensors llama-cpp-python   # 0.3.36 was used
+    python3 scripts/reference/gguf_llamacpp.py [gemma3 gptoss qwen3next qwen35 qwen35moe]
 """
 import base64, ctypes, json, os, shutil, subprocess, sys, tempfile
 
