@@ -500,3 +500,68 @@ func TestPermuteColBlocks(t *testing.T) {
 		t.Fatalf("got %q", got)
 	}
 }
+
+// TestGGUFGptOssConfig: llama.cpp's gpt-oss metadata becomes gpt-oss's
+// config (experts, SwiGLU limit 7, layers sliding by the period-2 default
+// from the first, YaRN); a separate RoPE base for the sliding layers and
+// scaling settings the engine lacks are refused by name.
+func TestGGUFGptOssConfig(t *testing.T) {
+	build := func(extra func(b *ggufBuilder)) *ggufBuilder {
+		b := &ggufBuilder{}
+		b.Str("general.architecture", "gpt-oss")
+		for k, v := range map[string]uint32{"block_count": 4, "embedding_length": 8, "attention.head_count": 2,
+			"attention.head_count_kv": 1, "expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32,
+			"attention.sliding_window": 128, "rope.scaling.original_context_length": 4096} {
+			b.U32("gpt-oss."+k, v)
+		}
+		b.Str("gpt-oss.rope.scaling.type", "yarn")
+		b.F32("gpt-oss.rope.scaling.factor", 32)
+		b.F32("gpt-oss.rope.freq_base", 150000)
+		extra(b)
+		return b
+	}
+	g, err := ParseGGUF(build(func(*ggufBuilder) {}).Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newGGUFSource(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		Arch     []string       `json:"architectures"`
+		Experts  int            `json:"num_local_experts"`
+		PerTok   int            `json:"num_experts_per_tok"`
+		Inter    int            `json:"intermediate_size"`
+		Limit    float64        `json:"swiglu_limit"`
+		Types    []string       `json:"layer_types"`
+		Window   int            `json:"sliding_window"`
+		Scaling  map[string]any `json:"rope_scaling"`
+		RopeBase float64        `json:"rope_theta"`
+	}
+	if err := json.Unmarshal(s.Config(), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"sliding_attention", "full_attention", "sliding_attention", "full_attention"}
+	if cfg.Arch[0] != "GptOssForCausalLM" || cfg.Experts != 4 || cfg.PerTok != 2 || cfg.Inter != 32 || cfg.Limit != 7 ||
+		!reflect.DeepEqual(cfg.Types, want) || cfg.Window != 128 || cfg.RopeBase != 150000 ||
+		cfg.Scaling["rope_type"] != "yarn" || cfg.Scaling["factor"] != 32.0 || cfg.Scaling["original_max_position_embeddings"] != 4096.0 {
+		t.Fatalf("config %+v", cfg)
+	}
+	for _, tc := range []struct {
+		extra func(b *ggufBuilder)
+		err   string
+	}{
+		{func(b *ggufBuilder) { b.F32("gpt-oss.rope.freq_base_swa", 10000) }, "rope.freq_base_swa"},
+		{func(b *ggufBuilder) { b.F32("gpt-oss.rope.scaling.attn_factor", 2) }, "rope.scaling.attn_factor"},
+		{func(b *ggufBuilder) { b.F32("gpt-oss.rope.scaling.yarn_log_multiplier", 0.1) }, "yarn_log_multiplier"},
+	} {
+		g, err := ParseGGUF(build(tc.extra).Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := newGGUFSource(g); err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("error %v, want one naming %s", err, tc.err)
+		}
+	}
+}
