@@ -565,3 +565,57 @@ func TestGGUFGptOssConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestGGUFQwen3NextLayerKinds: attention.recurrent_layers (a bool per
+// layer) or full_attention_interval (default 4) give the layer kinds; a
+// pattern no interval gives is refused.
+func TestGGUFQwen3NextLayerKinds(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		extra    func(b *ggufBuilder)
+		interval any
+		err      string
+	}{
+		{"default", func(b *ggufBuilder) {}, 4.0, ""},
+		{"interval", func(b *ggufBuilder) { b.U32("qwen3next.full_attention_interval", 2) }, 2.0, ""},
+		{"bools", func(b *ggufBuilder) {
+			b.Bools("qwen3next.attention.recurrent_layers", []bool{true, true, false, true, true, false, true, true})
+		}, 3.0, ""},
+		{"irregular", func(b *ggufBuilder) {
+			b.Bools("qwen3next.attention.recurrent_layers", []bool{true, false, false, true, true, false, true, true})
+		}, nil, "do not repeat"},
+		{"short", func(b *ggufBuilder) { b.Bools("qwen3next.attention.recurrent_layers", []bool{true}) }, nil, "a bool per layer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &ggufBuilder{}
+			b.Str("general.architecture", "qwen3next")
+			for k, v := range map[string]uint32{"block_count": 8, "embedding_length": 8, "attention.head_count": 2,
+				"attention.head_count_kv": 1, "expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32,
+				"ssm.conv_kernel": 4, "ssm.state_size": 4, "ssm.group_count": 1, "ssm.time_step_rank": 2, "ssm.inner_size": 8} {
+				b.U32("qwen3next."+k, v)
+			}
+			tc.extra(b)
+			g, err := ParseGGUF(b.Bytes())
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := newGGUFSource(g)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cfg map[string]any
+			if err := json.Unmarshal(s.Config(), &cfg); err != nil {
+				t.Fatal(err)
+			}
+			if cfg["full_attention_interval"] != tc.interval || cfg["linear_value_head_dim"] != 4.0 || cfg["partial_rotary_factor"] != 1.0 {
+				t.Fatalf("interval %v, value head dim %v, partial rotary %v", cfg["full_attention_interval"], cfg["linear_value_head_dim"], cfg["partial_rotary_factor"])
+			}
+		})
+	}
+}
