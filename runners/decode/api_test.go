@@ -50,6 +50,12 @@ func startTinyServer(t *testing.T, spec testmodel.Spec, configure func(text Text
 	if err := testmodel.Write(dir, spec); err != nil {
 		t.Fatal(err)
 	}
+	return serveTinyDir(t, dir, configure)
+}
+
+// serveTinyDir is startTinyServer for a model directory already written.
+func serveTinyDir(t *testing.T, dir string, configure func(text Text, o *Options)) *tinyServer {
+	t.Helper()
 	b, err := backend.Open("cpu", backend.Options{Threads: 1})
 	if err != nil {
 		t.Fatal(err)

@@ -402,6 +402,9 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 			if lc, ok := cons.(*lazyConstraint); ok {
 				lc.think = &chat.ThinkParser{Open: open}
 			}
+			if dc, ok := cons.(*deferredConstraint); ok {
+				dc.open = open // the reasoning is under way: the answer's grammar waits for </think>
+			}
 		}
 	}
 	res, err := s.generate(ctx, req, em, entry, logits, cons, t0)

@@ -309,25 +309,6 @@ func chatStream(t *testing.T, url string, body map[string]any) (chatParts, []byt
 	return p, raw
 }
 
-// TestHarmonyRefusesGrammars: a grammar from the first token would keep a
-// harmony model from writing its channel headers, so forced tool_choice,
-// response_format and strict tools (whose calls are parsed, not
-// constrained) are a clear 400 naming the field.
-func TestHarmonyRefusesGrammars(t *testing.T) {
-	url := harmonyServer(t, harmonyAnswer)
-	for field, body := range map[string]map[string]any{
-		"tool_choice":     {"tools": harmonyTools, "tool_choice": "required"},
-		"response_format": {"response_format": map[string]any{"type": "json_object"}},
-		"tools[0].function.strict": {"tools": []map[string]any{{"type": "function", "function": map[string]any{
-			"name": "f", "strict": true, "parameters": map[string]any{"type": "object"}}}}},
-	} {
-		code, raw := postChat(t, url, body)
-		if code != http.StatusBadRequest || !bytes.Contains(raw, []byte(field)) || !bytes.Contains(raw, []byte("harmony")) {
-			t.Errorf("%s: status %d %s", field, code, raw)
-		}
-	}
-}
-
 // recorder is an emitter that takes calls and reasoning, as the OpenAI
 // chat API does.
 type recorder struct {
@@ -454,6 +435,12 @@ func TestHarmonyAdapters(t *testing.T) {
 		{"messages call", harmonyCall, "/v1/messages", map[string]any{"model": "m", "max_tokens": 500, "temperature": 0, "tools": antTools,
 			"messages": []map[string]any{{"role": "user", "content": "hi"}}},
 			[]string{`"type":"tool_use"`, `"name":"get_weather"`, `"input":{"city":"Paris","unit":"c"}`, `"stop_reason":"tool_use"`}, nil},
+		// forced: a call, whatever the model wanted to answer
+		{"messages, tool_choice any over an answer", harmonyAnswer, "/v1/messages", map[string]any{"model": "m", "max_tokens": 500, "temperature": 0,
+			"tools": []map[string]any{{"name": "get_weather", "input_schema": map[string]any{"type": "object",
+				"properties": map[string]any{"city": map[string]any{"type": "string", "maxLength": 8}}, "required": []string{"city"}, "additionalProperties": false}}},
+			"tool_choice": map[string]any{"type": "any"}, "messages": []map[string]any{{"role": "user", "content": "hi"}}},
+			[]string{`"type":"tool_use"`, `"name":"get_weather"`, `"input":{"city":`, `"stop_reason":"tool_use"`}, []string{"Hello"}},
 		// tool_choice none: a stray call is answer text, never a call
 		{"responses call, tool_choice none", harmonyCall, "/v1/responses", map[string]any{"model": "m", "input": "hi", "temperature": 0,
 			"tools": respTools, "tool_choice": "none"},

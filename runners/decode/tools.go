@@ -66,13 +66,18 @@ func CallFormat(f chat.Family, parallel bool) grammar.CallFormat {
 // Grammars makes Options.NewConstraint for a model: response_format
 // json_object / json_schema, and tool_choice "required" or a named
 // function, become grammar constraints over the model's vocabulary (built
-// on first use).
+// on first use). For a model that reasons first (gpt-oss's harmony,
+// Qwen3's <think>) the constraint is deferred until the answer begins
+// (defer.go).
 type Grammars struct {
 	Text Text
 
 	once  sync.Once
 	vocab *grammar.Vocab
 	err   error
+
+	dvOnce sync.Once
+	dv     *deferVocab
 
 	mu    sync.Mutex
 	cache map[string]*grammar.Grammar // compiled grammars (and their shared masks) by request shape
@@ -137,12 +142,18 @@ func (g *Grammars) vocabulary() (*grammar.Vocab, error) {
 // Warm builds the vocabulary trie now (a fraction of a second for a
 // 150k vocabulary) rather than on the first constrained request.
 func (g *Grammars) Warm() error {
-	_, err := g.vocabulary()
+	v, err := g.vocabulary()
+	if err == nil {
+		g.deferVocabulary(v) // the control tokens a deferred grammar masks
+	}
 	return err
 }
 
 // NewConstraint implements Options.NewConstraint.
 func (g *Grammars) NewConstraint(req *openai.GenRequest) (Constraint, error) {
+	if c, ok, err := g.deferred(req); ok || err != nil {
+		return c, err
+	}
 	gr, err := g.grammarFor(req)
 	if err != nil {
 		return nil, err
@@ -175,14 +186,7 @@ func (g *Grammars) family() chat.Family {
 func (g *Grammars) lazyCalls(req *openai.GenRequest) (Constraint, error) {
 	fam := g.family()
 	if fam == chat.Harmony {
-		// Calls are parsed (HarmonyParser), not constrained: a tool that
-		// asks for strict cannot have it.
-		for i, t := range req.Tools {
-			if t.Function.Strict != nil && *t.Function.Strict {
-				return nil, openai.Errorf(fmt.Sprintf("tools[%d].function.strict", i), "tools[%d] is strict, which is not enforced for harmony (gpt-oss) models", i)
-			}
-		}
-		return nil, nil
+		return nil, nil // calls are parsed; a strict tool is constrained by the deferred plan (defer.go)
 	}
 	var f grammar.CallFormat
 	marker := ""
@@ -310,14 +314,6 @@ func (g *Grammars) grammarFor(req *openai.GenRequest) (*grammar.Grammar, error) 
 	}
 	rf := req.ResponseFormat
 	structured := rf != nil && rf.Type != "text"
-	if req.Chat && g.family() == chat.Harmony && (forced != "" || structured) {
-		// A grammar from the first token would keep a harmony model from
-		// writing its channel headers; refused rather than mangled.
-		if forced != "" {
-			return nil, openai.Errorf("tool_choice", "tool_choice %q is not supported for harmony (gpt-oss) models; use \"auto\"", forced)
-		}
-		return nil, openai.Errorf("response_format", "response_format %q is not supported for harmony (gpt-oss) models", rf.Type)
-	}
 	if structured && toolsOffered(req) && forced == "" {
 		// auto: a call of an offered tool, or the final answer in the format.
 		var schema []byte

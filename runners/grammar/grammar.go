@@ -92,6 +92,8 @@ type node struct {
 	lit *litTrie // kLit
 
 	alts []*node // kUnion, kSeq, kRoot
+
+	tight bool // kRoot: no leading whitespace
 }
 
 type prop struct {

@@ -304,7 +304,7 @@ func (s *stepper) own(f *frame, b byte) {
 		}
 	case kRoot:
 		if f.st == 0 {
-			if isWS(b) {
+			if isWS(b) && !n.tight {
 				if f.ws < MaxWhitespace {
 					g := *f
 					g.ws++

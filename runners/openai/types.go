@@ -33,6 +33,8 @@
 //     max_tokens (as in vLLM; used by exo bench).
 //   - add_generation_prompt, continue_final_message (vLLM's): a final
 //     assistant message is continued by default (assistant prefill).
+//   - max_reasoning_tokens (chat): bounds the reasoning of a model that
+//     reasons before a constrained answer (see ChatRequest).
 //   - x_exo_disable_remote_prefill: prefill this request locally even when a
 //     prefill runner is configured (exo bench --compare-local).
 //   - POST /tokenize {"model","messages"|"prompt","add_generation_prompt"}
@@ -312,6 +314,12 @@ type ChatRequest struct {
 	// not set to true).
 	AddGenerationPrompt  *bool `json:"add_generation_prompt,omitempty"`
 	ContinueFinalMessage *bool `json:"continue_final_message,omitempty"`
+
+	// MaxReasoningTokens is exo's extension: with a constrained answer
+	// (response_format, tool_choice required or named) on a model that
+	// reasons first (harmony, <think>), the reasoning is ended after this
+	// many tokens and the answer begins.
+	MaxReasoningTokens *int `json:"max_reasoning_tokens,omitempty"`
 }
 
 // CompletionRequest is the body of POST /v1/completions.

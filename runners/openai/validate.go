@@ -133,6 +133,9 @@ type GenRequest struct {
 	ToolChoice        *ToolChoice
 	ParallelToolCalls *bool
 	ResponseFormat    *ResponseFormat
+	// MaxReasoningTokens (0: none) bounds the reasoning before a
+	// constrained answer; the generator refuses it where it has no effect.
+	MaxReasoningTokens int
 }
 
 // MaxBodyBytes bounds a request body.
@@ -496,6 +499,12 @@ func (v Validator) ValidateChat(r *ChatRequest) (*GenRequest, *Error) {
 			return nil, Errorf("top_logprobs", "top_logprobs needs logprobs: true")
 		}
 		g.TopLogprobs = *r.TopLogprobs
+	}
+	if n := r.MaxReasoningTokens; n != nil {
+		if *n < 1 {
+			return nil, Errorf("max_reasoning_tokens", "max_reasoning_tokens must be at least 1, got %d", *n)
+		}
+		g.MaxReasoningTokens = *n
 	}
 	if e := v.chatPrefill(r, g); e != nil {
 		return nil, e
