@@ -36,6 +36,10 @@ const (
 	TypeI64  GGMLType = 27
 	TypeF64  GGMLType = 28
 	TypeBF16 GGMLType = 30
+	// TypeMXFP4 blocks: 32 elements in 17 bytes, an E8M0 scale then 16
+	// bytes of E2M1 codes (element j in the low nibble of byte j, element
+	// j+16 in its high nibble).
+	TypeMXFP4 GGMLType = 39
 )
 
 type ggmlTypeInfo struct {
@@ -44,26 +48,27 @@ type ggmlTypeInfo struct {
 }
 
 var ggmlTypes = map[GGMLType]ggmlTypeInfo{
-	TypeF32:  {"F32", 1, 4},
-	TypeF16:  {"F16", 1, 2},
-	TypeQ4_0: {"Q4_0", 32, 18},
-	TypeQ4_1: {"Q4_1", 32, 20},
-	TypeQ5_0: {"Q5_0", 32, 22},
-	TypeQ5_1: {"Q5_1", 32, 24},
-	TypeQ8_0: {"Q8_0", 32, 34},
-	TypeQ8_1: {"Q8_1", 32, 36},
-	TypeQ2_K: {"Q2_K", 256, 84},
-	TypeQ3_K: {"Q3_K", 256, 110},
-	TypeQ4_K: {"Q4_K", 256, 144},
-	TypeQ5_K: {"Q5_K", 256, 176},
-	TypeQ6_K: {"Q6_K", 256, 210},
-	TypeQ8_K: {"Q8_K", 256, 292},
-	TypeI8:   {"I8", 1, 1},
-	TypeI16:  {"I16", 1, 2},
-	TypeI32:  {"I32", 1, 4},
-	TypeI64:  {"I64", 1, 8},
-	TypeF64:  {"F64", 1, 8},
-	TypeBF16: {"BF16", 1, 2},
+	TypeF32:   {"F32", 1, 4},
+	TypeF16:   {"F16", 1, 2},
+	TypeQ4_0:  {"Q4_0", 32, 18},
+	TypeQ4_1:  {"Q4_1", 32, 20},
+	TypeQ5_0:  {"Q5_0", 32, 22},
+	TypeQ5_1:  {"Q5_1", 32, 24},
+	TypeQ8_0:  {"Q8_0", 32, 34},
+	TypeQ8_1:  {"Q8_1", 32, 36},
+	TypeQ2_K:  {"Q2_K", 256, 84},
+	TypeQ3_K:  {"Q3_K", 256, 110},
+	TypeQ4_K:  {"Q4_K", 256, 144},
+	TypeQ5_K:  {"Q5_K", 256, 176},
+	TypeQ6_K:  {"Q6_K", 256, 210},
+	TypeQ8_K:  {"Q8_K", 256, 292},
+	TypeI8:    {"I8", 1, 1},
+	TypeI16:   {"I16", 1, 2},
+	TypeI32:   {"I32", 1, 4},
+	TypeI64:   {"I64", 1, 8},
+	TypeF64:   {"F64", 1, 8},
+	TypeBF16:  {"BF16", 1, 2},
+	TypeMXFP4: {"MXFP4", 32, 17},
 }
 
 func (t GGMLType) String() string {

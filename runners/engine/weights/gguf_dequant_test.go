@@ -18,8 +18,15 @@ import (
 // biases) to float32: w = scale*q + bias.
 func dequantMLX(t *testing.T, w, scales, biases engine.Tensor, bits, group int) [][]float32 {
 	t.Helper()
-	if w.DType != engine.U32 || scales.DType != engine.F16 || biases.DType != engine.F16 {
+	// F16 scales and biases; F32 for the embedding table (exact copies).
+	if w.DType != engine.U32 || scales.DType != biases.DType || (scales.DType != engine.F16 && scales.DType != engine.F32) {
 		t.Fatalf("dtypes %v %v %v", w.DType, scales.DType, biases.DType)
+	}
+	at := func(x engine.Tensor, g int) float32 {
+		if x.DType == engine.F32 {
+			return math.Float32frombits(binary.LittleEndian.Uint32(x.Data[4*g:]))
+		}
+		return F16ToF32(binary.LittleEndian.Uint16(x.Data[2*g:]))
 	}
 	rows, words := w.Shape[0], w.Shape[1]
 	cols := words * 32 / bits
@@ -34,8 +41,7 @@ func dequantMLX(t *testing.T, w, scales, biases engine.Tensor, bits, group int) 
 			word := binary.LittleEndian.Uint32(w.Data[4*(r*words+c*bits/32):])
 			q := word >> (uint(c*bits) % 32) & mask
 			g := r*(cols/group) + c/group
-			s := F16ToF32(binary.LittleEndian.Uint16(scales.Data[2*g:]))
-			b := F16ToF32(binary.LittleEndian.Uint16(biases.Data[2*g:]))
+			s, b := at(scales, g), at(biases, g)
 			out[r][c] = s*float32(q) + b
 		}
 	}

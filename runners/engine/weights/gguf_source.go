@@ -25,14 +25,48 @@ var ggufArchs = map[string][2]string{
 	// Gemma 3's text model, as llama.cpp's converter writes it: norm
 	// weights stored as 1 + w (undone on read, see ggufEntry.minusOne).
 	"gemma3": {"Gemma3ForCausalLM", "gemma3_text"},
+	// gpt-oss: experts stacked, gate and up apart (the converter splits
+	// HF's interleaved gate_up_proj), MXFP4 or dense, with biases.
+	"gpt-oss": {"GptOssForCausalLM", "gpt_oss"},
+	// Qwen3-Next (Gated DeltaNet hybrid), every layer sparse with a
+	// shared expert; its linear-attention tensors are mapped by
+	// qwen3nextTargets.
+	"qwen3next": {"Qwen3NextForCausalLM", "qwen3_next"},
+	// Qwen3.5's text model, dense and MoE (the same mapping, value heads
+	// reordered: see gguf_qwen3next.go).
+	"qwen35":    {"Qwen3_5ForConditionalGeneration", "qwen3_5"},
+	"qwen35moe": {"Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe"},
 }
 
-// gemma3LayerNames are the gemma3 block stems whose meaning differs from
-// llama's (ffn_norm is the pre-feedforward norm there).
-var gemma3LayerNames = map[string]string{
-	"ffn_norm":            "pre_feedforward_layernorm",
+// ggufArchLayerNames are, per architecture, the block stems whose HF
+// module differs from ggufLayerNames' (in gemma3, ffn_norm is the
+// pre-feedforward norm; gpt-oss's MoE is in mlx-lm's gpt_oss layout).
+var ggufArchLayerNames = map[string]map[string]string{
+	"gemma3": {
+		"ffn_norm":            "pre_feedforward_layernorm",
+		"post_attention_norm": "post_attention_layernorm",
+		"post_ffw_norm":       "post_feedforward_layernorm",
+	},
+	"gpt-oss": {
+		"post_attention_norm": "post_attention_layernorm",
+		"attn_sinks":          "self_attn.sinks", // a tensor, not a module: no suffix
+		"ffn_gate_inp":        "mlp.router",
+		"ffn_gate_exps":       "mlp.experts.gate_proj",
+		"ffn_up_exps":         "mlp.experts.up_proj",
+		"ffn_down_exps":       "mlp.experts.down_proj",
+	},
+	"qwen3next": qwenGDNLayerNames,
+	"qwen35":    qwenGDNLayerNames,
+	"qwen35moe": qwenGDNLayerNames,
+}
+
+// qwenGDNLayerNames are the Gated DeltaNet hybrids' block stems that map
+// one to one (the rest: qwen3nextLayout.targets).
+var qwenGDNLayerNames = map[string]string{
 	"post_attention_norm": "post_attention_layernorm",
-	"post_ffw_norm":       "post_feedforward_layernorm",
+	"ffn_gate_shexp":      "mlp.shared_expert.gate_proj",
+	"ffn_up_shexp":        "mlp.shared_expert.up_proj",
+	"ffn_down_shexp":      "mlp.shared_expert.down_proj",
 }
 
 // ggufLayerNames maps the per-block GGUF tensor stems to HF module paths
@@ -59,11 +93,20 @@ var ggufLayerNames = map[string]string{
 
 // hfNameArch is hfName with the architecture's own block stems.
 func hfNameArch(arch, gguf string) string {
-	if arch == "gemma3" {
+	if names, ok := ggufArchLayerNames[arch]; ok {
 		if rest, ok := strings.CutPrefix(gguf, "blk."); ok {
 			if num, rest, ok := strings.Cut(rest, "."); ok {
-				if stem, suffix, ok := strings.Cut(rest, "."); ok && suffix == "weight" {
-					if mod, ok := gemma3LayerNames[stem]; ok {
+				if stem, suffix, ok := strings.Cut(rest, "."); ok && (suffix == "weight" || suffix == "bias") {
+					if mod, ok := names[stem]; ok {
+						if _, err := strconv.Atoi(num); err != nil {
+							return ""
+						}
+						if stem == "attn_sinks" {
+							if suffix != "weight" {
+								return ""
+							}
+							return "model.layers." + num + "." + mod
+						}
 						return "model.layers." + num + "." + mod + "." + suffix
 					}
 				}
@@ -113,6 +156,26 @@ type ggufEntry struct {
 	// minusOne: a Gemma norm weight stored as 1 + w; read back as w (the
 	// engine adds the 1 as for HF weights; exact for |1 + w| < 2^24).
 	minusOne bool
+	// negLog: stored as -exp(x) (Qwen3-Next's ssm_a); read back as x =
+	// log(-v) (F32 only).
+	negLog bool
+	// rows, when set, picks these rows (of the HF [out, in] matrix), in
+	// this order: one GGUF tensor split into several HF ones.
+	rows []int
+	// shape, when set, is the HF shape of a dense tensor whose GGUF
+	// dims are another view of the same data.
+	shape []int
+	// colBlocks, when set, reorders the columns in len(colBlocks) equal
+	// blocks: block i of the result is block colBlocks[i] of the file.
+	colBlocks []int
+	// f32Scales: the scales and biases of a quantized tensor given as F32
+	// (exact): the embedding table, which backends dequantize to its
+	// scales' type (MLX), and llama.cpp's models compute in float32.
+	f32Scales bool
+	// dequant: a quantized tensor given as F32 (its column blocks are
+	// narrower than the 32-element groups; exact for the 4- and 8-bit
+	// forms, whose scale·q + bias is exact in float32).
+	dequant bool
 }
 
 const (
@@ -133,6 +196,8 @@ type ggufSource struct {
 	mu        sync.Mutex
 	lastSrc   string
 	lastParts [3][]byte // W, scales, biases of lastSrc
+
+	q3n *qwen3nextLayout // qwen3next's layer kinds
 }
 
 // OpenGGUFSource opens a GGUF file as an engine.Source: tensors renamed to
@@ -156,59 +221,33 @@ func OpenGGUFSource(path string) (engine.Source, error) {
 func newGGUFSource(g *GGUF) (*ggufSource, error) {
 	arch, _ := g.String("general.architecture")
 	if _, ok := ggufArchs[arch]; !ok {
-		return nil, fmt.Errorf("unsupported general.architecture %q (supported: llama, qwen2, qwen3, qwen3moe, gemma3)", arch)
+		return nil, fmt.Errorf("unsupported general.architecture %q (supported: llama, qwen2, qwen3, qwen3moe, gemma3, gpt-oss, qwen3next, qwen35, qwen35moe)", arch)
+	}
+	var q3n *qwen3nextLayout
+	if isGatedDeltaNetArch(arch) {
+		var err error
+		if q3n, err = newQwen3nextLayout(g, arch); err != nil {
+			return nil, err
+		}
 	}
 	heads, _ := g.Uint(arch + ".attention.head_count")
 	kvHeads, ok := g.Uint(arch + ".attention.head_count_kv")
 	if !ok {
 		kvHeads = heads
 	}
-	s := &ggufSource{g: g, entries: map[string]ggufEntry{}, quant: map[string]engine.QuantSpec{}}
+	s := &ggufSource{g: g, entries: map[string]ggufEntry{}, quant: map[string]engine.QuantSpec{}, q3n: q3n}
 	for _, t := range g.tensors {
-		name := hfNameArch(arch, t.Name)
-		if name == "" {
-			name = t.Name // kept under its GGUF name (e.g. rope_freqs.weight)
-		}
-		e := ggufEntry{src: t.Name}
-		if arch == "gemma3" && strings.HasSuffix(name, "norm.weight") {
-			if t.Type != TypeF32 {
-				return nil, fmt.Errorf("tensor %s: gemma3 norm weight of type %s (want F32)", t.Name, t.Type)
-			}
-			e.minusOne = true
-		}
-		if arch == "llama" {
-			switch {
-			case strings.HasSuffix(name, ".self_attn.q_proj.weight"), strings.HasSuffix(name, ".self_attn.q_proj.bias"):
-				e.heads = int(heads)
-			case strings.HasSuffix(name, ".self_attn.k_proj.weight"), strings.HasSuffix(name, ".self_attn.k_proj.bias"):
-				e.heads = int(kvHeads)
-			}
-			if e.heads > 0 {
-				rows := t.Dims[len(t.Dims)-1]
-				if len(t.Dims) == 1 {
-					rows = t.Dims[0]
-				}
-				if rows%uint64(2*e.heads) != 0 {
-					return nil, fmt.Errorf("tensor %s: %d rows not divisible into %d heads of even size", t.Name, rows, e.heads)
-				}
+		targets := []ggufTarget{{hfNameArch(arch, t.Name), ggufEntry{src: t.Name}}}
+		if q3n != nil {
+			var err error
+			if targets, err = q3n.targets(t); err != nil {
+				return nil, err
 			}
 		}
-		switch t.Type {
-		case TypeF32, TypeF16, TypeBF16:
-			s.add(name, e)
-		case TypeQ4_0, TypeQ4_1, TypeQ5_0, TypeQ5_1, TypeQ8_0, TypeQ4_K, TypeQ5_K, TypeQ6_K:
-			prefix, ok := strings.CutSuffix(name, ".weight")
-			if !ok || (len(t.Dims) != 2 && !(len(t.Dims) == 3 && strings.Contains(prefix, ".switch_mlp."))) {
-				return nil, fmt.Errorf("tensor %s: quantized %s tensor is not a 2-D weight (or 3-D stacked experts)", t.Name, t.Type)
+		for _, tg := range targets {
+			if err := s.addTarget(arch, t, tg.name, tg.e, heads, kvHeads); err != nil {
+				return nil, err
 			}
-			s.quant[prefix] = engine.QuantSpec{Bits: mlxBits(t.Type), GroupSize: 32}
-			for part, suffix := range map[int]string{partW: ".weight", partScales: ".scales", partBiases: ".biases"} {
-				pe := e
-				pe.part = part
-				s.add(prefix+suffix, pe)
-			}
-		default:
-			return nil, fmt.Errorf("tensor %s: GGUF type %s not supported (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)", t.Name, t.Type)
 		}
 	}
 	sort.Strings(s.names)
@@ -218,6 +257,115 @@ func newGGUFSource(g *GGUF) (*ggufSource, error) {
 	}
 	s.config = cfg
 	return s, nil
+}
+
+// ggufTarget is one HF-named tensor made from a GGUF tensor.
+type ggufTarget struct {
+	name string
+	e    ggufEntry
+}
+
+// addTarget adds the HF tensor name (with its quantized parts) made from
+// the GGUF tensor t.
+func (s *ggufSource) addTarget(arch string, t TensorInfo, name string, e ggufEntry, heads, kvHeads uint64) error {
+	if name == "" {
+		name = t.Name // kept under its GGUF name (e.g. rope_freqs.weight)
+	}
+	if (e.negLog || e.shape != nil) && t.Type != TypeF32 && t.Type != TypeF16 && t.Type != TypeBF16 {
+		return fmt.Errorf("tensor %s: type %s (want F32, F16 or BF16)", t.Name, t.Type)
+	}
+	if e.negLog && t.Type != TypeF32 {
+		return fmt.Errorf("tensor %s: type %s (want F32)", t.Name, t.Type)
+	}
+	if e.shape != nil {
+		n := uint64(1)
+		for _, d := range e.shape {
+			n *= uint64(d)
+		}
+		if n != t.Elements() {
+			return fmt.Errorf("tensor %s: %d elements, not a %v view", t.Name, t.Elements(), e.shape)
+		}
+	}
+	for _, r := range e.rows {
+		n := t.Dims[len(t.Dims)-1]
+		if len(t.Dims) > 2 || r < 0 || uint64(r) >= n {
+			return fmt.Errorf("tensor %s: row %d out of range", t.Name, r)
+		}
+	}
+	if e.colBlocks != nil {
+		nb := uint64(len(e.colBlocks))
+		if len(t.Dims) != 2 || t.Dims[0]%nb != 0 || (t.Type == TypeMXFP4 && (t.Dims[0]/nb)%32 != 0) {
+			return fmt.Errorf("tensor %s: %d columns cannot be reordered in %d blocks", t.Name, t.Dims[0], nb)
+		}
+		if _, quantized := ggmlTypes[t.Type]; quantized && !isFloatType(t.Type) && (t.Dims[0]/nb)%32 != 0 {
+			e.dequant = true
+		}
+		for _, b := range e.colBlocks {
+			if b < 0 || uint64(b) >= nb {
+				return fmt.Errorf("tensor %s: column block %d out of range", t.Name, b)
+			}
+		}
+	}
+	if arch == "gemma3" && strings.HasSuffix(name, "norm.weight") {
+		if t.Type != TypeF32 {
+			return fmt.Errorf("tensor %s: gemma3 norm weight of type %s (want F32)", t.Name, t.Type)
+		}
+		e.minusOne = true
+	}
+	if arch == "llama" {
+		switch {
+		case strings.HasSuffix(name, ".self_attn.q_proj.weight"), strings.HasSuffix(name, ".self_attn.q_proj.bias"):
+			e.heads = int(heads)
+		case strings.HasSuffix(name, ".self_attn.k_proj.weight"), strings.HasSuffix(name, ".self_attn.k_proj.bias"):
+			e.heads = int(kvHeads)
+		}
+		if e.heads > 0 {
+			rows := t.Dims[len(t.Dims)-1]
+			if len(t.Dims) == 1 {
+				rows = t.Dims[0]
+			}
+			if rows%uint64(2*e.heads) != 0 {
+				return fmt.Errorf("tensor %s: %d rows not divisible into %d heads of even size", t.Name, rows, e.heads)
+			}
+		}
+	}
+	switch {
+	case e.dequant:
+		s.add(name, e)
+		return nil
+	}
+	switch t.Type {
+	case TypeF32, TypeF16, TypeBF16:
+		s.add(name, e)
+	case TypeQ4_0, TypeQ4_1, TypeQ5_0, TypeQ5_1, TypeQ8_0, TypeQ4_K, TypeQ5_K, TypeQ6_K:
+		prefix, ok := strings.CutSuffix(name, ".weight")
+		if !ok || (len(t.Dims) != 2 && !(len(t.Dims) == 3 && stackedExperts(prefix))) {
+			return fmt.Errorf("tensor %s: quantized %s tensor is not a 2-D weight (or 3-D stacked experts)", t.Name, t.Type)
+		}
+		s.quant[prefix] = engine.QuantSpec{Bits: mlxBits(t.Type), GroupSize: 32}
+		e.f32Scales = prefix == "model.embed_tokens"
+		for part, suffix := range map[int]string{partW: ".weight", partScales: ".scales", partBiases: ".biases"} {
+			pe := e
+			pe.part = part
+			s.add(prefix+suffix, pe)
+		}
+	case TypeMXFP4:
+		// MLX's mxfp4 form: packed E2M1 codes and E8M0 scales, no
+		// biases.
+		prefix, ok := strings.CutSuffix(name, ".weight")
+		if !ok || (len(t.Dims) != 2 && !(len(t.Dims) == 3 && stackedExperts(prefix))) {
+			return fmt.Errorf("tensor %s: MXFP4 tensor is not a 2-D weight (or 3-D stacked experts)", t.Name)
+		}
+		s.quant[prefix] = engine.QuantSpec{Bits: 4, GroupSize: 32, Mode: "mxfp4"}
+		for part, suffix := range map[int]string{partW: ".weight", partScales: ".scales"} {
+			pe := e
+			pe.part = part
+			s.add(prefix+suffix, pe)
+		}
+	default:
+		return fmt.Errorf("tensor %s: GGUF type %s not supported (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4)", t.Name, t.Type)
+	}
+	return nil
 }
 
 func (s *ggufSource) add(name string, e ggufEntry) {
@@ -252,6 +400,9 @@ func (s *ggufSource) Tensor(name string) (engine.Tensor, error) {
 	for i, d := range ti.Dims {
 		shape[len(shape)-1-i] = int(d)
 	}
+	if e.shape != nil {
+		shape = slices.Clone(e.shape)
+	}
 	out := engine.Tensor{Name: name, Shape: shape}
 	rows, cols := 1, shape[len(shape)-1]
 	lead := shape[:len(shape)-1] // [out] or, for stacked experts, [E, out]
@@ -269,11 +420,30 @@ func (s *ggufSource) Tensor(name string) (engine.Tensor, error) {
 				binary.LittleEndian.PutUint32(out.Data[i:], math.Float32bits(v-1))
 			}
 		}
+		if e.negLog {
+			out.Data = make([]byte, len(raw))
+			for i := 0; i+4 <= len(raw); i += 4 {
+				v := math.Float32frombits(binary.LittleEndian.Uint32(raw[i:]))
+				binary.LittleEndian.PutUint32(out.Data[i:], math.Float32bits(float32(math.Log(-float64(v)))))
+			}
+		}
 		if e.heads > 0 {
 			if len(shape) == 1 { // a bias: one element per row
 				rows, cols = shape[0], 1
 			}
 			out.Data = unpermuteRows(raw, rows, len(raw)/rows, e.heads)
+		}
+		if e.rows != nil {
+			n := int(ti.Dims[len(ti.Dims)-1]) // the file's rows (elements of a vector)
+			out.Data = pickRows(out.Data, n, e.rows)
+			if e.shape == nil {
+				out.Shape[0] = len(e.rows)
+			} else if len(e.rows) != n {
+				return engine.Tensor{}, fmt.Errorf("tensor %s: %d of %d rows picked from a reshaped tensor", ti.Name, len(e.rows), n)
+			}
+		}
+		if e.colBlocks != nil {
+			out.Data = permuteColBlocks(out.Data, rows, e.colBlocks)
 		}
 		return out, nil
 	}
@@ -281,14 +451,44 @@ func (s *ggufSource) Tensor(name string) (engine.Tensor, error) {
 	if err != nil {
 		return engine.Tensor{}, err
 	}
+	if e.rows != nil {
+		for i, p := range parts {
+			parts[i] = pickRows(p, rows, e.rows)
+		}
+		lead = []int{len(e.rows)}
+	}
+	if e.dequant {
+		out.DType = engine.F32
+		out.Shape = append(slices.Clone(lead), cols)
+		out.Data = dequantMLXParts(parts, rows, cols, mlxBits(ti.Type))
+		if e.colBlocks != nil {
+			out.Data = permuteColBlocks(out.Data, rows, e.colBlocks)
+		}
+		return out, nil
+	}
+	if e.colBlocks != nil {
+		for i, p := range parts {
+			parts[i] = permuteColBlocks(p, lead[0], e.colBlocks)
+		}
+	}
 	bits := mlxBits(ti.Type)
 	switch e.part {
 	case partW:
 		out.DType, out.Shape, out.Data = engine.U32, append(slices.Clone(lead), cols*bits/32), parts[0]
 	case partScales:
 		out.DType, out.Shape, out.Data = engine.F16, append(slices.Clone(lead), cols/32), parts[1]
+		if ti.Type == TypeMXFP4 {
+			out.DType = engine.U8
+		}
 	case partBiases:
 		out.DType, out.Shape, out.Data = engine.F16, append(slices.Clone(lead), cols/32), parts[2]
+	}
+	if e.f32Scales && e.part != partW && out.DType == engine.F16 {
+		f := make([]byte, 2*len(out.Data))
+		for i := 0; i+2 <= len(out.Data); i += 2 {
+			binary.LittleEndian.PutUint32(f[2*i:], math.Float32bits(F16ToF32(binary.LittleEndian.Uint16(out.Data[i:]))))
+		}
+		out.DType, out.Data = engine.F32, f
 	}
 	return out, nil
 }
@@ -313,6 +513,61 @@ func (s *ggufSource) converted(e ggufEntry, ti TensorInfo, raw []byte, rows, col
 	}
 	s.lastSrc, s.lastParts = e.src, parts
 	return parts, nil
+}
+
+func isFloatType(t GGMLType) bool { return t == TypeF32 || t == TypeF16 || t == TypeBF16 }
+
+// permuteColBlocks returns b (n rows of equal size) with each row's
+// len(blocks) equal column blocks reordered: block i of a row is its block
+// blocks[i] of b.
+func permuteColBlocks(b []byte, n int, blocks []int) []byte {
+	if len(b) == 0 || n == 0 {
+		return b
+	}
+	rowBytes := len(b) / n
+	bb := rowBytes / len(blocks)
+	out := make([]byte, 0, len(b))
+	for r := range n {
+		row := b[r*rowBytes : (r+1)*rowBytes]
+		for _, k := range blocks {
+			out = append(out, row[k*bb:(k+1)*bb]...)
+		}
+	}
+	return out
+}
+
+// dequantMLXParts expands the MLX affine form (words with element j at
+// bits [j·bits, (j+1)·bits), bits 4 or 8; F16 scales and biases per 32
+// elements) of rows×cols elements to little-endian float32.
+func dequantMLXParts(parts [3][]byte, rows, cols, bits int) []byte {
+	out := make([]byte, 4*rows*cols)
+	le := binary.LittleEndian
+	mask := uint32(1)<<bits - 1
+	words := cols * bits / 32
+	for r := range rows {
+		for c := range cols {
+			word := le.Uint32(parts[0][4*(r*words+c*bits/32):])
+			q := word >> (uint(c*bits) % 32) & mask
+			g := r*(cols/32) + c/32
+			v := F16ToF32(le.Uint16(parts[1][2*g:]))*float32(q) + F16ToF32(le.Uint16(parts[2][2*g:]))
+			le.PutUint32(out[4*(r*cols+c):], math.Float32bits(v))
+		}
+	}
+	return out
+}
+
+// pickRows returns rows sel (in that order) of b, which holds n rows of
+// equal size.
+func pickRows(b []byte, n int, sel []int) []byte {
+	if len(b) == 0 || n == 0 {
+		return nil
+	}
+	rowBytes := len(b) / n
+	out := make([]byte, 0, len(sel)*rowBytes)
+	for _, r := range sel {
+		out = append(out, b[r*rowBytes:(r+1)*rowBytes]...)
+	}
+	return out
 }
 
 // unpermuteRows undoes llama.cpp's Q/K permutation (convert_hf_to_gguf.py
@@ -351,6 +606,10 @@ func unpermuteRows(b []byte, rows, rowBytes, heads int) []byte {
 func ggufToMLX(t GGMLType, raw []byte, rows, cols int) (w, scales, biases []byte, err error) {
 	if gw, ok := groupwiseTypes[t]; ok {
 		return groupwiseToMLX(gw, raw, rows, cols)
+	}
+	if t == TypeMXFP4 {
+		w, scales, err = mxfp4ToMLX(raw, rows, cols)
+		return w, scales, nil, err
 	}
 	if cols%32 != 0 {
 		return nil, nil, nil, fmt.Errorf("%d columns not a multiple of 32", cols)
@@ -408,6 +667,41 @@ func ggufToMLX(t GGMLType, raw []byte, rows, cols int) (w, scales, biases []byte
 		le.PutUint16(biases[2*b:], bias)
 	}
 	return w, scales, biases, nil
+}
+
+// mxfp4ToMLX converts rows×cols elements of ggml MXFP4 blocks to MLX's
+// mxfp4 form: the same E2M1 codes packed 8 to a U32 word (element j of a
+// word at bits [4j, 4j+4)) and the same E8M0 scale bytes [rows, cols/32].
+// ggml's value table is E2M1 doubled and its scale halved, so the values
+// are equal.
+func mxfp4ToMLX(raw []byte, rows, cols int) (w, scales []byte, err error) {
+	if cols%32 != 0 {
+		return nil, nil, fmt.Errorf("%d columns not a multiple of 32", cols)
+	}
+	blocks := rows * cols / 32
+	if len(raw) != blocks*17 {
+		return nil, nil, fmt.Errorf("%d bytes for %d MXFP4 blocks", len(raw), blocks)
+	}
+	w = make([]byte, blocks*16)
+	scales = make([]byte, blocks)
+	le := binary.LittleEndian
+	for b := 0; b < blocks; b++ {
+		blk := raw[b*17 : (b+1)*17]
+		scales[b] = blk[0]
+		lo0, lo1 := le.Uint64(blk[1:]), le.Uint64(blk[9:])
+		out := w[b*16 : (b+1)*16]
+		le.PutUint32(out[0:], packNibbles(lo0))
+		le.PutUint32(out[4:], packNibbles(lo1))
+		le.PutUint32(out[8:], packNibbles(lo0>>4))
+		le.PutUint32(out[12:], packNibbles(lo1>>4))
+	}
+	return w, scales, nil
+}
+
+// stackedExperts reports whether an HF module prefix holds experts stacked
+// [E, out, in] (mlx-lm's switch_mlp, gpt-oss's experts).
+func stackedExperts(prefix string) bool {
+	return strings.Contains(prefix, ".switch_mlp.") || strings.Contains(prefix, ".mlp.experts.")
 }
 
 // mlxBits is the bit width of the MLX form of a quantized GGUF type.
@@ -522,7 +816,7 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 	}
 	ffn, err := need("feed_forward_length")
 	if err != nil {
-		if f, ok := g.Uint(key("expert_feed_forward_length")); ok && arch == "qwen3moe" {
+		if f, ok := g.Uint(key("expert_feed_forward_length")); ok && (arch == "qwen3moe" || arch == "gpt-oss" || arch == "qwen3next" || arch == "qwen35moe") {
 			ffn, err = f, nil // no dense layer uses it
 		} else {
 			return nil, err
@@ -585,23 +879,31 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 		"torch_dtype":             "float32",
 	}
 	if arch == "gemma3" {
-		// What llama.cpp's gemma3 assumes beyond the metadata: every 6th
-		// layer global, the sliding layers' RoPE base 10,000, attention
-		// scaled by 1/√head_dim (by 1/√(hidden/heads) for the 62-layer
-		// 27B), GeGLU.
+		// llama.cpp's gemma3: GeGLU; attention scaled by 1/√head_dim (by
+		// 1/√(hidden/heads) for the 62-layer 27B); the sliding layers'
+		// RoPE base rope.freq_base_swa (10,000 when absent; the
+		// converter does not write it) without rope scaling (HF's too).
 		delete(cfg, "hidden_act")
 		cfg["hidden_activation"] = "gelu_pytorch_tanh"
-		cfg["sliding_window_pattern"] = 6
-		cfg["rope_local_base_freq"] = 10000.0
 		cfg["query_pre_attn_scalar"] = headDim
 		if layers == 62 {
 			cfg["query_pre_attn_scalar"] = hidden / heads
 		}
-		w, err := need("attention.sliding_window")
+		cfg["rope_local_base_freq"] = 10000.0
+		if b, ok := g.Float(key("rope.freq_base_swa")); ok {
+			cfg["rope_local_base_freq"] = b
+		}
+		types, w, err := ggufSlidingLayers(g, key, int(layers), 6)
 		if err != nil {
 			return nil, err
 		}
-		cfg["sliding_window"] = w
+		cfg["layer_types"] = types
+		if w > 0 {
+			cfg["sliding_window"] = w
+		}
+		if c, ok := g.Float(key("final_logit_softcapping")); ok && c != 0 {
+			cfg["final_logit_softcapping"] = c // refused by name by the engine
+		}
 	}
 	if arch == "qwen3moe" {
 		for hfKey, k := range map[string]string{"num_experts": "expert_count",
@@ -615,6 +917,90 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 		// llama.cpp's qwen3moe renormalizes the chosen experts' weights and
 		// has every layer sparse.
 		cfg["norm_topk_prob"], cfg["decoder_sparse_step"], cfg["mlp_only_layers"] = true, 1, []int{}
+	}
+	if arch == "gpt-oss" {
+		// llama.cpp's gpt-oss: every layer sparse, top-k logits
+		// softmaxed, the experts' SwiGLU clamped at 7, every other layer
+		// (from the first) sliding; one RoPE for all layers.
+		for hfKey, k := range map[string]string{"num_local_experts": "expert_count",
+			"num_experts_per_tok": "expert_used_count", "intermediate_size": "expert_feed_forward_length"} {
+			v, err := need(k)
+			if err != nil {
+				return nil, err
+			}
+			cfg[hfKey] = v
+		}
+		cfg["swiglu_limit"] = 7.0
+		types, w, err := ggufSlidingLayers(g, key, int(layers), 2)
+		if err != nil {
+			return nil, err
+		}
+		cfg["layer_types"] = types
+		if w > 0 {
+			cfg["sliding_window"] = w
+		}
+		if b, ok := g.Float(key("rope.freq_base_swa")); ok && b != theta {
+			return nil, fmt.Errorf("metadata %s: %g differs from rope.freq_base %g; a separate RoPE base for the sliding layers is not supported for gpt-oss", key("rope.freq_base_swa"), b, theta)
+		}
+	}
+	if isGatedDeltaNetArch(arch) {
+		// llama.cpp's qwen3next and qwen35moe: every layer sparse with a
+		// shared expert, the chosen experts' weights renormalized; qwen35:
+		// every layer dense.
+		keys := map[string]string{"linear_num_key_heads": "ssm.group_count",
+			"linear_num_value_heads": "ssm.time_step_rank", "linear_key_head_dim": "ssm.state_size",
+			"linear_conv_kernel_dim": "ssm.conv_kernel"}
+		if arch != "qwen35" {
+			keys["num_experts"], keys["num_experts_per_tok"], keys["moe_intermediate_size"] = "expert_count", "expert_used_count", "expert_feed_forward_length"
+		}
+		for hfKey, k := range keys {
+			v, err := need(k)
+			if err != nil {
+				return nil, err
+			}
+			cfg[hfKey] = v
+		}
+		inner, err := need("ssm.inner_size")
+		if err != nil {
+			return nil, err
+		}
+		if hv := cfg["linear_num_value_heads"].(uint64); hv == 0 || inner%hv != 0 {
+			return nil, fmt.Errorf("metadata %s %d is not a multiple of ssm.time_step_rank %d", key("ssm.inner_size"), inner, hv)
+		} else {
+			cfg["linear_value_head_dim"] = inner / hv
+		}
+		if arch != "qwen35" {
+			cfg["shared_expert_intermediate_size"] = ffn
+			if v, ok := g.Uint(key("expert_shared_feed_forward_length")); ok {
+				cfg["shared_expert_intermediate_size"] = v
+			}
+			// Layers with a dense MLP (llama.cpp's have none; HF's
+			// mlp_only_layers) are those without a router.
+			dense := []int{}
+			for i := range s.q3n.recurrent {
+				if _, ok := g.TensorInfo(fmt.Sprintf("blk.%d.ffn_gate_inp.weight", i)); !ok {
+					dense = append(dense, i)
+				}
+			}
+			cfg["norm_topk_prob"], cfg["decoder_sparse_step"], cfg["mlp_only_layers"] = true, 1, dense
+		}
+		n := s.q3n.interval()
+		if n == 0 {
+			return nil, fmt.Errorf("metadata %s: the recurrent layers %v do not repeat with a full-attention interval", key("attention.recurrent_layers"), s.q3n.recurrent)
+		}
+		cfg["full_attention_interval"] = n
+		// llama.cpp rotates rope.dimension_count dims (default: all).
+		cfg["partial_rotary_factor"] = 1.0
+		if d, ok := g.Uint(key("rope.dimension_count")); ok {
+			cfg["partial_rotary_factor"] = float64(d) / float64(headDim)
+		}
+	}
+	// Scaling settings the engine does not implement are refused by name.
+	if f, ok := g.Float(key("rope.scaling.attn_factor")); ok && f != 1 {
+		return nil, fmt.Errorf("metadata %s = %g is not supported", key("rope.scaling.attn_factor"), f)
+	}
+	if f, ok := g.Float(key("rope.scaling.yarn_log_multiplier")); ok && f != 0 {
+		return nil, fmt.Errorf("metadata %s = %g is not supported", key("rope.scaling.yarn_log_multiplier"), f)
 	}
 	if id, ok := g.Uint("tokenizer.ggml.bos_token_id"); ok {
 		cfg["bos_token_id"] = id
@@ -653,10 +1039,17 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 				def = q
 			}
 		}
-		qb := map[string]any{"group_size": def.GroupSize, "bits": def.Bits}
+		spec := func(q engine.QuantSpec) map[string]any {
+			m := map[string]any{"group_size": q.GroupSize, "bits": q.Bits}
+			if q.Mode != "" {
+				m["mode"] = q.Mode
+			}
+			return m
+		}
+		qb := spec(def)
 		for p, q := range s.quant {
 			if q != def {
-				qb[p] = map[string]int{"group_size": q.GroupSize, "bits": q.Bits}
+				qb[p] = spec(q)
 			}
 		}
 		for _, n := range s.names {
@@ -668,6 +1061,49 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 		cfg["quantization"] = qb
 	}
 	return json.MarshalIndent(cfg, "", "  ")
+}
+
+// ggufSlidingLayers returns HF layer_types and sliding_window for
+// llama.cpp's sliding-window metadata: no (or a zero)
+// attention.sliding_window makes every layer full; otherwise
+// attention.sliding_window_pattern says which layers slide, as a bool per
+// layer or as a period n (layer i slides unless i%n == n-1; n = 0: all
+// slide), defaulting to the architecture's period.
+func ggufSlidingLayers(g *GGUF, key func(string) string, layers, defPattern int) ([]string, uint64, error) {
+	types := make([]string, layers)
+	for i := range types {
+		types[i] = "full_attention"
+	}
+	w, ok := g.Uint(key("attention.sliding_window"))
+	if !ok || w == 0 {
+		return types, 0, nil
+	}
+	pk := key("attention.sliding_window_pattern")
+	raw, present := g.Meta(pk)
+	flags := make([]bool, layers)
+	switch v := raw.(type) {
+	case []bool:
+		if len(v) != layers {
+			return nil, 0, fmt.Errorf("metadata %s: %d entries for %d layers", pk, len(v), layers)
+		}
+		copy(flags, v)
+	default:
+		n := uint64(defPattern)
+		if present {
+			if n, ok = toUint(v); !ok {
+				return nil, 0, fmt.Errorf("metadata %s: %v is neither a period nor a bool per layer", pk, raw)
+			}
+		}
+		for i := range flags {
+			flags[i] = n == 0 || uint64(i)%n < n-1
+		}
+	}
+	for i, f := range flags {
+		if f {
+			types[i] = "sliding_attention"
+		}
+	}
+	return types, w, nil
 }
 
 func isLinear(prefix string) bool {

@@ -216,6 +216,48 @@ func FuzzGGUFSource(f *testing.F) {
 	moe.Tensor("blk.0.ffn_gate_exps.weight", TypeQ8_0, make([]byte, 34*2*32/32*2), 32, 2, 2)
 	moe.Tensor("blk.0.ffn_down_exps.weight", TypeQ4_K, make([]byte, 144*2*2), 256, 2, 2)
 	f.Add(moe.Bytes())
+	var gem ggufBuilder
+	llamaMeta(&gem, "gemma3", 2, 1)
+	gem.U32("gemma3.attention.sliding_window", 4)
+	gem.Bools("gemma3.attention.sliding_window_pattern", []bool{true})
+	gem.F32("gemma3.rope.freq_base_swa", 1e4)
+	gem.Tensor("blk.0.post_ffw_norm.weight", TypeF32, make([]byte, 4*8), 8)
+	gem.Tensor("blk.0.ffn_gate.weight", TypeQ8_0, make([]byte, 34*2), 32, 2)
+	f.Add(gem.Bytes())
+	var oss ggufBuilder
+	llamaMeta(&oss, "gpt-oss", 2, 1)
+	oss.U32("gpt-oss.expert_count", 2)
+	oss.U32("gpt-oss.expert_used_count", 1)
+	oss.U32("gpt-oss.expert_feed_forward_length", 32)
+	oss.U32("gpt-oss.attention.sliding_window", 4)
+	oss.Tensor("blk.0.attn_sinks.weight", TypeF32, make([]byte, 4*2), 2)
+	oss.Tensor("blk.0.ffn_up_exps.weight", TypeMXFP4, make([]byte, 17*2*2), 32, 2, 2)
+	oss.Tensor("blk.0.ffn_up_exps.bias", TypeF32, make([]byte, 4*2*2), 2, 2)
+	f.Add(oss.Bytes())
+	var q3n ggufBuilder
+	llamaMeta(&q3n, "qwen3next", 2, 1)
+	for k, v := range map[string]uint32{"expert_count": 2, "expert_used_count": 1, "expert_feed_forward_length": 32,
+		"ssm.conv_kernel": 2, "ssm.state_size": 4, "ssm.group_count": 1, "ssm.time_step_rank": 2, "ssm.inner_size": 8} {
+		q3n.U32("qwen3next."+k, v)
+	}
+	q3n.Bools("qwen3next.attention.recurrent_layers", []bool{true})
+	q3n.Tensor("blk.0.ssm_ba.weight", TypeQ8_0, make([]byte, 34*4), 32, 4)
+	q3n.Tensor("blk.0.ssm_a", TypeF32, make([]byte, 4*2), 2)
+	q3n.Tensor("blk.0.ssm_conv1d.weight", TypeF32, make([]byte, 4*2*16), 2, 16)
+	q3n.Tensor("blk.0.ffn_gate_inp_shexp.weight", TypeF32, make([]byte, 4*8), 8)
+	f.Add(q3n.Bytes())
+	var q35 ggufBuilder
+	llamaMeta(&q35, "qwen35moe", 2, 1)
+	for k, v := range map[string]uint32{"expert_count": 2, "expert_used_count": 1, "expert_feed_forward_length": 32,
+		"ssm.conv_kernel": 2, "ssm.state_size": 4, "ssm.group_count": 2, "ssm.time_step_rank": 4, "ssm.inner_size": 16,
+		"full_attention_interval": 2} {
+		q35.U32("qwen35moe."+k, v)
+	}
+	q35.Tensor("blk.0.ssm_out.weight", TypeQ8_0, make([]byte, 34*8), 32, 8)
+	q35.Tensor("blk.0.ssm_alpha.weight", TypeF32, make([]byte, 4*4*8), 8, 4)
+	q35.Tensor("blk.0.ssm_a", TypeF32, make([]byte, 4*4), 4)
+	q35.Tensor("blk.0.ssm_conv1d.weight", TypeF32, make([]byte, 4*2*32), 2, 32)
+	f.Add(q35.Bytes())
 	f.Fuzz(func(t *testing.T, data []byte) {
 		g, err := ParseGGUF(data)
 		if err != nil {
@@ -310,5 +352,270 @@ func TestGGUFRopeFreqsBecomeLlama3Scaling(t *testing.T) {
 	}
 	if _, err := Open(build(ones[:10])); err == nil || !strings.Contains(err.Error(), "rope_freqs.weight") {
 		t.Errorf("wrong size: %v", err)
+	}
+}
+
+// TestGGUFGemma3SlidingMetadata: llama.cpp's gemma3 sliding-window keys
+// become layer_types, sliding_window and rope_local_base_freq: no
+// attention.sliding_window → every layer full; sliding_window_pattern as
+// a period (default 6; 0: every layer slides) or as a bool per layer;
+// rope.freq_base_swa; final_logit_softcapping passed on (for the engine to
+// refuse by name).
+func TestGGUFGemma3SlidingMetadata(t *testing.T) {
+	const S, F = "sliding_attention", "full_attention"
+	for _, tc := range []struct {
+		name    string
+		meta    func(b *ggufBuilder)
+		types   []string
+		window  any
+		local   float64
+		softcap any
+		err     string
+	}{
+		{"no window", func(b *ggufBuilder) {}, []string{F, F, F, F, F, F, F}, nil, 10000, nil, ""},
+		{"default period", func(b *ggufBuilder) { b.U32("gemma3.attention.sliding_window", 8) },
+			[]string{S, S, S, S, S, F, S}, 8.0, 10000, nil, ""},
+		{"period 3, swa base", func(b *ggufBuilder) {
+			b.U32("gemma3.attention.sliding_window", 16)
+			b.U32("gemma3.attention.sliding_window_pattern", 3)
+			b.F32("gemma3.rope.freq_base_swa", 5000)
+		}, []string{S, S, F, S, S, F, S}, 16.0, 5000, nil, ""},
+		{"period 0", func(b *ggufBuilder) {
+			b.U32("gemma3.attention.sliding_window", 8)
+			b.U32("gemma3.attention.sliding_window_pattern", 0)
+		}, []string{S, S, S, S, S, S, S}, 8.0, 10000, nil, ""},
+		{"bools", func(b *ggufBuilder) {
+			b.U32("gemma3.attention.sliding_window", 8)
+			b.Bools("gemma3.attention.sliding_window_pattern", []bool{true, false, true, false, false, true, true})
+		}, []string{S, F, S, F, F, S, S}, 8.0, 10000, nil, ""},
+		{"softcap", func(b *ggufBuilder) {
+			b.U32("gemma3.attention.sliding_window", 8)
+			b.F32("gemma3.final_logit_softcapping", 30)
+		}, []string{S, S, S, S, S, F, S}, 8.0, 10000, 30.0, ""},
+		{"bools of the wrong length", func(b *ggufBuilder) {
+			b.U32("gemma3.attention.sliding_window", 8)
+			b.Bools("gemma3.attention.sliding_window_pattern", []bool{true})
+		}, nil, nil, 0, nil, "1 entries for 7 layers"},
+		{"string pattern", func(b *ggufBuilder) {
+			b.U32("gemma3.attention.sliding_window", 8)
+			b.Str("gemma3.attention.sliding_window_pattern", "6")
+		}, nil, nil, 0, nil, "neither a period"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &ggufBuilder{}
+			b.Str("general.architecture", "gemma3")
+			for k, v := range map[string]uint32{"block_count": 7, "embedding_length": 8, "feed_forward_length": 32,
+				"attention.head_count": 2, "attention.head_count_kv": 1} {
+				b.U32("gemma3."+k, v)
+			}
+			tc.meta(b)
+			g, err := ParseGGUF(b.Bytes())
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := newGGUFSource(g)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cfg map[string]any
+			if err := json.Unmarshal(s.Config(), &cfg); err != nil {
+				t.Fatal(err)
+			}
+			var types []string
+			for _, x := range cfg["layer_types"].([]any) {
+				types = append(types, x.(string))
+			}
+			if !reflect.DeepEqual(types, tc.types) || cfg["sliding_window"] != tc.window ||
+				cfg["rope_local_base_freq"] != tc.local || cfg["final_logit_softcapping"] != tc.softcap {
+				t.Fatalf("layer_types %v sliding_window %v local base %v softcap %v", types, cfg["sliding_window"],
+					cfg["rope_local_base_freq"], cfg["final_logit_softcapping"])
+			}
+		})
+	}
+}
+
+// TestGGUFMXFP4ToMLX: a ggml MXFP4 block (E8M0 byte, then element j in the
+// low nibble of byte j and element j+16 in its high nibble) becomes MLX's
+// mxfp4 form: the same codes, element j of a U32 word at bits 4j..4j+3,
+// and the same scale byte.
+func TestGGUFMXFP4ToMLX(t *testing.T) {
+	blk := make([]byte, 17)
+	blk[0] = 130
+	for j := 0; j < 16; j++ {
+		blk[1+j] = byte(j) | byte(15-j)<<4 // element j = j, element j+16 = 15-j
+	}
+	w, sc, err := mxfp4ToMLX(blk, 1, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sc) != 1 || sc[0] != 130 || len(w) != 16 {
+		t.Fatalf("scales %v, %d weight bytes", sc, len(w))
+	}
+	for e := 0; e < 32; e++ {
+		word := binary.LittleEndian.Uint32(w[4*(e/8):])
+		got := word >> (4 * (e % 8)) & 15
+		want := uint32(e)
+		if e >= 16 {
+			want = uint32(15 - (e - 16))
+		}
+		if got != want {
+			t.Fatalf("element %d: code %d, want %d", e, got, want)
+		}
+	}
+	if _, _, err := mxfp4ToMLX(blk[:16], 1, 32); err == nil {
+		t.Error("a short block was accepted")
+	}
+}
+
+// TestGGUFGptOssNames: gpt-oss's GGUF tensors map onto mlx-lm's gpt_oss
+// names (the sinks are a bare tensor).
+func TestGGUFGptOssNames(t *testing.T) {
+	for gguf, want := range map[string]string{
+		"blk.3.attn_sinks.weight":          "model.layers.3.self_attn.sinks",
+		"blk.3.attn_sinks.bias":            "",
+		"blk.3.post_attention_norm.weight": "model.layers.3.post_attention_layernorm.weight",
+		"blk.3.ffn_gate_inp.bias":          "model.layers.3.mlp.router.bias",
+		"blk.3.ffn_down_exps.weight":       "model.layers.3.mlp.experts.down_proj.weight",
+		"blk.3.ffn_up_exps.bias":           "model.layers.3.mlp.experts.up_proj.bias",
+		"blk.3.attn_q.bias":                "model.layers.3.self_attn.q_proj.bias",
+		"blk.x.attn_sinks.weight":          "",
+	} {
+		if got := hfNameArch("gpt-oss", gguf); got != want {
+			t.Errorf("%s → %q, want %q", gguf, got, want)
+		}
+	}
+}
+
+// TestPermuteColBlocks: each row's column blocks are reordered, for any
+// element size.
+func TestPermuteColBlocks(t *testing.T) {
+	b := []byte("abcdefgh" + "ABCDEFGH") // 2 rows, 4 blocks of 2 bytes
+	if got := string(permuteColBlocks(b, 2, []int{2, 0, 3, 1})); got != "efabghcd"+"EFABGHCD" {
+		t.Fatalf("got %q", got)
+	}
+}
+
+// TestGGUFGptOssConfig: llama.cpp's gpt-oss metadata becomes gpt-oss's
+// config (experts, SwiGLU limit 7, layers sliding by the period-2 default
+// from the first, YaRN); a separate RoPE base for the sliding layers and
+// scaling settings the engine lacks are refused by name.
+func TestGGUFGptOssConfig(t *testing.T) {
+	build := func(extra func(b *ggufBuilder)) *ggufBuilder {
+		b := &ggufBuilder{}
+		b.Str("general.architecture", "gpt-oss")
+		for k, v := range map[string]uint32{"block_count": 4, "embedding_length": 8, "attention.head_count": 2,
+			"attention.head_count_kv": 1, "expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32,
+			"attention.sliding_window": 128, "rope.scaling.original_context_length": 4096} {
+			b.U32("gpt-oss."+k, v)
+		}
+		b.Str("gpt-oss.rope.scaling.type", "yarn")
+		b.F32("gpt-oss.rope.scaling.factor", 32)
+		b.F32("gpt-oss.rope.freq_base", 150000)
+		extra(b)
+		return b
+	}
+	g, err := ParseGGUF(build(func(*ggufBuilder) {}).Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newGGUFSource(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		Arch     []string       `json:"architectures"`
+		Experts  int            `json:"num_local_experts"`
+		PerTok   int            `json:"num_experts_per_tok"`
+		Inter    int            `json:"intermediate_size"`
+		Limit    float64        `json:"swiglu_limit"`
+		Types    []string       `json:"layer_types"`
+		Window   int            `json:"sliding_window"`
+		Scaling  map[string]any `json:"rope_scaling"`
+		RopeBase float64        `json:"rope_theta"`
+	}
+	if err := json.Unmarshal(s.Config(), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"sliding_attention", "full_attention", "sliding_attention", "full_attention"}
+	if cfg.Arch[0] != "GptOssForCausalLM" || cfg.Experts != 4 || cfg.PerTok != 2 || cfg.Inter != 32 || cfg.Limit != 7 ||
+		!reflect.DeepEqual(cfg.Types, want) || cfg.Window != 128 || cfg.RopeBase != 150000 ||
+		cfg.Scaling["rope_type"] != "yarn" || cfg.Scaling["factor"] != 32.0 || cfg.Scaling["original_max_position_embeddings"] != 4096.0 {
+		t.Fatalf("config %+v", cfg)
+	}
+	for _, tc := range []struct {
+		extra func(b *ggufBuilder)
+		err   string
+	}{
+		{func(b *ggufBuilder) { b.F32("gpt-oss.rope.freq_base_swa", 10000) }, "rope.freq_base_swa"},
+		{func(b *ggufBuilder) { b.F32("gpt-oss.rope.scaling.attn_factor", 2) }, "rope.scaling.attn_factor"},
+		{func(b *ggufBuilder) { b.F32("gpt-oss.rope.scaling.yarn_log_multiplier", 0.1) }, "yarn_log_multiplier"},
+	} {
+		g, err := ParseGGUF(build(tc.extra).Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := newGGUFSource(g); err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("error %v, want one naming %s", err, tc.err)
+		}
+	}
+}
+
+// TestGGUFQwen3NextLayerKinds: attention.recurrent_layers (a bool per
+// layer) or full_attention_interval (default 4) give the layer kinds; a
+// pattern no interval gives is refused.
+func TestGGUFQwen3NextLayerKinds(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		extra    func(b *ggufBuilder)
+		interval any
+		err      string
+	}{
+		{"default", func(b *ggufBuilder) {}, 4.0, ""},
+		{"interval", func(b *ggufBuilder) { b.U32("qwen3next.full_attention_interval", 2) }, 2.0, ""},
+		{"bools", func(b *ggufBuilder) {
+			b.Bools("qwen3next.attention.recurrent_layers", []bool{true, true, false, true, true, false, true, true})
+		}, 3.0, ""},
+		{"irregular", func(b *ggufBuilder) {
+			b.Bools("qwen3next.attention.recurrent_layers", []bool{true, false, false, true, true, false, true, true})
+		}, nil, "do not repeat"},
+		{"short", func(b *ggufBuilder) { b.Bools("qwen3next.attention.recurrent_layers", []bool{true}) }, nil, "a bool per layer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &ggufBuilder{}
+			b.Str("general.architecture", "qwen3next")
+			for k, v := range map[string]uint32{"block_count": 8, "embedding_length": 8, "attention.head_count": 2,
+				"attention.head_count_kv": 1, "expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32,
+				"ssm.conv_kernel": 4, "ssm.state_size": 4, "ssm.group_count": 1, "ssm.time_step_rank": 2, "ssm.inner_size": 8} {
+				b.U32("qwen3next."+k, v)
+			}
+			tc.extra(b)
+			g, err := ParseGGUF(b.Bytes())
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := newGGUFSource(g)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cfg map[string]any
+			if err := json.Unmarshal(s.Config(), &cfg); err != nil {
+				t.Fatal(err)
+			}
+			if cfg["full_attention_interval"] != tc.interval || cfg["linear_value_head_dim"] != 4.0 || cfg["partial_rotary_factor"] != 1.0 {
+				t.Fatalf("interval %v, value head dim %v, partial rotary %v", cfg["full_attention_interval"], cfg["linear_value_head_dim"], cfg["partial_rotary_factor"])
+			}
+		})
 	}
 }

@@ -46,6 +46,12 @@ func (b *ggufBuilder) F32(k string, v float32) {
 	le(&b.kv, v)
 }
 func (b *ggufBuilder) Bool(k string, v bool) { b.key(k, gBool); le(&b.kv, v) }
+func (b *ggufBuilder) Bools(k string, v []bool) {
+	b.key(k, gArray)
+	le(&b.kv, uint32(gBool))
+	le(&b.kv, uint64(len(v)))
+	le(&b.kv, v)
+}
 func (b *ggufBuilder) Strs(k string, v []string) {
 	b.key(k, gArray)
 	le(&b.kv, uint32(gString))

@@ -45,6 +45,10 @@ func run(args []string) error {
 	headDim := fs.Int("head-dim", 0, "head dimension (0 = default)")
 	maxPos := fs.Int("max-positions", 0, "max_position_embeddings (0 = default)")
 	mxfp4 := fs.Bool("mxfp4", false, "gptoss: experts in MLX's mxfp4")
+	experts := fs.Int("experts", 0, "MoE: experts (0 = default)")
+	perTok := fs.Int("experts-per-tok", 0, "MoE: experts per token (0 = default)")
+	moeInter := fs.Int("moe-intermediate", 0, "MoE: the experts' MLP size (0 = default)")
+	tied := fs.Bool("tied", false, "gemma3: tied embeddings (no lm_head)")
 	allSparse := fs.Bool("all-sparse", false, "qwen3moe: every layer sparse (llama.cpp's qwen3moe has no dense layers)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -78,7 +82,8 @@ func run(args []string) error {
 	}
 	s := testmodel.Spec{Arch: *arch, DType: dt, QuantBits: *bits, Seed: *seed, Layers: *layers,
 		Hidden: *hidden, Heads: *heads, KVHeads: *kvHeads, Intermediate: *inter, Vocab: *vocab, AllSparse: *allSparse,
-		SlidingWindow: *window, SlidingPattern: *pattern, HeadDim: *headDim, MaxPositions: *maxPos, MXFP4: *mxfp4}
+		SlidingWindow: *window, SlidingPattern: *pattern, HeadDim: *headDim, MaxPositions: *maxPos, MXFP4: *mxfp4, Tied: *tied,
+		Experts: *experts, ExpertsPerToken: *perTok, MoEIntermediate: *moeInter}
 	if *bits != 0 {
 		s.GroupSize = *group
 	}
