@@ -48,13 +48,33 @@ func BenchmarkMaskQwen3(b *testing.B) {
 	t0 := time.Now()
 	v := vocabOf(b, tok)
 	b.Logf("trie over %d tokens: %d nodes, built in %v", v.Size(), len(v.nodes), time.Since(t0))
-	g := mustCompile(b, benchSchema)
-	ids := tok.Encode(benchDoc)
+	benchMasks(b, tok, v, func() *Grammar { return mustCompile(b, benchSchema) }, benchDoc)
+	logits := make([]float32, v.Size())
+	b.Run("baseline-logits-pass", func(b *testing.B) {
+		mask := make([]uint64, v.MaskWords())
+		for i := range mask {
+			mask[i] = 0x5555555555555555
+		}
+		b.SetBytes(int64(4 * len(logits)))
+		for b.Loop() {
+			for i := range logits {
+				if mask[i/64]&(1<<(i%64)) == 0 {
+					logits[i] = float32(math.Inf(-1))
+				}
+			}
+		}
+	})
+}
+
+// benchMasks times Mask while following doc's tokens through a grammar
+// made by mk (cold, cached and shared, as BenchmarkMaskQwen3 says).
+func benchMasks(b *testing.B, tok *tokenizer.Tokenizer, v *Vocab, mk func() *Grammar, doc string) {
+	g := mk()
+	ids := tok.Encode(doc)
 	if ids[0] == tok.BOS() {
 		ids = ids[1:]
 	}
-	b.Logf("document: %d bytes, %d tokens", len(benchDoc), len(ids))
-	logits := make([]float32, v.Size())
+	b.Logf("document: %d bytes, %d tokens", len(doc), len(ids))
 	for _, mode := range []string{"cold", "cached", "shared"} {
 		b.Run(mode, func(b *testing.B) {
 			runtime.LockOSThread()
@@ -64,7 +84,7 @@ func BenchmarkMaskQwen3(b *testing.B) {
 			for b.Loop() {
 				gg := g
 				if mode != "shared" { // a grammar of its own: nothing from earlier generations
-					gg = mustCompile(b, benchSchema)
+					gg = mk()
 				}
 				c := NewConstraint(gg, v)
 				if mode == "cold" {
@@ -100,18 +120,29 @@ func BenchmarkMaskQwen3(b *testing.B) {
 			report(cpu, "cpu-µs/token")
 		})
 	}
-	b.Run("baseline-logits-pass", func(b *testing.B) {
-		mask := make([]uint64, v.MaskWords())
-		for i := range mask {
-			mask[i] = 0x5555555555555555
+}
+
+// BenchmarkMaskManyToolsQwen3: masks over Qwen3's vocabulary while a
+// Hermes-wrapped call to the last of 64 tools is written; the 64 tools'
+// names share a prefix, so all 64 alternatives stay open until the name
+// differs (more than the 32 the matcher once kept).
+func BenchmarkMaskManyToolsQwen3(b *testing.B) {
+	root := os.Getenv("EXO_REAL_TOKENIZERS")
+	if root == "" {
+		b.Skip("set EXO_REAL_TOKENIZERS (scripts/run-tests fetches it)")
+	}
+	tok, err := tokenizer.Load(filepath.Join(root, "qwen3"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	v := vocabOf(b, tok)
+	tools := manyTools(64)
+	mk := func() *Grammar {
+		g, err := ToolCalls(tools, hermes)
+		if err != nil {
+			b.Fatal(err)
 		}
-		b.SetBytes(int64(4 * len(logits)))
-		for b.Loop() {
-			for i := range logits {
-				if mask[i/64]&(1<<(i%64)) == 0 {
-					logits[i] = float32(math.Inf(-1))
-				}
-			}
-		}
-	})
+		return g
+	}
+	benchMasks(b, tok, v, mk, "<tool_call>\n"+`{"name": "lookup_record_063", "arguments": {"p63": 7, "note": "the last one"}}`+"\n</tool_call>")
 }

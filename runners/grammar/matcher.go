@@ -2,6 +2,7 @@ package grammar
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 )
 
@@ -39,7 +40,9 @@ func (m *Matcher) Advance(bs []byte) error {
 		if len(s.out) == 0 {
 			return fmt.Errorf("%w: %q at byte %d", ErrRejected, b, i)
 		}
-		alts = capAlts(dedupe(s.out))
+		if alts = dedupe(s.out); len(alts) > MaxAlternatives {
+			return fmt.Errorf("%w: %d ways to read the text are open at byte %d (limit %d)", ErrTooAmbiguous, len(alts), i, MaxAlternatives)
+		}
 	}
 	m.alts = alts
 	return nil
@@ -97,14 +100,15 @@ func dedupe(alts []*frame) []*frame {
 	return out
 }
 
-// MaxAlternatives bounds the stacks a state keeps (anyOf branches still
-// open). Past it the later ones are dropped: what remains still only
-// produces valid documents, but fewer of them.
-const MaxAlternatives = 32
+// MaxAlternatives bounds the stacks a state keeps open at once (anyOf
+// branches, tools whose names share a prefix). Alternatives are never
+// dropped: a grammar with many branches (hundreds of tools) keeps them
+// all, and dedupe merges those that converge. Only a schema whose
+// branches stay ambiguous through recursion can multiply them without
+// bound (each level doubling them); past this limit Advance fails with
+// ErrTooAmbiguous rather than silently narrowing what may be generated.
+const MaxAlternatives = 4096
 
-func capAlts(alts []*frame) []*frame {
-	if len(alts) > MaxAlternatives {
-		return alts[:MaxAlternatives]
-	}
-	return alts
-}
+// ErrTooAmbiguous is wrapped by Advance when more than MaxAlternatives
+// readings of the text are open at once.
+var ErrTooAmbiguous = errors.New("grammar: schema too ambiguous")

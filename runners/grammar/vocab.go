@@ -406,7 +406,7 @@ func (w *walker) walk(ni int32, alts []*frame, depth int, inPlain bool) {
 		w.setRange(c.t0, c.tEnd)
 		if c.e1 > c.e0 {
 			if len(next) > 8 {
-				next = capAlts(dedupe(next))
+				next = dedupe(next)
 			}
 			w.walk(ci, next, depth+1, childPlain)
 		}
