@@ -53,7 +53,8 @@ type Model struct {
 	weights []Array // every array Load kept, released by Close
 	// hostRouting: MoE layers route on the host (LoadOptions.HostMoERouting).
 	hostRouting bool
-	windows     []int // per layer: 0 full attention, W sliding; nil when all full
+	routeObs    func(layer int, experts [][]int32) // LoadOptions.RouteObserver
+	windows     []int                              // per layer: 0 full attention, W sliding; nil when all full
 	// Gemma 3 (gemma3.go): embeddings times embedScale [D], attention
 	// scale attnScale (0: 1/√Dh).
 	embedScale Array
@@ -130,7 +131,7 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	if err != nil {
 		return nil, fmt.Errorf("engine: vocabulary: %w", err)
 	}
-	m = &Model{b: b, cfg: *cfg, arch: arch, eps: float32(cfg.RMSNormEps), hostRouting: opts.HostMoERouting, windows: windows}
+	m = &Model{b: b, cfg: *cfg, arch: arch, eps: float32(cfg.RMSNormEps), hostRouting: opts.HostMoERouting, routeObs: opts.RouteObserver, windows: windows}
 	m.cacheDT = opts.CacheDType
 	if m.cacheDT == 0 {
 		m.cacheDT = cfg.DType

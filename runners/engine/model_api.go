@@ -47,6 +47,13 @@ type LoadOptions struct {
 	// the benchmarks that measure what in-graph routing gains; the results
 	// agree up to rounding of the expert weights.
 	HostMoERouting bool
+	// RouteObserver, when set, is called by each sparse (MoE) layer of
+	// every step with the experts it chose, token by token ([n][k],
+	// in TopK's order: compare them as sets): a diagnostic for tests that ask whether two runs
+	// routed alike. It costs one synchronization per sparse layer and
+	// step (the indices are read back), so it is nil outside such tests;
+	// it does not change what is computed.
+	RouteObserver func(layer int, experts [][]int32)
 }
 
 // ModelInfo describes a loaded model.

@@ -294,6 +294,11 @@ func (m *Model) moeForward(mb *moeBlock, x, h Array, n int, host bool) (Array, e
 		inds, scores = b.FromInt32(ei, n, k), b.FromFloat32(wf, n, k)
 	} else {
 		inds = b.TopK(logits, k)
+		if m.routeObs != nil {
+			if err := m.observeRoute(mb, inds, n, k); err != nil {
+				return nil, err
+			}
+		}
 		if mb.norm {
 			scores = b.Softmax(b.TakeAlongAxis(logits, inds))
 		} else {
@@ -460,4 +465,32 @@ func (m *Model) moeForwardPerExpert(mb *moeBlock, x, h Array) (Array, error) {
 		}
 	}
 	return out, nil
+}
+
+// observeRoute reads the chosen experts inds [n, k] back and hands them to
+// the RouteObserver with the layer's index (a diagnostic: one
+// synchronization, nothing computed differently).
+func (m *Model) observeRoute(mb *moeBlock, inds Array, n, k int) error {
+	if err := m.b.Eval(inds); err != nil {
+		return err
+	}
+	v, err := m.b.Float32(inds)
+	if err != nil {
+		return fmt.Errorf("route observer: %w", err)
+	}
+	layer := -1
+	for i := range m.layers {
+		if m.layers[i].moe == mb {
+			layer = i
+		}
+	}
+	experts := make([][]int32, n)
+	for t := range experts {
+		experts[t] = make([]int32, k)
+		for j := range k {
+			experts[t][j] = int32(v[t*k+j])
+		}
+	}
+	m.routeObs(layer, experts)
+	return nil
 }
