@@ -454,6 +454,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 				return out
 			}
 			router.Ahead = decode.SelectorAhead(remote.Selector)
+			router.PrefixHit = remote.PrefixHit
 			o.Router = router
 			calibrate(ctx, dm, router, f.chunk, log)
 			for _, a := range addrs {

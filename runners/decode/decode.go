@@ -473,10 +473,11 @@ func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest,
 	var prefer []string         // endpoints by predicted finish, best first
 	var ahead map[string]int    // fetches ahead at each endpoint when routed
 	if outcome == "" && s.o.Router != nil {
-		d := s.o.Router.Decide(n-1-start, s.o.RemoteMinTokens)
+		d, hits, done := s.o.Router.DecidePrompt(ctx, prompt, start, s.o.RemoteMinTokens)
+		defer done()
 		s.m.RouteDecisions.WithLabelValues(d.Route, d.Reason).Inc()
 		s.log.Info("route decision", "req", reqID, "uncached", n-1-start, "route", d.Route, "reason", d.Reason,
-			"predicted_local", d.Local, "predicted_remote", d.Remote, "endpoint", d.Endpoint)
+			"predicted_local", d.Local, "predicted_remote", d.Remote, "endpoint", d.Endpoint, "prefix_hits", hits)
 		switch {
 		case d.Route == RouteRemote:
 			predicted, prefer, ahead = d.Remote, d.Order, d.Ahead

@@ -70,6 +70,14 @@ func (r *KVRemote) RunProbes(ctx context.Context, every time.Duration) {
 	}
 }
 
+// PrefixHit asks the prefill runner at addr how many leading tokens of
+// prompt its prefix cache holds (PROTOCOL.md §18); a Router.PrefixHit.
+// kvwire.ErrNoPrefixProbe when it does not answer prefix probes.
+func (r *KVRemote) PrefixHit(ctx context.Context, addr string, prompt []int32) (int, error) {
+	return r.Client.PrefixHit(ctx, addr, &kvwire.Request{ID: "prefix-probe", Model: r.Name,
+		Fingerprint: kvwire.Fingerprint(r.Model.Fingerprint()), Tokens: prompt})
+}
+
 // Prefill implements Remote.
 func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, start int, cache engine.KVCache, prefer []string) (RemoteStats, error) {
 	info := r.Model.Info()

@@ -1,6 +1,7 @@
 package decode
 
 import (
+	"context"
 	"math"
 	"sync"
 	"time"
@@ -33,7 +34,9 @@ type RemoteCandidate struct {
 	// taken to cost what this one does (the host serves them in turn).
 	Ahead int
 	// Cached is how many of the uncached tokens it already holds (prefix
-	// hit on its side): it computes Uncached-Cached but still sends all.
+	// hit on its side, from a prefix probe): it computes Uncached-Cached
+	// but still sends all. Negative when it holds less of the prompt than
+	// the decode side does (it recomputes that part too).
 	Cached int
 	// Goodput is the link's measured goodput to it, bytes/s (0: unknown).
 	Goodput float64
@@ -272,6 +275,17 @@ type Router struct {
 	// Ahead, when set, counts the fetches in flight or waiting at an
 	// endpoint.
 	Ahead func(addr string) int
+	// PrefixHit, when set, asks an endpoint how many leading tokens of the
+	// prompt its prefix cache holds (a prefix probe, PROTOCOL.md §18;
+	// KVRemote.PrefixHit). DecidePrompt asks every endpoint at once and
+	// waits at most ProbeTimeout; an endpoint that errs or is late counts
+	// as holding what the decode side holds (the old assumption).
+	PrefixHit func(ctx context.Context, addr string, prompt []int32) (int, error)
+	// ProbeTimeout bounds the prefix probes of one decision (0: 50 ms).
+	ProbeTimeout time.Duration
+
+	mu      sync.Mutex
+	pending map[string]int // remote decisions whose fill has not ended, by endpoint
 }
 
 // Input is the routing question for a fill of uncached tokens.
@@ -304,6 +318,84 @@ func (r *Router) Input(uncached, minTokens int) RouteInput {
 // Decide answers the routing question for a fill of uncached tokens.
 func (r *Router) Decide(uncached, minTokens int) RouteDecision {
 	return Decide(r.Input(uncached, minTokens))
+}
+
+// DecidePrompt is Decide for a fill of prompt[start:n-1], with each
+// remote candidate's prefix hit from a prefix probe when PrefixHit is set
+// and the fill is long enough to go remote at all. hits (nil without
+// probes) is what each endpoint that answered holds, for the log.
+//
+// Decisions made at once (concurrent requests, all waiting on their
+// probes) must not all pick the same host: a remote decision counts as a
+// fetch ahead at its endpoint for later decisions until the caller calls
+// done (when its fill ends), as the endpoint's in-flight count would once
+// the fetch starts. done is never nil.
+func (r *Router) DecidePrompt(ctx context.Context, prompt []int32, start, minTokens int) (d RouteDecision, hits map[string]int, done func()) {
+	uncached := len(prompt) - 1 - start
+	if r.PrefixHit != nil && uncached >= minTokens && r.Endpoints != nil {
+		if addrs := r.Endpoints(); len(addrs) > 0 {
+			hits = r.probeHits(ctx, addrs, prompt)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	in := r.Input(uncached, minTokens)
+	for i := range in.Remotes {
+		c := &in.Remotes[i]
+		if h, ok := hits[c.Addr]; ok {
+			c.Cached = h - start
+		}
+		c.Ahead = max(c.Ahead, r.pending[c.Addr])
+	}
+	d = Decide(in)
+	if d.Route != RouteRemote || d.Endpoint == "" {
+		return d, hits, func() {}
+	}
+	if r.pending == nil {
+		r.pending = map[string]int{}
+	}
+	addr := d.Endpoint
+	r.pending[addr]++
+	var once sync.Once
+	return d, hits, func() {
+		once.Do(func() {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if r.pending[addr]--; r.pending[addr] <= 0 {
+				delete(r.pending, addr)
+			}
+		})
+	}
+}
+
+// probeHits asks every endpoint at once, waiting at most ProbeTimeout.
+func (r *Router) probeHits(ctx context.Context, addrs []string, prompt []int32) map[string]int {
+	to := r.ProbeTimeout
+	if to <= 0 {
+		to = 50 * time.Millisecond
+	}
+	ctx, cancel := context.WithTimeout(ctx, to)
+	defer cancel()
+	type answer struct {
+		addr string
+		n    int
+		err  error
+	}
+	ch := make(chan answer, len(addrs))
+	for _, a := range addrs {
+		go func(addr string) {
+			n, err := r.PrefixHit(ctx, addr, prompt)
+			ch <- answer{addr, n, err}
+		}(a)
+	}
+	hits := map[string]int{}
+	for range addrs {
+		a := <-ch
+		if a.err == nil {
+			hits[a.addr] = a.n
+		}
+	}
+	return hits
 }
 
 // ObserveLocal learns the local prefill rate from a local fill.

@@ -1,7 +1,11 @@
 package decode
 
 import (
+	"context"
+	"errors"
+	"maps"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 )
@@ -138,5 +142,107 @@ func TestRates(t *testing.T) {
 	r.ForgetLink("a")
 	if r.Goodput("a") != 0 {
 		t.Fatal("ForgetLink kept the goodput")
+	}
+}
+
+// TestDecidePromptProbesPrefixHits: with PrefixHit set the router asks
+// every endpoint at once and ranks by the work each has left: the host
+// that holds the conversation's prefix wins over an equal one that does
+// not; an endpoint that errs or answers after ProbeTimeout counts as
+// holding what the decode side holds; below the floor nothing is probed.
+func TestDecidePromptProbesPrefixHits(t *testing.T) {
+	rates := NewRates()
+	for _, a := range []string{"local", "cold", "warm", "late", "err"} {
+		rates.ObservePrefill(a, 4000, 2*time.Second) // 2,000 tok/s everywhere
+	}
+	for _, a := range []string{"cold", "warm", "late", "err"} {
+		rates.ObserveTransfer(a, 1e9, time.Second) // 1 GB/s links
+	}
+	prompt := make([]int32, 4001)
+	var mu sync.Mutex
+	asked := map[string]int{}
+	r := &Router{Rates: rates, KVBytesPerToken: 1000, ProbeTimeout: 100 * time.Millisecond,
+		PrefixHit: func(ctx context.Context, addr string, p []int32) (int, error) {
+			mu.Lock()
+			asked[addr]++
+			mu.Unlock()
+			switch addr {
+			case "warm":
+				return 3500, nil
+			case "late":
+				select {
+				case <-time.After(5 * time.Second):
+					return 4000, nil
+				case <-ctx.Done():
+					return 0, ctx.Err()
+				}
+			case "err":
+				return 0, errors.New("no probes here")
+			}
+			return 0, nil
+		}}
+	r.Endpoints = func() []string { return []string{"cold", "late", "err", "warm"} }
+	t0 := time.Now()
+	d, hits, done := r.DecidePrompt(context.Background(), prompt, 0, 256)
+	done()
+	if el := time.Since(t0); el > 3*time.Second {
+		t.Fatalf("decision waited %v for a late endpoint", el)
+	}
+	if d.Route != RouteRemote || d.Endpoint != "warm" || d.Order[0] != "warm" {
+		t.Fatalf("decision %+v, want remote to warm first", d)
+	}
+	if want := map[string]int{"cold": 0, "warm": 3500}; !maps.Equal(hits, want) {
+		t.Fatalf("hits %v, want %v", hits, want)
+	}
+	// A second turn: the decode side holds 3,000 tokens; "cold" would
+	// recompute them (Cached = -3000), "warm" holds 3,500 of them.
+	d, _, done = r.DecidePrompt(context.Background(), prompt, 3000, 256)
+	done()
+	if d.Order[0] != "warm" {
+		t.Fatalf("second turn order %v, want warm first", d.Order)
+	}
+	if in := r.Input(1000, 256); PredictRemote(in, RemoteCandidate{Rate: 2000, Goodput: 1e9, Cached: -3000}) <= PredictRemote(in, in.Remotes[0]) {
+		t.Fatal("a host that lacks the decode side's prefix is not predicted slower")
+	}
+	before := len(asked)
+	asked = map[string]int{}
+	if _, hits, _ := r.DecidePrompt(context.Background(), prompt[:100], 0, 256); hits != nil || len(asked) != 0 {
+		t.Fatalf("below the floor: probed %v (hits %v), had probed %d endpoints before", asked, hits, before)
+	}
+}
+
+// TestDecidePromptCountsPendingDecisions: remote decisions not yet done
+// count as fetches ahead, so concurrent decisions spread over equal hosts
+// instead of all taking the first; done releases them.
+func TestDecidePromptCountsPendingDecisions(t *testing.T) {
+	rates := NewRates()
+	for _, a := range []string{"a", "b"} {
+		rates.ObservePrefill(a, 4000, 2*time.Second)
+	}
+	rates.ObservePrefill("local", 4000, 40*time.Second) // local 100 tok/s: remote wins
+	for _, a := range []string{"a", "b"} {
+		rates.ObserveTransfer(a, 1e9, time.Second)
+	}
+	r := &Router{Rates: rates, KVBytesPerToken: 1000, Endpoints: func() []string { return []string{"a", "b"} }}
+	prompt := make([]int32, 4001)
+	var dones []func()
+	count := map[string]int{}
+	for range 4 {
+		d, _, done := r.DecidePrompt(context.Background(), prompt, 0, 256)
+		if d.Route != RouteRemote {
+			t.Fatalf("decision %+v, want remote", d)
+		}
+		count[d.Endpoint]++
+		dones = append(dones, done)
+	}
+	if count["a"] != 2 || count["b"] != 2 {
+		t.Fatalf("4 pending decisions went %v, want 2 and 2", count)
+	}
+	for _, f := range dones {
+		f()
+		f() // idempotent
+	}
+	if len(r.pending) != 0 {
+		t.Fatalf("pending after done: %v", r.pending)
 	}
 }

@@ -140,6 +140,8 @@ type Stats struct {
 	// Streams is the number of connections the transfer used (PROTOCOL.md
 	// §17): 1, or what the server granted of Request.Streams.
 	Streams int
+	// serverFlags are the flags of the server's Hello.
+	serverFlags uint16
 	// SecondaryChunks counts the chunks that came over the secondaries.
 	SecondaryChunks int
 	// ChunksWaited counts striped chunks that arrived before the previous
@@ -485,6 +487,7 @@ func (c *Client) handshake(conn net.Conn, br *bufio.Reader, st *Stats) error {
 	if err != nil {
 		return fmt.Errorf("server %s: %w", conn.RemoteAddr(), err)
 	}
+	st.serverFlags = sflags
 	switch {
 	case sflags&flagAuthRequired != 0 && len(c.cfg.Secret) == 0:
 		return fmt.Errorf("%w: server requires a secret and none is configured", ErrAuth)

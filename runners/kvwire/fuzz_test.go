@@ -167,6 +167,7 @@ func FuzzRequest(f *testing.F) {
 		{ID: "a", Model: "qwen3-8b", Tokens: tokens(10), StartPos: 3, DType: DTypeBF16, Deadline: 2000e6},
 		{Tokens: []int32{0}},
 		{ID: "x", Fingerprint: Fingerprint{1, 2}, Tokens: tokens(64), StartPos: 63, DType: DTypeF32},
+		{ID: "p", Model: "m", Tokens: tokens(130), PrefixProbe: true},
 	} {
 		b, err := encodeRequest(r)
 		if err != nil {

@@ -214,6 +214,10 @@ func (s *Server) handle(ctx context.Context, conn net.Conn) {
 		return
 	}
 	log = log.With("req", req)
+	if req.PrefixProbe {
+		s.servePrefix(ctx, conn, req, log)
+		return
+	}
 	s.stream(ctx, conn, br, req, log)
 }
 
@@ -233,6 +237,9 @@ func (s *Server) handshake(conn net.Conn) (*Request, []byte, *bufio.Reader, erro
 	var flags uint16
 	if len(s.cfg.Secret) > 0 {
 		flags |= flagAuthRequired
+	}
+	if _, ok := s.cfg.Producer.(PrefixProber); ok {
+		flags |= flagPrefixProbe
 	}
 	var sh [helloSize]byte
 	putHello(sh[:], Version, flags, &nonce)

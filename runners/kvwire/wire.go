@@ -54,12 +54,14 @@ const (
 	frameKeepalive uint8 = 9
 	frameStreams   uint8 = 10 // version 4: stripe.go
 	frameJoin      uint8 = 11 // version 4: stripe.go
+	framePrefix    uint8 = 12 // the answer to a prefix probe: prefix.go
 )
 
 // Hello flags.
 const (
 	flagHasSecret    uint16 = 1 // client
 	flagAuthRequired uint16 = 1 // server
+	flagPrefixProbe  uint16 = 2 // server: answers prefix probes (prefix.go)
 )
 
 // DType is the element type of KV bytes on the wire.
@@ -171,6 +173,8 @@ func (l Limits) maxPayload(typ uint8) int {
 		return l.MaxFrame
 	case frameDone:
 		return doneSize
+	case framePrefix:
+		return prefixSize
 	case frameError:
 		return 4 + maxReasonLen
 	case frameKeepalive:
@@ -202,6 +206,11 @@ type Request struct {
 	// chunks over (0 or 1: this one only; at most MaxStreams; PROTOCOL.md
 	// §17).
 	Streams int
+	// PrefixProbe asks only how many leading tokens of Tokens the server
+	// already holds (PROTOCOL.md §18): answered with a Prefix frame, no KV.
+	// Send it only to a server whose Hello advertises prefix probes
+	// (Client.PrefixHit does).
+	PrefixProbe bool
 }
 
 // Header describes the KV a stream carries (PROTOCOL.md §6).
@@ -409,6 +418,9 @@ func encodeRequest(req *Request) ([]byte, error) {
 	p := b[frameHeaderSize:]
 	p[0] = byte(req.DType)
 	p[1] = byte(req.Streams)
+	if req.PrefixProbe {
+		p[2] = reqFlagPrefixProbe
+	}
 	le.PutUint32(p[4:8], uint32(req.StartPos))
 	le.PutUint32(p[8:12], uint32(ms))
 	copy(p[12:44], req.Fingerprint[:])
@@ -443,7 +455,7 @@ func parseRequest(p []byte, lim Limits) (*Request, error) {
 	if p[1] > MaxStreams {
 		return nil, bad("%d streams (at most %d)", p[1], MaxStreams)
 	}
-	if p[2] != 0 || p[3] != 0 {
+	if p[2]&^reqFlagPrefixProbe != 0 || p[3] != 0 {
 		return nil, bad("non-zero reserved bytes")
 	}
 	start := le.Uint32(p[4:8])
@@ -464,10 +476,11 @@ func parseRequest(p []byte, lim Limits) (*Request, error) {
 		return nil, bad("start_pos %d with %d tokens", start, n)
 	}
 	req := &Request{
-		StartPos: int(start),
-		Streams:  int(p[1]),
-		DType:    dt,
-		Deadline: time.Duration(ms) * time.Millisecond,
+		PrefixProbe: p[2]&reqFlagPrefixProbe != 0,
+		StartPos:    int(start),
+		Streams:     int(p[1]),
+		DType:       dt,
+		Deadline:    time.Duration(ms) * time.Millisecond,
 	}
 	copy(req.Fingerprint[:], p[12:44])
 	o := requestFixed

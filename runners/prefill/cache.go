@@ -89,21 +89,7 @@ func commonPrefix(a, b []int32) int {
 func (p *prefixCache) acquire(tokens []int32, limit int, newCache func() engine.KVCache, exact bool) (engine.KVCache, int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	keys := p.blockKeys(tokens[:min(len(tokens), limit)])
-	var best *cacheEntry
-	n := 0
-	for i := len(keys) - 1; i >= 0; i-- {
-		e, ok := p.index[keys[i]]
-		if !ok || commonPrefix(e.tokens, tokens) < (i+1)*p.block {
-			continue
-		}
-		// An entry whose sliding layers have moved past the window of
-		// the shared prefix cannot serve it (PROTOCOL.md, prefix caches).
-		if m := min(commonPrefix(e.tokens, tokens), limit); m == len(e.tokens) || e.cache.CanTruncate(m) {
-			best, n = e, m
-			break
-		}
-	}
+	best, n := p.lookup(tokens, limit)
 	if best == nil {
 		return newCache(), 0, nil
 	}
@@ -134,6 +120,37 @@ func (p *prefixCache) acquire(tokens []int32, limit int, newCache func() engine.
 	}
 	p.touch(best)
 	return c, n, nil
+}
+
+// lookup finds the entry holding the longest usable prefix of tokens (at
+// most limit tokens) and that prefix's length; p.mu is held.
+func (p *prefixCache) lookup(tokens []int32, limit int) (*cacheEntry, int) {
+	keys := p.blockKeys(tokens[:min(len(tokens), limit)])
+	for i := len(keys) - 1; i >= 0; i-- {
+		e, ok := p.index[keys[i]]
+		if !ok || commonPrefix(e.tokens, tokens) < (i+1)*p.block {
+			continue
+		}
+		// An entry whose sliding layers have moved past the window of
+		// the shared prefix cannot serve it (PROTOCOL.md, prefix caches).
+		if m := min(commonPrefix(e.tokens, tokens), limit); m == len(e.tokens) || e.cache.CanTruncate(m) {
+			return e, m
+		}
+	}
+	return nil, 0
+}
+
+// peek returns how many leading tokens acquire would find cached now
+// (the same rules: at most limit; with exact, only a whole entry), without
+// taking or touching anything: the answer to a prefix probe.
+func (p *prefixCache) peek(tokens []int32, limit int, exact bool) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	best, n := p.lookup(tokens, limit)
+	if best == nil || (exact && n != len(best.tokens)) {
+		return 0
+	}
+	return n
 }
 
 // release stores cache as holding the KV of tokens (len(tokens) ==

@@ -97,6 +97,19 @@ func (p *Producer) Close() { p.cache.close() }
 // CacheStats reports the prefix cache's entries and bytes.
 func (p *Producer) CacheStats() (entries int, bytes int64) { return p.cache.stats() }
 
+// CachedPrefix implements kvwire.PrefixProber: how many leading tokens of
+// the prompt a Produce starting now would take from the prefix cache
+// (never more than it would compute up to, len−1), computing nothing.
+func (p *Producer) CachedPrefix(ctx context.Context, req *kvwire.Request) (int, error) {
+	if req.Model != p.o.Name {
+		return 0, fmt.Errorf("%w: this prefill runner serves %q, not %q", kvwire.ErrMismatch, p.o.Name, req.Model)
+	}
+	if req.Fingerprint != (kvwire.Fingerprint{}) && req.Fingerprint != p.fp {
+		return 0, fmt.Errorf("%w: KV fingerprint differs from this runner's model", kvwire.ErrMismatch)
+	}
+	return p.cache.peek(req.Tokens, len(req.Tokens)-1, p.info.Recurrent != nil), nil
+}
+
 // Produce implements kvwire.Producer.
 func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.Emitter) (err error) {
 	t0 := time.Now()

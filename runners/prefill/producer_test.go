@@ -104,6 +104,14 @@ func TestProduceStreamsWhileComputingAndCaches(t *testing.T) {
 	for i := range prompt {
 		prompt[i] = int32(7 + i*13%400)
 	}
+	// Prefix probes (PROTOCOL.md §18) answer what a Produce would reuse,
+	// without computing: nothing before the first request, 149 after it.
+	probe := func(model string, toks []int32) (int, error) {
+		return cl.PrefixHit(ctx, l.Addr().String(), &kvwire.Request{ID: "p", Model: model, Fingerprint: fp, Tokens: toks})
+	}
+	if n, err := probe("m", prompt); n != 0 || err != nil {
+		t.Fatalf("probe before any request: %d, %v", n, err)
+	}
 	sink := &collect{cache: m.NewCache(), received: received}
 	if _, err := cl.Fetch(ctx, l.Addr().String(), &kvwire.Request{ID: "a", Model: "m", Fingerprint: fp, Tokens: prompt}, exp, sink); err != nil {
 		t.Fatal(err)
@@ -127,6 +135,16 @@ func TestProduceStreamsWhileComputingAndCaches(t *testing.T) {
 		}
 	}
 	same(sink.cache, ref, 0, len(prompt)-1)
+	ext0 := append(append([]int32(nil), prompt...), 5, 6, 7)
+	if n, err := probe("m", ext0); n != len(prompt)-1 || err != nil {
+		t.Fatalf("probe of the extended prompt: %d, %v; want %d", n, err, len(prompt)-1)
+	}
+	if n, err := probe("m", append([]int32{prompt[0] + 1}, prompt[1:]...)); n != 0 || err != nil {
+		t.Fatalf("probe of another prompt: %d, %v; want 0", n, err)
+	}
+	if _, err := probe("other", prompt); !errors.Is(err, kvwire.ErrMismatch) {
+		t.Fatalf("probe for another model: %v, want ErrMismatch", err)
+	}
 
 	// An extended prompt with start_pos: the prefill side reuses its cached
 	// 149 tokens, computes only the new ones and ships only from start_pos.
