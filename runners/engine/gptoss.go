@@ -13,11 +13,12 @@ import (
 // layer whose router has a bias, whose top-k logits are softmaxed (the same
 // weights as a softmax over all experts renormalized over the k), and whose
 // experts have biases and gpt-oss's clamped SwiGLU (Backend.ClampedSwiGLU).
-// The experts run on the existing MoE path (moe.go); only the router, the
-// biases and the activation differ. Expert weights may be MXFP4, in
-// mlx-lm's layout or in the released checkpoints' (gate_up_proj_blocks,
-// rows interleaving gate and up); HF's dense bf16 layout (gate_up_proj
-// [E, D, 2F]) is refused.
+// The experts run on the MoE path every MoE takes (moe.go: routed inside
+// the graph, one Eval per decode step); only the router, the biases and
+// the activation differ. Expert weights may be dense or MXFP4, in mlx-lm's
+// layout, the released checkpoints' (gate_up_proj_blocks, rows
+// interleaving gate and up) or HF's dense one (gate_up_proj [E, D, 2F],
+// columns interleaving gate and up).
 
 // GptOssConfig holds gpt-oss's own config.json fields.
 type GptOssConfig struct {
@@ -124,34 +125,38 @@ func gptossWindows(c *Config) ([]int, error) {
 	return w, nil
 }
 
-// gptossMoE loads a gpt-oss MoE block in mlx-lm's layout: prefix+"router"
-// (weight and bias) and the experts stacked [E, out, in] under
-// prefix+"experts.{gate,up,down}_proj" with biases [E, out].
+// gptossMoE loads a gpt-oss MoE block: prefix+"router" (weight and bias)
+// and the experts stacked [E, out, in] with biases [E, out], from mlx-lm's
+// layout (prefix+"experts.{gate,up,down}_proj", dense or quantized, MXFP4
+// included), the released checkpoints' MXFP4 blocks
+// (gate_up_proj_blocks, gptossBlocks) or HF's dense layout (gate_up_proj
+// [E, D, 2F], gptossDense). The experts run in the graph like every MoE's
+// (moe.go: switchGLU).
 func (l *loader) gptossMoE(prefix string, cfg *Config) (*moeBlock, error) {
 	D, F, E := cfg.Hidden, cfg.MoEIntermediate, cfg.Experts
-	mb := &moeBlock{experts: make([]expert, E), topK: cfg.ExpertsPerToken, norm: true, limit: float32(cfg.GptOss.SwiGLULimit)}
+	mb := &moeBlock{numExperts: E, topK: cfg.ExpertsPerToken, norm: true, limit: float32(cfg.GptOss.SwiGLULimit)}
 	r, err := l.linear(prefix+"router", E, D, true)
 	if err != nil {
 		return nil, err
 	}
 	mb.router = *r
-	if l.has(prefix + "experts.gate_up_proj_blocks") {
+	switch {
+	case l.has(prefix + "experts.gate_up_proj_blocks"):
 		return mb, l.gptossBlocks(prefix+"experts.", mb, D, F, E)
-	}
-	if l.has(prefix + "experts.gate_up_proj") {
-		return nil, fmt.Errorf("%sexperts.gate_up_proj: HF's dense gpt-oss expert layout is not supported (use the MXFP4 checkpoint or mlx-lm's layout)", prefix)
+	case l.has(prefix + "experts.gate_up_proj"):
+		return mb, l.gptossDense(prefix+"experts.", mb, D, F, E)
 	}
 	for _, p := range []struct {
 		name    string
 		out, in int
-		dst     func(e *expert) *Linear
+		dst     *Linear
 	}{
-		{"gate_proj", F, D, func(e *expert) *Linear { return &e.gate }},
-		{"up_proj", F, D, func(e *expert) *Linear { return &e.up }},
-		{"down_proj", D, F, func(e *expert) *Linear { return &e.down }},
+		{"gate_proj", F, D, &mb.gate},
+		{"up_proj", F, D, &mb.up},
+		{"down_proj", D, F, &mb.down},
 	} {
 		name := prefix + "experts." + p.name
-		lins, err := l.stackedLinears(name, E, p.out, p.in)
+		lin, err := l.stackedLinear(func(int) string { return name }, true, E, p.out, p.in)
 		if err != nil {
 			return nil, err
 		}
@@ -162,17 +167,84 @@ func (l *loader) gptossMoE(prefix string, cfg *Config) (*moeBlock, error) {
 		if !slices.Equal(t.Shape, []int{E, p.out}) {
 			return nil, fmt.Errorf("%s.bias: shape %v, want [%d %d]", name, t.Shape, E, p.out)
 		}
-		per := len(t.Data) / E
-		for e := range mb.experts {
-			lin := lins[e]
-			lin.Bias = l.b.FromBytes(t.Data[e*per:(e+1)*per], []int{p.out}, t.DType)
-			l.b.Keep(lin.Bias)
-			l.kept = append(l.kept, lin.Bias)
-			*p.dst(&mb.experts[e]) = *lin
-		}
+		lin.Bias = l.keep(l.b.FromBytes(t.Data, []int{E, p.out}, t.DType))
 		l.done += int64(len(t.Data))
+		*p.dst = *lin
 	}
 	return mb, nil
+}
+
+// gptossDense loads HF's dense expert layout (GptOssExperts):
+// gate_up_proj [E, D, 2F] whose even columns are the gate and odd columns
+// the up projection, gate_up_proj_bias [E, 2F] interleaved alike,
+// down_proj [E, F, D] and down_proj_bias [E, D]; the matrices are stored
+// input-major (x · W), so they are transposed into the engine's [E, out,
+// in] here, once, at load.
+func (l *loader) gptossDense(prefix string, mb *moeBlock, D, F, E int) error {
+	get := func(name string, shape ...int) (Tensor, error) {
+		t, err := l.src.Tensor(prefix + name)
+		if err != nil {
+			return t, fmt.Errorf("%s%s: %w", prefix, name, err)
+		}
+		if !slices.Equal(t.Shape, shape) {
+			return t, fmt.Errorf("%s%s: shape %v, want %v", prefix, name, t.Shape, shape)
+		}
+		l.done += int64(len(t.Data))
+		return t, nil
+	}
+	gu, err := get("gate_up_proj", E, D, 2*F)
+	if err != nil {
+		return err
+	}
+	gub, err := get("gate_up_proj_bias", E, 2*F)
+	if err != nil {
+		return err
+	}
+	dn, err := get("down_proj", E, F, D)
+	if err != nil {
+		return err
+	}
+	dnb, err := get("down_proj_bias", E, D)
+	if err != nil {
+		return err
+	}
+	if gu.DType != dn.DType {
+		return fmt.Errorf("%sgate_up_proj is %v, down_proj %v", prefix, gu.DType, dn.DType)
+	}
+	sz := gu.DType.Size()
+	// pick returns [E, out, in] with out[e][o][i] = t[e][i][first+o*step].
+	pick := func(t Tensor, in, cols, first, step, out int) []byte {
+		dst := make([]byte, E*out*in*sz)
+		for e := range E {
+			for o := range out {
+				c := first + o*step
+				for i := range in {
+					src := ((e*in+i)*cols + c) * sz
+					d := ((e*out+o)*in + i) * sz
+					copy(dst[d:d+sz], t.Data[src:src+sz])
+				}
+			}
+		}
+		return dst
+	}
+	bsz := gub.DType.Size()
+	biasRows := func(first int) []byte {
+		dst := make([]byte, 0, E*F*bsz)
+		for e := range E {
+			for o := range F {
+				c := (e*2*F + first + 2*o) * bsz
+				dst = append(dst, gub.Data[c:c+bsz]...)
+			}
+		}
+		return dst
+	}
+	mb.gate = Linear{W: l.keep(l.b.FromBytes(pick(gu, D, 2*F, 0, 2, F), []int{E, F, D}, gu.DType)),
+		Bias: l.keep(l.b.FromBytes(biasRows(0), []int{E, F}, gub.DType))}
+	mb.up = Linear{W: l.keep(l.b.FromBytes(pick(gu, D, 2*F, 1, 2, F), []int{E, F, D}, gu.DType)),
+		Bias: l.keep(l.b.FromBytes(biasRows(1), []int{E, F}, gub.DType))}
+	mb.down = Linear{W: l.keep(l.b.FromBytes(pick(dn, F, D, 0, 1, D), []int{E, D, F}, dn.DType)),
+		Bias: l.keep(l.b.FromBytes(dnb.Data, []int{E, D}, dnb.DType))}
+	return nil
 }
 
 // act is the experts' activation: gpt-oss's clamped SwiGLU when the block
@@ -207,16 +279,6 @@ func (l *loader) gptossBlocks(prefix string, mb *moeBlock, D, F, E int) error {
 		l.kept = append(l.kept, a)
 		return a
 	}
-	// rows picks rows first, first+step, … of expert e of a [E, R, ...]
-	// tensor whose rows are rowBytes long.
-	rows := func(t Tensor, e, R, rowBytes, first, step int) []byte {
-		var out []byte
-		base := e * R * rowBytes
-		for r := first; r < R; r += step {
-			out = append(out, t.Data[base+r*rowBytes:base+(r+1)*rowBytes]...)
-		}
-		return out
-	}
 	for _, p := range []struct {
 		name    string
 		out, in int
@@ -240,24 +302,33 @@ func (l *loader) gptossBlocks(prefix string, mb *moeBlock, D, F, E int) error {
 		if blocks.DType != U8 || scales.DType != U8 {
 			return fmt.Errorf("%s%s: blocks %v, scales %v (want uint8)", prefix, p.name, blocks.DType, scales.DType)
 		}
+		// rows takes rows first, first+step, … of every expert of a
+		// [E, R, ...] tensor whose rows are rowBytes long.
+		rows := func(t Tensor, R, rowBytes, first, step int) []byte {
+			var out []byte
+			for e := range E {
+				base := e * R * rowBytes
+				for r := first; r < R; r += step {
+					out = append(out, t.Data[base+r*rowBytes:base+(r+1)*rowBytes]...)
+				}
+			}
+			return out
+		}
 		bs := bias.DType.Size()
-		for e := range mb.experts {
-			ex := &mb.experts[e]
-			type part struct {
-				dst        *Linear
-				first, cnt int
-			}
-			parts := []part{{&ex.down, 0, p.out}}
-			step := 1
-			if p.fused {
-				parts, step = []part{{&ex.gate, 0, F}, {&ex.up, 1, F}}, 2
-			}
-			for _, q := range parts {
-				*q.dst = Linear{Bits: 4, GroupSize: 32, Mode: "mxfp4",
-					W:      keep(rows(blocks, e, p.out, p.in/2, q.first, step), []int{q.cnt, p.in / 8}, U32),
-					Scales: keep(rows(scales, e, p.out, p.in/32, q.first, step), []int{q.cnt, p.in / 32}, U8),
-					Bias:   keep(rows(bias, e, p.out, bs, q.first, step), []int{q.cnt}, bias.DType)}
-			}
+		type part struct {
+			dst        *Linear
+			first, cnt int
+		}
+		parts := []part{{&mb.down, 0, p.out}}
+		step := 1
+		if p.fused {
+			parts, step = []part{{&mb.gate, 0, F}, {&mb.up, 1, F}}, 2
+		}
+		for _, q := range parts {
+			*q.dst = Linear{Bits: 4, GroupSize: 32, Mode: "mxfp4",
+				W:      keep(rows(blocks, p.out, p.in/2, q.first, step), []int{E, q.cnt, p.in / 8}, U32),
+				Scales: keep(rows(scales, p.out, p.in/32, q.first, step), []int{E, q.cnt, p.in / 32}, U8),
+				Bias:   keep(rows(bias, p.out, bs, q.first, step), []int{E, q.cnt}, bias.DType)}
 		}
 	}
 	return nil

@@ -34,9 +34,8 @@ const moeSortMin = 64
 // moeBlock is one sparse layer's router and stacked experts, and its
 // shared expert when the model has one (Qwen2-MoE: every token also runs
 // a dense SwiGLU MLP whose output is scaled by sigmoid(sharedGate · x)).
-// gpt-oss's experts (biases, MXFP4, a clamped SwiGLU: gptoss.go) are held
-// per expert instead (experts) and still routed on the host
-// (moeForwardPerExpert).
+// gpt-oss's experts (gptoss.go) are stacked the same way, with biases
+// [E, out], possibly MXFP4, and a clamped SwiGLU (limit).
 type moeBlock struct {
 	router         Linear // [E, D]
 	gate, up, down Linear // stacked: [E, F, D], [E, F, D], [E, D, F]
@@ -44,11 +43,8 @@ type moeBlock struct {
 	topK           int
 	norm           bool
 	shared         *sharedExpert
-	experts        []expert // per-expert layout (gpt-oss); nil for the stacked one
-	limit          float32  // gpt-oss: the clamp of its SwiGLU (gptoss.go); 0: plain SwiGLU
+	limit          float32 // gpt-oss: the clamp of its SwiGLU (gptoss.go); 0: plain SwiGLU
 }
-
-type expert struct{ gate, up, down Linear }
 
 type sharedExpert struct {
 	gate, up, down Linear // [Fs, D], [Fs, D], [D, Fs]
@@ -165,10 +161,13 @@ func (l *loader) stackedLinear(name func(e int) string, stacked bool, E, out, in
 		cols   int
 		dst    *Array
 	}
-	lin := &Linear{Bits: q.Bits, GroupSize: q.GroupSize}
+	lin := &Linear{Bits: q.Bits, GroupSize: q.GroupSize, Mode: q.Mode}
 	parts := []part{{".weight", in, &lin.W}}
 	if q.Bits != 0 {
 		parts = []part{{".weight", in * q.Bits / 32, &lin.W}, {".scales", in / q.GroupSize, &lin.Scales}, {".biases", in / q.GroupSize, &lin.Biases}}
+		if q.Mode == "mxfp4" {
+			parts = parts[:2] // E8M0 scales, no biases
+		}
 	}
 	for _, p := range parts {
 		var data []byte
@@ -268,9 +267,6 @@ func route(logits []float32, L, E, k int, norm bool) (experts [][]int, weights [
 // the path in-graph routing replaced, kept as the benchmarks' baseline. x
 // (the residual stream) must survive that read-back.
 func (m *Model) moeForward(mb *moeBlock, x, h Array, n int, host bool) (Array, error) {
-	if mb.experts != nil {
-		return m.moeForwardPerExpert(mb, x, h)
-	}
 	b := m.b
 	k := mb.topK
 	logits := b.Linear(h, &mb.router) // [n, E]
@@ -351,120 +347,6 @@ func pairTokens(b Backend, n, k int) Array {
 		t[i] = int32(i / k)
 	}
 	return b.FromInt32(t, n*k)
-}
-
-// stackedLinears loads prefix.weight [E, out, in] (and, quantized,
-// prefix.scales and prefix.biases) and splits it into E Linears.
-func (l *loader) stackedLinears(prefix string, E, out, in int) ([]*Linear, error) {
-	q := l.src.Quant(prefix)
-	parts := []struct {
-		suffix string
-		cols   int
-	}{{".weight", in}}
-	if q.Bits != 0 {
-		if q.GroupSize <= 0 || in%q.GroupSize != 0 || (in*q.Bits)%32 != 0 {
-			return nil, fmt.Errorf("%s: %d-bit group %d does not fit %d inputs", prefix, q.Bits, q.GroupSize, in)
-		}
-		parts = []struct {
-			suffix string
-			cols   int
-		}{{".weight", in * q.Bits / 32}, {".scales", in / q.GroupSize}, {".biases", in / q.GroupSize}}
-		if q.Mode == "mxfp4" {
-			parts = parts[:2] // no biases
-		}
-	}
-	lins := make([]*Linear, E)
-	for e := range lins {
-		lins[e] = &Linear{Bits: q.Bits, GroupSize: q.GroupSize, Mode: q.Mode}
-	}
-	for _, part := range parts {
-		t, err := l.src.Tensor(prefix + part.suffix)
-		if err != nil {
-			return nil, fmt.Errorf("%s%s: %w", prefix, part.suffix, err)
-		}
-		if want := []int{E, out, part.cols}; !slices.Equal(t.Shape, want) {
-			return nil, fmt.Errorf("%s%s: shape %v, want %v", prefix, part.suffix, t.Shape, want)
-		}
-		per := len(t.Data) / E
-		for e, lin := range lins {
-			a := l.b.FromBytes(t.Data[e*per:(e+1)*per], []int{out, part.cols}, t.DType)
-			l.b.Keep(a)
-			l.kept = append(l.kept, a)
-			switch part.suffix {
-			case ".weight":
-				lin.W = a
-			case ".scales":
-				lin.Scales = a
-			case ".biases":
-				lin.Biases = a
-			}
-		}
-		l.done += int64(len(t.Data))
-		if l.progress != nil {
-			l.progress(min(l.done, l.total-1), l.total)
-		}
-	}
-	return lins, nil
-}
-
-// moeForwardPerExpert is the host-routed path of per-expert blocks
-// (gpt-oss): the router logits are read back (one synchronization per
-// sparse layer and step), then each chosen expert runs on its rows,
-// gathered and scattered with one-hot matrices (x, the residual stream, is
-// kept alive across the read-back).
-func (m *Model) moeForwardPerExpert(mb *moeBlock, x, h Array) (Array, error) {
-	b := m.b
-	E := len(mb.experts)
-	logits := b.Linear(h, &mb.router) // [L, E]
-	// The read-back below is the step's only mid-graph synchronization:
-	// Eval releases the layer's spent temporaries first (x and h survive).
-	if err := b.Eval(logits, x, h); err != nil {
-		return nil, err
-	}
-	lv, err := b.Float32(logits)
-	if err != nil {
-		return nil, err
-	}
-	shape := h.Shape()
-	L := shape[0]
-	dt := h.DType()
-	experts, weights := route(lv, L, E, mb.topK, mb.norm)
-	rows := make([][]int, E)     // tokens routed to each expert
-	rowW := make([][]float64, E) // and their weights
-	for t := range L {
-		for j, e := range experts[t] {
-			rows[e] = append(rows[e], t)
-			rowW[e] = append(rowW[e], weights[t][j])
-		}
-	}
-	var out Array
-	for e, toks := range rows {
-		if len(toks) == 0 {
-			continue
-		}
-		n := len(toks)
-		xe := h
-		if L > 1 {
-			sel := make([]float32, n*L) // [n, L] one-hot: gathers the rows
-			for i, t := range toks {
-				sel[i*L+t] = 1
-			}
-			xe = b.MatMul(b.AsType(b.FromFloat32(sel, n, L), dt), h)
-		}
-		ex := &mb.experts[e]
-		ye := b.Linear(mb.act(b, b.Linear(xe, &ex.gate), b.Linear(xe, &ex.up)), &ex.down) // [n, D]
-		scatter := make([]float32, L*n)                                                   // [L, n]: weights back to the rows
-		for i, t := range toks {
-			scatter[t*n+i] = float32(rowW[e][i])
-		}
-		c := b.MatMul(b.AsType(b.FromFloat32(scatter, L, n), dt), ye)
-		if out == nil {
-			out = c
-		} else {
-			out = b.Add(out, c)
-		}
-	}
-	return out, nil
 }
 
 // observeRoute reads the chosen experts inds [n, k] back and hands them to

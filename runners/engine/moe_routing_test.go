@@ -41,51 +41,63 @@ func loadSpec(t *testing.T, b engine.Backend, spec testmodel.Spec, opts engine.L
 
 // TestMoEDecodeStepIsOneEval: with routing inside the graph a MoE decode
 // step (single and batched) synchronizes once, an Eval followed by the
-// read of its logits, however many sparse layers; the host-routing
-// baseline pays one more Eval and read per sparse layer (which shows the
-// counter sees them).
+// read of its logits, however many sparse layers: Qwen3-MoE and gpt-oss
+// (biased, clamped experts; f32 and MXFP4). The host-routing baseline pays
+// one more Eval and read per sparse layer (which shows the counter sees
+// them).
 func TestMoEDecodeStepIsOneEval(t *testing.T) {
 	ctx := context.Background()
-	spec := testmodel.Spec{Arch: "qwen3moe", DType: engine.F32, Seed: 2, Layers: 3, AllSparse: true}
+	for _, spec := range []testmodel.Spec{
+		{Arch: "qwen3moe", DType: engine.F32, Seed: 2, Layers: 3, AllSparse: true},
+		{Arch: "gptoss", DType: engine.F32, Seed: 2, Layers: 3},
+		{Arch: "gptoss", DType: engine.BF16, Seed: 2, Layers: 3, MXFP4: true},
+	} {
+		for _, host := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s-%v-mxfp4=%v-host=%v", spec.Arch, spec.DType, spec.MXFP4, host), func(t *testing.T) {
+				oneEvalPerStep(t, ctx, spec, host)
+			})
+		}
+	}
+}
+
+func oneEvalPerStep(t *testing.T, ctx context.Context, spec testmodel.Spec, host bool) {
 	prompt := testmodel.ReferencePrompts()[2]
-	for _, host := range []bool{false, true} {
-		cb, err := backend.Open("cpu", backend.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b := &syncCounter{Backend: cb}
-		m := loadSpec(t, b, spec, engine.LoadOptions{HostMoERouting: host})
-		sparse := m.Info().Layers
-		wantEvals, wantReads := 1, 1
-		if host {
-			wantEvals, wantReads = 1+sparse, 1+sparse
-		}
-		c, c2 := m.NewCache(), m.NewCache()
-		lg, err := m.Forward(ctx, c, prompt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := m.Forward(ctx, c2, prompt[:5]); err != nil {
-			t.Fatal(err)
-		}
-		tok := int32(argmax(lg))
-		for step := range 4 {
-			b.evals, b.reads = 0, 0
-			if lg, err = m.Forward(ctx, c, []int32{tok}); err != nil {
-				t.Fatal(err)
-			}
-			if b.evals != wantEvals || b.reads != wantReads {
-				t.Fatalf("host=%v step %d: %d evals and %d reads, want %d and %d", host, step, b.evals, b.reads, wantEvals, wantReads)
-			}
-			tok = int32(argmax(lg))
-		}
+	cb, err := backend.Open("cpu", backend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &syncCounter{Backend: cb}
+	m := loadSpec(t, b, spec, engine.LoadOptions{HostMoERouting: host})
+	sparse := m.Info().Layers
+	wantEvals, wantReads := 1, 1
+	if host {
+		wantEvals, wantReads = 1+sparse, 1+sparse
+	}
+	c, c2 := m.NewCache(), m.NewCache()
+	lg, err := m.Forward(ctx, c, prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Forward(ctx, c2, prompt[:5]); err != nil {
+		t.Fatal(err)
+	}
+	tok := int32(argmax(lg))
+	for step := range 4 {
 		b.evals, b.reads = 0, 0
-		if _, err := m.ForwardBatch(ctx, []engine.KVCache{c, c2}, []int32{tok, 7}); err != nil {
+		if lg, err = m.Forward(ctx, c, []int32{tok}); err != nil {
 			t.Fatal(err)
 		}
 		if b.evals != wantEvals || b.reads != wantReads {
-			t.Fatalf("host=%v batched step: %d evals and %d reads, want %d and %d", host, b.evals, b.reads, wantEvals, wantReads)
+			t.Fatalf("step %d: %d evals and %d reads, want %d and %d", step, b.evals, b.reads, wantEvals, wantReads)
 		}
+		tok = int32(argmax(lg))
+	}
+	b.evals, b.reads = 0, 0
+	if _, err := m.ForwardBatch(ctx, []engine.KVCache{c, c2}, []int32{tok, 7}); err != nil {
+		t.Fatal(err)
+	}
+	if b.evals != wantEvals || b.reads != wantReads {
+		t.Fatalf("batched step: %d evals and %d reads, want %d and %d", b.evals, b.reads, wantEvals, wantReads)
 	}
 }
 
@@ -104,8 +116,10 @@ func TestMoEInGraphMatchesHostRouting(t *testing.T) {
 		{Arch: "qwen3moe", DType: engine.F32, Seed: 4, Layers: 3},
 		{Arch: "qwen3moe", DType: engine.F32, Seed: 4, Layers: 3, RawTopKProb: true},
 		{Arch: "qwen3moe", DType: engine.BF16, QuantBits: 4, GroupSize: 64, Seed: 4, Layers: 3, ExpertsPerToken: 3},
+		{Arch: "gptoss", DType: engine.F32, Seed: 4, Layers: 3},
+		{Arch: "gptoss", DType: engine.BF16, Seed: 4, Layers: 3, MXFP4: true},
 	} {
-		t.Run(fmt.Sprintf("%v-q%d-k%d-raw%v", spec.DType, spec.QuantBits, spec.ExpertsPerToken, spec.RawTopKProb), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s-%v-q%d-k%d-raw%v-mxfp4%v", spec.Arch, spec.DType, spec.QuantBits, spec.ExpertsPerToken, spec.RawTopKProb, spec.MXFP4), func(t *testing.T) {
 			graph := loadSpec(t, b, spec, engine.LoadOptions{})
 			host := loadSpec(t, b, spec, engine.LoadOptions{HostMoERouting: true})
 			for i, p := range testmodel.ReferencePrompts() {

@@ -168,6 +168,7 @@ type stacked struct {
 	scales     []float32
 	biases     []float32
 	bias       []float32 // [E, out] or nil
+	mx         *weight   // MXFP4 experts as 8-bit affine rows [E·out, in]
 	simd       bool
 }
 
@@ -180,7 +181,11 @@ func (b *Backend) newStacked(l *engine.Linear) *stacked {
 		panic(fmt.Sprintf("cpu: GatherLinear weight of shape %v, want [E, out, in]", w.shape))
 	}
 	s := &stacked{E: w.shape[0], out: w.shape[1], in: w.shape[2], l: l, w: w, simd: b.simd}
-	if l.Bits > 0 {
+	if l.Mode == "mxfp4" {
+		// Exact, on the 8-bit kernels (mxfp4.go); made once per weight.
+		s.mx = mxfp4Weight(l)
+		s.in = s.mx.in
+	} else if l.Bits > 0 {
 		if w.dt != engine.U32 {
 			panic(fmt.Sprintf("cpu: quantized GatherLinear weight of dtype %v, want uint32", w.dt))
 		}
@@ -222,6 +227,14 @@ func (s *stacked) expert(e int) *weight {
 		panic(fmt.Sprintf("cpu: GatherLinear: expert %d outside %d", e, s.E))
 	}
 	w := &weight{out: s.out, in: s.in, dt: s.w.dt, simd: s.simd}
+	if s.mx != nil {
+		m := s.mx
+		ng := s.out * (s.in / m.gs)
+		w.bits, w.gs, w.wpr = m.bits, m.gs, m.wpr
+		w.q = m.q[e*s.out*m.wpr : (e+1)*s.out*m.wpr]
+		w.scales, w.biases = m.scales[e*ng:(e+1)*ng], m.biases[e*ng:(e+1)*ng]
+		return w
+	}
 	if s.l.Bits == 0 {
 		n := s.out * s.in
 		switch s.w.dt {

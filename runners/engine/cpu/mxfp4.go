@@ -16,17 +16,19 @@ var e2m1x2 = [16]int{0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}
 // 1.5, 2, 3, 4, 6} is scale·q + bias with q = 2v + 12 ∈ [0, 24] (8 bits),
 // scale = 2^(s-128) and bias = -12·scale, all exact in float32, so the
 // kernels see exactly the weights MXFP4 encodes. The 8-bit form is made
-// once per weight array and kept with it (twice MXFP4's size).
+// once per weight array and kept with it (twice MXFP4's size). A stacked
+// weight [E, out, in/8] (GatherLinear) expands to E·out rows.
 func mxfp4Weight(l *engine.Linear) *weight {
 	w := arr(l.W)
 	if w.mxfp4 != nil {
 		return w.mxfp4
 	}
-	if l.Bits != 4 || l.GroupSize != 32 || w.dt != engine.U32 || len(w.shape) != 2 || l.Scales == nil {
+	if l.Bits != 4 || l.GroupSize != 32 || w.dt != engine.U32 || len(w.shape) < 2 || l.Scales == nil {
 		panic(fmt.Sprintf("cpu: mxfp4 Linear: %d bits, group %d, weight %v %v", l.Bits, l.GroupSize, w.dt, w.shape))
 	}
 	s := arr(l.Scales)
-	out, in := w.shape[0], w.shape[1]*8
+	// Stacked experts [E, out, in/8] expand as E·out rows.
+	out, in := numel(w.shape)/w.shape[len(w.shape)-1], w.shape[len(w.shape)-1]*8
 	ng := in / 32
 	if s.dt != engine.U8 || numel(s.shape) != out*ng {
 		panic(fmt.Sprintf("cpu: mxfp4 Linear: scales %v %v for weight %v (want uint8 [%d %d])", s.dt, s.shape, w.shape, out, ng))
@@ -39,7 +41,7 @@ func mxfp4Weight(l *engine.Linear) *weight {
 	}
 	for o := range out {
 		for j := range in {
-			nib := (w.u32[o*w.shape[1]+j/8] >> (4 * uint(j%8))) & 15
+			nib := (w.u32[o*(in/8)+j/8] >> (4 * uint(j%8))) & 15
 			q := uint32(e2m1x2[nib] + 12)
 			r.q[o*r.wpr+j/4] |= q << (8 * uint(j%4))
 		}

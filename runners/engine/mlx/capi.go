@@ -369,11 +369,11 @@ int xmx_gather_mm(xmx_array* res, xmx_array a, xmx_array b, xmx_array rhs, bool 
 	xmx_array none = {NULL};
 	return X.gather_mm(res, a, b, none, rhs, sorted, s);
 }
-int xmx_gather_qmm(xmx_array* res, xmx_array x, xmx_array w, xmx_array scales, xmx_array biases, xmx_array rhs, int group, int bits, bool sorted, xmx_stream s) {
+int xmx_gather_qmm(xmx_array* res, xmx_array x, xmx_array w, xmx_array scales, xmx_array biases, xmx_array rhs, int group, int bits, const char* mode, bool sorted, xmx_stream s) {
 	XMX_NEED(gather_qmm);
 	xmx_opt_int g = {group, true}, b = {bits, true};
 	xmx_array none = {NULL};
-	return X.gather_qmm(res, x, w, scales, biases, none, rhs, true, g, b, "affine", sorted, s);
+	return X.gather_qmm(res, x, w, scales, biases, none, rhs, true, g, b, mode, sorted, s);
 }
 
 // Temporaries of the shims below: every handle made goes into a pool

@@ -104,7 +104,7 @@ func (b *backend) GatherLinear(x engine.Array, l *engine.Linear, experts engine.
 				bi = b.arr(l.Biases).h
 			}
 			y = b.mk("gather_qmm", func(r *C.xmx_array) C.int {
-				return C.xmx_gather_qmm(r, x3.h, w.h, s.h, bi, ia.h, C.int(l.GroupSize), C.int(l.Bits), C.bool(sorted), b.stream)
+				return C.xmx_gather_qmm(r, x3.h, w.h, s.h, bi, ia.h, C.int(l.GroupSize), C.int(l.Bits), quantMode(l.Mode), C.bool(sorted), b.stream)
 			})
 		default:
 			y = b.gatherMM(x3, b.dequantized(w, l), ia, sorted)

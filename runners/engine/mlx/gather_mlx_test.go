@@ -118,15 +118,28 @@ func (c *syncCounter) Float32(a engine.Array) ([]float32, error) {
 }
 func (c *syncCounter) Bytes(a engine.Array) ([]byte, error) { c.reads++; return c.Backend.Bytes(a) }
 
-// TestMoEDecodeStepOneEvalMLX: on MLX a MoE decode step (every layer
-// sparse) is one Eval of the step's graph and one read of its logits, and
-// MLX itself evaluates twice (the graph, then the contiguous copy the read
-// makes of the already computed logits), however many sparse layers; the
-// host-routing baseline pays one more of each per sparse layer.
+// TestMoEDecodeStepOneEvalMLX: on MLX a MoE decode step is one Eval of
+// the step's graph and one read of its logits, and MLX itself evaluates
+// twice (the graph, then the contiguous copy the read makes of the already
+// computed logits), however many sparse layers: Qwen3-MoE (every layer
+// sparse) and gpt-oss (biased, clamped experts; f32, and MXFP4 through
+// gather_qmm's mxfp4 mode). The host-routing baseline pays one more of
+// each per sparse layer.
 func TestMoEDecodeStepOneEvalMLX(t *testing.T) {
 	mb := newTestBackend(t)
+	for _, spec := range []testmodel.Spec{
+		{Arch: "qwen3moe", DType: engine.F32, Seed: 2, Layers: 4, AllSparse: true},
+		{Arch: "gptoss", DType: engine.F32, Seed: 2, Layers: 4},
+		{Arch: "gptoss", DType: engine.BF16, Seed: 2, Layers: 4, MXFP4: true},
+	} {
+		t.Run(fmt.Sprintf("%s-%v-mxfp4=%v", spec.Arch, spec.DType, spec.MXFP4), func(t *testing.T) {
+			oneEvalMLX(t, mb, spec)
+		})
+	}
+}
+
+func oneEvalMLX(t *testing.T, mb *backend, spec testmodel.Spec) {
 	ctx := context.Background()
-	spec := testmodel.Spec{Arch: "qwen3moe", DType: engine.F32, Seed: 2, Layers: 4, AllSparse: true}
 	dir := t.TempDir()
 	if err := testmodel.Write(dir, spec); err != nil {
 		t.Fatal(err)
