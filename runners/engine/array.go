@@ -149,6 +149,11 @@ type RoPEScaling struct {
 	OriginalMaxPositions          int     // llama3, yarn
 	BetaFast, BetaSlow            float64 // yarn
 	MScale, MScaleAllDim          float64 // yarn
+	// NoTruncate (yarn, config "truncate": false, as gpt-oss's): the
+	// correction range's ends stay fractional instead of being floored and
+	// ceiled (HF transformers honours the key; mlx-lm and llama.cpp do
+	// not, and always truncate).
+	NoTruncate bool
 }
 
 // Backend is the array API. The model code in this package is written only

@@ -129,6 +129,7 @@ type rawRoPE struct {
 	MScale               *float64 `json:"mscale"`
 	MScaleAllDim         *float64 `json:"mscale_all_dim"`
 	AttentionFactor      *float64 `json:"attention_factor"`
+	Truncate             *bool    `json:"truncate"`
 }
 
 func cfgErr(field, format string, args ...any) error {
@@ -383,6 +384,9 @@ func parseRoPE(r *rawConfig, c *Config) error {
 		return *p
 	}
 	s := RoPEScaling{}
+	if rr.Truncate != nil && typ != "yarn" {
+		return cfgErr(field+".truncate", "applies to yarn scaling only (rope type %q)", typ)
+	}
 	switch typ {
 	case "", "default":
 	case "linear":
@@ -405,7 +409,7 @@ func parseRoPE(r *rawConfig, c *Config) error {
 		}
 	case "yarn":
 		s = RoPEScaling{Type: "yarn", Factor: f(rr.Factor, 0), BetaFast: f(rr.BetaFast, 32), BetaSlow: f(rr.BetaSlow, 1),
-			MScale: f(rr.MScale, 0), MScaleAllDim: f(rr.MScaleAllDim, 0)}
+			MScale: f(rr.MScale, 0), MScaleAllDim: f(rr.MScaleAllDim, 0), NoTruncate: rr.Truncate != nil && !*rr.Truncate}
 		s.OriginalMaxPositions = c.MaxPositions
 		if rr.OriginalMaxPositions != nil {
 			s.OriginalMaxPositions = *rr.OriginalMaxPositions

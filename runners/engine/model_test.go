@@ -620,6 +620,7 @@ func TestConfigValidation(t *testing.T) {
 		{`{` + base + `,"num_key_value_heads":3}`, "num_key_value_heads"},
 		{`{` + base + `,"rope_scaling":{"rope_type":"llama3","factor":8}}`, "original_max_position_embeddings"},
 		{`{` + base + `,"rope_scaling":{"rope_type":"dynamic","factor":2}}`, "rope_type"},
+		{`{` + base + `,"rope_scaling":{"rope_type":"linear","factor":2,"truncate":false}}`, "rope_scaling.truncate"},
 		{`{` + base + `,"quantization":{"bits":3,"group_size":64}}`, "quantization.bits"},
 		{`{` + base + `,"torch_dtype":"int8"}`, "torch_dtype"},
 		{`{` + strings.Replace(base, `"num_attention_heads":4`, `"num_attention_heads":0`, 1) + `}`, "num_attention_heads"},
@@ -633,6 +634,15 @@ func TestConfigValidation(t *testing.T) {
 		}
 		if err == nil || !errors.Is(err, engine.ErrConfig) || !strings.Contains(err.Error(), c.field) {
 			t.Errorf("%s: error %v, want one naming %q", c.json, err, c.field)
+		}
+	}
+	for _, c := range []struct {
+		extra string
+		no    bool
+	}{{``, false}, {`,"truncate":true`, false}, {`,"truncate":false`, true}} {
+		cfg, err := engine.ParseConfig([]byte(`{` + base + `,"rope_scaling":{"rope_type":"yarn","factor":32,"original_max_position_embeddings":4096` + c.extra + `}}`))
+		if err != nil || cfg.RoPE.Scale.NoTruncate != c.no {
+			t.Errorf("yarn%s: NoTruncate %v (%v), want %v", c.extra, cfg != nil && cfg.RoPE.Scale.NoTruncate, err, c.no)
 		}
 	}
 	if _, err := engine.ParseConfig([]byte(`{` + strings.Replace(base, "Llama", "Gpt2", 1) + `}`)); err != nil {

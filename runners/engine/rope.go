@@ -79,8 +79,11 @@ func RoPEFrequencies(r *RoPE, dims int) (invFreq []float32, attnFactor float32, 
 		corr := func(rot float64) float64 {
 			return d * math.Log(float64(s.OriginalMaxPositions)/(rot*2*math.Pi)) / (2 * math.Log(base))
 		}
-		low := math.Max(math.Floor(corr(fast)), 0)
-		high := math.Min(math.Ceil(corr(slow)), d-1)
+		low, high := corr(fast), corr(slow)
+		if !s.NoTruncate {
+			low, high = math.Floor(low), math.Ceil(high)
+		}
+		low, high = math.Max(low, 0), math.Min(high, d-1)
 		if low == high {
 			high += 0.001
 		}

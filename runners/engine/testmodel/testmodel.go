@@ -260,8 +260,12 @@ func configJSON(s Spec) []byte {
 			// just those modules.
 			c["quantization"] = map[string]any{"group_size": 32, "bits": 4, "mode": "mxfp4"}
 		}
+		// No "truncate" key (the released configs say false): mlx-lm,
+		// which computes the reference fixtures, ignores it and always
+		// truncates the YaRN correction range, which is the engine's
+		// default; the engine's truncate=false is tested in rope_test.go.
 		c["rope_scaling"] = map[string]any{"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
-			"original_max_position_embeddings": s.MaxPositions / 4, "truncate": false}
+			"original_max_position_embeddings": s.MaxPositions / 4}
 	case "gemma3":
 		// mlx-lm's gemma3_text reads these (HF's names): sliding layers
 		// with the local RoPE base, every SlidingPattern-th layer global
