@@ -115,3 +115,34 @@ func BenchmarkMoEPrefill(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkGptOssDecode is BenchmarkMoEDecode on a gpt-oss-shaped model
+// (sliding/full layers with sinks, biased experts, clamped SwiGLU; 8
+// layers of 32 experts, 4 per token, width 256), f32 and MXFP4 experts,
+// routed inside the graph and on the host.
+func BenchmarkGptOssDecode(b *testing.B) {
+	be, err := backend.Open("cpu", backend.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, mx := range []bool{false, true} {
+		spec := testmodel.Spec{Arch: "gptoss", DType: engine.F32, MXFP4: mx, Seed: 1, Layers: 8, Hidden: 256, Heads: 4, KVHeads: 2,
+			Experts: 32, ExpertsPerToken: 4, MoEIntermediate: 256, MaxPositions: 2048}
+		if mx {
+			spec.DType = engine.BF16
+		}
+		dir := b.TempDir()
+		if err := testmodel.Write(dir, spec); err != nil {
+			b.Fatal(err)
+		}
+		for _, host := range []bool{false, true} {
+			route := "graph"
+			if host {
+				route = "host"
+			}
+			b.Run(fmt.Sprintf("mxfp4=%v/route=%s", mx, route), func(b *testing.B) {
+				benchMoEDecode(b, be, dir, host)
+			})
+		}
+	}
+}

@@ -56,7 +56,8 @@ func BenchmarkMoEDecode(b *testing.B) {
 	}
 }
 
-// moeBenchModel writes the benchmark's MoE model into
+// moeBenchModel writes the benchmark's MoE model (Qwen3-MoE, or the arch
+// in $EXO_MLX_BENCH_MOE_ARCH) into
 // $EXO_MLX_BENCH_MOE_MODEL (kept there, for mlx-lm to load too) or a
 // temporary directory.
 func moeBenchModel(b *testing.B) string {
@@ -66,6 +67,11 @@ func moeBenchModel(b *testing.B) string {
 	}
 	spec := testmodel.Spec{Arch: "qwen3moe", DType: engine.F32, Seed: 1, Layers: 8, Hidden: 256, Heads: 4, KVHeads: 2,
 		Experts: 32, ExpertsPerToken: 4, MoEIntermediate: 256, AllSparse: true, MaxPositions: 2048}
+	if a := os.Getenv("EXO_MLX_BENCH_MOE_ARCH"); a != "" {
+		// The same shape as gpt-oss (sliding/full layers with sinks,
+		// biased experts with the clamped SwiGLU): EXO_MLX_BENCH_MOE_ARCH=gptoss.
+		spec.Arch, spec.AllSparse = a, false
+	}
 	if err := testmodel.Write(dir, spec); err != nil {
 		b.Fatal(err)
 	}
