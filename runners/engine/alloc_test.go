@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
@@ -16,7 +17,10 @@ import (
 // the model's host-side bookkeeping in its scratch. The logits must still
 // equal plain Forward's, bit for bit. Runs on tiny generated models of
 // each weight kind the cpu backend multiplies differently (f32, MLX 4-bit,
-// MLX 8-bit; F32 cache) and on SmolLM2 when it is installed (two threads).
+// MLX 8-bit, MXFP4), each cache dtype (f32, bf16, f16), each layer kind
+// (full and sliding attention with sinks, MoE with and without a shared
+// expert; not the Gated DeltaNet hybrids, see below), 16-bit weights and
+// on SmolLM2 when it is installed (two threads).
 //
 // With one thread the count must be exactly 0. With two, the worker
 // goroutine parks when the step pauses for over a millisecond (the test's
@@ -43,20 +47,44 @@ func decodeAllocs(t *testing.T, threads int) {
 	}
 	ctx := context.Background()
 	for _, v := range []struct {
-		arch     string
-		dt       engine.DType
-		bits, gs int
+		spec  testmodel.Spec
+		cache engine.DType
+		dir   string // a reference model instead of spec
 	}{
-		{"llama", engine.F32, 0, 0},
-		{"qwen3", engine.F32, 4, 32},
-		{"qwen2", engine.F32, 8, 32},
+		{spec: testmodel.Spec{Arch: "llama"}, cache: engine.F32},
+		{spec: testmodel.Spec{Arch: "qwen3", QuantBits: 4, GroupSize: 32}, cache: engine.F32},
+		{spec: testmodel.Spec{Arch: "qwen2", QuantBits: 8, GroupSize: 32}, cache: engine.F32},
+		{spec: testmodel.Spec{Arch: "llama"}, cache: engine.BF16},
+		{spec: testmodel.Spec{Arch: "llama"}, cache: engine.F16},
+		{spec: testmodel.Spec{Arch: "qwen3moe"}, cache: engine.F32},
+		{spec: testmodel.Spec{Arch: "qwen2moe"}, cache: engine.BF16},
+		{spec: testmodel.Spec{Arch: "mistral"}, cache: engine.F32},
+		{spec: testmodel.Spec{Arch: "gemma3"}, cache: engine.BF16},
+		{spec: testmodel.Spec{Arch: "gptoss"}, cache: engine.F32},
+		{spec: testmodel.Spec{Arch: "gptoss", DType: engine.BF16, MXFP4: true}, cache: engine.BF16},
+		{spec: testmodel.Spec{Arch: "qwen3", DType: engine.BF16}, cache: engine.BF16},
+		// Not the Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5): each step
+		// keeps its new recurrent and conv states (Backend.Keep copies them
+		// off the arena), about 2 allocations per recurrent layer and step.
 	} {
-		t.Run(fmt.Sprintf("%s-q%d", v.arch, v.bits), func(t *testing.T) {
-			dir := t.TempDir()
-			if err := testmodel.Write(dir, testmodel.Spec{Arch: v.arch, DType: v.dt, QuantBits: v.bits, GroupSize: v.gs, Seed: 5}); err != nil {
-				t.Fatal(err)
+		name := fmt.Sprintf("%s-q%d-mxfp4=%v-cache=%v", v.spec.Arch, v.spec.QuantBits, v.spec.MXFP4, v.cache)
+		if v.dir != "" {
+			name = filepath.Base(v.dir) + "-cache=" + v.cache.String()
+		}
+		t.Run(name, func(t *testing.T) {
+			dir := v.dir
+			if dir == "" {
+				dir = t.TempDir()
+				spec := v.spec
+				spec.Seed = 5
+				if spec.DType == 0 {
+					spec.DType = engine.F32
+				}
+				if err := testmodel.Write(dir, spec); err != nil {
+					t.Fatal(err)
+				}
 			}
-			m, err := engine.Load(ctx, dir, b, engine.LoadOptions{CacheDType: engine.F32})
+			m, err := engine.Load(ctx, dir, b, engine.LoadOptions{CacheDType: v.cache})
 			if err != nil {
 				t.Fatal(err)
 			}

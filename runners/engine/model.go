@@ -990,6 +990,20 @@ type stepScratch struct {
 	evalArg         [1]Array
 	oneCache        [1]KVCache
 	oneToks         [1][]int32
+	pairs           []int32 // MoE: each (token, expert) pair's token
+	dimBuf          [4]int  // dims: a shape handed to a variadic op
+}
+
+// dims returns ds in the scratch's own storage: a shape passed to a
+// Backend's variadic op (an interface call) is otherwise heap-allocated
+// at every call. Backends copy shapes they keep, so one buffer serves
+// every call of a step.
+func (s *stepScratch) dims(ds ...int) []int {
+	if len(ds) > len(s.dimBuf) {
+		return slices.Clone(ds)
+	}
+	n := copy(s.dimBuf[:], ds)
+	return s.dimBuf[:n]
 }
 
 // grow returns (*s)[:n], reallocating *s when its capacity is less.

@@ -307,8 +307,8 @@ func (m *Model) moeForward(mb *moeBlock, x, h Array, n int, host bool) (Array, e
 		g := b.Sigmoid(b.Linear(h, &se.scale))                                        // [n, 1]
 		// g·s row by row as a batched matmul [n, 1, 1] @ [n, 1, D] (the
 		// elementwise ops broadcast only over leading axes).
-		gs := b.MatMul(b.Reshape(g, n, 1, 1), b.Reshape(s, n, 1, m.cfg.Hidden))
-		y = b.Add(y, b.Reshape(gs, n, m.cfg.Hidden))
+		gs := b.MatMul(b.Reshape(g, m.scr.dims(n, 1, 1)...), b.Reshape(s, m.scr.dims(n, 1, m.cfg.Hidden)...))
+		y = b.Add(y, b.Reshape(gs, m.scr.dims(n, m.cfg.Hidden)...))
 	}
 	return y, nil
 }
@@ -316,10 +316,10 @@ func (m *Model) moeForward(mb *moeBlock, x, h Array, n int, host bool) (Array, e
 // switchGLU runs each token of h [n, D] through its k experts inds [n, k]
 // and sums their outputs weighted by scores [n, k] → [n, D].
 func (m *Model) switchGLU(mb *moeBlock, h Array, n int, inds, scores Array) Array {
-	b := m.b
+	b, scr := m.b, &m.scr
 	k, D := mb.topK, m.cfg.Hidden
 	N := n * k
-	flat := b.Reshape(inds, N) // pair i is (token i/k, slot i%k)
+	flat := b.Reshape(inds, scr.dims(N)...) // pair i is (token i/k, slot i%k)
 	mlp := func(xs, experts Array, sorted bool) Array {
 		g := mb.act(b, b.GatherLinear(xs, &mb.gate, experts, sorted), b.GatherLinear(xs, &mb.up, experts, sorted))
 		return b.GatherLinear(g, &mb.down, experts, sorted) // [N, D]
@@ -327,26 +327,26 @@ func (m *Model) switchGLU(mb *moeBlock, h Array, n int, inds, scores Array) Arra
 	var y Array
 	switch {
 	case N >= moeSortMin:
-		order := b.Argsort(flat)                            // pairs in expert order
-		xs := b.Take(h, b.Take(pairTokens(b, n, k), order)) // [N, D]
+		order := b.Argsort(flat)                           // pairs in expert order
+		xs := b.Take(h, b.Take(m.pairTokens(n, k), order)) // [N, D]
 		ys := mlp(xs, b.Take(flat, order), true)
 		y = b.Take(ys, b.Argsort(order)) // back to pair order
 	case n == 1:
 		y = mlp(h, flat, false) // the one row is shared by its k pairs
 	default:
-		y = mlp(b.Take(h, pairTokens(b, n, k)), flat, false)
+		y = mlp(b.Take(h, m.pairTokens(n, k)), flat, false)
 	}
-	w := b.Reshape(b.AsType(scores, h.DType()), n, 1, k)
-	return b.Reshape(b.MatMul(w, b.Reshape(y, n, k, D)), n, D) // Σ_j w_j · y_j
+	w := b.Reshape(b.AsType(scores, h.DType()), scr.dims(n, 1, k)...)
+	return b.Reshape(b.MatMul(w, b.Reshape(y, scr.dims(n, k, D)...)), scr.dims(n, D)...) // Σ_j w_j · y_j
 }
 
 // pairTokens is [n·k] I32 with entry i = i/k: the token of each pair.
-func pairTokens(b Backend, n, k int) Array {
-	t := make([]int32, n*k)
+func (m *Model) pairTokens(n, k int) Array {
+	t := grow(&m.scr.pairs, n*k)
 	for i := range t {
 		t[i] = int32(i / k)
 	}
-	return b.FromInt32(t, n*k)
+	return m.b.FromInt32(t, m.scr.dims(n*k)...)
 }
 
 // observeRoute reads the chosen experts inds [n, k] back and hands them to

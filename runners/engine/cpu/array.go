@@ -36,6 +36,7 @@ type Array struct {
 	kv    *kvView   // cache view [Hkv, n, Dh] inside storage of capacity cap
 	memo  []float32 // float32 copy of a 16-bit array used as scales/biases
 	mxfp4 *weight   // an MXFP4 weight in 8-bit affine form (mxfp4.go)
+	stk   *stacked  // a stacked expert weight prepared for GatherLinear (gather.go)
 	// Temporaries (arena.go): owner is the backend whose step arena holds
 	// the array, gen the step it belongs to; kept when Keep pinned it.
 	kvv   kvView // kv's storage for views made in the arena
@@ -72,9 +73,11 @@ type Backend struct {
 	arena arena // the step's temporaries (arena.go)
 	// Per-op scratch reused across steps (the backend is not safe for
 	// concurrent use, so one of each suffices).
-	mm   matmulTask
-	att  attnTask
-	rope ropeCache
+	mm  matmulTask
+	att attnTask
+	// srcIdx is the gather ops' scratch index list (gather.go).
+	srcIdx []int
+	rope   ropeCache
 }
 
 // New returns a cpu backend using threads goroutines for the heavy ops;
@@ -315,6 +318,24 @@ func materialize(a *Array) *Array {
 
 // floats returns a's values as contiguous float32, without copying when a
 // is a contiguous F32 array (callers must not write to the result then).
+// vals is floats for an op's input within a step: a 16-bit array is
+// widened into the step arena instead of a fresh slice (the result dies
+// with the step; use halfFloats for weights).
+func (b *Backend) vals(a *Array) []float32 {
+	a = materialize(a)
+	switch a.dt {
+	case engine.F16:
+		out := b.floats(len(a.u16))
+		f16ToF32(out, a.u16)
+		return out
+	case engine.BF16:
+		out := b.floats(len(a.u16))
+		bf16ToF32(out, a.u16)
+		return out
+	}
+	return floats(a)
+}
+
 func floats(a *Array) []float32 {
 	a = materialize(a)
 	switch a.dt {

@@ -40,10 +40,16 @@ func (b *Backend) Attention(qa, ka, va engine.Array, scale float32) engine.Array
 	if kdh != Dh || vdh != Dh || vhkv != hkv || vT != T || hkv == 0 || H%hkv != 0 || T < L {
 		panic(fmt.Sprintf("cpu: Attention: q %v with k [%d %d %d] v [%d %d %d]", q.shape, hkv, T, kdh, vhkv, vT, vdh))
 	}
+	return b.attend(q, kd, vd, H, L, T, Dh, hkv, kst, vst, scale, 0, nil)
+}
+
+// attend runs attnTask over the heads of q: Attention's and, with a window
+// or sinks, WindowedAttention's body.
+func (b *Backend) attend(q *Array, kd, vd []float32, H, L, T, Dh, hkv, kst, vst int, scale float32, window int, sinks []float32) *Array {
 	res := b.newF32(H, L, Dh)
 	t := &b.att
 	*t = attnTask{b: b, q: floats(q), kd: kd, vd: vd, out: res.f32, scratch: t.scratch,
-		L: L, T: T, Dh: Dh, group: H / hkv, kst: kst, vst: vst, scale: scale}
+		L: L, T: T, Dh: Dh, group: H / hkv, kst: kst, vst: vst, scale: scale, window: window, sinks: sinks}
 	// Each range of heads gets its own scores and row buffers.
 	per := L*T + 4*Dh
 	if need := b.threads * per; cap(t.scratch) < need {
@@ -70,6 +76,8 @@ type attnTask struct {
 	L, T, Dh, group int
 	kst, vst        int
 	scale           float32
+	window          int       // > 0: each row sees its last window keys only
+	sinks           []float32 // per query head, or nil (WindowedAttention)
 }
 
 func (t *attnTask) run(lo, hi int) {
@@ -88,9 +96,16 @@ func (t *attnTask) run(lo, hi int) {
 		b.gemmBlocks(scores, t.q[h*L*Dh:(h+1)*L*Dh], L, &keys, 0, (T+3)/4, buf)
 		vbase := t.vd[kh*t.vst:]
 		for i := range L {
-			limit := T - L + i + 1 // keys 0..T-L+i
-			row := scores[i*T : i*T+limit]
+			limit := T - L + i + 1 // keys first..T-L+i
+			first := 0
+			if t.window > 0 {
+				first = max(0, limit-t.window)
+			}
+			row := scores[i*T+first : i*T+limit]
 			m := float32(math.Inf(-1))
+			if t.sinks != nil {
+				m = t.sinks[h]
+			}
 			for j, s := range row {
 				s *= t.scale
 				row[j] = s
@@ -102,13 +117,17 @@ func (t *attnTask) run(lo, hi int) {
 				row[j] = p
 				sum += p
 			}
+			if t.sinks != nil {
+				sum += float32(math.Exp(float64(t.sinks[h] - m)))
+			}
 			o := t.out[(h*L+i)*Dh : (h*L+i+1)*Dh]
+			vrow := vbase[first*Dh:]
 			if b.simd && Dh%8 == 0 && len(row) > 0 {
-				_ = vbase[len(row)*Dh-1]
-				wsumAVX(&row[0], len(row), &vbase[0], 4*Dh, &o[0], Dh/8)
+				_ = vrow[len(row)*Dh-1]
+				wsumAVX(&row[0], len(row), &vrow[0], 4*Dh, &o[0], Dh/8)
 			} else {
 				for j, p := range row {
-					b.axpy(p, vbase[j*Dh:(j+1)*Dh], o)
+					b.axpy(p, vrow[j*Dh:(j+1)*Dh], o)
 				}
 			}
 			inv := 1 / sum

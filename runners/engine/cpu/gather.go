@@ -24,7 +24,11 @@ func (b *Backend) TopK(x engine.Array, k int) engine.Array {
 		panic(fmt.Sprintf("cpu: TopK: k = %d over %d entries", k, d))
 	}
 	v := floats(a)
-	out := make([]int32, rows*k)
+	res := b.header(a.shape)
+	res.shape[len(res.shape)-1] = k
+	res.dt = engine.I32
+	res.i32 = b.int32s(rows * k)
+	out := res.i32
 	for r := range rows {
 		row := v[r*d : (r+1)*d]
 		top := out[r*k : (r+1)*k]
@@ -43,30 +47,29 @@ func (b *Backend) TopK(x engine.Array, k int) engine.Array {
 			n = min(n+1, k)
 		}
 	}
-	shape := slices.Clone(a.shape)
-	shape[len(shape)-1] = k
-	return &Array{shape: shape, dt: engine.I32, i32: out}
+	return res
 }
 
-// elems copies elements of a (any storage) into a new array of shape
+// elems copies elements of a (any storage) into a step temporary of shape
 // shape: element i of the result is element src[i] of a.
-func elems(a *Array, shape []int, src []int) *Array {
+func (b *Backend) elems(a *Array, shape []int, src []int) *Array {
 	a = materialize(a)
-	out := &Array{shape: slices.Clone(shape), dt: a.dt}
 	n := len(src)
+	out := b.header(shape)
+	out.dt = a.dt
 	switch a.dt {
 	case engine.F32:
-		out.f32 = make([]float32, n)
+		out.f32 = b.floats(n)
 		for i, s := range src {
 			out.f32[i] = a.f32[s]
 		}
 	case engine.F16, engine.BF16:
-		out.u16 = make([]uint16, n)
+		out.u16 = b.uint16s(n)
 		for i, s := range src {
 			out.u16[i] = a.u16[s]
 		}
 	case engine.I32:
-		out.i32 = make([]int32, n)
+		out.i32 = b.int32s(n)
 		for i, s := range src {
 			out.i32[i] = a.i32[s]
 		}
@@ -82,6 +85,15 @@ func elems(a *Array, shape []int, src []int) *Array {
 		}
 	}
 	return out
+}
+
+// srcIndex is a scratch index list of n entries, reused op after op (the
+// Backend runs one op at a time).
+func (b *Backend) srcIndex(n int) []int {
+	if cap(b.srcIdx) < n {
+		b.srcIdx = make([]int, n)
+	}
+	return b.srcIdx[:n]
 }
 
 func indices(op string, x engine.Array) *Array {
@@ -100,7 +112,7 @@ func (b *Backend) TakeAlongAxis(x, idx engine.Array) engine.Array {
 	if len(a.shape) != len(ix.shape) || !slices.Equal(a.shape[:len(a.shape)-1], ix.shape[:len(ix.shape)-1]) || rows != irows {
 		panic(fmt.Sprintf("cpu: TakeAlongAxis: x %v with indices %v", a.shape, ix.shape))
 	}
-	src := make([]int, rows*k)
+	src := b.srcIndex(rows * k)
 	for r := range rows {
 		for j, i := range ix.i32[r*k : (r+1)*k] {
 			if i < 0 || int(i) >= d {
@@ -109,7 +121,7 @@ func (b *Backend) TakeAlongAxis(x, idx engine.Array) engine.Array {
 			src[r*k+j] = r*d + int(i)
 		}
 	}
-	return elems(a, ix.shape, src)
+	return b.elems(a, ix.shape, src)
 }
 
 // Take gathers rows along axis 0 (dtype kept).
@@ -123,7 +135,7 @@ func (b *Backend) Take(x, idx engine.Array) engine.Array {
 	if R > 0 {
 		row = numel(a.shape) / R
 	}
-	src := make([]int, 0, len(ix.i32)*row)
+	src := b.srcIndex(len(ix.i32) * row)[:0]
 	for _, i := range ix.i32 {
 		if i < 0 || int(i) >= R {
 			panic(fmt.Sprintf("cpu: Take: row %d outside %d", i, R))
@@ -132,8 +144,9 @@ func (b *Backend) Take(x, idx engine.Array) engine.Array {
 			src = append(src, int(i)*row+c)
 		}
 	}
-	shape := append([]int{len(ix.i32)}, a.shape[1:]...)
-	return elems(a, shape, src)
+	var shb [maxFastDims]int
+	shape := append(append(shb[:0], len(ix.i32)), a.shape[1:]...)
+	return b.elems(a, shape, src)
 }
 
 // Argsort sorts each row of the last axis ascending; equal values keep
@@ -170,6 +183,8 @@ type stacked struct {
 	bias       []float32 // [E, out] or nil
 	mx         *weight   // MXFP4 experts as 8-bit affine rows [E·out, in]
 	simd       bool
+	lv         engine.Linear // the Linear it was made from (l points here)
+	ew         weight        // expert's view, rebuilt by each expert call
 }
 
 func (b *Backend) newStacked(l *engine.Linear) *stacked {
@@ -177,10 +192,17 @@ func (b *Backend) newStacked(l *engine.Linear) *stacked {
 		panic("cpu: GatherLinear without a weight")
 	}
 	w := arr(l.W)
+	// Prepared once per weight and kept with it (the expert views below
+	// are made in its scratch): a decode step allocates nothing here.
+	if s := w.stk; s != nil && s.l.Scales == l.Scales && s.l.Biases == l.Biases && s.l.Bias == l.Bias && s.l.Mode == l.Mode {
+		return s
+	}
 	if len(w.shape) != 3 {
 		panic(fmt.Sprintf("cpu: GatherLinear weight of shape %v, want [E, out, in]", w.shape))
 	}
-	s := &stacked{E: w.shape[0], out: w.shape[1], in: w.shape[2], l: l, w: w, simd: b.simd}
+	s := &stacked{E: w.shape[0], out: w.shape[1], in: w.shape[2], lv: *l, w: w, simd: b.simd}
+	s.l = &s.lv
+	w.stk = s
 	if l.Mode == "mxfp4" {
 		// Exact, on the 8-bit kernels (mxfp4.go); made once per weight.
 		s.mx = mxfp4Weight(l)
@@ -226,7 +248,8 @@ func (s *stacked) expert(e int) *weight {
 	if e < 0 || e >= s.E {
 		panic(fmt.Sprintf("cpu: GatherLinear: expert %d outside %d", e, s.E))
 	}
-	w := &weight{out: s.out, in: s.in, dt: s.w.dt, simd: s.simd}
+	w := &s.ew
+	*w = weight{out: s.out, in: s.in, dt: s.w.dt, simd: s.simd}
 	if s.mx != nil {
 		m := s.mx
 		ng := s.out * (s.in / m.gs)
@@ -271,7 +294,8 @@ func (b *Backend) GatherLinear(x engine.Array, l *engine.Linear, experts engine.
 	}
 	shared := a.shape[0] == 1
 	xv := floats(a)
-	out := make([]float32, N*s.out)
+	res := b.newF32(N, s.out)
+	out := res.f32
 	ids := ix.i32
 	for i := 0; i < N; {
 		e := ids[i]
@@ -287,7 +311,7 @@ func (b *Backend) GatherLinear(x engine.Array, l *engine.Linear, experts engine.
 		case n == 1:
 			xs = xv
 		default:
-			xs = make([]float32, 0, n*s.in)
+			xs = b.floats(n * s.in)[:0]
 			for range n {
 				xs = append(xs, xv...)
 			}
@@ -305,16 +329,17 @@ func (b *Backend) GatherLinear(x engine.Array, l *engine.Linear, experts engine.
 		}
 		i = j
 	}
-	return heapF32([]int{N, s.out}, out)
+	return res
 }
 
 // Sigmoid is 1/(1+e^−x) in float32 (computed in float64, rounded once).
 func (b *Backend) Sigmoid(x engine.Array) engine.Array {
 	a := arr(x)
 	v := floats(a)
-	out := make([]float32, len(v))
+	res := b.newF32(a.shape...)
+	out := res.f32
 	for i, e := range v {
 		out[i] = float32(1 / (1 + math.Exp(-float64(e))))
 	}
-	return heapF32(a.shape, out)
+	return res
 }

@@ -40,7 +40,7 @@ func (b *Backend) NewKVCache(g engine.CacheGeometry, dt engine.DType) engine.KVC
 		panic(fmt.Sprintf("cpu: KV cache geometry %+v", g))
 	}
 	if g.Sliding() {
-		return newRingCache(g, dt)
+		return newRingCache(b, g, dt)
 	}
 	return &kvCache{b: b, g: g, dt: dt, layers: make([]kvLayer, g.Layers)}
 }

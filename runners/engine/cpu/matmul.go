@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
@@ -215,12 +216,12 @@ func (b *Backend) Linear(x engine.Array, l *engine.Linear) engine.Array {
 	if len(a.shape) != 2 || a.shape[1] != w.in {
 		panic(fmt.Sprintf("cpu: Linear: x %v with weight [%d, %d]", a.shape, w.out, w.in))
 	}
-	xv := floats(a)
+	xv := b.vals(a)
 	res := b.newF32(a.shape[0], w.out)
 	out := res.f32
 	b.matmulT(out, xv, a.shape[0], w)
 	if l.Bias != nil {
-		bias := floats(arr(l.Bias))
+		bias := halfFloats(arr(l.Bias)) // a weight: widened once
 		if len(bias) != w.out {
 			panic(fmt.Sprintf("cpu: Linear: bias %v for %d outputs", arr(l.Bias).shape, w.out))
 		}
@@ -614,7 +615,7 @@ func (b *Backend) MatMul(x, y engine.Array) engine.Array {
 	K2, N := c.shape[len(c.shape)-2], c.shape[len(c.shape)-1]
 	lead := a.shape[:len(a.shape)-2]
 	clead := c.shape[:len(c.shape)-2]
-	if K != K2 || (len(clead) > 0 && fmt.Sprint(lead) != fmt.Sprint(clead)) {
+	if K != K2 || (len(clead) > 0 && !slices.Equal(lead, clead)) {
 		panic(fmt.Sprintf("cpu: MatMul: %v @ %v", a.shape, c.shape))
 	}
 	batches := numel(lead)

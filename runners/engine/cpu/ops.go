@@ -26,7 +26,7 @@ func (b *Backend) binary(op string, x, y engine.Array, f func(p, q float32) floa
 		a, c = c, a
 	}
 	broadcastSuffix(op, a.shape, c.shape)
-	av, cv := floats(a), floats(c)
+	av, cv := b.vals(a), b.vals(c)
 	res := b.newF32(a.shape...)
 	out := res.f32
 	m := len(cv)
@@ -101,11 +101,11 @@ func lastDim(op string, a *Array) (rows, d int) {
 func (b *Backend) RMSNorm(x, w engine.Array, eps float32) engine.Array {
 	a := arr(x)
 	rows, d := lastDim("RMSNorm", a)
-	wv := floats(arr(w))
+	wv := halfFloats(arr(w)) // a weight: widened once
 	if len(wv) != d {
 		panic(fmt.Sprintf("cpu: RMSNorm: weight %v for x %v", arr(w).shape, a.shape))
 	}
-	v := floats(a)
+	v := b.vals(a)
 	res := b.newF32(a.shape...)
 	out := res.f32
 	if rows < 2*rmsNormRows {
@@ -439,7 +439,9 @@ func (b *Backend) AsType(x engine.Array, dt engine.DType) engine.Array {
 	shape := slices.Clone(a.shape)
 	switch dt {
 	case engine.F32:
-		return heapF32(shape, floats(a))
+		res := b.newF32(a.shape...)
+		copy(res.f32, b.vals(a))
+		return res
 	case engine.F16, engine.BF16:
 		if a.dt == engine.F16 || a.dt == engine.BF16 {
 			a = heapF32(shape, floats(a))

@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 )
@@ -25,6 +26,7 @@ type ringCache struct {
 	dt     engine.DType
 	n      int // committed length
 	layers []ringLayer
+	b      *Backend // whose step arena holds the views Append returns
 }
 
 // slab holds positions [base, base+cap) of one layer as [Hkv, cap, Dh].
@@ -46,11 +48,11 @@ type ringLayer struct {
 	stageLo, stageEnd int
 }
 
-func newRingCache(g engine.CacheGeometry, dt engine.DType) *ringCache {
+func newRingCache(b *Backend, g engine.CacheGeometry, dt engine.DType) *ringCache {
 	if len(g.Windows) != g.Layers {
 		panic(fmt.Sprintf("cpu: KV cache with %d windows for %d layers", len(g.Windows), g.Layers))
 	}
-	c := &ringCache{g: g, dt: dt, layers: make([]ringLayer, g.Layers)}
+	c := &ringCache{b: b, g: g, dt: dt, layers: make([]ringLayer, g.Layers)}
 	for i := range c.layers {
 		if g.Windows[i] < 0 {
 			panic(fmt.Sprintf("cpu: KV cache window %d for layer %d", g.Windows[i], i))
@@ -164,15 +166,17 @@ func (c *ringCache) write(s *slab, start, n int, k, v []float32) {
 func (c *ringCache) view(s *slab, from, to int) (engine.Array, engine.Array) {
 	n := to - from
 	off := (from - s.base) * c.g.HeadDim
-	shape := []int{c.g.KVHeads, n, c.g.HeadDim}
-	kv := &kvView{dt: c.dt, heads: c.g.KVHeads, n: n, dh: c.g.HeadDim, cap: s.cap}
-	vv := *kv
+	k, v := c.b.header3(c.g.KVHeads, n, c.g.HeadDim), c.b.header3(c.g.KVHeads, n, c.g.HeadDim)
+	k.dt, v.dt = c.dt, c.dt
+	k.kvv = kvView{dt: c.dt, heads: c.g.KVHeads, n: n, dh: c.g.HeadDim, cap: s.cap}
+	v.kvv = k.kvv
 	if c.dt == engine.F32 {
-		kv.f32, vv.f32 = s.k32[off:], s.v32[off:]
+		k.kvv.f32, v.kvv.f32 = s.k32[off:], s.v32[off:]
 	} else {
-		kv.u16, vv.u16 = s.k16[off:], s.v16[off:]
+		k.kvv.u16, v.kvv.u16 = s.k16[off:], s.v16[off:]
 	}
-	return &Array{shape: shape, dt: c.dt, kv: kv}, &Array{shape: append([]int(nil), shape...), dt: c.dt, kv: &vv}
+	k.kv, v.kv = &k.kvv, &v.kvv
+	return k, v
 }
 
 // Append adds k, v [Hkv, L, Dh] at Len() and returns views of what the new
@@ -182,7 +186,7 @@ func (c *ringCache) Append(layer int, k, v engine.Array) (engine.Array, engine.A
 	if layer < 0 || layer >= c.g.Layers {
 		panic(fmt.Sprintf("cpu: KV Append: layer %d of %d", layer, c.g.Layers))
 	}
-	if len(ka.shape) != 3 || ka.shape[0] != c.g.KVHeads || ka.shape[2] != c.g.HeadDim || fmt.Sprint(ka.shape) != fmt.Sprint(va.shape) {
+	if len(ka.shape) != 3 || ka.shape[0] != c.g.KVHeads || ka.shape[2] != c.g.HeadDim || !slices.Equal(ka.shape, va.shape) {
 		panic(fmt.Sprintf("cpu: KV Append: k %v v %v for geometry %+v", ka.shape, va.shape, c.g))
 	}
 	L := ka.shape[1]

@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 )
@@ -27,57 +26,10 @@ func (b *Backend) WindowedAttention(qa, ka, va engine.Array, scale float32, wind
 	}
 	var sinks []float32
 	if sinksA != nil {
-		sinks = floats(arr(sinksA))
+		sinks = halfFloats(arr(sinksA)) // a weight: widened once, kept with it
 		if len(sinks) != H {
 			panic(fmt.Sprintf("cpu: WindowedAttention: %d sinks for %d heads", len(sinks), H))
 		}
 	}
-	qv := floats(q)
-	group := H / hkv
-	out := make([]float32, H*L*Dh)
-	b.parallel(H, 1, func(lo, hi int) {
-		scores := make([]float32, L*T)
-		buf := make([]float32, 4*Dh)
-		for h := lo; h < hi; h++ {
-			kh := h / group
-			keys := &weight{out: T, in: Dh, dt: engine.F32, f32: kd[kh*kst : kh*kst+T*Dh]}
-			b.gemmBlocks(scores, qv[h*L*Dh:(h+1)*L*Dh], L, keys, 0, (T+3)/4, buf)
-			vbase := vd[kh*vst:]
-			for i := range L {
-				limit := T - L + i + 1 // keys first..T-L+i
-				first := 0
-				if window > 0 {
-					first = max(0, limit-window)
-				}
-				row := scores[i*T+first : i*T+limit]
-				m := float32(math.Inf(-1))
-				if sinks != nil {
-					m = sinks[h]
-				}
-				for t, s := range row {
-					s *= scale
-					row[t] = s
-					m = max(m, s)
-				}
-				var sum float32
-				for t, s := range row {
-					p := float32(math.Exp(float64(s - m)))
-					row[t] = p
-					sum += p
-				}
-				if sinks != nil {
-					sum += float32(math.Exp(float64(sinks[h] - m)))
-				}
-				o := out[(h*L+i)*Dh : (h*L+i+1)*Dh]
-				for t, p := range row {
-					b.axpy(p, vbase[(first+t)*Dh:(first+t+1)*Dh], o)
-				}
-				inv := 1 / sum
-				for d := range o {
-					o[d] *= inv
-				}
-			}
-		}
-	})
-	return heapF32([]int{H, L, Dh}, out)
+	return b.attend(q, kd, vd, H, L, T, Dh, hkv, kst, vst, scale, window, sinks)
 }
