@@ -37,28 +37,48 @@ type stepReq struct {
 	tok    int32
 	logits []float32
 	err    error
-	done   chan struct{}
+	done   chan struct{} // buffered (1): the batcher signals, never closes
+	buf    []float32     // the generation's own logits row, reused step after step
+}
+
+// stepBatch is the model method the batcher prefers: every row written
+// into dst's storage (engine.Model.ForwardBatchInto), so that a step
+// allocates nothing; ForwardBatch is the fallback.
+type stepBatch interface {
+	ForwardBatchInto(ctx context.Context, caches []engine.KVCache, tokens []int32, dst []float32) ([][]float32, error)
 }
 
 func newBatcher(m Model, maxBatch int, gather time.Duration) *batcher {
 	return &batcher{model: m, gather: gather, reqs: make(chan *stepReq, maxBatch), stopped: make(chan struct{})}
 }
 
-// join registers a generation; the returned leave must be called once when
-// it stops stepping.
-func (b *batcher) join() (leave func()) {
+// member is one joined generation: its step request (and logits row) is
+// reused for every step, so stepping allocates nothing.
+type member struct {
+	b    *batcher
+	req  stepReq
+	once sync.Once
+}
+
+// joinMember registers a generation; leave must be called once when it
+// stops stepping.
+func (b *batcher) joinMember() *member {
 	b.mu.Lock()
 	b.joined++
 	b.mu.Unlock()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			b.mu.Lock()
-			b.joined--
-			b.mu.Unlock()
-		})
-	}
+	return &member{b: b, req: stepReq{done: make(chan struct{}, 1)}}
 }
+
+func (m *member) leave() {
+	m.once.Do(func() {
+		m.b.mu.Lock()
+		m.b.joined--
+		m.b.mu.Unlock()
+	})
+}
+
+// join is joinMember for callers that step through batcher.step.
+func (b *batcher) join() (leave func()) { return b.joinMember().leave }
 
 func (b *batcher) members() int {
 	b.mu.Lock()
@@ -68,9 +88,11 @@ func (b *batcher) members() int {
 
 // step appends tok to cache as part of the next batch and returns the
 // logits after it. It always waits for the batch it joined: the cache is
-// in use until then.
-func (b *batcher) step(cache engine.KVCache, tok int32) ([]float32, error) {
-	r := &stepReq{cache: cache, tok: tok, done: make(chan struct{})}
+// in use until then. The logits are the member's own row: valid until its
+// next step.
+func (m *member) step(cache engine.KVCache, tok int32) ([]float32, error) {
+	b, r := m.b, &m.req
+	r.cache, r.tok, r.logits, r.err = cache, tok, nil, nil
 	select {
 	case b.reqs <- r:
 	case <-b.stopped:
@@ -86,6 +108,12 @@ func (b *batcher) step(cache engine.KVCache, tok int32) ([]float32, error) {
 	}
 }
 
+// step is a one-off member's step (tests and callers without a member).
+func (b *batcher) step(cache engine.KVCache, tok int32) ([]float32, error) {
+	m := &member{b: b, req: stepReq{done: make(chan struct{}, 1)}}
+	return m.step(cache, tok)
+}
+
 var errBatcherStopped = errors.New("decode: server closed")
 
 // run serves steps until ctx ends.
@@ -94,6 +122,19 @@ func (b *batcher) run(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	batch := make([]*stepReq, 0, cap(b.reqs))
+	// Reused step after step: the batch's caches and tokens, and the
+	// model's logits storage (ForwardBatchInto).
+	caches := make([]engine.KVCache, 0, cap(b.reqs))
+	toks := make([]int32, 0, cap(b.reqs))
+	// The model's logits for a whole batch land in flat (room for the
+	// largest batch, made once), rows views of it.
+	sb, into := b.model.(stepBatch)
+	vocab := 0
+	if into {
+		vocab = max(b.model.Info().Vocab, 0)
+	}
+	flat := make([]float32, cap(b.reqs)*vocab)
+	rows := make([][]float32, 0, cap(b.reqs))
 	for {
 		batch = batch[:0]
 		select {
@@ -118,22 +159,41 @@ func (b *batcher) run(ctx context.Context) {
 			default:
 			}
 		}
-		caches := make([]engine.KVCache, len(batch))
-		toks := make([]int32, len(batch))
-		for i, r := range batch {
-			caches[i], toks[i] = r.cache, r.tok
+		caches, toks = caches[:0], toks[:0]
+		for _, r := range batch {
+			caches, toks = append(caches, r.cache), append(toks, r.tok)
 		}
 		if b.sizes != nil {
 			b.sizes(len(batch))
 		}
-		logits, err := b.model.ForwardBatch(context.Background(), caches, toks)
+		var logits [][]float32
+		var err error
+		if into && vocab > 0 {
+			// The model writes every row into flat's storage (it has room
+			// for the largest batch). The row slices it returns are its
+			// own scratch, which another generation's prefill may reuse
+			// as soon as it returns, so the rows are read from flat.
+			if _, err = sb.ForwardBatchInto(context.Background(), caches, toks, flat[:0]); err == nil {
+				logits = rows[:0]
+				for i := range batch {
+					logits = append(logits, flat[i*vocab:(i+1)*vocab:(i+1)*vocab])
+				}
+				rows = logits
+			}
+		} else {
+			logits, err = b.model.ForwardBatch(context.Background(), caches, toks)
+		}
 		for i, r := range batch {
 			if err != nil {
 				r.err = err
 			} else {
-				r.logits = logits[i]
+				// Each generation reads its row after the batcher has
+				// moved on: a copy into the row it owns.
+				r.buf = append(r.buf[:0], logits[i]...)
+				r.logits = r.buf
 			}
-			close(r.done)
+			r.done <- struct{}{}
 		}
+		clear(caches) // hold no cache past its step
 	}
 }

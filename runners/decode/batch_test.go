@@ -3,11 +3,14 @@ package decode
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 )
 
 // batchModel is a Model whose ForwardBatch records the batch sizes and
@@ -160,5 +163,111 @@ func TestBatcherReportsErrorsToEveryMember(t *testing.T) {
 		if err := <-errs; !errors.Is(err, boom) {
 			t.Errorf("got %v, want boom", err)
 		}
+	}
+}
+
+// TestBatcherStepAllocatesNothing: once warm, a decode step through the
+// batcher (the runner's continuous batching: request handoff, one
+// ForwardBatchInto on the cpu backend, each generation's row copied into
+// the logits it owns) allocates nothing, alone and for three generations
+// stepping together; and each generation gets the logits a plain Forward
+// gives, bit for bit.
+func TestBatcherStepAllocatesNothing(t *testing.T) {
+	if raceDetector {
+		t.Skip("the race detector allocates")
+	}
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "qwen3", Seed: 9}); err != nil {
+		t.Fatal(err)
+	}
+	be, err := backend.Open("cpu", backend.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	m, err := engine.Load(ctx, dir, be, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	b := newBatcher(m, 4, time.Second)
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go b.run(bctx)
+
+	const gens = 3
+	prompt := []int32{5, 6, 7, 8, 9, 10}
+	mems := make([]*member, gens)
+	caches := make([]engine.KVCache, gens)
+	for g := range mems {
+		caches[g] = m.NewCache()
+		if err := m.Prefill(ctx, caches[g], prompt[:len(prompt)-g], 0, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One generation alone: equal to Forward, then no allocation.
+	ref := m.NewCache()
+	if err := m.Prefill(ctx, ref, prompt, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	want, err := m.Forward(ctx, ref, []int32{3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mems[0] = b.joinMember()
+	got, err := mems[0].step(caches[0], 3)
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("batched step: %v, logits equal to Forward's: %v", err, slices.Equal(got, want))
+	}
+	n0 := caches[0].Len()
+	one := func() {
+		if caches[0].Len() > n0+40 {
+			caches[0].Truncate(n0)
+		}
+		if _, err := mems[0].step(caches[0], 4); err != nil {
+			t.Fatal(err)
+		}
+	}
+	one()
+	if a := testing.AllocsPerRun(20, one); a != 0 {
+		t.Errorf("one generation: %v allocations per step, want 0", a)
+	}
+
+	// Three at once, each on its own goroutine, released together.
+	for g := 1; g < gens; g++ {
+		mems[g] = b.joinMember()
+	}
+	start, done := make(chan struct{}), make(chan error, gens)
+	for g := range gens {
+		go func() {
+			n := caches[g].Len()
+			for range start {
+				if caches[g].Len() > n+40 {
+					caches[g].Truncate(n)
+				}
+				_, err := mems[g].step(caches[g], int32(4+g))
+				done <- err
+			}
+		}()
+	}
+	defer close(start)
+	three := func() {
+		for range gens {
+			start <- struct{}{}
+		}
+		for range gens {
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for range 50 { // every batch composition the gather makes, once
+		three()
+	}
+	if a := testing.AllocsPerRun(20, three); a != 0 {
+		t.Errorf("three generations: %v allocations per step, want 0", a)
+	}
+	for _, mb := range mems {
+		mb.leave()
 	}
 }

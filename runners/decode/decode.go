@@ -558,9 +558,10 @@ func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai
 	}
 	stream := s.o.Text.NewStream()
 	history := append([]int32(nil), entry.tokens...)
+	var mem *member
 	if s.batch != nil {
-		leave := s.batch.join()
-		defer leave()
+		mem = s.batch.joinMember()
+		defer mem.leave()
 	}
 	last := time.Now()
 	emit := func(text string, lp *openai.TokenLogprob) (bool, error) {
@@ -623,7 +624,7 @@ func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai
 			res.FinishReason = "length"
 			break
 		}
-		logits, err = s.decodeStep(ctx, entry.cache, tok)
+		logits, err = s.decodeStep(ctx, mem, entry.cache, tok)
 		if err != nil {
 			return res, fmt.Errorf("decode step %d: %w", res.CompletionTokens, err)
 		}
@@ -659,15 +660,16 @@ func (s *Server) logprob(logits []float32, tok int32, top int) *openai.TokenLogp
 }
 
 // decodeStep appends tok to cache and returns the logits after it: in the
-// next batch when batching, else alone.
-func (s *Server) decodeStep(ctx context.Context, cache engine.KVCache, tok int32) ([]float32, error) {
-	if s.batch == nil {
+// next batch when batching (mem, the generation's batch membership; the
+// logits are then its own row, valid until its next step), else alone.
+func (s *Server) decodeStep(ctx context.Context, mem *member, cache engine.KVCache, tok int32) ([]float32, error) {
+	if mem == nil {
 		return s.o.Model.Forward(ctx, cache, []int32{tok})
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return s.batch.step(cache, tok)
+	return mem.step(cache, tok)
 }
 
 // observeError records the cost model's relative error for one fill.
