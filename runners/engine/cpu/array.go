@@ -37,6 +37,7 @@ type Array struct {
 	memo  []float32 // float32 copy of a 16-bit array used as scales/biases
 	mxfp4 *weight   // an MXFP4 weight in 8-bit affine form (mxfp4.go)
 	stk   *stacked  // a stacked expert weight prepared for GatherLinear (gather.go)
+	iq    *iqLayout // a quantized weight's scales regrouped for iq.go
 	// Temporaries (arena.go): owner is the backend whose step arena holds
 	// the array, gen the step it belongs to; kept when Keep pinned it.
 	kvv   kvView // kv's storage for views made in the arena
@@ -68,6 +69,7 @@ func (a *Array) String() string { return fmt.Sprintf("cpu.Array(%v %v)", a.dt, a
 type Backend struct {
 	threads int
 	simd    bool // use the AVX2+FMA kernels (amd64 with both features)
+	iq      bool // quantized weights multiply integer activations (iq.go)
 
 	pool  *pool // workers, started on first use (pool.go)
 	arena arena // the step's temporaries (arena.go)
@@ -88,7 +90,7 @@ func newBackend(threads int) *Backend {
 	if threads <= 0 {
 		threads = runtime.NumCPU()
 	}
-	return &Backend{threads: threads, simd: hasSIMD()}
+	return &Backend{threads: threads, simd: hasSIMD(), iq: true}
 }
 
 // Name is "cpu".

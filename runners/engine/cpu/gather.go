@@ -182,7 +182,12 @@ type stacked struct {
 	biases     []float32
 	bias       []float32 // [E, out] or nil
 	mx         *weight   // MXFP4 experts as 8-bit affine rows [E·out, in]
-	simd       bool
+	// scales16, biases16 are the float16 originals when both are F16.
+	scales16, biases16 []uint16
+	// iq holds each expert's regrouped scales once it has run when the
+	// experts take the integer path (iq.go); nil when they do not.
+	iq   []*iqLayout
+	simd bool
 	lv         engine.Linear // the Linear it was made from (l points here)
 	ew         weight        // expert's view, rebuilt by each expert call
 }
@@ -229,8 +234,14 @@ func (b *Backend) newStacked(l *engine.Linear) *stacked {
 			panic(fmt.Sprintf("cpu: quantized GatherLinear: scales %v / biases %v for weight %v with group %d", sc.shape, bz.shape, w.shape, l.GroupSize))
 		}
 		s.scales, s.biases = halfFloats(sc), halfFloats(bz)
+		if sc.dt == engine.F16 && bz.dt == engine.F16 && sc.kv == nil && bz.kv == nil {
+			s.scales16, s.biases16 = sc.u16, bz.u16
+		}
 	} else if w.dt != engine.F32 && w.dt != engine.F16 && w.dt != engine.BF16 {
 		panic(fmt.Sprintf("cpu: dense GatherLinear weight of dtype %v", w.dt))
+	}
+	if b.iqEligible(s.expert(0)) {
+		s.iq = make([]*iqLayout, s.E)
 	}
 	if l.Bias != nil {
 		ba := arr(l.Bias)
@@ -256,7 +267,7 @@ func (s *stacked) expert(e int) *weight {
 		w.bits, w.gs, w.wpr = m.bits, m.gs, m.wpr
 		w.q = m.q[e*s.out*m.wpr : (e+1)*s.out*m.wpr]
 		w.scales, w.biases = m.scales[e*ng:(e+1)*ng], m.biases[e*ng:(e+1)*ng]
-		return w
+		return s.withIQ(w, e)
 	}
 	if s.l.Bits == 0 {
 		n := s.out * s.in
@@ -274,6 +285,21 @@ func (s *stacked) expert(e int) *weight {
 	ng := s.out * (s.in / w.gs)
 	w.scales = s.scales[e*ng : (e+1)*ng]
 	w.biases = s.biases[e*ng : (e+1)*ng]
+	if s.scales16 != nil {
+		w.scales16, w.biases16 = s.scales16[e*ng:(e+1)*ng], s.biases16[e*ng:(e+1)*ng]
+	}
+	return s.withIQ(w, e)
+}
+
+// withIQ gives expert e's weight its integer-path layout, made on its
+// first use.
+func (s *stacked) withIQ(w *weight, e int) *weight {
+	if s.iq != nil {
+		if s.iq[e] == nil {
+			s.iq[e] = newIQLayout(w)
+		}
+		w.iq = s.iq[e]
+	}
 	return w
 }
 

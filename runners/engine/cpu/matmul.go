@@ -50,6 +50,8 @@ type weight struct {
 	scales16, biases16 []uint16
 	wpr                int // words per row
 	simd               bool
+	// iq is set when the product takes the integer path (iq.go).
+	iq *iqLayout
 }
 
 // halfFloats returns a 16-bit array's values as float32, memoized on the
@@ -77,6 +79,9 @@ func (b *Backend) setWeight(r *weight, l *engine.Linear) {
 		*r = *mxfp4Weight(l)
 	} else {
 		setWeight(r, l)
+	}
+	if b.iqEligible(r) {
+		r.iq = iqLayoutFor(r, l)
 	}
 	r.simd = b.simd
 }
@@ -254,10 +259,18 @@ func (b *Backend) matmulTExpand(out, x []float32, L int, w *weight) {
 
 func (b *Backend) matmulTMode(out, x []float32, L int, w *weight, fused bool) {
 	N, K := w.out, w.in
+	t := &b.mm
+	if w.iq != nil {
+		t.acts.quantize(x[:L*K], L, K, w.bits == 4, b.simd)
+		t.b, t.out, t.L, t.w, t.int8 = b, out, L, w, true
+		// Blocks of eight rows; at least ~64k multiply-adds per goroutine.
+		b.run((N+7)/8, max(1, 65536/(8*K*max(L, 1))), t)
+		t.out, t.w, t.int8 = nil, nil, false
+		return
+	}
 	blocks := (N + 3) / 4
 	// Aim for at least ~64k multiply-adds per goroutine.
 	minBlocks := max(1, 65536/(4*K*max(L, 1)))
-	t := &b.mm
 	t.b, t.out, t.x, t.L, t.w, t.fused = b, out, x, L, w, fused
 	b.run(blocks, minBlocks, t)
 	t.out, t.x, t.w = nil, nil, nil
@@ -271,6 +284,8 @@ type matmulTask struct {
 	L      int
 	w      *weight
 	fused  bool
+	int8   bool   // w.iq != nil: acts holds x quantized (iq.go)
+	acts   iqActs
 	wv     weight // Linear's weight, prepared in place
 	mw     weight // MatMul's right operand, transposed
 	// bufs holds the expand path's per-range buffers of 4·K floats.
@@ -299,6 +314,17 @@ func (t *matmulTask) putBuf(s []float32) {
 func (t *matmulTask) run(lo, hi int) {
 	b, out, x, L, w, fused := t.b, t.out, t.x, t.L, t.w, t.fused
 	N, K := w.out, w.in
+	if t.int8 {
+		var buf []float32
+		if L >= iqGemmMinRows {
+			buf = t.buf(iqUnpackFloats(w))
+		}
+		b.iqRows(out, &t.acts, L, w, lo, hi, buf)
+		if buf != nil {
+			t.putBuf(buf)
+		}
+		return
+	}
 	{
 		if fused && !b.simd {
 			for blk := lo; blk < hi; blk++ {

@@ -94,3 +94,40 @@ func q8dot4HAVX(x *float32, words *uint32, wstride int, scales, biases *uint16, 
 //
 //go:noescape
 func wsumAVX(p *float32, n int, v *float32, vstride int, o *float32, chunks int)
+
+// q4i16dot8AVX computes iq.go's integer products of 4-bit weight rows
+// j..j+7 with one quantized input row (p describes both) into res.
+//
+//go:noescape
+func q4i16dot8AVX(p *iqArgs, res *[8]float32)
+
+// q8i16dot8AVX is q4i16dot8AVX for 8-bit weights.
+//
+//go:noescape
+func q8i16dot8AVX(p *iqArgs, res *[8]float32)
+
+// q4i16unpack8AVX writes 4-bit weight rows 0..7 (words, wstride bytes
+// apart) as bytes for i16gemm8AVX: for each of nblk blocks, eight rows of
+// 32 values in nibble order.
+//
+//go:noescape
+func q4i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16)
+
+// q8i16unpack8AVX is q4i16unpack8AVX for 8-bit rows: per block and row,
+// |q−128| then q−128, 32 bytes each.
+//
+//go:noescape
+func q8i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16)
+
+// i16gemm8AVX is q4i16dot8AVX for p.rows input rows against eight weight
+// rows unpacked by q4i16unpack8AVX (p.w8), writing each row's eight
+// results to p.out, p.ldo bytes apart.
+//
+//go:noescape
+func i16gemm8AVX(p *iqArgs)
+
+// iqquantAVX quantizes nblk blocks of 32 floats for iq.go (see the
+// assembly's comment for what it leaves in m).
+//
+//go:noescape
+func iqquantAVX(x *float32, nblk int, q *int16, m *iqMeta, nibble int)

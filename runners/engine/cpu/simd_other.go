@@ -65,3 +65,17 @@ func q8dot4HAVX(x *float32, words *uint32, wstride int, scales, biases *uint16, 
 func wsumAVX(p *float32, n int, v *float32, vstride int, o *float32, chunks int) {
 	panic("cpu: no SIMD kernels on this platform")
 }
+
+func q4i16dot8AVX(p *iqArgs, res *[8]float32) { panic("cpu: no SIMD kernels on this platform") }
+
+func q8i16dot8AVX(p *iqArgs, res *[8]float32) { panic("cpu: no SIMD kernels on this platform") }
+
+func q4i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16) { panic("cpu: no SIMD kernels on this platform") }
+
+func q8i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16) { panic("cpu: no SIMD kernels on this platform") }
+
+func i16gemm8AVX(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
+
+func iqquantAVX(x *float32, nblk int, q *int16, m *iqMeta, nibble int) {
+	panic("cpu: no SIMD kernels on this platform")
+}

@@ -1,0 +1,317 @@
+package cpu
+
+import (
+	"math"
+	"unsafe"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+)
+
+// Integer products for affine-quantized weights.
+//
+// A decode step of a quantized model is a chain of matrix-vector products
+// whose cost is reading the packed weights and turning them into products.
+// Widening every weight to float32 (the float path in matmul.go) costs
+// about five vector instructions per eight weights, which makes a decode
+// step compute-bound at half the memory bandwidth of a core. llama.cpp
+// quantizes the activations to int8 instead; that is cheap but moves
+// SmolLM2's logits visibly (cosine 0.993 against exact arithmetic on one
+// of the reference prompts, and "capital of France" no longer answered
+// Paris). This file quantizes them to int16, 256 times finer, and
+// multiplies 16-bit integers (VPMADDWD: 16 pairs per instruction) — for
+// MLX-affine 4- and 8-bit weights whose group size is a multiple of 32:
+//
+//   - each input row x is cut into blocks of 32 and quantized:
+//     d = max|x|/32767, q = round-half-even(x · (32767/max|x|)), and the
+//     block's s = d · Σq;
+//   - for weight row j with scale sc and bias bi in the group holding block
+//     k, the exact integer Σ w·q is formed, and the row's accumulator does,
+//     in float32 with every product and sum rounded on its own (no fused
+//     multiply-add):   acc = acc + float32(Σ w·q)·(sc·d);  acc = acc + bi·s
+//     block after block, from 0.
+//
+// Every kernel here (the AVX2 ones, eight weight rows at a time, and the
+// Go one, one row) computes exactly this, so a row's result does not
+// depend on how many input rows are multiplied at once, which kernel ran,
+// or the thread count: the chunk-invariance, batched = alone and remote =
+// local guarantees of matmul.go hold unchanged. The integer sums are exact
+// (|Σ w·q| < 2³¹), so the order in which the kernels add products does not
+// matter.
+//
+// Against float arithmetic on the dequantized weights the result moves by
+// the activation rounding: at most half a step of max|x|/32767 per element.
+// Backend.iq turns the path off (the float kernels then run, as before).
+
+// iqBlock is the activation block length, iqMax the largest |q|.
+const (
+	iqBlock = 32
+	iqMax   = 32767
+)
+
+// iqLayout is a weight's scales and biases regrouped for the eight-row
+// kernel: for row block rb (rows 8rb..8rb+7) and group g, the eight rows'
+// values are consecutive at (rb·ng + g)·8. A last partial row block repeats
+// its last row. F16 scales and biases stay F16 (the kernel widens them
+// exactly); others are float32.
+type iqLayout struct {
+	scales, biases engine.Array // the arrays it was made from
+	s16, b16       []uint16
+	s32, b32       []float32
+}
+
+// iqEligible reports whether w takes the integer path.
+func (b *Backend) iqEligible(w *weight) bool {
+	return b.iq && (w.bits == 4 || w.bits == 8) && w.gs%iqBlock == 0 && w.in%iqBlock == 0
+}
+
+// iqLayoutFor returns l's regrouped scales, memoized on its weight array.
+func iqLayoutFor(w *weight, l *engine.Linear) *iqLayout {
+	a := arr(l.W)
+	if m := a.iq; m != nil && m.scales == l.Scales && m.biases == l.Biases {
+		return m
+	}
+	m := newIQLayout(w)
+	m.scales, m.biases = l.Scales, l.Biases
+	a.iq = m
+	return m
+}
+
+// newIQLayout regroups w's scales and biases.
+func newIQLayout(w *weight) *iqLayout {
+	ng := w.in / w.gs
+	rb := (w.out + 7) / 8
+	m := new(iqLayout)
+	if w.scales16 != nil {
+		m.s16 = make([]uint16, rb*ng*8)
+		m.b16 = make([]uint16, rb*ng*8)
+	} else {
+		m.s32 = make([]float32, rb*ng*8)
+		m.b32 = make([]float32, rb*ng*8)
+	}
+	for j := range rb * 8 {
+		r := min(j, w.out-1)
+		for g := range ng {
+			at := ((j/8)*ng+g)*8 + j%8
+			if m.s16 != nil {
+				m.s16[at], m.b16[at] = w.scales16[r*ng+g], w.biases16[r*ng+g]
+			} else {
+				m.s32[at], m.b32[at] = w.scales[r*ng+g], w.biases[r*ng+g]
+			}
+		}
+	}
+	return m
+}
+
+// iqActs is one product's quantized input rows: q [L, K] (for 4-bit
+// weights each block is stored even elements first, then odd ones, the
+// order the kernels unpack nibbles in) and m [L, K/32].
+type iqActs struct {
+	q []int16
+	m []iqMeta
+}
+
+// iqMeta is one activation block's step d and d·Σq; sum and nan are
+// iqquantAVX's scratch.
+type iqMeta struct {
+	d, s float32
+	sum  int32
+	nan  int32
+}
+
+// quantize fills a from x [L, K].
+func (a *iqActs) quantize(x []float32, L, K int, nibbleOrder bool, simd bool) {
+	nb := K / iqBlock
+	a.q = grow(a.q, L*K)
+	a.m = grow(a.m, L*nb)
+	if simd {
+		nib := 0
+		if nibbleOrder {
+			nib = 1
+		}
+		iqquantAVX(&x[0], L*nb, &a.q[0], &a.m[0], nib)
+		for i := range a.m {
+			m := &a.m[i]
+			amax, sum := m.d, m.sum
+			if m.nan != 0 || !(amax > 0) || math.IsInf(float64(amax), 0) {
+				// Zero or not finite: the Go definition decides.
+				d, sum := quantizeBlock(a.q[i*iqBlock:(i+1)*iqBlock], x[i*iqBlock:(i+1)*iqBlock], nibbleOrder)
+				*m = iqMeta{d: d, s: d * float32(sum)}
+				continue
+			}
+			d := amax / iqMax
+			*m = iqMeta{d: d, s: d * float32(sum)}
+		}
+		return
+	}
+	for i := range L * nb {
+		xs := x[i*iqBlock : (i+1)*iqBlock : (i+1)*iqBlock]
+		q := a.q[i*iqBlock : (i+1)*iqBlock : (i+1)*iqBlock]
+		d, sum := quantizeBlock(q, xs, nibbleOrder)
+		a.m[i] = iqMeta{d: d, s: d * float32(sum)}
+	}
+}
+
+// quantizeBlock quantizes 32 values into q, returning the step d and Σq.
+func quantizeBlock(q []int16, xs []float32, nibbleOrder bool) (float32, int32) {
+	var amax float32
+	for _, v := range xs {
+		amax = max(amax, float32(math.Abs(float64(v))))
+	}
+	if !(amax > 0) || math.IsInf(float64(amax), 0) {
+		// Zero (or not finite: the product is meaningless anyway).
+		clear(q)
+		if amax > 0 || amax != amax {
+			return float32(math.NaN()), 0
+		}
+		return 0, 0
+	}
+	id := iqMax / amax
+	var sum int32
+	for e, v := range xs {
+		r := int32(math.RoundToEven(float64(v * id)))
+		r = min(max(r, -iqMax), iqMax)
+		sum += r
+		p := e
+		if nibbleOrder {
+			p = e>>1 + 16*(e&1)
+		}
+		q[p] = int16(r)
+	}
+	return amax / iqMax, sum
+}
+
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// iqdotRow is the Go kernel: row j of w against quantized row i of a.
+func iqdotRow(a *iqActs, i int, w *weight, j int) float32 {
+	K := w.in
+	nb := K / iqBlock
+	ng := K / w.gs
+	bpg := w.gs / iqBlock
+	q := a.q[i*K : (i+1)*K]
+	meta := a.m[i*nb : (i+1)*nb]
+	words := w.q[j*w.wpr : (j+1)*w.wpr]
+	sc, bi := w.scales[j*ng:(j+1)*ng], w.biases[j*ng:(j+1)*ng]
+	var acc float32
+	for k := range nb {
+		xq := q[k*iqBlock : (k+1)*iqBlock : (k+1)*iqBlock]
+		var isum int32
+		if w.bits == 4 {
+			for wi, u := range words[k*4 : k*4+4] {
+				for e := range 8 {
+					n := wi*8 + e
+					isum += int32(u>>(4*uint(e))&15) * int32(xq[n>>1+16*(n&1)])
+				}
+			}
+		} else {
+			for wi, u := range words[k*8 : k*8+8] {
+				for e := range 4 {
+					isum += int32(u>>(8*uint(e))&255) * int32(xq[wi*4+e])
+				}
+			}
+		}
+		g := k / bpg
+		t := float32(sc[g] * meta[k].d)
+		acc = float32(acc + float32(float32(isum)*t))
+		acc = float32(acc + float32(bi[g]*meta[k].s))
+	}
+	return acc
+}
+
+// iqRows computes out[i, j] for rows i < L and weight rows j in blocks
+// [lo, hi) of eight; buf is scratch of at least iqUnpackFloats(w) floats
+// when L ≥ iqGemmMinRows.
+func (b *Backend) iqRows(out []float32, a *iqActs, L int, w *weight, lo, hi int, buf []float32) {
+	N, K := w.out, w.in
+	nb := K / iqBlock
+	ng := K / w.gs
+	m := w.iq
+	var res [8]float32
+	for blk := lo; blk < hi; blk++ {
+		j := blk * 8
+		if !b.simd || j+8 > N {
+			for r := j; r < min(j+8, N); r++ {
+				for i := range L {
+					out[i*N+r] = iqdotRow(a, i, w, r)
+				}
+			}
+			continue
+		}
+		so := blk * ng * 8
+		p := iqArgs{
+			m: &a.m[0], nblk: nb, words: &w.q[j*w.wpr], wstride: 4 * w.wpr, bpg: w.gs / iqBlock,
+		}
+		_ = w.q[(j+8)*w.wpr-1]
+		if m.s16 != nil {
+			_ = m.s16[so+ng*8-1]
+			p.sc, p.bi, p.half = unsafe.Pointer(&m.s16[so]), unsafe.Pointer(&m.b16[so]), 1
+		} else {
+			_ = m.s32[so+ng*8-1]
+			p.sc, p.bi = unsafe.Pointer(&m.s32[so]), unsafe.Pointer(&m.b32[so])
+		}
+		if L < iqGemmMinRows {
+			for i := range L {
+				p.x, p.m = &a.q[i*K], &a.m[i*nb]
+				if w.bits == 4 {
+					q4i16dot8AVX(&p, &res)
+				} else {
+					q8i16dot8AVX(&p, &res)
+				}
+				copy(out[i*N+j:i*N+j+8], res[:])
+			}
+			continue
+		}
+		// Several rows: unpack the eight weight rows once, then run every
+		// input row over them.
+		w16 := buf[:iqUnpackFloats(w)]
+		w8 := (*int16)(unsafe.Pointer(&w16[0]))
+		if w.bits == 4 {
+			q4i16unpack8AVX(p.words, p.wstride, nb, w8)
+		} else {
+			q8i16unpack8AVX(p.words, p.wstride, nb, w8)
+		}
+		p.w8, p.ldo = w8, 4*N
+		for i0 := 0; i0 < L; i0 += iqGemmTile {
+			p.x, p.m, p.rows, p.out = &a.q[i0*K], &a.m[i0*nb], min(iqGemmTile, L-i0), &out[i0*N+j]
+			_ = out[(i0+p.rows-1)*N+j+7]
+			i16gemm8AVX(&p)
+		}
+	}
+}
+
+// iqGemmMinRows is the row count from which iqRows unpacks weights first;
+// iqGemmTile bounds the input rows run over them in one pass (their int8
+// data stays in the core's cache).
+const (
+	iqGemmMinRows = 3
+	iqGemmTile    = 128
+)
+
+// iqUnpackFloats is the scratch iqRows needs for eight unpacked rows, in
+// float32s.
+func iqUnpackFloats(w *weight) int {
+	return 8 * (w.in / iqBlock) * 64 / 4 // 32 int16 per row and block
+}
+
+// iqArgs is the kernels' argument block (one pointer crosses into the
+// assembly; field offsets are fixed there).
+type iqArgs struct {
+	x       *int16         // 0: quantized row
+	m       *iqMeta        // 8: its blocks' metadata
+	nblk    int            // 16
+	words   *uint32        // 24: row j's words
+	wstride int            // 32: bytes from one row's words to the next
+	sc, bi  unsafe.Pointer // 40, 48: regrouped scales and biases at (rb, 0)
+	half    int            // 56: 1 when sc, bi are float16
+	bpg     int            // 64: blocks per group
+	// The gemm kernels only:
+	rows int      // 72: input rows (x and m advance through them)
+	out  *float32 // 80: row 0's eight results
+	ldo  int      // 88: bytes between rows of out
+	w8   *int16   // 96: the unpacked weight rows
+}

@@ -1,0 +1,259 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+)
+
+// iqLinear builds a quantized Linear [N, K] with scales of dtype sdt.
+func iqLinear(b *Backend, r *rand.Rand, N, K, bits, gs int, sdt engine.DType) (*engine.Linear, []float32) {
+	w := randF32(r, N*K)
+	q, s, bz, deq := quantize(w, N, K, bits, gs)
+	lin := &engine.Linear{Bits: bits, GroupSize: gs}
+	lin.W = b.FromBytes(u32Bytes(q), []int{N, K * bits / 32}, engine.U32)
+	if sdt == engine.F32 {
+		lin.Scales = b.FromFloat32(s, N, K/gs)
+		lin.Biases = b.FromFloat32(bz, N, K/gs)
+		return lin, deq
+	}
+	sb, sv := halfBytes(s, sdt)
+	bb, bv := halfBytes(bz, sdt)
+	lin.Scales = b.FromBytes(sb, []int{N, K / gs}, sdt)
+	lin.Biases = b.FromBytes(bb, []int{N, K / gs}, sdt)
+	per := 32 / bits
+	for i := range deq {
+		qi := (q[i/per] >> (uint(i%per) * uint(bits))) & (1<<bits - 1)
+		g := (i/K)*(K/gs) + (i%K)/gs
+		deq[i] = sv[g]*float32(qi) + bv[g]
+	}
+	return lin, deq
+}
+
+// TestIQMatchesIntegerDefinition: the integer path (iq.go) gives, on every
+// kernel and for every row count, exactly the result its definition
+// states, computed here independently in float64-free scalar Go from the
+// dequantized parts; rows do not depend on L; and the result is within
+// the activation rounding of the float product.
+func TestIQMatchesIntegerDefinition(t *testing.T) {
+	r := rand.New(rand.NewPCG(81, 82))
+	kernels := []bool{false}
+	if hasSIMD() {
+		kernels = append(kernels, true)
+	}
+	const L = 5 // and 131 rows once (past one gemm tile), below
+	for _, c := range []struct {
+		N, K, bits, gs int
+		sdt            engine.DType
+	}{
+		{16, 64, 4, 32, engine.F16}, {13, 128, 4, 64, engine.F16}, {24, 256, 4, 128, engine.BF16},
+		{16, 96, 4, 32, engine.F32}, {16, 64, 8, 32, engine.F16}, {21, 128, 8, 64, engine.F32},
+		{8, 32, 8, 32, engine.BF16}, {40, 576, 4, 32, engine.F16},
+	} {
+		for _, simd := range kernels {
+			name := fmt.Sprintf("q%d g%d %v N%d K%d simd=%v", c.bits, c.gs, c.sdt, c.N, c.K, simd)
+			t.Run(name, func(t *testing.T) {
+				b := &Backend{threads: 3, simd: simd, iq: true}
+				lin, deq := iqLinear(b, r, c.N, c.K, c.bits, c.gs, c.sdt)
+				x := randF32(r, L*c.K)
+				x[3] = 0 // a block with a zero, and one all zero:
+				for k := range 32 {
+					x[c.K+k] = 0
+				}
+				all := get(t, b, b.Linear(b.FromFloat32(x, L, c.K), lin))
+				w := &weight{}
+				b.setWeight(w, lin)
+				if w.iq == nil {
+					t.Fatal("weight did not take the integer path")
+				}
+				for i := range L {
+					one := get(t, b, b.Linear(b.FromFloat32(x[i*c.K:(i+1)*c.K], 1, c.K), lin))
+					want := iqDefinition(x[i*c.K:(i+1)*c.K], w)
+					for j := range c.N {
+						if math.Float32bits(all[i*c.N+j]) != math.Float32bits(want[j]) || math.Float32bits(one[j]) != math.Float32bits(want[j]) {
+							t.Fatalf("row %d col %d: batch %v, alone %v, definition %v", i, j, all[i*c.N+j], one[j], want[j])
+						}
+					}
+				}
+				// Close to the float product: error within the rounding of
+				// each activation (half a step of max|x|/32767 per block).
+				ref := refMatmulT(x, deq, L, c.N, c.K)
+				for i := range L {
+					for j := range c.N {
+						var bound float64
+						for k := 0; k < c.K; k += 32 {
+							var amax float64
+							for _, v := range x[i*c.K+k : i*c.K+k+32] {
+								amax = max(amax, math.Abs(float64(v)))
+							}
+							for e := range 32 {
+								bound += amax / 32767 / 2 * math.Abs(float64(deq[j*c.K+k+e]))
+							}
+						}
+						if d := math.Abs(float64(all[i*c.N+j] - ref[i*c.N+j])); d > bound*1.01+1e-4 {
+							t.Fatalf("row %d col %d: %v vs float %v (|Δ| %g > bound %g)", i, j, all[i*c.N+j], ref[i*c.N+j], d, bound)
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// iqDefinition is the integer path's definition written out plainly:
+// quantize each 32-block of x, form Σ w·q exactly from the unpacked
+// weight, accumulate in float32 with each operation rounded.
+func iqDefinition(x []float32, w *weight) []float32 {
+	K := w.in
+	ng := K / w.gs
+	out := make([]float32, w.out)
+	for j := range w.out {
+		var acc float32
+		for k := 0; k < K; k += 32 {
+			var amax float32
+			for _, v := range x[k : k+32] {
+				amax = max(amax, float32(math.Abs(float64(v))))
+			}
+			var q [32]int32
+			var sum int32
+			d := amax / 32767
+			if amax > 0 {
+				for e, v := range x[k : k+32] {
+					q[e] = int32(math.RoundToEven(float64(v * (32767 / amax))))
+					sum += q[e]
+				}
+			}
+			var isum int32
+			per := 32 / w.bits
+			for e := range 32 {
+				n := k + e
+				u := w.q[j*w.wpr+n/per] >> (uint(n%per) * uint(w.bits)) & (1<<w.bits - 1)
+				isum += int32(u) * q[e]
+			}
+			g := j*ng + k/w.gs
+			t := float32(w.scales[g] * d)
+			acc = float32(acc + float32(float32(isum)*t))
+			acc = float32(acc + float32(w.biases[g]*float32(d*float32(sum))))
+		}
+		out[j] = acc
+	}
+	return out
+}
+
+func TestQuantizeBlock(t *testing.T) {
+	var q [32]int16
+	xs := make([]float32, 32)
+	if d, s := quantizeBlock(q[:], xs, false); d != 0 || s != 0 {
+		t.Fatalf("zeros: d %v sum %v", d, s)
+	}
+	for i := range xs {
+		xs[i] = float32(i) - 15.5
+	}
+	d, s := quantizeBlock(q[:], xs, false)
+	if d != 15.5/iqMax || q[0] != -iqMax || q[31] != iqMax || s != 0 {
+		t.Fatalf("ramp: d %v q %v sum %v", d, q, s)
+	}
+	// Nibble order: even elements first, then odd ones.
+	quantizeBlock(q[:], xs, true)
+	if q[0] != -iqMax || q[16] != int16(math.RoundToEven(float64(float32(-14.5)*(iqMax/float32(15.5))))) || q[31] != iqMax {
+		t.Fatalf("nibble order: %v", q)
+	}
+	xs[5] = float32(math.NaN())
+	if d, _ := quantizeBlock(q[:], xs, false); !math.IsNaN(float64(d)) {
+		t.Fatalf("NaN input: d %v", d)
+	}
+	xs[5] = float32(math.Inf(-1))
+	if d, _ := quantizeBlock(q[:], xs, false); !math.IsNaN(float64(d)) {
+		t.Fatalf("Inf input: d %v", d)
+	}
+}
+
+// BenchmarkMatvecQ4: one input row against a 4-bit [N, K] weight (a decode
+// step's product), integer path against the float path, one thread; bytes
+// are the packed weight's.
+func BenchmarkMatvecQ4(b *testing.B) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, shape := range [][2]int{{1536, 576}, {576, 1536}, {16384, 576}} {
+		N, K := shape[0], shape[1]
+		for _, iq := range []bool{false, true} {
+			b.Run(fmt.Sprintf("%dx%d/iq=%v", N, K, iq), func(b *testing.B) {
+				be := &Backend{threads: 1, simd: hasSIMD(), iq: iq}
+				lin, _ := iqLinear(be, r, N, K, 4, 32, engine.F16)
+				x := be.FromFloat32(randF32(r, K), 1, K)
+				b.SetBytes(int64(N * K / 2))
+				b.ReportAllocs()
+				for b.Loop() {
+					be.Free(be.Linear(x, lin))
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkMatvecQ4Cold is BenchmarkMatvecQ4 over eight weights of 4.7 MB
+// in turn (more than the last-level cache here), as a decode step reads
+// its model.
+func BenchmarkMatvecQ4Cold(b *testing.B) {
+	r := rand.New(rand.NewPCG(5, 6))
+	const N, K = 16384, 576
+	for _, iq := range []bool{false, true} {
+		b.Run(fmt.Sprintf("iq=%v", iq), func(b *testing.B) {
+			be := &Backend{threads: 1, simd: hasSIMD(), iq: iq}
+			var lins []*engine.Linear
+			for range 8 {
+				lin, _ := iqLinear(be, r, N, K, 4, 32, engine.F16)
+				lins = append(lins, lin)
+			}
+			x := be.FromFloat32(randF32(r, K), 1, K)
+			b.SetBytes(int64(N * K / 2))
+			i := 0
+			for b.Loop() {
+				be.Free(be.Linear(x, lins[i%len(lins)]))
+				i++
+			}
+		})
+	}
+}
+
+// TestQuantizeAVXMatchesGo: the assembly quantization equals the Go
+// definition on every block, including ties, zero, NaN and Inf blocks.
+func TestQuantizeAVXMatchesGo(t *testing.T) {
+	if !hasSIMD() {
+		t.Skip("no AVX2")
+	}
+	r := rand.New(rand.NewPCG(91, 92))
+	const nb = 64
+	x := make([]float32, nb*32)
+	for i := range x {
+		x[i] = float32(r.NormFloat64() * math.Pow(10, float64(r.IntN(9)-4)))
+	}
+	for k := range 32 { // exact halves: x·(32767/max) = n + 0.5
+		x[k] = float32(k-16) + 0.5
+	}
+	x[31] = 32767
+	clear(x[32:64])
+	x[70] = float32(math.NaN())
+	x[100] = float32(math.Inf(1))
+	x[140] = -float32(math.MaxFloat32)
+	x[170] = 1e-42 // subnormal
+	for _, nib := range []bool{false, true} {
+		var a, want iqActs
+		a.quantize(x, 1, len(x), nib, true)
+		want.quantize(x, 1, len(x), nib, false)
+		for i := range want.m {
+			g, w := a.m[i], want.m[i]
+			same := math.Float32bits(g.d) == math.Float32bits(w.d) || (g.d != g.d && w.d != w.d)
+			if !same || (g.s != w.s && !(g.s != g.s && w.s != w.s)) {
+				t.Fatalf("nibble=%v block %d: %+v, Go %+v", nib, i, g, w)
+			}
+		}
+		for i := range want.q {
+			if a.q[i] != want.q[i] {
+				t.Fatalf("nibble=%v q[%d] = %d, Go %d", nib, i, a.q[i], want.q[i])
+			}
+		}
+	}
+}
