@@ -188,8 +188,8 @@ type stacked struct {
 	// experts take the integer path (iq.go); nil when they do not.
 	iq   []*iqLayout
 	simd bool
-	lv         engine.Linear // the Linear it was made from (l points here)
-	ew         weight        // expert's view, rebuilt by each expert call
+	lv   engine.Linear // the Linear it was made from (l points here)
+	ew   weight        // expert's view, rebuilt by each expert call
 }
 
 func (b *Backend) newStacked(l *engine.Linear) *stacked {

@@ -284,7 +284,7 @@ type matmulTask struct {
 	L      int
 	w      *weight
 	fused  bool
-	int8   bool   // w.iq != nil: acts holds x quantized (iq.go)
+	int8   bool // w.iq != nil: acts holds x quantized (iq.go)
 	acts   iqActs
 	wv     weight // Linear's weight, prepared in place
 	mw     weight // MatMul's right operand, transposed

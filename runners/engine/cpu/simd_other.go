@@ -70,9 +70,13 @@ func q4i16dot8AVX(p *iqArgs, res *[8]float32) { panic("cpu: no SIMD kernels on t
 
 func q8i16dot8AVX(p *iqArgs, res *[8]float32) { panic("cpu: no SIMD kernels on this platform") }
 
-func q4i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16) { panic("cpu: no SIMD kernels on this platform") }
+func q4i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16) {
+	panic("cpu: no SIMD kernels on this platform")
+}
 
-func q8i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16) { panic("cpu: no SIMD kernels on this platform") }
+func q8i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16) {
+	panic("cpu: no SIMD kernels on this platform")
+}
 
 func i16gemm8AVX(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
 
