@@ -262,10 +262,10 @@ func (b *Backend) matmulTMode(out, x []float32, L int, w *weight, fused bool) {
 	t := &b.mm
 	if w.iq != nil {
 		t.acts.quantize(x[:L*K], L, K, w.bits == 4, b.simd)
-		t.b, t.out, t.L, t.w, t.int8 = b, out, L, w, true
+		t.b, t.out, t.L, t.w, t.iq = b, out, L, w, true
 		// Blocks of eight rows; at least ~64k multiply-adds per goroutine.
 		b.run((N+7)/8, max(1, 65536/(8*K*max(L, 1))), t)
-		t.out, t.w, t.int8 = nil, nil, false
+		t.out, t.w, t.iq = nil, nil, false
 		return
 	}
 	blocks := (N + 3) / 4
@@ -284,7 +284,7 @@ type matmulTask struct {
 	L      int
 	w      *weight
 	fused  bool
-	int8   bool // w.iq != nil: acts holds x quantized (iq.go)
+	iq     bool // w.iq != nil: acts holds x quantized (iq.go)
 	acts   iqActs
 	wv     weight // Linear's weight, prepared in place
 	mw     weight // MatMul's right operand, transposed
@@ -314,7 +314,7 @@ func (t *matmulTask) putBuf(s []float32) {
 func (t *matmulTask) run(lo, hi int) {
 	b, out, x, L, w, fused := t.b, t.out, t.x, t.L, t.w, t.fused
 	N, K := w.out, w.in
-	if t.int8 {
+	if t.iq {
 		var buf []float32
 		if L >= iqGemmMinRows {
 			buf = t.buf(iqUnpackFloats(w))
