@@ -2,7 +2,8 @@
 // backend that computes every op at once in float32, stores F16/BF16 data as
 // 16-bit words (converted on use), multiplies matrices on all cores, and
 // multiplies MLX-affine-quantized weights without dequantizing them in
-// memory (each weight row is expanded on the fly, see matmul.go).
+// memory (integer dot products against int16 activations, iq.go; or each
+// weight row expanded on the fly, matmul.go).
 //
 // It is the reference backend used by CI, by tests and wherever MLX is
 // absent. It owns only runners/engine/cpu: it must not import the model code
@@ -70,6 +71,7 @@ type Backend struct {
 	threads int
 	simd    bool // use the AVX2+FMA kernels (amd64 with both features)
 	iq      bool // quantized weights multiply integer activations (iq.go)
+	vnni    bool // iq.go's kernels may use AVX-512 VNNI (simd too)
 
 	pool  *pool // workers, started on first use (pool.go)
 	arena arena // the step's temporaries (arena.go)
@@ -90,7 +92,7 @@ func newBackend(threads int) *Backend {
 	if threads <= 0 {
 		threads = runtime.NumCPU()
 	}
-	return &Backend{threads: threads, simd: hasSIMD(), iq: true}
+	return &Backend{threads: threads, simd: hasSIMD(), vnni: hasVNNI(), iq: true}
 }
 
 // Name is "cpu".

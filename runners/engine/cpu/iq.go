@@ -257,9 +257,14 @@ func (b *Backend) iqRows(out []float32, a *iqActs, L int, w *weight, lo, hi int,
 		if L < iqGemmMinRows {
 			for i := range L {
 				p.x, p.m = &a.q[i*K], &a.m[i*nb]
-				if w.bits == 4 {
+				switch {
+				case w.bits == 4 && b.vnni:
+					q4i16dot8VNNI(&p, &res)
+				case w.bits == 4:
 					q4i16dot8AVX(&p, &res)
-				} else {
+				case b.vnni:
+					q8i16dot8VNNI(&p, &res)
+				default:
 					q8i16dot8AVX(&p, &res)
 				}
 				copy(out[i*N+j:i*N+j+8], res[:])
@@ -279,7 +284,11 @@ func (b *Backend) iqRows(out []float32, a *iqActs, L int, w *weight, lo, hi int,
 		for i0 := 0; i0 < L; i0 += iqGemmTile {
 			p.x, p.m, p.rows, p.out = &a.q[i0*K], &a.m[i0*nb], min(iqGemmTile, L-i0), &out[i0*N+j]
 			_ = out[(i0+p.rows-1)*N+j+7]
-			i16gemm8AVX(&p)
+			if b.vnni {
+				i16gemm8VNNI(&p)
+			} else {
+				i16gemm8AVX(&p)
+			}
 		}
 	}
 }

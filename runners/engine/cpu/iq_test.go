@@ -40,11 +40,15 @@ func iqLinear(b *Backend, r *rand.Rand, N, K, bits, gs int, sdt engine.DType) (*
 // the activation rounding of the float product.
 func TestIQMatchesIntegerDefinition(t *testing.T) {
 	r := rand.New(rand.NewPCG(81, 82))
-	kernels := []bool{false}
+	type kernel struct{ simd, vnni bool }
+	kernels := []kernel{{}}
 	if hasSIMD() {
-		kernels = append(kernels, true)
+		kernels = append(kernels, kernel{simd: true})
 	}
-	const L = 5 // and 131 rows once (past one gemm tile), below
+	if hasVNNI() {
+		kernels = append(kernels, kernel{simd: true, vnni: true})
+	}
+	const L = 5
 	for _, c := range []struct {
 		N, K, bits, gs int
 		sdt            engine.DType
@@ -53,10 +57,10 @@ func TestIQMatchesIntegerDefinition(t *testing.T) {
 		{16, 96, 4, 32, engine.F32}, {16, 64, 8, 32, engine.F16}, {21, 128, 8, 64, engine.F32},
 		{8, 32, 8, 32, engine.BF16}, {40, 576, 4, 32, engine.F16},
 	} {
-		for _, simd := range kernels {
-			name := fmt.Sprintf("q%d g%d %v N%d K%d simd=%v", c.bits, c.gs, c.sdt, c.N, c.K, simd)
+		for _, k := range kernels {
+			name := fmt.Sprintf("q%d g%d %v N%d K%d %+v", c.bits, c.gs, c.sdt, c.N, c.K, k)
 			t.Run(name, func(t *testing.T) {
-				b := &Backend{threads: 3, simd: simd, iq: true}
+				b := &Backend{threads: 3, simd: k.simd, vnni: k.vnni, iq: true}
 				lin, deq := iqLinear(b, r, c.N, c.K, c.bits, c.gs, c.sdt)
 				x := randF32(r, L*c.K)
 				x[3] = 0 // a block with a zero, and one all zero:
@@ -253,6 +257,29 @@ func TestQuantizeAVXMatchesGo(t *testing.T) {
 		for i := range want.q {
 			if a.q[i] != want.q[i] {
 				t.Fatalf("nibble=%v q[%d] = %d, Go %d", nib, i, a.q[i], want.q[i])
+			}
+		}
+	}
+}
+
+// TestIQPastOneTile: more input rows than one gemm pass takes (iqGemmTile)
+// still give each row its definition's bits.
+func TestIQPastOneTile(t *testing.T) {
+	r := rand.New(rand.NewPCG(93, 94))
+	const N, K, L = 16, 64, iqGemmTile + 3
+	for _, vnni := range []bool{false, hasVNNI()} {
+		b := &Backend{threads: 2, simd: hasSIMD(), vnni: vnni, iq: true}
+		lin, _ := iqLinear(b, r, N, K, 4, 32, engine.F16)
+		x := randF32(r, L*K)
+		all := get(t, b, b.Linear(b.FromFloat32(x, L, K), lin))
+		w := &weight{}
+		b.setWeight(w, lin)
+		for i := range L {
+			want := iqDefinition(x[i*K:(i+1)*K], w)
+			for j := range N {
+				if math.Float32bits(all[i*N+j]) != math.Float32bits(want[j]) {
+					t.Fatalf("vnni=%v row %d col %d: %v, definition %v", vnni, i, j, all[i*N+j], want[j])
+				}
 			}
 		}
 	}

@@ -19,10 +19,14 @@ import (
 // multiplied with every input row, so a weight element is expanded once per
 // call however long the prompt is.
 //
-// Quantized weights are never expanded in memory as a whole: for decode
+// Quantized weights are never expanded in memory as a whole. 4- and
+// 8-bit affine weights whose group size is a multiple of 32 (every GGUF
+// type, most MLX files, MXFP4 in its 8-bit form) take the integer path of
+// iq.go for every L: int16 activations, exact integer dot products. The
+// others (2-bit, groups of 16) stay on the float path: for decode
 // (L ≤ quantFusedMaxRows) the fused kernel reads the packed words and
 // widens them in registers; for prefill the block expansion above is
-// cheaper. docs/BENCHMARKS.md records the numbers behind this choice.
+// cheaper. docs/BENCHMARKS.md records the numbers behind these choices.
 //
 // Every kernel computes a given output element with the same operations in
 // the same order, whatever L is and whichever path runs (1×4 or 2×4 block,

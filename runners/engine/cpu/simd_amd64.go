@@ -131,3 +131,19 @@ func i16gemm8AVX(p *iqArgs)
 //
 //go:noescape
 func iqquantAVX(x *float32, nblk int, q *int16, m *iqMeta, nibble int)
+
+// hasVNNI reports whether the VNNI variants of the integer kernels can run
+// (VPDPWSSD on 256-bit registers: AVX-512 VNNI and VL).
+func hasVNNI() bool { return hasSIMD() && cpu.X86.HasAVX512VNNI && cpu.X86.HasAVX512VL }
+
+// q4i16dot8VNNI, q8i16dot8VNNI and i16gemm8VNNI are the AVX2 kernels with
+// VPDPWSSD folding a multiply-add pair (the same exact integer sums).
+//
+//go:noescape
+func q4i16dot8VNNI(p *iqArgs, res *[8]float32)
+
+//go:noescape
+func q8i16dot8VNNI(p *iqArgs, res *[8]float32)
+
+//go:noescape
+func i16gemm8VNNI(p *iqArgs)

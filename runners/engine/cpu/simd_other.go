@@ -83,3 +83,11 @@ func i16gemm8AVX(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
 func iqquantAVX(x *float32, nblk int, q *int16, m *iqMeta, nibble int) {
 	panic("cpu: no SIMD kernels on this platform")
 }
+
+func hasVNNI() bool { return false }
+
+func q4i16dot8VNNI(p *iqArgs, res *[8]float32) { panic("cpu: no SIMD kernels on this platform") }
+
+func q8i16dot8VNNI(p *iqArgs, res *[8]float32) { panic("cpu: no SIMD kernels on this platform") }
+
+func i16gemm8VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
