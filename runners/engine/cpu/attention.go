@@ -111,14 +111,9 @@ func (t *attnTask) run(lo, hi int) {
 				row[j] = s
 				m = max(m, s)
 			}
-			var sum float32
-			for j, s := range row {
-				p := float32(math.Exp(float64(s - m)))
-				row[j] = p
-				sum += p
-			}
+			sum := b.expSum(row, m)
 			if t.sinks != nil {
-				sum += float32(math.Exp(float64(t.sinks[h] - m)))
+				sum += exp32(t.sinks[h] - m)
 			}
 			o := t.out[(h*L+i)*Dh : (h*L+i+1)*Dh]
 			vrow := vbase[first*Dh:]

@@ -54,8 +54,9 @@ func (b *Backend) Mul(x, y engine.Array) engine.Array {
 	return b.binary("Mul", x, y, func(p, q float32) float32 { return p * q })
 }
 
-// SwiGLU is silu(gate) * up in one pass, rounding as SiLU followed by Mul
-// would: s = g / (1 + e^-g) in float32, then s * u.
+// SwiGLU is silu(gate) * up in one pass: with e = exp32(−|g|) (exp.go),
+// s = g / (1 + e) for g ≥ 0 and g·e / (1 + e) below, then s · u, each
+// operation rounded to float32 (the AVX2 and Go code give the same bits).
 func (b *Backend) SwiGLU(gate, up engine.Array) engine.Array {
 	g, u := arr(gate), arr(up)
 	if !slices.Equal(g.shape, u.shape) {
@@ -65,11 +66,11 @@ func (b *Backend) SwiGLU(gate, up engine.Array) engine.Array {
 	res := b.newF32(g.shape...)
 	out := res.f32
 	if len(gv) < 2*swigluChunk {
-		swiglu(out, gv, uv)
+		swiglu(out, gv, uv, b.simd)
 		return res
 	}
 	b.parallel(len(gv), swigluChunk, func(lo, hi int) {
-		swiglu(out[lo:hi], gv[lo:hi], uv[lo:hi])
+		swiglu(out[lo:hi], gv[lo:hi], uv[lo:hi], b.simd)
 	})
 	return res
 }
@@ -77,13 +78,27 @@ func (b *Backend) SwiGLU(gate, up engine.Array) engine.Array {
 // swigluChunk is the least work SwiGLU gives a thread.
 const swigluChunk = 16384
 
-func swiglu(out, gv, uv []float32) {
+func swiglu(out, gv, uv []float32, simd bool) {
 	uv = uv[:len(gv)]
 	out = out[:len(gv)]
-	for i, g := range gv {
-		s := g / (1 + float32(math.Exp(float64(-g))))
-		out[i] = s * uv[i]
+	i := 0
+	if simd && len(gv) >= 8 {
+		i = len(gv) &^ 7
+		swigluAVX(&out[0], &gv[0], &uv[0], i)
 	}
+	for ; i < len(gv); i++ {
+		out[i] = silu32(gv[i]) * uv[i]
+	}
+}
+
+// silu32 is g·sigmoid(g) as SwiGLU computes it.
+func silu32(g float32) float32 {
+	e := exp32(-float32(math.Abs(float64(g))))
+	num := g
+	if math.Signbit(float64(g)) {
+		num = g * e
+	}
+	return num / float32(1+e)
 }
 
 func lastDim(op string, a *Array) (rows, d int) {

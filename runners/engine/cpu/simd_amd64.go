@@ -147,3 +147,14 @@ func q8i16dot8VNNI(p *iqArgs, res *[8]float32)
 
 //go:noescape
 func i16gemm8VNNI(p *iqArgs)
+
+// expSumAVX is expSum's vector part for n (a multiple of 8) elements:
+// row[j] = exp32(row[j] − m), acc[j mod 8] += row[j].
+//
+//go:noescape
+func expSumAVX(row *float32, n int, m float32, acc *[8]float32)
+
+// swigluAVX is swiglu's vector part for n (a multiple of 8) elements.
+//
+//go:noescape
+func swigluAVX(out, gate, up *float32, n int)

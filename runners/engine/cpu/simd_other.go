@@ -91,3 +91,9 @@ func q4i16dot8VNNI(p *iqArgs, res *[8]float32) { panic("cpu: no SIMD kernels on 
 func q8i16dot8VNNI(p *iqArgs, res *[8]float32) { panic("cpu: no SIMD kernels on this platform") }
 
 func i16gemm8VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
+
+func expSumAVX(row *float32, n int, m float32, acc *[8]float32) {
+	panic("cpu: no SIMD kernels on this platform")
+}
+
+func swigluAVX(out, gate, up *float32, n int) { panic("cpu: no SIMD kernels on this platform") }
