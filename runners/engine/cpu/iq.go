@@ -5,6 +5,7 @@ import (
 	"unsafe"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/internal/half"
 )
 
 // Integer products for affine-quantized weights.
@@ -51,8 +52,9 @@ const (
 // iqLayout is a weight's scales and biases regrouped for the eight-row
 // kernel: for row block rb (rows 8rb..8rb+7) and group g, the eight rows'
 // values are consecutive at (rb·ng + g)·8. A last partial row block repeats
-// its last row. F16 scales and biases stay F16 (the kernel widens them
-// exactly); others are float32.
+// its last row. F16 scales and biases stay F16, and so do float32 ones
+// that are all float16 values (the kernel widens them exactly); others are
+// float32.
 type iqLayout struct {
 	scales, biases engine.Array // the arrays it was made from
 	s16, b16       []uint16
@@ -81,7 +83,11 @@ func newIQLayout(w *weight) *iqLayout {
 	ng := w.in / w.gs
 	rb := (w.out + 7) / 8
 	m := new(iqLayout)
-	if w.scales16 != nil {
+	s16, b16 := w.scales16, w.biases16
+	if s16 == nil {
+		s16, b16 = exactHalves(w.scales), exactHalves(w.biases)
+	}
+	if s16 != nil && b16 != nil {
 		m.s16 = make([]uint16, rb*ng*8)
 		m.b16 = make([]uint16, rb*ng*8)
 	} else {
@@ -93,13 +99,28 @@ func newIQLayout(w *weight) *iqLayout {
 		for g := range ng {
 			at := ((j/8)*ng+g)*8 + j%8
 			if m.s16 != nil {
-				m.s16[at], m.b16[at] = w.scales16[r*ng+g], w.biases16[r*ng+g]
+				m.s16[at], m.b16[at] = s16[r*ng+g], b16[r*ng+g]
 			} else {
 				m.s32[at], m.b32[at] = w.scales[r*ng+g], w.biases[r*ng+g]
 			}
 		}
 	}
 	return m
+}
+
+// exactHalves returns v as float16 when every value converts exactly (a
+// GGUF embedding's float32 scales are float16 values: half the bytes to
+// read per step), else nil.
+func exactHalves(v []float32) []uint16 {
+	out := make([]uint16, len(v))
+	for i, x := range v {
+		h := half.F32ToF16(x)
+		if half.F16ToF32(h) != x || x != x {
+			return nil
+		}
+		out[i] = h
+	}
+	return out
 }
 
 // iqActs is one product's quantized input rows: q [L, K] (for 4-bit

@@ -26,13 +26,21 @@ const queueLen = 4096
 type osThread struct {
 	mu     sync.Mutex // guards closed and serializes do
 	closed bool
-	work   chan func()
+	work   chan threadCall
 	reply  chan any
 	failed any // owned by the thread: first panic of posted work since the last do
 }
 
+// threadCall is one queued function; wait marks do's (the caller waits on
+// reply). A value, not a wrapping closure: posting an op allocates
+// nothing beyond the op's own closure.
+type threadCall struct {
+	f    func()
+	wait bool
+}
+
 func startThread() *osThread {
-	t := &osThread{work: make(chan func(), queueLen), reply: make(chan any)}
+	t := &osThread{work: make(chan threadCall, queueLen), reply: make(chan any)}
 	go t.loop()
 	return t
 }
@@ -41,8 +49,19 @@ func startThread() *osThread {
 // exits with whatever per-thread state MLX kept.
 func (t *osThread) loop() {
 	runtime.LockOSThread()
-	for f := range t.work {
-		f()
+	for c := range t.work {
+		switch {
+		case c.wait && t.failed != nil:
+			p := t.failed
+			t.failed = nil
+			t.reply <- p
+		case c.wait:
+			t.reply <- runRecover(c.f)
+		case t.failed == nil:
+			if p := runRecover(c.f); p != nil {
+				t.failed = p
+			}
+		}
 	}
 }
 
@@ -59,14 +78,7 @@ func (t *osThread) post(f func()) {
 	if t.closed {
 		panic(errThreadStopped)
 	}
-	t.work <- func() {
-		if t.failed != nil {
-			return
-		}
-		if p := runRecover(f); p != nil {
-			t.failed = p
-		}
-	}
+	t.work <- threadCall{f: f}
 }
 
 // do runs f on the thread after everything queued before it and waits. It
@@ -77,14 +89,7 @@ func (t *osThread) do(f func()) {
 		t.mu.Unlock()
 		panic(errThreadStopped)
 	}
-	t.work <- func() {
-		if p := t.failed; p != nil {
-			t.failed = nil
-			t.reply <- p
-			return
-		}
-		t.reply <- runRecover(f)
-	}
+	t.work <- threadCall{f: f, wait: true}
 	p := <-t.reply
 	t.mu.Unlock()
 	if p != nil {
