@@ -134,6 +134,7 @@ func newBackend(opts Options) (*backend, error) {
 		deq:     map[*array]*array{},
 		freqs:   map[engine.RoPE]ropeFreqs{},
 	}
+	b.thread.adopt = b.adopt
 	var initErr error
 	b.do(func() { initErr = b.init(opts.Device) })
 	if initErr != nil {
@@ -721,7 +722,8 @@ func (b *backend) Free(arrays ...engine.Array) {
 // make.
 func (b *backend) op(f func() *array) engine.Array {
 	a := &array{owner: b}
-	b.post(func() { b.adopt(a, f()) })
+	defer closedError()
+	b.thread.postOp(f, a)
 	return a
 }
 

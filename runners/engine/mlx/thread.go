@@ -29,6 +29,9 @@ type osThread struct {
 	work   chan threadCall
 	reply  chan any
 	failed any // owned by the thread: first panic of posted work since the last do
+	// adopt hands an op's result to the array its caller holds (the
+	// backend's adopt; set once, before the first postOp).
+	adopt func(res, made *array)
 }
 
 // threadCall is one queued function; wait marks do's (the caller waits on
@@ -37,6 +40,9 @@ type osThread struct {
 type threadCall struct {
 	f    func()
 	wait bool
+	// An op (postOp): the thread runs t.adopt(res, op()).
+	op  func() *array
+	res *array
 }
 
 func startThread() *osThread {
@@ -57,12 +63,22 @@ func (t *osThread) loop() {
 			t.reply <- p
 		case c.wait:
 			t.reply <- runRecover(c.f)
+		case t.failed == nil && c.op != nil:
+			if p := t.runOp(c); p != nil {
+				t.failed = p
+			}
 		case t.failed == nil:
 			if p := runRecover(c.f); p != nil {
 				t.failed = p
 			}
 		}
 	}
+}
+
+func (t *osThread) runOp(c threadCall) (p any) {
+	defer func() { p = recover() }()
+	t.adopt(c.res, c.op())
+	return nil
 }
 
 func runRecover(f func()) (p any) {
@@ -79,6 +95,16 @@ func (t *osThread) post(f func()) {
 		panic(errThreadStopped)
 	}
 	t.work <- threadCall{f: f}
+}
+
+// postOp queues op like post, its result then adopted into res.
+func (t *osThread) postOp(op func() *array, res *array) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		panic(errThreadStopped)
+	}
+	t.work <- threadCall{op: op, res: res}
 }
 
 // do runs f on the thread after everything queued before it and waits. It
