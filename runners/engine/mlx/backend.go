@@ -40,6 +40,9 @@ type array struct {
 	// ready is set once the MLX thread has filled h, shape and dt: an op
 	// returns its array at once and the thread makes it later, in order.
 	ready atomic.Bool
+	// pending is the op that will make it, until the MLX thread runs it
+	// (written before posting, read and cleared on the thread).
+	pending func() *array
 }
 
 // Shape returns the shape, waiting for the MLX thread to make the array.
@@ -134,7 +137,6 @@ func newBackend(opts Options) (*backend, error) {
 		deq:     map[*array]*array{},
 		freqs:   map[engine.RoPE]ropeFreqs{},
 	}
-	b.thread.adopt = b.adopt
 	var initErr error
 	b.do(func() { initErr = b.init(opts.Device) })
 	if initErr != nil {
@@ -721,10 +723,17 @@ func (b *backend) Free(arrays ...engine.Array) {
 // op queues f for the MLX thread and returns at once the array f will
 // make.
 func (b *backend) op(f func() *array) engine.Array {
-	a := &array{owner: b}
+	a := &array{owner: b, pending: f}
 	defer closedError()
-	b.thread.postOp(f, a)
+	b.thread.postOp(a)
 	return a
+}
+
+// runOp runs a's pending op on the MLX thread and makes a its result.
+func (a *array) runOp() {
+	f := a.pending
+	a.pending = nil
+	a.owner.adopt(a, f())
 }
 
 func (b *backend) binary(name string, x, y engine.Array, f func(*C.xmx_array, C.xmx_array, C.xmx_array, C.xmx_stream) C.int) engine.Array {

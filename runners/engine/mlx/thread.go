@@ -29,9 +29,6 @@ type osThread struct {
 	work   chan threadCall
 	reply  chan any
 	failed any // owned by the thread: first panic of posted work since the last do
-	// adopt hands an op's result to the array its caller holds (the
-	// backend's adopt; set once, before the first postOp).
-	adopt func(res, made *array)
 }
 
 // threadCall is one queued function; wait marks do's (the caller waits on
@@ -40,10 +37,12 @@ type osThread struct {
 type threadCall struct {
 	f    func()
 	wait bool
-	// An op (postOp): the thread runs t.adopt(res, op()).
-	op  func() *array
-	res *array
+	op   opRunner // an op (postOp) instead of f
 }
+
+// opRunner is a queued op: the backend's placeholder array, which runs its
+// op and takes over the result (backend.go).
+type opRunner interface{ runOp() }
 
 func startThread() *osThread {
 	t := &osThread{work: make(chan threadCall, queueLen), reply: make(chan any)}
@@ -77,7 +76,7 @@ func (t *osThread) loop() {
 
 func (t *osThread) runOp(c threadCall) (p any) {
 	defer func() { p = recover() }()
-	t.adopt(c.res, c.op())
+	c.op.runOp()
 	return nil
 }
 
@@ -97,14 +96,14 @@ func (t *osThread) post(f func()) {
 	t.work <- threadCall{f: f}
 }
 
-// postOp queues op like post, its result then adopted into res.
-func (t *osThread) postOp(op func() *array, res *array) {
+// postOp queues op like post.
+func (t *osThread) postOp(op opRunner) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
 		panic(errThreadStopped)
 	}
-	t.work <- threadCall{op: op, res: res}
+	t.work <- threadCall{op: op}
 }
 
 // do runs f on the thread after everything queued before it and waits. It
