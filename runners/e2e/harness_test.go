@@ -116,6 +116,21 @@ func (p *proc) launch(t *testing.T, args []string, label string, logTail int) {
 // start runs `exo runner ROLE args…` and waits for /health to say ok.
 func start(t *testing.T, name, role string, args ...string) *proc {
 	t.Helper()
+	// The ports are picked free, then bound by the child: another test
+	// process may take one in between. Such a start is retried on new ports.
+	for attempt := 1; ; attempt++ {
+		p, taken := startOnce(t, name, role, attempt < 4, args...)
+		if !taken {
+			return p
+		}
+		t.Logf("%s: a port was taken before the runner bound it; starting again on new ports", name)
+	}
+}
+
+// startOnce is one try of start; taken reports that the runner exited
+// because one of its ports was taken (only when retry is set).
+func startOnce(t *testing.T, name, role string, retry bool, args ...string) (_ *proc, taken bool) {
+	t.Helper()
 	p := &proc{t: t, name: name, done: make(chan struct{})}
 	p.listen = freeAddr(t)
 	p.http = p.listen
@@ -147,6 +162,9 @@ func start(t *testing.T, name, role string, args ...string) *proc {
 	for {
 		select {
 		case <-p.done:
+			if logs := p.logs(); retry && strings.Contains(logs, "is taken") {
+				return nil, true
+			}
 			t.Fatalf("%s exited during start-up:\n%s", name, p.logs())
 		default:
 		}
@@ -156,7 +174,7 @@ func start(t *testing.T, name, role string, args ...string) *proc {
 			_ = json.NewDecoder(resp.Body).Decode(&h)
 			resp.Body.Close()
 			if resp.StatusCode == 200 && h.Status == "ok" {
-				return p
+				return p, false
 			}
 		}
 		if time.Now().After(deadline) {
