@@ -284,3 +284,39 @@ func TestIQPastOneTile(t *testing.T) {
 		}
 	}
 }
+
+// TestIQExactHalfScales: float32 scales and biases that are all float16
+// values are regrouped as float16 (half the bytes) and give the same bits
+// as the definition; one value off float16 keeps them float32.
+func TestIQExactHalfScales(t *testing.T) {
+	r := rand.New(rand.NewPCG(95, 96))
+	const N, K = 16, 64
+	for _, exact := range []bool{true, false} {
+		b := newBackend(2)
+		w := randF32(r, N*K)
+		q, s, bz, _ := quantize(w, N, K, 4, 32)
+		_, sv := halfBytes(s, engine.F16)
+		_, bv := halfBytes(bz, engine.F16)
+		if !exact {
+			sv[3] += 1e-6 // no longer a float16 value
+		}
+		lin := &engine.Linear{Bits: 4, GroupSize: 32,
+			W:      b.FromBytes(u32Bytes(q), []int{N, K / 8}, engine.U32),
+			Scales: b.FromFloat32(sv, N, K/32), Biases: b.FromFloat32(bv, N, K/32)}
+		wt := &weight{}
+		b.setWeight(wt, lin)
+		if (wt.iq.s16 != nil) != exact {
+			t.Fatalf("exact=%v: float16 layout %v", exact, wt.iq.s16 != nil)
+		}
+		x := randF32(r, 3*K)
+		got := get(t, b, b.Linear(b.FromFloat32(x, 3, K), lin))
+		for i := range 3 {
+			want := iqDefinition(x[i*K:(i+1)*K], wt)
+			for j := range N {
+				if math.Float32bits(got[i*N+j]) != math.Float32bits(want[j]) {
+					t.Fatalf("exact=%v row %d col %d: %v, definition %v", exact, i, j, got[i*N+j], want[j])
+				}
+			}
+		}
+	}
+}
