@@ -369,14 +369,15 @@ func (b *backend) mk(op string, f func(res *C.xmx_array) C.int) *array {
 }
 
 func (b *backend) track(h C.xmx_array) *array {
-	n := int(C.xmx_ndim(h))
+	info := C.xmx_info(h)
+	n := int(info.ndim)
 	shape := make([]int, n)
 	if n > 0 {
-		for i, d := range unsafe.Slice(C.xmx_shape(h), n) {
+		for i, d := range unsafe.Slice(info.shape, n) {
 			shape[i] = int(d)
 		}
 	}
-	a := &array{h: h, shape: shape, mdt: C.xmx_dtype(h), owner: b}
+	a := &array{h: h, shape: shape, mdt: info.dtype, owner: b}
 	a.dt = fromMLX(a.mdt)
 	a.ready.Store(true)
 	b.temps = append(b.temps, a)

@@ -268,6 +268,10 @@ int xmx_scalar_f32(xmx_array* res, float v) {
 size_t xmx_ndim(xmx_array a) { return X.array_ndim(a); }
 const int* xmx_shape(xmx_array a) { return X.array_shape(a); }
 int xmx_dtype(xmx_array a) { return X.array_dtype(a); }
+xmx_info_t xmx_info(xmx_array a) {
+  xmx_info_t r = {X.array_shape(a), X.array_ndim(a), X.array_dtype(a)};
+  return r;
+}
 const void* xmx_data(xmx_array a, int dtype) {
 	(void)dtype;
 	// mlx-c's typed accessors only reinterpret the buffer pointer; the

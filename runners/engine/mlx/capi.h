@@ -66,6 +66,14 @@ int xmx_scalar_f32(xmx_array* res, float v);
 size_t xmx_ndim(xmx_array a);
 const int* xmx_shape(xmx_array a);
 int xmx_dtype(xmx_array a);
+// xmx_info is xmx_ndim, xmx_shape and xmx_dtype in one call (one cgo
+// crossing per op result instead of three).
+typedef struct {
+  const int* shape;
+  size_t ndim;
+  int dtype;
+} xmx_info_t;
+xmx_info_t xmx_info(xmx_array a);
 const void* xmx_data(xmx_array a, int dtype);
 int xmx_eval(const xmx_array* arrs, size_t n);
 
