@@ -351,4 +351,18 @@ func (p *proc) lastOutcome() string {
 	return m[len(m)-1][1]
 }
 
+// outcomeSoon is lastOutcome once it reads want, or after 5 s whatever it
+// reads: the runner logs a request's outcome after the response's last
+// event, so a client can see the end of the stream before the log line.
+func (p *proc) outcomeSoon(want string) string {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := p.lastOutcome()
+		if got == want || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func jsonNewDecoder(resp *http.Response) *json.Decoder { return json.NewDecoder(resp.Body) }

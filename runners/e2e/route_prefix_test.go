@@ -38,8 +38,8 @@ func TestCostRoutePrefixHitPicksWarmHost(t *testing.T) {
 
 	first := user("prefix probe conversation: " + words(4242, 200))
 	r1 := chatStream(t, pin.listen, first, 8, nil)
-	if r1.Status != 200 || !r1.Done || pin.lastOutcome() != "ok" {
-		t.Fatalf("first turn on the warm host: %+v, outcome %q", r1, pin.lastOutcome())
+	if out := pin.outcomeSoon("ok"); r1.Status != 200 || !r1.Done || out != "ok" {
+		t.Fatalf("first turn on the warm host: %+v, outcome %q", r1, out)
 	}
 	second := append(first, msg{Role: "assistant", Content: r1.Text}, msg{Role: "user", Content: "and then? " + words(77, 20)})
 
