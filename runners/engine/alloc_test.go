@@ -65,8 +65,7 @@ func decodeAllocs(t *testing.T, threads int) {
 		{spec: testmodel.Spec{Arch: "qwen3", DType: engine.BF16}, cache: engine.BF16},
 		// Not the Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5): each step
 		// keeps its new recurrent and conv states (Backend.Keep copies them
-		// off the arena) and its ops allocate: 78 allocations per step on
-		// the tiny Qwen3-Next (docs/BENCHMARKS.md).
+		// off the arena); TestHybridDecodeAllocationsBounded bounds them.
 	} {
 		name := fmt.Sprintf("%s-q%d-mxfp4=%v-cache=%v", v.spec.Arch, v.spec.QuantBits, v.spec.MXFP4, v.cache)
 		if v.dir != "" {
@@ -193,4 +192,49 @@ func sameBits(a, b []float32) bool {
 		}
 	}
 	return true
+}
+
+// TestHybridDecodeAllocationsBounded: the Gated DeltaNet hybrids (mlx-lm's
+// tiny Qwen3-Next and Qwen3.5) are not yet allocation-free, but a decode
+// step stays within a small budget: at most 16 allocations per step and
+// sequence (measured 15 on both; 78 and 62 before the step's shapes and
+// argument lists moved to scratch and the gates to the arena).
+func TestHybridDecodeAllocationsBounded(t *testing.T) {
+	b, err := backend.Open("cpu", backend.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, name := range []string{"qwen3_next", "qwen3_5"} {
+		t.Run(name, func(t *testing.T) {
+			m, err := engine.Load(ctx, filepath.Join("testdata", "reference", name), b, engine.LoadOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			c := m.NewCache()
+			defer c.Free()
+			logits, err := m.Forward(ctx, c, []int32{1, 2, 3, 4, 5, 6, 7, 8})
+			if err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]float32, 0, len(logits))
+			tok := []int32{9}
+			step := func() {
+				if c.Len() > 60 {
+					c.Truncate(40)
+				}
+				if buf, err = m.ForwardInto(ctx, c, tok, buf); err != nil {
+					t.Fatal(err)
+				}
+			}
+			step()
+			const runs, budget = 20, 16
+			if a := allocsPerStep(runs, step); a > runs*budget {
+				t.Errorf("%v allocations in %d decode steps, want at most %d per step", a, runs, budget)
+			} else {
+				t.Logf("%v allocations in %d decode steps", a, runs)
+			}
+		})
+	}
 }

@@ -165,21 +165,21 @@ func (m *Model) deltaForward(d *deltaBlock, h Array, L int, st deltaState) (Arra
 	var mixed, z, beta, a Array // [L, C], [L, Hv, Dv], [L, Hv], [L, Hv]
 	if d.split {
 		mixed = b.Linear(h, &d.qkv)
-		z = b.Reshape(b.Linear(h, &d.z), L, Hv, Dv)
+		z = b.Reshape(b.Linear(h, &d.z), m.scr.dims(L, Hv, Dv)...)
 		beta, a = b.Linear(h, &d.b), b.Linear(h, &d.a)
 	} else {
-		qkvz := b.Reshape(b.Linear(h, &d.qkvz), L, Hk, 2*Dk+2*r*Dv) // per key head: q, k, r·v, r·z
-		q := b.Reshape(b.Slice(qkvz, 2, 0, Dk), L, Kd)
-		k := b.Reshape(b.Slice(qkvz, 2, Dk, 2*Dk), L, Kd)
-		v := b.Reshape(b.Slice(qkvz, 2, 2*Dk, 2*Dk+r*Dv), L, Vd)
-		z = b.Reshape(b.Slice(qkvz, 2, 2*Dk+r*Dv, 2*Dk+2*r*Dv), L, Hv, Dv)
-		ba := b.Reshape(b.Linear(h, &d.ba), L, Hk, 2*r) // per key head: r·b, r·a
-		beta = b.Reshape(b.Slice(ba, 2, 0, r), L, Hv)
-		a = b.Reshape(b.Slice(ba, 2, r, 2*r), L, Hv)
-		mixed = b.Concat(1, q, k, v)
+		qkvz := b.Reshape(b.Linear(h, &d.qkvz), m.scr.dims(L, Hk, 2*Dk+2*r*Dv)...) // per key head: q, k, r·v, r·z
+		q := b.Reshape(b.Slice(qkvz, 2, 0, Dk), m.scr.dims(L, Kd)...)
+		k := b.Reshape(b.Slice(qkvz, 2, Dk, 2*Dk), m.scr.dims(L, Kd)...)
+		v := b.Reshape(b.Slice(qkvz, 2, 2*Dk, 2*Dk+r*Dv), m.scr.dims(L, Vd)...)
+		z = b.Reshape(b.Slice(qkvz, 2, 2*Dk+r*Dv, 2*Dk+2*r*Dv), m.scr.dims(L, Hv, Dv)...)
+		ba := b.Reshape(b.Linear(h, &d.ba), m.scr.dims(L, Hk, 2*r)...) // per key head: r·b, r·a
+		beta = b.Reshape(b.Slice(ba, 2, 0, r), m.scr.dims(L, Hv)...)
+		a = b.Reshape(b.Slice(ba, 2, r, 2*r), m.scr.dims(L, Hv)...)
+		mixed = b.Concat(1, m.scr.arrays(q, k, v)...)
 	}
 
-	in := b.Concat(0, st.conv, mixed) // [K−1+L, C]
+	in := b.Concat(0, m.scr.arrays(st.conv, mixed)...) // [K−1+L, C]
 	next := deltaState{conv: b.Slice(in, 0, L, L+K-1)}
 	var conv Array
 	for j, tap := range d.taps {
@@ -192,12 +192,12 @@ func (m *Model) deltaForward(d *deltaBlock, h Array, L int, st deltaState) (Arra
 	}
 	conv = b.Mul(conv, b.Sigmoid(conv)) // SiLU
 	eps := float32(1e-6 / float64(Dk))  // normalize_qk's eps, as mx.fast.rms_norm sees it
-	qn := b.RMSNorm(b.Reshape(b.Slice(conv, 1, 0, Kd), L, Hk, Dk), d.qScale, eps)
-	kn := b.RMSNorm(b.Reshape(b.Slice(conv, 1, Kd, 2*Kd), L, Hk, Dk), d.kScale, eps)
-	vn := b.Reshape(b.Slice(conv, 1, 2*Kd, C), L, Hv, Dv)
+	qn := b.RMSNorm(b.Reshape(b.Slice(conv, 1, 0, Kd), m.scr.dims(L, Hk, Dk)...), d.qScale, eps)
+	kn := b.RMSNorm(b.Reshape(b.Slice(conv, 1, Kd, 2*Kd), m.scr.dims(L, Hk, Dk)...), d.kScale, eps)
+	vn := b.Reshape(b.Slice(conv, 1, 2*Kd, C), m.scr.dims(L, Hv, Dv)...)
 	g, bt := b.DeltaGates(a, beta, d.aLog, d.dtBias)
 	var y Array
 	y, next.rec = b.GatedDelta(qn, kn, vn, g, bt, st.rec) // [L, Hv, Dv]
 	o := b.Mul(b.RMSNorm(y, d.norm, m.eps), b.Mul(z, b.Sigmoid(z)))
-	return b.Linear(b.Reshape(o, L, Vd), &d.out), next
+	return b.Linear(b.Reshape(o, m.scr.dims(L, Vd)...), &d.out), next
 }

@@ -32,6 +32,10 @@ type hybridCache struct {
 	}
 	pending map[int]deltaState // imported states, applied by Commit
 	snaps   []snapshot         // kept positions, oldest first
+	// args holds the arrays handed to the backend's variadic Keep and
+	// Free (the cache's own: its methods are not called concurrently), so
+	// a decode step allocates no argument slices.
+	args [2]Array
 }
 
 // snapshot is every layer's state after n positions.
@@ -74,7 +78,9 @@ func (c *hybridCache) reset() {
 // released unless the mark holds it.
 func (c *hybridCache) set(i int, s deltaState) {
 	b := c.m.b
-	b.Keep(s.conv, s.rec)
+	c.args = [2]Array{s.conv, s.rec}
+	b.Keep(c.args[:]...)
+	c.args = [2]Array{}
 	old := c.states[i]
 	c.states[i] = s
 	c.release(old, i)
@@ -86,25 +92,30 @@ func (c *hybridCache) release(s deltaState, i int) {
 	if s.conv == nil {
 		return
 	}
-	var held []Array
-	held = append(held, c.states[i].conv, c.states[i].rec)
-	if c.mark.states != nil {
-		held = append(held, c.mark.states[i].conv, c.mark.states[i].rec)
+	for _, a := range [2]Array{s.conv, s.rec} {
+		if !c.holds(i, a) {
+			c.args[0] = a
+			c.m.b.Free(c.args[:1]...)
+			c.args[0] = nil
+		}
+	}
+}
+
+// holds reports whether layer i's current state, the mark or a snapshot
+// refers to a.
+func (c *hybridCache) holds(i int, a Array) bool {
+	if c.states[i].conv == a || c.states[i].rec == a {
+		return true
+	}
+	if c.mark.states != nil && (c.mark.states[i].conv == a || c.mark.states[i].rec == a) {
+		return true
 	}
 	for _, sn := range c.snaps {
-		held = append(held, sn.states[i].conv, sn.states[i].rec)
-	}
-	for _, a := range []Array{s.conv, s.rec} {
-		free := true
-		for _, h := range held {
-			if h == a {
-				free = false
-			}
-		}
-		if free {
-			c.m.b.Free(a)
+		if sn.states[i].conv == a || sn.states[i].rec == a {
+			return true
 		}
 	}
+	return false
 }
 
 // begin marks the start of a step of tokens positions: Truncate(Len())

@@ -808,7 +808,8 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 	outs := grow(&scr.outs, len(cs))
 	defer clear(outs)
 	oShape := grow(&scr.oShapes, 2*len(cs))
-	var states []Array // new recurrent states (hybrid models), evaluated with the step
+	states := scr.states[:0] // new recurrent states (hybrid models), evaluated with the step
+	defer func() { clear(states); scr.states = states[:0] }()
 	// Without logits nothing reads the last layer's output, only what it
 	// puts in the cache: its attention and MLP are not built, and the step
 	// evaluates that layer's cache arrays (and the recurrent states), as
@@ -842,8 +843,8 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 		q := b.Linear(h, &ly.q)
 		var gate Array // gated attention (Qwen3-Next): [n, H·Dh]
 		if m.arch.GatedDeltaNet {
-			qg := b.Reshape(q, n, H, 2*Dh)
-			q, gate = b.Slice(qg, 2, 0, Dh), b.Reshape(b.Slice(qg, 2, Dh, 2*Dh), n, H*Dh)
+			qg := b.Reshape(q, scr.dims(n, H, 2*Dh)...)
+			q, gate = b.Slice(qg, 2, 0, Dh), b.Reshape(b.Slice(qg, 2, Dh, 2*Dh), scr.dims(n, H*Dh)...)
 		}
 		q = b.Reshape(q, qShape...)                    // [n, H, Dh]
 		k := b.Reshape(b.Linear(h, &ly.k), kvShape...) // [n, Hkv, Dh]
@@ -912,8 +913,9 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 	out := b.Linear(b.RMSNorm(last, m.norm, m.eps), m.lmHead) // [B, V]
 	evalArgs := one[:]
 	one[0] = out
-	if states != nil {
-		evalArgs = append([]Array{out}, states...)
+	if len(states) > 0 {
+		evalArgs = append(append(scr.evalArgs[:0], out), states...)
+		defer func() { clear(evalArgs); scr.evalArgs = evalArgs[:0] }()
 	}
 	if err := b.Eval(evalArgs...); err != nil {
 		return nil, err
@@ -990,8 +992,11 @@ type stepScratch struct {
 	evalArg         [1]Array
 	oneCache        [1]KVCache
 	oneToks         [1][]int32
-	pairs           []int32 // MoE: each (token, expert) pair's token
-	dimBuf          [4]int  // dims: a shape handed to a variadic op
+	pairs           []int32  // MoE: each (token, expert) pair's token
+	dimBuf          [4]int   // dims: a shape handed to a variadic op
+	arrBuf          [4]Array // arrays: arrays handed to a variadic op
+	states          []Array  // a step's new recurrent states (hybrids)
+	evalArgs        []Array  // what a hybrid step evaluates
 }
 
 // dims returns ds in the scratch's own storage: a shape passed to a
@@ -1004,6 +1009,15 @@ func (s *stepScratch) dims(ds ...int) []int {
 	}
 	n := copy(s.dimBuf[:], ds)
 	return s.dimBuf[:n]
+}
+
+// arrays is dims for the arrays of a variadic op (Concat).
+func (s *stepScratch) arrays(xs ...Array) []Array {
+	if len(xs) > len(s.arrBuf) {
+		return slices.Clone(xs)
+	}
+	n := copy(s.arrBuf[:], xs)
+	return s.arrBuf[:n]
 }
 
 // grow returns (*s)[:n], reallocating *s when its capacity is less.

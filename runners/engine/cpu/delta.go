@@ -26,7 +26,8 @@ func (b *Backend) DeltaGates(a, bb, aLog, dtBias engine.Array) (engine.Array, en
 	}
 	av, bv := floats(aa), floats(ba)
 	al, dt := floats(arr(aLog)), floats(arr(dtBias))
-	g, beta := make([]float32, rows*H), make([]float32, rows*H)
+	ga, betaA := b.newF32(aa.shape...), b.newF32(ba.shape...) // the step's arena
+	g, beta := ga.f32, betaA.f32
 	for r := range rows {
 		for h := range H {
 			i := r*H + h
@@ -39,7 +40,7 @@ func (b *Backend) DeltaGates(a, bb, aLog, dtBias engine.Array) (engine.Array, en
 			beta[i] = float32(1 / (1 + math.Exp(-float64(bv[i]))))
 		}
 	}
-	return heapF32(aa.shape, g), heapF32(ba.shape, beta)
+	return ga, betaA
 }
 
 // GatedDelta runs the recurrence (see engine.Backend.GatedDelta).
@@ -60,7 +61,8 @@ func (b *Backend) GatedDelta(q, k, v, g, beta, state engine.Array) (engine.Array
 	qv, kv, vv := floats(qa), floats(ka), floats(va)
 	gv, bv := floats(ga), floats(ba)
 	S := slices.Clone(floats(sa))
-	y := make([]float32, L*Hv*Dv)
+	ya := b.newF32(L, Hv, Dv) // the step's arena; S is the new state, on the heap
+	y := ya.f32
 	rep := Hv / Hk
 	b.parallel(Hv, 1, func(lo, hi int) {
 		for h := lo; h < hi; h++ {
@@ -90,5 +92,5 @@ func (b *Backend) GatedDelta(q, k, v, g, beta, state engine.Array) (engine.Array
 			}
 		}
 	})
-	return heapF32([]int{L, Hv, Dv}, y), heapF32([]int{Hv, Dv, Dk}, S)
+	return ya, heapF32([]int{Hv, Dv, Dk}, S)
 }
