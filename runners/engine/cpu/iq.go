@@ -315,7 +315,7 @@ func (b *Backend) iqRows(out []float32, a *iqActs, L int, w *weight, lo, hi int,
 }
 
 // iqGemmMinRows is the row count from which iqRows unpacks weights first;
-// iqGemmTile bounds the input rows run over them in one pass (their int8
+// iqGemmTile bounds the input rows run over them in one pass (their int16
 // data stays in the core's cache).
 const (
 	iqGemmMinRows = 3

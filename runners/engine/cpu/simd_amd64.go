@@ -107,21 +107,20 @@ func q4i16dot8AVX(p *iqArgs, res *[8]float32)
 func q8i16dot8AVX(p *iqArgs, res *[8]float32)
 
 // q4i16unpack8AVX writes 4-bit weight rows 0..7 (words, wstride bytes
-// apart) as bytes for i16gemm8AVX: for each of nblk blocks, eight rows of
-// 32 values in nibble order.
+// apart) as int16 for i16gemm8AVX: for each of nblk blocks, eight rows of
+// 32 values in nibble order (even elements, then odd ones).
 //
 //go:noescape
 func q4i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16)
 
-// q8i16unpack8AVX is q4i16unpack8AVX for 8-bit rows: per block and row,
-// |q−128| then q−128, 32 bytes each.
+// q8i16unpack8AVX is q4i16unpack8AVX for 8-bit rows (element order).
 //
 //go:noescape
 func q8i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16)
 
 // i16gemm8AVX is q4i16dot8AVX for p.rows input rows against eight weight
-// rows unpacked by q4i16unpack8AVX (p.w8), writing each row's eight
-// results to p.out, p.ldo bytes apart.
+// rows unpacked by q4i16unpack8AVX or q8i16unpack8AVX (p.w8), writing each
+// row's eight results to p.out, p.ldo bytes apart.
 //
 //go:noescape
 func i16gemm8AVX(p *iqArgs)
