@@ -87,23 +87,18 @@ func runRecover(f func()) (p any) {
 }
 
 // post queues f to run on the thread after everything queued before it.
-func (t *osThread) post(f func()) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		panic(errThreadStopped)
-	}
-	t.work <- threadCall{f: f}
-}
+func (t *osThread) post(f func()) { t.send(threadCall{f: f}) }
 
 // postOp queues op like post.
-func (t *osThread) postOp(op opRunner) {
+func (t *osThread) postOp(op opRunner) { t.send(threadCall{op: op}) }
+
+func (t *osThread) send(c threadCall) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
 		panic(errThreadStopped)
 	}
-	t.work <- threadCall{op: op}
+	t.work <- c
 }
 
 // do runs f on the thread after everything queued before it and waits. It
