@@ -893,7 +893,7 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 	one := &scr.evalArg
 	defer func() { one[0] = nil }()
 	if !wantLogits {
-		if tailKV != nil || states != nil {
+		if tailKV != nil || len(states) > 0 {
 			return nil, b.Eval(append(tailKV, states...)...)
 		}
 		one[0] = x
