@@ -78,7 +78,7 @@ def unpack(bits):
     L += [f"\tADDQ ${step}, DI", f"\tADDQ ${step}, BX", "\tADDQ $512, SI", "\tDECQ CX", f"\tJNZ {name}loop", "\tVZEROUPPER", "\tRET", ""]
     return "\n".join(L)
 def gemm(vnni=False):
-    name="i16gemm8VNNI" if vnni else "i16gemm8AVX"
+    name="i16gemm8AVX"
     L=[f"// func {name}(p *iqArgs)", f"TEXT ·{name}(SB), NOSPLIT, $0-8",
        "\tMOVQ p+0(FP), R12", "\tMOVQ 0(R12), SI", "\tMOVQ 8(R12), DX", "\tMOVQ 72(R12), R9", "\tMOVQ 80(R12), BX", "\tMOVQ 88(R12), R8",
        f"{name}row:",
@@ -98,6 +98,88 @@ def gemm(vnni=False):
               f"\tADDQ ${16 if kind=='h' else 32}, R10", f"\tADDQ ${16 if kind=='h' else 32}, R11",
               f"{lab}same:", "\tDECQ CX", f"\tJNZ {lab}", f"\tJMP {name}next"]
     L += [f"{name}next:", "\tVMOVUPS Y12, (BX)", "\tADDQ R8, BX", "\tDECQ R9", f"\tJNZ {name}row", "\tVZEROUPPER", "\tRET", ""]
+    return "\n".join(L)
+
+def unpackT(bits):
+    """Like unpack, but pair-interleaved for the VNNI gemm: in each block's
+    512 bytes, the dword at 32j + 4r holds values 2j and 2j+1 (kernel order)
+    of row r, so one register holds one pair of all eight rows. Each half of
+    a block (pairs 0-7, 8-15) is an 8x8 dword transpose."""
+    name=f"q{bits}i16unpack8TAVX"
+    step = 16 if bits==4 else 32
+    L=[f"// func {name}(words *uint32, wstride, nblk int, dst *int16)", f"TEXT ·{name}(SB), NOSPLIT, $0-32",
+       "\tMOVQ words+0(FP), DI", "\tMOVQ wstride+8(FP), R9", "\tMOVQ nblk+16(FP), CX", "\tMOVQ dst+24(FP), SI",
+       "\tLEAQ (DI)(R9*4), BX", "\tLEAQ (R9)(R9*2), R12", "\tVPBROADCASTD iqnib<>(SB), Y13", f"{name}loop:"]
+    for h in range(2):
+        for r,a in enumerate(addrs):
+            if bits==4:
+                L += [f"\tVMOVDQU {a}, X{r}"]
+                if h == 1:
+                    L += [f"\tVPSRLW $4, X{r}, X{r}"]
+                L += [f"\tVPAND X13, X{r}, X{r}", f"\tVPMOVZXBW X{r}, Y{r}"]
+            else:
+                L += [f"\tVPMOVZXBW {off(a,16*h)}, Y{r}"]
+        # Y13 (the nibble mask) is needed again for the second half: the
+        # transpose uses Y8-Y12, Y14, Y15 and one of the freed inputs.
+        L += ["\tVPUNPCKLDQ Y1, Y0, Y8", "\tVPUNPCKHDQ Y1, Y0, Y9", "\tVPUNPCKLDQ Y3, Y2, Y10", "\tVPUNPCKHDQ Y3, Y2, Y11",
+              "\tVPUNPCKLDQ Y5, Y4, Y12", "\tVPUNPCKHDQ Y5, Y4, Y14", "\tVPUNPCKLDQ Y7, Y6, Y15", "\tVPUNPCKHDQ Y7, Y6, Y1",
+              # u0..u7 (rows 0-3 in Y0-Y3, rows 4-7 in Y4-Y7)
+              "\tVPUNPCKLQDQ Y10, Y8, Y0", "\tVPUNPCKHQDQ Y10, Y8, Y2", "\tVPUNPCKLQDQ Y11, Y9, Y3", "\tVPUNPCKHQDQ Y11, Y9, Y8",
+              "\tVPUNPCKLQDQ Y15, Y12, Y4", "\tVPUNPCKHQDQ Y15, Y12, Y5", "\tVPUNPCKLQDQ Y1, Y14, Y6", "\tVPUNPCKHQDQ Y1, Y14, Y7"]
+        # pairs: 0 from (Y0,Y4), 1 (Y2,Y5), 2 (Y3,Y6), 3 (Y8,Y7); 4-7 the high lanes.
+        for j,(lo,hi) in enumerate([(0,4),(2,5),(3,6),(8,7)]):
+            L += [f"\tVPERM2I128 $0x20, Y{hi}, Y{lo}, Y9", f"\tVMOVDQU Y9, {32*(8*h+j)}(SI)",
+                  f"\tVPERM2I128 $0x31, Y{hi}, Y{lo}, Y9", f"\tVMOVDQU Y9, {32*(8*h+j+4)}(SI)"]
+    L += [f"\tADDQ ${step}, DI", f"\tADDQ ${step}, BX", "\tADDQ $512, SI", "\tDECQ CX", f"\tJNZ {name}loop", "\tVZEROUPPER", "\tRET", ""]
+    return "\n".join(L)
+def gemmT(M):
+    """M (1-8) input rows against eight pair-interleaved weight rows
+    (unpackT): each weight pair register (eight rows' values 2j, 2j+1)
+    meets each row's activation pair as a broadcast memory operand of
+    VPDPWSSD, so the eight lanes of a row's accumulator are the eight weight
+    rows' integer sums and no horizontal reduction is needed; the float part
+    (iq.go's definition, no fused multiply-add) then runs on eight rows at
+    once. Instructions go pair-major so that at least eight independent
+    accumulator chains are in flight (a row gets 8/M accumulators when M < 8,
+    added together at the end of the block)."""
+    name=f"i16gemm8x{M}VNNI"
+    c = max(1, 8 // M)
+    xa = ["(SI)", "(SI)(R13*1)", "(SI)(R13*2)", "(SI)(R8*1)", "(BX)", "(BX)(R13*1)", "(BX)(R13*2)", "(BX)(R8*1)"]
+    ma = ["(DX)", "(DX)(R14*1)", "(DX)(R14*2)", "(DX)(R9*1)", "(R12)", "(R12)(R14*1)", "(R12)(R14*2)", "(R12)(R9*1)"]
+    acc = lambda m, k: m*c + k
+    fa = lambda m: 8 + m
+    L=[f"// func {name}(p *iqArgs)", f"TEXT ·{name}(SB), NOSPLIT, $8-8",
+       "\tMOVQ p+0(FP), R12", "\tMOVQ 0(R12), SI", "\tMOVQ 8(R12), DX", "\tMOVQ 16(R12), CX",
+       "\tMOVQ CX, R13", "\tSHLQ $6, R13", "\tMOVQ CX, R14", "\tSHLQ $4, R14",
+       "\tLEAQ (R13)(R13*2), R8", "\tLEAQ (R14)(R14*2), R9",
+       "\tMOVQ 96(R12), DI", "\tMOVQ 40(R12), R10", "\tMOVQ 48(R12), R11", "\tMOVQ 64(R12), AX",
+       "\tMOVQ 56(R12), BX", "\tMOVQ BX, half-8(SP)",
+       "\tLEAQ (SI)(R13*4), BX", "\tLEAQ (DX)(R14*4), R12"]
+    L += [f"\tVXORPS Y{fa(m)}, Y{fa(m)}, Y{fa(m)}" for m in range(M)]
+    L += ["\tCMPQ half-8(SP), $0", f"\tJE {name}f32"]
+    for kind in ("h","f32"):
+        lab=f"{name}{kind}"
+        L += [f"{lab}:"]
+        L += ["\tVCVTPH2PS (R10), Y16", "\tVCVTPH2PS (R11), Y17"] if kind=="h" else ["\tVMOVUPS (R10), Y16", "\tVMOVUPS (R11), Y17"]
+        L += [f"\tVPXORD Y{acc(m,k)}, Y{acc(m,k)}, Y{acc(m,k)}" for m in range(M) for k in range(c)]
+        for j in range(16):
+            wr = 20 + j % 12
+            L += [f"\tVMOVDQU32 {32*j}(DI), Y{wr}"]
+            L += [f"\tVPDPWSSD.BCST {off(xa[m], 4*j)}, Y{wr}, Y{acc(m, j % c)}" for m in range(M)]
+        for m in range(M):
+            a0 = acc(m, 0)
+            for k in range(1, c):
+                L += [f"\tVPADDD Y{acc(m,k)}, Y{a0}, Y{a0}"]
+            L += [f"\tVCVTDQ2PS Y{a0}, Y{a0}", f"\tVMULPS.BCST {ma[m]}, Y16, Y18", f"\tVMULPS Y18, Y{a0}, Y{a0}", f"\tVADDPS Y{a0}, Y{fa(m)}, Y{fa(m)}",
+                  f"\tVMULPS.BCST {off(ma[m],4)}, Y17, Y19", f"\tVADDPS Y19, Y{fa(m)}, Y{fa(m)}"]
+        L += ["\tADDQ $64, SI", "\tADDQ $64, BX", "\tADDQ $16, DX", "\tADDQ $16, R12", "\tADDQ $512, DI",
+              "\tDECQ AX", f"\tJNZ {lab}same", "\tMOVQ p+0(FP), AX", "\tMOVQ 64(AX), AX",
+              f"\tADDQ ${16 if kind=='h' else 32}, R10", f"\tADDQ ${16 if kind=='h' else 32}, R11",
+              f"{lab}same:", "\tDECQ CX", f"\tJNZ {lab}", f"\tJMP {name}done"]
+    L += [f"{name}done:", "\tMOVQ p+0(FP), R12", "\tMOVQ 80(R12), BX", "\tMOVQ 88(R12), R8"]
+    for m in range(M):
+        L += [f"\tVMOVUPS Y{fa(m)}, (BX)"] + (["\tADDQ R8, BX"] if m < M-1 else [])
+    L += ["\tVZEROUPPER", "\tRET", ""]
     return "\n".join(L)
 QUANT = r'''
 // Activation quantization for iq.go (iqActs.quantize): per block of 32
@@ -204,6 +286,6 @@ src = """
 DATA iqnib<>+0(SB)/4, $0x0f0f0f0f
 GLOBL iqnib<>(SB), RODATA|NOPTR, $4
 
-""" + dot(4) + "\n" + dot(8) + "\n" + dot(4, True) + "\n" + dot(8, True) + "\n" + unpack(4) + "\n" + unpack(8) + "\n" + gemm() + "\n" + gemm(True) + QUANT
+""" + dot(4) + "\n" + dot(8) + "\n" + dot(4, True) + "\n" + dot(8, True) + "\n" + unpack(4) + "\n" + unpack(8) + "\n" + unpackT(4) + "\n" + unpackT(8) + "\n" + gemm() + "\n" + "\n".join(gemmT(m) for m in range(1, 9)) + QUANT
 import sys
 sys.stdout.write(HEADER + src.lstrip("\n"))

@@ -296,20 +296,55 @@ func (b *Backend) iqRows(out []float32, a *iqActs, L int, w *weight, lo, hi int,
 		// input row over them.
 		w16 := buf[:iqUnpackFloats(w)]
 		w8 := (*int16)(unsafe.Pointer(&w16[0]))
+		p.w8, p.ldo = w8, 4*N
+		if b.vnni {
+			if w.bits == 4 {
+				q4i16unpack8TAVX(p.words, p.wstride, nb, w8)
+			} else {
+				q8i16unpack8TAVX(p.words, p.wstride, nb, w8)
+			}
+			iqGemmT(&p, a, L, K, N, j, out)
+			continue
+		}
 		if w.bits == 4 {
 			q4i16unpack8AVX(p.words, p.wstride, nb, w8)
 		} else {
 			q8i16unpack8AVX(p.words, p.wstride, nb, w8)
 		}
-		p.w8, p.ldo = w8, 4*N
 		for i0 := 0; i0 < L; i0 += iqGemmTile {
 			p.x, p.m, p.rows, p.out = &a.q[i0*K], &a.m[i0*nb], min(iqGemmTile, L-i0), &out[i0*N+j]
 			_ = out[(i0+p.rows-1)*N+j+7]
-			if b.vnni {
-				i16gemm8VNNI(&p)
-			} else {
-				i16gemm8AVX(&p)
-			}
+			i16gemm8AVX(&p)
+		}
+	}
+}
+
+// iqGemmT runs the VNNI gemm over all L input rows, eight at a time, for
+// the eight weight rows from j that p describes (unpacked interleaved).
+func iqGemmT(p *iqArgs, a *iqActs, L, K, N, j int, out []float32) {
+	nb := K / iqBlock
+	for i0 := 0; i0 < L; i0 += 8 {
+		n := min(8, L-i0)
+		p.x, p.m, p.out = &a.q[i0*K], &a.m[i0*nb], &out[i0*N+j]
+		_ = out[(i0+n-1)*N+j+7]
+		_ = a.q[(i0+n)*K-1]
+		switch n {
+		case 8:
+			i16gemm8x8VNNI(p)
+		case 7:
+			i16gemm8x7VNNI(p)
+		case 6:
+			i16gemm8x6VNNI(p)
+		case 5:
+			i16gemm8x5VNNI(p)
+		case 4:
+			i16gemm8x4VNNI(p)
+		case 3:
+			i16gemm8x3VNNI(p)
+		case 2:
+			i16gemm8x2VNNI(p)
+		default:
+			i16gemm8x1VNNI(p)
 		}
 	}
 }
@@ -340,7 +375,7 @@ type iqArgs struct {
 	half    int            // 56: 1 when sc, bi are float16
 	bpg     int            // 64: blocks per group
 	// The gemm kernels only:
-	rows int      // 72: input rows (x and m advance through them)
+	rows int      // 72: input rows (x and m advance through them; i16gemm8AVX only)
 	out  *float32 // 80: row 0's eight results
 	ldo  int      // 88: bytes between rows of out
 	w8   *int16   // 96: the unpacked weight rows

@@ -263,11 +263,13 @@ func TestQuantizeAVXMatchesGo(t *testing.T) {
 }
 
 // TestIQPastOneTile: more input rows than one gemm pass takes (iqGemmTile)
-// still give each row its definition's bits.
+// still give each row its definition's bits, whatever the rows left after
+// the VNNI gemm's groups of eight (1 to 7).
 func TestIQPastOneTile(t *testing.T) {
 	r := rand.New(rand.NewPCG(93, 94))
-	const N, K, L = 16, 64, iqGemmTile + 3
-	for _, vnni := range []bool{false, hasVNNI()} {
+	const N, K = 16, 64
+	for L, vnni := range map[int]bool{iqGemmTile + 1: false, iqGemmTile + 2: hasVNNI(), iqGemmTile + 3: hasVNNI(), iqGemmTile + 4: hasVNNI(),
+		iqGemmTile + 5: hasVNNI(), iqGemmTile + 6: hasVNNI(), iqGemmTile + 7: hasVNNI(), iqGemmTile + 9: hasVNNI(), iqGemmTile + 10: false} {
 		b := &Backend{threads: 2, simd: hasSIMD(), vnni: vnni, iq: true}
 		lin, _ := iqLinear(b, r, N, K, 4, 32, engine.F16)
 		x := randF32(r, L*K)
@@ -278,7 +280,7 @@ func TestIQPastOneTile(t *testing.T) {
 			want := iqDefinition(x[i*K:(i+1)*K], w)
 			for j := range N {
 				if math.Float32bits(all[i*N+j]) != math.Float32bits(want[j]) {
-					t.Fatalf("vnni=%v row %d col %d: %v, definition %v", vnni, i, j, all[i*N+j], want[j])
+					t.Fatalf("L=%d vnni=%v row %d col %d: %v, definition %v", L, vnni, i, j, all[i*N+j], want[j])
 				}
 			}
 		}
@@ -318,5 +320,31 @@ func TestIQExactHalfScales(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// BenchmarkGemmIQ: a 128-row prefill chunk against an 8-bit [1536, 576]
+// weight (SmolLM2's MLP up), one thread, for the float path and each
+// integer kernel; "bytes" are multiply-adds, so MB/s reads as millions of
+// multiply-adds per second.
+func BenchmarkGemmIQ(b *testing.B) {
+	r := rand.New(rand.NewPCG(7, 8))
+	const L, N, K = 128, 1536, 576
+	for _, k := range []struct {
+		name     string
+		iq, vnni bool
+	}{{"float", false, false}, {"avx2", true, false}, {"vnni", true, true}} {
+		if k.vnni && !hasVNNI() {
+			continue
+		}
+		b.Run(k.name, func(b *testing.B) {
+			be := &Backend{threads: 1, simd: hasSIMD(), iq: k.iq, vnni: k.vnni}
+			lin, _ := iqLinear(be, r, N, K, 8, 32, engine.F16)
+			x := be.FromFloat32(randF32(r, L*K), L, K)
+			b.SetBytes(int64(L * N * K))
+			for b.Loop() {
+				be.Free(be.Linear(x, lin))
+			}
+		})
 	}
 }

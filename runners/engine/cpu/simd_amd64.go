@@ -135,8 +135,8 @@ func iqquantAVX(x *float32, nblk int, q *int16, m *iqMeta, nibble int)
 // (VPDPWSSD on 256-bit registers: AVX-512 VNNI and VL).
 func hasVNNI() bool { return hasSIMD() && cpu.X86.HasAVX512VNNI && cpu.X86.HasAVX512VL }
 
-// q4i16dot8VNNI, q8i16dot8VNNI and i16gemm8VNNI are the AVX2 kernels with
-// VPDPWSSD folding a multiply-add pair (the same exact integer sums).
+// q4i16dot8VNNI and q8i16dot8VNNI are the AVX2 kernels with VPDPWSSD
+// folding a multiply-add pair (the same exact integer sums).
 //
 //go:noescape
 func q4i16dot8VNNI(p *iqArgs, res *[8]float32)
@@ -144,8 +144,46 @@ func q4i16dot8VNNI(p *iqArgs, res *[8]float32)
 //go:noescape
 func q8i16dot8VNNI(p *iqArgs, res *[8]float32)
 
+// q4i16unpack8TAVX and q8i16unpack8TAVX are q4i16unpack8AVX and
+// q8i16unpack8AVX writing pairs interleaved for the VNNI gemm: in each
+// block's 512 bytes, the dword at 32j + 4r holds values 2j and 2j+1 of row
+// r (kernel order).
+//
 //go:noescape
-func i16gemm8VNNI(p *iqArgs)
+func q4i16unpack8TAVX(words *uint32, wstride, nblk int, dst *int16)
+
+//go:noescape
+func q8i16unpack8TAVX(words *uint32, wstride, nblk int, dst *int16)
+
+// i16gemm8x1VNNI … i16gemm8x8VNNI compute exactly what i16gemm8AVX does
+// for 1 … 8 input rows (p.rows is not read) against eight weight rows
+// unpacked by the T variants: each activation pair is a broadcast operand
+// of VPDPWSSD, so an accumulator's lanes are the eight rows' sums and no
+// horizontal reduction is needed.
+//
+//go:noescape
+func i16gemm8x1VNNI(p *iqArgs)
+
+//go:noescape
+func i16gemm8x2VNNI(p *iqArgs)
+
+//go:noescape
+func i16gemm8x3VNNI(p *iqArgs)
+
+//go:noescape
+func i16gemm8x4VNNI(p *iqArgs)
+
+//go:noescape
+func i16gemm8x5VNNI(p *iqArgs)
+
+//go:noescape
+func i16gemm8x6VNNI(p *iqArgs)
+
+//go:noescape
+func i16gemm8x7VNNI(p *iqArgs)
+
+//go:noescape
+func i16gemm8x8VNNI(p *iqArgs)
 
 // expSumAVX is expSum's vector part for n (a multiple of 8) elements:
 // row[j] = exp32(row[j] − m), acc[j mod 8] += row[j].

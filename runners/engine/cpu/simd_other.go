@@ -90,7 +90,29 @@ func q4i16dot8VNNI(p *iqArgs, res *[8]float32) { panic("cpu: no SIMD kernels on 
 
 func q8i16dot8VNNI(p *iqArgs, res *[8]float32) { panic("cpu: no SIMD kernels on this platform") }
 
-func i16gemm8VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
+func q4i16unpack8TAVX(words *uint32, wstride, nblk int, dst *int16) {
+	panic("cpu: no SIMD kernels on this platform")
+}
+
+func q8i16unpack8TAVX(words *uint32, wstride, nblk int, dst *int16) {
+	panic("cpu: no SIMD kernels on this platform")
+}
+
+func i16gemm8x1VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
+
+func i16gemm8x2VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
+
+func i16gemm8x3VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
+
+func i16gemm8x4VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
+
+func i16gemm8x5VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
+
+func i16gemm8x6VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
+
+func i16gemm8x7VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
+
+func i16gemm8x8VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
 
 func expSumAVX(row *float32, n int, m float32, acc *[8]float32) {
 	panic("cpu: no SIMD kernels on this platform")
