@@ -93,7 +93,19 @@ func (t *attnTask) run(lo, hi int) {
 	for h := lo; h < hi; h++ {
 		kh := h / t.group
 		keys = weight{out: T, in: Dh, dt: engine.F32, f32: t.kd[kh*t.kst : kh*t.kst+T*Dh]}
-		b.gemmBlocks(scores, t.q[h*L*Dh:(h+1)*L*Dh], L, &keys, 0, (T+3)/4, buf)
+		// Scores row by row block, each only against the keys its rows
+		// see (causal, and inside the window): a prompt's first rows skip
+		// most of the keys. Each score is one fixed-order dot product, so
+		// the bits do not depend on the blocking.
+		qh := t.q[h*L*Dh : (h+1)*L*Dh]
+		for i0 := 0; i0 < L; i0 += attnRowBlock {
+			i1 := min(L, i0+attnRowBlock)
+			first := 0
+			if t.window > 0 {
+				first = max(0, T-L+i0+1-t.window)
+			}
+			b.gemmBlocks(scores[i0*T:], qh[i0*Dh:], i1-i0, &keys, first/4, (T-L+i1+3)/4, buf)
+		}
 		vbase := t.vd[kh*t.vst:]
 		for i := range L {
 			limit := T - L + i + 1 // keys first..T-L+i
@@ -132,6 +144,10 @@ func (t *attnTask) run(lo, hi int) {
 		}
 	}
 }
+
+// attnRowBlock is how many query rows attnTask scores against one range of
+// keys (a multiple of gemm3x4AVX's three rows).
+const attnRowBlock = 48
 
 // axpy adds a·x to y.
 func (b *Backend) axpy(a float32, x, y []float32) {
