@@ -118,11 +118,7 @@ func (t *attnTask) run(lo, hi int) {
 			if t.sinks != nil {
 				m = t.sinks[h]
 			}
-			for j, s := range row {
-				s *= t.scale
-				row[j] = s
-				m = max(m, s)
-			}
+			m = b.scaleMax(row, t.scale, m)
 			sum := b.expSum(row, m)
 			if t.sinks != nil {
 				sum += exp32(t.sinks[h] - m)
@@ -143,6 +139,26 @@ func (t *attnTask) run(lo, hi int) {
 			}
 		}
 	}
+}
+
+// scaleMax multiplies row by scale and returns the maximum of m and the
+// products (Go's max: NaN wins).
+func (b *Backend) scaleMax(row []float32, scale, m float32) float32 {
+	j := 0
+	if b.simd && len(row) >= 8 {
+		j = len(row) &^ 7
+		vm, nan := scaleMaxAVX(&row[0], j, scale)
+		if nan != 0 {
+			vm = float32(math.NaN())
+		}
+		m = max(m, vm)
+	}
+	for ; j < len(row); j++ {
+		s := row[j] * scale
+		row[j] = s
+		m = max(m, s)
+	}
+	return m
 }
 
 // attnRowBlock is how many query rows attnTask scores against one range of

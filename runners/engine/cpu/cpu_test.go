@@ -533,14 +533,14 @@ func TestParallelPanicReachesCaller(t *testing.T) {
 
 // TestWeightedSumMatchesAxpy: attention's value sum (wsumAVX, the output row
 // in registers) is bit-identical to one axpy per key, for head dims that
-// take its four-group and one-group paths.
+// take its eight-, four- and one-group paths.
 func TestWeightedSumMatchesAxpy(t *testing.T) {
 	if !hasSIMD() {
 		t.Skip("no AVX2+FMA")
 	}
 	r := rand.New(rand.NewPCG(21, 22))
 	b := &Backend{threads: 1, simd: true}
-	for _, dh := range []int{8, 40, 64, 128} {
+	for _, dh := range []int{8, 40, 64, 96, 128} {
 		for _, n := range []int{1, 7, 300} {
 			p, v := randF32(r, n), randF32(r, n*dh)
 			want, got := randF32(r, dh), make([]float32, dh)
@@ -552,6 +552,42 @@ func TestWeightedSumMatchesAxpy(t *testing.T) {
 			for i := range got {
 				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
 					t.Fatalf("dh %d, %d keys: [%d] = %v, axpy gives %v", dh, n, i, got[i], want[i])
+				}
+			}
+		}
+	}
+}
+
+// TestScaleMaxMatchesGo: attention's scaling and maximum (scaleMaxAVX)
+// gives the Go loop's products and maximum, with NaN winning and -Inf
+// (masked) scores kept.
+func TestScaleMaxMatchesGo(t *testing.T) {
+	if !hasSIMD() {
+		t.Skip("no AVX2")
+	}
+	r := rand.New(rand.NewPCG(23, 24))
+	for _, n := range []int{1, 8, 13, 64, 301} {
+		for _, special := range []float32{0, float32(math.Inf(-1)), float32(math.Inf(1)), float32(math.NaN())} {
+			row := randF32(r, n)
+			if special != 0 {
+				row[r.IntN(n)] = special
+			}
+			want := append([]float32(nil), row...)
+			wm := float32(math.Inf(-1))
+			for j := range want {
+				want[j] *= 0.125
+				wm = max(wm, want[j])
+			}
+			for _, simd := range []bool{false, true} {
+				got := append([]float32(nil), row...)
+				gm := (&Backend{simd: simd}).scaleMax(got, 0.125, float32(math.Inf(-1)))
+				if math.Float32bits(gm) != math.Float32bits(wm) && !(gm != gm && wm != wm) {
+					t.Fatalf("n %d, %v, simd %v: max %v, want %v", n, special, simd, gm, wm)
+				}
+				for j := range got {
+					if math.Float32bits(got[j]) != math.Float32bits(want[j]) {
+						t.Fatalf("n %d, %v, simd %v: [%d] = %v, want %v", n, special, simd, j, got[j], want[j])
+					}
 				}
 			}
 		}

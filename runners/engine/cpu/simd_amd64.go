@@ -87,6 +87,12 @@ func q4dot4HAVX(x *float32, words *uint32, wstride int, scales, biases *uint16, 
 //go:noescape
 func q8dot4HAVX(x *float32, words *uint32, wstride int, scales, biases *uint16, sstride, ngroups, iters int, acc *[32]float32)
 
+// scaleMaxAVX multiplies n (a multiple of 8, > 0) elements of row by
+// scale and returns their maximum; nan is non-zero when a product is NaN.
+//
+//go:noescape
+func scaleMaxAVX(row *float32, n int, scale float32) (m float32, nan int)
+
 // wsumAVX adds Σ_t p[t]·v_t to o over chunks groups of 8 lanes, t in
 // order, each step one fused multiply-add per element: bit-identical to
 // axpyAVX(p[t], v_t, o) for t = 0..n-1, without reloading o per key. vstride

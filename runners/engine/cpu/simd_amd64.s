@@ -787,6 +787,52 @@ TEXT ·wsumAVX(SB), NOSPLIT, $0-48
 	MOVQ o+32(FP), DX
 	MOVQ chunks+40(FP), R9
 
+ws8:
+	CMPQ R9, $8
+	JLT  ws4
+	VMOVUPS 0(DX), Y0
+	VMOVUPS 32(DX), Y1
+	VMOVUPS 64(DX), Y2
+	VMOVUPS 96(DX), Y3
+	VMOVUPS 128(DX), Y5
+	VMOVUPS 160(DX), Y6
+	VMOVUPS 192(DX), Y7
+	VMOVUPS 224(DX), Y8
+	MOVQ SI, AX
+	MOVQ DI, BX
+	MOVQ CX, R10
+
+ws8key:
+	TESTQ R10, R10
+	JE    ws8store
+	VBROADCASTSS (AX), Y4
+	VFMADD231PS 0(BX), Y4, Y0
+	VFMADD231PS 32(BX), Y4, Y1
+	VFMADD231PS 64(BX), Y4, Y2
+	VFMADD231PS 96(BX), Y4, Y3
+	VFMADD231PS 128(BX), Y4, Y5
+	VFMADD231PS 160(BX), Y4, Y6
+	VFMADD231PS 192(BX), Y4, Y7
+	VFMADD231PS 224(BX), Y4, Y8
+	ADDQ $4, AX
+	ADDQ R8, BX
+	DECQ R10
+	JMP  ws8key
+
+ws8store:
+	VMOVUPS Y0, 0(DX)
+	VMOVUPS Y1, 32(DX)
+	VMOVUPS Y2, 64(DX)
+	VMOVUPS Y3, 96(DX)
+	VMOVUPS Y5, 128(DX)
+	VMOVUPS Y6, 160(DX)
+	VMOVUPS Y7, 192(DX)
+	VMOVUPS Y8, 224(DX)
+	ADDQ $256, DX
+	ADDQ $256, DI
+	SUBQ $8, R9
+	JMP  ws8
+
 ws4:
 	CMPQ R9, $4
 	JLT  ws1
@@ -847,6 +893,40 @@ ws1store:
 	JMP  ws1
 
 wsdone:
+	VZEROUPPER
+	RET
+
+// func scaleMaxAVX(row *float32, n int, scale float32) (m float32, nan int)
+// row[j] *= scale for n (a multiple of 8) elements; m is their maximum and
+// nan is non-zero when any product is NaN (the caller then decides).
+TEXT ·scaleMaxAVX(SB), NOSPLIT, $0-40
+	MOVQ row+0(FP), SI
+	MOVQ n+8(FP), CX
+	VBROADCASTSS scale+16(FP), Y0
+	VPCMPEQD Y1, Y1, Y1
+	VPSLLD $23, Y1, Y1 // 0xff800000 in every lane: -Inf
+	VMOVUPS Y1, Y2
+	VXORPS Y3, Y3, Y3 // NaN flags
+	SHRQ $3, CX
+
+smloop:
+	VMULPS (SI), Y0, Y4
+	VMOVUPS Y4, (SI)
+	VCMPPS $3, Y4, Y4, Y5
+	VORPS Y5, Y3, Y3
+	VMAXPS Y4, Y1, Y1
+	ADDQ $32, SI
+	DECQ CX
+	JNZ  smloop
+	VEXTRACTF128 $1, Y1, X4
+	VMAXPS X4, X1, X1
+	VPERMILPS $0x4e, X1, X4
+	VMAXPS X4, X1, X1
+	VPERMILPS $0xb1, X1, X4
+	VMAXPS X4, X1, X1
+	VMOVSS X1, m+24(FP)
+	VMOVMSKPS Y3, AX
+	MOVQ AX, nan+32(FP)
 	VZEROUPPER
 	RET
 

@@ -62,6 +62,10 @@ func q8dot4HAVX(x *float32, words *uint32, wstride int, scales, biases *uint16, 
 	panic("cpu: no SIMD kernels on this platform")
 }
 
+func scaleMaxAVX(row *float32, n int, scale float32) (float32, int) {
+	panic("cpu: no SIMD kernels on this platform")
+}
+
 func wsumAVX(p *float32, n int, v *float32, vstride int, o *float32, chunks int) {
 	panic("cpu: no SIMD kernels on this platform")
 }
