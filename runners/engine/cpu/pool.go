@@ -3,6 +3,7 @@ package cpu
 import (
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -14,7 +15,13 @@ import (
 // of a small model runs a few hundred such ops, each a few microseconds to
 // a millisecond long, so neither a goroutine per op nor a closure per op is
 // affordable: work is a task, an interface over a value the Backend owns,
-// and handing one to a worker allocates nothing.
+// and handing one to a worker allocates nothing. Nobody parks on the hot
+// path either: a worker polls for its next job for spinFor after its last
+// one, and the caller polls a counter for the workers to finish. Both
+// yield between polls, so the cost is a busy core for about a millisecond
+// after the last op (measured on 2 cores: two threads went from slower than
+// one to 1.3–1.4× one for SmolLM2 decode, and a 128-token prompt from 470
+// to 660 tokens/s; docs/BENCHMARKS.md).
 
 // task is one op's work over [0, n): run(lo, hi) does [lo, hi).
 type task interface{ run(lo, hi int) }
@@ -34,16 +41,23 @@ type job struct {
 // do not keep the Backend reachable.
 type pool struct {
 	jobs []chan job // one per worker, buffered 1
-	wg   sync.WaitGroup
-	mu   sync.Mutex
+	// pending counts the current run's jobs not yet finished; the caller
+	// polls it (yielding) instead of parking on a WaitGroup: waking a
+	// parked goroutine takes microseconds, about what a decode step's
+	// products take.
+	pending atomic.Int32
+	mu      sync.Mutex
 	// failed is the first panic a worker recovered during the current run.
 	failed any
 }
 
-// spinRecv is how many times a worker polls its channel before it parks:
-// consecutive ops of a step follow each other within microseconds, and
-// waking a parked goroutine costs more than that.
-const spinRecv = 200
+// spinFor is how long a worker polls its channel (yielding between polls)
+// before it sleeps: consecutive ops of a step follow each other within
+// microseconds, a prompt's ops have serial stretches between them of tens
+// to hundreds (quantizing activations, allocating outputs), and a worker
+// that sleeps answers tens of microseconds late at best — on two cores
+// that made two threads slower than one for a 128-token prompt.
+const spinFor = 1000 * time.Microsecond
 
 // pollFirst and pollLast bound the sleeps between a worker's polls once
 // spinning gave up (doubling: 20, 40, … 640 µs, about 1.3 ms in all).
@@ -69,13 +83,15 @@ func (p *pool) work(ch chan job) {
 	var ok bool
 	for {
 		got := false
-		for range spinRecv {
+		for start, i := time.Now(), 0; ; i++ {
 			select {
 			case j, ok = <-ch:
 				got = true
 			default:
 				runtime.Gosched()
-				continue
+				if i%32 != 31 || time.Since(start) < spinFor {
+					continue
+				}
 			}
 			break
 		}
@@ -108,7 +124,7 @@ func (p *pool) work(ch chan job) {
 //
 //go:noinline
 func (p *pool) runJob(j job) {
-	defer p.wg.Done()
+	defer p.pending.Add(-1)
 	defer func() {
 		if r := recover(); r != nil {
 			p.mu.Lock()
@@ -119,6 +135,13 @@ func (p *pool) runJob(j job) {
 		}
 	}()
 	j.t.run(j.lo, j.hi)
+}
+
+// wait returns once the current run's jobs are done.
+func (p *pool) wait() {
+	for p.pending.Load() != 0 {
+		runtime.Gosched()
+	}
 }
 
 func (p *pool) close() {
@@ -142,16 +165,16 @@ func (b *Backend) run(n, minChunk int, t task) {
 		return
 	}
 	p := b.pool
+	p.pending.Store(int32((n - 1) / per))
 	k := 0
 	for lo := per; lo < n; lo += per {
-		p.wg.Add(1)
 		p.jobs[k] <- job{t: t, lo: lo, hi: min(lo+per, n)}
 		k++
 	}
 	func() {
 		// Wait for the workers even if the caller's share panics: they
 		// use the task's buffers.
-		defer p.wg.Wait()
+		defer p.wait()
 		t.run(0, min(per, n))
 	}()
 	if p.failed != nil {
