@@ -25,8 +25,20 @@ def off(a, o):
 REDUCE = ["\tVPHADDD Y1, Y0, Y0","\tVPHADDD Y3, Y2, Y2","\tVPHADDD Y5, Y4, Y4","\tVPHADDD Y7, Y6, Y6",
           "\tVPHADDD Y2, Y0, Y0","\tVPHADDD Y6, Y4, Y4",
           "\tVPERM2I128 $0x20, Y4, Y0, Y1","\tVPERM2I128 $0x31, Y4, Y0, Y2","\tVPADDD Y2, Y1, Y1","\tVCVTDQ2PS Y1, Y1"]
+# The scale/bias kinds: float16 ("h"), float16 with every bias equal to
+# scale·(−zp) for a power of two zp ("hs": the biases are not read, their
+# exact values are formed in registers), float32 ("f32"); iqArgs.half is 1,
+# 2 and 0 for them.
+KINDS = ("h", "hs", "f32")
+def modejump(op, name):
+    return [f"\tCMPQ {op}, $1", f"\tJEQ {name}h", f"\tJHI {name}hs", f"\tJMP {name}f32"]
 def floatpart(kind, restart):
-    L = ["\tVCVTPH2PS (R10), Y2", "\tVCVTPH2PS (R11), Y3"] if kind=="h" else ["\tVMOVUPS (R10), Y2", "\tVMOVUPS (R11), Y3"]
+    if kind == "hs": # symmetric: bias = scale·(−zp), exact, zp a power of two broadcast in Y11
+        L = ["\tVCVTPH2PS (R10), Y2", "\tVMULPS Y11, Y2, Y3"]
+    elif kind == "h":
+        L = ["\tVCVTPH2PS (R10), Y2", "\tVCVTPH2PS (R11), Y3"]
+    else:
+        L = ["\tVMOVUPS (R10), Y2", "\tVMOVUPS (R11), Y3"]
     L += ["\tVBROADCASTSS 0(DX), Y4", "\tVMULPS Y4, Y2, Y2", "\tVMULPS Y2, Y1, Y1", "\tVADDPS Y1, Y12, Y12",
           "\tVBROADCASTSS 4(DX), Y4", "\tVMULPS Y4, Y3, Y3", "\tVADDPS Y3, Y12, Y12"]
     return L
@@ -36,12 +48,13 @@ def dot(bits, vnni=False):
        "\tMOVQ p+0(FP), AX",
        "\tMOVQ 0(AX), SI", "\tMOVQ 8(AX), DX", "\tMOVQ 16(AX), CX", "\tMOVQ 24(AX), DI", "\tMOVQ 32(AX), R9",
        "\tMOVQ 40(AX), R10", "\tMOVQ 48(AX), R11", "\tMOVQ 56(AX), R12", "\tMOVQ 64(AX), R13",
+       "\tVBROADCASTSS 104(AX), Y11", "\tMOVQ R12, R14",
        "\tMOVQ R13, AX", "\tVPBROADCASTD iqnib<>(SB), Y13", "\tVXORPS Y12, Y12, Y12",
        "\tLEAQ (DI)(R9*4), BX", "\tMOVQ R9, R8", "\tSHLQ $4, R8", "\tADDQ DI, R8",
-       "\tTESTQ R12, R12", "\tLEAQ (R9)(R9*2), R12", f"\tJE {name}f32"]
+       "\tLEAQ (R9)(R9*2), R12"] + modejump("R14", name)
     step = 16 if bits==4 else 32
     lines = 2 if bits==4 else 4
-    for kind in ("h","f32"):
+    for kind in KINDS:
         lab=f"{name}{kind}"
         L += [f"{lab}:", "\tVMOVDQU (SI), Y14", "\tVMOVDQU 32(SI), Y15"]
         L += [f"\tPREFETCHT0 {64*k}(R8)" for k in range(lines)] + [f"\tADDQ ${64*lines}, R8"]
@@ -58,7 +71,7 @@ def dot(bits, vnni=False):
         L += REDUCE + floatpart(kind, None)
         L += ["\tADDQ $64, SI", "\tADDQ $16, DX", f"\tADDQ ${step}, DI", f"\tADDQ ${step}, BX",
               "\tDECQ AX", f"\tJNZ {lab}same", "\tMOVQ R13, AX",
-              f"\tADDQ ${16 if kind=='h' else 32}, R10", f"\tADDQ ${16 if kind=='h' else 32}, R11",
+              f"\tADDQ ${32 if kind=='f32' else 16}, R10", f"\tADDQ ${32 if kind=='f32' else 16}, R11",
               f"{lab}same:", "\tDECQ CX", f"\tJNZ {lab}", f"\tJMP {name}done"]
     L += [f"{name}done:", "\tMOVQ res+8(FP), AX", "\tVMOVUPS Y12, (AX)", "\tVZEROUPPER", "\tRET", ""]
     return "\n".join(L)
@@ -83,8 +96,8 @@ def gemm(vnni=False):
        "\tMOVQ p+0(FP), R12", "\tMOVQ 0(R12), SI", "\tMOVQ 8(R12), DX", "\tMOVQ 72(R12), R9", "\tMOVQ 80(R12), BX", "\tMOVQ 88(R12), R8",
        f"{name}row:",
        "\tMOVQ 96(R12), DI", "\tMOVQ 40(R12), R10", "\tMOVQ 48(R12), R11", "\tMOVQ 16(R12), CX", "\tMOVQ 64(R12), AX",
-       "\tVXORPS Y12, Y12, Y12", "\tCMPQ 56(R12), $0", f"\tJE {name}f32"]
-    for kind in ("h","f32"):
+       "\tVXORPS Y12, Y12, Y12", "\tVBROADCASTSS 104(R12), Y11", "\tMOVQ 56(R12), R13"] + modejump("R13", name)
+    for kind in KINDS:
         lab=f"{name}{kind}"
         L += [f"{lab}:", "\tVMOVDQU (SI), Y14", "\tVMOVDQU 32(SI), Y15"]
         for r in range(8):
@@ -95,7 +108,7 @@ def gemm(vnni=False):
         L += REDUCE + floatpart(kind, None)
         L += ["\tADDQ $64, SI", "\tADDQ $16, DX", "\tADDQ $512, DI",
               "\tDECQ AX", f"\tJNZ {lab}same", "\tMOVQ 64(R12), AX",
-              f"\tADDQ ${16 if kind=='h' else 32}, R10", f"\tADDQ ${16 if kind=='h' else 32}, R11",
+              f"\tADDQ ${32 if kind=='f32' else 16}, R10", f"\tADDQ ${32 if kind=='f32' else 16}, R11",
               f"{lab}same:", "\tDECQ CX", f"\tJNZ {lab}", f"\tJMP {name}next"]
     L += [f"{name}next:", "\tVMOVUPS Y12, (BX)", "\tADDQ R8, BX", "\tDECQ R9", f"\tJNZ {name}row", "\tVZEROUPPER", "\tRET", ""]
     return "\n".join(L)
@@ -148,19 +161,24 @@ def gemmT(M):
     ma = ["(DX)", "(DX)(R14*1)", "(DX)(R14*2)", "(DX)(R9*1)", "(R12)", "(R12)(R14*1)", "(R12)(R14*2)", "(R12)(R9*1)"]
     acc = lambda m, k: m*c + k
     fa = lambda m: 8 + m
-    L=[f"// func {name}(p *iqArgs)", f"TEXT ·{name}(SB), NOSPLIT, $8-8",
+    L=[f"// func {name}(p *iqArgs)", f"TEXT ·{name}(SB), NOSPLIT, $16-8",
        "\tMOVQ p+0(FP), R12", "\tMOVQ 0(R12), SI", "\tMOVQ 8(R12), DX", "\tMOVQ 16(R12), CX",
        "\tMOVQ CX, R13", "\tSHLQ $6, R13", "\tMOVQ CX, R14", "\tSHLQ $4, R14",
        "\tLEAQ (R13)(R13*2), R8", "\tLEAQ (R14)(R14*2), R9",
        "\tMOVQ 96(R12), DI", "\tMOVQ 40(R12), R10", "\tMOVQ 48(R12), R11", "\tMOVQ 64(R12), AX",
-       "\tMOVQ 56(R12), BX", "\tMOVQ BX, half-8(SP)",
+       "\tMOVQ 56(R12), BX", "\tMOVQ BX, half-8(SP)", "\tMOVL 104(R12), BX", "\tMOVL BX, negzp-16(SP)",
        "\tLEAQ (SI)(R13*4), BX", "\tLEAQ (DX)(R14*4), R12"]
     L += [f"\tVXORPS Y{fa(m)}, Y{fa(m)}, Y{fa(m)}" for m in range(M)]
-    L += ["\tCMPQ half-8(SP), $0", f"\tJE {name}f32"]
-    for kind in ("h","f32"):
+    L += modejump("half-8(SP)", name)
+    for kind in KINDS:
         lab=f"{name}{kind}"
         L += [f"{lab}:"]
-        L += ["\tVCVTPH2PS (R10), Y16", "\tVCVTPH2PS (R11), Y17"] if kind=="h" else ["\tVMOVUPS (R10), Y16", "\tVMOVUPS (R11), Y17"]
+        if kind == "hs":
+            L += ["\tVCVTPH2PS (R10), Y16", "\tVMULPS.BCST negzp-16(SP), Y16, Y17"]
+        elif kind == "h":
+            L += ["\tVCVTPH2PS (R10), Y16", "\tVCVTPH2PS (R11), Y17"]
+        else:
+            L += ["\tVMOVUPS (R10), Y16", "\tVMOVUPS (R11), Y17"]
         L += [f"\tVPXORD Y{acc(m,k)}, Y{acc(m,k)}, Y{acc(m,k)}" for m in range(M) for k in range(c)]
         for j in range(16):
             wr = 20 + j % 12
@@ -174,7 +192,7 @@ def gemmT(M):
                   f"\tVMULPS.BCST {off(ma[m],4)}, Y17, Y19", f"\tVADDPS Y19, Y{fa(m)}, Y{fa(m)}"]
         L += ["\tADDQ $64, SI", "\tADDQ $64, BX", "\tADDQ $16, DX", "\tADDQ $16, R12", "\tADDQ $512, DI",
               "\tDECQ AX", f"\tJNZ {lab}same", "\tMOVQ p+0(FP), AX", "\tMOVQ 64(AX), AX",
-              f"\tADDQ ${16 if kind=='h' else 32}, R10", f"\tADDQ ${16 if kind=='h' else 32}, R11",
+              f"\tADDQ ${32 if kind=='f32' else 16}, R10", f"\tADDQ ${32 if kind=='f32' else 16}, R11",
               f"{lab}same:", "\tDECQ CX", f"\tJNZ {lab}", f"\tJMP {name}done"]
     L += [f"{name}done:", "\tMOVQ p+0(FP), R12", "\tMOVQ 80(R12), BX", "\tMOVQ 88(R12), R8"]
     for m in range(M):

@@ -11,8 +11,20 @@ import (
 
 // iqLinear builds a quantized Linear [N, K] with scales of dtype sdt.
 func iqLinear(b *Backend, r *rand.Rand, N, K, bits, gs int, sdt engine.DType) (*engine.Linear, []float32) {
+	return iqLinearSym(b, r, N, K, bits, gs, sdt, false)
+}
+
+// iqLinearSym is iqLinear with, when sym, every bias set to −2^(bits−1)
+// times its (rounded) scale, as a GGUF Q8_0 or Q4_0 weight converts.
+func iqLinearSym(b *Backend, r *rand.Rand, N, K, bits, gs int, sdt engine.DType, sym bool) (*engine.Linear, []float32) {
 	w := randF32(r, N*K)
 	q, s, bz, deq := quantize(w, N, K, bits, gs)
+	if sym {
+		_, sv := halfBytes(s, sdt)
+		for g := range bz {
+			s[g], bz[g] = sv[g], sv[g]*-float32(int(1)<<(bits-1))
+		}
+	}
 	lin := &engine.Linear{Bits: bits, GroupSize: gs}
 	lin.W = b.FromBytes(u32Bytes(q), []int{N, K * bits / 32}, engine.U32)
 	if sdt == engine.F32 {
@@ -52,16 +64,18 @@ func TestIQMatchesIntegerDefinition(t *testing.T) {
 	for _, c := range []struct {
 		N, K, bits, gs int
 		sdt            engine.DType
+		sym            bool
 	}{
-		{16, 64, 4, 32, engine.F16}, {13, 128, 4, 64, engine.F16}, {24, 256, 4, 128, engine.BF16},
-		{16, 96, 4, 32, engine.F32}, {16, 64, 8, 32, engine.F16}, {21, 128, 8, 64, engine.F32},
-		{8, 32, 8, 32, engine.BF16}, {40, 576, 4, 32, engine.F16},
+		{16, 64, 4, 32, engine.F16, false}, {13, 128, 4, 64, engine.F16, false}, {24, 256, 4, 128, engine.BF16, false},
+		{16, 96, 4, 32, engine.F32, false}, {16, 64, 8, 32, engine.F16, false}, {21, 128, 8, 64, engine.F32, false},
+		{8, 32, 8, 32, engine.BF16, false}, {40, 576, 4, 32, engine.F16, false},
+		{16, 64, 8, 32, engine.F16, true}, {21, 128, 8, 64, engine.F16, true}, {40, 576, 4, 32, engine.F16, true},
 	} {
 		for _, k := range kernels {
-			name := fmt.Sprintf("q%d g%d %v N%d K%d %+v", c.bits, c.gs, c.sdt, c.N, c.K, k)
+			name := fmt.Sprintf("q%d g%d %v sym=%v N%d K%d %+v", c.bits, c.gs, c.sdt, c.sym, c.N, c.K, k)
 			t.Run(name, func(t *testing.T) {
 				b := &Backend{threads: 3, simd: k.simd, vnni: k.vnni, iq: true}
-				lin, deq := iqLinear(b, r, c.N, c.K, c.bits, c.gs, c.sdt)
+				lin, deq := iqLinearSym(b, r, c.N, c.K, c.bits, c.gs, c.sdt, c.sym)
 				x := randF32(r, L*c.K)
 				x[3] = 0 // a block with a zero, and one all zero:
 				for k := range 32 {
@@ -72,6 +86,9 @@ func TestIQMatchesIntegerDefinition(t *testing.T) {
 				b.setWeight(w, lin)
 				if w.iq == nil {
 					t.Fatal("weight did not take the integer path")
+				}
+				if sym := w.iq.negzp != 0; sym != c.sym {
+					t.Fatalf("symmetric layout %v (−zp %v), want %v", sym, w.iq.negzp, c.sym)
 				}
 				for i := range L {
 					one := get(t, b, b.Linear(b.FromFloat32(x[i*c.K:(i+1)*c.K], 1, c.K), lin))
