@@ -91,6 +91,10 @@ type backend struct {
 	fuseErr error             // why SwiGLU runs unfused (nil: it is fused)
 	deq     map[*array]*array // dequantized copies of quantized weights when qmmErr != nil, float32 copies of experts when gmmHalfErr != nil
 	freqs   map[engine.RoPE]ropeFreqs
+	// wT holds the transposed view of each kept dense weight a product
+	// used (kept, released with the weight): a decode step then builds
+	// no transpose per product.
+	wT map[*array]*array
 
 	// Why gather_mm cannot take 16-bit floats here (MLX's CPU backend:
 	// float32 only); nil: it can.
@@ -135,6 +139,7 @@ func newBackend(opts Options) (*backend, error) {
 		thread:  startThread(),
 		pinned:  map[*array]bool{},
 		deq:     map[*array]*array{},
+		wT:      map[*array]*array{},
 		freqs:   map[engine.RoPE]ropeFreqs{},
 	}
 	var initErr error
@@ -412,6 +417,25 @@ func (b *backend) release(a *array) {
 		delete(b.deq, a)
 		b.release(d)
 	}
+	if t, ok := b.wT[a]; ok {
+		delete(b.wT, a)
+		b.release(t)
+	}
+}
+
+// weightT returns w transposed ([out, in] → [in, out]): for a kept weight
+// the one view made at its first use.
+func (b *backend) weightT(w *array) *array {
+	if !w.kept {
+		return b.transpose(w, 1, 0)
+	}
+	if t, ok := b.wT[w]; ok && !t.freed {
+		return t
+	}
+	t := b.transpose(w, 1, 0)
+	b.keep(t)
+	b.wT[w] = t
+	return t
 }
 
 // keep pins a (on the MLX thread).
@@ -844,7 +868,7 @@ func (b *backend) linear(x *array, l *engine.Linear) *array {
 	w := b.arr(l.W)
 	var y *array
 	if l.Bits == 0 {
-		y = b.matmul(x, b.transpose(w, 1, 0))
+		y = b.matmul(x, b.weightT(w))
 	} else {
 		s := b.arr(l.Scales)
 		var bi C.xmx_array // null: no biases
@@ -856,7 +880,7 @@ func (b *backend) linear(x *array, l *engine.Linear) *array {
 				return C.xmx_qmm_mode(r, x.h, w.h, s.h, bi, C.int(l.GroupSize), C.int(l.Bits), quantMode(l.Mode), b.stream)
 			})
 		} else {
-			y = b.matmul(x, b.transpose(b.dequantized(w, l), 1, 0))
+			y = b.matmul(x, b.weightT(b.dequantized(w, l)))
 		}
 	}
 	if l.Bias != nil {
