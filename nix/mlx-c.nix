@@ -48,6 +48,10 @@ stdenv.mkDerivation {
   ];
   buildInputs = [ mlx ];
 
+  # nixpkgs' cmake hook builds Release by default; said here because an
+  # unoptimized libmlxc doubles the host time of every op (docs/BENCHMARKS.md).
+  cmakeBuildType = "Release";
+
   cmakeFlags = [
     (lib.cmakeBool "BUILD_SHARED_LIBS" true)
     (lib.cmakeBool "MLX_C_USE_SYSTEM_MLX" true)

@@ -127,6 +127,10 @@ stdenv.mkDerivation (finalAttrs: {
     ]
   );
 
+  # nixpkgs' cmake hook builds Release by default; said here because an
+  # unoptimized libmlxc doubles the host time of every op (docs/BENCHMARKS.md).
+  cmakeBuildType = "Release";
+
   cmakeFlags = [
     (lib.cmakeBool "BUILD_SHARED_LIBS" true)
     (lib.cmakeBool "MLX_BUILD_TESTS" false)
