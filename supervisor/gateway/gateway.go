@@ -193,7 +193,16 @@ func (g *Gateway) check(ctx context.Context, b Backend) Health {
 		return h
 	}
 	if b.Local && g.o.Instance != nil {
-		if want := g.o.Instance(b.Runner); want != "" && body.Instance != want {
+		// No token: this supervisor has not started the runner (yet, or
+		// between restarts), so whatever answers on its port is not it —
+		// a second supervisor of the same cluster file probing before its
+		// own runner starts must not take the first one's for its own.
+		want := g.o.Instance(b.Runner)
+		if want == "" {
+			h.Status = fmt.Sprintf("runner %s is not running under this supervisor (yet); %s answers for another process", b.Runner, addr)
+			return h
+		}
+		if body.Instance != want {
 			h.Status = fmt.Sprintf("%s is answered by another process (pid %d), not runner %s started by this supervisor: its port is taken (another exo supervise running? change runner_port_base or the model's port in the cluster file)", addr, body.PID, b.Runner)
 			return h
 		}

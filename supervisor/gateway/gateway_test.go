@@ -383,6 +383,26 @@ func TestForeignLocalRunnerIsNotUsed(t *testing.T) {
 	}
 }
 
+// TestUnstartedLocalRunnerIsNotUsed: while this supervisor has not
+// started a local runner (no instance token yet), whatever answers on its
+// port is not it — a second supervisor of the same cluster file must not
+// serve from the first one's runner in the moment before its own starts.
+func TestUnstartedLocalRunnerIsNotUsed(t *testing.T) {
+	o := Options{Instance: func(r string) string { return "" }}
+	g, srv, _, b := clusterWith(t, "a", o, "")
+	resp, v := post(t, srv.URL, `{"model":"m"}`)
+	if resp.StatusCode != 200 || v["served_by"] != "b" {
+		t.Fatalf("%d %v: want the remote runner b", resp.StatusCode, v)
+	}
+	b.srv.Close()
+	g.pollAll(context.Background())
+	resp, v = post(t, srv.URL, `{"model":"m"}`)
+	msg, _ := v["error"].(map[string]any)["message"].(string)
+	if resp.StatusCode != 503 || !strings.Contains(msg, "is not running under this supervisor") {
+		t.Fatalf("%d %q", resp.StatusCode, msg)
+	}
+}
+
 func TestCORS(t *testing.T) {
 	_, srv, _, _ := clusterWith(t, "a", Options{}, "[api]\ncors_origins = [\"https://app.example\"]\n")
 	do := func(method, origin string, hdr map[string]string) *http.Response {
