@@ -91,6 +91,15 @@ type backend struct {
 	fuseErr error             // why SwiGLU runs unfused (nil: it is fused)
 	deq     map[*array]*array // dequantized copies of quantized weights when qmmErr != nil, float32 copies of experts when gmmHalfErr != nil
 	freqs   map[engine.RoPE]ropeFreqs
+	// On the CPU device (fallbackErr nil): rope's rotation compiled, one
+	// compiled rms_norm per (width, eps), and the cosine/sine tables of
+	// the positions lately rotated (a decode step's layers share one).
+	// fallbackErr says why rope and rms_norm build MLX's fallback graphs
+	// instead (not the CPU, no fusion, or the compile failed).
+	ropeFused   C.xmx_closure
+	norms       map[normKey]C.xmx_closure
+	ropeTabs    []ropeTab
+	fallbackErr error
 	// wT holds the transposed view of each kept dense weight a product
 	// used (kept, released with the weight): a decode step then builds
 	// no transpose per product.
@@ -106,6 +115,30 @@ type backend struct {
 	// time to get the host's share (building and queueing the graph).
 	evalNanos atomic.Int64
 }
+
+// normKey picks a compiled rms_norm: its trace bakes in eps and 1/width.
+type normKey struct {
+	width int
+	eps   float32
+}
+
+// ropeTabKey is what a rotation table depends on.
+type ropeTabKey struct {
+	offset, l, dims int
+	mdt             C.int
+	hasBase         bool
+	base            float32
+	periods         *array // scaled schemes' periods (kept), or nil
+}
+
+// ropeTab holds the cosines and sines ([1, L, dims/2], kept) of one key.
+type ropeTab struct {
+	key  ropeTabKey
+	c, s *array
+}
+
+// maxRopeTabs bounds the tables kept: one per sequence of a decode batch.
+const maxRopeTabs = 16
 
 // ropeFreqs caches a scaled RoPE's periods (kept) and attention factor.
 type ropeFreqs struct {
@@ -141,6 +174,7 @@ func newBackend(opts Options) (*backend, error) {
 		deq:     map[*array]*array{},
 		wT:      map[*array]*array{},
 		freqs:   map[engine.RoPE]ropeFreqs{},
+		norms:   map[normKey]C.xmx_closure{},
 	}
 	var initErr error
 	b.do(func() { initErr = b.init(opts.Device) })
@@ -162,6 +196,10 @@ func newBackend(opts Options) (*backend, error) {
 	if b.fuseErr != nil {
 		log.Info("mlx: kernel fusion unavailable; the MLP activation runs as separate ops",
 			append(attrs, "reason", b.fuseErr.Error())...)
+	}
+	if b.fallbackErr != nil {
+		log.Debug("mlx: rope and rms_norm build MLX's own graphs each call",
+			append(attrs, "reason", b.fallbackErr.Error())...)
 	}
 	if b.gmmHalfErr != nil {
 		log.Debug("mlx: gather_mm takes only float32 here; 16-bit dense experts get a float32 copy at first use",
@@ -269,6 +307,7 @@ func (b *backend) init(device string) error {
 	}
 	b.qmmErr = b.probeQuantizedMatmul()
 	b.fuseErr = b.probeFusion()
+	b.fallbackErr = b.compileFallbacks()
 	b.gmmHalfErr = b.probeGatherMMHalf()
 	return nil
 }
@@ -307,7 +346,7 @@ func (b *backend) probeFusion() (err error) {
 	}
 	g := b.fromBytes(unsafe.Slice((*byte)(unsafe.Pointer(&gv[0])), 4*n), []int{2, n / 2}, engine.F32)
 	u := b.fromBytes(unsafe.Slice((*byte)(unsafe.Pointer(&uv[0])), 4*n), []int{2, n / 2}, engine.F32)
-	fused := b.mk("compiled swiglu", func(r *C.xmx_array) C.int { return C.xmx_swiglu_apply(r, f, g.h, u.h) })
+	fused := b.mk("compiled swiglu", func(r *C.xmx_array) C.int { return C.xmx_apply2(r, f, g.h, u.h) })
 	plain := b.swigluOps(g, u)
 	if err := b.eval(fused, plain); err != nil {
 		return err
@@ -536,6 +575,17 @@ func (b *backend) Close() error {
 			b.release(a) // weights and caches still held
 		}
 		clear(b.freqs)
+		b.ropeTabs = nil
+		for k, f := range b.norms {
+			if f.ctx != nil {
+				C.xmx_closure_free(f)
+			}
+			delete(b.norms, k)
+		}
+		if b.ropeFused.ctx != nil {
+			C.xmx_closure_free(b.ropeFused)
+			b.ropeFused.ctx = nil
+		}
 		if b.fused.ctx != nil {
 			C.xmx_closure_free(b.fused)
 			b.fused.ctx = nil
@@ -947,60 +997,152 @@ func (b *backend) Embedding(table *engine.Linear, ids engine.Array) engine.Array
 func (b *backend) RMSNorm(x, w engine.Array, eps float32) engine.Array {
 	return b.op(func() *array {
 		xa, wa := b.arr(x), b.arr(w)
-		return b.mk("rms_norm", func(r *C.xmx_array) C.int { return C.xmx_rms_norm(r, xa.h, wa.h, C.float(eps), b.stream) })
+		if f, ok := b.normClosure(xa, eps); ok {
+			return b.mk("compiled rms_norm", func(r *C.xmx_array) C.int { return C.xmx_apply2(r, f, xa.h, wa.h) })
+		}
+		return b.rmsNorm(xa, wa, eps)
 	})
+}
+
+// rmsNorm is MLX's fast::rms_norm.
+func (b *backend) rmsNorm(x, w *array, eps float32) *array {
+	return b.mk("rms_norm", func(r *C.xmx_array) C.int { return C.xmx_rms_norm(r, x.h, w.h, C.float(eps), b.stream) })
+}
+
+// compileFallbacks readies the compiled rope rotation where MLX's
+// fast::rope and fast::rms_norm are fallback graphs (the CPU device) and
+// kernel fusion works; the error says why not.
+func (b *backend) compileFallbacks() error {
+	switch {
+	case b.name != "mlx-cpu":
+		return errors.New("the device has rope and rms_norm kernels")
+	case b.fuseErr != nil:
+		return fmt.Errorf("no kernel fusion: %w", b.fuseErr)
+	}
+	if C.xmx_rope_compile(&b.ropeFused, b.stream) != 0 {
+		b.ropeFused.ctx = nil
+		return mlxErr("compile rope")
+	}
+	return nil
+}
+
+// normClosure returns the compiled rms_norm for x's width and eps, made at
+// first use (false: use MLX's rms_norm).
+func (b *backend) normClosure(x *array, eps float32) (C.xmx_closure, bool) {
+	if b.fallbackErr != nil || len(x.shape) == 0 {
+		return C.xmx_closure{}, false
+	}
+	k := normKey{x.shape[len(x.shape)-1], eps}
+	f, ok := b.norms[k]
+	if !ok {
+		if C.xmx_rms_compile(&f, C.float(eps), b.stream) != 0 {
+			b.log.Warn("mlx: compiling rms_norm failed; it builds MLX's graph each call", "width", k.width, "reason", lastError())
+			f.ctx = nil
+		}
+		b.norms[k] = f // ctx nil: compiling failed, not tried again
+	}
+	return f, f.ctx != nil
+}
+
+// ropeTable returns the cosines and sines of rotating positions
+// offset…offset+l-1 by rope's frequencies, in x's type, kept for the next
+// calls with the same positions (every layer of a step). They come from
+// MLX's own rope applied to rows [1…1, 0…0] (then out₁ = 1·cos − 0·sin =
+// cos and out₂ = 1·sin + 0·cos = sin exactly), so they are the fallback's
+// tables bit for bit.
+func (b *backend) ropeTable(key ropeTabKey, freqs C.xmx_array) (c, s *array) {
+	for i := len(b.ropeTabs) - 1; i >= 0; i-- {
+		if t := b.ropeTabs[i]; t.key == key {
+			return t.c, t.s
+		}
+	}
+	h := key.dims / 2
+	rows := make([]float32, key.l*key.dims)
+	for i := range key.l {
+		for j := range h {
+			rows[i*key.dims+j] = 1
+		}
+	}
+	e := b.fromBytes(unsafe.Slice((*byte)(unsafe.Pointer(&rows[0])), 4*len(rows)), []int{1, key.l, key.dims}, engine.F32)
+	if key.mdt != e.mdt {
+		e = b.astype(e, key.mdt)
+	}
+	cs := b.mk("rope", func(r *C.xmx_array) C.int {
+		return C.xmx_rope(r, e.h, C.int(key.dims), C.bool(key.hasBase), C.float(key.base), 1, C.int(key.offset), freqs, b.stream)
+	})
+	c, s = b.slice(cs, 2, 0, h), b.slice(cs, 2, h, key.dims)
+	b.keep(c)
+	b.keep(s)
+	if len(b.ropeTabs) == maxRopeTabs {
+		b.release(b.ropeTabs[0].c)
+		b.release(b.ropeTabs[0].s)
+		b.ropeTabs = slices.Delete(b.ropeTabs, 0, 1)
+	}
+	b.ropeTabs = append(b.ropeTabs, ropeTab{key, c, s})
+	return c, s
 }
 
 func (b *backend) RoPE(x engine.Array, offset int, r *engine.RoPE) engine.Array {
 	rp := new(engine.RoPE)
 	*rp = *r
-	return b.op(func() *array {
-		xa := b.arr(x)
-		if len(xa.shape) < 2 {
-			panic(fmt.Sprintf("mlx: RoPE of %v", xa.shape))
-		}
-		dh := xa.shape[len(xa.shape)-1]
-		dims := rp.Dims
-		if dims <= 0 || dims > dh {
-			dims = dh
-		}
-		var freqs C.xmx_array // null: rotate with base
-		hasBase, base := true, float32(rp.Base)
-		mscale := float32(1)
-		if t := rp.Scale.Type; t != "" && t != "default" {
-			// Scaled schemes: the frequencies the engine computes for
-			// every backend, handed to MLX as periods (1/inv_freq).
-			key := *rp
-			key.Dims = dims
-			f, ok := b.freqs[key]
-			if !ok {
-				inv, attn, err := engine.RoPEFrequencies(rp, dims)
-				if err != nil {
-					panic(fmt.Errorf("mlx: RoPE: %w", err))
-				}
-				periods := make([]float32, len(inv))
-				for i, v := range inv {
-					periods[i] = 1 / v
-				}
-				f.periods = b.fromBytes(unsafe.Slice((*byte)(unsafe.Pointer(&periods[0])), 4*len(periods)), []int{len(periods)}, engine.F32)
-				b.keep(f.periods)
-				f.attn = attn
-				b.freqs[key] = f
+	return b.op(func() *array { return b.rope(b.arr(x), offset, rp, b.fallbackErr == nil) })
+}
+
+// rope is RoPE on the MLX thread; compiled picks the compiled rotation
+// with shared tables over MLX's fast::rope (see ropeTable).
+func (b *backend) rope(xa *array, offset int, rp *engine.RoPE, compiled bool) *array {
+	if len(xa.shape) < 2 {
+		panic(fmt.Sprintf("mlx: RoPE of %v", xa.shape))
+	}
+	dh := xa.shape[len(xa.shape)-1]
+	dims := rp.Dims
+	if dims <= 0 || dims > dh {
+		dims = dh
+	}
+	var freqs C.xmx_array // null: rotate with base
+	var periods *array
+	hasBase, base := true, float32(rp.Base)
+	mscale := float32(1)
+	if t := rp.Scale.Type; t != "" && t != "default" {
+		// Scaled schemes: the frequencies the engine computes for
+		// every backend, handed to MLX as periods (1/inv_freq).
+		key := *rp
+		key.Dims = dims
+		f, ok := b.freqs[key]
+		if !ok {
+			inv, attn, err := engine.RoPEFrequencies(rp, dims)
+			if err != nil {
+				panic(fmt.Errorf("mlx: RoPE: %w", err))
 			}
-			freqs, hasBase, mscale = f.periods.h, false, f.attn
-		}
-		if mscale != 1 {
-			ms := b.scalar(mscale, xa.mdt)
-			if dims == dh {
-				xa = b.mul(xa, ms)
-			} else {
-				axis := len(xa.shape) - 1
-				xa = b.concat(axis, b.mul(b.slice(xa, axis, 0, dims), ms), b.slice(xa, axis, dims, dh))
+			periods := make([]float32, len(inv))
+			for i, v := range inv {
+				periods[i] = 1 / v
 			}
+			f.periods = b.fromBytes(unsafe.Slice((*byte)(unsafe.Pointer(&periods[0])), 4*len(periods)), []int{len(periods)}, engine.F32)
+			b.keep(f.periods)
+			f.attn = attn
+			b.freqs[key] = f
 		}
-		return b.mk("rope", func(r *C.xmx_array) C.int {
-			return C.xmx_rope(r, xa.h, C.int(dims), C.bool(hasBase), C.float(base), 1, C.int(offset), freqs, b.stream)
+		freqs, periods, hasBase, mscale = f.periods.h, f.periods, false, f.attn
+	}
+	if mscale != 1 {
+		ms := b.scalar(mscale, xa.mdt)
+		if dims == dh {
+			xa = b.mul(xa, ms)
+		} else {
+			axis := len(xa.shape) - 1
+			xa = b.concat(axis, b.mul(b.slice(xa, axis, 0, dims), ms), b.slice(xa, axis, dims, dh))
+		}
+	}
+	if compiled && len(xa.shape) >= 3 && dims%2 == 0 {
+		key := ropeTabKey{offset: offset, l: xa.shape[len(xa.shape)-2], dims: dims, mdt: xa.mdt, hasBase: hasBase, base: base, periods: periods}
+		c, s := b.ropeTable(key, freqs)
+		return b.mk("compiled rope", func(r *C.xmx_array) C.int {
+			return C.xmx_rope_apply(r, b.ropeFused, xa.h, c.h, s.h, C.int(dims), b.stream)
 		})
+	}
+	return b.mk("rope", func(r *C.xmx_array) C.int {
+		return C.xmx_rope(r, xa.h, C.int(dims), C.bool(hasBase), C.float(base), 1, C.int(offset), freqs, b.stream)
 	})
 }
 
@@ -1042,7 +1184,7 @@ func (b *backend) SwiGLU(gate, up engine.Array) engine.Array {
 		if b.fuseErr != nil {
 			return b.swigluOps(g, u)
 		}
-		return b.mk("compiled swiglu", func(r *C.xmx_array) C.int { return C.xmx_swiglu_apply(r, b.fused, g.h, u.h) })
+		return b.mk("compiled swiglu", func(r *C.xmx_array) C.int { return C.xmx_apply2(r, b.fused, g.h, u.h) })
 	})
 }
 

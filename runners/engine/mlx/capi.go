@@ -699,18 +699,14 @@ static int xmx_swiglu_body(xmx_vector_array* res, const xmx_vector_array in, voi
 	return rc;
 }
 
-int xmx_swiglu_compile(xmx_closure* res, xmx_stream s) {
+// xmx_compile_body wraps body (which gets payload; the closure frees it
+// with free) in a closure and compiles it.
+static int xmx_compile_body(xmx_closure* res, int (*body)(xmx_vector_array*, const xmx_vector_array, void*), void* payload, bool shapeless) {
 	XMX_NEED(compile);
-	xmx_stream* p = malloc(sizeof *p);
-	if (p == NULL) {
-		snprintf(xmx_err, sizeof xmx_err, "out of memory");
-		return 1;
-	}
-	*p = s; // borrowed: the backend frees the stream after the closure
-	xmx_closure f = X.closure_new_func_payload(xmx_swiglu_body, p, free);
+	xmx_closure f = X.closure_new_func_payload(body, payload, free);
 	if (f.ctx == NULL) return 1;
 	xmx_closure c = {NULL};
-	int rc = X.compile(&c, f, true);
+	int rc = X.compile(&c, f, shapeless);
 	X.closure_free(f); // the compiled closure holds its own copy
 	if (rc != 0) {
 		if (c.ctx) X.closure_free(c);
@@ -720,14 +716,157 @@ int xmx_swiglu_compile(xmx_closure* res, xmx_stream s) {
 	return 0;
 }
 
-int xmx_swiglu_apply(xmx_array* res, xmx_closure fused, xmx_array gate, xmx_array up) {
-	xmx_array in[2] = {gate, up};
-	xmx_vector_array vin = X.vector_array_new_data(in, 2);
+int xmx_swiglu_compile(xmx_closure* res, xmx_stream s) {
+	xmx_stream* p = malloc(sizeof *p);
+	if (p == NULL) {
+		snprintf(xmx_err, sizeof xmx_err, "out of memory");
+		return 1;
+	}
+	*p = s; // borrowed: the backend frees the stream after the closure
+	return xmx_compile_body(res, xmx_swiglu_body, p, true);
+}
+
+// xmx_apply applies a compiled closure to n inputs and returns its one
+// output.
+int xmx_apply(xmx_array* res, xmx_closure f, const xmx_array* in, size_t n) {
+	xmx_vector_array vin = X.vector_array_new_data(in, n);
 	xmx_vector_array vout = X.vector_array_new();
-	int rc = X.closure_apply(&vout, fused, vin);
+	int rc = X.closure_apply(&vout, f, vin);
 	if (rc == 0) rc = X.vector_array_get(res, vout, 0);
 	X.vector_array_free(vin);
 	X.vector_array_free(vout);
+	return rc;
+}
+
+// xmx_apply2 applies a compiled closure of two inputs and one output.
+int xmx_apply2(xmx_array* res, xmx_closure f, xmx_array a, xmx_array b) {
+	xmx_array in[2] = {a, b};
+	return xmx_apply(res, f, in, 2);
+}
+
+// On MLX's CPU backend fast::rms_norm and fast::rope have no kernels: each
+// call builds their fallback graphs (rope: ~25 ops, its sines and cosines
+// computed anew every call). The backend compiles both instead; these
+// closures are the same ops, so the results are the same bits on x86 (the
+// tests compare them).
+
+typedef struct { xmx_stream s; float eps; } xmx_norm_payload;
+
+// xmx_rms_body: inputs x, w; MLX's rms_norm with the payload's eps.
+static int xmx_rms_body(xmx_vector_array* res, const xmx_vector_array in, void* payload) {
+	xmx_norm_payload* p = payload;
+	if (X.vector_array_size(in) != 2) {
+		snprintf(xmx_err, sizeof xmx_err, "rms_norm closure: %zu inputs, want 2", X.vector_array_size(in));
+		return 1;
+	}
+	xmx_array x = {NULL}, w = {NULL}, out = {NULL};
+	int rc = X.vector_array_get(&x, in, 0);
+	if (rc == 0) rc = X.vector_array_get(&w, in, 1);
+	if (rc == 0) rc = X.rms_norm(&out, x, w, p->eps, p->s);
+	if (rc == 0) rc = X.vector_array_set_value(res, out);
+	if (x.ctx) X.array_free(x);
+	if (w.ctx) X.array_free(w);
+	if (out.ctx) X.array_free(out);
+	return rc;
+}
+
+// xmx_rms_compile compiles rms_norm for one eps, shapeless: the trace
+// bakes in 1/N of the mean, so the caller keeps one closure per width N.
+int xmx_rms_compile(xmx_closure* res, float eps, xmx_stream s) {
+	xmx_norm_payload* p = malloc(sizeof *p);
+	if (p == NULL) {
+		snprintf(xmx_err, sizeof xmx_err, "out of memory");
+		return 1;
+	}
+	p->s = s;
+	p->eps = eps;
+	return xmx_compile_body(res, xmx_rms_body, p, true);
+}
+
+// xmx_rope_body: inputs x1, x2 (the two rotated halves of x), c, s (the
+// cosines and sines in x's type); output [x1·c − x2·s, x1·s + x2·c] along
+// the last axis, in the order of MLX's rope fallback (forward,
+// non-traditional).
+static int xmx_rope_body(xmx_vector_array* res, const xmx_vector_array in, void* payload) {
+	xmx_stream st = *(xmx_stream*)payload;
+	if (X.vector_array_size(in) != 4) {
+		snprintf(xmx_err, sizeof xmx_err, "rope closure: %zu inputs, want 4", X.vector_array_size(in));
+		return 1;
+	}
+	xmx_pool pool = {.n = 0};
+	int rc = 0;
+	XMX_T(x1) XMX_T(x2) XMX_T(c) XMX_T(s) XMX_T(a) XMX_T(b) XMX_T(o1) XMX_T(d) XMX_T(e) XMX_T(o2) XMX_T(out)
+	XMX_DO(X.vector_array_get(x1, in, 0));
+	XMX_DO(X.vector_array_get(x2, in, 1));
+	XMX_DO(X.vector_array_get(c, in, 2));
+	XMX_DO(X.vector_array_get(s, in, 3));
+	XMX_DO(X.multiply(a, *x1, *c, st));
+	XMX_DO(X.multiply(b, *x2, *s, st));
+	XMX_DO(X.subtract(o1, *a, *b, st));
+	XMX_DO(X.multiply(d, *x1, *s, st));
+	XMX_DO(X.multiply(e, *x2, *c, st));
+	XMX_DO(X.add(o2, *d, *e, st));
+	if (rc == 0) {
+		xmx_array halves[2] = {*o1, *o2};
+		xmx_vector_array v = X.vector_array_new_data(halves, 2);
+		rc = X.concatenate_axis(out, v, -1, st);
+		X.vector_array_free(v);
+	}
+	XMX_DO(X.vector_array_set_value(res, *out));
+out:
+	xmx_drain(&pool);
+	return rc;
+}
+
+int xmx_rope_compile(xmx_closure* res, xmx_stream s) {
+	XMX_NEED(subtract);
+	xmx_stream* p = malloc(sizeof *p);
+	if (p == NULL) {
+		snprintf(xmx_err, sizeof xmx_err, "out of memory");
+		return 1;
+	}
+	*p = s;
+	return xmx_compile_body(res, xmx_rope_body, p, true);
+}
+
+// xmx_rope_apply rotates the first dims of x's last axis with the compiled
+// rope closure f and the tables c, s ([..., L, dims/2], broadcasting
+// against x [..., L, Dh]); the rest of the axis passes through.
+int xmx_rope_apply(xmx_array* res, xmx_closure f, xmx_array x, xmx_array c, xmx_array s, int dims, xmx_stream st) {
+	size_t nd = X.array_ndim(x);
+	if (nd < 1 || nd > 8) {
+		snprintf(xmx_err, sizeof xmx_err, "rope of a %zu-dimensional array", nd);
+		return 1;
+	}
+	const int* shape = X.array_shape(x);
+	int dh = shape[nd - 1], h = dims / 2;
+	int start[8] = {0}, stop[8], step[8];
+	for (size_t i = 0; i < nd; i++) { stop[i] = shape[i]; step[i] = 1; }
+	xmx_pool pool = {.n = 0};
+	int rc = 0;
+	XMX_T(x1) XMX_T(x2) XMX_T(rot) XMX_T(tail)
+	stop[nd - 1] = h;
+	XMX_DO(X.slice(x1, x, start, nd, stop, nd, step, nd, st));
+	start[nd - 1] = h;
+	stop[nd - 1] = dims;
+	XMX_DO(X.slice(x2, x, start, nd, stop, nd, step, nd, st));
+	if (rc == 0) {
+		xmx_array in[4] = {*x1, *x2, c, s};
+		rc = xmx_apply(dims < dh ? rot : res, f, in, 4);
+	}
+	if (rc == 0 && dims < dh) {
+		start[nd - 1] = dims;
+		stop[nd - 1] = dh;
+		XMX_DO(X.slice(tail, x, start, nd, stop, nd, step, nd, st));
+		if (rc == 0) {
+			xmx_array parts[2] = {*rot, *tail};
+			xmx_vector_array v = X.vector_array_new_data(parts, 2);
+			rc = X.concatenate_axis(res, v, -1, st);
+			X.vector_array_free(v);
+		}
+	}
+out:
+	xmx_drain(&pool);
 	return rc;
 }
 

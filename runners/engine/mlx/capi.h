@@ -128,7 +128,14 @@ int xmx_sdpa_ext(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float sc
 int xmx_has_compile(void);
 int xmx_swiglu(xmx_array* res, xmx_array gate, xmx_array up, xmx_stream s);
 int xmx_swiglu_compile(xmx_closure* res, xmx_stream s);
-int xmx_swiglu_apply(xmx_array* res, xmx_closure fused, xmx_array gate, xmx_array up);
+int xmx_apply2(xmx_array* res, xmx_closure f, xmx_array a, xmx_array b);
+// On MLX's CPU backend (where fast::rms_norm and fast::rope are graphs of
+// ops built anew each call): rms_norm compiled for one eps (shapeless: one
+// closure per norm width), and rope's rotation compiled, applied with
+// cosine and sine tables the caller keeps (xmx_rope_apply).
+int xmx_rms_compile(xmx_closure* res, float eps, xmx_stream s);
+int xmx_rope_compile(xmx_closure* res, xmx_stream s);
+int xmx_rope_apply(xmx_array* res, xmx_closure f, xmx_array x, xmx_array c, xmx_array s, int dims, xmx_stream st);
 int xmx_closure_free(xmx_closure c);
 
 #endif

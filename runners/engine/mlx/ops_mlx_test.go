@@ -474,3 +474,80 @@ func TestDescribe(t *testing.T) {
 		t.Error("Describe accepted the cpu backend")
 	}
 }
+
+// TestCompiledFallbacksMatchMLX: on the CPU device RMSNorm and RoPE run as
+// compiled closures (RoPE with cosine/sine tables shared between calls)
+// instead of the graphs MLX's fast::rms_norm and fast::rope build there;
+// the results must be MLX's own, bit for bit, for every type, shape,
+// offset, partial rotation and scaled scheme, and a table must serve only
+// its own positions.
+func TestCompiledFallbacksMatchMLX(t *testing.T) {
+	p := newPair(t)
+	m := p.m
+	if m.name != "mlx-cpu" {
+		if m.fallbackErr == nil {
+			t.Fatalf("compiled rope/rms_norm on %s, which has kernels", m.name)
+		}
+		t.Skipf("%s: MLX's own kernels (%v)", m.name, m.fallbackErr)
+	}
+	if m.fallbackErr != nil {
+		if m.fuseErr != nil {
+			t.Skipf("no kernel fusion here: %v", m.fallbackErr)
+		}
+		t.Fatalf("fusion works but rope/rms_norm are not compiled: %v", m.fallbackErr)
+	}
+	bytesOf := func(name string, x engine.Array) []byte {
+		t.Helper()
+		raw, err := m.Bytes(x)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		return raw
+	}
+	// MLX's own ops, bypassing the compiled paths.
+	plainNorm := func(x, w engine.Array, eps float32) (out engine.Array) {
+		m.do(func() { out = m.rmsNorm(m.arr(x), m.arr(w), eps) })
+		return out
+	}
+	plainRoPE := func(x engine.Array, offset int, r *engine.RoPE) (out engine.Array) {
+		m.do(func() { out = m.rope(m.arr(x), offset, r, false) })
+		return out
+	}
+	for _, dt := range []engine.DType{engine.F32, engine.BF16, engine.F16} {
+		for _, shape := range [][]int{{1, 64}, {7, 64}, {3, 5, 64}, {8, 1, 16}} {
+			n := numel(shape)
+			x, _ := p.in(p.randn(n, 3), dt, shape...)
+			w, _ := p.in(p.randn(shape[len(shape)-1], 1), dt, shape[len(shape)-1])
+			name := fmt.Sprintf("rms_norm %v %v", dt, shape)
+			if !slices.Equal(bytesOf(name, m.RMSNorm(x, w, 1e-6)), bytesOf(name, plainNorm(x, w, 1e-6))) {
+				t.Errorf("%s: compiled differs from MLX's rms_norm", name)
+			}
+		}
+		for _, c := range []struct {
+			shape   []int
+			offsets []int
+			rope    engine.RoPE
+		}{
+			{[]int{32, 1, 64}, []int{0, 5, 1000, 5, 32767}, engine.RoPE{Base: 10000}},
+			{[]int{4, 9, 64}, []int{0, 3}, engine.RoPE{Base: 500000}},
+			{[]int{2, 130, 64}, []int{17}, engine.RoPE{Dims: 32, Base: 10000}}, // partial rotation
+			{[]int{1, 2, 3, 32}, []int{4}, engine.RoPE{Base: 10000}},           // 4-D
+			{[]int{8, 1, 64}, []int{100, 9000}, engine.RoPE{Base: 500000, Scale: engine.RoPEScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 8192}}},
+			{[]int{8, 1, 64}, []int{100}, engine.RoPE{Base: 150000, Scale: engine.RoPEScaling{Type: "yarn", Factor: 32, BetaFast: 32, BetaSlow: 1, OriginalMaxPositions: 4096}}},
+		} {
+			x, _ := p.in(p.randn(numel(c.shape), 2), dt, c.shape...)
+			for _, off := range c.offsets {
+				name := fmt.Sprintf("rope %v %v %+v offset %d", dt, c.shape, c.rope, off)
+				if !slices.Equal(bytesOf(name, m.RoPE(x, off, &c.rope)), bytesOf(name, plainRoPE(x, off, &c.rope))) {
+					t.Errorf("%s: compiled differs from MLX's rope", name)
+				}
+			}
+		}
+		m.Free()
+	}
+	var tabs int
+	m.do(func() { tabs = len(m.ropeTabs) })
+	if tabs == 0 || tabs > maxRopeTabs {
+		t.Errorf("%d rope tables kept, want 1…%d", tabs, maxRopeTabs)
+	}
+}

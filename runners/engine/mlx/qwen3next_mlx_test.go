@@ -80,8 +80,9 @@ func TestHybridCacheKeepsNoGarbage(t *testing.T) {
 	m := load(t, filepath.Join("..", "testdata", "reference", "qwen3_next"), b)
 	pinned := func() (n int) {
 		// The weights' transposed views (made at first use, released
-		// with the weights) belong to the model, not the cache.
-		b.do(func() { n = len(b.pinned) - len(b.wT) })
+		// with the weights) belong to the model, not the cache; the
+		// RoPE tables (at most maxRopeTabs pairs) to the backend.
+		b.do(func() { n = len(b.pinned) - len(b.wT) - 2*len(b.ropeTabs) })
 		return n
 	}
 	base := pinned()
