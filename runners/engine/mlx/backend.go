@@ -137,8 +137,12 @@ type ropeTab struct {
 	c, s *array
 }
 
-// maxRopeTabs bounds the tables kept: one per sequence of a decode batch.
-const maxRopeTabs = 16
+// maxRopeTabs bounds the tables kept (one per sequence of a decode batch),
+// maxRopeTabValues their size (the newest is kept whatever its size).
+const (
+	maxRopeTabs      = 16
+	maxRopeTabValues = 1 << 18
+)
 
 // ropeFreqs caches a scaled RoPE's periods (kept) and attention factor.
 type ropeFreqs struct {
@@ -1073,12 +1077,20 @@ func (b *backend) ropeTable(key ropeTabKey, freqs C.xmx_array) (c, s *array) {
 	c, s = b.slice(cs, 2, 0, h), b.slice(cs, 2, h, key.dims)
 	b.keep(c)
 	b.keep(s)
-	if len(b.ropeTabs) == maxRopeTabs {
-		b.release(b.ropeTabs[0].c)
-		b.release(b.ropeTabs[0].s)
+	b.ropeTabs = append(b.ropeTabs, ropeTab{key, c, s})
+	kept := 0
+	for _, t := range b.ropeTabs {
+		kept += t.key.l * t.key.dims
+	}
+	// Evict the oldest beyond the count or the size bound (a long
+	// prefill chunk's table is kept for its layers, then goes).
+	for len(b.ropeTabs) > 1 && (len(b.ropeTabs) > maxRopeTabs || kept > maxRopeTabValues) {
+		old := b.ropeTabs[0]
+		b.release(old.c)
+		b.release(old.s)
+		kept -= old.key.l * old.key.dims
 		b.ropeTabs = slices.Delete(b.ropeTabs, 0, 1)
 	}
-	b.ropeTabs = append(b.ropeTabs, ropeTab{key, c, s})
 	return c, s
 }
 

@@ -545,9 +545,21 @@ func TestCompiledFallbacksMatchMLX(t *testing.T) {
 		}
 		m.Free()
 	}
-	var tabs int
-	m.do(func() { tabs = len(m.ropeTabs) })
-	if tabs == 0 || tabs > maxRopeTabs {
-		t.Errorf("%d rope tables kept, want 1…%d", tabs, maxRopeTabs)
+	// The tables kept stay bounded: a long chunk's goes at the next call.
+	r := engine.RoPE{Base: 10000}
+	big, _ := p.in(p.randn(5000*64, 1), engine.F32, 1, 5000, 64)
+	small, _ := p.in(p.randn(64, 1), engine.F32, 1, 1, 64)
+	bytesOf("long rope", m.RoPE(big, 0, &r))
+	bytesOf("rope after it", m.RoPE(small, 5000, &r))
+	var tabs, values int
+	m.do(func() {
+		tabs = len(m.ropeTabs)
+		for _, tab := range m.ropeTabs {
+			values += tab.key.l * tab.key.dims
+		}
+	})
+	if tabs == 0 || tabs > maxRopeTabs || values > maxRopeTabValues {
+		t.Errorf("%d rope tables kept holding %d values, want 1…%d tables, at most %d values", tabs, values, maxRopeTabs, maxRopeTabValues)
 	}
+	m.Free()
 }
