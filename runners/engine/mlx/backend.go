@@ -455,6 +455,9 @@ func (b *backend) release(a *array) {
 	}
 	a.freed = true
 	C.xmx_array_free(a.h)
+	if !a.kept {
+		return // pinned, deq and wT hold kept arrays only
+	}
 	delete(b.pinned, a)
 	if d, ok := b.deq[a]; ok {
 		delete(b.deq, a)
@@ -949,6 +952,9 @@ func (b *backend) dequantized(w *array, l *engine.Linear) *array {
 	if d, ok := b.deq[w]; ok {
 		return d
 	}
+	if !w.kept {
+		return b.dequantize(w, b.arr(l.Scales), l.Biases, l) // a temporary: per use
+	}
 	d := b.dequantize(w, b.arr(l.Scales), l.Biases, l)
 	b.keep(d)
 	if err := b.eval(d); err != nil {
@@ -1173,17 +1179,13 @@ func (b *backend) Attention(q, k, v engine.Array, scale float32) engine.Array {
 		if ka.shape[0] == 0 || h%ka.shape[0] != 0 || ka.shape[2] != dh || !slices.Equal(ka.shape, va.shape) || ka.shape[1] < l {
 			panic(fmt.Sprintf("mlx: Attention shapes q %v k %v v %v", qa.shape, ka.shape, va.shape))
 		}
-		// [1, H, L, Dh] views: expand_dims never copies, while a reshape of
-		// a cache slice (strided) would.
-		q4, k4, v4 := b.expandDims(qa, 0), b.expandDims(ka, 0), b.expandDims(va, 0)
 		mask := maskNone
 		if l > 1 {
 			mask = maskCausal // bottom-right aligned: query i sees keys ≤ T-L+i
 		}
-		o := b.mk("scaled_dot_product_attention", func(r *C.xmx_array) C.int {
-			return C.xmx_sdpa(r, q4.h, k4.h, v4.h, C.float(scale), mask, b.stream)
+		return b.mk("scaled_dot_product_attention", func(r *C.xmx_array) C.int {
+			return C.xmx_sdpa3(r, qa.h, ka.h, va.h, C.float(scale), mask, b.stream)
 		})
-		return b.reshape(o, h, l, dh)
 	})
 }
 

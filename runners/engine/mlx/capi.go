@@ -345,10 +345,6 @@ int xmx_rope(xmx_array* res, xmx_array x, int dims, bool has_base, float base, f
 	xmx_opt_float b = {base, has_base};
 	return X.rope(res, x, dims, false, b, scale, offset, freqs, s);
 }
-int xmx_sdpa(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_stream s) {
-	xmx_array none = {NULL};
-	return X.sdpa(res, q, k, v, scale, mask_mode, none, none, s);
-}
 int xmx_sdpa_ext(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_array mask, xmx_array sinks, xmx_stream s) {
 	return X.sdpa(res, q, k, v, scale, mask_mode, mask, sinks, s);
 }
@@ -395,6 +391,27 @@ static void xmx_drain(xmx_pool* p) {
 }
 #define XMX_T(var) xmx_array* var = xmx_new(&pool); if (var == NULL) { rc = 1; goto out; }
 #define XMX_DO(call) if (rc == 0) rc = (call)
+
+// xmx_sdpa3 is attention on q [H, L, Dh], k, v [Hkv, T, Dh] (3-D): the
+// [1, H, L, Dh] views, MLX's attention and the [H, L, Dh] result in one
+// crossing (expand_dims never copies; a reshape of a cache slice would).
+int xmx_sdpa3(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_stream s) {
+	xmx_pool pool = {.n = 0};
+	int rc = 0;
+	XMX_T(q4) XMX_T(k4) XMX_T(v4) XMX_T(o)
+	XMX_DO(X.expand_dims(q4, q, 0, s));
+	XMX_DO(X.expand_dims(k4, k, 0, s));
+	XMX_DO(X.expand_dims(v4, v, 0, s));
+	XMX_DO(X.sdpa(o, *q4, *k4, *v4, scale, mask_mode, (xmx_array){NULL}, (xmx_array){NULL}, s));
+	if (rc == 0) {
+		const int* qs = X.array_shape(q);
+		int shape[3] = {qs[0], qs[1], X.array_shape(v)[2]};
+		rc = X.reshape(res, *o, shape, 3, s);
+	}
+out:
+	xmx_drain(&pool);
+	return rc;
+}
 
 int xmx_delta_gates(xmx_array* g, xmx_array* beta, xmx_array a, xmx_array b, xmx_array alog, xmx_array dtbias, xmx_stream s) {
 	XMX_NEED(exp); XMX_NEED(negative); XMX_NEED(logaddexp);

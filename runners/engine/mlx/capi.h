@@ -118,7 +118,7 @@ int xmx_gather_qmm(xmx_array* res, xmx_array x, xmx_array w, xmx_array scales, x
 int xmx_delta_gates(xmx_array* g, xmx_array* beta, xmx_array a, xmx_array b, xmx_array alog, xmx_array dtbias, xmx_stream s);
 int xmx_gated_delta(xmx_array* y, xmx_array* state_out, xmx_array q, xmx_array k, xmx_array v, xmx_array g, xmx_array beta, xmx_array state, int L, int hv, int dv, int dk, int rep, xmx_stream s);
 int xmx_gated_delta_chunked(xmx_array* y, xmx_array* state_out, xmx_array q, xmx_array k, xmx_array v, xmx_array g, xmx_array beta, xmx_array state, int L, int hv, int dv, int dk, int rep, int chunk, xmx_stream s);
-int xmx_sdpa(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_stream s);
+int xmx_sdpa3(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_stream s);
 // xmx_sdpa_ext takes an explicit mask array (additive, mask_mode "") and
 // per-head sinks [H]; either may be {NULL}.
 int xmx_sdpa_ext(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_array mask, xmx_array sinks, xmx_stream s);
