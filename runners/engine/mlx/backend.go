@@ -85,6 +85,7 @@ type backend struct {
 
 	// Owned by the MLX thread.
 	temps   []*array          // made since the last Free() sweep
+	freeBuf []C.xmx_array     // releaseTempsExcept's handles, reused
 	pinned  map[*array]bool   // kept arrays, released by Close
 	qmmErr  error             // why quantized_matmul cannot run here (nil: it can)
 	fused   C.xmx_closure     // compiled SwiGLU; ctx nil when fuseErr != nil
@@ -762,9 +763,11 @@ func (b *backend) Eval(arrays ...engine.Array) error {
 // which stay tracked until the next Free() sweep.
 func (b *backend) releaseTempsExcept(keep []*array) {
 	n := 0
+	hs := b.freeBuf[:0]
 	for _, a := range b.temps {
 		if !a.kept && !a.freed && !slices.Contains(keep, a) {
-			b.release(a)
+			a.freed = true // release, for many at once: one crossing
+			hs = append(hs, a.h)
 			continue
 		}
 		if !a.freed {
@@ -774,6 +777,10 @@ func (b *backend) releaseTempsExcept(keep []*array) {
 	}
 	clear(b.temps[n:])
 	b.temps = b.temps[:n]
+	if len(hs) > 0 {
+		C.xmx_array_free_n(&hs[0], C.size_t(len(hs)))
+	}
+	b.freeBuf = hs[:0]
 }
 
 func (b *backend) Keep(arrays ...engine.Array) {

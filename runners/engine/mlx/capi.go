@@ -257,6 +257,7 @@ int xmx_peak_memory(size_t* res) { XMX_NEED(get_peak_memory); return X.get_peak_
 int xmx_reset_peak_memory(void) { XMX_NEED(reset_peak_memory); return X.reset_peak_memory(); }
 
 int xmx_array_free(xmx_array a) { return X.array_free(a); }
+void xmx_array_free_n(const xmx_array* a, size_t n) { for (size_t i = 0; i < n; i++) X.array_free(a[i]); }
 int xmx_array_from(xmx_array* res, const void* data, const int* shape, int ndim, int dtype) {
 	*res = X.array_new_data(data, shape, ndim, dtype);
 	return res->ctx == NULL;

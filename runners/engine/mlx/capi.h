@@ -61,6 +61,8 @@ int xmx_reset_peak_memory(void);
 
 // Arrays.
 int xmx_array_free(xmx_array a);
+// xmx_array_free_n frees n handles in one crossing.
+void xmx_array_free_n(const xmx_array* a, size_t n);
 int xmx_array_from(xmx_array* res, const void* data, const int* shape, int ndim, int dtype);
 int xmx_scalar_f32(xmx_array* res, float v);
 size_t xmx_ndim(xmx_array a);
