@@ -202,8 +202,8 @@ func newBackend(opts Options) (*backend, error) {
 		log.Info("mlx: kernel fusion unavailable; the MLP activation runs as separate ops",
 			append(attrs, "reason", b.fuseErr.Error())...)
 	}
-	if b.fallbackErr != nil {
-		log.Debug("mlx: rope and rms_norm build MLX's own graphs each call",
+	if b.fallbackErr != nil && b.name == "mlx-cpu" {
+		log.Info("mlx: rope and rms_norm are not compiled; MLX's CPU backend builds their graphs at each call",
 			append(attrs, "reason", b.fallbackErr.Error())...)
 	}
 	if b.gmmHalfErr != nil {
