@@ -241,8 +241,12 @@ type proxy struct {
 	target string
 	mangle func(off int64, b []byte) (n int, cut bool)
 	rate   float64
-	l      net.Listener
-	wg     sync.WaitGroup
+	// step is how many bytes pass between two waits of the pacer
+	// (default 256 KiB): a smaller one paces a slow link from its first
+	// bytes instead of letting a first burst through.
+	step int64
+	l    net.Listener
+	wg   sync.WaitGroup
 }
 
 func startProxy(t testing.TB, p *proxy) string {
@@ -318,7 +322,10 @@ func (p *proxy) serve(c net.Conn) {
 // indistinguishable from being descheduled on a loaded machine) gets no
 // credit for the idle time, and no catch-up exceeds 20 ms of link time.
 func (p *proxy) pace(c, s net.Conn) {
-	const step = 256 << 10
+	step := p.step
+	if step <= 0 {
+		step = 256 << 10
+	}
 	const maxLag = 20 * time.Millisecond
 	next := time.Now()
 	for {

@@ -26,6 +26,7 @@ type stripeProxy struct {
 	rate     func(i int) float64
 	cut      int
 	cutAfter int64
+	step     int64 // the pacer's step (proxy.step)
 	conns    atomic.Int32
 	cutDone  atomic.Bool
 	l        net.Listener
@@ -85,7 +86,7 @@ func (p *stripeProxy) serve(i int, c net.Conn) {
 	if p.rate != nil {
 		rate = p.rate(i)
 	}
-	(&proxy{rate: rate}).pace(c, s)
+	(&proxy{rate: rate, step: p.step}).pace(c, s)
 }
 
 // layerStreams is what a sink received, per layer: the chunks' ranges and
@@ -221,7 +222,11 @@ func waitIdle(t *testing.T, srv *Server) {
 func TestStripedOutOfOrder(t *testing.T) {
 	m := &testModel{fp: Fingerprint{3}, kinds: make([]LayerKind, 4), kvHeads: 2, headDim: 64, dtype: DTypeBF16, block: 16, tail: 1}
 	addr, _ := startServer(t, ServerConfig{Producer: m.producer()})
-	paddr := startStripeProxy(t, &stripeProxy{target: addr, cut: -1, rate: func(i int) float64 {
+	// Paced in 4 KiB steps: with the default 256 KiB the primary's share
+	// of this 0.8 MB transfer went through in its first burst, at full
+	// speed, and whether any chunk waited was down to scheduling (a CI
+	// failure: 77 of 100 chunks over secondaries, none waited).
+	paddr := startStripeProxy(t, &stripeProxy{target: addr, cut: -1, step: 4 << 10, rate: func(i int) float64 {
 		if i == 0 {
 			return 200e3 // the primary: 200 kB/s
 		}

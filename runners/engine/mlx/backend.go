@@ -1159,7 +1159,7 @@ func (b *backend) rope(xa *array, offset int, rp *engine.RoPE, compiled bool) *a
 			xa = b.concat(axis, b.mul(b.slice(xa, axis, 0, dims), ms), b.slice(xa, axis, dims, dh))
 		}
 	}
-	if compiled && len(xa.shape) >= 3 && dims%2 == 0 {
+	if compiled && len(xa.shape) >= 3 && xa.shape[len(xa.shape)-2] > 0 && dims%2 == 0 {
 		key := ropeTabKey{offset: offset, l: xa.shape[len(xa.shape)-2], dims: dims, mdt: xa.mdt, hasBase: hasBase, base: base, periods: periods}
 		c, s := b.ropeTable(key, freqs)
 		return b.mk("compiled rope", func(r *C.xmx_array) C.int {

@@ -532,6 +532,7 @@ func TestCompiledFallbacksMatchMLX(t *testing.T) {
 			{[]int{4, 9, 64}, []int{0, 3}, engine.RoPE{Base: 500000}},
 			{[]int{2, 130, 64}, []int{17}, engine.RoPE{Dims: 32, Base: 10000}}, // partial rotation
 			{[]int{1, 2, 3, 32}, []int{4}, engine.RoPE{Base: 10000}},           // 4-D
+			{[]int{4, 0, 64}, []int{7}, engine.RoPE{Base: 10000}},              // no positions
 			{[]int{8, 1, 64}, []int{100, 9000}, engine.RoPE{Base: 500000, Scale: engine.RoPEScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 8192}}},
 			{[]int{8, 1, 64}, []int{100}, engine.RoPE{Base: 150000, Scale: engine.RoPEScaling{Type: "yarn", Factor: 32, BetaFast: 32, BetaSlow: 1, OriginalMaxPositions: 4096}}},
 		} {
