@@ -722,11 +722,9 @@ static int xmx_swiglu_body(xmx_vector_array* res, const xmx_vector_array in, voi
 static int xmx_compile_body(xmx_closure* res, int (*body)(xmx_vector_array*, const xmx_vector_array, void*), void* payload, bool shapeless) {
 	if (X.compile == NULL) free(payload);
 	XMX_NEED(compile);
+	// From here mlx-c owns payload (its shared_ptr frees it, on failure too).
 	xmx_closure f = X.closure_new_func_payload(body, payload, free);
-	if (f.ctx == NULL) {
-		free(payload);
-		return 1;
-	}
+	if (f.ctx == NULL) return 1;
 	xmx_closure c = {NULL};
 	int rc = X.compile(&c, f, shapeless);
 	X.closure_free(f); // the compiled closure holds its own copy
