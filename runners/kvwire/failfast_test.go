@@ -79,15 +79,7 @@ func TestPing(t *testing.T) {
 	}
 	// The server releases the fetch's slot just after the client has its
 	// Done; nothing the pings did may stay admitted.
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		l := srv.Load()
-		if l.Running == 0 && l.Waiting == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("server load after pings %+v", l)
-		}
-	}
+	waitIdle(t, srv)
 }
 
 // TestKeepaliveKeepsAQueuedShortIdleClient: a client with a short idle

@@ -472,11 +472,7 @@ func TestBusyAndFIFO(t *testing.T) {
 	// The server counts a transfer done after its handler returns, which
 	// is after the client has read Done: wait for the count, do not race it
 	// (a CI failure: Running 1 right after the last Fetch returned).
-	for deadline := time.Now().Add(10 * time.Second); srv.Load() != (Load{}); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("load after all done: %+v", srv.Load())
-		}
-	}
+	waitIdle(t, srv)
 }
 
 func waitLoad(t *testing.T, srv *Server, waiting int) {
