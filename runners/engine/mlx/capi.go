@@ -699,31 +699,53 @@ int xmx_swiglu(xmx_array* res, xmx_array gate, xmx_array up, xmx_stream s) {
 	return rc;
 }
 
-// xmx_swiglu_body is the closure mlx_compile traces; payload is the stream.
-static int xmx_swiglu_body(xmx_vector_array* res, const xmx_vector_array in, void* payload) {
-	xmx_stream s = *(xmx_stream*)payload;
-	if (X.vector_array_size(in) != 2) {
-		snprintf(xmx_err, sizeof xmx_err, "swiglu closure: %zu inputs, want 2", X.vector_array_size(in));
+// The closures mlx_compile traces get a payload: the stream, and eps for
+// rms_norm.
+typedef struct { xmx_stream s; float eps; } xmx_payload;
+
+// xmx_inputs checks that a closure got n inputs and takes them into a
+// (xmx_output frees them).
+static int xmx_inputs(const xmx_vector_array in, const char* name, xmx_array* a, size_t n) {
+	size_t got = X.vector_array_size(in);
+	if (got != n) {
+		snprintf(xmx_err, sizeof xmx_err, "%s closure: %zu inputs, want %zu", name, got, n);
 		return 1;
 	}
-	xmx_array g = {NULL}, u = {NULL}, out = {NULL};
-	int rc = X.vector_array_get(&g, in, 0);
-	if (rc == 0) rc = X.vector_array_get(&u, in, 1);
-	if (rc == 0) rc = xmx_swiglu(&out, g, u, s);
+	for (size_t i = 0; i < n; i++) {
+		if (X.vector_array_get(&a[i], in, i) != 0) return 1;
+	}
+	return 0;
+}
+
+// xmx_output sets a closure's one output when rc is 0 and frees its
+// inputs and out.
+static int xmx_output(xmx_vector_array* res, int rc, xmx_array* a, size_t n, xmx_array out) {
 	if (rc == 0) rc = X.vector_array_set_value(res, out);
-	if (g.ctx) X.array_free(g);
-	if (u.ctx) X.array_free(u);
+	for (size_t i = 0; i < n; i++) if (a[i].ctx) X.array_free(a[i]);
 	if (out.ctx) X.array_free(out);
 	return rc;
 }
 
-// xmx_compile_body wraps body (which gets payload; the closure frees it
-// with free) in a closure and compiles it.
-static int xmx_compile_body(xmx_closure* res, int (*body)(xmx_vector_array*, const xmx_vector_array, void*), void* payload, bool shapeless) {
-	if (X.compile == NULL) free(payload);
+// xmx_swiglu_body: inputs gate, up.
+static int xmx_swiglu_body(xmx_vector_array* res, const xmx_vector_array in, void* payload) {
+	xmx_array a[2] = {{NULL}, {NULL}}, out = {NULL};
+	int rc = xmx_inputs(in, "swiglu", a, 2);
+	if (rc == 0) rc = xmx_swiglu(&out, a[0], a[1], ((xmx_payload*)payload)->s);
+	return xmx_output(res, rc, a, 2, out);
+}
+
+// xmx_compile_body compiles body with the payload {s, eps}.
+static int xmx_compile_body(xmx_closure* res, int (*body)(xmx_vector_array*, const xmx_vector_array, void*), xmx_stream s, float eps, bool shapeless) {
 	XMX_NEED(compile);
-	// From here mlx-c owns payload (its shared_ptr frees it, on failure too).
-	xmx_closure f = X.closure_new_func_payload(body, payload, free);
+	xmx_payload* p = malloc(sizeof *p);
+	if (p == NULL) {
+		snprintf(xmx_err, sizeof xmx_err, "out of memory");
+		return 1;
+	}
+	p->s = s; // borrowed: the backend frees the stream after its closures
+	p->eps = eps;
+	// From here mlx-c owns p (its shared_ptr frees it, on failure too).
+	xmx_closure f = X.closure_new_func_payload(body, p, free);
 	if (f.ctx == NULL) return 1;
 	xmx_closure c = {NULL};
 	int rc = X.compile(&c, f, shapeless);
@@ -736,15 +758,7 @@ static int xmx_compile_body(xmx_closure* res, int (*body)(xmx_vector_array*, con
 	return 0;
 }
 
-int xmx_swiglu_compile(xmx_closure* res, xmx_stream s) {
-	xmx_stream* p = malloc(sizeof *p);
-	if (p == NULL) {
-		snprintf(xmx_err, sizeof xmx_err, "out of memory");
-		return 1;
-	}
-	*p = s; // borrowed: the backend frees the stream after the closure
-	return xmx_compile_body(res, xmx_swiglu_body, p, true);
-}
+int xmx_swiglu_compile(xmx_closure* res, xmx_stream s) { return xmx_compile_body(res, xmx_swiglu_body, s, 0, true); }
 
 // xmx_apply applies a compiled closure to n inputs and returns its one
 // output.
@@ -770,83 +784,49 @@ int xmx_apply2(xmx_array* res, xmx_closure f, xmx_array a, xmx_array b) {
 // closures are the same ops, so the results are the same bits on x86 (the
 // tests compare them).
 
-typedef struct { xmx_stream s; float eps; } xmx_norm_payload;
-
 // xmx_rms_body: inputs x, w; MLX's rms_norm with the payload's eps.
 static int xmx_rms_body(xmx_vector_array* res, const xmx_vector_array in, void* payload) {
-	xmx_norm_payload* p = payload;
-	if (X.vector_array_size(in) != 2) {
-		snprintf(xmx_err, sizeof xmx_err, "rms_norm closure: %zu inputs, want 2", X.vector_array_size(in));
-		return 1;
-	}
-	xmx_array x = {NULL}, w = {NULL}, out = {NULL};
-	int rc = X.vector_array_get(&x, in, 0);
-	if (rc == 0) rc = X.vector_array_get(&w, in, 1);
-	if (rc == 0) rc = X.rms_norm(&out, x, w, p->eps, p->s);
-	if (rc == 0) rc = X.vector_array_set_value(res, out);
-	if (x.ctx) X.array_free(x);
-	if (w.ctx) X.array_free(w);
-	if (out.ctx) X.array_free(out);
-	return rc;
+	xmx_payload* p = payload;
+	xmx_array a[2] = {{NULL}, {NULL}}, out = {NULL};
+	int rc = xmx_inputs(in, "rms_norm", a, 2);
+	if (rc == 0) rc = X.rms_norm(&out, a[0], a[1], p->eps, p->s);
+	return xmx_output(res, rc, a, 2, out);
 }
 
 // xmx_rms_compile compiles rms_norm for one eps, shapeless: the trace
 // bakes in 1/N of the mean, so the caller keeps one closure per width N.
-int xmx_rms_compile(xmx_closure* res, float eps, xmx_stream s) {
-	xmx_norm_payload* p = malloc(sizeof *p);
-	if (p == NULL) {
-		snprintf(xmx_err, sizeof xmx_err, "out of memory");
-		return 1;
-	}
-	p->s = s;
-	p->eps = eps;
-	return xmx_compile_body(res, xmx_rms_body, p, true);
-}
+int xmx_rms_compile(xmx_closure* res, float eps, xmx_stream s) { return xmx_compile_body(res, xmx_rms_body, s, eps, true); }
 
 // xmx_rope_body: inputs x1, x2 (the two rotated halves of x), c, s (the
 // cosines and sines in x's type); output [x1·c − x2·s, x1·s + x2·c] along
 // the last axis, in the order of MLX's rope fallback (forward,
 // non-traditional).
 static int xmx_rope_body(xmx_vector_array* res, const xmx_vector_array in, void* payload) {
-	xmx_stream st = *(xmx_stream*)payload;
-	if (X.vector_array_size(in) != 4) {
-		snprintf(xmx_err, sizeof xmx_err, "rope closure: %zu inputs, want 4", X.vector_array_size(in));
-		return 1;
-	}
+	xmx_stream st = ((xmx_payload*)payload)->s;
+	xmx_array x[4] = {{NULL}, {NULL}, {NULL}, {NULL}}, cat = {NULL};
 	xmx_pool pool = {.n = 0};
-	int rc = 0;
-	XMX_T(x1) XMX_T(x2) XMX_T(c) XMX_T(s) XMX_T(a) XMX_T(b) XMX_T(o1) XMX_T(d) XMX_T(e) XMX_T(o2) XMX_T(out)
-	XMX_DO(X.vector_array_get(x1, in, 0));
-	XMX_DO(X.vector_array_get(x2, in, 1));
-	XMX_DO(X.vector_array_get(c, in, 2));
-	XMX_DO(X.vector_array_get(s, in, 3));
-	XMX_DO(X.multiply(a, *x1, *c, st));
-	XMX_DO(X.multiply(b, *x2, *s, st));
+	int rc = xmx_inputs(in, "rope", x, 4);
+	XMX_T(a) XMX_T(b) XMX_T(o1) XMX_T(d) XMX_T(e) XMX_T(o2)
+	XMX_DO(X.multiply(a, x[0], x[2], st));
+	XMX_DO(X.multiply(b, x[1], x[3], st));
 	XMX_DO(X.subtract(o1, *a, *b, st));
-	XMX_DO(X.multiply(d, *x1, *s, st));
-	XMX_DO(X.multiply(e, *x2, *c, st));
+	XMX_DO(X.multiply(d, x[0], x[3], st));
+	XMX_DO(X.multiply(e, x[1], x[2], st));
 	XMX_DO(X.add(o2, *d, *e, st));
 	if (rc == 0) {
 		xmx_array halves[2] = {*o1, *o2};
 		xmx_vector_array v = X.vector_array_new_data(halves, 2);
-		rc = X.concatenate_axis(out, v, -1, st);
+		rc = X.concatenate_axis(&cat, v, -1, st);
 		X.vector_array_free(v);
 	}
-	XMX_DO(X.vector_array_set_value(res, *out));
 out:
 	xmx_drain(&pool);
-	return rc;
+	return xmx_output(res, rc, x, 4, cat);
 }
 
 int xmx_rope_compile(xmx_closure* res, xmx_stream s) {
 	XMX_NEED(subtract);
-	xmx_stream* p = malloc(sizeof *p);
-	if (p == NULL) {
-		snprintf(xmx_err, sizeof xmx_err, "out of memory");
-		return 1;
-	}
-	*p = s;
-	return xmx_compile_body(res, xmx_rope_body, p, true);
+	return xmx_compile_body(res, xmx_rope_body, s, 0, true);
 }
 
 // xmx_rope_apply rotates the first dims of x's last axis with the compiled
