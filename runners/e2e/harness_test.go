@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -21,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exo-pd/exo-pd/internal/sse"
 	"github.com/exo-pd/exo-pd/runners/openai"
 )
 
@@ -277,15 +279,17 @@ func chatStream(t *testing.T, addr string, msgs []msg, maxTokens int, extra map[
 		res.ErrorBody = string(eb)
 		return res
 	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	rd := sse.NewReader(resp.Body)
 	var text strings.Builder
-	for sc.Scan() {
-		line := sc.Text()
-		data, ok := strings.CutPrefix(line, "data: ")
-		if !ok {
-			continue
+	for {
+		ev, err := rd.Next()
+		if errors.Is(err, io.EOF) {
+			break
 		}
+		if err != nil {
+			t.Fatalf("reading stream: %v", err)
+		}
+		data := ev.Data
 		res.Events++
 		if data == "[DONE]" {
 			res.Done = true
@@ -315,9 +319,6 @@ func chatStream(t *testing.T, addr string, msgs []msg, maxTokens int, extra map[
 				res.Cached = ch.Usage.PromptTokensDetails.CachedTokens
 			}
 		}
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatalf("reading stream: %v", err)
 	}
 	res.Text = text.String()
 	return res

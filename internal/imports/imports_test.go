@@ -1,0 +1,82 @@
+package imports
+
+import (
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/exo-pd/exo-pd/"
+
+// rule: no file under from imports a package under to (except, for cmd/,
+// files under cmd/ itself).
+var rules = []struct{ from, to string }{
+	{"supervisor/", "runners/"},
+	{"runners/", "supervisor/"},
+	{"", "cmd/"},
+}
+
+func TestImportRules(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := 0
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if n := d.Name(); path != root && (strings.HasPrefix(n, ".") || n == "testdata" || n == "node_modules") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		rel, _ := filepath.Rel(root, path)
+		rel = filepath.ToSlash(rel)
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
+		if err != nil {
+			t.Errorf("%s: %v", rel, err)
+			return nil
+		}
+		files++
+		for _, im := range f.Imports {
+			p, _ := strconv.Unquote(im.Path.Value)
+			dep, ok := strings.CutPrefix(p, module)
+			if !ok {
+				continue
+			}
+			dep += "/"
+			for _, r := range rules {
+				if !strings.HasPrefix(rel, r.from) || !strings.HasPrefix(dep, r.to) {
+					continue
+				}
+				if r.to == "cmd/" && strings.HasPrefix(rel, "cmd/") {
+					continue
+				}
+				t.Errorf("%s imports %s: %s must not import %s", rel, p, or(r.from, "code outside cmd/"), r.to)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files < 100 {
+		t.Fatalf("walked only %d Go files from %s: not the module root?", files, root)
+	}
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
