@@ -117,6 +117,14 @@ func TestResponseFormatErrors(t *testing.T) {
 	}{
 		{map[string]any{"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "x",
 			"schema": map[string]any{"type": "string", "pattern": "^a"}}}}, "pattern"},
+		// A schema that admits no document is refused before any work (it
+		// once held the model to whitespace until nothing was allowed: a 500).
+		{map[string]any{"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "x",
+			"schema": map[string]any{"anyOf": []any{false, false}}}}}, "admits no JSON document"},
+		{map[string]any{"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "x",
+			"schema": false}}}, "admits no JSON document"},
+		{map[string]any{"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "x",
+			"schema": map[string]any{"$ref": "#/$defs/n", "$defs": map[string]any{"n": false}}}}}, "admits no JSON document"},
 		{map[string]any{"tools": weatherTools, "tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "nope"}}}, "nope"},
 		{map[string]any{"tools": []map[string]any{{"type": "function", "function": map[string]any{"name": "f", "strict": true,
 			"parameters": map[string]any{"type": "object", "properties": map[string]any{"s": map[string]any{"type": "string", "pattern": "a"}}}}}}}, "strict"},

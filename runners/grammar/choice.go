@@ -20,7 +20,7 @@ type Alt struct {
 }
 
 // Choice compiles the grammar of one of alts. With space the document may
-// start with white space (bounded by MaxWhitespace); without it the first
+// start with white space (as between JSON tokens, see MaxIndent); without it the first
 // byte is a Head's. It is how a model that reasons before answering is
 // constrained once the answer begins: the caller offers the reasoning
 // opener as a head-only Alt and the answer's headers with their bodies.

@@ -15,13 +15,17 @@
 // $comment, deprecated, readOnly, writeOnly. Any other keyword is an
 // *UnsupportedError naming it.
 //
-// What the generated text looks like: object properties come in the
-// order the schema declares them (optional ones may be skipped, required
-// ones may not), keys matched by additionalProperties come as plain
-// strings without escapes and never equal a declared name, whitespace is
-// allowed where JSON allows it but at most MaxWhitespace bytes in a row,
-// and numbers have at most MaxNumberLen bytes and MaxExponentDigits
-// exponent digits.
+// What the generated text looks like: object properties come with the
+// required ones first, each group in the order the schema declares them
+// (optional ones may be skipped, required ones may not); a property the
+// schema does not name comes only where additionalProperties says so
+// explicitly (a schema or true; an object schema without properties
+// allows any keys, as json_object does), as a plain string without
+// escapes that never equals a declared name; whitespace between tokens
+// is nothing, one space, or a newline and at most MaxIndent spaces or
+// tabs; numbers have at most MaxNumberLen bytes and MaxExponentDigits
+// exponent digits. A schema that admits no document (false, an anyOf of
+// false, a required property of schema false…) does not compile.
 //
 // ToolCalls (and ToolCallsOr) build the grammar of an answer made of tool
 // calls in a family's wrapping (Hermes <tool_call>, Llama's bare JSON,
@@ -41,9 +45,24 @@ import (
 	"sync"
 )
 
-// MaxWhitespace bounds a run of whitespace between JSON tokens, so that a
-// model cannot pad forever.
-const MaxWhitespace = 24
+// MaxIndent bounds the indentation after a newline between JSON tokens.
+// A run of whitespace between tokens is one of: nothing, one space, or
+// one newline followed by at most MaxIndent spaces or tabs (what compact,
+// spaced and indented encoders write), so that a model cannot pad
+// forever or drift into blank lines.
+const MaxIndent = 32
+
+// MaxLeadingSpace bounds the whitespace before the document (a model
+// that has closed its reasoning writes "\n\n" before the answer).
+const MaxLeadingSpace = 4
+
+// Whitespace states of a frame's ws: none yet, after the single space,
+// after the newline (+ indentation characters so far).
+const (
+	wsNone  uint8 = 0
+	wsSpace uint8 = 1
+	wsNL    uint8 = 2
+)
 
 // MaxNumberLen bounds the bytes of one JSON number.
 const MaxNumberLen = 32

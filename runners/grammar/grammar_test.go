@@ -42,11 +42,19 @@ func TestMatcherTable(t *testing.T) {
 		{`{"type":"array","items":{"type":"integer"},"minItems":1,"maxItems":2}`,
 			[]string{`[1]`, `[1,2]`, `[ 1 , 2 ]`, "[\n1\n]"}, []string{`[]`, `[1,2,3]`, `[1,]`, `["a"]`}},
 		{`{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"}},"required":["b"],"additionalProperties":false}`,
-			[]string{`{"b":"x"}`, `{"a":1,"b":"x"}`, `{ "a" : 1 , "b" : "" }`},
-			[]string{`{}`, `{"a":1}`, `{"b":"x","a":1}`, `{"b":"x","c":1}`, `{"b":"x","b":"y"}`, `{"b":"x",}`, `{"a":1,"a":2,"b":"x"}`}},
-		{`{"type":"object","properties":{"a":{"type":"integer"}}}`,
+			// Required properties first, then the optional ones.
+			[]string{`{"b":"x"}`, `{"b":"x","a":1}`, `{ "b" : "" , "a" : 1 }`},
+			[]string{`{}`, `{"a":1}`, `{"a":1,"b":"x"}`, `{"b":"x","c":1}`, `{"b":"x","b":"y"}`, `{"b":"x",}`, `{"a":1,"a":2,"b":"x"}`, `{"b":"x","a":1,"a":2}`}},
+		{`{"type":"object","properties":{"a":{"type":"integer"}},"additionalProperties":true}`,
 			[]string{`{}`, `{"a":1}`, `{"x":[1,{"y":null}]}`, `{"a":1,"ab":"s","b":true}`, `{"ab":1}`},
 			[]string{`{"a":"s"}`, `{"x":1,"a":"s"}`, `{"a\u0062":1}`}},
+		// additionalProperties absent: only the named properties are
+		// generated (the schema allows others; a model must not invent them).
+		{`{"type":"object","properties":{"a":{"type":"integer"}}}`,
+			[]string{`{}`, `{"a":1}`},
+			[]string{`{"a":"s"}`, `{"x":1,"a":"s"}`, `{"a\u0062":1}`, `{"x":[1,{"y":null}]}`, `{"a":1,"ab":"s","b":true}`, `{"ab":1}`}},
+		{`{"type":"object","required":["a"]}`, []string{`{"a":[1]}`, `{"a":1,"b":2}`}, []string{`{}`, `{"b":2}`}},
+		{`{"type":"object","properties":{"a":{"type":"integer"}},"required":["a","z"]}`, []string{`{"a":1,"z":{"q":null}}`}, []string{`{"a":1}`, `{"z":1,"a":1}`, `{"a":1,"z":1,"y":2}`}},
 		{`{"type":"object","properties":{"q\"t":{"type":"integer"}},"required":["q\"t"],"additionalProperties":false}`,
 			[]string{`{"q\"t":1}`}, []string{`{"q":1}`, `{"qt":1}`}},
 		{`{"anyOf":[{"type":"object","properties":{"k":{"const":"a"},"v":{"type":"integer"}},"required":["k","v"],"additionalProperties":false},{"type":"object","properties":{"k":{"const":"b"},"v":{"type":"string"}},"required":["k","v"],"additionalProperties":false}]}`,
@@ -56,7 +64,12 @@ func TestMatcherTable(t *testing.T) {
 		{`{"type":"array","items":{"$ref":"#"},"maxItems":2}`, []string{`[]`, `[[],[[]]]`}, []string{`[1]`, `[[],[],[]]`}},
 		{`true`, []string{`1`, `{"a":[true,null,"x",-1.5e3]}`}, []string{`{`, `[1,]`}},
 		{`{}`, []string{`"s"`, `[]`}, []string{`nul`}},
-		{`{"type":"object","properties":{"a":false}}`, []string{`{"b":1}`}, []string{`{"a":1}`}},
+		{`{"type":"object","properties":{"a":false},"additionalProperties":true}`, []string{`{"b":1}`}, []string{`{"a":1}`}},
+		{`{"type":"object","properties":{"a":false}}`, []string{`{}`}, []string{`{"a":1}`, `{"b":1}`}},
+		// A property whose schema admits nothing is never entered.
+		{`{"type":"object","properties":{"a":{"anyOf":[false,{"type":"object","properties":{"x":false},"required":["x"]}]},"b":{"type":"integer"}}}`,
+			[]string{`{}`, `{"b":1}`}, []string{`{"a":{}}`, `{"a":{"x":1},"b":1}`}},
+		{`{"type":"array","items":{"anyOf":[false]}}`, []string{`[]`}, []string{`[1]`}},
 		{`{"allOf":[{"type":"integer"}],"description":"d"}`, []string{`5`}, []string{`"5"`}},
 		{`{"type":"integer","minimum":0}`, []string{`0`, `7`, `-0`, `123456789`}, []string{`-1`, `-12`}},
 		{`{"type":"integer","minimum":10,"maximum":20}`, []string{`10`, `15`, `20`}, []string{`9`, `21`, `1`, `2`, `100`, `-15`, `0`}},
@@ -81,12 +94,44 @@ func TestMatcherTable(t *testing.T) {
 }
 
 func TestWhitespaceBounded(t *testing.T) {
-	g := mustCompile(t, `{"type":"array"}`)
-	if !complete(g, "["+strings.Repeat(" ", MaxWhitespace)+"]") {
-		t.Errorf("%d spaces rejected", MaxWhitespace)
+	g := mustCompile(t, `{"type":"array","items":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],"additionalProperties":false}}`)
+	indent := strings.Repeat(" ", MaxIndent)
+	for _, d := range []string{`[{"a":1}]`, `[ { "a" : 1 } , {"a": 2} ]`, "[\n  {\n    \"a\": 1\n  }\n]", "[\n\t{\"a\":1}]", "[\n" + indent + "{\"a\":1}]", ` [{"a":1}]`} {
+		if !complete(g, d) {
+			t.Errorf("%q rejected", d)
+		}
 	}
-	if complete(g, "["+strings.Repeat(" ", MaxWhitespace+1)+"]") {
-		t.Errorf("%d spaces accepted", MaxWhitespace+1)
+	for _, d := range []string{"[  {\"a\":1}]", "[\n\n{\"a\":1}]", "[\n" + indent + " {\"a\":1}]", "[ \n{\"a\":1}]", "[\r\n{\"a\":1}]", "[\t{\"a\":1}]", "\n\n\n\n\n[{\"a\":1}]", `[{"a" :  1}]`} {
+		if complete(g, d) {
+			t.Errorf("%q accepted", d)
+		}
+	}
+}
+
+func TestUnsatisfiableSchemas(t *testing.T) {
+	for _, s := range []string{
+		`false`,
+		`{"anyOf":[false,false]}`,
+		`{"$ref":"#/$defs/no","$defs":{"no":false}}`,
+		`{"type":"object","properties":{"a":false},"required":["a"]}`,
+		`{"type":"object","properties":{"a":{"anyOf":[false]}},"required":["a"]}`,
+		`{"type":"array","items":false,"minItems":1}`,
+		`{"type":"object","properties":{"next":{"$ref":"#"}},"required":["next"]}`, // an infinite value
+		`{"type":"string","enum":[1,2]}`,
+		`{"type":"object","required":["x"],"additionalProperties":false}`,
+	} {
+		if _, err := Compile([]byte(s)); err == nil {
+			t.Errorf("%s compiled", s)
+		}
+	}
+	if _, err := Compile([]byte(`{"anyOf":[false,false]}`)); !errors.Is(err, ErrUnsatisfiable) {
+		t.Errorf("anyOf of false: err %v, want ErrUnsatisfiable", err)
+	}
+	if _, err := Choice([]Alt{{Head: "x", Schema: []byte(`false`)}}, false); !errors.Is(err, ErrUnsatisfiable) {
+		t.Errorf("Choice with a schema of false: err %v, want ErrUnsatisfiable", err)
+	}
+	if _, err := ToolCalls([]Tool{{Name: "f", Parameters: []byte(`{"anyOf":[false]}`)}}, hermes); !errors.Is(err, ErrUnsatisfiable) {
+		t.Errorf("a tool whose parameters admit nothing: err %v, want ErrUnsatisfiable", err)
 	}
 }
 

@@ -305,7 +305,7 @@ func (s *stepper) own(f *frame, b byte) {
 	case kRoot:
 		if f.st == 0 {
 			if isWS(b) && !n.tight {
-				if f.ws < MaxWhitespace {
+				if f.ws < MaxLeadingSpace {
 					g := *f
 					g.ws++
 					s.push(g)
@@ -499,13 +499,21 @@ func intValue(f *frame) int64 {
 	return int64(f.mask)
 }
 
-// ws handles a whitespace byte in a state that allows it.
-func (s *stepper) ws(f *frame) {
-	if f.ws < MaxWhitespace {
-		g := *f
+// ws handles whitespace byte b in a state that allows whitespace: one
+// space, or a newline and up to MaxIndent spaces or tabs (see MaxIndent).
+func (s *stepper) ws(f *frame, b byte) {
+	g := *f
+	switch {
+	case f.ws == wsNone && b == ' ':
+		g.ws = wsSpace
+	case f.ws == wsNone && b == '\n':
+		g.ws = wsNL
+	case f.ws >= wsNL && (b == ' ' || b == '\t') && f.ws-wsNL < MaxIndent:
 		g.ws++
-		s.push(g)
+	default:
+		return
 	}
+	s.push(g)
 }
 
 func (s *stepper) ownArray(f *frame, b byte) {
@@ -520,7 +528,7 @@ func (s *stepper) ownArray(f *frame, b byte) {
 		}
 	case sArrFirst, sArrComma:
 		if isWS(b) {
-			s.ws(f)
+			s.ws(f, b)
 			return
 		}
 		if b == ']' && f.st == sArrFirst {
@@ -538,7 +546,7 @@ func (s *stepper) ownArray(f *frame, b byte) {
 	case sArrAfter:
 		switch {
 		case isWS(b):
-			s.ws(f)
+			s.ws(f, b)
 		case b == ',':
 			if n.maxItems < 0 || f.cnt < n.maxItems {
 				g.st = sArrComma
@@ -566,7 +574,7 @@ func (s *stepper) ownObject(f *frame, b byte) {
 	case sObjFirst, sObjComma:
 		switch {
 		case isWS(b):
-			s.ws(f)
+			s.ws(f, b)
 		case b == '"':
 			if n.allowed[f.cnt] == 0 && n.additional == nil {
 				return
@@ -588,14 +596,14 @@ func (s *stepper) ownObject(f *frame, b byte) {
 	case sObjColon:
 		switch {
 		case isWS(b):
-			s.ws(f)
+			s.ws(f, b)
 		case b == ':':
 			g.st = sObjValue
 			s.push(g)
 		}
 	case sObjValue:
 		if isWS(b) {
-			s.ws(f)
+			s.ws(f, b)
 			return
 		}
 		child := n.additional
@@ -607,7 +615,7 @@ func (s *stepper) ownObject(f *frame, b byte) {
 	case sObjAfter:
 		switch {
 		case isWS(b):
-			s.ws(f)
+			s.ws(f, b)
 		case b == ',':
 			if n.allowed[f.cnt] != 0 || n.additional != nil {
 				g.st = sObjComma

@@ -43,7 +43,106 @@ func (b *builder) schema(schema []byte) (*node, error) {
 	if err := checkLeftRecursion(n); err != nil {
 		return nil, err
 	}
+	if !prune(n) {
+		return nil, ErrUnsatisfiable
+	}
 	return n, nil
+}
+
+// ErrUnsatisfiable is returned by Compile for a schema that admits no
+// JSON document (false, an anyOf of false, a required property that
+// admits nothing, a $ref to such a schema…): generating under it could
+// only fail.
+var ErrUnsatisfiable = errors.New("grammar: the schema admits no JSON document")
+
+// allNodes returns the nodes reachable from root.
+func allNodes(root *node) []*node {
+	var all []*node
+	seen := map[*node]bool{}
+	var collect func(n *node)
+	collect = func(n *node) {
+		if n == nil || seen[n] {
+			return
+		}
+		seen[n] = true
+		all = append(all, n)
+		collect(n.items)
+		collect(n.additional)
+		for _, p := range n.props {
+			collect(p.node)
+		}
+		for _, a := range n.alts {
+			collect(a)
+		}
+	}
+	collect(root)
+	return all
+}
+
+// prune finds the nodes that admit some value (least fixpoint: a value
+// is finite, so a recursion that can never stop admits nothing), turns
+// the others into kNever so that the automaton never enters a value it
+// cannot finish, and reports whether root admits a value.
+func prune(root *node) bool {
+	all := allNodes(root)
+	ok := map[*node]bool{}
+	for changed := true; changed; {
+		changed = false
+		for _, n := range all {
+			if !ok[n] && admits(n, ok) {
+				ok[n] = true
+				changed = true
+			}
+		}
+	}
+	for _, n := range all {
+		if !ok[n] {
+			*n = node{id: n.id, kind: kNever, maxLen: -1, maxItems: -1}
+		}
+	}
+	for _, n := range all {
+		switch n.kind {
+		case kObject:
+			if n.additional != nil && n.additional.kind == kNever {
+				n.additional = nil
+			}
+			n.finishObject()
+		case kUnion:
+			n.alts = slices.DeleteFunc(n.alts, func(a *node) bool { return a.kind == kNever })
+		}
+	}
+	return ok[root]
+}
+
+// admits reports whether n admits a value, given the nodes known to (ok).
+func admits(n *node, ok map[*node]bool) bool {
+	switch n.kind {
+	case kLit:
+		for _, l := range n.lit.nodes {
+			if l.terminal {
+				return true
+			}
+		}
+		return false
+	case kString, kNumber:
+		return true
+	case kArray, kRepeat:
+		return n.minItems <= 0 || ok[n.items]
+	case kObject:
+		for _, p := range n.props {
+			if p.required && !ok[p.node] {
+				return false
+			}
+		}
+		return true
+	case kUnion:
+		return slices.ContainsFunc(n.alts, func(a *node) bool { return ok[a] })
+	case kSeq:
+		return !slices.ContainsFunc(n.alts, func(a *node) bool { return !ok[a] })
+	case kRoot:
+		return ok[n.alts[0]]
+	}
+	return false
 }
 
 type compiler struct {
@@ -336,12 +435,19 @@ func (c *compiler) object(s map[string]any, path string) (*node, error) {
 			required[name] = true
 		}
 	}
+	_, hasProps := s["properties"]
 	switch a := s["additionalProperties"].(type) {
 	case nil:
 		if _, present := s["additionalProperties"]; present {
 			return nil, schemaErr(path, "additionalProperties must be a schema")
 		}
-		n.additional = c.b.anyValue()
+		// Absent: the schema allows any other key, but a model told the
+		// keys it should write must not invent others (llama.cpp's
+		// converter, xgrammar and Outlines do the same); an object
+		// schema that names no properties is any object.
+		if !hasProps {
+			n.additional = c.b.anyValue()
+		}
 	case bool:
 		if a {
 			n.additional = c.b.anyValue()
@@ -367,9 +473,6 @@ func (c *compiler) object(s map[string]any, path string) (*node, error) {
 				return nil, err
 			}
 			seen[name] = true
-			if pn.kind == kNever && required[name] {
-				return nil, schemaErr(path, "required property %q has schema false", name)
-			}
 			n.props = append(n.props, prop{key: encodeKey(name), node: pn, required: required[name]})
 		}
 	}
@@ -380,12 +483,29 @@ func (c *compiler) object(s map[string]any, path string) (*node, error) {
 		}
 	}
 	sort.Strings(extra)
+	_, explicitAdd := s["additionalProperties"]
 	for _, name := range extra {
-		if n.additional == nil {
+		add := n.additional
+		if add == nil && !explicitAdd {
+			add = c.b.anyValue() // allowed, since additionalProperties is absent
+		}
+		if add == nil {
 			return nil, schemaErr(path, "required property %q is neither in properties nor allowed by additionalProperties", name)
 		}
-		n.props = append(n.props, prop{key: encodeKey(name), node: n.additional, required: true})
+		n.props = append(n.props, prop{key: encodeKey(name), node: add, required: true})
 	}
+	// Required properties first (each group in schema order): a model
+	// that writes optional ones first may run out of tokens before the
+	// ones the schema needs.
+	slices.SortStableFunc(n.props, func(a, b prop) int {
+		switch {
+		case a.required == b.required:
+			return 0
+		case a.required:
+			return -1
+		}
+		return 1
+	})
 	if len(n.props) > 64 {
 		return nil, &UnsupportedError{Keywords: []string{"properties (more than 64 in one object)"}, Path: pathOrRoot(path)}
 	}
