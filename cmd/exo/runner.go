@@ -219,6 +219,7 @@ type loadGate struct {
 	load       func() (waiting, running int)
 	// endpoints, when set, reports the prefill endpoints' breaker states.
 	endpoints func() []decode.EndpointHealth
+	drain     *openai.Drain // the runner's shutdown state: /health fails once it stops
 }
 
 func (g *loadGate) setProgress(p float64) { g.progress.Store(math.Float64bits(min(max(p, 0), 1))) }
@@ -227,6 +228,12 @@ func (g *loadGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := g.ready.Load()
 	if r.URL.Path == "/health" {
 		w.Header().Set("Content-Type", "application/json")
+		if g.drain.Stopping() { // out of rotation at once: what it is sent now it would refuse
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_ = json.NewEncoder(w).Encode(map[string]any{"status": "stopping", "role": g.role, "model": g.name,
+				"instance": g.instance, "pid": os.Getpid()})
+			return
+		}
 		if h == nil {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			_ = json.NewEncoder(w).Encode(map[string]any{"status": "loading", "role": g.role, "model": g.name,
@@ -252,10 +259,13 @@ func (g *loadGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	(*h).ServeHTTP(w, r)
 }
 
-// serveHTTP serves h on l until ctx ends, then shuts down gracefully.
-func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, readHeader time.Duration, log *slog.Logger) error {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: readHeader,
-		BaseContext: func(net.Listener) context.Context { return ctx }}
+// serveHTTP serves h on l until ctx ends, then drains (d.Stop: new
+// requests are refused with 503, those in hand finish or are cut with a
+// 503) and shuts down. Requests run under d's context, not ctx, so a
+// SIGTERM does not cut them.
+func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, d *openai.Drain, readHeader time.Duration, log *slog.Logger) error {
+	srv := &http.Server{Handler: d.Handler(h), ReadHeaderTimeout: readHeader,
+		BaseContext: func(net.Listener) context.Context { return d.Context() }}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	select {
@@ -263,6 +273,7 @@ func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, readHeader t
 		return fmt.Errorf("http: %w", err)
 	case <-ctx.Done():
 	}
+	d.Stop(openai.DefaultDrainGrace)
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
@@ -297,11 +308,11 @@ func cmdRunner(ctx context.Context, args []string) error {
 	if err != nil {
 		return listenError(httpAddr, err)
 	}
-	gate := &loadGate{role: f.role, name: f.name, instance: f.instance}
+	gate := &loadGate{role: f.role, name: f.name, instance: f.instance, drain: openai.NewDrain()}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	httpDone := make(chan error, 1)
-	go func() { httpDone <- serveHTTP(ctx, hl, gate, f.readHeaderTimeout, log) }()
+	go func() { httpDone <- serveHTTP(ctx, hl, gate, gate.drain, f.readHeaderTimeout, log) }()
 	log.Info("runner starting", "http", hl.Addr().String(), "source", f.model)
 
 	m, path, err := loadModel(ctx, f, gate, log)
@@ -484,6 +495,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 	go trimWhenIdle(ctx, srv.Load, 5*time.Second, log)
 	log.Info("decode runner ready", "listen", f.listen)
 	<-ctx.Done()
+	gate.drain.Stop(openai.DefaultDrainGrace) // the requests in hand end before the server closes under them
 	return nil
 }
 

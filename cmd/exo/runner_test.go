@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/exo-pd/exo-pd/runners/openai"
 )
 
 func TestRunnerFlags(t *testing.T) {
@@ -100,6 +102,12 @@ func TestLoadGate(t *testing.T) {
 	}
 	if code, body := get("/v1/models"); code != 200 || body["ok"] != true {
 		t.Fatalf("API when ready: %d %v", code, body)
+	}
+	// Stopping: out of rotation at once, whatever the load.
+	g.drain = openai.NewDrain()
+	g.drain.Stop(0)
+	if code, body = get("/health"); code != 503 || body["status"] != "stopping" {
+		t.Fatalf("stopping health: %d %v", code, body)
 	}
 }
 

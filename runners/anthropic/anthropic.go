@@ -255,7 +255,7 @@ func (h *Handler) countTokens(w http.ResponseWriter, r *http.Request) {
 	}
 	toks, _, err := h.Gen.Tokenize(r.Context(), g)
 	if err != nil {
-		h.fail(w, req.Model, openai.AsError(err))
+		h.fail(w, req.Model, openai.AsRequestError(r.Context(), err))
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -635,7 +635,7 @@ func (h *Handler) messages(w http.ResponseWriter, r *http.Request) {
 		var b buffer
 		res, err := h.Gen.Generate(r.Context(), g, &b)
 		if err != nil {
-			h.fail(w, g.Model, openai.AsError(err))
+			h.fail(w, g.Model, openai.AsRequestError(r.Context(), err))
 			return
 		}
 		reason, seq := stopReason(res)
@@ -649,13 +649,13 @@ func (h *Handler) messages(w http.ResponseWriter, r *http.Request) {
 	st := &stream{sse: sse, id: id, model: g.Model}
 	res, err := h.Gen.Generate(r.Context(), g, st)
 	if err != nil {
-		oe := openai.AsError(err)
+		oe := openai.AsRequestError(r.Context(), err)
 		if !sse.Started() {
 			h.fail(w, g.Model, oe)
 			return
 		}
 		code := oe.Status
-		if r.Context().Err() != nil {
+		if openai.ClientGone(r.Context()) {
 			code = 499
 		} else {
 			h.log().Warn("generation failed mid-stream", "model", g.Model, "err", err)

@@ -190,7 +190,7 @@ func (h *Handler) tokenize(w http.ResponseWriter, r *http.Request) {
 	}
 	toks, maxLen, err := h.Gen.Tokenize(r.Context(), g)
 	if err != nil {
-		WriteError(w, AsError(err))
+		WriteError(w, AsRequestError(r.Context(), err))
 		return
 	}
 	if toks == nil {
@@ -225,7 +225,7 @@ func (h *Handler) detokenize(w http.ResponseWriter, r *http.Request) {
 	}
 	text, err := h.Gen.Detokenize(r.Context(), ids)
 	if err != nil {
-		WriteError(w, AsError(err))
+		WriteError(w, AsRequestError(r.Context(), err))
 		return
 	}
 	writeJSON(w, http.StatusOK, DetokenizeResponse{Prompt: text})
@@ -366,7 +366,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, g *GenRequest, c
 		var be bufferEmitter
 		res, err := h.Gen.Generate(r.Context(), g, &be)
 		if err != nil {
-			h.fail(w, g.Model, AsError(err))
+			h.fail(w, g.Model, AsRequestError(r.Context(), err))
 			return
 		}
 		usage := &Usage{PromptTokens: res.PromptTokens, CompletionTokens: res.CompletionTokens,
@@ -410,17 +410,17 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, g *GenRequest, c
 	em := &streamEmitter{sse: sse, chat: chat, id: id, created: created, model: g.Model}
 	res, err := h.Gen.Generate(r.Context(), g, em)
 	if err != nil {
-		e := AsError(err)
+		e := AsRequestError(r.Context(), err)
 		if !sse.Started() {
 			h.fail(w, g.Model, e)
 			return
 		}
-		if r.Context().Err() == nil {
+		if !ClientGone(r.Context()) {
 			h.log().Warn("generation failed mid-stream", "model", g.Model, "err", err)
 			_ = sse.Event(e.Body())
 		}
 		code := e.Status
-		if r.Context().Err() != nil {
+		if ClientGone(r.Context()) {
 			code = 499 // client closed request (nginx's convention)
 		}
 		h.result(g.Model, code)

@@ -463,7 +463,7 @@ func (h *Handler) responses(w http.ResponseWriter, r *http.Request) {
 		var be bufferEmitter
 		res, err := h.Gen.Generate(r.Context(), g, &be)
 		if err != nil {
-			h.fail(w, g.Model, AsError(err))
+			h.fail(w, g.Model, AsRequestError(r.Context(), err))
 			return
 		}
 		finish(&obj, res, msgID, be.b.String())
@@ -476,13 +476,13 @@ func (h *Handler) responses(w http.ResponseWriter, r *http.Request) {
 	st := &responsesStream{sse: sse, obj: obj, msgID: msgID}
 	res, err := h.Gen.Generate(r.Context(), g, st)
 	if err != nil {
-		oe := AsError(err)
+		oe := AsRequestError(r.Context(), err)
 		if !sse.Started() {
 			h.fail(w, g.Model, oe)
 			return
 		}
 		code := oe.Status
-		if r.Context().Err() != nil {
+		if ClientGone(r.Context()) {
 			code = 499
 		} else {
 			h.log().Warn("generation failed mid-stream", "model", g.Model, "err", err)

@@ -451,8 +451,12 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 		g.poll(r.Context(), g.snap.Load().backends[req.Model])
 		cands, reasons = g.candidates(req.Model)
 	}
+	// A request whose answer has not started (no byte of it sent to the
+	// client) goes to the next runner when this one fails to connect,
+	// breaks before its first body byte, goes silent, or answers 503 (it
+	// is stopping or loading): a restart is never the client's error.
 	for _, b := range cands {
-		resp, done, err := g.sendWatched(r, b, body)
+		up, err := g.sendWatched(r, b, body)
 		if err != nil {
 			if r.Context().Err() != nil {
 				return // the client went away
@@ -463,34 +467,95 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 			reasons = append(reasons, fmt.Sprintf("%s on %s (%s): %s", b.Runner, b.Host, b.Addr, why))
 			continue
 		}
-		g.relay(w, r, resp, b)
-		done()
+		if up.resp.StatusCode == http.StatusServiceUnavailable {
+			why := "answered 503: " + refusal(up)
+			up.close()
+			g.log.Info("decode runner refused the request; trying the next", "model", req.Model, "runner", b.Runner, "host", b.Host, "why", why)
+			g.markDown(b.Addr, why)
+			reasons = append(reasons, fmt.Sprintf("%s on %s (%s): %s", b.Runner, b.Host, b.Addr, why))
+			continue
+		}
+		g.relay(w, r, up, b)
+		up.close()
 		return
 	}
+	w.Header().Set("Retry-After", "1")
 	APIError(w, http.StatusServiceUnavailable, "server_error", "no_healthy_runner",
 		fmt.Sprintf("no healthy decode runner for model %q: %s", req.Model, strings.Join(reasons, "; ")))
+}
+
+// upstream is a runner's answer as far as the gateway has read it before
+// committing to it: the headers and the first bytes of the body.
+type upstream struct {
+	resp     *http.Response
+	first    []byte
+	firstErr error // io.EOF when first is the whole body
+	cancel   context.CancelCauseFunc
+}
+
+func (u *upstream) close() {
+	u.resp.Body.Close()
+	u.cancel(nil)
+}
+
+// refusal is the message of a runner's error answer (its OpenAI error
+// body's message, else its status).
+func refusal(u *upstream) string {
+	b := u.first
+	if u.firstErr == nil {
+		rest, _ := io.ReadAll(io.LimitReader(u.resp.Body, 1<<16))
+		b = append(b, rest...)
+	}
+	var eb struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(b, &eb) == nil && eb.Error.Message != "" {
+		return eb.Error.Message
+	}
+	return u.resp.Status
 }
 
 // errWentSilent: the runner stopped answering /health before it answered
 // the forwarded request.
 var errWentSilent = errors.New("stopped answering /health before answering the request")
 
-// sendWatched sends the request to b and waits for its response headers,
-// giving up (errWentSilent) if the health poller finds b not answering
-// meanwhile: a stopped or hung runner would otherwise hold the request
-// until its supervisor restarts it. The body is still in hand, so the next
-// runner can serve it. done releases the request's context after relaying.
-func (g *Gateway) sendWatched(r *http.Request, b Backend, body []byte) (*http.Response, func(), error) {
+// sendWatched sends the request to b and waits for its response headers
+// and the first bytes of its body, giving up (errWentSilent) if the health
+// poller finds b not answering meanwhile: a stopped or hung runner would
+// otherwise hold the request until its supervisor restarts it. Until then
+// nothing was sent to the client and the body is still in hand, so the
+// next runner can serve it; a connection that breaks before the first body
+// byte is an error here too. The upstream's close releases the request.
+func (g *Gateway) sendWatched(r *http.Request, b Backend, body []byte) (*upstream, error) {
 	ctx, cancel := context.WithCancelCause(r.Context())
 	since := time.Now()
 	type result struct {
-		resp *http.Response
-		err  error
+		up  *upstream
+		err error
 	}
 	ch := make(chan result, 1)
 	go func() {
 		resp, err := g.send(r.WithContext(ctx), b, body)
-		ch <- result{resp, err}
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		buf := make([]byte, 32<<10)
+		n, rerr := resp.Body.Read(buf)
+		for n == 0 && rerr == nil { // a Read may return nothing; the first byte is what counts
+			n, rerr = resp.Body.Read(buf)
+		}
+		if n == 0 && !errors.Is(rerr, io.EOF) {
+			resp.Body.Close()
+			ch <- result{err: fmt.Errorf("answer broke before its first byte: %w", rerr)}
+			return
+		}
+		if rerr != nil && !errors.Is(rerr, io.EOF) {
+			rerr = nil // the bytes read count; the break shows on the next Read
+		}
+		ch <- result{up: &upstream{resp: resp, first: buf[:n], firstErr: rerr, cancel: cancel}}
 	}()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -500,11 +565,11 @@ func (g *Gateway) sendWatched(r *http.Request, b Backend, body []byte) (*http.Re
 			if res.err != nil {
 				cancel(nil)
 				if errors.Is(context.Cause(ctx), errWentSilent) {
-					return nil, nil, errWentSilent
+					return nil, errWentSilent
 				}
-				return nil, nil, res.err
+				return nil, res.err
 			}
-			return res.resp, func() { cancel(nil) }, nil
+			return res.up, nil
 		case <-tick.C:
 			if g.silentSince(b.Addr, since) {
 				cancel(errWentSilent)
@@ -540,8 +605,11 @@ func (g *Gateway) send(r *http.Request, b Backend, body []byte) (*http.Response,
 }
 
 // relay copies the runner's answer to the client, flushing every chunk.
-func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, resp *http.Response, b Backend) {
-	defer resp.Body.Close()
+// An event stream is passed on whole events at a time, so that when the
+// runner's connection breaks mid-stream (it was killed) the client gets a
+// well-formed error event the SDKs raise on, not a torn event.
+func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, up *upstream, b Backend) {
+	resp := up.resp
 	for k, vs := range resp.Header {
 		if !hopByHop[k] {
 			w.Header()[k] = vs
@@ -550,21 +618,75 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, resp *http.Respo
 	w.Header().Set("X-Exo-Runner", b.Host+"/"+b.Runner)
 	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
-	_ = rc.Flush()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := resp.Body.Read(buf)
-		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return // client gone; returning cancels the upstream request
+	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	var pending []byte // an event stream's bytes after its last complete event
+	pass := func(p []byte) bool {
+		if sse {
+			pending = append(pending, p...)
+			i := bytes.LastIndex(pending, []byte("\n\n"))
+			if i < 0 {
+				return true
 			}
-			_ = rc.Flush()
+			p = pending[:i+2]
+			defer func() { pending = append(pending[:0], pending[i+2:]...) }()
 		}
-		if err != nil {
-			if !errors.Is(err, io.EOF) && r.Context().Err() == nil {
-				g.log.Warn("stream from decode runner broke", "runner", b.Runner, "host", b.Host, "err", err)
-			}
+		if _, werr := w.Write(p); werr != nil {
+			return false // client gone; returning cancels the upstream request
+		}
+		_ = rc.Flush()
+		return true
+	}
+	if !pass(up.first) {
+		return
+	}
+	err := up.firstErr
+	buf := make([]byte, 32<<10)
+	for err == nil {
+		var n int
+		n, err = resp.Body.Read(buf)
+		if n > 0 && !pass(buf[:n]) {
 			return
 		}
 	}
+	if errors.Is(err, io.EOF) {
+		if len(pending) > 0 { // a stream that ended without a blank line
+			_, _ = w.Write(pending)
+		}
+		return
+	}
+	if r.Context().Err() != nil {
+		return // the client went away
+	}
+	g.log.Warn("stream from decode runner broke", "runner", b.Runner, "host", b.Host, "err", err)
+	if sse {
+		_, _ = w.Write(streamError(r.URL.Path, fmt.Sprintf("the decode runner %s on %s stopped mid-answer (%v); retry the request", b.Runner, b.Host, err)))
+		_ = rc.Flush()
+	}
+}
+
+// streamError is the event that ends a stream whose runner went away, in
+// the form of the API the client speaks, each one its SDK raises on:
+// Anthropic's `event: error`; for OpenAI's, a data object with an "error"
+// member (what the runners send themselves when a generation fails
+// mid-stream; the Responses API's as a typed "error" event).
+func streamError(path, msg string) []byte {
+	detail := map[string]any{"message": msg, "type": "server_error", "param": nil, "code": "runner_lost"}
+	var name string
+	var v any
+	switch path {
+	case "/v1/messages":
+		name, v = "error", map[string]any{"type": "error", "error": map[string]any{"type": "api_error", "message": msg}}
+	case "/v1/responses":
+		name, v = "error", map[string]any{"type": "error", "code": "runner_lost", "message": msg, "param": nil, "error": detail}
+	default:
+		v = map[string]any{"error": detail}
+	}
+	b, _ := json.Marshal(v)
+	var out []byte
+	if name != "" {
+		out = append(out, "event: "+name+"\n"...)
+	}
+	out = append(out, "data: "...)
+	out = append(out, b...)
+	return append(out, "\n\n"...)
 }

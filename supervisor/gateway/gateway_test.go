@@ -53,7 +53,7 @@ func newFake(t *testing.T, name, addr string) *fakeRunner {
 			fmt.Fprintf(w, `{"status":"loading","progress":%g}`, f.progress)
 		}
 	})
-	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+	serve := func(w http.ResponseWriter, r *http.Request) {
 		if f.chat != nil {
 			f.chat(w, r)
 			return
@@ -61,7 +61,10 @@ func newFake(t *testing.T, name, addr string) *fakeRunner {
 		b, _ := io.ReadAll(r.Body)
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"served_by":%q,"echo":%s,"auth":%q}`, f.name, b, r.Header.Get("Authorization"))
-	})
+	}
+	mux.HandleFunc("POST /v1/chat/completions", serve)
+	mux.HandleFunc("POST /v1/messages", serve)
+	mux.HandleFunc("POST /v1/responses", serve)
 	mux.HandleFunc("POST /detokenize", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"prompt":"x"}`)
