@@ -214,7 +214,14 @@ func New(o Options) *Server {
 	if o.MaxBatch > 1 {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.batch, s.stopBatch = newBatcher(o.Model, o.MaxBatch, 2*time.Millisecond), cancel
-		s.batch.sizes = func(n int) { s.m.DecodeBatch.Observe(float64(n)) }
+		most := 0 // sizes is called from the batcher's one goroutine
+		s.batch.sizes = func(n int) {
+			s.m.DecodeBatch.Observe(float64(n))
+			if n > most {
+				most = n
+				s.m.DecodeBatchMax.Set(float64(n))
+			}
+		}
 		go s.batch.run(ctx)
 	}
 	s.msgs = &anthropic.Handler{Gen: s, Served: []string{o.Name}, Logger: o.Logger, Defaults: o.Defaults, AcceptTools: o.AcceptTools,

@@ -305,7 +305,7 @@ func TestSlowlorisAgainstADecodeRunner(t *testing.T) {
 func TestHealthAnswersDuringALongGeneration(t *testing.T) {
 	dec := start(t, "decode", "decode", "--model", tinyModel(t, "main"), "--max-batch", "1")
 	done := make(chan chatResult, 1)
-	go func() { done <- chatStream(t, dec.listen, user(words(77, 600)), 1500, ignoreEOS) }()
+	go func() { done <- goChat(dec.listen, user(words(77, 600)), 1500, ignoreEOS) }()
 	c := &http.Client{Timeout: 2 * time.Second}
 	probes, worst := 0, time.Duration(0)
 	for {

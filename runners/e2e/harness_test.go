@@ -256,28 +256,52 @@ type msg struct {
 	Content string `json:"content"`
 }
 
-// chatStream sends a streaming chat request at temperature 0.
+// chatStream sends a streaming chat request at temperature 0; only on
+// the test goroutine (it fails the test when the request cannot be made).
 func chatStream(t *testing.T, addr string, msgs []msg, maxTokens int, extra map[string]any) chatResult {
 	t.Helper()
+	res, err := chatStreamCtx(context.Background(), addr, msgs, maxTokens, extra, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// goChat is chatStream for a goroutine other than the test's: a request
+// that cannot be made or read comes back as Status 0 with the error in
+// ErrorBody, which the test goroutine's check of Status reports.
+func goChat(addr string, msgs []msg, maxTokens int, extra map[string]any) chatResult {
+	res, err := chatStreamCtx(context.Background(), addr, msgs, maxTokens, extra, nil)
+	if err != nil {
+		res.Status, res.ErrorBody = 0, err.Error()
+	}
+	return res
+}
+
+// chatStreamCtx is chatStream for any goroutine: a request that cannot be
+// made or read is an error, for the caller to hand to the test goroutine.
+// onText, when set, is called with each piece of content as it arrives.
+// A stream ended by cancelling ctx returns what had come, and no error.
+func chatStreamCtx(ctx context.Context, addr string, msgs []msg, maxTokens int, extra map[string]any, onText func(string)) (chatResult, error) {
 	body := map[string]any{"model": "m", "messages": msgs, "stream": true, "temperature": 0, "max_tokens": maxTokens}
 	for k, v := range extra {
 		body[k] = v
 	}
 	b, _ := json.Marshal(body)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+addr+"/v1/chat/completions", bytes.NewReader(b))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatalf("chat request: %v", err)
+		return chatResult{}, fmt.Errorf("chat request: %w", err)
 	}
 	defer resp.Body.Close()
 	res := chatResult{Status: resp.StatusCode}
 	if resp.StatusCode != 200 {
 		eb, _ := io.ReadAll(resp.Body)
 		res.ErrorBody = string(eb)
-		return res
+		return res, nil
 	}
 	rd := sse.NewReader(resp.Body)
 	var text strings.Builder
@@ -287,7 +311,11 @@ func chatStream(t *testing.T, addr string, msgs []msg, maxTokens int, extra map[
 			break
 		}
 		if err != nil {
-			t.Fatalf("reading stream: %v", err)
+			res.Text = text.String()
+			if ctx.Err() != nil {
+				return res, nil // cancelled: what had come
+			}
+			return res, fmt.Errorf("reading stream: %w", err)
 		}
 		data := ev.Data
 		res.Events++
@@ -300,7 +328,7 @@ func chatStream(t *testing.T, addr string, msgs []msg, maxTokens int, extra map[
 			Error *json.RawMessage `json:"error"`
 		}
 		if err := json.Unmarshal([]byte(data), &ch); err != nil {
-			t.Fatalf("bad SSE event %q: %v", data, err)
+			return res, fmt.Errorf("bad SSE event %q: %w", data, err)
 		}
 		if ch.Error != nil {
 			res.ErrorBody = string(*ch.Error)
@@ -308,6 +336,9 @@ func chatStream(t *testing.T, addr string, msgs []msg, maxTokens int, extra map[
 		for _, c := range ch.Choices {
 			if c.Delta != nil && c.Delta.Content != nil {
 				text.WriteString(*c.Delta.Content)
+				if onText != nil && *c.Delta.Content != "" {
+					onText(*c.Delta.Content)
+				}
 			}
 			if c.FinishReason != nil {
 				res.Finish = *c.FinishReason
@@ -321,7 +352,7 @@ func chatStream(t *testing.T, addr string, msgs []msg, maxTokens int, extra map[
 		}
 	}
 	res.Text = text.String()
-	return res
+	return res, nil
 }
 
 // words makes a deterministic pseudo-text of about n words.

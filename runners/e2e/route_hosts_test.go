@@ -86,7 +86,7 @@ func burst(t *testing.T, addr, tag string) ([]chatResult, time.Duration) {
 			defer wg.Done()
 			text := fmt.Sprintf("%s request %d: %s", tag, i, words(1000+i, 250))
 			t0 := time.Now()
-			res[i] = chatStream(t, addr, []msg{{Role: "user", Content: text}}, 1, nil)
+			res[i] = goChat(addr, []msg{{Role: "user", Content: text}}, 1, nil)
 			lat[i] = time.Since(t0)
 		}()
 	}

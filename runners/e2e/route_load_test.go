@@ -44,7 +44,7 @@ func TestCostRouteAvoidsBusyPrefillHost(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if r := chatStream(t, other.listen, user(fmt.Sprintf("busy %d: %s", i, words(7+i, 320))), 1, nil); r.Status != 200 {
+			if r := goChat(other.listen, user(fmt.Sprintf("busy %d: %s", i, words(7+i, 320))), 1, nil); r.Status != 200 {
 				t.Errorf("busy request %d: %+v", i, r)
 			}
 		}()
@@ -61,13 +61,19 @@ func TestCostRouteAvoidsBusyPrefillHost(t *testing.T) {
 	b2 := p2.metric(t, sent)
 	var blindEndpoint string
 	var blindTTFT time.Duration
+	var blindRes chatResult
 	done := make(chan struct{})
 	go func() { // the blind runner at the same moment, for contrast
 		defer close(done)
-		blindTTFT, _ = timeToFirst(t, blind.listen, "blind: "+words(11, 320), nil)
+		t0 := time.Now()
+		blindRes = goChat(blind.listen, user("blind: "+words(11, 320)), 1, nil)
+		blindTTFT = time.Since(t0)
 	}()
 	ttft, r := timeToFirst(t, aware.listen, "aware: "+words(12, 320), nil)
 	<-done
+	if blindRes.Status != 200 || !blindRes.Done || blindRes.ErrorBody != "" {
+		t.Fatalf("blind request: %+v", blindRes)
+	}
 	var endpoint string
 	for end := time.Now().Add(5 * time.Second); endpoint == "" || blindEndpoint == ""; {
 		if m := logRemoteEndpoint.FindAllStringSubmatch(aware.logs(), -1); len(m) > 0 {

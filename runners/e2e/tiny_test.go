@@ -45,6 +45,14 @@ func tinyModel(t *testing.T, which string) string {
 		if tinyErr == nil {
 			tinyErr = testmodel.Write(filepath.Join(tinyDir, "moe"), testmodel.Spec{Arch: "qwen3moe", Seed: 7, Layers: 3, MaxPositions: 4096})
 		}
+		// The same two with room for a generation that outlasts anything
+		// a test runs beside it (TestTinyConcurrentRemotePrefillWhileBatching).
+		if tinyErr == nil {
+			tinyErr = testmodel.Write(filepath.Join(tinyDir, "main-long"), testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2, MaxPositions: 32768})
+		}
+		if tinyErr == nil {
+			tinyErr = testmodel.Write(filepath.Join(tinyDir, "moe-long"), testmodel.Spec{Arch: "qwen3moe", Seed: 7, Layers: 3, MaxPositions: 32768})
+		}
 	})
 	if tinyErr != nil {
 		t.Fatal(tinyErr)
@@ -375,7 +383,7 @@ func TestTinyAPI(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				r := chatStream(t, dec.listen, user(words(1000+i, 8)), 8, nil)
+				r := goChat(dec.listen, user(words(1000+i, 8)), 8, nil)
 				if r.Status != 200 || !r.Done || r.ErrorBody != "" || r.Completion == 0 && r.Finish != "stop" {
 					errs <- fmt.Errorf("client %d: %+v", i, r)
 				}
@@ -526,7 +534,7 @@ func TestTinyBatchedEqualsAlone(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			together[i] = chatStream(t, dec.listen, prompts[i], 48, ignoreEOS)
+			together[i] = goChat(dec.listen, prompts[i], 48, ignoreEOS)
 		}()
 	}
 	wg.Wait()
@@ -547,11 +555,15 @@ func TestTinyBatchedEqualsAlone(t *testing.T) {
 // on a batching decode runner with a prefill runner, for a dense and a MoE
 // model: remote KV is injected into one request's cache while the others
 // decode in batches, and every text equals the one local prefill gives
-// alone.
+// alone. The overlap is made, not hoped for: a long generation (the
+// anchor, local prefill, its text not compared) is decoding before the
+// prompts are sent and until they are answered, so each of their decode
+// steps is batched with it; the runner's exo_decode_batch_sequences_max
+// says that it was.
 func TestTinyConcurrentRemotePrefillWhileBatching(t *testing.T) {
 	for _, which := range []string{"main", "moe"} {
 		t.Run(which, func(t *testing.T) {
-			dir := tinyModel(t, which)
+			dir := tinyModel(t, which+"-long")
 			pre := start(t, "prefill-"+which, "prefill", "--model", dir, "--prefill-chunk", "64")
 			dec := start(t, "decode-batch-remote-"+which, "decode", "--model", dir, "--prefill", pre.listen, "--max-batch", "4")
 			ref := start(t, "decode-ref-"+which, "decode", "--model", dir, "--max-batch", "1")
@@ -565,30 +577,60 @@ func TestTinyConcurrentRemotePrefillWhileBatching(t *testing.T) {
 			ok := dec.metric(t, outcome("ok"))
 			steps0 := dec.metric(t, "exo_decode_batch_sequences_count")
 			seqs0 := dec.metric(t, "exo_decode_batch_sequences_sum")
+
+			// The anchor: a generation of up to 30000 tokens, decoding from
+			// before the first prompt is sent until the last is answered
+			// (it is cancelled then). Should one ever end on its own, the
+			// next starts at once.
+			actx, stopAnchor := context.WithCancel(context.Background())
+			decoding := make(chan struct{})
+			var once sync.Once
+			anchorErr := make(chan error, 1)
+			go func() {
+				var err error
+				for actx.Err() == nil && err == nil {
+					var r chatResult
+					r, err = chatStreamCtx(actx, dec.listen, user("anchor"), 30000, ignoreEOS, func(string) { once.Do(func() { close(decoding) }) })
+					if err == nil && actx.Err() == nil && (r.Status != 200 || r.ErrorBody != "") {
+						err = fmt.Errorf("anchor: %+v", r)
+					}
+				}
+				anchorErr <- err
+			}()
+			select {
+			case <-decoding:
+			case err := <-anchorErr:
+				t.Fatalf("the anchor generation ended before it decoded: %v", err)
+			}
+
 			got := make([]chatResult, n)
 			var wg sync.WaitGroup
 			for i := range prompts {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					time.Sleep(time.Duration(i) * 20 * time.Millisecond) // arrive while the others decode
-					got[i] = chatStream(t, dec.listen, prompts[i], 160, ignoreEOS)
+					got[i] = goChat(dec.listen, prompts[i], 160, ignoreEOS)
 				}()
 			}
 			wg.Wait()
+			stopAnchor()
+			if err := <-anchorErr; err != nil {
+				t.Fatal(err)
+			}
 			for i := range prompts {
 				expectSame(t, fmt.Sprintf("prompt %d", i), got[i], want[i])
 			}
 			if d := dec.metric(t, outcome("ok")) - ok; d != n {
 				t.Fatalf("%v of %d prompts prefilled remotely; last outcome %q", d, n, dec.lastOutcome())
 			}
-			// Generations overlapped: some steps held more than one.
+			// Generations decoded together: some steps held more than one.
 			steps := dec.metric(t, "exo_decode_batch_sequences_count") - steps0
 			seqs := dec.metric(t, "exo_decode_batch_sequences_sum") - seqs0
-			if seqs <= steps {
-				t.Fatalf("%v sequence-steps in %v steps: the requests never decoded together", seqs, steps)
+			most := dec.metric(t, "exo_decode_batch_sequences_max")
+			if seqs <= steps || most < 2 {
+				t.Fatalf("%v sequence-steps in %v steps, at most %v in one: the requests never decoded together", seqs, steps, most)
 			}
-			t.Logf("%v sequence-steps in %v steps", seqs, steps)
+			t.Logf("%v sequence-steps in %v steps, at most %v in one", seqs, steps, most)
 		})
 	}
 }

@@ -12,16 +12,28 @@ func TestProbe(t *testing.T) {
 	// probes must not queue behind it.
 	hold := make(chan struct{})
 	t.Cleanup(func() { close(hold) })
+	admitted := make(chan struct{}, 1)
 	blocking := ProducerFunc(func(ctx context.Context, req *Request, e *Emitter) error {
+		select {
+		case admitted <- struct{}{}:
+		default:
+		}
 		select {
 		case <-hold:
 		case <-ctx.Done():
 		}
 		return ctx.Err()
 	})
-	busy, _ := startServer(t, ServerConfig{Producer: blocking, MaxActive: 1, MaxQueue: -1, Secret: []byte("s")})
+	busy, busySrv := startServer(t, ServerConfig{Producer: blocking, MaxActive: 1, MaxQueue: -1, Secret: []byte("s")})
 	go NewClient(ClientConfig{Secret: []byte("s")}).Fetch(context.Background(), busy, &Request{Model: "m", Tokens: []int32{1}}, nil, discard{})
-	time.Sleep(50 * time.Millisecond) // let it take the slot
+	select { // the fetch holds the only slot: its producer runs
+	case <-admitted:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the blocking fetch was never admitted")
+	}
+	if l := busySrv.Load(); l.Running != 1 || l.Waiting != 0 {
+		t.Fatalf("busy server's load %+v, want its one slot taken", l)
+	}
 
 	plain, _ := startServer(t, ServerConfig{Producer: blocking})
 	tests := []struct {
@@ -39,6 +51,9 @@ func TestProbe(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			if l := busySrv.Load(); l.Running != 1 {
+				t.Fatalf("busy server's load %+v: the slot was given up, so a probe passing proves nothing", l)
+			}
 			c := NewClient(ClientConfig{Secret: []byte(tt.secret), IdleTimeout: 5 * time.Second})
 			r, err := c.Probe(context.Background(), tt.addr, tt.tokens)
 			if !errors.Is(err, tt.want) {

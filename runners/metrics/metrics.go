@@ -49,6 +49,10 @@ type Runner struct {
 	PrefixHit     *prometheus.CounterVec // role
 	PrefillTokens *prometheus.CounterVec // role: tokens computed by Prefill
 	DecodeBatch   prometheus.Histogram   // sequences per batched decode step
+	// DecodeBatchMax is the most sequences one batched decode step has
+	// held since the runner started (decode only): whether generations
+	// ever decoded together, read without summing histogram buckets.
+	DecodeBatchMax prometheus.Gauge
 	// PrefillEndpointState is 1 while a prefill endpoint's circuit breaker
 	// is open (skipped), 0 while closed (decode only).
 	PrefillEndpointState *prometheus.GaugeVec // endpoint
@@ -107,6 +111,8 @@ func New(role string) *Runner {
 	m.DecodeBatch = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "exo_decode_batch_sequences",
 		Help:    "Sequences decoded together per batched decode step.",
 		Buckets: []float64{1, 2, 4, 8, 16, 32}})
+	m.DecodeBatchMax = prometheus.NewGauge(prometheus.GaugeOpts{Name: "exo_decode_batch_sequences_max",
+		Help: "The most sequences one batched decode step has held since the runner started."})
 	m.PrefillEndpointState = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "exo_prefill_endpoint_state",
 		Help: "Circuit breaker of each prefill endpoint: 1 open (skipped after a timeout or connection failure), 0 closed."}, []string{"endpoint"})
 	m.PrefillEndpointTrips = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exo_prefill_endpoint_trips_total",
@@ -124,6 +130,7 @@ func New(role string) *Runner {
 	}
 	if role == "decode" {
 		f(m.DecodeBatch)
+		f(m.DecodeBatchMax)
 		f(m.PrefillEndpointState)
 		f(m.PrefillEndpointTrips)
 		f(m.PrefillEndpointLoad)

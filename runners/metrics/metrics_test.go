@@ -39,6 +39,7 @@ func TestExposition(t *testing.T) {
 		`exo_remote_prefill_total{outcome="skipped_short"} 0`, `exo_kv_transfer_bytes_total{role="decode"} 0`,
 		"exo_kv_transfer_duration_seconds_count", "exo_kv_wait_seconds_count 1",
 		`exo_prefix_cache_hit_tokens_total{role="decode"} 0`, "go_goroutines", "process_cpu_seconds_total",
+		"exo_decode_batch_sequences_max 0",
 	} {
 		if !strings.Contains(dt, want) {
 			t.Errorf("decode exposition lacks %q", want)
