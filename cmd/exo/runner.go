@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/exo-pd/exo-pd/runners/chat"
+	"github.com/exo-pd/exo-pd/internal/paced"
 	"github.com/exo-pd/exo-pd/runners/decode"
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
@@ -27,7 +27,6 @@ import (
 	"github.com/exo-pd/exo-pd/runners/metrics"
 	"github.com/exo-pd/exo-pd/runners/openai"
 	"github.com/exo-pd/exo-pd/runners/prefill"
-	"github.com/exo-pd/exo-pd/runners/tokenizer"
 )
 
 const runnerUsage = `usage:
@@ -382,106 +381,35 @@ func loadModel(ctx context.Context, f *runnerFlags, gate *loadGate, log *slog.Lo
 }
 
 func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string, secret []byte, gate *loadGate, log *slog.Logger) error {
-	tok, err := tokenizer.Load(path)
+	st, err := decode.NewSetup(f.name, m, path, f.defaults)
 	if err != nil {
-		return fmt.Errorf("runner: tokenizer: %w", err)
+		return fmt.Errorf("runner: %w", err)
 	}
-	tmpl, err := chat.Load(path)
-	if err != nil {
-		log.Warn("no usable chat template: /v1/chat/completions will refuse requests", "err", err)
-		tmpl = nil
+	if st.NoTemplate != nil {
+		log.Warn("no usable chat template: /v1/chat/completions will refuse requests", "err", st.NoTemplate)
 	}
-	defaults, err := decode.ModelDefaults(path)
-	if err != nil {
-		log.Warn("the model's sampling defaults are invalid and not used", "err", err)
+	if st.BadDefaults != nil {
+		log.Warn("the model's sampling defaults are invalid and not used", "err", st.BadDefaults)
 	}
-	defaults = defaults.Over(f.defaults)
-	log.Info("sampling defaults (under request fields)", "defaults", decode.DescribeDefaults(defaults))
+	log.Info("sampling defaults (under request fields)", "defaults", decode.DescribeDefaults(st.Options.Defaults))
 	met := metrics.New("decode")
-	text := decode.NewText(tok, tmpl)
-	grammars := &decode.Grammars{Text: text} // response_format and forced tool calls
 	go func() {
-		if err := grammars.Warm(); err != nil {
+		if err := st.Grammars.Warm(); err != nil {
 			log.Warn("constrained decoding unavailable: the vocabulary trie failed", "err", err)
 		}
 	}()
 	var dm decode.Model = m
 	if f.testPrefillRate > 0 {
-		dm = pacedPrefill{m, f.testPrefillRate}
+		dm = paced.Model{Model: m, Rate: f.testPrefillRate}
 		log.Warn("TEST ONLY: local prefill capped (--test-slow-prefill-tokens-per-sec)", "tokens_per_s", f.testPrefillRate)
 	}
-	o := decode.Options{Name: f.name, Model: dm, Text: text, Defaults: defaults,
-		NewConstraint: grammars.NewConstraint, AcceptTools: true,
-		NewSampler: decode.NewSampler, NewStopMatcher: decode.NewStopMatcher,
-		RemoteMinTokens: f.minRemote, MaxQueue: f.maxQueue, MaxBatch: f.maxBatch, PrefillChunk: f.chunk,
-		Metrics: met, Logger: log}
+	o := st.Options
+	o.Model, o.RemoteMinTokens, o.MaxQueue, o.MaxBatch, o.PrefillChunk, o.Metrics, o.Logger = dm, f.minRemote, f.maxQueue, f.maxBatch, f.chunk, met, log
 	if f.prefill != "" {
-		var eps []kvwire.Endpoint
-		for _, a := range splitList(f.prefill) {
-			eps = append(eps, kvwire.Endpoint{Addr: a})
-		}
-		addrs := make([]string, len(eps))
-		for i, e := range eps {
-			addrs[i] = e.Addr
-			met.PrefillEndpointState.WithLabelValues(e.Addr).Set(0)
-			met.PrefillEndpointTrips.WithLabelValues(e.Addr)
-		}
-		client := kvwire.NewClient(kvwire.ClientConfig{Secret: secret, Logger: log,
-			ConnectTimeout: f.connectTimeout, IdleTimeout: 30 * time.Second})
-		var router *decode.Router
-		var remote *decode.KVRemote
-		if f.route == "cost" {
-			router = newRouter(m, addrs, f.kvWireDType)
-		}
-		br := decode.NewBreaker(addrs, decode.BreakerOptions{IdleFloor: f.idleFloor,
-			OnChange: func(addr string, s decode.BreakerState) {
-				if router != nil && s == decode.Closed { // reconnected: the path may differ, measure it again
-					router.Rates.ForgetLink(addr)
-					go measureEndpoint(ctx, remote, router, addr, log)
-				}
-				if s == decode.Open {
-					met.PrefillEndpointState.WithLabelValues(addr).Set(1)
-					met.PrefillEndpointTrips.WithLabelValues(addr).Inc()
-					log.Warn("prefill endpoint not answering; skipping it until it answers a probe", "endpoint", addr)
-				} else {
-					met.PrefillEndpointState.WithLabelValues(addr).Set(0)
-					log.Info("prefill endpoint answers again", "endpoint", addr)
-				}
-			}})
-		remote = &decode.KVRemote{Client: client,
-			Selector: kvwire.NewSelector(eps), Name: f.name, Model: m, Breaker: br, Streams: f.kvStreams}
-		if f.kvWireDType == "fp8" {
-			remote.WireDType = kvwire.DTypeF8E4M3
-		}
-		o.Remote = remote
-		if router != nil {
-			router.Endpoints = func() []string {
-				var out []string
-				for _, a := range br.Endpoints() {
-					if br.Allow(a) {
-						out = append(out, a)
-					}
-				}
-				return out
-			}
-			router.Ahead = decode.SelectorAhead(remote.Selector)
-			router.PrefixHit = remote.PrefixHit
-			o.Router = router
-			calibrate(ctx, dm, router, f.chunk, log)
-			for _, a := range addrs {
-				go measureEndpoint(ctx, remote, router, a, log)
-			}
-		}
-		if f.prefillHealth != "" {
-			health := map[string]string{}
-			for i, h := range splitList(f.prefillHealth) {
-				health[addrs[i]] = h
-				met.PrefillEndpointLoad.WithLabelValues(addrs[i]).Set(0)
-			}
-			go watchLoad(ctx, remote.Selector, health, met, log)
-		}
-		gate.endpoints = br.Status
-		go remote.RunProbes(ctx, 0)
+		w := decode.NewRemote(ctx, decode.RemoteConfig{Name: f.name, Model: dm, Endpoints: splitList(f.prefill), Health: splitList(f.prefillHealth),
+			Secret: secret, ConnectTimeout: f.connectTimeout, IdleFloor: f.idleFloor, FP8: f.kvWireDType == "fp8", Streams: f.kvStreams,
+			Cost: f.route == "cost", Chunk: f.chunk, Metrics: met, Logger: log})
+		o.Remote, o.Router, gate.endpoints = w.Remote, w.Router, w.Breaker.Status
 		log.Info("remote prefill enabled", "endpoints", f.prefill, "min_tokens", f.minRemote, "route", f.route, "kv_wire_dtype", f.kvWireDType, "kv_streams", f.kvStreams,
 			"connect_timeout", f.connectTimeout, "idle_floor", f.idleFloor)
 	}
@@ -507,7 +435,7 @@ func runPrefill(ctx context.Context, f *runnerFlags, m *engine.Model, secret []b
 	}
 	var pm prefill.Model = m
 	if f.testPrefillRate > 0 {
-		pm = pacedPrefill{m, f.testPrefillRate}
+		pm = paced.Model{Model: m, Rate: f.testPrefillRate}
 		log.Warn("TEST ONLY: prefill capped (--test-slow-prefill-tokens-per-sec)", "tokens_per_s", f.testPrefillRate)
 	}
 	prod := prefill.New(prefill.Options{Name: f.name, Model: pm, Chunk: f.chunk, CacheBytes: cacheBytes, Metrics: met, Logger: log})
@@ -551,76 +479,6 @@ func listenError(addr string, err error) error {
 
 func fingerprintShort(fp engine.Fingerprint) string { return fmt.Sprintf("%x", fp[:8]) }
 
-// newRouter makes the decode runner's cost model: the KV bytes per token
-// on the wire from the model's geometry and the wire dtype (the cache's, or
-// one byte per element for fp8; its per-head scales are under 1 %).
-func newRouter(m *engine.Model, addrs []string, wireDType string) *decode.Router {
-	info := m.Info()
-	size := info.CacheDType.Size()
-	if wireDType == "fp8" {
-		size = 1
-	}
-	kv := float64(2 * info.Layers * info.KVHeads * info.HeadDim * size)
-	return &decode.Router{Rates: decode.NewRates(), KVBytesPerToken: kv}
-}
-
-// calibrate measures the local prefill rate once at start (a 256-token
-// prompt on a scratch cache) so the first request is not routed blind.
-func calibrate(ctx context.Context, m decode.Model, r *decode.Router, chunk int, log *slog.Logger) {
-	n := min(256, m.Info().MaxPositions-1)
-	if n <= 0 {
-		return
-	}
-	c := m.NewCache()
-	defer c.Free()
-	t0 := time.Now()
-	if err := m.Prefill(ctx, c, make([]int32, n), chunk, nil); err != nil {
-		log.Warn("local prefill calibration failed; routing by the floor until a request measures it", "err", err)
-		return
-	}
-	d := time.Since(t0)
-	r.ObserveLocal(n, d)
-	log.Info("local prefill calibrated", "tokens", n, "duration", d, "tokens_per_s", float64(n)/d.Seconds())
-}
-
-// measureEndpoint measures addr for the router: its link goodput with a
-// kvwire link probe, then its prefill rate with one real 256-token prefill
-// of tokens no earlier request used. The probe is sized to the link: one
-// probe token (128 KiB) first, then as many as fit in about 250 ms at the
-// rate that showed (at most 128: 16 MiB), so a slow link is not held for
-// seconds and a fast one is measured past its latency.
-func measureEndpoint(ctx context.Context, r *decode.KVRemote, rt *decode.Router, addr string, log *slog.Logger) {
-	pr, err := r.Client.ProbeStreams(ctx, addr, 1, r.Streams)
-	if err == nil {
-		if n := probeTokens(pr.Transfer); n > 1 {
-			pr, err = r.Client.ProbeStreams(ctx, addr, n, r.Streams)
-		}
-	}
-	if err != nil {
-		log.Warn("link probe failed; the route to this endpoint is decided by the floor until a transfer measures it", "endpoint", addr, "err", err)
-		return
-	}
-	rt.ObserveProbe(addr, pr.PayloadBytes, pr.Transfer)
-	log.Info("link probed", "endpoint", addr, "bytes", pr.PayloadBytes, "transfer", pr.Transfer, "goodput_bytes_per_s", pr.Goodput())
-	info := r.Model.Info()
-	n := min(256, info.MaxPositions-1)
-	if n <= 0 || info.Vocab <= 0 {
-		return
-	}
-	seed := time.Now().UnixNano()
-	prompt := make([]int32, n+1)
-	for i := range prompt {
-		prompt[i] = int32((seed + int64(i)*7919) % int64(info.Vocab))
-	}
-	st, err := r.Calibrate(ctx, addr, prompt)
-	if err != nil {
-		log.Warn("remote prefill calibration failed", "endpoint", addr, "err", err)
-		return
-	}
-	rt.ObserveRemote(addr, n, 0, st.Bytes, st.Duration)
-	log.Info("remote prefill calibrated", "endpoint", addr, "tokens", n, "duration", st.Duration)
-}
-
 // splitList splits a comma-separated flag value, dropping empty items.
 func splitList(s string) []string {
 	var out []string
@@ -630,75 +488,4 @@ func splitList(s string) []string {
 		}
 	}
 	return out
-}
-
-// watchLoad feeds the prefill runners' /health load (--prefill-health) to
-// the selector, which orders failover by it and, through
-// decode.SelectorAhead, makes the cost model predict a busy host slower.
-// A poll that starts or stops failing is logged once.
-func watchLoad(ctx context.Context, sel *kvwire.Selector, health map[string]string, met *metrics.Runner, log *slog.Logger) {
-	failing := map[string]bool{}
-	decode.WatchLoad(ctx, health, 0, func(addr string, n int, err error) {
-		sel.ReportLoad(addr, n)
-		met.PrefillEndpointLoad.WithLabelValues(addr).Set(float64(n))
-		if (err != nil) != failing[addr] {
-			failing[addr] = err != nil
-			if err != nil {
-				log.Warn("prefill runner's load unknown (its /health does not answer)", "endpoint", addr, "health", health[addr], "err", err)
-			} else {
-				log.Info("prefill runner's load known again", "endpoint", addr, "health", health[addr])
-			}
-		}
-	})
-}
-
-// probeTokens is the size of the second link probe after a one-token
-// probe took d: what fits in 250 ms at that pace, 1 to 128 tokens.
-func probeTokens(d time.Duration) int {
-	if d <= 0 {
-		return 128
-	}
-	return int(min(max(float64(250*time.Millisecond)/float64(d), 1), 128))
-}
-
-// pacedPrefill (--test-slow-prefill-tokens-per-sec, tests only) caps
-// prefill at rate tokens/s: each chunk is handed on (and the call returns)
-// no earlier than its last token's turn at that rate, so a remote stream
-// flows at the simulated pace too. Real compute slower than the cap is
-// not hidden: the time is then the real one.
-type pacedPrefill struct {
-	*engine.Model
-	rate float64
-}
-
-func (p pacedPrefill) Prefill(ctx context.Context, c engine.KVCache, toks []int32, chunk int, on func(start, n int) error) error {
-	t0 := time.Now()
-	wait := func(tokens int) error {
-		d := time.Until(t0.Add(time.Duration(float64(tokens) / p.rate * float64(time.Second))))
-		if d <= 0 {
-			return nil
-		}
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-			return nil
-		}
-	}
-	base := c.Len()
-	paced := func(start, n int) error {
-		if err := wait(start + n - base); err != nil {
-			return err
-		}
-		if on == nil {
-			return nil
-		}
-		return on(start, n)
-	}
-	if err := p.Model.Prefill(ctx, c, toks, chunk, paced); err != nil {
-		return err
-	}
-	return wait(len(toks))
 }

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/exo-pd/exo-pd/runners/openai"
 )
@@ -108,19 +107,5 @@ func TestLoadGate(t *testing.T) {
 	g.drain.Stop(0)
 	if code, body = get("/health"); code != 503 || body["status"] != "stopping" {
 		t.Fatalf("stopping health: %d %v", code, body)
-	}
-}
-
-func TestProbeTokens(t *testing.T) {
-	for _, c := range []struct {
-		d    time.Duration
-		want int
-	}{
-		{0, 128}, {100 * time.Microsecond, 128}, {2 * time.Millisecond, 125}, {50 * time.Millisecond, 5},
-		{250 * time.Millisecond, 1}, {2 * time.Second, 1},
-	} {
-		if got := probeTokens(c.d); got != c.want {
-			t.Errorf("probeTokens(%v) = %d, want %d", c.d, got, c.want)
-		}
 	}
 }
