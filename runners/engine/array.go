@@ -29,6 +29,30 @@
 // need not all be alive at once. The cpu backend relies on the Go GC and may
 // treat Free/Keep as no-ops; the mlx backend must not.
 //
+// Models: an architecture is one file, arch_<model_type>.go, that registers
+// an Architecture under its HF architecture name(s) in init(): its config
+// (Prepare maps the family's config.json onto the common fields, Parse
+// validates its own settings), its layer kinds (Layers), how it reads its
+// checkpoint (Source, Open, Embed, Head: HF, mlx-community and the GGUF
+// names weights presents) and its layers (Block) composed from the shared
+// blocks: decoderLayer (a mixer and a feed-forward part, each with optional
+// norms before and after), attention (full, sliding, sinks, gated, RoPE
+// variants or none, q/k norms per head or over the projection), the dense
+// gated MLP (SwiGLU, GeGLU, clamped SwiGLU), the MoE (moe.go) and Gated
+// DeltaNet (deltanet.go). Shared code never branches on an architecture.
+//
+// A Model is an embedding (the first pipeline stage's), a sequence of
+// Blocks and an output head (final norm and LM head: the last stage's).
+// Each Block has a LayerKind (full attention, a window, recurrent), which
+// drives the cache, the KV fingerprint and the wire header; it lists its
+// weights and how each shards across tensor-parallel ranks (Weight, Shard:
+// q/k/v and gate/up by output rows, o and down by input columns then
+// all_sum, experts along their intermediate width, per-head vectors with
+// the heads), and runs all of a step's sequences at once over cache slot i.
+// Blocks depend only on the step and their own weights, so a layer range
+// [a, b) loads and runs alone: Architecture.Block is called per layer, Embed
+// only for the first stage and Head only for the last.
+//
 // This package must not import anything under supervisor/, nor kvwire, nor
 // any HTTP code: it is a library used by the runners.
 package engine

@@ -7,9 +7,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"sort"
-	"strings"
-	"sync"
 )
 
 // Config is the part of an HF config.json that the decoder-only models
@@ -56,10 +53,9 @@ type Config struct {
 	LinearKeyDim, LinearValueDim     int // linear_key_head_dim, linear_value_head_dim
 	LinearConvKernel                 int // linear_conv_kernel_dim
 
-	// Gemma3 holds Gemma 3's own settings (gemma3.go); nil otherwise.
-	Gemma3 *Gemma3Config
-	// GptOss holds gpt-oss's own settings (gptoss.go); nil otherwise.
-	GptOss *GptOssConfig
+	// ext holds the architecture's own settings, parsed by its
+	// Architecture.Parse (its arch_*.go file's type); nil when it has none.
+	ext any
 }
 
 // IsLinearLayer reports whether layer i is a Gated DeltaNet layer.
@@ -149,17 +145,21 @@ func positive(field string, v *int, def int) (int, error) {
 	return *v, nil
 }
 
-// ParseConfig parses and validates config.json bytes, applying HF defaults.
+// ParseConfig parses and validates config.json bytes, applying HF defaults
+// and the registered architecture's own preparation and validation.
 func ParseConfig(data []byte) (*Config, error) {
-	data, err := flattenTextConfig(data)
-	if err != nil {
-		return nil, err
+	var peek struct {
+		Architectures []string `json:"architectures"`
 	}
-	if data, err = gemma3Prepare(data); err != nil {
-		return nil, err
+	var arch *Architecture
+	if json.Unmarshal(data, &peek) == nil && len(peek.Architectures) > 0 {
+		arch = registered(peek.Architectures[0])
 	}
-	if data, err = gptossPrepare(data); err != nil {
-		return nil, err
+	var err error
+	if arch != nil && arch.Prepare != nil {
+		if data, err = arch.Prepare(data); err != nil {
+			return nil, err
+		}
 	}
 	var r rawConfig
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -329,13 +329,8 @@ func ParseConfig(data []byte) (*Config, error) {
 		}
 		c.Quant = QuantSpec{Bits: rq.Bits, GroupSize: rq.GroupSize}
 	}
-	if isGemma3(c.Arch) {
-		if err := parseGemma3(data, c); err != nil {
-			return nil, err
-		}
-	}
-	if c.Arch == "GptOssForCausalLM" {
-		if err := parseGptOss(data, c); err != nil {
+	if arch != nil && arch.Parse != nil {
+		if err := arch.Parse(data, c); err != nil {
 			return nil, err
 		}
 	}
@@ -425,136 +420,4 @@ func parseRoPE(r *rawConfig, c *Config) error {
 	}
 	c.RoPE.Scale = s
 	return nil
-}
-
-// Arch describes how a registered architecture differs from plain Llama.
-type Arch struct {
-	// Family names the KV semantics in the fingerprint (e.g. "llama").
-	Family string
-	// QKVBias: q/k/v projections always have a bias (Qwen2).
-	QKVBias bool
-	// QKNorm: per-head RMSNorm on q and k before RoPE (Qwen3).
-	QKNorm bool
-	// MoE: sparse layers replace the MLP with routed experts (the config's
-	// num_experts must be set).
-	MoE bool
-	// GatedDeltaNet: the config's full_attention_interval splits the
-	// layers into gated full attention (q_proj doubled: queries and an
-	// output gate) and Gated DeltaNet layers (Qwen3-Next).
-	GatedDeltaNet bool
-	// SlidingWindow: the config's sliding_window, when set, limits every
-	// layer's attention to that many positions (Mistral): sliding-window
-	// layers (sliding.go) with ring caches.
-	SlidingWindow bool
-	// Windows, when set, gives each layer's attention window from the
-	// config (0: full attention), for architectures that interleave the
-	// kinds; it overrides SlidingWindow.
-	Windows func(c *Config) ([]int, error)
-	// Sinks: every layer has attention sinks, self_attn.sinks [H].
-	Sinks bool
-	// LoadMoE, when set, loads a sparse block instead of the Qwen3-MoE
-	// layout (gpt-oss).
-	LoadMoE func(l *loader, prefix string, cfg *Config) (*moeBlock, error)
-}
-
-// archRegistry maps HF architecture names to their variants. It is filled
-// by init functions only and read-only afterwards.
-var archRegistry = struct {
-	sync.RWMutex
-	m map[string]Arch
-}{m: map[string]Arch{}}
-
-// RegisterArch registers an HF architecture name (called from init).
-func RegisterArch(name string, a Arch) {
-	archRegistry.Lock()
-	defer archRegistry.Unlock()
-	if _, dup := archRegistry.m[name]; dup {
-		panic("engine: architecture registered twice: " + name)
-	}
-	archRegistry.m[name] = a
-}
-
-func lookupArch(name string) (Arch, error) {
-	archRegistry.RLock()
-	defer archRegistry.RUnlock()
-	if a, ok := archRegistry.m[name]; ok {
-		return a, nil
-	}
-	names := make([]string, 0, len(archRegistry.m))
-	for n := range archRegistry.m {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return Arch{}, cfgErr("architectures", "unsupported %q (supported: %s)", name, strings.Join(names, ", "))
-}
-
-// Architectures lists the registered HF architecture names.
-func Architectures() []string {
-	archRegistry.RLock()
-	defer archRegistry.RUnlock()
-	names := make([]string, 0, len(archRegistry.m))
-	for n := range archRegistry.m {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
-
-func init() {
-	RegisterArch("LlamaForCausalLM", Arch{Family: "llama"})
-	RegisterArch("MistralForCausalLM", Arch{Family: "llama", SlidingWindow: true})
-	RegisterArch("Qwen2ForCausalLM", Arch{Family: "qwen2", QKVBias: true, Windows: qwenWindows})
-	RegisterArch("Qwen3ForCausalLM", Arch{Family: "qwen3", QKNorm: true, Windows: qwenWindows})
-	RegisterArch("Qwen3MoeForCausalLM", Arch{Family: "qwen3_moe", QKNorm: true, MoE: true, Windows: qwenWindows})
-	RegisterArch("Qwen2MoeForCausalLM", Arch{Family: "qwen2_moe", QKVBias: true, MoE: true})
-	RegisterArch("Qwen3NextForCausalLM", Arch{Family: "qwen3_next", QKNorm: true, MoE: true, GatedDeltaNet: true})
-	RegisterArch("Qwen3_5ForConditionalGeneration", Arch{Family: "qwen3_5", QKNorm: true, GatedDeltaNet: true})
-	RegisterArch("Qwen3_5MoeForConditionalGeneration", Arch{Family: "qwen3_5_moe", QKNorm: true, MoE: true, GatedDeltaNet: true})
-}
-
-// flattenTextConfig lifts a Qwen3.5 config's text_config (the language
-// model's fields live there, architectures and quantization at the top) to
-// the top level, the top level's own keys winning only where text_config
-// lacks them, and rope_parameters' partial_rotary_factor next to them.
-// Other configs (Gemma 3's have their own preparation) come back unchanged.
-func flattenTextConfig(data []byte) ([]byte, error) {
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(data, &top); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
-	}
-	raw, ok := top["text_config"]
-	if !ok || string(raw) == "null" || !isQwen35(top["architectures"]) {
-		return data, nil
-	}
-	var text map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &text); err != nil {
-		return nil, cfgErr("text_config", "%v", err)
-	}
-	for k, v := range top {
-		if _, has := text[k]; !has && k != "text_config" && k != "vision_config" {
-			text[k] = v
-		}
-	}
-	for _, k := range []string{"architectures", "quantization", "quantization_config"} {
-		if v, has := top[k]; has {
-			text[k] = v
-		}
-	}
-	if rp, has := text["rope_parameters"]; has {
-		var p map[string]json.RawMessage
-		if json.Unmarshal(rp, &p) == nil {
-			if v, has := p["partial_rotary_factor"]; has {
-				if _, set := text["partial_rotary_factor"]; !set {
-					text["partial_rotary_factor"] = v
-				}
-			}
-		}
-	}
-	return json.Marshal(text)
-}
-
-// isQwen35 reports whether an architectures list names a Qwen3.5 model.
-func isQwen35(raw json.RawMessage) bool {
-	var archs []string
-	return json.Unmarshal(raw, &archs) == nil && len(archs) > 0 && strings.HasPrefix(archs[0], "Qwen3_5")
 }

@@ -23,6 +23,10 @@ import (
 // q, k, v, z in one matrix grouped per key head (qkvz) and b, a in another
 // (ba); Qwen3.5 has four plain projections (split: qkv, z, b, a).
 type deltaBlock struct {
+	prefix        string // "model.layers.N.linear_attn."
+	Hk, Hv        int    // key and value heads
+	Dk, Dv, K     int    // key and value head dims, conv kernel
+	eps           float32
 	qkvz, ba, out Linear  // [2·Kd + 2·Vd, D], [2·Hv, D], [D, Vd]
 	split         bool    // Qwen3.5's projections below instead of qkvz and ba
 	qkv, z, b, a  Linear  // [2·Kd + Vd, D], [Vd, D], [Hv, D], [Hv, D]
@@ -45,7 +49,7 @@ func (l *loader) delta(prefix string, cfg *Config) (*deltaBlock, error) {
 	Hk, Hv, Dk, Dv, K := cfg.LinearKeyHeads, cfg.LinearValueHeads, cfg.LinearKeyDim, cfg.LinearValueDim, cfg.LinearConvKernel
 	Kd, Vd := Hk*Dk, Hv*Dv
 	C := 2*Kd + Vd
-	d := &deltaBlock{split: l.has(prefix + "in_proj_qkv.weight")}
+	d := &deltaBlock{prefix: prefix, Hk: Hk, Hv: Hv, Dk: Dk, Dv: Dv, K: K, eps: float32(cfg.RMSNormEps), split: l.has(prefix + "in_proj_qkv.weight")}
 	type proj struct {
 		name    string
 		out, in int
@@ -155,11 +159,41 @@ func (m *Model) actDType() DType {
 	return m.cacheDT
 }
 
-// deltaForward runs one sequence's L rows h [L, D] through the layer from
-// state st and returns the output [L, D] and the new state.
-func (m *Model) deltaForward(d *deltaBlock, h Array, L int, st deltaState) (Array, deltaState) {
-	b, c := m.b, &m.cfg
-	Hk, Hv, Dk, Dv, K := c.LinearKeyHeads, c.LinearValueHeads, c.LinearKeyDim, c.LinearValueDim, c.LinearConvKernel
+func (d *deltaBlock) kind() LayerKind { return LayerKind{Recurrent: true} }
+
+func (d *deltaBlock) weights() []Weight {
+	p := d.prefix
+	// The projections are grouped per key head: they split by heads
+	// (SplitOutput on head boundaries), out_proj by its input.
+	w := []Weight{{p + "in_proj_qkvz", SplitOutput}, {p + "in_proj_ba", SplitOutput}}
+	if d.split {
+		w = []Weight{{p + "in_proj_qkv", SplitOutput}, {p + "in_proj_z", SplitOutput}, {p + "in_proj_b", SplitOutput}, {p + "in_proj_a", SplitOutput}}
+	}
+	return append(w, Weight{p + "conv1d.weight", SplitOutput}, Weight{p + "A_log", SplitHeads}, Weight{p + "dt_bias", SplitHeads},
+		Weight{p + "norm.weight", Replicated}, Weight{p + "out_proj", SplitInput})
+}
+
+// forward runs every sequence's rows through the layer from the state in
+// its cache (a hybridCache) and replaces the state.
+func (d *deltaBlock) forward(s *step, slot int, h Array) Array {
+	for i, c := range s.cs {
+		hc := c.(*hybridCache)
+		var st deltaState
+		s.outs[i], st = d.run(s.m, s.rows(h, i), s.lens[i], hc.states[slot])
+		hc.set(slot, st)
+		s.eval = append(s.eval, st.conv, st.rec)
+	}
+	if s.tail {
+		return nil
+	}
+	return s.join(s.outs)
+}
+
+// run runs one sequence's L rows h [L, D] through the layer from state st
+// and returns the output [L, D] and the new state.
+func (d *deltaBlock) run(m *Model, h Array, L int, st deltaState) (Array, deltaState) {
+	b := m.b
+	Hk, Hv, Dk, Dv, K := d.Hk, d.Hv, d.Dk, d.Dv, d.K
 	r, Kd, Vd := Hv/Hk, Hk*Dk, Hv*Dv
 	C := 2*Kd + Vd
 	var mixed, z, beta, a Array // [L, C], [L, Hv, Dv], [L, Hv], [L, Hv]
@@ -198,6 +232,6 @@ func (m *Model) deltaForward(d *deltaBlock, h Array, L int, st deltaState) (Arra
 	g, bt := b.DeltaGates(a, beta, d.aLog, d.dtBias)
 	var y Array
 	y, next.rec = b.GatedDelta(qn, kn, vn, g, bt, st.rec) // [L, Hv, Dv]
-	o := b.Mul(b.RMSNorm(y, d.norm, m.eps), b.Mul(z, b.Sigmoid(z)))
+	o := b.Mul(b.RMSNorm(y, d.norm, d.eps), b.Mul(z, b.Sigmoid(z)))
 	return b.Linear(b.Reshape(o, m.scr.dims(L, Vd)...), &d.out), next
 }

@@ -51,11 +51,11 @@ const maxSnapshots = 4
 var errRecurrentLayer = errors.New("engine: the state of a recurrent (Gated DeltaNet) layer cannot be exported or imported yet")
 
 func (m *Model) newHybridCache() *hybridCache {
-	c := &hybridCache{m: m, index: make([]int, m.cfg.Layers), states: make([]deltaState, m.cfg.Layers)}
+	c := &hybridCache{m: m, index: make([]int, len(m.kinds)), states: make([]deltaState, len(m.kinds))}
 	n := 0
 	for i := range c.index {
 		c.index[i] = -1
-		if !m.cfg.IsLinearLayer(i) {
+		if !m.kinds[i].Recurrent {
 			c.index[i] = n
 			n++
 		}

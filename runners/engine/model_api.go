@@ -1,7 +1,7 @@
 package engine
 
 // This file fixes the contract between the engine and the runners. The
-// implementation (model.go, llama.go, …) provides exactly these
+// implementation (model.go, step.go, the arch_*.go files) provides exactly these
 // declarations; runners depend on nothing else in this package.
 //
 //	func Load(ctx context.Context, path string, b Backend, opts LoadOptions) (*Model, error)

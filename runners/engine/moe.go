@@ -34,16 +34,35 @@ const moeSortMin = 64
 // moeBlock is one sparse layer's router and stacked experts, and its
 // shared expert when the model has one (Qwen2-MoE: every token also runs
 // a dense SwiGLU MLP whose output is scaled by sigmoid(sharedGate · x)).
-// gpt-oss's experts (gptoss.go) are stacked the same way, with biases
+// gpt-oss's experts (arch_gpt_oss.go) are stacked the same way, with biases
 // [E, out], possibly MXFP4, and a clamped SwiGLU (limit).
 type moeBlock struct {
+	prefix         string // "model.layers.N.mlp."
+	layer          int    // the model's layer index (RouteObserver)
 	router         Linear // [E, D]
 	gate, up, down Linear // stacked: [E, F, D], [E, F, D], [E, D, F]
 	numExperts     int
 	topK           int
 	norm           bool
+	D              int
 	shared         *sharedExpert
-	limit          float32 // gpt-oss: the clamp of its SwiGLU (gptoss.go); 0: plain SwiGLU
+	act            activation // the experts' (gpt-oss: clamped SwiGLU)
+	// names of the router and the experts' tensors (Weights)
+	routerName, gateName, upName, downName string
+}
+
+func (mb *moeBlock) weights() []Weight {
+	w := []Weight{{mb.routerName, Replicated}, {mb.gateName, SplitOutput}, {mb.upName, SplitOutput}, {mb.downName, SplitInput}}
+	if mb.shared != nil {
+		p := mb.prefix
+		w = append(w, Weight{p + "shared_expert.gate_proj", SplitOutput}, Weight{p + "shared_expert.up_proj", SplitOutput},
+			Weight{p + "shared_expert.down_proj", SplitInput}, Weight{p + "shared_expert_gate", Replicated})
+	}
+	return w
+}
+
+func (mb *moeBlock) forward(s *step, x, h Array) (Array, error) {
+	return s.m.moeForward(mb, x, h, s.n, s.m.hostRouting)
 }
 
 type sharedExpert struct {
@@ -55,12 +74,13 @@ type sharedExpert struct {
 // [E, out, in] as mlx-lm (and our GGUF reader) store them
 // (prefix+"switch_mlp.gate_proj") or one Linear per expert as HF stores
 // them (prefix+"experts.N.gate_proj"), which are stacked here.
-func (l *loader) moe(prefix string, cfg *Config) (*moeBlock, error) {
+func (l *loader) moe(prefix string, layer int, cfg *Config) (*moeBlock, error) {
 	D, F, E := cfg.Hidden, cfg.MoEIntermediate, cfg.Experts
 	if cfg.ExpertsPerToken < 1 || cfg.ExpertsPerToken > E {
 		return nil, cfgErr("num_experts_per_tok", "%d of %d experts", cfg.ExpertsPerToken, E)
 	}
-	mb := &moeBlock{numExperts: E, topK: cfg.ExpertsPerToken, norm: cfg.NormTopKProb}
+	mb := &moeBlock{prefix: prefix, layer: layer, numExperts: E, topK: cfg.ExpertsPerToken, norm: cfg.NormTopKProb, D: D,
+		routerName: prefix + "gate", gateName: prefix + "switch_mlp.gate_proj", upName: prefix + "switch_mlp.up_proj", downName: prefix + "switch_mlp.down_proj"}
 	r, err := l.linear(prefix+"gate", E, D, false)
 	if err != nil {
 		return nil, err
@@ -307,8 +327,8 @@ func (m *Model) moeForward(mb *moeBlock, x, h Array, n int, host bool) (Array, e
 		g := b.Sigmoid(b.Linear(h, &se.scale))                                        // [n, 1]
 		// g·s row by row as a batched matmul [n, 1, 1] @ [n, 1, D] (the
 		// elementwise ops broadcast only over leading axes).
-		gs := b.MatMul(b.Reshape(g, m.scr.dims(n, 1, 1)...), b.Reshape(s, m.scr.dims(n, 1, m.cfg.Hidden)...))
-		y = b.Add(y, b.Reshape(gs, m.scr.dims(n, m.cfg.Hidden)...))
+		gs := b.MatMul(b.Reshape(g, m.scr.dims(n, 1, 1)...), b.Reshape(s, m.scr.dims(n, 1, mb.D)...))
+		y = b.Add(y, b.Reshape(gs, m.scr.dims(n, mb.D)...))
 	}
 	return y, nil
 }
@@ -317,11 +337,11 @@ func (m *Model) moeForward(mb *moeBlock, x, h Array, n int, host bool) (Array, e
 // and sums their outputs weighted by scores [n, k] → [n, D].
 func (m *Model) switchGLU(mb *moeBlock, h Array, n int, inds, scores Array) Array {
 	b, scr := m.b, &m.scr
-	k, D := mb.topK, m.cfg.Hidden
+	k, D := mb.topK, mb.D
 	N := n * k
 	flat := b.Reshape(inds, scr.dims(N)...) // pair i is (token i/k, slot i%k)
 	mlp := func(xs, experts Array, sorted bool) Array {
-		g := mb.act(b, b.GatherLinear(xs, &mb.gate, experts, sorted), b.GatherLinear(xs, &mb.up, experts, sorted))
+		g := mb.act.apply(b, b.GatherLinear(xs, &mb.gate, experts, sorted), b.GatherLinear(xs, &mb.up, experts, sorted))
 		return b.GatherLinear(g, &mb.down, experts, sorted) // [N, D]
 	}
 	var y Array
@@ -360,12 +380,6 @@ func (m *Model) observeRoute(mb *moeBlock, inds Array, n, k int) error {
 	if err != nil {
 		return fmt.Errorf("route observer: %w", err)
 	}
-	layer := -1
-	for i := range m.layers {
-		if m.layers[i].moe == mb {
-			layer = i
-		}
-	}
 	experts := make([][]int32, n)
 	for t := range experts {
 		experts[t] = make([]int32, k)
@@ -373,6 +387,6 @@ func (m *Model) observeRoute(mb *moeBlock, inds Array, n, k int) error {
 			experts[t][j] = int32(v[t*k+j])
 		}
 	}
-	m.routeObs(layer, experts)
+	m.routeObs(mb.layer, experts)
 	return nil
 }

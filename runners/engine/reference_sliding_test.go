@@ -109,7 +109,7 @@ func TestGemma3Configs(t *testing.T) {
 		got = append(got, c)
 	}
 	for i, c := range got {
-		g := c.Gemma3
+		g := engine.Gemma3Settings(c)
 		if c.Heads != 8 || c.KVHeads != 4 || c.HeadDim != 256 || c.Vocab != 262208 || !c.TieEmbeddings ||
 			c.RoPE.Base != 1e6 || c.RoPE.Scale.Type != "linear" || c.RoPE.Scale.Factor != 8 || c.SlidingWindow != 1024 ||
 			g == nil || g.LocalBase != 1e4 || g.QueryPreAttnScalar != 256 || len(g.LayerTypes) != 34 ||

@@ -1,12 +1,9 @@
 package engine
 
-import (
-	"encoding/json"
-	"strings"
-)
+import "strings"
 
 // languageModelSource presents the language model inside a multimodal
-// checkpoint (Qwen3.5) under the plain names the loader uses:
+// checkpoint (Qwen3.5, Gemma 3) under the plain names the loader uses:
 // "model.…" and "lm_head.…" are read from "language_model.model.…" and
 // "language_model.lm_head.…" (mlx-lm's layout) or from
 // "model.language_model.…" and "lm_head.…" (Hugging Face's). Other
@@ -16,16 +13,10 @@ type languageModelSource struct {
 	model, head string // the prefixes standing for "model." and "lm_head."
 }
 
-// wrapLanguageModel returns src itself unless it is a Qwen3.5 checkpoint
-// whose tensors live under a language-model prefix (Gemma 3's multimodal
-// layout is handled by gemma3.go).
+// wrapLanguageModel returns src itself unless its tensors live under a
+// language-model prefix (an Architecture's Source for multimodal
+// checkpoints).
 func wrapLanguageModel(src Source) Source {
-	var cfg struct {
-		Architectures json.RawMessage `json:"architectures"`
-	}
-	if json.Unmarshal(src.Config(), &cfg) != nil || !isQwen35(cfg.Architectures) {
-		return src
-	}
 	for _, n := range src.Names() {
 		switch {
 		case strings.HasPrefix(n, "language_model.model."):

@@ -19,20 +19,18 @@ import (
 // load), embeddings scaled by √d, attention scaled by query_pre_attn_scalar,
 // tied embeddings. Numerics follow mlx-lm's gemma3_text.
 
-// Gemma3Config holds the Gemma 3 fields of config.json.
-type Gemma3Config struct {
+// gemma3Config holds the Gemma 3 fields of config.json (Config.ext).
+type gemma3Config struct {
 	QueryPreAttnScalar float64  // query_pre_attn_scalar: attention scale is its -1/2 power
 	LocalBase          float64  // rope_local_base_freq: the sliding layers' RoPE base
 	LayerTypes         []string // layer_types, or from sliding_window_pattern
 }
 
 func init() {
-	RegisterArch("Gemma3ForCausalLM", Arch{Family: "gemma3", QKNorm: true, Windows: gemma3Windows})
-	RegisterArch("Gemma3ForConditionalGeneration", Arch{Family: "gemma3", QKNorm: true, Windows: gemma3Windows})
-}
-
-func isGemma3(arch string) bool {
-	return arch == "Gemma3ForCausalLM" || arch == "Gemma3ForConditionalGeneration"
+	for _, name := range []string{"Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"} {
+		Register(name, &Architecture{Family: "gemma3", Prepare: gemma3Prepare, Parse: parseGemma3, Layers: gemma3Layers,
+			Source: wrapLanguageModel, Embed: gemma3Embed, Head: gemma3Head, Block: gemma3Block, Fingerprint: gemma3Fingerprint})
+	}
 }
 
 // gemma3Defaults are HF Gemma3TextConfig's defaults: real configs (the
@@ -59,7 +57,7 @@ func gemma3Prepare(data []byte) ([]byte, error) {
 		return data, nil // ParseConfig reports it
 	}
 	var archs []string
-	if err := json.Unmarshal(top["architectures"], &archs); err != nil || len(archs) == 0 || !isGemma3(archs[0]) {
+	if err := json.Unmarshal(top["architectures"], &archs); err != nil || len(archs) == 0 {
 		return data, nil
 	}
 	m := top
@@ -135,7 +133,7 @@ func parseGemma3(data []byte, c *Config) error {
 	if err := json.Unmarshal(data, &r); err != nil {
 		return cfgErr("config.json", "%v", err)
 	}
-	g := &Gemma3Config{QueryPreAttnScalar: *r.QPAS, LocalBase: *r.Local}
+	g := &gemma3Config{QueryPreAttnScalar: *r.QPAS, LocalBase: *r.Local}
 	if g.QueryPreAttnScalar <= 0 {
 		return cfgErr("query_pre_attn_scalar", "must be positive (got %v)", g.QueryPreAttnScalar)
 	}
@@ -175,35 +173,22 @@ func parseGemma3(data []byte, c *Config) error {
 	if slices.Contains(g.LayerTypes, "sliding_attention") && c.SlidingWindow <= 0 {
 		return cfgErr("sliding_window", "sliding layers need a positive window")
 	}
-	c.Gemma3 = g
+	c.ext = g
 	return nil
 }
 
-// gemma3Windows: sliding_attention layers slide over sliding_window.
-func gemma3Windows(c *Config) ([]int, error) {
-	if c.Gemma3 == nil {
+func gemma3Layers(c *Config) ([]LayerKind, error) {
+	g, ok := c.ext.(*gemma3Config)
+	if !ok {
 		return nil, cfgErr("architectures", "%s without its Gemma 3 settings", c.Arch)
 	}
-	w := make([]int, c.Layers)
-	for i, t := range c.Gemma3.LayerTypes {
-		if t == "sliding_attention" {
-			w[i] = c.SlidingWindow
-		}
-	}
-	return w, nil
+	return typedKinds(g.LayerTypes, c.SlidingWindow), checkExperts(c, false)
 }
 
-// gemma3Prefix finds where the text model's weights live: "model." for
-// Gemma3ForCausalLM; for the multimodal checkpoints "language_model.model."
-// (original and mlx-community layouts) or "model.language_model."
-// (transformers 5). The vision tower's weights are not read.
-func (l *loader) gemma3Prefix() (string, error) {
-	for _, p := range []string{"model.", "language_model.model.", "model.language_model."} {
-		if l.has(p + "embed_tokens.weight") {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("embed_tokens.weight under model., language_model.model. or model.language_model.: %w", ErrNotFound)
+// gemma3Fingerprint: the sliding layers' RoPE base.
+func gemma3Fingerprint(c *Config, w *fpWriter) {
+	w.str("gemma3 local rope base")
+	w.f64(c.ext.(*gemma3Config).LocalBase)
 }
 
 // plusOne loads a norm weight [n] as 1 + w, rounded to its dtype (what
@@ -239,90 +224,46 @@ func (l *loader) plusOne(name string, n int) (Array, error) {
 	return a, nil
 }
 
-// gemma3 loads the whole text model into m.
-func (l *loader) gemma3(m *Model, cfg *Config) error {
-	pfx, err := l.gemma3Prefix()
+// gemma3Embed loads the embedding, scaled by √D rounded to bf16 (mlx-lm:
+// h *= mx.array(hidden_size**0.5, mx.bfloat16).astype(h.dtype)).
+func gemma3Embed(l *loader, c *Config) (*embedding, error) {
+	e, err := standardEmbed(l, c)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	D, H, Hkv, Dh, F, V := cfg.Hidden, cfg.Heads, cfg.KVHeads, cfg.HeadDim, cfg.Intermediate, cfg.Vocab
-	if m.embed, err = l.linear(pfx+"embed_tokens", V, D, false); err != nil {
-		return err
-	}
-	m.lmHead = m.embed
-	head := "lm_head"
-	if pfx == "language_model.model." {
-		head = "language_model.lm_head"
-	}
-	if l.has(head + ".weight") {
-		if m.lmHead, err = l.linear(head, V, D, false); err != nil {
-			return err
-		}
-	} else if !cfg.TieEmbeddings {
-		return fmt.Errorf("engine: %s.weight: %w (and tie_word_embeddings is false)", head, ErrNotFound)
-	}
-	if m.norm, err = l.plusOne(pfx+"norm.weight", D); err != nil {
-		return err
-	}
-	// mlx-lm: h *= mx.array(hidden_size**0.5, mx.bfloat16).astype(h.dtype)
-	s := half.BF16ToF32(half.F32ToBF16(float32(math.Sqrt(float64(D)))))
-	sv := make([]float32, D)
+	s := half.BF16ToF32(half.F32ToBF16(float32(math.Sqrt(float64(c.Hidden)))))
+	sv := make([]float32, c.Hidden)
 	for i := range sv {
 		sv[i] = s
 	}
-	m.embedScale = l.b.FromFloat32(sv, D)
-	l.b.Keep(m.embedScale)
-	l.kept = append(l.kept, m.embedScale)
-	m.attnScale = float32(math.Pow(cfg.Gemma3.QueryPreAttnScalar, -0.5))
-	local := &RoPE{Dims: cfg.HeadDim, Base: cfg.Gemma3.LocalBase}
-	m.layers = make([]block, cfg.Layers)
-	for i := range m.layers {
-		if err := l.ctx.Err(); err != nil {
-			return err
-		}
-		b := &m.layers[i]
-		p := fmt.Sprintf("%slayers.%d.", pfx, i)
-		lin := func(dst *Linear, name string, out, in int) error {
-			x, err := l.linear(p+name, out, in, false)
-			if err != nil {
-				return fmt.Errorf("engine: load layer %d: %w", i, err)
-			}
-			*dst = *x
-			return nil
-		}
-		norm := func(dst *Array, name string, n int) error {
-			var err error
-			if *dst, err = l.plusOne(p+name, n); err != nil {
-				return fmt.Errorf("engine: load layer %d: %w", i, err)
-			}
-			return nil
-		}
-		for _, e := range []error{
-			lin(&b.q, "self_attn.q_proj", H*Dh, D), lin(&b.k, "self_attn.k_proj", Hkv*Dh, D),
-			lin(&b.v, "self_attn.v_proj", Hkv*Dh, D), lin(&b.o, "self_attn.o_proj", D, H*Dh),
-			lin(&b.gate, "mlp.gate_proj", F, D), lin(&b.up, "mlp.up_proj", F, D), lin(&b.down, "mlp.down_proj", D, F),
-			norm(&b.inNorm, "input_layernorm.weight", D), norm(&b.postNorm, "post_attention_layernorm.weight", D),
-			norm(&b.preFFNorm, "pre_feedforward_layernorm.weight", D), norm(&b.postFFNorm, "post_feedforward_layernorm.weight", D),
-			norm(&b.qNorm, "self_attn.q_norm.weight", Dh), norm(&b.kNorm, "self_attn.k_norm.weight", Dh),
-		} {
-			if e != nil {
-				return e
-			}
-		}
-		if m.window(i) > 0 {
-			b.rope = local
-		}
-	}
-	return nil
+	e.scale = l.keep(l.b.FromFloat32(sv, c.Hidden))
+	return e, nil
 }
 
-// gemma3Residual finishes a Gemma 3 layer after attention (a [L, H·Dh]):
-// x + post_attention_norm(o_proj(a)), then the GeGLU MLP between its pre-
-// and post-feedforward norms, added to the residual.
-func (m *Model) gemma3Residual(ly *block, x, a Array) Array {
-	b := m.b
-	x = b.Add(x, b.RMSNorm(b.Linear(a, &ly.o), ly.postNorm, m.eps))
-	h := b.RMSNorm(x, ly.preFFNorm, m.eps)
-	g := b.GeGLU(b.Linear(h, &ly.gate), b.Linear(h, &ly.up))
-	return b.Add(x, b.RMSNorm(b.Linear(g, &ly.down), ly.postFFNorm, m.eps))
+func gemma3Head(l *loader, c *Config, e *embedding) (*outputHead, error) {
+	return l.head("model.norm.weight", "lm_head", c, e, l.plusOne)
+}
+
+// gemma3Block loads layer i: four (1 + w) norms around attention (per-head
+// q/k norms, scale query_pre_attn_scalar^−½, the local RoPE base on sliding
+// layers) and a GeGLU MLP.
+func gemma3Block(l *loader, c *Config, i int, k LayerKind) (Block, error) {
+	g := c.ext.(*gemma3Config)
+	p := layerPrefix(i)
+	rope := &c.RoPE
+	if k.Window > 0 {
+		rope = &RoPE{Dims: c.HeadDim, Base: g.LocalBase}
+	}
+	sp := attentionSpec{H: c.Heads, Hkv: c.KVHeads, Dh: c.HeadDim, qkNorm: true, rope: rope, window: k.Window,
+		scale: float32(math.Pow(g.QueryPreAttnScalar, -0.5))}
+	d := &decoderLayer{eps: float32(c.RMSNormEps)}
+	var err error
+	if d.mix, err = l.attention(p+"self_attn.", c.Hidden, sp, d.eps, l.plusOne); err != nil {
+		return nil, err
+	}
+	if d.ff, err = l.mlp(p+"mlp.", c.Hidden, c.Intermediate, activation{geglu: true}); err != nil {
+		return nil, err
+	}
+	return d, d.norms(l.plusOne, c.Hidden, p+"input_layernorm.weight", p+"post_attention_layernorm.weight",
+		p+"pre_feedforward_layernorm.weight", p+"post_feedforward_layernorm.weight")
 }

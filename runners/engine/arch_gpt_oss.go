@@ -20,8 +20,8 @@ import (
 // interleaving gate and up) or HF's dense one (gate_up_proj [E, D, 2F],
 // columns interleaving gate and up).
 
-// GptOssConfig holds gpt-oss's own config.json fields.
-type GptOssConfig struct {
+// gptOssConfig holds gpt-oss's own config.json fields (Config.ext).
+type gptOssConfig struct {
 	SwiGLULimit float64  // swiglu_limit: the clamp of the expert activation
 	LayerTypes  []string // layer_types (default: sliding, full, sliding, …)
 }
@@ -31,7 +31,7 @@ type GptOssConfig struct {
 const gptossAlpha = 1.702
 
 func init() {
-	RegisterArch("GptOssForCausalLM", Arch{Family: "gpt_oss", MoE: true, Sinks: true, Windows: gptossWindows, LoadMoE: (*loader).gptossMoE})
+	Register("GptOssForCausalLM", &Architecture{Family: "gpt_oss", Prepare: gptossPrepare, Parse: parseGptOss, Layers: gptossLayers, Block: gptossBlock})
 }
 
 // gptossPrepare maps gpt-oss's names onto the MoE fields ParseConfig reads
@@ -40,10 +40,6 @@ func init() {
 func gptossPrepare(data []byte) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(data, &m); err != nil {
-		return data, nil
-	}
-	var archs []string
-	if err := json.Unmarshal(m["architectures"], &archs); err != nil || len(archs) == 0 || archs[0] != "GptOssForCausalLM" {
 		return data, nil
 	}
 	if _, ok := m["num_experts"]; !ok {
@@ -78,7 +74,7 @@ func parseGptOss(data []byte, c *Config) error {
 	if err := json.Unmarshal(data, &r); err != nil {
 		return cfgErr("config.json", "%v", err)
 	}
-	g := &GptOssConfig{SwiGLULimit: 7}
+	g := &gptOssConfig{SwiGLULimit: 7}
 	if r.Limit != nil {
 		g.SwiGLULimit = *r.Limit
 	}
@@ -108,21 +104,25 @@ func parseGptOss(data []byte, c *Config) error {
 		return cfgErr("sliding_window", "sliding layers need a positive window")
 	}
 	g.LayerTypes = r.Types
-	c.GptOss = g
+	c.ext = g
 	return nil
 }
 
-func gptossWindows(c *Config) ([]int, error) {
-	if c.GptOss == nil {
+func gptossLayers(c *Config) ([]LayerKind, error) {
+	g, ok := c.ext.(*gptOssConfig)
+	if !ok {
 		return nil, cfgErr("architectures", "%s without its gpt-oss settings", c.Arch)
 	}
-	w := make([]int, c.Layers)
-	for i, t := range c.GptOss.LayerTypes {
-		if t == "sliding_attention" {
-			w[i] = c.SlidingWindow
-		}
-	}
-	return w, nil
+	return typedKinds(g.LayerTypes, c.SlidingWindow), checkExperts(c, true)
+}
+
+// gptossBlock loads layer i: attention with q/k/v/o biases and sinks, the
+// MoE on every layer.
+func gptossBlock(l *loader, c *Config, i int, k LayerKind) (Block, error) {
+	sp := llamaAttention(c, k)
+	sp.sinks = true
+	ff := func(p string) (feedForward, error) { return l.gptossMoE(p+"mlp.", i, c) }
+	return l.preNormLayer(c, i, l.selfAttention(c, sp), ff)
 }
 
 // gptossMoE loads a gpt-oss MoE block: prefix+"router" (weight and bias)
@@ -132,9 +132,11 @@ func gptossWindows(c *Config) ([]int, error) {
 // (gate_up_proj_blocks, gptossBlocks) or HF's dense layout (gate_up_proj
 // [E, D, 2F], gptossDense). The experts run in the graph like every MoE's
 // (moe.go: switchGLU).
-func (l *loader) gptossMoE(prefix string, cfg *Config) (*moeBlock, error) {
+func (l *loader) gptossMoE(prefix string, layer int, cfg *Config) (*moeBlock, error) {
 	D, F, E := cfg.Hidden, cfg.MoEIntermediate, cfg.Experts
-	mb := &moeBlock{numExperts: E, topK: cfg.ExpertsPerToken, norm: true, limit: float32(cfg.GptOss.SwiGLULimit)}
+	mb := &moeBlock{prefix: prefix, layer: layer, numExperts: E, topK: cfg.ExpertsPerToken, norm: true, D: D,
+		act:        activation{alpha: gptossAlpha, limit: float32(cfg.ext.(*gptOssConfig).SwiGLULimit)},
+		routerName: prefix + "router", gateName: prefix + "experts.gate_proj", upName: prefix + "experts.up_proj", downName: prefix + "experts.down_proj"}
 	r, err := l.linear(prefix+"router", E, D, true)
 	if err != nil {
 		return nil, err
@@ -245,15 +247,6 @@ func (l *loader) gptossDense(prefix string, mb *moeBlock, D, F, E int) error {
 	mb.down = Linear{W: l.keep(l.b.FromBytes(pick(dn, F, D, 0, 1, D), []int{E, D, F}, dn.DType)),
 		Bias: l.keep(l.b.FromBytes(dnb.Data, []int{E, D}, dnb.DType))}
 	return nil
-}
-
-// act is the experts' activation: gpt-oss's clamped SwiGLU when the block
-// has a limit, plain SwiGLU otherwise.
-func (mb *moeBlock) act(b Backend, gate, up Array) Array {
-	if mb.limit > 0 {
-		return b.ClampedSwiGLU(gate, up, gptossAlpha, mb.limit)
-	}
-	return b.SwiGLU(gate, up)
 }
 
 // gptossBlocks loads the released checkpoints' MXFP4 experts:
