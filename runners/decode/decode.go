@@ -177,6 +177,7 @@ type Server struct {
 
 	batch     *batcher // nil when MaxBatch is 1
 	stopBatch context.CancelFunc
+	journal   journal // recent requests, for JournalPath
 }
 
 // New makes a Server.
@@ -245,6 +246,7 @@ func (s *Server) Register(mux *http.ServeMux) {
 	s.api.Register(mux)
 	s.msgs.Register(mux)
 	mux.Handle("/metrics", s.m.Handler())
+	mux.HandleFunc("GET "+JournalPath, s.serveJournal)
 }
 
 // Load returns the numbers of requests waiting and running.
@@ -317,9 +319,12 @@ func (s *Server) Detokenize(ctx context.Context, ids []int32) (string, error) {
 }
 
 // Generate implements openai.Generator.
-func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai.Emitter) (openai.Result, error) {
+func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai.Emitter) (res openai.Result, err error) {
 	t0 := time.Now()
 	reqID := fmt.Sprintf("%s-%d", s.o.Name, s.seq.Add(1))
+	rec := s.journal.begin(reqID, s.o.Name, t0)
+	defer func() { s.finishRecord(rec, res, err) }()
+	ctx = withRecord(ctx, rec)
 	prompt, err := s.prompt(req)
 	if err != nil {
 		return openai.Result{}, err
@@ -377,6 +382,7 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 	if start > 0 {
 		s.m.PrefixHit.WithLabelValues("decode").Add(float64(start))
 	}
+	s.note(ctx, func(r *RequestRecord) { r.PromptTokens, r.CachedTokens = n, start })
 
 	if err := s.fill(ctx, reqID, req, prompt, start, entry); err != nil {
 		return openai.Result{}, err
@@ -414,7 +420,7 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 			}
 		}
 	}
-	res, err := s.generate(ctx, req, em, entry, logits, cons, t0)
+	res, err = s.generate(ctx, req, em, entry, logits, cons, t0)
 	if cl, closes := cons.(interface{ Close() }); closes {
 		cl.Close() // a mask computed ahead may still be running
 	}
@@ -485,6 +491,7 @@ func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest,
 		s.m.RouteDecisions.WithLabelValues(d.Route, d.Reason).Inc()
 		s.log.Info("route decision", "req", reqID, "uncached", n-1-start, "route", d.Route, "reason", d.Reason,
 			"predicted_local", d.Local, "predicted_remote", d.Remote, "endpoint", d.Endpoint, "prefix_hits", hits)
+		s.note(ctx, func(r *RequestRecord) { r.Reason = d.Reason })
 		switch {
 		case d.Route == RouteRemote:
 			predicted, prefer, ahead = d.Remote, d.Order, d.Ahead
@@ -496,6 +503,9 @@ func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest,
 		}
 	}
 	t0 := time.Now()
+	defer func() {
+		s.note(ctx, func(r *RequestRecord) { r.Fill, r.PredictedFill = time.Since(t0).Seconds(), predicted.Seconds() })
+	}()
 	if outcome == "" {
 		st, err := s.o.Remote.Prefill(ctx, reqID, prompt, start, entry.cache, prefer)
 		if err == nil && s.o.Router != nil {
@@ -507,6 +517,10 @@ func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest,
 			s.m.KVBytes.WithLabelValues("decode").Add(float64(st.Bytes))
 			s.m.KVDuration.WithLabelValues("decode").Observe(st.Duration.Seconds())
 			s.m.KVWait.Observe(st.Wait.Seconds())
+			s.note(ctx, func(r *RequestRecord) {
+				r.Route, r.Outcome, r.Endpoint = RouteRemote, metrics.OutcomeOK, st.Endpoint
+				r.KVBytes, r.KVTransfer = st.Bytes, st.Duration.Seconds()
+			})
 			s.log.Info("remote prefill", append(attrs, "outcome", metrics.OutcomeOK, "endpoint", st.Endpoint,
 				"bytes", st.Bytes, "states", st.States, "duration", st.Duration, "wire_wait", st.Wait)...)
 			got := entry.cache.Len()
@@ -534,6 +548,7 @@ func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest,
 		}
 	}
 	s.m.RemotePrefill.WithLabelValues(outcome).Inc()
+	s.note(ctx, func(r *RequestRecord) { r.Outcome = outcome })
 	s.log.Info("local prefill", append(attrs, "outcome", outcome)...)
 	if start < n-1 {
 		t1 := time.Now()
@@ -600,6 +615,7 @@ func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai
 		now := time.Now()
 		if res.CompletionTokens == 0 {
 			s.m.TTFT.WithLabelValues(s.o.Name).Observe(now.Sub(t0).Seconds())
+			s.note(ctx, func(r *RequestRecord) { r.first, r.TTFT = now, now.Sub(t0).Seconds() })
 		} else {
 			s.m.InterToken.WithLabelValues(s.o.Name).Observe(now.Sub(last).Seconds())
 		}

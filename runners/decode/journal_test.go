@@ -1,0 +1,118 @@
+package decode
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/metrics"
+	"github.com/exo-pd/exo-pd/runners/prefill"
+)
+
+func getJournal(t *testing.T, url string, since int) Journal {
+	t.Helper()
+	resp, err := http.Get(url + JournalPath + "?since=" + itoa(int32(since)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("%s: %s", JournalPath, resp.Status)
+	}
+	var j Journal
+	if err := json.NewDecoder(resp.Body).Decode(&j); err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
+// TestJournal: the decode runner's JournalPath lists each request with its
+// route (a real prefill runner over loopback TCP for one, local for one
+// that disables remote prefill), the KV bytes that crossed, timings and
+// token counts, and the link to the prefill endpoint; ?since= returns only
+// newer records.
+func TestJournal(t *testing.T) {
+	var endpoint string
+	s := startTinyServer(t, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}, func(_ Text, o *Options) {
+		m := o.Model.(*engine.Model)
+		prod := prefill.New(prefill.Options{Name: "m", Model: m, Chunk: 16, Metrics: metrics.New("prefill")})
+		t.Cleanup(prod.Close)
+		srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		go srv.Serve(ctx, l)
+		endpoint = l.Addr().String()
+		o.Remote = &KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{}), Name: "m", Model: m,
+			Selector: kvwire.NewSelector([]kvwire.Endpoint{{Addr: endpoint, Link: kvwire.LinkLoopback}}),
+			Breaker:  NewBreaker([]string{endpoint}, BreakerOptions{})}
+		o.RemoteMinTokens = 1
+	})
+	if j := getJournal(t, s.url, 0); len(j.Requests) != 0 || j.Model != "m" {
+		t.Fatalf("fresh runner's journal: %+v", j)
+	}
+	s.chat(t, nil)
+	s.chat(t, map[string]any{"x_exo_disable_remote_prefill": true,
+		"messages": []map[string]any{{"role": "user", "content": "something else entirely"}}})
+	j := getJournal(t, s.url, 0)
+	if len(j.Requests) != 2 {
+		t.Fatalf("want 2 records, got %+v", j.Requests)
+	}
+	remote, local := j.Requests[0], j.Requests[1]
+	if remote.Route != RouteRemote || remote.Outcome != metrics.OutcomeOK || remote.Endpoint != endpoint ||
+		remote.KVBytes <= 0 || remote.KVTransfer <= 0 {
+		t.Errorf("remote record: %+v", remote)
+	}
+	if local.Route != RouteLocal || local.Outcome != metrics.OutcomeSkippedDisabled || local.KVBytes != 0 {
+		t.Errorf("local record: %+v", local)
+	}
+	for _, r := range j.Requests {
+		if !r.Done || r.PromptTokens <= 1 || r.CompletionTokens != 8 || r.TTFT <= 0 || r.Fill <= 0 ||
+			r.TTFT < r.Fill || r.Duration < r.TTFT || r.TokensPerSecond <= 0 || r.FinishReason != "length" || r.Error != "" {
+			t.Errorf("record %s: %+v", r.ID, r)
+		}
+	}
+	if remote.Seq >= local.Seq {
+		t.Errorf("seq not increasing: %d, %d", remote.Seq, local.Seq)
+	}
+	if len(j.Links) != 1 || j.Links[0].Endpoint != endpoint || !j.Links[0].Up || j.Links[0].Kind != "loopback" ||
+		j.Links[0].LastGoodput <= 0 {
+		t.Errorf("links: %+v", j.Links)
+	}
+	if j2 := getJournal(t, s.url, int(remote.Seq)); len(j2.Requests) != 1 || j2.Requests[0].ID != local.ID {
+		t.Errorf("since %d: %+v", remote.Seq, j2.Requests)
+	}
+}
+
+// TestJournalRing: the journal keeps the latest journalSize records,
+// oldest first.
+func TestJournalRing(t *testing.T) {
+	var j journal
+	for i := range journalSize + 10 {
+		j.begin(itoa(int32(i)), "m", time.Time{})
+	}
+	got := j.since(0)
+	if len(got) != journalSize || got[0].Seq != 11 || got[len(got)-1].Seq != journalSize+10 {
+		t.Fatalf("%d records, first %d, last %d", len(got), got[0].Seq, got[len(got)-1].Seq)
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i].Seq != got[i-1].Seq+1 {
+			t.Fatalf("order broken at %d: %d after %d", i, got[i].Seq, got[i-1].Seq)
+		}
+	}
+	if n := len(j.since(uint64(journalSize + 5))); n != 5 {
+		t.Errorf("since: %d records, want 5", n)
+	}
+}
