@@ -23,12 +23,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/exo-pd/exo-pd/supervisor/config"
+	"github.com/exo-pd/exo-pd/supervisor/dashboard"
 	"github.com/exo-pd/exo-pd/supervisor/gateway"
 	"github.com/exo-pd/exo-pd/supervisor/gpu"
 	"github.com/exo-pd/exo-pd/supervisor/metrics"
@@ -76,6 +78,10 @@ type supervisor struct {
 	gw   *gateway.Gateway
 	met  *metrics.Metrics
 	auth *gateway.Auth
+	key  atomic.Pointer[[]byte] // the API key in force (nil: none), sent to peers
+	dash *dashboard.Dashboard
+	hist *dashboard.History // runners' state changes, for the dashboard
+	gpu  *gpu.Collector     // nil: no NVML
 	host string
 	api  string
 
@@ -125,13 +131,16 @@ func Run(ctx context.Context, o Options) error {
 		if g := gpu.Open(s.log); g != nil {
 			defer g.Close()
 			s.met.Register("gpu", g)
+			s.gpu = g
 		}
 	}
 	s.gw = gateway.New(gateway.Options{Logger: s.log,
 		Instance:    func(runner string) string { return s.set.Instance(runner) },
 		RunnerError: func(runner string) string { return s.set.LastError(runner) }})
 	s.gw.SetConfig(cfg, s.host)
-	s.set = reconcile.New(reconcile.Options{Executable: o.Executable, ExtraEnv: o.ExtraEnv, Process: withLogger(livenessFrom(o.Process, cfg), s.log)})
+	s.hist = dashboard.NewHistory()
+	s.set = reconcile.New(reconcile.Options{Executable: o.Executable, ExtraEnv: o.ExtraEnv, Process: withLogger(livenessFrom(o.Process, cfg), s.log),
+		OnChange: s.hist.Observe})
 
 	addr := o.APIListen
 	if addr == "" {
@@ -150,14 +159,18 @@ func Run(ctx context.Context, o Options) error {
 	mux.Handle("GET /metrics", s.met.Handler())
 	mux.HandleFunc("GET "+StatusPath, s.serveStatus)
 	mux.HandleFunc("GET "+ClusterPath, s.serveCluster)
+	s.dash = s.newDashboard(ln.Addr())
+	s.dash.Register(mux)
 	var key []byte
 	if f := cfg.API.APIKeyFile; f != "" {
 		if key, err = gateway.ReadKeyFile(f); err != nil {
 			ln.Close()
 			return err
 		}
+		s.key.Store(&key)
 	}
-	s.auth = gateway.NewAuth(mux, key, cfg.API.OpenPaths)
+	// The dashboard's page holds no data and asks for the key itself.
+	s.auth = gateway.NewAuth(mux, key, append(slices.Clone(cfg.API.OpenPaths), dashboard.ShellPaths...))
 	rht := o.ReadHeaderTimeout
 	if rht <= 0 {
 		rht = 10 * time.Second
@@ -340,6 +353,7 @@ func (s *supervisor) reload(ctx context.Context, reason string) {
 			s.log.Error("API key not reloaded; the previous key stays in force", "err", err)
 		} else {
 			s.auth.SetKey(key)
+			s.key.Store(&key)
 		}
 	}
 	ch := s.set.Apply(ctx, c.Runners(s.host))
@@ -498,4 +512,36 @@ func (s *supervisor) serveStatus(w http.ResponseWriter, r *http.Request) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(st)
+}
+
+// newDashboard makes the status API and page over this supervisor's state;
+// the other hosts' gateways are taken to listen on this one's port.
+func (s *supervisor) newDashboard(api net.Addr) *dashboard.Dashboard {
+	port := s.cfg.API.Port
+	if ta, ok := api.(*net.TCPAddr); ok {
+		port = ta.Port
+	}
+	o := dashboard.Options{Port: port, Logger: s.log, Local: s.dashboardLocal, History: s.hist,
+		Key: func() []byte {
+			if k := s.key.Load(); k != nil {
+				return *k
+			}
+			return nil
+		}}
+	if s.gpu != nil {
+		o.GPU = s.gpu.Samples
+	}
+	return dashboard.New(o)
+}
+
+func (s *supervisor) dashboardLocal() dashboard.Local {
+	s.mu.Lock()
+	c, digest, rl := s.cfg, s.digest, s.lastReload
+	s.mu.Unlock()
+	l := dashboard.Local{Config: c, Host: s.host, Digest: digest, API: s.api, Started: s.started,
+		LastReload: dashboard.Reload(rl), Decode: s.gw.Health()}
+	for _, r := range s.set.Runners() {
+		l.Runners = append(l.Runners, dashboard.Runner{Spec: r.Spec, Status: r.Status})
+	}
+	return l
 }

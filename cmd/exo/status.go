@@ -14,9 +14,10 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/exo-pd/exo-pd/supervisor"
 	"github.com/exo-pd/exo-pd/supervisor/config"
+	"github.com/exo-pd/exo-pd/supervisor/dashboard"
 	"github.com/exo-pd/exo-pd/supervisor/gateway"
+	"github.com/exo-pd/exo-pd/supervisor/gpu"
 	"github.com/exo-pd/exo-pd/supervisor/process"
 )
 
@@ -25,7 +26,7 @@ func cmdStatus(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	api := fs.String("api", "", "the supervisor's API URL (default: from "+config.DefaultPath+", else http://127.0.0.1:52415)")
 	asJSON := fs.Bool("json", false, "print the raw JSON")
-	if err := parseFlags(fs, "usage: exo status [--api URL] [--json]\n\nShows what the supervisor on this host is doing: its runners, hosts, and the\ndecode runners as its gateway sees them.", args); err != nil {
+	if err := parseFlags(fs, "usage: exo status [--api URL] [--json]\n\nShows the cluster as the supervisor on this host sees it (`+dashboard.StatePath+`):\nits runners; every host (supervisor up or down, memory, GPU, clock offset); each\nmodel's runners and their states; the prefill links; the latest requests with\ntheir route and timings; the decode runners as its gateway sees them.", args); err != nil {
 		return err
 	}
 	url := *api
@@ -43,7 +44,7 @@ func cmdStatus(ctx context.Context, args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(url, "/")+supervisor.StatusPath, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(url, "/")+dashboard.StatePath, nil)
 	if err != nil {
 		return exitError{2, err.Error()}
 	}
@@ -66,17 +67,29 @@ func cmdStatus(ctx context.Context, args []string) error {
 		_, err := os.Stdout.Write(body)
 		return err
 	}
-	var st supervisor.Status
+	var st dashboard.State
 	if err := json.Unmarshal(body, &st); err != nil {
 		return fmt.Errorf("decode status: %w", err)
 	}
-	printStatus(os.Stdout, st, time.Now())
+	printStatus(os.Stdout, &st, time.Now())
 	return nil
 }
 
-func printStatus(out io.Writer, st supervisor.Status, now time.Time) {
-	fmt.Fprintf(out, "cluster %s, host %s, up %s\nconfig  %s\napi     %s/v1\n", st.Cluster, st.Host, now.Sub(st.Started).Round(time.Second), st.Config, st.API)
-	rl := st.LastReload
+// printStatus prints the cluster as the supervisor at the other end sees
+// it: that host first (as before the cluster view existed), then every host,
+// model, link and the latest requests (docs/OPERATIONS.md).
+func printStatus(out io.Writer, st *dashboard.State, now time.Time) {
+	var me *dashboard.HostView
+	for _, h := range st.Hosts {
+		if h.Name == st.Host {
+			me = h.View
+		}
+	}
+	if me == nil {
+		me = &dashboard.HostView{Name: st.Host}
+	}
+	fmt.Fprintf(out, "cluster %s, host %s, up %s\nconfig  %s\napi     %s/v1\n", st.Cluster, st.Host, now.Sub(me.Started).Round(time.Second), me.Config, me.API)
+	rl := me.LastReload
 	if rl.OK {
 		fmt.Fprintf(out, "reload  ok at %s (%s)\n", rl.At.Format(time.RFC3339), rl.Changes)
 	} else {
@@ -86,56 +99,150 @@ func printStatus(out io.Writer, st supervisor.Status, now time.Time) {
 	fmt.Fprintln(out, "\nRUNNERS ON THIS HOST")
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tROLE\tSTATE\tPID\tRESTARTS\tADDRESS\tDETAIL")
-	for _, r := range st.Runners {
-		detail := r.Status.LastExit
-		if e := r.Status.LastError; e != "" && r.Status.State != process.Ready {
-			detail += ": " + e
-		}
-		if h := r.Status.Health; h != nil {
-			switch {
-			case h.Status == "loading":
-				detail = fmt.Sprintf("loading/downloading %.0f%%", 100*h.Progress)
-			case h.Status == "ok":
-				detail = fmt.Sprintf("waiting %d, running %d", h.Waiting, h.Running)
-				if r.Status.Restarts > 0 && r.Status.LastExit != "" {
-					detail += "; last restart: " + r.Status.LastExit
-				}
-			case h.Status != "":
-				detail = h.Status
-			}
-			for _, e := range h.PrefillEndpoints {
-				detail += fmt.Sprintf("; prefill %s %s", e.Addr, e.State)
-				if e.State != "closed" && e.LastError != "" {
-					detail += " (" + e.LastError + ")"
-				}
-			}
-		}
-		if !r.Status.NextStart.IsZero() {
-			detail += fmt.Sprintf("; restart in %s", r.Status.NextStart.Sub(now).Round(100*time.Millisecond))
-		}
-		pid := "-"
-		if r.Status.PID > 0 {
-			pid = strconv.Itoa(r.Status.PID)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.Spec.Name, r.Spec.Role, r.Status.State, pid, r.Status.Restarts, r.Spec.HealthAddr(), detail)
+	for _, r := range me.Runners {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.Spec.Name, r.Spec.Role, r.Status.State, pidText(r.Status.PID), r.Status.Restarts, r.Spec.HealthAddr(), runnerDetail(r.Status, r.LoadETA, now))
 	}
 	tw.Flush()
+
 	fmt.Fprintln(out, "\nHOSTS")
+	runnersOf := map[string][]string{}
+	for _, m := range st.Models {
+		for _, r := range m.Runners {
+			runnersOf[r.Host] = append(runnersOf[r.Host], r.Runner)
+		}
+	}
 	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tADDRESS\tBACKEND\tSUPERVISOR\tMEMORY USED\tGPU\tCLOCK\tRUNNERS")
 	for _, h := range st.Hosts {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", h.Name, h.Address, h.Backend, strings.Join(h.Runners, ", "))
+		sup, mem, gpus, clock := "up", "-", "-", "-"
+		switch {
+		case !h.Up:
+			sup = "DOWN: " + h.Error
+		case !h.SameConfig:
+			sup = "up, OTHER cluster file"
+		}
+		if v := h.View; v != nil {
+			if m := v.Memory; m != nil {
+				mem = fmt.Sprintf("%s / %s", gib(m.Used), gib(m.Total))
+			}
+			var gs []string
+			for _, g := range v.GPUs {
+				gs = append(gs, gpuText(g))
+			}
+			if len(gs) > 0 {
+				gpus = strings.Join(gs, "; ")
+			}
+			clock = "reference"
+			if h.Name != st.Host {
+				clock = fmt.Sprintf("%+dms ±%dms", time.Duration(h.ClockOffset*1e9).Milliseconds(), max(1, time.Duration(h.ClockUncertainty*1e9).Milliseconds()))
+			}
+		}
+		rs := runnersOf[h.Name]
+		sort.Strings(rs)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", h.Name, h.Address, h.Backend, sup, mem, gpus, clock, strings.Join(rs, ", "))
 	}
 	tw.Flush()
-	if len(st.Decode) > 0 {
+
+	if len(st.Models) > 0 {
+		fmt.Fprintln(out, "\nMODELS")
+		tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "MODEL\tHOST\tRUNNER\tROLE\tSTATE\tRESTARTS\tQUEUE\tDETAIL")
+		for _, m := range st.Models {
+			for _, r := range m.Runners {
+				queue, detail := "-", "-"
+				if r.Health == "ok" {
+					queue = fmt.Sprintf("%d+%d", r.Waiting, r.Running)
+				}
+				switch {
+				case r.Health == "loading":
+					detail = fmt.Sprintf("loading %.0f%%", 100*r.Progress)
+					if r.LoadETA > 0 {
+						detail += fmt.Sprintf(", about %s left", (time.Duration(r.LoadETA * 1e9)).Round(time.Second))
+					}
+				case r.State != "ready" && r.LastError != "":
+					detail = r.LastExit + ": " + r.LastError
+				case r.LastExit != "":
+					detail = "last exit: " + r.LastExit
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", m.Name, r.Host, r.Runner, r.Role, r.State, r.Restarts, queue, detail)
+			}
+		}
+		tw.Flush()
+	}
+
+	if len(st.Links) > 0 {
+		fmt.Fprintln(out, "\nLINKS")
+		tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "DECODE\tPREFILL\tENDPOINT\tKIND\tGOODPUT\tLAST TRANSFER\tSTATE")
+		for _, l := range st.Links {
+			state := "up"
+			if !l.Up {
+				state = "skipped (not answering)"
+			}
+			kind := l.Kind
+			if l.Interface != "" {
+				kind += " (" + l.Interface + ")"
+			}
+			fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.DecodeHost, l.Runner, l.PrefillHost, l.Endpoint, kind, rate(l.Goodput), rate(l.LastGoodput), state)
+		}
+		tw.Flush()
+	}
+
+	if n := len(st.Requests); n > 0 {
+		const last = 10
+		rs := st.Requests[max(0, n-last):]
+		fmt.Fprintf(out, "\nRECENT REQUESTS (%d of %d)\n", len(rs), n)
+		tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "START\tMODEL\tDECODE\tPROMPT\tCACHED\tROUTE\tTTFT\tFILL (PREDICTED)\tKV\tTOK/S\tOUT")
+		for _, r := range rs {
+			route := r.Route
+			why := r.Outcome
+			if r.Route == "remote" {
+				why = r.Reason
+				if why == "" {
+					why = "floor"
+				}
+				if r.PrefillHost != "" {
+					why += ", from " + r.PrefillHost
+				}
+			}
+			if why != "" {
+				route += " (" + why + ")"
+			}
+			fill := secsText(r.Fill)
+			if r.PredictedFill > 0 {
+				fill += " (" + secsText(r.PredictedFill) + ")"
+			}
+			kv := "-"
+			if r.KVBytes > 0 {
+				kv = fmt.Sprintf("%s in %s", bytesText(r.KVBytes), secsText(r.KVTransfer))
+			}
+			tps := "-"
+			if r.TokensPerSecond > 0 {
+				tps = fmt.Sprintf("%.1f", r.TokensPerSecond)
+			}
+			res := fmt.Sprintf("%d tok", r.CompletionTokens)
+			switch {
+			case r.Error != "":
+				res = "error: " + r.Error
+			case !r.Done:
+				res = "running"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Start.In(now.Location()).Format("15:04:05"), r.Model, r.Host, r.PromptTokens, r.CachedTokens, route, secsText(r.TTFT), fill, kv, tps, res)
+		}
+		tw.Flush()
+	}
+
+	if len(me.Decode) > 0 {
 		fmt.Fprintln(out, "\nDECODE RUNNERS AS THE GATEWAY SEES THEM")
-		addrs := make([]string, 0, len(st.Decode))
-		for a := range st.Decode {
+		addrs := make([]string, 0, len(me.Decode))
+		for a := range me.Decode {
 			addrs = append(addrs, a)
 		}
 		sort.Strings(addrs)
 		tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 		for _, a := range addrs {
-			h := st.Decode[a]
+			h := me.Decode[a]
 			state := "down: " + h.Status
 			if h.OK {
 				state = fmt.Sprintf("ok (waiting %d, running %d)", h.Waiting, h.Running)
@@ -144,4 +251,94 @@ func printStatus(out io.Writer, st supervisor.Status, now time.Time) {
 		}
 		tw.Flush()
 	}
+}
+
+func pidText(pid int) string {
+	if pid > 0 {
+		return strconv.Itoa(pid)
+	}
+	return "-"
+}
+
+// runnerDetail is the DETAIL column of a local runner.
+func runnerDetail(s process.Status, eta float64, now time.Time) string {
+	detail := s.LastExit
+	if e := s.LastError; e != "" && s.State != process.Ready {
+		detail += ": " + e
+	}
+	if h := s.Health; h != nil {
+		switch {
+		case h.Status == "loading":
+			detail = fmt.Sprintf("loading/downloading %.0f%%", 100*h.Progress)
+			if eta > 0 {
+				detail += fmt.Sprintf(", about %s left", time.Duration(eta*1e9).Round(time.Second))
+			}
+		case h.Status == "ok":
+			detail = fmt.Sprintf("waiting %d, running %d", h.Waiting, h.Running)
+			if s.Restarts > 0 && s.LastExit != "" {
+				detail += "; last restart: " + s.LastExit
+			}
+		case h.Status != "":
+			detail = h.Status
+		}
+		for _, e := range h.PrefillEndpoints {
+			detail += fmt.Sprintf("; prefill %s %s", e.Addr, e.State)
+			if e.State != "closed" && e.LastError != "" {
+				detail += " (" + e.LastError + ")"
+			}
+		}
+	}
+	if !s.NextStart.IsZero() {
+		detail += fmt.Sprintf("; restart in %s", s.NextStart.Sub(now).Round(100*time.Millisecond))
+	}
+	return detail
+}
+
+func gib(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
+
+func gpuText(g gpu.Sample) string {
+	parts := []string{}
+	if g.Utilization != nil {
+		parts = append(parts, fmt.Sprintf("%.0f%%", 100**g.Utilization))
+	}
+	if g.MemoryUsed != nil && g.MemoryTotal != nil {
+		parts = append(parts, gib(*g.MemoryUsed)+" / "+gib(*g.MemoryTotal))
+	}
+	if g.TemperatureC != nil {
+		parts = append(parts, fmt.Sprintf("%.0f°C", *g.TemperatureC))
+	}
+	if g.PowerW != nil {
+		parts = append(parts, fmt.Sprintf("%.0f W", *g.PowerW))
+	}
+	return fmt.Sprintf("%d: %s", g.Index, strings.Join(parts, " "))
+}
+
+func rate(bps float64) string {
+	if bps <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f GB/s", bps/1e9)
+}
+
+func secsText(s float64) string {
+	if s <= 0 {
+		return "-"
+	}
+	d := time.Duration(s * 1e9)
+	if d < time.Second {
+		return fmt.Sprintf("%.1fms", s*1000)
+	}
+	return d.Round(10 * time.Millisecond).String()
+}
+
+func bytesText(b int64) string {
+	switch {
+	case b >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", b)
 }

@@ -6,19 +6,23 @@ import (
 	"testing"
 	"time"
 
-	"github.com/exo-pd/exo-pd/supervisor"
 	"github.com/exo-pd/exo-pd/supervisor/config"
+	"github.com/exo-pd/exo-pd/supervisor/dashboard"
 	"github.com/exo-pd/exo-pd/supervisor/gateway"
+	"github.com/exo-pd/exo-pd/supervisor/gpu"
 	"github.com/exo-pd/exo-pd/supervisor/process"
 )
 
 func TestPrintStatus(t *testing.T) {
 	now := time.Date(2026, 12, 2, 13, 0, 0, 0, time.UTC)
-	st := supervisor.Status{
-		Cluster: "lab", Host: "spark", Config: "/etc/exo/cluster.toml", API: "http://10.0.0.10:52415",
+	util, used, total := 0.87, uint64(61<<30), uint64(80<<30)
+	me := &dashboard.HostView{
+		Name: "spark", Config: "/etc/exo/cluster.toml", API: "http://10.0.0.10:52415",
 		Started:    now.Add(-90 * time.Second),
-		LastReload: supervisor.Reload{OK: false, At: now.Add(-time.Minute), Error: "f.toml:3:1: unknown key \"x\"\nf.toml:4:1: more"},
-		Runners: []supervisor.RunnerStatus{
+		LastReload: dashboard.Reload{OK: false, At: now.Add(-time.Minute), Error: "f.toml:3:1: unknown key \"x\"\nf.toml:4:1: more"},
+		Memory:     &dashboard.Memory{Total: 128 << 30, Used: 40 << 30},
+		GPUs:       []gpu.Sample{{Index: 0, Utilization: &util, MemoryUsed: &used, MemoryTotal: &total}},
+		Runners: []dashboard.RunnerView{
 			{Spec: config.Runner{Name: "q-prefill", Role: "prefill", Metrics: "10.0.0.10:52502"},
 				Status: process.Status{State: process.Starting, PID: 42, Health: &process.Health{Status: "loading", Progress: 0.375}}},
 			{Spec: config.Runner{Name: "q-decode", Role: "decode", Listen: "10.0.0.10:52500"},
@@ -31,8 +35,29 @@ func TestPrintStatus(t *testing.T) {
 						{Addr: "10.0.0.10:52511", State: "open", Trips: 1, LastError: "kvwire: timeout: hello"},
 						{Addr: "10.0.0.11:52511", State: "closed"}}}}},
 		},
-		Hosts:  []supervisor.HostStatus{{Name: "spark", Address: "10.0.0.10", Backend: "cuda", Runners: []string{"q-decode", "q-prefill"}}},
 		Decode: map[string]gateway.Health{"10.0.0.10:52500": {Status: "connection refused"}, "10.0.0.20:52500": {OK: true, Status: "ok", Waiting: 1, Running: 2}},
+	}
+	st := &dashboard.State{Cluster: "lab", Host: "spark",
+		Hosts: []dashboard.HostState{
+			{Name: "spark", Address: "10.0.0.10", Backend: "cuda", Up: true, SameConfig: true, View: me},
+			{Name: "studio", Address: "10.0.0.20", Backend: "metal", Up: true, SameConfig: true, ClockOffset: -0.012, ClockUncertainty: 0.0004,
+				View: &dashboard.HostView{Name: "studio", Memory: &dashboard.Memory{Total: 512 << 30, Used: 300 << 30}}},
+			{Name: "mini", Address: "10.0.0.30", Backend: "metal", Error: "no supervisor answering at 10.0.0.30:52415: connection refused"},
+		},
+		Models: []dashboard.ModelState{{Name: "q", Runners: []dashboard.ModelRunner{
+			{Host: "spark", Runner: "q-prefill", Role: "prefill", State: "starting", Health: "loading", Progress: 0.375, LoadETA: 42},
+			{Host: "studio", Runner: "q-decode", Role: "decode", State: "ready", Health: "ok", Waiting: 1, Running: 2, Restarts: 1, LastExit: "signal: killed"},
+			{Host: "mini", Runner: "q-decode", Role: "decode", State: "unknown"},
+		}}},
+		Links: []dashboard.Link{{DecodeHost: "studio", Runner: "q-decode", PrefillHost: "spark", Endpoint: "10.0.0.10:52501",
+			Goodput: 1.17e9, LastGoodput: 1.05e9, Kind: "ethernet", Interface: "en0", Up: true}},
+		Requests: []dashboard.Request{
+			{Start: now.Add(-3 * time.Second), Model: "q", Host: "studio", Done: true, PromptTokens: 8192, CachedTokens: 0, Route: "remote", Reason: "faster", Outcome: "ok",
+				PrefillHost: "spark", TTFT: 2.32, Fill: 1.5, PredictedFill: 1.4, KVBytes: 1 << 30, KVTransfer: 0.92, TokensPerSecond: 31.5, CompletionTokens: 100},
+			{Start: now.Add(-2 * time.Second), Model: "q", Host: "studio", Done: true, PromptTokens: 40, CachedTokens: 12, Route: "local", Reason: "below_floor", Outcome: "skipped_short",
+				TTFT: 0.05, Fill: 0.01, CompletionTokens: 1},
+			{Start: now.Add(-time.Second), Model: "q", Host: "studio", PromptTokens: 300, Route: "local", Outcome: "fallback_busy"},
+		},
 	}
 	var out bytes.Buffer
 	printStatus(&out, st, now)
@@ -48,7 +73,26 @@ q-decode   decode   backoff   -    3         10.0.0.10:52500  exit status 2: run
 r-decode   decode   ready     43   1         10.0.0.10:52510  waiting 0, running 1; last restart: liveness: /health unanswered for 10s after it was ready (limit 10s); then signal killed; prefill 10.0.0.10:52511 open (kvwire: timeout: hello); prefill 10.0.0.11:52511 closed
 
 HOSTS
-spark  10.0.0.10  cuda  q-decode, q-prefill
+NAME    ADDRESS    BACKEND  SUPERVISOR                                                            MEMORY USED            GPU                         CLOCK       RUNNERS
+spark   10.0.0.10  cuda     up                                                                    40.0 GiB / 128.0 GiB   0: 87% 61.0 GiB / 80.0 GiB  reference   q-prefill
+studio  10.0.0.20  metal    up                                                                    300.0 GiB / 512.0 GiB  -                           -12ms ±1ms  q-decode
+mini    10.0.0.30  metal    DOWN: no supervisor answering at 10.0.0.30:52415: connection refused  -                      -                           -           q-decode
+
+MODELS
+MODEL  HOST    RUNNER     ROLE     STATE     RESTARTS  QUEUE  DETAIL
+q      spark   q-prefill  prefill  starting  0         -      loading 38%, about 42s left
+q      studio  q-decode   decode   ready     1         1+2    last exit: signal: killed
+q      mini    q-decode   decode   unknown   0         -      -
+
+LINKS
+DECODE           PREFILL  ENDPOINT         KIND            GOODPUT     LAST TRANSFER  STATE
+studio/q-decode  spark    10.0.0.10:52501  ethernet (en0)  1.170 GB/s  1.050 GB/s     up
+
+RECENT REQUESTS (3 of 3)
+START     MODEL  DECODE  PROMPT  CACHED  ROUTE                        TTFT    FILL (PREDICTED)  KV                   TOK/S  OUT
+12:59:57  q      studio  8192    0       remote (faster, from spark)  2.32s   1.5s (1.4s)       1.00 GiB in 920.0ms  31.5   100 tok
+12:59:58  q      studio  40      12      local (skipped_short)        50.0ms  10.0ms            -                    -      1 tok
+12:59:59  q      studio  300     0       local (fallback_busy)        -       -                 -                    -      running
 
 DECODE RUNNERS AS THE GATEWAY SEES THEM
 10.0.0.10:52500  down: connection refused

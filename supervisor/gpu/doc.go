@@ -35,3 +35,15 @@ type System struct {
 	CUDA    int      `json:"cuda"`
 	Devices []Device `json:"devices"`
 }
+
+// Sample is one GPU's current reading (for the dashboard). A field the GPU
+// does not report is nil.
+type Sample struct {
+	Index        int      `json:"index"`
+	Name         string   `json:"name,omitempty"`
+	Utilization  *float64 `json:"utilization_ratio,omitempty"`
+	MemoryUsed   *uint64  `json:"memory_used_bytes,omitempty"`
+	MemoryTotal  *uint64  `json:"memory_total_bytes,omitempty"`
+	TemperatureC *float64 `json:"temperature_celsius,omitempty"`
+	PowerW       *float64 `json:"power_watts,omitempty"`
+}

@@ -24,12 +24,14 @@ var update = flag.Bool("update", false, "rewrite golden files")
 // has no dedicated memory (NOT_SUPPORTED) and a temperature read error.
 func fakeGPUs() *mock.Interface {
 	full := &mock.Device{
+		GetNameFunc:             func() (string, nvml.Return) { return "NVIDIA H100", nvml.SUCCESS },
 		GetUtilizationRatesFunc: func() (nvml.Utilization, nvml.Return) { return nvml.Utilization{Gpu: 87, Memory: 40}, nvml.SUCCESS },
 		GetMemoryInfoFunc:       func() (nvml.Memory, nvml.Return) { return nvml.Memory{Total: 80 << 30, Used: 61 << 30}, nvml.SUCCESS },
 		GetTemperatureFunc:      func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 71, nvml.SUCCESS },
 		GetPowerUsageFunc:       func() (uint32, nvml.Return) { return 312500, nvml.SUCCESS },
 	}
 	gb10 := &mock.Device{
+		GetNameFunc:             func() (string, nvml.Return) { return "NVIDIA GB10", nvml.SUCCESS },
 		GetUtilizationRatesFunc: func() (nvml.Utilization, nvml.Return) { return nvml.Utilization{Gpu: 5}, nvml.SUCCESS },
 		GetMemoryInfoFunc:       func() (nvml.Memory, nvml.Return) { return nvml.Memory{}, nvml.ERROR_NOT_SUPPORTED },
 		GetTemperatureFunc:      func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 0, nvml.ERROR_UNKNOWN },
@@ -142,5 +144,33 @@ func TestSystem(t *testing.T) {
 	lib.SystemGetCudaDriverVersionFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_UNKNOWN }
 	if _, err := c.System(); err == nil {
 		t.Error("System succeeded without the CUDA version")
+	}
+}
+
+// TestSamples: every field a GPU reports, none it does not (the GB10's
+// memory, a temperature read error).
+func TestSamples(t *testing.T) {
+	lib := fakeGPUs()
+	c, err := New(lib, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Samples()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 {
+		t.Fatalf("%d samples", len(got))
+	}
+	h, g := got[0], got[1]
+	if h.Utilization == nil || *h.Utilization != 0.87 || h.MemoryUsed == nil || *h.MemoryUsed != 61<<30 ||
+		*h.MemoryTotal != 80<<30 || *h.TemperatureC != 71 || *h.PowerW != 312.5 {
+		t.Errorf("gpu 0: %+v", h)
+	}
+	if h.Name != "NVIDIA H100" || g.Name != "NVIDIA GB10" {
+		t.Errorf("names %q, %q", h.Name, g.Name)
+	}
+	if g.Index != 1 || g.MemoryUsed != nil || g.MemoryTotal != nil || g.TemperatureC != nil || *g.PowerW != 24 || *g.Utilization != 0.05 {
+		t.Errorf("gpu 1: %+v", g)
 	}
 }

@@ -33,3 +33,8 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 func (c *Collector) System() (System, error) {
 	return System{}, errors.New("this build has no NVML support (needs cgo on Linux)")
 }
+
+// Samples fails: this build cannot read NVML.
+func (c *Collector) Samples() ([]Sample, error) {
+	return nil, errors.New("this build has no NVML support (needs cgo on Linux)")
+}

@@ -130,3 +130,42 @@ func (c *Collector) System() (System, error) {
 	}
 	return s, nil
 }
+
+// Samples reads every GPU once: the fields of Update, with each GPU's name
+// and memory total. A GPU that cannot be read is left out; it fails only
+// when the GPUs cannot be listed.
+func (c *Collector) Samples() ([]Sample, error) {
+	n, ret := c.lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("nvml device count: %s", errorString(c.lib, ret))
+	}
+	out := []Sample{}
+	for i := range n {
+		d, ret := c.lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		s := Sample{Index: i}
+		if name, ret := d.GetName(); ret == nvml.SUCCESS {
+			s.Name = name
+		}
+		if u, ret := d.GetUtilizationRates(); ret == nvml.SUCCESS {
+			v := float64(u.Gpu) / 100
+			s.Utilization = &v
+		}
+		if m, ret := d.GetMemoryInfo(); ret == nvml.SUCCESS {
+			used, total := m.Used, m.Total
+			s.MemoryUsed, s.MemoryTotal = &used, &total
+		}
+		if t, ret := d.GetTemperature(nvml.TEMPERATURE_GPU); ret == nvml.SUCCESS {
+			v := float64(t)
+			s.TemperatureC = &v
+		}
+		if p, ret := d.GetPowerUsage(); ret == nvml.SUCCESS {
+			v := float64(p) / 1000
+			s.PowerW = &v
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
