@@ -260,14 +260,14 @@ func TestDeferredErrors(t *testing.T) {
 		body  map[string]any
 	}{
 		{"tools[0].function.parameters", map[string]any{"tools": []map[string]any{{"type": "function", "function": map[string]any{
-			"name": "f", "strict": true, "parameters": map[string]any{"type": "object", "properties": map[string]any{"s": map[string]any{"pattern": "a"}}}}}}}},
+			"name": "f", "strict": true, "parameters": map[string]any{"type": "object", "patternProperties": map[string]any{"^s": map[string]any{"type": "string"}}}}}}}},
 		{"continue_final_message", map[string]any{"response_format": map[string]any{"type": "json_object"}, "continue_final_message": true,
 			"messages": []map[string]any{{"role": "user", "content": "hi"}, {"role": "assistant", "content": "{"}}}},
 		{"max_reasoning_tokens", map[string]any{"max_reasoning_tokens": 0}},
 		{"tools[0].function.name", map[string]any{"tools": []map[string]any{{"type": "function", "function": map[string]any{"name": "get weather<|message|>"}}},
 			"tool_choice": "required"}},
 		{"response_format.json_schema.schema", map[string]any{"response_format": map[string]any{"type": "json_schema",
-			"json_schema": map[string]any{"name": "x", "schema": map[string]any{"type": "string", "pattern": "^a"}}}}},
+			"json_schema": map[string]any{"name": "x", "schema": map[string]any{"type": "object", "patternProperties": map[string]any{"^a": map[string]any{}}}}}}},
 		{"tool_choice", map[string]any{"tools": harmonyTools, "tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "nope"}}}},
 	} {
 		code, raw := postChat(t, url, c.body)
@@ -278,7 +278,7 @@ func TestDeferredErrors(t *testing.T) {
 	// Qwen3: the same field named
 	q := newQwen3Server(t, qwen3Think)
 	code, raw := postChat(t, q.url, map[string]any{"response_format": map[string]any{"type": "json_schema",
-		"json_schema": map[string]any{"name": "x", "schema": map[string]any{"type": "string", "pattern": "^a"}}}})
+		"json_schema": map[string]any{"name": "x", "schema": map[string]any{"type": "object", "patternProperties": map[string]any{"^a": map[string]any{}}}}}})
 	if code != http.StatusBadRequest || !bytes.Contains(raw, []byte(`"param":"response_format.json_schema.schema"`)) {
 		t.Errorf("qwen3 schema: status %d %s", code, raw)
 	}

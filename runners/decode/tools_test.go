@@ -116,7 +116,7 @@ func TestResponseFormatErrors(t *testing.T) {
 		want  string
 	}{
 		{map[string]any{"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "x",
-			"schema": map[string]any{"type": "string", "pattern": "^a"}}}}, "pattern"},
+			"schema": map[string]any{"type": "object", "patternProperties": map[string]any{"^a": map[string]any{}}}}}}, "patternProperties"},
 		// A schema that admits no document is refused before any work (it
 		// once held the model to whitespace until nothing was allowed: a 500).
 		{map[string]any{"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "x",
@@ -127,7 +127,7 @@ func TestResponseFormatErrors(t *testing.T) {
 			"schema": map[string]any{"$ref": "#/$defs/n", "$defs": map[string]any{"n": false}}}}}, "admits no JSON document"},
 		{map[string]any{"tools": weatherTools, "tool_choice": map[string]any{"type": "function", "function": map[string]any{"name": "nope"}}}, "nope"},
 		{map[string]any{"tools": []map[string]any{{"type": "function", "function": map[string]any{"name": "f", "strict": true,
-			"parameters": map[string]any{"type": "object", "properties": map[string]any{"s": map[string]any{"type": "string", "pattern": "a"}}}}}}}, "strict"},
+			"parameters": map[string]any{"type": "object", "patternProperties": map[string]any{"^s": map[string]any{"type": "string"}}}}}}}, "strict"},
 	} {
 		body := map[string]any{"model": "m", "messages": []map[string]any{{"role": "user", "content": "x"}}, "max_tokens": 4}
 		for k, v := range c.extra {

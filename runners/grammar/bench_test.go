@@ -146,3 +146,41 @@ func BenchmarkMaskManyToolsQwen3(b *testing.B) {
 	}
 	benchMasks(b, tok, v, mk, "<tool_call>\n"+`{"name": "lookup_record_063", "arguments": {"p63": 7, "note": "the last one"}}`+"\n</tool_call>")
 }
+
+const benchPatternSchema = `{"type":"object","properties":{
+ "id":{"type":"string","format":"uuid"},
+ "created":{"type":"string","format":"date-time"},
+ "email":{"type":"string","format":"email"},
+ "site":{"type":"string","format":"uri"},
+ "sku":{"type":"string","pattern":"^[A-Z]{3}-[0-9]{4}$"},
+ "title":{"type":"string","pattern":"^[A-Za-z ,.'-]+$","maxLength":80},
+ "note":{"type":"string","pattern":"\\S"},
+ "ip":{"type":"string","format":"ipv4"}},
+ "required":["id","created","email","site","sku","title","note","ip"],"additionalProperties":false}`
+
+const benchPatternDoc = `{"id": "123e4567-e89b-12d3-a456-426614174000", "created": "2024-05-01T12:30:00.250+01:00", ` +
+	`"email": "ada.lovelace@example.org", "site": "https://example.org/notes/g?lang=en#bernoulli", "sku": "ENG-1843", ` +
+	`"title": "Notes on the Analytical Engine, by A. A. L.", "note": "Deliver to the Royal Society, attention of Mr. Babbage.", "ip": "192.168.10.1"}`
+
+// BenchmarkMaskPatternQwen3: masks over Qwen3's vocabulary while a
+// document of formats and patterns (uuid, date-time, email, uri, ipv4,
+// anchored and unanchored patterns, one with a maxLength counted beside
+// its automaton) is written; plain is BenchmarkMaskQwen3's schema and
+// document in the same run, the baseline of the ratio in BENCHMARKS.md.
+func BenchmarkMaskPatternQwen3(b *testing.B) {
+	root := os.Getenv("EXO_REAL_TOKENIZERS")
+	if root == "" {
+		b.Skip("set EXO_REAL_TOKENIZERS (scripts/run-tests fetches it)")
+	}
+	tok, err := tokenizer.Load(filepath.Join(root, "qwen3"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	v := vocabOf(b, tok)
+	b.Run("plain", func(b *testing.B) {
+		benchMasks(b, tok, v, func() *Grammar { return mustCompile(b, benchSchema) }, benchDoc)
+	})
+	b.Run("pattern", func(b *testing.B) {
+		benchMasks(b, tok, v, func() *Grammar { return mustCompile(b, benchPatternSchema) }, benchPatternDoc)
+	})
+}

@@ -10,7 +10,8 @@
 // the specification says), enum, const, items, minItems, maxItems,
 // minLength, maxLength, minimum / maximum / exclusiveMinimum /
 // exclusiveMaximum on integers (on type number: minimum 0 only), anyOf, allOf with one member, $ref into $defs /
-// definitions / the root, nullable (OpenAPI), boolean schemas, and the
+// definitions / the root, nullable (OpenAPI), boolean schemas, pattern
+// and format on strings (regex.go), and the
 // annotations title, description, default, examples, $schema, $id,
 // $comment, deprecated, readOnly, writeOnly. Any other keyword is an
 // *UnsupportedError naming it.
@@ -99,6 +100,7 @@ type node struct {
 	nonNegative           bool // kNumber, not integer: minimum 0
 
 	minLen, maxLen int32 // kString (maxLen < 0: none), code points
+	re             *dfa  // kString: pattern/format (lengths folded in; minLen, maxLen then unused)
 
 	items              *node // kArray, kRepeat
 	minItems, maxItems int32 // kArray, kRepeat (maxItems < 0: none)
@@ -229,6 +231,7 @@ func (e *UnsupportedError) Error() string {
 type builder struct {
 	next     int32
 	wrappers [][]byte
+	reCells  int // transitions of the schema's patterns so far
 }
 
 func (b *builder) node(k kind) *node {

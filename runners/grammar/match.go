@@ -321,6 +321,10 @@ func (s *stepper) own(f *frame, b byte) {
 
 func (s *stepper) ownString(f *frame, b byte) {
 	n := f.n
+	if n.re != nil && (f.st == sStrOpen || !n.re.all[reState(f)]) {
+		s.ownStringRe(f, b)
+		return
+	}
 	g := *f
 	switch f.st {
 	case sStrOpen:
@@ -702,3 +706,202 @@ func (s *stepper) objKey(f *frame, b byte) {
 // noAdd in an object key's u8 marks a key that can no longer be an
 // additional one (it has taken a byte only a declared name allows).
 const noAdd = 0xFF
+
+// A string with a pattern or format keeps in mask its automaton state
+// (low 32 bits) and, inside a multi-byte character or a \u escape, the
+// code point so far (bits 32-52) and the character's UTF-8 length (bits
+// 56-58); cnt counts code points when a length bound is left to count.
+// Once the automaton is in a state that accepts everything, the string
+// goes on as a plain one (ownString).
+
+func reState(f *frame) int32 { return int32(uint32(f.mask)) }
+func reAcc(f *frame) rune    { return rune(f.mask >> 32 & 0x1FFFFF) }
+
+func reSet(g *frame, st int32, acc rune, l int) {
+	g.mask = uint64(uint32(st)) | uint64(acc)<<32 | uint64(l)<<56
+}
+
+var utf8Min = [5]rune{0, 0, 0x80, 0x800, 0x10000}
+
+// utf8Left is the continuation bytes still expected in UTF-8 state u.
+var utf8Left = [numU8]int{u8One: 1, u8Two: 2, u8Three: 3, u8E0: 2, u8ED: 2, u8F0: 3, u8F4: 3}
+
+// utf8Span is the code points a character of l bytes can become with acc
+// its value so far and left bytes to come.
+func utf8Span(acc rune, left, l int) (lo, hi rune) {
+	lo = acc << (6 * left)
+	hi = lo | (1<<(6*left) - 1)
+	return max(lo, utf8Min[l]), min(hi, 0x10FFFF)
+}
+
+// reTo is the state after code point r from st, -1 when r cannot come
+// (or the length bound left cannot be met after it).
+func reTo(n *node, st int32, r rune, cnt1 int32) int32 {
+	t := n.re.step(st, r)
+	if t >= 0 && (n.minLen > 0 || n.maxLen >= 0) && !n.re.fits(t, cnt1, n.minLen, n.maxLen) {
+		return -1
+	}
+	return t
+}
+
+// reCan reports whether some code point in [lo, hi] can come from st.
+func reCan(n *node, st int32, lo, hi rune, cnt1 int32) bool {
+	d := n.re
+	counted := n.minLen > 0 || n.maxLen >= 0
+	row := d.trans[int(st)*d.ncls : int(st+1)*d.ncls]
+	for c := d.class(lo); c < d.ncls && d.bounds[c] <= hi; c++ {
+		if t := row[c]; t >= 0 && (!counted || d.fits(t, cnt1, n.minLen, n.maxLen)) {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *stepper) ownStringRe(f *frame, b byte) {
+	n := f.n
+	g := *f
+	st := reState(f)
+	cnt1 := f.cnt + 1
+	done := func(t int32) { // a code point taken: to state t
+		reSet(&g, t, 0, 0)
+		g.st, g.u8 = sStrBody, 0
+		if n.minLen > 0 || n.maxLen >= 0 {
+			g.cnt = cnt1
+		}
+		s.push(g)
+	}
+	switch f.st {
+	case sStrOpen:
+		if b == '"' {
+			g.st, g.cnt = sStrBody, 0
+			reSet(&g, n.re.start, 0, 0)
+			s.push(g)
+		}
+	case sStrBody:
+		if f.u8 > 0 {
+			u, ok := utf8Step(f.u8, b)
+			if !ok {
+				return
+			}
+			l := int(f.mask >> 56 & 7)
+			acc := reAcc(f)<<6 | rune(b&0x3F)
+			if u == u8None {
+				if t := reTo(n, st, acc, cnt1); t >= 0 {
+					done(t)
+				}
+				return
+			}
+			if lo, hi := utf8Span(acc, utf8Left[u], l); reCan(n, st, lo, hi, cnt1) {
+				g.u8 = u
+				reSet(&g, st, acc, l)
+				s.push(g)
+			}
+			return
+		}
+		switch {
+		case b == '"':
+			if n.re.accept[st] && f.cnt >= n.minLen {
+				g.st = sStrDone
+				s.push(g)
+			}
+		case b < 0x20:
+		case b == '\\':
+			if reCan(n, st, 0, 0xFFFF, cnt1) { // what an escape can spell
+				g.st = sStrEsc
+				s.push(g)
+			}
+		case b < 0x80:
+			if t := reTo(n, st, rune(b), cnt1); t >= 0 {
+				done(t)
+			}
+		default:
+			u, ok := utf8Step(u8None, b)
+			if !ok {
+				return
+			}
+			l, acc := 2, rune(b&0x1F)
+			switch {
+			case b >= 0xF0:
+				l, acc = 4, rune(b&0x07)
+			case b >= 0xE0:
+				l, acc = 3, rune(b&0x0F)
+			}
+			if lo, hi := utf8Span(acc, l-1, l); reCan(n, st, lo, hi, cnt1) {
+				g.u8 = u
+				reSet(&g, st, acc, l)
+				s.push(g)
+			}
+		}
+	case sStrEsc:
+		var r rune
+		switch b {
+		case '"', '\\', '/':
+			r = rune(b)
+		case 'b':
+			r = '\b'
+		case 'f':
+			r = '\f'
+		case 'n':
+			r = '\n'
+		case 'r':
+			r = '\r'
+		case 't':
+			r = '\t'
+		case 'u':
+			g.st = sStrHex
+			reSet(&g, st, 0, 0)
+			s.push(g) // the escape was allowed: some BMP code point can come
+			return
+		default:
+			return
+		}
+		if t := reTo(n, st, r, cnt1); t >= 0 {
+			done(t)
+		}
+	case sStrHexD:
+		if b < '0' || b > '7' {
+			return
+		}
+		acc := rune(0xD<<4 | (b - '0'))
+		if reCan(n, st, acc<<8, acc<<8|0xFF, cnt1) {
+			g.st = sStrHex + 2
+			reSet(&g, st, acc, 0)
+			s.push(g)
+		}
+	case sStrHex, sStrHex + 1, sStrHex + 2, sStrHex + 3:
+		if !isHex(b) {
+			return
+		}
+		acc := reAcc(f)<<4 | hexVal(b)
+		k := f.st - sStrHex
+		switch {
+		case k == 0 && acc == 0xD:
+			if reCan(n, st, 0xD000, 0xD7FF, cnt1) {
+				g.st = sStrHexD
+				reSet(&g, st, acc, 0)
+				s.push(g)
+			}
+		case k == 3:
+			if t := reTo(n, st, acc, cnt1); t >= 0 {
+				done(t)
+			}
+		default:
+			left := 4 * (3 - int(k))
+			if reCan(n, st, acc<<left, acc<<left|(1<<left-1), cnt1) {
+				g.st++
+				reSet(&g, st, acc, 0)
+				s.push(g)
+			}
+		}
+	}
+}
+
+func hexVal(b byte) rune {
+	switch {
+	case b >= 'a':
+		return rune(b-'a') + 10
+	case b >= 'A':
+		return rune(b-'A') + 10
+	}
+	return rune(b - '0')
+}

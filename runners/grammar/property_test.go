@@ -34,6 +34,9 @@ var handSchemas = []string{
 	`{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"},"c":{"type":"string"}},"required":["c"]}`,
 	`true`,
 	`{"type":"object","properties":{"age":{"type":"integer","minimum":0,"maximum":120},"delta":{"type":"integer","exclusiveMinimum":-5,"exclusiveMaximum":5},"big":{"type":"integer","minimum":1000000}},"required":["age","delta","big"],"additionalProperties":false}`,
+	`{"type":"object","properties":{"when":{"type":"string","format":"date-time"},"day":{"type":"string","format":"date"},"at":{"type":"string","format":"time"},"for":{"type":"string","format":"duration"},"mail":{"type":"string","format":"email"},"host":{"type":"string","format":"hostname"},"v4":{"type":"string","format":"ipv4"},"v6":{"type":"string","format":"ipv6"},"id":{"type":"string","format":"uuid"},"link":{"type":"string","format":"uri"}},"required":["when","day","at","for","mail","host","v4","v6","id","link"],"additionalProperties":false}`,
+	`{"type":"object","properties":{"code":{"type":"string","pattern":"^[A-Z]{3}-\\d{4}$"},"slug":{"type":"string","pattern":"^[a-z0-9]+(?:-[a-z0-9]+)*$","maxLength":12},"any":{"type":"string","pattern":"[0-9]"},"name":{"type":"string","pattern":"^\\p{L}+$","minLength":2,"maxLength":6}},"required":["code","slug","any","name"]}`,
+	`{"type":"array","items":{"type":"string","format":"uri","minLength":1,"maxLength":2083},"minItems":1,"maxItems":2}`,
 	`{"type":"object","properties":{"steps":{"type":"array","items":{"type":"object","properties":{"explanation":{"type":"string"},"output":{"type":"string"}},"required":["explanation","output"],"additionalProperties":false}},"final_answer":{"type":"string"}},"required":["steps","final_answer"],"additionalProperties":false}`,
 }
 
@@ -51,6 +54,18 @@ func randomSchema(r *rand.Rand, depth int) map[string]any {
 			lo := r.IntN(3)
 			s["minLength"] = lo
 			s["maxLength"] = lo + r.IntN(6)
+		}
+		switch r.IntN(4) {
+		case 0:
+			s["format"] = []string{"date-time", "date", "time", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri"}[r.IntN(10)]
+			delete(s, "minLength")
+			if r.IntN(2) == 0 {
+				delete(s, "maxLength")
+			} else {
+				s["maxLength"] = 40
+			}
+		case 1:
+			s["pattern"] = []string{`^[a-z]+$`, `^\d{1,3}(\.\d+)?$`, `[aeiou]`, `^(ab|cd)*$`, `^é`, `^[^"\\]{0,4}$`}[r.IntN(6)]
 		}
 		return s
 	case 1:
@@ -408,6 +423,7 @@ func independentValidator(t *testing.T, schema string) *jsonschema.Schema {
 		t.Fatal(err)
 	}
 	c := jsonschema.NewCompiler()
+	c.AssertFormat()
 	if err := c.AddResource("schema.json", doc); err != nil {
 		t.Fatal(err)
 	}

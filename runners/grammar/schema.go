@@ -124,7 +124,9 @@ func admits(n *node, ok map[*node]bool) bool {
 			}
 		}
 		return false
-	case kString, kNumber:
+	case kString:
+		return n.re == nil || n.re.start >= 0 && n.re.fits(n.re.start, 0, n.minLen, n.maxLen)
+	case kNumber:
 		return true
 	case kArray, kRepeat:
 		return n.minItems <= 0 || ok[n.items]
@@ -162,6 +164,7 @@ var supported = map[string]bool{
 	"enum": true, "const": true, "items": true, "minItems": true, "maxItems": true,
 	"minLength": true, "maxLength": true, "anyOf": true, "allOf": true, "$ref": true,
 	"nullable": true, "minimum": true, "maximum": true, "exclusiveMinimum": true, "exclusiveMaximum": true,
+	"pattern": true, "format": true,
 }
 
 func schemaErr(path, format string, a ...any) error {
@@ -307,6 +310,9 @@ func schemaTypes(s map[string]any, path string) ([]string, error) {
 		_, maxI := s["maxItems"]
 		_, minL := s["minLength"]
 		_, maxL := s["maxLength"]
+		_, pat := s["pattern"]
+		_, fmtK := s["format"]
+		minL = minL || pat || fmtK
 		if props || addl || req {
 			ts = append(ts, "object")
 		}
@@ -366,6 +372,9 @@ func (c *compiler) typed(t string, s map[string]any, path string) (*node, error)
 		if n.maxLen >= 0 && n.minLen > n.maxLen {
 			return nil, schemaErr(path, "minLength %d > maxLength %d", n.minLen, n.maxLen)
 		}
+		if err := c.stringLanguage(n, s, path); err != nil {
+			return nil, err
+		}
 		return n, nil
 	case "array":
 		n := c.b.node(kArray)
@@ -394,6 +403,51 @@ func (c *compiler) typed(t string, s map[string]any, path string) (*node, error)
 		return c.object(s, path)
 	}
 	return nil, schemaErr(path, "unknown type %q", t)
+}
+
+// stringLanguage compiles a string schema's pattern or format into n.re;
+// n.minLen and n.maxLen keep the length bound left to count (see
+// compileRegex).
+func (c *compiler) stringLanguage(n *node, s map[string]any, path string) error {
+	pv, hasPat := s["pattern"]
+	fv, hasFmt := s["format"]
+	if !hasPat && !hasFmt {
+		return nil
+	}
+	if hasPat && hasFmt {
+		return &UnsupportedError{Keywords: []string{"pattern with format"}, Path: pathOrRoot(path)}
+	}
+	var d *dfa
+	var lo, hi int32
+	var err error
+	if hasPat {
+		p, ok := pv.(string)
+		if !ok {
+			return schemaErr(path, "pattern must be a string")
+		}
+		d, lo, hi, err = compileRegex(p, n.minLen, n.maxLen)
+	} else {
+		f, ok := fv.(string)
+		if !ok {
+			return schemaErr(path, "format must be a string")
+		}
+		d, lo, hi, err = formatDFA(f, n.minLen, n.maxLen)
+	}
+	var ue *UnsupportedError
+	switch {
+	case errors.As(err, &ue):
+		ue.Path = pathOrRoot(path)
+		return ue
+	case err != nil && hasPat:
+		return fmt.Errorf("grammar: schema at %s: pattern %q: %w", pathOrRoot(path), pv, err)
+	case err != nil:
+		return fmt.Errorf("grammar: schema at %s: format %q: %w", pathOrRoot(path), fv, err)
+	}
+	if c.b.reCells += len(d.trans); c.b.reCells > maxSchemaCells {
+		return fmt.Errorf("grammar: schema at %s: %w: the schema's patterns and formats have more than %d transitions together", pathOrRoot(path), ErrPatternTooComplex, maxSchemaCells)
+	}
+	n.re, n.minLen, n.maxLen = d, lo, hi
+	return nil
 }
 
 func count(s map[string]any, key string, def int32, path string) (int32, error) {

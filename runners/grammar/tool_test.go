@@ -62,7 +62,7 @@ func TestToolCallsGrammar(t *testing.T) {
 			}
 		}
 	}
-	if _, err := ToolCalls([]Tool{{Name: "x", Parameters: []byte(`{"type":"string","pattern":"a"}`)}}, hermes); err == nil || !strings.Contains(err.Error(), "pattern") || !strings.Contains(err.Error(), `"x"`) {
+	if _, err := ToolCalls([]Tool{{Name: "x", Parameters: []byte(`{"type":"object","patternProperties":{"^a":{}}}`)}}, hermes); err == nil || !strings.Contains(err.Error(), "patternProperties") || !strings.Contains(err.Error(), `"x"`) {
 		t.Errorf("unsupported keyword in a tool: err %v, want one naming the tool and the keyword", err)
 	}
 }

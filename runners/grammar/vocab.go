@@ -366,7 +366,7 @@ func plainMode(alts []*frame) (uint8, bool) {
 	f := alts[0]
 	n := f.n
 	switch {
-	case n.kind == kString && f.st == sStrBody && n.minLen == 0 && n.maxLen < 0:
+	case n.kind == kString && f.st == sStrBody && n.minLen == 0 && n.maxLen < 0 && (n.re == nil || n.re.all[reState(f)]):
 		return f.u8, true
 	case n.kind == kObject && f.st == sObjKey && f.mask == 0 && n.additional != nil && f.u8 != noAdd:
 		return f.u8, true

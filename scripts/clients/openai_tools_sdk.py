@@ -64,7 +64,7 @@ assert out["stream_call"] == out["call"], (out["stream_call"], out["call"])
 try:
     client.chat.completions.create(model=model, max_tokens=4, messages=[{"role": "user", "content": "hi"}],
                                    response_format={"type": "json_schema", "json_schema": {
-                                       "name": "x", "schema": {"type": "string", "pattern": "^a+$"}}})
+                                       "name": "x", "schema": {"type": "object", "patternProperties": {"^a": {"type": "string"}}}}})
     raise SystemExit("an unsupported keyword was not refused")
 except openai.BadRequestError as e:
     out["schema_error"] = e.body["message"] if "message" in e.body else str(e.body)
