@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/exo-pd/exo-pd/internal/doctor"
-
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 	"github.com/exo-pd/exo-pd/supervisor/config"
 )
