@@ -1,7 +1,6 @@
 package dashboard
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exo-pd/exo-pd/internal/sse"
 	"github.com/exo-pd/exo-pd/supervisor/config"
 	"github.com/exo-pd/exo-pd/supervisor/gateway"
 	"github.com/exo-pd/exo-pd/supervisor/process"
@@ -301,17 +301,13 @@ func TestEvents(t *testing.T) {
 	events := make(chan event)
 	go func() {
 		defer close(events)
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(nil, 1<<24)
-		var name string
-		for sc.Scan() {
-			line := sc.Text()
-			switch {
-			case strings.HasPrefix(line, "event: "):
-				name = line[7:]
-			case strings.HasPrefix(line, "data: "):
-				events <- event{name, []byte(line[6:])}
+		rd := sse.NewReader(resp.Body)
+		for {
+			e, err := rd.Next()
+			if err != nil {
+				return
 			}
+			events <- event{e.Type, []byte(e.Data)}
 		}
 	}()
 	next := func() event {

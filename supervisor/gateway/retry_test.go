@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -9,6 +8,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/exo-pd/exo-pd/internal/sse"
 )
 
 // stopping answers as a runner that has begun to shut down.
@@ -119,18 +120,9 @@ func TestStreamThatBreaksEndsWithErrorEvent(t *testing.T) {
 			if resp.StatusCode != 200 || len(events) != 3 || events[0] != `data: {"n":1}` || events[1] != "event: x\ndata: {\"n\":2}" {
 				t.Fatalf("status %d, stream %q: want the two whole events, then the error", resp.StatusCode, body)
 			}
-			sc := bufio.NewScanner(strings.NewReader(events[2]))
-			var name, data string
-			for sc.Scan() {
-				if v, ok := strings.CutPrefix(sc.Text(), "event: "); ok {
-					name = v
-				}
-				if v, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
-					data = v
-				}
-			}
+			last, err := sse.NewReader(strings.NewReader(events[2] + "\n\n")).Next()
 			var v map[string]any
-			if name != tc.event || json.Unmarshal([]byte(data), &v) != nil || !tc.check(v) {
+			if err != nil || last.Type != tc.event || json.Unmarshal([]byte(last.Data), &v) != nil || !tc.check(v) {
 				t.Fatalf("last event %q: want the %s error event", events[2], tc.path)
 			}
 			if bServed.Load() {
