@@ -8,8 +8,10 @@
 // It uses github.com/nikolalohinski/gonja/v2 as the Jinja engine, with a
 // private environment per template (no global state) and the fixes in
 // compat.go where gonja departs from Jinja; a panic inside gonja becomes an
-// error. It owns no
-// tokenization (runners/tokenizer) and no HTTP types (runners/openai).
+// error. It also owns the chat formats (format.go: how a model writes
+// tool calls and reasoning, one file per format), which it detects from
+// the template. It owns no tokenization (runners/tokenizer) and no HTTP
+// types (runners/openai).
 package chat
 
 import (

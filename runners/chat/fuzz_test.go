@@ -32,31 +32,61 @@ func FuzzTemplate(f *testing.F) {
 	})
 }
 
-// FuzzToolCalls: the parsers never panic, every call they return has a
-// name and object arguments, and streaming the same text in any pieces
-// gives what the whole-text parser gives when that parse found calls
-// that are all well-formed (a call cut mid-way may differ: its streamed
-// fragments already went out).
-func FuzzToolCalls(f *testing.F) {
-	f.Add(uint8(0), "Sure.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": [1, \"}\"]}}\n</tool_call>", uint64(1))
-	f.Add(uint8(0), "<tool_call>{\"name\":\"a\",\"arguments\":\"{}\"}</tool_call><tool_call>bad</tool_call>", uint64(2))
-	f.Add(uint8(1), `<|python_tag|>{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"q": ";"}}`, uint64(3))
-	f.Add(uint8(2), `x [TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}]`, uint64(4))
-	f.Fuzz(func(t *testing.T, fam uint8, text string, seed uint64) {
-		fm := Family(fam % 3)
-		content, calls := ParseToolCalls(fm, text)
-		for _, c := range calls {
-			var o map[string]any
-			if c.Name == "" || json.Unmarshal([]byte(c.Arguments), &o) != nil || o == nil {
-				t.Fatalf("%q: bad call %+v", text, c)
-			}
+// fuzzCalls: f's parser never panics, every call the whole-text reading
+// returns has a name and object arguments, streaming the same text in
+// any pieces gives what streaming it at once gives, and that is what the
+// whole-text reading gives when it found calls (a call cut mid-way, or
+// a block that turns out no call, may differ: its streamed fragments
+// already went out).
+func fuzzCalls(t *testing.T, f Format, text string, seed uint64) {
+	content, calls := wholeCalls(f, text)
+	for _, c := range calls {
+		var o map[string]any
+		if c.Name == "" || json.Unmarshal([]byte(c.Arguments), &o) != nil || o == nil {
+			t.Fatalf("%q: bad call %+v", text, c)
 		}
-		sc, scalls := streamAll(fm, text, rand.New(rand.NewPCG(seed, 0)))
-		if fm == Hermes && strings.Count(text, hermesOpen) != len(calls) {
-			return // a block that is not a call: the stream may have named it already
-		}
-		if sc != content || !reflect.DeepEqual(scalls, calls) {
-			t.Fatalf("%v %q: streamed %q %v, whole %q %v", fm, text, sc, scalls, content, calls)
-		}
-	})
+	}
+	oc, ocalls := streamPieces(f, []string{text})
+	sc, scalls := streamAll(f, text, rand.New(rand.NewPCG(seed, 0)))
+	if sc != oc || !reflect.DeepEqual(scalls, ocalls) {
+		t.Fatalf("%v %q: streamed in pieces %q %v, at once %q %v", f, text, sc, scalls, oc, ocalls)
+	}
+	if f == Hermes && strings.Count(text, hermesOpen) != len(calls) {
+		return // a block that is not a call: the stream may have named it already
+	}
+	if f != Hermes && (len(calls) == 0 && len(scalls) > 0 || repeatsKey(text, len(calls))) {
+		return // a list that breaks after a call went out, or a key given twice (the stream sent the first)
+	}
+	if sc != content || !reflect.DeepEqual(scalls, calls) {
+		t.Fatalf("%v %q: streamed %q %v, whole %q %v", f, text, sc, scalls, content, calls)
+	}
+}
+
+// repeatsKey reports whether text may give a call's name or arguments
+// twice: more of those keys than calls, or keys spelled with escapes.
+func repeatsKey(text string, calls int) bool {
+	return strings.Contains(text, `\u`) || strings.Count(text, `"name"`) > calls ||
+		strings.Count(text, `"arguments"`)+strings.Count(text, `"parameters"`) > calls
+}
+
+func FuzzHermes(f *testing.F) {
+	f.Add("Sure.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": [1, \"}\"]}}\n</tool_call>", uint64(1))
+	f.Add("<tool_call>{\"name\":\"a\",\"arguments\":\"{}\"}</tool_call><tool_call>bad</tool_call>", uint64(2))
+	f.Fuzz(func(t *testing.T, text string, seed uint64) { fuzzCalls(t, Hermes, text, seed) })
+}
+
+func FuzzLlama3(f *testing.F) {
+	f.Add(`<|python_tag|>{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"q": ";"}}`, uint64(3))
+	f.Add(` {"name": "a", "parameters": "{\"k\": 1}"}`, uint64(5))
+	f.Add(`{"parameters": {"x": [1, "}"]}, "name": "a"} ; `, uint64(6))
+	f.Add(`{"name": "a", "parameters": {}} then text`, uint64(7))
+	f.Fuzz(func(t *testing.T, text string, seed uint64) { fuzzCalls(t, Llama3, text, seed) })
+}
+
+func FuzzMistral(f *testing.F) {
+	f.Add(`x [TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}]`, uint64(4))
+	f.Add(`[TOOL_CALLS] [ {"arguments": {}, "name": "b"}, {"name": "c", "arguments": "{}"} ] `, uint64(8))
+	f.Add(`[TOOL_CALLS][]`, uint64(9))
+	f.Add(`[TOOL_CALLS][{"name": "a", "arguments": {}}, oops`, uint64(10))
+	f.Fuzz(func(t *testing.T, text string, seed uint64) { fuzzCalls(t, Mistral, text, seed) })
 }

@@ -7,12 +7,12 @@ import (
 
 // collect feeds s to a parser in pieces of n bytes (0: whole) and merges
 // consecutive text events of one kind.
-func collect(s string, n int) []HarmonyEvent {
-	var p HarmonyParser
-	var evs []HarmonyEvent
-	add := func(es []HarmonyEvent) {
+func collect(s string, n int) []Event {
+	p := Harmony.NewParser(true, Start{})
+	var evs []Event
+	add := func(es []Event) {
 		for _, e := range es {
-			if k := len(evs); k > 0 && e.Kind != HarmonyToolCall && evs[k-1].Kind == e.Kind {
+			if k := len(evs); k > 0 && e.Kind != Call && evs[k-1].Kind == e.Kind {
 				evs[k-1].Text += e.Text
 				continue
 			}
@@ -23,30 +23,30 @@ func collect(s string, n int) []HarmonyEvent {
 		n = len(s)
 	}
 	for i := 0; i < len(s); i += n {
-		add(p.Feed(s[i:min(i+n, len(s))]))
+		add(p.Add(s[i:min(i+n, len(s))], false))
 	}
-	add(p.Flush())
+	add(p.Add("", true))
 	return evs
 }
 
 func TestHarmonyParser(t *testing.T) {
 	for _, c := range []struct {
 		name, in string
-		want     []HarmonyEvent
+		want     []Event
 	}{
 		{"reasoning then answer",
 			"<|channel|>analysis<|message|>User asks capital. Paris.<|end|><|start|>assistant<|channel|>final<|message|>The capital is Paris.<|return|>",
-			[]HarmonyEvent{{Kind: HarmonyReasoning, Text: "User asks capital. Paris."}, {Kind: HarmonyContent, Text: "The capital is Paris."}}},
+			[]Event{{Kind: Reasoning, Text: "User asks capital. Paris."}, {Kind: Content, Text: "The capital is Paris."}}},
 		{"tool call",
 			"<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"location\":\"San Francisco\"}<|call|>",
-			[]HarmonyEvent{{Kind: HarmonyReasoning, Text: "Need weather."}, {Kind: HarmonyToolCall, Name: "get_weather", Text: "{\"location\":\"San Francisco\"}"}}},
+			[]Event{{Kind: Reasoning, Text: "Need weather."}, {Kind: Call, Name: "get_weather"}, {Kind: Call, Args: "{\"location\":\"San Francisco\"}"}}},
 		{"recipient in the role part",
 			"<|start|>assistant to=functions.lookup<|channel|>commentary json<|message|>{}<|call|>",
-			[]HarmonyEvent{{Kind: HarmonyToolCall, Name: "lookup", Text: "{}"}}},
+			[]Event{{Kind: Call, Name: "lookup"}, {Kind: Call, Args: "{}"}}},
 		{"text that looks like a token", "<|channel|>final<|message|>a <|b|> and x<|y<|return|>",
-			[]HarmonyEvent{{Kind: HarmonyContent, Text: "a <|b|> and x<|y"}}},
-		{"cut off mid-answer", "<|channel|>final<|message|>Par", []HarmonyEvent{{Kind: HarmonyContent, Text: "Par"}}},
-		{"cut off inside a tool call", "<|channel|>commentary to=functions.f<|message|>{\"a\":", []HarmonyEvent{{Kind: HarmonyToolCall, Name: "f", Text: "{\"a\":"}}},
+			[]Event{{Kind: Content, Text: "a <|b|> and x<|y"}}},
+		{"cut off mid-answer", "<|channel|>final<|message|>Par", []Event{{Kind: Content, Text: "Par"}}},
+		{"cut off inside a tool call", "<|channel|>commentary to=functions.f<|message|>{\"a\":", []Event{{Kind: Call, Name: "f"}, {Kind: Call, Args: "{\"a\":"}}},
 	} {
 		for _, n := range []int{0, 1, 2, 3, 7} {
 			got := collect(c.in, n)
@@ -71,9 +71,9 @@ func FuzzHarmonyParser(f *testing.F) {
 	})
 }
 
-// TestHarmonyFamily: a template that writes harmony's <|channel|> headers
-// (gpt-oss's) is the Harmony tool-call family, whatever else it holds.
-func TestHarmonyFamily(t *testing.T) {
+// TestHarmonyDetect: a template that writes harmony's <|channel|> headers
+// (gpt-oss's) is the Harmony format, whatever else it holds.
+func TestHarmonyDetect(t *testing.T) {
 	src := `{%- if tools %}<|start|>developer<|message|># Tools<|end|>{%- endif %}` +
 		`{%- for m in messages %}{%- if m.role == "assistant" %}<|start|>assistant<|channel|>final<|message|>` +
 		`{%- else %}<|start|>{{ m.role }}<|message|>{%- endif %}{{ m.content }}<|end|>{%- endfor %}` +
@@ -82,7 +82,7 @@ func TestHarmonyFamily(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := tpl.ToolFamily(); got != Harmony || got.String() != "harmony" {
-		t.Errorf("family %v, want harmony", got)
+	if got := Detect(tpl); got != Harmony || got.String() != "harmony" {
+		t.Errorf("format %v, want harmony", got)
 	}
 }

@@ -88,7 +88,8 @@ func TestReasoningHistory(t *testing.T) {
 		if c.Tools {
 			td = tools
 		}
-		got, err := tpls[c.Template].RenderTools(msgs, td, c.AddGenerationPrompt)
+		tpl := tpls[c.Template]
+		got, err := Detect(tpl).RenderTools(tpl, msgs, td, c.AddGenerationPrompt)
 		name := c.Template + "/" + c.Conversation
 		switch {
 		case c.Error != nil:

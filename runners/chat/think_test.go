@@ -5,9 +5,9 @@ import (
 	"testing"
 )
 
-// thinkSplit feeds s to a parser in pieces of n bytes (0: whole).
-func thinkSplit(s string, n int, open bool) (reasoning, content string) {
-	p := ThinkParser{Open: open}
+// splitThink feeds s to a parser in pieces of n bytes (0: whole).
+func splitThink(s string, n int, open bool) (reasoning, content string) {
+	p := thinkSplit{Open: open}
 	if n <= 0 {
 		n = len(s) + 1
 	}
@@ -43,7 +43,7 @@ func TestThinkParser(t *testing.T) {
 		{"empty", "", false, "", ""},
 	} {
 		for _, n := range []int{0, 1, 2, 3, 5, 8} {
-			r, ct := thinkSplit(c.in, n, c.open)
+			r, ct := splitThink(c.in, n, c.open)
 			if r != c.reasoning || ct != c.content {
 				t.Errorf("%s (pieces of %d): reasoning %q content %q, want %q %q", c.name, n, r, ct, c.reasoning, c.content)
 			}
@@ -58,8 +58,8 @@ func FuzzThinkParser(f *testing.F) {
 		if n <= 0 || n > 64 {
 			n = 5
 		}
-		wr, wc := thinkSplit(s, 0, open)
-		pr, pc := thinkSplit(s, n, open)
+		wr, wc := splitThink(s, 0, open)
+		pr, pc := splitThink(s, n, open)
 		if wr != pr || wc != pc {
 			t.Fatalf("pieces of %d: %q %q; whole: %q %q", n, pr, pc, wr, wc)
 		}

@@ -12,9 +12,10 @@
 // Constraint masks each step's logits and is told each sampled token) and
 // Options.AcceptTools (lets tools, tool_choice and response_format through
 // the API's validation); the parsed fields are on openai.GenRequest
-// (Tools, ToolChoice, ParallelToolCalls, ResponseFormat). Tool-call
-// parsing of the output belongs in the Emitter path (openai.Handler),
-// which sees every piece of text and the Result.
+// (Tools, ToolChoice, ParallelToolCalls, ResponseFormat). A chat answer
+// is parsed into text, reasoning and tool calls by the model's chat
+// format (runners/chat, detected once at load) on the Emitter path
+// (answer.go).
 package decode
 
 import (
@@ -24,10 +25,8 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
-	"unicode"
 
 	"github.com/exo-pd/exo-pd/runners/anthropic"
 	"github.com/exo-pd/exo-pd/runners/chat"
@@ -153,9 +152,10 @@ type Options struct {
 	// own (ModelDefaults) overlaid by the cluster file's [models.defaults].
 	Defaults openai.Defaults
 	// NewConstraint, when set, is asked for each request's Constraint (nil:
-	// unconstrained); it is how tools and response_format plug in. Set
-	// AcceptTools too once it honours them (else the API refuses them).
-	NewConstraint func(req *openai.GenRequest) (Constraint, error)
+	// unconstrained), told where the output begins; it is how tools and
+	// response_format plug in. Set AcceptTools too once it honours them
+	// (else the API refuses them).
+	NewConstraint func(req *openai.GenRequest, st chat.Start) (Constraint, error)
 	AcceptTools   bool
 
 	Metrics *metrics.Runner
@@ -164,16 +164,17 @@ type Options struct {
 
 // Server is a decode runner for one model. It implements openai.Generator.
 type Server struct {
-	o    Options
-	info engine.ModelInfo
-	adm  *admission
-	pool *kvPool
-	m    *metrics.Runner
-	log  *slog.Logger
-	seq  atomic.Uint64
-	eos  map[int32]bool
-	api  *openai.Handler
-	msgs *anthropic.Handler
+	o      Options
+	info   engine.ModelInfo
+	adm    *admission
+	pool   *kvPool
+	m      *metrics.Runner
+	log    *slog.Logger
+	seq    atomic.Uint64
+	eos    map[int32]bool
+	format chat.Format // the model's chat format (tool calls, reasoning)
+	api    *openai.Handler
+	msgs   *anthropic.Handler
 
 	batch     *batcher // nil when MaxBatch is 1
 	stopBatch context.CancelFunc
@@ -206,7 +207,7 @@ func New(o Options) *Server {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	s := &Server{o: o, info: o.Model.Info(), m: o.Metrics, log: o.Logger, eos: map[int32]bool{}}
+	s := &Server{o: o, info: o.Model.Info(), m: o.Metrics, log: o.Logger, eos: map[int32]bool{}, format: formatOf(o.Text)}
 	s.adm = newAdmission(o.MaxBatch, o.MaxQueue, func(w, r int) {
 		s.m.Waiting.Set(float64(w))
 		s.m.Running.Set(float64(r))
@@ -335,9 +336,13 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 			return openai.Result{}, openai.Errorf("logit_bias", "logit_bias token %d is outside the vocabulary of %d", id, v)
 		}
 	}
+	var st chat.Start // where the output begins
+	if req.Chat && len(prompt) > 0 {
+		st = s.format.Start(s.o.Text.Decode(prompt[max(0, len(prompt)-32):])) // "<think>\n" is one to nine tokens
+	}
 	var cons Constraint
 	if s.o.NewConstraint != nil {
-		if cons, err = s.o.NewConstraint(req); err != nil {
+		if cons, err = s.o.NewConstraint(req, st); err != nil {
 			return openai.Result{}, err
 		}
 	}
@@ -395,37 +400,17 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 	}
 	entry.tokens = append(entry.tokens[:0:0], prompt...)
 
-	var te interface{ finish() (int, error) }
-	switch {
-	case req.Chat && s.toolFamily() == chat.Harmony:
-		he := newHarmonyEmitter(em, toolsOffered(req)) // channels, with or without tools
-		te, em = he, he
-	default:
-		reasoning, _ := em.(openai.ReasoningEmitter)
-		if toolsOffered(req) {
-			tse := newToolEmitter(em, s.toolFamily())
-			te, em = tse, tse
-		}
-		if rt, ok := s.o.Text.(ReasoningText); ok && req.Chat && rt.ThinkTags() {
-			// <think> reasoning first; the answer after it is parsed (and
-			// constrained) for calls
-			open := s.opensThink(prompt)
-			th := &thinkEmitter{Emitter: em, reasoning: reasoning, next: te, p: chat.ThinkParser{Open: open}}
-			te, em = th, th
-			if lc, ok := cons.(*lazyConstraint); ok {
-				lc.think = &chat.ThinkParser{Open: open}
-			}
-			if dc, ok := cons.(*deferredConstraint); ok {
-				dc.open = open // the reasoning is under way: the answer's grammar waits for </think>
-			}
-		}
+	var ae *answerEmitter // a chat answer is parsed by the format: text, reasoning, tool calls
+	if req.Chat {
+		ae = newAnswerEmitter(em, s.format.NewParser(toolsOffered(req), st))
+		em = ae
 	}
 	res, err = s.generate(ctx, req, em, entry, logits, cons, t0)
 	if cl, closes := cons.(interface{ Close() }); closes {
 		cl.Close() // a mask computed ahead may still be running
 	}
-	if te != nil && err == nil {
-		calls, ferr := te.finish()
+	if ae != nil && err == nil {
+		calls, ferr := ae.finish()
 		if ferr != nil {
 			err = &clientGone{ferr}
 		}
@@ -441,21 +426,6 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 		ok = entry.cache.Len() == len(entry.tokens)
 	}
 	return res, err
-}
-
-// opensThink reports whether the prompt ends inside <think> (a template
-// that opens the reasoning itself), so the output starts as reasoning.
-func (s *Server) opensThink(prompt []int32) bool {
-	tail := s.o.Text.Decode(prompt[max(0, len(prompt)-32):]) // "<think>\n" is one to nine tokens
-	return strings.HasSuffix(strings.TrimRightFunc(tail, unicode.IsSpace), "<think>")
-}
-
-// toolFamily is how the model writes tool calls.
-func (s *Server) toolFamily() chat.Family {
-	if tt, ok := s.o.Text.(ToolText); ok {
-		return tt.ToolFamily()
-	}
-	return chat.Hermes
 }
 
 // clientGone marks an emitter failure (the client disconnected): the

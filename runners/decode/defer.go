@@ -17,55 +17,32 @@ import (
 // Deferred grammars: a model that reasons before it answers (gpt-oss's
 // harmony analysis channel, Qwen3's <think>…</think>) must be free to
 // reason, and constrained only once its answer begins, as vLLM and
-// llama.cpp's server do. A deferPlan says how: a grammar at the start of
+// llama.cpp's server do. Its chat format's chat.Plan says how (harmony.go
+// and think.go of runners/chat spell each out): a grammar at the start of
 // the output, one after each free segment closes, and one forced when the
 // reasoning budget is spent. Each grammar is a grammar.Choice whose
 // head-only alternatives open a free segment (the reasoning; for harmony
 // in tool_choice "auto" also the final answer and preambles) and whose
-// other alternatives are the constrained answer with its header.
-//
-// Harmony (the prompt ends with "<|start|>assistant"):
-//
-//	start:  <|channel|>analysis<|message|>                            → free reasoning until <|end|>
-//	        <|channel|>final<|message|>{document}                     (response_format; or
-//	        <|channel|>final <|constrain|>json<|message|>{document}    with the content type)
-//	        <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{arguments}
-//	                                                                  (an offered tool; named: that one)
-//	next:   an answer alternative, after "<|start|>assistant" (tool_choice
-//	        "auto" without response_format: the analysis again too)
-//	capped: "<|end|><|start|>assistant" then an answer alternative (no more reasoning)
-//
-// then an end token (<|return|>, <|call|>). Inside a header, plain tokens
-// with '<' or '|' are masked when the vocabulary has harmony's control
-// tokens, so a header is spelled with them, as the model was trained.
-// Qwen3 (the prompt may itself open <think>):
-//
-//	start:  <think>                 → free reasoning until </think>
-//	        the answer              (no reasoning: constrained at once)
-//	next:   the answer (after </think>; white space first allowed)
-//	capped: "</think>\n\n" then the answer
+// other alternatives are the constrained answer with its header. Inside
+// a header, plain tokens that could spell the format's control tokens are
+// masked when the vocabulary has them all, so a header is spelled with
+// them, as the model was trained.
 //
 // In a reasoning segment end tokens and control tokens other than the
 // closer are masked: the answer always comes (max_tokens still caps the
 // whole generation, in which case it is cut off, finish_reason "length").
 type deferPlan struct {
 	start, next, capped *grammar.Grammar
-	heads               map[string]segment // free segments by the head that opens them
-	closer              []byte             // ends a free segment
-	headerEnd           []byte             // harmony: "<|message|>" ends a header (nil: no header masking)
-}
-
-// segment is an unconstrained stretch of the output.
-type segment struct {
-	reasoning bool // counts against the reasoning budget (max_reasoning_tokens)
-	final     bool // may end the generation (end tokens allowed)
+	heads               map[string]chat.Segment // free segments by the head that opens them
+	closer              []byte                  // ends a free segment
+	headerEnd           []byte                  // ends a header (nil: no header masking)
 }
 
 // deferVocab is what a deferred constraint needs of the vocabulary beyond
 // the grammar's trie, computed once per model.
 type deferVocab struct {
 	special   []int32  // control tokens (left out of the trie), end tokens included
-	headerBan []uint64 // plain tokens with '<' or '|' (nil: not harmony, or its control tokens are not special)
+	headerBan []uint64 // plain tokens with '<' or '|' (nil: the format has no control tokens, or they are not all special)
 }
 
 // deferredConstraint runs a deferPlan for one generation.
@@ -76,10 +53,10 @@ type deferredConstraint struct {
 	bytesOf func(int32) []byte
 	budget  int // reasoning tokens before the close is forced (0: no bound)
 
-	seg      *segment // in a free segment
-	used     int      // reasoning tokens so far
-	buf      []byte   // free: the tail of the segment, for the closer
-	acc      []byte   // constrained: the bytes since the grammar began (up to maxHead)
+	seg      *chat.Segment // in a free segment
+	used     int           // reasoning tokens so far
+	buf      []byte        // free: the tail of the segment, for the closer
+	acc      []byte        // constrained: the bytes since the grammar began (up to maxHead)
 	inner    *maskConstraint
 	inHeader bool
 	started  bool
@@ -121,7 +98,7 @@ func (d *deferredConstraint) init() error {
 	}
 	d.started = true
 	if d.open {
-		d.seg = &segment{reasoning: true}
+		d.seg = &chat.Segment{Reasoning: true}
 		return nil
 	}
 	return d.begin(d.p.start, nil)
@@ -134,7 +111,7 @@ func (d *deferredConstraint) Mask(logits []float32) error {
 	}
 	ninf := float32(math.Inf(-1))
 	if d.seg != nil {
-		if !(d.seg.reasoning && d.budget > 0 && d.used >= d.budget && d.p.capped != nil) {
+		if !(d.seg.Reasoning && d.budget > 0 && d.used >= d.budget && d.p.capped != nil) {
 			if d.ban == nil {
 				for _, id := range d.dv.special {
 					if !bytes.Equal(d.bytesOf(id), d.p.closer) {
@@ -143,7 +120,7 @@ func (d *deferredConstraint) Mask(logits []float32) error {
 				}
 			}
 			for _, id := range d.ban {
-				if int(id) < len(logits) && !(d.seg.final && d.v.IsEOS(id)) {
+				if int(id) < len(logits) && !(d.seg.Final && d.v.IsEOS(id)) {
 					logits[id] = ninf
 				}
 			}
@@ -181,7 +158,7 @@ func (d *deferredConstraint) Accept(tok int32) error {
 		if d.v.IsEOS(tok) {
 			return nil
 		}
-		if d.seg.reasoning {
+		if d.seg.Reasoning {
 			d.used++
 		}
 		d.buf = append(d.buf, d.bytesOf(tok)...)
@@ -219,34 +196,6 @@ func (d *deferredConstraint) Close() {
 	}
 }
 
-// Harmony's control strings.
-const (
-	harmonyStart     = "<|start|>assistant"
-	harmonyAnalysis  = "<|channel|>analysis<|message|>"
-	harmonyFinal     = "<|channel|>final<|message|>"
-	harmonyFinalJSON = "<|channel|>final <|constrain|>json<|message|>" // as gpt-oss may write it for a response format
-	harmonyPreamble  = "<|channel|>commentary<|message|>"
-	harmonyEnd       = "<|end|>"
-	harmonyHeaderEnd = "<|message|>"
-)
-
-// harmonyCallHead is the header of a call of name, as the harmony format
-// writes it (recipient in the channel, then the content type).
-func harmonyCallHead(name string) string {
-	return "<|channel|>commentary to=functions." + name + " <|constrain|>json<|message|>"
-}
-
-// harmonyName reports whether name can stand in a harmony header
-// (recipient functions.NAME, which ends at white space or a control token).
-func harmonyName(name string) bool {
-	for _, r := range name {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' || r == '.') {
-			return false
-		}
-	}
-	return name != ""
-}
-
 // deferVocabulary computes the deferVocab once.
 func (g *Grammars) deferVocabulary(v *grammar.Vocab) *deferVocab {
 	g.dvOnce.Do(func() {
@@ -261,11 +210,12 @@ func (g *Grammars) deferVocabulary(v *grammar.Vocab) *deferVocab {
 				have[string(b)] = true
 			}
 		}
-		harmony := g.family() == chat.Harmony
-		for _, s := range harmonyControls() {
-			harmony = harmony && have[s]
+		ctrl := g.chatFormat().Controls()
+		all := len(ctrl) > 0
+		for _, s := range ctrl {
+			all = all && have[s]
 		}
-		if harmony {
+		if all {
 			dv.headerBan = make([]uint64, v.MaskWords())
 			for id := int32(0); int(id) < v.Size(); id++ {
 				if b := v.TokenBytes(id); b != nil && bytes.ContainsAny(b, "<|") {
@@ -278,66 +228,59 @@ func (g *Grammars) deferVocabulary(v *grammar.Vocab) *deferVocab {
 	return g.dv
 }
 
-func harmonyControls() []string {
-	return []string{"<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>"}
-}
-
 // deferred returns the deferred constraint of req (ok false: req is not
 // one; the caller goes on as for any model).
-func (g *Grammars) deferred(req *openai.GenRequest) (c Constraint, ok bool, err error) {
+func (g *Grammars) deferred(req *openai.GenRequest, st chat.Start) (c Constraint, ok bool, err error) {
 	if !req.Chat {
 		return nil, false, nil
 	}
-	fam := g.family()
-	rt, _ := g.Text.(ReasoningText)
-	harmony := fam == chat.Harmony
-	think := !harmony && rt != nil && rt.ThinkTags()
 	tools, forced, err := forcedTools(req)
 	if err != nil {
 		return nil, false, err
 	}
-	rf := req.ResponseFormat
-	structured := rf != nil && rf.Type != "text"
-	strictAuto := false
-	if toolsOffered(req) && forced == "" {
-		for _, t := range req.Tools {
-			strictAuto = strictAuto || t.Function.Strict != nil && *t.Function.Strict
-		}
+	a := chat.Answer{Forced: forced != "", Parallel: forced != "function" && (req.ParallelToolCalls == nil || *req.ParallelToolCalls),
+		AtStart: !req.AddGenerationPrompt, ContinueFinal: req.ContinueFinal, Capped: req.MaxReasoningTokens > 0}
+	if forced != "" || toolsOffered(req) {
+		a.Tools = chatTools(tools)
 	}
-	capped := req.MaxReasoningTokens > 0
-	switch {
-	case harmony && (forced != "" || structured || strictAuto || capped):
-	case think && (forced != "" || structured):
-	case capped && think:
-		return nil, false, openai.Errorf("max_reasoning_tokens", "max_reasoning_tokens applies to this model only with response_format or tool_choice \"required\" or a named function")
-	case capped:
-		return nil, false, openai.Errorf("max_reasoning_tokens", "max_reasoning_tokens: this model does not reason before its answer")
+	switch rf := req.ResponseFormat; {
+	case rf == nil || rf.Type == "text":
+	case rf.Type == "json_schema":
+		a.Schema = rf.JSONSchema.Schema
+		if a.Schema == nil {
+			a.Schema = []byte{}
+		}
 	default:
-		return nil, false, nil
+		a.Object = true
 	}
-	if req.ContinueFinal {
-		if harmony || capped {
-			return nil, false, openai.Errorf("continue_final_message", "a continued final message cannot be constrained after reasoning on this model; leave out continue_final_message, or response_format, tool_choice and max_reasoning_tokens")
-		}
-		return nil, false, nil // Qwen3: constrained from the first token, as for any model
+	cp, err := g.chatFormat().Plan(a)
+	var fe *chat.FieldError
+	switch {
+	case errors.As(err, &fe):
+		return nil, false, openai.Errorf(fe.Field, "%s", fe.Msg)
+	case err != nil:
+		return nil, false, err
+	case cp == nil && a.Capped:
+		return nil, false, openai.Errorf("max_reasoning_tokens", "max_reasoning_tokens: this model does not reason before its answer")
+	case cp == nil:
+		return nil, false, nil
 	}
 	v, err := g.vocabulary()
 	if err != nil {
 		return nil, false, fmt.Errorf("grammar vocabulary: %w", err)
 	}
-	var p *deferPlan
-	if harmony {
-		p, err = g.harmonyPlan(req, tools, forced != "", structured)
-	} else if p, err = g.thinkPlan(req, tools, forced); err != nil {
+	p, err := g.plan(cp)
+	if err != nil {
+		if cp.Field != "" {
+			return nil, false, openai.Errorf(cp.Field, "the answer's grammar: %v", err) // its parts compiled alone
+		}
 		// the answer's grammar alone names the field at fault
 		if _, ferr := g.grammarFor(req); ferr != nil {
 			return nil, false, ferr
 		}
+		return nil, false, fmt.Errorf("the answer after the reasoning: %w", err)
 	}
-	if err != nil {
-		return nil, false, err
-	}
-	return &deferredConstraint{p: p, v: v, dv: g.deferVocabulary(v), bytesOf: g.Text.TokenBytes, budget: req.MaxReasoningTokens}, true, nil
+	return &deferredConstraint{p: p, v: v, dv: g.deferVocabulary(v), bytesOf: g.Text.TokenBytes, budget: req.MaxReasoningTokens, open: st.Reasoning}, true, nil
 }
 
 // forcedTools returns the tools a forced tool_choice allows ("required":
@@ -371,122 +314,37 @@ func (g *Grammars) choice(alts []grammar.Alt, space bool) (*grammar.Grammar, err
 	return g.compiled("choice"+string(key), func() (*grammar.Grammar, error) { return grammar.Choice(alts, space) })
 }
 
-// plan compiles the three grammars of a plan from its answer
-// alternatives (each head without prefix) and free heads; again: the
-// reasoning may be resumed after a free segment closes.
-func (g *Grammars) plan(free map[string]segment, answer []grammar.Alt, startPrefix, nextPrefix, capPrefix string, again, space bool, closer, headerEnd string) (*deferPlan, error) {
-	p := &deferPlan{heads: map[string]segment{}, closer: []byte(closer)}
-	if headerEnd != "" {
-		p.headerEnd = []byte(headerEnd)
+// plan compiles the three grammars of a format's plan.
+func (g *Grammars) plan(cp *chat.Plan) (*deferPlan, error) {
+	p := &deferPlan{heads: map[string]chat.Segment{}, closer: []byte(cp.Closer)}
+	if cp.HeaderEnd != "" {
+		p.headerEnd = []byte(cp.HeaderEnd)
 	}
 	build := func(prefix string, withReasoning bool) (*grammar.Grammar, error) {
 		var alts []grammar.Alt
-		for h, s := range free {
-			if s.reasoning && !withReasoning {
+		for h, s := range cp.Free {
+			if s.Reasoning && !withReasoning {
 				continue
 			}
 			alts = append(alts, grammar.Alt{Head: prefix + h})
 			p.heads[prefix+h] = s
 		}
-		for _, a := range answer {
+		for _, a := range cp.Answer {
 			a.Head = prefix + a.Head
 			alts = append(alts, a)
 		}
 		slices.SortStableFunc(alts, func(a, b grammar.Alt) int { return strings.Compare(a.Head, b.Head) }) // a stable cache key
-		return g.choice(alts, space)
+		return g.choice(alts, cp.Space)
 	}
 	var err error
-	if p.start, err = build(startPrefix, true); err != nil {
+	if p.start, err = build(cp.StartPrefix, true); err != nil {
 		return nil, err
 	}
-	if p.next, err = build(nextPrefix, again); err != nil {
+	if p.next, err = build(cp.NextPrefix, cp.Again); err != nil {
 		return nil, err
 	}
-	if p.capped, err = build(capPrefix, false); err != nil {
+	if p.capped, err = build(cp.CapPrefix, false); err != nil {
 		return nil, err
-	}
-	return p, nil
-}
-
-// harmonyPlan: see deferPlan.
-func (g *Grammars) harmonyPlan(req *openai.GenRequest, tools []openai.Tool, forced, structured bool) (*deferPlan, error) {
-	free := map[string]segment{harmonyAnalysis: {reasoning: true}}
-	var answer []grammar.Alt
-	if forced || toolsOffered(req) {
-		for i, t := range tools {
-			if !harmonyName(t.Function.Name) {
-				return nil, openai.Errorf(fmt.Sprintf("tools[%d].function.name", i), "tools[%d].function.name %q: a constrained harmony call needs a name of letters, digits, '_', '-' and '.'", i, t.Function.Name)
-			}
-			a := grammar.Alt{Head: harmonyCallHead(t.Function.Name), Schema: t.Function.Parameters, Object: len(t.Function.Parameters) == 0}
-			if a.Object {
-				a.Schema = nil
-			} else if _, err := grammar.Compile(a.Schema); err != nil {
-				strict := t.Function.Strict != nil && *t.Function.Strict
-				if forced || strict {
-					return nil, openai.Errorf(fmt.Sprintf("tools[%d].function.parameters", i), "tools[%d]: its schema cannot be enforced: %v", i, err)
-				}
-				free[a.Head] = segment{final: true} // not strict: a free call, parsed (it ends with <|call|>)
-				continue
-			}
-			answer = append(answer, a)
-		}
-	}
-	switch rf := req.ResponseFormat; {
-	case structured && rf.Type == "json_schema":
-		if _, err := grammar.Compile(rf.JSONSchema.Schema); err != nil {
-			return nil, openai.Errorf("response_format.json_schema.schema", "response_format.json_schema.schema: %v", err)
-		}
-		for _, h := range []string{harmonyFinal, harmonyFinalJSON} {
-			answer = append(answer, grammar.Alt{Head: h, Schema: rf.JSONSchema.Schema})
-		}
-	case structured:
-		for _, h := range []string{harmonyFinal, harmonyFinalJSON} {
-			answer = append(answer, grammar.Alt{Head: h, Object: true})
-		}
-	case !forced:
-		free[harmonyFinal] = segment{final: true}
-		free[harmonyPreamble] = segment{}
-	}
-	// With a constrained answer, the reasoning is one analysis message
-	// (then the answer's header is forced); in "auto" the model may go
-	// back to analysis after a preamble or a free call.
-	again := !forced && !structured
-	start := "" // the prompt ends with "<|start|>assistant"
-	if !req.AddGenerationPrompt {
-		start = harmonyStart // it ends after the last message: the model opens its own
-	}
-	p, err := g.plan(free, answer, start, harmonyStart, harmonyEnd+harmonyStart, again, false, harmonyEnd, harmonyHeaderEnd)
-	if err != nil {
-		return nil, openai.Errorf("tools", "the answer's grammar: %v", err) // its parts compiled alone above
-	}
-	return p, nil
-}
-
-// thinkPlan: see deferPlan.
-func (g *Grammars) thinkPlan(req *openai.GenRequest, tools []openai.Tool, forced string) (*deferPlan, error) {
-	var body grammar.Alt
-	if forced != "" || toolsOffered(req) {
-		parallel := (forced == "" || forced == "required") && (req.ParallelToolCalls == nil || *req.ParallelToolCalls)
-		body.Tools, body.Format = toolDefs(tools), CallFormat(g.family(), parallel)
-	}
-	if rf := req.ResponseFormat; forced == "" && rf.Type == "json_schema" {
-		body.Schema = rf.JSONSchema.Schema
-	} else if forced == "" {
-		body.Object = true
-	}
-	p := &deferPlan{heads: map[string]segment{"<think>": {reasoning: true}}, closer: []byte("</think>")}
-	var err error
-	// at the start: reasoning, or the answer at once
-	if p.start, err = g.choice([]grammar.Alt{{Head: "<think>"}, body}, true); err == nil {
-		// after </think>: the answer
-		if p.next, err = g.choice([]grammar.Alt{body}, true); err == nil {
-			// at the budget the reasoning is closed first
-			body.Head = "</think>\n\n"
-			p.capped, err = g.choice([]grammar.Alt{body}, true)
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("the answer after the reasoning: %w", err) // grammarFor compiled the same schemas
 	}
 	return p, nil
 }

@@ -69,7 +69,7 @@ func grammarAllows(p *pieceText, m *grammar.Matcher, eos []int32) map[int32]bool
 func TestHarmonyDeferredSteps(t *testing.T) {
 	p := newPieceText()
 	g := &Grammars{Text: p}
-	c, err := g.NewConstraint(&openai.GenRequest{Chat: true, AddGenerationPrompt: true, ResponseFormat: harmonyRF})
+	c, err := g.NewConstraint(&openai.GenRequest{Chat: true, AddGenerationPrompt: true, ResponseFormat: harmonyRF}, chat.Start{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -396,7 +396,7 @@ func TestDeferredRandomWalks(t *testing.T) {
 		for walk := range 40 {
 			r := *req
 			r.MaxReasoningTokens = 1 + rng.IntN(30)
-			c, err := g.NewConstraint(&r)
+			c, err := g.NewConstraint(&r, chat.Start{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -419,7 +419,7 @@ func TestDeferredRandomWalks(t *testing.T) {
 				t.Fatalf("%s walk %d: no end after 2000 tokens: %q", name, walk, text.String())
 			}
 			var rec recorder
-			h := newHarmonyEmitter(&rec, true)
+			h := newAnswerEmitter(&rec, chat.Harmony.NewParser(true, chat.Start{}))
 			if err := h.Text(text.String(), nil); err != nil {
 				t.Fatal(err)
 			}
@@ -492,12 +492,11 @@ func TestThinkRandomWalks(t *testing.T) {
 		for walk := range 30 {
 			r := *req
 			r.MaxReasoningTokens = 1 + rng.IntN(20)
-			c, err := g.NewConstraint(&r)
+			open := walk%2 == 1
+			c, err := g.NewConstraint(&r, chat.Start{Reasoning: open})
 			if err != nil {
 				t.Fatal(err)
 			}
-			open := walk%2 == 1
-			c.(*deferredConstraint).open = open
 			var ids []int32
 			ended := false
 			for step := 0; step < 3000 && !ended; step++ {
@@ -518,8 +517,7 @@ func TestThinkRandomWalks(t *testing.T) {
 				t.Fatalf("%s walk %d: no end after 3000 tokens: %q", name, walk, out)
 			}
 			var rec recorder
-			te := newToolEmitter(&rec, chat.Hermes)
-			th := &thinkEmitter{Emitter: te, reasoning: &rec, next: te, p: chat.ThinkParser{Open: open}}
+			th := newAnswerEmitter(&rec, chat.Think(chat.Hermes).NewParser(true, chat.Start{Reasoning: open}))
 			if err := th.Text(out, nil); err != nil {
 				t.Fatal(err)
 			}

@@ -66,7 +66,7 @@ func (p *pieceText) Render([]openai.ChatMessage, bool, bool) (string, error) { r
 func (p *pieceText) RenderTools([]openai.ChatMessage, []openai.Tool, bool, bool) (string, error) {
 	return "p", nil
 }
-func (p *pieceText) ToolFamily() chat.Family    { return chat.Harmony }
+func (p *pieceText) Format() chat.Format        { return chat.Harmony }
 func (p *pieceText) IsSpecial(id int32) bool    { return id >= 256 }
 func (p *pieceText) Encode(string) []int32      { return []int32{'p'} }
 func (p *pieceText) EncodeChat(string) []int32  { return []int32{'p'} }
@@ -343,7 +343,7 @@ func TestHarmonyEmitterSplits(t *testing.T) {
 	for cut := 0; cut <= len(gen); cut++ {
 		for _, n := range []int{1, 3, len(gen)} {
 			var r recorder
-			h := newHarmonyEmitter(&r, true)
+			h := newAnswerEmitter(&r, chat.Harmony.NewParser(true, chat.Start{}))
 			pieces := []string{gen[:cut]}
 			for rest := gen[cut:]; rest != ""; rest = rest[min(n, len(rest)):] {
 				pieces = append(pieces, rest[:min(n, len(rest))])
@@ -378,14 +378,14 @@ func TestHarmonyEmitterSplits(t *testing.T) {
 // without reasoning drops only the reasoning.
 func TestHarmonyCallsNeedAnAPIThatTakesThem(t *testing.T) {
 	var te textEmitter
-	h := newHarmonyEmitter(&te, true)
+	h := newAnswerEmitter(&te, chat.Harmony.NewParser(true, chat.Start{}))
 	if err := h.Text(harmonyAnswer, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := h.finish(); err != nil || te.String() != "Hello! How can I help?" {
 		t.Fatalf("answer: %q %v", te.String(), err)
 	}
-	h = newHarmonyEmitter(&te, true)
+	h = newAnswerEmitter(&te, chat.Harmony.NewParser(true, chat.Start{}))
 	err := h.Text(harmonyCall, nil)
 	if err == nil {
 		_, err = h.finish()

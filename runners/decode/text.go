@@ -12,14 +12,15 @@ import (
 
 // tokText adapts the tokenizer and chat template packages to Text.
 type tokText struct {
-	tok  *tokenizer.Tokenizer
-	tmpl *chat.Template
+	tok    *tokenizer.Tokenizer
+	tmpl   *chat.Template
+	format chat.Format // detected once, from the template
 }
 
 // NewText returns the Text of a model; tmpl may be nil (no chat template:
 // chat requests are refused, completions work).
 func NewText(tok *tokenizer.Tokenizer, tmpl *chat.Template) Text {
-	return &tokText{tok: tok, tmpl: tmpl}
+	return &tokText{tok: tok, tmpl: tmpl, format: chat.Detect(tmpl)}
 }
 
 func (t *tokText) Render(msgs []openai.ChatMessage, agp, continueFinal bool) (string, error) {
@@ -69,21 +70,16 @@ func renderChatWith(render func([]chat.Message, bool) (string, error), msgs []ch
 	return out[:i+len(final)], nil
 }
 
-// ReasoningText is a Text whose chat template may read and write
-// reasoning; tokText is one. A Text that is not one takes no reasoning
-// in its history and writes none apart from its answer (harmony's
-// analysis channel aside, which its tool family splits).
+// ReasoningText is a Text whose chat template may read reasoning back;
+// tokText is one. A Text that is not one takes no reasoning in its
+// history (what reasoning the model writes is its format's to split).
 type ReasoningText interface {
 	// HistoryReasoning: the template renders an assistant message's
 	// reasoning_content (Qwen3's, gpt-oss's as "thinking").
 	HistoryReasoning() bool
-	// ThinkTags: the model reasons in <think>…</think> before its answer
-	// (Qwen3's template), returned apart as reasoning_content.
-	ThinkTags() bool
 }
 
 func (t *tokText) HistoryReasoning() bool { return t.tmpl != nil && t.tmpl.HistoryReasoning() }
-func (t *tokText) ThinkTags() bool        { return t.tmpl != nil && t.tmpl.ThinkTags() }
 
 func (t *tokText) Encode(s string) []int32     { return t.tok.Encode(s) }
 func (t *tokText) EncodeChat(s string) []int32 { return t.tok.EncodeChat(s) }

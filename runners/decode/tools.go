@@ -1,7 +1,6 @@
 package decode
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,13 +12,15 @@ import (
 	"github.com/exo-pd/exo-pd/runners/openai"
 )
 
-// ToolText is a Text that can offer tools to the model and knows how its
-// family writes calls; tokText is one. Tools need it.
+// ToolText is a Text that can offer tools to the model and knows its
+// chat format (how it writes calls and reasoning); tokText is one. Tools
+// and reasoning need it: a Text that is not one is plain Hermes.
 type ToolText interface {
-	// RenderTools is Render with tools offered (through the template when
-	// it takes them, else the generic prompt).
+	// RenderTools is Render with tools offered (as the format offers
+	// them).
 	RenderTools(msgs []openai.ChatMessage, tools []openai.Tool, addGenerationPrompt, continueFinal bool) (string, error)
-	ToolFamily() chat.Family
+	// Format is the model's chat format, detected once at load.
+	Format() chat.Format
 	// IsSpecial reports control tokens, which constrained output never
 	// contains (but where a call format spells one).
 	IsSpecial(id int32) bool
@@ -29,38 +30,36 @@ func (t *tokText) RenderTools(msgs []openai.ChatMessage, tools []openai.Tool, ag
 	if t.tmpl == nil {
 		return "", errors.New("this model has no chat template; use /v1/completions")
 	}
-	defs := make([]chat.ToolDef, len(tools))
-	for i, tl := range tools {
-		defs[i] = chat.ToolDef{Name: tl.Function.Name, Description: tl.Function.Description, Parameters: tl.Function.Parameters}
-	}
-	return renderChatWith(func(m []chat.Message, agp bool) (string, error) { return t.tmpl.RenderTools(m, defs, agp) },
+	defs := chatTools(tools)
+	return renderChatWith(func(m []chat.Message, agp bool) (string, error) { return t.format.RenderTools(t.tmpl, m, defs, agp) },
 		ChatMessages(msgs), agp, continueFinal)
 }
 
-func (t *tokText) ToolFamily() chat.Family {
-	if t.tmpl == nil {
-		return chat.Hermes
+func (t *tokText) Format() chat.Format     { return t.format }
+func (t *tokText) IsSpecial(id int32) bool { return t.tok.IsSpecial(id) }
+
+// formatOf is text's chat format.
+func formatOf(text Text) chat.Format {
+	if tt, ok := text.(ToolText); ok {
+		return tt.Format()
 	}
-	return t.tmpl.ToolFamily()
+	return chat.Hermes
 }
 
-func (t *tokText) IsSpecial(id int32) bool { return t.tok.IsSpecial(id) }
+// chatTools are the API's tools as the chat format takes them.
+func chatTools(tools []openai.Tool) []chat.ToolDef {
+	defs := make([]chat.ToolDef, len(tools))
+	for i, tl := range tools {
+		defs[i] = chat.ToolDef{Name: tl.Function.Name, Description: tl.Function.Description, Parameters: tl.Function.Parameters,
+			Strict: tl.Function.Strict != nil && *tl.Function.Strict}
+	}
+	return defs
+}
 
 // toolsOffered reports whether req's tools are shown to the model and its
 // output parsed for calls: tools given and tool_choice not "none".
 func toolsOffered(req *openai.GenRequest) bool {
 	return req.Chat && len(req.Tools) > 0 && (req.ToolChoice == nil || req.ToolChoice.Mode != "none")
-}
-
-// CallFormat is the grammar of family f's calls.
-func CallFormat(f chat.Family, parallel bool) grammar.CallFormat {
-	switch f {
-	case chat.Llama:
-		return grammar.CallFormat{ArgsKey: "parameters"} // one call per answer
-	case chat.Mistral:
-		return grammar.CallFormat{List: true, ListPrefix: "[TOOL_CALLS]", ArgsKey: "arguments", Parallel: parallel}
-	}
-	return grammar.CallFormat{Prefix: "<tool_call>\n", Suffix: "\n</tool_call>", Separator: "\n", ArgsKey: "arguments", Parallel: parallel}
 }
 
 // Grammars makes Options.NewConstraint for a model: response_format
@@ -72,9 +71,11 @@ func CallFormat(f chat.Family, parallel bool) grammar.CallFormat {
 type Grammars struct {
 	Text Text
 
-	once  sync.Once
-	vocab *grammar.Vocab
-	err   error
+	once    sync.Once
+	vocab   *grammar.Vocab
+	err     error
+	fmtOnce sync.Once
+	format  chat.Format // the Text's
 
 	dvOnce sync.Once
 	dv     *deferVocab
@@ -139,6 +140,12 @@ func (g *Grammars) vocabulary() (*grammar.Vocab, error) {
 	return g.vocab, g.err
 }
 
+// chatFormat is the model's chat format.
+func (g *Grammars) chatFormat() chat.Format {
+	g.fmtOnce.Do(func() { g.format = formatOf(g.Text) })
+	return g.format
+}
+
 // Warm builds the vocabulary trie now (a fraction of a second for a
 // 150k vocabulary) rather than on the first constrained request.
 func (g *Grammars) Warm() error {
@@ -149,9 +156,10 @@ func (g *Grammars) Warm() error {
 	return err
 }
 
-// NewConstraint implements Options.NewConstraint.
-func (g *Grammars) NewConstraint(req *openai.GenRequest) (Constraint, error) {
-	if c, ok, err := g.deferred(req); ok || err != nil {
+// NewConstraint implements Options.NewConstraint: st is where the
+// output begins (inside the reasoning, when the prompt opened it).
+func (g *Grammars) NewConstraint(req *openai.GenRequest, st chat.Start) (Constraint, error) {
+	if c, ok, err := g.deferred(req, st); ok || err != nil {
 		return c, err
 	}
 	gr, err := g.grammarFor(req)
@@ -159,7 +167,7 @@ func (g *Grammars) NewConstraint(req *openai.GenRequest) (Constraint, error) {
 		return nil, err
 	}
 	if gr == nil && toolsOffered(req) {
-		return g.lazyCalls(req)
+		return g.lazyCalls(req, st)
 	}
 	if gr == nil {
 		return nil, nil
@@ -171,32 +179,15 @@ func (g *Grammars) NewConstraint(req *openai.GenRequest) (Constraint, error) {
 	return newMaskConstraint(grammar.NewConstraint(gr, v), v), nil
 }
 
-func (g *Grammars) family() chat.Family {
-	if tt, ok := g.Text.(ToolText); ok {
-		return tt.ToolFamily()
-	}
-	return chat.Hermes
-}
-
 // lazyCalls is tool_choice "auto": the model writes freely, but once it
-// opens a tool call (its family's marker), the call is constrained to an
+// opens a tool call (its format's trigger), the call is constrained to an
 // offered tool with schema-valid arguments until it is complete. A tool
 // whose schema the grammar cannot take is then left unconstrained, unless
 // it asks for strict, which is a 400.
-func (g *Grammars) lazyCalls(req *openai.GenRequest) (Constraint, error) {
-	fam := g.family()
-	if fam == chat.Harmony {
-		return nil, nil // calls are parsed; a strict tool is constrained by the deferred plan (defer.go)
-	}
-	var f grammar.CallFormat
-	marker := ""
-	switch fam {
-	case chat.Llama:
-		f = grammar.CallFormat{ArgsKey: "parameters"}
-	case chat.Mistral:
-		f, marker = grammar.CallFormat{List: true, ArgsKey: "arguments", Parallel: true}, "[TOOL_CALLS]"
-	default:
-		f, marker = grammar.CallFormat{Suffix: "\n</tool_call>", ArgsKey: "arguments"}, "<tool_call>"
+func (g *Grammars) lazyCalls(req *openai.GenRequest, st chat.Start) (Constraint, error) {
+	f, trig, ok := g.chatFormat().Lazy()
+	if !ok {
+		return nil, nil // calls are parsed; a strict tool is constrained by the format's Plan (defer.go)
 	}
 	gt := toolDefs(req.Tools)
 	gr, err := g.compiled(cacheKey("lazy", f, gt, nil), func() (*grammar.Grammar, error) { return grammar.ToolCalls(gt, f) })
@@ -214,25 +205,19 @@ func (g *Grammars) lazyCalls(req *openai.GenRequest) (Constraint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("grammar vocabulary: %w", err)
 	}
-	return &lazyConstraint{g: gr, v: v, bytesOf: g.Text.TokenBytes, marker: marker}, nil
+	return &lazyConstraint{g: gr, v: v, bytesOf: g.Text.TokenBytes, scan: trig.NewScan(st)}, nil
 }
 
 // lazyConstraint constrains only the tool calls of a free answer: it
-// watches the generated bytes for the family's marker (Llama: a first
-// non-space byte '{'), then applies the call grammar until the call is
-// complete, then lets the model write freely again.
+// watches the generated bytes for the format's trigger, then applies the
+// call grammar until the call is complete, then lets the model write
+// freely again.
 type lazyConstraint struct {
 	g       *grammar.Grammar
 	v       *grammar.Vocab
 	bytesOf func(int32) []byte
-	marker  string
-	buf     []byte
-	decided bool // Llama: the first non-space byte was seen
+	scan    *chat.TriggerScan
 	inner   *maskConstraint
-	// think: the model reasons in <think>…</think> first (Qwen3); a
-	// marker inside the reasoning is not a call, so only the answer text
-	// is watched.
-	think *chat.ThinkParser
 }
 
 func (l *lazyConstraint) Mask(logits []float32) error {
@@ -258,39 +243,11 @@ func (l *lazyConstraint) Accept(tok int32) error {
 	if l.v.IsEOS(tok) {
 		return nil
 	}
-	b := l.bytesOf(tok)
-	if l.think != nil {
-		_, answer := l.think.Feed(string(b))
-		b = []byte(answer)
-	}
-	l.buf = append(l.buf, b...)
-	var rest []byte
-	switch {
-	case l.marker == "":
-		if l.decided {
-			return nil
-		}
-		t := bytes.TrimLeft(l.buf, " \t\r\n")
-		if len(t) == 0 {
-			return nil
-		}
-		l.decided = true
-		if t[0] != '{' {
-			return nil
-		}
-		rest = t
-	default:
-		i := bytes.Index(l.buf, []byte(l.marker))
-		if i < 0 {
-			if k := len(l.marker) - 1; len(l.buf) > k {
-				l.buf = append(l.buf[:0], l.buf[len(l.buf)-k:]...)
-			}
-			return nil
-		}
-		rest = l.buf[i+len(l.marker):]
+	rest, fired := l.scan.Feed(l.bytesOf(tok))
+	if !fired {
+		return nil
 	}
 	c := grammar.NewConstraint(l.g, l.v)
-	l.buf = l.buf[:0]
 	if c.AdvanceBytes(rest) != nil {
 		return nil // already off the grammar: leave it to the parser
 	}
@@ -308,9 +265,9 @@ func (l *lazyConstraint) Close() {
 }
 
 func (g *Grammars) grammarFor(req *openai.GenRequest) (*grammar.Grammar, error) {
-	forced := ""
-	if tc := req.ToolChoice; len(req.Tools) > 0 && tc != nil && (tc.Mode == "required" || tc.Mode == "function") {
-		forced = tc.Mode
+	tools, forced, err := forcedTools(req)
+	if err != nil {
+		return nil, err
 	}
 	rf := req.ResponseFormat
 	structured := rf != nil && rf.Type != "text"
@@ -320,7 +277,7 @@ func (g *Grammars) grammarFor(req *openai.GenRequest) (*grammar.Grammar, error) 
 		if rf.Type == "json_schema" {
 			schema = rf.JSONSchema.Schema
 		}
-		gt, f := toolDefs(req.Tools), CallFormat(g.family(), req.ParallelToolCalls == nil || *req.ParallelToolCalls)
+		gt, f := toolDefs(req.Tools), g.chatFormat().Calls(req.ParallelToolCalls == nil || *req.ParallelToolCalls)
 		if schema == nil {
 			schema = []byte{} // json_object: distinct from json_schema in the key
 		}
@@ -337,20 +294,8 @@ func (g *Grammars) grammarFor(req *openai.GenRequest) (*grammar.Grammar, error) 
 	}
 	switch {
 	case forced != "":
-		tools := req.Tools
-		if forced == "function" {
-			tools = nil
-			for _, t := range req.Tools {
-				if t.Function.Name == req.ToolChoice.Name {
-					tools = append(tools, t)
-				}
-			}
-			if len(tools) == 0 {
-				return nil, openai.Errorf("tool_choice", "tool_choice names function %q, which is not in tools", req.ToolChoice.Name)
-			}
-		}
 		parallel := forced == "required" && (req.ParallelToolCalls == nil || *req.ParallelToolCalls)
-		gt, f := toolDefs(tools), CallFormat(g.family(), parallel)
+		gt, f := toolDefs(tools), g.chatFormat().Calls(parallel)
 		gr, err := g.compiled(cacheKey("calls", f, gt, nil), func() (*grammar.Grammar, error) { return grammar.ToolCalls(gt, f) })
 		if err != nil {
 			return nil, openai.Errorf("tools", "tools: %v", err)
@@ -442,58 +387,6 @@ func (m *maskConstraint) Close() {
 		<-m.next
 		m.next = nil
 	}
-}
-
-// toolEmitter parses tool calls out of the text a generation emits and
-// forwards text and calls (with fresh call ids) to the request's emitter.
-type toolEmitter struct {
-	openai.Emitter
-	calls openai.ToolCallEmitter // nil: the API cannot take calls
-	ts    *chat.ToolStream
-}
-
-func newToolEmitter(em openai.Emitter, f chat.Family) *toolEmitter {
-	te := &toolEmitter{Emitter: em, ts: chat.NewToolStream(f)}
-	te.calls, _ = em.(openai.ToolCallEmitter)
-	return te
-}
-
-// Text implements openai.Emitter.
-func (t *toolEmitter) Text(s string, lp *openai.TokenLogprob) error {
-	return t.forward(t.ts.Push(s), lp)
-}
-
-// finish flushes what the parser held back; it returns the number of
-// tool calls made.
-func (t *toolEmitter) finish() (int, error) {
-	err := t.forward(t.ts.Finish(), nil)
-	return t.ts.Calls(), err
-}
-
-func (t *toolEmitter) forward(ev []chat.ToolEvent, lp *openai.TokenLogprob) error {
-	for _, e := range ev {
-		if e.Index < 0 {
-			if err := t.Emitter.Text(e.Text, lp); err != nil {
-				return err
-			}
-			lp = nil
-			continue
-		}
-		if t.calls == nil {
-			return errors.New("this API cannot return tool calls")
-		}
-		id := ""
-		if e.Name != "" {
-			id = newCallID()
-		}
-		if err := t.calls.ToolCall(e.Index, id, e.Name, e.Args); err != nil {
-			return err
-		}
-	}
-	if lp != nil {
-		return t.Emitter.Text("", lp)
-	}
-	return nil
 }
 
 func newCallID() string { return openai.NewID(nil, "call_") }

@@ -344,7 +344,7 @@ func TestAutoToolChoiceConstrainsCallsOnly(t *testing.T) {
 	if err := json.Unmarshal(raw, &tools); err != nil {
 		t.Fatal(err)
 	}
-	cons, err := g.NewConstraint(&openai.GenRequest{Chat: true, Tools: tools})
+	cons, err := g.NewConstraint(&openai.GenRequest{Chat: true, Tools: tools}, chat.Start{})
 	if err != nil || cons == nil {
 		t.Fatalf("NewConstraint: %v %v", cons, err)
 	}
