@@ -1,10 +1,13 @@
 // Package testutil holds the helpers tests share across runners/ and
 // supervisor/ (which must not import each other): waiting on state with a
-// deadline instead of sleeping. It must not import any package of this
+// deadline instead of sleeping, and reading a process's log records by
+// key instead of matching its lines with regular expressions. It must not import any package of this
 // module, and only tests import it.
 package testutil
 
 import (
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -36,4 +39,53 @@ func Eventually(t testing.TB, cond func() bool, timeout time.Duration, what stri
 	if !Until(timeout, cond) {
 		t.Fatalf("after %v: "+what, append([]any{timeout}, args...)...)
 	}
+}
+
+// Record is one log line of a process that logs with slog's text handler
+// (logfmt): its attributes by key. Tests read the facts a process logs by
+// key, never by the order its attributes happen to be written in.
+type Record map[string]string
+
+// ParseRecord parses one logfmt line as slog.TextHandler writes it:
+// key=value pairs separated by spaces, a value quoted (Go syntax) when it
+// has spaces, quotes or '='. ok is false for a line that is not logfmt
+// (no msg key), such as a panic's output.
+func ParseRecord(line string) (r Record, ok bool) {
+	r = Record{}
+	for s := strings.TrimSpace(line); s != ""; s = strings.TrimLeft(s, " ") {
+		eq := strings.IndexByte(s, '=')
+		if eq <= 0 || strings.ContainsAny(s[:eq], " \"") {
+			return r, false
+		}
+		key, rest := s[:eq], s[eq+1:]
+		var val string
+		if strings.HasPrefix(rest, `"`) {
+			q, err := strconv.QuotedPrefix(rest)
+			if err != nil {
+				return r, false
+			}
+			val, _ = strconv.Unquote(q)
+			rest = rest[len(q):]
+		} else if sp := strings.IndexByte(rest, ' '); sp >= 0 {
+			val, rest = rest[:sp], rest[sp:]
+		} else {
+			val, rest = rest, ""
+		}
+		r[key] = val
+		s = rest
+	}
+	_, ok = r["msg"]
+	return r, ok
+}
+
+// Records returns the records of logs (many lines) whose msg is msg, in
+// order; msg "" returns every record.
+func Records(logs, msg string) []Record {
+	var out []Record
+	for _, line := range strings.Split(logs, "\n") {
+		if r, ok := ParseRecord(line); ok && (msg == "" || r["msg"] == msg) {
+			out = append(out, r)
+		}
+	}
+	return out
 }

@@ -1,6 +1,8 @@
 package testutil
 
 import (
+	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -46,5 +48,34 @@ func TestEventually(t *testing.T) {
 	Eventually(f, func() bool { return false }, time.Millisecond, "the %s", "thing")
 	if f.failed == "" {
 		t.Fatal("a condition that never held did not fail the test")
+	}
+}
+
+func TestParseRecord(t *testing.T) {
+	// What slog.TextHandler writes, attributes in any order.
+	var b strings.Builder
+	log := slog.New(slog.NewTextHandler(&b, nil))
+	log.Info("route decision", "req", "m-3", "route", "remote", "endpoint", "127.0.0.1:9", "hits", map[string]int{"a": 1},
+		"why", `a "quoted" reason = this`, "empty", "")
+	log.Warn("plain")
+	b.WriteString("panic: not a record\n\ngoroutine 1 [running]:\n")
+	recs := Records(b.String(), "")
+	if len(recs) != 2 {
+		t.Fatalf("%d records in %q, want 2", len(recs), b.String())
+	}
+	r := recs[0]
+	for k, want := range map[string]string{"level": "INFO", "msg": "route decision", "req": "m-3", "route": "remote",
+		"endpoint": "127.0.0.1:9", "hits": "map[a:1]", "why": `a "quoted" reason = this`, "empty": ""} {
+		if got, ok := r[k]; !ok || got != want {
+			t.Errorf("%s = %q (present %v), want %q", k, got, ok, want)
+		}
+	}
+	if got := Records(b.String(), "plain"); len(got) != 1 || got[0]["level"] != "WARN" {
+		t.Errorf("Records(plain) = %v", got)
+	}
+	for _, bad := range []string{"", "goroutine 1 [running]:", `msg="unterminated`, "no equals here"} {
+		if _, ok := ParseRecord(bad); ok {
+			t.Errorf("ParseRecord(%q) ok", bad)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exo-pd/exo-pd/internal/testutil"
 	"github.com/exo-pd/exo-pd/runners/internal/testenv"
 )
 
@@ -47,29 +48,31 @@ func cluster(t *testing.T) string {
 	}
 	p := &proc{t: t, name: "supervise", done: make(chan struct{})}
 	p.launch(t, []string{"supervise", "--config", file, "--host", "h"}, "supervisor", 6000)
-	deadline := time.Now().Add(120 * time.Second)
-	for {
-		resp, err := http.Get("http://" + api + "/health")
-		if err == nil {
-			var h struct {
-				Models map[string]struct{ Healthy int } `json:"models"`
-			}
-			_ = json.NewDecoder(resp.Body).Decode(&h)
-			resp.Body.Close()
-			if h.Models["m"].Healthy == 1 {
-				return "http://" + api
-			}
-		}
+	exited := false
+	if !testutil.Until(120*time.Second, func() bool {
 		select {
 		case <-p.done:
-			t.Fatalf("exo supervise exited:\n%s", p.logs())
+			exited = true
+			return true
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("model not healthy at the gateway after 120 s:\n%s", p.logs())
+		resp, err := http.Get("http://" + api + "/health")
+		if err != nil {
+			return false
 		}
-		time.Sleep(100 * time.Millisecond)
+		var h struct {
+			Models map[string]struct{ Healthy int } `json:"models"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&h)
+		resp.Body.Close()
+		return h.Models["m"].Healthy == 1
+	}) {
+		t.Fatalf("model not healthy at the gateway after 120 s:\n%s", p.logs())
 	}
+	if exited {
+		t.Fatalf("exo supervise exited:\n%s", p.logs())
+	}
+	return "http://" + api
 }
 
 // TestAnthropicSDK: the official anthropic Python SDK talks to the gateway

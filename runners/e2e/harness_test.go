@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,6 +22,7 @@ import (
 	"time"
 
 	"github.com/exo-pd/exo-pd/internal/sse"
+	"github.com/exo-pd/exo-pd/internal/testutil"
 	"github.com/exo-pd/exo-pd/runners/openai"
 )
 
@@ -160,30 +160,32 @@ func startOnce(t *testing.T, name, role string, retry bool, args ...string) (_ *
 	}
 	full = append(full, args...)
 	p.launch(t, full, p.name, 4000)
-	deadline := time.Now().Add(120 * time.Second)
-	for {
+	exited := false
+	if !testutil.Until(120*time.Second, func() bool {
 		select {
 		case <-p.done:
-			if logs := p.logs(); retry && strings.Contains(logs, "is taken") {
-				return nil, true
-			}
-			t.Fatalf("%s exited during start-up:\n%s", name, p.logs())
+			exited = true
+			return true
 		default:
 		}
 		resp, err := http.Get("http://" + p.http + "/health")
-		if err == nil {
-			var h struct{ Status string }
-			_ = json.NewDecoder(resp.Body).Decode(&h)
-			resp.Body.Close()
-			if resp.StatusCode == 200 && h.Status == "ok" {
-				return p, false
-			}
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not healthy after 120 s:\n%s", name, p.logs())
-		}
-		time.Sleep(50 * time.Millisecond)
+		var h struct{ Status string }
+		_ = json.NewDecoder(resp.Body).Decode(&h)
+		resp.Body.Close()
+		return resp.StatusCode == 200 && h.Status == "ok"
+	}) {
+		t.Fatalf("%s not healthy after 120 s:\n%s", name, p.logs())
 	}
+	if exited {
+		if retry && strings.Contains(p.logs(), "is taken") {
+			return nil, true
+		}
+		t.Fatalf("%s exited during start-up:\n%s", name, p.logs())
+	}
+	return p, false
 }
 
 func (p *proc) stop() {
@@ -372,29 +374,40 @@ func words(seed, n int) string {
 	return b.String()
 }
 
-var logOutcome = regexp.MustCompile(`outcome=(\S+)`)
+// records returns p's log records whose msg is msg ("" for all), each
+// read by key (testutil.Records), in the order logged.
+func (p *proc) records(msg string) []testutil.Record { return testutil.Records(p.logs(), msg) }
 
-// lastOutcome returns the outcome logged for the last request.
-func (p *proc) lastOutcome() string {
-	m := logOutcome.FindAllStringSubmatch(p.logs(), -1)
-	if len(m) == 0 {
-		return ""
+// waitRecords waits up to timeout for p to have logged n records with
+// msg and returns them all; it fails the test when they do not come.
+func (p *proc) waitRecords(t *testing.T, msg string, n int, timeout time.Duration) []testutil.Record {
+	t.Helper()
+	var recs []testutil.Record
+	if !testutil.Until(timeout, func() bool { recs = p.records(msg); return len(recs) >= n }) {
+		t.Fatalf("%s logged %d %q records in %v, want %d:\n%s", p.name, len(recs), msg, timeout, n, tail(p.logs(), 3000))
 	}
-	return m[len(m)-1][1]
+	return recs
+}
+
+// lastOutcome returns the remote-prefill outcome logged for the last
+// request (the outcome attribute of the runner's last record with one).
+func (p *proc) lastOutcome() string {
+	recs := p.records("")
+	for i := len(recs) - 1; i >= 0; i-- {
+		if o, ok := recs[i]["outcome"]; ok {
+			return o
+		}
+	}
+	return ""
 }
 
 // outcomeSoon is lastOutcome once it reads want, or after 5 s whatever it
 // reads: the runner logs a request's outcome after the response's last
 // event, so a client can see the end of the stream before the log line.
 func (p *proc) outcomeSoon(want string) string {
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		got := p.lastOutcome()
-		if got == want || time.Now().After(deadline) {
-			return got
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	var got string
+	testutil.Until(5*time.Second, func() bool { got = p.lastOutcome(); return got == want })
+	return got
 }
 
 func jsonNewDecoder(resp *http.Response) *json.Decoder { return json.NewDecoder(resp.Body) }

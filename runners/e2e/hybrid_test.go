@@ -2,8 +2,8 @@ package e2e
 
 import (
 	"path/filepath"
-	"strings"
 	"testing"
+	"time"
 )
 
 // TestHybridRemoteEqualsLocal runs a Gated DeltaNet hybrid (the engine's
@@ -35,8 +35,10 @@ func TestHybridRemoteEqualsLocal(t *testing.T) {
 			if dec.metric(t, outcome("ok")) != ok+1 {
 				t.Fatalf("not prefilled remotely; outcome %q", dec.lastOutcome())
 			}
-			if !strings.Contains(dec.logs(), "states=2") {
-				t.Fatalf("no State frames logged for the 2 recurrent layers:\n%s", dec.logs())
+			// The fill's record follows its metric: wait for it.
+			fill := dec.waitRecords(t, "remote prefill", 1, 5*time.Second)
+			if last := fill[len(fill)-1]; last["outcome"] != "ok" || last["states"] != "2" {
+				t.Fatalf("remote fill %v: want State frames for the 2 recurrent layers:\n%s", last, dec.logs())
 			}
 		})
 	}

@@ -2,16 +2,10 @@ package e2e
 
 import (
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
-)
-
-var (
-	logDecision = regexp.MustCompile(`msg="route decision".* req=(\S+) .*route=(\w+) .*predicted_local=(\S+) predicted_remote=(\S+)`)
-	logRemote   = regexp.MustCompile(`msg="remote prefill".* req=(\S+) .*outcome=ok .*duration=(\S+)`)
 )
 
 // TestCostRoutePredictionError: over real runners (local prefill slowed so
@@ -26,13 +20,7 @@ func TestCostRoutePredictionError(t *testing.T) {
 	pre := start(t, "prefill", "prefill", "--model", dir, "--prefix-cache-mib", "0")
 	dec := start(t, "decode", "decode", "--model", dir, "--prefill", pre.listen, "--remote-prefill-route", "cost",
 		"--remote-prefill-min-tokens", "64", "--test-slow-prefill-tokens-per-sec", "300")
-	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(dec.logs(), "remote prefill calibrated") {
-		if time.Now().After(deadline) {
-			t.Fatalf("not calibrated:\n%s", tail(dec.logs(), 3000))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	dec.waitRecords(t, "remote prefill calibrated", 1, 20*time.Second)
 	for i := range 8 {
 		text := fmt.Sprintf("prompt %d: ", i) + strings.Repeat("the quick brown fox jumps over the lazy dog ", 20+10*i)
 		if r := chatStream(t, dec.listen, []msg{{Role: "user", Content: text}}, 1, nil); r.Status != 200 {
@@ -40,31 +28,32 @@ func TestCostRoutePredictionError(t *testing.T) {
 		}
 	}
 	// The runner's log reaches us through a pipe: wait for the last line.
+	fills := dec.waitRecords(t, "remote prefill", 8, 5*time.Second)
 	logs := dec.logs()
-	for end := time.Now().Add(5 * time.Second); len(logRemote.FindAllString(logs, -1)) < 8 && time.Now().Before(end); logs = dec.logs() {
-		time.Sleep(20 * time.Millisecond)
-	}
 	pred := map[string]time.Duration{}
-	for _, m := range logDecision.FindAllStringSubmatch(logs, -1) {
-		if m[2] != "remote" {
-			t.Fatalf("request %s routed %s with local slowed:\n%s", m[1], m[2], tail(logs, 4000))
+	for _, r := range dec.records("route decision") {
+		if r["route"] != "remote" {
+			t.Fatalf("request %s routed %s with local slowed:\n%s", r["req"], r["route"], tail(logs, 4000))
 		}
-		d, err := time.ParseDuration(m[4])
+		d, err := time.ParseDuration(r["predicted_remote"])
 		if err != nil {
 			t.Fatal(err)
 		}
-		pred[m[1]] = d
+		pred[r["req"]] = d
 	}
 	var errs []float64
-	for _, m := range logRemote.FindAllStringSubmatch(logs, -1) {
-		got, err := time.ParseDuration(m[2])
+	for _, r := range fills {
+		if r["outcome"] != "ok" {
+			continue
+		}
+		got, err := time.ParseDuration(r["duration"])
 		if err != nil {
 			t.Fatal(err)
 		}
-		if p, ok := pred[m[1]]; ok && p > 0 {
+		if p, ok := pred[r["req"]]; ok && p > 0 {
 			e := (got.Seconds() - p.Seconds()) / p.Seconds()
 			errs = append(errs, e)
-			t.Logf("%s: predicted %v, measured %v (%+.0f %%)", m[1], p, got, 100*e)
+			t.Logf("%s: predicted %v, measured %v (%+.0f %%)", r["req"], p, got, 100*e)
 		}
 	}
 	if len(errs) != 8 {

@@ -37,13 +37,8 @@ func TestCostRouteSpreadsOverTwoPrefillHosts(t *testing.T) {
 			"--test-slow-prefill-tokens-per-sec", "100")
 	}
 	two, one := decode("decode-two", p1, p2), decode("decode-one", p1)
-	deadline := time.Now().Add(60 * time.Second)
-	for strings.Count(two.logs(), "remote prefill calibrated") < 2 || !strings.Contains(one.logs(), "remote prefill calibrated") {
-		if time.Now().After(deadline) {
-			t.Fatalf("endpoints not calibrated:\n%s\n%s", tail(two.logs(), 3000), tail(one.logs(), 3000))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	two.waitRecords(t, "remote prefill calibrated", 2, 60*time.Second)
+	one.waitRecords(t, "remote prefill calibrated", 1, 60*time.Second)
 	sent := `exo_kv_transfer_bytes_total{role="prefill"}`
 	b1, b2 := p1.metric(t, sent), p2.metric(t, sent)
 	res, p50two := burst(t, two.listen, "two")

@@ -2,14 +2,12 @@ package e2e
 
 import (
 	"fmt"
-	"regexp"
-	"strings"
 	"sync"
 	"testing"
 	"time"
-)
 
-var logRemoteEndpoint = regexp.MustCompile(`msg="remote prefill".* outcome=ok endpoint=(\S+)`)
+	"github.com/exo-pd/exo-pd/internal/testutil"
+)
 
 // TestCostRouteAvoidsBusyPrefillHost: two prefill runners of equal
 // (test-capped) rate; another decode runner keeps the first busy with
@@ -28,14 +26,8 @@ func TestCostRouteAvoidsBusyPrefillHost(t *testing.T) {
 	blind := start(t, "decode-blind", "decode", common...)
 	other := start(t, "decode-other", "decode", "--model", dir, "--prefill", p1.listen, "--remote-prefill-route", "floor",
 		"--remote-prefill-min-tokens", "64")
-	deadline := time.Now().Add(30 * time.Second)
 	for _, d := range []*proc{aware, blind} {
-		for strings.Count(d.logs(), "remote prefill calibrated") < 2 {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: endpoints not calibrated:\n%s", d.name, tail(d.logs(), 3000))
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		d.waitRecords(t, "remote prefill calibrated", 2, 30*time.Second)
 	}
 	// Keep prefill-1 busy: three ~800-token prompts at 1000 tok/s, one at
 	// a time there.
@@ -51,11 +43,8 @@ func TestCostRouteAvoidsBusyPrefillHost(t *testing.T) {
 	}
 	defer wg.Wait()
 	load := `exo_prefill_endpoint_load{endpoint="` + p1.listen + `"}`
-	for aware.metric(t, load) < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("prefill-1's load never reached the decode runner (%s = %v):\n%s", load, aware.metric(t, load), tail(aware.logs(), 3000))
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testutil.Until(30*time.Second, func() bool { return aware.metric(t, load) >= 2 }) {
+		t.Fatalf("prefill-1's load never reached the decode runner (%s = %v):\n%s", load, aware.metric(t, load), tail(aware.logs(), 3000))
 	}
 	sent := `exo_kv_transfer_bytes_total{role="prefill"}`
 	b2 := p2.metric(t, sent)
@@ -74,19 +63,21 @@ func TestCostRouteAvoidsBusyPrefillHost(t *testing.T) {
 	if blindRes.Status != 200 || !blindRes.Done || blindRes.ErrorBody != "" {
 		t.Fatalf("blind request: %+v", blindRes)
 	}
-	var endpoint string
-	for end := time.Now().Add(5 * time.Second); endpoint == "" || blindEndpoint == ""; {
-		if m := logRemoteEndpoint.FindAllStringSubmatch(aware.logs(), -1); len(m) > 0 {
-			endpoint = m[len(m)-1][1]
+	// The endpoint each fetched from: its last successful remote fill.
+	lastFill := func(p *proc) string {
+		recs := p.records("remote prefill")
+		for i := len(recs) - 1; i >= 0; i-- {
+			if recs[i]["outcome"] == "ok" {
+				return recs[i]["endpoint"]
+			}
 		}
-		if m := logRemoteEndpoint.FindAllStringSubmatch(blind.logs(), -1); len(m) > 0 {
-			blindEndpoint = m[len(m)-1][1]
-		}
-		if time.Now().After(end) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
+		return ""
 	}
+	var endpoint string
+	testutil.Until(5*time.Second, func() bool {
+		endpoint, blindEndpoint = lastFill(aware), lastFill(blind)
+		return endpoint != "" && blindEndpoint != ""
+	})
 	name := map[string]string{p1.listen: "prefill-1 (busy)", p2.listen: "prefill-2 (idle)"}
 	t.Logf("with /health load: %d prompt tokens fetched from %s, TTFT %v; without: from %s, TTFT %v",
 		r.Prompt, name[endpoint], ttft, name[blindEndpoint], blindTTFT)

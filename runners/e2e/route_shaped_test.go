@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/exo-pd/exo-pd/internal/testutil"
 )
 
 // TestCostRouteShapedLink: the cost model over real runners and a real,
@@ -46,13 +48,8 @@ func TestCostRouteShapedLink(t *testing.T) {
 				"--remote-prefill-min-tokens", "64", "--test-slow-prefill-tokens-per-sec", c.localRate)
 			floor := start(t, "decode-floor", "decode", "--model", dir, "--prefill", link.addr(), "--remote-prefill-route", "floor",
 				"--remote-prefill-min-tokens", "64", "--test-slow-prefill-tokens-per-sec", c.localRate)
-			deadline := time.Now().Add(30 * time.Second)
-			for !strings.Contains(cost.logs(), "remote prefill calibrated") || !strings.Contains(cost.logs(), "local prefill calibrated") {
-				if time.Now().After(deadline) {
-					t.Fatalf("not calibrated:\n%s", tail(cost.logs(), 3000))
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
+			cost.waitRecords(t, "remote prefill calibrated", 1, 30*time.Second)
+			cost.waitRecords(t, "local prefill calibrated", 1, 30*time.Second)
 			for _, l := range strings.Split(cost.logs(), "\n") {
 				if strings.Contains(l, "calibrated") || strings.Contains(l, "link probed") {
 					t.Log(l[strings.Index(l, "msg="):])
@@ -65,17 +62,17 @@ func TestCostRouteShapedLink(t *testing.T) {
 				prompt := func(way string) string {
 					return fmt.Sprintf("%s %s %d: %s", c.name, way, i, words(100*i+len(way), 160))
 				}
-				before := len(logDecision.FindAllString(cost.logs(), -1))
+				before := len(cost.records("route decision"))
 				d, r := timeToFirst(t, cost.listen, prompt("routed"), nil)
 				m := waitDecision(t, cost, before)
-				if m[2] != c.want {
+				if m["route"] != c.want {
 					t.Fatalf("request %d (%d prompt tokens) routed %s, want %s (predicted local %s, remote %s):\n%s",
-						i, r.Prompt, m[2], c.want, m[3], m[4], tail(cost.logs(), 4000))
+						i, r.Prompt, m["route"], c.want, m["predicted_local"], m["predicted_remote"], tail(cost.logs(), 4000))
 				}
-				pl, err1 := time.ParseDuration(m[3])
-				pr, err2 := time.ParseDuration(m[4])
+				pl, err1 := time.ParseDuration(m["predicted_local"])
+				pr, err2 := time.ParseDuration(m["predicted_remote"])
 				if err1 != nil || err2 != nil {
-					t.Fatalf("decision %q: %v %v", m[0], err1, err2)
+					t.Fatalf("decision %v: %v %v", m, err1, err2)
 				}
 				routed, predLocal, predRemote = append(routed, d), append(predLocal, pl), append(predRemote, pr)
 				d, _ = timeToFirst(t, cost.listen, prompt("local"), map[string]any{"x_exo_disable_remote_prefill": true})
@@ -83,7 +80,7 @@ func TestCostRouteShapedLink(t *testing.T) {
 				d, _ = timeToFirst(t, floor.listen, prompt("remote"), nil)
 				forcedRemote = append(forcedRemote, d)
 				t.Logf("request %d (%d prompt tokens): routed %s in %v (predicted local %v, remote %v); forced local %v, forced remote %v",
-					i, r.Prompt, m[2], routed[i], pl, pr, forcedLocal[i], forcedRemote[i])
+					i, r.Prompt, m["route"], routed[i], pl, pr, forcedLocal[i], forcedRemote[i])
 			}
 			if got := floor.metric(t, outcome("ok")); got != reqs {
 				t.Fatalf("forced-remote runner: %v remote fills, want %d", got, reqs)
@@ -117,18 +114,10 @@ func timeToFirst(t *testing.T, addr, text string, extra map[string]any) (time.Du
 }
 
 // waitDecision waits for the route decision after the first `before` in
-// p's log and returns its match of logDecision.
-func waitDecision(t *testing.T, p *proc, before int) []string {
+// p's log and returns its record.
+func waitDecision(t *testing.T, p *proc, before int) testutil.Record {
 	t.Helper()
-	for end := time.Now().Add(5 * time.Second); ; {
-		if m := logDecision.FindAllStringSubmatch(p.logs(), -1); len(m) > before {
-			return m[before]
-		}
-		if time.Now().After(end) {
-			t.Fatalf("no route decision logged:\n%s", tail(p.logs(), 3000))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	return p.waitRecords(t, "route decision", before+1, 5*time.Second)[before]
 }
 
 func median(d []time.Duration) time.Duration {

@@ -16,13 +16,8 @@ func TestCostRouteOverRealRunners(t *testing.T) {
 	pre := start(t, "prefill", "prefill", "--model", dir)
 	dec := start(t, "decode", "decode", "--model", dir, "--prefill", pre.listen, "--remote-prefill-route", "cost",
 		"--remote-prefill-min-tokens", "64")
-	deadline := time.Now().Add(20 * time.Second)
-	for !(strings.Contains(dec.logs(), "remote prefill calibrated") && strings.Contains(dec.logs(), "local prefill calibrated")) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no calibration and link probe in the log:\n%s", tail(dec.logs(), 3000))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	dec.waitRecords(t, "remote prefill calibrated", 1, 20*time.Second)
+	dec.waitRecords(t, "local prefill calibrated", 1, 20*time.Second)
 	res := chatStream(t, dec.listen, []msg{{Role: "user", Content: strings.Repeat("the quick brown fox jumps over the lazy dog ", 60)}}, 4, nil)
 	if res.Status != 200 || !res.Done {
 		t.Fatalf("chat: %+v", res)

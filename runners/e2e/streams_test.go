@@ -3,10 +3,13 @@ package e2e
 import (
 	"io"
 	"net"
-	"strings"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/exo-pd/exo-pd/internal/testutil"
 )
 
 // joinProxy forwards loopback TCP connections to a KV-wire target and can
@@ -133,7 +136,10 @@ func TestStripedRemoteEqualsLocal(t *testing.T) {
 			t.Fatalf("%d words: %d secondary connections joined, want 3", n, d)
 		}
 	}
-	if !strings.Contains(pre.logs(), "streams=4") {
+	fourStreams := func() bool {
+		return slices.ContainsFunc(pre.records("kvwire: sent"), func(r testutil.Record) bool { return r["streams"] == "4" })
+	}
+	if !testutil.Until(5*time.Second, fourStreams) { // the record follows the stream's end
 		t.Fatalf("the prefill runner never logged a 4-stream transfer:\n%s", tail(pre.logs(), 3000))
 	}
 

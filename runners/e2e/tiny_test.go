@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exo-pd/exo-pd/internal/testutil"
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
@@ -428,13 +429,8 @@ func TestTinyAPI(t *testing.T) {
 		}
 		cancel()
 		resp.Body.Close()
-		deadline := time.Now().Add(30 * time.Second)
-		for dec.metric(t, `exo_requests_total{code="499",model="m"}`) < 1 {
-			if time.Now().After(deadline) {
-				t.Fatal("the cancelled request was never counted as 499")
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		testutil.Eventually(t, func() bool { return dec.metric(t, `exo_requests_total{code="499",model="m"}`) >= 1 }, 30*time.Second,
+			"the cancelled request was never counted as 499")
 		// The runner is free again: a new request completes.
 		r := chatStream(t, dec.listen, user("hello"), 4, nil)
 		if r.Status != 200 || !r.Done {
@@ -464,8 +460,9 @@ func TestTinyMixedDTypes(t *testing.T) {
 	if out := dec.outcomeSoon("ok"); out != "ok" {
 		t.Fatalf("outcome %q", out)
 	}
-	if !strings.Contains(pre.logs(), "wire_dtype=bf16") {
-		t.Fatalf("the prefill runner did not send bf16:\n%s", tail(pre.logs(), 2000))
+	served := pre.waitRecords(t, "prefill served", 1, 5*time.Second)
+	if dt := served[len(served)-1]["wire_dtype"]; dt != "bf16" {
+		t.Fatalf("the prefill runner sent %q, want bf16:\n%s", dt, tail(pre.logs(), 2000))
 	}
 }
 
@@ -486,22 +483,17 @@ func TestTinyQueueFull(t *testing.T) {
 			}
 		}()
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var h struct{ Waiting, Running int }
+	if !testutil.Until(30*time.Second, func() bool {
 		resp, err := http.Get("http://" + dec.listen + "/health")
 		if err != nil {
 			t.Fatal(err)
 		}
-		var h struct{ Waiting, Running int }
 		_ = json.NewDecoder(resp.Body).Decode(&h)
 		resp.Body.Close()
-		if h.Waiting == 1 && h.Running == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("queue never filled: %+v", h)
-		}
-		time.Sleep(5 * time.Millisecond)
+		return h.Waiting == 1 && h.Running == 1
+	}) {
+		t.Fatalf("queue never filled: %+v", h)
 	}
 	r := chatStream(t, dec.listen, user("one more"), 4, nil)
 	if r.Status != http.StatusTooManyRequests || !strings.Contains(r.ErrorBody, `"code":"queue_full"`) {

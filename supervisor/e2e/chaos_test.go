@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/exo-pd/exo-pd/internal/testutil"
 )
 
 // chaosCluster serves model "tiny" with a decode runner on both hosts and
@@ -131,16 +133,12 @@ func TestChaosDecodeHostStopped(t *testing.T) {
 	macDecode := fmt.Sprintf("127.0.0.3:%d", base)
 	// Both gateways see both decode runners before the fault.
 	for _, h := range []*host{spark, mac} {
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			v := h.gatewayView(t)
-			if len(v) == 2 && v[macDecode].OK && v[fmt.Sprintf("127.0.0.2:%d", base)].OK {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s's gateway never saw both decode runners: %+v", h.name, v)
-			}
-			time.Sleep(100 * time.Millisecond)
+		var v map[string]decodeHealth
+		if !testutil.Until(30*time.Second, func() bool {
+			v = h.gatewayView(t)
+			return len(v) == 2 && v[macDecode].OK && v[fmt.Sprintf("127.0.0.2:%d", base)].OK
+		}) {
+			t.Fatalf("%s's gateway never saw both decode runners: %+v", h.name, v)
 		}
 		if code, _, err := post(h.api, 0); err != nil || code != 200 {
 			t.Fatalf("before the fault, via %s: %d %v", h.name, code, err)
@@ -156,13 +154,8 @@ func TestChaosDecodeHostStopped(t *testing.T) {
 
 	// Detection: both gateways take mac's decode runner out of rotation.
 	for _, h := range []*host{spark, mac} {
-		deadline := time.Now().Add(20 * time.Second)
-		for h.gatewayView(t)[macDecode].OK {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s's gateway still routes to the stopped runner", h.name)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		testutil.Eventually(t, func() bool { return !h.gatewayView(t)[macDecode].OK }, 20*time.Second,
+			"%s's gateway still routes to the stopped runner", h.name)
 		t.Logf("%s's gateway dropped the stopped runner %v after SIGSTOP", h.name, time.Since(stopped))
 	}
 

@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/exo-pd/exo-pd/internal/testutil"
 )
 
 func repoRoot(t *testing.T) string {
@@ -86,30 +88,30 @@ func (h *host) status(t *testing.T) (status, error) {
 // waitRunners waits until h runs exactly names, all ready, and returns PIDs.
 func (h *host) waitRunners(t *testing.T, names ...string) map[string]int {
 	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
 	var last status
-	for time.Now().Before(deadline) {
+	var pids map[string]int
+	if testutil.Until(90*time.Second, func() bool {
 		st, err := h.status(t)
-		if err == nil {
-			last = st
-			pids := map[string]int{}
-			ready := 0
-			for _, r := range st.Runners {
-				pids[r.Spec.Name] = r.Status.PID
-				if r.Status.State == "ready" {
-					ready++
-				}
-			}
-			ok := len(st.Runners) == len(names) && ready == len(names)
-			for _, n := range names {
-				_, has := pids[n]
-				ok = ok && has
-			}
-			if ok {
-				return pids
+		if err != nil {
+			return false
+		}
+		last = st
+		pids = map[string]int{}
+		ready := 0
+		for _, r := range st.Runners {
+			pids[r.Spec.Name] = r.Status.PID
+			if r.Status.State == "ready" {
+				ready++
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
+		ok := len(st.Runners) == len(names) && ready == len(names)
+		for _, n := range names {
+			_, has := pids[n]
+			ok = ok && has
+		}
+		return ok
+	}) {
+		return pids
 	}
 	b, _ := os.ReadFile(h.log)
 	t.Fatalf("%s: runners %v never ready; last status %+v\nlog:\n%s", h.name, names, last, tail(string(b), 4000))
@@ -317,24 +319,20 @@ func TestTwoHosts(t *testing.T) {
 	// 3. Kill the prefill runner: spark's supervisor heals it.
 	old := sparkPIDs2["tiny-prefill"]
 	syscall.Kill(old, syscall.SIGKILL)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		st, err := spark.status(t)
-		healed := false
-		if err == nil {
-			for _, r := range st.Runners {
-				if r.Spec.Name == "tiny-prefill" && r.Status.PID != old && r.Status.State == "ready" && r.Status.Restarts == 1 {
-					healed = true
-				}
+	var st status
+	if !testutil.Until(60*time.Second, func() bool {
+		var err error
+		if st, err = spark.status(t); err != nil {
+			return false
+		}
+		for _, r := range st.Runners {
+			if r.Spec.Name == "tiny-prefill" && r.Status.PID != old && r.Status.State == "ready" && r.Status.Restarts == 1 {
+				return true
 			}
 		}
-		if healed {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("prefill runner not healed: %+v", st)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("prefill runner not healed: %+v", st)
 	}
 	before = remotePrefillOK(t, spark.api)
 	chat(t, spark.api)
@@ -416,22 +414,18 @@ decode = { hosts = ["local"] }
 	t.Cleanup(func() { h.cmd.Process.Kill(); h.cmd.Wait(); logf.Close() })
 
 	// /health is open by default; wait for the decode runner through it.
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		resp, err := http.Get("http://" + h.api + "/health")
-		if err == nil {
-			var v struct{ Status string }
-			json.NewDecoder(resp.Body).Decode(&v)
-			resp.Body.Close()
-			if resp.StatusCode == 200 && v.Status == "ok" {
-				break
-			}
+	if !testutil.Until(90*time.Second, func() bool {
+		var resp *http.Response
+		if resp, err = http.Get("http://" + h.api + "/health"); err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(h.log)
-			t.Fatalf("gateway never healthy: %v\n%s", err, tail(string(b), 4000))
-		}
-		time.Sleep(100 * time.Millisecond)
+		var v struct{ Status string }
+		json.NewDecoder(resp.Body).Decode(&v)
+		resp.Body.Close()
+		return resp.StatusCode == 200 && v.Status == "ok"
+	}) {
+		b, _ := os.ReadFile(h.log)
+		t.Fatalf("gateway never healthy: %v\n%s", err, tail(string(b), 4000))
 	}
 	// The supervisor's status is not open.
 	if resp, err := http.Get("http://" + h.api + "/exo/status"); err != nil || resp.StatusCode != http.StatusUnauthorized {
