@@ -13,16 +13,16 @@ import (
 
 // parseCallObject reads {"name": …, argsKey: …} (also accepting the other
 // format's key, and arguments given as a JSON string holding an object).
-func parseCallObject(s, argsKey string) (ParsedCall, bool) {
+func parseCallObject(s, argsKey string) (parsedCall, bool) {
 	var o map[string]json.RawMessage
 	s = strings.TrimSpace(s)
 	d := json.NewDecoder(strings.NewReader(s))
 	if err := d.Decode(&o); err != nil || strings.TrimSpace(s[d.InputOffset():]) != "" {
-		return ParsedCall{}, false
+		return parsedCall{}, false
 	}
 	var name string
 	if json.Unmarshal(o["name"], &name) != nil || name == "" {
-		return ParsedCall{}, false
+		return parsedCall{}, false
 	}
 	args, ok := o[argsKey]
 	if !ok {
@@ -34,7 +34,7 @@ func parseCallObject(s, argsKey string) (ParsedCall, bool) {
 		}
 	}
 	if !ok {
-		return ParsedCall{Name: name, Arguments: "{}"}, true
+		return parsedCall{Name: name, Arguments: "{}"}, true
 	}
 	var str string
 	if json.Unmarshal(args, &str) == nil {
@@ -42,10 +42,10 @@ func parseCallObject(s, argsKey string) (ParsedCall, bool) {
 	}
 	var obj map[string]json.RawMessage
 	if json.Unmarshal(args, &obj) != nil || obj == nil {
-		return ParsedCall{}, false
+		return parsedCall{}, false
 	}
 	// The arguments text as the model wrote it (what streaming sends).
-	return ParsedCall{Name: name, Arguments: string(args)}, true
+	return parsedCall{Name: name, Arguments: string(args)}, true
 }
 
 type headState int
@@ -228,7 +228,7 @@ func (o *textOut) emit(ev []Event, t string) []Event {
 }
 
 // callEvents are the events of whole calls, numbered from first.
-func callEvents(ev []Event, first int, calls []ParsedCall) []Event {
+func callEvents(ev []Event, first int, calls []parsedCall) []Event {
 	for i, c := range calls {
 		ev = append(ev, Event{Kind: Call, Index: first + i, Name: c.Name}, Event{Kind: Call, Index: first + i, Args: c.Arguments})
 	}
@@ -397,7 +397,7 @@ func (l *callList) element(ev []Event, done bool) ([]Event, bool) {
 		l.state = listBad
 		return ev, false
 	case !l.named:
-		ev = callEvents(ev, l.calls, []ParsedCall{c})
+		ev = callEvents(ev, l.calls, []parsedCall{c})
 		l.calls++
 	case l.buffered && ok:
 		ev = append(ev, Event{Kind: Call, Index: l.cur, Args: c.Arguments})

@@ -16,23 +16,23 @@ func TestParseToolCalls(t *testing.T) {
 		f       Format
 		text    string
 		content string
-		calls   []ParsedCall
+		calls   []parsedCall
 	}{
 		{Hermes, "Hello there.", "Hello there.", nil},
 		{Hermes, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", "",
-			[]ParsedCall{{"get_weather", `{"city": "Paris"}`}}},
+			[]parsedCall{{"get_weather", `{"city": "Paris"}`}}},
 		{Hermes, "Let me check.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"arguments\": {\"x\": [1, \"}\"]}}\n</tool_call>", "Let me check.",
-			[]ParsedCall{{"a", `{}`}, {"b", `{"x": [1, "}"]}`}}},
-		{Hermes, "<tool_call>\n{\"name\": \"a\", \"arguments\": \"{\\\"k\\\": 1}\"}\n</tool_call>", "", []ParsedCall{{"a", `{"k": 1}`}}},
-		{Hermes, "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"k\": 1}}", "", []ParsedCall{{"a", `{"k": 1}`}}}, // EOS before the close tag
+			[]parsedCall{{"a", `{}`}, {"b", `{"x": [1, "}"]}`}}},
+		{Hermes, "<tool_call>\n{\"name\": \"a\", \"arguments\": \"{\\\"k\\\": 1}\"}\n</tool_call>", "", []parsedCall{{"a", `{"k": 1}`}}},
+		{Hermes, "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"k\": 1}}", "", []parsedCall{{"a", `{"k": 1}`}}}, // EOS before the close tag
 		{Hermes, "<tool_call>\nnot json\n</tool_call> after", "<tool_call>\nnot json\n</tool_call> after", nil},
-		{Hermes, "<tool_call>{\"arguments\": {\"k\": 1}, \"name\": \"a\"}</tool_call>", "", []ParsedCall{{"a", `{"k": 1}`}}},
-		{Llama3, `{"name": "get_weather", "parameters": {"city": "Paris"}}`, "", []ParsedCall{{"get_weather", `{"city": "Paris"}`}}},
-		{Llama3, `<|python_tag|>{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"q": ";"}}`, "", []ParsedCall{{"a", `{}`}, {"b", `{"q": ";"}`}}},
+		{Hermes, "<tool_call>{\"arguments\": {\"k\": 1}, \"name\": \"a\"}</tool_call>", "", []parsedCall{{"a", `{"k": 1}`}}},
+		{Llama3, `{"name": "get_weather", "parameters": {"city": "Paris"}}`, "", []parsedCall{{"get_weather", `{"city": "Paris"}`}}},
+		{Llama3, `<|python_tag|>{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"q": ";"}}`, "", []parsedCall{{"a", `{}`}, {"b", `{"q": ";"}`}}},
 		{Llama3, `{"not": "a call"}`, `{"not": "a call"}`, nil},
 		{Llama3, "The answer is 4.", "The answer is 4.", nil},
-		{Mistral, `[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]`, "", []ParsedCall{{"a", `{"x": 1}`}, {"b", `{}`}}},
-		{Mistral, `Sure. [TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}]`, "Sure.", []ParsedCall{{"a", `{"x": 1}`}}},
+		{Mistral, `[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]`, "", []parsedCall{{"a", `{"x": 1}`}, {"b", `{}`}}},
+		{Mistral, `Sure. [TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}]`, "Sure.", []parsedCall{{"a", `{"x": 1}`}}},
 		{Mistral, `[TOOL_CALLS] oops`, `[TOOL_CALLS] oops`, nil},
 	}
 	for _, c := range cases {
@@ -55,7 +55,7 @@ func TestParseToolCalls(t *testing.T) {
 
 // streamAll feeds text to a format's parser in random pieces and
 // reassembles the events as an OpenAI client does.
-func streamAll(f Format, text string, r *rand.Rand) (string, []ParsedCall) {
+func streamAll(f Format, text string, r *rand.Rand) (string, []parsedCall) {
 	var pieces []string
 	for len(text) > 0 {
 		n := 1 + r.IntN(min(len(text), 6))
@@ -67,10 +67,10 @@ func streamAll(f Format, text string, r *rand.Rand) (string, []ParsedCall) {
 
 // streamPieces feeds pieces to a format's parser (tools offered) and
 // reassembles the events.
-func streamPieces(f Format, pieces []string) (string, []ParsedCall) {
+func streamPieces(f Format, pieces []string) (string, []parsedCall) {
 	p := f.NewParser(true, Start{})
 	var content strings.Builder
-	var calls []ParsedCall
+	var calls []parsedCall
 	apply := func(ev []Event) {
 		for _, e := range ev {
 			if e.Kind != Call {
@@ -78,7 +78,7 @@ func streamPieces(f Format, pieces []string) (string, []ParsedCall) {
 				continue
 			}
 			for len(calls) <= e.Index {
-				calls = append(calls, ParsedCall{})
+				calls = append(calls, parsedCall{})
 			}
 			calls[e.Index].Name += e.Name
 			calls[e.Index].Arguments += e.Args
@@ -95,7 +95,7 @@ func streamPieces(f Format, pieces []string) (string, []ParsedCall) {
 // byte by byte; it returns the result when they all agree with the
 // whole text streamed at once (else a description of the first split
 // that differs, as content).
-func streamSplits(f Format, text string) (string, []ParsedCall) {
+func streamSplits(f Format, text string) (string, []parsedCall) {
 	wc, wcalls := streamPieces(f, []string{text})
 	for i := 1; i < len(text); i++ {
 		if c, calls := streamPieces(f, []string{text[:i], text[i:]}); c != wc || !reflect.DeepEqual(calls, wcalls) {
@@ -139,8 +139,8 @@ func TestGenericToolPromptRendersWithSmolLM2Template(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tpl.NativeTools() || Detect(tpl) != Hermes {
-		t.Fatalf("SmolLM2: NativeTools %v format %v, want false hermes", tpl.NativeTools(), Detect(tpl))
+	if tpl.nativeTools() || Detect(tpl) != Hermes {
+		t.Fatalf("SmolLM2: nativeTools %v format %v, want false hermes", tpl.nativeTools(), Detect(tpl))
 	}
 	tools := []ToolDef{{Name: "get_weather", Description: "Weather", Parameters: json.RawMessage(`{"type":"object","properties":{"city":{"type":"string"}}}`)}}
 	msgs := []Message{
@@ -199,8 +199,8 @@ func TestToolsRenderMatchesJinja2(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !tpl.NativeTools() {
-			t.Fatalf("%s: NativeTools false", c.Template)
+		if !tpl.nativeTools() {
+			t.Fatalf("%s: nativeTools false", c.Template)
 		}
 		tv, err := toolValues(tools)
 		if err != nil {
@@ -230,7 +230,7 @@ func TestToolsRenderMatchesJinja2(t *testing.T) {
 // streaming must agree with: its text and its tool calls as format f
 // writes them. Text that looks like a call but does not parse as one
 // stays text: nothing is dropped.
-func wholeCalls(f Format, text string) (content string, calls []ParsedCall) {
+func wholeCalls(f Format, text string) (content string, calls []parsedCall) {
 	switch f {
 	case Llama3:
 		return wholeLlama(text)
@@ -240,9 +240,9 @@ func wholeCalls(f Format, text string) (content string, calls []ParsedCall) {
 	return wholeHermes(text)
 }
 
-func wholeHermes(text string) (string, []ParsedCall) {
+func wholeHermes(text string) (string, []parsedCall) {
 	var content strings.Builder
-	var calls []ParsedCall
+	var calls []parsedCall
 	rest := text
 	for {
 		i := strings.Index(rest, hermesOpen)
@@ -275,13 +275,13 @@ func wholeHermes(text string) (string, []ParsedCall) {
 	return strings.TrimSpace(content.String()), calls
 }
 
-func wholeLlama(text string) (string, []ParsedCall) {
+func wholeLlama(text string) (string, []parsedCall) {
 	s := strings.TrimSpace(text)
 	s = strings.TrimSpace(strings.TrimPrefix(s, pythonTag))
 	if !strings.HasPrefix(s, "{") {
 		return strings.TrimSpace(text), nil
 	}
-	var calls []ParsedCall
+	var calls []parsedCall
 	// One call, or several separated by ";" (as Llama 3.2 sometimes does).
 	for _, part := range splitTopLevel(s, ';') {
 		c, ok := parseCallObject(part, "parameters")
@@ -293,7 +293,7 @@ func wholeLlama(text string) (string, []ParsedCall) {
 	return "", calls
 }
 
-func wholeMistral(text string) (string, []ParsedCall) {
+func wholeMistral(text string) (string, []parsedCall) {
 	i := strings.Index(text, mistralTag)
 	if i < 0 {
 		return strings.TrimSpace(text), nil
@@ -303,7 +303,7 @@ func wholeMistral(text string) (string, []ParsedCall) {
 	if err := json.Unmarshal([]byte(body), &raw); err != nil {
 		return strings.TrimSpace(text), nil
 	}
-	var calls []ParsedCall
+	var calls []parsedCall
 	for _, r := range raw {
 		c, ok := parseCallObject(string(r), "arguments")
 		if !ok {

@@ -60,14 +60,14 @@ func Detect(t *Template) Format {
 	}
 	var f Format = Hermes
 	switch {
-	case !t.NativeTools():
+	case !t.nativeTools():
 	case strings.Contains(t.src, mistralTag):
 		f = Mistral
 	case strings.Contains(t.src, hermesOpen):
 	case strings.Contains(t.src, pythonTag), strings.Contains(t.src, "<|start_header_id|>"):
 		f = Llama3
 	}
-	if t.ThinkTags() {
+	if t.thinkTags() {
 		return Think(f)
 	}
 	return f
@@ -230,9 +230,9 @@ type FieldError struct{ Field, Msg string }
 
 func (e *FieldError) Error() string { return e.Msg }
 
-// ParsedCall is one tool call read from generated text: Arguments is JSON
+// parsedCall is one tool call read from generated text: Arguments is JSON
 // text (an object).
-type ParsedCall struct {
+type parsedCall struct {
 	Name, Arguments string
 }
 

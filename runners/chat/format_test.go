@@ -82,20 +82,20 @@ func TestCallListsSplitAnywhere(t *testing.T) {
 		f       Format
 		text    string
 		content string
-		calls   []ParsedCall
+		calls   []parsedCall
 	}{
-		{Llama3, ` {"name": "a", "parameters": "{\"k\": 1}"} `, "", []ParsedCall{{"a", `{"k": 1}`}}},
-		{Llama3, `{"parameters": {"x": [1, "}"]}, "name": "a"};`, "", []ParsedCall{{"a", `{"x": [1, "}"]}`}}},
-		{Llama3, `{"name": "a", "arguments": {"x": 1}}`, "", []ParsedCall{{"a", `{"x": 1}`}}},
-		{Llama3, "\u2003{\"name\": \"a\", \"parameters\": {}}\u2003;\u2003{\"name\": \"b\", \"parameters\": {}}", "", []ParsedCall{{"a", `{}`}, {"b", `{}`}}},
-		{Llama3, `{"name": "a"}`, "", []ParsedCall{{"a", `{}`}}},
+		{Llama3, ` {"name": "a", "parameters": "{\"k\": 1}"} `, "", []parsedCall{{"a", `{"k": 1}`}}},
+		{Llama3, `{"parameters": {"x": [1, "}"]}, "name": "a"};`, "", []parsedCall{{"a", `{"x": [1, "}"]}`}}},
+		{Llama3, `{"name": "a", "arguments": {"x": 1}}`, "", []parsedCall{{"a", `{"x": 1}`}}},
+		{Llama3, "\u2003{\"name\": \"a\", \"parameters\": {}}\u2003;\u2003{\"name\": \"b\", \"parameters\": {}}", "", []parsedCall{{"a", `{}`}, {"b", `{}`}}},
+		{Llama3, `{"name": "a"}`, "", []parsedCall{{"a", `{}`}}},
 		{Llama3, `{"name": 1, "parameters": {}}`, `{"name": 1, "parameters": {}}`, nil},
 		{Llama3, "<|python_tag|>print(1)", "<|python_tag|>print(1)", nil},
 		{Llama3, "  ", "", nil},
-		{Mistral, `[TOOL_CALLS] [ {"arguments": {}, "name": "b"}, {"name": "c", "arguments": "{}"} ] `, "", []ParsedCall{{"b", `{}`}, {"c", `{}`}}},
+		{Mistral, `[TOOL_CALLS] [ {"arguments": {}, "name": "b"}, {"name": "c", "arguments": "{}"} ] `, "", []parsedCall{{"b", `{}`}, {"c", `{}`}}},
 		{Mistral, `Hi [TOOL_CALLS][]`, "Hi", nil},
 		{Mistral, `Hi [TOOL_CALLS] [5]`, `Hi [TOOL_CALLS] [5]`, nil},
-		{Mistral, `[TOOL_CALLS][{"name": "a", "arguments": {}}`, "", []ParsedCall{{"a", `{}`}}}, // cut off before ']': as far as it got
+		{Mistral, `[TOOL_CALLS][{"name": "a", "arguments": {}}`, "", []parsedCall{{"a", `{}`}}}, // cut off before ']': as far as it got
 		{Mistral, `[TOOL_CALLS]{"name": "a", "arguments": {}}`, `[TOOL_CALLS]{"name": "a", "arguments": {}}`, nil},
 		{Mistral, "no calls [TOOL", "no calls [TOOL", nil},
 	} {
@@ -149,7 +149,7 @@ const harmonyToolCallText = "<|channel|>analysis<|message|>Need weather.<|end|><
 func collectAll(f Format, pieces []string, calls bool, st Start) string {
 	p := f.NewParser(calls, st)
 	var r, c strings.Builder
-	var cs []ParsedCall
+	var cs []parsedCall
 	apply := func(ev []Event) {
 		for _, e := range ev {
 			switch e.Kind {
@@ -159,7 +159,7 @@ func collectAll(f Format, pieces []string, calls bool, st Start) string {
 				c.WriteString(e.Text)
 			case Call:
 				for len(cs) <= e.Index {
-					cs = append(cs, ParsedCall{})
+					cs = append(cs, parsedCall{})
 				}
 				cs[e.Index].Name += e.Name
 				cs[e.Index].Arguments += e.Args

@@ -43,7 +43,7 @@ var harmonyTokens = []string{"<|start|>", "<|channel|>", "<|message|>", "<|end|>
 func (harmony) String() string { return "harmony" }
 
 func (harmony) RenderTools(t *Template, msgs []Message, tools []ToolDef, agp bool) (string, error) {
-	if len(tools) > 0 && !t.NativeTools() {
+	if len(tools) > 0 && !t.nativeTools() {
 		return "", errors.New("chat: this harmony template takes no tools")
 	}
 	return t.renderTools(msgs, tools, agp)
@@ -265,7 +265,7 @@ func (p *harmonyParser) call(out []Event) []Event {
 		}
 		return append(out, Event{Kind: Content, Text: p.args.String()})
 	}
-	out = callEvents(out, p.n, []ParsedCall{{Name: p.name, Arguments: p.args.String()}})
+	out = callEvents(out, p.n, []parsedCall{{Name: p.name, Arguments: p.args.String()}})
 	p.n++
 	return out
 }

@@ -29,7 +29,7 @@ const (
 func (hermes) String() string { return "hermes" }
 
 func (hermes) RenderTools(t *Template, msgs []Message, tools []ToolDef, agp bool) (string, error) {
-	if len(tools) == 0 || t.NativeTools() {
+	if len(tools) == 0 || t.nativeTools() {
 		return t.renderTools(msgs, tools, agp)
 	}
 	gm, err := genericToolMessages(msgs, tools)
@@ -253,7 +253,7 @@ func (s *hermesParser) endCall(ev []Event, closed bool) []Event {
 	case s.named:
 		// streamed already (a call cut short stays as far as it got)
 	case ok:
-		ev = callEvents(ev, s.calls, []ParsedCall{c})
+		ev = callEvents(ev, s.calls, []parsedCall{c})
 		s.calls++
 	default:
 		t := hermesOpen + s.body

@@ -145,10 +145,10 @@ const (
 	thinkClose = "</think>"
 )
 
-// ThinkTags reports whether the template is of a model that reasons in
+// thinkTags reports whether the template is of a model that reasons in
 // <think>…</think> and takes that reasoning back as reasoning_content
 // (Qwen3's templates).
-func (t *Template) ThinkTags() bool {
+func (t *Template) thinkTags() bool {
 	return strings.Contains(t.src, thinkOpen) && strings.Contains(t.src, "reasoning_content")
 }
 

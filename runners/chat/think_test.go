@@ -79,8 +79,8 @@ func TestThinkTags(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := tpl.ThinkTags(); got != want {
-			t.Errorf("%s: ThinkTags %v, want %v", fn, got, want)
+		if got := tpl.thinkTags(); got != want {
+			t.Errorf("%s: thinkTags %v, want %v", fn, got, want)
 		}
 	}
 }

@@ -16,9 +16,9 @@ type ToolDef struct {
 	Strict            bool
 }
 
-// NativeTools reports whether the template renders a "tools" variable
+// nativeTools reports whether the template renders a "tools" variable
 // itself (HF templates that support tool use do).
-func (t *Template) NativeTools() bool { return strings.Contains(t.src, "tools") }
+func (t *Template) nativeTools() bool { return strings.Contains(t.src, "tools") }
 
 // renderTools renders msgs with tools (nil: none) given to the template
 // as HF passes them ({"type": "function", "function": {"name",

@@ -20,7 +20,7 @@ import (
 // special tokens whole, any other text one byte a token (so text reaches
 // the emitters split at every byte). It stands for gpt-oss's o200k
 // tokenizer, whose detokenizer also renders special tokens as their text;
-// its template family is harmony. Every prompt is one token (scriptModel's
+// its chat format is harmony. Every prompt is one token (scriptModel's
 // promptLen).
 type pieceText struct {
 	vocab []string
