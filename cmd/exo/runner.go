@@ -413,6 +413,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 		log.Info("remote prefill enabled", "endpoints", f.prefill, "min_tokens", f.minRemote, "route", f.route, "kv_wire_dtype", f.kvWireDType, "kv_streams", f.kvStreams,
 			"connect_timeout", f.connectTimeout, "idle_floor", f.idleFloor)
 	}
+	o.Stopping = gate.drain.Begun() // queued requests are answered 503 as soon as it stops
 	srv := decode.New(o)
 	defer srv.Close()
 	mux := http.NewServeMux()

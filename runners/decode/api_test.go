@@ -28,6 +28,7 @@ import (
 // its distributions are wide: good for telling samples apart), served over
 // HTTP by the real handler.
 type tinyServer struct {
+	srv   *Server
 	url   string
 	model *engine.Model
 	tok   *tokenizer.Tokenizer
@@ -83,7 +84,7 @@ func serveTinyDir(t *testing.T, dir string, configure func(text Text, o *Options
 	srv.Register(mux)
 	hs := httptest.NewServer(mux)
 	t.Cleanup(hs.Close)
-	return &tinyServer{url: hs.URL, model: m, tok: tok, dir: dir}
+	return &tinyServer{srv: srv, url: hs.URL, model: m, tok: tok, dir: dir}
 }
 
 func (s *tinyServer) post(t *testing.T, path string, body any, out any) int {

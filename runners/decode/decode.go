@@ -158,6 +158,12 @@ type Options struct {
 	NewConstraint func(req *openai.GenRequest, st chat.Start) (Constraint, error)
 	AcceptTools   bool
 
+	// Stopping, when set, is closed when the runner begins to shut down
+	// (openai.Drain.Begun): requests still waiting for admission are
+	// answered openai.ErrStopping at once (nothing of them has started;
+	// the gateway retries them on another runner); running ones go on.
+	Stopping <-chan struct{}
+
 	Metrics *metrics.Runner
 	Logger  *slog.Logger
 }
@@ -354,7 +360,7 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 	if maxPos > 0 && n >= maxPos {
 		return openai.Result{}, openai.ContextTooLong(n, maxPos)
 	}
-	release, err := s.adm.acquire(ctx)
+	release, err := s.admit(ctx)
 	if errors.Is(err, errQueueFull) {
 		return openai.Result{}, openai.ErrQueueFull
 	}
@@ -426,6 +432,28 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 		ok = entry.cache.Len() == len(entry.tokens)
 	}
 	return res, err
+}
+
+// admit waits for a generation slot; when the runner begins to stop
+// first, the wait ends with openai.ErrStopping.
+func (s *Server) admit(ctx context.Context) (func(), error) {
+	if s.o.Stopping == nil {
+		return s.adm.acquire(ctx)
+	}
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-s.o.Stopping:
+			cancel(openai.ErrStopping)
+		case <-actx.Done():
+		}
+	}()
+	release, err := s.adm.acquire(actx)
+	if err != nil && errors.Is(context.Cause(actx), openai.ErrStopping) && ctx.Err() == nil {
+		return nil, openai.ErrStopping
+	}
+	return release, err
 }
 
 // clientGone marks an emitter failure (the client disconnected): the

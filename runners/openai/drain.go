@@ -36,6 +36,7 @@ type Drain struct {
 	stopping bool
 	active   int
 	idle     chan struct{} // closed when stopping and active reaches 0
+	begun    chan struct{} // closed when Stop begins
 	stopped  chan struct{} // closed when Stop has finished
 	once     sync.Once
 }
@@ -43,7 +44,7 @@ type Drain struct {
 // NewDrain returns a Drain that is serving.
 func NewDrain() *Drain {
 	ctx, cut := context.WithCancelCause(context.Background())
-	return &Drain{ctx: ctx, cut: cut, idle: make(chan struct{}), stopped: make(chan struct{})}
+	return &Drain{ctx: ctx, cut: cut, idle: make(chan struct{}), begun: make(chan struct{}), stopped: make(chan struct{})}
 }
 
 // Context is the base context of every request (http.Server.BaseContext):
@@ -59,6 +60,11 @@ func (d *Drain) Stopping() bool {
 	defer d.mu.Unlock()
 	return d.stopping
 }
+
+// Begun is closed when Stop begins: a generator hands it to what waits
+// on its behalf (a request still queued for admission has not started
+// and is answered ErrStopping at once, for the gateway to send elsewhere).
+func (d *Drain) Begun() <-chan struct{} { return d.begun }
 
 // Active is the number of requests in hand.
 func (d *Drain) Active() int {
@@ -112,6 +118,7 @@ func (d *Drain) Stop(grace time.Duration) {
 			close(d.idle)
 		}
 		d.mu.Unlock()
+		close(d.begun)
 		t := time.NewTimer(grace)
 		defer t.Stop()
 		select {
