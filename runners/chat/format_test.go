@@ -217,3 +217,28 @@ func TestTriggerScan(t *testing.T) {
 		t.Error("harmony: lazy calls, want its calls parsed")
 	}
 }
+
+// TestRenderToolsWhereTheTemplateTakesNone: Hermes offers tools through
+// its generic prompt; a format whose convention needs the template's own
+// tools section refuses rather than drop them unseen.
+func TestRenderToolsWhereTheTemplateTakesNone(t *testing.T) {
+	tpl, err := Parse(`{% for m in messages %}{{ m.role }}: {{ m.content }}
+{% endfor %}`, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := []Message{{Role: "user", Content: "hi"}}
+	tools := []ToolDef{{Name: "f"}}
+	for _, f := range []Format{Llama3, Mistral, Harmony, Think(Llama3)} {
+		if _, err := f.RenderTools(tpl, msgs, tools, true); err == nil {
+			t.Errorf("%v: tools rendered through a template that takes none", f)
+		}
+		if out, err := f.RenderTools(tpl, msgs, nil, true); err != nil || out != "user: hi\n" {
+			t.Errorf("%v without tools: %q %v", f, out, err)
+		}
+	}
+	out, err := Hermes.RenderTools(tpl, msgs, tools, true)
+	if err != nil || !strings.Contains(out, "<tools>\n{\"type\":\"function\",\"function\":{\"name\":\"f\"}}\n</tools>") {
+		t.Errorf("hermes: %q %v", out, err)
+	}
+}

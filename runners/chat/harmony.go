@@ -1,7 +1,6 @@
 package chat
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 
@@ -43,9 +42,6 @@ var harmonyTokens = []string{"<|start|>", "<|channel|>", "<|message|>", "<|end|>
 func (harmony) String() string { return "harmony" }
 
 func (harmony) RenderTools(t *Template, msgs []Message, tools []ToolDef, agp bool) (string, error) {
-	if len(tools) > 0 && !t.nativeTools() {
-		return "", errors.New("chat: this harmony template takes no tools")
-	}
 	return t.renderTools(msgs, tools, agp)
 }
 

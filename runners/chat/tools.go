@@ -3,6 +3,7 @@ package chat
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -22,10 +23,14 @@ func (t *Template) nativeTools() bool { return strings.Contains(t.src, "tools") 
 
 // renderTools renders msgs with tools (nil: none) given to the template
 // as HF passes them ({"type": "function", "function": {"name",
-// "description", "parameters"}}, parameters as an object).
+// "description", "parameters"}}, parameters as an object). A template
+// that takes no tools is an error (they would be dropped unseen).
 func (t *Template) renderTools(msgs []Message, tools []ToolDef, addGenerationPrompt bool) (string, error) {
 	if len(tools) == 0 {
 		return t.Render(msgs, addGenerationPrompt)
+	}
+	if !t.nativeTools() {
+		return "", errors.New("chat: this chat template takes no tools")
 	}
 	tv, err := toolValues(tools)
 	if err != nil {
