@@ -90,3 +90,25 @@ func FuzzMistral(f *testing.F) {
 	f.Add(`[TOOL_CALLS][{"name": "a", "arguments": {}}, oops`, uint64(10))
 	f.Fuzz(func(t *testing.T, text string, seed uint64) { fuzzCalls(t, Mistral, text, seed) })
 }
+
+// FuzzThinkFormat: Think(Hermes)'s parser (reasoning split, then calls
+// from the answer) never panics and gives the same however the output is
+// split, with or without tools offered and the reasoning opened by the
+// prompt.
+func FuzzThinkFormat(f *testing.F) {
+	f.Add("<think>\nx <tool_call>\n</think>\n\nOK <tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>", 3, true, false)
+	f.Add("r</think><tool_call>{\"name\": \"a\"", 1, true, true)
+	f.Fuzz(func(t *testing.T, s string, n int, calls, open bool) {
+		if n <= 0 || n > 64 {
+			n = 5
+		}
+		var pieces []string
+		for i := 0; i < len(s); i += n {
+			pieces = append(pieces, s[i:min(i+n, len(s))])
+		}
+		st := Start{Reasoning: open}
+		if whole, split := collectAll(Think(Hermes), []string{s}, calls, st), collectAll(Think(Hermes), pieces, calls, st); whole != split {
+			t.Fatalf("pieces of %d: %s; whole: %s", n, split, whole)
+		}
+	})
+}
