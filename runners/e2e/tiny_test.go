@@ -223,8 +223,9 @@ func TestTinyFaults(t *testing.T) {
 	t.Run("wrong secret", func(t *testing.T) {
 		dec := start(t, "decode-wrong", "decode", "--model", dir, "--prefill", pre.listen, "--secret-file", wrong)
 		check(t, dec, "fallback_error")
-		if !strings.Contains(dec.logs(), "authentication") {
-			t.Fatalf("no authentication error in the log")
+		fills := dec.waitRecords(t, "local prefill", 1, 5*time.Second)
+		if last := fills[len(fills)-1]; last["outcome"] != "fallback_error" || !strings.Contains(last["err"], "authentication") {
+			t.Fatalf("the fallback's record %v does not say authentication failed", last)
 		}
 	})
 	t.Run("no secret against a server that requires one", func(t *testing.T) {
