@@ -100,7 +100,8 @@ const (
 )
 
 // Weight names one tensor of a block (the loader's name: a Linear's prefix,
-// a vector's full name) and how it shards.
+// a vector's full name; routed experts by their stacked name as mlx-lm
+// stores them, whichever layout the checkpoint has) and how it shards.
 type Weight struct {
 	Name  string
 	Shard Shard

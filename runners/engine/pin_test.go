@@ -62,7 +62,7 @@ func pinModels(t *testing.T) map[string]string {
 		out[name] = p
 	}
 	ref := filepath.Join("testdata", "reference")
-	for _, d := range []string{"qwen3_next", "qwen3_next_q4", "qwen3_5", "qwen3_5_moe", "qwen3_5_bf16", "mlx_quantized/llama-mlx-q4g32"} {
+	for _, d := range []string{"qwen3_next", "qwen3_next_q4", "qwen3_5", "qwen3_5_moe", "qwen3_5_bf16", "mlx_quantized/llama-mlx-q4g32", "smollm3", "smollm3_q4", "olmo2", "olmo2_q4"} {
 		out[d] = filepath.Join(ref, d)
 	}
 	ggufs, _ := filepath.Glob(filepath.Join(ref, "gguf", "*.gguf"))
@@ -78,7 +78,8 @@ func pinModels(t *testing.T) map[string]string {
 
 // TestPinnedFingerprintsAndLogits checks every pinned model against
 // testdata/pins.json (written by -update-pins before the engine's
-// architectures were split into files): fingerprints and Info exactly,
+// architectures were split into files; SmolLM3 and OLMo 2 were added with
+// their own files): fingerprints and Info exactly,
 // logits to 1e-5 of their scale, greedy continuations exactly.
 func TestPinnedFingerprintsAndLogits(t *testing.T) {
 	if testing.Short() {
