@@ -20,7 +20,7 @@ buildGoModule {
   # The one place the Go dependencies are pinned: the NAR hash of
   # `go mod vendor` for this tree. nix/update-vendor-hash.sh recomputes it
   # (CI checks it: nix/tests/check.sh).
-  vendorHash = "sha256-rGSmJe8kDBfDTGFupsR4Ce/GM0aPqr9OsXGniJ2gbI0=";
+  vendorHash = "sha256-ZCNkqaw5h/alBGX8EGxNDV6L8c3+uOnQjFhecv3kIm4=";
 
   subPackages = [ "cmd/exo" ];
 

@@ -154,6 +154,7 @@ async function readSSE(body, on) {
 }
 
 function onState(st) {
+  if (!live.state) performance.mark("exo-first-state"); // first render of cluster data (docs/BENCHMARKS.md)
   live.state = st;
   $("cluster-name").textContent = st.cluster + " · via " + st.host;
   document.title = "exo · " + st.cluster;
@@ -455,12 +456,28 @@ async function send(text) {
   if (t !== undefined) body.temperature = t;
   if (p !== undefined) body.top_p = p;
   if (mx !== undefined) body.max_tokens = Math.round(mx);
+  const extraText = $("chat-extra").value.trim();
+  let extraErr = "";
+  if (extraText) {
+    try {
+      const extra = JSON.parse(extraText);
+      if (typeof extra !== "object" || extra === null || Array.isArray(extra)) throw new Error("not a JSON object");
+      for (const [k, v] of Object.entries(extra)) {
+        if (k === "messages" || k === "stream") throw new Error('"' + k + '" is set by the chat');
+        body[k] = v;
+      }
+    } catch (e) {
+      extraErr = "more request fields: " + (e.message || e);
+    }
+  }
 
   const t0 = performance.now();
   const sent = Date.now();
   let first = 0, answer = "", thought = "", usage = null, finish = "";
   const toolCalls = [];
+  let chunks = 0;
   try {
+    if (extraErr) throw new Error(extraErr);
     const resp = await fetch("/v1/chat/completions", { method: "POST", headers: auth.headers({ "Content-Type": "application/json" }), body: JSON.stringify(body) });
     const runner = resp.headers.get("X-Exo-Runner") || "";
     if (!resp.ok) {
@@ -483,6 +500,7 @@ async function send(text) {
         if (d.content) {
           answer += d.content;
           content.textContent = answer;
+          msg.dataset.chunks = String(++chunks);
         }
         for (const tc of d.tool_calls || []) {
           const i = tc.index || 0;
