@@ -27,11 +27,11 @@ func (t *tokText) Render(msgs []openai.ChatMessage, agp, continueFinal bool) (st
 	if t.tmpl == nil {
 		return "", errors.New("this model has no chat template; use /v1/completions")
 	}
-	return RenderChat(t.tmpl, ChatMessages(msgs), agp, continueFinal)
+	return renderChat(t.tmpl.Render, chatMessages(msgs), agp, continueFinal)
 }
 
-// ChatMessages converts validated API messages to the chat template's.
-func ChatMessages(msgs []openai.ChatMessage) []chat.Message {
+// chatMessages converts validated API messages to the chat template's.
+func chatMessages(msgs []openai.ChatMessage) []chat.Message {
 	cm := make([]chat.Message, len(msgs))
 	for i, m := range msgs {
 		cm[i] = chat.Message{Role: m.Role, Content: m.Content, Reasoning: m.Reasoning, ToolCallID: m.ToolCallID, Name: m.Name}
@@ -42,16 +42,12 @@ func ChatMessages(msgs []openai.ChatMessage) []chat.Message {
 	return cm
 }
 
-// RenderChat renders msgs; with continueFinal the final message is left
-// open: the conversation is rendered without a generation prompt and cut
-// right after the final message's content (vLLM's continue_final_message),
-// so what the template appends after it (end of turn) is dropped.
-func RenderChat(tmpl *chat.Template, msgs []chat.Message, agp, continueFinal bool) (string, error) {
-	return renderChatWith(tmpl.Render, msgs, agp, continueFinal)
-}
-
-// renderChatWith is RenderChat over any render function.
-func renderChatWith(render func([]chat.Message, bool) (string, error), msgs []chat.Message, agp, continueFinal bool) (string, error) {
+// renderChat renders msgs with render; with continueFinal the final
+// message is left open: the conversation is rendered without a
+// generation prompt and cut right after the final message's content
+// (vLLM's continue_final_message), so what the template appends after it
+// (end of turn) is dropped.
+func renderChat(render func([]chat.Message, bool) (string, error), msgs []chat.Message, agp, continueFinal bool) (string, error) {
 	if !continueFinal {
 		return render(msgs, agp)
 	}

@@ -31,8 +31,8 @@ func (t *tokText) RenderTools(msgs []openai.ChatMessage, tools []openai.Tool, ag
 		return "", errors.New("this model has no chat template; use /v1/completions")
 	}
 	defs := chatTools(tools)
-	return renderChatWith(func(m []chat.Message, agp bool) (string, error) { return t.format.RenderTools(t.tmpl, m, defs, agp) },
-		ChatMessages(msgs), agp, continueFinal)
+	return renderChat(func(m []chat.Message, agp bool) (string, error) { return t.format.RenderTools(t.tmpl, m, defs, agp) },
+		chatMessages(msgs), agp, continueFinal)
 }
 
 func (t *tokText) Format() chat.Format     { return t.format }
