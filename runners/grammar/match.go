@@ -778,57 +778,20 @@ func (s *stepper) ownStringRe(f *frame, b byte) {
 			s.push(g)
 		}
 	case sStrBody:
-		if f.u8 > 0 {
-			u, ok := utf8Step(f.u8, b)
-			if !ok {
-				return
-			}
-			l := int(f.mask >> 56 & 7)
-			acc := reAcc(f)<<6 | rune(b&0x3F)
-			if u == u8None {
-				if t := reTo(n, st, acc, cnt1); t >= 0 {
-					done(t)
-				}
-				return
-			}
-			if lo, hi := utf8Span(acc, utf8Left[u], l); reCan(n, st, lo, hi, cnt1) {
-				g.u8 = u
-				reSet(&g, st, acc, l)
-				s.push(g)
-			}
-			return
-		}
 		switch {
-		case b == '"':
+		case f.u8 == 0 && b == '"':
 			if n.re.accept[st] && f.cnt >= n.minLen {
 				g.st = sStrDone
 				s.push(g)
 			}
-		case b < 0x20:
-		case b == '\\':
+		case f.u8 == 0 && b < 0x20:
+		case f.u8 == 0 && b == '\\':
 			if reCan(n, st, 0, 0xFFFF, cnt1) { // what an escape can spell
 				g.st = sStrEsc
 				s.push(g)
 			}
-		case b < 0x80:
-			if t := reTo(n, st, rune(b), cnt1); t >= 0 {
-				done(t)
-			}
 		default:
-			u, ok := utf8Step(u8None, b)
-			if !ok {
-				return
-			}
-			l, acc := 2, rune(b&0x1F)
-			switch {
-			case b >= 0xF0:
-				l, acc = 4, rune(b&0x07)
-			case b >= 0xE0:
-				l, acc = 3, rune(b&0x0F)
-			}
-			if lo, hi := utf8Span(acc, l-1, l); reCan(n, st, lo, hi, cnt1) {
-				g.u8 = u
-				reSet(&g, st, acc, l)
+			if g, ok := reBody(f, b); ok {
 				s.push(g)
 			}
 		}
@@ -894,6 +857,70 @@ func (s *stepper) ownStringRe(f *frame, b byte) {
 			}
 		}
 	}
+}
+
+// reBody is the frame after string-body byte b (not a quote, backslash
+// or control byte between characters) in pattern string frame f, false
+// when b cannot come. The mask walk calls it directly (walkRe).
+func reBody(f *frame, b byte) (frame, bool) {
+	n := f.n
+	g := *f
+	st := reState(f)
+	cnt1 := f.cnt + 1
+	if f.u8 > 0 {
+		u, ok := utf8Step(f.u8, b)
+		if !ok {
+			return g, false
+		}
+		l := int(f.mask >> 56 & 7)
+		acc := reAcc(f)<<6 | rune(b&0x3F)
+		if u == u8None {
+			t := reTo(n, st, acc, cnt1)
+			if t < 0 {
+				return g, false
+			}
+			reSet(&g, t, 0, 0)
+			g.u8 = 0
+			if n.minLen > 0 || n.maxLen >= 0 {
+				g.cnt = cnt1
+			}
+			return g, true
+		}
+		if lo, hi := utf8Span(acc, utf8Left[u], l); !reCan(n, st, lo, hi, cnt1) {
+			return g, false
+		}
+		g.u8 = u
+		reSet(&g, st, acc, l)
+		return g, true
+	}
+	if b < 0x80 {
+		t := reTo(n, st, rune(b), cnt1)
+		if t < 0 {
+			return g, false
+		}
+		reSet(&g, t, 0, 0)
+		if n.minLen > 0 || n.maxLen >= 0 {
+			g.cnt = cnt1
+		}
+		return g, true
+	}
+	u, ok := utf8Step(u8None, b)
+	if !ok {
+		return g, false
+	}
+	l, acc := 2, rune(b&0x1F)
+	switch {
+	case b >= 0xF0:
+		l, acc = 4, rune(b&0x07)
+	case b >= 0xE0:
+		l, acc = 3, rune(b&0x0F)
+	}
+	if lo, hi := utf8Span(acc, l-1, l); !reCan(n, st, lo, hi, cnt1) {
+		return g, false
+	}
+	g.u8 = u
+	reSet(&g, st, acc, l)
+	return g, true
 }
 
 func hexVal(b byte) rune {

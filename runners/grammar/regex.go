@@ -41,7 +41,8 @@ const (
 // ErrPatternTooComplex is wrapped by Compile for a pattern past the bounds.
 var ErrPatternTooComplex = errors.New("pattern too complex")
 
-// dfa is a determinized pattern. Immutable.
+// dfa is a determinized pattern. Immutable but for its token tables,
+// which are locked.
 type dfa struct {
 	bounds []rune // class c is the code points [bounds[c], bounds[c+1])
 	ascii  [128]uint16
@@ -52,6 +53,8 @@ type dfa struct {
 	minRem []int32 // the fewest code points to an accepting state
 	maxRem []int32 // the most code points to an accepting state, -1: no most
 	start  int32   // -1: the language is empty
+
+	tables bodyTables // token tables of its states (bodytable.go), made as masks need them
 }
 
 func (d *dfa) class(r rune) int {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -237,6 +238,45 @@ func TestPatternBounds(t *testing.T) {
 	for _, s := range []string{`{"type":"string","pattern":"^a$","minLength":2}`, `{"type":"string","pattern":"[^\\x{0}-\\x{10FFFF}]"}`, `{"type":"string","pattern":"^$a"}`} {
 		if _, err := Compile([]byte(s)); !errors.Is(err, ErrUnsatisfiable) {
 			t.Errorf("%s: err %v, want ErrUnsatisfiable", s, err)
+		}
+	}
+}
+
+// TestPatternTablesConcurrent: generations on several goroutines share a
+// format's automaton and its token tables (built as masks need them)
+// and get the same masks (run with -race).
+func TestPatternTablesConcurrent(t *testing.T) {
+	v := syntheticVocab(t)
+	g := mustCompile(t, `{"type":"array","items":{"type":"string","format":"email","maxLength":30}}`)
+	prefix := []byte(`["ab`)
+	want := make([]uint64, v.MaskWords())
+	c0 := NewConstraint(g, v)
+	if err := c0.AdvanceBytes(prefix); err != nil {
+		t.Fatal(err)
+	}
+	c0.Mask(want)
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			c := NewConstraint(g, v)
+			if err := c.AdvanceBytes(prefix); err != nil {
+				errs <- err
+				return
+			}
+			got := make([]uint64, v.MaskWords())
+			for range 3 {
+				c.w.mask(c.m.alts, got)
+				if !slices.Equal(got, want) {
+					errs <- fmt.Errorf("mask differs")
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -347,6 +347,15 @@ func (w *walker) mask(alts []*frame, dst []uint64) {
 		copy(dst, w.v.plainSet[u]) // the walk below skips what this covers
 		w.plain = true
 	}
+	if len(alts) == 1 && reBodyFrame(alts[0]) && alts[0].u8 == 0 {
+		f := alts[0]
+		if bt := w.bodyTableFor(f.n, reState(f)); bt != nil {
+			w.bodyMask(f, bt)
+			w.walkSpecial(0, *f, 0)
+			w.dst = nil
+			return
+		}
+	}
 	w.walk(0, alts, 0, w.plain)
 	w.dst = nil
 }
@@ -380,35 +389,140 @@ func plainMode(alts []*frame) (uint8, bool) {
 func (w *walker) walk(ni int32, alts []*frame, depth int, inPlain bool) {
 	v := w.v
 	n := &v.nodes[ni]
-	if depth == len(w.bufs) {
-		w.bufs = append(w.bufs, make([]*frame, 0, 8))
+	if len(alts) == 1 && !inPlain && reBodyFrame(alts[0]) {
+		w.walkRe(ni, *alts[0], depth)
+		return
 	}
 	for e := n.e0; e < n.e1; e++ {
-		b := v.edgeB[e]
-		w.s.out = w.bufs[depth][:0]
-		for _, f := range alts {
-			w.s.feed(f, b)
+		w.edge(e, alts, depth, inPlain)
+	}
+}
+
+// edge walks trie edge e from the stacks alts.
+func (w *walker) edge(e int32, alts []*frame, depth int, inPlain bool) {
+	v := w.v
+	for depth >= len(w.bufs) {
+		w.bufs = append(w.bufs, make([]*frame, 0, 8))
+	}
+	b := v.edgeB[e]
+	w.s.out = w.bufs[depth][:0]
+	for _, f := range alts {
+		w.s.feed(f, b)
+	}
+	next := w.s.out
+	w.bufs[depth] = next[:0]
+	if len(next) == 0 {
+		return
+	}
+	ci := v.edgeTo[e]
+	c := &v.nodes[ci]
+	childPlain := inPlain && b >= 0x20 && b != '"' && b != '\\'
+	if u, ok := plainMode(next); ok && c.plain&(1<<u) != 0 {
+		if !childPlain {
+			w.setRange(c.t0, c.s1)
 		}
-		next := w.s.out
-		w.bufs[depth] = next[:0]
-		if len(next) == 0 {
+		return
+	}
+	w.setRange(c.t0, c.tEnd)
+	if c.e1 > c.e0 {
+		if len(next) > 8 {
+			next = dedupe(next)
+		}
+		w.walk(ci, next, depth+1, childPlain)
+	}
+}
+
+// reBodyFrame reports whether f is a pattern string's body outside a
+// state that accepts everything (walkRe's case).
+func reBodyFrame(f *frame) bool {
+	return f.n.kind == kString && f.n.re != nil && f.st == sStrBody && !f.n.re.all[reState(f)]
+}
+
+// walkRe walks the subtree at ni while the only stack is the pattern
+// string frame f, stepping its automaton directly instead of through the
+// stepper: ASCII characters between characters in walkASCII (carrying
+// only the state and count), others by reBody; a quote, backslash or
+// control byte goes the general way.
+func (w *walker) walkRe(ni int32, f frame, depth int) {
+	if f.u8 == 0 {
+		w.walkASCII(ni, &f, reState(&f), f.cnt, depth)
+		return
+	}
+	w.walkReByte(ni, f, depth)
+}
+
+// walkASCII is walkRe between characters at automaton state q after cnt
+// code points; f gives the rest of the frame.
+func (w *walker) walkASCII(ni int32, f *frame, q, cnt int32, depth int) {
+	v := w.v
+	n := &v.nodes[ni]
+	d := f.n.re
+	counted := f.n.minLen > 0 || f.n.maxLen >= 0
+	row := d.trans[int(q)*d.ncls : int(q+1)*d.ncls]
+	for e := n.e0; e < n.e1; e++ {
+		b := v.edgeB[e]
+		if b >= 0x80 || b == '"' || b == '\\' || b < 0x20 {
+			g := *f
+			reSet(&g, q, 0, 0)
+			g.cnt, g.u8 = cnt, 0
+			w.reEdge(e, g, depth)
+			continue
+		}
+		t := row[d.ascii[b]]
+		if t < 0 || counted && !d.fits(t, cnt+1, f.n.minLen, f.n.maxLen) {
 			continue
 		}
 		ci := v.edgeTo[e]
 		c := &v.nodes[ci]
-		childPlain := inPlain && b >= 0x20 && b != '"' && b != '\\'
-		if u, ok := plainMode(next); ok && c.plain&(1<<u) != 0 {
-			if !childPlain {
-				w.setRange(c.t0, c.s1)
-			}
+		for _, id := range v.order[c.t0:c.tEnd] {
+			w.dst[id>>6] |= 1 << (id & 63)
+		}
+		if c.e1 == c.e0 {
 			continue
 		}
-		w.setRange(c.t0, c.tEnd)
-		if c.e1 > c.e0 {
-			if len(next) > 8 {
-				next = dedupe(next)
-			}
-			w.walk(ci, next, depth+1, childPlain)
+		nc := cnt
+		if counted {
+			nc++
+		}
+		if !d.all[t] {
+			w.walkASCII(ci, f, t, nc, depth+1)
+			continue
+		}
+		g := *f
+		reSet(&g, t, 0, 0)
+		g.cnt, g.u8 = nc, 0
+		w.walk(ci, []*frame{w.a.alloc(g)}, depth+1, false)
+	}
+}
+
+// walkReByte is walkRe inside a character (or for any byte).
+func (w *walker) walkReByte(ni int32, f frame, depth int) {
+	v := w.v
+	n := &v.nodes[ni]
+	for e := n.e0; e < n.e1; e++ {
+		w.reEdge(e, f, depth)
+	}
+}
+
+// reEdge walks trie edge e from pattern string frame f.
+func (w *walker) reEdge(e int32, f frame, depth int) {
+	v := w.v
+	b := v.edgeB[e]
+	if f.u8 == 0 && (b == '"' || b == '\\' || b < 0x20) {
+		w.edge(e, []*frame{w.a.alloc(f)}, depth, false)
+		return
+	}
+	g, ok := reBody(&f, b)
+	if !ok {
+		return
+	}
+	c := &v.nodes[v.edgeTo[e]]
+	w.setRange(c.t0, c.tEnd)
+	if c.e1 > c.e0 {
+		if reBodyFrame(&g) {
+			w.walkRe(v.edgeTo[e], g, depth+1)
+		} else {
+			w.walk(v.edgeTo[e], []*frame{w.a.alloc(g)}, depth+1, false)
 		}
 	}
 }
