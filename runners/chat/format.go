@@ -3,6 +3,7 @@ package chat
 import (
 	"bytes"
 	"strings"
+	"unicode"
 
 	"github.com/exo-pd/exo-pd/runners/grammar"
 )
@@ -117,25 +118,39 @@ type Trigger struct {
 	// is a call when its first non-space byte is '{' (the grammar starts
 	// there).
 	Marker string
-	// Reasoning: a <think>…</think> reasoning comes before the answer
-	// (a marker inside it opens no call).
-	Reasoning bool
+	// Open and Close delimit a reasoning before the answer ("": none),
+	// where a marker opens no call: an output that opens (after white
+	// space) with Open, or whose prompt opened it (Start.Reasoning), is
+	// watched only after Close. The request's parser is what splits the
+	// reasoning off; the scan only skips it.
+	Open, Close string
 }
 
 // TriggerScan watches a free answer's bytes, as they are generated, for
 // its Trigger.
 type TriggerScan struct {
 	t       Trigger
-	think   *thinkSplit // the reasoning before the answer (Trigger.Reasoning)
+	skip    int    // skipStart, skipIn, skipOff
+	pre     []byte // skipStart, skipIn: what was held
 	buf     []byte
 	decided bool // Marker "": the first non-space byte was seen
 }
 
+const (
+	skipStart = iota // nothing but white space yet
+	skipIn           // inside the reasoning
+	skipOff          // in the answer
+)
+
 // NewScan watches an output that begins at s.
 func (t Trigger) NewScan(s Start) *TriggerScan {
-	ts := &TriggerScan{t: t}
-	if t.Reasoning {
-		ts.think = &thinkSplit{Open: s.Reasoning}
+	ts := &TriggerScan{t: t, skip: skipOff}
+	switch {
+	case t.Open == "":
+	case s.Reasoning:
+		ts.skip = skipIn
+	default:
+		ts.skip = skipStart
 	}
 	return ts
 }
@@ -144,9 +159,10 @@ func (t Trigger) NewScan(s Start) *TriggerScan {
 // what of it was generated already (the call grammar starts there).
 // After the call, Feed goes on watching the rest of the answer.
 func (s *TriggerScan) Feed(b []byte) (rest []byte, fired bool) {
-	if s.think != nil {
-		_, answer := s.think.Feed(string(b))
-		b = []byte(answer)
+	if s.skip != skipOff {
+		if b = s.skipReasoning(b); b == nil {
+			return nil, false
+		}
 	}
 	s.buf = append(s.buf, b...)
 	if s.t.Marker == "" {
@@ -172,6 +188,39 @@ func (s *TriggerScan) Feed(b []byte) (rest []byte, fired bool) {
 	rest = append(rest, s.buf[i+len(s.t.Marker):]...)
 	s.buf = s.buf[:0]
 	return rest, true
+}
+
+// skipReasoning holds b while it may be reasoning; it returns the answer
+// bytes once the reasoning is over (nil: none yet).
+func (s *TriggerScan) skipReasoning(b []byte) []byte {
+	s.pre = append(s.pre, b...)
+	if s.skip == skipStart {
+		t := bytes.TrimLeftFunc(s.pre, unicode.IsSpace)
+		switch {
+		case bytes.HasPrefix(t, []byte(s.t.Open)):
+			s.skip, s.pre = skipIn, append(s.pre[:0], t[len(s.t.Open):]...)
+		case bytes.HasPrefix([]byte(s.t.Open), t):
+			return nil // "" or a prefix of the opener: wait
+		default:
+			s.skip = skipOff // no reasoning: all of it is answer
+			out := s.pre
+			s.pre = nil
+			return out
+		}
+	}
+	i := bytes.Index(s.pre, []byte(s.t.Close))
+	if i < 0 {
+		if k := len(s.t.Close) - 1; len(s.pre) > k {
+			s.pre = append(s.pre[:0], s.pre[len(s.pre)-k:]...)
+		}
+		return nil
+	}
+	out := s.pre[i+len(s.t.Close):]
+	s.skip, s.pre = skipOff, nil
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 // Answer is what a request asks of a constrained answer.

@@ -191,6 +191,9 @@ func TestTriggerScan(t *testing.T) {
 		{"think: not in the reasoning", Think(Hermes), Start{}, []string{"<think>", "<tool_call>", "</think>", "\n\n<tool_call>{"}, 3, "{"},
 		{"think: the prompt opened it", Think(Hermes), Start{Reasoning: true}, []string{"<tool_call>", "</think>", "<tool_call>"}, 2, ""},
 		{"think: none", Think(Hermes), Start{}, []string{"Hi", " <tool_call>"}, 1, ""},
+		{"think: split tags", Think(Hermes), Start{}, []string{"\n <th", "ink>a <tool_", "call> b</th", "ink>\n<tool", "_call>\n"}, 4, "\n"},
+		{"think: a prefix of the opener is answer", Think(Hermes), Start{}, []string{"<th", "is<tool_call>"}, 1, ""},
+		{"think llama3: first byte after the reasoning", Think(Llama3), Start{}, []string{"<think>{</think>", "\n\n", "{\"n"}, 2, "{\"n"},
 	} {
 		_, trig, ok := c.f.Lazy()
 		if !ok {

@@ -39,7 +39,7 @@ func (f think) Calls(parallel bool) grammar.CallFormat { return f.calls.Calls(pa
 
 func (f think) Lazy() (grammar.CallFormat, Trigger, bool) {
 	cf, t, ok := f.calls.Lazy()
-	t.Reasoning = true
+	t.Open, t.Close = thinkOpen, thinkClose
 	return cf, t, ok
 }
 
