@@ -47,6 +47,8 @@ type Architecture struct {
 	// Fingerprint, when set, hashes what the family's KV depends on
 	// beyond the common fields (after the vocabulary).
 	Fingerprint func(c *Config, w *fpWriter)
+	// GGUF, when set, is how llama.cpp writes the architecture (gguf.go).
+	GGUF *GGUFLayout
 }
 
 // LayerKind is what a layer keeps between steps, which decides its cache,

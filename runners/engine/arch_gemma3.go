@@ -28,9 +28,46 @@ type gemma3Config struct {
 
 func init() {
 	for _, name := range []string{"Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"} {
-		Register(name, &Architecture{Family: "gemma3", Prepare: gemma3Prepare, Parse: parseGemma3, Layers: gemma3Layers,
-			Source: wrapLanguageModel, Embed: gemma3Embed, Head: gemma3Head, Block: gemma3Block, Fingerprint: gemma3Fingerprint})
+		a := &Architecture{Family: "gemma3", Prepare: gemma3Prepare, Parse: parseGemma3, Layers: gemma3Layers,
+			Source: wrapLanguageModel, Embed: gemma3Embed, Head: gemma3Head, Block: gemma3Block, Fingerprint: gemma3Fingerprint}
+		if name == "Gemma3ForCausalLM" {
+			a.GGUF = gemma3GGUF
+		}
+		Register(name, a)
 	}
+}
+
+// gemma3GGUF is Gemma 3's text model as llama.cpp's converter writes it:
+// norm weights stored as 1 + w, ffn_norm the pre-feedforward norm.
+var gemma3GGUF = &GGUFLayout{Name: "gemma3", ModelType: "gemma3_text", NormsPlusOne: true, Config: gemma3GGUFConfig,
+	LayerNames: map[string]string{
+		"ffn_norm":            "pre_feedforward_layernorm",
+		"post_attention_norm": "post_attention_layernorm",
+		"post_ffw_norm":       "post_feedforward_layernorm",
+	}}
+
+// gemma3GGUFConfig: llama.cpp's gemma3 uses GeGLU; attention scaled by
+// 1/√head_dim (by 1/√(hidden/heads) for the 62-layer 27B); the sliding
+// layers' RoPE base rope.freq_base_swa (10,000 when absent; the converter
+// does not write it) without rope scaling (HF's too); every 6th layer full.
+func gemma3GGUFConfig(md GGUFMetadata, key func(string) string, cfg map[string]any) error {
+	delete(cfg, "hidden_act")
+	cfg["hidden_activation"] = "gelu_pytorch_tanh"
+	cfg["query_pre_attn_scalar"] = cfg["head_dim"]
+	if cfg["num_hidden_layers"].(uint64) == 62 {
+		cfg["query_pre_attn_scalar"] = cfg["hidden_size"].(uint64) / cfg["num_attention_heads"].(uint64)
+	}
+	cfg["rope_local_base_freq"] = 10000.0
+	if b, ok := md.Float(key("rope.freq_base_swa")); ok {
+		cfg["rope_local_base_freq"] = b
+	}
+	if err := ggufSlidingLayers(md, key, cfg, 6); err != nil {
+		return err
+	}
+	if c, ok := md.Float(key("final_logit_softcapping")); ok && c != 0 {
+		cfg["final_logit_softcapping"] = c // refused by name by Prepare
+	}
+	return nil
 }
 
 // gemma3Defaults are HF Gemma3TextConfig's defaults: real configs (the

@@ -31,7 +31,38 @@ type gptOssConfig struct {
 const gptossAlpha = 1.702
 
 func init() {
-	Register("GptOssForCausalLM", &Architecture{Family: "gpt_oss", Prepare: gptossPrepare, Parse: parseGptOss, Layers: gptossLayers, Block: gptossBlock})
+	Register("GptOssForCausalLM", &Architecture{Family: "gpt_oss", Prepare: gptossPrepare, Parse: parseGptOss, Layers: gptossLayers, Block: gptossBlock,
+		GGUF: &GGUFLayout{Name: "gpt-oss", ModelType: "gpt_oss", ExpertFFN: true, Config: gptossGGUFConfig,
+			// The experts stacked, gate and up apart (the converter
+			// splits HF's interleaved gate_up_proj), MXFP4 or dense,
+			// with biases, in mlx-lm's gpt_oss layout.
+			LayerNames: map[string]string{
+				"post_attention_norm": "post_attention_layernorm",
+				"attn_sinks":          "self_attn.sinks",
+				"ffn_gate_inp":        "mlp.router",
+				"ffn_gate_exps":       "mlp.experts.gate_proj",
+				"ffn_up_exps":         "mlp.experts.up_proj",
+				"ffn_down_exps":       "mlp.experts.down_proj",
+			},
+			TensorStems: map[string]bool{"attn_sinks": true}}})
+}
+
+// gptossGGUFConfig: llama.cpp's gpt-oss has every layer sparse, the top-k
+// logits softmaxed, the experts' SwiGLU clamped at 7, every other layer
+// (from the first) sliding, and one RoPE for all layers.
+func gptossGGUFConfig(md GGUFMetadata, key func(string) string, cfg map[string]any) error {
+	if err := ggufCopy(md, key, cfg, map[string]string{"num_local_experts": "expert_count",
+		"num_experts_per_tok": "expert_used_count", "intermediate_size": "expert_feed_forward_length"}); err != nil {
+		return err
+	}
+	cfg["swiglu_limit"] = 7.0
+	if err := ggufSlidingLayers(md, key, cfg, 2); err != nil {
+		return err
+	}
+	if b, ok := md.Float(key("rope.freq_base_swa")); ok && b != cfg["rope_theta"].(float64) {
+		return fmt.Errorf("metadata %s: %g differs from rope.freq_base %g; a separate RoPE base for the sliding layers is not supported for gpt-oss", key("rope.freq_base_swa"), b, cfg["rope_theta"])
+	}
+	return nil
 }
 
 // gptossPrepare maps gpt-oss's names onto the MoE fields ParseConfig reads

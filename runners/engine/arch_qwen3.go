@@ -4,7 +4,8 @@ package engine
 // and k before RoPE, and Qwen2's sliding-window rule.
 
 func init() {
-	Register("Qwen3ForCausalLM", &Architecture{Family: "qwen3", Layers: qwen2Layers, Block: qwen3Block})
+	Register("Qwen3ForCausalLM", &Architecture{Family: "qwen3", Layers: qwen2Layers, Block: qwen3Block,
+		GGUF: &GGUFLayout{Name: "qwen3", ModelType: "qwen3"}})
 }
 
 // qwen3Attention is Qwen3's attention: per-head q/k norms.

@@ -5,7 +5,10 @@ package engine
 // routed experts (moe.go).
 
 func init() {
-	Register("Qwen3MoeForCausalLM", &Architecture{Family: "qwen3_moe", Layers: qwen3MoeLayers, Block: qwen3MoeBlock})
+	// llama.cpp's qwen3moe: every layer sparse, the chosen experts'
+	// weights renormalized.
+	Register("Qwen3MoeForCausalLM", &Architecture{Family: "qwen3_moe", Layers: qwen3MoeLayers, Block: qwen3MoeBlock,
+		GGUF: &GGUFLayout{Name: "qwen3moe", ModelType: "qwen3_moe", ExpertFFN: true, Config: ggufMoE}})
 }
 
 func qwen3MoeLayers(c *Config) ([]LayerKind, error) {

@@ -9,7 +9,12 @@
 // before use: a corrupt or hostile file yields an error, never a panic or a
 // huge allocation.
 //
+// Which GGUF architectures exist, their HF names, block stems and
+// metadata → config.json mapping are the architectures' own (each
+// arch_*.go file's engine.GGUFLayout); this package applies them and the
+// tensor conversions they name.
+//
 // This package owns only file decoding. It must not import backends,
 // runners, HTTP code or anything under supervisor/; it depends only on the
-// engine package's Source contract.
+// engine package's Source contract and GGUF layouts.
 package weights

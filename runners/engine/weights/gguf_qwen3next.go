@@ -2,6 +2,8 @@ package weights
 
 import (
 	"fmt"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
 	"strconv"
 	"strings"
 )
@@ -42,6 +44,7 @@ import (
 // qwen3nextLayout is what the tensor mapping needs from the metadata.
 type qwen3nextLayout struct {
 	arch       string // qwen3next, qwen35 or qwen35moe
+	lay        *engine.GGUFLayout
 	tiled      bool   // value heads in tiled order (Qwen3.5)
 	recurrent  []bool // per layer: Gated DeltaNet (true) or attention
 	keyHeads   int    // ssm.group_count
@@ -51,18 +54,13 @@ type qwen3nextLayout struct {
 	legacy     map[string]bool
 }
 
-// isGatedDeltaNetArch reports whether a GGUF architecture is one of the
-// Gated DeltaNet hybrids.
-func isGatedDeltaNetArch(arch string) bool {
-	return arch == "qwen3next" || arch == "qwen35" || arch == "qwen35moe"
-}
-
-func newQwen3nextLayout(g *GGUF, arch string) (*qwen3nextLayout, error) {
+func newQwen3nextLayout(g *GGUF, lay *engine.GGUFLayout) (*qwen3nextLayout, error) {
+	arch, tiled := lay.Name, lay.TiledValueHeads
 	layers, ok := g.Uint(arch + ".block_count")
 	if !ok || layers == 0 || layers > 1<<16 {
 		return nil, fmt.Errorf("metadata %s.block_count missing or out of range", arch)
 	}
-	l := &qwen3nextLayout{arch: arch, tiled: arch != "qwen3next", legacy: map[string]bool{}}
+	l := &qwen3nextLayout{arch: arch, lay: lay, tiled: tiled, legacy: map[string]bool{}}
 	var inner int
 	for _, k := range []struct {
 		key string
@@ -110,35 +108,17 @@ func newQwen3nextLayout(g *GGUF, arch string) (*qwen3nextLayout, error) {
 	return l, nil
 }
 
-// interval is the full_attention_interval that gives l.recurrent (0 when
-// none does).
-func (l *qwen3nextLayout) interval() int {
-	for n := 1; n <= len(l.recurrent); n++ {
-		ok := true
-		for i, r := range l.recurrent {
-			if r != ((i+1)%n != 0) {
-				ok = false
-				break
-			}
-		}
-		if ok {
-			return n
-		}
-	}
-	return 0
-}
-
 // targets maps one GGUF tensor to its HF-named tensors.
 func (l *qwen3nextLayout) targets(t TensorInfo) ([]ggufTarget, error) {
 	e := ggufEntry{src: t.Name}
 	rest, ok := strings.CutPrefix(t.Name, "blk.")
 	if !ok {
-		return []ggufTarget{{hfNameArch(l.arch, t.Name), e}}, nil
+		return []ggufTarget{{hfNameArch(l.lay, t.Name), e}}, nil
 	}
 	num, stem, _ := strings.Cut(rest, ".")
 	i, err := strconv.Atoi(num)
 	if err != nil || i < 0 || i >= len(l.recurrent) {
-		return []ggufTarget{{hfNameArch(l.arch, t.Name), e}}, nil
+		return []ggufTarget{{hfNameArch(l.lay, t.Name), e}}, nil
 	}
 	p := "model.layers." + num + "."
 	la := p + "linear_attn."
@@ -247,5 +227,5 @@ func (l *qwen3nextLayout) targets(t TensorInfo) ([]ggufTarget, error) {
 		}
 		return []ggufTarget{{la + "in_proj_b.weight", b}, {la + "in_proj_a.weight", a}}, nil
 	}
-	return []ggufTarget{{hfNameArch(l.arch, t.Name), e}}, nil
+	return []ggufTarget{{hfNameArch(l.lay, t.Name), e}}, nil
 }

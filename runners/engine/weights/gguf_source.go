@@ -14,61 +14,6 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine"
 )
 
-// ggufArchs maps GGUF general.architecture to the HF architecture and
-// model_type.
-var ggufArchs = map[string][2]string{
-	"llama": {"LlamaForCausalLM", "llama"},
-	"qwen2": {"Qwen2ForCausalLM", "qwen2"},
-	"qwen3": {"Qwen3ForCausalLM", "qwen3"},
-	// Every layer sparse (llama.cpp's qwen3moe has no dense layers).
-	"qwen3moe": {"Qwen3MoeForCausalLM", "qwen3_moe"},
-	// Gemma 3's text model, as llama.cpp's converter writes it: norm
-	// weights stored as 1 + w (undone on read, see ggufEntry.minusOne).
-	"gemma3": {"Gemma3ForCausalLM", "gemma3_text"},
-	// gpt-oss: experts stacked, gate and up apart (the converter splits
-	// HF's interleaved gate_up_proj), MXFP4 or dense, with biases.
-	"gpt-oss": {"GptOssForCausalLM", "gpt_oss"},
-	// Qwen3-Next (Gated DeltaNet hybrid), every layer sparse with a
-	// shared expert; its linear-attention tensors are mapped by
-	// qwen3nextTargets.
-	"qwen3next": {"Qwen3NextForCausalLM", "qwen3_next"},
-	// Qwen3.5's text model, dense and MoE (the same mapping, value heads
-	// reordered: see gguf_qwen3next.go).
-	"qwen35":    {"Qwen3_5ForConditionalGeneration", "qwen3_5"},
-	"qwen35moe": {"Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe"},
-}
-
-// ggufArchLayerNames are, per architecture, the block stems whose HF
-// module differs from ggufLayerNames' (in gemma3, ffn_norm is the
-// pre-feedforward norm; gpt-oss's MoE is in mlx-lm's gpt_oss layout).
-var ggufArchLayerNames = map[string]map[string]string{
-	"gemma3": {
-		"ffn_norm":            "pre_feedforward_layernorm",
-		"post_attention_norm": "post_attention_layernorm",
-		"post_ffw_norm":       "post_feedforward_layernorm",
-	},
-	"gpt-oss": {
-		"post_attention_norm": "post_attention_layernorm",
-		"attn_sinks":          "self_attn.sinks", // a tensor, not a module: no suffix
-		"ffn_gate_inp":        "mlp.router",
-		"ffn_gate_exps":       "mlp.experts.gate_proj",
-		"ffn_up_exps":         "mlp.experts.up_proj",
-		"ffn_down_exps":       "mlp.experts.down_proj",
-	},
-	"qwen3next": qwenGDNLayerNames,
-	"qwen35":    qwenGDNLayerNames,
-	"qwen35moe": qwenGDNLayerNames,
-}
-
-// qwenGDNLayerNames are the Gated DeltaNet hybrids' block stems that map
-// one to one (the rest: qwen3nextLayout.targets).
-var qwenGDNLayerNames = map[string]string{
-	"post_attention_norm": "post_attention_layernorm",
-	"ffn_gate_shexp":      "mlp.shared_expert.gate_proj",
-	"ffn_up_shexp":        "mlp.shared_expert.up_proj",
-	"ffn_down_shexp":      "mlp.shared_expert.down_proj",
-}
-
 // ggufLayerNames maps the per-block GGUF tensor stems to HF module paths
 // (under model.layers.N.).
 var ggufLayerNames = map[string]string{
@@ -92,8 +37,8 @@ var ggufLayerNames = map[string]string{
 }
 
 // hfNameArch is hfName with the architecture's own block stems.
-func hfNameArch(arch, gguf string) string {
-	if names, ok := ggufArchLayerNames[arch]; ok {
+func hfNameArch(lay *engine.GGUFLayout, gguf string) string {
+	if names := lay.LayerNames; names != nil {
 		if rest, ok := strings.CutPrefix(gguf, "blk."); ok {
 			if num, rest, ok := strings.Cut(rest, "."); ok {
 				if stem, suffix, ok := strings.Cut(rest, "."); ok && (suffix == "weight" || suffix == "bias") {
@@ -101,7 +46,7 @@ func hfNameArch(arch, gguf string) string {
 						if _, err := strconv.Atoi(num); err != nil {
 							return ""
 						}
-						if stem == "attn_sinks" {
+						if lay.TensorStems[stem] {
 							if suffix != "weight" {
 								return ""
 							}
@@ -220,13 +165,14 @@ func OpenGGUFSource(path string) (engine.Source, error) {
 
 func newGGUFSource(g *GGUF) (*ggufSource, error) {
 	arch, _ := g.String("general.architecture")
-	if _, ok := ggufArchs[arch]; !ok {
-		return nil, fmt.Errorf("unsupported general.architecture %q (supported: llama, qwen2, qwen3, qwen3moe, gemma3, gpt-oss, qwen3next, qwen35, qwen35moe)", arch)
+	hfArch, lay, ok := engine.GGUFArchitecture(arch)
+	if !ok {
+		return nil, fmt.Errorf("unsupported general.architecture %q (supported: %s)", arch, strings.Join(engine.GGUFArchitectures(), ", "))
 	}
 	var q3n *qwen3nextLayout
-	if isGatedDeltaNetArch(arch) {
+	if lay.DeltaNetTensors {
 		var err error
-		if q3n, err = newQwen3nextLayout(g, arch); err != nil {
+		if q3n, err = newQwen3nextLayout(g, lay); err != nil {
 			return nil, err
 		}
 	}
@@ -237,7 +183,7 @@ func newGGUFSource(g *GGUF) (*ggufSource, error) {
 	}
 	s := &ggufSource{g: g, entries: map[string]ggufEntry{}, quant: map[string]engine.QuantSpec{}, q3n: q3n}
 	for _, t := range g.tensors {
-		targets := []ggufTarget{{hfNameArch(arch, t.Name), ggufEntry{src: t.Name}}}
+		targets := []ggufTarget{{hfNameArch(lay, t.Name), ggufEntry{src: t.Name}}}
 		if q3n != nil {
 			var err error
 			if targets, err = q3n.targets(t); err != nil {
@@ -245,13 +191,13 @@ func newGGUFSource(g *GGUF) (*ggufSource, error) {
 			}
 		}
 		for _, tg := range targets {
-			if err := s.addTarget(arch, t, tg.name, tg.e, heads, kvHeads); err != nil {
+			if err := s.addTarget(lay, t, tg.name, tg.e, heads, kvHeads); err != nil {
 				return nil, err
 			}
 		}
 	}
 	sort.Strings(s.names)
-	cfg, err := synthesizeConfig(g, arch, s)
+	cfg, err := synthesizeConfig(g, hfArch, lay, s)
 	if err != nil {
 		return nil, err
 	}
@@ -267,7 +213,7 @@ type ggufTarget struct {
 
 // addTarget adds the HF tensor name (with its quantized parts) made from
 // the GGUF tensor t.
-func (s *ggufSource) addTarget(arch string, t TensorInfo, name string, e ggufEntry, heads, kvHeads uint64) error {
+func (s *ggufSource) addTarget(lay *engine.GGUFLayout, t TensorInfo, name string, e ggufEntry, heads, kvHeads uint64) error {
 	if name == "" {
 		name = t.Name // kept under its GGUF name (e.g. rope_freqs.weight)
 	}
@@ -306,13 +252,13 @@ func (s *ggufSource) addTarget(arch string, t TensorInfo, name string, e ggufEnt
 			}
 		}
 	}
-	if arch == "gemma3" && strings.HasSuffix(name, "norm.weight") {
+	if lay.NormsPlusOne && strings.HasSuffix(name, "norm.weight") {
 		if t.Type != TypeF32 {
-			return fmt.Errorf("tensor %s: gemma3 norm weight of type %s (want F32)", t.Name, t.Type)
+			return fmt.Errorf("tensor %s: %s norm weight of type %s (want F32)", t.Name, lay.Name, t.Type)
 		}
 		e.minusOne = true
 	}
-	if arch == "llama" {
+	if lay.PermutedQK {
 		switch {
 		case strings.HasSuffix(name, ".self_attn.q_proj.weight"), strings.HasSuffix(name, ".self_attn.q_proj.bias"):
 			e.heads = int(heads)
@@ -796,8 +742,10 @@ func ropeFreqsScaling(g *GGUF, theta float64, headDim int) (map[string]any, erro
 }
 
 // synthesizeConfig writes an HF config.json equivalent to the GGUF
-// metadata.
-func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
+// metadata: the keys every llama.cpp architecture shares here, the
+// architecture's own through its layout's Config.
+func synthesizeConfig(g *GGUF, hfArch string, lay *engine.GGUFLayout, s *ggufSource) ([]byte, error) {
+	arch := lay.Name
 	key := func(k string) string { return arch + "." + k }
 	need := func(k string) (uint64, error) {
 		v, ok := g.Uint(key(k))
@@ -816,7 +764,7 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 	}
 	ffn, err := need("feed_forward_length")
 	if err != nil {
-		if f, ok := g.Uint(key("expert_feed_forward_length")); ok && (arch == "qwen3moe" || arch == "gpt-oss" || arch == "qwen3next" || arch == "qwen35moe") {
+		if f, ok := g.Uint(key("expert_feed_forward_length")); ok && lay.ExpertFFN {
 			ffn, err = f, nil // no dense layer uses it
 		} else {
 			return nil, err
@@ -859,10 +807,9 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 	}
 	_, hasOutput := g.TensorInfo("output.weight")
 	_, hasQBias := g.TensorInfo("blk.0.attn_q.bias")
-	hf := ggufArchs[arch]
 	cfg := map[string]any{
-		"architectures":           []string{hf[0]},
-		"model_type":              hf[1],
+		"architectures":           []string{hfArch},
+		"model_type":              lay.ModelType,
 		"hidden_size":             hidden,
 		"intermediate_size":       ffn,
 		"num_hidden_layers":       layers,
@@ -878,121 +825,9 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 		"attention_bias":          hasQBias,
 		"torch_dtype":             "float32",
 	}
-	if arch == "gemma3" {
-		// llama.cpp's gemma3: GeGLU; attention scaled by 1/√head_dim (by
-		// 1/√(hidden/heads) for the 62-layer 27B); the sliding layers'
-		// RoPE base rope.freq_base_swa (10,000 when absent; the
-		// converter does not write it) without rope scaling (HF's too).
-		delete(cfg, "hidden_act")
-		cfg["hidden_activation"] = "gelu_pytorch_tanh"
-		cfg["query_pre_attn_scalar"] = headDim
-		if layers == 62 {
-			cfg["query_pre_attn_scalar"] = hidden / heads
-		}
-		cfg["rope_local_base_freq"] = 10000.0
-		if b, ok := g.Float(key("rope.freq_base_swa")); ok {
-			cfg["rope_local_base_freq"] = b
-		}
-		types, w, err := ggufSlidingLayers(g, key, int(layers), 6)
-		if err != nil {
+	if lay.Config != nil {
+		if err := lay.Config(ggufMetadata{g, s.q3n}, key, cfg); err != nil {
 			return nil, err
-		}
-		cfg["layer_types"] = types
-		if w > 0 {
-			cfg["sliding_window"] = w
-		}
-		if c, ok := g.Float(key("final_logit_softcapping")); ok && c != 0 {
-			cfg["final_logit_softcapping"] = c // refused by name by the engine
-		}
-	}
-	if arch == "qwen3moe" {
-		for hfKey, k := range map[string]string{"num_experts": "expert_count",
-			"num_experts_per_tok": "expert_used_count", "moe_intermediate_size": "expert_feed_forward_length"} {
-			v, err := need(k)
-			if err != nil {
-				return nil, err
-			}
-			cfg[hfKey] = v
-		}
-		// llama.cpp's qwen3moe renormalizes the chosen experts' weights and
-		// has every layer sparse.
-		cfg["norm_topk_prob"], cfg["decoder_sparse_step"], cfg["mlp_only_layers"] = true, 1, []int{}
-	}
-	if arch == "gpt-oss" {
-		// llama.cpp's gpt-oss: every layer sparse, top-k logits
-		// softmaxed, the experts' SwiGLU clamped at 7, every other layer
-		// (from the first) sliding; one RoPE for all layers.
-		for hfKey, k := range map[string]string{"num_local_experts": "expert_count",
-			"num_experts_per_tok": "expert_used_count", "intermediate_size": "expert_feed_forward_length"} {
-			v, err := need(k)
-			if err != nil {
-				return nil, err
-			}
-			cfg[hfKey] = v
-		}
-		cfg["swiglu_limit"] = 7.0
-		types, w, err := ggufSlidingLayers(g, key, int(layers), 2)
-		if err != nil {
-			return nil, err
-		}
-		cfg["layer_types"] = types
-		if w > 0 {
-			cfg["sliding_window"] = w
-		}
-		if b, ok := g.Float(key("rope.freq_base_swa")); ok && b != theta {
-			return nil, fmt.Errorf("metadata %s: %g differs from rope.freq_base %g; a separate RoPE base for the sliding layers is not supported for gpt-oss", key("rope.freq_base_swa"), b, theta)
-		}
-	}
-	if isGatedDeltaNetArch(arch) {
-		// llama.cpp's qwen3next and qwen35moe: every layer sparse with a
-		// shared expert, the chosen experts' weights renormalized; qwen35:
-		// every layer dense.
-		keys := map[string]string{"linear_num_key_heads": "ssm.group_count",
-			"linear_num_value_heads": "ssm.time_step_rank", "linear_key_head_dim": "ssm.state_size",
-			"linear_conv_kernel_dim": "ssm.conv_kernel"}
-		if arch != "qwen35" {
-			keys["num_experts"], keys["num_experts_per_tok"], keys["moe_intermediate_size"] = "expert_count", "expert_used_count", "expert_feed_forward_length"
-		}
-		for hfKey, k := range keys {
-			v, err := need(k)
-			if err != nil {
-				return nil, err
-			}
-			cfg[hfKey] = v
-		}
-		inner, err := need("ssm.inner_size")
-		if err != nil {
-			return nil, err
-		}
-		if hv := cfg["linear_num_value_heads"].(uint64); hv == 0 || inner%hv != 0 {
-			return nil, fmt.Errorf("metadata %s %d is not a multiple of ssm.time_step_rank %d", key("ssm.inner_size"), inner, hv)
-		} else {
-			cfg["linear_value_head_dim"] = inner / hv
-		}
-		if arch != "qwen35" {
-			cfg["shared_expert_intermediate_size"] = ffn
-			if v, ok := g.Uint(key("expert_shared_feed_forward_length")); ok {
-				cfg["shared_expert_intermediate_size"] = v
-			}
-			// Layers with a dense MLP (llama.cpp's have none; HF's
-			// mlp_only_layers) are those without a router.
-			dense := []int{}
-			for i := range s.q3n.recurrent {
-				if _, ok := g.TensorInfo(fmt.Sprintf("blk.%d.ffn_gate_inp.weight", i)); !ok {
-					dense = append(dense, i)
-				}
-			}
-			cfg["norm_topk_prob"], cfg["decoder_sparse_step"], cfg["mlp_only_layers"] = true, 1, dense
-		}
-		n := s.q3n.interval()
-		if n == 0 {
-			return nil, fmt.Errorf("metadata %s: the recurrent layers %v do not repeat with a full-attention interval", key("attention.recurrent_layers"), s.q3n.recurrent)
-		}
-		cfg["full_attention_interval"] = n
-		// llama.cpp rotates rope.dimension_count dims (default: all).
-		cfg["partial_rotary_factor"] = 1.0
-		if d, ok := g.Uint(key("rope.dimension_count")); ok {
-			cfg["partial_rotary_factor"] = float64(d) / float64(headDim)
 		}
 	}
 	// Scaling settings the engine does not implement are refused by name.
@@ -1063,47 +898,22 @@ func synthesizeConfig(g *GGUF, arch string, s *ggufSource) ([]byte, error) {
 	return json.MarshalIndent(cfg, "", "  ")
 }
 
-// ggufSlidingLayers returns HF layer_types and sliding_window for
-// llama.cpp's sliding-window metadata: no (or a zero)
-// attention.sliding_window makes every layer full; otherwise
-// attention.sliding_window_pattern says which layers slide, as a bool per
-// layer or as a period n (layer i slides unless i%n == n-1; n = 0: all
-// slide), defaulting to the architecture's period.
-func ggufSlidingLayers(g *GGUF, key func(string) string, layers, defPattern int) ([]string, uint64, error) {
-	types := make([]string, layers)
-	for i := range types {
-		types[i] = "full_attention"
+// ggufMetadata presents a GGUF file to an architecture's GGUF mapping.
+type ggufMetadata struct {
+	*GGUF
+	q3n *qwen3nextLayout
+}
+
+func (m ggufMetadata) HasTensor(name string) bool {
+	_, ok := m.GGUF.TensorInfo(name)
+	return ok
+}
+
+func (m ggufMetadata) RecurrentLayers() []bool {
+	if m.q3n == nil {
+		return nil
 	}
-	w, ok := g.Uint(key("attention.sliding_window"))
-	if !ok || w == 0 {
-		return types, 0, nil
-	}
-	pk := key("attention.sliding_window_pattern")
-	raw, present := g.Meta(pk)
-	flags := make([]bool, layers)
-	switch v := raw.(type) {
-	case []bool:
-		if len(v) != layers {
-			return nil, 0, fmt.Errorf("metadata %s: %d entries for %d layers", pk, len(v), layers)
-		}
-		copy(flags, v)
-	default:
-		n := uint64(defPattern)
-		if present {
-			if n, ok = toUint(v); !ok {
-				return nil, 0, fmt.Errorf("metadata %s: %v is neither a period nor a bool per layer", pk, raw)
-			}
-		}
-		for i := range flags {
-			flags[i] = n == 0 || uint64(i)%n < n-1
-		}
-	}
-	for i, f := range flags {
-		if f {
-			types[i] = "sliding_attention"
-		}
-	}
-	return types, w, nil
+	return m.q3n.recurrent
 }
 
 func isLinear(prefix string) bool {

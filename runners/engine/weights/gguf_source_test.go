@@ -476,6 +476,10 @@ func TestGGUFMXFP4ToMLX(t *testing.T) {
 // TestGGUFGptOssNames: gpt-oss's GGUF tensors map onto mlx-lm's gpt_oss
 // names (the sinks are a bare tensor).
 func TestGGUFGptOssNames(t *testing.T) {
+	_, gptoss, ok := engine.GGUFArchitecture("gpt-oss")
+	if !ok {
+		t.Fatal("gpt-oss has no GGUF layout")
+	}
 	for gguf, want := range map[string]string{
 		"blk.3.attn_sinks.weight":          "model.layers.3.self_attn.sinks",
 		"blk.3.attn_sinks.bias":            "",
@@ -486,7 +490,7 @@ func TestGGUFGptOssNames(t *testing.T) {
 		"blk.3.attn_q.bias":                "model.layers.3.self_attn.q_proj.bias",
 		"blk.x.attn_sinks.weight":          "",
 	} {
-		if got := hfNameArch("gpt-oss", gguf); got != want {
+		if got := hfNameArch(gptoss, gguf); got != want {
 			t.Errorf("%s → %q, want %q", gguf, got, want)
 		}
 	}
