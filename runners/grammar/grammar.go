@@ -11,9 +11,10 @@
 // minLength, maxLength, minimum / maximum / exclusiveMinimum /
 // exclusiveMaximum on integers (on type number: minimum 0 only), anyOf, allOf with one member, $ref into $defs /
 // definitions / the root, nullable (OpenAPI), boolean schemas, pattern
-// and format on strings (regex.go), and the
-// annotations title, description, default, examples, $schema, $id,
-// $comment, deprecated, readOnly, writeOnly. Any other keyword is an
+// and format on strings (regex.go), prefixItems, oneOf over branches no
+// value can match twice, and the annotations title, description,
+// default, examples, $schema, $id, $comment, deprecated, readOnly,
+// writeOnly, discriminator. Any other keyword is an
 // *UnsupportedError naming it.
 //
 // What the generated text looks like: object properties come with the
@@ -102,8 +103,9 @@ type node struct {
 	minLen, maxLen int32 // kString (maxLen < 0: none), code points
 	re             *dfa  // kString: pattern/format (lengths folded in; minLen, maxLen then unused)
 
-	items              *node // kArray, kRepeat
-	minItems, maxItems int32 // kArray, kRepeat (maxItems < 0: none)
+	items              *node   // kArray (after prefix; nil: no more items), kRepeat
+	prefix             []*node // kArray: prefixItems, one per leading position
+	minItems, maxItems int32   // kArray, kRepeat (maxItems < 0: none)
 
 	props      []prop   // kObject, in the order generated
 	additional *node    // kObject: schema of other keys, nil: none allowed
@@ -262,6 +264,20 @@ func (b *builder) anyValue() *node {
 	num := b.node(kNumber)
 	u.alts = []*node{obj, arr, str, num, b.lit("true", "false", "null")}
 	return u
+}
+
+// itemAt is array n's schema of item i (nil: none may come there).
+func (n *node) itemAt(i int32) *node {
+	if int(i) < len(n.prefix) {
+		return n.prefix[i]
+	}
+	return n.items
+}
+
+// canItem reports whether array n may take an item at index i.
+func (n *node) canItem(i int32) bool {
+	it := n.itemAt(i)
+	return it != nil && it.kind != kNever && (n.maxItems < 0 || i < n.maxItems)
 }
 
 func (n *node) inRange(v int64) bool {

@@ -2,6 +2,7 @@ package grammar
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -77,6 +78,15 @@ func TestMatcherTable(t *testing.T) {
 		{`{"type":"integer","maximum":-5}`, []string{`-5`, `-100`}, []string{`-4`, `0`, `5`, `-0`}},
 		{`{"type":"integer","minimum":1.5,"maximum":2.5}`, []string{`2`}, []string{`1`, `3`}},
 		{`{"type":"number","minimum":0}`, []string{`0`, `1.5`, `2e3`}, []string{`-1`, `-0.5`}},
+		// prefixItems: the tuple, then items if any (none without).
+		{`{"type":"array","prefixItems":[{"type":"integer"},{"type":"string"}]}`, []string{`[]`, `[1]`, `[1,"a"]`}, []string{`["a"]`, `[1,2]`, `[1,"a",3]`}},
+		{`{"type":"array","prefixItems":[{"type":"integer"}],"items":{"type":"boolean"},"minItems":2}`, []string{`[1,true]`, `[1,true,false]`}, []string{`[1]`, `[true,true]`, `[1,2]`}},
+		{`{"type":"array","prefixItems":[{"type":"integer"},{"type":"null"}],"items":false,"minItems":2,"maxItems":2}`, []string{`[1,null]`}, []string{`[1]`, `[1,null,1]`}},
+		// oneOf over disjoint branches: types, literals, a discriminator.
+		{`{"oneOf":[{"type":"string"},{"type":"integer"},{"type":"null"}]}`, []string{`"a"`, `1`, `null`}, []string{`true`}},
+		{`{"oneOf":[{"type":"object","properties":{"kind":{"const":"a"},"x":{"type":"integer"}},"required":["kind","x"]},{"type":"object","properties":{"kind":{"const":"b"},"y":{"type":"string"}},"required":["kind","y"]}],"discriminator":{"propertyName":"kind"}}`,
+			[]string{`{"kind":"a","x":1}`, `{"kind":"b","y":"s"}`}, []string{`{"kind":"a","y":"s"}`, `{"kind":"c","x":1}`}},
+		{`{"oneOf":[{"enum":["x","y"]},{"const":"z"}]}`, []string{`"x"`, `"z"`}, []string{`"w"`}},
 	}
 	for _, c := range cases {
 		g := mustCompile(t, c.schema)
@@ -135,6 +145,54 @@ func TestUnsatisfiableSchemas(t *testing.T) {
 	}
 }
 
+// TestSchemaBounds: a schema too deep, too wide or too big to compile is
+// an error saying so, not unbounded work.
+func TestSchemaBounds(t *testing.T) {
+	deep := strings.Repeat(`{"type":"array","items":`, 1000) + `{}` + strings.Repeat(`}`, 1000)
+	if _, err := Compile([]byte(deep)); err == nil || !strings.Contains(err.Error(), "nested more than") {
+		t.Errorf("depth 1000: err %v", err)
+	}
+	var b strings.Builder
+	b.WriteString(`{"type":"object","properties":{`)
+	for i := range 10000 {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"p%d":{"type":"string"}`, i)
+	}
+	b.WriteString(`}}`)
+	if _, err := Compile([]byte(b.String())); err == nil || !strings.Contains(err.Error(), "properties") {
+		t.Errorf("10,000 properties: err %v", err)
+	}
+	// Wide but nested: 60 objects of 60 objects of 10 properties.
+	b.Reset()
+	b.WriteString(`{"type":"object","properties":{`)
+	for i := range 60 {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"o%d":{"type":"object","properties":{`, i)
+		for j := range 60 {
+			if j > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, `"p%d":{"type":"object","properties":{`, j)
+			for k := range 10 {
+				if k > 0 {
+					b.WriteByte(',')
+				}
+				fmt.Fprintf(&b, `"q%d":{"anyOf":[{"type":"string"},{"type":"integer"},{"type":"null"}]}`, k)
+			}
+			b.WriteString(`}}`)
+		}
+		b.WriteString(`}}`)
+	}
+	b.WriteString(`}}`)
+	if _, err := Compile([]byte(b.String())); err == nil || !strings.Contains(err.Error(), "nodes") {
+		t.Errorf("36,000 nested properties: err %v", err)
+	}
+}
+
 func TestAdvanceRejectKeepsState(t *testing.T) {
 	g := mustCompile(t, `{"type":"array","items":{"type":"integer"}}`)
 	m := g.NewMatcher()
@@ -153,10 +211,10 @@ func TestUnsupportedKeywords(t *testing.T) {
 	cases := map[string][]string{
 		`{"type":"object","patternProperties":{"^a":{}}}`:                                {"patternProperties"},
 		`{"type":"object","properties":{"a":{"type":"number","minimum":1,"maximum":2}}}`: {"maximum on type number (integers only; minimum 0 alone is supported)", "minimum on type number (integers only; minimum 0 alone is supported)"},
-		`{"oneOf":[{"type":"string"}]}`:                                                  {"oneOf"},
-		`{"type":"array","prefixItems":[true]}`:                                          {"prefixItems"},
-		`{"not":{}}`:                                                                     {"not"},
-		`{"$ref":"http://example.com/s.json"}`:                                           {"$ref to http://example.com/s.json (only local #/... references)"},
+		`{"oneOf":[{"type":"string"},{"type":"string","maxLength":3}]}`:                  {"oneOf whose branches 0 and 1 may overlap (a discriminator property with const values, or anyOf, is enforced)"},
+		`{"type":"array","contains":{"type":"integer"}}`:                                 {"contains"},
+		`{"not":{}}`:                           {"not"},
+		`{"$ref":"http://example.com/s.json"}`: {"$ref to http://example.com/s.json (only local #/... references)"},
 	}
 	for schema, want := range cases {
 		_, err := Compile([]byte(schema))

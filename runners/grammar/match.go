@@ -542,17 +542,17 @@ func (s *stepper) ownArray(f *frame, b byte) {
 			}
 			return
 		}
-		if n.maxItems >= 0 && f.cnt >= n.maxItems {
+		if !n.canItem(f.cnt) {
 			return
 		}
 		g.st = sArrItem
-		s.enter(n.items, s.a.alloc(g), b)
+		s.enter(n.itemAt(f.cnt), s.a.alloc(g), b)
 	case sArrAfter:
 		switch {
 		case isWS(b):
 			s.ws(f, b)
 		case b == ',':
-			if n.maxItems < 0 || f.cnt < n.maxItems {
+			if n.canItem(f.cnt) {
 				g.st = sArrComma
 				s.push(g)
 			}

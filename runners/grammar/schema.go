@@ -67,6 +67,9 @@ func allNodes(root *node) []*node {
 		seen[n] = true
 		all = append(all, n)
 		collect(n.items)
+		for _, p := range n.prefix {
+			collect(p)
+		}
 		collect(n.additional)
 		for _, p := range n.props {
 			collect(p.node)
@@ -128,7 +131,17 @@ func admits(n *node, ok map[*node]bool) bool {
 		return n.re == nil || n.re.start >= 0 && n.re.fits(n.re.start, 0, n.minLen, n.maxLen)
 	case kNumber:
 		return true
-	case kArray, kRepeat:
+	case kArray:
+		for i := int32(0); i < n.minItems; i++ {
+			if it := n.itemAt(i); it == nil || !ok[it] {
+				return false
+			}
+			if int(i) >= len(n.prefix) {
+				break // the rest take the same schema
+			}
+		}
+		return true
+	case kRepeat:
 		return n.minItems <= 0 || ok[n.items]
 	case kObject:
 		for _, p := range n.props {
@@ -148,15 +161,17 @@ func admits(n *node, ok map[*node]bool) bool {
 }
 
 type compiler struct {
-	b    *builder
-	root any
-	refs map[string]*node
+	b     *builder
+	root  any
+	refs  map[string]*node
+	depth int
 }
 
 var annotations = map[string]bool{
 	"title": true, "description": true, "default": true, "examples": true,
 	"$schema": true, "$id": true, "$comment": true, "deprecated": true,
 	"readOnly": true, "writeOnly": true, "$defs": true, "definitions": true,
+	"discriminator": true, // OpenAPI's (pydantic writes it beside oneOf): oneOf is enforced from the branches
 }
 
 var supported = map[string]bool{
@@ -164,14 +179,29 @@ var supported = map[string]bool{
 	"enum": true, "const": true, "items": true, "minItems": true, "maxItems": true,
 	"minLength": true, "maxLength": true, "anyOf": true, "allOf": true, "$ref": true,
 	"nullable": true, "minimum": true, "maximum": true, "exclusiveMinimum": true, "exclusiveMaximum": true,
-	"pattern": true, "format": true,
+	"pattern": true, "format": true, "prefixItems": true, "oneOf": true,
 }
 
 func schemaErr(path, format string, a ...any) error {
 	return fmt.Errorf("grammar: schema at %s: %s", pathOrRoot(path), fmt.Sprintf(format, a...))
 }
 
+// MaxSchemaDepth bounds the nesting of schemas in one schema document,
+// and MaxSchemaNodes the automaton nodes one grammar compiles to, so that
+// a hostile or runaway schema is a clear error, not unbounded work.
+const (
+	MaxSchemaDepth = 64
+	MaxSchemaNodes = 100000
+)
+
 func (c *compiler) compile(v any, path string) (*node, error) {
+	if c.depth++; c.depth > MaxSchemaDepth {
+		return nil, schemaErr(path, "schemas nested more than %d deep", MaxSchemaDepth)
+	}
+	defer func() { c.depth-- }()
+	if c.b.next > MaxSchemaNodes {
+		return nil, schemaErr(path, "the schema compiles to more than %d nodes", MaxSchemaNodes)
+	}
 	switch s := v.(type) {
 	case bool:
 		if s {
@@ -219,19 +249,28 @@ func (c *compiler) compileObject(s map[string]any, path string) (*node, error) {
 		}
 		return c.compile(l[0], path+"/allOf/0")
 	}
-	if anyOf, ok := s["anyOf"]; ok {
-		l, ok := anyOf.([]any)
+	_, hasAny := s["anyOf"]
+	_, hasOne := s["oneOf"]
+	if hasAny && hasOne {
+		return nil, &UnsupportedError{Keywords: []string{"anyOf with sibling oneOf"}, Path: pathOrRoot(path)}
+	}
+	if hasAny || hasOne {
+		kw := "anyOf"
+		if hasOne {
+			kw = "oneOf"
+		}
+		l, ok := s[kw].([]any)
 		if !ok || len(l) == 0 {
-			return nil, schemaErr(path, "anyOf must be a non-empty array")
+			return nil, schemaErr(path, "%s must be a non-empty array", kw)
 		}
 		for k := range s {
-			if k != "anyOf" && k != "nullable" && !annotations[k] && k != propOrderKey {
-				return nil, &UnsupportedError{Keywords: []string{"anyOf with sibling " + k}, Path: pathOrRoot(path)}
+			if k != kw && k != "nullable" && !annotations[k] && k != propOrderKey {
+				return nil, &UnsupportedError{Keywords: []string{kw + " with sibling " + k}, Path: pathOrRoot(path)}
 			}
 		}
 		u := c.b.node(kUnion)
 		for i, a := range l {
-			n, err := c.compile(a, path+"/anyOf/"+strconv.Itoa(i))
+			n, err := c.compile(a, path+"/"+kw+"/"+strconv.Itoa(i))
 			if err != nil {
 				return nil, err
 			}
@@ -239,6 +278,19 @@ func (c *compiler) compileObject(s map[string]any, path string) (*node, error) {
 		}
 		if nullable(s) {
 			u.alts = append(u.alts, c.b.lit("null"))
+		}
+		if hasOne {
+			// Exactly one branch: enforced as anyOf where no value can
+			// be in two branches (different types, literals that
+			// differ, a required property whose literal values differ:
+			// a discriminated union).
+			for i := range u.alts {
+				for j := i + 1; j < len(u.alts); j++ {
+					if !disjoint(u.alts[i], u.alts[j]) {
+						return nil, &UnsupportedError{Keywords: []string{fmt.Sprintf("oneOf whose branches %d and %d may overlap (a discriminator property with const values, or anyOf, is enforced)", i, j)}, Path: pathOrRoot(path)}
+					}
+				}
+			}
 		}
 		return u, nil
 	}
@@ -306,6 +358,8 @@ func schemaTypes(s map[string]any, path string) ([]string, error) {
 		_, addl := s["additionalProperties"]
 		_, req := s["required"]
 		_, items := s["items"]
+		_, prefixI := s["prefixItems"]
+		items = items || prefixI
 		_, minI := s["minItems"]
 		_, maxI := s["maxItems"]
 		_, minL := s["minLength"]
@@ -388,15 +442,35 @@ func (c *compiler) typed(t string, s map[string]any, path string) (*node, error)
 		if n.maxItems >= 0 && n.minItems > n.maxItems {
 			return nil, schemaErr(path, "minItems %d > maxItems %d", n.minItems, n.maxItems)
 		}
+		pv, hasPrefix := s["prefixItems"]
+		if hasPrefix {
+			l, ok := pv.([]any)
+			if !ok {
+				return nil, schemaErr(path, "prefixItems must be an array of schemas")
+			}
+			for i, e := range l {
+				pn, err := c.compile(e, path+"/prefixItems/"+strconv.Itoa(i))
+				if err != nil {
+					return nil, err
+				}
+				n.prefix = append(n.prefix, pn)
+			}
+		}
 		if it, ok := s["items"]; ok {
 			if _, isList := it.([]any); isList {
-				return nil, &UnsupportedError{Keywords: []string{"items as a list (use prefixItems semantics)"}, Path: pathOrRoot(path)}
+				return nil, &UnsupportedError{Keywords: []string{"items as a list (use prefixItems)"}, Path: pathOrRoot(path)}
 			}
 			if n.items, err = c.compile(it, path+"/items"); err != nil {
 				return nil, err
 			}
-		} else {
+			if n.items.kind == kNever {
+				n.items = nil
+			}
+		} else if !hasPrefix {
 			n.items = c.b.anyValue()
+		} // prefixItems without items: the tuple alone (a model must not invent more items)
+		if n.items == nil && (n.maxItems < 0 || int(n.maxItems) > len(n.prefix)) {
+			n.maxItems = int32(len(n.prefix))
 		}
 		return n, nil
 	case "object":
@@ -746,6 +820,9 @@ func checkLeftRecursion(root *node) error {
 		seen[n] = true
 		all = append(all, n)
 		collect(n.items)
+		for _, p := range n.prefix {
+			collect(p)
+		}
 		collect(n.additional)
 		for _, p := range n.props {
 			collect(p.node)
@@ -848,4 +925,144 @@ func bounds(n *node, s map[string]any, path string) error {
 		return schemaErr(path, "no integer lies between the bounds (%d > %d)", n.lo, n.hi)
 	}
 	return nil
+}
+
+// JSON types, as bits.
+const (
+	tObject = 1 << iota
+	tArray
+	tString
+	tNumber
+	tBool
+	tNull
+	tAll = 1<<iota - 1
+)
+
+// resolve follows single-branch unions ($ref forwarders); nil when one
+// is not resolved yet (a recursive reference).
+func resolve(n *node) *node {
+	for i := 0; n != nil && n.kind == kUnion && len(n.alts) == 1 && i < 64; i++ {
+		n = n.alts[0]
+	}
+	if n != nil && n.kind == kUnion && len(n.alts) == 0 {
+		return nil // a forwarder not filled yet
+	}
+	return n
+}
+
+// typesOf returns the JSON types n's values may have (tAll when unsure).
+func typesOf(n *node, depth int) int {
+	n = resolve(n)
+	if n == nil || depth > 16 {
+		return tAll
+	}
+	switch n.kind {
+	case kNever:
+		return 0
+	case kString:
+		return tString
+	case kNumber:
+		return tNumber
+	case kArray:
+		return tArray
+	case kObject:
+		return tObject
+	case kLit:
+		t := 0
+		for _, l := range n.lit.strings() {
+			t |= litType(l)
+		}
+		return t
+	case kUnion:
+		t := 0
+		for _, a := range n.alts {
+			t |= typesOf(a, depth+1)
+		}
+		return t
+	}
+	return tAll
+}
+
+func litType(l []byte) int {
+	if len(l) == 0 {
+		return tAll
+	}
+	switch c := l[0]; {
+	case c == '"':
+		return tString
+	case c == '{':
+		return tObject
+	case c == '[':
+		return tArray
+	case c == 't' || c == 'f':
+		return tBool
+	case c == 'n':
+		return tNull
+	}
+	return tNumber
+}
+
+// strings returns the literals of t.
+func (t *litTrie) strings() [][]byte {
+	var out [][]byte
+	var walk func(i int32, pre []byte)
+	walk = func(i int32, pre []byte) {
+		if t.nodes[i].terminal {
+			out = append(out, slices.Clone(pre))
+		}
+		for _, e := range t.nodes[i].edges {
+			walk(e.to, append(pre, e.b))
+		}
+	}
+	walk(0, nil)
+	return out
+}
+
+// disjoint reports whether no JSON value can match both a and b (false
+// when unsure). Literals are canonical JSON, so different literals of
+// one type are different values, except numbers (1 and 1.0).
+func disjoint(a, b *node) bool {
+	if typesOf(a, 0)&typesOf(b, 0) == 0 {
+		return true
+	}
+	a, b = resolve(a), resolve(b)
+	if a == nil || b == nil {
+		return false
+	}
+	if a.kind == kLit && b.kind == kLit {
+		return litsDisjoint(a, b)
+	}
+	if a.kind == kNumber && b.kind == kNumber && a.integer && b.integer && a.bounded && b.bounded {
+		return a.hasHi && b.hasLo && a.hi < b.lo || b.hasHi && a.hasLo && b.hi < a.lo
+	}
+	if a.kind == kObject && b.kind == kObject {
+		// A discriminator: a property both require, with literal values
+		// that differ.
+		for _, p := range a.props {
+			if !p.required {
+				continue
+			}
+			for _, q := range b.props {
+				if q.required && bytes.Equal(p.key, q.key) {
+					pn, qn := resolve(p.node), resolve(q.node)
+					if pn != nil && qn != nil && pn.kind == kLit && qn.kind == kLit && litsDisjoint(pn, qn) {
+						return true
+					}
+				}
+			}
+		}
+	}
+	return false
+}
+
+func litsDisjoint(a, b *node) bool {
+	la, lb := a.lit.strings(), b.lit.strings()
+	for _, x := range la {
+		for _, y := range lb {
+			if bytes.Equal(x, y) || litType(x) == tNumber && litType(y) == tNumber {
+				return false // equal, or numbers that may be equal (1, 1.0)
+			}
+		}
+	}
+	return true
 }
