@@ -50,8 +50,11 @@
 // all_sum, experts along their intermediate width, per-head vectors with
 // the heads), and runs all of a step's sequences at once over cache slot i.
 // Blocks depend only on the step and their own weights, so a layer range
-// [a, b) loads and runs alone: Architecture.Block is called per layer, Embed
-// only for the first stage and Head only for the last.
+// [a, b) loads and runs alone (LoadOptions.Layers, Model.StageForward: the
+// first stage embeds tokens, later ones take the previous stage's hidden
+// states, the last returns logits; a stage's cache holds its layers only):
+// Architecture.Block is called per layer of the range, Embed only for the
+// first stage and Head only for the last.
 //
 // This package must not import anything under supervisor/, nor kvwire, nor
 // any HTTP code: it is a library used by the runners.

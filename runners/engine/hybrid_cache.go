@@ -60,9 +60,39 @@ func (m *Model) newHybridCache() *hybridCache {
 			n++
 		}
 	}
-	c.attn = m.b.NewKVCache(CacheGeometry{Layers: n, KVHeads: m.cfg.KVHeads, HeadDim: m.cfg.HeadDim}, m.cacheDT)
+	g := CacheGeometry{Layers: n, KVHeads: m.cfg.KVHeads, HeadDim: m.cfg.HeadDim}
+	if n == 0 {
+		c.attn = &positions{g: g, dt: m.cacheDT} // a pipeline stage of recurrent layers only
+	} else {
+		c.attn = m.b.NewKVCache(g, m.cacheDT)
+	}
 	c.reset()
 	return c
+}
+
+// positions is the attention part of a hybrid cache whose layers are all
+// recurrent (a pipeline stage): it only counts the positions.
+type positions struct {
+	n  int
+	g  CacheGeometry
+	dt DType
+}
+
+func (p *positions) Len() int { return p.n }
+func (p *positions) Append(layer int, k, v Array) (Array, Array) {
+	panic(fmt.Sprintf("engine: Append to layer %d of a cache without attention layers", layer))
+}
+func (p *positions) Truncate(n int)          { p.n = min(p.n, max(n, 0)) }
+func (p *positions) CanTruncate(n int) bool  { return n >= 0 && n <= p.n }
+func (p *positions) Commit(n int) error      { p.n = n; return nil }
+func (p *positions) DType() DType            { return p.dt }
+func (p *positions) Geometry() CacheGeometry { return p.g }
+func (p *positions) Free()                   {}
+func (p *positions) Export(layer, start, n int) ([]byte, []byte, error) {
+	return nil, nil, fmt.Errorf("engine: Export of layer %d of a cache without attention layers", layer)
+}
+func (p *positions) Import(layer, start, n int, k, v []byte) error {
+	return fmt.Errorf("engine: Import of layer %d of a cache without attention layers", layer)
 }
 
 // reset sets every recurrent layer to the empty state.
@@ -129,6 +159,9 @@ func (c *hybridCache) begin(tokens int) {
 	}
 	if tokens > 1 {
 		c.snapshot()
+	}
+	if p, ok := c.attn.(*positions); ok {
+		p.n += tokens // no attention layer appends: the step's positions count here
 	}
 }
 

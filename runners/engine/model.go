@@ -44,8 +44,10 @@ type Model struct {
 	embed   *embedding
 	head    *outputHead
 	blocks  []Block
-	kinds   []LayerKind // every layer's
-	windows []int       // every layer's window; nil when none slides
+	kinds   []LayerKind // the loaded layers' (the stage's), which its caches hold
+	windows []int       // the loaded layers' windows; nil when none slides
+	all     []LayerKind // every layer's (Info, the fingerprint)
+	stage   LayerRange  // the loaded layers
 	cacheDT DType
 	fp      Fingerprint
 	eps     float32
@@ -105,11 +107,16 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	if len(kinds) != cfg.Layers {
 		return nil, fmt.Errorf("engine: %d layer kinds for %d layers", len(kinds), cfg.Layers)
 	}
+	stage, err := stageRange(opts.Layers, cfg.Layers)
+	if err != nil {
+		return nil, err
+	}
 	vocab, err := src.Vocab()
 	if err != nil {
 		return nil, fmt.Errorf("engine: vocabulary: %w", err)
 	}
-	m = &Model{b: b, cfg: *cfg, arch: arch, kinds: kinds, windows: windows(kinds), eps: float32(cfg.RMSNormEps), hostRouting: opts.HostMoERouting, routeObs: opts.RouteObserver}
+	sk := kinds[stage.Start:stage.End]
+	m = &Model{b: b, cfg: *cfg, arch: arch, kinds: sk, windows: windows(sk), all: kinds, stage: stage, eps: float32(cfg.RMSNormEps), hostRouting: opts.HostMoERouting, routeObs: opts.RouteObserver}
 	m.cacheDT = opts.CacheDType
 	if m.cacheDT == 0 {
 		m.cacheDT = cfg.DType
@@ -145,23 +152,36 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 	if head == nil {
 		head = standardHead
 	}
-	if m.embed, err = embed(l, cfg); err != nil {
-		return nil, err
+	// A stage loads the embedding only when it holds the first layer and
+	// the head only when it holds the last (a tied head then loads the
+	// embedding's table as its own).
+	var e *embedding
+	if stage.Start == 0 || stage.End == cfg.Layers && cfg.TieEmbeddings && !l.has("lm_head.weight") {
+		if e, err = embed(l, cfg); err != nil {
+			return nil, err
+		}
 	}
-	if m.head, err = head(l, cfg, m.embed); err != nil {
-		return nil, err
+	if stage.Start == 0 {
+		m.embed = e
 	}
-	m.blocks = make([]Block, cfg.Layers)
-	for i := range m.blocks {
+	if stage.End == cfg.Layers {
+		if m.head, err = head(l, cfg, e); err != nil {
+			return nil, err
+		}
+	}
+	m.blocks = make([]Block, 0, stage.End-stage.Start)
+	for i := stage.Start; i < stage.End; i++ {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		if m.blocks[i], err = arch.Block(l, cfg, i, kinds[i]); err != nil {
+		blk, err := arch.Block(l, cfg, i, kinds[i])
+		if err != nil {
 			return nil, fmt.Errorf("engine: load layer %d: %w", i, err)
 		}
-		if k := m.blocks[i].Kind(); k != kinds[i] {
+		if k := blk.Kind(); k != kinds[i] {
 			return nil, fmt.Errorf("engine: layer %d loaded as %+v, configured %+v", i, k, kinds[i])
 		}
+		m.blocks = append(m.blocks, blk)
 	}
 	if l.progress != nil {
 		l.progress(l.total, l.total)
@@ -361,15 +381,15 @@ func recoverInto(err *error, op string) {
 	}
 }
 
-// Info describes the model.
+// Info describes the model (all of its layers, also on a pipeline stage).
 func (m *Model) Info() ModelInfo {
 	c := m.cfg
 	info := ModelInfo{Arch: c.Arch, Layers: c.Layers, Hidden: c.Hidden, Heads: c.Heads, KVHeads: c.KVHeads,
 		HeadDim: c.HeadDim, Vocab: c.Vocab, MaxPositions: c.MaxPositions, CacheDType: m.cacheDT,
-		Windows: slices.Clone(m.windows)}
-	if recurrent(m.kinds) {
-		info.Recurrent = make([]bool, len(m.kinds))
-		for i, k := range m.kinds {
+		Windows: windows(m.all)}
+	if recurrent(m.all) {
+		info.Recurrent = make([]bool, len(m.all))
+		for i, k := range m.all {
 			info.Recurrent[i] = k.Recurrent
 		}
 	}
@@ -411,6 +431,14 @@ func (m *Model) Close() error {
 
 var errModelClosed = errors.New("engine: model is closed")
 
+// checkWhole refuses whole-model steps on a pipeline stage.
+func (m *Model) checkWhole() error {
+	if m.blocks != nil && (m.embed == nil || m.head == nil) {
+		return fmt.Errorf("%w (layers [%d, %d) of %d): use StageForward", ErrStage, m.stage.Start, m.stage.End, m.cfg.Layers)
+	}
+	return nil
+}
+
 func (m *Model) checkCache(c KVCache, tokens []int32) error {
 	if m.blocks == nil {
 		return errModelClosed
@@ -443,6 +471,9 @@ func (m *Model) ForwardInto(ctx context.Context, c KVCache, tokens []int32, dst 
 	defer m.mu.Unlock()
 	if len(tokens) == 0 {
 		return nil, errors.New("engine: Forward with no tokens")
+	}
+	if err := m.checkWhole(); err != nil {
+		return nil, err
 	}
 	if err := m.checkCache(c, tokens); err != nil {
 		return nil, err
@@ -511,6 +542,9 @@ func (m *Model) forwardBatchLocked(ctx context.Context, caches []KVCache, tokens
 	if len(caches) == 0 || len(caches) != len(tokens) {
 		return nil, fmt.Errorf("engine: ForwardBatch with %d caches and %d tokens", len(caches), len(tokens))
 	}
+	if err := m.checkWhole(); err != nil {
+		return nil, err
+	}
 	starts := grow(&m.scr.starts, len(caches))
 	toks := grow(&m.scr.toks, len(caches))
 	for i, c := range caches {
@@ -555,7 +589,9 @@ func (m *Model) Prefill(ctx context.Context, c KVCache, tokens []int32, chunk in
 		chunk = DefaultPrefillChunk
 	}
 	m.mu.Lock()
-	err = m.checkCache(c, tokens)
+	if err = m.checkWhole(); err == nil {
+		err = m.checkCache(c, tokens)
+	}
 	m.mu.Unlock()
 	if err != nil {
 		return err

@@ -54,6 +54,12 @@ type LoadOptions struct {
 	// step (the indices are read back), so it is nil outside such tests;
 	// it does not change what is computed.
 	RouteObserver func(layer int, experts [][]int32)
+	// Layers, when set, loads only layers [Start, End): a pipeline stage
+	// (the embedding only with the first layer, the final norm and LM head
+	// only with the last). A stage runs through StageForward; its caches
+	// (NewCache) hold its layers only; Info and Fingerprint are the whole
+	// model's.
+	Layers LayerRange
 }
 
 // ModelInfo describes a loaded model.

@@ -52,19 +52,9 @@ func (s *step) join(outs []Array) Array {
 // sequence runs alone: the backends' ops are row-independent.
 func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]float32, error) {
 	b, scr := m.b, &m.scr
-	s := &scr.st
-	*s = step{m: m, b: b, cs: grow(&scr.cs, len(cs)), lens: grow(&scr.lens, len(cs)), batched: len(cs) > 1, eval: s.eval[:0],
-		starts: grow(&scr.rowStarts, len(cs)), offsets: grow(&scr.offsets, len(cs)), outs: grow(&scr.outs, len(cs))}
+	s := m.beginStep(cs, toks)
 	defer scr.endStep()
-	copy(s.cs, cs)
-	all := scr.ids[:0]
-	for i, t := range toks {
-		s.starts[i], s.offsets[i], s.lens[i] = s.n, cs[i].Len(), len(t)
-		s.n += len(t)
-		all = append(all, t...)
-	}
-	scr.ids = all
-	x := b.Embedding(m.embed.table, b.FromInt32(all, s.dims(s.n)...)) // [n, D]
+	x := b.Embedding(m.embed.table, b.FromInt32(scr.ids, s.dims(s.n)...)) // [n, D]
 	if m.embed.scale != nil {
 		x = b.Mul(x, m.embed.scale)
 	}
@@ -128,6 +118,24 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 		logits[i] = f[i*V : (i+1)*V : (i+1)*V]
 	}
 	return logits, nil
+}
+
+// beginStep sets up the scratch's step for toks[i] continuing cs[i] (the
+// caller defers m.scr.endStep).
+func (m *Model) beginStep(cs []KVCache, toks [][]int32) *step {
+	scr := &m.scr
+	s := &scr.st
+	*s = step{m: m, b: m.b, cs: grow(&scr.cs, len(cs)), lens: grow(&scr.lens, len(cs)), batched: len(cs) > 1, eval: s.eval[:0],
+		starts: grow(&scr.rowStarts, len(cs)), offsets: grow(&scr.offsets, len(cs)), outs: grow(&scr.outs, len(cs))}
+	copy(s.cs, cs)
+	all := scr.ids[:0]
+	for i, t := range toks {
+		s.starts[i], s.offsets[i], s.lens[i] = s.n, cs[i].Len(), len(t)
+		s.n += len(t)
+		all = append(all, t...)
+	}
+	scr.ids = all
+	return s
 }
 
 // perm102 swaps the first two of three axes ([L, H, Dh] ↔ [H, L, Dh]).
