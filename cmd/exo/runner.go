@@ -214,14 +214,26 @@ type loadGate struct {
 	role, name string
 	instance   string        // echoed by /health (the supervisor's token)
 	progress   atomic.Uint64 // float64 bits, 0..1
-	ready      atomic.Pointer[http.Handler]
-	load       func() (waiting, running int)
+	// phase ("download" or "load") and its bytes, for /health while loading.
+	phase         atomic.Pointer[string]
+	doneB, totalB atomic.Int64
+	ready         atomic.Pointer[http.Handler]
+	load          func() (waiting, running int)
 	// endpoints, when set, reports the prefill endpoints' breaker states.
 	endpoints func() []decode.EndpointHealth
 	drain     *openai.Drain // the runner's shutdown state: /health fails once it stops
 }
 
 func (g *loadGate) setProgress(p float64) { g.progress.Store(math.Float64bits(min(max(p, 0), 1))) }
+
+// setBytes records the bytes done of the current phase.
+func (g *loadGate) setBytes(phase string, done, total int64) {
+	if cur := g.phase.Load(); cur == nil || *cur != phase {
+		g.phase.Store(&phase)
+	}
+	g.doneB.Store(done)
+	g.totalB.Store(total)
+}
 
 func (g *loadGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := g.ready.Load()
@@ -235,8 +247,12 @@ func (g *loadGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if h == nil {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			_ = json.NewEncoder(w).Encode(map[string]any{"status": "loading", "role": g.role, "model": g.name,
-				"progress": math.Float64frombits(g.progress.Load()), "instance": g.instance, "pid": os.Getpid()})
+			body := map[string]any{"status": "loading", "role": g.role, "model": g.name,
+				"progress": math.Float64frombits(g.progress.Load()), "instance": g.instance, "pid": os.Getpid()}
+			if ph := g.phase.Load(); ph != nil {
+				body["phase"], body["done_bytes"], body["total_bytes"] = *ph, g.doneB.Load(), g.totalB.Load()
+			}
+			_ = json.NewEncoder(w).Encode(body)
 			return
 		}
 		waiting, running := g.load()
@@ -346,6 +362,7 @@ func loadModel(ctx context.Context, f *runnerFlags, gate *loadGate, log *slog.Lo
 			downloaded = true
 			if total > 0 {
 				gate.setProgress(0.5 * float64(done) / float64(total))
+				gate.setBytes("download", done, total)
 			}
 		}})
 	if err != nil {
@@ -365,6 +382,7 @@ func loadModel(ctx context.Context, f *runnerFlags, gate *loadGate, log *slog.Lo
 			return
 		}
 		gate.setProgress(base + (1-base)*float64(done)/float64(total))
+		gate.setBytes("load", done, total)
 		if time.Since(lastLog) > 2*time.Second {
 			lastLog = time.Now()
 			log.Info("loading weights", "done_bytes", done, "total_bytes", total)

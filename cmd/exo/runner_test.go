@@ -90,6 +90,17 @@ func TestLoadGate(t *testing.T) {
 	if code, body := get("/v1/models"); code != 503 || body["error"] == nil {
 		t.Fatalf("API while loading: %d %v", code, body)
 	}
+	if body["phase"] != nil {
+		t.Fatalf("phase before any bytes: %v", body)
+	}
+	g.setBytes("download", 1<<20, 4<<20)
+	if _, body := get("/health"); body["phase"] != "download" || body["done_bytes"] != float64(1<<20) || body["total_bytes"] != float64(4<<20) {
+		t.Fatalf("downloading health: %v", body)
+	}
+	g.setBytes("load", 5, 10)
+	if _, body := get("/health"); body["phase"] != "load" || body["done_bytes"] != 5.0 || body["total_bytes"] != 10.0 {
+		t.Fatalf("loading health: %v", body)
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/models", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`{"ok":true}`)) })
 	var h http.Handler = mux

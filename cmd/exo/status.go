@@ -156,6 +156,9 @@ func printStatus(out io.Writer, st *dashboard.State, now time.Time) {
 				switch {
 				case r.Health == "loading":
 					detail = fmt.Sprintf("loading %.0f%%", 100*r.Progress)
+					if r.TotalBytes > 0 {
+						detail = fmt.Sprintf("%s %s / %s (%.0f%% in all)", r.Phase, bytesText(r.DoneBytes), bytesText(r.TotalBytes), 100*r.Progress)
+					}
 					if r.LoadETA > 0 {
 						detail += fmt.Sprintf(", about %s left", (time.Duration(r.LoadETA * 1e9)).Round(time.Second))
 					}

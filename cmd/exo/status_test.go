@@ -48,6 +48,9 @@ func TestPrintStatus(t *testing.T) {
 			{Host: "spark", Runner: "q-prefill", Role: "prefill", State: "starting", Health: "loading", Progress: 0.375, LoadETA: 42},
 			{Host: "studio", Runner: "q-decode", Role: "decode", State: "ready", Health: "ok", Waiting: 1, Running: 2, Restarts: 1, LastExit: "signal: killed"},
 			{Host: "mini", Runner: "q-decode", Role: "decode", State: "unknown"},
+		}}, {Name: "r", Runners: []dashboard.ModelRunner{
+			{Host: "studio", Runner: "r-decode", Role: "decode", State: "starting", Health: "loading", Progress: 0.2,
+				Phase: "download", DoneBytes: 2 << 30, TotalBytes: 5 << 30, LoadETA: 75},
 		}}},
 		Links: []dashboard.Link{{DecodeHost: "studio", Runner: "q-decode", PrefillHost: "spark", Endpoint: "10.0.0.10:52501",
 			Goodput: 1.17e9, LastGoodput: 1.05e9, Kind: "ethernet", Interface: "en0", Up: true}},
@@ -75,7 +78,7 @@ r-decode   decode   ready     43   1         10.0.0.10:52510  waiting 0, running
 HOSTS
 NAME    ADDRESS    BACKEND  SUPERVISOR                                                            MEMORY USED            GPU                         CLOCK       RUNNERS
 spark   10.0.0.10  cuda     up                                                                    40.0 GiB / 128.0 GiB   0: 87% 61.0 GiB / 80.0 GiB  reference   q-prefill
-studio  10.0.0.20  metal    up                                                                    300.0 GiB / 512.0 GiB  -                           -12ms ±1ms  q-decode
+studio  10.0.0.20  metal    up                                                                    300.0 GiB / 512.0 GiB  -                           -12ms ±1ms  q-decode, r-decode
 mini    10.0.0.30  metal    DOWN: no supervisor answering at 10.0.0.30:52415: connection refused  -                      -                           -           q-decode
 
 MODELS
@@ -83,6 +86,7 @@ MODEL  HOST    RUNNER     ROLE     STATE     RESTARTS  QUEUE  DETAIL
 q      spark   q-prefill  prefill  starting  0         -      loading 38%, about 42s left
 q      studio  q-decode   decode   ready     1         1+2    last exit: signal: killed
 q      mini    q-decode   decode   unknown   0         -      -
+r      studio  r-decode   decode   starting  0         -      download 2.00 GiB / 5.00 GiB (20% in all), about 1m15s left
 
 LINKS
 DECODE           PREFILL  ENDPOINT         KIND            GOODPUT     LAST TRANSFER  STATE

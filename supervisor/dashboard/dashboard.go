@@ -259,6 +259,9 @@ type ModelRunner struct {
 	Waiting          int                       `json:"waiting"`
 	Running          int                       `json:"running"`
 	Progress         float64                   `json:"progress,omitempty"` // loading, 0..1
+	Phase            string                    `json:"phase,omitempty"`    // loading: download or load
+	DoneBytes        int64                     `json:"done_bytes,omitempty"`
+	TotalBytes       int64                     `json:"total_bytes,omitempty"`
 	LoadETA          float64                   `json:"load_eta_s,omitempty"`
 	PrefillEndpoints []process.PrefillEndpoint `json:"prefill_endpoints,omitempty"`
 	History          []Transition              `json:"history,omitempty"`
@@ -332,12 +335,15 @@ func hostOfEndpoint(c *config.Config, addr string) string {
 }
 
 type loadSample struct {
-	at       time.Time
-	progress float64
+	at    time.Time
+	phase string
+	done  float64 // bytes of the phase when the runner reports them, else progress
 }
 
-// eta predicts the time left loading from the progress since the first
-// loading sample of this start.
+// eta predicts the time left loading from the rate since the first sample
+// of this start: of the current phase's bytes when the runner reports them
+// (the download and the load go at different rates; an ETA during the
+// download covers the download), else of its overall progress.
 func (d *Dashboard) eta(r Runner, now time.Time) float64 {
 	h := r.Status.Health
 	key := r.Spec.Name + "/" + strconv.Itoa(r.Status.PID)
@@ -347,16 +353,20 @@ func (d *Dashboard) eta(r Runner, now time.Time) float64 {
 		delete(d.load, key)
 		return 0
 	}
+	done, left := h.Progress, 1-h.Progress
+	if h.TotalBytes > 0 {
+		done, left = float64(h.DoneBytes), float64(h.TotalBytes-h.DoneBytes)
+	}
 	first, ok := d.load[key]
-	if !ok {
-		d.load[key] = loadSample{now, h.Progress}
+	if !ok || first.phase != h.Phase {
+		d.load[key] = loadSample{now, h.Phase, done}
 		return 0
 	}
-	dp, dt := h.Progress-first.progress, now.Sub(first.at).Seconds()
-	if dp <= 0 || dt <= 0 {
+	dx, dt := done-first.done, now.Sub(first.at).Seconds()
+	if dx <= 0 || dt <= 0 {
 		return 0
 	}
-	return (1 - h.Progress) * dt / dp
+	return left * dt / dx
 }
 
 // runnerJournal is what this host has read of one decode runner's journal.
@@ -610,6 +620,7 @@ func models(c *config.Config, hosts []HostState) []ModelState {
 					if h := s.Health; h != nil {
 						mr.Health, mr.Waiting, mr.Running, mr.Progress = h.Status, h.Waiting, h.Running, h.Progress
 						mr.PrefillEndpoints = h.PrefillEndpoints
+						mr.Phase, mr.DoneBytes, mr.TotalBytes = h.Phase, h.DoneBytes, h.TotalBytes
 					}
 				}
 			}

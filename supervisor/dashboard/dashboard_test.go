@@ -419,3 +419,35 @@ func TestHistory(t *testing.T) {
 		t.Error("unknown runner has a history")
 	}
 }
+
+// TestLoadETA: the time left loading comes from the rate of the current
+// phase's bytes since its first sample (restarting at a new phase), else
+// from the overall progress; nothing before a second sample or once ready.
+func TestLoadETA(t *testing.T) {
+	d := New(Options{Local: func() Local { return Local{} }})
+	t0 := time.Now()
+	at := func(sec float64, h *process.Health) float64 {
+		return d.eta(Runner{Spec: config.Runner{Name: "r"}, Status: process.Status{PID: 1, Health: h}}, t0.Add(time.Duration(sec*float64(time.Second))))
+	}
+	bytes := func(phase string, done, total int64) *process.Health {
+		return &process.Health{Status: "loading", Phase: phase, DoneBytes: done, TotalBytes: total, Progress: 0.5 * float64(done) / float64(total)}
+	}
+	for _, tt := range []struct {
+		sec  float64
+		h    *process.Health
+		want float64
+	}{
+		{0, bytes("download", 100, 1000), 0},
+		{2, bytes("download", 300, 1000), 7},  // 100 B/s, 700 B left
+		{4, bytes("download", 500, 1000), 5},  // still 100 B/s
+		{5, bytes("load", 10, 100), 0},        // a new phase: a new first sample
+		{6, bytes("load", 30, 100), 3.5},      // 20 B/s, 70 B left
+		{7, &process.Health{Status: "ok"}, 0}, // ready: forgotten
+		{8, &process.Health{Status: "loading", Progress: 0.2}, 0},
+		{10, &process.Health{Status: "loading", Progress: 0.4}, 6}, // 0.1/s, 0.6 left
+	} {
+		if got := at(tt.sec, tt.h); math.Abs(got-tt.want) > 1e-9 {
+			t.Errorf("at %vs, %+v: eta %v, want %v", tt.sec, tt.h, got, tt.want)
+		}
+	}
+}

@@ -255,5 +255,6 @@ func TestDashboard(t *testing.T) {
 	if !strings.Contains(p.text(), "<script>window.__xss=1</script>") {
 		t.Error("the output's markup is not visible as text")
 	}
+
 	p.screenshot("dashboard-chat.png", 1280, 900)
 }

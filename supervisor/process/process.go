@@ -78,10 +78,15 @@ type Health struct {
 	Role     string  `json:"role,omitempty"`
 	Model    string  `json:"model,omitempty"`
 	Progress float64 `json:"progress,omitempty"`
-	Waiting  int     `json:"waiting"`
-	Running  int     `json:"running"`
-	Instance string  `json:"instance,omitempty"`
-	PID      int     `json:"pid,omitempty"`
+	// Phase ("download", "load") and its bytes while loading, when the
+	// runner reports them.
+	Phase      string `json:"phase,omitempty"`
+	DoneBytes  int64  `json:"done_bytes,omitempty"`
+	TotalBytes int64  `json:"total_bytes,omitempty"`
+	Waiting    int    `json:"waiting"`
+	Running    int    `json:"running"`
+	Instance   string `json:"instance,omitempty"`
+	PID        int    `json:"pid,omitempty"`
 	// PrefillEndpoints: a decode runner's circuit breakers, one per
 	// prefill endpoint ("closed": used; "open": skipped until it answers).
 	PrefillEndpoints []PrefillEndpoint `json:"prefill_endpoints,omitempty"`

@@ -211,7 +211,7 @@ function renderHosts(st) {
     if (h.up) {
       rows.push(el("div", { class: "kv" }, el("span", {}, "clock"), el("span", {}, h.name === st.host ? "reference" : fmt.offset(h.clock_offset_s, h.clock_uncertainty_s))));
       if (!h.same_config) rows.push(el("div", { class: "warn" }, "runs a different cluster file"));
-      if (v && v.last_reload && !v.last_reload.ok) rows.push(el("div", { class: "warn" }, "last reload failed: " + v.last_reload.error.split("\n")[0]));
+      if (v && v.last_reload && v.last_reload.error) rows.push(el("div", { class: "warn" }, "last reload failed: " + v.last_reload.error.split("\n")[0]));
     } else {
       rows.push(el("div", { class: "error" }, h.error || "not answering"));
     }
@@ -254,8 +254,11 @@ function runnerCard(r) {
   if (r.health === "loading" && r.state === "starting") state = "loading";
   lines.push(el("div", { class: "kv" }, el("span", {}, "source"), el("span", { class: "mono" }, r.source)));
   if (r.health === "loading") {
-    lines.push(el("div", { class: "kv" }, el("span", {}, "loading"),
-      el("span", {}, meter(r.progress || 0, 1), " " + fmt.pct(r.progress || 0) + (r.load_eta_s ? ", about " + fmt.s(r.load_eta_s) + " left" : ""))));
+    const what = r.phase === "download" ? "downloading" : r.phase === "load" ? "loading weights" : "loading";
+    const bytes = r.total_bytes ? " · " + fmt.bytes(r.done_bytes || 0) + " / " + fmt.bytes(r.total_bytes) : "";
+    const eta = r.load_eta_s ? " · about " + fmt.s(r.load_eta_s) + " left" + (r.phase === "download" ? " to download" : "") : "";
+    lines.push(el("div", { class: "kv load" }, el("span", {}, what),
+      el("span", {}, meter(r.progress || 0, 1), " " + fmt.pct(r.progress || 0) + bytes + eta)));
   }
   if (r.state === "ready" && r.role === "decode") {
     lines.push(el("div", { class: "kv" }, el("span", {}, "queue"), el("span", {}, r.waiting + " waiting, " + r.running + " in flight")));
@@ -504,7 +507,8 @@ async function send(text) {
         }
         for (const tc of d.tool_calls || []) {
           const i = tc.index || 0;
-          toolCalls[i] = toolCalls[i] || { name: "", args: "" };
+          toolCalls[i] = toolCalls[i] || { id: "", name: "", args: "" };
+          if (tc.id) toolCalls[i].id = tc.id;
           if (tc.function && tc.function.name) toolCalls[i].name += tc.function.name;
           if (tc.function && tc.function.arguments) toolCalls[i].args += tc.function.arguments;
           calls.replaceChildren(...toolCalls.filter(Boolean).map((x) => el("div", { class: "call" }, el("span", { class: "call-label" }, "call"), el("code", {}, x.name + "(" + x.args + ")"))));
@@ -514,7 +518,13 @@ async function send(text) {
       log.scrollTop = log.scrollHeight;
     });
     const t1 = performance.now();
-    chat.messages.push({ role: "assistant", content: answer });
+    const made = toolCalls.filter(Boolean);
+    if (made.length) {
+      chat.messages.push({ role: "assistant", content: answer || null,
+        tool_calls: made.map((x, i) => ({ id: x.id || "call_" + i, type: "function", function: { name: x.name, arguments: x.args } })) });
+    } else {
+      chat.messages.push({ role: "assistant", content: answer });
+    }
     const parts = [runner ? "served by " + runner : ""];
     if (first) parts.push("TTFT " + fmt.s((first - t0) / 1000));
     if (usage) {
