@@ -9,8 +9,9 @@ import (
 )
 
 // FuzzCompile feeds the compiler arbitrary schemas and the matcher
-// arbitrary documents: nothing panics, and a document the grammar
-// completes is JSON that the independent validator accepts.
+// arbitrary documents: nothing panics (and compiling is bounded: patterns,
+// depth and size have limits), and a document the grammar completes is
+// JSON that the independent validator accepts (format assertions on).
 func FuzzCompile(f *testing.F) {
 	for _, s := range handSchemas {
 		f.Add([]byte(s), []byte(`{"name":"x","age":1,"tags":[]}`))
@@ -21,6 +22,13 @@ func FuzzCompile(f *testing.F) {
 	f.Add([]byte(`{"enum":[1,"a",null]}`), []byte(`"a"`))
 	f.Add([]byte(`{"type":"integer","minimum":-7,"exclusiveMaximum":40}`), []byte(`-7`))
 	f.Add([]byte(`{"type":"string","minLength":1,"maxLength":2}`), []byte(`"\u00e9x"`))
+	f.Add([]byte(`{"type":"string","pattern":"^(a|b)*c{2,3}$","maxLength":5}`), []byte(`"abcc"`))
+	f.Add([]byte(`{"type":"string","format":"date-time"}`), []byte(`"2024-02-29T12:00:00Z"`))
+	f.Add([]byte(`{"type":"string","format":"email","minLength":3}`), []byte(`"a@b.c"`))
+	f.Add([]byte(`{"type":"number","exclusiveMinimum":-1.5,"maximum":2,"multipleOf":0.25}`), []byte(`-1.25`))
+	f.Add([]byte(`{"type":"array","prefixItems":[{"type":"integer"},{"const":"x"}],"items":false}`), []byte(`[1,"x"]`))
+	f.Add([]byte(`{"oneOf":[{"type":"object","properties":{"k":{"const":"a"}},"required":["k"]},{"type":"object","properties":{"k":{"const":"b"}},"required":["k"]}]}`), []byte(`{"k":"b"}`))
+	f.Add([]byte(`{"type":"string","pattern":"(x+x+)+y"}`), []byte(`"xxy"`))
 	f.Fuzz(func(t *testing.T, schema, doc []byte) {
 		g, err := Compile(schema)
 		if err != nil {
@@ -38,6 +46,7 @@ func FuzzCompile(f *testing.F) {
 			return
 		}
 		c := jsonschema.NewCompiler()
+		c.AssertFormat()
 		if c.AddResource("s.json", sd) != nil {
 			return
 		}

@@ -9,7 +9,7 @@
 // required, additionalProperties (schema or boolean; absent means any, as
 // the specification says), enum, const, items, minItems, maxItems,
 // minLength, maxLength, minimum / maximum / exclusiveMinimum /
-// exclusiveMaximum on integers (on type number: minimum 0 only), anyOf, allOf with one member, $ref into $defs /
+// exclusiveMaximum / multipleOf on integers and numbers (decimal.go), anyOf, allOf with one member, $ref into $defs /
 // definitions / the root, nullable (OpenAPI), boolean schemas, pattern
 // and format on strings (regex.go), prefixItems, oneOf over branches no
 // value can match twice, and the annotations title, description,
@@ -98,7 +98,8 @@ type node struct {
 	// made inclusive).
 	bounded, hasLo, hasHi bool
 	lo, hi                int64
-	nonNegative           bool // kNumber, not integer: minimum 0
+	nonNegative           bool     // kNumber, not integer: minimum 0
+	dec                   *decCons // kNumber: exact bounds / multipleOf (decimal.go)
 
 	minLen, maxLen int32 // kString (maxLen < 0: none), code points
 	re             *dfa  // kString: pattern/format (lengths folded in; minLen, maxLen then unused)

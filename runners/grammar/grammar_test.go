@@ -209,10 +209,10 @@ func TestAdvanceRejectKeepsState(t *testing.T) {
 
 func TestUnsupportedKeywords(t *testing.T) {
 	cases := map[string][]string{
-		`{"type":"object","patternProperties":{"^a":{}}}`:                                {"patternProperties"},
-		`{"type":"object","properties":{"a":{"type":"number","minimum":1,"maximum":2}}}`: {"maximum on type number (integers only; minimum 0 alone is supported)", "minimum on type number (integers only; minimum 0 alone is supported)"},
-		`{"oneOf":[{"type":"string"},{"type":"string","maxLength":3}]}`:                  {"oneOf whose branches 0 and 1 may overlap (a discriminator property with const values, or anyOf, is enforced)"},
-		`{"type":"array","contains":{"type":"integer"}}`:                                 {"contains"},
+		`{"type":"object","patternProperties":{"^a":{}}}`:                            {"patternProperties"},
+		`{"type":"object","properties":{"a":{"type":"number","minimum":0.1234567}}}`: {"minimum 0.1234567 (on numbers: below 10^9 in magnitude, at most 6 fraction digits)"},
+		`{"oneOf":[{"type":"string"},{"type":"string","maxLength":3}]}`:              {"oneOf whose branches 0 and 1 may overlap (a discriminator property with const values, or anyOf, is enforced)"},
+		`{"type":"array","contains":{"type":"integer"}}`:                             {"contains"},
 		`{"not":{}}`:                           {"not"},
 		`{"$ref":"http://example.com/s.json"}`: {"$ref to http://example.com/s.json (only local #/... references)"},
 	}

@@ -183,7 +183,7 @@ func canEnd(f *frame) bool {
 	case kString:
 		return f.st == sStrDone
 	case kNumber:
-		return numComplete(f.st) && (!n.bounded || n.inRange(intValue(f)))
+		return numComplete(f.st) && (!n.bounded || n.inRange(intValue(f))) && (n.dec == nil || n.dec.ok(decValue(f)))
 	case kArray:
 		return f.st == sArrDone
 	case kObject:
@@ -425,6 +425,9 @@ func (s *stepper) ownNumber(f *frame, b byte) {
 		}
 	}
 	if f.n.bounded && !boundedStep(f, &g, b) {
+		return
+	}
+	if f.n.dec != nil && !decStep(f.n, f, &g, b) {
 		return
 	}
 	s.push(g)

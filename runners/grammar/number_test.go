@@ -1,7 +1,9 @@
 package grammar
 
 import (
+	"math/big"
 	"regexp"
+	"strings"
 	"testing"
 )
 
@@ -52,4 +54,87 @@ func TestNumberAutomaton(t *testing.T) {
 			t.Fatalf("%s: %d strings", c.schema, n)
 		}
 	}
+}
+
+// TestNumberBoundsExact: on every string of up to 7 bytes over
+// "0125.-", a number schema with bounds and multipleOf completes exactly
+// the JSON numbers (without exponent) whose value meets them, and every
+// prefix it takes can still be completed (a search over the same bytes,
+// up to 8 more: the constraints' candidates all have a few digits).
+func TestNumberBoundsExact(t *testing.T) {
+	const alphabet = "0125.-"
+	syntax := regexp.MustCompile(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?$`)
+	for _, c := range []struct {
+		schema string
+		ok     func(v *big.Rat) bool
+	}{
+		{`{"type":"number","minimum":0,"maximum":1}`, func(v *big.Rat) bool { return v.Sign() >= 0 && v.Cmp(big.NewRat(1, 1)) <= 0 }},
+		{`{"type":"number","exclusiveMinimum":-1.5,"exclusiveMaximum":2}`, func(v *big.Rat) bool { return v.Cmp(big.NewRat(-3, 2)) > 0 && v.Cmp(big.NewRat(2, 1)) < 0 }},
+		{`{"type":"number","multipleOf":0.25}`, func(v *big.Rat) bool { return new(big.Rat).Quo(v, big.NewRat(1, 4)).IsInt() }},
+		{`{"type":"number","multipleOf":0.5,"minimum":1,"exclusiveMaximum":10.5}`, func(v *big.Rat) bool {
+			return new(big.Rat).Quo(v, big.NewRat(1, 2)).IsInt() && v.Cmp(big.NewRat(1, 1)) >= 0 && v.Cmp(big.NewRat(21, 2)) < 0
+		}},
+		{`{"type":"integer","multipleOf":5,"minimum":-20,"maximum":200}`, func(v *big.Rat) bool {
+			return v.IsInt() && new(big.Rat).Quo(v, big.NewRat(5, 1)).IsInt() && v.Cmp(big.NewRat(-20, 1)) >= 0 && v.Cmp(big.NewRat(200, 1)) <= 0
+		}},
+		{`{"type":"number","maximum":-0.5}`, func(v *big.Rat) bool { return v.Cmp(big.NewRat(-1, 2)) <= 0 }},
+	} {
+		g := mustCompile(t, c.schema)
+		integer := strings.Contains(c.schema, "integer")
+		var walk func(s string)
+		yes := 0
+		walk = func(s string) {
+			m := g.NewMatcher()
+			if m.Advance([]byte(s)) != nil {
+				return
+			}
+			want := syntax.MatchString(s) && !(integer && strings.Contains(s, "."))
+			if want {
+				v, _ := new(big.Rat).SetString(s)
+				want = c.ok(v)
+			}
+			if m.CanEnd() != want {
+				t.Fatalf("%s: %q completes %v, want %v", c.schema, s, m.CanEnd(), want)
+			}
+			if want {
+				yes++
+			}
+			if !canComplete(m, alphabet, 8) {
+				t.Fatalf("%s: %q is taken but nothing completes it", c.schema, s)
+			}
+			if len(s) < 7 {
+				for i := range len(alphabet) {
+					walk(s + alphabet[i:i+1])
+				}
+			}
+		}
+		walk("")
+		if yes < 5 {
+			t.Fatalf("%s: only %d numbers complete", c.schema, yes)
+		}
+		// and the refused ones: a bad value that is valid JSON
+		for _, s := range []string{"3", "-3", "0.3", "1.1"} {
+			v, _ := new(big.Rat).SetString(s)
+			if complete(g, s) != (c.ok(v) && !(integer && strings.Contains(s, "."))) {
+				t.Errorf("%s: %s", c.schema, s)
+			}
+		}
+	}
+}
+
+// canComplete searches up to depth more bytes of alphabet for an end.
+func canComplete(m *Matcher, alphabet string, depth int) bool {
+	if m.CanEnd() {
+		return true
+	}
+	if depth == 0 {
+		return false
+	}
+	for i := range len(alphabet) {
+		c := m.Clone()
+		if c.Advance([]byte{alphabet[i]}) == nil && canComplete(c, alphabet, depth-1) {
+			return true
+		}
+	}
+	return false
 }

@@ -39,6 +39,7 @@ var handSchemas = []string{
 	`{"type":"array","items":{"type":"string","format":"uri","minLength":1,"maxLength":2083},"minItems":1,"maxItems":2}`,
 	`{"$defs":{"Cat":{"properties":{"pet_type":{"const":"cat","title":"Pet Type","type":"string"},"meows":{"title":"Meows","type":"integer"}},"required":["pet_type","meows"],"title":"Cat","type":"object"},"Dog":{"properties":{"pet_type":{"const":"dog","title":"Pet Type","type":"string"},"barks":{"title":"Barks","type":"number"}},"required":["pet_type","barks"],"title":"Dog","type":"object"}},"properties":{"pet":{"discriminator":{"mapping":{"cat":"#/$defs/Cat","dog":"#/$defs/Dog"},"propertyName":"pet_type"},"oneOf":[{"$ref":"#/$defs/Cat"},{"$ref":"#/$defs/Dog"}],"title":"Pet"},"n":{"title":"N","type":"integer"}},"required":["pet","n"],"title":"Model","type":"object"}`,
 	`{"type":"object","properties":{"point":{"type":"array","prefixItems":[{"type":"number"},{"type":"number"},{"type":"string","format":"date"}],"minItems":3,"maxItems":3},"tags":{"type":"array","prefixItems":[{"const":"first"}],"items":{"type":"string","maxLength":3}},"v":{"oneOf":[{"type":"string"},{"type":"array","items":{"type":"integer"},"maxItems":2},{"type":"null"}]}},"required":["point","tags","v"]}`,
+	`{"type":"object","properties":{"p":{"type":"number","minimum":0,"maximum":1},"t":{"type":"number","exclusiveMinimum":-273.15,"maximum":1000},"price":{"type":"number","multipleOf":0.01,"exclusiveMinimum":0},"n":{"type":"integer","multipleOf":5,"maximum":100}},"required":["p","t","price","n"],"additionalProperties":false}`,
 	`{"type":"object","properties":{"steps":{"type":"array","items":{"type":"object","properties":{"explanation":{"type":"string"},"output":{"type":"string"}},"required":["explanation","output"],"additionalProperties":false}},"final_answer":{"type":"string"}},"required":["steps","final_answer"],"additionalProperties":false}`,
 }
 
@@ -74,6 +75,15 @@ func randomSchema(r *rand.Rand, depth int) map[string]any {
 		if r.IntN(2) == 0 {
 			lo := r.IntN(200) - 100
 			return map[string]any{"type": "integer", "minimum": lo, "maximum": lo + r.IntN(300)}
+		}
+		if r.IntN(2) == 0 {
+			lo := float64(r.IntN(400)-200) / 8
+			s := map[string]any{"type": "number", "minimum": lo, "exclusiveMaximum": lo + float64(1+r.IntN(80))/4}
+			if r.IntN(2) == 0 {
+				s["multipleOf"] = []float64{0.5, 0.125, 3, 0.01}[r.IntN(4)]
+				delete(s, "minimum")
+			}
+			return s
 		}
 		return map[string]any{"type": []string{"integer", "number"}[r.IntN(2)]}
 	case 2:

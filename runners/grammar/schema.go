@@ -2,6 +2,7 @@ package grammar
 
 import (
 	"bytes"
+	"math/big"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -130,7 +131,12 @@ func admits(n *node, ok map[*node]bool) bool {
 	case kString:
 		return n.re == nil || n.re.start >= 0 && n.re.fits(n.re.start, 0, n.minLen, n.maxLen)
 	case kNumber:
-		return true
+		if n.dec == nil {
+			return true
+		}
+		// Some magnitude, positive or negative (the state after a
+		// minus, read with either sign).
+		return decFeasible(n, &frame{n: n, st: sNumMinus}) || decFeasible(n, &frame{n: n, st: sNumMinus, u8: 1})
 	case kArray:
 		for i := int32(0); i < n.minItems; i++ {
 			if it := n.itemAt(i); it == nil || !ok[it] {
@@ -179,7 +185,7 @@ var supported = map[string]bool{
 	"enum": true, "const": true, "items": true, "minItems": true, "maxItems": true,
 	"minLength": true, "maxLength": true, "anyOf": true, "allOf": true, "$ref": true,
 	"nullable": true, "minimum": true, "maximum": true, "exclusiveMinimum": true, "exclusiveMaximum": true,
-	"pattern": true, "format": true, "prefixItems": true, "oneOf": true,
+	"pattern": true, "format": true, "prefixItems": true, "oneOf": true, "multipleOf": true,
 }
 
 func schemaErr(path, format string, a ...any) error {
@@ -869,6 +875,10 @@ func bounds(n *node, s map[string]any, path string) error {
 			present = append(present, k)
 		}
 	}
+	_, mult := s["multipleOf"]
+	if mult || len(present) > 0 && !n.integer && !(len(present) == 1 && present[0] == "minimum" && isZero(s["minimum"])) {
+		return decBounds(n, s, path)
+	}
 	if len(present) == 0 {
 		return nil
 	}
@@ -1065,4 +1075,47 @@ func litsDisjoint(a, b *node) bool {
 		}
 	}
 	return true
+}
+
+func isZero(v any) bool {
+	x, ok := v.(json.Number)
+	return ok && (x.String() == "0" || x.String() == "0.0")
+}
+
+// decBounds reads number bounds and multipleOf (and multipleOf on
+// integers, with their bounds) into n.dec, exact over decimals.
+func decBounds(n *node, s map[string]any, path string) error {
+	c := &decCons{}
+	for _, k := range []string{"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum", "multipleOf"} {
+		v, ok := s[k]
+		if !ok {
+			continue
+		}
+		r, err := decRat(v, k, path)
+		if err != nil {
+			return err
+		}
+		switch k {
+		case "minimum", "exclusiveMinimum":
+			if ex := k == "exclusiveMinimum"; c.lo == nil || r.Cmp(c.lo) > 0 || r.Cmp(c.lo) == 0 && ex {
+				c.lo, c.loEx = r, ex
+			}
+		case "maximum", "exclusiveMaximum":
+			if ex := k == "exclusiveMaximum"; c.hi == nil || r.Cmp(c.hi) < 0 || r.Cmp(c.hi) == 0 && ex {
+				c.hi, c.hiEx = r, ex
+			}
+		default:
+			if r.Sign() <= 0 {
+				return schemaErr(path, "multipleOf must be greater than 0")
+			}
+			if n.integer && !r.IsInt() {
+				// The integers among the multiples of p/q (reduced) are
+				// the multiples of p.
+				r = new(big.Rat).SetInt(new(big.Int).Set(r.Num()))
+			}
+			c.mult = r
+		}
+	}
+	n.dec = c
+	return nil
 }
