@@ -6,8 +6,8 @@
 // tokenizers or engines: callers hand it token bytes and logits masks.
 //
 // Supported JSON Schema keywords: type (one or a list), properties,
-// required, additionalProperties (schema or boolean; absent means any, as
-// the specification says), enum, const, items, minItems, maxItems,
+// required, additionalProperties (schema or boolean; absent: no other
+// key is generated, see below), enum, const, items, minItems, maxItems,
 // minLength, maxLength, minimum / maximum / exclusiveMinimum /
 // exclusiveMaximum / multipleOf on integers and numbers (decimal.go), anyOf, allOf with one member, $ref into $defs /
 // definitions / the root, nullable (OpenAPI), boolean schemas, pattern

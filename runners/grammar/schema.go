@@ -2,12 +2,12 @@ package grammar
 
 import (
 	"bytes"
-	"math/big"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
+	"math/big"
 	"slices"
 	"sort"
 	"strconv"
