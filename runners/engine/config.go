@@ -254,80 +254,10 @@ func ParseConfig(data []byte) (*Config, error) {
 	if err := parseRoPE(&r, c); err != nil {
 		return nil, err
 	}
-	if r.NumExperts != nil && *r.NumExperts > 0 {
-		c.Experts = *r.NumExperts
-		if c.ExpertsPerToken, err = positive("num_experts_per_tok", r.NumExpertsPerTok, 0); err != nil {
+	for _, parse := range []func(*rawConfig, *Config) error{parseMoE, parseLinearAttention, parseQuantization} {
+		if err := parse(&r, c); err != nil {
 			return nil, err
 		}
-		if c.ExpertsPerToken > c.Experts {
-			return nil, cfgErr("num_experts_per_tok", "%d exceeds num_experts %d", c.ExpertsPerToken, c.Experts)
-		}
-		if c.MoEIntermediate, err = positive("moe_intermediate_size", r.MoEIntermediate, 0); err != nil {
-			return nil, err
-		}
-		if c.SparseStep, err = positive("decoder_sparse_step", r.DecoderSparseStep, 1); err != nil {
-			return nil, err
-		}
-		if r.NormTopKProb != nil {
-			c.NormTopKProb = *r.NormTopKProb
-		}
-		for _, l := range r.MLPOnlyLayers {
-			if l < 0 || l >= c.Layers {
-				return nil, cfgErr("mlp_only_layers", "layer %d out of range [0, %d)", l, c.Layers)
-			}
-		}
-		c.MLPOnlyLayers = slices.Clone(r.MLPOnlyLayers)
-		if r.SharedExpert != nil {
-			if c.SharedExpertIntermediate, err = positive("shared_expert_intermediate_size", r.SharedExpert, 0); err != nil {
-				return nil, err
-			}
-		}
-	}
-	if r.LinearKeyHeads != nil || r.FullAttnInterval != nil {
-		for _, f := range []struct {
-			name string
-			raw  *int
-			def  int
-			dst  *int
-		}{
-			{"full_attention_interval", r.FullAttnInterval, 4, &c.FullAttentionInterval},
-			{"linear_num_key_heads", r.LinearKeyHeads, 0, &c.LinearKeyHeads},
-			{"linear_num_value_heads", r.LinearValueHeads, 0, &c.LinearValueHeads},
-			{"linear_key_head_dim", r.LinearKeyDim, 0, &c.LinearKeyDim},
-			{"linear_value_head_dim", r.LinearValueDim, 0, &c.LinearValueDim},
-			{"linear_conv_kernel_dim", r.LinearConvKernel, 0, &c.LinearConvKernel},
-		} {
-			if *f.dst, err = positive(f.name, f.raw, f.def); err != nil {
-				return nil, err
-			}
-		}
-		if c.LinearValueHeads%c.LinearKeyHeads != 0 {
-			return nil, cfgErr("linear_num_value_heads", "%d is not a multiple of linear_num_key_heads %d", c.LinearValueHeads, c.LinearKeyHeads)
-		}
-	}
-	q := r.Quantization
-	if q == nil {
-		q = r.QuantizationConfig
-	}
-	if q != nil && string(*q) != "null" {
-		var rq struct {
-			Bits      int `json:"bits"`
-			GroupSize int `json:"group_size"`
-		}
-		if err := json.Unmarshal(*q, &rq); err != nil {
-			return nil, cfgErr("quantization", "%v", err)
-		}
-		switch rq.Bits {
-		case 2, 4, 8:
-		default:
-			return nil, cfgErr("quantization.bits", "unsupported %d (want 2, 4 or 8)", rq.Bits)
-		}
-		switch rq.GroupSize {
-		case 32, 64, 128:
-		default:
-			return nil, cfgErr("quantization.group_size", "unsupported %d (want 32, 64 or 128)", rq.GroupSize)
-		}
-		c.Quant = QuantSpec{Bits: rq.Bits, GroupSize: rq.GroupSize}
 	}
 	if arch != nil && arch.Parse != nil {
 		if err := arch.Parse(data, c); err != nil {
@@ -419,5 +349,96 @@ func parseRoPE(r *rawConfig, c *Config) error {
 		return cfgErr(field+".rope_type", "unsupported %q (want default, linear, llama3 or yarn)", typ)
 	}
 	c.RoPE.Scale = s
+	return nil
+}
+
+// parseMoE reads the mixture-of-experts fields (num_experts > 0).
+func parseMoE(r *rawConfig, c *Config) (err error) {
+	if r.NumExperts != nil && *r.NumExperts > 0 {
+		c.Experts = *r.NumExperts
+		if c.ExpertsPerToken, err = positive("num_experts_per_tok", r.NumExpertsPerTok, 0); err != nil {
+			return err
+		}
+		if c.ExpertsPerToken > c.Experts {
+			return cfgErr("num_experts_per_tok", "%d exceeds num_experts %d", c.ExpertsPerToken, c.Experts)
+		}
+		if c.MoEIntermediate, err = positive("moe_intermediate_size", r.MoEIntermediate, 0); err != nil {
+			return err
+		}
+		if c.SparseStep, err = positive("decoder_sparse_step", r.DecoderSparseStep, 1); err != nil {
+			return err
+		}
+		if r.NormTopKProb != nil {
+			c.NormTopKProb = *r.NormTopKProb
+		}
+		for _, l := range r.MLPOnlyLayers {
+			if l < 0 || l >= c.Layers {
+				return cfgErr("mlp_only_layers", "layer %d out of range [0, %d)", l, c.Layers)
+			}
+		}
+		c.MLPOnlyLayers = slices.Clone(r.MLPOnlyLayers)
+		if r.SharedExpert != nil {
+			if c.SharedExpertIntermediate, err = positive("shared_expert_intermediate_size", r.SharedExpert, 0); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// parseLinearAttention reads the Gated DeltaNet fields (linear_* and
+// full_attention_interval).
+func parseLinearAttention(r *rawConfig, c *Config) (err error) {
+	if r.LinearKeyHeads != nil || r.FullAttnInterval != nil {
+		for _, f := range []struct {
+			name string
+			raw  *int
+			def  int
+			dst  *int
+		}{
+			{"full_attention_interval", r.FullAttnInterval, 4, &c.FullAttentionInterval},
+			{"linear_num_key_heads", r.LinearKeyHeads, 0, &c.LinearKeyHeads},
+			{"linear_num_value_heads", r.LinearValueHeads, 0, &c.LinearValueHeads},
+			{"linear_key_head_dim", r.LinearKeyDim, 0, &c.LinearKeyDim},
+			{"linear_value_head_dim", r.LinearValueDim, 0, &c.LinearValueDim},
+			{"linear_conv_kernel_dim", r.LinearConvKernel, 0, &c.LinearConvKernel},
+		} {
+			if *f.dst, err = positive(f.name, f.raw, f.def); err != nil {
+				return err
+			}
+		}
+		if c.LinearValueHeads%c.LinearKeyHeads != 0 {
+			return cfgErr("linear_num_value_heads", "%d is not a multiple of linear_num_key_heads %d", c.LinearValueHeads, c.LinearKeyHeads)
+		}
+	}
+	return nil
+}
+
+// parseQuantization reads quantization (or quantization_config).
+func parseQuantization(r *rawConfig, c *Config) error {
+	q := r.Quantization
+	if q == nil {
+		q = r.QuantizationConfig
+	}
+	if q != nil && string(*q) != "null" {
+		var rq struct {
+			Bits      int `json:"bits"`
+			GroupSize int `json:"group_size"`
+		}
+		if err := json.Unmarshal(*q, &rq); err != nil {
+			return cfgErr("quantization", "%v", err)
+		}
+		switch rq.Bits {
+		case 2, 4, 8:
+		default:
+			return cfgErr("quantization.bits", "unsupported %d (want 2, 4 or 8)", rq.Bits)
+		}
+		switch rq.GroupSize {
+		case 32, 64, 128:
+		default:
+			return cfgErr("quantization.group_size", "unsupported %d (want 32, 64 or 128)", rq.GroupSize)
+		}
+		c.Quant = QuantSpec{Bits: rq.Bits, GroupSize: rq.GroupSize}
+	}
 	return nil
 }

@@ -862,38 +862,7 @@ func synthesizeConfig(g *GGUF, hfArch string, lay *engine.GGUFLayout, s *ggufSou
 		}
 	}
 	if len(s.quant) > 0 {
-		// The most common spec is the default; the rest are per-module
-		// overrides in mlx-lm's form, dense linears marked false.
-		count := map[engine.QuantSpec]int{}
-		for _, q := range s.quant {
-			count[q]++
-		}
-		var def engine.QuantSpec
-		for q, n := range count {
-			if n > count[def] || (n == count[def] && q.Bits > def.Bits) {
-				def = q
-			}
-		}
-		spec := func(q engine.QuantSpec) map[string]any {
-			m := map[string]any{"group_size": q.GroupSize, "bits": q.Bits}
-			if q.Mode != "" {
-				m["mode"] = q.Mode
-			}
-			return m
-		}
-		qb := spec(def)
-		for p, q := range s.quant {
-			if q != def {
-				qb[p] = spec(q)
-			}
-		}
-		for _, n := range s.names {
-			p, ok := strings.CutSuffix(n, ".weight")
-			if _, quantized := s.quant[p]; ok && !quantized && isLinear(p) {
-				qb[p] = false
-			}
-		}
-		cfg["quantization"] = qb
+		cfg["quantization"] = s.quantizationConfig()
 	}
 	return json.MarshalIndent(cfg, "", "  ")
 }
@@ -923,4 +892,40 @@ func isLinear(prefix string) bool {
 		}
 	}
 	return false
+}
+
+// quantizationConfig is config.json's quantization block for the source's
+// quantized linears: the most common spec is the default; the rest are
+// per-module overrides in mlx-lm's form, dense linears marked false.
+func (s *ggufSource) quantizationConfig() map[string]any {
+	count := map[engine.QuantSpec]int{}
+	for _, q := range s.quant {
+		count[q]++
+	}
+	var def engine.QuantSpec
+	for q, n := range count {
+		if n > count[def] || (n == count[def] && q.Bits > def.Bits) {
+			def = q
+		}
+	}
+	spec := func(q engine.QuantSpec) map[string]any {
+		m := map[string]any{"group_size": q.GroupSize, "bits": q.Bits}
+		if q.Mode != "" {
+			m["mode"] = q.Mode
+		}
+		return m
+	}
+	qb := spec(def)
+	for p, q := range s.quant {
+		if q != def {
+			qb[p] = spec(q)
+		}
+	}
+	for _, n := range s.names {
+		p, ok := strings.CutSuffix(n, ".weight")
+		if _, quantized := s.quant[p]; ok && !quantized && isLinear(p) {
+			qb[p] = false
+		}
+	}
+	return qb
 }
