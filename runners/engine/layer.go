@@ -9,7 +9,7 @@ import (
 // layer (a mixer and a feed-forward part, each in a residual branch with
 // optional norms around it), attention (full, sliding, with sinks, gated,
 // with or without RoPE, q/k norms per head or over the projection) and the
-// dense MLP (SwiGLU, GeGLU, gpt-oss's clamped SwiGLU). The MoE feed-forward
+// dense MLP (SwiGLU, GeGLU, clamped SwiGLU). The MoE feed-forward
 // is in moe.go, the Gated DeltaNet mixer in deltanet.go.
 
 // mixer is the token-mixing half of a decoder layer: attention or a
@@ -262,7 +262,7 @@ func (a *attention) forward(s *step, slot int, h Array) Array {
 // activation is a gated MLP's activation.
 type activation struct {
 	// geglu: GELU (tanh approximation) of the gate (Gemma 3); otherwise
-	// SiLU, clamped when limit > 0 (gpt-oss: Backend.ClampedSwiGLU).
+	// SiLU, clamped when limit > 0 (Backend.ClampedSwiGLU).
 	geglu        bool
 	alpha, limit float32
 }

@@ -34,8 +34,8 @@ const moeSortMin = 64
 // moeBlock is one sparse layer's router and stacked experts, and its
 // shared expert when the model has one (Qwen2-MoE: every token also runs
 // a dense SwiGLU MLP whose output is scaled by sigmoid(sharedGate · x)).
-// gpt-oss's experts (arch_gpt_oss.go) are stacked the same way, with biases
-// [E, out], possibly MXFP4, and a clamped SwiGLU (limit).
+// Experts may also carry biases [E, out], be MXFP4 and use a clamped
+// SwiGLU (act), as an architecture's loader sets them.
 type moeBlock struct {
 	prefix         string // "model.layers.N.mlp."
 	layer          int    // the model's layer index (RouteObserver)
@@ -46,7 +46,7 @@ type moeBlock struct {
 	norm           bool
 	D              int
 	shared         *sharedExpert
-	act            activation // the experts' (gpt-oss: clamped SwiGLU)
+	act            activation // the experts' (SwiGLU, or clamped)
 	// names of the router and the experts' tensors (Weights)
 	routerName, gateName, upName, downName string
 }

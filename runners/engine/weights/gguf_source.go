@@ -645,7 +645,7 @@ func mxfp4ToMLX(raw []byte, rows, cols int) (w, scales []byte, err error) {
 }
 
 // stackedExperts reports whether an HF module prefix holds experts stacked
-// [E, out, in] (mlx-lm's switch_mlp, gpt-oss's experts).
+// [E, out, in] (mlx-lm's switch_mlp, or under mlp.experts.).
 func stackedExperts(prefix string) bool {
 	return strings.Contains(prefix, ".switch_mlp.") || strings.Contains(prefix, ".mlp.experts.")
 }
