@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/exo-pd/exo-pd/internal/localrun"
-	"github.com/exo-pd/exo-pd/runners/openai"
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/supervisor/config"
 )
 
@@ -126,7 +126,7 @@ func (o *runOptions) resolveServedName() error {
 		}
 		o.Model = m.Decode.Source
 		if d := m.Defaults; d != nil {
-			o.Cluster = openai.Defaults{Temperature: d.Temperature, TopP: d.TopP, TopK: d.TopK, MinP: d.MinP, RepetitionPenalty: d.RepetitionPenalty}
+			o.Cluster = gen.Defaults{Temperature: d.Temperature, TopP: d.TopP, TopK: d.TopK, MinP: d.MinP, RepetitionPenalty: d.RepetitionPenalty}
 		}
 		return nil
 	}

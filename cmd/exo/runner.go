@@ -22,6 +22,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/decode"
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/hf"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 	"github.com/exo-pd/exo-pd/runners/metrics"
@@ -77,7 +78,7 @@ type runnerFlags struct {
 	metricsAddr string
 	cacheMiB    int
 	// decode: sampling defaults over the model's
-	defaults openai.Defaults
+	defaults gen.Defaults
 	instance string
 	// testPrefillRate (both roles) caps this runner's prefill at so many
 	// tokens/s: TEST ONLY, to simulate a slower host on one machine.

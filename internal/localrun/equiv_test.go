@@ -17,7 +17,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
-	"github.com/exo-pd/exo-pd/runners/openai"
+	"github.com/exo-pd/exo-pd/runners/gen"
 )
 
 // TestRunEqualsAPI: a three-turn conversation through exo run's chat loop
@@ -53,7 +53,7 @@ func TestRunEqualsAPI(t *testing.T) {
 			zero := 0.0
 			ctx := context.Background()
 			s, err := Open(ctx, Options{Model: dir, Backend: "cpu", Threads: 1, MaxTokens: maxTokens, Offline: true,
-				Flags: openai.Defaults{Temperature: &zero}}, &bytes.Buffer{})
+				Flags: gen.Defaults{Temperature: &zero}}, &bytes.Buffer{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -120,7 +120,7 @@ func newAPI(t *testing.T, dir string, cacheEntries int) *apiServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := decode.NewSetup("m", m, dir, openai.Defaults{})
+	st, err := decode.NewSetup("m", m, dir, gen.Defaults{})
 	if err != nil || st.NoTemplate != nil {
 		t.Fatal(err, st.NoTemplate)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/decode"
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/hf"
 	"github.com/exo-pd/exo-pd/runners/openai"
 )
@@ -37,7 +38,7 @@ type Options struct {
 	// Flags are the sampling flags given (each a request field); Cluster
 	// the [models.defaults] of a served name (under the flags, over the
 	// model's own defaults).
-	Flags, Cluster openai.Defaults
+	Flags, Cluster gen.Defaults
 	Seed           *int64
 	MaxTokens      int
 	Stats, Offline bool
@@ -107,7 +108,7 @@ func (s *Session) Close() {
 
 // request is the chat completion a turn is: msgs after --system, the
 // sampling flags as its fields, validated as the API validates one.
-func (s *Session) request(msgs []chat.Message) (*openai.GenRequest, error) {
+func (s *Session) request(msgs []chat.Message) (*gen.Request, error) {
 	if s.o.System != "" {
 		msgs = append([]chat.Message{{Role: "system", Content: s.o.System}}, msgs...)
 	}
@@ -131,7 +132,7 @@ func (s *Session) request(msgs []chat.Message) (*openai.GenRequest, error) {
 // Reply is one answer.
 type Reply struct {
 	Content, Reasoning string
-	Result             openai.Result
+	Result             gen.Result
 }
 
 // Reply generates the assistant's answer to msgs (plus --system), streams
@@ -182,7 +183,7 @@ func (e *emitter) mark() {
 	}
 }
 
-func (e *emitter) Text(t string, _ *openai.TokenLogprob) error {
+func (e *emitter) Text(t string, _ *gen.TokenLogprob) error {
 	e.mark()
 	if e.thinking && t != "" {
 		e.thinking = false

@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/chat"
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/hf"
-	"github.com/exo-pd/exo-pd/runners/openai"
 )
 
 // smolGGUF finds the SmolLM2 GGUF the way builtin:smollm2 does
@@ -35,7 +35,7 @@ func TestRunStreamsAReply(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	zero := 0.0
 	o := Options{Model: path, Backend: "cpu", MaxTokens: 16, Stats: true, Offline: true,
-		Flags: openai.Defaults{Temperature: &zero}}
+		Flags: gen.Defaults{Temperature: &zero}}
 	if err := Run(context.Background(), o, "What is the capital of France?", &stdout, &stderr); err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestRunChatKeepsHistory(t *testing.T) {
 	path := smolGGUF(t)
 	zero := 0.0
 	s, err := Open(context.Background(), Options{Model: path, Backend: "cpu", MaxTokens: 6, Offline: true, Stats: true,
-		Flags: openai.Defaults{Temperature: &zero}}, &bytes.Buffer{})
+		Flags: gen.Defaults{Temperature: &zero}}, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func TestRunChatKeepsHistory(t *testing.T) {
 func TestRunReusedKVGivesTheSameReply(t *testing.T) {
 	path := smolGGUF(t)
 	zero := 0.0
-	o := Options{Model: path, Backend: "cpu", MaxTokens: 10, Offline: true, Flags: openai.Defaults{Temperature: &zero}}
+	o := Options{Model: path, Backend: "cpu", MaxTokens: 10, Offline: true, Flags: gen.Defaults{Temperature: &zero}}
 	ctx := context.Background()
 	s, err := Open(ctx, o, &bytes.Buffer{})
 	if err != nil {

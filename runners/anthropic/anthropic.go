@@ -2,14 +2,14 @@
 // a thin adapter over the same generation core as the OpenAI API: a
 // request is converted to an openai.ChatRequest, validated by the same
 // openai.Validator (sampling defaults, assistant prefill, no silent
-// ignores) and run by the same openai.Generator; the answer and the stream
+// ignores) and run by the same gen.Generator; the answer and the stream
 // (message_start, content_block_start, ping, content_block_delta…,
 // content_block_stop, message_delta, message_stop) take Anthropic's
 // shapes. Unless Handler.AcceptTools, tools, tool_choice and tool_use /
 // tool_result blocks are refused with a 400 naming them; with it, they
 // become the generation request's Tools/ToolChoice and OpenAI-shaped
 // history (convertMessage), and the calls the generator reports
-// (openai.ToolCallEmitter) come back as tool_use blocks (streamed as
+// (gen.ToolCallEmitter) come back as tool_use blocks (streamed as
 // input_json_delta) with stop_reason "tool_use". thinking is refused. Nothing is stored server-side.
 // The anthropic-version header is accepted (any value); x-api-key is not
 // checked. It must not import the engine or anything under supervisor/.
@@ -25,6 +25,7 @@ import (
 	"reflect"
 	"strings"
 
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/openai"
 )
 
@@ -193,11 +194,11 @@ func blockTypes(body []byte, tools bool) *openai.Error {
 	return nil
 }
 
-// Handler serves POST /v1/messages on top of an openai.Generator.
+// Handler serves POST /v1/messages on top of a gen.Generator.
 type Handler struct {
-	Gen      openai.Generator
+	Gen      gen.Generator
 	Served   []string
-	Defaults openai.Defaults
+	Defaults gen.Defaults
 	Logger   *slog.Logger
 	// NewID is injectable for golden tests; nil means a random id.
 	NewID func(prefix string) string
@@ -321,7 +322,7 @@ func (h *Handler) fail(w http.ResponseWriter, model string, e *openai.Error) {
 }
 
 // convert validates r and turns it into a generation request.
-func (h *Handler) convert(r *Request) (*openai.GenRequest, *openai.Error) {
+func (h *Handler) convert(r *Request) (*gen.Request, *openai.Error) {
 	if r.MaxTokens == nil {
 		return nil, openai.Errorf("max_tokens", "max_tokens is required")
 	}
@@ -496,11 +497,11 @@ type Usage struct {
 	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
 }
 
-func usage(res openai.Result) Usage {
+func usage(res gen.Result) Usage {
 	return Usage{InputTokens: res.PromptTokens - res.CachedTokens, OutputTokens: res.CompletionTokens, CacheReadInputTokens: res.CachedTokens}
 }
 
-func stopReason(res openai.Result) (reason string, seq *string) {
+func stopReason(res gen.Result) (reason string, seq *string) {
 	switch {
 	case res.FinishReason == "length":
 		return "max_tokens", nil
@@ -518,10 +519,10 @@ type buffer struct {
 	calls []ContentBlock
 }
 
-func (b *buffer) Start(int) error                             { return nil }
-func (b *buffer) Text(t string, _ *openai.TokenLogprob) error { b.b.WriteString(t); return nil }
+func (b *buffer) Start(int) error                          { return nil }
+func (b *buffer) Text(t string, _ *gen.TokenLogprob) error { b.b.WriteString(t); return nil }
 
-// ToolCall implements openai.ToolCallEmitter.
+// ToolCall implements gen.ToolCallEmitter.
 func (b *buffer) ToolCall(index int, id, name, args string) error {
 	for len(b.calls) <= index {
 		b.calls = append(b.calls, ContentBlock{Type: "tool_use"})
@@ -566,7 +567,7 @@ func (s *stream) open(cb ContentBlock) error {
 	return s.sse.NamedEvent("content_block_start", map[string]any{"type": "content_block_start", "index": s.block, "content_block": cb})
 }
 
-// ToolCall implements openai.ToolCallEmitter: a tool_use block whose
+// ToolCall implements gen.ToolCallEmitter: a tool_use block whose
 // input streams as input_json_delta.
 func (s *stream) ToolCall(index int, id, name, args string) error {
 	if s.calls == nil {
@@ -599,7 +600,7 @@ func (s *stream) Start(promptTokens int) error {
 	return s.sse.NamedEvent("ping", map[string]any{"type": "ping"})
 }
 
-func (s *stream) Text(t string, _ *openai.TokenLogprob) error {
+func (s *stream) Text(t string, _ *gen.TokenLogprob) error {
 	if t == "" {
 		return nil
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/internal/testenv"
 	"github.com/exo-pd/exo-pd/runners/openai"
 )
@@ -20,25 +21,25 @@ var update = flag.Bool("update", false, "rewrite golden files")
 // package's tests over the same handler).
 type scriptGen struct {
 	pieces []string
-	res    openai.Result
-	got    *openai.GenRequest
+	res    gen.Result
+	got    *gen.Request
 }
 
-func (g *scriptGen) Generate(ctx context.Context, req *openai.GenRequest, em openai.Emitter) (openai.Result, error) {
+func (g *scriptGen) Generate(ctx context.Context, req *gen.Request, em gen.Emitter) (gen.Result, error) {
 	g.got = req
 	if err := em.Start(g.res.PromptTokens); err != nil {
-		return openai.Result{}, err
+		return gen.Result{}, err
 	}
 	for _, p := range g.pieces {
 		if err := em.Text(p, nil); err != nil {
-			return openai.Result{}, err
+			return gen.Result{}, err
 		}
 	}
 	return g.res, nil
 }
 
 // Tokenize counts one token per byte of the messages.
-func (g *scriptGen) Tokenize(_ context.Context, req *openai.GenRequest) ([]int32, int, error) {
+func (g *scriptGen) Tokenize(_ context.Context, req *gen.Request) ([]int32, int, error) {
 	n := 0
 	for _, m := range req.Messages {
 		n += len(m.Content)
@@ -75,7 +76,7 @@ func golden(t *testing.T, name, got string) {
 }
 
 func TestMessagesGolden(t *testing.T) {
-	res := openai.Result{PromptTokens: 12, CachedTokens: 4, CompletionTokens: 3, FinishReason: "stop", StopSequence: "END"}
+	res := gen.Result{PromptTokens: 12, CachedTokens: 4, CompletionTokens: 3, FinishReason: "stop", StopSequence: "END"}
 	for _, c := range []struct{ name, body string }{
 		{"message", `{"model":"tiny","max_tokens":50,"system":"Be brief.","messages":[{"role":"user","content":"hi"}]}`},
 		{"message_stream", `{"model":"tiny","max_tokens":50,"stream":true,"stop_sequences":["END"],"messages":[{"role":"user","content":[{"type":"text","text":"hi","cache_control":{"type":"ephemeral"}}]}]}`},
@@ -92,7 +93,7 @@ func TestMessagesGolden(t *testing.T) {
 }
 
 func TestConversion(t *testing.T) {
-	g := &scriptGen{res: openai.Result{FinishReason: "length"}}
+	g := &scriptGen{res: gen.Result{FinishReason: "length"}}
 	code, body := post(t, serve(t, g), `{"model":"tiny","max_tokens":7,"temperature":0.5,"top_k":3,"metadata":{"user_id":"u"},
 		"system":[{"type":"text","text":"Be "},{"type":"text","text":"brief."}],
 		"messages":[{"role":"user","content":"Name a colour."},{"role":"assistant","content":"The colour is"}]}`)
@@ -175,12 +176,12 @@ func TestToolsKeptWhenAccepted(t *testing.T) {
 		t.Fatal(e)
 	}
 	m := g.Messages
-	if len(g.Tools) != 1 || g.Tools[0].Function.Name != "get_weather" || !strings.Contains(string(g.Tools[0].Function.Parameters), `"city"`) ||
+	if len(g.Tools) != 1 || g.Tools[0].Name != "get_weather" || !strings.Contains(string(g.Tools[0].Parameters), `"city"`) ||
 		g.ToolChoice.Mode != "required" || *g.ParallelToolCalls {
 		t.Fatalf("tools %+v choice %+v", g.Tools, g.ToolChoice)
 	}
 	if len(m) != 4 || m[1].Role != "assistant" || m[1].Content != "Checking." || len(m[1].ToolCalls) != 1 ||
-		m[1].ToolCalls[0].ID != "toolu_1" || m[1].ToolCalls[0].Function.Arguments != `{"city":"Paris"}` ||
+		m[1].ToolCalls[0].ID != "toolu_1" || m[1].ToolCalls[0].Arguments != `{"city":"Paris"}` ||
 		m[2].Role != "tool" || m[2].ToolCallID != "toolu_1" || m[2].Content != "18C" || m[3].Role != "user" || m[3].Content != "Thanks" {
 		t.Fatalf("%+v", m)
 	}

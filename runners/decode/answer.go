@@ -4,7 +4,7 @@ import (
 	"errors"
 
 	"github.com/exo-pd/exo-pd/runners/chat"
-	"github.com/exo-pd/exo-pd/runners/openai"
+	"github.com/exo-pd/exo-pd/runners/gen"
 )
 
 // answerEmitter parses a chat generation with its format's parser (one
@@ -15,22 +15,22 @@ import (
 // ToolCallEmitter. A token's log-probability goes with the first answer
 // text it yields, or with none.
 type answerEmitter struct {
-	openai.Emitter
-	calls     openai.ToolCallEmitter  // nil: the API cannot take calls
-	reasoning openai.ReasoningEmitter // nil: reasoning is dropped
+	gen.Emitter
+	calls     gen.ToolCallEmitter  // nil: the API cannot take calls
+	reasoning gen.ReasoningEmitter // nil: reasoning is dropped
 	p         chat.Parser
 	n         int // tool calls started
 }
 
-func newAnswerEmitter(em openai.Emitter, p chat.Parser) *answerEmitter {
+func newAnswerEmitter(em gen.Emitter, p chat.Parser) *answerEmitter {
 	a := &answerEmitter{Emitter: em, p: p}
-	a.calls, _ = em.(openai.ToolCallEmitter)
-	a.reasoning, _ = em.(openai.ReasoningEmitter)
+	a.calls, _ = em.(gen.ToolCallEmitter)
+	a.reasoning, _ = em.(gen.ReasoningEmitter)
 	return a
 }
 
-// Text implements openai.Emitter.
-func (a *answerEmitter) Text(s string, lp *openai.TokenLogprob) error {
+// Text implements gen.Emitter.
+func (a *answerEmitter) Text(s string, lp *gen.TokenLogprob) error {
 	return a.forward(a.p.Add(s, false), lp)
 }
 
@@ -41,7 +41,7 @@ func (a *answerEmitter) finish() (int, error) {
 	return a.n, err
 }
 
-func (a *answerEmitter) forward(ev []chat.Event, lp *openai.TokenLogprob) error {
+func (a *answerEmitter) forward(ev []chat.Event, lp *gen.TokenLogprob) error {
 	for _, e := range ev {
 		switch e.Kind {
 		case chat.Content:

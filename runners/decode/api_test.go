@@ -20,6 +20,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/openai"
 	"github.com/exo-pd/exo-pd/runners/tokenizer"
 )
@@ -35,7 +36,7 @@ type tinyServer struct {
 	dir   string
 }
 
-func newTinyServer(t *testing.T, defaults openai.Defaults) *tinyServer {
+func newTinyServer(t *testing.T, defaults gen.Defaults) *tinyServer {
 	t.Helper()
 	return startTinyServer(t, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}, func(_ Text, o *Options) {
 		o.Defaults = defaults
@@ -133,7 +134,7 @@ func (s *tinyServer) chat(t *testing.T, extra map[string]any) chatOut {
 // TestSeedlessRequestsDiffer: five temperature-1 requests without a seed
 // give at least 4 distinct texts; with a seed, the same text every time.
 func TestSeedlessRequestsDiffer(t *testing.T) {
-	s := newTinyServer(t, openai.Defaults{})
+	s := newTinyServer(t, gen.Defaults{})
 	unseeded, seeded := map[string]bool{}, map[string]bool{}
 	for range 5 {
 		unseeded[s.chat(t, map[string]any{"temperature": 1}).Choices[0].Message.Content] = true
@@ -151,7 +152,7 @@ func TestSeedlessRequestsDiffer(t *testing.T) {
 // requests greedy (identical), and a request's temperature overrides it.
 func TestModelDefaultsApply(t *testing.T) {
 	zero := 0.0
-	s := newTinyServer(t, openai.Defaults{Temperature: &zero})
+	s := newTinyServer(t, gen.Defaults{Temperature: &zero})
 	texts := map[string]bool{}
 	for range 3 {
 		texts[s.chat(t, nil).Choices[0].Message.Content] = true
@@ -172,7 +173,7 @@ func TestModelDefaultsApply(t *testing.T) {
 // the largest of its top_logprobs and log-softmax of the engine's own
 // logits at that position, computed here independently.
 func TestLogprobsEqualEngine(t *testing.T) {
-	s := newTinyServer(t, openai.Defaults{})
+	s := newTinyServer(t, gen.Defaults{})
 	out := s.chat(t, map[string]any{"temperature": 0, "logprobs": true, "top_logprobs": 5, "max_tokens": 6})
 	lps := out.Choices[0].Logprobs
 	if lps == nil || len(lps.Content) != 6 {
@@ -234,7 +235,7 @@ func TestLogprobsEqualEngine(t *testing.T) {
 // TestLogitBiasAndPenaltiesReachTheSampler: banning the greedy first token
 // changes it; a bias on an id outside the vocabulary is a 400.
 func TestLogitBiasAndPenaltiesReachTheSampler(t *testing.T) {
-	s := newTinyServer(t, openai.Defaults{})
+	s := newTinyServer(t, gen.Defaults{})
 	base := s.chat(t, map[string]any{"temperature": 0, "logprobs": true, "max_tokens": 1})
 	first := base.Choices[0].Logprobs.Content[0].Bytes
 	ids := s.tok.Encode(base.Choices[0].Message.Content)
@@ -280,7 +281,7 @@ func itoa(v int32) string { return strconv.Itoa(int(v)) }
 // ends with its content (no end of turn, no new turn), and the generated
 // text equals what a completion of that exact prompt gives.
 func TestAssistantPrefill(t *testing.T) {
-	s := newTinyServer(t, openai.Defaults{})
+	s := newTinyServer(t, gen.Defaults{})
 	msgs := []map[string]any{{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon"}}
 	var tk struct{ Tokens []int32 }
 	if s.post(t, "/tokenize", map[string]any{"model": "m", "messages": msgs}, &tk) != 200 {
@@ -333,7 +334,7 @@ func TestModelDefaultsFromFiles(t *testing.T) {
 // TestSeededBatchedEqualsAlone: seeded temperature-1 requests decoded
 // together (batched) give the texts they give alone.
 func TestSeededBatchedEqualsAlone(t *testing.T) {
-	s := newTinyServer(t, openai.Defaults{})
+	s := newTinyServer(t, gen.Defaults{})
 	const n = 2
 	alone := make([]string, n)
 	for i := range alone {
@@ -376,7 +377,7 @@ func TestSeededBatchedEqualsAlone(t *testing.T) {
 // [count>0]·presence over generated tokens; HF: l[id] /= rp when positive,
 // *= rp when negative, over prompt and generated tokens).
 func TestPenaltiesAndBiasMatchReference(t *testing.T) {
-	s := newTinyServer(t, openai.Defaults{})
+	s := newTinyServer(t, gen.Defaults{})
 	msgs := []map[string]any{{"role": "user", "content": "tell me something"}}
 	var tk struct{ Tokens []int32 }
 	if s.post(t, "/tokenize", map[string]any{"model": "m", "messages": msgs}, &tk) != 200 {

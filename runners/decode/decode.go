@@ -1,5 +1,6 @@
-// Package decode owns the decode runner: it serves the OpenAI API (through
-// runners/openai) for one model, admits requests through a bounded FIFO
+// Package decode owns the decode runner: it implements gen.Generator for
+// one model and serves it through the OpenAI and Anthropic APIs
+// (runners/openai, runners/anthropic), admits requests through a bounded FIFO
 // queue, runs up to MaxBatch generations at once with their decode steps
 // batched on the engine (continuous batching), keeps a prefix cache of
 // recent conversations' KV, and decides per request whether to prefill the
@@ -11,7 +12,7 @@
 // Constrained decoding plugs in through Options.NewConstraint (a
 // Constraint masks each step's logits and is told each sampled token) and
 // Options.AcceptTools (lets tools, tool_choice and response_format through
-// the API's validation); the parsed fields are on openai.GenRequest
+// the API's validation); the parsed fields are on gen.Request
 // (Tools, ToolChoice, ParallelToolCalls, ResponseFormat). A chat answer
 // is parsed into text, reasoning and tool calls by the model's chat
 // format (runners/chat, detected once at load) on the Emitter path
@@ -31,6 +32,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/anthropic"
 	"github.com/exo-pd/exo-pd/runners/chat"
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/metrics"
 	"github.com/exo-pd/exo-pd/runners/openai"
 	"github.com/exo-pd/exo-pd/runners/sample"
@@ -52,7 +54,7 @@ type Text interface {
 	// prompt (a new assistant turn), or with the final message left open
 	// (continueFinal: no end-of-turn after it, so generation continues
 	// it), or neither.
-	Render(msgs []openai.ChatMessage, addGenerationPrompt, continueFinal bool) (string, error)
+	Render(msgs []gen.Message, addGenerationPrompt, continueFinal bool) (string, error)
 	Encode(text string) []int32
 	// EncodeChat encodes a prompt rendered by Render (no BOS added: the
 	// template writes it, as with HF's apply_chat_template).
@@ -127,7 +129,7 @@ type Options struct {
 	Name           string // served model name
 	Model          Model
 	Text           Text
-	NewSampler     func(openai.Sampling) Sampler
+	NewSampler     func(gen.Sampling) Sampler
 	NewStopMatcher func(stops []string) StopMatcher
 
 	Remote          Remote // nil: no prefill endpoints
@@ -150,12 +152,12 @@ type Options struct {
 	DefaultMaxTokens int
 	// Defaults are the sampling defaults requests start from: the model's
 	// own (ModelDefaults) overlaid by the cluster file's [models.defaults].
-	Defaults openai.Defaults
+	Defaults gen.Defaults
 	// NewConstraint, when set, is asked for each request's Constraint (nil:
 	// unconstrained), told where the output begins; it is how tools and
 	// response_format plug in. Set AcceptTools too once it honours them
 	// (else the API refuses them).
-	NewConstraint func(req *openai.GenRequest, st chat.Start) (Constraint, error)
+	NewConstraint func(req *gen.Request, st chat.Start) (Constraint, error)
 	AcceptTools   bool
 
 	// Stopping, when set, is closed when the runner begins to shut down
@@ -168,7 +170,7 @@ type Options struct {
 	Logger  *slog.Logger
 }
 
-// Server is a decode runner for one model. It implements openai.Generator.
+// Server is a decode runner for one model. It implements gen.Generator.
 type Server struct {
 	o      Options
 	info   engine.ModelInfo
@@ -267,7 +269,7 @@ func (s *Server) Close() {
 	s.pool.close()
 }
 
-func (s *Server) prompt(req *openai.GenRequest) ([]int32, error) {
+func (s *Server) prompt(req *gen.Request) ([]int32, error) {
 	if req.Chat {
 		rt, ok := s.o.Text.(ReasoningText)
 		for i, m := range req.Messages {
@@ -308,13 +310,13 @@ func (s *Server) prompt(req *openai.GenRequest) ([]int32, error) {
 	}
 }
 
-// Tokenize implements openai.Generator.
-func (s *Server) Tokenize(ctx context.Context, req *openai.GenRequest) ([]int32, int, error) {
+// Tokenize implements gen.Generator.
+func (s *Server) Tokenize(ctx context.Context, req *gen.Request) ([]int32, int, error) {
 	toks, err := s.prompt(req)
 	return toks, s.info.MaxPositions, err
 }
 
-// Detokenize implements openai.Generator.
+// Detokenize implements gen.Generator.
 func (s *Server) Detokenize(ctx context.Context, ids []int32) (string, error) {
 	v := s.o.Text.VocabSize()
 	for i, id := range ids {
@@ -325,8 +327,8 @@ func (s *Server) Detokenize(ctx context.Context, ids []int32) (string, error) {
 	return s.o.Text.Decode(ids), nil
 }
 
-// Generate implements openai.Generator.
-func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai.Emitter) (res openai.Result, err error) {
+// Generate implements gen.Generator.
+func (s *Server) Generate(ctx context.Context, req *gen.Request, em gen.Emitter) (res gen.Result, err error) {
 	t0 := time.Now()
 	reqID := fmt.Sprintf("%s-%d", s.o.Name, s.seq.Add(1))
 	rec := s.journal.begin(reqID, s.o.Name, t0)
@@ -334,12 +336,12 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 	ctx = withRecord(ctx, rec)
 	prompt, err := s.prompt(req)
 	if err != nil {
-		return openai.Result{}, err
+		return gen.Result{}, err
 	}
 	v := s.o.Text.VocabSize()
 	for id := range req.Sampling.LogitBias {
 		if int(id) >= v {
-			return openai.Result{}, openai.Errorf("logit_bias", "logit_bias token %d is outside the vocabulary of %d", id, v)
+			return gen.Result{}, openai.Errorf("logit_bias", "logit_bias token %d is outside the vocabulary of %d", id, v)
 		}
 	}
 	var st chat.Start // where the output begins
@@ -349,29 +351,29 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 	var cons Constraint
 	if s.o.NewConstraint != nil {
 		if cons, err = s.o.NewConstraint(req, st); err != nil {
-			return openai.Result{}, err
+			return gen.Result{}, err
 		}
 	}
 	n := len(prompt)
 	if n == 0 {
-		return openai.Result{}, openai.Errorf("messages", "the prompt is empty after tokenization")
+		return gen.Result{}, openai.Errorf("messages", "the prompt is empty after tokenization")
 	}
 	maxPos := s.info.MaxPositions
 	if maxPos > 0 && n >= maxPos {
-		return openai.Result{}, openai.ContextTooLong(n, maxPos)
+		return gen.Result{}, openai.ContextTooLong(n, maxPos)
 	}
 	release, err := s.admit(ctx)
 	if errors.Is(err, errQueueFull) {
-		return openai.Result{}, openai.ErrQueueFull
+		return gen.Result{}, openai.ErrQueueFull
 	}
 	if err != nil {
-		return openai.Result{}, fmt.Errorf("waiting for admission: %w", err)
+		return gen.Result{}, fmt.Errorf("waiting for admission: %w", err)
 	}
 	defer release()
 	defer func() { s.m.Duration.WithLabelValues(s.o.Name).Observe(time.Since(t0).Seconds()) }()
 	s.m.PromptTokens.WithLabelValues(s.o.Name).Add(float64(n))
 	if err := em.Start(n); err != nil {
-		return openai.Result{}, err
+		return gen.Result{}, err
 	}
 
 	entry, cached := s.pool.take(prompt)
@@ -396,13 +398,13 @@ func (s *Server) Generate(ctx context.Context, req *openai.GenRequest, em openai
 	s.note(ctx, func(r *RequestRecord) { r.PromptTokens, r.CachedTokens = n, start })
 
 	if err := s.fill(ctx, reqID, req, prompt, start, entry); err != nil {
-		return openai.Result{}, err
+		return gen.Result{}, err
 	}
 
 	// The last prompt token: logits for the first sampled token.
 	logits, err := s.o.Model.Forward(ctx, entry.cache, prompt[n-1:])
 	if err != nil {
-		return openai.Result{}, fmt.Errorf("forward last prompt token: %w", err)
+		return gen.Result{}, fmt.Errorf("forward last prompt token: %w", err)
 	}
 	entry.tokens = append(entry.tokens[:0:0], prompt...)
 
@@ -465,7 +467,7 @@ func (c *clientGone) Unwrap() error { return c.err }
 
 // fill brings entry's cache from start to n-1 prompt tokens, remotely when
 // the request qualifies and that works, else locally.
-func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest, prompt []int32, start int, entry *convEntry) error {
+func (s *Server) fill(ctx context.Context, reqID string, req *gen.Request, prompt []int32, start int, entry *convEntry) error {
 	n := len(prompt)
 	uncached := n - start
 	outcome := ""
@@ -565,8 +567,8 @@ func (s *Server) fill(ctx context.Context, reqID string, req *openai.GenRequest,
 	return nil
 }
 
-func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai.Emitter, entry *convEntry, logits []float32, cons Constraint, t0 time.Time) (openai.Result, error) {
-	var res openai.Result
+func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter, entry *convEntry, logits []float32, cons Constraint, t0 time.Time) (gen.Result, error) {
+	var res gen.Result
 	maxNew := req.MaxTokens
 	if maxNew == 0 {
 		maxNew = s.o.DefaultMaxTokens
@@ -584,7 +586,7 @@ func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai
 		defer mem.leave()
 	}
 	last := time.Now()
-	emit := func(text string, lp *openai.TokenLogprob) (bool, error) {
+	emit := func(text string, lp *gen.TokenLogprob) (bool, error) {
 		stopped := false
 		if stops != nil {
 			text, stopped = stops.Push(text)
@@ -625,7 +627,7 @@ func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai
 		res.CompletionTokens++
 		s.m.GenTokens.WithLabelValues(s.o.Name).Inc()
 		history = append(history, tok)
-		var lp *openai.TokenLogprob
+		var lp *gen.TokenLogprob
 		if req.Logprobs {
 			lp = s.logprob(logits, tok, req.TopLogprobs)
 		}
@@ -671,11 +673,11 @@ func (s *Server) generate(ctx context.Context, req *openai.GenRequest, em openai
 
 // logprob describes tok under the model's logits (before any sampling
 // transform): its log-probability and the top most likely tokens.
-func (s *Server) logprob(logits []float32, tok int32, top int) *openai.TokenLogprob {
+func (s *Server) logprob(logits []float32, tok int32, top int) *gen.TokenLogprob {
 	lp, best := sample.Logprobs(logits, tok, top)
-	out := &openai.TokenLogprob{Bytes: s.o.Text.TokenBytes(tok), Logprob: lp}
+	out := &gen.TokenLogprob{Bytes: s.o.Text.TokenBytes(tok), Logprob: lp}
 	for _, b := range best {
-		out.Top = append(out.Top, openai.TopToken{Bytes: s.o.Text.TokenBytes(b.ID), Logprob: b.Logprob})
+		out.Top = append(out.Top, gen.TopToken{Bytes: s.o.Text.TokenBytes(b.ID), Logprob: b.Logprob})
 	}
 	return out
 }

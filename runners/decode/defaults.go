@@ -11,7 +11,7 @@ import (
 	"strings"
 
 	"github.com/exo-pd/exo-pd/runners/engine/weights"
-	"github.com/exo-pd/exo-pd/runners/openai"
+	"github.com/exo-pd/exo-pd/runners/gen"
 )
 
 // ModelDefaults reads a model's own sampling defaults: from a model
@@ -20,12 +20,12 @@ import (
 // .gguf file's general.sampling.* keys (temp, top_p, top_k, min_p,
 // penalty_repeat). A model that has none gives the zero Defaults (OpenAI's
 // defaults then apply). Values are validated as request fields are.
-func ModelDefaults(path string) (openai.Defaults, error) {
+func ModelDefaults(path string) (gen.Defaults, error) {
 	st, err := os.Stat(path)
 	if err != nil {
-		return openai.Defaults{}, fmt.Errorf("sampling defaults: %w", err)
+		return gen.Defaults{}, fmt.Errorf("sampling defaults: %w", err)
 	}
-	var d openai.Defaults
+	var d gen.Defaults
 	var src string
 	if !st.IsDir() && (strings.HasSuffix(strings.ToLower(path), ".gguf") || weights.IsGGUF(path)) {
 		src = path
@@ -74,17 +74,17 @@ func ModelDefaults(path string) (openai.Defaults, error) {
 		if err := json.Unmarshal(b, &gc); err != nil {
 			return d, fmt.Errorf("sampling defaults: %s: %w", src, err)
 		}
-		d = openai.Defaults{Temperature: gc.Temperature, TopP: gc.TopP, TopK: gc.TopK, MinP: gc.MinP, RepetitionPenalty: gc.RepetitionPenalty}
+		d = gen.Defaults{Temperature: gc.Temperature, TopP: gc.TopP, TopK: gc.TopK, MinP: gc.MinP, RepetitionPenalty: gc.RepetitionPenalty}
 	}
 	if err := d.Check(); err != nil {
-		return openai.Defaults{}, fmt.Errorf("sampling defaults: %s: %w", src, err)
+		return gen.Defaults{}, fmt.Errorf("sampling defaults: %s: %w", src, err)
 	}
 	return d, nil
 }
 
 // DescribeDefaults is a one-line summary of d for logs ("temperature=0.6
 // top_k=20"; "none" when empty).
-func DescribeDefaults(d openai.Defaults) string {
+func DescribeDefaults(d gen.Defaults) string {
 	var parts []string
 	add := func(name string, v *float64) {
 		if v != nil {

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/exo-pd/exo-pd/runners/chat"
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/grammar"
 	"github.com/exo-pd/exo-pd/runners/openai"
 )
@@ -230,7 +231,7 @@ func (g *Grammars) deferVocabulary(v *grammar.Vocab) *deferVocab {
 
 // deferred returns the deferred constraint of req (ok false: req is not
 // one; the caller goes on as for any model).
-func (g *Grammars) deferred(req *openai.GenRequest, st chat.Start) (c Constraint, ok bool, err error) {
+func (g *Grammars) deferred(req *gen.Request, st chat.Start) (c Constraint, ok bool, err error) {
 	if !req.Chat {
 		return nil, false, nil
 	}
@@ -246,7 +247,7 @@ func (g *Grammars) deferred(req *openai.GenRequest, st chat.Start) (c Constraint
 	switch rf := req.ResponseFormat; {
 	case rf == nil || rf.Type == "text":
 	case rf.Type == "json_schema":
-		a.Schema = rf.JSONSchema.Schema
+		a.Schema = rf.Schema
 		if a.Schema == nil {
 			a.Schema = []byte{}
 		}
@@ -285,7 +286,7 @@ func (g *Grammars) deferred(req *openai.GenRequest, st chat.Start) (c Constraint
 
 // forcedTools returns the tools a forced tool_choice allows ("required":
 // all, "function": the named one) and the mode ("" when not forced).
-func forcedTools(req *openai.GenRequest) ([]openai.Tool, string, error) {
+func forcedTools(req *gen.Request) ([]gen.Tool, string, error) {
 	tc := req.ToolChoice
 	if len(req.Tools) == 0 || tc == nil || (tc.Mode != "required" && tc.Mode != "function") {
 		return req.Tools, "", nil
@@ -293,9 +294,9 @@ func forcedTools(req *openai.GenRequest) ([]openai.Tool, string, error) {
 	if tc.Mode == "required" {
 		return req.Tools, tc.Mode, nil
 	}
-	var tools []openai.Tool
+	var tools []gen.Tool
 	for _, t := range req.Tools {
-		if t.Function.Name == tc.Name {
+		if t.Name == tc.Name {
 			tools = append(tools, t)
 		}
 	}

@@ -3,8 +3,6 @@ package decode
 import (
 	"bytes"
 	"encoding/json"
-	"github.com/exo-pd/exo-pd/runners/chat"
-	"github.com/exo-pd/exo-pd/runners/tokenizer"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -14,13 +12,16 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/exo-pd/exo-pd/runners/chat"
+	"github.com/exo-pd/exo-pd/runners/gen"
+	"github.com/exo-pd/exo-pd/runners/tokenizer"
+
 	"github.com/exo-pd/exo-pd/runners/grammar"
-	"github.com/exo-pd/exo-pd/runners/openai"
 )
 
 const pointSchema = `{"type":"object","properties":{"x":{"type":"integer"},"tag":{"enum":["a","b"]}},"required":["x","tag"],"additionalProperties":false}`
 
-var harmonyRF = &openai.ResponseFormat{Type: "json_schema", JSONSchema: &openai.JSONSchemaFormat{Name: "p", Schema: json.RawMessage(pointSchema)}}
+var harmonyRF = &gen.ResponseFormat{Type: "json_schema", Name: "p", Schema: json.RawMessage(pointSchema)}
 
 // allowedBy returns the ids left finite by c.Mask over a zero row.
 func allowedBy(t *testing.T, c Constraint, v int) map[int32]bool {
@@ -69,7 +70,7 @@ func grammarAllows(p *pieceText, m *grammar.Matcher, eos []int32) map[int32]bool
 func TestHarmonyDeferredSteps(t *testing.T) {
 	p := newPieceText()
 	g := &Grammars{Text: p}
-	c, err := g.NewConstraint(&openai.GenRequest{Chat: true, AddGenerationPrompt: true, ResponseFormat: harmonyRF}, chat.Start{})
+	c, err := g.NewConstraint(&gen.Request{Chat: true, AddGenerationPrompt: true, ResponseFormat: harmonyRF}, chat.Start{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,11 +310,8 @@ func TestThinkConstrainedAnswers(t *testing.T) {
 	opened := strings.Replace(string(src), `{{- '<|im_start|>assistant\n' }}`, `{{- '<|im_start|>assistant\n<think>\n' }}`, 1)
 	point := map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "p", "schema": json.RawMessage(pointSchema)}}
 	endless := strings.Repeat("hmm ", 60)
-	user := []openai.ChatMessage{{Role: "user", Content: "hi"}}
-	var weather []openai.Tool
-	if err := json.Unmarshal(mustJSON(t, []any{cityTool}), &weather); err != nil {
-		t.Fatal(err)
-	}
+	user := []gen.Message{{Role: "user", Content: "hi"}}
+	weather := apiTools(t, []any{cityTool})
 	cases := []struct {
 		name, template, gen string
 		body                map[string]any
@@ -331,7 +329,7 @@ func TestThinkConstrainedAnswers(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			q := serveTemplate(t, c.template, c.gen)
-			var tl []openai.Tool
+			var tl []gen.Tool
 			if c.call != "" {
 				tl = weather
 			}
@@ -381,14 +379,11 @@ func TestThinkConstrainedAnswers(t *testing.T) {
 func TestDeferredRandomWalks(t *testing.T) {
 	p := newPieceText()
 	g := &Grammars{Text: p}
-	var tools []openai.Tool
-	if err := json.Unmarshal(mustJSON(t, []any{cityTool, addTool}), &tools); err != nil {
-		t.Fatal(err)
-	}
-	reqs := map[string]*openai.GenRequest{
+	tools := apiTools(t, []any{cityTool, addTool})
+	reqs := map[string]*gen.Request{
 		"response_format": {Chat: true, AddGenerationPrompt: true, ResponseFormat: harmonyRF},
-		"required":        {Chat: true, AddGenerationPrompt: true, Tools: tools, ToolChoice: &openai.ToolChoice{Mode: "required"}},
-		"named":           {Chat: true, AddGenerationPrompt: true, Tools: tools, ToolChoice: &openai.ToolChoice{Mode: "function", Name: "add"}},
+		"required":        {Chat: true, AddGenerationPrompt: true, Tools: tools, ToolChoice: &gen.ToolChoice{Mode: "required"}},
+		"named":           {Chat: true, AddGenerationPrompt: true, Tools: tools, ToolChoice: &gen.ToolChoice{Mode: "function", Name: "add"}},
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	reasoned, capped := 0, 0
@@ -477,14 +472,11 @@ func TestThinkRandomWalks(t *testing.T) {
 	}
 	text := NewText(tok, tmpl)
 	g := &Grammars{Text: text}
-	var tools []openai.Tool
-	if err := json.Unmarshal(mustJSON(t, []any{cityTool, addTool}), &tools); err != nil {
-		t.Fatal(err)
-	}
+	tools := apiTools(t, []any{cityTool, addTool})
 	no := false
-	reqs := map[string]*openai.GenRequest{
+	reqs := map[string]*gen.Request{
 		"response_format": {Chat: true, AddGenerationPrompt: true, ResponseFormat: harmonyRF},
-		"required":        {Chat: true, AddGenerationPrompt: true, Tools: tools, ToolChoice: &openai.ToolChoice{Mode: "required"}, ParallelToolCalls: &no},
+		"required":        {Chat: true, AddGenerationPrompt: true, Tools: tools, ToolChoice: &gen.ToolChoice{Mode: "required"}, ParallelToolCalls: &no},
 	}
 	rng := rand.New(rand.NewPCG(3, 4))
 	reasoned := 0

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/chat"
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/openai"
 )
 
@@ -62,8 +63,8 @@ func (p *pieceText) encode(s string) []int32 {
 	return ids
 }
 
-func (p *pieceText) Render([]openai.ChatMessage, bool, bool) (string, error) { return "p", nil }
-func (p *pieceText) RenderTools([]openai.ChatMessage, []openai.Tool, bool, bool) (string, error) {
+func (p *pieceText) Render([]gen.Message, bool, bool) (string, error) { return "p", nil }
+func (p *pieceText) RenderTools([]gen.Message, []gen.Tool, bool, bool) (string, error) {
 	return "p", nil
 }
 func (p *pieceText) Format() chat.Format        { return chat.Harmony }
@@ -316,9 +317,9 @@ type recorder struct {
 	calls           []harmonyCallOut
 }
 
-func (r *recorder) Start(int) error                             { return nil }
-func (r *recorder) Text(s string, _ *openai.TokenLogprob) error { r.text.WriteString(s); return nil }
-func (r *recorder) Reasoning(s string) error                    { r.reasoning.WriteString(s); return nil }
+func (r *recorder) Start(int) error                          { return nil }
+func (r *recorder) Text(s string, _ *gen.TokenLogprob) error { r.text.WriteString(s); return nil }
+func (r *recorder) Reasoning(s string) error                 { r.reasoning.WriteString(s); return nil }
 func (r *recorder) ToolCall(i int, id, name, args string) error {
 	if i == len(r.calls) {
 		r.calls = append(r.calls, harmonyCallOut{ID: id})

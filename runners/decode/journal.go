@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
-	"github.com/exo-pd/exo-pd/runners/openai"
 )
 
 // JournalPath is where a decode runner serves its recent requests and the
@@ -141,7 +141,7 @@ func (s *Server) note(ctx context.Context, f func(r *RequestRecord)) {
 }
 
 // finishRecord completes a request's record after Generate.
-func (s *Server) finishRecord(r *RequestRecord, res openai.Result, err error) {
+func (s *Server) finishRecord(r *RequestRecord, res gen.Result, err error) {
 	s.journal.update(r, func(r *RequestRecord) {
 		now := time.Now()
 		r.Done = true

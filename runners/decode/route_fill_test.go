@@ -14,8 +14,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/metrics"
-	"github.com/exo-pd/exo-pd/runners/openai"
 	"github.com/exo-pd/exo-pd/runners/tokenizer"
 )
 
@@ -65,7 +65,7 @@ func TestFillFollowsRouter(t *testing.T) {
 				Metrics: met, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			defer s.Close()
 			var em textEmitter
-			if _, err := s.Generate(context.Background(), &openai.GenRequest{Model: "m", Prompt: prompt, MaxTokens: 1}, &em); err != nil {
+			if _, err := s.Generate(context.Background(), &gen.Request{Model: "m", Prompt: prompt, MaxTokens: 1}, &em); err != nil {
 				t.Fatal(err)
 			}
 			if got := rem.calls.Load(); got != c.remoteCalls {

@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/exo-pd/exo-pd/runners/chat"
-	"github.com/exo-pd/exo-pd/runners/openai"
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/tokenizer"
 )
 
@@ -30,7 +30,7 @@ type Setup struct {
 // model at path (loaded as m) and makes the Options of a Server named
 // name over them; over (the cluster file's [models.defaults]) is laid
 // over the model's defaults, and each request's fields over both.
-func NewSetup(name string, m Model, path string, over openai.Defaults) (*Setup, error) {
+func NewSetup(name string, m Model, path string, over gen.Defaults) (*Setup, error) {
 	tok, err := tokenizer.Load(path)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)

@@ -14,6 +14,7 @@ import (
 	"github.com/exo-pd/exo-pd/internal/testutil"
 	"github.com/exo-pd/exo-pd/runners/chat"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/openai"
 )
 
@@ -28,7 +29,7 @@ func TestStoppingAnswersQueuedRequests(t *testing.T) {
 		o.MaxBatch, o.Stopping = 1, d.Begun()
 		// The running request is held at its first step until the test
 		// releases it, so it is running for as long as the test looks.
-		o.NewConstraint = func(req *openai.GenRequest, _ chat.Start) (Constraint, error) {
+		o.NewConstraint = func(req *gen.Request, _ chat.Start) (Constraint, error) {
 			if req.Messages[0].Content == "hold" {
 				return holdConstraint{release}, nil
 			}

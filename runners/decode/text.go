@@ -5,7 +5,7 @@ import (
 	"strings"
 
 	"github.com/exo-pd/exo-pd/runners/chat"
-	"github.com/exo-pd/exo-pd/runners/openai"
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/sample"
 	"github.com/exo-pd/exo-pd/runners/tokenizer"
 )
@@ -23,7 +23,7 @@ func NewText(tok *tokenizer.Tokenizer, tmpl *chat.Template) Text {
 	return &tokText{tok: tok, tmpl: tmpl, format: chat.Detect(tmpl)}
 }
 
-func (t *tokText) Render(msgs []openai.ChatMessage, agp, continueFinal bool) (string, error) {
+func (t *tokText) Render(msgs []gen.Message, agp, continueFinal bool) (string, error) {
 	if t.tmpl == nil {
 		return "", errors.New("this model has no chat template; use /v1/completions")
 	}
@@ -31,12 +31,12 @@ func (t *tokText) Render(msgs []openai.ChatMessage, agp, continueFinal bool) (st
 }
 
 // chatMessages converts validated API messages to the chat template's.
-func chatMessages(msgs []openai.ChatMessage) []chat.Message {
+func chatMessages(msgs []gen.Message) []chat.Message {
 	cm := make([]chat.Message, len(msgs))
 	for i, m := range msgs {
 		cm[i] = chat.Message{Role: m.Role, Content: m.Content, Reasoning: m.Reasoning, ToolCallID: m.ToolCallID, Name: m.Name}
 		for _, c := range m.ToolCalls {
-			cm[i].ToolCalls = append(cm[i].ToolCalls, chat.ToolCall{ID: c.ID, Name: c.Function.Name, Arguments: c.Function.Arguments})
+			cm[i].ToolCalls = append(cm[i].ToolCalls, chat.ToolCall{ID: c.ID, Name: c.Name, Arguments: c.Arguments})
 		}
 	}
 	return cm
@@ -86,13 +86,13 @@ func (t *tokText) VocabSize() int              { return t.tok.VocabSize() }
 func (t *tokText) NewStream() TextStream       { return t.tok.NewStreamDecoder() }
 
 // NewSampler makes a sample.Sampler from validated request parameters.
-func NewSampler(s openai.Sampling) Sampler {
+func NewSampler(s gen.Sampling) Sampler {
 	return sample.New(SampleParams(s))
 }
 
 // SampleParams converts validated request parameters: no seed in the
 // request means fresh randomness.
-func SampleParams(s openai.Sampling) sample.Params {
+func SampleParams(s gen.Sampling) sample.Params {
 	return sample.Params{Temperature: s.Temperature, TopP: s.TopP, TopK: s.TopK, MinP: s.MinP,
 		RepetitionPenalty: s.RepetitionPenalty, PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty,
 		LogitBias: s.LogitBias, Seed: s.Seed, RandomSeed: !s.SeedSet}

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
-	"github.com/exo-pd/exo-pd/runners/openai"
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/tokenizer"
 )
 
@@ -76,7 +76,7 @@ func (m *scriptModel) promptLen() int { return max(1, m.plen) }
 type textEmitter struct{ strings.Builder }
 
 func (e *textEmitter) Start(int) error { return nil }
-func (e *textEmitter) Text(s string, _ *openai.TokenLogprob) error {
+func (e *textEmitter) Text(s string, _ *gen.TokenLogprob) error {
 	e.WriteString(s)
 	return nil
 }
@@ -104,7 +104,7 @@ func TestGenerationFlushesPartialUTF8(t *testing.T) {
 		NewStopMatcher: NewStopMatcher, MaxBatch: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	defer s.Close()
 	var em textEmitter
-	res, err := s.Generate(context.Background(), &openai.GenRequest{Model: "m", Prompt: "a", MaxTokens: 10}, &em)
+	res, err := s.Generate(context.Background(), &gen.Request{Model: "m", Prompt: "a", MaxTokens: 10}, &em)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/chat"
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/openai"
 	"github.com/exo-pd/exo-pd/runners/tokenizer"
 )
@@ -64,9 +65,9 @@ func serveTemplate(t *testing.T, src, gen string) *qwen3Server {
 }
 
 // aim sets the script's prompt length to that of a chat request's.
-func (q *qwen3Server) aim(t *testing.T, msgs []openai.ChatMessage, tools []openai.Tool) string {
+func (q *qwen3Server) aim(t *testing.T, msgs []gen.Message, tools []gen.Tool) string {
 	t.Helper()
-	req := &openai.GenRequest{Chat: true, Messages: msgs, Tools: tools, AddGenerationPrompt: true}
+	req := &gen.Request{Chat: true, Messages: msgs, Tools: tools, AddGenerationPrompt: true}
 	ids, _, err := q.srv.Tokenize(context.Background(), req)
 	if err != nil {
 		t.Fatal(err)
@@ -86,11 +87,8 @@ const qwen3Think = "<think>\nThe user greets me.\nReply briefly.\n</think>\n\nHe
 func TestQwen3ThinkSplit(t *testing.T) {
 	call := "<think>\nNeed the weather. <tool_call> is how I call.\n</think>\n\n<tool_call>\n" +
 		`{"name": "get_weather", "arguments": {"city": "Paris"}}` + "\n</tool_call>"
-	user := []openai.ChatMessage{{Role: "user", Content: "hi"}}
-	var tools []openai.Tool
-	if err := json.Unmarshal(mustJSON(t, harmonyTools), &tools); err != nil {
-		t.Fatal(err)
-	}
+	user := []gen.Message{{Role: "user", Content: "hi"}}
+	tools := apiTools(t, harmonyTools)
 	for _, c := range []struct {
 		name, gen          string
 		tools              bool
@@ -106,7 +104,7 @@ func TestQwen3ThinkSplit(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			q := newQwen3Server(t, c.gen)
-			var tl []openai.Tool
+			var tl []gen.Tool
 			body := map[string]any{"max_tokens": 500, "temperature": 0}
 			if c.tools {
 				tl = tools
@@ -152,11 +150,8 @@ func TestThinkOpenedByThePrompt(t *testing.T) {
 	if opened == string(src) {
 		t.Fatal("the template's generation prompt moved")
 	}
-	user := []openai.ChatMessage{{Role: "user", Content: "hi"}}
-	var tools []openai.Tool
-	if err := json.Unmarshal(mustJSON(t, harmonyTools), &tools); err != nil {
-		t.Fatal(err)
-	}
+	user := []gen.Message{{Role: "user", Content: "hi"}}
+	tools := apiTools(t, harmonyTools)
 	for _, c := range []struct {
 		name, gen string
 		tools     bool
@@ -170,7 +165,7 @@ func TestThinkOpenedByThePrompt(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			q := serveTemplate(t, opened, c.gen)
 			body := map[string]any{"max_tokens": 200, "temperature": 0}
-			var tl []openai.Tool
+			var tl []gen.Tool
 			if c.tools {
 				tl, body["tools"] = tools, harmonyTools
 			}
@@ -182,6 +177,21 @@ func TestThinkOpenedByThePrompt(t *testing.T) {
 			}
 		})
 	}
+}
+
+// apiTools are tools given in OpenAI's JSON shape as the handler's
+// validation hands them to the generator.
+func apiTools(t *testing.T, tools any) []gen.Tool {
+	t.Helper()
+	var r openai.ChatRequest
+	if err := json.Unmarshal(mustJSON(t, map[string]any{"model": "m", "messages": []any{map[string]any{"role": "user", "content": "x"}}, "tools": tools}), &r); err != nil {
+		t.Fatal(err)
+	}
+	g, e := openai.Validator{Served: func(string) bool { return true }, AcceptTools: true}.ValidateChat(&r)
+	if e != nil {
+		t.Fatal(e)
+	}
+	return g.Tools
 }
 
 func mustJSON(t *testing.T, v any) []byte {
@@ -204,9 +214,9 @@ func TestReasoningContentInHistory(t *testing.T) {
 		{"role": "tool", "tool_call_id": "call_1", "content": "18 C"}}
 
 	q := newQwen3Server(t, qwen3Think)
-	prompt := q.aim(t, []openai.ChatMessage{{Role: "user", Content: "Weather in Paris?"},
-		{Role: "assistant", Reasoning: "Need the weather.", ToolCalls: []openai.ToolCall{{ID: "call_1", Type: "function",
-			Function: openai.FunctionCall{Name: "get_weather", Arguments: `{"city":"Paris"}`}}}},
+	prompt := q.aim(t, []gen.Message{{Role: "user", Content: "Weather in Paris?"},
+		{Role: "assistant", Reasoning: "Need the weather.", ToolCalls: []gen.ToolCall{{ID: "call_1",
+			Name: "get_weather", Arguments: `{"city":"Paris"}`}}},
 		{Role: "tool", ToolCallID: "call_1", Content: "18 C"}}, nil)
 	if !strings.Contains(prompt, "<|im_start|>assistant\n<think>\nNeed the weather.\n</think>\n\n<tool_call>") {
 		t.Errorf("reasoning not rendered: %q", prompt)
@@ -220,9 +230,9 @@ func TestReasoningContentInHistory(t *testing.T) {
 	// message; the answer is parsed as harmony (the tiny tokenizer's <|end|>
 	// is an end token, so the script is a final message alone).
 	q = newTemplateServer(t, "gptoss_chat_template.jinja", "<|channel|>final<|message|>Hello! How can I help?<|return|>")
-	prompt = q.aim(t, []openai.ChatMessage{{Role: "user", Content: "Weather in Paris?"},
-		{Role: "assistant", Reasoning: "Need the weather.", ToolCalls: []openai.ToolCall{{ID: "call_1", Type: "function",
-			Function: openai.FunctionCall{Name: "get_weather", Arguments: `{"city":"Paris"}`}}}},
+	prompt = q.aim(t, []gen.Message{{Role: "user", Content: "Weather in Paris?"},
+		{Role: "assistant", Reasoning: "Need the weather.", ToolCalls: []gen.ToolCall{{ID: "call_1",
+			Name: "get_weather", Arguments: `{"city":"Paris"}`}}},
 		{Role: "tool", ToolCallID: "call_1", Content: "18 C"}}, nil)
 	if !strings.Contains(prompt, "<|start|>assistant<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant to=functions.get_weather") {
 		t.Errorf("gpt-oss: reasoning not rendered: %q", prompt)
@@ -232,7 +242,7 @@ func TestReasoningContentInHistory(t *testing.T) {
 		t.Errorf("gpt-oss template: %d %s", code, raw)
 	}
 
-	s := newTinyServer(t, openai.Defaults{})
+	s := newTinyServer(t, gen.Defaults{})
 	code, raw = postJSON(t, s.url+"/v1/chat/completions", map[string]any{"model": "m", "messages": msgs, "max_tokens": 2})
 	var eb openai.ErrorBody
 	if err := json.Unmarshal(raw, &eb); err != nil || code != http.StatusBadRequest ||
@@ -246,13 +256,10 @@ func TestReasoningContentInHistory(t *testing.T) {
 // "auto" and not under "none".
 func TestToolChoiceNoneRendersNoTools(t *testing.T) {
 	q := newTemplateServer(t, "gptoss_chat_template.jinja", "<|channel|>final<|message|>Hi<|return|>")
-	var tools []openai.Tool
-	if err := json.Unmarshal(mustJSON(t, harmonyTools), &tools); err != nil {
-		t.Fatal(err)
-	}
+	tools := apiTools(t, harmonyTools)
 	for mode, want := range map[string]bool{"auto": true, "none": false} {
-		req := &openai.GenRequest{Chat: true, Messages: []openai.ChatMessage{{Role: "user", Content: "hi"}}, Tools: tools,
-			ToolChoice: &openai.ToolChoice{Mode: mode}, AddGenerationPrompt: true}
+		req := &gen.Request{Chat: true, Messages: []gen.Message{{Role: "user", Content: "hi"}}, Tools: tools,
+			ToolChoice: &gen.ToolChoice{Mode: mode}, AddGenerationPrompt: true}
 		ids, _, err := q.srv.Tokenize(context.Background(), req)
 		if err != nil {
 			t.Fatal(err)

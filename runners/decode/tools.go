@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/exo-pd/exo-pd/runners/chat"
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/grammar"
 	"github.com/exo-pd/exo-pd/runners/openai"
 )
@@ -18,7 +19,7 @@ import (
 type ToolText interface {
 	// RenderTools is Render with tools offered (as the format offers
 	// them).
-	RenderTools(msgs []openai.ChatMessage, tools []openai.Tool, addGenerationPrompt, continueFinal bool) (string, error)
+	RenderTools(msgs []gen.Message, tools []gen.Tool, addGenerationPrompt, continueFinal bool) (string, error)
 	// Format is the model's chat format, detected once at load.
 	Format() chat.Format
 	// IsSpecial reports control tokens, which constrained output never
@@ -26,7 +27,7 @@ type ToolText interface {
 	IsSpecial(id int32) bool
 }
 
-func (t *tokText) RenderTools(msgs []openai.ChatMessage, tools []openai.Tool, agp, continueFinal bool) (string, error) {
+func (t *tokText) RenderTools(msgs []gen.Message, tools []gen.Tool, agp, continueFinal bool) (string, error) {
 	if t.tmpl == nil {
 		return "", errors.New("this model has no chat template; use /v1/completions")
 	}
@@ -47,18 +48,17 @@ func formatOf(text Text) chat.Format {
 }
 
 // chatTools are the API's tools as the chat format takes them.
-func chatTools(tools []openai.Tool) []chat.ToolDef {
+func chatTools(tools []gen.Tool) []chat.ToolDef {
 	defs := make([]chat.ToolDef, len(tools))
 	for i, tl := range tools {
-		defs[i] = chat.ToolDef{Name: tl.Function.Name, Description: tl.Function.Description, Parameters: tl.Function.Parameters,
-			Strict: tl.Function.Strict != nil && *tl.Function.Strict}
+		defs[i] = chat.ToolDef{Name: tl.Name, Description: tl.Description, Parameters: tl.Parameters, Strict: tl.Strict}
 	}
 	return defs
 }
 
 // toolsOffered reports whether req's tools are shown to the model and its
 // output parsed for calls: tools given and tool_choice not "none".
-func toolsOffered(req *openai.GenRequest) bool {
+func toolsOffered(req *gen.Request) bool {
 	return req.Chat && len(req.Tools) > 0 && (req.ToolChoice == nil || req.ToolChoice.Mode != "none")
 }
 
@@ -158,7 +158,7 @@ func (g *Grammars) Warm() error {
 
 // NewConstraint implements Options.NewConstraint: st is where the
 // output begins (inside the reasoning, when the prompt opened it).
-func (g *Grammars) NewConstraint(req *openai.GenRequest, st chat.Start) (Constraint, error) {
+func (g *Grammars) NewConstraint(req *gen.Request, st chat.Start) (Constraint, error) {
 	if c, ok, err := g.deferred(req, st); ok || err != nil {
 		return c, err
 	}
@@ -184,7 +184,7 @@ func (g *Grammars) NewConstraint(req *openai.GenRequest, st chat.Start) (Constra
 // offered tool with schema-valid arguments until it is complete. A tool
 // whose schema the grammar cannot take is then left unconstrained, unless
 // it asks for strict, which is a 400.
-func (g *Grammars) lazyCalls(req *openai.GenRequest, st chat.Start) (Constraint, error) {
+func (g *Grammars) lazyCalls(req *gen.Request, st chat.Start) (Constraint, error) {
 	f, trig, ok := g.chatFormat().Lazy()
 	if !ok {
 		return nil, nil // calls are parsed; a strict tool is constrained by the format's Plan (defer.go)
@@ -193,7 +193,7 @@ func (g *Grammars) lazyCalls(req *openai.GenRequest, st chat.Start) (Constraint,
 	gr, err := g.compiled(cacheKey("lazy", f, gt, nil), func() (*grammar.Grammar, error) { return grammar.ToolCalls(gt, f) })
 	if err != nil {
 		for i, t := range req.Tools {
-			if t.Function.Strict != nil && *t.Function.Strict {
+			if t.Strict {
 				if _, e := grammar.ToolCalls(gt[i:i+1], f); e != nil {
 					return nil, openai.Errorf(fmt.Sprintf("tools[%d].function.parameters", i), "tools[%d] is strict but its schema cannot be enforced: %v", i, e)
 				}
@@ -264,7 +264,7 @@ func (l *lazyConstraint) Close() {
 	}
 }
 
-func (g *Grammars) grammarFor(req *openai.GenRequest) (*grammar.Grammar, error) {
+func (g *Grammars) grammarFor(req *gen.Request) (*grammar.Grammar, error) {
 	tools, forced, err := forcedTools(req)
 	if err != nil {
 		return nil, err
@@ -275,7 +275,7 @@ func (g *Grammars) grammarFor(req *openai.GenRequest) (*grammar.Grammar, error) 
 		// auto: a call of an offered tool, or the final answer in the format.
 		var schema []byte
 		if rf.Type == "json_schema" {
-			schema = rf.JSONSchema.Schema
+			schema = rf.Schema
 		}
 		gt, f := toolDefs(req.Tools), g.chatFormat().Calls(req.ParallelToolCalls == nil || *req.ParallelToolCalls)
 		if schema == nil {
@@ -304,8 +304,8 @@ func (g *Grammars) grammarFor(req *openai.GenRequest) (*grammar.Grammar, error) 
 	case structured && rf.Type == "json_object":
 		return g.compiled("json_object", func() (*grammar.Grammar, error) { return grammar.AnyJSONObject(), nil })
 	case structured && rf.Type == "json_schema":
-		gr, err := g.compiled(cacheKey("schema", grammar.CallFormat{}, nil, rf.JSONSchema.Schema), func() (*grammar.Grammar, error) {
-			return grammar.Compile(rf.JSONSchema.Schema)
+		gr, err := g.compiled(cacheKey("schema", grammar.CallFormat{}, nil, rf.Schema), func() (*grammar.Grammar, error) {
+			return grammar.Compile(rf.Schema)
 		})
 		if err != nil {
 			return nil, openai.Errorf("response_format.json_schema.schema", "response_format.json_schema.schema: %v", err)
@@ -391,10 +391,10 @@ func (m *maskConstraint) Close() {
 
 func newCallID() string { return openai.NewID(nil, "call_") }
 
-func toolDefs(tools []openai.Tool) []grammar.Tool {
+func toolDefs(tools []gen.Tool) []grammar.Tool {
 	gt := make([]grammar.Tool, len(tools))
 	for i, t := range tools {
-		gt[i] = grammar.Tool{Name: t.Function.Name, Parameters: t.Function.Parameters}
+		gt[i] = grammar.Tool{Name: t.Name, Parameters: t.Parameters}
 	}
 	return gt
 }

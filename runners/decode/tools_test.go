@@ -14,6 +14,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/chat"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/grammar"
 	"github.com/exo-pd/exo-pd/runners/openai"
 	"github.com/exo-pd/exo-pd/runners/tokenizer"
@@ -339,12 +340,8 @@ func TestAutoToolChoiceConstrainsCallsOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := &Grammars{Text: NewText(tok, tmpl)}
-	var tools []openai.Tool
-	raw, _ := json.Marshal(weatherTools)
-	if err := json.Unmarshal(raw, &tools); err != nil {
-		t.Fatal(err)
-	}
-	cons, err := g.NewConstraint(&openai.GenRequest{Chat: true, Tools: tools}, chat.Start{})
+	tools := apiTools(t, weatherTools)
+	cons, err := g.NewConstraint(&gen.Request{Chat: true, Tools: tools}, chat.Start{})
 	if err != nil || cons == nil {
 		t.Fatalf("NewConstraint: %v %v", cons, err)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/exo-pd/exo-pd/internal/testutil"
+	"github.com/exo-pd/exo-pd/runners/gen"
 )
 
 // holdGen starts the answer (when start is set), says it is in hand on
@@ -24,33 +25,33 @@ type holdGen struct {
 	release chan struct{}
 }
 
-func (g *holdGen) Generate(ctx context.Context, req *GenRequest, em Emitter) (Result, error) {
+func (g *holdGen) Generate(ctx context.Context, req *gen.Request, em gen.Emitter) (gen.Result, error) {
 	if g.start {
 		if err := em.Start(3); err != nil {
-			return Result{}, err
+			return gen.Result{}, err
 		}
 		if err := em.Text("partial", nil); err != nil {
-			return Result{}, err
+			return gen.Result{}, err
 		}
 	}
 	g.entered <- struct{}{}
 	select {
 	case <-g.release:
 	case <-ctx.Done():
-		return Result{}, fmt.Errorf("decoding: %w", ctx.Err())
+		return gen.Result{}, fmt.Errorf("decoding: %w", ctx.Err())
 	}
 	if !g.start {
 		if err := em.Start(3); err != nil {
-			return Result{}, err
+			return gen.Result{}, err
 		}
 		if err := em.Text("whole", nil); err != nil {
-			return Result{}, err
+			return gen.Result{}, err
 		}
 	}
-	return Result{PromptTokens: 3, CompletionTokens: 1, FinishReason: "stop"}, nil
+	return gen.Result{PromptTokens: 3, CompletionTokens: 1, FinishReason: "stop"}, nil
 }
 
-func drainServer(t *testing.T, g Generator) (*httptest.Server, *Drain) {
+func drainServer(t *testing.T, g gen.Generator) (*httptest.Server, *Drain) {
 	t.Helper()
 	d := NewDrain()
 	h := &Handler{Gen: g, Served: []string{"tiny"}}

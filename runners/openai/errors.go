@@ -51,7 +51,7 @@ func Errorf(param, format string, args ...any) *Error {
 	return &Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Message: fmt.Sprintf(format, args...)}
 }
 
-// Constructors for the errors a Generator returns.
+// Constructors for the errors a gen.Generator returns.
 var (
 	// ErrQueueFull: the runner's queue is full (429).
 	ErrQueueFull = &Error{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "queue_full", Message: "the runner's request queue is full; retry later"}

@@ -6,6 +6,8 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/gen"
 )
 
 // TestNoSilentIgnores: every field this server does not implement is a 400
@@ -93,8 +95,8 @@ func TestAcceptedFields(t *testing.T) {
 	srv, _ := newTestServer(t, gen)
 	post(t, srv.URL+"/v1/chat/completions", cases[1].body)
 	m := gen.got.Messages
-	if len(m) != 3 || m[1].Content != "" || len(m[1].ToolCalls) != 1 || m[1].ToolCalls[0].Function.Name != "get_weather" ||
-		m[1].ToolCalls[0].Function.Arguments != `{"city":"Paris"}` || m[2].Role != "tool" || m[2].ToolCallID != "call_1" {
+	if len(m) != 3 || m[1].Content != "" || len(m[1].ToolCalls) != 1 || m[1].ToolCalls[0].Name != "get_weather" ||
+		m[1].ToolCalls[0].Arguments != `{"city":"Paris"}` || m[2].Role != "tool" || m[2].ToolCallID != "call_1" {
 		t.Fatalf("tool history converted wrong: %+v", m)
 	}
 }
@@ -113,8 +115,8 @@ func TestToolsKeptWhenAccepted(t *testing.T) {
 	if e != nil {
 		t.Fatal(e)
 	}
-	if len(g.Tools) != 1 || string(g.Tools[0].Function.Parameters) != `{"type":"object"}` || g.ToolChoice.Mode != "function" ||
-		g.ToolChoice.Name != "f" || *g.ParallelToolCalls || g.ResponseFormat.JSONSchema.Name != "s" {
+	if len(g.Tools) != 1 || string(g.Tools[0].Parameters) != `{"type":"object"}` || g.ToolChoice.Mode != "function" ||
+		g.ToolChoice.Name != "f" || *g.ParallelToolCalls || g.ResponseFormat.Name != "s" {
 		t.Fatalf("%+v", g)
 	}
 }
@@ -173,7 +175,7 @@ func TestReasoningContentReachesTheGenerator(t *testing.T) {
 func TestDefaultsPrecedence(t *testing.T) {
 	f := func(v float64) *float64 { return &v }
 	k := 7
-	v := Validator{Served: func(string) bool { return true }, Defaults: Defaults{Temperature: f(0.6), TopP: f(0.9), TopK: &k, RepetitionPenalty: f(1.1)}}
+	v := Validator{Served: func(string) bool { return true }, Defaults: gen.Defaults{Temperature: f(0.6), TopP: f(0.9), TopK: &k, RepetitionPenalty: f(1.1)}}
 	r := ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: Content{Text: "q", Set: true}}}}
 	r.TopP = f(0.5)
 	g, e := v.ValidateChat(&r)
@@ -184,7 +186,7 @@ func TestDefaultsPrecedence(t *testing.T) {
 	if s.Temperature != 0.6 || s.TopP != 0.5 || s.TopK != 7 || s.RepetitionPenalty != 1.1 || s.MinP != 0 || s.SeedSet {
 		t.Fatalf("%+v", s)
 	}
-	if err := (Defaults{Temperature: f(3)}).Check(); err == nil || !strings.Contains(err.Error(), "temperature") {
+	if err := (gen.Defaults{Temperature: f(3)}).Check(); err == nil || !strings.Contains(err.Error(), "temperature") {
 		t.Fatalf("bad default accepted: %v", err)
 	}
 }
@@ -192,12 +194,12 @@ func TestDefaultsPrecedence(t *testing.T) {
 // lpGen emits two tokens with logprobs.
 type lpGen struct{ scriptGen }
 
-func (g *lpGen) Generate(ctx context.Context, req *GenRequest, em Emitter) (Result, error) {
+func (g *lpGen) Generate(ctx context.Context, req *gen.Request, em gen.Emitter) (gen.Result, error) {
 	g.got = req
 	_ = em.Start(3)
-	_ = em.Text("Hi", &TokenLogprob{Bytes: []byte("Hi"), Logprob: -0.5, Top: []TopToken{{Bytes: []byte("Hi"), Logprob: -0.5}, {Bytes: []byte("Yo"), Logprob: -1.25}}})
-	_ = em.Text("", &TokenLogprob{Bytes: []byte{0xe2, 0x82}, Logprob: math.Inf(-1)})
-	return Result{PromptTokens: 3, CompletionTokens: 2, FinishReason: "length"}, nil
+	_ = em.Text("Hi", &gen.TokenLogprob{Bytes: []byte("Hi"), Logprob: -0.5, Top: []gen.TopToken{{Bytes: []byte("Hi"), Logprob: -0.5}, {Bytes: []byte("Yo"), Logprob: -1.25}}})
+	_ = em.Text("", &gen.TokenLogprob{Bytes: []byte{0xe2, 0x82}, Logprob: math.Inf(-1)})
+	return gen.Result{PromptTokens: 3, CompletionTokens: 2, FinishReason: "length"}, nil
 }
 
 func TestLogprobsShapes(t *testing.T) {

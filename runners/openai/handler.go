@@ -1,7 +1,6 @@
 package openai
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -10,79 +9,13 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/exo-pd/exo-pd/runners/gen"
 )
-
-// Result is what a generation produced.
-type Result struct {
-	PromptTokens     int
-	CachedTokens     int
-	CompletionTokens int
-	// FinishReason is "stop" (end token or stop sequence) or "length".
-	FinishReason string
-	// StopSequence is the stop sequence that ended the generation, if one
-	// did.
-	StopSequence string
-}
-
-// Emitter receives a generation's output. Start is called once, after the
-// request is admitted and its prompt tokenized, before any text; Text is
-// called with newly generated text (never a split UTF-8 rune), and, when
-// the request asked for logprobs, with the log-probabilities of the token
-// generated in that step (lp nil otherwise, and for text flushed at the
-// end). Text may be "" with a non-nil lp (a token whose text is held back,
-// e.g. the start of a UTF-8 rune or of a possible stop sequence). An error
-// from either (the client went away) stops the generation.
-type Emitter interface {
-	Start(promptTokens int) error
-	Text(s string, lp *TokenLogprob) error
-}
-
-// ToolCallEmitter is an Emitter that also takes tool calls as they are
-// parsed from the output: call index starts with its id and name (args
-// ""), then gets pieces of its arguments text (id and name "").
-type ToolCallEmitter interface {
-	Emitter
-	ToolCall(index int, id, name, args string) error
-}
-
-// ReasoningEmitter is an Emitter that also takes the model's reasoning (a
-// harmony model's analysis channel) apart from its answer text; an
-// emitter that is not one drops reasoning.
-type ReasoningEmitter interface {
-	Emitter
-	Reasoning(s string) error
-}
-
-// TokenLogprob is one generated token's log-probability under the model's
-// distribution and its most likely alternatives (descending).
-type TokenLogprob struct {
-	Bytes   []byte
-	Logprob float64
-	Top     []TopToken
-}
-
-// TopToken is one alternative of a TokenLogprob.
-type TopToken struct {
-	Bytes   []byte
-	Logprob float64
-}
-
-// Generator runs generations; the decode runner implements it.
-type Generator interface {
-	// Generate runs req, reporting output to em. An error returned before
-	// em.Start becomes the HTTP status of the response (an *Error keeps its
-	// status; others are 500).
-	Generate(ctx context.Context, req *GenRequest, em Emitter) (Result, error)
-	// Tokenize renders and tokenizes req's prompt as Generate would.
-	Tokenize(ctx context.Context, req *GenRequest) (tokens []int32, maxModelLen int, err error)
-	// Detokenize turns token ids into text (ids outside the vocabulary are
-	// an *Error naming "tokens").
-	Detokenize(ctx context.Context, tokens []int32) (string, error)
-}
 
 // Handler serves the OpenAI-compatible routes on top of a Generator.
 type Handler struct {
-	Gen Generator
+	Gen gen.Generator
 	// Served lists the model names served (normally one).
 	Served []string
 	Logger *slog.Logger
@@ -94,7 +27,7 @@ type Handler struct {
 	// HTTP status code (for metrics), after the response is complete.
 	OnResult func(model string, code int)
 	// Defaults are the model's sampling defaults (under request fields).
-	Defaults Defaults
+	Defaults gen.Defaults
 	// AcceptTools: Gen honours tools, tool_choice and non-text
 	// response_format; false refuses them with a 400 naming the field.
 	AcceptTools bool
@@ -171,7 +104,7 @@ func (h *Handler) tokenize(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, UnknownModel(req.Model))
 		return
 	}
-	g := &GenRequest{Model: req.Model}
+	g := &gen.Request{Model: req.Model}
 	switch {
 	case len(req.Messages) > 0:
 		cr := ChatRequest{Model: req.Model, Messages: req.Messages,
@@ -279,7 +212,7 @@ func (s *streamEmitter) Start(int) error {
 		Choices: []ChatChoice{{Index: 0, Delta: &ResponseMessage{Role: "assistant", Content: &empty}}}})
 }
 
-func (s *streamEmitter) Text(t string, lp *TokenLogprob) error {
+func (s *streamEmitter) Text(t string, lp *gen.TokenLogprob) error {
 	if t == "" && lp == nil {
 		return nil
 	}
@@ -302,7 +235,7 @@ func (s *streamEmitter) Text(t string, lp *TokenLogprob) error {
 		Choices: []ChatChoice{c}})
 }
 
-// ToolCall implements ToolCallEmitter: OpenAI's delta.tool_calls.
+// ToolCall implements gen.ToolCallEmitter: OpenAI's delta.tool_calls.
 func (s *streamEmitter) ToolCall(index int, id, name, args string) error {
 	d := ToolCallDelta{Index: &index, ID: id, Function: FunctionCallPartial{Name: name, Arguments: args}}
 	if id != "" {
@@ -312,7 +245,7 @@ func (s *streamEmitter) ToolCall(index int, id, name, args string) error {
 		Choices: []ChatChoice{{Index: 0, Delta: &ResponseMessage{ToolCalls: []ToolCallDelta{d}}}}})
 }
 
-// Reasoning implements ReasoningEmitter: OpenAI's delta.reasoning_content.
+// Reasoning implements gen.ReasoningEmitter: OpenAI's delta.reasoning_content.
 func (s *streamEmitter) Reasoning(t string) error {
 	if t == "" || !s.chat {
 		return nil
@@ -325,11 +258,11 @@ func (s *streamEmitter) Reasoning(t string) error {
 type bufferEmitter struct {
 	b     strings.Builder
 	r     strings.Builder // reasoning
-	lps   []*TokenLogprob
+	lps   []*gen.TokenLogprob
 	calls []ToolCallDelta
 }
 
-// ToolCall implements ToolCallEmitter.
+// ToolCall implements gen.ToolCallEmitter.
 func (b *bufferEmitter) ToolCall(index int, id, name, args string) error {
 	for len(b.calls) <= index {
 		b.calls = append(b.calls, ToolCallDelta{Type: "function"})
@@ -343,11 +276,11 @@ func (b *bufferEmitter) ToolCall(index int, id, name, args string) error {
 	return nil
 }
 
-// Reasoning implements ReasoningEmitter.
+// Reasoning implements gen.ReasoningEmitter.
 func (b *bufferEmitter) Reasoning(t string) error { b.r.WriteString(t); return nil }
 
 func (b *bufferEmitter) Start(int) error { return nil }
-func (b *bufferEmitter) Text(t string, lp *TokenLogprob) error {
+func (b *bufferEmitter) Text(t string, lp *gen.TokenLogprob) error {
 	b.b.WriteString(t)
 	if lp != nil {
 		b.lps = append(b.lps, lp)
@@ -355,7 +288,7 @@ func (b *bufferEmitter) Text(t string, lp *TokenLogprob) error {
 	return nil
 }
 
-func (h *Handler) serve(w http.ResponseWriter, r *http.Request, g *GenRequest, chat bool) {
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, g *gen.Request, chat bool) {
 	prefix, object := "cmpl-", "text_completion"
 	if chat {
 		prefix, object = "chatcmpl-", "chat.completion"
@@ -485,7 +418,7 @@ func tokenString(b []byte) string {
 	return sb.String()
 }
 
-func chatLogprob(lp *TokenLogprob) LogprobContent {
+func chatLogprob(lp *gen.TokenLogprob) LogprobContent {
 	c := LogprobContent{Token: tokenString(lp.Bytes), Logprob: clampLogprob(lp.Logprob), Bytes: byteInts(lp.Bytes), TopLogprobs: []TopLogprob{}}
 	for _, t := range lp.Top {
 		c.TopLogprobs = append(c.TopLogprobs, TopLogprob{Token: tokenString(t.Bytes), Logprob: clampLogprob(t.Logprob), Bytes: byteInts(t.Bytes)})
@@ -493,7 +426,7 @@ func chatLogprob(lp *TokenLogprob) LogprobContent {
 	return c
 }
 
-func (cl *CompletionLogprobs) add(lp *TokenLogprob, offset int) {
+func (cl *CompletionLogprobs) add(lp *gen.TokenLogprob, offset int) {
 	cl.Tokens = append(cl.Tokens, tokenString(lp.Bytes))
 	cl.TokenLogprobs = append(cl.TokenLogprobs, clampLogprob(lp.Logprob))
 	top := map[string]float64{}

@@ -13,12 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/internal/testenv"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
 
-// scriptGen is a Generator that replays a fixed script of text pieces; it
+// scriptGen is a gen.Generator that replays a fixed script of text pieces; it
 // stands in for the model so the HTTP layer can be tested on its own (the
 // real model is exercised by the e2e tests in runners/e2e).
 type scriptGen struct {
@@ -26,26 +27,26 @@ type scriptGen struct {
 	finish   string
 	failPre  error // returned before Start
 	failPost error // returned after the pieces
-	got      *GenRequest
+	got      *gen.Request
 }
 
-func (g *scriptGen) Generate(ctx context.Context, req *GenRequest, em Emitter) (Result, error) {
+func (g *scriptGen) Generate(ctx context.Context, req *gen.Request, em gen.Emitter) (gen.Result, error) {
 	g.got = req
 	if g.failPre != nil {
-		return Result{}, g.failPre
+		return gen.Result{}, g.failPre
 	}
 	if err := em.Start(7); err != nil {
-		return Result{}, err
+		return gen.Result{}, err
 	}
 	for _, p := range g.pieces {
 		if err := em.Text(p, nil); err != nil {
-			return Result{}, err
+			return gen.Result{}, err
 		}
 	}
 	if g.failPost != nil {
-		return Result{}, g.failPost
+		return gen.Result{}, g.failPost
 	}
-	return Result{PromptTokens: 7, CachedTokens: 3, CompletionTokens: len(g.pieces), FinishReason: g.finish}, nil
+	return gen.Result{PromptTokens: 7, CachedTokens: 3, CompletionTokens: len(g.pieces), FinishReason: g.finish}, nil
 }
 
 func (g *scriptGen) Detokenize(ctx context.Context, ids []int32) (string, error) {
@@ -59,7 +60,7 @@ func (g *scriptGen) Detokenize(ctx context.Context, ids []int32) (string, error)
 	return b.String(), nil
 }
 
-func (g *scriptGen) Tokenize(ctx context.Context, req *GenRequest) ([]int32, int, error) {
+func (g *scriptGen) Tokenize(ctx context.Context, req *gen.Request) ([]int32, int, error) {
 	n := len(req.Prompt)
 	for _, m := range req.Messages {
 		n += len(m.Content)
@@ -71,7 +72,7 @@ func (g *scriptGen) Tokenize(ctx context.Context, req *GenRequest) ([]int32, int
 	return out, 2048, nil
 }
 
-func newTestServer(t *testing.T, g Generator) (*httptest.Server, *[]int) {
+func newTestServer(t *testing.T, g gen.Generator) (*httptest.Server, *[]int) {
 	t.Helper()
 	var codes []int
 	h := &Handler{Gen: g, Served: []string{"tiny"},

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"reflect"
 	"strings"
+
+	"github.com/exo-pd/exo-pd/runners/gen"
 )
 
 // The OpenAI Responses API (POST /v1/responses) as a thin adapter over the
@@ -160,7 +162,7 @@ func responsesItemTypes(body []byte, tools bool) *Error {
 }
 
 // convertResponses validates r into a generation request.
-func (h *Handler) convertResponses(r *ResponsesRequest) (*GenRequest, *Error) {
+func (h *Handler) convertResponses(r *ResponsesRequest) (*gen.Request, *Error) {
 	switch {
 	case r.Store != nil && *r.Store:
 		return nil, Errorf("store", "store: true is not supported: this server stores no responses")
@@ -325,7 +327,7 @@ type ResponsesUsage struct {
 	TotalTokens         int            `json:"total_tokens"`
 }
 
-func (h *Handler) responseObject(id string, r *ResponsesRequest, g *GenRequest, status string) ResponseObject {
+func (h *Handler) responseObject(id string, r *ResponsesRequest, g *gen.Request, status string) ResponseObject {
 	meta := r.Metadata
 	if len(meta) == 0 {
 		meta = json.RawMessage(`{}`)
@@ -345,13 +347,13 @@ func (h *Handler) responseObject(id string, r *ResponsesRequest, g *GenRequest, 
 	return o
 }
 
-func responsesUsage(res Result) *ResponsesUsage {
+func responsesUsage(res gen.Result) *ResponsesUsage {
 	return &ResponsesUsage{InputTokens: res.PromptTokens, InputTokensDetails: map[string]int{"cached_tokens": res.CachedTokens},
 		OutputTokens: res.CompletionTokens, OutputTokensDetails: map[string]int{"reasoning_tokens": 0},
 		TotalTokens: res.PromptTokens + res.CompletionTokens}
 }
 
-func finish(o *ResponseObject, res Result, msgID, text string) {
+func finish(o *ResponseObject, res gen.Result, msgID, text string) {
 	o.Status = "completed"
 	itemStatus := "completed"
 	if res.FinishReason == "length" {
@@ -395,7 +397,7 @@ func (s *responsesStream) Start(int) error {
 		"part": ResponsePart{Type: "output_text", Text: "", Annotations: []any{}, Logprobs: []any{}}})
 }
 
-// ToolCall implements ToolCallEmitter: a function_call output item after
+// ToolCall implements gen.ToolCallEmitter: a function_call output item after
 // the message, its arguments streamed as deltas.
 func (s *responsesStream) ToolCall(index int, id, name, args string) error {
 	for len(s.calls) <= index {
@@ -420,7 +422,7 @@ func (s *responsesStream) ToolCall(index int, id, name, args string) error {
 	return s.event("response.function_call_arguments.delta", map[string]any{"item_id": item.ID, "output_index": index + 1, "delta": args})
 }
 
-func (s *responsesStream) Text(t string, _ *TokenLogprob) error {
+func (s *responsesStream) Text(t string, _ *gen.TokenLogprob) error {
 	if t == "" {
 		return nil
 	}

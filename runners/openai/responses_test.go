@@ -105,10 +105,10 @@ func TestResponsesToolsKeptWhenAccepted(t *testing.T) {
 		t.Fatal(e)
 	}
 	m := g.Messages
-	if len(g.Tools) != 1 || g.Tools[0].Function.Name != "get_weather" || g.ToolChoice.Mode != "required" || !*g.ParallelToolCalls {
+	if len(g.Tools) != 1 || g.Tools[0].Name != "get_weather" || g.ToolChoice.Mode != "required" || !*g.ParallelToolCalls {
 		t.Fatalf("%+v", g)
 	}
-	if len(m) != 4 || m[1].Role != "assistant" || len(m[1].ToolCalls) != 2 || m[1].ToolCalls[1].Function.Arguments != `{"city":"Rome"}` ||
+	if len(m) != 4 || m[1].Role != "assistant" || len(m[1].ToolCalls) != 2 || m[1].ToolCalls[1].Arguments != `{"city":"Rome"}` ||
 		m[2].Role != "tool" || m[2].ToolCallID != "c1" || m[3].Content != "22C" || !g.AddGenerationPrompt {
 		t.Fatalf("%+v", m)
 	}

@@ -1,12 +1,13 @@
 // Package openai owns the OpenAI-compatible HTTP surface of a decode runner:
 // the request and response types of /v1/chat/completions, /v1/completions,
-// /v1/responses and /v1/models, their validation (every field honoured or
-// refused with a 400 naming its JSON path: see Shape), OpenAI-style error
-// bodies, the SSE writer for streaming, and an http.Handler that turns
-// requests into calls on a Generator. The Anthropic adapter
-// (runners/anthropic) reuses its Validator and Generator. It knows nothing
-// about models, caches or the KV wire: the decode runner implements
-// Generator. It must not import the engine, kvwire or anything under
+// /v1/responses and /v1/models, their validation into a gen.Request (every
+// field honoured or refused with a 400 naming its JSON path: see Shape),
+// OpenAI-style error bodies (the *Error a generator returns keeps its
+// status), the SSE writer for streaming, and an http.Handler that turns
+// requests into calls on a gen.Generator. The Anthropic adapter
+// (runners/anthropic) reuses its Validator, errors and SSE writer. It knows
+// nothing about models, caches or the KV wire: the decode runner implements
+// gen.Generator. It must not import the engine, kvwire or anything under
 // supervisor/.
 //
 // Streaming: chunks are "chat.completion.chunk" (or "text_completion")
@@ -17,14 +18,14 @@
 // (exo bench, dashboards) want token counts; a request that sets
 // stream_options.include_usage to false does not get it.
 //
-// Sampling: Defaults (the model's, then the cluster file's) under the
+// Sampling: gen.Defaults (the model's, then the cluster file's) under the
 // request's fields; no seed means fresh randomness. Logprobs describe the
 // model's own distribution (before sampling transforms).
 //
 // Accepted without effect (documented allow-list): user, metadata,
 // store: false, parallel_tool_calls, tool_choice "none"/"auto" without
 // tools, response_format {"type":"text"}. tools, forced tool_choice and
-// json_object/json_schema formats are parsed into GenRequest (the seam for
+// json_object/json_schema formats are parsed into gen.Request (the seam for
 // constrained decoding) and refused until Handler.AcceptTools is set.
 //
 // Extensions (all optional, ignored by OpenAI clients that do not send them):

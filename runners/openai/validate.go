@@ -12,131 +12,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/exo-pd/exo-pd/runners/gen"
 )
-
-// ChatMessage is a validated chat message. Content is "" for an assistant
-// message that only calls tools; ToolCalls keep OpenAI's shape (arguments
-// as JSON text); ToolCallID is set on "tool" messages; Reasoning is an
-// assistant message's reasoning_content (the generator renders it when the
-// chat template reads reasoning, else refuses it by name).
-type ChatMessage struct {
-	Role, Content string
-	Reasoning     string
-	Name          string
-	ToolCalls     []ToolCall
-	ToolCallID    string
-}
-
-// Sampling holds validated sampling parameters (model defaults and the
-// request applied).
-type Sampling struct {
-	Temperature, TopP float64
-	TopK              int
-	MinP              float64
-	RepetitionPenalty float64
-	PresencePenalty   float64
-	FrequencyPenalty  float64
-	// LogitBias maps token ids to a bias in [-100, 100]; the generator
-	// checks the ids against its vocabulary.
-	LogitBias map[int32]float32
-	Seed      int64
-	// SeedSet: the request gave a seed. Without one, every request draws
-	// fresh randomness.
-	SeedSet bool
-}
-
-// Defaults are a model's default sampling parameters (nil: not set). The
-// decode runner fills them from the model (generation_config.json, GGUF
-// general.sampling.*) overlaid by the cluster file's [models.defaults];
-// request fields override them.
-type Defaults struct {
-	Temperature       *float64
-	TopP              *float64
-	TopK              *int
-	MinP              *float64
-	RepetitionPenalty *float64
-}
-
-// Over returns d with every field set in o replacing d's.
-func (d Defaults) Over(o Defaults) Defaults {
-	if o.Temperature != nil {
-		d.Temperature = o.Temperature
-	}
-	if o.TopP != nil {
-		d.TopP = o.TopP
-	}
-	if o.TopK != nil {
-		d.TopK = o.TopK
-	}
-	if o.MinP != nil {
-		d.MinP = o.MinP
-	}
-	if o.RepetitionPenalty != nil {
-		d.RepetitionPenalty = o.RepetitionPenalty
-	}
-	return d
-}
-
-// Check validates d with the same limits as request fields; the error
-// names the field as the request would.
-func (d Defaults) Check() error {
-	f := SamplingFields{Temperature: d.Temperature, TopP: d.TopP, TopK: d.TopK, MinP: d.MinP, RepetitionPenalty: d.RepetitionPenalty}
-	if e := validateSampling(&f, Defaults{}, &GenRequest{}); e != nil {
-		return errors.New(e.Message)
-	}
-	return nil
-}
-
-// Sampling returns the sampling parameters d gives (OpenAI's defaults
-// where d has none), validated; the seed is left unset.
-func (d Defaults) Sampling() (Sampling, error) {
-	g := &GenRequest{}
-	if e := validateSampling(&SamplingFields{}, d, g); e != nil {
-		return Sampling{}, errors.New(e.Message)
-	}
-	return g.Sampling, nil
-}
-
-// GenRequest is a validated request for a Generator.
-type GenRequest struct {
-	Model string
-	// Chat requests carry Messages; completions carry Prompt or PromptIDs.
-	Chat      bool
-	Messages  []ChatMessage
-	Prompt    string
-	PromptIDs []int32
-	// AddGenerationPrompt opens a new assistant turn after Messages;
-	// ContinueFinal instead renders the final (assistant) message open, so
-	// generation continues it (no end-of-turn, no new turn). At most one
-	// is true.
-	AddGenerationPrompt bool
-	ContinueFinal       bool
-	// MaxTokens is the completion limit; 0 means "until an end token or the
-	// context is full".
-	MaxTokens            int
-	Sampling             Sampling
-	Stop                 []string
-	IgnoreEOS            bool
-	DisableRemotePrefill bool
-	Stream               bool
-	IncludeUsage         bool
-	// Logprobs asks for each generated token's log-probability and its
-	// TopLogprobs (0–20) most likely alternatives.
-	Logprobs    bool
-	TopLogprobs int
-
-	// The constrained-generation seam, parsed and kept for the generator:
-	// Tools, ToolChoice, ParallelToolCalls and ResponseFormat. Until the
-	// grammar engine and tool-call parsers are wired (Handler.AcceptTools),
-	// requests that need them are refused with a 400 naming the field.
-	Tools             []Tool
-	ToolChoice        *ToolChoice
-	ParallelToolCalls *bool
-	ResponseFormat    *ResponseFormat
-	// MaxReasoningTokens (0: none) bounds the reasoning before a
-	// constrained answer; the generator refuses it where it has no effect.
-	MaxReasoningTokens int
-}
 
 // MaxBodyBytes bounds a request body.
 const MaxBodyBytes = 32 << 20
@@ -319,13 +197,13 @@ type Validator struct {
 	// Served reports whether a model name is served here.
 	Served func(string) bool
 	// Defaults are the model's sampling defaults.
-	Defaults Defaults
+	Defaults gen.Defaults
 	// AcceptTools: the generator honours tools, tool_choice and
 	// response_format (else they are refused with a 400).
 	AcceptTools bool
 }
 
-func validateSampling(f *SamplingFields, d Defaults, g *GenRequest) *Error {
+func validateSampling(f *SamplingFields, d gen.Defaults, g *gen.Request) *Error {
 	mt := f.MaxTokens
 	param := "max_tokens"
 	if f.MaxCompletionTokens != nil {
@@ -337,39 +215,14 @@ func validateSampling(f *SamplingFields, d Defaults, g *GenRequest) *Error {
 		}
 		g.MaxTokens = *mt
 	}
-	s := Sampling{Temperature: 1, TopP: 1, RepetitionPenalty: 1}
-	d = d.Over(Defaults{Temperature: f.Temperature, TopP: f.TopP, TopK: f.TopK, MinP: f.MinP, RepetitionPenalty: f.RepetitionPenalty})
-	if t := d.Temperature; t != nil {
-		if math.IsNaN(*t) || *t < 0 || *t > 2 {
-			return Errorf("temperature", "temperature must be between 0 and 2, got %v", *t)
-		}
-		s.Temperature = *t
-	}
-	if p := d.TopP; p != nil {
-		if math.IsNaN(*p) || *p <= 0 || *p > 1 {
-			return Errorf("top_p", "top_p must be in (0, 1], got %v", *p)
-		}
-		s.TopP = *p
-	}
-	if k := d.TopK; k != nil {
-		if *k < -1 {
-			return Errorf("top_k", "top_k must be -1 (off), 0 (off) or positive, got %d", *k)
-		}
-		if *k > 0 {
-			s.TopK = *k
-		}
-	}
-	if m := d.MinP; m != nil {
-		if math.IsNaN(*m) || *m < 0 || *m > 1 {
-			return Errorf("min_p", "min_p must be in [0, 1], got %v", *m)
-		}
-		s.MinP = *m
-	}
-	if r := d.RepetitionPenalty; r != nil {
-		if math.IsNaN(*r) || *r <= 0 || *r > 10 {
-			return Errorf("repetition_penalty", "repetition_penalty must be in (0, 10], got %v", *r)
-		}
-		s.RepetitionPenalty = *r
+	d = d.Over(gen.Defaults{Temperature: f.Temperature, TopP: f.TopP, TopK: f.TopK, MinP: f.MinP, RepetitionPenalty: f.RepetitionPenalty})
+	s, err := d.Sampling()
+	var fe *gen.FieldError
+	switch {
+	case errors.As(err, &fe):
+		return Errorf(fe.Field, "%s", fe.Msg)
+	case err != nil:
+		return Errorf("", "%v", err)
 	}
 	for _, pp := range []struct {
 		name string
@@ -435,7 +288,7 @@ func validateSampling(f *SamplingFields, d Defaults, g *GenRequest) *Error {
 var validRoles = map[string]bool{"system": true, "developer": true, "user": true, "assistant": true, "tool": true}
 
 // ValidateChat checks a chat request and converts it.
-func (v Validator) ValidateChat(r *ChatRequest) (*GenRequest, *Error) {
+func (v Validator) ValidateChat(r *ChatRequest) (*gen.Request, *Error) {
 	if strings.TrimSpace(r.Model) == "" {
 		return nil, Errorf("model", "model is required")
 	}
@@ -445,7 +298,7 @@ func (v Validator) ValidateChat(r *ChatRequest) (*GenRequest, *Error) {
 	if len(r.Messages) == 0 {
 		return nil, Errorf("messages", "messages is required and must not be empty")
 	}
-	g := &GenRequest{Model: r.Model, Chat: true}
+	g := &gen.Request{Model: r.Model, Chat: true}
 	for i, m := range r.Messages {
 		at := func(f string) string { return fmt.Sprintf("messages[%d].%s", i, f) }
 		if !validRoles[m.Role] {
@@ -479,7 +332,10 @@ func (v Validator) ValidateChat(r *ChatRequest) (*GenRequest, *Error) {
 		if role == "developer" {
 			role = "system"
 		}
-		cm := ChatMessage{Role: role, Content: m.Content.Text, Name: m.Name, ToolCalls: m.ToolCalls, ToolCallID: m.ToolCallID}
+		cm := gen.Message{Role: role, Content: m.Content.Text, Name: m.Name, ToolCallID: m.ToolCallID}
+		for _, tc := range m.ToolCalls {
+			cm.ToolCalls = append(cm.ToolCalls, gen.ToolCall{ID: tc.ID, Name: tc.Function.Name, Arguments: tc.Function.Arguments})
+		}
 		if m.ReasoningContent != nil {
 			cm.Reasoning = *m.ReasoningContent
 		}
@@ -517,7 +373,7 @@ func (v Validator) ValidateChat(r *ChatRequest) (*GenRequest, *Error) {
 
 // chatPrefill decides between a new assistant turn and continuing the
 // final assistant message.
-func (v Validator) chatPrefill(r *ChatRequest, g *GenRequest) *Error {
+func (v Validator) chatPrefill(r *ChatRequest, g *gen.Request) *Error {
 	last := g.Messages[len(g.Messages)-1]
 	lastAssistant := last.Role == "assistant"
 	agpSet := r.AddGenerationPrompt != nil
@@ -547,7 +403,7 @@ func (v Validator) chatPrefill(r *ChatRequest, g *GenRequest) *Error {
 // constraints keeps tools, tool_choice, parallel_tool_calls and
 // response_format on g, and refuses what needs the grammar engine while
 // it is not wired (v.AcceptTools false).
-func (v Validator) constraints(r *ChatRequest, g *GenRequest) *Error {
+func (v Validator) constraints(r *ChatRequest, g *gen.Request) *Error {
 	for i, t := range r.Tools {
 		if t.Type != "function" {
 			return Errorf(fmt.Sprintf("tools[%d].type", i), "tools[%d].type must be \"function\", got %q", i, t.Type)
@@ -570,7 +426,20 @@ func (v Validator) constraints(r *ChatRequest, g *GenRequest) *Error {
 	if tc := r.ToolChoice; tc != nil && (tc.Mode == "required" || tc.Mode == "function") && len(r.Tools) == 0 {
 		return Errorf("tool_choice", "tool_choice %q needs tools", tc.Mode)
 	}
-	g.Tools, g.ToolChoice, g.ParallelToolCalls, g.ResponseFormat = r.Tools, r.ToolChoice, r.ParallelToolCalls, r.ResponseFormat
+	for _, t := range r.Tools {
+		g.Tools = append(g.Tools, gen.Tool{Name: t.Function.Name, Description: t.Function.Description,
+			Parameters: t.Function.Parameters, Strict: t.Function.Strict != nil && *t.Function.Strict})
+	}
+	if tc := r.ToolChoice; tc != nil {
+		g.ToolChoice = &gen.ToolChoice{Mode: tc.Mode, Name: tc.Name}
+	}
+	if rf := r.ResponseFormat; rf != nil {
+		g.ResponseFormat = &gen.ResponseFormat{Type: rf.Type}
+		if rf.JSONSchema != nil {
+			g.ResponseFormat.Name, g.ResponseFormat.Schema = rf.JSONSchema.Name, rf.JSONSchema.Schema
+		}
+	}
+	g.ParallelToolCalls = r.ParallelToolCalls
 	if v.AcceptTools {
 		return nil
 	}
@@ -587,7 +456,7 @@ func (v Validator) constraints(r *ChatRequest, g *GenRequest) *Error {
 }
 
 // ValidateCompletion checks a completion request and converts it.
-func (v Validator) ValidateCompletion(r *CompletionRequest) (*GenRequest, *Error) {
+func (v Validator) ValidateCompletion(r *CompletionRequest) (*gen.Request, *Error) {
 	if strings.TrimSpace(r.Model) == "" {
 		return nil, Errorf("model", "model is required")
 	}
@@ -597,7 +466,7 @@ func (v Validator) ValidateCompletion(r *CompletionRequest) (*GenRequest, *Error
 	if !r.Prompt.Set {
 		return nil, Errorf("prompt", "prompt is required")
 	}
-	g := &GenRequest{Model: r.Model}
+	g := &gen.Request{Model: r.Model}
 	if r.Prompt.IsIDs {
 		if len(r.Prompt.Tokens) == 0 {
 			return nil, Errorf("prompt", "prompt must not be empty")
