@@ -87,15 +87,3 @@ func size(d engine.DType) int {
 	}
 	return 0
 }
-
-// FloatToBF16 rounds to nearest even (NaN stays NaN); it is
-// runners/internal/half's F32ToBF16.
-func FloatToBF16(f float32) uint16 { return half.F32ToBF16(f) }
-
-// HalfToFloat converts IEEE binary16 to float32; it is
-// runners/internal/half's F16ToF32.
-func HalfToFloat(h uint16) float32 { return half.F16ToF32(h) }
-
-// FloatToHalf converts float32 to IEEE binary16, rounding to nearest even;
-// it is runners/internal/half's F32ToF16.
-func FloatToHalf(f float32) uint16 { return half.F32ToF16(f) }

@@ -58,10 +58,85 @@ func TestRoundTrips(t *testing.T) {
 	if _, err := Convert([]byte{1, 2, 3}, engine.F32, engine.F16); err == nil {
 		t.Fatal("ragged input accepted")
 	}
-	if HalfToFloat(FloatToHalf(1)) != 1 || FloatToBF16(1) != 0x3f80 {
+	one16, _ := Convert(f32bytes(1), engine.F32, engine.F16)
+	oneBF, _ := Convert(f32bytes(1), engine.F32, engine.BF16)
+	if binary.LittleEndian.Uint16(one16) != 0x3c00 || binary.LittleEndian.Uint16(oneBF) != 0x3f80 {
 		t.Fatal("exact values")
 	}
 	if Engine(Wire(engine.BF16)) != engine.BF16 || Wire(engine.I32) != 0 {
 		t.Fatal("dtype maps")
+	}
+}
+
+// The element conversions themselves (exhaustive over every 16-bit pattern
+// and correctly rounded narrowing) are tested in runners/internal/half; here
+// every f16 and bf16 pattern goes through Convert to f32 and back unchanged
+// (NaNs: still NaN), so the KV path uses them bit-exactly.
+func TestConvertAllHalves(t *testing.T) {
+	le := binary.LittleEndian
+	src := make([]byte, 2<<16)
+	for h := range 1 << 16 {
+		le.PutUint16(src[2*h:], uint16(h))
+	}
+	for _, dt := range []engine.DType{engine.F16, engine.BF16} {
+		wide, err := Convert(src, dt, engine.F32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(wide) != 2*len(src) {
+			t.Fatalf("%v: %d bytes widened to %d", dt, len(src), len(wide))
+		}
+		back, err := Convert(wide, engine.F32, dt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for h := range 1 << 16 {
+			f := math.Float32frombits(le.Uint32(wide[4*h:]))
+			if dt == engine.BF16 && le.Uint32(wide[4*h:]) != uint32(h)<<16 {
+				t.Fatalf("bf16 %#04x widened to %#08x", h, le.Uint32(wide[4*h:]))
+			}
+			got := le.Uint16(back[2*h:])
+			if f != f {
+				if b := math.Float32frombits(uint32(got) << 16); dt == engine.BF16 && b == b {
+					t.Fatalf("bf16 NaN %#04x came back as %#04x", h, got)
+				}
+				if dt == engine.F16 && (got&0x7c00 != 0x7c00 || got&0x3ff == 0) {
+					t.Fatalf("f16 NaN %#04x came back as %#04x", h, got)
+				}
+				continue
+			}
+			if got != uint16(h) {
+				t.Fatalf("%v %#04x → f32 → %#04x", dt, h, got)
+			}
+		}
+	}
+}
+
+func TestConvertExactAndErrors(t *testing.T) {
+	le := binary.LittleEndian
+	src := f32bytes(1.5, -2.25, 1e-3)
+	for _, to := range []engine.DType{engine.F16, engine.BF16, engine.F32} {
+		mid, err := Convert(src, engine.F32, to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := Convert(mid, to, engine.F32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 2 { // 1.5 and -2.25 are exact in every dtype
+			if le.Uint32(back[4*i:]) != le.Uint32(src[4*i:]) {
+				t.Fatalf("%v: element %d changed", to, i)
+			}
+		}
+		if got := math.Float32frombits(le.Uint32(back[8:])); math.Abs(float64(got)-1e-3) > 1e-5 {
+			t.Fatalf("%v: 1e-3 came back as %g", to, got)
+		}
+	}
+	if _, err := Convert(src[:9], engine.F32, engine.BF16); err == nil {
+		t.Fatal("odd source length accepted")
+	}
+	if _, err := Convert(src, engine.F32, engine.I32); err == nil {
+		t.Fatal("unknown dtype accepted")
 	}
 }
