@@ -146,11 +146,11 @@ func Stopped(ctx context.Context) bool {
 // ClientGone reports whether ctx ended because the client went away.
 func ClientGone(ctx context.Context) bool { return ctx.Err() != nil && !Stopped(ctx) }
 
-// AsRequestError is AsError for a request under ctx: a failure caused by
+// AsRequestError is asError for a request under ctx: a failure caused by
 // the runner stopping is ErrStopping (503), not a 500.
 func AsRequestError(ctx context.Context, err error) *Error {
 	if Stopped(ctx) {
 		return ErrStopping
 	}
-	return AsError(err)
+	return asError(err)
 }

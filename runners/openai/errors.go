@@ -51,13 +51,9 @@ func Errorf(param, format string, args ...any) *Error {
 	return &Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Message: fmt.Sprintf(format, args...)}
 }
 
-// Constructors for the errors a gen.Generator returns.
-var (
-	// ErrQueueFull: the runner's queue is full (429).
-	ErrQueueFull = &Error{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "queue_full", Message: "the runner's request queue is full; retry later"}
-	// ErrLoading: the model is still loading (503).
-	ErrLoading = &Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "loading", Message: "the model is still loading"}
-)
+// ErrQueueFull is what a gen.Generator returns when the runner's queue is
+// full (429).
+var ErrQueueFull = &Error{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "queue_full", Message: "the runner's request queue is full; retry later"}
 
 // UnknownModel is the 404 for a model this runner does not serve.
 func UnknownModel(name string) *Error {
@@ -71,9 +67,9 @@ func ContextTooLong(prompt, limit int) *Error {
 		Message: fmt.Sprintf("the prompt has %d tokens; this model's context is %d tokens", prompt, limit)}
 }
 
-// AsError converts any error into an *Error (500 server_error unless it
+// asError converts any error into an *Error (500 server_error unless it
 // already is one).
-func AsError(err error) *Error {
+func asError(err error) *Error {
 	var e *Error
 	if errors.As(err, &e) {
 		return e
