@@ -200,12 +200,29 @@ func TestDashboard(t *testing.T) {
 		t.Errorf("the answer was shown from %s streamed pieces; want several", chunks)
 	}
 
-	// Live P/D: that request, remote, with its timings.
+	// Live P/D: that request, remote, with its timings (and a few more,
+	// some prefilled locally, for the charts).
+	for i := range 6 {
+		body := fmt.Sprintf(`{"model":"tiny","messages":[{"role":"user","content":"Request %d: %s"}],"max_tokens":%d,"x_exo_disable_remote_prefill":%v}`,
+			i, strings.Repeat("more words ", 4*i), 8+4*i, i%2 == 1)
+		req, _ := http.NewRequest("POST", "http://"+mac.api+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %s", i, resp.Status)
+		}
+	}
 	p.run(chromedp.Navigate("http://" + spark.api + "/#live"))
 	p.wait("a remote request with TTFT and KV", `[...document.querySelectorAll('#requests tbody tr[data-route="remote"]')].some(tr => {
-		const c = tr.cells; return c[5].textContent.includes("remote") && c[5].textContent.includes("spark") &&
-			/ms|s$/.test(c[6].textContent) && c[8].textContent.includes(" in ") && c[10].textContent.includes("tok");
+		const c = (k) => tr.querySelector(".c-" + k).textContent;
+		return c("route").includes("remote") && c("route").includes("spark") && /ms|s$/.test(c("ttft")) &&
+			c("kv").includes(" in ") && c("out").includes("tok") && c("decode") === "mac/tiny-decode";
 	})`)
+	p.wait("the local ones too", `document.querySelectorAll('#requests tbody tr[data-route="local"]').length === 3`)
 	p.screenshot("dashboard-live.png", 1280, 900)
 
 	// Kill the decode runner: it restarts and is ready again.

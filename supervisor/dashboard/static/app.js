@@ -304,17 +304,17 @@ function routeText(r) {
 function renderRequests() {
   const rows = sortedRequests().slice(-100).reverse();
   $("requests").tBodies[0].replaceChildren(...rows.map((r) => el("tr", { class: r.route + (r.error ? " failed" : ""), "data-key": r.key, "data-route": r.route },
-    el("td", {}, fmt.time(r.start)),
-    el("td", {}, r.model),
-    el("td", {}, r.host),
-    el("td", { class: "num" }, r.prompt_tokens),
-    el("td", { class: "num" }, r.cached_tokens),
-    el("td", {}, el("span", { class: "route " + r.route }, routeText(r)), r.prefill_host ? " ← " + r.prefill_host : ""),
-    el("td", { class: "num" }, r.done || r.ttft_s ? fmt.s(r.ttft_s) : "…"),
-    el("td", { class: "num" }, fmt.s(r.fill_s) + (r.predicted_fill_s ? " (" + fmt.s(r.predicted_fill_s) + ")" : "")),
-    el("td", { class: "num" }, r.kv_bytes ? fmt.bytes(r.kv_bytes) + " in " + fmt.s(r.kv_transfer_s) : "–"),
-    el("td", { class: "num" }, r.tokens_per_s ? r.tokens_per_s.toFixed(1) : "–"),
-    el("td", {}, r.error ? el("span", { class: "error" }, r.error) : r.done ? String(r.completion_tokens) + " tok" : "running"))));
+    el("td", { class: "c-time" }, fmt.time(r.start)),
+    el("td", { class: "c-route" }, el("span", { class: "route " + r.route }, routeText(r)), r.prefill_host ? " ← " + r.prefill_host : ""),
+    el("td", { class: "num c-ttft" }, r.done || r.ttft_s ? fmt.s(r.ttft_s) : "…"),
+    el("td", { class: "num c-prompt" }, r.prompt_tokens),
+    el("td", { class: "num c-cached" }, r.cached_tokens),
+    el("td", { class: "num c-fill" }, fmt.s(r.fill_s) + (r.predicted_fill_s ? " (" + fmt.s(r.predicted_fill_s) + ")" : "")),
+    el("td", { class: "num c-kv" }, r.kv_bytes ? fmt.bytes(r.kv_bytes) + " in " + fmt.s(r.kv_transfer_s) : "–"),
+    el("td", { class: "num c-tps" }, r.tokens_per_s ? r.tokens_per_s.toFixed(1) : "–"),
+    el("td", { class: "c-out" }, r.error ? el("span", { class: "error" }, r.error) : r.done ? String(r.completion_tokens) + " tok" : "running"),
+    el("td", { class: "c-model" }, r.model),
+    el("td", { class: "c-decode" }, r.host + "/" + r.runner))));
 }
 
 const chartWindow = 10 * 60 * 1000; // the last ten minutes
@@ -368,7 +368,7 @@ function drawCharts() {
       g.beginPath(); g.arc(x, y, 3, 0, 2 * Math.PI); g.fill();
     }
   };
-  scatter("chart-ttft", (r) => r.ttft_s, (v) => v.toFixed(v < 1 ? 2 : 1));
+  scatter("chart-ttft", (r) => r.ttft_s, (v) => v.toFixed(v < 0.1 ? 3 : v < 1 ? 2 : 1));
   scatter("chart-tps", (r) => r.tokens_per_s, (v) => v.toFixed(0));
   const { g, w, h } = canvasCtx("chart-share");
   const xy = axes(g, w, h, 1, (v) => Math.round(v * 100) + "%");
