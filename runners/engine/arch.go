@@ -14,10 +14,10 @@ import (
 // (arch_<name>.go). Shared code never asks which architecture it runs: it
 // calls these functions and composes the blocks they return.
 type Architecture struct {
-	// Family names the KV semantics in the fingerprint (e.g. "llama").
+	// KVFamily names the KV semantics in the fingerprint (e.g. "llama").
 	// Architectures that compute the same KV from the same weights share
 	// it (Gemma3ForCausalLM and Gemma3ForConditionalGeneration).
-	Family string
+	KVFamily string
 	// Prepare, when set, rewrites config.json into the flat form the
 	// common parser reads: a nested text_config lifted, the family's own
 	// key names mapped, its defaults filled in, settings the engine does
@@ -137,8 +137,8 @@ func Register(name string, a *Architecture) {
 	if _, dup := archRegistry.m[name]; dup {
 		panic("engine: architecture registered twice: " + name)
 	}
-	if a.Layers == nil || a.Block == nil || a.Family == "" {
-		panic("engine: architecture " + name + " without Family, Layers or Block")
+	if a.Layers == nil || a.Block == nil || a.KVFamily == "" {
+		panic("engine: architecture " + name + " without KVFamily, Layers or Block")
 	}
 	archRegistry.m[name] = a
 }
@@ -195,7 +195,7 @@ func fingerprint(c *Config, a *Architecture, vocab []string, kinds []LayerKind) 
 	h := sha256.New()
 	w := &fpWriter{h: h}
 	w.str("exo-pd kv fingerprint v1")
-	w.str(a.Family)
+	w.str(a.KVFamily)
 	w.u64(uint64(c.Layers))
 	w.u64(uint64(c.KVHeads))
 	w.u64(uint64(c.HeadDim))

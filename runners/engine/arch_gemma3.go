@@ -28,7 +28,7 @@ type gemma3Config struct {
 
 func init() {
 	for _, name := range []string{"Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"} {
-		a := &Architecture{Family: "gemma3", Prepare: gemma3Prepare, Parse: parseGemma3, Layers: gemma3Layers,
+		a := &Architecture{KVFamily: "gemma3", Prepare: gemma3Prepare, Parse: parseGemma3, Layers: gemma3Layers,
 			Source: wrapLanguageModel, Embed: gemma3Embed, Head: gemma3Head, Block: gemma3Block, Fingerprint: gemma3Fingerprint}
 		if name == "Gemma3ForCausalLM" {
 			a.GGUF = gemma3GGUF

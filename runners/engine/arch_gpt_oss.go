@@ -31,7 +31,7 @@ type gptOssConfig struct {
 const gptossAlpha = 1.702
 
 func init() {
-	Register("GptOssForCausalLM", &Architecture{Family: "gpt_oss", Prepare: gptossPrepare, Parse: parseGptOss, Layers: gptossLayers, Block: gptossBlock,
+	Register("GptOssForCausalLM", &Architecture{KVFamily: "gpt_oss", Prepare: gptossPrepare, Parse: parseGptOss, Layers: gptossLayers, Block: gptossBlock,
 		GGUF: &GGUFLayout{Name: "gpt-oss", ModelType: "gpt_oss", ExpertFFN: true, Config: gptossGGUFConfig,
 			// The experts stacked, gate and up apart (the converter
 			// splits HF's interleaved gate_up_proj), MXFP4 or dense,

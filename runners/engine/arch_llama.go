@@ -5,7 +5,7 @@ package engine
 // RoPE (default, linear, llama3 or YaRN scaling) and a SwiGLU MLP.
 
 func init() {
-	Register("LlamaForCausalLM", &Architecture{Family: "llama", Layers: llamaLayers, Block: llamaBlock,
+	Register("LlamaForCausalLM", &Architecture{KVFamily: "llama", Layers: llamaLayers, Block: llamaBlock,
 		GGUF: &GGUFLayout{Name: "llama", ModelType: "llama", PermutedQK: true}})
 }
 

@@ -6,7 +6,7 @@ package engine
 // Llama's fingerprint family.
 
 func init() {
-	Register("MistralForCausalLM", &Architecture{Family: "llama", Layers: mistralLayers, Block: llamaBlock})
+	Register("MistralForCausalLM", &Architecture{KVFamily: "llama", Layers: mistralLayers, Block: llamaBlock})
 }
 
 func mistralLayers(c *Config) ([]LayerKind, error) {

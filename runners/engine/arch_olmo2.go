@@ -10,7 +10,7 @@ import "encoding/json"
 // attention_bias.
 
 func init() {
-	Register("Olmo2ForCausalLM", &Architecture{Family: "olmo2", Parse: parseOlmo2, Layers: olmo2Layers, Block: olmo2Block})
+	Register("Olmo2ForCausalLM", &Architecture{KVFamily: "olmo2", Parse: parseOlmo2, Layers: olmo2Layers, Block: olmo2Block})
 }
 
 func parseOlmo2(data []byte, c *Config) error {

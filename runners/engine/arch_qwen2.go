@@ -4,7 +4,7 @@ package engine
 // (o_proj without), and HF's sliding-window rule (qwenKinds).
 
 func init() {
-	Register("Qwen2ForCausalLM", &Architecture{Family: "qwen2", Layers: qwen2Layers, Block: qwen2Block,
+	Register("Qwen2ForCausalLM", &Architecture{KVFamily: "qwen2", Layers: qwen2Layers, Block: qwen2Block,
 		GGUF: &GGUFLayout{Name: "qwen2", ModelType: "qwen2"}})
 }
 

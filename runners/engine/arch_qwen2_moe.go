@@ -4,7 +4,7 @@ package engine
 // routed experts plus a shared expert behind a sigmoid gate (moe.go).
 
 func init() {
-	Register("Qwen2MoeForCausalLM", &Architecture{Family: "qwen2_moe", Layers: qwen2MoeLayers, Block: qwen2MoeBlock})
+	Register("Qwen2MoeForCausalLM", &Architecture{KVFamily: "qwen2_moe", Layers: qwen2MoeLayers, Block: qwen2MoeBlock})
 }
 
 func qwen2MoeLayers(c *Config) ([]LayerKind, error) {

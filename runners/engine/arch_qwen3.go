@@ -4,7 +4,7 @@ package engine
 // and k before RoPE, and Qwen2's sliding-window rule.
 
 func init() {
-	Register("Qwen3ForCausalLM", &Architecture{Family: "qwen3", Layers: qwen2Layers, Block: qwen3Block,
+	Register("Qwen3ForCausalLM", &Architecture{KVFamily: "qwen3", Layers: qwen2Layers, Block: qwen3Block,
 		GGUF: &GGUFLayout{Name: "qwen3", ModelType: "qwen3"}})
 }
 

@@ -17,11 +17,11 @@ import (
 
 func init() {
 	// llama.cpp writes Qwen3.5 as Qwen3-Next with the value heads tiled.
-	Register("Qwen3_5ForConditionalGeneration", &Architecture{Family: "qwen3_5", Prepare: flattenTextConfig, Source: wrapLanguageModel,
+	Register("Qwen3_5ForConditionalGeneration", &Architecture{KVFamily: "qwen3_5", Prepare: flattenTextConfig, Source: wrapLanguageModel,
 		Layers: gatedDeltaNetLayers(false), Block: gatedDeltaNetBlock, Open: qwen35Open,
 		GGUF: &GGUFLayout{Name: "qwen35", ModelType: "qwen3_5", DeltaNetTensors: true, TiledValueHeads: true,
 			LayerNames: gatedDeltaNetGGUFNames, Config: gatedDeltaNetGGUFConfig(false)}})
-	Register("Qwen3_5MoeForConditionalGeneration", &Architecture{Family: "qwen3_5_moe", Prepare: flattenTextConfig, Source: wrapLanguageModel,
+	Register("Qwen3_5MoeForConditionalGeneration", &Architecture{KVFamily: "qwen3_5_moe", Prepare: flattenTextConfig, Source: wrapLanguageModel,
 		Layers: gatedDeltaNetLayers(true), Block: gatedDeltaNetBlock, Open: qwen35Open,
 		GGUF: &GGUFLayout{Name: "qwen35moe", ModelType: "qwen3_5_moe", ExpertFFN: true, DeltaNetTensors: true, TiledValueHeads: true,
 			LayerNames: gatedDeltaNetGGUFNames, Config: gatedDeltaNetGGUFConfig(true)}})

@@ -7,7 +7,7 @@ package engine
 func init() {
 	// llama.cpp's qwen3moe: every layer sparse, the chosen experts'
 	// weights renormalized.
-	Register("Qwen3MoeForCausalLM", &Architecture{Family: "qwen3_moe", Layers: qwen3MoeLayers, Block: qwen3MoeBlock,
+	Register("Qwen3MoeForCausalLM", &Architecture{KVFamily: "qwen3_moe", Layers: qwen3MoeLayers, Block: qwen3MoeBlock,
 		GGUF: &GGUFLayout{Name: "qwen3moe", ModelType: "qwen3_moe", ExpertFFN: true, Config: ggufMoE}})
 }
 

@@ -15,7 +15,7 @@ import (
 // layout, and so does Open.
 
 func init() {
-	Register("Qwen3NextForCausalLM", &Architecture{Family: "qwen3_next", Layers: gatedDeltaNetLayers(true), Block: gatedDeltaNetBlock, Open: qwen3NextOpen,
+	Register("Qwen3NextForCausalLM", &Architecture{KVFamily: "qwen3_next", Layers: gatedDeltaNetLayers(true), Block: gatedDeltaNetBlock, Open: qwen3NextOpen,
 		GGUF: &GGUFLayout{Name: "qwen3next", ModelType: "qwen3_next", ExpertFFN: true, DeltaNetTensors: true,
 			LayerNames: gatedDeltaNetGGUFNames, Config: gatedDeltaNetGGUFConfig(true)}})
 }

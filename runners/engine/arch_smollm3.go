@@ -18,7 +18,7 @@ type smolLM3Config struct {
 }
 
 func init() {
-	Register("SmolLM3ForCausalLM", &Architecture{Family: "smollm3", Prepare: smolLM3Prepare, Parse: parseSmolLM3,
+	Register("SmolLM3ForCausalLM", &Architecture{KVFamily: "smollm3", Prepare: smolLM3Prepare, Parse: parseSmolLM3,
 		Layers: smolLM3Layers, Head: smolLM3Head, Block: smolLM3Block, Fingerprint: smolLM3Fingerprint})
 }
 
