@@ -8,6 +8,7 @@ import (
 // GGUFMetadata is what an architecture's GGUF mapping reads of a GGUF file
 // (engine/weights implements it over the file's header).
 type GGUFMetadata interface {
+	// Uint is a key's value of any integer type that is not negative.
 	Uint(key string) (uint64, bool)
 	Float(key string) (float64, bool)
 	// Meta is a key's raw value (arrays as Go slices).
@@ -128,7 +129,7 @@ func ggufSlidingLayers(md GGUFMetadata, key func(string) string, cfg map[string]
 	default:
 		n := uint64(defPattern)
 		if present {
-			if n, ok = metaUint(v); !ok {
+			if n, ok = md.Uint(pk); !ok {
 				return fmt.Errorf("metadata %s: %v is neither a period nor a bool per layer", pk, raw)
 			}
 		}
@@ -143,30 +144,6 @@ func ggufSlidingLayers(md GGUFMetadata, key func(string) string, cfg map[string]
 	}
 	cfg["sliding_window"] = w
 	return nil
-}
-
-// metaUint converts a GGUF integer value to uint64 (false for negative or
-// non-integer values).
-func metaUint(v any) (uint64, bool) {
-	switch x := v.(type) {
-	case uint8:
-		return uint64(x), true
-	case uint16:
-		return uint64(x), true
-	case uint32:
-		return uint64(x), true
-	case uint64:
-		return x, true
-	case int8:
-		return uint64(x), x >= 0
-	case int16:
-		return uint64(x), x >= 0
-	case int32:
-		return uint64(x), x >= 0
-	case int64:
-		return uint64(x), x >= 0
-	}
-	return 0, false
 }
 
 // ggufMoE copies llama.cpp's expert counts and marks every layer sparse
