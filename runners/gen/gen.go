@@ -52,8 +52,8 @@ type Request struct {
 	// Constrained generation: the tools the model may call, which it must
 	// (ToolChoice nil: the model decides), whether it may call several
 	// (ParallelToolCalls nil: yes) and the form of its answer
-	// (ResponseFormat nil: free text). A caller whose generator does not
-	// honour them refuses them (openai.Handler.AcceptTools).
+	// (ResponseFormat nil: free text). Callers refuse them where their
+	// generator does not honour them.
 	Tools             []Tool
 	ToolChoice        *ToolChoice
 	ParallelToolCalls *bool
