@@ -12,7 +12,7 @@
 // exclusiveMaximum / multipleOf on integers and numbers (decimal.go), anyOf, allOf with one member, $ref into $defs /
 // definitions / the root, nullable (OpenAPI), boolean schemas, pattern
 // and format on strings (regex.go), prefixItems, oneOf over branches no
-// value can match twice, and the annotations title, description,
+// value can match twice, minProperties, maxProperties, and the annotations title, description,
 // default, examples, $schema, $id, $comment, deprecated, readOnly,
 // writeOnly, discriminator. Any other keyword is an
 // *UnsupportedError naming it.
@@ -112,6 +112,10 @@ type node struct {
 	additional *node    // kObject: schema of other keys, nil: none allowed
 	allowed    []uint64 // kObject: per progress p, the props that may come next
 	closable   []bool   // kObject: per progress p, whether '}' may come
+
+	minProps, maxProps int32   // kObject: minProperties, maxProperties (< 0: none)
+	reqAfter           []int32 // kObject: per progress p, required props from p on
+	availAfter         []int32 // kObject: per progress p, props that can still come from p on
 
 	lit *litTrie // kLit
 
@@ -238,7 +242,7 @@ type builder struct {
 }
 
 func (b *builder) node(k kind) *node {
-	n := &node{id: b.next, kind: k, maxLen: -1, maxItems: -1}
+	n := &node{id: b.next, kind: k, maxLen: -1, maxItems: -1, maxProps: -1}
 	b.next++
 	return n
 }
@@ -285,11 +289,22 @@ func (n *node) inRange(v int64) bool {
 	return (!n.hasLo || v >= n.lo) && (!n.hasHi || v <= n.hi)
 }
 
-// finishObject computes allowed and closable.
+// finishObject computes allowed, closable, reqAfter and availAfter.
 func (n *node) finishObject() {
 	k := len(n.props)
 	n.allowed = make([]uint64, k+1)
 	n.closable = make([]bool, k+1)
+	n.reqAfter = make([]int32, k+2)
+	n.availAfter = make([]int32, k+2)
+	for p := k - 1; p >= 0; p-- {
+		n.reqAfter[p], n.availAfter[p] = n.reqAfter[p+1], n.availAfter[p+1]
+		if n.props[p].node.kind != kNever {
+			n.availAfter[p]++
+			if n.props[p].required {
+				n.reqAfter[p]++
+			}
+		}
+	}
 	n.closable[k] = true
 	for p := k - 1; p >= 0; p-- {
 		if n.props[p].node.kind == kNever { // never generated, but its name is not an additional key

@@ -87,6 +87,15 @@ func TestMatcherTable(t *testing.T) {
 		{`{"oneOf":[{"type":"object","properties":{"kind":{"const":"a"},"x":{"type":"integer"}},"required":["kind","x"]},{"type":"object","properties":{"kind":{"const":"b"},"y":{"type":"string"}},"required":["kind","y"]}],"discriminator":{"propertyName":"kind"}}`,
 			[]string{`{"kind":"a","x":1}`, `{"kind":"b","y":"s"}`}, []string{`{"kind":"a","y":"s"}`, `{"kind":"c","x":1}`}},
 		{`{"oneOf":[{"enum":["x","y"]},{"const":"z"}]}`, []string{`"x"`, `"z"`}, []string{`"w"`}},
+		// minProperties / maxProperties, with the order and the required ones.
+		{`{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"},"c":{"type":"integer"}},"minProperties":2}`,
+			[]string{`{"a":1,"b":2}`, `{"a":1,"c":3}`, `{"b":1,"c":2}`, `{"a":1,"b":2,"c":3}`}, []string{`{}`, `{"a":1}`, `{"c":1}`}},
+		{`{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"},"c":{"type":"integer"}},"required":["c"],"maxProperties":2}`,
+			[]string{`{"c":1}`, `{"c":1,"a":2}`, `{"c":1,"b":2}`}, []string{`{"c":1,"a":2,"b":3}`, `{}`}},
+		{`{"type":"object","additionalProperties":{"type":"integer"},"minProperties":1,"maxProperties":2}`,
+			[]string{`{"x":1}`, `{"x":1,"y":2}`}, []string{`{}`, `{"x":1,"y":2,"z":3}`}},
+		{`{"type":"object","properties":{"r":{"type":"integer"}},"required":["r"],"additionalProperties":true,"maxProperties":1}`,
+			[]string{`{"r":1}`}, []string{`{"x":1,"r":1}`, `{"r":1,"x":1}`}},
 	}
 	for _, c := range cases {
 		g := mustCompile(t, c.schema)
@@ -129,6 +138,8 @@ func TestUnsatisfiableSchemas(t *testing.T) {
 		`{"type":"object","properties":{"next":{"$ref":"#"}},"required":["next"]}`, // an infinite value
 		`{"type":"string","enum":[1,2]}`,
 		`{"type":"object","required":["x"],"additionalProperties":false}`,
+		`{"type":"object","properties":{"a":{"type":"integer"}},"minProperties":2}`,
+		`{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},"required":["a","b"],"maxProperties":1}`,
 	} {
 		if _, err := Compile([]byte(s)); err == nil {
 			t.Errorf("%s compiled", s)

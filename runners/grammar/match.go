@@ -14,6 +14,7 @@ type frame struct {
 	u8   uint8  // UTF-8 continuation bytes still expected (strings, keys)
 	cnt  int32  // kString: code points; kArray, kRepeat: items; kObject: progress; kNumber: bytes
 	pos  int32  // kLit: trie node; kObject: key bytes (in a key) or the property (after it)
+	nkey int32  // kObject: properties written (minProperties/maxProperties)
 	mask uint64 // kObject, in a key: declared names the key is still a prefix of
 }
 
@@ -210,6 +211,7 @@ func (s *stepper) afterChild(up *frame) *frame {
 		if up.pos >= 0 {
 			g.cnt = up.pos + 1
 		}
+		g.nkey = up.nkey + 1
 	case kSeq:
 		g.st = up.st + 1
 	case kRepeat:
@@ -583,17 +585,18 @@ func (s *stepper) ownObject(f *frame, b byte) {
 		case isWS(b):
 			s.ws(f, b)
 		case b == '"':
-			if n.allowed[f.cnt] == 0 && n.additional == nil {
+			allowed, add := n.nextKeys(f)
+			if allowed == 0 && !add {
 				return
 			}
 			g.st, g.pos, g.u8 = sObjKey, 0, 0
-			g.mask = n.allowed[f.cnt]
-			if n.additional != nil {
+			g.mask = allowed
+			if add {
 				g.mask = allMask(len(n.props))
 			}
 			s.push(g)
 		case b == '}' && f.st == sObjFirst:
-			if n.closable[f.cnt] {
+			if n.closable[f.cnt] && f.nkey >= n.minProps {
 				g.st = sObjDone
 				s.push(g)
 			}
@@ -624,12 +627,12 @@ func (s *stepper) ownObject(f *frame, b byte) {
 		case isWS(b):
 			s.ws(f, b)
 		case b == ',':
-			if n.allowed[f.cnt] != 0 || n.additional != nil {
+			if allowed, add := n.nextKeys(f); allowed != 0 || add {
 				g.st = sObjComma
 				s.push(g)
 			}
 		case b == '}':
-			if n.closable[f.cnt] {
+			if n.closable[f.cnt] && f.nkey >= n.minProps {
 				g.st = sObjDone
 				s.push(g)
 			}
@@ -659,7 +662,7 @@ func (s *stepper) objKey(f *frame, b byte) {
 	}
 	if b == '"' && !quoted && (f.u8 == 0 || f.u8 == noAdd) {
 		// Close: an exact declared name, or an additional key.
-		allowed := n.allowed[f.cnt]
+		allowed, add := n.nextKeys(f)
 		exact := -1
 		for m := f.mask; m != 0; m &= m - 1 {
 			i := bits.TrailingZeros64(m)
@@ -673,7 +676,7 @@ func (s *stepper) objKey(f *frame, b byte) {
 			g.pos = int32(exact)
 		case exact >= 0:
 			return // a declared name out of order, or again
-		case n.additional != nil && f.u8 == 0:
+		case add && f.u8 == 0:
 			g.pos = -1
 		default:
 			return
@@ -692,8 +695,9 @@ func (s *stepper) objKey(f *frame, b byte) {
 	}
 	g.mask = m
 	g.pos = f.pos + 1
-	declaredOK := m&n.allowed[f.cnt] != 0
-	if n.additional != nil && f.u8 != noAdd && b >= 0x20 && b != '\\' && b != '"' {
+	allowed, add := n.nextKeys(f)
+	declaredOK := m&allowed != 0
+	if add && f.u8 != noAdd && b >= 0x20 && b != '\\' && b != '"' {
 		if u, ok := utf8Step(f.u8, b); ok {
 			g.u8 = u
 			s.push(g)
@@ -934,4 +938,27 @@ func hexVal(b byte) rune {
 		return rune(b-'A') + 10
 	}
 	return rune(b - '0')
+}
+
+// nextKeys returns the declared properties that may come next in object
+// frame f (a bit per index) and whether an additional one may: those the
+// order allows, less, under minProperties/maxProperties, those after
+// which the count could no longer be met.
+func (n *node) nextKeys(f *frame) (uint64, bool) {
+	allowed, add := n.allowed[f.cnt], n.additional != nil
+	if n.minProps <= 0 && n.maxProps < 0 {
+		return allowed, add
+	}
+	k1 := f.nkey + 1
+	if n.maxProps >= 0 && k1+n.reqAfter[f.cnt] > n.maxProps {
+		add = false // the required ones still to come would not fit
+	}
+	for r := allowed; r != 0; r &= r - 1 {
+		i := bits.TrailingZeros64(r)
+		if n.maxProps >= 0 && k1+n.reqAfter[i+1] > n.maxProps ||
+			n.minProps > k1 && n.additional == nil && k1+n.availAfter[i+1] < n.minProps {
+			allowed &^= 1 << i
+		}
+	}
+	return allowed, add
 }

@@ -68,6 +68,7 @@ func appendKey(dst []byte, f *frame) []byte {
 		dst = append(dst, f.st, f.ws, f.u8)
 		dst = binary.AppendVarint(dst, int64(f.cnt))
 		dst = binary.AppendVarint(dst, int64(f.pos))
+		dst = binary.AppendVarint(dst, int64(f.nkey))
 		dst = binary.AppendUvarint(dst, f.mask)
 	}
 	return append(dst, 0xFF)

@@ -150,12 +150,22 @@ func admits(n *node, ok map[*node]bool) bool {
 	case kRepeat:
 		return n.minItems <= 0 || ok[n.items]
 	case kObject:
+		req, avail := int32(0), int32(0)
 		for _, p := range n.props {
 			if p.required && !ok[p.node] {
 				return false
 			}
+			if p.required {
+				req++
+			}
+			if ok[p.node] {
+				avail++
+			}
 		}
-		return true
+		if n.additional != nil && ok[n.additional] {
+			avail = 1 << 30
+		}
+		return (n.maxProps < 0 || req <= n.maxProps) && avail >= n.minProps && (n.maxProps < 0 || n.minProps <= n.maxProps)
 	case kUnion:
 		return slices.ContainsFunc(n.alts, func(a *node) bool { return ok[a] })
 	case kSeq:
@@ -186,6 +196,7 @@ var supported = map[string]bool{
 	"minLength": true, "maxLength": true, "anyOf": true, "allOf": true, "$ref": true,
 	"nullable": true, "minimum": true, "maximum": true, "exclusiveMinimum": true, "exclusiveMaximum": true,
 	"pattern": true, "format": true, "prefixItems": true, "oneOf": true, "multipleOf": true,
+	"minProperties": true, "maxProperties": true,
 }
 
 func schemaErr(path, format string, a ...any) error {
@@ -363,6 +374,9 @@ func schemaTypes(s map[string]any, path string) ([]string, error) {
 		_, props := s["properties"]
 		_, addl := s["additionalProperties"]
 		_, req := s["required"]
+		_, minP := s["minProperties"]
+		_, maxP := s["maxProperties"]
+		req = req || minP || maxP
 		_, items := s["items"]
 		_, prefixI := s["prefixItems"]
 		items = items || prefixI
@@ -640,6 +654,13 @@ func (c *compiler) object(s map[string]any, path string) (*node, error) {
 		}
 		return 1
 	})
+	var err error
+	if n.minProps, err = count(s, "minProperties", 0, path); err != nil {
+		return nil, err
+	}
+	if n.maxProps, err = count(s, "maxProperties", -1, path); err != nil {
+		return nil, err
+	}
 	if len(n.props) > 64 {
 		return nil, &UnsupportedError{Keywords: []string{"properties (more than 64 in one object)"}, Path: pathOrRoot(path)}
 	}
