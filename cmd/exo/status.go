@@ -21,19 +21,26 @@ import (
 	"github.com/exo-pd/exo-pd/supervisor/process"
 )
 
-// cmdStatus asks a running supervisor what it is doing: `exo status [--api URL] [--json]`.
+// cmdStatus asks a running supervisor what the cluster is doing: `exo status [--api URL] [--config F] [--json]`.
 func cmdStatus(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	api := fs.String("api", "", "the supervisor's API URL (default: from "+config.DefaultPath+", else http://127.0.0.1:52415)")
 	asJSON := fs.Bool("json", false, "print the raw JSON")
-	if err := parseFlags(fs, "usage: exo status [--api URL] [--json]\n\nShows the cluster as the supervisor on this host sees it (`+dashboard.StatePath+`):\nits runners; every host (supervisor up or down, memory, GPU, clock offset); each\nmodel's runners and their states; the prefill links; the latest requests with\ntheir route and timings; the decode runners as its gateway sees them.", args); err != nil {
+	cfgPath := fs.String("config", config.DefaultPath, "cluster file naming the API port and key file (a missing default is no error)")
+	if err := parseFlags(fs, "usage: exo status [--api URL] [--config F] [--json]\n\nShows the cluster as the supervisor on this host sees it ("+dashboard.StatePath+"):\nits runners; every host (supervisor up or down, memory, GPU, clock offset); each\nmodel's runners and their states; the prefill links; the latest requests with\ntheir route and timings; the decode runners as its gateway sees them.", args); err != nil {
 		return err
 	}
 	url := *api
 	var key []byte // the gateway's API key, when the cluster file names one we can read
-	c, cerr := config.Load(config.DefaultPath)
+	c, cerr := config.Load(*cfgPath)
+	if cerr != nil && *cfgPath != config.DefaultPath {
+		return exitError{2, "status: " + cerr.Error()}
+	}
 	if cerr == nil && c.API.APIKeyFile != "" {
-		key, _ = gateway.ReadKeyFile(c.API.APIKeyFile)
+		var err error
+		if key, err = gateway.ReadKeyFile(c.API.APIKeyFile); err != nil {
+			return fmt.Errorf("status: %w", err)
+		}
 	}
 	if url == "" {
 		port := config.DefaultAPIPort

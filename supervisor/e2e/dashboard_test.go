@@ -274,4 +274,31 @@ func TestDashboard(t *testing.T) {
 	}
 
 	p.screenshot("dashboard-chat.png", 1280, 900)
+
+	// exo status prints the same cluster, the key read from the file.
+	out, err := exec.Command(exe, "status", "--api", "http://"+spark.api, "--config", cfgPath).CombinedOutput()
+	if err != nil {
+		t.Fatalf("exo status: %v\n%s", err, out)
+	}
+	for _, want := range []string{"cluster e2e, host spark", "RUNNERS ON THIS HOST", "tiny-prefill", "MODELS", "tiny-decode",
+		"remote (floor, from spark)", "local (skipped_disabled)", "LINKS", "mac/tiny-decode  spark"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("exo status lacks %q:\n%s", want, out)
+		}
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && (f[0] == "mac" || f[0] == "spark") && f[3] != "up" {
+			t.Errorf("exo status: host line %q", line)
+		}
+	}
+
+	// A supervisor that stops shows as down, its runners unknown.
+	mac.cmd.Process.Signal(syscall.SIGTERM)
+	mac.cmd.Wait()
+	p.run(chromedp.Navigate("http://" + spark.api + "/#overview"))
+	p.wait("mac down", `(() => {
+		const h = document.querySelector('[data-host="mac"]'), d = document.querySelector('[data-runner="mac/tiny-decode"]');
+		return !!h && h.textContent.includes("supervisor down") && h.textContent.includes("no supervisor answering") &&
+			!!d && d.dataset.state === "unknown" && document.querySelector('[data-model="tiny"]').textContent.includes("0/1 decode ready");
+	})()`)
 }
