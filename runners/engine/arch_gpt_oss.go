@@ -193,15 +193,11 @@ func (l *loader) gptossMoE(prefix string, layer int, cfg *Config) (*moeBlock, er
 		if err != nil {
 			return nil, err
 		}
-		t, err := l.src.Tensor(name + ".bias")
+		t, err := l.rawTensor(name+".bias", E, p.out)
 		if err != nil {
-			return nil, fmt.Errorf("%s.bias: %w", name, err)
-		}
-		if !slices.Equal(t.Shape, []int{E, p.out}) {
-			return nil, fmt.Errorf("%s.bias: shape %v, want [%d %d]", name, t.Shape, E, p.out)
+			return nil, err
 		}
 		lin.Bias = l.keep(l.b.FromBytes(t.Data, []int{E, p.out}, t.DType))
-		l.done += int64(len(t.Data))
 		*p.dst = *lin
 	}
 	return mb, nil
@@ -214,30 +210,19 @@ func (l *loader) gptossMoE(prefix string, layer int, cfg *Config) (*moeBlock, er
 // input-major (x · W), so they are transposed into the engine's [E, out,
 // in] here, once, at load.
 func (l *loader) gptossDense(prefix string, mb *moeBlock, D, F, E int) error {
-	get := func(name string, shape ...int) (Tensor, error) {
-		t, err := l.src.Tensor(prefix + name)
-		if err != nil {
-			return t, fmt.Errorf("%s%s: %w", prefix, name, err)
-		}
-		if !slices.Equal(t.Shape, shape) {
-			return t, fmt.Errorf("%s%s: shape %v, want %v", prefix, name, t.Shape, shape)
-		}
-		l.done += int64(len(t.Data))
-		return t, nil
-	}
-	gu, err := get("gate_up_proj", E, D, 2*F)
+	gu, err := l.rawTensor(prefix+"gate_up_proj", E, D, 2*F)
 	if err != nil {
 		return err
 	}
-	gub, err := get("gate_up_proj_bias", E, 2*F)
+	gub, err := l.rawTensor(prefix+"gate_up_proj_bias", E, 2*F)
 	if err != nil {
 		return err
 	}
-	dn, err := get("down_proj", E, F, D)
+	dn, err := l.rawTensor(prefix+"down_proj", E, F, D)
 	if err != nil {
 		return err
 	}
-	dnb, err := get("down_proj_bias", E, D)
+	dnb, err := l.rawTensor(prefix+"down_proj_bias", E, D)
 	if err != nil {
 		return err
 	}
@@ -280,29 +265,26 @@ func (l *loader) gptossDense(prefix string, mb *moeBlock, D, F, E int) error {
 	return nil
 }
 
+// rawTensor reads a tensor's bytes for conversion on the host, checking its
+// shape, and counts them as loaded.
+func (l *loader) rawTensor(name string, shape ...int) (Tensor, error) {
+	t, err := l.src.Tensor(name)
+	if err != nil {
+		return t, fmt.Errorf("%s: %w", name, err)
+	}
+	if !slices.Equal(t.Shape, shape) {
+		return t, fmt.Errorf("%s: shape %v, want %v", name, t.Shape, shape)
+	}
+	l.done += int64(len(t.Data))
+	return t, nil
+}
+
 // gptossBlocks loads the released checkpoints' MXFP4 experts:
 // gate_up_proj_blocks [E, 2F, D/32, 16] (uint8, two E2M1 values a byte, low
 // nibble first: MLX's packing) with gate_up_proj_scales [E, 2F, D/32] (E8M0)
 // and gate_up_proj_bias [E, 2F], whose even rows are the gate and odd rows
 // the up projection; down_proj_blocks/_scales/_bias likewise for [E, D, F].
 func (l *loader) gptossBlocks(prefix string, mb *moeBlock, D, F, E int) error {
-	get := func(name string, shape ...int) (Tensor, error) {
-		t, err := l.src.Tensor(prefix + name)
-		if err != nil {
-			return t, fmt.Errorf("%s%s: %w", prefix, name, err)
-		}
-		if !slices.Equal(t.Shape, shape) {
-			return t, fmt.Errorf("%s%s: shape %v, want %v", prefix, name, t.Shape, shape)
-		}
-		l.done += int64(len(t.Data))
-		return t, nil
-	}
-	keep := func(data []byte, shape []int, dt DType) Array {
-		a := l.b.FromBytes(data, shape, dt)
-		l.b.Keep(a)
-		l.kept = append(l.kept, a)
-		return a
-	}
 	for _, p := range []struct {
 		name    string
 		out, in int
@@ -311,15 +293,15 @@ func (l *loader) gptossBlocks(prefix string, mb *moeBlock, D, F, E int) error {
 		if p.in%32 != 0 {
 			return fmt.Errorf("%s%s: %d inputs not a multiple of 32", prefix, p.name, p.in)
 		}
-		blocks, err := get(p.name+"_blocks", E, p.out, p.in/32, 16)
+		blocks, err := l.rawTensor(prefix+p.name+"_blocks", E, p.out, p.in/32, 16)
 		if err != nil {
 			return err
 		}
-		scales, err := get(p.name+"_scales", E, p.out, p.in/32)
+		scales, err := l.rawTensor(prefix+p.name+"_scales", E, p.out, p.in/32)
 		if err != nil {
 			return err
 		}
-		bias, err := get(p.name+"_bias", E, p.out)
+		bias, err := l.rawTensor(prefix+p.name+"_bias", E, p.out)
 		if err != nil {
 			return err
 		}
@@ -350,9 +332,9 @@ func (l *loader) gptossBlocks(prefix string, mb *moeBlock, D, F, E int) error {
 		}
 		for _, q := range parts {
 			*q.dst = Linear{Bits: 4, GroupSize: 32, Mode: "mxfp4",
-				W:      keep(rows(blocks, p.out, p.in/2, q.first, step), []int{E, q.cnt, p.in / 8}, U32),
-				Scales: keep(rows(scales, p.out, p.in/32, q.first, step), []int{E, q.cnt, p.in / 32}, U8),
-				Bias:   keep(rows(bias, p.out, bs, q.first, step), []int{E, q.cnt}, bias.DType)}
+				W:      l.keep(l.b.FromBytes(rows(blocks, p.out, p.in/2, q.first, step), []int{E, q.cnt, p.in / 8}, U32)),
+				Scales: l.keep(l.b.FromBytes(rows(scales, p.out, p.in/32, q.first, step), []int{E, q.cnt, p.in / 32}, U8)),
+				Bias:   l.keep(l.b.FromBytes(rows(bias, p.out, bs, q.first, step), []int{E, q.cnt}, bias.DType))}
 		}
 	}
 	return nil
