@@ -285,6 +285,16 @@ func (l *callList) badAt() string {
 	return l.body[l.p:]
 }
 
+// textFrom is the text a parser passes on once the list broke: all (what
+// it held back since its output could be a list) when no call went out,
+// else the text from where it broke.
+func (l *callList) textFrom(all string) string {
+	if l.calls == 0 {
+		return all
+	}
+	return l.badAt()
+}
+
 // feed adds text and returns the calls' events; the list is bad when
 // l.state is listBad (badAt is the text from where it broke).
 func (l *callList) feed(ev []Event, text string, done bool) []Event {

@@ -47,6 +47,23 @@ type Format interface {
 	Controls() []string
 }
 
+// unplanned is embedded by the formats whose constrained answer starts at
+// the output's first token and whose calls are spelled in plain text: no
+// Plan, nothing to read in the prompt's tail, no control tokens.
+type unplanned struct{}
+
+func (unplanned) Plan(Answer) (*Plan, error) { return nil, nil }
+func (unplanned) Start(string) Start         { return Start{} }
+func (unplanned) Controls() []string         { return nil }
+
+// templateTools is embedded by the formats that offer tools only through the
+// template's own tools section.
+type templateTools struct{}
+
+func (templateTools) RenderTools(t *Template, msgs []Message, tools []ToolDef, agp bool) (string, error) {
+	return t.renderTools(msgs, tools, agp)
+}
+
 // Detect picks t's format from its source (nil: the generic Hermes
 // prompt): harmony's <|channel|> headers; else the tool-call syntax its
 // tools section writes (a template that takes no tools gets the generic

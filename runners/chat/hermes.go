@@ -19,7 +19,7 @@ import (
 // name as soon as it is read, then its arguments as they are generated.
 var Hermes Format = hermes{}
 
-type hermes struct{}
+type hermes struct{ unplanned }
 
 const (
 	hermesOpen  = "<tool_call>"
@@ -46,10 +46,6 @@ func (hermes) Calls(parallel bool) grammar.CallFormat {
 func (hermes) Lazy() (grammar.CallFormat, Trigger, bool) {
 	return grammar.CallFormat{Suffix: "\n" + hermesClose, ArgsKey: "arguments"}, Trigger{Marker: hermesOpen}, true
 }
-
-func (hermes) Plan(Answer) (*Plan, error) { return nil, nil }
-func (hermes) Start(string) Start         { return Start{} }
-func (hermes) Controls() []string         { return nil }
 
 func (hermes) NewParser(calls bool, _ Start) Parser {
 	if !calls {

@@ -15,15 +15,14 @@ import (
 // written: a call's name once its head is read, then its arguments.
 var Llama3 Format = llama3{}
 
-type llama3 struct{}
+type llama3 struct {
+	unplanned
+	templateTools
+}
 
 const pythonTag = "<|python_tag|>"
 
 func (llama3) String() string { return "llama3" }
-
-func (llama3) RenderTools(t *Template, msgs []Message, tools []ToolDef, agp bool) (string, error) {
-	return t.renderTools(msgs, tools, agp)
-}
 
 // Calls: one call per answer (the format has no list the grammar writes).
 func (llama3) Calls(bool) grammar.CallFormat { return grammar.CallFormat{ArgsKey: "parameters"} }
@@ -31,10 +30,6 @@ func (llama3) Calls(bool) grammar.CallFormat { return grammar.CallFormat{ArgsKey
 func (llama3) Lazy() (grammar.CallFormat, Trigger, bool) {
 	return grammar.CallFormat{ArgsKey: "parameters"}, Trigger{}, true
 }
-
-func (llama3) Plan(Answer) (*Plan, error) { return nil, nil }
-func (llama3) Start(string) Start         { return Start{} }
-func (llama3) Controls() []string         { return nil }
 
 func (llama3) NewParser(calls bool, _ Start) Parser {
 	if !calls {
@@ -86,11 +81,7 @@ func (p *llamaParser) Add(s string, done bool) []Event {
 	}
 	if p.mode == llamaList && p.list.state == listBad {
 		p.mode = llamaText
-		if p.list.calls == 0 {
-			ev = p.out.text(ev, p.raw) // no call went out: all of it is text
-		} else {
-			ev = p.out.text(ev, p.list.badAt())
-		}
+		ev = p.out.text(ev, p.list.textFrom(p.raw)) // all: the whole output
 	}
 	if done {
 		ev = p.out.end(ev)

@@ -12,15 +12,14 @@ import (
 // its head is read, then its arguments.
 var Mistral Format = mistral{}
 
-type mistral struct{}
+type mistral struct {
+	unplanned
+	templateTools
+}
 
 const mistralTag = "[TOOL_CALLS]"
 
 func (mistral) String() string { return "mistral" }
-
-func (mistral) RenderTools(t *Template, msgs []Message, tools []ToolDef, agp bool) (string, error) {
-	return t.renderTools(msgs, tools, agp)
-}
 
 func (mistral) Calls(parallel bool) grammar.CallFormat {
 	return grammar.CallFormat{List: true, ListPrefix: mistralTag, ArgsKey: "arguments", Parallel: parallel}
@@ -29,10 +28,6 @@ func (mistral) Calls(parallel bool) grammar.CallFormat {
 func (mistral) Lazy() (grammar.CallFormat, Trigger, bool) {
 	return grammar.CallFormat{List: true, ArgsKey: "arguments", Parallel: true}, Trigger{Marker: mistralTag}, true
 }
-
-func (mistral) Plan(Answer) (*Plan, error) { return nil, nil }
-func (mistral) Start(string) Start         { return Start{} }
-func (mistral) Controls() []string         { return nil }
 
 func (mistral) NewParser(calls bool, _ Start) Parser {
 	if !calls {
@@ -85,11 +80,7 @@ func (p *mistralParser) Add(s string, done bool) []Event {
 	}
 	if p.mode == mistralList && p.list.state == listBad {
 		p.mode = mistralAfter
-		if p.list.calls == 0 {
-			ev = p.out.text(ev, mistralTag+p.list.body) // no call went out: the tag and all after it are text
-		} else {
-			ev = p.out.text(ev, p.list.badAt())
-		}
+		ev = p.out.text(ev, p.list.textFrom(mistralTag+p.list.body)) // all: the tag and the list
 	}
 	if done {
 		ev = p.out.end(ev)
