@@ -186,7 +186,8 @@ type Server struct {
 
 	batch     *batcher // nil when MaxBatch is 1
 	stopBatch context.CancelFunc
-	journal   journal // recent requests, for JournalPath
+	journal   journal    // recent requests, for JournalPath
+	mem       memSampler // the engine's memory, for JournalPath
 }
 
 // New makes a Server.

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 )
@@ -75,6 +76,51 @@ type Journal struct {
 	Model    string          `json:"model"`
 	Requests []RequestRecord `json:"requests"` // oldest first
 	Links    []LinkRecord    `json:"links"`
+	// Memory is the engine's own memory account where its backend keeps
+	// one (MLX: active, cache and peak bytes), as last sampled.
+	Memory *EngineMemory `json:"engine_memory,omitempty"`
+}
+
+// EngineMemory is a backend's memory account.
+type EngineMemory struct {
+	Active  int64     `json:"active_bytes"`
+	Cache   int64     `json:"cache_bytes"`
+	Peak    int64     `json:"peak_bytes"`
+	Sampled time.Time `json:"sampled"`
+}
+
+// memoryBackend is a backend that accounts its memory (MLX's does).
+type memoryBackend interface {
+	ActiveMemory() (active, cache int64, err error)
+	PeakMemory(reset bool) (int64, error)
+}
+
+// memSampler keeps the latest EngineMemory. A sample goes through the
+// backend's own thread, which may be busy with a long step: JournalPath
+// answers with the last sample and asks for a new one in the background.
+type memSampler struct {
+	mu       sync.Mutex
+	last     *EngineMemory
+	sampling bool
+}
+
+func (m *memSampler) get(b memoryBackend) *EngineMemory {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.sampling && (m.last == nil || time.Since(m.last.Sampled) > time.Second) {
+		m.sampling = true
+		go func() {
+			active, cache, err := b.ActiveMemory()
+			peak, perr := b.PeakMemory(false)
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			m.sampling = false
+			if err == nil && perr == nil {
+				m.last = &EngineMemory{Active: active, Cache: cache, Peak: peak, Sampled: time.Now()}
+			}
+		}()
+	}
+	return m.last
 }
 
 // journal keeps the last journalSize requests.
@@ -165,6 +211,11 @@ func (s *Server) finishRecord(r *RequestRecord, res gen.Result, err error) {
 func (s *Server) serveJournal(w http.ResponseWriter, r *http.Request) {
 	after, _ := strconv.ParseUint(r.URL.Query().Get("since"), 10, 64)
 	out := Journal{Model: s.o.Name, Requests: s.journal.since(after), Links: s.links()}
+	if mb, ok := s.o.Model.(interface{ Backend() engine.Backend }); ok {
+		if b, ok := mb.Backend().(memoryBackend); ok {
+			out.Memory = s.mem.get(b)
+		}
+	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(out)
 }

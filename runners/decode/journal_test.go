@@ -116,3 +116,41 @@ func TestJournalRing(t *testing.T) {
 		t.Errorf("since: %d records, want 5", n)
 	}
 }
+
+// memModel is the tiny model with a backend that accounts its memory as
+// MLX's does.
+type memModel struct{ *engine.Model }
+
+type memBackend struct{ engine.Backend }
+
+func (memBackend) ActiveMemory() (int64, int64, error) { return 3 << 20, 1 << 20, nil }
+func (memBackend) PeakMemory(bool) (int64, error)      { return 5 << 20, nil }
+
+func (m memModel) Backend() engine.Backend { return memBackend{m.Model.Backend()} }
+
+// TestJournalEngineMemory: a backend that accounts its memory has it in
+// the journal, sampled in the background (the first answer may come
+// before the first sample); one that does not, has none.
+func TestJournalEngineMemory(t *testing.T) {
+	s := startTinyServer(t, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}, func(_ Text, o *Options) {
+		o.Model = memModel{o.Model.(*engine.Model)}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		j := getJournal(t, s.url, 0)
+		if m := j.Memory; m != nil {
+			if m.Active != 3<<20 || m.Cache != 1<<20 || m.Peak != 5<<20 || m.Sampled.IsZero() {
+				t.Fatalf("engine memory %+v", m)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("engine memory never sampled")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	plain := startTinyServer(t, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}, func(Text, *Options) {})
+	if j := getJournal(t, plain.url, 0); j.Memory != nil {
+		t.Errorf("cpu backend reports engine memory %+v", j.Memory)
+	}
+}

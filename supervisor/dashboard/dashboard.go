@@ -152,6 +152,18 @@ type RunnerView struct {
 	LoadETA float64 `json:"load_eta_s,omitempty"`
 	// History is its recent state changes, oldest first.
 	History []Transition `json:"history,omitempty"`
+	// EngineMemory is a decode runner's own account of its engine's memory
+	// (MLX: active, cache, peak), from its journal; nil where the backend
+	// keeps none (cpu).
+	EngineMemory *EngineMemory `json:"engine_memory,omitempty"`
+}
+
+// EngineMemory is a runner's engine memory (runners/decode.EngineMemory).
+type EngineMemory struct {
+	Active  int64     `json:"active_bytes"`
+	Cache   int64     `json:"cache_bytes"`
+	Peak    int64     `json:"peak_bytes"`
+	Sampled time.Time `json:"sampled"`
 }
 
 // Request is one request a decode runner served: its journal record
@@ -265,6 +277,7 @@ type ModelRunner struct {
 	LoadETA          float64                   `json:"load_eta_s,omitempty"`
 	PrefillEndpoints []process.PrefillEndpoint `json:"prefill_endpoints,omitempty"`
 	History          []Transition              `json:"history,omitempty"`
+	EngineMemory     *EngineMemory             `json:"engine_memory,omitempty"`
 }
 
 // ModelState is one model of the cluster file and its runners.
@@ -307,10 +320,12 @@ func (d *Dashboard) Local(ctx context.Context) HostView {
 		}
 	}
 	now := time.Now()
+	var mems map[string]*EngineMemory
+	v.Requests, v.Links, mems = d.pollJournals(ctx, l)
 	for _, r := range l.Runners {
-		v.Runners = append(v.Runners, RunnerView{Spec: r.Spec, Status: r.Status, LoadETA: d.eta(r, now), History: d.o.History.Of(r.Spec.Name)})
+		v.Runners = append(v.Runners, RunnerView{Spec: r.Spec, Status: r.Status, LoadETA: d.eta(r, now), History: d.o.History.Of(r.Spec.Name),
+			EngineMemory: mems[r.Spec.Name]})
 	}
-	v.Requests, v.Links = d.pollJournals(ctx, l)
 	for i := range v.Links {
 		v.Links[i].PrefillHost = hostOfEndpoint(c, v.Links[i].Endpoint)
 	}
@@ -373,11 +388,12 @@ func (d *Dashboard) eta(r Runner, now time.Time) float64 {
 type runnerJournal struct {
 	reqs  []Request // oldest first
 	links []Link
+	mem   *EngineMemory
 }
 
 // pollJournals reads every local decode runner's new journal records (at
 // most every 400 ms whoever asks) and returns the recent requests and links.
-func (d *Dashboard) pollJournals(ctx context.Context, l Local) ([]Request, []Link) {
+func (d *Dashboard) pollJournals(ctx context.Context, l Local) ([]Request, []Link, map[string]*EngineMemory) {
 	d.jmu.Lock()
 	defer d.jmu.Unlock()
 	if time.Since(d.jAt) >= 400*time.Millisecond {
@@ -400,17 +416,18 @@ func (d *Dashboard) pollJournals(ctx context.Context, l Local) ([]Request, []Lin
 		wg.Wait()
 		d.jAt = time.Now()
 	}
-	reqs, links := []Request{}, []Link{}
+	reqs, links, mems := []Request{}, []Link{}, map[string]*EngineMemory{}
 	for _, r := range l.Runners {
 		if j := d.journals[r.Spec.Name]; j != nil && r.Spec.Role == config.Decode {
 			reqs = append(reqs, j.reqs...)
 			if r.Status.State == process.Ready {
 				links = append(links, j.links...)
+				mems[r.Spec.Name] = j.mem
 			}
 		}
 	}
 	sortRequests(reqs)
-	return reqs, links
+	return reqs, links, mems
 }
 
 // journalAnswer is a decode runner's journal (runners/decode.Journal).
@@ -424,6 +441,7 @@ type journalAnswer struct {
 		Kind        string  `json:"kind"`
 		Interface   string  `json:"interface"`
 	} `json:"links"`
+	Memory *EngineMemory `json:"engine_memory"`
 }
 
 func (d *Dashboard) pollJournal(ctx context.Context, host string, r Runner, j *runnerJournal) {
@@ -480,6 +498,7 @@ func (d *Dashboard) pollJournal(ctx context.Context, host string, r Runner, j *r
 	if len(j.reqs) > maxRequests {
 		j.reqs = slices.Delete(j.reqs, 0, len(j.reqs)-maxRequests)
 	}
+	j.mem = a.Memory
 	j.links = j.links[:0]
 	for _, l := range a.Links {
 		j.links = append(j.links, Link{DecodeHost: host, Runner: r.Spec.Name, Model: r.Spec.Model, Endpoint: l.Endpoint,
@@ -616,7 +635,7 @@ func models(c *config.Config, hosts []HostState) []ModelState {
 					s := rv.Status
 					mr.State, mr.Since, mr.PID, mr.Restarts = string(s.State), s.Since, s.PID, s.Restarts
 					mr.LastExit, mr.LastError, mr.NextStart, mr.LoadETA = s.LastExit, s.LastError, s.NextStart, rv.LoadETA
-					mr.History = rv.History
+					mr.History, mr.EngineMemory = rv.History, rv.EngineMemory
 					if h := s.Health; h != nil {
 						mr.Health, mr.Waiting, mr.Running, mr.Progress = h.Status, h.Waiting, h.Running, h.Progress
 						mr.PrefillEndpoints = h.PrefillEndpoints

@@ -60,7 +60,8 @@ func (f *fakeJournal) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	json.NewEncoder(w).Encode(map[string]any{"model": "tiny", "requests": out,
-		"links": []map[string]any{{"endpoint": prefillEndpoint, "goodput_bytes_per_s": 1.1e9, "last_goodput_bytes_per_s": 0.9e9, "up": true, "kind": "loopback", "interface": "lo"}}})
+		"links":         []map[string]any{{"endpoint": prefillEndpoint, "goodput_bytes_per_s": 1.1e9, "last_goodput_bytes_per_s": 0.9e9, "up": true, "kind": "loopback", "interface": "lo"}},
+		"engine_memory": map[string]any{"active_bytes": 3 << 30, "cache_bytes": 1 << 30, "peak_bytes": 5 << 30, "sampled": time.Now()}})
 }
 
 func (f *fakeJournal) set(fn func(reqs []Request) []Request) {
@@ -217,6 +218,9 @@ func TestState(t *testing.T) {
 	if r := byName["b/decode"]; r.State != "ready" || r.Waiting != 1 || r.Running != 2 || r.PID != 4242 ||
 		len(r.History) != 2 || r.History[0].State != "starting" || r.History[1].State != "ready" {
 		t.Errorf("b's decode runner: %+v", r)
+	}
+	if m := byName["b/decode"].EngineMemory; m == nil || m.Active != 3<<30 || m.Cache != 1<<30 || m.Peak != 5<<30 {
+		t.Errorf("b's decode runner's engine memory: %+v", m)
 	}
 	if r := byName["c/decode"]; r.State != "unknown" {
 		t.Errorf("c's decode runner: %+v", r)

@@ -263,6 +263,11 @@ function runnerCard(r) {
   if (r.state === "ready" && r.role === "decode") {
     lines.push(el("div", { class: "kv" }, el("span", {}, "queue"), el("span", {}, r.waiting + " waiting, " + r.running + " in flight")));
   }
+  if (r.engine_memory) {
+    const m = r.engine_memory;
+    lines.push(el("div", { class: "kv" }, el("span", {}, "MLX memory"),
+      el("span", {}, fmt.bytes(m.active_bytes) + " active, " + fmt.bytes(m.cache_bytes) + " cache, " + fmt.bytes(m.peak_bytes) + " peak")));
+  }
   if (r.state === "ready" && r.role === "prefill") {
     lines.push(el("div", { class: "kv" }, el("span", {}, "queue"), el("span", {}, r.waiting + " waiting, " + r.running + " running")));
   }
