@@ -478,30 +478,24 @@ func (m *Model) ForwardInto(ctx context.Context, c KVCache, tokens []int32, dst 
 	if err := m.checkCache(c, tokens); err != nil {
 		return nil, err
 	}
-	start := c.Len()
-	beginStep(c, len(tokens))
-	defer func() {
-		if err != nil {
-			c.Truncate(start)
+	err = m.guarded(c, len(tokens), "forward", func() error {
+		for len(tokens) > DefaultPrefillChunk {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := m.step(c, tokens[:DefaultPrefillChunk], false, nil); err != nil {
+				return err
+			}
+			m.b.Free() // this chunk's temporaries; its KV is in the cache
+			tokens = tokens[DefaultPrefillChunk:]
 		}
-		m.b.Free()
-	}()
-	defer recoverInto(&err, "forward")
-	for len(tokens) > DefaultPrefillChunk {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return err
 		}
-		if err := m.step(c, tokens[:DefaultPrefillChunk], false, nil); err != nil {
-			return nil, err
-		}
-		m.b.Free() // this chunk's temporaries; its KV is in the cache
-		tokens = tokens[DefaultPrefillChunk:]
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	m.scr.flat = dst
-	if err := m.step(c, tokens, true, &dst); err != nil {
+		m.scr.flat = dst
+		return m.step(c, tokens, true, &dst)
+	})
+	if err != nil {
 		return nil, err
 	}
 	return dst, nil
@@ -621,17 +615,24 @@ func (m *Model) Prefill(ctx context.Context, c KVCache, tokens []int32, chunk in
 	return nil
 }
 
-func (m *Model) guardedStep(c KVCache, tokens []int32) (err error) {
+func (m *Model) guardedStep(c KVCache, tokens []int32) error {
+	return m.guarded(c, len(tokens), "prefill", func() error { return m.step(c, tokens, false, nil) })
+}
+
+// guarded runs f as one step of n tokens on c (m.mu held): on an error,
+// or a panic (an error naming op), c is truncated to where it was; the
+// step's temporaries are freed either way.
+func (m *Model) guarded(c KVCache, n int, op string, f func() error) (err error) {
 	start := c.Len()
-	beginStep(c, len(tokens))
+	beginStep(c, n)
 	defer func() {
 		if err != nil {
 			c.Truncate(start)
 		}
 		m.b.Free()
 	}()
-	defer recoverInto(&err, "prefill")
-	return m.step(c, tokens, false, nil)
+	defer recoverInto(&err, op)
+	return f()
 }
 
 // step runs one chunk through every layer. With logits set it writes the

@@ -56,23 +56,22 @@ func (m *Model) StageForward(ctx context.Context, c KVCache, tokens []int32, hid
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	start := c.Len()
-	beginStep(c, len(tokens))
-	defer func() {
-		if err != nil {
-			c.Truncate(start)
+	err = m.guarded(c, len(tokens), "stage forward", func() (err error) {
+		switch {
+		case m.head != nil && m.embed != nil:
+			m.scr.flat = nil
+			err = m.step(c, tokens, true, &out)
+		case m.head != nil:
+			out, err = m.stageTail(c, tokens, hidden)
+		default:
+			out, err = m.stageHidden(c, tokens, hidden)
 		}
-		m.b.Free()
-	}()
-	defer recoverInto(&err, "stage forward")
-	if m.head != nil && m.embed != nil {
-		m.scr.flat = nil
-		return nil, m.step(c, tokens, true, &out)
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
-	if m.head != nil {
-		return m.stageTail(c, tokens, hidden)
-	}
-	return m.stageHidden(c, tokens, hidden)
+	return out, nil
 }
 
 // stageInput is the stage's input rows [n, D]: the embedded tokens or the
