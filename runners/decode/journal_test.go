@@ -37,7 +37,14 @@ func getJournal(t *testing.T, url string, since int) Journal {
 // that disables remote prefill), the KV bytes that crossed, timings and
 // token counts, and the link to the prefill endpoint; ?since= returns only
 // newer records.
-func TestJournal(t *testing.T) {
+func TestJournal(t *testing.T) { testJournal(t, false) }
+
+// TestJournalCostModel: with the cost model deciding (measured rates that
+// make the remote faster), the remote record carries its reason and the
+// predicted fill, and the link its measured goodput.
+func TestJournalCostModel(t *testing.T) { testJournal(t, true) }
+
+func testJournal(t *testing.T, cost bool) {
 	var endpoint string
 	s := startTinyServer(t, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}, func(_ Text, o *Options) {
 		m := o.Model.(*engine.Model)
@@ -59,6 +66,13 @@ func TestJournal(t *testing.T) {
 			Selector: kvwire.NewSelector([]kvwire.Endpoint{{Addr: endpoint, Link: kvwire.LinkLoopback}}),
 			Breaker:  NewBreaker([]string{endpoint}, BreakerOptions{})}
 		o.RemoteMinTokens = 1
+		if cost {
+			rt := &Router{Rates: NewRates(), KVBytesPerToken: 1024, Endpoints: func() []string { return []string{endpoint} }}
+			rt.Rates.ObservePrefill("local", 100, 10*time.Second) // 10 tokens/s here
+			rt.Rates.ObservePrefill(endpoint, 1000, time.Millisecond)
+			rt.Rates.ObserveTransfer(endpoint, 1<<30, time.Second)
+			o.Router = rt
+		}
 	})
 	if j := getJournal(t, s.url, 0); len(j.Requests) != 0 || j.Model != "m" {
 		t.Fatalf("fresh runner's journal: %+v", j)
@@ -77,6 +91,12 @@ func TestJournal(t *testing.T) {
 	}
 	if local.Route != RouteLocal || local.Outcome != metrics.OutcomeSkippedDisabled || local.KVBytes != 0 {
 		t.Errorf("local record: %+v", local)
+	}
+	if cost && (remote.Reason != ReasonFaster || remote.PredictedFill <= 0 || len(j.Links) != 1 || j.Links[0].Goodput <= 0) {
+		t.Errorf("with the cost model: remote record %+v, links %+v", remote, j.Links)
+	}
+	if !cost && (remote.Reason != "" || remote.PredictedFill != 0 || len(j.Links) != 1 || j.Links[0].Goodput != 0) {
+		t.Errorf("without a cost model: remote record %+v, links %+v", remote, j.Links)
 	}
 	for _, r := range j.Requests {
 		if !r.Done || r.PromptTokens <= 1 || r.CompletionTokens != 8 || r.TTFT <= 0 || r.Fill <= 0 ||
