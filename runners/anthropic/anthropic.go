@@ -97,6 +97,10 @@ type Block struct {
 // UnmarshalJSON accepts a string or an array of blocks.
 func (c *Content) UnmarshalJSON(b []byte) error {
 	b = bytes.TrimSpace(b)
+	if bytes.Equal(b, []byte("null")) { // as if absent (encoding/json's convention)
+		*c = Content{}
+		return nil
+	}
 	if len(b) > 0 && b[0] == '"' {
 		var s string
 		if err := json.Unmarshal(b, &s); err != nil {

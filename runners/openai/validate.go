@@ -101,6 +101,9 @@ func (s Shape) check(v any, path string) string {
 			if path != "" {
 				p = path + "." + k
 			}
+			if p == "" {
+				p = `""` // an empty top-level key: a path still, not "nothing refused"
+			}
 			sub, ok := s[k]
 			if !ok {
 				return p
