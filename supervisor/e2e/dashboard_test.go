@@ -222,7 +222,7 @@ func TestDashboard(t *testing.T) {
 		return c("route").includes("remote") && c("route").includes("spark") && /ms|s$/.test(c("ttft")) &&
 			c("kv").includes(" in ") && c("out").includes("tok") && c("decode") === "mac/tiny-decode";
 	})`)
-	p.wait("the local ones too", `document.querySelectorAll('#requests tbody tr[data-route="local"]').length === 3`)
+	p.wait("the local ones too", `document.querySelectorAll('#requests tbody tr[data-route="local"]').length >= 3`)
 	p.screenshot("dashboard-live.png", 1280, 900)
 
 	// Kill the decode runner: it restarts and is ready again.
