@@ -12,7 +12,8 @@
 // exclusiveMaximum / multipleOf on integers and numbers (decimal.go), anyOf, allOf with one member, $ref into $defs /
 // definitions / the root, nullable (OpenAPI), boolean schemas, pattern
 // and format on strings (regex.go), prefixItems, oneOf over branches no
-// value can match twice, minProperties, maxProperties, and the annotations title, description,
+// value can match twice, minProperties, maxProperties, uniqueItems over
+// literal items, not {"type": …}, and the annotations title, description,
 // default, examples, $schema, $id, $comment, deprecated, readOnly,
 // writeOnly, discriminator. Any other keyword is an
 // *UnsupportedError naming it.
@@ -106,6 +107,7 @@ type node struct {
 
 	items              *node   // kArray (after prefix; nil: no more items), kRepeat
 	prefix             []*node // kArray: prefixItems, one per leading position
+	unique             bool    // kArray: uniqueItems over literal items (their bits in the frame's mask)
 	minItems, maxItems int32   // kArray, kRepeat (maxItems < 0: none)
 
 	props      []prop   // kObject, in the order generated
@@ -131,7 +133,36 @@ type prop struct {
 }
 
 // litTrie is a byte trie of a set of literals; node 0 is the root.
-type litTrie struct{ nodes []litNode }
+// term and below (made by indexTerms, for uniqueItems) number the
+// literals and give each node the set of those under it.
+type litTrie struct {
+	nodes []litNode
+	term  []uint8
+	below []uint64
+}
+
+// indexTerms numbers the literals (at most 63) and fills below.
+func (t *litTrie) indexTerms() bool {
+	t.term = make([]uint8, len(t.nodes))
+	t.below = make([]uint64, len(t.nodes))
+	k := 0
+	var walk func(i int32) uint64
+	walk = func(i int32) uint64 {
+		var m uint64
+		if t.nodes[i].terminal {
+			t.term[i] = uint8(k)
+			m |= 1 << k
+			k++
+		}
+		for _, e := range t.nodes[i].edges {
+			m |= walk(e.to)
+		}
+		t.below[i] = m
+		return m
+	}
+	walk(0)
+	return k <= 63
+}
 
 type litNode struct {
 	edges    []litEdge

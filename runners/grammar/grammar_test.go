@@ -87,6 +87,14 @@ func TestMatcherTable(t *testing.T) {
 		{`{"oneOf":[{"type":"object","properties":{"kind":{"const":"a"},"x":{"type":"integer"}},"required":["kind","x"]},{"type":"object","properties":{"kind":{"const":"b"},"y":{"type":"string"}},"required":["kind","y"]}],"discriminator":{"propertyName":"kind"}}`,
 			[]string{`{"kind":"a","x":1}`, `{"kind":"b","y":"s"}`}, []string{`{"kind":"a","y":"s"}`, `{"kind":"c","x":1}`}},
 		{`{"oneOf":[{"enum":["x","y"]},{"const":"z"}]}`, []string{`"x"`, `"z"`}, []string{`"w"`}},
+		// uniqueItems over literals.
+		{`{"type":"array","items":{"enum":["a","ab",1,true]},"uniqueItems":true}`,
+			[]string{`[]`, `["a","ab"]`, `["ab","a",1,true]`}, []string{`["a","a"]`, `["ab",1,"ab"]`, `[true,true]`, `["a","ab",1,true,"a"]`}},
+		{`{"type":"array","items":{"type":"boolean"},"uniqueItems":true,"minItems":2}`, []string{`[true,false]`, `[false,true]`}, []string{`[true,true]`, `[true]`}},
+		{`{"type":"array","items":{"type":"string"},"uniqueItems":false}`, []string{`["a","a"]`}, nil},
+		// not {"type": …}: the types left.
+		{`{"not":{"type":"null"}}`, []string{`1`, `"a"`, `[]`, `{}`, `true`}, []string{`null`}},
+		{`{"type":["string","integer","null"],"not":{"type":["null","number"]}}`, []string{`"a"`}, []string{`1`, `null`}},
 		// minProperties / maxProperties, with the order and the required ones.
 		{`{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"},"c":{"type":"integer"}},"minProperties":2}`,
 			[]string{`{"a":1,"b":2}`, `{"a":1,"c":3}`, `{"b":1,"c":2}`, `{"a":1,"b":2,"c":3}`}, []string{`{}`, `{"a":1}`, `{"c":1}`}},
@@ -139,6 +147,9 @@ func TestUnsatisfiableSchemas(t *testing.T) {
 		`{"type":"string","enum":[1,2]}`,
 		`{"type":"object","required":["x"],"additionalProperties":false}`,
 		`{"type":"object","properties":{"a":{"type":"integer"}},"minProperties":2}`,
+		`{"type":"string","not":{"type":"string"}}`,
+		`{"type":"array","items":{"type":"boolean"},"uniqueItems":true,"minItems":3}`,
+		`{"not":{}}`,
 		`{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},"required":["a","b"],"maxProperties":1}`,
 	} {
 		if _, err := Compile([]byte(s)); err == nil {
@@ -224,8 +235,10 @@ func TestUnsupportedKeywords(t *testing.T) {
 		`{"type":"object","properties":{"a":{"type":"number","minimum":0.1234567}}}`: {"minimum 0.1234567 (on numbers: below 10^9 in magnitude, at most 6 fraction digits)"},
 		`{"oneOf":[{"type":"string"},{"type":"string","maxLength":3}]}`:              {"oneOf whose branches 0 and 1 may overlap (a discriminator property with const values, or anyOf, is enforced)"},
 		`{"type":"array","contains":{"type":"integer"}}`:                             {"contains"},
-		`{"not":{}}`:                           {"not"},
-		`{"$ref":"http://example.com/s.json"}`: {"$ref to http://example.com/s.json (only local #/... references)"},
+		`{"not":{"const":1}}`:                                           {`not (other than {"type": …})`},
+		`{"type":"number","not":{"type":"integer"}}`:                    {"not integer on type number"},
+		`{"type":"array","items":{"type":"string"},"uniqueItems":true}`: {"uniqueItems (on items other than enum/const/boolean literals)"},
+		`{"$ref":"http://example.com/s.json"}`:                          {"$ref to http://example.com/s.json (only local #/... references)"},
 	}
 	for schema, want := range cases {
 		_, err := Compile([]byte(schema))

@@ -180,7 +180,7 @@ func canEnd(f *frame) bool {
 	n := f.n
 	switch n.kind {
 	case kLit:
-		return n.lit.nodes[f.pos].terminal
+		return n.lit.nodes[f.pos].terminal && (f.mask == 0 || f.mask&(1<<n.lit.term[f.pos]) == 0)
 	case kString:
 		return f.st == sStrDone
 	case kNumber:
@@ -199,13 +199,16 @@ func canEnd(f *frame) bool {
 	return false
 }
 
-// afterChild returns up with its child complete.
-func (s *stepper) afterChild(up *frame) *frame {
+// afterChild returns up with its child (frame c) complete.
+func (s *stepper) afterChild(up, c *frame) *frame {
 	g := *up
 	g.ws = 0
 	switch up.n.kind {
 	case kArray:
 		g.st, g.cnt = sArrAfter, up.cnt+1
+		if up.n.unique { // the literal is used: mask holds the used ones
+			g.mask |= 1 << c.n.lit.term[c.pos]
+		}
 	case kObject:
 		g.st = sObjAfter
 		if up.pos >= 0 {
@@ -264,6 +267,12 @@ func (s *stepper) enter(n *node, up *frame, b byte) {
 		return
 	}
 	f := frame{n: n, up: up}
+	if up != nil && up.n.kind == kArray && up.n.unique {
+		f.mask = up.mask // the literals used already
+		if f.mask == 0 {
+			f.mask = 1 << 63 // never a literal's bit (at most 63): "none used", but marked
+		}
+	}
 	s.feed(&f, b)
 }
 
@@ -272,7 +281,7 @@ func (s *stepper) enter(n *node, up *frame, b byte) {
 func (s *stepper) feed(f *frame, b byte) {
 	s.own(f, b)
 	if canEnd(f) && f.up != nil {
-		s.feed(s.afterChild(f.up), b)
+		s.feed(s.afterChild(f.up, f), b)
 	}
 }
 
@@ -283,7 +292,8 @@ func (s *stepper) own(f *frame, b byte) {
 	n := f.n
 	switch n.kind {
 	case kLit:
-		if p := n.lit.step(f.pos, b); p >= 0 {
+		// mask: literals already used (an item of a uniqueItems array).
+		if p := n.lit.step(f.pos, b); p >= 0 && (f.mask == 0 || n.lit.below[p]&^f.mask != 0) {
 			g := *f
 			g.pos = p
 			s.push(g)

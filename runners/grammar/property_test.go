@@ -42,6 +42,7 @@ var handSchemas = []string{
 	`{"type":"object","properties":{"p":{"type":"number","minimum":0,"maximum":1},"t":{"type":"number","exclusiveMinimum":-273.15,"maximum":1000},"price":{"type":"number","multipleOf":0.01,"exclusiveMinimum":0},"n":{"type":"integer","multipleOf":5,"maximum":100}},"required":["p","t","price","n"],"additionalProperties":false}`,
 	`{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"integer"},"c":{"type":"boolean"},"d":{"type":"null"}},"required":["d"],"minProperties":3,"maxProperties":3}`,
 	`{"type":"object","additionalProperties":{"type":"integer"},"minProperties":1,"maxProperties":3}`,
+	`{"type":"object","properties":{"tags":{"type":"array","items":{"enum":["red","green","blue","re"]},"uniqueItems":true},"flags":{"type":"array","items":{"type":"boolean"},"uniqueItems":true,"minItems":1},"v":{"not":{"type":["null","object","array"]}}},"required":["tags","flags","v"]}`,
 	`{"type":"object","properties":{"steps":{"type":"array","items":{"type":"object","properties":{"explanation":{"type":"string"},"output":{"type":"string"}},"required":["explanation","output"],"additionalProperties":false}},"final_answer":{"type":"string"}},"required":["steps","final_answer"],"additionalProperties":false}`,
 }
 

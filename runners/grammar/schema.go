@@ -196,7 +196,7 @@ var supported = map[string]bool{
 	"minLength": true, "maxLength": true, "anyOf": true, "allOf": true, "$ref": true,
 	"nullable": true, "minimum": true, "maximum": true, "exclusiveMinimum": true, "exclusiveMaximum": true,
 	"pattern": true, "format": true, "prefixItems": true, "oneOf": true, "multipleOf": true,
-	"minProperties": true, "maxProperties": true,
+	"minProperties": true, "maxProperties": true, "not": true, "uniqueItems": true,
 }
 
 func schemaErr(path, format string, a ...any) error {
@@ -315,6 +315,11 @@ func (c *compiler) compileObject(s map[string]any, path string) (*node, error) {
 	types, err := schemaTypes(s, path)
 	if err != nil {
 		return nil, err
+	}
+	if nv, ok := s["not"]; ok {
+		if types, err = notTypes(types, nv, path); err != nil {
+			return nil, err
+		}
 	}
 	var lits []any
 	if e, ok := s["enum"]; ok {
@@ -491,6 +496,16 @@ func (c *compiler) typed(t string, s map[string]any, path string) (*node, error)
 		} // prefixItems without items: the tuple alone (a model must not invent more items)
 		if n.items == nil && (n.maxItems < 0 || int(n.maxItems) > len(n.prefix)) {
 			n.maxItems = int32(len(n.prefix))
+		}
+		if u, _ := s["uniqueItems"].(bool); u {
+			if err := uniqueItems(n, path); err != nil {
+				return nil, err
+			}
+		} else if _, ok := s["uniqueItems"].(bool); !ok && s["uniqueItems"] != nil {
+			return nil, schemaErr(path, "uniqueItems must be a boolean")
+		}
+		if n.maxItems >= 0 && n.minItems > n.maxItems {
+			return nil, ErrUnsatisfiable
 		}
 		return n, nil
 	case "object":
@@ -1138,5 +1153,84 @@ func decBounds(n *node, s map[string]any, path string) error {
 		}
 	}
 	n.dec = c
+	return nil
+}
+
+// notTypes applies "not" of the simple form {"type": T} (a type or a
+// list, annotations aside): the types left are the schema's less T.
+// "not integer" on numbers (fractions only) and any other form are
+// refused by name.
+func notTypes(types []string, nv any, path string) ([]string, error) {
+	unsupported := &UnsupportedError{Keywords: []string{`not (other than {"type": …})`}, Path: pathOrRoot(path)}
+	m, ok := nv.(map[string]any)
+	if !ok {
+		return nil, unsupported
+	}
+	for k := range m {
+		if k != "type" && !annotations[k] && k != propOrderKey {
+			return nil, unsupported
+		}
+	}
+	out, err := schemaTypes(m, path+"/not")
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := m["type"]; !ok {
+		return nil, ErrUnsatisfiable // not {}: nothing
+	}
+	var left []string
+	for _, t := range types {
+		switch {
+		case slices.Contains(out, t):
+		case t == "integer" && slices.Contains(out, "number"):
+		case t == "number" && slices.Contains(out, "integer"):
+			return nil, &UnsupportedError{Keywords: []string{"not integer on type number"}, Path: pathOrRoot(path)}
+		default:
+			left = append(left, t)
+		}
+	}
+	if len(left) == 0 {
+		return nil, ErrUnsatisfiable
+	}
+	return left, nil
+}
+
+// uniqueItems makes array n's items distinct, where they are a set of
+// literals (enum, const, boolean): the frame keeps the ones used and a
+// used one is not offered again. Other items are refused by name (their
+// values cannot be compared as they are written).
+func uniqueItems(n *node, path string) error {
+	unsupported := &UnsupportedError{Keywords: []string{"uniqueItems (on items other than enum/const/boolean literals)"}, Path: pathOrRoot(path)}
+	it := resolve(n.items)
+	if len(n.prefix) > 0 || it == nil || it.kind != kLit {
+		return unsupported
+	}
+	lits := it.lit.strings()
+	var nums []*big.Rat
+	for _, l := range lits {
+		if litType(l) == tNumber {
+			r, ok := new(big.Rat).SetString(string(l))
+			if !ok {
+				return unsupported
+			}
+			for _, o := range nums {
+				if o.Cmp(r) == 0 {
+					return unsupported // two spellings of one number (1, 1.0)
+				}
+			}
+			nums = append(nums, r)
+		}
+	}
+	t := &litTrie{nodes: it.lit.nodes}
+	if !t.indexTerms() {
+		return &UnsupportedError{Keywords: []string{"uniqueItems (over more than 63 literals)"}, Path: pathOrRoot(path)}
+	}
+	cp := *it
+	cp.lit = t
+	n.items = &cp
+	n.unique = true
+	if k := int32(len(lits)); n.maxItems < 0 || n.maxItems > k {
+		n.maxItems = k // each literal once
+	}
 	return nil
 }
