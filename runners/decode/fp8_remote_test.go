@@ -3,7 +3,6 @@ package decode
 import (
 	"context"
 	"math"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,8 +13,6 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/internal/testenv"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
-	"github.com/exo-pd/exo-pd/runners/metrics"
-	"github.com/exo-pd/exo-pd/runners/prefill"
 )
 
 // TestFP8WireAgainstBF16: the tiny Qwen3-Next model (attention + Gated
@@ -38,11 +35,7 @@ func TestFP8WireAgainstBF16(t *testing.T) {
 		t.Skip("2,000 positions of numerics (not under -race or -short)")
 	}
 	rec := &routeRecorder{}
-	m, err := engine.Load(context.Background(), filepath.Join("..", "engine", "testdata", "reference", "qwen3_next"), cpu.New(2), engine.LoadOptions{RouteObserver: rec.observe})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := loadReference(t, "qwen3_next", engine.LoadOptions{RouteObserver: rec.observe})
 	fp8AgainstBF16(t, m, 4, 601, 500, false, rec)
 }
 
@@ -63,7 +56,7 @@ func TestFP8WireDenseTinyModels(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer m.Close()
+			t.Cleanup(func() { m.Close() }) // after fp8AgainstBF16's producer (servePrefill)
 			fp8AgainstBF16(t, m, 4, 601, 500, true, nil)
 		})
 	}
@@ -83,7 +76,7 @@ func TestFP8WireAgainstBF16SmolLM2(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.Close()
+	t.Cleanup(func() { m.Close() }) // after fp8AgainstBF16's producer (servePrefill)
 	fp8AgainstBF16(t, m, 4, 257, 500, true, nil)
 }
 
@@ -125,22 +118,11 @@ func fp8AgainstBF16(t *testing.T, m *engine.Model, prompts, plen, steps int, per
 		}
 	}
 	const chunk = 64
-	prod := prefill.New(prefill.Options{Name: "m", Model: m, Chunk: chunk, Metrics: metrics.New("prefill")})
-	defer prod.Close()
-	srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go srv.Serve(sctx, l)
+	addr := servePrefill(t, m, chunk, nil)
 	remote := func(dt kvwire.DType) *KVRemote {
-		return &KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{}), Name: "m", Model: m, WireDType: dt,
-			Selector: kvwire.NewSelector([]kvwire.Endpoint{{Addr: l.Addr().String(), Link: kvwire.LinkLoopback}})}
+		r := loopbackRemote(m, addr)
+		r.WireDType = dt
+		return r
 	}
 	r32, r16, r8 := remote(kvwire.DTypeF32), remote(kvwire.DTypeBF16), remote(kvwire.DTypeF8E4M3)
 	// Context, not asserted: the same comparison of the bf16 wire against

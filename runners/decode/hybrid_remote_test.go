@@ -5,16 +5,13 @@ import (
 	"errors"
 	"io"
 	"net"
-	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	_ "github.com/exo-pd/exo-pd/runners/engine/backend" // registers the weight loader
-	"github.com/exo-pd/exo-pd/runners/engine/cpu"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 	"github.com/exo-pd/exo-pd/runners/metrics"
-	"github.com/exo-pd/exo-pd/runners/prefill"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -29,11 +26,7 @@ import (
 // cache as it was.
 func TestHybridRemotePrefillEqualsLocal(t *testing.T) {
 	ctx := context.Background()
-	m, err := engine.Load(ctx, filepath.Join("..", "engine", "testdata", "reference", "qwen3_next"), cpu.New(2), engine.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := loadReference(t, "qwen3_next", engine.LoadOptions{})
 	recurrent := 0
 	for _, r := range m.Info().Recurrent {
 		if r {
@@ -44,38 +37,8 @@ func TestHybridRemotePrefillEqualsLocal(t *testing.T) {
 		t.Fatal("no recurrent layers")
 	}
 	met := metrics.New("prefill")
-	prod := prefill.New(prefill.Options{Name: "m", Model: m, Chunk: 16, Metrics: met})
-	defer prod.Close()
-	srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go srv.Serve(sctx, l)
-	remote := func(addr string) *KVRemote {
-		return &KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{}), Name: "m", Model: m,
-			Selector: kvwire.NewSelector([]kvwire.Endpoint{{Addr: addr, Link: kvwire.LinkLoopback}})}
-	}
-	r := remote(l.Addr().String())
-
-	greedy := func(c engine.KVCache, last int32) []int32 {
-		t.Helper()
-		var out []int32
-		for range 12 {
-			lg, err := m.Forward(ctx, c, []int32{last})
-			if err != nil {
-				t.Fatal(err)
-			}
-			last = int32(argmaxHybrid(lg))
-			out = append(out, last)
-		}
-		return out
-	}
+	addr := servePrefill(t, m, 16, met)
+	r := loopbackRemote(m, addr)
 	prompt := make([]int32, 70)
 	for i := range prompt {
 		prompt[i] = int32(3 + i*37%500)
@@ -84,7 +47,7 @@ func TestHybridRemotePrefillEqualsLocal(t *testing.T) {
 	if _, err := m.Forward(ctx, local, prompt[:len(prompt)-1]); err != nil {
 		t.Fatal(err)
 	}
-	want := greedy(local, prompt[len(prompt)-1])
+	want := greedyAfter(t, m, local, prompt[len(prompt)-1])
 
 	c := m.NewCache()
 	st, err := r.Prefill(ctx, "a", prompt, 0, c, nil)
@@ -94,7 +57,7 @@ func TestHybridRemotePrefillEqualsLocal(t *testing.T) {
 	if st.States != recurrent || c.Len() != len(prompt)-1 {
 		t.Fatalf("%d State frames (want %d), cache %d (want %d)", st.States, recurrent, c.Len(), len(prompt)-1)
 	}
-	if got := greedy(c, prompt[len(prompt)-1]); !slices.Equal(got, want) {
+	if got := greedyAfter(t, m, c, prompt[len(prompt)-1]); !slices.Equal(got, want) {
 		t.Fatalf("remote prefill continues %v, local %v", got, want)
 	}
 
@@ -109,7 +72,7 @@ func TestHybridRemotePrefillEqualsLocal(t *testing.T) {
 	if _, err := m.Forward(ctx, local2, turn2[:len(turn2)-1]); err != nil {
 		t.Fatal(err)
 	}
-	if got, want2 := greedy(c, turn2[len(turn2)-1]), greedy(local2, turn2[len(turn2)-1]); !slices.Equal(got, want2) {
+	if got, want2 := greedyAfter(t, m, c, turn2[len(turn2)-1]), greedyAfter(t, m, local2, turn2[len(turn2)-1]); !slices.Equal(got, want2) {
 		t.Fatalf("second turn: remote %v, local %v", got, want2)
 	}
 	// The prefill side kept turn 1's cache (its state after 69 tokens)
@@ -128,9 +91,9 @@ func TestHybridRemotePrefillEqualsLocal(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pl.Close()
-	go flipProxy(pl, l.Addr().String(), 300)
+	go flipProxy(pl, addr, 300)
 	c3 := m.NewCache()
-	_, err = remote(pl.Addr().String()).Prefill(ctx, "c", prompt, 0, c3, nil)
+	_, err = loopbackRemote(m, pl.Addr().String()).Prefill(ctx, "c", prompt, 0, c3, nil)
 	if !errors.Is(err, kvwire.ErrCorrupt) {
 		t.Fatalf("flipped state byte: %v, want ErrCorrupt", err)
 	}
@@ -141,7 +104,7 @@ func TestHybridRemotePrefillEqualsLocal(t *testing.T) {
 	if _, err := m.Forward(ctx, c3, prompt[:len(prompt)-1]); err != nil {
 		t.Fatal(err)
 	}
-	if got := greedy(c3, prompt[len(prompt)-1]); !slices.Equal(got, want) {
+	if got := greedyAfter(t, m, c3, prompt[len(prompt)-1]); !slices.Equal(got, want) {
 		t.Fatalf("after fallback %v, want %v", got, want)
 	}
 }

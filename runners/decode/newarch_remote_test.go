@@ -2,16 +2,10 @@ package decode
 
 import (
 	"context"
-	"net"
-	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
-	"github.com/exo-pd/exo-pd/runners/engine/cpu"
-	"github.com/exo-pd/exo-pd/runners/kvwire"
-	"github.com/exo-pd/exo-pd/runners/metrics"
-	"github.com/exo-pd/exo-pd/runners/prefill"
 )
 
 // TestNewArchRemotePrefillEqualsLocal: the tiny SmolLM3 (NoPE layers: their
@@ -27,40 +21,8 @@ func TestNewArchRemotePrefillEqualsLocal(t *testing.T) {
 
 func testRemoteEqualsLocal(t *testing.T, name string) {
 	ctx := context.Background()
-	m, err := engine.Load(ctx, filepath.Join("..", "engine", "testdata", "reference", name), cpu.New(2), engine.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	prod := prefill.New(prefill.Options{Name: "m", Model: m, Chunk: 16, Metrics: metrics.New("prefill")})
-	defer prod.Close()
-	srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go srv.Serve(sctx, l)
-	r := &KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{}), Name: "m", Model: m,
-		Selector: kvwire.NewSelector([]kvwire.Endpoint{{Addr: l.Addr().String(), Link: kvwire.LinkLoopback}})}
-
-	greedy := func(c engine.KVCache, last int32) []int32 {
-		t.Helper()
-		var out []int32
-		for range 12 {
-			lg, err := m.Forward(ctx, c, []int32{last})
-			if err != nil {
-				t.Fatal(err)
-			}
-			last = int32(argmaxHybrid(lg))
-			out = append(out, last)
-		}
-		return out
-	}
+	m := loadReference(t, name, engine.LoadOptions{})
+	r := loopbackRemote(m, servePrefill(t, m, 16, nil))
 	local := func(tokens []int32) []int32 {
 		t.Helper()
 		c := m.NewCache()
@@ -68,7 +30,7 @@ func testRemoteEqualsLocal(t *testing.T, name string) {
 		if _, err := m.Forward(ctx, c, tokens[:len(tokens)-1]); err != nil {
 			t.Fatal(err)
 		}
-		return greedy(c, tokens[len(tokens)-1])
+		return greedyAfter(t, m, c, tokens[len(tokens)-1])
 	}
 	prompt := make([]int32, 70)
 	for i := range prompt {
@@ -84,14 +46,14 @@ func testRemoteEqualsLocal(t *testing.T, name string) {
 	if c.Len() != len(prompt)-1 || st.States != 0 {
 		t.Fatalf("cache %d after remote prefill (want %d), %d State frames", c.Len(), len(prompt)-1, st.States)
 	}
-	if got := greedy(c, prompt[len(prompt)-1]); !slices.Equal(got, want) {
+	if got := greedyAfter(t, m, c, prompt[len(prompt)-1]); !slices.Equal(got, want) {
 		t.Fatalf("remote prefill continues %v, local %v", got, want)
 	}
 	turn2 := append(append(slices.Clone(prompt), want...), 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50)
 	if _, err := r.Prefill(ctx, "b", turn2, c.Len(), c, nil); err != nil {
 		t.Fatal(err)
 	}
-	if got, want2 := greedy(c, turn2[len(turn2)-1]), local(turn2); !slices.Equal(got, want2) {
+	if got, want2 := greedyAfter(t, m, c, turn2[len(turn2)-1]), local(turn2); !slices.Equal(got, want2) {
 		t.Fatalf("second turn: remote %v, local %v", got, want2)
 	}
 }

@@ -3,8 +3,6 @@ package decode
 import (
 	"context"
 	"fmt"
-	"net"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -12,10 +10,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
-	"github.com/exo-pd/exo-pd/runners/engine/cpu"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 	"github.com/exo-pd/exo-pd/runners/metrics"
-	"github.com/exo-pd/exo-pd/runners/prefill"
 )
 
 // TestNewRemote: the wiring measures its endpoint at start, and when the
@@ -26,27 +22,9 @@ import (
 func TestNewRemote(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	load := func() *engine.Model { // one each side: a backend is not shared between goroutines
-		m, err := engine.Load(ctx, filepath.Join("..", "engine", "testdata", "reference", "qwen3_next"), cpu.New(2), engine.LoadOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { m.Close() })
-		return m
-	}
-	m, pm := load(), load()
-	prod := prefill.New(prefill.Options{Name: "m", Model: pm, Chunk: 16, Metrics: metrics.New("prefill")})
-	defer prod.Close()
-	srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ctx, l)
-	addr := l.Addr().String()
+	// One model each side: a backend is not shared between goroutines.
+	m, pm := loadReference(t, "qwen3_next", engine.LoadOptions{}), loadReference(t, "qwen3_next", engine.LoadOptions{})
+	addr := servePrefill(t, pm, 16, nil)
 	met := metrics.New("decode")
 	w := NewRemote(ctx, RemoteConfig{Name: "m", Model: m, Endpoints: []string{addr}, Cost: true, Chunk: 16,
 		ConnectTimeout: 5 * time.Second, Streams: 1, Probe: 5 * time.Millisecond, Metrics: met})
