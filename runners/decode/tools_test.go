@@ -204,44 +204,17 @@ func TestToolChoiceRequired(t *testing.T) {
 // streamedCalls reassembles delta.tool_calls as an OpenAI client does.
 func streamedCalls(t *testing.T, s *tinyServer, body map[string]any) [][2]string {
 	t.Helper()
-	raw, _ := json.Marshal(body)
-	resp, err := http.Post(s.url+"/v1/chat/completions", "application/json", bytes.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
+	deltas, finish := streamDeltas(t, s.url, body)
 	var calls [][2]string
-	finish := ""
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok || line == "[DONE]" {
+	for _, d := range deltas {
+		if d.HasContent {
 			continue
 		}
-		var ch struct {
-			Choices []struct {
-				Delta        openai.ResponseMessage `json:"delta"`
-				FinishReason *string                `json:"finish_reason"`
-			} `json:"choices"`
+		for len(calls) <= d.Index {
+			calls = append(calls, [2]string{})
 		}
-		if err := json.Unmarshal([]byte(line), &ch); err != nil {
-			t.Fatalf("%s: %v", line, err)
-		}
-		for _, c := range ch.Choices {
-			if c.FinishReason != nil {
-				finish = *c.FinishReason
-			}
-			for _, d := range c.Delta.ToolCalls {
-				if d.Index == nil {
-					t.Fatalf("delta tool call without index: %s", line)
-				}
-				for len(calls) <= *d.Index {
-					calls = append(calls, [2]string{})
-				}
-				calls[*d.Index][0] += d.Function.Name
-				calls[*d.Index][1] += d.Function.Arguments
-			}
-		}
+		calls[d.Index][0] += d.Name
+		calls[d.Index][1] += d.Args
 	}
 	if finish != "tool_calls" {
 		t.Fatalf("stream finish_reason %q", finish)
