@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -218,54 +217,19 @@ func setTemplate(t *testing.T, dir, template string) {
 	writeJSON(t, filepath.Join(dir, "tokenizer_config.json"), cfg)
 }
 
-// harmonyTokens are gpt-oss's control tokens.
-var harmonyTokens = []string{"<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>"}
-
 // harmonyGptOss writes the tiny random gpt-oss model with a harmony
-// tokenizer (as runners/decode's tests do: the last merges' ids become the
-// control tokens, special), gpt-oss's own chat template, and <|return|>
-// and <|call|> as its end tokens.
+// tokenizer and gpt-oss's own chat template, as runners/decode's tests do
+// (testmodel.WriteHarmony).
 func harmonyGptOss(t *testing.T) string {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "gptoss")
-	if err := testmodel.Write(dir, testmodel.Spec{Arch: "gptoss", Seed: 11, Layers: 2, MaxPositions: 4096}); err != nil {
+	tmpl, err := os.ReadFile("../../runners/chat/testdata/gptoss_chat_template.jinja")
+	if err != nil {
 		t.Fatal(err)
 	}
-	var tj map[string]any
-	readJSON(t, filepath.Join(dir, "tokenizer.json"), &tj)
-	model := tj["model"].(map[string]any)
-	vocab := model["vocab"].(map[string]any)
-	merges := model["merges"].([]any)
-	byID := map[int]string{}
-	for s, id := range vocab {
-		byID[int(id.(float64))] = s
+	dir := filepath.Join(t.TempDir(), "gptoss")
+	if err := testmodel.WriteHarmony(dir, testmodel.Spec{Arch: "gptoss", Seed: 11, Layers: 2, MaxPositions: 4096}, tmpl); err != nil {
+		t.Fatal(err)
 	}
-	first := len(vocab) - len(harmonyTokens)
-	added := tj["added_tokens"].([]any)
-	ids := map[string]int{}
-	for i, h := range harmonyTokens {
-		id := first + i
-		delete(vocab, byID[id])
-		added = append(added, map[string]any{"id": id, "content": h, "single_word": false, "lstrip": false,
-			"rstrip": false, "normalized": false, "special": true})
-		ids[h] = id
-	}
-	model["merges"] = merges[:len(merges)-len(harmonyTokens)]
-	tj["added_tokens"] = added
-	writeJSON(t, filepath.Join(dir, "tokenizer.json"), tj)
-	setTemplate(t, dir, "../../runners/chat/testdata/gptoss_chat_template.jinja")
-	var cfg map[string]any
-	readJSON(t, filepath.Join(dir, "tokenizer_config.json"), &cfg)
-	cfg["eos_token"] = "<|return|>"
-	dec := cfg["added_tokens_decoder"].(map[string]any)
-	for h, id := range ids {
-		dec[strconv.Itoa(id)] = map[string]any{"content": h, "lstrip": false, "normalized": false, "rstrip": false, "single_word": false, "special": true}
-	}
-	writeJSON(t, filepath.Join(dir, "tokenizer_config.json"), cfg)
-	var gen map[string]any
-	readJSON(t, filepath.Join(dir, "generation_config.json"), &gen)
-	gen["eos_token_id"] = []int{ids["<|return|>"], ids["<|call|>"]}
-	writeJSON(t, filepath.Join(dir, "generation_config.json"), gen)
 	return dir
 }
 

@@ -11,88 +11,19 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 )
 
-// harmonyControls are the o200k_harmony control tokens the tiny gpt-oss
-// gets in place of its last learned merges.
-var harmonyTokens = []string{"<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>"}
-
-// writeHarmonyGptOss writes the tiny random gpt-oss model and turns its
-// tokenizer into a harmony one: its last len(harmonyTokens) merges (the
-// last learned, which no other merge builds on) give their ids to
-// harmony's control tokens (special, as in o200k_harmony), the chat
-// template is gpt-oss's own, and the end tokens are <|return|> and
-// <|call|> (as its generation_config says).
+// writeHarmonyGptOss writes the tiny random gpt-oss model with a harmony
+// tokenizer and gpt-oss's own chat template (testmodel.WriteHarmony).
 func writeHarmonyGptOss(t *testing.T) string {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "gptoss")
-	spec := testmodel.Spec{Arch: "gptoss", Seed: 11, Layers: 2, MaxPositions: 4096}
-	if err := testmodel.Write(dir, spec); err != nil {
-		t.Fatal(err)
-	}
-	var tj map[string]any
-	readJSON(t, filepath.Join(dir, "tokenizer.json"), &tj)
-	model := tj["model"].(map[string]any)
-	vocab := model["vocab"].(map[string]any)
-	merges := model["merges"].([]any)
-	byID := map[int]string{}
-	for s, id := range vocab {
-		byID[int(id.(float64))] = s
-	}
-	first := len(vocab) - len(harmonyTokens) // ids of the last merges
-	added := tj["added_tokens"].([]any)
-	ids := map[string]int{}
-	for i, h := range harmonyTokens {
-		id := first + i
-		delete(vocab, byID[id])
-		added = append(added, map[string]any{"id": id, "content": h, "single_word": false, "lstrip": false,
-			"rstrip": false, "normalized": false, "special": true})
-		ids[h] = id
-	}
-	model["merges"] = merges[:len(merges)-len(harmonyTokens)]
-	tj["added_tokens"] = added
-	writeJSON(t, filepath.Join(dir, "tokenizer.json"), tj)
-
 	tmpl, err := os.ReadFile("../chat/testdata/gptoss_chat_template.jinja")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var cfg map[string]any
-	readJSON(t, filepath.Join(dir, "tokenizer_config.json"), &cfg)
-	cfg["chat_template"] = string(tmpl)
-	cfg["eos_token"] = "<|return|>"
-	dec := cfg["added_tokens_decoder"].(map[string]any)
-	for h, id := range ids {
-		dec[strconvI(id)] = map[string]any{"content": h, "lstrip": false, "normalized": false, "rstrip": false, "single_word": false, "special": true}
+	dir := filepath.Join(t.TempDir(), "gptoss")
+	if err := testmodel.WriteHarmony(dir, testmodel.Spec{Arch: "gptoss", Seed: 11, Layers: 2, MaxPositions: 4096}, tmpl); err != nil {
+		t.Fatal(err)
 	}
-	writeJSON(t, filepath.Join(dir, "tokenizer_config.json"), cfg)
-	var gen map[string]any
-	readJSON(t, filepath.Join(dir, "generation_config.json"), &gen)
-	gen["eos_token_id"] = []int{ids["<|return|>"], ids["<|call|>"]}
-	writeJSON(t, filepath.Join(dir, "generation_config.json"), gen)
 	return dir
-}
-
-func strconvI(i int) string { b, _ := json.Marshal(i); return string(b) }
-
-func readJSON(t *testing.T, path string, v any) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, v); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func writeJSON(t *testing.T, path string, v any) {
-	t.Helper()
-	b, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TestTinyGptOssConstrained runs the tiny random-weight gpt-oss (sliding
