@@ -34,9 +34,9 @@ type bodyTok struct {
 // maxBodyTables bounds the tables one automaton keeps (per Vocab).
 const maxBodyTables = 256
 
-// bodyTables is an automaton's tables, shared by every generation that
-// uses it (a format's automaton is shared by all requests; a pattern's
-// lives with its compiled grammar, which the decode runner caches).
+// bodyTables is an automaton's tables, shared by every generation of its
+// grammar (which the decode runner caches by schema, so an agent's next
+// turns find them).
 type bodyTables struct {
 	mu   sync.Mutex
 	v    *Vocab

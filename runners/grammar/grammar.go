@@ -269,7 +269,8 @@ func (e *UnsupportedError) Error() string {
 type builder struct {
 	next     int32
 	wrappers [][]byte
-	reCells  int // transitions of the schema's patterns so far
+	reCells  int             // transitions of the schema's patterns so far
+	formats  map[string]*dfa // the formats' automata compiled so far
 }
 
 func (b *builder) node(k kind) *node {

@@ -7,7 +7,6 @@ import (
 	"regexp/syntax"
 	"slices"
 	"sort"
-	"sync"
 	"unicode"
 )
 
@@ -610,21 +609,21 @@ const (
 	rePchar = `(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})`
 )
 
-// formatDFAs caches the formats' automata (without length bounds).
-var formatDFAs sync.Map // name -> func() (*dfa, error)
-
-func formatDFA(name string, minLen, maxLen int32) (d *dfa, lo, hi int32, err error) {
+// formatDFA compiles format name's language (with length bounds as
+// compileRegex takes them); formats caches the unbounded automata of one
+// schema (a schema that uses a format many times determinizes it once).
+func formatDFA(formats map[string]*dfa, name string, minLen, maxLen int32) (d *dfa, lo, hi int32, err error) {
 	p, ok := formatPatterns[name]
 	if !ok {
 		return nil, 0, -1, &UnsupportedError{Keywords: []string{"format " + name}}
 	}
-	f, _ := formatDFAs.LoadOrStore(name, sync.OnceValues(func() (*dfa, error) {
-		d, _, _, err := compileRegex(p, 0, -1)
-		return d, err
-	}))
-	d, err = f.(func() (*dfa, error))()
-	if err != nil || minLen == 0 && maxLen < 0 {
-		return d, minLen, maxLen, err
+	if minLen == 0 && maxLen < 0 {
+		if d := formats[name]; d != nil {
+			return d, 0, -1, nil
+		}
 	}
-	return compileRegex(p, minLen, maxLen)
+	if d, lo, hi, err = compileRegex(p, minLen, maxLen); err == nil && minLen == 0 && maxLen < 0 {
+		formats[name] = d
+	}
+	return d, lo, hi, err
 }

@@ -540,7 +540,10 @@ func (c *compiler) stringLanguage(n *node, s map[string]any, path string) error 
 		if !ok {
 			return schemaErr(path, "format must be a string")
 		}
-		d, lo, hi, err = formatDFA(f, n.minLen, n.maxLen)
+		if c.b.formats == nil {
+			c.b.formats = map[string]*dfa{}
+		}
+		d, lo, hi, err = formatDFA(c.b.formats, f, n.minLen, n.maxLen)
 	}
 	var ue *UnsupportedError
 	switch {
