@@ -10,7 +10,7 @@ import (
 	"testing"
 )
 
-// post sends raw JSON to path and returns the status and body.
+// postRaw sends raw JSON to url+path and returns the status and body.
 func postRaw(t *testing.T, url, path string, body []byte) (int, string) {
 	t.Helper()
 	resp, err := http.Post(url+path, "application/json", bytes.NewReader(body))

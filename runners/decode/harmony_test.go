@@ -127,17 +127,7 @@ func postChat(t *testing.T, url string, body map[string]any) (int, []byte) {
 	t.Helper()
 	body["model"] = "m"
 	body["messages"] = []map[string]any{{"role": "user", "content": "hi"}}
-	b, _ := json.Marshal(body)
-	resp, err := http.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, out
+	return postJSON(t, url+"/v1/chat/completions", body)
 }
 
 type harmonyMessage struct {
@@ -399,16 +389,8 @@ func TestHarmonyCallsNeedAnAPIThatTakesThem(t *testing.T) {
 func postJSON(t *testing.T, url string, body any) (int, []byte) {
 	t.Helper()
 	b, _ := json.Marshal(body)
-	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, out
+	code, out := postRaw(t, url, "", b)
+	return code, []byte(out)
 }
 
 // TestHarmonyAdapters: the Responses and Anthropic Messages APIs get a
