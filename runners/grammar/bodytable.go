@@ -31,17 +31,22 @@ type bodyTok struct {
 	lo, hi rune  // partial: the code points the last character can become
 }
 
-// maxBodyTables bounds the tables one automaton keeps (per Vocab).
-const maxBodyTables = 256
+// maxBodyTables and maxBodyBytes bound the tables one automaton keeps
+// (for the first Vocab it is used with); past either they start over.
+const (
+	maxBodyTables = 256
+	maxBodyBytes  = 32 << 20
+)
 
 // bodyTables is an automaton's tables, shared by every generation of its
 // grammar (which the decode runner caches by schema, so an agent's next
 // turns find them).
 type bodyTables struct {
-	mu   sync.Mutex
-	v    *Vocab
-	seen map[int32]bool // states masked once (tabulated at the second)
-	m    map[int32]*bodyTable
+	mu    sync.Mutex
+	v     *Vocab
+	seen  map[int32]bool // states masked once (tabulated at the second)
+	m     map[int32]*bodyTable
+	bytes int // of the tables in m
 }
 
 // A state's table is built at its second mask (a state met once is
@@ -86,11 +91,13 @@ func (w *walker) bodyTableFor(n *node, q int32) *bodyTable {
 		bucketSort(bt.byHi, true)
 		bucketSort(bt.byLo, false)
 	}
+	size := 8*len(bt.ok) + 24*(len(bt.byHi)+len(bt.byLo)+len(bt.partial))
 	bts.mu.Lock()
-	if bts.m == nil || len(bts.m) >= maxBodyTables {
-		bts.m = map[int32]*bodyTable{}
+	if bts.m == nil || len(bts.m) >= maxBodyTables || bts.bytes+size > maxBodyBytes {
+		bts.m, bts.bytes = map[int32]*bodyTable{}, 0
 	}
 	bts.m[q] = bt
+	bts.bytes += size
 	bts.mu.Unlock()
 	return bt
 }
