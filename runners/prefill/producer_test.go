@@ -34,6 +34,27 @@ func tinyModel(t *testing.T) *engine.Model {
 	return m
 }
 
+// serveProducer serves a producer of o over the KV wire on a loopback TCP
+// port until the test ends (then closes it, before the model's own
+// cleanup) and returns it and the address.
+func serveProducer(t *testing.T, o Options) (*Producer, string) {
+	t.Helper()
+	prod := New(o)
+	t.Cleanup(prod.Close)
+	srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go srv.Serve(ctx, l)
+	return prod, l.Addr().String()
+}
+
 // gated makes the model wait, after its first chunk, until the client has
 // received KV: if the server held KV back until the prefill finished, the
 // test would deadlock instead of passing.
@@ -82,19 +103,8 @@ func TestProduceStreamsWhileComputingAndCaches(t *testing.T) {
 	m := tinyModel(t)
 	received := make(chan struct{})
 	met := metrics.New("prefill")
-	prod := New(Options{Name: "m", Model: &gated{Model: m, received: received}, Chunk: 32, Metrics: met})
-	defer prod.Close()
-	srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go srv.Serve(ctx, l)
+	_, addr := serveProducer(t, Options{Name: "m", Model: &gated{Model: m, received: received}, Chunk: 32, Metrics: met})
+	ctx := context.Background()
 	cl := kvwire.NewClient(kvwire.ClientConfig{})
 	fp := kvwire.Fingerprint(m.Fingerprint())
 	info := m.Info()
@@ -107,13 +117,13 @@ func TestProduceStreamsWhileComputingAndCaches(t *testing.T) {
 	// Prefix probes (PROTOCOL.md §18) answer what a Produce would reuse,
 	// without computing: nothing before the first request, 149 after it.
 	probe := func(model string, toks []int32) (int, error) {
-		return cl.PrefixHit(ctx, l.Addr().String(), &kvwire.Request{ID: "p", Model: model, Fingerprint: fp, Tokens: toks})
+		return cl.PrefixHit(ctx, addr, &kvwire.Request{ID: "p", Model: model, Fingerprint: fp, Tokens: toks})
 	}
 	if n, err := probe("m", prompt); n != 0 || err != nil {
 		t.Fatalf("probe before any request: %d, %v", n, err)
 	}
 	sink := &collect{cache: m.NewCache(), received: received}
-	if _, err := cl.Fetch(ctx, l.Addr().String(), &kvwire.Request{ID: "a", Model: "m", Fingerprint: fp, Tokens: prompt}, exp, sink); err != nil {
+	if _, err := cl.Fetch(ctx, addr, &kvwire.Request{ID: "a", Model: "m", Fingerprint: fp, Tokens: prompt}, exp, sink); err != nil {
 		t.Fatal(err)
 	}
 	if sink.cache.Len() != len(prompt)-1 || sink.hdr.TokenEnd != len(prompt)-1 {
@@ -151,7 +161,7 @@ func TestProduceStreamsWhileComputingAndCaches(t *testing.T) {
 	ext := append(append([]int32(nil), prompt...), 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)
 	computed := counter(met.PrefillTokens.WithLabelValues("prefill"))
 	sink2 := &collect{cache: sink.cache, start: sink.cache.Len(), received: make(chan struct{})}
-	if _, err := cl.Fetch(ctx, l.Addr().String(), &kvwire.Request{ID: "b", Model: "m", Fingerprint: fp, Tokens: ext, StartPos: sink.cache.Len()}, exp, sink2); err != nil {
+	if _, err := cl.Fetch(ctx, addr, &kvwire.Request{ID: "b", Model: "m", Fingerprint: fp, Tokens: ext, StartPos: sink.cache.Len()}, exp, sink2); err != nil {
 		t.Fatal(err)
 	}
 	if sink2.hdr.TokenStart != len(prompt)-1 || sink2.cache.Len() != len(ext)-1 {
@@ -175,7 +185,7 @@ func TestProduceStreamsWhileComputingAndCaches(t *testing.T) {
 		{ID: "d", Model: "m", Tokens: prompt, Fingerprint: kvwire.Fingerprint{1}},
 	} {
 		s := &collect{cache: m.NewCache(), received: make(chan struct{})}
-		if _, err := cl.Fetch(ctx, l.Addr().String(), req, nil, s); !errors.Is(err, kvwire.ErrMismatch) {
+		if _, err := cl.Fetch(ctx, addr, req, nil, s); !errors.Is(err, kvwire.ErrMismatch) {
 			t.Fatalf("%s: %v, want ErrMismatch", req.ID, err)
 		}
 	}

@@ -3,7 +3,6 @@ package prefill
 import (
 	"bytes"
 	"context"
-	"net"
 	"path/filepath"
 	"testing"
 
@@ -27,21 +26,10 @@ func TestProduceSlidingWindows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.Close()
+	t.Cleanup(func() { m.Close() }) // after the producer's (serveProducer)
 	info := m.Info()
-	prod := New(Options{Name: "m", Model: m, Chunk: 32})
-	defer prod.Close()
-	srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go srv.Serve(ctx, l)
+	prod, addr := serveProducer(t, Options{Name: "m", Model: m, Chunk: 32})
+	ctx := context.Background()
 	fp := kvwire.Fingerprint(m.Fingerprint())
 	exp := &kvwire.Expect{Fingerprint: fp, Kinds: make([]kvwire.LayerKind, info.Layers), Windows: info.Windows, KVHeads: info.KVHeads, HeadDim: info.HeadDim}
 	prompt := make([]int32, 300)
@@ -49,7 +37,7 @@ func TestProduceSlidingWindows(t *testing.T) {
 		prompt[i] = int32(7 + i*13%400)
 	}
 	sink := &collect{cache: m.NewCache(), received: make(chan struct{})}
-	st, err := kvwire.NewClient(kvwire.ClientConfig{}).Fetch(ctx, l.Addr().String(),
+	st, err := kvwire.NewClient(kvwire.ClientConfig{}).Fetch(ctx, addr,
 		&kvwire.Request{ID: "a", Model: "m", Fingerprint: fp, Tokens: prompt}, exp, sink)
 	if err != nil {
 		t.Fatal(err)
