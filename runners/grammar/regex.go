@@ -46,12 +46,13 @@ type dfa struct {
 	bounds []rune // class c is the code points [bounds[c], bounds[c+1])
 	ascii  [128]uint16
 	ncls   int
-	trans  []int32 // [state*ncls + class]: the next state, -1 where nothing can follow
-	accept []bool  // the value may end here
-	all    []bool  // every continuation stays here and is accepted
-	minRem []int32 // the fewest code points to an accepting state
-	maxRem []int32 // the most code points to an accepting state, -1: no most
-	start  int32   // -1: the language is empty
+	trans  []int32     // [state*ncls + class]: the next state, -1 where nothing can follow
+	accept []bool      // the value may end here
+	all    []bool      // every continuation stays here and is accepted
+	loop   [][2]uint64 // per state: the ASCII string-body bytes that keep it there
+	minRem []int32     // the fewest code points to an accepting state
+	maxRem []int32     // the most code points to an accepting state, -1: no most
+	start  int32       // -1: the language is empty
 
 	tables bodyTables // token tables of its states (bodytable.go), made as masks need them
 }
@@ -472,6 +473,14 @@ func (z *determinizer) prune() {
 		return
 	}
 	d.distances(rev, live)
+	d.loop = make([][2]uint64, n)
+	for s := range n {
+		for b := 0x20; b < 0x80; b++ {
+			if b != '"' && b != '\\' && d.trans[s*d.ncls+int(d.ascii[b])] == int32(s) {
+				d.loop[s][b>>6] |= 1 << (b & 63)
+			}
+		}
+	}
 }
 
 // distances fills minRem and maxRem (over the pruned automaton: every

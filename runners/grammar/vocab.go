@@ -29,6 +29,13 @@ type Vocab struct {
 	// state u; a mask in a free string starts from it and walks only the
 	// rest of the trie.
 	plainSet [numU8][]uint64
+
+	// below[n]: the ASCII bytes on the paths under trie node n (bit 0
+	// also for any byte >= 0x80, which no pattern loop mask holds), and
+	// deep[n] their most bytes (capped at 255): a pattern state that
+	// loops on every byte below takes the whole subtree (walkASCII).
+	below [][2]uint64
+	deep  []uint8
 }
 
 type tnode struct {
@@ -138,6 +145,22 @@ func (v *Vocab) build() {
 	}
 	for u := range v.plainSet {
 		v.plainSet[u] = make([]uint64, v.MaskWords())
+	}
+	v.below = make([][2]uint64, len(v.nodes))
+	v.deep = make([]uint8, len(v.nodes))
+	for i := len(v.nodes) - 1; i >= 0; i-- { // children come after parents
+		n := &v.nodes[i]
+		for e := n.e0; e < n.e1; e++ {
+			b, c := v.edgeB[e], v.edgeTo[e]
+			bb := b
+			if b >= 0x80 {
+				bb = 0
+			}
+			v.below[i][bb>>6] |= 1 << (bb & 63)
+			v.below[i][0] |= v.below[c][0]
+			v.below[i][1] |= v.below[c][1]
+			v.deep[i] = max(v.deep[i], min(v.deep[c], 254)+1)
+		}
 	}
 	for i := len(v.nodes) - 1; i >= 0; i-- {
 		n := &v.nodes[i]
@@ -474,6 +497,14 @@ func (w *walker) walkASCII(ni int32, f *frame, q, cnt int32, depth int) {
 		}
 		ci := v.edgeTo[e]
 		c := &v.nodes[ci]
+		if lp := &d.loop[t]; v.below[ci][0]&^lp[0] == 0 && v.below[ci][1]&^lp[1] == 0 &&
+			(!counted || f.n.maxLen < 0 || cnt+1+int32(v.deep[ci])+d.minRem[t] <= f.n.maxLen) {
+			// Every byte below keeps the automaton at t (a loop state,
+			// with no end to reach: maxRem is none), and every token
+			// fits the length: the whole subtree is taken.
+			w.setRange(c.t0, c.s1)
+			continue
+		}
 		for _, id := range v.order[c.t0:c.tEnd] {
 			w.dst[id>>6] |= 1 << (id & 63)
 		}
@@ -486,6 +517,10 @@ func (w *walker) walkASCII(ni int32, f *frame, q, cnt int32, depth int) {
 		}
 		if !d.all[t] {
 			w.walkASCII(ci, f, t, nc, depth+1)
+			continue
+		}
+		if !counted && c.plain&(1<<u8None) != 0 {
+			w.setRange(c.t0, c.s1) // from here any body byte is taken: so is the whole plain subtree
 			continue
 		}
 		g := *f
