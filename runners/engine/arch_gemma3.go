@@ -231,12 +231,9 @@ func gemma3Fingerprint(c *Config, w *fpWriter) {
 // plusOne loads a norm weight [n] as 1 + w, rounded to its dtype (what
 // mlx-lm's Gemma RMSNorm computes before every use).
 func (l *loader) plusOne(name string, n int) (Array, error) {
-	t, err := l.src.Tensor(name)
+	t, err := l.rawTensor(name, n)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	if !slices.Equal(t.Shape, []int{n}) {
-		return nil, fmt.Errorf("%s: shape %v, want [%d]", name, t.Shape, n)
+		return nil, err
 	}
 	out := make([]byte, len(t.Data))
 	for i := range n {
@@ -254,11 +251,7 @@ func (l *loader) plusOne(name string, n int) (Array, error) {
 			return nil, fmt.Errorf("%s: dtype %v for a norm weight", name, t.DType)
 		}
 	}
-	a := l.b.FromBytes(out, t.Shape, t.DType)
-	l.b.Keep(a)
-	l.kept = append(l.kept, a)
-	l.done += int64(len(t.Data))
-	return a, nil
+	return l.keep(l.b.FromBytes(out, t.Shape, t.DType)), nil
 }
 
 // gemma3Embed loads the embedding, scaled by √D rounded to bf16 (mlx-lm:

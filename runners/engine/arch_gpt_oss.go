@@ -265,20 +265,6 @@ func (l *loader) gptossDense(prefix string, mb *moeBlock, D, F, E int) error {
 	return nil
 }
 
-// rawTensor reads a tensor's bytes for conversion on the host, checking its
-// shape, and counts them as loaded.
-func (l *loader) rawTensor(name string, shape ...int) (Tensor, error) {
-	t, err := l.src.Tensor(name)
-	if err != nil {
-		return t, fmt.Errorf("%s: %w", name, err)
-	}
-	if !slices.Equal(t.Shape, shape) {
-		return t, fmt.Errorf("%s: shape %v, want %v", name, t.Shape, shape)
-	}
-	l.done += int64(len(t.Data))
-	return t, nil
-}
-
 // gptossBlocks loads the released checkpoints' MXFP4 experts:
 // gate_up_proj_blocks [E, 2F, D/32, 16] (uint8, two E2M1 values a byte, low
 // nibble first: MLX's packing) with gate_up_proj_scales [E, 2F, D/32] (E8M0)

@@ -282,21 +282,29 @@ func sizeOf(c *Config, tied bool) int64 {
 
 // tensor loads a tensor, checking its shape when want is given.
 func (l *loader) tensor(name string, want ...int) (Array, DType, error) {
-	t, err := l.src.Tensor(name)
+	t, err := l.rawTensor(name, want...)
 	if err != nil {
-		return nil, 0, fmt.Errorf("%s: %w", name, err)
+		return nil, 0, err
 	}
-	if want != nil && !slices.Equal(t.Shape, want) {
-		return nil, 0, fmt.Errorf("%s: shape %v, want %v", name, t.Shape, want)
-	}
-	a := l.b.FromBytes(t.Data, t.Shape, t.DType)
-	l.b.Keep(a)
-	l.kept = append(l.kept, a)
-	l.done += int64(len(t.Data))
+	a := l.keep(l.b.FromBytes(t.Data, t.Shape, t.DType))
 	if l.progress != nil {
 		l.progress(min(l.done, l.total-1), l.total)
 	}
 	return a, t.DType, nil
+}
+
+// rawTensor reads a tensor's bytes (to convert on the host), checking its
+// shape when one is given, and counts them as loaded.
+func (l *loader) rawTensor(name string, shape ...int) (Tensor, error) {
+	t, err := l.src.Tensor(name)
+	if err != nil {
+		return t, fmt.Errorf("%s: %w", name, err)
+	}
+	if shape != nil && !slices.Equal(t.Shape, shape) {
+		return t, fmt.Errorf("%s: shape %v, want %v", name, t.Shape, shape)
+	}
+	l.done += int64(len(t.Data))
+	return t, nil
 }
 
 // norm loads an RMSNorm weight [n], adding 1 when normOffset says the
@@ -305,12 +313,9 @@ func (l *loader) norm(name string, n int) (Array, error) {
 	if !l.normOffset {
 		return l.vector(name, n)
 	}
-	t, err := l.src.Tensor(name)
+	t, err := l.rawTensor(name, n)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	if !slices.Equal(t.Shape, []int{n}) {
-		return nil, fmt.Errorf("%s: shape %v, want [%d]", name, t.Shape, n)
+		return nil, err
 	}
 	v, err := floats32(t)
 	if err != nil {
@@ -319,7 +324,6 @@ func (l *loader) norm(name string, n int) (Array, error) {
 	for i := range v {
 		v[i]++
 	}
-	l.done += int64(len(t.Data))
 	return l.keep(l.b.AsType(l.b.FromFloat32(v, n), t.DType)), nil
 }
 

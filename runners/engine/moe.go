@@ -140,19 +140,13 @@ func (l *loader) moe(prefix string, layer int, cfg *Config) (*moeBlock, error) {
 
 // fusedExperts loads Hugging Face's fused expert tensors (dense only).
 func (l *loader) fusedExperts(prefix string, mb *moeBlock, E, F, D int) error {
-	gu, err := l.src.Tensor(prefix + "gate_up_proj")
+	gu, err := l.rawTensor(prefix+"gate_up_proj", E, 2*F, D)
 	if err != nil {
-		return fmt.Errorf("%sgate_up_proj: %w", prefix, err)
+		return err
 	}
-	if !slices.Equal(gu.Shape, []int{E, 2 * F, D}) {
-		return fmt.Errorf("%sgate_up_proj: shape %v, want [%d, %d, %d]", prefix, gu.Shape, E, 2*F, D)
-	}
-	dn, err := l.src.Tensor(prefix + "down_proj")
+	dn, err := l.rawTensor(prefix+"down_proj", E, D, F)
 	if err != nil {
-		return fmt.Errorf("%sdown_proj: %w", prefix, err)
-	}
-	if !slices.Equal(dn.Shape, []int{E, D, F}) {
-		return fmt.Errorf("%sdown_proj: shape %v, want [%d, %d, %d]", prefix, dn.Shape, E, D, F)
+		return err
 	}
 	half := F * D * gu.DType.Size() // one expert's gate (or up) rows
 	gate, up := make([]byte, 0, E*half), make([]byte, 0, E*half)
@@ -163,7 +157,6 @@ func (l *loader) fusedExperts(prefix string, mb *moeBlock, E, F, D int) error {
 	mb.gate.W = l.keep(l.b.FromBytes(gate, []int{E, F, D}, gu.DType))
 	mb.up.W = l.keep(l.b.FromBytes(up, []int{E, F, D}, gu.DType))
 	mb.down.W = l.keep(l.b.FromBytes(dn.Data, []int{E, D, F}, dn.DType))
-	l.done += int64(len(gu.Data) + len(dn.Data))
 	return nil
 }
 
