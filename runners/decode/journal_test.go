@@ -1,18 +1,14 @@
 package decode
 
 import (
-	"context"
 	"encoding/json"
-	"net"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
-	"github.com/exo-pd/exo-pd/runners/kvwire"
 	"github.com/exo-pd/exo-pd/runners/metrics"
-	"github.com/exo-pd/exo-pd/runners/prefill"
 )
 
 func getJournal(t *testing.T, url string, since int) Journal {
@@ -48,23 +44,10 @@ func testJournal(t *testing.T, cost bool) {
 	var endpoint string
 	s := startTinyServer(t, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}, func(_ Text, o *Options) {
 		m := o.Model.(*engine.Model)
-		prod := prefill.New(prefill.Options{Name: "m", Model: m, Chunk: 16, Metrics: metrics.New("prefill")})
-		t.Cleanup(prod.Close)
-		srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		t.Cleanup(cancel)
-		go srv.Serve(ctx, l)
-		endpoint = l.Addr().String()
-		o.Remote = &KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{}), Name: "m", Model: m,
-			Selector: kvwire.NewSelector([]kvwire.Endpoint{{Addr: endpoint, Link: kvwire.LinkLoopback}}),
-			Breaker:  NewBreaker([]string{endpoint}, BreakerOptions{})}
+		endpoint = servePrefill(t, m, 16, nil)
+		r := loopbackRemote(m, endpoint)
+		r.Breaker = NewBreaker([]string{endpoint}, BreakerOptions{})
+		o.Remote = r
 		o.RemoteMinTokens = 1
 		if cost {
 			rt := &Router{Rates: NewRates(), KVBytesPerToken: 1024, Endpoints: func() []string { return []string{endpoint} }}
