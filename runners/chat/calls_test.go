@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -131,14 +130,7 @@ func TestHermesStreamHoldsBackMarkers(t *testing.T) {
 }
 
 func TestGenericToolPromptRendersWithSmolLM2Template(t *testing.T) {
-	src, err := os.ReadFile(filepath.Join("testdata", "smollm2_chat_template.jinja"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tpl, err := Parse(string(src), "", "<|im_end|>")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tpl := testTemplate(t, "smollm2_chat_template.jinja", "", "<|im_end|>")
 	if tpl.nativeTools() || Detect(tpl) != Hermes {
 		t.Fatalf("SmolLM2: nativeTools %v format %v, want false hermes", tpl.nativeTools(), Detect(tpl))
 	}
@@ -191,14 +183,7 @@ func TestToolsRenderMatchesJinja2(t *testing.T) {
 		tools = append(tools, ToolDef{Name: td.Function.Name, Description: td.Function.Description, Parameters: td.Function.Parameters})
 	}
 	for _, c := range fx.Cases {
-		src, err := os.ReadFile(filepath.Join("testdata", c.Template))
-		if err != nil {
-			t.Fatal(err)
-		}
-		tpl, err := Parse(string(src), "<s>", "</s>")
-		if err != nil {
-			t.Fatal(err)
-		}
+		tpl := testTemplate(t, c.Template, "<s>", "</s>")
 		if !tpl.nativeTools() {
 			t.Fatalf("%s: nativeTools false", c.Template)
 		}
@@ -215,11 +200,7 @@ func TestToolsRenderMatchesJinja2(t *testing.T) {
 		}
 	}
 	for name, want := range map[string]Format{"qwen3_real_chat_template.jinja": Think(Hermes), "llama31_chat_template.jinja": Llama3} {
-		src, _ := os.ReadFile(filepath.Join("testdata", name))
-		tpl, err := Parse(string(src), "<s>", "</s>")
-		if err != nil {
-			t.Fatal(err)
-		}
+		tpl := testTemplate(t, name, "<s>", "</s>")
 		if got := Detect(tpl); got != want {
 			t.Errorf("%s: format %v, want %v", name, got, want)
 		}

@@ -175,3 +175,17 @@ func TestLoadTestModel(t *testing.T) {
 		t.Errorf("got %q, want %q", got, want)
 	}
 }
+
+// testTemplate parses testdata/name with the given BOS and EOS tokens.
+func testTemplate(t *testing.T, name, bos, eos string) *Template {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl, err := Parse(string(src), bos, eos)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return tpl
+}

@@ -58,14 +58,7 @@ func TestReasoningHistory(t *testing.T) {
 	}
 	tpls := map[string]*Template{}
 	for _, fn := range []string{"gptoss_chat_template.jinja", "qwen3_real_chat_template.jinja"} {
-		src, err := os.ReadFile("testdata/" + fn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tpl, err := Parse(string(src), "<|startoftext|>", "<|return|>")
-		if err != nil {
-			t.Fatalf("%s: %v", fn, err)
-		}
+		tpl := testTemplate(t, fn, "<|startoftext|>", "<|return|>")
 		tpl.now = func() time.Time { return date }
 		if !tpl.HistoryReasoning() {
 			t.Errorf("%s: HistoryReasoning false", fn)

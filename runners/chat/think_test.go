@@ -1,7 +1,6 @@
 package chat
 
 import (
-	"os"
 	"testing"
 )
 
@@ -71,14 +70,7 @@ func FuzzThinkParser(f *testing.F) {
 func TestThinkTags(t *testing.T) {
 	for fn, want := range map[string]bool{"qwen3_real_chat_template.jinja": true, "gptoss_chat_template.jinja": false,
 		"smollm2_chat_template.jinja": false, "llama31_chat_template.jinja": false} {
-		src, err := os.ReadFile("testdata/" + fn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tpl, err := Parse(string(src), "", "")
-		if err != nil {
-			t.Fatal(err)
-		}
+		tpl := testTemplate(t, fn, "", "")
 		if got := tpl.thinkTags(); got != want {
 			t.Errorf("%s: thinkTags %v, want %v", fn, got, want)
 		}

@@ -3,7 +3,6 @@ package chat
 import (
 	"encoding/json"
 	"os"
-	"path/filepath"
 	"testing"
 )
 
@@ -47,14 +46,7 @@ func TestToolHistoryMatchesJinja2(t *testing.T) {
 		msgs = append(msgs, cm)
 	}
 	for _, c := range fx.Cases {
-		src, err := os.ReadFile(filepath.Join("testdata", c.Template))
-		if err != nil {
-			t.Fatal(err)
-		}
-		tpl, err := Parse(string(src), "<s>", "</s>")
-		if err != nil {
-			t.Fatal(err)
-		}
+		tpl := testTemplate(t, c.Template, "<s>", "</s>")
 		got, err := tpl.RenderVars(msgs, c.AddGenerationPrompt, map[string]any{"date_string": "26 Jul 2024"})
 		if err != nil {
 			t.Fatalf("%s: %v", c.Template, err)
