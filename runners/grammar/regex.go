@@ -46,13 +46,14 @@ type dfa struct {
 	bounds []rune // class c is the code points [bounds[c], bounds[c+1])
 	ascii  [128]uint16
 	ncls   int
-	trans  []int32     // [state*ncls + class]: the next state, -1 where nothing can follow
-	accept []bool      // the value may end here
-	all    []bool      // every continuation stays here and is accepted
-	loop   [][2]uint64 // per state: the ASCII string-body bytes that keep it there
-	minRem []int32     // the fewest code points to an accepting state
-	maxRem []int32     // the most code points to an accepting state, -1: no most
-	start  int32       // -1: the language is empty
+	trans  []int32       // [state*ncls + class]: the next state, -1 where nothing can follow
+	accept []bool        // the value may end here
+	all    []bool        // every continuation stays here and is accepted
+	loop   [][2]uint64   // per state: the ASCII string-body bytes that keep it there
+	chain  [][][2]uint64 // per state: see prune
+	minRem []int32       // the fewest code points to an accepting state
+	maxRem []int32       // the most code points to an accepting state, -1: no most
+	start  int32         // -1: the language is empty
 
 	tables bodyTables // token tables of its states (bodytable.go), made as masks need them
 }
@@ -78,6 +79,21 @@ func (d *dfa) anyIn(s int32, lo, hi rune) bool {
 		}
 	}
 	return false
+}
+
+// allIn reports whether every code point in [lo, hi] (surrogates aside)
+// leads from s to a state that accepts everything.
+func (d *dfa) allIn(s int32, lo, hi rune) bool {
+	row := d.trans[int(s)*d.ncls : int(s+1)*d.ncls]
+	for c := d.class(lo); c < d.ncls && d.bounds[c] <= hi; c++ {
+		if isSurrogate(d.bounds[c]) {
+			continue
+		}
+		if t := row[c]; t < 0 || !d.all[t] {
+			return false
+		}
+	}
+	return true
 }
 
 func isSurrogate(r rune) bool { return r >= 0xD800 && r < 0xE000 }
@@ -474,14 +490,54 @@ func (z *determinizer) prune() {
 	}
 	d.distances(rev, live)
 	d.loop = make([][2]uint64, n)
+	// next[s]: the state most ASCII body bytes lead to from s, sets[s]
+	// those bytes.
+	next := make([]int32, n)
+	sets := make([][2]uint64, n)
 	for s := range n {
+		next[s] = -1
+		cnt := map[int32]int{}
 		for b := 0x20; b < 0x80; b++ {
-			if b != '"' && b != '\\' && d.trans[s*d.ncls+int(d.ascii[b])] == int32(s) {
+			if b == '"' || b == '\\' {
+				continue
+			}
+			t := d.trans[s*d.ncls+int(d.ascii[b])]
+			if t == int32(s) {
 				d.loop[s][b>>6] |= 1 << (b & 63)
+			}
+			if t >= 0 {
+				if cnt[t]++; next[s] < 0 || cnt[t] > cnt[next[s]] || cnt[t] == cnt[next[s]] && t < next[s] {
+					next[s] = t
+				}
+			}
+		}
+		for b := 0x20; b < 0x80; b++ {
+			if b != '"' && b != '\\' && next[s] >= 0 && d.trans[s*d.ncls+int(d.ascii[b])] == next[s] {
+				sets[s][b>>6] |= 1 << (b & 63)
 			}
 		}
 	}
+	// chain[s][k-1]: the bytes any k of which in a row are taken from s,
+	// each step along the state most bytes lead to (an email's counted
+	// atom, a host name's label).
+	d.chain = make([][][2]uint64, n)
+	for s := range n {
+		acc := [2]uint64{^uint64(0), ^uint64(0)}
+		for cur, k := int32(s), 0; k < maxChain && cur >= 0 && next[cur] >= 0; k++ {
+			acc[0] &= sets[cur][0]
+			acc[1] &= sets[cur][1]
+			if acc[0]|acc[1] == 0 {
+				break
+			}
+			d.chain[s] = append(d.chain[s], acc)
+			cur = next[cur]
+		}
+	}
 }
+
+// maxChain bounds the chains kept per state (a token's bytes rarely
+// exceed it).
+const maxChain = 32
 
 // distances fills minRem and maxRem (over the pruned automaton: every
 // state left reaches an accepting one).

@@ -370,14 +370,20 @@ func (w *walker) mask(alts []*frame, dst []uint64) {
 		copy(dst, w.v.plainSet[u]) // the walk below skips what this covers
 		w.plain = true
 	}
-	if len(alts) == 1 && reBodyFrame(alts[0]) && alts[0].u8 == 0 {
-		f := alts[0]
-		if bt := w.bodyTableFor(f.n, reState(f)); bt != nil {
-			w.bodyMask(f, bt)
+	if f := alts[0]; len(alts) == 1 && reBodyFrame(f) && f.u8 == 0 && f.n.minLen == 0 && f.n.maxLen < 0 {
+		bt, keep := w.bodyTable(f.n, reState(f))
+		if bt != nil {
+			copy(dst, bt.ok)
 			w.walkSpecial(0, *f, 0)
 			w.dst = nil
 			return
 		}
+		w.walk(0, alts, 0, w.plain)
+		if keep {
+			w.keepBodyTable(f.n, reState(f), dst)
+		}
+		w.dst = nil
+		return
 	}
 	w.walk(0, alts, 0, w.plain)
 	w.dst = nil
@@ -505,6 +511,12 @@ func (w *walker) walkASCII(ni int32, f *frame, q, cnt int32, depth int) {
 			w.setRange(c.t0, c.s1)
 			continue
 		}
+		if dp := int(v.deep[ci]); !counted && dp > 0 && dp <= len(d.chain[t]) {
+			if ch := &d.chain[t][dp-1]; v.below[ci][0]&^ch[0] == 0 && v.below[ci][1]&^ch[1] == 0 {
+				w.setRange(c.t0, c.s1) // every path below stays live along the chain
+				continue
+			}
+		}
 		for _, id := range v.order[c.t0:c.tEnd] {
 			w.dst[id>>6] |= 1 << (id & 63)
 		}
@@ -552,6 +564,15 @@ func (w *walker) reEdge(e int32, f frame, depth int) {
 		return
 	}
 	c := &v.nodes[v.edgeTo[e]]
+	if g.u8 != 0 && g.n.minLen == 0 && g.n.maxLen < 0 && c.plain&(1<<g.u8) != 0 {
+		// Inside a character whose every completion leads to a state
+		// that takes everything: the plain subtree is taken whole.
+		lo, hi := utf8Span(reAcc(&g), utf8Left[g.u8], int(g.mask>>56&7))
+		if g.n.re.allIn(reState(&g), lo, hi) {
+			w.setRange(c.t0, c.s1)
+			return
+		}
+	}
 	w.setRange(c.t0, c.tEnd)
 	if c.e1 > c.e0 {
 		if reBodyFrame(&g) {
