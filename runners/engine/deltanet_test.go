@@ -97,7 +97,7 @@ func testQwen3Next(t *testing.T, name string) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cs := cosine32(logits, want)
+			cs := fixture.Cosine(logits, want)
 			greedy := greedyFrom(t, m, c, logits, len(p.Greedy))
 			t.Logf("prompt %d (%d tokens), chunk %d: cosine %.7f, greedy equal %v", i, len(p.Tokens), chunk, cs, slices.Equal(greedy, p.Greedy))
 			if cs < 0.9999 {
@@ -167,7 +167,7 @@ func bf16Check(t *testing.T, fx qwen3NextFixture, start func([]int32, int) (engi
 		}
 		for _, chunk := range []int{0, 16} {
 			c, logits := start(p.Tokens, chunk)
-			cs := cosine32(logits, fixture.F32FromBase64(t, p.Logits))
+			cs := fixture.Cosine(logits, fixture.F32FromBase64(t, p.Logits))
 			checked, worst := 0, 0.0 // steps held to mlx-lm's token; largest margin we disagreed at
 			for s, want := range p.Greedy {
 				if got := int32(argmax(logits)); got != want {
@@ -298,7 +298,7 @@ func testHFLayout(t *testing.T, name string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cs := cosine32(logits, fixture.F32FromBase64(t, p.Logits))
+		cs := fixture.Cosine(logits, fixture.F32FromBase64(t, p.Logits))
 		greedy := greedyFrom(t, m, c, logits, len(p.Greedy))
 		t.Logf("prompt %d: cosine %.7f", i, cs)
 		if cs < 0.9999 || !slices.Equal(greedy, p.Greedy) {
@@ -342,7 +342,7 @@ func TestQwen3NextChunkInvariantAndRollback(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !slices.Equal(got, want) {
-			t.Fatalf("chunks of %d: logits differ from one pass (cosine %.9f)", chunk, cosine32(got, want))
+			t.Fatalf("chunks of %d: logits differ from one pass (cosine %.9f)", chunk, fixture.Cosine(got, want))
 		}
 	}
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 )
 
@@ -132,7 +133,7 @@ func TestMoEInGraphMatchesHostRouting(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if cs := cosine32(lg, lh); cs < 0.99999 {
+				if cs := fixture.Cosine(lg, lh); cs < 0.99999 {
 					t.Errorf("prompt %d: cosine %.7f between in-graph and host routing", i, cs)
 				}
 				if g, h := greedyFrom(t, graph, cg, lg, 8), greedyFrom(t, host, ch, lh, 8); !slices.Equal(g, h) {

@@ -57,7 +57,7 @@ func TestGGUFQwen3MoeMatchesLlamaCpp(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cs := cosine32(got, want)
+		cs := fixture.Cosine(got, want)
 		sorted := slices.Clone(want)
 		slices.Sort(sorted)
 		margin := sorted[len(sorted)-1] - sorted[len(sorted)-2]

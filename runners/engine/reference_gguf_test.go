@@ -118,7 +118,7 @@ func checkGGUFAgainstLlamaCpp(t *testing.T, arch, wantArch string, wantWindows [
 					if err != nil {
 						t.Fatal(err)
 					}
-					cs := cosine32(got, want)
+					cs := fixture.Cosine(got, want)
 					if cs < tol {
 						t.Errorf("prompt %d (%d tokens) chunk %d: cosine %.6f < %g", i, len(p.Tokens), chunk, cs, tol)
 					}
@@ -161,7 +161,7 @@ func checkGGUFAgainstLlamaCpp(t *testing.T, arch, wantArch string, wantWindows [
 				if err != nil {
 					t.Fatal(err)
 				}
-				cs := cosine32(got, fixture.F32FromBase64(t, p.Logits))
+				cs := fixture.Cosine(got, fixture.F32FromBase64(t, p.Logits))
 				t.Logf("prompt %d: cosine %.7f with llama.cpp on the dequantized weights", i, cs)
 				if cs < ggufTolerance["f32"] {
 					t.Errorf("prompt %d: cosine %.7f with llama.cpp on the dequantized weights < %g", i, cs, ggufTolerance["f32"])
@@ -272,7 +272,7 @@ func TestGGUFGptOssMatchesSafetensors(t *testing.T) {
 			m.Close()
 		}
 		if !slices.Equal(logits[0], logits[1]) {
-			t.Errorf("%s: logits differ from the safetensors model's (cosine %.7f)", file, cosine32(logits[0], logits[1]))
+			t.Errorf("%s: logits differ from the safetensors model's (cosine %.7f)", file, fixture.Cosine(logits[0], logits[1]))
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 	"github.com/exo-pd/exo-pd/runners/engine/weights"
 )
 
@@ -105,7 +106,7 @@ func TestMatchesSmolLM2ExactReference(t *testing.T) {
 	m := loadSmol(t).m
 	for i, p := range fx.Prompts {
 		r := runSmol(t, m, p.Tokens, fx.Steps)
-		cs := cosine32(r.logits, decodeF16Logits(t, p.Logits))
+		cs := fixture.Cosine(r.logits, decodeF16Logits(t, p.Logits))
 		t.Logf("prompt %d (%d tokens): cosine %.6f, greedy %v", i, len(p.Tokens), cs, r.greedy)
 		if cs < 0.9999 {
 			t.Errorf("prompt %d: logits cosine %.6f < 0.9999", i, cs)
@@ -136,7 +137,7 @@ func TestMatchesLlamaCppReference(t *testing.T) {
 	full := 0
 	for i, p := range fx.Prompts {
 		r := runSmol(t, m, p.Tokens, fx.Steps)
-		cs := cosine32(r.logits, decodeF16Logits(t, p.Logits))
+		cs := fixture.Cosine(r.logits, decodeF16Logits(t, p.Logits))
 		same := 0
 		for same < fx.Steps && r.greedy[same] == p.Greedy[same] {
 			same++

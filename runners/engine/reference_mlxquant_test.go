@@ -68,7 +68,7 @@ func TestMatchesMLXQuantizedReference(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				cs := cosine32(logits, want)
+				cs := fixture.Cosine(logits, want)
 				greedy := greedyFrom(t, m, c, logits, len(res.Greedy))
 				same := 0
 				for same < len(greedy) && greedy[same] == res.Greedy[same] {

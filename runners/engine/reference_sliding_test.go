@@ -74,7 +74,7 @@ func TestSlidingModelsMatchMLXReference(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if cs := cosine32(logits, want); cs < 0.9999 {
+					if cs := fixture.Cosine(logits, want); cs < 0.9999 {
 						t.Errorf("prompt %d chunk %d: logits cosine %.7f < 0.9999", i, chunk, cs)
 					}
 					greedy := greedyFrom(t, m, c, logits, len(res.Greedy))

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -32,16 +31,6 @@ type mlxFixture struct {
 			MinMargin float64 `json:"min_margin"`
 		} `json:"results"`
 	} `json:"models"`
-}
-
-func cosine32(a, b []float32) float64 {
-	var ab, aa, bb float64
-	for i := range a {
-		ab += float64(a[i]) * float64(b[i])
-		aa += float64(a[i]) * float64(a[i])
-		bb += float64(b[i]) * float64(b[i])
-	}
-	return ab / math.Sqrt(aa*bb)
 }
 
 // TestMatchesMLXReference runs the testmodel reference set (llama, qwen2,
@@ -92,7 +81,7 @@ func TestMatchesMLXReference(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				cs := cosine32(logits, want)
+				cs := fixture.Cosine(logits, want)
 				if cs < minCos {
 					t.Errorf("prompt %d: logits cosine %.6f < %v", i, cs, minCos)
 				}

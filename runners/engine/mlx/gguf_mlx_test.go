@@ -8,6 +8,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
+	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 )
 
 // The GGUF reference files (Gemma 3 f32/Q8_0/Q4_0, gpt-oss f32/MXFP4,
@@ -40,7 +41,7 @@ func TestGGUFReferenceFilesMatchCPU(t *testing.T) {
 			worst := 1.0
 			for step := range 32 {
 				ml, cl := forward(t, mm, mc, tok), forward(t, cm, cc, tok)
-				c := cosine(ml, cl)
+				c := fixture.Cosine(ml, cl)
 				worst = min(worst, c)
 				if c < 0.999 {
 					t.Fatalf("step %d: cosine %v", step, c)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
+	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/engine/weights"
 	"github.com/exo-pd/exo-pd/runners/hf"
@@ -26,16 +27,6 @@ import (
 )
 
 func init() { engine.RegisterSourceOpener(weights.Open) }
-
-func cosine(a, b []float32) float64 {
-	var ab, aa, bb float64
-	for i := range a {
-		ab += float64(a[i]) * float64(b[i])
-		aa += float64(a[i]) * float64(a[i])
-		bb += float64(b[i]) * float64(b[i])
-	}
-	return ab / math.Sqrt(aa*bb)
-}
 
 func argmax(v []float32) int32 {
 	best := 0
@@ -95,7 +86,7 @@ func TestTinyModelsMatchCPU(t *testing.T) {
 				last := prompt[len(prompt)-1]
 				for step := range 9 {
 					ml, cl := forward(t, mm, mc, last), forward(t, cm, cc, last)
-					cs := cosine(ml, cl)
+					cs := fixture.Cosine(ml, cl)
 					worst = min(worst, cs)
 					if cs < 0.999 {
 						t.Errorf("prompt %d step %d: cosine %.6f < 0.999", pi, step, cs)
@@ -133,7 +124,7 @@ func TestSmolLM2MatchesCPU(t *testing.T) {
 		prompt := tok.Encode(text)
 		mc, cc := mm.NewCache(), cm.NewCache()
 		ml, cl := forward(t, mm, mc, prompt...), forward(t, cm, cc, prompt...)
-		if cs := cosine(ml, cl); cs < 0.999 {
+		if cs := fixture.Cosine(ml, cl); cs < 0.999 {
 			t.Errorf("prompt %d: last-position logits cosine %.6f < 0.999", i, cs)
 		} else {
 			t.Logf("prompt %d (%d tokens): cosine %.6f", i, len(prompt), cs)
@@ -456,7 +447,7 @@ func TestForwardBatchMatchesForward(t *testing.T) {
 			}
 			for i, c := range alone {
 				want := forward(t, m, c, next[i])
-				cs := cosine(got[i], want)
+				cs := fixture.Cosine(got[i], want)
 				worst = min(worst, cs)
 				if cs < 0.9999 || argmax(got[i]) != argmax(want) {
 					t.Fatalf("%s step %d sequence %d: cosine %.6f, argmax %d vs %d", spec.Arch, step, i, cs, argmax(got[i]), argmax(want))

@@ -67,7 +67,7 @@ func TestMoEMatchesMLXLMOnMLX(t *testing.T) {
 				want := fixture.F32FromBase64(t, res.Logits)
 				c := m.NewCache()
 				logits := forward(t, m, c, fx.Prompts[i]...)
-				cs := cosine(logits, want)
+				cs := fixture.Cosine(logits, want)
 				var greedy []int32
 				for range res.Greedy {
 					tok := argmax(logits)

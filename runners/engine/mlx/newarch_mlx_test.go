@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 )
 
 // TestSmolLM3AndOlmo2MatchMLXLMOnMLX runs the tiny SmolLM3 (NoPE layers,
@@ -55,7 +56,7 @@ func TestPipelineStagesOnMLX(t *testing.T) {
 				}
 				h = out
 			}
-			if cs := cosine(h, want); cs < 0.99999 {
+			if cs := fixture.Cosine(h, want); cs < 0.99999 {
 				t.Errorf("%s step %d: stages' logits cosine %.7f to the whole model's", name, step, cs)
 			}
 		}

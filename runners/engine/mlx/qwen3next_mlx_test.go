@@ -55,7 +55,7 @@ func testQwen3NextMLX(t *testing.T, b *backend, name string) {
 				}
 				logits = forward(t, m, c, p.Tokens[len(p.Tokens)-1])
 			}
-			cs := cosine(logits, want)
+			cs := fixture.Cosine(logits, want)
 			var greedy []int32
 			for range p.Greedy {
 				tok := argmax(logits)
@@ -147,7 +147,7 @@ func TestQwen35BF16MatchesMLXLMOnMLX(t *testing.T) {
 				}
 				logits = forward(t, m, c, p.Tokens[len(p.Tokens)-1])
 			}
-			cs := cosine(logits, fixture.F32FromBase64(t, p.Logits))
+			cs := fixture.Cosine(logits, fixture.F32FromBase64(t, p.Logits))
 			checked, worst := 0, 0.0
 			for s, want := range p.Greedy {
 				if got := argmax(logits); got != want {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
+	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 )
 
@@ -66,7 +67,7 @@ func TestSlidingModelMatchesCPU(t *testing.T) {
 	tok := prompt[39]
 	for step := range 64 {
 		ml, cl := forward(t, mm, mc, tok), forward(t, cm, cc, tok)
-		if c := cosine(ml, cl); c < 0.999 {
+		if c := fixture.Cosine(ml, cl); c < 0.999 {
 			t.Fatalf("step %d: cosine %v", step, c)
 		}
 		tok = argmax(cl)
@@ -76,7 +77,7 @@ func TestSlidingModelMatchesCPU(t *testing.T) {
 	for l := range mm.Info().Layers {
 		k1, _, err1 := mc.Export(l, from, n-from)
 		k2, _, err2 := cc.Export(l, from, n-from)
-		if err1 != nil || err2 != nil || len(k1) != len(k2) || cosine(f32(k1), f32(k2)) < 0.999 {
+		if err1 != nil || err2 != nil || len(k1) != len(k2) || fixture.Cosine(f32(k1), f32(k2)) < 0.999 {
 			t.Fatalf("layer %d export: %v %v", l, err1, err2)
 		}
 		if _, _, err := mc.Export(l, 0, 1); err == nil {
@@ -152,7 +153,7 @@ func TestSlidingReferenceModelsMatchCPU(t *testing.T) {
 			tok := prompt[len(prompt)-1]
 			for step := range 32 {
 				ml, cl := forward(t, mm, mc, tok), forward(t, cm, cc, tok)
-				if c := cosine(ml, cl); c < 0.999 {
+				if c := fixture.Cosine(ml, cl); c < 0.999 {
 					t.Fatalf("step %d: cosine %v", step, c)
 				}
 				tok = argmax(cl)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
+	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 	"github.com/exo-pd/exo-pd/runners/engine/weights"
 )
 
@@ -240,7 +241,7 @@ func checkGDNGGUF(t *testing.T, dir, arch string, legacy bool) {
 		t.Fatal(err)
 	}
 	logits, greedy := run(load(path))
-	cs := cosine(logits, wantLogits)
+	cs := fixture.Cosine(logits, wantLogits)
 	t.Logf("cosine %.9f, greedy %v", cs, greedy)
 	if cs < 0.9999999 || !slices.Equal(greedy, wantGreedy) {
 		t.Errorf("cosine %.9f, greedy %v; safetensors greedy %v", cs, greedy, wantGreedy)
@@ -273,14 +274,4 @@ func ggufQwen3NextName(hf string) string {
 		return ""
 	}
 	return "blk." + num + "." + gg + ".weight"
-}
-
-func cosine(a, b []float32) float64 {
-	var ab, aa, bb float64
-	for i := range a {
-		ab += float64(a[i]) * float64(b[i])
-		aa += float64(a[i]) * float64(a[i])
-		bb += float64(b[i]) * float64(b[i])
-	}
-	return ab / math.Sqrt(aa*bb)
 }
