@@ -205,7 +205,7 @@ func fp8AgainstBF16(t *testing.T, m *engine.Model, prompts, plen, steps int, per
 			if cs < 0.999 {
 				low = append(low, cs)
 			}
-			ta, tb := argmaxHybrid(a), argmaxHybrid(b)
+			ta, tb := argmax(a), argmax(b)
 			if ta == tb {
 				agree++
 			}

@@ -78,7 +78,7 @@ func BenchmarkSmolLM2DecodeSchema(b *testing.B) {
 					}
 					sl = masked
 				}
-				next := argmaxF(sl)
+				next := int32(argmax(sl))
 				if cons != nil {
 					if err := cons.Accept(next); err != nil {
 						b.Fatal(err)
@@ -101,14 +101,4 @@ func BenchmarkSmolLM2DecodeSchema(b *testing.B) {
 	}
 	b.Run("unconstrained", func(b *testing.B) { run(b, false) })
 	b.Run("schema", func(b *testing.B) { run(b, true) })
-}
-
-func argmaxF(l []float32) int32 {
-	best := 0
-	for i, x := range l {
-		if x > l[best] {
-			best = i
-		}
-	}
-	return int32(best)
 }

@@ -149,13 +149,3 @@ func flipProxy(l net.Listener, server string, back int) {
 	}
 	conn.Write(held)
 }
-
-func argmaxHybrid(v []float32) int {
-	best := 0
-	for i, x := range v {
-		if x > v[best] {
-			best = i
-		}
-	}
-	return best
-}
