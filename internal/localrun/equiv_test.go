@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -21,7 +24,9 @@ import (
 
 // TestRunEqualsAPI: a three-turn conversation through exo run's chat loop
 // (the entry point cmd uses, prefix cache reused between turns) gives,
-// turn by turn at temperature 0, the same prompt tokens, answer, reasoning,
+// turn by turn at temperature 0, the same generated tokens (each one's
+// bytes and log-probability, bit for bit, from logprobs: Reply.Tokens and
+// the API's logprobs content), prompt tokens, answer, reasoning,
 // completion tokens, finish and reused tokens as the same conversation through the decode runner's
 // HTTP API (its own prefix cache), and as a fresh prefill of the whole
 // conversation (a server with no prefix cache), on a hybrid model with
@@ -30,7 +35,8 @@ import (
 // shorter than the conversation) and a harmony one (gpt-oss: channels,
 // its own template). Random weights write no <think> or channel header,
 // so the splitting runs but the reasoning is empty (and gpt-oss's answer
-// too: text outside a channel is dropped alike on every path).
+// too: text outside a channel is dropped alike on every path; its tokens
+// are still compared, one per completion token).
 func TestRunEqualsAPI(t *testing.T) {
 	for _, tc := range []struct {
 		arch string
@@ -52,7 +58,7 @@ func TestRunEqualsAPI(t *testing.T) {
 			zero := 0.0
 			ctx := context.Background()
 			s, err := Open(ctx, Options{Model: dir, Backend: "cpu", Threads: 1, MaxTokens: maxTokens, Offline: true,
-				Flags: gen.Defaults{Temperature: &zero}}, &bytes.Buffer{})
+				Flags: gen.Defaults{Temperature: &zero}, Logprobs: true}, &bytes.Buffer{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -72,12 +78,32 @@ func TestRunEqualsAPI(t *testing.T) {
 			var msgs []map[string]string
 			for i, u := range users {
 				msgs = append(msgs, map[string]string{"role": "user", "content": u})
-				a, acached := api.chat(t, msgs, maxTokens)
-				f, fcached := fresh.chat(t, msgs, maxTokens)
+				a, atoks, acached := api.chat(t, msgs, maxTokens)
+				f, ftoks, fcached := fresh.chat(t, msgs, maxTokens)
 				r := run[i]
 				got := answer{r.Content, r.Reasoning, r.Result.PromptTokens, r.Result.CompletionTokens, r.Result.FinishReason}
 				if got != a || got != f {
 					t.Errorf("turn %d:\nexo run %+v\nAPI     %+v\nfresh   %+v", i+1, got, a, f)
+				}
+				// The tokens themselves, each with its log-probability,
+				// reasoning and text the parser dropped included (gpt-oss's
+				// whole answer here): one per completion token on every
+				// path, the same bytes, and the same values bit for bit
+				// (one cpu backend, greedy, the same prompt).
+				toks := make([]token, len(r.Tokens))
+				for j, lp := range r.Tokens {
+					toks[j] = token{string(lp.Bytes), clampLogprob(lp.Logprob)}
+				}
+				for _, p := range []struct {
+					name string
+					toks []token
+				}{{"exo run", toks}, {"API", atoks}, {"fresh", ftoks}} {
+					if len(p.toks) != got.Tokens {
+						t.Errorf("turn %d: %s gave %d tokens' logprobs for %d completion tokens", i+1, p.name, len(p.toks), got.Tokens)
+					}
+				}
+				if !slices.Equal(toks, atoks) || !slices.Equal(toks, ftoks) {
+					t.Errorf("turn %d tokens:\nexo run %v\nAPI     %v\nfresh   %v", i+1, toks, atoks, ftoks)
 				}
 				if got.Tokens == 0 {
 					t.Errorf("turn %d generated nothing", i+1)
@@ -91,7 +117,7 @@ func TestRunEqualsAPI(t *testing.T) {
 				if i > 0 && tc.reuses && r.Result.CachedTokens == 0 {
 					t.Errorf("turn %d reused none of the previous turns' KV", i+1)
 				}
-				t.Logf("turn %d: %d prompt tokens, %d reused; %d generated (%s): %d bytes of answer, %d of reasoning", i+1, r.Result.PromptTokens, r.Result.CachedTokens, got.Tokens, got.Finish, len(got.Content), len(got.Reasoning))
+				t.Logf("turn %d: %d prompt tokens, %d reused; %d generated (%s): %d bytes of answer, %d of reasoning; tokens %v", i+1, r.Result.PromptTokens, r.Result.CachedTokens, got.Tokens, got.Finish, len(got.Content), len(got.Reasoning), toks)
 				msgs = append(msgs, map[string]string{"role": "assistant", "content": r.Content})
 			}
 			if stdout.Len() == 0 {
@@ -106,6 +132,24 @@ type answer struct {
 	Content, Reasoning string
 	Prompt, Tokens     int
 	Finish             string
+}
+
+// token is one generated token as the API's logprobs content gives it:
+// its bytes and log-probability.
+type token struct {
+	Bytes   string
+	Logprob float64
+}
+
+func (t token) String() string { return fmt.Sprintf("%q %v", t.Bytes, t.Logprob) }
+
+// clampLogprob is what the API writes for lp (JSON has no -Inf: OpenAI's
+// -9999 stands for it).
+func clampLogprob(lp float64) float64 {
+	if math.IsNaN(lp) || lp < -9999 {
+		return -9999
+	}
+	return lp
 }
 
 type apiServer struct{ url string }
@@ -134,9 +178,11 @@ func newAPI(t *testing.T, dir string, cacheEntries int) *apiServer {
 	return &apiServer{url: hs.URL}
 }
 
-func (a *apiServer) chat(t *testing.T, msgs []map[string]string, maxTokens int) (answer, int) {
+// chat answers msgs at temperature 0 with logprobs: the answer, its
+// tokens and the prompt tokens reused.
+func (a *apiServer) chat(t *testing.T, msgs []map[string]string, maxTokens int) (answer, []token, int) {
 	t.Helper()
-	body, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs, "temperature": 0, "max_tokens": maxTokens})
+	body, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs, "temperature": 0, "max_tokens": maxTokens, "logprobs": true})
 	resp, err := http.Post(a.url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -148,6 +194,12 @@ func (a *apiServer) chat(t *testing.T, msgs []map[string]string, maxTokens int) 
 				Content          *string `json:"content"`
 				ReasoningContent string  `json:"reasoning_content"`
 			} `json:"message"`
+			Logprobs *struct {
+				Content []struct {
+					Logprob float64 `json:"logprob"`
+					Bytes   []int   `json:"bytes"` // OpenAI's: ints, not base64
+				} `json:"content"`
+			} `json:"logprobs"`
 			FinishReason string `json:"finish_reason"`
 		} `json:"choices"`
 		Usage struct {
@@ -170,7 +222,18 @@ func (a *apiServer) chat(t *testing.T, msgs []map[string]string, maxTokens int) 
 	if d := cr.Usage.PromptTokensDetails; d != nil {
 		cached = d.CachedTokens
 	}
-	return a2, cached
+	if c.Logprobs == nil {
+		t.Fatalf("chat: no logprobs in %+v", cr)
+	}
+	toks := []token{}
+	for _, lp := range c.Logprobs.Content {
+		b := make([]byte, len(lp.Bytes))
+		for i, c := range lp.Bytes {
+			b[i] = byte(c)
+		}
+		toks = append(toks, token{string(b), lp.Logprob})
+	}
+	return a2, toks, cached
 }
 
 // qwen3Next is the tiny random Qwen3-Next fixture (Gated DeltaNet layers

@@ -42,6 +42,10 @@ type Options struct {
 	Seed           *int64
 	MaxTokens      int
 	Stats, Offline bool
+	// Logprobs asks each turn for its tokens' log-probabilities (the API's
+	// logprobs: true) and keeps them in Reply.Tokens; nothing more is
+	// printed. Tests compare a turn token by token with the API's.
+	Logprobs bool
 }
 
 // Session is a loaded model ready to answer.
@@ -122,6 +126,9 @@ func (s *Session) request(msgs []chat.Message) (*gen.Request, error) {
 	if s.o.MaxTokens > 0 {
 		r.MaxTokens = &s.o.MaxTokens
 	}
+	if s.o.Logprobs {
+		r.Logprobs = &s.o.Logprobs
+	}
 	g, e := s.val.ValidateChat(r)
 	if e != nil {
 		return nil, e
@@ -133,6 +140,10 @@ func (s *Session) request(msgs []chat.Message) (*gen.Request, error) {
 type Reply struct {
 	Content, Reasoning string
 	Result             gen.Result
+	// Tokens are the generated tokens in order (bytes and log-probability,
+	// as the API's logprobs content), including those whose text was
+	// reasoning or dropped; only with Options.Logprobs.
+	Tokens []gen.TokenLogprob
 }
 
 // Reply generates the assistant's answer to msgs (plus --system), streams
@@ -163,14 +174,16 @@ func (s *Session) Reply(ctx context.Context, msgs []chat.Message, stdout, stderr
 			n, prefill.Seconds(), float64(n)/prefill.Seconds(), res.CachedTokens,
 			res.CompletionTokens, dec.Seconds(), float64(max(res.CompletionTokens-1, 0))/dec.Seconds())
 	}
-	return Reply{Content: em.content.String(), Reasoning: em.reasoning.String(), Result: res}, nil
+	return Reply{Content: em.content.String(), Reasoning: em.reasoning.String(), Result: res, Tokens: em.tokens}, nil
 }
 
 // emitter streams a generation to the terminal: the answer to out, the
-// reasoning to errw; it notes when the first piece came.
+// reasoning to errw; it notes when the first piece came and keeps the
+// tokens' log-probabilities when they were asked for.
 type emitter struct {
 	out, errw          io.Writer
 	content, reasoning strings.Builder
+	tokens             []gen.TokenLogprob
 	start, first       time.Time
 	thinking           bool
 }
@@ -183,8 +196,11 @@ func (e *emitter) mark() {
 	}
 }
 
-func (e *emitter) Text(t string, _ *gen.TokenLogprob) error {
+func (e *emitter) Text(t string, lp *gen.TokenLogprob) error {
 	e.mark()
+	if lp != nil {
+		e.tokens = append(e.tokens, *lp)
+	}
 	if e.thinking && t != "" {
 		e.thinking = false
 		fmt.Fprintln(e.errw)
