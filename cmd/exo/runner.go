@@ -24,6 +24,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
 	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/hf"
+	"github.com/exo-pd/exo-pd/runners/httpapi"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 	"github.com/exo-pd/exo-pd/runners/metrics"
 	"github.com/exo-pd/exo-pd/runners/openai"
@@ -436,6 +437,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 	srv := decode.New(o)
 	defer srv.Close()
 	mux := http.NewServeMux()
+	httpapi.Mount(mux, httpapi.Options{Gen: srv, Name: o.Name, Defaults: o.Defaults, AcceptTools: o.AcceptTools, Metrics: met, Logger: log})
 	srv.Register(mux)
 	var h http.Handler = mux
 	gate.load = srv.Load

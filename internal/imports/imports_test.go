@@ -21,6 +21,10 @@ var rules = []struct{ from, to string }{
 	// the protocol-neutral generation API stands on the standard library
 	// alone
 	{"runners/gen/", ""},
+	// the decode runner is a gen.Generator: the HTTP adapters over it are
+	// composed by runners/httpapi, which knows no generator
+	{"runners/decode/", "runners/anthropic/"},
+	{"runners/httpapi/", "runners/decode/"},
 }
 
 func TestImportRules(t *testing.T) {

@@ -20,6 +20,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/gen"
+	"github.com/exo-pd/exo-pd/runners/httpapi"
 )
 
 // TestRunEqualsAPI: a three-turn conversation through exo run's chat loop
@@ -172,6 +173,7 @@ func newAPI(t *testing.T, dir string, cacheEntries int) *apiServer {
 	o.Logger = slog.New(slog.DiscardHandler)
 	srv := decode.New(o)
 	mux := http.NewServeMux()
+	httpapi.Mount(mux, httpapi.Options{Gen: srv, Name: o.Name, Defaults: o.Defaults, AcceptTools: o.AcceptTools, Logger: o.Logger})
 	srv.Register(mux)
 	hs := httptest.NewServer(mux)
 	t.Cleanup(func() { hs.Close(); srv.Close(); m.Close() })

@@ -53,9 +53,7 @@ func TestCallsStreamOverSSE(t *testing.T) {
 			NewSampler: NewSampler, NewStopMatcher: NewStopMatcher, MaxBatch: 1, CacheEntries: -1, AcceptTools: true,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		t.Cleanup(srv.Close)
-		mux := http.NewServeMux()
-		srv.Register(mux)
-		hs := httptest.NewServer(mux)
+		hs := httptest.NewServer(apiMux(srv))
 		t.Cleanup(hs.Close)
 
 		deltas, finish := streamDeltas(t, hs.URL, map[string]any{"model": "m", "stream": true, "temperature": 0, "tools": harmonyTools,

@@ -21,6 +21,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/gen"
+	"github.com/exo-pd/exo-pd/runners/httpapi"
 	"github.com/exo-pd/exo-pd/runners/openai"
 	"github.com/exo-pd/exo-pd/runners/tokenizer"
 )
@@ -41,6 +42,16 @@ func newTinyServer(t *testing.T, defaults gen.Defaults) *tinyServer {
 	return startTinyServer(t, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}, func(_ Text, o *Options) {
 		o.Defaults = defaults
 	})
+}
+
+// apiMux serves srv as the runner does: the OpenAI and Anthropic adapters
+// over it (runners/httpapi) and its own routes.
+func apiMux(srv *Server) *http.ServeMux {
+	mux := http.NewServeMux()
+	httpapi.Mount(mux, httpapi.Options{Gen: srv, Name: srv.o.Name, Defaults: srv.o.Defaults, AcceptTools: srv.o.AcceptTools,
+		Metrics: srv.m, Logger: srv.log})
+	srv.Register(mux)
+	return mux
 }
 
 // startTinyServer writes spec's model, loads it on the cpu backend and
@@ -81,9 +92,7 @@ func serveTinyDir(t *testing.T, dir string, configure func(text Text, o *Options
 	configure(text, &o)
 	srv := New(o)
 	t.Cleanup(srv.Close)
-	mux := http.NewServeMux()
-	srv.Register(mux)
-	hs := httptest.NewServer(mux)
+	hs := httptest.NewServer(apiMux(srv))
 	t.Cleanup(hs.Close)
 	return &tinyServer{srv: srv, url: hs.URL, model: m, tok: tok, dir: dir}
 }

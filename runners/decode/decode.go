@@ -1,6 +1,7 @@
 // Package decode owns the decode runner: it implements gen.Generator for
-// one model and serves it through the OpenAI and Anthropic APIs
-// (runners/openai, runners/anthropic), admits requests through a bounded FIFO
+// one model (the HTTP adapters over it, runners/openai and
+// runners/anthropic, are mounted by runners/httpapi: decode does not
+// construct them), admits requests through a bounded FIFO
 // queue, runs up to MaxBatch generations at once with their decode steps
 // batched on the engine (continuous batching), keeps a prefix cache of
 // recent conversations' KV, and decides per request whether to prefill the
@@ -25,11 +26,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"sync/atomic"
 	"time"
 
-	"github.com/exo-pd/exo-pd/runners/anthropic"
 	"github.com/exo-pd/exo-pd/runners/chat"
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/gen"
@@ -152,11 +151,14 @@ type Options struct {
 	DefaultMaxTokens int
 	// Defaults are the sampling defaults requests start from: the model's
 	// own (ModelDefaults) overlaid by the cluster file's [models.defaults].
+	// The Server does not read them (a gen.Request arrives with its
+	// sampling resolved): they are for the callers that build requests
+	// (runners/httpapi's adapters, internal/localrun).
 	Defaults gen.Defaults
 	// NewConstraint, when set, is asked for each request's Constraint (nil:
 	// unconstrained), told where the output begins; it is how tools and
 	// response_format plug in. Set AcceptTools too once it honours them
-	// (else the API refuses them).
+	// (else the callers building requests refuse them).
 	NewConstraint func(req *gen.Request, st chat.Start) (Constraint, error)
 	AcceptTools   bool
 
@@ -181,8 +183,6 @@ type Server struct {
 	seq    atomic.Uint64
 	eos    map[int32]bool
 	format chat.Format // the model's chat format (tool calls, reasoning)
-	api    *openai.Handler
-	msgs   *anthropic.Handler
 
 	batch     *batcher // nil when MaxBatch is 1
 	stopBatch context.CancelFunc
@@ -235,26 +235,17 @@ func New(o Options) *Server {
 		}
 		go s.batch.run(ctx)
 	}
-	s.msgs = &anthropic.Handler{Gen: s, Served: []string{o.Name}, Logger: o.Logger, Defaults: o.Defaults, AcceptTools: o.AcceptTools,
-		OnResult: func(_ string, code int) { s.m.Requests.WithLabelValues(o.Name, strconv.Itoa(code)).Inc() }}
 	for _, id := range o.Text.EOS() {
 		s.eos[id] = true
 	}
-	s.api = &openai.Handler{Gen: s, Served: []string{o.Name}, Logger: o.Logger, Defaults: o.Defaults, AcceptTools: o.AcceptTools,
-		OnResult: func(_ string, code int) {
-			// Always the served name: a label from the request body would
-			// let clients mint unbounded series.
-			s.m.Requests.WithLabelValues(o.Name, strconv.Itoa(code)).Inc()
-		}}
 	return s
 }
 
-// Register adds the OpenAI routes, Anthropic's /v1/messages and /metrics to
-// mux (/health is the caller's, since it also answers while the model
-// loads).
+// Register adds the runner's own routes, /metrics and the journal, to mux.
+// The APIs are the caller's (runners/httpapi mounts the OpenAI and
+// Anthropic adapters over the Server), and so is /health, since it also
+// answers while the model loads.
 func (s *Server) Register(mux *http.ServeMux) {
-	s.api.Register(mux)
-	s.msgs.Register(mux)
 	mux.Handle("/metrics", s.m.Handler())
 	mux.HandleFunc("GET "+JournalPath, s.serveJournal)
 }

@@ -105,9 +105,7 @@ func serveScript(t *testing.T, m *scriptModel, text Text) (string, *Server) {
 		MaxBatch: 1, CacheEntries: -1, NewConstraint: g.NewConstraint, AcceptTools: true,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	t.Cleanup(srv.Close)
-	mux := http.NewServeMux()
-	srv.Register(mux)
-	hs := httptest.NewServer(mux)
+	hs := httptest.NewServer(apiMux(srv))
 	t.Cleanup(hs.Close)
 	return hs.URL, srv
 }

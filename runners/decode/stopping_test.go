@@ -36,9 +36,7 @@ func TestStoppingAnswersQueuedRequests(t *testing.T) {
 			return nil, nil
 		}
 	})
-	mux := http.NewServeMux()
-	ts.srv.Register(mux)
-	hs := httptest.NewUnstartedServer(d.Handler(mux))
+	hs := httptest.NewUnstartedServer(d.Handler(apiMux(ts.srv)))
 	hs.Config.BaseContext = func(net.Listener) context.Context { return d.Context() }
 	hs.Start()
 	t.Cleanup(hs.Close)
