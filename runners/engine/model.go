@@ -570,7 +570,47 @@ func (m *Model) forwardBatchLocked(ctx context.Context, caches []KVCache, tokens
 		m.b.Free()
 	}()
 	defer recoverInto(&err, "forward batch")
-	return m.stepSeqs(caches, toks, true)
+	return m.stepSeqs(caches, toks, lastRows)
+}
+
+// ForwardAllInto runs tokens at positions c.Len()… in one step, appends
+// their KV and returns the logits after every one of them: row i is what
+// Forward would return after tokens[:i+1]. It is how a speculative
+// decoder verifies k drafted tokens in one forward (the last token fed
+// and the k drafts: k+1 rows); the caller truncates the cache past the
+// drafts it rejects. The rows are views of dst's storage (len(tokens)·V
+// floats, grown when its capacity is less); the slice of rows belongs to
+// m and is valid until the next call. At most DefaultPrefillChunk
+// tokens. On error the cache is truncated to where it was.
+func (m *Model) ForwardAllInto(ctx context.Context, c KVCache, tokens []int32, dst []float32) (logits [][]float32, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(tokens) == 0 || len(tokens) > DefaultPrefillChunk {
+		return nil, fmt.Errorf("engine: ForwardAll with %d tokens (want 1 to %d)", len(tokens), DefaultPrefillChunk)
+	}
+	if err := m.checkWhole(); err != nil {
+		return nil, err
+	}
+	if err := m.checkCache(c, tokens); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	err = m.guarded(c, len(tokens), "forward all", func() error {
+		cs := &m.scr.oneCache
+		cs[0] = c
+		defer func() { cs[0] = nil }()
+		ts := [1][]int32{tokens}
+		m.scr.flat = dst
+		var err error
+		logits, err = m.stepSeqs(cs[:], ts[:], everyRow)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return logits, nil
 }
 
 // Prefill runs tokens in chunks of at most chunk tokens (0: 512), calling
@@ -646,7 +686,11 @@ func (m *Model) step(c KVCache, tokens []int32, wantLogits bool, logits *[]float
 	cs[0] = c
 	defer func() { cs[0] = nil }()
 	ts := [1][]int32{tokens} // stepSeqs does not keep toks: stays on the stack
-	out, err := m.stepSeqs(cs[:], ts[:], wantLogits)
+	want := noRows
+	if wantLogits {
+		want = lastRows
+	}
+	out, err := m.stepSeqs(cs[:], ts[:], want)
 	if err == nil && wantLogits {
 		*logits = out[0]
 	}

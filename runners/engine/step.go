@@ -46,11 +46,13 @@ func (s *step) join(outs []Array) Array {
 // stepSeqs runs several sequences' chunks through every block at once:
 // toks[s] continues cs[s] at its current length. Embedding, projections
 // and MLPs run once over all rows; RoPE, the cache append and attention
-// run per sequence. With wantLogits it returns each sequence's last-
-// position logits [V]. With one sequence the graph is the plain one (no
+// run per sequence. With want lastRows it returns each sequence's last-
+// position logits [V]; with everyRow (one sequence) the logits of every
+// position of its chunk, in order. With one sequence the graph is the plain one (no
 // slicing or concatenation). Every row's result is the same as when its
 // sequence runs alone: the backends' ops are row-independent.
-func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]float32, error) {
+func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, want logitRows) ([][]float32, error) {
+	wantLogits := want != noRows
 	b, scr := m.b, &m.scr
 	s := m.beginStep(cs, toks)
 	defer scr.endStep()
@@ -81,7 +83,7 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 		return nil, b.Eval(one[:]...)
 	}
 	last := x // one row per sequence when every chunk is one token
-	if s.n != len(cs) {
+	if s.n != len(cs) && want != everyRow {
 		for i := range cs {
 			end := s.starts[i] + len(toks[i])
 			s.outs[i] = b.Slice(x, 0, end-1, end) // [1, D]
@@ -112,13 +114,26 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, wantLogits bool) ([][]flo
 	if err != nil {
 		return nil, err
 	}
-	V := len(f) / len(cs)
-	logits := grow(&scr.logits, len(cs))
+	nrows := len(cs)
+	if want == everyRow {
+		nrows = s.n
+	}
+	V := len(f) / nrows
+	logits := grow(&scr.logits, nrows)
 	for i := range logits {
 		logits[i] = f[i*V : (i+1)*V : (i+1)*V]
 	}
 	return logits, nil
 }
+
+// logitRows is which positions' logits a step returns.
+type logitRows uint8
+
+const (
+	noRows   logitRows = iota // none: the step only fills the caches
+	lastRows                  // each sequence's last position
+	everyRow                  // every position (one sequence: verification)
+)
 
 // beginStep sets up the scratch's step for toks[i] continuing cs[i] (the
 // caller defers m.scr.endStep).

@@ -461,3 +461,55 @@ func TestForwardBatchMatchesForward(t *testing.T) {
 		t.Logf("%s %v q%d: worst cosine %.7f", spec.Arch, spec.DType, spec.QuantBits, worst)
 	}
 }
+
+// TestForwardAllMatchesForward: on MLX, ForwardAllInto's row i equals the
+// logits Forward gives after feeding the same tokens one at a time, and a
+// cache truncated past rejected rows continues as one that never held
+// them (speculative decoding's verification and rollback).
+func TestForwardAllMatchesForward(t *testing.T) {
+	b := newTestBackend(t)
+	ctx := context.Background()
+	prompt := testmodel.ReferencePrompts()[1]
+	feed := []int32{7, 11, 13, 17, 19}
+	for _, spec := range []testmodel.Spec{
+		{Arch: "qwen3", DType: engine.F32, Seed: 2},
+		{Arch: "llama", DType: engine.BF16, QuantBits: 4, GroupSize: 64, Seed: 2},
+		{Arch: "qwen3moe", DType: engine.F32, Seed: 2, Layers: 3},
+	} {
+		dir := t.TempDir()
+		if err := testmodel.Write(dir, spec); err != nil {
+			t.Fatal(err)
+		}
+		m := load(t, dir, b)
+		step, c := m.NewCache(), m.NewCache()
+		forward(t, m, step, prompt...)
+		forward(t, m, c, prompt...)
+		var want [][]float32
+		for _, tok := range feed {
+			want = append(want, slices.Clone(forward(t, m, step, tok)))
+		}
+		rows, err := m.ForwardAllInto(ctx, c, feed, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) != len(feed) || c.Len() != len(prompt)+len(feed) {
+			t.Fatalf("%s: %d rows, cache %d", spec.Arch, len(rows), c.Len())
+		}
+		for i := range feed {
+			if cs := cosine(rows[i], want[i]); cs < 0.9999 || argmax(rows[i]) != argmax(want[i]) {
+				t.Fatalf("%s row %d: cosine %.6f, argmax %d vs %d", spec.Arch, i, cs, argmax(rows[i]), argmax(want[i]))
+			}
+		}
+		c.Truncate(len(prompt) + 2)
+		got := forward(t, m, c, 23)
+		fresh := m.NewCache()
+		forward(t, m, fresh, append(slices.Clone(prompt), feed[:2]...)...)
+		re := forward(t, m, fresh, 23)
+		if cs := cosine(got, re); cs < 0.9999 || argmax(got) != argmax(re) {
+			t.Fatalf("%s after rollback: cosine %.6f, argmax %d vs %d", spec.Arch, cs, argmax(got), argmax(re))
+		}
+		for _, x := range []engine.KVCache{step, c, fresh} {
+			x.Free()
+		}
+	}
+}
