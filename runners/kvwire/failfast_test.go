@@ -83,10 +83,19 @@ func TestPing(t *testing.T) {
 }
 
 // TestKeepaliveKeepsAQueuedShortIdleClient: a client with a short idle
-// deadline waits in a server's queue behind a long request and is kept
-// alive by Keepalives (every KeepaliveEvery), so a busy server is not
-// mistaken for a stalled one; MaxGap reports the longest silence seen.
+// deadline waits in a server's queue behind a long request for longer than
+// that deadline and is kept alive by Keepalives (every KeepaliveEvery), so a
+// busy server is not mistaken for a stalled one; MaxGap reports the longest
+// silence seen.
+//
+// The idle deadline is what the test is about, so time must pass: the long
+// request is held until the queued one has been waiting (as the server's
+// Load says) for twice the idle deadline, which without Keepalives would
+// have ended it. The deadline is 20 Keepalive intervals, so a process that a
+// loaded machine (-race, busy CPUs) leaves unscheduled for a few hundred ms
+// still sees a Keepalive in time.
 func TestKeepaliveKeepsAQueuedShortIdleClient(t *testing.T) {
+	const keepEvery, idle = 50 * time.Millisecond, time.Second
 	m := smallModel()
 	release := make(chan struct{})
 	first := make(chan struct{}, 1)
@@ -101,7 +110,7 @@ func TestKeepaliveKeepsAQueuedShortIdleClient(t *testing.T) {
 		}
 		return m.producer().Produce(ctx, r, e)
 	})
-	addr, _ := startServer(t, ServerConfig{Producer: p, MaxActive: 1, KeepaliveEvery: 50 * time.Millisecond})
+	addr, srv := startServer(t, ServerConfig{Producer: p, MaxActive: 1, KeepaliveEvery: keepEvery})
 	c := NewClient(ClientConfig{})
 	longDone := make(chan error, 1)
 	go func() {
@@ -109,17 +118,35 @@ func TestKeepaliveKeepsAQueuedShortIdleClient(t *testing.T) {
 		longDone <- err
 	}()
 	<-first
-	go func() { time.Sleep(600 * time.Millisecond); close(release) }()
-	st, err := c.FetchIdle(context.Background(), addr, 300*time.Millisecond,
+	queuedDone := make(chan struct{})
+	defer close(queuedDone)
+	go func() { // no t.Fatal here: the queued fetch's result says what went wrong
+		defer close(release)
+		for srv.Load().Waiting == 0 {
+			select {
+			case <-queuedDone:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		select {
+		case <-queuedDone:
+		case <-time.After(2 * idle):
+		}
+	}()
+	st, err := c.FetchIdle(context.Background(), addr, idle,
 		&Request{ID: "queued", Model: "m", Fingerprint: m.fp, Tokens: tokens(40)}, m.expect(), &recordSink{})
 	if err != nil {
-		t.Fatalf("queued fetch with a 300 ms idle deadline: %v", err)
+		t.Fatalf("queued fetch with a %v idle deadline: %v", idle, err)
 	}
 	if err := <-longDone; err != nil {
 		t.Fatalf("long fetch: %v", err)
 	}
-	if st.MaxGap <= 0 || st.MaxGap >= 300*time.Millisecond {
-		t.Fatalf("MaxGap = %v, want in (0, 300ms)", st.MaxGap)
+	if st.FirstHeader < 2*idle {
+		t.Fatalf("the queued fetch had its header after %v, want at least %v (queued past its idle deadline)", st.FirstHeader, 2*idle)
+	}
+	if st.MaxGap <= 0 || st.MaxGap >= idle {
+		t.Fatalf("MaxGap = %v, want in (0, %v)", st.MaxGap, idle)
 	}
 	t.Logf("max gap while queued: %v", st.MaxGap)
 }
