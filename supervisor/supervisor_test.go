@@ -18,6 +18,8 @@ import (
 	"github.com/exo-pd/exo-pd/supervisor/internal/fakerunner"
 	"github.com/exo-pd/exo-pd/supervisor/process"
 	"github.com/exo-pd/exo-pd/supervisor/restart"
+
+	"github.com/exo-pd/exo-pd/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -25,13 +27,13 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// freePort returns the first of a block of ports free a moment ago, outside
+// the kernel's ephemeral range (testutil.Ports: no outgoing connection on a
+// busy machine takes one before the server binds it), wide enough for a
+// runner_port_base of a few models (config.PortsPerModel apart).
 func freePort(t testing.TB) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Helper()
+	return testutil.Ports(t, 40)
 }
 
 func clusterFile(base int, models ...string) string {

@@ -21,6 +21,8 @@ import (
 	"github.com/exo-pd/exo-pd/supervisor"
 	"github.com/exo-pd/exo-pd/supervisor/config"
 	"github.com/exo-pd/exo-pd/supervisor/gpu"
+
+	"github.com/exo-pd/exo-pd/internal/testutil"
 )
 
 func TestWeightBytes(t *testing.T) {
@@ -100,14 +102,13 @@ prefill = { hosts = ["north"] }
 	return env
 }
 
+// freePort returns the first of a block of ports free a moment ago, outside
+// the kernel's ephemeral range (testutil.Ports: no outgoing connection on a
+// busy machine takes one before the server binds it), wide enough for a
+// runner_port_base of a few models (config.PortsPerModel apart).
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return testutil.Ports(t, 40)
 }
 
 // expect finds the result named with prefix name and checks its status and

@@ -1,7 +1,8 @@
 // Package testutil holds the helpers tests share across runners/ and
 // supervisor/ (which must not import each other): waiting on state with a
-// deadline instead of sleeping, and reading a process's log records by
-// key instead of matching its lines with regular expressions. It must not import any package of this
+// deadline instead of sleeping, reading a process's log records by key
+// instead of matching its lines with regular expressions, and picking ports
+// for servers a test starts where no outgoing connection can take them. It must not import any package of this
 // module, and only tests import it.
 package testutil
 

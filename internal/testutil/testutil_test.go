@@ -1,7 +1,10 @@
 package testutil
 
 import (
+	"fmt"
 	"log/slog"
+	"net"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -77,5 +80,43 @@ func TestParseRecord(t *testing.T) {
 		if _, ok := ParseRecord(bad); ok {
 			t.Errorf("ParseRecord(%q) ok", bad)
 		}
+	}
+}
+
+// TestPorts: the block is free (each port can be bound) and lies where the
+// kernel hands out no port of its own.
+func TestPorts(t *testing.T) {
+	lo, hi := portRange()
+	for range 20 {
+		base := Ports(t, 10)
+		if base < lo || base+10 > hi {
+			t.Fatalf("Ports = %d, outside [%d, %d)", base, lo, hi)
+		}
+		for p := base; p < base+10; p++ {
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+			if err != nil {
+				t.Fatalf("port %d of the block: %v", p, err)
+			}
+			l.Close()
+		}
+	}
+	if a := Addr(t); !strings.HasPrefix(a, "127.0.0.1:") {
+		t.Fatalf("Addr = %q", a)
+	}
+}
+
+// TestPortRange: Ports never picks inside the ephemeral range.
+func TestPortRange(t *testing.T) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		t.Skip("no /proc/sys/net/ipv4/ip_local_port_range")
+	}
+	var elo, ehi int
+	if _, err := fmt.Sscan(string(b), &elo, &ehi); err != nil {
+		t.Fatal(err)
+	}
+	lo, hi := portRange()
+	if lo <= ehi && hi > elo {
+		t.Fatalf("portRange [%d, %d) overlaps the ephemeral range [%d, %d]", lo, hi, elo, ehi)
 	}
 }

@@ -42,13 +42,13 @@ func run(t *testing.T, dir string, name string, args ...string) {
 	}
 }
 
+// freePort returns the first of a block of ports free a moment ago, outside
+// the kernel's ephemeral range (testutil.Ports: no outgoing connection on a
+// busy machine takes one before the server binds it), wide enough for a
+// runner_port_base of a few models (config.PortsPerModel apart).
 func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Helper()
+	return testutil.Ports(t, 40)
 }
 
 type host struct {
