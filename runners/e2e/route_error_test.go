@@ -15,12 +15,21 @@ import (
 // not asserted (timings are not asserted in this project; recorded in
 // docs/BENCHMARKS.md): the test asserts that every prompt went remote and
 // was predicted.
+//
+// That premise holds by construction, not by the machine being idle: local
+// prefill is capped at 40 tokens/s, while the remote tiny-model prefill
+// runs at thousands of tokens/s idle and was measured at ~1,000 (cpu) and
+// ~170 (MLX prefill) tokens/s beside two busy loops and a full CI run; at
+// the former cap of 300 tokens/s MLX prefill under load was close enough
+// to go local. Both calibrations are waited for, so no request is routed
+// before the router has measured both sides.
 func TestCostRoutePredictionError(t *testing.T) {
 	dir := tinyModel(t, "main")
 	pre := start(t, "prefill", "prefill", "--model", dir, "--prefix-cache-mib", "0")
 	dec := start(t, "decode", "decode", "--model", dir, "--prefill", pre.listen, "--remote-prefill-route", "cost",
-		"--remote-prefill-min-tokens", "64", "--test-slow-prefill-tokens-per-sec", "300")
-	dec.waitRecords(t, "remote prefill calibrated", 1, 20*time.Second)
+		"--remote-prefill-min-tokens", "64", "--test-slow-prefill-tokens-per-sec", "40")
+	dec.waitRecords(t, "local prefill calibrated", 1, 30*time.Second)
+	dec.waitRecords(t, "remote prefill calibrated", 1, 30*time.Second)
 	for i := range 8 {
 		text := fmt.Sprintf("prompt %d: ", i) + strings.Repeat("the quick brown fox jumps over the lazy dog ", 20+10*i)
 		if r := chatStream(t, dec.listen, []msg{{Role: "user", Content: text}}, 1, nil); r.Status != 200 {
@@ -33,7 +42,8 @@ func TestCostRoutePredictionError(t *testing.T) {
 	pred := map[string]time.Duration{}
 	for _, r := range dec.records("route decision") {
 		if r["route"] != "remote" {
-			t.Fatalf("request %s routed %s with local slowed:\n%s", r["req"], r["route"], tail(logs, 4000))
+			t.Fatalf("request %s routed %s with local slowed (predicted local %s, remote %s):\n%s", r["req"], r["route"],
+				r["predicted_local"], r["predicted_remote"], tail(logs, 4000))
 		}
 		d, err := time.ParseDuration(r["predicted_remote"])
 		if err != nil {
