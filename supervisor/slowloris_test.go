@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/exo-pd/exo-pd/supervisor/gateway"
 )
 
 // slowloris opens n connections to addr that each send the start of a
@@ -79,4 +81,38 @@ func TestSlowlorisAgainstTheGateway(t *testing.T) {
 		t.Fatalf("%d of %d slow connections closed", n, len(conns))
 	}
 	t.Logf("all %d slow connections closed %v after they opened", len(conns), time.Since(t0))
+}
+
+// TestHeaderBoundAtTheGateway: a request whose headers pass
+// gateway.MaxHeaderBytes is answered 431 by the gateway's server before
+// any handler (the auth, the forwarding) runs; large but bounded headers
+// are forwarded and answered. 1 MB of headers, which Go's 1 MiB default
+// let through, is 431.
+func TestHeaderBoundAtTheGateway(t *testing.T) {
+	h := start(t, clusterFile(freePort(t), "a=src-a"))
+	for _, tc := range []struct {
+		name  string
+		bytes int
+		want  int
+	}{
+		{"32 KiB", 32 << 10, 200},
+		{"just under the bound", gateway.MaxHeaderBytes - 2048, 200},
+		{"past the bound and its slack", gateway.MaxHeaderBytes + 8<<10, 431},
+		{"1 MB", 1 << 20, 431},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest("POST", "http://"+h.api+"/v1/chat/completions", strings.NewReader(`{"model":"a","messages":[{"role":"user","content":"hi"}]}`))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-Big", strings.Repeat("a", tc.bytes))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Fatalf("%d bytes of header: %s, want %d", tc.bytes, resp.Status, tc.want)
+			}
+		})
+	}
 }

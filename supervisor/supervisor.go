@@ -175,7 +175,7 @@ func Run(ctx context.Context, o Options) error {
 	if rht <= 0 {
 		rht = 10 * time.Second
 	}
-	srv := &http.Server{Handler: s.gw.CORS(s.auth), ReadHeaderTimeout: rht}
+	srv := &http.Server{Handler: s.gw.CORS(s.auth), ReadHeaderTimeout: rht, MaxHeaderBytes: gateway.MaxHeaderBytes}
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Serve(ln) }()
 

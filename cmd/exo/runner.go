@@ -281,7 +281,7 @@ func (g *loadGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // 503) and shuts down. Requests run under d's context, not ctx, so a
 // SIGTERM does not cut them.
 func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, d *openai.Drain, readHeader time.Duration, log *slog.Logger) error {
-	srv := &http.Server{Handler: d.Handler(h), ReadHeaderTimeout: readHeader,
+	srv := &http.Server{Handler: d.Handler(h), ReadHeaderTimeout: readHeader, MaxHeaderBytes: openai.MaxHeaderBytes,
 		BaseContext: func(net.Listener) context.Context { return d.Context() }}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()

@@ -1,13 +1,18 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/exo-pd/exo-pd/runners/openai"
 )
@@ -118,5 +123,49 @@ func TestLoadGate(t *testing.T) {
 	g.drain.Stop(0)
 	if code, body = get("/health"); code != 503 || body["status"] != "stopping" {
 		t.Fatalf("stopping health: %d %v", code, body)
+	}
+}
+
+// TestRunnerHeaderBound: a runner's HTTP server (serveHTTP, as both roles
+// serve) answers a request whose headers pass openai.MaxHeaderBytes with
+// 431 before the handler runs, and serves one with large but bounded
+// headers; 1 MB of headers (which Go's 1 MiB default let through) is 431.
+func TestRunnerHeaderBound(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var served atomic.Int32
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served.Add(1); w.WriteHeader(204) })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serveHTTP(ctx, l, h, openai.NewDrain(), 10*time.Second, slog.New(slog.DiscardHandler)) }()
+	defer func() { cancel(); <-done }()
+	for _, tc := range []struct {
+		name  string
+		bytes int
+		want  int
+	}{
+		{"32 KiB", 32 << 10, 204},
+		{"just under the bound", openai.MaxHeaderBytes - 1024, 204},
+		{"past the bound and its slack", openai.MaxHeaderBytes + 8<<10, 431},
+		{"1 MB", 1 << 20, 431},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := served.Load()
+			req, _ := http.NewRequest("GET", "http://"+l.Addr().String()+"/v1/models", nil)
+			req.Header.Set("X-Big", strings.Repeat("a", tc.bytes))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Fatalf("%d bytes of header: %s, want %d", tc.bytes, resp.Status, tc.want)
+			}
+			if ran := served.Load() != before; ran != (tc.want == 204) {
+				t.Fatalf("handler ran: %v with %s", ran, resp.Status)
+			}
+		})
 	}
 }

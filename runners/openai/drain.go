@@ -16,6 +16,14 @@ import (
 var ErrStopping = &Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "stopping",
 	Message: "the runner is shutting down; retry the request (another runner of the model serves it)"}
 
+// MaxHeaderBytes bounds a request's line and headers at a runner's
+// http.Server; past it (plus net/http's 4 KiB of read slack) Go answers
+// 431 Request Header Fields Too Large before any handler runs. The same
+// bound as the supervisor's gateway (64 KiB): far above real clients'
+// headers, far under Go's 1 MiB default, with which a 1 MB header got
+// through.
+const MaxHeaderBytes = 64 << 10
+
 // DefaultDrainGrace is how long a stopping runner lets the requests it
 // has in hand finish before it cuts them: under the supervisor's default
 // stop grace (10 s), so a cut request is answered before SIGKILL.

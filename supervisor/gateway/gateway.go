@@ -29,6 +29,15 @@ import (
 // MaxBody is the largest request body the gateway forwards.
 const MaxBody = 32 << 20
 
+// MaxHeaderBytes bounds a request's line and headers at the gateway's
+// http.Server; past it (plus net/http's 4 KiB of read slack) Go answers
+// 431 Request Header Fields Too Large before any handler runs. 64 KiB is
+// far above what real clients send (nginx allows 32 KiB by default) and
+// far under Go's default of 1 MiB, with which a 1 MB header got through.
+// The runners bound theirs the same (openai.MaxHeaderBytes), so whatever
+// the gateway forwards a runner accepts.
+const MaxHeaderBytes = 64 << 10
+
 // Options tune a Gateway.
 type Options struct {
 	Logger      *slog.Logger
