@@ -6,13 +6,16 @@
 // while the cluster file is changed every -reload (a real diff: the decode
 // runners restart) and a random runner is SIGKILLed every -kill. At the end
 // it reports the outcomes, the 5xx, TTFT p50/p99 of the streams, and the RSS
-// and goroutines of every process (first, largest, last sample), and exits
-// 1 if any request got a 5xx other than a 503 with Retry-After (which a
-// reload that restarts every decode runner of the model at once gives while
-// they load) or failed before its answer started.
+// and goroutines of every process (first, largest, last sample, and the
+// first after -warmup), and exits 1 if any request got a 5xx other than a
+// 503 with Retry-After (which a reload that restarts every decode runner of
+// the model at once gives while they load), failed before its answer
+// started (lost), or if a process grew past the bound after the warm-up:
+// its last sample above 1.5× its warm-up sample plus 32 MiB of RSS or plus
+// 25 goroutines. It exits 2 when it could not run (build, cluster start).
 //
 //	go run ./scripts/soak -duration 30m
-//	go run ./scripts/soak -duration 3m -reload 1m -kill 90s   # a quick look
+//	go run ./scripts/soak -duration 3m -reload 1m -kill 90s -warmup 1m   # CI (scripts/run-tests)
 //
 // It needs 127.0.0.2 and 127.0.0.3 to be usable (Linux loopback is).
 package main
@@ -52,6 +55,7 @@ func main() {
 	flag.DurationVar(&o.reload, "reload", 3*time.Minute, "change the cluster file this often (the decode runners restart)")
 	flag.DurationVar(&o.kill, "kill", 5*time.Minute, "SIGKILL a random runner this often")
 	flag.DurationVar(&o.sample, "sample", 30*time.Second, "sample RSS and goroutines this often")
+	flag.DurationVar(&o.warmup, "warmup", 5*time.Minute, "growth of RSS and goroutines is bounded from the first sample after this")
 	flag.StringVar(&o.exe, "exo", "", "the exo binary (default: built from this checkout)")
 	flag.StringVar(&o.model, "model", "", "the model source (default: a generated tiny llama)")
 	flag.Parse()
@@ -68,9 +72,9 @@ func main() {
 }
 
 type options struct {
-	duration, reload, kill, sample time.Duration
-	workers                        int
-	exe, model                     string
+	duration, reload, kill, sample, warmup time.Duration
+	workers                                int
+	exe, model                             string
 }
 
 type host struct {
@@ -79,13 +83,27 @@ type host struct {
 	log       string
 }
 
+// freePort returns the first of 30 consecutive ports free a moment ago,
+// below Linux's default ephemeral range (32768–60999), where the local ports
+// of outgoing connections are taken: one of those could take a runner's
+// port between this check and the runner binding it.
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	for range 200 {
+		base := 20000 + rand.IntN(12000)
+		free := true
+		for p := base; p < base+30 && free; p++ {
+			l, err := net.Listen("tcp", fmt.Sprintf(":%d", p))
+			if err != nil {
+				free = false
+				continue
+			}
+			l.Close()
+		}
+		if free {
+			return base, nil
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("no 30 consecutive free ports in [20000, 32030)")
 }
 
 func cluster(base int, model string, minTokens int) string {
@@ -189,7 +207,7 @@ func run(ctx context.Context, o options) (bool, error) {
 
 	lctx, cancel := context.WithTimeout(ctx, o.duration)
 	defer cancel()
-	st := &stats{outcomes: map[string]int{}, proc: map[string]*procStats{}}
+	st := &stats{outcomes: map[string]int{}, proc: map[string]*procStats{}, warmAt: time.Now().Add(o.warmup)}
 	var wg sync.WaitGroup
 	for w := range o.workers {
 		wg.Add(1)
@@ -443,7 +461,31 @@ func text(rng *rand.Rand, n int) string {
 // procStats is one process's samples.
 type procStats struct {
 	rss, goroutines [3]float64 // first, largest, last
+	warmRSS, warmG  float64    // the first sample after the warm-up
+	warm            bool
 	n               int
+}
+
+// Growth past the warm-up allowed to a process (see the command's doc).
+const (
+	growthFactor     = 1.5
+	growthRSSBytes   = 32 << 20
+	growthGoroutines = 25
+)
+
+// grew says how p grew past the bound after the warm-up ("" if not).
+func (p *procStats) grew() string {
+	if !p.warm {
+		return ""
+	}
+	var why []string
+	if lim := growthFactor*p.warmRSS + growthRSSBytes; p.rss[2] > lim {
+		why = append(why, fmt.Sprintf("RSS %.1f MiB > %.1f MiB", p.rss[2]/(1<<20), lim/(1<<20)))
+	}
+	if lim := growthFactor*p.warmG + growthGoroutines; p.goroutines[2] > lim {
+		why = append(why, fmt.Sprintf("goroutines %.0f > %.0f", p.goroutines[2], lim))
+	}
+	return strings.Join(why, ", ")
 }
 
 type stats struct {
@@ -455,6 +497,7 @@ type stats struct {
 	proc     map[string]*procStats
 	events   []string
 	t0       time.Time
+	warmAt   time.Time // samples from then on are past the warm-up
 }
 
 func (s *stats) add(r result) {
@@ -487,6 +530,7 @@ func (s *stats) event(e string) {
 // supervisor and (merged into its /metrics with a runner label) of each
 // of its runners.
 func (s *stats) sample(hosts []*host) {
+	warm := !time.Now().Before(s.warmAt)
 	for _, h := range hosts {
 		c := &http.Client{Timeout: 5 * time.Second}
 		resp, err := c.Get("http://" + h.api + "/metrics")
@@ -522,10 +566,13 @@ func (s *stats) sample(hosts []*host) {
 				p = &procStats{}
 				s.proc[name] = p
 			}
-			arr := &p.rss
+			arr, warmV := &p.rss, &p.warmRSS
 			if metric == "goroutines" {
-				arr = &p.goroutines
+				arr, warmV = &p.goroutines, &p.warmG
 				p.n++
+			}
+			if warm && !p.warm {
+				*warmV = v
 			}
 			if arr[0] == 0 {
 				arr[0] = v
@@ -535,6 +582,13 @@ func (s *stats) sample(hosts []*host) {
 			s.mu.Unlock()
 		}
 		resp.Body.Close()
+	}
+	if warm {
+		s.mu.Lock()
+		for _, p := range s.proc {
+			p.warm = p.warm || p.warmRSS > 0
+		}
+		s.mu.Unlock()
 	}
 }
 
@@ -549,8 +603,8 @@ func pct(d []time.Duration, p float64) time.Duration {
 
 // report prints the summary and says whether the soak passed: no 5xx but
 // 503s with Retry-After (every runner of the model restarting at once, as
-// a reload that changes them all does), and no request failed before its
-// answer started.
+// a reload that changes them all does), no request failed before its
+// answer started, and no process grew past the bound after the warm-up.
 func (s *stats) report() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -576,11 +630,21 @@ func (s *stats) report() bool {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	fmt.Printf("%-28s %28s %24s\n", "process", "RSS MiB first/max/last", "goroutines first/max/last")
+	fmt.Printf("%-28s %37s %32s\n", "process", "RSS MiB first/warm/max/last", "goroutines first/warm/max/last")
+	var grown []string
 	for _, n := range names {
 		p := s.proc[n]
-		fmt.Printf("%-28s %10.1f %8.1f %8.1f %8.0f %7.0f %7.0f\n", n,
-			p.rss[0]/(1<<20), p.rss[1]/(1<<20), p.rss[2]/(1<<20), p.goroutines[0], p.goroutines[1], p.goroutines[2])
+		fmt.Printf("%-28s %10.1f %8.1f %8.1f %8.1f %8.0f %7.0f %7.0f %7.0f\n", n,
+			p.rss[0]/(1<<20), p.warmRSS/(1<<20), p.rss[1]/(1<<20), p.rss[2]/(1<<20), p.goroutines[0], p.warmG, p.goroutines[1], p.goroutines[2])
+		if why := p.grew(); why != "" {
+			grown = append(grown, n+": "+why)
+		}
+	}
+	if len(grown) > 0 {
+		fmt.Printf("grew past the bound after the warm-up (%.1f× + %d MiB RSS, + %d goroutines):\n", growthFactor, growthRSSBytes>>20, growthGoroutines)
+		for _, g := range grown {
+			fmt.Println("  " + g)
+		}
 	}
 	fmt.Println("(a runner's first sample is from its first process, a killed or restarted runner's later ones from its successor;")
 	fmt.Println(" a supervisor exports no goroutine count: 0)")
@@ -588,5 +652,8 @@ func (s *stats) report() bool {
 	for _, e := range s.events {
 		fmt.Println("  " + e)
 	}
-	return s.hard == 0 && failed == 0
+	if s.warmAt.After(time.Now()) {
+		fmt.Println("(the run ended before the warm-up did: growth not checked)")
+	}
+	return s.hard == 0 && failed == 0 && len(grown) == 0
 }
