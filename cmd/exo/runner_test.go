@@ -37,6 +37,11 @@ func TestRunnerFlags(t *testing.T) {
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--prefill", "a:1,b:2", "--prefill-health", "a:9"},
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--prefill-health", "a:9"},
 		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--test-slow-prefill-tokens-per-sec", "NaN"},
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--speculative", "draft"}, // not supported yet
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--speculative", "ngram"},
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--speculative-tokens", "65"},
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--speculative-tokens", "-1"},
+		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--speculative", "prompt-lookup"}, // decode only
 	}
 	for _, args := range bad {
 		_, err := parseRunnerFlags(args)
@@ -64,6 +69,14 @@ func TestRunnerFlags(t *testing.T) {
 	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --kv-streams 4"))
 	if err != nil || f.kvStreams != 4 {
 		t.Fatalf("%+v %v", f, err)
+	}
+	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --speculative prompt-lookup --speculative-tokens 6"))
+	if err != nil || f.speculative != "prompt-lookup" || f.specTokens != 6 {
+		t.Fatalf("%+v %v", f, err)
+	}
+	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9"))
+	if err != nil || f.speculative != "off" {
+		t.Fatalf("speculation by default: %+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("prefill --model x --served-name s --listen 127.0.0.1:9 --metrics 127.0.0.1:10 --test-slow-prefill-tokens-per-sec 500"))
 	if err != nil || f.testPrefillRate != 500 {

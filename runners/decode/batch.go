@@ -77,6 +77,21 @@ func (m *member) leave() {
 	})
 }
 
+// aside takes the member out of the batch's count until back: it is
+// running a step of its own (a speculative verification) and the batch
+// must not wait for its next step.
+func (m *member) aside() {
+	m.b.mu.Lock()
+	m.b.joined--
+	m.b.mu.Unlock()
+}
+
+func (m *member) back() {
+	m.b.mu.Lock()
+	m.b.joined++
+	m.b.mu.Unlock()
+}
+
 // join is joinMember for callers that step through batcher.step.
 func (b *batcher) join() (leave func()) { return b.joinMember().leave }
 

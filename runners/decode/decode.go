@@ -21,6 +21,7 @@
 package decode
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -142,7 +143,13 @@ type Options struct {
 	// MaxBatch is how many generations run at once, their decode steps
 	// batched (default 4; 1: one generation at a time, no batching). Each
 	// holds its own KV cache.
-	MaxBatch     int
+	MaxBatch int
+	// Speculative is the speculative decoding mode: "" or SpecOff, or
+	// SpecPromptLookup (see spec.go); SpecTokens the most tokens drafted
+	// per step (0: DefaultSpecTokens). A model whose caches cannot roll
+	// back rejected drafts does not speculate (New logs why).
+	Speculative  string
+	SpecTokens   int
 	PrefillChunk int // local prefill chunk (0: engine default)
 	CacheEntries int // conversations kept in the prefix cache (default 4; <0: none)
 	CacheTokens  int // total tokens kept (default 32768)
@@ -184,6 +191,7 @@ type Server struct {
 	eos    map[int32]bool
 	format chat.Format // the model's chat format (tool calls, reasoning)
 
+	specMax   int      // the most tokens drafted per step; 0: no speculation
 	batch     *batcher // nil when MaxBatch is 1
 	stopBatch context.CancelFunc
 	journal   journal    // recent requests, for JournalPath
@@ -222,6 +230,15 @@ func New(o Options) *Server {
 		s.m.Running.Set(float64(r))
 	})
 	s.pool = newKVPool(o.CacheEntries, o.CacheTokens, o.Model.NewCache)
+	if err := CheckSpeculative(o.Speculative, o.SpecTokens); err != nil {
+		s.log.Error("speculative decoding off", "model", o.Name, "err", err)
+	} else if o.Speculative == SpecPromptLookup {
+		if why := specRefusal(o.Model); why != "" {
+			s.log.Warn("speculative decoding off for this model", "model", o.Name, "mode", o.Speculative, "reason", why)
+		} else {
+			s.specMax = cmp.Or(o.SpecTokens, DefaultSpecTokens)
+		}
+	}
 	if o.MaxBatch > 1 {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.batch, s.stopBatch = newBatcher(o.Model, o.MaxBatch, 2*time.Millisecond), cancel
@@ -588,6 +605,19 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 		}
 		return stopped, nil
 	}
+	var sp *speculator
+	if s.specMax > 0 && !req.NoSpeculation {
+		sp = newSpeculator(s.o.Model.(verifier), s.info.Vocab, s.specMax)
+		defer func() {
+			// Ending mid-verification (a stop, the length, an error): the
+			// drafts past the last emitted token leave the cache.
+			sp.end()
+			if n := len(entry.tokens); entry.cache.Len() > n && entry.cache.CanTruncate(n) {
+				entry.cache.Truncate(n)
+			}
+			s.noteSpec(ctx, sp)
+		}()
+	}
 	var masked []float32
 	for {
 		sl := logits
@@ -635,11 +665,34 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 			res.FinishReason = "stop"
 			break
 		}
-		if res.CompletionTokens >= maxNew || (s.info.MaxPositions > 0 && entry.cache.Len()+1 >= s.info.MaxPositions) {
+		// entry.tokens is what the cache holds (and, mid-verification,
+		// the drafts after it).
+		if res.CompletionTokens >= maxNew || (s.info.MaxPositions > 0 && len(entry.tokens)+1 >= s.info.MaxPositions) {
 			res.FinishReason = "length"
 			break
 		}
-		logits, err = s.decodeStep(ctx, mem, entry.cache, tok)
+		if sp != nil && sp.active() {
+			if next, ok := sp.next(tok); ok { // tok was drafted: its row is computed
+				logits = next
+				entry.tokens = append(entry.tokens, tok)
+				continue
+			}
+			sp.end()
+			entry.cache.Truncate(len(entry.tokens)) // the rejected drafts
+		}
+		if sp != nil {
+			limit := maxNew - res.CompletionTokens - 1
+			if s.info.MaxPositions > 0 {
+				limit = min(limit, s.info.MaxPositions-len(entry.tokens)-2)
+			}
+			if sp.propose(history, limit) != nil {
+				logits, err = s.verifyStep(ctx, mem, sp, entry.cache, tok)
+			} else {
+				logits, err = s.decodeStep(ctx, mem, entry.cache, tok)
+			}
+		} else {
+			logits, err = s.decodeStep(ctx, mem, entry.cache, tok)
+		}
 		if err != nil {
 			return res, fmt.Errorf("decode step %d: %w", res.CompletionTokens, err)
 		}
@@ -685,6 +738,38 @@ func (s *Server) decodeStep(ctx context.Context, mem *member, cache engine.KVCac
 		return nil, err
 	}
 	return mem.step(cache, tok)
+}
+
+// noteSpec logs a speculating generation's drafted tokens (accepted and
+// rejected) and keeps them in its journal record.
+func (s *Server) noteSpec(ctx context.Context, sp *speculator) {
+	s.m.SpecTokens.WithLabelValues(metrics.SpecAccepted).Add(float64(sp.accepted))
+	s.m.SpecTokens.WithLabelValues(metrics.SpecRejected).Add(float64(sp.rejected))
+	s.note(ctx, func(r *RequestRecord) { r.SpecAccepted, r.SpecRejected = sp.accepted, sp.rejected })
+	acc := 0.0
+	if n := sp.accepted + sp.rejected; n > 0 {
+		acc = float64(sp.accepted) / float64(n)
+	}
+	rec, _ := ctx.Value(recordKey{}).(*RequestRecord)
+	id := ""
+	if rec != nil {
+		id = rec.ID
+	}
+	s.log.Info("speculative decoding", "req", id, "accepted", sp.accepted, "rejected", sp.rejected, "acceptance", acc)
+}
+
+// verifyStep feeds tok and sp's draft in one forward of their own (the
+// generation steps aside from the batch meanwhile, so that the batch does
+// not wait for it) and returns the logits after tok.
+func (s *Server) verifyStep(ctx context.Context, mem *member, sp *speculator, cache engine.KVCache, tok int32) ([]float32, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if mem != nil {
+		mem.aside()
+		defer mem.back()
+	}
+	return sp.verify(ctx, cache, tok)
 }
 
 // observeError records the cost model's relative error for one fill.

@@ -53,7 +53,11 @@ type RequestRecord struct {
 	TokensPerSecond float64 `json:"tokens_per_s,omitempty"`
 	Duration        float64 `json:"duration_s,omitempty"`
 	FinishReason    string  `json:"finish_reason,omitempty"`
-	Error           string  `json:"error,omitempty"`
+	// SpecAccepted and SpecRejected count the drafted tokens that
+	// speculative decoding verified and kept, and threw away.
+	SpecAccepted int    `json:"spec_accepted,omitempty"`
+	SpecRejected int    `json:"spec_rejected,omitempty"`
+	Error        string `json:"error,omitempty"`
 
 	first time.Time
 }

@@ -40,6 +40,8 @@ type Request struct {
 	Stop                 []string
 	IgnoreEOS            bool
 	DisableRemotePrefill bool
+	// NoSpeculation turns speculative decoding off for this request.
+	NoSpeculation bool
 	// Stream and IncludeUsage are how the caller answers (as the output
 	// arrives; with token counts at the end); the generator ignores them.
 	Stream       bool

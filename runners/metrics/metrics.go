@@ -66,7 +66,17 @@ type Runner struct {
 	// RouteError is (actual - predicted) / predicted fill time of the
 	// chosen route.
 	RouteError prometheus.Histogram
+	// SpecTokens counts drafted tokens speculative decoding verified, by
+	// outcome: accepted (kept) or rejected (decode only).
+	SpecTokens *prometheus.CounterVec // outcome
 }
+
+// Speculative decoding outcomes (label values of
+// exo_speculative_tokens_total).
+const (
+	SpecAccepted = "accepted"
+	SpecRejected = "rejected"
+)
 
 var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
 
@@ -124,6 +134,8 @@ func New(role string) *Runner {
 	m.RouteError = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "exo_route_prediction_error_ratio",
 		Help:    "Relative error of the cost model's predicted prefill time for the route taken: (actual - predicted) / predicted.",
 		Buckets: []float64{-0.75, -0.5, -0.25, -0.1, 0, 0.1, 0.25, 0.5, 1, 2, 4}})
+	m.SpecTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exo_speculative_tokens_total",
+		Help: "Drafted tokens verified by speculative decoding, by outcome: accepted (kept) or rejected."}, []string{"outcome"})
 	for _, c := range []prometheus.Collector{m.TTFT, m.InterToken, m.Duration, m.PromptTokens, m.GenTokens, m.Requests,
 		m.Waiting, m.Running, m.RemotePrefill, m.KVBytes, m.KVDuration, m.KVWait, m.PrefixHit, m.PrefillTokens} {
 		f(c)
@@ -136,6 +148,9 @@ func New(role string) *Runner {
 		f(m.PrefillEndpointLoad)
 		f(m.RouteDecisions)
 		f(m.RouteError)
+		f(m.SpecTokens)
+		m.SpecTokens.WithLabelValues(SpecAccepted)
+		m.SpecTokens.WithLabelValues(SpecRejected)
 	}
 	// Expose the outcome and role series at zero from the start, so a
 	// scrape (and a test) sees them before the first event.

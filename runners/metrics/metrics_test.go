@@ -40,12 +40,14 @@ func TestExposition(t *testing.T) {
 		"exo_kv_transfer_duration_seconds_count", "exo_kv_wait_seconds_count 1",
 		`exo_prefix_cache_hit_tokens_total{role="decode"} 0`, "go_goroutines", "process_cpu_seconds_total",
 		"exo_decode_batch_sequences_max 0",
+		`exo_speculative_tokens_total{outcome="accepted"} 0`, `exo_speculative_tokens_total{outcome="rejected"} 0`,
 	} {
 		if !strings.Contains(dt, want) {
 			t.Errorf("decode exposition lacks %q", want)
 		}
 	}
-	if !strings.Contains(pt, `exo_prefix_cache_hit_tokens_total{role="prefill"} 64`) || strings.Contains(pt, "exo_remote_prefill_total{") {
+	if !strings.Contains(pt, `exo_prefix_cache_hit_tokens_total{role="prefill"} 64`) || strings.Contains(pt, "exo_remote_prefill_total{") ||
+		strings.Contains(pt, "exo_speculative_tokens_total") {
 		t.Errorf("prefill exposition wrong:\n%s", pt)
 	}
 	if strings.Contains(pt, `exo_prompt_tokens_total{model="m"}`) {

@@ -38,6 +38,8 @@
 //     reasons before a constrained answer (see ChatRequest).
 //   - x_exo_disable_remote_prefill: prefill this request locally even when a
 //     prefill runner is configured (exo bench --compare-local).
+//   - x_exo_speculative: false: no speculative decoding for this request
+//     (true, the default, lets the runner's --speculative apply).
 //   - POST /tokenize {"model","messages"|"prompt","add_generation_prompt"}
 //     → {"count","tokens","max_model_len"} and POST /detokenize
 //     {"model","tokens"} → {"prompt"} (vLLM's shapes).
@@ -287,6 +289,9 @@ type SamplingFields struct {
 	IgnoreEOS           bool               `json:"ignore_eos,omitempty"`
 	// DisableRemotePrefill is exo's extension: prefill locally.
 	DisableRemotePrefill bool `json:"x_exo_disable_remote_prefill,omitempty"`
+	// Speculative is exo's extension: false turns speculative decoding
+	// off for this request.
+	Speculative *bool `json:"x_exo_speculative,omitempty"`
 
 	// Harmless fields, accepted and documented as having no effect here:
 	// user (an end-user id for the provider's abuse monitoring), metadata

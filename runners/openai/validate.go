@@ -277,6 +277,7 @@ func validateSampling(f *SamplingFields, d gen.Defaults, g *gen.Request) *Error 
 	g.Stop = append([]string(nil), f.Stop...)
 	g.IgnoreEOS = f.IgnoreEOS
 	g.DisableRemotePrefill = f.DisableRemotePrefill
+	g.NoSpeculation = f.Speculative != nil && !*f.Speculative
 	g.Stream = f.Stream
 	g.IncludeUsage = true
 	if f.StreamOptions != nil && f.StreamOptions.IncludeUsage != nil {

@@ -151,6 +151,21 @@ type Model struct {
 	// (generation_config.json, GGUF general.sampling.*), under each
 	// request's fields (decode runners' --default-*).
 	Defaults *SamplingDefaults `toml:"defaults"`
+	// Speculative is the decode runners' speculative decoding
+	// ([models.speculative]; nil = off).
+	Speculative *Speculative `toml:"speculative"`
+}
+
+// Speculative is a model's [models.speculative] table.
+type Speculative struct {
+	// Mode is "off" or "prompt-lookup" (--speculative; "" = off). "draft"
+	// (a draft model) is refused: not supported yet.
+	Mode string `toml:"mode"`
+	// Tokens is the most tokens drafted per step (--speculative-tokens,
+	// 1 to 64; 0 = the runner's default, 8).
+	Tokens int `toml:"tokens"`
+	// Draft would name a draft model's source; refused (not supported yet).
+	Draft string `toml:"draft"`
 }
 
 // SamplingDefaults is a model's [models.defaults] table; unset keys keep
@@ -313,15 +328,16 @@ func keyCol(src string, line int, key string) int {
 }
 
 var knownKeys = map[string][]string{
-	"":                {"cluster", "api", "supervisor", "hosts", "models"},
-	"cluster":         {"name", "secret_file", "models_dir", "runner_port_base", "offline", "insecure"},
-	"api":             {"listen", "port", "api_key_file", "open_paths", "cors_origins"},
-	"supervisor":      {"liveness_timeout", "liveness_starting_timeout"},
-	"hosts.*":         {"address", "backend", "threads"},
-	"models":          {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "remote_prefill_route", "kv_wire_dtype", "kv_streams", "max_queue", "max_batch", "prefill_chunk", "prefill_connect_timeout_ms", "defaults"},
-	"models.defaults": {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"},
-	"models.decode":   {"hosts", "source", "port"},
-	"models.prefill":  {"hosts", "source", "port", "metrics_port", "prefix_cache_mib"},
+	"":                   {"cluster", "api", "supervisor", "hosts", "models"},
+	"cluster":            {"name", "secret_file", "models_dir", "runner_port_base", "offline", "insecure"},
+	"api":                {"listen", "port", "api_key_file", "open_paths", "cors_origins"},
+	"supervisor":         {"liveness_timeout", "liveness_starting_timeout"},
+	"hosts.*":            {"address", "backend", "threads"},
+	"models":             {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "remote_prefill_route", "kv_wire_dtype", "kv_streams", "max_queue", "max_batch", "prefill_chunk", "prefill_connect_timeout_ms", "defaults", "speculative"},
+	"models.defaults":    {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"},
+	"models.speculative": {"mode", "tokens", "draft"},
+	"models.decode":      {"hosts", "source", "port"},
+	"models.prefill":     {"hosts", "source", "port", "metrics_port", "prefix_cache_mib"},
 }
 
 func knownKeysHint(path []string) string {

@@ -48,7 +48,7 @@ decode = { hosts = ["mac"], source = "a", portt = 3 }
 `, []string{
 			`f.toml:14:1: unknown key "prot" (known keys here: listen, port, api_key_file, open_paths, cors_origins)`,
 			`f.toml:16:2: unknown key "extra" (known keys here: address, backend, threads)`,
-			`f.toml:21:1: unknown key "sauce" (known keys here: name, source, decode, prefill, remote_prefill_min_tokens, remote_prefill_route, kv_wire_dtype, kv_streams, max_queue, max_batch, prefill_chunk, prefill_connect_timeout_ms, defaults)`,
+			`f.toml:21:1: unknown key "sauce" (known keys here: name, source, decode, prefill, remote_prefill_min_tokens, remote_prefill_route, kv_wire_dtype, kv_streams, max_queue, max_batch, prefill_chunk, prefill_connect_timeout_ms, defaults, speculative)`,
 			`f.toml:22:43: unknown key "portt" (known keys here: hosts, source, port)`,
 		}},
 		{"unknown host", twoHosts + `
@@ -450,6 +450,53 @@ top_k = 20
 	_, err = Parse("f", []byte(twoHosts+"[api]\ncors_origins = [\"app.example/path\"]\n"))
 	if err == nil || !strings.Contains(err.Error(), "cors_origins[0]") {
 		t.Errorf("bad origin: %v", err)
+	}
+}
+
+// TestSpeculative: [models.speculative] reaches the decode runners as
+// --speculative and --speculative-tokens (never the prefill runners);
+// draft models, unknown modes and out-of-range tokens are refused by name.
+func TestSpeculative(t *testing.T) {
+	c, err := Parse("f", []byte(twoHosts+`
+[[models]]
+name = "m"
+source = "org/m-4bit"
+decode = { hosts = ["mac"] }
+prefill = { hosts = ["spark"] }
+[models.speculative]
+mode = "prompt-lookup"
+tokens = 6
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range c.HostNames() {
+		for _, r := range c.Runners(h) {
+			args := strings.Join(r.Args(), " ")
+			has := strings.Contains(args, "--speculative prompt-lookup --speculative-tokens 6")
+			if has != (r.Role == Decode) || (r.Role == Prefill && strings.Contains(args, "--speculative")) {
+				t.Errorf("%s runner args %s", r.Role, args)
+			}
+		}
+	}
+	c, err = Parse("f", []byte(twoHosts+"\n[[models]]\nname = \"m\"\nsource = \"org/m-4bit\"\ndecode = { hosts = [\"mac\"] }\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if args := strings.Join(c.Runners("mac")[0].Args(), " "); strings.Contains(args, "--speculative") {
+		t.Errorf("speculation flags without [models.speculative]: %s", args)
+	}
+	for _, bad := range []struct{ src, want string }{
+		{"[models.speculative]\nmode = \"draft\"\n", `model m: speculative.mode "draft" (a draft model) is not supported yet`},
+		{"[models.speculative]\nmode = \"ngram\"\n", `model m: speculative.mode "ngram": want "off" or "prompt-lookup"`},
+		{"[models.speculative]\nmode = \"prompt-lookup\"\ntokens = 65\n", "model m: speculative.tokens 65: want 1 to 64"},
+		{"[models.speculative]\nmode = \"prompt-lookup\"\ndraft = \"org/small\"\n", "model m: speculative.draft: draft models are not supported yet"},
+		{"[models.speculative]\nk = 3\n", `unknown key "k" (known keys here: mode, tokens, draft)`},
+	} {
+		_, err := Parse("f", []byte(twoHosts+"\n[[models]]\nname = \"m\"\nsource = \"org/m-4bit\"\ndecode = { hosts = [\"mac\"] }\n"+bad.src))
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("got %v, want %s", err, bad.want)
+		}
 	}
 }
 

@@ -48,6 +48,10 @@ type Runner struct {
 	Offline                 bool   `json:"offline,omitempty"`
 	// Defaults: decode runners' sampling defaults (--default-*).
 	Defaults *SamplingDefaults `json:"defaults,omitempty"`
+	// Speculative and SpecTokens: decode runners' --speculative and
+	// --speculative-tokens ("" and 0: the runner's defaults).
+	Speculative string `json:"speculative,omitempty"`
+	SpecTokens  int    `json:"speculative_tokens,omitempty"`
 }
 
 // HealthAddr is the HOST:PORT serving the runner's /health and /metrics.
@@ -97,6 +101,12 @@ func (r Runner) Args() []string {
 			}
 			f("--default-min-p", d.MinP)
 			f("--default-repetition-penalty", d.RepetitionPenalty)
+		}
+		if r.Speculative != "" {
+			a = append(a, "--speculative", r.Speculative)
+		}
+		if r.SpecTokens > 0 {
+			a = append(a, "--speculative-tokens", strconv.Itoa(r.SpecTokens))
 		}
 	}
 	if r.SecretFile != "" {
@@ -207,6 +217,9 @@ func (c *Config) AllRunners() []Runner {
 					if m.Defaults != nil {
 						d := *m.Defaults
 						ru.Defaults = &d
+					}
+					if sp := m.Speculative; sp != nil {
+						ru.Speculative, ru.SpecTokens = sp.Mode, sp.Tokens
 					}
 				}
 				out = append(out, ru)

@@ -182,6 +182,21 @@ func (c *Config) validate() Errors {
 				bad(c.at("models", i, "defaults", "top_k"), "%s: defaults.top_k must be -1 or 0 (off) or positive, got %d", label, *d.TopK)
 			}
 		}
+		if sp := m.Speculative; sp != nil {
+			switch sp.Mode {
+			case "", "off", "prompt-lookup":
+			case "draft":
+				bad(c.at("models", i, "speculative", "mode"), "%s: speculative.mode \"draft\" (a draft model) is not supported yet; use \"prompt-lookup\" or \"off\"", label)
+			default:
+				bad(c.at("models", i, "speculative", "mode"), "%s: speculative.mode %q: want \"off\" or \"prompt-lookup\"", label, sp.Mode)
+			}
+			if sp.Tokens < 0 || sp.Tokens > 64 {
+				bad(c.at("models", i, "speculative", "tokens"), "%s: speculative.tokens %d: want 1 to 64 (0: the runner's default, 8)", label, sp.Tokens)
+			}
+			if sp.Draft != "" {
+				bad(c.at("models", i, "speculative", "draft"), "%s: speculative.draft: draft models are not supported yet (mode \"prompt-lookup\" needs none)", label)
+			}
+		}
 		if m.Prefill != nil && m.Prefill.PrefixCacheMiB != nil && *m.Prefill.PrefixCacheMiB < 0 {
 			bad(c.at("models", i, "prefill", "prefix_cache_mib"), "%s: prefix_cache_mib must not be negative (0 turns the cache off)", label)
 		}

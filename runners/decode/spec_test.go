@@ -1,0 +1,466 @@
+package decode
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/gen"
+	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/metrics"
+	"github.com/exo-pd/exo-pd/runners/prefill"
+)
+
+// answerOf posts a chat request and returns its answer without what
+// differs between two runs of the same request (ids and the time).
+func answerOf(t *testing.T, url string, body map[string]any) string {
+	t.Helper()
+	a, err := answer(url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// answer is answerOf for any goroutine.
+func answer(url string, body map[string]any) (string, error) {
+	req := map[string]any{"model": "m"}
+	for k, v := range body {
+		req[k] = v
+	}
+	b, _ := json.Marshal(req)
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(b))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != 200 {
+		return "", fmt.Errorf("status %d: %s", resp.StatusCode, raw)
+	}
+	var out map[string]any
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return "", fmt.Errorf("%v: %s", err, raw)
+	}
+	delete(out, "id")
+	delete(out, "created")
+	choices, _ := out["choices"].([]any)
+	for _, c := range choices {
+		msg, _ := c.(map[string]any)["message"].(map[string]any)
+		calls, _ := msg["tool_calls"].([]any)
+		for _, tc := range calls {
+			delete(tc.(map[string]any), "id")
+		}
+	}
+	b, _ = json.Marshal(out)
+	return string(b), nil
+}
+
+// specRequests are the requests whose answers speculation must not change:
+// greedy with logprobs, a stop sequence, penalties and bias; seeded
+// temperature 1; a grammar (response_format) and a forced tool call.
+func specRequests() map[string]map[string]any {
+	msgs := []map[string]any{{"role": "user", "content": "one two three four, one two three four, one two three four, one two"}}
+	point := map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "p", "schema": json.RawMessage(pointSchema)}}
+	return map[string]map[string]any{
+		"greedy": {"messages": msgs, "max_tokens": 40, "ignore_eos": true, "temperature": 0, "logprobs": true, "top_logprobs": 2},
+		"penalties": {"messages": msgs, "max_tokens": 40, "ignore_eos": true, "temperature": 0, "frequency_penalty": 0.3,
+			"repetition_penalty": 1.1, "logit_bias": map[string]any{"5": 2}},
+		"stop":      {"messages": msgs, "max_tokens": 40, "ignore_eos": true, "temperature": 0, "stop": []string{"e"}},
+		"seeded":    {"messages": msgs, "max_tokens": 40, "ignore_eos": true, "temperature": 1, "seed": 11},
+		"grammar":   {"messages": msgs, "max_tokens": 60, "temperature": 0, "response_format": point},
+		"tool call": {"messages": msgs, "max_tokens": 60, "temperature": 0, "tools": []any{cityTool}, "tool_choice": "required"},
+	}
+}
+
+// TestSpeculativeEqualsPlain: on every architecture family of the tiny
+// models, a runner with prompt-lookup speculation answers every request of
+// specRequests exactly as a runner without it; speculation verified drafts
+// (and kept some) on the models that speculate; the models whose caches
+// cannot roll back (sliding windows, recurrent layers) refuse it.
+func TestSpeculativeEqualsPlain(t *testing.T) {
+	type model struct {
+		name   string
+		dir    func(t *testing.T) string
+		refuse bool
+	}
+	var models []model
+	for _, arch := range []string{"llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "mistral", "gemma3", "gptoss"} {
+		models = append(models, model{arch, func(t *testing.T) string {
+			dir := filepath.Join(t.TempDir(), "m")
+			if err := testmodel.Write(dir, testmodel.Spec{Arch: arch, Seed: 7, Layers: 2}); err != nil {
+				t.Fatal(err)
+			}
+			return dir
+		}, arch == "gemma3" || arch == "gptoss"})
+	}
+	for _, ref := range []string{"smollm3", "olmo2", "qwen3_next", "qwen3_5"} {
+		models = append(models, model{ref, func(*testing.T) string {
+			return filepath.Join("..", "engine", "testdata", "reference", ref)
+		}, ref == "qwen3_next" || ref == "qwen3_5"})
+	}
+	for _, mc := range models {
+		t.Run(mc.name, func(t *testing.T) {
+			dir := mc.dir(t)
+			withGrammar := func(spec string) func(Text, *Options) {
+				return func(text Text, o *Options) {
+					g := &Grammars{Text: text}
+					o.NewConstraint, o.AcceptTools = g.NewConstraint, true
+					o.Speculative, o.SpecTokens = spec, 5
+				}
+			}
+			plain := serveTinyDir(t, dir, withGrammar(SpecOff))
+			spec := serveTinyDir(t, dir, withGrammar(SpecPromptLookup))
+			if mc.refuse {
+				if spec.srv.specMax != 0 || specRefusal(spec.srv.o.Model) == "" {
+					t.Fatalf("speculation on (%d tokens) for a model that cannot roll back", spec.srv.specMax)
+				}
+				return
+			}
+			if spec.srv.specMax != 5 {
+				t.Fatalf("speculation refused: %s", specRefusal(spec.srv.o.Model))
+			}
+			accepted, verified := 0, 0
+			for name, body := range specRequests() {
+				want, got := answerOf(t, plain.url, body), answerOf(t, spec.url, body)
+				if got != want {
+					t.Fatalf("%s: speculative answer\n%s\nplain\n%s", name, got, want)
+				}
+			}
+			for _, r := range spec.srv.journal.since(0) {
+				accepted += r.SpecAccepted
+				verified += r.SpecAccepted + r.SpecRejected
+			}
+			if accepted == 0 {
+				t.Fatalf("no drafted token was accepted (%d verified): speculation was not exercised", verified)
+			}
+			t.Logf("%d of %d drafted tokens accepted", accepted, verified)
+		})
+	}
+}
+
+// TestSpeculativeBatchedAndRemote: speculative requests batched beside
+// requests that turn it off (x_exo_speculative: false), and a speculative
+// request over a prompt prefilled by a real prefill runner (loopback TCP),
+// answer as plain decoding does.
+func TestSpeculativeBatchedAndRemote(t *testing.T) {
+	spec := testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}
+	plain := startTinyServer(t, spec, func(_ Text, o *Options) {})
+	var remoteAddr string
+	s := startTinyServer(t, spec, func(_ Text, o *Options) {
+		o.Speculative, o.SpecTokens = SpecPromptLookup, 4
+		m := o.Model.(*engine.Model)
+		prod := prefill.New(prefill.Options{Name: "m", Model: m, Chunk: 16, Metrics: metrics.New("prefill")})
+		t.Cleanup(prod.Close)
+		srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		go srv.Serve(ctx, l)
+		remoteAddr = l.Addr().String()
+		o.Remote = &KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{}), Name: "m", Model: m,
+			Selector: kvwire.NewSelector([]kvwire.Endpoint{{Addr: remoteAddr, Link: kvwire.LinkLoopback}})}
+		o.RemoteMinTokens = 1
+	})
+	reqs := specRequests()
+	body := func(name string, extra map[string]any) map[string]any {
+		b := map[string]any{}
+		for k, v := range reqs[name] {
+			b[k] = v
+		}
+		for k, v := range extra {
+			b[k] = v
+		}
+		return b
+	}
+	cases := []map[string]any{
+		body("seeded", nil), // prefilled remotely; drafts get verified (and rejected) on this model
+		body("seeded", map[string]any{"x_exo_speculative": false, "x_exo_disable_remote_prefill": true}),
+		body("greedy", map[string]any{"x_exo_disable_remote_prefill": true}),
+		body("penalties", map[string]any{"x_exo_speculative": false}),
+	}
+	want := make([]string, len(cases))
+	for i, c := range cases {
+		want[i] = answerOf(t, plain.url, c)
+	}
+	for round := range 2 {
+		got := make([]string, len(cases))
+		var wg sync.WaitGroup
+		for i, c := range cases {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				a, err := answer(s.url, c)
+				if err != nil {
+					t.Errorf("case %d: %v", i, err)
+				}
+				got[i] = a
+			}()
+		}
+		wg.Wait()
+		for i := range cases {
+			if got[i] != want[i] {
+				t.Fatalf("round %d, case %d: batched speculative answer\n%s\nplain\n%s", round, i, got[i], want[i])
+			}
+		}
+	}
+	remote, accepted, rejected := 0, 0, 0
+	for _, r := range s.srv.journal.since(0) {
+		if r.Route == RouteRemote && r.SpecAccepted+r.SpecRejected > 0 {
+			remote++
+		}
+		accepted, rejected = accepted+r.SpecAccepted, rejected+r.SpecRejected
+	}
+	resp, err := http.Get(s.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	expo, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{fmt.Sprintf(`exo_speculative_tokens_total{outcome="accepted"} %d`, accepted),
+		fmt.Sprintf(`exo_speculative_tokens_total{outcome="rejected"} %d`, rejected)} {
+		if !strings.Contains(string(expo), want+"\n") {
+			t.Errorf("metrics lack %q (the journal's sums)", want)
+		}
+	}
+	if rejected == 0 {
+		t.Error("no drafted token was rejected: the rollback was not exercised")
+	}
+	if remote != 2 {
+		t.Fatalf("%d remote-prefilled requests verified drafts, want 2 (one per round)", remote)
+	}
+}
+
+// discard is an Emitter that keeps nothing.
+type discard struct{}
+
+func (discard) Start(int) error                      { return nil }
+func (discard) Text(string, *gen.TokenLogprob) error { return nil }
+
+// recordingSampler records the tokens a sampler picks.
+type recordingSampler struct {
+	Sampler
+	out *[]int32
+}
+
+func (r recordingSampler) Sample(logits []float32, history []int32) int32 {
+	tok := r.Sampler.Sample(logits, history)
+	*r.out = append(*r.out, tok)
+	return tok
+}
+
+// TestSpeculativeSamplingMatchesTarget: at temperature 1, the first three
+// tokens of many seeded speculative generations are distributed as the
+// target model says (chi-square, p > 1e-6; fixed seeds). The prompt
+// repeats three tokens that a logit bias makes likely, so that drafts are
+// proposed and often accepted: the second and third tokens come from
+// verification rows, accepted or not. The expected probabilities are
+// computed here from the engine's logits (bias added, softmax at
+// temperature 1) for every sequence over the three tokens, the rest
+// pooled.
+func TestSpeculativeSamplingMatchesTarget(t *testing.T) {
+	const n = 3000
+	abc := []int32{40, 41, 42}
+	bias := map[int32]float32{}
+	var outs [][]int32
+	s := startTinyServer(t, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}, func(_ Text, o *Options) {
+		o.Speculative, o.SpecTokens, o.MaxBatch = SpecPromptLookup, 4, 1
+		o.NewSampler = func(p gen.Sampling) Sampler {
+			outs = append(outs, nil)
+			return recordingSampler{NewSampler(p), &outs[len(outs)-1]}
+		}
+	})
+	prompt := []int32{7, 40, 41, 42, 9, 40, 41, 42, 11, 40, 41, 42, 40}
+	ctx := context.Background()
+	// The bias lifts the three tokens to about the most likely's logit
+	// after the prompt, so that they take most of the mass, in shares the
+	// model still decides.
+	{
+		c := s.model.NewCache()
+		l, err := s.model.Forward(ctx, c, prompt)
+		c.Free()
+		if err != nil {
+			t.Fatal(err)
+		}
+		top := slices.Max(l)
+		for _, a := range abc {
+			bias[a] = min(100, top-l[a]+2)
+		}
+	}
+	for seed := range int64(n) {
+		req := &gen.Request{PromptIDs: prompt, MaxTokens: 3, IgnoreEOS: true,
+			Sampling: gen.Sampling{Temperature: 1, TopP: 1, LogitBias: bias, Seed: seed + 1, SeedSet: true}}
+		if _, err := s.srv.Generate(ctx, req, discard{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	accepted := 0
+	for _, r := range s.srv.journal.since(0) {
+		accepted += r.SpecAccepted
+	}
+	// The journal keeps the latest records only: a floor on acceptance.
+	if accepted == 0 {
+		t.Fatal("no drafted token was accepted: the verification rows were not exercised")
+	}
+	// The target's probabilities of each continuation over abc.
+	probs := func(ctx []int32) []float64 {
+		c := s.model.NewCache()
+		defer c.Free()
+		l, err := s.model.Forward(context.Background(), c, ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mx := math.Inf(-1)
+		adj := make([]float64, len(l))
+		for i, x := range l {
+			adj[i] = float64(x) + float64(bias[int32(i)])
+			mx = max(mx, adj[i])
+		}
+		sum := 0.0
+		for i := range adj {
+			adj[i] = math.Exp(adj[i] - mx)
+			sum += adj[i]
+		}
+		for i := range adj {
+			adj[i] /= sum
+		}
+		return adj
+	}
+	type cell struct{ a, b, c int32 }
+	expected := map[cell]float64{}
+	p1 := probs(prompt)
+	for _, a := range abc {
+		p2 := probs(append(slices.Clone(prompt), a))
+		for _, b := range abc {
+			p3 := probs(append(slices.Clone(prompt), a, b))
+			for _, c := range abc {
+				expected[cell{a, b, c}] = p1[a] * p2[b] * p3[c]
+			}
+		}
+	}
+	observed := map[cell]int{}
+	other := cell{-1, -1, -1}
+	for _, o := range outs {
+		if len(o) != 3 {
+			t.Fatalf("sampled %d tokens, want 3", len(o))
+		}
+		k := cell{o[0], o[1], o[2]}
+		if _, ok := expected[k]; !ok {
+			k = other
+		}
+		observed[k]++
+	}
+	rest := 1.0
+	for _, p := range expected {
+		rest -= p
+	}
+	expected[other] = rest
+	// Cells expecting fewer than 5 are pooled with the rest.
+	chi, df, pooledE, pooledO := 0.0, -1, 0.0, 0
+	for k, p := range expected {
+		e := p * n
+		if e < 5 || k == other {
+			pooledE += e
+			pooledO += observed[k]
+			continue
+		}
+		d := float64(observed[k]) - e
+		chi += d * d / e
+		df++
+	}
+	if pooledE > 0 {
+		d := float64(pooledO) - pooledE
+		chi += d * d / pooledE
+		df++
+	}
+	if df < 5 {
+		t.Fatalf("only %d degrees of freedom: the test cannot tell distributions apart", df)
+	}
+	pv := chiSquareTail(chi, df)
+	t.Logf("chi-square %.1f with %d degrees of freedom (p = %.3g), %d drafted tokens accepted", chi, df, pv, accepted)
+	if pv < 1e-6 {
+		t.Fatalf("speculative samples do not follow the target: chi-square %.1f, %d df, p = %.3g", chi, df, pv)
+	}
+}
+
+// chiSquareTail is P(X ≥ x) for X chi-square with k degrees of freedom:
+// the regularized upper incomplete gamma Q(k/2, x/2), by its series below
+// a+1 and its continued fraction above (Numerical Recipes' gser/gcf).
+func chiSquareTail(x float64, k int) float64 {
+	a, z := float64(k)/2, x/2
+	if z <= 0 {
+		return 1
+	}
+	lg, _ := math.Lgamma(a)
+	if z < a+1 {
+		sum, term := 1/a, 1/a
+		for n := 1; n < 1000; n++ {
+			term *= z / (a + float64(n))
+			sum += term
+			if term < sum*1e-15 {
+				break
+			}
+		}
+		return 1 - sum*math.Exp(-z+a*math.Log(z)-lg)
+	}
+	b := z + 1 - a
+	c, d := 1/1e-300, 1/b
+	h := d
+	for i := 1; i < 1000; i++ {
+		an := -float64(i) * (float64(i) - a)
+		b += 2
+		d = an*d + b
+		if math.Abs(d) < 1e-300 {
+			d = 1e-300
+		}
+		c = b + an/c
+		if math.Abs(c) < 1e-300 {
+			c = 1e-300
+		}
+		d = 1 / d
+		del := d * c
+		h *= del
+		if math.Abs(del-1) < 1e-15 {
+			break
+		}
+	}
+	return math.Exp(-z+a*math.Log(z)-lg) * h
+}
+
+func TestChiSquareTail(t *testing.T) {
+	for _, c := range []struct {
+		x    float64
+		k    int
+		want float64
+	}{
+		{2, 2, math.Exp(-1)},              // k = 2: e^(-x/2)
+		{10, 2, math.Exp(-5)},             // continued fraction side
+		{1, 1, math.Erfc(math.Sqrt(0.5))}, // k = 1: erfc(sqrt(x/2))
+		{9, 1, math.Erfc(math.Sqrt(4.5))},
+	} {
+		if got := chiSquareTail(c.x, c.k); math.Abs(got-c.want) > 1e-9*max(1, c.want) {
+			t.Errorf("chiSquareTail(%v, %d) = %v, want %v", c.x, c.k, got, c.want)
+		}
+	}
+}
