@@ -674,3 +674,31 @@ func TestStalledConnectionRetried(t *testing.T) {
 		t.Errorf("the stalled range was not resumed at its last byte: %v", h.ranges[big])
 	}
 }
+
+// TestResolveRefusesNamesThatLeaveTheStore: what the cluster file's source,
+// `exo run MODEL` and a runner's --model hand to Resolve, when it is not an
+// existing local path, is a builtin name or a Hugging Face id; one with
+// "..", extra "/", control characters or a bad builtin name is refused
+// (offline: nothing is fetched) and nothing outside the store is created.
+func TestResolveRefusesNamesThatLeaveTheStore(t *testing.T) {
+	root := t.TempDir()
+	store := filepath.Join(root, "store")
+	o := Options{StoreDir: store, Offline: true}
+	t.Chdir(root) // relative sources below exist nowhere here
+	for _, src := range []string{
+		"builtin:../smollm2", "builtin:smollm2/../../x", "builtin:", "builtin:SMOLLM2\n",
+		"org/../../victim", "org/name/../../../victim.gguf", "org//name", "org/name@../../victim",
+		"org/name@main/../../..", "org/na\x00me", "org/name\r", "org\x7f/name", "org/name@ma\tin",
+	} {
+		p, err := Resolve(context.Background(), src, o)
+		if err == nil {
+			t.Errorf("Resolve(%q) = %q, want an error", src, p)
+		}
+	}
+	ents, _ := os.ReadDir(root)
+	for _, e := range ents {
+		if e.Name() != "store" {
+			t.Errorf("Resolve created %s outside the store", e.Name())
+		}
+	}
+}

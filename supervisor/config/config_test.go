@@ -159,6 +159,16 @@ decode = { hosts = ["h"] }
 			`f.toml:7:1: model m: kv_streams 0: want 1 to 16 (TCP connections per KV transfer)`,
 			`f.toml:12:1: model n: kv_streams needs [models.prefill] runners`,
 		}},
+		{"control character in a source", twoHosts + `
+[[models]]
+name = "m"
+source = "org/na\u0000me"
+decode = { hosts = ["mac"] }
+prefill = { hosts = ["spark"], source = "org/m\n../../etc" }
+`, []string{
+			`f.toml:16:1: model m: decode source "org/na\x00me" has a control character`,
+			`f.toml:17:1: model m: prefill source "org/m\n../../etc" has a control character`,
+		}},
 		{"empty", "", []string{
 			`f.toml:1:1: no hosts: add at least one [hosts.NAME] table with address and backend`,
 			`f.toml:1:1: no models: add at least one [[models]] table`,

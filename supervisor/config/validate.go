@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 )
 
 var (
@@ -216,6 +217,11 @@ func (c *Config) validate() Errors {
 			}
 			if r.Source == "" {
 				bad(c.at("models", i, rr.role), "%s: %s has no source (set source on the model or %s.source)", label, rr.role, rr.role)
+			} else if strings.IndexFunc(r.Source, unicode.IsControl) >= 0 {
+				// Neither a path an operator means nor a Hugging Face id
+				// (the runner's resolver refuses it too, but only once it
+				// runs, as a crash loop).
+				bad(c.at("models", i, rr.role), "%s: %s source %q has a control character", label, rr.role, r.Source)
 			}
 			seen := map[string]bool{}
 			for j, hn := range r.Hosts {
