@@ -30,8 +30,10 @@ import (
 // the API's logprobs content), prompt tokens, answer, reasoning,
 // completion tokens, finish and reused tokens as the same conversation through the decode runner's
 // HTTP API (its own prefix cache), and as a fresh prefill of the whole
-// conversation (a server with no prefix cache), on a hybrid model with
-// recurrent layers and <think> reasoning (qwen3_next, Qwen3's template), a
+// conversation (a server with no prefix cache); every later turn reuses
+// KV of the earlier ones. On a hybrid model with recurrent layers and
+// <think> reasoning (qwen3_next, Qwen3's template: a turn resumes from the
+// state kept at the end of the previous prompt's prefill), a
 // sliding-window one whose ring cache cannot go back (gemma3, window 8,
 // shorter than the conversation) and a harmony one (gpt-oss: channels,
 // its own template). Random weights write no <think> or channel header,
@@ -42,16 +44,13 @@ func TestRunEqualsAPI(t *testing.T) {
 	for _, tc := range []struct {
 		arch string
 		dir  func(t *testing.T) string
-		// reuses: later turns start from the previous turns' KV (the
-		// hybrid cache keeps no state at the turn boundary to go back to)
-		reuses bool
 	}{
-		{"qwen3_next", qwen3Next, false},
+		{"qwen3_next", qwen3Next},
 		{"gemma3", func(t *testing.T) string {
 			return writeModel(t, testmodel.Spec{Arch: "gemma3", Seed: 7, Layers: 4, MaxPositions: 4096, SlidingWindow: 8, SlidingPattern: 3},
 				"../../runners/chat/testdata/gemma3_chat_template.jinja")
-		}, true},
-		{"gpt_oss", harmonyGptOss, true},
+		}},
+		{"gpt_oss", harmonyGptOss},
 	} {
 		t.Run(tc.arch, func(t *testing.T) {
 			dir := tc.dir(t)
@@ -115,7 +114,7 @@ func TestRunEqualsAPI(t *testing.T) {
 				if r.Result.CachedTokens != acached {
 					t.Errorf("turn %d: exo run reused %d tokens, the API %d", i+1, r.Result.CachedTokens, acached)
 				}
-				if i > 0 && tc.reuses && r.Result.CachedTokens == 0 {
+				if i > 0 && r.Result.CachedTokens == 0 {
 					t.Errorf("turn %d reused none of the previous turns' KV", i+1)
 				}
 				t.Logf("turn %d: %d prompt tokens, %d reused; %d generated (%s): %d bytes of answer, %d of reasoning; tokens %v", i+1, r.Result.PromptTokens, r.Result.CachedTokens, got.Tokens, got.Finish, len(got.Content), len(got.Reasoning), toks)

@@ -313,8 +313,9 @@ func testHFLayout(t *testing.T, name string) {
 // bit for bit (recurrent and conv states carried across chunks, MoE rows
 // sorted or not). A hybrid cache rolls back exactly to where the last step
 // began (a failed step's Truncate); other Truncates go back to the latest
-// kept position at or below the target (prefill chunk boundaries), or to
-// 0, and continuing from there gives the same logits as a fresh cache.
+// kept position at or below the target (prefill chunk boundaries, the end
+// of a prefill), or to 0, and continuing from there gives the same logits
+// as a fresh cache.
 func TestQwen3NextChunkInvariantAndRollback(t *testing.T) {
 	fx := loadQwen3NextFixture(t)
 	b, err := backend.Open("cpu", backend.Options{})
@@ -397,6 +398,29 @@ func TestQwen3NextChunkInvariantAndRollback(t *testing.T) {
 	}
 	if !slices.Equal(resumed, a) {
 		t.Fatal("resuming from a kept chunk boundary gives other logits than a fresh cache")
+	}
+	// A chat turn: prefill the prompt but its last token, run that one and
+	// decode past it; the next turn shares the prompt, not the answer, and
+	// resumes where the prefill ended (the state kept there), not at 0.
+	c3 := m.NewCache()
+	if err := m.Prefill(ctx, c3, p[:99], 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, tok := range p[99:106] {
+		if _, err := m.Forward(ctx, c3, []int32{tok}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c3.Truncate(103)
+	if c3.Len() != 99 {
+		t.Fatalf("Len %d after Truncate(103), want the end of the prefill 99", c3.Len())
+	}
+	resumed, err = m.Forward(ctx, c3, p[99:120])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(resumed, a) {
+		t.Fatal("resuming from the end of a prefill gives other logits than a fresh cache")
 	}
 	if _, _, err := c.Export(0, 0, 10); err == nil {
 		t.Fatal("Export of a recurrent layer succeeded")

@@ -15,8 +15,10 @@ import (
 // A recurrent state cannot be cut back to an earlier position, so the
 // cache keeps the states of a few positions: where the current step began
 // (mark, what a failed Forward or Prefill chunk rolls back to), where each
-// multi-token step began (prefill chunk boundaries) and where remote KV
-// was committed, the last maxSnapshots of those. Truncate(n) goes back to
+// multi-token step began and ended (prefill chunk boundaries; the end of a
+// prompt's prefill, where the next turn of a chat, sharing that prompt,
+// resumes) and where remote KV was committed, the last maxSnapshots of
+// those. Truncate(n) goes back to
 // the latest kept position ≤ n (0 if none), so Len() may end below n:
 // callers that reuse a prefix read Len() after Truncate. Recurrent layers
 // cross the KV wire as states (RecurrentState): Export and Import of their
@@ -32,6 +34,9 @@ type hybridCache struct {
 	}
 	pending map[int]deltaState // imported states, applied by Commit
 	snaps   []snapshot         // kept positions, oldest first
+	// last is the token count of the step begun last (0 after a
+	// Truncate): the next step's begin keeps a multi-token step's end.
+	last int
 	// args holds the arrays handed to the backend's variadic Keep and
 	// Free (the cache's own: its methods are not called concurrently), so
 	// a decode step allocates no argument slices.
@@ -149,17 +154,19 @@ func (c *hybridCache) holds(i int, a Array) bool {
 }
 
 // begin marks the start of a step of tokens positions: Truncate(Len())
-// from now on restores the states as they are; a multi-token step's start
-// is also kept as a snapshot.
+// from now on restores the states as they are; a multi-token step's start,
+// and the end of the one before if it was one (a prompt's prefill ends
+// where the single-token steps begin), are also kept as snapshots.
 func (c *hybridCache) begin(tokens int) {
 	old := c.mark.states
 	c.mark.n, c.mark.states = c.Len(), append([]deltaState(nil), c.states...)
 	for i, s := range old {
 		c.release(s, i)
 	}
-	if tokens > 1 {
+	if tokens > 1 || c.last > 1 {
 		c.snapshot()
 	}
+	c.last = tokens
 	if p, ok := c.attn.(*positions); ok {
 		p.n += tokens // no attention layer appends: the step's positions count here
 	}
@@ -199,6 +206,7 @@ func (c *hybridCache) CanTruncate(n int) bool { return n >= 0 && n <= c.Len() }
 
 func (c *hybridCache) Truncate(n int) {
 	c.dropPending()
+	c.last = 0
 	if n >= c.Len() {
 		c.attn.Truncate(n) // drops imports beyond Len, if any
 		return

@@ -72,8 +72,9 @@ func testQwen3NextMLX(t *testing.T, b *backend, name string) {
 }
 
 // TestHybridCacheKeepsNoGarbage: decoding with a hybrid cache on MLX pins
-// a fixed number of arrays: each step's new recurrent states replace the
-// old ones (freed unless a mark or snapshot holds them), and a freed cache
+// a fixed number of arrays once decoding began: each step's new recurrent
+// states replace the old ones (freed unless a mark or snapshot holds them),
+// and a freed cache
 // unpins all of its own.
 func TestHybridCacheKeepsNoGarbage(t *testing.T) {
 	b := newTestBackend(t)
@@ -90,7 +91,10 @@ func TestHybridCacheKeepsNoGarbage(t *testing.T) {
 	if err := m.Prefill(context.Background(), c, make([]int32, 100), 32, nil); err != nil {
 		t.Fatal(err)
 	}
-	tok := argmax(forward(t, m, c, 1))
+	tok := argmax(forward(t, m, c, 1)) // the prompt's last token
+	// The first decode step: from here on the states where the prefill
+	// ended stay pinned by their snapshot (a next turn resumes there).
+	tok = argmax(forward(t, m, c, tok))
 	after := pinned()
 	for range 40 {
 		tok = argmax(forward(t, m, c, tok))
