@@ -1,14 +1,17 @@
 // Package anthropic serves Anthropic's Messages API (POST /v1/messages) as
 // a thin adapter over the same generation core as the OpenAI API: a
-// request is converted to an openai.ChatRequest, validated by the same
-// openai.Validator (sampling defaults, assistant prefill, no silent
-// ignores) and run by the same gen.Generator; the answer and the stream
+// request is converted straight to a gen.Request, checked in Anthropic's
+// terms and by the checks every API shares (runners/gen: sampling
+// defaults and ranges, stops, the assistant prefill, tools and tool
+// choice; no silent ignores) and run by the same gen.Generator (it reuses
+// runners/openai's strict JSON decoding, error values and SSE writer, not
+// its request types); the answer and the stream
 // (message_start, content_block_start, ping, content_block_delta…,
 // content_block_stop, message_delta, message_stop) take Anthropic's
 // shapes. Unless Handler.AcceptTools, tools, tool_choice and tool_use /
 // tool_result blocks are refused with a 400 naming them; with it, they
-// become the generation request's Tools/ToolChoice and OpenAI-shaped
-// history (convertMessage), and the calls the generator reports
+// become the generation request's Tools/ToolChoice and its history of
+// calls and tool messages (convertMessage), and the calls the generator reports
 // (gen.ToolCallEmitter) come back as tool_use blocks (streamed as
 // input_json_delta) with stop_reason "tool_use". thinking is refused. Nothing is stored server-side.
 // The anthropic-version header is accepted (any value); x-api-key is not
@@ -18,6 +21,7 @@ package anthropic
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -325,7 +329,9 @@ func (h *Handler) fail(w http.ResponseWriter, model string, e *openai.Error) {
 	h.result(model, e.Status)
 }
 
-// convert validates r and turns it into a generation request.
+// convert validates r and turns it into a generation request: Anthropic's
+// shapes here, then the checks every API shares (runners/gen), each error
+// naming the field as this API spells it.
 func (h *Handler) convert(r *Request) (*gen.Request, *openai.Error) {
 	if r.MaxTokens == nil {
 		return nil, openai.Errorf("max_tokens", "max_tokens is required")
@@ -333,13 +339,13 @@ func (h *Handler) convert(r *Request) (*gen.Request, *openai.Error) {
 	if t := r.Temperature; t != nil && (math.IsNaN(*t) || *t < 0 || *t > 1) {
 		return nil, openai.Errorf("temperature", "temperature must be between 0 and 1, got %v", *t)
 	}
-	cr := openai.ChatRequest{Model: r.Model}
+	g := &gen.Request{Model: r.Model, Chat: true}
 	if r.System != nil {
 		sys, e := r.System.text("system")
 		if e != nil {
 			return nil, e
 		}
-		cr.Messages = append(cr.Messages, openai.Message{Role: "system", Content: openai.Content{Text: sys, Set: true}})
+		g.Messages = append(g.Messages, gen.Message{Role: "system", Content: sys})
 	}
 	for i, m := range r.Messages {
 		if m.Role != "user" && m.Role != "assistant" {
@@ -352,54 +358,81 @@ func (h *Handler) convert(r *Request) (*gen.Request, *openai.Error) {
 		if e != nil {
 			return nil, e
 		}
-		cr.Messages = append(cr.Messages, msgs...)
+		g.Messages = append(g.Messages, msgs...)
 	}
 	for i, t := range r.Tools {
 		if t.Type != "" && t.Type != "custom" {
 			return nil, openai.Errorf(fmt.Sprintf("tools[%d].type", i), "tools[%d].type %q is not supported (server tools are not run here)", i, t.Type)
 		}
-		cr.Tools = append(cr.Tools, openai.Tool{Type: "function", Function: openai.FunctionDef{Name: t.Name, Description: t.Description, Parameters: t.InputSchema}})
+		g.Tools = append(g.Tools, gen.Tool{Name: t.Name, Description: t.Description, Parameters: t.InputSchema})
 	}
 	if tc := r.ToolChoice; tc != nil {
 		mode := map[string]string{"auto": "auto", "any": "required", "tool": "function", "none": "none"}[tc.Type]
 		if mode == "" || (mode == "function") != (tc.Name != "") {
 			return nil, openai.Errorf("tool_choice", "tool_choice.type must be auto, any, none, or tool with a name")
 		}
-		cr.ToolChoice = &openai.ToolChoice{Mode: mode, Name: tc.Name}
+		g.ToolChoice = &gen.ToolChoice{Mode: mode, Name: tc.Name}
 		if tc.DisableParallelToolUse != nil {
 			p := !*tc.DisableParallelToolUse
-			cr.ParallelToolCalls = &p
+			g.ParallelToolCalls = &p
 		}
 	}
 	if len(r.Messages) == 0 {
 		return nil, openai.Errorf("messages", "messages is required and must not be empty")
 	}
-	cr.MaxTokens, cr.Temperature, cr.TopP, cr.TopK = r.MaxTokens, r.Temperature, r.TopP, r.TopK
-	cr.Stop, cr.Stream = r.StopSequences, r.Stream
-	v := openai.Validator{Served: h.served, Defaults: h.Defaults, AcceptTools: h.AcceptTools}
-	g, e := v.ValidateChat(&cr)
-	if e != nil {
-		if e.Param == "stop" {
-			e.Param = "stop_sequences"
-			e.Message = strings.ReplaceAll(e.Message, "stop sequences", "stop_sequences")
-		}
-		return nil, e
+	if fe := gen.CheckMaxTokens(*r.MaxTokens, "max_tokens"); fe != nil {
+		return nil, fieldError(fe)
 	}
-	g.IncludeUsage = true
-	return g, nil
+	g.MaxTokens = *r.MaxTokens
+	s, err := h.Defaults.Over(gen.Defaults{Temperature: r.Temperature, TopP: r.TopP, TopK: r.TopK}).Sampling()
+	var fe *gen.FieldError
+	switch {
+	case errors.As(err, &fe):
+		return nil, fieldError(fe)
+	case err != nil:
+		return nil, openai.Errorf("", "%v", err)
+	}
+	if fe := gen.CheckStops(r.StopSequences, "stop_sequences", "stop_sequences"); fe != nil {
+		return nil, fieldError(fe)
+	}
+	g.Sampling, g.Stop = s, append([]string(nil), r.StopSequences...)
+	g.Stream, g.IncludeUsage = r.Stream, true
+	if err := g.SetTurn(nil, nil); err != nil { // the default turn: a final assistant message is continued
+		return nil, openai.Errorf("messages", "messages: %v", err)
+	}
+	return g, fieldError(g.CheckTools(h.AcceptTools, toolFields))
+}
+
+// toolFields name the fields gen's tool checks report, as the Messages
+// API spells them.
+var toolFields = gen.ToolFields{
+	ToolName: func(i int) string { return fmt.Sprintf("tools[%d].name", i) },
+	Choice:   "tool_choice",
+	ChoiceMode: func(mode string) string {
+		return map[string]string{"required": "any", "function": "tool"}[mode]
+	},
+}
+
+// fieldError is a shared check's *gen.FieldError as a 400 naming its
+// field (nil for nil).
+func fieldError(fe *gen.FieldError) *openai.Error {
+	if fe == nil {
+		return nil
+	}
+	return openai.Errorf(fe.Field, "%s", fe.Msg)
 }
 
 // convertMessage turns one Anthropic turn into chat messages: text blocks
-// become its content, tool_use blocks an assistant's tool_calls (input as
+// become its content, tool_use blocks an assistant's tool calls (input as
 // the arguments' JSON), and each tool_result block a "tool" message
 // (before the turn's text; is_error results are prefixed "Error: ").
-func convertMessage(m Message, path string) ([]openai.Message, *openai.Error) {
+func convertMessage(m Message, path string) ([]gen.Message, *openai.Error) {
 	if m.Content.Blocks == nil {
-		return []openai.Message{{Role: m.Role, Content: openai.Content{Text: m.Content.Text, Set: true}}}, nil
+		return []gen.Message{{Role: m.Role, Content: m.Content.Text}}, nil
 	}
-	var out []openai.Message
+	var out []gen.Message
 	var text strings.Builder
-	var calls []openai.ToolCall
+	var calls []gen.ToolCall
 	hasText := false
 	for j, b := range m.Content.Blocks {
 		at := fmt.Sprintf("%s[%d]", path, j)
@@ -411,14 +444,20 @@ func convertMessage(m Message, path string) ([]openai.Message, *openai.Error) {
 			if m.Role != "assistant" {
 				return nil, openai.Errorf(at+".type", "%s: tool_use blocks belong to assistant turns", at)
 			}
+			if b.Name == "" {
+				return nil, openai.Errorf(at+".name", "%s.name is required", at)
+			}
 			args := string(b.Input)
 			if args == "" {
 				args = "{}"
 			}
-			calls = append(calls, openai.ToolCall{ID: b.ID, Type: "function", Function: openai.FunctionCall{Name: b.Name, Arguments: args}})
+			calls = append(calls, gen.ToolCall{ID: b.ID, Name: b.Name, Arguments: args})
 		case "tool_result":
 			if m.Role != "user" {
 				return nil, openai.Errorf(at+".type", "%s: tool_result blocks belong to user turns", at)
+			}
+			if b.ToolUseID == "" {
+				return nil, openai.Errorf(at+".tool_use_id", "%s.tool_use_id is required", at)
 			}
 			res := ""
 			if b.Content != nil {
@@ -431,20 +470,16 @@ func convertMessage(m Message, path string) ([]openai.Message, *openai.Error) {
 			if b.IsError {
 				res = "Error: " + res
 			}
-			out = append(out, openai.Message{Role: "tool", ToolCallID: b.ToolUseID, Content: openai.Content{Text: res, Set: true}})
+			out = append(out, gen.Message{Role: "tool", ToolCallID: b.ToolUseID, Content: res})
 		default:
 			return nil, openai.Errorf(at+".type", "%s.type %q is not supported by this server yet", at, b.Type)
 		}
 	}
 	switch {
 	case len(calls) > 0:
-		msg := openai.Message{Role: "assistant", ToolCalls: calls}
-		if hasText {
-			msg.Content = openai.Content{Text: text.String(), Set: true}
-		}
-		out = append(out, msg)
+		out = append(out, gen.Message{Role: "assistant", ToolCalls: calls, Content: text.String()})
 	case hasText || len(out) == 0:
-		out = append(out, openai.Message{Role: m.Role, Content: openai.Content{Text: text.String(), Set: true}})
+		out = append(out, gen.Message{Role: m.Role, Content: text.String()})
 	}
 	return out, nil
 }

@@ -155,7 +155,7 @@ func FuzzMessagesRequest(f *testing.F) {
 
 // TestToolsKeptWhenAccepted: with AcceptTools, tools, tool_choice and a
 // tool_use → tool_result history become the generation request's tools and
-// OpenAI-shaped history (the seam tool calling plugs into).
+// its history of calls and tool messages (the seam tool calling plugs into).
 func TestToolsKeptWhenAccepted(t *testing.T) {
 	h := &Handler{Served: []string{"tiny"}, AcceptTools: true}
 	body := `{"model":"tiny","max_tokens":20,
@@ -217,5 +217,31 @@ func TestCountTokens(t *testing.T) {
 	resp2.Body.Close()
 	if resp2.StatusCode != 400 {
 		t.Fatalf("max_tokens on count_tokens: %d", resp2.StatusCode)
+	}
+}
+
+// TestToolErrorsNameAnthropicFields: with AcceptTools, a tool or a tool
+// block missing what it needs is refused naming the field as the
+// Messages API spells it (not the generation request's names).
+func TestToolErrorsNameAnthropicFields(t *testing.T) {
+	h := &Handler{Served: []string{"tiny"}, AcceptTools: true}
+	for _, c := range []struct{ name, body, param, has string }{
+		{"unnamed tool", `{"model":"tiny","max_tokens":5,"tools":[{"name":"","input_schema":{}}],"messages":[{"role":"user","content":"hi"}]}`,
+			"tools[0].name", "tools[0].name is required"},
+		{"any without tools", `{"model":"tiny","max_tokens":5,"tool_choice":{"type":"any"},"messages":[{"role":"user","content":"hi"}]}`,
+			"tool_choice", `"any" needs tools`},
+		{"unnamed tool_use", `{"model":"tiny","max_tokens":5,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"tool_use","id":"t","input":{}}]}]}`,
+			"messages[1].content[0].name", "is required"},
+		{"tool_result without id", `{"model":"tiny","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","content":"18C"}]}]}`,
+			"messages[0].content[0].tool_use_id", "is required"},
+		{"zero max_tokens", `{"model":"tiny","max_tokens":0,"messages":[{"role":"user","content":"hi"}]}`, "max_tokens", "at least 1"},
+	} {
+		var r Request
+		if e := openai.DecodeStrict([]byte(c.body), &r, requestShape); e != nil {
+			t.Fatalf("%s: %v", c.name, e)
+		}
+		if _, e := h.convert(&r); e == nil || e.Param != c.param || !strings.Contains(e.Message, c.has) {
+			t.Errorf("%s: %+v, want %s with %q", c.name, e, c.param, c.has)
+		}
 	}
 }

@@ -4,8 +4,12 @@
 // field honoured or refused with a 400 naming its JSON path: see Shape),
 // OpenAI-style error bodies (the *Error a generator returns keeps its
 // status), the SSE writer for streaming, and an http.Handler that turns
-// requests into calls on a gen.Generator. The Anthropic adapter
-// (runners/anthropic) reuses its Validator, errors and SSE writer. It knows
+// requests into calls on a gen.Generator. The checks every API shares
+// (stops, max tokens, the assistant prefill, tools and tool choice, and
+// the sampling ranges of gen.Defaults) are runners/gen's: the Validator
+// calls them with this API's field names. The Anthropic adapter
+// (runners/anthropic) reuses its strict decoding, errors and SSE writer,
+// not its request types or Validator. It knows
 // nothing about models, caches or the KV wire: the decode runner implements
 // gen.Generator. It must not import the engine, kvwire or anything under
 // supervisor/.

@@ -213,8 +213,8 @@ func validateSampling(f *SamplingFields, d gen.Defaults, g *gen.Request) *Error 
 		mt, param = f.MaxCompletionTokens, "max_completion_tokens"
 	}
 	if mt != nil {
-		if *mt < 1 {
-			return Errorf(param, "%s must be at least 1, got %d", param, *mt)
+		if fe := gen.CheckMaxTokens(*mt, param); fe != nil {
+			return fieldError(fe)
 		}
 		g.MaxTokens = *mt
 	}
@@ -265,13 +265,8 @@ func validateSampling(f *SamplingFields, d gen.Defaults, g *gen.Request) *Error 
 	if f.Store != nil && *f.Store {
 		return Errorf("store", "store: true is not supported: this server stores no completions")
 	}
-	if len(f.Stop) > 16 {
-		return Errorf("stop", "at most 16 stop sequences, got %d", len(f.Stop))
-	}
-	for _, st := range f.Stop {
-		if st == "" {
-			return Errorf("stop", "stop sequences must not be empty")
-		}
+	if fe := gen.CheckStops(f.Stop, "stop", "stop sequences"); fe != nil {
+		return fieldError(fe)
 	}
 	g.Sampling = s
 	g.Stop = append([]string(nil), f.Stop...)
@@ -376,32 +371,28 @@ func (v Validator) ValidateChat(r *ChatRequest) (*gen.Request, *Error) {
 }
 
 // chatPrefill decides between a new assistant turn and continuing the
-// final assistant message.
+// final assistant message (gen's rule), naming the fields that asked.
 func (v Validator) chatPrefill(r *ChatRequest, g *gen.Request) *Error {
-	last := g.Messages[len(g.Messages)-1]
-	lastAssistant := last.Role == "assistant"
-	agpSet := r.AddGenerationPrompt != nil
-	// by default, an assistant's final words are continued (prefill); an
-	// empty one or one that only calls tools is not
-	cont := lastAssistant && len(last.ToolCalls) == 0 && strings.TrimSpace(last.Content) != "" && !(agpSet && *r.AddGenerationPrompt)
-	if r.ContinueFinalMessage != nil {
-		cont = *r.ContinueFinalMessage
-	}
-	agp := !cont
-	if agpSet {
-		agp = *r.AddGenerationPrompt
-	}
-	if cont && agp {
+	switch err := g.SetTurn(r.AddGenerationPrompt, r.ContinueFinalMessage); {
+	case errors.Is(err, gen.ErrTurnBoth):
 		return Errorf("continue_final_message", "continue_final_message and add_generation_prompt cannot both be true")
-	}
-	if cont && !lastAssistant {
+	case errors.Is(err, gen.ErrTurnNotAssistant):
 		return Errorf("continue_final_message", "continue_final_message needs the last message to be the assistant's")
-	}
-	if cont && len(g.Messages[len(g.Messages)-1].ToolCalls) > 0 {
+	case errors.Is(err, gen.ErrTurnCalls):
 		return Errorf("continue_final_message", "an assistant message with tool_calls cannot be continued")
+	case err != nil:
+		return Errorf("continue_final_message", "%v", err)
 	}
-	g.AddGenerationPrompt, g.ContinueFinal = agp, cont
 	return nil
+}
+
+// fieldError is a shared check's *gen.FieldError as a 400 naming its
+// field (nil for nil).
+func fieldError(fe *gen.FieldError) *Error {
+	if fe == nil {
+		return nil
+	}
+	return Errorf(fe.Field, "%s", fe.Msg)
 }
 
 // constraints keeps tools, tool_choice, parallel_tool_calls and
@@ -411,9 +402,6 @@ func (v Validator) constraints(r *ChatRequest, g *gen.Request) *Error {
 	for i, t := range r.Tools {
 		if t.Type != "function" {
 			return Errorf(fmt.Sprintf("tools[%d].type", i), "tools[%d].type must be \"function\", got %q", i, t.Type)
-		}
-		if t.Function.Name == "" {
-			return Errorf(fmt.Sprintf("tools[%d].function.name", i), "tools[%d].function.name is required", i)
 		}
 	}
 	if rf := r.ResponseFormat; rf != nil {
@@ -426,9 +414,6 @@ func (v Validator) constraints(r *ChatRequest, g *gen.Request) *Error {
 		default:
 			return Errorf("response_format.type", "response_format.type must be text, json_object or json_schema, got %q", rf.Type)
 		}
-	}
-	if tc := r.ToolChoice; tc != nil && (tc.Mode == "required" || tc.Mode == "function") && len(r.Tools) == 0 {
-		return Errorf("tool_choice", "tool_choice %q needs tools", tc.Mode)
 	}
 	for _, t := range r.Tools {
 		g.Tools = append(g.Tools, gen.Tool{Name: t.Function.Name, Description: t.Function.Description,
@@ -444,19 +429,15 @@ func (v Validator) constraints(r *ChatRequest, g *gen.Request) *Error {
 		}
 	}
 	g.ParallelToolCalls = r.ParallelToolCalls
-	if v.AcceptTools {
-		return nil
-	}
-	if len(r.Tools) > 0 {
-		return Errorf("tools", "tools is not supported by this server yet")
-	}
-	if tc := r.ToolChoice; tc != nil && tc.Mode != "none" && tc.Mode != "auto" {
-		return Errorf("tool_choice", "tool_choice is not supported by this server yet")
-	}
-	if rf := r.ResponseFormat; rf != nil && rf.Type != "text" {
-		return Errorf("response_format", "response_format type %q is not supported by this server yet", rf.Type)
-	}
-	return nil
+	return fieldError(g.CheckTools(v.AcceptTools, chatToolFields))
+}
+
+// chatToolFields name the fields gen's tool checks report, as Chat
+// Completions spells them.
+var chatToolFields = gen.ToolFields{
+	ToolName: func(i int) string { return fmt.Sprintf("tools[%d].function.name", i) },
+	Choice:   "tool_choice",
+	Format:   "response_format",
 }
 
 // ValidateCompletion checks a completion request and converts it.
