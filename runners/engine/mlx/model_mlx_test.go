@@ -496,7 +496,7 @@ func TestForwardAllMatchesForward(t *testing.T) {
 			t.Fatalf("%s: %d rows, cache %d", spec.Arch, len(rows), c.Len())
 		}
 		for i := range feed {
-			if cs := cosine(rows[i], want[i]); cs < 0.9999 || argmax(rows[i]) != argmax(want[i]) {
+			if cs := fixture.Cosine(rows[i], want[i]); cs < 0.9999 || argmax(rows[i]) != argmax(want[i]) {
 				t.Fatalf("%s row %d: cosine %.6f, argmax %d vs %d", spec.Arch, i, cs, argmax(rows[i]), argmax(want[i]))
 			}
 		}
@@ -505,7 +505,7 @@ func TestForwardAllMatchesForward(t *testing.T) {
 		fresh := m.NewCache()
 		forward(t, m, fresh, append(slices.Clone(prompt), feed[:2]...)...)
 		re := forward(t, m, fresh, 23)
-		if cs := cosine(got, re); cs < 0.9999 || argmax(got) != argmax(re) {
+		if cs := fixture.Cosine(got, re); cs < 0.9999 || argmax(got) != argmax(re) {
 			t.Fatalf("%s after rollback: cosine %.6f, argmax %d vs %d", spec.Arch, cs, argmax(got), argmax(re))
 		}
 		for _, x := range []engine.KVCache{step, c, fresh} {
