@@ -1,4 +1,4 @@
-package main
+package status
 
 import (
 	"bytes"
@@ -63,7 +63,7 @@ func TestPrintStatus(t *testing.T) {
 		},
 	}
 	var out bytes.Buffer
-	printStatus(&out, st, now)
+	Print(&out, st, now)
 	want := `cluster lab, host spark, up 1m30s
 config  /etc/exo/cluster.toml
 api     http://10.0.0.10:52415/v1
