@@ -685,10 +685,13 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 			if s.info.MaxPositions > 0 {
 				limit = min(limit, s.info.MaxPositions-len(entry.tokens)-2)
 			}
-			if sp.propose(history, limit) != nil {
+			t1 := time.Now()
+			if d := sp.propose(history, limit); d != nil {
 				logits, err = s.verifyStep(ctx, mem, sp, entry.cache, tok)
+				sp.observe(1+len(d), time.Since(t1))
 			} else {
 				logits, err = s.decodeStep(ctx, mem, entry.cache, tok)
+				sp.observe(1, time.Since(t1))
 			}
 		} else {
 			logits, err = s.decodeStep(ctx, mem, entry.cache, tok)
@@ -755,7 +758,8 @@ func (s *Server) noteSpec(ctx context.Context, sp *speculator) {
 	if rec != nil {
 		id = rec.ID
 	}
-	s.log.Info("speculative decoding", "req", id, "accepted", sp.accepted, "rejected", sp.rejected, "acceptance", acc)
+	s.log.Info("speculative decoding", "req", id, "accepted", sp.accepted, "rejected", sp.rejected, "acceptance", acc,
+		"position_cost", sp.cost)
 }
 
 // verifyStep feeds tok and sp's draft in one forward of their own (the

@@ -3,6 +3,7 @@ package decode
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 )
@@ -29,7 +30,8 @@ import (
 // target, accept the draft if x equals it, else emit x" is the rejection
 // rule: accept with probability p(t), otherwise a draw from p without t,
 // renormalized), and a seeded request gives the same text. Speculation
-// only changes how many forwards the tokens take.
+// only changes how many forwards the tokens take (and how many tokens to
+// draft is decided by a measured cost model: see speculator).
 
 // Speculation modes (--speculative).
 const (
@@ -83,19 +85,36 @@ func specRefusal(m Model) string {
 	return ""
 }
 
-// speculator is one generation's prompt-lookup state: its adaptive draft
-// length, the verification in progress and its counts.
+// speculator is one generation's prompt-lookup state: what it has
+// measured of drafting (acceptance by n-gram length, the cost of a
+// verification against a plain step), the verification in progress and
+// its counts.
+//
+// How many tokens to draft is chosen per step by expected tokens per unit
+// of time: with acceptance a (per drafted token, given the ones before it
+// were accepted) a draft of k yields 1 + a + … + a^k tokens for a forward
+// that costs 1 + c·k plain steps, c the measured cost of an extra position
+// (close to 0 where a step is bound by reading the weights, larger on a
+// compute-bound cpu). The k that maximizes the ratio is drafted when the
+// ratio is above 1 with a margin; otherwise the step is plain, and that
+// n-gram length is probed with one drafted token after 1, 2, 4 … 64 plain
+// steps, so that a workload drafting cannot help pays almost nothing.
 type speculator struct {
 	v     verifier
 	vocab int
 	max   int // the most tokens drafted (--speculative-tokens)
-	k     int // the current draft length: shrinks when drafts are rejected
-	// misses counts verifications in a row that accepted nothing; after
-	// two, drafting pauses for pause steps (doubling up to 64), so that a
-	// workload speculation cannot help runs plain steps.
-	misses, pause int
+
+	// ok and fail: decayed counts of drafted tokens accepted and of
+	// verifications that ended in a rejection, by n-gram length (1–3).
+	ok, fail [4]float64
+	// wait and gap: the plain steps left before that length is probed
+	// again, and the current gap.
+	wait, gap [4]int
+	step      float64 // a plain step's seconds (moving average; 0: unmeasured)
+	cost      float64 // an extra verified position's cost, in plain steps
 
 	on    bool        // a verification's rows are being consumed
+	n     int         // the n-gram length its draft matched
 	draft []int32     // the verification in progress: its drafted tokens
 	rows  [][]float32 // the logits after the fed token and each draft
 	row   int         // the row the last sampled token came from
@@ -105,8 +124,21 @@ type speculator struct {
 	accepted, rejected int
 }
 
+// Priors (newSpeculator): acceptance 1/2 at every length, an extra
+// position a quarter of a step; measurements replace them within a few
+// steps.
+const (
+	specDecay  = 0.8  // weight of the past in the acceptance counts, per verification
+	specAlpha  = 0.25 // weight of a new timing in the moving averages
+	specMargin = 1.05 // expected speed-up a draft must promise
+)
+
 func newSpeculator(v verifier, vocab, max int) *speculator {
-	return &speculator{v: v, vocab: vocab, max: max, k: max}
+	sp := &speculator{v: v, vocab: vocab, max: max, cost: 0.25}
+	for n := range sp.ok {
+		sp.ok[n], sp.fail[n] = 1, 1
+	}
+	return sp
 }
 
 // active reports whether a verification's rows are being consumed.
@@ -124,42 +156,77 @@ func (sp *speculator) next(tok int32) ([]float32, bool) {
 }
 
 // end closes the verification in progress: the drafts past the current
-// row were rejected (the caller truncates the cache), and the next draft
-// length is adapted to how many were accepted.
+// row were rejected (the caller truncates the cache); the acceptance of
+// its n-gram length learns from it.
 func (sp *speculator) end() {
 	if !sp.on {
 		return
 	}
-	n, ok := len(sp.draft), sp.row
-	sp.rejected += n - ok
-	switch {
-	case ok == n:
-		sp.k = min(sp.max, sp.k+2)
-		sp.misses = 0
-	case ok == 0:
-		sp.k = max(1, sp.k/2)
-		sp.misses++
-		if sp.misses >= 2 {
-			sp.pause = min(64, 1<<min(sp.misses-2, 6))
-		}
-	default:
-		sp.k = max(1, ok+1)
-		sp.misses = 0
+	k, ok := len(sp.draft), sp.row
+	sp.rejected += k - ok
+	sp.ok[sp.n] = specDecay*sp.ok[sp.n] + float64(ok)
+	sp.fail[sp.n] *= specDecay
+	if ok < k {
+		sp.fail[sp.n]++
 	}
 	clear(sp.rows)
 	sp.on, sp.rows, sp.draft, sp.row = false, sp.rows[:0], sp.draft[:0], 0
 }
 
+// observe records how long a forward of rows positions took (1: a plain
+// step).
+func (sp *speculator) observe(rows int, d time.Duration) {
+	t := d.Seconds()
+	if rows == 1 {
+		if sp.step == 0 {
+			sp.step = t
+		} else {
+			sp.step += specAlpha * (t - sp.step)
+		}
+		return
+	}
+	if sp.step > 0 {
+		c := min(max((t/sp.step-1)/float64(rows-1), 0), 2)
+		sp.cost += specAlpha * (c - sp.cost)
+	}
+}
+
+// plan is how many of avail tokens to draft after an n-gram match of
+// length n (0: a plain step).
+func (sp *speculator) plan(n, avail int) int {
+	a := sp.ok[n] / (sp.ok[n] + sp.fail[n])
+	best, bestV := 0, specMargin
+	e, p := 1.0, 1.0
+	for k := 1; k <= avail; k++ {
+		p *= a
+		e += p
+		if v := e / (1 + sp.cost*float64(k)); v > bestV {
+			best, bestV = k, v
+		}
+	}
+	if best > 0 {
+		sp.gap[n], sp.wait[n] = 0, 0
+		return best
+	}
+	if avail == 0 {
+		return 0
+	}
+	if sp.wait[n] > 0 {
+		sp.wait[n]--
+		return 0
+	}
+	sp.gap[n] = min(64, max(1, 2*sp.gap[n]))
+	sp.wait[n] = sp.gap[n]
+	return 1 // a probe
+}
+
 // propose drafts at most limit tokens to follow history (whose last token
 // is the one about to be fed): what followed the latest earlier
-// occurrence of its last n tokens, for the longest n ≤ 3 that occurs.
+// occurrence of its last n tokens, for the longest n ≤ 3 that occurs, as
+// many as plan says pay.
 func (sp *speculator) propose(history []int32, limit int) []int32 {
-	if sp.pause > 0 {
-		sp.pause--
-		return nil
-	}
-	k := min(sp.k, limit)
-	if k <= 0 {
+	limit = min(limit, sp.max)
+	if limit <= 0 {
 		return nil
 	}
 	L := len(history)
@@ -170,7 +237,12 @@ func (sp *speculator) propose(history []int32, limit int) []int32 {
 				continue
 			}
 			from := i + n
-			sp.draft = append(sp.draft[:0], history[from:min(from+k, L)]...)
+			k := sp.plan(n, min(limit, L-from))
+			if k == 0 {
+				return nil
+			}
+			sp.n = n
+			sp.draft = append(sp.draft[:0], history[from:from+k]...)
 			return sp.draft
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
@@ -461,6 +462,70 @@ func TestChiSquareTail(t *testing.T) {
 	} {
 		if got := chiSquareTail(c.x, c.k); math.Abs(got-c.want) > 1e-9*max(1, c.want) {
 			t.Errorf("chiSquareTail(%v, %d) = %v, want %v", c.x, c.k, got, c.want)
+		}
+	}
+}
+
+// TestSpeculatorPlan: the draft comes from the longest n-gram that recurs;
+// its length follows the measured acceptance and position cost; where
+// drafting does not pay the steps are plain, with one-token probes after
+// 1, 2, 4 … 64 plain steps.
+func TestSpeculatorPlan(t *testing.T) {
+	sp := newSpeculator(nil, 0, 4)
+	for n := range sp.ok { // acceptance 0.9, nearly free positions
+		sp.ok[n], sp.fail[n], sp.cost = 9, 1, 0.05
+	}
+	if d := sp.propose([]int32{1, 2, 3, 9, 8, 1, 2, 3}, 10); !slices.Equal(d, []int32{9, 8, 1, 2}) || sp.n != 3 {
+		t.Fatalf("draft %v from a 3-gram (n %d), want [9 8 1 2]", d, sp.n)
+	}
+	if d := sp.propose([]int32{5, 6, 7, 6}, 10); !slices.Equal(d, []int32{7, 6}) || sp.n != 1 {
+		t.Fatalf("draft %v (n %d), want the 2 tokens after the 1-gram's latest match", d, sp.n)
+	}
+	if d := sp.propose([]int32{1, 2, 3}, 10); d != nil {
+		t.Fatalf("draft %v without a match", d)
+	}
+	if d := sp.propose([]int32{1, 2, 1}, 0); d != nil {
+		t.Fatalf("draft %v with no room", d)
+	}
+
+	sp.cost = 0.25
+	sp.observe(1, 10*time.Millisecond)
+	sp.observe(5, 30*time.Millisecond) // 4 extra positions cost 2 steps: 0.5 each
+	if want := 0.25 + specAlpha*(0.5-0.25); math.Abs(sp.cost-want) > 1e-12 {
+		t.Fatalf("position cost %v, want %v", sp.cost, want)
+	}
+
+	for _, c := range []struct {
+		ok, fail, cost float64
+		want           int
+	}{
+		{9, 1, 0.05, 8},  // acceptance 0.9, nearly free positions: all it may
+		{9, 1, 0.3, 5},   // costly positions: fewer
+		{1, 1, 0.05, 3},  // acceptance 0.5
+		{1, 9, 0.25, -1}, // 0.1 does not pay: probes
+	} {
+		sp := newSpeculator(nil, 0, 8)
+		sp.ok[2], sp.fail[2], sp.cost = c.ok, c.fail, c.cost
+		if c.want >= 0 {
+			if k := sp.plan(2, 8); k != c.want {
+				t.Errorf("%+v: plan %d", c, k)
+			}
+			continue
+		}
+		var probes []int
+		for step := range 300 {
+			if k := sp.plan(2, 8); k == 1 {
+				probes = append(probes, step)
+			} else if k != 0 {
+				t.Fatalf("%+v: plan %d at step %d", c, k, step)
+			}
+		}
+		gaps := []int{}
+		for i := 1; i < len(probes); i++ {
+			gaps = append(gaps, probes[i]-probes[i-1]-1)
+		}
+		if probes[0] != 0 || !slices.Equal(gaps[:7], []int{1, 2, 4, 8, 16, 32, 64}) || gaps[len(gaps)-1] != 64 {
+			t.Errorf("%+v: probes at %v (plain steps between: %v)", c, probes, gaps)
 		}
 	}
 }
