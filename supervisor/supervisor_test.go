@@ -130,7 +130,13 @@ func startOpts(t testing.TB, contents string, debounce time.Duration, wait bool,
 	case err := <-h.done:
 		t.Fatalf("Run ended: %v", err)
 	case <-time.After(30 * time.Second):
-		t.Fatal("runners never ready")
+		// What each runner did (a crash loop names its last exit).
+		var st []byte
+		if resp, err := http.Get("http://" + h.api + "/exo/status"); err == nil {
+			st, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+		}
+		t.Fatalf("runners never ready; status: %s", st)
 	}
 	return h
 }
