@@ -228,17 +228,26 @@ func TestChaosPrefillKilledMidStream(t *testing.T) {
 		// (the whole stream of a ~400-token prompt is ~200 KB here).
 		killAt := int64(40 + i*9000)
 		rl.arm(pre, killAt)
+		killsBefore := rl.kills.Load()
 		m := user(words(900+i, 400))
 		got := chatStream(t, dec.listen, m, genTokens, ignoreEOS)
 		want := chatStream(t, ref.listen, m, genTokens, ignoreEOS)
 		expectSame(t, "request", got, want)
 		t.Logf("request %d: kill at byte %d, outcome %s", i, killAt, dec.lastOutcome())
-		select {
-		case <-pre.done:
+		// A request whose stream reached the kill offset killed the runner:
+		// wait for it to be gone (not a look that may come before the exit
+		// on a loaded machine, which left the next request a dead endpoint
+		// and the one after an open breaker), start another, and wait for
+		// the decode side to trust the endpoint again.
+		if rl.kills.Load() > killsBefore {
+			select {
+			case <-pre.done:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("request %d: the killed prefill runner did not exit", i)
+			}
 			pre = start(t, "prefill", "prefill", "--model", dir, "--prefill-chunk", "32", "--prefix-cache-mib", "0")
 			rl.arm(pre, 0)
 			dec.waitEndpoint(t, rl.l.Addr().String(), "closed", 15*time.Second)
-		default:
 		}
 	}
 	kills := rl.kills.Load()

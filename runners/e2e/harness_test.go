@@ -234,6 +234,37 @@ func (p *proc) metric(t *testing.T, series string) float64 {
 	return 0
 }
 
+// metricPrefix returns the sum of every series of a metric (any labels)
+// from /metrics.
+func (p *proc) metricPrefix(t *testing.T, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + p.http + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	var sum float64
+	for sc.Scan() {
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		f := strings.Fields(rest[strings.LastIndexByte(rest, '}')+1:])
+		if len(f) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[0], 64)
+		if err != nil {
+			t.Fatalf("metric %s: %v", line, err)
+		}
+		sum += v
+	}
+	return sum
+}
+
 func outcome(o string) string { return `exo_remote_prefill_total{outcome="` + o + `"}` }
 
 // chatResult is what a streamed chat request produced.

@@ -283,6 +283,11 @@ func TestTinyFaults(t *testing.T) {
 		if err := <-done; !errors.Is(err, context.Canceled) {
 			t.Fatalf("hog fetch: %v, want context.Canceled", err)
 		}
+		// The prefill runner frees the slot when the hog's handler returns,
+		// a moment after the client has gone: wait for its own gauge to say
+		// it is idle, so the next request does not race the release.
+		testutil.Eventually(t, func() bool { return pre.metricPrefix(t, "exo_requests_running") == 0 }, 30*time.Second,
+			"the prefill runner never released the hog's slot")
 		check(t, start(t, "decode-after-busy", "decode", "--model", dir, "--prefill", pre.listen, "--secret-file", secret), "ok")
 	})
 	t.Run("fingerprint mismatch", func(t *testing.T) {
