@@ -855,28 +855,7 @@ func checkLeftRecursion(root *node) error {
 		black
 	)
 	color := map[*node]int{}
-	var all []*node
-	seen := map[*node]bool{}
-	var collect func(n *node)
-	collect = func(n *node) {
-		if n == nil || seen[n] {
-			return
-		}
-		seen[n] = true
-		all = append(all, n)
-		collect(n.items)
-		for _, p := range n.prefix {
-			collect(p)
-		}
-		collect(n.additional)
-		for _, p := range n.props {
-			collect(p.node)
-		}
-		for _, a := range n.alts {
-			collect(a)
-		}
-	}
-	collect(root)
+	all := allNodes(root)
 	var visit func(n *node) bool
 	visit = func(n *node) bool {
 		switch color[n] {
