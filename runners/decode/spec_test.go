@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -20,8 +19,6 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
-	"github.com/exo-pd/exo-pd/runners/metrics"
-	"github.com/exo-pd/exo-pd/runners/prefill"
 )
 
 // answerOf posts a chat request and returns its answer without what
@@ -166,20 +163,7 @@ func TestSpeculativeBatchedAndRemote(t *testing.T) {
 	s := startTinyServer(t, spec, func(_ Text, o *Options) {
 		o.Speculative, o.SpecTokens = SpecPromptLookup, 4
 		m := o.Model.(*engine.Model)
-		prod := prefill.New(prefill.Options{Name: "m", Model: m, Chunk: 16, Metrics: metrics.New("prefill")})
-		t.Cleanup(prod.Close)
-		srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		t.Cleanup(cancel)
-		go srv.Serve(ctx, l)
-		remoteAddr = l.Addr().String()
+		remoteAddr = servePrefill(t, m, 16, nil)
 		o.Remote = &KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{}), Name: "m", Model: m,
 			Selector: kvwire.NewSelector([]kvwire.Endpoint{{Addr: remoteAddr, Link: kvwire.LinkLoopback}})}
 		o.RemoteMinTokens = 1
