@@ -130,3 +130,108 @@ func (m *Model) stageTail(c KVCache, tokens []int32, hidden []float32) ([]float3
 	}
 	return b.Float32(out)
 }
+
+// StageStep runs several sequences' chunks through the stage's layers in
+// one step, as ForwardBatch does for a whole model: toks[i] continues
+// caches[i] at its current length (the caches distinct, every chunk at
+// least one token). The first stage embeds the tokens (hidden nil); a
+// later stage takes the previous stage's output for all the rows in
+// order, hidden [Σ len(toks[i]), D] (float32, row-major). The last stage
+// returns each sequence's last-position logits [V] (logits[i], hidden
+// nil); the others their output hidden states [Σ len(toks[i]), D], the
+// next stage's input (logits nil). Every row is what it would be with
+// its sequence alone (the backends' ops are row-independent), so a
+// pipeline decoding several sequences together gives each one's tokens
+// bit for bit on the cpu backend. The results belong to the caller. On
+// error every cache is truncated to where it was.
+func (m *Model) StageStep(ctx context.Context, caches []KVCache, toks [][]int32, hidden []float32) (out []float32, logits [][]float32, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(caches) == 0 || len(caches) != len(toks) {
+		return nil, nil, fmt.Errorf("engine: StageStep with %d caches and %d chunks", len(caches), len(toks))
+	}
+	total := 0
+	for i, c := range caches {
+		if len(toks[i]) == 0 {
+			return nil, nil, fmt.Errorf("engine: StageStep: chunk %d is empty", i)
+		}
+		for _, d := range caches[:i] {
+			if d == c {
+				return nil, nil, fmt.Errorf("engine: StageStep: cache %d appears twice", i)
+			}
+		}
+		if err := m.checkCache(c, toks[i]); err != nil {
+			return nil, nil, err
+		}
+		total += len(toks[i])
+	}
+	D := m.cfg.Hidden
+	switch {
+	case m.embed != nil && hidden != nil:
+		return nil, nil, fmt.Errorf("%w: the first stage embeds the tokens; it takes no hidden states", ErrStage)
+	case m.embed == nil && len(hidden) != total*D:
+		return nil, nil, fmt.Errorf("%w: %d hidden values for %d tokens of width %d", ErrStage, len(hidden), total, D)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	starts := make([]int, len(caches))
+	for i, c := range caches {
+		starts[i] = c.Len()
+		beginStep(c, len(toks[i]))
+	}
+	defer func() {
+		if err != nil {
+			for i, c := range caches {
+				c.Truncate(starts[i])
+			}
+		}
+		m.b.Free()
+	}()
+	defer recoverInto(&err, "stage step")
+	return m.stageSeqs(caches, toks, hidden)
+}
+
+// stageSeqs is StageStep's step (m.mu held, the caches begun).
+func (m *Model) stageSeqs(caches []KVCache, toks [][]int32, hidden []float32) ([]float32, [][]float32, error) {
+	b := m.b
+	s := m.beginStep(caches, toks)
+	defer m.scr.endStep()
+	x := m.stageInput(s, hidden)
+	for i, blk := range m.blocks {
+		var err error
+		if x, err = blk.forward(s, i, x); err != nil {
+			return nil, nil, err
+		}
+	}
+	if m.head == nil {
+		x = b.AsType(x, F32)
+		if err := b.Eval(append([]Array{x}, s.eval...)...); err != nil {
+			return nil, nil, err
+		}
+		out, err := b.Float32(x)
+		return out, nil, err
+	}
+	last := x // one row per sequence when every chunk is one token
+	if s.n != len(caches) {
+		for i := range caches {
+			end := s.starts[i] + len(toks[i])
+			s.outs[i] = b.Slice(x, 0, end-1, end) // [1, D]
+		}
+		last = s.join(s.outs)
+	}
+	out := b.Linear(b.RMSNorm(last, m.head.norm, m.eps), m.head.out) // [B, V]
+	if err := b.Eval(append([]Array{out}, s.eval...)...); err != nil {
+		return nil, nil, err
+	}
+	f, err := b.Float32(out)
+	if err != nil {
+		return nil, nil, err
+	}
+	V := len(f) / len(caches)
+	logits := make([][]float32, len(caches))
+	for i := range logits {
+		logits[i] = f[i*V : (i+1)*V : (i+1)*V]
+	}
+	return nil, logits, nil
+}
