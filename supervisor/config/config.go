@@ -45,7 +45,27 @@ const (
 	CUDA  Backend = "cuda"
 	Metal Backend = "metal"
 	CPU   Backend = "cpu"
+	// MLXCPU is MLX on the host's CPU device (runners get --backend mlx
+	// --device cpu): hosts without a GPU, and tests of the MLX path.
+	MLXCPU Backend = "mlx-cpu"
 )
+
+// Shard modes of a model's decode or prefill hosts.
+const (
+	// ShardReplicas: every listed host runs a whole copy (the default).
+	ShardReplicas = "replicas"
+	// ShardPipeline: the listed hosts are the stages, in order, each
+	// holding a range of the layers.
+	ShardPipeline = "pipeline"
+	// ShardTensor: the listed hosts are tensor-parallel ranks (validated,
+	// not supported yet).
+	ShardTensor = "tensor"
+)
+
+// StageLinkPortOffset is the offset, within a model's block of
+// PortsPerModel ports, of a pipeline decode stage's link port (contract C1:
+// runner_port_base + 10*i + 3).
+const StageLinkPortOffset = 3
 
 // Config is a loaded, defaulted and validated cluster file.
 type Config struct {
@@ -58,6 +78,9 @@ type Config struct {
 	Models     []*Model         `toml:"models"`
 
 	pos []keyPos
+	// stages holds each pipeline's placement, keyed by stageKey(model,
+	// role): from layers by hand at load, or from Place.
+	stages map[string][]Stage
 }
 
 // Cluster holds cluster-wide settings.
@@ -114,6 +137,9 @@ type Host struct {
 	Backend Backend `toml:"backend"`
 	// Threads is the cpu backend's thread count (--threads; 0 = all cores).
 	Threads int `toml:"threads"`
+	// MemoryGiB is the memory the host gives to weights and KV, in GiB
+	// (nil: unset). Pipeline placement splits layers in proportion to it.
+	MemoryGiB *float64 `toml:"memory_gib"`
 }
 
 // Model is one served model: its decode runners and optional prefill runners.
@@ -189,7 +215,16 @@ type Role struct {
 	// PrefixCacheMiB bounds the prefill runner's prefix cache
 	// (--prefix-cache-mib; 0 = off; unset = the runner's default).
 	PrefixCacheMiB *int `toml:"prefix_cache_mib"`
+	// Shard is how the hosts share the model: ShardReplicas ("" = it),
+	// ShardPipeline or ShardTensor.
+	Shard string `toml:"shard"`
+	// Layers fixes a pipeline's split by hand: layer counts per stage, in
+	// host order, summing to the model's layers (nil: split by memory).
+	Layers []int `toml:"layers"`
 }
+
+// Pipeline reports whether the role's hosts are pipeline stages.
+func (r *Role) Pipeline() bool { return r != nil && r.Shard == ShardPipeline }
 
 // Error is one problem in a cluster file.
 type Error struct {
@@ -332,12 +367,12 @@ var knownKeys = map[string][]string{
 	"cluster":            {"name", "secret_file", "models_dir", "runner_port_base", "offline", "insecure"},
 	"api":                {"listen", "port", "api_key_file", "open_paths", "cors_origins"},
 	"supervisor":         {"liveness_timeout", "liveness_starting_timeout"},
-	"hosts.*":            {"address", "backend", "threads"},
+	"hosts.*":            {"address", "backend", "threads", "memory_gib"},
 	"models":             {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "remote_prefill_route", "kv_wire_dtype", "kv_streams", "max_queue", "max_batch", "prefill_chunk", "prefill_connect_timeout_ms", "defaults", "speculative"},
 	"models.defaults":    {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"},
 	"models.speculative": {"mode", "tokens", "draft"},
-	"models.decode":      {"hosts", "source", "port"},
-	"models.prefill":     {"hosts", "source", "port", "metrics_port", "prefix_cache_mib"},
+	"models.decode":      {"hosts", "source", "port", "shard", "layers"},
+	"models.prefill":     {"hosts", "source", "port", "metrics_port", "prefix_cache_mib", "shard", "layers"},
 }
 
 func knownKeysHint(path []string) string {

@@ -47,9 +47,9 @@ sauce = "a"
 decode = { hosts = ["mac"], source = "a", portt = 3 }
 `, []string{
 			`f.toml:14:1: unknown key "prot" (known keys here: listen, port, api_key_file, open_paths, cors_origins)`,
-			`f.toml:16:2: unknown key "extra" (known keys here: address, backend, threads)`,
+			`f.toml:16:2: unknown key "extra" (known keys here: address, backend, threads, memory_gib)`,
 			`f.toml:21:1: unknown key "sauce" (known keys here: name, source, decode, prefill, remote_prefill_min_tokens, remote_prefill_route, kv_wire_dtype, kv_streams, max_queue, max_batch, prefill_chunk, prefill_connect_timeout_ms, defaults, speculative)`,
-			`f.toml:22:43: unknown key "portt" (known keys here: hosts, source, port)`,
+			`f.toml:22:43: unknown key "portt" (known keys here: hosts, source, port, shard, layers)`,
 		}},
 		{"unknown host", twoHosts + `
 [[models]]
@@ -118,8 +118,8 @@ decode = { hosts = [] }
 			`f.toml:1:1: the cluster has 2 hosts and [cluster] has no secret_file: anyone who reaches a KV port gets prefill and can feed decode runners; create one secret for all hosts (head -c 32 /dev/urandom | base64 > /etc/exo/secret), copy it to every host and set secret_file = "/etc/exo/secret" under [cluster], or write insecure = true there to run open`,
 			`f.toml:3:1: api port 70000 out of range 1-65535`,
 			`f.toml:5:2: host x has no address (how other hosts reach it, e.g. address = "10.0.0.10")`,
-			`f.toml:6:1: host x: unknown backend "rocm" (want cuda, metal or cpu)`,
-			`f.toml:8:2: host y has no backend (cuda, metal or cpu)`,
+			`f.toml:6:1: host x: unknown backend "rocm" (want cuda, metal, cpu or mlx-cpu)`,
+			`f.toml:8:2: host y has no backend (cuda, metal, cpu or mlx-cpu)`,
 			`f.toml:9:1: host y: address "a b" is neither an IP address nor a host name`,
 			`f.toml:11:3: models[0] has no name (what clients send as "model")`,
 			`f.toml:12:1: models[0]: decode has no source (set source on the model or decode.source)`,

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 )
 
 // Roles.
@@ -52,6 +53,63 @@ type Runner struct {
 	// --speculative-tokens ("" and 0: the runner's defaults).
 	Speculative string `json:"speculative,omitempty"`
 	SpecTokens  int    `json:"speculative_tokens,omitempty"`
+	// Pipeline stage (contract C1), decode only; zero for a whole copy.
+	// Layers is "A:B" (half-open, 0-based), Stage "I/N", StageListen
+	// where this stage takes the link from the one before, StageNext the
+	// next stage's StageListen (the last stage's is stage 0's). Group is
+	// the whole split ("0:12,12:24"): a change anywhere restarts every
+	// stage.
+	Layers      string `json:"layers,omitempty"`
+	Stage       string `json:"stage,omitempty"`
+	StageListen string `json:"stage_listen,omitempty"`
+	StageNext   string `json:"stage_next,omitempty"`
+	Group       string `json:"group,omitempty"`
+}
+
+// Stage is one pipeline stage: the host and its layer range [Start, End)
+// of the whole model, with the placement's estimates (0 when the split was
+// made by hand without the model's facts).
+type Stage struct {
+	Host  string `json:"host"`
+	Start int    `json:"layer_start"`
+	End   int    `json:"layer_end"`
+	// WeightBytes are the stage's weights (its layers, plus the embedding
+	// on stage 0 and the head on the last); KVBytes its KV reserve for the
+	// model's context.
+	WeightBytes int64 `json:"weight_bytes,omitempty"`
+	KVBytes     int64 `json:"kv_bytes,omitempty"`
+}
+
+// StageLinkPort is the port model i's pipeline decode stages take their
+// stage link on (contract C1).
+func (c *Config) StageLinkPort(i int) int {
+	return c.Cluster.RunnerPortBase + PortsPerModel*i + StageLinkPortOffset
+}
+
+func stageKey(model, role string) string { return model + "\x00" + role }
+
+func (c *Config) setStages(model, role string, st []Stage) {
+	if c.stages == nil {
+		c.stages = map[string][]Stage{}
+	}
+	c.stages[stageKey(model, role)] = st
+}
+
+// Stages returns the placement of model's role when it is a pipeline whose
+// split is known (by hand, or from Place), else nil.
+func (c *Config) Stages(model, role string) []Stage {
+	return slices.Clone(c.stages[stageKey(model, role)])
+}
+
+func groupString(st []Stage) string {
+	s := ""
+	for i, x := range st {
+		if i > 0 {
+			s += ","
+		}
+		s += fmt.Sprintf("%d:%d", x.Start, x.End)
+	}
+	return s
 }
 
 // HealthAddr is the HOST:PORT serving the runner's /health and /metrics.
@@ -66,6 +124,9 @@ func (r Runner) HealthAddr() string {
 // "runner decode …" or "runner prefill …" exactly as runners accept them.
 func (r Runner) Args() []string {
 	a := []string{"runner", r.Role, "--model", r.Source, "--served-name", r.Model, "--listen", r.Listen}
+	if r.Stage != "" {
+		a = append(a, "--layers", r.Layers, "--stage", r.Stage, "--stage-listen", r.StageListen, "--stage-next", r.StageNext)
+	}
 	if r.Role == Prefill {
 		a = append(a, "--metrics", r.Metrics)
 	} else {
@@ -142,7 +203,7 @@ func (r Runner) Args() []string {
 
 // Equal reports whether two runner specs describe the same process.
 func (r Runner) Equal(o Runner) bool {
-	return r.Name == o.Name && r.Host == o.Host && slices.Equal(r.Args(), o.Args())
+	return r.Name == o.Name && r.Host == o.Host && r.Group == o.Group && slices.Equal(r.Args(), o.Args())
 }
 
 // LogValue makes runners log as their name, role, model and address.
@@ -167,6 +228,8 @@ func runnerBackend(b Backend) (backend, device string) {
 	switch b {
 	case CUDA, Metal:
 		return "mlx", "gpu"
+	case MLXCPU:
+		return "mlx", "cpu"
 	default:
 		return "cpu", ""
 	}
@@ -175,7 +238,7 @@ func runnerBackend(b Backend) (backend, device string) {
 // AllRunners returns every runner of the cluster, sorted by host then name.
 func (c *Config) AllRunners() []Runner {
 	var out []Runner
-	for _, m := range c.Models {
+	for mi, m := range c.Models {
 		var prefill, health []string
 		if m.Prefill != nil {
 			for _, hn := range m.Prefill.Hosts {
@@ -188,7 +251,14 @@ func (c *Config) AllRunners() []Runner {
 			if r == nil {
 				return
 			}
-			for _, hn := range r.Hosts {
+			var stages []Stage
+			if r.Pipeline() {
+				// A pipeline runs only once its split is known.
+				if stages = c.stages[stageKey(m.Name, role)]; stages == nil || role != Decode {
+					return
+				}
+			}
+			for si, hn := range r.Hosts {
 				h := c.Hosts[hn]
 				be, dev := runnerBackend(h.Backend)
 				ru := Runner{
@@ -197,6 +267,15 @@ func (c *Config) AllRunners() []Runner {
 					SecretFile: c.Cluster.SecretFile, ModelsDir: c.Cluster.ModelsDir,
 					Backend: be, Device: dev, MaxQueue: m.MaxQueue, MaxBatch: m.MaxBatch,
 					PrefillChunk: m.PrefillChunk, Threads: h.Threads, Offline: c.Cluster.Offline,
+				}
+				if stages != nil {
+					next := c.Hosts[stages[(si+1)%len(stages)].Host]
+					ru.Name = fmt.Sprintf("%s-%s-stage%d", m.Name, role, si)
+					ru.Layers = fmt.Sprintf("%d:%d", stages[si].Start, stages[si].End)
+					ru.Stage = fmt.Sprintf("%d/%d", si, len(stages))
+					ru.StageListen = net.JoinHostPort(h.Address, strconv.Itoa(c.StageLinkPort(mi)))
+					ru.StageNext = net.JoinHostPort(next.Address, strconv.Itoa(c.StageLinkPort(mi)))
+					ru.Group = groupString(stages)
 				}
 				if role == Prefill {
 					ru.Metrics = net.JoinHostPort(h.Address, strconv.Itoa(r.MetricsPort))
@@ -246,6 +325,12 @@ func (c *Config) Runners(host string) []Runner {
 		}
 	}
 	return out
+}
+
+// StageZero reports whether the runner serves the API: every decode runner
+// but a pipeline's later stages (which serve only /health and /metrics).
+func (r Runner) StageZero() bool {
+	return r.Stage == "" || strings.HasPrefix(r.Stage, "0/")
 }
 
 // DecodeRunners returns every decode runner of model, in host order.

@@ -93,11 +93,14 @@ func (c *Config) validate() Errors {
 			bad(c.at("hosts", name, "threads"), "host %s: threads must not be negative", name)
 		}
 		switch h.Backend {
-		case CUDA, Metal, CPU:
+		case CUDA, Metal, CPU, MLXCPU:
 		case "":
-			bad(c.at("hosts", name), "host %s has no backend (cuda, metal or cpu)", name)
+			bad(c.at("hosts", name), "host %s has no backend (cuda, metal, cpu or mlx-cpu)", name)
 		default:
-			bad(c.at("hosts", name, "backend"), "host %s: unknown backend %q (want cuda, metal or cpu)", name, h.Backend)
+			bad(c.at("hosts", name, "backend"), "host %s: unknown backend %q (want cuda, metal, cpu or mlx-cpu)", name, h.Backend)
+		}
+		if m := h.MemoryGiB; m != nil && (*m != *m || *m <= 0 || *m > 1<<20) {
+			bad(c.at("hosts", name, "memory_gib"), "host %s: memory_gib must be a positive number of GiB (what the host gives to weights and KV), got %v", name, *m)
 		}
 	}
 	if len(c.Models) == 0 {
@@ -241,7 +244,11 @@ func (c *Config) validate() Errors {
 				if rr.role == "prefill" {
 					claim(hn, r.MetricsPort, what+" metrics", c.at("models", i, rr.role, "metrics_port"))
 				}
+				if rr.role == Decode && r.Pipeline() {
+					claim(hn, c.StageLinkPort(i), what+" stage link", c.at("models", i, rr.role, "shard"))
+				}
 			}
+			c.validateShard(i, label, rr.role, r, bad)
 		}
 	}
 	return errs
@@ -261,4 +268,76 @@ func (c *Config) beyondLoopback() string {
 		}
 	}
 	return ""
+}
+
+// validateShard checks a role's shard and layers keys and, for a pipeline
+// split by hand, records its stages.
+func (c *Config) validateShard(i int, label, role string, r *Role, bad func(Pos, string, ...any)) {
+	switch r.Shard {
+	case "", ShardReplicas, ShardPipeline, ShardTensor:
+	default:
+		bad(c.at("models", i, role, "shard"), "%s: %s.shard %q: want \"replicas\" (every host a whole copy, the default), \"pipeline\" (the hosts are stages, in order) or \"tensor\"", label, role, r.Shard)
+		return
+	}
+	if r.Shard == ShardTensor {
+		bad(c.at("models", i, role, "shard"), "%s: %s.shard \"tensor\" is not supported yet (use \"pipeline\" to fit a model on several hosts, or \"replicas\")", label, role)
+	} else if r.Shard == ShardPipeline && role == Prefill {
+		bad(c.at("models", i, role, "shard"), "%s: prefill.shard \"pipeline\" is not supported yet (a pipeline decode works; prefill hosts must each hold the whole model)", label)
+	}
+	if (r.Shard == ShardPipeline || r.Shard == ShardTensor) && len(r.Hosts) == 1 {
+		bad(c.at("models", i, role, "hosts"), "%s: %s.shard %q needs at least 2 hosts (one host holds the whole model: leave shard out)", label, role, r.Shard)
+	}
+	if r.Layers != nil {
+		if r.Shard != ShardPipeline {
+			bad(c.at("models", i, role, "layers"), "%s: %s.layers splits a pipeline: it needs shard = \"pipeline\"", label, role)
+			return
+		}
+		if len(r.Layers) != len(r.Hosts) {
+			bad(c.at("models", i, role, "layers"), "%s: %s.layers has %d stage(s) but %s.hosts has %d: give one layer count per host, in host order", label, role, len(r.Layers), role, len(r.Hosts))
+			return
+		}
+		ok := true
+		for j, n := range r.Layers {
+			if n < 1 {
+				bad(c.at("models", i, role, "layers", j), "%s: %s.layers[%d] = %d: every stage needs at least one layer", label, role, j, n)
+				ok = false
+			}
+		}
+		if ok && len(r.Hosts) > 0 {
+			c.setStages(c.Models[i].Name, role, handStages(r))
+		}
+		return
+	}
+	if r.Shard != ShardPipeline {
+		return
+	}
+	// Split by memory: every supervisor must compute the same split, so
+	// memory_gib is on every stage host or on none (then the split is even).
+	var with, without []string
+	for _, hn := range r.Hosts {
+		h, ok := c.Hosts[hn]
+		if !ok {
+			return
+		}
+		if h.MemoryGiB != nil {
+			with = append(with, hn)
+		} else {
+			without = append(without, hn)
+		}
+	}
+	if len(with) > 0 && len(without) > 0 {
+		bad(c.at("models", i, role, "shard"), "%s: %s is split by memory but memory_gib is set on %s and not on %s: set it on every stage host (or on none for an even split), or fix the split with layers = [...]",
+			label, role, strings.Join(with, ", "), strings.Join(without, ", "))
+	}
+}
+
+// handStages turns a by-hand layers list into stages.
+func handStages(r *Role) []Stage {
+	st := make([]Stage, len(r.Layers))
+	a := 0
+	for j, n := range r.Layers {
+		st[j] = Stage{Host: r.Hosts[j], Start: a, End: a + n}
+		a += n
+	}
+	return st
 }

@@ -1,0 +1,175 @@
+package config
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+const threeHosts = `[cluster]
+secret_file = "/etc/exo/secret"
+
+[hosts.a]
+address = "127.0.0.2"
+backend = "cpu"
+
+[hosts.b]
+address = "127.0.0.3"
+backend = "mlx-cpu"
+
+[hosts.c]
+address = "127.0.0.4"
+backend = "metal"
+`
+
+func TestShardKeysInvalid(t *testing.T) {
+	tests := []struct {
+		name string
+		src  string
+		want []string
+	}{
+		{"bad shard", `
+[[models]]
+name = "m"
+source = "s"
+decode = { hosts = ["a", "b"], shard = "layers" }
+`, []string{`f.toml:19:32: model m: decode.shard "layers": want "replicas" (every host a whole copy, the default), "pipeline" (the hosts are stages, in order) or "tensor"`}},
+		{"one stage", `
+[[models]]
+name = "m"
+source = "s"
+decode = { hosts = ["a"], shard = "pipeline" }
+`, []string{`f.toml:19:12: model m: decode.shard "pipeline" needs at least 2 hosts (one host holds the whole model: leave shard out)`}},
+		{"layers without pipeline", `
+[[models]]
+name = "m"
+source = "s"
+decode = { hosts = ["a", "b"], layers = [1, 1] }
+`, []string{`f.toml:19:32: model m: decode.layers splits a pipeline: it needs shard = "pipeline"`}},
+		{"layers count", `
+[[models]]
+name = "m"
+source = "s"
+decode = { hosts = ["a", "b"], shard = "pipeline", layers = [1, 1, 1] }
+`, []string{`f.toml:19:52: model m: decode.layers has 3 stage(s) but decode.hosts has 2: give one layer count per host, in host order`}},
+		{"empty stage", `
+[[models]]
+name = "m"
+source = "s"
+decode = { hosts = ["a", "b"], shard = "pipeline", layers = [3, 0] }
+`, []string{`f.toml:19:65: model m: decode.layers[1] = 0: every stage needs at least one layer`}},
+		{"memory on some hosts", `
+[hosts.a.x]
+[[models]]
+name = "m"
+source = "s"
+decode = { hosts = ["a", "b"], shard = "pipeline" }
+`, nil},
+		{"bad memory", `
+[hosts.d]
+address = "127.0.0.5"
+backend = "cpu"
+memory_gib = -3
+`, nil},
+		{"tensor and pipeline prefill not yet", `
+[[models]]
+name = "m"
+source = "s"
+decode = { hosts = ["a", "b"], shard = "tensor" }
+prefill = { hosts = ["a", "c"], shard = "pipeline" }
+`, []string{
+			`f.toml:19:32: model m: decode.shard "tensor" is not supported yet (use "pipeline" to fit a model on several hosts, or "replicas")`,
+			`f.toml:20:33: model m: prefill.shard "pipeline" is not supported yet (a pipeline decode works; prefill hosts must each hold the whole model)`,
+		}},
+		{"stage link port clash", `
+[[models]]
+name = "m"
+source = "s"
+decode = { hosts = ["a", "b"], shard = "pipeline", layers = [1, 1] }
+[[models]]
+name = "n"
+source = "s"
+decode = { hosts = ["a"], port = 52503 }
+`, []string{`f.toml:23:27: two runners on one port: model m decode stage link and model n decode both use port 52503 on host a`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			src := threeHosts + tt.src
+			switch tt.name {
+			case "memory on some hosts":
+				src = strings.Replace(threeHosts, "backend = \"cpu\"\n", "backend = \"cpu\"\nmemory_gib = 64\n", 1) + strings.Replace(tt.src, "[hosts.a.x]\n", "", 1)
+				tt.want = []string{`f.toml:20:32: model m: decode is split by memory but memory_gib is set on a and not on b: set it on every stage host (or on none for an even split), or fix the split with layers = [...]`}
+			case "bad memory":
+				src += "[[models]]\nname = \"m\"\nsource = \"s\"\ndecode = { hosts = [\"d\"] }\n"
+				tt.want = []string{`f.toml:19:1: host d: memory_gib must be a positive number of GiB (what the host gives to weights and KV), got -3`}
+			}
+			_, err := Parse("f.toml", []byte(src))
+			if err == nil {
+				t.Fatal("Parse succeeded")
+			}
+			if got := strings.Split(err.Error(), "\n"); !slices.Equal(got, tt.want) {
+				t.Errorf("errors:\n got: %s\nwant: %s", strings.Join(got, "\n      "), strings.Join(tt.want, "\n      "))
+			}
+		})
+	}
+}
+
+func TestPipelinePlanByHand(t *testing.T) {
+	src := threeHosts + `
+[[models]]
+name = "other"
+source = "s"
+decode = { hosts = ["a"] }
+
+[[models]]
+name = "m"
+source = "org/m"
+decode = { hosts = ["c", "a", "b"], shard = "pipeline", layers = [10, 12, 8] }
+`
+	c, err := Parse("f.toml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]string{
+		"a": {"m-decode-stage1", "--layers", "10:22", "--stage", "1/3", "--stage-listen", "127.0.0.2:52513", "--stage-next", "127.0.0.3:52513"},
+		"b": {"m-decode-stage2", "--layers", "22:30", "--stage", "2/3", "--stage-listen", "127.0.0.3:52513", "--stage-next", "127.0.0.4:52513"},
+		"c": {"m-decode-stage0", "--layers", "0:10", "--stage", "0/3", "--stage-listen", "127.0.0.4:52513", "--stage-next", "127.0.0.2:52513"},
+	}
+	for host, w := range want {
+		var got Runner
+		for _, r := range c.Runners(host) {
+			if r.Model == "m" {
+				got = r
+			}
+		}
+		if got.Name != w[0] {
+			t.Fatalf("host %s: runner %q, want %q (runners %v)", host, got.Name, w[0], c.Runners(host))
+		}
+		args := got.Args()
+		i := slices.Index(args, "--layers")
+		if i < 0 || !slices.Equal(args[i:i+8], w[1:]) {
+			t.Errorf("host %s: args %v, want %v", host, args, w[1:])
+		}
+		if got.StageZero() != (host == "c") {
+			t.Errorf("host %s: StageZero = %v", host, got.StageZero())
+		}
+	}
+	if b := c.Runners("b"); len(b) != 1 || !slices.Contains(b[0].Args(), "--device") || !slices.Contains(b[0].Args(), "mlx") {
+		t.Errorf("mlx-cpu host b: %v", b[0].Args())
+	} else if i := slices.Index(b[0].Args(), "--device"); b[0].Args()[i+1] != "cpu" {
+		t.Errorf("mlx-cpu host b: --device %s, want cpu", b[0].Args()[i+1])
+	}
+	// Moving one layer between the last two stages restarts every stage,
+	// the untouched first one included.
+	c2, err := Parse("f.toml", []byte(strings.Replace(src, "[10, 12, 8]", "[10, 11, 9]", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, host := range []string{"a", "b", "c"} {
+		ch := Diff(c.Runners(host), c2.Runners(host))
+		want := []string{"m-decode-stage0", "m-decode-stage1", "m-decode-stage2"}
+		if len(ch.Restart) != 1 || !slices.Contains(want, ch.Restart[0].Name) || len(ch.Start)+len(ch.Stop) != 0 {
+			t.Errorf("host %s: %v, want the stage restarted", host, ch)
+		}
+	}
+}
