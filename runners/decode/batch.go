@@ -36,6 +36,7 @@ type stepReq struct {
 	cache  engine.KVCache
 	tok    int32
 	logits []float32
+	picked Picked // a PickingModel's pick, when the batcher steps one
 	err    error
 	done   chan struct{} // buffered (1): the batcher signals, never closes
 	buf    []float32     // the generation's own logits row, reused step after step
@@ -102,31 +103,38 @@ func (b *batcher) members() int {
 }
 
 // step appends tok to cache as part of the next batch and returns the
-// logits after it. It always waits for the batch it joined: the cache is
-// in use until then. The logits are the member's own row: valid until its
-// next step.
-func (m *member) step(cache engine.KVCache, tok int32) ([]float32, error) {
+// logits after it (a PickingModel's pick instead). It always waits for
+// the batch it joined: the cache is in use until then. The logits are the
+// member's own row: valid until its next step.
+func (m *member) step(cache engine.KVCache, tok int32) (stepOut, error) {
 	b, r := m.b, &m.req
 	r.cache, r.tok, r.logits, r.err = cache, tok, nil, nil
 	select {
 	case b.reqs <- r:
 	case <-b.stopped:
-		return nil, errBatcherStopped
+		return stepOut{}, errBatcherStopped
 	}
 	select {
 	case <-r.done:
-		return r.logits, r.err
+		if r.err != nil {
+			return stepOut{}, r.err
+		}
+		if r.logits == nil {
+			return stepOut{picked: &r.picked}, nil
+		}
+		return stepOut{logits: r.logits}, nil
 	case <-b.stopped:
 		// run has returned; it finishes every batch it starts, so r was
 		// never taken.
-		return nil, errBatcherStopped
+		return stepOut{}, errBatcherStopped
 	}
 }
 
 // step is a one-off member's step (tests and callers without a member).
 func (b *batcher) step(cache engine.KVCache, tok int32) ([]float32, error) {
 	m := &member{b: b, req: stepReq{done: make(chan struct{}, 1)}}
-	return m.step(cache, tok)
+	out, err := m.step(cache, tok)
+	return out.logits, err
 }
 
 var errBatcherStopped = errors.New("decode: server closed")
@@ -144,6 +152,7 @@ func (b *batcher) run(ctx context.Context) {
 	// The model's logits for a whole batch land in flat (room for the
 	// largest batch, made once), rows views of it.
 	sb, into := b.model.(stepBatch)
+	pm, picking := b.model.(PickingModel)
 	vocab := 0
 	if into {
 		vocab = max(b.model.Info().Vocab, 0)
@@ -182,8 +191,11 @@ func (b *batcher) run(ctx context.Context) {
 			b.sizes(len(batch))
 		}
 		var logits [][]float32
+		var picked []Picked
 		var err error
-		if into && vocab > 0 {
+		if picking {
+			picked, err = pm.ForwardBatchPick(context.Background(), caches, toks)
+		} else if into && vocab > 0 {
 			// The model writes every row into flat's storage (it has room
 			// for the largest batch). The row slices it returns are its
 			// own scratch, which another generation's prefill may reuse
@@ -201,6 +213,8 @@ func (b *batcher) run(ctx context.Context) {
 		for i, r := range batch {
 			if err != nil {
 				r.err = err
+			} else if picking {
+				r.picked, r.logits = picked[i], nil
 			} else {
 				// Each generation reads its row after the batcher has
 				// moved on: a copy into the row it owns.

@@ -216,8 +216,8 @@ func TestBatcherStepAllocatesNothing(t *testing.T) {
 	}
 	mems[0] = b.joinMember()
 	got, err := mems[0].step(caches[0], 3)
-	if err != nil || !slices.Equal(got, want) {
-		t.Fatalf("batched step: %v, logits equal to Forward's: %v", err, slices.Equal(got, want))
+	if err != nil || !slices.Equal(got.logits, want) {
+		t.Fatalf("batched step: %v, logits equal to Forward's: %v", err, slices.Equal(got.logits, want))
 	}
 	n0 := caches[0].Len()
 	one := func() {

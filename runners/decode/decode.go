@@ -35,7 +35,6 @@ import (
 	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/metrics"
 	"github.com/exo-pd/exo-pd/runners/openai"
-	"github.com/exo-pd/exo-pd/runners/sample"
 )
 
 // Model is what the decode runner needs of *engine.Model.
@@ -410,10 +409,30 @@ func (s *Server) Generate(ctx context.Context, req *gen.Request, em gen.Emitter)
 		return gen.Result{}, err
 	}
 
-	// The last prompt token: logits for the first sampled token.
-	logits, err := s.o.Model.Forward(ctx, entry.cache, prompt[n-1:])
-	if err != nil {
-		return gen.Result{}, fmt.Errorf("forward last prompt token: %w", err)
+	// The last prompt token: logits for the first sampled token (or, on a
+	// pipeline, the token its last stage picked from them).
+	var first stepOut
+	var picker *Picker
+	if pm, ok := s.o.Model.(PickingModel); ok {
+		if cl, closes := cons.(interface{ Close() }); closes {
+			cl.Close() // it validated the request; the last stage builds its own
+		}
+		cons = nil
+		if err := pm.StartPicking(ctx, entry.cache, req, st, prompt); err != nil {
+			return gen.Result{}, fmt.Errorf("start picking: %w", err)
+		}
+		pk, err := pm.ForwardPick(ctx, entry.cache, prompt[n-1:])
+		if err != nil {
+			return gen.Result{}, fmt.Errorf("forward last prompt token: %w", err)
+		}
+		first.picked = &pk
+	} else {
+		logits, err := s.o.Model.Forward(ctx, entry.cache, prompt[n-1:])
+		if err != nil {
+			return gen.Result{}, fmt.Errorf("forward last prompt token: %w", err)
+		}
+		first.logits = logits
+		picker = s.o.newPicker(req, cons, prompt)
 	}
 	entry.tokens = append(entry.tokens[:0:0], prompt...)
 
@@ -422,9 +441,9 @@ func (s *Server) Generate(ctx context.Context, req *gen.Request, em gen.Emitter)
 		ae = newAnswerEmitter(em, s.format.NewParser(toolsOffered(req), st))
 		em = ae
 	}
-	res, err = s.generate(ctx, req, em, entry, logits, cons, t0)
-	if cl, closes := cons.(interface{ Close() }); closes {
-		cl.Close() // a mask computed ahead may still be running
+	res, err = s.generate(ctx, req, em, entry, first, picker, t0)
+	if picker != nil {
+		picker.Close() // a mask computed ahead may still be running
 	}
 	if ae != nil && err == nil {
 		calls, ferr := ae.finish()
@@ -576,19 +595,28 @@ func (s *Server) fill(ctx context.Context, reqID string, req *gen.Request, promp
 	return nil
 }
 
-func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter, entry *convEntry, logits []float32, cons Constraint, t0 time.Time) (gen.Result, error) {
+// stepOut is what a step gives the generation: logits to pick from (its
+// Picker), or the token a pipeline's last stage picked.
+type stepOut struct {
+	logits []float32
+	picked *Picked
+}
+
+// generate runs the generation from the step after the prompt: picker
+// picks from logits (nil when the model picks: a pipeline).
+func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter, entry *convEntry, out stepOut, picker *Picker, t0 time.Time) (gen.Result, error) {
 	var res gen.Result
 	maxNew := req.MaxTokens
 	if maxNew == 0 {
 		maxNew = s.o.DefaultMaxTokens
 	}
-	sampler := s.o.NewSampler(req.Sampling)
 	var stops StopMatcher
 	if len(req.Stop) > 0 {
 		stops = s.o.NewStopMatcher(req.Stop)
 	}
 	stream := s.o.Text.NewStream()
 	history := append([]int32(nil), entry.tokens...)
+	pm, _ := s.o.Model.(PickingModel)
 	var mem *member
 	if s.batch != nil {
 		mem = s.batch.joinMember()
@@ -606,7 +634,7 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 		return stopped, nil
 	}
 	var sp *speculator
-	if s.specMax > 0 && !req.NoSpeculation {
+	if s.specMax > 0 && !req.NoSpeculation && picker != nil {
 		sp = newSpeculator(s.o.Model.(verifier), s.info.Vocab, s.specMax)
 		defer func() {
 			// Ending mid-verification (a stop, the length, an error): the
@@ -618,22 +646,17 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 			s.noteSpec(ctx, sp)
 		}()
 	}
-	var masked []float32
 	for {
-		sl := logits
-		if cons != nil {
-			masked = append(masked[:0], logits...)
-			if err := cons.Mask(masked); err != nil {
-				return res, fmt.Errorf("constraint: %w", err)
-			}
-			sl = masked
-		}
-		tok := sampler.Sample(sl, history)
-		if cons != nil {
-			if err := cons.Accept(tok); err != nil {
-				return res, fmt.Errorf("constraint: %w", err)
+		var pk Picked
+		if out.picked != nil {
+			pk = *out.picked
+		} else {
+			var err error
+			if pk, err = picker.Pick(out.logits); err != nil {
+				return res, err
 			}
 		}
+		tok := pk.Tok
 		now := time.Now()
 		if res.CompletionTokens == 0 {
 			s.m.TTFT.WithLabelValues(s.o.Name).Observe(now.Sub(t0).Seconds())
@@ -649,11 +672,7 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 		res.CompletionTokens++
 		s.m.GenTokens.WithLabelValues(s.o.Name).Inc()
 		history = append(history, tok)
-		var lp *gen.TokenLogprob
-		if req.Logprobs {
-			lp = s.logprob(logits, tok, req.TopLogprobs)
-		}
-		stopped, err := emit(stream.Add(tok), lp)
+		stopped, err := emit(stream.Add(tok), pk.Logprob)
 		if err != nil {
 			return res, err
 		}
@@ -661,7 +680,7 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 			res.FinishReason, res.StopSequence = "stop", stops.Matched()
 			return res, nil
 		}
-		if cons != nil && cons.Done() {
+		if pk.Done {
 			res.FinishReason = "stop"
 			break
 		}
@@ -673,7 +692,7 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 		}
 		if sp != nil && sp.active() {
 			if next, ok := sp.next(tok); ok { // tok was drafted: its row is computed
-				logits = next
+				out = stepOut{logits: next}
 				entry.tokens = append(entry.tokens, tok)
 				continue
 			}
@@ -687,14 +706,14 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 			}
 			t1 := time.Now()
 			if d := sp.propose(history, limit); d != nil {
-				logits, err = s.verifyStep(ctx, mem, sp, entry.cache, tok)
+				out.logits, err = s.verifyStep(ctx, mem, sp, entry.cache, tok)
 				sp.observe(1+len(d), time.Since(t1))
 			} else {
-				logits, err = s.decodeStep(ctx, mem, entry.cache, tok)
+				out, err = s.decodeStep(ctx, mem, pm, entry.cache, tok)
 				sp.observe(1, time.Since(t1))
 			}
 		} else {
-			logits, err = s.decodeStep(ctx, mem, entry.cache, tok)
+			out, err = s.decodeStep(ctx, mem, pm, entry.cache, tok)
 		}
 		if err != nil {
 			return res, fmt.Errorf("decode step %d: %w", res.CompletionTokens, err)
@@ -719,26 +738,21 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 	return res, nil
 }
 
-// logprob describes tok under the model's logits (before any sampling
-// transform): its log-probability and the top most likely tokens.
-func (s *Server) logprob(logits []float32, tok int32, top int) *gen.TokenLogprob {
-	lp, best := sample.Logprobs(logits, tok, top)
-	out := &gen.TokenLogprob{Bytes: s.o.Text.TokenBytes(tok), Logprob: lp}
-	for _, b := range best {
-		out.Top = append(out.Top, gen.TopToken{Bytes: s.o.Text.TokenBytes(b.ID), Logprob: b.Logprob})
-	}
-	return out
-}
-
-// decodeStep appends tok to cache and returns the logits after it: in the
-// next batch when batching (mem, the generation's batch membership; the
-// logits are then its own row, valid until its next step), else alone.
-func (s *Server) decodeStep(ctx context.Context, mem *member, cache engine.KVCache, tok int32) ([]float32, error) {
+// decodeStep appends tok to cache and returns the logits after it (or,
+// with pm, the token picked from them): in the next batch when batching
+// (mem, the generation's batch membership; the logits are then its own
+// row, valid until its next step), else alone.
+func (s *Server) decodeStep(ctx context.Context, mem *member, pm PickingModel, cache engine.KVCache, tok int32) (stepOut, error) {
 	if mem == nil {
-		return s.o.Model.Forward(ctx, cache, []int32{tok})
+		if pm != nil {
+			pk, err := pm.ForwardPick(ctx, cache, []int32{tok})
+			return stepOut{picked: &pk}, err
+		}
+		lg, err := s.o.Model.Forward(ctx, cache, []int32{tok})
+		return stepOut{logits: lg}, err
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return stepOut{}, err
 	}
 	return mem.step(cache, tok)
 }

@@ -72,6 +72,9 @@ type verifier interface {
 // specRefusal says why a model cannot speculate ("" when it can): its
 // caches must go back to any position after a verification.
 func specRefusal(m Model) string {
+	if _, ok := m.(PickingModel); ok {
+		return "a pipeline's logits live on its last stage, which picks one token per step: drafts cannot be verified there yet"
+	}
 	if _, ok := m.(verifier); !ok {
 		return "the model cannot verify several tokens in one forward"
 	}
