@@ -20,6 +20,10 @@
 // and the KVCache methods return it as an error wrapping engine.ErrBackend;
 // the others panic with it, as the engine's error model allows.
 //
+// MLX's distributed collectives (JoinGroup, Collective: all_sum,
+// all_gather, send, recv) run on the same thread, lazily like the other
+// ops, on the backend's arrays.
+//
 // The package owns only runners/engine/mlx. It must not import the model
 // code, the weights loaders, or anything above the engine; mlx-c's headers
 // are not used: capi.h declares the few functions we call.
