@@ -49,6 +49,9 @@ type Architecture struct {
 	Fingerprint func(c *Config, w *fpWriter)
 	// GGUF, when set, is how llama.cpp writes the architecture (gguf.go).
 	GGUF *GGUFLayout
+	// NoTensorSplit, when set, says why the family's layers cannot split
+	// over tensor-parallel ranks (CheckTensorSplit refuses it by name).
+	NoTensorSplit string
 }
 
 // LayerKind is what a layer keeps between steps, which decides its cache,

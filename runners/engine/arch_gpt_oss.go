@@ -183,21 +183,26 @@ func (l *loader) gptossMoE(prefix string, layer int, cfg *Config) (*moeBlock, er
 		name    string
 		out, in int
 		dst     *Linear
+		shard   Shard
 	}{
-		{"gate_proj", F, D, &mb.gate},
-		{"up_proj", F, D, &mb.up},
-		{"down_proj", D, F, &mb.down},
+		{"gate_proj", F, D, &mb.gate, SplitOutput},
+		{"up_proj", F, D, &mb.up, SplitOutput},
+		{"down_proj", D, F, &mb.down, SplitInput},
 	} {
 		name := prefix + "experts." + p.name
-		lin, err := l.stackedLinear(func(int) string { return name }, true, E, p.out, p.in)
+		lin, err := l.stackedLinear(func(int) string { return name }, true, E, p.out, p.in, p.shard)
 		if err != nil {
 			return nil, err
 		}
-		t, err := l.rawTensor(name+".bias", E, p.out)
-		if err != nil {
+		// gate/up biases split with their rows; down's is added once,
+		// after the all_sum (rank 0's).
+		sp := share{axis: 1}
+		if p.shard == SplitInput {
+			sp = share{axis: -1, first: true}
+		}
+		if lin.Bias, err = l.shardTensor(name+".bias", []int{E, p.out}, sp); err != nil {
 			return nil, err
 		}
-		lin.Bias = l.keep(l.b.FromBytes(t.Data, []int{E, p.out}, t.DType))
 		*p.dst = *lin
 	}
 	return mb, nil
@@ -210,6 +215,7 @@ func (l *loader) gptossMoE(prefix string, layer int, cfg *Config) (*moeBlock, er
 // input-major (x · W), so they are transposed into the engine's [E, out,
 // in] here, once, at load.
 func (l *loader) gptossDense(prefix string, mb *moeBlock, D, F, E int) error {
+	F *= l.ranks() // the whole model's width; each rank keeps its share (gptossShare)
 	gu, err := l.rawTensor(prefix+"gate_up_proj", E, D, 2*F)
 	if err != nil {
 		return err
@@ -256,13 +262,46 @@ func (l *loader) gptossDense(prefix string, mb *moeBlock, D, F, E int) error {
 		}
 		return dst
 	}
-	mb.gate = Linear{W: l.keep(l.b.FromBytes(pick(gu, D, 2*F, 0, 2, F), []int{E, F, D}, gu.DType)),
-		Bias: l.keep(l.b.FromBytes(biasRows(0), []int{E, F}, gub.DType))}
-	mb.up = Linear{W: l.keep(l.b.FromBytes(pick(gu, D, 2*F, 1, 2, F), []int{E, F, D}, gu.DType)),
-		Bias: l.keep(l.b.FromBytes(biasRows(1), []int{E, F}, gub.DType))}
-	mb.down = Linear{W: l.keep(l.b.FromBytes(pick(dn, F, D, 0, 1, D), []int{E, D, F}, dn.DType)),
-		Bias: l.keep(l.b.FromBytes(dnb.Data, []int{E, D}, dnb.DType))}
+	var err2 error
+	up := func(data []byte, shape []int, dt DType, sh Shard) Array {
+		if err2 != nil {
+			return nil
+		}
+		var d []byte
+		var s []int
+		if d, s, err2 = l.gptossShare(data, shape, dt, sh); err2 != nil || d == nil {
+			return nil
+		}
+		return l.keep(l.b.FromBytes(d, s, dt))
+	}
+	mb.gate = Linear{W: up(pick(gu, D, 2*F, 0, 2, F), []int{E, F, D}, gu.DType, SplitOutput),
+		Bias: up(biasRows(0), []int{E, F}, gub.DType, SplitOutput)}
+	mb.up = Linear{W: up(pick(gu, D, 2*F, 1, 2, F), []int{E, F, D}, gu.DType, SplitOutput),
+		Bias: up(biasRows(1), []int{E, F}, gub.DType, SplitOutput)}
+	mb.down = Linear{W: up(pick(dn, F, D, 0, 1, D), []int{E, D, F}, dn.DType, SplitInput),
+		Bias: up(dnb.Data, []int{E, D}, dnb.DType, Replicated)}
+	if err2 != nil {
+		return fmt.Errorf("%s: %w", prefix, err2)
+	}
+	if r := l.ranks(); r > 1 && l.tp.Rank() != 0 {
+		mb.down.Bias = nil // added once, after the all_sum (rank 0's)
+	}
 	return nil
+}
+
+// gptossShare cuts a converted expert tensor (the whole model's, [E, out,
+// in] or a bias [E, out]) to this rank's share: rows for SplitOutput (a
+// bias's last axis), input columns for SplitInput; Replicated keeps it.
+func (l *loader) gptossShare(data []byte, shape []int, dt DType, sh Shard) ([]byte, []int, error) {
+	if len(shape) == 2 && sh == SplitOutput { // a bias [E, out]: its rows are the last axis
+		ranges, err := l.cutIf(shape[1])
+		if err != nil || ranges == nil {
+			return data, shape, err
+		}
+		d, s := take(data, shape, dt.Size(), 1, ranges)
+		return d, s, nil
+	}
+	return l.shardStacked(data, shape, dt.Size(), sh)
 }
 
 // gptossBlocks loads the released checkpoints' MXFP4 experts:
@@ -278,6 +317,16 @@ func (l *loader) gptossBlocks(prefix string, mb *moeBlock, D, F, E int) error {
 	}{{"gate_up_proj", 2 * F, D, true}, {"down_proj", D, F, false}} {
 		if p.in%32 != 0 {
 			return fmt.Errorf("%s%s: %d inputs not a multiple of 32", prefix, p.name, p.in)
+		}
+		// A tensor-parallel rank reads the whole model's tensors (its
+		// share of F times the ranks) and keeps its rows of gate/up and
+		// its whole 32-input blocks of down.
+		sh := SplitOutput
+		if p.fused {
+			p.out *= l.ranks()
+		} else {
+			sh = SplitInput
+			p.in *= l.ranks()
 		}
 		blocks, err := l.rawTensor(prefix+p.name+"_blocks", E, p.out, p.in/32, 16)
 		if err != nil {
@@ -314,13 +363,25 @@ func (l *loader) gptossBlocks(prefix string, mb *moeBlock, D, F, E int) error {
 		parts := []part{{&mb.down, 0, p.out}}
 		step := 1
 		if p.fused {
-			parts, step = []part{{&mb.gate, 0, F}, {&mb.up, 1, F}}, 2
+			parts, step = []part{{&mb.gate, 0, p.out / 2}, {&mb.up, 1, p.out / 2}}, 2
 		}
 		for _, q := range parts {
-			*q.dst = Linear{Bits: 4, GroupSize: 32, Mode: "mxfp4",
-				W:      l.keep(l.b.FromBytes(rows(blocks, p.out, p.in/2, q.first, step), []int{E, q.cnt, p.in / 8}, U32)),
-				Scales: l.keep(l.b.FromBytes(rows(scales, p.out, p.in/32, q.first, step), []int{E, q.cnt, p.in / 32}, U8)),
-				Bias:   l.keep(l.b.FromBytes(rows(bias, p.out, bs, q.first, step), []int{E, q.cnt}, bias.DType))}
+			w, ws, err := l.shardStacked(rows(blocks, p.out, p.in/2, q.first, step), []int{E, q.cnt, p.in / 8}, 4, sh)
+			if err != nil {
+				return fmt.Errorf("%s%s: %w", prefix, p.name, err)
+			}
+			sc, ss, err := l.shardStacked(rows(scales, p.out, p.in/32, q.first, step), []int{E, q.cnt, p.in / 32}, 1, sh)
+			if err != nil {
+				return fmt.Errorf("%s%s: %w", prefix, p.name, err)
+			}
+			bd, bsh, err := l.gptossShare(rows(bias, p.out, bs, q.first, step), []int{E, q.cnt}, bias.DType, sh)
+			if err != nil {
+				return fmt.Errorf("%s%s: %w", prefix, p.name, err)
+			}
+			*q.dst = Linear{Bits: 4, GroupSize: 32, Mode: "mxfp4", W: l.keep(l.b.FromBytes(w, ws, U32)), Scales: l.keep(l.b.FromBytes(sc, ss, U8))}
+			if sh == SplitOutput || l.ranks() == 1 || l.tp.Rank() == 0 {
+				q.dst.Bias = l.keep(l.b.FromBytes(bd, bsh, bias.DType))
+			}
 		}
 	}
 	return nil

@@ -10,7 +10,8 @@ import "encoding/json"
 // attention_bias.
 
 func init() {
-	Register("Olmo2ForCausalLM", &Architecture{KVFamily: "olmo2", Parse: parseOlmo2, Layers: olmo2Layers, Block: olmo2Block})
+	Register("Olmo2ForCausalLM", &Architecture{KVFamily: "olmo2", Parse: parseOlmo2, Layers: olmo2Layers, Block: olmo2Block,
+		NoTensorSplit: "its q/k norms span the whole projection, which a rank holds only a share of (an all_gather per layer, not implemented)"})
 }
 
 func parseOlmo2(data []byte, c *Config) error {

@@ -54,7 +54,12 @@
 // first stage embeds tokens, later ones take the previous stage's hidden
 // states, the last returns logits; a stage's cache holds its layers only):
 // Architecture.Block is called per layer of the range, Embed only for the
-// first stage and Head only for the last.
+// first stage and Head only for the last. A model also splits over
+// tensor-parallel ranks (tensor.go, LoadOptions.Tensor): each rank loads
+// its share of every block as the shard kinds say and the blocks sum
+// their partial outputs through a Collective (an MLX group, or LocalGroup's
+// in-process ranks); CheckTensorSplit says which rank counts a config
+// allows.
 //
 // This package must not import anything under supervisor/, nor kvwire, nor
 // any HTTP code: it is a library used by the runners.

@@ -50,28 +50,36 @@ func (l *loader) delta(prefix string, cfg *Config) (*deltaBlock, error) {
 	Kd, Vd := Hk*Dk, Hv*Dv
 	C := 2*Kd + Vd
 	d := &deltaBlock{prefix: prefix, Hk: Hk, Hv: Hv, Dk: Dk, Dv: Dv, K: K, eps: float32(cfg.RMSNormEps), split: l.has(prefix + "in_proj_qkv.weight")}
+	// A tensor-parallel rank holds its key heads (Hk, Hv here are its
+	// counts) and their value heads: qkvz and ba are grouped per key head
+	// (one contiguous share each), Qwen3.5's qkv and the conv's channels
+	// are q, k, v one after the other (a share of each part).
+	n := l.ranks()
+	qkvParts := []int{n * Kd, n * Kd, n * Vd}
 	type proj struct {
 		name    string
 		out, in int
 		dst     *Linear
+		shard   Shard
+		parts   []int
 	}
-	projs := []proj{{"in_proj_qkvz", 2*Kd + 2*Vd, D, &d.qkvz}, {"in_proj_ba", 2 * Hv, D, &d.ba}}
+	projs := []proj{{"in_proj_qkvz", 2*Kd + 2*Vd, D, &d.qkvz, SplitOutput, nil}, {"in_proj_ba", 2 * Hv, D, &d.ba, SplitOutput, nil}}
 	if d.split {
-		projs = []proj{{"in_proj_qkv", 2*Kd + Vd, D, &d.qkv}, {"in_proj_z", Vd, D, &d.z},
-			{"in_proj_b", Hv, D, &d.b}, {"in_proj_a", Hv, D, &d.a}}
+		projs = []proj{{"in_proj_qkv", 2*Kd + Vd, D, &d.qkv, SplitOutput, qkvParts}, {"in_proj_z", Vd, D, &d.z, SplitOutput, nil},
+			{"in_proj_b", Hv, D, &d.b, SplitOutput, nil}, {"in_proj_a", Hv, D, &d.a, SplitOutput, nil}}
 	}
-	for _, p := range append(projs, proj{"out_proj", D, Vd, &d.out}) {
-		lin, err := l.linear(prefix+p.name, p.out, p.in, false)
+	for _, p := range append(projs, proj{"out_proj", D, Vd, &d.out, SplitInput, nil}) {
+		lin, err := l.shardLinear(prefix+p.name, p.out, p.in, false, p.shard, p.parts...)
 		if err != nil {
 			return nil, err
 		}
 		*p.dst = *lin
 	}
 	var err error
-	if d.aLog, err = l.vector(prefix+"A_log", Hv); err != nil {
+	if d.aLog, err = l.shardTensor(prefix+"A_log", []int{Hv}, share{axis: 0}); err != nil {
 		return nil, err
 	}
-	if d.dtBias, err = l.vector(prefix+"dt_bias", Hv); err != nil {
+	if d.dtBias, err = l.shardTensor(prefix+"dt_bias", []int{Hv}, share{axis: 0}); err != nil {
 		return nil, err
 	}
 	if d.norm, err = l.vector(prefix+"norm.weight", Dv); err != nil {
@@ -84,8 +92,17 @@ func (l *loader) delta(prefix string, cfg *Config) (*deltaBlock, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	if !slices.Equal(t.Shape, []int{C, K, 1}) && !slices.Equal(t.Shape, []int{C, 1, K}) {
-		return nil, fmt.Errorf("%s: shape %v, want [%d, %d, 1] or [%d, 1, %d]", name, t.Shape, C, K, C, K)
+	Cw := n * C // the whole model's channels
+	if !slices.Equal(t.Shape, []int{Cw, K, 1}) && !slices.Equal(t.Shape, []int{Cw, 1, K}) {
+		return nil, fmt.Errorf("%s: shape %v, want [%d, %d, 1] or [%d, 1, %d]", name, t.Shape, Cw, K, Cw, K)
+	}
+	if n > 1 {
+		ranges, err := l.cut(Cw, qkvParts)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		data, shape := take(t.Data, []int{Cw, K}, t.DType.Size(), 0, ranges)
+		t = Tensor{Name: t.Name, DType: t.DType, Shape: shape, Data: data}
 	}
 	w, err := floats32(t)
 	if err != nil {
@@ -98,7 +115,7 @@ func (l *loader) delta(prefix string, cfg *Config) (*deltaBlock, error) {
 		}
 		d.taps = append(d.taps, l.keep(l.b.AsType(l.b.FromFloat32(tap, C), cfg.DType)))
 	}
-	l.done += int64(len(t.Data))
+	l.done += int64(len(t.Data) * n)
 	scale := func(v float64) Array {
 		s := make([]float32, Dk)
 		for i := range s {
@@ -142,7 +159,7 @@ func floats32(t Tensor) ([]float32, error) {
 
 // newDeltaState is the empty state of one layer: zeros.
 func (m *Model) newDeltaState() deltaState {
-	c := &m.cfg
+	c := &m.rc // this rank's heads
 	K, C := c.LinearConvKernel, 2*c.LinearKeyHeads*c.LinearKeyDim+c.LinearValueHeads*c.LinearValueDim
 	return deltaState{
 		conv: m.b.AsType(m.b.FromFloat32(make([]float32, (K-1)*C), K-1, C), m.actDType()),
@@ -186,7 +203,7 @@ func (d *deltaBlock) forward(s *step, slot int, h Array) Array {
 	if s.tail {
 		return nil
 	}
-	return s.join(s.outs)
+	return s.allSum(s.join(s.outs))
 }
 
 // run runs one sequence's L rows h [L, D] through the layer from state st

@@ -65,7 +65,7 @@ func (m *Model) newHybridCache() *hybridCache {
 			n++
 		}
 	}
-	g := CacheGeometry{Layers: n, KVHeads: m.cfg.KVHeads, HeadDim: m.cfg.HeadDim}
+	g := CacheGeometry{Layers: n, KVHeads: m.rc.KVHeads, HeadDim: m.cfg.HeadDim}
 	if n == 0 {
 		c.attn = &positions{g: g, dt: m.cacheDT} // a pipeline stage of recurrent layers only
 	} else {
@@ -298,7 +298,7 @@ func (c *hybridCache) Recurrent(layer int) bool {
 
 // stateSizes are the element counts of a recurrent layer's two arrays.
 func (c *hybridCache) stateSizes() (conv, rec int) {
-	g := &c.m.cfg
+	g := &c.m.rc // this rank's heads
 	C := 2*g.LinearKeyHeads*g.LinearKeyDim + g.LinearValueHeads*g.LinearValueDim
 	return (g.LinearConvKernel - 1) * C, g.LinearValueHeads * g.LinearValueDim * g.LinearKeyDim
 }
@@ -336,7 +336,7 @@ func (c *hybridCache) ImportState(layer int, arrays [][]byte) (err error) {
 		}
 		return fmt.Errorf("engine: layer %d state arrays of %v bytes, want [%d %d]", layer, sizes, 4*nc, 4*nr)
 	}
-	g := &c.m.cfg
+	g := &c.m.rc // this rank's heads
 	C := nc / (g.LinearConvKernel - 1)
 	b := c.m.b
 	st := deltaState{

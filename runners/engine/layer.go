@@ -151,18 +151,25 @@ func (l *loader) attention(prefix string, D int, sp attentionSpec, eps float32, 
 	if sp.gated {
 		qOut *= 2 // queries and the output gate
 	}
+	if sp.normWhole && l.ranks() > 1 {
+		return nil, fmt.Errorf("%sq_norm: %w: a norm over the whole projection needs every rank's share", prefix, ErrTensorSplit)
+	}
+	// A tensor-parallel rank loads its heads' rows of q/k/v (H and Hkv
+	// are its own counts: q_proj's rows are grouped per head, queries
+	// and gate together when gated) and their columns of o_proj.
 	for _, p := range []struct {
 		name    string
 		out, in int
 		bias    bool
 		dst     *Linear
+		shard   Shard
 	}{
-		{"q_proj", qOut, D, sp.qkvBias, &a.q},
-		{"k_proj", sp.Hkv * sp.Dh, D, sp.qkvBias, &a.k},
-		{"v_proj", sp.Hkv * sp.Dh, D, sp.qkvBias, &a.v},
-		{"o_proj", D, sp.H * sp.Dh, sp.oBias, &a.o},
+		{"q_proj", qOut, D, sp.qkvBias, &a.q, SplitOutput},
+		{"k_proj", sp.Hkv * sp.Dh, D, sp.qkvBias, &a.k, SplitOutput},
+		{"v_proj", sp.Hkv * sp.Dh, D, sp.qkvBias, &a.v, SplitOutput},
+		{"o_proj", D, sp.H * sp.Dh, sp.oBias, &a.o, SplitInput},
 	} {
-		lin, err := l.linear(prefix+p.name, p.out, p.in, p.bias)
+		lin, err := l.shardLinear(prefix+p.name, p.out, p.in, p.bias, p.shard)
 		if err != nil {
 			return nil, err
 		}
@@ -170,7 +177,7 @@ func (l *loader) attention(prefix string, D int, sp attentionSpec, eps float32, 
 	}
 	var err error
 	if sp.sinks {
-		if a.sinks, err = l.vector(prefix+"sinks", sp.H); err != nil {
+		if a.sinks, err = l.shardTensor(prefix+"sinks", []int{sp.H}, share{axis: 0}); err != nil {
 			return nil, err
 		}
 	}
@@ -256,7 +263,7 @@ func (a *attention) forward(s *step, slot int, h Array) Array {
 	if gate != nil {
 		o = b.Mul(o, b.Sigmoid(gate))
 	}
-	return b.Linear(o, &a.o)
+	return s.allSum(b.Linear(o, &a.o))
 }
 
 // activation is a gated MLP's activation.
@@ -291,8 +298,9 @@ func (l *loader) mlp(prefix string, D, F int, act activation) (*mlp, error) {
 		name    string
 		out, in int
 		dst     *Linear
-	}{{"gate_proj", F, D, &m.gate}, {"up_proj", F, D, &m.up}, {"down_proj", D, F, &m.down}} {
-		lin, err := l.linear(prefix+p.name, p.out, p.in, false)
+		shard   Shard
+	}{{"gate_proj", F, D, &m.gate, SplitOutput}, {"up_proj", F, D, &m.up, SplitOutput}, {"down_proj", D, F, &m.down, SplitInput}} {
+		lin, err := l.shardLinear(prefix+p.name, p.out, p.in, false, p.shard)
 		if err != nil {
 			return nil, err
 		}
@@ -303,7 +311,7 @@ func (l *loader) mlp(prefix string, D, F int, act activation) (*mlp, error) {
 
 func (m *mlp) forward(s *step, _, h Array) (Array, error) {
 	b := s.b
-	return b.Linear(m.act.apply(b, b.Linear(h, &m.gate), b.Linear(h, &m.up)), &m.down), nil
+	return s.allSum(b.Linear(m.act.apply(b, b.Linear(h, &m.gate), b.Linear(h, &m.up)), &m.down)), nil
 }
 
 func (m *mlp) weights() []Weight {

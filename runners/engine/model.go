@@ -55,7 +55,12 @@ type Model struct {
 	// hostRouting: MoE layers route on the host (LoadOptions.HostMoERouting).
 	hostRouting bool
 	routeObs    func(layer int, experts [][]int32) // LoadOptions.RouteObserver
-	scr         stepScratch
+	// tp is the tensor-parallel group (LoadOptions.Tensor; nil: whole
+	// model); rc is cfg with this rank's counts of heads and widths
+	// (cfg itself when not split), which its blocks and caches have.
+	tp  Collective
+	rc  Config
+	scr stepScratch
 }
 
 // Load opens path (a model directory or .gguf file) with the registered
@@ -130,8 +135,21 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 		return nil, fmt.Errorf("engine: cache dtype %v (want float32, float16 or bfloat16)", m.cacheDT)
 	}
 	m.fp = fingerprint(cfg, arch, vocab, kinds)
+	m.rc = *cfg
+	if t := opts.Tensor; t != nil {
+		if t.Rank() < 0 || t.Rank() >= t.Size() {
+			return nil, fmt.Errorf("%w: rank %d of %d", ErrTensorSplit, t.Rank(), t.Size())
+		}
+		if err := CheckTensorSplit(cfg, t.Size()); err != nil {
+			return nil, err
+		}
+		m.rc = rankConfig(cfg, t.Size())
+		if t.Size() > 1 {
+			m.tp = t
+		}
+	}
 
-	l := &loader{src: src, b: b, ctx: ctx, progress: opts.Progress}
+	l := &loader{src: src, b: b, ctx: ctx, progress: opts.Progress, tp: m.tp}
 	defer func() {
 		// A failed load must not leave weights pinned on the backend
 		// (the mlx backend holds them outside Go's heap).
@@ -174,7 +192,7 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		blk, err := arch.Block(l, cfg, i, kinds[i])
+		blk, err := arch.Block(l, &m.rc, i, kinds[i])
 		if err != nil {
 			return nil, fmt.Errorf("engine: load layer %d: %w", i, err)
 		}
@@ -234,7 +252,8 @@ type loader struct {
 	done, total int64
 	names       map[string]bool
 	kept        []Array
-	normOffset  bool // RMSNorm weights are stored minus one (HF Qwen3-Next)
+	normOffset  bool       // RMSNorm weights are stored minus one (HF Qwen3-Next)
+	tp          Collective // the tensor-parallel group (nil: whole tensors)
 }
 
 func (l *loader) has(name string) bool {

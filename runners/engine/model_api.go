@@ -60,6 +60,15 @@ type LoadOptions struct {
 	// (NewCache) hold its layers only; Info and Fingerprint are the whole
 	// model's.
 	Layers LayerRange
+	// Tensor, when set, loads this rank's share of a tensor-parallel
+	// split over Tensor.Size() ranks (tensor.go): every rank loads the
+	// same model with its own Collective and runs every step with the
+	// same arguments in lockstep; the blocks sum their partial outputs
+	// with Tensor.AllSum. The rank count must divide the model's heads
+	// and widths (CheckTensorSplit, refused at load otherwise). Every
+	// rank returns the same logits; caches hold the rank's KV heads
+	// (KVHeadRange). Info and Fingerprint are the whole model's.
+	Tensor Collective
 }
 
 // ModelInfo describes a loaded model.

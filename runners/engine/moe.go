@@ -62,7 +62,11 @@ func (mb *moeBlock) weights() []Weight {
 }
 
 func (mb *moeBlock) forward(s *step, x, h Array) (Array, error) {
-	return s.m.moeForward(mb, x, h, s.n, s.m.hostRouting)
+	y, err := s.m.moeForward(mb, x, h, s.n, s.m.hostRouting)
+	if err != nil {
+		return nil, err
+	}
+	return s.allSum(y), nil // the routed and shared experts' partial sums at once
 }
 
 type sharedExpert struct {
@@ -90,10 +94,11 @@ func (l *loader) moe(prefix string, layer int, cfg *Config) (*moeBlock, error) {
 		name    string
 		out, in int
 		dst     *Linear
+		shard   Shard
 	}{
-		{"gate_proj", F, D, &mb.gate},
-		{"up_proj", F, D, &mb.up},
-		{"down_proj", D, F, &mb.down},
+		{"gate_proj", F, D, &mb.gate, SplitOutput},
+		{"up_proj", F, D, &mb.up, SplitOutput},
+		{"down_proj", D, F, &mb.down, SplitInput},
 	}
 	if l.has(prefix + "experts.gate_up_proj") {
 		// Hugging Face's fused experts (Qwen3.5-MoE): gate_up_proj
@@ -109,7 +114,7 @@ func (l *loader) moe(prefix string, layer int, cfg *Config) (*moeBlock, error) {
 		if !stacked {
 			name = func(e int) string { return fmt.Sprintf("%sexperts.%d.%s", prefix, e, p.name) }
 		}
-		lin, err := l.stackedLinear(name, stacked, E, p.out, p.in)
+		lin, err := l.stackedLinear(name, stacked, E, p.out, p.in, p.shard)
 		if err != nil {
 			return nil, err
 		}
@@ -121,13 +126,14 @@ func (l *loader) moe(prefix string, layer int, cfg *Config) (*moeBlock, error) {
 			name    string
 			out, in int
 			dst     *Linear
+			shard   Shard
 		}{
-			{"shared_expert.gate_proj", Fs, D, &se.gate},
-			{"shared_expert.up_proj", Fs, D, &se.up},
-			{"shared_expert.down_proj", D, Fs, &se.down},
-			{"shared_expert_gate", 1, D, &se.scale},
+			{"shared_expert.gate_proj", Fs, D, &se.gate, SplitOutput},
+			{"shared_expert.up_proj", Fs, D, &se.up, SplitOutput},
+			{"shared_expert.down_proj", D, Fs, &se.down, SplitInput},
+			{"shared_expert_gate", 1, D, &se.scale, Replicated},
 		} {
-			lin, err := l.linear(prefix+p.name, p.out, p.in, false)
+			lin, err := l.shardLinear(prefix+p.name, p.out, p.in, false, p.shard)
 			if err != nil {
 				return nil, err
 			}
@@ -140,6 +146,7 @@ func (l *loader) moe(prefix string, layer int, cfg *Config) (*moeBlock, error) {
 
 // fusedExperts loads Hugging Face's fused expert tensors (dense only).
 func (l *loader) fusedExperts(prefix string, mb *moeBlock, E, F, D int) error {
+	F *= l.ranks() // the whole model's width; each rank keeps its share below
 	gu, err := l.rawTensor(prefix+"gate_up_proj", E, 2*F, D)
 	if err != nil {
 		return err
@@ -154,9 +161,20 @@ func (l *loader) fusedExperts(prefix string, mb *moeBlock, E, F, D int) error {
 		slab := gu.Data[e*2*half : (e+1)*2*half]
 		gate, up = append(gate, slab[:half]...), append(up, slab[half:]...)
 	}
-	mb.gate.W = l.keep(l.b.FromBytes(gate, []int{E, F, D}, gu.DType))
-	mb.up.W = l.keep(l.b.FromBytes(up, []int{E, F, D}, gu.DType))
-	mb.down.W = l.keep(l.b.FromBytes(dn.Data, []int{E, D, F}, dn.DType))
+	for _, p := range []struct {
+		data  []byte
+		shape []int
+		dt    DType
+		shard Shard
+		dst   *Array
+	}{{gate, []int{E, F, D}, gu.DType, SplitOutput, &mb.gate.W}, {up, []int{E, F, D}, gu.DType, SplitOutput, &mb.up.W},
+		{dn.Data, []int{E, D, F}, dn.DType, SplitInput, &mb.down.W}} {
+		data, shape, err := l.shardStacked(p.data, p.shape, p.dt.Size(), p.shard)
+		if err != nil {
+			return fmt.Errorf("%s: %w", prefix, err)
+		}
+		*p.dst = l.keep(l.b.FromBytes(data, shape, p.dt))
+	}
 	return nil
 }
 
@@ -164,10 +182,24 @@ func (l *loader) fusedExperts(prefix string, mb *moeBlock, E, F, D int) error {
 // stacked Linear [E, out, in]: from one tensor per part (name(0).weight,
 // and .scales/.biases when quantized) when stacked, else from one tensor
 // per expert (name(e).weight, …), concatenated on the host.
-func (l *loader) stackedLinear(name func(e int) string, stacked bool, E, out, in int) (*Linear, error) {
+//
+// out and in are a tensor-parallel rank's sizes: sh says which of them
+// its share cuts (the experts' rows for SplitOutput, their input columns
+// on whole quantization groups for SplitInput) of the whole tensors.
+func (l *loader) stackedLinear(name func(e int) string, stacked bool, E, out, in int, sh Shard) (*Linear, error) {
 	q := l.src.Quant(name(0))
 	if q.Bits != 0 && (q.GroupSize <= 0 || in%q.GroupSize != 0 || (in*q.Bits)%32 != 0) {
+		if sh == SplitInput && l.ranks() > 1 {
+			return nil, fmt.Errorf("%s: %w: %d ranks leave %d inputs each, not whole %d-bit groups of %d", name(0), ErrTensorSplit, l.ranks(), in, q.Bits, q.GroupSize)
+		}
 		return nil, fmt.Errorf("%s: %d-bit group %d does not fit %d inputs", name(0), q.Bits, q.GroupSize, in)
+	}
+	switch {
+	case l.ranks() == 1:
+	case sh == SplitOutput:
+		out *= l.ranks()
+	case sh == SplitInput:
+		in *= l.ranks()
 	}
 	type part struct {
 		suffix string
@@ -215,11 +247,16 @@ func (l *loader) stackedLinear(name func(e int) string, stacked bool, E, out, in
 				data = append(data, t.Data...)
 			}
 		}
-		a := l.b.FromBytes(data, []int{E, out, p.cols}, dt)
+		l.done += int64(len(data))
+		shape := []int{E, out, p.cols}
+		data, shape, err := l.shardStacked(data, shape, dt.Size(), sh)
+		if err != nil {
+			return nil, fmt.Errorf("%s%s: %w", name(0), p.suffix, err)
+		}
+		a := l.b.FromBytes(data, shape, dt)
 		l.b.Keep(a)
 		l.kept = append(l.kept, a)
 		*p.dst = a
-		l.done += int64(len(data))
 		if l.progress != nil {
 			l.progress(min(l.done, l.total-1), l.total)
 		}

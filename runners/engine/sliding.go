@@ -22,5 +22,5 @@ func SlidingHeldMax(w, chunk int) int {
 
 // geometry is the cache geometry of the model's layers.
 func (m *Model) geometry() CacheGeometry {
-	return CacheGeometry{Layers: len(m.kinds), KVHeads: m.cfg.KVHeads, HeadDim: m.cfg.HeadDim, Windows: m.windows}
+	return CacheGeometry{Layers: len(m.kinds), KVHeads: m.rc.KVHeads, HeadDim: m.cfg.HeadDim, Windows: m.windows}
 }
