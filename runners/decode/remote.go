@@ -74,25 +74,160 @@ func (r *KVRemote) RunProbes(ctx context.Context, every time.Duration) {
 // prompt its prefix cache holds (PROTOCOL.md §18); a Router.PrefixHit.
 // kvwire.ErrNoPrefixProbe when it does not answer prefix probes.
 func (r *KVRemote) PrefixHit(ctx context.Context, addr string, prompt []int32) (int, error) {
-	return r.Client.PrefixHit(ctx, addr, &kvwire.Request{ID: "prefix-probe", Model: r.Name,
-		Fingerprint: kvwire.Fingerprint(r.Model.Fingerprint()), Tokens: prompt})
+	req, _ := wireRequest(r.Model, "prefix-probe", r.Name, prompt, 0)
+	return r.Client.PrefixHit(ctx, addr, req)
 }
 
-// Prefill implements Remote.
-func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, start int, cache engine.KVCache, prefer []string) (RemoteStats, error) {
-	info := r.Model.Info()
-	fp := kvwire.Fingerprint(r.Model.Fingerprint())
-	kinds := make([]kvwire.LayerKind, info.Layers)
-	for l, r := range info.Recurrent {
-		if r {
-			kinds[l] = kvwire.LayerRecurrent
+// StageModel is what a remote fill needs of the decode side's model: a
+// whole model or a pipeline stage's (*engine.Model is one; a stage is
+// loaded with engine.LoadOptions.Layers, and its caches hold its layers
+// only). Info and Fingerprint are the whole model's.
+type StageModel interface {
+	Info() engine.ModelInfo
+	Fingerprint() engine.Fingerprint
+	Stage() engine.LayerRange
+}
+
+// modelLayers is the layers [a, b) of the whole model that m's caches
+// hold: its stage's when m is a StageModel loaded as a pipeline stage,
+// else every layer.
+func modelLayers(m interface{ Info() engine.ModelInfo }) (a, b int) {
+	n := m.Info().Layers
+	if s, ok := m.(interface{ Stage() engine.LayerRange }); ok {
+		if r := s.Stage(); r != (engine.LayerRange{}) {
+			return r.Start, r.End
+		}
+	}
+	return 0, n
+}
+
+// wireRequest is the KV-wire request for prompt from start into a cache of
+// m, and what its header must say: a stage asks for its layer range only
+// (PROTOCOL.md §19) and expects that range's kinds and windows; a whole
+// model asks for every layer. DType, Deadline and Streams are the caller's.
+func wireRequest(m interface {
+	Info() engine.ModelInfo
+	Fingerprint() engine.Fingerprint
+}, reqID, name string, prompt []int32, start int) (*kvwire.Request, *kvwire.Expect) {
+	info := m.Info()
+	fp := kvwire.Fingerprint(m.Fingerprint())
+	a, b := modelLayers(m)
+	kinds := make([]kvwire.LayerKind, b-a)
+	for l, rec := range info.Recurrent {
+		if rec && l >= a && l < b {
+			kinds[l-a] = kvwire.LayerRecurrent
 		}
 	}
 	// Windows (nil for full-attention models) is checked against the
 	// server's header: both sides must keep the same positions.
-	req := &kvwire.Request{ID: reqID, Model: r.Name, Fingerprint: fp, Tokens: prompt, StartPos: start,
-		DType: r.wireDType(cache), Deadline: r.Deadline, Streams: r.Streams}
-	exp := &kvwire.Expect{Fingerprint: fp, Kinds: kinds, Windows: info.Windows, KVHeads: info.KVHeads, HeadDim: info.HeadDim}
+	var windows []int
+	if info.Windows != nil {
+		windows = info.Windows[a:b]
+	}
+	req := &kvwire.Request{ID: reqID, Model: name, Fingerprint: fp, Tokens: prompt, StartPos: start}
+	if a != 0 || b != info.Layers {
+		req.LayerStart, req.LayerEnd = a, b
+	}
+	exp := &kvwire.Expect{Fingerprint: fp, Kinds: kinds, Windows: windows, KVHeads: info.KVHeads, HeadDim: info.HeadDim}
+	return req, exp
+}
+
+// checkFilled refuses a fill that left cache beyond the prompt or before
+// start (a server's token_end the wire could not catch), rolling it back.
+func checkFilled(cache engine.KVCache, prompt []int32, start int) error {
+	if cache.Len() <= len(prompt)-1 && cache.Len() >= start {
+		return nil
+	}
+	n := cache.Len()
+	if cache.CanTruncate(start) {
+		cache.Truncate(start)
+	} else {
+		cache.Truncate(0) // the caller sees Len() != start and starts over
+	}
+	return fmt.Errorf("%w: prefill runner returned KV up to %d for a %d-token prompt", kvwire.ErrCorrupt, n, len(prompt))
+}
+
+// StageFill fetches one cache's KV from prefill runners over the KV wire
+// by itself, for a pipeline stage process (runners/stage) that fills its
+// own cache while the other stages fill theirs: each stage asks the
+// prefill runner for its own layers directly (PROTOCOL.md §19). A whole
+// model (Stage() is the zero range) asks for every layer, as KVRemote does.
+type StageFill struct {
+	Client *kvwire.Client
+	// Name is the served model name sent to the prefill runner.
+	Name string
+	// Model is the stage's model (engine.Model loaded with
+	// LoadOptions.Layers); Fill's cache must be one of its caches.
+	Model StageModel
+	// WireDType is the KV wire dtype asked for: 0 for the cache's dtype,
+	// or kvwire.DTypeF8E4M3.
+	WireDType kvwire.DType
+	// Streams is the TCP connections each transfer is striped over (0 or
+	// 1: one; PROTOCOL.md §17).
+	Streams int
+	// Deadline bounds one fetch on the server (0: its default).
+	Deadline time.Duration
+}
+
+// Fill asks endpoints, in that order, for the KV of prompt (the whole
+// prompt from position 0) from position start for the stage's layers, and
+// injects it into cache, which must hold exactly start positions of the
+// stage's layers (cache layer 0 is the model's layer Stage().Start). It
+// moves to the next endpoint after any failure but kvwire.ErrBadRequest
+// and ctx's end (kvwire.Retryable), and returns the last failure (wrapped
+// with the endpoints tried; errors.Is tells kvwire.ErrBusy, ErrMismatch,
+// ErrCorrupt, …), or kvwire.ErrNoEndpoint when there are none.
+//
+// Injection is all or nothing: on success cache.Len() is the stream's
+// token_end (the prefill runner's choice, len(prompt)−1 today; the same for
+// every stage of a group, which must check that they agree); after any
+// failure, a corrupt or cut stream included, cache is rolled back to start
+// (a cache with recurrent layers to its latest kept position ≤ start: read
+// cache.Len()). The stats are those of the successful (or last) try:
+// Bytes is the payload received, the stage's layers' share of the prompt's
+// KV.
+func (f *StageFill) Fill(ctx context.Context, reqID string, cache engine.KVCache, prompt []int32, start int, endpoints []string) (RemoteStats, error) {
+	req, exp := wireRequest(f.Model, reqID, f.Name, prompt, start)
+	req.DType, req.Deadline, req.Streams = f.WireDType, f.Deadline, f.Streams
+	if req.DType == 0 {
+		req.DType = kvconv.Wire(cache.DType())
+	}
+	if len(endpoints) == 0 {
+		return RemoteStats{}, kvwire.ErrNoEndpoint
+	}
+	if cache.Len() != start {
+		return RemoteStats{}, fmt.Errorf("%w: fill from %d into a cache holding %d positions", kvwire.ErrBadRequest, start, cache.Len())
+	}
+	sink := &cacheSink{cache: cache, start: start}
+	var st kvwire.Stats
+	var last error
+	for i, addr := range endpoints {
+		if err := ctx.Err(); err != nil {
+			if last == nil {
+				last = err
+			}
+			break
+		}
+		var err error
+		st, err = f.Client.Fetch(ctx, addr, req, exp, sink)
+		if err == nil {
+			rs := RemoteStats{Endpoint: st.Addr, Bytes: st.PayloadBytes, States: st.States, Duration: st.Duration, Wait: st.WireWait}
+			return rs, checkFilled(cache, prompt, start)
+		}
+		last = fmt.Errorf("endpoint %s (%d of %d): %w", addr, i+1, len(endpoints), err)
+		if !kvwire.Retryable(err) {
+			break
+		}
+	}
+	return RemoteStats{Endpoint: st.Addr, Bytes: st.PayloadBytes, States: st.States, Duration: st.Duration, Wait: st.WireWait}, last
+}
+
+// Prefill implements Remote. When r.Model is a pipeline stage (a
+// StageModel loaded with engine.LoadOptions.Layers) it asks for the
+// stage's layers only and cache is a cache of the stage.
+func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, start int, cache engine.KVCache, prefer []string) (RemoteStats, error) {
+	req, exp := wireRequest(r.Model, reqID, r.Name, prompt, start)
+	req.DType, req.Deadline, req.Streams = r.wireDType(cache), r.Deadline, r.Streams
 	sink := &cacheSink{cache: cache, start: start}
 	var st kvwire.Stats
 	var err error
@@ -119,15 +254,7 @@ func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, st
 	if err != nil {
 		return rs, err
 	}
-	if cache.Len() > len(prompt)-1 || cache.Len() < start {
-		if cache.CanTruncate(start) {
-			cache.Truncate(start)
-		} else {
-			cache.Truncate(0) // the caller sees Len() != start and starts over
-		}
-		return rs, fmt.Errorf("%w: prefill runner returned KV up to %d for a %d-token prompt", kvwire.ErrCorrupt, cache.Len(), len(prompt))
-	}
-	return rs, nil
+	return rs, checkFilled(cache, prompt, start)
 }
 
 // Classify implements Remote.
@@ -248,21 +375,13 @@ func (s *cacheSink) Rollback() { s.cache.Truncate(s.start) }
 // from earlier calibrations so that the endpoint's prefix cache does not
 // answer it.
 func (r *KVRemote) Calibrate(ctx context.Context, addr string, prompt []int32) (RemoteStats, error) {
-	info := r.Model.Info()
 	cache := r.Model.NewCache()
 	defer cache.Free()
-	fp := kvwire.Fingerprint(r.Model.Fingerprint())
-	req := &kvwire.Request{ID: "calibrate", Model: r.Name, Fingerprint: fp, Tokens: prompt,
-		DType: r.wireDType(cache), Deadline: r.Deadline, Streams: r.Streams}
-	// The same expectations as a real fetch: recurrent layers and sliding
-	// windows included, or a hybrid or sliding model is never calibrated.
-	kinds := make([]kvwire.LayerKind, info.Layers)
-	for l, rec := range info.Recurrent {
-		if rec {
-			kinds[l] = kvwire.LayerRecurrent
-		}
-	}
-	exp := &kvwire.Expect{Fingerprint: fp, Kinds: kinds, Windows: info.Windows, KVHeads: info.KVHeads, HeadDim: info.HeadDim}
+	// The same request and expectations as a real fetch: recurrent layers,
+	// sliding windows and a stage's range included, or a hybrid, sliding
+	// or staged model is never calibrated.
+	req, exp := wireRequest(r.Model, "calibrate", r.Name, prompt, 0)
+	req.DType, req.Deadline, req.Streams = r.wireDType(cache), r.Deadline, r.Streams
 	st, err := r.Client.Fetch(ctx, addr, req, exp, &cacheSink{cache: cache})
 	return RemoteStats{Endpoint: addr, Bytes: st.PayloadBytes, Duration: st.Duration, Wait: st.WireWait}, err
 }

@@ -32,6 +32,8 @@ type Sink interface {
 }
 
 // Expect is what the client's model requires of the server's header.
+// For a request with a layer range (Request.LayerStart, LayerEnd), Kinds
+// and Windows are those of the range's layers only.
 type Expect struct {
 	Fingerprint Fingerprint
 	Kinds       []LayerKind
@@ -571,6 +573,14 @@ func checkHeader(h *Header, req *Request, exp *Expect) error {
 	}
 	if req.DType != 0 && h.DType != req.DType {
 		return fmt.Errorf("%w: server sends %v, requested %v", ErrMismatch, h.DType, req.DType)
+	}
+	if req.HasRange() {
+		if h.FirstLayer != req.LayerStart || h.Layers() != req.LayerEnd-req.LayerStart {
+			return fmt.Errorf("%w: server sends layers [%d, %d), requested [%d, %d)", ErrMismatch,
+				h.FirstLayer, h.FirstLayer+h.Layers(), req.LayerStart, req.LayerEnd)
+		}
+	} else if h.FirstLayer != 0 {
+		return fmt.Errorf("%w: server sends layers [%d, %d), requested every layer", ErrMismatch, h.FirstLayer, h.FirstLayer+h.Layers())
 	}
 	if exp == nil {
 		return nil

@@ -30,14 +30,24 @@ func largestPayload(l Limits) int {
 
 // discardSink accepts everything and checks the sizes it is given.
 type discardSink struct {
-	t *testing.T
-	h *Header
+	t   *testing.T
+	req *Request // when set, a ranged request's header must carry its range
+	h   *Header
 }
 
-func (s *discardSink) Begin(h *Header) error { s.h = h; return nil }
+func (s *discardSink) Begin(h *Header) error {
+	if r := s.req; r != nil && r.HasRange() && (h.FirstLayer != r.LayerStart || h.Layers() != r.LayerEnd-r.LayerStart) {
+		s.t.Fatalf("sink begun with layers [%d, +%d) for a request of [%d, %d)", h.FirstLayer, h.Layers(), r.LayerStart, r.LayerEnd)
+	}
+	s.h = h
+	return nil
+}
 func (s *discardSink) Chunk(layer, start, n int, k, v []byte) error {
 	if int64(len(k)) != s.h.KVBytes(n) || len(v) != len(k) {
 		s.t.Fatalf("sink got K %d / V %d bytes for %d tokens", len(k), len(v), n)
+	}
+	if layer < 0 || layer >= s.h.Layers() || s.h.Kinds[layer] != LayerAttention {
+		s.t.Fatalf("sink got a chunk for layer %d of %d", layer, s.h.Layers())
 	}
 	if s.h.DType == DTypeF8E4M3 { // widen as the decode runner does
 		for _, sec := range [][]byte{k, v} {
@@ -48,17 +58,78 @@ func (s *discardSink) Chunk(layer, start, n int, k, v []byte) error {
 	}
 	return nil
 }
-func (s *discardSink) State(layer, end int, arrays [][]byte) error { return nil }
-func (s *discardSink) Done(t Totals) error                         { return nil }
-func (s *discardSink) Rollback()                                   {}
+func (s *discardSink) State(layer, end int, arrays [][]byte) error {
+	if layer < 0 || layer >= s.h.Layers() || s.h.Kinds[layer] != LayerRecurrent {
+		s.t.Fatalf("sink got a state for layer %d of %d", layer, s.h.Layers())
+	}
+	return nil
+}
+func (s *discardSink) Done(t Totals) error { return nil }
+func (s *discardSink) Rollback()           {}
 
 func fuzzStreamSeeds() [][]byte {
 	return append(streamSeeds(DTypeBF16), streamSeeds(DTypeF8E4M3)[0])
 }
 
+// fuzzRange is the layer range the frame fuzzer's request asks for when
+// bit 1 of its first byte is set: layers [1, 3) of rangeSeedModel.
+var fuzzRange = [2]int{1, 3}
+
+// fuzzRequest is the request the frame fuzzer's stream answers.
+func fuzzRequest(ranged bool) *Request {
+	req := &Request{Tokens: tokens(8)}
+	if ranged {
+		req.LayerStart, req.LayerEnd = fuzzRange[0], fuzzRange[1]
+	}
+	return req
+}
+
+// rangeStreamSeeds are whole streams answering fuzzRequest(true): the
+// header for layers [1, 3) of a three-layer model, then their frames.
+func rangeStreamSeeds() [][]byte {
+	m := &testModel{fp: Fingerprint{2}, kinds: []LayerKind{LayerRecurrent, LayerAttention, LayerRecurrent}, windows: []int{0, 3, 0},
+		kvHeads: 2, headDim: 4, dtype: DTypeBF16, block: 3, tail: 1}
+	full := streamFrom(m, fuzzRequest(true))
+	return [][]byte{full, full[:len(full)*2/3]}
+}
+
+// streamFrom is the whole server→client stream m's producer sends for req
+// (header, keepalive, a block's chunks and states in turn, Done).
+func streamFrom(m *testModel, req *Request) []byte {
+	h := m.header(req)
+	var full bytes.Buffer
+	full.Write(encodeHeader(&h))
+	full.Write(smallFrame(frameKeepalive, nil))
+	var tot Totals
+	for s := h.TokenStart; s < h.TokenEnd; s += m.block {
+		n := min(m.block, h.TokenEnd-s)
+		for l, kind := range h.Kinds {
+			if kind == LayerRecurrent {
+				arrays := m.stateBytes(h.FirstLayer+l, s+n)
+				full.Write(encodeStatePrefix(l, s+n, arrays))
+				full.Write(bytes.Join(arrays, nil))
+				tot.States++
+				tot.PayloadBytes += int64(len(arrays[0]) + len(arrays[1]))
+				continue
+			}
+			from := max(s, h.LayerStart(l))
+			if from >= s+n {
+				continue
+			}
+			k, v := m.chunkBytes(h.FirstLayer+l, from, s+n-from)
+			full.Write(chunkFrame(l, from, s+n-from, k, v))
+			tot.Chunks++
+			tot.PayloadBytes += int64(len(k) + len(v))
+		}
+	}
+	tot.TokenEnd = h.TokenEnd
+	full.Write(encodeDone(tot))
+	return full.Bytes()
+}
+
 func streamSeeds(dt DType) [][]byte {
 	m := &testModel{fp: Fingerprint{1}, kinds: []LayerKind{LayerAttention, LayerRecurrent}, kvHeads: 2, headDim: 4, dtype: dt, block: 3, tail: 1}
-	req := &Request{Tokens: tokens(8)}
+	req := fuzzRequest(false)
 	h := m.header(req)
 	var full bytes.Buffer
 	full.Write(encodeHeader(&h))
@@ -97,12 +168,17 @@ func streamSeeds(dt DType) [][]byte {
 
 // FuzzFrameDecoder feeds arbitrary server→client bytes (after the Hello)
 // through the client's frame reader and stream state machine: it must
-// never panic, never grow a buffer beyond the declared limits, and fail
-// only with the package's sentinel errors.
+// never panic, never grow a buffer beyond the declared limits, fail only
+// with the package's sentinel errors, and, for a request with a layer
+// range, never hand the sink a header or a layer outside that range.
 func FuzzFrameDecoder(f *testing.F) {
 	for _, s := range fuzzStreamSeeds() {
 		f.Add(append([]byte{0}, s...))
 		f.Add(append([]byte{1}, s...))
+	}
+	for _, s := range rangeStreamSeeds() {
+		f.Add(append([]byte{2}, s...))
+		f.Add(append([]byte{3}, s...))
 	}
 	bound := largestPayload(fuzzLimits)
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -111,15 +187,16 @@ func FuzzFrameDecoder(f *testing.F) {
 		}
 		// The first byte's low bit asks to reseal every frame's CRC, so the
 		// fuzzer also explores the payload parsers and the ordering rules
-		// behind the digest; otherwise the bytes go in as they are.
+		// behind the digest; otherwise the bytes go in as they are. Its
+		// bit 1 makes the request ask for the layers fuzzRange.
+		req := fuzzRequest(data[0]&2 != 0)
 		if data[0]&1 == 1 {
 			data = resealFrames(bytes.Clone(data[1:]))
 		} else {
 			data = data[1:]
 		}
-		req := &Request{Tokens: tokens(8)}
 		var st Stats
-		rs := &recvState{req: req, sink: &discardSink{t: t}, lim: fuzzLimits, st: &st}
+		rs := &recvState{req: req, sink: &discardSink{t: t, req: req}, lim: fuzzLimits, st: &st}
 		r := bytes.NewReader(data)
 		var buf []byte
 		for {
@@ -168,6 +245,8 @@ func FuzzRequest(f *testing.F) {
 		{Tokens: []int32{0}},
 		{ID: "x", Fingerprint: Fingerprint{1, 2}, Tokens: tokens(64), StartPos: 63, DType: DTypeF32},
 		{ID: "p", Model: "m", Tokens: tokens(130), PrefixProbe: true},
+		{ID: "stage", Model: "m", Tokens: tokens(12), StartPos: 4, LayerStart: 3, LayerEnd: 9, Streams: 2},
+		{Tokens: tokens(2), LayerStart: 0, LayerEnd: 1024, DType: DTypeF8E4M3},
 	} {
 		b, err := encodeRequest(r)
 		if err != nil {
@@ -185,6 +264,9 @@ func FuzzRequest(f *testing.F) {
 		}
 		if len(req.Tokens) > fuzzLimits.MaxTokens || req.StartPos >= len(req.Tokens) {
 			t.Fatalf("accepted %d tokens, start_pos %d", len(req.Tokens), req.StartPos)
+		}
+		if checkRange(req.LayerStart, req.LayerEnd) != nil {
+			t.Fatalf("accepted layer range [%d, %d)", req.LayerStart, req.LayerEnd)
 		}
 		b, err := encodeRequest(req)
 		if err != nil {
@@ -218,11 +300,15 @@ func TestWriteFuzzSeeds(t *testing.T) {
 	for _, s := range fuzzStreamSeeds() {
 		frames = append(frames, append([]byte{0}, s...), append([]byte{1}, s...))
 	}
+	for _, s := range rangeStreamSeeds() {
+		frames = append(frames, append([]byte{2}, s...), append([]byte{3}, s...))
+	}
 	write("FuzzFrameDecoder", frames)
 	var reqs [][]byte
 	for _, r := range []*Request{
 		{ID: "req-7", Model: "llama", Tokens: tokens(20), StartPos: 5, DType: DTypeF16, Deadline: 1e9},
 		{Fingerprint: Fingerprint{0xff}, Tokens: tokens(1)},
+		{ID: "stage-1", Model: "glm", Tokens: tokens(30), StartPos: 10, LayerStart: 46, LayerEnd: 92},
 	} {
 		b, _ := encodeRequest(r)
 		reqs = append(reqs, b[frameHeaderSize:])
@@ -251,6 +337,41 @@ func TestFuzzSeedStream(t *testing.T) {
 	}
 	if st.Chunks != 3 || st.States != 3 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestFuzzRangeSeedStream: the range seed is a complete valid stream for
+// the fuzzer's ranged request (so the fuzzer starts deep in the range
+// path), and the same bytes answering a request for every layer are
+// refused at the header.
+func TestFuzzRangeSeedStream(t *testing.T) {
+	for _, ranged := range []bool{true, false} {
+		var st Stats
+		req := fuzzRequest(ranged)
+		rs := &recvState{req: req, sink: &discardSink{t: t, req: req}, lim: fuzzLimits, st: &st}
+		r := bytes.NewReader(rangeStreamSeeds()[0])
+		for {
+			fr := readFrame(r, nil, fuzzLimits)
+			if fr.err != nil {
+				t.Fatal(fr.err)
+			}
+			done, err := rs.handle(&fr)
+			if !ranged {
+				if !errors.Is(err, ErrMismatch) {
+					t.Fatalf("range stream for a whole-model request: %v", err)
+				}
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if done {
+				if st.Chunks == 0 || st.States == 0 {
+					t.Fatalf("stats %+v", st)
+				}
+				break
+			}
+		}
 	}
 }
 

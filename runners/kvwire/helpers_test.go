@@ -31,18 +31,45 @@ type testModel struct {
 	kvHeads int
 	headDim int
 	dtype   DType
-	block   int // tokens per prefill block
-	tail    int // tokens the decode side computes itself
+	block   int   // tokens per prefill block
+	tail    int   // tokens the decode side computes itself
+	windows []int // nil: every layer full
 }
 
 func (m *testModel) expect() *Expect {
-	return &Expect{Fingerprint: m.fp, Kinds: m.kinds, KVHeads: m.kvHeads, HeadDim: m.headDim}
+	return &Expect{Fingerprint: m.fp, Kinds: m.kinds, KVHeads: m.kvHeads, HeadDim: m.headDim, Windows: m.windows}
 }
 
+// expectRange is what a client holding layers [a, b) of m expects.
+func (m *testModel) expectRange(a, b int) *Expect {
+	e := &Expect{Fingerprint: m.fp, Kinds: m.kinds[a:b], KVHeads: m.kvHeads, HeadDim: m.headDim}
+	if m.windows != nil {
+		e.Windows = m.windows[a:b]
+	}
+	return e
+}
+
+// layers is the model layers [a, b) that req asks for (every layer when
+// it names no range).
+func (m *testModel) layers(req *Request) (a, b int) {
+	if req.HasRange() {
+		return req.LayerStart, req.LayerEnd
+	}
+	return 0, len(m.kinds)
+}
+
+// header is what the producer sends for req: the requested layers only.
+// Chunk and state bytes are those of the model's layer (first_layer +
+// the stream's index), so a sink can tell which layer it was given.
 func (m *testModel) header(req *Request) Header {
 	end := max(len(req.Tokens)-m.tail, req.StartPos)
-	return Header{Fingerprint: m.fp, DType: m.dtype, KVHeads: m.kvHeads, HeadDim: m.headDim,
-		Kinds: m.kinds, TokenStart: req.StartPos, TokenEnd: end}
+	a, b := m.layers(req)
+	h := Header{Fingerprint: m.fp, DType: m.dtype, KVHeads: m.kvHeads, HeadDim: m.headDim,
+		FirstLayer: a, Kinds: m.kinds[a:b], TokenStart: req.StartPos, TokenEnd: end}
+	if m.windows != nil {
+		h.Windows = m.windows[a:b]
+	}
+	return h
 }
 
 // chunkBytes is what the producer sends (and the sink must receive) for a
@@ -68,26 +95,30 @@ func (m *testModel) stateBytes(layer, end int) [][]byte {
 // state per recurrent layer after each block.
 func (m *testModel) producer() ProducerFunc {
 	return func(ctx context.Context, req *Request, e *Emitter) error {
-		h := m.header(req)
 		if !req.Fingerprint.IsZero() && req.Fingerprint != m.fp {
 			return fmt.Errorf("%w: fingerprint %v", ErrMismatch, req.Fingerprint)
 		}
+		if _, b := m.layers(req); b > len(m.kinds) {
+			return fmt.Errorf("%w: layers to %d of %d", ErrMismatch, b, len(m.kinds))
+		}
+		h := m.header(req)
 		if err := e.Header(h); err != nil {
 			return err
 		}
 		for s := h.TokenStart; s < h.TokenEnd; s += m.block {
 			n := min(m.block, h.TokenEnd-s)
-			for l, kind := range m.kinds {
+			for l, kind := range h.Kinds {
+				g := h.FirstLayer + l
 				var err error
 				if kind == LayerAttention {
 					from := max(s, h.LayerStart(l)) // a sliding layer: its window only
 					if from >= s+n {
 						continue
 					}
-					k, v := m.chunkBytes(l, from, s+n-from)
+					k, v := m.chunkBytes(g, from, s+n-from)
 					err = e.Chunk(l, from, s+n-from, k, v)
 				} else {
-					err = e.State(l, s+n, m.stateBytes(l, s+n)...)
+					err = e.State(l, s+n, m.stateBytes(g, s+n)...)
 				}
 				if err != nil {
 					return err
@@ -104,6 +135,7 @@ type recordSink struct {
 	header    *Header
 	chunks    []recChunk
 	states    map[int]recState
+	stateSum  map[int]int64 // bytes of every state frame per layer
 	totals    *Totals
 	begins    int
 	rollbacks int
@@ -127,6 +159,7 @@ func (s *recordSink) Begin(h *Header) error {
 	s.header = h
 	s.chunks = nil
 	s.states = map[int]recState{}
+	s.stateSum = map[int]int64{}
 	return nil
 }
 
@@ -150,6 +183,9 @@ func (s *recordSink) State(layer, end int, arrays [][]byte) error {
 		cp[i] = bytes.Clone(a)
 	}
 	s.states[layer] = recState{end, cp}
+	for _, a := range arrays {
+		s.stateSum[layer] += int64(len(a))
+	}
 	return nil
 }
 
@@ -170,7 +206,8 @@ func (s *recordSink) Rollback() {
 func (s *recordSink) verify(t *testing.T, m *testModel, req *Request) {
 	t.Helper()
 	h := m.header(req)
-	if s.header == nil || s.header.TokenStart != h.TokenStart || s.header.TokenEnd != h.TokenEnd || s.header.Fingerprint != m.fp || s.header.DType != m.dtype {
+	if s.header == nil || s.header.TokenStart != h.TokenStart || s.header.TokenEnd != h.TokenEnd || s.header.Fingerprint != m.fp || s.header.DType != m.dtype ||
+		s.header.FirstLayer != h.FirstLayer || s.header.Layers() != h.Layers() {
 		t.Fatalf("header %+v, want %+v", s.header, h)
 	}
 	if s.totals == nil {
@@ -179,10 +216,10 @@ func (s *recordSink) verify(t *testing.T, m *testModel, req *Request) {
 	var want []recChunk
 	for st := h.TokenStart; st < h.TokenEnd; st += m.block {
 		n := min(m.block, h.TokenEnd-st)
-		for l, kind := range m.kinds {
-			if kind == LayerAttention {
-				k, v := m.chunkBytes(l, st, n)
-				want = append(want, recChunk{l, st, n, k, v})
+		for l, kind := range h.Kinds {
+			if from := max(st, h.LayerStart(l)); kind == LayerAttention && from < st+n {
+				k, v := m.chunkBytes(h.FirstLayer+l, from, st+n-from)
+				want = append(want, recChunk{l, from, st + n - from, k, v})
 			}
 		}
 	}
@@ -195,12 +232,12 @@ func (s *recordSink) verify(t *testing.T, m *testModel, req *Request) {
 			t.Fatalf("chunk %d: layer %d [%d,+%d) differs from layer %d [%d,+%d) sent", i, c.layer, c.start, c.n, w.layer, w.start, w.n)
 		}
 	}
-	for l, kind := range m.kinds {
+	for l, kind := range h.Kinds {
 		if kind != LayerRecurrent || h.TokenEnd == h.TokenStart {
 			continue
 		}
 		got, ok := s.states[l]
-		want := m.stateBytes(l, h.TokenEnd)
+		want := m.stateBytes(h.FirstLayer+l, h.TokenEnd)
 		if !ok || got.end != h.TokenEnd || len(got.arrays) != len(want) || !bytes.Equal(got.arrays[0], want[0]) || !bytes.Equal(got.arrays[1], want[1]) {
 			t.Fatalf("layer %d state %+v, want end %d", l, got, h.TokenEnd)
 		}

@@ -395,6 +395,7 @@ func TestServerRefuses(t *testing.T) {
 		{"older peer (version 1, no windows in the header)", ServerConfig{}, hello(magic, 1, 0), ErrVersion},
 		{"older peer (version 2, no fp8 wire dtype)", ServerConfig{}, hello(magic, 2, 0), ErrVersion},
 		{"older peer (version 3, no parallel streams)", ServerConfig{}, hello(magic, 3, 0), ErrVersion},
+		{"older peer (version 4, no layer ranges)", ServerConfig{}, hello(magic, 4, 0), ErrVersion},
 		{"no secret when required", ServerConfig{Secret: []byte("x")}, good, ErrAuth},
 		{"wrong proof", ServerConfig{Secret: []byte("x")}, append(hello(magic, Version, flagHasSecret), smallFrame(frameAuthProof, make([]byte, 32))...), ErrAuth},
 		{"oversize request length", ServerConfig{}, append(bytes.Clone(good), big...), ErrBadRequest},

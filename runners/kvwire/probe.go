@@ -36,8 +36,8 @@ func produceProbe(req *Request, e *Emitter) error {
 	if n > ProbeMaxTokens {
 		return fmt.Errorf("%w: probe of %d tokens (limit %d)", ErrBadRequest, n, ProbeMaxTokens)
 	}
-	if req.StartPos != 0 || !req.Fingerprint.IsZero() {
-		return fmt.Errorf("%w: a probe has no start_pos and no fingerprint", ErrBadRequest)
+	if req.StartPos != 0 || !req.Fingerprint.IsZero() || req.HasRange() {
+		return fmt.Errorf("%w: a probe has no start_pos, no fingerprint and no layer range", ErrBadRequest)
 	}
 	h := probeHeader(n)
 	if err := e.Header(h); err != nil {

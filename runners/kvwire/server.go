@@ -339,7 +339,7 @@ func lingerClose(conn net.Conn) {
 	io.Copy(io.Discard, io.LimitReader(conn, 1<<20))
 }
 
-// authMAC is HMAC-SHA256(secret, "exo-kvwire/1 <role>" || sn || cn).
+// authMAC is HMAC-SHA256(secret, "exo-kvwire/<Version> <role>" || sn || cn).
 func authMAC(secret []byte, role string, sn, cn *[32]byte) []byte {
 	m := hmac.New(sha256.New, secret)
 	fmt.Fprintf(m, "exo-kvwire/%d %s", Version, role)
@@ -466,7 +466,7 @@ func (s *Server) stream(parent context.Context, conn net.Conn, br *bufio.Reader,
 	defer s.adm.release()
 	log.Debug("kvwire: admitted", "waited", time.Since(start))
 
-	e := &Emitter{ctx: ctx, w: w, bulk: bulk, lim: s.cfg.Limits}
+	e := &Emitter{ctx: ctx, w: w, bulk: bulk, lim: s.cfg.Limits, req: req}
 	err := s.produce(ctx, req, e)
 	switch {
 	case err == nil && e.t == nil:
@@ -499,7 +499,7 @@ func (s *Server) stream(parent context.Context, conn net.Conn, br *bufio.Reader,
 // serveProbe streams a link probe (probe.go) and ends the stream like a
 // produced request.
 func (s *Server) serveProbe(ctx context.Context, req *Request, w *writer, bulk chan *outFrame, finish func([]byte, bool), gone func(), log *slog.Logger) {
-	e := &Emitter{ctx: ctx, w: w, bulk: bulk, lim: s.cfg.Limits}
+	e := &Emitter{ctx: ctx, w: w, bulk: bulk, lim: s.cfg.Limits, req: req}
 	err := produceProbe(req, e)
 	if err == nil {
 		if cerr := e.t.complete(); cerr != nil {
@@ -552,6 +552,7 @@ type Emitter struct {
 	w       *writer
 	bulk    chan *outFrame // a striped transfer's shared chunk queue (nil: w's)
 	lim     Limits
+	req     *Request // the header must carry its layer range
 	h       *Header
 	t       *tracker
 	emitted int
@@ -564,6 +565,10 @@ func (e *Emitter) Header(h Header) error {
 	}
 	if err := validateHeader(&h); err != nil {
 		return fmt.Errorf("%w: %v", ErrRemoteInternal, err)
+	}
+	if r := e.req; r != nil && (h.FirstLayer != r.LayerStart || r.HasRange() && h.Layers() != r.LayerEnd-r.LayerStart) {
+		return fmt.Errorf("%w: producer's header has layers [%d, %d), the request asks for [%d, %d)", ErrRemoteInternal,
+			h.FirstLayer, h.FirstLayer+h.Layers(), r.LayerStart, r.LayerEnd)
 	}
 	h.Kinds = append([]LayerKind(nil), h.Kinds...)
 	e.h = &h

@@ -12,15 +12,15 @@ import (
 )
 
 // Version is the protocol version this package speaks (PROTOCOL.md §14).
-const Version uint16 = 4
+const Version uint16 = 5
 
 // Sizes of the fixed parts of the wire (PROTOCOL.md §2, §4, §8).
 const (
 	helloSize       = 40
 	frameHeaderSize = 12
 	chunkPrefixSize = 20
-	requestFixed    = 52
-	headerFixed     = 56
+	requestFixed    = 60
+	headerFixed     = 60
 	stateFixed      = 12
 	doneSize        = 24
 	macSize         = 32
@@ -211,6 +211,28 @@ type Request struct {
 	// Send it only to a server whose Hello advertises prefix probes
 	// (Client.PrefixHit does).
 	PrefixProbe bool
+	// LayerStart and LayerEnd ask for the model's layers [LayerStart,
+	// LayerEnd) only (PROTOCOL.md §19: a pipeline stage's); both zero asks
+	// for every layer. The header then starts at FirstLayer = LayerStart
+	// and its layers, the frames' layer indices and the sink's are those
+	// of the range, counted from 0.
+	LayerStart, LayerEnd int
+}
+
+// HasRange reports whether r asks for a layer range rather than every
+// layer.
+func (r *Request) HasRange() bool { return r.LayerStart != 0 || r.LayerEnd != 0 }
+
+// checkRange checks a request's layer range on its own (not against a
+// model): unset, or 0 ≤ start < end ≤ maxLayers.
+func checkRange(start, end int) error {
+	if start == 0 && end == 0 {
+		return nil
+	}
+	if start < 0 || start >= end || end > maxLayers {
+		return fmt.Errorf("layer range [%d, %d) invalid (0 ≤ start < end ≤ %d, or both 0 for every layer)", start, end, maxLayers)
+	}
+	return nil
 }
 
 // Header describes the KV a stream carries (PROTOCOL.md §6).
@@ -219,7 +241,10 @@ type Header struct {
 	DType       DType
 	KVHeads     int
 	HeadDim     int
-	// Kinds has one entry per layer.
+	// FirstLayer is the model layer that the stream's layer 0 is: the
+	// request's LayerStart (0 for a whole model; PROTOCOL.md §19).
+	FirstLayer int
+	// Kinds has one entry per layer the stream carries.
 	Kinds []LayerKind
 	// Windows, when not nil, has one entry per layer: 0 for a full
 	// attention (or recurrent) layer, W > 0 for a sliding-window layer,
@@ -406,6 +431,9 @@ func encodeRequest(req *Request) ([]byte, error) {
 	if req.Streams < 0 || req.Streams > MaxStreams {
 		return nil, fmt.Errorf("%w: %d streams (0..%d)", ErrBadRequest, req.Streams, MaxStreams)
 	}
+	if err := checkRange(req.LayerStart, req.LayerEnd); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
 	ms := req.Deadline.Milliseconds()
 	if ms < 0 || ms > 1<<32-1 {
 		return nil, fmt.Errorf("%w: deadline %v", ErrBadRequest, req.Deadline)
@@ -427,6 +455,8 @@ func encodeRequest(req *Request) ([]byte, error) {
 	le.PutUint16(p[44:46], uint16(len(req.ID)))
 	le.PutUint16(p[46:48], uint16(len(req.Model)))
 	le.PutUint32(p[48:52], uint32(len(req.Tokens)))
+	le.PutUint32(p[52:56], uint32(req.LayerStart))
+	le.PutUint32(p[56:60], uint32(req.LayerEnd))
 	o := requestFixed
 	o += copy(p[o:], req.ID)
 	o += copy(p[o:], req.Model)
@@ -463,6 +493,13 @@ func parseRequest(p []byte, lim Limits) (*Request, error) {
 	idLen := int(le.Uint16(p[44:46]))
 	modelLen := int(le.Uint16(p[46:48]))
 	n := le.Uint32(p[48:52])
+	ls, lend := le.Uint32(p[52:56]), le.Uint32(p[56:60])
+	if ls > maxLayers || lend > maxLayers {
+		return nil, bad("layer range [%d, %d) beyond %d layers", ls, lend, maxLayers)
+	}
+	if err := checkRange(int(ls), int(lend)); err != nil {
+		return nil, bad("%v", err)
+	}
 	if idLen > maxIDLen || modelLen > maxModelLen {
 		return nil, bad("id length %d or model length %d beyond %d/%d", idLen, modelLen, maxIDLen, maxModelLen)
 	}
@@ -481,6 +518,8 @@ func parseRequest(p []byte, lim Limits) (*Request, error) {
 		Streams:     int(p[1]),
 		DType:       dt,
 		Deadline:    time.Duration(ms) * time.Millisecond,
+		LayerStart:  int(ls),
+		LayerEnd:    int(lend),
 	}
 	copy(req.Fingerprint[:], p[12:44])
 	o := requestFixed
@@ -514,6 +553,9 @@ func validateHeader(h *Header) error {
 	if len(h.Kinds) < 1 || len(h.Kinds) > maxLayers {
 		return fmt.Errorf("header layer count %d outside 1..%d", len(h.Kinds), maxLayers)
 	}
+	if h.FirstLayer < 0 || h.FirstLayer > maxLayers-len(h.Kinds) {
+		return fmt.Errorf("header layers [%d, %d) beyond %d", h.FirstLayer, h.FirstLayer+len(h.Kinds), maxLayers)
+	}
 	if h.KVHeads < 1 || h.KVHeads > maxKVHeads || h.HeadDim < 1 || h.HeadDim > maxHeadDim {
 		return fmt.Errorf("header kv_heads %d / head_dim %d outside 1..%d / 1..%d", h.KVHeads, h.HeadDim, maxKVHeads, maxHeadDim)
 	}
@@ -545,6 +587,7 @@ func encodeHeader(h *Header) []byte {
 	le.PutUint32(p[44:48], uint32(h.HeadDim))
 	le.PutUint32(p[48:52], uint32(h.TokenStart))
 	le.PutUint32(p[52:56], uint32(h.TokenEnd))
+	le.PutUint32(p[56:60], uint32(h.FirstLayer))
 	for i, k := range h.Kinds {
 		p[headerFixed+i] = byte(k)
 		le.PutUint32(p[headerFixed+len(h.Kinds)+4*i:], uint32(h.Window(i)))
@@ -564,12 +607,17 @@ func parseHeader(p []byte) (*Header, error) {
 	if layers < 1 || layers > maxLayers || len(p) != headerFixed+5*int(layers) {
 		return nil, corruptf("header of %d bytes for %d layers", len(p), layers)
 	}
+	first := le.Uint32(p[56:60])
+	if first > maxLayers {
+		return nil, corruptf("header first layer %d", first)
+	}
 	h := &Header{
 		DType:      DType(p[32]),
 		KVHeads:    int(le.Uint32(p[40:44])),
 		HeadDim:    int(le.Uint32(p[44:48])),
 		TokenStart: int(le.Uint32(p[48:52])),
 		TokenEnd:   int(le.Uint32(p[52:56])),
+		FirstLayer: int(first),
 		Kinds:      make([]LayerKind, layers),
 	}
 	copy(h.Fingerprint[:], p[0:32])
@@ -737,7 +785,7 @@ func parseError(p []byte) error {
 
 // LogValue summarizes a request for log/slog (without its token ids).
 func (r *Request) LogValue() slog.Value {
-	return slog.GroupValue(
+	attrs := []slog.Attr{
 		slog.String("id", r.ID),
 		slog.String("model", r.Model),
 		slog.Int("tokens", len(r.Tokens)),
@@ -745,7 +793,11 @@ func (r *Request) LogValue() slog.Value {
 		slog.String("dtype", r.DType.String()),
 		slog.Duration("deadline", r.Deadline),
 		slog.Int("streams", max(r.Streams, 1)),
-	)
+	}
+	if r.HasRange() {
+		attrs = append(attrs, slog.String("layers", fmt.Sprintf("%d:%d", r.LayerStart, r.LayerEnd)))
+	}
+	return slog.GroupValue(attrs...)
 }
 
 // LogValue summarizes a header for log/slog.
@@ -753,6 +805,7 @@ func (h *Header) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("fingerprint", h.Fingerprint.String()),
 		slog.String("dtype", h.DType.String()),
+		slog.Int("first_layer", h.FirstLayer),
 		slog.Int("layers", len(h.Kinds)),
 		slog.Int("kv_heads", h.KVHeads),
 		slog.Int("head_dim", h.HeadDim),

@@ -6,7 +6,10 @@
 // evaluated (the kvwire send queue puts chunk i on the wire while chunk i+1
 // computes), converting to the wire dtype the decode side asked for. It
 // ships positions [start_pos, N-1): the decode side computes the last
-// prompt token itself. It must not import supervisor/ or runners/decode.
+// prompt token itself. A request for a layer range (a pipeline stage's,
+// PROTOCOL.md §19) is computed from the whole model and its prefix cache
+// as any other, and only that range's layers are shipped. It must not
+// import supervisor/ or runners/decode.
 package prefill
 
 import (
@@ -107,7 +110,23 @@ func (p *Producer) CachedPrefix(ctx context.Context, req *kvwire.Request) (int, 
 	if req.Fingerprint != (kvwire.Fingerprint{}) && req.Fingerprint != p.fp {
 		return 0, fmt.Errorf("%w: KV fingerprint differs from this runner's model", kvwire.ErrMismatch)
 	}
+	if _, _, err := p.layers(req); err != nil {
+		return 0, err
+	}
 	return p.cache.peek(req.Tokens, len(req.Tokens)-1, p.info.Recurrent != nil), nil
+}
+
+// layers is the model layers [a, b) req asks for: its range, or every
+// layer. A range beyond the model is a mismatch (the decode side's model
+// has more layers than this one).
+func (p *Producer) layers(req *kvwire.Request) (a, b int, err error) {
+	if !req.HasRange() {
+		return 0, p.info.Layers, nil
+	}
+	if req.LayerEnd > p.info.Layers {
+		return 0, 0, fmt.Errorf("%w: layers [%d, %d) asked of a %d-layer model", kvwire.ErrMismatch, req.LayerStart, req.LayerEnd, p.info.Layers)
+	}
+	return req.LayerStart, req.LayerEnd, nil
 }
 
 // Produce implements kvwire.Producer.
@@ -118,6 +137,10 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 	}
 	if req.Fingerprint != (kvwire.Fingerprint{}) && req.Fingerprint != p.fp {
 		return fmt.Errorf("%w: KV fingerprint differs from this runner's model", kvwire.ErrMismatch)
+	}
+	first, last, err := p.layers(req)
+	if err != nil {
+		return err
 	}
 	n := len(req.Tokens)
 	for i, t := range req.Tokens {
@@ -142,14 +165,20 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 		return fmt.Errorf("%w: wire dtype %v", kvwire.ErrMismatch, wire)
 	}
 	start, end := req.StartPos, n-1
-	kinds := make([]kvwire.LayerKind, p.info.Layers)
+	// The header describes layers [first, last) only: kinds[i] and the
+	// header's layer i are the model's layer first+i.
+	kinds := make([]kvwire.LayerKind, last-first)
 	for l, r := range p.info.Recurrent {
-		if r {
-			kinds[l] = kvwire.LayerRecurrent
+		if r && l >= first && l < last {
+			kinds[l-first] = kvwire.LayerRecurrent
 		}
 	}
+	var windows []int
+	if p.info.Windows != nil {
+		windows = p.info.Windows[first:last]
+	}
 	hdr := kvwire.Header{Fingerprint: p.fp, DType: wire, KVHeads: p.info.KVHeads, HeadDim: p.info.HeadDim,
-		Kinds: kinds, Windows: p.info.Windows, TokenStart: start, TokenEnd: end}
+		FirstLayer: first, Kinds: kinds, Windows: windows, TokenStart: start, TokenEnd: end}
 	if err := e.Header(hdr); err != nil {
 		return err
 	}
@@ -179,12 +208,13 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 	var sent int64
 	ship := func(from, to int) error {
 		for s := from; s < to; s += p.o.Chunk {
-			for l := range p.info.Layers {
-				if kinds[l] == kvwire.LayerRecurrent {
+			for i := range kinds {
+				if kinds[i] == kvwire.LayerRecurrent {
 					continue
 				}
+				l := first + i // the model's (and the cache's) layer
 				// A sliding layer ships only its window of token_end.
-				ls := max(s, hdr.LayerStart(l))
+				ls := max(s, hdr.LayerStart(i))
 				cnt := min(p.o.Chunk, to-s) - (ls - s)
 				if cnt <= 0 {
 					continue
@@ -207,7 +237,7 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 						return err
 					}
 				}
-				if err := e.Chunk(l, ls, cnt, k, v); err != nil {
+				if err := e.Chunk(i, ls, cnt, k, v); err != nil {
 					return err
 				}
 				sent += int64(len(k) + len(v))
@@ -239,15 +269,16 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 		if !ok {
 			return fmt.Errorf("%w: the cache of a model with recurrent layers has no state", kvwire.ErrRemoteInternal)
 		}
-		for l, k := range kinds {
+		for i, k := range kinds {
 			if k != kvwire.LayerRecurrent {
 				continue
 			}
+			l := first + i
 			arrays, err := rs.ExportState(l)
 			if err != nil {
 				return fmt.Errorf("%w: export state of layer %d: %v", kvwire.ErrRemoteInternal, l, err)
 			}
-			if err := e.State(l, end, arrays...); err != nil {
+			if err := e.State(i, end, arrays...); err != nil {
 				return err
 			}
 			for _, a := range arrays {
@@ -259,7 +290,7 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 	p.m.KVBytes.WithLabelValues("prefill").Add(float64(sent))
 	p.m.KVDuration.WithLabelValues("prefill").Observe(d.Seconds())
 	p.log.Info("prefill served", "req", req.ID, "tokens", n, "start_pos", start, "cached", cached,
-		"computed", max(end-cached, 0), "bytes", sent, "wire_dtype", wire.String(), "duration", d)
+		"computed", max(end-cached, 0), "layers", fmt.Sprintf("%d:%d", first, last), "bytes", sent, "wire_dtype", wire.String(), "duration", d)
 	return nil
 }
 
