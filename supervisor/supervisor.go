@@ -29,6 +29,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/exo-pd/exo-pd/internal/hostmem"
+	"github.com/exo-pd/exo-pd/internal/modelinfo"
 	"github.com/exo-pd/exo-pd/supervisor/config"
 	"github.com/exo-pd/exo-pd/supervisor/dashboard"
 	"github.com/exo-pd/exo-pd/supervisor/gateway"
@@ -298,7 +300,40 @@ func (s *supervisor) load() (c *config.Config, digest string, err error) {
 	if c, err = config.Parse(s.o.ConfigPath, data); err != nil {
 		return nil, "", fmt.Errorf("cluster file: %w", err)
 	}
+	if err := s.place(c); err != nil {
+		return nil, "", fmt.Errorf("cluster file: %w", err)
+	}
 	return c, ClusterDigest(data), nil
+}
+
+// place splits c's pipelines from the models' files in this host's store
+// and this host's memory (config.Place); a pipeline whose model is not here
+// (and has no split by hand) runs no stage on this host, which is logged.
+func (s *supervisor) place(c *config.Config) error {
+	host := s.host
+	if host == "" {
+		host, _ = s.identify(c)
+	}
+	mem, _ := hostmem.Total()
+	store, _ := modelinfo.StoreDir(c.Cluster.ModelsDir)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ps, err := c.Place(modelinfo.Local(ctx, store), host, mem)
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		var split []string
+		for _, st := range p.Stages {
+			split = append(split, fmt.Sprintf("%s %d:%d", st.Host, st.Start, st.End))
+		}
+		if p.Stages == nil {
+			s.log.Warn("pipeline not placed: this host runs none of its stages", "model", p.Model, "role", p.Role, "reason", p.Note)
+		} else {
+			s.log.Info("pipeline placed", "model", p.Model, "role", p.Role, "stages", strings.Join(split, ", "), "note", p.Note)
+		}
+	}
+	return nil
 }
 
 func (s *supervisor) identify(c *config.Config) (string, error) {

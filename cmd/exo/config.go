@@ -9,6 +9,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/exo-pd/exo-pd/internal/hostmem"
+	"github.com/exo-pd/exo-pd/internal/modelinfo"
 	"github.com/exo-pd/exo-pd/supervisor/config"
 )
 
@@ -54,8 +56,30 @@ func configCheck(out, errOut io.Writer, path string) error {
 		}
 		return exitError{1, err.Error()}
 	}
+	// Pipelines are placed from the model's files when this machine has
+	// them (else placement is left to start-up) and this host's memory.
+	host, _ := c.Identify("", hostname(), config.LocalAddrs())
+	mem, _ := hostmem.Total()
+	store, _ := modelinfo.StoreDir(c.Cluster.ModelsDir)
+	ps, err := c.Place(modelinfo.Local(context.Background(), store), host, mem)
+	if err != nil {
+		var es config.Errors
+		if errors.As(err, &es) {
+			for _, e := range es {
+				fmt.Fprintln(errOut, e)
+			}
+			return exitError{1, fmt.Sprintf("%s: %d error(s)", path, len(es))}
+		}
+		return exitError{1, err.Error()}
+	}
 	printPlan(out, c)
+	config.WritePlacement(out, ps)
 	return nil
+}
+
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
 }
 
 func printPlan(out io.Writer, c *config.Config) {

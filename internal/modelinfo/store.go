@@ -16,7 +16,7 @@ import (
 // ErrNotLocal: the source is a Hugging Face id that is not (completely) in
 // the model store, or a builtin whose file is not installed. A runner would
 // download it; placement that needs its facts is decided at start-up.
-var ErrNotLocal = errors.New("modelinfo: model not available locally")
+var ErrNotLocal = errors.New("not available locally")
 
 // StoreDir is the model store the runners use: dir when set (the cluster
 // file's models_dir), else $EXO_MODELS_DIR, else $STATE_DIRECTORY/models,
@@ -146,4 +146,28 @@ func locateSmolLM2(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("modelinfo: builtin:smollm2: %s: %w", p, ErrNotLocal)
 	}
 	return p, nil
+}
+
+// Local returns a lookup of sources' facts on this machine (Locate, then
+// Read), remembering each answer for the lookup's life.
+func Local(ctx context.Context, storeDir string) func(source string) (*Facts, error) {
+	type answer struct {
+		f   *Facts
+		err error
+	}
+	seen := map[string]answer{}
+	return func(source string) (*Facts, error) {
+		if a, ok := seen[source]; ok {
+			return a.f, a.err
+		}
+		var a answer
+		p, err := Locate(ctx, source, storeDir)
+		if err != nil {
+			a.err = err
+		} else {
+			a.f, a.err = Read(p)
+		}
+		seen[source] = a
+		return a.f, a.err
+	}
 }

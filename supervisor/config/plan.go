@@ -252,6 +252,9 @@ func (c *Config) AllRunners() []Runner {
 				return
 			}
 			var stages []Stage
+			if r.Shard == ShardTensor {
+				return // refused by Place: not supported yet
+			}
 			if r.Pipeline() {
 				// A pipeline runs only once its split is known.
 				if stages = c.stages[stageKey(m.Name, role)]; stages == nil || role != Decode {

@@ -71,16 +71,6 @@ address = "127.0.0.5"
 backend = "cpu"
 memory_gib = -3
 `, nil},
-		{"tensor and pipeline prefill not yet", `
-[[models]]
-name = "m"
-source = "s"
-decode = { hosts = ["a", "b"], shard = "tensor" }
-prefill = { hosts = ["a", "c"], shard = "pipeline" }
-`, []string{
-			`f.toml:19:32: model m: decode.shard "tensor" is not supported yet (use "pipeline" to fit a model on several hosts, or "replicas")`,
-			`f.toml:20:33: model m: prefill.shard "pipeline" is not supported yet (a pipeline decode works; prefill hosts must each hold the whole model)`,
-		}},
 		{"stage link port clash", `
 [[models]]
 name = "m"

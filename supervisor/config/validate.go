@@ -279,11 +279,6 @@ func (c *Config) validateShard(i int, label, role string, r *Role, bad func(Pos,
 		bad(c.at("models", i, role, "shard"), "%s: %s.shard %q: want \"replicas\" (every host a whole copy, the default), \"pipeline\" (the hosts are stages, in order) or \"tensor\"", label, role, r.Shard)
 		return
 	}
-	if r.Shard == ShardTensor {
-		bad(c.at("models", i, role, "shard"), "%s: %s.shard \"tensor\" is not supported yet (use \"pipeline\" to fit a model on several hosts, or \"replicas\")", label, role)
-	} else if r.Shard == ShardPipeline && role == Prefill {
-		bad(c.at("models", i, role, "shard"), "%s: prefill.shard \"pipeline\" is not supported yet (a pipeline decode works; prefill hosts must each hold the whole model)", label)
-	}
 	if (r.Shard == ShardPipeline || r.Shard == ShardTensor) && len(r.Hosts) == 1 {
 		bad(c.at("models", i, role, "hosts"), "%s: %s.shard %q needs at least 2 hosts (one host holds the whole model: leave shard out)", label, role, r.Shard)
 	}

@@ -1,0 +1,350 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strings"
+
+	"github.com/exo-pd/exo-pd/internal/modelinfo"
+)
+
+// SplitInput is what a pipeline split needs: the model's facts, the stage
+// hosts in order, how to share the layers and what each host can hold.
+type SplitInput struct {
+	Facts *modelinfo.Facts
+	Hosts []string
+	// Share[i] weighs stage i's part of the load (weights and KV): layers
+	// are split so that each stage's load is in proportion to it. Nil: an
+	// even split.
+	Share []int64
+	// Limit[i] is what host i can hold in bytes (0: unknown, not checked).
+	Limit []int64
+	// Layers fixes the split by hand (layer counts per stage); nil: split
+	// by Share.
+	Layers []int
+	// Context is the tokens of KV each stage reserves per attention layer.
+	Context int
+}
+
+// fixedBytes is what stage s of n holds besides its layers: the embedding
+// on the first, the final norm and LM head on the last (the embedding
+// again when the head is tied to it).
+func fixedBytes(f *modelinfo.Facts, s, n int) int64 {
+	var b int64
+	if s == 0 {
+		b += f.EmbedBytes
+	}
+	if s == n-1 {
+		b += f.HeadBytes + f.NormBytes
+		if f.Tied {
+			b += f.EmbedBytes
+		}
+	}
+	return b
+}
+
+func (in SplitInput) kv(layer int) int64 {
+	if layer < len(in.Facts.KVLayer) && in.Facts.KVLayer[layer] {
+		return in.Facts.KVBytesPerTokenPerLayer() * int64(in.Context)
+	}
+	return 0
+}
+
+// stage fills a stage's byte estimates for layers [a, b).
+func (in SplitInput) stage(s, a, b int) Stage {
+	st := Stage{Host: in.Hosts[s], Start: a, End: b}
+	st.WeightBytes = fixedBytes(in.Facts, s, len(in.Hosts)) + in.Facts.LayerRangeBytes(a, b)
+	for i := a; i < b; i++ {
+		st.KVBytes += in.kv(i)
+	}
+	return st
+}
+
+// GiB formats bytes as GiB with two decimals.
+func GiB(b int64) string { return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30)) }
+
+// Split places a pipeline: stages in host order, layers by hand or in
+// proportion to Share; refused when a stage needs more than its Limit (the
+// error names the host, the bytes short and what would fit).
+func Split(in SplitInput) ([]Stage, error) {
+	f, n := in.Facts, len(in.Hosts)
+	if n < 2 {
+		return nil, fmt.Errorf("a pipeline needs at least 2 stages, got %d", n)
+	}
+	if f.Layers < n {
+		return nil, fmt.Errorf("the model has %d layers, fewer than the %d stages", f.Layers, n)
+	}
+	bounds := make([]int, n+1)
+	bounds[n] = f.Layers
+	auto := in.splitByShare()
+	if in.Layers != nil {
+		sum := 0
+		for _, c := range in.Layers {
+			sum += c
+		}
+		if sum != f.Layers {
+			return nil, fmt.Errorf("layers sum to %d but the model has %d layers (a split by memory would be %s)", sum, f.Layers, countsString(auto))
+		}
+		for s, c := range in.Layers {
+			bounds[s+1] = bounds[s] + c
+		}
+	} else {
+		copy(bounds, auto)
+	}
+	stages := make([]Stage, n)
+	for s := range stages {
+		stages[s] = in.stage(s, bounds[s], bounds[s+1])
+	}
+	var short []string
+	for s, st := range stages {
+		if s >= len(in.Limit) || in.Limit[s] <= 0 || st.WeightBytes+st.KVBytes <= in.Limit[s] {
+			continue
+		}
+		need := st.WeightBytes + st.KVBytes
+		// What would fit: the most layers this stage could hold from its
+		// first layer on, with its fixed weights.
+		fit, load := 0, fixedBytes(f, s, n)
+		for i := st.Start; i < f.Layers && load+f.LayerBytes[i]+in.kv(i) <= in.Limit[s]; i++ {
+			load += f.LayerBytes[i] + in.kv(i)
+			fit++
+		}
+		short = append(short, fmt.Sprintf("host %s (stage %d, layers %d:%d) needs %s (weights %s + KV reserve %s for %d tokens) but has %s: %s (%d bytes) short; it holds at most %d of those layers",
+			st.Host, s, st.Start, st.End, GiB(need), GiB(st.WeightBytes), GiB(st.KVBytes), in.Context, GiB(in.Limit[s]), GiB(need-in.Limit[s]), need-in.Limit[s], fit))
+	}
+	if len(short) > 0 {
+		var total, have int64
+		known := true
+		for s, st := range stages {
+			total += st.WeightBytes + st.KVBytes
+			if s < len(in.Limit) && in.Limit[s] > 0 {
+				have += in.Limit[s]
+			} else {
+				known = false
+			}
+		}
+		msg := "placement does not fit: " + strings.Join(short, "; ")
+		switch {
+		case known && total > have:
+			msg += fmt.Sprintf("; the model needs %s in all and the hosts give %s: add a host or memory, or use a smaller quantization", GiB(total), GiB(have))
+		case in.Layers != nil:
+			msg += "; a split by memory would be layers = " + countsString(auto)
+		}
+		return nil, errors.New(msg)
+	}
+	return stages, nil
+}
+
+// splitByShare returns stage boundaries (n+1 of them) that give each stage
+// a load (fixed weights, layers and their KV) in proportion to its share,
+// every stage at least one layer.
+func (in SplitInput) splitByShare() []int {
+	f, n := in.Facts, len(in.Hosts)
+	cost := make([]float64, f.Layers+1) // prefix sums
+	for i := 0; i < f.Layers; i++ {
+		cost[i+1] = cost[i] + float64(f.LayerBytes[i]+in.kv(i))
+	}
+	total := cost[f.Layers]
+	var shareSum float64
+	share := make([]float64, n)
+	for s := range share {
+		share[s] = 1
+		if in.Share != nil && s < len(in.Share) && in.Share[s] > 0 {
+			share[s] = float64(in.Share[s])
+		}
+		shareSum += share[s]
+		total += float64(fixedBytes(f, s, n))
+	}
+	bounds := make([]int, n+1)
+	bounds[n] = f.Layers
+	var target float64
+	for s := 0; s < n-1; s++ {
+		target += total*share[s]/shareSum - float64(fixedBytes(f, s, n))
+		lo, hi := bounds[s]+1, f.Layers-(n-1-s)
+		best, bestD := lo, math.Inf(1)
+		for k := lo; k <= hi; k++ {
+			if d := math.Abs(cost[k] - target); d < bestD {
+				best, bestD = k, d
+			}
+		}
+		bounds[s+1] = best
+	}
+	return bounds
+}
+
+func countsString(bounds []int) string {
+	parts := make([]string, len(bounds)-1)
+	for i := range parts {
+		parts[i] = fmt.Sprint(bounds[i+1] - bounds[i])
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
+}
+
+// TensorCheck refuses a tensor-parallel group of n ranks that does not
+// divide the model's attention heads, KV heads, intermediate size, or its
+// experts' intermediate size, and says which counts would.
+func TensorCheck(f *modelinfo.Facts, n int) error {
+	dims := []struct {
+		what string
+		v    int
+	}{{"attention heads", f.Heads}, {"KV heads", f.KVHeads}, {"intermediate size", f.Intermediate}, {"expert intermediate size", f.MoEIntermediate}}
+	divides := func(k int) bool {
+		for _, d := range dims {
+			if d.v > 0 && d.v%k != 0 {
+				return false
+			}
+		}
+		return true
+	}
+	if divides(n) {
+		return nil
+	}
+	var bad, would []string
+	for _, d := range dims {
+		if d.v > 0 && d.v%n != 0 {
+			bad = append(bad, fmt.Sprintf("the %s (%d)", d.what, d.v))
+		}
+	}
+	for k := 2; k <= 16; k++ {
+		if divides(k) {
+			would = append(would, fmt.Sprint(k))
+		}
+	}
+	msg := fmt.Sprintf("%d hosts do not divide %s", n, strings.Join(bad, ", "))
+	if len(would) > 0 {
+		return fmt.Errorf("%s; host counts up to 16 that would: %s", msg, strings.Join(would, ", "))
+	}
+	return fmt.Errorf("%s; no host count from 2 to 16 divides them all", msg)
+}
+
+// Placement is how one model's role is placed, as Place found it.
+type Placement struct {
+	Model, Role string
+	Shard       string
+	Hosts       []string
+	// Stages is nil when the split is not known on this host (Note says
+	// why); sizes are 0 when the model's facts were not available.
+	Stages  []Stage
+	Context int
+	Note    string
+}
+
+// FactsFunc returns a model source's facts; an error wrapping
+// modelinfo.ErrNotLocal means the model is not on this machine.
+type FactsFunc func(source string) (*modelinfo.Facts, error)
+
+// Place decides every pipeline's split from the model's facts and the
+// hosts' memory, and refuses what cannot run: a split that does not fit,
+// layers that do not sum to the model's, a tensor group whose size does not
+// divide the model's heads or MLP widths, and (not supported yet) tensor
+// sharding and pipeline prefill. Errors carry the decode/prefill key's
+// file:line:column. localHost's usable memory is memory_gib, else localMem
+// (its physical memory; 0: unknown); a remote host without memory_gib is not
+// checked here (its own supervisor checks it). The split itself uses only
+// the file and the model, so every supervisor computes the same one:
+// layers by hand, else in proportion to memory_gib (on every stage host or
+// none; none: an even split).
+func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Placement, error) {
+	var out []Placement
+	var errs Errors
+	bad := func(p Pos, format string, args ...any) {
+		errs = append(errs, &Error{c.Path, p, fmt.Sprintf(format, args...)})
+	}
+	for i, m := range c.Models {
+		for _, rr := range []struct {
+			role string
+			r    *Role
+		}{{Decode, m.Decode}, {Prefill, m.Prefill}} {
+			r := rr.r
+			if r == nil || (r.Shard != ShardPipeline && r.Shard != ShardTensor) {
+				continue
+			}
+			key := c.at("models", i, rr.role)
+			pl := Placement{Model: m.Name, Role: rr.role, Shard: r.Shard, Hosts: r.Hosts}
+			f, ferr := facts(r.Source)
+			if ferr != nil && !errors.Is(ferr, modelinfo.ErrNotLocal) {
+				bad(key, "model %s: %s: cannot read the model's facts for placement: %v", m.Name, rr.role, ferr)
+				continue
+			}
+			if r.Shard == ShardTensor {
+				if f != nil {
+					if err := TensorCheck(f, len(r.Hosts)); err != nil {
+						bad(c.at("models", i, rr.role, "hosts"), "model %s: %s.shard \"tensor\": %v", m.Name, rr.role, err)
+					}
+				}
+				bad(c.at("models", i, rr.role, "shard"), "model %s: %s.shard \"tensor\" is not supported yet (use \"pipeline\" to fit a model on several hosts, or \"replicas\")", m.Name, rr.role)
+				continue
+			}
+			if rr.role == Prefill {
+				bad(c.at("models", i, rr.role, "shard"), "model %s: prefill.shard \"pipeline\" is not supported yet (a pipeline decode works; prefill hosts must each hold the whole model)", m.Name)
+				continue
+			}
+			if f == nil {
+				pl.Stages = c.Stages(m.Name, rr.role)
+				if pl.Stages != nil {
+					pl.Note = "split by hand; the model is not in this host's store, so its layer count and sizes are checked at start-up (" + ferr.Error() + ")"
+				} else {
+					pl.Note = "placement is decided at start-up on the stage hosts, from the model's files (not in this host's store: " + ferr.Error() + "); a stage host without them runs no stage: pull the model there or set layers = [...]"
+				}
+				out = append(out, pl)
+				continue
+			}
+			in := SplitInput{Facts: f, Hosts: r.Hosts, Layers: r.Layers, Context: f.MaxContext}
+			pl.Context = f.MaxContext
+			in.Share = make([]int64, len(r.Hosts))
+			in.Limit = make([]int64, len(r.Hosts))
+			for s, hn := range r.Hosts {
+				h := c.Hosts[hn]
+				if h.MemoryGiB != nil {
+					in.Share[s] = int64(*h.MemoryGiB * (1 << 30))
+					in.Limit[s] = in.Share[s]
+				} else if hn == localHost {
+					in.Limit[s] = localMem
+				}
+			}
+			if in.Share[0] == 0 {
+				in.Share = nil // memory_gib on none: even (validation refuses a mix)
+			}
+			st, err := Split(in)
+			if err != nil {
+				bad(key, "model %s: decode: %v", m.Name, err)
+				continue
+			}
+			c.setStages(m.Name, rr.role, st)
+			pl.Stages = st
+			out = append(out, pl)
+		}
+	}
+	if len(errs) > 0 {
+		sort.SliceStable(errs, func(i, j int) bool {
+			a, b := errs[i].Pos, errs[j].Pos
+			return a.Line < b.Line || a.Line == b.Line && a.Col < b.Col
+		})
+		return out, errs
+	}
+	return out, nil
+}
+
+// WritePlacement prints each pipeline's stages: host, layer range, weight
+// GiB and KV reserve (what `exo config check` shows).
+func WritePlacement(w io.Writer, ps []Placement) {
+	for _, p := range ps {
+		fmt.Fprintf(w, "\nmodel %s %s: %s over %d hosts (%s)", p.Model, p.Role, p.Shard, len(p.Hosts), strings.Join(p.Hosts, ", "))
+		if p.Context > 0 {
+			fmt.Fprintf(w, ", KV reserved for %d tokens", p.Context)
+		}
+		fmt.Fprintln(w)
+		if p.Note != "" {
+			fmt.Fprintf(w, "  %s\n", p.Note)
+		}
+		for s, st := range p.Stages {
+			fmt.Fprintf(w, "  stage %d  host %-12s layers %3d:%-3d", s, st.Host, st.Start, st.End)
+			if st.WeightBytes > 0 {
+				fmt.Fprintf(w, "  weights %10s  KV reserve %10s", GiB(st.WeightBytes), GiB(st.KVBytes))
+			}
+			fmt.Fprintln(w)
+		}
+	}
+}

@@ -1,0 +1,204 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/exo-pd/exo-pd/internal/modelinfo"
+)
+
+const gib = int64(1) << 30
+
+// facts is a synthetic model: n layers of 1 GiB, KV 4 KiB per token and
+// layer (8 KV heads × 128 × bf16 × K and V).
+func facts(n int, embed, head int64, tied bool) *modelinfo.Facts {
+	f := &modelinfo.Facts{Layers: n, LayerBytes: make([]int64, n), KVLayer: make([]bool, n), EmbedBytes: embed, HeadBytes: head,
+		Tied: tied, Heads: 32, KVHeads: 8, HeadDim: 128, KVElemBytes: 2, Intermediate: 14336, MaxContext: 32768}
+	for i := range f.LayerBytes {
+		f.LayerBytes[i] = gib
+		f.KVLayer[i] = true
+	}
+	return f
+}
+
+func counts(st []Stage) []int {
+	var c []int
+	for _, s := range st {
+		c = append(c, s.End-s.Start)
+	}
+	return c
+}
+
+func TestSplit(t *testing.T) {
+	hosts2, hosts3 := []string{"a", "b"}, []string{"a", "b", "c"}
+	tests := []struct {
+		name string
+		in   SplitInput
+		want []int
+		err  []string // substrings of the refusal
+	}{
+		{"even", SplitInput{Facts: facts(8, gib/2, gib/2, false), Hosts: hosts2}, []int{4, 4}, nil},
+		{"embedding on stage 0 only", SplitInput{Facts: facts(8, 2*gib, 0, false), Hosts: hosts2, Context: 32768}, []int{3, 5}, nil},
+		{"tied embedding on both ends", SplitInput{Facts: facts(8, 2*gib, 0, true), Hosts: hosts2, Context: 32768}, []int{4, 4}, nil},
+		{"by memory 1:3", SplitInput{Facts: facts(16, 0, 0, false), Hosts: hosts2, Share: []int64{64 * gib, 192 * gib}}, []int{4, 12}, nil},
+		{"three stages", SplitInput{Facts: facts(10, 0, 0, false), Hosts: hosts3, Share: []int64{gib, 2 * gib, 2 * gib}}, []int{2, 4, 4}, nil},
+		{"every stage a layer", SplitInput{Facts: facts(3, 0, 0, false), Hosts: hosts3, Share: []int64{100 * gib, gib, gib}}, []int{1, 1, 1}, nil},
+		{"by hand", SplitInput{Facts: facts(8, 0, 0, false), Hosts: hosts2, Layers: []int{1, 7}, Limit: []int64{2 * gib, 8 * gib}}, []int{1, 7}, nil},
+		{"by hand does not sum", SplitInput{Facts: facts(8, 0, 0, false), Hosts: hosts2, Layers: []int{3, 4}}, nil,
+			[]string{"layers sum to 7 but the model has 8 layers (a split by memory would be [4, 4])"}},
+		{"by hand does not fit", SplitInput{Facts: facts(8, 0, 0, false), Hosts: hosts2, Layers: []int{6, 2}, Limit: []int64{5 * gib, 5 * gib}}, nil,
+			[]string{"host a (stage 0, layers 0:6) needs 6.00 GiB (weights 6.00 GiB + KV reserve 0.00 GiB for 0 tokens) but has 5.00 GiB: 1.00 GiB (1073741824 bytes) short; it holds at most 5 of those layers",
+				"a split by memory would be layers = [4, 4]"}},
+		{"too big", SplitInput{Facts: facts(8, gib, gib, false), Hosts: hosts2, Share: []int64{4 * gib, 4 * gib}, Limit: []int64{4 * gib, 4 * gib}}, nil,
+			[]string{"host a (stage 0, layers 0:4) needs 5.00 GiB", "1.00 GiB (1073741824 bytes) short; it holds at most 3 of those layers", "host b", "the model needs 10.00 GiB in all and the hosts give 8.00 GiB"}},
+		{"KV reserve tips it over", SplitInput{Facts: facts(8, 0, 0, false), Hosts: hosts2, Share: []int64{4 * gib, 4 * gib}, Limit: []int64{4 * gib, 4 * gib}, Context: 32768}, nil,
+			[]string{"needs 4.50 GiB (weights 4.00 GiB + KV reserve 0.50 GiB for 32768 tokens) but has 4.00 GiB: 0.50 GiB (536870912 bytes) short; it holds at most 3 of those layers"}},
+		{"fits with the KV reserve", SplitInput{Facts: facts(8, 0, 0, false), Hosts: hosts2, Share: []int64{5 * gib, 5 * gib}, Limit: []int64{5 * gib, 5 * gib}, Context: 32768}, []int{4, 4}, nil},
+		{"fewer layers than stages", SplitInput{Facts: facts(2, 0, 0, false), Hosts: hosts3}, nil, []string{"the model has 2 layers, fewer than the 3 stages"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st, err := Split(tt.in)
+			if tt.err != nil {
+				if err == nil {
+					t.Fatalf("Split = %v, want a refusal", counts(st))
+				}
+				for _, w := range tt.err {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("refusal %q\nlacks %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(counts(st), tt.want) {
+				t.Fatalf("split %v, want %v", counts(st), tt.want)
+			}
+			for s, x := range st {
+				if x.Host != tt.in.Hosts[s] || (s > 0 && x.Start != st[s-1].End) || st[0].Start != 0 || st[len(st)-1].End != tt.in.Facts.Layers {
+					t.Fatalf("stages %+v not contiguous in host order", st)
+				}
+				w := fixedBytes(tt.in.Facts, s, len(st)) + int64(x.End-x.Start)*gib
+				if x.WeightBytes != w || x.KVBytes != int64(x.End-x.Start)*4096*int64(tt.in.Context) {
+					t.Errorf("stage %d: weights %d KV %d", s, x.WeightBytes, x.KVBytes)
+				}
+			}
+		})
+	}
+}
+
+func TestTensorCheck(t *testing.T) {
+	smol := &modelinfo.Facts{Heads: 9, KVHeads: 3, Intermediate: 1536}
+	if err := TensorCheck(smol, 3); err != nil {
+		t.Errorf("3 ranks: %v", err)
+	}
+	err := TensorCheck(smol, 2)
+	if want := "2 hosts do not divide the attention heads (9), the KV heads (3); host counts up to 16 that would: 3"; err == nil || err.Error() != want {
+		t.Errorf("2 ranks: %v\nwant %s", err, want)
+	}
+	moe := &modelinfo.Facts{Heads: 32, KVHeads: 4, Intermediate: 6144, MoEIntermediate: 768, Experts: 128}
+	if err := TensorCheck(moe, 8); err == nil || !strings.Contains(err.Error(), "the KV heads (4)") || !strings.Contains(err.Error(), "would: 2, 4") {
+		t.Errorf("8 ranks: %v", err)
+	}
+}
+
+func TestPlace(t *testing.T) {
+	src := threeHosts + `
+[[models]]
+name = "big"
+source = "org/big"
+decode = { hosts = ["a", "b"], shard = "pipeline" }
+
+[[models]]
+name = "hand"
+source = "org/absent"
+decode = { hosts = ["b", "c"], shard = "pipeline", layers = [5, 3] }
+
+[[models]]
+name = "auto-absent"
+source = "org/absent"
+decode = { hosts = ["a", "c"], shard = "pipeline" }
+`
+	c, err := Parse("f.toml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lookup := func(src string) (*modelinfo.Facts, error) {
+		if src == "org/big" {
+			return facts(8, gib, gib, false), nil
+		}
+		return nil, fmt.Errorf("%s: %w", src, modelinfo.ErrNotLocal)
+	}
+	ps, err := c.Place(lookup, "a", 64*gib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) != 3 || !slices.Equal(counts(ps[0].Stages), []int{4, 4}) || !slices.Equal(counts(ps[1].Stages), []int{5, 3}) || ps[2].Stages != nil {
+		t.Fatalf("placements %+v", ps)
+	}
+	if !strings.Contains(ps[2].Note, "placement is decided at start-up") || !strings.Contains(ps[1].Note, "split by hand") {
+		t.Errorf("notes %q, %q", ps[1].Note, ps[2].Note)
+	}
+	// The big model's stages run; the absent one's only where split by hand.
+	names := func(h string) (n []string) {
+		for _, r := range c.Runners(h) {
+			n = append(n, r.Name)
+		}
+		return n
+	}
+	if got := names("a"); !slices.Equal(got, []string{"big-decode-stage0"}) {
+		t.Errorf("host a runs %v", got)
+	}
+	if got := names("c"); !slices.Equal(got, []string{"hand-decode-stage1"}) {
+		t.Errorf("host c runs %v", got)
+	}
+	var sb strings.Builder
+	WritePlacement(&sb, ps)
+	for _, w := range []string{"model big decode: pipeline over 2 hosts (a, b), KV reserved for 32768 tokens",
+		"stage 0  host a            layers   0:4    weights   5.00 GiB  KV reserve   0.50 GiB",
+		"stage 1  host b            layers   4:8    weights   5.00 GiB  KV reserve   0.50 GiB"} {
+		if !strings.Contains(sb.String(), w) {
+			t.Errorf("table lacks %q:\n%s", w, sb.String())
+		}
+	}
+	// The local host's physical memory is its limit when memory_gib is unset.
+	c, _ = Parse("f.toml", []byte(src))
+	_, err = c.Place(lookup, "b", 5*gib)
+	var es Errors
+	if !errors.As(err, &es) || len(es) != 1 || es[0].Pos != (Pos{19, 1}) ||
+		!strings.Contains(es[0].Msg, "model big: decode: placement does not fit: host b (stage 1, layers 4:8) needs 5.50 GiB") {
+		t.Fatalf("Place on a 5 GiB host b: %v", err)
+	}
+}
+
+func TestPlaceRefusesTensorAndPipelinePrefill(t *testing.T) {
+	c, err := Parse("f.toml", []byte(threeHosts+`
+[[models]]
+name = "m"
+source = "s"
+decode = { hosts = ["a", "b"], shard = "tensor" }
+prefill = { hosts = ["a", "c"], shard = "pipeline" }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs := c.Runners("a"); len(rs) != 0 {
+		t.Errorf("host a runs %v for refused shards", rs)
+	}
+	_, err = c.Place(func(string) (*modelinfo.Facts, error) {
+		return &modelinfo.Facts{Heads: 9, KVHeads: 3, Intermediate: 1536}, nil
+	}, "a", 0)
+	want := []string{
+		`f.toml:19:12: model m: decode.shard "tensor": 2 hosts do not divide the attention heads (9), the KV heads (3); host counts up to 16 that would: 3`,
+		`f.toml:19:32: model m: decode.shard "tensor" is not supported yet (use "pipeline" to fit a model on several hosts, or "replicas")`,
+		`f.toml:20:33: model m: prefill.shard "pipeline" is not supported yet (a pipeline decode works; prefill hosts must each hold the whole model)`,
+	}
+	if err == nil || !slices.Equal(strings.Split(err.Error(), "\n"), want) {
+		t.Errorf("Place: %v\nwant %s", err, strings.Join(want, "\n"))
+	}
+}
