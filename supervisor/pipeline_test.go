@@ -134,3 +134,18 @@ func TestPipelineStagesAcrossTwoSupervisors(t *testing.T) {
 		}
 	}
 }
+
+func TestProbe(t *testing.T) {
+	h := start(t, clusterFile(freePort(t), "a=src-a"))
+	for q, want := range map[string]int{"bytes=100000": 200, "bytes=0": 400, "bytes=x": 400, fmt.Sprintf("bytes=%d", MaxProbeBytes+1): 400} {
+		resp, err := http.Get("http://" + h.api + ProbePath + "?" + q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want || (want == 200 && (len(b) != 100000 || strings.Trim(string(b), "\x00") != "")) {
+			t.Errorf("%s: %d, %d bytes; want %d", q, resp.StatusCode, len(b), want)
+		}
+	}
+}

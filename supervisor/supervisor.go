@@ -161,6 +161,7 @@ func Run(ctx context.Context, o Options) error {
 	mux.Handle("GET /metrics", s.met.Handler())
 	mux.HandleFunc("GET "+StatusPath, s.serveStatus)
 	mux.HandleFunc("GET "+ClusterPath, s.serveCluster)
+	mux.Handle("GET "+ProbePath, ProbeHandler())
 	s.dash = s.newDashboard(ln.Addr())
 	s.dash.Register(mux)
 	var key []byte
@@ -516,6 +517,35 @@ func (s *supervisor) serveCluster(w http.ResponseWriter, r *http.Request) {
 	info.Time = time.Now()
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(info)
+}
+
+// ProbePath serves `exo doctor`'s goodput probe of a link to this host:
+// GET ?bytes=N answers N zero bytes (1 to MaxProbeBytes), behind the API
+// key like every path but /health and /metrics.
+const ProbePath = "/exo/probe"
+
+// MaxProbeBytes bounds one probe answer.
+const MaxProbeBytes = 1 << 30
+
+// ProbeHandler serves ProbePath.
+func ProbeHandler() http.Handler {
+	zeros := make([]byte, 64<<10)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, err := strconv.ParseInt(r.URL.Query().Get("bytes"), 10, 64)
+		if err != nil || n < 1 || n > MaxProbeBytes {
+			http.Error(w, fmt.Sprintf("bytes: want 1 to %d", MaxProbeBytes), http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+		for n > 0 {
+			k := min(n, int64(len(zeros)))
+			if _, err := w.Write(zeros[:k]); err != nil {
+				return
+			}
+			n -= k
+		}
+	})
 }
 
 // HostStatus is one host of the file and the runners it should run.

@@ -27,6 +27,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/exo-pd/exo-pd/internal/hostmem"
+	"github.com/exo-pd/exo-pd/internal/modelinfo"
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
 	"github.com/exo-pd/exo-pd/runners/engine/mlx"
@@ -108,7 +110,7 @@ type Options struct {
 
 // Checks are doctor's checks in the order Run runs them.
 func Checks(o Options) []Check {
-	return []Check{Files{}, NVML{}, MLX{Mode: o.MLX}, Disk{}, Memory{}, LocalPorts{}, Peers{}, KV{ProbeMiB: o.ProbeMiB}}
+	return []Check{Files{}, NVML{}, MLX{Mode: o.MLX}, Disk{}, Memory{}, LocalPorts{}, Peers{}, KV{ProbeMiB: o.ProbeMiB}, StageLinks{ProbeMiB: o.ProbeMiB}}
 }
 
 // Run loads the cluster file, identifies this host and runs every check.
@@ -164,6 +166,16 @@ func Load(o Options) (*Env, []Result) {
 			return nil, append(rs, Result{Name: "this host", Status: Fail, Detail: err.Error(),
 				Fix: fmt.Sprintf("pass --host NAME (one of %s), as `exo supervise --host` does", strings.Join(c.HostNames(), ", "))})
 		}
+	}
+	// Pipelines are placed as the supervisor places them, so their stage
+	// runners and links are known.
+	mem, _ := hostmem.Total()
+	store, _ := modelinfo.StoreDir(c.Cluster.ModelsDir)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.Place(modelinfo.Local(ctx, store), env.Host, mem); err != nil {
+		return nil, append(rs, Result{Name: "pipeline placement", Status: Fail, Detail: "does not fit or not supported",
+			Fix: "edit the file where each line says:\n" + err.Error()})
 	}
 	h := c.Hosts[env.Host]
 	return env, append(rs, Result{Name: "this host", Status: OK,
@@ -498,6 +510,9 @@ func (d *Env) hostPorts(host string) []portUse {
 			what = "prefill KV"
 		}
 		ps = append(ps, portUse{r.Name + " " + what, r.Listen, false})
+		if r.StageListen != "" {
+			ps = append(ps, portUse{r.Name + " stage link", r.StageListen, false})
+		}
 		if r.Metrics != "" {
 			ps = append(ps, portUse{r.Name + " health/metrics", r.Metrics, false})
 		}
@@ -714,6 +729,111 @@ func (k KV) Run(ctx context.Context, d *Env) []Result {
 		}
 	}
 	return rs
+}
+
+// StageLinks checks each link this host's pipeline stages send on (to the
+// next stage; the last stage's to stage 0): that the next stage's link
+// port is reachable, its connect latency (median of a few TCP connects),
+// and — ProbeMiB > 0 — the goodput of the path to that host, measured by
+// fetching ProbeMiB from its supervisor's probe (same addresses, the
+// gateway's port: the stage link carries no probe of its own).
+type StageLinks struct {
+	ProbeMiB int
+}
+
+func (StageLinks) Name() string { return "stage links" }
+
+// stageConnects is how many TCP connects the latency is the median of.
+const stageConnects = 5
+
+func (k StageLinks) Run(ctx context.Context, d *Env) []Result {
+	var rs []Result
+	for _, r := range d.Config.Runners(d.Host) {
+		if r.StageNext == "" {
+			continue
+		}
+		next := ""
+		var i, n int
+		if _, err := fmt.Sscanf(r.Stage, "%d/%d", &i, &n); err == nil {
+			if st := d.Config.Stages(r.Model, r.Role); len(st) == n {
+				next = st[(i+1)%n].Host
+			}
+		}
+		name := fmt.Sprintf("stage link %s → %s (%s)", r.Name, next, r.StageNext)
+		var rtts []time.Duration
+		var err error
+		for range stageConnects {
+			t0 := time.Now()
+			if err = d.dial(ctx, r.StageNext); err != nil {
+				break
+			}
+			rtts = append(rtts, time.Since(t0))
+		}
+		if err != nil {
+			_, port, _ := net.SplitHostPort(r.StageNext)
+			rs = append(rs, Result{Name: name, Status: Fail, Detail: "unreachable: " + shortNetErr(err),
+				Fix: fmt.Sprintf("open TCP %s on %s to this host (NixOS: services.exo.openFirewall = true), and check `exo status` on %s that its stage runner is up", port, next, next)})
+			continue
+		}
+		slices.Sort(rtts)
+		lat := rtts[len(rtts)/2]
+		c := Result{Name: name, Status: OK, Detail: fmt.Sprintf("reachable; connect latency %v (median of %d)", lat.Round(time.Microsecond), len(rtts)),
+			Data: map[string]any{"latency_s": lat.Seconds()}}
+		if k.ProbeMiB > 0 && next != "" {
+			api := net.JoinHostPort(d.Config.Hosts[next].Address, strconv.Itoa(d.Config.API.Port))
+			gb, n, dt, perr := d.probe(ctx, api, int64(k.ProbeMiB)<<20)
+			if perr != nil {
+				c.Status = Warn
+				c.Detail += "; goodput not measured: " + perr.Error()
+				c.Fix = fmt.Sprintf("the goodput probe asks %s's supervisor on %s: start it there (or pass --probe-mib 0)", next, api)
+			} else {
+				c.Detail += fmt.Sprintf("; goodput %.3f GB/s to %s, %d MiB in %v", gb, next, n>>20, dt.Round(time.Millisecond))
+				c.Data["goodput_gbps"], c.Data["bytes"], c.Data["transfer_s"] = gb, n, dt.Seconds()
+			}
+		}
+		rs = append(rs, c)
+	}
+	return rs
+}
+
+// probe fetches n bytes from the supervisor at api's goodput probe and
+// returns GB/s, the bytes read and the time from the first byte on.
+func (d *Env) probe(ctx context.Context, api string, n int64) (float64, int64, time.Duration, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s%s?bytes=%d", api, supervisor.ProbePath, n), nil)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	if d.Key != nil {
+		req.Header.Set("Authorization", "Bearer "+string(d.Key))
+	}
+	// The transfer may take longer than one network check.
+	cl := &http.Client{Transport: d.client().Transport}
+	pctx, cancel := context.WithTimeout(ctx, max(d.Timeout, 60*time.Second))
+	defer cancel()
+	resp, err := cl.Do(req.WithContext(pctx))
+	if err != nil {
+		return 0, 0, 0, errors.New(shortNetErr(err))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return 0, 0, 0, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
+	}
+	var first [1]byte
+	if _, err := io.ReadFull(resp.Body, first[:]); err != nil {
+		return 0, 0, 0, err
+	}
+	t0 := time.Now()
+	got, err := io.Copy(io.Discard, resp.Body)
+	dt := time.Since(t0)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	got++
+	if got != n {
+		return 0, 0, 0, fmt.Errorf("probe answered %d of %d bytes", got, n)
+	}
+	return float64(got-1) / max(dt.Seconds(), 1e-9) / 1e9, got, dt, nil
 }
 
 func kvFailure(name, host, secretFile string, err error) Result {

@@ -345,3 +345,71 @@ func TestKV(t *testing.T) {
 	env = testCluster(t, "north", "insecure = true") // north's own prefill runner, supervisor not running
 	expect(t, KV{}.Run(context.Background(), env), "KV wire to north/", Skip, "not running")
 }
+
+// TestStageLinks: host north runs stage 0 of a two-stage pipeline, south
+// stage 1. From north, the link to south's stage port fails while nothing
+// listens there, then is reachable with a latency, and the goodput is
+// measured from south's supervisor probe (the supervisor's own handler).
+func TestStageLinks(t *testing.T) {
+	env := testCluster(t, "north", "")
+	text := strings.Replace(string(mustRead(t, env.Config.Path)), `decode = { hosts = ["south"] }
+prefill = { hosts = ["north"] }`, `decode = { hosts = ["north", "south"], shard = "pipeline", layers = [1, 1] }`, 1)
+	os.WriteFile(env.Config.Path, []byte(text), 0o644)
+	env, rs := Load(Options{Path: env.Config.Path, Host: "north", Timeout: 2 * time.Second})
+	if env == nil {
+		t.Fatalf("load: %+v", rs)
+	}
+	env.Config.API.Port = freePort(t)
+	stageAddr := net.JoinHostPort("127.0.0.3", strconv.Itoa(env.Config.StageLinkPort(0)))
+	rs = StageLinks{ProbeMiB: 4}.Run(context.Background(), env)
+	if len(rs) != 1 {
+		t.Fatalf("results %+v", rs)
+	}
+	expect(t, rs, "stage link tiny-decode-stage0 → south ("+stageAddr+")", Fail, "open TCP")
+	l, err := net.Listen("tcp", stageAddr)
+	if err != nil {
+		t.Skipf("%s: %v", stageAddr, err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	rs = StageLinks{ProbeMiB: 4}.Run(context.Background(), env)
+	expect(t, rs, "stage link tiny-decode-stage0", Warn, "goodput not measured")
+	api := net.JoinHostPort("127.0.0.3", strconv.Itoa(env.Config.API.Port))
+	pl, err := net.Listen("tcp", api)
+	if err != nil {
+		t.Skipf("%s: %v", api, err)
+	}
+	srv := &http.Server{Handler: supervisor.ProbeHandler()}
+	go srv.Serve(pl)
+	defer srv.Close()
+	rs = StageLinks{ProbeMiB: 4}.Run(context.Background(), env)
+	expect(t, rs, "stage link tiny-decode-stage0", OK, "goodput")
+	if rs[0].Data["bytes"] != int64(4<<20) || rs[0].Data["latency_s"].(float64) <= 0 {
+		t.Errorf("data %+v", rs[0].Data)
+	}
+	// The stage link port is one of north's ports.
+	found := false
+	for _, p := range env.hostPorts("north") {
+		found = found || p.what == "tiny-decode-stage0 stage link"
+	}
+	if !found {
+		t.Errorf("north's ports %+v lack the stage link", env.hostPorts("north"))
+	}
+}
+
+func mustRead(t *testing.T, p string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}

@@ -264,7 +264,7 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 			key := c.at("models", i, rr.role)
 			pl := Placement{Model: m.Name, Role: rr.role, Shard: r.Shard, Hosts: r.Hosts}
 			f, ferr := facts(r.Source)
-			if ferr != nil && !errors.Is(ferr, modelinfo.ErrNotLocal) {
+			if ferr != nil && !errors.Is(ferr, modelinfo.ErrNotLocal) && (r.Shard != ShardPipeline || r.Layers == nil || rr.role != Decode) {
 				bad(key, "model %s: %s: cannot read the model's facts for placement: %v", m.Name, rr.role, ferr)
 				continue
 			}
@@ -284,7 +284,7 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 			if f == nil {
 				pl.Stages = c.Stages(m.Name, rr.role)
 				if pl.Stages != nil {
-					pl.Note = "split by hand; the model is not in this host's store, so its layer count and sizes are checked at start-up (" + ferr.Error() + ")"
+					pl.Note = "split by hand; the model's facts are not readable here, so its layer count and sizes are not checked (" + ferr.Error() + ")"
 				} else {
 					pl.Note = "placement is decided at start-up on the stage hosts, from the model's files (not in this host's store: " + ferr.Error() + "); a stage host without them runs no stage: pull the model there or set layers = [...]"
 				}
