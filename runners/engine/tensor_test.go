@@ -376,3 +376,117 @@ func TestLocalGroupAbort(t *testing.T) {
 		t.Fatalf("rank 0's cache holds %d positions after the aborted step", tg.cs[0].Len())
 	}
 }
+
+// TestTensorParallelBatchAndStages: a batched decode step (two sequences
+// at once) over 2 ranks gives each sequence the whole model's logits, and
+// tensor ranks compose with pipeline stages: two stages of two ranks each
+// (LoadOptions.Layers with Tensor) hand hidden states from one group to the
+// other and end with the whole model's logits.
+func TestTensorParallelBatchAndStages(t *testing.T) {
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "qwen3moe", Layers: 4, Heads: 8, KVHeads: 4, HeadDim: 16, MoEIntermediate: 64, Seed: 3}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	whole := loadTP(t, dir, 1, engine.LoadOptions{})
+	split := loadTP(t, dir, 2, engine.LoadOptions{})
+	V := whole.ms[0].Info().Vocab
+	p1, p2 := tpPrompt(7, V), tpPrompt(12, V)[3:]
+
+	// Batched decode: sequence 1 in cache 0, sequence 2 in a second cache.
+	batch := func(tg *tpGroup) [][]float32 {
+		second := make([]engine.KVCache, len(tg.ms))
+		for r, m := range tg.ms {
+			second[r] = m.NewCache()
+			t.Cleanup(second[r].Free)
+		}
+		tg.each(t, func(r int) ([][]float32, error) {
+			if _, err := tg.ms[r].Forward(ctx, tg.cs[r], p1); err != nil {
+				return nil, err
+			}
+			_, err := tg.ms[r].Forward(ctx, second[r], p2)
+			return nil, err
+		})
+		return tg.each(t, func(r int) ([][]float32, error) {
+			return tg.ms[r].ForwardBatch(ctx, []engine.KVCache{tg.cs[r], second[r]}, []int32{5, 9})
+		})
+	}
+	if c := minCosine(t, batch(split), batch(whole)); c < tpCosine {
+		t.Fatalf("batched decode over 2 ranks: least cosine %.7f", c)
+	}
+
+	// Two stages of two ranks.
+	whole.reset()
+	want := whole.forward(t, p1)
+	s0 := loadTP(t, dir, 2, engine.LoadOptions{Layers: engine.LayerRange{Start: 0, End: 2}})
+	s1 := loadTP(t, dir, 2, engine.LoadOptions{Layers: engine.LayerRange{Start: 2, End: 4}})
+	hidden := s0.each(t, func(r int) ([][]float32, error) {
+		h, err := s0.ms[r].StageForward(ctx, s0.cs[r], p1, nil)
+		return [][]float32{h}, err
+	})[0]
+	got := s1.each(t, func(r int) ([][]float32, error) {
+		l, err := s1.ms[r].StageForward(ctx, s1.cs[r], p1, hidden)
+		return [][]float32{l}, err
+	})[0]
+	if c := fixture.Cosine(got, want); c < tpCosine {
+		t.Fatalf("2 stages × 2 ranks: cosine %.7f against the whole model", c)
+	}
+}
+
+// TestTensorShardKindsMatchWeights: what each rank's blocks hold agrees
+// with the shard kinds their Weights declare (the descriptions the
+// benchmarks and the MLX runner read): Replicated whole, SplitOutput a
+// share of the rows (axis −2, or a vector's only axis), SplitInput a share
+// of the input columns (axis −1, packed when quantized), SplitHeads a share
+// of the heads; and every weight a block lists was loaded.
+func TestTensorShardKindsMatchWeights(t *testing.T) {
+	dirs := map[string]string{}
+	for name, spec := range map[string]testmodel.Spec{
+		"llama_q4": {Arch: "llama", Heads: 8, KVHeads: 4, QuantBits: 4, GroupSize: 32},
+		"qwen3moe": {Arch: "qwen3moe", Heads: 8, KVHeads: 4, MoEIntermediate: 64},
+		"qwen2moe": {Arch: "qwen2moe", Heads: 8, KVHeads: 4, MoEIntermediate: 64, SharedExpertIntermediate: 64},
+		"gemma3":   {Arch: "gemma3", Layers: 3, Heads: 8, KVHeads: 4},
+	} {
+		dirs[name] = t.TempDir()
+		if err := testmodel.Write(dirs[name], spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dirs["gptoss_mxfp4"] = t.TempDir()
+	if err := testmodel.WriteHarmony(dirs["gptoss_mxfp4"], testmodel.Spec{Arch: "gptoss", Heads: 8, KVHeads: 4, MoEIntermediate: 64, MXFP4: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	dirs["qwen3_next"] = filepath.Join("testdata", "reference", "qwen3_next")
+	dirs["qwen3_5"] = filepath.Join("testdata", "reference", "qwen3_5")
+	const n = 2
+	for name, dir := range dirs {
+		t.Run(name, func(t *testing.T) {
+			whole := loadTP(t, dir, 1, engine.LoadOptions{})
+			split := loadTP(t, dir, n, engine.LoadOptions{})
+			for i, blk := range whole.ms[0].Blocks() {
+				ws := engine.WeightShapes(blk)
+				rs := engine.WeightShapes(split.ms[1].Blocks()[i])
+				for _, w := range blk.Weights() {
+					full, ok := ws[w.Name]
+					if !ok {
+						t.Fatalf("layer %d lists %s, which it did not load", i, w.Name)
+					}
+					part := rs[w.Name]
+					want := slices.Clone(full)
+					switch axis := len(full) - 1; w.Shard {
+					case engine.SplitOutput:
+						if len(full) > 1 {
+							axis--
+						}
+						want[axis] /= n
+					case engine.SplitInput, engine.SplitHeads:
+						want[axis] /= n
+					}
+					if !slices.Equal(part, want) {
+						t.Errorf("layer %d %s (%v): rank 1 holds %v of %v, want %v", i, w.Name, w.Shard, part, full, want)
+					}
+				}
+			}
+		})
+	}
+}
