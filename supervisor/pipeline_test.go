@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exo-pd/exo-pd/supervisor/dashboard"
 	"github.com/exo-pd/exo-pd/supervisor/process"
 )
 
@@ -99,6 +100,18 @@ func TestPipelineStagesAcrossTwoSupervisors(t *testing.T) {
 			t.Fatalf("host %s: %v, want %v", host, args, want[host][1:])
 		}
 		first[host] = st.Runners[0].Status.PID
+	}
+	// The cluster state (dashboard, exo status) shows each stage's range.
+	var cs dashboard.State
+	if err := json.Unmarshal([]byte(sups["a"].get(dashboard.StatePath)), &cs); err != nil || len(cs.Models) != 1 {
+		t.Fatalf("state: %v %+v", err, cs)
+	}
+	var got []string
+	for _, r := range cs.Models[0].Runners {
+		got = append(got, r.Host+" "+r.Stage+" "+r.Layers)
+	}
+	if !slices.Equal(got, []string{"a 0/2 0:3", "b 1/2 3:6"}) {
+		t.Errorf("state's stages %v", got)
 	}
 	// Both gateways forward to stage 0 on a, never to b's later stage (which
 	// the fake runner would answer, unlike a real one).

@@ -191,7 +191,11 @@ func Print(out io.Writer, st *dashboard.State, now time.Time) {
 				case r.LastExit != "":
 					detail = "last exit: " + r.LastExit
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", m.Name, r.Host, r.Runner, r.Role, r.State, r.Restarts, queue, detail)
+				role := r.Role
+				if r.Stage != "" {
+					role = fmt.Sprintf("%s stage %s layers %s", r.Role, r.Stage, r.Layers)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", m.Name, r.Host, r.Runner, role, r.State, r.Restarts, queue, detail)
 			}
 		}
 		tw.Flush()

@@ -109,3 +109,20 @@ DECODE RUNNERS AS THE GATEWAY SEES THEM
 		}
 	}
 }
+
+func TestPrintShowsStages(t *testing.T) {
+	now := time.Date(2026, 12, 2, 13, 0, 0, 0, time.UTC)
+	st := &dashboard.State{Cluster: "lab", Host: "a",
+		Hosts: []dashboard.HostState{{Name: "a", Up: true, View: &dashboard.HostView{Name: "a", Started: now}}},
+		Models: []dashboard.ModelState{{Name: "big", Runners: []dashboard.ModelRunner{
+			{Host: "a", Runner: "big-decode-stage0", Role: "decode", Stage: "0/2", Layers: "0:46", State: "ready"},
+			{Host: "b", Runner: "big-decode-stage1", Role: "decode", Stage: "1/2", Layers: "46:92", State: "ready"},
+		}}}}
+	var out bytes.Buffer
+	Print(&out, st, now)
+	for _, w := range []string{"big-decode-stage0  decode stage 0/2 layers 0:46", "big-decode-stage1  decode stage 1/2 layers 46:92"} {
+		if !strings.Contains(out.String(), w) {
+			t.Errorf("lacks %q:\n%s", w, out.String())
+		}
+	}
+}

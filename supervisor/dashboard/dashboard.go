@@ -257,6 +257,10 @@ type ModelRunner struct {
 	Role    string `json:"role"`
 	Source  string `json:"source"`
 	Address string `json:"address"`
+	// Stage ("I/N") and Layers ("A:B") of a pipeline stage; empty for a
+	// whole copy.
+	Stage  string `json:"stage,omitempty"`
+	Layers string `json:"layers,omitempty"`
 	// State is the runner's process state (starting, ready, unhealthy,
 	// backoff, crashloop, stopped), or "unknown" when its host's
 	// supervisor does not answer.
@@ -622,7 +626,8 @@ func models(c *config.Config, hosts []HostState) []ModelState {
 			if r.Model != m.Name {
 				continue
 			}
-			mr := ModelRunner{Host: r.Host, Runner: r.Name, Role: r.Role, Source: r.Source, Address: r.HealthAddr(), State: "unknown"}
+			mr := ModelRunner{Host: r.Host, Runner: r.Name, Role: r.Role, Source: r.Source, Address: r.HealthAddr(), State: "unknown",
+				Stage: r.Stage, Layers: r.Layers}
 			if r.Role == config.Prefill {
 				mr.Address = r.Listen
 			}
