@@ -45,6 +45,16 @@ type Facts struct {
 	// Intermediate is the dense MLP width; MoEIntermediate each expert's;
 	// Experts the routed experts per sparse layer (0: dense).
 	Intermediate, MoEIntermediate, Experts int
+	// What a tensor-parallel split must divide besides heads and widths
+	// (see TensorCheck): the shared expert's width (Qwen2-MoE), Gated
+	// DeltaNet's key and value heads and value head dim, the affine
+	// quantization group (0: dense), whether some layers have a dense MLP
+	// and some a sparse one.
+	SharedExpertIntermediate         int
+	LinearKeyHeads, LinearValueHeads int
+	LinearValueDim                   int
+	QuantGroup                       int
+	DenseMLP, SparseMLP              bool
 	// MaxContext is the model's context length (max_position_embeddings,
 	// GGUF context_length).
 	MaxContext int

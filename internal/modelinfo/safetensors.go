@@ -127,10 +127,21 @@ type hfConfig struct {
 	TorchDType       string    `json:"torch_dtype"`
 	DType            string    `json:"dtype"`
 	FullAttnInterval *int      `json:"full_attention_interval"`
-	Quantization     any       `json:"quantization"`
-	QuantConfig      any       `json:"quantization_config"`
+	Quantization     *hfQuant  `json:"quantization"`
+	QuantConfig      *hfQuant  `json:"quantization_config"`
+	SharedExpert     *int      `json:"shared_expert_intermediate_size"`
+	SparseStep       *int      `json:"decoder_sparse_step"`
+	MLPOnlyLayers    []int     `json:"mlp_only_layers"`
+	LinearKeyHeads   *int      `json:"linear_num_key_heads"`
+	LinearValueHeads *int      `json:"linear_num_value_heads"`
+	LinearValueDim   *int      `json:"linear_value_head_dim"`
 	LayerTypes       []string  `json:"layer_types"`
 	TextConfig       *hfConfig `json:"text_config"`
+}
+
+type hfQuant struct {
+	Bits      int `json:"bits"`
+	GroupSize int `json:"group_size"`
 }
 
 func val(p *int) int {
@@ -173,6 +184,22 @@ func parseHFConfig(data []byte, f *Facts) error {
 	f.Intermediate, f.MoEIntermediate = val(c.Intermediate), val(c.MoEIntermediate)
 	f.Experts = max(val(c.NumExperts), val(c.NumLocalExperts), val(c.NRoutedExperts))
 	f.MaxContext = val(c.MaxPositions)
+	f.SharedExpertIntermediate = val(c.SharedExpert)
+	f.LinearKeyHeads, f.LinearValueHeads, f.LinearValueDim = val(c.LinearKeyHeads), val(c.LinearValueHeads), val(c.LinearValueDim)
+	if q := c.Quantization; q == nil {
+		c.Quantization = c.QuantConfig
+	}
+	if q := c.Quantization; q != nil && q.Bits > 0 {
+		f.QuantGroup = q.GroupSize
+	}
+	step := max(val(c.SparseStep), 1)
+	for i := range max(f.Layers, 0) {
+		if f.Experts > 0 && !slices.Contains(c.MLPOnlyLayers, i) && (i+1)%step == 0 {
+			f.SparseMLP = true
+		} else {
+			f.DenseMLP = true
+		}
+	}
 	// The engine's cache takes the model's dtype: f32 for f32 weights (and
 	// a dense config without a dtype), bf16 for bf16 and quantized ones.
 	d := c.TorchDType

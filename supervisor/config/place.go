@@ -182,43 +182,6 @@ func countsString(bounds []int) string {
 	return "[" + strings.Join(parts, ", ") + "]"
 }
 
-// TensorCheck refuses a tensor-parallel group of n ranks that does not
-// divide the model's attention heads, KV heads, intermediate size, or its
-// experts' intermediate size, and says which counts would.
-func TensorCheck(f *modelinfo.Facts, n int) error {
-	dims := []struct {
-		what string
-		v    int
-	}{{"attention heads", f.Heads}, {"KV heads", f.KVHeads}, {"intermediate size", f.Intermediate}, {"expert intermediate size", f.MoEIntermediate}}
-	divides := func(k int) bool {
-		for _, d := range dims {
-			if d.v > 0 && d.v%k != 0 {
-				return false
-			}
-		}
-		return true
-	}
-	if divides(n) {
-		return nil
-	}
-	var bad, would []string
-	for _, d := range dims {
-		if d.v > 0 && d.v%n != 0 {
-			bad = append(bad, fmt.Sprintf("the %s (%d)", d.what, d.v))
-		}
-	}
-	for k := 2; k <= 16; k++ {
-		if divides(k) {
-			would = append(would, fmt.Sprint(k))
-		}
-	}
-	msg := fmt.Sprintf("%d hosts do not divide %s", n, strings.Join(bad, ", "))
-	if len(would) > 0 {
-		return fmt.Errorf("%s; host counts up to 16 that would: %s", msg, strings.Join(would, ", "))
-	}
-	return fmt.Errorf("%s; no host count from 2 to 16 divides them all", msg)
-}
-
 // Placement is how one model's role is placed, as Place found it.
 type Placement struct {
 	Model, Role string
@@ -270,7 +233,7 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 			}
 			if r.Shard == ShardTensor {
 				if f != nil {
-					if err := TensorCheck(f, len(r.Hosts)); err != nil {
+					if err := f.TensorCheck(len(r.Hosts)); err != nil {
 						bad(c.at("models", i, rr.role, "hosts"), "model %s: %s.shard \"tensor\": %v", m.Name, rr.role, err)
 					}
 				}

@@ -92,21 +92,6 @@ func TestSplit(t *testing.T) {
 	}
 }
 
-func TestTensorCheck(t *testing.T) {
-	smol := &modelinfo.Facts{Heads: 9, KVHeads: 3, Intermediate: 1536}
-	if err := TensorCheck(smol, 3); err != nil {
-		t.Errorf("3 ranks: %v", err)
-	}
-	err := TensorCheck(smol, 2)
-	if want := "2 hosts do not divide the attention heads (9), the KV heads (3); host counts up to 16 that would: 3"; err == nil || err.Error() != want {
-		t.Errorf("2 ranks: %v\nwant %s", err, want)
-	}
-	moe := &modelinfo.Facts{Heads: 32, KVHeads: 4, Intermediate: 6144, MoEIntermediate: 768, Experts: 128}
-	if err := TensorCheck(moe, 8); err == nil || !strings.Contains(err.Error(), "the KV heads (4)") || !strings.Contains(err.Error(), "would: 2, 4") {
-		t.Errorf("8 ranks: %v", err)
-	}
-}
-
 func TestPlace(t *testing.T) {
 	src := threeHosts + `
 [[models]]
@@ -194,7 +179,7 @@ prefill = { hosts = ["a", "c"], shard = "pipeline" }
 		return &modelinfo.Facts{Heads: 9, KVHeads: 3, Intermediate: 1536}, nil
 	}, "a", 0)
 	want := []string{
-		`f.toml:19:12: model m: decode.shard "tensor": 2 hosts do not divide the attention heads (9), the KV heads (3); host counts up to 16 that would: 3`,
+		`f.toml:19:12: model m: decode.shard "tensor": 2 hosts: num_attention_heads 9 is not divisible by 2; num_key_value_heads 3 is not divisible by 2; host counts that would: 3`,
 		`f.toml:19:32: model m: decode.shard "tensor" is not supported yet (use "pipeline" to fit a model on several hosts, or "replicas")`,
 		`f.toml:20:33: model m: prefill.shard "pipeline" is not supported yet (a pipeline decode works; prefill hosts must each hold the whole model)`,
 	}
