@@ -46,7 +46,7 @@ func TestEverySubcommandAnswersHelp(t *testing.T) {
 		"run":            {"-model", "-temperature", "-seed", "/bye"},
 		"bench":          {"-url", "-pp", "-concurrency"},
 		"model":          {"pull", "list", "rm"},
-		"model pull":     {"-models-dir", "-offline"},
+		"model pull":     {"-models-dir", "-offline", "-layers", "GGUF file, are fetched whole"},
 		"status":         {"-api", "-json"},
 		"version":        {"usage: exo version"},
 		"doctor":         {"-config", "-probe-mib", "-json"},

@@ -16,14 +16,24 @@ import (
 )
 
 const modelUsage = `usage:
-  exo model pull [--models-dir D] [--offline] ID[@REV]   fetch a Hugging Face model into the store
+  exo model pull [--models-dir D] [--offline] [--layers A:B] ID[@REV]
+                                                       fetch a Hugging Face model into the store
   exo model list [--models-dir D]                      show the models in the store
   exo model rm   [--models-dir D] ID                   delete a model (every revision) from the store
 
 ID is org/name (a safetensors model) or org/name/FILE.gguf (one GGUF file);
 REV is a branch, tag or commit (default main). The store is $EXO_MODELS_DIR,
 else $STATE_DIRECTORY/models, else ~/.cache/exo/models. HF_TOKEN and
-HF_ENDPOINT are honoured; HF_HUB_OFFLINE=1 uses only the store.`
+HF_ENDPOINT are honoured; HF_HUB_OFFLINE=1 uses only the store.
+
+--layers A:B pulls only what a pipeline stage holding layers [A, B) (0-based,
+half-open) needs: the config and tokenizer files and the safetensors shards
+that model.safetensors.index.json assigns to those layers, plus the
+embedding's with A = 0 and the final norm's and LM head's with B = the layer
+count (a tied head: the embedding's too). A repository without a shard index,
+and a GGUF file, are fetched whole (split GGUFs are not supported). Such a
+partial snapshot serves that stage's runner (--layers A:B), not the whole
+model; exo model list marks it "(stage files)".`
 
 // cmdModel manages the local model store (runners/hf).
 func cmdModel(ctx context.Context, args []string) error {
@@ -40,10 +50,21 @@ func cmdModel(ctx context.Context, args []string) error {
 	fs.SetOutput(io.Discard)
 	dir := fs.String("models-dir", "", "model store directory")
 	offline := fs.Bool("offline", false, "use only the store")
+	layers := fs.String("layers", "", "pull: only the files of layers A:B (a pipeline stage's)")
 	if err := parseFlags(fs, modelUsage, args); err != nil {
 		return err
 	}
 	o := hf.Options{StoreDir: *dir, Offline: *offline}
+	if *layers != "" {
+		if sub != "pull" {
+			return exitError{code: 2, msg: fmt.Sprintf("--layers applies to exo model pull, not %s", sub)}
+		}
+		r, err := hf.ParseLayers(*layers)
+		if err != nil {
+			return exitError{code: 2, msg: "--layers: " + err.Error()}
+		}
+		o.Layers = r
+	}
 	switch sub {
 	case "pull":
 		if fs.NArg() != 1 {
@@ -135,9 +156,12 @@ func modelList(o hf.Options, w io.Writer) error {
 	fmt.Fprintln(tw, "ID\tREVISION\tCOMMIT\tSIZE\tPATH")
 	for _, m := range ms {
 		id, path := m.Repo, m.Path
-		if !m.Full && len(m.Files) == 1 {
+		switch {
+		case !m.Full && len(m.Files) == 1:
 			id += "/" + m.Files[0]
 			path = filepath.Join(m.Path, filepath.FromSlash(m.Files[0]))
+		case !m.Full:
+			id += " (stage files)" // a pipeline stage's pull (--layers): some shards only
 		}
 		rev := strings.Join(m.Revisions, ",")
 		if rev == "" {

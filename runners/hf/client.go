@@ -310,13 +310,19 @@ func (c *client) pull(ctx context.Context, ref Ref) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	layers := c.opts.Layers
+	if !layers.IsZero() && ref.File != "" {
+		// Split GGUFs are not supported: a stage reads its layers from the whole file.
+		log.Info("a GGUF file is fetched whole, whatever the stage's layers", "layers", layers.String())
+		layers = LayerRange{}
+	}
 	unlock, err := lockFile(ctx, filepath.Join(c.store.repoDir(ref.Repo), ".lock"))
 	if err != nil {
 		return "", err
 	}
 	defer unlock()
 	// Another process may have completed this commit while we waited.
-	if p, err := c.store.lookupCommit(ref, mi.Commit); err == nil {
+	if p, err := c.store.lookupCommit(ref, mi.Commit, layers); err == nil {
 		if err := c.store.complete(manifest{Repo: ref.Repo, Commit: mi.Commit}, ref.Revision); err != nil {
 			return "", err
 		}
@@ -326,8 +332,12 @@ func (c *client) pull(ctx context.Context, ref Ref) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("hf: store: %w", err)
 	}
-	if err := c.checkSpace(dir, append(append([]repoFile(nil), meta...), weights...)); err != nil {
-		return "", err
+	// A stage's share is known once the index is here: its space is
+	// checked then, before any weights are fetched.
+	if layers.IsZero() {
+		if err := c.checkSpace(dir, append(append([]repoFile(nil), meta...), weights...)); err != nil {
+			return "", err
+		}
 	}
 	start := time.Now()
 	prog := newProgress(c.opts.Progress)
@@ -342,16 +352,32 @@ func (c *client) pull(ctx context.Context, ref Ref) (string, error) {
 	if err := c.fetchAll(ctx, ref, mi.Commit, dir, meta, prog); err != nil {
 		return "", err
 	}
+	full := ref.File == ""
 	if idx := filepath.Join(dir, "model.safetensors.index.json"); fileExists(idx) {
 		weights, err = filterByIndex(idx, weights, prog)
 		if err != nil {
+			return "", err
+		}
+		if !layers.IsZero() {
+			all := len(weights)
+			if weights, err = filterByLayers(dir, weights, layers, prog); err != nil {
+				return "", err
+			}
+			full = len(weights) == all
+			log.Info("pulling a pipeline stage's files", "layers", layers.String(), "weight_files", len(weights), "of", all)
+		}
+	} else if !layers.IsZero() {
+		log.Info("no shard index: the stage's layers need every weight file", "layers", layers.String())
+	}
+	if !layers.IsZero() {
+		if err := c.checkSpace(dir, append(append([]repoFile(nil), meta...), weights...)); err != nil {
 			return "", err
 		}
 	}
 	if err := c.fetchAll(ctx, ref, mi.Commit, dir, weights, prog); err != nil {
 		return "", err
 	}
-	m := manifest{Repo: ref.Repo, Commit: mi.Commit, Full: ref.File == "", PulledAt: time.Now().UTC()}
+	m := manifest{Repo: ref.Repo, Commit: mi.Commit, Full: full, PulledAt: time.Now().UTC()}
 	for _, f := range append(meta, weights...) {
 		st, err := os.Stat(filepath.Join(dir, filepath.FromSlash(f.Name)))
 		if err != nil {
@@ -365,7 +391,7 @@ func (c *client) pull(ctx context.Context, ref Ref) (string, error) {
 	stopReport()
 	el := time.Since(start)
 	log.Info("pulled model", "commit", mi.Commit[:12], "bytes", prog.done.Load(), "downloaded_bytes", prog.fetched.Load(), "seconds", el.Seconds())
-	return c.store.lookupCommit(ref, mi.Commit)
+	return c.store.lookupCommit(ref, mi.Commit, layers)
 }
 
 // checkSpace fails early when the store's filesystem cannot hold what is

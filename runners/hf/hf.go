@@ -45,6 +45,16 @@ type Options struct {
 	// filesystem (-1: unknown). A pull that does not fit then fails with
 	// ErrNoSpace before downloading.
 	Plan func(dir string, need, free int64)
+	// Layers, when not zero, pulls only what a pipeline stage of those
+	// layers needs from a sharded safetensors repository: the files the
+	// shard index assigns to its layers (with the embedding for the first
+	// layer, the final norm and LM head for the last, and the embedding
+	// again for a last stage whose head is tied to it) and the config and
+	// tokenizer files. A repository without a shard index, or a named
+	// GGUF file, is fetched whole (split GGUFs are not supported). Such a
+	// partial snapshot serves that stage (and any whose files it holds),
+	// never a whole-model Resolve.
+	Layers LayerRange
 }
 
 // Errors callers may branch on (with errors.Is).
@@ -212,7 +222,7 @@ func Resolve(ctx context.Context, source string, o Options) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if p, err := c.store.lookup(ref); err == nil {
+	if p, err := c.store.lookup(ref, c.opts.Layers); err == nil {
 		return p, nil
 	} else if !errors.Is(err, ErrNotInStore) {
 		return "", err
@@ -233,7 +243,7 @@ func Pull(ctx context.Context, ref Ref, o Options) (string, error) {
 		return "", err
 	}
 	if c.opts.offline() {
-		p, err := c.store.lookup(ref)
+		p, err := c.store.lookup(ref, c.opts.Layers)
 		if err != nil {
 			return "", fmt.Errorf("%s: %w", ref, err)
 		}

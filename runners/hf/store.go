@@ -91,16 +91,17 @@ func (s store) commitFor(repo, rev string) (string, error) {
 	return c, nil
 }
 
-// lookup returns the local path of ref when its snapshot is complete.
-func (s store) lookup(ref Ref) (string, error) {
+// lookup returns the local path of ref when its snapshot is complete, or,
+// for a pipeline stage's layers (not zero), holds every file they need.
+func (s store) lookup(ref Ref, layers LayerRange) (string, error) {
 	commit, err := s.commitFor(ref.Repo, ref.Revision)
 	if err != nil {
 		return "", err
 	}
-	return s.lookupCommit(ref, commit)
+	return s.lookupCommit(ref, commit, layers)
 }
 
-func (s store) lookupCommit(ref Ref, commit string) (string, error) {
+func (s store) lookupCommit(ref Ref, commit string, layers LayerRange) (string, error) {
 	m, err := s.readManifest(ref.Repo, commit)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -110,7 +111,7 @@ func (s store) lookupCommit(ref Ref, commit string) (string, error) {
 	}
 	dir := s.snapshotDir(ref.Repo, commit)
 	if ref.File == "" {
-		if !m.Full {
+		if !m.Full && !s.holdsStage(m, dir, layers) {
 			return "", ErrNotInStore
 		}
 		return dir, nil
@@ -121,6 +122,32 @@ func (s store) lookupCommit(ref Ref, commit string) (string, error) {
 		}
 	}
 	return "", ErrNotInStore
+}
+
+// holdsStage reports whether a partial snapshot (a pipeline stage's pull)
+// holds every file the stage of layers needs: the metadata and the weight
+// files its shard index assigns to those layers (stageFiles).
+func (s store) holdsStage(m *manifest, dir string, layers LayerRange) bool {
+	if layers.IsZero() {
+		return false
+	}
+	have := map[string]bool{}
+	for _, f := range m.Files {
+		have[f.Name] = true
+	}
+	if !have["config.json"] || !have["model.safetensors.index.json"] {
+		return false
+	}
+	need, err := stageFilesIn(dir, layers)
+	if err != nil {
+		return false
+	}
+	for f := range need {
+		if !have[f] {
+			return false
+		}
+	}
+	return true
 }
 
 // complete writes the manifest (merging with an earlier one for the same
@@ -208,7 +235,7 @@ type Model struct {
 	Commit    string
 	Size      int64 // bytes of its files
 	Path      string
-	Full      bool     // a whole safetensors model (else only named files, e.g. one .gguf)
+	Full      bool     // a whole safetensors model (else only named files: one .gguf, or a pipeline stage's shards)
 	Files     []string // repository paths
 }
 

@@ -57,6 +57,10 @@ type dirSource struct {
 	where  map[string]*safetensorsFile
 	names  []string
 	quant  quantConfig
+	// absent maps the tensors of shards the index names but the
+	// directory lacks (a pipeline stage's download, runners/hf
+	// Options.Layers) to their shard: asking for one is an error naming it.
+	absent map[string]string
 }
 
 // quantConfig is config.json's "quantization" block (MLX): a default
@@ -172,10 +176,11 @@ func OpenDir(dir string) (engine.Source, error) {
 		return nil, fmt.Errorf("open model dir %s: %w", dir, err)
 	}
 	s := &dirSource{dir: dir, config: config, where: map[string]*safetensorsFile{}, quant: qc}
-	files, err := shardFiles(dir)
+	files, absent, err := shardFiles(dir)
 	if err != nil {
 		return nil, err
 	}
+	s.absent = absent
 	for _, fn := range files {
 		f, err := openSafetensors(fn)
 		if err != nil {
@@ -202,49 +207,71 @@ func OpenDir(dir string) (engine.Source, error) {
 
 // shardFiles lists the safetensors files of a directory: those named by
 // model.safetensors.index.json when present, else every *.safetensors.
-func shardFiles(dir string) ([]string, error) {
+// Shards the index names that are not in the directory (a pipeline
+// stage's partial download holds only its layers' shards) are left out,
+// their tensors returned in absent (tensor → shard); at least one must be
+// there.
+func shardFiles(dir string) (out []string, absent map[string]string, err error) {
 	idx, err := os.ReadFile(filepath.Join(dir, "model.safetensors.index.json"))
 	if err == nil {
 		var ix struct {
 			WeightMap map[string]string `json:"weight_map"`
 		}
 		if err := json.Unmarshal(idx, &ix); err != nil {
-			return nil, fmt.Errorf("%s: model.safetensors.index.json: %w", dir, err)
+			return nil, nil, fmt.Errorf("%s: model.safetensors.index.json: %w", dir, err)
 		}
-		seen := map[string]bool{}
-		var out []string
-		for _, fn := range ix.WeightMap {
+		there := map[string]bool{}
+		for name, fn := range ix.WeightMap {
 			if fn != filepath.Base(fn) || !strings.HasSuffix(fn, ".safetensors") {
-				return nil, fmt.Errorf("%s: model.safetensors.index.json names bad shard %q", dir, fn)
+				return nil, nil, fmt.Errorf("%s: model.safetensors.index.json names bad shard %q", dir, fn)
 			}
-			if !seen[fn] {
-				seen[fn] = true
-				out = append(out, filepath.Join(dir, fn))
+			ok, seen := there[fn]
+			if !seen {
+				_, serr := os.Stat(filepath.Join(dir, fn))
+				ok = serr == nil
+				there[fn] = ok
+				if ok {
+					out = append(out, filepath.Join(dir, fn))
+				}
+			}
+			if !ok {
+				if absent == nil {
+					absent = map[string]string{}
+				}
+				absent[name] = fn
 			}
 		}
 		sort.Strings(out)
-		if len(out) == 0 {
-			return nil, fmt.Errorf("%s: model.safetensors.index.json has an empty weight_map", dir)
+		if len(there) == 0 {
+			return nil, nil, fmt.Errorf("%s: model.safetensors.index.json has an empty weight_map", dir)
 		}
-		return out, nil
+		if len(out) == 0 {
+			return nil, nil, fmt.Errorf("open model dir %s: none of the %d shards model.safetensors.index.json names is there", dir, len(there))
+		}
+		return out, absent, nil
 	}
 	if !errors.Is(err, os.ErrNotExist) {
-		return nil, err
+		return nil, nil, err
 	}
-	out, err := filepath.Glob(filepath.Join(dir, "*.safetensors"))
+	out, err = filepath.Glob(filepath.Join(dir, "*.safetensors"))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("open model dir %s: no *.safetensors files", dir)
+		return nil, nil, fmt.Errorf("open model dir %s: no *.safetensors files", dir)
 	}
 	sort.Strings(out)
-	return out, nil
+	return out, nil, nil
 }
 
 func (s *dirSource) Tensor(name string) (engine.Tensor, error) {
 	f, ok := s.where[name]
 	if !ok {
+		if shard, gone := s.absent[name]; gone {
+			// Not ErrNotFound: an optional tensor must not silently
+			// read as missing because its shard was not downloaded.
+			return engine.Tensor{}, fmt.Errorf("tensor %q is in %s, which %s lacks (a pipeline stage's download of other layers)", name, shard, s.dir)
+		}
 		return engine.Tensor{}, fmt.Errorf("tensor %q: %w", name, engine.ErrNotFound)
 	}
 	t, ok := f.tensor(name)

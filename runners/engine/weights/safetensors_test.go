@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
@@ -140,6 +141,34 @@ func TestOpenShardedDirWithPerLayerQuant(t *testing.T) {
 	}
 	if _, err := src.Tensor("nope"); !errors.Is(err, engine.ErrNotFound) {
 		t.Errorf("missing tensor: %v", err)
+	}
+
+	// A pipeline stage's download holds only some of the shards the index
+	// names: the directory opens with what is there, and a tensor of an
+	// absent shard is an error naming the shard (not ErrNotFound, which a
+	// loader may read as an optional tensor being absent).
+	if err := os.Remove(filepath.Join(dir, "model-00002-of-00002.safetensors")); err != nil {
+		t.Fatal(err)
+	}
+	part, err := Open(dir)
+	if err != nil {
+		t.Fatalf("partial shards: %v", err)
+	}
+	defer part.Close()
+	if got := part.Names(); len(got) != 4 {
+		t.Errorf("partial names %v", got)
+	}
+	if _, err := part.Tensor("x.weight"); err != nil {
+		t.Errorf("present tensor: %v", err)
+	}
+	if _, err := part.Tensor("z.weight"); err == nil || errors.Is(err, engine.ErrNotFound) || !strings.Contains(err.Error(), "model-00002-of-00002.safetensors") {
+		t.Errorf("tensor of an absent shard: %v", err)
+	}
+	if err := os.Remove(filepath.Join(dir, "model-00001-of-00002.safetensors")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(dir); err == nil {
+		t.Error("a directory holding none of the index's shards opened")
 	}
 }
 
