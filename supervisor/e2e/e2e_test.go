@@ -242,23 +242,26 @@ func buildExoAndModel(t *testing.T) (root, dir, exe, model string) {
 // cleanup.
 func startTwoHosts(t *testing.T, exe, dir, cfgPath string, apiPort int) (spark, mac *host) {
 	t.Helper()
-	var hosts []*host
-	for _, hn := range []struct{ name, ip string }{{"spark", "127.0.0.2"}, {"mac", "127.0.0.3"}} {
-		h := &host{name: hn.name, api: fmt.Sprintf("%s:%d", hn.ip, apiPort), log: filepath.Join(dir, hn.name+".log")}
-		logf, err := os.Create(h.log)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h.cmd = exec.Command(exe, "supervise", "--config", cfgPath, "--host", hn.name, "--listen", h.api, "--grace", "3s")
-		h.cmd.Stdout, h.cmd.Stderr = logf, logf
-		h.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET=")
-		if err := h.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { h.cmd.Process.Kill(); h.cmd.Wait(); logf.Close() })
-		hosts = append(hosts, h)
+	return startHost(t, exe, dir, cfgPath, "spark", "127.0.0.2", apiPort), startHost(t, exe, dir, cfgPath, "mac", "127.0.0.3", apiPort)
+}
+
+// startHost starts `exo supervise --host name` on cfgPath with its gateway
+// on ip:apiPort, logging to dir/<name>.log, killed at cleanup.
+func startHost(t *testing.T, exe, dir, cfgPath, name, ip string, apiPort int) *host {
+	t.Helper()
+	h := &host{name: name, api: fmt.Sprintf("%s:%d", ip, apiPort), log: filepath.Join(dir, name+".log")}
+	logf, err := os.Create(h.log)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return hosts[0], hosts[1]
+	h.cmd = exec.Command(exe, "supervise", "--config", cfgPath, "--host", name, "--listen", h.api, "--grace", "3s")
+	h.cmd.Stdout, h.cmd.Stderr = logf, logf
+	h.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET=")
+	if err := h.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.cmd.Process.Kill(); h.cmd.Wait(); logf.Close() })
+	return h
 }
 
 func TestTwoHosts(t *testing.T) {

@@ -1,0 +1,135 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// chatText asks api for a greedy completion of prompt and returns the
+// runner that served it and the text.
+func chatText(t *testing.T, api, prompt string) (string, string) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"model": "tiny", "messages": []map[string]string{{"role": "user", "content": prompt}},
+		"max_tokens": 12, "temperature": 0})
+	resp, err := http.Post("http://"+api+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var v struct {
+		Choices []struct {
+			Message struct{ Content string }
+		}
+	}
+	if resp.StatusCode != 200 || json.Unmarshal(b, &v) != nil || len(v.Choices) != 1 {
+		t.Fatalf("chat via %s: %d %s", api, resp.StatusCode, b)
+	}
+	return resp.Header.Get("X-Exo-Runner"), v.Choices[0].Message.Content
+}
+
+// stopHost ends h's supervisor with SIGTERM and waits for it.
+func stopHost(t *testing.T, h *host) {
+	t.Helper()
+	h.cmd.Process.Signal(syscall.SIGTERM)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- h.cmd.Wait() }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatalf("%s did not exit after SIGTERM", h.name)
+	}
+}
+
+func pipelineCluster(base int, model, secret, decode string) string {
+	return fmt.Sprintf(`[cluster]
+name = "e2e"
+runner_port_base = %d
+secret_file = %q
+
+[hosts.spark]
+address = "127.0.0.2"
+backend = "cpu"
+
+[hosts.mac]
+address = "127.0.0.3"
+backend = "cpu"
+
+[[models]]
+name = "tiny"
+source = %q
+decode = %s
+`, base, secret, model, decode)
+}
+
+// TestPipelineTwoHosts: the tiny model split into two pipeline stages by two
+// real supervisors (spark 127.0.0.2 holds stage 0, mac 127.0.0.3 stage 1,
+// layers split by memory from the model's headers) answers through both
+// gateways exactly as one decode runner holding the whole model does, at
+// temperature 0; both gateways route to stage 0.
+func TestPipelineTwoHosts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds exo and runs real runners")
+	}
+	needLoopbackHosts(t)
+	root, dir, exe, _ := buildExoAndModel(t)
+	if out, _ := exec.Command(exe, "runner", "decode", "--help").CombinedOutput(); !strings.Contains(string(out), "stage-next") {
+		t.Skip("exo runner decode has no --stage-next yet (contract C1)")
+	}
+	model := filepath.Join(dir, "tiny4")
+	run(t, root, "go", "run", "./runners/engine/testmodel/cmd/gen", "-arch", "llama", "-layers", "4", model)
+	cfgPath, secret := filepath.Join(dir, "cluster.toml"), filepath.Join(dir, "secret")
+	if err := os.WriteFile(secret, []byte("e2e secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	prompts := []string{"hello there, how are you today?", "Tell me a story about a pipeline.", "1 2 3 4 5 6 7 8 9 10 11 12 13"}
+
+	// The reference: one decode runner with the whole model on spark.
+	base, apiPort := freePort(t), freePort(t)
+	if err := os.WriteFile(cfgPath, []byte(pipelineCluster(base, model, secret, `{ hosts = ["spark"] }`)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	one := startHost(t, exe, dir, cfgPath, "spark", "127.0.0.2", apiPort)
+	one.waitRunners(t, "tiny-decode")
+	var want []string
+	for _, p := range prompts {
+		_, text := chatText(t, one.api, p)
+		want = append(want, text)
+	}
+	stopHost(t, one)
+
+	// The pipeline: two stages on two supervisors.
+	base, apiPort = freePort(t), freePort(t)
+	if err := os.WriteFile(cfgPath, []byte(pipelineCluster(base, model, secret, `{ hosts = ["spark", "mac"], shard = "pipeline" }`)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	spark, mac := startTwoHosts(t, exe, dir, cfgPath, apiPort)
+	spark.waitRunners(t, "tiny-decode-stage0")
+	mac.waitRunners(t, "tiny-decode-stage1")
+	for _, h := range []*host{spark, mac} {
+		for i, p := range prompts {
+			runner, text := chatText(t, h.api, p)
+			if runner != "spark/tiny-decode-stage0" {
+				t.Errorf("via %s: served by %q, want stage 0", h.name, runner)
+			}
+			if text != want[i] {
+				t.Errorf("via %s, prompt %d: pipeline %q, one runner %q", h.name, i, text, want[i])
+			}
+		}
+	}
+	for _, h := range []*host{spark, mac} {
+		stopHost(t, h)
+	}
+}
