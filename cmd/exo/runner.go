@@ -36,7 +36,8 @@ const runnerUsage = `usage:
                      [--prefill HOST:PORT[,HOST:PORT…]] [--prefill-health HOST:PORT[,HOST:PORT…]]
                      [--remote-prefill-min-tokens N] [--remote-prefill-route cost|floor]
                      [--prefill-connect-timeout D] [--prefill-idle-floor D] [--kv-wire-dtype native|fp8]
-                     [--kv-streams N] [--speculative off|prompt-lookup] [--speculative-tokens K]
+                     [--kv-streams N] [--speculative off|prompt-lookup|draft] [--draft SRC]
+                     [--speculative-tokens K]
                      [--secret-file F] [--backend cpu|mlx|auto] [--device gpu|cpu]
                      [--max-queue N] [--max-batch N] [--models-dir D] [--read-header-timeout D]
                      [--default-temperature X] [--default-top-p X] [--default-top-k N]
@@ -75,7 +76,8 @@ type runnerFlags struct {
 	idleFloor      time.Duration
 	kvWireDType    string
 	kvStreams      int
-	speculative    string // decode: off | prompt-lookup
+	speculative    string // decode: off | prompt-lookup | draft
+	draft          string // decode: the draft model's source (--speculative draft)
 	specTokens     int
 	// prefill
 	metricsAddr string
@@ -169,7 +171,8 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		fs.DurationVar(&f.connectTimeout, "prefill-connect-timeout", time.Second, "connect + hello deadline of a prefill endpoint; past it the endpoint is skipped until it answers a probe")
 		fs.StringVar(&f.kvWireDType, "kv-wire-dtype", "native", "KV dtype asked of prefill runners: native (this cache's dtype) or fp8 (E4M3, per-head scales; half of bf16's bytes)")
 		fs.IntVar(&f.kvStreams, "kv-streams", 1, "TCP connections each KV transfer from a prefill runner is striped over (1 to 16; the prefill runner must speak kvwire version 4)")
-		fs.StringVar(&f.speculative, "speculative", decode.SpecOff, "speculative decoding: off or prompt-lookup (drafts from n-grams of the prompt and output, verified in one forward; draft: not supported yet)")
+		fs.StringVar(&f.speculative, "speculative", decode.SpecOff, "speculative decoding: off, prompt-lookup (drafts from n-grams of the prompt and output) or draft (drafts by --draft's model); drafts are verified in one forward")
+		fs.StringVar(&f.draft, "draft", "", "the draft model (a model directory, .gguf file or Hugging Face id of the same tokenizer) of --speculative draft, loaded on this runner's backend")
 		fs.IntVar(&f.specTokens, "speculative-tokens", 0, fmt.Sprintf("the most tokens drafted per step (1 to 64; 0: %d)", decode.DefaultSpecTokens))
 		fs.DurationVar(&f.idleFloor, "prefill-idle-floor", 3*time.Second, "shortest wait for the next KV frame (the deadline grows with the endpoint's measured chunk time)")
 	} else {
@@ -198,6 +201,8 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --remote-prefill-route %q: want cost or floor", f.route)}
 	case f.role == "decode" && decode.CheckSpeculative(f.speculative, f.specTokens) != nil:
 		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --speculative %q --speculative-tokens %d: %v", f.speculative, f.specTokens, decode.CheckSpeculative(f.speculative, f.specTokens))}
+	case f.role == "decode" && (f.speculative == decode.SpecDraft) != (f.draft != ""):
+		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --speculative %q with --draft %q: --draft is the draft model of --speculative draft, and that mode needs it", f.speculative, f.draft)}
 	case f.role == "decode" && f.connectTimeout <= 0:
 		return nil, exitError{code: 2, msg: "runner: --prefill-connect-timeout must be positive"}
 	case f.role == "decode" && f.kvWireDType != "native" && f.kvWireDType != "fp8":
@@ -432,6 +437,19 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 	o := st.Options
 	o.Model, o.RemoteMinTokens, o.MaxQueue, o.MaxBatch, o.PrefillChunk, o.Metrics, o.Logger = dm, f.minRemote, f.maxQueue, f.maxBatch, f.chunk, met, log
 	o.Speculative, o.SpecTokens = f.speculative, f.specTokens
+	if f.draft != "" {
+		dpath, err := hf.Resolve(ctx, f.draft, hf.Options{StoreDir: f.modelsDir, Offline: f.offline, Logger: log})
+		if err != nil {
+			return fmt.Errorf("runner: draft model %s: %w", f.draft, err)
+		}
+		draft, err := decode.LoadDraft(ctx, dpath, m.Backend(), o.Text)
+		if err != nil {
+			return fmt.Errorf("runner: --draft %s: %w", f.draft, err)
+		}
+		defer draft.Close()
+		o.Draft = draft
+		log.Info("draft model loaded", "source", f.draft, "path", dpath, "arch", draft.Info().Arch, "layers", draft.Info().Layers)
+	}
 	if f.prefill != "" {
 		w := decode.NewRemote(ctx, decode.RemoteConfig{Name: f.name, Model: dm, Endpoints: splitList(f.prefill), Health: splitList(f.prefillHealth),
 			Secret: secret, ConnectTimeout: f.connectTimeout, IdleFloor: f.idleFloor, FP8: f.kvWireDType == "fp8", Streams: f.kvStreams,

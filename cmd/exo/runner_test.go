@@ -37,7 +37,9 @@ func TestRunnerFlags(t *testing.T) {
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--prefill", "a:1,b:2", "--prefill-health", "a:9"},
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--prefill-health", "a:9"},
 		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--test-slow-prefill-tokens-per-sec", "NaN"},
-		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--speculative", "draft"}, // not supported yet
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--speculative", "draft"},                         // no --draft
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--draft", "y"},                                   // --draft without mode draft
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--speculative", "prompt-lookup", "--draft", "y"}, // likewise
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--speculative", "ngram"},
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--speculative-tokens", "65"},
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--speculative-tokens", "-1"},
@@ -69,6 +71,10 @@ func TestRunnerFlags(t *testing.T) {
 	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --kv-streams 4"))
 	if err != nil || f.kvStreams != 4 {
 		t.Fatalf("%+v %v", f, err)
+	}
+	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --speculative draft --draft org/small"))
+	if err != nil || f.speculative != "draft" || f.draft != "org/small" {
+		t.Fatalf("draft flags: %+v, %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --speculative prompt-lookup --speculative-tokens 6"))
 	if err != nil || f.speculative != "prompt-lookup" || f.specTokens != 6 {

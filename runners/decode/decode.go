@@ -21,7 +21,6 @@
 package decode
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -143,12 +142,14 @@ type Options struct {
 	// batched (default 4; 1: one generation at a time, no batching). Each
 	// holds its own KV cache.
 	MaxBatch int
-	// Speculative is the speculative decoding mode: "" or SpecOff, or
-	// SpecPromptLookup (see spec.go); SpecTokens the most tokens drafted
-	// per step (0: DefaultSpecTokens). A model whose caches cannot roll
-	// back rejected drafts does not speculate (New logs why).
+	// Speculative is the speculative decoding mode: "" or SpecOff,
+	// SpecPromptLookup (see spec.go) or SpecDraft (drafts by Draft, a
+	// model of the same tokenizer: see draft.go and CheckDraftText);
+	// SpecTokens the most tokens drafted per step (0: DefaultSpecTokens).
+	// A model that cannot verify drafts does not speculate (New logs why).
 	Speculative  string
 	SpecTokens   int
+	Draft        Model
 	PrefillChunk int // local prefill chunk (0: engine default)
 	CacheEntries int // conversations kept in the prefix cache (default 4; <0: none)
 	CacheTokens  int // total tokens kept (default 32768)
@@ -190,11 +191,13 @@ type Server struct {
 	eos    map[int32]bool
 	format chat.Format // the model's chat format (tool calls, reasoning)
 
-	specMax   int      // the most tokens drafted per step; 0: no speculation
-	batch     *batcher // nil when MaxBatch is 1
-	stopBatch context.CancelFunc
-	journal   journal    // recent requests, for JournalPath
-	mem       memSampler // the engine's memory, for JournalPath
+	specMax    int      // the most tokens drafted per step; 0: no speculation
+	draftPool  *kvPool  // draft mode: the draft model's caches, by prefix
+	draftVocab int      // draft mode: ids a draft may propose
+	batch      *batcher // nil when MaxBatch is 1
+	stopBatch  context.CancelFunc
+	journal    journal    // recent requests, for JournalPath
+	mem        memSampler // the engine's memory, for JournalPath
 }
 
 // New makes a Server.
@@ -229,15 +232,7 @@ func New(o Options) *Server {
 		s.m.Running.Set(float64(r))
 	})
 	s.pool = newKVPool(o.CacheEntries, o.CacheTokens, o.Model.NewCache)
-	if err := CheckSpeculative(o.Speculative, o.SpecTokens); err != nil {
-		s.log.Error("speculative decoding off", "model", o.Name, "err", err)
-	} else if o.Speculative == SpecPromptLookup {
-		if why := specRefusal(o.Model); why != "" {
-			s.log.Warn("speculative decoding off for this model", "model", o.Name, "mode", o.Speculative, "reason", why)
-		} else {
-			s.specMax = cmp.Or(o.SpecTokens, DefaultSpecTokens)
-		}
-	}
+	s.setupSpec(o)
 	if o.MaxBatch > 1 {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.batch, s.stopBatch = newBatcher(o.Model, o.MaxBatch, 2*time.Millisecond), cancel
@@ -275,6 +270,9 @@ func (s *Server) Close() {
 		s.stopBatch()
 	}
 	s.pool.close()
+	if s.draftPool != nil {
+		s.draftPool.close()
+	}
 }
 
 func (s *Server) prompt(req *gen.Request) ([]int32, error) {
@@ -635,13 +633,18 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 	}
 	var sp *speculator
 	if s.specMax > 0 && !req.NoSpeculation && picker != nil {
-		sp = newSpeculator(s.o.Model.(verifier), s.info.Vocab, s.specMax)
+		sp = s.newSpec()
 		defer func() {
 			// Ending mid-verification (a stop, the length, an error): the
-			// drafts past the last emitted token leave the cache.
+			// drafts past the last emitted token leave the cache (a
+			// hybrid cache may go back further: it keeps what it holds).
 			sp.end()
 			if n := len(entry.tokens); entry.cache.Len() > n && entry.cache.CanTruncate(n) {
 				entry.cache.Truncate(n)
+			}
+			entry.tokens = entry.tokens[:min(len(entry.tokens), entry.cache.Len())]
+			if sp.d != nil {
+				sp.d.close()
 			}
 			s.noteSpec(ctx, sp)
 		}()
@@ -704,10 +707,15 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 			if s.info.MaxPositions > 0 {
 				limit = min(limit, s.info.MaxPositions-len(entry.tokens)-2)
 			}
+			d, derr := sp.propose(ctx, history, limit)
+			if derr != nil {
+				s.log.Warn("draft model failed: no more drafts for this request", "err", derr)
+			}
 			t1 := time.Now()
-			if d := sp.propose(history, limit); d != nil {
-				out.logits, err = s.verifyStep(ctx, mem, sp, entry.cache, tok)
-				sp.observe(1+len(d), time.Since(t1))
+			// pre: what a hybrid cache's rollback took back (fed again).
+			if pre := entry.tokens[entry.cache.Len():]; d != nil || len(pre) > 0 {
+				out.logits, err = s.verifyStep(ctx, mem, sp, entry.cache, pre, tok)
+				sp.observe(len(pre)+1+len(d), time.Since(t1))
 			} else {
 				out, err = s.decodeStep(ctx, mem, pm, entry.cache, tok)
 				sp.observe(1, time.Since(t1))
@@ -779,7 +787,7 @@ func (s *Server) noteSpec(ctx context.Context, sp *speculator) {
 // verifyStep feeds tok and sp's draft in one forward of their own (the
 // generation steps aside from the batch meanwhile, so that the batch does
 // not wait for it) and returns the logits after tok.
-func (s *Server) verifyStep(ctx context.Context, mem *member, sp *speculator, cache engine.KVCache, tok int32) ([]float32, error) {
+func (s *Server) verifyStep(ctx context.Context, mem *member, sp *speculator, cache engine.KVCache, pre []int32, tok int32) ([]float32, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -787,7 +795,7 @@ func (s *Server) verifyStep(ctx context.Context, mem *member, sp *speculator, ca
 		mem.aside()
 		defer mem.back()
 	}
-	return sp.verify(ctx, cache, tok)
+	return sp.verify(ctx, cache, pre, tok)
 }
 
 // observeError records the cost model's relative error for one fill.

@@ -1,6 +1,7 @@
 package decode
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -52,11 +53,9 @@ const maxSpecTokens = 64
 // length (0: the default): the runner's flags and the cluster file.
 func CheckSpeculative(mode string, tokens int) error {
 	switch mode {
-	case "", SpecOff, SpecPromptLookup:
-	case SpecDraft:
-		return fmt.Errorf("speculative mode %q (a draft model) is not supported yet; use %q or %q", mode, SpecPromptLookup, SpecOff)
+	case "", SpecOff, SpecPromptLookup, SpecDraft:
 	default:
-		return fmt.Errorf("speculative mode %q: want %q or %q", mode, SpecOff, SpecPromptLookup)
+		return fmt.Errorf("speculative mode %q: want %q, %q or %q", mode, SpecOff, SpecPromptLookup, SpecDraft)
 	}
 	if tokens < 0 || tokens > maxSpecTokens {
 		return fmt.Errorf("speculative tokens %d: want 1 to %d (0: %d)", tokens, maxSpecTokens, DefaultSpecTokens)
@@ -69,8 +68,16 @@ type verifier interface {
 	ForwardAllInto(ctx context.Context, c engine.KVCache, tokens []int32, dst []float32) ([][]float32, error)
 }
 
-// specRefusal says why a model cannot speculate ("" when it can): its
-// caches must go back to any position after a verification.
+// specRefusal says why a model cannot speculate ("" when it can): it must
+// verify several tokens in one forward and pick from their logits.
+//
+// Every cache can go back after a verification: a sliding layer's ring
+// keeps RingSlack positions before the window of the length a step began
+// at, so it still holds the window of any position the step's tokens
+// reach (CanTruncate); a hybrid (Gated DeltaNet) cache goes back to the
+// state where the verification began (its mark), and the generation feeds
+// the accepted tokens again with its next forward (speculator.verify's
+// pre).
 func specRefusal(m Model) string {
 	if _, ok := m.(PickingModel); ok {
 		return "a pipeline's logits live on its last stage, which picks one token per step: drafts cannot be verified there yet"
@@ -78,14 +85,41 @@ func specRefusal(m Model) string {
 	if _, ok := m.(verifier); !ok {
 		return "the model cannot verify several tokens in one forward"
 	}
-	info := m.Info()
-	if info.Recurrent != nil {
-		return "recurrent (Gated DeltaNet) layers keep one state and cannot roll back rejected drafts"
-	}
-	if info.Windows != nil {
-		return "sliding-window layers' ring caches cannot always roll back rejected drafts"
-	}
 	return ""
+}
+
+// setupSpec turns speculation on as the Options ask, or logs why not.
+func (s *Server) setupSpec(o Options) {
+	if err := CheckSpeculative(o.Speculative, o.SpecTokens); err != nil {
+		s.log.Error("speculative decoding off", "model", o.Name, "err", err)
+		return
+	}
+	if o.Speculative == "" || o.Speculative == SpecOff {
+		return
+	}
+	why := specRefusal(o.Model)
+	if why == "" && o.Speculative == SpecDraft && o.Draft == nil {
+		why = "mode draft without a draft model (--draft)"
+	}
+	if why != "" {
+		s.log.Warn("speculative decoding off for this model", "model", o.Name, "mode", o.Speculative, "reason", why)
+		return
+	}
+	s.specMax = cmp.Or(o.SpecTokens, DefaultSpecTokens)
+	if o.Speculative == SpecDraft {
+		s.draftPool = newKVPool(o.CacheEntries, o.CacheTokens, o.Draft.NewCache)
+		s.draftVocab = draftVocab(s.info, o.Draft.Info(), o.Text)
+	}
+}
+
+// newSpec is a generation's speculator (with its drafter in draft mode).
+func (s *Server) newSpec() *speculator {
+	sp := newSpeculator(s.o.Model.(verifier), s.info.Vocab, s.specMax)
+	if s.draftPool != nil {
+		sp.d = &drafter{m: s.o.Draft, vocab: s.draftVocab, maxP: s.o.Draft.Info().MaxPositions, pool: s.draftPool, chunk: s.o.PrefillChunk}
+		sp.ok[0], sp.fail[0] = 2, 1 // a draft model of the family: acceptance 2/3 until measured
+	}
+	return sp
 }
 
 // speculator is one generation's prompt-lookup state: what it has
@@ -105,10 +139,12 @@ func specRefusal(m Model) string {
 type speculator struct {
 	v     verifier
 	vocab int
-	max   int // the most tokens drafted (--speculative-tokens)
+	max   int      // the most tokens drafted (--speculative-tokens)
+	d     *drafter // draft mode: the draft model (nil: prompt lookup)
 
 	// ok and fail: decayed counts of drafted tokens accepted and of
-	// verifications that ended in a rejection, by n-gram length (1–3).
+	// verifications that ended in a rejection, by n-gram length (1–3;
+	// 0: a draft model's drafts).
 	ok, fail [4]float64
 	// wait and gap: the plain steps left before that length is probed
 	// again, and the current gap.
@@ -117,9 +153,10 @@ type speculator struct {
 	cost      float64 // an extra verified position's cost, in plain steps
 
 	on    bool        // a verification's rows are being consumed
-	n     int         // the n-gram length its draft matched
+	n     int         // the n-gram length its draft matched (0: a draft model's)
 	draft []int32     // the verification in progress: its drafted tokens
 	rows  [][]float32 // the logits after the fed token and each draft
+	all   [][]float32 // every row of the forward (rows is its tail)
 	row   int         // the row the last sampled token came from
 	buf   []float32   // rows' storage
 	feed  []int32
@@ -165,6 +202,10 @@ func (sp *speculator) end() {
 	if !sp.on {
 		return
 	}
+	if len(sp.draft) == 0 { // a catch-up forward (see verify): nothing drafted
+		sp.on, sp.rows, sp.row = false, sp.rows[:0], 0
+		return
+	}
 	k, ok := len(sp.draft), sp.row
 	sp.rejected += k - ok
 	sp.ok[sp.n] = specDecay*sp.ok[sp.n] + float64(ok)
@@ -195,15 +236,18 @@ func (sp *speculator) observe(rows int, d time.Duration) {
 }
 
 // plan is how many of avail tokens to draft after an n-gram match of
-// length n (0: a plain step).
+// length n, or with the draft model (n 0); 0: a plain step. A draft
+// model's k tokens cost k draft forwards more, each measured in plain
+// steps (dcost).
 func (sp *speculator) plan(n, avail int) int {
 	a := sp.ok[n] / (sp.ok[n] + sp.fail[n])
 	best, bestV := 0, specMargin
 	e, p := 1.0, 1.0
+	per := sp.cost + sp.dcost()
 	for k := 1; k <= avail; k++ {
 		p *= a
 		e += p
-		if v := e / (1 + sp.cost*float64(k)); v > bestV {
+		if v := e / (1 + per*float64(k)); v > bestV {
 			best, bestV = k, v
 		}
 	}
@@ -223,15 +267,49 @@ func (sp *speculator) plan(n, avail int) int {
 	return 1 // a probe
 }
 
+// dcost is a draft forward's cost in plain target steps (0 without a
+// draft model).
+func (sp *speculator) dcost() float64 {
+	switch {
+	case sp.d == nil:
+		return 0
+	case sp.d.step > 0 && sp.step > 0:
+		return min(sp.d.step/sp.step, 4)
+	default:
+		return draftCostPrior
+	}
+}
+
 // propose drafts at most limit tokens to follow history (whose last token
-// is the one about to be fed): what followed the latest earlier
-// occurrence of its last n tokens, for the longest n ≤ 3 that occurs, as
-// many as plan says pay.
-func (sp *speculator) propose(history []int32, limit int) []int32 {
+// is the one about to be fed): the draft model's (draft mode), else what
+// followed the latest earlier occurrence of its last n tokens, for the
+// longest n ≤ 3 that occurs; as many as plan says pay. A draft model that
+// fails drafts no more in this generation (the error is returned once, to
+// be logged; decoding goes on without drafts).
+func (sp *speculator) propose(ctx context.Context, history []int32, limit int) ([]int32, error) {
 	limit = min(limit, sp.max)
 	if limit <= 0 {
-		return nil
+		return nil, nil
 	}
+	if sp.d != nil {
+		k := sp.plan(0, limit)
+		if k == 0 || sp.d.err != nil {
+			return nil, nil
+		}
+		d, err := sp.d.draft(ctx, history, k)
+		sp.n = 0
+		sp.draft = append(sp.draft[:0], d...)
+		if len(d) == 0 {
+			return nil, err
+		}
+		return sp.draft, nil
+	}
+	return sp.lookup(history, limit), nil
+}
+
+// lookup is propose by prompt lookup.
+func (sp *speculator) lookup(history []int32, limit int) []int32 {
+	limit = min(limit, sp.max)
 	L := len(history)
 	for n := min(3, L-1); n >= 1; n-- {
 		suffix := history[L-n:]
@@ -261,13 +339,16 @@ func equal32(a, b []int32) bool {
 	return true
 }
 
-// verify feeds tok and the proposed draft in one forward and returns the
-// logits after tok (row 0); the rows after the drafts follow through next.
-func (sp *speculator) verify(ctx context.Context, c engine.KVCache, tok int32) ([]float32, error) {
-	sp.feed = append(append(sp.feed[:0], tok), sp.draft...)
+// verify feeds tok and the proposed draft (none: a catch-up forward) in
+// one forward and returns the logits after tok (row 0); the rows after
+// the drafts follow through next. pre are tokens the cache lacks before
+// tok (a hybrid cache's rollback went back to where the last verification
+// began: the tokens it kept are fed again).
+func (sp *speculator) verify(ctx context.Context, c engine.KVCache, pre []int32, tok int32) ([]float32, error) {
+	sp.feed = append(append(append(sp.feed[:0], pre...), tok), sp.draft...)
 	n := len(sp.feed)
 	if cap(sp.buf) < n*sp.vocab {
-		sp.buf = make([]float32, 0, (sp.max+1)*sp.vocab)
+		sp.buf = make([]float32, 0, (sp.max+1+len(pre))*sp.vocab)
 	}
 	if _, err := sp.v.ForwardAllInto(ctx, c, sp.feed, sp.buf[:0]); err != nil {
 		sp.draft = sp.draft[:0]
@@ -276,10 +357,11 @@ func (sp *speculator) verify(ctx context.Context, c engine.KVCache, tok int32) (
 	// The model's row headers are its scratch (another generation's step
 	// may reuse them): the rows are read from buf, which is this
 	// generation's own.
-	sp.rows = sp.rows[:0]
+	sp.all = sp.all[:0]
 	for i := range n {
-		sp.rows = append(sp.rows, sp.buf[i*sp.vocab:(i+1)*sp.vocab:(i+1)*sp.vocab])
+		sp.all = append(sp.all, sp.buf[i*sp.vocab:(i+1)*sp.vocab:(i+1)*sp.vocab])
 	}
+	sp.rows = sp.all[len(pre):]
 	sp.on, sp.row = true, 0
 	return sp.rows[0], nil
 }

@@ -16,9 +16,11 @@ import (
 	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/backend"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/tokenizer"
 )
 
 // answerOf posts a chat request and returns its answer without what
@@ -86,68 +88,104 @@ func specRequests() map[string]map[string]any {
 	}
 }
 
-// TestSpeculativeEqualsPlain: on every architecture family of the tiny
-// models, a runner with prompt-lookup speculation answers every request of
-// specRequests exactly as a runner without it; speculation verified drafts
-// (and kept some) on the models that speculate; the models whose caches
-// cannot roll back (sliding windows, recurrent layers) refuse it.
-func TestSpeculativeEqualsPlain(t *testing.T) {
-	type model struct {
-		name   string
-		dir    func(t *testing.T) string
-		refuse bool
-	}
-	var models []model
-	for _, arch := range []string{"llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "mistral", "gemma3", "gptoss"} {
-		models = append(models, model{arch, func(t *testing.T) string {
+// specFamilies are the tiny models of every architecture family, each
+// with a draft: for a generated model the same generator's one-layer model
+// of the same seed (it shares the embedding, the first layer and the
+// head, so it drafts much as the target would), for a reference model the
+// model itself (the references are too few to pair).
+type specFamily struct {
+	name       string
+	dir, draft func(t *testing.T) string
+}
+
+func specFamilies() []specFamily {
+	var fams []specFamily
+	gen := func(arch string, layers int) func(t *testing.T) string {
+		return func(t *testing.T) string {
 			dir := filepath.Join(t.TempDir(), "m")
-			if err := testmodel.Write(dir, testmodel.Spec{Arch: arch, Seed: 7, Layers: 2}); err != nil {
+			if err := testmodel.Write(dir, testmodel.Spec{Arch: arch, Seed: 7, Layers: layers}); err != nil {
 				t.Fatal(err)
 			}
 			return dir
-		}, arch == "gemma3" || arch == "gptoss"})
+		}
+	}
+	for _, arch := range []string{"llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "mistral", "gemma3", "gptoss"} {
+		fams = append(fams, specFamily{arch, gen(arch, 2), gen(arch, 1)})
 	}
 	for _, ref := range []string{"smollm3", "olmo2", "qwen3_next", "qwen3_5"} {
-		models = append(models, model{ref, func(*testing.T) string {
-			return filepath.Join("..", "engine", "testdata", "reference", ref)
-		}, ref == "qwen3_next" || ref == "qwen3_5"})
+		dir := func(*testing.T) string { return filepath.Join("..", "engine", "testdata", "reference", ref) }
+		fams = append(fams, specFamily{ref, dir, dir})
 	}
-	for _, mc := range models {
-		t.Run(mc.name, func(t *testing.T) {
-			dir := mc.dir(t)
-			withGrammar := func(spec string) func(Text, *Options) {
+	return fams
+}
+
+// loadDraft loads the model at dir as a draft on the cpu backend and
+// checks its tokenizer against text's.
+func loadDraft(t *testing.T, dir string, text Text) Model {
+	t.Helper()
+	b, err := backend.Open("cpu", backend.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := engine.Load(context.Background(), dir, b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckDraftText(text, NewText(tok, nil)); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestSpeculativeEqualsPlain: on every architecture family of the tiny
+// models (sliding windows and Gated DeltaNet layers included: their caches
+// roll back), a runner with prompt-lookup speculation and one with a draft
+// model answer every request of specRequests exactly as a runner without
+// speculation; each verified drafts and kept some.
+func TestSpeculativeEqualsPlain(t *testing.T) {
+	for _, fam := range specFamilies() {
+		t.Run(fam.name, func(t *testing.T) {
+			dir, draftDir := fam.dir(t), fam.draft(t)
+			with := func(spec string) func(Text, *Options) {
 				return func(text Text, o *Options) {
 					g := &Grammars{Text: text}
 					o.NewConstraint, o.AcceptTools = g.NewConstraint, true
 					o.Speculative, o.SpecTokens = spec, 5
+					if spec == SpecDraft {
+						o.Draft = loadDraft(t, draftDir, text)
+					}
 				}
 			}
-			plain := serveTinyDir(t, dir, withGrammar(SpecOff))
-			spec := serveTinyDir(t, dir, withGrammar(SpecPromptLookup))
-			if mc.refuse {
-				if spec.srv.specMax != 0 || specRefusal(spec.srv.o.Model) == "" {
-					t.Fatalf("speculation on (%d tokens) for a model that cannot roll back", spec.srv.specMax)
-				}
-				return
-			}
-			if spec.srv.specMax != 5 {
-				t.Fatalf("speculation refused: %s", specRefusal(spec.srv.o.Model))
-			}
-			accepted, verified := 0, 0
+			plain := serveTinyDir(t, dir, with(SpecOff))
+			want := map[string]string{}
 			for name, body := range specRequests() {
-				want, got := answerOf(t, plain.url, body), answerOf(t, spec.url, body)
-				if got != want {
-					t.Fatalf("%s: speculative answer\n%s\nplain\n%s", name, got, want)
+				want[name] = answerOf(t, plain.url, body)
+			}
+			for _, mode := range []string{SpecPromptLookup, SpecDraft} {
+				spec := serveTinyDir(t, dir, with(mode))
+				if spec.srv.specMax != 5 {
+					t.Fatalf("%s: speculation refused: %s", mode, specRefusal(spec.srv.o.Model))
 				}
+				for name, body := range specRequests() {
+					if got := answerOf(t, spec.url, body); got != want[name] {
+						t.Fatalf("%s, %s: speculative answer\n%s\nplain\n%s", mode, name, got, want[name])
+					}
+				}
+				accepted, verified := 0, 0
+				for _, r := range spec.srv.journal.since(0) {
+					accepted += r.SpecAccepted
+					verified += r.SpecAccepted + r.SpecRejected
+				}
+				if accepted == 0 {
+					t.Fatalf("%s: no drafted token was accepted (%d verified): speculation was not exercised", mode, verified)
+				}
+				t.Logf("%s: %d of %d drafted tokens accepted", mode, accepted, verified)
 			}
-			for _, r := range spec.srv.journal.since(0) {
-				accepted += r.SpecAccepted
-				verified += r.SpecAccepted + r.SpecRejected
-			}
-			if accepted == 0 {
-				t.Fatalf("no drafted token was accepted (%d verified): speculation was not exercised", verified)
-			}
-			t.Logf("%d of %d drafted tokens accepted", accepted, verified)
 		})
 	}
 }
@@ -459,16 +497,16 @@ func TestSpeculatorPlan(t *testing.T) {
 	for n := range sp.ok { // acceptance 0.9, nearly free positions
 		sp.ok[n], sp.fail[n], sp.cost = 9, 1, 0.05
 	}
-	if d := sp.propose([]int32{1, 2, 3, 9, 8, 1, 2, 3}, 10); !slices.Equal(d, []int32{9, 8, 1, 2}) || sp.n != 3 {
+	if d := sp.lookup([]int32{1, 2, 3, 9, 8, 1, 2, 3}, 10); !slices.Equal(d, []int32{9, 8, 1, 2}) || sp.n != 3 {
 		t.Fatalf("draft %v from a 3-gram (n %d), want [9 8 1 2]", d, sp.n)
 	}
-	if d := sp.propose([]int32{5, 6, 7, 6}, 10); !slices.Equal(d, []int32{7, 6}) || sp.n != 1 {
+	if d := sp.lookup([]int32{5, 6, 7, 6}, 10); !slices.Equal(d, []int32{7, 6}) || sp.n != 1 {
 		t.Fatalf("draft %v (n %d), want the 2 tokens after the 1-gram's latest match", d, sp.n)
 	}
-	if d := sp.propose([]int32{1, 2, 3}, 10); d != nil {
+	if d := sp.lookup([]int32{1, 2, 3}, 10); d != nil {
 		t.Fatalf("draft %v without a match", d)
 	}
-	if d := sp.propose([]int32{1, 2, 1}, 0); d != nil {
+	if d := sp.lookup([]int32{1, 2, 1}, 0); d != nil {
 		t.Fatalf("draft %v with no room", d)
 	}
 
