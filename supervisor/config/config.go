@@ -184,13 +184,12 @@ type Model struct {
 
 // Speculative is a model's [models.speculative] table.
 type Speculative struct {
-	// Mode is "off" or "prompt-lookup" (--speculative; "" = off). "draft"
-	// (a draft model) is refused: not supported yet.
+	// Mode is "off", "prompt-lookup" or "draft" (--speculative; "" = off).
 	Mode string `toml:"mode"`
 	// Tokens is the most tokens drafted per step (--speculative-tokens,
 	// 1 to 64; 0 = the runner's default, 8).
 	Tokens int `toml:"tokens"`
-	// Draft would name a draft model's source; refused (not supported yet).
+	// Draft is the draft model's source (--draft), for mode "draft" only.
 	Draft string `toml:"draft"`
 }
 

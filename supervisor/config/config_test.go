@@ -465,7 +465,8 @@ top_k = 20
 
 // TestSpeculative: [models.speculative] reaches the decode runners as
 // --speculative and --speculative-tokens (never the prefill runners);
-// draft models, unknown modes and out-of-range tokens are refused by name.
+// mode "draft" passes --draft; a draft without that mode (or that mode
+// without one), unknown modes and out-of-range tokens are refused by name.
 func TestSpeculative(t *testing.T) {
 	c, err := Parse("f", []byte(twoHosts+`
 [[models]]
@@ -489,6 +490,14 @@ tokens = 6
 			}
 		}
 	}
+	c, err = Parse("f", []byte(twoHosts+"\n[[models]]\nname = \"m\"\nsource = \"org/m-4bit\"\ndecode = { hosts = [\"mac\"] }\n"+
+		"[models.speculative]\nmode = \"draft\"\ndraft = \"org/small-4bit\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if args := strings.Join(c.Runners("mac")[0].Args(), " "); !strings.Contains(args, "--speculative draft --draft org/small-4bit") {
+		t.Errorf("draft mode's runner args %s", args)
+	}
 	c, err = Parse("f", []byte(twoHosts+"\n[[models]]\nname = \"m\"\nsource = \"org/m-4bit\"\ndecode = { hosts = [\"mac\"] }\n"))
 	if err != nil {
 		t.Fatal(err)
@@ -497,10 +506,10 @@ tokens = 6
 		t.Errorf("speculation flags without [models.speculative]: %s", args)
 	}
 	for _, bad := range []struct{ src, want string }{
-		{"[models.speculative]\nmode = \"draft\"\n", `model m: speculative.mode "draft" (a draft model) is not supported yet`},
-		{"[models.speculative]\nmode = \"ngram\"\n", `model m: speculative.mode "ngram": want "off" or "prompt-lookup"`},
+		{"[models.speculative]\nmode = \"draft\"\n", `model m: speculative.draft "" with mode "draft": draft names the draft model`},
+		{"[models.speculative]\nmode = \"ngram\"\n", `model m: speculative.mode "ngram": want "off", "prompt-lookup" or "draft"`},
 		{"[models.speculative]\nmode = \"prompt-lookup\"\ntokens = 65\n", "model m: speculative.tokens 65: want 1 to 64"},
-		{"[models.speculative]\nmode = \"prompt-lookup\"\ndraft = \"org/small\"\n", "model m: speculative.draft: draft models are not supported yet"},
+		{"[models.speculative]\nmode = \"prompt-lookup\"\ndraft = \"org/small\"\n", `model m: speculative.draft "org/small" with mode "prompt-lookup"`},
 		{"[models.speculative]\nk = 3\n", `unknown key "k" (known keys here: mode, tokens, draft)`},
 	} {
 		_, err := Parse("f", []byte(twoHosts+"\n[[models]]\nname = \"m\"\nsource = \"org/m-4bit\"\ndecode = { hosts = [\"mac\"] }\n"+bad.src))

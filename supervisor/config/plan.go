@@ -53,6 +53,7 @@ type Runner struct {
 	// --speculative-tokens ("" and 0: the runner's defaults).
 	Speculative string `json:"speculative,omitempty"`
 	SpecTokens  int    `json:"speculative_tokens,omitempty"`
+	Draft       string `json:"draft,omitempty"` // --draft (mode draft)
 	// Pipeline stage (contract C1), decode only; zero for a whole copy.
 	// Layers is "A:B" (half-open, 0-based), Stage "I/N", StageListen
 	// where this stage takes the link from the one before, StageNext the
@@ -168,6 +169,9 @@ func (r Runner) Args() []string {
 		}
 		if r.SpecTokens > 0 {
 			a = append(a, "--speculative-tokens", strconv.Itoa(r.SpecTokens))
+		}
+		if r.Draft != "" {
+			a = append(a, "--draft", r.Draft)
 		}
 	}
 	if r.SecretFile != "" {
@@ -301,7 +305,7 @@ func (c *Config) AllRunners() []Runner {
 						ru.Defaults = &d
 					}
 					if sp := m.Speculative; sp != nil {
-						ru.Speculative, ru.SpecTokens = sp.Mode, sp.Tokens
+						ru.Speculative, ru.SpecTokens, ru.Draft = sp.Mode, sp.Tokens, sp.Draft
 					}
 				}
 				out = append(out, ru)

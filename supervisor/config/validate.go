@@ -188,17 +188,15 @@ func (c *Config) validate() Errors {
 		}
 		if sp := m.Speculative; sp != nil {
 			switch sp.Mode {
-			case "", "off", "prompt-lookup":
-			case "draft":
-				bad(c.at("models", i, "speculative", "mode"), "%s: speculative.mode \"draft\" (a draft model) is not supported yet; use \"prompt-lookup\" or \"off\"", label)
+			case "", "off", "prompt-lookup", "draft":
 			default:
-				bad(c.at("models", i, "speculative", "mode"), "%s: speculative.mode %q: want \"off\" or \"prompt-lookup\"", label, sp.Mode)
+				bad(c.at("models", i, "speculative", "mode"), "%s: speculative.mode %q: want \"off\", \"prompt-lookup\" or \"draft\"", label, sp.Mode)
 			}
 			if sp.Tokens < 0 || sp.Tokens > 64 {
 				bad(c.at("models", i, "speculative", "tokens"), "%s: speculative.tokens %d: want 1 to 64 (0: the runner's default, 8)", label, sp.Tokens)
 			}
-			if sp.Draft != "" {
-				bad(c.at("models", i, "speculative", "draft"), "%s: speculative.draft: draft models are not supported yet (mode \"prompt-lookup\" needs none)", label)
+			if (sp.Mode == "draft") != (sp.Draft != "") {
+				bad(c.at("models", i, "speculative", "draft"), "%s: speculative.draft %q with mode %q: draft names the draft model of mode \"draft\", and that mode needs it", label, sp.Draft, sp.Mode)
 			}
 		}
 		if m.Prefill != nil && m.Prefill.PrefixCacheMiB != nil && *m.Prefill.PrefixCacheMiB < 0 {
