@@ -172,7 +172,11 @@ func relayFlip(conn net.Conn, server string, nth int, flip bool) {
 // (gemma3, tied embeddings) and Gated DeltaNet (qwen3_next: State frames;
 // its first stage holds only recurrent layers) models. The bytes each
 // stage received (the transfer's counters) are exactly its layers' share,
-// and the two shares add up to a whole-model fetch's. A corrupt frame in
+// and the two shares add up to a whole-model fetch's (the second stage's
+// transfers striped over two connections). With the FP8 wire dtype each
+// stage's fill succeeds with fewer bytes than its f32 share (at least a
+// quarter of it; as many for a stage of recurrent layers only, whose
+// states stay f32). A corrupt frame in
 // the middle of a stage's stream fails that fill with ErrCorrupt and
 // leaves its cache at start_pos; the next fill succeeds.
 func TestStageFillEqualsLocalPrefill(t *testing.T) {
@@ -206,7 +210,9 @@ func TestStageFillEqualsLocalPrefill(t *testing.T) {
 			fills := make([]*StageFill, 2)
 			caches := make([]engine.KVCache, 2)
 			for i, s := range stages {
-				fills[i] = &StageFill{Client: cl, Name: "m", Model: s}
+				// The last stage's transfers are striped over two
+				// connections (PROTOCOL.md §17): ranges and stripes compose.
+				fills[i] = &StageFill{Client: cl, Name: "m", Model: s, Streams: i + 1}
 				caches[i] = s.NewCache()
 				defer caches[i].Free()
 			}
@@ -256,13 +262,31 @@ func TestStageFillEqualsLocalPrefill(t *testing.T) {
 				start = end
 			}
 
+			// FP8 on the wire: lossy, so no byte comparison; one byte per
+			// element plus a scale per head and chunk (states stay f32).
+			for i, s := range stages {
+				c := s.NewCache()
+				f := *fills[i]
+				f.WireDType = kvwire.DTypeF8E4M3
+				st, err := f.Fill(ctx, "fp8", c, turn2, 0, []string{addr})
+				if err != nil || c.Len() != len(turn2)-1 {
+					t.Fatalf("fp8 stage %d: %v, cache %d", i, err, c.Len())
+				}
+				if full := stageShare(t, whole, ref, ranges[i][0], ranges[i][1], 0, len(turn2)-1); st.Bytes > full || 4*st.Bytes < full || st.Bytes == full && st.States == 0 {
+					t.Fatalf("fp8 stage %d: %d bytes for an f32 share of %d", i, st.Bytes, full)
+				}
+				c.Free()
+			}
+
 			// A corrupt frame in the middle of the last stage's stream
 			// (the third of its KV frames) for a third turn: that stage
 			// is rolled back to start_pos, and a retry fills it.
 			turn3 := append(slices.Clone(turn2), 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81)
 			bad := corruptProxy(t, addr, 3)
 			last := len(stages) - 1
-			_, err := fills[last].Fill(ctx, "corrupt", caches[last], turn3, start, []string{bad})
+			one := *fills[last]
+			one.Streams = 1 // the proxy counts the frames of one connection
+			_, err := one.Fill(ctx, "corrupt", caches[last], turn3, start, []string{bad})
 			if !errors.Is(err, kvwire.ErrCorrupt) {
 				t.Fatalf("corrupt frame: %v, want ErrCorrupt", err)
 			}
