@@ -190,16 +190,30 @@ func TestSpeculativeEqualsPlain(t *testing.T) {
 	}
 }
 
-// TestSpeculativeBatchedAndRemote: speculative requests batched beside
+// TestSpeculativeBatchedAndRemote: speculative requests (prompt lookup,
+// and a draft model: the one-layer model of the same seed) batched beside
 // requests that turn it off (x_exo_speculative: false), and a speculative
-// request over a prompt prefilled by a real prefill runner (loopback TCP),
-// answer as plain decoding does.
+// request over a prompt prefilled by a real prefill runner (loopback TCP;
+// the draft prefills it locally), answer as plain decoding does.
 func TestSpeculativeBatchedAndRemote(t *testing.T) {
+	for _, mode := range []string{SpecPromptLookup, SpecDraft} {
+		t.Run(mode, func(t *testing.T) { testSpecBatchedRemote(t, mode) })
+	}
+}
+
+func testSpecBatchedRemote(t *testing.T, mode string) {
 	spec := testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}
 	plain := startTinyServer(t, spec, func(_ Text, o *Options) {})
 	var remoteAddr string
-	s := startTinyServer(t, spec, func(_ Text, o *Options) {
-		o.Speculative, o.SpecTokens = SpecPromptLookup, 4
+	s := startTinyServer(t, spec, func(text Text, o *Options) {
+		o.Speculative, o.SpecTokens = mode, 4
+		if mode == SpecDraft {
+			dir := filepath.Join(t.TempDir(), "draft")
+			if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 1}); err != nil {
+				t.Fatal(err)
+			}
+			o.Draft = loadDraft(t, dir, text)
+		}
 		m := o.Model.(*engine.Model)
 		remoteAddr = servePrefill(t, m, 16, nil)
 		o.Remote = &KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{}), Name: "m", Model: m,
@@ -302,13 +316,26 @@ func (r recordingSampler) Sample(logits []float32, history []int32) int32 {
 // computed here from the engine's logits (bias added, softmax at
 // temperature 1) for every sequence over the three tokens, the rest
 // pooled.
+//
+// With a draft model (the target drafting for itself: its greedy tokens,
+// not its samples) the three tokens are the draft's first two greedy
+// tokens and one more, so that its drafts are among them.
 func TestSpeculativeSamplingMatchesTarget(t *testing.T) {
+	for _, mode := range []string{SpecPromptLookup, SpecDraft} {
+		t.Run(mode, func(t *testing.T) { testSpecSampling(t, mode) })
+	}
+}
+
+func testSpecSampling(t *testing.T, mode string) {
 	const n = 3000
 	abc := []int32{40, 41, 42}
 	bias := map[int32]float32{}
 	var outs [][]int32
 	s := startTinyServer(t, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}, func(_ Text, o *Options) {
-		o.Speculative, o.SpecTokens, o.MaxBatch = SpecPromptLookup, 4, 1
+		o.Speculative, o.SpecTokens, o.MaxBatch = mode, 4, 1
+		if mode == SpecDraft {
+			o.Draft = o.Model
+		}
 		o.NewSampler = func(p gen.Sampling) Sampler {
 			outs = append(outs, nil)
 			return recordingSampler{NewSampler(p), &outs[len(outs)-1]}
@@ -316,6 +343,25 @@ func TestSpeculativeSamplingMatchesTarget(t *testing.T) {
 	})
 	prompt := []int32{7, 40, 41, 42, 9, 40, 41, 42, 11, 40, 41, 42, 40}
 	ctx := context.Background()
+	if mode == SpecDraft {
+		greedy := func(ctx0 []int32) int32 {
+			c := s.model.NewCache()
+			defer c.Free()
+			l, err := s.model.Forward(ctx, c, ctx0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return argmaxBelow(l, len(l))
+		}
+		a0 := greedy(prompt)
+		a1 := greedy(append(slices.Clone(prompt), a0))
+		abc = []int32{a0}
+		for _, x := range []int32{a1, 40, 41, 42} {
+			if len(abc) < 3 && !slices.Contains(abc, x) {
+				abc = append(abc, x)
+			}
+		}
+	}
 	// The bias lifts the three tokens to about the most likely's logit
 	// after the prompt, so that they take most of the mass, in shares the
 	// model still decides.
