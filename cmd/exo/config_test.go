@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 )
 
 func TestConfigCheckExample(t *testing.T) {
@@ -38,5 +40,65 @@ func TestConfigCheckErrors(t *testing.T) {
 	want := p + ":1:1: no models: add at least one [[models]] table\n" + p + ":4:1: unknown key \"bogus\" (known keys here: address, backend, threads, memory_gib)\n"
 	if errOut.String() != want {
 		t.Errorf("stderr:\n%s\nwant:\n%s", errOut.String(), want)
+	}
+}
+
+// TestConfigCheckPipeline: with the model on this machine, config check
+// prints each stage (host, layers, weight GiB, KV reserve) and the stage
+// flags; a split that does not fit fails at the decode key; a model that
+// is not here leaves placement to start-up.
+func TestConfigCheckPipeline(t *testing.T) {
+	dir := t.TempDir()
+	model := filepath.Join(dir, "tiny")
+	if err := testmodel.Write(model, testmodel.Spec{Arch: "llama", Layers: 4}); err != nil {
+		t.Fatal(err)
+	}
+	file := func(src, mem string) string {
+		p := filepath.Join(dir, "c.toml")
+		os.WriteFile(p, []byte(`[cluster]
+insecure = true
+models_dir = "`+filepath.Join(dir, "store")+`"
+[hosts.a]
+address = "127.0.0.2"
+backend = "cpu"
+memory_gib = `+mem+`
+[hosts.b]
+address = "127.0.0.3"
+backend = "mlx-cpu"
+memory_gib = `+mem+`
+[[models]]
+name = "m"
+source = "`+src+`"
+decode = { hosts = ["a", "b"], shard = "pipeline" }
+`), 0o644)
+		return p
+	}
+	var out, errOut bytes.Buffer
+	if err := configCheck(&out, &errOut, file(model, "1")); err != nil {
+		t.Fatalf("%v\n%s", err, errOut.String())
+	}
+	for _, want := range []string{
+		"--layers 0:2 --stage 0/2 --stage-listen 127.0.0.2:52503 --stage-next 127.0.0.3:52503",
+		"--layers 2:4 --stage 1/2 --stage-listen 127.0.0.3:52503 --stage-next 127.0.0.2:52503",
+		"--backend mlx --device cpu",
+		"model m decode: pipeline over 2 hosts (a, b), KV reserved for 512 tokens",
+		"stage 0  host a            layers   0:2    weights ",
+		"stage 1  host b            layers   2:4",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	err := configCheck(&out, &errOut, file(model, "0.0001"))
+	if err == nil || !strings.Contains(errOut.String(), "c.toml:15:1: model m: decode: placement does not fit: host a (stage 0, layers 0:2) needs") {
+		t.Errorf("too small: %v\n%s", err, errOut.String())
+	}
+	out.Reset()
+	if err := configCheck(&out, &errOut, file("org/elsewhere", "1")); err != nil {
+		t.Fatalf("%v\n%s", err, errOut.String())
+	}
+	if !strings.Contains(out.String(), "placement is decided at start-up") || strings.Contains(out.String(), "--stage") {
+		t.Errorf("model not here:\n%s", out.String())
 	}
 }

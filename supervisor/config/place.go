@@ -63,8 +63,19 @@ func (in SplitInput) stage(s, a, b int) Stage {
 	return st
 }
 
-// GiB formats bytes as GiB with two decimals.
-func GiB(b int64) string { return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30)) }
+// GiB formats bytes in GiB with two decimals, or in MiB, KiB or bytes
+// below one GiB, MiB or KiB.
+func GiB(b int64) string {
+	switch {
+	case b >= 1<<30 || b <= -1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.2f MiB", float64(b)/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", b)
+}
 
 // Split places a pipeline: stages in host order, layers by hand or in
 // proportion to Share; refused when a stage needs more than its Limit (the

@@ -50,12 +50,12 @@ func TestSplit(t *testing.T) {
 		{"by hand does not sum", SplitInput{Facts: facts(8, 0, 0, false), Hosts: hosts2, Layers: []int{3, 4}}, nil,
 			[]string{"layers sum to 7 but the model has 8 layers (a split by memory would be [4, 4])"}},
 		{"by hand does not fit", SplitInput{Facts: facts(8, 0, 0, false), Hosts: hosts2, Layers: []int{6, 2}, Limit: []int64{5 * gib, 5 * gib}}, nil,
-			[]string{"host a (stage 0, layers 0:6) needs 6.00 GiB (weights 6.00 GiB + KV reserve 0.00 GiB for 0 tokens) but has 5.00 GiB: 1.00 GiB (1073741824 bytes) short; it holds at most 5 of those layers",
+			[]string{"host a (stage 0, layers 0:6) needs 6.00 GiB (weights 6.00 GiB + KV reserve 0 B for 0 tokens) but has 5.00 GiB: 1.00 GiB (1073741824 bytes) short; it holds at most 5 of those layers",
 				"a split by memory would be layers = [4, 4]"}},
 		{"too big", SplitInput{Facts: facts(8, gib, gib, false), Hosts: hosts2, Share: []int64{4 * gib, 4 * gib}, Limit: []int64{4 * gib, 4 * gib}}, nil,
 			[]string{"host a (stage 0, layers 0:4) needs 5.00 GiB", "1.00 GiB (1073741824 bytes) short; it holds at most 3 of those layers", "host b", "the model needs 10.00 GiB in all and the hosts give 8.00 GiB"}},
 		{"KV reserve tips it over", SplitInput{Facts: facts(8, 0, 0, false), Hosts: hosts2, Share: []int64{4 * gib, 4 * gib}, Limit: []int64{4 * gib, 4 * gib}, Context: 32768}, nil,
-			[]string{"needs 4.50 GiB (weights 4.00 GiB + KV reserve 0.50 GiB for 32768 tokens) but has 4.00 GiB: 0.50 GiB (536870912 bytes) short; it holds at most 3 of those layers"}},
+			[]string{"needs 4.50 GiB (weights 4.00 GiB + KV reserve 512.00 MiB for 32768 tokens) but has 4.00 GiB: 512.00 MiB (536870912 bytes) short; it holds at most 3 of those layers"}},
 		{"fits with the KV reserve", SplitInput{Facts: facts(8, 0, 0, false), Hosts: hosts2, Share: []int64{5 * gib, 5 * gib}, Limit: []int64{5 * gib, 5 * gib}, Context: 32768}, []int{4, 4}, nil},
 		{"fewer layers than stages", SplitInput{Facts: facts(2, 0, 0, false), Hosts: hosts3}, nil, []string{"the model has 2 layers, fewer than the 3 stages"}},
 	}
@@ -145,8 +145,8 @@ decode = { hosts = ["a", "c"], shard = "pipeline" }
 	var sb strings.Builder
 	WritePlacement(&sb, ps)
 	for _, w := range []string{"model big decode: pipeline over 2 hosts (a, b), KV reserved for 32768 tokens",
-		"stage 0  host a            layers   0:4    weights   5.00 GiB  KV reserve   0.50 GiB",
-		"stage 1  host b            layers   4:8    weights   5.00 GiB  KV reserve   0.50 GiB"} {
+		"stage 0  host a            layers   0:4    weights   5.00 GiB  KV reserve 512.00 MiB",
+		"stage 1  host b            layers   4:8    weights   5.00 GiB  KV reserve 512.00 MiB"} {
 		if !strings.Contains(sb.String(), w) {
 			t.Errorf("table lacks %q:\n%s", w, sb.String())
 		}
