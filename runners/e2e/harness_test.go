@@ -142,7 +142,16 @@ func startOnce(t *testing.T, name, role string, retry bool, args ...string) (_ *
 		if be := os.Getenv("EXO_E2E_PREFILL_BACKEND"); be != "" {
 			full = append(full, "--backend", be)
 			if be == "mlx" {
-				full = append(full, "--device", "cpu")
+				// MLX's CPU backend runs 4-bit matmuls as scalar code on
+				// x86 (DESIGN §11: about 3 GFLOP/s): a default 256-token
+				// chunk of SmolLM2 took 22–25 s here on an idle machine,
+				// and longer under load, against the decode side's 30 s
+				// bound on the wait for the next KV frame (kvwire's
+				// ProgressTimeout), which then gave up and prefilled
+				// locally. 32-token chunks put a frame on the wire every
+				// few seconds, as a prefill host should; a test that sets
+				// --prefill-chunk itself overrides this (later flags win).
+				full = append(full, "--device", "cpu", "--prefill-chunk", "32")
 			}
 		}
 	}
