@@ -374,7 +374,11 @@ func (l *loader) gptossBlocks(prefix string, mb *moeBlock, D, F, E int) error {
 			if err != nil {
 				return fmt.Errorf("%s%s: %w", prefix, p.name, err)
 			}
-			bd, bsh, err := l.gptossShare(rows(bias, p.out, bs, q.first, step), []int{E, q.cnt}, bias.DType, sh)
+			bsp := sh // gate/up biases split with their rows; down's stays whole (rank 0's, below)
+			if sh == SplitInput {
+				bsp = Replicated
+			}
+			bd, bsh, err := l.gptossShare(rows(bias, p.out, bs, q.first, step), []int{E, q.cnt}, bias.DType, bsp)
 			if err != nil {
 				return fmt.Errorf("%s%s: %w", prefix, p.name, err)
 			}

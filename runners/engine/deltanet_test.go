@@ -207,81 +207,7 @@ func TestQwen3NextHFLayout(t *testing.T) {
 
 func testHFLayout(t *testing.T, name string) {
 	fx := loadQwen3NextFixture(t, name)
-	src := filepath.Join("testdata", "reference", name)
-	in, err := weights.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	qwen35 := strings.HasPrefix(name, "qwen3_5")
-	var out []engine.Tensor
-	fused := map[string][]byte{} // layer prefix → gate then up, per expert
-	for _, n := range in.Names() {
-		tn, err := in.Tensor(n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tn.Data = slices.Clone(tn.Data)
-		if qwen35 {
-			n = strings.Replace(strings.Replace(n, "language_model.model.", "model.language_model.", 1), "language_model.lm_head.", "lm_head.", 1)
-		}
-		tn.Name = n
-		switch {
-		case strings.HasSuffix(n, "layernorm.weight") || strings.HasSuffix(n, ".norm.weight") && !strings.Contains(n, "linear_attn") ||
-			strings.HasSuffix(n, "q_norm.weight") || strings.HasSuffix(n, "k_norm.weight"):
-			for i := 0; i < len(tn.Data); i += 4 {
-				v := math.Float32frombits(binary.LittleEndian.Uint32(tn.Data[i:])) - 1
-				binary.LittleEndian.PutUint32(tn.Data[i:], math.Float32bits(v))
-			}
-		case strings.HasSuffix(n, "conv1d.weight"):
-			tn.Shape = []int{tn.Shape[0], 1, tn.Shape[1]}
-		case strings.Contains(n, ".switch_mlp.") && qwen35:
-			pre := n[:strings.Index(n, "switch_mlp.")]
-			switch {
-			case strings.HasSuffix(n, "down_proj.weight"):
-				tn.Name = pre + "experts.down_proj"
-				out = append(out, tn)
-			default:
-				// gate before up: collect both, interleave per expert below.
-				fused[pre+strings.TrimSuffix(strings.TrimPrefix(n, pre+"switch_mlp."), ".weight")] = tn.Data
-				if g, u := fused[pre+"gate_proj"], fused[pre+"up_proj"]; g != nil && u != nil {
-					E, per := tn.Shape[0], len(g)/tn.Shape[0]
-					var gu []byte
-					for e := range E {
-						gu = append(append(gu, g[e*per:(e+1)*per]...), u[e*per:(e+1)*per]...)
-					}
-					out = append(out, engine.Tensor{Name: pre + "experts.gate_up_proj", DType: tn.DType,
-						Shape: []int{E, 2 * tn.Shape[1], tn.Shape[2]}, Data: gu})
-				}
-			}
-			continue
-		case strings.Contains(n, ".switch_mlp."):
-			E, per := tn.Shape[0], len(tn.Data)/tn.Shape[0]
-			for e := range E {
-				out = append(out, engine.Tensor{Name: strings.Replace(n, ".switch_mlp.", fmt.Sprintf(".experts.%d.", e), 1),
-					DType: tn.DType, Shape: tn.Shape[1:], Data: tn.Data[e*per : (e+1)*per]})
-			}
-			continue
-		}
-		out = append(out, tn)
-	}
-	in.Close()
-	if qwen35 {
-		out = append(out, engine.Tensor{Name: "model.visual.patch_embed.weight", DType: engine.F32, Shape: []int{2}, Data: make([]byte, 8)})
-	}
-	slices.SortFunc(out, func(a, b engine.Tensor) int { return strings.Compare(a.Name, b.Name) })
-	dir := t.TempDir()
-	if err := weights.WriteSafetensorsFile(filepath.Join(dir, "model.safetensors"), out, map[string]string{"format": "pt"}); err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range []string{"config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"} {
-		raw, err := os.ReadFile(filepath.Join(src, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, f), raw, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := hfLayoutDir(t, name)
 	b, err := backend.Open("cpu", backend.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -458,4 +384,85 @@ func TestQwen3NextDecodeStepIsOneEval(t *testing.T) {
 			t.Fatalf("step %d: %d evals, %d reads", step, b.evals, b.reads)
 		}
 	}
+}
+
+// hfLayoutDir writes the reference fixture name rewritten in Hugging
+// Face's layout (see TestQwen3NextHFLayout) and returns its directory.
+func hfLayoutDir(t *testing.T, name string) (dir string) {
+	src := filepath.Join("testdata", "reference", name)
+	in, err := weights.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qwen35 := strings.HasPrefix(name, "qwen3_5")
+	var out []engine.Tensor
+	fused := map[string][]byte{} // layer prefix → gate then up, per expert
+	for _, n := range in.Names() {
+		tn, err := in.Tensor(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tn.Data = slices.Clone(tn.Data)
+		if qwen35 {
+			n = strings.Replace(strings.Replace(n, "language_model.model.", "model.language_model.", 1), "language_model.lm_head.", "lm_head.", 1)
+		}
+		tn.Name = n
+		switch {
+		case strings.HasSuffix(n, "layernorm.weight") || strings.HasSuffix(n, ".norm.weight") && !strings.Contains(n, "linear_attn") ||
+			strings.HasSuffix(n, "q_norm.weight") || strings.HasSuffix(n, "k_norm.weight"):
+			for i := 0; i < len(tn.Data); i += 4 {
+				v := math.Float32frombits(binary.LittleEndian.Uint32(tn.Data[i:])) - 1
+				binary.LittleEndian.PutUint32(tn.Data[i:], math.Float32bits(v))
+			}
+		case strings.HasSuffix(n, "conv1d.weight"):
+			tn.Shape = []int{tn.Shape[0], 1, tn.Shape[1]}
+		case strings.Contains(n, ".switch_mlp.") && qwen35:
+			pre := n[:strings.Index(n, "switch_mlp.")]
+			switch {
+			case strings.HasSuffix(n, "down_proj.weight"):
+				tn.Name = pre + "experts.down_proj"
+				out = append(out, tn)
+			default:
+				// gate before up: collect both, interleave per expert below.
+				fused[pre+strings.TrimSuffix(strings.TrimPrefix(n, pre+"switch_mlp."), ".weight")] = tn.Data
+				if g, u := fused[pre+"gate_proj"], fused[pre+"up_proj"]; g != nil && u != nil {
+					E, per := tn.Shape[0], len(g)/tn.Shape[0]
+					var gu []byte
+					for e := range E {
+						gu = append(append(gu, g[e*per:(e+1)*per]...), u[e*per:(e+1)*per]...)
+					}
+					out = append(out, engine.Tensor{Name: pre + "experts.gate_up_proj", DType: tn.DType,
+						Shape: []int{E, 2 * tn.Shape[1], tn.Shape[2]}, Data: gu})
+				}
+			}
+			continue
+		case strings.Contains(n, ".switch_mlp."):
+			E, per := tn.Shape[0], len(tn.Data)/tn.Shape[0]
+			for e := range E {
+				out = append(out, engine.Tensor{Name: strings.Replace(n, ".switch_mlp.", fmt.Sprintf(".experts.%d.", e), 1),
+					DType: tn.DType, Shape: tn.Shape[1:], Data: tn.Data[e*per : (e+1)*per]})
+			}
+			continue
+		}
+		out = append(out, tn)
+	}
+	in.Close()
+	if qwen35 {
+		out = append(out, engine.Tensor{Name: "model.visual.patch_embed.weight", DType: engine.F32, Shape: []int{2}, Data: make([]byte, 8)})
+	}
+	slices.SortFunc(out, func(a, b engine.Tensor) int { return strings.Compare(a.Name, b.Name) })
+	dir = t.TempDir()
+	if err := weights.WriteSafetensorsFile(filepath.Join(dir, "model.safetensors"), out, map[string]string{"format": "pt"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"} {
+		raw, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }

@@ -196,8 +196,32 @@ func TestGemma3MultimodalLayout(t *testing.T) {
 // and up rows, _scales, _bias; quantization_config quant_method mxfp4)
 // gives bit for bit the logits of mlx-lm's layout.
 func TestGptOssReleasedLayout(t *testing.T) {
-	spec := testmodel.Spec{Arch: "gptoss", Seed: 4, Layers: 4, MXFP4: true}
-	mlxDir, hfDir := t.TempDir(), t.TempDir()
+	mlxDir, hfDir := gptossReleasedDirs(t, testmodel.Spec{Arch: "gptoss", Seed: 4, Layers: 4, MXFP4: true})
+	b, _ := backend.Open("cpu", backend.Options{})
+	ctx := context.Background()
+	a, err := engine.Load(ctx, mlxDir, b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	h, err := engine.Load(ctx, hfDir, b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	p := testmodel.SlidingPrompts()[3]
+	la, _ := a.Forward(ctx, a.NewCache(), p)
+	lh, _ := h.Forward(ctx, h.NewCache(), p)
+	if !slices.Equal(la, lh) || a.Fingerprint() != h.Fingerprint() {
+		t.Fatal("the released layout gives other logits or another fingerprint than mlx-lm's")
+	}
+}
+
+// gptossReleasedDirs writes spec's MXFP4 gpt-oss in mlx-lm's layout and
+// rewritten in the released checkpoints' layout, and returns both
+// directories.
+func gptossReleasedDirs(t *testing.T, spec testmodel.Spec) (mlxDir, hfDir string) {
+	mlxDir, hfDir = t.TempDir(), t.TempDir()
 	if err := testmodel.Write(mlxDir, spec); err != nil {
 		t.Fatal(err)
 	}
@@ -262,24 +286,7 @@ func TestGptOssReleasedLayout(t *testing.T) {
 		data, _ := os.ReadFile(filepath.Join(mlxDir, f))
 		os.WriteFile(filepath.Join(hfDir, f), data, 0o644)
 	}
-	b, _ := backend.Open("cpu", backend.Options{})
-	ctx := context.Background()
-	a, err := engine.Load(ctx, mlxDir, b, engine.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	h, err := engine.Load(ctx, hfDir, b, engine.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	p := testmodel.SlidingPrompts()[3]
-	la, _ := a.Forward(ctx, a.NewCache(), p)
-	lh, _ := h.Forward(ctx, h.NewCache(), p)
-	if !slices.Equal(la, lh) || a.Fingerprint() != h.Fingerprint() {
-		t.Fatal("the released layout gives other logits or another fingerprint than mlx-lm's")
-	}
+	return mlxDir, hfDir
 }
 
 // TestGptOssHFDenseLayout: HF's dense gpt-oss experts (GptOssExperts:
@@ -290,75 +297,7 @@ func TestGptOssReleasedLayout(t *testing.T) {
 func TestGptOssHFDenseLayout(t *testing.T) {
 	for _, dt := range []engine.DType{engine.F32, engine.BF16} {
 		t.Run(dt.String(), func(t *testing.T) {
-			spec := testmodel.Spec{Arch: "gptoss", Seed: 4, Layers: 4, DType: dt}
-			mlxDir, hfDir := t.TempDir(), t.TempDir()
-			if err := testmodel.Write(mlxDir, spec); err != nil {
-				t.Fatal(err)
-			}
-			tensors, err := testmodel.Tensors(spec)
-			if err != nil {
-				t.Fatal(err)
-			}
-			byName := map[string]engine.Tensor{}
-			for _, x := range tensors {
-				byName[x.Name] = x
-			}
-			s, _ := spec.Normalized()
-			E, F, D := s.Experts, s.MoEIntermediate, s.Hidden
-			// transposed returns [E, in, cols] with column first+step·o
-			// holding row o of the [E, out, in] tensors in srcs (one per
-			// step), as HF stores x · W.
-			transposed := func(srcs []engine.Tensor, out, in int) []byte {
-				sz := srcs[0].DType.Size()
-				cols := out * len(srcs)
-				dst := make([]byte, E*in*cols*sz)
-				for k, src := range srcs {
-					for e := range E {
-						for o := range out {
-							for i := range in {
-								from := ((e*out+o)*in + i) * sz
-								to := ((e*in+i)*cols + o*len(srcs) + k) * sz
-								copy(dst[to:to+sz], src.Data[from:from+sz])
-							}
-						}
-					}
-				}
-				return dst
-			}
-			var out []engine.Tensor
-			for _, x := range tensors {
-				if !strings.Contains(x.Name, ".experts.") {
-					out = append(out, x)
-				}
-			}
-			for l := range s.Layers {
-				p := fmt.Sprintf("model.layers.%d.mlp.experts.", l)
-				gw, uw, dw := byName[p+"gate_proj.weight"], byName[p+"up_proj.weight"], byName[p+"down_proj.weight"]
-				gb, ub := byName[p+"gate_proj.bias"], byName[p+"up_proj.bias"]
-				bias := make([]byte, 0, 2*len(gb.Data))
-				bs := gb.DType.Size()
-				for i := range E * F {
-					bias = append(bias, gb.Data[i*bs:(i+1)*bs]...)
-					bias = append(bias, ub.Data[i*bs:(i+1)*bs]...)
-				}
-				out = append(out,
-					engine.Tensor{Name: p + "gate_up_proj", DType: gw.DType, Shape: []int{E, D, 2 * F}, Data: transposed([]engine.Tensor{gw, uw}, F, D)},
-					engine.Tensor{Name: p + "gate_up_proj_bias", DType: gb.DType, Shape: []int{E, 2 * F}, Data: bias},
-					engine.Tensor{Name: p + "down_proj", DType: dw.DType, Shape: []int{E, F, D}, Data: transposed([]engine.Tensor{dw}, D, F)},
-					engine.Tensor{Name: p + "down_proj_bias", DType: byName[p+"down_proj.bias"].DType, Shape: []int{E, D}, Data: byName[p+"down_proj.bias"].Data})
-			}
-			if err := weights.WriteSafetensorsFile(filepath.Join(hfDir, "model.safetensors"), out, nil); err != nil {
-				t.Fatal(err)
-			}
-			for _, f := range []string{"config.json", "tokenizer.json", "tokenizer_config.json"} {
-				data, err := os.ReadFile(filepath.Join(mlxDir, f))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(filepath.Join(hfDir, f), data, 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
+			mlxDir, hfDir := gptossHFDenseDirs(t, testmodel.Spec{Arch: "gptoss", Seed: 4, Layers: 4, DType: dt})
 			b, _ := backend.Open("cpu", backend.Options{})
 			ctx := context.Background()
 			a, err := engine.Load(ctx, mlxDir, b, engine.LoadOptions{})
@@ -386,4 +325,78 @@ func TestGptOssHFDenseLayout(t *testing.T) {
 			}
 		})
 	}
+}
+
+// gptossHFDenseDirs writes spec's dense gpt-oss in mlx-lm's layout and
+// rewritten in HF's dense layout, and returns both directories.
+func gptossHFDenseDirs(t *testing.T, spec testmodel.Spec) (mlxDir, hfDir string) {
+	mlxDir, hfDir = t.TempDir(), t.TempDir()
+	if err := testmodel.Write(mlxDir, spec); err != nil {
+		t.Fatal(err)
+	}
+	tensors, err := testmodel.Tensors(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]engine.Tensor{}
+	for _, x := range tensors {
+		byName[x.Name] = x
+	}
+	s, _ := spec.Normalized()
+	E, F, D := s.Experts, s.MoEIntermediate, s.Hidden
+	// transposed returns [E, in, cols] with column first+step·o
+	// holding row o of the [E, out, in] tensors in srcs (one per
+	// step), as HF stores x · W.
+	transposed := func(srcs []engine.Tensor, out, in int) []byte {
+		sz := srcs[0].DType.Size()
+		cols := out * len(srcs)
+		dst := make([]byte, E*in*cols*sz)
+		for k, src := range srcs {
+			for e := range E {
+				for o := range out {
+					for i := range in {
+						from := ((e*out+o)*in + i) * sz
+						to := ((e*in+i)*cols + o*len(srcs) + k) * sz
+						copy(dst[to:to+sz], src.Data[from:from+sz])
+					}
+				}
+			}
+		}
+		return dst
+	}
+	var out []engine.Tensor
+	for _, x := range tensors {
+		if !strings.Contains(x.Name, ".experts.") {
+			out = append(out, x)
+		}
+	}
+	for l := range s.Layers {
+		p := fmt.Sprintf("model.layers.%d.mlp.experts.", l)
+		gw, uw, dw := byName[p+"gate_proj.weight"], byName[p+"up_proj.weight"], byName[p+"down_proj.weight"]
+		gb, ub := byName[p+"gate_proj.bias"], byName[p+"up_proj.bias"]
+		bias := make([]byte, 0, 2*len(gb.Data))
+		bs := gb.DType.Size()
+		for i := range E * F {
+			bias = append(bias, gb.Data[i*bs:(i+1)*bs]...)
+			bias = append(bias, ub.Data[i*bs:(i+1)*bs]...)
+		}
+		out = append(out,
+			engine.Tensor{Name: p + "gate_up_proj", DType: gw.DType, Shape: []int{E, D, 2 * F}, Data: transposed([]engine.Tensor{gw, uw}, F, D)},
+			engine.Tensor{Name: p + "gate_up_proj_bias", DType: gb.DType, Shape: []int{E, 2 * F}, Data: bias},
+			engine.Tensor{Name: p + "down_proj", DType: dw.DType, Shape: []int{E, F, D}, Data: transposed([]engine.Tensor{dw}, D, F)},
+			engine.Tensor{Name: p + "down_proj_bias", DType: byName[p+"down_proj.bias"].DType, Shape: []int{E, D}, Data: byName[p+"down_proj.bias"].Data})
+	}
+	if err := weights.WriteSafetensorsFile(filepath.Join(hfDir, "model.safetensors"), out, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"config.json", "tokenizer.json", "tokenizer_config.json"} {
+		data, err := os.ReadFile(filepath.Join(mlxDir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(hfDir, f), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return mlxDir, hfDir
 }

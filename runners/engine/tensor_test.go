@@ -490,3 +490,28 @@ func TestTensorShardKindsMatchWeights(t *testing.T) {
 		})
 	}
 }
+
+// TestTensorParallelCheckpointLayouts: the loaders that rebuild experts
+// from other layouts split them too: gpt-oss's released MXFP4 blocks
+// (gate and up rows interleaved) and HF's dense gpt-oss experts
+// (input-major, gate and up columns interleaved) over 2 and 4 ranks;
+// Qwen3-Next's HF layout (one tensor per expert, norms stored minus one)
+// and Qwen3.5-MoE's fused gate_up_proj over 2.
+func TestTensorParallelCheckpointLayouts(t *testing.T) {
+	spec := testmodel.Spec{Arch: "gptoss", Seed: 4, Layers: 2, Heads: 8, KVHeads: 4, MoEIntermediate: 128}
+	t.Run("gptoss_released_mxfp4", func(t *testing.T) {
+		s := spec
+		s.MXFP4 = true
+		_, dir := gptossReleasedDirs(t, s)
+		checkTensorParallel(t, dir, 2)
+		checkTensorParallel(t, dir, 4)
+	})
+	t.Run("gptoss_hf_dense", func(t *testing.T) {
+		_, dir := gptossHFDenseDirs(t, spec)
+		checkTensorParallel(t, dir, 2)
+		checkTensorParallel(t, dir, 4)
+	})
+	for _, name := range []string{"qwen3_next", "qwen3_5_moe"} {
+		t.Run(name+"_hf", func(t *testing.T) { checkTensorParallel(t, hfLayoutDir(t, name), 2) })
+	}
+}
