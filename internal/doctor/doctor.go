@@ -381,6 +381,12 @@ func (m Memory) Run(_ context.Context, env *Env) []Result {
 	var need int64
 	var known, unknown []string
 	for _, r := range d.Config.Runners(d.Host) {
+		// A pipeline stage holds its share: the placement's estimate.
+		if st := stageOf(d.Config, r); st != nil && st.WeightBytes > 0 {
+			need += st.WeightBytes
+			known = append(known, fmt.Sprintf("%s %.1f GiB (layers %d:%d)", r.Name, float64(st.WeightBytes)/(1<<30), st.Start, st.End))
+			continue
+		}
 		path, err := hf.Resolve(context.Background(), r.Source, hf.Options{Offline: true, StoreDir: d.Config.Cluster.ModelsDir})
 		if err != nil {
 			unknown = append(unknown, r.Name)
@@ -418,6 +424,18 @@ func (m Memory) Run(_ context.Context, env *Env) []Result {
 		c.Status, c.Fix = Warn, "little room is left for the KV cache: expect short contexts or few concurrent requests, or move a model"
 	}
 	return []Result{c}
+}
+
+// stageOf is r's pipeline stage as placed, or nil.
+func stageOf(c *config.Config, r config.Runner) *config.Stage {
+	var i, n int
+	if _, err := fmt.Sscanf(r.Stage, "%d/%d", &i, &n); err != nil {
+		return nil
+	}
+	if st := c.Stages(r.Model, r.Role); len(st) == n && i < n {
+		return &st[i]
+	}
+	return nil
 }
 
 // memoryFor is the memory models load into on this host.
@@ -754,10 +772,8 @@ func (k StageLinks) Run(ctx context.Context, d *Env) []Result {
 		}
 		next := ""
 		var i, n int
-		if _, err := fmt.Sscanf(r.Stage, "%d/%d", &i, &n); err == nil {
-			if st := d.Config.Stages(r.Model, r.Role); len(st) == n {
-				next = st[(i+1)%n].Host
-			}
+		if _, err := fmt.Sscanf(r.Stage, "%d/%d", &i, &n); err == nil && stageOf(d.Config, r) != nil {
+			next = d.Config.Stages(r.Model, r.Role)[(i+1)%n].Host
 		}
 		name := fmt.Sprintf("stage link %s → %s (%s)", r.Name, next, r.StageNext)
 		var rtts []time.Duration

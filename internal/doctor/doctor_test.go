@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
 	"github.com/exo-pd/exo-pd/runners/engine/mlx"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 	"github.com/exo-pd/exo-pd/supervisor"
 	"github.com/exo-pd/exo-pd/supervisor/config"
@@ -412,4 +414,31 @@ func mustRead(t *testing.T, p string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestMemoryOfAStage: a pipeline stage counts its share of the weights (the
+// placement's estimate), not the whole model's files.
+func TestMemoryOfAStage(t *testing.T) {
+	env := testCluster(t, "north", "")
+	model := filepath.Join(t.TempDir(), "tiny")
+	if err := testmodel.Write(model, testmodel.Spec{Arch: "llama", Layers: 4}); err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Replace(string(mustRead(t, env.Config.Path)), `decode = { hosts = ["south"] }
+prefill = { hosts = ["north"] }`, `decode = { hosts = ["north", "south"], shard = "pipeline" }`, 1)
+	text = regexp.MustCompile(`source = ".*"`).ReplaceAllString(text, fmt.Sprintf("source = %q", model))
+	os.WriteFile(env.Config.Path, []byte(text), 0o644)
+	env, rs := Load(Options{Path: env.Config.Path, Host: "north", Timeout: 2 * time.Second})
+	if env == nil {
+		t.Fatalf("load: %+v", rs)
+	}
+	st := env.Config.Stages("tiny", "decode")
+	if len(st) != 2 || st[0].WeightBytes == 0 {
+		t.Fatalf("stages %+v", st)
+	}
+	rs = Memory{Available: func(*Env) (uint64, string, error) { return 1 << 30, "test memory", nil }}.Run(context.Background(), env)
+	expect(t, rs, "memory", OK, "(layers 0:2)")
+	if got := rs[0].Data["weights_bytes"]; got != st[0].WeightBytes {
+		t.Errorf("weights %v, want stage 0's %d", got, st[0].WeightBytes)
+	}
 }
