@@ -97,7 +97,7 @@ func TestForwardAllEqualsStepwise(t *testing.T) {
 			}
 			info := m.Info()
 			if info.Windows != nil || info.Recurrent != nil {
-				return // rollback of these caches is not what speculation uses (it refuses them)
+				return // these caches' rollback: TestSpeculativeRollbackEqualsRecompute
 			}
 			// Keep the first two fed tokens, reject the rest, continue with 23.
 			keep := len(prompt) + 2
