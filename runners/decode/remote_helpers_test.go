@@ -33,7 +33,7 @@ func loadReference(t *testing.T, name string, o engine.LoadOptions) *engine.Mode
 // nil: a fresh registry) over the KV wire on a loopback TCP port until the
 // test ends, and returns the address. Close m no earlier (t.Cleanup or
 // loadReference, not a defer in the test).
-func servePrefill(t *testing.T, m *engine.Model, chunk int, met *metrics.Runner) string {
+func servePrefill(t testing.TB, m *engine.Model, chunk int, met *metrics.Runner) string {
 	t.Helper()
 	if met == nil {
 		met = metrics.New("prefill")
