@@ -87,7 +87,9 @@ func gptossPrepare(data []byte) ([]byte, error) {
 		if json.Unmarshal(raw, &q) == nil && q.Method == "mxfp4" {
 			// The released checkpoints' MXFP4 experts (_blocks/_scales)
 			// are read as they are (gptossMoE); the rest is dense.
+			// parseGptOss notes the experts' group of 32 (ExpertGroup).
 			delete(m, "quantization_config")
+			m[gptossMXFP4Key] = json.RawMessage("true")
 		}
 	}
 	if _, ok := m["attention_bias"]; !ok {
@@ -96,14 +98,22 @@ func gptossPrepare(data []byte) ([]byte, error) {
 	return json.Marshal(m)
 }
 
+// gptossMXFP4Key marks, in the prepared config, a checkpoint whose experts
+// are MXFP4 (its quantization_config, which Prepare removes, said so).
+const gptossMXFP4Key = "exo_gpt_oss_mxfp4_experts"
+
 func parseGptOss(data []byte, c *Config) error {
 	var r struct {
+		MXFP4 bool     `json:"exo_gpt_oss_mxfp4_experts"`
 		Limit *float64 `json:"swiglu_limit"`
 		Types []string `json:"layer_types"`
 		Bias  bool     `json:"attention_bias"`
 	}
 	if err := json.Unmarshal(data, &r); err != nil {
 		return cfgErr("config.json", "%v", err)
+	}
+	if r.MXFP4 {
+		c.ExpertGroup = 32
 	}
 	g := &gptOssConfig{SwiGLULimit: 7}
 	if r.Limit != nil {

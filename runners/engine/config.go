@@ -44,6 +44,11 @@ type Config struct {
 	// shared_expert_intermediate_size (Qwen2-MoE): every sparse block also
 	// runs one shared expert of this width, gated by sigmoid; 0: none.
 	SharedExpertIntermediate int
+	// ExpertGroup, when not 0, is the quantization group of the routed
+	// experts where it is not Quant's (gpt-oss's released MXFP4 experts
+	// in a checkpoint that is otherwise dense: 32); a tensor-parallel
+	// split of their inputs must keep whole groups (CheckTensorSplit).
+	ExpertGroup int
 
 	// Gated DeltaNet hybrids (Qwen3-Next): every FullAttentionInterval-th
 	// layer is gated full attention, the others Gated DeltaNet (linear

@@ -175,7 +175,11 @@ func splitSizes(c *Config) []splitSize {
 		s = append(s, splitSize{key: "intermediate_size", value: c.Intermediate, unit: 1, group: g, groupOf: "down_proj"})
 	}
 	if sparse {
-		s = append(s, splitSize{key: "moe_intermediate_size", value: c.MoEIntermediate, unit: 1, group: g, groupOf: "the experts' down_proj"})
+		eg := g
+		if c.ExpertGroup > 0 {
+			eg = c.ExpertGroup
+		}
+		s = append(s, splitSize{key: "moe_intermediate_size", value: c.MoEIntermediate, unit: 1, group: eg, groupOf: "the experts' down_proj"})
 		if c.SharedExpertIntermediate > 0 {
 			s = append(s, splitSize{key: "shared_expert_intermediate_size", value: c.SharedExpertIntermediate, unit: 1, group: g, groupOf: "shared_expert.down_proj"})
 		}

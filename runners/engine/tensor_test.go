@@ -322,6 +322,10 @@ func TestCheckTensorSplit(t *testing.T) {
 		"decoder_sparse_step":1,"mlp_only_layers":[]}`)
 	q4 := cfg(`{"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":384,"num_hidden_layers":2,
 		"num_attention_heads":8,"num_key_value_heads":4,"vocab_size":512,"quantization":{"bits":4,"group_size":64}}`)
+	gptoss120b := cfg(`{"architectures":["GptOssForCausalLM"],"hidden_size":2880,"intermediate_size":2880,"num_hidden_layers":36,
+		"num_attention_heads":64,"num_key_value_heads":8,"head_dim":64,"vocab_size":201088,"num_local_experts":128,
+		"num_experts_per_tok":4,"sliding_window":128,"rope_theta":150000,"rms_norm_eps":1e-5,"max_position_embeddings":131072,
+		"quantization_config":{"quant_method":"mxfp4"}}`)
 	olmo := cfg(`{"architectures":["Olmo2ForCausalLM"],"hidden_size":256,"intermediate_size":384,"num_hidden_layers":2,
 		"num_attention_heads":8,"num_key_value_heads":4,"vocab_size":512}`)
 	for _, c := range []struct {
@@ -337,6 +341,8 @@ func TestCheckTensorSplit(t *testing.T) {
 		{q4, 4, "engine: tensor split: 4 ranks: intermediate_size 384 over 4 ranks leaves down_proj 96 inputs per rank, not a multiple of the quantization group 64 (rank counts that divide: 1, 2)"},
 		{olmo, 2, "engine: tensor split: 2 ranks: Olmo2ForCausalLM: its q/k norms"},
 		{olmo, 1, ""},
+		{gptoss120b, 2, ""},
+		{gptoss120b, 4, "engine: tensor split: 4 ranks: moe_intermediate_size 2880 over 4 ranks leaves the experts' down_proj 720 inputs per rank, not a multiple of the quantization group 32 (rank counts that divide: 1, 2)"},
 		{llama8b, 0, "engine: tensor split: 0 ranks"},
 	} {
 		err := engine.CheckTensorSplit(c.cfg, c.n)
