@@ -305,9 +305,18 @@ func (c *Collective) collective(name string, fn distFn, f func(res *C.xmx_array)
 	})
 }
 
+// The engine's tensor-parallel ranks sum their partial outputs through
+// this type.
+var _ engine.Collective = (*Collective)(nil)
+
 // AllSum is the element-wise sum of x over every rank (each rank passes an
-// array of the same shape and dtype and gets the sum).
-func (c *Collective) AllSum(x engine.Array) engine.Array {
+// array of the same shape and dtype and gets the sum): engine.Collective's
+// AllSum. b must be the backend the group was joined on (x is one of its
+// arrays).
+func (c *Collective) AllSum(b engine.Backend, x engine.Array) engine.Array {
+	if mb, ok := b.(*backend); !ok || mb != c.b {
+		panic(fmt.Errorf("%w: AllSum on backend %T, not the MLX backend this group was joined on", ErrDistributed, b))
+	}
 	return c.collective("all_sum", fnAllSum, func(r *C.xmx_array) C.int {
 		return C.xmd_all_sum(r, c.b.arr(x).h, c.g, c.stream)
 	})

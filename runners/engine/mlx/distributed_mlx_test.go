@@ -194,9 +194,9 @@ func TestDistributedRingRank(t *testing.T) {
 		t.Fatalf("rank %d, MLX_RANK %s", c.Rank(), want)
 	}
 	x := b.FromFloat32(ringInput(c.Rank()), 2, 3)
-	sum, gather := c.AllSum(x), c.AllGather(x)
+	sum, gather := c.AllSum(b, x), c.AllGather(x)
 	r1 := int32(c.Rank() + 1)
-	ones := c.AllSum(b.FromInt32([]int32{r1, r1, r1}, 3))
+	ones := c.AllSum(b, b.FromInt32([]int32{r1, r1, r1}, 3))
 	if err := b.Eval(sum, gather, ones); err != nil {
 		t.Fatal(err)
 	}
@@ -266,7 +266,7 @@ func TestDistributedAlone(t *testing.T) {
 		t.Fatalf("non-strict ring init alone: rank %d of %d, want 0 of 1", c.Rank(), c.Size())
 	}
 	in := ringInput(4)
-	got, err := b.Float32(c.AllSum(b.FromFloat32(in, 2, 3)))
+	got, err := b.Float32(c.AllSum(b, b.FromFloat32(in, 2, 3)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,8 @@ type GroupOptions struct {
 	Strict  bool
 }
 
+var _ engine.Collective = (*Collective)(nil)
+
 // Collective cannot exist in this build (no cgo); its methods are here so
 // that callers build.
 type Collective struct{}
@@ -35,11 +37,11 @@ func DistributedAvailable(engine.Backend, string) (bool, error) {
 	return false, err
 }
 
-func (*Collective) Rank() int                                  { return 0 }
-func (*Collective) Size() int                                  { return 1 }
-func (*Collective) Backend() string                            { return "" }
-func (*Collective) AllSum(engine.Array) engine.Array           { panic(ErrUnavailable) }
-func (*Collective) AllGather(engine.Array) engine.Array        { panic(ErrUnavailable) }
-func (*Collective) Send(engine.Array, int) engine.Array        { panic(ErrUnavailable) }
-func (*Collective) Recv([]int, engine.DType, int) engine.Array { panic(ErrUnavailable) }
-func (*Collective) RecvLike(engine.Array, int) engine.Array    { panic(ErrUnavailable) }
+func (*Collective) Rank() int                                        { return 0 }
+func (*Collective) Size() int                                        { return 1 }
+func (*Collective) Backend() string                                  { return "" }
+func (*Collective) AllSum(engine.Backend, engine.Array) engine.Array { panic(ErrUnavailable) }
+func (*Collective) AllGather(engine.Array) engine.Array              { panic(ErrUnavailable) }
+func (*Collective) Send(engine.Array, int) engine.Array              { panic(ErrUnavailable) }
+func (*Collective) Recv([]int, engine.DType, int) engine.Array       { panic(ErrUnavailable) }
+func (*Collective) RecvLike(engine.Array, int) engine.Array          { panic(ErrUnavailable) }
