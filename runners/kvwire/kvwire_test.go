@@ -265,6 +265,7 @@ func TestClientErrors(t *testing.T) {
 	}{
 		{name: "wrong magic", server: fake(func(c net.Conn) { fakeHello(c, [4]byte{'H', 'T', 'T', 'P'}, Version) }), want: ErrVersion},
 		{name: "wrong version", server: fake(func(c net.Conn) { fakeHello(c, magic, Version+1) }), want: ErrVersion},
+		{name: "older server (version 4, no layer ranges)", server: fake(func(c net.Conn) { fakeHello(c, magic, 4) }), want: ErrVersion},
 		{name: "wrong secret", server: realSrv(ServerConfig{Secret: []byte("a")}), client: ClientConfig{Secret: []byte("b")}, want: ErrAuth},
 		{name: "no secret when required", server: realSrv(ServerConfig{Secret: []byte("a")}), want: ErrAuth},
 		{name: "secret but server does not authenticate", server: realSrv(ServerConfig{}), client: ClientConfig{Secret: []byte("a")}, want: ErrAuth},
