@@ -5,6 +5,7 @@ package mlx
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -14,10 +15,10 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/internal/fixture"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/internal/testenv"
 )
 
-// envTPModels is where TestTensorParallelRing wrote the models its ranks
-// load.
+// envTPModels tells a rank of checkTensorRing what to load (tpSpec, JSON).
 const envTPModels = "EXO_MLX_TP_MODELS"
 
 // tpCases are the tiny models split over the ring: dense f32, 4-bit
@@ -42,8 +43,10 @@ type tpRun struct {
 
 const tpSteps = 8
 
-// runTP runs the prompt and a greedy decode of tpSteps tokens on m.
-func runTP(t *testing.T, m *engine.Model) tpRun {
+// runTP runs the prompt and a greedy decode of tpSteps tokens on m; with
+// last, only the prompt's last position's logits are kept (a large
+// vocabulary).
+func runTP(t *testing.T, m *engine.Model, last bool) tpRun {
 	t.Helper()
 	ctx := context.Background()
 	c := m.NewCache()
@@ -52,14 +55,23 @@ func runTP(t *testing.T, m *engine.Model) tpRun {
 	for i := range prompt {
 		prompt[i] = int32((i*37 + 11) % (m.Info().Vocab - 8))
 	}
-	rows, err := m.ForwardAllInto(ctx, c, prompt, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var r tpRun
-	for _, row := range rows {
-		r.Prompt = append(r.Prompt, slices.Clone(row))
+	if last {
+		l, err := m.Forward(ctx, c, prompt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Prompt = [][]float32{slices.Clone(l)}
+	} else {
+		rows, err := m.ForwardAllInto(ctx, c, prompt, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, row := range rows {
+			r.Prompt = append(r.Prompt, slices.Clone(row))
+		}
 	}
+	var err error
 	l := r.Prompt[len(r.Prompt)-1]
 	for range tpSteps {
 		tok := argmax(l)
@@ -104,17 +116,40 @@ func TestTensorParallelRing(t *testing.T) {
 	if rankOut() != "" {
 		t.Skip("not a rank test")
 	}
-	b := newTestBackend(t)
 	root := t.TempDir()
-	want := map[string]tpRun{}
+	models := map[string]string{}
 	for name, spec := range tpCases() {
-		dir := filepath.Join(root, name)
-		if err := testmodel.Write(dir, spec); err != nil {
+		models[name] = filepath.Join(root, name)
+		if err := testmodel.Write(models[name], spec); err != nil {
 			t.Fatal(err)
 		}
-		want[name] = runTP(t, load(t, dir, b))
 	}
-	outs := runRanks(t, 2, "TestTensorParallelRingRank", envTPModels+"="+root)
+	checkTensorRing(t, 2, models, false)
+}
+
+// SmolLM2-135M's Q4_1 GGUF (9 heads over 3 KV heads: 3 ranks) split over
+// three processes on the ring backend gives the whole model's logits.
+func TestTensorParallelRingSmolLM2(t *testing.T) {
+	if rankOut() != "" {
+		t.Skip("not a rank test")
+	}
+	path := testenv.SmolLM2(t)
+	checkTensorRing(t, 3, map[string]string{"smollm2": path}, true)
+}
+
+// checkTensorRing runs models (name → path) whole on this process's MLX
+// backend and split over n ranks on the ring, and compares them.
+func checkTensorRing(t *testing.T, n int, models map[string]string, last bool) {
+	b := newTestBackend(t)
+	want := map[string]tpRun{}
+	for name, path := range models {
+		want[name] = runTP(t, load(t, path, b), last)
+	}
+	spec, err := json.Marshal(tpSpec{Models: models, Last: last})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outs := runRanks(t, n, "TestTensorParallelRingRank", envTPModels+"="+string(spec))
 	var ranks []map[string]tpRun
 	for r, raw := range outs {
 		var got map[string]tpRun
@@ -137,13 +172,13 @@ func TestTensorParallelRing(t *testing.T) {
 			if !slices.Equal(g.Tokens, w.Tokens) {
 				t.Errorf("%s rank %d: greedy tokens %v, whole model %v", name, r, g.Tokens, w.Tokens)
 			}
-			t.Logf("%s rank %d: least cosine %.7f (prompt), %.7f (decode), largest |Δ| %.3g; tokens %v", name, r, cp, cs,
+			t.Logf("%s rank %d of %d: least cosine %.7f (prompt), %.7f (decode), largest |Δ| %.3g; tokens %v", name, r, n, cp, cs,
 				max(maxAbsDiff(g.Prompt, w.Prompt), maxAbsDiff(g.Steps, w.Steps)), g.Tokens)
 		}
-		if len(ranks) == 2 {
+		for r := 1; r < len(ranks); r++ {
 			for i := range ranks[0][name].Steps {
-				if !slices.Equal(ranks[0][name].Steps[i], ranks[1][name].Steps[i]) {
-					t.Errorf("%s: ranks 0 and 1 differ at decode step %d", name, i)
+				if !slices.Equal(ranks[r][name].Steps[i], ranks[0][name].Steps[i]) {
+					t.Errorf("%s: ranks 0 and %d differ at decode step %d", name, r, i)
 					break
 				}
 			}
@@ -151,32 +186,40 @@ func TestTensorParallelRing(t *testing.T) {
 	}
 }
 
-// TestTensorParallelRingRank is one rank of TestTensorParallelRing.
+// tpSpec tells each rank what to load (name → path) and whether to keep
+// only the prompt's last logits.
+type tpSpec struct {
+	Models map[string]string
+	Last   bool
+}
+
+// TestTensorParallelRingRank is one rank of checkTensorRing.
 func TestTensorParallelRingRank(t *testing.T) {
-	root := os.Getenv(envTPModels)
-	if rankOut() == "" || root == "" {
+	raw := os.Getenv(envTPModels)
+	if rankOut() == "" || raw == "" {
 		t.Skip("a rank of TestTensorParallelRing; runs only in the processes it starts")
+	}
+	var spec tpSpec
+	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
+		t.Fatalf("%s: %v", envTPModels, err)
 	}
 	b := newTestBackend(t)
 	c, err := JoinGroup(b, GroupOptions{Backend: "ring", Strict: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	names := make([]string, 0, len(tpCases()))
-	for name := range tpCases() {
-		names = append(names, name)
-	}
-	slices.Sort(names) // both ranks load and run the models in one order
+	names := slices.Sorted(maps.Keys(spec.Models)) // every rank runs them in one order
 	res := map[string]tpRun{}
 	for _, name := range names {
-		m, err := engine.Load(context.Background(), filepath.Join(root, name), b, engine.LoadOptions{Tensor: c})
+		m, err := engine.Load(context.Background(), spec.Models[name], b, engine.LoadOptions{Tensor: c})
 		if err != nil {
 			t.Fatalf("%s on rank %d: %v", name, c.Rank(), err)
 		}
-		if s, e := m.KVHeadRange(); e-s != m.Info().KVHeads/2 || s != c.Rank()*(e-s) {
-			t.Errorf("%s: rank %d holds KV heads [%d, %d) of %d", name, c.Rank(), s, e, m.Info().KVHeads)
+		n := c.Size()
+		if s, e := m.KVHeadRange(); e-s != m.Info().KVHeads/n || s != c.Rank()*(e-s) {
+			t.Errorf("%s: rank %d of %d holds KV heads [%d, %d) of %d", name, c.Rank(), n, s, e, m.Info().KVHeads)
 		}
-		res[name] = runTP(t, m)
+		res[name] = runTP(t, m, spec.Last)
 		m.Close()
 	}
 	writeRankOut(t, res)
