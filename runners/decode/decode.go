@@ -781,7 +781,7 @@ func (s *Server) noteSpec(ctx context.Context, sp *speculator) {
 		id = rec.ID
 	}
 	s.log.Info("speculative decoding", "req", id, "accepted", sp.accepted, "rejected", sp.rejected, "acceptance", acc,
-		"position_cost", sp.cost)
+		"position_cost", sp.cost, "draft_cost", sp.dcost())
 }
 
 // verifyStep feeds tok and sp's draft in one forward of their own (the

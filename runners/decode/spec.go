@@ -117,7 +117,6 @@ func (s *Server) newSpec() *speculator {
 	sp := newSpeculator(s.o.Model.(verifier), s.info.Vocab, s.specMax)
 	if s.draftPool != nil {
 		sp.d = &drafter{m: s.o.Draft, vocab: s.draftVocab, maxP: s.o.Draft.Info().MaxPositions, pool: s.draftPool, chunk: s.o.PrefillChunk}
-		sp.ok[0], sp.fail[0] = 2, 1 // a draft model of the family: acceptance 2/3 until measured
 	}
 	return sp
 }
@@ -162,6 +161,7 @@ type speculator struct {
 	feed  []int32
 
 	accepted, rejected int
+	steps              int // draft mode: decisions made (see propose)
 }
 
 // Priors (newSpeculator): acceptance 1/2 at every length, an extra
@@ -171,6 +171,8 @@ const (
 	specDecay  = 0.8  // weight of the past in the acceptance counts, per verification
 	specAlpha  = 0.25 // weight of a new timing in the moving averages
 	specMargin = 1.05 // expected speed-up a draft must promise
+	// specRemeasure: with a draft model, every so many steps is plain.
+	specRemeasure = 32
 )
 
 func newSpeculator(v verifier, vocab, max int) *speculator {
@@ -292,6 +294,13 @@ func (sp *speculator) propose(ctx context.Context, history []int32, limit int) (
 		return nil, nil
 	}
 	if sp.d != nil {
+		// The cost model weighs a draft forward against a plain step: a
+		// plain step first, and every specRemeasure-th, keeps that
+		// measured (a generation that drafts every step would not).
+		sp.steps++
+		if sp.step == 0 || sp.steps%specRemeasure == 0 {
+			return nil, nil
+		}
 		k := sp.plan(0, limit)
 		if k == 0 || sp.d.err != nil {
 			return nil, nil

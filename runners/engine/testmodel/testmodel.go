@@ -17,6 +17,7 @@
 package testmodel
 
 import (
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -44,6 +45,11 @@ type Spec struct {
 	SlidingPattern                                                             int  // gemma3: every n-th layer is global (0 → 3)
 	Tied                                                                       bool // gemma3: tied embeddings (no lm_head), as Gemma ships
 	MXFP4                                                                      bool // gptoss: experts in MLX's mxfp4 (random E2M1 values and E8M0 scales)
+	// LayerGain scales what each dense layer adds to the residual stream
+	// (o_proj and down_proj; 0 → 1). A small gain makes the model of fewer
+	// layers and the same seed (which shares its embedding, first layers
+	// and head) agree with it most of the time: a draft/target pair.
+	LayerGain float64
 }
 
 // Defaults used for zero Spec fields.
@@ -434,7 +440,8 @@ func Tensors(s Spec) ([]engine.Tensor, error) {
 		linear(p+"self_attn.q_proj", s.Heads*hd, h, in)
 		linear(p+"self_attn.k_proj", s.KVHeads*hd, h, in)
 		linear(p+"self_attn.v_proj", s.KVHeads*hd, h, in)
-		linear(p+"self_attn.o_proj", h, s.Heads*hd, 1/math.Sqrt(float64(s.Heads*hd)))
+		gain := cmp.Or(s.LayerGain, 1)
+		linear(p+"self_attn.o_proj", h, s.Heads*hd, gain/math.Sqrt(float64(s.Heads*hd)))
 		if s.Arch == "gptoss" {
 			vec(p+"self_attn.q_proj.bias", s.Heads*hd, 0.2, 0)
 			vec(p+"self_attn.k_proj.bias", s.KVHeads*hd, 0.2, 0)
@@ -471,7 +478,7 @@ func Tensors(s Spec) ([]engine.Tensor, error) {
 		}
 		linear(p+"mlp.gate_proj", s.Intermediate, h, in)
 		linear(p+"mlp.up_proj", s.Intermediate, h, in)
-		linear(p+"mlp.down_proj", h, s.Intermediate, 1/math.Sqrt(float64(s.Intermediate)))
+		linear(p+"mlp.down_proj", h, s.Intermediate, gain/math.Sqrt(float64(s.Intermediate)))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil

@@ -1,0 +1,99 @@
+package decode
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/gen"
+	"github.com/exo-pd/exo-pd/runners/tokenizer"
+)
+
+// BenchmarkSpeculativeDraftPair: greedy decode of a generated 8-layer
+// llama (hidden 512, f32) on the cpu backend (one thread) through a decode
+// Server, without and with a draft model (the one-layer model of the same
+// seed, which shares its embedding, first layer and head), interleaved in
+// one run. It fails unless both give the same text. By LayerGain of the
+// pair: 1 (the generator's default: every layer moves the residual as much
+// as the embedding, so the draft rarely agrees: what drafting costs when it
+// cannot help) and 0.05 (the layers refine what the first decides, as a
+// distilled draft's target would: what it gains when the draft agrees).
+// Reported: each mode's decode tok/s (after the first token), their ratio,
+// and the share of drafted tokens accepted (b.ReportMetric: SetBytes'
+// MB/s would print 0.00 at tens of tokens per second).
+func BenchmarkSpeculativeDraftPair(b *testing.B) {
+	const tokens = 128
+	be, err := backend.Open("cpu", backend.Options{Threads: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	load := func(spec testmodel.Spec) (*engine.Model, string) {
+		dir := filepath.Join(b.TempDir(), fmt.Sprintf("l%d", spec.Layers))
+		if err := testmodel.Write(dir, spec); err != nil {
+			b.Fatal(err)
+		}
+		m, err := engine.Load(context.Background(), dir, be, engine.LoadOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { m.Close() })
+		return m, dir
+	}
+	for _, gain := range []float64{1, 0.05} {
+		b.Run(fmt.Sprintf("gain=%g", gain), func(b *testing.B) {
+			spec := testmodel.Spec{Arch: "llama", Seed: 11, Layers: 8, Hidden: 512, Heads: 8, KVHeads: 4, Intermediate: 1536,
+				MaxPositions: 1024, LayerGain: gain}
+			target, dir := load(spec)
+			spec.Layers = 1
+			draft, _ := load(spec)
+			tok, err := tokenizer.Load(dir)
+			if err != nil {
+				b.Fatal(err)
+			}
+			text := NewText(tok, nil)
+			servers := map[string]*Server{}
+			for _, mode := range []string{SpecOff, SpecDraft} {
+				o := Options{Name: "m", Model: target, Text: text, NewSampler: NewSampler, NewStopMatcher: NewStopMatcher,
+					MaxBatch: 1, CacheEntries: -1, Speculative: mode}
+				if mode == SpecDraft {
+					o.Draft = draft
+				}
+				s := New(o)
+				b.Cleanup(s.Close)
+				servers[mode] = s
+			}
+			prompt := text.Encode("Write a short story about a lighthouse keeper who finds a message in a bottle.")
+			rate := map[string]float64{}
+			var accepted, verified int
+			for b.Loop() {
+				var texts []string
+				for _, mode := range []string{SpecOff, SpecDraft} {
+					s := servers[mode]
+					var em textEmitter
+					req := &gen.Request{PromptIDs: prompt, MaxTokens: tokens, IgnoreEOS: true}
+					if _, err := s.Generate(context.Background(), req, &em); err != nil {
+						b.Fatal(err)
+					}
+					j := s.journal.since(0)
+					r := j[len(j)-1]
+					rate[mode] += r.TokensPerSecond
+					accepted, verified = accepted+r.SpecAccepted, verified+r.SpecAccepted+r.SpecRejected
+					texts = append(texts, em.String())
+				}
+				if texts[0] != texts[1] {
+					b.Fatalf("speculative text differs from plain:\n%q\n%q", texts[1], texts[0])
+				}
+			}
+			b.ReportMetric(rate[SpecOff]/float64(b.N), "off-tok/s")
+			b.ReportMetric(rate[SpecDraft]/float64(b.N), "draft-tok/s")
+			b.ReportMetric(rate[SpecDraft]/rate[SpecOff], "speedup")
+			if verified > 0 {
+				b.ReportMetric(float64(accepted)/float64(verified), "acceptance")
+			}
+		})
+	}
+}
