@@ -173,7 +173,8 @@ func relayFlip(conn net.Conn, server string, nth int, flip bool) {
 // its first stage holds only recurrent layers) models. The bytes each
 // stage received (the transfer's counters) are exactly its layers' share,
 // and the two shares add up to a whole-model fetch's (the second stage's
-// transfers striped over two connections). With the FP8 wire dtype each
+// transfers striped over two connections); a KVRemote whose model is a
+// stage does the same. With the FP8 wire dtype each
 // stage's fill succeeds with fewer bytes than its f32 share (at least a
 // quarter of it; as many for a stage of recurrent layers only, whose
 // states stay f32). A corrupt frame in
@@ -260,6 +261,21 @@ func TestStageFillEqualsLocalPrefill(t *testing.T) {
 					t.Fatalf("turn %d: whole-model fetch %d bytes (%v), stages %d", turn+1, wst.Bytes, err, sum)
 				}
 				start = end
+			}
+
+			// A decode runner whose model is a stage fills through KVRemote
+			// (the router's path) the same way: its range only.
+			for i, s := range stages {
+				c := s.NewCache()
+				st, err := loopbackRemote(s, addr).Prefill(ctx, "kvremote", turn2, 0, c, nil)
+				if err != nil {
+					t.Fatalf("KVRemote of stage %d: %v", i, err)
+				}
+				sameStageKV(t, whole, ref, c, ranges[i][0], ranges[i][1])
+				if share := stageShare(t, whole, ref, ranges[i][0], ranges[i][1], 0, len(turn2)-1); st.Bytes != share {
+					t.Fatalf("KVRemote of stage %d: %d bytes, its share is %d", i, st.Bytes, share)
+				}
+				c.Free()
 			}
 
 			// FP8 on the wire: lossy, so no byte comparison; one byte per
