@@ -425,11 +425,12 @@ func (s *Server) Generate(ctx context.Context, req *gen.Request, em gen.Emitter)
 		}
 		first.picked = &pk
 	} else {
+		t1 := time.Now()
 		logits, err := s.o.Model.Forward(ctx, entry.cache, prompt[n-1:])
 		if err != nil {
 			return gen.Result{}, fmt.Errorf("forward last prompt token: %w", err)
 		}
-		first.logits = logits
+		first.logits, first.took = logits, time.Since(t1)
 		picker = s.o.newPicker(req, cons, prompt)
 	}
 	entry.tokens = append(entry.tokens[:0:0], prompt...)
@@ -598,6 +599,7 @@ func (s *Server) fill(ctx context.Context, reqID string, req *gen.Request, promp
 type stepOut struct {
 	logits []float32
 	picked *Picked
+	took   time.Duration // the first step's: a one-token forward's time (speculation's cost model)
 }
 
 // generate runs the generation from the step after the prompt: picker
@@ -634,6 +636,9 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 	var sp *speculator
 	if s.specMax > 0 && !req.NoSpeculation && picker != nil {
 		sp = s.newSpec()
+		if out.took > 0 {
+			sp.observe(1, out.took)
+		}
 		defer func() {
 			// Ending mid-verification (a stop, the length, an error): the
 			// drafts past the last emitted token leave the cache (a

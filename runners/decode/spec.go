@@ -294,11 +294,12 @@ func (sp *speculator) propose(ctx context.Context, history []int32, limit int) (
 		return nil, nil
 	}
 	if sp.d != nil {
-		// The cost model weighs a draft forward against a plain step: a
-		// plain step first, and every specRemeasure-th, keeps that
-		// measured (a generation that drafts every step would not).
+		// The cost model weighs a draft forward against a plain step
+		// (first measured on the prompt's last token): every
+		// specRemeasure-th step is plain to keep that measured (a
+		// generation that drafts every step would not).
 		sp.steps++
-		if sp.step == 0 || sp.steps%specRemeasure == 0 {
+		if sp.steps%specRemeasure == 0 {
 			return nil, nil
 		}
 		k := sp.plan(0, limit)
