@@ -117,7 +117,9 @@ func Locate(ctx context.Context, source, storeDir string) (string, error) {
 	}
 	if file == "" {
 		if !m.Full {
-			return "", fmt.Errorf("modelinfo: %s: %w", source, ErrNotLocal)
+			// A pipeline stage's pull (exo model pull --layers): its shards'
+			// headers are not all here, and placement needs every layer's.
+			return "", fmt.Errorf("modelinfo: %s: the store holds only part of it (a stage's pull): %w", source, ErrNotLocal)
 		}
 		return snap, nil
 	}
