@@ -713,12 +713,12 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 				limit = min(limit, s.info.MaxPositions-len(entry.tokens)-2)
 			}
 			d, derr := sp.propose(ctx, history, limit)
-			if derr != nil {
+			if derr != nil && ctx.Err() == nil {
 				s.log.Warn("draft model failed: no more drafts for this request", "err", derr)
 			}
 			t1 := time.Now()
 			// pre: what a hybrid cache's rollback took back (fed again).
-			if pre := entry.tokens[entry.cache.Len():]; d != nil || len(pre) > 0 {
+			if pre := entry.tokens[min(entry.cache.Len(), len(entry.tokens)):]; d != nil || len(pre) > 0 {
 				out.logits, err = s.verifyStep(ctx, mem, sp, entry.cache, pre, tok)
 				sp.observe(len(pre)+1+len(d), time.Since(t1))
 			} else {

@@ -2,10 +2,13 @@ package decode
 
 import (
 	"context"
+	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/tokenizer"
@@ -69,4 +72,103 @@ func TestDraftTokenizerRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.Close()
+}
+
+// TestDrafterKeepsInStep: over many rounds in which the generation keeps
+// some of the drafted tokens and then a token of its own, the drafter's
+// cache follows the history (going back past what the history no longer
+// shares: a full, a sliding-window and a Gated DeltaNet draft) and drafts
+// exactly the greedy continuation a fresh cache gives; a second generation
+// over a shared prefix takes the first one's draft cache from the pool.
+func TestDrafterKeepsInStep(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		dir  func(t *testing.T) string
+	}{
+		{"llama", func(t *testing.T) string {
+			dir := filepath.Join(t.TempDir(), "m")
+			if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 1}); err != nil {
+				t.Fatal(err)
+			}
+			return dir
+		}},
+		{"gemma3", func(t *testing.T) string {
+			dir := filepath.Join(t.TempDir(), "m")
+			if err := testmodel.Write(dir, testmodel.Spec{Arch: "gemma3", Seed: 7, Layers: 2}); err != nil {
+				t.Fatal(err)
+			}
+			return dir
+		}},
+		{"qwen3_next", func(*testing.T) string { return filepath.Join("..", "engine", "testdata", "reference", "qwen3_next") }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			b, err := backend.Open("cpu", backend.Options{Threads: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := engine.Load(ctx, c.dir(t), b, engine.LoadOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			vocab := min(m.Info().Vocab, 500)
+			greedy := func(hist []int32, k int) []int32 {
+				fresh := m.NewCache()
+				defer fresh.Free()
+				l, err := m.Forward(ctx, fresh, hist)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var out []int32
+				for {
+					tok := argmaxBelow(l, vocab)
+					out = append(out, tok)
+					if len(out) == k {
+						return out
+					}
+					if l, err = m.Forward(ctx, fresh, []int32{tok}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			pool := newKVPool(2, 4096, m.NewCache)
+			defer pool.close()
+			rng := rand.New(rand.NewPCG(3, 4))
+			var hist []int32
+			for range 24 {
+				hist = append(hist, int32(10+rng.IntN(vocab-10)))
+			}
+			d := &drafter{m: m, vocab: vocab, pool: pool}
+			for round := range 30 {
+				k := 1 + rng.IntN(5)
+				got, err := d.draft(ctx, hist, k)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := greedy(hist, k); !slices.Equal(got, want) {
+					t.Fatalf("round %d: drafted %v, a fresh cache's greedy continuation is %v", round, got, want)
+				}
+				if n := d.e.cache.Len(); n != len(d.e.tokens) || commonPrefix(d.e.tokens, hist) != len(hist) {
+					t.Fatalf("round %d: draft cache holds %d positions for %d tokens, not history and drafts", round, n, len(d.e.tokens))
+				}
+				keep := rng.IntN(k + 1)
+				hist = append(append(hist, got[:keep]...), int32(10+rng.IntN(vocab-10)))
+			}
+			first := d.e
+			d.close()
+			d2 := &drafter{m: m, vocab: vocab, pool: pool}
+			got, err := d2.draft(ctx, hist[:len(hist)-3], 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d2.e != first || len(pool.entries) != 0 {
+				t.Fatal("a second generation over a shared prefix did not take the first one's draft cache")
+			}
+			if want := greedy(hist[:len(hist)-3], 2); !slices.Equal(got, want) {
+				t.Fatalf("second generation drafted %v, want %v", got, want)
+			}
+			d2.close()
+		})
+	}
 }

@@ -9,7 +9,8 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine"
 )
 
-// Speculative decoding by prompt lookup.
+// Speculative decoding by prompt lookup (and the verification a draft
+// model's drafts share: see draft.go).
 //
 // After each sampled token the generation looks for the latest earlier
 // occurrence of the history's last n tokens (n from 3 down to 1) in the
