@@ -573,3 +573,32 @@ func fromFloat32(v []float32, dt DType) []byte {
 	}
 	return out
 }
+
+// SumRanks is the all_sum of contributions made outside LocalGroup (one
+// per rank, in rank order, each the host bytes of an array of dtype dt):
+// the elementwise sum accumulated in float32 in rank order, as
+// LocalGroup's, converted back to dt. A cross-process group (the runners'
+// tensor link on the cpu backend) computes it on one rank and hands every
+// rank these bytes, so the ranks stay identical.
+func SumRanks(parts [][]byte, dt DType) ([]byte, error) {
+	if len(parts) == 0 {
+		return nil, errors.New("engine: SumRanks of no parts")
+	}
+	sum, err := toFloat32(parts[0], dt)
+	if err != nil {
+		return nil, err
+	}
+	for r, p := range parts[1:] {
+		if len(p) != len(parts[0]) {
+			return nil, fmt.Errorf("%w: rank %d sums %d bytes, rank 0 %d", ErrCollectiveAborted, r+1, len(p), len(parts[0]))
+		}
+		v, err := toFloat32(p, dt)
+		if err != nil {
+			return nil, err
+		}
+		for i := range sum {
+			sum[i] += v[i]
+		}
+	}
+	return fromFloat32(sum, dt), nil
+}

@@ -1,0 +1,21 @@
+// Package tensor owns the runtime of a tensor-parallel decode model served
+// by N runner processes, one per rank (DESIGN.md §13, docs/PROTOCOL.md
+// "Tensor link"): the tensor link (link.go: framed, CRC32C-checked,
+// HMAC-authenticated TCP from each follower rank to rank 0), the calls
+// rank 0 sends over it (call.go), rank 0's Leader and its Model adapter
+// (leader.go, model.go: the decode server drives it as it drives an
+// engine.Model; before each engine call on its own share it sends the call
+// to every follower, and after it collects their acks), the followers'
+// loop (follower.go), and, for the cpu backend, which has no distributed
+// engine, an all_sum over the same links (collective.go: a star through
+// rank 0, summed in rank order, so every rank gets the same bytes). On MLX
+// the ranks sum through MLX's own group (runners/engine/mlx JoinGroup) and
+// the link carries only the calls.
+//
+// The engine's sharding (runners/engine/tensor.go) is not here: this
+// package only runs the ranks' shares in lockstep. A rank lost breaks the
+// group: rank 0's calls fail with ErrGroup (its in-flight requests end
+// with that error), its Health fails, and the group is whole again once
+// every rank has rejoined, with every cache emptied. This package must not
+// import supervisor/ nor runners/decode's internals.
+package tensor

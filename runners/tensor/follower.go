@@ -1,0 +1,241 @@
+package tensor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+)
+
+// FollowerConfig configures a rank > 0.
+type FollowerConfig struct {
+	// Rank is this rank (1 ≤ Rank < Size); Size the number of ranks.
+	Rank, Size int
+	// Leader is rank 0's tensor link address.
+	Leader string
+	// Secret, when set, authenticates the link (rank 0 must have it too).
+	Secret []byte
+	// Rejoin makes the follower dial rank 0 again after its link drops
+	// (the cpu backend). Without it (MLX's group) Run returns.
+	Rejoin bool
+	// Fill, when set, fills this rank's share of a sequence's cache from
+	// a prefill runner (the remote fill call): its KV heads only.
+	Fill Filler
+	// Timeout bounds the wait for rank 0's sum within a call (0:
+	// DefaultTimeout).
+	Timeout time.Duration
+	Logger  *slog.Logger
+}
+
+// Filler fills a cache from a prefill runner: decode.Remote's Prefill.
+type Filler interface {
+	Prefill(ctx context.Context, reqID string, prompt []int32, start int, cache engine.KVCache, prefer []string) error
+}
+
+// Follower is a rank > 0 of a tensor-parallel group: it dials rank 0,
+// runs the calls rank 0 sends on its share, in order, and acknowledges
+// each.
+type Follower struct {
+	cfg        FollowerConfig
+	rank, size int
+	log        *slog.Logger
+
+	// cur is the link of the call being run, sumBuf the all_sum's
+	// receive buffer (the Run goroutine's).
+	cur    *link
+	sumBuf []byte
+	buf    []byte
+
+	mu      sync.Mutex
+	linked  bool
+	lastErr error
+}
+
+// NewFollower makes rank cfg.Rank's side; Run serves it.
+func NewFollower(cfg FollowerConfig) (*Follower, error) {
+	if cfg.Size < 2 || cfg.Rank < 1 || cfg.Rank >= cfg.Size || cfg.Size > 1<<16-1 {
+		return nil, fmt.Errorf("tensor: rank %d of %d is not a follower", cfg.Rank, cfg.Size)
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Follower{cfg: cfg, rank: cfg.Rank, size: cfg.Size, log: cfg.Logger,
+		lastErr: fmt.Errorf("%w: rank %d has not reached rank 0 at %s yet", ErrGroup, cfg.Rank, cfg.Leader)}, nil
+}
+
+// Collective is this rank's all_sum over the link (the cpu backend's).
+func (f *Follower) Collective() engine.Collective { return followerSum{f} }
+
+// Health is nil while linked to rank 0, else why not.
+func (f *Follower) Health() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.linked {
+		return nil
+	}
+	return f.lastErr
+}
+
+func (f *Follower) setLinked(ok bool, err error) {
+	f.mu.Lock()
+	f.linked, f.lastErr = ok, err
+	f.mu.Unlock()
+}
+
+// Run dials rank 0 and serves its calls on m (this rank's share) until
+// ctx ends; after a dropped link it dials again (Rejoin) or returns the
+// link's error.
+func (f *Follower) Run(ctx context.Context, m *engine.Model) error {
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		l, err := f.dial(ctx)
+		if err != nil {
+			f.setLinked(false, err)
+			if errors.Is(err, ErrAuth) {
+				f.log.Error("tensor link refused", "err", err)
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		f.setLinked(true, nil)
+		f.log.Info("tensor rank linked to rank 0", "rank", f.rank, "leader", f.cfg.Leader)
+		err = f.serve(ctx, l, m)
+		f.setLinked(false, fmt.Errorf("%w: rank %d's link to rank 0 dropped: %w", ErrGroup, f.rank, err))
+		if ctx.Err() != nil {
+			return nil
+		}
+		f.log.Warn("tensor link to rank 0 dropped: caches dropped", "rank", f.rank, "err", err)
+		if !f.cfg.Rejoin {
+			return fmt.Errorf("tensor: rank %d: link to rank 0 dropped: %w", f.rank, err)
+		}
+	}
+	return nil
+}
+
+func (f *Follower) dial(ctx context.Context) (*link, error) {
+	d := net.Dialer{Timeout: 5 * time.Second, KeepAlive: 5 * time.Second}
+	conn, err := d.DialContext(ctx, "tcp", f.cfg.Leader)
+	if err != nil {
+		return nil, fmt.Errorf("%w: dial rank 0 at %s: %w", ErrLink, f.cfg.Leader, err)
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	l, _, err := handshake(conn, hello{rank: f.rank, size: f.size}, f.cfg.Secret)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// serve runs l's calls until it drops; the caches die with it.
+func (f *Follower) serve(ctx context.Context, l *link, m *engine.Model) error {
+	caches := map[uint64]engine.KVCache{}
+	defer func() {
+		for _, c := range caches {
+			c.Free()
+		}
+	}()
+	stop := context.AfterFunc(ctx, func() { l.close() })
+	defer stop()
+	defer l.close()
+	get := func(id uint64) engine.KVCache {
+		c := caches[id]
+		if c == nil {
+			c = m.NewCache()
+			caches[id] = c
+		}
+		return c
+	}
+	for {
+		typ, payload, err := l.read(f.buf)
+		if err != nil {
+			return err
+		}
+		f.buf = payload[:0]
+		if typ != frameCall {
+			return fmt.Errorf("%w: rank 0 sent frame type %d between calls", ErrLink, typ)
+		}
+		c, err := decodeCall(payload)
+		if err != nil {
+			return err
+		}
+		f.cur = l
+		err = f.exec(ctx, m, c, get, caches)
+		f.cur = nil
+		if errors.Is(err, ErrLink) || errors.Is(err, ErrGroup) {
+			return err // an all_sum failed: the link is not in step any more
+		}
+		if err != nil {
+			f.log.Warn("tensor call failed", "rank", f.rank, "op", opName(c.op), "err", err)
+		}
+		if werr := l.write(frameAck, encodeAck(err)); werr != nil {
+			return werr
+		}
+	}
+}
+
+// exec runs one call on this rank's share.
+func (f *Follower) exec(ctx context.Context, m *engine.Model, c *call, get func(uint64) engine.KVCache, caches map[uint64]engine.KVCache) error {
+	switch c.op {
+	case opForward:
+		_, err := m.Forward(ctx, get(c.ids[0]), c.tokens)
+		return err
+	case opBatch:
+		cs := make([]engine.KVCache, len(c.ids))
+		for i, id := range c.ids {
+			cs[i] = get(id)
+		}
+		_, err := m.ForwardBatchInto(ctx, cs, c.tokens, nil)
+		return err
+	case opAll:
+		_, err := m.ForwardAllInto(ctx, get(c.ids[0]), c.tokens, nil)
+		return err
+	case opPrefill:
+		return m.Prefill(ctx, get(c.ids[0]), c.tokens, len(c.tokens), nil)
+	case opTruncate:
+		cc := caches[c.ids[0]]
+		if cc == nil {
+			if c.n != 0 {
+				return fmt.Errorf("tensor: truncate an unknown cache %d to %d", c.ids[0], c.n)
+			}
+			return nil
+		}
+		if !cc.CanTruncate(c.n) {
+			return fmt.Errorf("tensor: cache %d cannot go back to %d", c.ids[0], c.n)
+		}
+		cc.Truncate(c.n)
+		return nil
+	case opFree:
+		if cc := caches[c.ids[0]]; cc != nil {
+			cc.Free()
+			delete(caches, c.ids[0])
+		}
+		return nil
+	case opFill:
+		if f.cfg.Fill == nil {
+			return fmt.Errorf("tensor: rank %d has no prefill endpoints (remote fill)", f.rank)
+		}
+		cc := get(c.ids[0])
+		if cc.Len() != c.n {
+			return fmt.Errorf("tensor: remote fill from %d of a cache holding %d", c.n, cc.Len())
+		}
+		return f.cfg.Fill.Prefill(ctx, c.reqID, c.tokens, c.n, cc, c.prefer)
+	}
+	return fmt.Errorf("tensor: unknown op %d", c.op)
+}

@@ -1,0 +1,280 @@
+package tensor
+
+import (
+	"context"
+	"errors"
+	"math"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/exo-pd/exo-pd/internal/testutil"
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+)
+
+// group is a tensor-parallel group of goroutines over real TCP links on
+// loopback: rank 0's Leader and Model, and followers that can be stopped
+// (their link drops) and started again.
+type group struct {
+	t      *testing.T
+	path   string
+	secret []byte
+	g      *Leader
+	addr   string
+	model  *Model
+	stops  []context.CancelFunc // per follower rank (index rank)
+	done   []chan error
+}
+
+func load(t *testing.T, path string, c engine.Collective) *engine.Model {
+	t.Helper()
+	b, err := backend.Open("cpu", backend.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := engine.Load(context.Background(), path, b, engine.LoadOptions{Tensor: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+func startGroup(t *testing.T, path string, n int, secret []byte) *group {
+	t.Helper()
+	g, err := NewLeader(LeaderConfig{Size: n, Secret: secret, Rejoin: true, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- g.Serve(ctx, l) }()
+	gr := &group{t: t, path: path, secret: secret, g: g, addr: l.Addr().String(),
+		stops: make([]context.CancelFunc, n), done: make([]chan error, n)}
+	t.Cleanup(func() {
+		for r := range gr.stops {
+			gr.stop(r)
+		}
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	gr.model = g.Model(load(t, path, Meter(g.Collective(), NewMetrics(nil), "tiny")))
+	for r := 1; r < n; r++ {
+		gr.start(r, secret)
+	}
+	return gr
+}
+
+// start runs rank r as a follower (a fresh model and no caches).
+func (gr *group) start(r int, secret []byte) {
+	f, err := NewFollower(FollowerConfig{Rank: r, Size: len(gr.stops), Leader: gr.addr, Secret: secret, Rejoin: true})
+	if err != nil {
+		gr.t.Fatal(err)
+	}
+	m := load(gr.t, gr.path, f.Collective())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx, m) }()
+	gr.stops[r], gr.done[r] = cancel, done
+}
+
+func (gr *group) stop(r int) {
+	if gr.stops[r] == nil {
+		return
+	}
+	gr.stops[r]()
+	if err := <-gr.done[r]; err != nil {
+		gr.t.Errorf("rank %d: %v", r, err)
+	}
+	gr.stops[r] = nil
+}
+
+func (gr *group) waitWhole() {
+	gr.t.Helper()
+	testutil.Eventually(gr.t, func() bool { return gr.g.Health() == nil }, 30*time.Second, "the group is whole")
+}
+
+func argmax(v []float32) int32 {
+	best := 0
+	for i, x := range v {
+		if x > v[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
+
+func cosine(a, b []float32) float64 {
+	var ab, aa, bb float64
+	for i := range a {
+		ab += float64(a[i]) * float64(b[i])
+		aa += float64(a[i]) * float64(a[i])
+		bb += float64(b[i]) * float64(b[i])
+	}
+	return ab / math.Sqrt(aa*bb)
+}
+
+// greedy prefills prompt (in chunks of 3) and decodes n tokens greedily,
+// each step a batch of the two caches (the same prompt in both, so the
+// rows must agree).
+func greedy(t *testing.T, m interface {
+	NewCache() engine.KVCache
+	Prefill(ctx context.Context, c engine.KVCache, tokens []int32, chunk int, onChunk func(start, n int) error) error
+	Forward(ctx context.Context, c engine.KVCache, tokens []int32) ([]float32, error)
+	ForwardBatch(ctx context.Context, caches []engine.KVCache, tokens []int32) ([][]float32, error)
+}, prompt []int32, n int) ([]int32, [][]float32) {
+	t.Helper()
+	ctx := context.Background()
+	a, b := m.NewCache(), m.NewCache()
+	defer a.Free()
+	defer b.Free()
+	var rows [][]float32
+	var last []float32
+	for _, c := range []engine.KVCache{a, b} {
+		if err := m.Prefill(ctx, c, prompt[:len(prompt)-1], 3, nil); err != nil {
+			t.Fatal(err)
+		}
+		lg, err := m.Forward(ctx, c, prompt[len(prompt)-1:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = lg
+	}
+	rows = append(rows, last)
+	var out []int32
+	tok := argmax(last)
+	for range n {
+		out = append(out, tok)
+		lg, err := m.ForwardBatch(ctx, []engine.KVCache{a, b}, []int32{tok, tok})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := cosine(lg[0], lg[1]); c < 0.999999 {
+			t.Fatalf("the batch's two rows of one sequence differ (cosine %v)", c)
+		}
+		rows = append(rows, lg[0])
+		tok = argmax(lg[0])
+	}
+	return out, rows
+}
+
+// TestGroupEqualsWhole: 2 and 3 ranks over TCP links (with and without a
+// secret) give the whole model's logits and greedy tokens, through
+// chunked prefill, Forward and batched steps.
+func TestGroupEqualsWhole(t *testing.T) {
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Heads: 12, KVHeads: 6, HeadDim: 8, Hidden: 96, Intermediate: 192, Seed: 5}); err != nil {
+		t.Fatal(err)
+	}
+	prompt := []int32{5, 17, 99, 3, 250, 41, 7, 8, 300, 12}
+	want, wantRows := greedy(t, load(t, dir, nil), prompt, 12)
+	for _, c := range []struct {
+		n      int
+		secret []byte
+	}{{2, nil}, {3, []byte("s3cret")}} {
+		gr := startGroup(t, dir, c.n, c.secret)
+		gr.waitWhole()
+		got, rows := greedy(t, gr.model, prompt, 12)
+		if !slicesEqual(got, want) {
+			t.Fatalf("%d ranks: greedy %v, whole model %v", c.n, got, want)
+		}
+		for i := range rows {
+			if cs := cosine(rows[i], wantRows[i]); cs < 0.99999 {
+				t.Fatalf("%d ranks: step %d logits cosine %v", c.n, i, cs)
+			}
+		}
+	}
+}
+
+func slicesEqual(a, b []int32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestRankLost: a follower that goes away fails rank 0's next call with
+// ErrGroup (no hang) and its Health; once it is back the group is whole,
+// a sequence from before the loss is refused (its cache was lost), and a
+// new one runs.
+func TestRankLost(t *testing.T) {
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Heads: 4, KVHeads: 2}); err != nil {
+		t.Fatal(err)
+	}
+	gr := startGroup(t, dir, 2, nil)
+	gr.waitWhole()
+	ctx := context.Background()
+	c := gr.model.NewCache()
+	if _, err := gr.model.Forward(ctx, c, []int32{1, 2, 3}); err != nil {
+		t.Fatal(err)
+	}
+	gr.stop(1)
+	testutil.Eventually(t, func() bool { return gr.g.Health() != nil }, 10*time.Second, "rank 0 sees rank 1 gone")
+	if _, err := gr.model.Forward(ctx, c, []int32{4}); !errors.Is(err, ErrGroup) {
+		t.Fatalf("a step without rank 1: %v, want ErrGroup", err)
+	}
+	if err := gr.g.Health(); !strings.Contains(err.Error(), "rank 1") {
+		t.Fatalf("health while rank 1 is gone: %v", err)
+	}
+	gr.start(1, nil)
+	gr.waitWhole()
+	if _, err := gr.model.Forward(ctx, c, []int32{4}); !errors.Is(err, ErrCacheLost) {
+		t.Fatalf("a sequence from before the restart: %v, want ErrCacheLost", err)
+	}
+	if c.Len() != 0 || c.CanTruncate(1) || !c.CanTruncate(0) {
+		t.Fatalf("the lost cache: len %d", c.Len())
+	}
+	c.Truncate(0)
+	if _, err := gr.model.Forward(ctx, c, []int32{1, 2, 3}); err != nil {
+		t.Fatalf("the emptied cache after the restart: %v", err)
+	}
+	c.Free()
+}
+
+// TestWrongSecret: a follower with another secret never joins, and says
+// why.
+func TestWrongSecret(t *testing.T) {
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Heads: 4, KVHeads: 2}); err != nil {
+		t.Fatal(err)
+	}
+	g, err := NewLeader(LeaderConfig{Size: 2, Secret: []byte("a"), Rejoin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go g.Serve(ctx, l)
+	for _, s := range [][]byte{[]byte("b"), nil} {
+		f, err := NewFollower(FollowerConfig{Rank: 1, Size: 2, Leader: l.Addr().String(), Secret: s})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = f.dial(ctx)
+		if !errors.Is(err, ErrAuth) {
+			t.Fatalf("secret %q: %v, want ErrAuth", s, err)
+		}
+	}
+	if g.Health() == nil {
+		t.Fatal("the group is whole without rank 1")
+	}
+}
