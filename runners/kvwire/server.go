@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +13,8 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/exo-pd/exo-pd/runners/internal/wireauth"
 )
 
 // Producer computes the KV of a request and emits it. Produce is called
@@ -341,11 +342,7 @@ func lingerClose(conn net.Conn) {
 
 // authMAC is HMAC-SHA256(secret, "exo-kvwire/<Version> <role>" || sn || cn).
 func authMAC(secret []byte, role string, sn, cn *[32]byte) []byte {
-	m := hmac.New(sha256.New, secret)
-	fmt.Fprintf(m, "exo-kvwire/%d %s", Version, role)
-	m.Write(sn[:])
-	m.Write(cn[:])
-	return m.Sum(nil)
+	return wireauth.MAC(secret, fmt.Sprintf("exo-kvwire/%d", Version), role, sn, cn)
 }
 
 var (

@@ -1,0 +1,16 @@
+// Package stage owns the stage link and the stage runners of a pipelined
+// decode model on the cpu backend (DESIGN.md §13, docs/PROTOCOL.md "Stage
+// link"): the framed, authenticated, CRC-checked TCP protocol between
+// stages (wire.go, link.go), the runner of a stage after the first
+// (Node: its layers, and on the last stage the logits and the request's
+// Picker, which sends the picked tokens back to stage 0), and stage 0's
+// model (Ring: a decode.PickingModel whose caches are composites of its own
+// stage cache and the sequence's caches on the later stages, whose steps
+// send hidden states down the ring and wait for the picked tokens).
+//
+// The decode runner's admission, batching, prefix cache, stop sequences
+// and streaming stay in runners/decode, which drives a Ring as it drives
+// an engine.Model. This package must not import supervisor/ (nor
+// runners/kvwire's internals: the challenge-response is
+// runners/internal/wireauth's).
+package stage

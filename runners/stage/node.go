@@ -1,0 +1,332 @@
+package stage
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/exo-pd/exo-pd/runners/chat"
+	"github.com/exo-pd/exo-pd/runners/decode"
+	"github.com/exo-pd/exo-pd/runners/engine"
+)
+
+// NodeConfig configures the runner of a stage after the first.
+type NodeConfig struct {
+	Name  string        // served model name (metrics, logs)
+	Link  LinkConfig    // this stage (Stage ≥ 1)
+	Model *engine.Model // loaded with the stage's layers
+	// Listen takes the link from the previous stage; Next is the next
+	// stage's --stage-listen (stage 0's on the last stage).
+	Listen net.Listener
+	Next   string
+	// Picks, on the last stage, are the Options the request Pickers are
+	// built from (decode.NewSetup's, as on a one-process decode runner).
+	Picks *decode.Options
+	// DType is the hidden states' dtype on the link (DTypeF32 default).
+	DType   uint8
+	Metrics *Metrics
+	Logger  *slog.Logger
+}
+
+// Node is a stage after the first: it computes its layers for every Step
+// and passes the hidden states on; the last stage picks the tokens and
+// sends them back to stage 0.
+type Node struct {
+	cfg  NodeConfig
+	last bool
+	met  *stageMetrics
+	log  *slog.Logger
+	up   atomic.Bool
+
+	caches  map[uint64]engine.KVCache
+	pickers map[uint64]*decode.Picker
+}
+
+// NewNode checks cfg and makes the stage's runner.
+func NewNode(cfg NodeConfig) (*Node, error) {
+	l := &cfg.Link
+	switch {
+	case l.Stages < 2 || l.Stage < 1 || l.Stage >= l.Stages:
+		return nil, fmt.Errorf("stage: a node is stage 1 to %d of %d, not %d", l.Stages-1, l.Stages, l.Stage)
+	case cfg.Model == nil || cfg.Listen == nil || cfg.Next == "":
+		return nil, errors.New("stage: a node needs its model, a listener and the next stage's address")
+	}
+	last := l.Stage == l.Stages-1
+	if last && cfg.Picks == nil {
+		return nil, errors.New("stage: the last stage needs the Options its Pickers are built from")
+	}
+	if cfg.DType == 0 {
+		cfg.DType = DTypeF32
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	l.defaults()
+	n := &Node{cfg: cfg, last: last, log: cfg.Logger.With("stage", l.Stage), met: cfg.Metrics.bind(cfg.Name, l.Stage)}
+	l.Count = n.met.count
+	l.Wrote = func(d time.Duration) { n.met.link.Add(d.Seconds()) }
+	return n, nil
+}
+
+// Healthy: both of the stage's links are up.
+func (n *Node) Healthy() bool { return n.up.Load() }
+
+// Run serves the stage until ctx ends: it dials the next stage (again
+// after every failure, with backoff), takes the previous stage's link,
+// and serves the two until one fails; then it frees every sequence and
+// starts over.
+func (n *Node) Run(ctx context.Context) error {
+	accepted := acceptLinks(ctx, n.cfg.Listen, n.cfg.Link, n.log)
+	for ctx.Err() == nil {
+		out, err := dialLoop(ctx, n.cfg.Next, n.cfg.Link, n.log)
+		if err != nil {
+			return nil // ctx ended
+		}
+		var in *Link
+		select {
+		case in = <-accepted:
+		case <-out.Done():
+			n.log.Warn("stage link down", "err", out.Err())
+			continue
+		case <-ctx.Done():
+			out.Close(ctx.Err())
+			return nil
+		}
+		n.up.Store(true)
+		n.log.Info("stage links up", "from_stage", in.Peer.Stage, "to_stage", out.Peer.Stage)
+		err = n.serve(ctx, in, out)
+		n.up.Store(false)
+		in.Close(err)
+		out.Close(err)
+		n.reset()
+		if ctx.Err() == nil {
+			n.log.Warn("stage links down; every sequence freed", "err", err)
+		}
+	}
+	return nil
+}
+
+func (n *Node) reset() {
+	for _, c := range n.caches {
+		c.Free()
+	}
+	for _, p := range n.pickers {
+		p.Close()
+	}
+	n.caches, n.pickers = map[uint64]engine.KVCache{}, map[uint64]*decode.Picker{}
+}
+
+// acceptLinks accepts and handshakes previous stages' links in the
+// background, handing each on.
+func acceptLinks(ctx context.Context, l net.Listener, cfg LinkConfig, log *slog.Logger) <-chan *Link {
+	ch := make(chan *Link)
+	context.AfterFunc(ctx, func() { l.Close() })
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				if ctx.Err() == nil {
+					log.Error("stage link: accept", "err", err)
+				}
+				return
+			}
+			go func() {
+				lk, err := Accept(conn, cfg)
+				if err != nil {
+					log.Warn("stage link refused", "err", err)
+					return
+				}
+				select {
+				case ch <- lk:
+				case <-ctx.Done():
+					lk.Close(ctx.Err())
+				}
+			}()
+		}
+	}()
+	return ch
+}
+
+// dialLoop dials addr until it answers (backoff to 1 s) or ctx ends.
+func dialLoop(ctx context.Context, addr string, cfg LinkConfig, log *slog.Logger) (*Link, error) {
+	wait := 50 * time.Millisecond
+	for i := 0; ; i++ {
+		l, err := Dial(ctx, addr, cfg)
+		if err == nil {
+			return l, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if i%20 == 0 || errors.Is(err, ErrAuth) || errors.Is(err, ErrMismatch) || errors.Is(err, ErrVersion) {
+			log.Warn("stage link: dial", "next", addr, "err", err)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// serve handles in's messages until a link fails.
+func (n *Node) serve(ctx context.Context, in, out *Link) error {
+	n.reset()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // the downstream link carries only keepalives and errors back
+		defer wg.Done()
+		for {
+			msg, err := out.Recv()
+			if err != nil {
+				in.Close(err)
+				return
+			}
+			if e, ok := msg.(ErrorFrame); ok {
+				err := &RemoteError{Code: e.Code, Reason: e.Reason}
+				out.Close(err)
+				in.Close(err)
+				return
+			}
+		}
+	}()
+	stop := context.AfterFunc(ctx, func() { in.Close(ctx.Err()) })
+	defer stop()
+	defer wg.Wait()
+	defer out.Close(nil)
+	for {
+		msg, err := in.Recv()
+		if err != nil {
+			return err
+		}
+		if err := n.handle(msg, out); err != nil {
+			return err
+		}
+	}
+}
+
+// handle runs one message; an error is the downstream link's (the
+// failures of a step go down as Error frames).
+func (n *Node) handle(msg any, out *Link) error {
+	switch m := msg.(type) {
+	case Open:
+		if !n.last {
+			return out.Send(m)
+		}
+		var body OpenBody
+		if err := json.Unmarshal(m.Body, &body); err != nil || body.Request == nil {
+			return out.Send(ErrorFrame{Ticket: m.Ticket, Code: CodeBadRequest, Reason: fmt.Sprintf("open: the request does not parse: %v", err)})
+		}
+		p, err := n.cfg.Picks.NewPicker(body.Request, chat.Start{Reasoning: body.Start.Reasoning}, body.History)
+		if err != nil {
+			return out.Send(ErrorFrame{Ticket: m.Ticket, Code: CodeBadRequest, Reason: fmt.Sprintf("open: %v", err)})
+		}
+		if old := n.pickers[m.Seq]; old != nil {
+			old.Close()
+		}
+		n.pickers[m.Seq] = p
+		return out.Send(Ack{Ticket: m.Ticket})
+	case *Step:
+		return n.step(m, out)
+	case Truncate:
+		c := n.caches[m.Seq]
+		l := 0
+		if c != nil {
+			l = c.Len()
+		}
+		can := m.N == 0 || (c != nil && m.N <= l && c.CanTruncate(m.N))
+		m.OK = m.OK && can
+		if m.Apply && m.OK && c != nil {
+			c.Truncate(m.N)
+			l = c.Len()
+		}
+		m.Len = min(m.Len, l)
+		return out.Send(m)
+	case Drop:
+		if c := n.caches[m.Seq]; c != nil {
+			c.Free()
+			delete(n.caches, m.Seq)
+		}
+		if p := n.pickers[m.Seq]; p != nil {
+			p.Close()
+			delete(n.pickers, m.Seq)
+		}
+		if n.last {
+			return nil
+		}
+		return out.Send(m)
+	case ErrorFrame:
+		if m.Ticket == 0 {
+			return &RemoteError{Code: m.Code, Reason: m.Reason}
+		}
+		return out.Send(m)
+	}
+	return out.Send(ErrorFrame{Code: CodeBadRequest, Reason: fmt.Sprintf("a %T frame where work belongs", msg)})
+}
+
+// step computes a Step and sends its output on (or its picks back).
+func (n *Node) step(m *Step, out *Link) error {
+	fail := func(code Code, format string, a ...any) error {
+		return out.Send(ErrorFrame{Ticket: m.Ticket, Code: code, Reason: fmt.Sprintf("stage %d: ", n.cfg.Link.Stage) + fmt.Sprintf(format, a...)})
+	}
+	caches := make([]engine.KVCache, len(m.Seqs))
+	toks := make([][]int32, len(m.Seqs))
+	o := 0
+	for i, s := range m.Seqs {
+		c := n.caches[s.Seq]
+		if c == nil {
+			c = n.cfg.Model.NewCache()
+			n.caches[s.Seq] = c
+		}
+		for _, d := range caches[:i] {
+			if d == c {
+				return fail(CodeBadRequest, "sequence %d twice in one step", s.Seq)
+			}
+		}
+		if c.Len() != s.Pos {
+			return fail(CodeBadRequest, "sequence %d's chunk continues position %d; this stage holds %d", s.Seq, s.Pos, c.Len())
+		}
+		if s.Pick && n.last && n.pickers[s.Seq] == nil {
+			return fail(CodeBadRequest, "sequence %d has no picker (no Open)", s.Seq)
+		}
+		caches[i], toks[i] = c, m.Tokens[o:o+s.N]
+		o += s.N
+	}
+	n.met.inFlight.Set(1)
+	t0 := time.Now()
+	hidden, logits, err := n.cfg.Model.StageStep(context.Background(), caches, toks, m.Hidden)
+	if err != nil {
+		n.met.inFlight.Set(0)
+		return fail(CodeInternal, "step: %v", err)
+	}
+	var picks Picks
+	if n.last {
+		picks.Ticket = m.Ticket
+		for i, s := range m.Seqs {
+			if !s.Pick {
+				continue
+			}
+			pk, err := n.pickers[s.Seq].Pick(logits[i])
+			if err != nil {
+				n.met.inFlight.Set(0)
+				return fail(CodeInternal, "sequence %d: %v", s.Seq, err)
+			}
+			picks.Picks = append(picks.Picks, Pick{Seq: s.Seq, Tok: pk.Tok, Done: pk.Done, Logprob: pk.Logprob})
+		}
+	}
+	n.met.stepped(t0, time.Now())
+	n.met.inFlight.Set(0)
+	if n.last {
+		return out.Send(picks)
+	}
+	return out.Send(&Step{Ticket: m.Ticket, DType: n.cfg.DType, Seqs: m.Seqs, Tokens: m.Tokens, Hidden: hidden})
+}

@@ -1,0 +1,678 @@
+package stage
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/exo-pd/exo-pd/runners/chat"
+	"github.com/exo-pd/exo-pd/runners/decode"
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/gen"
+)
+
+// RingConfig configures stage 0.
+type RingConfig struct {
+	Name  string        // served model name (metrics, logs)
+	Link  LinkConfig    // this stage (Stage 0)
+	Model *engine.Model // loaded with stage 0's layers (the embedding)
+	// Listen takes the last stage's link (the picked tokens); Next is
+	// stage 1's --stage-listen.
+	Listen net.Listener
+	Next   string
+	// StepTimeout is the longest stage 0 waits for the answer to anything
+	// it sent down the ring (default 2 min); past it the ring is taken
+	// down (a stage hung) and every request in flight fails.
+	StepTimeout time.Duration
+	// DType is the hidden states' dtype on the link (DTypeF32 default).
+	DType   uint8
+	Metrics *Metrics
+	Logger  *slog.Logger
+}
+
+// Ring is stage 0 of a pipeline as a decode.PickingModel: the decode
+// runner drives it as it drives an engine.Model. Its caches are
+// composites (its own stage cache and the sequence's id on the later
+// stages, whose Truncate and Free go down the ring in order); its steps
+// run stage 0's layers, send the hidden states down the ring and wait for
+// the tokens the last stage picked.
+type Ring struct {
+	cfg RingConfig
+	m   *engine.Model
+	met *stageMetrics
+	log *slog.Logger
+
+	mu      sync.Mutex
+	out     *Link // nil while the ring is down
+	epoch   uint64
+	pending map[uint64]*pending
+	downErr error
+
+	tickets, seqs atomic.Uint64
+
+	// cmu serializes stage 0's use of its backend: its steps, and its
+	// caches' truncations and frees, which may make or free arrays (a
+	// hybrid cache's fresh recurrent state) outside the model's own lock.
+	cmu sync.Mutex
+}
+
+type pending struct {
+	ch   chan reply
+	sent time.Time
+}
+
+type reply struct {
+	msg any
+	err error
+}
+
+var _ decode.PickingModel = (*Ring)(nil)
+
+// NewRing checks cfg and makes stage 0's model.
+func NewRing(cfg RingConfig) (*Ring, error) {
+	l := &cfg.Link
+	switch {
+	case l.Stages < 2 || l.Stage != 0:
+		return nil, fmt.Errorf("stage: the ring is stage 0 of 2 or more, not %d of %d", l.Stage, l.Stages)
+	case cfg.Model == nil || cfg.Listen == nil || cfg.Next == "":
+		return nil, errors.New("stage: stage 0 needs its model, a listener and stage 1's address")
+	}
+	if cfg.StepTimeout <= 0 {
+		cfg.StepTimeout = 2 * time.Minute
+	}
+	if cfg.DType == 0 {
+		cfg.DType = DTypeF32
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	l.defaults()
+	r := &Ring{cfg: cfg, m: cfg.Model, log: cfg.Logger.With("stage", 0), met: cfg.Metrics.bind(cfg.Name, 0),
+		pending: map[uint64]*pending{}, downErr: fmt.Errorf("%w: not connected yet", ErrDown)}
+	l.Count = r.met.count
+	l.Wrote = func(d time.Duration) { r.met.link.Add(d.Seconds()) }
+	return r, nil
+}
+
+// Healthy: the whole ring is up.
+func (r *Ring) Healthy() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.out != nil
+}
+
+// Run keeps the ring up until ctx ends: it dials stage 1, takes the last
+// stage's link, and serves the answers until a link fails; then it fails
+// everything in flight and starts over.
+func (r *Ring) Run(ctx context.Context) error {
+	accepted := acceptLinks(ctx, r.cfg.Listen, r.cfg.Link, r.log)
+	for ctx.Err() == nil {
+		out, err := dialLoop(ctx, r.cfg.Next, r.cfg.Link, r.log)
+		if err != nil {
+			break
+		}
+		var in *Link
+		select {
+		case in = <-accepted:
+		case <-out.Done():
+			r.log.Warn("stage link down", "err", out.Err())
+			continue
+		case <-ctx.Done():
+			out.Close(ctx.Err())
+		}
+		if in == nil {
+			break
+		}
+		r.mu.Lock()
+		r.out, r.downErr = out, nil
+		r.epoch++
+		r.mu.Unlock()
+		r.log.Info("stage ring up", "stages", r.cfg.Link.Stages, "next", r.cfg.Next, "from_stage", in.Peer.Stage)
+		err = r.serve(ctx, in, out)
+		in.Close(err)
+		out.Close(err)
+		r.down(err)
+		if ctx.Err() == nil {
+			r.log.Error("stage ring down: requests in flight failed", "err", err)
+		}
+	}
+	r.down(fmt.Errorf("%w: stopping", ErrDown))
+	return nil
+}
+
+// down fails everything in flight with err and marks the ring down.
+func (r *Ring) down(err error) {
+	if !errors.Is(err, ErrDown) {
+		err = fmt.Errorf("%w: %w", ErrDown, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.out, r.downErr = nil, err
+	for t, p := range r.pending {
+		p.ch <- reply{err: err}
+		delete(r.pending, t)
+	}
+	r.met.inFlight.Set(0)
+}
+
+// serve dispatches the last stage's answers until a link fails or a
+// ticket waits past StepTimeout.
+func (r *Ring) serve(ctx context.Context, in, out *Link) error {
+	go func() { // stage 1's link carries only keepalives and errors back
+		for {
+			msg, err := out.Recv()
+			if err != nil {
+				in.Close(err)
+				return
+			}
+			if e, ok := msg.(ErrorFrame); ok {
+				err := &RemoteError{Code: e.Code, Reason: e.Reason}
+				out.Close(err)
+				in.Close(err)
+				return
+			}
+		}
+	}()
+	stop := context.AfterFunc(ctx, func() { in.Close(ctx.Err()) })
+	defer stop()
+	go r.watch(in, out)
+	for {
+		msg, err := in.Recv()
+		if err != nil {
+			return err
+		}
+		var t uint64
+		switch m := msg.(type) {
+		case Picks:
+			t = m.Ticket
+		case Ack:
+			t = m.Ticket
+		case Truncate:
+			t = m.Ticket
+		case ErrorFrame:
+			if m.Ticket == 0 {
+				return &RemoteError{Code: m.Code, Reason: m.Reason}
+			}
+			t, msg = m.Ticket, &RemoteError{Code: m.Code, Reason: m.Reason}
+		default:
+			return fmt.Errorf("%w: a %T frame from the last stage", ErrCorrupt, msg)
+		}
+		r.mu.Lock()
+		if p := r.pending[t]; p != nil {
+			delete(r.pending, t)
+			p.ch <- reply{msg: msg}
+		}
+		r.met.inFlight.Set(float64(len(r.pending)))
+		r.mu.Unlock()
+	}
+}
+
+// watch takes the ring down when an answer is overdue (a stage hung
+// without its links noticing).
+func (r *Ring) watch(in, out *Link) {
+	tick := time.NewTicker(min(time.Second, r.cfg.StepTimeout/4))
+	defer tick.Stop()
+	for {
+		select {
+		case <-in.Done():
+			return
+		case <-out.Done():
+			return
+		case <-tick.C:
+		}
+		r.mu.Lock()
+		late := false
+		for _, p := range r.pending {
+			late = late || time.Since(p.sent) > r.cfg.StepTimeout
+		}
+		r.mu.Unlock()
+		if late {
+			err := fmt.Errorf("%w: no answer from the ring within %v (a stage hung?)", ErrDown, r.cfg.StepTimeout)
+			out.Close(err)
+			in.Close(err)
+			return
+		}
+	}
+}
+
+// send sends a ticketed message down the ring for a sequence of the
+// given epoch (0: any) and returns its ticket's reply channel.
+func (r *Ring) send(epoch uint64, ticket uint64, msg any) (chan reply, error) {
+	r.mu.Lock()
+	out := r.out
+	if out == nil {
+		err := r.downErr
+		r.mu.Unlock()
+		return nil, err
+	}
+	if epoch != 0 && epoch != r.epoch {
+		r.mu.Unlock()
+		return nil, fmt.Errorf("%w: the sequence began before the ring was rebuilt", ErrDown)
+	}
+	p := &pending{ch: make(chan reply, 1), sent: time.Now()}
+	r.pending[ticket] = p
+	r.met.inFlight.Set(float64(len(r.pending)))
+	r.mu.Unlock()
+	if err := out.Send(msg); err != nil {
+		r.forget(ticket)
+		return nil, fmt.Errorf("%w: %w", ErrDown, err)
+	}
+	return p.ch, nil
+}
+
+func (r *Ring) forget(ticket uint64) {
+	r.mu.Lock()
+	delete(r.pending, ticket)
+	r.met.inFlight.Set(float64(len(r.pending)))
+	r.mu.Unlock()
+}
+
+// wait waits for a ticket's reply.
+func (r *Ring) wait(ctx context.Context, ticket uint64, ch chan reply) (any, error) {
+	select {
+	case rep := <-ch:
+		if rep.err != nil {
+			return nil, rep.err
+		}
+		if e, ok := rep.msg.(*RemoteError); ok {
+			return nil, e
+		}
+		return rep.msg, nil
+	case <-ctx.Done():
+		r.forget(ticket)
+		return nil, ctx.Err()
+	}
+}
+
+func (r *Ring) call(ctx context.Context, epoch uint64, mk func(ticket uint64) any) (any, error) {
+	t := r.tickets.Add(1)
+	ch, err := r.send(epoch, t, mk(t))
+	if err != nil {
+		return nil, err
+	}
+	return r.wait(ctx, t, ch)
+}
+
+// currentEpoch is the ring's epoch while it is up, 0 while down.
+func (r *Ring) currentEpoch() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.out == nil {
+		return 0
+	}
+	return r.epoch
+}
+
+// Info describes the whole model (every stage's layers).
+func (r *Ring) Info() engine.ModelInfo { return r.m.Info() }
+
+// Fingerprint is the model's KV fingerprint.
+func (r *Ring) Fingerprint() engine.Fingerprint { return r.m.Fingerprint() }
+
+// NewCache makes a sequence: stage 0's cache and an id for the others'.
+func (r *Ring) NewCache() engine.KVCache {
+	r.cmu.Lock()
+	defer r.cmu.Unlock()
+	return &seqCache{r: r, local: r.m.NewCache(), id: r.seqs.Add(1)}
+}
+
+var errLogits = errors.New("stage: a pipeline's logits live on its last stage (use ForwardPick)")
+
+// Forward is refused: the logits are on the last stage.
+func (r *Ring) Forward(ctx context.Context, c engine.KVCache, tokens []int32) ([]float32, error) {
+	return nil, errLogits
+}
+
+// ForwardBatch is refused: the logits are on the last stage.
+func (r *Ring) ForwardBatch(ctx context.Context, caches []engine.KVCache, tokens []int32) ([][]float32, error) {
+	return nil, errLogits
+}
+
+func (r *Ring) seq(c engine.KVCache) (*seqCache, error) {
+	sc, ok := c.(*seqCache)
+	if !ok || sc.r != r {
+		return nil, fmt.Errorf("stage: a cache of type %T is not one of this ring's", c)
+	}
+	return sc, sc.ready()
+}
+
+// Prefill runs tokens through the pipeline in chunks of at most chunk
+// tokens (0: engine default), without waiting for a chunk to leave the
+// ring before stage 0 computes the next (chunk i on stage 2 while chunk
+// i+1 is on stage 1); at most Stages+1 chunks are in flight. It returns
+// once every chunk is in every stage's cache.
+func (r *Ring) Prefill(ctx context.Context, c engine.KVCache, tokens []int32, chunk int, onChunk func(start, n int) error) error {
+	sc, err := r.seq(c)
+	if err != nil {
+		return err
+	}
+	if chunk <= 0 {
+		chunk = engine.DefaultPrefillChunk
+	}
+	type flight struct {
+		t  uint64
+		ch chan reply
+	}
+	var fl []flight
+	defer func() {
+		for _, f := range fl {
+			r.forget(f.t)
+		}
+	}()
+	window := r.cfg.Link.Stages + 1
+	for len(tokens) > 0 {
+		if len(fl) >= window {
+			if _, err := r.wait(ctx, fl[0].t, fl[0].ch); err != nil {
+				return fmt.Errorf("pipeline prefill: %w", err)
+			}
+			fl = fl[1:]
+		}
+		n := min(chunk, len(tokens))
+		pos := sc.local.Len()
+		t, ch, err := r.stepSeqs(ctx, []*seqCache{sc}, [][]int32{tokens[:n]}, false)
+		if err != nil {
+			return fmt.Errorf("pipeline prefill: %w", err)
+		}
+		fl = append(fl, flight{t, ch})
+		tokens = tokens[n:]
+		if onChunk != nil {
+			if err := onChunk(pos, n); err != nil {
+				return err
+			}
+		}
+	}
+	for len(fl) > 0 {
+		if _, err := r.wait(ctx, fl[0].t, fl[0].ch); err != nil {
+			return fmt.Errorf("pipeline prefill: %w", err)
+		}
+		fl = fl[1:]
+	}
+	return nil
+}
+
+// stepSeqs runs one step of stage 0's layers for the sequences and sends
+// it down the ring; pick asks the last stage for each one's token.
+func (r *Ring) stepSeqs(ctx context.Context, seqs []*seqCache, toks [][]int32, pick bool) (uint64, chan reply, error) {
+	locals := make([]engine.KVCache, len(seqs))
+	step := &Step{DType: r.cfg.DType, Seqs: make([]StepSeq, len(seqs))}
+	epoch := seqs[0].epoch
+	for i, sc := range seqs {
+		if sc.epoch != epoch {
+			return 0, nil, fmt.Errorf("%w: sequences of two ring epochs in one step", ErrDown)
+		}
+		locals[i] = sc.local
+		step.Seqs[i] = StepSeq{Seq: sc.id, Pos: sc.local.Len(), N: len(toks[i]), Pick: pick}
+		step.Tokens = append(step.Tokens, toks[i]...)
+	}
+	t0 := time.Now()
+	r.cmu.Lock()
+	hidden, _, err := r.m.StageStep(ctx, locals, toks, nil)
+	r.cmu.Unlock()
+	if err != nil {
+		return 0, nil, err
+	}
+	r.met.stepped(t0, time.Now())
+	step.Hidden = hidden
+	step.Ticket = r.tickets.Add(1)
+	ch, err := r.send(epoch, step.Ticket, step)
+	if err != nil {
+		r.cmu.Lock()
+		for i, sc := range seqs { // what stage 0 computed never left it
+			sc.local.Truncate(step.Seqs[i].Pos)
+		}
+		r.cmu.Unlock()
+		return 0, nil, err
+	}
+	return step.Ticket, ch, nil
+}
+
+// StartPicking installs req's Picker on the last stage.
+func (r *Ring) StartPicking(ctx context.Context, c engine.KVCache, req *gen.Request, st chat.Start, history []int32) error {
+	sc, err := r.seq(c)
+	if err != nil {
+		return err
+	}
+	var body OpenBody
+	body.Request, body.Start.Reasoning, body.History = req, st.Reasoning, history
+	b, err := json.Marshal(&body)
+	if err != nil {
+		return fmt.Errorf("stage: open: %w", err)
+	}
+	_, err = r.call(ctx, sc.epoch, func(t uint64) any { return Open{Ticket: t, Seq: sc.id, Body: b} })
+	return err
+}
+
+// ForwardPick runs tokens through the pipeline and returns the token the
+// last stage picked after them.
+func (r *Ring) ForwardPick(ctx context.Context, c engine.KVCache, tokens []int32) (decode.Picked, error) {
+	sc, err := r.seq(c)
+	if err != nil {
+		return decode.Picked{}, err
+	}
+	if len(tokens) > 1 { // all but the last position only fill the caches
+		if err := r.Prefill(ctx, c, tokens[:len(tokens)-1], 0, nil); err != nil {
+			return decode.Picked{}, err
+		}
+		tokens = tokens[len(tokens)-1:]
+	}
+	t, ch, err := r.stepSeqs(ctx, []*seqCache{sc}, [][]int32{tokens}, true)
+	if err != nil {
+		return decode.Picked{}, err
+	}
+	msg, err := r.wait(ctx, t, ch)
+	if err != nil {
+		return decode.Picked{}, err
+	}
+	ps, err := picksOf(msg, []*seqCache{sc})
+	if err != nil {
+		return decode.Picked{}, err
+	}
+	return ps[0], nil
+}
+
+// ForwardBatchPick runs one decode step of several sequences, split into
+// as many micro-batches as there are stages (stage 0 computes micro-batch
+// k+1 while the later stages compute k), and returns each one's pick.
+func (r *Ring) ForwardBatchPick(ctx context.Context, caches []engine.KVCache, tokens []int32) ([]decode.Picked, error) {
+	if len(caches) == 0 || len(caches) != len(tokens) {
+		return nil, fmt.Errorf("stage: ForwardBatchPick with %d caches and %d tokens", len(caches), len(tokens))
+	}
+	seqs := make([]*seqCache, len(caches))
+	toks := make([][]int32, len(caches))
+	for i, c := range caches {
+		sc, err := r.seq(c)
+		if err != nil {
+			return nil, err
+		}
+		seqs[i], toks[i] = sc, tokens[i:i+1]
+	}
+	k := min(len(seqs), r.cfg.Link.Stages)
+	type mb struct {
+		lo, hi int
+		t      uint64
+		ch     chan reply
+	}
+	var mbs []mb
+	var firstErr error
+	for j := range k {
+		lo, hi := j*len(seqs)/k, (j+1)*len(seqs)/k
+		t, ch, err := r.stepSeqs(ctx, seqs[lo:hi], toks[lo:hi], true)
+		if err != nil {
+			firstErr = err
+			break
+		}
+		mbs = append(mbs, mb{lo, hi, t, ch})
+	}
+	out := make([]decode.Picked, len(seqs))
+	for _, m := range mbs {
+		msg, err := r.wait(ctx, m.t, m.ch)
+		if err == nil {
+			var ps []decode.Picked
+			if ps, err = picksOf(msg, seqs[m.lo:m.hi]); err == nil {
+				copy(out[m.lo:m.hi], ps)
+			}
+		}
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	return out, nil
+}
+
+func picksOf(msg any, seqs []*seqCache) ([]decode.Picked, error) {
+	p, ok := msg.(Picks)
+	if !ok || len(p.Picks) != len(seqs) {
+		return nil, fmt.Errorf("%w: the answer to a step of %d sequences is %T", ErrCorrupt, len(seqs), msg)
+	}
+	out := make([]decode.Picked, len(seqs))
+	for i, pk := range p.Picks {
+		if pk.Seq != seqs[i].id {
+			return nil, fmt.Errorf("%w: pick %d is for sequence %d, not %d", ErrCorrupt, i, pk.Seq, seqs[i].id)
+		}
+		out[i] = decode.Picked{Tok: pk.Tok, Done: pk.Done, Logprob: pk.Logprob}
+	}
+	return out, nil
+}
+
+// seqCache is one sequence of the pipeline: stage 0's cache and the id
+// of the sequence's caches on the later stages. Truncate and Free go down
+// the ring in order with the sequence's steps. A sequence from before the
+// ring was last rebuilt is stale: its later stages' caches are gone, so
+// it can only be reset (to an empty sequence under a new id).
+type seqCache struct {
+	r     *Ring
+	local engine.KVCache
+	id    uint64
+	epoch uint64 // the ring epoch its later stages' caches belong to (0: none yet)
+}
+
+// ready adopts the ring's epoch for a sequence with nothing on the
+// later stages yet, and refuses a stale one.
+func (c *seqCache) ready() error {
+	cur := c.r.currentEpoch()
+	switch {
+	case cur == 0:
+		return c.r.downError()
+	case c.epoch == cur:
+		return nil
+	case c.local.Len() == 0:
+		c.epoch = cur
+		return nil
+	}
+	return fmt.Errorf("%w: the sequence began before the ring was rebuilt", ErrDown)
+}
+
+func (r *Ring) downError() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.downErr != nil {
+		return r.downErr
+	}
+	return ErrDown
+}
+
+// reset empties the sequence everywhere, under a new id.
+func (c *seqCache) reset() {
+	if c.epoch != 0 && c.epoch == c.r.currentEpoch() {
+		c.r.sendDrop(c.id)
+	}
+	c.localTruncate(0)
+	c.id, c.epoch = c.r.seqs.Add(1), 0
+}
+
+func (c *seqCache) localTruncate(n int) {
+	c.r.cmu.Lock()
+	defer c.r.cmu.Unlock()
+	c.local.Truncate(n)
+}
+
+func (r *Ring) sendDrop(id uint64) {
+	r.mu.Lock()
+	out := r.out
+	r.mu.Unlock()
+	if out != nil {
+		out.Send(Drop{Seq: id}) // a failure takes the ring down; nothing else to do
+	}
+}
+
+func (c *seqCache) Len() int { return c.local.Len() }
+
+func (c *seqCache) Append(layer int, k, v engine.Array) (engine.Array, engine.Array) {
+	return c.local.Append(layer, k, v)
+}
+
+// CanTruncate asks every stage (one round trip).
+func (c *seqCache) CanTruncate(n int) bool {
+	if n == 0 {
+		return true
+	}
+	if n > c.local.Len() || !c.local.CanTruncate(n) || c.ready() != nil || c.epoch == 0 {
+		return false
+	}
+	msg, err := c.r.call(context.Background(), c.epoch, func(t uint64) any {
+		return Truncate{Ticket: t, Seq: c.id, N: n, OK: true, Len: c.local.Len()}
+	})
+	tr, ok := msg.(Truncate)
+	return err == nil && ok && tr.OK
+}
+
+// Truncate truncates every stage's cache to n (or, where a recurrent
+// layer must go further back, to the longest length every stage can
+// hold); a failure resets the sequence.
+func (c *seqCache) Truncate(n int) {
+	if n == 0 || c.ready() != nil || c.epoch == 0 {
+		c.reset()
+		return
+	}
+	for range 4 {
+		if !c.local.CanTruncate(n) {
+			break
+		}
+		c.localTruncate(n)
+		n0 := c.local.Len()
+		msg, err := c.r.call(context.Background(), c.epoch, func(t uint64) any {
+			return Truncate{Ticket: t, Seq: c.id, N: n, Apply: true, OK: true, Len: n0}
+		})
+		tr, ok := msg.(Truncate)
+		if err != nil || !ok || !tr.OK {
+			break
+		}
+		if tr.Len == n {
+			return // every stage holds n
+		}
+		n = tr.Len
+		if n == 0 {
+			c.reset()
+			return
+		}
+	}
+	c.r.log.Warn("stage: a sequence's stages could not agree on a truncation; reset", "seq", c.id)
+	c.reset()
+}
+
+// Free frees stage 0's cache and the later stages'.
+func (c *seqCache) Free() {
+	if c.epoch != 0 && c.epoch == c.r.currentEpoch() {
+		c.r.sendDrop(c.id)
+	}
+	c.r.cmu.Lock()
+	defer c.r.cmu.Unlock()
+	c.local.Free()
+}
+
+var errNoImport = errors.New("stage: a pipeline's sequences take no imported KV (remote prefill into a pipeline is not supported yet)")
+
+func (c *seqCache) Export(layer, start, n int) ([]byte, []byte, error) { return nil, nil, errNoImport }
+func (c *seqCache) Import(layer, start, n int, k, v []byte) error     { return errNoImport }
+func (c *seqCache) Commit(n int) error                                 { return errNoImport }
+func (c *seqCache) DType() engine.DType                                { return c.local.DType() }
+func (c *seqCache) Geometry() engine.CacheGeometry                     { return c.local.Geometry() }

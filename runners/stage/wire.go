@@ -1,0 +1,609 @@
+package stage
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"math"
+
+	"github.com/exo-pd/exo-pd/runners/gen"
+	"github.com/exo-pd/exo-pd/runners/internal/half"
+)
+
+// Version is the stage link's protocol version (PROTOCOL.md S7).
+const Version = 1
+
+const (
+	magic      = "EXOSTAGE"
+	helloSize  = 96
+	headerSize = 12
+
+	flagAuth = 1 << 0
+
+	maxSeqs       = 256
+	maxStepTokens = 8192
+	maxReason     = 1024
+	maxOpenJSON   = 8 << 20
+	maxLogprobLen = 64 << 10
+	// DefaultMaxStepBytes bounds a Step frame (Config.MaxStepBytes).
+	DefaultMaxStepBytes = 256 << 20
+)
+
+// Frame types (PROTOCOL.md S3).
+const (
+	frameAuthProof = 1
+	frameAuthOK    = 2
+	frameOpen      = 3
+	frameStep      = 4
+	frameTruncate  = 5
+	frameDrop      = 6
+	framePicks     = 7
+	frameAck       = 8
+	frameError     = 9
+	frameKeepalive = 10
+)
+
+// Hidden-state dtypes of a Step.
+const (
+	DTypeF32  = 1
+	DTypeBF16 = 2
+)
+
+// Code is an Error frame's code.
+type Code uint16
+
+// Error codes (PROTOCOL.md S3).
+const (
+	CodeVersion    Code = 1
+	CodeAuth       Code = 2
+	CodeMismatch   Code = 3
+	CodeBadRequest Code = 4
+	CodeInternal   Code = 5
+	CodeCorrupt    Code = 6
+)
+
+func (c Code) String() string {
+	switch c {
+	case CodeVersion:
+		return "version"
+	case CodeAuth:
+		return "auth"
+	case CodeMismatch:
+		return "mismatch"
+	case CodeBadRequest:
+		return "bad_request"
+	case CodeInternal:
+		return "internal"
+	case CodeCorrupt:
+		return "corrupt"
+	}
+	return fmt.Sprintf("code %d", uint16(c))
+}
+
+// Errors callers branch on.
+var (
+	// ErrCorrupt: a frame failed its checks (type, length, CRC, layout).
+	ErrCorrupt = errors.New("stage link: corrupt frame")
+	// ErrAuth: the peers do not share the secret, or one has none.
+	ErrAuth = errors.New("stage link: authentication failed")
+	// ErrMismatch: the peer is another model, stage count or layer split.
+	ErrMismatch = errors.New("stage link: peer mismatch")
+	// ErrVersion: the peer speaks another protocol or version.
+	ErrVersion = errors.New("stage link: version")
+	// ErrDown: the ring is not whole (a link is down or was lost).
+	ErrDown = errors.New("stage link: ring down")
+)
+
+func corruptf(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, a...))
+}
+
+// RemoteError is an Error frame: a peer's refusal or a failed step.
+type RemoteError struct {
+	Code   Code
+	Reason string
+}
+
+func (e *RemoteError) Error() string {
+	return fmt.Sprintf("stage link: %s: %s", e.Code, e.Reason)
+}
+
+// Is maps codes to the sentinels.
+func (e *RemoteError) Is(target error) bool {
+	switch target {
+	case ErrAuth:
+		return e.Code == CodeAuth
+	case ErrMismatch:
+		return e.Code == CodeMismatch
+	case ErrVersion:
+		return e.Code == CodeVersion
+	case ErrCorrupt:
+		return e.Code == CodeCorrupt
+	}
+	return false
+}
+
+// Hello is one side's fixed introduction (PROTOCOL.md S1).
+type Hello struct {
+	Version     uint16
+	Flags       uint16
+	Stage       int
+	Stages      int
+	First, End  int // the stage's layers [First, End)
+	Fingerprint [32]byte
+	Nonce       [32]byte
+}
+
+func (h *Hello) encode() []byte {
+	b := make([]byte, helloSize)
+	copy(b, magic)
+	le := binary.LittleEndian
+	le.PutUint16(b[8:], h.Version)
+	le.PutUint16(b[10:], h.Flags)
+	le.PutUint16(b[12:], uint16(h.Stage))
+	le.PutUint16(b[14:], uint16(h.Stages))
+	le.PutUint32(b[16:], uint32(h.First))
+	le.PutUint32(b[20:], uint32(h.End))
+	copy(b[24:56], h.Fingerprint[:])
+	copy(b[56:88], h.Nonce[:])
+	return b
+}
+
+func parseHello(b []byte) (Hello, error) {
+	var h Hello
+	if len(b) != helloSize || string(b[:8]) != magic {
+		return h, fmt.Errorf("%w: not a stage link peer (bad magic)", ErrVersion)
+	}
+	le := binary.LittleEndian
+	h.Version, h.Flags = le.Uint16(b[8:]), le.Uint16(b[10:])
+	if h.Version != Version {
+		return h, fmt.Errorf("%w: peer speaks version %d, this side %d", ErrVersion, h.Version, Version)
+	}
+	if h.Flags&^flagAuth != 0 || le.Uint64(b[88:]) != 0 {
+		return h, fmt.Errorf("%w: reserved hello bits set", ErrVersion)
+	}
+	h.Stage, h.Stages = int(le.Uint16(b[12:])), int(le.Uint16(b[14:]))
+	h.First, h.End = int(le.Uint32(b[16:])), int(le.Uint32(b[20:]))
+	copy(h.Fingerprint[:], b[24:56])
+	copy(h.Nonce[:], b[56:88])
+	return h, nil
+}
+
+// Messages (PROTOCOL.md S3, S5). Each is one frame.
+
+// Open installs a request's Picker for a sequence on the last stage.
+type Open struct {
+	Ticket, Seq uint64
+	Body        []byte // JSON of OpenBody
+}
+
+// OpenBody is what the last stage builds the Picker from.
+type OpenBody struct {
+	Request *gen.Request `json:"request"`
+	Start   struct {
+		Reasoning bool `json:"reasoning,omitempty"`
+	} `json:"start"`
+	History []int32 `json:"history"`
+}
+
+// StepSeq is one sequence's chunk in a Step.
+type StepSeq struct {
+	Seq  uint64
+	Pos  int  // the cache length the chunk continues
+	N    int  // its tokens
+	Pick bool // the last stage picks a token from its last position
+}
+
+// Step is one step of several sequences' chunks.
+type Step struct {
+	Ticket uint64
+	DType  uint8
+	Seqs   []StepSeq
+	Tokens []int32   // Σ N, sequence after sequence
+	Hidden []float32 // [Σ N, D]
+}
+
+// Truncate asks (and with Apply orders) every stage to truncate a
+// sequence's cache to N; OK and Len accumulate down the ring.
+type Truncate struct {
+	Ticket, Seq uint64
+	N           int
+	Apply, OK   bool
+	Len         int
+}
+
+// Drop frees a sequence on every stage.
+type Drop struct{ Seq uint64 }
+
+// Pick is one sequence's picked token.
+type Pick struct {
+	Seq     uint64
+	Tok     int32
+	Done    bool
+	Logprob *gen.TokenLogprob
+}
+
+// Picks is the last stage's answer to a Step.
+type Picks struct {
+	Ticket uint64
+	Picks  []Pick
+}
+
+// Ack answers an Open.
+type Ack struct{ Ticket uint64 }
+
+// ErrorFrame is an Error frame; Ticket 0 is about the link itself.
+type ErrorFrame struct {
+	Ticket uint64
+	Code   Code
+	Reason string
+}
+
+type keepalive struct{}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// frame prepends the header to payload (which starts headerSize bytes in).
+func frame(typ byte, b []byte) []byte {
+	le := binary.LittleEndian
+	b[0], b[1] = typ, 0
+	le.PutUint16(b[2:], 0)
+	le.PutUint32(b[4:], uint32(len(b)-headerSize))
+	c := crc32.Update(crc32.Checksum(b[:8], castagnoli), castagnoli, b[headerSize:])
+	le.PutUint32(b[8:], c)
+	return b
+}
+
+// encode returns msg's frame bytes.
+func encode(msg any) ([]byte, error) {
+	le := binary.LittleEndian
+	switch m := msg.(type) {
+	case Open:
+		if len(m.Body) > maxOpenJSON {
+			return nil, fmt.Errorf("stage link: open body of %d bytes (limit %d)", len(m.Body), maxOpenJSON)
+		}
+		b := make([]byte, headerSize+16+len(m.Body))
+		le.PutUint64(b[12:], m.Ticket)
+		le.PutUint64(b[20:], m.Seq)
+		copy(b[28:], m.Body)
+		return frame(frameOpen, b), nil
+	case Step:
+		return encodeStep(&m)
+	case *Step:
+		return encodeStep(m)
+	case Truncate:
+		b := make([]byte, headerSize+28)
+		p := b[headerSize:]
+		le.PutUint64(p, m.Ticket)
+		le.PutUint64(p[8:], m.Seq)
+		le.PutUint32(p[16:], uint32(m.N))
+		if m.Apply {
+			p[20] = 1
+		}
+		if m.OK {
+			p[21] = 1
+		}
+		le.PutUint32(p[24:], uint32(m.Len))
+		return frame(frameTruncate, b), nil
+	case Drop:
+		b := make([]byte, headerSize+8)
+		le.PutUint64(b[12:], m.Seq)
+		return frame(frameDrop, b), nil
+	case Ack:
+		b := make([]byte, headerSize+8)
+		le.PutUint64(b[12:], m.Ticket)
+		return frame(frameAck, b), nil
+	case Picks:
+		if len(m.Picks) > maxSeqs {
+			return nil, fmt.Errorf("stage link: %d picks (limit %d)", len(m.Picks), maxSeqs)
+		}
+		b := make([]byte, headerSize+12+16*len(m.Picks), headerSize+12+32*len(m.Picks))
+		p := b[headerSize:]
+		le.PutUint64(p, m.Ticket)
+		le.PutUint16(p[8:], uint16(len(m.Picks)))
+		for i, pk := range m.Picks {
+			e := p[12+16*i:]
+			le.PutUint64(e, pk.Seq)
+			le.PutUint32(e[8:], uint32(pk.Tok))
+			if pk.Done {
+				e[12] |= 1
+			}
+			if pk.Logprob != nil {
+				e[12] |= 2
+			}
+		}
+		for _, pk := range m.Picks {
+			if pk.Logprob == nil {
+				continue
+			}
+			j, err := json.Marshal(pk.Logprob)
+			if err != nil {
+				return nil, err
+			}
+			if len(j) > maxLogprobLen {
+				return nil, fmt.Errorf("stage link: a logprob record of %d bytes (limit %d)", len(j), maxLogprobLen)
+			}
+			b = le.AppendUint32(b, uint32(len(j)))
+			b = append(b, j...)
+		}
+		return frame(framePicks, b), nil
+	case ErrorFrame:
+		r := m.Reason
+		if len(r) > maxReason {
+			r = r[:maxReason]
+		}
+		b := make([]byte, headerSize+12+len(r))
+		p := b[headerSize:]
+		le.PutUint64(p, m.Ticket)
+		le.PutUint16(p[8:], uint16(m.Code))
+		le.PutUint16(p[10:], uint16(len(r)))
+		copy(p[12:], r)
+		return frame(frameError, b), nil
+	case keepalive:
+		return frame(frameKeepalive, make([]byte, headerSize)), nil
+	case authFrame:
+		b := make([]byte, headerSize+32)
+		copy(b[headerSize:], m.mac)
+		return frame(m.typ, b), nil
+	}
+	return nil, fmt.Errorf("stage link: cannot encode %T", msg)
+}
+
+type authFrame struct {
+	typ byte
+	mac []byte
+}
+
+func encodeStep(m *Step) ([]byte, error) {
+	le := binary.LittleEndian
+	if len(m.Seqs) == 0 || len(m.Seqs) > maxSeqs {
+		return nil, fmt.Errorf("stage link: a step of %d sequences (1 to %d)", len(m.Seqs), maxSeqs)
+	}
+	total := 0
+	for _, s := range m.Seqs {
+		if s.N < 1 || s.N > math.MaxUint16 || s.Pos < 0 || int64(s.Pos)+int64(s.N) >= math.MaxInt32 {
+			return nil, fmt.Errorf("stage link: a chunk of %d tokens at %d", s.N, s.Pos)
+		}
+		total += s.N
+	}
+	if total != len(m.Tokens) || total > maxStepTokens {
+		return nil, fmt.Errorf("stage link: %d tokens for chunks of %d (limit %d)", len(m.Tokens), total, maxStepTokens)
+	}
+	size := 4
+	switch m.DType {
+	case DTypeF32:
+	case DTypeBF16:
+		size = 2
+	default:
+		return nil, fmt.Errorf("stage link: hidden dtype %d", m.DType)
+	}
+	if len(m.Hidden)%total != 0 || len(m.Hidden) == 0 {
+		return nil, fmt.Errorf("stage link: %d hidden values for %d tokens", len(m.Hidden), total)
+	}
+	b := make([]byte, headerSize+12+16*len(m.Seqs)+4*total+size*len(m.Hidden))
+	p := b[headerSize:]
+	le.PutUint64(p, m.Ticket)
+	le.PutUint16(p[8:], uint16(len(m.Seqs)))
+	p[10] = m.DType
+	o := 12
+	for _, s := range m.Seqs {
+		le.PutUint64(p[o:], s.Seq)
+		le.PutUint32(p[o+8:], uint32(s.Pos))
+		le.PutUint16(p[o+12:], uint16(s.N))
+		if s.Pick {
+			p[o+14] = 1
+		}
+		o += 16
+	}
+	for _, t := range m.Tokens {
+		le.PutUint32(p[o:], uint32(t))
+		o += 4
+	}
+	if m.DType == DTypeF32 {
+		for _, v := range m.Hidden {
+			le.PutUint32(p[o:], math.Float32bits(v))
+			o += 4
+		}
+	} else {
+		for _, v := range m.Hidden {
+			le.PutUint16(p[o:], half.F32ToBF16(v))
+			o += 2
+		}
+	}
+	return frame(frameStep, b), nil
+}
+
+// limits is how big each frame type may be.
+func limitOf(typ byte, maxStep int) (min, max int, ok bool) {
+	switch typ {
+	case frameAuthProof, frameAuthOK:
+		return 32, 32, true
+	case frameTruncate:
+		return 28, 28, true
+	case frameDrop, frameAck:
+		return 8, 8, true
+	case frameKeepalive:
+		return 0, 0, true
+	case frameError:
+		return 12, 12 + maxReason, true
+	case frameOpen:
+		return 16, 16 + maxOpenJSON, true
+	case framePicks:
+		return 12, 12 + 16*maxSeqs + maxSeqs*(4+maxLogprobLen), true
+	case frameStep:
+		return 12 + 16 + 4, maxStep, true
+	}
+	return 0, 0, false
+}
+
+// readFrame reads one frame's type and checked payload (into buf when it
+// has room).
+func readFrame(r io.Reader, buf []byte, maxStep int) (byte, []byte, error) {
+	var h [headerSize]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, nil, err
+	}
+	le := binary.LittleEndian
+	typ, n := h[0], int(le.Uint32(h[4:]))
+	lo, hi, ok := limitOf(typ, maxStep)
+	switch {
+	case !ok:
+		return 0, nil, corruptf("unknown frame type %d", typ)
+	case h[1] != 0 || le.Uint16(h[2:]) != 0:
+		return 0, nil, corruptf("frame type %d: reserved header bits set", typ)
+	case n < lo || n > hi:
+		return 0, nil, corruptf("frame type %d of %d bytes (%d to %d)", typ, n, lo, hi)
+	}
+	if cap(buf) < n {
+		buf = make([]byte, n)
+	}
+	p := buf[:n]
+	if _, err := io.ReadFull(r, p); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, nil, err
+	}
+	c := crc32.Update(crc32.Checksum(h[:8], castagnoli), castagnoli, p)
+	if c != le.Uint32(h[8:]) {
+		return 0, nil, corruptf("frame type %d (%d bytes): crc32c %08x, header says %08x", typ, n, c, le.Uint32(h[8:]))
+	}
+	return typ, p, nil
+}
+
+// decodeFrame parses a checked payload of typ; hidden is the model's hidden
+// width (Step). The result does not alias p.
+func decodeFrame(typ byte, p []byte, hidden int) (any, error) {
+	le := binary.LittleEndian
+	switch typ {
+	case frameOpen:
+		return Open{Ticket: le.Uint64(p), Seq: le.Uint64(p[8:]), Body: append([]byte(nil), p[16:]...)}, nil
+	case frameStep:
+		return decodeStep(p, hidden)
+	case frameTruncate:
+		if p[20] > 1 || p[21] > 1 || le.Uint16(p[22:]) != 0 {
+			return nil, corruptf("truncate: flags %d ok %d reserved %d", p[20], p[21], le.Uint16(p[22:]))
+		}
+		n, l := le.Uint32(p[16:]), le.Uint32(p[24:])
+		if n > math.MaxInt32 || l > math.MaxInt32 {
+			return nil, corruptf("truncate to %d, len %d", n, l)
+		}
+		return Truncate{Ticket: le.Uint64(p), Seq: le.Uint64(p[8:]), N: int(n), Apply: p[20] == 1, OK: p[21] == 1, Len: int(l)}, nil
+	case frameDrop:
+		return Drop{Seq: le.Uint64(p)}, nil
+	case frameAck:
+		return Ack{Ticket: le.Uint64(p)}, nil
+	case framePicks:
+		return decodePicks(p)
+	case frameError:
+		n := int(le.Uint16(p[10:]))
+		if n > maxReason || 12+n != len(p) {
+			return nil, corruptf("error frame: reason of %d bytes in %d", n, len(p))
+		}
+		return ErrorFrame{Ticket: le.Uint64(p), Code: Code(le.Uint16(p[8:])), Reason: string(p[12:])}, nil
+	case frameKeepalive:
+		return keepalive{}, nil
+	case frameAuthProof, frameAuthOK:
+		return authFrame{typ: typ, mac: append([]byte(nil), p...)}, nil
+	}
+	return nil, corruptf("unknown frame type %d", typ)
+}
+
+func decodeStep(p []byte, hidden int) (*Step, error) {
+	le := binary.LittleEndian
+	count := int(le.Uint16(p[8:]))
+	m := &Step{Ticket: le.Uint64(p), DType: p[10]}
+	size := 0
+	switch m.DType {
+	case DTypeF32:
+		size = 4
+	case DTypeBF16:
+		size = 2
+	default:
+		return nil, corruptf("step: hidden dtype %d", m.DType)
+	}
+	if count < 1 || count > maxSeqs || p[11] != 0 || len(p) < 12+16*count {
+		return nil, corruptf("step: %d sequences in %d bytes", count, len(p))
+	}
+	m.Seqs = make([]StepSeq, count)
+	total := 0
+	o := 12
+	for i := range m.Seqs {
+		pos, n := le.Uint32(p[o+8:]), int(le.Uint16(p[o+12:]))
+		if p[o+14] > 1 || p[o+15] != 0 || n < 1 || int64(pos)+int64(n) >= math.MaxInt32 {
+			return nil, corruptf("step: sequence %d: %d tokens at %d, flags %d", i, n, pos, p[o+14])
+		}
+		m.Seqs[i] = StepSeq{Seq: le.Uint64(p[o:]), Pos: int(pos), N: n, Pick: p[o+14] == 1}
+		total += n
+		o += 16
+	}
+	if total > maxStepTokens || hidden <= 0 {
+		return nil, corruptf("step: %d tokens (limit %d)", total, maxStepTokens)
+	}
+	want := int64(o) + 4*int64(total) + int64(size)*int64(total)*int64(hidden)
+	if int64(len(p)) != want {
+		return nil, corruptf("step: %d bytes, %d tokens of width %d want %d", len(p), total, hidden, want)
+	}
+	m.Tokens = make([]int32, total)
+	for i := range m.Tokens {
+		m.Tokens[i] = int32(le.Uint32(p[o:]))
+		o += 4
+	}
+	m.Hidden = make([]float32, total*hidden)
+	if size == 4 {
+		for i := range m.Hidden {
+			m.Hidden[i] = math.Float32frombits(le.Uint32(p[o:]))
+			o += 4
+		}
+	} else {
+		for i := range m.Hidden {
+			m.Hidden[i] = half.BF16ToF32(le.Uint16(p[o:]))
+			o += 2
+		}
+	}
+	return m, nil
+}
+
+func decodePicks(p []byte) (Picks, error) {
+	le := binary.LittleEndian
+	count := int(le.Uint16(p[8:]))
+	m := Picks{Ticket: le.Uint64(p)}
+	if count > maxSeqs || le.Uint16(p[10:]) != 0 || len(p) < 12+16*count {
+		return m, corruptf("picks: %d entries in %d bytes", count, len(p))
+	}
+	m.Picks = make([]Pick, count)
+	o := 12
+	for i := range m.Picks {
+		e := p[o:]
+		if e[12] > 3 || e[13] != 0 || e[14] != 0 || e[15] != 0 {
+			return m, corruptf("picks: entry %d flags %d", i, e[12])
+		}
+		m.Picks[i] = Pick{Seq: le.Uint64(e), Tok: int32(le.Uint32(e[8:])), Done: e[12]&1 != 0}
+		o += 16
+	}
+	for i := range m.Picks {
+		if p[12+16*i+12]&2 == 0 {
+			continue
+		}
+		if len(p) < o+4 {
+			return m, corruptf("picks: entry %d's logprob record missing", i)
+		}
+		n := int(le.Uint32(p[o:]))
+		if n > maxLogprobLen || len(p) < o+4+n {
+			return m, corruptf("picks: entry %d's logprob record of %d bytes", i, n)
+		}
+		lp := new(gen.TokenLogprob)
+		if err := json.Unmarshal(p[o+4:o+4+n], lp); err != nil {
+			return m, corruptf("picks: entry %d's logprob record: %v", i, err)
+		}
+		m.Picks[i].Logprob = lp
+		o += 4 + n
+	}
+	if o != len(p) {
+		return m, corruptf("picks: %d trailing bytes", len(p)-o)
+	}
+	return m, nil
+}
