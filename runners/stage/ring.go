@@ -672,7 +672,7 @@ func (c *seqCache) Free() {
 var errNoImport = errors.New("stage: a pipeline's sequences take no imported KV (remote prefill into a pipeline is not supported yet)")
 
 func (c *seqCache) Export(layer, start, n int) ([]byte, []byte, error) { return nil, nil, errNoImport }
-func (c *seqCache) Import(layer, start, n int, k, v []byte) error     { return errNoImport }
+func (c *seqCache) Import(layer, start, n int, k, v []byte) error      { return errNoImport }
 func (c *seqCache) Commit(n int) error                                 { return errNoImport }
 func (c *seqCache) DType() engine.DType                                { return c.local.DType() }
 func (c *seqCache) Geometry() engine.CacheGeometry                     { return c.local.Geometry() }
