@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -78,9 +77,11 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 func (n *Node) Healthy() bool { return n.up.Load() }
 
 // Run serves the stage until ctx ends: it dials the next stage (again
-// after every failure, with backoff), takes the previous stage's link,
-// and serves the two until one fails; then it frees every sequence and
-// starts over.
+// after every failure, with backoff) and serves the previous stage's
+// link over it. A failure downstream closes the upstream link too, so it
+// travels back to stage 0 (which rebuilds the ring); a failure upstream
+// only frees this stage's sequences and waits for a new link, so a
+// failure does not circle the ring.
 func (n *Node) Run(ctx context.Context) error {
 	accepted := acceptLinks(ctx, n.cfg.Listen, n.cfg.Link, n.log)
 	for ctx.Err() == nil {
@@ -88,28 +89,67 @@ func (n *Node) Run(ctx context.Context) error {
 		if err != nil {
 			return nil // ctx ended
 		}
-		var in *Link
-		select {
-		case in = <-accepted:
-		case <-out.Done():
-			n.log.Warn("stage link down", "err", out.Err())
-			continue
-		case <-ctx.Done():
-			out.Close(ctx.Err())
-			return nil
+		go drainBack(out)
+		for ctx.Err() == nil {
+			in := newest(ctx, accepted, out.Done())
+			if in == nil {
+				break
+			}
+			n.reset()
+			n.up.Store(true)
+			n.log.Info("stage links up", "from_stage", in.Peer.Stage, "to_stage", out.Peer.Stage)
+			err := n.serve(ctx, in, out)
+			n.up.Store(false)
+			in.Close(err)
+			n.reset()
+			if ctx.Err() == nil {
+				n.log.Warn("stage link down; every sequence freed", "err", err)
+			}
+			if out.Err() != nil {
+				break
+			}
 		}
-		n.up.Store(true)
-		n.log.Info("stage links up", "from_stage", in.Peer.Stage, "to_stage", out.Peer.Stage)
-		err = n.serve(ctx, in, out)
-		n.up.Store(false)
-		in.Close(err)
-		out.Close(err)
-		n.reset()
-		if ctx.Err() == nil {
-			n.log.Warn("stage links down; every sequence freed", "err", err)
-		}
+		out.Close(ctx.Err())
 	}
 	return nil
+}
+
+// drainBack reads a downstream link's back channel (keepalives; an Error
+// frame or a read failure closes the link).
+func drainBack(out *Link) {
+	for {
+		msg, err := out.Recv()
+		if err != nil {
+			return
+		}
+		if e, ok := msg.(ErrorFrame); ok {
+			out.Close(&RemoteError{Code: e.Code, Reason: e.Reason})
+			return
+		}
+	}
+}
+
+// newest waits for an accepted link and returns the newest one waiting
+// (closing older ones: their senders have dialled again since); nil when
+// ctx or stop ends first.
+func newest(ctx context.Context, accepted <-chan *Link, stop <-chan struct{}) *Link {
+	var in *Link
+	select {
+	case in = <-accepted:
+	case <-stop:
+		return nil
+	case <-ctx.Done():
+		return nil
+	}
+	for {
+		select {
+		case l := <-accepted:
+			in.Close(errors.New("stage link: replaced by a newer link"))
+			in = l
+		default:
+			return in
+		}
+	}
 }
 
 func (n *Node) reset() {
@@ -178,31 +218,17 @@ func dialLoop(ctx context.Context, addr string, cfg LinkConfig, log *slog.Logger
 	}
 }
 
-// serve handles in's messages until a link fails.
+// serve handles in's messages until in fails or out does.
 func (n *Node) serve(ctx context.Context, in, out *Link) error {
-	n.reset()
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { // the downstream link carries only keepalives and errors back
-		defer wg.Done()
-		for {
-			msg, err := out.Recv()
-			if err != nil {
-				in.Close(err)
-				return
-			}
-			if e, ok := msg.(ErrorFrame); ok {
-				err := &RemoteError{Code: e.Code, Reason: e.Reason}
-				out.Close(err)
-				in.Close(err)
-				return
-			}
-		}
-	}()
 	stop := context.AfterFunc(ctx, func() { in.Close(ctx.Err()) })
 	defer stop()
-	defer wg.Wait()
-	defer out.Close(nil)
+	go func() {
+		select {
+		case <-out.Done():
+			in.Close(out.Err())
+		case <-in.Done():
+		}
+	}()
 	for {
 		msg, err := in.Recv()
 		if err != nil {

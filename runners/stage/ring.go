@@ -50,6 +50,7 @@ type Ring struct {
 
 	mu      sync.Mutex
 	out     *Link // nil while the ring is down
+	ready   bool  // a probe has gone round the ring since out was set
 	epoch   uint64
 	pending map[uint64]*pending
 	downErr error
@@ -100,11 +101,24 @@ func NewRing(cfg RingConfig) (*Ring, error) {
 	return r, nil
 }
 
-// Healthy: the whole ring is up.
+// Healthy: the whole ring is up (a probe went round it since the links
+// were made, and none has failed since).
 func (r *Ring) Healthy() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.out != nil
+	return r.out != nil && r.ready
+}
+
+// probe sends a no-op (a Truncate query for sequence 0, which no stage
+// holds) round the ring and marks it ready when it comes back.
+func (r *Ring) probe(ctx context.Context, out *Link) {
+	_, err := r.call(ctx, 0, func(t uint64) any { return Truncate{Ticket: t, Seq: 0, N: 0, OK: true} })
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err == nil && r.out == out {
+		r.ready = true
+		r.log.Info("stage ring up", "stages", r.cfg.Link.Stages, "next", r.cfg.Next)
+	}
 }
 
 // Run keeps the ring up until ctx ends: it dials stage 1, takes the last
@@ -117,23 +131,19 @@ func (r *Ring) Run(ctx context.Context) error {
 		if err != nil {
 			break
 		}
-		var in *Link
-		select {
-		case in = <-accepted:
-		case <-out.Done():
-			r.log.Warn("stage link down", "err", out.Err())
-			continue
-		case <-ctx.Done():
-			out.Close(ctx.Err())
-		}
+		in := newest(ctx, accepted, out.Done())
 		if in == nil {
-			break
+			out.Close(ctx.Err())
+			if ctx.Err() == nil {
+				r.log.Warn("stage link down", "err", out.Err())
+			}
+			continue
 		}
 		r.mu.Lock()
-		r.out, r.downErr = out, nil
+		r.out, r.downErr, r.ready = out, nil, false
 		r.epoch++
 		r.mu.Unlock()
-		r.log.Info("stage ring up", "stages", r.cfg.Link.Stages, "next", r.cfg.Next, "from_stage", in.Peer.Stage)
+		go r.probe(ctx, out)
 		err = r.serve(ctx, in, out)
 		in.Close(err)
 		out.Close(err)
@@ -153,7 +163,7 @@ func (r *Ring) down(err error) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.out, r.downErr = nil, err
+	r.out, r.downErr, r.ready = nil, err, false
 	for t, p := range r.pending {
 		p.ch <- reply{err: err}
 		delete(r.pending, t)
@@ -164,19 +174,12 @@ func (r *Ring) down(err error) {
 // serve dispatches the last stage's answers until a link fails or a
 // ticket waits past StepTimeout.
 func (r *Ring) serve(ctx context.Context, in, out *Link) error {
-	go func() { // stage 1's link carries only keepalives and errors back
-		for {
-			msg, err := out.Recv()
-			if err != nil {
-				in.Close(err)
-				return
-			}
-			if e, ok := msg.(ErrorFrame); ok {
-				err := &RemoteError{Code: e.Code, Reason: e.Reason}
-				out.Close(err)
-				in.Close(err)
-				return
-			}
+	go drainBack(out) // stage 1's link carries only keepalives and errors back
+	go func() {
+		select {
+		case <-out.Done():
+			in.Close(out.Err())
+		case <-in.Done():
 		}
 	}()
 	stop := context.AfterFunc(ctx, func() { in.Close(ctx.Err()) })

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -86,6 +87,9 @@ func newPipeline(t *testing.T, dir string, cuts []int, secret []byte, maxBatch i
 		p.addrs = append(p.addrs, testutil.Addr(t))
 	}
 	log := slog.New(slog.DiscardHandler)
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
 	listen := func(i int) net.Listener {
 		var l net.Listener
 		testutil.Eventually(t, func() bool { l, err = net.Listen("tcp", p.addrs[i]); return err == nil }, 10*time.Second, "listen %s", p.addrs[i])
