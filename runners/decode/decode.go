@@ -635,7 +635,7 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 	}
 	var sp *speculator
 	if s.specMax > 0 && !req.NoSpeculation && picker != nil {
-		sp = s.newSpec()
+		sp = s.newSpec(req, picker)
 		if out.took > 0 {
 			sp.observe(1, out.took)
 		}
@@ -660,7 +660,7 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 			pk = *out.picked
 		} else {
 			var err error
-			if pk, err = picker.Pick(out.logits); err != nil {
+			if pk, err = sp.pick(picker, out.logits); err != nil {
 				return res, err
 			}
 		}

@@ -23,13 +23,22 @@ import (
 // found in its prefix cache or received from a prefill runner is
 // prefilled on the draft here, once, at the first draft.
 //
-// The draft is a point mass (the draft model's argmax), so verification is
-// the prompt-lookup path's: each verified row goes through the plain
-// per-token pipeline (mask, penalties, sampler, logprobs, stops), which is
-// the exact rejection rule for a point-mass draft at any temperature (see
-// spec.go); greedy and seeded output equal plain decoding's. (A sampled
-// draft with the min(1, p/q) rule would accept more at temperature > 0 but
-// gives other texts for a seed; it is not implemented.)
+// Greedy and seeded requests get a point-mass draft (the draft model's
+// argmax), verified as the prompt-lookup path's: each verified row goes
+// through the plain per-token pipeline (mask, penalties, sampler, logprobs,
+// stops), which is the exact rejection rule for a point-mass draft at any
+// temperature (see spec.go), so their output equals plain decoding's, a
+// seeded text included. An unseeded request at temperature > 0 gets sampled
+// drafts: the draft samples each token from its own distribution q (the
+// request's temperature, top-k/p, min-p and bias over the draft's logits,
+// its own random stream), and each verified row keeps the drafted token d
+// with probability min(1, p(d)/q(d)), p what the target's sampler would
+// draw from (after the constraint's mask and the penalties), else draws
+// from the residual max(0, p − q) (Picker.PickDraft): the output is
+// distributed exactly as the target's, and a draft close to the target is
+// kept far more often than its argmax would be. (A seeded request keeps the
+// point mass: with sampled drafts its text would depend on how many tokens
+// were drafted per step, which the measured costs decide.)
 //
 // How many tokens to draft uses the prompt-lookup path's cost model with
 // one more cost: a draft forward, measured, in plain target steps (see
@@ -57,15 +66,19 @@ func CheckDraftText(target, draft Text) error {
 // drafter is one generation's draft model state: its cache (a draft pool
 // entry, holding entry.tokens) and what a draft forward costs.
 type drafter struct {
-	m     Model
-	vocab int // drafted ids stay below it (both models' and the tokenizer's vocabularies)
-	maxP  int // the draft's context (0: unbounded)
-	pool  *kvPool
-	chunk int
-	e     *convEntry
-	step  float64 // seconds per draft forward (moving average; 0: unmeasured)
-	err   error   // a failed draft forward: no more drafting in this generation
-	out   []int32
+	// sampler, when set, samples the drafts (an unseeded request at
+	// temperature > 0), each with its distribution in q; nil: greedy.
+	sampler DraftSampler
+	q       [][]float32
+	m       Model
+	vocab   int // drafted ids stay below it (both models' and the tokenizer's vocabularies)
+	maxP    int // the draft's context (0: unbounded)
+	pool    *kvPool
+	chunk   int
+	e       *convEntry
+	step    float64 // seconds per draft forward (moving average; 0: unmeasured)
+	err     error   // a failed draft forward: no more drafting in this generation
+	out     []int32
 }
 
 // draftCostPrior is a draft forward's cost, in target steps, until one is
@@ -117,7 +130,15 @@ func (d *drafter) draft(ctx context.Context, history []int32, k int) ([]int32, e
 			return fail(fmt.Errorf("draft step: %w", err))
 		}
 		d.e.tokens = append(d.e.tokens, tok)
-		tok = argmaxBelow(logits, d.vocab)
+		if d.sampler != nil {
+			i := len(d.out)
+			if i == len(d.q) {
+				d.q = append(d.q, make([]float32, d.vocab))
+			}
+			tok = d.sampler.SampleDist(d.q[i], logits[:d.vocab], nil)
+		} else {
+			tok = argmaxBelow(logits, d.vocab)
+		}
 		d.out = append(d.out, tok)
 	}
 	t := time.Since(t0).Seconds() / float64(k)

@@ -22,8 +22,12 @@ import (
 // as the embedding, so the draft rarely agrees: what drafting costs when it
 // cannot help) and 0.05 (the layers refine what the first decides, as a
 // distilled draft's target would: what it gains when the draft agrees).
-// Reported: each mode's decode tok/s (after the first token), their ratio,
-// and the share of drafted tokens accepted (b.ReportMetric: SetBytes'
+// Greedy (temp=0), and seeded and unseeded at temperature 1 (temp=1: a
+// seeded request drafts the draft's argmax, a point mass, and its text must
+// equal plain decoding's; an unseeded one samples its drafts, verified by
+// speculative sampling's rule: "sampled"). Reported: each mode's decode
+// tok/s (after the first token), its ratio to off, and the share of
+// drafted tokens accepted (b.ReportMetric: SetBytes'
 // MB/s would print 0.00 at tens of tokens per second).
 func BenchmarkSpeculativeDraftPair(b *testing.B) {
 	const tokens = 128
@@ -67,32 +71,51 @@ func BenchmarkSpeculativeDraftPair(b *testing.B) {
 				servers[mode] = s
 			}
 			prompt := text.Encode("Write a short story about a lighthouse keeper who finds a message in a bottle.")
-			rate := map[string]float64{}
-			var accepted, verified int
-			for b.Loop() {
-				var texts []string
-				for _, mode := range []string{SpecOff, SpecDraft} {
-					s := servers[mode]
-					var em textEmitter
-					req := &gen.Request{PromptIDs: prompt, MaxTokens: tokens, IgnoreEOS: true}
-					if _, err := s.Generate(context.Background(), req, &em); err != nil {
-						b.Fatal(err)
-					}
-					j := s.journal.since(0)
-					r := j[len(j)-1]
-					rate[mode] += r.TokensPerSecond
-					accepted, verified = accepted+r.SpecAccepted, verified+r.SpecAccepted+r.SpecRejected
-					texts = append(texts, em.String())
-				}
-				if texts[0] != texts[1] {
-					b.Fatalf("speculative text differs from plain:\n%q\n%q", texts[1], texts[0])
-				}
+			type variant struct {
+				label, mode string
+				seeded      bool
 			}
-			b.ReportMetric(rate[SpecOff]/float64(b.N), "off-tok/s")
-			b.ReportMetric(rate[SpecDraft]/float64(b.N), "draft-tok/s")
-			b.ReportMetric(rate[SpecDraft]/rate[SpecOff], "speedup")
-			if verified > 0 {
-				b.ReportMetric(float64(accepted)/float64(verified), "acceptance")
+			for _, temp := range []float64{0, 1} {
+				vs := []variant{{"off", SpecOff, true}, {"draft", SpecDraft, true}}
+				if temp > 0 {
+					vs = append(vs, variant{"sampled", SpecDraft, false})
+				}
+				b.Run(fmt.Sprintf("temp=%g", temp), func(b *testing.B) {
+					rate := map[string]float64{}
+					accepted, verified := map[string]int{}, map[string]int{}
+					seed := int64(0)
+					for b.Loop() {
+						seed++
+						var texts []string
+						for _, v := range vs {
+							s := servers[v.mode]
+							var em textEmitter
+							req := &gen.Request{PromptIDs: prompt, MaxTokens: tokens, IgnoreEOS: true,
+								Sampling: gen.Sampling{Temperature: temp, Seed: seed, SeedSet: v.seeded}}
+							if _, err := s.Generate(context.Background(), req, &em); err != nil {
+								b.Fatal(err)
+							}
+							j := s.journal.since(0)
+							r := j[len(j)-1]
+							rate[v.label] += r.TokensPerSecond
+							accepted[v.label] += r.SpecAccepted
+							verified[v.label] += r.SpecAccepted + r.SpecRejected
+							texts = append(texts, em.String())
+						}
+						if texts[0] != texts[1] {
+							b.Fatalf("speculative text differs from plain:\n%q\n%q", texts[1], texts[0])
+						}
+					}
+					for _, v := range vs {
+						b.ReportMetric(rate[v.label]/float64(b.N), v.label+"-tok/s")
+						if v.mode == SpecDraft {
+							b.ReportMetric(rate[v.label]/rate["off"], v.label+"-speedup")
+							if verified[v.label] > 0 {
+								b.ReportMetric(float64(accepted[v.label])/float64(verified[v.label]), v.label+"-acceptance")
+							}
+						}
+					}
+				})
 			}
 		})
 	}

@@ -2,6 +2,7 @@ package decode
 
 import (
 	"context"
+	"encoding/json"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
@@ -171,4 +172,73 @@ func TestDrafterKeepsInStep(t *testing.T) {
 			d2.close()
 		})
 	}
+}
+
+// TestSampledDraftsHonourConstraints: unseeded requests at temperature 1
+// (sampled drafts, speculative sampling's rule) under a response_format
+// and a forced tool call, on a runner whose model drafts for itself
+// (without the grammar: a draft the mask forbids is always replaced),
+// give documents of the schema and calls with valid arguments.
+func TestSampledDraftsHonourConstraints(t *testing.T) {
+	spec := testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2, MaxPositions: 4096}
+	s := startTinyServer(t, spec, func(text Text, o *Options) {
+		g := &Grammars{Text: text}
+		o.NewConstraint, o.AcceptTools = g.NewConstraint, true
+		o.Speculative, o.SpecTokens, o.Draft = SpecDraft, 4, o.Model
+	})
+	msgs := []map[string]any{{"role": "user", "content": "one two three four, one two three four"}}
+	point := map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "p", "schema": json.RawMessage(pointSchema)}}
+	for i := range 6 {
+		var out struct {
+			Choices []struct {
+				Message struct {
+					Content   string
+					ToolCalls []struct {
+						Function struct{ Name, Arguments string }
+					} `json:"tool_calls"`
+				}
+			}
+		}
+		body := map[string]any{"messages": msgs, "max_tokens": 1000, "temperature": 1, "response_format": point}
+		if i%2 == 1 {
+			body = map[string]any{"messages": msgs, "max_tokens": 1000, "temperature": 1, "tools": []any{cityTool}, "tool_choice": "required"}
+		}
+		raw := answerOf(t, s.url, body)
+		if err := json.Unmarshal([]byte(raw), &out); err != nil || len(out.Choices) != 1 {
+			t.Fatalf("answer %s: %v", raw, err)
+		}
+		docs := []string{out.Choices[0].Message.Content}
+		if i%2 == 1 {
+			calls := out.Choices[0].Message.ToolCalls
+			if len(calls) == 0 {
+				t.Fatalf("no tool call in %s", raw)
+			}
+			docs = docs[:0]
+			for _, c := range calls {
+				if c.Function.Name != "get_weather" {
+					t.Fatalf("call of %q in %s", c.Function.Name, raw)
+				}
+				docs = append(docs, c.Function.Arguments)
+			}
+		}
+		for _, doc := range docs {
+			var v map[string]any
+			if err := json.Unmarshal([]byte(doc), &v); err != nil {
+				t.Fatalf("request %d: %q is not a JSON document: %v", i, doc, err)
+			}
+			_, hasX := v["x"]
+			_, hasCity := v["city"]
+			if i%2 == 0 && (!hasX || len(v) != 2) || i%2 == 1 && (!hasCity || len(v) != 1) {
+				t.Fatalf("request %d: %s breaks its schema", i, doc)
+			}
+		}
+	}
+	accepted, rejected := 0, 0
+	for _, r := range s.srv.journal.since(0) {
+		accepted, rejected = accepted+r.SpecAccepted, rejected+r.SpecRejected
+	}
+	if rejected == 0 {
+		t.Fatalf("%d drafted tokens kept, %d replaced: the rule never replaced a draft the grammar forbids", accepted, rejected)
+	}
+	t.Logf("%d drafted tokens kept, %d replaced", accepted, rejected)
 }

@@ -57,7 +57,29 @@ func (o *Options) newPicker(req *gen.Request, cons Constraint, history []int32) 
 }
 
 // Pick chooses the next token from logits (which it does not modify).
-func (p *Picker) Pick(logits []float32) (Picked, error) {
+func (p *Picker) Pick(logits []float32) (Picked, error) { return p.pick(logits, 0, nil) }
+
+// DraftSampler is a Sampler that also samples a draft together with the
+// distribution it drew from, and verifies a drafted token by speculative
+// sampling's rule (sample.Sampler is one): draft-model speculation of an
+// unseeded request at temperature > 0 uses it.
+type DraftSampler interface {
+	Sampler
+	SampleDist(q []float32, logits []float32, history []int32) int32
+	Verify(logits []float32, history []int32, d int32, q []float32) (tok int32, kept bool)
+}
+
+// PickDraft is Pick for the row of a drafted token d that a draft model
+// sampled from q (indexed by token id): the sampler's Verify replaces its
+// Sample, so the token is distributed as Pick's would be (d kept with
+// probability min(1, p(d)/q(d)), else a draw from the residual); the
+// constraint's mask, the history and the logprob are Pick's. A sampler
+// that cannot verify samples as Pick does.
+func (p *Picker) PickDraft(logits []float32, d int32, q []float32) (Picked, error) {
+	return p.pick(logits, d, q)
+}
+
+func (p *Picker) pick(logits []float32, d int32, q []float32) (Picked, error) {
 	sl := logits
 	if p.cons != nil {
 		p.masked = append(p.masked[:0], logits...)
@@ -66,7 +88,12 @@ func (p *Picker) Pick(logits []float32) (Picked, error) {
 		}
 		sl = p.masked
 	}
-	tok := p.sampler.Sample(sl, p.history)
+	var tok int32
+	if ds, ok := p.sampler.(DraftSampler); ok && q != nil {
+		tok, _ = ds.Verify(sl, p.history, d, q)
+	} else {
+		tok = p.sampler.Sample(sl, p.history)
+	}
 	if p.cons != nil {
 		if err := p.cons.Accept(tok); err != nil {
 			return Picked{}, fmt.Errorf("constraint: %w", err)

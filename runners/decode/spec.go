@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/gen"
+	"github.com/exo-pd/exo-pd/runners/sample"
 )
 
 // Speculative decoding by prompt lookup (and the verification a draft
@@ -113,13 +115,36 @@ func (s *Server) setupSpec(o Options) {
 	}
 }
 
-// newSpec is a generation's speculator (with its drafter in draft mode).
-func (s *Server) newSpec() *speculator {
+// newSpec is req's speculator (with its drafter in draft mode: sampling
+// its drafts for an unseeded request at temperature > 0 whose Picker can
+// verify them).
+func (s *Server) newSpec(req *gen.Request, picker *Picker) *speculator {
 	sp := newSpeculator(s.o.Model.(verifier), s.info.Vocab, s.specMax)
 	if s.draftPool != nil {
 		sp.d = &drafter{m: s.o.Draft, vocab: s.draftVocab, maxP: s.o.Draft.Info().MaxPositions, pool: s.draftPool, chunk: s.o.PrefillChunk}
+		if _, ok := picker.sampler.(DraftSampler); ok && req.Sampling.Temperature > 0 && !req.Sampling.SeedSet {
+			sp.d.sampler = draftSampler(req.Sampling)
+		}
 	}
 	return sp
+}
+
+// draftSampler samples a draft model's tokens for a request: its
+// temperature, top-k, top-p, min-p and logit bias, fresh randomness of its
+// own; no penalties (any distribution is a valid draft: the rule keeps the
+// target's, and one closer to the target's is kept more often).
+func draftSampler(p gen.Sampling) DraftSampler {
+	return sample.New(sample.Params{Temperature: p.Temperature, TopK: p.TopK, TopP: p.TopP, MinP: p.MinP,
+		LogitBias: p.LogitBias, RandomSeed: true})
+}
+
+// pick picks from logits with p: a row of sampled drafts by speculative
+// sampling's rule (Picker.PickDraft), any other as Pick (sp may be nil).
+func (sp *speculator) pick(p *Picker, logits []float32) (Picked, error) {
+	if sp != nil && sp.on && sp.q != nil && sp.row < len(sp.draft) {
+		return p.PickDraft(logits, sp.draft[sp.row], sp.q[sp.row])
+	}
+	return p.Pick(logits)
 }
 
 // speculator is one generation's prompt-lookup state: what it has
@@ -157,6 +182,7 @@ type speculator struct {
 	draft []int32     // the verification in progress: its drafted tokens
 	rows  [][]float32 // the logits after the fed token and each draft
 	all   [][]float32 // every row of the forward (rows is its tail)
+	q     [][]float32 // sampled drafts: each one's draft distribution (nil: point masses)
 	row   int         // the row the last sampled token came from
 	buf   []float32   // rows' storage
 	feed  []int32
@@ -174,6 +200,10 @@ const (
 	specMargin = 1.05 // expected speed-up a draft must promise
 	// specRemeasure: with a draft model, every so many steps is plain.
 	specRemeasure = 32
+	// specDraftMargin is specMargin for a draft model's drafts: drafting
+	// also pays for keeping the draft's cache in step after plain steps,
+	// which the cost model does not count.
+	specDraftMargin = 1.15
 )
 
 func newSpeculator(v verifier, vocab, max int) *speculator {
@@ -217,7 +247,7 @@ func (sp *speculator) end() {
 		sp.fail[sp.n]++
 	}
 	clear(sp.rows)
-	sp.on, sp.rows, sp.draft, sp.row = false, sp.rows[:0], sp.draft[:0], 0
+	sp.on, sp.rows, sp.draft, sp.row, sp.q = false, sp.rows[:0], sp.draft[:0], 0, nil
 }
 
 // observe records how long a forward of rows positions took (1: a plain
@@ -245,6 +275,9 @@ func (sp *speculator) observe(rows int, d time.Duration) {
 func (sp *speculator) plan(n, avail int) int {
 	a := sp.ok[n] / (sp.ok[n] + sp.fail[n])
 	best, bestV := 0, specMargin
+	if sp.d != nil {
+		bestV = specDraftMargin
+	}
 	e, p := 1.0, 1.0
 	per := sp.cost + sp.dcost()
 	for k := 1; k <= avail; k++ {
@@ -310,6 +343,10 @@ func (sp *speculator) propose(ctx context.Context, history []int32, limit int) (
 		d, err := sp.d.draft(ctx, history, k)
 		sp.n = 0
 		sp.draft = append(sp.draft[:0], d...)
+		sp.q = nil
+		if sp.d.sampler != nil {
+			sp.q = sp.d.q[:len(d)]
+		}
 		if len(d) == 0 {
 			return nil, err
 		}

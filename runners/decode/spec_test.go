@@ -307,6 +307,19 @@ func (r recordingSampler) Sample(logits []float32, history []int32) int32 {
 	return tok
 }
 
+// SampleDist and Verify make a recordingSampler over a DraftSampler one.
+func (r recordingSampler) SampleDist(q []float32, logits []float32, history []int32) int32 {
+	tok := r.Sampler.(DraftSampler).SampleDist(q, logits, history)
+	*r.out = append(*r.out, tok)
+	return tok
+}
+
+func (r recordingSampler) Verify(logits []float32, history []int32, d int32, q []float32) (int32, bool) {
+	tok, kept := r.Sampler.(DraftSampler).Verify(logits, history, d, q)
+	*r.out = append(*r.out, tok)
+	return tok, kept
+}
+
 // TestSpeculativeSamplingMatchesTarget: at temperature 1, the first three
 // tokens of many seeded speculative generations are distributed as the
 // target model says (chi-square, p > 1e-6; fixed seeds). The prompt
@@ -317,11 +330,14 @@ func (r recordingSampler) Sample(logits []float32, history []int32) int32 {
 // temperature 1) for every sequence over the three tokens, the rest
 // pooled.
 //
-// With a draft model (the target drafting for itself: its greedy tokens,
-// not its samples) the three tokens are the draft's first two greedy
-// tokens and one more, so that its drafts are among them.
+// With a draft model: seeded, the target drafting for itself (its greedy
+// tokens, point masses; the three tokens are the draft's first two greedy
+// tokens and one more, so that its drafts are among them); and unseeded
+// (fresh randomness: p < 1e-6 fails one run in a million), the one-layer
+// model of the same seed sampling its drafts, kept or replaced by
+// speculative sampling's rule (both must happen).
 func TestSpeculativeSamplingMatchesTarget(t *testing.T) {
-	for _, mode := range []string{SpecPromptLookup, SpecDraft} {
+	for _, mode := range []string{SpecPromptLookup, SpecDraft, "draft-sampled"} {
 		t.Run(mode, func(t *testing.T) { testSpecSampling(t, mode) })
 	}
 }
@@ -331,10 +347,17 @@ func testSpecSampling(t *testing.T, mode string) {
 	abc := []int32{40, 41, 42}
 	bias := map[int32]float32{}
 	var outs [][]int32
-	s := startTinyServer(t, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}, func(_ Text, o *Options) {
+	s := startTinyServer(t, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}, func(text Text, o *Options) {
 		o.Speculative, o.SpecTokens, o.MaxBatch = mode, 4, 1
-		if mode == SpecDraft {
+		switch mode {
+		case SpecDraft:
 			o.Draft = o.Model
+		case "draft-sampled":
+			dir := filepath.Join(t.TempDir(), "draft")
+			if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 1}); err != nil {
+				t.Fatal(err)
+			}
+			o.Speculative, o.Draft = SpecDraft, loadDraft(t, dir, text)
 		}
 		o.NewSampler = func(p gen.Sampling) Sampler {
 			outs = append(outs, nil)
@@ -379,18 +402,22 @@ func testSpecSampling(t *testing.T, mode string) {
 	}
 	for seed := range int64(n) {
 		req := &gen.Request{PromptIDs: prompt, MaxTokens: 3, IgnoreEOS: true,
-			Sampling: gen.Sampling{Temperature: 1, TopP: 1, LogitBias: bias, Seed: seed + 1, SeedSet: true}}
+			Sampling: gen.Sampling{Temperature: 1, TopP: 1, LogitBias: bias, Seed: seed + 1, SeedSet: mode != "draft-sampled"}}
 		if _, err := s.srv.Generate(ctx, req, discard{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	accepted := 0
+	accepted, rejected := 0, 0
 	for _, r := range s.srv.journal.since(0) {
 		accepted += r.SpecAccepted
+		rejected += r.SpecRejected
 	}
 	// The journal keeps the latest records only: a floor on acceptance.
 	if accepted == 0 {
 		t.Fatal("no drafted token was accepted: the verification rows were not exercised")
+	}
+	if mode == "draft-sampled" && rejected == 0 {
+		t.Fatal("no sampled draft was rejected: the residual was not exercised")
 	}
 	// The target's probabilities of each continuation over abc.
 	probs := func(ctx []int32) []float64 {

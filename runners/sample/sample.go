@@ -1,7 +1,9 @@
 // Package sample owns next-token selection from logits (greedy, temperature,
 // top-k, top-p, min-p, repetition penalty with HF transformers' semantics;
 // presence and frequency penalties and logit bias with OpenAI's; seeded or
-// fresh randomness), log-probabilities of the model's distribution, and the
+// fresh randomness), speculative sampling's rule for a drafted token
+// (Verify, with the draft's distribution from SampleDist),
+// log-probabilities of the model's distribution, and the
 // stop-sequence matcher that holds back text which may begin a stop string.
 // It knows nothing of models, tokenizers or HTTP.
 package sample
@@ -94,12 +96,7 @@ func (s *Sampler) Sample(logits []float32, history []int32) int32 {
 	} else {
 		tok = s.draw(l)
 	}
-	if s.p.PresencePenalty != 0 || s.p.FrequencyPenalty != 0 {
-		if s.counts == nil {
-			s.counts = map[int32]int{}
-		}
-		s.counts[tok]++
-	}
+	s.count(tok)
 	return tok
 }
 
@@ -184,6 +181,28 @@ func argmax(l []float32) int32 {
 }
 
 func (s *Sampler) draw(l []float32) int32 {
+	c := s.candidates(l)
+	if len(c) == 0 {
+		return argmax(l)
+	}
+	total := 0.0
+	for _, x := range c {
+		total += x.l
+	}
+	u := s.rng.Float64() * total
+	for _, x := range c {
+		u -= x.l
+		if u < 0 {
+			return x.id
+		}
+	}
+	return c[len(c)-1].id
+}
+
+// candidates are the tokens draw chooses among with their probabilities
+// (before the cuts of min-p and top-p: their sum may be below 1); none when
+// every logit is NaN or -Inf. They are s's scratch.
+func (s *Sampler) candidates(l []float32) []cand {
 	invT := 1 / s.p.Temperature
 	c := s.cand[:0]
 	for i, v := range l {
@@ -193,7 +212,8 @@ func (s *Sampler) draw(l []float32) int32 {
 		c = append(c, cand{id: int32(i), l: float64(v) * invT})
 	}
 	if len(c) == 0 {
-		return argmax(l)
+		s.cand = c
+		return nil
 	}
 	byLogit := func(a, b cand) int {
 		if a.l != b.l {
@@ -265,10 +285,53 @@ func (s *Sampler) draw(l []float32) int32 {
 		c = c[:max(n, 1)]
 	}
 	s.cand = c
-	total := 0.0
-	for _, x := range c {
-		total += x.l
+	return c
+}
+
+// count records tok as returned (presence and frequency penalties).
+func (s *Sampler) count(tok int32) {
+	if s.p.PresencePenalty != 0 || s.p.FrequencyPenalty != 0 {
+		if s.counts == nil {
+			s.counts = map[int32]int{}
+		}
+		s.counts[tok]++
 	}
+}
+
+// SampleDist is Sample for a speculative draft (temperature > 0): it
+// also writes into q (len(logits) entries, cleared here) the distribution
+// the token was drawn from, which Verify needs. At temperature ≤ 0 it is
+// Sample, and q is the point mass on the token.
+func (s *Sampler) SampleDist(q []float32, logits []float32, history []int32) int32 {
+	q = q[:len(logits)]
+	clear(q)
+	if len(logits) == 0 {
+		return 0
+	}
+	l := s.Adjust(logits, history)
+	var tok int32
+	c := []cand(nil)
+	if s.p.Temperature > 0 {
+		c = s.candidates(l)
+	}
+	if len(c) == 0 {
+		tok = argmax(l)
+		q[tok] = 1
+	} else {
+		total := 0.0
+		for _, x := range c {
+			total += x.l
+		}
+		for _, x := range c {
+			q[x.id] = float32(x.l / total)
+		}
+		tok = s.pick(c, total)
+	}
+	s.count(tok)
+	return tok
+}
+
+func (s *Sampler) pick(c []cand, total float64) int32 {
 	u := s.rng.Float64() * total
 	for _, x := range c {
 		u -= x.l
@@ -277,6 +340,58 @@ func (s *Sampler) draw(l []float32) int32 {
 		}
 	}
 	return c[len(c)-1].id
+}
+
+// Verify is speculative sampling's rule for one drafted token d drawn from
+// q (SampleDist's, indexed by token id): with p the distribution Sample
+// would draw from, d is kept with probability min(1, p(d)/q(d)); else the
+// token is drawn from the residual max(0, p − q), renormalized. The token
+// returned is distributed as p whatever q is, and counts as Sample's does;
+// kept reports whether it is d. At temperature ≤ 0 it is Sample.
+func (s *Sampler) Verify(logits []float32, history []int32, d int32, q []float32) (tok int32, kept bool) {
+	if len(logits) == 0 || s.p.Temperature <= 0 {
+		tok = s.Sample(logits, history)
+		return tok, tok == d
+	}
+	l := s.Adjust(logits, history)
+	c := s.candidates(l)
+	if len(c) == 0 {
+		tok = argmax(l)
+		s.count(tok)
+		return tok, tok == d
+	}
+	qOf := func(id int32) float64 {
+		if int(id) < len(q) {
+			return float64(q[id])
+		}
+		return 0
+	}
+	total, pd := 0.0, 0.0
+	for _, x := range c {
+		total += x.l
+		if x.id == d {
+			pd = x.l
+		}
+	}
+	pd /= total
+	if qd := qOf(d); qd > 0 && s.rng.Float64()*qd < pd {
+		s.count(d)
+		return d, true
+	}
+	// The residual, over p's support (outside it max(0, 0 − q) is 0).
+	rest := 0.0
+	for i, x := range c {
+		r := max(0, x.l/total-qOf(x.id))
+		c[i].l = r
+		rest += r
+	}
+	if rest <= 0 { // p ≤ q everywhere yet d rejected: only by rounding; draw from p
+		tok = s.draw(l)
+	} else {
+		tok = s.pick(c, rest)
+	}
+	s.count(tok)
+	return tok, tok == d
 }
 
 // kthLargest returns the k-th largest scaled logit in c (1-based) without

@@ -351,3 +351,72 @@ func BenchmarkSampleTopP(b *testing.B) {
 		})
 	}
 }
+
+// TestVerifyKeepsTheTargetDistribution: speculative sampling's rule gives
+// tokens distributed as the target p (temperature, top-k and a logit bias
+// applied) whatever the draft's q, including a q that puts mass where p
+// has none and one equal to p (every draft kept); each frequency within
+// 5 standard deviations of p over 200,000 draws.
+func TestVerifyKeepsTheTargetDistribution(t *testing.T) {
+	logits := []float32{2, 1, 0.5, 0, -1, 3}
+	params := Params{Temperature: 0.8, TopK: 5, LogitBias: map[int32]float32{4: 1.5}, Seed: 3}
+	target := New(params)
+	l := target.Adjust(logits, nil)
+	c := target.candidates(l)
+	p := make([]float64, len(logits))
+	total := 0.0
+	for _, x := range c {
+		total += x.l
+	}
+	for _, x := range c {
+		p[x.id] = x.l / total
+	}
+	if p[3] != 0 {
+		t.Fatalf("top-k kept token 3: %v", p)
+	}
+	same := make([]float32, len(p))
+	for i := range p {
+		same[i] = float32(p[i])
+	}
+	for _, q := range [][]float32{
+		{0.1, 0.1, 0.1, 0.4, 0.2, 0.1}, // mass on 3, which p never draws
+		{0.9, 0.02, 0.02, 0.02, 0.02, 0.02},
+		same,
+	} {
+		const n = 200000
+		v := New(Params{Temperature: 0.8, TopK: 5, LogitBias: params.LogitBias, Seed: 9})
+		draft := rand.New(rand.NewPCG(1, 2))
+		got := make([]int, len(p))
+		kept := 0
+		for range n {
+			u, d := draft.Float64(), int32(0)
+			for i, x := range q {
+				if u -= float64(x); u < 0 {
+					d = int32(i)
+					break
+				}
+			}
+			tok, ok := v.Verify(logits, nil, d, q)
+			if ok != (tok == d) {
+				t.Fatalf("kept %v for token %d, draft %d", ok, tok, d)
+			}
+			if ok {
+				kept++
+			}
+			got[tok]++
+		}
+		for i := range p {
+			sd := math.Sqrt(n * p[i] * (1 - p[i]))
+			if d := math.Abs(float64(got[i]) - n*p[i]); d > 5*sd+1e-9 {
+				t.Errorf("q %v: token %d drawn %d times, want %.0f ± %.0f", q, i, got[i], n*p[i], 5*sd)
+			}
+		}
+		want := 0.0 // the kept share: Σ min(p, q)
+		for i := range p {
+			want += math.Min(p[i], float64(q[i]))
+		}
+		if share := float64(kept) / n; math.Abs(share-want) > 0.01 {
+			t.Errorf("q %v: kept %.3f of drafts, want Σ min(p, q) = %.3f", q, share, want)
+		}
+	}
+}
