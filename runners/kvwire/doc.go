@@ -1,7 +1,8 @@
 // Package kvwire owns the KV wire protocol between a prefill runner (server)
 // and a decode runner (client), specified in docs/PROTOCOL.md: the versioned
-// handshake, challenge-response authentication, the request, the
-// self-describing header, CRC32C-checked chunk, state, done and error frames,
+// handshake, challenge-response authentication, the request (for every
+// layer, or a pipeline stage's layer range: §19), the self-describing
+// header, CRC32C-checked chunk, state, done and error frames,
 // admission, flow control, cancellation and timeouts, striping one
 // transfer over several authenticated connections (stripe.go), and the
 // choice of and failover between prefill endpoints.
