@@ -37,7 +37,7 @@ const runnerUsage = `usage:
                      [--remote-prefill-min-tokens N] [--remote-prefill-route cost|floor]
                      [--prefill-connect-timeout D] [--prefill-idle-floor D] [--kv-wire-dtype native|fp8]
                      [--kv-streams N] [--speculative off|prompt-lookup|draft] [--draft SRC]
-                     [--speculative-tokens K]
+                     [--speculative-tokens K] [--tensor I/N --tensor-peers ADDR0,ADDR1,…]
                      [--secret-file F] [--backend cpu|mlx|auto] [--device gpu|cpu]
                      [--max-queue N] [--max-batch N] [--models-dir D] [--read-header-timeout D]
                      [--default-temperature X] [--default-top-p X] [--default-top-k N]
@@ -55,6 +55,13 @@ Hugging Face id.
 Sampling defaults of the decode runner: the model's own (generation_config.json,
 GGUF general.sampling.*), overridden by --default-* (the cluster file's
 [models.defaults]), overridden by each request's fields.
+
+--tensor I/N --tensor-peers ADDR0,…,ADDRN-1 (decode) makes this runner rank I of
+a tensor-parallel group of N runners, one per rank, each holding 1/N of every
+layer: rank 0 serves the API on --listen and listens for the other ranks' tensor
+links on ADDR0; ranks I > 0 serve only /health and /metrics on --listen and dial
+ADDR0 (docs/PROTOCOL.md "Tensor link"). On --backend mlx the ranks sum over MLX's
+ring, rank i on ADDRi's port + 1 (unless MLX_HOSTFILE and MLX_RANK are set).
 
 --instance TOKEN (both roles; the supervisor passes a fresh one per start)
 is echoed by /health as "instance", so a prober can tell this process from
@@ -79,6 +86,8 @@ type runnerFlags struct {
 	speculative    string // decode: off | prompt-lookup | draft
 	draft          string // decode: the draft model's source (--speculative draft)
 	specTokens     int
+	tensor         string // decode: I/N, this runner's tensor-parallel rank
+	tensorPeers    string // decode: the ranks' tensor link addresses
 	// prefill
 	metricsAddr string
 	cacheMiB    int
@@ -174,6 +183,8 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		fs.StringVar(&f.speculative, "speculative", decode.SpecOff, "speculative decoding: off, prompt-lookup (drafts from n-grams of the prompt and output) or draft (drafts by --draft's model); drafts are verified in one forward")
 		fs.StringVar(&f.draft, "draft", "", "the draft model (a model directory, .gguf file or Hugging Face id of the same tokenizer) of --speculative draft, loaded on this runner's backend")
 		fs.IntVar(&f.specTokens, "speculative-tokens", 0, fmt.Sprintf("the most tokens drafted per step (1 to 64; 0: %d)", decode.DefaultSpecTokens))
+		fs.StringVar(&f.tensor, "tensor", "", "tensor-parallel rank I/N of this runner (with --tensor-peers)")
+		fs.StringVar(&f.tensorPeers, "tensor-peers", "", "the tensor-parallel ranks' link addresses, comma-separated, in rank order (rank 0 listens on the first)")
 		fs.DurationVar(&f.idleFloor, "prefill-idle-floor", 3*time.Second, "shortest wait for the next KV frame (the deadline grows with the endpoint's measured chunk time)")
 	} else {
 		fs.StringVar(&f.metricsAddr, "metrics", "", "HTTP address for /health and /metrics")
@@ -215,6 +226,9 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 	case f.role == "decode" && f.idleFloor <= 0:
 		return nil, exitError{code: 2, msg: "runner: --prefill-idle-floor must be positive"}
 	}
+	if err := checkTensorFlags(f); err != nil {
+		return nil, err
+	}
 	if err := f.defaults.Check(); err != nil {
 		return nil, exitError{code: 2, msg: "runner: --default-*: " + err.Error()}
 	}
@@ -232,6 +246,9 @@ type loadGate struct {
 	doneB, totalB atomic.Int64
 	ready         atomic.Pointer[http.Handler]
 	load          func() (waiting, running int)
+	// health, when set, is a condition of a loaded runner's /health (a
+	// tensor-parallel group is whole).
+	health func() error
 	// endpoints, when set, reports the prefill endpoints' breaker states.
 	endpoints func() []decode.EndpointHealth
 	drain     *openai.Drain // the runner's shutdown state: /health fails once it stops
@@ -267,6 +284,14 @@ func (g *loadGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			_ = json.NewEncoder(w).Encode(body)
 			return
+		}
+		if g.health != nil {
+			if err := g.health(); err != nil {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_ = json.NewEncoder(w).Encode(map[string]any{"status": "degraded", "role": g.role, "model": g.name,
+					"error": err.Error(), "instance": g.instance, "pid": os.Getpid()})
+				return
+			}
 		}
 		waiting, running := g.load()
 		body := map[string]any{"status": "ok", "role": g.role, "model": g.name,
@@ -343,8 +368,15 @@ func cmdRunner(ctx context.Context, args []string) error {
 	go func() { httpDone <- serveHTTP(ctx, hl, gate, gate.drain, f.readHeaderTimeout, log) }()
 	log.Info("runner starting", "http", hl.Addr().String(), "source", f.model)
 
-	m, path, err := loadModel(ctx, f, gate, log)
+	tr, err := listenTensor(f, secret, log)
 	if err != nil {
+		cancel()
+		<-httpDone
+		return err
+	}
+	m, path, err := loadModel(ctx, f, gate, log, tr.join(f))
+	if err != nil {
+		tr.close()
 		cancel()
 		<-httpDone
 		return err
@@ -352,8 +384,10 @@ func cmdRunner(ctx context.Context, args []string) error {
 	defer m.Close()
 
 	var runErr error
-	if f.role == "decode" {
-		runErr = runDecode(ctx, f, m, path, secret, gate, log)
+	if tr.follower() {
+		runErr = runTensorFollower(ctx, f, m, tr, gate, log)
+	} else if f.role == "decode" {
+		runErr = runDecode(ctx, f, m, path, secret, gate, log, tr)
 	} else {
 		runErr = runPrefill(ctx, f, m, secret, gate, log)
 	}
@@ -367,7 +401,9 @@ func cmdRunner(ctx context.Context, args []string) error {
 
 // loadModel resolves the source (downloading if needed) and loads it,
 // reporting progress through the gate: the download is the first half.
-func loadModel(ctx context.Context, f *runnerFlags, gate *loadGate, log *slog.Logger) (*engine.Model, string, error) {
+// join, when set, makes the tensor-parallel collective the model loads
+// with (on the opened backend).
+func loadModel(ctx context.Context, f *runnerFlags, gate *loadGate, log *slog.Logger, join func(engine.Backend) (engine.Collective, error)) (*engine.Model, string, error) {
 	t0 := time.Now()
 	downloaded := false
 	path, err := hf.Resolve(ctx, f.model, hf.Options{StoreDir: f.modelsDir, Offline: f.offline, Logger: log,
@@ -389,8 +425,14 @@ func loadModel(ctx context.Context, f *runnerFlags, gate *loadGate, log *slog.Lo
 	if err != nil {
 		return nil, "", fmt.Errorf("runner: %w", err)
 	}
+	var coll engine.Collective
+	if join != nil {
+		if coll, err = join(b); err != nil {
+			return nil, "", fmt.Errorf("runner: %w", err)
+		}
+	}
 	lastLog := time.Now()
-	m, err := engine.Load(ctx, path, b, engine.LoadOptions{Progress: func(done, total int64) {
+	m, err := engine.Load(ctx, path, b, engine.LoadOptions{Tensor: coll, Progress: func(done, total int64) {
 		if total <= 0 {
 			return
 		}
@@ -411,7 +453,7 @@ func loadModel(ctx context.Context, f *runnerFlags, gate *loadGate, log *slog.Lo
 	return m, path, nil
 }
 
-func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string, secret []byte, gate *loadGate, log *slog.Logger) error {
+func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string, secret []byte, gate *loadGate, log *slog.Logger, tr *tensorRank) error {
 	st, err := decode.NewSetup(f.name, m, path, f.defaults)
 	if err != nil {
 		return fmt.Errorf("runner: %w", err)
@@ -430,6 +472,10 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 		}
 	}()
 	var dm decode.Model = m
+	var tensorDone <-chan error // rank 0: the group's end (nil: not tensor-parallel)
+	if tr != nil {
+		dm, tensorDone = tr.lead(ctx, m, met, gate, log)
+	}
 	if f.testPrefillRate > 0 {
 		dm = paced.Model{Model: m, Rate: f.testPrefillRate}
 		log.Warn("TEST ONLY: local prefill capped (--test-slow-prefill-tokens-per-sec)", "tokens_per_s", f.testPrefillRate)
@@ -469,9 +515,13 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 	gate.ready.Store(&h)
 	go trimWhenIdle(ctx, srv.Load, 5*time.Second, log)
 	log.Info("decode runner ready", "listen", f.listen)
-	<-ctx.Done()
+	var err2 error
+	select {
+	case <-ctx.Done():
+	case err2 = <-tensorDone:
+	}
 	gate.drain.Stop(openai.DefaultDrainGrace) // the requests in hand end before the server closes under them
-	return nil
+	return err2
 }
 
 func runPrefill(ctx context.Context, f *runnerFlags, m *engine.Model, secret []byte, gate *loadGate, log *slog.Logger) error {

@@ -105,9 +105,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Time this rank spent in all_sums (on mlx: queuing the lazy op; its wait is in the step's eval)."}, []string{"model", "rank"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Calls, m.Bytes, m.Seconds)
+		m.Register(reg)
 	}
 	return m
+}
+
+// Register registers m's counters on reg (a runner makes its Metrics
+// before its registry: the collective exists before the model loads).
+func (m *Metrics) Register(reg prometheus.Registerer) {
+	reg.MustRegister(m.Calls, m.Bytes, m.Seconds)
 }
 
 // metered counts a Collective's all_sums.

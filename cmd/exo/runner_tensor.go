@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+
+	"github.com/exo-pd/exo-pd/runners/decode"
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/metrics"
+	"github.com/exo-pd/exo-pd/runners/tensor"
+)
+
+// checkTensorFlags validates --tensor and --tensor-peers (decode only;
+// both or neither).
+func checkTensorFlags(f *runnerFlags) error {
+	if f.tensor == "" && f.tensorPeers == "" {
+		return nil
+	}
+	if f.tensor == "" || f.tensorPeers == "" {
+		return exitError{code: 2, msg: "runner: --tensor and --tensor-peers go together"}
+	}
+	rank, size, err := tensor.ParseRank(f.tensor)
+	if err != nil {
+		return exitError{code: 2, msg: "runner: " + err.Error()}
+	}
+	if err := (tensor.RankConfig{Rank: rank, Size: size, Peers: splitList(f.tensorPeers)}).Check(); err != nil {
+		return exitError{code: 2, msg: "runner: " + err.Error()}
+	}
+	switch {
+	case f.testPrefillRate > 0:
+		return exitError{code: 2, msg: "runner: --test-slow-prefill-tokens-per-sec is not supported with --tensor"}
+	case f.prefill != "":
+		return exitError{code: 2, msg: "runner: --prefill with --tensor is not supported yet (each rank would ask for its KV heads)"}
+	}
+	return nil
+}
+
+// tensorRank is a runner's rank in a tensor-parallel group (nil: the
+// runner holds the whole model).
+type tensorRank struct {
+	r   *tensor.Rank
+	cfg tensor.RankConfig
+}
+
+// listenTensor makes this runner's rank (rank 0 listens for the tensor
+// links at once, before its model loads).
+func listenTensor(f *runnerFlags, secret []byte, log *slog.Logger) (*tensorRank, error) {
+	if f.tensor == "" {
+		return nil, nil
+	}
+	rank, size, err := tensor.ParseRank(f.tensor)
+	if err != nil {
+		return nil, fmt.Errorf("runner: %w", err)
+	}
+	cfg := tensor.RankConfig{Rank: rank, Size: size, Peers: splitList(f.tensorPeers), Secret: secret, Model: f.name,
+		Metrics: tensor.NewMetrics(nil), Logger: log.With("tensor_rank", rank)}
+	r, err := tensor.Listen(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("runner: %w", err)
+	}
+	log.Info("tensor-parallel rank", "rank", rank, "ranks", size, "peers", f.tensorPeers)
+	return &tensorRank{r: r, cfg: cfg}, nil
+}
+
+func (t *tensorRank) join(f *runnerFlags) func(engine.Backend) (engine.Collective, error) {
+	if t == nil {
+		return nil
+	}
+	return func(b engine.Backend) (engine.Collective, error) { return t.r.Collective(t.cfg, b) }
+}
+
+func (t *tensorRank) follower() bool { return t != nil && t.r.Follower != nil }
+
+func (t *tensorRank) close() {
+	if t != nil {
+		t.r.Close()
+	}
+}
+
+// lead makes rank 0's model adapter, registers the all_sum metrics and
+// serves the followers' links; /health fails while the group is not
+// whole. The channel carries the group's end (MLX: a lost rank).
+func (t *tensorRank) lead(ctx context.Context, m *engine.Model, met *metrics.Runner, gate *loadGate, log *slog.Logger) (decode.Model, <-chan error) {
+	t.cfg.Metrics.Register(met.Registry)
+	gate.health = t.r.Health
+	done := make(chan error, 1)
+	go func() { done <- t.r.Serve(ctx, nil) }()
+	return t.r.Leader.Model(m), done
+}
+
+// runTensorFollower serves rank 0's calls on this rank's share, and only
+// /health and /metrics on --listen.
+func runTensorFollower(ctx context.Context, f *runnerFlags, m *engine.Model, t *tensorRank, gate *loadGate, log *slog.Logger) error {
+	met := metrics.New("decode")
+	t.cfg.Metrics.Register(met.Registry)
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", met.Handler())
+	var h http.Handler = mux
+	gate.load = func() (int, int) { return 0, 0 }
+	gate.health = t.r.Health
+	gate.ready.Store(&h)
+	log.Info("tensor rank ready", "rank", t.cfg.Rank, "rank0", t.cfg.Peers[0])
+	if err := t.r.Serve(ctx, m); err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("runner: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,34 @@
+package main
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+// TestRunnerTensorFlags: --tensor and --tensor-peers go together, name a
+// rank inside the group and one address per rank, and are decode's.
+func TestRunnerTensorFlags(t *testing.T) {
+	base := "decode --model x --served-name m --listen :0 "
+	for _, c := range []struct{ args, want string }{
+		{base + "--tensor 0/2", "go together"},
+		{base + "--tensor-peers a:1,b:2", "go together"},
+		{base + "--tensor 2/2 --tensor-peers a:1,b:2", "0 ≤ I < N"},
+		{base + "--tensor 0/1 --tensor-peers a:1", "N ≥ 2"},
+		{base + "--tensor x --tensor-peers a:1,b:2", "want I/N"},
+		{base + "--tensor 0/3 --tensor-peers a:1,b:2", "2 addresses for 3 ranks"},
+		{base + "--tensor 0/2 --tensor-peers a:1,b", "rank 1's address"},
+		{base + "--tensor 0/2 --tensor-peers a:1,b:2 --prefill p:1", "--prefill with --tensor"},
+		{"prefill --model x --served-name m --listen :0 --metrics :1 --tensor 0/2", "tensor"},
+	} {
+		_, err := parseRunnerFlags(strings.Fields(c.args))
+		var ee exitError
+		if !errors.As(err, &ee) || ee.code != 2 || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want a usage error saying %q", c.args, err, c.want)
+		}
+	}
+	f, err := parseRunnerFlags(strings.Fields(base + "--tensor 1/3 --tensor-peers a:1,b:2,c:3"))
+	if err != nil || f.tensor != "1/3" || f.tensorPeers != "a:1,b:2,c:3" {
+		t.Fatalf("%+v %v", f, err)
+	}
+}

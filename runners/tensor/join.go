@@ -1,0 +1,205 @@
+package tensor
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/mlx"
+)
+
+// ParseRank parses a runner's --tensor value "I/N" (0 ≤ I < N, N ≥ 2).
+func ParseRank(s string) (rank, size int, err error) {
+	a, b, ok := strings.Cut(s, "/")
+	if ok {
+		rank, err = strconv.Atoi(a)
+		if err == nil {
+			size, err = strconv.Atoi(b)
+		}
+	}
+	if !ok || err != nil || size < 2 || size > 1<<16-1 || rank < 0 || rank >= size {
+		return 0, 0, fmt.Errorf("--tensor %q: want I/N, rank I of N ranks (0 ≤ I < N, N ≥ 2)", s)
+	}
+	return rank, size, nil
+}
+
+// RankConfig is one runner's place in a tensor-parallel group.
+type RankConfig struct {
+	// Rank and Size: --tensor I/N.
+	Rank, Size int
+	// Peers are the ranks' tensor addresses in rank order
+	// (--tensor-peers): rank 0 listens for the tensor link on Peers[0].
+	// On MLX's ring backend rank i's ring listens on Peers[i]'s port + 1
+	// unless MLX_HOSTFILE is already set.
+	Peers []string
+	// Secret authenticates the tensor link.
+	Secret []byte
+	// Model labels the metrics.
+	Model   string
+	Metrics *Metrics
+	Logger  *slog.Logger
+	// Fill (followers) fills this rank's KV heads from a prefill runner.
+	Fill Filler
+}
+
+// Rank is this process's rank: Leader on rank 0, Follower elsewhere.
+type Rank struct {
+	Leader   *Leader
+	Follower *Follower
+	l        net.Listener
+	// MLX is whether the ranks sum through MLX's group (a lost rank
+	// cannot rejoin it: every rank exits).
+	MLX bool
+}
+
+// Check validates c without side effects.
+func (c RankConfig) Check() error {
+	if len(c.Peers) != c.Size {
+		return fmt.Errorf("--tensor-peers lists %d addresses for %d ranks: want one per rank, in rank order", len(c.Peers), c.Size)
+	}
+	for i, p := range c.Peers {
+		if _, _, err := net.SplitHostPort(p); err != nil {
+			return fmt.Errorf("--tensor-peers: rank %d's address %q: %w", i, p, err)
+		}
+	}
+	return nil
+}
+
+// Listen makes rank 0's tensor link listener (before the model loads, so
+// that followers can link as soon as they are loaded) and the rank's
+// Leader or Follower.
+func Listen(c RankConfig) (*Rank, error) {
+	if err := c.Check(); err != nil {
+		return nil, err
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	r := &Rank{}
+	var err error
+	if c.Rank == 0 {
+		r.Leader, err = NewLeader(LeaderConfig{Size: c.Size, Secret: c.Secret, Rejoin: true, Logger: c.Logger})
+		if err != nil {
+			return nil, err
+		}
+		r.l, err = net.Listen("tcp", c.Peers[0])
+		if err != nil {
+			return nil, fmt.Errorf("tensor: listen %s (--tensor-peers' rank 0): %w", c.Peers[0], err)
+		}
+		return r, nil
+	}
+	r.Follower, err = NewFollower(FollowerConfig{Rank: c.Rank, Size: c.Size, Leader: c.Peers[0], Secret: c.Secret,
+		Rejoin: true, Fill: c.Fill, Logger: c.Logger})
+	return r, err
+}
+
+// Collective returns the collective the rank's model loads with (metered
+// in c.Metrics): the link's all_sum on the cpu backend, MLX's group (the
+// ring over the peers' hosts, or what MLX_HOSTFILE / MLX_RANK already
+// say) on mlx. Joining MLX's group blocks until its neighbours joined.
+func (r *Rank) Collective(c RankConfig, b engine.Backend) (engine.Collective, error) {
+	if b.Name() == "cpu" {
+		var coll engine.Collective
+		if r.Leader != nil {
+			coll = r.Leader.Collective()
+		} else {
+			coll = r.Follower.Collective()
+		}
+		return Meter(coll, c.Metrics, c.Model), nil
+	}
+	if os.Getenv("MLX_HOSTFILE") == "" {
+		path, err := writeHostfile(c.Peers)
+		if err != nil {
+			return nil, err
+		}
+		os.Setenv("MLX_HOSTFILE", path)
+		os.Setenv("MLX_RANK", strconv.Itoa(c.Rank))
+	}
+	g, err := mlx.JoinGroup(b, mlx.GroupOptions{Backend: "ring", Strict: true})
+	if err != nil {
+		return nil, fmt.Errorf("tensor: join MLX's ring (MLX_HOSTFILE %s, MLX_RANK %s): %w", os.Getenv("MLX_HOSTFILE"), os.Getenv("MLX_RANK"), err)
+	}
+	if g.Rank() != c.Rank || g.Size() != c.Size {
+		return nil, fmt.Errorf("tensor: MLX's group says rank %d of %d, --tensor %d/%d", g.Rank(), g.Size(), c.Rank, c.Size)
+	}
+	r.MLX = true
+	if r.Leader != nil {
+		r.Leader.cfg.Rejoin = false
+	} else {
+		r.Follower.cfg.Rejoin = false
+	}
+	return Meter(g, c.Metrics, c.Model), nil
+}
+
+// writeHostfile writes MLX's ring hostfile: rank i listens on peer i's
+// host at its port + 1.
+func writeHostfile(peers []string) (string, error) {
+	var hosts [][]string
+	for i, p := range peers {
+		h, port, err := net.SplitHostPort(p)
+		if err != nil {
+			return "", err
+		}
+		n, err := strconv.Atoi(port)
+		if err != nil || n < 1 || n >= 65535 {
+			return "", fmt.Errorf("--tensor-peers: rank %d's port %q (MLX's ring takes the next one)", i, port)
+		}
+		hosts = append(hosts, []string{net.JoinHostPort(h, strconv.Itoa(n+1))})
+	}
+	b, err := json.Marshal(hosts)
+	if err != nil {
+		return "", err
+	}
+	f, err := os.CreateTemp("", "exo-mlx-hostfile-*.json")
+	if err != nil {
+		return "", fmt.Errorf("tensor: MLX hostfile: %w", err)
+	}
+	defer f.Close()
+	if _, err := f.Write(b); err != nil {
+		return "", fmt.Errorf("tensor: MLX hostfile: %w", err)
+	}
+	return f.Name(), nil
+}
+
+// Serve runs the rank until ctx ends: rank 0 accepts followers (m is
+// unused there: its Model adapter serves the API), a follower serves
+// rank 0's calls on m. On MLX a lost rank ends it with an error (the
+// supervisor restarts the group).
+func (r *Rank) Serve(ctx context.Context, m *engine.Model) error {
+	if r.Follower != nil {
+		return r.Follower.Run(ctx, m)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- r.Leader.Serve(ctx, r.l) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-r.Leader.Lost():
+		cancel()
+		<-errc
+		return fmt.Errorf("tensor: a rank of MLX's group was lost (%v): every rank must restart", r.Leader.Health())
+	}
+}
+
+// Health is nil while the group is whole (rank 0) or linked (follower).
+func (r *Rank) Health() error {
+	if r.Leader != nil {
+		return r.Leader.Health()
+	}
+	return r.Follower.Health()
+}
+
+// Close releases rank 0's listener (Serve closes it too).
+func (r *Rank) Close() {
+	if r.l != nil {
+		r.l.Close()
+	}
+}
