@@ -116,7 +116,9 @@ func (g *Leader) Serve(ctx context.Context, l net.Listener) error {
 		conn, err := l.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
-				g.fail(fmt.Errorf("%w: rank 0 is stopping", ErrGroup))
+				if g.Health() == nil { // else keep why it broke
+					g.fail(fmt.Errorf("%w: rank 0 is stopping", ErrGroup))
+				}
 				return nil
 			}
 			return fmt.Errorf("tensor: accept: %w", err)
