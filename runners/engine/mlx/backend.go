@@ -115,6 +115,10 @@ type backend struct {
 	// the wait for it), summed: the benchmarks subtract it from a step's
 	// time to get the host's share (building and queueing the graph).
 	evalNanos atomic.Int64
+	// evalStart is when the evaluation now running began (UnixNano), 0
+	// when none runs: a Collective's watchdog reads it (a collective
+	// whose peer died never returns).
+	evalStart atomic.Int64
 }
 
 // normKey picks a compiled rms_norm: its trace bakes in eps and 1/width.
@@ -725,6 +729,8 @@ func (b *backend) eval(arrays ...*array) error {
 		hs[i] = a.h
 	}
 	b.evals++
+	b.evalStart.Store(time.Now().UnixNano())
+	defer b.evalStart.Store(0)
 	if C.xmx_eval(&hs[0], C.size_t(len(hs))) != 0 {
 		err := mlxErr("eval")
 		// An op that throws while its graph is being scheduled (GatherMM

@@ -102,6 +102,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
@@ -166,6 +167,18 @@ type GroupOptions struct {
 	// Strict fails when the backend cannot be initialized; otherwise MLX
 	// returns a group of one (this process alone).
 	Strict bool
+	// StallAfter, when positive, starts a watchdog: an evaluation on the
+	// backend that has run StallAfter without returning calls OnStall
+	// (once per evaluation, on the watchdog's goroutine, with how long it
+	// has run). MLX's ring backend does not fail a collective whose peer
+	// process has died: it waits forever (TestDistributedPeerLost), so
+	// the evaluation, and the runner's step, never return. A runner that
+	// cannot go on then ends its process and the supervisor restarts the
+	// group. Choose StallAfter well above the longest legitimate step
+	// (a prefill chunk on this hardware).
+	StallAfter time.Duration
+	// OnStall is required with StallAfter.
+	OnStall func(running time.Duration)
 }
 
 // Collective is this process's rank in an MLX distributed group, with the
@@ -175,7 +188,8 @@ type GroupOptions struct {
 // until every rank of the group has reached it.
 //
 // mlx-c v0.6.0 has no function that frees a group: a process joins one
-// group per MLX backend for its life, so a Collective needs no Close.
+// group per MLX backend for its life (Close only stops the stall
+// watchdog).
 type Collective struct {
 	b *backend
 	g C.xmx_group
@@ -186,6 +200,9 @@ type Collective struct {
 	backend string
 	rank    int
 	size    int
+	// stop ends the watchdog (nil without one).
+	stop     chan struct{}
+	stopOnce sync.Once
 }
 
 // JoinGroup initializes MLX's distributed backend (mlx_distributed_init)
@@ -206,6 +223,9 @@ func JoinGroup(eb engine.Backend, opts GroupOptions) (*Collective, error) {
 	}
 	if name := C.xmd_missing_core(); name != nil {
 		return nil, fmt.Errorf("%w: this libmlxc has no %s", ErrDistributed, C.GoString(name))
+	}
+	if opts.StallAfter < 0 || (opts.StallAfter > 0 && opts.OnStall == nil) {
+		return nil, fmt.Errorf("%w: GroupOptions.StallAfter %v needs a positive duration and an OnStall", ErrDistributed, opts.StallAfter)
 	}
 	bk := opts.Backend
 	if bk == "" {
@@ -245,7 +265,42 @@ func JoinGroup(eb engine.Backend, opts GroupOptions) (*Collective, error) {
 	if err != nil {
 		return nil, err
 	}
+	if opts.StallAfter > 0 {
+		c.stop = make(chan struct{})
+		go c.watch(opts.StallAfter, opts.OnStall)
+	}
 	return c, nil
+}
+
+// watch polls the backend's running evaluation until Close and calls
+// onStall once for each one that has run `after`.
+func (c *Collective) watch(after time.Duration, onStall func(time.Duration)) {
+	tick := time.NewTicker(max(after/8, 10*time.Millisecond))
+	defer tick.Stop()
+	var reported int64 // the start of the evaluation last reported
+	for {
+		select {
+		case <-c.stop:
+			return
+		case now := <-tick.C:
+			start := c.b.evalStart.Load()
+			if start == 0 || start == reported {
+				continue
+			}
+			if d := now.Sub(time.Unix(0, start)); d >= after {
+				reported = start
+				onStall(d)
+			}
+		}
+	}
+}
+
+// Close stops the stall watchdog, if any. The group itself stays joined
+// for the life of the process (mlx-c v0.6.0 cannot free one).
+func (c *Collective) Close() {
+	if c.stop != nil {
+		c.stopOnce.Do(func() { close(c.stop) })
+	}
 }
 
 // DistributedAvailable reports whether MLX's distributed backend bk ("" or

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -258,6 +259,9 @@ func TestDistributedAlone(t *testing.T) {
 	if _, err := JoinGroup(b, GroupOptions{Backend: "no-such-backend", Strict: true}); !errors.Is(err, ErrDistributed) {
 		t.Errorf("unknown backend: %v, want an ErrDistributed", err)
 	}
+	if _, err := JoinGroup(b, GroupOptions{Backend: "ring", StallAfter: time.Second}); !errors.Is(err, ErrDistributed) {
+		t.Errorf("StallAfter without OnStall: %v, want an ErrDistributed", err)
+	}
 	c, err := JoinGroup(b, GroupOptions{Backend: "ring"})
 	if err != nil {
 		t.Fatal(err)
@@ -277,4 +281,100 @@ func TestDistributedAlone(t *testing.T) {
 	if sh := g.Shape(); !slices.Equal(sh, []int{2, 3}) {
 		t.Errorf("all_gather over one rank: shape %v, want [2 3]", sh)
 	}
+}
+
+// lostResults is what each rank of TestDistributedPeerLost reports.
+type lostResults struct {
+	Rank int
+	// Rank 0: the all_sum's evaluation stalled for Stalled seconds (the
+	// watchdog fired), or returned with Err.
+	Stalled  float64
+	Returned bool
+	Err      string
+}
+
+// A rank whose peer process has died is not left hanging unnoticed: MLX's
+// ring all_sum with a dead neighbour never returns (no error), and the
+// group's stall watchdog reports it, so a runner can end its process and
+// be restarted with its group. The test accepts an error from the
+// evaluation too (should MLX start reporting a lost peer).
+func TestDistributedPeerLost(t *testing.T) {
+	if rankOut() != "" {
+		t.Skip("not a rank test")
+	}
+	newTestBackend(t) // skips without libmlxc
+	outs := runRanks(t, 2, "TestDistributedPeerLostRank")
+	var r0 lostResults
+	if err := json.Unmarshal(outs[0], &r0); err != nil {
+		t.Fatalf("rank 0 results: %v", err)
+	}
+	switch {
+	case r0.Returned && r0.Err != "":
+		t.Logf("MLX failed the all_sum after the peer died: %s", r0.Err)
+	case r0.Returned:
+		t.Fatalf("rank 0's all_sum returned without error with its peer gone")
+	case r0.Stalled < peerLostStall.Seconds():
+		t.Fatalf("rank 0's watchdog fired after %.1f s, before StallAfter %v", r0.Stalled, peerLostStall)
+	default:
+		t.Logf("rank 0's all_sum stalled with its peer gone; the watchdog fired after %.1f s", r0.Stalled)
+	}
+}
+
+// peerLostStall is TestDistributedPeerLost's StallAfter: the all_sum it
+// watches can never complete, so any bound shows the same thing.
+const peerLostStall = 2 * time.Second
+
+// TestDistributedPeerLostRank is one rank of TestDistributedPeerLost: rank
+// 1 joins and exits; rank 0 waits for it to be gone, then all_sums.
+func TestDistributedPeerLostRank(t *testing.T) {
+	if rankOut() == "" {
+		t.Skip("a rank of TestDistributedPeerLost; runs only in the processes it starts")
+	}
+	b := newTestBackend(t)
+	write := func(v lostResults) {
+		raw, _ := json.Marshal(v)
+		if err := os.WriteFile(rankOut(), raw, 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+	pidFile := filepath.Join(filepath.Dir(rankOut()), "rank1.pid")
+	c, err := JoinGroup(b, GroupOptions{Backend: "ring", Strict: true, StallAfter: peerLostStall, OnStall: func(d time.Duration) {
+		// The test goroutine is inside the evaluation that will never
+		// return: report and end the process, as a runner would.
+		// syscall.Exit, not os.Exit: under the race detector os.Exit
+		// runs C's exit handlers, and MLX's destructors wait for the
+		// stuck evaluation.
+		write(lostResults{Rank: 0, Stalled: d.Seconds()})
+		syscall.Exit(0)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Rank() == 1 {
+		write(lostResults{Rank: 1})
+		if err := os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		syscall.Exit(0) // gone without a word to rank 0, as a crashed runner
+	}
+	gone := testutil.Until(time.Minute, func() bool {
+		raw, err := os.ReadFile(pidFile)
+		if err != nil {
+			return false
+		}
+		pid, err := strconv.Atoi(string(raw))
+		return err == nil && syscall.Kill(pid, 0) == syscall.ESRCH
+	})
+	if !gone {
+		t.Fatal("rank 1 did not exit")
+	}
+	x := b.FromFloat32(ringInput(0), 2, 3)
+	err = b.Eval(c.AllSum(b, x))
+	res := lostResults{Rank: 0, Returned: true}
+	if err != nil {
+		res.Err = err.Error()
+	}
+	write(res)
 }

@@ -5,6 +5,7 @@ package mlx
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 )
@@ -16,8 +17,10 @@ var ErrDistributed = errors.New("mlx: distributed")
 // GroupOptions says which MLX distributed backend to join (see the cgo
 // build).
 type GroupOptions struct {
-	Backend string
-	Strict  bool
+	Backend    string
+	Strict     bool
+	StallAfter time.Duration
+	OnStall    func(running time.Duration)
 }
 
 var _ engine.Collective = (*Collective)(nil)
@@ -39,6 +42,7 @@ func DistributedAvailable(engine.Backend, string) (bool, error) {
 
 func (*Collective) Rank() int                                        { return 0 }
 func (*Collective) Size() int                                        { return 1 }
+func (*Collective) Close()                                           {}
 func (*Collective) Backend() string                                  { return "" }
 func (*Collective) AllSum(engine.Backend, engine.Array) engine.Array { panic(ErrUnavailable) }
 func (*Collective) AllGather(engine.Array) engine.Array              { panic(ErrUnavailable) }
