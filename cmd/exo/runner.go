@@ -29,6 +29,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/metrics"
 	"github.com/exo-pd/exo-pd/runners/openai"
 	"github.com/exo-pd/exo-pd/runners/prefill"
+	"github.com/exo-pd/exo-pd/runners/stage"
 )
 
 const runnerUsage = `usage:
@@ -42,6 +43,7 @@ const runnerUsage = `usage:
                      [--max-queue N] [--max-batch N] [--models-dir D] [--read-header-timeout D]
                      [--default-temperature X] [--default-top-p X] [--default-top-k N]
                      [--default-min-p X] [--default-repetition-penalty X]
+                     [--layers A:B --stage I/N --stage-listen HOST:PORT --stage-next HOST:PORT]
   exo runner prefill --model SRC --served-name NAME --listen HOST:PORT --metrics HOST:PORT
                      [--secret-file F] [--backend cpu|mlx|auto] [--device gpu|cpu]
                      [--max-queue N] [--models-dir D]
@@ -62,6 +64,14 @@ layer: rank 0 serves the API on --listen and listens for the other ranks' tensor
 links on ADDR0; ranks I > 0 serve only /health and /metrics on --listen and dial
 ADDR0 (docs/PROTOCOL.md "Tensor link"). On --backend mlx the ranks sum over MLX's
 ring, rank i on ADDRi's port + 1 (unless MLX_HOSTFILE and MLX_RANK are set).
+
+A pipelined decode model runs one decode runner per stage: --layers A:B is
+the stage's layers [A, B) of the model, --stage I/N its index of N (N ≥ 2);
+the stages form a ring over the stage link (docs/PROTOCOL.md "Stage link"):
+each listens on --stage-listen for the previous stage (stage 0 for the last,
+which sends back the tokens it samples) and dials --stage-next. Stage 0 serves
+the API on --listen; later stages serve only /health and /metrics there.
+Stage 0's /health is 200 only while the whole ring is up.
 
 --instance TOKEN (both roles; the supervisor passes a fresh one per start)
 is echoed by /health as "instance", so a prober can tell this process from
@@ -94,6 +104,10 @@ type runnerFlags struct {
 	// decode: sampling defaults over the model's
 	defaults gen.Defaults
 	instance string
+	// decode: a pipeline stage (contract C1); stages == 0: not a pipeline
+	layers                 hf.LayerRange
+	stage, stages          int
+	stageListen, stageNext string
 	// testPrefillRate (both roles) caps this runner's prefill at so many
 	// tokens/s: TEST ONLY, to simulate a slower host on one machine.
 	testPrefillRate float64
@@ -185,6 +199,22 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		fs.IntVar(&f.specTokens, "speculative-tokens", 0, fmt.Sprintf("the most tokens drafted per step (1 to 64; 0: %d)", decode.DefaultSpecTokens))
 		fs.StringVar(&f.tensor, "tensor", "", "tensor-parallel rank I/N of this runner (with --tensor-peers)")
 		fs.StringVar(&f.tensorPeers, "tensor-peers", "", "the tensor-parallel ranks' link addresses, comma-separated, in rank order (rank 0 listens on the first)")
+		fs.Func("layers", "pipeline stage: this stage's layers A:B ([A, B) of the model)", func(v string) (err error) {
+			f.layers, err = hf.ParseLayers(v)
+			return err
+		})
+		fs.Func("stage", "pipeline stage: I/N, this stage's index of N stages (N ≥ 2)", func(v string) error {
+			is, ns, ok := strings.Cut(v, "/")
+			i, err1 := strconv.Atoi(is)
+			n, err2 := strconv.Atoi(ns)
+			if !ok || err1 != nil || err2 != nil || n < 2 || i < 0 || i >= n {
+				return fmt.Errorf("want I/N with N ≥ 2 and 0 ≤ I < N, not %q", v)
+			}
+			f.stage, f.stages = i, n
+			return nil
+		})
+		fs.StringVar(&f.stageListen, "stage-listen", "", "pipeline stage: the address the previous stage's link (stage 0: the last stage's) connects to")
+		fs.StringVar(&f.stageNext, "stage-next", "", "pipeline stage: the next stage's --stage-listen (the last stage: stage 0's)")
 		fs.DurationVar(&f.idleFloor, "prefill-idle-floor", 3*time.Second, "shortest wait for the next KV frame (the deadline grows with the endpoint's measured chunk time)")
 	} else {
 		fs.StringVar(&f.metricsAddr, "metrics", "", "HTTP address for /health and /metrics")
@@ -229,10 +259,44 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 	if err := checkTensorFlags(f); err != nil {
 		return nil, err
 	}
+	if err := f.checkStage(); err != nil {
+		return nil, exitError{code: 2, msg: "runner: " + err.Error()}
+	}
 	if err := f.defaults.Check(); err != nil {
 		return nil, exitError{code: 2, msg: "runner: --default-*: " + err.Error()}
 	}
 	return f, nil
+}
+
+// checkStage refuses a pipeline stage's flags that do not go together.
+func (f *runnerFlags) checkStage() error {
+	given := map[string]bool{"--layers": !f.layers.IsZero(), "--stage": f.stages > 0, "--stage-listen": f.stageListen != "", "--stage-next": f.stageNext != ""}
+	if f.stages == 0 {
+		for _, name := range []string{"--layers", "--stage-listen", "--stage-next"} {
+			if given[name] {
+				return fmt.Errorf("%s is a pipeline stage's: it needs --stage I/N (and --layers, --stage-listen, --stage-next)", name)
+			}
+		}
+		return nil
+	}
+	for _, name := range []string{"--layers", "--stage-listen", "--stage-next"} {
+		if !given[name] {
+			return fmt.Errorf("--stage %d/%d needs %s", f.stage, f.stages, name)
+		}
+	}
+	switch {
+	case f.stage == 0 && f.layers.Start != 0:
+		return fmt.Errorf("--stage 0/%d holds the embedding: its --layers start at 0, not %d", f.stages, f.layers.Start)
+	case f.stage > 0 && f.prefill != "":
+		return fmt.Errorf("--prefill with --stage %d/%d: only stage 0 serves requests and fills caches", f.stage, f.stages)
+	case f.stage > 0 && f.speculative != "" && f.speculative != decode.SpecOff:
+		return fmt.Errorf("--speculative %s with --stage %d/%d: only stage 0 could speculate, and a pipeline does not yet", f.speculative, f.stage, f.stages)
+	case f.testPrefillRate > 0:
+		return fmt.Errorf("--test-slow-prefill-tokens-per-sec with --stage: a pipeline stage is not paced")
+	case f.tensor != "":
+		return fmt.Errorf("--tensor with --stage: a pipeline stage is not tensor-parallel yet")
+	}
+	return nil
 }
 
 // loadGate answers /health while the model loads and hands every other
@@ -406,7 +470,7 @@ func cmdRunner(ctx context.Context, args []string) error {
 func loadModel(ctx context.Context, f *runnerFlags, gate *loadGate, log *slog.Logger, join func(engine.Backend) (engine.Collective, error)) (*engine.Model, string, error) {
 	t0 := time.Now()
 	downloaded := false
-	path, err := hf.Resolve(ctx, f.model, hf.Options{StoreDir: f.modelsDir, Offline: f.offline, Logger: log,
+	path, err := hf.Resolve(ctx, f.model, hf.Options{StoreDir: f.modelsDir, Offline: f.offline, Logger: log, Layers: f.layers,
 		Progress: func(done, total int64) {
 			downloaded = true
 			if total > 0 {
@@ -432,7 +496,7 @@ func loadModel(ctx context.Context, f *runnerFlags, gate *loadGate, log *slog.Lo
 		}
 	}
 	lastLog := time.Now()
-	m, err := engine.Load(ctx, path, b, engine.LoadOptions{Tensor: coll, Progress: func(done, total int64) {
+	m, err := engine.Load(ctx, path, b, engine.LoadOptions{Tensor: coll, Layers: engine.LayerRange(f.layers), Progress: func(done, total int64) {
 		if total <= 0 {
 			return
 		}
@@ -471,10 +535,20 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 			log.Warn("constrained decoding unavailable: the vocabulary trie failed", "err", err)
 		}
 	}()
+	if f.stages > 0 && f.stage > 0 {
+		return runStage(ctx, f, m, st, secret, gate, met, log)
+	}
 	var dm decode.Model = m
 	var tensorDone <-chan error // rank 0: the group's end (nil: not tensor-parallel)
 	if tr != nil {
 		dm, tensorDone = tr.lead(ctx, m, met, gate, log)
+	}
+	if f.stages > 0 {
+		ring, err := startRing(ctx, f, m, secret, met, log)
+		if err != nil {
+			return err
+		}
+		dm, gate.health = ring, stageHealth(ring.Healthy)
 	}
 	if f.testPrefillRate > 0 {
 		dm = paced.Model{Model: m, Rate: f.testPrefillRate}
@@ -496,7 +570,9 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 		o.Draft = draft
 		log.Info("draft model loaded", "source", f.draft, "path", dpath, "arch", draft.Info().Arch, "layers", draft.Info().Layers)
 	}
-	if f.prefill != "" {
+	if f.prefill != "" && f.stages > 0 {
+		log.Warn("remote prefill into a pipeline is not supported yet: stage 0 prefills through the pipeline's stages", "prefill", f.prefill)
+	} else if f.prefill != "" {
 		w := decode.NewRemote(ctx, decode.RemoteConfig{Name: f.name, Model: dm, Endpoints: splitList(f.prefill), Health: splitList(f.prefillHealth),
 			Secret: secret, ConnectTimeout: f.connectTimeout, IdleFloor: f.idleFloor, FP8: f.kvWireDType == "fp8", Streams: f.kvStreams,
 			Cost: f.route == "cost", Chunk: f.chunk, Metrics: met, Logger: log})
@@ -522,6 +598,81 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 	}
 	gate.drain.Stop(openai.DefaultDrainGrace) // the requests in hand end before the server closes under them
 	return err2
+}
+
+// stageHealth is a pipeline stage's /health condition: its links up
+// (stage 0: the whole ring).
+func stageHealth(up func() bool) func() error {
+	return func() error {
+		if !up() {
+			return errors.New("stage link down: the pipeline's ring is not whole")
+		}
+		return nil
+	}
+}
+
+// stageLink is this stage's end of its stage links.
+func stageLink(f *runnerFlags, m *engine.Model, secret []byte) (stage.LinkConfig, error) {
+	info := m.Info()
+	if f.layers.End > info.Layers || (f.stage == f.stages-1 && f.layers.End != info.Layers) {
+		return stage.LinkConfig{}, fmt.Errorf("runner: --stage %d/%d --layers %v of a %d-layer model: the last stage ends at layer %d and no stage past it",
+			f.stage, f.stages, f.layers, info.Layers, info.Layers)
+	}
+	return stage.LinkConfig{Stage: f.stage, Stages: f.stages, First: f.layers.Start, End: f.layers.End, Layers: info.Layers,
+		Hidden: m.Config().Hidden, Fingerprint: m.Fingerprint(), Secret: secret}, nil
+}
+
+// startRing makes stage 0's model, the ring over the later stages, and
+// keeps it up until ctx ends.
+func startRing(ctx context.Context, f *runnerFlags, m *engine.Model, secret []byte, met *metrics.Runner, log *slog.Logger) (*stage.Ring, error) {
+	lc, err := stageLink(f, m, secret)
+	if err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("tcp", f.stageListen)
+	if err != nil {
+		return nil, listenError(f.stageListen, err)
+	}
+	ring, err := stage.NewRing(stage.RingConfig{Name: f.name, Link: lc, Model: m, Listen: l, Next: f.stageNext,
+		Metrics: stage.NewMetrics(met.Registry), Logger: log})
+	if err != nil {
+		l.Close()
+		return nil, fmt.Errorf("runner: %w", err)
+	}
+	go ring.Run(ctx)
+	log.Info("pipeline stage 0", "stages", f.stages, "layers", f.layers.String(), "stage_listen", f.stageListen, "stage_next", f.stageNext)
+	return ring, nil
+}
+
+// runStage serves a pipeline stage after the first: its layers on the
+// stage link, and /health and /metrics on --listen.
+func runStage(ctx context.Context, f *runnerFlags, m *engine.Model, st *decode.Setup, secret []byte, gate *loadGate, met *metrics.Runner, log *slog.Logger) error {
+	lc, err := stageLink(f, m, secret)
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", f.stageListen)
+	if err != nil {
+		return listenError(f.stageListen, err)
+	}
+	var picks *decode.Options
+	if f.stage == f.stages-1 {
+		picks = &st.Options // the last stage samples: the decode runner's tokenizer, sampler and grammars
+	}
+	node, err := stage.NewNode(stage.NodeConfig{Name: f.name, Link: lc, Model: m, Listen: l, Next: f.stageNext, Picks: picks,
+		Metrics: stage.NewMetrics(met.Registry), Logger: log})
+	if err != nil {
+		l.Close()
+		return fmt.Errorf("runner: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", met.Handler())
+	var h http.Handler = mux
+	gate.load = func() (int, int) { return 0, 0 }
+	gate.health = stageHealth(node.Healthy)
+	gate.ready.Store(&h)
+	log.Info("pipeline stage ready", "stage", f.stage, "stages", f.stages, "layers", f.layers.String(), "stage_listen", f.stageListen, "stage_next", f.stageNext)
+	return node.Run(ctx)
 }
 
 func runPrefill(ctx context.Context, f *runnerFlags, m *engine.Model, secret []byte, gate *loadGate, log *slog.Logger) error {

@@ -188,3 +188,36 @@ func TestRunnerHeaderBound(t *testing.T) {
 		})
 	}
 }
+
+// TestRunnerStageFlags: contract C1's flags are taken together, and the
+// combinations a pipeline stage cannot honour are refused naming the flag.
+func TestRunnerStageFlags(t *testing.T) {
+	base := "decode --model x --served-name m --listen :0 "
+	st := "--layers 0:4 --stage 0/2 --stage-listen 127.0.0.1:1 --stage-next 127.0.0.1:2"
+	for _, c := range []struct{ args, names string }{
+		{"--layers 0:4", "--layers"},
+		{"--stage-listen :1", "--stage-listen"},
+		{"--stage-next :1", "--stage-next"},
+		{"--stage 0/2 --stage-listen :1 --stage-next :2", "--layers"},
+		{"--stage 0/2 --layers 0:4 --stage-next :2", "--stage-listen"},
+		{"--stage 0/2 --layers 0:4 --stage-listen :1", "--stage-next"},
+		{"--layers 2:4 --stage 0/2 --stage-listen :1 --stage-next :2", "--layers"},
+		{"--layers 4:8 --stage 1/2 --stage-listen :1 --stage-next :2 --prefill a:1", "--prefill"},
+		{"--layers 4:8 --stage 1/2 --stage-listen :1 --stage-next :2 --speculative prompt-lookup", "--speculative"},
+		{st + " --test-slow-prefill-tokens-per-sec 5", "--test-slow-prefill-tokens-per-sec"},
+		{"--layers 4:2 --stage 1/2 --stage-listen :1 --stage-next :2", "layers"},
+		{"--layers 0:4 --stage 2/2 --stage-listen :1 --stage-next :2", "stage"},
+		{"--layers 0:4 --stage 0/1 --stage-listen :1 --stage-next :2", "stage"},
+		{"--layers 0:4 --stage x --stage-listen :1 --stage-next :2", "stage"},
+	} {
+		_, err := parseRunnerFlags(strings.Fields(base + c.args))
+		var ee exitError
+		if !errors.As(err, &ee) || ee.code != 2 || !strings.Contains(err.Error(), c.names) {
+			t.Errorf("%q: %v, want a usage error naming %s", c.args, err, c.names)
+		}
+	}
+	f, err := parseRunnerFlags(strings.Fields(base + "--layers 4:8 --stage 1/3 --stage-listen 127.0.0.1:1 --stage-next 127.0.0.1:2"))
+	if err != nil || f.layers.Start != 4 || f.layers.End != 8 || f.stage != 1 || f.stages != 3 || f.stageListen != "127.0.0.1:1" || f.stageNext != "127.0.0.1:2" {
+		t.Fatalf("%+v %v", f, err)
+	}
+}

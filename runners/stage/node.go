@@ -68,8 +68,8 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	}
 	l.defaults()
 	n := &Node{cfg: cfg, last: last, log: cfg.Logger.With("stage", l.Stage), met: cfg.Metrics.bind(cfg.Name, l.Stage)}
-	l.Count = n.met.count
-	l.Wrote = func(d time.Duration) { n.met.link.Add(d.Seconds()) }
+	n.cfg.Link.Count = n.met.count
+	n.cfg.Link.Wrote = func(d time.Duration) { n.met.link.Add(d.Seconds()) }
 	return n, nil
 }
 

@@ -96,8 +96,8 @@ func NewRing(cfg RingConfig) (*Ring, error) {
 	l.defaults()
 	r := &Ring{cfg: cfg, m: cfg.Model, log: cfg.Logger.With("stage", 0), met: cfg.Metrics.bind(cfg.Name, 0),
 		pending: map[uint64]*pending{}, downErr: fmt.Errorf("%w: not connected yet", ErrDown)}
-	l.Count = r.met.count
-	l.Wrote = func(d time.Duration) { r.met.link.Add(d.Seconds()) }
+	r.cfg.Link.Count = r.met.count
+	r.cfg.Link.Wrote = func(d time.Duration) { r.met.link.Add(d.Seconds()) }
 	return r, nil
 }
 
