@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -29,18 +28,6 @@ func launchStage(t *testing.T, name, model string, i int, bounds []int, links []
 	return p
 }
 
-// health is a runner's /health status code and status.
-func health(addr string) (int, string) {
-	resp, err := http.Get("http://" + addr + "/health")
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer resp.Body.Close()
-	var h struct{ Status string }
-	_ = json.NewDecoder(resp.Body).Decode(&h)
-	return resp.StatusCode, h.Status
-}
-
 func waitHealthy(t *testing.T, ps ...*proc) {
 	t.Helper()
 	for _, p := range ps {
@@ -50,7 +37,7 @@ func waitHealthy(t *testing.T, ps ...*proc) {
 				t.Fatalf("%s exited:\n%s", p.name, tail(p.logs(), 4000))
 			default:
 			}
-			code, _ := health(p.http)
+			code, _ := health(p)
 			return code == 200
 		}, 120*time.Second, "%s healthy", p.name)
 	}
@@ -255,7 +242,7 @@ func TestPipelineStageKilled(t *testing.T) {
 	if !strings.Contains(res.r.ErrorBody+fmt.Sprint(res.err), "stage link") {
 		t.Errorf("the error does not name the stage link: %q %v", res.r.ErrorBody, res.err)
 	}
-	testutil.Eventually(t, func() bool { code, _ := health(s0.http); return code == http.StatusServiceUnavailable },
+	testutil.Eventually(t, func() bool { code, _ := health(s0); return code == http.StatusServiceUnavailable },
 		30*time.Second, "stage 0 unhealthy with stage 1 gone")
 	pl.restart(t, 1)
 	waitHealthy(t, pl.stages...)
