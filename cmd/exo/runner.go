@@ -562,7 +562,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 		if err != nil {
 			return fmt.Errorf("runner: draft model %s: %w", f.draft, err)
 		}
-		draft, err := decode.LoadDraft(ctx, dpath, m.Backend(), o.Text)
+		draft, err := decode.LoadDraft(ctx, dpath, m, o.Text)
 		if err != nil {
 			return fmt.Errorf("runner: --draft %s: %w", f.draft, err)
 		}

@@ -712,7 +712,7 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 			if s.info.MaxPositions > 0 {
 				limit = min(limit, s.info.MaxPositions-len(entry.tokens)-2)
 			}
-			d, derr := sp.propose(ctx, history, limit)
+			d, derr := s.propose(ctx, mem, sp, history, limit)
 			if derr != nil && ctx.Err() == nil {
 				s.log.Warn("draft model failed: no more drafts for this request", "err", derr)
 			}

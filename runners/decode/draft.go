@@ -186,9 +186,10 @@ func draftVocab(target, draft engine.ModelInfo, text Text) int {
 }
 
 // LoadDraft loads the draft model at path (a model directory or .gguf
-// file) on the target's backend b and refuses it unless its tokenizer is
-// the target's (CheckDraftText against text).
-func LoadDraft(ctx context.Context, path string, b engine.Backend, text Text) (*engine.Model, error) {
+// file) beside target, on its backend (engine.LoadOptions.Beside: their
+// steps take turns, as one backend's must), and refuses it unless its
+// tokenizer is the target's (CheckDraftText against text).
+func LoadDraft(ctx context.Context, path string, target *engine.Model, text Text) (*engine.Model, error) {
 	tok, err := tokenizer.Load(path)
 	if err != nil {
 		return nil, fmt.Errorf("draft model tokenizer: %w", err)
@@ -196,7 +197,7 @@ func LoadDraft(ctx context.Context, path string, b engine.Backend, text Text) (*
 	if err := CheckDraftText(text, NewText(tok, nil)); err != nil {
 		return nil, err
 	}
-	m, err := engine.Load(ctx, path, b, engine.LoadOptions{})
+	m, err := engine.Load(ctx, path, target.Backend(), engine.LoadOptions{Beside: target})
 	if err != nil {
 		return nil, fmt.Errorf("draft model: %w", err)
 	}

@@ -44,7 +44,7 @@ func TestDraftTokenizerRefused(t *testing.T) {
 		}
 		return NewText(tok, nil), dir
 	}
-	target, _ := text(testmodel.Spec{Arch: "llama", Seed: 7})
+	target, targetDir := text(testmodel.Spec{Arch: "llama", Seed: 7})
 	same, sameDir := text(testmodel.Spec{Arch: "qwen3", Seed: 3, Layers: 1})
 	small, smallDir := text(testmodel.Spec{Arch: "llama", Seed: 7, Vocab: 300})
 	if err := CheckDraftText(target, same); err != nil {
@@ -65,10 +65,15 @@ func TestDraftTokenizerRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := LoadDraft(context.Background(), smallDir, b, target); err == nil || !strings.Contains(err.Error(), "300 tokens") {
+	tm, err := engine.Load(context.Background(), targetDir, b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tm.Close()
+	if _, err := LoadDraft(context.Background(), smallDir, tm, target); err == nil || !strings.Contains(err.Error(), "300 tokens") {
 		t.Errorf("LoadDraft of another tokenizer: %v", err)
 	}
-	m, err := LoadDraft(context.Background(), sameDir, b, target)
+	m, err := LoadDraft(context.Background(), sameDir, tm, target)
 	if err != nil {
 		t.Fatal(err)
 	}

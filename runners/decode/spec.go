@@ -138,6 +138,16 @@ func draftSampler(p gen.Sampling) DraftSampler {
 		LogitBias: p.LogitBias, RandomSeed: true})
 }
 
+// propose is sp.propose with the generation aside from the batch while a
+// draft model drafts (the batch does not wait for its next step).
+func (s *Server) propose(ctx context.Context, mem *member, sp *speculator, history []int32, limit int) ([]int32, error) {
+	if mem != nil && sp.d != nil {
+		mem.aside()
+		defer mem.back()
+	}
+	return sp.propose(ctx, history, limit)
+}
+
 // pick picks from logits with p: a row of sampled drafts by speculative
 // sampling's rule (Picker.PickDraft), any other as Pick (sp may be nil).
 func (sp *speculator) pick(p *Picker, logits []float32) (Picked, error) {

@@ -16,11 +16,9 @@ import (
 	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
-	"github.com/exo-pd/exo-pd/runners/engine/backend"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
-	"github.com/exo-pd/exo-pd/runners/tokenizer"
 )
 
 // answerOf posts a chat request and returns its answer without what
@@ -119,26 +117,15 @@ func specFamilies() []specFamily {
 	return fams
 }
 
-// loadDraft loads the model at dir as a draft on the cpu backend and
-// checks its tokenizer against text's.
-func loadDraft(t *testing.T, dir string, text Text) Model {
+// loadDraft loads the model at dir as target's draft (LoadDraft: beside
+// it on its backend, its tokenizer checked against text's).
+func loadDraft(t *testing.T, dir string, target Model, text Text) Model {
 	t.Helper()
-	b, err := backend.Open("cpu", backend.Options{Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := engine.Load(context.Background(), dir, b, engine.LoadOptions{})
+	m, err := LoadDraft(context.Background(), dir, target.(*engine.Model), text)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	tok, err := tokenizer.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := CheckDraftText(text, NewText(tok, nil)); err != nil {
-		t.Fatal(err)
-	}
 	return m
 }
 
@@ -157,7 +144,7 @@ func TestSpeculativeEqualsPlain(t *testing.T) {
 					o.NewConstraint, o.AcceptTools = g.NewConstraint, true
 					o.Speculative, o.SpecTokens = spec, 5
 					if spec == SpecDraft {
-						o.Draft = loadDraft(t, draftDir, text)
+						o.Draft = loadDraft(t, draftDir, o.Model, text)
 					}
 				}
 			}
@@ -212,7 +199,7 @@ func testSpecBatchedRemote(t *testing.T, mode string) {
 			if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 1}); err != nil {
 				t.Fatal(err)
 			}
-			o.Draft = loadDraft(t, dir, text)
+			o.Draft = loadDraft(t, dir, o.Model, text)
 		}
 		m := o.Model.(*engine.Model)
 		remoteAddr = servePrefill(t, m, 16, nil)
@@ -357,7 +344,7 @@ func testSpecSampling(t *testing.T, mode string) {
 			if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 1}); err != nil {
 				t.Fatal(err)
 			}
-			o.Speculative, o.Draft = SpecDraft, loadDraft(t, dir, text)
+			o.Speculative, o.Draft = SpecDraft, loadDraft(t, dir, o.Model, text)
 		}
 		o.NewSampler = func(p gen.Sampling) Sampler {
 			outs = append(outs, nil)

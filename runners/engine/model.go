@@ -37,7 +37,7 @@ const DefaultPrefillChunk = 512
 // Backend: its embedding, its blocks (one per layer, each of a LayerKind)
 // and its output head. Forward and Prefill are serialized by a mutex.
 type Model struct {
-	mu      sync.Mutex
+	mu      *sync.Mutex // shared with the models loaded Beside it
 	b       Backend
 	cfg     Config
 	arch    *Architecture
@@ -121,7 +121,13 @@ func LoadSource(ctx context.Context, src Source, b Backend, opts LoadOptions) (m
 		return nil, fmt.Errorf("engine: vocabulary: %w", err)
 	}
 	sk := kinds[stage.Start:stage.End]
-	m = &Model{b: b, cfg: *cfg, arch: arch, kinds: sk, windows: windows(sk), all: kinds, stage: stage, eps: float32(cfg.RMSNormEps), hostRouting: opts.HostMoERouting, routeObs: opts.RouteObserver}
+	if opts.Beside != nil && opts.Beside.b != b {
+		return nil, errors.New("engine: LoadOptions.Beside names a model on another backend")
+	}
+	m = &Model{mu: new(sync.Mutex), b: b, cfg: *cfg, arch: arch, kinds: sk, windows: windows(sk), all: kinds, stage: stage, eps: float32(cfg.RMSNormEps), hostRouting: opts.HostMoERouting, routeObs: opts.RouteObserver}
+	if opts.Beside != nil {
+		m.mu = opts.Beside.mu
+	}
 	m.cacheDT = opts.CacheDType
 	if m.cacheDT == 0 {
 		m.cacheDT = cfg.DType

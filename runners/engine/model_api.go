@@ -54,6 +54,12 @@ type LoadOptions struct {
 	// step (the indices are read back), so it is nil outside such tests;
 	// it does not change what is computed.
 	RouteObserver func(layer int, experts [][]int32)
+	// Beside, when set, is a model on the same backend that this one runs
+	// beside (a speculative decoder's draft beside its target): the two
+	// share one lock, so their steps never overlap (a backend's step
+	// temporaries, the cpu arena or the MLX thread's, are one per
+	// backend). Load refuses a model of another backend.
+	Beside *Model
 	// Layers, when set, loads only layers [Start, End): a pipeline stage
 	// (the embedding only with the first layer, the final norm and LM head
 	// only with the last). A stage runs through StageForward; its caches
