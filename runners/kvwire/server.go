@@ -30,6 +30,17 @@ type Producer interface {
 	Produce(ctx context.Context, req *Request, e *Emitter) error
 }
 
+// Follower is implemented by a Producer that can serve a request by
+// following one it is producing now, sharing its computation: typically
+// another pipeline stage's request for the same prompt and another layer
+// range (PROTOCOL.md §19). The server asks Follow before admission; when
+// it answers true the request takes no admission slot and the server calls
+// Produce for it at once — always, even when its client is already gone —
+// and Produce serves it from the computation it joined.
+type Follower interface {
+	Follow(req *Request) bool
+}
+
 // ProducerFunc adapts a function to Producer.
 type ProducerFunc func(ctx context.Context, req *Request, e *Emitter) error
 
@@ -446,22 +457,28 @@ func (s *Server) stream(parent context.Context, conn net.Conn, br *bufio.Reader,
 		s.serveProbe(ctx, req, w, bulk, finish, gone, log)
 		return
 	}
-	if err := s.adm.acquire(ctx); err != nil {
-		if errors.Is(err, ErrBusy) {
-			log.Info("kvwire: busy", "err", err)
-			finish(encodeError(codeBusy, err.Error()), false)
+	if f, ok := s.cfg.Producer.(Follower); ok && f.Follow(req) {
+		// Served by a computation already admitted (another stage's
+		// request for the same prompt): no slot of its own.
+		log.Debug("kvwire: following a request in progress")
+	} else {
+		if err := s.adm.acquire(ctx); err != nil {
+			if errors.Is(err, ErrBusy) {
+				log.Info("kvwire: busy", "err", err)
+				finish(encodeError(codeBusy, err.Error()), false)
+				return
+			}
+			cause := context.Cause(ctx)
+			log.Info("kvwire: gave up waiting for admission", "err", cause)
+			if errors.Is(cause, ErrClosed) || errors.Is(cause, context.Canceled) {
+				gone()
+			}
+			finish(s.causeFrame(cause), false)
 			return
 		}
-		cause := context.Cause(ctx)
-		log.Info("kvwire: gave up waiting for admission", "err", cause)
-		if errors.Is(cause, ErrClosed) || errors.Is(cause, context.Canceled) {
-			gone()
-		}
-		finish(s.causeFrame(cause), false)
-		return
+		defer s.adm.release()
+		log.Debug("kvwire: admitted", "waited", time.Since(start))
 	}
-	defer s.adm.release()
-	log.Debug("kvwire: admitted", "waited", time.Since(start))
 
 	e := &Emitter{ctx: ctx, w: w, bulk: bulk, lim: s.cfg.Limits, req: req}
 	err := s.produce(ctx, req, e)

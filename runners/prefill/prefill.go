@@ -8,14 +8,17 @@
 // ships positions [start_pos, N-1): the decode side computes the last
 // prompt token itself. A request for a layer range (a pipeline stage's,
 // PROTOCOL.md §19) is computed from the whole model and its prefix cache
-// as any other, and only that range's layers are shipped. It must not
-// import supervisor/ or runners/decode.
+// as any other, and only that range's layers are shipped; requests for the
+// same prompt arriving while it computes (the group's other stages) follow
+// that computation instead of repeating or queueing behind it (follow.go).
+// It must not import supervisor/ or runners/decode.
 package prefill
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
@@ -54,6 +57,10 @@ type Producer struct {
 	cache *prefixCache
 	m     *metrics.Runner
 	log   *slog.Logger
+
+	mu     sync.Mutex
+	jobs   []*job                        // prompts being computed that others may follow (follow.go)
+	claims map[*kvwire.Request]*follower // registered by Follow, claimed by Produce
 }
 
 // New makes a Producer.
@@ -129,42 +136,51 @@ func (p *Producer) layers(req *kvwire.Request) (a, b int, err error) {
 	return req.LayerStart, req.LayerEnd, nil
 }
 
-// Produce implements kvwire.Producer.
-func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.Emitter) (err error) {
-	t0 := time.Now()
+// plan is what one request asks of its prompt: the layers [first, last),
+// the wire dtype (wdt the engine dtype exported before an FP8 encoding)
+// and the header that describes the stream.
+type plan struct {
+	first, last int
+	wire        kvwire.DType
+	wdt         engine.DType
+	fp8         bool
+	hdr         kvwire.Header
+}
+
+// plan checks req against the model and works out its stream.
+func (p *Producer) plan(req *kvwire.Request) (*plan, error) {
 	if req.Model != p.o.Name {
-		return fmt.Errorf("%w: this prefill runner serves %q, not %q", kvwire.ErrMismatch, p.o.Name, req.Model)
+		return nil, fmt.Errorf("%w: this prefill runner serves %q, not %q", kvwire.ErrMismatch, p.o.Name, req.Model)
 	}
 	if req.Fingerprint != (kvwire.Fingerprint{}) && req.Fingerprint != p.fp {
-		return fmt.Errorf("%w: KV fingerprint differs from this runner's model", kvwire.ErrMismatch)
+		return nil, fmt.Errorf("%w: KV fingerprint differs from this runner's model", kvwire.ErrMismatch)
 	}
 	first, last, err := p.layers(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	n := len(req.Tokens)
 	for i, t := range req.Tokens {
 		if int(t) >= p.info.Vocab {
-			return fmt.Errorf("%w: token %d at %d outside the vocabulary of %d", kvwire.ErrBadRequest, t, i, p.info.Vocab)
+			return nil, fmt.Errorf("%w: token %d at %d outside the vocabulary of %d", kvwire.ErrBadRequest, t, i, p.info.Vocab)
 		}
 	}
 	if p.info.MaxPositions > 0 && n > p.info.MaxPositions {
-		return fmt.Errorf("%w: %d tokens exceed the model's %d positions", kvwire.ErrBadRequest, n, p.info.MaxPositions)
+		return nil, fmt.Errorf("%w: %d tokens exceed the model's %d positions", kvwire.ErrBadRequest, n, p.info.MaxPositions)
 	}
 	cdt := p.info.CacheDType
-	wire := req.DType
-	if wire == 0 {
-		wire = kvconv.Wire(cdt)
+	pl := &plan{first: first, last: last, wire: req.DType}
+	if pl.wire == 0 {
+		pl.wire = kvconv.Wire(cdt)
 	}
-	wdt := kvconv.Engine(wire)
-	fp8 := wire == kvwire.DTypeF8E4M3
-	if fp8 {
-		wdt = cdt // exported as is, then scaled into FP8 per head
+	pl.wdt = kvconv.Engine(pl.wire)
+	pl.fp8 = pl.wire == kvwire.DTypeF8E4M3
+	if pl.fp8 {
+		pl.wdt = cdt // exported as is, then scaled into FP8 per head
 	}
-	if wdt == 0 {
-		return fmt.Errorf("%w: wire dtype %v", kvwire.ErrMismatch, wire)
+	if pl.wdt == 0 {
+		return nil, fmt.Errorf("%w: wire dtype %v", kvwire.ErrMismatch, pl.wire)
 	}
-	start, end := req.StartPos, n-1
 	// The header describes layers [first, last) only: kinds[i] and the
 	// header's layer i are the model's layer first+i.
 	kinds := make([]kvwire.LayerKind, last-first)
@@ -177,11 +193,106 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 	if p.info.Windows != nil {
 		windows = p.info.Windows[first:last]
 	}
-	hdr := kvwire.Header{Fingerprint: p.fp, DType: wire, KVHeads: p.info.KVHeads, HeadDim: p.info.HeadDim,
-		FirstLayer: first, Kinds: kinds, Windows: windows, TokenStart: start, TokenEnd: end}
-	if err := e.Header(hdr); err != nil {
+	pl.hdr = kvwire.Header{Fingerprint: p.fp, DType: pl.wire, KVHeads: p.info.KVHeads, HeadDim: p.info.HeadDim,
+		FirstLayer: first, Kinds: kinds, Windows: windows, TokenStart: req.StartPos, TokenEnd: n - 1}
+	return pl, nil
+}
+
+// dest is one stream the computing request ships to: its own, or a
+// follower's (follow.go). sent counts its payload bytes.
+type dest struct {
+	pl    *plan
+	chunk func(i, start, n int, k, v []byte) error
+	state func(i, end int, arrays [][]byte) error
+	sent  int64
+}
+
+// ship exports positions [from, to) of d's attention layers from cache in
+// chunks of at most Chunk tokens (a sliding layer only its window of
+// token_end), converted to d's wire dtype.
+func (p *Producer) ship(cache engine.KVCache, d *dest, from, to int) error {
+	cdt := p.info.CacheDType
+	for s := from; s < to; s += p.o.Chunk {
+		for i, kind := range d.pl.hdr.Kinds {
+			if kind == kvwire.LayerRecurrent {
+				continue
+			}
+			l := d.pl.first + i // the model's (and the cache's) layer
+			ls := max(s, d.pl.hdr.LayerStart(i))
+			cnt := min(p.o.Chunk, to-s) - (ls - s)
+			if cnt <= 0 {
+				continue
+			}
+			k, v, err := cache.Export(l, ls, cnt)
+			if err != nil {
+				return fmt.Errorf("%w: export layer %d: %v", kvwire.ErrRemoteInternal, l, err)
+			}
+			if k, err = kvconv.Convert(k, cdt, d.pl.wdt); err != nil {
+				return err
+			}
+			if v, err = kvconv.Convert(v, cdt, d.pl.wdt); err != nil {
+				return err
+			}
+			if d.pl.fp8 {
+				if k, err = toFP8(k, cdt, p.info.KVHeads); err != nil {
+					return err
+				}
+				if v, err = toFP8(v, cdt, p.info.KVHeads); err != nil {
+					return err
+				}
+			}
+			if err := d.chunk(i, ls, cnt, k, v); err != nil {
+				return err
+			}
+			d.sent += int64(len(k) + len(v))
+		}
+	}
+	return nil
+}
+
+// states ships the state after end of each of d's recurrent layers.
+func (p *Producer) states(cache engine.KVCache, d *dest, end int) error {
+	if p.info.Recurrent == nil {
+		return nil
+	}
+	rs, ok := cache.(engine.RecurrentState)
+	if !ok {
+		return fmt.Errorf("%w: the cache of a model with recurrent layers has no state", kvwire.ErrRemoteInternal)
+	}
+	for i, k := range d.pl.hdr.Kinds {
+		if k != kvwire.LayerRecurrent {
+			continue
+		}
+		l := d.pl.first + i
+		arrays, err := rs.ExportState(l)
+		if err != nil {
+			return fmt.Errorf("%w: export state of layer %d: %v", kvwire.ErrRemoteInternal, l, err)
+		}
+		if err := d.state(i, end, arrays); err != nil {
+			return err
+		}
+		for _, a := range arrays {
+			d.sent += int64(len(a))
+		}
+	}
+	return nil
+}
+
+// Produce implements kvwire.Producer. A request the server let follow
+// another (Follow) is served from that one's computation.
+func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.Emitter) (err error) {
+	t0 := time.Now()
+	if f := p.claim(req); f != nil {
+		return p.follow(ctx, req, e, f, t0)
+	}
+	pl, err := p.plan(req)
+	if err != nil {
 		return err
 	}
+	if err := e.Header(pl.hdr); err != nil {
+		return err
+	}
+	start, end := pl.hdr.TokenStart, pl.hdr.TokenEnd
 	if start >= end {
 		return nil
 	}
@@ -205,51 +316,19 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 	if cached > 0 {
 		p.m.PrefixHit.WithLabelValues("prefill").Add(float64(cached))
 	}
-	var sent int64
-	ship := func(from, to int) error {
-		for s := from; s < to; s += p.o.Chunk {
-			for i := range kinds {
-				if kinds[i] == kvwire.LayerRecurrent {
-					continue
-				}
-				l := first + i // the model's (and the cache's) layer
-				// A sliding layer ships only its window of token_end.
-				ls := max(s, hdr.LayerStart(i))
-				cnt := min(p.o.Chunk, to-s) - (ls - s)
-				if cnt <= 0 {
-					continue
-				}
-				k, v, err := cache.Export(l, ls, cnt)
-				if err != nil {
-					return fmt.Errorf("%w: export layer %d: %v", kvwire.ErrRemoteInternal, l, err)
-				}
-				if k, err = kvconv.Convert(k, cdt, wdt); err != nil {
-					return err
-				}
-				if v, err = kvconv.Convert(v, cdt, wdt); err != nil {
-					return err
-				}
-				if fp8 {
-					if k, err = toFP8(k, cdt, p.info.KVHeads); err != nil {
-						return err
-					}
-					if v, err = toFP8(v, cdt, p.info.KVHeads); err != nil {
-						return err
-					}
-				}
-				if err := e.Chunk(i, ls, cnt, k, v); err != nil {
-					return err
-				}
-				sent += int64(len(k) + len(v))
-			}
-		}
-		return nil
-	}
+	// Requests for other layers of the same prompt (the other stages of a
+	// pipelined decode group) follow this computation (follow.go).
+	j := p.open(req.Tokens, start, pl.wire)
+	defer func() { p.end(j, err) }()
+	own := &dest{pl: pl, chunk: e.Chunk, state: func(i, end int, a [][]byte) error { return e.State(i, end, a...) }}
 	// The cached KV the decode side lacks goes first.
 	if start < cached {
-		if err := ship(start, cached); err != nil {
+		if err := p.ship(cache, own, start, cached); err != nil {
 			return err
 		}
+	}
+	if err := p.feed(ctx, cache, j, max(cached, start), false); err != nil {
+		return err
 	}
 	if cached < end {
 		err := p.o.Model.Prefill(ctx, cache, req.Tokens[cached:end], p.o.Chunk, func(cs, cn int) error {
@@ -257,40 +336,28 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 			if from >= to {
 				return nil
 			}
-			return ship(from, to)
+			if err := p.ship(cache, own, from, to); err != nil {
+				return err
+			}
+			return p.feed(ctx, cache, j, to, false)
 		})
 		if err != nil {
 			return fmt.Errorf("prefill [%d,%d): %w", cached, end, err)
 		}
 		p.m.PrefillTokens.WithLabelValues("prefill").Add(float64(end - cached))
 	}
-	if recurrent {
-		rs, ok := cache.(engine.RecurrentState)
-		if !ok {
-			return fmt.Errorf("%w: the cache of a model with recurrent layers has no state", kvwire.ErrRemoteInternal)
-		}
-		for i, k := range kinds {
-			if k != kvwire.LayerRecurrent {
-				continue
-			}
-			l := first + i
-			arrays, err := rs.ExportState(l)
-			if err != nil {
-				return fmt.Errorf("%w: export state of layer %d: %v", kvwire.ErrRemoteInternal, l, err)
-			}
-			if err := e.State(i, end, arrays...); err != nil {
-				return err
-			}
-			for _, a := range arrays {
-				sent += int64(len(a))
-			}
-		}
+	if err := p.states(cache, own, end); err != nil {
+		return err
+	}
+	if err := p.feed(ctx, cache, j, end, true); err != nil {
+		return err
 	}
 	d := time.Since(t0)
-	p.m.KVBytes.WithLabelValues("prefill").Add(float64(sent))
+	p.m.KVBytes.WithLabelValues("prefill").Add(float64(own.sent))
 	p.m.KVDuration.WithLabelValues("prefill").Observe(d.Seconds())
-	p.log.Info("prefill served", "req", req.ID, "tokens", n, "start_pos", start, "cached", cached,
-		"computed", max(end-cached, 0), "layers", fmt.Sprintf("%d:%d", first, last), "bytes", sent, "wire_dtype", wire.String(), "duration", d)
+	p.log.Info("prefill served", "req", req.ID, "tokens", len(req.Tokens), "start_pos", start, "cached", cached,
+		"computed", max(end-cached, 0), "layers", fmt.Sprintf("%d:%d", pl.first, pl.last), "followers", len(j.live),
+		"bytes", own.sent, "wire_dtype", pl.wire.String(), "duration", d)
 	return nil
 }
 
