@@ -284,6 +284,7 @@ func (c *Config) AllRunners() []Runner {
 					ru.StageNext = net.JoinHostPort(next.Address, strconv.Itoa(c.StageLinkPort(mi)))
 					ru.Group = groupString(stages)
 				}
+				laterStage := stages != nil && si > 0
 				if role == Prefill {
 					ru.Metrics = net.JoinHostPort(h.Address, strconv.Itoa(r.MetricsPort))
 					if r.PrefixCacheMiB != nil {
@@ -291,8 +292,10 @@ func (c *Config) AllRunners() []Runner {
 						ru.PrefixCacheMiB = &v
 					}
 				} else {
-					ru.Prefill = slices.Clone(prefill)
-					ru.PrefillHealth = slices.Clone(health)
+					if !laterStage { // only stage 0 serves requests and fills caches
+						ru.Prefill = slices.Clone(prefill)
+						ru.PrefillHealth = slices.Clone(health)
+					}
 					ru.RemotePrefillMinTokens = m.RemotePrefillMinTokens
 					ru.RemotePrefillRoute = m.RemotePrefillRoute
 					ru.KVWireDType = m.KVWireDType
@@ -304,7 +307,7 @@ func (c *Config) AllRunners() []Runner {
 						d := *m.Defaults
 						ru.Defaults = &d
 					}
-					if sp := m.Speculative; sp != nil {
+					if sp := m.Speculative; sp != nil && !laterStage {
 						ru.Speculative, ru.SpecTokens, ru.Draft = sp.Mode, sp.Tokens, sp.Draft
 					}
 				}

@@ -115,6 +115,8 @@ decode = { hosts = ["a"] }
 name = "m"
 source = "org/m"
 decode = { hosts = ["c", "a", "b"], shard = "pipeline", layers = [10, 12, 8] }
+prefill = { hosts = ["a"] }
+speculative = { mode = "prompt-lookup" }
 `
 	c, err := Parse("f.toml", []byte(src))
 	if err != nil {
@@ -128,7 +130,7 @@ decode = { hosts = ["c", "a", "b"], shard = "pipeline", layers = [10, 12, 8] }
 	for host, w := range want {
 		var got Runner
 		for _, r := range c.Runners(host) {
-			if r.Model == "m" {
+			if r.Model == "m" && r.Role == Decode {
 				got = r
 			}
 		}
@@ -142,6 +144,13 @@ decode = { hosts = ["c", "a", "b"], shard = "pipeline", layers = [10, 12, 8] }
 		}
 		if got.StageZero() != (host == "c") {
 			t.Errorf("host %s: StageZero = %v", host, got.StageZero())
+		}
+		// Only stage 0 serves requests: it alone fills caches remotely and
+		// speculates (exo runner decode refuses both on later stages).
+		for _, flag := range []string{"--prefill", "--prefill-health", "--speculative"} {
+			if slices.Contains(args, flag) != (host == "c") {
+				t.Errorf("host %s: %s in %v", host, flag, args)
+			}
 		}
 	}
 	if b := c.Runners("b"); len(b) != 1 || !slices.Contains(b[0].Args(), "--device") || !slices.Contains(b[0].Args(), "mlx") {

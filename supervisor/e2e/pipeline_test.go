@@ -106,6 +106,9 @@ func TestPipelineTwoHosts(t *testing.T) {
 	var want []string
 	for _, p := range prompts {
 		_, text := chatText(t, one.api, p)
+		if text == "" {
+			t.Fatalf("one runner answered %q with nothing", p)
+		}
 		want = append(want, text)
 	}
 	stopHost(t, one)
@@ -129,6 +132,7 @@ func TestPipelineTwoHosts(t *testing.T) {
 			}
 		}
 	}
+	t.Logf("answers %q", want)
 	for _, h := range []*host{spark, mac} {
 		stopHost(t, h)
 	}
