@@ -35,12 +35,12 @@ func BenchmarkSpeculativeDraftPair(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	load := func(spec testmodel.Spec) (*engine.Model, string) {
+	load := func(spec testmodel.Spec, beside *engine.Model) (*engine.Model, string) {
 		dir := filepath.Join(b.TempDir(), fmt.Sprintf("l%d", spec.Layers))
 		if err := testmodel.Write(dir, spec); err != nil {
 			b.Fatal(err)
 		}
-		m, err := engine.Load(context.Background(), dir, be, engine.LoadOptions{})
+		m, err := engine.Load(context.Background(), dir, be, engine.LoadOptions{Beside: beside})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -51,9 +51,9 @@ func BenchmarkSpeculativeDraftPair(b *testing.B) {
 		b.Run(fmt.Sprintf("gain=%g", gain), func(b *testing.B) {
 			spec := testmodel.Spec{Arch: "llama", Seed: 11, Layers: 8, Hidden: 512, Heads: 8, KVHeads: 4, Intermediate: 1536,
 				MaxPositions: 1024, LayerGain: gain}
-			target, dir := load(spec)
+			target, dir := load(spec, nil)
 			spec.Layers = 1
-			draft, _ := load(spec)
+			draft, _ := load(spec, target) // as the runner does (LoadDraft)
 			tok, err := tokenizer.Load(dir)
 			if err != nil {
 				b.Fatal(err)

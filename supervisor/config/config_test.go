@@ -507,6 +507,7 @@ tokens = 6
 	}
 	for _, bad := range []struct{ src, want string }{
 		{"[models.speculative]\nmode = \"draft\"\n", `model m: speculative.draft "" with mode "draft": draft names the draft model`},
+		{"[models.speculative]\nmode = \"draft\"\ndraft = \"org/x\\u0007\"\n", `model m: speculative.draft "org/x\a" has a control character`},
 		{"[models.speculative]\nmode = \"ngram\"\n", `model m: speculative.mode "ngram": want "off", "prompt-lookup" or "draft"`},
 		{"[models.speculative]\nmode = \"prompt-lookup\"\ntokens = 65\n", "model m: speculative.tokens 65: want 1 to 64"},
 		{"[models.speculative]\nmode = \"prompt-lookup\"\ndraft = \"org/small\"\n", `model m: speculative.draft "org/small" with mode "prompt-lookup"`},

@@ -197,6 +197,8 @@ func (c *Config) validate() Errors {
 			}
 			if (sp.Mode == "draft") != (sp.Draft != "") {
 				bad(c.at("models", i, "speculative", "draft"), "%s: speculative.draft %q with mode %q: draft names the draft model of mode \"draft\", and that mode needs it", label, sp.Draft, sp.Mode)
+			} else if strings.IndexFunc(sp.Draft, unicode.IsControl) >= 0 {
+				bad(c.at("models", i, "speculative", "draft"), "%s: speculative.draft %q has a control character", label, sp.Draft)
 			}
 		}
 		if m.Prefill != nil && m.Prefill.PrefixCacheMiB != nil && *m.Prefill.PrefixCacheMiB < 0 {
