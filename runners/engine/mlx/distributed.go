@@ -212,7 +212,9 @@ type Collective struct {
 // until its neighbours have connected.
 //
 // On a GPU backend the collectives of ring, jaccl and mpi run on a CPU
-// stream (MLX implements them only there); nccl runs on the GPU's.
+// stream (MLX implements them only there); nccl runs on the GPU's. "any"
+// is taken as a CPU backend: on CUDA name "nccl". (Only the CPU device is
+// tested here: on a GPU backend this path is unverified.)
 func JoinGroup(eb engine.Backend, opts GroupOptions) (*Collective, error) {
 	b, ok := eb.(*backend)
 	if !ok || b == nil {
