@@ -57,8 +57,8 @@ const (
 	// ShardPipeline: the listed hosts are the stages, in order, each
 	// holding a range of the layers.
 	ShardPipeline = "pipeline"
-	// ShardTensor: the listed hosts are tensor-parallel ranks (validated,
-	// not supported yet).
+	// ShardTensor: the listed hosts are tensor-parallel ranks, in rank
+	// order, each holding 1/N of every layer (decode only).
 	ShardTensor = "tensor"
 )
 
@@ -66,6 +66,11 @@ const (
 // PortsPerModel ports, of a pipeline decode stage's link port (contract C1:
 // runner_port_base + 10*i + 3).
 const StageLinkPortOffset = 3
+
+// TensorLinkPortOffset is the offset of a tensor-parallel decode rank's
+// link port (contract C3: runner_port_base + 10*i + 4; MLX's ring takes the
+// port after it).
+const TensorLinkPortOffset = 4
 
 // Config is a loaded, defaulted and validated cluster file.
 type Config struct {

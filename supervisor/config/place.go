@@ -212,8 +212,9 @@ type FactsFunc func(source string) (*modelinfo.Facts, error)
 // Place decides every pipeline's split from the model's facts and the
 // hosts' memory, and refuses what cannot run: a split that does not fit,
 // layers that do not sum to the model's, a tensor group whose size does not
-// divide the model's heads or MLP widths, and (not supported yet) tensor
-// sharding and pipeline prefill. Errors carry the decode/prefill key's
+// divide the model's heads or MLP widths or whose ranks do not fit, and (not
+// supported yet) tensor or pipeline prefill and prefill runners for a
+// tensor-parallel decode. Errors carry the decode/prefill key's
 // file:line:column. localHost's usable memory is memory_gib, else localMem
 // (its physical memory; 0: unknown); a remote host without memory_gib is not
 // checked here (its own supervisor checks it). The split itself uses only
@@ -246,9 +247,28 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 				if f != nil {
 					if err := f.TensorCheck(len(r.Hosts)); err != nil {
 						bad(c.at("models", i, rr.role, "hosts"), "model %s: %s.shard \"tensor\": %v", m.Name, rr.role, err)
+						continue
 					}
 				}
-				bad(c.at("models", i, rr.role, "shard"), "model %s: %s.shard \"tensor\" is not supported yet (use \"pipeline\" to fit a model on several hosts, or \"replicas\")", m.Name, rr.role)
+				if rr.role == Prefill {
+					bad(c.at("models", i, rr.role, "shard"), "model %s: prefill.shard \"tensor\" is not supported yet (prefill hosts must each hold the whole model)", m.Name)
+					continue
+				}
+				if m.Prefill != nil {
+					bad(c.at("models", i, Prefill), "model %s: prefill runners for a tensor-parallel decode are not supported yet (exo runner decode refuses --prefill with --tensor: each rank would fetch its own KV heads); leave out [models.prefill] or use shard = \"replicas\" or \"pipeline\"", m.Name)
+					continue
+				}
+				if f == nil {
+					pl.Note = "ranks hold 1/" + fmt.Sprint(len(r.Hosts)) + " of every layer; the model is not in this host's store, so the split is checked by the runners at load (" + ferr.Error() + ")"
+					out = append(out, pl)
+					continue
+				}
+				pl.Context = f.MaxContext
+				if err := c.tensorFit(f, r, localHost, localMem, &pl); err != nil {
+					bad(key, "model %s: decode: %v", m.Name, err)
+					continue
+				}
+				out = append(out, pl)
 				continue
 			}
 			if rr.role == Prefill {
@@ -301,6 +321,33 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 	return out, nil
 }
 
+// tensorFit fills a tensor group's per-rank estimates (1/N of the weights
+// and of the KV reserve: every rank holds its share of every layer and of
+// the KV heads) and refuses ranks whose host cannot hold them.
+func (c *Config) tensorFit(f *modelinfo.Facts, r *Role, localHost string, localMem int64, pl *Placement) error {
+	n := int64(len(r.Hosts))
+	kv := int64(f.KVLayers(0, f.Layers)) * f.KVBytesPerTokenPerLayer() * int64(f.MaxContext)
+	var short []string
+	for _, hn := range r.Hosts {
+		st := Stage{Host: hn, Start: 0, End: f.Layers, WeightBytes: f.TotalBytes() / n, KVBytes: kv / n}
+		pl.Stages = append(pl.Stages, st)
+		limit := int64(0)
+		if h := c.Hosts[hn]; h.MemoryGiB != nil {
+			limit = int64(*h.MemoryGiB * (1 << 30))
+		} else if hn == localHost {
+			limit = localMem
+		}
+		if need := st.WeightBytes + st.KVBytes; limit > 0 && need > limit {
+			short = append(short, fmt.Sprintf("host %s needs %s (1/%d of the weights %s + of the KV reserve %s for %d tokens) but has %s: %s (%d bytes) short",
+				hn, GiB(need), n, GiB(st.WeightBytes), GiB(st.KVBytes), f.MaxContext, GiB(limit), GiB(need-limit), need-limit))
+		}
+	}
+	if short != nil {
+		return fmt.Errorf("tensor ranks do not fit: %s; more ranks (a count TensorCheck accepts) or more memory would", strings.Join(short, "; "))
+	}
+	return nil
+}
+
 // WritePlacement prints each pipeline's stages: host, layer range, weight
 // GiB and KV reserve (what `exo config check` shows).
 func WritePlacement(w io.Writer, ps []Placement) {
@@ -313,8 +360,12 @@ func WritePlacement(w io.Writer, ps []Placement) {
 		if p.Note != "" {
 			fmt.Fprintf(w, "  %s\n", p.Note)
 		}
+		unit := "stage"
+		if p.Shard == ShardTensor {
+			unit = "rank "
+		}
 		for s, st := range p.Stages {
-			fmt.Fprintf(w, "  stage %d  host %-12s layers %3d:%-3d", s, st.Host, st.Start, st.End)
+			fmt.Fprintf(w, "  %s %d  host %-12s layers %3d:%-3d", unit, s, st.Host, st.Start, st.End)
 			if st.WeightBytes > 0 {
 				fmt.Fprintf(w, "  weights %10s  KV reserve %10s", GiB(st.WeightBytes), GiB(st.KVBytes))
 			}

@@ -161,29 +161,62 @@ decode = { hosts = ["a", "c"], shard = "pipeline" }
 	}
 }
 
-func TestPlaceRefusesTensorAndPipelinePrefill(t *testing.T) {
-	c, err := Parse("f.toml", []byte(threeHosts+`
+func TestPlaceTensor(t *testing.T) {
+	parse := func(extra string) *Config {
+		t.Helper()
+		c, err := Parse("f.toml", []byte(threeHosts+`
 [[models]]
 name = "m"
 source = "s"
 decode = { hosts = ["a", "b"], shard = "tensor" }
-prefill = { hosts = ["a", "c"], shard = "pipeline" }
-`))
+`+extra))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	smol := func(string) (*modelinfo.Facts, error) {
+		return &modelinfo.Facts{Heads: 9, KVHeads: 3, Intermediate: 1536, Layers: 30, LayerBytes: make([]int64, 30), KVLayer: make([]bool, 30)}, nil
+	}
+	even := func(string) (*modelinfo.Facts, error) { return facts(8, gib, gib, false), nil }
+	errs := func(err error) []string {
+		if err == nil {
+			return nil
+		}
+		return strings.Split(err.Error(), "\n")
+	}
+
+	// Heads that 2 ranks cannot divide, and a pipeline prefill: both refused.
+	c := parse(`prefill = { hosts = ["a", "c"], shard = "pipeline" }`)
+	_, err := c.Place(smol, "a", 0)
+	want := []string{
+		`f.toml:19:12: model m: decode.shard "tensor": 2 hosts: num_attention_heads 9 is not divisible by 2; num_key_value_heads 3 is not divisible by 2; host counts that would: 3`,
+		`f.toml:20:33: model m: prefill.shard "pipeline" is not supported yet (a pipeline decode works; prefill hosts must each hold the whole model)`,
+	}
+	if !slices.Equal(errs(err), want) {
+		t.Errorf("Place: %v\nwant %s", err, strings.Join(want, "\n"))
+	}
+	// Prefill runners beside a tensor decode: refused at the prefill key.
+	c = parse(`prefill = { hosts = ["c"] }`)
+	if _, err = c.Place(even, "a", 0); err == nil || !strings.Contains(err.Error(), "f.toml:20:1: model m: prefill runners for a tensor-parallel decode are not supported yet") {
+		t.Errorf("tensor with prefill: %v", err)
+	}
+	// Ranks that fit: each holds half of the weights and of the KV reserve.
+	c = parse("")
+	ps, err := c.Place(even, "a", 64*gib)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rs := c.Runners("a"); len(rs) != 0 {
-		t.Errorf("host a runs %v for refused shards", rs)
+	if len(ps) != 1 || len(ps[0].Stages) != 2 || ps[0].Stages[1].WeightBytes != 5*gib || ps[0].Stages[1].KVBytes != gib/2 {
+		t.Fatalf("placement %+v", ps)
 	}
-	_, err = c.Place(func(string) (*modelinfo.Facts, error) {
-		return &modelinfo.Facts{Heads: 9, KVHeads: 3, Intermediate: 1536}, nil
-	}, "a", 0)
-	want := []string{
-		`f.toml:19:12: model m: decode.shard "tensor": 2 hosts: num_attention_heads 9 is not divisible by 2; num_key_value_heads 3 is not divisible by 2; host counts that would: 3`,
-		`f.toml:19:32: model m: decode.shard "tensor" is not supported yet (use "pipeline" to fit a model on several hosts, or "replicas")`,
-		`f.toml:20:33: model m: prefill.shard "pipeline" is not supported yet (a pipeline decode works; prefill hosts must each hold the whole model)`,
+	var sb strings.Builder
+	WritePlacement(&sb, ps)
+	if !strings.Contains(sb.String(), "rank  1  host b            layers   0:8    weights   5.00 GiB  KV reserve 512.00 MiB") {
+		t.Errorf("table:\n%s", sb.String())
 	}
-	if err == nil || !slices.Equal(strings.Split(err.Error(), "\n"), want) {
-		t.Errorf("Place: %v\nwant %s", err, strings.Join(want, "\n"))
+	// This host's memory is its limit.
+	if _, err = parse("").Place(even, "b", 5*gib); err == nil || !strings.Contains(err.Error(), "f.toml:19:1: model m: decode: tensor ranks do not fit: host b needs 5.50 GiB (1/2 of the weights 5.00 GiB + of the KV reserve 512.00 MiB for 32768 tokens) but has 5.00 GiB: 512.00 MiB (536870912 bytes) short") {
+		t.Errorf("tensor on a small host: %v", err)
 	}
 }

@@ -65,6 +65,11 @@ type Runner struct {
 	StageListen string `json:"stage_listen,omitempty"`
 	StageNext   string `json:"stage_next,omitempty"`
 	Group       string `json:"group,omitempty"`
+	// Tensor-parallel rank (contract C3), decode only: Tensor is "I/N",
+	// TensorPeers every rank's tensor link address in rank order (rank 0
+	// listens on the first). Group then names the whole group.
+	Tensor      string   `json:"tensor,omitempty"`
+	TensorPeers []string `json:"tensor_peers,omitempty"`
 }
 
 // Stage is one pipeline stage: the host and its layer range [Start, End)
@@ -79,6 +84,12 @@ type Stage struct {
 	// model's context.
 	WeightBytes int64 `json:"weight_bytes,omitempty"`
 	KVBytes     int64 `json:"kv_bytes,omitempty"`
+}
+
+// TensorLinkPort is the port model i's tensor-parallel decode ranks take
+// their tensor link on (contract C3; MLX's ring uses the next one).
+func (c *Config) TensorLinkPort(i int) int {
+	return c.Cluster.RunnerPortBase + PortsPerModel*i + TensorLinkPortOffset
 }
 
 // StageLinkPort is the port model i's pipeline decode stages take their
@@ -127,6 +138,9 @@ func (r Runner) Args() []string {
 	a := []string{"runner", r.Role, "--model", r.Source, "--served-name", r.Model, "--listen", r.Listen}
 	if r.Stage != "" {
 		a = append(a, "--layers", r.Layers, "--stage", r.Stage, "--stage-listen", r.StageListen, "--stage-next", r.StageNext)
+	}
+	if r.Tensor != "" {
+		a = append(a, "--tensor", r.Tensor, "--tensor-peers", joinComma(r.TensorPeers))
 	}
 	if r.Role == Prefill {
 		a = append(a, "--metrics", r.Metrics)
@@ -256,8 +270,14 @@ func (c *Config) AllRunners() []Runner {
 				return
 			}
 			var stages []Stage
+			var peers []string
 			if r.Shard == ShardTensor {
-				return // refused by Place: not supported yet
+				if role != Decode {
+					return // refused by Place: not supported yet
+				}
+				for _, hn := range r.Hosts {
+					peers = append(peers, net.JoinHostPort(c.Hosts[hn].Address, strconv.Itoa(c.TensorLinkPort(mi))))
+				}
 			}
 			if r.Pipeline() {
 				// A pipeline runs only once its split is known.
@@ -284,7 +304,15 @@ func (c *Config) AllRunners() []Runner {
 					ru.StageNext = net.JoinHostPort(next.Address, strconv.Itoa(c.StageLinkPort(mi)))
 					ru.Group = groupString(stages)
 				}
-				laterStage := stages != nil && si > 0
+				if peers != nil {
+					ru.Name = fmt.Sprintf("%s-%s-rank%d", m.Name, role, si)
+					ru.Tensor = fmt.Sprintf("%d/%d", si, len(peers))
+					ru.TensorPeers = slices.Clone(peers)
+					ru.Group = "tensor " + joinComma(peers)
+				}
+				// Only stage 0 serves requests and fills caches; a tensor
+				// group takes no prefill runners yet (Place refuses them).
+				laterStage := stages != nil && si > 0 || peers != nil
 				if role == Prefill {
 					ru.Metrics = net.JoinHostPort(h.Address, strconv.Itoa(r.MetricsPort))
 					if r.PrefixCacheMiB != nil {
@@ -292,7 +320,7 @@ func (c *Config) AllRunners() []Runner {
 						ru.PrefixCacheMiB = &v
 					}
 				} else {
-					if !laterStage { // only stage 0 serves requests and fills caches
+					if !laterStage {
 						ru.Prefill = slices.Clone(prefill)
 						ru.PrefillHealth = slices.Clone(health)
 					}
@@ -337,10 +365,11 @@ func (c *Config) Runners(host string) []Runner {
 	return out
 }
 
-// StageZero reports whether the runner serves the API: every decode runner
-// but a pipeline's later stages (which serve only /health and /metrics).
-func (r Runner) StageZero() bool {
-	return r.Stage == "" || strings.HasPrefix(r.Stage, "0/")
+// ServesAPI reports whether the runner serves the API: every decode runner
+// but a pipeline's later stages and a tensor group's ranks after 0 (which
+// serve only /health and /metrics).
+func (r Runner) ServesAPI() bool {
+	return (r.Stage == "" || strings.HasPrefix(r.Stage, "0/")) && (r.Tensor == "" || strings.HasPrefix(r.Tensor, "0/"))
 }
 
 // DecodeRunners returns every decode runner of model, in host order.

@@ -142,8 +142,8 @@ speculative = { mode = "prompt-lookup" }
 		if i < 0 || !slices.Equal(args[i:i+8], w[1:]) {
 			t.Errorf("host %s: args %v, want %v", host, args, w[1:])
 		}
-		if got.StageZero() != (host == "c") {
-			t.Errorf("host %s: StageZero = %v", host, got.StageZero())
+		if got.ServesAPI() != (host == "c") {
+			t.Errorf("host %s: StageZero = %v", host, got.ServesAPI())
 		}
 		// Only stage 0 serves requests: it alone fills caches remotely and
 		// speculates (exo runner decode refuses both on later stages).
@@ -170,5 +170,54 @@ speculative = { mode = "prompt-lookup" }
 		if len(ch.Restart) != 1 || !slices.Contains(want, ch.Restart[0].Name) || len(ch.Start)+len(ch.Stop) != 0 {
 			t.Errorf("host %s: %v, want the stage restarted", host, ch)
 		}
+	}
+}
+
+func TestTensorPlan(t *testing.T) {
+	src := threeHosts + `
+[[models]]
+name = "m"
+source = "org/m"
+decode = { hosts = ["b", "a"], shard = "tensor" }
+`
+	c, err := Parse("f.toml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	peers := "127.0.0.3:52504,127.0.0.2:52504"
+	for host, want := range map[string][]string{
+		"b": {"m-decode-rank0", "--tensor", "0/2", "--tensor-peers", peers},
+		"a": {"m-decode-rank1", "--tensor", "1/2", "--tensor-peers", peers},
+	} {
+		rs := c.Runners(host)
+		if len(rs) != 1 || rs[0].Name != want[0] {
+			t.Fatalf("host %s runs %+v", host, rs)
+		}
+		args := rs[0].Args()
+		i := slices.Index(args, "--tensor")
+		if i < 0 || !slices.Equal(args[i:i+4], want[1:]) {
+			t.Errorf("host %s: %v, want %v", host, args, want[1:])
+		}
+		if rs[0].ServesAPI() != (host == "b") {
+			t.Errorf("host %s: ServesAPI %v", host, rs[0].ServesAPI())
+		}
+	}
+	// A third rank restarts the group: the peers change for every rank.
+	c2, err := Parse("f.toml", []byte(strings.Replace(src, `["b", "a"]`, `["b", "a", "c"]`, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch := Diff(c.Runners("b"), c2.Runners("b")); len(ch.Restart) != 1 {
+		t.Errorf("rank 0 on b: %v, want a restart", ch)
+	}
+	// The tensor link and MLX's ring port are taken on every rank's host.
+	_, err = Parse("f.toml", []byte(src+`
+[[models]]
+name = "n"
+source = "s"
+decode = { hosts = ["a"], port = 52505 }
+`))
+	if err == nil || !strings.Contains(err.Error(), "two runners on one port: model m decode tensor MLX ring and model n decode both use port 52505 on host a") {
+		t.Errorf("port clash: %v", err)
 	}
 }

@@ -247,6 +247,10 @@ func (c *Config) validate() Errors {
 				if rr.role == Decode && r.Pipeline() {
 					claim(hn, c.StageLinkPort(i), what+" stage link", c.at("models", i, rr.role, "shard"))
 				}
+				if rr.role == Decode && r.Shard == ShardTensor {
+					claim(hn, c.TensorLinkPort(i), what+" tensor link", c.at("models", i, rr.role, "shard"))
+					claim(hn, c.TensorLinkPort(i)+1, what+" tensor MLX ring", c.at("models", i, rr.role, "shard"))
+				}
 			}
 			c.validateShard(i, label, rr.role, r, bad)
 		}

@@ -80,13 +80,28 @@ decode = %s
 // gateways exactly as one decode runner holding the whole model does, at
 // temperature 0; both gateways route to stage 0.
 func TestPipelineTwoHosts(t *testing.T) {
+	shardedTwoHosts(t, `{ hosts = ["spark", "mac"], shard = "pipeline" }`, "stage-next", "tiny-decode-stage0", "tiny-decode-stage1")
+}
+
+// TestTensorTwoHosts: the same with two tensor-parallel ranks (contract
+// C3: rank 0 on spark serves the API, rank 1 on mac holds the other half
+// of every layer).
+func TestTensorTwoHosts(t *testing.T) {
+	shardedTwoHosts(t, `{ hosts = ["spark", "mac"], shard = "tensor" }`, "tensor-peers", "tiny-decode-rank0", "tiny-decode-rank1")
+}
+
+// shardedTwoHosts runs the tiny model (4 layers) first as one decode runner
+// on spark, then sharded by decode over spark and mac (whose runners are
+// sparkRunner and macRunner), and compares greedy answers through both
+// gateways; flag is the runner flag the shard needs (skip without it).
+func shardedTwoHosts(t *testing.T, decode, flag, sparkRunner, macRunner string) {
 	if testing.Short() {
 		t.Skip("builds exo and runs real runners")
 	}
 	needLoopbackHosts(t)
 	root, dir, exe, _ := buildExoAndModel(t)
-	if out, _ := exec.Command(exe, "runner", "decode", "--help").CombinedOutput(); !strings.Contains(string(out), "stage-next") {
-		t.Skip("exo runner decode has no --stage-next yet (contract C1)")
+	if out, _ := exec.Command(exe, "runner", "decode", "--help").CombinedOutput(); !strings.Contains(string(out), flag) {
+		t.Skipf("exo runner decode has no --%s", flag)
 	}
 	model := filepath.Join(dir, "tiny4")
 	run(t, root, "go", "run", "./runners/engine/testmodel/cmd/gen", "-arch", "llama", "-layers", "4", model)
@@ -113,22 +128,22 @@ func TestPipelineTwoHosts(t *testing.T) {
 	}
 	stopHost(t, one)
 
-	// The pipeline: two stages on two supervisors.
+	// Sharded over two supervisors.
 	base, apiPort = freePort(t), freePort(t)
-	if err := os.WriteFile(cfgPath, []byte(pipelineCluster(base, model, secret, `{ hosts = ["spark", "mac"], shard = "pipeline" }`)), 0o644); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(pipelineCluster(base, model, secret, decode)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	spark, mac := startTwoHosts(t, exe, dir, cfgPath, apiPort)
-	spark.waitRunners(t, "tiny-decode-stage0")
-	mac.waitRunners(t, "tiny-decode-stage1")
+	spark.waitRunners(t, sparkRunner)
+	mac.waitRunners(t, macRunner)
 	for _, h := range []*host{spark, mac} {
 		for i, p := range prompts {
 			runner, text := chatText(t, h.api, p)
-			if runner != "spark/tiny-decode-stage0" {
-				t.Errorf("via %s: served by %q, want stage 0", h.name, runner)
+			if runner != "spark/"+sparkRunner {
+				t.Errorf("via %s: served by %q, want spark/%s", h.name, runner, sparkRunner)
 			}
 			if text != want[i] {
-				t.Errorf("via %s, prompt %d: pipeline %q, one runner %q", h.name, i, text, want[i])
+				t.Errorf("via %s, prompt %d: sharded %q, one runner %q", h.name, i, text, want[i])
 			}
 		}
 	}

@@ -125,7 +125,7 @@ func (g *Gateway) SetConfig(c *config.Config, localHost string) {
 	for _, m := range c.Models {
 		s.models = append(s.models, m.Name)
 		for _, r := range c.DecodeRunners(m.Name) {
-			if !r.StageZero() {
+			if !r.ServesAPI() {
 				continue // a pipeline's later stages serve no API
 			}
 			s.backends[m.Name] = append(s.backends[m.Name], Backend{
