@@ -449,7 +449,7 @@ func cmdRunner(ctx context.Context, args []string) error {
 
 	var runErr error
 	if tr.follower() {
-		runErr = runTensorFollower(ctx, f, m, tr, gate, log)
+		runErr = runTensorFollower(ctx, f, m, tr, secret, gate, log)
 	} else if f.role == "decode" {
 		runErr = runDecode(ctx, f, m, path, secret, gate, log, tr)
 	} else {
@@ -573,10 +573,11 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 	if f.prefill != "" && f.stages > 0 {
 		log.Warn("remote prefill into a pipeline is not supported yet: stage 0 prefills through the pipeline's stages", "prefill", f.prefill)
 	} else if f.prefill != "" {
-		w := decode.NewRemote(ctx, decode.RemoteConfig{Name: f.name, Model: dm, Endpoints: splitList(f.prefill), Health: splitList(f.prefillHealth),
-			Secret: secret, ConnectTimeout: f.connectTimeout, IdleFloor: f.idleFloor, FP8: f.kvWireDType == "fp8", Streams: f.kvStreams,
-			Cost: f.route == "cost", Chunk: f.chunk, Metrics: met, Logger: log})
+		w := newRemote(ctx, f, dm, secret, met, log, tr != nil, m)
 		o.Remote, o.Router, gate.endpoints = w.Remote, w.Router, w.Breaker.Status
+		if tr != nil {
+			o.Remote = tr.r.Leader.Remote(w.Remote) // every rank fetches its KV heads
+		}
 		log.Info("remote prefill enabled", "endpoints", f.prefill, "min_tokens", f.minRemote, "route", f.route, "kv_wire_dtype", f.kvWireDType, "kv_streams", f.kvStreams,
 			"connect_timeout", f.connectTimeout, "idle_floor", f.idleFloor)
 	}

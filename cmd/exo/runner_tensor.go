@@ -32,8 +32,6 @@ func checkTensorFlags(f *runnerFlags) error {
 	switch {
 	case f.testPrefillRate > 0:
 		return exitError{code: 2, msg: "runner: --test-slow-prefill-tokens-per-sec is not supported with --tensor"}
-	case f.prefill != "":
-		return exitError{code: 2, msg: "runner: --prefill with --tensor is not supported yet (each rank would ask for its KV heads)"}
 	}
 	return nil
 }
@@ -93,7 +91,7 @@ func (t *tensorRank) lead(ctx context.Context, m *engine.Model, met *metrics.Run
 
 // runTensorFollower serves rank 0's calls on this rank's share, and only
 // /health and /metrics on --listen.
-func runTensorFollower(ctx context.Context, f *runnerFlags, m *engine.Model, t *tensorRank, gate *loadGate, log *slog.Logger) error {
+func runTensorFollower(ctx context.Context, f *runnerFlags, m *engine.Model, t *tensorRank, secret []byte, gate *loadGate, log *slog.Logger) error {
 	met := metrics.New("decode")
 	t.cfg.Metrics.Register(met.Registry)
 	mux := http.NewServeMux()
@@ -102,9 +100,33 @@ func runTensorFollower(ctx context.Context, f *runnerFlags, m *engine.Model, t *
 	gate.load = func() (int, int) { return 0, 0 }
 	gate.health = t.r.Health
 	gate.ready.Store(&h)
+	if f.prefill != "" {
+		w := newRemote(ctx, f, m, secret, met, log, true, m)
+		t.r.Follower.SetFill(w.Remote)
+		gate.endpoints = w.Breaker.Status
+	}
 	log.Info("tensor rank ready", "rank", t.cfg.Rank, "rank0", t.cfg.Peers[0])
 	if err := t.r.Serve(ctx, m); err != nil && !errors.Is(err, context.Canceled) {
 		return fmt.Errorf("runner: %w", err)
 	}
 	return nil
+}
+
+// newRemote wires remote prefill (--prefill). A tensor-parallel rank
+// fetches its own KV heads into its own share (rank's model m, whose
+// KVHeadRange the request names) and routes by the floor: the cost model
+// calibrates on a whole model's local prefill, which a rank cannot run
+// alone.
+func newRemote(ctx context.Context, f *runnerFlags, dm decode.Model, secret []byte, met *metrics.Runner, log *slog.Logger, tensorRank bool, m *engine.Model) *decode.RemoteWiring {
+	cost := f.route == "cost"
+	if tensorRank {
+		dm = m
+		if cost {
+			log.Info("tensor-parallel rank: remote prefill routes by --remote-prefill-min-tokens (the cost model needs a whole model)")
+		}
+		cost = false
+	}
+	return decode.NewRemote(ctx, decode.RemoteConfig{Name: f.name, Model: dm, Endpoints: splitList(f.prefill), Health: splitList(f.prefillHealth),
+		Secret: secret, ConnectTimeout: f.connectTimeout, IdleFloor: f.idleFloor, FP8: f.kvWireDType == "fp8", Streams: f.kvStreams,
+		Cost: cost, Chunk: f.chunk, Metrics: met, Logger: log})
 }

@@ -18,7 +18,6 @@ func TestRunnerTensorFlags(t *testing.T) {
 		{base + "--tensor x --tensor-peers a:1,b:2", "want I/N"},
 		{base + "--tensor 0/3 --tensor-peers a:1,b:2", "2 addresses for 3 ranks"},
 		{base + "--tensor 0/2 --tensor-peers a:1,b", "rank 1's address"},
-		{base + "--tensor 0/2 --tensor-peers a:1,b:2 --prefill p:1", "--prefill with --tensor"},
 		{"prefill --model x --served-name m --listen :0 --metrics :1 --tensor 0/2", "tensor"},
 	} {
 		_, err := parseRunnerFlags(strings.Fields(c.args))

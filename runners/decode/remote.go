@@ -128,7 +128,15 @@ func wireRequest(m interface {
 	if a != 0 || b != info.Layers {
 		req.LayerStart, req.LayerEnd = a, b
 	}
-	exp := &kvwire.Expect{Fingerprint: fp, Kinds: kinds, Windows: windows, KVHeads: info.KVHeads, HeadDim: info.HeadDim}
+	// A tensor-parallel rank's caches hold its KV heads only: it asks
+	// for those (PROTOCOL.md §20).
+	heads := info.KVHeads
+	if hr, ok := m.(interface{ KVHeadRange() (int, int) }); ok {
+		if h0, h1 := hr.KVHeadRange(); h1-h0 != info.KVHeads {
+			req.HeadStart, req.HeadEnd, heads = h0, h1, h1-h0
+		}
+	}
+	exp := &kvwire.Expect{Fingerprint: fp, Kinds: kinds, Windows: windows, KVHeads: heads, HeadDim: info.HeadDim}
 	return req, exp
 }
 

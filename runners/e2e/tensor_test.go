@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -196,4 +198,39 @@ func TestTensorParallelSmolLM2(t *testing.T) {
 		t.Fatalf("SmolLM2 over 3 ranks answered %q (%+v)", r.Text, r)
 	}
 	checkTensorGroup(t, g, ref, []string{"Name three colors.", "Summarize: " + words(5, 80)}, 30, false)
+}
+
+// TestTensorParallelRemotePrefill: a tensor-parallel decode group over a
+// prefill runner (whole model): each rank fetches its own KV heads (the
+// prefill runner serves kv_heads 0:1 and 1:2 of the tiny model's two),
+// and the answers equal local prefill's, for a first turn and a second
+// one that starts past the cached prefix.
+func TestTensorParallelRemotePrefill(t *testing.T) {
+	dir := tinyModel(t, "main")
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte("tp-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pre := start(t, "tp-prefill", "prefill", "--model", dir, "--prefill-chunk", "128", "--secret-file", secret)
+	ref := start(t, "tp-ref", "decode", "--model", dir)
+	g := startTensor(t, dir, 2, "--prefill", pre.listen, "--secret-file", secret, "--remote-prefill-route", "floor")
+	first := user(words(300, 160))
+	for i, m := range [][]msg{first, append(first, msg{Role: "assistant", Content: "ok"}, msg{Role: "user", Content: words(301, 140)})} {
+		before := g.ranks[0].metric(t, outcome("ok"))
+		got := chatStream(t, g.ranks[0].listen, m, genTokens, ignoreEOS)
+		want := chatStream(t, ref.listen, m, genTokens, ignoreEOS)
+		expectSame(t, fmt.Sprintf("turn %d", i+1), got, want)
+		if after := g.ranks[0].metric(t, outcome("ok")); after != before+1 {
+			t.Fatalf("turn %d: remote prefill ok %v → %v (last %q)", i+1, before, after, g.ranks[0].lastOutcome())
+		}
+	}
+	served := map[string]int{}
+	for _, msg := range []string{"prefill served", "prefill served (followed a request computing the same prompt)"} {
+		for _, r := range pre.records(msg) {
+			served[r["kv_heads"]]++
+		}
+	}
+	if served["0:1"] != 2 || served["1:2"] != 2 || len(served) != 2 {
+		t.Fatalf("the prefill runner served kv heads %v, want 0:1 and 1:2 twice each", served)
+	}
 }

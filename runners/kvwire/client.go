@@ -582,6 +582,14 @@ func checkHeader(h *Header, req *Request, exp *Expect) error {
 	} else if h.FirstLayer != 0 {
 		return fmt.Errorf("%w: server sends layers [%d, %d), requested every layer", ErrMismatch, h.FirstLayer, h.FirstLayer+h.Layers())
 	}
+	if req.HasHeads() {
+		if h.FirstHead != req.HeadStart || h.KVHeads != req.HeadEnd-req.HeadStart {
+			return fmt.Errorf("%w: server sends kv heads [%d, %d), requested [%d, %d)", ErrMismatch,
+				h.FirstHead, h.FirstHead+h.KVHeads, req.HeadStart, req.HeadEnd)
+		}
+	} else if h.FirstHead != 0 {
+		return fmt.Errorf("%w: server sends kv heads [%d, %d), requested every head", ErrMismatch, h.FirstHead, h.FirstHead+h.KVHeads)
+	}
 	if exp == nil {
 		return nil
 	}

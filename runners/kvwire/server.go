@@ -584,6 +584,10 @@ func (e *Emitter) Header(h Header) error {
 		return fmt.Errorf("%w: producer's header has layers [%d, %d), the request asks for [%d, %d)", ErrRemoteInternal,
 			h.FirstLayer, h.FirstLayer+h.Layers(), r.LayerStart, r.LayerEnd)
 	}
+	if r := e.req; r != nil && (h.FirstHead != r.HeadStart || r.HasHeads() && h.KVHeads != r.HeadEnd-r.HeadStart) {
+		return fmt.Errorf("%w: producer's header has kv heads [%d, %d), the request asks for [%d, %d)", ErrRemoteInternal,
+			h.FirstHead, h.FirstHead+h.KVHeads, r.HeadStart, r.HeadEnd)
+	}
 	h.Kinds = append([]LayerKind(nil), h.Kinds...)
 	e.h = &h
 	e.t = newTracker(e.h, e.lim)

@@ -12,15 +12,15 @@ import (
 )
 
 // Version is the protocol version this package speaks (PROTOCOL.md §14).
-const Version uint16 = 5
+const Version uint16 = 6
 
 // Sizes of the fixed parts of the wire (PROTOCOL.md §2, §4, §8).
 const (
 	helloSize       = 40
 	frameHeaderSize = 12
 	chunkPrefixSize = 20
-	requestFixed    = 60
-	headerFixed     = 60
+	requestFixed    = 68
+	headerFixed     = 64
 	stateFixed      = 12
 	doneSize        = 24
 	macSize         = 32
@@ -217,11 +217,32 @@ type Request struct {
 	// and its layers, the frames' layer indices and the sink's are those
 	// of the range, counted from 0.
 	LayerStart, LayerEnd int
+	// HeadStart and HeadEnd ask for the model's KV heads [HeadStart,
+	// HeadEnd) only (PROTOCOL.md §20: a tensor-parallel rank's); both zero
+	// asks for every head. The header then says FirstHead = HeadStart and
+	// KVHeads = HeadEnd − HeadStart, and every chunk carries those heads.
+	HeadStart, HeadEnd int
 }
 
 // HasRange reports whether r asks for a layer range rather than every
 // layer.
 func (r *Request) HasRange() bool { return r.LayerStart != 0 || r.LayerEnd != 0 }
+
+// HasHeads reports whether r asks for a KV head range rather than every
+// head.
+func (r *Request) HasHeads() bool { return r.HeadStart != 0 || r.HeadEnd != 0 }
+
+// checkHeads checks a request's KV head range on its own: unset, or
+// 0 ≤ start < end ≤ maxKVHeads.
+func checkHeads(start, end int) error {
+	if start == 0 && end == 0 {
+		return nil
+	}
+	if start < 0 || start >= end || end > maxKVHeads {
+		return fmt.Errorf("kv head range [%d, %d) invalid (0 ≤ start < end ≤ %d, or both 0 for every head)", start, end, maxKVHeads)
+	}
+	return nil
+}
 
 // checkRange checks a request's layer range on its own (not against a
 // model): unset, or 0 ≤ start < end ≤ maxLayers.
@@ -239,8 +260,13 @@ func checkRange(start, end int) error {
 type Header struct {
 	Fingerprint Fingerprint
 	DType       DType
-	KVHeads     int
-	HeadDim     int
+	// KVHeads is the heads every chunk carries: the request's head
+	// range's count, or the model's KV heads.
+	KVHeads int
+	HeadDim int
+	// FirstHead is the model's KV head that the stream's head 0 is: the
+	// request's HeadStart (0 for every head; PROTOCOL.md §20).
+	FirstHead int
 	// FirstLayer is the model layer that the stream's layer 0 is: the
 	// request's LayerStart (0 for a whole model; PROTOCOL.md §19).
 	FirstLayer int
@@ -434,6 +460,9 @@ func encodeRequest(req *Request) ([]byte, error) {
 	if err := checkRange(req.LayerStart, req.LayerEnd); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
+	if err := checkHeads(req.HeadStart, req.HeadEnd); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
 	ms := req.Deadline.Milliseconds()
 	if ms < 0 || ms > 1<<32-1 {
 		return nil, fmt.Errorf("%w: deadline %v", ErrBadRequest, req.Deadline)
@@ -457,6 +486,8 @@ func encodeRequest(req *Request) ([]byte, error) {
 	le.PutUint32(p[48:52], uint32(len(req.Tokens)))
 	le.PutUint32(p[52:56], uint32(req.LayerStart))
 	le.PutUint32(p[56:60], uint32(req.LayerEnd))
+	le.PutUint32(p[60:64], uint32(req.HeadStart))
+	le.PutUint32(p[64:68], uint32(req.HeadEnd))
 	o := requestFixed
 	o += copy(p[o:], req.ID)
 	o += copy(p[o:], req.Model)
@@ -500,6 +531,13 @@ func parseRequest(p []byte, lim Limits) (*Request, error) {
 	if err := checkRange(int(ls), int(lend)); err != nil {
 		return nil, bad("%v", err)
 	}
+	hs, he := le.Uint32(p[60:64]), le.Uint32(p[64:68])
+	if hs > maxKVHeads || he > maxKVHeads {
+		return nil, bad("kv head range [%d, %d) beyond %d heads", hs, he, maxKVHeads)
+	}
+	if err := checkHeads(int(hs), int(he)); err != nil {
+		return nil, bad("%v", err)
+	}
 	if idLen > maxIDLen || modelLen > maxModelLen {
 		return nil, bad("id length %d or model length %d beyond %d/%d", idLen, modelLen, maxIDLen, maxModelLen)
 	}
@@ -520,6 +558,8 @@ func parseRequest(p []byte, lim Limits) (*Request, error) {
 		Deadline:    time.Duration(ms) * time.Millisecond,
 		LayerStart:  int(ls),
 		LayerEnd:    int(lend),
+		HeadStart:   int(hs),
+		HeadEnd:     int(he),
 	}
 	copy(req.Fingerprint[:], p[12:44])
 	o := requestFixed
@@ -559,6 +599,9 @@ func validateHeader(h *Header) error {
 	if h.KVHeads < 1 || h.KVHeads > maxKVHeads || h.HeadDim < 1 || h.HeadDim > maxHeadDim {
 		return fmt.Errorf("header kv_heads %d / head_dim %d outside 1..%d / 1..%d", h.KVHeads, h.HeadDim, maxKVHeads, maxHeadDim)
 	}
+	if h.FirstHead < 0 || h.FirstHead > maxKVHeads-h.KVHeads {
+		return fmt.Errorf("header kv heads [%d, %d) beyond %d", h.FirstHead, h.FirstHead+h.KVHeads, maxKVHeads)
+	}
 	for i, k := range h.Kinds {
 		if k != LayerAttention && k != LayerRecurrent {
 			return fmt.Errorf("header layer %d kind %d unknown", i, k)
@@ -588,6 +631,7 @@ func encodeHeader(h *Header) []byte {
 	le.PutUint32(p[48:52], uint32(h.TokenStart))
 	le.PutUint32(p[52:56], uint32(h.TokenEnd))
 	le.PutUint32(p[56:60], uint32(h.FirstLayer))
+	le.PutUint32(p[60:64], uint32(h.FirstHead))
 	for i, k := range h.Kinds {
 		p[headerFixed+i] = byte(k)
 		le.PutUint32(p[headerFixed+len(h.Kinds)+4*i:], uint32(h.Window(i)))
@@ -611,6 +655,10 @@ func parseHeader(p []byte) (*Header, error) {
 	if first > maxLayers {
 		return nil, corruptf("header first layer %d", first)
 	}
+	fh := le.Uint32(p[60:64])
+	if fh > maxKVHeads {
+		return nil, corruptf("header first kv head %d", fh)
+	}
 	h := &Header{
 		DType:      DType(p[32]),
 		KVHeads:    int(le.Uint32(p[40:44])),
@@ -618,6 +666,7 @@ func parseHeader(p []byte) (*Header, error) {
 		TokenStart: int(le.Uint32(p[48:52])),
 		TokenEnd:   int(le.Uint32(p[52:56])),
 		FirstLayer: int(first),
+		FirstHead:  int(fh),
 		Kinds:      make([]LayerKind, layers),
 	}
 	copy(h.Fingerprint[:], p[0:32])
@@ -796,6 +845,9 @@ func (r *Request) LogValue() slog.Value {
 	}
 	if r.HasRange() {
 		attrs = append(attrs, slog.String("layers", fmt.Sprintf("%d:%d", r.LayerStart, r.LayerEnd)))
+	}
+	if r.HasHeads() {
+		attrs = append(attrs, slog.String("kv_heads", fmt.Sprintf("%d:%d", r.HeadStart, r.HeadEnd)))
 	}
 	return slog.GroupValue(attrs...)
 }

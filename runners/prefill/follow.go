@@ -193,7 +193,7 @@ func (p *Producer) follow(ctx context.Context, req *kvwire.Request, e *kvwire.Em
 				p.m.KVBytes.WithLabelValues("prefill").Add(float64(sent))
 				p.m.KVDuration.WithLabelValues("prefill").Observe(d.Seconds())
 				p.log.Info("prefill served (followed a request computing the same prompt)", "req", req.ID, "tokens", len(req.Tokens),
-					"start_pos", req.StartPos, "layers", fmt.Sprintf("%d:%d", f.pl.first, f.pl.last), "bytes", sent,
+					"start_pos", req.StartPos, "layers", fmt.Sprintf("%d:%d", f.pl.first, f.pl.last), "kv_heads", fmt.Sprintf("%d:%d", f.pl.h0, f.pl.h1), "bytes", sent,
 					"wire_dtype", f.pl.wire.String(), "duration", d)
 				return nil
 			case m.arrays != nil:

@@ -120,6 +120,9 @@ func (p *Producer) CachedPrefix(ctx context.Context, req *kvwire.Request) (int, 
 	if _, _, err := p.layers(req); err != nil {
 		return 0, err
 	}
+	if _, _, err := p.heads(req); err != nil {
+		return 0, err
+	}
 	return p.cache.peek(req.Tokens, len(req.Tokens)-1, p.info.Recurrent != nil), nil
 }
 
@@ -136,11 +139,38 @@ func (p *Producer) layers(req *kvwire.Request) (a, b int, err error) {
 	return req.LayerStart, req.LayerEnd, nil
 }
 
+// heads is the KV heads [a, b) req asks for: its range, or every head. A
+// range beyond the model is a mismatch; a model with recurrent layers
+// (whose state splits by key heads, not KV heads) cannot serve one.
+func (p *Producer) heads(req *kvwire.Request) (a, b int, err error) {
+	if !req.HasHeads() {
+		return 0, p.info.KVHeads, nil
+	}
+	if req.HeadEnd > p.info.KVHeads {
+		return 0, 0, fmt.Errorf("%w: kv heads [%d, %d) asked of a model with %d", kvwire.ErrMismatch, req.HeadStart, req.HeadEnd, p.info.KVHeads)
+	}
+	if p.info.Recurrent != nil {
+		return 0, 0, fmt.Errorf("%w: kv heads [%d, %d) asked of a model with recurrent layers (not supported)", kvwire.ErrMismatch, req.HeadStart, req.HeadEnd)
+	}
+	return req.HeadStart, req.HeadEnd, nil
+}
+
+// headSlice returns heads [a, b) of an export [heads, t, head_dim] of
+// the cache (all of them when a, b is every head).
+func headSlice(x []byte, heads, a, b int) []byte {
+	if a == 0 && b == heads {
+		return x
+	}
+	per := len(x) / heads
+	return x[a*per : b*per]
+}
+
 // plan is what one request asks of its prompt: the layers [first, last),
 // the wire dtype (wdt the engine dtype exported before an FP8 encoding)
 // and the header that describes the stream.
 type plan struct {
 	first, last int
+	h0, h1      int // the KV heads [h0, h1) shipped
 	wire        kvwire.DType
 	wdt         engine.DType
 	fp8         bool
@@ -159,6 +189,10 @@ func (p *Producer) plan(req *kvwire.Request) (*plan, error) {
 	if err != nil {
 		return nil, err
 	}
+	h0, h1, err := p.heads(req)
+	if err != nil {
+		return nil, err
+	}
 	n := len(req.Tokens)
 	for i, t := range req.Tokens {
 		if int(t) >= p.info.Vocab {
@@ -169,7 +203,7 @@ func (p *Producer) plan(req *kvwire.Request) (*plan, error) {
 		return nil, fmt.Errorf("%w: %d tokens exceed the model's %d positions", kvwire.ErrBadRequest, n, p.info.MaxPositions)
 	}
 	cdt := p.info.CacheDType
-	pl := &plan{first: first, last: last, wire: req.DType}
+	pl := &plan{first: first, last: last, h0: h0, h1: h1, wire: req.DType}
 	if pl.wire == 0 {
 		pl.wire = kvconv.Wire(cdt)
 	}
@@ -193,8 +227,8 @@ func (p *Producer) plan(req *kvwire.Request) (*plan, error) {
 	if p.info.Windows != nil {
 		windows = p.info.Windows[first:last]
 	}
-	pl.hdr = kvwire.Header{Fingerprint: p.fp, DType: pl.wire, KVHeads: p.info.KVHeads, HeadDim: p.info.HeadDim,
-		FirstLayer: first, Kinds: kinds, Windows: windows, TokenStart: req.StartPos, TokenEnd: n - 1}
+	pl.hdr = kvwire.Header{Fingerprint: p.fp, DType: pl.wire, KVHeads: h1 - h0, HeadDim: p.info.HeadDim,
+		FirstHead: h0, FirstLayer: first, Kinds: kinds, Windows: windows, TokenStart: req.StartPos, TokenEnd: n - 1}
 	return pl, nil
 }
 
@@ -227,6 +261,9 @@ func (p *Producer) ship(cache engine.KVCache, d *dest, from, to int) error {
 			if err != nil {
 				return fmt.Errorf("%w: export layer %d: %v", kvwire.ErrRemoteInternal, l, err)
 			}
+			// A head range ships its heads only (K and V are [heads,
+			// cnt, head_dim]: a contiguous part).
+			k, v = headSlice(k, p.info.KVHeads, d.pl.h0, d.pl.h1), headSlice(v, p.info.KVHeads, d.pl.h0, d.pl.h1)
 			if k, err = kvconv.Convert(k, cdt, d.pl.wdt); err != nil {
 				return err
 			}
@@ -234,10 +271,10 @@ func (p *Producer) ship(cache engine.KVCache, d *dest, from, to int) error {
 				return err
 			}
 			if d.pl.fp8 {
-				if k, err = toFP8(k, cdt, p.info.KVHeads); err != nil {
+				if k, err = toFP8(k, cdt, d.pl.h1-d.pl.h0); err != nil {
 					return err
 				}
-				if v, err = toFP8(v, cdt, p.info.KVHeads); err != nil {
+				if v, err = toFP8(v, cdt, d.pl.h1-d.pl.h0); err != nil {
 					return err
 				}
 			}
@@ -356,7 +393,7 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 	p.m.KVBytes.WithLabelValues("prefill").Add(float64(own.sent))
 	p.m.KVDuration.WithLabelValues("prefill").Observe(d.Seconds())
 	p.log.Info("prefill served", "req", req.ID, "tokens", len(req.Tokens), "start_pos", start, "cached", cached,
-		"computed", max(end-cached, 0), "layers", fmt.Sprintf("%d:%d", pl.first, pl.last), "followers", len(j.live),
+		"computed", max(end-cached, 0), "layers", fmt.Sprintf("%d:%d", pl.first, pl.last), "kv_heads", fmt.Sprintf("%d:%d", pl.h0, pl.h1), "followers", len(j.live),
 		"bytes", own.sent, "wire_dtype", pl.wire.String(), "duration", d)
 	return nil
 }

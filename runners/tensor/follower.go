@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/exo-pd/exo-pd/runners/decode"
 	"github.com/exo-pd/exo-pd/runners/engine"
 )
 
@@ -23,18 +24,10 @@ type FollowerConfig struct {
 	// Rejoin makes the follower dial rank 0 again after its link drops
 	// (the cpu backend). Without it (MLX's group) Run returns.
 	Rejoin bool
-	// Fill, when set, fills this rank's share of a sequence's cache from
-	// a prefill runner (the remote fill call): its KV heads only.
-	Fill Filler
 	// Timeout bounds the wait for rank 0's sum within a call (0:
 	// DefaultTimeout).
 	Timeout time.Duration
 	Logger  *slog.Logger
-}
-
-// Filler fills a cache from a prefill runner: decode.Remote's Prefill.
-type Filler interface {
-	Prefill(ctx context.Context, reqID string, prompt []int32, start int, cache engine.KVCache, prefer []string) error
 }
 
 // Follower is a rank > 0 of a tensor-parallel group: it dials rank 0,
@@ -50,6 +43,8 @@ type Follower struct {
 	cur    *link
 	sumBuf []byte
 	buf    []byte
+
+	fill decode.Remote // set before Run (SetFill)
 
 	mu      sync.Mutex
 	linked  bool
@@ -70,6 +65,11 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 	return &Follower{cfg: cfg, rank: cfg.Rank, size: cfg.Size, log: cfg.Logger,
 		lastErr: fmt.Errorf("%w: rank %d has not reached rank 0 at %s yet", ErrGroup, cfg.Rank, cfg.Leader)}, nil
 }
+
+// SetFill makes the follower fill its share of a sequence's cache from
+// prefill runners when rank 0 asks (a Remote built on this rank's model:
+// it asks for the rank's KV heads). Call it before Run.
+func (f *Follower) SetFill(r decode.Remote) { f.fill = r }
 
 // Collective is this rank's all_sum over the link (the cpu backend's).
 func (f *Follower) Collective() engine.Collective { return followerSum{f} }
@@ -228,14 +228,15 @@ func (f *Follower) exec(ctx context.Context, m *engine.Model, c *call, get func(
 		}
 		return nil
 	case opFill:
-		if f.cfg.Fill == nil {
+		if f.fill == nil {
 			return fmt.Errorf("tensor: rank %d has no prefill endpoints (remote fill)", f.rank)
 		}
 		cc := get(c.ids[0])
 		if cc.Len() != c.n {
 			return fmt.Errorf("tensor: remote fill from %d of a cache holding %d", c.n, cc.Len())
 		}
-		return f.cfg.Fill.Prefill(ctx, c.reqID, c.tokens, c.n, cc, c.prefer)
+		_, err := f.fill.Prefill(ctx, c.reqID, c.tokens, c.n, cc, c.prefer)
+		return err
 	}
 	return fmt.Errorf("tensor: unknown op %d", c.op)
 }

@@ -44,8 +44,6 @@ type RankConfig struct {
 	Model   string
 	Metrics *Metrics
 	Logger  *slog.Logger
-	// Fill (followers) fills this rank's KV heads from a prefill runner.
-	Fill Filler
 }
 
 // Rank is this process's rank: Leader on rank 0, Follower elsewhere.
@@ -95,7 +93,7 @@ func Listen(c RankConfig) (*Rank, error) {
 		return r, nil
 	}
 	r.Follower, err = NewFollower(FollowerConfig{Rank: c.Rank, Size: c.Size, Leader: c.Peers[0], Secret: c.Secret,
-		Rejoin: true, Fill: c.Fill, Logger: c.Logger})
+		Rejoin: true, Logger: c.Logger})
 	return r, err
 }
 
