@@ -531,6 +531,9 @@ func (d *Env) hostPorts(host string) []portUse {
 		if r.StageListen != "" {
 			ps = append(ps, portUse{r.Name + " stage link", r.StageListen, false})
 		}
+		if strings.HasPrefix(r.Tensor, "0/") && len(r.TensorPeers) > 0 {
+			ps = append(ps, portUse{r.Name + " tensor link", r.TensorPeers[0], false})
+		}
 		if r.Metrics != "" {
 			ps = append(ps, portUse{r.Name + " health/metrics", r.Metrics, false})
 		}
@@ -750,8 +753,8 @@ func (k KV) Run(ctx context.Context, d *Env) []Result {
 }
 
 // StageLinks checks each link this host's pipeline stages send on (to the
-// next stage; the last stage's to stage 0): that the next stage's link
-// port is reachable, its connect latency (median of a few TCP connects),
+// next stage; the last stage's to stage 0) and its tensor-parallel ranks
+// after 0 dial (to rank 0): that the far end's link port is reachable, its connect latency (median of a few TCP connects),
 // and — ProbeMiB > 0 — the goodput of the path to that host, measured by
 // fetching ProbeMiB from its supervisor's probe (same addresses, the
 // gateway's port: the stage link carries no probe of its own).
@@ -767,28 +770,36 @@ const stageConnects = 5
 func (k StageLinks) Run(ctx context.Context, d *Env) []Result {
 	var rs []Result
 	for _, r := range d.Config.Runners(d.Host) {
-		if r.StageNext == "" {
+		target, next, kind := r.StageNext, "", "stage"
+		var i, n int
+		switch {
+		case r.StageNext != "":
+			if _, err := fmt.Sscanf(r.Stage, "%d/%d", &i, &n); err == nil && stageOf(d.Config, r) != nil {
+				next = d.Config.Stages(r.Model, r.Role)[(i+1)%n].Host
+			}
+		case r.Tensor != "" && !strings.HasPrefix(r.Tensor, "0/") && len(r.TensorPeers) > 0:
+			// Ranks after 0 dial rank 0, the first decode host.
+			target, kind = r.TensorPeers[0], "tensor"
+			if m := d.Config.Model(r.Model); m != nil && m.Decode != nil && len(m.Decode.Hosts) > 0 {
+				next = m.Decode.Hosts[0]
+			}
+		default:
 			continue
 		}
-		next := ""
-		var i, n int
-		if _, err := fmt.Sscanf(r.Stage, "%d/%d", &i, &n); err == nil && stageOf(d.Config, r) != nil {
-			next = d.Config.Stages(r.Model, r.Role)[(i+1)%n].Host
-		}
-		name := fmt.Sprintf("stage link %s → %s (%s)", r.Name, next, r.StageNext)
+		name := fmt.Sprintf("%s link %s → %s (%s)", kind, r.Name, next, target)
 		var rtts []time.Duration
 		var err error
 		for range stageConnects {
 			t0 := time.Now()
-			if err = d.dial(ctx, r.StageNext); err != nil {
+			if err = d.dial(ctx, target); err != nil {
 				break
 			}
 			rtts = append(rtts, time.Since(t0))
 		}
 		if err != nil {
-			_, port, _ := net.SplitHostPort(r.StageNext)
+			_, port, _ := net.SplitHostPort(target)
 			rs = append(rs, Result{Name: name, Status: Fail, Detail: "unreachable: " + shortNetErr(err),
-				Fix: fmt.Sprintf("open TCP %s on %s to this host (NixOS: services.exo.openFirewall = true), and check `exo status` on %s that its stage runner is up", port, next, next)})
+				Fix: fmt.Sprintf("open TCP %s on %s to this host (NixOS: services.exo.openFirewall = true), and check `exo status` on %s that its %s runner is up", port, next, next, kind)})
 			continue
 		}
 		slices.Sort(rtts)

@@ -442,3 +442,41 @@ prefill = { hosts = ["north"] }`, `decode = { hosts = ["north", "south"], shard 
 		t.Errorf("weights %v, want stage 0's %d", got, st[0].WeightBytes)
 	}
 }
+
+// TestTensorLinks: a rank after 0 checks its link to rank 0's tensor port;
+// rank 0's tensor port is among its host's ports.
+func TestTensorLinks(t *testing.T) {
+	env := testCluster(t, "south", "")
+	text := strings.Replace(string(mustRead(t, env.Config.Path)), `decode = { hosts = ["south"] }
+prefill = { hosts = ["north"] }`, `decode = { hosts = ["north", "south"], shard = "tensor" }`, 1)
+	os.WriteFile(env.Config.Path, []byte(text), 0o644)
+	env, rs := Load(Options{Path: env.Config.Path, Host: "south", Timeout: 2 * time.Second})
+	if env == nil {
+		t.Fatalf("load: %+v", rs)
+	}
+	addr := net.JoinHostPort("127.0.0.2", strconv.Itoa(env.Config.TensorLinkPort(0)))
+	rs = StageLinks{}.Run(context.Background(), env)
+	expect(t, rs, "tensor link tiny-decode-rank1 → north ("+addr+")", Fail, "its tensor runner is up")
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("%s: %v", addr, err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	expect(t, StageLinks{}.Run(context.Background(), env), "tensor link tiny-decode-rank1", OK, "connect latency")
+	found := false
+	for _, p := range env.hostPorts("north") {
+		found = found || (p.what == "tiny-decode-rank0 tensor link" && p.addr == addr)
+	}
+	if !found {
+		t.Errorf("north's ports %+v lack rank 0's tensor link", env.hostPorts("north"))
+	}
+}

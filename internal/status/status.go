@@ -195,6 +195,9 @@ func Print(out io.Writer, st *dashboard.State, now time.Time) {
 				if r.Stage != "" {
 					role = fmt.Sprintf("%s stage %s layers %s", r.Role, r.Stage, r.Layers)
 				}
+				if r.Tensor != "" {
+					role = fmt.Sprintf("%s rank %s", r.Role, r.Tensor)
+				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", m.Name, r.Host, r.Runner, role, r.State, r.Restarts, queue, detail)
 			}
 		}

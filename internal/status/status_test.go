@@ -117,10 +117,12 @@ func TestPrintShowsStages(t *testing.T) {
 		Models: []dashboard.ModelState{{Name: "big", Runners: []dashboard.ModelRunner{
 			{Host: "a", Runner: "big-decode-stage0", Role: "decode", Stage: "0/2", Layers: "0:46", State: "ready"},
 			{Host: "b", Runner: "big-decode-stage1", Role: "decode", Stage: "1/2", Layers: "46:92", State: "ready"},
+		}}, {Name: "tp", Runners: []dashboard.ModelRunner{
+			{Host: "b", Runner: "tp-decode-rank1", Role: "decode", Tensor: "1/2", State: "ready"},
 		}}}}
 	var out bytes.Buffer
 	Print(&out, st, now)
-	for _, w := range []string{"big-decode-stage0  decode stage 0/2 layers 0:46", "big-decode-stage1  decode stage 1/2 layers 46:92"} {
+	for _, w := range []string{"big-decode-stage0  decode stage 0/2 layers 0:46", "big-decode-stage1  decode stage 1/2 layers 46:92", "tp-decode-rank1    decode rank 1/2"} {
 		if !strings.Contains(out.String(), w) {
 			t.Errorf("lacks %q:\n%s", w, out.String())
 		}

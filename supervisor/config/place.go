@@ -239,7 +239,9 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 			key := c.at("models", i, rr.role)
 			pl := Placement{Model: m.Name, Role: rr.role, Shard: r.Shard, Hosts: r.Hosts}
 			f, ferr := facts(r.Source)
-			if ferr != nil && !errors.Is(ferr, modelinfo.ErrNotLocal) && (r.Shard != ShardPipeline || r.Layers == nil || rr.role != Decode) {
+			// Only a split by memory cannot do without the facts; the rest
+			// runs and the runners check the model at load.
+			if ferr != nil && !errors.Is(ferr, modelinfo.ErrNotLocal) && r.Shard == ShardPipeline && r.Layers == nil && rr.role == Decode {
 				bad(key, "model %s: %s: cannot read the model's facts for placement: %v", m.Name, rr.role, ferr)
 				continue
 			}
@@ -259,7 +261,7 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 					continue
 				}
 				if f == nil {
-					pl.Note = "ranks hold 1/" + fmt.Sprint(len(r.Hosts)) + " of every layer; the model is not in this host's store, so the split is checked by the runners at load (" + ferr.Error() + ")"
+					pl.Note = "ranks hold 1/" + fmt.Sprint(len(r.Hosts)) + " of every layer; the model's facts are not readable here, so the split is checked by the runners at load (" + ferr.Error() + ")"
 					out = append(out, pl)
 					continue
 				}

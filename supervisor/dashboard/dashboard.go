@@ -261,6 +261,8 @@ type ModelRunner struct {
 	// whole copy.
 	Stage  string `json:"stage,omitempty"`
 	Layers string `json:"layers,omitempty"`
+	// Tensor ("I/N") of a tensor-parallel rank; empty otherwise.
+	Tensor string `json:"tensor,omitempty"`
 	// State is the runner's process state (starting, ready, unhealthy,
 	// backoff, crashloop, stopped), or "unknown" when its host's
 	// supervisor does not answer.
@@ -627,7 +629,7 @@ func models(c *config.Config, hosts []HostState) []ModelState {
 				continue
 			}
 			mr := ModelRunner{Host: r.Host, Runner: r.Name, Role: r.Role, Source: r.Source, Address: r.HealthAddr(), State: "unknown",
-				Stage: r.Stage, Layers: r.Layers}
+				Stage: r.Stage, Layers: r.Layers, Tensor: r.Tensor}
 			if r.Role == config.Prefill {
 				mr.Address = r.Listen
 			}
