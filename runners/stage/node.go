@@ -31,6 +31,8 @@ type NodeConfig struct {
 	DType   uint8
 	Metrics *Metrics
 	Logger  *slog.Logger
+	// TestPace, TEST ONLY: as RingConfig.TestPace.
+	TestPace float64
 }
 
 // Node is a stage after the first: it computes its layers for every Step
@@ -330,6 +332,7 @@ func (n *Node) step(m *Step, out *Link) error {
 	n.met.inFlight.Set(1)
 	t0 := time.Now()
 	hidden, logits, err := n.cfg.Model.StageStep(context.Background(), caches, toks, m.Hidden)
+	pace(n.cfg.TestPace, len(m.Tokens), t0)
 	if err != nil {
 		n.met.inFlight.Set(0)
 		return fail(CodeInternal, "step: %v", err)

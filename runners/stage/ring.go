@@ -34,6 +34,10 @@ type RingConfig struct {
 	DType   uint8
 	Metrics *Metrics
 	Logger  *slog.Logger
+	// TestPace, TEST ONLY, caps this stage's compute at so many tokens/s
+	// (each step takes at least its tokens / TestPace): benchmarks make a
+	// loaded machine look like hosts of known speeds.
+	TestPace float64
 }
 
 // Ring is stage 0 of a pipeline as a decode.PickingModel: the decode
@@ -416,6 +420,7 @@ func (r *Ring) stepSeqs(ctx context.Context, seqs []*seqCache, toks [][]int32, p
 	t0 := time.Now()
 	r.cmu.Lock()
 	hidden, _, err := r.m.StageStep(ctx, locals, toks, nil)
+	pace(r.cfg.TestPace, len(step.Tokens), t0)
 	r.cmu.Unlock()
 	if err != nil {
 		return 0, nil, err
@@ -679,3 +684,11 @@ func (c *seqCache) Import(layer, start, n int, k, v []byte) error      { return 
 func (c *seqCache) Commit(n int) error                                 { return errNoImport }
 func (c *seqCache) DType() engine.DType                                { return c.local.DType() }
 func (c *seqCache) Geometry() engine.CacheGeometry                     { return c.local.Geometry() }
+
+// pace sleeps until a step of n tokens begun at t0 has taken n/rate
+// (rate 0: no pacing).
+func pace(rate float64, n int, t0 time.Time) {
+	if rate > 0 {
+		time.Sleep(time.Until(t0.Add(time.Duration(float64(n) / rate * float64(time.Second)))))
+	}
+}

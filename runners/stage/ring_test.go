@@ -51,7 +51,15 @@ type pipeline struct {
 	done    []chan struct{}
 }
 
-func newPipeline(t *testing.T, dir string, cuts []int, secret []byte, maxBatch int) *pipeline {
+// pipeOpts are a test pipeline's options.
+type pipeOpts struct {
+	secret   []byte
+	maxBatch int
+	pace     float64 // each stage's TestPace
+	metrics  *stage.Metrics
+}
+
+func newPipeline(t testing.TB, dir string, cuts []int, po pipeOpts) *pipeline {
 	t.Helper()
 	ctx := context.Background()
 	b, err := backend.Open("cpu", backend.Options{})
@@ -83,7 +91,7 @@ func newPipeline(t *testing.T, dir string, cuts []int, secret []byte, maxBatch i
 		t.Cleanup(func() { m.Close() })
 		models[i] = m
 		links[i] = stage.LinkConfig{Stage: i, Stages: N, First: bounds[i], End: bounds[i+1], Layers: L, Hidden: m.Config().Hidden,
-			Fingerprint: m.Fingerprint(), Secret: secret, IdleTimeout: 2 * time.Second}
+			Fingerprint: m.Fingerprint(), Secret: po.secret}
 		p.addrs = append(p.addrs, testutil.Addr(t))
 	}
 	log := slog.New(slog.DiscardHandler)
@@ -105,7 +113,7 @@ func newPipeline(t *testing.T, dir string, cuts []int, secret []byte, maxBatch i
 			picks = &st.Options
 		}
 		n, err := stage.NewNode(stage.NodeConfig{Name: "m", Link: links[i], Model: models[i], Listen: listen(i), Next: p.addrs[(i+1)%N],
-			Picks: picks, Logger: log})
+			Picks: picks, Logger: log, TestPace: po.pace, Metrics: po.metrics})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,7 +122,7 @@ func newPipeline(t *testing.T, dir string, cuts []int, secret []byte, maxBatch i
 		go func() { defer close(p.done[i]); n.Run(cctx) }()
 	}
 	ring, err := stage.NewRing(stage.RingConfig{Name: "m", Link: links[0], Model: models[0], Listen: listen(0), Next: p.addrs[1],
-		StepTimeout: 20 * time.Second, Logger: log})
+		StepTimeout: 20 * time.Second, Logger: log, TestPace: po.pace, Metrics: po.metrics})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +138,7 @@ func newPipeline(t *testing.T, dir string, cuts []int, secret []byte, maxBatch i
 		t.Fatal(err)
 	}
 	o := st.Options
-	o.MaxBatch, o.Logger = maxBatch, log
+	o.MaxBatch, o.Logger = po.maxBatch, log
 	p.srv = decode.New(o)
 	t.Cleanup(func() {
 		p.srv.Close()
@@ -225,7 +233,7 @@ func TestPipelineGivesSingleRunnerTokens(t *testing.T) {
 		want := generate(t, single(t, dir, 4), requests(), false)
 		for _, cuts := range [][]int{{1}, {1, 2}} {
 			t.Run(fmt.Sprintf("%s/%d-stages", arch, len(cuts)+1), func(t *testing.T) {
-				p := newPipeline(t, dir, cuts, []byte("s3cret"), 4)
+				p := newPipeline(t, dir, cuts, pipeOpts{secret: []byte("s3cret"), maxBatch: 4})
 				got := generate(t, p.srv, requests(), false)
 				for i := range want {
 					if got[i] != want[i] {
@@ -258,7 +266,7 @@ func TestPipelineGivesSingleRunnerTokens(t *testing.T) {
 func TestStageKilledMidRequest(t *testing.T) {
 	dir := writeModels(t)["llama"]
 	want := generate(t, single(t, dir, 1), requests()[:1], false)
-	p := newPipeline(t, dir, []int{1, 2}, nil, 1)
+	p := newPipeline(t, dir, []int{1, 2}, pipeOpts{maxBatch: 1})
 	req := *requests()[0]
 	req.MaxTokens = 1 << 20
 	em := &killer{at: 5, kill: func() { p.cancels[1](); <-p.done[1] }}
