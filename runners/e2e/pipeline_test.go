@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -249,5 +250,67 @@ func TestPipelineStageKilled(t *testing.T) {
 	got := askAll(t, s0.listen, pipelineRequests()[:1], false)
 	if got[0].Text != want[0].Text {
 		t.Errorf("after the stage came back: %q, want %q", got[0].Text, want[0].Text)
+	}
+}
+
+// TestPipelineStageStopped: SIGSTOP of the middle stage of three while a
+// generation streams (the process hangs, its sockets stay open) ends the
+// request with an error naming the stage link once its neighbours miss its
+// keepalives (the links' 10 s idle timeout), not never; stage 0 answers
+// 503 meanwhile; after SIGCONT the stage finds its links gone, the ring is
+// rebuilt, and the next request succeeds with the one-runner text.
+func TestPipelineStageStopped(t *testing.T) {
+	model := tinyModel(t, "moe-long")
+	one := start(t, "one", "decode", "--model", model)
+	want := askAll(t, one.listen, pipelineRequests()[:1], false)
+	one.stop()
+	pl := startPipeline(t, "stop", model, []int{0, 1, 2, 3})
+	s0, mid := pl.stages[0], pl.stages[1]
+	type result struct {
+		r   chatResult
+		err error
+	}
+	done := make(chan result, 1)
+	var once sync.Once
+	streaming := make(chan struct{})
+	go func() {
+		r, err := chatStreamCtx(t.Context(), s0.listen, user("go on forever"), 30000, map[string]any{"ignore_eos": true},
+			func(string) { once.Do(func() { close(streaming) }) })
+		done <- result{r, err}
+	}()
+	select {
+	case <-streaming:
+	case r := <-done:
+		t.Fatalf("the long request ended before the stop: %+v %v", r.r, r.err)
+	}
+	if err := mid.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	defer func() {
+		if stopped {
+			mid.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}()
+	var res result
+	select {
+	case res = <-done:
+	case <-time.After(90 * time.Second):
+		t.Fatal("the request did not end within 90 s of its stage being stopped")
+	}
+	if !strings.Contains(res.r.ErrorBody+fmt.Sprint(res.err), "stage link") {
+		t.Fatalf("the request whose stage hung: %+v %v, want an error naming the stage link", res.r, res.err)
+	}
+	if code, _ := health(s0); code != http.StatusServiceUnavailable {
+		t.Errorf("stage 0's /health answers %d with stage 1 hung, want 503", code)
+	}
+	if err := mid.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stopped = false
+	waitHealthy(t, pl.stages...)
+	got := askAll(t, s0.listen, pipelineRequests()[:1], false)
+	if got[0].Text != want[0].Text {
+		t.Errorf("after the stage resumed: %q, want %q", got[0].Text, want[0].Text)
 	}
 }
