@@ -257,6 +257,8 @@ func FuzzRequest(f *testing.F) {
 		{ID: "p", Model: "m", Tokens: tokens(130), PrefixProbe: true},
 		{ID: "stage", Model: "m", Tokens: tokens(12), StartPos: 4, LayerStart: 3, LayerEnd: 9, Streams: 2},
 		{Tokens: tokens(2), LayerStart: 0, LayerEnd: 1024, DType: DTypeF8E4M3},
+		{ID: "rank", Model: "m", Tokens: tokens(9), StartPos: 2, HeadStart: 2, HeadEnd: 4},
+		{Tokens: tokens(3), LayerStart: 1, LayerEnd: 2, HeadStart: 0, HeadEnd: 1024, DType: DTypeF8E4M3},
 	} {
 		b, err := encodeRequest(r)
 		if err != nil {
@@ -277,6 +279,9 @@ func FuzzRequest(f *testing.F) {
 		}
 		if checkRange(req.LayerStart, req.LayerEnd) != nil {
 			t.Fatalf("accepted layer range [%d, %d)", req.LayerStart, req.LayerEnd)
+		}
+		if checkHeads(req.HeadStart, req.HeadEnd) != nil {
+			t.Fatalf("accepted kv head range [%d, %d)", req.HeadStart, req.HeadEnd)
 		}
 		b, err := encodeRequest(req)
 		if err != nil {
@@ -319,6 +324,7 @@ func TestWriteFuzzSeeds(t *testing.T) {
 		{ID: "req-7", Model: "llama", Tokens: tokens(20), StartPos: 5, DType: DTypeF16, Deadline: 1e9},
 		{Fingerprint: Fingerprint{0xff}, Tokens: tokens(1)},
 		{ID: "stage-1", Model: "glm", Tokens: tokens(30), StartPos: 10, LayerStart: 46, LayerEnd: 92},
+		{ID: "rank-1", Model: "glm", Tokens: tokens(30), StartPos: 10, HeadStart: 4, HeadEnd: 8},
 	} {
 		b, _ := encodeRequest(r)
 		reqs = append(reqs, b[frameHeaderSize:])
