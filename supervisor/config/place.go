@@ -213,8 +213,7 @@ type FactsFunc func(source string) (*modelinfo.Facts, error)
 // hosts' memory, and refuses what cannot run: a split that does not fit,
 // layers that do not sum to the model's, a tensor group whose size does not
 // divide the model's heads or MLP widths or whose ranks do not fit, and (not
-// supported yet) tensor or pipeline prefill and prefill runners for a
-// tensor-parallel decode. Errors carry the decode/prefill key's
+// supported yet) tensor or pipeline prefill. Errors carry the decode/prefill key's
 // file:line:column. localHost's usable memory is memory_gib, else localMem
 // (its physical memory; 0: unknown); a remote host without memory_gib is not
 // checked here (its own supervisor checks it). The split itself uses only
@@ -254,10 +253,6 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 				}
 				if rr.role == Prefill {
 					bad(c.at("models", i, rr.role, "shard"), "model %s: prefill.shard \"tensor\" is not supported yet (prefill hosts must each hold the whole model)", m.Name)
-					continue
-				}
-				if m.Prefill != nil {
-					bad(c.at("models", i, Prefill), "model %s: prefill runners for a tensor-parallel decode are not supported yet (exo runner decode refuses --prefill with --tensor: each rank would fetch its own KV heads); leave out [models.prefill] or use shard = \"replicas\" or \"pipeline\"", m.Name)
 					continue
 				}
 				if f == nil {
@@ -310,6 +305,9 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 			}
 			c.setStages(m.Name, rr.role, st)
 			pl.Stages = st
+			if m.Prefill != nil {
+				pl.Note = "the prefill runners are not used yet: exo runner decode ignores --prefill on a pipeline's stage 0 (with a warning) and prefills through the stages"
+			}
 			out = append(out, pl)
 		}
 	}

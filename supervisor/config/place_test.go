@@ -196,10 +196,15 @@ decode = { hosts = ["a", "b"], shard = "tensor" }
 	if !slices.Equal(errs(err), want) {
 		t.Errorf("Place: %v\nwant %s", err, strings.Join(want, "\n"))
 	}
-	// Prefill runners beside a tensor decode: refused at the prefill key.
+	// Prefill runners beside a tensor decode: every rank gets --prefill.
 	c = parse(`prefill = { hosts = ["c"] }`)
-	if _, err = c.Place(even, "a", 0); err == nil || !strings.Contains(err.Error(), "f.toml:20:1: model m: prefill runners for a tensor-parallel decode are not supported yet") {
+	if _, err = c.Place(even, "a", 0); err != nil {
 		t.Errorf("tensor with prefill: %v", err)
+	}
+	for _, h := range []string{"a", "b"} {
+		if rs := c.Runners(h); len(rs) != 1 || !slices.Contains(rs[0].Args(), "--prefill") {
+			t.Errorf("host %s: %+v, want a rank with --prefill", h, rs)
+		}
 	}
 	// Ranks that fit: each holds half of the weights and of the KV reserve.
 	c = parse("")

@@ -310,9 +310,10 @@ func (c *Config) AllRunners() []Runner {
 					ru.TensorPeers = slices.Clone(peers)
 					ru.Group = "tensor " + joinComma(peers)
 				}
-				// Only stage 0 serves requests and fills caches; a tensor
-				// group takes no prefill runners yet (Place refuses them).
-				laterStage := stages != nil && si > 0 || peers != nil
+				// Only stage 0 serves requests and fills caches (every
+				// tensor rank takes the same --prefill: each fetches its own
+				// KV heads).
+				laterStage := stages != nil && si > 0
 				if role == Prefill {
 					ru.Metrics = net.JoinHostPort(h.Address, strconv.Itoa(r.MetricsPort))
 					if r.PrefixCacheMiB != nil {

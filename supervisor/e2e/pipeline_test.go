@@ -90,6 +90,16 @@ func TestTensorTwoHosts(t *testing.T) {
 	shardedTwoHosts(t, `{ hosts = ["spark", "mac"], shard = "tensor" }`, "tensor-peers", "tiny-decode-rank0", "tiny-decode-rank1")
 }
 
+// TestTensorTwoHostsRemotePrefill: tensor ranks on spark and mac, every
+// prompt prefilled by spark's prefill runner (each rank fetching its own KV
+// heads), answer as one runner with local prefill does.
+func TestTensorTwoHostsRemotePrefill(t *testing.T) {
+	shardedTwoHosts(t, `{ hosts = ["spark", "mac"], shard = "tensor" }
+prefill = { hosts = ["spark"] }
+remote_prefill_min_tokens = 1
+remote_prefill_route = "floor"`, "tensor-peers", "tiny-decode-rank0", "tiny-decode-rank1")
+}
+
 // shardedTwoHosts runs the tiny model (4 layers) first as one decode runner
 // on spark, then sharded by decode over spark and mac (whose runners are
 // sparkRunner and macRunner), and compares greedy answers through both
@@ -134,7 +144,12 @@ func shardedTwoHosts(t *testing.T, decode, flag, sparkRunner, macRunner string) 
 		t.Fatal(err)
 	}
 	spark, mac := startTwoHosts(t, exe, dir, cfgPath, apiPort)
-	spark.waitRunners(t, sparkRunner)
+	remote := strings.Contains(decode, "prefill =")
+	if remote {
+		spark.waitRunners(t, sparkRunner, "tiny-prefill")
+	} else {
+		spark.waitRunners(t, sparkRunner)
+	}
 	mac.waitRunners(t, macRunner)
 	for _, h := range []*host{spark, mac} {
 		for i, p := range prompts {
@@ -146,6 +161,9 @@ func shardedTwoHosts(t *testing.T, decode, flag, sparkRunner, macRunner string) 
 				t.Errorf("via %s, prompt %d: sharded %q, one runner %q", h.name, i, text, want[i])
 			}
 		}
+	}
+	if n := remotePrefillOK(t, spark.api); remote && n < float64(2*len(prompts)) {
+		t.Errorf("remote prefill ok = %v on spark, want every one of the %d requests", n, 2*len(prompts))
 	}
 	t.Logf("answers %q", want)
 	for _, h := range []*host{spark, mac} {
