@@ -17,8 +17,9 @@ import (
 // tpGroup is a tensor-parallel decode model served by real runner
 // processes, one per rank (rank 0 serves the API).
 type tpGroup struct {
-	ranks []*proc
-	args  [][]string // each rank's arguments, to start it again
+	ranks     []*proc
+	args      [][]string // each follower's arguments, to start it again
+	rank0Args []string
 }
 
 // startTensor starts n ranks of `exo runner decode --tensor i/n` on
@@ -35,7 +36,8 @@ func startTensor(t *testing.T, model string, n int, extra ...string) *tpGroup {
 		g.args[r] = append([]string{"--model", model, "--tensor", fmt.Sprintf("%d/%d", r, n), "--tensor-peers", strings.Join(peers, ",")}, extra...)
 		g.launch(t, r)
 	}
-	g.ranks[0] = start(t, "tp-rank0", "decode", append([]string{"--model", model, "--tensor", fmt.Sprintf("0/%d", n), "--tensor-peers", strings.Join(peers, ",")}, extra...)...)
+	g.rank0Args = append([]string{"--model", model, "--tensor", fmt.Sprintf("0/%d", n), "--tensor-peers", strings.Join(peers, ",")}, extra...)
+	g.ranks[0] = start(t, "tp-rank0", "decode", g.rank0Args...)
 	for r := 1; r < n; r++ {
 		g.waitHealth(t, r, 200)
 	}
@@ -185,6 +187,14 @@ func TestTensorParallelTiny(t *testing.T) {
 	got := chatStream(t, g.ranks[0].listen, user("hello there"), 16, ignoreEOS)
 	want := chatStream(t, ref.listen, user("hello there"), 16, ignoreEOS)
 	expectSame(t, "after the rank came back", got, want)
+
+	// Rank 0 killed and started again: the followers drop their caches,
+	// dial the new rank 0 and the group serves again.
+	g.ranks[0].kill()
+	testutil.Eventually(t, func() bool { c, _ := health(g.ranks[1]); return c == 503 }, 30*time.Second, "rank 1 sees rank 0 gone")
+	g.ranks[0] = start(t, "tp-rank0-again", "decode", g.rank0Args...)
+	got = chatStream(t, g.ranks[0].listen, user("hello there"), 16, ignoreEOS)
+	expectSame(t, "after rank 0 came back", got, want)
 }
 
 // TestTensorParallelSmolLM2: SmolLM2 (9 heads, 3 KV heads) over three
