@@ -244,3 +244,23 @@ func TestTensorParallelRemotePrefill(t *testing.T) {
 		t.Fatalf("the prefill runner served kv heads %v, want 0:1 and 1:2 twice each", served)
 	}
 }
+
+// TestTensorParallelSpeculative: prompt-lookup speculation on a tensor
+// group (ForwardAll verifications and truncations of rejected drafts on
+// every rank) answers as one plain runner does at temperature 0.
+func TestTensorParallelSpeculative(t *testing.T) {
+	dir := tinyModel(t, "main")
+	ref := start(t, "tp-spec-ref", "decode", "--model", dir)
+	g := startTensor(t, dir, 2, "--speculative", "prompt-lookup")
+	// A prompt that repeats itself gives prompt lookup drafts to verify.
+	p := strings.Repeat("the cat sat on the mat and ", 12)
+	got := chatStream(t, g.ranks[0].listen, user(p), 48, ignoreEOS)
+	want := chatStream(t, ref.listen, user(p), 48, ignoreEOS)
+	expectSame(t, "speculative", got, want)
+	acc := g.ranks[0].metric(t, `exo_speculative_tokens_total{outcome="accepted"}`)
+	rej := g.ranks[0].metric(t, `exo_speculative_tokens_total{outcome="rejected"}`)
+	t.Logf("drafts accepted %v, rejected %v", acc, rej)
+	if acc+rej == 0 {
+		t.Fatal("no drafts were verified: the test did not exercise speculation")
+	}
+}
