@@ -1,8 +1,11 @@
 // Package config owns the cluster file: its schema, defaults, loading,
-// validation (every error with file:line:column and a reason), the plan of
-// runners each host must run (with deterministic ports), host identity and
-// Diff between two plans. It is pure: it starts no processes and opens no
-// sockets, and it must not import runners/ or any other supervisor package.
+// validation (every error with file:line:column and a reason), the
+// placement of sharded models (Place, Split: pipeline stages by hand or by
+// memory, tensor ranks, from facts its caller reads with internal/modelinfo),
+// the plan of runners each host must run (with deterministic ports), host
+// identity and Diff between two plans. It is pure: it starts no processes,
+// opens no sockets and reads no model files, and it must not import
+// runners/ or any other supervisor package.
 package config
 
 import (
