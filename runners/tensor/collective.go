@@ -73,7 +73,11 @@ func (s followerSum) AllSum(b engine.Backend, x engine.Array) engine.Array {
 	if err := l.write(framePartial, raw); err != nil {
 		panic(fmt.Errorf("all_sum: %w", err))
 	}
+	// Rank 0 answers once every rank's operand is in: a silent rank 0
+	// (stopped, or its host gone without a reset) ends the wait.
+	_ = l.conn.SetReadDeadline(time.Now().Add(s.f.cfg.Timeout))
 	typ, sum, err := l.read(s.f.sumBuf)
+	_ = l.conn.SetReadDeadline(time.Time{})
 	if err != nil {
 		panic(fmt.Errorf("all_sum: %w", err))
 	}

@@ -24,6 +24,8 @@ type FollowerConfig struct {
 	// Rejoin makes the follower dial rank 0 again after its link drops
 	// (the cpu backend). Without it (MLX's group) Run returns.
 	Rejoin bool
+	// MLX says the ranks sum over MLX's group, not the link.
+	MLX bool
 	// Timeout bounds the wait for rank 0's sum within a call (0:
 	// DefaultTimeout).
 	Timeout time.Duration
@@ -135,7 +137,7 @@ func (f *Follower) dial(ctx context.Context) (*link, error) {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	l, _, err := handshake(conn, hello{rank: f.rank, size: f.size}, f.cfg.Secret)
+	l, _, err := handshake(conn, hello{rank: f.rank, size: f.size, mlx: f.cfg.MLX}, f.cfg.Secret)
 	if err != nil {
 		conn.Close()
 		return nil, err

@@ -128,9 +128,9 @@ func (r *Rank) Collective(c RankConfig, b engine.Backend) (engine.Collective, er
 	}
 	r.MLX = true
 	if r.Leader != nil {
-		r.Leader.cfg.Rejoin = false
+		r.Leader.cfg.Rejoin, r.Leader.cfg.MLX = false, true
 	} else {
-		r.Follower.cfg.Rejoin = false
+		r.Follower.cfg.Rejoin, r.Follower.cfg.MLX = false, true
 	}
 	return Meter(g, c.Metrics, c.Model), nil
 }

@@ -37,6 +37,9 @@ type LeaderConfig struct {
 	// joined once per process) a lost rank makes Lost fire: the runner
 	// exits so that the supervisor restarts every rank.
 	Rejoin bool
+	// MLX says the ranks sum over MLX's group, not the link (every rank
+	// must say the same: checked at the handshake).
+	MLX bool
 	// Timeout bounds a follower's silence within a call (0:
 	// DefaultTimeout).
 	Timeout time.Duration
@@ -146,7 +149,7 @@ func (g *Leader) admit(conn net.Conn) {
 		_ = tc.SetNoDelay(true)
 		_ = tc.SetKeepAlivePeriod(5 * time.Second)
 	}
-	l, h, err := handshake(conn, hello{rank: 0, size: g.size}, g.cfg.Secret)
+	l, h, err := handshake(conn, hello{rank: 0, size: g.size, mlx: g.cfg.MLX}, g.cfg.Secret)
 	if err != nil {
 		g.log.Warn("tensor link refused", "remote", conn.RemoteAddr().String(), "err", err)
 		conn.Close()

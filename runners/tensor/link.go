@@ -22,7 +22,10 @@ import (
 //
 // Handshake (each side writes its hello, then reads the other's):
 //
-//	hello  = magic "EXOTP" | version u8 | rank u16 | size u16 | auth u8 | nonce [32]
+//	hello  = magic "EXOTP" | version u8 | rank u16 | size u16 | auth u8 | sum u8 | nonce [32]
+//
+// (sum: 0 = the ranks sum over this link, 1 = over MLX's group; every
+// rank must say the same.)
 //
 // With a secret (auth = 1 on both sides, else refused) the follower then
 // writes HMAC-SHA256(secret, "exo-tensor/<version> follower" || n0 || nf)
@@ -37,7 +40,7 @@ import (
 const (
 	linkMagic   = "EXOTP"
 	linkVersion = 1
-	helloLen    = len(linkMagic) + 1 + 2 + 2 + 1 + 32
+	helloLen    = len(linkMagic) + 1 + 2 + 2 + 1 + 1 + 32
 	// maxFrame bounds a frame's payload: an all_sum of a prefill chunk
 	// (chunk × hidden × 4 bytes) or a call's token ids.
 	maxFrame = 1 << 28
@@ -66,6 +69,7 @@ var ErrAuth = errors.New("authentication failed")
 type hello struct {
 	rank, size int
 	auth       bool
+	mlx        bool // the ranks sum over MLX's group, not the link
 	nonce      [32]byte
 }
 
@@ -80,6 +84,11 @@ func (h hello) encode() []byte {
 		a = 1
 	}
 	b = append(b, a)
+	m := byte(0)
+	if h.mlx {
+		m = 1
+	}
+	b = append(b, m)
 	return append(b, h.nonce[:]...)
 }
 
@@ -99,7 +108,14 @@ func decodeHello(b []byte) (hello, error) {
 	default:
 		return hello{}, fmt.Errorf("%w: bad auth flag %d", ErrLink, p[5])
 	}
-	copy(h.nonce[:], p[6:])
+	switch p[6] {
+	case 0:
+	case 1:
+		h.mlx = true
+	default:
+		return hello{}, fmt.Errorf("%w: bad sum flag %d", ErrLink, p[6])
+	}
+	copy(h.nonce[:], p[7:])
 	return h, nil
 }
 
@@ -141,6 +157,16 @@ func handshake(conn net.Conn, me hello, secret []byte) (*link, hello, error) {
 	}
 	if peer.size != me.size {
 		return nil, hello{}, fmt.Errorf("%w: peer rank %d is in a group of %d, this one of %d", ErrLink, peer.rank, peer.size, me.size)
+	}
+	if peer.mlx != me.mlx {
+		where := func(m bool) string {
+			if m {
+				return "MLX's group (--backend mlx)"
+			}
+			return "the tensor link (--backend cpu)"
+		}
+		return nil, hello{}, fmt.Errorf("%w: rank %d sums over %s, rank %d over %s: every rank needs the same backend",
+			ErrLink, peer.rank, where(peer.mlx), me.rank, where(me.mlx))
 	}
 	if peer.auth != me.auth {
 		return nil, hello{}, fmt.Errorf("%w: %w: one side has a secret and the other none", ErrLink, ErrAuth)

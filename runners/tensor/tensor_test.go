@@ -278,3 +278,28 @@ func TestWrongSecret(t *testing.T) {
 		t.Fatal("the group is whole without rank 1")
 	}
 }
+
+// TestBackendsDiffer: a follower summing over MLX's group never joins a
+// rank 0 summing over the link (and the reverse), and says why.
+func TestBackendsDiffer(t *testing.T) {
+	for _, leaderMLX := range []bool{false, true} {
+		g, err := NewLeader(LeaderConfig{Size: 2, MLX: leaderMLX})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		go g.Serve(ctx, l)
+		f, err := NewFollower(FollowerConfig{Rank: 1, Size: 2, Leader: l.Addr().String(), MLX: !leaderMLX})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.dial(ctx); err == nil || !strings.Contains(err.Error(), "every rank needs the same backend") {
+			t.Fatalf("rank 0 mlx %v, rank 1 mlx %v: %v", leaderMLX, !leaderMLX, err)
+		}
+		cancel()
+	}
+}
