@@ -147,9 +147,13 @@ type Options struct {
 	// model of the same tokenizer: see draft.go and CheckDraftText);
 	// SpecTokens the most tokens drafted per step (0: DefaultSpecTokens).
 	// A model that cannot verify drafts does not speculate (New logs why).
-	Speculative  string
-	SpecTokens   int
-	Draft        Model
+	Speculative string
+	SpecTokens  int
+	Draft       Model
+	// specForce (tests only) drafts as many tokens as allowed at every
+	// step, whatever the cost model says, so that verification and
+	// rollback are exercised whatever this machine's timings.
+	specForce    bool
 	PrefillChunk int // local prefill chunk (0: engine default)
 	CacheEntries int // conversations kept in the prefix cache (default 4; <0: none)
 	CacheTokens  int // total tokens kept (default 32768)
@@ -786,7 +790,7 @@ func (s *Server) noteSpec(ctx context.Context, sp *speculator) {
 		id = rec.ID
 	}
 	s.log.Info("speculative decoding", "req", id, "accepted", sp.accepted, "rejected", sp.rejected, "acceptance", acc,
-		"position_cost", sp.cost, "draft_cost", sp.dcost())
+		"position_cost", sp.cost, "draft_cost", sp.dcost(), "draft_catchup", sp.catchup(), "draft_stopped", sp.d != nil && sp.d.off)
 }
 
 // verifyStep feeds tok and sp's draft in one forward of their own (the

@@ -77,6 +77,8 @@ type drafter struct {
 	chunk   int
 	e       *convEntry
 	step    float64 // seconds per draft forward (moving average; 0: unmeasured)
+	catch   float64 // seconds per token of its catch-up prefill (moving average; 0: unmeasured)
+	off     bool    // drafting stopped for this generation (see speculator.propose)
 	err     error   // a failed draft forward: no more drafting in this generation
 	out     []int32
 }
@@ -116,10 +118,16 @@ func (d *drafter) draft(ctx context.Context, history []int32, k int) ([]int32, e
 		return nil, err
 	}
 	if rest := history[n : len(history)-1]; len(rest) > 0 {
+		t0 := time.Now()
 		if err := d.m.Prefill(ctx, c, rest, d.chunk, nil); err != nil {
 			return fail(fmt.Errorf("draft prefill: %w", err))
 		}
 		d.e.tokens = append(d.e.tokens, rest...)
+		if t := time.Since(t0).Seconds() / float64(len(rest)); d.catch == 0 {
+			d.catch = t
+		} else {
+			d.catch += specAlpha * (t - d.catch)
+		}
 	}
 	t0 := time.Now()
 	d.out = d.out[:0]

@@ -1,8 +1,10 @@
 package decode
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -31,7 +33,10 @@ import (
 // MB/s would print 0.00 at tens of tokens per second).
 func BenchmarkSpeculativeDraftPair(b *testing.B) {
 	const tokens = 128
-	be, err := backend.Open("cpu", backend.Options{Threads: 1})
+	// EXO_BENCH_BACKEND=mlx (with EXO_MLXC_PATH) runs it on MLX's CPU
+	// device instead.
+	name := cmp.Or(os.Getenv("EXO_BENCH_BACKEND"), "cpu")
+	be, err := backend.Open(name, backend.Options{Threads: 1, Device: "cpu"})
 	if err != nil {
 		b.Fatal(err)
 	}

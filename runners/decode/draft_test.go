@@ -189,7 +189,7 @@ func TestSampledDraftsHonourConstraints(t *testing.T) {
 	s := startTinyServer(t, spec, func(text Text, o *Options) {
 		g := &Grammars{Text: text}
 		o.NewConstraint, o.AcceptTools = g.NewConstraint, true
-		o.Speculative, o.SpecTokens, o.Draft = SpecDraft, 4, o.Model
+		o.Speculative, o.SpecTokens, o.Draft, o.specForce = SpecDraft, 4, o.Model, true
 	})
 	msgs := []map[string]any{{"role": "user", "content": "one two three four, one two three four"}}
 	point := map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "p", "schema": json.RawMessage(pointSchema)}}
@@ -246,4 +246,32 @@ func TestSampledDraftsHonourConstraints(t *testing.T) {
 		t.Fatalf("%d drafted tokens kept, %d replaced: the rule never replaced a draft the grammar forbids", accepted, rejected)
 	}
 	t.Logf("%d drafted tokens kept, %d replaced", accepted, rejected)
+}
+
+// TestDraftingStopsWhenProbesCost: a generation whose drafts do not pay
+// probes its draft model after growing gaps while feeding the draft the
+// plain steps' tokens is cheap, and stops drafting instead of its first
+// probe once that catch-up costs more than specDraftCatchup per token.
+func TestDraftingStopsWhenProbesCost(t *testing.T) {
+	for _, c := range []struct {
+		catch float64 // seconds per caught-up token, a plain step being 1 s
+		stops bool
+	}{{0.01, false}, {0.2, true}} {
+		sp := newSpeculator(nil, 0, 8)
+		sp.d = &drafter{step: 0.1, catch: c.catch}
+		sp.step, sp.cost = 1, 0.5
+		sp.ok[0], sp.fail[0] = 1, 9 // acceptance 0.1: drafting does not pay
+		probes := 0
+		for range 40 {
+			switch k := sp.draftPlan(8); {
+			case k == 1:
+				probes++
+			case k != 0:
+				t.Fatalf("catch-up %v: planned %d drafted tokens at acceptance 0.1", c.catch, k)
+			}
+		}
+		if sp.d.off != c.stops || c.stops && probes != 0 || !c.stops && probes < 4 {
+			t.Errorf("catch-up %v: stopped %v after %d probes", c.catch, sp.d.off, probes)
+		}
+	}
 }

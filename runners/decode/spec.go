@@ -120,6 +120,7 @@ func (s *Server) setupSpec(o Options) {
 // verify them).
 func (s *Server) newSpec(req *gen.Request, picker *Picker) *speculator {
 	sp := newSpeculator(s.o.Model.(verifier), s.info.Vocab, s.specMax)
+	sp.force = s.o.specForce
 	if s.draftPool != nil {
 		sp.d = &drafter{m: s.o.Draft, vocab: s.draftVocab, maxP: s.o.Draft.Info().MaxPositions, pool: s.draftPool, chunk: s.o.PrefillChunk}
 		if _, ok := picker.sampler.(DraftSampler); ok && req.Sampling.Temperature > 0 && !req.Sampling.SeedSet {
@@ -176,6 +177,7 @@ type speculator struct {
 	vocab int
 	max   int      // the most tokens drafted (--speculative-tokens)
 	d     *drafter // draft mode: the draft model (nil: prompt lookup)
+	force bool     // Options.specForce
 
 	// ok and fail: decayed counts of drafted tokens accepted and of
 	// verifications that ended in a rejection, by n-gram length (1–3;
@@ -210,6 +212,11 @@ const (
 	specMargin = 1.05 // expected speed-up a draft must promise
 	// specRemeasure: with a draft model, every so many steps is plain.
 	specRemeasure = 32
+	// specDraftCatchup bounds what feeding the draft the tokens of plain
+	// steps may cost, per token in plain steps, for a generation whose
+	// drafts do not pay to go on probing (a compute-bound backend's
+	// draft prefill costs about the draft's share of the target's work).
+	specDraftCatchup = 0.03
 	// specDraftMargin is specMargin for a draft model's drafts: drafting
 	// also pays for keeping the draft's cache in step after plain steps,
 	// which the cost model does not count.
@@ -283,6 +290,9 @@ func (sp *speculator) observe(rows int, d time.Duration) {
 // model's k tokens cost k draft forwards more, each measured in plain
 // steps (dcost).
 func (sp *speculator) plan(n, avail int) int {
+	if sp.force {
+		return avail
+	}
 	a := sp.ok[n] / (sp.ok[n] + sp.fail[n])
 	best, bestV := 0, specMargin
 	if sp.d != nil {
@@ -311,6 +321,31 @@ func (sp *speculator) plan(n, avail int) int {
 	sp.gap[n] = min(64, max(1, 2*sp.gap[n]))
 	sp.wait[n] = sp.gap[n]
 	return 1 // a probe
+}
+
+// draftPlan is plan for a draft model's drafts (0: a plain step). When
+// drafting does not pay and keeping the draft in step with the plain steps
+// to probe it costs more per token than specDraftCatchup, the generation
+// drafts no more (a probe could not find what it costs).
+func (sp *speculator) draftPlan(limit int) int {
+	if sp.d.off || sp.d.err != nil {
+		return 0
+	}
+	k := sp.plan(0, limit)
+	if probe := k == 1 && sp.gap[0] > 0; probe && !sp.force && sp.catchup() > specDraftCatchup {
+		sp.d.off = true
+		return 0
+	}
+	return k
+}
+
+// catchup is what feeding the draft one token of the history costs (its
+// prefill), in plain target steps (0: unmeasured).
+func (sp *speculator) catchup() float64 {
+	if sp.d == nil || sp.d.catch == 0 || sp.step == 0 {
+		return 0
+	}
+	return sp.d.catch / sp.step
 }
 
 // dcost is a draft forward's cost in plain target steps (0 without a
@@ -343,11 +378,11 @@ func (sp *speculator) propose(ctx context.Context, history []int32, limit int) (
 		// specRemeasure-th step is plain to keep that measured (a
 		// generation that drafts every step would not).
 		sp.steps++
-		if sp.steps%specRemeasure == 0 {
+		if sp.steps%specRemeasure == 0 && !sp.force {
 			return nil, nil
 		}
-		k := sp.plan(0, limit)
-		if k == 0 || sp.d.err != nil {
+		k := sp.draftPlan(limit)
+		if k == 0 {
 			return nil, nil
 		}
 		d, err := sp.d.draft(ctx, history, k)

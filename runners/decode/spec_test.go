@@ -142,7 +142,7 @@ func TestSpeculativeEqualsPlain(t *testing.T) {
 				return func(text Text, o *Options) {
 					g := &Grammars{Text: text}
 					o.NewConstraint, o.AcceptTools = g.NewConstraint, true
-					o.Speculative, o.SpecTokens = spec, 5
+					o.Speculative, o.SpecTokens, o.specForce = spec, 5, true
 					if spec == SpecDraft {
 						o.Draft = loadDraft(t, draftDir, o.Model, text)
 					}
@@ -193,7 +193,7 @@ func testSpecBatchedRemote(t *testing.T, mode string) {
 	plain := startTinyServer(t, spec, func(_ Text, o *Options) {})
 	var remoteAddr string
 	s := startTinyServer(t, spec, func(text Text, o *Options) {
-		o.Speculative, o.SpecTokens = mode, 4
+		o.Speculative, o.SpecTokens, o.specForce = mode, 4, true
 		if mode == SpecDraft {
 			dir := filepath.Join(t.TempDir(), "draft")
 			if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 1}); err != nil {
@@ -335,7 +335,7 @@ func testSpecSampling(t *testing.T, mode string) {
 	bias := map[int32]float32{}
 	var outs [][]int32
 	s := startTinyServer(t, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}, func(text Text, o *Options) {
-		o.Speculative, o.SpecTokens, o.MaxBatch = mode, 4, 1
+		o.Speculative, o.SpecTokens, o.MaxBatch, o.specForce = mode, 4, 1, true
 		switch mode {
 		case SpecDraft:
 			o.Draft = o.Model
