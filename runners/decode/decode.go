@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -195,10 +196,11 @@ type Server struct {
 	eos    map[int32]bool
 	format chat.Format // the model's chat format (tool calls, reasoning)
 
-	specMax    int      // the most tokens drafted per step; 0: no speculation
-	draftPool  *kvPool  // draft mode: the draft model's caches, by prefix
-	draftVocab int      // draft mode: ids a draft may propose
-	batch      *batcher // nil when MaxBatch is 1
+	specMax    int        // the most tokens drafted per step; 0: no speculation
+	draftPool  *kvPool    // draft mode: the draft model's caches, by prefix
+	draftVocab int        // draft mode: ids a draft may propose
+	batch      *batcher   // nil when MaxBatch is 1
+	lanes      []*batcher // the batchers (batch is the first): a Laned model's lanes, else one
 	stopBatch  context.CancelFunc
 	journal    journal    // recent requests, for JournalPath
 	mem        memSampler // the engine's memory, for JournalPath
@@ -239,16 +241,29 @@ func New(o Options) *Server {
 	s.setupSpec(o)
 	if o.MaxBatch > 1 {
 		ctx, cancel := context.WithCancel(context.Background())
-		s.batch, s.stopBatch = newBatcher(o.Model, o.MaxBatch, 2*time.Millisecond), cancel
-		most := 0 // sizes is called from the batcher's one goroutine
-		s.batch.sizes = func(n int) {
-			s.m.DecodeBatch.Observe(float64(n))
-			if n > most {
-				most = n
-				s.m.DecodeBatchMax.Set(float64(n))
-			}
+		s.stopBatch = cancel
+		lanes := 1
+		if l, ok := o.Model.(Laned); ok {
+			lanes = max(1, min(l.Lanes(), o.MaxBatch))
 		}
-		go s.batch.run(ctx)
+		var mu sync.Mutex
+		most := 0
+		for i := range lanes {
+			// Each lane batches up to its share of MaxBatch.
+			b := newBatcher(o.Model, (o.MaxBatch+lanes-1-i)/lanes, 2*time.Millisecond)
+			b.sizes = func(n int) {
+				s.m.DecodeBatch.Observe(float64(n))
+				mu.Lock()
+				defer mu.Unlock()
+				if n > most {
+					most = n
+					s.m.DecodeBatchMax.Set(float64(n))
+				}
+			}
+			s.lanes = append(s.lanes, b)
+			go b.run(ctx)
+		}
+		s.batch = s.lanes[0]
 	}
 	for _, id := range o.Text.EOS() {
 		s.eos[id] = true
@@ -623,7 +638,7 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 	pm, _ := s.o.Model.(PickingModel)
 	var mem *member
 	if s.batch != nil {
-		mem = s.batch.joinMember()
+		mem = s.lane().joinMember()
 		defer mem.leave()
 	}
 	last := time.Now()
@@ -812,4 +827,25 @@ func (s *Server) observeError(predicted, actual time.Duration) {
 	if predicted > 0 {
 		s.m.RouteError.Observe((actual - predicted).Seconds() / predicted.Seconds())
 	}
+}
+
+// Laned is implemented by a model whose steps are pipelined over stages
+// (a pipeline's stage 0): the Server runs Lanes() batchers, each with its
+// own generations, so that while one lane's step is on a later stage the
+// first stage computes another lane's (decode micro-batches that keep
+// every stage busy, rather than the whole batch going through the stages
+// in lockstep).
+type Laned interface {
+	Lanes() int
+}
+
+// lane is the batcher a new generation joins: the one with the fewest.
+func (s *Server) lane() *batcher {
+	best := s.lanes[0]
+	for _, b := range s.lanes[1:] {
+		if b.members() < best.members() {
+			best = b
+		}
+	}
+	return best
 }

@@ -2,6 +2,7 @@ package stage_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/stage"
 )
 
@@ -92,4 +94,49 @@ func gauge(b *testing.B, reg *prometheus.Registry, name, stage string) float64 {
 		}
 	}
 	return -1
+}
+
+// BenchmarkPipelineDecode: 8 concurrent greedy generations of 48 tokens
+// over two rate-capped stages (each at R tokens/s: a step of k sequences
+// takes k/R on each), the decode Server running one lane per stage (one
+// lane's step on stage 1 while stage 0 computes the other's) against one
+// lane (the whole batch through the stages in lockstep). Reported: both
+// aggregate decode rates and their ratio (2 at most).
+func BenchmarkPipelineDecode(b *testing.B) {
+	dir := b.TempDir()
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 1, Layers: 2, MaxPositions: 4096}); err != nil {
+		b.Fatal(err)
+	}
+	const streams, tokens, rate = 8, 48, 400.0
+	rates := map[int]float64{}
+	for _, lanes := range []int{1, 0} {
+		p := newPipeline(b, dir, []int{1}, pipeOpts{maxBatch: streams, pace: rate, lanes: lanes})
+		var total time.Duration
+		for range b.N { // twice per run (b.Loop runs once)
+			var wg sync.WaitGroup
+			errs := make(chan error, streams)
+			t0 := time.Now()
+			for i := range streams {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					req := &gen.Request{PromptIDs: []int32{int32(1 + i), 2, 3}, MaxTokens: tokens, IgnoreEOS: true}
+					var em emitter
+					if _, err := p.srv.Generate(context.Background(), req, &em); err != nil {
+						errs <- err
+					}
+				}()
+			}
+			wg.Wait()
+			total += time.Since(t0)
+			close(errs)
+			for err := range errs {
+				b.Fatal(err)
+			}
+		}
+		rates[lanes] = float64(streams*tokens*b.N) / total.Seconds()
+	}
+	b.ReportMetric(rates[1], "lockstep-tok/s")
+	b.ReportMetric(rates[0], "lanes-tok/s")
+	b.ReportMetric(rates[0]/rates[1], "speedup")
 }

@@ -34,6 +34,11 @@ type RingConfig struct {
 	DType   uint8
 	Metrics *Metrics
 	Logger  *slog.Logger
+	// Lanes is how many decode lanes the decode Server runs over the ring
+	// (decode.Laned): 0, one per stage, so that every stage computes a
+	// different lane's step at once; 1, the whole batch goes through the
+	// stages in lockstep.
+	Lanes int
 	// TestPace, TEST ONLY, caps this stage's compute at so many tokens/s
 	// (each step takes at least its tokens / TestPace): benchmarks make a
 	// loaded machine look like hosts of known speeds.
@@ -77,7 +82,10 @@ type reply struct {
 	err error
 }
 
-var _ decode.PickingModel = (*Ring)(nil)
+var (
+	_ decode.PickingModel = (*Ring)(nil)
+	_ decode.Laned        = (*Ring)(nil)
+)
 
 // NewRing checks cfg and makes stage 0's model.
 func NewRing(cfg RingConfig) (*Ring, error) {
@@ -316,6 +324,14 @@ func (r *Ring) currentEpoch() uint64 {
 	return r.epoch
 }
 
+// Lanes is how many decode lanes the Server runs (decode.Laned).
+func (r *Ring) Lanes() int {
+	if r.cfg.Lanes > 0 {
+		return r.cfg.Lanes
+	}
+	return r.cfg.Link.Stages
+}
+
 // Info describes the whole model (every stage's layers).
 func (r *Ring) Info() engine.ModelInfo { return r.m.Info() }
 
@@ -484,9 +500,9 @@ func (r *Ring) ForwardPick(ctx context.Context, c engine.KVCache, tokens []int32
 	return ps[0], nil
 }
 
-// ForwardBatchPick runs one decode step of several sequences, split into
-// as many micro-batches as there are stages (stage 0 computes micro-batch
-// k+1 while the later stages compute k), and returns each one's pick.
+// ForwardBatchPick runs one decode step of several sequences (one
+// micro-batch: the Server's lanes keep the stages busy with each other's
+// steps) and returns each one's pick.
 func (r *Ring) ForwardBatchPick(ctx context.Context, caches []engine.KVCache, tokens []int32) ([]decode.Picked, error) {
 	if len(caches) == 0 || len(caches) != len(tokens) {
 		return nil, fmt.Errorf("stage: ForwardBatchPick with %d caches and %d tokens", len(caches), len(tokens))
@@ -500,40 +516,15 @@ func (r *Ring) ForwardBatchPick(ctx context.Context, caches []engine.KVCache, to
 		}
 		seqs[i], toks[i] = sc, tokens[i:i+1]
 	}
-	k := min(len(seqs), r.cfg.Link.Stages)
-	type mb struct {
-		lo, hi int
-		t      uint64
-		ch     chan reply
+	t, ch, err := r.stepSeqs(ctx, seqs, toks, true)
+	if err != nil {
+		return nil, err
 	}
-	var mbs []mb
-	var firstErr error
-	for j := range k {
-		lo, hi := j*len(seqs)/k, (j+1)*len(seqs)/k
-		t, ch, err := r.stepSeqs(ctx, seqs[lo:hi], toks[lo:hi], true)
-		if err != nil {
-			firstErr = err
-			break
-		}
-		mbs = append(mbs, mb{lo, hi, t, ch})
+	msg, err := r.wait(ctx, t, ch)
+	if err != nil {
+		return nil, err
 	}
-	out := make([]decode.Picked, len(seqs))
-	for _, m := range mbs {
-		msg, err := r.wait(ctx, m.t, m.ch)
-		if err == nil {
-			var ps []decode.Picked
-			if ps, err = picksOf(msg, seqs[m.lo:m.hi]); err == nil {
-				copy(out[m.lo:m.hi], ps)
-			}
-		}
-		if err != nil && firstErr == nil {
-			firstErr = err
-		}
-	}
-	if firstErr != nil {
-		return nil, firstErr
-	}
-	return out, nil
+	return picksOf(msg, seqs)
 }
 
 func picksOf(msg any, seqs []*seqCache) ([]decode.Picked, error) {

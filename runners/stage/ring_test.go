@@ -56,6 +56,7 @@ type pipeOpts struct {
 	secret   []byte
 	maxBatch int
 	pace     float64 // each stage's TestPace
+	lanes    int     // RingConfig.Lanes
 	metrics  *stage.Metrics
 }
 
@@ -122,7 +123,7 @@ func newPipeline(t testing.TB, dir string, cuts []int, po pipeOpts) *pipeline {
 		go func() { defer close(p.done[i]); n.Run(cctx) }()
 	}
 	ring, err := stage.NewRing(stage.RingConfig{Name: "m", Link: links[0], Model: models[0], Listen: listen(0), Next: p.addrs[1],
-		StepTimeout: 20 * time.Second, Logger: log, TestPace: po.pace, Metrics: po.metrics})
+		StepTimeout: 20 * time.Second, Logger: log, TestPace: po.pace, Metrics: po.metrics, Lanes: po.lanes})
 	if err != nil {
 		t.Fatal(err)
 	}
