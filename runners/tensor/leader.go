@@ -64,7 +64,6 @@ type Leader struct {
 	buf    []byte
 	caches map[uint64]*cache // under callMu
 	nextID atomic.Uint64
-	m      *engine.Model
 
 	mu      sync.Mutex
 	peers   []*peer // by rank; nil: not linked

@@ -128,9 +128,7 @@ type link struct {
 	br   *bufio.Reader
 	peer int // the other side's rank
 	wmu  sync.Mutex
-	hdr  [9]byte
-	// counted bytes, for metrics
-	sent, recv int64
+	hdr  [5]byte
 }
 
 // handshake runs the hello and, with a secret, the proofs. me is this
@@ -223,7 +221,6 @@ func (l *link) write(typ byte, payload []byte) error {
 	if _, err := bufs.WriteTo(l.conn); err != nil {
 		return fmt.Errorf("%w: write to rank %d: %w", ErrLink, l.peer, err)
 	}
-	l.sent += int64(len(payload)) + 9
 	return nil
 }
 

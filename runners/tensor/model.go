@@ -24,12 +24,7 @@ type Model struct {
 
 // Model binds rank 0's loaded share (loaded with Collective, or with
 // MLX's group) and returns the adapter the decode server drives.
-func (g *Leader) Model(m *engine.Model) *Model {
-	g.callMu.Lock()
-	g.m = m
-	g.callMu.Unlock()
-	return &Model{g: g, m: m}
-}
+func (g *Leader) Model(m *engine.Model) *Model { return &Model{g: g, m: m} }
 
 // Info is the whole model's.
 func (t *Model) Info() engine.ModelInfo { return t.m.Info() }
