@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/exo-pd/exo-pd/internal/testutil"
 )
 
 // chatText asks api for a greedy completion of prompt and returns the
@@ -36,6 +38,27 @@ func chatText(t *testing.T, api, prompt string) (string, string) {
 		t.Fatalf("chat via %s: %d %s", api, resp.StatusCode, b)
 	}
 	return resp.Header.Get("X-Exo-Runner"), v.Choices[0].Message.Content
+}
+
+// tryChat is chatText that reports the status and body instead of failing.
+func tryChat(api, prompt string) (code int, text, body string) {
+	b, _ := json.Marshal(map[string]any{"model": "tiny", "messages": []map[string]string{{"role": "user", "content": prompt}},
+		"max_tokens": 12, "temperature": 0})
+	resp, err := http.Post("http://"+api+"/v1/chat/completions", "application/json", strings.NewReader(string(b)))
+	if err != nil {
+		return 0, "", err.Error()
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var v struct {
+		Choices []struct {
+			Message struct{ Content string }
+		}
+	}
+	if resp.StatusCode != 200 || json.Unmarshal(raw, &v) != nil || len(v.Choices) != 1 {
+		return resp.StatusCode, "", string(raw)
+	}
+	return 200, v.Choices[0].Message.Content, string(raw)
 }
 
 // stopHost ends h's supervisor with SIGTERM and waits for it.
@@ -150,7 +173,7 @@ func shardedTwoHosts(t *testing.T, decode, flag, sparkRunner, macRunner string) 
 	} else {
 		spark.waitRunners(t, sparkRunner)
 	}
-	mac.waitRunners(t, macRunner)
+	macPIDs := mac.waitRunners(t, macRunner)
 	for _, h := range []*host{spark, mac} {
 		for i, p := range prompts {
 			runner, text := chatText(t, h.api, p)
@@ -161,6 +184,38 @@ func shardedTwoHosts(t *testing.T, decode, flag, sparkRunner, macRunner string) 
 				t.Errorf("via %s, prompt %d: sharded %q, one runner %q", h.name, i, text, want[i])
 			}
 		}
+	}
+	// kill -9 of mac's runner: mac's supervisor starts it again, the group
+	// re-forms, and the next request through mac's gateway answers as before.
+	syscall.Kill(macPIDs[macRunner], syscall.SIGKILL)
+	var st status
+	if !testutil.Until(90*time.Second, func() bool {
+		var err error
+		if st, err = mac.status(t); err != nil {
+			return false
+		}
+		for _, r := range st.Runners {
+			if r.Spec.Name == macRunner && r.Status.PID != macPIDs[macRunner] && r.Status.State == "ready" {
+				return true
+			}
+		}
+		return false
+	}) {
+		t.Fatalf("%s not restarted: %+v", macRunner, st)
+	}
+	spark.waitRunners(t, append([]string{sparkRunner}, map[bool][]string{true: {"tiny-prefill"}}[remote]...)...)
+	// The gateways learn from /health that the group is whole again.
+	var text string
+	var last string
+	if !testutil.Until(60*time.Second, func() bool {
+		var code int
+		code, text, last = tryChat(mac.api, prompts[0])
+		return code == 200
+	}) {
+		t.Fatalf("no answer after the restart; last: %s", last)
+	}
+	if text != want[0] {
+		t.Errorf("after the restart: %q, one runner %q", text, want[0])
 	}
 	if n := remotePrefillOK(t, spark.api); remote && n < float64(2*len(prompts)) {
 		t.Errorf("remote prefill ok = %v on spark, want every one of the %d requests", n, 2*len(prompts))
