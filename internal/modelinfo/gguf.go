@@ -308,6 +308,7 @@ func ggufFacts(h *GGUFHeader) (*Facts, error) {
 	}
 	f.LayerBytes = make([]int64, f.Layers)
 	f.KVLayer = make([]bool, f.Layers)
+	f.Window = make([]int, f.Layers)
 	f.SharedExpertIntermediate = get("expert_shared_feed_forward_length")
 	f.SparseMLP = f.Experts > 0
 	f.DenseMLP = f.Experts == 0 || get("leading_dense_block_count") > 0

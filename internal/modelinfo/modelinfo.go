@@ -58,9 +58,15 @@ type Facts struct {
 	// MaxContext is the model's context length (max_position_embeddings,
 	// GGUF context_length).
 	MaxContext int
-	// KVLayer[i] says layer i keeps a growing KV cache (attention); false
-	// for recurrent (Gated DeltaNet) layers, whose state is fixed-size.
+	// KVLayer[i] says layer i keeps a KV cache (attention); false for
+	// recurrent (Gated DeltaNet) layers, whose state is fixed-size.
 	KVLayer []bool
+	// Window[i] is layer i's sliding window in positions (0: full
+	// attention, a KV cache that grows with the context). Read from
+	// config.json by the engine's rules (layer_types, Gemma 3's pattern,
+	// Mistral's sliding_window, Qwen's use_sliding_window); a GGUF's layers
+	// count as full (an over-estimate).
+	Window []int
 	// KVElemBytes is the KV cache element size assumed: 4 for f32 models
 	// and for GGUF (the cpu backend's f32 cache, the larger of its two),
 	// else 2.
@@ -71,6 +77,27 @@ type Facts struct {
 // token: 2 × KV heads × head dim × element bytes.
 func (f *Facts) KVBytesPerTokenPerLayer() int64 {
 	return 2 * int64(f.KVHeads) * int64(f.HeadDim) * int64(f.KVElemBytes)
+}
+
+// KVTokens is how many positions of context tokens layer i's cache holds:
+// 0 for a recurrent layer, the window for a sliding one, else context.
+func (f *Facts) KVTokens(i, context int) int {
+	if i < 0 || i >= len(f.KVLayer) || !f.KVLayer[i] {
+		return 0
+	}
+	if i < len(f.Window) && f.Window[i] > 0 {
+		return min(f.Window[i], context)
+	}
+	return context
+}
+
+// KVBytes is the KV reserve of layers [a, b) for context tokens.
+func (f *Facts) KVBytes(a, b, context int) int64 {
+	var n int64
+	for i := max(a, 0); i < min(b, f.Layers); i++ {
+		n += int64(f.KVTokens(i, context))
+	}
+	return n * f.KVBytesPerTokenPerLayer()
 }
 
 // LayerRangeBytes is the weight bytes of layers [a, b).

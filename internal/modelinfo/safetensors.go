@@ -136,6 +136,10 @@ type hfConfig struct {
 	LinearValueHeads *int      `json:"linear_num_value_heads"`
 	LinearValueDim   *int      `json:"linear_value_head_dim"`
 	LayerTypes       []string  `json:"layer_types"`
+	SlidingWindow    *int      `json:"sliding_window"`
+	UseSlidingWindow *bool     `json:"use_sliding_window"`
+	MaxWindowLayers  *int      `json:"max_window_layers"`
+	SlidingPattern   *int      `json:"sliding_window_pattern"`
 	TextConfig       *hfConfig `json:"text_config"`
 }
 
@@ -221,7 +225,73 @@ func parseHFConfig(data []byte, f *Facts) error {
 		}
 		f.KVLayer[i] = kv
 	}
+	f.Window = hfWindows(&c, f.Layers)
 	return nil
+}
+
+// hfWindows applies the engine's sliding-window rules to a config: Gemma 3
+// (layer_types, else every layer but each sliding_window_pattern-th, default
+// 6) and gpt-oss (layer_types) slide their "sliding_attention" layers;
+// Mistral slides every layer over sliding_window; Qwen2, Qwen3 and
+// Qwen3-MoE only with use_sliding_window, from max_window_layers (default 28) on or as
+// layer_types says; other families attend fully.
+func hfWindows(c *hfConfig, layers int) []int {
+	w := make([]int, max(layers, 0))
+	win := val(c.SlidingWindow)
+	if win <= 0 {
+		return w
+	}
+	arch := c.ModelType
+	if len(c.Architectures) > 0 {
+		arch = c.Architectures[0]
+	}
+	typed := func() {
+		for i := range w {
+			if i < len(c.LayerTypes) && c.LayerTypes[i] == "sliding_attention" {
+				w[i] = win
+			}
+		}
+	}
+	switch {
+	case strings.HasPrefix(arch, "Gemma3"):
+		if len(c.LayerTypes) == layers {
+			typed()
+			break
+		}
+		p := 6
+		if c.SlidingPattern != nil && *c.SlidingPattern > 0 {
+			p = *c.SlidingPattern
+		}
+		for i := range w {
+			if (i+1)%p != 0 {
+				w[i] = win
+			}
+		}
+	case strings.HasPrefix(arch, "GptOss"):
+		typed()
+	case strings.HasPrefix(arch, "Mistral"):
+		for i := range w {
+			w[i] = win
+		}
+	case arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM":
+		if c.UseSlidingWindow == nil || !*c.UseSlidingWindow {
+			break
+		}
+		from := 28
+		if c.MaxWindowLayers != nil {
+			from = *c.MaxWindowLayers
+		}
+		for i := range w {
+			slide := i >= from
+			if c.LayerTypes != nil && i < len(c.LayerTypes) {
+				slide = c.LayerTypes[i] == "sliding_attention"
+			}
+			if slide {
+				w[i] = win
+			}
+		}
+	}
+	return w
 }
 
 // readDir reads an HF model directory: config.json and the headers of its

@@ -46,11 +46,10 @@ func fixedBytes(f *modelinfo.Facts, s, n int) int64 {
 	return b
 }
 
+// kv is layer's KV reserve: its cached positions (the context, a sliding
+// window's worth, none for a recurrent layer) × its bytes per position.
 func (in SplitInput) kv(layer int) int64 {
-	if layer < len(in.Facts.KVLayer) && in.Facts.KVLayer[layer] {
-		return in.Facts.KVBytesPerTokenPerLayer() * int64(in.Context)
-	}
-	return 0
+	return in.Facts.KVBytesPerTokenPerLayer() * int64(in.Facts.KVTokens(layer, in.Context))
 }
 
 // stage fills a stage's byte estimates for layers [a, b).
@@ -326,7 +325,7 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 // the KV heads) and refuses ranks whose host cannot hold them.
 func (c *Config) tensorFit(f *modelinfo.Facts, r *Role, localHost string, localMem int64, pl *Placement) error {
 	n := int64(len(r.Hosts))
-	kv := int64(f.KVLayers(0, f.Layers)) * f.KVBytesPerTokenPerLayer() * int64(f.MaxContext)
+	kv := f.KVBytes(0, f.Layers, f.MaxContext)
 	var short []string
 	for _, hn := range r.Hosts {
 		st := Stage{Host: hn, Start: 0, End: f.Layers, WeightBytes: f.TotalBytes() / n, KVBytes: kv / n}
