@@ -56,7 +56,22 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, want logitRows) ([][]floa
 	b, scr := m.b, &m.scr
 	s := m.beginStep(cs, toks)
 	defer scr.endStep()
-	x := b.Embedding(m.embed.table, b.FromInt32(scr.ids, s.dims(s.n)...)) // [n, D]
+	out, err := m.stepGraph(s, b.FromInt32(scr.ids, s.dims(s.n)...), want)
+	if err != nil || !wantLogits {
+		return nil, err
+	}
+	return m.readLogits(s, out, want)
+}
+
+// stepGraph builds the step's graph from ids [n] (I32: the step's tokens,
+// host-made or a device array such as the previous step's sampled tokens)
+// and returns the logits array [rows, V] unevaluated, leaving in
+// m.scr.evalArgs what must be evaluated with it (the logits first). With
+// want noRows it evaluates the caches' arrays itself and returns nil.
+func (m *Model) stepGraph(s *step, ids Array, want logitRows) (Array, error) {
+	wantLogits := want != noRows
+	b, scr, cs := m.b, &m.scr, s.cs
+	x := b.Embedding(m.embed.table, ids) // [n, D]
 	if m.embed.scale != nil {
 		x = b.Mul(x, m.embed.scale)
 	}
@@ -74,8 +89,8 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, want logitRows) ([][]floa
 			x = y
 		}
 	}
-	one := &scr.evalArg
 	if !wantLogits {
+		one := &scr.evalArg
 		if len(s.eval) > 0 {
 			return nil, b.Eval(s.eval...)
 		}
@@ -85,19 +100,21 @@ func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, want logitRows) ([][]floa
 	last := x // one row per sequence when every chunk is one token
 	if s.n != len(cs) && want != everyRow {
 		for i := range cs {
-			end := s.starts[i] + len(toks[i])
+			end := s.starts[i] + s.lens[i]
 			s.outs[i] = b.Slice(x, 0, end-1, end) // [1, D]
 		}
 		last = s.join(s.outs)
 	}
 	out := b.Linear(b.RMSNorm(last, m.head.norm, m.eps), m.head.out) // [B, V]
-	evalArgs := one[:]
-	one[0] = out
-	if len(s.eval) > 0 {
-		evalArgs = append(append(scr.evalArgs[:0], out), s.eval...)
-		scr.evalArgs = evalArgs[:0]
-	}
-	if err := b.Eval(evalArgs...); err != nil {
+	scr.evalArgs = append(append(scr.evalArgs[:0], out), s.eval...)
+	return out, nil
+}
+
+// readLogits evaluates the step's logits out (with m.scr.evalArgs) and
+// reads them into the scratch's rows.
+func (m *Model) readLogits(s *step, out Array, want logitRows) ([][]float32, error) {
+	b, scr, cs := m.b, &m.scr, s.cs
+	if err := b.Eval(scr.evalArgs...); err != nil {
 		return nil, err
 	}
 	var f []float32

@@ -765,6 +765,32 @@ func (b *backend) Eval(arrays ...engine.Array) error {
 	})
 }
 
+// AsyncEval is Eval without the wait (MLX's async_eval, as mlx-lm's
+// generate_step queues step n+1): it ends the other temporaries as Eval
+// does and returns once the graph is scheduled. Reading an array (Bytes)
+// then waits for it alone. The overlapped decode step uses it.
+func (b *backend) AsyncEval(arrays ...engine.Array) error {
+	return b.doErr(func() error {
+		as := make([]*array, len(arrays))
+		hs := make([]C.xmx_array, len(arrays))
+		for i, x := range arrays {
+			as[i] = b.arr(x)
+			hs[i] = as[i].h
+		}
+		if len(hs) == 0 {
+			return nil
+		}
+		b.releaseTempsExcept(as)
+		b.evals++
+		if C.xmx_async_eval(&hs[0], C.size_t(len(hs))) != 0 {
+			err := mlxErr("async_eval")
+			C.xmx_synchronize(b.stream)
+			return err
+		}
+		return nil
+	})
+}
+
 // releaseTempsExcept releases every unkept temporary but those in keep,
 // which stay tracked until the next Free() sweep.
 func (b *backend) releaseTempsExcept(keep []*array) {

@@ -48,6 +48,7 @@ static struct {
 	xmx_vector_array (*vector_array_new_data)(const xmx_array*, size_t);
 	int (*vector_array_free)(xmx_vector_array);
 	int (*eval)(xmx_vector_array);
+	int (*async_eval)(xmx_vector_array);
 
 	int (*add)(xmx_array*, xmx_array, xmx_array, xmx_stream);
 	int (*multiply)(xmx_array*, xmx_array, xmx_array, xmx_stream);
@@ -169,6 +170,7 @@ int xmx_load(const char* path, const char* preload, char* err, size_t errlen) {
 	XMX_SYM(vector_array_new_data, "mlx_vector_array_new_data", 1);
 	XMX_SYM(vector_array_free, "mlx_vector_array_free", 1);
 	XMX_SYM(eval, "mlx_eval", 1);
+	XMX_SYM(async_eval, "mlx_async_eval", 0);
 	XMX_SYM(add, "mlx_add", 1);
 	XMX_SYM(multiply, "mlx_multiply", 1);
 	XMX_SYM(matmul, "mlx_matmul", 1);
@@ -282,6 +284,14 @@ const void* xmx_data(xmx_array a, int dtype) {
 int xmx_eval(const xmx_array* arrs, size_t n) {
 	xmx_vector_array v = X.vector_array_new_data(arrs, n);
 	int rc = X.eval(v);
+	X.vector_array_free(v);
+	return rc;
+}
+// xmx_async_eval schedules arrs without waiting for them (mlx_eval where
+// this mlx-c lacks mlx_async_eval).
+int xmx_async_eval(const xmx_array* arrs, size_t n) {
+	xmx_vector_array v = X.vector_array_new_data(arrs, n);
+	int rc = X.async_eval ? X.async_eval(v) : X.eval(v);
 	X.vector_array_free(v);
 	return rc;
 }

@@ -78,6 +78,7 @@ typedef struct {
 xmx_info_t xmx_info(xmx_array a);
 const void* xmx_data(xmx_array a, int dtype);
 int xmx_eval(const xmx_array* arrs, size_t n);
+int xmx_async_eval(const xmx_array* arrs, size_t n);
 
 // Ops: each writes its result into *res and returns 0, or non-zero after
 // the error handler recorded the message.

@@ -1,0 +1,112 @@
+//go:build mlx && cgo && (linux || darwin)
+
+package mlx
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/internal/testenv"
+	"github.com/exo-pd/exo-pd/runners/tokenizer"
+)
+
+// TestGreedyOverlapEqualsSerialMLX: on MLX, overlapped greedy decode
+// (the next step built from the device's argmax and queued with
+// async_eval before the tokens are read) gives token for token what
+// serial ForwardBatch with a host argmax gives, alone and batched, on a
+// tiny model and on SmolLM2; after Stop the caches continue as the
+// serial ones do.
+func TestGreedyOverlapEqualsSerialMLX(t *testing.T) {
+	b := newTestBackend(t)
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 9}); err != nil {
+		t.Fatal(err)
+	}
+	tiny := load(t, dir, b)
+	for _, n := range []int{1, 3} {
+		checkOverlap(t, tiny, nil, n, 16)
+	}
+	path := testenv.SmolLM2(t)
+	tok, err := tokenizer.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	smol := load(t, path, b)
+	var prompts [][]int32
+	for _, text := range smolPrompts {
+		prompts = append(prompts, tok.Encode(text))
+	}
+	for _, n := range []int{1, 3} {
+		checkOverlap(t, smol, prompts, n, 24)
+	}
+}
+
+func checkOverlap(t *testing.T, m *engine.Model, prompts [][]int32, n, steps int) {
+	t.Helper()
+	ctx := context.Background()
+	mk := func() ([]engine.KVCache, []int32) {
+		cs := make([]engine.KVCache, n)
+		last := make([]int32, n)
+		for i := range cs {
+			var p []int32
+			if prompts != nil {
+				p = prompts[i%len(prompts)]
+			} else {
+				p = make([]int32, 5+3*i)
+				for j := range p {
+					p[j] = int32(1 + (7*j+11*i)%(m.Info().Vocab-1))
+				}
+			}
+			cs[i] = m.NewCache()
+			forward(t, m, cs[i], p[:len(p)-1]...)
+			last[i] = p[len(p)-1]
+		}
+		t.Cleanup(func() {
+			for _, c := range cs {
+				c.Free()
+			}
+		})
+		return cs, last
+	}
+	serial, toks := mk()
+	var want [][]int32
+	for range steps {
+		rows, err := m.ForwardBatch(ctx, serial, toks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range rows {
+			toks[i] = argmax(r)
+		}
+		want = append(want, slices.Clone(toks))
+	}
+	over, start := mk()
+	o, err := m.StartGreedy(ctx, over, start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s := range steps {
+		got, err := o.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, want[s]) {
+			t.Fatalf("batch of %d, step %d: overlapped %v, serial %v", n, s, got, want[s])
+		}
+	}
+	if err := o.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range over {
+		if over[i].Len() != serial[i].Len() {
+			t.Fatalf("after Stop cache %d holds %d, serial %d", i, over[i].Len(), serial[i].Len())
+		}
+		if a, w := argmax(forward(t, m, over[i], toks[i])), argmax(forward(t, m, serial[i], toks[i])); a != w {
+			t.Fatalf("after Stop cache %d continues with %d, serial %d", i, a, w)
+		}
+	}
+	t.Logf("batch of %d: %d overlapped greedy steps equal serial decode: %v", n, steps, want[len(want)-1])
+}

@@ -1,0 +1,134 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+)
+
+// TestGreedyOverlapEqualsSerial: on every architecture family of the tiny
+// models, overlapped greedy decode (StartGreedy, Next, Stop) gives token
+// for token what ForwardBatch with a host argmax gives, alone and batched
+// over prompts of different lengths; after Stop the caches hold what the
+// serial caches hold (same length, and the same next logits' argmax).
+// Hybrid models are refused with ErrNoOverlap.
+func TestGreedyOverlapEqualsSerial(t *testing.T) {
+	b, err := backend.Open("cpu", backend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirs := map[string]func(t *testing.T) string{}
+	for _, arch := range []string{"llama", "qwen3", "qwen3moe", "gemma3", "gptoss"} {
+		dirs[arch] = func(t *testing.T) string {
+			dir := t.TempDir()
+			if err := testmodel.Write(dir, testmodel.Spec{Arch: arch, Seed: 9}); err != nil {
+				t.Fatal(err)
+			}
+			return dir
+		}
+	}
+	dirs["qwen3_next"] = func(*testing.T) string { return filepath.Join("testdata", "reference", "qwen3_next") }
+	for name, dir := range dirs {
+		t.Run(name, func(t *testing.T) {
+			m, err := engine.Load(context.Background(), dir(t), b, engine.LoadOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			for _, n := range []int{1, 3} {
+				CheckGreedyOverlap(t, m, n, 12, name == "qwen3_next")
+			}
+		})
+	}
+}
+
+// CheckGreedyOverlap decodes steps tokens greedily for n prompts, serially
+// and overlapped, and fails unless they agree (see
+// TestGreedyOverlapEqualsSerial). With refused it wants ErrNoOverlap.
+func CheckGreedyOverlap(t *testing.T, m *engine.Model, n, steps int, refused bool) {
+	t.Helper()
+	ctx := context.Background()
+	mk := func() ([]engine.KVCache, []int32) {
+		cs := make([]engine.KVCache, n)
+		last := make([]int32, n)
+		for i := range cs {
+			p := make([]int32, 5+3*i) // lengths differ
+			for j := range p {
+				p[j] = int32(1 + (7*j+11*i)%(m.Info().Vocab-1))
+			}
+			cs[i] = m.NewCache()
+			if _, err := m.Forward(ctx, cs[i], p[:len(p)-1]); err != nil {
+				t.Fatal(err)
+			}
+			last[i] = p[len(p)-1]
+		}
+		return cs, last
+	}
+	free := func(cs []engine.KVCache) {
+		for _, c := range cs {
+			c.Free()
+		}
+	}
+	serial, toks := mk()
+	defer free(serial)
+	var want [][]int32
+	for range steps {
+		rows, err := m.ForwardBatch(ctx, serial, toks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range rows {
+			toks[i] = int32(argmax(r))
+		}
+		want = append(want, slices.Clone(toks))
+	}
+	over, start := mk()
+	defer free(over)
+	o, err := m.StartGreedy(ctx, over, start)
+	if refused {
+		if !errors.Is(err, engine.ErrNoOverlap) {
+			t.Fatalf("StartGreedy on a hybrid model: %v, want ErrNoOverlap", err)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s := range steps {
+		got, err := o.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, want[s]) {
+			t.Fatalf("batch of %d, step %d: overlapped tokens %v, serial %v", n, s, got, want[s])
+		}
+	}
+	if err := o.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	// The serial caches hold the prompt and steps-1 picks (the last pick
+	// not fed); so must the overlapped ones, with the same content.
+	for i := range over {
+		if over[i].Len() != serial[i].Len() {
+			t.Fatalf("after Stop cache %d holds %d, serial %d", i, over[i].Len(), serial[i].Len())
+		}
+		a, err := m.Forward(ctx, over[i], toks[i:i+1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		ga := argmax(a)
+		w, err := m.Forward(ctx, serial[i], toks[i:i+1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ga != argmax(w) {
+			t.Fatalf("after Stop cache %d continues with %d, serial %d", i, ga, argmax(w))
+		}
+	}
+}
