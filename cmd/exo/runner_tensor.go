@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"syscall"
+	"time"
 
 	"github.com/exo-pd/exo-pd/runners/decode"
 	"github.com/exo-pd/exo-pd/runners/engine"
@@ -85,8 +87,36 @@ func (t *tensorRank) lead(ctx context.Context, m *engine.Model, met *metrics.Run
 	t.cfg.Metrics.Register(met.Registry)
 	gate.health = t.r.Health
 	done := make(chan error, 1)
-	go func() { done <- t.r.Serve(ctx, nil) }()
+	go func() {
+		err := t.r.Serve(ctx, nil)
+		if err != nil && t.r.MLX {
+			exitMLXGroup(err, gate, log)
+		}
+		done <- err
+	}()
 	return t.r.Leader.Model(m), done
+}
+
+// exitMLXGroup ends a rank whose MLX group lost a rank: the group cannot
+// be joined again, and a step may be stuck in MLX's ring all_sum for good
+// (MLX does not fail a collective whose peer died), so an orderly stop
+// (which closes the model on that thread) would never return. Rank 0's
+// requests in hand have been failed by the group (their error events
+// written); the process leaves once they are gone, within 5 s, and the
+// supervisor restarts every rank.
+func exitMLXGroup(err error, gate *loadGate, log *slog.Logger) {
+	log.Error("tensor group on MLX lost a rank: exiting so that every rank restarts", "err", err)
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if gate == nil || gate.load == nil {
+			break
+		}
+		if _, running := gate.load(); running == 0 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	syscall.Exit(1)
 }
 
 // runTensorFollower serves rank 0's calls on this rank's share, and only
@@ -107,6 +137,9 @@ func runTensorFollower(ctx context.Context, f *runnerFlags, m *engine.Model, t *
 	}
 	log.Info("tensor rank ready", "rank", t.cfg.Rank, "rank0", t.cfg.Peers[0])
 	if err := t.r.Serve(ctx, m); err != nil && !errors.Is(err, context.Canceled) {
+		if t.r.MLX {
+			exitMLXGroup(err, nil, log)
+		}
 		return fmt.Errorf("runner: %w", err)
 	}
 	return nil

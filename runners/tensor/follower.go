@@ -115,7 +115,11 @@ func (f *Follower) Run(ctx context.Context, m *engine.Model) error {
 		backoff = 50 * time.Millisecond
 		f.setLinked(true, nil)
 		f.log.Info("tensor rank linked to rank 0", "rank", f.rank, "leader", f.cfg.Leader)
-		err = f.serve(ctx, l, m)
+		if f.cfg.MLX {
+			err = f.serveMLX(ctx, l, m)
+		} else {
+			err = f.serve(ctx, l, m, l.read)
+		}
 		f.setLinked(false, fmt.Errorf("%w: rank %d's link to rank 0 dropped: %w", ErrGroup, f.rank, err))
 		if ctx.Err() != nil {
 			return nil
@@ -145,8 +149,44 @@ func (f *Follower) dial(ctx context.Context) (*link, error) {
 	return l, nil
 }
 
-// serve runs l's calls until it drops; the caches die with it.
-func (f *Follower) serve(ctx context.Context, l *link, m *engine.Model) error {
+// serveMLX is serve with the link read by a goroutine of its own: a call
+// can stay inside MLX's ring all_sum forever when rank 0 died (MLX does
+// not fail it), and the link's end must still end the rank. The call is
+// left behind (the process ends).
+func (f *Follower) serveMLX(ctx context.Context, l *link, m *engine.Model) error {
+	frames := make(chan frame)
+	errc := make(chan error, 2)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		defer close(frames)
+		for {
+			typ, p, err := l.read(nil)
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case frames <- frame{typ, p}:
+			case <-stop:
+				return
+			}
+		}
+	}()
+	next := func([]byte) (byte, []byte, error) {
+		fr, ok := <-frames
+		if !ok {
+			return 0, nil, fmt.Errorf("%w: link closed", ErrLink)
+		}
+		return fr.typ, fr.payload, nil
+	}
+	go func() { errc <- f.serve(ctx, l, m, next) }()
+	return <-errc
+}
+
+// serve runs l's calls (read by next) until it drops; the caches die
+// with it.
+func (f *Follower) serve(ctx context.Context, l *link, m *engine.Model, next func([]byte) (byte, []byte, error)) error {
 	caches := map[uint64]engine.KVCache{}
 	defer func() {
 		for _, c := range caches {
@@ -165,7 +205,7 @@ func (f *Follower) serve(ctx context.Context, l *link, m *engine.Model) error {
 		return c
 	}
 	for {
-		typ, payload, err := l.read(f.buf)
+		typ, payload, err := next(f.buf)
 		if err != nil {
 			return err
 		}

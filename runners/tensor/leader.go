@@ -143,6 +143,16 @@ func (g *Leader) Health() error {
 // false) loses a rank after it was whole.
 func (g *Leader) Lost() <-chan struct{} { return g.lost }
 
+// isLost reports whether Lost has fired.
+func (g *Leader) isLost() bool {
+	select {
+	case <-g.lost:
+		return true
+	default:
+		return false
+	}
+}
+
 func (g *Leader) admit(conn net.Conn) {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
@@ -299,7 +309,22 @@ func (g *Leader) call(ctx context.Context, c *call, tolerant bool, local func(co
 		}
 	}
 	g.cur = peers
-	lerr := local(context.WithoutCancel(ctx))
+	var lerr error
+	if g.cfg.MLX {
+		// MLX's ring does not fail a collective whose peer died: the
+		// step would wait in it forever. The call ends when the link
+		// says the group is lost (the process is then ended, the step
+		// left behind).
+		done := make(chan error, 1)
+		go func() { done <- local(context.WithoutCancel(ctx)) }()
+		select {
+		case lerr = <-done:
+		case <-g.lost:
+			return fmt.Errorf("%w: %s: %w", ErrGroup, opName(c.op), g.Health())
+		}
+	} else {
+		lerr = local(context.WithoutCancel(ctx))
+	}
 	g.cur = nil
 	if errors.Is(lerr, ErrLink) || errors.Is(lerr, ErrRank) || errors.Is(lerr, ErrGroup) {
 		err := fmt.Errorf("%w: %s: %w", ErrGroup, opName(c.op), lerr)

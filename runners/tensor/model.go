@@ -195,6 +195,9 @@ func (c *cache) Truncate(n int) {
 		}
 		return
 	}
+	if c.g.isLost() {
+		return // the MLX thread may be stuck in the dead group's all_sum; the process is ending
+	}
 	_ = c.g.call(context.Background(), &call{op: opTruncate, ids: []uint64{c.id}, n: n}, false, func(context.Context) error {
 		return nil
 	})
@@ -230,6 +233,9 @@ func (c *cache) Free() {
 	c.g.callMu.Lock()
 	defer c.g.callMu.Unlock()
 	delete(c.g.caches, c.id)
+	if c.g.isLost() {
+		return // as in Truncate
+	}
 	_ = c.g.call(context.Background(), &call{op: opFree, ids: []uint64{c.id}}, false, func(context.Context) error { return nil })
 	c.local.Free()
 }
