@@ -72,3 +72,26 @@ func TestTensorParallelTinyMLXLostRank(t *testing.T) {
 		t.Fatalf("rank 0 on MLX still runs 60 s after rank 1 died:\n%s", g.ranks[0].logs())
 	}
 }
+
+// TestTensorParallelRemotePrefillMLX: two rank processes on MLX's CPU
+// device fill their caches from a prefill runner, each fetching its own KV
+// heads, and answer as one MLX runner with local prefill does. By hand
+// (EXO_MLXC_PATH).
+func TestTensorParallelRemotePrefillMLX(t *testing.T) {
+	if os.Getenv("EXO_MLXC_PATH") == "" {
+		t.Skip("by hand: set EXO_MLXC_PATH to libmlxc.so (README, \"Building MLX and mlx-c by hand\")")
+	}
+	mlx := []string{"--backend", "mlx", "--device", "cpu"}
+	dir := tinyModel(t, "main")
+	pre := start(t, "tp-mlx-prefill", "prefill", "--model", dir, "--prefill-chunk", "128")
+	ref := start(t, "tp-mlx-ref", "decode", append([]string{"--model", dir}, mlx...)...)
+	g := startTensor(t, dir, 2, append(mlx, "--prefill", pre.listen, "--remote-prefill-route", "floor")...)
+	m := user(words(300, 160))
+	before := g.ranks[0].metric(t, outcome("ok"))
+	got := chatStream(t, g.ranks[0].listen, m, genTokens, ignoreEOS)
+	want := chatStream(t, ref.listen, m, genTokens, ignoreEOS)
+	expectSame(t, "remote prefill into MLX ranks", got, want)
+	if after := g.ranks[0].metric(t, outcome("ok")); after != before+1 {
+		t.Fatalf("remote prefill ok %v → %v (last %q)", before, after, g.ranks[0].lastOutcome())
+	}
+}
