@@ -10,13 +10,12 @@ import (
 	"testing"
 )
 
-// encodeSafetensors writes a safetensors header for ts (data back to back).
+// encodeSafetensors writes a safetensors header for ts (each tensor's data
+// from offset 0: the parser reads sizes, not layout).
 func encodeSafetensors(ts []Tensor) []byte {
 	hdr := map[string]any{"__metadata__": map[string]string{"format": "pt"}}
-	var off int64
 	for _, t := range ts {
-		hdr[t.Name] = map[string]any{"dtype": "U8", "shape": []int64{t.Bytes}, "data_offsets": []int64{off, off + t.Bytes}}
-		off += t.Bytes
+		hdr[t.Name] = map[string]any{"dtype": "U8", "shape": []int64{t.Bytes}, "data_offsets": []int64{0, t.Bytes}}
 	}
 	j, _ := json.Marshal(hdr)
 	b := binary.LittleEndian.AppendUint64(nil, uint64(len(j)))

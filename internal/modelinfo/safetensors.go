@@ -18,6 +18,10 @@ import (
 // 100 MB).
 const maxHeader = 100 << 20
 
+// maxOffset bounds a tensor's data offsets (64 PiB: far past any file), so
+// sums of tensor sizes cannot overflow.
+const maxOffset = 1 << 56
+
 // Tensor is one tensor's name and its size in the file.
 type Tensor struct {
 	Name  string
@@ -52,7 +56,7 @@ func ParseSafetensorsHeader(b []byte) ([]Tensor, error) {
 		if err := json.Unmarshal(v, &t); err != nil {
 			return nil, fmt.Errorf("%w: safetensors tensor %q: %v", ErrFormat, name, err)
 		}
-		if len(t.Offsets) != 2 || t.Offsets[0] < 0 || t.Offsets[1] < t.Offsets[0] {
+		if len(t.Offsets) != 2 || t.Offsets[0] < 0 || t.Offsets[1] < t.Offsets[0] || t.Offsets[1] > maxOffset {
 			return nil, fmt.Errorf("%w: safetensors tensor %q: data_offsets %v", ErrFormat, name, t.Offsets)
 		}
 		out = append(out, Tensor{name, t.Offsets[1] - t.Offsets[0]})
