@@ -287,8 +287,6 @@ func (f *runnerFlags) checkStage() error {
 	switch {
 	case f.stage == 0 && f.layers.Start != 0:
 		return fmt.Errorf("--stage 0/%d holds the embedding: its --layers start at 0, not %d", f.stages, f.layers.Start)
-	case f.stage > 0 && f.prefill != "":
-		return fmt.Errorf("--prefill with --stage %d/%d: only stage 0 serves requests and fills caches", f.stage, f.stages)
 	case f.stage > 0 && f.speculative != "" && f.speculative != decode.SpecOff:
 		return fmt.Errorf("--speculative %s with --stage %d/%d: only stage 0 could speculate, and a pipeline does not yet", f.speculative, f.stage, f.stages)
 	case f.testPrefillRate > 0:
@@ -570,8 +568,9 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 		o.Draft = draft
 		log.Info("draft model loaded", "source", f.draft, "path", dpath, "arch", draft.Info().Arch, "layers", draft.Info().Layers)
 	}
-	if f.prefill != "" && f.stages > 0 {
-		log.Warn("remote prefill into a pipeline is not supported yet: stage 0 prefills through the pipeline's stages", "prefill", f.prefill)
+	if ring, ok := dm.(*stage.Ring); ok && f.prefill != "" {
+		w := stageRemote(ctx, f, m, secret, met, log)
+		o.Remote, gate.endpoints = &stage.Remote{Ring: ring, Local: w.Remote}, w.Breaker.Status
 	} else if f.prefill != "" {
 		w := newRemote(ctx, f, dm, secret, met, log, tr != nil, m)
 		o.Remote, o.Router, gate.endpoints = w.Remote, w.Router, w.Breaker.Status
@@ -623,6 +622,16 @@ func stageLink(f *runnerFlags, m *engine.Model, secret []byte) (stage.LinkConfig
 		Hidden: m.Config().Hidden, Fingerprint: m.Fingerprint(), Secret: secret}, nil
 }
 
+// stageRemote is a pipeline stage's KV-wire client of the prefill
+// runners: it asks for the stage's layers only. A pipeline routes by
+// --remote-prefill-min-tokens (the cost model needs a whole model).
+func stageRemote(ctx context.Context, f *runnerFlags, m *engine.Model, secret []byte, met *metrics.Runner, log *slog.Logger) *decode.RemoteWiring {
+	log.Info("pipeline stage: remote prefill of this stage's layers", "endpoints", f.prefill, "min_tokens", f.minRemote, "layers", f.layers.String())
+	return decode.NewRemote(ctx, decode.RemoteConfig{Name: f.name, Model: m, Endpoints: splitList(f.prefill), Health: splitList(f.prefillHealth),
+		Secret: secret, ConnectTimeout: f.connectTimeout, IdleFloor: f.idleFloor, FP8: f.kvWireDType == "fp8", Streams: f.kvStreams,
+		Chunk: f.chunk, Metrics: met, Logger: log})
+}
+
 // startRing makes stage 0's model, the ring over the later stages, and
 // keeps it up until ctx ends.
 func startRing(ctx context.Context, f *runnerFlags, m *engine.Model, secret []byte, met *metrics.Runner, log *slog.Logger) (*stage.Ring, error) {
@@ -660,8 +669,12 @@ func runStage(ctx context.Context, f *runnerFlags, m *engine.Model, st *decode.S
 	if f.stage == f.stages-1 {
 		picks = &st.Options // the last stage samples: the decode runner's tokenizer, sampler and grammars
 	}
+	var remote decode.Remote
+	if f.prefill != "" {
+		remote = stageRemote(ctx, f, m, secret, met, log).Remote
+	}
 	node, err := stage.NewNode(stage.NodeConfig{Name: f.name, Link: lc, Model: m, Listen: l, Next: f.stageNext, Picks: picks,
-		Metrics: stage.NewMetrics(met.Registry), Logger: log})
+		Remote: remote, Metrics: stage.NewMetrics(met.Registry), Logger: log})
 	if err != nil {
 		l.Close()
 		return fmt.Errorf("runner: %w", err)

@@ -31,17 +31,21 @@ func launchStage(t *testing.T, name, model string, i int, bounds []int, links []
 
 func waitHealthy(t *testing.T, ps ...*proc) {
 	t.Helper()
-	for _, p := range ps {
-		testutil.Eventually(t, func() bool {
+	testutil.Eventually(t, func() bool {
+		for _, p := range ps {
 			select {
 			case <-p.done:
 				t.Fatalf("%s exited:\n%s", p.name, tail(p.logs(), 4000))
 			default:
 			}
-			code, _ := health(p)
-			return code == 200
-		}, 120*time.Second, "%s healthy", p.name)
-	}
+		}
+		for _, p := range ps {
+			if code, _ := health(p); code != 200 {
+				return false
+			}
+		}
+		return true
+	}, 120*time.Second, "every stage healthy")
 }
 
 // pipeline is a pipeline's stage processes.
@@ -313,4 +317,37 @@ func TestPipelineStageStopped(t *testing.T) {
 	if got[0].Text != want[0].Text {
 		t.Errorf("after the stage resumed: %q, want %q", got[0].Text, want[0].Text)
 	}
+}
+
+// TestPipelineRemotePrefill: a 2-stage decode pipeline with a prefill
+// runner (real processes): a long prompt is filled remotely, each stage
+// fetching its own layers over the KV wire, and the answer equals a one-
+// process runner that prefilled locally.
+func TestPipelineRemotePrefill(t *testing.T) {
+	for model, bounds := range map[string][]int{tinyModel(t, "moe"): {0, 1, 3}, pipelineModelsNext(t): {0, 2, 4}} {
+		t.Run(filepath.Base(model), func(t *testing.T) {
+			one := start(t, "one", "decode", "--model", model)
+			reqs := pipelineRequests()[1:2] // the long prompt
+			want := askAll(t, one.listen, reqs, false)
+			one.stop()
+			pf := start(t, "prefill", "prefill", "--model", model)
+			pl := startPipeline(t, "pd", model, bounds, "--prefill", pf.listen, "--remote-prefill-min-tokens", "16")
+			got := askAll(t, pl.stages[0].listen, reqs, false)
+			if got[0].Text != want[0].Text {
+				t.Errorf("remote prefill into the pipeline: %q, one runner %q", got[0].Text, want[0].Text)
+			}
+			if n := pl.stages[0].metric(t, outcome("ok")); n != 1 {
+				t.Errorf("stage 0 counts %v remote prefills ok, want 1", n)
+			}
+		})
+	}
+}
+
+// pipelineModelsNext is the Qwen3-Next reference model (Gated DeltaNet).
+func pipelineModelsNext(t *testing.T) string {
+	next, err := filepath.Abs(filepath.Join("..", "engine", "testdata", "reference", "qwen3_next"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return next
 }

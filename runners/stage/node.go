@@ -28,7 +28,11 @@ type NodeConfig struct {
 	// built from (decode.NewSetup's, as on a one-process decode runner).
 	Picks *decode.Options
 	// DType is the hidden states' dtype on the link (DTypeF32 default).
-	DType   uint8
+	DType uint8
+	// Remote, when set, fetches this stage's layers of a prompt from a
+	// prefill runner (a decode.KVRemote over the stage's model, which asks
+	// for its layer range only) when stage 0 fills a sequence remotely.
+	Remote  decode.Remote
 	Metrics *Metrics
 	Logger  *slog.Logger
 	// TestPace, TEST ONLY: as RingConfig.TestPace.
@@ -279,6 +283,9 @@ func (n *Node) handle(msg any, out *Link) error {
 		}
 		m.Len = min(m.Len, l)
 		return out.Send(m)
+	case Fill:
+		n.fill(&m)
+		return out.Send(m)
 	case Drop:
 		if c := n.caches[m.Seq]; c != nil {
 			c.Free()
@@ -358,4 +365,33 @@ func (n *Node) step(m *Step, out *Link) error {
 		return out.Send(picks)
 	}
 	return out.Send(&Step{Ticket: m.Ticket, DType: n.cfg.DType, Seqs: m.Seqs, Tokens: m.Tokens, Hidden: hidden})
+}
+
+// fill fetches this stage's share of a remote prefill into the
+// sequence's cache (m.OK already false: another stage failed, nothing to
+// do). On failure the cache is back where it was (KVRemote's injection is
+// transactional) and m.OK goes false.
+func (n *Node) fill(m *Fill) {
+	c := n.caches[m.Seq]
+	if c == nil {
+		c = n.cfg.Model.NewCache()
+		n.caches[m.Seq] = c
+	}
+	if m.OK && (n.cfg.Remote == nil || c.Len() != m.Start) {
+		n.log.Warn("stage: remote fill refused", "seq", m.Seq, "start", m.Start, "holds", c.Len(), "has_remote", n.cfg.Remote != nil)
+		m.OK = false
+	}
+	if m.OK {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		st, err := n.cfg.Remote.Prefill(ctx, m.ID, m.Tokens, m.Start, c, []string{m.Endpoint})
+		cancel()
+		if err != nil {
+			n.log.Warn("stage: remote fill failed", "seq", m.Seq, "req", m.ID, "endpoint", m.Endpoint, "err", err)
+			m.OK = false
+		} else {
+			m.Bytes += st.Bytes
+			n.log.Info("stage: remote fill", "seq", m.Seq, "req", m.ID, "endpoint", st.Endpoint, "bytes", st.Bytes, "duration", st.Duration)
+		}
+	}
+	m.Len = min(m.Len, c.Len())
 }

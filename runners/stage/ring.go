@@ -210,6 +210,8 @@ func (r *Ring) serve(ctx context.Context, in, out *Link) error {
 			t = m.Ticket
 		case Truncate:
 			t = m.Ticket
+		case Fill:
+			t = m.Ticket
 		case ErrorFrame:
 			if m.Ticket == 0 {
 				return &RemoteError{Code: m.Code, Reason: m.Reason}

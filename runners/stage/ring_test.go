@@ -19,7 +19,11 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/gen"
+	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/metrics"
+	"github.com/exo-pd/exo-pd/runners/prefill"
 	"github.com/exo-pd/exo-pd/runners/stage"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // emitter collects a generation's text and logprobs.
@@ -43,6 +47,7 @@ func (e *emitter) String() string { return fmt.Sprintf("%q %v", e.text.String(),
 // decode.Server over the Ring.
 type pipeline struct {
 	srv     *decode.Server
+	met     *metrics.Runner // stage 0's decode metrics
 	ring    *stage.Ring
 	nodes   []*stage.Node
 	cancels []context.CancelFunc // per stage
@@ -57,6 +62,7 @@ type pipeOpts struct {
 	maxBatch int
 	pace     float64 // each stage's TestPace
 	lanes    int     // RingConfig.Lanes
+	prefill  string  // a prefill runner's KV-wire address: every stage fills remotely from it
 	metrics  *stage.Metrics
 }
 
@@ -114,7 +120,7 @@ func newPipeline(t testing.TB, dir string, cuts []int, po pipeOpts) *pipeline {
 			picks = &st.Options
 		}
 		n, err := stage.NewNode(stage.NodeConfig{Name: "m", Link: links[i], Model: models[i], Listen: listen(i), Next: p.addrs[(i+1)%N],
-			Picks: picks, Logger: log, TestPace: po.pace, Metrics: po.metrics})
+			Picks: picks, Logger: log, TestPace: po.pace, Metrics: po.metrics, Remote: remoteFor(t, models[i], po.prefill)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -140,6 +146,11 @@ func newPipeline(t testing.TB, dir string, cuts []int, po pipeOpts) *pipeline {
 	}
 	o := st.Options
 	o.MaxBatch, o.Logger = po.maxBatch, log
+	p.met = metrics.New("decode")
+	o.Metrics = p.met
+	if po.prefill != "" {
+		o.Remote, o.RemoteMinTokens = &stage.Remote{Ring: ring, Local: remoteFor(t, models[0], po.prefill)}, 16
+	}
 	p.srv = decode.New(o)
 	t.Cleanup(func() {
 		p.srv.Close()
@@ -346,4 +357,96 @@ func TestWrongSecretFailsClosed(t *testing.T) {
 			t.Errorf("a peer %+v: %v, want ErrMismatch", bad, err)
 		}
 	}
+}
+
+// remoteFor is a stage's KV-wire client of the prefill runner at addr
+// (nil without one): it asks for the stage's layers only.
+func remoteFor(t testing.TB, m *engine.Model, addr string) decode.Remote {
+	if addr == "" {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	return decode.NewRemote(ctx, decode.RemoteConfig{Name: "m", Model: m, Endpoints: []string{addr}, ConnectTimeout: 5 * time.Second,
+		IdleFloor: 10 * time.Second, Streams: 1, Logger: slog.New(slog.DiscardHandler)}).Remote
+}
+
+// servePrefill serves a prefill runner of the whole model at dir on
+// loopback and returns its address and its metrics.
+func servePrefill(t *testing.T, dir string) (string, *metrics.Runner) {
+	b, err := backend.Open("cpu", backend.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := engine.Load(context.Background(), dir, b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	met := metrics.New("prefill")
+	prod := prefill.New(prefill.Options{Name: "m", Model: m, Chunk: 64, Metrics: met})
+	srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); srv.Serve(ctx, l) }()
+	t.Cleanup(func() { cancel(); <-done; prod.Close(); m.Close() })
+	return l.Addr().String(), met
+}
+
+// TestPipelineRemotePrefill: a pipeline's long prompt is filled from a
+// prefill runner, every stage fetching its own layer range over the KV
+// wire, and the pipeline then answers as one runner that prefilled
+// locally, for dense, sliding and Gated DeltaNet models.
+func TestPipelineRemotePrefill(t *testing.T) {
+	dirs := writeModels(t)
+	for _, arch := range []string{"llama", "gemma3", "qwen3_next"} {
+		t.Run(arch, func(t *testing.T) {
+			dir := dirs[arch]
+			want := generate(t, single(t, dir, 1), requests()[2:3], false)
+			addr, pmet := servePrefill(t, dir)
+			p := newPipeline(t, dir, []int{1, 2}, pipeOpts{maxBatch: 1, prefill: addr})
+			got := generate(t, p.srv, requests()[2:3], false)
+			if got[0] != want[0] {
+				t.Errorf("remote prefill into the pipeline: %s, one runner prefilling locally %s", got[0], want[0])
+			}
+			if n := counter(t, pmet.Registry, "exo_kv_transfer_bytes_total", ""); n <= 0 {
+				t.Errorf("the prefill runner sent %v KV bytes", n)
+			}
+			if n := counter(t, p.met.Registry, "exo_remote_prefill_total", "ok"); n != 1 {
+				t.Errorf("stage 0 counted %v remote prefills ok, want 1 (a fallback to local prefill is not the test)", n)
+			}
+		})
+	}
+}
+
+// counter sums a counter's series in reg (those of one outcome label
+// value, unless outcome is "").
+func counter(t *testing.T, reg interface {
+	Gather() ([]*dto.MetricFamily, error)
+}, name, outcome string) float64 {
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, f := range fams {
+		if f.GetName() == name {
+			for _, m := range f.GetMetric() {
+				keep := outcome == ""
+				for _, l := range m.GetLabel() {
+					keep = keep || (l.GetName() == "outcome" && l.GetValue() == outcome)
+				}
+				if keep {
+					sum += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum
 }

@@ -28,6 +28,9 @@ const (
 	maxReason     = 1024
 	maxOpenJSON   = 8 << 20
 	maxLogprobLen = 64 << 10
+	maxName       = 256     // a Fill's endpoint and request id
+	maxFillTokens = 1 << 20 // a Fill's prompt
+	fillFixed     = 44
 	// DefaultMaxStepBytes bounds a Step frame (Config.MaxStepBytes).
 	DefaultMaxStepBytes = 256 << 20
 )
@@ -44,6 +47,7 @@ const (
 	frameAck       = 8
 	frameError     = 9
 	frameKeepalive = 10
+	frameFill      = 11
 )
 
 // Hidden-state dtypes of a Step.
@@ -215,6 +219,20 @@ type Truncate struct {
 	Len         int
 }
 
+// Fill asks every stage to fetch its layers' KV of Tokens[Start:len-1]
+// from the prefill runner at Endpoint (remote prefill into a pipeline);
+// OK, Len and Bytes accumulate down the ring.
+type Fill struct {
+	Ticket, Seq uint64
+	Start       int
+	OK          bool
+	Len         int   // the shortest cache length after the fill
+	Bytes       int64 // KV payload bytes the later stages received
+	Endpoint    string
+	ID          string
+	Tokens      []int32
+}
+
 // Drop frees a sequence on every stage.
 type Drop struct{ Seq uint64 }
 
@@ -288,6 +306,28 @@ func encode(msg any) ([]byte, error) {
 		}
 		le.PutUint32(p[24:], uint32(m.Len))
 		return frame(frameTruncate, b), nil
+	case Fill:
+		if len(m.Endpoint) > maxName || len(m.ID) > maxName || len(m.Tokens) > maxFillTokens || m.Start < 0 || m.Len < 0 || m.Bytes < 0 {
+			return nil, fmt.Errorf("stage link: a fill of %d tokens from %q", len(m.Tokens), m.Endpoint)
+		}
+		b := make([]byte, headerSize+fillFixed, headerSize+fillFixed+len(m.Endpoint)+len(m.ID)+4*len(m.Tokens))
+		p := b[headerSize:]
+		le.PutUint64(p, m.Ticket)
+		le.PutUint64(p[8:], m.Seq)
+		le.PutUint32(p[16:], uint32(m.Start))
+		if m.OK {
+			p[20] = 1
+		}
+		le.PutUint32(p[24:], uint32(m.Len))
+		le.PutUint64(p[28:], uint64(m.Bytes))
+		le.PutUint16(p[36:], uint16(len(m.Endpoint)))
+		le.PutUint16(p[38:], uint16(len(m.ID)))
+		le.PutUint32(p[40:], uint32(len(m.Tokens)))
+		b = append(append(b, m.Endpoint...), m.ID...)
+		for _, t := range m.Tokens {
+			b = le.AppendUint32(b, uint32(t))
+		}
+		return frame(frameFill, b), nil
 	case Drop:
 		b := make([]byte, headerSize+8)
 		le.PutUint64(b[12:], m.Seq)
@@ -435,6 +475,8 @@ func limitOf(typ byte, maxStep int) (min, max int, ok bool) {
 		return 12, 12 + 16*maxSeqs + maxSeqs*(4+maxLogprobLen), true
 	case frameStep:
 		return 12 + 16 + 4, maxStep, true
+	case frameFill:
+		return fillFixed, fillFixed + 2*maxName + 4*maxFillTokens, true
 	}
 	return 0, 0, false
 }
@@ -492,6 +534,8 @@ func decodeFrame(typ byte, p []byte, hidden int) (any, error) {
 			return nil, corruptf("truncate to %d, len %d", n, l)
 		}
 		return Truncate{Ticket: le.Uint64(p), Seq: le.Uint64(p[8:]), N: int(n), Apply: p[20] == 1, OK: p[21] == 1, Len: int(l)}, nil
+	case frameFill:
+		return decodeFill(p)
 	case frameDrop:
 		return Drop{Seq: le.Uint64(p)}, nil
 	case frameAck:
@@ -604,6 +648,31 @@ func decodePicks(p []byte) (Picks, error) {
 	}
 	if o != len(p) {
 		return m, corruptf("picks: %d trailing bytes", len(p)-o)
+	}
+	return m, nil
+}
+
+func decodeFill(p []byte) (Fill, error) {
+	le := binary.LittleEndian
+	m := Fill{Ticket: le.Uint64(p), Seq: le.Uint64(p[8:]), OK: p[20] == 1}
+	start, l, bytes := le.Uint32(p[16:]), le.Uint32(p[24:]), le.Uint64(p[28:])
+	ne, ni, nt := int(le.Uint16(p[36:])), int(le.Uint16(p[38:])), int64(le.Uint32(p[40:]))
+	switch {
+	case p[20] > 1 || p[21] != 0 || le.Uint16(p[22:]) != 0:
+		return m, corruptf("fill: flags %d, reserved %d %d", p[20], p[21], le.Uint16(p[22:]))
+	case start > math.MaxInt32 || l > math.MaxInt32 || bytes > math.MaxInt64:
+		return m, corruptf("fill: start %d len %d bytes %d", start, l, bytes)
+	case ne > maxName || ni > maxName || nt > maxFillTokens || int64(len(p)) != int64(fillFixed+ne+ni)+4*nt:
+		return m, corruptf("fill: %d bytes for an endpoint of %d, an id of %d and %d tokens", len(p), ne, ni, nt)
+	}
+	m.Start, m.Len, m.Bytes = int(start), int(l), int64(bytes)
+	m.Endpoint = string(p[fillFixed : fillFixed+ne])
+	m.ID = string(p[fillFixed+ne : fillFixed+ne+ni])
+	o := fillFixed + ne + ni
+	m.Tokens = make([]int32, nt)
+	for i := range m.Tokens {
+		m.Tokens[i] = int32(le.Uint32(p[o:]))
+		o += 4
 	}
 	return m, nil
 }

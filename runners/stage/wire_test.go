@@ -19,6 +19,7 @@ func sampleMessages() []any {
 		&Step{Ticket: 4, DType: DTypeBF16, Seqs: []StepSeq{{Seq: 1, Pos: 9, N: 1, Pick: true}}, Tokens: []int32{42}, Hidden: []float32{1, -2, 0.5, 256}},
 		Truncate{Ticket: 5, Seq: 6, N: 10, Apply: true, OK: true, Len: 9},
 		Drop{Seq: 11},
+		Fill{Ticket: 16, Seq: 17, Start: 3, OK: true, Len: 9, Bytes: 1 << 40, Endpoint: "127.0.0.1:9", ID: "m-1", Tokens: []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}},
 		Picks{Ticket: 12, Picks: []Pick{{Seq: 1, Tok: 5, Done: true}, {Seq: 2, Tok: 6, Logprob: &gen.TokenLogprob{Bytes: []byte("a"), Logprob: -0.5,
 			Top: []gen.TopToken{{Bytes: []byte("b"), Logprob: -1}}}}}},
 		Picks{Ticket: 13},
