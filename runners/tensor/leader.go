@@ -22,6 +22,9 @@ var ErrGroup = errors.New("tensor group incomplete")
 // over from an empty cache.
 var ErrCacheLost = errors.New("tensor: the sequence's cache was lost when the group restarted")
 
+// errStopping is why the group of a rank 0 that stops ends.
+var errStopping = errors.New("rank 0 is stopping")
+
 // DefaultTimeout bounds how long rank 0 waits for a follower's next frame
 // within a call (an all_sum operand or the call's ack).
 const DefaultTimeout = 60 * time.Second
@@ -119,7 +122,7 @@ func (g *Leader) Serve(ctx context.Context, l net.Listener) error {
 		if err != nil {
 			if ctx.Err() != nil {
 				if g.Health() == nil { // else keep why it broke
-					g.fail(fmt.Errorf("%w: rank 0 is stopping", ErrGroup))
+					g.fail(fmt.Errorf("%w: %w", ErrGroup, errStopping))
 				}
 				return nil
 			}
@@ -240,7 +243,9 @@ func (g *Leader) fail(err error) {
 }
 
 func (g *Leader) failLocked(err error) {
-	if g.whole {
+	if g.whole && errors.Is(err, errStopping) {
+		g.log.Info("tensor group closed: rank 0 is stopping")
+	} else if g.whole {
 		g.log.Error("tensor group broken", "err", err)
 	}
 	g.whole = false

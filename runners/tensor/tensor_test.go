@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/exo-pd/exo-pd/internal/testutil"
+	"github.com/exo-pd/exo-pd/runners/decode"
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
@@ -301,5 +302,73 @@ func TestBackendsDiffer(t *testing.T) {
 			t.Fatalf("rank 0 mlx %v, rank 1 mlx %v: %v", leaderMLX, !leaderMLX, err)
 		}
 		cancel()
+	}
+}
+
+// localFill is a decode.Remote that fills rank 0's share as a prefill
+// runner would, without the network: the whole model computes the prompt
+// and rank 0's KV heads are imported (no all_sums).
+type localFill struct {
+	whole  *engine.Model
+	h0, h1 int
+}
+
+func (f localFill) Prefill(ctx context.Context, _ string, prompt []int32, start int, c engine.KVCache, _ []string) (decode.RemoteStats, error) {
+	wc := f.whole.NewCache()
+	defer wc.Free()
+	n := len(prompt) - 1
+	if err := f.whole.Prefill(ctx, wc, prompt[:n], 0, nil); err != nil {
+		return decode.RemoteStats{}, err
+	}
+	heads := f.whole.Info().KVHeads
+	for l := range f.whole.Info().Layers {
+		k, v, err := wc.Export(l, start, n-start)
+		if err != nil {
+			return decode.RemoteStats{}, err
+		}
+		per := len(k) / heads
+		if err := c.Import(l, start, n-start, k[f.h0*per:f.h1*per], v[f.h0*per:f.h1*per]); err != nil {
+			return decode.RemoteStats{}, err
+		}
+	}
+	return decode.RemoteStats{}, c.Commit(n)
+}
+func (f localFill) Classify(error) string { return "fallback_error" }
+
+// TestFillAllOrNothing: a remote fill that succeeds on rank 0 and fails on
+// a follower (it has no prefill endpoints) is refused as a whole: every
+// rank is back at start_pos, the group stays whole, and the sequence then
+// computes the whole model's logits.
+func TestFillAllOrNothing(t *testing.T) {
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Heads: 4, KVHeads: 2}); err != nil {
+		t.Fatal(err)
+	}
+	gr := startGroup(t, dir, 2, nil)
+	gr.waitWhole()
+	ctx := context.Background()
+	prompt := []int32{3, 1, 4, 1, 5, 9, 2, 6}
+	c := gr.model.NewCache()
+	defer c.Free()
+	whole := load(t, dir, nil)
+	h0, h1 := gr.model.KVHeadRange()
+	r := gr.g.Remote(localFill{whole: whole, h0: h0, h1: h1})
+	_, err := r.Prefill(ctx, "req", prompt, 0, c, nil)
+	if err == nil || !strings.Contains(err.Error(), "no prefill endpoints") {
+		t.Fatalf("fill with a follower that cannot: %v", err)
+	}
+	if c.Len() != 0 || gr.g.Health() != nil {
+		t.Fatalf("after the refused fill: len %d, health %v", c.Len(), gr.g.Health())
+	}
+	got, err := gr.model.Forward(ctx, c, prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := whole.Forward(ctx, whole.NewCache(), prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs := cosine(got, want); cs < 0.99999 {
+		t.Fatalf("after the refused fill: cosine %v to the whole model", cs)
 	}
 }
