@@ -76,11 +76,14 @@ func stopHost(t *testing.T, h *host) {
 	}
 }
 
-func pipelineCluster(base int, model, secret, decode string) string {
+func pipelineCluster(base, apiPort int, model, secret, decode string) string {
 	return fmt.Sprintf(`[cluster]
 name = "e2e"
 runner_port_base = %d
 secret_file = %q
+
+[api]
+port = %d
 
 [hosts.spark]
 address = "127.0.0.2"
@@ -94,7 +97,7 @@ backend = "cpu"
 name = "tiny"
 source = %q
 decode = %s
-`, base, secret, model, decode)
+`, base, secret, apiPort, model, decode)
 }
 
 // TestPipelineTwoHosts: the tiny model split into two pipeline stages by two
@@ -146,7 +149,7 @@ func shardedTwoHosts(t *testing.T, decode, flag, sparkRunner, macRunner string) 
 
 	// The reference: one decode runner with the whole model on spark.
 	base, apiPort := freePort(t), freePort(t)
-	if err := os.WriteFile(cfgPath, []byte(pipelineCluster(base, model, secret, `{ hosts = ["spark"] }`)), 0o644); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(pipelineCluster(base, apiPort, model, secret, `{ hosts = ["spark"] }`)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	one := startHost(t, exe, dir, cfgPath, "spark", "127.0.0.2", apiPort)
@@ -163,7 +166,7 @@ func shardedTwoHosts(t *testing.T, decode, flag, sparkRunner, macRunner string) 
 
 	// Sharded over two supervisors.
 	base, apiPort = freePort(t), freePort(t)
-	if err := os.WriteFile(cfgPath, []byte(pipelineCluster(base, model, secret, decode)), 0o644); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(pipelineCluster(base, apiPort, model, secret, decode)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	spark, mac := startTwoHosts(t, exe, dir, cfgPath, apiPort)
@@ -182,6 +185,21 @@ func shardedTwoHosts(t *testing.T, decode, flag, sparkRunner, macRunner string) 
 			}
 			if text != want[i] {
 				t.Errorf("via %s, prompt %d: sharded %q, one runner %q", h.name, i, text, want[i])
+			}
+		}
+	}
+	// exo doctor on each host checks the links its runners send on:
+	// reachable, latency, and goodput from the far host's supervisor.
+	kind := map[string]string{"stage-next": "stage link", "tensor-peers": "tensor link"}[flag]
+	for _, h := range []*host{spark, mac} {
+		if kind == "tensor link" && h == spark {
+			continue // rank 0 dials no one
+		}
+		rep, _ := doctor(t, exe, "--config", cfgPath, "--host", h.name, "--probe-mib", "4")
+		rep.expect(t, kind+" ", "ok", "")
+		for _, c := range rep.find(kind + " ") {
+			if c.Data["goodput_gbps"] == nil || c.Data["latency_s"] == nil {
+				t.Errorf("%s: %s lacks goodput or latency: %+v", h.name, c.Name, c)
 			}
 		}
 	}
