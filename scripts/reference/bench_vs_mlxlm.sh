@@ -16,6 +16,9 @@
 # Where mlx-c is linked against the very libmlx.so that mlx-lm's wheel ships
 # (the same file), give MLXC=path/to/libmlxc.so and PY=that venv's python
 # instead of PREFIX: no LD_PRELOAD is needed. PREFILL=0 skips prefill.
+# BENCH picks exo's decode benchmarks (default 'BenchmarkDecode$'; e.g.
+# 'BenchmarkDecode(Overlap)?$' adds the overlapped steps of batch sizes
+# $EXO_MLX_BENCH_BATCHES); BATCH > 1 adds mlx-lm's batched decode.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [[ -z ${MLXC:-} ]]; then
@@ -34,9 +37,9 @@ exo() {
 	if ((PREFILL)); then
 		EXO_MLX_BENCH_PREFILL=$PREFILL "$test" -test.run XXX -test.bench BenchmarkPrefill -test.benchtime 1x -test.count 3 | grep ^Bench
 	fi
-	"$test" -test.run XXX -test.bench 'BenchmarkDecode$' -test.benchtime "${DECODE}x" -test.count 3 | grep ^Bench
+	"$test" -test.run XXX -test.bench "${BENCH:-BenchmarkDecode\$}" -test.benchtime "${DECODE}x" -test.count 3 | grep ^Bench
 }
-lm() { LD_PRELOAD=${LD_PRELOAD_LM:-} "$PY" scripts/reference/mlxlm_bench.py "$MODEL" 128 "$PREFILL" "$DECODE" 3; }
+lm() { LD_PRELOAD=${LD_PRELOAD_LM:-} "$PY" scripts/reference/mlxlm_bench.py "$MODEL" 128 "$PREFILL" "$DECODE" 3 "${BATCH:-1}"; }
 [[ -f $MODEL/config.json ]] || "$test" -test.run XXX -test.bench BenchmarkPrefill -test.benchtime 1x >/dev/null # writes MODEL
 rounds=("$@")
 ((${#rounds[@]})) || rounds=(1 2)

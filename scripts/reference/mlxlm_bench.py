@@ -3,7 +3,11 @@
 # plus process CPU ms per token and peak MLX memory above the weights during
 # prefill. Used by bench_vs_mlxlm.sh; the prompt ids match benchPrompt in
 # runners/engine/mlx/bench_mlx_test.go.
-# usage: mlxlm_bench.py MODEL_DIR CONTEXT PREFILL DECODE REPS
+# With BATCH > 1 it also times batched greedy decode of BATCH sequences
+# double-buffered as generate_step does (step n+1 built from the device's
+# argmax and async_eval'd before step n's tokens are read), DECODE steps
+# of BATCH tokens each.
+# usage: mlxlm_bench.py MODEL_DIR CONTEXT PREFILL DECODE REPS [BATCH]
 import sys, time, resource
 from pathlib import Path
 import mlx.core as mx
@@ -12,6 +16,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.generate import generate_step
 
 path, ctx_len, prefill_len, decode_n, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+batch = int(sys.argv[6]) if len(sys.argv) > 6 else 1
 mx.set_default_device(mx.cpu)
 model, config = load_model(Path(path))
 vocab = config["vocab_size"]
@@ -76,3 +81,20 @@ def sync():
     return go
 measure(f"decode (synchronous loop) after {ctx_len}", sync, decode_n)
 print(f"mlx-lm decode host-ms/tok (graph building, eval excluded): min {1000 * min(host[1:]) / decode_n:.2f}, reps {[round(1000 * x / decode_n, 2) for x in host[1:]]}")
+
+if batch > 1:
+    def batched():
+        cache = make_prompt_cache(model)
+        logits = model(mx.array([prompt(ctx_len)] * batch), cache=cache)
+        y = mx.argmax(logits[:, -1, :], axis=-1)
+        mx.async_eval(y)
+        def go():
+            nonlocal y
+            for _ in range(decode_n):
+                nxt = mx.argmax(model(y[:, None], cache=cache)[:, -1, :], axis=-1)
+                mx.async_eval(nxt)
+                y.tolist()
+                y = nxt
+            y.tolist()
+        return go
+    measure(f"decode batch {batch} (double-buffered, tok/s over all rows) after {ctx_len}", batched, decode_n * batch)

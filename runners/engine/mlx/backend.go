@@ -112,8 +112,10 @@ type backend struct {
 	// mlx_eval calls so far (tests count synchronizations).
 	evals int
 	// evalNanos is the time spent inside MLX's eval (the computation and
-	// the wait for it), summed: the benchmarks subtract it from a step's
-	// time to get the host's share (building and queueing the graph).
+	// the wait for it, a read-back's included), summed: the benchmarks
+	// subtract it from a step's time to get the host's share (building
+	// and queueing the graph; async_eval's scheduling, which may wait for
+	// the stream, counts as eval).
 	evalNanos atomic.Int64
 	// evalStart is when the evaluation now running began (UnixNano), 0
 	// when none runs: a Collective's watchdog reads it (a collective
@@ -729,8 +731,12 @@ func (b *backend) eval(arrays ...*array) error {
 		hs[i] = a.h
 	}
 	b.evals++
-	b.evalStart.Store(time.Now().UnixNano())
-	defer b.evalStart.Store(0)
+	t0 := time.Now()
+	b.evalStart.Store(t0.UnixNano())
+	defer func() {
+		b.evalStart.Store(0)
+		b.evalNanos.Add(int64(time.Since(t0)))
+	}()
 	if C.xmx_eval(&hs[0], C.size_t(len(hs))) != 0 {
 		err := mlxErr("eval")
 		// An op that throws while its graph is being scheduled (GatherMM
@@ -758,10 +764,7 @@ func (b *backend) Eval(arrays ...engine.Array) error {
 			as[i] = b.arr(x)
 		}
 		b.releaseTempsExcept(as)
-		t0 := time.Now()
-		err := b.eval(as...)
-		b.evalNanos.Add(int64(time.Since(t0)))
-		return err
+		return b.eval(as...)
 	})
 }
 
@@ -782,6 +785,10 @@ func (b *backend) AsyncEval(arrays ...engine.Array) error {
 		}
 		b.releaseTempsExcept(as)
 		b.evals++
+		// Scheduling may wait for the stream (MLX throttles the tasks in
+		// flight): counted as eval time, as the wait is not the host's.
+		t0 := time.Now()
+		defer func() { b.evalNanos.Add(int64(time.Since(t0))) }()
 		if C.xmx_async_eval(&hs[0], C.size_t(len(hs))) != 0 {
 			err := mlxErr("async_eval")
 			C.xmx_synchronize(b.stream)

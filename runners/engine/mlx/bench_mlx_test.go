@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -26,7 +27,7 @@ func benchModel(b *testing.B) string {
 	dir := os.Getenv("EXO_MLX_BENCH_MODEL")
 	if dir == "" {
 		dir = filepath.Join(b.TempDir(), "m")
-		if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", DType: engine.F32, Seed: 1, Layers: 4, Hidden: 256, Heads: 4, KVHeads: 2, Intermediate: 512, Vocab: 1024, MaxPositions: 2048}); err != nil {
+		if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", DType: engine.F32, Seed: 1, Layers: 4, Hidden: 256, Heads: 4, KVHeads: 2, Intermediate: 512, Vocab: 512, MaxPositions: 2048}); err != nil {
 			b.Fatal(err)
 		}
 		return dir
@@ -207,14 +208,16 @@ func BenchmarkDecodeBatch(b *testing.B) {
 				}
 				toks[i] = prompt[len(prompt)-1-i]
 			}
-			n := 0
+			n, steps := 0, 0
 			cpu0 := cpuTime()
+			var host time.Duration
 			for b.Loop() {
 				if caches[0].Len() >= len(prompt)+256 {
 					for _, c := range caches {
 						c.Truncate(len(prompt))
 					}
 				}
+				t0, e0 := time.Now(), be.evalNanos.Load()
 				logits, err := m.ForwardBatch(ctx, caches, toks)
 				if err != nil {
 					b.Fatal(err)
@@ -222,9 +225,86 @@ func BenchmarkDecodeBatch(b *testing.B) {
 				for i := range toks {
 					toks[i] = argmax(logits[i])
 				}
+				host += time.Since(t0) - time.Duration(be.evalNanos.Load()-e0)
 				n += B
+				steps++
 			}
 			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "tok/s")
+			b.ReportMetric(host.Seconds()*1e3/float64(steps), "host-ms/step")
+			reportCPU(b, cpu0, n)
+		})
+	}
+}
+
+// BenchmarkDecodeOverlap is BenchmarkDecodeBatch through
+// engine.GreedyOverlap: each step's tokens are the device's argmax and
+// the next step is queued (async_eval) before they are read back, as
+// mlx-lm's generate_step does. host-ms/step is a step's wall time outside
+// MLX's eval (the read-back's wait included in eval): the host's share,
+// which the overlap hides behind the step in flight. Batch sizes from
+// $EXO_MLX_BENCH_BATCHES (default "1,4").
+func BenchmarkDecodeOverlap(b *testing.B) {
+	be := newTestBackend(b)
+	m := load(b, benchModel(b), be)
+	ctx := context.Background()
+	prompt := benchPrompt(benchInt("EXO_MLX_BENCH_CONTEXT", 128), m.Info().Vocab)
+	sizes := []int{1, 4}
+	if v := os.Getenv("EXO_MLX_BENCH_BATCHES"); v != "" {
+		sizes = sizes[:0]
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil || n < 1 {
+				b.Fatalf("EXO_MLX_BENCH_BATCHES: %q is not a batch size", f)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	for _, B := range sizes {
+		b.Run(fmt.Sprintf("B=%d", B), func(b *testing.B) {
+			caches := make([]engine.KVCache, B)
+			toks := make([]int32, B)
+			for i := range caches {
+				caches[i] = m.NewCache()
+				defer caches[i].Free()
+				if err := m.Prefill(ctx, caches[i], prompt, 0, nil); err != nil {
+					b.Fatal(err)
+				}
+				toks[i] = prompt[len(prompt)-1-i]
+			}
+			o, err := m.StartGreedy(ctx, caches, toks)
+			if err != nil {
+				b.Fatal(err)
+			}
+			n, steps := 0, 0
+			cpu0 := cpuTime()
+			var host time.Duration
+			for b.Loop() {
+				if caches[0].Len() >= len(prompt)+256 {
+					if err := o.Stop(); err != nil {
+						b.Fatal(err)
+					}
+					for _, c := range caches {
+						c.Truncate(len(prompt))
+					}
+					if o, err = m.StartGreedy(ctx, caches, toks); err != nil {
+						b.Fatal(err)
+					}
+				}
+				t0, e0 := time.Now(), be.evalNanos.Load()
+				got, err := o.Next(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				copy(toks, got)
+				host += time.Since(t0) - time.Duration(be.evalNanos.Load()-e0)
+				n += B
+				steps++
+			}
+			if err := o.Stop(); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "tok/s")
+			b.ReportMetric(host.Seconds()*1e3/float64(steps), "host-ms/step")
 			reportCPU(b, cpu0, n)
 		})
 	}
