@@ -198,6 +198,7 @@ func shardedTwoHosts(t *testing.T, decode, flag, sparkRunner, macRunner string) 
 		rep, _ := doctor(t, exe, "--config", cfgPath, "--host", h.name, "--probe-mib", "4")
 		rep.expect(t, kind+" ", "ok", "")
 		for _, c := range rep.find(kind + " ") {
+			t.Logf("doctor on %s: %s: %s", h.name, c.Name, c.Detail)
 			if c.Data["goodput_gbps"] == nil || c.Data["latency_s"] == nil {
 				t.Errorf("%s: %s lacks goodput or latency: %+v", h.name, c.Name, c)
 			}
