@@ -6,7 +6,9 @@
 // Picker, which sends the picked tokens back to stage 0), and stage 0's
 // model (Ring: a decode.PickingModel whose caches are composites of its own
 // stage cache and the sequence's caches on the later stages, whose steps
-// send hidden states down the ring and wait for the picked tokens).
+// send hidden states down the ring and wait for the picked tokens), and
+// remote prefill into a pipeline (Remote: each stage fetches its own layer
+// range from the prefill runner over runners/kvwire, all or none commit).
 //
 // The decode runner's admission, batching, prefix cache, stop sequences
 // and streaming stay in runners/decode, which drives a Ring as it drives

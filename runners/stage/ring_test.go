@@ -415,8 +415,12 @@ func TestPipelineRemotePrefill(t *testing.T) {
 			if got[0] != want[0] {
 				t.Errorf("remote prefill into the pipeline: %s, one runner prefilling locally %s", got[0], want[0])
 			}
-			if n := counter(t, pmet.Registry, "exo_kv_transfer_bytes_total", ""); n <= 0 {
-				t.Errorf("the prefill runner sent %v KV bytes", n)
+			// Every stage fetched its own layers, nothing twice: what stage 0
+			// counts received (its own and the later stages' bytes) is what
+			// the prefill runner sent for the three layer ranges.
+			sent, recv := counter(t, pmet.Registry, "exo_kv_transfer_bytes_total", ""), counter(t, p.met.Registry, "exo_kv_transfer_bytes_total", "")
+			if sent <= 0 || recv != sent {
+				t.Errorf("the prefill runner sent %v KV bytes, the pipeline received %v", sent, recv)
 			}
 			if n := counter(t, p.met.Registry, "exo_remote_prefill_total", "ok"); n != 1 {
 				t.Errorf("stage 0 counted %v remote prefills ok, want 1 (a fallback to local prefill is not the test)", n)
