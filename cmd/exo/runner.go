@@ -287,8 +287,6 @@ func (f *runnerFlags) checkStage() error {
 	switch {
 	case f.stage == 0 && f.layers.Start != 0:
 		return fmt.Errorf("--stage 0/%d holds the embedding: its --layers start at 0, not %d", f.stages, f.layers.Start)
-	case f.stage > 0 && f.speculative != "" && f.speculative != decode.SpecOff:
-		return fmt.Errorf("--speculative %s with --stage %d/%d: only stage 0 could speculate, and a pipeline does not yet", f.speculative, f.stage, f.stages)
 	case f.testPrefillRate > 0:
 		return fmt.Errorf("--test-slow-prefill-tokens-per-sec with --stage: a pipeline stage is not paced")
 	case f.tensor != "":
@@ -664,6 +662,11 @@ func runStage(ctx context.Context, f *runnerFlags, m *engine.Model, st *decode.S
 	l, err := net.Listen("tcp", f.stageListen)
 	if err != nil {
 		return listenError(f.stageListen, err)
+	}
+	if f.speculative != "" && f.speculative != decode.SpecOff {
+		// The supervisor gives every stage the model's flags; stage 0's
+		// decode runner logs why a pipeline does not speculate.
+		log.Info("pipeline stage: --speculative is stage 0's concern; this stage ignores it", "speculative", f.speculative)
 	}
 	var picks *decode.Options
 	if f.stage == f.stages-1 {

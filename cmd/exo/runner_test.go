@@ -202,7 +202,6 @@ func TestRunnerStageFlags(t *testing.T) {
 		{"--stage 0/2 --layers 0:4 --stage-next :2", "--stage-listen"},
 		{"--stage 0/2 --layers 0:4 --stage-listen :1", "--stage-next"},
 		{"--layers 2:4 --stage 0/2 --stage-listen :1 --stage-next :2", "--layers"},
-		{"--layers 4:8 --stage 1/2 --stage-listen :1 --stage-next :2 --speculative prompt-lookup", "--speculative"},
 		{st + " --test-slow-prefill-tokens-per-sec 5", "--test-slow-prefill-tokens-per-sec"},
 		{"--layers 4:2 --stage 1/2 --stage-listen :1 --stage-next :2", "layers"},
 		{"--layers 0:4 --stage 2/2 --stage-listen :1 --stage-next :2", "stage"},
