@@ -382,7 +382,7 @@ func (n *Node) fill(m *Fill) {
 		m.OK = false
 	}
 	if m.OK {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), fillFetchTimeout)
 		st, err := n.cfg.Remote.Prefill(ctx, m.ID, m.Tokens, m.Start, c, []string{m.Endpoint})
 		cancel()
 		if err != nil {

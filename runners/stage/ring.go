@@ -73,9 +73,16 @@ type Ring struct {
 }
 
 type pending struct {
-	ch   chan reply
-	sent time.Time
+	ch       chan reply
+	deadline time.Time
 }
+
+// fillTimeout bounds a Fill round the ring: each stage's fetch may take up
+// to fillFetchTimeout (a long prompt over a slow link), far past a step's.
+const (
+	fillFetchTimeout = 10 * time.Minute
+	fillTimeout      = 15 * time.Minute
+)
 
 type reply struct {
 	msg any
@@ -246,11 +253,11 @@ func (r *Ring) watch(in, out *Link) {
 		r.mu.Lock()
 		late := false
 		for _, p := range r.pending {
-			late = late || time.Since(p.sent) > r.cfg.StepTimeout
+			late = late || time.Now().After(p.deadline)
 		}
 		r.mu.Unlock()
 		if late {
-			err := fmt.Errorf("%w: no answer from the ring within %v (a stage hung?)", ErrDown, r.cfg.StepTimeout)
+			err := fmt.Errorf("%w: an answer from the ring is overdue (%v for a step, %v for a remote fill): a stage hung?", ErrDown, r.cfg.StepTimeout, fillTimeout)
 			out.Close(err)
 			in.Close(err)
 			return
@@ -272,7 +279,11 @@ func (r *Ring) send(epoch uint64, ticket uint64, msg any) (chan reply, error) {
 		r.mu.Unlock()
 		return nil, fmt.Errorf("%w: the sequence began before the ring was rebuilt", ErrDown)
 	}
-	p := &pending{ch: make(chan reply, 1), sent: time.Now()}
+	timeout := r.cfg.StepTimeout
+	if _, ok := msg.(Fill); ok {
+		timeout = fillTimeout
+	}
+	p := &pending{ch: make(chan reply, 1), deadline: time.Now().Add(timeout)}
 	r.pending[ticket] = p
 	r.met.inFlight.Set(float64(len(r.pending)))
 	r.mu.Unlock()
