@@ -64,6 +64,12 @@ layer: rank 0 serves the API on --listen and listens for the other ranks' tensor
 links on ADDR0; ranks I > 0 serve only /health and /metrics on --listen and dial
 ADDR0 (docs/PROTOCOL.md "Tensor link"). On --backend mlx the ranks sum over MLX's
 ring, rank i on ADDRi's port + 1 (unless MLX_HOSTFILE and MLX_RANK are set).
+--tensor-rdma MATRIX (with --tensor, --backend mlx; the supervisor emits it for a
+tensor group of metal hosts with [hosts.X] rdma) joins MLX's JACCL backend (RDMA
+over Thunderbolt 5) instead: MATRIX is the JSON N×N matrix of RDMA device names
+(row i: rank i's device toward each rank, null on the diagonal; a full mesh),
+written to MLX_IBV_DEVICES; rank 0's port + 1 is MLX_JACCL_COORDINATOR. Where
+this libmlx has no JACCL the ranks use the ring and log why.
 
 A pipelined decode model runs one decode runner per stage: --layers A:B is
 the stage's layers [A, B) of the model, --stage I/N its index of N (N ≥ 2);
@@ -98,6 +104,7 @@ type runnerFlags struct {
 	specTokens     int
 	tensor         string // decode: I/N, this runner's tensor-parallel rank
 	tensorPeers    string // decode: the ranks' tensor link addresses
+	tensorRDMA     string // decode: JACCL's RDMA device matrix (JSON)
 	// prefill
 	metricsAddr string
 	cacheMiB    int
@@ -199,6 +206,7 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		fs.IntVar(&f.specTokens, "speculative-tokens", 0, fmt.Sprintf("the most tokens drafted per step (1 to 64; 0: %d)", decode.DefaultSpecTokens))
 		fs.StringVar(&f.tensor, "tensor", "", "tensor-parallel rank I/N of this runner (with --tensor-peers)")
 		fs.StringVar(&f.tensorPeers, "tensor-peers", "", "the tensor-parallel ranks' link addresses, comma-separated, in rank order (rank 0 listens on the first)")
+		fs.StringVar(&f.tensorRDMA, "tensor-rdma", "", "with --tensor on --backend mlx: MLX JACCL's RDMA device matrix, JSON N×N (row i: rank i's device toward each rank, null on the diagonal); falls back to the ring where JACCL is unavailable")
 		fs.Func("layers", "pipeline stage: this stage's layers A:B ([A, B) of the model)", func(v string) (err error) {
 			f.layers, err = hf.ParseLayers(v)
 			return err

@@ -19,6 +19,9 @@ import (
 // both or neither).
 func checkTensorFlags(f *runnerFlags) error {
 	if f.tensor == "" && f.tensorPeers == "" {
+		if f.tensorRDMA != "" {
+			return exitError{code: 2, msg: "runner: --tensor-rdma needs --tensor and --tensor-peers"}
+		}
 		return nil
 	}
 	if f.tensor == "" || f.tensorPeers == "" {
@@ -30,6 +33,14 @@ func checkTensorFlags(f *runnerFlags) error {
 	}
 	if err := (tensor.RankConfig{Rank: rank, Size: size, Peers: splitList(f.tensorPeers)}).Check(); err != nil {
 		return exitError{code: 2, msg: "runner: " + err.Error()}
+	}
+	if f.tensorRDMA != "" {
+		if _, err := tensor.ParseRDMA(f.tensorRDMA, size); err != nil {
+			return exitError{code: 2, msg: "runner: " + err.Error()}
+		}
+		if f.backend != "mlx" && f.backend != "auto" {
+			return exitError{code: 2, msg: "runner: --tensor-rdma is MLX's JACCL backend: it needs --backend mlx (or auto), not " + f.backend}
+		}
 	}
 	switch {
 	case f.testPrefillRate > 0:
@@ -57,6 +68,11 @@ func listenTensor(f *runnerFlags, secret []byte, log *slog.Logger) (*tensorRank,
 	}
 	cfg := tensor.RankConfig{Rank: rank, Size: size, Peers: splitList(f.tensorPeers), Secret: secret, Model: f.name,
 		Metrics: tensor.NewMetrics(nil), Logger: log.With("tensor_rank", rank)}
+	if f.tensorRDMA != "" {
+		if cfg.RDMA, err = tensor.ParseRDMA(f.tensorRDMA, size); err != nil {
+			return nil, fmt.Errorf("runner: %w", err)
+		}
+	}
 	r, err := tensor.Listen(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("runner: %w", err)

@@ -18,6 +18,10 @@ func TestRunnerTensorFlags(t *testing.T) {
 		{base + "--tensor x --tensor-peers a:1,b:2", "want I/N"},
 		{base + "--tensor 0/3 --tensor-peers a:1,b:2", "2 addresses for 3 ranks"},
 		{base + "--tensor 0/2 --tensor-peers a:1,b", "rank 1's address"},
+		{base + `--tensor-rdma [[null,"a"],["b",null]]`, "needs --tensor"},
+		{base + `--tensor 0/2 --tensor-peers a:1,b:2 --tensor-rdma [[null,"a"],[null,null]]`, "rank 1 has no RDMA device toward rank 0"},
+		{base + `--tensor 0/2 --tensor-peers a:1,b:2 --tensor-rdma [[null,"a"]]`, "1 rows for 2 ranks"},
+		{base + `--backend cpu --tensor 0/2 --tensor-peers a:1,b:2 --tensor-rdma [[null,"a"],["b",null]]`, "needs --backend mlx"},
 		{"prefill --model x --served-name m --listen :0 --metrics :1 --tensor 0/2", "tensor"},
 	} {
 		_, err := parseRunnerFlags(strings.Fields(c.args))
@@ -29,5 +33,9 @@ func TestRunnerTensorFlags(t *testing.T) {
 	f, err := parseRunnerFlags(strings.Fields(base + "--tensor 1/3 --tensor-peers a:1,b:2,c:3"))
 	if err != nil || f.tensor != "1/3" || f.tensorPeers != "a:1,b:2,c:3" {
 		t.Fatalf("%+v %v", f, err)
+	}
+	f, err = parseRunnerFlags(strings.Fields(base + `--backend mlx --tensor 1/2 --tensor-peers a:1,b:2 --tensor-rdma [[null,"rdma_en3"],["rdma_en4",null]]`))
+	if err != nil || f.tensorRDMA != `[[null,"rdma_en3"],["rdma_en4",null]]` {
+		t.Fatalf("--tensor-rdma: %+v %v", f, err)
 	}
 }

@@ -38,6 +38,10 @@ type RankConfig struct {
 	// On MLX's ring backend rank i's ring listens on Peers[i]'s port + 1
 	// unless MLX_HOSTFILE is already set.
 	Peers []string
+	// RDMA, when set (--tensor-rdma), is the JACCL device matrix
+	// (ParseRDMA): on MLX the ranks join JACCL instead of the ring when
+	// this libmlx has it, and fall back to the ring (logged) when not.
+	RDMA [][]string
 	// Secret authenticates the tensor link.
 	Secret []byte
 	// Model labels the metrics.
@@ -65,6 +69,9 @@ func (c RankConfig) Check() error {
 		if _, _, err := net.SplitHostPort(p); err != nil {
 			return fmt.Errorf("--tensor-peers: rank %d's address %q: %w", i, p, err)
 		}
+	}
+	if c.RDMA != nil {
+		return CheckMesh(c.RDMA, c.Size)
 	}
 	return nil
 }
@@ -111,7 +118,23 @@ func (r *Rank) Collective(c RankConfig, b engine.Backend) (engine.Collective, er
 		}
 		return Meter(coll, c.Metrics, c.Model), nil
 	}
-	if os.Getenv("MLX_HOSTFILE") == "" {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	bk, why := chooseMLXBackend(c, func(name string) (bool, error) { return mlx.DistributedAvailable(b, name) })
+	if why != "" {
+		c.Logger.Warn("tensor: JACCL unavailable, falling back to MLX's ring", "reason", why)
+	}
+	if bk == "jaccl" {
+		env, err := jacclEnv(c, "")
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range env {
+			os.Setenv(k, v)
+		}
+		c.Logger.Info("tensor: joining MLX's JACCL group", "coordinator", env["MLX_JACCL_COORDINATOR"], "devices", env["MLX_IBV_DEVICES"])
+	} else if os.Getenv("MLX_HOSTFILE") == "" {
 		path, err := writeHostfile(c.Peers)
 		if err != nil {
 			return nil, err
@@ -119,8 +142,12 @@ func (r *Rank) Collective(c RankConfig, b engine.Backend) (engine.Collective, er
 		os.Setenv("MLX_HOSTFILE", path)
 		os.Setenv("MLX_RANK", strconv.Itoa(c.Rank))
 	}
-	g, err := mlx.JoinGroup(b, mlx.GroupOptions{Backend: "ring", Strict: true})
+	g, err := mlx.JoinGroup(b, mlx.GroupOptions{Backend: bk, Strict: true})
 	if err != nil {
+		if bk == "jaccl" {
+			return nil, fmt.Errorf("tensor: join MLX's JACCL group (MLX_IBV_DEVICES %s, MLX_JACCL_COORDINATOR %s, MLX_RANK %s): %w",
+				os.Getenv("MLX_IBV_DEVICES"), os.Getenv("MLX_JACCL_COORDINATOR"), os.Getenv("MLX_RANK"), err)
+		}
 		return nil, fmt.Errorf("tensor: join MLX's ring (MLX_HOSTFILE %s, MLX_RANK %s): %w", os.Getenv("MLX_HOSTFILE"), os.Getenv("MLX_RANK"), err)
 	}
 	if g.Rank() != c.Rank || g.Size() != c.Size {
@@ -133,6 +160,23 @@ func (r *Rank) Collective(c RankConfig, b engine.Backend) (engine.Collective, er
 		r.Follower.cfg.Rejoin, r.Follower.cfg.MLX = false, true
 	}
 	return Meter(g, c.Metrics, c.Model), nil
+}
+
+// chooseMLXBackend picks MLX's backend for c: "jaccl" when c has an RDMA
+// matrix and avail says this libmlx has JACCL, else "ring"; why says why
+// an RDMA matrix was not used ("" when it was, or when there is none).
+func chooseMLXBackend(c RankConfig, avail func(string) (bool, error)) (backend, why string) {
+	if len(c.RDMA) == 0 {
+		return "ring", ""
+	}
+	ok, err := avail("jaccl")
+	switch {
+	case err != nil:
+		return "ring", err.Error()
+	case !ok:
+		return "ring", "this libmlx has no usable JACCL backend (mlx_distributed_is_available(\"jaccl\") is false: JACCL needs macOS 26.2+ with RDMA enabled, see docs/OPERATIONS.md)"
+	}
+	return "jaccl", ""
 }
 
 // writeHostfile writes MLX's ring hostfile: rank i listens on peer i's
