@@ -3,6 +3,7 @@ package decode
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -30,6 +31,9 @@ type batcher struct {
 	joined int
 
 	stopped chan struct{} // closed when run returns
+	// ov overlaps the steps of plain greedy batches (overlap.go); nil:
+	// every step is serial.
+	ov *overlapRun
 }
 
 type stepReq struct {
@@ -40,6 +44,7 @@ type stepReq struct {
 	err    error
 	done   chan struct{} // buffered (1): the batcher signals, never closes
 	buf    []float32     // the generation's own logits row, reused step after step
+	greedy bool          // plain greedy: the batcher may overlap its steps
 }
 
 // stepBatch is the model method the batcher prefers: every row written
@@ -53,12 +58,22 @@ func newBatcher(m Model, maxBatch int, gather time.Duration) *batcher {
 	return &batcher{model: m, gather: gather, reqs: make(chan *stepReq, maxBatch), stopped: make(chan struct{})}
 }
 
+// overlap makes b overlap plain greedy batches (before run starts).
+func (b *batcher) overlap(log *slog.Logger) {
+	if gs, ok := b.model.(greedyStarter); ok {
+		b.ov = &overlapRun{m: gs, log: log}
+	}
+}
+
 // member is one joined generation: its step request (and logits row) is
 // reused for every step, so stepping allocates nothing.
 type member struct {
 	b    *batcher
 	req  stepReq
 	once sync.Once
+	// greedy: the generation is plain greedy (plainGreedy), so its steps
+	// may be overlapped and return the picked token, not logits.
+	greedy bool
 }
 
 // joinMember registers a generation; leave must be called once when it
@@ -72,6 +87,9 @@ func (b *batcher) joinMember() *member {
 
 func (m *member) leave() {
 	m.once.Do(func() {
+		if m.b.ov != nil && m.req.cache != nil {
+			m.b.ov.release(m.req.cache) // the cache without the step in flight
+		}
 		m.b.mu.Lock()
 		m.b.joined--
 		m.b.mu.Unlock()
@@ -108,7 +126,7 @@ func (b *batcher) members() int {
 // member's own row: valid until its next step.
 func (m *member) step(cache engine.KVCache, tok int32) (stepOut, error) {
 	b, r := m.b, &m.req
-	r.cache, r.tok, r.logits, r.err = cache, tok, nil, nil
+	r.cache, r.tok, r.logits, r.err, r.greedy = cache, tok, nil, nil, m.greedy
 	select {
 	case b.reqs <- r:
 	case <-b.stopped:
@@ -142,6 +160,9 @@ var errBatcherStopped = errors.New("decode: server closed")
 // run serves steps until ctx ends.
 func (b *batcher) run(ctx context.Context) {
 	defer close(b.stopped)
+	if b.ov != nil {
+		defer b.ov.stop()
+	}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	batch := make([]*stepReq, 0, cap(b.reqs))
@@ -189,6 +210,10 @@ func (b *batcher) run(ctx context.Context) {
 		}
 		if b.sizes != nil {
 			b.sizes(len(batch))
+		}
+		if b.ov != nil && b.ov.step(batch) {
+			clear(caches)
+			continue
 		}
 		var logits [][]float32
 		var picked []Picked

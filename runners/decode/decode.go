@@ -182,6 +182,11 @@ type Options struct {
 
 	Metrics *metrics.Runner
 	Logger  *slog.Logger
+
+	// overlap, when set, decides whether the batcher overlaps plain
+	// greedy steps (tests force it on the cpu backend); nil: overlapping,
+	// i.e. on a backend that computes asynchronously (MLX).
+	overlap func(Model) bool
 }
 
 // Server is a decode runner for one model. It implements gen.Generator.
@@ -259,6 +264,9 @@ func New(o Options) *Server {
 					most = n
 					s.m.DecodeBatchMax.Set(float64(n))
 				}
+			}
+			if on := o.overlap; (on == nil && overlapping(o.Model)) || (on != nil && on(o.Model)) {
+				b.overlap(s.log)
 			}
 			s.lanes = append(s.lanes, b)
 			go b.run(ctx)
@@ -672,6 +680,9 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 			}
 			s.noteSpec(ctx, sp)
 		}()
+	}
+	if mem != nil && mem.b.ov != nil {
+		mem.greedy = plainGreedy(req, picker, sp, pm)
 	}
 	for {
 		var pk Picked
