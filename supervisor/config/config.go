@@ -148,6 +148,13 @@ type Host struct {
 	// MemoryGiB is the memory the host gives to weights and KV, in GiB
 	// (nil: unset). Pipeline placement splits layers in proportion to it.
 	MemoryGiB *float64 `toml:"memory_gib"`
+	// RDMA names, per peer host, the RDMA device of this host that is
+	// cabled to that peer over Thunderbolt 5 (e.g. rdma = { m2 =
+	// "rdma_en3" }; `ibv_devices` lists them). A tensor group whose hosts
+	// are all metal and name RDMA devices joins MLX's JACCL backend
+	// instead of the ring: every pair must then be cabled (a full mesh).
+	// Metal hosts only.
+	RDMA map[string]string `toml:"rdma"`
 }
 
 // Model is one served model: its decode runners and optional prefill runners.

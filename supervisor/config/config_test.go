@@ -410,6 +410,7 @@ func FuzzParse(f *testing.F) {
 	f.Add(ex)
 	f.Add([]byte(DefaultText()))
 	f.Add([]byte(twoHosts))
+	f.Add([]byte(threeMacs + "[[models]]\nname = \"m\"\nsource = \"s\"\ndecode = { hosts = [\"m1\", \"m2\", \"m3\"], shard = \"tensor\" }\n"))
 	f.Add([]byte("[[models]]\ndecode={hosts=[\"a\",{x=1}]}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := Parse("fuzz", data)

@@ -70,6 +70,9 @@ type Runner struct {
 	// listens on the first). Group then names the whole group.
 	Tensor      string   `json:"tensor,omitempty"`
 	TensorPeers []string `json:"tensor_peers,omitempty"`
+	// TensorRDMA is a JACCL group's RDMA device matrix (--tensor-rdma,
+	// JSON, rank order, null on the diagonal; "" = MLX's ring).
+	TensorRDMA string `json:"tensor_rdma,omitempty"`
 }
 
 // Stage is one pipeline stage: the host and its layer range [Start, End)
@@ -141,6 +144,9 @@ func (r Runner) Args() []string {
 	}
 	if r.Tensor != "" {
 		a = append(a, "--tensor", r.Tensor, "--tensor-peers", joinComma(r.TensorPeers))
+		if r.TensorRDMA != "" {
+			a = append(a, "--tensor-rdma", r.TensorRDMA)
+		}
 	}
 	if r.Role == Prefill {
 		a = append(a, "--metrics", r.Metrics)
@@ -308,6 +314,7 @@ func (c *Config) AllRunners() []Runner {
 					ru.Name = fmt.Sprintf("%s-%s-rank%d", m.Name, role, si)
 					ru.Tensor = fmt.Sprintf("%d/%d", si, len(peers))
 					ru.TensorPeers = slices.Clone(peers)
+					ru.TensorRDMA = c.rdmaMatrix(r.Hosts)
 					ru.Group = "tensor " + joinComma(peers)
 				}
 				// Only stage 0 serves requests and fills caches (every

@@ -1,7 +1,9 @@
 package config
 
 import (
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"regexp"
 	"slices"
@@ -102,6 +104,7 @@ func (c *Config) validate() Errors {
 		if m := h.MemoryGiB; m != nil && (*m != *m || *m <= 0 || *m > 1<<20) {
 			bad(c.at("hosts", name, "memory_gib"), "host %s: memory_gib must be a positive number of GiB (what the host gives to weights and KV), got %v", name, *m)
 		}
+		c.validateRDMA(name, h, bad)
 	}
 	if len(c.Models) == 0 {
 		bad(Pos{1, 1}, "no models: add at least one [[models]] table")
@@ -274,6 +277,67 @@ func (c *Config) beyondLoopback() string {
 	return ""
 }
 
+// validateRDMA checks a host's rdma table: peers that are other hosts,
+// device names, and a metal backend (JACCL is macOS's RDMA over
+// Thunderbolt).
+func (c *Config) validateRDMA(name string, h *Host, bad func(Pos, string, ...any)) {
+	if h.RDMA == nil {
+		return
+	}
+	if h.Backend != Metal {
+		bad(c.at("hosts", name, "rdma"), "host %s: rdma names Thunderbolt RDMA devices for MLX's JACCL backend (macOS): it needs backend = \"metal\", not %q", name, h.Backend)
+		return
+	}
+	for _, peer := range slices.Sorted(maps.Keys(h.RDMA)) {
+		dev := h.RDMA[peer]
+		p := c.at("hosts", name, "rdma", peer)
+		switch _, ok := c.Hosts[peer]; {
+		case peer == name:
+			bad(p, "host %s: rdma names a device toward itself (%q): name one per other host of its tensor groups", name, dev)
+		case !ok:
+			bad(p, "host %s: rdma names unknown host %q (hosts: %s)", name, peer, strings.Join(c.HostNames(), ", "))
+		case !rdmaDevRe.MatchString(dev):
+			bad(p, "host %s: rdma device toward %s is %q: want an ibverbs device name as ibv_devices lists it, e.g. \"rdma_en3\"", name, peer, dev)
+		}
+	}
+}
+
+var rdmaDevRe = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+
+// jacclGroup says whether a tensor group joins JACCL: every host metal
+// and at least one naming RDMA devices.
+func (c *Config) jacclGroup(hosts []string) bool {
+	any := false
+	for _, hn := range hosts {
+		h, ok := c.Hosts[hn]
+		if !ok || h.Backend != Metal {
+			return false
+		}
+		any = any || len(h.RDMA) > 0
+	}
+	return any
+}
+
+// rdmaMatrix is a JACCL group's --tensor-rdma: the JSON N×N matrix of
+// device names in rank order, null on the diagonal ("" when the group does
+// not join JACCL).
+func (c *Config) rdmaMatrix(hosts []string) string {
+	if !c.jacclGroup(hosts) {
+		return ""
+	}
+	m := make([][]*string, len(hosts))
+	for i, a := range hosts {
+		m[i] = make([]*string, len(hosts))
+		for j, b := range hosts {
+			if d, ok := c.Hosts[a].RDMA[b]; ok && i != j {
+				m[i][j] = &d
+			}
+		}
+	}
+	out, _ := json.Marshal(m) // strings and nulls always marshal
+	return string(out)
+}
+
 // validateShard checks a role's shard and layers keys and, for a pipeline
 // split by hand, records its stages.
 func (c *Config) validateShard(i int, label, role string, r *Role, bad func(Pos, string, ...any)) {
@@ -285,6 +349,19 @@ func (c *Config) validateShard(i int, label, role string, r *Role, bad func(Pos,
 	}
 	if (r.Shard == ShardPipeline || r.Shard == ShardTensor) && len(r.Hosts) == 1 {
 		bad(c.at("models", i, role, "hosts"), "%s: %s.shard %q needs at least 2 hosts (one host holds the whole model: leave shard out)", label, role, r.Shard)
+	}
+	if r.Shard == ShardTensor && c.jacclGroup(r.Hosts) {
+		// JACCL needs a full mesh: refuse the first missing cable by name.
+	mesh:
+		for _, a := range r.Hosts {
+			for _, b := range r.Hosts {
+				if a != b && c.Hosts[a].RDMA[b] == "" {
+					bad(c.at("hosts", a, "rdma"), "%s: %s.shard \"tensor\" on metal hosts %s joins MLX's JACCL, which needs a full mesh: host %s names no rdma device toward %s (cable them with Thunderbolt 5 and add %s = \"rdma_enN\" to [hosts.%s] rdma; `ibv_devices` lists the devices)",
+						label, role, strings.Join(r.Hosts, ", "), a, b, b, a)
+					break mesh
+				}
+			}
+		}
 	}
 	if r.Layers != nil {
 		if r.Shard != ShardPipeline {
