@@ -191,15 +191,18 @@ type Options struct {
 
 // Server is a decode runner for one model. It implements gen.Generator.
 type Server struct {
-	o      Options
-	info   engine.ModelInfo
-	adm    *admission
-	pool   *kvPool
-	m      *metrics.Runner
-	log    *slog.Logger
-	seq    atomic.Uint64
-	eos    map[int32]bool
-	format chat.Format // the model's chat format (tool calls, reasoning)
+	o       Options
+	overlap bool // overlapped plain greedy steps (overlap.go)
+	// soloOverlapped counts the overlapped steps of lone generations (tests).
+	soloOverlapped atomic.Int64
+	info           engine.ModelInfo
+	adm            *admission
+	pool           *kvPool
+	m              *metrics.Runner
+	log            *slog.Logger
+	seq            atomic.Uint64
+	eos            map[int32]bool
+	format         chat.Format // the model's chat format (tool calls, reasoning)
 
 	specMax    int        // the most tokens drafted per step; 0: no speculation
 	draftPool  *kvPool    // draft mode: the draft model's caches, by prefix
@@ -238,6 +241,7 @@ func New(o Options) *Server {
 		o.Logger = slog.Default()
 	}
 	s := &Server{o: o, info: o.Model.Info(), m: o.Metrics, log: o.Logger, eos: map[int32]bool{}, format: formatOf(o.Text)}
+	s.overlap = (o.overlap == nil && overlapping(o.Model)) || (o.overlap != nil && o.overlap(o.Model))
 	s.adm = newAdmission(o.MaxBatch, o.MaxQueue, func(w, r int) {
 		s.m.Waiting.Set(float64(w))
 		s.m.Running.Set(float64(r))
@@ -265,7 +269,7 @@ func New(o Options) *Server {
 					s.m.DecodeBatchMax.Set(float64(n))
 				}
 			}
-			if on := o.overlap; (on == nil && overlapping(o.Model)) || (on != nil && on(o.Model)) {
+			if s.overlap {
 				b.overlap(s.log)
 			}
 			s.lanes = append(s.lanes, b)
@@ -681,8 +685,15 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 			s.noteSpec(ctx, sp)
 		}()
 	}
-	if mem != nil && mem.b.ov != nil {
-		mem.greedy = plainGreedy(req, picker, sp, pm)
+	var solo *overlapRun // a lone generation's overlapped steps (no batcher)
+	if plain := plainGreedy(req, picker, sp, pm); mem != nil && mem.b.ov != nil {
+		mem.greedy = plain
+	} else if gs, ok := s.o.Model.(greedyStarter); ok && mem == nil && s.overlap && plain {
+		solo = &overlapRun{m: gs, log: s.log}
+		defer func() {
+			solo.stop() // the cache without the step in flight
+			s.soloOverlapped.Add(int64(solo.served))
+		}()
 	}
 	for {
 		var pk Picked
@@ -755,6 +766,8 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 				out, err = s.decodeStep(ctx, mem, pm, entry.cache, tok)
 				sp.observe(1, time.Since(t1))
 			}
+		} else if o, ok, oerr := solo.one(ctx, entry.cache, tok); ok {
+			out, err = o, oerr
 		} else {
 			out, err = s.decodeStep(ctx, mem, pm, entry.cache, tok)
 		}

@@ -130,6 +130,26 @@ func (v *overlapRun) matches(batch []*stepReq) bool {
 	return true
 }
 
+// one is step for a lone generation's step (no batcher): ok false when
+// v is nil or did not overlap it (the caller steps serially).
+func (v *overlapRun) one(ctx context.Context, cache engine.KVCache, tok int32) (out stepOut, ok bool, err error) {
+	if v == nil {
+		return stepOut{}, false, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return stepOut{}, true, err
+	}
+	r := &stepReq{cache: cache, tok: tok, greedy: true, done: make(chan struct{}, 1)}
+	if !v.step([]*stepReq{r}) {
+		return stepOut{}, false, nil
+	}
+	<-r.done
+	if r.err != nil {
+		return stepOut{}, true, r.err
+	}
+	return stepOut{picked: &r.picked}, true, nil
+}
+
 // release stops the overlap if it holds cache: a member that stops
 // stepping gets its cache back without the step in flight.
 func (v *overlapRun) release(cache engine.KVCache) {

@@ -89,3 +89,30 @@ func TestOverlappedBatchEqualsSerial(t *testing.T) {
 	}
 	t.Logf("%d batches served overlapped", served)
 }
+
+// TestOverlappedLoneEqualsSerial: without a batcher (--max-batch 1) a
+// plain greedy generation's steps are overlapped too, and requests answer
+// as with serial steps.
+func TestOverlappedLoneEqualsSerial(t *testing.T) {
+	spec := testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}
+	plain := startTinyServer(t, spec, func(_ Text, o *Options) { o.MaxBatch = 1 })
+	s := startTinyServer(t, spec, func(_ Text, o *Options) {
+		o.MaxBatch = 1
+		o.overlap = func(Model) bool { return true }
+	})
+	if !s.srv.overlap || s.srv.batch != nil {
+		t.Fatal("want a lone server with overlapped steps")
+	}
+	reqs := specRequests()
+	for _, c := range []map[string]any{reqs["stop"], reqs["greedy"], reqs["seeded"], reqs["penalties"]} {
+		c["logprobs"], c["top_logprobs"] = nil, nil
+		if got, want := answerOf(t, s.url, c), answerOf(t, plain.url, c); got != want {
+			t.Fatalf("overlapped lone answer\n%s\nserial\n%s", got, want)
+		}
+	}
+	// The greedy one (40 tokens) overlapped from its second step, the
+	// stop one until its stop.
+	if n := s.srv.soloOverlapped.Load(); n < 39 {
+		t.Fatalf("%d overlapped lone steps, want at least 39", n)
+	}
+}
