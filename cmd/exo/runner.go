@@ -680,12 +680,20 @@ func runStage(ctx context.Context, f *runnerFlags, m *engine.Model, st *decode.S
 	if f.stage == f.stages-1 {
 		picks = &st.Options // the last stage samples: the decode runner's tokenizer, sampler and grammars
 	}
-	var remote decode.Remote
+	nc := stage.NodeConfig{Name: f.name, Link: lc, Model: m, Listen: l, Next: f.stageNext, Picks: picks,
+		Metrics: stage.NewMetrics(met.Registry), Logger: log}
 	if f.prefill != "" {
-		remote = stageRemote(ctx, f, m, secret, met, log).Remote
+		nc.Remote = stageRemote(ctx, f, m, secret, met, log).Remote
+	} else {
+		// Without --prefill of its own, the stage fetches its layers from
+		// the prefill runner stage 0's remote fill names.
+		nc.RemoteFor = func(endpoint string) decode.Remote {
+			g := *f
+			g.prefill, g.prefillHealth = endpoint, ""
+			return stageRemote(ctx, &g, m, secret, met, log).Remote
+		}
 	}
-	node, err := stage.NewNode(stage.NodeConfig{Name: f.name, Link: lc, Model: m, Listen: l, Next: f.stageNext, Picks: picks,
-		Remote: remote, Metrics: stage.NewMetrics(met.Registry), Logger: log})
+	node, err := stage.NewNode(nc)
 	if err != nil {
 		l.Close()
 		return fmt.Errorf("runner: %w", err)

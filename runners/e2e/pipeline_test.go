@@ -74,6 +74,26 @@ func startPipeline(t *testing.T, name, model string, bounds []int, extra ...stri
 	return pl
 }
 
+// startPipelineWith is startPipeline with zero, stage 0's own flags.
+func startPipelineWith(t *testing.T, name, model string, bounds []int, zero []string) *pipeline {
+	t.Helper()
+	N := len(bounds) - 1
+	pl := &pipeline{bounds: bounds, model: model}
+	base := testutil.Ports(t, 2*N)
+	for i := range N {
+		pl.links = append(pl.links, fmt.Sprintf("127.0.0.1:%d", base+i))
+	}
+	for i := range N {
+		var extra []string
+		if i == 0 {
+			extra = zero
+		}
+		pl.stages = append(pl.stages, launchStage(t, name, model, i, bounds, pl.links, fmt.Sprintf("127.0.0.1:%d", base+N+i), extra))
+	}
+	waitHealthy(t, pl.stages...)
+	return pl
+}
+
 // restart starts stage i again on its addresses.
 func (pl *pipeline) restart(t *testing.T, i int) {
 	old := pl.stages[i]
@@ -331,7 +351,9 @@ func TestPipelineRemotePrefill(t *testing.T) {
 			want := askAll(t, one.listen, reqs, false)
 			one.stop()
 			pf := start(t, "prefill", "prefill", "--model", model)
-			pl := startPipeline(t, "pd", model, bounds, "--prefill", pf.listen, "--remote-prefill-min-tokens", "16")
+			// Only stage 0 is told the prefill runner (as the supervisor's
+			// plan does); the later stage fetches from the one stage 0 names.
+			pl := startPipelineWith(t, "pd", model, bounds, []string{"--prefill", pf.listen, "--remote-prefill-min-tokens", "16"})
 			got := askAll(t, pl.stages[0].listen, reqs, false)
 			if got[0].Text != want[0].Text {
 				t.Errorf("remote prefill into the pipeline: %q, one runner %q", got[0].Text, want[0].Text)

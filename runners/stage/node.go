@@ -32,9 +32,14 @@ type NodeConfig struct {
 	// Remote, when set, fetches this stage's layers of a prompt from a
 	// prefill runner (a decode.KVRemote over the stage's model, which asks
 	// for its layer range only) when stage 0 fills a sequence remotely.
-	Remote  decode.Remote
-	Metrics *Metrics
-	Logger  *slog.Logger
+	Remote decode.Remote
+	// RemoteFor, when Remote is nil, makes the client of the prefill
+	// runner a Fill names (stage 0's endpoint: a stage given no --prefill
+	// of its own still fetches its layers; the KV wire authenticates the
+	// runner with the cluster secret). Made once per endpoint.
+	RemoteFor func(endpoint string) decode.Remote
+	Metrics   *Metrics
+	Logger    *slog.Logger
 	// TestPace, TEST ONLY: as RingConfig.TestPace.
 	TestPace float64
 }
@@ -51,6 +56,7 @@ type Node struct {
 
 	caches  map[uint64]engine.KVCache
 	pickers map[uint64]*decode.Picker
+	remotes map[string]decode.Remote // RemoteFor's clients, by endpoint
 }
 
 // NewNode checks cfg and makes the stage's runner.
@@ -377,13 +383,23 @@ func (n *Node) fill(m *Fill) {
 		c = n.cfg.Model.NewCache()
 		n.caches[m.Seq] = c
 	}
-	if m.OK && (n.cfg.Remote == nil || c.Len() != m.Start) {
-		n.log.Warn("stage: remote fill refused", "seq", m.Seq, "start", m.Start, "holds", c.Len(), "has_remote", n.cfg.Remote != nil)
+	remote := n.cfg.Remote
+	if remote == nil && n.cfg.RemoteFor != nil && m.OK {
+		if remote = n.remotes[m.Endpoint]; remote == nil {
+			if n.remotes == nil {
+				n.remotes = map[string]decode.Remote{}
+			}
+			remote = n.cfg.RemoteFor(m.Endpoint)
+			n.remotes[m.Endpoint] = remote
+		}
+	}
+	if m.OK && (remote == nil || c.Len() != m.Start) {
+		n.log.Warn("stage: remote fill refused", "seq", m.Seq, "start", m.Start, "holds", c.Len(), "has_remote", remote != nil)
 		m.OK = false
 	}
 	if m.OK {
 		ctx, cancel := context.WithTimeout(context.Background(), fillFetchTimeout)
-		st, err := n.cfg.Remote.Prefill(ctx, m.ID, m.Tokens, m.Start, c, []string{m.Endpoint})
+		st, err := remote.Prefill(ctx, m.ID, m.Tokens, m.Start, c, []string{m.Endpoint})
 		cancel()
 		if err != nil {
 			n.log.Warn("stage: remote fill failed", "seq", m.Seq, "req", m.ID, "endpoint", m.Endpoint, "err", err)

@@ -63,6 +63,7 @@ type pipeOpts struct {
 	pace     float64 // each stage's TestPace
 	lanes    int     // RingConfig.Lanes
 	prefill  string  // a prefill runner's KV-wire address: every stage fills remotely from it
+	onlyZero bool    // only stage 0 is given prefill; the others make their client from the Fill
 	metrics  *stage.Metrics
 }
 
@@ -119,8 +120,14 @@ func newPipeline(t testing.TB, dir string, cuts []int, po pipeOpts) *pipeline {
 		if i == N-1 {
 			picks = &st.Options
 		}
-		n, err := stage.NewNode(stage.NodeConfig{Name: "m", Link: links[i], Model: models[i], Listen: listen(i), Next: p.addrs[(i+1)%N],
-			Picks: picks, Logger: log, TestPace: po.pace, Metrics: po.metrics, Remote: remoteFor(t, models[i], po.prefill)})
+		nc := stage.NodeConfig{Name: "m", Link: links[i], Model: models[i], Listen: listen(i), Next: p.addrs[(i+1)%N],
+			Picks: picks, Logger: log, TestPace: po.pace, Metrics: po.metrics}
+		if po.onlyZero {
+			nc.RemoteFor = func(ep string) decode.Remote { return remoteFor(t, models[i], ep) }
+		} else {
+			nc.Remote = remoteFor(t, models[i], po.prefill)
+		}
+		n, err := stage.NewNode(nc)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -410,7 +417,9 @@ func TestPipelineRemotePrefill(t *testing.T) {
 			dir := dirs[arch]
 			want := generate(t, single(t, dir, 1), requests()[2:3], false)
 			addr, pmet := servePrefill(t, dir)
-			p := newPipeline(t, dir, []int{1, 2}, pipeOpts{maxBatch: 1, prefill: addr})
+			// The later stages are given no prefill runner: they fetch
+			// from the one stage 0's Fill names.
+			p := newPipeline(t, dir, []int{1, 2}, pipeOpts{maxBatch: 1, prefill: addr, onlyZero: arch != "llama"})
 			got := generate(t, p.srv, requests()[2:3], false)
 			if got[0] != want[0] {
 				t.Errorf("remote prefill into the pipeline: %s, one runner prefilling locally %s", got[0], want[0])
