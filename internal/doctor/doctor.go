@@ -3,8 +3,9 @@
 // it is not ok, the one thing to do about it), testable alone over an Env
 // the caller builds; Run loads the cluster file into an Env and runs them
 // all in order. It reads the cluster file (supervisor/config) and asks
-// other supervisors over HTTP and prefill runners over the KV wire; it
-// changes nothing on the host and must not be imported by supervisor/ or
+// other supervisors over HTTP and prefill runners over the KV wire, and on
+// macOS runs read-only RDMA tools (rdma_ctl status, ibv_devices,
+// ibv_devinfo); it changes nothing on the host and must not be imported by supervisor/ or
 // runners/.
 package doctor
 
@@ -110,7 +111,7 @@ type Options struct {
 
 // Checks are doctor's checks in the order Run runs them.
 func Checks(o Options) []Check {
-	return []Check{Files{}, NVML{}, MLX{Mode: o.MLX}, Disk{}, Memory{}, LocalPorts{}, Peers{}, KV{ProbeMiB: o.ProbeMiB}, StageLinks{ProbeMiB: o.ProbeMiB}}
+	return []Check{Files{}, NVML{}, MLX{Mode: o.MLX}, Disk{}, Memory{}, LocalPorts{}, Peers{}, KV{ProbeMiB: o.ProbeMiB}, StageLinks{ProbeMiB: o.ProbeMiB}, RDMA{}}
 }
 
 // Run loads the cluster file, identifies this host and runs every check.
