@@ -22,6 +22,7 @@ type job struct {
 	tokens []int32
 	start  int
 	wire   kvwire.DType
+	from   int         // the first position it computes (its cached prefix)
 	closed bool        // p.mu: no more followers
 	joined []*follower // p.mu: registered, not yet served by the leader
 	live   []*follower // the leader's goroutine only
@@ -58,19 +59,34 @@ func (p *Producer) Follow(req *kvwire.Request) bool {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	// A pipeline stage's jobs hold the prompt from position 0 (the
+	// prefix cache's part and the computed one) whatever start and dtype
+	// they ship: any request for the prompt can follow them.
+	relaxed := p.pipe != nil
 	for _, j := range p.jobs {
-		if j.closed || j.start != req.StartPos || j.wire != pl.wire || !slices.Equal(j.tokens, req.Tokens) {
+		if j.closed || !slices.Equal(j.tokens, req.Tokens) || !relaxed && (j.start != req.StartPos || j.wire != pl.wire) {
 			continue
 		}
-		f := &follower{pl: pl, ch: make(chan fmsg, 8), done: make(chan struct{}), next: req.StartPos}
-		j.joined = append(j.joined, f)
 		if p.claims == nil {
 			p.claims = map[*kvwire.Request]*follower{}
 		}
-		p.claims[req] = f
+		p.claims[req] = p.joinLocked(j, pl, req.StartPos)
 		return true
 	}
 	return false
+}
+
+// joinLocked registers a follower of j shipping pl from start (p.mu held).
+func (p *Producer) joinLocked(j *job, pl *plan, start int) *follower {
+	f := &follower{pl: pl, ch: make(chan fmsg, 8), done: make(chan struct{}), next: start}
+	j.joined = append(j.joined, f)
+	return f
+}
+
+// notifyLocked wakes the requests waiting for a job (p.mu held).
+func (p *Producer) notifyLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
 }
 
 // claim returns the follower Follow registered for req (nil: none).
@@ -83,10 +99,11 @@ func (p *Producer) claim(req *kvwire.Request) *follower {
 }
 
 // open starts a job for the leader's prompt.
-func (p *Producer) open(tokens []int32, start int, wire kvwire.DType) *job {
-	j := &job{tokens: tokens, start: start, wire: wire}
+func (p *Producer) open(tokens []int32, start int, wire kvwire.DType, from int) *job {
+	j := &job{tokens: tokens, start: start, wire: wire, from: from}
 	p.mu.Lock()
 	p.jobs = append(p.jobs, j)
+	p.notifyLocked()
 	p.mu.Unlock()
 	return j
 }
@@ -153,6 +170,7 @@ func (p *Producer) send(ctx context.Context, f *follower, m fmsg) error {
 func (p *Producer) end(j *job, err error) {
 	p.mu.Lock()
 	p.jobs = slices.DeleteFunc(p.jobs, func(x *job) bool { return x == j })
+	p.notifyLocked()
 	j.closed = true
 	joined := j.joined
 	j.joined = nil

@@ -47,6 +47,11 @@ type Options struct {
 	CacheBlock int
 	Metrics    *metrics.Runner
 	Logger     *slog.Logger
+	// Stage is the layers Model holds: a prefill pipeline stage's
+	// (engine.LoadOptions.Layers; its caches hold those layers only,
+	// cache layer 0 being the model's layer Stage.Start). Zero: every
+	// layer. Requests must ask for layers within it.
+	Stage engine.LayerRange
 }
 
 // Producer implements kvwire.Producer over a model.
@@ -58,9 +63,13 @@ type Producer struct {
 	m     *metrics.Runner
 	log   *slog.Logger
 
-	mu     sync.Mutex
-	jobs   []*job                        // prompts being computed that others may follow (follow.go)
-	claims map[*kvwire.Request]*follower // registered by Follow, claimed by Produce
+	stage engine.LayerRange // the layers the model (and every cache) holds
+	pipe  StageHook         // the prefill pipeline this stage is part of (stagehook.go), or nil
+
+	mu      sync.Mutex
+	jobs    []*job                        // prompts being computed that others may follow (follow.go)
+	claims  map[*kvwire.Request]*follower // registered by Follow, claimed by Produce
+	changed chan struct{}                 // closed (and replaced) when a job opens or ends
 }
 
 // New makes a Producer.
@@ -78,13 +87,18 @@ func New(o Options) *Producer {
 		o.Logger = slog.Default()
 	}
 	info := o.Model.Info()
-	bpt := int64(2 * info.Layers * info.KVHeads * info.HeadDim * info.CacheDType.Size())
-	p := &Producer{o: o, info: info, fp: kvwire.Fingerprint(o.Model.Fingerprint()), m: o.Metrics, log: o.Logger}
+	stage := o.Stage
+	if stage == (engine.LayerRange{}) {
+		stage = engine.LayerRange{Start: 0, End: info.Layers}
+	}
+	bpt := int64(2 * (stage.End - stage.Start) * info.KVHeads * info.HeadDim * info.CacheDType.Size())
+	p := &Producer{o: o, info: info, fp: kvwire.Fingerprint(o.Model.Fingerprint()), m: o.Metrics, log: o.Logger,
+		stage: stage, changed: make(chan struct{})}
 	p.cache = newPrefixCache(o.CacheBlock, max(o.CacheBytes, 0), bpt)
 	if info.Windows != nil {
 		// A sliding layer holds at most its ring, whatever the length.
-		perLayer := bpt / int64(info.Layers)
-		windows := info.Windows
+		perLayer := bpt / int64(stage.End-stage.Start)
+		windows := info.Windows[stage.Start:stage.End]
 		chunk := o.Chunk
 		p.cache.sizeOf = func(n int) int64 {
 			var pos int64
@@ -130,13 +144,17 @@ func (p *Producer) CachedPrefix(ctx context.Context, req *kvwire.Request) (int, 
 // layer. A range beyond the model is a mismatch (the decode side's model
 // has more layers than this one).
 func (p *Producer) layers(req *kvwire.Request) (a, b int, err error) {
-	if !req.HasRange() {
-		return 0, p.info.Layers, nil
+	a, b = 0, p.info.Layers
+	if req.HasRange() {
+		a, b = req.LayerStart, req.LayerEnd
 	}
-	if req.LayerEnd > p.info.Layers {
-		return 0, 0, fmt.Errorf("%w: layers [%d, %d) asked of a %d-layer model", kvwire.ErrMismatch, req.LayerStart, req.LayerEnd, p.info.Layers)
+	if b > p.info.Layers {
+		return 0, 0, fmt.Errorf("%w: layers [%d, %d) asked of a %d-layer model", kvwire.ErrMismatch, a, b, p.info.Layers)
 	}
-	return req.LayerStart, req.LayerEnd, nil
+	if a < p.stage.Start || b > p.stage.End {
+		return 0, 0, fmt.Errorf("%w: layers [%d, %d) asked of a prefill stage holding layers [%d, %d)", kvwire.ErrMismatch, a, b, p.stage.Start, p.stage.End)
+	}
+	return a, b, nil
 }
 
 // heads is the KV heads [a, b) req asks for: its range, or every head. A
@@ -251,13 +269,13 @@ func (p *Producer) ship(cache engine.KVCache, d *dest, from, to int) error {
 			if kind == kvwire.LayerRecurrent {
 				continue
 			}
-			l := d.pl.first + i // the model's (and the cache's) layer
+			l := d.pl.first + i // the model's layer; the cache's is l − stage.Start
 			ls := max(s, d.pl.hdr.LayerStart(i))
 			cnt := min(p.o.Chunk, to-s) - (ls - s)
 			if cnt <= 0 {
 				continue
 			}
-			k, v, err := cache.Export(l, ls, cnt)
+			k, v, err := cache.Export(l-p.stage.Start, ls, cnt)
 			if err != nil {
 				return fmt.Errorf("%w: export layer %d: %v", kvwire.ErrRemoteInternal, l, err)
 			}
@@ -301,7 +319,7 @@ func (p *Producer) states(cache engine.KVCache, d *dest, end int) error {
 			continue
 		}
 		l := d.pl.first + i
-		arrays, err := rs.ExportState(l)
+		arrays, err := rs.ExportState(l - p.stage.Start)
 		if err != nil {
 			return fmt.Errorf("%w: export state of layer %d: %v", kvwire.ErrRemoteInternal, l, err)
 		}
@@ -316,7 +334,10 @@ func (p *Producer) states(cache engine.KVCache, d *dest, end int) error {
 }
 
 // Produce implements kvwire.Producer. A request the server let follow
-// another (Follow) is served from that one's computation.
+// another (Follow) is served from that one's computation. On a later stage
+// of a prefill pipeline (pipe.go) a request never computes by itself: it
+// follows the computation the stages upstream feed (asking for one when
+// none is running) or reads the prefix cache.
 func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.Emitter) (err error) {
 	t0 := time.Now()
 	if f := p.claim(req); f != nil {
@@ -326,6 +347,23 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 	if err != nil {
 		return err
 	}
+	var compute ComputeFunc
+	if p.pipe != nil {
+		if p.pipe.Later() {
+			f, err := p.await(ctx, req, pl)
+			if err != nil {
+				return err
+			}
+			if f != nil {
+				return p.follow(ctx, req, e, f, t0)
+			}
+			compute = func(context.Context, engine.KVCache, []int32, int, int, func(int, int) error) error {
+				return fmt.Errorf("%w: the prefix cache lost the prompt while this request read it", kvwire.ErrRemoteInternal)
+			}
+		} else {
+			compute = p.pipe.Compute
+		}
+	}
 	if err := e.Header(pl.hdr); err != nil {
 		return err
 	}
@@ -333,21 +371,47 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 	if start >= end {
 		return nil
 	}
+	own := &dest{pl: pl, chunk: e.Chunk, state: func(i, end int, a [][]byte) error { return e.State(i, end, a...) }}
+	cached, followers, err := p.run(ctx, req.Tokens, start, pl.wire, own, end, compute)
+	if err != nil {
+		return err
+	}
+	d := time.Since(t0)
+	p.m.KVBytes.WithLabelValues("prefill").Add(float64(own.sent))
+	p.m.KVDuration.WithLabelValues("prefill").Observe(d.Seconds())
+	p.log.Info("prefill served", "req", req.ID, "tokens", len(req.Tokens), "start_pos", start, "cached", cached,
+		"computed", max(end-cached, 0), "layers", fmt.Sprintf("%d:%d", pl.first, pl.last), "kv_heads", fmt.Sprintf("%d:%d", pl.h0, pl.h1), "followers", followers,
+		"bytes", own.sent, "wire_dtype", pl.wire.String(), "duration", d)
+	return nil
+}
 
+// run computes tokens up to end = len(tokens)−1 from the longest cached
+// prefix of at most limit positions, shipping own (nil: nobody, a
+// pipeline's computation nobody asked this stage for) positions from start
+// and every follower what it lacks. It returns the cached positions used
+// and the followers served.
+func (p *Producer) run(ctx context.Context, tokens []int32, start int, wire kvwire.DType, own *dest, limit int, compute ComputeFunc) (cached, followers int, err error) {
+	end := len(tokens) - 1
 	// A model with recurrent layers reuses only a cached entry that is a
 	// whole prefix of the prompt (its state cannot go back to a shorter
 	// one); the decode side gets the state after end in State frames.
 	recurrent := p.info.Recurrent != nil
-	cache, cached, err := p.cache.acquire(req.Tokens, end, p.o.Model.NewCache, recurrent)
+	cache, cached, err := p.cache.acquire(tokens, min(limit, end), p.o.Model.NewCache, recurrent)
 	if err != nil {
-		return fmt.Errorf("%w: %v", kvwire.ErrRemoteInternal, err)
+		return 0, 0, fmt.Errorf("%w: %v", kvwire.ErrRemoteInternal, err)
 	}
+	var j *job
 	defer func() {
-		// Keep whatever was computed, even after a failure mid-way.
+		// Keep whatever was computed, even after a failure mid-way; the
+		// job ends after, so that a request waiting for one (await) finds
+		// the prompt in the prefix cache once it is gone.
 		if l := cache.Len(); l > 0 {
-			p.cache.release(append([]int32(nil), req.Tokens[:l]...), cache)
+			p.cache.release(append([]int32(nil), tokens[:l]...), cache)
 		} else {
 			cache.Free()
+		}
+		if j != nil {
+			p.end(j, err)
 		}
 	}()
 	if cached > 0 {
@@ -355,47 +419,48 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 	}
 	// Requests for other layers of the same prompt (the other stages of a
 	// pipelined decode group) follow this computation (follow.go).
-	j := p.open(req.Tokens, start, pl.wire)
-	defer func() { p.end(j, err) }()
-	own := &dest{pl: pl, chunk: e.Chunk, state: func(i, end int, a [][]byte) error { return e.State(i, end, a...) }}
+	j = p.open(tokens, start, wire, cached)
 	// The cached KV the decode side lacks goes first.
-	if start < cached {
+	if own != nil && start < cached {
 		if err := p.ship(cache, own, start, cached); err != nil {
-			return err
+			return cached, 0, err
 		}
 	}
 	if err := p.feed(ctx, cache, j, max(cached, start), false); err != nil {
-		return err
+		return cached, 0, err
 	}
 	if cached < end {
-		err := p.o.Model.Prefill(ctx, cache, req.Tokens[cached:end], p.o.Chunk, func(cs, cn int) error {
+		onChunk := func(cs, cn int) error {
 			from, to := max(cs, start), cs+cn
 			if from >= to {
 				return nil
 			}
-			if err := p.ship(cache, own, from, to); err != nil {
-				return err
+			if own != nil {
+				if err := p.ship(cache, own, from, to); err != nil {
+					return err
+				}
 			}
 			return p.feed(ctx, cache, j, to, false)
-		})
+		}
+		if compute == nil {
+			err = p.o.Model.Prefill(ctx, cache, tokens[cached:end], p.o.Chunk, onChunk)
+		} else {
+			err = compute(ctx, cache, tokens, cached, end, onChunk)
+		}
 		if err != nil {
-			return fmt.Errorf("prefill [%d,%d): %w", cached, end, err)
+			return cached, 0, fmt.Errorf("prefill [%d,%d): %w", cached, end, err)
 		}
 		p.m.PrefillTokens.WithLabelValues("prefill").Add(float64(end - cached))
 	}
-	if err := p.states(cache, own, end); err != nil {
-		return err
+	if own != nil {
+		if err := p.states(cache, own, end); err != nil {
+			return cached, 0, err
+		}
 	}
 	if err := p.feed(ctx, cache, j, end, true); err != nil {
-		return err
+		return cached, 0, err
 	}
-	d := time.Since(t0)
-	p.m.KVBytes.WithLabelValues("prefill").Add(float64(own.sent))
-	p.m.KVDuration.WithLabelValues("prefill").Observe(d.Seconds())
-	p.log.Info("prefill served", "req", req.ID, "tokens", len(req.Tokens), "start_pos", start, "cached", cached,
-		"computed", max(end-cached, 0), "layers", fmt.Sprintf("%d:%d", pl.first, pl.last), "kv_heads", fmt.Sprintf("%d:%d", pl.h0, pl.h1), "followers", len(j.live),
-		"bytes", own.sent, "wire_dtype", pl.wire.String(), "duration", d)
-	return nil
+	return cached, len(j.live), nil
 }
 
 // toFP8 scales one K or V export ([heads, t, head_dim] of the cache dtype)

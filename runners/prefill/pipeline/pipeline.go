@@ -1,0 +1,478 @@
+// Package pipeline owns a prefill pipeline's stage runtime (PROTOCOL.md
+// "Prefill stage link", contract C4): the links between the stages of a
+// prefill model split by layers and what flows on them. It drives a
+// prefill.Producer per stage (through prefill.StageHook) and must not
+// touch the decode side or supervisor/.
+//
+// A prefill pipeline (PROTOCOL.md "Prefill stage link") splits a prefill
+// model's layers over N stage processes, each with its own Producer, KV
+// port and prefix cache for its layers. Stage 0 computes a prompt from its
+// tokens (for its own requests, or when a later stage asks for it) and
+// passes each chunk's hidden states down the stage link; stage k computes
+// its layers from them chunk by chunk (chunk i on stage k while chunk i+1
+// is on stage k−1) and passes its own output on. Every stage ships its
+// layers' KV on the KV-wire connections that asked it for the prompt:
+// those that arrive while the computation runs follow it, those that come
+// after read the prefix cache, and one that finds neither on a later stage
+// sends a Want round the ring to stage 0, which computes the prompt again
+// from where that stage's cache stops. The links form a ring as a decode
+// pipeline's do (contract C1): stage k dials stage k+1 and the last stage
+// dials stage 0, which carries only Wants.
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/prefill"
+	"github.com/exo-pd/exo-pd/runners/stage"
+)
+
+// StageModel is what a prefill pipeline stage needs of its model
+// (*engine.Model loaded with engine.LoadOptions.Layers).
+type StageModel interface {
+	prefill.Model
+	Stage() engine.LayerRange
+	StageForward(ctx context.Context, c engine.KVCache, tokens []int32, hidden []float32) ([]float32, error)
+}
+
+// PipeConfig configures one stage of a prefill pipeline.
+type PipeConfig struct {
+	Stage, Stages int
+	// Listen is where the link from the previous stage (stage 0: from
+	// the last) is accepted; Next is the next stage's Listen.
+	Listen, Next string
+	// Secret, when set, authenticates the links (as the KV wire).
+	Secret []byte
+	// Listener, when set, is used instead of listening on Listen.
+	Listener net.Listener
+	Logger   *slog.Logger
+}
+
+// Pipe is one stage's end of a prefill pipeline.
+type Pipe struct {
+	cfg   PipeConfig
+	p     *prefill.Producer
+	model StageModel
+	link  stage.LinkConfig
+	last  bool
+	ids   atomic.Uint64
+	log   *slog.Logger
+
+	mu   sync.Mutex
+	next *stage.Link // to the next stage, nil while down
+	up   *stage.Link // from the previous stage, the newest
+	in   map[uint64]*inStream
+}
+
+// inStream is one computation flowing in from the previous stage.
+type inStream struct {
+	tokens []int32
+	from   int
+	ch     chan any // *stage.Step, stage.Ack, error
+}
+
+// pipeMsg is an Open frame's body on the prefill stage link.
+type pipeMsg struct {
+	Kind   string  `json:"kind"` // "begin" or "want"
+	Tokens []int32 `json:"tokens"`
+	From   int     `json:"from"`
+}
+
+// NewPipe makes p a stage of a prefill pipeline over model, which p's
+// Options.Model must be. Run starts its links.
+func NewPipe(p *prefill.Producer, model StageModel, cfg PipeConfig) (*Pipe, error) {
+	if cfg.Stages < 2 || cfg.Stage < 0 || cfg.Stage >= cfg.Stages {
+		return nil, fmt.Errorf("prefill pipeline: stage %d of %d", cfg.Stage, cfg.Stages)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	info := model.Info()
+	r := model.Stage()
+	if r == (engine.LayerRange{}) {
+		r = engine.LayerRange{Start: 0, End: info.Layers}
+	}
+	if r != p.Layers() {
+		return nil, fmt.Errorf("prefill pipeline: the producer holds layers %v, the model %v", p.Layers(), r)
+	}
+	pp := &Pipe{cfg: cfg, p: p, model: model, last: cfg.Stage == cfg.Stages-1, in: map[uint64]*inStream{},
+		log: cfg.Logger.With("prefill_stage", fmt.Sprintf("%d/%d", cfg.Stage, cfg.Stages))}
+	pp.link = stage.LinkConfig{Stage: cfg.Stage, Stages: cfg.Stages, First: r.Start, End: r.End, Layers: info.Layers,
+		Hidden: info.Hidden, Fingerprint: model.Fingerprint(), Secret: cfg.Secret}
+	p.SetStage(pp)
+	return pp, nil
+}
+
+// Run accepts the link from the previous stage and keeps the one to the
+// next dialled until ctx ends.
+func (pp *Pipe) Run(ctx context.Context) error {
+	l := pp.cfg.Listener
+	if l == nil {
+		var err error
+		if l, err = net.Listen("tcp", pp.cfg.Listen); err != nil {
+			return fmt.Errorf("prefill pipeline: listen %s: %w", pp.cfg.Listen, err)
+		}
+	}
+	context.AfterFunc(ctx, func() { l.Close() })
+	go pp.dialLoop(ctx)
+	for {
+		conn, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("prefill pipeline: accept: %w", err)
+		}
+		go func() {
+			link, err := stage.Accept(conn, pp.link)
+			if err != nil {
+				pp.log.Warn("prefill stage link refused", "err", err)
+				return
+			}
+			pp.serveUp(ctx, link)
+		}()
+	}
+}
+
+// Up reports whether both of this stage's links are up.
+func (pp *Pipe) Up() bool {
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	return pp.next != nil && pp.up != nil
+}
+
+func (pp *Pipe) dialLoop(ctx context.Context) {
+	wait := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		link, err := stage.Dial(ctx, pp.cfg.Next, pp.link)
+		if err != nil {
+			pp.log.Debug("prefill stage link: dial", "next", pp.cfg.Next, "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, time.Second)
+			continue
+		}
+		wait = 50 * time.Millisecond
+		pp.mu.Lock()
+		pp.next = link
+		pp.mu.Unlock()
+		pp.log.Info("prefill stage link to the next stage up", "next", pp.cfg.Next)
+		// Nothing comes back on it; Recv notices when it closes.
+		go func() {
+			for {
+				if _, err := link.Recv(); err != nil {
+					return
+				}
+			}
+		}()
+		select {
+		case <-ctx.Done():
+			link.Close(ctx.Err())
+		case <-link.Done():
+		}
+		pp.mu.Lock()
+		if pp.next == link {
+			pp.next = nil
+		}
+		pp.mu.Unlock()
+		pp.log.Warn("prefill stage link to the next stage down", "err", link.Err())
+	}
+}
+
+// send puts msg on the link to the next stage.
+func (pp *Pipe) send(msg any) error {
+	pp.mu.Lock()
+	next := pp.next
+	pp.mu.Unlock()
+	if next == nil {
+		return fmt.Errorf("%w: prefill stage %d: the link to stage %d is down", stage.ErrDown, pp.cfg.Stage, (pp.cfg.Stage+1)%pp.cfg.Stages)
+	}
+	return next.Send(msg)
+}
+
+// serveUp reads the link from the previous stage (the newest one wins).
+func (pp *Pipe) serveUp(ctx context.Context, link *stage.Link) {
+	pp.mu.Lock()
+	old := pp.up
+	pp.up = link
+	pp.mu.Unlock()
+	if old != nil {
+		old.Close(fmt.Errorf("%w: a newer link replaced it", stage.ErrDown))
+	}
+	stop := context.AfterFunc(ctx, func() { link.Close(ctx.Err()) })
+	defer stop()
+	var mine []uint64 // the streams this link opened
+	defer func() {
+		err := link.Err()
+		pp.mu.Lock()
+		if pp.up == link {
+			pp.up = nil
+		}
+		var lost []*inStream
+		for _, id := range mine {
+			if s := pp.in[id]; s != nil {
+				lost = append(lost, s)
+				delete(pp.in, id)
+			}
+		}
+		pp.mu.Unlock()
+		for _, s := range lost {
+			s.ch <- fmt.Errorf("%w: prefill stage %d lost the link from stage %d: %v", kvwire.ErrRemoteInternal, pp.cfg.Stage, pp.cfg.Stage-1, err)
+		}
+	}()
+	for {
+		msg, err := link.Recv()
+		if err != nil {
+			return
+		}
+		switch m := msg.(type) {
+		case stage.Open:
+			b, err := parseMsg(m.Body, pp.model.Info().Vocab)
+			if err != nil {
+				link.Close(err)
+				return
+			}
+			switch {
+			case b.Kind == "want" && pp.cfg.Stage == 0:
+				go pp.wanted(ctx, b.Tokens, b.From)
+			case b.Kind == "want":
+				if err := pp.send(m); err != nil {
+					pp.log.Warn("prefill stage link: a Want could not go on", "err", err)
+				}
+			case b.Kind == "begin" && pp.cfg.Stage > 0:
+				s := &inStream{tokens: b.Tokens, from: b.From, ch: make(chan any, 4)}
+				pp.mu.Lock()
+				pp.in[m.Ticket] = s
+				pp.mu.Unlock()
+				mine = append(mine, m.Ticket)
+				go pp.driveFrom(ctx, s)
+			default:
+				link.Close(fmt.Errorf("%w: prefill stage message %q on stage %d", stage.ErrCorrupt, b.Kind, pp.cfg.Stage))
+				return
+			}
+		case *stage.Step:
+			if s := pp.stream(m.Ticket, false); s != nil {
+				s.ch <- m
+			}
+		case stage.Ack:
+			if s := pp.stream(m.Ticket, true); s != nil {
+				s.ch <- m
+			}
+		case stage.ErrorFrame:
+			if s := pp.stream(m.Ticket, true); s != nil {
+				s.ch <- fmt.Errorf("%w: prefill stage %d upstream: %s", kvwire.ErrRemoteInternal, pp.cfg.Stage-1, m.Reason)
+			}
+		}
+	}
+}
+
+// parseMsg decodes and checks an Open frame's body: a known kind, at
+// least two tokens inside the vocabulary, from inside the prompt.
+func parseMsg(body []byte, vocab int) (pipeMsg, error) {
+	var b pipeMsg
+	if err := json.Unmarshal(body, &b); err != nil {
+		return b, fmt.Errorf("%w: a prefill stage message: %v", stage.ErrCorrupt, err)
+	}
+	switch {
+	case b.Kind != "begin" && b.Kind != "want":
+		return b, fmt.Errorf("%w: a prefill stage message of kind %q", stage.ErrCorrupt, b.Kind)
+	case len(b.Tokens) < 2 || slices.ContainsFunc(b.Tokens, func(x int32) bool { return x < 0 || int(x) >= vocab }):
+		return b, fmt.Errorf("%w: a prefill stage message's %d tokens (at least 2, inside a vocabulary of %d)", stage.ErrCorrupt, len(b.Tokens), vocab)
+	case b.From < 0 || b.From >= len(b.Tokens):
+		return b, fmt.Errorf("%w: a prefill stage message from %d of %d tokens", stage.ErrCorrupt, b.From, len(b.Tokens))
+	}
+	return b, nil
+}
+
+// stream is the open stream id (removed with done).
+func (pp *Pipe) stream(id uint64, done bool) *inStream {
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	s := pp.in[id]
+	if done {
+		delete(pp.in, id)
+	}
+	return s
+}
+
+// outStream is a computation this stage passes on to the next.
+type outStream struct {
+	pp  *Pipe
+	id  uint64
+	err error // the first send failure: nothing more goes on
+}
+
+// openOut tells the next stage a computation of tokens from from begins.
+// A stage that cannot reach the next computes for its own requests all
+// the same.
+func (pp *Pipe) openOut(tokens []int32, from int) *outStream {
+	o := &outStream{pp: pp, id: uint64(pp.cfg.Stage)<<48 | pp.ids.Add(1)}
+	body, _ := json.Marshal(pipeMsg{Kind: "begin", Tokens: tokens, From: from})
+	o.err = pp.send(stage.Open{Ticket: o.id, Body: body})
+	if o.err != nil {
+		pp.log.Warn("prefill stage link: the next stage will not get this computation", "err", o.err)
+	}
+	return o
+}
+
+func (o *outStream) step(pos int, tokens []int32, hidden []float32) {
+	if o.err != nil {
+		return
+	}
+	o.err = o.pp.send(&stage.Step{Ticket: o.id, DType: stage.DTypeF32,
+		Seqs: []stage.StepSeq{{Seq: o.id, Pos: pos, N: len(tokens)}}, Tokens: tokens, Hidden: hidden})
+	if o.err != nil {
+		o.pp.log.Warn("prefill stage link: the next stage will not get the rest of this computation", "err", o.err)
+	}
+}
+
+func (o *outStream) finish(err error) {
+	if o.err != nil {
+		return
+	}
+	if err == nil {
+		o.err = o.pp.send(stage.Ack{Ticket: o.id})
+		return
+	}
+	reason := err.Error()
+	if len(reason) > 1000 {
+		reason = reason[:1000]
+	}
+	o.err = o.pp.send(stage.ErrorFrame{Ticket: o.id, Code: stage.CodeInternal, Reason: reason})
+}
+
+// Later implements prefill.StageHook.
+func (pp *Pipe) Later() bool { return pp.cfg.Stage > 0 }
+
+// Stage implements prefill.StageHook.
+func (pp *Pipe) Stage() string {
+	return fmt.Sprintf("prefill stage %d/%d", pp.cfg.Stage, pp.cfg.Stages)
+}
+
+// Compute implements prefill.StageHook: stage 0's computation: its layers from the tokens, each
+// chunk's hidden states passed on before its KV is shipped.
+func (pp *Pipe) Compute(ctx context.Context, c engine.KVCache, prompt []int32, from, end int, onChunk func(int, int) error) (err error) {
+	out := pp.openOut(prompt[:end+1], from)
+	defer func() { out.finish(err) }()
+	chunk := pp.p.Chunk()
+	for s := from; s < end; s += chunk {
+		n := min(chunk, end-s)
+		h, err := pp.model.StageForward(ctx, c, prompt[s:s+n], nil)
+		if err != nil {
+			return err
+		}
+		out.step(s, prompt[s:s+n], h)
+		if err := onChunk(s, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// wanted is stage 0's answer to a Want: compute tokens again from at most
+// from (the asking stage's cached prefix), unless a computation of them
+// from there is running.
+func (pp *Pipe) wanted(ctx context.Context, tokens []int32, from int) {
+	if pp.p.Computing(tokens, from) {
+		return
+	}
+	if err := pp.p.Drive(ctx, tokens, from, pp.Compute); err != nil {
+		pp.log.Warn("prefill stage 0: a computation a later stage asked for failed", "tokens", len(tokens), "err", err)
+	}
+}
+
+// driveFrom runs a computation the previous stage passes on: this stage's
+// layers from its hidden states, passed on in turn, for the requests that
+// follow it and the prefix cache. A stage whose prefix cache lacks the
+// positions before the stream's first asks stage 0 for them again.
+func (pp *Pipe) driveFrom(ctx context.Context, s *inStream) {
+	if have := pp.p.Cached(s.tokens, s.from); have < s.from {
+		go drain(ctx, s)
+		if err := pp.Want(s.tokens, have); err != nil {
+			pp.log.Warn("prefill stage: could not ask stage 0 again", "err", err)
+		}
+		return
+	}
+	compute := func(ctx context.Context, c engine.KVCache, prompt []int32, from, end int, onChunk func(int, int) error) (err error) {
+		var out *outStream
+		if !pp.last {
+			out = pp.openOut(prompt[:end+1], from)
+			defer func() { out.finish(err) }()
+		}
+		D := pp.model.Info().Hidden
+		for {
+			var msg any
+			select {
+			case msg = <-s.ch:
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+			switch m := msg.(type) {
+			case error:
+				return m
+			case stage.Ack:
+				if c.Len() != end {
+					return fmt.Errorf("%w: the upstream computation ended at %d of %d", kvwire.ErrRemoteInternal, c.Len(), end)
+				}
+				return nil
+			case *stage.Step:
+				pos, n := m.Seqs[0].Pos, m.Seqs[0].N
+				if len(m.Seqs) != 1 || pos+n > end || pos > c.Len() || !slices.Equal(m.Tokens, prompt[pos:pos+n]) {
+					return fmt.Errorf("%w: an upstream chunk [%d,+%d) does not continue [0,%d) of the prompt", kvwire.ErrRemoteInternal, pos, n, c.Len())
+				}
+				skip := c.Len() - pos
+				if skip >= n {
+					continue
+				}
+				h, err := pp.model.StageForward(ctx, c, prompt[pos+skip:pos+n], m.Hidden[skip*D:])
+				if err != nil {
+					return err
+				}
+				if out != nil {
+					out.step(pos+skip, prompt[pos+skip:pos+n], h)
+				}
+				if err := onChunk(pos+skip, n-skip); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if err := pp.p.Drive(ctx, s.tokens, s.from, compute); err != nil {
+		pp.log.Warn("prefill stage: a computation from upstream failed", "tokens", len(s.tokens), "err", err)
+		go drain(ctx, s)
+	}
+}
+
+// drain reads s to its end so the link's reader never blocks on it.
+func drain(ctx context.Context, s *inStream) {
+	for {
+		select {
+		case m := <-s.ch:
+			if _, ok := m.(*stage.Step); !ok {
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// Want implements prefill.StageHook: it asks stage 0, round the ring, to
+// compute tokens from at most from.
+func (pp *Pipe) Want(tokens []int32, from int) error {
+	body, _ := json.Marshal(pipeMsg{Kind: "want", Tokens: tokens, From: from})
+	return pp.send(stage.Open{Ticket: uint64(pp.cfg.Stage)<<48 | pp.ids.Add(1), Body: body})
+}

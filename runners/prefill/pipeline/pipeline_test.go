@@ -1,0 +1,321 @@
+package pipeline
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/exo-pd/exo-pd/internal/testutil"
+	"github.com/exo-pd/exo-pd/runners/engine"
+	_ "github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/engine/cpu"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/metrics"
+	"github.com/exo-pd/exo-pd/runners/prefill"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// sink keeps each chunk by stream layer.
+type sink struct {
+	mu     sync.Mutex
+	hdr    kvwire.Header
+	chunks map[int][]chunk
+}
+
+type chunk struct {
+	start, n int
+	k, v     []byte
+}
+
+func (s *sink) Begin(h *kvwire.Header) error {
+	s.hdr, s.chunks = *h, map[int][]chunk{}
+	return nil
+}
+func (s *sink) Chunk(l, start, n int, k, v []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.chunks[l] = append(s.chunks[l], chunk{start, n, bytes.Clone(k), bytes.Clone(v)})
+	return nil
+}
+func (s *sink) State(int, int, [][]byte) error { return errors.New("no state expected") }
+func (s *sink) Done(kvwire.Totals) error       { return nil }
+func (s *sink) Rollback()                      {}
+
+// stageProc is one prefill stage: its model, producer, KV server and pipe.
+type stageProc struct {
+	m      *engine.Model
+	prod   *prefill.Producer
+	met    *metrics.Runner
+	addr   string // KV port
+	pipe   *Pipe
+	cancel context.CancelFunc
+}
+
+// gate blocks a stage model's StageForward after its first call until
+// release is closed; held is closed when it does.
+type gate struct {
+	*engine.Model
+	calls   int
+	mu      sync.Mutex
+	release chan struct{}
+	held    chan struct{}
+}
+
+func (g *gate) StageForward(ctx context.Context, c engine.KVCache, tokens []int32, hidden []float32) ([]float32, error) {
+	g.mu.Lock()
+	g.calls++
+	n := g.calls
+	g.mu.Unlock()
+	if n > 1 {
+		if n == 2 {
+			close(g.held)
+		}
+		select {
+		case <-g.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return g.Model.StageForward(ctx, c, tokens, hidden)
+}
+
+// startPipeline loads dir as stages split at the given layer bounds (each
+// on its own cpu backend), each with a KV server and its pipe linked over
+// loopback TCP. wrap, when set, wraps stage i's model.
+func startPipeline(t *testing.T, dir string, bounds []int, wrap func(i int, m *engine.Model) StageModel) []*stageProc {
+	t.Helper()
+	n := len(bounds) - 1
+	ls := make([]net.Listener, n)
+	for i := range ls {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls[i] = l
+	}
+	procs := make([]*stageProc, n)
+	for i := range n {
+		r := engine.LayerRange{Start: bounds[i], End: bounds[i+1]}
+		m, err := engine.Load(context.Background(), dir, cpu.New(1), engine.LoadOptions{Layers: r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		var sm StageModel = m
+		if wrap != nil {
+			sm = wrap(i, m)
+		}
+		met := metrics.New("prefill")
+		prod := prefill.New(prefill.Options{Name: "m", Model: sm, Chunk: 16, CacheBlock: 16, Metrics: met, Stage: r})
+		t.Cleanup(prod.Close)
+		pp, err := NewPipe(prod, sm, PipeConfig{Stage: i, Stages: n, Listener: ls[i], Next: ls[(i+1)%n].Addr().String(), Secret: []byte("s3cret")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
+		if err != nil {
+			t.Fatal(err)
+		}
+		kl, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		go srv.Serve(ctx, kl)
+		go pp.Run(ctx)
+		procs[i] = &stageProc{m: m, prod: prod, met: met, addr: kl.Addr().String(), pipe: pp, cancel: cancel}
+		defer func(pp *Pipe) {
+			testutil.Eventually(t, pp.Up, 30*time.Second, "prefill stage %d's links up", i)
+		}(pp)
+	}
+	return procs
+}
+
+// checkStream says how the stream in s for layers [a, b) of prompt from
+// start differs from the whole model's cache ref, and its payload bytes.
+func checkStream(s *sink, ref engine.KVCache, a, b, start, end int) (int64, error) {
+	if s.hdr.FirstLayer != a || s.hdr.Layers() != b-a {
+		return 0, fmt.Errorf("header from layer %d, %d layers; want [%d, %d)", s.hdr.FirstLayer, s.hdr.Layers(), a, b)
+	}
+	var bytesIn int64
+	for i := range b - a {
+		next := max(start, s.hdr.LayerStart(i))
+		for _, c := range s.chunks[i] {
+			k, v, err := ref.Export(a+i, c.start, c.n)
+			if err != nil || c.start != next || !bytes.Equal(c.k, k) || !bytes.Equal(c.v, v) {
+				return 0, fmt.Errorf("stream layer %d [%d,+%d) differs from the model's layer %d (want start %d; %v)", i, c.start, c.n, a+i, next, err)
+			}
+			next += c.n
+			bytesIn += int64(len(k) + len(v))
+		}
+		if next != end {
+			return 0, fmt.Errorf("stream layer %d ends at %d, want %d", i, next, end)
+		}
+	}
+	return bytesIn, nil
+}
+
+func counter(met *metrics.Runner) float64 {
+	var m dto.Metric
+	if err := met.PrefillTokens.WithLabelValues("prefill").Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// TestPipelineRanges: a prompt's layers fetched from the stages of a
+// prefill pipeline (each stage its own model of its layers, linked over
+// authenticated loopback TCP) are bit for bit the whole model's local
+// prefill, each stage sending its layers' share only: both stages asked at
+// once (stage 1 follows what stage 0 passes on), the last stage alone (it
+// asks stage 0 round the ring), and again (prefix caches, nothing
+// computed); for a dense and a sliding-window model.
+func TestPipelineRanges(t *testing.T) {
+	for _, spec := range []testmodel.Spec{
+		{Arch: "qwen2", Seed: 5, Layers: 3, MaxPositions: 1024},
+		{Arch: "gemma3", Seed: 4, Layers: 4, MaxPositions: 1024},
+	} {
+		t.Run(spec.Arch, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), spec.Arch)
+			if err := testmodel.Write(dir, spec); err != nil {
+				t.Fatal(err)
+			}
+			whole, err := engine.Load(context.Background(), dir, cpu.New(1), engine.LoadOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { whole.Close() })
+			L := spec.Layers
+			bounds := []int{0, 2, L}
+			procs := startPipeline(t, dir, bounds, nil)
+			ctx := context.Background()
+			cl := kvwire.NewClient(kvwire.ClientConfig{})
+			fp := kvwire.Fingerprint(whole.Fingerprint())
+			info := whole.Info()
+			fetch := func(i int, prompt []int32, start int) (*sink, kvwire.Stats, error) {
+				a, b := bounds[i], bounds[i+1]
+				s := &sink{}
+				req := &kvwire.Request{ID: fmt.Sprint("s", i), Model: "m", Fingerprint: fp, Tokens: prompt, StartPos: start, LayerStart: a, LayerEnd: b}
+				var windows []int
+				if info.Windows != nil {
+					windows = info.Windows[a:b]
+				}
+				exp := &kvwire.Expect{Fingerprint: fp, Kinds: make([]kvwire.LayerKind, b-a), Windows: windows, KVHeads: info.KVHeads, HeadDim: info.HeadDim}
+				st, err := cl.Fetch(ctx, procs[i].addr, req, exp, s)
+				return s, st, err
+			}
+			for round, tc := range []struct {
+				prompt int // tokens
+				seed   int
+				start  int
+				stages []int // asked at once
+			}{
+				{70, 1, 0, []int{0, 1}},
+				{53, 2, 5, []int{1}},
+				{53, 2, 0, []int{1, 0}},
+				{70, 1, 3, []int{1}},
+			} {
+				prompt := make([]int32, tc.prompt)
+				for i := range prompt {
+					prompt[i] = int32(11 + (i*29+tc.seed*7)%450)
+				}
+				end := len(prompt) - 1
+				ref := whole.NewCache()
+				if err := whole.Prefill(ctx, ref, prompt[:end], 16, nil); err != nil {
+					t.Fatal(err)
+				}
+				before := []float64{counter(procs[0].met), counter(procs[1].met)}
+				var wg sync.WaitGroup
+				errs := make([]error, len(procs))
+				for _, i := range tc.stages {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						s, st, err := fetch(i, prompt, tc.start)
+						if err != nil {
+							errs[i] = err
+							return
+						}
+						n, err := checkStream(s, ref, bounds[i], bounds[i+1], tc.start, end)
+						if err == nil && n != st.PayloadBytes {
+							err = fmt.Errorf("%d payload bytes, the stage's share is %d", st.PayloadBytes, n)
+						}
+						errs[i] = err
+					}()
+				}
+				wg.Wait()
+				ref.Free()
+				for i, err := range errs {
+					if err != nil {
+						t.Fatalf("round %d: stage %d: %v", round, i, err)
+					}
+				}
+				// Rounds 2 and 3 repeat prompts: no stage computes them again.
+				for i, p := range procs {
+					c := counter(p.met) - before[i]
+					switch {
+					case round < 2 && c != float64(end):
+						t.Fatalf("round %d: stage %d computed %v tokens, want %d", round, i, c, end)
+					case round >= 2 && c != 0:
+						t.Fatalf("round %d: stage %d computed %v tokens; its prefix cache holds the prompt", round, i, c)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestPipelineStageDies: stage 0 gone while stage 1's transfer runs (stage
+// 0 computed a chunk and passed it on) fails that transfer with an error
+// (it does not wait for a deadline), and stage 1 alone asked
+// with stage 0 still gone fails at once.
+func TestPipelineStageDies(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "qwen2")
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "qwen2", Seed: 5, Layers: 3, MaxPositions: 1024}); err != nil {
+		t.Fatal(err)
+	}
+	g := &gate{release: make(chan struct{}), held: make(chan struct{})}
+	defer close(g.release)
+	procs := startPipeline(t, dir, []int{0, 1, 3}, func(i int, m *engine.Model) StageModel {
+		if i == 0 {
+			g.Model = m
+			return g
+		}
+		return m
+	})
+	fp := kvwire.Fingerprint(procs[0].m.Fingerprint())
+	cl := kvwire.NewClient(kvwire.ClientConfig{})
+	prompt := make([]int32, 80)
+	for i := range prompt {
+		prompt[i] = int32(3 + i*13%400)
+	}
+	s := &sink{}
+	done := make(chan error, 1)
+	go func() {
+		req := &kvwire.Request{ID: "x", Model: "m", Fingerprint: fp, Tokens: prompt, LayerStart: 1, LayerEnd: 3}
+		_, err := cl.Fetch(context.Background(), procs[1].addr, req, nil, s)
+		done <- err
+	}()
+	select {
+	case <-g.held: // stage 0 passed its first chunk on and is held in its second
+	case err := <-done:
+		t.Fatalf("stage 1's transfer ended before stage 0 computed: %v", err)
+	}
+	procs[0].cancel()
+	if err := <-done; !errors.Is(err, kvwire.ErrRemoteInternal) {
+		t.Fatalf("a transfer whose upstream stage died: %v; want the stage's failure, not a timeout", err)
+	}
+	testutil.Eventually(t, func() bool { return !procs[1].pipe.Up() }, 30*time.Second, "stage 1 sees stage 0 gone")
+	req := &kvwire.Request{ID: "y", Model: "m", Fingerprint: fp, Tokens: prompt[:40], LayerStart: 1, LayerEnd: 3}
+	if _, err := cl.Fetch(context.Background(), procs[1].addr, req, nil, &sink{}); !errors.Is(err, kvwire.ErrRemoteInternal) {
+		t.Fatalf("stage 1 alone with stage 0 gone: %v; want its failure at once", err)
+	}
+}
