@@ -16,18 +16,20 @@ import (
 // TestGreedyOverlapEqualsSerialMLX: on MLX, overlapped greedy decode
 // (the next step built from the device's argmax and queued with
 // async_eval before the tokens are read) gives token for token what
-// serial ForwardBatch with a host argmax gives, alone and batched, on a
-// tiny model and on SmolLM2; after Stop the caches continue as the
-// serial ones do.
+// serial ForwardBatch with a host argmax gives, alone and batched, on
+// tiny models (full attention; gemma3's sliding-window ring caches) and
+// on SmolLM2; after Stop the caches continue as the serial ones do.
 func TestGreedyOverlapEqualsSerialMLX(t *testing.T) {
 	b := newTestBackend(t)
-	dir := t.TempDir()
-	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 9}); err != nil {
-		t.Fatal(err)
-	}
-	tiny := load(t, dir, b)
-	for _, n := range []int{1, 3} {
-		checkOverlap(t, tiny, nil, n, 16)
+	for _, arch := range []string{"llama", "gemma3"} { // gemma3: sliding-window ring caches
+		dir := t.TempDir()
+		if err := testmodel.Write(dir, testmodel.Spec{Arch: arch, Seed: 9}); err != nil {
+			t.Fatal(err)
+		}
+		tiny := load(t, dir, b)
+		for _, n := range []int{1, 3} {
+			checkOverlap(t, tiny, nil, n, 16)
+		}
 	}
 	path := testenv.SmolLM2(t)
 	tok, err := tokenizer.Load(path)
