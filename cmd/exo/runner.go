@@ -29,6 +29,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/metrics"
 	"github.com/exo-pd/exo-pd/runners/openai"
 	"github.com/exo-pd/exo-pd/runners/prefill"
+	"github.com/exo-pd/exo-pd/runners/prefill/pipeline"
 	"github.com/exo-pd/exo-pd/runners/stage"
 )
 
@@ -47,6 +48,7 @@ const runnerUsage = `usage:
   exo runner prefill --model SRC --served-name NAME --listen HOST:PORT --metrics HOST:PORT
                      [--secret-file F] [--backend cpu|mlx|auto] [--device gpu|cpu]
                      [--max-queue N] [--models-dir D]
+                     [--layers A:B --stage I/N --stage-listen HOST:PORT --stage-next HOST:PORT]
 
 The decode runner serves the OpenAI API (POST /v1/chat/completions,
 /v1/completions, /tokenize; GET /v1/models, /health, /metrics) on --listen.
@@ -78,6 +80,14 @@ each listens on --stage-listen for the previous stage (stage 0 for the last,
 which sends back the tokens it samples) and dials --stage-next. Stage 0 serves
 the API on --listen; later stages serve only /health and /metrics there.
 Stage 0's /health is 200 only while the whole ring is up.
+
+A pipelined prefill model (contract C4) runs one prefill runner per stage with
+the same four flags: its KV port (--listen) serves KV-wire requests for layer
+ranges within its own --layers; stage 0 computes prompts from their tokens and
+passes each chunk's hidden states to the next stage, which computes its layers
+from them (docs/PROTOCOL.md "Prefill stage link"). A decode side asks every
+prefill stage holding some of its layers for those layers. Each stage's /health
+is 200 only while both its stage links are up.
 
 --instance TOKEN (both roles; the supervisor passes a fresh one per start)
 is echoed by /health as "instance", so a prober can tell this process from
@@ -207,27 +217,27 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		fs.StringVar(&f.tensor, "tensor", "", "tensor-parallel rank I/N of this runner (with --tensor-peers)")
 		fs.StringVar(&f.tensorPeers, "tensor-peers", "", "the tensor-parallel ranks' link addresses, comma-separated, in rank order (rank 0 listens on the first)")
 		fs.StringVar(&f.tensorRDMA, "tensor-rdma", "", "with --tensor on --backend mlx: MLX JACCL's RDMA device matrix, JSON N×N (row i: rank i's device toward each rank, null on the diagonal); falls back to the ring where JACCL is unavailable")
-		fs.Func("layers", "pipeline stage: this stage's layers A:B ([A, B) of the model)", func(v string) (err error) {
-			f.layers, err = hf.ParseLayers(v)
-			return err
-		})
-		fs.Func("stage", "pipeline stage: I/N, this stage's index of N stages (N ≥ 2)", func(v string) error {
-			is, ns, ok := strings.Cut(v, "/")
-			i, err1 := strconv.Atoi(is)
-			n, err2 := strconv.Atoi(ns)
-			if !ok || err1 != nil || err2 != nil || n < 2 || i < 0 || i >= n {
-				return fmt.Errorf("want I/N with N ≥ 2 and 0 ≤ I < N, not %q", v)
-			}
-			f.stage, f.stages = i, n
-			return nil
-		})
-		fs.StringVar(&f.stageListen, "stage-listen", "", "pipeline stage: the address the previous stage's link (stage 0: the last stage's) connects to")
-		fs.StringVar(&f.stageNext, "stage-next", "", "pipeline stage: the next stage's --stage-listen (the last stage: stage 0's)")
 		fs.DurationVar(&f.idleFloor, "prefill-idle-floor", 3*time.Second, "shortest wait for the next KV frame (the deadline grows with the endpoint's measured chunk time)")
 	} else {
 		fs.StringVar(&f.metricsAddr, "metrics", "", "HTTP address for /health and /metrics")
 		fs.IntVar(&f.cacheMiB, "prefix-cache-mib", 1024, "prefix cache size in MiB (0: off)")
 	}
+	fs.Func("layers", "pipeline stage: this stage's layers A:B ([A, B) of the model)", func(v string) (err error) {
+		f.layers, err = hf.ParseLayers(v)
+		return err
+	})
+	fs.Func("stage", "pipeline stage: I/N, this stage's index of N stages (N ≥ 2)", func(v string) error {
+		is, ns, ok := strings.Cut(v, "/")
+		i, err1 := strconv.Atoi(is)
+		n, err2 := strconv.Atoi(ns)
+		if !ok || err1 != nil || err2 != nil || n < 2 || i < 0 || i >= n {
+			return fmt.Errorf("want I/N with N ≥ 2 and 0 ≤ I < N, not %q", v)
+		}
+		f.stage, f.stages = i, n
+		return nil
+	})
+	fs.StringVar(&f.stageListen, "stage-listen", "", "pipeline stage: the address the previous stage's link (stage 0: the last stage's) connects to")
+	fs.StringVar(&f.stageNext, "stage-next", "", "pipeline stage: the next stage's --stage-listen (the last stage: stage 0's)")
 	if err := parseFlags(fs, runnerUsage, args[1:]); err != nil {
 		return nil, err
 	}
@@ -719,8 +729,41 @@ func runPrefill(ctx context.Context, f *runnerFlags, m *engine.Model, secret []b
 		pm = paced.Model{Model: m, Rate: f.testPrefillRate}
 		log.Warn("TEST ONLY: prefill capped (--test-slow-prefill-tokens-per-sec)", "tokens_per_s", f.testPrefillRate)
 	}
-	prod := prefill.New(prefill.Options{Name: f.name, Model: pm, Chunk: f.chunk, CacheBytes: cacheBytes, Metrics: met, Logger: log})
+	var stageRange engine.LayerRange
+	if f.stages > 0 {
+		if f.testPrefillRate > 0 {
+			return fmt.Errorf("runner: --test-slow-prefill-tokens-per-sec with --stage: a prefill stage is not paced")
+		}
+		if _, err := stageLink(f, m, secret); err != nil {
+			return err
+		}
+		stageRange = engine.LayerRange(f.layers)
+	}
+	prod := prefill.New(prefill.Options{Name: f.name, Model: pm, Chunk: f.chunk, CacheBytes: cacheBytes, Metrics: met, Logger: log, Stage: stageRange})
 	defer prod.Close()
+	if f.stages > 0 {
+		pp, err := pipeline.NewPipe(prod, m, pipeline.PipeConfig{Stage: f.stage, Stages: f.stages, Listen: f.stageListen, Next: f.stageNext, Secret: secret, Logger: log})
+		if err != nil {
+			return fmt.Errorf("runner: %w", err)
+		}
+		pl, err := net.Listen("tcp", f.stageListen)
+		if err != nil {
+			return listenError(f.stageListen, err)
+		}
+		pp.SetListener(pl)
+		go func() {
+			if err := pp.Run(ctx); err != nil {
+				log.Error("prefill stage link", "err", err)
+			}
+		}()
+		gate.health = func() error {
+			if !pp.Up() {
+				return errors.New("prefill stage link down: a link to the previous or next prefill stage is not up")
+			}
+			return nil
+		}
+		log.Info("prefill pipeline stage", "stage", f.stage, "stages", f.stages, "layers", f.layers.String(), "stage_listen", f.stageListen, "stage_next", f.stageNext)
+	}
 	ks, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod, Secret: secret, MaxQueue: f.maxQueue, Logger: log})
 	if err != nil {
 		return fmt.Errorf("runner: %w", err)

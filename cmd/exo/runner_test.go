@@ -43,7 +43,10 @@ func TestRunnerFlags(t *testing.T) {
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--speculative", "ngram"},
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--speculative-tokens", "65"},
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--speculative-tokens", "-1"},
-		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--speculative", "prompt-lookup"}, // decode only
+		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--speculative", "prompt-lookup"},                                                  // decode only
+		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--layers", "0:2", "--stage", "0/2", "--stage-listen", ":5"},                       // no --stage-next
+		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--layers", "2:4"},                                                                 // no --stage
+		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--layers", "1:2", "--stage", "0/2", "--stage-listen", ":5", "--stage-next", ":6"}, // stage 0 from 1
 	}
 	for _, args := range bad {
 		_, err := parseRunnerFlags(args)
@@ -55,6 +58,10 @@ func TestRunnerFlags(t *testing.T) {
 	f, err := parseRunnerFlags(strings.Fields("decode --model builtin:smollm2 --served-name s --listen 127.0.0.1:9 --prefill a:1,b:2 --remote-prefill-min-tokens 100 --max-queue 5 --backend cpu"))
 	if err != nil || f.prefill != "a:1,b:2" || f.minRemote != 100 || f.maxQueue != 5 || f.backend != "cpu" {
 		t.Fatalf("%+v %v", f, err)
+	}
+	f, err = parseRunnerFlags(strings.Fields("prefill --model x --served-name s --listen :1 --metrics :2 --layers 2:4 --stage 1/2 --stage-listen :5 --stage-next :6"))
+	if err != nil || f.stage != 1 || f.stages != 2 || f.layers.Start != 2 || f.layers.End != 4 || f.stageListen != ":5" || f.stageNext != ":6" {
+		t.Fatalf("prefill stage flags: %+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --remote-prefill-route cost"))
 	if err != nil || f.route != "cost" || f.kvWireDType != "native" {

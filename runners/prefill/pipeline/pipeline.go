@@ -113,6 +113,9 @@ func NewPipe(p *prefill.Producer, model StageModel, cfg PipeConfig) (*Pipe, erro
 	return pp, nil
 }
 
+// SetListener makes Run accept on l instead of listening on Listen.
+func (pp *Pipe) SetListener(l net.Listener) { pp.cfg.Listener = l }
+
 // Run accepts the link from the previous stage and keeps the one to the
 // next dialled until ctx ends.
 func (pp *Pipe) Run(ctx context.Context) error {

@@ -1,0 +1,77 @@
+package e2e
+
+import (
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	"github.com/exo-pd/exo-pd/internal/testutil"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+)
+
+// launchPrefillStage starts stage i of a prefill pipeline (contract C4)
+// without waiting for it: its health needs the other stages' links.
+func launchPrefillStage(t *testing.T, name, model string, i int, bounds []int, links []string, listen, metrics string) *proc {
+	t.Helper()
+	N := len(bounds) - 1
+	p := &proc{t: t, name: fmt.Sprintf("%s-pstage%d", name, i), done: make(chan struct{}), listen: listen, http: metrics}
+	args := []string{"runner", "prefill", "--listen", listen, "--metrics", metrics, "--served-name", "m", "--backend", "cpu", "--offline",
+		"--model", model, "--prefill-chunk", "16", "--layers", fmt.Sprintf("%d:%d", bounds[i], bounds[i+1]), "--stage", fmt.Sprintf("%d/%d", i, N),
+		"--stage-listen", links[i], "--stage-next", links[(i+1)%N]}
+	p.launch(t, args, p.name, 4000)
+	return p
+}
+
+// TestPrefillPipelineIntoPipeline: a 2-stage prefill pipeline of real
+// processes (`exo runner prefill --layers --stage --stage-listen
+// --stage-next`) fills a 2-stage decode pipeline split the same way, each
+// decode stage asking the prefill stage that holds its layers for them
+// (no relay: the prefill stages' KV ports each serve one decode stage);
+// the answer equals a one-process runner's local prefill at temperature
+// 0, for a dense and a sliding-window model.
+func TestPrefillPipelineIntoPipeline(t *testing.T) {
+	gemma := filepath.Join(t.TempDir(), "gemma3")
+	if err := testmodel.Write(gemma, testmodel.Spec{Arch: "gemma3", Seed: 7, Layers: 4, MaxPositions: 4096}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		model  string
+		bounds []int
+	}{{tinyModel(t, "other"), []int{0, 1, 3}}, {gemma, []int{0, 2, 4}}} {
+		t.Run(filepath.Base(tc.model), func(t *testing.T) {
+			reqs := []pipeReq{{user(words(3, 60)), 12, map[string]any{"temperature": 0, "ignore_eos": true}}}
+			one := start(t, "one", "decode", "--model", tc.model)
+			want := askAll(t, one.listen, reqs, false)
+			one.stop()
+			base := testutil.Ports(t, 6)
+			links := []string{fmt.Sprintf("127.0.0.1:%d", base), fmt.Sprintf("127.0.0.1:%d", base+1)}
+			var pst []*proc
+			for i := range 2 {
+				pst = append(pst, launchPrefillStage(t, "pp", tc.model, i, tc.bounds, links,
+					fmt.Sprintf("127.0.0.1:%d", base+2+2*i), fmt.Sprintf("127.0.0.1:%d", base+3+2*i)))
+			}
+			waitHealthy(t, pst...)
+			// Each decode stage is told the prefill stage of its layers.
+			dbase := testutil.Ports(t, 4)
+			dlinks := []string{fmt.Sprintf("127.0.0.1:%d", dbase), fmt.Sprintf("127.0.0.1:%d", dbase+1)}
+			var dst []*proc
+			for i := range 2 {
+				dst = append(dst, launchStage(t, "pd", tc.model, i, tc.bounds, dlinks, fmt.Sprintf("127.0.0.1:%d", dbase+2+i),
+					[]string{"--prefill", pst[i].listen, "--remote-prefill-min-tokens", "16"}))
+			}
+			waitHealthy(t, dst...)
+			got := askAll(t, dst[0].listen, reqs, false)
+			if got[0].Text != want[0].Text {
+				t.Errorf("2-stage prefill into a 2-stage decode: %q, one runner %q", got[0].Text, want[0].Text)
+			}
+			if n := dst[0].metric(t, outcome("ok")); n != 1 {
+				t.Errorf("decode stage 0 counts %v remote prefills ok, want 1\n%s", n, tail(dst[0].logs(), 3000))
+			}
+			for i, p := range pst {
+				if recs := p.records("prefill served (followed a request computing the same prompt)"); len(recs) == 0 && len(p.records("prefill served")) == 0 {
+					t.Errorf("prefill stage %d served nothing:\n%s", i, tail(p.logs(), 3000))
+				}
+			}
+		})
+	}
+}
