@@ -23,6 +23,12 @@ import (
 // callers that reuse a prefix read Len() after Truncate. Recurrent layers
 // cross the KV wire as states (RecurrentState): Export and Import of their
 // K/V fail.
+//
+// Its states are backend arrays, and making or freeing one uses the
+// backend as a step does (the cpu backend's arena), so every method that
+// may do so and is called from outside a step (NewCache, Truncate, Free,
+// Commit, ImportState, ExportState) holds the model's lock; a step, which
+// holds it already, truncates through truncate.
 type hybridCache struct {
 	m      *Model
 	attn   KVCache      // the full-attention layers, in order
@@ -55,6 +61,7 @@ const maxSnapshots = 4
 
 var errRecurrentLayer = errors.New("engine: the state of a recurrent (Gated DeltaNet) layer cannot be exported or imported yet")
 
+// newHybridCache makes a cache of m; the caller holds m.mu.
 func (m *Model) newHybridCache() *hybridCache {
 	c := &hybridCache{m: m, index: make([]int, len(m.kinds)), states: make([]deltaState, len(m.kinds))}
 	n := 0
@@ -204,7 +211,16 @@ func (c *hybridCache) Append(layer int, k, v Array) (Array, Array) {
 // the latest kept position ≤ n (0 if none), so Len() may end below n.
 func (c *hybridCache) CanTruncate(n int) bool { return n >= 0 && n <= c.Len() }
 
+// Truncate takes the model's lock: it may make a fresh state or free old
+// ones.
 func (c *hybridCache) Truncate(n int) {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
+	c.truncate(n)
+}
+
+// truncate is Truncate with the model's lock held (a failed step's).
+func (c *hybridCache) truncate(n int) {
 	c.dropPending()
 	c.last = 0
 	if n >= c.Len() {
@@ -272,6 +288,8 @@ func (c *hybridCache) Import(layer, start, n int, k, v []byte) error {
 
 // Commit applies the imported attention KV and the staged states together.
 func (c *hybridCache) Commit(n int) error {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
 	recurrent := 0
 	for _, ix := range c.index {
 		if ix < 0 {
@@ -304,6 +322,8 @@ func (c *hybridCache) stateSizes() (conv, rec int) {
 }
 
 func (c *hybridCache) ExportState(layer int) (out [][]byte, err error) {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
 	defer recoverInto(&err, "export state")
 	if !c.Recurrent(layer) {
 		return nil, fmt.Errorf("engine: ExportState of layer %d, which is not recurrent", layer)
@@ -324,6 +344,8 @@ func (c *hybridCache) ExportState(layer int) (out [][]byte, err error) {
 }
 
 func (c *hybridCache) ImportState(layer int, arrays [][]byte) (err error) {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
 	defer recoverInto(&err, "import state")
 	if !c.Recurrent(layer) {
 		return fmt.Errorf("engine: ImportState of layer %d, which is not recurrent", layer)
@@ -372,6 +394,8 @@ func (c *hybridCache) Geometry() CacheGeometry {
 }
 
 func (c *hybridCache) Free() {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
 	c.dropPending()
 	c.attn.Free()
 	for i, s := range c.states {

@@ -441,6 +441,8 @@ func (m *Model) Backend() Backend { return m.b }
 // NewCache makes an empty KV cache for this model in its cache dtype.
 func (m *Model) NewCache() KVCache {
 	if recurrent(m.kinds) {
+		m.mu.Lock() // its fresh states are made on the backend, beside other callers' steps
+		defer m.mu.Unlock()
 		return m.newHybridCache()
 	}
 	return m.b.NewKVCache(m.geometry(), m.cacheDT)
@@ -589,7 +591,7 @@ func (m *Model) forwardBatchLocked(ctx context.Context, caches []KVCache, tokens
 	defer func() {
 		if err != nil {
 			for i, c := range caches {
-				c.Truncate(starts[i])
+				truncateHeld(c, starts[i])
 			}
 		}
 		m.b.Free()
@@ -696,7 +698,7 @@ func (m *Model) guarded(c KVCache, n int, op string, f func() error) (err error)
 	beginStep(c, n)
 	defer func() {
 		if err != nil {
-			c.Truncate(start)
+			truncateHeld(c, start)
 		}
 		m.b.Free()
 	}()
@@ -720,6 +722,16 @@ func (m *Model) step(c KVCache, tokens []int32, wantLogits bool, logits *[]float
 		*logits = out[0]
 	}
 	return err
+}
+
+// truncateHeld truncates c to n from a step (m.mu held): a hybrid cache's
+// Truncate would take the lock again.
+func truncateHeld(c KVCache, n int) {
+	if hc, ok := c.(*hybridCache); ok {
+		hc.truncate(n)
+		return
+	}
+	c.Truncate(n)
 }
 
 // beginStep marks where a hybrid cache's step of n tokens begins (see

@@ -97,7 +97,7 @@ func (o *GreedyOverlap) queue(ids Array) (err error) {
 	defer func() {
 		if err != nil {
 			for i, c := range o.caches {
-				c.Truncate(o.starts[i])
+				truncateHeld(c, o.starts[i])
 			}
 		}
 		b.Free()
@@ -190,7 +190,7 @@ func (o *GreedyOverlap) Stop() error {
 			err = errors.Join(err, fmt.Errorf("engine: overlapped decode cannot drop the token in flight of cache %d", i))
 			continue
 		}
-		c.Truncate(o.starts[i])
+		truncateHeld(c, o.starts[i])
 	}
 	clear(o.caches)
 	return err

@@ -183,7 +183,7 @@ func (m *Model) StageStep(ctx context.Context, caches []KVCache, toks [][]int32,
 	defer func() {
 		if err != nil {
 			for i, c := range caches {
-				c.Truncate(starts[i])
+				truncateHeld(c, starts[i])
 			}
 		}
 		m.b.Free()

@@ -3,7 +3,6 @@ package stage
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	"github.com/exo-pd/exo-pd/runners/decode"
 	"github.com/exo-pd/exo-pd/runners/engine"
@@ -33,11 +32,9 @@ func (rm *Remote) Prefill(ctx context.Context, reqID string, prompt []int32, sta
 			return decode.RemoteStats{}, fmt.Errorf("%w: no ring to fill", ErrDown)
 		}
 	}
-	var local engine.KVCache = &lockedCache{KVCache: sc.local, mu: &rm.Ring.cmu}
-	if _, ok := sc.local.(engine.RecurrentState); ok {
-		local = &lockedStateCache{lockedCache: local.(*lockedCache)}
-	}
-	st, err := rm.Local.Prefill(ctx, reqID, prompt, start, local, prefer)
+	// The injection runs beside other sequences' steps: the engine's
+	// caches take the model's lock where they use the backend.
+	st, err := rm.Local.Prefill(ctx, reqID, prompt, start, sc.local, prefer)
 	if err != nil {
 		return st, err
 	}
@@ -65,48 +62,3 @@ func (rm *Remote) Prefill(ctx context.Context, reqID string, prompt []int32, sta
 
 // Classify implements decode.Remote.
 func (rm *Remote) Classify(err error) string { return rm.Local.Classify(err) }
-
-// lockedCache is stage 0's cache with every change under the ring's
-// backend lock (a remote fill's injection runs beside other sequences'
-// steps on the same backend).
-type lockedCache struct {
-	engine.KVCache
-	mu *sync.Mutex
-}
-
-func (c *lockedCache) Import(layer, start, n int, k, v []byte) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.KVCache.Import(layer, start, n, k, v)
-}
-
-func (c *lockedCache) Commit(n int) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.KVCache.Commit(n)
-}
-
-func (c *lockedCache) Truncate(n int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.KVCache.Truncate(n)
-}
-
-// lockedStateCache is a lockedCache of a model with recurrent layers.
-type lockedStateCache struct{ *lockedCache }
-
-func (c *lockedStateCache) rs() engine.RecurrentState { return c.KVCache.(engine.RecurrentState) }
-
-func (c *lockedStateCache) Recurrent(layer int) bool { return c.rs().Recurrent(layer) }
-
-func (c *lockedStateCache) ExportState(layer int) ([][]byte, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.rs().ExportState(layer)
-}
-
-func (c *lockedStateCache) ImportState(layer int, arrays [][]byte) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.rs().ImportState(layer, arrays)
-}

@@ -66,9 +66,9 @@ type Ring struct {
 
 	tickets, seqs atomic.Uint64
 
-	// cmu serializes stage 0's use of its backend: its steps, and its
-	// caches' truncations and frees, which may make or free arrays (a
-	// hybrid cache's fresh recurrent state) outside the model's own lock.
+	// cmu serializes stage 0's steps with their TestPace (the model's
+	// own lock serializes the computation, and the engine's caches take
+	// it where they make or free backend arrays).
 	cmu sync.Mutex
 }
 
@@ -353,8 +353,6 @@ func (r *Ring) Fingerprint() engine.Fingerprint { return r.m.Fingerprint() }
 
 // NewCache makes a sequence: stage 0's cache and an id for the others'.
 func (r *Ring) NewCache() engine.KVCache {
-	r.cmu.Lock()
-	defer r.cmu.Unlock()
 	return &seqCache{r: r, local: r.m.NewCache(), id: r.seqs.Add(1)}
 }
 
@@ -459,11 +457,9 @@ func (r *Ring) stepSeqs(ctx context.Context, seqs []*seqCache, toks [][]int32, p
 	step.Ticket = r.tickets.Add(1)
 	ch, err := r.send(epoch, step.Ticket, step)
 	if err != nil {
-		r.cmu.Lock()
 		for i, sc := range seqs { // what stage 0 computed never left it
 			sc.local.Truncate(step.Seqs[i].Pos)
 		}
-		r.cmu.Unlock()
 		return 0, nil, err
 	}
 	return step.Ticket, ch, nil
@@ -601,11 +597,7 @@ func (c *seqCache) reset() {
 	c.id, c.epoch = c.r.seqs.Add(1), 0
 }
 
-func (c *seqCache) localTruncate(n int) {
-	c.r.cmu.Lock()
-	defer c.r.cmu.Unlock()
-	c.local.Truncate(n)
-}
+func (c *seqCache) localTruncate(n int) { c.local.Truncate(n) }
 
 func (r *Ring) sendDrop(id uint64) {
 	r.mu.Lock()
@@ -676,8 +668,6 @@ func (c *seqCache) Free() {
 	if c.epoch != 0 && c.epoch == c.r.currentEpoch() {
 		c.r.sendDrop(c.id)
 	}
-	c.r.cmu.Lock()
-	defer c.r.cmu.Unlock()
 	c.local.Free()
 }
 
