@@ -304,9 +304,6 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 			}
 			c.setStages(m.Name, rr.role, st)
 			pl.Stages = st
-			if m.Prefill != nil {
-				pl.Note = "the prefill runners are not used yet: exo runner decode ignores --prefill on a pipeline's stage 0 (with a warning) and prefills through the stages"
-			}
 			out = append(out, pl)
 		}
 	}

@@ -317,10 +317,12 @@ func (c *Config) AllRunners() []Runner {
 					ru.TensorRDMA = c.rdmaMatrix(r.Hosts)
 					ru.Group = "tensor " + joinComma(peers)
 				}
-				// Only stage 0 serves requests and fills caches (every
-				// tensor rank takes the same --prefill: each fetches its own
-				// KV heads).
-				laterStage := stages != nil && si > 0
+				// Every stage and rank gets the model's flags: each
+				// pipeline stage fetches its own layer range from its
+				// --prefill endpoints (the one stage 0's fill names first), each tensor
+				// rank its own KV heads; a later stage logs and ignores
+				// --speculative (stage 0 decides, and a pipeline does not
+				// speculate) and loads no --draft.
 				if role == Prefill {
 					ru.Metrics = net.JoinHostPort(h.Address, strconv.Itoa(r.MetricsPort))
 					if r.PrefixCacheMiB != nil {
@@ -328,10 +330,8 @@ func (c *Config) AllRunners() []Runner {
 						ru.PrefixCacheMiB = &v
 					}
 				} else {
-					if !laterStage {
-						ru.Prefill = slices.Clone(prefill)
-						ru.PrefillHealth = slices.Clone(health)
-					}
+					ru.Prefill = slices.Clone(prefill)
+					ru.PrefillHealth = slices.Clone(health)
 					ru.RemotePrefillMinTokens = m.RemotePrefillMinTokens
 					ru.RemotePrefillRoute = m.RemotePrefillRoute
 					ru.KVWireDType = m.KVWireDType
@@ -343,7 +343,7 @@ func (c *Config) AllRunners() []Runner {
 						d := *m.Defaults
 						ru.Defaults = &d
 					}
-					if sp := m.Speculative; sp != nil && !laterStage {
+					if sp := m.Speculative; sp != nil {
 						ru.Speculative, ru.SpecTokens, ru.Draft = sp.Mode, sp.Tokens, sp.Draft
 					}
 				}

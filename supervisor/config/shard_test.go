@@ -145,11 +145,14 @@ speculative = { mode = "prompt-lookup" }
 		if got.ServesAPI() != (host == "c") {
 			t.Errorf("host %s: StageZero = %v", host, got.ServesAPI())
 		}
-		// Only stage 0 serves requests: it alone fills caches remotely and
-		// speculates (exo runner decode refuses both on later stages).
+		// Every stage gets the model's flags: each fetches its own layer
+		// range from the prefill runners (a later stage ignores
+		// --speculative with a log line).
 		for _, flag := range []string{"--prefill", "--prefill-health", "--speculative"} {
-			if slices.Contains(args, flag) != (host == "c") {
-				t.Errorf("host %s: %s in %v", host, flag, args)
+			if i := slices.Index(args, flag); i < 0 {
+				t.Errorf("host %s: no %s in %v", host, flag, args)
+			} else if want := map[string]string{"--prefill": "127.0.0.2:52511", "--prefill-health": "127.0.0.2:52512", "--speculative": "prompt-lookup"}[flag]; args[i+1] != want {
+				t.Errorf("host %s: %s %s, want %s", host, flag, args[i+1], want)
 			}
 		}
 	}
