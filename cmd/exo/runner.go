@@ -35,7 +35,7 @@ import (
 
 const runnerUsage = `usage:
   exo runner decode  --model SRC --served-name NAME --listen HOST:PORT
-                     [--prefill HOST:PORT[,HOST:PORT…]] [--prefill-health HOST:PORT[,HOST:PORT…]]
+                     [--prefill HOST:PORT[@A:B][,HOST:PORT[@A:B]…]] [--prefill-health HOST:PORT[,HOST:PORT…]]
                      [--remote-prefill-min-tokens N] [--remote-prefill-route cost|floor]
                      [--prefill-connect-timeout D] [--prefill-idle-floor D] [--kv-wire-dtype native|fp8]
                      [--kv-streams N] [--speculative off|prompt-lookup|draft] [--draft SRC]
@@ -87,7 +87,11 @@ ranges within its own --layers; stage 0 computes prompts from their tokens and
 passes each chunk's hidden states to the next stage, which computes its layers
 from them (docs/PROTOCOL.md "Prefill stage link"). A decode side asks every
 prefill stage holding some of its layers for those layers. Each stage's /health
-is 200 only while both its stage links are up.
+is 200 only while both its stage links are up. A decode runner's --prefill
+entry ADDR@A:B names such a stage and its layers: the runner (or decode stage)
+sends one range request to every prefill stage holding some of its layers, at
+once, and commits their KV together (replicas of a stage: several entries with
+the same A:B). On a decode pipeline give every decode stage that list.
 
 --instance TOKEN (both roles; the supervisor passes a fresh one per start)
 is echoed by /health as "instance", so a prober can tell this process from
@@ -204,7 +208,7 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		fs.Var(optInt{&f.defaults.TopK}, "default-top-k", "default top_k (over the model's)")
 		fs.Var(optFloat{&f.defaults.MinP}, "default-min-p", "default min_p (over the model's)")
 		fs.Var(optFloat{&f.defaults.RepetitionPenalty}, "default-repetition-penalty", "default repetition_penalty (over the model's)")
-		fs.StringVar(&f.prefill, "prefill", "", "prefill runners' KV-wire addresses, comma-separated")
+		fs.StringVar(&f.prefill, "prefill", "", "prefill runners' KV-wire addresses, comma-separated; ADDR@A:B names a prefill pipeline stage holding layers [A, B) (every entry then names its layers)")
 		fs.StringVar(&f.prefillHealth, "prefill-health", "", "the prefill runners' HTTP (--metrics) addresses, comma-separated, in --prefill's order: their /health load ranks busy hosts later")
 		fs.IntVar(&f.minRemote, "remote-prefill-min-tokens", 256, "uncached prompt tokens needed to prefill remotely")
 		fs.StringVar(&f.route, "remote-prefill-route", "cost", "how a long prompt picks local or remote prefill: cost (predicted time from measured rates, queues and links; the min tokens a floor) or floor (the min tokens alone)")
@@ -269,6 +273,8 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 	case f.role == "decode" && f.prefillHealth != "" && len(splitList(f.prefillHealth)) != len(splitList(f.prefill)):
 		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --prefill-health lists %d addresses, --prefill %d: want one per prefill endpoint, in the same order",
 			len(splitList(f.prefillHealth)), len(splitList(f.prefill)))}
+	case f.role == "decode" && f.prefill != "" && prefillListErr(f.prefill) != nil:
+		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --prefill: %v", prefillListErr(f.prefill))}
 	case f.role == "decode" && (f.kvStreams < 1 || f.kvStreams > kvwire.MaxStreams):
 		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --kv-streams %d: want 1 to %d", f.kvStreams, kvwire.MaxStreams)}
 	case f.role == "decode" && f.idleFloor <= 0:
@@ -284,6 +290,12 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		return nil, exitError{code: 2, msg: "runner: --default-*: " + err.Error()}
 	}
 	return f, nil
+}
+
+// prefillListErr is why a --prefill list is not ADDR,… or ADDR@A:B,….
+func prefillListErr(list string) error {
+	_, _, err := decode.ParsePrefillEndpoints(splitList(list))
+	return err
 }
 
 // checkStage refuses a pipeline stage's flags that do not go together.

@@ -43,9 +43,11 @@ func TestRunnerFlags(t *testing.T) {
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--speculative", "ngram"},
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--speculative-tokens", "65"},
 		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--speculative-tokens", "-1"},
-		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--speculative", "prompt-lookup"},                                                  // decode only
-		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--layers", "0:2", "--stage", "0/2", "--stage-listen", ":5"},                       // no --stage-next
-		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--layers", "2:4"},                                                                 // no --stage
+		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--speculative", "prompt-lookup"},                            // decode only
+		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--layers", "0:2", "--stage", "0/2", "--stage-listen", ":5"}, // no --stage-next
+		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--layers", "2:4"},
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--prefill", "a:1@0:2,b:1"},                                                                            // mixed
+		{"decode", "--model", "x", "--served-name", "m", "--listen", ":0", "--prefill", "a:1@0:2,b:1@1:3"},                                                                        // overlap                                                                 // no --stage
 		{"prefill", "--model", "x", "--served-name", "m", "--listen", ":0", "--metrics", ":1", "--layers", "1:2", "--stage", "0/2", "--stage-listen", ":5", "--stage-next", ":6"}, // stage 0 from 1
 	}
 	for _, args := range bad {

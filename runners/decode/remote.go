@@ -30,6 +30,11 @@ type KVRemote struct {
 	// Streams is how many TCP connections each transfer is striped over
 	// (--kv-streams; 0 or 1: one; PROTOCOL.md §17).
 	Streams int
+	// Parts, when set, are the stages of a pipelined prefill model
+	// (--prefill ADDR@A:B): Prefill asks each stage holding some of the
+	// cache's layers for those, at once, and commits them together
+	// (split.go); the selector is not used.
+	Parts []PrefillPart
 }
 
 func (r *KVRemote) wireDType(cache engine.KVCache) kvwire.DType {
@@ -109,9 +114,18 @@ func wireRequest(m interface {
 	Info() engine.ModelInfo
 	Fingerprint() engine.Fingerprint
 }, reqID, name string, prompt []int32, start int) (*kvwire.Request, *kvwire.Expect) {
+	a, b := modelLayers(m)
+	return rangeRequest(m, reqID, name, prompt, start, a, b)
+}
+
+// rangeRequest is wireRequest for layers [a, b) of the model (inside the
+// layers m's caches hold): a pipelined prefill stage's part (split.go).
+func rangeRequest(m interface {
+	Info() engine.ModelInfo
+	Fingerprint() engine.Fingerprint
+}, reqID, name string, prompt []int32, start, a, b int) (*kvwire.Request, *kvwire.Expect) {
 	info := m.Info()
 	fp := kvwire.Fingerprint(m.Fingerprint())
-	a, b := modelLayers(m)
 	kinds := make([]kvwire.LayerKind, b-a)
 	for l, rec := range info.Recurrent {
 		if rec && l >= a && l < b {
@@ -234,6 +248,9 @@ func (f *StageFill) Fill(ctx context.Context, reqID string, cache engine.KVCache
 // StageModel loaded with engine.LoadOptions.Layers) it asks for the
 // stage's layers only and cache is a cache of the stage.
 func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, start int, cache engine.KVCache, prefer []string) (RemoteStats, error) {
+	if len(r.Parts) > 0 {
+		return r.splitFill(ctx, reqID, prompt, start, cache)
+	}
 	req, exp := wireRequest(r.Model, reqID, r.Name, prompt, start)
 	req.DType, req.Deadline, req.Streams = r.wireDType(cache), r.Deadline, r.Streams
 	sink := &cacheSink{cache: cache, start: start}

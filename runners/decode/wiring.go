@@ -60,6 +60,14 @@ func NewRemote(ctx context.Context, c RemoteConfig) *RemoteWiring {
 	if log == nil {
 		log = slog.Default()
 	}
+	// ADDR@A:B entries are the stages of a pipelined prefill model; the
+	// caller has checked the list with ParsePrefillEndpoints.
+	addrs, parts, _ := ParsePrefillEndpoints(c.Endpoints)
+	c.Endpoints = addrs
+	if len(parts) > 0 && c.Cost {
+		log.Info("remote prefill from prefill stages routes by the min tokens alone (the cost route measures whole prefill runners)")
+		c.Cost = false
+	}
 	eps := make([]kvwire.Endpoint, len(c.Endpoints))
 	for i, a := range c.Endpoints {
 		eps[i] = kvwire.Endpoint{Addr: a}
@@ -75,6 +83,7 @@ func NewRemote(ctx context.Context, c RemoteConfig) *RemoteWiring {
 	if c.FP8 {
 		w.Remote.WireDType = kvwire.DTypeF8E4M3
 	}
+	w.Remote.Parts = parts
 	if rt := w.Router; rt != nil {
 		rt.Endpoints = func() []string {
 			var out []string

@@ -75,3 +75,68 @@ func TestPrefillPipelineIntoPipeline(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefillPipelineIntoOneRunner: a 2-stage prefill pipeline of real
+// processes fills a one-process decode runner told the stages as
+// `--prefill ADDR@A:B,…`: the runner asks both stages at once for their
+// layers, and its answer equals local prefill's at temperature 0; a
+// decode pipeline split differently from the prefill one (decode stage 0
+// spans both prefill stages) gives the same answer; with prefill stage 1
+// killed the next long prompt falls back to local prefill and still
+// answers the same.
+func TestPrefillPipelineIntoOneRunner(t *testing.T) {
+	model := tinyModel(t, "other") // 3 layers
+	reqs := []pipeReq{{user(words(5, 60)), 12, map[string]any{"temperature": 0, "ignore_eos": true}}}
+	one := start(t, "one", "decode", "--model", model)
+	want := askAll(t, one.listen, reqs, false)
+	one.stop()
+	bounds := []int{0, 1, 3}
+	base := testutil.Ports(t, 6)
+	links := []string{fmt.Sprintf("127.0.0.1:%d", base), fmt.Sprintf("127.0.0.1:%d", base+1)}
+	var pst []*proc
+	for i := range 2 {
+		pst = append(pst, launchPrefillStage(t, "pp", model, i, bounds, links,
+			fmt.Sprintf("127.0.0.1:%d", base+2+2*i), fmt.Sprintf("127.0.0.1:%d", base+3+2*i)))
+	}
+	waitHealthy(t, pst...)
+	list := fmt.Sprintf("%s@0:1,%s@1:3", pst[0].listen, pst[1].listen)
+	d := start(t, "d", "decode", "--model", model, "--prefill", list, "--remote-prefill-min-tokens", "16")
+	if got := askAll(t, d.listen, reqs, false); got[0].Text != want[0].Text {
+		t.Errorf("2-stage prefill into one runner: %q, local %q", got[0].Text, want[0].Text)
+	}
+	if n := d.metric(t, outcome("ok")); n != 1 {
+		t.Errorf("the decode runner counts %v remote prefills ok, want 1\n%s", n, tail(d.logs(), 3000))
+	}
+	d.stop()
+
+	// A decode pipeline cut at 2: its stage 0 spans both prefill stages.
+	dbase := testutil.Ports(t, 4)
+	dlinks := []string{fmt.Sprintf("127.0.0.1:%d", dbase), fmt.Sprintf("127.0.0.1:%d", dbase+1)}
+	var dst []*proc
+	for i := range 2 {
+		dst = append(dst, launchStage(t, "pd", model, i, []int{0, 2, 3}, dlinks, fmt.Sprintf("127.0.0.1:%d", dbase+2+i),
+			[]string{"--prefill", list, "--remote-prefill-min-tokens", "16"}))
+	}
+	waitHealthy(t, dst...)
+	reqs2 := []pipeReq{{user(words(5, 60)), 12, map[string]any{"temperature": 0, "ignore_eos": true}}}
+	if got := askAll(t, dst[0].listen, reqs2, false); got[0].Text != want[0].Text {
+		t.Errorf("2-stage prefill into a decode pipeline split at 2: %q, local %q", got[0].Text, want[0].Text)
+	}
+	if n := dst[0].metric(t, outcome("ok")); n != 1 {
+		t.Errorf("decode stage 0 counts %v remote prefills ok, want 1\n%s", n, tail(dst[0].logs(), 3000))
+	}
+	for _, p := range dst {
+		p.stop()
+	}
+
+	// Prefill stage 1 gone: the fill fails and the runner prefills locally.
+	pst[1].kill()
+	d2 := start(t, "d2", "decode", "--model", model, "--prefill", list, "--remote-prefill-min-tokens", "16")
+	reqs3 := []pipeReq{{user(words(5, 60)), 12, map[string]any{"temperature": 0, "ignore_eos": true}}}
+	if got := askAll(t, d2.listen, reqs3, false); got[0].Text != want[0].Text {
+		t.Errorf("with a prefill stage dead: %q, local %q", got[0].Text, want[0].Text)
+	}
+	if n := d2.metric(t, outcome("ok")); n != 0 {
+		t.Errorf("with a prefill stage dead the runner counts %v remote prefills ok", n)
+	}
+}

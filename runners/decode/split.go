@@ -1,0 +1,224 @@
+package decode
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/hf"
+	"github.com/exo-pd/exo-pd/runners/kvconv"
+	"github.com/exo-pd/exo-pd/runners/kvwire"
+)
+
+// PrefillPart is one stage of a pipelined prefill model (contract C4):
+// the layers [Start, End) its KV port serves and its endpoints (replicas of
+// that stage, tried in order).
+type PrefillPart struct {
+	Start, End int
+	Endpoints  []string
+}
+
+// ParsePrefillEndpoints splits a decode runner's --prefill list: plain
+// ADDR entries (whole prefill runners) or ADDR@A:B entries (the stage of a
+// prefill pipeline holding layers [A, B)), not both kinds. Entries of the
+// same range are one stage's replicas. It returns every address and, for
+// ranges, the parts in layer order.
+func ParsePrefillEndpoints(list []string) (addrs []string, parts []PrefillPart, err error) {
+	byRange := map[[2]int]int{}
+	for _, e := range list {
+		addr, rng, staged := strings.Cut(e, "@")
+		if addr == "" {
+			return nil, nil, fmt.Errorf("prefill endpoint %q: no address", e)
+		}
+		addrs = append(addrs, addr)
+		if staged != (len(parts) > 0) && len(addrs) > 1 {
+			return nil, nil, fmt.Errorf("prefill endpoint %q: either every endpoint names its layers (ADDR@A:B) or none does", e)
+		}
+		if !staged {
+			continue
+		}
+		r, err := hf.ParseLayers(rng)
+		if err != nil {
+			return nil, nil, fmt.Errorf("prefill endpoint %q: %w", e, err)
+		}
+		k := [2]int{r.Start, r.End}
+		i, ok := byRange[k]
+		if !ok {
+			for _, p := range parts {
+				if r.Start < p.End && p.Start < r.End {
+					return nil, nil, fmt.Errorf("prefill endpoint %q: layers %d:%d overlap another stage's %d:%d", e, r.Start, r.End, p.Start, p.End)
+				}
+			}
+			i = len(parts)
+			byRange[k] = i
+			parts = append(parts, PrefillPart{Start: r.Start, End: r.End})
+		}
+		parts[i].Endpoints = append(parts[i].Endpoints, addr)
+	}
+	for i := 1; i < len(parts); i++ {
+		for j := i; j > 0 && parts[j].Start < parts[j-1].Start; j-- {
+			parts[j], parts[j-1] = parts[j-1], parts[j]
+		}
+	}
+	return addrs, parts, nil
+}
+
+// splitFill fills cache from the prefill stages of r.Parts: one range
+// request per stage overlapping the cache's layers, all at once, each
+// stage's KV injected straight into its layers of cache; all are committed
+// together, or cache goes back to start when any fails.
+func (r *KVRemote) splitFill(ctx context.Context, reqID string, prompt []int32, start int, cache engine.KVCache) (RemoteStats, error) {
+	x, y := modelLayers(r.Model)
+	var mu sync.Mutex // serializes the imports of the parts' streams
+	type result struct {
+		st  RemoteStats
+		end int
+		err error
+	}
+	var jobs []PrefillPart
+	for _, p := range r.Parts {
+		if a, b := max(p.Start, x), min(p.End, y); a < b {
+			jobs = append(jobs, PrefillPart{Start: a, End: b, Endpoints: p.Endpoints})
+		}
+	}
+	covered := x
+	for _, p := range jobs {
+		if p.Start != covered {
+			return RemoteStats{}, fmt.Errorf("%w: no prefill stage holds layer %d", kvwire.ErrNoEndpoint, covered)
+		}
+		covered = p.End
+	}
+	if covered != y {
+		return RemoteStats{}, fmt.Errorf("%w: no prefill stage holds layer %d", kvwire.ErrNoEndpoint, covered)
+	}
+	res := make([]result, len(jobs))
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	var errMu sync.Mutex
+	var firstErr error
+	for i, p := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, exp := rangeRequest(r.Model, reqID, r.Name, prompt, start, p.Start, p.End)
+			req.DType, req.Deadline, req.Streams = r.wireDType(cache), r.Deadline, r.Streams
+			sink := &partSink{cacheSink: cacheSink{cache: cache, start: start}, off: p.Start - x, mu: &mu}
+			var last error
+			for _, addr := range p.Endpoints {
+				if r.Breaker != nil && !r.Breaker.Allow(addr) {
+					last = fmt.Errorf("%w: %s", errAllOpen, addr)
+					continue
+				}
+				st, err := r.Client.Fetch(cctx, addr, req, exp, sink)
+				if r.Breaker != nil && cctx.Err() == nil {
+					r.Breaker.Report(addr, st, err)
+				}
+				res[i].st = RemoteStats{Endpoint: st.Addr, Bytes: st.PayloadBytes, States: st.States, Duration: st.Duration, Wait: st.WireWait}
+				if err == nil {
+					res[i].end, last = sink.end, nil
+					break
+				}
+				last = fmt.Errorf("prefill stage %d:%d at %s: %w", p.Start, p.End, addr, err)
+				if sink.begun || !kvwire.Retryable(err) {
+					break // some of its KV may be staged: no other replica
+				}
+			}
+			if last != nil {
+				res[i].err = last
+				errMu.Lock()
+				if firstErr == nil { // the first to fail; the others were cancelled by it
+					firstErr = last
+				}
+				errMu.Unlock()
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	var total RemoteStats
+	first := firstErr
+	for _, x := range res {
+		total.Bytes += x.st.Bytes
+		total.States += x.st.States
+		total.Duration = max(total.Duration, x.st.Duration)
+		total.Wait = max(total.Wait, x.st.Wait)
+		if total.Endpoint != "" {
+			total.Endpoint += ","
+		}
+		total.Endpoint += x.st.Endpoint
+		if first == nil && x.end != res[0].end {
+			first = fmt.Errorf("%w: prefill stages ended at %d and %d", kvwire.ErrCorrupt, res[0].end, x.end)
+		}
+	}
+	if first != nil {
+		cache.Truncate(start)
+		return total, first
+	}
+	if err := cache.Commit(res[0].end); err != nil {
+		cache.Truncate(start)
+		return total, fmt.Errorf("commit injected KV: %w", err)
+	}
+	return total, checkFilled(cache, prompt, start)
+}
+
+// partSink injects one prefill stage's stream (its header's layer i is the
+// cache's layer off+i) without committing: the caller commits every
+// stage's at once.
+type partSink struct {
+	cacheSink
+	off   int
+	mu    *sync.Mutex
+	begun bool
+	end   int
+}
+
+func (s *partSink) Begin(h *kvwire.Header) error {
+	if h.TokenStart != s.start {
+		return fmt.Errorf("%w: stream starts at %d, cache holds %d", kvwire.ErrCorrupt, h.TokenStart, s.start)
+	}
+	s.wire = kvconv.Engine(h.DType)
+	s.fp8 = h.DType == kvwire.DTypeF8E4M3
+	if s.fp8 {
+		s.wire = s.cache.DType()
+		s.heads = h.KVHeads
+	}
+	if s.wire == 0 {
+		return fmt.Errorf("%w: wire dtype %v", kvwire.ErrMismatch, h.DType)
+	}
+	g := s.cache.Geometry()
+	if s.off+h.Layers() > g.Layers || h.KVHeads != g.KVHeads || h.HeadDim != g.HeadDim {
+		return fmt.Errorf("%w: stream geometry %d×%d×%d at layer %d, cache %d×%d×%d", kvwire.ErrMismatch,
+			h.Layers(), h.KVHeads, h.HeadDim, s.off, g.Layers, g.KVHeads, g.HeadDim)
+	}
+	for l := range h.Layers() {
+		if h.Window(l) != g.Window(s.off+l) {
+			return fmt.Errorf("%w: stream layer %d window %d, cache %d", kvwire.ErrMismatch, l, h.Window(l), g.Window(s.off+l))
+		}
+	}
+	s.begun = true
+	return nil
+}
+
+func (s *partSink) Chunk(layer, tokenStart, tokenCount int, k, v []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cacheSink.Chunk(s.off+layer, tokenStart, tokenCount, k, v)
+}
+
+func (s *partSink) State(layer, tokenEnd int, arrays [][]byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cacheSink.State(s.off+layer, tokenEnd, arrays)
+}
+
+func (s *partSink) Done(t kvwire.Totals) error {
+	s.end = t.TokenEnd
+	return nil
+}
+
+// Rollback leaves the staged KV to splitFill, which truncates the whole
+// cache once every stage's stream has ended.
+func (s *partSink) Rollback() {}

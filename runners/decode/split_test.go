@@ -1,0 +1,162 @@
+package decode_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/exo-pd/exo-pd/internal/testutil"
+	"github.com/exo-pd/exo-pd/runners/decode"
+	"github.com/exo-pd/exo-pd/runners/engine"
+	_ "github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/engine/cpu"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/prefill"
+	"github.com/exo-pd/exo-pd/runners/prefill/pipeline"
+)
+
+func load(t *testing.T, dir string, r engine.LayerRange) *engine.Model {
+	t.Helper()
+	m, err := engine.Load(context.Background(), dir, cpu.New(1), engine.LoadOptions{Layers: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// prefillStages starts a prefill pipeline of dir cut at bounds over
+// loopback TCP and returns each stage's KV address.
+func prefillStages(t *testing.T, dir string, bounds []int) []string {
+	t.Helper()
+	n := len(bounds) - 1
+	ls := make([]net.Listener, n)
+	for i := range ls {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls[i] = l
+	}
+	var addrs []string
+	var pipes []*pipeline.Pipe
+	for i := range n {
+		r := engine.LayerRange{Start: bounds[i], End: bounds[i+1]}
+		m := load(t, dir, r)
+		prod := prefill.New(prefill.Options{Name: "m", Model: m, Chunk: 16, CacheBlock: 16, Stage: r})
+		t.Cleanup(prod.Close)
+		pp, err := pipeline.NewPipe(prod, m, pipeline.PipeConfig{Stage: i, Stages: n, Listener: ls[i], Next: ls[(i+1)%n].Addr().String()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
+		if err != nil {
+			t.Fatal(err)
+		}
+		kl, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		go srv.Serve(ctx, kl)
+		go pp.Run(ctx)
+		addrs = append(addrs, kl.Addr().String())
+		pipes = append(pipes, pp)
+	}
+	for i, pp := range pipes {
+		testutil.Eventually(t, pp.Up, 30*time.Second, "prefill stage %d's links", i)
+	}
+	return addrs
+}
+
+// TestSplitFillFromPrefillStages: a decode cache (a whole model's, and a
+// decode stage's whose layers span both prefill stages) filled from a
+// 2-stage prefill pipeline with --prefill ADDR@A:B endpoints holds the KV
+// of a local prefill bit for bit and received its layers' share only; a
+// stage that cannot be reached fails the fill and leaves the cache at
+// start.
+func TestSplitFillFromPrefillStages(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "qwen2")
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "qwen2", Seed: 5, Layers: 3, MaxPositions: 1024}); err != nil {
+		t.Fatal(err)
+	}
+	addrs := prefillStages(t, dir, []int{0, 1, 3})
+	list := []string{addrs[1] + "@1:3", addrs[0] + "@0:1"}
+	eps, parts, err := decode.ParsePrefillEndpoints(list)
+	if err != nil || len(eps) != 2 || len(parts) != 2 || parts[0].Start != 0 || parts[1].Endpoints[0] != addrs[1] {
+		t.Fatalf("parse %q: %v %+v %v", list, eps, parts, err)
+	}
+	whole := load(t, dir, engine.LayerRange{})
+	ctx := context.Background()
+	prompt := make([]int32, 75)
+	for i := range prompt {
+		prompt[i] = int32(7 + i*31%450)
+	}
+	end := len(prompt) - 1
+	ref := whole.NewCache()
+	defer ref.Free()
+	if err := whole.Prefill(ctx, ref, prompt[:end], 16, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []engine.LayerRange{{}, {Start: 0, End: 2}} {
+		m := whole
+		if r != (engine.LayerRange{}) {
+			m = load(t, dir, r)
+		} else {
+			r = engine.LayerRange{Start: 0, End: 3}
+		}
+		const start = 0
+		rem := &decode.KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{}), Name: "m", Model: m, Parts: parts}
+		c := m.NewCache()
+		st, err := rem.Prefill(ctx, "split", prompt, start, c, nil)
+		if err != nil {
+			t.Fatalf("layers %v: %v", r, err)
+		}
+		if c.Len() != end {
+			t.Fatalf("layers %v: cache holds %d, want %d", r, c.Len(), end)
+		}
+		var share int64
+		for l := r.Start; l < r.End; l++ {
+			k, v, err := ref.Export(l, 0, end)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gk, gv, err := c.Export(l-r.Start, 0, end)
+			if err != nil || !bytes.Equal(k, gk) || !bytes.Equal(v, gv) {
+				t.Fatalf("layers %v: layer %d differs from local prefill (%v)", r, l, err)
+			}
+			share += int64(len(k) + len(v))
+		}
+		if st.Bytes != share {
+			t.Fatalf("layers %v: received %d bytes, its layers' share is %d", r, st.Bytes, share)
+		}
+		c.Free()
+	}
+	// A stage nobody answers at: the fill fails, the cache stays at start.
+	dead := testutil.Addr(t)
+	_, bad, err := decode.ParsePrefillEndpoints([]string{addrs[0] + "@0:1", dead + "@1:3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rem := &decode.KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{ConnectTimeout: time.Second}), Name: "m", Model: whole, Parts: bad}
+	c := whole.NewCache()
+	defer c.Free()
+	other := append([]int32{1, 2, 3}, prompt[3:]...)
+	if _, err := rem.Prefill(ctx, "dead", other, 0, c, nil); err == nil || c.Len() != 0 {
+		t.Fatalf("a dead prefill stage: %v, cache holds %d", err, c.Len())
+	}
+	for _, l := range [][]string{{"a:1", "b:2@0:1"}, {"a:1@0:2", "b:1@1:3"}, {"@0:1"}, {"a:1@x"}} {
+		if _, _, err := decode.ParsePrefillEndpoints(l); err == nil {
+			t.Errorf("%q parsed", l)
+		}
+	}
+	if _, _, err := decode.ParsePrefillEndpoints([]string{"a:1"}); errors.Is(err, kvwire.ErrNoEndpoint) {
+		t.Fatal(err)
+	}
+}
