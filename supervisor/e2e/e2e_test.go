@@ -177,6 +177,34 @@ func remotePrefillOK(t *testing.T, api string) float64 {
 	return sum
 }
 
+// remotePrefillOutcomes sums exo_remote_prefill_total in h's /metrics by
+// outcome.
+func remotePrefillOutcomes(t *testing.T, api string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + api + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "exo_remote_prefill_total{") {
+			continue
+		}
+		_, rest, ok := strings.Cut(line, `outcome="`)
+		if !ok {
+			continue
+		}
+		outcome, _, _ := strings.Cut(rest, `"`)
+		f := strings.Fields(line)
+		v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+		out[outcome] += v
+	}
+	return out
+}
+
 func cluster(base int, modelDir, decodeHost, secretFile string) string {
 	return fmt.Sprintf(`[cluster]
 name = "e2e"

@@ -126,6 +126,19 @@ remote_prefill_min_tokens = 1
 remote_prefill_route = "floor"`, "tensor-peers", "tiny-decode-rank0", "tiny-decode-rank1")
 }
 
+// TestPipelineTwoHostsRemotePrefill: two pipeline stages (stage 0 on
+// spark, stage 1 on mac, each given the prefill runner by the plan) fill
+// every prompt, a long one among them, from spark's prefill runner — stage
+// 0 its layers, then stage 1 its own layer range over the KV wire — and
+// answer as one runner with local prefill does; stage 0 counts every fill
+// ok (a later stage's failure would count as a fallback) and none other.
+func TestPipelineTwoHostsRemotePrefill(t *testing.T) {
+	shardedTwoHosts(t, `{ hosts = ["spark", "mac"], shard = "pipeline" }
+prefill = { hosts = ["spark"] }
+remote_prefill_min_tokens = 1
+remote_prefill_route = "floor"`, "stage-next", "tiny-decode-stage0", "tiny-decode-stage1")
+}
+
 // shardedTwoHosts runs the tiny model (4 layers) first as one decode runner
 // on spark, then sharded by decode over spark and mac (whose runners are
 // sparkRunner and macRunner), and compares greedy answers through both
@@ -146,6 +159,10 @@ func shardedTwoHosts(t *testing.T, decode, flag, sparkRunner, macRunner string) 
 		t.Fatal(err)
 	}
 	prompts := []string{"hello there, how are you today?", "Tell me a story about a pipeline.", "1 2 3 4 5 6 7 8 9 10 11 12 13"}
+	remote := strings.Contains(decode, "prefill =")
+	if remote { // a long prompt too
+		prompts = append(prompts, strings.Repeat("A long prompt that the prefill runner computes for every stage. ", 10)) // about 320 of the 512-token context
+	}
 
 	// The reference: one decode runner with the whole model on spark.
 	base, apiPort := freePort(t), freePort(t)
@@ -170,7 +187,6 @@ func shardedTwoHosts(t *testing.T, decode, flag, sparkRunner, macRunner string) 
 		t.Fatal(err)
 	}
 	spark, mac := startTwoHosts(t, exe, dir, cfgPath, apiPort)
-	remote := strings.Contains(decode, "prefill =")
 	if remote {
 		spark.waitRunners(t, sparkRunner, "tiny-prefill")
 	} else {
@@ -238,6 +254,14 @@ func shardedTwoHosts(t *testing.T, decode, flag, sparkRunner, macRunner string) 
 	}
 	if n := remotePrefillOK(t, spark.api); remote && n < float64(2*len(prompts)) {
 		t.Errorf("remote prefill ok = %v on spark, want every one of the %d requests", n, 2*len(prompts))
+	}
+	if remote {
+		t.Logf("remote prefill outcomes: spark %v, mac %v", remotePrefillOutcomes(t, spark.api), remotePrefillOutcomes(t, mac.api))
+		for outcome, n := range remotePrefillOutcomes(t, spark.api) {
+			if outcome != "ok" && n > 0 {
+				t.Errorf("remote prefill outcome %q = %v on spark, want only ok", outcome, n)
+			}
+		}
 	}
 	t.Logf("answers %q", want)
 	for _, h := range []*host{spark, mac} {
