@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
 	"testing"
@@ -158,5 +159,50 @@ func TestSplitFillFromPrefillStages(t *testing.T) {
 	}
 	if _, _, err := decode.ParsePrefillEndpoints([]string{"a:1"}); errors.Is(err, kvwire.ErrNoEndpoint) {
 		t.Fatal(err)
+	}
+}
+
+// TestSplitFillHybrid: a hybrid model (Gated DeltaNet layers, their state
+// in State frames) filled from two prefill stages gives the next token's
+// logits of a local prefill.
+func TestSplitFillHybrid(t *testing.T) {
+	dir := filepath.Join("..", "engine", "testdata", "reference", "qwen3_next")
+	whole := load(t, dir, engine.LayerRange{})
+	L := whole.Info().Layers
+	addrs := prefillStages(t, dir, []int{0, L / 2, L})
+	_, parts, err := decode.ParsePrefillEndpoints([]string{fmt.Sprintf("%s@0:%d", addrs[0], L/2), fmt.Sprintf("%s@%d:%d", addrs[1], L/2, L)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	prompt := make([]int32, 70)
+	for i := range prompt {
+		prompt[i] = int32(5 + i*17%300)
+	}
+	end := len(prompt) - 1
+	ref := whole.NewCache()
+	defer ref.Free()
+	if err := whole.Prefill(ctx, ref, prompt[:end], 16, nil); err != nil {
+		t.Fatal(err)
+	}
+	want, err := whole.Forward(ctx, ref, prompt[end:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	rem := &decode.KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{}), Name: "m", Model: whole, Parts: parts}
+	c := whole.NewCache()
+	defer c.Free()
+	st, err := rem.Prefill(ctx, "hybrid", prompt, 0, c, nil)
+	if err != nil || c.Len() != end || st.States == 0 {
+		t.Fatalf("fill: %v, cache %d of %d, %d states", err, c.Len(), end, st.States)
+	}
+	got, err := whole.Forward(ctx, c, prompt[end:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		if d := got[i] - want[i]; d > 1e-4 || d < -1e-4 {
+			t.Fatalf("logit %d: %v after the split fill, %v after local prefill", i, got[i], want[i])
+		}
 	}
 }
