@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -93,5 +94,29 @@ func TestTensorParallelRemotePrefillMLX(t *testing.T) {
 	expectSame(t, "remote prefill into MLX ranks", got, want)
 	if after := g.ranks[0].metric(t, outcome("ok")); after != before+1 {
 		t.Fatalf("remote prefill ok %v → %v (last %q)", before, after, g.ranks[0].lastOutcome())
+	}
+}
+
+// TestTensorParallelTinyMLXJACCLFallback: ranks given a JACCL device
+// matrix (--tensor-rdma) on a host whose libmlx has no JACCL (any but a
+// Mac with RDMA enabled) log why and join MLX's ring instead, answering
+// as one MLX runner does. By hand (EXO_MLXC_PATH); not on macOS, where
+// JACCL may be there and the fake devices would fail it.
+func TestTensorParallelTinyMLXJACCLFallback(t *testing.T) {
+	if os.Getenv("EXO_MLXC_PATH") == "" {
+		t.Skip("by hand: set EXO_MLXC_PATH to libmlxc.so (README, \"Building MLX and mlx-c by hand\")")
+	}
+	if runtime.GOOS == "darwin" {
+		t.Skip("checks the fallback where JACCL is unavailable; macOS may have it")
+	}
+	mlx := []string{"--backend", "mlx", "--device", "cpu"}
+	dir := tinyModel(t, "main-long")
+	ref := start(t, "tp-mlx-jaccl-ref", "decode", append([]string{"--model", dir}, mlx...)...)
+	g := startTensor(t, dir, 2, append(mlx, "--tensor-rdma", `[[null,"rdma_en3"],["rdma_en4",null]]`)...)
+	checkTensorGroup(t, g, ref, []string{"hello there"}, 2, true)
+	for i, r := range g.ranks {
+		if l := r.logs(); !strings.Contains(l, "JACCL unavailable, falling back to MLX's ring") {
+			t.Errorf("rank %d did not log the fallback:\n%s", i, l)
+		}
 	}
 }
