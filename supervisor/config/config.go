@@ -75,6 +75,10 @@ const StageLinkPortOffset = 3
 // port after it).
 const TensorLinkPortOffset = 4
 
+// PrefillStageLinkPortOffset is the offset of a pipeline prefill stage's
+// link port (contract C4: runner_port_base + 10*i + 6).
+const PrefillStageLinkPortOffset = 6
+
 // Config is a loaded, defaulted and validated cluster file.
 type Config struct {
 	Path    string  `toml:"-"`

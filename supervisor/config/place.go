@@ -212,7 +212,7 @@ type FactsFunc func(source string) (*modelinfo.Facts, error)
 // hosts' memory, and refuses what cannot run: a split that does not fit,
 // layers that do not sum to the model's, a tensor group whose size does not
 // divide the model's heads or MLP widths or whose ranks do not fit, and (not
-// supported yet) tensor or pipeline prefill. Errors carry the decode/prefill key's
+// supported yet) tensor prefill, or a pipeline prefill beside a tensor decode. Errors carry the decode/prefill key's
 // file:line:column. localHost's usable memory is memory_gib, else localMem
 // (its physical memory; 0: unknown); a remote host without memory_gib is not
 // checked here (its own supervisor checks it). The split itself uses only
@@ -239,7 +239,7 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 			f, ferr := facts(r.Source)
 			// Only a split by memory cannot do without the facts; the rest
 			// runs and the runners check the model at load.
-			if ferr != nil && !errors.Is(ferr, modelinfo.ErrNotLocal) && r.Shard == ShardPipeline && r.Layers == nil && rr.role == Decode {
+			if ferr != nil && !errors.Is(ferr, modelinfo.ErrNotLocal) && r.Shard == ShardPipeline && r.Layers == nil {
 				bad(key, "model %s: %s: cannot read the model's facts for placement: %v", m.Name, rr.role, ferr)
 				continue
 			}
@@ -267,8 +267,10 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 				out = append(out, pl)
 				continue
 			}
-			if rr.role == Prefill {
-				bad(c.at("models", i, rr.role, "shard"), "model %s: prefill.shard \"pipeline\" is not supported yet (a pipeline decode works; prefill hosts must each hold the whole model)", m.Name)
+			if rr.role == Prefill && m.Decode != nil && m.Decode.Shard == ShardTensor {
+				// A tensor rank asks whole prefill runners for its KV heads;
+				// the stages' range requests carry no head range.
+				bad(c.at("models", i, rr.role, "shard"), "model %s: prefill.shard \"pipeline\" with decode.shard \"tensor\" is not supported (tensor ranks fetch their KV heads from whole prefill runners: leave prefill's shard out, or pipeline the decode)", m.Name)
 				continue
 			}
 			if f == nil {
@@ -277,6 +279,9 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 					pl.Note = "split by hand; the model's facts are not readable here, so its layer count and sizes are not checked (" + ferr.Error() + ")"
 				} else {
 					pl.Note = "placement is decided at start-up on the stage hosts, from the model's files (not in this host's store: " + ferr.Error() + "); a stage host without them runs no stage: pull the model there or set layers = [...]"
+					if rr.role == Prefill {
+						pl.Note += "; a decode host that cannot split it passes its runners no --prefill (they prefill locally)"
+					}
 				}
 				out = append(out, pl)
 				continue
@@ -299,7 +304,7 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 			}
 			st, err := Split(in)
 			if err != nil {
-				bad(key, "model %s: decode: %v", m.Name, err)
+				bad(key, "model %s: %s: %v", m.Name, rr.role, err)
 				continue
 			}
 			c.setStages(m.Name, rr.role, st)

@@ -186,12 +186,13 @@ decode = { hosts = ["a", "b"], shard = "tensor" }
 		return strings.Split(err.Error(), "\n")
 	}
 
-	// Heads that 2 ranks cannot divide, and a pipeline prefill: both refused.
+	// Heads that 2 ranks cannot divide, and a pipeline prefill beside tensor
+	// ranks: both refused.
 	c := parse(`prefill = { hosts = ["a", "c"], shard = "pipeline" }`)
 	_, err := c.Place(smol, "a", 0)
 	want := []string{
 		`f.toml:19:12: model m: decode.shard "tensor": 2 hosts: num_attention_heads 9 is not divisible by 2; num_key_value_heads 3 is not divisible by 2; host counts that would: 3`,
-		`f.toml:20:33: model m: prefill.shard "pipeline" is not supported yet (a pipeline decode works; prefill hosts must each hold the whole model)`,
+		`f.toml:20:33: model m: prefill.shard "pipeline" with decode.shard "tensor" is not supported (tensor ranks fetch their KV heads from whole prefill runners: leave prefill's shard out, or pipeline the decode)`,
 	}
 	if !slices.Equal(errs(err), want) {
 		t.Errorf("Place: %v\nwant %s", err, strings.Join(want, "\n"))

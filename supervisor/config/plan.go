@@ -101,6 +101,12 @@ func (c *Config) StageLinkPort(i int) int {
 	return c.Cluster.RunnerPortBase + PortsPerModel*i + StageLinkPortOffset
 }
 
+// PrefillStageLinkPort is the port model i's pipeline prefill stages take
+// their stage link on (contract C4).
+func (c *Config) PrefillStageLinkPort(i int) int {
+	return c.Cluster.RunnerPortBase + PortsPerModel*i + PrefillStageLinkPortOffset
+}
+
 func stageKey(model, role string) string { return model + "\x00" + role }
 
 func (c *Config) setStages(model, role string, st []Stage) {
@@ -265,9 +271,19 @@ func (c *Config) AllRunners() []Runner {
 	for mi, m := range c.Models {
 		var prefill, health []string
 		if m.Prefill != nil {
-			for _, hn := range m.Prefill.Hosts {
+			// A pipeline prefill's stages are ADDR@A:B (contract C4), and
+			// only once its split is known (else decode prefills locally).
+			pst := c.stages[stageKey(m.Name, Prefill)]
+			for si, hn := range m.Prefill.Hosts {
+				if m.Prefill.Pipeline() && pst == nil {
+					break
+				}
 				h := c.Hosts[hn]
-				prefill = append(prefill, net.JoinHostPort(h.Address, strconv.Itoa(m.Prefill.Port)))
+				kv := net.JoinHostPort(h.Address, strconv.Itoa(m.Prefill.Port))
+				if m.Prefill.Pipeline() {
+					kv += fmt.Sprintf("@%d:%d", pst[si].Start, pst[si].End)
+				}
+				prefill = append(prefill, kv)
 				health = append(health, net.JoinHostPort(h.Address, strconv.Itoa(m.Prefill.MetricsPort)))
 			}
 		}
@@ -287,7 +303,7 @@ func (c *Config) AllRunners() []Runner {
 			}
 			if r.Pipeline() {
 				// A pipeline runs only once its split is known.
-				if stages = c.stages[stageKey(m.Name, role)]; stages == nil || role != Decode {
+				if stages = c.stages[stageKey(m.Name, role)]; stages == nil {
 					return
 				}
 			}
@@ -306,8 +322,12 @@ func (c *Config) AllRunners() []Runner {
 					ru.Name = fmt.Sprintf("%s-%s-stage%d", m.Name, role, si)
 					ru.Layers = fmt.Sprintf("%d:%d", stages[si].Start, stages[si].End)
 					ru.Stage = fmt.Sprintf("%d/%d", si, len(stages))
-					ru.StageListen = net.JoinHostPort(h.Address, strconv.Itoa(c.StageLinkPort(mi)))
-					ru.StageNext = net.JoinHostPort(next.Address, strconv.Itoa(c.StageLinkPort(mi)))
+					port := c.StageLinkPort(mi)
+					if role == Prefill {
+						port = c.PrefillStageLinkPort(mi)
+					}
+					ru.StageListen = net.JoinHostPort(h.Address, strconv.Itoa(port))
+					ru.StageNext = net.JoinHostPort(next.Address, strconv.Itoa(port))
 					ru.Group = groupString(stages)
 				}
 				if peers != nil {

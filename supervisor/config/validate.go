@@ -250,6 +250,9 @@ func (c *Config) validate() Errors {
 				if rr.role == Decode && r.Pipeline() {
 					claim(hn, c.StageLinkPort(i), what+" stage link", c.at("models", i, rr.role, "shard"))
 				}
+				if rr.role == Prefill && r.Pipeline() {
+					claim(hn, c.PrefillStageLinkPort(i), what+" stage link", c.at("models", i, rr.role, "shard"))
+				}
 				if rr.role == Decode && r.Shard == ShardTensor {
 					claim(hn, c.TensorLinkPort(i), what+" tensor link", c.at("models", i, rr.role, "shard"))
 					claim(hn, c.TensorLinkPort(i)+1, what+" tensor MLX ring", c.at("models", i, rr.role, "shard"))
