@@ -149,6 +149,29 @@ remote_prefill_min_tokens = 1
 remote_prefill_route = "floor"`, "stage-next", "tiny-decode-stage0", "tiny-decode-stage1")
 }
 
+// oneRunnerAnswers is the reference: the greedy answers to prompts of one
+// decode runner holding the whole model on spark, with local prefill (its
+// supervisor is stopped before it returns; cfgPath is overwritten).
+func oneRunnerAnswers(t *testing.T, exe, dir, cfgPath, model, secret string, prompts []string) []string {
+	t.Helper()
+	base, apiPort := freePort(t), freePort(t)
+	if err := os.WriteFile(cfgPath, []byte(pipelineCluster(base, apiPort, model, secret, `{ hosts = ["spark"] }`)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	one := startHost(t, exe, dir, cfgPath, "spark", "127.0.0.2", apiPort)
+	one.waitRunners(t, "tiny-decode")
+	var want []string
+	for _, p := range prompts {
+		_, text := chatText(t, one.api, p)
+		if text == "" {
+			t.Fatalf("one runner answered %q with nothing", p)
+		}
+		want = append(want, text)
+	}
+	stopHost(t, one)
+	return want
+}
+
 // shardedTwoHosts runs the tiny model (4 layers) first as one decode runner
 // on spark, then sharded by decode over spark and mac (whose runners are
 // sparkRunner and macRunner), and compares greedy answers through both
@@ -174,25 +197,10 @@ func shardedTwoHosts(t *testing.T, decode, flag, sparkRunner, macRunner string) 
 		prompts = append(prompts, strings.Repeat("A long prompt that the prefill runner computes for every stage. ", 10)) // about 320 of the 512-token context
 	}
 
-	// The reference: one decode runner with the whole model on spark.
-	base, apiPort := freePort(t), freePort(t)
-	if err := os.WriteFile(cfgPath, []byte(pipelineCluster(base, apiPort, model, secret, `{ hosts = ["spark"] }`)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	one := startHost(t, exe, dir, cfgPath, "spark", "127.0.0.2", apiPort)
-	one.waitRunners(t, "tiny-decode")
-	var want []string
-	for _, p := range prompts {
-		_, text := chatText(t, one.api, p)
-		if text == "" {
-			t.Fatalf("one runner answered %q with nothing", p)
-		}
-		want = append(want, text)
-	}
-	stopHost(t, one)
+	want := oneRunnerAnswers(t, exe, dir, cfgPath, model, secret, prompts)
 
 	// Sharded over two supervisors.
-	base, apiPort = freePort(t), freePort(t)
+	base, apiPort := freePort(t), freePort(t)
 	if err := os.WriteFile(cfgPath, []byte(pipelineCluster(base, apiPort, model, secret, decode)), 0o644); err != nil {
 		t.Fatal(err)
 	}
