@@ -24,6 +24,19 @@ type StageHook interface {
 	Want(prompt []int32, from int) error
 	// Stage names the stage in errors ("prefill stage 1/2").
 	Stage() string
+	// Up reports whether the stage's links to the others are up: a later
+	// stage waiting for a computation with a link down would wait for
+	// nothing. The hook calls Producer.StageChanged when a link goes down.
+	Up() bool
+}
+
+// StageChanged wakes the requests waiting on a later stage for a
+// computation (await), so that they see a link that went down and fail
+// at once instead of waiting for what no stage will send.
+func (p *Producer) StageChanged() {
+	p.mu.Lock()
+	p.notifyLocked()
+	p.mu.Unlock()
 }
 
 // ComputeFunc computes positions [from, end) of prompt into c (holding
@@ -89,6 +102,9 @@ func (p *Producer) await(ctx context.Context, req *kvwire.Request, pl *plan) (*f
 		}
 		changed := p.changed
 		p.mu.Unlock()
+		if !p.pipe.Up() {
+			return nil, fmt.Errorf("%w: %s: a link to the other stages is down", kvwire.ErrRemoteInternal, p.pipe.Stage())
+		}
 		if !asked {
 			if err := p.pipe.Want(req.Tokens, have); err != nil {
 				return nil, fmt.Errorf("%w: %v", kvwire.ErrRemoteInternal, err)

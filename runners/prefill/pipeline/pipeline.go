@@ -191,6 +191,7 @@ func (pp *Pipe) dialLoop(ctx context.Context) {
 			pp.next = nil
 		}
 		pp.mu.Unlock()
+		pp.p.StageChanged()
 		pp.log.Warn("prefill stage link to the next stage down", "err", link.Err())
 	}
 }
@@ -232,6 +233,7 @@ func (pp *Pipe) serveUp(ctx context.Context, link *stage.Link) {
 			}
 		}
 		pp.mu.Unlock()
+		pp.p.StageChanged()
 		for _, s := range lost {
 			s.ch <- fmt.Errorf("%w: prefill stage %d lost the link from stage %d: %v", kvwire.ErrRemoteInternal, pp.cfg.Stage, pp.cfg.Stage-1, err)
 		}
