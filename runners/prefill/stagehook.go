@@ -67,6 +67,14 @@ func (p *Producer) Cached(tokens []int32, limit int) int {
 	return p.cache.peek(tokens, limit, p.info.Recurrent != nil)
 }
 
+// Idle reports whether no computation is running on p (every job has
+// ended, its tokens counted in the metrics).
+func (p *Producer) Idle() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.jobs) == 0
+}
+
 // Computing reports whether a computation of tokens from at most from is
 // running (and taking followers).
 func (p *Producer) Computing(tokens []int32, from int) bool {
