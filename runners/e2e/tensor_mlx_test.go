@@ -38,35 +38,7 @@ func TestTensorParallelTinyMLXLostRank(t *testing.T) {
 	}
 	mlx := []string{"--backend", "mlx", "--device", "cpu"}
 	g := startTensor(t, tinyModel(t, "main-long"), 2, mlx...)
-	first := make(chan struct{}, 1)
-	res := make(chan chatResult, 1)
-	go func() {
-		r, err := chatStreamCtx(t.Context(), g.ranks[0].listen, user("tell me a long story"), 20000, ignoreEOS, func(string) {
-			select {
-			case first <- struct{}{}:
-			default:
-			}
-		})
-		if err != nil {
-			r.ErrorBody = err.Error()
-		}
-		res <- r
-	}()
-	<-first
-	g.ranks[1].kill()
-	var r chatResult
-	select {
-	case r = <-res:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the request in hand did not end within 60 s of its rank's death")
-	}
-	if r.Done && r.ErrorBody == "" || r.Completion >= 20000 {
-		t.Fatalf("the request in hand completed although rank 1 died: %+v", r)
-	}
-	if !strings.Contains(r.ErrorBody, "tensor") {
-		t.Fatalf("the request in hand ended without naming the group: %+v", r)
-	}
-	t.Logf("the request in hand ended: %+v", r)
+	killRankMidStream(t, g)
 	select {
 	case <-g.ranks[0].done:
 	case <-time.After(60 * time.Second):

@@ -148,35 +148,7 @@ func TestTensorParallelTiny(t *testing.T) {
 	checkTensorGroup(t, g, ref, []string{"hello there", words(11, 60)}, 2, true)
 
 	// A long generation, and rank 1 killed while it streams.
-	first := make(chan struct{}, 1)
-	res := make(chan chatResult, 1)
-	go func() {
-		r, err := chatStreamCtx(t.Context(), g.ranks[0].listen, user("tell me a long story"), 20000, ignoreEOS, func(string) {
-			select {
-			case first <- struct{}{}:
-			default:
-			}
-		})
-		if err != nil {
-			r.ErrorBody = err.Error()
-		}
-		res <- r
-	}()
-	<-first
-	g.ranks[1].kill()
-	var r chatResult
-	select {
-	case r = <-res:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the request in hand did not end within 60 s of its rank's death")
-	}
-	if r.Done && r.ErrorBody == "" || r.Completion >= 20000 {
-		t.Fatalf("the request in hand completed although rank 1 died: %+v", r)
-	}
-	if !strings.Contains(r.ErrorBody, "tensor") {
-		t.Fatalf("the request in hand ended without naming the group: %+v", r)
-	}
-	t.Logf("the request in hand ended: %+v", r)
+	killRankMidStream(t, g)
 	g.waitHealth(t, 0, 503)
 	if _, body := health(g.ranks[0]); !strings.Contains(fmt.Sprint(body["error"]), "rank 1") {
 		t.Fatalf("rank 0's /health while rank 1 is dead: %v", body)
@@ -263,4 +235,40 @@ func TestTensorParallelSpeculative(t *testing.T) {
 	if acc+rej == 0 {
 		t.Fatal("no drafts were verified: the test did not exercise speculation")
 	}
+}
+
+// killRankMidStream starts a long generation on g's rank 0, kills rank 1
+// once the first token has streamed, and asserts that the request in hand
+// ends within 60 s with an error naming the tensor group.
+func killRankMidStream(t *testing.T, g *tpGroup) {
+	t.Helper()
+	first := make(chan struct{}, 1)
+	res := make(chan chatResult, 1)
+	go func() {
+		r, err := chatStreamCtx(t.Context(), g.ranks[0].listen, user("tell me a long story"), 20000, ignoreEOS, func(string) {
+			select {
+			case first <- struct{}{}:
+			default:
+			}
+		})
+		if err != nil {
+			r.ErrorBody = err.Error()
+		}
+		res <- r
+	}()
+	<-first
+	g.ranks[1].kill()
+	var r chatResult
+	select {
+	case r = <-res:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the request in hand did not end within 60 s of its rank's death")
+	}
+	if r.Done && r.ErrorBody == "" || r.Completion >= 20000 {
+		t.Fatalf("the request in hand completed although rank 1 died: %+v", r)
+	}
+	if !strings.Contains(r.ErrorBody, "tensor") {
+		t.Fatalf("the request in hand ended without naming the group: %+v", r)
+	}
+	t.Logf("the request in hand ended: %+v", r)
 }
