@@ -31,6 +31,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/prefill"
 	"github.com/exo-pd/exo-pd/runners/prefill/pipeline"
 	"github.com/exo-pd/exo-pd/runners/stage"
+	"github.com/exo-pd/exo-pd/runners/tensor"
 )
 
 const runnerUsage = `usage:
@@ -458,15 +459,15 @@ func cmdRunner(ctx context.Context, args []string) error {
 	go func() { httpDone <- serveHTTP(ctx, hl, gate, gate.drain, f.readHeaderTimeout, log) }()
 	log.Info("runner starting", "http", hl.Addr().String(), "source", f.model)
 
-	tr, err := listenTensor(f, secret, log)
+	tr, err := tensor.StartRunner(tensorConfig(f, secret, log))
 	if err != nil {
 		cancel()
 		<-httpDone
-		return err
+		return fmt.Errorf("runner: %w", err)
 	}
-	m, path, err := loadModel(ctx, f, gate, log, tr.join(f))
+	m, path, err := loadModel(ctx, f, gate, log, tr.Join())
 	if err != nil {
-		tr.close()
+		tr.Close()
 		cancel()
 		<-httpDone
 		return err
@@ -474,7 +475,7 @@ func cmdRunner(ctx context.Context, args []string) error {
 	defer m.Close()
 
 	var runErr error
-	if tr.follower() {
+	if tr.Follower() {
 		runErr = runTensorFollower(ctx, f, m, tr, secret, gate, log)
 	} else if f.role == "decode" {
 		runErr = runDecode(ctx, f, m, path, secret, gate, log, tr)
@@ -543,7 +544,7 @@ func loadModel(ctx context.Context, f *runnerFlags, gate *loadGate, log *slog.Lo
 	return m, path, nil
 }
 
-func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string, secret []byte, gate *loadGate, log *slog.Logger, tr *tensorRank) error {
+func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string, secret []byte, gate *loadGate, log *slog.Logger, tr *tensor.Runner) error {
 	st, err := decode.NewSetup(f.name, m, path, f.defaults)
 	if err != nil {
 		return fmt.Errorf("runner: %w", err)
@@ -567,7 +568,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 	var dm decode.Model = m
 	var tensorDone <-chan error // rank 0: the group's end (nil: not tensor-parallel)
 	if tr != nil {
-		dm, tensorDone = tr.lead(ctx, m, met, gate, log)
+		dm, tensorDone = leadTensor(ctx, tr, m, met, gate)
 	}
 	if f.stages > 0 {
 		ring, err := startRing(ctx, f, m, secret, met, log)
@@ -600,11 +601,9 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 		w := stageRemote(ctx, f, m, secret, met, log)
 		o.Remote, gate.endpoints = &stage.Remote{Ring: ring, Local: w.Remote}, w.Breaker.Status
 	} else if f.prefill != "" {
-		w := newRemote(ctx, f, dm, secret, met, log, tr != nil, m)
+		w := newRemote(ctx, f, dm, secret, met, log, tr, m)
 		o.Remote, o.Router, gate.endpoints = w.Remote, w.Router, w.Breaker.Status
-		if tr != nil {
-			o.Remote = tr.r.Leader.Remote(w.Remote) // every rank fetches its KV heads
-		}
+		o.Remote = tr.Remote(o.Remote) // a tensor group: every rank fetches its KV heads
 		log.Info("remote prefill enabled", "endpoints", f.prefill, "min_tokens", f.minRemote, "route", f.route, "kv_wire_dtype", f.kvWireDType, "kv_streams", f.kvStreams,
 			"connect_timeout", f.connectTimeout, "idle_floor", f.idleFloor)
 	}

@@ -12,6 +12,11 @@
 // the ranks sum through MLX's own group (runners/engine/mlx JoinGroup) and
 // the link carries only the calls.
 //
+// A runner process's rank is assembled here too (runner.go: RunnerConfig
+// from the --tensor flags, StartRunner before the model loads, Join as
+// the load's collective, Lead on rank 0, ServeFollower elsewhere), so that
+// cmd/exo only parses flags.
+//
 // The engine's sharding (runners/engine/tensor.go) is not here: this
 // package only runs the ranks' shares in lockstep. A rank lost breaks the
 // group: rank 0's calls fail with ErrGroup (its in-flight requests end
