@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -354,37 +355,55 @@ func TestHealthAnswersDuringALongGeneration(t *testing.T) {
 // runner, and the runners' Go runtime metrics are exported. RSS and heap
 // before, right after and once settled are logged (measured, not
 // asserted; docs/BENCHMARKS.md has a run).
+//
+// The baseline is taken after one request has gone through both runners:
+// the cpu backend starts its worker pool (threads-1 goroutines for the
+// Backend's life) on the first op that splits, so a runner that has not
+// computed anything yet has fewer goroutines than one at rest after work.
+// Goroutines are read from exo_goroutines, counted before the scrape's
+// gather starts: go_goroutines counts the registry's own collector
+// goroutines as well, a number that moved by up to three between scrapes
+// of an idle runner here (that, on top of the pool, made this test fail
+// once with 15 after against 13 before).
 func TestBurstSettles(t *testing.T) {
 	dir := tinyModel(t, "main")
 	pre := start(t, "prefill", "prefill", "--model", dir)
 	dec := start(t, "decode", "decode", "--model", dir, "--prefill", pre.listen)
+	bench := func(concurrency int) {
+		t.Helper()
+		out, err := exec.Command(exoBin, "bench", "--url", "http://"+dec.listen, "--pp", "300", "--tg", "32",
+			"--repeat", "1", "--concurrency", strconv.Itoa(concurrency), "--json").CombinedOutput()
+		if err != nil {
+			t.Fatalf("exo bench --concurrency %d: %v\n%s", concurrency, err, tail(string(out), 2000))
+		}
+	}
 	snap := func(p *proc) (g, rss, heap float64) {
-		return p.metric(t, "go_goroutines"), p.metric(t, "process_resident_memory_bytes") / (1 << 20),
+		return p.metric(t, "exo_goroutines"), p.metric(t, "process_resident_memory_bytes") / (1 << 20),
 			p.metric(t, "go_memstats_heap_inuse_bytes") / (1 << 20)
+	}
+	bench(1) // warm: a prompt over the remote floor, prefilled remotely
+	if n := dec.metric(t, outcome("ok")); n != 1 {
+		t.Fatalf("the warm-up request's outcome: %v remote fills, want 1", n)
 	}
 	type row struct{ g, rss, heap float64 }
 	idle := map[*proc]row{}
 	for _, p := range []*proc{pre, dec} {
 		g, rss, heap := snap(p)
 		if g == 0 || rss == 0 || heap == 0 {
-			t.Fatalf("%s: Go runtime metrics missing (goroutines %v, rss %v MiB, heap %v MiB)", p.name, g, rss, heap)
+			t.Fatalf("%s: runtime metrics missing (goroutines %v, rss %v MiB, heap %v MiB)", p.name, g, rss, heap)
 		}
 		idle[p] = row{g, rss, heap}
 	}
-	out, err := exec.Command(exoBin, "bench", "--url", "http://"+dec.listen, "--pp", "300", "--tg", "32",
-		"--repeat", "1", "--concurrency", "64", "--json").CombinedOutput()
-	if err != nil {
-		t.Fatalf("exo bench --concurrency 64: %v\n%s", err, tail(string(out), 2000))
-	}
+	bench(64)
 	after := map[*proc]row{}
 	for _, p := range []*proc{pre, dec} {
 		g, rss, heap := snap(p)
 		after[p] = row{g, rss, heap}
 	}
-	// Settled: the goroutines are back to idle (asserted) and the runner
-	// has returned freed memory to the OS (it does 5 s after a burst
-	// ends; seen as go_memstats_heap_released_bytes growing), so the RSS
-	// logged is the settled one.
+	// Settled: the goroutines are back to the warm count (asserted) and
+	// the runner has returned freed memory to the OS (it does 5 s after a
+	// burst ends; seen as go_memstats_heap_released_bytes growing), so the
+	// RSS logged is the settled one.
 	const released = "go_memstats_heap_released_bytes"
 	for _, p := range []*proc{pre, dec} {
 		rel := p.metric(t, released)
@@ -392,13 +411,13 @@ func TestBurstSettles(t *testing.T) {
 		returned := false
 		testutil.Until(30*time.Second, func() bool {
 			g, rss, heap = snap(p)
-			returned = p.metric(t, released) > rel
-			return g <= idle[p].g+1 && returned
+			returned = returned || p.metric(t, released) > rel
+			return g <= idle[p].g && returned
 		})
-		if g > idle[p].g+1 {
-			t.Fatalf("%s: %v goroutines after the burst, %v idle: leaked", p.name, g, idle[p].g)
+		if g > idle[p].g {
+			t.Fatalf("%s: %v goroutines after the burst, %v before it (warm, at rest): leaked", p.name, g, idle[p].g)
 		}
-		t.Logf("%s: goroutines %v → %v → %v; RSS %.1f → %.1f → %.1f MiB; heap in use %.1f → %.1f → %.1f MiB (idle → after 64 streams → settled; memory returned to the OS: %v)",
+		t.Logf("%s: goroutines %v → %v → %v; RSS %.1f → %.1f → %.1f MiB; heap in use %.1f → %.1f → %.1f MiB (warm at rest → after 64 streams → settled; memory returned to the OS: %v)",
 			p.name, idle[p].g, after[p].g, g, idle[p].rss, after[p].rss, rss, idle[p].heap, after[p].heap, heap, returned)
 	}
 }

@@ -8,6 +8,7 @@ package metrics
 
 import (
 	"net/http"
+	"runtime"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -69,6 +70,15 @@ type Runner struct {
 	// SpecTokens counts drafted tokens speculative decoding verified, by
 	// outcome: accepted (kept) or rejected (decode only).
 	SpecTokens *prometheus.CounterVec // outcome
+	// Goroutines is the process's goroutine count taken when a scrape
+	// begins, before the registry gathers: go_goroutines is read inside
+	// the gather, where the registry's own collector goroutines (one to
+	// one per collector, as many as the scheduler let it start by then)
+	// are counted too, so it moves by a few between scrapes of an idle
+	// runner (12 to 15 seen here on a loaded machine). This one counts
+	// the runner's goroutines plus the scrape's connection (two: the
+	// handler's and the server's background read), the same each scrape.
+	Goroutines prometheus.Gauge
 }
 
 // Speculative decoding outcomes (label values of
@@ -136,7 +146,9 @@ func New(role string) *Runner {
 		Buckets: []float64{-0.75, -0.5, -0.25, -0.1, 0, 0.1, 0.25, 0.5, 1, 2, 4}})
 	m.SpecTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exo_speculative_tokens_total",
 		Help: "Drafted tokens verified by speculative decoding, by outcome: accepted (kept) or rejected."}, []string{"outcome"})
-	for _, c := range []prometheus.Collector{m.TTFT, m.InterToken, m.Duration, m.PromptTokens, m.GenTokens, m.Requests,
+	m.Goroutines = prometheus.NewGauge(prometheus.GaugeOpts{Name: "exo_goroutines",
+		Help: "Goroutines when this scrape began (go_goroutines also counts the scrape's own collector goroutines, a number that varies with scheduling)."})
+	for _, c := range []prometheus.Collector{m.TTFT, m.InterToken, m.Duration, m.PromptTokens, m.GenTokens, m.Requests, m.Goroutines,
 		m.Waiting, m.Running, m.RemotePrefill, m.KVBytes, m.KVDuration, m.KVWait, m.PrefixHit, m.PrefillTokens} {
 		f(c)
 	}
@@ -166,7 +178,12 @@ func New(role string) *Runner {
 	return m
 }
 
-// Handler serves the registry in the Prometheus text format.
+// Handler serves the registry in the Prometheus text format, setting
+// exo_goroutines first.
 func (m *Runner) Handler() http.Handler {
-	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+	h := promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m.Goroutines.Set(float64(runtime.NumGoroutine()))
+		h.ServeHTTP(w, r)
+	})
 }

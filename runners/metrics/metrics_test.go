@@ -3,6 +3,8 @@ package metrics
 import (
 	"io"
 	"net/http/httptest"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -52,5 +54,43 @@ func TestExposition(t *testing.T) {
 	}
 	if strings.Contains(pt, `exo_prompt_tokens_total{model="m"}`) {
 		t.Error("registries share state")
+	}
+}
+
+// TestGoroutinesBeforeGather: exo_goroutines is the count when the scrape
+// began, so the registry's collector goroutines, which go_goroutines
+// counts, are not in it: scraped from this goroutine (nothing else starts
+// one here), it is never above the count read just before the scrape
+// (goroutines left from the last scrape may exit in between), and in some
+// scrape go_goroutines is above it.
+func TestGoroutinesBeforeGather(t *testing.T) {
+	m := New("decode")
+	value := func(text, series string) float64 {
+		for line := range strings.Lines(text) {
+			if rest, ok := strings.CutPrefix(line, series+" "); ok {
+				v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+				if err != nil {
+					t.Fatalf("%s: %v", line, err)
+				}
+				return v
+			}
+		}
+		t.Fatalf("no %s in the exposition", series)
+		return 0
+	}
+	above := false
+	for range 100 {
+		before := runtime.NumGoroutine()
+		rec := httptest.NewRecorder()
+		m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		text := rec.Body.String()
+		ours, gos := value(text, "exo_goroutines"), value(text, "go_goroutines")
+		if ours <= 0 || ours > float64(before) {
+			t.Fatalf("exo_goroutines %v; %d goroutines just before the scrape", ours, before)
+		}
+		above = above || gos > ours
+	}
+	if !above {
+		t.Error("go_goroutines never counted more than exo_goroutines: the gather's goroutines are not where this test thinks")
 	}
 }
