@@ -154,6 +154,33 @@ func checkDecodeAllocs(t *testing.T, m *engine.Model, prompt []int32, runs, slac
 	if a := allocsPerStep(runs, batch); a > float64(slack) {
 		t.Errorf("ForwardBatchInto: %v allocations in %d decode steps, want 0", a, runs)
 	}
+
+	// A batch verifying drafts (ForwardBatchAllInto): chunks of 4, 1 and
+	// 3 tokens, every row's logits, then the drafts rejected (each cache
+	// back to its length before the step).
+	chunks := [][]int32{{toks[0], 1, 2, 3}, {toks[1]}, {toks[2], 4, 5}}
+	lens := make([]int, B)
+	rows := make([]float32, 0, 8*len(want))
+	verify := func() {
+		for i, c := range caches {
+			lens[i] = c.Len()
+		}
+		if _, err := m.ForwardBatchAllInto(ctx, caches, chunks, rows); err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range caches {
+			c.Truncate(lens[i] + 1)
+		}
+		if caches[1].Len() > n0+40 {
+			for _, c := range caches {
+				c.Truncate(c.Len() - 20)
+			}
+		}
+	}
+	verify()
+	if a := allocsPerStep(runs, verify); a > float64(slack) {
+		t.Errorf("ForwardBatchAllInto: %v allocations in %d verifying steps, want 0", a, runs)
+	}
 }
 
 // allocsPerStep is the total of testing.AllocsPerRun(1, f) over runs

@@ -122,3 +122,111 @@ func TestForwardAllEqualsStepwise(t *testing.T) {
 		})
 	}
 }
+
+// TestForwardBatchAllEqualsAlone: on every architecture family of the tiny
+// models (sliding windows, MoE, Gated DeltaNet hybrids), one
+// ForwardBatchAllInto step of three sequences of different lengths (a
+// speculating generation's token and drafts beside ones that feed one
+// token) gives each sequence's rows bit for bit as ForwardAllInto of that
+// sequence alone on the cpu backend, leaves each cache as long as alone,
+// and, after a hybrid or sliding cache goes back past rejected rows, the
+// next batched step still equals the sequence's alone.
+func TestForwardBatchAllEqualsAlone(t *testing.T) {
+	b, err := backend.Open("cpu", backend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	dirs := map[string]func(t *testing.T) string{}
+	for _, arch := range []string{"llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "mistral", "gemma3", "gptoss"} {
+		dirs[arch] = func(t *testing.T) string {
+			dir := t.TempDir()
+			if err := testmodel.Write(dir, testmodel.Spec{Arch: arch, Seed: 5}); err != nil {
+				t.Fatal(err)
+			}
+			return dir
+		}
+	}
+	for _, ref := range []string{"smollm3", "olmo2", "qwen3_next", "qwen3_5"} {
+		dirs[ref] = func(*testing.T) string { return filepath.Join("testdata", "reference", ref) }
+	}
+	for name, dir := range dirs {
+		t.Run(name, func(t *testing.T) {
+			m, err := engine.Load(ctx, dir(t), b, engine.LoadOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			prompts := testmodel.ReferencePrompts()
+			// Two rounds: the second after each sequence kept only part
+			// of its first chunk (a verification's rollback).
+			rounds := [][][]int32{
+				{{7, 11, 13, 17, 19}, {23}, {29, 31, 37}},
+				{{41, 43, 47}, {53, 59}, {61}},
+			}
+			keep := []int{2, 1, 1} // of round 0's chunks
+			batch := make([]engine.KVCache, 3)
+			alone := make([]engine.KVCache, 3)
+			for i := range batch {
+				batch[i], alone[i] = m.NewCache(), m.NewCache()
+				defer batch[i].Free()
+				defer alone[i].Free()
+				p := prompts[i%len(prompts)]
+				for _, c := range []engine.KVCache{batch[i], alone[i]} {
+					if _, err := m.Forward(ctx, c, p); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			for r, chunks := range rounds {
+				for i := range batch {
+					if r > 0 {
+						// The rollback: both go back to keep what they kept
+						// (a hybrid cache to its mark: the kept tokens are
+						// fed again, as the decode runner does).
+						n := alone[i].Len() - len(rounds[r-1][i]) + keep[i]
+						for _, c := range []engine.KVCache{batch[i], alone[i]} {
+							if !c.CanTruncate(n) {
+								t.Fatalf("cache %d cannot go back to %d", i, n)
+							}
+							c.Truncate(n)
+						}
+						if got := batch[i].Len(); got != alone[i].Len() {
+							t.Fatalf("cache %d: %d after the rollback, alone %d", i, got, alone[i].Len())
+						}
+						if lost := n - batch[i].Len(); lost > 0 {
+							chunks[i] = append(append([]int32(nil), rounds[r-1][i][keep[i]-lost:keep[i]]...), chunks[i]...)
+						}
+					}
+				}
+				var want [][]float32
+				for i, c := range alone {
+					rows, err := m.ForwardAllInto(ctx, c, chunks[i], nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, row := range rows {
+						want = append(want, append([]float32(nil), row...))
+					}
+				}
+				rows, err := m.ForwardBatchAllInto(ctx, batch, chunks, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(rows) != len(want) {
+					t.Fatalf("round %d: %d rows, want %d", r, len(rows), len(want))
+				}
+				for j := range want {
+					if !sameBits(rows[j], want[j]) {
+						t.Fatalf("round %d: row %d differs from the sequence's alone", r, j)
+					}
+				}
+				for i := range batch {
+					if batch[i].Len() != alone[i].Len() {
+						t.Fatalf("round %d: cache %d holds %d, alone %d", r, i, batch[i].Len(), alone[i].Len())
+					}
+				}
+			}
+		})
+	}
+}

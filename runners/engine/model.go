@@ -640,6 +640,63 @@ func (m *Model) ForwardAllInto(ctx context.Context, c KVCache, tokens []int32, d
 	return logits, nil
 }
 
+// ForwardBatchAllInto is one step of several sequences of any lengths
+// with every position's logits: tokens[i] (1 to DefaultPrefillChunk
+// tokens) continues caches[i] at caches[i].Len(). It is how a decode
+// batch verifies several generations' drafts in one forward beside
+// generations that feed one token (a speculating generation's chunk is
+// its last token and its k drafts, k+1 positions; the others' one).
+// Embedding, projections and MLPs run once over all the rows; attention
+// runs per sequence; every row is what it would be with its sequence
+// alone (the backends' ops are row-independent), so sequence i's rows
+// equal ForwardAllInto(caches[i], tokens[i])'s. The rows come in order:
+// sequence 0's len(tokens[0]) rows, then sequence 1's, and so on; they are
+// views of dst's storage (Σ len(tokens[i])·V floats, grown when its
+// capacity is less) and the slice of rows belongs to m, valid until the
+// next call. The caches must be distinct; the caller truncates each past
+// the drafts it rejects. On error every cache is truncated to where it
+// was. A warm step with a reused dst allocates nothing on the cpu backend.
+func (m *Model) ForwardBatchAllInto(ctx context.Context, caches []KVCache, tokens [][]int32, dst []float32) (logits [][]float32, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(caches) == 0 || len(caches) != len(tokens) {
+		return nil, fmt.Errorf("engine: ForwardBatchAll with %d caches and %d chunks", len(caches), len(tokens))
+	}
+	if err := m.checkWhole(); err != nil {
+		return nil, err
+	}
+	starts := grow(&m.scr.starts, len(caches))
+	for i, c := range caches {
+		if n := len(tokens[i]); n == 0 || n > DefaultPrefillChunk {
+			return nil, fmt.Errorf("engine: ForwardBatchAll: chunk %d has %d tokens (want 1 to %d)", i, n, DefaultPrefillChunk)
+		}
+		if slices.Contains(caches[:i], c) {
+			return nil, fmt.Errorf("engine: ForwardBatchAll: cache %d appears twice", i)
+		}
+		if err := m.checkCache(c, tokens[i]); err != nil {
+			return nil, err
+		}
+		starts[i] = c.Len()
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	for i, c := range caches {
+		beginStep(c, len(tokens[i]))
+	}
+	m.scr.flat = dst
+	defer func() {
+		if err != nil {
+			for i, c := range caches {
+				truncateHeld(c, starts[i])
+			}
+		}
+		m.b.Free()
+	}()
+	defer recoverInto(&err, "forward batch all")
+	return m.stepSeqs(caches, tokens, everyRow)
+}
+
 // Prefill runs tokens in chunks of at most chunk tokens (0: 512), calling
 // onChunk(start, n) after each chunk's KV is in the cache. An error from
 // onChunk or ctx stops it after the current chunk; the chunks already done

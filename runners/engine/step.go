@@ -47,8 +47,8 @@ func (s *step) join(outs []Array) Array {
 // toks[s] continues cs[s] at its current length. Embedding, projections
 // and MLPs run once over all rows; RoPE, the cache append and attention
 // run per sequence. With want lastRows it returns each sequence's last-
-// position logits [V]; with everyRow (one sequence) the logits of every
-// position of its chunk, in order. With one sequence the graph is the plain one (no
+// position logits [V]; with everyRow the logits of every position of
+// every chunk, in order. With one sequence the graph is the plain one (no
 // slicing or concatenation). Every row's result is the same as when its
 // sequence runs alone: the backends' ops are row-independent.
 func (m *Model) stepSeqs(cs []KVCache, toks [][]int32, want logitRows) ([][]float32, error) {
@@ -149,7 +149,7 @@ type logitRows uint8
 const (
 	noRows   logitRows = iota // none: the step only fills the caches
 	lastRows                  // each sequence's last position
-	everyRow                  // every position (one sequence: verification)
+	everyRow                  // every position of every sequence, in order (verification)
 )
 
 // beginStep sets up the scratch's step for toks[i] continuing cs[i] (the

@@ -513,3 +513,60 @@ func TestForwardAllMatchesForward(t *testing.T) {
 		}
 	}
 }
+
+// TestForwardBatchAllMatchesAlone: on MLX, one ForwardBatchAllInto step of
+// three sequences of different lengths (a speculating generation's token
+// and drafts beside ones feeding one token) gives each sequence's rows as
+// ForwardAllInto of that sequence alone, and leaves each cache as long.
+func TestForwardBatchAllMatchesAlone(t *testing.T) {
+	b := newTestBackend(t)
+	ctx := context.Background()
+	prompts := testmodel.ReferencePrompts()
+	chunks := [][]int32{{7, 11, 13, 17, 19}, {23}, {29, 31, 37}}
+	for _, spec := range []testmodel.Spec{
+		{Arch: "qwen3", DType: engine.F32, Seed: 2},
+		{Arch: "llama", DType: engine.BF16, QuantBits: 4, GroupSize: 64, Seed: 2},
+		{Arch: "qwen3moe", DType: engine.F32, Seed: 2, Layers: 3},
+		{Arch: "gemma3", DType: engine.F32, Seed: 2},
+	} {
+		dir := t.TempDir()
+		if err := testmodel.Write(dir, spec); err != nil {
+			t.Fatal(err)
+		}
+		m := load(t, dir, b)
+		var batch, alone []engine.KVCache
+		var want [][]float32
+		for i, ch := range chunks {
+			bc, ac := m.NewCache(), m.NewCache()
+			batch, alone = append(batch, bc), append(alone, ac)
+			forward(t, m, bc, prompts[i%len(prompts)]...)
+			forward(t, m, ac, prompts[i%len(prompts)]...)
+			rows, err := m.ForwardAllInto(ctx, ac, ch, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range rows {
+				want = append(want, slices.Clone(r))
+			}
+		}
+		rows, err := m.ForwardBatchAllInto(ctx, batch, chunks, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) != len(want) {
+			t.Fatalf("%s: %d rows, want %d", spec.Arch, len(rows), len(want))
+		}
+		for j := range want {
+			if cs := fixture.Cosine(rows[j], want[j]); cs < 0.9999 || argmax(rows[j]) != argmax(want[j]) {
+				t.Fatalf("%s row %d: cosine %.6f, argmax %d vs %d", spec.Arch, j, cs, argmax(rows[j]), argmax(want[j]))
+			}
+		}
+		for i := range batch {
+			if batch[i].Len() != alone[i].Len() {
+				t.Fatalf("%s: cache %d holds %d, alone %d", spec.Arch, i, batch[i].Len(), alone[i].Len())
+			}
+			batch[i].Free()
+			alone[i].Free()
+		}
+	}
+}
