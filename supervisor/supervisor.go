@@ -14,7 +14,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -86,6 +88,15 @@ type supervisor struct {
 	gpu  *gpu.Collector     // nil: no NVML
 	host string
 	api  string
+	// apiPort is the port every host's gateway is taken to listen on.
+	apiPort int
+	// reloadCh asks the main loop to reload the cluster file.
+	reloadCh chan string
+
+	// memMu guards reports: what the other hosts' supervisors reported of
+	// their memory (asked once each: physical memory does not change).
+	memMu   sync.Mutex
+	reports map[string]config.HostMemory
 
 	mu         sync.Mutex
 	cfg        *config.Config
@@ -115,7 +126,8 @@ func Run(ctx context.Context, o Options) error {
 		}
 		o.Executable = exe
 	}
-	s := &supervisor{o: o, log: o.Logger, sd: sdnotify.New(o.Logger), started: time.Now()}
+	s := &supervisor{o: o, log: o.Logger, sd: sdnotify.New(o.Logger), started: time.Now(),
+		reloadCh: make(chan string, 1), reports: map[string]config.HostMemory{}}
 	cfg, digest, err := s.load()
 	if err != nil {
 		return err
@@ -156,6 +168,10 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("API gateway: %w", err)
 	}
 	s.api = apiURL(ln.Addr())
+	s.apiPort = cfg.API.Port
+	if ta, ok := ln.Addr().(*net.TCPAddr); ok {
+		s.apiPort = ta.Port
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/", s.gw.Handler())
 	mux.Handle("GET /metrics", s.met.Handler())
@@ -190,8 +206,9 @@ func Run(ctx context.Context, o Options) error {
 	s.setReload(Reload{OK: true, At: time.Now(), Changes: ch.String()})
 	s.log.Info("supervising", "cluster", cfg.Cluster.Name, "config", cfg.Path, "api", s.api, "runners", len(cfg.Runners(s.host)))
 	go s.announceReady(runCtx)
+	go s.askMemory(runCtx)
 
-	reload := make(chan string, 1)
+	reload := s.reloadCh
 	if !o.Embedded {
 		hup := make(chan os.Signal, 1)
 		signal.Notify(hup, syscall.SIGHUP)
@@ -308,18 +325,29 @@ func (s *supervisor) load() (c *config.Config, digest string, err error) {
 }
 
 // place splits c's pipelines from the models' files in this host's store
-// and this host's memory (config.Place); a pipeline whose model is not here
-// (and has no split by hand) runs no stage on this host, which is logged.
+// and the hosts' memory (config.PlaceWith): memory_gib, else what each
+// stage host's supervisor reported (this host's own reading included); a
+// pipeline split by memory whose hosts have not all reported runs no stage
+// yet (askMemory asks them and reloads). A pipeline whose model is not
+// here (and has no split by hand) runs no stage on this host. Both are
+// logged.
 func (s *supervisor) place(c *config.Config) error {
 	host := s.host
 	if host == "" {
 		host, _ = s.identify(c)
 	}
-	mem, _ := hostmem.Total()
 	store, _ := modelinfo.StoreDir(c.Cluster.ModelsDir)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ps, err := c.Place(modelinfo.Local(ctx, store), host, mem)
+	o := config.PlaceOptions{LocalHost: host, Wait: true, Reported: map[string]config.HostMemory{host: localMemory()}}
+	s.memMu.Lock()
+	for hn, m := range s.reports {
+		if hn != host {
+			o.Reported[hn] = m
+		}
+	}
+	s.memMu.Unlock()
+	ps, err := c.PlaceWith(modelinfo.Local(ctx, store), o)
 	if err != nil {
 		return err
 	}
@@ -328,13 +356,121 @@ func (s *supervisor) place(c *config.Config) error {
 		for _, st := range p.Stages {
 			split = append(split, fmt.Sprintf("%s %d:%d", st.Host, st.Start, st.End))
 		}
-		if p.Stages == nil {
+		switch {
+		case p.Waiting != nil:
+			s.log.Info("pipeline waits for its hosts' memory: none of its stages runs yet", "model", p.Model, "role", p.Role, "waiting_for", strings.Join(p.Waiting, ", "))
+		case p.Stages == nil:
 			s.log.Warn("pipeline not placed: this host runs none of its stages", "model", p.Model, "role", p.Role, "reason", p.Note)
-		} else {
+		default:
 			s.log.Info("pipeline placed", "model", p.Model, "role", p.Role, "stages", strings.Join(split, ", "), "note", p.Note)
 		}
 	}
 	return nil
+}
+
+// localMemory is this host's physical memory as it reports it to
+// placement (hostmem.Reported).
+func localMemory() config.HostMemory {
+	n, err := hostmem.Reported()
+	if err != nil {
+		return config.HostMemory{Err: err.Error()}
+	}
+	return config.HostMemory{Total: n}
+}
+
+// askMemory asks, every second, the supervisors of the stage hosts that a
+// pipeline waits for (Placement.Waiting) for their memory (ClusterPath),
+// and reloads the cluster file once one has answered: the split then
+// follows. An answer is kept for the supervisor's life (physical memory
+// does not change); a host that does not answer is asked again.
+func (s *supervisor) askMemory(ctx context.Context) {
+	client := &http.Client{Timeout: 3 * time.Second}
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	warned := map[string]string{}
+	for {
+		s.mu.Lock()
+		c := s.cfg
+		s.mu.Unlock()
+		want := map[string]bool{}
+		s.memMu.Lock()
+		for _, p := range c.Placements() {
+			for _, hn := range p.Waiting {
+				if _, ok := s.reports[hn]; !ok && hn != s.host {
+					want[hn] = true
+				}
+			}
+		}
+		s.memMu.Unlock()
+		var got []string
+		for _, hn := range slices.Sorted(maps.Keys(want)) {
+			m, err := s.askPeerMemory(ctx, client, c, hn)
+			if err != nil {
+				if warned[hn] != err.Error() {
+					s.log.Warn("a pipeline's stage host has not reported its memory; asking again", "peer", hn, "err", err)
+					warned[hn] = err.Error()
+				}
+				continue
+			}
+			s.memMu.Lock()
+			s.reports[hn] = m
+			s.memMu.Unlock()
+			s.log.Info("stage host reported its memory", "peer", hn, "total_bytes", m.Total, "err", m.Err)
+			got = append(got, hn)
+		}
+		if got != nil {
+			s.requestReload("memory reported by " + strings.Join(got, ", "))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// askPeerMemory asks host's supervisor, through its gateway, for its
+// memory (ClusterInfo.Memory).
+func (s *supervisor) askPeerMemory(ctx context.Context, client *http.Client, c *config.Config, host string) (config.HostMemory, error) {
+	h := c.Hosts[host]
+	if h == nil {
+		return config.HostMemory{}, fmt.Errorf("host %q is not in the cluster file", host)
+	}
+	addr := net.JoinHostPort(h.Address, strconv.Itoa(s.apiPort))
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+ClusterPath, nil)
+	if err != nil {
+		return config.HostMemory{}, err
+	}
+	if k := s.key.Load(); k != nil {
+		req.Header.Set("Authorization", "Bearer "+string(*k))
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return config.HostMemory{}, fmt.Errorf("no supervisor answering at %s: %w", addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return config.HostMemory{}, fmt.Errorf("%s%s: %s (the same [api] api_key_file on every host?)", addr, ClusterPath, resp.Status)
+	}
+	var info ClusterInfo
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&info); err != nil {
+		return config.HostMemory{}, fmt.Errorf("%s%s: %w", addr, ClusterPath, err)
+	}
+	switch {
+	case info.Host != host:
+		return config.HostMemory{}, fmt.Errorf("%s answers as host %q, not %q", addr, info.Host, host)
+	case info.Memory == nil:
+		return config.HostMemory{}, fmt.Errorf("%s reports no memory (an older exo there?)", addr)
+	}
+	return *info.Memory, nil
+}
+
+// requestReload asks the main loop to reload the cluster file.
+func (s *supervisor) requestReload(reason string) {
+	select {
+	case s.reloadCh <- reason:
+	default: // one pending reload covers this one too
+	}
 }
 
 func (s *supervisor) identify(c *config.Config) (string, error) {
@@ -482,6 +618,10 @@ type Status struct {
 	Runners    []RunnerStatus            `json:"runners"`
 	Hosts      []HostStatus              `json:"hosts"`
 	Decode     map[string]gateway.Health `json:"decode_health"` // by address, cluster-wide
+	// Placements are the pipelines' and tensor groups' placement as this
+	// host computed it: stages, the memory each split counted, and the
+	// hosts a split waits for.
+	Placements []config.Placement `json:"placements,omitempty"`
 }
 
 // RunnerStatus is one local runner.
@@ -501,6 +641,9 @@ type ClusterInfo struct {
 	// Digest is ClusterDigest of the cluster file now in force.
 	Digest string    `json:"config_sha256"`
 	Time   time.Time `json:"time"`
+	// Memory is this host's physical memory as placement counts it
+	// (hostmem.Reported): the other supervisors split pipelines by it.
+	Memory *config.HostMemory `json:"memory,omitempty"`
 }
 
 // ClusterDigest is the hex SHA-256 of a cluster file's bytes: equal on two
@@ -515,6 +658,8 @@ func (s *supervisor) serveCluster(w http.ResponseWriter, r *http.Request) {
 	info := ClusterInfo{Cluster: s.cfg.Cluster.Name, Host: s.host, Digest: s.digest}
 	s.mu.Unlock()
 	info.Time = time.Now()
+	m := localMemory()
+	info.Memory = &m
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(info)
 }
@@ -561,7 +706,7 @@ func (s *supervisor) serveStatus(w http.ResponseWriter, r *http.Request) {
 	c, rl := s.cfg, s.lastReload
 	s.mu.Unlock()
 	st := Status{Cluster: c.Cluster.Name, Host: s.host, Config: c.Path, API: s.api, Started: s.started,
-		LastReload: rl, Decode: s.gw.Health()}
+		LastReload: rl, Decode: s.gw.Health(), Placements: c.Placements()}
 	for _, r := range s.set.Runners() {
 		st.Runners = append(st.Runners, RunnerStatus{r.Spec, r.Status})
 	}

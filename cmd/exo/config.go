@@ -59,7 +59,7 @@ func configCheck(out, errOut io.Writer, path string) error {
 	// Pipelines are placed from the model's files when this machine has
 	// them (else placement is left to start-up) and this host's memory.
 	host, _ := c.Identify("", hostname(), config.LocalAddrs())
-	mem, _ := hostmem.Total()
+	mem, _ := hostmem.Reported()
 	store, _ := modelinfo.StoreDir(c.Cluster.ModelsDir)
 	ps, err := c.Place(modelinfo.Local(context.Background(), store), host, mem)
 	if err != nil {

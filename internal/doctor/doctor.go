@@ -170,7 +170,7 @@ func Load(o Options) (*Env, []Result) {
 	}
 	// Pipelines are placed as the supervisor places them, so their stage
 	// runners and links are known.
-	mem, _ := hostmem.Total()
+	mem, _ := hostmem.Reported()
 	store, _ := modelinfo.StoreDir(c.Cluster.ModelsDir)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -17,3 +17,14 @@ func TestTotal(t *testing.T) {
 		t.Fatalf("Total = %d, %v", n, err)
 	}
 }
+
+func TestReportedTestHook(t *testing.T) {
+	t.Setenv(TestEnv, "96")
+	if n, err := Reported(); err != nil || n != 96<<30 {
+		t.Fatalf("Reported = %d, %v", n, err)
+	}
+	t.Setenv(TestEnv, "lots")
+	if _, err := Reported(); err == nil {
+		t.Fatal("Reported accepted a bad value")
+	}
+}

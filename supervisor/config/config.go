@@ -93,6 +93,8 @@ type Config struct {
 	// stages holds each pipeline's placement, keyed by stageKey(model,
 	// role): from layers by hand at load, or from Place.
 	stages map[string][]Stage
+	// placed is what the last Place found.
+	placed []Placement
 }
 
 // Cluster holds cluster-wide settings.

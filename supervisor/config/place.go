@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 
@@ -192,34 +193,144 @@ func countsString(bounds []int) string {
 	return "[" + strings.Join(parts, ", ") + "]"
 }
 
+// Where a stage host's memory for a placement came from (StageMemory.Source).
+const (
+	// MemFile: the host's memory_gib.
+	MemFile = "file"
+	// MemReported: the physical memory the host's supervisor reported
+	// (this host's own reading included), as UsableBytes counts it.
+	MemReported = "reported"
+	// MemUnknown: neither (the host could not tell, or nobody asked it:
+	// `exo config check` asks no peer). A split by memory with an unknown
+	// host is even.
+	MemUnknown = "unknown"
+	// MemWaiting: the host's supervisor has not reported yet; the
+	// supervisors start no stage of the pipeline until it has.
+	MemWaiting = "waiting"
+)
+
+// HostMemory is what a host's supervisor reported of its memory: its total
+// physical memory in bytes (stable, not what is free), or why it cannot
+// tell.
+type HostMemory struct {
+	Total int64  `json:"total_bytes,omitempty"`
+	Err   string `json:"error,omitempty"`
+}
+
+// StageMemory is the memory placement counted for one stage host.
+type StageMemory struct {
+	Host   string `json:"host"`
+	Source string `json:"source"` // MemFile, MemReported, MemUnknown or MemWaiting
+	// Bytes is what the split weighs and checks the stage against (0
+	// when unknown); Reported the physical memory the host reported.
+	Bytes    int64  `json:"bytes,omitempty"`
+	Reported int64  `json:"reported_bytes,omitempty"`
+	Why      string `json:"why,omitempty"` // MemUnknown: why
+}
+
+// OSReserveGiB bounds the reserve UsableBytes leaves to the system.
+const OSReserveGiB = 8
+
+// UsableBytes is what placement counts of a host's reported physical
+// memory: whole GiB, rounded down (readings that differ by a few MiB, as
+// two kernels' MemTotal of equal machines do, give equal splits), less a
+// reserve for the system of a quarter of that, at most OSReserveGiB. 0:
+// under 1 GiB, counted as unknown.
+func UsableBytes(total int64) int64 {
+	g := total >> 30
+	return (g - min(OSReserveGiB, g/4)) << 30
+}
+
+// PlaceOptions say what Place knows of the hosts' memory.
+type PlaceOptions struct {
+	// LocalHost is the host Place runs on.
+	LocalHost string
+	// Reported holds what each host's supervisor reported of its memory,
+	// by host name (this host's own reading too). A host absent has not
+	// reported.
+	Reported map[string]HostMemory
+	// Wait: a pipeline split by memory with a stage host that has neither
+	// memory_gib nor a report is left unplaced (Placement.Waiting names
+	// those hosts; no stage of it runs) until every one has reported, so
+	// that every supervisor computes the same split. False (config check,
+	// doctor: they ask no peer): such a host counts as unknown.
+	Wait bool
+}
+
+// memory resolves a stage host's memory from the file and the reports.
+func (c *Config) memory(host string, o PlaceOptions) StageMemory {
+	m := StageMemory{Host: host}
+	if h := c.Hosts[host]; h != nil && h.MemoryGiB != nil {
+		m.Source, m.Bytes = MemFile, int64(*h.MemoryGiB*(1<<30))
+		return m
+	}
+	r, ok := o.Reported[host]
+	switch {
+	case ok && r.Total > 0 && UsableBytes(r.Total) > 0:
+		m.Source, m.Bytes, m.Reported = MemReported, UsableBytes(r.Total), r.Total
+	case ok && r.Total > 0:
+		m.Source, m.Reported, m.Why = MemUnknown, r.Total, "reported under 1 GiB"
+	case ok:
+		m.Source, m.Why = MemUnknown, "its supervisor cannot tell: "+r.Err
+	case o.Wait:
+		m.Source, m.Why = MemWaiting, "its supervisor has not reported its memory yet"
+	default:
+		m.Source, m.Why = MemUnknown, "not asked here (its supervisor reports it at run time)"
+	}
+	return m
+}
+
 // Placement is how one model's role is placed, as Place found it.
 type Placement struct {
-	Model, Role string
-	Shard       string
-	Hosts       []string
+	Model string   `json:"model"`
+	Role  string   `json:"role"`
+	Shard string   `json:"shard"`
+	Hosts []string `json:"hosts"`
 	// Stages is nil when the split is not known on this host (Note says
 	// why); sizes are 0 when the model's facts were not available.
-	Stages  []Stage
-	Context int
-	Note    string
+	Stages  []Stage `json:"stages"`
+	Context int     `json:"context,omitempty"`
+	Note    string  `json:"note,omitempty"`
+	// Memory is each stage host's memory as the split by memory counted
+	// it (nil for a split by hand or without the model's facts).
+	Memory []StageMemory `json:"memory,omitempty"`
+	// Waiting names the stage hosts whose memory the split waits for
+	// (PlaceOptions.Wait); Stages is then nil.
+	Waiting []string `json:"waiting,omitempty"`
 }
 
 // FactsFunc returns a model source's facts; an error wrapping
 // modelinfo.ErrNotLocal means the model is not on this machine.
 type FactsFunc func(source string) (*modelinfo.Facts, error)
 
-// Place decides every pipeline's split from the model's facts and the
+// Place is PlaceWith knowing localHost's physical memory (localMem; 0:
+// unknown) and no other host's: what `exo config check` and `exo doctor`
+// use, asking no peer.
+func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Placement, error) {
+	o := PlaceOptions{LocalHost: localHost, Reported: map[string]HostMemory{}}
+	if localMem > 0 {
+		o.Reported[localHost] = HostMemory{Total: localMem}
+	} else {
+		o.Reported[localHost] = HostMemory{Err: "this host's memory is unknown"}
+	}
+	return c.PlaceWith(facts, o)
+}
+
+// PlaceWith decides every pipeline's split from the model's facts and the
 // hosts' memory, and refuses what cannot run: a split that does not fit,
 // layers that do not sum to the model's, a tensor group whose size does not
 // divide the model's heads or MLP widths or whose ranks do not fit, and (not
-// supported yet) tensor prefill, or a pipeline prefill beside a tensor decode. Errors carry the decode/prefill key's
-// file:line:column. localHost's usable memory is memory_gib, else localMem
-// (its physical memory; 0: unknown); a remote host without memory_gib is not
-// checked here (its own supervisor checks it). The split itself uses only
-// the file and the model, so every supervisor computes the same one:
-// layers by hand, else in proportion to memory_gib (on every stage host or
-// none; none: an even split).
-func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Placement, error) {
+// supported yet) tensor prefill, or a pipeline prefill beside a tensor
+// decode. Errors carry the decode/prefill key's file:line:column.
+//
+// A stage host's memory is memory_gib, else UsableBytes of the physical
+// memory its supervisor reported (o.Reported), else unknown; the split is
+// by hand (layers), else in proportion to those memories, else (a host
+// unknown) even. Every input is the file, the model and the reports, which
+// every supervisor gets alike, so every supervisor computes the same split.
+// A stage is checked against its host's memory where that is known. The
+// result is also kept in c (Placements).
+func (c *Config) PlaceWith(facts FactsFunc, o PlaceOptions) ([]Placement, error) {
 	var out []Placement
 	var errs Errors
 	bad := func(p Pos, format string, args ...any) {
@@ -260,7 +371,7 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 					continue
 				}
 				pl.Context = f.MaxContext
-				if err := c.tensorFit(f, r, localHost, localMem, &pl); err != nil {
+				if err := c.tensorFit(f, r, o, &pl); err != nil {
 					bad(key, "model %s: decode: %v", m.Name, err)
 					continue
 				}
@@ -290,17 +401,31 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 			pl.Context = f.MaxContext
 			in.Share = make([]int64, len(r.Hosts))
 			in.Limit = make([]int64, len(r.Hosts))
+			even := false
 			for s, hn := range r.Hosts {
-				h := c.Hosts[hn]
-				if h.MemoryGiB != nil {
-					in.Share[s] = int64(*h.MemoryGiB * (1 << 30))
-					in.Limit[s] = in.Share[s]
-				} else if hn == localHost {
-					in.Limit[s] = localMem
+				sm := c.memory(hn, o)
+				in.Share[s], in.Limit[s] = sm.Bytes, sm.Bytes
+				switch sm.Source {
+				case MemUnknown:
+					even = true
+				case MemWaiting:
+					pl.Waiting = append(pl.Waiting, hn)
+				}
+				if r.Layers == nil {
+					pl.Memory = append(pl.Memory, sm)
 				}
 			}
-			if in.Share[0] == 0 {
-				in.Share = nil // memory_gib on none: even (validation refuses a mix)
+			if r.Layers != nil {
+				pl.Waiting = nil // a split by hand waits for no one
+			}
+			if pl.Waiting != nil {
+				c.setStages(m.Name, rr.role, nil)
+				pl.Note = "waiting for " + strings.Join(pl.Waiting, ", ") + " to report its memory (no memory_gib in the file): no stage runs until every stage host has reported, so that every supervisor splits alike"
+				out = append(out, pl)
+				continue
+			}
+			if even {
+				in.Share = nil // a host's memory unknown: even
 			}
 			st, err := Split(in)
 			if err != nil {
@@ -312,6 +437,7 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 			out = append(out, pl)
 		}
 	}
+	c.placed = out
 	if len(errs) > 0 {
 		sort.SliceStable(errs, func(i, j int) bool {
 			a, b := errs[i].Pos, errs[j].Pos
@@ -322,22 +448,23 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 	return out, nil
 }
 
+// Placements returns what the last Place or PlaceWith on c found (nil
+// before either ran).
+func (c *Config) Placements() []Placement { return slices.Clone(c.placed) }
+
 // tensorFit fills a tensor group's per-rank estimates (1/N of the weights
 // and of the KV reserve: every rank holds its share of every layer and of
 // the KV heads) and refuses ranks whose host cannot hold them.
-func (c *Config) tensorFit(f *modelinfo.Facts, r *Role, localHost string, localMem int64, pl *Placement) error {
+func (c *Config) tensorFit(f *modelinfo.Facts, r *Role, o PlaceOptions, pl *Placement) error {
 	n := int64(len(r.Hosts))
 	kv := f.KVBytes(0, f.Layers, f.MaxContext)
 	var short []string
 	for _, hn := range r.Hosts {
 		st := Stage{Host: hn, Start: 0, End: f.Layers, WeightBytes: f.TotalBytes() / n, KVBytes: kv / n}
 		pl.Stages = append(pl.Stages, st)
-		limit := int64(0)
-		if h := c.Hosts[hn]; h.MemoryGiB != nil {
-			limit = int64(*h.MemoryGiB * (1 << 30))
-		} else if hn == localHost {
-			limit = localMem
-		}
+		sm := c.memory(hn, o)
+		pl.Memory = append(pl.Memory, sm)
+		limit := sm.Bytes
 		if need := st.WeightBytes + st.KVBytes; limit > 0 && need > limit {
 			short = append(short, fmt.Sprintf("host %s needs %s (1/%d of the weights %s + of the KV reserve %s for %d tokens) but has %s: %s (%d bytes) short",
 				hn, GiB(need), n, GiB(st.WeightBytes), GiB(st.KVBytes), f.MaxContext, GiB(limit), GiB(need-limit), need-limit))
@@ -350,7 +477,8 @@ func (c *Config) tensorFit(f *modelinfo.Facts, r *Role, localHost string, localM
 }
 
 // WritePlacement prints each pipeline's stages: host, layer range, weight
-// GiB and KV reserve (what `exo config check` shows).
+// GiB and KV reserve, and which memory each host's share came from (what
+// `exo config check` shows).
 func WritePlacement(w io.Writer, ps []Placement) {
 	for _, p := range ps {
 		fmt.Fprintf(w, "\nmodel %s %s: %s over %d hosts (%s)", p.Model, p.Role, p.Shard, len(p.Hosts), strings.Join(p.Hosts, ", "))
@@ -360,6 +488,9 @@ func WritePlacement(w io.Writer, ps []Placement) {
 		fmt.Fprintln(w)
 		if p.Note != "" {
 			fmt.Fprintf(w, "  %s\n", p.Note)
+		}
+		if len(p.Memory) > 0 {
+			fmt.Fprintf(w, "  %s\n", memoryLine(p))
 		}
 		unit := "stage"
 		if p.Shard == ShardTensor {
@@ -373,4 +504,34 @@ func WritePlacement(w io.Writer, ps []Placement) {
 			fmt.Fprintln(w)
 		}
 	}
+}
+
+// memoryLine says which memory each host of p counted and what the split
+// followed.
+func memoryLine(p Placement) string {
+	var parts []string
+	even := false
+	for _, m := range p.Memory {
+		switch m.Source {
+		case MemFile:
+			parts = append(parts, fmt.Sprintf("%s %s (memory_gib)", m.Host, GiB(m.Bytes)))
+		case MemReported:
+			parts = append(parts, fmt.Sprintf("%s %s (reported: %s physical)", m.Host, GiB(m.Bytes), GiB(m.Reported)))
+		default:
+			even = even || m.Source == MemUnknown
+			parts = append(parts, fmt.Sprintf("%s %s (%s)", m.Host, m.Source, m.Why))
+		}
+	}
+	line := "memory: " + strings.Join(parts, ", ")
+	switch {
+	case p.Shard == ShardTensor:
+		line += "; each rank is checked against its host's where known"
+	case p.Waiting != nil:
+		line += "; split when every stage host has reported"
+	case even:
+		line += "; a host's memory is unknown, so the split is even"
+	default:
+		line += "; layers split in proportion"
+	}
+	return line
 }

@@ -221,8 +221,103 @@ decode = { hosts = ["a", "b"], shard = "tensor" }
 	if !strings.Contains(sb.String(), "rank  1  host b            layers   0:8    weights   5.00 GiB  KV reserve 512.00 MiB") {
 		t.Errorf("table:\n%s", sb.String())
 	}
-	// This host's memory is its limit.
-	if _, err = parse("").Place(even, "b", 5*gib); err == nil || !strings.Contains(err.Error(), "f.toml:19:1: model m: decode: tensor ranks do not fit: host b needs 5.50 GiB (1/2 of the weights 5.00 GiB + of the KV reserve 512.00 MiB for 32768 tokens) but has 5.00 GiB: 512.00 MiB (536870912 bytes) short") {
+	// This host's memory is its limit (6 GiB physical: 5 GiB usable).
+	if _, err = parse("").Place(even, "b", 6*gib); err == nil || !strings.Contains(err.Error(), "f.toml:19:1: model m: decode: tensor ranks do not fit: host b needs 5.50 GiB (1/2 of the weights 5.00 GiB + of the KV reserve 512.00 MiB for 32768 tokens) but has 5.00 GiB: 512.00 MiB (536870912 bytes) short") {
 		t.Errorf("tensor on a small host: %v", err)
+	}
+}
+
+// TestPlaceReportedMemory: a split by memory counts memory_gib, else the
+// physical memory the host's supervisor reported (UsableBytes of it), else
+// waits for the report (PlaceOptions.Wait) or, unknown, splits evenly.
+func TestPlaceReportedMemory(t *testing.T) {
+	f16 := func(string) (*modelinfo.Facts, error) { f := facts(16, 0, 0, false); f.MaxContext = 0; return f, nil }
+	rep := func(total int64) HostMemory { return HostMemory{Total: total} }
+	tests := []struct {
+		name     string
+		memA     string // memory_gib line for host a, or ""
+		reported map[string]HostMemory
+		wait     bool
+		want     []int // nil: not placed
+		waiting  []string
+		sources  []string
+		line     string // in WritePlacement's memory line
+	}{
+		{"both reported 1:3", "", map[string]HostMemory{"a": rep(40 * gib), "b": rep(104 * gib)}, true, []int{4, 12}, nil,
+			[]string{MemReported, MemReported}, "a 32.00 GiB (reported: 40.00 GiB physical), b 96.00 GiB (reported: 104.00 GiB physical); layers split in proportion"},
+		{"a few MiB apart split alike", "", map[string]HostMemory{"a": rep(40*gib + 900<<20), "b": rep(104*gib - 0)}, true, []int{4, 12}, nil,
+			[]string{MemReported, MemReported}, ""},
+		{"file and reported mix", "memory_gib = 32\n", map[string]HostMemory{"b": rep(104 * gib)}, true, []int{4, 12}, nil,
+			[]string{MemFile, MemReported}, "a 32.00 GiB (memory_gib), b 96.00 GiB"},
+		{"file wins over the report", "memory_gib = 96\n", map[string]HostMemory{"a": rep(40 * gib), "b": rep(104 * gib)}, true, []int{8, 8}, nil,
+			[]string{MemFile, MemReported}, ""},
+		{"waits for b", "", map[string]HostMemory{"a": rep(40 * gib)}, true, nil, []string{"b"},
+			[]string{MemReported, MemWaiting}, "b waiting (its supervisor has not reported its memory yet); split when every stage host has reported"},
+		{"b cannot tell: even", "", map[string]HostMemory{"a": rep(40 * gib), "b": {Err: "memory size unknown on this system"}}, true, []int{8, 8}, nil,
+			[]string{MemReported, MemUnknown}, "b unknown (its supervisor cannot tell: memory size unknown on this system); a host's memory is unknown, so the split is even"},
+		{"config check asks no peer: even", "", map[string]HostMemory{"a": rep(40 * gib)}, false, []int{8, 8}, nil,
+			[]string{MemReported, MemUnknown}, "b unknown (not asked here (its supervisor reports it at run time))"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			src := strings.Replace(threeHosts, "backend = \"cpu\"\n", "backend = \"cpu\"\n"+tt.memA, 1) + `
+[[models]]
+name = "m"
+source = "s"
+decode = { hosts = ["a", "b"], shard = "pipeline" }
+`
+			c, err := Parse("f.toml", []byte(src))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ps, err := c.PlaceWith(f16, PlaceOptions{LocalHost: "a", Reported: tt.reported, Wait: tt.wait})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ps) != 1 {
+				t.Fatalf("placements %+v", ps)
+			}
+			p := ps[0]
+			if got := counts(p.Stages); !slices.Equal(got, tt.want) {
+				t.Errorf("split %v, want %v", got, tt.want)
+			}
+			if !slices.Equal(p.Waiting, tt.waiting) {
+				t.Errorf("waiting %v, want %v", p.Waiting, tt.waiting)
+			}
+			var src2 []string
+			for _, m := range p.Memory {
+				src2 = append(src2, m.Source)
+			}
+			if !slices.Equal(src2, tt.sources) {
+				t.Errorf("memory sources %v, want %v", src2, tt.sources)
+			}
+			// No stage runs while the split waits; once placed, both do.
+			var n int
+			for _, h := range []string{"a", "b"} {
+				n += len(c.Runners(h))
+			}
+			if want := 2 * min(1, len(tt.want)); n != want {
+				t.Errorf("%d stage runners planned, want %d", n, want)
+			}
+			if !slices.Equal(c.Placements()[0].Waiting, tt.waiting) {
+				t.Errorf("Placements() %+v", c.Placements())
+			}
+			var sb strings.Builder
+			WritePlacement(&sb, ps)
+			if !strings.Contains(sb.String(), tt.line) {
+				t.Errorf("placement text lacks %q:\n%s", tt.line, sb.String())
+			}
+		})
+	}
+}
+
+func TestUsableBytes(t *testing.T) {
+	for _, tt := range []struct{ total, want int64 }{
+		{512 * gib, 504 * gib}, {128 * gib, 120 * gib}, {125*gib + 700<<20, 117 * gib}, {16 * gib, 12 * gib},
+		{8 * gib, 6 * gib}, {3 * gib, 3 * gib}, {gib, gib}, {900 << 20, 0},
+	} {
+		if got := UsableBytes(tt.total); got != tt.want {
+			t.Errorf("UsableBytes(%s) = %s, want %s", GiB(tt.total), GiB(got), GiB(tt.want))
+		}
 	}
 }

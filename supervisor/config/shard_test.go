@@ -58,13 +58,6 @@ name = "m"
 source = "s"
 decode = { hosts = ["a", "b"], shard = "pipeline", layers = [3, 0] }
 `, []string{`f.toml:19:65: model m: decode.layers[1] = 0: every stage needs at least one layer`}},
-		{"memory on some hosts", `
-[hosts.a.x]
-[[models]]
-name = "m"
-source = "s"
-decode = { hosts = ["a", "b"], shard = "pipeline" }
-`, nil},
 		{"bad memory", `
 [hosts.d]
 address = "127.0.0.5"
@@ -86,9 +79,6 @@ decode = { hosts = ["a"], port = 52503 }
 		t.Run(tt.name, func(t *testing.T) {
 			src := threeHosts + tt.src
 			switch tt.name {
-			case "memory on some hosts":
-				src = strings.Replace(threeHosts, "backend = \"cpu\"\n", "backend = \"cpu\"\nmemory_gib = 64\n", 1) + strings.Replace(tt.src, "[hosts.a.x]\n", "", 1)
-				tt.want = []string{`f.toml:20:32: model m: decode is split by memory but memory_gib is set on a and not on b: set it on every stage host (or on none for an even split), or fix the split with layers = [...]`}
 			case "bad memory":
 				src += "[[models]]\nname = \"m\"\nsource = \"s\"\ndecode = { hosts = [\"d\"] }\n"
 				tt.want = []string{`f.toml:19:1: host d: memory_gib must be a positive number of GiB (what the host gives to weights and KV), got -3`}

@@ -387,27 +387,6 @@ func (c *Config) validateShard(i int, label, role string, r *Role, bad func(Pos,
 		}
 		return
 	}
-	if r.Shard != ShardPipeline {
-		return
-	}
-	// Split by memory: every supervisor must compute the same split, so
-	// memory_gib is on every stage host or on none (then the split is even).
-	var with, without []string
-	for _, hn := range r.Hosts {
-		h, ok := c.Hosts[hn]
-		if !ok {
-			return
-		}
-		if h.MemoryGiB != nil {
-			with = append(with, hn)
-		} else {
-			without = append(without, hn)
-		}
-	}
-	if len(with) > 0 && len(without) > 0 {
-		bad(c.at("models", i, role, "shard"), "%s: %s is split by memory but memory_gib is set on %s and not on %s: set it on every stage host (or on none for an even split), or fix the split with layers = [...]",
-			label, role, strings.Join(with, ", "), strings.Join(without, ", "))
-	}
 }
 
 // handStages turns a by-hand layers list into stages.

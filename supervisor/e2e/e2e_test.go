@@ -277,6 +277,12 @@ func startTwoHosts(t *testing.T, exe, dir, cfgPath string, apiPort int) (spark, 
 // on ip:apiPort, logging to dir/<name>.log, killed at cleanup.
 func startHost(t *testing.T, exe, dir, cfgPath, name, ip string, apiPort int) *host {
 	t.Helper()
+	return startHostEnv(t, exe, dir, cfgPath, name, ip, apiPort)
+}
+
+// startHostEnv is startHost with env added to the supervisor's environment.
+func startHostEnv(t *testing.T, exe, dir, cfgPath, name, ip string, apiPort int, env ...string) *host {
+	t.Helper()
 	h := &host{name: name, api: fmt.Sprintf("%s:%d", ip, apiPort), log: filepath.Join(dir, name+".log")}
 	logf, err := os.Create(h.log)
 	if err != nil {
@@ -284,7 +290,7 @@ func startHost(t *testing.T, exe, dir, cfgPath, name, ip string, apiPort int) *h
 	}
 	h.cmd = exec.Command(exe, "supervise", "--config", cfgPath, "--host", name, "--listen", h.api, "--grace", "3s")
 	h.cmd.Stdout, h.cmd.Stderr = logf, logf
-	h.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET=")
+	h.cmd.Env = append(append(os.Environ(), "NOTIFY_SOCKET="), env...)
 	if err := h.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

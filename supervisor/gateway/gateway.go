@@ -81,6 +81,9 @@ type snapshot struct {
 	host     string
 	models   []string
 	backends map[string][]Backend // model → decode runners
+	// unplaced says, by model, why it has no decode runner to route to
+	// yet (a pipeline waiting for its placement).
+	unplaced map[string]string
 }
 
 // Gateway forwards API requests to decode runners.
@@ -121,7 +124,12 @@ func New(o Options) *Gateway {
 // SetConfig switches the gateway to a (new) cluster file; localHost is the
 // host this supervisor runs on.
 func (g *Gateway) SetConfig(c *config.Config, localHost string) {
-	s := &snapshot{host: localHost, backends: map[string][]Backend{}, cors: c.API.CORSOrigins}
+	s := &snapshot{host: localHost, backends: map[string][]Backend{}, cors: c.API.CORSOrigins, unplaced: map[string]string{}}
+	for _, p := range c.Placements() {
+		if p.Role == config.Decode && p.Stages == nil {
+			s.unplaced[p.Model] = fmt.Sprintf("its decode %s is not placed yet: %s", p.Shard, p.Note)
+		}
+	}
 	for _, m := range c.Models {
 		s.models = append(s.models, m.Name)
 		for _, r := range c.DecodeRunners(m.Name) {
@@ -454,7 +462,12 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 		APIError(w, http.StatusBadRequest, "invalid_request_error", "missing_model", `request has no "model"`)
 		return
 	}
-	if _, ok := g.snap.Load().backends[req.Model]; !ok {
+	if snap := g.snap.Load(); len(snap.backends[req.Model]) == 0 {
+		if why, ok := snap.unplaced[req.Model]; ok {
+			w.Header().Set("Retry-After", "5")
+			APIError(w, http.StatusServiceUnavailable, "server_error", "not_placed", fmt.Sprintf("model %q: %s", req.Model, why))
+			return
+		}
 		g.unknownModel(w, req.Model)
 		return
 	}
