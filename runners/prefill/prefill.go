@@ -64,7 +64,10 @@ type Producer struct {
 	log   *slog.Logger
 
 	stage engine.LayerRange // the layers the model (and every cache) holds
-	pipe  StageHook         // the prefill pipeline this stage is part of (stagehook.go), or nil
+	// held is the KV heads [held[0], held[1]) of the model's that every
+	// cache holds: a tensor-parallel rank's share (KVHeadRange), else all.
+	held [2]int
+	pipe StageHook // the prefill pipeline this stage is part of (stagehook.go), or nil
 
 	mu      sync.Mutex
 	jobs    []*job                        // prompts being computed that others may follow (follow.go)
@@ -91,9 +94,13 @@ func New(o Options) *Producer {
 	if stage == (engine.LayerRange{}) {
 		stage = engine.LayerRange{Start: 0, End: info.Layers}
 	}
-	bpt := int64(2 * (stage.End - stage.Start) * info.KVHeads * info.HeadDim * info.CacheDType.Size())
+	held := [2]int{0, info.KVHeads}
+	if hr, ok := o.Model.(interface{ KVHeadRange() (int, int) }); ok {
+		held[0], held[1] = hr.KVHeadRange()
+	}
+	bpt := int64(2 * (stage.End - stage.Start) * (held[1] - held[0]) * info.HeadDim * info.CacheDType.Size())
 	p := &Producer{o: o, info: info, fp: kvwire.Fingerprint(o.Model.Fingerprint()), m: o.Metrics, log: o.Logger,
-		stage: stage, changed: make(chan struct{})}
+		stage: stage, held: held, changed: make(chan struct{})}
 	p.cache = newPrefixCache(o.CacheBlock, max(o.CacheBytes, 0), bpt)
 	if info.Windows != nil {
 		// A sliding layer holds at most its ring, whatever the length.
@@ -159,13 +166,22 @@ func (p *Producer) layers(req *kvwire.Request) (a, b int, err error) {
 
 // heads is the KV heads [a, b) req asks for: its range, or every head. A
 // range beyond the model is a mismatch; a model with recurrent layers
-// (whose state splits by key heads, not KV heads) cannot serve one.
+// (whose state splits by key heads, not KV heads) cannot serve one. A
+// tensor-parallel prefill rank serves heads within its share only.
 func (p *Producer) heads(req *kvwire.Request) (a, b int, err error) {
-	if !req.HasHeads() {
-		return 0, p.info.KVHeads, nil
+	a, b = 0, p.info.KVHeads
+	if req.HasHeads() {
+		a, b = req.HeadStart, req.HeadEnd
 	}
-	if req.HeadEnd > p.info.KVHeads {
-		return 0, 0, fmt.Errorf("%w: kv heads [%d, %d) asked of a model with %d", kvwire.ErrMismatch, req.HeadStart, req.HeadEnd, p.info.KVHeads)
+	if b > p.info.KVHeads {
+		return 0, 0, fmt.Errorf("%w: kv heads [%d, %d) asked of a model with %d", kvwire.ErrMismatch, a, b, p.info.KVHeads)
+	}
+	if a < p.held[0] || b > p.held[1] {
+		return 0, 0, fmt.Errorf("%w: kv heads [%d, %d) asked of a tensor-parallel prefill rank holding kv heads [%d, %d) of %d (name each rank's heads: --prefill ADDR#%d:%d)",
+			kvwire.ErrMismatch, a, b, p.held[0], p.held[1], p.info.KVHeads, p.held[0], p.held[1])
+	}
+	if !req.HasHeads() {
+		return a, b, nil
 	}
 	if p.info.Recurrent != nil {
 		return 0, 0, fmt.Errorf("%w: kv heads [%d, %d) asked of a model with recurrent layers (not supported)", kvwire.ErrMismatch, req.HeadStart, req.HeadEnd)
@@ -281,7 +297,8 @@ func (p *Producer) ship(cache engine.KVCache, d *dest, from, to int) error {
 			}
 			// A head range ships its heads only (K and V are [heads,
 			// cnt, head_dim]: a contiguous part).
-			k, v = headSlice(k, p.info.KVHeads, d.pl.h0, d.pl.h1), headSlice(v, p.info.KVHeads, d.pl.h0, d.pl.h1)
+			held := p.held[1] - p.held[0]
+			k, v = headSlice(k, held, d.pl.h0-p.held[0], d.pl.h1-p.held[0]), headSlice(v, held, d.pl.h0-p.held[0], d.pl.h1-p.held[0])
 			if k, err = kvconv.Convert(k, cdt, d.pl.wdt); err != nil {
 				return err
 			}
