@@ -18,6 +18,11 @@ import (
 //	free     (op 6): id u64                                    Free
 //	fill     (op 7): id u64 | start u32 | n u32 | prompt i32[n] | reqid string | prefer n u16, string[n]
 //	                                                           remote prefill of the rank's KV heads
+//	begin    (op 8): id u64 | from u32 | n u32 | prompt i32[n]  a prefill rank's computation of prompt (its
+//	                                                           positions [from, n−1)) begins: take [0, from) from
+//	                                                           the rank's prefix cache (runners/tensor/prefill.go)
+//	chunk    (op 9): id u64 | n u32 | tokens i32[n]            the computation's next chunk
+//	end      (op 10): id u64 | abort u32                       the computation ends (abort 1: it failed)
 //	string   = len u16 | bytes
 //
 //	ack      = status u8 (0 ok, 1 failed) | message (the rest: UTF-8)
@@ -34,6 +39,9 @@ const (
 	opTruncate = 5
 	opFree     = 6
 	opFill     = 7
+	opBegin    = 8
+	opChunk    = 9
+	opEnd      = 10
 )
 
 // call is a decoded call.
@@ -64,6 +72,12 @@ func opName(op byte) string {
 		return "free"
 	case opFill:
 		return "remote fill"
+	case opBegin:
+		return "prefill begin"
+	case opChunk:
+		return "prefill chunk"
+	case opEnd:
+		return "prefill end"
 	}
 	return fmt.Sprintf("op %d", op)
 }
@@ -85,8 +99,12 @@ func appendString(b []byte, s string) []byte {
 func (c *call) encode(b []byte) []byte {
 	b = append(b, c.op)
 	switch c.op {
-	case opForward, opAll, opPrefill:
+	case opForward, opAll, opPrefill, opChunk:
 		b = binary.LittleEndian.AppendUint64(b, c.ids[0])
+		b = appendTokens(b, c.tokens)
+	case opBegin:
+		b = binary.LittleEndian.AppendUint64(b, c.ids[0])
+		b = binary.LittleEndian.AppendUint32(b, uint32(c.n))
 		b = appendTokens(b, c.tokens)
 	case opBatch:
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(c.ids)))
@@ -96,7 +114,7 @@ func (c *call) encode(b []byte) []byte {
 		for _, t := range c.tokens {
 			b = binary.LittleEndian.AppendUint32(b, uint32(t))
 		}
-	case opTruncate:
+	case opTruncate, opEnd:
 		b = binary.LittleEndian.AppendUint64(b, c.ids[0])
 		b = binary.LittleEndian.AppendUint32(b, uint32(c.n))
 	case opFree:
@@ -179,7 +197,7 @@ func decodeCall(b []byte) (*call, error) {
 	c := &call{op: b[0]}
 	r := &reader{b: b[1:]}
 	switch c.op {
-	case opForward, opAll, opPrefill:
+	case opForward, opAll, opPrefill, opChunk:
 		c.ids = []uint64{r.u64()}
 		n := r.u32()
 		if n == 0 || n > maxCallTokens {
@@ -202,6 +220,19 @@ func decodeCall(b []byte) (*call, error) {
 	case opTruncate:
 		c.ids = []uint64{r.u64()}
 		c.n = int(r.u32())
+	case opEnd:
+		c.ids = []uint64{r.u64()}
+		if c.n = int(r.u32()); c.n > 1 {
+			return nil, fmt.Errorf("%w: prefill end call with abort %d", ErrLink, c.n)
+		}
+	case opBegin:
+		c.ids = []uint64{r.u64()}
+		c.n = int(r.u32())
+		n := r.u32()
+		if n < 2 || n > maxCallTokens || uint32(c.n) >= n {
+			return nil, fmt.Errorf("%w: prefill begin call of %d tokens from %d", ErrLink, n, c.n)
+		}
+		c.tokens = r.tokens(int(n))
 	case opFree:
 		c.ids = []uint64{r.u64()}
 	case opFill:

@@ -11,6 +11,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/decode"
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/prefill"
 )
 
 // FollowerConfig configures a rank > 0.
@@ -47,10 +48,15 @@ type Follower struct {
 	buf    []byte
 
 	fill decode.Remote // set before Run (SetFill)
+	// pre is a prefill rank's Producer (PrefillFollow), drives its
+	// computations rank 0 drives (the call loop's; prefill.go).
+	pre    *prefill.Producer
+	drives map[uint64]*drive
 
 	mu      sync.Mutex
 	linked  bool
 	lastErr error
+	live    *link // the link to rank 0 while linked
 }
 
 // NewFollower makes rank cfg.Rank's side; Run serves it.
@@ -86,10 +92,13 @@ func (f *Follower) Health() error {
 	return f.lastErr
 }
 
-func (f *Follower) setLinked(ok bool, err error) {
+func (f *Follower) setLinked(l *link, err error) {
 	f.mu.Lock()
-	f.linked, f.lastErr = ok, err
+	f.linked, f.lastErr, f.live = l != nil, err, l
 	f.mu.Unlock()
+	if f.pre != nil {
+		f.pre.StageChanged() // requests waiting for a computation see the link
+	}
 }
 
 // Run dials rank 0 and serves its calls on m (this rank's share) until
@@ -100,7 +109,7 @@ func (f *Follower) Run(ctx context.Context, m *engine.Model) error {
 	for ctx.Err() == nil {
 		l, err := f.dial(ctx)
 		if err != nil {
-			f.setLinked(false, err)
+			f.setLinked(nil, err)
 			if errors.Is(err, ErrAuth) {
 				f.log.Error("tensor link refused", "err", err)
 			}
@@ -113,14 +122,14 @@ func (f *Follower) Run(ctx context.Context, m *engine.Model) error {
 			continue
 		}
 		backoff = 50 * time.Millisecond
-		f.setLinked(true, nil)
+		f.setLinked(l, nil)
 		f.log.Info("tensor rank linked to rank 0", "rank", f.rank, "leader", f.cfg.Leader)
 		if f.cfg.MLX {
 			err = f.serveMLX(ctx, l, m)
 		} else {
 			err = f.serve(ctx, l, m, l.read)
 		}
-		f.setLinked(false, fmt.Errorf("%w: rank %d's link to rank 0 dropped: %w", ErrGroup, f.rank, err))
+		f.setLinked(nil, fmt.Errorf("%w: rank %d's link to rank 0 dropped: %w", ErrGroup, f.rank, err))
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -188,7 +197,9 @@ func (f *Follower) serveMLX(ctx context.Context, l *link, m *engine.Model) error
 // with it.
 func (f *Follower) serve(ctx context.Context, l *link, m *engine.Model, next func([]byte) (byte, []byte, error)) error {
 	caches := map[uint64]engine.KVCache{}
+	f.drives = map[uint64]*drive{}
 	defer func() {
+		f.dropDrives()
 		for _, c := range caches {
 			c.Free()
 		}
@@ -279,6 +290,12 @@ func (f *Follower) exec(ctx context.Context, m *engine.Model, c *call, get func(
 		}
 		_, err := f.fill.Prefill(ctx, c.reqID, c.tokens, c.n, cc, c.prefer)
 		return err
+	case opBegin:
+		return f.begin(ctx, m, c.ids[0], c.tokens, c.n)
+	case opChunk:
+		return f.chunk(c.ids[0], c.tokens)
+	case opEnd:
+		return f.endDrive(c.ids[0], c.n == 1)
 	}
 	return fmt.Errorf("tensor: unknown op %d", c.op)
 }

@@ -20,6 +20,9 @@ func FuzzCall(f *testing.F) {
 		{op: opTruncate, ids: []uint64{3}, n: 17},
 		{op: opFree, ids: []uint64{3}},
 		{op: opFill, ids: []uint64{3}, n: 2, tokens: []int32{1, 2, 3, 4}, reqID: "r1", prefer: []string{"a:1", "b:2"}},
+		{op: opBegin, ids: []uint64{4}, n: 2, tokens: []int32{1, 2, 3, 4}},
+		{op: opChunk, ids: []uint64{4}, tokens: []int32{3, 4}},
+		{op: opEnd, ids: []uint64{4}, n: 1},
 	} {
 		f.Add(c.encode(nil))
 	}
@@ -76,3 +79,22 @@ func (c nopConn) RemoteAddr() net.Addr             { return nil }
 func (c nopConn) SetDeadline(time.Time) error      { return nil }
 func (c nopConn) SetReadDeadline(time.Time) error  { return nil }
 func (c nopConn) SetWriteDeadline(time.Time) error { return nil }
+
+// FuzzWant: a prefill rank's Want that decodes re-encodes to its bytes
+// (at least two tokens, from inside them), and no input panics.
+func FuzzWant(f *testing.F) {
+	f.Add(encodeWant([]int32{1, 2, 3}, 1))
+	f.Add(encodeWant([]int32{1}, 0))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		tokens, from, err := decodeWant(b)
+		if err != nil {
+			return
+		}
+		if len(tokens) < 2 || from < 0 || from >= len(tokens) {
+			t.Fatalf("decoded %d tokens from %d", len(tokens), from)
+		}
+		if got := encodeWant(tokens, from); !bytes.Equal(got, b) {
+			t.Fatalf("re-encoded %x, decoded from %x", got, b)
+		}
+	})
+}

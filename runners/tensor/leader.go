@@ -75,6 +75,8 @@ type Leader struct {
 	lastErr error
 	lost    chan struct{} // closed when a non-rejoinable group breaks
 	lostOne sync.Once
+	// want, when set, gets a prefill follower's Want (prefill.go).
+	want func(rank int, tokens []int32, from int)
 }
 
 // peer is one follower's link and its reader.
@@ -225,6 +227,24 @@ func (g *Leader) readLoop(p *peer) {
 			}
 			g.mu.Unlock()
 			return
+		}
+		if typ == frameWant {
+			tokens, from, err := decodeWant(payload)
+			g.mu.Lock()
+			w := g.want
+			if err != nil && g.peers[p.rank] == p {
+				g.failLocked(fmt.Errorf("%w: rank %d: %w", ErrGroup, p.rank, err))
+			}
+			g.mu.Unlock()
+			if err != nil {
+				return
+			}
+			if w == nil {
+				g.log.Warn("tensor: a Want from a rank of a group that is not a prefill group: ignored", "rank", p.rank)
+				continue
+			}
+			go w(p.rank, tokens, from)
+			continue
 		}
 		select {
 		case p.in <- frame{typ, payload}:

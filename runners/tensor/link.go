@@ -54,6 +54,10 @@ const (
 	frameAck     = 2 // follower → rank 0: the call's outcome
 	framePartial = 3 // follower → rank 0: this rank's all_sum operand
 	frameSum     = 4 // rank 0 → follower: the all_sum's result
+	// frameWant (follower → rank 0, between calls, unasked): a prefill
+	// rank's request for a prompt its prefix cache lacks and no
+	// computation brings; rank 0 computes it (prefill.go).
+	frameWant = 5
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -255,7 +259,7 @@ func readFrame(r io.Reader, buf []byte, peer int) (typ byte, payload []byte, err
 		return 0, nil, fmt.Errorf("%w: rank %d's frame fails its CRC32C", ErrLink, peer)
 	}
 	switch hdr[0] {
-	case frameCall, frameAck, framePartial, frameSum:
+	case frameCall, frameAck, framePartial, frameSum, frameWant:
 	default:
 		return 0, nil, fmt.Errorf("%w: rank %d sent frame type %d", ErrLink, peer, hdr[0])
 	}

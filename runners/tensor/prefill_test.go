@@ -1,0 +1,276 @@
+package tensor
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/exo-pd/exo-pd/internal/testutil"
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/metrics"
+	"github.com/exo-pd/exo-pd/runners/prefill"
+)
+
+// prefillGroup is a tensor-parallel prefill group of goroutines: rank 0's
+// Leader and each rank's Producer serving the KV wire on loopback, over
+// real TCP links; followers can be stopped and started again (a fresh
+// model and prefix cache).
+type prefillGroup struct {
+	t     *testing.T
+	path  string
+	n     int
+	g     *Leader
+	addr  string
+	kv    []string // each rank's KV-wire address
+	prods []*prefill.Producer
+	stops []context.CancelFunc
+	done  []chan error
+}
+
+const testChunk = 16
+
+func serveKV(t *testing.T, ctx context.Context, p *prefill.Producer) string {
+	t.Helper()
+	s, err := kvwire.NewServer(kvwire.ServerConfig{Producer: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Serve(ctx, l) }()
+	return l.Addr().String()
+}
+
+func newProducer(m *engine.Model) *prefill.Producer {
+	return prefill.New(prefill.Options{Name: "m", Model: m, Chunk: testChunk, CacheBlock: testChunk, Metrics: metrics.New("prefill")})
+}
+
+func startPrefillGroup(t *testing.T, path string, n int) *prefillGroup {
+	t.Helper()
+	g, err := NewLeader(LeaderConfig{Size: n, Rejoin: true, Timeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- g.Serve(ctx, l) }()
+	pg := &prefillGroup{t: t, path: path, n: n, g: g, addr: l.Addr().String(), kv: make([]string, n),
+		prods: make([]*prefill.Producer, n), stops: make([]context.CancelFunc, n), done: make([]chan error, n)}
+	t.Cleanup(func() {
+		for r := range pg.stops {
+			pg.stop(r)
+		}
+		cancel()
+		<-served
+		for _, p := range pg.prods {
+			if p != nil {
+				p.Close()
+			}
+		}
+	})
+	m := load(t, path, g.Collective())
+	pg.prods[0] = newProducer(m)
+	if err := g.PrefillLead(ctx, pg.prods[0], m, nil); err != nil {
+		t.Fatal(err)
+	}
+	pg.kv[0] = serveKV(t, ctx, pg.prods[0])
+	for r := 1; r < n; r++ {
+		pg.start(r)
+	}
+	testutil.Eventually(t, func() bool { return g.Health() == nil }, 30*time.Second, "the group is whole")
+	return pg
+}
+
+func (pg *prefillGroup) start(r int) {
+	f, err := NewFollower(FollowerConfig{Rank: r, Size: pg.n, Leader: pg.addr, Rejoin: true, Timeout: 20 * time.Second})
+	if err != nil {
+		pg.t.Fatal(err)
+	}
+	m := load(pg.t, pg.path, f.Collective())
+	if pg.prods[r] != nil {
+		pg.prods[r].Close()
+	}
+	pg.prods[r] = newProducer(m)
+	if err := f.PrefillFollow(pg.prods[r], m); err != nil {
+		pg.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	pg.kv[r] = serveKV(pg.t, ctx, pg.prods[r])
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx, m) }()
+	pg.stops[r], pg.done[r] = cancel, done
+}
+
+func (pg *prefillGroup) stop(r int) {
+	if pg.stops[r] == nil {
+		return
+	}
+	pg.stops[r]()
+	if err := <-pg.done[r]; err != nil {
+		pg.t.Errorf("rank %d: %v", r, err)
+	}
+	pg.stops[r] = nil
+}
+
+// headSink collects one head range's stream: per layer, K and V of each
+// head as [tokens, head_dim] rows in order.
+type headSink struct {
+	heads   int
+	k, v    map[int][][]byte // layer → head → bytes
+	payload int
+}
+
+func (s *headSink) Begin(h *kvwire.Header) error {
+	s.heads, s.k, s.v = h.KVHeads, map[int][][]byte{}, map[int][][]byte{}
+	return nil
+}
+
+func (s *headSink) Chunk(layer, start, n int, k, v []byte) error {
+	if s.k[layer] == nil {
+		s.k[layer], s.v[layer] = make([][]byte, s.heads), make([][]byte, s.heads)
+	}
+	per := len(k) / s.heads
+	for h := range s.heads {
+		s.k[layer][h] = append(s.k[layer][h], k[h*per:(h+1)*per]...)
+		s.v[layer][h] = append(s.v[layer][h], v[h*per:(h+1)*per]...)
+	}
+	s.payload += len(k) + len(v)
+	return nil
+}
+
+func (s *headSink) State(int, int, [][]byte) error { return errors.New("no recurrent layers here") }
+func (s *headSink) Done(kvwire.Totals) error       { return nil }
+func (s *headSink) Rollback()                      {}
+
+// fetchHeads asks addr for heads [h0, h1) of prompt from start.
+func fetchHeads(ctx context.Context, m *engine.Model, addr string, prompt []int32, start, h0, h1 int) (*headSink, error) {
+	info := m.Info()
+	req := &kvwire.Request{ID: fmt.Sprintf("h%d", h0), Model: "m", Fingerprint: kvwire.Fingerprint(m.Fingerprint()),
+		Tokens: prompt, StartPos: start, HeadStart: h0, HeadEnd: h1}
+	exp := &kvwire.Expect{Fingerprint: req.Fingerprint, Kinds: make([]kvwire.LayerKind, info.Layers), KVHeads: h1 - h0, HeadDim: info.HeadDim}
+	s := &headSink{}
+	_, err := kvwire.NewClient(kvwire.ClientConfig{}).Fetch(ctx, addr, req, exp, s)
+	return s, err
+}
+
+// checkHeads compares s with heads [h0, h1) of positions [start, end) of
+// a whole model's cache ref.
+func checkHeads(t *testing.T, what string, s *headSink, ref engine.KVCache, heads, start, end, h0, h1 int) {
+	t.Helper()
+	for l := range ref.Geometry().Layers {
+		k, v, err := ref.Export(l, start, end-start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		per := len(k) / heads
+		for h := h0; h < h1; h++ {
+			gk, gv, wk, wv := s.k[l][h-h0], s.v[l][h-h0], k[h*per:(h+1)*per], v[h*per:(h+1)*per]
+			if len(gk) != len(wk) || len(gv) != len(wv) {
+				t.Fatalf("%s: layer %d head %d: %d/%d bytes, want %d/%d", what, l, h, len(gk), len(gv), len(wk), len(wv))
+			}
+			// Layer 0 is the same arithmetic; later layers' inputs went
+			// through all_sums, which round as the in-process group does.
+			if l == 0 && (!bytes.Equal(gk, wk) || !bytes.Equal(gv, wv)) {
+				t.Fatalf("%s: layer 0 head %d differs from a whole model's local prefill", what, h)
+			}
+			if ck, cv := cosine(f32s(gk), f32s(wk)), cosine(f32s(gv), f32s(wv)); ck < 0.99999 || cv < 0.99999 {
+				t.Fatalf("%s: layer %d head %d: cosine K %v V %v with a whole model's local prefill", what, l, h, ck, cv)
+			}
+		}
+	}
+}
+
+func f32s(b []byte) []float32 {
+	out := make([]float32, len(b)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return out
+}
+
+// TestTensorPrefillHeads: a 2-rank tensor-parallel prefill group serves
+// each rank's KV heads from that rank's KV port, equal to a whole model's
+// local prefill (layer 0 byte for byte; later layers, whose inputs went
+// through the all_sums, to f32 cosine ≥ 0.99999): both ranks asked at once,
+// the follower alone (its Want makes rank 0 compute), a longer prompt
+// over the cached prefix, and after the follower restarted with an empty
+// prefix cache (rank 0 computes from position 0 on every rank). A rank
+// asked for heads it does not hold refuses by name; each rank ships its
+// heads' share of the bytes.
+func TestTensorPrefillHeads(t *testing.T) {
+	path := t.TempDir()
+	if err := testmodel.Write(path, testmodel.Spec{Arch: "llama", Seed: 3, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16, MaxPositions: 512}); err != nil {
+		t.Fatal(err)
+	}
+	whole := load(t, path, nil)
+	pg := startPrefillGroup(t, path, 2)
+	ctx := t.Context()
+	prompt := make([]int32, 90)
+	for i := range prompt {
+		prompt[i] = int32(5 + i*37%300)
+	}
+	ref := whole.NewCache()
+	defer ref.Free()
+	if err := whole.Prefill(ctx, ref, prompt[:len(prompt)-1], testChunk, nil); err != nil {
+		t.Fatal(err)
+	}
+	both := func(what string, p []int32, start int) {
+		t.Helper()
+		var wg sync.WaitGroup
+		sinks, errs := make([]*headSink, 2), make([]error, 2)
+		for r := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sinks[r], errs[r] = fetchHeads(ctx, whole, pg.kv[r], p, start, r, r+1)
+			}()
+		}
+		wg.Wait()
+		for r := range 2 {
+			if errs[r] != nil {
+				t.Fatalf("%s: rank %d: %v", what, r, errs[r])
+			}
+			checkHeads(t, fmt.Sprintf("%s, rank %d", what, r), sinks[r], ref, 2, start, len(p)-1, r, r+1)
+		}
+		if sinks[0].payload != sinks[1].payload || sinks[0].payload == 0 {
+			t.Fatalf("%s: the ranks shipped %d and %d bytes, want their equal shares", what, sinks[0].payload, sinks[1].payload)
+		}
+	}
+	both("first", prompt[:40], 0)
+	// The follower alone, a prompt no rank has: it asks rank 0.
+	s, err := fetchHeads(ctx, whole, pg.kv[1], prompt[:55], 3, 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkHeads(t, "follower alone", s, ref, 2, 3, 54, 1, 2)
+	both("over the cached prefix", prompt[:70], 10)
+	if _, err := fetchHeads(ctx, whole, pg.kv[1], prompt[:70], 0, 0, 2); !errors.Is(err, kvwire.ErrMismatch) {
+		t.Fatalf("rank 1 asked for heads 0:2: %v, want a mismatch", err)
+	}
+	// The follower restarts with an empty prefix cache; rank 0's still
+	// holds the prompt's first 69 positions: the next computation starts
+	// from 0 on both ranks.
+	pg.stop(1)
+	testutil.Eventually(t, func() bool { return pg.g.Health() != nil }, 30*time.Second, "rank 0 sees rank 1 gone")
+	if _, err := fetchHeads(ctx, whole, pg.kv[0], append(prompt[:60:60], 9, 9, 9), 0, 0, 1); err == nil {
+		t.Fatal("rank 0 computed a new prompt without its group")
+	}
+	pg.start(1)
+	testutil.Eventually(t, func() bool { return pg.g.Health() == nil }, 30*time.Second, "the group is whole again")
+	both("after rank 1 restarted", prompt, 0)
+}
