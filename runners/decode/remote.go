@@ -33,7 +33,9 @@ type KVRemote struct {
 	// Parts, when set, are the stages of a pipelined prefill model
 	// (--prefill ADDR@A:B): Prefill asks each stage holding some of the
 	// cache's layers for those, at once, and commits them together
-	// (split.go); the selector is not used.
+	// (split.go); the selector is not used. Parts with Heads are the
+	// ranks of a tensor-parallel prefill group (--prefill ADDR#H0:H1),
+	// asked for the cache's KV heads (headsplit.go).
 	Parts []PrefillPart
 }
 
@@ -248,6 +250,9 @@ func (f *StageFill) Fill(ctx context.Context, reqID string, cache engine.KVCache
 // StageModel loaded with engine.LoadOptions.Layers) it asks for the
 // stage's layers only and cache is a cache of the stage.
 func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, start int, cache engine.KVCache, prefer []string) (RemoteStats, error) {
+	if len(r.Parts) > 0 && r.Parts[0].Heads {
+		return r.headFill(ctx, reqID, prompt, start, cache)
+	}
 	if len(r.Parts) > 0 {
 		return r.splitFill(ctx, reqID, prompt, start, cache)
 	}

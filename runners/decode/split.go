@@ -14,46 +14,66 @@ import (
 
 // PrefillPart is one stage of a pipelined prefill model (contract C4):
 // the layers [Start, End) its KV port serves and its endpoints (replicas of
-// that stage, tried in order).
+// that stage, tried in order); with Heads, one rank of a tensor-parallel
+// prefill group: the KV heads [Start, End) its KV port serves
+// (headsplit.go).
 type PrefillPart struct {
 	Start, End int
 	Endpoints  []string
+	Heads      bool
 }
 
 // ParsePrefillEndpoints splits a decode runner's --prefill list: plain
-// ADDR entries (whole prefill runners) or ADDR@A:B entries (the stage of a
-// prefill pipeline holding layers [A, B)), not both kinds. Entries of the
-// same range are one stage's replicas. It returns every address and, for
-// ranges, the parts in layer order.
+// ADDR entries (whole prefill runners), ADDR@A:B entries (the stage of a
+// prefill pipeline holding layers [A, B)) or ADDR#H0:H1 entries (the rank
+// of a tensor-parallel prefill group holding KV heads [H0, H1)), one kind
+// only. Entries of the same range are one stage's (rank's) replicas. It
+// returns every address and, for ranges, the parts in order.
 func ParsePrefillEndpoints(list []string) (addrs []string, parts []PrefillPart, err error) {
 	byRange := map[[2]int]int{}
+	kind := byte(0)
 	for _, e := range list {
 		addr, rng, staged := strings.Cut(e, "@")
+		k := byte(0)
+		if staged {
+			k = '@'
+		} else if addr, rng, staged = strings.Cut(e, "#"); staged {
+			k = '#'
+		}
 		if addr == "" {
 			return nil, nil, fmt.Errorf("prefill endpoint %q: no address", e)
 		}
 		addrs = append(addrs, addr)
-		if staged != (len(parts) > 0) && len(addrs) > 1 {
-			return nil, nil, fmt.Errorf("prefill endpoint %q: either every endpoint names its layers (ADDR@A:B) or none does", e)
+		if len(addrs) == 1 {
+			kind = k
+		} else if k != kind {
+			return nil, nil, fmt.Errorf("prefill endpoint %q: every endpoint names its layers (ADDR@A:B), or every one its KV heads (ADDR#H0:H1), or none does", e)
 		}
 		if !staged {
 			continue
 		}
-		r, err := hf.ParseLayers(rng)
+		var r hf.LayerRange
+		what := "layers"
+		if k == '#' {
+			what = "kv heads"
+			r.Start, r.End, err = parseHeads(rng)
+		} else {
+			r, err = hf.ParseLayers(rng)
+		}
 		if err != nil {
 			return nil, nil, fmt.Errorf("prefill endpoint %q: %w", e, err)
 		}
-		k := [2]int{r.Start, r.End}
-		i, ok := byRange[k]
+		key := [2]int{r.Start, r.End}
+		i, ok := byRange[key]
 		if !ok {
 			for _, p := range parts {
 				if r.Start < p.End && p.Start < r.End {
-					return nil, nil, fmt.Errorf("prefill endpoint %q: layers %d:%d overlap another stage's %d:%d", e, r.Start, r.End, p.Start, p.End)
+					return nil, nil, fmt.Errorf("prefill endpoint %q: %s %d:%d overlap another's %d:%d", e, what, r.Start, r.End, p.Start, p.End)
 				}
 			}
 			i = len(parts)
-			byRange[k] = i
-			parts = append(parts, PrefillPart{Start: r.Start, End: r.End})
+			byRange[key] = i
+			parts = append(parts, PrefillPart{Start: r.Start, End: r.End, Heads: k == '#'})
 		}
 		parts[i].Endpoints = append(parts[i].Endpoints, addr)
 	}

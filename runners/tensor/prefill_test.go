@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/exo-pd/exo-pd/internal/testutil"
+	"github.com/exo-pd/exo-pd/runners/decode"
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
@@ -273,4 +274,94 @@ func TestTensorPrefillHeads(t *testing.T) {
 	pg.start(1)
 	testutil.Eventually(t, func() bool { return pg.g.Health() == nil }, 30*time.Second, "the group is whole again")
 	both("after rank 1 restarted", prompt, 0)
+}
+
+// TestTensorPrefillIntoDecodeShares: a decode cache is filled from the
+// ranks of a tensor-parallel prefill group named ADDR#H0:H1 (decode's
+// head-split fill) whatever the two group sizes: a whole model's cache
+// (its heads span every prefill rank: pieces assembled), the shares of a
+// 2-rank and a 4-rank decode group, from 2-rank and 4-rank prefill groups
+// (a share inside one prefill rank, or spanning two). Each filled cache
+// equals the heads of a whole model's local prefill, and each fill moves
+// exactly its heads' share of the bytes.
+func TestTensorPrefillIntoDecodeShares(t *testing.T) {
+	path := t.TempDir()
+	if err := testmodel.Write(path, testmodel.Spec{Arch: "llama", Seed: 8, Layers: 2, Heads: 8, KVHeads: 4, HeadDim: 8, MaxPositions: 512}); err != nil {
+		t.Fatal(err)
+	}
+	whole := load(t, path, nil)
+	ctx := t.Context()
+	prompt := make([]int32, 50)
+	for i := range prompt {
+		prompt[i] = int32(3 + i*53%400)
+	}
+	ref := whole.NewCache()
+	defer ref.Free()
+	if err := whole.Prefill(ctx, ref, prompt[:len(prompt)-1], testChunk, nil); err != nil {
+		t.Fatal(err)
+	}
+	const start = 4
+	fullBytes := map[int]int64{} // the whole model's KV bytes from a position
+	for _, pos := range []int{0, start} {
+		for l := range ref.Geometry().Layers {
+			k, v, _ := ref.Export(l, pos, len(prompt)-1-pos)
+			fullBytes[pos] += int64(len(k) + len(v))
+		}
+	}
+	for _, np := range []int{2, 4} {
+		pg := startPrefillGroup(t, path, np)
+		var list []string
+		for r := range np {
+			list = append(list, fmt.Sprintf("%s#%d:%d", pg.kv[r], r*4/np, (r+1)*4/np))
+		}
+		_, parts, err := decode.ParsePrefillEndpoints(list)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, nd := range []int{1, 2, 4} {
+			for r := range nd {
+				m := whole
+				if nd > 1 {
+					m = load(t, path, engine.NewLocalGroup(nd).Rank(r))
+				}
+				h0, h1 := m.KVHeadRange()
+				what := fmt.Sprintf("prefill group of %d, decode rank %d of %d (kv heads %d:%d)", np, r, nd, h0, h1)
+				rem := &decode.KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{}), Name: "m", Model: m, Parts: parts}
+				c := m.NewCache()
+				for _, pos := range []int{0, start} {
+					if pos > 0 { // a cache holding a prefix already: prefill it locally (a whole model's only)
+						if nd > 1 {
+							continue
+						}
+						c.Truncate(0)
+						if err := m.Prefill(ctx, c, prompt[:pos], testChunk, nil); err != nil {
+							t.Fatal(err)
+						}
+					}
+					st, err := rem.Prefill(ctx, what, prompt, pos, c, nil)
+					if err != nil {
+						t.Fatalf("%s from %d: %v", what, pos, err)
+					}
+					if c.Len() != len(prompt)-1 {
+						t.Fatalf("%s: cache holds %d", what, c.Len())
+					}
+					if want := fullBytes[pos] * int64(h1-h0) / 4; st.Bytes != want {
+						t.Fatalf("%s from %d: %d payload bytes, want its heads' share %d", what, pos, st.Bytes, want)
+					}
+				}
+				s := &headSink{heads: h1 - h0, k: map[int][][]byte{}, v: map[int][][]byte{}}
+				for l := range c.Geometry().Layers {
+					k, v, err := c.Export(l, 0, len(prompt)-1)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := s.Chunk(l, 0, len(prompt)-1, k, v); err != nil {
+						t.Fatal(err)
+					}
+				}
+				checkHeads(t, what, s, ref, 4, 0, len(prompt)-1, h0, h1)
+				c.Free()
+			}
+		}
+	}
 }

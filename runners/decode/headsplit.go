@@ -1,0 +1,313 @@
+package decode
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/kvconv"
+	"github.com/exo-pd/exo-pd/runners/kvwire"
+)
+
+// A tensor-parallel prefill group (runners/tensor, `exo runner prefill
+// --tensor I/N`) serves each rank's KV heads from that rank's KV port. A
+// decode runner names the ranks as ADDR#H0:H1 entries of --prefill (the
+// rank holding KV heads [H0, H1)); each decode cache (a whole model's, or
+// a tensor-parallel decode rank's share, KVHeadRange) asks every prefill
+// rank holding some of its heads for those, at once: one rank when the
+// cache's heads lie inside one rank's (a decode group of N_d ranks over a
+// prefill group of N_p ranks that divides N_d), else one piece per rank,
+// whose chunks are assembled head by head into the cache (headFill). All
+// pieces commit together or the cache goes back to start.
+
+// parseHeads parses "H0:H1" (0 ≤ H0 < H1).
+func parseHeads(s string) (a, b int, err error) {
+	x, y, ok := strings.Cut(s, ":")
+	if ok {
+		a, err = strconv.Atoi(x)
+		if err == nil {
+			b, err = strconv.Atoi(y)
+		}
+	}
+	if !ok || err != nil || a < 0 || b <= a {
+		return 0, 0, fmt.Errorf("kv heads %q: want H0:H1 with 0 ≤ H0 < H1", s)
+	}
+	return a, b, nil
+}
+
+// modelHeads is the KV heads [a, b) of the whole model's that m's caches
+// hold: a tensor-parallel rank's share, else every head.
+func modelHeads(m interface{ Info() engine.ModelInfo }) (a, b int) {
+	if hr, ok := m.(interface{ KVHeadRange() (int, int) }); ok {
+		return hr.KVHeadRange()
+	}
+	return 0, m.Info().KVHeads
+}
+
+// headFill fills cache from the ranks of a tensor-parallel prefill group
+// (r.Parts with Heads): one head-range request per rank holding some of
+// the cache's heads, at once, each piece assembled into the cache; all
+// committed together, or cache goes back to start when any fails.
+func (r *KVRemote) headFill(ctx context.Context, reqID string, prompt []int32, start int, cache engine.KVCache) (RemoteStats, error) {
+	x, y := modelHeads(r.Model)
+	var jobs []PrefillPart
+	for _, p := range r.Parts {
+		if a, b := max(p.Start, x), min(p.End, y); a < b {
+			jobs = append(jobs, PrefillPart{Start: a, End: b, Endpoints: p.Endpoints, Heads: true})
+		}
+	}
+	covered := x
+	for _, p := range jobs {
+		if p.Start != covered {
+			return RemoteStats{}, fmt.Errorf("%w: no prefill rank holds kv head %d", kvwire.ErrNoEndpoint, covered)
+		}
+		covered = p.End
+	}
+	if covered != y {
+		return RemoteStats{}, fmt.Errorf("%w: no prefill rank holds kv head %d", kvwire.ErrNoEndpoint, covered)
+	}
+	if info := r.Model.Info(); info.Recurrent != nil {
+		return RemoteStats{}, fmt.Errorf("%w: kv heads of a model with recurrent layers (a tensor-parallel prefill cannot serve it)", kvwire.ErrMismatch)
+	}
+	asm := newAssembler(cache, start, x, y)
+	type result struct {
+		st  RemoteStats
+		end int
+		err error
+	}
+	res := make([]result, len(jobs))
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	var errMu sync.Mutex
+	var firstErr error
+	for i, p := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, exp := wireRequest(r.Model, reqID, r.Name, prompt, start)
+			req.HeadStart, req.HeadEnd, exp.KVHeads = p.Start, p.End, p.End-p.Start
+			req.DType, req.Deadline, req.Streams = r.wireDType(cache), r.Deadline, r.Streams
+			sink := &pieceSink{asm: asm, h0: p.Start - x, heads: p.End - p.Start}
+			var last error
+			for _, addr := range p.Endpoints {
+				if r.Breaker != nil && !r.Breaker.Allow(addr) {
+					last = fmt.Errorf("%w: %s", errAllOpen, addr)
+					continue
+				}
+				st, err := r.Client.Fetch(cctx, addr, req, exp, sink)
+				if r.Breaker != nil && cctx.Err() == nil {
+					r.Breaker.Report(addr, st, err)
+				}
+				res[i].st = RemoteStats{Endpoint: st.Addr, Bytes: st.PayloadBytes, Duration: st.Duration, Wait: st.WireWait}
+				if err == nil {
+					res[i].end, last = sink.end, nil
+					break
+				}
+				last = fmt.Errorf("prefill rank of kv heads %d:%d at %s: %w", p.Start, p.End, addr, err)
+				if sink.begun || !kvwire.Retryable(err) {
+					break // some of its KV may be assembled: no other replica
+				}
+			}
+			if last != nil {
+				res[i].err = last
+				errMu.Lock()
+				if firstErr == nil {
+					firstErr = last
+				}
+				errMu.Unlock()
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	var total RemoteStats
+	first := firstErr
+	for _, x := range res {
+		total.Bytes += x.st.Bytes
+		total.Duration = max(total.Duration, x.st.Duration)
+		total.Wait = max(total.Wait, x.st.Wait)
+		if total.Endpoint != "" {
+			total.Endpoint += ","
+		}
+		total.Endpoint += x.st.Endpoint
+		if first == nil && x.end != res[0].end {
+			first = fmt.Errorf("%w: prefill ranks ended at %d and %d", kvwire.ErrCorrupt, res[0].end, x.end)
+		}
+	}
+	if first == nil {
+		first = asm.complete(res[0].end)
+	}
+	if first != nil {
+		cache.Truncate(start)
+		return total, first
+	}
+	if err := cache.Commit(res[0].end); err != nil {
+		cache.Truncate(start)
+		return total, fmt.Errorf("commit injected KV: %w", err)
+	}
+	return total, checkFilled(cache, prompt, start)
+}
+
+// pieceSink is one prefill rank's stream of a head-split fill: its
+// chunks, widened or converted into the cache dtype, go to the assembler
+// as heads [h0, h0+heads) of the cache's.
+type pieceSink struct {
+	asm       *assembler
+	h0, heads int
+	conv      cacheSink // dtype conversion only (its cache is the assembler's)
+	begun     bool
+	end       int
+}
+
+func (s *pieceSink) Begin(h *kvwire.Header) error {
+	if h.TokenStart != s.asm.start {
+		return fmt.Errorf("%w: stream starts at %d, cache holds %d", kvwire.ErrCorrupt, h.TokenStart, s.asm.start)
+	}
+	g := s.asm.cache.Geometry()
+	if h.Layers() != g.Layers || h.KVHeads != s.heads || h.HeadDim != g.HeadDim {
+		return fmt.Errorf("%w: stream geometry %d×%d×%d, want %d×%d×%d", kvwire.ErrMismatch, h.Layers(), h.KVHeads, h.HeadDim, g.Layers, s.heads, g.HeadDim)
+	}
+	for l := range g.Layers {
+		if h.Window(l) != g.Window(l) {
+			return fmt.Errorf("%w: stream layer %d window %d, cache %d", kvwire.ErrMismatch, l, h.Window(l), g.Window(l))
+		}
+	}
+	s.conv = cacheSink{cache: s.asm.cache, start: s.asm.start, wire: kvconv.Engine(h.DType), fp8: h.DType == kvwire.DTypeF8E4M3}
+	if s.conv.fp8 {
+		s.conv.wire, s.conv.heads = s.asm.cache.DType(), h.KVHeads
+	}
+	if s.conv.wire == 0 {
+		return fmt.Errorf("%w: wire dtype %v", kvwire.ErrMismatch, h.DType)
+	}
+	s.begun = true
+	return nil
+}
+
+func (s *pieceSink) Chunk(layer, tokenStart, tokenCount int, k, v []byte) error {
+	var err error
+	if s.conv.fp8 {
+		if k, err = s.conv.widen(k, tokenCount); err != nil {
+			return err
+		}
+		if v, err = s.conv.widen(v, tokenCount); err != nil {
+			return err
+		}
+	}
+	if dt := s.asm.cache.DType(); s.conv.wire != dt {
+		if k, err = kvconv.Convert(k, s.conv.wire, dt); err != nil {
+			return err
+		}
+		if v, err = kvconv.Convert(v, s.conv.wire, dt); err != nil {
+			return err
+		}
+	}
+	return s.asm.add(s.h0, s.heads, layer, tokenStart, tokenCount, k, v)
+}
+
+func (s *pieceSink) State(layer, _ int, _ [][]byte) error {
+	return fmt.Errorf("%w: recurrent state for layer %d in a head-split fill", kvwire.ErrMismatch, layer)
+}
+
+func (s *pieceSink) Done(t kvwire.Totals) error {
+	s.end = t.TokenEnd
+	return nil
+}
+
+// Rollback leaves the imported KV to headFill, which truncates the whole
+// cache once every piece's stream has ended.
+func (s *pieceSink) Rollback() {}
+
+// assembler merges head pieces into a cache: per layer, each head's rows
+// of the positions not imported yet; positions every head has arrived
+// for are imported at once (Import takes every head of the cache).
+type assembler struct {
+	cache    engine.KVCache
+	start    int
+	heads    int // the cache's KV heads
+	row      int // bytes of one head's row (head_dim × the cache dtype)
+	mu       sync.Mutex
+	layers   []asmLayer
+	imported int64 // rows imported, for tests
+}
+
+type asmLayer struct {
+	base int      // the first position not imported
+	have []int    // per head: positions buffered end here
+	k, v [][]byte // per head: rows of [base, have[h])
+	seen bool
+}
+
+func newAssembler(cache engine.KVCache, start, h0, h1 int) *assembler {
+	g := cache.Geometry()
+	a := &assembler{cache: cache, start: start, heads: h1 - h0, row: g.HeadDim * cache.DType().Size(), layers: make([]asmLayer, g.Layers)}
+	for i := range a.layers {
+		a.layers[i] = asmLayer{have: make([]int, a.heads), k: make([][]byte, a.heads), v: make([][]byte, a.heads)}
+	}
+	return a
+}
+
+// add buffers heads [h0, h0+n) of one chunk (k, v: [n, count, head_dim]
+// in the cache dtype) and imports what every head now has.
+func (a *assembler) add(h0, n, layer, start, count int, k, v []byte) error {
+	if layer < 0 || layer >= len(a.layers) || count <= 0 || len(k) != n*count*a.row || len(v) != len(k) {
+		return fmt.Errorf("%w: chunk of layer %d [%d,+%d) with %d bytes for %d heads", kvwire.ErrCorrupt, layer, start, count, len(k), n)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	l := &a.layers[layer]
+	if !l.seen {
+		// Every piece's first chunk of a layer starts where the layer's
+		// stream does (the same header); the first one seen sets it.
+		l.seen, l.base = true, start
+		for h := range l.have {
+			l.have[h] = start
+		}
+	}
+	per := count * a.row
+	for i := range n {
+		h := h0 + i
+		if start != l.have[h] {
+			return fmt.Errorf("%w: layer %d head %d: chunk at %d, want %d", kvwire.ErrCorrupt, layer, h, start, l.have[h])
+		}
+		l.k[h] = append(l.k[h], k[i*per:(i+1)*per]...)
+		l.v[h] = append(l.v[h], v[i*per:(i+1)*per]...)
+		l.have[h] += count
+	}
+	end := l.have[0]
+	for _, e := range l.have {
+		end = min(end, e)
+	}
+	if end <= l.base {
+		return nil
+	}
+	cnt := end - l.base
+	kb, vb := make([]byte, 0, a.heads*cnt*a.row), make([]byte, 0, a.heads*cnt*a.row)
+	for h := range a.heads {
+		kb = append(kb, l.k[h][:cnt*a.row]...)
+		vb = append(vb, l.v[h][:cnt*a.row]...)
+		l.k[h], l.v[h] = l.k[h][cnt*a.row:], l.v[h][cnt*a.row:]
+	}
+	if err := a.cache.Import(layer, l.base, cnt, kb, vb); err != nil {
+		return fmt.Errorf("inject layer %d [%d,+%d): %w", layer, l.base, cnt, err)
+	}
+	l.base = end
+	a.imported += int64(cnt)
+	return nil
+}
+
+// complete checks that every layer that got chunks has every head's up to
+// end.
+func (a *assembler) complete(end int) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for i, l := range a.layers {
+		if l.seen && l.base != end {
+			return fmt.Errorf("%w: layer %d assembled up to %d of %d (a piece fell short)", kvwire.ErrCorrupt, i, l.base, end)
+		}
+	}
+	return nil
+}
