@@ -571,9 +571,17 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 		dm, tensorDone = leadTensor(ctx, tr, m, met, gate)
 	}
 	if f.stages > 0 {
-		ring, err := startRing(ctx, f, m, secret, met, log)
+		rc := stageRunner(f, m, secret, met, log)
+		rc.Running = func() int {
+			if gate.ready.Load() == nil { // gate.load is set before ready
+				return 0
+			}
+			_, running := gate.load()
+			return running
+		}
+		ring, err := stage.StartRing(ctx, rc)
 		if err != nil {
-			return err
+			return stageListenError(f, err)
 		}
 		dm, gate.health = ring, stageHealth(ring.Healthy)
 	}
@@ -638,15 +646,19 @@ func stageHealth(up func() bool) func() error {
 	}
 }
 
-// stageLink is this stage's end of its stage links.
-func stageLink(f *runnerFlags, m *engine.Model, secret []byte) (stage.LinkConfig, error) {
-	info := m.Info()
-	if f.layers.End > info.Layers || (f.stage == f.stages-1 && f.layers.End != info.Layers) {
-		return stage.LinkConfig{}, fmt.Errorf("runner: --stage %d/%d --layers %v of a %d-layer model: the last stage ends at layer %d and no stage past it",
-			f.stage, f.stages, f.layers, info.Layers, info.Layers)
+// stageRunner is what the flags say about this runner's pipeline stage
+// (runners/stage assembles it).
+func stageRunner(f *runnerFlags, m *engine.Model, secret []byte, met *metrics.Runner, log *slog.Logger) *stage.RunnerConfig {
+	return &stage.RunnerConfig{Name: f.name, Stage: f.stage, Stages: f.stages, Layers: engine.LayerRange(f.layers),
+		Listen: f.stageListen, Next: f.stageNext, Secret: secret, Model: m, Metrics: stage.NewMetrics(met.Registry), Logger: log}
+}
+
+// stageListenError points a taken --stage-listen at the cluster file.
+func stageListenError(f *runnerFlags, err error) error {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return listenError(f.stageListen, err)
 	}
-	return stage.LinkConfig{Stage: f.stage, Stages: f.stages, First: f.layers.Start, End: f.layers.End, Layers: info.Layers,
-		Hidden: m.Config().Hidden, Fingerprint: m.Fingerprint(), Secret: secret}, nil
+	return fmt.Errorf("runner: %w", err)
 }
 
 // stageRemote is a pipeline stage's KV-wire client of the prefill
@@ -659,65 +671,30 @@ func stageRemote(ctx context.Context, f *runnerFlags, m *engine.Model, secret []
 		Chunk: f.chunk, Metrics: met, Logger: log})
 }
 
-// startRing makes stage 0's model, the ring over the later stages, and
-// keeps it up until ctx ends.
-func startRing(ctx context.Context, f *runnerFlags, m *engine.Model, secret []byte, met *metrics.Runner, log *slog.Logger) (*stage.Ring, error) {
-	lc, err := stageLink(f, m, secret)
-	if err != nil {
-		return nil, err
-	}
-	l, err := net.Listen("tcp", f.stageListen)
-	if err != nil {
-		return nil, listenError(f.stageListen, err)
-	}
-	ring, err := stage.NewRing(stage.RingConfig{Name: f.name, Link: lc, Model: m, Listen: l, Next: f.stageNext,
-		Metrics: stage.NewMetrics(met.Registry), Logger: log})
-	if err != nil {
-		l.Close()
-		return nil, fmt.Errorf("runner: %w", err)
-	}
-	go ring.Run(ctx)
-	log.Info("pipeline stage 0", "stages", f.stages, "layers", f.layers.String(), "stage_listen", f.stageListen, "stage_next", f.stageNext)
-	return ring, nil
-}
-
 // runStage serves a pipeline stage after the first: its layers on the
 // stage link, and /health and /metrics on --listen.
 func runStage(ctx context.Context, f *runnerFlags, m *engine.Model, st *decode.Setup, secret []byte, gate *loadGate, met *metrics.Runner, log *slog.Logger) error {
-	lc, err := stageLink(f, m, secret)
-	if err != nil {
-		return err
-	}
-	l, err := net.Listen("tcp", f.stageListen)
-	if err != nil {
-		return listenError(f.stageListen, err)
-	}
 	if f.speculative != "" && f.speculative != decode.SpecOff {
 		// The supervisor gives every stage the model's flags; stage 0's
 		// decode runner logs why a pipeline does not speculate.
 		log.Info("pipeline stage: --speculative is stage 0's concern; this stage ignores it", "speculative", f.speculative)
 	}
-	var picks *decode.Options
-	if f.stage == f.stages-1 {
-		picks = &st.Options // the last stage samples: the decode runner's tokenizer, sampler and grammars
-	}
-	nc := stage.NodeConfig{Name: f.name, Link: lc, Model: m, Listen: l, Next: f.stageNext, Picks: picks,
-		Metrics: stage.NewMetrics(met.Registry), Logger: log}
+	rc := stageRunner(f, m, secret, met, log)
+	rc.Picks = &st.Options // the last stage samples: the decode runner's tokenizer, sampler and grammars
 	if f.prefill != "" {
-		nc.Remote = stageRemote(ctx, f, m, secret, met, log).Remote
+		rc.Remote = stageRemote(ctx, f, m, secret, met, log).Remote
 	} else {
 		// Without --prefill of its own, the stage fetches its layers from
 		// the prefill runner stage 0's remote fill names.
-		nc.RemoteFor = func(endpoint string) decode.Remote {
+		rc.RemoteFor = func(endpoint string) decode.Remote {
 			g := *f
 			g.prefill, g.prefillHealth = endpoint, ""
 			return stageRemote(ctx, &g, m, secret, met, log).Remote
 		}
 	}
-	node, err := stage.NewNode(nc)
+	node, err := stage.NewStage(rc)
 	if err != nil {
-		l.Close()
-		return fmt.Errorf("runner: %w", err)
+		return stageListenError(f, err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", met.Handler())
@@ -745,8 +722,8 @@ func runPrefill(ctx context.Context, f *runnerFlags, m *engine.Model, secret []b
 		if f.testPrefillRate > 0 {
 			return fmt.Errorf("runner: --test-slow-prefill-tokens-per-sec with --stage: a prefill stage is not paced")
 		}
-		if _, err := stageLink(f, m, secret); err != nil {
-			return err
+		if _, err := (&stage.RunnerConfig{Stage: f.stage, Stages: f.stages, Layers: engine.LayerRange(f.layers), Model: m}).Link(); err != nil {
+			return fmt.Errorf("runner: %w", err)
 		}
 		stageRange = engine.LayerRange(f.layers)
 	}

@@ -72,8 +72,9 @@ type proc struct {
 	t      *testing.T
 	name   string
 	cmd    *exec.Cmd
-	http   string // address serving /health and /metrics
-	listen string // --listen
+	http   string   // address serving /health and /metrics
+	listen string   // --listen
+	env    []string // added to the environment the process starts with
 	mu     sync.Mutex
 	log    bytes.Buffer
 	done   chan struct{}
@@ -97,6 +98,9 @@ func (p *proc) logs() string {
 func (p *proc) launch(t *testing.T, args []string, label string, logTail int) {
 	t.Helper()
 	p.cmd = exec.Command(exoBin, args...)
+	if p.env != nil {
+		p.cmd.Env = append(os.Environ(), p.env...)
+	}
 	p.cmd.Stdout, p.cmd.Stderr = p, p
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := p.cmd.Start(); err != nil {

@@ -145,36 +145,128 @@ func (m *Model) stageTail(c KVCache, tokens []int32, hidden []float32) ([]float3
 // bit for bit on the cpu backend. The results belong to the caller. On
 // error every cache is truncated to where it was.
 func (m *Model) StageStep(ctx context.Context, caches []KVCache, toks [][]int32, hidden []float32) (out []float32, logits [][]float32, err error) {
+	out, logits, _, err = m.stageStep(ctx, caches, toks, hidden, nil, nil)
+	return out, logits, err
+}
+
+// Carrier moves a pipeline step's hidden states between neighbouring
+// stages on the backend's own transport (an MLX group's send and recv)
+// instead of through the host. Its arrays are lazy like the backend's: the
+// transfer happens when the array is evaluated, and a receive blocks there
+// until the matching send has been evaluated on the previous stage.
+type Carrier interface {
+	// Recv is the previous stage's output of one step, an array of the
+	// given shape and dtype.
+	Recv(shape []int, dt DType) Array
+	// Send returns an array whose evaluation sends x to the next stage.
+	Send(x Array) Array
+}
+
+// ErrCarry is wrapped by a carried step's error after which the order of
+// the carrier's transfers is unknown (a receive may or may not have been
+// consumed, a send may be half done): the stages can no longer agree on
+// which array is which step's, and the carrier must be given up.
+var ErrCarry = errors.New("engine: a carried step's transfer failed")
+
+// CarryStats are the hidden-state bytes a carried step moved.
+type CarryStats struct{ Received, Sent int64 }
+
+// StageStepCarried is StageStep with the hidden states moved by c: a
+// stage after the first receives its input rows [Σ len(toks[i]), D] from c
+// (in the activations' dtype); a stage before the last computes its
+// layers, then calls ready (which must tell the next stage to receive:
+// the step's descriptor on the control link) and then sends its output
+// with c, returning no hidden states; the last stage returns the logits as
+// StageStep does. On an error that does not wrap ErrCarry the receive
+// has been consumed (a step refused before its computation still reads
+// and drops its input) and nothing was sent, so the carrier stays in
+// step with its neighbours; a ready error is returned as is, nothing sent.
+func (m *Model) StageStepCarried(ctx context.Context, caches []KVCache, toks [][]int32, c Carrier, ready func() error) (logits [][]float32, st CarryStats, err error) {
+	if c == nil {
+		return nil, st, errors.New("engine: StageStepCarried without a carrier")
+	}
+	_, logits, st, err = m.stageStep(ctx, caches, toks, nil, c, ready)
+	return logits, st, err
+}
+
+// DiscardCarried reads and drops the input of a carried step of rows
+// tokens that the stage refuses before computing it (a later stage only),
+// so that the carrier's next receive is the next step's. An error wraps
+// ErrCarry.
+func (m *Model) DiscardCarried(rows int, c Carrier) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if len(caches) == 0 || len(caches) != len(toks) {
-		return nil, nil, fmt.Errorf("engine: StageStep with %d caches and %d chunks", len(caches), len(toks))
+	return m.discardCarried(rows, c)
+}
+
+// discardCarried is DiscardCarried with m.mu held.
+func (m *Model) discardCarried(rows int, c Carrier) (err error) {
+	if m.embed != nil || rows <= 0 {
+		return nil
 	}
+	defer recoverInto(&err, "discard a carried step")
+	defer func() {
+		if err != nil && !errors.Is(err, ErrCarry) {
+			err = fmt.Errorf("%w: %w", ErrCarry, err)
+		}
+	}()
+	defer m.b.Free()
+	return m.b.Eval(c.Recv([]int{rows, m.cfg.Hidden}, m.actDType()))
+}
+
+// carriedBytes is the size of rows hidden-state rows on a carrier.
+func (m *Model) carriedBytes(rows int) int64 {
+	return int64(rows) * int64(m.cfg.Hidden) * int64(m.actDType().Size())
+}
+
+// stageStep is StageStep, and with c StageStepCarried.
+func (m *Model) stageStep(ctx context.Context, caches []KVCache, toks [][]int32, hidden []float32, c Carrier, ready func() error) (out []float32, logits [][]float32, st CarryStats, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	total := 0
+	for _, t := range toks {
+		total += len(t)
+	}
+	computed := false
+	if c != nil && m.embed == nil {
+		// A step refused before its computation still consumes its input.
+		defer func() {
+			if err != nil && !computed {
+				if derr := m.discardCarried(total, c); derr != nil {
+					err = fmt.Errorf("%w (and its input could not be drained: %w)", err, derr)
+				}
+			}
+		}()
+	}
+	if len(caches) == 0 || len(caches) != len(toks) {
+		return nil, nil, st, fmt.Errorf("engine: StageStep with %d caches and %d chunks", len(caches), len(toks))
+	}
 	for i, c := range caches {
 		if len(toks[i]) == 0 {
-			return nil, nil, fmt.Errorf("engine: StageStep: chunk %d is empty", i)
+			return nil, nil, st, fmt.Errorf("engine: StageStep: chunk %d is empty", i)
 		}
 		for _, d := range caches[:i] {
 			if d == c {
-				return nil, nil, fmt.Errorf("engine: StageStep: cache %d appears twice", i)
+				return nil, nil, st, fmt.Errorf("engine: StageStep: cache %d appears twice", i)
 			}
 		}
 		if err := m.checkCache(c, toks[i]); err != nil {
-			return nil, nil, err
+			return nil, nil, st, err
 		}
-		total += len(toks[i])
 	}
 	D := m.cfg.Hidden
 	switch {
 	case m.embed != nil && hidden != nil:
-		return nil, nil, fmt.Errorf("%w: the first stage embeds the tokens; it takes no hidden states", ErrStage)
-	case m.embed == nil && len(hidden) != total*D:
-		return nil, nil, fmt.Errorf("%w: %d hidden values for %d tokens of width %d", ErrStage, len(hidden), total, D)
+		return nil, nil, st, fmt.Errorf("%w: the first stage embeds the tokens; it takes no hidden states", ErrStage)
+	case c == nil && m.embed == nil && len(hidden) != total*D:
+		return nil, nil, st, fmt.Errorf("%w: %d hidden values for %d tokens of width %d", ErrStage, len(hidden), total, D)
+	case c != nil && hidden != nil:
+		return nil, nil, st, fmt.Errorf("%w: a carried step takes its hidden states from the carrier", ErrStage)
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, nil, err
+		return nil, nil, st, err
 	}
+	computed = true
 	starts := make([]int, len(caches))
 	for i, c := range caches {
 		starts[i] = c.Len()
@@ -188,21 +280,79 @@ func (m *Model) StageStep(ctx context.Context, caches []KVCache, toks [][]int32,
 		}
 		m.b.Free()
 	}()
+	var sent bool // ready succeeded: the send may have begun
+	if c != nil {
+		defer func() {
+			// A failure with a receive in the graph, or once the send
+			// may have begun, leaves the transfers' order unknown.
+			if err != nil && (m.embed == nil || sent) && !errors.Is(err, ErrCarry) {
+				err = fmt.Errorf("%w: %w", ErrCarry, err)
+			}
+		}()
+	}
 	defer recoverInto(&err, "stage step")
-	return m.stageSeqs(caches, toks, hidden)
+	if c == nil {
+		out, logits, err = m.stageSeqs(caches, toks, hidden, nil, nil)
+		return out, logits, st, err
+	}
+	_, logits, err = m.stageSeqs(caches, toks, nil, c, func() error {
+		if ready != nil {
+			if err := ready(); err != nil {
+				return err
+			}
+		}
+		sent = true
+		return nil
+	})
+	if m.embed == nil {
+		st.Received = m.carriedBytes(total)
+	}
+	if sent && err == nil {
+		st.Sent = m.carriedBytes(total)
+	}
+	return nil, logits, st, err
 }
 
 // stageSeqs is StageStep's step (m.mu held, the caches begun).
-func (m *Model) stageSeqs(caches []KVCache, toks [][]int32, hidden []float32) ([]float32, [][]float32, error) {
+//
+// With a carrier c, a later stage's input is c's receive (evaluated with
+// the step: a failure then wraps ErrCarry), and a stage without the head
+// evaluates its output, calls ready and sends it with c (a failed send
+// wraps ErrCarry; a ready error is returned as is).
+func (m *Model) stageSeqs(caches []KVCache, toks [][]int32, hidden []float32, c Carrier, ready func() error) ([]float32, [][]float32, error) {
 	b := m.b
 	s := m.beginStep(caches, toks)
 	defer m.scr.endStep()
-	x := m.stageInput(s, hidden)
+	var x Array
+	if c != nil && m.embed == nil {
+		x = c.Recv([]int{s.n, m.cfg.Hidden}, m.actDType())
+	} else {
+		x = m.stageInput(s, hidden)
+	}
+	carryErr := func(err error) error {
+		if c != nil && m.embed == nil && err != nil && !errors.Is(err, ErrCarry) {
+			return fmt.Errorf("%w: %w", ErrCarry, err)
+		}
+		return err
+	}
 	for i, blk := range m.blocks {
 		var err error
 		if x, err = blk.forward(s, i, x); err != nil {
+			return nil, nil, carryErr(err)
+		}
+	}
+	if m.head == nil && c != nil {
+		x = b.AsType(x, m.actDType())
+		if err := b.Eval(append([]Array{x}, s.eval...)...); err != nil {
+			return nil, nil, carryErr(err)
+		}
+		if err := ready(); err != nil {
 			return nil, nil, err
 		}
+		if err := b.Eval(c.Send(x)); err != nil {
+			return nil, nil, fmt.Errorf("%w: send: %w", ErrCarry, err)
+		}
+		return nil, nil, nil
 	}
 	if m.head == nil {
 		x = b.AsType(x, F32)
@@ -222,7 +372,7 @@ func (m *Model) stageSeqs(caches []KVCache, toks [][]int32, hidden []float32) ([
 	}
 	out := b.Linear(b.RMSNorm(last, m.head.norm, m.eps), m.head.out) // [B, V]
 	if err := b.Eval(append([]Array{out}, s.eval...)...); err != nil {
-		return nil, nil, err
+		return nil, nil, carryErr(err)
 	}
 	f, err := b.Float32(out)
 	if err != nil {

@@ -40,6 +40,10 @@ type LinkConfig struct {
 	Count func(sent bool, n int)
 	// Wrote, when set, is told how long each frame's write took.
 	Wrote func(time.Duration)
+	// Offer, when set and true at the handshake, offers the peer to carry
+	// the hidden states over the stages' group (Hello flag GROUP); the
+	// link's Group says whether both ends offered.
+	Offer func() bool
 }
 
 func (c *LinkConfig) defaults() {
@@ -62,6 +66,9 @@ func (c *LinkConfig) hello() *Hello {
 	rand.Read(h.Nonce[:])
 	if len(c.Secret) > 0 {
 		h.Flags |= flagAuth
+	}
+	if c.Offer != nil && c.Offer() {
+		h.Flags |= flagGroup
 	}
 	return h
 }
@@ -110,6 +117,10 @@ type Link struct {
 	conn net.Conn
 	br   *bufio.Reader
 	Peer Hello
+
+	// group: both ends offered to carry hidden states over the group
+	// (set by the handshake).
+	group bool
 
 	wmu       sync.Mutex
 	lastWrite atomic.Int64 // unix nanoseconds
@@ -208,6 +219,7 @@ func (l *Link) dialHandshake() error {
 		return l.refuse(CodeVersion, err)
 	}
 	l.Peer = peer
+	l.group = me.Flags&flagGroup != 0 && peer.Flags&flagGroup != 0
 	if err := l.cfg.checkPeer(&peer, false); err != nil {
 		return l.refuse(CodeMismatch, err)
 	}
@@ -227,7 +239,7 @@ func (l *Link) dialHandshake() error {
 	if err != nil {
 		return fmt.Errorf("read the handshake's end: %w", err)
 	}
-	msg, err := decodeFrame(typ, p, l.cfg.Hidden)
+	msg, err := decodeFrame(typ, p, l.cfg.Hidden, l.group)
 	if err != nil {
 		return err
 	}
@@ -263,6 +275,7 @@ func (l *Link) acceptHandshake() error {
 		return l.refuse(CodeVersion, err)
 	}
 	l.Peer = peer
+	l.group = me.Flags&flagGroup != 0 && peer.Flags&flagGroup != 0
 	if err := l.cfg.checkPeer(&peer, true); err != nil {
 		return l.refuse(CodeMismatch, err)
 	}
@@ -283,7 +296,7 @@ func (l *Link) acceptHandshake() error {
 	if err != nil {
 		return fmt.Errorf("read auth proof: %w", err)
 	}
-	msg, err := decodeFrame(typ, p, l.cfg.Hidden)
+	msg, err := decodeFrame(typ, p, l.cfg.Hidden, l.group)
 	if err != nil {
 		return l.refuse(CodeCorrupt, err)
 	}
@@ -367,7 +380,7 @@ func (l *Link) Recv() (any, error) {
 				l.buf = p[:0] // small buffers are reused; a big Step's is not kept
 			}
 			var msg any
-			if msg, err = decodeFrame(typ, p, l.cfg.Hidden); err == nil {
+			if msg, err = decodeFrame(typ, p, l.cfg.Hidden, l.group); err == nil {
 				if _, ka := msg.(keepalive); ka {
 					continue
 				}
@@ -408,6 +421,10 @@ func (l *Link) Err() error {
 	defer l.errMu.Unlock()
 	return l.err
 }
+
+// Group is whether both ends offered to carry the hidden states over the
+// stages' group (Hello flag GROUP): Steps of DTypeGroup are valid on it.
+func (l *Link) Group() bool { return l.group }
 
 // Done is closed when the link closes.
 func (l *Link) Done() <-chan struct{} { return l.done }

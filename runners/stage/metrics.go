@@ -12,7 +12,7 @@ import (
 // registry.
 type Metrics struct {
 	StepSeconds *prometheus.HistogramVec // model, stage: a stage's compute per step
-	LinkBytes   *prometheus.CounterVec   // model, stage, direction (sent, received)
+	LinkBytes   *prometheus.CounterVec   // model, stage, direction (sent, received), transport (tcp, mlx)
 	LinkSeconds *prometheus.CounterVec   // model, stage: time spent writing frames to the links
 	InFlight    *prometheus.GaugeVec     // model, stage: steps sent down the ring and not answered (stage 0), or being computed
 	Bubble      *prometheus.GaugeVec     // model, stage: the stage's idle share of the time the ring had work
@@ -25,7 +25,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time a pipeline stage spends computing one step (its layers; on the last stage the logits and the picks).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"model", "stage"}),
 		LinkBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exo_stage_link_bytes_total",
-			Help: "Bytes a stage sent to or received from its stage links (frames with headers)."}, []string{"model", "stage", "direction"}),
+			Help: "Bytes a stage sent to or received from its neighbours: transport tcp, the stage link's frames with headers; mlx, the hidden states carried over MLX's ring (payload)."}, []string{"model", "stage", "direction", "transport"}),
 		LinkSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exo_stage_link_seconds_total",
 			Help: "Time a stage spent writing frames to its downstream stage link."}, []string{"model", "stage"}),
 		InFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "exo_stage_microbatches_in_flight",
@@ -41,6 +41,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 type stageMetrics struct {
 	step             prometheus.Observer
 	sent, recv, link prometheus.Counter
+	model, stage     string
+	bytes            *prometheus.CounterVec
 	inFlight, bubble prometheus.Gauge
 
 	mu         sync.Mutex
@@ -57,8 +59,8 @@ func (m *Metrics) bind(model string, stage int) *stageMetrics {
 		m = NewMetrics(prometheus.NewRegistry())
 	}
 	s := strconv.Itoa(stage)
-	return &stageMetrics{step: m.StepSeconds.WithLabelValues(model, s),
-		sent: m.LinkBytes.WithLabelValues(model, s, "sent"), recv: m.LinkBytes.WithLabelValues(model, s, "received"),
+	return &stageMetrics{step: m.StepSeconds.WithLabelValues(model, s), model: model, stage: s, bytes: m.LinkBytes,
+		sent: m.LinkBytes.WithLabelValues(model, s, "sent", "tcp"), recv: m.LinkBytes.WithLabelValues(model, s, "received", "tcp"),
 		link: m.LinkSeconds.WithLabelValues(model, s), inFlight: m.InFlight.WithLabelValues(model, s), bubble: m.Bubble.WithLabelValues(model, s)}
 }
 
@@ -69,6 +71,12 @@ func (s *stageMetrics) count(sent bool, n int) {
 	} else {
 		s.recv.Add(float64(n))
 	}
+}
+
+// carried returns the counters of the hidden-state bytes a group
+// transport (its label) carries: sent and received.
+func (s *stageMetrics) carried(transport string) (sent, recv prometheus.Counter) {
+	return s.bytes.WithLabelValues(s.model, s.stage, "sent", transport), s.bytes.WithLabelValues(s.model, s.stage, "received", transport)
 }
 
 // stepped records a step computed over [t0, t1].

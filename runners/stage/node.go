@@ -42,6 +42,8 @@ type NodeConfig struct {
 	Logger    *slog.Logger
 	// TestPace, TEST ONLY: as RingConfig.TestPace.
 	TestPace float64
+	// Group: as RingConfig.Group.
+	Group *Group
 }
 
 // Node is a stage after the first: it computes its layers for every Step
@@ -53,6 +55,7 @@ type Node struct {
 	met  *stageMetrics
 	log  *slog.Logger
 	up   atomic.Bool
+	cs   *carry
 
 	caches  map[uint64]engine.KVCache
 	pickers map[uint64]*decode.Picker
@@ -82,6 +85,12 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	n := &Node{cfg: cfg, last: last, log: cfg.Logger.With("stage", l.Stage), met: cfg.Metrics.bind(cfg.Name, l.Stage)}
 	n.cfg.Link.Count = n.met.count
 	n.cfg.Link.Wrote = func(d time.Duration) { n.met.link.Add(d.Seconds()) }
+	cs, err := newCarry(cfg.Group, l.Stages, n.met, n.log)
+	if err != nil {
+		return nil, err
+	}
+	n.cs = cs
+	n.cfg.Link.Offer = cs.offered
 	return n, nil
 }
 
@@ -107,12 +116,27 @@ func (n *Node) Run(ctx context.Context) error {
 			if in == nil {
 				break
 			}
+			if _, err := n.cs.decide(ctx, in, out); err != nil {
+				in.Close(err)
+				out.Close(err)
+				n.cs.lose(err)
+				return err
+			}
 			n.reset()
 			n.up.Store(true)
 			n.log.Info("stage links up", "from_stage", in.Peer.Stage, "to_stage", out.Peer.Stage)
 			err := n.serve(ctx, in, out)
 			n.up.Store(false)
 			in.Close(err)
+			if n.cs.joined() {
+				// The group cannot be joined again (and a step may be
+				// stuck in a receive): every stage restarts.
+				out.Close(err)
+				if ctx.Err() == nil {
+					n.cs.lose(err)
+				}
+				return fmt.Errorf("%w: %w", ErrGroupLost, err)
+			}
 			n.reset()
 			if ctx.Err() == nil {
 				n.log.Warn("stage link down; every sequence freed", "err", err)
@@ -240,6 +264,15 @@ func (n *Node) serve(ctx context.Context, in, out *Link) error {
 			in.Close(out.Err())
 		case <-in.Done():
 		}
+		if n.cs.joined() && ctx.Err() == nil {
+			// The serving goroutine may be inside a carried receive that
+			// never ends now: report the lost group from here.
+			err := in.Err()
+			if err == nil {
+				err = out.Err()
+			}
+			n.cs.lose(err)
+		}
 	}()
 	for {
 		msg, err := in.Recv()
@@ -319,6 +352,21 @@ func (n *Node) step(m *Step, out *Link) error {
 	fail := func(code Code, format string, a ...any) error {
 		return out.Send(ErrorFrame{Ticket: m.Ticket, Code: code, Reason: fmt.Sprintf("stage %d: ", n.cfg.Link.Stage) + fmt.Sprintf(format, a...)})
 	}
+	carrier := n.cs.carrier()
+	if (carrier != nil) != (m.DType == DTypeGroup) {
+		return fmt.Errorf("%w: a step of hidden dtype %d on a stage whose hidden states go over the group: %v", ErrCorrupt, m.DType, carrier != nil)
+	}
+	pre := fail // a refusal before the step's computation
+	if carrier != nil {
+		// A step refused before its computation still reads its input
+		// off the group, so that the next receive is the next step's.
+		pre = func(code Code, format string, a ...any) error {
+			if err := n.cfg.Model.DiscardCarried(len(m.Tokens), carrier); err != nil {
+				return err
+			}
+			return fail(code, format, a...)
+		}
+	}
 	caches := make([]engine.KVCache, len(m.Seqs))
 	toks := make([][]int32, len(m.Seqs))
 	o := 0
@@ -330,25 +378,50 @@ func (n *Node) step(m *Step, out *Link) error {
 		}
 		for _, d := range caches[:i] {
 			if d == c {
-				return fail(CodeBadRequest, "sequence %d twice in one step", s.Seq)
+				return pre(CodeBadRequest, "sequence %d twice in one step", s.Seq)
 			}
 		}
 		if c.Len() != s.Pos {
-			return fail(CodeBadRequest, "sequence %d's chunk continues position %d; this stage holds %d", s.Seq, s.Pos, c.Len())
+			return pre(CodeBadRequest, "sequence %d's chunk continues position %d; this stage holds %d", s.Seq, s.Pos, c.Len())
 		}
 		if s.Pick && n.last && n.pickers[s.Seq] == nil {
-			return fail(CodeBadRequest, "sequence %d has no picker (no Open)", s.Seq)
+			return pre(CodeBadRequest, "sequence %d has no picker (no Open)", s.Seq)
 		}
 		caches[i], toks[i] = c, m.Tokens[o:o+s.N]
 		o += s.N
 	}
 	n.met.inFlight.Set(1)
 	t0 := time.Now()
-	hidden, logits, err := n.cfg.Model.StageStep(context.Background(), caches, toks, m.Hidden)
-	pace(n.cfg.TestPace, len(m.Tokens), t0)
+	var hidden []float32
+	var logits [][]float32
+	var err error
+	if carrier != nil {
+		var ready func() error
+		if !n.last {
+			ready = func() error {
+				return out.Send(&Step{Ticket: m.Ticket, DType: DTypeGroup, Seqs: m.Seqs, Tokens: m.Tokens})
+			}
+		}
+		var st engine.CarryStats
+		logits, st, err = n.cfg.Model.StageStepCarried(context.Background(), caches, toks, carrier, ready)
+		n.cs.count(st)
+		pace(n.cfg.TestPace, len(m.Tokens), t0)
+		if err != nil && (errors.Is(err, engine.ErrCarry) || out.Err() != nil) {
+			n.met.inFlight.Set(0)
+			return err // the group is lost (serve's end says so)
+		}
+		if err == nil && !n.last {
+			n.met.stepped(t0, time.Now())
+			n.met.inFlight.Set(0)
+			return nil // the Step went down in ready
+		}
+	} else {
+		hidden, logits, err = n.cfg.Model.StageStep(context.Background(), caches, toks, m.Hidden)
+		pace(n.cfg.TestPace, len(m.Tokens), t0)
+	}
 	if err != nil {
 		n.met.inFlight.Set(0)
-		return fail(CodeInternal, "step: %v", err)
+		return fail(CodeInternal, "step: %v", err) // the engine drained a carried step's input
 	}
 	var picks Picks
 	if n.last {

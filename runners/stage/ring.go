@@ -43,6 +43,10 @@ type RingConfig struct {
 	// (each step takes at least its tokens / TestPace): benchmarks make a
 	// loaded machine look like hosts of known speeds.
 	TestPace float64
+	// Group, when set, carries the hidden states over the backend's own
+	// group where every stage offers one (see Group); nil: the Step
+	// frames carry them.
+	Group *Group
 }
 
 // Ring is stage 0 of a pipeline as a decode.PickingModel: the decode
@@ -56,6 +60,7 @@ type Ring struct {
 	m   *engine.Model
 	met *stageMetrics
 	log *slog.Logger
+	cs  *carry
 
 	mu      sync.Mutex
 	out     *Link // nil while the ring is down
@@ -117,6 +122,12 @@ func NewRing(cfg RingConfig) (*Ring, error) {
 		pending: map[uint64]*pending{}, downErr: fmt.Errorf("%w: not connected yet", ErrDown)}
 	r.cfg.Link.Count = r.met.count
 	r.cfg.Link.Wrote = func(d time.Duration) { r.met.link.Add(d.Seconds()) }
+	cs, err := newCarry(cfg.Group, l.Stages, r.met, r.log)
+	if err != nil {
+		return nil, err
+	}
+	r.cs = cs
+	r.cfg.Link.Offer = cs.offered
 	return r, nil
 }
 
@@ -158,6 +169,13 @@ func (r *Ring) Run(ctx context.Context) error {
 			}
 			continue
 		}
+		if _, err := r.cs.decide(ctx, in, out); err != nil {
+			in.Close(err)
+			out.Close(err)
+			r.down(err)
+			r.cs.lose(err)
+			return err
+		}
 		r.mu.Lock()
 		r.out, r.downErr, r.ready = out, nil, false
 		r.epoch++
@@ -169,6 +187,15 @@ func (r *Ring) Run(ctx context.Context) error {
 		r.down(err)
 		if ctx.Err() == nil {
 			r.log.Error("stage ring down: requests in flight failed", "err", err)
+		}
+		if r.cs.joined() {
+			// The group cannot be joined again: every stage restarts.
+			err = fmt.Errorf("%w: %w", ErrGroupLost, err)
+			r.down(err)
+			if ctx.Err() == nil {
+				r.cs.lose(err)
+			}
+			return err
 		}
 	}
 	r.down(fmt.Errorf("%w: stopping", ErrDown))
@@ -445,6 +472,9 @@ func (r *Ring) stepSeqs(ctx context.Context, seqs []*seqCache, toks [][]int32, p
 		step.Tokens = append(step.Tokens, toks[i]...)
 	}
 	t0 := time.Now()
+	if c := r.cs.carrier(); c != nil {
+		return r.stepCarried(ctx, c, epoch, locals, toks, step, t0)
+	}
 	r.cmu.Lock()
 	hidden, _, err := r.m.StageStep(ctx, locals, toks, nil)
 	pace(r.cfg.TestPace, len(step.Tokens), t0)
@@ -462,6 +492,39 @@ func (r *Ring) stepSeqs(ctx context.Context, seqs []*seqCache, toks [][]int32, p
 		}
 		return 0, nil, err
 	}
+	return step.Ticket, ch, nil
+}
+
+// stepCarried is stepSeqs over the group: the Step goes down the ring
+// without hidden states (DTypeGroup) once stage 0's layers are computed,
+// and the hidden states follow over the carrier, in the same order as the
+// Steps (the engine sends both under the model's lock). On a failure the
+// engine has put stage 0's caches back; one that leaves the carrier's
+// order unknown loses the group.
+func (r *Ring) stepCarried(ctx context.Context, c engine.Carrier, epoch uint64, locals []engine.KVCache, toks [][]int32, step *Step, t0 time.Time) (uint64, chan reply, error) {
+	step.DType = DTypeGroup
+	var ch chan reply
+	r.cmu.Lock()
+	_, st, err := r.m.StageStepCarried(ctx, locals, toks, c, func() error {
+		step.Ticket = r.tickets.Add(1)
+		var err error
+		ch, err = r.send(epoch, step.Ticket, step)
+		return err
+	})
+	pace(r.cfg.TestPace, len(step.Tokens), t0)
+	r.cmu.Unlock()
+	r.cs.count(st)
+	if err != nil {
+		if errors.Is(err, engine.ErrCarry) {
+			r.down(err)
+			r.cs.lose(err)
+		}
+		if ch != nil {
+			r.forget(step.Ticket)
+		}
+		return 0, nil, err
+	}
+	r.met.stepped(t0, time.Now())
 	return step.Ticket, ch, nil
 }
 

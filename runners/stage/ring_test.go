@@ -65,6 +65,11 @@ type pipeOpts struct {
 	prefill  string  // a prefill runner's KV-wire address: every stage fills remotely from it
 	onlyZero bool    // only stage 0 is given prefill; the others make their client from the Fill
 	metrics  *stage.Metrics
+	// group: the stages carry their hidden states over chanGroup (an
+	// in-process stand-in for MLX's ring), except stage noGroup (> 0).
+	group   bool
+	noGroup int
+	lost    chan error // told each stage's OnLost
 }
 
 func newPipeline(t testing.TB, dir string, cuts []int, po pipeOpts) *pipeline {
@@ -106,6 +111,26 @@ func newPipeline(t testing.TB, dir string, cuts []int, po pipeOpts) *pipeline {
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
+	groups := make([]*stage.Group, N)
+	if po.group {
+		pipes := make([]chan []float32, N) // pipes[i]: stage i to i+1
+		for i := range pipes {
+			pipes[i] = make(chan []float32, 64)
+		}
+		for i := range N {
+			if i == po.noGroup && i > 0 {
+				continue
+			}
+			b := models[i].Backend()
+			c := &chanCarrier{b: b, out: pipes[i], in: pipes[(i+N-1)%N]}
+			groups[i] = &stage.Group{Transport: "chan", Join: func() (engine.Carrier, error) { return c, nil },
+				OnLost: func(err error) {
+					if po.lost != nil {
+						po.lost <- err
+					}
+				}}
+		}
+	}
 	listen := func(i int) net.Listener {
 		var l net.Listener
 		testutil.Eventually(t, func() bool { l, err = net.Listen("tcp", p.addrs[i]); return err == nil }, 10*time.Second, "listen %s", p.addrs[i])
@@ -121,7 +146,7 @@ func newPipeline(t testing.TB, dir string, cuts []int, po pipeOpts) *pipeline {
 			picks = &st.Options
 		}
 		nc := stage.NodeConfig{Name: "m", Link: links[i], Model: models[i], Listen: listen(i), Next: p.addrs[(i+1)%N],
-			Picks: picks, Logger: log, TestPace: po.pace, Metrics: po.metrics}
+			Picks: picks, Logger: log, TestPace: po.pace, Metrics: po.metrics, Group: groups[i]}
 		if po.onlyZero {
 			nc.RemoteFor = func(ep string) decode.Remote { return remoteFor(t, models[i], ep) }
 		} else {
@@ -136,7 +161,7 @@ func newPipeline(t testing.TB, dir string, cuts []int, po pipeOpts) *pipeline {
 		go func() { defer close(p.done[i]); n.Run(cctx) }()
 	}
 	ring, err := stage.NewRing(stage.RingConfig{Name: "m", Link: links[0], Model: models[0], Listen: listen(0), Next: p.addrs[1],
-		StepTimeout: 20 * time.Second, Logger: log, TestPace: po.pace, Metrics: po.metrics, Lanes: po.lanes})
+		StepTimeout: 20 * time.Second, Logger: log, TestPace: po.pace, Metrics: po.metrics, Lanes: po.lanes, Group: groups[0]})
 	if err != nil {
 		t.Fatal(err)
 	}

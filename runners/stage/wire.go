@@ -13,15 +13,18 @@ import (
 	"github.com/exo-pd/exo-pd/runners/internal/half"
 )
 
-// Version is the stage link's protocol version (PROTOCOL.md S7).
-const Version = 1
+// Version is the stage link's protocol version (PROTOCOL.md S7): 2 added
+// the Hello's GROUP flag and the Step's group dtype (hidden states carried
+// over an MLX group).
+const Version = 2
 
 const (
 	magic      = "EXOSTAGE"
 	helloSize  = 96
 	headerSize = 12
 
-	flagAuth = 1 << 0
+	flagAuth  = 1 << 0
+	flagGroup = 1 << 1 // the stage offers to carry hidden states over its backend's group
 
 	maxSeqs       = 256
 	maxStepTokens = 8192
@@ -50,10 +53,13 @@ const (
 	frameFill      = 11
 )
 
-// Hidden-state dtypes of a Step.
+// Hidden-state dtypes of a Step. DTypeGroup: the Step carries no hidden
+// states; they travel over the stages' group (an MLX ring's send and
+// recv, in the activations' dtype), on links whose ends both offered it.
 const (
-	DTypeF32  = 1
-	DTypeBF16 = 2
+	DTypeF32   = 1
+	DTypeBF16  = 2
+	DTypeGroup = 3
 )
 
 // Code is an Error frame's code.
@@ -166,7 +172,7 @@ func parseHello(b []byte) (Hello, error) {
 	if h.Version != Version {
 		return h, fmt.Errorf("%w: peer speaks version %d, this side %d", ErrVersion, h.Version, Version)
 	}
-	if h.Flags&^flagAuth != 0 || le.Uint64(b[88:]) != 0 {
+	if h.Flags&^(flagAuth|flagGroup) != 0 || le.Uint64(b[88:]) != 0 {
 		return h, fmt.Errorf("%w: reserved hello bits set", ErrVersion)
 	}
 	h.Stage, h.Stages = int(le.Uint16(b[12:])), int(le.Uint16(b[14:]))
@@ -417,10 +423,15 @@ func encodeStep(m *Step) ([]byte, error) {
 	case DTypeF32:
 	case DTypeBF16:
 		size = 2
+	case DTypeGroup:
+		size = 0
 	default:
 		return nil, fmt.Errorf("stage link: hidden dtype %d", m.DType)
 	}
-	if len(m.Hidden)%total != 0 || len(m.Hidden) == 0 {
+	if size == 0 && len(m.Hidden) != 0 {
+		return nil, fmt.Errorf("stage link: a step whose hidden states go over the group carries %d of them", len(m.Hidden))
+	}
+	if size != 0 && (len(m.Hidden)%total != 0 || len(m.Hidden) == 0) {
 		return nil, fmt.Errorf("stage link: %d hidden values for %d tokens", len(m.Hidden), total)
 	}
 	b := make([]byte, headerSize+12+16*len(m.Seqs)+4*total+size*len(m.Hidden))
@@ -442,12 +453,13 @@ func encodeStep(m *Step) ([]byte, error) {
 		le.PutUint32(p[o:], uint32(t))
 		o += 4
 	}
-	if m.DType == DTypeF32 {
+	switch m.DType {
+	case DTypeF32:
 		for _, v := range m.Hidden {
 			le.PutUint32(p[o:], math.Float32bits(v))
 			o += 4
 		}
-	} else {
+	case DTypeBF16:
 		for _, v := range m.Hidden {
 			le.PutUint16(p[o:], half.F32ToBF16(v))
 			o += 2
@@ -517,14 +529,16 @@ func readFrame(r io.Reader, buf []byte, maxStep int) (byte, []byte, error) {
 }
 
 // decodeFrame parses a checked payload of typ; hidden is the model's hidden
-// width (Step). The result does not alias p.
-func decodeFrame(typ byte, p []byte, hidden int) (any, error) {
+// width (Step), group whether the link carries hidden states over the
+// stages' group (a Step of DTypeGroup is corrupt elsewhere). The result
+// does not alias p.
+func decodeFrame(typ byte, p []byte, hidden int, group bool) (any, error) {
 	le := binary.LittleEndian
 	switch typ {
 	case frameOpen:
 		return Open{Ticket: le.Uint64(p), Seq: le.Uint64(p[8:]), Body: append([]byte(nil), p[16:]...)}, nil
 	case frameStep:
-		return decodeStep(p, hidden)
+		return decodeStep(p, hidden, group)
 	case frameTruncate:
 		if p[20] > 1 || p[21] > 1 || le.Uint16(p[22:]) != 0 {
 			return nil, corruptf("truncate: flags %d ok %d reserved %d", p[20], p[21], le.Uint16(p[22:]))
@@ -556,16 +570,19 @@ func decodeFrame(typ byte, p []byte, hidden int) (any, error) {
 	return nil, corruptf("unknown frame type %d", typ)
 }
 
-func decodeStep(p []byte, hidden int) (*Step, error) {
+func decodeStep(p []byte, hidden int, group bool) (*Step, error) {
 	le := binary.LittleEndian
 	count := int(le.Uint16(p[8:]))
 	m := &Step{Ticket: le.Uint64(p), DType: p[10]}
 	size := 0
-	switch m.DType {
-	case DTypeF32:
+	switch {
+	case m.DType == DTypeF32:
 		size = 4
-	case DTypeBF16:
+	case m.DType == DTypeBF16:
 		size = 2
+	case m.DType == DTypeGroup && group:
+	case m.DType == DTypeGroup:
+		return nil, corruptf("step: hidden states over the group on a link that did not agree to it")
 	default:
 		return nil, corruptf("step: hidden dtype %d", m.DType)
 	}
@@ -595,6 +612,9 @@ func decodeStep(p []byte, hidden int) (*Step, error) {
 	for i := range m.Tokens {
 		m.Tokens[i] = int32(le.Uint32(p[o:]))
 		o += 4
+	}
+	if size == 0 {
+		return m, nil
 	}
 	m.Hidden = make([]float32, total*hidden)
 	if size == 4 {

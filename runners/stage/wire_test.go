@@ -39,7 +39,7 @@ func TestFrameRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%T: %v", m, err)
 		}
-		got, err := decodeFrame(typ, p, testHidden)
+		got, err := decodeFrame(typ, p, testHidden, false)
 		if err != nil {
 			t.Fatalf("%T: %v", m, err)
 		}
@@ -50,6 +50,41 @@ func TestFrameRoundTrip(t *testing.T) {
 		if !reflect.DeepEqual(got, m) {
 			t.Errorf("%T: got %+v, want %+v", m, got, m)
 		}
+	}
+}
+
+// TestGroupStep: a Step whose hidden states go over the group carries
+// none and round-trips on a link that agreed to it; elsewhere it is
+// corrupt, as is such a Step with hidden states or a Hello with an
+// unknown flag.
+func TestGroupStep(t *testing.T) {
+	m := &Step{Ticket: 3, DType: DTypeGroup, Seqs: []StepSeq{{Seq: 7, Pos: 0, N: 2}, {Seq: 8, Pos: 5, N: 1, Pick: true}}, Tokens: []int32{1, 2, 3}}
+	b, err := encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	typ, p, err := readFrame(bytes.NewReader(b), nil, DefaultMaxStepBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := decodeFrame(typ, p, testHidden, true)
+	if err != nil || !reflect.DeepEqual(got, m) {
+		t.Fatalf("group step: %+v, %v; want %+v", got, err, m)
+	}
+	if _, err := decodeFrame(typ, p, testHidden, false); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("a group step on a link without a group: %v, want ErrCorrupt", err)
+	}
+	m.Hidden = make([]float32, 3*testHidden)
+	if _, err := encode(m); err == nil {
+		t.Error("a group step with hidden states encoded")
+	}
+	h := Hello{Version: Version, Flags: flagAuth | flagGroup, Stage: 1, Stages: 3, First: 4, End: 8}
+	if got, err := parseHello(h.encode()); err != nil || got.Flags != flagAuth|flagGroup {
+		t.Errorf("hello with GROUP: %+v, %v", got, err)
+	}
+	h.Flags |= 1 << 2
+	if _, err := parseHello(h.encode()); !errors.Is(err, ErrVersion) {
+		t.Errorf("hello with an unknown flag: %v", err)
 	}
 }
 
@@ -66,7 +101,7 @@ func TestCorruptFramesRefused(t *testing.T) {
 				c[i] ^= bit
 				typ, p, err := readFrame(bytes.NewReader(c), nil, DefaultMaxStepBytes)
 				if err == nil {
-					_, err = decodeFrame(typ, p, testHidden)
+					_, err = decodeFrame(typ, p, testHidden, false)
 				}
 				if err == nil {
 					t.Fatalf("%T: byte %d bit %#x flipped: accepted", m, i, bit)
@@ -82,7 +117,7 @@ func TestCorruptFramesRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := decodeFrame(typ, p, testHidden+1); !errors.Is(err, ErrCorrupt) {
+	if _, err := decodeFrame(typ, p, testHidden+1, false); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("a step of width 4 read as width 5: %v", err)
 	}
 	if _, _, err := readFrame(bytes.NewReader(step), nil, 64); !errors.Is(err, ErrCorrupt) {
@@ -97,12 +132,15 @@ func FuzzFrame(f *testing.F) {
 		b, _ := encode(m)
 		f.Add(b)
 	}
+	g, _ := encode(&Step{Ticket: 3, DType: DTypeGroup, Seqs: []StepSeq{{Seq: 7, N: 2}}, Tokens: []int32{1, 2}})
+	f.Add(g)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		typ, p, err := readFrame(bytes.NewReader(b), nil, 1<<20)
 		if err != nil {
 			return
 		}
-		m, err := decodeFrame(typ, p, testHidden)
+		group := len(b)%2 == 1 // both kinds of link
+		m, err := decodeFrame(typ, p, testHidden, group)
 		if err != nil {
 			return
 		}
@@ -120,7 +158,7 @@ func FuzzFrame(f *testing.F) {
 		if err != nil {
 			t.Fatalf("%T re-encoded unreadable: %v", m, err)
 		}
-		m2, err := decodeFrame(typ2, p2, testHidden)
+		m2, err := decodeFrame(typ2, p2, testHidden, group)
 		if err != nil {
 			t.Fatalf("%T: round trip: %v", m, err)
 		}
@@ -134,6 +172,8 @@ func FuzzFrame(f *testing.F) {
 // to the same bytes.
 func FuzzHello(f *testing.F) {
 	h := Hello{Version: Version, Flags: flagAuth, Stage: 1, Stages: 3, First: 4, End: 8}
+	f.Add(h.encode())
+	h.Flags |= flagGroup
 	f.Add(h.encode())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := parseHello(b)

@@ -1,0 +1,183 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/exo-pd/exo-pd/internal/testutil"
+	"github.com/exo-pd/exo-pd/runners/internal/testenv"
+)
+
+// mlxFlags run a runner on MLX's CPU device.
+var mlxFlags = []string{"--backend", "mlx", "--device", "cpu"}
+
+// startPipelineMLX starts a pipeline of model cut at bounds on MLX's CPU
+// device, real exo processes on loopback: the stage links on every other
+// port, so that each stage's MLX ring (its link port + 1) has its own.
+// Two stages write their ring hostfile from their flags; three get
+// MLX_HOSTFILE and MLX_RANK, as the runner requires there.
+func startPipelineMLX(t *testing.T, name, model string, bounds []int, extra ...string) *pipeline {
+	t.Helper()
+	N := len(bounds) - 1
+	pl := &pipeline{bounds: bounds, model: model, extra: append(append([]string{}, mlxFlags...), extra...)}
+	base := testutil.Ports(t, 3*N)
+	var ring [][]string
+	for i := range N {
+		pl.links = append(pl.links, fmt.Sprintf("127.0.0.1:%d", base+2*i))
+		ring = append(ring, []string{fmt.Sprintf("127.0.0.1:%d", base+2*i+1)})
+	}
+	var hostfile string
+	if N > 2 {
+		raw, err := json.Marshal(ring)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hostfile = filepath.Join(t.TempDir(), "hosts.json")
+		if err := os.WriteFile(hostfile, raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range N {
+		listen := fmt.Sprintf("127.0.0.1:%d", base+2*N+i)
+		pl.stages = append(pl.stages, launchStageEnv(t, name, model, i, bounds, pl.links, listen, pl.extra, hostfile))
+	}
+	waitHealthy(t, pl.stages...)
+	return pl
+}
+
+// launchStageEnv is launchStage with MLX_HOSTFILE and MLX_RANK (when
+// hostfile is set).
+func launchStageEnv(t *testing.T, name, model string, i int, bounds []int, links []string, listen string, extra []string, hostfile string) *proc {
+	t.Helper()
+	if hostfile == "" {
+		return launchStage(t, name, model, i, bounds, links, listen, extra)
+	}
+	N := len(bounds) - 1
+	p := &proc{t: t, name: fmt.Sprintf("%s-stage%d", name, i), done: make(chan struct{}), listen: listen, http: listen,
+		env: []string{"MLX_HOSTFILE=" + hostfile, "MLX_RANK=" + strconv.Itoa(i)}}
+	args := []string{"runner", "decode", "--listen", listen, "--served-name", "m", "--backend", "cpu", "--offline", "--model", model,
+		"--layers", fmt.Sprintf("%d:%d", bounds[i], bounds[i+1]), "--stage", fmt.Sprintf("%d/%d", i, N),
+		"--stage-listen", links[i], "--stage-next", links[(i+1)%N]}
+	p.launch(t, append(args, extra...), p.name, 4000)
+	return p
+}
+
+// mlxCarried is a stage's hidden-state bytes over MLX's ring.
+func mlxCarried(t *testing.T, p *proc, stage int, direction string) float64 {
+	return p.metric(t, fmt.Sprintf(`exo_stage_link_bytes_total{direction=%q,model="m",stage="%d",transport="mlx"}`, direction, stage))
+}
+
+// checkMLXPipeline asks pl's stage 0 the requests (alone, and at once
+// when concurrent) and expects want's texts; every stage's hidden states
+// went over MLX's ring, each byte sent received by the next stage.
+func checkMLXPipeline(t *testing.T, pl *pipeline, reqs []pipeReq, want []chatResult, concurrent bool) {
+	t.Helper()
+	modes := []bool{false}
+	if concurrent {
+		modes = append(modes, true)
+	}
+	for _, c := range modes {
+		got := askAll(t, pl.stages[0].listen, reqs, c)
+		for i := range want {
+			if got[i].Text != want[i].Text || got[i].Completion != want[i].Completion {
+				t.Errorf("request %d (concurrent %v): MLX pipeline %q (%d tokens), one MLX runner %q (%d)", i, c,
+					got[i].Text, got[i].Completion, want[i].Text, want[i].Completion)
+			}
+		}
+	}
+	N := len(pl.stages)
+	for i := range N - 1 {
+		sent, recv := mlxCarried(t, pl.stages[i], i, "sent"), mlxCarried(t, pl.stages[i+1], i+1, "received")
+		if sent <= 0 || sent != recv {
+			t.Errorf("stage %d sent %v hidden-state bytes over MLX's ring, stage %d received %v: want equal and > 0", i, sent, i+1, recv)
+		}
+	}
+	for i, s := range pl.stages {
+		if l := s.logs(); !strings.Contains(l, "hidden states carried over the group") {
+			t.Errorf("stage %d did not log that it carries the hidden states over MLX's ring:\n%s", i, tail(l, 3000))
+		}
+	}
+}
+
+// TestPipelineMLX: 2 and 3 stage processes on MLX's CPU device carry the
+// hidden states over MLX's ring on loopback (send to the next rank, recv
+// from the previous one; the stage link carries the rest) and answer as
+// one MLX runner does, at temperature 0 and seeded, alone and four at
+// once. By hand (EXO_MLXC_PATH).
+func TestPipelineMLX(t *testing.T) {
+	if os.Getenv("EXO_MLXC_PATH") == "" {
+		t.Skip("by hand: set EXO_MLXC_PATH to libmlxc.so (README, \"Building MLX and mlx-c by hand\")")
+	}
+	for _, tc := range []struct {
+		model  string
+		bounds []int
+	}{
+		{tinyModel(t, "main"), []int{0, 1, 2}},
+		{tinyModel(t, "other"), []int{0, 1, 2, 3}},
+	} {
+		t.Run(fmt.Sprintf("%s/%d-stages", filepath.Base(tc.model), len(tc.bounds)-1), func(t *testing.T) {
+			ref := start(t, "pipe-mlx-ref", "decode", append([]string{"--model", tc.model}, mlxFlags...)...)
+			want := askAll(t, ref.listen, pipelineRequests(), false)
+			ref.stop()
+			pl := startPipelineMLX(t, "pipe-mlx", tc.model, tc.bounds)
+			checkMLXPipeline(t, pl, pipelineRequests(), want, true)
+		})
+	}
+}
+
+// TestPipelineMLXSmolLM2: SmolLM2 (GGUF Q4_1) in two stages on MLX's ring
+// answers as one MLX runner does, greedy and seeded. By hand
+// (EXO_MLXC_PATH); MLX's CPU device is slow at quantized matmuls here, so
+// two requests alone.
+func TestPipelineMLXSmolLM2(t *testing.T) {
+	if os.Getenv("EXO_MLXC_PATH") == "" {
+		t.Skip("by hand: set EXO_MLXC_PATH to libmlxc.so (README, \"Building MLX and mlx-c by hand\")")
+	}
+	gguf := testenv.SmolLM2(t)
+	reqs := pipelineRequests()[:2]
+	ref := start(t, "smol-mlx-ref", "decode", append([]string{"--model", gguf}, mlxFlags...)...)
+	want := askAll(t, ref.listen, reqs, false)
+	ref.stop()
+	pl := startPipelineMLX(t, "smol-mlx", gguf, []int{0, 13, 30})
+	checkMLXPipeline(t, pl, reqs, want, false)
+}
+
+// TestPipelineMLXStageKilled: kill -9 of stage 1 of an MLX pipeline mid
+// stream ends the request with an error (no hang), and stage 0 exits:
+// its MLX group cannot be joined again, so every stage restarts (the
+// supervisor's part). By hand (EXO_MLXC_PATH).
+func TestPipelineMLXStageKilled(t *testing.T) {
+	if os.Getenv("EXO_MLXC_PATH") == "" {
+		t.Skip("by hand: set EXO_MLXC_PATH to libmlxc.so (README, \"Building MLX and mlx-c by hand\")")
+	}
+	pl := startPipelineMLX(t, "pipe-mlx-kill", tinyModel(t, "main-long"), []int{0, 1, 2})
+	res := make(chan chatResult, 1)
+	go func() {
+		res <- goChat(pl.stages[0].listen, user("Tell me a long story."), 100000, map[string]any{"ignore_eos": true})
+	}()
+	testutil.Eventually(t, func() bool { return mlxCarried(t, pl.stages[0], 0, "sent") > 0 }, time.Minute, "the request streams")
+	pl.stages[1].cmd.Process.Kill()
+	select {
+	case r := <-res:
+		if r.Status == 200 && r.Done && r.ErrorBody == "" {
+			t.Fatalf("a request whose stage 1 was killed ended well: %+v", r)
+		}
+		t.Logf("the request ended with: status %d, error %q", r.Status, r.ErrorBody)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the request still streams 2 minutes after stage 1 was killed")
+	}
+	select {
+	case <-pl.stages[0].done:
+	case <-time.After(time.Minute):
+		t.Fatalf("stage 0 still runs a minute after its MLX group lost stage 1:\n%s", tail(pl.stages[0].logs(), 3000))
+	}
+	if l := pl.stages[0].logs(); !strings.Contains(l, "MLX group is lost") {
+		t.Errorf("stage 0 did not say why it exited:\n%s", tail(l, 3000))
+	}
+}

@@ -1,0 +1,209 @@
+package stage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Group is how a pipeline's stages carry their hidden states over the
+// backend's own distributed engine (MLX's ring: send to the next stage,
+// recv from the previous one) instead of in the stage link's Step frames.
+// The stage link still carries everything else: the Steps' descriptors
+// (DTypeGroup, no hidden states), the picked tokens back to stage 0,
+// Open, Truncate, Drop, Fill, errors and keepalives.
+//
+// The stages agree on it through their Hellos (flag GROUP): every stage
+// offers it when it has a Group, and the stages join the group, once both
+// of a stage's links are up, only when both neighbours offered it too.
+// A stage sees every other stage's Hello only in a pipeline of at most
+// three stages, so a longer one keeps the TCP link (and says why).
+//
+// A process joins such a group once for its life (mlx-c cannot leave one):
+// once joined, a lost link, a carried transfer gone wrong or a join that
+// does not finish ends the group (OnLost), and the runner must exit so that
+// every stage restarts together.
+type Group struct {
+	// Transport labels the bytes it carries (exo_stage_link_bytes_total's
+	// transport label, e.g. "mlx").
+	Transport string
+	// Join joins this stage's rank (blocking until its neighbours have)
+	// and returns the carrier: Recv from the previous stage, Send to the
+	// next one.
+	Join func() (engine.Carrier, error)
+	// JoinTimeout bounds Join (default 2 min): a neighbour that offered
+	// the group and died before joining would leave it waiting for ever.
+	JoinTimeout time.Duration
+	// OnLost is told, once, why a joined group (or a join) failed; the
+	// stage's requests in flight have failed by then. Required: the
+	// process cannot join the group again (a runner exits).
+	OnLost func(error)
+}
+
+// maxGroupStages is the longest pipeline whose stages all see each
+// other's Hellos (each stage sees its two neighbours').
+const maxGroupStages = 3
+
+// ErrGroupLost is wrapped by the errors of a stage whose group was lost.
+var ErrGroupLost = errors.New("stage: the stages' group was lost (every stage restarts)")
+
+// carry is a stage's side of the group: whether it still offers one, and
+// the carrier once joined.
+type carry struct {
+	g      *Group
+	stages int
+	log    *slog.Logger
+	met    *stageMetrics
+	offer  atomic.Bool
+
+	mu      sync.Mutex
+	decided bool
+	c       engine.Carrier
+	sent    prometheus.Counter
+	recv    prometheus.Counter
+
+	lostOnce sync.Once
+	lost     atomic.Bool
+}
+
+func newCarry(g *Group, stages int, met *stageMetrics, log *slog.Logger) (*carry, error) {
+	cs := &carry{g: g, stages: stages, log: log, met: met}
+	if g == nil {
+		return cs, nil
+	}
+	if g.Join == nil || g.OnLost == nil {
+		return nil, errors.New("stage: a Group needs Join and OnLost")
+	}
+	if g.Transport == "" {
+		g.Transport = "group"
+	}
+	if g.JoinTimeout <= 0 {
+		g.JoinTimeout = 2 * time.Minute
+	}
+	if stages > maxGroupStages {
+		log.Warn("stage: hidden states stay on the stage link (TCP): the stages agree on a group through their neighbours' Hellos, which reach every stage only up to 3 stages",
+			"stages", stages, "transport", g.Transport)
+		return cs, nil
+	}
+	cs.offer.Store(true)
+	return cs, nil
+}
+
+// offered is LinkConfig.Offer.
+func (cs *carry) offered() bool { return cs.offer.Load() }
+
+// carrier is the joined group's carrier (nil: the hidden states go in the
+// Step frames).
+func (cs *carry) carrier() engine.Carrier {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.c
+}
+
+// joined says whether the stage has joined its group (a lost link then
+// loses the group).
+func (cs *carry) joined() bool { return cs.carrier() != nil }
+
+// decide runs when both of a stage's links are up: the first time, it
+// joins the group if this stage and both neighbours offered it (Hello
+// flag GROUP on both links), or settles on the stage link for the life of
+// the process and stops offering. An error is a lost group.
+func (cs *carry) decide(ctx context.Context, in, out *Link) (engine.Carrier, error) {
+	cs.mu.Lock()
+	decided, c := cs.decided, cs.c
+	cs.mu.Unlock()
+	if decided {
+		if c != nil {
+			// Unreachable while OnLost ends the process: a joined group
+			// never sees a second pair of links.
+			return nil, fmt.Errorf("%w: the stage links were made again after the group was joined", ErrGroupLost)
+		}
+		return nil, nil
+	}
+	if !cs.offer.Load() {
+		cs.settle(nil)
+		return nil, nil
+	}
+	if !in.Group() || !out.Group() {
+		peer := in.Peer.Stage
+		if in.Group() {
+			peer = out.Peer.Stage
+		}
+		cs.log.Warn("stage: hidden states stay on the stage link (TCP): a neighbouring stage does not offer the group (its backend is cpu, or it has no MLX ring plan)",
+			"stage", peer, "transport", cs.g.Transport)
+		cs.offer.Store(false)
+		cs.settle(nil)
+		return nil, nil
+	}
+	cs.log.Info("stage: joining the stages' group for the hidden states", "transport", cs.g.Transport, "timeout", cs.g.JoinTimeout)
+	type res struct {
+		c   engine.Carrier
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		c, err := cs.g.Join()
+		done <- res{c, err}
+	}()
+	t := time.NewTimer(cs.g.JoinTimeout)
+	defer t.Stop()
+	var r res
+	select {
+	case r = <-done:
+	case <-t.C:
+		r.err = fmt.Errorf("the join did not finish within %v (a neighbour died before joining?)", cs.g.JoinTimeout)
+	case <-ctx.Done():
+		r.err = ctx.Err()
+	}
+	if r.err == nil && r.c == nil {
+		r.err = errors.New("the join returned no carrier")
+	}
+	if r.err != nil {
+		return nil, fmt.Errorf("%w: join: %w", ErrGroupLost, r.err)
+	}
+	cs.settle(r.c)
+	cs.log.Info("stage: hidden states carried over the group", "transport", cs.g.Transport)
+	return r.c, nil
+}
+
+func (cs *carry) settle(c engine.Carrier) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.decided, cs.c = true, c
+	if c != nil {
+		cs.sent, cs.recv = cs.met.carried(cs.g.Transport)
+	}
+}
+
+// count adds a carried step's bytes to the transport's counters.
+func (cs *carry) count(st engine.CarryStats) {
+	cs.mu.Lock()
+	sent, recv := cs.sent, cs.recv
+	cs.mu.Unlock()
+	if sent != nil {
+		sent.Add(float64(st.Sent))
+		recv.Add(float64(st.Received))
+	}
+}
+
+// lose reports a lost group once (OnLost).
+func (cs *carry) lose(err error) {
+	if cs.g == nil {
+		return
+	}
+	if !errors.Is(err, ErrGroupLost) {
+		err = fmt.Errorf("%w: %w", ErrGroupLost, err)
+	}
+	cs.lostOnce.Do(func() {
+		cs.lost.Store(true)
+		cs.log.Error("stage: the stages' group is lost; this runner must restart with every stage", "err", err)
+		cs.g.OnLost(err)
+	})
+}

@@ -1,0 +1,140 @@
+package stage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"syscall"
+	"time"
+
+	"github.com/exo-pd/exo-pd/runners/decode"
+	"github.com/exo-pd/exo-pd/runners/engine"
+)
+
+// RunnerConfig is a decode runner's pipeline stage as its flags give it
+// (--layers, --stage, --stage-listen, --stage-next): Setup makes stage 0's
+// Ring or a later stage's Node from it, with its stage links, its MLX
+// group where every stage runs MLX, and its metrics.
+type RunnerConfig struct {
+	Name          string // served model name
+	Stage, Stages int
+	Layers        engine.LayerRange
+	Listen, Next  string // --stage-listen, --stage-next
+	Secret        []byte
+	Model         *engine.Model // loaded with Layers
+	Metrics       *Metrics
+	Logger        *slog.Logger
+	// Picks are the last stage's Pickers' Options (the decode runner's
+	// decode.Setup Options).
+	Picks *decode.Options
+	// Remote and RemoteFor: a later stage's remote prefill (NodeConfig).
+	Remote    decode.Remote
+	RemoteFor func(endpoint string) decode.Remote
+	// Running, when set, is how many requests stage 0 has in hand: when
+	// the MLX group is lost they get up to 5 s to be answered with their
+	// errors before the process exits.
+	Running func() int
+	// Exit ends the process when its MLX group is lost (default
+	// syscall.Exit: an evaluation may be stuck in MLX for good, so an
+	// orderly stop, which closes the model on MLX's thread, would never
+	// return; the supervisor restarts every stage).
+	Exit func(code int)
+}
+
+// Link checks the stage's layers against the model and returns its end of
+// the stage links.
+func (c *RunnerConfig) Link() (LinkConfig, error) {
+	info := c.Model.Info()
+	if c.Layers.End > info.Layers || (c.Stage == c.Stages-1 && c.Layers.End != info.Layers) {
+		return LinkConfig{}, fmt.Errorf("stage: --stage %d/%d --layers %d:%d of a %d-layer model: the last stage ends at layer %d and no stage past it",
+			c.Stage, c.Stages, c.Layers.Start, c.Layers.End, info.Layers, info.Layers)
+	}
+	return LinkConfig{Stage: c.Stage, Stages: c.Stages, First: c.Layers.Start, End: c.Layers.End, Layers: info.Layers,
+		Hidden: c.Model.Config().Hidden, Fingerprint: c.Model.Fingerprint(), Secret: c.Secret}, nil
+}
+
+// group plans the stage's MLX group (nil, logged: the stage link carries
+// the hidden states).
+func (c *RunnerConfig) group(log *slog.Logger) *Group {
+	g, why := MLXGroup(c.Model.Backend(), MLXPlan{Stage: c.Stage, Stages: c.Stages, Listen: c.Listen, Next: c.Next})
+	if g == nil {
+		log.Info("pipeline stage: hidden states go on the stage link (TCP)", "reason", why)
+		return nil
+	}
+	exit := c.Exit
+	if exit == nil {
+		exit = syscall.Exit
+	}
+	g.OnLost = func(err error) {
+		log.Error("pipeline stage: the stages' MLX group is lost: exiting so that every stage restarts", "err", err)
+		if c.Running != nil {
+			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && c.Running() > 0; {
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		exit(1)
+	}
+	log.Info("pipeline stage: offering MLX's ring for the hidden states (joined once every stage offers it)")
+	return g
+}
+
+// StartRing makes stage 0's Ring (listening on Listen for the last
+// stage's link) and keeps it up until ctx ends.
+func StartRing(ctx context.Context, c *RunnerConfig) (*Ring, error) {
+	log := c.logger()
+	lc, err := c.Link()
+	if err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("tcp", c.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("stage: listen %s (--stage-listen): %w", c.Listen, err)
+	}
+	ring, err := NewRing(RingConfig{Name: c.Name, Link: lc, Model: c.Model, Listen: l, Next: c.Next,
+		Metrics: c.Metrics, Logger: log, Group: c.group(log)})
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	go func() {
+		if err := ring.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			log.Error("pipeline stage 0 ended", "err", err)
+		}
+	}()
+	log.Info("pipeline stage 0", "stages", c.Stages, "layers", fmt.Sprintf("%d:%d", c.Layers.Start, c.Layers.End), "stage_listen", c.Listen, "stage_next", c.Next)
+	return ring, nil
+}
+
+// NewStage makes a later stage's Node (listening on Listen for the
+// previous stage's link); its Run serves it.
+func NewStage(c *RunnerConfig) (*Node, error) {
+	log := c.logger()
+	lc, err := c.Link()
+	if err != nil {
+		return nil, err
+	}
+	var picks *decode.Options
+	if c.Stage == c.Stages-1 {
+		picks = c.Picks
+	}
+	l, err := net.Listen("tcp", c.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("stage: listen %s (--stage-listen): %w", c.Listen, err)
+	}
+	n, err := NewNode(NodeConfig{Name: c.Name, Link: lc, Model: c.Model, Listen: l, Next: c.Next, Picks: picks,
+		Remote: c.Remote, RemoteFor: c.RemoteFor, Metrics: c.Metrics, Logger: log, Group: c.group(log)})
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+func (c *RunnerConfig) logger() *slog.Logger {
+	if c.Logger == nil {
+		return slog.Default()
+	}
+	return c.Logger
+}
