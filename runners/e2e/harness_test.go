@@ -320,6 +320,47 @@ func goChat(addr string, msgs []msg, maxTokens int, extra map[string]any) chatRe
 	return res
 }
 
+// longStream is a long streamed generation running beside the test, for
+// a fault to be injected while it streams.
+type longStream struct{ done chan chatResult }
+
+// startLongStream sends prompt to addr for up to maxTokens tokens
+// (ignore_eos) and returns once its first text has streamed; a request
+// that ends before that fails the test. An error reading the stream is
+// appended to the result's ErrorBody.
+func startLongStream(t *testing.T, addr, prompt string, maxTokens int) *longStream {
+	t.Helper()
+	s := &longStream{done: make(chan chatResult, 1)}
+	first := make(chan struct{})
+	var once sync.Once
+	go func() {
+		r, err := chatStreamCtx(t.Context(), addr, user(prompt), maxTokens, ignoreEOS, func(string) { once.Do(func() { close(first) }) })
+		if err != nil {
+			r.ErrorBody = strings.TrimSpace(r.ErrorBody + " " + err.Error())
+		}
+		s.done <- r
+	}()
+	select {
+	case <-first:
+	case r := <-s.done:
+		t.Fatalf("the long request ended before it streamed: %+v", r)
+	}
+	return s
+}
+
+// wait returns the long request's result; a request still streaming limit
+// after the fault (what) fails the test.
+func (s *longStream) wait(t *testing.T, limit time.Duration, what string) chatResult {
+	t.Helper()
+	select {
+	case r := <-s.done:
+		return r
+	case <-time.After(limit):
+		t.Fatalf("the long request did not end within %v of %s", limit, what)
+		return chatResult{}
+	}
+}
+
 // chatStreamCtx is chatStream for any goroutine: a request that cannot be
 // made or read is an error, for the caller to hand to the test goroutine.
 // onText, when set, is called with each piece of content as it arrives.

@@ -237,35 +237,14 @@ func TestPipelineStageKilled(t *testing.T) {
 	one.stop()
 	pl := startPipeline(t, "kill", model, []int{0, 1, 2, 3})
 	s0 := pl.stages[0]
-	type result struct {
-		r   chatResult
-		err error
-	}
-	done := make(chan result, 1)
-	var once sync.Once
-	streaming := make(chan struct{})
-	go func() {
-		r, err := chatStreamCtx(t.Context(), s0.listen, user("go on forever"), 30000, map[string]any{"ignore_eos": true},
-			func(string) { once.Do(func() { close(streaming) }) })
-		done <- result{r, err}
-	}()
-	select {
-	case <-streaming:
-	case r := <-done:
-		t.Fatalf("the long request ended before the kill: %+v %v", r.r, r.err)
-	}
+	s := startLongStream(t, s0.listen, "go on forever", 30000)
 	pl.stages[1].kill()
-	var res result
-	select {
-	case res = <-done:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the request did not end within 60 s of its stage being killed")
+	res := s.wait(t, 60*time.Second, "its stage being killed")
+	if res.ErrorBody == "" {
+		t.Fatalf("the request whose stage was killed ended without an error: %+v", res)
 	}
-	if res.err == nil && res.r.ErrorBody == "" {
-		t.Fatalf("the request whose stage was killed ended without an error: %+v", res.r)
-	}
-	if !strings.Contains(res.r.ErrorBody+fmt.Sprint(res.err), "stage link") {
-		t.Errorf("the error does not name the stage link: %q %v", res.r.ErrorBody, res.err)
+	if !strings.Contains(res.ErrorBody, "stage link") {
+		t.Errorf("the error does not name the stage link: %q", res.ErrorBody)
 	}
 	testutil.Eventually(t, func() bool { code, _ := health(s0); return code == http.StatusServiceUnavailable },
 		30*time.Second, "stage 0 unhealthy with stage 1 gone")
@@ -290,23 +269,7 @@ func TestPipelineStageStopped(t *testing.T) {
 	one.stop()
 	pl := startPipeline(t, "stop", model, []int{0, 1, 2, 3})
 	s0, mid := pl.stages[0], pl.stages[1]
-	type result struct {
-		r   chatResult
-		err error
-	}
-	done := make(chan result, 1)
-	var once sync.Once
-	streaming := make(chan struct{})
-	go func() {
-		r, err := chatStreamCtx(t.Context(), s0.listen, user("go on forever"), 30000, map[string]any{"ignore_eos": true},
-			func(string) { once.Do(func() { close(streaming) }) })
-		done <- result{r, err}
-	}()
-	select {
-	case <-streaming:
-	case r := <-done:
-		t.Fatalf("the long request ended before the stop: %+v %v", r.r, r.err)
-	}
+	s := startLongStream(t, s0.listen, "go on forever", 30000)
 	if err := mid.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -316,14 +279,9 @@ func TestPipelineStageStopped(t *testing.T) {
 			mid.cmd.Process.Signal(syscall.SIGCONT)
 		}
 	}()
-	var res result
-	select {
-	case res = <-done:
-	case <-time.After(90 * time.Second):
-		t.Fatal("the request did not end within 90 s of its stage being stopped")
-	}
-	if !strings.Contains(res.r.ErrorBody+fmt.Sprint(res.err), "stage link") {
-		t.Fatalf("the request whose stage hung: %+v %v, want an error naming the stage link", res.r, res.err)
+	res := s.wait(t, 90*time.Second, "its stage being stopped")
+	if !strings.Contains(res.ErrorBody, "stage link") {
+		t.Fatalf("the request whose stage hung: %+v, want an error naming the stage link", res)
 	}
 	if code, _ := health(s0); code != http.StatusServiceUnavailable {
 		t.Errorf("stage 0's /health answers %d with stage 1 hung, want 503", code)

@@ -8,16 +8,23 @@ import (
 	"time"
 )
 
+// mlxRunner is the flags that put a runner on MLX's CPU device; it skips
+// the test unless EXO_MLXC_PATH names libmlxc (these run by hand).
+func mlxRunner(t *testing.T) []string {
+	t.Helper()
+	if os.Getenv("EXO_MLXC_PATH") == "" {
+		t.Skip("by hand: set EXO_MLXC_PATH to libmlxc.so (README, \"Building MLX and mlx-c by hand\")")
+	}
+	return []string{"--backend", "mlx", "--device", "cpu"}
+}
+
 // TestTensorParallelTinyMLX is TestTensorParallelTiny's group on MLX's CPU
 // device, by hand (EXO_MLXC_PATH names libmlxc): two rank processes sum
 // over MLX's ring on loopback (the runner writes the hostfile from
 // --tensor-peers) and answer as one MLX runner does, alone and four at
 // once, at temperature 0 and seeded.
 func TestTensorParallelTinyMLX(t *testing.T) {
-	if os.Getenv("EXO_MLXC_PATH") == "" {
-		t.Skip("by hand: set EXO_MLXC_PATH to libmlxc.so (README, \"Building MLX and mlx-c by hand\")")
-	}
-	mlx := []string{"--backend", "mlx", "--device", "cpu"}
+	mlx := mlxRunner(t)
 	dir := tinyModel(t, "main-long")
 	ref := start(t, "tp-mlx-ref", "decode", append([]string{"--model", dir}, mlx...)...)
 	g := startTensor(t, dir, 2, mlx...)
@@ -33,10 +40,7 @@ func TestTensorParallelTinyMLX(t *testing.T) {
 // hand (the step left behind) and the runner leaves with syscall.Exit
 // once its requests have their error events. By hand (EXO_MLXC_PATH).
 func TestTensorParallelTinyMLXLostRank(t *testing.T) {
-	if os.Getenv("EXO_MLXC_PATH") == "" {
-		t.Skip("by hand: set EXO_MLXC_PATH to libmlxc.so (README, \"Building MLX and mlx-c by hand\")")
-	}
-	mlx := []string{"--backend", "mlx", "--device", "cpu"}
+	mlx := mlxRunner(t)
 	g := startTensor(t, tinyModel(t, "main-long"), 2, mlx...)
 	killRankMidStream(t, g)
 	select {
@@ -46,27 +50,13 @@ func TestTensorParallelTinyMLXLostRank(t *testing.T) {
 	}
 }
 
-// TestTensorParallelRemotePrefillMLX: two rank processes on MLX's CPU
-// device fill their caches from a prefill runner, each fetching its own KV
-// heads, and answer as one MLX runner with local prefill does. By hand
-// (EXO_MLXC_PATH).
+// TestTensorParallelRemotePrefillMLX is TestTensorParallelRemotePrefill
+// with the ranks and the reference on MLX's CPU device: two rank processes
+// fill their caches from a prefill runner, each fetching its own KV heads,
+// and answer as one MLX runner with local prefill does, for both turns. By
+// hand (EXO_MLXC_PATH).
 func TestTensorParallelRemotePrefillMLX(t *testing.T) {
-	if os.Getenv("EXO_MLXC_PATH") == "" {
-		t.Skip("by hand: set EXO_MLXC_PATH to libmlxc.so (README, \"Building MLX and mlx-c by hand\")")
-	}
-	mlx := []string{"--backend", "mlx", "--device", "cpu"}
-	dir := tinyModel(t, "main")
-	pre := start(t, "tp-mlx-prefill", "prefill", "--model", dir, "--prefill-chunk", "128")
-	ref := start(t, "tp-mlx-ref", "decode", append([]string{"--model", dir}, mlx...)...)
-	g := startTensor(t, dir, 2, append(mlx, "--prefill", pre.listen, "--remote-prefill-route", "floor")...)
-	m := user(words(300, 160))
-	before := g.ranks[0].metric(t, outcome("ok"))
-	got := chatStream(t, g.ranks[0].listen, m, genTokens, ignoreEOS)
-	want := chatStream(t, ref.listen, m, genTokens, ignoreEOS)
-	expectSame(t, "remote prefill into MLX ranks", got, want)
-	if after := g.ranks[0].metric(t, outcome("ok")); after != before+1 {
-		t.Fatalf("remote prefill ok %v → %v (last %q)", before, after, g.ranks[0].lastOutcome())
-	}
+	checkTensorRemotePrefill(t, "tp-mlx", mlxRunner(t)...)
 }
 
 // TestTensorParallelTinyMLXJACCLFallback: ranks given a JACCL device
@@ -75,13 +65,10 @@ func TestTensorParallelRemotePrefillMLX(t *testing.T) {
 // as one MLX runner does. By hand (EXO_MLXC_PATH); not on macOS, where
 // JACCL may be there and the fake devices would fail it.
 func TestTensorParallelTinyMLXJACCLFallback(t *testing.T) {
-	if os.Getenv("EXO_MLXC_PATH") == "" {
-		t.Skip("by hand: set EXO_MLXC_PATH to libmlxc.so (README, \"Building MLX and mlx-c by hand\")")
-	}
 	if runtime.GOOS == "darwin" {
 		t.Skip("checks the fallback where JACCL is unavailable; macOS may have it")
 	}
-	mlx := []string{"--backend", "mlx", "--device", "cpu"}
+	mlx := mlxRunner(t)
 	dir := tinyModel(t, "main-long")
 	ref := start(t, "tp-mlx-jaccl-ref", "decode", append([]string{"--model", dir}, mlx...)...)
 	g := startTensor(t, dir, 2, append(mlx, "--tensor-rdma", `[[null,"rdma_en3"],["rdma_en4",null]]`)...)

@@ -188,14 +188,22 @@ func TestTensorParallelSmolLM2(t *testing.T) {
 // and the answers equal local prefill's, for a first turn and a second
 // one that starts past the cached prefix.
 func TestTensorParallelRemotePrefill(t *testing.T) {
+	checkTensorRemotePrefill(t, "tp")
+}
+
+// checkTensorRemotePrefill is TestTensorParallelRemotePrefill with the
+// ranks and the one-runner reference on backend (flags; none: cpu); the
+// prefill runner is the harness's (cpu, or $EXO_E2E_PREFILL_BACKEND).
+func checkTensorRemotePrefill(t *testing.T, name string, backend ...string) {
+	t.Helper()
 	dir := tinyModel(t, "main")
 	secret := filepath.Join(t.TempDir(), "secret")
 	if err := os.WriteFile(secret, []byte("tp-secret\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	pre := start(t, "tp-prefill", "prefill", "--model", dir, "--prefill-chunk", "128", "--secret-file", secret)
-	ref := start(t, "tp-ref", "decode", "--model", dir)
-	g := startTensor(t, dir, 2, "--prefill", pre.listen, "--secret-file", secret, "--remote-prefill-route", "floor")
+	pre := start(t, name+"-prefill", "prefill", "--model", dir, "--prefill-chunk", "128", "--secret-file", secret)
+	ref := start(t, name+"-ref", "decode", append([]string{"--model", dir}, backend...)...)
+	g := startTensor(t, dir, 2, append(backend, "--prefill", pre.listen, "--secret-file", secret, "--remote-prefill-route", "floor")...)
 	first := user(words(300, 160))
 	for i, m := range [][]msg{first, append(first, msg{Role: "assistant", Content: "ok"}, msg{Role: "user", Content: words(301, 140)})} {
 		before := g.ranks[0].metric(t, outcome("ok"))
@@ -242,28 +250,9 @@ func TestTensorParallelSpeculative(t *testing.T) {
 // ends within 60 s with an error naming the tensor group.
 func killRankMidStream(t *testing.T, g *tpGroup) {
 	t.Helper()
-	first := make(chan struct{}, 1)
-	res := make(chan chatResult, 1)
-	go func() {
-		r, err := chatStreamCtx(t.Context(), g.ranks[0].listen, user("tell me a long story"), 20000, ignoreEOS, func(string) {
-			select {
-			case first <- struct{}{}:
-			default:
-			}
-		})
-		if err != nil {
-			r.ErrorBody = err.Error()
-		}
-		res <- r
-	}()
-	<-first
+	s := startLongStream(t, g.ranks[0].listen, "tell me a long story", 20000)
 	g.ranks[1].kill()
-	var r chatResult
-	select {
-	case r = <-res:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the request in hand did not end within 60 s of its rank's death")
-	}
+	r := s.wait(t, 60*time.Second, "its rank's death")
 	if r.Done && r.ErrorBody == "" || r.Completion >= 20000 {
 		t.Fatalf("the request in hand completed although rank 1 died: %+v", r)
 	}
