@@ -433,7 +433,7 @@ func stageOf(c *config.Config, r config.Runner) *config.Stage {
 	if _, err := fmt.Sscanf(r.Stage, "%d/%d", &i, &n); err != nil {
 		return nil
 	}
-	if st := c.Stages(r.Model, r.Role); len(st) == n && i < n {
+	if st := c.RunnerStages(r); len(st) == n && i < n {
 		return &st[i]
 	}
 	return nil
@@ -776,7 +776,7 @@ func (k StageLinks) Run(ctx context.Context, d *Env) []Result {
 		switch {
 		case r.StageNext != "":
 			if _, err := fmt.Sscanf(r.Stage, "%d/%d", &i, &n); err == nil && stageOf(d.Config, r) != nil {
-				next = d.Config.Stages(r.Model, r.Role)[(i+1)%n].Host
+				next = d.Config.RunnerStages(r)[(i+1)%n].Host
 			}
 		case r.Tensor != "" && !strings.HasPrefix(r.Tensor, "0/") && len(r.TensorPeers) > 0:
 			// Ranks after 0 dial rank 0, the first decode host.

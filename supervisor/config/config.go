@@ -90,8 +90,9 @@ type Config struct {
 	Models     []*Model         `toml:"models"`
 
 	pos []keyPos
-	// stages holds each pipeline's placement, keyed by stageKey(model,
-	// role): from layers by hand at load, or from Place.
+	// stages holds each pipeline group's placement, keyed by
+	// stageKey(model, role, group): from layers by hand at load, or from
+	// Place.
 	stages map[string][]Stage
 	// placed is what the last Place found.
 	placed []Placement
@@ -240,11 +241,26 @@ type Role struct {
 	Shard string `toml:"shard"`
 	// Layers fixes a pipeline's split by hand: layer counts per stage, in
 	// host order, summing to the model's layers (nil: split by memory).
+	// With Groups, every group is split so.
 	Layers []int `toml:"layers"`
+	// Groups makes a decode pipeline several pipeline groups, replicas of
+	// each other: each inner list is one group's stage hosts in order
+	// (decode only, instead of hosts). Validation sets Hosts to every
+	// group's hosts, group after group.
+	Groups [][]string `toml:"groups"`
 }
 
 // Pipeline reports whether the role's hosts are pipeline stages.
 func (r *Role) Pipeline() bool { return r != nil && r.Shard == ShardPipeline }
+
+// StageGroups returns a pipeline's groups of stage hosts: Groups, else
+// Hosts as the one group.
+func (r *Role) StageGroups() [][]string {
+	if r.Groups != nil {
+		return r.Groups
+	}
+	return [][]string{r.Hosts}
+}
 
 // Error is one problem in a cluster file.
 type Error struct {
@@ -391,8 +407,8 @@ var knownKeys = map[string][]string{
 	"models":             {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "remote_prefill_route", "kv_wire_dtype", "kv_streams", "max_queue", "max_batch", "prefill_chunk", "prefill_connect_timeout_ms", "defaults", "speculative"},
 	"models.defaults":    {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"},
 	"models.speculative": {"mode", "tokens", "draft"},
-	"models.decode":      {"hosts", "source", "port", "shard", "layers"},
-	"models.prefill":     {"hosts", "source", "port", "metrics_port", "prefix_cache_mib", "shard", "layers"},
+	"models.decode":      {"hosts", "groups", "source", "port", "shard", "layers"},
+	"models.prefill":     {"hosts", "groups", "source", "port", "metrics_port", "prefix_cache_mib", "shard", "layers"},
 }
 
 func knownKeysHint(path []string) string {

@@ -285,7 +285,11 @@ type Placement struct {
 	Model string   `json:"model"`
 	Role  string   `json:"role"`
 	Shard string   `json:"shard"`
-	Hosts []string `json:"hosts"`
+	Hosts []string `json:"hosts"` // this group's hosts
+	// Group is the pipeline group's index and Groups their number, when
+	// the role has groups (decode.groups); 0 and 0 otherwise.
+	Group  int `json:"group"`
+	Groups int `json:"groups,omitempty"`
 	// Stages is nil when the split is not known on this host (Note says
 	// why); sizes are 0 when the model's facts were not available.
 	Stages  []Stage `json:"stages"`
@@ -384,57 +388,20 @@ func (c *Config) PlaceWith(facts FactsFunc, o PlaceOptions) ([]Placement, error)
 				bad(c.at("models", i, rr.role, "shard"), "model %s: prefill.shard \"pipeline\" with decode.shard \"tensor\" is not supported (tensor ranks fetch their KV heads from whole prefill runners: leave prefill's shard out, or pipeline the decode)", m.Name)
 				continue
 			}
-			if f == nil {
-				pl.Stages = c.Stages(m.Name, rr.role)
-				if pl.Stages != nil {
-					pl.Note = "split by hand; the model's facts are not readable here, so its layer count and sizes are not checked (" + ferr.Error() + ")"
+			for g, hosts := range r.StageGroups() {
+				pl := pl
+				pl.Hosts = hosts
+				what := rr.role
+				if r.Groups != nil {
+					pl.Group, pl.Groups = g, len(r.Groups)
+					what = fmt.Sprintf("%s group %d", rr.role, g)
+				}
+				if p, err := c.placeGroup(f, ferr, m.Name, rr.role, r, g, hosts, o, pl); err != nil {
+					bad(key, "model %s: %s: %v", m.Name, what, err)
 				} else {
-					pl.Note = "placement is decided at start-up on the stage hosts, from the model's files (not in this host's store: " + ferr.Error() + "); a stage host without them runs no stage: pull the model there or set layers = [...]"
-					if rr.role == Prefill {
-						pl.Note += "; a decode host that cannot split it passes its runners no --prefill (they prefill locally)"
-					}
-				}
-				out = append(out, pl)
-				continue
-			}
-			in := SplitInput{Facts: f, Hosts: r.Hosts, Layers: r.Layers, Context: f.MaxContext}
-			pl.Context = f.MaxContext
-			in.Share = make([]int64, len(r.Hosts))
-			in.Limit = make([]int64, len(r.Hosts))
-			even := false
-			for s, hn := range r.Hosts {
-				sm := c.memory(hn, o)
-				in.Share[s], in.Limit[s] = sm.Bytes, sm.Bytes
-				switch sm.Source {
-				case MemUnknown:
-					even = true
-				case MemWaiting:
-					pl.Waiting = append(pl.Waiting, hn)
-				}
-				if r.Layers == nil {
-					pl.Memory = append(pl.Memory, sm)
+					out = append(out, p)
 				}
 			}
-			if r.Layers != nil {
-				pl.Waiting = nil // a split by hand waits for no one
-			}
-			if pl.Waiting != nil {
-				c.setStages(m.Name, rr.role, nil)
-				pl.Note = "waiting for " + strings.Join(pl.Waiting, ", ") + " to report its memory (no memory_gib in the file): no stage runs until every stage host has reported, so that every supervisor splits alike"
-				out = append(out, pl)
-				continue
-			}
-			if even {
-				in.Share = nil // a host's memory unknown: even
-			}
-			st, err := Split(in)
-			if err != nil {
-				bad(key, "model %s: %s: %v", m.Name, rr.role, err)
-				continue
-			}
-			c.setStages(m.Name, rr.role, st)
-			pl.Stages = st
-			out = append(out, pl)
 		}
 	}
 	c.placed = out
@@ -446,6 +413,60 @@ func (c *Config) PlaceWith(facts FactsFunc, o PlaceOptions) ([]Placement, error)
 		return out, errs
 	}
 	return out, nil
+}
+
+// placeGroup splits one pipeline group (hosts, group g of r's) from the
+// model's facts f (nil: not readable here, ferr says why) and the hosts'
+// memory, keeping its stages in c.
+func (c *Config) placeGroup(f *modelinfo.Facts, ferr error, model, role string, r *Role, g int, hosts []string, o PlaceOptions, pl Placement) (Placement, error) {
+	if f == nil {
+		pl.Stages = c.StageGroup(model, role, g)
+		if pl.Stages != nil {
+			pl.Note = "split by hand; the model's facts are not readable here, so its layer count and sizes are not checked (" + ferr.Error() + ")"
+		} else {
+			pl.Note = "placement is decided at start-up on the stage hosts, from the model's files (not in this host's store: " + ferr.Error() + "); a stage host without them runs no stage: pull the model there or set layers = [...]"
+			if role == Prefill {
+				pl.Note += "; a decode host that cannot split it passes its runners no --prefill (they prefill locally)"
+			}
+		}
+		return pl, nil
+	}
+	in := SplitInput{Facts: f, Hosts: hosts, Layers: r.Layers, Context: f.MaxContext}
+	pl.Context = f.MaxContext
+	in.Share = make([]int64, len(hosts))
+	in.Limit = make([]int64, len(hosts))
+	even := false
+	for s, hn := range hosts {
+		sm := c.memory(hn, o)
+		in.Share[s], in.Limit[s] = sm.Bytes, sm.Bytes
+		switch sm.Source {
+		case MemUnknown:
+			even = true
+		case MemWaiting:
+			pl.Waiting = append(pl.Waiting, hn)
+		}
+		if r.Layers == nil {
+			pl.Memory = append(pl.Memory, sm)
+		}
+	}
+	if r.Layers != nil {
+		pl.Waiting = nil // a split by hand waits for no one
+	}
+	if pl.Waiting != nil {
+		c.setStages(model, role, g, nil)
+		pl.Note = "waiting for " + strings.Join(pl.Waiting, ", ") + " to report its memory (no memory_gib in the file): no stage runs until every stage host has reported, so that every supervisor splits alike"
+		return pl, nil
+	}
+	if even {
+		in.Share = nil // a host's memory unknown: even
+	}
+	st, err := Split(in)
+	if err != nil {
+		return pl, err
+	}
+	c.setStages(model, role, g, st)
+	pl.Stages = st
+	return pl, nil
 }
 
 // Placements returns what the last Place or PlaceWith on c found (nil
@@ -481,7 +502,11 @@ func (c *Config) tensorFit(f *modelinfo.Facts, r *Role, o PlaceOptions, pl *Plac
 // `exo config check` shows).
 func WritePlacement(w io.Writer, ps []Placement) {
 	for _, p := range ps {
-		fmt.Fprintf(w, "\nmodel %s %s: %s over %d hosts (%s)", p.Model, p.Role, p.Shard, len(p.Hosts), strings.Join(p.Hosts, ", "))
+		fmt.Fprintf(w, "\nmodel %s %s: %s", p.Model, p.Role, p.Shard)
+		if p.Groups > 0 {
+			fmt.Fprintf(w, " group %d of %d", p.Group, p.Groups)
+		}
+		fmt.Fprintf(w, " over %d hosts (%s)", len(p.Hosts), strings.Join(p.Hosts, ", "))
 		if p.Context > 0 {
 			fmt.Fprintf(w, ", KV reserved for %d tokens", p.Context)
 		}

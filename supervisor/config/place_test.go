@@ -321,3 +321,49 @@ func TestUsableBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestPlaceGroups: each pipeline group is split on its own hosts' memory,
+// and a group that waits for a report does not hold the other back.
+func TestPlaceGroups(t *testing.T) {
+	src := threeHosts + `
+[hosts.d]
+address = "127.0.0.5"
+backend = "cpu"
+
+[[models]]
+name = "m"
+source = "s"
+decode = { groups = [["a", "b"], ["c", "d"]], shard = "pipeline" }
+`
+	c, err := Parse("f.toml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f16 := func(string) (*modelinfo.Facts, error) { f := facts(16, 0, 0, false); f.MaxContext = 0; return f, nil }
+	ps, err := c.PlaceWith(f16, PlaceOptions{LocalHost: "a", Wait: true,
+		Reported: map[string]HostMemory{"a": {Total: 40 * gib}, "b": {Total: 104 * gib}, "c": {Total: 40 * gib}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) != 2 || ps[0].Group != 0 || ps[1].Group != 1 || ps[0].Groups != 2 ||
+		!slices.Equal(counts(ps[0].Stages), []int{4, 12}) || ps[1].Stages != nil || !slices.Equal(ps[1].Waiting, []string{"d"}) {
+		t.Fatalf("placements %+v", ps)
+	}
+	for h, want := range map[string]int{"a": 1, "b": 1, "c": 0, "d": 0} {
+		if n := len(c.Runners(h)); n != want {
+			t.Errorf("host %s runs %d stages, want %d", h, n, want)
+		}
+	}
+	var sb strings.Builder
+	WritePlacement(&sb, ps)
+	if !strings.Contains(sb.String(), "model m decode: pipeline group 0 of 2 over 2 hosts (a, b)") ||
+		!strings.Contains(sb.String(), "model m decode: pipeline group 1 of 2 over 2 hosts (c, d)") {
+		t.Errorf("placement text:\n%s", sb.String())
+	}
+	// Once d reports, group 1 splits on its own memory.
+	ps, err = c.PlaceWith(f16, PlaceOptions{LocalHost: "a", Wait: true,
+		Reported: map[string]HostMemory{"a": {Total: 40 * gib}, "b": {Total: 104 * gib}, "c": {Total: 104 * gib}, "d": {Total: 40 * gib}}})
+	if err != nil || !slices.Equal(counts(ps[1].Stages), []int{12, 4}) || len(c.Runners("d")) != 1 {
+		t.Fatalf("placements %+v %v", ps, err)
+	}
+}

@@ -107,19 +107,48 @@ func (c *Config) PrefillStageLinkPort(i int) int {
 	return c.Cluster.RunnerPortBase + PortsPerModel*i + PrefillStageLinkPortOffset
 }
 
-func stageKey(model, role string) string { return model + "\x00" + role }
+func stageKey(model, role string, group int) string {
+	return model + "\x00" + role + "\x00" + strconv.Itoa(group)
+}
 
-func (c *Config) setStages(model, role string, st []Stage) {
+func (c *Config) setStages(model, role string, group int, st []Stage) {
 	if c.stages == nil {
 		c.stages = map[string][]Stage{}
 	}
-	c.stages[stageKey(model, role)] = st
+	c.stages[stageKey(model, role, group)] = st
 }
 
 // Stages returns the placement of model's role when it is a pipeline whose
-// split is known (by hand, or from Place), else nil.
-func (c *Config) Stages(model, role string) []Stage {
-	return slices.Clone(c.stages[stageKey(model, role)])
+// split is known (by hand, or from Place), else nil; with several groups,
+// the first group's (StageGroup, RunnerStages for the others).
+func (c *Config) Stages(model, role string) []Stage { return c.StageGroup(model, role, 0) }
+
+// StageGroup returns the placement of group g of model's role's pipeline
+// groups (0 when it has one), or nil where it is not known.
+func (c *Config) StageGroup(model, role string, g int) []Stage {
+	return slices.Clone(c.stages[stageKey(model, role, g)])
+}
+
+// RunnerStages returns the stages of the pipeline group that runner r is
+// a stage of (nil when it is none, or not placed).
+func (c *Config) RunnerStages(r Runner) []Stage {
+	m := c.Model(r.Model)
+	if m == nil || r.Stage == "" {
+		return nil
+	}
+	role := m.Decode
+	if r.Role == Prefill {
+		role = m.Prefill
+	}
+	if role == nil {
+		return nil
+	}
+	for g, hosts := range role.StageGroups() {
+		if slices.Contains(hosts, r.Host) {
+			return c.StageGroup(r.Model, r.Role, g)
+		}
+	}
+	return nil
 }
 
 func groupString(st []Stage) string {
@@ -131,6 +160,16 @@ func groupString(st []Stage) string {
 		s += fmt.Sprintf("%d:%d", x.Start, x.End)
 	}
 	return s
+}
+
+// StageRunnerName is the name of stage i of a pipeline of model's role:
+// "<model>-<role>-stage<I>", or with groups (decode.groups)
+// "<model>-<role>-group<G>-stage<I>".
+func StageRunnerName(model, role string, grouped bool, g, i int) string {
+	if grouped {
+		return fmt.Sprintf("%s-%s-group%d-stage%d", model, role, g, i)
+	}
+	return fmt.Sprintf("%s-%s-stage%d", model, role, i)
 }
 
 // HealthAddr is the HOST:PORT serving the runner's /health and /metrics.
@@ -273,7 +312,7 @@ func (c *Config) AllRunners() []Runner {
 		if m.Prefill != nil {
 			// A pipeline prefill's stages are ADDR@A:B (contract C4), and
 			// only once its split is known (else decode prefills locally).
-			pst := c.stages[stageKey(m.Name, Prefill)]
+			pst := c.stages[stageKey(m.Name, Prefill, 0)]
 			for si, hn := range m.Prefill.Hosts {
 				if m.Prefill.Pipeline() && pst == nil {
 					break
@@ -287,11 +326,11 @@ func (c *Config) AllRunners() []Runner {
 				health = append(health, net.JoinHostPort(h.Address, strconv.Itoa(m.Prefill.MetricsPort)))
 			}
 		}
+		var addGroup func(role string, r *Role, g int, hosts []string, stages []Stage, peers []string)
 		add := func(role string, r *Role) {
 			if r == nil {
 				return
 			}
-			var stages []Stage
 			var peers []string
 			if r.Shard == ShardTensor {
 				if role != Decode {
@@ -301,13 +340,23 @@ func (c *Config) AllRunners() []Runner {
 					peers = append(peers, net.JoinHostPort(c.Hosts[hn].Address, strconv.Itoa(c.TensorLinkPort(mi))))
 				}
 			}
+			groups := [][]string{r.Hosts}
 			if r.Pipeline() {
-				// A pipeline runs only once its split is known.
-				if stages = c.stages[stageKey(m.Name, role)]; stages == nil {
-					return
-				}
+				groups = r.StageGroups()
 			}
-			for si, hn := range r.Hosts {
+			for g, hosts := range groups {
+				var stages []Stage
+				if r.Pipeline() {
+					// A pipeline group runs only once its split is known.
+					if stages = c.stages[stageKey(m.Name, role, g)]; stages == nil {
+						continue
+					}
+				}
+				addGroup(role, r, g, hosts, stages, peers)
+			}
+		}
+		addGroup = func(role string, r *Role, g int, hosts []string, stages []Stage, peers []string) {
+			for si, hn := range hosts {
 				h := c.Hosts[hn]
 				be, dev := runnerBackend(h.Backend)
 				ru := Runner{
@@ -319,7 +368,7 @@ func (c *Config) AllRunners() []Runner {
 				}
 				if stages != nil {
 					next := c.Hosts[stages[(si+1)%len(stages)].Host]
-					ru.Name = fmt.Sprintf("%s-%s-stage%d", m.Name, role, si)
+					ru.Name = StageRunnerName(m.Name, role, r.Groups != nil, g, si)
 					ru.Layers = fmt.Sprintf("%d:%d", stages[si].Start, stages[si].End)
 					ru.Stage = fmt.Sprintf("%d/%d", si, len(stages))
 					port := c.StageLinkPort(mi)

@@ -214,3 +214,107 @@ decode = { hosts = ["a"], port = 52505 }
 		t.Errorf("port clash: %v", err)
 	}
 }
+
+const fourHosts = threeHosts + `
+[hosts.d]
+address = "127.0.0.5"
+backend = "cpu"
+`
+
+func TestPipelineGroupsInvalid(t *testing.T) {
+	tests := []struct {
+		name, decode string
+		want         []string
+	}{
+		{"hosts and groups", `{ hosts = ["a"], groups = [["a", "b"]], shard = "pipeline" }`,
+			[]string{`f.toml:23:27: model m: decode has both hosts and groups: groups lists every pipeline group's hosts; drop hosts`}},
+		{"groups of replicas", `{ groups = [["a", "b"], ["c", "d"]] }`,
+			[]string{`f.toml:23:12: model m: decode.groups makes replicas of a pipeline group: it needs shard = "pipeline" (for whole copies list the hosts in hosts)`}},
+		{"a group of one", `{ groups = [["a", "b"], ["c"]], shard = "pipeline" }`,
+			[]string{`f.toml:23:34: model m: decode.groups[1] has 1 host(s): a pipeline group needs at least 2 stages`}},
+		{"a host in two groups", `{ groups = [["a", "b"], ["c", "a"]], shard = "pipeline" }`,
+			[]string{`f.toml:23:40: model m: host "a" listed twice in decode.groups: a host runs one stage of one group`}},
+		{"unknown host", `{ groups = [["a", "b"], ["c", "e"]], shard = "pipeline" }`,
+			[]string{`f.toml:23:40: model m: decode on unknown host "e" (hosts: a, b, c, d)`}},
+		{"layers per group", `{ groups = [["a", "b"], ["c", "d", "e"]], shard = "pipeline", layers = [1, 1] }`,
+			[]string{`f.toml:23:45: model m: decode on unknown host "e" (hosts: a, b, c, d)`,
+				`f.toml:23:72: model m: decode.layers has 2 stage(s) but group 1 of decode.groups has 3: every group is split by layers, so every group needs that many hosts`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			src := fourHosts + "\n[[models]]\nname = \"m\"\nsource = \"s\"\ndecode = " + tt.decode + "\n"
+			_, err := Parse("f.toml", []byte(src))
+			if err == nil {
+				t.Fatal("Parse succeeded")
+			}
+			if got := strings.Split(err.Error(), "\n"); !slices.Equal(got, tt.want) {
+				t.Errorf("errors:\n got: %s\nwant: %s", strings.Join(got, "\n      "), strings.Join(tt.want, "\n      "))
+			}
+		})
+	}
+	// Prefill groups are refused.
+	src := fourHosts + "\n[[models]]\nname = \"m\"\nsource = \"s\"\ndecode = { hosts = [\"a\"] }\nprefill = { groups = [[\"b\", \"c\"]], shard = \"pipeline\" }\n"
+	if _, err := Parse("f.toml", []byte(src)); err == nil || !strings.Contains(err.Error(), "f.toml:24:13: model m: prefill.groups is not supported") {
+		t.Errorf("prefill groups: %v", err)
+	}
+}
+
+// TestPipelineGroupsPlan: decode.groups plans each group as a pipeline of
+// its own (runners <model>-decode-group<G>-stage<S>, the ring within the
+// group), and the API is served by every group's stage 0, as replicas.
+func TestPipelineGroupsPlan(t *testing.T) {
+	src := fourHosts + `
+[[models]]
+name = "m"
+source = "s"
+decode = { groups = [["a", "b"], ["c", "d"]], shard = "pipeline", layers = [1, 3] }
+`
+	c, err := Parse("f.toml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]struct{ name, stage, layers, next string }{
+		"a": {"m-decode-group0-stage0", "0/2", "0:1", "127.0.0.3:52503"},
+		"b": {"m-decode-group0-stage1", "1/2", "1:4", "127.0.0.2:52503"},
+		"c": {"m-decode-group1-stage0", "0/2", "0:1", "127.0.0.5:52503"},
+		"d": {"m-decode-group1-stage1", "1/2", "1:4", "127.0.0.4:52503"},
+	}
+	for h, w := range want {
+		rs := c.Runners(h)
+		if len(rs) != 1 {
+			t.Fatalf("host %s runs %+v", h, rs)
+		}
+		r := rs[0]
+		if r.Name != w.name || r.Stage != w.stage || r.Layers != w.layers || r.StageNext != w.next {
+			t.Errorf("host %s: %s stage %s layers %s next %s, want %+v", h, r.Name, r.Stage, r.Layers, r.StageNext, w)
+		}
+		if st := c.RunnerStages(r); len(st) != 2 || (st[0].Host != "a" && st[0].Host != "c") || st[0].Host != map[string]string{"a": "a", "b": "a", "c": "c", "d": "c"}[h] {
+			t.Errorf("RunnerStages(%s) = %+v", r.Name, st)
+		}
+	}
+	var api []string
+	for _, r := range c.DecodeRunners("m") {
+		if r.ServesAPI() {
+			api = append(api, r.Host+"/"+r.Name)
+		}
+	}
+	if !slices.Equal(api, []string{"a/m-decode-group0-stage0", "c/m-decode-group1-stage0"}) {
+		t.Errorf("API served by %v, want each group's stage 0", api)
+	}
+	// A change to one group's hosts restarts only that group's stages.
+	src2 := strings.Replace(src, `["c", "d"]`, `["d", "c"]`, 1)
+	c2, err := Parse("f.toml", []byte(src2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{"a", "b"} {
+		if ch := Diff(c.Runners(h), c2.Runners(h)); !ch.Empty() {
+			t.Errorf("host %s of the untouched group: %s", h, ch)
+		}
+	}
+	for _, h := range []string{"c", "d"} {
+		if ch := Diff(c.Runners(h), c2.Runners(h)); ch.Empty() {
+			t.Errorf("host %s of the changed group kept its stage", h)
+		}
+	}
+}

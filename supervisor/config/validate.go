@@ -218,7 +218,10 @@ func (c *Config) validate() Errors {
 			if r == nil {
 				continue
 			}
-			if len(r.Hosts) == 0 {
+			if r.Groups != nil {
+				c.validateGroups(i, label, rr.role, r, bad)
+			}
+			if len(r.Hosts) == 0 && r.Groups == nil {
 				bad(c.at("models", i, rr.role), "%s: %s.hosts is empty", label, rr.role)
 			}
 			if r.Source == "" {
@@ -231,14 +234,18 @@ func (c *Config) validate() Errors {
 			}
 			seen := map[string]bool{}
 			for j, hn := range r.Hosts {
-				p := c.at("models", i, rr.role, "hosts", j)
+				p := c.hostPos(i, rr.role, r, j)
 				_, ok := c.Hosts[hn]
 				if !ok {
 					bad(p, "%s: %s on unknown host %q (hosts: %s)", label, rr.role, hn, strings.Join(c.HostNames(), ", "))
 					continue
 				}
 				if seen[hn] {
-					bad(p, "%s: host %q listed twice in %s.hosts", label, hn, rr.role)
+					if r.Groups != nil {
+						bad(p, "%s: host %q listed twice in %s.groups: a host runs one stage of one group", label, hn, rr.role)
+					} else {
+						bad(p, "%s: host %q listed twice in %s.hosts", label, hn, rr.role)
+					}
 					continue
 				}
 				seen[hn] = true
@@ -350,7 +357,7 @@ func (c *Config) validateShard(i int, label, role string, r *Role, bad func(Pos,
 		bad(c.at("models", i, role, "shard"), "%s: %s.shard %q: want \"replicas\" (every host a whole copy, the default), \"pipeline\" (the hosts are stages, in order) or \"tensor\"", label, role, r.Shard)
 		return
 	}
-	if (r.Shard == ShardPipeline || r.Shard == ShardTensor) && len(r.Hosts) == 1 {
+	if (r.Shard == ShardPipeline || r.Shard == ShardTensor) && len(r.Hosts) == 1 && r.Groups == nil {
 		bad(c.at("models", i, role, "hosts"), "%s: %s.shard %q needs at least 2 hosts (one host holds the whole model: leave shard out)", label, role, r.Shard)
 	}
 	if r.Shard == ShardTensor && c.jacclGroup(r.Hosts) {
@@ -371,8 +378,15 @@ func (c *Config) validateShard(i int, label, role string, r *Role, bad func(Pos,
 			bad(c.at("models", i, role, "layers"), "%s: %s.layers splits a pipeline: it needs shard = \"pipeline\"", label, role)
 			return
 		}
-		if len(r.Layers) != len(r.Hosts) {
-			bad(c.at("models", i, role, "layers"), "%s: %s.layers has %d stage(s) but %s.hosts has %d: give one layer count per host, in host order", label, role, len(r.Layers), role, len(r.Hosts))
+		for g, hosts := range r.StageGroups() {
+			if len(r.Layers) == len(hosts) {
+				continue
+			}
+			if r.Groups != nil {
+				bad(c.at("models", i, role, "layers"), "%s: %s.layers has %d stage(s) but group %d of %s.groups has %d: every group is split by layers, so every group needs that many hosts", label, role, len(r.Layers), g, role, len(hosts))
+			} else {
+				bad(c.at("models", i, role, "layers"), "%s: %s.layers has %d stage(s) but %s.hosts has %d: give one layer count per host, in host order", label, role, len(r.Layers), role, len(r.Hosts))
+			}
 			return
 		}
 		ok := true
@@ -383,18 +397,61 @@ func (c *Config) validateShard(i int, label, role string, r *Role, bad func(Pos,
 			}
 		}
 		if ok && len(r.Hosts) > 0 {
-			c.setStages(c.Models[i].Name, role, handStages(r))
+			for g, hosts := range r.StageGroups() {
+				c.setStages(c.Models[i].Name, role, g, handStages(hosts, r.Layers))
+			}
 		}
 		return
 	}
 }
 
-// handStages turns a by-hand layers list into stages.
-func handStages(r *Role) []Stage {
-	st := make([]Stage, len(r.Layers))
+// validateGroups checks a role's groups key (replicas of a pipeline: a
+// list of groups of stage hosts) and sets Hosts to every group's hosts.
+func (c *Config) validateGroups(i int, label, role string, r *Role, bad func(Pos, string, ...any)) {
+	p := c.at("models", i, role, "groups")
+	switch {
+	case len(r.Hosts) > 0:
+		bad(p, "%s: %s has both hosts and groups: groups lists every pipeline group's hosts; drop hosts", label, role)
+	case role != Decode:
+		bad(p, "%s: %s.groups is not supported (replicas of a pipeline group decode; a prefill pipeline is one group)", label, role)
+	case r.Shard != ShardPipeline:
+		bad(p, "%s: %s.groups makes replicas of a pipeline group: it needs shard = \"pipeline\" (for whole copies list the hosts in hosts)", label, role)
+	case len(r.Groups) == 0:
+		bad(p, "%s: %s.groups is empty", label, role)
+	}
+	for g, hosts := range r.Groups {
+		if len(hosts) < 2 {
+			bad(c.at("models", i, role, "groups", g), "%s: %s.groups[%d] has %d host(s): a pipeline group needs at least 2 stages", label, role, g, len(hosts))
+		}
+	}
+	if len(r.Hosts) == 0 {
+		for _, hosts := range r.Groups {
+			r.Hosts = append(r.Hosts, hosts...)
+		}
+	}
+}
+
+// hostPos is the position of the j-th host of r.Hosts: in hosts, or in
+// groups when r has groups.
+func (c *Config) hostPos(i int, role string, r *Role, j int) Pos {
+	if r.Groups == nil {
+		return c.at("models", i, role, "hosts", j)
+	}
+	for g, hosts := range r.Groups {
+		if j < len(hosts) {
+			return c.at("models", i, role, "groups", g, j)
+		}
+		j -= len(hosts)
+	}
+	return c.at("models", i, role, "groups")
+}
+
+// handStages turns a by-hand layers list into one group's stages.
+func handStages(hosts []string, layers []int) []Stage {
+	st := make([]Stage, len(layers))
 	a := 0
-	for j, n := range r.Layers {
-		st[j] = Stage{Host: r.Hosts[j], Start: a, End: a + n}
+	for j, n := range layers {
+		st[j] = Stage{Host: hosts[j], Start: a, End: a + n}
 		a += n
 	}
 	return st

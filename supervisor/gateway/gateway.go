@@ -62,6 +62,9 @@ type Options struct {
 type Backend struct {
 	Model, Runner, Host, Addr string
 	Local                     bool
+	// Group: the runner is a pipeline group's stage 0 or a tensor group's
+	// rank 0, whose answers need the group's other runners too.
+	Group bool
 }
 
 // Health is what the gateway knows about a backend.
@@ -137,7 +140,8 @@ func (g *Gateway) SetConfig(c *config.Config, localHost string) {
 				continue // a pipeline's later stages serve no API
 			}
 			s.backends[m.Name] = append(s.backends[m.Name], Backend{
-				Model: m.Name, Runner: r.Name, Host: r.Host, Addr: r.HealthAddr(), Local: r.Host == localHost})
+				Model: m.Name, Runner: r.Name, Host: r.Host, Addr: r.HealthAddr(), Local: r.Host == localHost,
+				Group: r.Stage != "" || r.Tensor != ""})
 		}
 	}
 	g.snap.Store(s)
@@ -479,7 +483,8 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 	// A request whose answer has not started (no byte of it sent to the
 	// client) goes to the next runner when this one fails to connect,
 	// breaks before its first body byte, goes silent, or answers 503 (it
-	// is stopping or loading): a restart is never the client's error.
+	// is stopping or loading), or, for a group's first runner, any 5xx (a
+	// stage or rank is lost): a restart is never the client's error.
 	for _, b := range cands {
 		up, err := g.sendWatched(r, b, body)
 		if err != nil {
@@ -496,6 +501,18 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 			why := "answered 503: " + refusal(up)
 			up.close()
 			g.log.Info("decode runner refused the request; trying the next", "model", req.Model, "runner", b.Runner, "host", b.Host, "why", why)
+			g.markDown(b.Addr, why)
+			reasons = append(reasons, fmt.Sprintf("%s on %s (%s): %s", b.Runner, b.Host, b.Addr, why))
+			continue
+		}
+		if b.Group && up.resp.StatusCode >= 500 {
+			// A group's first runner that fails a request before its
+			// answer began has lost a stage or rank (its link is down);
+			// the group is out until its /health says otherwise, and
+			// another group or replica serves the request.
+			why := fmt.Sprintf("answered %d: %s", up.resp.StatusCode, refusal(up))
+			up.close()
+			g.log.Warn("a pipeline or tensor group failed the request before answering; trying the next", "model", req.Model, "runner", b.Runner, "host", b.Host, "why", why)
 			g.markDown(b.Addr, why)
 			reasons = append(reasons, fmt.Sprintf("%s on %s (%s): %s", b.Runner, b.Host, b.Addr, why))
 			continue

@@ -1,15 +1,20 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/exo-pd/exo-pd/internal/sse"
+	"github.com/exo-pd/exo-pd/supervisor/config"
 )
 
 // stopping answers as a runner that has begun to shut down.
@@ -129,5 +134,74 @@ func TestStreamThatBreaksEndsWithErrorEvent(t *testing.T) {
 				t.Error("a stream that had started was sent to another runner")
 			}
 		})
+	}
+}
+
+// TestGroupFailureGoesToTheNextGroup: two pipeline groups (decode.groups)
+// whose stage 0s are a and b: a group that fails a request with a 5xx
+// before answering (its stage link is down) is taken out of rotation and
+// the request is served by the other group; a whole copy's 500 is still
+// the client's answer.
+func TestGroupFailureGoesToTheNextGroup(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	a := newFake(t, "a", fmt.Sprintf("127.0.0.1:%d", port))
+	b := newFake(t, "b", fmt.Sprintf("127.0.0.2:%d", port))
+	c, err := config.Parse("t.toml", []byte(fmt.Sprintf(`[cluster]
+insecure = true
+[hosts.a]
+address = "127.0.0.1"
+backend = "cpu"
+[hosts.b]
+address = "127.0.0.2"
+backend = "cpu"
+[hosts.c]
+address = "127.0.0.3"
+backend = "cpu"
+[hosts.d]
+address = "127.0.0.4"
+backend = "cpu"
+[[models]]
+name = "m"
+source = "s"
+decode = { groups = [["a", "c"], ["b", "d"]], shard = "pipeline", layers = [1, 1], port = %d }
+`, port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := New(Options{HealthEvery: time.Hour})
+	g.SetConfig(c, "a")
+	g.pollAll(context.Background())
+	srv := httptest.NewServer(g.Handler())
+	t.Cleanup(srv.Close)
+	ringDown := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusInternalServerError)
+		fmt.Fprint(w, `{"error":{"message":"local prefill: stage link: ring down: stage link with stage 1: read: EOF","type":"server_error","param":null,"code":null}}`)
+	}
+	a.chat = ringDown
+	resp, v := post(t, srv.URL, `{"model":"m","messages":[]}`)
+	if resp.StatusCode != 200 || v["served_by"] != "b" || resp.Header.Get("X-Exo-Runner") != "b/m-decode-group1-stage0" {
+		t.Fatalf("status %d body %v runner %q: want group 1's answer", resp.StatusCode, v, resp.Header.Get("X-Exo-Runner"))
+	}
+	if h := g.Health()[a.srv.Listener.Addr().String()]; h.OK || !strings.Contains(h.Status, "ring down") {
+		t.Errorf("group 0 still in rotation: %+v", h)
+	}
+	// Both groups down: a 503 naming each, not a 500.
+	b.chat = ringDown
+	g.pollAll(context.Background())
+	resp, v = post(t, srv.URL, `{"model":"m","messages":[]}`)
+	if e, _ := v["error"].(map[string]any); resp.StatusCode != 503 || e == nil || strings.Count(e["message"].(string), "answered 500") != 2 {
+		t.Errorf("both groups failing: %d %v, want 503 naming both", resp.StatusCode, v)
+	}
+	// A whole copy's 500 is its answer.
+	_, srv2, a2, _ := cluster(t, "a")
+	a2.chat = ringDown
+	if resp, _ := post(t, srv2.URL, `{"model":"m","messages":[]}`); resp.StatusCode != 500 {
+		t.Errorf("a replica's 500: got %d", resp.StatusCode)
 	}
 }
