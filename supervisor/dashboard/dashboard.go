@@ -264,8 +264,9 @@ type ModelRunner struct {
 	// Tensor ("I/N") of a tensor-parallel rank; empty otherwise.
 	Tensor string `json:"tensor,omitempty"`
 	// State is the runner's process state (starting, ready, unhealthy,
-	// backoff, crashloop, stopped), or "unknown" when its host's
-	// supervisor does not answer.
+	// backoff, crashloop, stopped), "unknown" when its host's supervisor
+	// does not answer, or "waiting" for a pipeline stage not started yet
+	// (LastError says why: its split waits for the hosts' memory).
 	State            string                    `json:"state"`
 	Since            time.Time                 `json:"since,omitzero"`
 	PID              int                       `json:"pid,omitempty"`
@@ -288,8 +289,14 @@ type ModelRunner struct {
 
 // ModelState is one model of the cluster file and its runners.
 type ModelState struct {
-	Name    string        `json:"name"`
+	Name string `json:"name"`
+	// Runners are its runners, and (state "waiting") the stages of a
+	// pipeline whose split waits for its hosts' memory.
 	Runners []ModelRunner `json:"runners"`
+	// Placements are its pipelines' and tensor groups' placement as the
+	// answering host computed it: each group's stages and layer ranges,
+	// the memory each host counted, and whom a split waits for.
+	Placements []config.Placement `json:"placements,omitempty"`
 	// Ready counts its decode runners that are ready (requests need one).
 	ReadyDecode int `json:"ready_decode"`
 	Decode      int `json:"decode"`
@@ -657,6 +664,26 @@ func models(c *config.Config, hosts []HostState) []ModelState {
 				}
 			}
 			ms.Runners = append(ms.Runners, mr)
+		}
+		for _, p := range c.Placements() {
+			if p.Model != m.Name {
+				continue
+			}
+			ms.Placements = append(ms.Placements, p)
+			if p.Waiting == nil {
+				continue
+			}
+			r := m.Decode
+			if p.Role == config.Prefill {
+				r = m.Prefill
+			}
+			for i, hn := range p.Hosts {
+				ms.Runners = append(ms.Runners, ModelRunner{Host: hn, Runner: config.StageRunnerName(m.Name, p.Role, r != nil && r.Groups != nil, p.Group, i),
+					Role: p.Role, Source: r.Source, State: "waiting", Stage: fmt.Sprintf("%d/%d", i, len(p.Hosts)), LastError: p.Note})
+				if p.Role == config.Decode {
+					ms.Decode++
+				}
+			}
 		}
 		out = append(out, ms)
 	}

@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/chromedp/chromedp"
 
 	"github.com/exo-pd/exo-pd/internal/hostmem"
 	"github.com/exo-pd/exo-pd/internal/modelinfo"
@@ -46,7 +49,9 @@ func (h *host) placement(t *testing.T) (placementStatus, error) {
 // whom it waits for, and its gateway answers 503 naming the wait (not 404,
 // not an error loop). Once mac's supervisor answers, both place the same
 // split, counted from the reported memory, and both gateways answer as
-// one runner holding the whole model does.
+// one runner holding the whole model does. With Chromium, the dashboard
+// shows the same: both stages waiting with the reason, then each stage's
+// layer range and the placement with the memory each host reported.
 func TestPipelineSplitByReportedMemory(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds exo and runs real runners")
@@ -85,6 +90,18 @@ func TestPipelineSplitByReportedMemory(t *testing.T) {
 	t.Logf("split by reported memory: spark %s, mac %s", wantLayers[0], wantLayers[1])
 
 	spark := startHostEnv(t, exe, dir, cfgPath, "spark", "127.0.0.2", apiPort, hostmem.TestEnv+"=6")
+	var p *page
+	if browser := maybeChromium(t); browser != "" {
+		p = newPage(t, browser)
+		p.run(chromedp.Navigate("http://" + spark.api + "/"))
+		p.wait("both stages waiting for mac's memory", `(() => {
+			const m = document.querySelector('[data-model="tiny"]');
+			const pl = m && m.querySelector('[data-placement="decode"]');
+			const s0 = document.querySelector('[data-runner="spark/tiny-decode-stage0"]'), s1 = document.querySelector('[data-runner="mac/tiny-decode-stage1"]');
+			return !!pl && pl.dataset.waiting === "mac" && pl.textContent.includes("waiting for mac to report its memory") &&
+				!!s0 && !!s1 && s0.dataset.state === "waiting" && s1.dataset.state === "waiting" && s1.textContent.includes("stage1/2");
+		})()`)
+	}
 	var st placementStatus
 	if !testutil.Until(60*time.Second, func() bool {
 		st, err = spark.placement(t)
@@ -116,6 +133,17 @@ func TestPipelineSplitByReportedMemory(t *testing.T) {
 			t.Errorf("%s's placement: %+v", h.name, p)
 		}
 	}
+	if p != nil {
+		p.wait("each stage's layers and the placement by reported memory", fmt.Sprintf(`(() => {
+			const pl = document.querySelector('[data-model="tiny"] [data-placement="decode"]');
+			const s0 = document.querySelector('[data-runner="spark/tiny-decode-stage0"]'), s1 = document.querySelector('[data-runner="mac/tiny-decode-stage1"]');
+			return !!pl && pl.dataset.waiting === "" && pl.textContent.includes("stage 0 spark layers %[1]s · stage 1 mac layers %[2]s") &&
+				pl.textContent.includes("spark 5.00 GiB (reported), mac 52.0 GiB (reported)") &&
+				!!s0 && !!s1 && s0.dataset.state === "ready" && s1.dataset.state === "ready" &&
+				s0.textContent.includes("0/2 · layers %[1]s") && s1.textContent.includes("1/2 · layers %[2]s");
+		})()`, wantLayers[0], wantLayers[1]))
+		p.screenshot("dashboard-pipeline.png", 1280, 900)
+	}
 	for _, h := range []*host{spark, mac} {
 		for i, p := range prompts {
 			runner, text := chatText(t, h.api, p)
@@ -127,4 +155,20 @@ func TestPipelineSplitByReportedMemory(t *testing.T) {
 	for _, h := range []*host{spark, mac} {
 		stopHost(t, h)
 	}
+}
+
+// maybeChromium is chromium's path, or "" where it is absent and not
+// required (CI and EXO_REQUIRE_CHROMIUM require it, as chromium does).
+func maybeChromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("CI") != "" || os.Getenv("EXO_REQUIRE_CHROMIUM") != "" {
+		return chromium(t) // fails the test
+	}
+	t.Log("chromium not found: the dashboard's part of this test does not run")
+	return ""
 }

@@ -237,7 +237,7 @@ function renderLinks(st) {
 }
 
 function stateClass(s) {
-  return { ready: "ok", starting: "warn", unhealthy: "bad", backoff: "bad", crashloop: "bad", stopped: "muted", unknown: "muted" }[s] || "muted";
+  return { ready: "ok", starting: "warn", waiting: "warn", unhealthy: "bad", backoff: "bad", crashloop: "bad", stopped: "muted", unknown: "muted" }[s] || "muted";
 }
 
 function renderModels(st) {
@@ -245,7 +245,22 @@ function renderModels(st) {
   box.replaceChildren(...st.models.map((m) => el("div", { class: "model", "data-model": m.name },
     el("div", { class: "model-head" }, el("b", {}, m.name),
       el("span", { class: "badge " + (m.ready_decode > 0 ? "ok" : "bad") }, m.ready_decode + "/" + m.decode + " decode ready")),
+    (m.placements || []).map((p) => placementLines(p)),
     el("div", { class: "runners" }, m.runners.map((r) => runnerCard(r))))));
+}
+
+// placementLines: a pipeline's or tensor group's placement (its stages'
+// hosts and layer ranges, the memory each host counted, or whom it waits
+// for), as the answering host computed it.
+function placementLines(p) {
+  const what = p.role + " " + p.shard + (p.groups ? " group " + p.group + " of " + p.groups : "");
+  const unit = p.shard === "tensor" ? "rank" : "stage";
+  const stages = (p.stages || []).map((s, i) => unit + " " + i + " " + s.host + (p.shard === "tensor" ? "" : " layers " + s.layer_start + ":" + s.layer_end)).join(" · ");
+  const mem = (p.memory || []).map((m) => m.host + " " + (m.bytes ? fmt.bytes(m.bytes) + " " : "") + "(" + (m.source === "file" ? "memory_gib" : m.source) + ")").join(", ");
+  const lines = [el("div", { class: "kv" }, el("span", {}, "placement"), el("span", {}, what + (stages ? ": " + stages : "")))];
+  if (mem) lines.push(el("div", { class: "kv" }, el("span", {}, "memory"), el("span", {}, mem)));
+  if (p.waiting) lines.push(el("div", { class: "kv" }, el("span", {}, "waiting"), el("span", {}, p.note)));
+  return el("div", { class: "placement", "data-placement": p.role + (p.groups ? "/" + p.group : ""), "data-waiting": p.waiting ? p.waiting.join(",") : "" }, lines);
 }
 
 function runnerCard(r) {
@@ -253,6 +268,13 @@ function runnerCard(r) {
   let state = r.state;
   if (r.health === "loading" && r.state === "starting") state = "loading";
   lines.push(el("div", { class: "kv" }, el("span", {}, "source"), el("span", { class: "mono" }, r.source)));
+  if (r.stage || r.tensor) {
+    lines.push(el("div", { class: "kv shard" }, el("span", {}, r.stage ? "stage" : "rank"),
+      el("span", {}, r.stage ? r.stage + (r.layers ? " · layers " + r.layers : "") : r.tensor)));
+  }
+  if (r.state === "waiting" && r.last_error) {
+    lines.push(el("div", { class: "kv" }, el("span", {}, "waiting"), el("span", {}, r.last_error)));
+  }
   if (r.health === "loading") {
     const what = r.phase === "download" ? "downloading" : r.phase === "load" ? "loading weights" : "loading";
     const bytes = r.total_bytes ? " · " + fmt.bytes(r.done_bytes || 0) + " / " + fmt.bytes(r.total_bytes) : "";
