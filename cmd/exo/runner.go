@@ -48,7 +48,7 @@ const runnerUsage = `usage:
                      [--layers A:B --stage I/N --stage-listen HOST:PORT --stage-next HOST:PORT]
   exo runner prefill --model SRC --served-name NAME --listen HOST:PORT --metrics HOST:PORT
                      [--secret-file F] [--backend cpu|mlx|auto] [--device gpu|cpu]
-                     [--max-queue N] [--models-dir D]
+                     [--max-queue N] [--models-dir D] [--tensor I/N --tensor-peers ADDR0,ADDR1,…]
                      [--layers A:B --stage I/N --stage-listen HOST:PORT --stage-next HOST:PORT]
 
 The decode runner serves the OpenAI API (POST /v1/chat/completions,
@@ -73,6 +73,15 @@ over Thunderbolt 5) instead: MATRIX is the JSON N×N matrix of RDMA device names
 (row i: rank i's device toward each rank, null on the diagonal; a full mesh),
 written to MLX_IBV_DEVICES; rank 0's port + 1 is MLX_JACCL_COORDINATOR. Where
 this libmlx has no JACCL the ranks use the ring and log why.
+
+A tensor-parallel prefill model (--tensor on exo runner prefill) runs the same
+way, one prefill runner per rank: rank 0 drives every computation over the
+tensor link and every rank's KV port (--listen) serves the KV heads it
+computed (rank I of N: heads [I·H/N, (I+1)·H/N) of H). A decode runner names
+the ranks as --prefill ADDR#H0:H1 entries and asks each rank holding some of
+its cache's heads for those (a tensor decode rank for its own heads only).
+On --backend mlx with a CUDA GPU the ranks sum over NCCL (unverified: no GPU
+here), elsewhere over MLX's ring as decode ranks do.
 
 A pipelined decode model runs one decode runner per stage: --layers A:B is
 the stage's layers [A, B) of the model, --stage I/N its index of N (N ≥ 2);
@@ -117,9 +126,9 @@ type runnerFlags struct {
 	speculative    string // decode: off | prompt-lookup | draft
 	draft          string // decode: the draft model's source (--speculative draft)
 	specTokens     int
-	tensor         string // decode: I/N, this runner's tensor-parallel rank
-	tensorPeers    string // decode: the ranks' tensor link addresses
-	tensorRDMA     string // decode: JACCL's RDMA device matrix (JSON)
+	tensor         string // I/N, this runner's tensor-parallel rank
+	tensorPeers    string // the ranks' tensor link addresses
+	tensorRDMA     string // JACCL's RDMA device matrix (JSON)
 	// prefill
 	metricsAddr string
 	cacheMiB    int
@@ -219,9 +228,6 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		fs.StringVar(&f.speculative, "speculative", decode.SpecOff, "speculative decoding: off, prompt-lookup (drafts from n-grams of the prompt and output) or draft (drafts by --draft's model); drafts are verified in one forward")
 		fs.StringVar(&f.draft, "draft", "", "the draft model (a model directory, .gguf file or Hugging Face id of the same tokenizer) of --speculative draft, loaded on this runner's backend")
 		fs.IntVar(&f.specTokens, "speculative-tokens", 0, fmt.Sprintf("the most tokens drafted per step (1 to 64; 0: %d)", decode.DefaultSpecTokens))
-		fs.StringVar(&f.tensor, "tensor", "", "tensor-parallel rank I/N of this runner (with --tensor-peers)")
-		fs.StringVar(&f.tensorPeers, "tensor-peers", "", "the tensor-parallel ranks' link addresses, comma-separated, in rank order (rank 0 listens on the first)")
-		fs.StringVar(&f.tensorRDMA, "tensor-rdma", "", "with --tensor on --backend mlx: MLX JACCL's RDMA device matrix, JSON N×N (row i: rank i's device toward each rank, null on the diagonal); falls back to the ring where JACCL is unavailable")
 		fs.DurationVar(&f.idleFloor, "prefill-idle-floor", 3*time.Second, "shortest wait for the next KV frame (the deadline grows with the endpoint's measured chunk time)")
 	} else {
 		fs.StringVar(&f.metricsAddr, "metrics", "", "HTTP address for /health and /metrics")
@@ -241,6 +247,9 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		f.stage, f.stages = i, n
 		return nil
 	})
+	fs.StringVar(&f.tensor, "tensor", "", "tensor-parallel rank I/N of this runner (with --tensor-peers)")
+	fs.StringVar(&f.tensorPeers, "tensor-peers", "", "the tensor-parallel ranks' link addresses, comma-separated, in rank order (rank 0 listens on the first)")
+	fs.StringVar(&f.tensorRDMA, "tensor-rdma", "", "with --tensor on --backend mlx: MLX JACCL's RDMA device matrix, JSON N×N (row i: rank i's device toward each rank, null on the diagonal); falls back to the ring where JACCL is unavailable")
 	fs.StringVar(&f.stageListen, "stage-listen", "", "pipeline stage: the address the previous stage's link (stage 0: the last stage's) connects to")
 	fs.StringVar(&f.stageNext, "stage-next", "", "pipeline stage: the next stage's --stage-listen (the last stage: stage 0's)")
 	if err := parseFlags(fs, runnerUsage, args[1:]); err != nil {
@@ -475,12 +484,12 @@ func cmdRunner(ctx context.Context, args []string) error {
 	defer m.Close()
 
 	var runErr error
-	if tr.Follower() {
+	if tr.Follower() && f.role == "decode" {
 		runErr = runTensorFollower(ctx, f, m, tr, secret, gate, log)
 	} else if f.role == "decode" {
 		runErr = runDecode(ctx, f, m, path, secret, gate, log, tr)
 	} else {
-		runErr = runPrefill(ctx, f, m, secret, gate, log)
+		runErr = runPrefill(ctx, f, m, secret, gate, log, tr)
 	}
 	cancel()
 	if err := <-httpDone; err != nil && runErr == nil {
@@ -706,7 +715,7 @@ func runStage(ctx context.Context, f *runnerFlags, m *engine.Model, st *decode.S
 	return node.Run(ctx)
 }
 
-func runPrefill(ctx context.Context, f *runnerFlags, m *engine.Model, secret []byte, gate *loadGate, log *slog.Logger) error {
+func runPrefill(ctx context.Context, f *runnerFlags, m *engine.Model, secret []byte, gate *loadGate, log *slog.Logger, tr *tensor.Runner) error {
 	met := metrics.New("prefill")
 	cacheBytes := int64(f.cacheMiB) << 20
 	if f.cacheMiB <= 0 {
@@ -729,6 +738,9 @@ func runPrefill(ctx context.Context, f *runnerFlags, m *engine.Model, secret []b
 	}
 	prod := prefill.New(prefill.Options{Name: f.name, Model: pm, Chunk: f.chunk, CacheBytes: cacheBytes, Metrics: met, Logger: log, Stage: stageRange})
 	defer prod.Close()
+	if err := startTensorPrefill(ctx, tr, prod, m, met, gate, log); err != nil {
+		return err
+	}
 	if f.stages > 0 {
 		pp, err := pipeline.NewPipe(prod, m, pipeline.PipeConfig{Stage: f.stage, Stages: f.stages, Listen: f.stageListen, Next: f.stageNext, Secret: secret, Logger: log})
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/decode"
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/metrics"
+	"github.com/exo-pd/exo-pd/runners/prefill"
 	"github.com/exo-pd/exo-pd/runners/tensor"
 )
 
@@ -71,4 +72,30 @@ func newRemote(ctx context.Context, f *runnerFlags, dm decode.Model, secret []by
 		Secret: secret, ConnectTimeout: f.connectTimeout, IdleFloor: f.idleFloor, FP8: f.kvWireDType == "fp8", Streams: f.kvStreams,
 		Cost: f.route == "cost", Chunk: f.chunk, Metrics: met, Logger: log}
 	return decode.NewRemote(ctx, tr.RemoteConfig(c, m))
+}
+
+// startTensorPrefill makes a prefill runner's Producer a rank of its
+// tensor-parallel group (nothing for a whole model); /health fails while
+// the group is not whole (rank 0) or this rank is not linked.
+func startTensorPrefill(ctx context.Context, tr *tensor.Runner, prod *prefill.Producer, m *engine.Model, met *metrics.Runner, gate *loadGate, log *slog.Logger) error {
+	if tr == nil {
+		return nil
+	}
+	done, err := tr.ServePrefill(ctx, prod, m, met.Registry, func() int {
+		if gate.load == nil {
+			return 0
+		}
+		_, running := gate.load()
+		return running
+	})
+	if err != nil {
+		return fmt.Errorf("runner: %w", err)
+	}
+	gate.health = tr.Health
+	go func() {
+		if err := <-done; err != nil {
+			log.Error("tensor prefill group ended", "err", err)
+		}
+	}()
+	return nil
 }

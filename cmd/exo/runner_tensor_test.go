@@ -7,7 +7,8 @@ import (
 )
 
 // TestRunnerTensorFlags: --tensor and --tensor-peers go together, name a
-// rank inside the group and one address per rank, and are decode's.
+// rank inside the group and one address per rank, on both roles (not on a
+// pipeline stage).
 func TestRunnerTensorFlags(t *testing.T) {
 	base := "decode --model x --served-name m --listen :0 "
 	for _, c := range []struct{ args, want string }{
@@ -22,7 +23,8 @@ func TestRunnerTensorFlags(t *testing.T) {
 		{base + `--tensor 0/2 --tensor-peers a:1,b:2 --tensor-rdma [[null,"a"],[null,null]]`, "rank 1 has no RDMA device toward rank 0"},
 		{base + `--tensor 0/2 --tensor-peers a:1,b:2 --tensor-rdma [[null,"a"]]`, "1 rows for 2 ranks"},
 		{base + `--backend cpu --tensor 0/2 --tensor-peers a:1,b:2 --tensor-rdma [[null,"a"],["b",null]]`, "needs --backend mlx"},
-		{"prefill --model x --served-name m --listen :0 --metrics :1 --tensor 0/2", "tensor"},
+		{"prefill --model x --served-name m --listen :0 --metrics :1 --tensor 0/2", "go together"},
+		{"prefill --model x --served-name m --listen :0 --metrics :1 --tensor 0/2 --tensor-peers a:1,b:2 --layers 0:1 --stage 0/2 --stage-listen :3 --stage-next :4", "not tensor-parallel"},
 	} {
 		_, err := parseRunnerFlags(strings.Fields(c.args))
 		var ee exitError
@@ -33,6 +35,10 @@ func TestRunnerTensorFlags(t *testing.T) {
 	f, err := parseRunnerFlags(strings.Fields(base + "--tensor 1/3 --tensor-peers a:1,b:2,c:3"))
 	if err != nil || f.tensor != "1/3" || f.tensorPeers != "a:1,b:2,c:3" {
 		t.Fatalf("%+v %v", f, err)
+	}
+	f, err = parseRunnerFlags(strings.Fields("prefill --model x --served-name m --listen :0 --metrics :1 --tensor 1/2 --tensor-peers a:1,b:2"))
+	if err != nil || f.tensor != "1/2" {
+		t.Fatalf("a tensor prefill rank: %+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields(base + `--backend mlx --tensor 1/2 --tensor-peers a:1,b:2 --tensor-rdma [[null,"rdma_en3"],["rdma_en4",null]]`))
 	if err != nil || f.tensorRDMA != `[[null,"rdma_en3"],["rdma_en4",null]]` {

@@ -15,7 +15,8 @@ import (
 // A tensor-parallel prefill group (runners/tensor, `exo runner prefill
 // --tensor I/N`) serves each rank's KV heads from that rank's KV port. A
 // decode runner names the ranks as ADDR#H0:H1 entries of --prefill (the
-// rank holding KV heads [H0, H1)); each decode cache (a whole model's, or
+// rank holding KV heads [H0, H1); ADDR#I/N: rank I of N, whose heads are
+// the I-th N-th of the model's, the supervisor's form); each decode cache (a whole model's, or
 // a tensor-parallel decode rank's share, KVHeadRange) asks every prefill
 // rank holding some of its heads for those, at once: one rank when the
 // cache's heads lie inside one rank's (a decode group of N_d ranks over a
@@ -38,6 +39,40 @@ func parseHeads(s string) (a, b int, err error) {
 	return a, b, nil
 }
 
+// parseRank parses "I/N" (0 ≤ I < N).
+func parseRank(s string) (i, n int, err error) {
+	x, y, ok := strings.Cut(s, "/")
+	if ok {
+		i, err = strconv.Atoi(x)
+		if err == nil {
+			n, err = strconv.Atoi(y)
+		}
+	}
+	if !ok || err != nil || n < 1 || i < 0 || i >= n {
+		return 0, 0, fmt.Errorf("tensor rank %q: want I/N with 0 ≤ I < N", s)
+	}
+	return i, n, nil
+}
+
+// headParts resolves ADDR#I/N parts into KV heads of a model with
+// kvHeads heads (rank I of N holds [I·H/N, (I+1)·H/N)); parts of heads
+// are returned as they are.
+func headParts(parts []PrefillPart, kvHeads int) ([]PrefillPart, error) {
+	out := make([]PrefillPart, len(parts))
+	for i, p := range parts {
+		out[i] = p
+		if p.Ranks == 0 {
+			continue
+		}
+		if kvHeads%p.Ranks != 0 {
+			return nil, fmt.Errorf("%w: a tensor-parallel prefill group of %d ranks cannot split this model's %d KV heads", kvwire.ErrMismatch, p.Ranks, kvHeads)
+		}
+		per := kvHeads / p.Ranks
+		out[i].Start, out[i].End, out[i].Ranks = p.Start*per, (p.Start+1)*per, 0
+	}
+	return out, nil
+}
+
 // modelHeads is the KV heads [a, b) of the whole model's that m's caches
 // hold: a tensor-parallel rank's share, else every head.
 func modelHeads(m interface{ Info() engine.ModelInfo }) (a, b int) {
@@ -53,8 +88,12 @@ func modelHeads(m interface{ Info() engine.ModelInfo }) (a, b int) {
 // committed together, or cache goes back to start when any fails.
 func (r *KVRemote) headFill(ctx context.Context, reqID string, prompt []int32, start int, cache engine.KVCache) (RemoteStats, error) {
 	x, y := modelHeads(r.Model)
+	parts, err := headParts(r.Parts, r.Model.Info().KVHeads)
+	if err != nil {
+		return RemoteStats{}, err
+	}
 	var jobs []PrefillPart
-	for _, p := range r.Parts {
+	for _, p := range parts {
 		if a, b := max(p.Start, x), min(p.End, y); a < b {
 			jobs = append(jobs, PrefillPart{Start: a, End: b, Endpoints: p.Endpoints, Heads: true})
 		}

@@ -16,22 +16,26 @@ import (
 // the layers [Start, End) its KV port serves and its endpoints (replicas of
 // that stage, tried in order); with Heads, one rank of a tensor-parallel
 // prefill group: the KV heads [Start, End) its KV port serves
-// (headsplit.go).
+// (headsplit.go), or, with Ranks > 0, rank Start of Ranks (its heads are
+// that share of the model's, resolved against the model: ADDR#I/N).
 type PrefillPart struct {
 	Start, End int
 	Endpoints  []string
 	Heads      bool
+	Ranks      int
 }
 
 // ParsePrefillEndpoints splits a decode runner's --prefill list: plain
 // ADDR entries (whole prefill runners), ADDR@A:B entries (the stage of a
 // prefill pipeline holding layers [A, B)) or ADDR#H0:H1 entries (the rank
-// of a tensor-parallel prefill group holding KV heads [H0, H1)), one kind
-// only. Entries of the same range are one stage's (rank's) replicas. It
+// of a tensor-parallel prefill group holding KV heads [H0, H1); ADDR#I/N:
+// rank I of N, holding the I-th N-th of the heads, as the supervisor
+// writes it), one kind only. Entries of the same range are one stage's (rank's) replicas. It
 // returns every address and, for ranges, the parts in order.
 func ParsePrefillEndpoints(list []string) (addrs []string, parts []PrefillPart, err error) {
 	byRange := map[[2]int]int{}
 	kind := byte(0)
+	ranks := -1 // #I/N entries' N (0: #H0:H1 entries)
 	for _, e := range list {
 		addr, rng, staged := strings.Cut(e, "@")
 		k := byte(0)
@@ -54,7 +58,12 @@ func ParsePrefillEndpoints(list []string) (addrs []string, parts []PrefillPart, 
 		}
 		var r hf.LayerRange
 		what := "layers"
-		if k == '#' {
+		n := 0
+		if k == '#' && strings.Contains(rng, "/") {
+			what = "tensor ranks"
+			r.Start, n, err = parseRank(rng)
+			r.End = r.Start + 1
+		} else if k == '#' {
 			what = "kv heads"
 			r.Start, r.End, err = parseHeads(rng)
 		} else {
@@ -62,6 +71,12 @@ func ParsePrefillEndpoints(list []string) (addrs []string, parts []PrefillPart, 
 		}
 		if err != nil {
 			return nil, nil, fmt.Errorf("prefill endpoint %q: %w", e, err)
+		}
+		if k == '#' {
+			if ranks >= 0 && n != ranks {
+				return nil, nil, fmt.Errorf("prefill endpoint %q: every endpoint names its KV heads (ADDR#H0:H1) or its rank of the same group (ADDR#I/N)", e)
+			}
+			ranks = n
 		}
 		key := [2]int{r.Start, r.End}
 		i, ok := byRange[key]
@@ -73,7 +88,7 @@ func ParsePrefillEndpoints(list []string) (addrs []string, parts []PrefillPart, 
 			}
 			i = len(parts)
 			byRange[key] = i
-			parts = append(parts, PrefillPart{Start: r.Start, End: r.End, Heads: k == '#'})
+			parts = append(parts, PrefillPart{Start: r.Start, End: r.End, Heads: k == '#', Ranks: n})
 		}
 		parts[i].Endpoints = append(parts[i].Endpoints, addr)
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -72,17 +73,17 @@ func TestJACCLEnv(t *testing.T) {
 func TestChooseMLXBackend(t *testing.T) {
 	none := RankConfig{Size: 2}
 	asked := false
-	if bk, why := chooseMLXBackend(none, func(string) (bool, error) { asked = true; return true, nil }); bk != "ring" || why != "" || asked {
+	if bk, why := chooseMLXBackend(none, false, func(string) (bool, error) { asked = true; return true, nil }); bk != "ring" || why != "" || asked {
 		t.Fatalf("no matrix: %q %q (asked %v)", bk, why, asked)
 	}
 	mesh := RankConfig{Size: 2, RDMA: [][]string{{"", "a"}, {"b", ""}}}
-	if bk, why := chooseMLXBackend(mesh, func(n string) (bool, error) { return n == "jaccl", nil }); bk != "jaccl" || why != "" {
+	if bk, why := chooseMLXBackend(mesh, false, func(n string) (bool, error) { return n == "jaccl", nil }); bk != "jaccl" || why != "" {
 		t.Fatalf("JACCL available: %q %q", bk, why)
 	}
-	if bk, why := chooseMLXBackend(mesh, func(string) (bool, error) { return false, nil }); bk != "ring" || !strings.Contains(why, `is_available("jaccl") is false`) {
+	if bk, why := chooseMLXBackend(mesh, false, func(string) (bool, error) { return false, nil }); bk != "ring" || !strings.Contains(why, `is_available("jaccl") is false`) {
 		t.Fatalf("JACCL unavailable: %q %q", bk, why)
 	}
-	if bk, why := chooseMLXBackend(mesh, func(string) (bool, error) { return false, errors.New("no libmlxc") }); bk != "ring" || why != "no libmlxc" {
+	if bk, why := chooseMLXBackend(mesh, false, func(string) (bool, error) { return false, errors.New("no libmlxc") }); bk != "ring" || why != "no libmlxc" {
 		t.Fatalf("probe failed: %q %q", bk, why)
 	}
 }
@@ -110,4 +111,31 @@ func FuzzParseRDMA(f *testing.F) {
 			t.Fatalf("accepted %q but CheckMesh says %v", s, err)
 		}
 	})
+}
+
+// TestNCCL: a CUDA rank picks NCCL where this libmlx has it (ring, with
+// the reason, where not), and its environment is what MLX's NCCL backend
+// reads: rank, world size, rank 0's host and its port + 1; an IPv6 rank 0
+// is refused (MLX's rendezvous resolves IPv4 only).
+func TestNCCL(t *testing.T) {
+	c := RankConfig{Rank: 1, Size: 2, Peers: []string{"10.0.0.10:52500", "10.0.0.11:52500"}}
+	if bk, why := chooseMLXBackend(c, true, func(n string) (bool, error) { return n == "nccl", nil }); bk != "nccl" || why != "" {
+		t.Fatalf("NCCL available: %q %q", bk, why)
+	}
+	if bk, why := chooseMLXBackend(c, true, func(string) (bool, error) { return false, nil }); bk != "ring" || !strings.Contains(why, `is_available("nccl") is false`) {
+		t.Fatalf("NCCL unavailable: %q %q", bk, why)
+	}
+	env, err := ncclEnv(c)
+	want := map[string]string{"MLX_RANK": "1", "MLX_WORLD_SIZE": "2", "NCCL_HOST_IP": "10.0.0.10", "NCCL_PORT": "52501"}
+	if err != nil || !reflect.DeepEqual(env, want) {
+		t.Fatalf("ncclEnv: %v %v", env, err)
+	}
+	c.Peers[0] = "[fd00::1]:52500"
+	if _, err := ncclEnv(c); err == nil || !strings.Contains(err.Error(), "IPv6") {
+		t.Fatalf("IPv6 rank 0: %v", err)
+	}
+	c.Peers[0] = "spark-1:65535"
+	if _, err := ncclEnv(c); err == nil {
+		t.Fatal("port 65535 leaves no next port")
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -121,11 +122,25 @@ func (r *Rank) Collective(c RankConfig, b engine.Backend) (engine.Collective, er
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	bk, why := chooseMLXBackend(c, func(name string) (bool, error) { return mlx.DistributedAvailable(b, name) })
+	// MLX on a Linux GPU is CUDA: its ranks sum over NCCL.
+	cuda := b.Name() == "mlx-gpu" && runtime.GOOS == "linux"
+	bk, why := chooseMLXBackend(c, cuda, func(name string) (bool, error) { return mlx.DistributedAvailable(b, name) })
 	if why != "" {
-		c.Logger.Warn("tensor: JACCL unavailable, falling back to MLX's ring", "reason", why)
+		c.Logger.Warn("tensor: MLX backend unavailable, falling back to MLX's ring", "reason", why)
 	}
-	if bk == "jaccl" {
+	switch {
+	case bk == "nccl" && os.Getenv("NCCL_HOST_IP") == "":
+		env, err := ncclEnv(c)
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range env {
+			os.Setenv(k, v)
+		}
+		c.Logger.Info("tensor: joining MLX's NCCL group (unverified here: no GPU)", "host", env["NCCL_HOST_IP"], "port", env["NCCL_PORT"])
+	case bk == "nccl":
+		c.Logger.Info("tensor: joining MLX's NCCL group with the environment's NCCL_HOST_IP, NCCL_PORT, MLX_RANK, MLX_WORLD_SIZE")
+	case bk == "jaccl":
 		env, err := jacclEnv(c, "")
 		if err != nil {
 			return nil, err
@@ -134,7 +149,7 @@ func (r *Rank) Collective(c RankConfig, b engine.Backend) (engine.Collective, er
 			os.Setenv(k, v)
 		}
 		c.Logger.Info("tensor: joining MLX's JACCL group", "coordinator", env["MLX_JACCL_COORDINATOR"], "devices", env["MLX_IBV_DEVICES"])
-	} else if os.Getenv("MLX_HOSTFILE") == "" {
+	case os.Getenv("MLX_HOSTFILE") == "":
 		path, err := writeHostfile(c.Peers)
 		if err != nil {
 			return nil, err
@@ -144,6 +159,10 @@ func (r *Rank) Collective(c RankConfig, b engine.Backend) (engine.Collective, er
 	}
 	g, err := mlx.JoinGroup(b, mlx.GroupOptions{Backend: bk, Strict: true})
 	if err != nil {
+		if bk == "nccl" {
+			return nil, fmt.Errorf("tensor: join MLX's NCCL group (NCCL_HOST_IP %s, NCCL_PORT %s, MLX_RANK %s, MLX_WORLD_SIZE %s): %w",
+				os.Getenv("NCCL_HOST_IP"), os.Getenv("NCCL_PORT"), os.Getenv("MLX_RANK"), os.Getenv("MLX_WORLD_SIZE"), err)
+		}
 		if bk == "jaccl" {
 			return nil, fmt.Errorf("tensor: join MLX's JACCL group (MLX_IBV_DEVICES %s, MLX_JACCL_COORDINATOR %s, MLX_RANK %s): %w",
 				os.Getenv("MLX_IBV_DEVICES"), os.Getenv("MLX_JACCL_COORDINATOR"), os.Getenv("MLX_RANK"), err)
@@ -162,10 +181,21 @@ func (r *Rank) Collective(c RankConfig, b engine.Backend) (engine.Collective, er
 	return Meter(g, c.Metrics, c.Model), nil
 }
 
-// chooseMLXBackend picks MLX's backend for c: "jaccl" when c has an RDMA
-// matrix and avail says this libmlx has JACCL, else "ring"; why says why
-// an RDMA matrix was not used ("" when it was, or when there is none).
-func chooseMLXBackend(c RankConfig, avail func(string) (bool, error)) (backend, why string) {
+// chooseMLXBackend picks MLX's backend for c: on a CUDA GPU "nccl" when
+// avail says this libmlx has it; "jaccl" when c has an RDMA matrix and
+// avail says this libmlx has JACCL; else "ring". why says why NCCL or an
+// RDMA matrix was not used ("" when it was, or when neither applies).
+func chooseMLXBackend(c RankConfig, cuda bool, avail func(string) (bool, error)) (backend, why string) {
+	if cuda {
+		ok, err := avail("nccl")
+		switch {
+		case err != nil:
+			return "ring", err.Error()
+		case !ok:
+			return "ring", "this libmlx has no NCCL backend (mlx_distributed_is_available(\"nccl\") is false: a CUDA build of MLX with NCCL is needed)"
+		}
+		return "nccl", ""
+	}
 	if len(c.RDMA) == 0 {
 		return "ring", ""
 	}

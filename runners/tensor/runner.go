@@ -11,6 +11,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/decode"
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/prefill"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -244,6 +245,28 @@ func (t *Runner) Remote(inner decode.Remote) decode.Remote {
 		return inner
 	}
 	return t.r.Leader.Remote(inner)
+}
+
+// ServePrefill makes this rank's share a rank of a tensor-parallel
+// prefill group over p (a Producer over m, before it serves): rank 0
+// drives every computation (Leader.PrefillLead), a follower computes what
+// rank 0 drives and serves its own requests (Follower.PrefillFollow).
+// Rank 0 serves the followers' links, a follower rank 0's calls, until ctx
+// ends; the all_sum metrics go on reg. The channel carries the group's end
+// (nil: ctx ended), as Lead's.
+func (t *Runner) ServePrefill(ctx context.Context, p *prefill.Producer, m *engine.Model, reg prometheus.Registerer, running func() int) (<-chan error, error) {
+	if t.r.Leader != nil {
+		if err := t.r.Leader.PrefillLead(ctx, p, m, t.log); err != nil {
+			return nil, err
+		}
+		return t.Lead(ctx, reg, running), nil
+	}
+	if err := t.r.Follower.PrefillFollow(p, m); err != nil {
+		return nil, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- t.ServeFollower(ctx, m, reg, nil) }()
+	return done, nil
 }
 
 // Model is rank 0's adapter of its share m that the decode server drives.
