@@ -61,7 +61,8 @@ const (
 	// holding a range of the layers.
 	ShardPipeline = "pipeline"
 	// ShardTensor: the listed hosts are tensor-parallel ranks, in rank
-	// order, each holding 1/N of every layer (decode only).
+	// order, each holding 1/N of every layer (decode, or prefill: each
+	// prefill rank serves its KV heads).
 	ShardTensor = "tensor"
 )
 
@@ -78,6 +79,11 @@ const TensorLinkPortOffset = 4
 // PrefillStageLinkPortOffset is the offset of a pipeline prefill stage's
 // link port (contract C4: runner_port_base + 10*i + 6).
 const PrefillStageLinkPortOffset = 6
+
+// PrefillTensorLinkPortOffset is the offset of a tensor-parallel prefill
+// rank's link port (runner_port_base + 10*i + 8; MLX's ring, or NCCL's
+// rendezvous on CUDA hosts, takes the port after it).
+const PrefillTensorLinkPortOffset = 8
 
 // Config is a loaded, defaulted and validated cluster file.
 type Config struct {

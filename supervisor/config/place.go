@@ -365,8 +365,9 @@ func (c *Config) PlaceWith(facts FactsFunc, o PlaceOptions) ([]Placement, error)
 						continue
 					}
 				}
-				if rr.role == Prefill {
-					bad(c.at("models", i, rr.role, "shard"), "model %s: prefill.shard \"tensor\" is not supported yet (prefill hosts must each hold the whole model)", m.Name)
+				if rr.role == Prefill && m.Decode != nil && m.Decode.Shard == ShardPipeline {
+					// A decode stage asks for its layers with every head.
+					bad(c.at("models", i, rr.role, "shard"), "model %s: prefill.shard \"tensor\" with decode.shard \"pipeline\" is not supported (decode stages fetch their layers with every KV head, which no prefill rank holds: leave prefill's shard out, or make the decode tensor-parallel or replicas)", m.Name)
 					continue
 				}
 				if f == nil {
@@ -376,7 +377,7 @@ func (c *Config) PlaceWith(facts FactsFunc, o PlaceOptions) ([]Placement, error)
 				}
 				pl.Context = f.MaxContext
 				if err := c.tensorFit(f, r, o, &pl); err != nil {
-					bad(key, "model %s: decode: %v", m.Name, err)
+					bad(key, "model %s: %s: %v", m.Name, rr.role, err)
 					continue
 				}
 				out = append(out, pl)

@@ -95,6 +95,12 @@ func (c *Config) TensorLinkPort(i int) int {
 	return c.Cluster.RunnerPortBase + PortsPerModel*i + TensorLinkPortOffset
 }
 
+// PrefillTensorLinkPort is the port model i's tensor-parallel prefill
+// ranks take their tensor link on (MLX's ring or NCCL the next one).
+func (c *Config) PrefillTensorLinkPort(i int) int {
+	return c.Cluster.RunnerPortBase + PortsPerModel*i + PrefillTensorLinkPortOffset
+}
+
 // StageLinkPort is the port model i's pipeline decode stages take their
 // stage link on (contract C1).
 func (c *Config) StageLinkPort(i int) int {
@@ -322,6 +328,9 @@ func (c *Config) AllRunners() []Runner {
 				if m.Prefill.Pipeline() {
 					kv += fmt.Sprintf("@%d:%d", pst[si].Start, pst[si].End)
 				}
+				if m.Prefill.Shard == ShardTensor { // rank si of the group serves its KV heads
+					kv += fmt.Sprintf("#%d/%d", si, len(m.Prefill.Hosts))
+				}
 				prefill = append(prefill, kv)
 				health = append(health, net.JoinHostPort(h.Address, strconv.Itoa(m.Prefill.MetricsPort)))
 			}
@@ -333,11 +342,12 @@ func (c *Config) AllRunners() []Runner {
 			}
 			var peers []string
 			if r.Shard == ShardTensor {
-				if role != Decode {
-					return // refused by Place: not supported yet
+				port := c.TensorLinkPort(mi)
+				if role == Prefill {
+					port = c.PrefillTensorLinkPort(mi)
 				}
 				for _, hn := range r.Hosts {
-					peers = append(peers, net.JoinHostPort(c.Hosts[hn].Address, strconv.Itoa(c.TensorLinkPort(mi))))
+					peers = append(peers, net.JoinHostPort(c.Hosts[hn].Address, strconv.Itoa(port)))
 				}
 			}
 			groups := [][]string{r.Hosts}

@@ -264,6 +264,10 @@ func (c *Config) validate() Errors {
 					claim(hn, c.TensorLinkPort(i), what+" tensor link", c.at("models", i, rr.role, "shard"))
 					claim(hn, c.TensorLinkPort(i)+1, what+" tensor MLX ring", c.at("models", i, rr.role, "shard"))
 				}
+				if rr.role == Prefill && r.Shard == ShardTensor {
+					claim(hn, c.PrefillTensorLinkPort(i), what+" tensor link", c.at("models", i, rr.role, "shard"))
+					claim(hn, c.PrefillTensorLinkPort(i)+1, what+" tensor MLX ring or NCCL", c.at("models", i, rr.role, "shard"))
+				}
 			}
 			c.validateShard(i, label, rr.role, r, bad)
 		}
