@@ -318,3 +318,26 @@ decode = { groups = [["a", "b"], ["c", "d"]], shard = "pipeline", layers = [1, 3
 		}
 	}
 }
+
+// TestStageRingPortClash: a decode pipeline's stage on an MLX host takes
+// the stage link port + 1 for MLX's ring; another runner there is refused.
+func TestStageRingPortClash(t *testing.T) {
+	src := threeHosts + `
+[[models]]
+name = "m"
+source = "s"
+decode = { hosts = ["b", "c"], shard = "pipeline", layers = [1, 1] }
+[[models]]
+name = "n"
+source = "s"
+decode = { hosts = ["b"], port = 52504 }
+`
+	_, err := Parse("f.toml", []byte(src))
+	if err == nil || !strings.Contains(err.Error(), "model m decode stage MLX ring and model n decode both use port 52504 on host b") {
+		t.Errorf("Parse: %v", err)
+	}
+	// On a cpu host the port is free.
+	if _, err := Parse("f.toml", []byte(strings.ReplaceAll(src, `"b"`, `"a"`))); err != nil {
+		t.Errorf("cpu hosts: %v", err)
+	}
+}

@@ -256,6 +256,11 @@ func (c *Config) validate() Errors {
 				}
 				if rr.role == Decode && r.Pipeline() {
 					claim(hn, c.StageLinkPort(i), what+" stage link", c.at("models", i, rr.role, "shard"))
+					if c.Hosts[hn].Backend != CPU {
+						// MLX stages carry hidden states over MLX's ring
+						// on the stage link port + 1.
+						claim(hn, c.StageLinkPort(i)+1, what+" stage MLX ring", c.at("models", i, rr.role, "shard"))
+					}
 				}
 				if rr.role == Prefill && r.Pipeline() {
 					claim(hn, c.PrefillStageLinkPort(i), what+" stage link", c.at("models", i, rr.role, "shard"))
