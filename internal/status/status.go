@@ -186,6 +186,8 @@ func Print(out io.Writer, st *dashboard.State, now time.Time) {
 					if r.LoadETA > 0 {
 						detail += fmt.Sprintf(", about %s left", (time.Duration(r.LoadETA * 1e9)).Round(time.Second))
 					}
+				case r.State != "ready" && r.LastError != "" && r.LastExit == "":
+					detail = r.LastError
 				case r.State != "ready" && r.LastError != "":
 					detail = r.LastExit + ": " + r.LastError
 				case r.LastExit != "":
@@ -193,7 +195,10 @@ func Print(out io.Writer, st *dashboard.State, now time.Time) {
 				}
 				role := r.Role
 				if r.Stage != "" {
-					role = fmt.Sprintf("%s stage %s layers %s", r.Role, r.Stage, r.Layers)
+					role = fmt.Sprintf("%s stage %s", r.Role, r.Stage)
+					if r.Layers != "" {
+						role += " layers " + r.Layers
+					}
 				}
 				if r.Tensor != "" {
 					role = fmt.Sprintf("%s rank %s", r.Role, r.Tensor)
@@ -202,6 +207,7 @@ func Print(out io.Writer, st *dashboard.State, now time.Time) {
 			}
 		}
 		tw.Flush()
+		printPlacements(out, st.Models)
 	}
 
 	if len(st.Links) > 0 {
@@ -375,4 +381,38 @@ func bytesText(b int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", b)
+}
+
+// printPlacements prints each model's pipeline groups and tensor groups as
+// the answering host placed them: the stages' hosts and layer ranges (or
+// the ranks), the memory each host counted, or whom a split waits for.
+func printPlacements(out io.Writer, models []dashboard.ModelState) {
+	head := false
+	for _, m := range models {
+		for _, p := range m.Placements {
+			if !head {
+				fmt.Fprintln(out, "\nPLACEMENT")
+				head = true
+			}
+			what := m.Name + " " + p.Role + " " + p.Shard
+			if p.Groups > 0 {
+				what += fmt.Sprintf(" group %d of %d", p.Group, p.Groups)
+			}
+			var parts []string
+			for i, s := range p.Stages {
+				if p.Shard == config.ShardTensor {
+					parts = append(parts, fmt.Sprintf("rank %d %s", i, s.Host))
+				} else {
+					parts = append(parts, fmt.Sprintf("stage %d %s layers %d:%d", i, s.Host, s.Start, s.End))
+				}
+			}
+			if parts == nil {
+				parts = []string{p.Note}
+			}
+			fmt.Fprintf(out, "%s: %s\n", what, strings.Join(parts, " · "))
+			if len(p.Memory) > 0 {
+				fmt.Fprintf(out, "  %s\n", config.MemoryLine(p))
+			}
+		}
+	}
 }

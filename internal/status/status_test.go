@@ -128,3 +128,35 @@ func TestPrintShowsStages(t *testing.T) {
 		}
 	}
 }
+
+// TestPrintPlacement: a pipeline group's stages and the memory its split
+// counted, and a group waiting for a host's memory with its stages listed
+// as waiting, the reason in DETAIL.
+func TestPrintPlacement(t *testing.T) {
+	note := "waiting for d to report its memory (no memory_gib in the file): no stage runs until every stage host has reported, so that every supervisor splits alike"
+	st := &dashboard.State{Cluster: "lab", Host: "a", Models: []dashboard.ModelState{{Name: "m",
+		Runners: []dashboard.ModelRunner{
+			{Host: "a", Runner: "m-decode-group0-stage0", Role: "decode", Stage: "0/2", Layers: "0:2", State: "ready", Health: "ok"},
+			{Host: "c", Runner: "m-decode-group1-stage0", Role: "decode", Stage: "0/2", State: "waiting", LastError: note},
+		},
+		Placements: []config.Placement{
+			{Model: "m", Role: "decode", Shard: "pipeline", Hosts: []string{"a", "b"}, Group: 0, Groups: 2,
+				Stages: []config.Stage{{Host: "a", Start: 0, End: 2}, {Host: "b", Start: 2, End: 8}},
+				Memory: []config.StageMemory{{Host: "a", Source: config.MemReported, Bytes: 32 << 30, Reported: 40 << 30}, {Host: "b", Source: config.MemFile, Bytes: 96 << 30}}},
+			{Model: "m", Role: "decode", Shard: "pipeline", Hosts: []string{"c", "d"}, Group: 1, Groups: 2, Waiting: []string{"d"}, Note: note,
+				Memory: []config.StageMemory{{Host: "c", Source: config.MemReported, Bytes: 32 << 30, Reported: 40 << 30}, {Host: "d", Source: config.MemWaiting, Why: "its supervisor has not reported its memory yet"}}},
+		}}}}
+	var out bytes.Buffer
+	Print(&out, st, time.Now())
+	for _, want := range []string{
+		"m-decode-group1-stage0  decode stage 0/2             waiting  0         -      " + note + "\n",
+		"PLACEMENT\nm decode pipeline group 0 of 2: stage 0 a layers 0:2 · stage 1 b layers 2:8\n  memory: a 32.00 GiB (reported: 40.00 GiB physical), b 96.00 GiB (memory_gib); layers split in proportion\n",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("exo status lacks %q:\n%s", want, out.String())
+		}
+	}
+	if !strings.Contains(out.String(), "m decode pipeline group 1 of 2: "+note+"\n  memory: c 32.00 GiB (reported: 40.00 GiB physical), d waiting (its supervisor has not reported its memory yet); split when every stage host has reported\n") {
+		t.Errorf("the waiting group:\n%s", out.String())
+	}
+}

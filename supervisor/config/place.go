@@ -516,7 +516,7 @@ func WritePlacement(w io.Writer, ps []Placement) {
 			fmt.Fprintf(w, "  %s\n", p.Note)
 		}
 		if len(p.Memory) > 0 {
-			fmt.Fprintf(w, "  %s\n", memoryLine(p))
+			fmt.Fprintf(w, "  %s\n", MemoryLine(p))
 		}
 		unit := "stage"
 		if p.Shard == ShardTensor {
@@ -532,9 +532,9 @@ func WritePlacement(w io.Writer, ps []Placement) {
 	}
 }
 
-// memoryLine says which memory each host of p counted and what the split
+// MemoryLine says which memory each host of p counted and what the split
 // followed.
-func memoryLine(p Placement) string {
+func MemoryLine(p Placement) string {
 	var parts []string
 	even := false
 	for _, m := range p.Memory {
