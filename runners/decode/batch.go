@@ -31,7 +31,8 @@ type batcher struct {
 	joined int
 
 	stopped chan struct{} // closed when run returns
-	// ov overlaps the steps of plain greedy batches (overlap.go); nil:
+	// ov overlaps the steps of batches whose tokens the device can pick
+	// (overlap.go); nil:
 	// every step is serial.
 	ov *overlapRun
 }
@@ -44,7 +45,9 @@ type stepReq struct {
 	err    error
 	done   chan struct{} // buffered (1): the batcher signals, never closes
 	buf    []float32     // the generation's own logits row, reused step after step
-	greedy bool          // plain greedy: the batcher may overlap its steps
+	// dev is the generation's Picker when its tokens may be picked on the
+	// device (overlappable): the batcher may overlap its steps.
+	dev *Picker
 }
 
 // stepBatch is the model method the batcher prefers: every row written
@@ -58,9 +61,9 @@ func newBatcher(m Model, maxBatch int, gather time.Duration) *batcher {
 	return &batcher{model: m, gather: gather, reqs: make(chan *stepReq, maxBatch), stopped: make(chan struct{})}
 }
 
-// overlap makes b overlap plain greedy batches (before run starts).
+// overlap makes b overlap the batches it can (before run starts).
 func (b *batcher) overlap(log *slog.Logger) {
-	if gs, ok := b.model.(greedyStarter); ok {
+	if gs, ok := b.model.(overlapStarter); ok {
 		b.ov = &overlapRun{m: gs, log: log}
 	}
 }
@@ -71,9 +74,10 @@ type member struct {
 	b    *batcher
 	req  stepReq
 	once sync.Once
-	// greedy: the generation is plain greedy (plainGreedy), so its steps
-	// may be overlapped and return the picked token, not logits.
-	greedy bool
+	// dev: the generation's Picker when its tokens may be picked on the
+	// device (overlappable), so that its steps may be overlapped and
+	// return the picked token, not logits; nil otherwise.
+	dev *Picker
 }
 
 // joinMember registers a generation; leave must be called once when it
@@ -126,7 +130,7 @@ func (b *batcher) members() int {
 // member's own row: valid until its next step.
 func (m *member) step(cache engine.KVCache, tok int32) (stepOut, error) {
 	b, r := m.b, &m.req
-	r.cache, r.tok, r.logits, r.err, r.greedy = cache, tok, nil, nil, m.greedy
+	r.cache, r.tok, r.logits, r.err, r.dev = cache, tok, nil, nil, m.dev
 	select {
 	case b.reqs <- r:
 	case <-b.stopped:

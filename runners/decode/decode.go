@@ -686,9 +686,9 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 		}()
 	}
 	var solo *overlapRun // a lone generation's overlapped steps (no batcher)
-	if plain := plainGreedy(req, picker, sp, pm); mem != nil && mem.b.ov != nil {
-		mem.greedy = plain
-	} else if gs, ok := s.o.Model.(greedyStarter); ok && mem == nil && s.overlap && plain {
+	if dev := overlappable(picker, sp, pm); mem != nil && mem.b.ov != nil {
+		mem.dev = dev
+	} else if gs, ok := s.o.Model.(overlapStarter); ok && mem == nil && s.overlap && dev != nil {
 		solo = &overlapRun{m: gs, log: s.log}
 		defer func() {
 			solo.stop() // the cache without the step in flight
@@ -766,7 +766,7 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 				out, err = s.decodeStep(ctx, mem, pm, entry.cache, tok)
 				sp.observe(1, time.Since(t1))
 			}
-		} else if o, ok, oerr := solo.one(ctx, entry.cache, tok); ok {
+		} else if o, ok, oerr := solo.one(ctx, picker, entry.cache, tok); ok {
 			out, err = o, oerr
 		} else {
 			out, err = s.decodeStep(ctx, mem, pm, entry.cache, tok)

@@ -18,9 +18,11 @@ import (
 )
 
 // TestOverlappedBatchEqualsSerialMLX: on the MLX backend the batcher
-// overlaps plain greedy steps by itself (async_eval), and concurrent
-// requests, overlapped and serial ones mixed, answer exactly as a server
-// whose steps are all serial.
+// overlaps steps by itself (async_eval), and concurrent requests,
+// overlapped and serial ones mixed, answer exactly as a server whose steps
+// are all serial; so do requests sampled on the device (seeded
+// temperature, top-k/p, min-p, penalties, logit bias, greedy) batched
+// together.
 func TestOverlappedBatchEqualsSerialMLX(t *testing.T) {
 	b, err := backend.Open("mlx", backend.Options{LibPath: os.Getenv("EXO_MLXC_PATH"), Device: "cpu"})
 	if err != nil {
@@ -111,4 +113,36 @@ func TestOverlappedBatchEqualsSerialMLX(t *testing.T) {
 		t.Fatalf("%d batches served overlapped, want at least the lone request's 38", served)
 	}
 	t.Logf("%d batches served overlapped on mlx", served)
+	// Only overlappable requests, sampled on the device (MLX's
+	// SampleRows), members leaving with draws in flight.
+	sampled := overlapSampledCases()
+	want = make([]string, len(sampled))
+	for i, c := range sampled {
+		want[i] = answerOf(t, serialURL, c)
+	}
+	got = make([]string, len(sampled))
+	for i, c := range sampled {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a, err := answer(url, c)
+			if err != nil {
+				t.Errorf("sampled case %d: %v", i, err)
+			}
+			got[i] = a
+		}()
+	}
+	wg.Wait()
+	for i := range sampled {
+		if got[i] != want[i] {
+			t.Fatalf("sampled case %d: overlapped on mlx\n%s\nserial\n%s", i, got[i], want[i])
+		}
+	}
+	srv.lanes[0].ov.mu.Lock()
+	served, n := srv.lanes[0].ov.served-served, srv.lanes[0].ov.sampled
+	srv.lanes[0].ov.mu.Unlock()
+	if served < 10 || n == 0 {
+		t.Fatalf("%d more batches served overlapped (%d overlaps with sampled members), want at least 10 and 1", served, n)
+	}
+	t.Logf("%d batches of sampled requests served overlapped on mlx (%d overlaps with sampled members)", served, n)
 }

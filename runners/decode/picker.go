@@ -107,6 +107,16 @@ func (p *Picker) pick(logits []float32, d int32, q []float32) (Picked, error) {
 	return pk, nil
 }
 
+// accept records tok, picked on the device by the rules of p's sampler
+// (an overlapped step), as pick records its own: in the history and in
+// the sampler's counts. Only for an overlappable Picker (no constraint).
+func (p *Picker) accept(tok int32) {
+	p.history = append(p.history, tok)
+	if s, ok := p.sampler.(*sample.Sampler); ok {
+		s.Observe(tok)
+	}
+}
+
 // Close ends the constraint (a mask computed ahead may still be running).
 func (p *Picker) Close() {
 	if cl, ok := p.cons.(interface{ Close() }); ok {

@@ -10,6 +10,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/sample"
 )
 
 // TestGreedyOverlapEqualsSerial: on every architecture family of the tiny
@@ -131,4 +132,35 @@ func CheckGreedyOverlap(t *testing.T, m *engine.Model, n, steps int, refused boo
 			t.Fatalf("after Stop cache %d continues with %d, serial %d", i, ga, argmax(w))
 		}
 	}
+}
+
+// TestSampledOverlapEqualsSerial: an Overlap whose rows are picked by
+// SampleSpecs (seeded temperature, top-k, top-p, min-p, penalties with
+// their history and counts, logit bias, greedy) gives token for token
+// what ForwardBatch followed by each row's own sample.Sampler gives, the
+// draws coming from a Sampler of the same seed (Uniform); after Stop the
+// caches hold what the serial ones hold.
+func TestSampledOverlapEqualsSerial(t *testing.T) {
+	b, err := backend.Open("cpu", backend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 9}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := engine.Load(context.Background(), dir, b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ps := []sample.Params{
+		{Temperature: 1, Seed: 1},
+		{Temperature: 0.7, TopK: 5, Seed: 2},
+		{Temperature: 1.1, TopP: 0.8, MinP: 0.05, Seed: 3},
+		{Temperature: 1, FrequencyPenalty: 0.7, PresencePenalty: -1, RepetitionPenalty: 1.3, Seed: 4},
+		{RepetitionPenalty: 1.5, PresencePenalty: -2, LogitBias: map[int32]float32{3: 4, 5: -100}},
+		{},
+	}
+	testmodel.CheckSampledOverlap(t, m, ps, 14)
 }

@@ -50,6 +50,7 @@ const BanBias = -100
 // concurrent use (it owns a random stream and scratch buffers).
 type Sampler struct {
 	p      Params
+	src    *rand.PCG // rng's state (Mark, Reset)
 	rng    *rand.Rand
 	logits []float32
 	cand   []cand
@@ -69,8 +70,39 @@ func New(p Params) *Sampler {
 	if p.RandomSeed {
 		seed = FreshSeed()
 	}
-	return &Sampler{p: p, rng: rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))}
+	src := rand.NewPCG(seed, 0x9e3779b97f4a7c15)
+	return &Sampler{p: p, src: src, rng: rand.New(src)}
 }
+
+// Params returns the Sampler's parameters (with RandomSeed's seed drawn
+// already: the stream is s's own).
+func (s *Sampler) Params() Params { return s.p }
+
+// Counts returns how many times each token has been returned so far, for
+// the presence and frequency penalties (nil when neither is set). The map
+// is s's: read it, do not keep it.
+func (s *Sampler) Counts() map[int32]int { return s.counts }
+
+// Uniform draws the value in [0, 1) that the next temperature > 0 pick
+// would draw (the pick's u is Uniform × the total probability of the
+// candidates): a device that picks tokens with the same rules (engine's
+// overlapped steps) picks the same token from it. The value does not
+// depend on the logits, so it can be drawn before they exist.
+func (s *Sampler) Uniform() float64 { return s.rng.Float64() }
+
+// Mark is a Sampler's random state (Mark, Reset).
+type Mark struct{ pcg rand.PCG }
+
+// Mark returns the random stream's current state.
+func (s *Sampler) Mark() Mark { return Mark{pcg: *s.src} }
+
+// Reset returns the random stream to m: the draws made since Mark are
+// made again (a step whose Uniform was drawn but never used).
+func (s *Sampler) Reset(m Mark) { *s.src = m.pcg }
+
+// Observe records tok as returned, as Sample does after its pick: for a
+// token picked elsewhere (on the device) from this Sampler's rules.
+func (s *Sampler) Observe(tok int32) { s.count(tok) }
 
 // FreshSeed returns 64 random bits from the operating system.
 func FreshSeed() uint64 {
@@ -85,6 +117,12 @@ func FreshSeed() uint64 {
 // penalties (OpenAI's), then temperature, top-k, top-p, min-p (HF's order)
 // and a draw from the renormalized distribution. The returned token counts
 // towards the presence and frequency penalties of later calls.
+//
+// The draw is an inverse-CDF pick of one Uniform over the candidates in a
+// fixed order: by id, or by descending probability (ties by id) when top-p
+// is on. Engine's device sampler walks them in the same order, so that a
+// seeded request picks the same tokens on the device (but for float
+// rounding at a boundary: the device computes in float32, this in float64).
 func (s *Sampler) Sample(logits []float32, history []int32) int32 {
 	if len(logits) == 0 {
 		return 0
@@ -131,7 +169,9 @@ func (s *Sampler) Adjust(logits []float32, history []int32) []float32 {
 			if id < 0 || int(id) >= len(l) {
 				continue
 			}
-			l[id] -= float32(float64(c)*s.p.FrequencyPenalty + s.p.PresencePenalty)
+			// in float32, each operation rounded (the conversions stop a
+			// fused multiply-add), as the device's sampler computes it
+			l[id] -= float32(float32(c)*float32(s.p.FrequencyPenalty)) + float32(s.p.PresencePenalty)
 		}
 	}
 	return l
@@ -180,7 +220,28 @@ func argmax(l []float32) int32 {
 	return int32(best)
 }
 
-func (s *Sampler) draw(l []float32) int32 {
+// SampleWith is Sample with the draw's uniform u given (in [0, 1), as
+// Uniform returns it) instead of drawn from s's stream.
+func (s *Sampler) SampleWith(logits []float32, history []int32, u float64) int32 {
+	if len(logits) == 0 {
+		return 0
+	}
+	l := s.Adjust(logits, history)
+	var tok int32
+	if s.p.Temperature <= 0 {
+		tok = argmax(l)
+	} else {
+		tok = s.drawU(l, u)
+	}
+	s.count(tok)
+	return tok
+}
+
+func (s *Sampler) draw(l []float32) int32 { return s.drawU(l, -1) }
+
+// drawU is draw with the uniform u, or (u < 0) one drawn once there are
+// candidates.
+func (s *Sampler) drawU(l []float32, u float64) int32 {
 	c := s.candidates(l)
 	if len(c) == 0 {
 		return argmax(l)
@@ -189,7 +250,10 @@ func (s *Sampler) draw(l []float32) int32 {
 	for _, x := range c {
 		total += x.l
 	}
-	u := s.rng.Float64() * total
+	if u < 0 {
+		u = s.rng.Float64()
+	}
+	u *= total
 	for _, x := range c {
 		u -= x.l
 		if u < 0 {
@@ -236,6 +300,10 @@ func (s *Sampler) candidates(l []float32) []cand {
 			}
 		}
 		c = c[:n]
+		// back in id order (kthLargest moved them): the draw walks the
+		// candidates in id order unless top-p sorts them, the order a
+		// device sampler uses too
+		slices.SortFunc(c, func(a, b cand) int { return int(a.id - b.id) })
 	}
 	// probabilities over the survivors (normalized over the top-k set, as HF)
 	maxL := math.Inf(-1)

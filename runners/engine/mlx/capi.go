@@ -13,6 +13,7 @@ package mlx
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #include "capi.h"
 
 typedef void (*xmx_err_fn)(const char* msg, void* data);
@@ -91,6 +92,21 @@ static struct {
 	int (*repeat_axis)(xmx_array*, xmx_array, int, int, xmx_stream);
 	int (*log)(xmx_array*, xmx_array, xmx_stream);
 	int (*cumsum)(xmx_array*, xmx_array, int, bool, bool, xmx_stream);
+	// Optional: picking tokens on the device (xmx_sample_rows).
+	int (*where)(xmx_array*, xmx_array, xmx_array, xmx_array, xmx_stream);
+	int (*greater)(xmx_array*, xmx_array, xmx_array, xmx_stream);
+	int (*greater_equal)(xmx_array*, xmx_array, xmx_array, xmx_stream);
+	int (*less)(xmx_array*, xmx_array, xmx_array, xmx_stream);
+	int (*less_equal)(xmx_array*, xmx_array, xmx_array, xmx_stream);
+	int (*equal)(xmx_array*, xmx_array, xmx_array, xmx_stream);
+	int (*is_nan)(xmx_array*, xmx_array, xmx_stream);
+	int (*is_neginf)(xmx_array*, xmx_array, xmx_stream);
+	int (*logical_and)(xmx_array*, xmx_array, xmx_array, xmx_stream);
+	int (*logical_or)(xmx_array*, xmx_array, xmx_array, xmx_stream);
+	int (*logical_not)(xmx_array*, xmx_array, xmx_stream);
+	int (*max_axis)(xmx_array*, xmx_array, int, bool, xmx_stream);
+	int (*divide)(xmx_array*, xmx_array, xmx_array, xmx_stream);
+	int (*arange)(xmx_array*, double, double, double, int, xmx_stream);
 
 	// Optional: compilation (kernel fusion).
 	xmx_vector_array (*vector_array_new)(void);
@@ -210,6 +226,20 @@ int xmx_load(const char* path, const char* preload, char* err, size_t errlen) {
 	XMX_SYM(repeat_axis, "mlx_repeat_axis", 0);
 	XMX_SYM(log, "mlx_log", 0);
 	XMX_SYM(cumsum, "mlx_cumsum", 0);
+	XMX_SYM(where, "mlx_where", 0);
+	XMX_SYM(greater, "mlx_greater", 0);
+	XMX_SYM(greater_equal, "mlx_greater_equal", 0);
+	XMX_SYM(less, "mlx_less", 0);
+	XMX_SYM(less_equal, "mlx_less_equal", 0);
+	XMX_SYM(equal, "mlx_equal", 0);
+	XMX_SYM(is_nan, "mlx_isnan", 0);
+	XMX_SYM(is_neginf, "mlx_isneginf", 0);
+	XMX_SYM(logical_and, "mlx_logical_and", 0);
+	XMX_SYM(logical_or, "mlx_logical_or", 0);
+	XMX_SYM(logical_not, "mlx_logical_not", 0);
+	XMX_SYM(max_axis, "mlx_max_axis", 0);
+	XMX_SYM(divide, "mlx_divide", 0);
+	XMX_SYM(arange, "mlx_arange", 0);
 	// Optional: without them SwiGLU runs as three unfused ops.
 	XMX_SYM(vector_array_new, "mlx_vector_array_new", 0);
 	XMX_SYM(vector_array_size, "mlx_vector_array_size", 0);
@@ -390,9 +420,9 @@ int xmx_gather_qmm(xmx_array* res, xmx_array x, xmx_array w, xmx_array scales, x
 // Temporaries of the shims below: every handle made goes into a pool
 // freed at the end (handles are reference counts: the results keep what
 // they need).
-typedef struct { xmx_array a[128]; int n; } xmx_pool;
+typedef struct { xmx_array a[256]; int n; } xmx_pool;
 static xmx_array* xmx_new(xmx_pool* p) {
-	if (p->n == 128) return NULL;
+	if (p->n == 256) return NULL;
 	p->a[p->n].ctx = NULL;
 	return &p->a[p->n++];
 }
@@ -881,6 +911,190 @@ out:
 }
 
 int xmx_closure_free(xmx_closure c) { return X.closure_free(c); }
+// xmx_sample_rows picks one token per row of logits [B, V] on the device
+// with sample.Sampler's rules (engine.SampleRows documents the inputs):
+// logit bias, repetition penalty, presence and frequency penalties, then
+// greedy (argmax) or temperature, top-k, min-p, top-p and an inverse-CDF
+// pick of the row's uniform, over the candidates in id order, or by
+// descending logit (a stable sort: ties by id) for top-p rows. It writes
+// the tokens [B] int32 and, when seen/counts are given, their updates.
+int xmx_has_sample(void) {
+	return X.where && X.greater && X.greater_equal && X.less && X.less_equal && X.equal && X.is_nan &&
+		X.is_neginf && X.logical_and && X.logical_or && X.logical_not && X.max_axis && X.divide && X.arange &&
+		X.cumsum && X.sum_axis && X.exp && X.subtract && X.argsort_axis && X.take_along_axis && X.negative;
+}
+
+int xmx_sample_rows(xmx_array* tok, xmx_array* seen_out, xmx_array* counts_out, xmx_array logits, xmx_array params,
+		xmx_array u, xmx_array bias, xmx_array seen, xmx_array counts, int sampled, int sorted, int topp, xmx_stream s) {
+	if (!xmx_has_sample()) { snprintf(xmx_err, sizeof xmx_err, "mlx-c lacks the ops of device sampling"); return 3; }
+	xmx_pool pool = {.n = 0};
+	int rc = 0;
+	const int* ls = X.array_shape(logits);
+	int B = ls[0], V = ls[1];
+	xmx_array col[XMX_SP_N];
+	for (int i = 0; i < XMX_SP_N; i++) col[i].ctx = NULL;
+	XMX_T(zero) XMX_T(one) XMX_T(ninf) XMX_T(l)
+	if (rc == 0) { *zero = X.array_new_float32(0); *one = X.array_new_float32(1); *ninf = X.array_new_float32(-INFINITY); }
+	for (int i = 0; i < XMX_SP_N && rc == 0; i++) {
+		int start[2] = {0, i}, stop[2] = {B, i + 1}, str[2] = {1, 1};
+		rc = X.slice(&col[i], params, start, 2, stop, 2, str, 2, s); // [B, 1]
+	}
+	XMX_DO(X.astype(l, logits, XMX_FLOAT32, s));
+	if (bias.ctx != NULL) {
+		XMX_T(lb)
+		XMX_DO(X.add(lb, *l, bias, s));
+		l = lb;
+	}
+	if (seen.ctx != NULL) { // HF's repetition penalty: a seen token's logit is divided (> 0) or multiplied (< 0)
+		XMX_T(neg) XMX_T(mul) XMX_T(div) XMX_T(pen) XMX_T(hit) XMX_T(lr)
+		XMX_DO(X.less(neg, *l, *zero, s));
+		XMX_DO(X.multiply(mul, *l, col[XMX_SP_REP], s));
+		XMX_DO(X.divide(div, *l, col[XMX_SP_REP], s));
+		XMX_DO(X.where(pen, *neg, *mul, *div, s));
+		XMX_DO(X.greater(hit, seen, *zero, s));
+		XMX_DO(X.where(lr, *hit, *pen, *l, s));
+		l = lr;
+	}
+	if (counts.ctx != NULL) { // OpenAI's: c·frequency + presence for each returned token
+		XMX_T(cf) XMX_T(has) XMX_T(pp) XMX_T(pen) XMX_T(lc)
+		XMX_DO(X.multiply(cf, counts, col[XMX_SP_FREQ], s));
+		XMX_DO(X.greater(has, counts, *zero, s));
+		XMX_DO(X.where(pp, *has, col[XMX_SP_PRES], *zero, s));
+		XMX_DO(X.add(pen, *cf, *pp, s));
+		XMX_DO(X.subtract(lc, *l, *pen, s));
+		l = lc;
+	}
+	XMX_T(gtok)
+	XMX_DO(X.argmax_axis(gtok, *l, -1, false, s));
+	xmx_array* pick = gtok;
+	if (sampled) {
+		XMX_T(nan) XMX_T(ni) XMX_T(inval) XMX_T(valid) XMX_T(lv) XMX_T(validf) XMX_T(nvalid)
+		XMX_DO(X.is_nan(nan, *l, s));
+		XMX_DO(X.is_neginf(ni, *l, s));
+		XMX_DO(X.logical_or(inval, *nan, *ni, s));
+		XMX_DO(X.logical_not(valid, *inval, s));
+		XMX_DO(X.where(lv, *valid, *l, *ninf, s));
+		XMX_DO(X.astype(validf, *valid, XMX_FLOAT32, s));
+		XMX_DO(X.sum_axis(nvalid, *validf, -1, true, s)); // [B, 1]
+		xmx_array* keep = valid;
+		xmx_array* order = NULL;
+		if (sorted) { // top-k: keep the logits ≥ the k-th largest (ties with it stay)
+			XMX_T(nl) XMX_T(ord) XMX_T(sl) XMX_T(kpos) XMX_T(km1) XMX_T(kdef) XMX_T(kcl) XMX_T(kidx) XMX_T(kth) XMX_T(ge) XMX_T(kp) XMX_T(vm1)
+			XMX_DO(X.negative(nl, *lv, s));
+			XMX_DO(X.argsort_axis(ord, *nl, -1, s)); // stable: equal logits by id
+			XMX_DO(X.take_along_axis(sl, *lv, *ord, -1, s));
+			XMX_DO(X.greater(kpos, col[XMX_SP_TOPK], *zero, s));
+			XMX_DO(X.subtract(km1, col[XMX_SP_TOPK], *one, s));
+			if (rc == 0) { *vm1 = X.array_new_float32((float)(V - 1)); rc = vm1->ctx == NULL; }
+			XMX_DO(X.where(kdef, *kpos, *km1, *vm1, s));
+			XMX_DO(X.minimum(kcl, *kdef, *vm1, s));
+			XMX_DO(X.astype(kidx, *kcl, XMX_INT32, s));
+			XMX_DO(X.take_along_axis(kth, sl[0], *kidx, -1, s)); // [B, 1]
+			XMX_DO(X.greater_equal(ge, *lv, *kth, s));
+			XMX_DO(X.logical_and(kp, *valid, *ge, s));
+			keep = kp;
+			order = ord;
+		}
+		// probabilities over the kept tokens, from the temperature-scaled logits
+		XMX_T(sc) XMX_T(smax) XMX_T(d) XMX_T(e) XMX_T(ek) XMX_T(sum) XMX_T(p) XMX_T(pmax) XMX_T(keepf) XMX_T(n)
+		XMX_T(cut) XMX_T(geq) XMX_T(eqm) XMX_T(either) XMX_T(keep2) XMX_T(w) XMX_T(U)
+		XMX_DO(X.multiply(sc, *lv, col[XMX_SP_INVT], s));
+		XMX_DO(X.max_axis(smax, *sc, -1, true, s));
+		XMX_DO(X.subtract(d, *sc, *smax, s));
+		XMX_DO(X.exp(e, *d, s));
+		XMX_DO(X.where(ek, *keep, *e, *zero, s));
+		XMX_DO(X.sum_axis(sum, *ek, -1, true, s));
+		XMX_DO(X.divide(p, *ek, *sum, s));
+		XMX_DO(X.max_axis(pmax, *p, -1, true, s));
+		XMX_DO(X.astype(keepf, *keep, XMX_FLOAT32, s));
+		XMX_DO(X.sum_axis(n, *keepf, -1, true, s));
+		XMX_DO(X.multiply(cut, col[XMX_SP_MINP], *pmax, s)); // min-p
+		if (topp) { // and top-p's lower bound ((1-p)/n·0.999: the nucleus lies above it)
+			XMX_T(om) XMX_T(q) XMX_T(q9) XMX_T(c9) XMX_T(on) XMX_T(cp) XMX_T(nine)
+			if (rc == 0) { *nine = X.array_new_float32(0.999f); rc = nine->ctx == NULL; }
+			XMX_DO(X.subtract(om, *one, col[XMX_SP_TOPP], s));
+			XMX_DO(X.divide(q, *om, *n, s));
+			XMX_DO(X.multiply(q9, *q, *nine, s));
+			XMX_DO(X.greater(on, col[XMX_SP_TOPPON], *zero, s));
+			XMX_DO(X.where(c9, *on, *q9, *zero, s));
+			XMX_DO(X.maximum(cp, *cut, *c9, s));
+			cut = cp;
+		}
+		XMX_DO(X.greater_equal(geq, *p, *cut, s));
+		XMX_DO(X.equal(eqm, *p, *pmax, s));
+		XMX_DO(X.logical_or(either, *geq, *eqm, s));
+		XMX_DO(X.logical_and(keep2, *keep, *either, s));
+		XMX_DO(X.where(w, *keep2, *p, *zero, s));
+		if (rc == 0) { int ush[2] = {B, 1}; rc = X.reshape(U, u, ush, 2, s); }
+		// inverse CDF in id order: the first token whose cumulative weight exceeds u·total
+		XMX_T(tot) XMX_T(tgt) XMX_T(cum) XMX_T(le) XMX_T(lei) XMX_T(j) XMX_T(ar) XMX_T(m1) XMX_T(lastc) XMX_T(last) XMX_T(tokI)
+		XMX_DO(X.sum_axis(tot, *w, -1, true, s));
+		XMX_DO(X.multiply(tgt, *U, *tot, s));
+		XMX_DO(X.cumsum(cum, *w, -1, false, true, s));
+		XMX_DO(X.less_equal(le, *cum, *tgt, s));
+		XMX_DO(X.astype(lei, *le, XMX_INT32, s));
+		XMX_DO(X.sum_axis(j, *lei, -1, true, s)); // [B, 1]
+		XMX_DO(X.arange(ar, 0, V, 1, XMX_INT32, s));
+		if (rc == 0) { *m1 = X.array_new_float32(-1); rc = m1->ctx == NULL; }
+		XMX_T(m1i) XMX_DO(X.astype(m1i, *m1, XMX_INT32, s));
+		XMX_DO(X.where(lastc, *keep2, *ar, *m1i, s));
+		XMX_DO(X.max_axis(last, *lastc, -1, true, s));
+		XMX_DO(X.minimum(tokI, *j, *last, s)); // [B, 1]
+		xmx_array* sampledTok = tokI;
+		if (topp && order != NULL) { // inverse CDF over the nucleus, by descending logit
+			XMX_T(ps) XMX_T(ks) XMX_T(excl) XMX_T(inn) XMX_T(kn) XMX_T(ws) XMX_T(tot2) XMX_T(tgt2) XMX_T(cum2) XMX_T(le2)
+			XMX_T(le2i) XMX_T(j2) XMX_T(knf) XMX_T(cnt) XMX_T(lastp) XMX_T(lpi) XMX_T(j2c) XMX_T(tokS) XMX_T(tokSi) XMX_T(on2) XMX_T(mix) XMX_T(onei)
+			XMX_DO(X.take_along_axis(ps, *w, *order, -1, s));
+			XMX_DO(X.take_along_axis(ks, *keep2, *order, -1, s));
+			XMX_DO(X.cumsum(excl, *ps, -1, false, false, s));
+			XMX_DO(X.less(inn, *excl, col[XMX_SP_TOPP], s));
+			XMX_DO(X.logical_and(kn, *ks, *inn, s));
+			XMX_DO(X.where(ws, *kn, *ps, *zero, s));
+			XMX_DO(X.sum_axis(tot2, *ws, -1, true, s));
+			XMX_DO(X.multiply(tgt2, *U, *tot2, s));
+			XMX_DO(X.cumsum(cum2, *ws, -1, false, true, s));
+			XMX_DO(X.less_equal(le2, *cum2, *tgt2, s));
+			XMX_DO(X.astype(le2i, *le2, XMX_INT32, s));
+			XMX_DO(X.sum_axis(j2, *le2i, -1, true, s));
+			XMX_DO(X.astype(knf, *kn, XMX_INT32, s));
+			XMX_DO(X.sum_axis(cnt, *knf, -1, true, s));
+			XMX_DO(X.astype(onei, *one, XMX_INT32, s));
+			XMX_DO(X.subtract(lastp, *cnt, *onei, s));
+			XMX_DO(X.minimum(j2c, *j2, *lastp, s));
+			XMX_DO(X.astype(lpi, *j2c, XMX_INT32, s));
+			XMX_DO(X.take_along_axis(tokS, *order, *lpi, -1, s));
+			XMX_DO(X.astype(tokSi, *tokS, XMX_INT32, s));
+			XMX_DO(X.greater(on2, col[XMX_SP_TOPPON], *zero, s));
+			XMX_DO(X.where(mix, *on2, *tokSi, *tokI, s));
+			sampledTok = mix;
+		}
+		// greedy rows, and rows with no candidate at all, take the argmax
+		XMX_T(g) XMX_T(none) XMX_T(useg) XMX_T(gt2) XMX_T(gti) XMX_T(both)
+		XMX_DO(X.greater(g, col[XMX_SP_GREEDY], *zero, s));
+		XMX_DO(X.less_equal(none, *nvalid, *zero, s));
+		XMX_DO(X.logical_or(useg, *g, *none, s));
+		if (rc == 0) { int sh[2] = {B, 1}; rc = X.reshape(gt2, *gtok, sh, 2, s); }
+		XMX_DO(X.astype(gti, *gt2, XMX_INT32, s));
+		XMX_DO(X.where(both, *useg, *gti, *sampledTok, s));
+		pick = both;
+	}
+	XMX_T(flat)
+	if (rc == 0) { int sh[1] = {B}; rc = X.reshape(flat, *pick, sh, 1, s); }
+	XMX_DO(X.astype(tok, *flat, XMX_INT32, s));
+	if ((seen.ctx != NULL || counts.ctx != NULL) && rc == 0) {
+		XMX_T(ar) XMX_T(t2) XMX_T(hit) XMX_T(hitf)
+		XMX_DO(X.arange(ar, 0, V, 1, XMX_INT32, s));
+		if (rc == 0) { int sh[2] = {B, 1}; rc = X.reshape(t2, *tok, sh, 2, s); }
+		XMX_DO(X.equal(hit, *ar, *t2, s));
+		XMX_DO(X.astype(hitf, *hit, XMX_FLOAT32, s));
+		if (seen.ctx != NULL) XMX_DO(X.maximum(seen_out, seen, *hitf, s));
+		if (counts.ctx != NULL) XMX_DO(X.add(counts_out, counts, *hitf, s));
+	}
+out:
+	for (int i = 0; i < XMX_SP_N; i++) if (col[i].ctx) X.array_free(col[i]);
+	xmx_drain(&pool);
+	return rc;
+}
 */
 import "C"
 

@@ -10,6 +10,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/internal/testenv"
+	"github.com/exo-pd/exo-pd/runners/sample"
 	"github.com/exo-pd/exo-pd/runners/tokenizer"
 )
 
@@ -111,4 +112,28 @@ func checkOverlap(t *testing.T, m *engine.Model, prompts [][]int32, n, steps int
 		}
 	}
 	t.Logf("batch of %d: %d overlapped greedy steps equal serial decode: %v", n, steps, want[len(want)-1])
+}
+
+// TestSampledOverlapEqualsSerialMLX: on MLX, an Overlap whose rows are
+// picked on the device (SampleRows: seeded temperature, top-k, top-p,
+// min-p, penalties, logit bias, greedy, all in one batch) gives token for
+// token what serial steps with each row's sample.Sampler on the host
+// give, on tiny models (full attention; gemma3's ring caches).
+func TestSampledOverlapEqualsSerialMLX(t *testing.T) {
+	b := newTestBackend(t)
+	ps := []sample.Params{
+		{Temperature: 1, Seed: 1},
+		{Temperature: 0.7, TopK: 5, Seed: 2},
+		{Temperature: 1.1, TopP: 0.8, MinP: 0.05, Seed: 3},
+		{Temperature: 1, FrequencyPenalty: 0.7, PresencePenalty: -1, RepetitionPenalty: 1.3, Seed: 4},
+		{RepetitionPenalty: 1.5, PresencePenalty: -2, LogitBias: map[int32]float32{3: 4, 5: -100}},
+		{},
+	}
+	for _, arch := range []string{"llama", "gemma3"} {
+		dir := t.TempDir()
+		if err := testmodel.Write(dir, testmodel.Spec{Arch: arch, Seed: 9}); err != nil {
+			t.Fatal(err)
+		}
+		testmodel.CheckSampledOverlap(t, load(t, dir, b), ps, 16)
+	}
 }
