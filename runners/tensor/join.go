@@ -125,8 +125,10 @@ func (r *Rank) Collective(c RankConfig, b engine.Backend) (engine.Collective, er
 	// MLX on a Linux GPU is CUDA: its ranks sum over NCCL.
 	cuda := b.Name() == "mlx-gpu" && runtime.GOOS == "linux"
 	bk, why := chooseMLXBackend(c, cuda, func(name string) (bool, error) { return mlx.DistributedAvailable(b, name) })
-	if why != "" {
-		c.Logger.Warn("tensor: MLX backend unavailable, falling back to MLX's ring", "reason", why)
+	if why != "" && cuda {
+		c.Logger.Warn("tensor: NCCL unavailable, falling back to MLX's ring", "reason", why)
+	} else if why != "" {
+		c.Logger.Warn("tensor: JACCL unavailable, falling back to MLX's ring", "reason", why)
 	}
 	switch {
 	case bk == "nccl" && os.Getenv("NCCL_HOST_IP") == "":
