@@ -578,8 +578,13 @@ func (s *supervisor) statusLine() string {
 		}
 	}
 	s.mu.Lock()
-	rl := s.lastReload
+	rl, c := s.lastReload, s.cfg
 	s.mu.Unlock()
+	for _, p := range c.Placements() {
+		if p.Waiting != nil {
+			notes = append(notes, fmt.Sprintf("%s %s waits for %s's memory", p.Model, p.Role, strings.Join(p.Waiting, ", ")))
+		}
+	}
 	line := fmt.Sprintf("host %s: %d/%d runners ready; API %s", s.host, ready, len(rs), s.api)
 	if len(notes) > 0 {
 		line += "; " + strings.Join(notes, ", ")
