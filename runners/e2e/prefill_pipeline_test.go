@@ -28,7 +28,10 @@ func launchPrefillStage(t *testing.T, name, model string, i int, bounds []int, l
 // decode stage asking the prefill stage that holds its layers for them
 // (no relay: the prefill stages' KV ports each serve one decode stage);
 // the answer equals a one-process runner's local prefill at temperature
-// 0, for a dense and a sliding-window model.
+// 0, for a dense and a sliding-window model: a first turn, a second turn
+// whose start the decode side has cached (each stage's fill starts past
+// position 0), and short prompts the prefill stages do not cache, where
+// the later stage is asked after its computation has ended (this hung).
 func TestPrefillPipelineIntoPipeline(t *testing.T) {
 	gemma := filepath.Join(t.TempDir(), "gemma3")
 	if err := testmodel.Write(gemma, testmodel.Spec{Arch: "gemma3", Seed: 7, Layers: 4, MaxPositions: 4096}); err != nil {
@@ -37,11 +40,23 @@ func TestPrefillPipelineIntoPipeline(t *testing.T) {
 	for _, tc := range []struct {
 		model  string
 		bounds []int
-	}{{tinyModel(t, "other"), []int{0, 1, 3}}, {gemma, []int{0, 2, 4}}} {
+		past   int // fills that start past 0: a sliding-window cache cannot go back to the template's start
+	}{{tinyModel(t, "other"), []int{0, 1, 3}, 7}, {gemma, []int{0, 2, 4}, 1}} {
 		t.Run(filepath.Base(tc.model), func(t *testing.T) {
 			reqs := []pipeReq{{user(words(3, 60)), 12, map[string]any{"temperature": 0, "ignore_eos": true}}}
 			one := start(t, "one", "decode", "--model", tc.model)
 			want := askAll(t, one.listen, reqs, false)
+			// The second turn starts with the first's prompt and answer:
+			// the decode side's prefix cache holds its start, so each
+			// decode stage asks for the prompt from past position 0.
+			turn2 := []pipeReq{{append(append(user(words(3, 60)), msg{Role: "assistant", Content: want[0].Text}), user(words(4, 40))...), 12,
+				map[string]any{"temperature": 0, "ignore_eos": true}}}
+			want2 := askAll(t, one.listen, turn2, false)
+			var short []pipeReq
+			for k := range 6 {
+				short = append(short, pipeReq{user(fmt.Sprint(k, " ", words(k, 3+k))), 8, map[string]any{"temperature": 0, "ignore_eos": true}})
+			}
+			want3 := askAll(t, one.listen, short, false)
 			one.stop()
 			base := testutil.Ports(t, 6)
 			links := []string{fmt.Sprintf("127.0.0.1:%d", base), fmt.Sprintf("127.0.0.1:%d", base+1)}
@@ -71,6 +86,32 @@ func TestPrefillPipelineIntoPipeline(t *testing.T) {
 				if recs := p.records("prefill served (followed a request computing the same prompt)"); len(recs) == 0 && len(p.records("prefill served")) == 0 {
 					t.Errorf("prefill stage %d served nothing:\n%s", i, tail(p.logs(), 3000))
 				}
+			}
+			got2 := askAll(t, dst[0].listen, turn2, false)
+			if got2[0].Text != want2[0].Text {
+				t.Errorf("second turn, 2-stage prefill into a 2-stage decode: %q, one runner %q", got2[0].Text, want2[0].Text)
+			}
+			// Short prompts sharing the chat template's start: each fill
+			// starts past 0 and the prefill stages' caches (which keep no
+			// prompt shorter than their block) hold none of it, so the later
+			// prefill stage is asked after its computation ended.
+			got3 := askAll(t, dst[0].listen, short, false)
+			for i := range short {
+				if got3[i].Text != want3[i].Text {
+					t.Errorf("short prompt %d, 2-stage prefill into a 2-stage decode: %q, one runner %q", i, got3[i].Text, want3[i].Text)
+				}
+			}
+			if n, want := dst[0].metric(t, outcome("ok")), float64(2+len(short)); n != want {
+				t.Errorf("decode stage 0 counts %v remote prefills ok, want %v\n%s", n, want, tail(dst[0].logs(), 3000))
+			}
+			past := 0
+			for _, r := range dst[0].records("remote prefill") {
+				if r["start_pos"] != "0" {
+					past++
+				}
+			}
+			if past < tc.past {
+				t.Errorf("%d remote prefills started past position 0, want %d\n%s", past, tc.past, tail(dst[0].logs(), 3000))
 			}
 		})
 	}

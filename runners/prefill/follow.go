@@ -98,14 +98,38 @@ func (p *Producer) claim(req *kvwire.Request) *follower {
 	return f
 }
 
-// open starts a job for the leader's prompt.
-func (p *Producer) open(tokens []int32, start int, wire kvwire.DType, from int) *job {
+// openLocked starts a job for the leader's prompt (p.mu held): it will
+// compute from at most what the prefix cache holds now (of at most limit
+// positions), and the requests waiting for a computation of the prompt
+// (await) follow it from the start.
+func (p *Producer) openLocked(tokens []int32, start int, wire kvwire.DType, limit int) *job {
+	from := p.cache.peek(tokens, min(limit, len(tokens)-1), p.info.Recurrent != nil)
 	j := &job{tokens: tokens, start: start, wire: wire, from: from}
-	p.mu.Lock()
 	p.jobs = append(p.jobs, j)
+	p.waiters = slices.DeleteFunc(p.waiters, func(w *waiter) bool {
+		if !slices.Equal(w.tokens, tokens) {
+			return false
+		}
+		w.got <- p.joinLocked(j, w.pl, w.start) // buffered: never blocks
+		return true
+	})
 	p.notifyLocked()
-	p.mu.Unlock()
 	return j
+}
+
+// leadOrFollow is how a request on stage 0 of a prefill pipeline starts:
+// it follows a computation of its prompt running now, whoever started it
+// (f set), or opens the job it leads (j set), in one step, so that a Want
+// and a request for the same prompt never both compute it.
+func (p *Producer) leadOrFollow(tokens []int32, start int, pl *plan, limit int) (*job, *follower) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, j := range p.jobs {
+		if !j.closed && slices.Equal(j.tokens, tokens) {
+			return nil, p.joinLocked(j, pl, start)
+		}
+	}
+	return p.openLocked(tokens, start, pl.wire, limit), nil
 }
 
 // feed brings every follower of j up to position to (cache holds it): the
@@ -192,12 +216,14 @@ func (p *Producer) end(j *job, err error) {
 	}
 }
 
-// follow serves a request that follows a job: the header, then what the
-// leader hands it.
-func (p *Producer) follow(ctx context.Context, req *kvwire.Request, e *kvwire.Emitter, f *follower, t0 time.Time) error {
+// follow serves a request that follows a job: the header (unless sent
+// already), then what the leader hands it.
+func (p *Producer) follow(ctx context.Context, req *kvwire.Request, e *kvwire.Emitter, f *follower, t0 time.Time, hdrSent bool) error {
 	defer close(f.done)
-	if err := e.Header(f.pl.hdr); err != nil {
-		return err
+	if !hdrSent {
+		if err := e.Header(f.pl.hdr); err != nil {
+			return err
+		}
 	}
 	var sent int64
 	for {

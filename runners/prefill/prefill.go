@@ -71,6 +71,7 @@ type Producer struct {
 
 	mu      sync.Mutex
 	jobs    []*job                        // prompts being computed that others may follow (follow.go)
+	waiters []*waiter                     // requests on a later stage waiting for a computation (await)
 	claims  map[*kvwire.Request]*follower // registered by Follow, claimed by Produce
 	changed chan struct{}                 // closed (and replaced) when a job opens or ends
 }
@@ -353,26 +354,36 @@ func (p *Producer) states(cache engine.KVCache, d *dest, end int) error {
 // Produce implements kvwire.Producer. A request the server let follow
 // another (Follow) is served from that one's computation. On a later stage
 // of a prefill pipeline (pipe.go) a request never computes by itself: it
-// follows the computation the stages upstream feed (asking for one when
-// none is running) or reads the prefix cache.
+// sends its header at once (so that the client's progress deadline covers
+// the wait for the stages upstream), then follows the computation those
+// stages feed (asking for one when none is running) or reads the prefix
+// cache. On stage 0 a request for a prompt being computed follows that
+// computation, whoever started it.
 func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.Emitter) (err error) {
 	t0 := time.Now()
 	if f := p.claim(req); f != nil {
-		return p.follow(ctx, req, e, f, t0)
+		return p.follow(ctx, req, e, f, t0, false)
 	}
 	pl, err := p.plan(req)
 	if err != nil {
 		return err
 	}
+	start, end := pl.hdr.TokenStart, pl.hdr.TokenEnd
 	var compute ComputeFunc
 	if p.pipe != nil {
 		if p.pipe.Later() {
+			if err := e.Header(pl.hdr); err != nil {
+				return err
+			}
+			if start >= end {
+				return nil
+			}
 			f, err := p.await(ctx, req, pl)
 			if err != nil {
 				return err
 			}
 			if f != nil {
-				return p.follow(ctx, req, e, f, t0)
+				return p.follow(ctx, req, e, f, t0, true)
 			}
 			compute = func(context.Context, engine.KVCache, []int32, int, int, func(int, int) error) error {
 				return fmt.Errorf("%w: the prefix cache lost the prompt while this request read it", kvwire.ErrRemoteInternal)
@@ -381,15 +392,25 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 			compute = p.pipe.Compute
 		}
 	}
-	if err := e.Header(pl.hdr); err != nil {
-		return err
+	if p.pipe == nil || !p.pipe.Later() {
+		if err := e.Header(pl.hdr); err != nil {
+			return err
+		}
 	}
-	start, end := pl.hdr.TokenStart, pl.hdr.TokenEnd
 	if start >= end {
 		return nil
 	}
 	own := &dest{pl: pl, chunk: e.Chunk, state: func(i, end int, a [][]byte) error { return e.State(i, end, a...) }}
-	cached, followers, err := p.run(ctx, req.Tokens, start, pl.wire, own, end, compute)
+	var j *job
+	if p.pipe != nil && !p.pipe.Later() {
+		// Stage 0: a computation of the prompt running now (another
+		// request's, or one a later stage asked for) serves this one too.
+		var f *follower
+		if j, f = p.leadOrFollow(req.Tokens, start, pl, end); f != nil {
+			return p.follow(ctx, req, e, f, t0, true)
+		}
+	}
+	cached, followers, err := p.run(ctx, req.Tokens, start, pl.wire, own, end, compute, j)
 	if err != nil {
 		return err
 	}
@@ -405,19 +426,30 @@ func (p *Producer) Produce(ctx context.Context, req *kvwire.Request, e *kvwire.E
 // run computes tokens up to end = len(tokens)−1 from the longest cached
 // prefix of at most limit positions, shipping own (nil: nobody, a
 // pipeline's computation nobody asked this stage for) positions from start
-// and every follower what it lacks. It returns the cached positions used
+// and every follower what it lacks. j, when set, is the job opened for it
+// (openLocked); else run opens one. It returns the cached positions used
 // and the followers served.
-func (p *Producer) run(ctx context.Context, tokens []int32, start int, wire kvwire.DType, own *dest, limit int, compute ComputeFunc) (cached, followers int, err error) {
+func (p *Producer) run(ctx context.Context, tokens []int32, start int, wire kvwire.DType, own *dest, limit int, compute ComputeFunc, j *job) (cached, followers int, err error) {
 	end := len(tokens) - 1
+	if j == nil {
+		p.mu.Lock()
+		j = p.openLocked(tokens, start, wire, limit)
+		p.mu.Unlock()
+	}
 	// A model with recurrent layers reuses only a cached entry that is a
 	// whole prefix of the prompt (its state cannot go back to a shorter
 	// one); the decode side gets the state after end in State frames.
+	// The job promised to compute from at most j.from (what the prefix
+	// cache held when it opened): never from later.
 	recurrent := p.info.Recurrent != nil
-	cache, cached, err := p.cache.acquire(tokens, min(limit, end), p.o.Model.NewCache, recurrent)
+	cache, cached, err := p.cache.acquire(tokens, j.from, p.o.Model.NewCache, recurrent)
 	if err != nil {
+		p.end(j, err)
 		return 0, 0, fmt.Errorf("%w: %v", kvwire.ErrRemoteInternal, err)
 	}
-	var j *job
+	p.mu.Lock()
+	j.from = cached
+	p.mu.Unlock()
 	defer func() {
 		// Keep whatever was computed, even after a failure mid-way; the
 		// job ends after, so that a request waiting for one (await) finds
@@ -427,16 +459,11 @@ func (p *Producer) run(ctx context.Context, tokens []int32, start int, wire kvwi
 		} else {
 			cache.Free()
 		}
-		if j != nil {
-			p.end(j, err)
-		}
+		p.end(j, err)
 	}()
 	if cached > 0 {
 		p.m.PrefixHit.WithLabelValues("prefill").Add(float64(cached))
 	}
-	// Requests for other layers of the same prompt (the other stages of a
-	// pipelined decode group) follow this computation (follow.go).
-	j = p.open(tokens, start, wire, cached)
 	// The cached KV the decode side lacks goes first.
 	if own != nil && start < cached {
 		if err := p.ship(cache, own, start, cached); err != nil {

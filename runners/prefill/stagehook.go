@@ -57,8 +57,31 @@ func (p *Producer) Chunk() int { return p.o.Chunk }
 // the requests for the prompt follow it and the prefix cache keeps it. A
 // prefill pipeline's stages drive what the stage upstream passes on.
 func (p *Producer) Drive(ctx context.Context, tokens []int32, limit int, compute ComputeFunc) error {
-	_, _, err := p.run(ctx, tokens, 0, 0, nil, limit, compute)
+	_, _, err := p.run(ctx, tokens, 0, 0, nil, limit, compute, nil)
 	return err
+}
+
+// DriveUnless is stage 0's answer to a Want: Drive, unless a computation
+// of tokens from at most limit runs now, or passed reports (called with
+// p's lock held, so that no computation opens meanwhile) that one the
+// asking stage had not yet received when it asked was passed on: the
+// asking stage gets that one. It reports whether it computed.
+func (p *Producer) DriveUnless(ctx context.Context, tokens []int32, limit int, compute ComputeFunc, passed func() bool) (bool, error) {
+	p.mu.Lock()
+	for _, j := range p.jobs {
+		if !j.closed && j.from <= limit && slices.Equal(j.tokens, tokens) {
+			p.mu.Unlock()
+			return false, nil
+		}
+	}
+	if passed() {
+		p.mu.Unlock()
+		return false, nil
+	}
+	j := p.openLocked(tokens, 0, 0, limit)
+	p.mu.Unlock()
+	_, _, err := p.run(ctx, tokens, 0, 0, nil, limit, compute, j)
+	return true, err
 }
 
 // Cached is how many leading positions of tokens (at most limit) the
@@ -75,51 +98,94 @@ func (p *Producer) Idle() bool {
 	return len(p.jobs) == 0
 }
 
-// Computing reports whether a computation of tokens from at most from is
-// running (and taking followers).
-func (p *Producer) Computing(tokens []int32, from int) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, j := range p.jobs {
-		if !j.closed && j.from <= from && slices.Equal(j.tokens, tokens) {
-			return true
-		}
-	}
-	return false
+// waiter is a request on a later stage waiting for a computation of its
+// prompt: the next job opened for the prompt takes it as a follower
+// (openLocked), however soon that job ends.
+type waiter struct {
+	tokens []int32
+	pl     *plan
+	start  int
+	got    chan *follower // buffered: the follower, once a job took it
 }
 
 // await is how a request on a later stage gets its prompt: a follower of
-// the computation running for it (waiting for one, and asking stage 0 for
-// one once, when there is none), or nil when the prefix cache holds it.
-func (p *Producer) await(ctx context.Context, req *kvwire.Request, pl *plan) (*follower, error) {
+// the computation running for it, or nil when the prefix cache holds it.
+// When there is neither it registers as a waiter, which the next
+// computation of the prompt takes, and asks stage 0 for one (once).
+func (p *Producer) await(ctx context.Context, req *kvwire.Request, pl *plan) (f *follower, err error) {
 	end := len(req.Tokens) - 1
-	asked := false
+	var w *waiter
+	defer func() {
+		if w == nil {
+			return
+		}
+		p.mu.Lock()
+		p.waiters = slices.DeleteFunc(p.waiters, func(x *waiter) bool { return x == w })
+		p.mu.Unlock()
+		// A job took it after all: follow that one, or tell it this
+		// request is gone.
+		select {
+		case got := <-w.got:
+			if f == nil && err == nil {
+				f = got
+			} else {
+				close(got.done)
+			}
+		default:
+		}
+	}()
 	for {
+		if w != nil {
+			select {
+			case f := <-w.got:
+				w = nil
+				return f, nil
+			default:
+			}
+		}
 		p.mu.Lock()
 		have := p.cache.peek(req.Tokens, end, p.info.Recurrent != nil)
 		if have >= end {
 			p.mu.Unlock()
 			return nil, nil
 		}
+		ending := false // a computation of the prompt is ending: the prefix cache may have it next
 		for _, j := range p.jobs {
-			if !j.closed && slices.Equal(j.tokens, req.Tokens) {
-				f := p.joinLocked(j, pl, req.StartPos)
-				p.mu.Unlock()
-				return f, nil
+			if slices.Equal(j.tokens, req.Tokens) {
+				if !j.closed {
+					f := p.joinLocked(j, pl, req.StartPos)
+					p.mu.Unlock()
+					return f, nil
+				}
+				ending = true
 			}
+		}
+		ask := false
+		if w == nil && !ending {
+			w = &waiter{tokens: req.Tokens, pl: pl, start: req.StartPos, got: make(chan *follower, 1)}
+			p.waiters = append(p.waiters, w)
+			ask = true
 		}
 		changed := p.changed
 		p.mu.Unlock()
 		if !p.pipe.Up() {
 			return nil, fmt.Errorf("%w: %s: a link to the other stages is down", kvwire.ErrRemoteInternal, p.pipe.Stage())
 		}
-		if !asked {
+		if ask {
+			// Asked after registering: a computation that begins from
+			// now on takes this request, however soon it ends.
 			if err := p.pipe.Want(req.Tokens, have); err != nil {
 				return nil, fmt.Errorf("%w: %v", kvwire.ErrRemoteInternal, err)
 			}
-			asked = true
+		}
+		var got <-chan *follower
+		if w != nil {
+			got = w.got
 		}
 		select {
+		case f := <-got:
+			w = nil
+			return f, nil
 		case <-changed:
 		case <-ctx.Done():
 			return nil, fmt.Errorf("%w: %s waited for the stages upstream: %v", kvwire.ErrRemoteInternal, p.pipe.Stage(), context.Cause(ctx))

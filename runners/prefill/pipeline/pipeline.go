@@ -14,8 +14,11 @@
 // layers' KV on the KV-wire connections that asked it for the prompt:
 // those that arrive while the computation runs follow it, those that come
 // after read the prefix cache, and one that finds neither on a later stage
+// registers as waiting (the next computation of its prompt takes it) and
 // sends a Want round the ring to stage 0, which computes the prompt again
-// from where that stage's cache stops. The links form a ring as a decode
+// from where that stage's cache stops unless a computation the asking
+// stage will receive runs or was passed on after the last it had seen
+// (numbered computations: each stage computes a prompt once). The links form a ring as a decode
 // pipeline's do (contract C1): stage k dials stage k+1 and the last stage
 // dials stage 0, which carries only Wants.
 package pipeline
@@ -68,16 +71,33 @@ type Pipe struct {
 	ids   atomic.Uint64
 	log   *slog.Logger
 
-	mu   sync.Mutex
-	next *stage.Link // to the next stage, nil while down
-	up   *stage.Link // from the previous stage, the newest
-	in   map[uint64]*inStream
+	origins atomic.Uint64 // stage 0: the last computation number given
+
+	mu     sync.Mutex
+	next   *stage.Link // to the next stage, nil while down
+	up     *stage.Link // from the previous stage, the newest
+	in     map[uint64]*inStream
+	seen   uint64   // a later stage: the highest origin of a computation received
+	recent []origin // stage 0: the computations passed on, the newest last
 }
+
+// origin is a computation stage 0 passed on: its number, prompt and first
+// position.
+type origin struct {
+	n      uint64
+	tokens []int32
+	from   int
+}
+
+// keepRecent is how many computations stage 0 remembers to answer Wants:
+// a Want that names a computation older than these computes again.
+const keepRecent = 256
 
 // inStream is one computation flowing in from the previous stage.
 type inStream struct {
 	tokens []int32
 	from   int
+	origin uint64
 	ch     chan any // *stage.Step, stage.Ack, error
 }
 
@@ -86,6 +106,12 @@ type pipeMsg struct {
 	Kind   string  `json:"kind"` // "begin" or "want"
 	Tokens []int32 `json:"tokens"`
 	From   int     `json:"from"`
+	// Origin (begin) is the number stage 0 gave the computation, passed
+	// on unchanged by every stage; Seen (want) is the highest Origin the
+	// asking stage had received when it asked. Numbers grow (from the
+	// clock at stage 0's start, so a restarted stage 0 continues above).
+	Origin uint64 `json:"origin,omitempty"`
+	Seen   uint64 `json:"seen,omitempty"`
 }
 
 // NewPipe makes p a stage of a prefill pipeline over model, which p's
@@ -109,6 +135,7 @@ func NewPipe(p *prefill.Producer, model StageModel, cfg PipeConfig) (*Pipe, erro
 		log: cfg.Logger.With("prefill_stage", fmt.Sprintf("%d/%d", cfg.Stage, cfg.Stages))}
 	pp.link = stage.LinkConfig{Stage: cfg.Stage, Stages: cfg.Stages, First: r.Start, End: r.End, Layers: info.Layers,
 		Hidden: info.Hidden, Fingerprint: model.Fingerprint(), Secret: cfg.Secret}
+	pp.origins.Store(uint64(time.Now().UnixNano()))
 	p.SetStage(pp)
 	return pp, nil
 }
@@ -252,15 +279,16 @@ func (pp *Pipe) serveUp(ctx context.Context, link *stage.Link) {
 			}
 			switch {
 			case b.Kind == "want" && pp.cfg.Stage == 0:
-				go pp.wanted(ctx, b.Tokens, b.From)
+				go pp.wanted(ctx, b.Tokens, b.From, b.Seen)
 			case b.Kind == "want":
 				if err := pp.send(m); err != nil {
 					pp.log.Warn("prefill stage link: a Want could not go on", "err", err)
 				}
 			case b.Kind == "begin" && pp.cfg.Stage > 0:
-				s := &inStream{tokens: b.Tokens, from: b.From, ch: make(chan any, 4)}
+				s := &inStream{tokens: b.Tokens, from: b.From, origin: b.Origin, ch: make(chan any, 4)}
 				pp.mu.Lock()
 				pp.in[m.Ticket] = s
+				pp.seen = max(pp.seen, b.Origin)
 				pp.mu.Unlock()
 				mine = append(mine, m.Ticket)
 				go pp.driveFrom(ctx, s)
@@ -323,9 +351,9 @@ type outStream struct {
 // openOut tells the next stage a computation of tokens from from begins.
 // A stage that cannot reach the next computes for its own requests all
 // the same.
-func (pp *Pipe) openOut(tokens []int32, from int) *outStream {
+func (pp *Pipe) openOut(tokens []int32, from int, orig uint64) *outStream {
 	o := &outStream{pp: pp, id: uint64(pp.cfg.Stage)<<48 | pp.ids.Add(1)}
-	body, _ := json.Marshal(pipeMsg{Kind: "begin", Tokens: tokens, From: from})
+	body, _ := json.Marshal(pipeMsg{Kind: "begin", Tokens: tokens, From: from, Origin: orig})
 	o.err = pp.send(stage.Open{Ticket: o.id, Body: body})
 	if o.err != nil {
 		pp.log.Warn("prefill stage link: the next stage will not get this computation", "err", o.err)
@@ -370,7 +398,14 @@ func (pp *Pipe) Stage() string {
 // Compute implements prefill.StageHook: stage 0's computation: its layers from the tokens, each
 // chunk's hidden states passed on before its KV is shipped.
 func (pp *Pipe) Compute(ctx context.Context, c engine.KVCache, prompt []int32, from, end int, onChunk func(int, int) error) (err error) {
-	out := pp.openOut(prompt[:end+1], from)
+	orig := pp.origins.Add(1)
+	pp.mu.Lock()
+	pp.recent = append(pp.recent, origin{n: orig, tokens: prompt[:end+1], from: from})
+	if len(pp.recent) > keepRecent {
+		pp.recent = slices.Delete(pp.recent, 0, len(pp.recent)-keepRecent)
+	}
+	pp.mu.Unlock()
+	out := pp.openOut(prompt[:end+1], from, orig)
 	defer func() { out.finish(err) }()
 	chunk := pp.p.Chunk()
 	for s := from; s < end; s += chunk {
@@ -387,15 +422,28 @@ func (pp *Pipe) Compute(ctx context.Context, c engine.KVCache, prompt []int32, f
 	return nil
 }
 
-// wanted is stage 0's answer to a Want: compute tokens again from at most
-// from (the asking stage's cached prefix), unless a computation of them
-// from there is running.
-func (pp *Pipe) wanted(ctx context.Context, tokens []int32, from int) {
-	if pp.p.Computing(tokens, from) {
-		return
+// wanted is stage 0's answer to a Want: compute tokens again from at
+// most from (the asking stage's cached prefix), unless a computation of
+// them from there runs now or was passed on after the last the asking
+// stage had received when it asked (seen): that one reaches it, and the
+// request waiting there follows it.
+func (pp *Pipe) wanted(ctx context.Context, tokens []int32, from int, seen uint64) {
+	passed := func() bool {
+		pp.mu.Lock()
+		defer pp.mu.Unlock()
+		for _, o := range pp.recent {
+			if o.n > seen && o.from <= from && slices.Equal(o.tokens, tokens) {
+				return true
+			}
+		}
+		return false
 	}
-	if err := pp.p.Drive(ctx, tokens, from, pp.Compute); err != nil {
+	computed, err := pp.p.DriveUnless(ctx, tokens, from, pp.Compute, passed)
+	if err != nil {
 		pp.log.Warn("prefill stage 0: a computation a later stage asked for failed", "tokens", len(tokens), "err", err)
+	}
+	if !computed {
+		pp.log.Debug("prefill stage 0: a Want is answered by a computation already passed on", "tokens", len(tokens), "from", from)
 	}
 }
 
@@ -411,10 +459,12 @@ func (pp *Pipe) driveFrom(ctx context.Context, s *inStream) {
 		}
 		return
 	}
+	opened := false // the computation went on to the next stage
 	compute := func(ctx context.Context, c engine.KVCache, prompt []int32, from, end int, onChunk func(int, int) error) (err error) {
 		var out *outStream
 		if !pp.last {
-			out = pp.openOut(prompt[:end+1], from)
+			out = pp.openOut(prompt[:end+1], from, s.origin)
+			opened = true
 			defer func() { out.finish(err) }()
 		}
 		D := pp.model.Info().Hidden
@@ -458,6 +508,11 @@ func (pp *Pipe) driveFrom(ctx context.Context, s *inStream) {
 	if err := pp.p.Drive(ctx, s.tokens, s.from, compute); err != nil {
 		pp.log.Warn("prefill stage: a computation from upstream failed", "tokens", len(s.tokens), "err", err)
 		go drain(ctx, s)
+		if !opened && !pp.last {
+			// The stages downstream wait for this computation (their
+			// Wants were answered with it): tell them it failed.
+			pp.openOut(s.tokens, s.from, s.origin).finish(err)
+		}
 	}
 }
 
@@ -476,8 +531,13 @@ func drain(ctx context.Context, s *inStream) {
 }
 
 // Want implements prefill.StageHook: it asks stage 0, round the ring, to
-// compute tokens from at most from.
+// compute tokens from at most from, naming the newest computation this
+// stage has received (a request registered before asking follows any that
+// arrives after).
 func (pp *Pipe) Want(tokens []int32, from int) error {
-	body, _ := json.Marshal(pipeMsg{Kind: "want", Tokens: tokens, From: from})
+	pp.mu.Lock()
+	seen := pp.seen
+	pp.mu.Unlock()
+	body, _ := json.Marshal(pipeMsg{Kind: "want", Tokens: tokens, From: from, Seen: seen})
 	return pp.send(stage.Open{Ticket: uint64(pp.cfg.Stage)<<48 | pp.ids.Add(1), Body: body})
 }
