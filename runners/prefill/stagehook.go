@@ -84,6 +84,20 @@ func (p *Producer) DriveUnless(ctx context.Context, tokens []int32, limit int, c
 	return true, err
 }
 
+// Computing reports whether a computation of tokens from at most from is
+// running (and taking followers). DriveUnless checks this and opens a
+// computation in one step.
+func (p *Producer) Computing(tokens []int32, from int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, j := range p.jobs {
+		if !j.closed && j.from <= from && slices.Equal(j.tokens, tokens) {
+			return true
+		}
+	}
+	return false
+}
+
 // Cached is how many leading positions of tokens (at most limit) the
 // prefix cache would give a computation starting now.
 func (p *Producer) Cached(tokens []int32, limit int) int {
