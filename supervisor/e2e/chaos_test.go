@@ -17,32 +17,6 @@ import (
 	"github.com/exo-pd/exo-pd/internal/testutil"
 )
 
-// chaosCluster serves model "tiny" with a decode runner on both hosts and
-// the prefill runner on spark.
-func chaosCluster(base int, modelDir string) string {
-	return fmt.Sprintf(`[cluster]
-name = "chaos"
-runner_port_base = %d
-insecure = true # loopback only; the KV secret is exercised by TestTwoHosts
-
-[hosts.spark]
-address = "127.0.0.2"
-backend = "cpu"
-
-[hosts.mac]
-address = "127.0.0.3"
-backend = "cpu"
-
-[[models]]
-name = "tiny"
-source = %q
-decode = { hosts = ["spark", "mac"] }
-prefill = { hosts = ["spark"] }
-remote_prefill_min_tokens = 1
-remote_prefill_route = "floor" # every prompt remote: the test is about the remote path, not the route
-`, base, modelDir)
-}
-
 // post sends one small chat and returns the status code and the runner
 // that served it.
 func post(api string, i int) (int, string, error) {
@@ -92,42 +66,10 @@ func TestChaosDecodeHostStopped(t *testing.T) {
 	_, dir, exe, model := buildExoAndModel(t)
 	cfgPath := filepath.Join(dir, "cluster.toml")
 	base, apiPort := freePort(t), freePort(t)
-	if err := os.WriteFile(cfgPath, []byte(chaosCluster(base, model)), 0o644); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(cluster(base, model, "", "spark", "mac")), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	hosts := map[string]*host{}
-	for _, hn := range []struct{ name, ip string }{{"spark", "127.0.0.2"}, {"mac", "127.0.0.3"}} {
-		h := &host{name: hn.name, api: fmt.Sprintf("%s:%d", hn.ip, apiPort), log: filepath.Join(dir, hn.name+".log")}
-		logf, err := os.Create(h.log)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h.cmd = exec.Command(exe, "supervise", "--config", cfgPath, "--host", hn.name, "--listen", h.api,
-			"--grace", "1s", "--liveness", "3s")
-		h.cmd.Stdout, h.cmd.Stderr = logf, logf
-		h.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET=")
-		if err := h.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			h.cmd.Process.Signal(syscall.SIGTERM)
-			done := make(chan struct{})
-			go func() { h.cmd.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(20 * time.Second):
-				h.cmd.Process.Kill()
-				<-done
-			}
-			logf.Close()
-			if t.Failed() {
-				b, _ := os.ReadFile(h.log)
-				t.Logf("--- %s log:\n%s", h.name, tail(string(b), 6000))
-			}
-		})
-		hosts[hn.name] = h
-	}
-	spark, mac := hosts["spark"], hosts["mac"]
+	spark, mac := startTwoHosts(t, exe, dir, cfgPath, apiPort, "--grace", "1s", "--liveness", "3s")
 	spark.waitRunners(t, "tiny-decode", "tiny-prefill")
 	macPIDs := mac.waitRunners(t, "tiny-decode")
 	macDecode := fmt.Sprintf("127.0.0.3:%d", base)

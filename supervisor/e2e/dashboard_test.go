@@ -160,7 +160,7 @@ func TestDashboard(t *testing.T) {
 	os.WriteFile(keyFile, []byte(key+"\n"), 0o600)
 	cfgPath := filepath.Join(dir, "cluster.toml")
 	base, apiPort := freePort(t), freePort(t)
-	cfg := cluster(base, model, "mac", secret) + fmt.Sprintf("\n[api]\napi_key_file = %q\n", keyFile)
+	cfg := cluster(base, model, secret, "mac") + fmt.Sprintf("\n[api]\napi_key_file = %q\n", keyFile)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -293,8 +293,9 @@ func TestDashboard(t *testing.T) {
 	}
 
 	// A supervisor that stops shows as down, its runners unknown.
-	mac.cmd.Process.Signal(syscall.SIGTERM)
-	mac.cmd.Wait()
+	if _, exited := mac.stop(30 * time.Second); !exited {
+		t.Fatal("mac did not stop")
+	}
 	p.run(chromedp.Navigate("http://" + spark.api + "/#overview"))
 	p.wait("mac down", `(() => {
 		const h = document.querySelector('[data-host="mac"]'), d = document.querySelector('[data-runner="mac/tiny-decode"]');

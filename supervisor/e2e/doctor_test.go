@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -97,7 +96,7 @@ func TestDoctor(t *testing.T) {
 		t.Fatal(err)
 	}
 	base, apiPort := freePort(t), freePort(t)
-	cfg := cluster(base, model, "mac", secret) + fmt.Sprintf("\n[api]\nport = %d\n", apiPort)
+	cfg := cluster(base, model, secret, "mac") + fmt.Sprintf("\n[api]\nport = %d\n", apiPort)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -144,12 +143,7 @@ func TestDoctor(t *testing.T) {
 
 	// 4. mac down and its gateway port taken by another program: mac's
 	// doctor says the port is taken; spark's says mac's ports are unreachable.
-	mac.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- mac.cmd.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
+	if _, exited := mac.stop(30 * time.Second); !exited {
 		t.Fatal("mac did not stop")
 	}
 	squat, err := net.Listen("tcp", mac.api)

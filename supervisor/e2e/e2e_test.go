@@ -7,7 +7,6 @@ package e2e
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -55,6 +54,25 @@ type host struct {
 	name, api string
 	cmd       *exec.Cmd
 	log       string
+	done      chan struct{} // closed once the supervisor has exited (startHost's cmd.Wait returned)
+	exitErr   error         // cmd.Wait's error, once done is closed
+}
+
+// wait waits up to limit for the supervisor to exit; exited is false if it
+// still runs, else err is its exit status (nil: a clean exit).
+func (h *host) wait(limit time.Duration) (err error, exited bool) {
+	select {
+	case <-h.done:
+		return h.exitErr, true
+	case <-time.After(limit):
+		return nil, false
+	}
+}
+
+// stop sends the supervisor SIGTERM and waits up to limit, as wait.
+func (h *host) stop(limit time.Duration) (err error, exited bool) {
+	h.cmd.Process.Signal(syscall.SIGTERM)
+	return h.wait(limit)
 }
 
 type status struct {
@@ -205,11 +223,24 @@ func remotePrefillOutcomes(t *testing.T, api string) map[string]float64 {
 	return out
 }
 
-func cluster(base int, modelDir, decodeHost, secretFile string) string {
+// cluster is the cluster file of the two hosts spark (127.0.0.2) and mac
+// (127.0.0.3), both on the cpu backend, serving model "tiny" from
+// modelDir: decode runners on decodeHosts, the prefill runner on spark,
+// every prompt prefilled remotely. With secretFile "" the KV wire runs
+// insecure (loopback only).
+func cluster(base int, modelDir, secretFile string, decodeHosts ...string) string {
+	name, kv := "e2e", fmt.Sprintf("secret_file = %q", secretFile)
+	if secretFile == "" {
+		name, kv = "chaos", "insecure = true # loopback only; the KV secret is exercised by TestTwoHosts"
+	}
+	var hosts []string
+	for _, h := range decodeHosts {
+		hosts = append(hosts, strconv.Quote(h))
+	}
 	return fmt.Sprintf(`[cluster]
-name = "e2e"
+name = %q
 runner_port_base = %d
-secret_file = %q
+%s
 
 [hosts.spark]
 address = "127.0.0.2"
@@ -222,11 +253,11 @@ backend = "cpu"
 [[models]]
 name = "tiny"
 source = %q
-decode = { hosts = [%q] }
+decode = { hosts = [%s] }
 prefill = { hosts = ["spark"] }
 remote_prefill_min_tokens = 1
 remote_prefill_route = "floor" # every prompt remote: the test is about the remote path, not the route
-`, base, secretFile, modelDir, decodeHost)
+`, name, base, kv, modelDir, strings.Join(hosts, ", "))
 }
 
 func gone(pid int) bool {
@@ -266,35 +297,57 @@ func buildExoAndModel(t *testing.T) (root, dir, exe, model string) {
 }
 
 // startTwoHosts starts `exo supervise` for spark (127.0.0.2) and mac
-// (127.0.0.3) on cfgPath, each logging to dir/<name>.log and killed at
+// (127.0.0.3) on cfgPath, each logging to dir/<name>.log and stopped at
 // cleanup.
-func startTwoHosts(t *testing.T, exe, dir, cfgPath string, apiPort int) (spark, mac *host) {
+func startTwoHosts(t *testing.T, exe, dir, cfgPath string, apiPort int, extra ...string) (spark, mac *host) {
 	t.Helper()
-	return startHost(t, exe, dir, cfgPath, "spark", "127.0.0.2", apiPort), startHost(t, exe, dir, cfgPath, "mac", "127.0.0.3", apiPort)
+	return startHost(t, exe, dir, cfgPath, "spark", "127.0.0.2", apiPort, extra...), startHost(t, exe, dir, cfgPath, "mac", "127.0.0.3", apiPort, extra...)
 }
 
-// startHost starts `exo supervise --host name` on cfgPath with its gateway
-// on ip:apiPort, logging to dir/<name>.log, killed at cleanup.
-func startHost(t *testing.T, exe, dir, cfgPath, name, ip string, apiPort int) *host {
+// startHost starts `exo supervise --host name --grace 3s extra…` on
+// cfgPath with its gateway on ip:apiPort, logging to dir/<name>.log (a
+// later flag in extra wins). At cleanup it is stopped with SIGTERM (its
+// runners with it), killed if still there 20 s later, and, when the test
+// failed, the end of its log is logged.
+func startHost(t *testing.T, exe, dir, cfgPath, name, ip string, apiPort int, extra ...string) *host {
 	t.Helper()
-	return startHostEnv(t, exe, dir, cfgPath, name, ip, apiPort)
+	return launchHost(t, exe, dir, cfgPath, name, ip, apiPort, nil, extra)
 }
 
 // startHostEnv is startHost with env added to the supervisor's environment.
 func startHostEnv(t *testing.T, exe, dir, cfgPath, name, ip string, apiPort int, env ...string) *host {
+	t.Helper()
+	return launchHost(t, exe, dir, cfgPath, name, ip, apiPort, env, nil)
+}
+
+// launchHost is startHost with env added to the environment and extra to
+// the flags.
+func launchHost(t *testing.T, exe, dir, cfgPath, name, ip string, apiPort int, env, extra []string) *host {
 	t.Helper()
 	h := &host{name: name, api: fmt.Sprintf("%s:%d", ip, apiPort), log: filepath.Join(dir, name+".log")}
 	logf, err := os.Create(h.log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.cmd = exec.Command(exe, "supervise", "--config", cfgPath, "--host", name, "--listen", h.api, "--grace", "3s")
+	h.cmd = exec.Command(exe, append([]string{"supervise", "--config", cfgPath, "--host", name, "--listen", h.api, "--grace", "3s"}, extra...)...)
 	h.cmd.Stdout, h.cmd.Stderr = logf, logf
 	h.cmd.Env = append(append(os.Environ(), "NOTIFY_SOCKET="), env...)
 	if err := h.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { h.cmd.Process.Kill(); h.cmd.Wait(); logf.Close() })
+	h.done = make(chan struct{})
+	go func() { h.exitErr = h.cmd.Wait(); close(h.done) }()
+	t.Cleanup(func() {
+		if _, exited := h.stop(20 * time.Second); !exited {
+			h.cmd.Process.Kill()
+			<-h.done
+		}
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(h.log)
+			t.Logf("--- %s log:\n%s", h.name, tail(string(b), 6000))
+		}
+	})
 	return h
 }
 
@@ -310,7 +363,7 @@ func TestTwoHosts(t *testing.T) {
 		t.Fatal(err)
 	}
 	base, apiPort := freePort(t), freePort(t)
-	if err := os.WriteFile(cfgPath, []byte(cluster(base, model, "mac", secret)), 0o644); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(cluster(base, model, secret, "mac")), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	spark, mac := startTwoHosts(t, exe, dir, cfgPath, apiPort)
@@ -333,7 +386,7 @@ func TestTwoHosts(t *testing.T) {
 
 	// 2. Move decode to spark: both hosts reconcile; prefill keeps its PID.
 	tmp := cfgPath + ".new"
-	os.WriteFile(tmp, []byte(cluster(base, model, "spark", secret)), 0o644)
+	os.WriteFile(tmp, []byte(cluster(base, model, secret, "spark")), 0o644)
 	if err := os.Rename(tmp, cfgPath); err != nil {
 		t.Fatal(err)
 	}
@@ -383,18 +436,11 @@ func TestTwoHosts(t *testing.T) {
 		h.cmd.Process.Signal(syscall.SIGTERM)
 	}
 	for _, h := range hosts {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		done := make(chan error, 1)
-		go func() { done <- h.cmd.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("%s exited: %v", h.name, err)
-			}
-		case <-ctx.Done():
+		if err, exited := h.wait(30 * time.Second); !exited {
 			t.Errorf("%s did not exit after SIGTERM", h.name)
+		} else if err != nil {
+			t.Errorf("%s exited: %v", h.name, err)
 		}
-		cancel()
 	}
 	for name, pid := range final {
 		if !gone(pid) {
@@ -437,20 +483,10 @@ decode = { hosts = ["local"] }
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	h := &host{name: "local", api: fmt.Sprintf("127.0.0.1:%d", freePort(t)), log: filepath.Join(dir, "local.log")}
-	logf, err := os.Create(h.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.cmd = exec.Command(exe, "supervise", "--config", cfgPath, "--host", "local", "--listen", h.api, "--grace", "3s")
-	h.cmd.Stdout, h.cmd.Stderr = logf, logf
-	h.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET=")
-	if err := h.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.cmd.Process.Kill(); h.cmd.Wait(); logf.Close() })
+	h := startHost(t, exe, dir, cfgPath, "local", "127.0.0.1", freePort(t))
 
 	// /health is open by default; wait for the decode runner through it.
+	var err error
 	if !testutil.Until(90*time.Second, func() bool {
 		var resp *http.Response
 		if resp, err = http.Get("http://" + h.api + "/health"); err != nil {

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -64,14 +63,7 @@ func tryChat(api, prompt string) (code int, text, body string) {
 // stopHost ends h's supervisor with SIGTERM and waits for it.
 func stopHost(t *testing.T, h *host) {
 	t.Helper()
-	h.cmd.Process.Signal(syscall.SIGTERM)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- h.cmd.Wait() }()
-	select {
-	case <-done:
-	case <-ctx.Done():
+	if _, exited := h.stop(30 * time.Second); !exited {
 		t.Fatalf("%s did not exit after SIGTERM", h.name)
 	}
 }
