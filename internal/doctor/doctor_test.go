@@ -480,3 +480,40 @@ prefill = { hosts = ["north"] }`, `decode = { hosts = ["north", "south"], shard 
 		t.Errorf("north's ports %+v lack rank 0's tensor link", env.hostPorts("north"))
 	}
 }
+
+// TestStageLinksGroups: with decode.groups each stage checks the link to
+// the next stage of its own group.
+func TestStageLinksGroups(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "cluster.toml")
+	text := fmt.Sprintf(`[cluster]
+insecure = true
+runner_port_base = %d
+[hosts.a]
+address = "127.0.0.2"
+backend = "cpu"
+[hosts.b]
+address = "127.0.0.3"
+backend = "cpu"
+[hosts.c]
+address = "127.0.0.4"
+backend = "cpu"
+[hosts.d]
+address = "127.0.0.5"
+backend = "cpu"
+[[models]]
+name = "tiny"
+source = "/nonexistent"
+decode = { groups = [["a", "b"], ["c", "d"]], shard = "pipeline", layers = [1, 1] }
+`, freePort(t))
+	os.WriteFile(path, []byte(text), 0o644)
+	env, rs := Load(Options{Path: path, Host: "c", Timeout: 2 * time.Second})
+	if env == nil {
+		t.Fatalf("load: %+v", rs)
+	}
+	rs = StageLinks{ProbeMiB: 1}.Run(context.Background(), env)
+	addr := net.JoinHostPort("127.0.0.5", strconv.Itoa(env.Config.StageLinkPort(0)))
+	if len(rs) != 1 || !strings.HasPrefix(rs[0].Name, "stage link tiny-decode-group1-stage0 → d ("+addr+")") {
+		t.Fatalf("results %+v, want group 1's stage 0 checking d", rs)
+	}
+}
