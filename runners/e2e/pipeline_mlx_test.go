@@ -161,7 +161,11 @@ func TestPipelineMLXStageKilled(t *testing.T) {
 	go func() {
 		res <- goChat(pl.stages[0].listen, user("Tell me a long story."), 100000, map[string]any{"ignore_eos": true})
 	}()
-	testutil.Eventually(t, func() bool { return mlxCarried(t, pl.stages[0], 0, "sent") > 0 }, time.Minute, "the request streams")
+	// Decoding: stage 1 (the last) has computed 20 steps (the prompt is
+	// one or two), each of whose input came over MLX's ring.
+	testutil.Eventually(t, func() bool {
+		return pl.stages[1].metricPrefix(t, "exo_stage_step_seconds_count") >= 20 && mlxCarried(t, pl.stages[1], 1, "received") > 0
+	}, time.Minute, "the request decodes")
 	pl.stages[1].cmd.Process.Kill()
 	select {
 	case r := <-res:

@@ -2,7 +2,6 @@ package stage
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -99,7 +98,7 @@ func StartRing(ctx context.Context, c *RunnerConfig) (*Ring, error) {
 		return nil, err
 	}
 	go func() {
-		if err := ring.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		if err := ring.Run(ctx); err != nil && ctx.Err() == nil {
 			log.Error("pipeline stage 0 ended", "err", err)
 		}
 	}()

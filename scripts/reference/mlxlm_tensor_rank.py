@@ -1,5 +1,6 @@
 """One rank of mlx-lm's tensor-parallel decode (Model.shard over MLX's ring),
-for scripts/reference/tensor_vs_mlxlm.py. Without MLX_RANK it runs the whole
+or with a 4th argument "pipeline" of its pipeline (sharded_load with a
+pipeline group: this rank's layers only), for scripts/reference/tensor_vs_mlxlm.py. Without MLX_RANK it runs the whole
 model in one process. Prints one JSON line on rank 0: decode tok/s of each
 timed generation (greedy, DECODE tokens after a fixed 32-token prompt; the
 time from the first generated token to the last)."""
@@ -13,12 +14,17 @@ from mlx_lm import load
 from mlx_lm.generate import generate_step
 
 model_dir, decode, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+pipeline = len(sys.argv) > 4 and sys.argv[4] == "pipeline"
 group = None
 if "MLX_RANK" in os.environ:
     group = mx.distributed.init(strict=True, backend="ring")
-model, _ = load(model_dir)
-if group is not None:
-    model.shard(group)
+if pipeline:
+    from mlx_lm.utils import sharded_load
+    model, _ = sharded_load(model_dir, pipeline_group=group)
+else:
+    model, _ = load(model_dir)
+    if group is not None:
+        model.shard(group)
 mx.eval(model.parameters())
 prompt = mx.array([(i * 37 + 11) % 500 for i in range(32)], dtype=mx.uint32)
 rates = []

@@ -13,7 +13,17 @@ MODEL_DIR: a Llama model both can load whose head counts divide by 2 (e.g. one
 written by runners/engine/testmodel). exo's rate is read from a streamed
 /v1/completions (greedy, ignore_eos, the same 32 prompt token ids as the
 mlx-lm side): DECODE tokens over the time from the first streamed token to the
-last, after one untimed request. WHOLE=1 runs one process a side instead."""
+last, after one untimed request. WHOLE=1 runs one process a side instead.
+
+PIPELINE=1 compares 2 pipeline stages instead (the first half of the layers
+on stage 0): exo's stages (`--layers --stage I/2 --stage-listen
+--stage-next`, hidden states over MLX's ring) against mlx-lm's own pipeline
+(`sharded_load` with a pipeline group, launched by `mlx.launch --backend ring
+-n 2`). mlx-lm 0.31.1 pipelines only the models with a `pipeline()`
+(DeepSeek V2/V3, GLM-4 MoE, Ministral 3): give MODEL_DIR model_type
+"ministral3" with rope_parameters whose llama_4_scaling_beta is 0 (then it
+computes Llama's attention exactly) and a model.safetensors.index.json;
+exo reads the architectures (LlamaForCausalLM)."""
 import json
 import os
 import subprocess
@@ -30,6 +40,8 @@ REPS = 3
 # WHOLE=1: one process each side, the whole model (the same comparison
 # without tensor parallelism, to tell the split's cost from the rest).
 WHOLE = os.environ.get("WHOLE") == "1"
+PIPELINE = os.environ.get("PIPELINE") == "1"
+LAYERS = json.load(open(os.path.join(model, "config.json")))["num_hidden_layers"]
 
 
 def exo_round():
@@ -39,6 +51,10 @@ def exo_round():
         log = tempfile.NamedTemporaryFile(prefix=f"exo-rank{r}-", suffix=".log", delete=False)
         logs.append(log.name)
         tensor = [] if WHOLE else ["--tensor", f"{r}/2", "--tensor-peers", peers]
+        if PIPELINE:  # stage r listens on 184r0 (its MLX ring on 184r1)
+            cut = LAYERS // 2
+            tensor = ["--layers", f"0:{cut}" if r == 0 else f"{cut}:{LAYERS}", "--stage", f"{r}/2",
+                      "--stage-listen", f"127.0.0.1:184{r + 1}0", "--stage-next", f"127.0.0.1:184{2 - r}0"]
         procs.append(subprocess.Popen([exo, "runner", "decode", "--backend", "mlx", "--device", "cpu", "--offline",
                                        "--served-name", "m", "--model", model, "--listen", f"127.0.0.1:1840{r}",
                                        "--max-batch", "1"] + tensor,
@@ -80,6 +96,12 @@ def exo_round():
 
 
 def lm_round():
+    if PIPELINE:
+        out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mlx.launch"), "--backend", "ring", "-n", "2",
+                              "--hosts", "127.0.0.1", "--starting-port", "18430", "--connections-per-ip", "1",
+                              os.path.join(here, "mlxlm_tensor_rank.py"), model, str(decode), str(REPS), "pipeline"],
+                             stdout=subprocess.PIPE, text=True, check=True).stdout
+        return json.loads([l for l in out.splitlines() if "decode_tok_s" in l][-1])["decode_tok_s"]
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump([["127.0.0.1:18430"], ["127.0.0.1:18431"]], f)
     procs = []

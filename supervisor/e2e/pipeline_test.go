@@ -214,6 +214,14 @@ func shardedTwoHosts(t *testing.T, decode, flag, sparkRunner, macRunner string) 
 			}
 		}
 	}
+	if flag == "stage-next" && hostBackend() != "cpu" {
+		// On MLX the stages carry their hidden states over MLX's ring.
+		for _, h := range []*host{spark, mac} {
+			if b, _ := os.ReadFile(h.log); !strings.Contains(string(b), "hidden states carried over the group") {
+				t.Errorf("%s's stage did not carry its hidden states over MLX's ring (see %s)", h.name, h.log)
+			}
+		}
+	}
 	if n := remotePrefillOK(t, spark.api); remote && n < float64(2*len(prompts)) {
 		t.Errorf("remote prefill ok = %v on spark, want every one of the %d requests (counted before the kill below: on MLX a lost rank restarts the whole group, rank 0 and its counters too)", n, 2*len(prompts))
 	}
