@@ -1,10 +1,21 @@
 package decode_test
 
 import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/exo-pd/exo-pd/runners/decode"
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/prefill"
 )
 
 // TestParsePrefillHeads: ADDR#H0:H1 (or ADDR#I/N) entries name the ranks
@@ -31,5 +42,100 @@ func TestParsePrefillHeads(t *testing.T) {
 		if _, _, err := decode.ParsePrefillEndpoints(l); err == nil {
 			t.Errorf("%q parsed", l)
 		}
+	}
+}
+
+// TestHeadFill: a whole cache filled in head pieces from two whole
+// prefill runners (each asked for half of the KV heads, ADDR#H0:H1, with a
+// smaller chunk on one so that the pieces' chunk boundaries differ) holds
+// the KV of a local prefill bit for bit; with FP8 on the wire, what one
+// FP8 stream of every head gives; a piece whose runner cannot be
+// reached fails the fill and leaves the cache at start.
+func TestHeadFill(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "llama")
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 9, Layers: 2, Heads: 8, KVHeads: 4, MaxPositions: 1024}); err != nil {
+		t.Fatal(err)
+	}
+	m := load(t, dir, engine.LayerRange{})
+	serve := func(chunk int) string {
+		prod := prefill.New(prefill.Options{Name: "m", Model: m, Chunk: chunk, CacheBlock: 16})
+		t.Cleanup(prod.Close)
+		srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		go srv.Serve(ctx, l)
+		return l.Addr().String()
+	}
+	a, b := serve(16), serve(24)
+	ctx := t.Context()
+	prompt := make([]int32, 75)
+	for i := range prompt {
+		prompt[i] = int32(11 + i*29%500)
+	}
+	ref := m.NewCache()
+	defer ref.Free()
+	if err := m.Prefill(ctx, ref, prompt[:len(prompt)-1], 16, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, parts, err := decode.ParsePrefillEndpoints([]string{a + "#0:2", b + "#2:4"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fp8 := range []bool{false, true} {
+		rem := &decode.KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{}), Name: "m", Model: m, Parts: parts}
+		want := ref
+		if fp8 {
+			// FP8 scales per head and chunk: both pieces from the runner
+			// of 16-token chunks, against one FP8 stream of every head.
+			_, fparts, err := decode.ParsePrefillEndpoints([]string{a + "#0:2", a + "#2:4"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rem.Parts, rem.WireDType = fparts, kvwire.DTypeF8E4M3
+			one := &decode.KVRemote{Client: rem.Client, Name: "m", Model: m, WireDType: kvwire.DTypeF8E4M3,
+				Selector: kvwire.NewSelector([]kvwire.Endpoint{{Addr: a}})}
+			want = m.NewCache()
+			defer want.Free()
+			if _, err := one.Prefill(ctx, "fp8-one", prompt, 0, want, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c := m.NewCache()
+		if _, err := rem.Prefill(ctx, fmt.Sprint("fp8=", fp8), prompt, 0, c, nil); err != nil {
+			t.Fatalf("fp8 %v: %v", fp8, err)
+		}
+		for l := range 2 {
+			gk, gv, _ := c.Export(l, 0, len(prompt)-1)
+			wk, wv, _ := want.Export(l, 0, len(prompt)-1)
+			if !bytes.Equal(gk, wk) || !bytes.Equal(gv, wv) {
+				t.Fatalf("fp8 %v: layer %d differs from the reference", fp8, l)
+			}
+		}
+		c.Free()
+	}
+	dl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := dl.Addr().String()
+	dl.Close()
+	_, parts, _ = decode.ParsePrefillEndpoints([]string{a + "#0:2", dead + "#2:4"})
+	rem := &decode.KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{ConnectTimeout: time.Second}), Name: "m", Model: m, Parts: parts}
+	c := m.NewCache()
+	defer c.Free()
+	if _, err := rem.Prefill(ctx, "dead", append([]int32{1, 2}, prompt[2:]...), 0, c, nil); err == nil || c.Len() != 0 {
+		t.Fatalf("a dead prefill rank: %v, cache holds %d", err, c.Len())
+	}
+	_, parts, _ = decode.ParsePrefillEndpoints([]string{a + "#0:2"})
+	rem.Parts = parts
+	if _, err := rem.Prefill(ctx, "gap", prompt, 0, c, nil); !errors.Is(err, kvwire.ErrNoEndpoint) || c.Len() != 0 {
+		t.Fatalf("no prefill rank for heads 2:4: %v, cache holds %d", err, c.Len())
 	}
 }

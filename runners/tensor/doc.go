@@ -1,5 +1,5 @@
-// Package tensor owns the runtime of a tensor-parallel decode model served
-// by N runner processes, one per rank (DESIGN.md §13, docs/PROTOCOL.md
+// Package tensor owns the runtime of a tensor-parallel decode or prefill
+// model served by N runner processes, one per rank (DESIGN.md §13, docs/PROTOCOL.md
 // "Tensor link"): the tensor link (link.go: framed, CRC32C-checked,
 // HMAC-authenticated TCP from each follower rank to rank 0), the calls
 // rank 0 sends over it (call.go), rank 0's Leader and its Model adapter
@@ -10,7 +10,13 @@
 // engine, an all_sum over the same links (collective.go: a star through
 // rank 0, summed in rank order, so every rank gets the same bytes). On MLX
 // the ranks sum through MLX's own group (runners/engine/mlx JoinGroup) and
-// the link carries only the calls.
+// the link carries only the calls (MLX's ring, JACCL with an RDMA device
+// matrix, or NCCL on a CUDA GPU: join.go, jaccl.go, nccl.go).
+//
+// A prefill group (prefill.go) runs a prefill.Producer on every rank over
+// its share: rank 0 drives every computation with begin/chunk/end calls,
+// each follower's Producer computes the same chunks, and every rank's KV
+// port serves the KV heads it computed.
 //
 // A runner process's rank is assembled here too (runner.go: RunnerConfig
 // from the --tensor flags, StartRunner before the model loads, Join as
