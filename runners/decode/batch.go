@@ -21,14 +21,35 @@ import (
 // queued one (or gather has passed: a generation busy elsewhere, e.g.
 // writing to a slow client, does not hold the others back for longer),
 // then runs them as one batch.
+//
+// Speculation lives here too: a generation verifying drafts queues its
+// last token and the drafts as one chunk (member.stepAll) and the batch
+// runs as one forward of every member's chunk (Model.ForwardBatchAllInto:
+// k+1 positions for a member verifying k drafts, one for the others),
+// each member getting the logits after every position of its chunk. While
+// a member drafts with a draft model (member.drafting) the gather waits
+// for it a while longer (up to draftWait), so that its verification joins
+// the others' step rather than following it alone.
 type batcher struct {
 	model  Model
 	gather time.Duration
 	sizes  func(n int) // observes each batch's size; may be nil
+	// verified observes each step that verified drafts: its sequences
+	// and positions (sequences plus drafted tokens); may be nil.
+	verified func(seqs, positions int)
+	all      stepAll // the model's every-position batched step; nil: none
+	// quorum (tests only): the first batch waits, up to quorumWait, until
+	// that many generations have joined and stepped.
+	quorum int
+	cost   batchCost
 	reqs   chan *stepReq
 
-	mu     sync.Mutex
-	joined int
+	mu       sync.Mutex
+	joined   int
+	drafting int // joined members drafting with a draft model
+	// wake (buffered 1) tells a gathering batch that a member left or
+	// stepped aside: it need not wait for that member's step.
+	wake chan struct{}
 
 	stopped chan struct{} // closed when run returns
 	// ov overlaps the steps of batches whose tokens the device can pick
@@ -38,9 +59,15 @@ type batcher struct {
 }
 
 type stepReq struct {
-	cache  engine.KVCache
-	tok    int32
+	cache engine.KVCache
+	tok   int32
+	// feed, when not empty, is the chunk to feed instead of tok (a
+	// verification: the last token and the drafts); logits then holds
+	// every position's row, one after another.
+	feed   []int32
+	one    [1]int32 // tok as a chunk, in a batch that verifies
 	logits []float32
+	st     stepStat
 	picked Picked // a PickingModel's pick, when the batcher steps one
 	err    error
 	done   chan struct{} // buffered (1): the batcher signals, never closes
@@ -50,6 +77,24 @@ type stepReq struct {
 	dev *Picker
 }
 
+// stepStat is what a step cost and with whom: the forward's time and the
+// batch's sequences and positions (a member verifying k drafts adds k+1).
+type stepStat struct {
+	took            time.Duration
+	seqs, positions int
+}
+
+// stepAll is the model method a batch that verifies drafts runs
+// (engine.Model.ForwardBatchAllInto): every member's chunk in one forward,
+// every position's logits.
+type stepAll interface {
+	ForwardBatchAllInto(ctx context.Context, caches []engine.KVCache, tokens [][]int32, dst []float32) ([][]float32, error)
+}
+
+// draftWait bounds how long a batch waits for members drafting with a
+// draft model.
+const draftWait = 50 * time.Millisecond
+
 // stepBatch is the model method the batcher prefers: every row written
 // into dst's storage (engine.Model.ForwardBatchInto), so that a step
 // allocates nothing; ForwardBatch is the fallback.
@@ -58,7 +103,9 @@ type stepBatch interface {
 }
 
 func newBatcher(m Model, maxBatch int, gather time.Duration) *batcher {
-	return &batcher{model: m, gather: gather, reqs: make(chan *stepReq, maxBatch), stopped: make(chan struct{})}
+	all, _ := m.(stepAll)
+	return &batcher{model: m, gather: gather, all: all, reqs: make(chan *stepReq, maxBatch), stopped: make(chan struct{}),
+		wake: make(chan struct{}, 1)}
 }
 
 // overlap makes b overlap the batches it can (before run starts).
@@ -97,7 +144,16 @@ func (m *member) leave() {
 		m.b.mu.Lock()
 		m.b.joined--
 		m.b.mu.Unlock()
+		m.b.woken()
 	})
+}
+
+// woken tells a gathering batch to count its members again.
+func (b *batcher) woken() {
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
 }
 
 // aside takes the member out of the batch's count until back: it is
@@ -107,12 +163,32 @@ func (m *member) aside() {
 	m.b.mu.Lock()
 	m.b.joined--
 	m.b.mu.Unlock()
+	m.b.woken()
 }
 
 func (m *member) back() {
 	m.b.mu.Lock()
 	m.b.joined++
 	m.b.mu.Unlock()
+}
+
+// drafting marks the member as drafting with a draft model (on) or done
+// drafting: the batch waits a while longer for its next step (draftWait)
+// instead of running without it.
+func (m *member) drafting(on bool) {
+	m.b.mu.Lock()
+	if on {
+		m.b.drafting++
+	} else {
+		m.b.drafting--
+	}
+	m.b.mu.Unlock()
+}
+
+func (b *batcher) anyDrafting() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.drafting > 0
 }
 
 // join is joinMember for callers that step through batcher.step.
@@ -130,7 +206,7 @@ func (b *batcher) members() int {
 // member's own row: valid until its next step.
 func (m *member) step(cache engine.KVCache, tok int32) (stepOut, error) {
 	b, r := m.b, &m.req
-	r.cache, r.tok, r.logits, r.err, r.dev = cache, tok, nil, nil, m.dev
+	r.cache, r.tok, r.feed, r.logits, r.err, r.dev = cache, tok, nil, nil, nil, m.dev
 	select {
 	case b.reqs <- r:
 	case <-b.stopped:
@@ -142,13 +218,35 @@ func (m *member) step(cache engine.KVCache, tok int32) (stepOut, error) {
 			return stepOut{}, r.err
 		}
 		if r.logits == nil {
-			return stepOut{picked: &r.picked}, nil
+			return stepOut{picked: &r.picked, stat: r.st}, nil
 		}
-		return stepOut{logits: r.logits}, nil
+		return stepOut{logits: r.logits, stat: r.st}, nil
 	case <-b.stopped:
 		// run has returned; it finishes every batch it starts, so r was
 		// never taken.
 		return stepOut{}, errBatcherStopped
+	}
+}
+
+// stepAll feeds the chunk feed (the last token and the drafts) to cache
+// as part of the next batch and returns the logits after each of its
+// positions, one row of V after another (the member's own storage, valid
+// until its next step), and what the step cost. The batcher must have a
+// stepAll model (b.all).
+func (m *member) stepAll(cache engine.KVCache, feed []int32) ([]float32, stepStat, error) {
+	b, r := m.b, &m.req
+	r.cache, r.tok, r.feed, r.logits, r.err, r.dev = cache, feed[0], feed, nil, nil, nil
+	select {
+	case b.reqs <- r:
+	case <-b.stopped:
+		return nil, stepStat{}, errBatcherStopped
+	}
+	select {
+	case <-r.done:
+		r.feed = nil
+		return r.logits, r.st, r.err
+	case <-b.stopped:
+		return nil, stepStat{}, errBatcherStopped
 	}
 }
 
@@ -184,6 +282,7 @@ func (b *batcher) run(ctx context.Context) {
 	}
 	flat := make([]float32, cap(b.reqs)*vocab)
 	rows := make([][]float32, 0, cap(b.reqs))
+	var all allScratch // a verifying batch's (stepAll)
 	for {
 		batch = batch[:0]
 		select {
@@ -192,13 +291,23 @@ func (b *batcher) run(ctx context.Context) {
 		case r := <-b.reqs:
 			batch = append(batch, r)
 		}
+		if b.quorum > 0 {
+			batch = b.awaitQuorum(ctx, batch)
+		}
 		timer.Reset(b.gather)
+		extra := int(draftWait / max(b.gather, time.Microsecond)) // gathers more while members draft
 	gather:
 		for len(batch) < cap(b.reqs) && len(batch) < b.members() {
 			select {
 			case r := <-b.reqs:
 				batch = append(batch, r)
+			case <-b.wake: // a member left: count again
 			case <-timer.C:
+				if extra > 0 && b.anyDrafting() {
+					extra--
+					timer.Reset(b.gather)
+					continue
+				}
 				break gather
 			}
 		}
@@ -209,19 +318,32 @@ func (b *batcher) run(ctx context.Context) {
 			}
 		}
 		caches, toks = caches[:0], toks[:0]
+		positions := 0
 		for _, r := range batch {
 			caches, toks = append(caches, r.cache), append(toks, r.tok)
+			positions += max(1, len(r.feed))
 		}
 		if b.sizes != nil {
 			b.sizes(len(batch))
 		}
+		// A verifying member is never overlappable (dev nil): the overlap
+		// (if running) stops for its batch.
 		if b.ov != nil && b.ov.step(batch) {
+			clear(caches)
+			continue
+		}
+		if positions > len(batch) {
+			if b.verified != nil {
+				b.verified(len(batch), positions)
+			}
+			all = b.stepAll(batch, caches, all, positions)
 			clear(caches)
 			continue
 		}
 		var logits [][]float32
 		var picked []Picked
 		var err error
+		t0 := time.Now()
 		if picking {
 			picked, err = pm.ForwardBatchPick(context.Background(), caches, toks)
 		} else if into && vocab > 0 {
@@ -239,7 +361,12 @@ func (b *batcher) run(ctx context.Context) {
 		} else {
 			logits, err = b.model.ForwardBatch(context.Background(), caches, toks)
 		}
+		st := stepStat{took: time.Since(t0), seqs: len(batch), positions: positions}
+		if err == nil {
+			b.cost.observe(st)
+		}
 		for i, r := range batch {
+			r.st = st
 			if err != nil {
 				r.err = err
 			} else if picking {
@@ -254,4 +381,133 @@ func (b *batcher) run(ctx context.Context) {
 		}
 		clear(caches) // hold no cache past its step
 	}
+}
+
+// quorumWait bounds batcher.quorum's wait.
+const quorumWait = 30 * time.Second
+
+// awaitQuorum gathers the first batch until b.quorum steps are queued (or
+// quorumWait passed), then drops the quorum.
+func (b *batcher) awaitQuorum(ctx context.Context, batch []*stepReq) []*stepReq {
+	deadline := time.NewTimer(quorumWait)
+	defer deadline.Stop()
+	for len(batch) < min(b.quorum, cap(b.reqs)) {
+		select {
+		case r := <-b.reqs:
+			batch = append(batch, r)
+		case <-deadline.C:
+			b.quorum = 0
+			return batch
+		case <-ctx.Done():
+			b.quorum = 0
+			return batch
+		}
+	}
+	b.quorum = 0
+	return batch
+}
+
+// allScratch is what a verifying batch reuses step after step: the
+// chunks and the logits of every position.
+type allScratch struct {
+	chunks [][]int32
+	flat   []float32
+}
+
+// stepAll runs a batch in which members verify drafts: one forward of
+// every member's chunk (its feed, or its one token), each member's rows
+// copied into its own buffer. It returns the scratch for the next one.
+func (b *batcher) stepAll(batch []*stepReq, caches []engine.KVCache, sc allScratch, positions int) allScratch {
+	V := b.model.Info().Vocab
+	sc.chunks = sc.chunks[:0]
+	for _, r := range batch {
+		ch := r.feed
+		if len(ch) == 0 {
+			r.one[0] = r.tok
+			ch = r.one[:]
+		}
+		sc.chunks = append(sc.chunks, ch)
+	}
+	if cap(sc.flat) < positions*V {
+		sc.flat = make([]float32, 0, positions*V)
+	}
+	t0 := time.Now()
+	var err error
+	if b.all == nil {
+		err = errors.New("decode: the model cannot verify drafts in a batch")
+	} else {
+		_, err = b.all.ForwardBatchAllInto(context.Background(), caches, sc.chunks, sc.flat[:0])
+	}
+	st := stepStat{took: time.Since(t0), seqs: len(batch), positions: positions}
+	if err == nil {
+		b.cost.observe(st)
+	}
+	off := 0
+	for i, r := range batch {
+		n := len(sc.chunks[i])
+		r.st = st
+		if err != nil {
+			r.err = err
+		} else {
+			// The rows are read after the batcher has moved on: a copy
+			// into the member's own storage.
+			r.buf = append(r.buf[:0], sc.flat[off*V:(off+n)*V]...)
+			r.logits = r.buf
+		}
+		off += n
+		r.done <- struct{}{}
+	}
+	clear(sc.chunks)
+	return sc
+}
+
+// batchCost is a batcher's model of what its steps cost: a step of P
+// positions (its sequences plus the drafted tokens they verify) takes
+// a + b·P seconds, fitted by exponentially weighted least squares to
+// every step it runs. It is what the batch's speculating members plan
+// their drafts by: unlike one member's own timings it needs no plain step
+// of every batch size (with every member drafting there may be none), and
+// it learns from every member's verifications.
+type batchCost struct {
+	mu           sync.Mutex
+	n            int     // steps observed
+	p, t, pp, pt float64 // weighted means of P, T, P² and P·T
+}
+
+// batchCostAlpha is the weight of a new step in batchCost's means.
+const batchCostAlpha = 0.05
+
+func (c *batchCost) observe(st stepStat) {
+	P, T := float64(st.positions), st.took.Seconds()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w := batchCostAlpha
+	if c.n < int(1/batchCostAlpha) {
+		w = 1 / float64(c.n+1) // a plain mean until the window fills
+	}
+	c.n++
+	c.p += w * (P - c.p)
+	c.t += w * (T - c.t)
+	c.pp += w * (P*P - c.pp)
+	c.pt += w * (P*T - c.pt)
+}
+
+// at is the model for a batch of B sequences: a plain step's seconds per
+// sequence, and an extra position's cost in those units (what it adds to
+// the step, over one sequence's share of a plain step); ok false until
+// the steps seen differ enough in positions to tell a from b.
+func (c *batchCost) at(B int) (step, cost float64, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v := c.pp - c.p*c.p
+	if c.n < 4 || v < 0.05 {
+		return 0, 0, false
+	}
+	b := max((c.pt-c.p*c.t)/v, 0)
+	a := c.t - b*c.p
+	plain := a + b*float64(B)
+	if plain <= 0 || a < 0 {
+		return 0, 0, false
+	}
+	return plain / float64(B), min(float64(B)*b/plain, 2), true
 }

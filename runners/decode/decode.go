@@ -21,6 +21,7 @@
 package decode
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -154,7 +155,17 @@ type Options struct {
 	// specForce (tests only) drafts as many tokens as allowed at every
 	// step, whatever the cost model says, so that verification and
 	// rollback are exercised whatever this machine's timings.
-	specForce    bool
+	specForce bool
+	// specSolo (tests and benchmarks only) verifies each generation's
+	// drafts in a forward of its own, aside from the batch, and drafts
+	// with a draft model one generation at a time: the per-request loop
+	// speculation ran as before it moved into the batcher.
+	specSolo bool
+	// batchGather and batchQuorum (tests only): how long a batch waits
+	// for its joined generations' steps (0: 2 ms), and how many
+	// generations the first batch waits for (see batcher.quorum).
+	batchGather  time.Duration
+	batchQuorum  int
 	PrefillChunk int // local prefill chunk (0: engine default)
 	CacheEntries int // conversations kept in the prefix cache (default 4; <0: none)
 	CacheTokens  int // total tokens kept (default 32768)
@@ -204,11 +215,13 @@ type Server struct {
 	eos            map[int32]bool
 	format         chat.Format // the model's chat format (tool calls, reasoning)
 
-	specMax    int        // the most tokens drafted per step; 0: no speculation
-	draftPool  *kvPool    // draft mode: the draft model's caches, by prefix
-	draftVocab int        // draft mode: ids a draft may propose
-	batch      *batcher   // nil when MaxBatch is 1
-	lanes      []*batcher // the batchers (batch is the first): a Laned model's lanes, else one
+	specMax    int          // the most tokens drafted per step; 0: no speculation
+	draftPool  *kvPool      // draft mode: the draft model's caches, by prefix
+	draftVocab int          // draft mode: ids a draft may propose
+	draftBatch *batcher     // draft mode with batching: the draft model's steps, batched
+	draftMost  atomic.Int64 // the most sequences one draft step has held (tests)
+	batch      *batcher     // nil when MaxBatch is 1
+	lanes      []*batcher   // the batchers (batch is the first): a Laned model's lanes, else one
 	stopBatch  context.CancelFunc
 	journal    journal    // recent requests, for JournalPath
 	mem        memSampler // the engine's memory, for JournalPath
@@ -259,7 +272,8 @@ func New(o Options) *Server {
 		most := 0
 		for i := range lanes {
 			// Each lane batches up to its share of MaxBatch.
-			b := newBatcher(o.Model, (o.MaxBatch+lanes-1-i)/lanes, 2*time.Millisecond)
+			b := newBatcher(o.Model, (o.MaxBatch+lanes-1-i)/lanes, cmp.Or(o.batchGather, 2*time.Millisecond))
+			b.quorum = o.batchQuorum
 			b.sizes = func(n int) {
 				s.m.DecodeBatch.Observe(float64(n))
 				mu.Lock()
@@ -269,6 +283,12 @@ func New(o Options) *Server {
 					s.m.DecodeBatchMax.Set(float64(n))
 				}
 			}
+			b.verified = func(seqs, positions int) {
+				s.m.SpecBatchPositions.Observe(float64(positions))
+				if seqs > 1 {
+					s.m.SpecSharedSteps.Inc()
+				}
+			}
 			if s.overlap {
 				b.overlap(s.log)
 			}
@@ -276,6 +296,19 @@ func New(o Options) *Server {
 			go b.run(ctx)
 		}
 		s.batch = s.lanes[0]
+		if s.draftPool != nil {
+			// The generations' draft steps batch too (drafter.draft).
+			s.draftBatch = newBatcher(o.Draft, o.MaxBatch, 2*time.Millisecond)
+			s.draftBatch.sizes = func(n int) {
+				for {
+					most := s.draftMost.Load()
+					if int64(n) <= most || s.draftMost.CompareAndSwap(most, int64(n)) {
+						return
+					}
+				}
+			}
+			go s.draftBatch.run(ctx)
+		}
 	}
 	for _, id := range o.Text.EOS() {
 		s.eos[id] = true
@@ -631,6 +664,7 @@ type stepOut struct {
 	logits []float32
 	picked *Picked
 	took   time.Duration // the first step's: a one-token forward's time (speculation's cost model)
+	stat   stepStat      // a batched step's: its cost and size (speculation's cost model)
 }
 
 // generate runs the generation from the step after the prompt: picker
@@ -667,6 +701,12 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 	var sp *speculator
 	if s.specMax > 0 && !req.NoSpeculation && picker != nil {
 		sp = s.newSpec(req, picker)
+		if s.batchVerify(mem) {
+			sp.bc = &mem.b.cost
+			if sp.d != nil {
+				sp.d.b = s.draftBatch
+			}
+		}
 		if out.took > 0 {
 			sp.observe(1, out.took)
 		}
@@ -759,12 +799,24 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 			}
 			t1 := time.Now()
 			// pre: what a hybrid cache's rollback took back (fed again).
-			if pre := entry.tokens[min(entry.cache.Len(), len(entry.tokens)):]; d != nil || len(pre) > 0 {
+			pre := entry.tokens[min(entry.cache.Len(), len(entry.tokens)):]
+			switch {
+			case (d != nil || len(pre) > 0) && s.batchVerify(mem):
+				// One forward of the batch verifies the drafts beside the
+				// other members' steps.
+				out.logits, err = s.verifyBatched(ctx, mem, sp, entry.cache, pre, tok)
+			case d != nil || len(pre) > 0:
 				out.logits, err = s.verifyStep(ctx, mem, sp, entry.cache, pre, tok)
 				sp.observe(len(pre)+1+len(d), time.Since(t1))
-			} else {
+			default:
 				out, err = s.decodeStep(ctx, mem, pm, entry.cache, tok)
-				sp.observe(1, time.Since(t1))
+				switch {
+				case err != nil:
+				case s.batchVerify(mem):
+					sp.observeBatch(out.stat)
+				default:
+					sp.observe(1, time.Since(t1))
+				}
 			}
 		} else if o, ok, oerr := solo.one(ctx, picker, entry.cache, tok); ok {
 			out, err = o, oerr
@@ -832,9 +884,34 @@ func (s *Server) noteSpec(ctx context.Context, sp *speculator) {
 		"position_cost", sp.cost, "draft_cost", sp.dcost(), "draft_catchup", sp.catchup(), "draft_stopped", sp.d != nil && sp.d.off)
 }
 
+// batchVerify reports whether a generation's verifications go through its
+// batch (mem's batcher can run a batch of chunks, and Options.specSolo
+// does not keep them apart).
+func (s *Server) batchVerify(mem *member) bool {
+	return mem != nil && mem.b.all != nil && !s.o.specSolo
+}
+
+// verifyBatched feeds pre, tok and sp's draft as the generation's chunk of
+// the next batch (its forward shared with the other members' steps) and
+// returns the logits after tok.
+func (s *Server) verifyBatched(ctx context.Context, mem *member, sp *speculator, cache engine.KVCache, pre []int32, tok int32) ([]float32, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	feed := sp.feedFor(pre, tok)
+	flat, st, err := mem.stepAll(cache, feed)
+	if err != nil {
+		sp.draft = sp.draft[:0]
+		return nil, err
+	}
+	sp.observeBatch(st)
+	return sp.begin(flat, len(pre)), nil
+}
+
 // verifyStep feeds tok and sp's draft in one forward of their own (the
 // generation steps aside from the batch meanwhile, so that the batch does
-// not wait for it) and returns the logits after tok.
+// not wait for it) and returns the logits after tok: speculation without
+// a batch, or beside one whose model cannot verify in it (batchVerify).
 func (s *Server) verifyStep(ctx context.Context, mem *member, sp *speculator, cache engine.KVCache, pre []int32, tok int32) ([]float32, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

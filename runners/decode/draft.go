@@ -81,6 +81,9 @@ type drafter struct {
 	off     bool    // drafting stopped for this generation (see speculator.propose)
 	err     error   // a failed draft forward: no more drafting in this generation
 	out     []int32
+	// b, when set, batches the draft steps with the other generations'
+	// (the Server's draft batcher); nil: one forward per step.
+	b *batcher
 }
 
 // draftCostPrior is a draft forward's cost, in target steps, until one is
@@ -132,8 +135,24 @@ func (d *drafter) draft(ctx context.Context, history []int32, k int) ([]int32, e
 	t0 := time.Now()
 	d.out = d.out[:0]
 	tok := history[len(history)-1]
+	var mem *member
+	if d.b != nil {
+		// The other generations drafting now step with this one.
+		mem = d.b.joinMember()
+		defer mem.leave()
+	}
 	for range k {
-		logits, err := d.m.Forward(ctx, c, []int32{tok})
+		var logits []float32
+		var err error
+		if mem != nil {
+			var out stepOut
+			if err = ctx.Err(); err == nil {
+				out, err = mem.step(c, tok)
+			}
+			logits = out.logits
+		} else {
+			logits, err = d.m.Forward(ctx, c, []int32{tok})
+		}
 		if err != nil {
 			return fail(fmt.Errorf("draft step: %w", err))
 		}

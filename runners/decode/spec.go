@@ -17,9 +17,12 @@ import (
 // After each sampled token the generation looks for the latest earlier
 // occurrence of the history's last n tokens (n from 3 down to 1) in the
 // prompt and the output so far and drafts the k tokens that followed it.
-// The token and its draft go through the model in one forward
-// (engine.Model.ForwardAllInto), which returns the logits after each of
-// them. Those rows then go, in order, through exactly the pipeline of plain
+// The token and its draft go through the model in one forward, which
+// returns the logits after each of them: the batch's step, shared with the
+// other generations' (the batcher runs every member's chunk in one
+// engine.Model.ForwardBatchAllInto; see batch.go), or, without a batch or
+// a model that can, a forward of the generation's own
+// (engine.Model.ForwardAllInto). Those rows then go, in order, through exactly the pipeline of plain
 // decoding (constraint mask, sampler with its penalties and bias,
 // logprobs, stop check), one sampled token per row: while the sampled
 // token equals the drafted one the next row is already computed; at the
@@ -142,7 +145,14 @@ func draftSampler(p gen.Sampling) DraftSampler {
 // propose is sp.propose with the generation aside from the batch while a
 // draft model drafts (the batch does not wait for its next step).
 func (s *Server) propose(ctx context.Context, mem *member, sp *speculator, history []int32, limit int) ([]int32, error) {
-	if mem != nil && sp.d != nil {
+	switch {
+	case mem != nil && sp.d != nil && s.batchVerify(mem):
+		// The batch waits a while for this member's verification (its
+		// drafts come within a few draft steps, batched with the other
+		// members' drafting: see drafter.draft).
+		mem.drafting(true)
+		defer mem.drafting(false)
+	case mem != nil && sp.d != nil:
 		mem.aside()
 		defer mem.back()
 	}
@@ -186,8 +196,21 @@ type speculator struct {
 	// wait and gap: the plain steps left before that length is probed
 	// again, and the current gap.
 	wait, gap [4]int
-	step      float64 // a plain step's seconds (moving average; 0: unmeasured)
-	cost      float64 // an extra verified position's cost, in plain steps
+	// step: a plain step's seconds, per sequence of its batch (its batch
+	// size's plain step over that size; moving average; 0: unmeasured).
+	step float64
+	// stepB: a plain batch step's seconds by batch size (moving averages;
+	// 0: unmeasured). Alone, stepB[1] is step.
+	stepB []float64
+	// cost: an extra verified position's cost, in plain steps per
+	// sequence: what it adds to its batch's step, over the step's share
+	// of one sequence (alone, over a plain step). Every member of a batch
+	// waits for the positions any of them verifies, so a draft of k pays
+	// when it yields more than the k·cost plain steps' worth it costs.
+	cost float64
+	// bc: the batch's cost model, when the generation verifies in a
+	// batch (nil: alone); once it can tell, it sets step and cost.
+	bc *batchCost
 
 	on    bool        // a verification's rows are being consumed
 	n     int         // the n-gram length its draft matched (0: a draft model's)
@@ -267,21 +290,48 @@ func (sp *speculator) end() {
 	sp.on, sp.rows, sp.draft, sp.row, sp.q = false, sp.rows[:0], sp.draft[:0], 0, nil
 }
 
-// observe records how long a forward of rows positions took (1: a plain
-// step).
+// observe records how long a forward of rows positions of this
+// generation alone took (1: a plain step).
 func (sp *speculator) observe(rows int, d time.Duration) {
-	t := d.Seconds()
-	if rows == 1 {
-		if sp.step == 0 {
-			sp.step = t
+	sp.observeStep(stepStat{took: d, seqs: 1, positions: rows})
+}
+
+// observeStep records how long a batch step of st.seqs sequences and
+// st.positions positions took (as many as sequences: a plain step).
+// Plain steps are averaged per batch size; a step with more positions
+// measures the cost of one against its size's plain step.
+func (sp *speculator) observeStep(st stepStat) {
+	t, B, P := st.took.Seconds(), max(st.seqs, 1), st.positions
+	if len(sp.stepB) <= B {
+		sp.stepB = append(sp.stepB, make([]float64, B+1-len(sp.stepB))...)
+	}
+	plain := &sp.stepB[B]
+	if P <= B {
+		if *plain == 0 {
+			*plain = t
 		} else {
-			sp.step += specAlpha * (t - sp.step)
+			*plain += specAlpha * (t - *plain)
 		}
+		sp.step = *plain / float64(B)
 		return
 	}
-	if sp.step > 0 {
-		c := min(max((t/sp.step-1)/float64(rows-1), 0), 2)
+	if *plain > 0 {
+		sp.step = *plain / float64(B)
+		c := min(max(float64(B)*(t / *plain - 1)/float64(P-B), 0), 2)
 		sp.cost += specAlpha * (c - sp.cost)
+	}
+}
+
+// observeBatch is observeStep for a step of the generation's batch: the
+// batch's cost model (fitted to all its steps) replaces the generation's
+// own measurements once it can tell.
+func (sp *speculator) observeBatch(st stepStat) {
+	sp.observeStep(st)
+	if sp.bc == nil {
+		return
+	}
+	if step, c, ok := sp.bc.at(max(st.seqs, 1)); ok {
+		sp.step, sp.cost = step, c
 	}
 }
 
@@ -433,28 +483,42 @@ func equal32(a, b []int32) bool {
 }
 
 // verify feeds tok and the proposed draft (none: a catch-up forward) in
-// one forward and returns the logits after tok (row 0); the rows after
-// the drafts follow through next. pre are tokens the cache lacks before
-// tok (a hybrid cache's rollback went back to where the last verification
-// began: the tokens it kept are fed again).
+// one forward of their own and returns the logits after tok (row 0); the
+// rows after the drafts follow through next. pre are tokens the cache
+// lacks before tok (a hybrid cache's rollback went back to where the last
+// verification began: the tokens it kept are fed again).
+// (Server.verifyBatched does the same in a batch's forward.)
 func (sp *speculator) verify(ctx context.Context, c engine.KVCache, pre []int32, tok int32) ([]float32, error) {
-	sp.feed = append(append(append(sp.feed[:0], pre...), tok), sp.draft...)
-	n := len(sp.feed)
+	feed := sp.feedFor(pre, tok)
+	n := len(feed)
 	if cap(sp.buf) < n*sp.vocab {
 		sp.buf = make([]float32, 0, (sp.max+1+len(pre))*sp.vocab)
 	}
-	if _, err := sp.v.ForwardAllInto(ctx, c, sp.feed, sp.buf[:0]); err != nil {
+	if _, err := sp.v.ForwardAllInto(ctx, c, feed, sp.buf[:0]); err != nil {
 		sp.draft = sp.draft[:0]
 		return nil, err
 	}
 	// The model's row headers are its scratch (another generation's step
 	// may reuse them): the rows are read from buf, which is this
 	// generation's own.
+	return sp.begin(sp.buf[:n*sp.vocab], len(pre)), nil
+}
+
+// feedFor is the chunk a verification feeds: pre, tok and the draft.
+func (sp *speculator) feedFor(pre []int32, tok int32) []int32 {
+	sp.feed = append(append(append(sp.feed[:0], pre...), tok), sp.draft...)
+	return sp.feed
+}
+
+// begin starts consuming a verification's rows, flat holding the logits
+// after each token of feedFor's chunk (storage the generation owns until
+// its next step), and returns the row after tok (pre tokens before it).
+func (sp *speculator) begin(flat []float32, pre int) []float32 {
 	sp.all = sp.all[:0]
-	for i := range n {
-		sp.all = append(sp.all, sp.buf[i*sp.vocab:(i+1)*sp.vocab:(i+1)*sp.vocab])
+	for i := range len(sp.feed) {
+		sp.all = append(sp.all, flat[i*sp.vocab:(i+1)*sp.vocab:(i+1)*sp.vocab])
 	}
-	sp.rows = sp.all[len(pre):]
+	sp.rows = sp.all[pre:]
 	sp.on, sp.row = true, 0
-	return sp.rows[0], nil
+	return sp.rows[0]
 }

@@ -70,6 +70,14 @@ type Runner struct {
 	// SpecTokens counts drafted tokens speculative decoding verified, by
 	// outcome: accepted (kept) or rejected (decode only).
 	SpecTokens *prometheus.CounterVec // outcome
+	// SpecBatchPositions observes the positions of each batched decode
+	// step that verified drafts: its sequences plus the drafted tokens
+	// they verified in that one forward (decode only).
+	SpecBatchPositions prometheus.Histogram
+	// SpecSharedSteps counts batched decode steps in which drafts were
+	// verified in the same forward as at least one other sequence's step:
+	// speculating generations sharing the model's forwards (decode only).
+	SpecSharedSteps prometheus.Counter
 	// Goroutines is the process's goroutine count taken when a scrape
 	// begins, before the registry gathers: go_goroutines is read inside
 	// the gather, where the registry's own collector goroutines (one to
@@ -144,6 +152,11 @@ func New(role string) *Runner {
 	m.RouteError = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "exo_route_prediction_error_ratio",
 		Help:    "Relative error of the cost model's predicted prefill time for the route taken: (actual - predicted) / predicted.",
 		Buckets: []float64{-0.75, -0.5, -0.25, -0.1, 0, 0.1, 0.25, 0.5, 1, 2, 4}})
+	m.SpecBatchPositions = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "exo_speculative_batch_positions",
+		Help:    "Positions (sequences plus drafted tokens verified) of each batched decode step that verified drafts.",
+		Buckets: []float64{2, 4, 8, 16, 32, 64, 128}})
+	m.SpecSharedSteps = prometheus.NewCounter(prometheus.CounterOpts{Name: "exo_speculative_shared_steps_total",
+		Help: "Batched decode steps that verified drafts in the same forward as another sequence's step."})
 	m.SpecTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exo_speculative_tokens_total",
 		Help: "Drafted tokens verified by speculative decoding, by outcome: accepted (kept) or rejected."}, []string{"outcome"})
 	m.Goroutines = prometheus.NewGauge(prometheus.GaugeOpts{Name: "exo_goroutines",
@@ -161,6 +174,8 @@ func New(role string) *Runner {
 		f(m.RouteDecisions)
 		f(m.RouteError)
 		f(m.SpecTokens)
+		f(m.SpecBatchPositions)
+		f(m.SpecSharedSteps)
 		m.SpecTokens.WithLabelValues(SpecAccepted)
 		m.SpecTokens.WithLabelValues(SpecRejected)
 	}

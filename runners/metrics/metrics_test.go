@@ -43,13 +43,14 @@ func TestExposition(t *testing.T) {
 		`exo_prefix_cache_hit_tokens_total{role="decode"} 0`, "go_goroutines", "process_cpu_seconds_total",
 		"exo_decode_batch_sequences_max 0",
 		`exo_speculative_tokens_total{outcome="accepted"} 0`, `exo_speculative_tokens_total{outcome="rejected"} 0`,
+		"exo_speculative_shared_steps_total 0", "exo_speculative_batch_positions_count 0",
 	} {
 		if !strings.Contains(dt, want) {
 			t.Errorf("decode exposition lacks %q", want)
 		}
 	}
 	if !strings.Contains(pt, `exo_prefix_cache_hit_tokens_total{role="prefill"} 64`) || strings.Contains(pt, "exo_remote_prefill_total{") ||
-		strings.Contains(pt, "exo_speculative_tokens_total") {
+		strings.Contains(pt, "exo_speculative_tokens_total") || strings.Contains(pt, "exo_speculative_shared_steps_total") {
 		t.Errorf("prefill exposition wrong:\n%s", pt)
 	}
 	if strings.Contains(pt, `exo_prompt_tokens_total{model="m"}`) {
