@@ -19,7 +19,8 @@ type KVRemote struct {
 	Selector *kvwire.Selector
 	Name     string // served model name sent to the prefill runner
 	Model    Model
-	// Deadline bounds one fetch on the server (0: its default).
+	// Deadline bounds one fetch on the server (0: DefaultFetchDeadline);
+	// the client sends less when the request's context ends sooner.
 	Deadline time.Duration
 	// Breaker, when set, skips endpoints that stopped answering and sizes
 	// each fetch's idle deadline; RunProbes closes it again.
@@ -37,6 +38,22 @@ type KVRemote struct {
 	// ranks of a tensor-parallel prefill group (--prefill ADDR#H0:H1),
 	// asked for the cache's KV heads (headsplit.go).
 	Parts []PrefillPart
+}
+
+// DefaultFetchDeadline is the deadline a remote fill sends the prefill
+// runner when none is configured and its context has none sooner: the
+// prefill runner's own longest (kvwire.ServerConfig.MaxDuration's
+// default), sent so that a fetch never rests on the server's default. A
+// prefill that stops computing is caught well before it by the client's
+// progress deadline (PROTOCOL.md §13).
+const DefaultFetchDeadline = 10 * time.Minute
+
+// fetchDeadline is the deadline a fetch sends: d, or the default.
+func fetchDeadline(d time.Duration) time.Duration {
+	if d <= 0 {
+		return DefaultFetchDeadline
+	}
+	return d
 }
 
 func (r *KVRemote) wireDType(cache engine.KVCache) kvwire.DType {
@@ -189,7 +206,8 @@ type StageFill struct {
 	// Streams is the TCP connections each transfer is striped over (0 or
 	// 1: one; PROTOCOL.md §17).
 	Streams int
-	// Deadline bounds one fetch on the server (0: its default).
+	// Deadline bounds one fetch on the server (0: DefaultFetchDeadline);
+	// the client sends less when the fill's context ends sooner.
 	Deadline time.Duration
 }
 
@@ -212,7 +230,7 @@ type StageFill struct {
 // KV.
 func (f *StageFill) Fill(ctx context.Context, reqID string, cache engine.KVCache, prompt []int32, start int, endpoints []string) (RemoteStats, error) {
 	req, exp := wireRequest(f.Model, reqID, f.Name, prompt, start)
-	req.DType, req.Deadline, req.Streams = f.WireDType, f.Deadline, f.Streams
+	req.DType, req.Deadline, req.Streams = f.WireDType, fetchDeadline(f.Deadline), f.Streams
 	if req.DType == 0 {
 		req.DType = kvconv.Wire(cache.DType())
 	}
@@ -257,7 +275,7 @@ func (r *KVRemote) Prefill(ctx context.Context, reqID string, prompt []int32, st
 		return r.splitFill(ctx, reqID, prompt, start, cache)
 	}
 	req, exp := wireRequest(r.Model, reqID, r.Name, prompt, start)
-	req.DType, req.Deadline, req.Streams = r.wireDType(cache), r.Deadline, r.Streams
+	req.DType, req.Deadline, req.Streams = r.wireDType(cache), fetchDeadline(r.Deadline), r.Streams
 	sink := &cacheSink{cache: cache, start: start}
 	var st kvwire.Stats
 	var err error
@@ -411,7 +429,7 @@ func (r *KVRemote) Calibrate(ctx context.Context, addr string, prompt []int32) (
 	// sliding windows and a stage's range included, or a hybrid, sliding
 	// or staged model is never calibrated.
 	req, exp := wireRequest(r.Model, "calibrate", r.Name, prompt, 0)
-	req.DType, req.Deadline, req.Streams = r.wireDType(cache), r.Deadline, r.Streams
+	req.DType, req.Deadline, req.Streams = r.wireDType(cache), fetchDeadline(r.Deadline), r.Streams
 	st, err := r.Client.Fetch(ctx, addr, req, exp, &cacheSink{cache: cache})
 	return RemoteStats{Endpoint: addr, Bytes: st.PayloadBytes, Duration: st.Duration, Wait: st.WireWait}, err
 }

@@ -139,7 +139,7 @@ func (r *KVRemote) splitFill(ctx context.Context, reqID string, prompt []int32, 
 		go func() {
 			defer wg.Done()
 			req, exp := rangeRequest(r.Model, reqID, r.Name, prompt, start, p.Start, p.End)
-			req.DType, req.Deadline, req.Streams = r.wireDType(cache), r.Deadline, r.Streams
+			req.DType, req.Deadline, req.Streams = r.wireDType(cache), fetchDeadline(r.Deadline), r.Streams
 			sink := &partSink{cacheSink: cacheSink{cache: cache, start: start}, off: p.Start - x, mu: &mu}
 			var last error
 			for _, addr := range p.Endpoints {

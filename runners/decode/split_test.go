@@ -162,6 +162,110 @@ func TestSplitFillFromPrefillStages(t *testing.T) {
 	}
 }
 
+// stuckStage serves the KV wire like a prefill stage whose stages upstream
+// never compute: it sends a request's header, then nothing; it records the
+// deadline each request carried (a request whose deadline is longer than
+// a minute fails at once, so that the test need not wait for it).
+func stuckStage(t *testing.T, model *engine.Model, a, b int) (string, <-chan time.Duration) {
+	t.Helper()
+	got := make(chan time.Duration, 8)
+	info := model.Info()
+	p := kvwire.ProducerFunc(func(ctx context.Context, r *kvwire.Request, e *kvwire.Emitter) error {
+		got <- r.Deadline
+		if r.Deadline > time.Minute {
+			return errors.New("a long deadline: recorded, not waited for")
+		}
+		hdr := kvwire.Header{Fingerprint: kvwire.Fingerprint(model.Fingerprint()), DType: kvwire.DTypeF32, KVHeads: info.KVHeads,
+			HeadDim: info.HeadDim, FirstLayer: a, Kinds: make([]kvwire.LayerKind, b-a), TokenStart: r.StartPos, TokenEnd: len(r.Tokens) - 1}
+		if err := e.Header(hdr); err != nil {
+			return err
+		}
+		<-ctx.Done()
+		return context.Cause(ctx)
+	})
+	srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go srv.Serve(ctx, l)
+	return l.Addr().String(), got
+}
+
+// TestFillDeadline: every remote fill sends the prefill side a deadline —
+// its configured one, what is left of its context (plus the second the
+// client keeps to hear the server), or DefaultFetchDeadline — so a prefill
+// stage that sends its header and then never computes (its stages
+// upstream stuck) fails the fill with a timeout at that deadline, and the
+// cache is back at start (the decode side then prefills locally): from a
+// 2-stage prefill pipeline (KVRemote with parts) and for a decode stage's
+// own fill (StageFill).
+func TestFillDeadline(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "qwen2")
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "qwen2", Seed: 5, Layers: 3, MaxPositions: 1024}); err != nil {
+		t.Fatal(err)
+	}
+	addrs := prefillStages(t, dir, []int{0, 1, 3})
+	whole := load(t, dir, engine.LayerRange{})
+	stuck, seen := stuckStage(t, whole, 1, 3)
+	_, parts, err := decode.ParsePrefillEndpoints([]string{addrs[0] + "@0:1", stuck + "@1:3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := make([]int32, 40)
+	for i := range prompt {
+		prompt[i] = int32(9 + i*37%450)
+	}
+	for _, tc := range []struct {
+		name     string
+		deadline time.Duration // KVRemote.Deadline
+		ctx      time.Duration // the fill's context (0: none)
+		lo, hi   time.Duration // the deadline the stuck stage must see
+	}{
+		{"configured", 2 * time.Second, 0, 2 * time.Second, 2 * time.Second},
+		{"from the context", 0, 2 * time.Second, time.Second, 3 * time.Second},
+		{"default", 0, 0, decode.DefaultFetchDeadline, decode.DefaultFetchDeadline},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			if tc.ctx > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tc.ctx)
+				defer cancel()
+			}
+			rem := &decode.KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{}), Name: "m", Model: whole, Parts: parts, Deadline: tc.deadline}
+			c := whole.NewCache()
+			defer c.Free()
+			_, err := rem.Prefill(ctx, "stuck", prompt, 0, c, nil)
+			if d := <-seen; d < tc.lo || d > tc.hi {
+				t.Fatalf("the prefill stage was sent a deadline of %v, want [%v, %v]", d, tc.lo, tc.hi)
+			}
+			if err == nil || c.Len() != 0 {
+				t.Fatalf("a prefill stage that never computes: %v, cache holds %d", err, c.Len())
+			}
+			if tc.hi < time.Minute && !errors.Is(err, kvwire.ErrTimeout) {
+				t.Fatalf("a prefill stage that never computes: %v, want a timeout", err)
+			}
+		})
+	}
+	// A decode stage's own fill (layers 1:3) from the stuck stage.
+	m := load(t, dir, engine.LayerRange{Start: 1, End: 3})
+	f := &decode.StageFill{Client: kvwire.NewClient(kvwire.ClientConfig{}), Name: "m", Model: m, Deadline: 2 * time.Second}
+	c := m.NewCache()
+	defer c.Free()
+	if _, err := f.Fill(context.Background(), "stage", c, prompt, 0, []string{stuck}); !errors.Is(err, kvwire.ErrTimeout) || c.Len() != 0 {
+		t.Fatalf("a decode stage's fill from a stage that never computes: %v, cache holds %d", err, c.Len())
+	}
+	if d := <-seen; d != 2*time.Second {
+		t.Fatalf("the stage fill sent a deadline of %v, want 2s", d)
+	}
+}
+
 // TestSplitFillHybrid: a hybrid model (Gated DeltaNet layers, their state
 // in State frames) filled from two prefill stages gives the next token's
 // logits of a local prefill.

@@ -151,6 +151,25 @@ type Stats struct {
 	ChunksWaited int
 }
 
+// withContextDeadline is req with the deadline the server is sent: req's
+// own, or, when ctx ends sooner (or req names none), what is left of ctx
+// plus a second — the client's context ends first (and closing the
+// connection stops the server at once); the deadline bounds the server
+// should the connection not close cleanly. req itself is not changed.
+func withContextDeadline(ctx context.Context, req *Request) *Request {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return req
+	}
+	left := max(time.Until(dl), 0) + time.Second
+	if req.Deadline > 0 && req.Deadline <= left {
+		return req
+	}
+	r := *req
+	r.Deadline = left
+	return &r
+}
+
 // Fetch asks the server at addr for the KV of req and streams it into
 // sink. exp, when non-nil, is checked against the header before any KV is
 // accepted (ErrMismatch). Errors wrap one of the package's sentinels, or
@@ -173,6 +192,7 @@ func (c *Client) FetchIdle(ctx context.Context, addr string, idle time.Duration,
 			sink.Rollback()
 		}
 	}()
+	req = withContextDeadline(ctx, req)
 	reqFrame, err := encodeRequest(req)
 	if err != nil {
 		return st, err

@@ -195,3 +195,46 @@ func TestStuckComputeAfterHeader(t *testing.T) {
 		t.Fatalf("rollbacks %d", sink.rollbacks)
 	}
 }
+
+// TestClientSendsContextDeadline: the deadline a server is sent is the
+// request's own, or what is left of the client's context plus a second
+// when that is sooner or the request names none; with neither the server's
+// default applies (0 on the wire).
+func TestClientSendsContextDeadline(t *testing.T) {
+	got := make(chan time.Duration, 1)
+	p := ProducerFunc(func(ctx context.Context, r *Request, e *Emitter) error {
+		got <- r.Deadline
+		return errors.New("recorded")
+	})
+	addr, _ := startServer(t, ServerConfig{Producer: p})
+	c := NewClient(ClientConfig{})
+	for _, tc := range []struct {
+		name     string
+		req, ctx time.Duration // 0: none
+		lo, hi   time.Duration // what the server must see
+	}{
+		{"neither", 0, 0, 0, 0},
+		{"context only", 0, time.Minute, 50 * time.Second, time.Minute + time.Second},
+		{"request sooner", 2 * time.Second, time.Hour, 2 * time.Second, 2 * time.Second},
+		{"context sooner", time.Hour, time.Minute, 50 * time.Second, time.Minute + time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			if tc.ctx > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tc.ctx)
+				defer cancel()
+			}
+			req := &Request{Tokens: tokens(40), Deadline: tc.req}
+			if _, err := c.Fetch(ctx, addr, req, nil, &recordSink{}); !errors.Is(err, ErrRemoteInternal) {
+				t.Fatalf("fetch: %v, want the producer's error", err)
+			}
+			if d := <-got; d < tc.lo || d > tc.hi {
+				t.Fatalf("the server was sent a deadline of %v, want [%v, %v]", d, tc.lo, tc.hi)
+			}
+			if req.Deadline != tc.req {
+				t.Fatalf("Fetch changed the caller's request: deadline %v", req.Deadline)
+			}
+		})
+	}
+}
