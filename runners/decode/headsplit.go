@@ -111,7 +111,11 @@ func (r *KVRemote) headFill(ctx context.Context, reqID string, prompt []int32, s
 	if info := r.Model.Info(); info.Recurrent != nil {
 		return RemoteStats{}, fmt.Errorf("%w: kv heads of a model with recurrent layers (a tensor-parallel prefill cannot serve it)", kvwire.ErrMismatch)
 	}
-	asm := newAssembler(cache, start, x, y)
+	pieces := make([][2]int, len(jobs))
+	for i, p := range jobs {
+		pieces[i] = [2]int{p.Start - x, p.End - p.Start}
+	}
+	asm := newAssembler(cache, start, pieces)
 	type result struct {
 		st  RemoteStats
 		end int
@@ -130,7 +134,7 @@ func (r *KVRemote) headFill(ctx context.Context, reqID string, prompt []int32, s
 			req, exp := wireRequest(r.Model, reqID, r.Name, prompt, start)
 			req.HeadStart, req.HeadEnd, exp.KVHeads = p.Start, p.End, p.End-p.Start
 			req.DType, req.Deadline, req.Streams = r.wireDType(cache), r.Deadline, r.Streams
-			sink := &pieceSink{asm: asm, h0: p.Start - x, heads: p.End - p.Start}
+			sink := &pieceSink{asm: asm, piece: i, heads: p.End - p.Start}
 			var last error
 			for _, addr := range p.Endpoints {
 				if r.Breaker != nil && !r.Breaker.Allow(addr) {
@@ -193,13 +197,13 @@ func (r *KVRemote) headFill(ctx context.Context, reqID string, prompt []int32, s
 
 // pieceSink is one prefill rank's stream of a head-split fill: its
 // chunks, widened or converted into the cache dtype, go to the assembler
-// as heads [h0, h0+heads) of the cache's.
+// as its piece (heads [h0, h0+heads) of the cache's).
 type pieceSink struct {
-	asm       *assembler
-	h0, heads int
-	conv      cacheSink // dtype conversion only (its cache is the assembler's)
-	begun     bool
-	end       int
+	asm          *assembler
+	piece, heads int
+	conv         cacheSink // dtype conversion only (its cache is the assembler's)
+	begun        bool
+	end          int
 }
 
 func (s *pieceSink) Begin(h *kvwire.Header) error {
@@ -244,7 +248,7 @@ func (s *pieceSink) Chunk(layer, tokenStart, tokenCount int, k, v []byte) error 
 			return err
 		}
 	}
-	return s.asm.add(s.h0, s.heads, layer, tokenStart, tokenCount, k, v)
+	return s.asm.add(s.piece, layer, tokenStart, tokenCount, k, v)
 }
 
 func (s *pieceSink) State(layer, _ int, _ [][]byte) error {
@@ -260,38 +264,67 @@ func (s *pieceSink) Done(t kvwire.Totals) error {
 // cache once every piece's stream has ended.
 func (s *pieceSink) Rollback() {}
 
-// assembler merges head pieces into a cache: per layer, each head's rows
-// of the positions not imported yet; positions every head has arrived
-// for are imported at once (Import takes every head of the cache).
+// assembler merges head pieces into a cache: per layer, each piece's
+// chunks of the positions not imported yet; positions every piece has
+// arrived for are imported at once (Import takes every head of the cache),
+// copied once into a scratch buffer that Import copies from. A single
+// piece is imported as it arrives.
 type assembler struct {
-	cache    engine.KVCache
-	start    int
-	heads    int // the cache's KV heads
-	row      int // bytes of one head's row (head_dim × the cache dtype)
-	mu       sync.Mutex
-	layers   []asmLayer
-	imported int64 // rows imported, for tests
+	cache  engine.KVCache
+	start  int
+	heads  int      // the cache's KV heads
+	row    int      // bytes of one head's row (head_dim × the cache dtype)
+	pieces [][2]int // each piece's first head (of the cache's) and head count, in head order
+	mu     sync.Mutex
+	layers []asmLayer
+	kb, vb []byte   // scratch of the import being assembled
+	free   [][]byte // buffers of imported chunks, for the next ones
 }
 
 type asmLayer struct {
-	base int      // the first position not imported
-	have []int    // per head: positions buffered end here
-	k, v [][]byte // per head: rows of [base, have[h])
-	seen bool
+	base   int // the first position not imported
+	seen   bool
+	have   []int        // per piece: positions received end here
+	chunks [][]asmChunk // per piece: chunks holding positions ≥ base
 }
 
-func newAssembler(cache engine.KVCache, start, h0, h1 int) *assembler {
+// asmChunk is a piece's chunk: K and V [heads, count, head_dim] of
+// positions [start, start+count).
+type asmChunk struct {
+	start, count int
+	k, v         []byte
+	owned        bool // k and v are the assembler's (else the caller's, during add)
+}
+
+// own copies b into a buffer of the assembler's, a recycled one when one
+// is large enough.
+func (a *assembler) own(b []byte) []byte {
+	for i := len(a.free) - 1; i >= 0; i-- {
+		if f := a.free[i]; cap(f) >= len(b) {
+			a.free = append(a.free[:i], a.free[i+1:]...)
+			return append(f[:0], b...)
+		}
+	}
+	return append([]byte(nil), b...)
+}
+
+func newAssembler(cache engine.KVCache, start int, pieces [][2]int) *assembler {
 	g := cache.Geometry()
-	a := &assembler{cache: cache, start: start, heads: h1 - h0, row: g.HeadDim * cache.DType().Size(), layers: make([]asmLayer, g.Layers)}
+	heads := 0
+	for _, p := range pieces {
+		heads += p[1]
+	}
+	a := &assembler{cache: cache, start: start, heads: heads, row: g.HeadDim * cache.DType().Size(), pieces: pieces, layers: make([]asmLayer, g.Layers)}
 	for i := range a.layers {
-		a.layers[i] = asmLayer{have: make([]int, a.heads), k: make([][]byte, a.heads), v: make([][]byte, a.heads)}
+		a.layers[i] = asmLayer{have: make([]int, len(pieces)), chunks: make([][]asmChunk, len(pieces))}
 	}
 	return a
 }
 
-// add buffers heads [h0, h0+n) of one chunk (k, v: [n, count, head_dim]
-// in the cache dtype) and imports what every head now has.
-func (a *assembler) add(h0, n, layer, start, count int, k, v []byte) error {
+// add takes piece pi's chunk of layer (k, v: [n, count, head_dim] in the
+// cache dtype) and imports what every piece now has.
+func (a *assembler) add(pi, layer, start, count int, k, v []byte) error {
+	n := a.pieces[pi][1]
 	if layer < 0 || layer >= len(a.layers) || count <= 0 || len(k) != n*count*a.row || len(v) != len(k) {
 		return fmt.Errorf("%w: chunk of layer %d [%d,+%d) with %d bytes for %d heads", kvwire.ErrCorrupt, layer, start, count, len(k), n)
 	}
@@ -302,20 +335,36 @@ func (a *assembler) add(h0, n, layer, start, count int, k, v []byte) error {
 		// Every piece's first chunk of a layer starts where the layer's
 		// stream does (the same header); the first one seen sets it.
 		l.seen, l.base = true, start
-		for h := range l.have {
-			l.have[h] = start
+		for i := range l.have {
+			l.have[i] = start
 		}
 	}
-	per := count * a.row
-	for i := range n {
-		h := h0 + i
-		if start != l.have[h] {
-			return fmt.Errorf("%w: layer %d head %d: chunk at %d, want %d", kvwire.ErrCorrupt, layer, h, start, l.have[h])
-		}
-		l.k[h] = append(l.k[h], k[i*per:(i+1)*per]...)
-		l.v[h] = append(l.v[h], v[i*per:(i+1)*per]...)
-		l.have[h] += count
+	if start != l.have[pi] {
+		return fmt.Errorf("%w: layer %d, kv heads from %d: chunk at %d, want %d", kvwire.ErrCorrupt, layer, a.pieces[pi][0], start, l.have[pi])
 	}
+	l.have[pi] += count
+	if len(a.pieces) == 1 {
+		if err := a.cache.Import(layer, start, count, k, v); err != nil {
+			return fmt.Errorf("inject layer %d [%d,+%d): %w", layer, start, count, err)
+		}
+		l.base += count
+		return nil
+	}
+	l.chunks[pi] = append(l.chunks[pi], asmChunk{start: start, count: count, k: k, v: v})
+	if err := a.merge(l, layer); err != nil {
+		return err
+	}
+	// The client may reuse k and v once Chunk returns: what is left of
+	// this chunk is copied.
+	if cs := l.chunks[pi]; len(cs) > 0 && !cs[len(cs)-1].owned {
+		c := &cs[len(cs)-1]
+		c.k, c.v, c.owned = a.own(c.k), a.own(c.v), true
+	}
+	return nil
+}
+
+// merge imports the positions of layer l that every piece has.
+func (a *assembler) merge(l *asmLayer, layer int) error {
 	end := l.have[0]
 	for _, e := range l.have {
 		end = min(end, e)
@@ -324,17 +373,39 @@ func (a *assembler) add(h0, n, layer, start, count int, k, v []byte) error {
 		return nil
 	}
 	cnt := end - l.base
-	kb, vb := make([]byte, 0, a.heads*cnt*a.row), make([]byte, 0, a.heads*cnt*a.row)
-	for h := range a.heads {
-		kb = append(kb, l.k[h][:cnt*a.row]...)
-		vb = append(vb, l.v[h][:cnt*a.row]...)
-		l.k[h], l.v[h] = l.k[h][cnt*a.row:], l.v[h][cnt*a.row:]
+	size := a.heads * cnt * a.row
+	if cap(a.kb) < size {
+		a.kb, a.vb = make([]byte, size), make([]byte, size)
+	}
+	kb, vb := a.kb[:size], a.vb[:size]
+	for i, p := range a.pieces {
+		h0, ph := p[0], p[1]
+		cs := l.chunks[i]
+		used := 0
+		for _, c := range cs {
+			from, to := max(l.base, c.start), min(end, c.start+c.count)
+			if from < to {
+				rows := (to - from) * a.row
+				for j := range ph {
+					src := (j*c.count + from - c.start) * a.row
+					dst := ((h0+j)*cnt + from - l.base) * a.row
+					copy(kb[dst:dst+rows], c.k[src:src+rows])
+					copy(vb[dst:dst+rows], c.v[src:src+rows])
+				}
+			}
+			if c.start+c.count <= end {
+				used++
+				if c.owned && len(a.free) < 64 {
+					a.free = append(a.free, c.k, c.v)
+				}
+			}
+		}
+		l.chunks[i] = cs[used:]
 	}
 	if err := a.cache.Import(layer, l.base, cnt, kb, vb); err != nil {
 		return fmt.Errorf("inject layer %d [%d,+%d): %w", layer, l.base, cnt, err)
 	}
 	l.base = end
-	a.imported += int64(cnt)
 	return nil
 }
 
