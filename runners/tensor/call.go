@@ -23,6 +23,11 @@ import (
 //	                                                           the rank's prefix cache (runners/tensor/prefill.go)
 //	chunk    (op 9): id u64 | n u32 | tokens i32[n]            the computation's next chunk
 //	end      (op 10): id u64 | abort u32                       the computation ends (abort 1: it failed)
+//	stage    (op 11): n u32 | ids u64[n] | counts u32[n] | tokens i32[Σ counts] | h u32 | hidden f32[h]
+//	                                                           a pipeline stage's step (engine StageStep) of n
+//	                                                           sequences, counts[i] ≥ 1 tokens each; hidden: the
+//	                                                           previous stage's output rows (h = 0 on stage 0,
+//	                                                           which embeds the tokens)
 //	string   = len u16 | bytes
 //
 //	ack      = status u8 (0 ok, 1 failed) | message (the rest: UTF-8)
@@ -42,6 +47,7 @@ const (
 	opBegin    = 8
 	opChunk    = 9
 	opEnd      = 10
+	opStage    = 11
 )
 
 // call is a decoded call.
@@ -52,6 +58,8 @@ type call struct {
 	n      int // truncate: the length; fill: start
 	reqID  string
 	prefer []string
+	counts []int  // stage: each sequence's tokens
+	hidden []byte // stage: the input rows, f32 little-endian (nil: none)
 }
 
 var errShort = errors.New("short call")
@@ -78,6 +86,8 @@ func opName(op byte) string {
 		return "prefill chunk"
 	case opEnd:
 		return "prefill end"
+	case opStage:
+		return "stage step"
 	}
 	return fmt.Sprintf("op %d", op)
 }
@@ -119,6 +129,19 @@ func (c *call) encode(b []byte) []byte {
 		b = binary.LittleEndian.AppendUint32(b, uint32(c.n))
 	case opFree:
 		b = binary.LittleEndian.AppendUint64(b, c.ids[0])
+	case opStage:
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(c.ids)))
+		for _, id := range c.ids {
+			b = binary.LittleEndian.AppendUint64(b, id)
+		}
+		for _, n := range c.counts {
+			b = binary.LittleEndian.AppendUint32(b, uint32(n))
+		}
+		for _, t := range c.tokens {
+			b = binary.LittleEndian.AppendUint32(b, uint32(t))
+		}
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(c.hidden)/4))
+		b = append(b, c.hidden...)
 	case opFill:
 		b = binary.LittleEndian.AppendUint64(b, c.ids[0])
 		b = binary.LittleEndian.AppendUint32(b, uint32(c.n))
@@ -235,6 +258,10 @@ func decodeCall(b []byte) (*call, error) {
 		c.tokens = r.tokens(int(n))
 	case opFree:
 		c.ids = []uint64{r.u64()}
+	case opStage:
+		if err := c.decodeStage(r); err != nil {
+			return nil, err
+		}
 	case opFill:
 		c.ids = []uint64{r.u64()}
 		c.n = int(r.u32())
@@ -261,6 +288,39 @@ func decodeCall(b []byte) (*call, error) {
 		return nil, fmt.Errorf("%w: %s call: %d trailing bytes", ErrLink, opName(c.op), len(r.b))
 	}
 	return c, nil
+}
+
+// decodeStage reads a stage call's body.
+func (c *call) decodeStage(r *reader) error {
+	n := r.u32()
+	if n == 0 || n > maxCallTokens || uint64(len(r.b)) < uint64(n)*12 {
+		return fmt.Errorf("%w: stage call of %d sequences in %d bytes", ErrLink, n, len(r.b))
+	}
+	c.ids, c.counts = make([]uint64, n), make([]int, n)
+	for i := range c.ids {
+		c.ids[i] = r.u64()
+	}
+	total := uint64(0)
+	for i := range c.counts {
+		k := r.u32()
+		if k == 0 {
+			return fmt.Errorf("%w: stage call: sequence %d with no tokens", ErrLink, i)
+		}
+		c.counts[i] = int(k)
+		total += uint64(k)
+	}
+	if total > maxCallTokens {
+		return fmt.Errorf("%w: stage call of %d tokens", ErrLink, total)
+	}
+	c.tokens = r.tokens(int(total))
+	h := r.u32()
+	if uint64(h)*4 > uint64(len(r.b)) {
+		return fmt.Errorf("%w: stage call: %d hidden values in %d bytes", ErrLink, h, len(r.b))
+	}
+	if h > 0 {
+		c.hidden = r.take(int(h) * 4)
+	}
+	return nil
 }
 
 // encodeAck is a call's outcome (nil: ok).

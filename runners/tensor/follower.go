@@ -2,9 +2,11 @@ package tensor
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"sync"
 	"time"
@@ -289,6 +291,23 @@ func (f *Follower) exec(ctx context.Context, m *engine.Model, c *call, get func(
 			return fmt.Errorf("tensor: remote fill from %d of a cache holding %d", c.n, cc.Len())
 		}
 		_, err := f.fill.Prefill(ctx, c.reqID, c.tokens, c.n, cc, c.prefer)
+		return err
+	case opStage:
+		cs := make([]engine.KVCache, len(c.ids))
+		toks := make([][]int32, len(c.ids))
+		o := 0
+		for i, id := range c.ids {
+			cs[i], toks[i] = get(id), c.tokens[o:o+c.counts[i]]
+			o += c.counts[i]
+		}
+		var hidden []float32
+		if len(c.hidden) > 0 {
+			hidden = make([]float32, len(c.hidden)/4)
+			for i := range hidden {
+				hidden[i] = math.Float32frombits(binary.LittleEndian.Uint32(c.hidden[4*i:]))
+			}
+		}
+		_, _, err := m.StageStep(ctx, cs, toks, hidden)
 		return err
 	case opBegin:
 		return f.begin(ctx, m, c.ids[0], c.tokens, c.n)

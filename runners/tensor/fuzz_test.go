@@ -23,6 +23,8 @@ func FuzzCall(f *testing.F) {
 		{op: opBegin, ids: []uint64{4}, n: 2, tokens: []int32{1, 2, 3, 4}},
 		{op: opChunk, ids: []uint64{4}, tokens: []int32{3, 4}},
 		{op: opEnd, ids: []uint64{4}, n: 1},
+		{op: opStage, ids: []uint64{1, 2}, counts: []int{2, 1}, tokens: []int32{5, 6, 7}},
+		{op: opStage, ids: []uint64{3}, counts: []int{1}, tokens: []int32{5}, hidden: []byte{0, 0, 128, 63, 0, 0, 0, 64}},
 	} {
 		f.Add(c.encode(nil))
 	}

@@ -2,8 +2,10 @@ package tensor
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 )
@@ -239,3 +241,43 @@ func (c *cache) Free() {
 	_ = c.g.call(context.Background(), &call{op: opFree, ids: []uint64{c.id}}, false, func(context.Context) error { return nil })
 	c.local.Free()
 }
+
+// StageStep runs one step of a pipeline stage's layers on every rank of
+// the stage's group (engine.Model.StageStep's contract; the group's
+// shares were loaded with the stage's layer range): the followers get the
+// sequences' tokens and the previous stage's output rows (hidden, nil on
+// stage 0) and compute their shares alongside; every rank ends with the
+// same output rows (or, on the last stage, logits), and rank 0's are
+// returned. runners/stage drives it as a stage's layers (stage.Layers).
+func (t *Model) StageStep(ctx context.Context, caches []engine.KVCache, toks [][]int32, hidden []float32) (out []float32, logits [][]float32, err error) {
+	t.g.callMu.Lock()
+	defer t.g.callMu.Unlock()
+	if len(caches) != len(toks) || len(caches) == 0 {
+		return nil, nil, fmt.Errorf("tensor: StageStep with %d caches and %d chunks", len(caches), len(toks))
+	}
+	locals := make([]engine.KVCache, len(caches))
+	c := &call{op: opStage, ids: make([]uint64, len(caches)), counts: make([]int, len(caches))}
+	for i, x := range caches {
+		cc, err := local(x)
+		if err != nil {
+			return nil, nil, err
+		}
+		locals[i], c.ids[i], c.counts[i] = cc.local, cc.id, len(toks[i])
+		c.tokens = append(c.tokens, toks[i]...)
+	}
+	if len(hidden) > 0 {
+		c.hidden = make([]byte, 4*len(hidden))
+		for i, v := range hidden {
+			binary.LittleEndian.PutUint32(c.hidden[4*i:], math.Float32bits(v))
+		}
+	}
+	err = t.g.call(ctx, c, false, func(ctx context.Context) error {
+		var err error
+		out, logits, err = t.m.StageStep(ctx, locals, toks, hidden)
+		return err
+	})
+	return out, logits, err
+}
+
+// Stage is the layer range the group's shares hold.
+func (t *Model) Stage() engine.LayerRange { return t.m.Stage() }

@@ -28,15 +28,21 @@ type group struct {
 	model  *Model
 	stops  []context.CancelFunc // per follower rank (index rank)
 	done   []chan error
+	opts   engine.LoadOptions // every rank's (a pipeline stage's layers)
 }
 
 func load(t *testing.T, path string, c engine.Collective) *engine.Model {
+	t.Helper()
+	return loadWith(t, path, engine.LoadOptions{Tensor: c})
+}
+
+func loadWith(t *testing.T, path string, o engine.LoadOptions) *engine.Model {
 	t.Helper()
 	b, err := backend.Open("cpu", backend.Options{Threads: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := engine.Load(context.Background(), path, b, engine.LoadOptions{Tensor: c})
+	m, err := engine.Load(context.Background(), path, b, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,6 +51,13 @@ func load(t *testing.T, path string, c engine.Collective) *engine.Model {
 }
 
 func startGroup(t *testing.T, path string, n int, secret []byte) *group {
+	t.Helper()
+	return startGroupWith(t, path, n, secret, engine.LoadOptions{})
+}
+
+// startGroupWith is startGroup with every rank loaded with o (its Tensor
+// set per rank).
+func startGroupWith(t *testing.T, path string, n int, secret []byte, o engine.LoadOptions) *group {
 	t.Helper()
 	g, err := NewLeader(LeaderConfig{Size: n, Secret: secret, Rejoin: true, Timeout: 10 * time.Second})
 	if err != nil {
@@ -58,7 +71,7 @@ func startGroup(t *testing.T, path string, n int, secret []byte) *group {
 	served := make(chan error, 1)
 	go func() { served <- g.Serve(ctx, l) }()
 	gr := &group{t: t, path: path, secret: secret, g: g, addr: l.Addr().String(),
-		stops: make([]context.CancelFunc, n), done: make([]chan error, n)}
+		stops: make([]context.CancelFunc, n), done: make([]chan error, n), opts: o}
 	t.Cleanup(func() {
 		for r := range gr.stops {
 			gr.stop(r)
@@ -68,7 +81,8 @@ func startGroup(t *testing.T, path string, n int, secret []byte) *group {
 			t.Errorf("serve: %v", err)
 		}
 	})
-	gr.model = g.Model(load(t, path, Meter(g.Collective(), NewMetrics(nil), "tiny")))
+	o.Tensor = Meter(g.Collective(), NewMetrics(nil), "tiny")
+	gr.model = g.Model(loadWith(t, path, o))
 	for r := 1; r < n; r++ {
 		gr.start(r, secret)
 	}
@@ -81,7 +95,9 @@ func (gr *group) start(r int, secret []byte) {
 	if err != nil {
 		gr.t.Fatal(err)
 	}
-	m := load(gr.t, gr.path, f.Collective())
+	o := gr.opts
+	o.Tensor = f.Collective()
+	m := loadWith(gr.t, gr.path, o)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- f.Run(ctx, m) }()
