@@ -90,6 +90,9 @@ each listens on --stage-listen for the previous stage (stage 0 for the last,
 which sends back the tokens it samples) and dials --stage-next. Stage 0 serves
 the API on --listen; later stages serve only /health and /metrics there.
 Stage 0's /health is 200 only while the whole ring is up.
+A stage may be a tensor group: give each of its ranks --layers, --stage and
+--tensor J/M --tensor-peers (the stage's own ranks); rank 0 alone takes
+--stage-listen and --stage-next and forwards each step to its ranks.
 
 A pipelined prefill model (contract C4) runs one prefill runner per stage with
 the same four flags: its KV port (--listen) serves KV-wire requests for layer
@@ -319,8 +322,22 @@ func (f *runnerFlags) checkStage() error {
 		}
 		return nil
 	}
+	follower := false // rank > 0 of a stage's tensor group: it talks only to its rank 0
+	if f.tensor != "" {
+		if f.role == "prefill" {
+			return fmt.Errorf("--tensor with --stage on a prefill runner: a prefill stage is not tensor-parallel")
+		}
+		rank, _, err := tensor.ParseRank(f.tensor)
+		if err != nil {
+			return err
+		}
+		follower = rank > 0
+	}
 	for _, name := range []string{"--layers", "--stage-listen", "--stage-next"} {
-		if !given[name] {
+		switch {
+		case follower && name != "--layers" && given[name]:
+			return fmt.Errorf("%s with --tensor %s: a stage's rank > 0 talks only to its rank 0 over the tensor link; only rank 0 (--tensor 0/N) is on the stage ring", name, f.tensor)
+		case !given[name] && (!follower || name == "--layers"):
 			return fmt.Errorf("--stage %d/%d needs %s", f.stage, f.stages, name)
 		}
 	}
@@ -329,8 +346,6 @@ func (f *runnerFlags) checkStage() error {
 		return fmt.Errorf("--stage 0/%d holds the embedding: its --layers start at 0, not %d", f.stages, f.layers.Start)
 	case f.testPrefillRate > 0:
 		return fmt.Errorf("--test-slow-prefill-tokens-per-sec with --stage: a pipeline stage is not paced")
-	case f.tensor != "":
-		return fmt.Errorf("--tensor with --stage: a pipeline stage is not tensor-parallel yet")
 	}
 	return nil
 }
@@ -571,16 +586,24 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 			log.Warn("constrained decoding unavailable: the vocabulary trie failed", "err", err)
 		}
 	}()
-	if f.stages > 0 && f.stage > 0 {
-		return runStage(ctx, f, m, st, secret, gate, met, log)
-	}
 	var dm decode.Model = m
 	var tensorDone <-chan error // rank 0: the group's end (nil: not tensor-parallel)
+	var rc *stage.RunnerConfig
+	if f.stages > 0 {
+		rc = stageRunner(f, m, secret, met, log)
+	}
 	if tr != nil {
-		dm, tensorDone = leadTensor(ctx, tr, m, met, gate)
+		var tm *tensor.Model
+		tm, tensorDone = leadTensor(ctx, tr, m, met, gate)
+		dm = tm
+		if rc != nil { // a stage of tensor ranks: the ring drives the group
+			rc.Ranks, rc.Health = tm, tr.Health
+		}
+	}
+	if f.stages > 0 && f.stage > 0 {
+		return runStage(ctx, f, m, st, rc, tr, tensorDone, gate, met, log)
 	}
 	if f.stages > 0 {
-		rc := stageRunner(f, m, secret, met, log)
 		rc.Running = func() int {
 			if gate.ready.Load() == nil { // gate.load is set before ready
 				return 0
@@ -592,7 +615,7 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 		if err != nil {
 			return stageListenError(f, err)
 		}
-		dm, gate.health = ring, stageHealth(ring.Healthy)
+		dm, gate.health = ring, stage.Health(ring.Healthy, rc.Health)
 	}
 	if f.testPrefillRate > 0 {
 		dm = paced.Model{Model: m, Rate: f.testPrefillRate}
@@ -616,7 +639,9 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 	}
 	if ring, ok := dm.(*stage.Ring); ok && f.prefill != "" {
 		w := stageRemote(ctx, f, m, secret, met, log)
-		o.Remote, gate.endpoints = &stage.Remote{Ring: ring, Local: w.Remote}, w.Breaker.Status
+		// A stage of tensor ranks: each rank fetches its KV heads of the
+		// stage's layers (one request names both ranges).
+		o.Remote, gate.endpoints = &stage.Remote{Ring: ring, Local: tr.Remote(w.Remote)}, w.Breaker.Status
 	} else if f.prefill != "" {
 		w := newRemote(ctx, f, dm, secret, met, log, tr, m)
 		o.Remote, o.Router, gate.endpoints = w.Remote, w.Router, w.Breaker.Status
@@ -642,17 +667,6 @@ func runDecode(ctx context.Context, f *runnerFlags, m *engine.Model, path string
 	}
 	gate.drain.Stop(openai.DefaultDrainGrace) // the requests in hand end before the server closes under them
 	return err2
-}
-
-// stageHealth is a pipeline stage's /health condition: its links up
-// (stage 0: the whole ring).
-func stageHealth(up func() bool) func() error {
-	return func() error {
-		if !up() {
-			return errors.New("stage link down: the pipeline's ring is not whole")
-		}
-		return nil
-	}
 }
 
 // stageRunner is what the flags say about this runner's pipeline stage
@@ -682,23 +696,25 @@ func stageRemote(ctx context.Context, f *runnerFlags, m *engine.Model, secret []
 
 // runStage serves a pipeline stage after the first: its layers on the
 // stage link, and /health and /metrics on --listen.
-func runStage(ctx context.Context, f *runnerFlags, m *engine.Model, st *decode.Setup, secret []byte, gate *loadGate, met *metrics.Runner, log *slog.Logger) error {
+// rc is the stage's (with its tensor group on a tensor stage's rank 0:
+// tr, whose end tensorDone carries).
+func runStage(ctx context.Context, f *runnerFlags, m *engine.Model, st *decode.Setup, rc *stage.RunnerConfig, tr *tensor.Runner, tensorDone <-chan error, gate *loadGate, met *metrics.Runner, log *slog.Logger) error {
+	secret := rc.Secret
 	if f.speculative != "" && f.speculative != decode.SpecOff {
 		// The supervisor gives every stage the model's flags; stage 0's
 		// decode runner logs why a pipeline does not speculate.
 		log.Info("pipeline stage: --speculative is stage 0's concern; this stage ignores it", "speculative", f.speculative)
 	}
-	rc := stageRunner(f, m, secret, met, log)
 	rc.Picks = &st.Options // the last stage samples: the decode runner's tokenizer, sampler and grammars
 	if f.prefill != "" {
-		rc.Remote = stageRemote(ctx, f, m, secret, met, log).Remote
+		rc.Remote = tr.Remote(stageRemote(ctx, f, m, secret, met, log).Remote)
 	} else {
 		// Without --prefill of its own, the stage fetches its layers from
 		// the prefill runner stage 0's remote fill names.
 		rc.RemoteFor = func(endpoint string) decode.Remote {
 			g := *f
 			g.prefill, g.prefillHealth = endpoint, ""
-			return stageRemote(ctx, &g, m, secret, met, log).Remote
+			return tr.Remote(stageRemote(ctx, &g, m, secret, met, log).Remote)
 		}
 	}
 	node, err := stage.NewStage(rc)
@@ -709,10 +725,24 @@ func runStage(ctx context.Context, f *runnerFlags, m *engine.Model, st *decode.S
 	mux.Handle("/metrics", met.Handler())
 	var h http.Handler = mux
 	gate.load = func() (int, int) { return 0, 0 }
-	gate.health = stageHealth(node.Healthy)
+	gate.health = stage.Health(node.Healthy, rc.Health)
 	gate.ready.Store(&h)
 	log.Info("pipeline stage ready", "stage", f.stage, "stages", f.stages, "layers", f.layers.String(), "stage_listen", f.stageListen, "stage_next", f.stageNext)
-	return node.Run(ctx)
+	if tensorDone == nil {
+		return node.Run(ctx)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ran := make(chan error, 1)
+	go func() { ran <- node.Run(ctx) }()
+	select {
+	case err := <-ran:
+		return err
+	case err := <-tensorDone: // the stage's tensor group ended (a lost MLX group exits before this)
+		cancel()
+		<-ran
+		return err
+	}
 }
 
 func runPrefill(ctx context.Context, f *runnerFlags, m *engine.Model, secret []byte, gate *loadGate, log *slog.Logger, tr *tensor.Runner) error {

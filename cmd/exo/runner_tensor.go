@@ -10,6 +10,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/metrics"
 	"github.com/exo-pd/exo-pd/runners/prefill"
+	"github.com/exo-pd/exo-pd/runners/stage"
 	"github.com/exo-pd/exo-pd/runners/tensor"
 )
 
@@ -32,7 +33,7 @@ func checkTensorFlags(f *runnerFlags) error {
 
 // leadTensor makes rank 0's model adapter and serves the group; /health
 // fails while the group is not whole. The channel carries the group's end.
-func leadTensor(ctx context.Context, tr *tensor.Runner, m *engine.Model, met *metrics.Runner, gate *loadGate) (decode.Model, <-chan error) {
+func leadTensor(ctx context.Context, tr *tensor.Runner, m *engine.Model, met *metrics.Runner, gate *loadGate) (*tensor.Model, <-chan error) {
 	gate.health = tr.Health
 	done := tr.Lead(ctx, met.Registry, func() int {
 		if gate.load == nil {
@@ -58,6 +59,16 @@ func runTensorFollower(ctx context.Context, f *runnerFlags, m *engine.Model, tr 
 	if f.prefill != "" {
 		w := newRemote(ctx, f, m, secret, met, log, tr, m)
 		fill, gate.endpoints = w.Remote, w.Breaker.Status
+	} else if f.stage > 0 {
+		// A later stage's rank with no --prefill of its own fetches its KV
+		// heads of the stage's layers from the prefill runner stage 0
+		// chose (its rank 0's fill names it). Stage 0's ranks fetch at
+		// once, before that choice: each needs --prefill.
+		fill = stage.ByEndpoint(func(endpoint string) decode.Remote {
+			g := *f
+			g.prefill, g.prefillHealth = endpoint, ""
+			return newRemote(ctx, &g, m, secret, met, log, tr, m).Remote
+		})
 	}
 	if err := tr.ServeFollower(ctx, m, met.Registry, fill); err != nil {
 		return fmt.Errorf("runner: %w", err)

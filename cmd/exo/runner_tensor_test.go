@@ -8,7 +8,8 @@ import (
 
 // TestRunnerTensorFlags: --tensor and --tensor-peers go together, name a
 // rank inside the group and one address per rank, on both roles (not on a
-// pipeline stage).
+// prefill pipeline stage); a decode stage's rank 0 takes the stage flags,
+// its other ranks --layers and --stage only.
 func TestRunnerTensorFlags(t *testing.T) {
 	base := "decode --model x --served-name m --listen :0 "
 	for _, c := range []struct{ args, want string }{
@@ -25,6 +26,10 @@ func TestRunnerTensorFlags(t *testing.T) {
 		{base + `--backend cpu --tensor 0/2 --tensor-peers a:1,b:2 --tensor-rdma [[null,"a"],["b",null]]`, "needs --backend mlx"},
 		{"prefill --model x --served-name m --listen :0 --metrics :1 --tensor 0/2", "go together"},
 		{"prefill --model x --served-name m --listen :0 --metrics :1 --tensor 0/2 --tensor-peers a:1,b:2 --layers 0:1 --stage 0/2 --stage-listen :3 --stage-next :4", "not tensor-parallel"},
+		{base + "--tensor 1/2 --tensor-peers a:1,b:2 --layers 2:4 --stage 1/2 --stage-listen :3", "only rank 0"},
+		{base + "--tensor 1/2 --tensor-peers a:1,b:2 --layers 2:4 --stage 1/2 --stage-next :3", "only rank 0"},
+		{base + "--tensor 1/2 --tensor-peers a:1,b:2 --stage 1/2", "needs --layers"},
+		{base + "--tensor 0/2 --tensor-peers a:1,b:2 --layers 2:4 --stage 1/2 --stage-listen :3", "needs --stage-next"},
 	} {
 		_, err := parseRunnerFlags(strings.Fields(c.args))
 		var ee exitError
@@ -35,6 +40,14 @@ func TestRunnerTensorFlags(t *testing.T) {
 	f, err := parseRunnerFlags(strings.Fields(base + "--tensor 1/3 --tensor-peers a:1,b:2,c:3"))
 	if err != nil || f.tensor != "1/3" || f.tensorPeers != "a:1,b:2,c:3" {
 		t.Fatalf("%+v %v", f, err)
+	}
+	f, err = parseRunnerFlags(strings.Fields(base + "--tensor 0/2 --tensor-peers a:1,b:2 --layers 2:4 --stage 1/2 --stage-listen :3 --stage-next :4"))
+	if err != nil || f.tensor != "0/2" || f.stage != 1 || f.stageListen != ":3" {
+		t.Fatalf("a stage's rank 0: %+v %v", f, err)
+	}
+	f, err = parseRunnerFlags(strings.Fields(base + "--tensor 1/2 --tensor-peers a:1,b:2 --layers 2:4 --stage 1/2"))
+	if err != nil || f.tensor != "1/2" || f.stage != 1 || f.layers.Start != 2 {
+		t.Fatalf("a stage's rank 1: %+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("prefill --model x --served-name m --listen :0 --metrics :1 --tensor 1/2 --tensor-peers a:1,b:2"))
 	if err != nil || f.tensor != "1/2" {

@@ -9,6 +9,10 @@
 // send hidden states down the ring and wait for the picked tokens), and
 // remote prefill into a pipeline (Remote: each stage fetches its own layer
 // range from the prefill runner over runners/kvwire, all or none commit).
+// A stage's layers (Layers) are a loaded engine model or, for a stage
+// that is a tensor group, runners/tensor's Model on the group's rank 0,
+// which runs each step on every rank; such a stage links into the ring
+// only while its group is whole (RunnerConfig.Ranks, Health).
 //
 // The decode runner's admission, batching, prefix cache, stop sequences
 // and streaming stay in runners/decode, which drives a Ring as it drives

@@ -17,9 +17,11 @@ import (
 
 // NodeConfig configures the runner of a stage after the first.
 type NodeConfig struct {
-	Name  string        // served model name (metrics, logs)
-	Link  LinkConfig    // this stage (Stage ≥ 1)
-	Model *engine.Model // loaded with the stage's layers
+	Name  string     // served model name (metrics, logs)
+	Link  LinkConfig // this stage (Stage ≥ 1)
+	Model Layers     // the stage's layers: an engine model or its tensor group
+	// Health: as RingConfig.Health.
+	Health func() error
 	// Listen takes the link from the previous stage; Next is the next
 	// stage's --stage-listen (stage 0's on the last stage).
 	Listen net.Listener
@@ -71,6 +73,9 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	case cfg.Model == nil || cfg.Listen == nil || cfg.Next == "":
 		return nil, errors.New("stage: a node needs its model, a listener and the next stage's address")
 	}
+	if err := checkCarried(cfg.Group, cfg.Model); err != nil {
+		return nil, err
+	}
 	last := l.Stage == l.Stages-1
 	if last && cfg.Picks == nil {
 		return nil, errors.New("stage: the last stage needs the Options its Pickers are built from")
@@ -106,6 +111,9 @@ func (n *Node) Healthy() bool { return n.up.Load() }
 func (n *Node) Run(ctx context.Context) error {
 	accepted := acceptLinks(ctx, n.cfg.Listen, n.cfg.Link, n.log)
 	for ctx.Err() == nil {
+		if err := awaitHealth(ctx, n.cfg.Health, n.log); err != nil {
+			return nil // ctx ended
+		}
 		out, err := dialLoop(ctx, n.cfg.Next, n.cfg.Link, n.log)
 		if err != nil {
 			return nil // ctx ended
@@ -141,8 +149,8 @@ func (n *Node) Run(ctx context.Context) error {
 			if ctx.Err() == nil {
 				n.log.Warn("stage link down; every sequence freed", "err", err)
 			}
-			if out.Err() != nil {
-				break
+			if out.Err() != nil || n.cfg.Health != nil && n.cfg.Health() != nil {
+				break // dial again (once the stage's group is whole)
 			}
 		}
 		out.Close(ctx.Err())
@@ -258,6 +266,7 @@ func dialLoop(ctx context.Context, addr string, cfg LinkConfig, log *slog.Logger
 func (n *Node) serve(ctx context.Context, in, out *Link) error {
 	stop := context.AfterFunc(ctx, func() { in.Close(ctx.Err()) })
 	defer stop()
+	go watchHealth(n.cfg.Health, in, out)
 	go func() {
 		select {
 		case <-out.Done():
@@ -361,7 +370,7 @@ func (n *Node) step(m *Step, out *Link) error {
 		// A step refused before its computation still reads its input
 		// off the group, so that the next receive is the next step's.
 		pre = func(code Code, format string, a ...any) error {
-			if err := n.cfg.Model.DiscardCarried(len(m.Tokens), carrier); err != nil {
+			if err := n.cfg.Model.(carried).DiscardCarried(len(m.Tokens), carrier); err != nil {
 				return err
 			}
 			return fail(code, format, a...)
@@ -403,7 +412,7 @@ func (n *Node) step(m *Step, out *Link) error {
 			}
 		}
 		var st engine.CarryStats
-		logits, st, err = n.cfg.Model.StageStepCarried(context.Background(), caches, toks, carrier, ready)
+		logits, st, err = n.cfg.Model.(carried).StageStepCarried(context.Background(), caches, toks, carrier, ready)
 		n.cs.count(st)
 		pace(n.cfg.TestPace, len(m.Tokens), t0)
 		if err != nil && (errors.Is(err, engine.ErrCarry) || out.Err() != nil) {

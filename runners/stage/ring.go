@@ -19,9 +19,13 @@ import (
 
 // RingConfig configures stage 0.
 type RingConfig struct {
-	Name  string        // served model name (metrics, logs)
-	Link  LinkConfig    // this stage (Stage 0)
-	Model *engine.Model // loaded with stage 0's layers (the embedding)
+	Name  string     // served model name (metrics, logs)
+	Link  LinkConfig // this stage (Stage 0)
+	Model Layers     // stage 0's layers (the embedding): an engine model or its tensor group
+	// Health, when set, is the stage's own condition besides its links
+	// (its tensor group whole): while it fails the ring is not linked,
+	// and a failure takes a linked ring down.
+	Health func() error
 	// Listen takes the last stage's link (the picked tokens); Next is
 	// stage 1's --stage-listen.
 	Listen net.Listener
@@ -57,7 +61,7 @@ type RingConfig struct {
 // the tokens the last stage picked.
 type Ring struct {
 	cfg RingConfig
-	m   *engine.Model
+	m   Layers
 	met *stageMetrics
 	log *slog.Logger
 	cs  *carry
@@ -108,6 +112,9 @@ func NewRing(cfg RingConfig) (*Ring, error) {
 	case cfg.Model == nil || cfg.Listen == nil || cfg.Next == "":
 		return nil, errors.New("stage: stage 0 needs its model, a listener and stage 1's address")
 	}
+	if err := checkCarried(cfg.Group, cfg.Model); err != nil {
+		return nil, err
+	}
 	if cfg.StepTimeout <= 0 {
 		cfg.StepTimeout = 2 * time.Minute
 	}
@@ -157,6 +164,9 @@ func (r *Ring) probe(ctx context.Context, out *Link) {
 func (r *Ring) Run(ctx context.Context) error {
 	accepted := acceptLinks(ctx, r.cfg.Listen, r.cfg.Link, r.log)
 	for ctx.Err() == nil {
+		if err := awaitHealth(ctx, r.cfg.Health, r.log); err != nil {
+			break
+		}
 		out, err := dialLoop(ctx, r.cfg.Next, r.cfg.Link, r.log)
 		if err != nil {
 			break
@@ -231,6 +241,7 @@ func (r *Ring) serve(ctx context.Context, in, out *Link) error {
 	stop := context.AfterFunc(ctx, func() { in.Close(ctx.Err()) })
 	defer stop()
 	go r.watch(in, out)
+	go watchHealth(r.cfg.Health, in, out)
 	for {
 		msg, err := in.Recv()
 		if err != nil {
@@ -505,7 +516,7 @@ func (r *Ring) stepCarried(ctx context.Context, c engine.Carrier, epoch uint64, 
 	step.DType = DTypeGroup
 	var ch chan reply
 	r.cmu.Lock()
-	_, st, err := r.m.StageStepCarried(ctx, locals, toks, c, func() error {
+	_, st, err := r.m.(carried).StageStepCarried(ctx, locals, toks, c, func() error {
 		step.Ticket = r.tickets.Add(1)
 		var err error
 		ch, err = r.send(epoch, step.Ticket, step)

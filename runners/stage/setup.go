@@ -2,6 +2,7 @@ package stage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -22,9 +23,16 @@ type RunnerConfig struct {
 	Layers        engine.LayerRange
 	Listen, Next  string // --stage-listen, --stage-next
 	Secret        []byte
-	Model         *engine.Model // loaded with Layers
-	Metrics       *Metrics
-	Logger        *slog.Logger
+	Model         *engine.Model // loaded with Layers (a tensor rank's share of them)
+	// Ranks, when set, is the stage's tensor group on its rank 0
+	// (runners/tensor's Model over Model): the ring drives it instead of
+	// Model, so each step and cache operation runs on every rank; Health
+	// then says whether the group is whole (the stage links up only
+	// while it is, and go down when it breaks).
+	Ranks   Layers
+	Health  func() error
+	Metrics *Metrics
+	Logger  *slog.Logger
 	// Picks are the last stage's Pickers' Options (the decode runner's
 	// decode.Setup Options).
 	Picks *decode.Options
@@ -57,6 +65,13 @@ func (c *RunnerConfig) Link() (LinkConfig, error) {
 // group plans the stage's MLX group (nil, logged: the stage link carries
 // the hidden states).
 func (c *RunnerConfig) group(log *slog.Logger) *Group {
+	if c.Ranks != nil {
+		// A process joins one MLX group per backend for its life: a
+		// tensor stage's is its ranks' all_sum.
+		log.Info("pipeline stage: hidden states go on the stage link (TCP)",
+			"reason", "this stage is a tensor group: the process's MLX group (if any) is its ranks' all_sum, and a process joins one")
+		return nil
+	}
 	g, why := MLXGroup(c.Model.Backend(), MLXPlan{Stage: c.Stage, Stages: c.Stages, Listen: c.Listen, Next: c.Next})
 	if g == nil {
 		log.Info("pipeline stage: hidden states go on the stage link (TCP)", "reason", why)
@@ -91,8 +106,8 @@ func StartRing(ctx context.Context, c *RunnerConfig) (*Ring, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stage: listen %s (--stage-listen): %w", c.Listen, err)
 	}
-	ring, err := NewRing(RingConfig{Name: c.Name, Link: lc, Model: c.Model, Listen: l, Next: c.Next,
-		Metrics: c.Metrics, Logger: log, Group: c.group(log)})
+	ring, err := NewRing(RingConfig{Name: c.Name, Link: lc, Model: c.layers(), Listen: l, Next: c.Next,
+		Metrics: c.Metrics, Logger: log, Group: c.group(log), Health: c.Health})
 	if err != nil {
 		l.Close()
 		return nil, err
@@ -122,8 +137,8 @@ func NewStage(c *RunnerConfig) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stage: listen %s (--stage-listen): %w", c.Listen, err)
 	}
-	n, err := NewNode(NodeConfig{Name: c.Name, Link: lc, Model: c.Model, Listen: l, Next: c.Next, Picks: picks,
-		Remote: c.Remote, RemoteFor: c.RemoteFor, Metrics: c.Metrics, Logger: log, Group: c.group(log)})
+	n, err := NewNode(NodeConfig{Name: c.Name, Link: lc, Model: c.layers(), Listen: l, Next: c.Next, Picks: picks,
+		Remote: c.Remote, RemoteFor: c.RemoteFor, Metrics: c.Metrics, Logger: log, Group: c.group(log), Health: c.Health})
 	if err != nil {
 		l.Close()
 		return nil, err
@@ -131,9 +146,34 @@ func NewStage(c *RunnerConfig) (*Node, error) {
 	return n, nil
 }
 
+// layers is what the stage's Ring or Node drives.
+func (c *RunnerConfig) layers() Layers {
+	if c.Ranks != nil {
+		return c.Ranks
+	}
+	return c.Model
+}
+
 func (c *RunnerConfig) logger() *slog.Logger {
 	if c.Logger == nil {
 		return slog.Default()
 	}
 	return c.Logger
+}
+
+// Health is a stage runner's /health condition: its stage links up (stage
+// 0: the whole ring) and, for a stage of tensor ranks, its group whole
+// (own; nil: none).
+func Health(up func() bool, own func() error) func() error {
+	return func() error {
+		if own != nil {
+			if err := own(); err != nil {
+				return fmt.Errorf("this stage's tensor group is not whole: %w", err)
+			}
+		}
+		if !up() {
+			return errors.New("stage link down: the pipeline's ring is not whole")
+		}
+		return nil
+	}
 }

@@ -4,7 +4,8 @@
 // HMAC-authenticated TCP from each follower rank to rank 0), the calls
 // rank 0 sends over it (call.go), rank 0's Leader and its Model adapter
 // (leader.go, model.go: the decode server drives it as it drives an
-// engine.Model; before each engine call on its own share it sends the call
+// engine.Model, and a pipeline stage's Ring or Node drives its StageStep
+// when the stage is a tensor group; before each engine call on its own share it sends the call
 // to every follower, and after it collects their acks), the followers'
 // loop (follower.go), and, for the cpu backend, which has no distributed
 // engine, an all_sum over the same links (collective.go: a star through
