@@ -365,6 +365,10 @@ func (c *Config) PlaceWith(facts FactsFunc, o PlaceOptions) ([]Placement, error)
 						continue
 					}
 				}
+				if rr.role == Prefill && f != nil && f.LinearKeyHeads > 0 {
+					bad(c.at("models", i, rr.role, "shard"), "model %s: prefill.shard \"tensor\" on a model with recurrent (Gated DeltaNet) layers is not supported (their state splits by key heads, which no KV head range names: leave prefill's shard out)", m.Name)
+					continue
+				}
 				if rr.role == Prefill && m.Decode != nil && m.Decode.Shard == ShardPipeline {
 					// A decode stage asks for its layers with every head.
 					bad(c.at("models", i, rr.role, "shard"), "model %s: prefill.shard \"tensor\" with decode.shard \"pipeline\" is not supported (decode stages fetch their layers with every KV head, which no prefill rank holds: leave prefill's shard out, or make the decode tensor-parallel or replicas)", m.Name)

@@ -14,8 +14,8 @@ import (
 // for MLX's ring or NCCL), and every decode runner, a tensor decode's
 // ranks included, names the prefill ranks as ADDR#I/N; a port clash on the
 // ring's port is refused by name; Place accepts it beside replicas and a
-// tensor decode, refuses it beside a pipeline decode and refuses head
-// counts the prefill ranks cannot divide.
+// tensor decode, refuses it beside a pipeline decode, on a model with
+// recurrent layers, and head counts the prefill ranks cannot divide.
 func TestTensorPrefillPlan(t *testing.T) {
 	parse := func(decode string, extra string) *Config {
 		t.Helper()
@@ -105,5 +105,13 @@ decode = { hosts = ["a"], port = 52509 }
 	}
 	if _, err := c.Place(smol, "c", 0); err == nil || !strings.Contains(err.Error(), `model m: prefill.shard "tensor": 2 hosts: num_attention_heads 9 is not divisible by 2`) {
 		t.Errorf("heads 2 ranks cannot divide: %v", err)
+	}
+	hybrid := func(string) (*modelinfo.Facts, error) {
+		f := facts(8, gib, gib, false)
+		f.LinearKeyHeads, f.LinearValueHeads, f.LinearValueDim = 4, 8, 64
+		return f, nil
+	}
+	if _, err := c.Place(hybrid, "c", 0); err == nil || !strings.Contains(err.Error(), `prefill.shard "tensor" on a model with recurrent (Gated DeltaNet) layers is not supported`) {
+		t.Errorf("a hybrid model: %v", err)
 	}
 }
