@@ -26,17 +26,20 @@ type stageTensor struct {
 func startStageTensor(t *testing.T, name, model string, bounds []int, m int, extra, zero []string) *stageTensor {
 	t.Helper()
 	S := len(bounds) - 1
-	base := testutil.Ports(t, S+2*S*m) // one block: separately picked ports may coincide
+	// One block (separately picked ports may coincide): the stage links,
+	// then each rank's tensor address and the port after it (MLX's ring),
+	// then each rank's --listen.
+	base := testutil.Ports(t, S+3*S*m)
 	port := func(k int) string { return fmt.Sprintf("127.0.0.1:%d", base+k) }
 	st := &stageTensor{ranks: make([][]*proc, S), args: make([][][]string, S)}
 	for i := range S {
 		peers := make([]string, m)
 		for j := range m {
-			peers[j] = port(S + i*m + j)
+			peers[j] = port(S + 2*(i*m+j))
 		}
 		st.ranks[i], st.args[i] = make([]*proc, m), make([][]string, m)
 		for j := range m {
-			a := []string{"--listen", port(S + S*m + i*m + j), "--served-name", "m", "--backend", "cpu", "--offline", "--model", model,
+			a := []string{"--listen", port(S + 2*S*m + i*m + j), "--served-name", "m", "--backend", "cpu", "--offline", "--model", model,
 				"--layers", fmt.Sprintf("%d:%d", bounds[i], bounds[i+1]), "--stage", fmt.Sprintf("%d/%d", i, S),
 				"--tensor", fmt.Sprintf("%d/%d", j, m), "--tensor-peers", strings.Join(peers, ",")}
 			if j == 0 {
@@ -198,5 +201,76 @@ func TestStageTensorFollowerKilled(t *testing.T) {
 	got := askAll(t, s0.listen, pipelineRequests()[:1], false)
 	if got[0].Text != want[0].Text {
 		t.Errorf("after the rank came back: %q, want %q", got[0].Text, want[0].Text)
+	}
+}
+
+// TestStageTensorMLX is TestStageTensorEqualsOneRunner's dense model on
+// MLX's CPU device, by hand (EXO_MLXC_PATH names libmlxc): each stage's
+// two ranks sum over MLX's ring, the stages pass hidden states on the TCP
+// stage link (a process joins one MLX group: its ranks'), and the answers
+// equal one MLX runner's, alone and four at once.
+func TestStageTensorMLX(t *testing.T) {
+	mlx := mlxRunner(t)
+	model := tinyModel(t, "main")
+	one := start(t, "one-mlx", "decode", append([]string{"--model", model}, mlx...)...)
+	want := askAll(t, one.listen, pipelineRequests(), false)
+	one.stop()
+	st := startStageTensor(t, "st-mlx", model, []int{0, 1, 2}, 2, mlx, nil)
+	for _, concurrent := range []bool{false, true} {
+		got := askAll(t, st.ranks[0][0].listen, pipelineRequests(), concurrent)
+		for i := range want {
+			if got[i].Text != want[i].Text {
+				t.Errorf("request %d (concurrent %v): 2 stages × 2 MLX ranks %q, one MLX runner %q", i, concurrent, got[i].Text, want[i].Text)
+			}
+		}
+	}
+	for i := range st.ranks {
+		if len(st.ranks[i][0].records("pipeline stage: hidden states go on the stage link (TCP)")) == 0 {
+			t.Errorf("stage %d's rank 0 did not log why its hidden states stay on TCP", i)
+		}
+		for j, p := range st.ranks[i] {
+			if r := p.records("model loaded"); len(r) != 1 || !strings.HasPrefix(r[0]["backend"], "mlx") {
+				t.Errorf("stage %d rank %d loaded %v, want one MLX model", i, j, r)
+			}
+			if n := p.metric(t, fmt.Sprintf(`exo_tensor_allsum_total{model="m",rank="%d"}`, j)); n <= 0 {
+				t.Errorf("stage %d rank %d ran %v all_sums", i, j, n)
+			}
+		}
+	}
+}
+
+// TestStageTensorMLXFollowerKilled: on MLX, kill -9 of stage 1's follower
+// while a generation streams ends the request with an error, stage 1's
+// rank 0 exits (its MLX group cannot be joined again), stage 0 answers
+// 503, and once both of stage 1's ranks are started again the ring serves
+// one MLX runner's text. By hand (EXO_MLXC_PATH).
+func TestStageTensorMLXFollowerKilled(t *testing.T) {
+	mlx := mlxRunner(t)
+	model := tinyModel(t, "main-long")
+	one := start(t, "one-mlx", "decode", append([]string{"--model", model}, mlx...)...)
+	want := askAll(t, one.listen, pipelineRequests()[:1], false)
+	one.stop()
+	st := startStageTensor(t, "st-mlx-kill", model, []int{0, 1, 2}, 2, mlx, nil)
+	s0 := st.ranks[0][0]
+	s := startLongStream(t, s0.listen, "go on forever", 30000)
+	st.ranks[1][1].kill()
+	res := s.wait(t, 60*time.Second, "stage 1's follower being killed")
+	if res.ErrorBody == "" || res.Completion >= 30000 {
+		t.Fatalf("the request whose stage lost a rank ended without an error: %+v", res)
+	}
+	t.Logf("the request in hand ended: %s", res.ErrorBody)
+	select {
+	case <-st.ranks[1][0].done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("stage 1's rank 0 on MLX still runs 60 s after its rank 1 died")
+	}
+	testutil.Eventually(t, func() bool { code, _ := health(s0); return code == http.StatusServiceUnavailable },
+		30*time.Second, "stage 0 unhealthy with stage 1 gone")
+	st.launch(t, "st-mlx-kill-again", 1, 1)
+	st.launch(t, "st-mlx-kill-again", 1, 0)
+	waitHealthy(t, st.all()...)
+	got := askAll(t, s0.listen, pipelineRequests()[:1], false)
+	if got[0].Text != want[0].Text {
+		t.Errorf("after stage 1 came back: %q, want %q", got[0].Text, want[0].Text)
 	}
 }
