@@ -81,34 +81,38 @@ func TestTensorParallelTinyMLXJACCLFallback(t *testing.T) {
 	}
 }
 
-// TestTensorPrefillMLX is TestTensorPrefill's dense case on MLX's CPU
-// device, by hand (EXO_MLXC_PATH names libmlxc): two prefill rank
-// processes sum over MLX's ring on loopback and each serves its KV heads;
-// a one-process MLX decode runner (its heads spanning both ranks) and a
-// 2-rank MLX decode group (each rank asking the prefill rank of its heads)
-// answer as one MLX runner with local prefill does, and the prefill ranks
-// send equal shares of the bytes.
+// TestTensorPrefillMLX is TestTensorPrefill on MLX's CPU device, by hand
+// (EXO_MLXC_PATH names libmlxc), for the tiny dense model and the tiny
+// MoE: two prefill rank processes sum over MLX's ring on loopback and each
+// serves its KV heads; a one-process MLX decode runner (its heads spanning
+// both ranks) and a 2-rank MLX decode group (each rank asking the prefill
+// rank of its heads) answer as one MLX runner with local prefill does, and
+// the prefill ranks send equal shares of the bytes.
 func TestTensorPrefillMLX(t *testing.T) {
 	mlx := mlxRunner(t)
-	dir := tinyModel(t, "main")
-	ref := start(t, "tpp-mlx-ref", "decode", append([]string{"--model", dir}, mlx...)...)
-	pg := startTensorPrefill(t, dir, 2, 2, mlx...)
-	for r, p := range pg.ranks {
-		if l := p.records("model loaded"); len(l) != 1 || l[0]["backend"] != "mlx-cpu" {
-			t.Fatalf("prefill rank %d loaded %v, want one model on mlx-cpu", r, l)
-		}
-	}
-	bytes := pg.served(t)
-	one := start(t, "tpp-mlx-one", "decode", append([]string{"--model", dir, "--prefill", pg.list(true)}, mlx...)...)
-	checkRemoteEqualsLocal(t, "MLX: 2-rank prefill into one decode runner", one, ref, 800)
-	now := checkShares(t, "MLX: into one decode runner", pg, bytes)
-	one.stop()
-	dg := startTensor(t, dir, 2, append([]string{"--prefill", pg.list(true), "--remote-prefill-route", "floor"}, mlx...)...)
-	checkRemoteEqualsLocal(t, "MLX: 2-rank prefill into a 2-rank decode group", dg.ranks[0], ref, 900)
-	checkShares(t, "MLX: into a 2-rank decode group", pg, now)
-	for r, p := range pg.ranks {
-		if n := p.metric(t, fmt.Sprintf(`exo_tensor_allsum_total{model="m",rank="%d"}`, r)); n == 0 {
-			t.Errorf("prefill rank %d ran no all_sums", r)
-		}
+	for _, model := range []string{"main", "moe"} {
+		t.Run(model, func(t *testing.T) {
+			dir := tinyModel(t, model)
+			ref := start(t, "tpp-mlx-ref", "decode", append([]string{"--model", dir}, mlx...)...)
+			pg := startTensorPrefill(t, dir, 2, 2, mlx...)
+			for r, p := range pg.ranks {
+				if l := p.records("model loaded"); len(l) != 1 || l[0]["backend"] != "mlx-cpu" {
+					t.Fatalf("prefill rank %d loaded %v, want one model on mlx-cpu", r, l)
+				}
+			}
+			bytes := pg.served(t)
+			one := start(t, "tpp-mlx-one", "decode", append([]string{"--model", dir, "--prefill", pg.list(true)}, mlx...)...)
+			checkRemoteEqualsLocal(t, "MLX: 2-rank prefill into one decode runner", one, ref, 800)
+			now := checkShares(t, "MLX: into one decode runner", pg, bytes)
+			one.stop()
+			dg := startTensor(t, dir, 2, append([]string{"--prefill", pg.list(true), "--remote-prefill-route", "floor"}, mlx...)...)
+			checkRemoteEqualsLocal(t, "MLX: 2-rank prefill into a 2-rank decode group", dg.ranks[0], ref, 900)
+			checkShares(t, "MLX: into a 2-rank decode group", pg, now)
+			for r, p := range pg.ranks {
+				if n := p.metric(t, fmt.Sprintf(`exo_tensor_allsum_total{model="m",rank="%d"}`, r)); n == 0 {
+					t.Errorf("prefill rank %d ran no all_sums", r)
+				}
+			}
+		})
 	}
 }
