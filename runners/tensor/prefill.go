@@ -81,7 +81,7 @@ func (h *leadHook) Want([]int32, int) error { return nil }
 // most from (the follower's cached prefix), unless a computation of them
 // from there is running.
 func (h *leadHook) wanted(rank int, tokens []int32, from int) {
-	if len(tokens) < 2 || from >= len(tokens) || tokens2vocab(tokens, h.m.Info().Vocab) {
+	if len(tokens) < 2 || from >= len(tokens) || outsideVocab(tokens, h.m.Info().Vocab) {
 		h.log.Warn("tensor prefill: a rank's Want names tokens outside the model", "rank", rank, "tokens", len(tokens), "from", from)
 		return
 	}
@@ -93,7 +93,7 @@ func (h *leadHook) wanted(rank int, tokens []int32, from int) {
 	}
 }
 
-func tokens2vocab(tokens []int32, vocab int) bool {
+func outsideVocab(tokens []int32, vocab int) bool {
 	for _, t := range tokens {
 		if t < 0 || int(t) >= vocab {
 			return true
