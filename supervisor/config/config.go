@@ -247,8 +247,14 @@ type Role struct {
 	Shard string `toml:"shard"`
 	// Layers fixes a pipeline's split by hand: layer counts per stage, in
 	// host order, summing to the model's layers (nil: split by memory).
-	// With Groups, every group is split so.
+	// With Groups, every group is split so; with Tensor, one count per
+	// stage.
 	Layers []int `toml:"layers"`
+	// Tensor makes each stage of a decode pipeline a tensor-parallel
+	// group of this many ranks (0: one host per stage): the hosts, in
+	// order, form the stages Tensor at a time (stage I: hosts
+	// [I·Tensor, (I+1)·Tensor)), the first of each its rank 0.
+	Tensor int `toml:"tensor"`
 	// Groups makes a decode pipeline several pipeline groups, replicas of
 	// each other: each inner list is one group's stage hosts in order
 	// (decode only, instead of hosts). Validation sets Hosts to every
@@ -258,6 +264,29 @@ type Role struct {
 
 // Pipeline reports whether the role's hosts are pipeline stages.
 func (r *Role) Pipeline() bool { return r != nil && r.Shard == ShardPipeline }
+
+// StageRanks is how many tensor ranks each pipeline stage has (1: one
+// host per stage).
+func (r *Role) StageRanks() int {
+	if r == nil || !r.Pipeline() || r.Tensor < 2 {
+		return 1
+	}
+	return r.Tensor
+}
+
+// StageLeads returns the hosts of a pipeline group (hosts) that lead its
+// stages: every host, or with Tensor each stage's rank 0.
+func (r *Role) StageLeads(hosts []string) []string {
+	m := r.StageRanks()
+	if m == 1 {
+		return hosts
+	}
+	var out []string
+	for i := 0; i < len(hosts); i += m {
+		out = append(out, hosts[i])
+	}
+	return out
+}
 
 // StageGroups returns a pipeline's groups of stage hosts: Groups, else
 // Hosts as the one group.
@@ -413,7 +442,7 @@ var knownKeys = map[string][]string{
 	"models":             {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "remote_prefill_route", "kv_wire_dtype", "kv_streams", "max_queue", "max_batch", "prefill_chunk", "prefill_connect_timeout_ms", "defaults", "speculative"},
 	"models.defaults":    {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"},
 	"models.speculative": {"mode", "tokens", "draft"},
-	"models.decode":      {"hosts", "groups", "source", "port", "shard", "layers"},
+	"models.decode":      {"hosts", "groups", "source", "port", "shard", "layers", "tensor"},
 	"models.prefill":     {"hosts", "groups", "source", "port", "metrics_port", "prefix_cache_mib", "shard", "layers"},
 }
 

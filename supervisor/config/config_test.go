@@ -49,7 +49,7 @@ decode = { hosts = ["mac"], source = "a", portt = 3 }
 			`f.toml:14:1: unknown key "prot" (known keys here: listen, port, api_key_file, open_paths, cors_origins)`,
 			`f.toml:16:2: unknown key "extra" (known keys here: address, backend, threads, memory_gib)`,
 			`f.toml:21:1: unknown key "sauce" (known keys here: name, source, decode, prefill, remote_prefill_min_tokens, remote_prefill_route, kv_wire_dtype, kv_streams, max_queue, max_batch, prefill_chunk, prefill_connect_timeout_ms, defaults, speculative)`,
-			`f.toml:22:43: unknown key "portt" (known keys here: hosts, groups, source, port, shard, layers)`,
+			`f.toml:22:43: unknown key "portt" (known keys here: hosts, groups, source, port, shard, layers, tensor)`,
 		}},
 		{"unknown host", twoHosts + `
 [[models]]

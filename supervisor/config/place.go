@@ -393,6 +393,14 @@ func (c *Config) PlaceWith(facts FactsFunc, o PlaceOptions) ([]Placement, error)
 				bad(c.at("models", i, rr.role, "shard"), "model %s: prefill.shard \"pipeline\" with decode.shard \"tensor\" is not supported (tensor ranks fetch their KV heads from whole prefill runners: leave prefill's shard out, or pipeline the decode)", m.Name)
 				continue
 			}
+			if m0name, m := m.Name, r.StageRanks(); m > 1 && f != nil {
+				// Every stage is a tensor group of m ranks: the heads and
+				// MLP widths must split m ways.
+				if err := f.TensorCheck(m); err != nil {
+					bad(c.at("models", i, rr.role, "tensor"), "model %s: %s.tensor = %d: %v", m0name, rr.role, m, err)
+					continue
+				}
+			}
 			for g, hosts := range r.StageGroups() {
 				pl := pl
 				pl.Hosts = hosts
@@ -436,14 +444,25 @@ func (c *Config) placeGroup(f *modelinfo.Facts, ferr error, model, role string, 
 		}
 		return pl, nil
 	}
-	in := SplitInput{Facts: f, Hosts: hosts, Layers: r.Layers, Context: f.MaxContext}
+	leads, ranks := r.StageLeads(hosts), r.StageRanks()
+	in := SplitInput{Facts: f, Hosts: leads, Layers: r.Layers, Context: f.MaxContext}
 	pl.Context = f.MaxContext
-	in.Share = make([]int64, len(hosts))
-	in.Limit = make([]int64, len(hosts))
+	in.Share = make([]int64, len(leads))
+	in.Limit = make([]int64, len(leads))
+	if ranks > 1 {
+		pl.Note = fmt.Sprintf("each stage is a tensor group of %d ranks (its hosts in order, rank 0 first): a rank holds 1/%d of its stage's weights and KV reserve, and a stage counts %d × the least memory of its ranks", ranks, ranks, ranks)
+	}
 	even := false
 	for s, hn := range hosts {
 		sm := c.memory(hn, o)
-		in.Share[s], in.Limit[s] = sm.Bytes, sm.Bytes
+		if ranks > 1 { // a stage: its ranks' least memory, times their count
+			st := s / ranks
+			if s%ranks == 0 || sm.Bytes < in.Share[st]/int64(ranks) {
+				in.Share[st], in.Limit[st] = sm.Bytes*int64(ranks), sm.Bytes*int64(ranks)
+			}
+		} else {
+			in.Share[s], in.Limit[s] = sm.Bytes, sm.Bytes
+		}
 		switch sm.Source {
 		case MemUnknown:
 			even = true

@@ -191,7 +191,10 @@ func (r Runner) HealthAddr() string {
 func (r Runner) Args() []string {
 	a := []string{"runner", r.Role, "--model", r.Source, "--served-name", r.Model, "--listen", r.Listen}
 	if r.Stage != "" {
-		a = append(a, "--layers", r.Layers, "--stage", r.Stage, "--stage-listen", r.StageListen, "--stage-next", r.StageNext)
+		a = append(a, "--layers", r.Layers, "--stage", r.Stage)
+		if r.StageListen != "" { // not a tensor stage's rank > 0: it talks to its rank 0 only
+			a = append(a, "--stage-listen", r.StageListen, "--stage-next", r.StageNext)
+		}
 	}
 	if r.Tensor != "" {
 		a = append(a, "--tensor", r.Tensor, "--tensor-peers", joinComma(r.TensorPeers))
@@ -377,17 +380,32 @@ func (c *Config) AllRunners() []Runner {
 					PrefillChunk: m.PrefillChunk, Threads: h.Threads, Offline: c.Cluster.Offline,
 				}
 				if stages != nil {
-					next := c.Hosts[stages[(si+1)%len(stages)].Host]
-					ru.Name = StageRunnerName(m.Name, role, r.Groups != nil, g, si)
-					ru.Layers = fmt.Sprintf("%d:%d", stages[si].Start, stages[si].End)
-					ru.Stage = fmt.Sprintf("%d/%d", si, len(stages))
+					// With decode.tensor, host si is rank j of stage s.
+					M := r.StageRanks()
+					s, j := si/M, si%M
+					next := c.Hosts[stages[(s+1)%len(stages)].Host]
+					ru.Name = StageRunnerName(m.Name, role, r.Groups != nil, g, s)
+					ru.Layers = fmt.Sprintf("%d:%d", stages[s].Start, stages[s].End)
+					ru.Stage = fmt.Sprintf("%d/%d", s, len(stages))
 					port := c.StageLinkPort(mi)
 					if role == Prefill {
 						port = c.PrefillStageLinkPort(mi)
 					}
-					ru.StageListen = net.JoinHostPort(h.Address, strconv.Itoa(port))
-					ru.StageNext = net.JoinHostPort(next.Address, strconv.Itoa(port))
+					if j == 0 { // a stage's rank 0 alone is on the ring
+						ru.StageListen = net.JoinHostPort(h.Address, strconv.Itoa(port))
+						ru.StageNext = net.JoinHostPort(next.Address, strconv.Itoa(port))
+					}
 					ru.Group = groupString(stages)
+					if M > 1 {
+						ranks := hosts[s*M : (s+1)*M]
+						ru.Name += fmt.Sprintf("-rank%d", j)
+						ru.Tensor = fmt.Sprintf("%d/%d", j, M)
+						for _, rh := range ranks {
+							ru.TensorPeers = append(ru.TensorPeers, net.JoinHostPort(c.Hosts[rh].Address, strconv.Itoa(c.TensorLinkPort(mi))))
+						}
+						ru.TensorRDMA = c.rdmaMatrix(ranks)
+						ru.Group += fmt.Sprintf(" × tensor %d: %s", M, joinComma(hosts))
+					}
 				}
 				if peers != nil {
 					ru.Name = fmt.Sprintf("%s-%s-rank%d", m.Name, role, si)

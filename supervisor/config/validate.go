@@ -254,7 +254,14 @@ func (c *Config) validate() Errors {
 				if rr.role == "prefill" {
 					claim(hn, r.MetricsPort, what+" metrics", c.at("models", i, rr.role, "metrics_port"))
 				}
-				if rr.role == Decode && r.Pipeline() {
+				if rr.role == Decode && r.Pipeline() && r.Tensor >= 2 {
+					// A stage of tensor ranks: rank 0 on the stage link,
+					// every rank on the tensor link and MLX's ring after
+					// it; the stage's hidden states stay on TCP.
+					claim(hn, c.StageLinkPort(i), what+" stage link", c.at("models", i, rr.role, "shard"))
+					claim(hn, c.TensorLinkPort(i), what+" stage tensor link", c.at("models", i, rr.role, "tensor"))
+					claim(hn, c.TensorLinkPort(i)+1, what+" stage tensor MLX ring", c.at("models", i, rr.role, "tensor"))
+				} else if rr.role == Decode && r.Pipeline() {
 					claim(hn, c.StageLinkPort(i), what+" stage link", c.at("models", i, rr.role, "shard"))
 					if c.Hosts[hn].Backend != CPU {
 						// MLX stages carry hidden states over MLX's ring
@@ -369,17 +376,33 @@ func (c *Config) validateShard(i int, label, role string, r *Role, bad func(Pos,
 	if (r.Shard == ShardPipeline || r.Shard == ShardTensor) && len(r.Hosts) == 1 && r.Groups == nil {
 		bad(c.at("models", i, role, "hosts"), "%s: %s.shard %q needs at least 2 hosts (one host holds the whole model: leave shard out)", label, role, r.Shard)
 	}
-	if r.Shard == ShardTensor && c.jacclGroup(r.Hosts) {
-		// JACCL needs a full mesh: refuse the first missing cable by name.
-	mesh:
-		for _, a := range r.Hosts {
-			for _, b := range r.Hosts {
-				if a != b && c.Hosts[a].RDMA[b] == "" {
-					bad(c.at("hosts", a, "rdma"), "%s: %s.shard \"tensor\" on metal hosts %s joins MLX's JACCL, which needs a full mesh: host %s names no rdma device toward %s (cable them with Thunderbolt 5 and add %s = \"rdma_enN\" to [hosts.%s] rdma; `ibv_devices` lists the devices)",
-						label, role, strings.Join(r.Hosts, ", "), a, b, b, a)
-					break mesh
-				}
-			}
+	if r.Shard == ShardTensor {
+		c.checkMesh(r.Hosts, fmt.Sprintf("%s: %s.shard \"tensor\"", label, role), bad)
+	}
+	stages := 1 // hosts per stage
+	if r.Tensor != 0 {
+		tp := c.at("models", i, role, "tensor")
+		switch {
+		case role != Decode:
+			bad(tp, "%s: %s.tensor is not supported (stages of tensor ranks decode; a tensor-parallel prefill is shard = \"tensor\")", label, role)
+			return
+		case r.Shard != ShardPipeline:
+			bad(tp, "%s: %s.tensor makes each pipeline stage a tensor group: it needs shard = \"pipeline\" (one tensor group over every host: shard = \"tensor\" without this key)", label, role)
+			return
+		case r.Tensor < 2:
+			bad(tp, "%s: %s.tensor = %d: want 2 or more ranks per stage (leave it out for one host per stage)", label, role, r.Tensor)
+			return
+		case r.Groups != nil:
+			bad(tp, "%s: %s.tensor with %s.groups is not supported yet (one pipeline of tensor stages: list its hosts in hosts)", label, role, role)
+			return
+		case len(r.Hosts)%r.Tensor != 0 || len(r.Hosts) < 2*r.Tensor:
+			bad(c.at("models", i, role, "hosts"), "%s: %s.hosts has %d host(s), but with tensor = %d each stage takes %d consecutive hosts (its ranks, rank 0 first) and a pipeline has 2 or more stages: list a multiple of %d, at least %d",
+				label, role, len(r.Hosts), r.Tensor, r.Tensor, r.Tensor, 2*r.Tensor)
+			return
+		}
+		stages = r.Tensor
+		for k := 0; k < len(r.Hosts); k += r.Tensor {
+			c.checkMesh(r.Hosts[k:k+r.Tensor], fmt.Sprintf("%s: %s.tensor stage %d", label, role, k/r.Tensor), bad)
 		}
 	}
 	if r.Layers != nil {
@@ -388,10 +411,12 @@ func (c *Config) validateShard(i int, label, role string, r *Role, bad func(Pos,
 			return
 		}
 		for g, hosts := range r.StageGroups() {
-			if len(r.Layers) == len(hosts) {
+			if len(r.Layers)*stages == len(hosts) {
 				continue
 			}
-			if r.Groups != nil {
+			if stages > 1 {
+				bad(c.at("models", i, role, "layers"), "%s: %s.layers has %d stage(s) but %s.hosts makes %d stages of %d ranks (tensor = %d): give one layer count per stage, in stage order", label, role, len(r.Layers), role, len(hosts)/stages, stages, stages)
+			} else if r.Groups != nil {
 				bad(c.at("models", i, role, "layers"), "%s: %s.layers has %d stage(s) but group %d of %s.groups has %d: every group is split by layers, so every group needs that many hosts", label, role, len(r.Layers), g, role, len(hosts))
 			} else {
 				bad(c.at("models", i, role, "layers"), "%s: %s.layers has %d stage(s) but %s.hosts has %d: give one layer count per host, in host order", label, role, len(r.Layers), role, len(r.Hosts))
@@ -407,10 +432,28 @@ func (c *Config) validateShard(i int, label, role string, r *Role, bad func(Pos,
 		}
 		if ok && len(r.Hosts) > 0 {
 			for g, hosts := range r.StageGroups() {
-				c.setStages(c.Models[i].Name, role, g, handStages(hosts, r.Layers))
+				c.setStages(c.Models[i].Name, role, g, handStages(r.StageLeads(hosts), r.Layers))
 			}
 		}
 		return
+	}
+}
+
+// checkMesh refuses, by name, the first missing cable of a tensor group
+// (hosts, rank order) that joins JACCL, which needs a full mesh; what
+// names the group in the message.
+func (c *Config) checkMesh(hosts []string, what string, bad func(Pos, string, ...any)) {
+	if !c.jacclGroup(hosts) {
+		return
+	}
+	for _, a := range hosts {
+		for _, b := range hosts {
+			if a != b && c.Hosts[a].RDMA[b] == "" {
+				bad(c.at("hosts", a, "rdma"), "%s on metal hosts %s joins MLX's JACCL, which needs a full mesh: host %s names no rdma device toward %s (cable them with Thunderbolt 5 and add %s = \"rdma_enN\" to [hosts.%s] rdma; `ibv_devices` lists the devices)",
+					what, strings.Join(hosts, ", "), a, b, b, a)
+				return
+			}
+		}
 	}
 }
 
