@@ -17,15 +17,23 @@ import (
 	"github.com/chromedp/chromedp"
 )
 
+// findChromium is the path of a chromium on $PATH, or "".
+func findChromium() string {
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
 // chromium finds Debian's chromium (scripts/run-tests installs it). Without
 // it the test skips, except under CI or EXO_REQUIRE_CHROMIUM (which
 // scripts/run-tests sets), where it must run.
 func chromium(t *testing.T) string {
 	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
+	if p := findChromium(); p != "" {
+		return p
 	}
 	if os.Getenv("CI") != "" || os.Getenv("EXO_REQUIRE_CHROMIUM") != "" {
 		t.Fatal("chromium not found, and CI or EXO_REQUIRE_CHROMIUM is set: scripts/run-tests installs Debian's chromium (apt-get install chromium)")

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -161,10 +160,8 @@ func TestPipelineSplitByReportedMemory(t *testing.T) {
 // required (CI and EXO_REQUIRE_CHROMIUM require it, as chromium does).
 func maybeChromium(t *testing.T) string {
 	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
+	if p := findChromium(); p != "" {
+		return p
 	}
 	if os.Getenv("CI") != "" || os.Getenv("EXO_REQUIRE_CHROMIUM") != "" {
 		return chromium(t) // fails the test
