@@ -18,7 +18,7 @@ import (
 // computation is always the whole group's, driven by rank 0 over the
 // tensor link: rank 0's Producer computes through Compute (a Begin call,
 // then one Chunk call per chunk, then an End call), and each follower's
-// Producer Drives the same computation from the calls (driveFrom) — so
+// Producer Drives the same computation from the calls (begin, driveChunks) — so
 // every rank computes its heads' KV of every chunk together, and each
 // rank's KV port serves the heads it computed: a decode rank's request for
 // a head range goes to the prefill rank(s) holding those heads, never
