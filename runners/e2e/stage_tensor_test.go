@@ -274,3 +274,32 @@ func TestStageTensorMLXFollowerKilled(t *testing.T) {
 		t.Errorf("after stage 1 came back: %q, want %q", got[0].Text, want[0].Text)
 	}
 }
+
+// TestStageTensorFromTensorPrefill: a 2-rank tensor-parallel prefill into
+// two stages of two decode ranks (every rank given the prefill ranks, as
+// the supervisor would): each decode rank asks the prefill rank holding
+// its KV heads for its stage's layers, and the answers equal local
+// prefill's (a first turn, a second past its cached prefix, one seeded).
+func TestStageTensorFromTensorPrefill(t *testing.T) {
+	model := tinyModel(t, "moe")
+	ref := start(t, "ref", "decode", "--model", model)
+	pg := startTensorPrefill(t, model, 2, 2)
+	st := startStageTensor(t, "st-tpp", model, []int{0, 1, 3}, 2, []string{"--prefill", pg.list(true), "--remote-prefill-min-tokens", "16"}, nil)
+	before := pg.served(t)
+	checkRemoteEqualsLocal(t, "2-rank prefill into 2 stages × 2 ranks", st.ranks[0][0], ref, 700)
+	checkShares(t, "into 2 stages × 2 ranks", pg, before)
+}
+
+// TestPipelineFromTensorPrefill: a 2-rank tensor-parallel prefill into a
+// 2-stage decode pipeline (every stage given the prefill ranks): each
+// stage assembles its layers' KV from both prefill ranks' heads, and the
+// answers equal local prefill's.
+func TestPipelineFromTensorPrefill(t *testing.T) {
+	model := tinyModel(t, "moe")
+	ref := start(t, "ref", "decode", "--model", model)
+	pg := startTensorPrefill(t, model, 2, 2)
+	pl := startPipeline(t, "pipe-tpp", model, []int{0, 1, 3}, "--prefill", pg.list(true), "--remote-prefill-min-tokens", "16")
+	before := pg.served(t)
+	checkRemoteEqualsLocal(t, "2-rank prefill into a 2-stage pipeline", pl.stages[0], ref, 800)
+	checkShares(t, "into a 2-stage pipeline", pg, before)
+}
