@@ -324,8 +324,7 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 // hosts' memory, and refuses what cannot run: a split that does not fit,
 // layers that do not sum to the model's, a tensor group whose size does not
 // divide the model's heads or MLP widths or whose ranks do not fit, and (not
-// supported yet) tensor prefill, or a pipeline prefill beside a tensor
-// decode. Errors carry the decode/prefill key's file:line:column.
+// supported yet) a pipeline prefill beside a tensor decode. Errors carry the decode/prefill key's file:line:column.
 //
 // A stage host's memory is memory_gib, else UsableBytes of the physical
 // memory its supervisor reported (o.Reported), else unknown; the split is
@@ -369,11 +368,9 @@ func (c *Config) PlaceWith(facts FactsFunc, o PlaceOptions) ([]Placement, error)
 					bad(c.at("models", i, rr.role, "shard"), "model %s: prefill.shard \"tensor\" on a model with recurrent (Gated DeltaNet) layers is not supported (their state splits by key heads, which no KV head range names: leave prefill's shard out)", m.Name)
 					continue
 				}
-				if rr.role == Prefill && m.Decode != nil && m.Decode.Shard == ShardPipeline {
-					// A decode stage asks for its layers with every head.
-					bad(c.at("models", i, rr.role, "shard"), "model %s: prefill.shard \"tensor\" with decode.shard \"pipeline\" is not supported (decode stages fetch their layers with every KV head, which no prefill rank holds: leave prefill's shard out, or make the decode tensor-parallel or replicas)", m.Name)
-					continue
-				}
+				// Beside a decode pipeline each stage (or each rank of a
+				// tensor stage) asks every prefill rank holding some of its
+				// KV heads for its layers, and assembles them.
 				if f == nil {
 					pl.Note = "ranks hold 1/" + fmt.Sprint(len(r.Hosts)) + " of every layer; the model's facts are not readable here, so the split is checked by the runners at load (" + ferr.Error() + ")"
 					out = append(out, pl)

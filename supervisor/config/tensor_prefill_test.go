@@ -14,7 +14,8 @@ import (
 // for MLX's ring or NCCL), and every decode runner, a tensor decode's
 // ranks included, names the prefill ranks as ADDR#I/N; a port clash on the
 // ring's port is refused by name; Place accepts it beside replicas and a
-// tensor decode, refuses it beside a pipeline decode, on a model with
+// tensor decode and a pipeline decode (every stage, and every rank of a
+// tensor stage, names the prefill ranks), refuses it on a model with
 // recurrent layers, and head counts the prefill ranks cannot divide.
 func TestTensorPrefillPlan(t *testing.T) {
 	parse := func(decode string, extra string) *Config {
@@ -94,11 +95,17 @@ decode = { hosts = ["a"], port = 52509 }
 		t.Errorf("port clash: %v", err)
 	}
 
-	// Beside a pipeline decode, and heads 2 ranks cannot divide: refused.
+	// Beside a pipeline decode: every stage names the prefill ranks.
 	c = parse(`{ hosts = ["a", "c"], shard = "pipeline", layers = [4, 4] }`, "")
-	if _, err := c.Place(even, "a", 0); err == nil || !strings.Contains(err.Error(), `model m: prefill.shard "tensor" with decode.shard "pipeline" is not supported`) {
+	if _, err := c.Place(even, "a", 0); err != nil {
 		t.Errorf("beside a pipeline decode: %v", err)
 	}
+	for _, r := range c.DecodeRunners("m") {
+		if !slices.Contains(r.Args(), list) {
+			t.Errorf("decode stage %s: %v, want --prefill %s", r.Name, r.Args(), list)
+		}
+	}
+	// Heads 2 ranks cannot divide: refused.
 	c = parse(`{ hosts = ["c"] }`, "")
 	smol := func(string) (*modelinfo.Facts, error) {
 		return &modelinfo.Facts{Heads: 9, KVHeads: 3, Intermediate: 1536, Layers: 30, LayerBytes: make([]int64, 30), KVLayer: make([]bool, 30)}, nil
