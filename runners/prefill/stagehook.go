@@ -61,6 +61,32 @@ func (p *Producer) Drive(ctx context.Context, tokens []int32, limit int, compute
 	return err
 }
 
+// Computation is a computation Open has opened: the requests for its
+// prompt follow it from then on; Run computes it.
+type Computation struct {
+	p      *Producer
+	j      *job
+	tokens []int32
+	limit  int
+}
+
+// Open opens a computation of tokens from at most limit cached positions
+// at once (cheap: no cache is copied), so that a request waiting for the
+// prompt follows it from now on; Run must follow. A prefill pipeline's
+// later stage opens what the stage upstream passes on as it reads it, so
+// that what it tells stage 0 it has received (Want) is open here.
+func (p *Producer) Open(tokens []int32, limit int) *Computation {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return &Computation{p: p, j: p.openLocked(tokens, 0, 0, limit), tokens: tokens, limit: limit}
+}
+
+// Run computes c with compute, as Drive does.
+func (c *Computation) Run(ctx context.Context, compute ComputeFunc) error {
+	_, _, err := c.p.run(ctx, c.tokens, 0, 0, nil, c.limit, compute, c.j)
+	return err
+}
+
 // DriveUnless is stage 0's answer to a Want: Drive, unless a computation
 // of tokens from at most limit runs now, or passed reports (called with
 // p's lock held, so that no computation opens meanwhile) that one the

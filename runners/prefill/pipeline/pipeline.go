@@ -286,12 +286,19 @@ func (pp *Pipe) serveUp(ctx context.Context, link *stage.Link) {
 				}
 			case b.Kind == "begin" && pp.cfg.Stage > 0:
 				s := &inStream{tokens: b.Tokens, from: b.From, origin: b.Origin, ch: make(chan any, 4)}
+				// The computation opens here, before the next frame is
+				// read and before seen counts it: a request that asks
+				// stage 0 after seen names it found it open (or ended).
+				var c *prefill.Computation
+				if have := pp.p.Cached(s.tokens, s.from); have >= s.from {
+					c = pp.p.Open(s.tokens, s.from)
+				}
 				pp.mu.Lock()
 				pp.in[m.Ticket] = s
 				pp.seen = max(pp.seen, b.Origin)
 				pp.mu.Unlock()
 				mine = append(mine, m.Ticket)
-				go pp.driveFrom(ctx, s)
+				go pp.driveFrom(ctx, s, c)
 			default:
 				link.Close(fmt.Errorf("%w: prefill stage message %q on stage %d", stage.ErrCorrupt, b.Kind, pp.cfg.Stage))
 				return
@@ -447,14 +454,15 @@ func (pp *Pipe) wanted(ctx context.Context, tokens []int32, from int, seen uint6
 	}
 }
 
-// driveFrom runs a computation the previous stage passes on: this stage's
-// layers from its hidden states, passed on in turn, for the requests that
-// follow it and the prefix cache. A stage whose prefix cache lacks the
-// positions before the stream's first asks stage 0 for them again.
-func (pp *Pipe) driveFrom(ctx context.Context, s *inStream) {
-	if have := pp.p.Cached(s.tokens, s.from); have < s.from {
+// driveFrom runs a computation the previous stage passes on (c, opened as
+// its begin was read): this stage's layers from its hidden states, passed
+// on in turn, for the requests that follow it and the prefix cache. A
+// stage whose prefix cache lacks the positions before the stream's first
+// (c nil) drains it and asks stage 0 for them again.
+func (pp *Pipe) driveFrom(ctx context.Context, s *inStream, c *prefill.Computation) {
+	if c == nil {
 		go drain(ctx, s)
-		if err := pp.Want(s.tokens, have); err != nil {
+		if err := pp.Want(s.tokens, pp.p.Cached(s.tokens, s.from)); err != nil {
 			pp.log.Warn("prefill stage: could not ask stage 0 again", "err", err)
 		}
 		return
@@ -505,7 +513,7 @@ func (pp *Pipe) driveFrom(ctx context.Context, s *inStream) {
 			}
 		}
 	}
-	if err := pp.p.Drive(ctx, s.tokens, s.from, compute); err != nil {
+	if err := c.Run(ctx, compute); err != nil {
 		pp.log.Warn("prefill stage: a computation from upstream failed", "tokens", len(s.tokens), "err", err)
 		go drain(ctx, s)
 		if !opened && !pp.last {

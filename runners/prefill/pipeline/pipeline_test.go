@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -174,16 +175,24 @@ func counter(met *metrics.Runner) float64 {
 // TestPipelineRanges: a prompt's layers fetched from the stages of a
 // prefill pipeline (each stage its own model of its layers, linked over
 // authenticated loopback TCP) are bit for bit the whole model's local
-// prefill, each stage sending its layers' share only: both stages asked at
-// once (stage 1 follows what stage 0 passes on), the last stage alone (it
-// asks stage 0 round the ring), and again (prefix caches, nothing
-// computed); for a dense and a sliding-window model.
+// prefill, each stage sending its layers' share only: every stage asked at
+// once (the later ones follow what stage 0 passes on), the last stage
+// alone (it asks stage 0 round the ring, through the middle stage of a
+// 3-stage pipeline), and again (prefix caches, nothing computed); for a
+// dense and a sliding-window model over 2 stages and the dense one over
+// 3. Each stage computes each token of a new prompt exactly once, however
+// its requests and Wants race.
 func TestPipelineRanges(t *testing.T) {
-	for _, spec := range []testmodel.Spec{
-		{Arch: "qwen2", Seed: 5, Layers: 3, MaxPositions: 1024},
-		{Arch: "gemma3", Seed: 4, Layers: 4, MaxPositions: 1024},
+	for _, tcm := range []struct {
+		spec   testmodel.Spec
+		bounds []int
+	}{
+		{testmodel.Spec{Arch: "qwen2", Seed: 5, Layers: 3, MaxPositions: 1024}, []int{0, 2, 3}},
+		{testmodel.Spec{Arch: "gemma3", Seed: 4, Layers: 4, MaxPositions: 1024}, []int{0, 2, 4}},
+		{testmodel.Spec{Arch: "qwen2", Seed: 5, Layers: 3, MaxPositions: 1024}, []int{0, 1, 2, 3}},
 	} {
-		t.Run(spec.Arch, func(t *testing.T) {
+		spec := tcm.spec
+		t.Run(fmt.Sprintf("%s/%d-stages", spec.Arch, len(tcm.bounds)-1), func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), spec.Arch)
 			if err := testmodel.Write(dir, spec); err != nil {
 				t.Fatal(err)
@@ -193,9 +202,19 @@ func TestPipelineRanges(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { whole.Close() })
-			L := spec.Layers
-			bounds := []int{0, 2, L}
+			bounds := tcm.bounds
 			procs := startPipeline(t, dir, bounds, nil)
+			n := len(procs)
+			all := func(reverse bool) []int {
+				var s []int
+				for i := range n {
+					s = append(s, i)
+				}
+				if reverse {
+					slices.Reverse(s)
+				}
+				return s
+			}
 			ctx := context.Background()
 			cl := kvwire.NewClient(kvwire.ClientConfig{})
 			fp := kvwire.Fingerprint(whole.Fingerprint())
@@ -218,10 +237,10 @@ func TestPipelineRanges(t *testing.T) {
 				start  int
 				stages []int // asked at once
 			}{
-				{70, 1, 0, []int{0, 1}},
-				{53, 2, 5, []int{1}},
-				{53, 2, 0, []int{1, 0}},
-				{70, 1, 3, []int{1}},
+				{70, 1, 0, all(false)},
+				{53, 2, 5, []int{n - 1}},
+				{53, 2, 0, all(true)},
+				{70, 1, 3, []int{n - 1}},
 			} {
 				prompt := make([]int32, tc.prompt)
 				for i := range prompt {
@@ -232,7 +251,10 @@ func TestPipelineRanges(t *testing.T) {
 				if err := whole.Prefill(ctx, ref, prompt[:end], 16, nil); err != nil {
 					t.Fatal(err)
 				}
-				before := []float64{counter(procs[0].met), counter(procs[1].met)}
+				var before []float64
+				for _, p := range procs {
+					before = append(before, counter(p.met))
+				}
 				var wg sync.WaitGroup
 				errs := make([]error, len(procs))
 				for _, i := range tc.stages {
@@ -255,7 +277,9 @@ func TestPipelineRanges(t *testing.T) {
 				ref.Free()
 				// A stage counts its computed tokens when its computation ends,
 				// which may be after the requests that followed it were served.
-				testutil.Eventually(t, func() bool { return procs[0].prod.Idle() && procs[1].prod.Idle() }, 30*time.Second, "round %d: the stages' computations end", round)
+				testutil.Eventually(t, func() bool {
+					return !slices.ContainsFunc(procs, func(p *stageProc) bool { return !p.prod.Idle() })
+				}, 30*time.Second, "round %d: the stages' computations end", round)
 				for i, err := range errs {
 					if err != nil {
 						t.Fatalf("round %d: stage %d: %v", round, i, err)
