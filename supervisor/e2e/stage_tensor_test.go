@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -86,4 +87,57 @@ func TestStageTensorHosts(t *testing.T) {
 		t.Logf("last answer: %s", last)
 		t.Fatalf("the model did not answer as before after stage 1's rank 1 came back: %+v", hs[0].gatewayView(t))
 	}
+}
+
+// TestStageTensorHostsTensorPrefill: the same four hosts decode as two
+// stages of two tensor ranks, and two of them also prefill as a 2-rank
+// tensor group (prefill.shard = "tensor"): every decode rank asks the
+// prefill rank of its KV heads for its stage's layers, every prompt is
+// filled remotely, and every gateway's answer equals one runner's.
+func TestStageTensorHostsTensorPrefill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds exo and runs real runners")
+	}
+	names := []string{"s0r0", "s0r1", "s1r0", "s1r1"}
+	addrs := []string{"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"}
+	needAddrs(t, addrs...)
+	root, dir, exe, _ := buildExoAndModel(t)
+	model := tinyLong(t, root, dir)
+	cfgPath, secret := filepath.Join(dir, "cluster.toml"), filepath.Join(dir, "secret")
+	if err := os.WriteFile(secret, []byte("e2e secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	prompts := []string{"hello there, how are you today?", strings.Repeat("A long prompt for the prefill ranks and the stages. ", 10)}
+	want := oneRunnerAnswers(t, exe, dir, cfgPath, model, secret, prompts)
+
+	base, apiPort := freePort(t), freePort(t)
+	src := hostsCluster(base, apiPort, model, secret, names, addrs, `{ hosts = ["s0r0", "s0r1", "s1r0", "s1r1"], shard = "pipeline", tensor = 2 }
+prefill = { hosts = ["s0r1", "s1r1"], shard = "tensor" }
+remote_prefill_min_tokens = 1
+remote_prefill_route = "floor"`)
+	if err := os.WriteFile(cfgPath, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	hs, _ := startHosts(t, exe, dir, cfgPath, apiPort, names, addrs, [][]string{
+		{"tiny-decode-stage0-rank0"}, {"tiny-decode-stage0-rank1", "tiny-prefill-rank0"},
+		{"tiny-decode-stage1-rank0"}, {"tiny-decode-stage1-rank1", "tiny-prefill-rank1"}})
+	for _, h := range hs {
+		if !testutil.Until(90*time.Second, func() bool { v := h.gatewayView(t); return v[addrs[0]+":"+fmt.Sprint(base)].OK }) {
+			t.Fatalf("%s's gateway never saw stage 0's rank 0 healthy: %+v", h.name, h.gatewayView(t))
+		}
+	}
+	n := 0
+	for _, h := range hs {
+		for i, p := range prompts {
+			if _, text := chatText(t, h.api, p); text != want[i] {
+				t.Errorf("via %s, prompt %d: %q, one runner %q", h.name, i, text, want[i])
+			}
+			n++
+		}
+	}
+	// A fill counts only when every rank of every stage fetched its part.
+	if ok := remotePrefillOK(t, hs[0].api); ok != float64(n) {
+		t.Errorf("remote prefill ok = %v on stage 0's host, want every one of the %d requests", ok, n)
+	}
+	t.Logf("%d requests; remote prefill outcomes on stage 0's host: %v", n, remotePrefillOutcomes(t, hs[0].api))
 }
