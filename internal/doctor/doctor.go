@@ -779,10 +779,19 @@ func (k StageLinks) Run(ctx context.Context, d *Env) []Result {
 				next = d.Config.RunnerStages(r)[(i+1)%n].Host
 			}
 		case r.Tensor != "" && !strings.HasPrefix(r.Tensor, "0/") && len(r.TensorPeers) > 0:
-			// Ranks after 0 dial rank 0, the first decode host.
+			// Ranks after 0 dial rank 0: the first decode host, or its
+			// stage's first host for a rank of a tensor stage.
 			target, kind = r.TensorPeers[0], "tensor"
 			if m := d.Config.Model(r.Model); m != nil && m.Decode != nil && len(m.Decode.Hosts) > 0 {
 				next = m.Decode.Hosts[0]
+				if h, _, err := net.SplitHostPort(target); err == nil {
+					for _, hn := range m.Decode.Hosts {
+						if hh := d.Config.Hosts[hn]; hh != nil && hh.Address == h {
+							next = hn
+							break
+						}
+					}
+				}
 			}
 		default:
 			continue

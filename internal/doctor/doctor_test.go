@@ -481,6 +481,38 @@ prefill = { hosts = ["north"] }`, `decode = { hosts = ["north", "south"], shard 
 	}
 }
 
+// TestTensorStageLinks: on a pipeline of tensor stages (decode.tensor),
+// stage 1's rank 1 checks its link to its own stage's rank 0 (the third
+// host), and stage 1's rank 0 the stage link to stage 0.
+func TestTensorStageLinks(t *testing.T) {
+	env := testCluster(t, "south", "")
+	text := strings.Replace(string(mustRead(t, env.Config.Path)), `decode = { hosts = ["south"] }
+prefill = { hosts = ["north"] }`, `decode = { hosts = ["north", "south", "east", "west"], shard = "pipeline", tensor = 2, layers = [1, 1] }`, 1)
+	text = strings.Replace(text, "[[models]]", `[hosts.east]
+address = "127.0.0.4"
+backend = "cpu"
+
+[hosts.west]
+address = "127.0.0.5"
+backend = "cpu"
+
+[[models]]`, 1)
+	os.WriteFile(env.Config.Path, []byte(text), 0o644)
+	for host, want := range map[string]string{
+		"west": "tensor link tiny-decode-stage1-rank1 → east (127.0.0.4:" + strconv.Itoa(env.Config.TensorLinkPort(0)) + ")",
+		"east": "stage link tiny-decode-stage1-rank0 → north (127.0.0.2:" + strconv.Itoa(env.Config.StageLinkPort(0)) + ")",
+	} {
+		env, rs := Load(Options{Path: env.Config.Path, Host: host, Timeout: 2 * time.Second})
+		if env == nil {
+			t.Fatalf("load: %+v", rs)
+		}
+		rs = StageLinks{}.Run(context.Background(), env)
+		if len(rs) != 1 || rs[0].Name != want {
+			t.Errorf("host %s checks %+v, want %q", host, rs, want)
+		}
+	}
+}
+
 // TestStageLinksGroups: with decode.groups each stage checks the link to
 // the next stage of its own group.
 func TestStageLinksGroups(t *testing.T) {

@@ -200,7 +200,9 @@ func Print(out io.Writer, st *dashboard.State, now time.Time) {
 						role += " layers " + r.Layers
 					}
 				}
-				if r.Tensor != "" {
+				if r.Tensor != "" && r.Stage != "" { // a rank of a tensor stage
+					role += " rank " + r.Tensor
+				} else if r.Tensor != "" {
 					role = fmt.Sprintf("%s rank %s", r.Role, r.Tensor)
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", m.Name, r.Host, r.Runner, role, r.State, r.Restarts, queue, detail)
