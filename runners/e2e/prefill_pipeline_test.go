@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/internal/testutil"
@@ -26,7 +27,9 @@ func launchPrefillStage(t *testing.T, name, model string, i int, bounds []int, l
 // processes (`exo runner prefill --layers --stage --stage-listen
 // --stage-next`) fills a 2-stage decode pipeline split the same way, each
 // decode stage asking the prefill stage that holds its layers for them
-// (no relay: the prefill stages' KV ports each serve one decode stage);
+// (no relay: the prefill stages' KV ports each serve one decode stage),
+// and a 3-stage prefill pipeline fills a 2-stage decode pipeline cut
+// elsewhere (each decode stage told every prefill stage as ADDR@A:B);
 // the answer equals a one-process runner's local prefill at temperature
 // 0, for a dense and a sliding-window model: a first turn, a second turn
 // whose start the decode side has cached (each stage's fill starts past
@@ -37,12 +40,24 @@ func TestPrefillPipelineIntoPipeline(t *testing.T) {
 	if err := testmodel.Write(gemma, testmodel.Spec{Arch: "gemma3", Seed: 7, Layers: 4, MaxPositions: 4096}); err != nil {
 		t.Fatal(err)
 	}
+	other := tinyModel(t, "other") // 3 layers
 	for _, tc := range []struct {
 		model  string
-		bounds []int
-		past   int // fills that start past 0: a sliding-window cache cannot go back to the template's start
-	}{{tinyModel(t, "other"), []int{0, 1, 3}, 7}, {gemma, []int{0, 2, 4}, 1}} {
-		t.Run(filepath.Base(tc.model), func(t *testing.T) {
+		bounds []int // the prefill stages'
+		dec    []int // the decode stages' (nil: the prefill's, each told its own prefill stage)
+		past   int   // fills that start past 0: a sliding-window cache cannot go back to the template's start
+	}{
+		{other, []int{0, 1, 3}, nil, 7},
+		{gemma, []int{0, 2, 4}, nil, 1},
+		// 3 prefill stages into 2 decode stages cut elsewhere: decode
+		// stage 0 asks prefill stages 0 and 1, decode stage 1 stage 2.
+		{other, []int{0, 1, 2, 3}, []int{0, 2, 3}, 7},
+	} {
+		name := fmt.Sprintf("%s/%dx%d", filepath.Base(tc.model), len(tc.bounds)-1, len(tc.bounds)-1)
+		if tc.dec != nil {
+			name = fmt.Sprintf("%s/%dx%d", filepath.Base(tc.model), len(tc.bounds)-1, len(tc.dec)-1)
+		}
+		t.Run(name, func(t *testing.T) {
 			reqs := []pipeReq{{user(words(3, 60)), 12, map[string]any{"temperature": 0, "ignore_eos": true}}}
 			one := start(t, "one", "decode", "--model", tc.model)
 			want := askAll(t, one.listen, reqs, false)
@@ -58,26 +73,45 @@ func TestPrefillPipelineIntoPipeline(t *testing.T) {
 			}
 			want3 := askAll(t, one.listen, short, false)
 			one.stop()
-			base := testutil.Ports(t, 6)
-			links := []string{fmt.Sprintf("127.0.0.1:%d", base), fmt.Sprintf("127.0.0.1:%d", base+1)}
+			P := len(tc.bounds) - 1
+			base := testutil.Ports(t, 3*P)
+			var links []string
+			for i := range P {
+				links = append(links, fmt.Sprintf("127.0.0.1:%d", base+i))
+			}
 			var pst []*proc
-			for i := range 2 {
+			var list []string // every prefill stage as ADDR@A:B
+			for i := range P {
 				pst = append(pst, launchPrefillStage(t, "pp", tc.model, i, tc.bounds, links,
-					fmt.Sprintf("127.0.0.1:%d", base+2+2*i), fmt.Sprintf("127.0.0.1:%d", base+3+2*i)))
+					fmt.Sprintf("127.0.0.1:%d", base+P+2*i), fmt.Sprintf("127.0.0.1:%d", base+P+1+2*i)))
+				list = append(list, fmt.Sprintf("%s@%d:%d", pst[i].listen, tc.bounds[i], tc.bounds[i+1]))
 			}
 			waitHealthy(t, pst...)
-			// Each decode stage is told the prefill stage of its layers.
-			dbase := testutil.Ports(t, 4)
-			dlinks := []string{fmt.Sprintf("127.0.0.1:%d", dbase), fmt.Sprintf("127.0.0.1:%d", dbase+1)}
+			dec := tc.dec
+			if dec == nil {
+				dec = tc.bounds
+			}
+			D := len(dec) - 1
+			dbase := testutil.Ports(t, 2*D)
+			var dlinks []string
+			for i := range D {
+				dlinks = append(dlinks, fmt.Sprintf("127.0.0.1:%d", dbase+i))
+			}
 			var dst []*proc
-			for i := range 2 {
-				dst = append(dst, launchStage(t, "pd", tc.model, i, tc.bounds, dlinks, fmt.Sprintf("127.0.0.1:%d", dbase+2+i),
-					[]string{"--prefill", pst[i].listen, "--remote-prefill-min-tokens", "16"}))
+			for i := range D {
+				// Each decode stage is told the prefill stage of its
+				// layers, or, split differently, every prefill stage.
+				prefill := strings.Join(list, ",")
+				if tc.dec == nil {
+					prefill = pst[i].listen
+				}
+				dst = append(dst, launchStage(t, "pd", tc.model, i, dec, dlinks, fmt.Sprintf("127.0.0.1:%d", dbase+D+i),
+					[]string{"--prefill", prefill, "--remote-prefill-min-tokens", "16"}))
 			}
 			waitHealthy(t, dst...)
 			got := askAll(t, dst[0].listen, reqs, false)
 			if got[0].Text != want[0].Text {
-				t.Errorf("2-stage prefill into a 2-stage decode: %q, one runner %q", got[0].Text, want[0].Text)
+				t.Errorf("prefill stages into decode stages: %q, one runner %q", got[0].Text, want[0].Text)
 			}
 			if n := dst[0].metric(t, outcome("ok")); n != 1 {
 				t.Errorf("decode stage 0 counts %v remote prefills ok, want 1\n%s", n, tail(dst[0].logs(), 3000))
@@ -89,7 +123,7 @@ func TestPrefillPipelineIntoPipeline(t *testing.T) {
 			}
 			got2 := askAll(t, dst[0].listen, turn2, false)
 			if got2[0].Text != want2[0].Text {
-				t.Errorf("second turn, 2-stage prefill into a 2-stage decode: %q, one runner %q", got2[0].Text, want2[0].Text)
+				t.Errorf("second turn: %q, one runner %q", got2[0].Text, want2[0].Text)
 			}
 			// Short prompts sharing the chat template's start: each fill
 			// starts past 0 and the prefill stages' caches (which keep no
@@ -98,7 +132,7 @@ func TestPrefillPipelineIntoPipeline(t *testing.T) {
 			got3 := askAll(t, dst[0].listen, short, false)
 			for i := range short {
 				if got3[i].Text != want3[i].Text {
-					t.Errorf("short prompt %d, 2-stage prefill into a 2-stage decode: %q, one runner %q", i, got3[i].Text, want3[i].Text)
+					t.Errorf("short prompt %d: %q, one runner %q", i, got3[i].Text, want3[i].Text)
 				}
 			}
 			if n, want := dst[0].metric(t, outcome("ok")), float64(2+len(short)); n != want {
