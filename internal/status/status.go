@@ -405,7 +405,7 @@ func printPlacements(out io.Writer, models []dashboard.ModelState) {
 				if p.Shard == config.ShardTensor {
 					parts = append(parts, fmt.Sprintf("rank %d %s", i, s.Host))
 				} else {
-					parts = append(parts, fmt.Sprintf("stage %d %s layers %d:%d", i, s.Host, s.Start, s.End))
+					parts = append(parts, fmt.Sprintf("stage %d %s layers %d:%d", i, config.StageHosts(p, i), s.Start, s.End))
 				}
 			}
 			if parts == nil {

@@ -159,6 +159,14 @@ func TestPrintPlacement(t *testing.T) {
 			t.Errorf("exo status lacks %q:\n%s", want, out.String())
 		}
 	}
+	// A pipeline of tensor stages names each stage's ranks.
+	st.Models[0].Placements = []config.Placement{{Model: "m", Role: "decode", Shard: "pipeline", Hosts: []string{"a", "b", "c", "d"}, Ranks: 2,
+		Stages: []config.Stage{{Host: "a", Start: 0, End: 5}, {Host: "c", Start: 5, End: 8}}}}
+	var out2 bytes.Buffer
+	Print(&out2, st, time.Now())
+	if !strings.Contains(out2.String(), "m decode pipeline: stage 0 a+b layers 0:5 · stage 1 c+d layers 5:8\n") {
+		t.Errorf("tensor stages:\n%s", out2.String())
+	}
 	if !strings.Contains(out.String(), "m decode pipeline group 1 of 2: "+note+"\n  memory: c 32.00 GiB (reported: 40.00 GiB physical), d waiting (its supervisor has not reported its memory yet); split when every stage host has reported\n") {
 		t.Errorf("the waiting group:\n%s", out.String())
 	}

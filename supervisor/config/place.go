@@ -295,6 +295,11 @@ type Placement struct {
 	Stages  []Stage `json:"stages"`
 	Context int     `json:"context,omitempty"`
 	Note    string  `json:"note,omitempty"`
+	// Ranks is how many tensor ranks each stage has (decode.tensor; 0: one
+	// host per stage): stage s's hosts are Hosts[s·Ranks : (s+1)·Ranks],
+	// its Stage.Host the first, and each rank holds 1/Ranks of the
+	// stage's weights and KV reserve.
+	Ranks int `json:"ranks,omitempty"`
 	// Memory is each stage host's memory as the split by memory counted
 	// it (nil for a split by hand or without the model's facts).
 	Memory []StageMemory `json:"memory,omitempty"`
@@ -350,6 +355,9 @@ func (c *Config) PlaceWith(facts FactsFunc, o PlaceOptions) ([]Placement, error)
 			}
 			key := c.at("models", i, rr.role)
 			pl := Placement{Model: m.Name, Role: rr.role, Shard: r.Shard, Hosts: r.Hosts}
+			if r.StageRanks() > 1 {
+				pl.Ranks = r.StageRanks()
+			}
 			f, ferr := facts(r.Source)
 			// Only a split by memory cannot do without the facts; the rest
 			// runs and the runners check the model at load.
@@ -543,6 +551,15 @@ func WritePlacement(w io.Writer, ps []Placement) {
 			unit = "rank "
 		}
 		for s, st := range p.Stages {
+			if p.Ranks > 1 { // a stage of tensor ranks: each holds 1/Ranks
+				fmt.Fprintf(w, "  %s %d  hosts %s  layers %d:%d", unit, s, StageHosts(p, s), st.Start, st.End)
+				if st.WeightBytes > 0 {
+					r := int64(p.Ranks)
+					fmt.Fprintf(w, "  per rank: weights %s  KV reserve %s", GiB(st.WeightBytes/r), GiB(st.KVBytes/r))
+				}
+				fmt.Fprintln(w)
+				continue
+			}
 			fmt.Fprintf(w, "  %s %d  host %-12s layers %3d:%-3d", unit, s, st.Host, st.Start, st.End)
 			if st.WeightBytes > 0 {
 				fmt.Fprintf(w, "  weights %10s  KV reserve %10s", GiB(st.WeightBytes), GiB(st.KVBytes))
@@ -550,6 +567,15 @@ func WritePlacement(w io.Writer, ps []Placement) {
 			fmt.Fprintln(w)
 		}
 	}
+}
+
+// StageHosts names stage s's hosts of p: its host, or with Ranks its
+// ranks' hosts in rank order ("a+b").
+func StageHosts(p Placement, s int) string {
+	if p.Ranks <= 1 || (s+1)*p.Ranks > len(p.Hosts) {
+		return p.Stages[s].Host
+	}
+	return strings.Join(p.Hosts[s*p.Ranks:(s+1)*p.Ranks], "+")
 }
 
 // MemoryLine says which memory each host of p counted and what the split
@@ -574,6 +600,8 @@ func MemoryLine(p Placement) string {
 		line += "; each rank is checked against its host's where known"
 	case p.Waiting != nil:
 		line += "; split when every stage host has reported"
+	case p.Ranks > 1 && !even:
+		line += fmt.Sprintf("; layers split in proportion to %d × each stage's least", p.Ranks)
 	case even:
 		line += "; a host's memory is unknown, so the split is even"
 	default:

@@ -83,8 +83,17 @@ prefill = { hosts = ["a"] }
 		t.Fatal(err)
 	}
 	f := facts(12, gib, gib, false)
-	if _, err := c.Place(func(string) (*modelinfo.Facts, error) { return f, nil }, "a", 0); err != nil {
+	ps, err := c.Place(func(string) (*modelinfo.Facts, error) { return f, nil }, "a", 0)
+	if err != nil {
 		t.Fatal(err)
+	}
+	var out strings.Builder
+	WritePlacement(&out, ps)
+	for _, w := range []string{"stage 0  hosts a+b  layers 0:6  per rank: weights", "stage 1  hosts c+d  layers 6:12  per rank: weights",
+		"memory: a 40.00 GiB (memory_gib), b 20.00 GiB (memory_gib), c 20.00 GiB (memory_gib), d 20.00 GiB (memory_gib); layers split in proportion to 2 × each stage's least"} {
+		if !strings.Contains(out.String(), w) {
+			t.Errorf("config check's placement lacks %q:\n%s", w, out.String())
+		}
 	}
 	// Stage 0 counts 2 × 20 GiB (b's), stage 1 2 × 20: an even split.
 	if st := c.Stages("m", Decode); len(st) != 2 || st[0].Host != "a" || st[1].Host != "c" || counts(st)[0] != 6 {
