@@ -298,6 +298,7 @@ func TestClientErrors(t *testing.T) {
 			return e.Header(m.header(r))
 		})}), want: ErrRemoteInternal},
 		{name: "request deadline on the server", server: realSrv(ServerConfig{Producer: blockProducer}), req: &Request{Tokens: tokens(40), Deadline: 50 * time.Millisecond}, want: ErrTimeout, noBegin: true},
+		{name: "no deadline sent: the server's MaxDuration", server: realSrv(ServerConfig{Producer: blockProducer, MaxDuration: 50 * time.Millisecond}), req: &Request{Tokens: tokens(40)}, want: ErrTimeout, noBegin: true},
 		{name: "silent server (hello timeout)", server: fake(func(c net.Conn) { io.Copy(io.Discard, c) }), client: ClientConfig{ConnectTimeout: 100 * time.Millisecond}, want: ErrTimeout, noBegin: true},
 		{name: "silent after the hello (idle timeout)", server: fake(func(c net.Conn) { fakeHello(c, magic, Version); io.Copy(io.Discard, c) }), client: ClientConfig{IdleTimeout: 100 * time.Millisecond}, want: ErrTimeout, noBegin: true},
 		{name: "connection refused", server: func(t *testing.T) string {

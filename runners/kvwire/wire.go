@@ -200,7 +200,9 @@ type Request struct {
 	// DType is the wire dtype wanted (0: the server's cache dtype).
 	DType DType
 	// Deadline is how long the client allows (0: the server's default);
-	// sent in milliseconds.
+	// sent in milliseconds. Client.Fetch sends what is left of its
+	// context plus a second instead when that is sooner (or Deadline is
+	// 0), without changing the Request.
 	Deadline time.Duration
 	// Streams is how many connections the client asks to stripe the
 	// chunks over (0 or 1: this one only; at most MaxStreams; PROTOCOL.md
