@@ -18,12 +18,14 @@ last, after one untimed request. WHOLE=1 runs one process a side instead.
 PIPELINE=1 compares 2 pipeline stages instead (the first half of the layers
 on stage 0): exo's stages (`--layers --stage I/2 --stage-listen
 --stage-next`, hidden states over MLX's ring) against mlx-lm's own pipeline
-(`sharded_load` with a pipeline group, launched by `mlx.launch --backend ring
--n 2`). mlx-lm 0.31.1 pipelines only the models with a `pipeline()`
-(DeepSeek V2/V3, GLM-4 MoE, Ministral 3): give MODEL_DIR model_type
-"ministral3" with rope_parameters whose llama_4_scaling_beta is 0 (then it
-computes Llama's attention exactly) and a model.safetensors.index.json;
-exo reads the architectures (LlamaForCausalLM)."""
+(`sharded_load` with a pipeline group; its ranks started with MLX_RANK and
+an MLX_HOSTFILE of one loopback address per rank, as `mlx.launch --backend
+ring` starts them, or with LAUNCH=mlx.launch by `mlx.launch --backend ring
+-n 2` itself). mlx-lm 0.31.1 pipelines only the models with a `pipeline()`
+(DeepSeek V2/V3, GLM-4 MoE, Ministral 3): give it a Llama model seen as
+Ministral 3 with a zero attention-scale beta, which is exactly Llama
+(scripts/reference/mlxlm_pipeline_view.py SRC OUT; exo reads the unchanged
+architectures)."""
 import json
 import os
 import subprocess
@@ -72,6 +74,23 @@ def exo_round():
         else:
             raise SystemExit("exo ranks not healthy; logs: " + " ".join(logs))
         rates = []
+        if PIPELINE:
+            # A random model's tokens past the test tokenizer's vocabulary
+            # stream no text: the decode rate is DECODE tokens over the
+            # time a request of DECODE + 1 tokens takes beyond one of 1.
+            def took(n):
+                body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True}).encode()
+                req = urllib.request.Request("http://127.0.0.1:18400/v1/completions", body, {"content-type": "application/json"})
+                t0 = time.perf_counter()
+                with urllib.request.urlopen(req, timeout=600) as resp:
+                    if json.load(resp)["usage"]["completion_tokens"] != n:
+                        raise SystemExit("exo: short completion")
+                return time.perf_counter() - t0
+            took(decode + 1)  # warm-up
+            for rep in range(REPS):
+                one, full = took(1), took(decode + 1)
+                rates.append(decode / (full - one))
+            return rates
         for rep in range(REPS + 1):
             body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": decode + 1, "temperature": 0,
                                "ignore_eos": True, "stream": True}).encode()
@@ -96,7 +115,7 @@ def exo_round():
 
 
 def lm_round():
-    if PIPELINE:
+    if PIPELINE and os.environ.get("LAUNCH") == "mlx.launch":
         out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mlx.launch"), "--backend", "ring", "-n", "2",
                               "--hosts", "127.0.0.1", "--starting-port", "18430", "--connections-per-ip", "1",
                               os.path.join(here, "mlxlm_tensor_rank.py"), model, str(decode), str(REPS), "pipeline"],
@@ -109,7 +128,8 @@ def lm_round():
         env = dict(os.environ, MLX_RANK=str(r), MLX_HOSTFILE=f.name)
         if WHOLE:
             env.pop("MLX_RANK")
-        procs.append(subprocess.Popen([sys.executable, os.path.join(here, "mlxlm_tensor_rank.py"), model, str(decode), str(REPS)],
+        procs.append(subprocess.Popen([sys.executable, os.path.join(here, "mlxlm_tensor_rank.py"), model, str(decode), str(REPS)]
+                                      + (["pipeline"] if PIPELINE else []),
                                       env=env, stdout=subprocess.PIPE, text=True))
     out = [p.communicate()[0] for p in procs]
     if any(p.returncode for p in procs):
