@@ -173,7 +173,7 @@ func TestStageTensorRemotePrefill(t *testing.T) {
 // TestStageTensorFollowerKilled: kill -9 of stage 1's follower rank while
 // a long generation streams ends that request with an error (no hang),
 // stage 0 answers 503 until the rank is back, and then the next request
-// gives the one-runner text.
+// gives the one-runner text; the same for stage 0's own follower.
 func TestStageTensorFollowerKilled(t *testing.T) {
 	model := tinyModel(t, "moe-long")
 	one := start(t, "one", "decode", "--model", model)
@@ -201,6 +201,26 @@ func TestStageTensorFollowerKilled(t *testing.T) {
 	got := askAll(t, s0.listen, pipelineRequests()[:1], false)
 	if got[0].Text != want[0].Text {
 		t.Errorf("after the rank came back: %q, want %q", got[0].Text, want[0].Text)
+	}
+
+	// Stage 0's own follower: the step in hand fails on stage 0 itself,
+	// stage 0 answers 503 naming its group until the rank is back, and
+	// its conversations cached from before start over.
+	s = startLongStream(t, s0.listen, "go on forever again", 30000)
+	st.ranks[0][1].kill()
+	res = s.wait(t, 60*time.Second, "stage 0's follower being killed")
+	if !strings.Contains(res.ErrorBody, "tensor") {
+		t.Errorf("the request whose stage 0 lost a rank: %+v, want an error naming the tensor group", res)
+	}
+	testutil.Eventually(t, func() bool {
+		code, body := health(s0)
+		return code == http.StatusServiceUnavailable && strings.Contains(fmt.Sprint(body["error"]), "tensor group")
+	}, 30*time.Second, "stage 0 unhealthy, naming its tensor group, with its rank 1 gone")
+	st.launch(t, "st-kill-again", 0, 1)
+	waitHealthy(t, st.all()...)
+	got = askAll(t, s0.listen, pipelineRequests()[:1], false)
+	if got[0].Text != want[0].Text {
+		t.Errorf("after stage 0's rank came back: %q, want %q", got[0].Text, want[0].Text)
 	}
 }
 
