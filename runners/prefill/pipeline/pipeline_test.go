@@ -403,3 +403,55 @@ func TestPipelineStagesAskedInTurn(t *testing.T) {
 		ref.Free()
 	}
 }
+
+// held blocks every StageForward until release is closed.
+type held struct {
+	*engine.Model
+	release chan struct{}
+}
+
+func (h *held) StageForward(ctx context.Context, c engine.KVCache, tokens []int32, hidden []float32) ([]float32, error) {
+	select {
+	case <-h.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return h.Model.StageForward(ctx, c, tokens, hidden)
+}
+
+// TestPipelineStuckUpstream: a later stage asked for a prompt sends the
+// header at once and then waits for the stages upstream; with stage 0's
+// compute stuck (links up, keepalives flowing) the client's progress
+// deadline ends the fetch with a timeout instead of the wait lasting as
+// long as the request's deadline (it waited 10 minutes before the header
+// went first).
+func TestPipelineStuckUpstream(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "qwen2")
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "qwen2", Seed: 5, Layers: 3, MaxPositions: 1024}); err != nil {
+		t.Fatal(err)
+	}
+	h := &held{release: make(chan struct{})}
+	defer close(h.release)
+	procs := startPipeline(t, dir, []int{0, 1, 3}, func(i int, m *engine.Model) StageModel {
+		if i == 0 {
+			h.Model = m
+			return h
+		}
+		return m
+	})
+	fp := kvwire.Fingerprint(procs[0].m.Fingerprint())
+	cl := kvwire.NewClient(kvwire.ClientConfig{ProgressTimeout: 300 * time.Millisecond})
+	prompt := make([]int32, 40)
+	for i := range prompt {
+		prompt[i] = int32(3 + i*13%400)
+	}
+	s := &sink{}
+	req := &kvwire.Request{ID: "x", Model: "m", Fingerprint: fp, Tokens: prompt, LayerStart: 1, LayerEnd: 3, Deadline: 10 * time.Minute}
+	_, err := cl.Fetch(context.Background(), procs[1].addr, req, nil, s)
+	if !errors.Is(err, kvwire.ErrTimeout) {
+		t.Fatalf("a later stage whose upstream is stuck: %v, want the client's progress timeout", err)
+	}
+	if s.hdr.FirstLayer != 1 || s.hdr.Layers() != 2 {
+		t.Fatalf("the later stage sent no header before waiting (got %+v)", s.hdr)
+	}
+}
