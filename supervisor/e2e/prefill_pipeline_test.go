@@ -11,7 +11,9 @@ import (
 // TestPrefillPipelineTwoHosts: prefill = { hosts = ["spark", "mac"], shard =
 // "pipeline" } over two real supervisors (spark runs prefill stage 0, mac
 // stage 1, each a C4 runner the plan started, ring on base+6) beside a
-// decode that is one runner on mac;
+// decode that is one runner on mac, and beside a decode pipeline over both
+// hosts (N×M: each decode stage asks the prefill stage that holds its layers;
+// a later prompt starts past the cached template prefix);
 // every prompt, a long one among them, is filled remotely from the two
 // prefill stages (the decode runners count only ok fills, no fallback) and
 // the answers equal one runner's with local prefill at temperature 0.
@@ -43,11 +45,7 @@ remote_prefill_min_tokens = 1`
 		api          string   // the runner serving the API, "host/name"
 	}{
 		{"one decode runner", `{ hosts = ["mac"] }`, []string{"tiny-prefill-stage0"}, []string{"tiny-decode", "tiny-prefill-stage1"}, "mac/tiny-decode"},
-		// Not yet: a decode pipeline over both hosts. Its second prompt
-		// (start_pos 5, the first's cached template prefix) hangs: decode
-		// stage 1 asks prefill stage 1 alone for layers 2:4, prefill stage
-		// 0 computes the prompt from 0 (cached=0 computed=36) and stage 1
-		// never gets the computation it follows (no deadline on the wire).
+		{"decode pipeline", `{ hosts = ["spark", "mac"], shard = "pipeline" }`, []string{"tiny-decode-stage0", "tiny-prefill-stage0"}, []string{"tiny-decode-stage1", "tiny-prefill-stage1"}, "spark/tiny-decode-stage0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			base, apiPort := freePort(t), freePort(t)
