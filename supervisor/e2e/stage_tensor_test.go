@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+
 	"github.com/exo-pd/exo-pd/internal/testutil"
 )
 
@@ -54,6 +56,18 @@ func TestStageTensorHosts(t *testing.T) {
 		if text != want || runner != serving {
 			t.Errorf("via %s (served by %s): %q, one runner %q", h.name, runner, text, want)
 		}
+	}
+	// The dashboard names each stage's ranks, and each runner its stage,
+	// layers and rank.
+	if browser := maybeChromium(t); browser != "" {
+		p := newPage(t, browser)
+		p.run(chromedp.Navigate("http://" + hs[3].api + "/"))
+		p.wait("the tensor stages' placement and ranks", `(() => {
+			const pl = document.querySelector('[data-model="tiny"] [data-placement="decode"]');
+			const r = document.querySelector('[data-runner="s1r1/tiny-decode-stage1-rank1"]');
+			return !!pl && /stage 0 s0r0\+s0r1 layers 0:\d+ · stage 1 s1r0\+s1r1 layers \d+:4/.test(pl.textContent) &&
+				!!r && r.dataset.state === "ready" && /1\/2 · layers \d+:4 · rank 1\/2/.test(r.textContent);
+		})()`)
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

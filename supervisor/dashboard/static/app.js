@@ -255,7 +255,9 @@ function renderModels(st) {
 function placementLines(p) {
   const what = p.role + " " + p.shard + (p.groups ? " group " + p.group + " of " + p.groups : "");
   const unit = p.shard === "tensor" ? "rank" : "stage";
-  const stages = (p.stages || []).map((s, i) => unit + " " + i + " " + s.host + (p.shard === "tensor" ? "" : " layers " + s.layer_start + ":" + s.layer_end)).join(" · ");
+  // A stage of tensor ranks (p.ranks) names its ranks' hosts, rank 0 first.
+  const hostsOf = (s, i) => p.ranks > 1 ? (p.hosts || []).slice(i * p.ranks, (i + 1) * p.ranks).join("+") || s.host : s.host;
+  const stages = (p.stages || []).map((s, i) => unit + " " + i + " " + hostsOf(s, i) + (p.shard === "tensor" ? "" : " layers " + s.layer_start + ":" + s.layer_end)).join(" · ");
   const mem = (p.memory || []).map((m) => m.host + " " + (m.bytes ? fmt.bytes(m.bytes) + " " : "") + "(" + (m.source === "file" ? "memory_gib" : m.source) + ")").join(", ");
   const lines = [el("div", { class: "kv" }, el("span", {}, "placement"), el("span", {}, what + (stages ? ": " + stages : "")))];
   if (mem) lines.push(el("div", { class: "kv" }, el("span", {}, "memory"), el("span", {}, mem)));
@@ -270,7 +272,7 @@ function runnerCard(r) {
   lines.push(el("div", { class: "kv" }, el("span", {}, "source"), el("span", { class: "mono" }, r.source)));
   if (r.stage || r.tensor) {
     lines.push(el("div", { class: "kv shard" }, el("span", {}, r.stage ? "stage" : "rank"),
-      el("span", {}, r.stage ? r.stage + (r.layers ? " · layers " + r.layers : "") : r.tensor)));
+      el("span", {}, r.stage ? r.stage + (r.layers ? " · layers " + r.layers : "") + (r.tensor ? " · rank " + r.tensor : "") : r.tensor)));
   }
   if (r.state === "waiting" && r.last_error) {
     lines.push(el("div", { class: "kv" }, el("span", {}, "waiting"), el("span", {}, r.last_error)));
