@@ -461,53 +461,76 @@ func (b *batcher) stepAll(batch []*stepReq, caches []engine.KVCache, sc allScrat
 	return sc
 }
 
-// batchCost is a batcher's model of what its steps cost: a step of P
-// positions (its sequences plus the drafted tokens they verify) takes
-// a + b·P seconds, fitted by exponentially weighted least squares to
-// every step it runs. It is what the batch's speculating members plan
-// their drafts by: unlike one member's own timings it needs no plain step
-// of every batch size (with every member drafting there may be none), and
-// it learns from every member's verifications.
+// batchCost is a batcher's measure of what verifying drafts costs its
+// steps: a plain step's time by batch size (every member one position),
+// and an extra position's cost — what a step of P positions and B
+// sequences takes beyond the plain step of B, per extra position, over
+// one sequence's share of that plain step (B·(T/plain(B) − 1)/(P − B)) —
+// averaged over every verifying step, whichever member drafted. Every
+// member waits for the positions any of them verifies, so a member's
+// draft pays only if it yields more than that cost for every position.
+// With every member drafting there would be no plain step to measure
+// against: the batch asks its members for one (plainDue) when its size
+// has none yet and every batchRemeasure steps.
 type batchCost struct {
-	mu           sync.Mutex
-	n            int     // steps observed
-	p, t, pp, pt float64 // weighted means of P, T, P² and P·T
+	mu    sync.Mutex
+	plain []float64 // a plain step's seconds by batch size (moving averages; 0: unmeasured)
+	cost  float64   // an extra position's cost (moving average)
+	n     int       // verifying steps measured
+	since int       // steps since the last plain one
+	due   bool      // the members' next step should be plain
 }
 
-// batchCostAlpha is the weight of a new step in batchCost's means.
-const batchCostAlpha = 0.05
+// batchRemeasure: every so many steps of a batch one is plain (its
+// members draft nothing), to keep the plain step's time measured.
+const batchRemeasure = 32
 
 func (c *batchCost) observe(st stepStat) {
-	P, T := float64(st.positions), st.took.Seconds()
+	t, B, P := st.took.Seconds(), max(st.seqs, 1), st.positions
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	w := batchCostAlpha
-	if c.n < int(1/batchCostAlpha) {
-		w = 1 / float64(c.n+1) // a plain mean until the window fills
+	if len(c.plain) <= B {
+		c.plain = append(c.plain, make([]float64, B+1-len(c.plain))...)
+	}
+	p := &c.plain[B]
+	if P <= B {
+		if *p == 0 {
+			*p = t
+		} else {
+			*p += specAlpha * (t - *p)
+		}
+		c.since, c.due = 0, false
+		return
+	}
+	c.since++
+	c.due = *p == 0 || c.since >= batchRemeasure
+	if *p == 0 {
+		return
+	}
+	x := min(max(float64(B)*(t / *p - 1)/float64(P-B), 0), 4)
+	if c.n == 0 {
+		c.cost = x
+	} else {
+		c.cost += specAlpha * (x - c.cost)
 	}
 	c.n++
-	c.p += w * (P - c.p)
-	c.t += w * (T - c.t)
-	c.pp += w * (P*P - c.pp)
-	c.pt += w * (P*T - c.pt)
 }
 
-// at is the model for a batch of B sequences: a plain step's seconds per
-// sequence, and an extra position's cost in those units (what it adds to
-// the step, over one sequence's share of a plain step); ok false until
-// the steps seen differ enough in positions to tell a from b.
+// plainDue reports whether the batch wants its members' next step plain.
+func (c *batchCost) plainDue() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.due
+}
+
+// at is the measure for a batch of B sequences: a plain step's seconds
+// per sequence, and an extra position's cost in those units; ok false
+// until both are measured.
 func (c *batchCost) at(B int) (step, cost float64, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	v := c.pp - c.p*c.p
-	if c.n < 4 || v < 0.05 {
+	if c.n == 0 || B >= len(c.plain) || c.plain[B] == 0 {
 		return 0, 0, false
 	}
-	b := max((c.pt-c.p*c.t)/v, 0)
-	a := c.t - b*c.p
-	plain := a + b*float64(B)
-	if plain <= 0 || a < 0 {
-		return 0, 0, false
-	}
-	return plain / float64(B), min(float64(B)*b/plain, 2), true
+	return c.plain[B] / float64(B), c.cost, true
 }

@@ -323,8 +323,8 @@ func (sp *speculator) observeStep(st stepStat) {
 }
 
 // observeBatch is observeStep for a step of the generation's batch: the
-// batch's cost model (fitted to all its steps) replaces the generation's
-// own measurements once it can tell.
+// batch's measure (over all its members' steps: batchCost) replaces the
+// generation's own once it has one.
 func (sp *speculator) observeBatch(st stepStat) {
 	sp.observeStep(st)
 	if sp.bc == nil {
@@ -421,6 +421,9 @@ func (sp *speculator) propose(ctx context.Context, history []int32, limit int) (
 	limit = min(limit, sp.max)
 	if limit <= 0 {
 		return nil, nil
+	}
+	if sp.bc != nil && !sp.force && sp.bc.plainDue() {
+		return nil, nil // the batch measures a plain step (batchCost)
 	}
 	if sp.d != nil {
 		// The cost model weighs a draft forward against a plain step

@@ -2,6 +2,7 @@ package decode
 
 import (
 	"bufio"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -135,5 +136,44 @@ func TestSpeculativeBatchSharesForwards(t *testing.T) {
 					mode, shared, steps, accepted, s.srv.draftMost.Load())
 			}
 		})
+	}
+}
+
+// TestBatchCost: the batch's measure of a verified position: unmeasured
+// until a plain step of the batch's size and a verifying one; then what a
+// step of P positions and B sequences takes beyond B's plain step, per
+// extra position, over one sequence's share of it; a plain step is asked
+// for (plainDue) while the size has none and every batchRemeasure steps.
+func TestBatchCost(t *testing.T) {
+	var c batchCost
+	ms := func(n float64) time.Duration { return time.Duration(n * float64(time.Millisecond)) }
+	if _, _, ok := c.at(4); ok || c.plainDue() {
+		t.Fatal("a fresh measure claims a cost or asks for a plain step")
+	}
+	c.observe(stepStat{took: ms(50), seqs: 4, positions: 12}) // no plain step of 4 yet
+	if _, _, ok := c.at(4); ok || !c.plainDue() {
+		t.Fatal("without a plain step of the size: want no cost and a plain step asked for")
+	}
+	c.observe(stepStat{took: ms(40), seqs: 4, positions: 4})
+	if c.plainDue() {
+		t.Fatal("a plain step was measured: none is due")
+	}
+	c.observe(stepStat{took: ms(60), seqs: 4, positions: 12}) // 8 extra positions add half a step
+	step, cost, ok := c.at(4)
+	if !ok || math.Abs(step-0.010) > 1e-12 || math.Abs(cost-4*0.5/8) > 1e-12 {
+		t.Fatalf("at(4) = %v, %v, %v; want 10 ms a sequence and cost 0.25", step, cost, ok)
+	}
+	if _, _, ok := c.at(3); ok {
+		t.Fatal("a cost for a batch size never measured plain")
+	}
+	for range batchRemeasure - 2 {
+		c.observe(stepStat{took: ms(60), seqs: 4, positions: 12})
+	}
+	if c.plainDue() {
+		t.Fatalf("a plain step asked for before %d verifying steps", batchRemeasure)
+	}
+	c.observe(stepStat{took: ms(60), seqs: 4, positions: 12})
+	if !c.plainDue() {
+		t.Fatalf("no plain step asked for after %d verifying steps", batchRemeasure)
 	}
 }

@@ -3,8 +3,11 @@ package decode
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
@@ -100,6 +103,130 @@ func BenchmarkSpeculativeSmolLM2(b *testing.B) {
 			b.ReportMetric(rate[SpecPromptLookup]/rate[SpecOff], "speedup")
 			if verified > 0 {
 				b.ReportMetric(float64(accepted)/float64(verified), "acceptance")
+			}
+		})
+	}
+}
+
+// BenchmarkSpeculativeBatchSmolLM2: four concurrent greedy requests to one
+// decode Server (MaxBatch 4) on SmolLM2, cpu backend, one thread, three
+// ways in one run, interleaved round by round: speculation off,
+// prompt lookup in the batcher (every member's verification in the
+// batch's one forward), and prompt lookup as the per-request loop ran it
+// before (specSolo: each verification a forward of its own, aside from the
+// batch). Workloads: four code edits (the ~100-line file, each request
+// renaming a different name: the answers repeat most of the file) and four
+// open chat prompts. Each server answers each workload once untimed first
+// (its prefix cache then holds the prompts, so a round times decoding).
+// Reported: aggregate decode tok/s of a round (every request's tokens after
+// its first, over the time from the first request's first token to the
+// last one's end), each mode's ratio to off and its drafted tokens' share
+// accepted. It fails unless every mode gives every request the same text.
+func BenchmarkSpeculativeBatchSmolLM2(b *testing.B) {
+	path := testenv.SmolLM2(b)
+	be, err := backend.Open("cpu", backend.Options{Threads: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := engine.Load(context.Background(), path, be, engine.LoadOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	modes := []string{"off", "batched", "solo"}
+	servers := map[string]*Server{}
+	for _, mode := range modes {
+		st, err := NewSetup("m", m, path, gen.Defaults{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		o := st.Options
+		o.MaxBatch, o.CacheEntries = 4, 8
+		if mode != "off" {
+			o.Speculative, o.specSolo = SpecPromptLookup, mode == "solo"
+		}
+		s := New(o)
+		defer s.Close()
+		servers[mode] = s
+	}
+	edit := func(from, to string) string {
+		return "Rename " + from + " to " + to + " everywhere in this file. Reply with the whole file and nothing else.\n\n```python\n" + codeFile() + "```"
+	}
+	for _, w := range []struct {
+		name    string
+		prompts []string
+		tokens  int
+	}{
+		{"code-edit", []string{edit("the function compute_price", "line_price"), edit("the class Item", "LineItem"),
+			edit("the function main", "run"), edit("the function total_apples", "sum_apples")}, 200},
+		{"chat", []string{"Write a short story about a lighthouse keeper who finds a message in a bottle.",
+			"Explain how a bicycle stays upright, for a ten-year-old.", "Describe a busy market in a small coastal town.",
+			"Write a letter from a cat to its owner about the new dog."}, 200},
+	} {
+		b.Run(w.name, func(b *testing.B) {
+			round := func(s *Server) (texts []string, rate float64, accepted, verified int) {
+				s.journal.mu.Lock()
+				seq := s.journal.seq
+				s.journal.mu.Unlock()
+				texts = make([]string, len(w.prompts))
+				var wg sync.WaitGroup
+				for i, p := range w.prompts {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						var em textEmitter
+						req := &gen.Request{Chat: true, AddGenerationPrompt: true, MaxTokens: w.tokens, IgnoreEOS: true,
+							Messages: []gen.Message{{Role: "user", Content: p}}}
+						if _, err := s.Generate(context.Background(), req, &em); err != nil {
+							b.Error(err)
+						}
+						texts[i] = em.String()
+					}()
+				}
+				wg.Wait()
+				var first, end time.Time
+				tokens := 0
+				for _, r := range s.journal.since(seq) {
+					f := r.Start.Add(time.Duration(r.TTFT * float64(time.Second)))
+					e := r.Start.Add(time.Duration(r.Duration * float64(time.Second)))
+					if first.IsZero() || f.Before(first) {
+						first = f
+					}
+					if e.After(end) {
+						end = e
+					}
+					tokens += r.CompletionTokens - 1
+					accepted, verified = accepted+r.SpecAccepted, verified+r.SpecAccepted+r.SpecRejected
+				}
+				return texts, float64(tokens) / end.Sub(first).Seconds(), accepted, verified
+			}
+			for _, mode := range modes {
+				round(servers[mode]) // the prompts into the prefix cache
+			}
+			rate := map[string]float64{}
+			accepted, verified := map[string]int{}, map[string]int{}
+			for b.Loop() {
+				var want []string
+				for _, mode := range modes {
+					texts, r, a, v := round(servers[mode])
+					if want == nil {
+						want = texts
+					} else if !slices.Equal(texts, want) {
+						b.Fatalf("%s: texts differ from speculation off's", mode)
+					}
+					rate[mode] += r
+					accepted[mode] += a
+					verified[mode] += v
+				}
+			}
+			for _, mode := range modes {
+				b.ReportMetric(rate[mode]/float64(b.N), mode+"-tok/s")
+				if mode != "off" {
+					b.ReportMetric(rate[mode]/rate["off"], mode+"-speedup")
+					if verified[mode] > 0 {
+						b.ReportMetric(float64(accepted[mode])/float64(verified[mode]), mode+"-acceptance")
+					}
+				}
 			}
 		})
 	}

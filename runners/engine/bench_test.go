@@ -136,3 +136,73 @@ func BenchmarkSmolLM2DecodeBatch(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSmolLM2VerifyBatch measures what verifying drafts costs in a
+// batch: four sequences (each after the same 128-token prompt), each
+// verifying k drafts (k+1 positions), as one ForwardBatchAllInto step
+// ("batched", how the decode batcher verifies) against four
+// ForwardAllInto forwards of their own ("alone", how each generation
+// verified before), and against a plain step of the four (ForwardBatchInto,
+// one position each: "plain"). Every iteration rolls the caches back to
+// where they were (every draft rejected), so each step sees the same
+// context.
+func BenchmarkSmolLM2VerifyBatch(b *testing.B) {
+	s := loadSmol(b)
+	ids := benchPrompt(b, s, 128)
+	ctx := context.Background()
+	const B = 4
+	caches := make([]engine.KVCache, B)
+	for i := range caches {
+		caches[i] = s.m.NewCache()
+		if err := s.m.Prefill(ctx, caches[i], ids, 0, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	V := s.m.Info().Vocab
+	for _, k := range []int{0, 2, 8} {
+		chunks := make([][]int32, B)
+		toks := make([]int32, B)
+		for i := range chunks {
+			toks[i] = ids[len(ids)-1-i]
+			chunks[i] = append([]int32{toks[i]}, ids[10+i:10+i+k]...)
+		}
+		flat := make([]float32, 0, B*(k+1)*V)
+		run := map[string]func() error{
+			"batched": func() error { _, err := s.m.ForwardBatchAllInto(ctx, caches, chunks, flat); return err },
+			"alone": func() error {
+				for i, c := range caches {
+					if _, err := s.m.ForwardAllInto(ctx, c, chunks[i], flat); err != nil {
+						return err
+					}
+				}
+				return nil
+			},
+		}
+		if k == 0 {
+			run = map[string]func() error{"plain": func() error { _, err := s.m.ForwardBatchInto(ctx, caches, toks, flat); return err }}
+		}
+		for _, name := range []string{"plain", "batched", "alone"} {
+			f, ok := run[name]
+			if !ok {
+				continue
+			}
+			b.Run(fmt.Sprintf("%s/k=%d", name, k), func(b *testing.B) {
+				step := func() {
+					if err := f(); err != nil {
+						b.Fatal(err)
+					}
+					for _, c := range caches {
+						c.Truncate(len(ids))
+					}
+				}
+				step() // warm
+				b.ReportAllocs()
+				cpu0 := cpuTime()
+				for b.Loop() {
+					step()
+				}
+				reportTokens(b, B*(k+1)*b.N, cpu0)
+			})
+		}
+	}
+}
