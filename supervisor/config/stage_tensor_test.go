@@ -49,7 +49,7 @@ func TestStageTensorInvalid(t *testing.T) {
 		{"layers per stage", `{ hosts = ["a", "b", "c", "d"], shard = "pipeline", tensor = 2, layers = [1, 1, 1, 1] }`,
 			`f.toml:27:74: model m: decode.layers has 4 stage(s) but decode.hosts makes 2 stages of 2 ranks (tensor = 2): give one layer count per stage, in stage order`},
 		{"groups", `{ groups = [["a", "b"], ["c", "d"]], shard = "pipeline", tensor = 2 }`,
-			`f.toml:27:67: model m: decode.tensor with decode.groups is not supported yet (one pipeline of tensor stages: list its hosts in hosts)`},
+			`f.toml:27:22: model m: decode.groups[0] has 2 host(s), but with tensor = 2 each stage takes 2 consecutive hosts (its ranks, rank 0 first) and a pipeline has 2 or more stages: list a multiple of 2, at least 4`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			src := fourCPUHosts + "\n[[models]]\nname = \"m\"\nsource = \"s\"\ndecode = " + tt.decode + "\n"
@@ -164,5 +164,58 @@ decode = { hosts = ["d"], port = 52505 }
 `))
 	if err == nil || !strings.Contains(err.Error(), "model m decode stage tensor MLX ring and model n decode both use port 52505 on host d") {
 		t.Errorf("port clash: %v", err)
+	}
+}
+
+// TestStageTensorGroupsPlan: decode.groups of tensor stages: each group of
+// four hosts is two stages of two ranks, its runners named by group,
+// stage and rank, each stage's ranks its own tensor group.
+func TestStageTensorGroupsPlan(t *testing.T) {
+	src := fourCPUHosts
+	for i, n := range []string{"e", "f", "g", "h"} {
+		src += fmt.Sprintf("\n[hosts.%s]\naddress = \"127.0.0.%d\"\nbackend = \"cpu\"\nmemory_gib = 20\n", n, 6+i)
+	}
+	src += `
+[[models]]
+name = "m"
+source = "org/m"
+decode = { groups = [["a", "b", "c", "d"], ["e", "f", "g", "h"]], shard = "pipeline", tensor = 2, layers = [5, 7] }
+`
+	c, err := Parse("f.toml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for host, want := range map[string][]string{
+		"b": {"m-decode-group0-stage0-rank1", "--layers", "0:5", "--stage", "0/2", "--tensor", "1/2", "--tensor-peers", "127.0.0.2:52504,127.0.0.3:52504"},
+		"g": {"m-decode-group1-stage1-rank0", "--layers", "5:12", "--stage", "1/2", "--stage-listen", "127.0.0.8:52503", "--stage-next", "127.0.0.6:52503",
+			"--tensor", "0/2", "--tensor-peers", "127.0.0.8:52504,127.0.0.9:52504"},
+	} {
+		rs := c.Runners(host)
+		if len(rs) != 1 || rs[0].Name != want[0] {
+			t.Fatalf("host %s runs %+v", host, rs)
+		}
+		args := rs[0].Args()
+		i := slices.Index(args, "--layers")
+		if i < 0 || len(args) < i+len(want)-1 || !slices.Equal(args[i:i+len(want)-1], want[1:]) {
+			t.Errorf("host %s: %v, want %v", host, args, want[1:])
+		}
+	}
+	if st := c.RunnerStages(c.Runners("h")[0]); len(st) != 2 || st[0].Host != "e" || st[1].Host != "g" {
+		t.Errorf("group 1's stages as h's runner sees them: %+v", st)
+	}
+	// Split by memory instead: each group's stages count 2 × their
+	// ranks' least (group 0's stage 0 has a at 40, b at 20: 40 in all).
+	c, err = Parse("f.toml", []byte(strings.Replace(src, ", layers = [5, 7]", "", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := c.Place(func(string) (*modelinfo.Facts, error) { return facts(12, gib, gib, false), nil }, "a", 0)
+	if err != nil || len(ps) != 2 || ps[0].Ranks != 2 || ps[1].Group != 1 {
+		t.Fatalf("placement %+v %v", ps, err)
+	}
+	for g := range 2 {
+		if got := counts(c.StageGroup("m", Decode, g)); !slices.Equal(got, []int{6, 6}) {
+			t.Errorf("group %d split %v, want 6 and 6", g, got)
+		}
 	}
 }

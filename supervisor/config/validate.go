@@ -392,18 +392,24 @@ func (c *Config) validateShard(i int, label, role string, r *Role, bad func(Pos,
 		case r.Tensor < 2:
 			bad(tp, "%s: %s.tensor = %d: want 2 or more ranks per stage (leave it out for one host per stage)", label, role, r.Tensor)
 			return
-		case r.Groups != nil:
-			bad(tp, "%s: %s.tensor with %s.groups is not supported yet (one pipeline of tensor stages: list its hosts in hosts)", label, role, role)
-			return
-		case len(r.Hosts)%r.Tensor != 0 || len(r.Hosts) < 2*r.Tensor:
-			bad(c.at("models", i, role, "hosts"), "%s: %s.hosts has %d host(s), but with tensor = %d each stage takes %d consecutive hosts (its ranks, rank 0 first) and a pipeline has 2 or more stages: list a multiple of %d, at least %d",
-				label, role, len(r.Hosts), r.Tensor, r.Tensor, r.Tensor, 2*r.Tensor)
-			return
+		}
+		// Every pipeline group (hosts, or each of groups) is stages of
+		// r.Tensor consecutive hosts.
+		for g, hosts := range r.StageGroups() {
+			key, what := c.at("models", i, role, "hosts"), role+".hosts has"
+			if r.Groups != nil {
+				key, what = c.at("models", i, role, "groups", g), fmt.Sprintf("%s.groups[%d] has", role, g)
+			}
+			if len(hosts)%r.Tensor != 0 || len(hosts) < 2*r.Tensor {
+				bad(key, "%s: %s %d host(s), but with tensor = %d each stage takes %d consecutive hosts (its ranks, rank 0 first) and a pipeline has 2 or more stages: list a multiple of %d, at least %d",
+					label, what, len(hosts), r.Tensor, r.Tensor, r.Tensor, 2*r.Tensor)
+				return
+			}
+			for k := 0; k < len(hosts); k += r.Tensor {
+				c.checkMesh(hosts[k:k+r.Tensor], fmt.Sprintf("%s: %s.tensor stage %d", label, role, k/r.Tensor), bad)
+			}
 		}
 		stages = r.Tensor
-		for k := 0; k < len(r.Hosts); k += r.Tensor {
-			c.checkMesh(r.Hosts[k:k+r.Tensor], fmt.Sprintf("%s: %s.tensor stage %d", label, role, k/r.Tensor), bad)
-		}
 	}
 	if r.Layers != nil {
 		if r.Shard != ShardPipeline {
