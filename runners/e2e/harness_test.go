@@ -129,6 +129,31 @@ func start(t *testing.T, name, role string, args ...string) *proc {
 	}
 }
 
+// prefillBackendArgs is what every prefill runner a test starts gets
+// before the test's own arguments (a later flag wins): nothing, or by
+// hand, with libmlxc, EXO_E2E_PREFILL_BACKEND=mlx runs every prefill
+// runner on MLX (CPU device) against cpu decode runners, the Spark→Mac
+// pairing of two different engines. A test that starts a prefill runner
+// without start (a tensor prefill group's followers) adds these too, so
+// that a group's ranks share one backend.
+func prefillBackendArgs() []string {
+	be := os.Getenv("EXO_E2E_PREFILL_BACKEND")
+	if be == "" {
+		return nil
+	}
+	if be != "mlx" {
+		return []string{"--backend", be}
+	}
+	// MLX's CPU backend runs 4-bit matmuls as scalar code on x86 (DESIGN
+	// §11: about 3 GFLOP/s): a default 256-token chunk of SmolLM2 took
+	// 22–25 s here on an idle machine, and longer under load, against the
+	// decode side's 30 s bound on the wait for the next KV frame (kvwire's
+	// ProgressTimeout), which then gave up and prefilled locally. 32-token
+	// chunks put a frame on the wire every few seconds, as a prefill host
+	// should; a test that sets --prefill-chunk itself overrides this.
+	return []string{"--backend", be, "--device", "cpu", "--prefill-chunk", "32"}
+}
+
 // startOnce is one try of start; taken reports that the runner exited
 // because one of its ports was taken (only when retry is set).
 func startOnce(t *testing.T, name, role string, retry bool, args ...string) (_ *proc, taken bool) {
@@ -140,24 +165,7 @@ func startOnce(t *testing.T, name, role string, retry bool, args ...string) (_ *
 	if role == "prefill" {
 		p.http = freeAddr(t)
 		full = append(full, "--metrics", p.http)
-		// By hand, with libmlxc: EXO_E2E_PREFILL_BACKEND=mlx runs every
-		// prefill runner on MLX (CPU device) against cpu decode runners,
-		// the Spark→Mac pairing of two different engines.
-		if be := os.Getenv("EXO_E2E_PREFILL_BACKEND"); be != "" {
-			full = append(full, "--backend", be)
-			if be == "mlx" {
-				// MLX's CPU backend runs 4-bit matmuls as scalar code on
-				// x86 (DESIGN §11: about 3 GFLOP/s): a default 256-token
-				// chunk of SmolLM2 took 22–25 s here on an idle machine,
-				// and longer under load, against the decode side's 30 s
-				// bound on the wait for the next KV frame (kvwire's
-				// ProgressTimeout), which then gave up and prefilled
-				// locally. 32-token chunks put a frame on the wire every
-				// few seconds, as a prefill host should; a test that sets
-				// --prefill-chunk itself overrides this (later flags win).
-				full = append(full, "--device", "cpu", "--prefill-chunk", "32")
-			}
-		}
+		full = append(full, prefillBackendArgs()...)
 	}
 	if role == "decode" && slices.Contains(args, "--prefill") && !slices.Contains(args, "--remote-prefill-route") {
 		// Most tests here test the KV transfer itself (fidelity, failover,

@@ -32,7 +32,7 @@ func TestLoadQueueFull(t *testing.T) {
 	dec := start(t, "decode", "decode", "--model", dir, "--prefill", pre.listen,
 		"--max-batch", strconv.Itoa(batch), "--max-queue", strconv.Itoa(queue))
 	snap := func(p *proc) (g, rss float64) {
-		return p.metric(t, "go_goroutines"), p.metric(t, "process_resident_memory_bytes") / (1 << 20)
+		return p.metric(t, "exo_goroutines"), p.metric(t, "process_resident_memory_bytes") / (1 << 20)
 	}
 	g0, rss0 := snap(dec)
 	pg0, prss0 := snap(pre)

@@ -51,7 +51,11 @@ func (g *tpPrefill) launch(t *testing.T, r int) {
 	if old := g.ranks[r]; old != nil {
 		p.listen, p.http = old.listen, old.http
 	}
-	full := append([]string{"runner", "prefill", "--listen", p.listen, "--metrics", p.http, "--served-name", "m", "--backend", "cpu", "--offline"}, g.args[r]...)
+	// The flags start gives rank 0 (prefillBackendArgs: with
+	// EXO_E2E_PREFILL_BACKEND=mlx a cpu follower would leave an MLX rank 0
+	// waiting in MLX's ring for a peer that never joins it).
+	full := append([]string{"runner", "prefill", "--listen", p.listen, "--metrics", p.http, "--served-name", "m", "--backend", "cpu", "--offline"}, prefillBackendArgs()...)
+	full = append(full, g.args[r]...)
 	p.launch(t, full, p.name, 4000)
 	g.ranks[r] = p
 }
@@ -172,10 +176,15 @@ func TestTensorPrefill(t *testing.T) {
 // /health fails and names the lost rank; once the rank is started again
 // the group is whole and fills remotely again (its empty prefix cache
 // makes the first computation start over from position 0 on both ranks).
+// The ranks run on the cpu backend whatever EXO_E2E_PREFILL_BACKEND says:
+// a restarted rank rejoins the cpu link's group, while on MLX a lost rank
+// ends the whole group by design (a process cannot join MLX's group again:
+// rank 0 exits for every rank to restart, TestTensorParallelTinyMLXLostRank),
+// which is what this test saw there.
 func TestTensorPrefillRankKilled(t *testing.T) {
 	dir := tinyModel(t, "main")
 	ref := start(t, "tpp-ref", "decode", "--model", dir)
-	pg := startTensorPrefill(t, dir, 2, 2)
+	pg := startTensorPrefill(t, dir, 2, 2, "--backend", "cpu")
 	dec := start(t, "tpp-dec", "decode", "--model", dir, "--prefill", pg.list(false))
 	p := user(words(700, 160))
 	want := chatStream(t, ref.listen, p, genTokens, ignoreEOS)
