@@ -70,7 +70,6 @@ type carry struct {
 	recv    prometheus.Counter
 
 	lostOnce sync.Once
-	lost     atomic.Bool
 }
 
 func newCarry(g *Group, stages int, met *stageMetrics, log *slog.Logger) (*carry, error) {
@@ -202,7 +201,6 @@ func (cs *carry) lose(err error) {
 		err = fmt.Errorf("%w: %w", ErrGroupLost, err)
 	}
 	cs.lostOnce.Do(func() {
-		cs.lost.Store(true)
 		cs.log.Error("stage: the stages' group is lost; this runner must restart with every stage", "err", err)
 		cs.g.OnLost(err)
 	})
