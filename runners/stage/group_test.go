@@ -101,6 +101,7 @@ func TestGroupCarriesHiddenStates(t *testing.T) {
 				// Each Step frame without hidden states is a few dozen
 				// bytes a token: the stage link carried far less than the
 				// hidden states (D floats a token).
+				t.Logf("group %v bytes, stage link %v", sent, linkBytes(t, reg, "tcp", "sent"))
 				if tcp := linkBytes(t, reg, "tcp", "sent"); tcp >= sent {
 					t.Errorf("the stage link sent %v bytes, the group %v: the hidden states went over TCP too?", tcp, sent)
 				}

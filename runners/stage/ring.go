@@ -143,7 +143,9 @@ func NewRing(cfg RingConfig) (*Ring, error) {
 func (r *Ring) Healthy() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.out != nil && r.ready
+	// A closed link counts at once, before Run has noticed: a request
+	// that failed on it must not find the ring healthy.
+	return r.out != nil && r.ready && r.out.Err() == nil
 }
 
 // probe sends a no-op (a Truncate query for sequence 0, which no stage
