@@ -70,6 +70,16 @@ type pipeOpts struct {
 	group   bool
 	noGroup int
 	lost    chan error // told each stage's OnLost
+	// health, when set, is each stage's own condition (its tensor
+	// group's Health; nil entries: none).
+	health []func() error
+}
+
+func (po pipeOpts) healthOf(i int) func() error {
+	if i < len(po.health) {
+		return po.health[i]
+	}
+	return nil
 }
 
 func newPipeline(t testing.TB, dir string, cuts []int, po pipeOpts) *pipeline {
@@ -146,7 +156,7 @@ func newPipeline(t testing.TB, dir string, cuts []int, po pipeOpts) *pipeline {
 			picks = &st.Options
 		}
 		nc := stage.NodeConfig{Name: "m", Link: links[i], Model: models[i], Listen: listen(i), Next: p.addrs[(i+1)%N],
-			Picks: picks, Logger: log, TestPace: po.pace, Metrics: po.metrics, Group: groups[i]}
+			Picks: picks, Logger: log, TestPace: po.pace, Metrics: po.metrics, Group: groups[i], Health: po.healthOf(i)}
 		if po.onlyZero {
 			nc.RemoteFor = func(ep string) decode.Remote { return remoteFor(t, models[i], ep) }
 		} else {
@@ -161,7 +171,7 @@ func newPipeline(t testing.TB, dir string, cuts []int, po pipeOpts) *pipeline {
 		go func() { defer close(p.done[i]); n.Run(cctx) }()
 	}
 	ring, err := stage.NewRing(stage.RingConfig{Name: "m", Link: links[0], Model: models[0], Listen: listen(0), Next: p.addrs[1],
-		StepTimeout: 20 * time.Second, Logger: log, TestPace: po.pace, Metrics: po.metrics, Lanes: po.lanes, Group: groups[0]})
+		StepTimeout: 20 * time.Second, Logger: log, TestPace: po.pace, Metrics: po.metrics, Lanes: po.lanes, Group: groups[0], Health: po.healthOf(0)})
 	if err != nil {
 		t.Fatal(err)
 	}
