@@ -185,3 +185,31 @@ func TestPipelineMLXStageKilled(t *testing.T) {
 		t.Errorf("stage 0 did not say why it exited:\n%s", tail(l, 3000))
 	}
 }
+
+// TestPipelineMLXFallback: a pipeline whose stage 1 runs on the cpu
+// backend keeps every stage on the stage link (TCP): stage 0, on MLX,
+// logs why, nothing goes over MLX's ring, and requests are answered. By
+// hand (EXO_MLXC_PATH).
+func TestPipelineMLXFallback(t *testing.T) {
+	if os.Getenv("EXO_MLXC_PATH") == "" {
+		t.Skip("by hand: set EXO_MLXC_PATH to libmlxc.so (README, \"Building MLX and mlx-c by hand\")")
+	}
+	model, bounds := tinyModel(t, "main"), []int{0, 1, 2}
+	base := testutil.Ports(t, 6)
+	links := []string{fmt.Sprintf("127.0.0.1:%d", base), fmt.Sprintf("127.0.0.1:%d", base+2)}
+	pl := &pipeline{bounds: bounds, model: model, links: links}
+	pl.stages = append(pl.stages,
+		launchStage(t, "pipe-mixed", model, 0, bounds, links, fmt.Sprintf("127.0.0.1:%d", base+4), mlxFlags),
+		launchStage(t, "pipe-mixed", model, 1, bounds, links, fmt.Sprintf("127.0.0.1:%d", base+5), nil))
+	waitHealthy(t, pl.stages...)
+	askAll(t, pl.stages[0].listen, pipelineRequests()[:2], false)
+	if n := mlxCarried(t, pl.stages[0], 0, "sent"); n != 0 {
+		t.Errorf("stage 0 sent %v bytes over MLX's ring beside a cpu stage", n)
+	}
+	if l := pl.stages[0].logs(); !strings.Contains(l, "hidden states stay on the stage link (TCP): a neighbouring stage does not offer the group") {
+		t.Errorf("stage 0 (MLX) did not say why it stays on TCP:\n%s", tail(l, 3000))
+	}
+	if l := pl.stages[1].logs(); !strings.Contains(l, "the cpu backend has no distributed engine") {
+		t.Errorf("stage 1 (cpu) did not say why it offers no group:\n%s", tail(l, 3000))
+	}
+}
