@@ -18,7 +18,10 @@
 # instead of PREFIX: no LD_PRELOAD is needed. PREFILL=0 skips prefill.
 # BENCH picks exo's decode benchmarks (default 'BenchmarkDecode$'; e.g.
 # 'BenchmarkDecode(Overlap)?$' adds the overlapped steps of batch sizes
-# $EXO_MLX_BENCH_BATCHES); BATCH > 1 adds mlx-lm's batched decode.
+# $EXO_MLX_BENCH_BATCHES); BATCH > 1 adds mlx-lm's batched decode. COUNT
+# and REPS (default 3) are exo's -test.count and mlx-lm's repetitions.
+# EXO_MLX_BENCH_TEMP (and EXO_MLX_BENCH_TOPP) > 0 samples on both sides
+# (exo: seeded, on the device in the overlapped steps; mlx-lm: make_sampler).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [[ -z ${MLXC:-} ]]; then
@@ -37,9 +40,12 @@ exo() {
 	if ((PREFILL)); then
 		EXO_MLX_BENCH_PREFILL=$PREFILL "$test" -test.run XXX -test.bench BenchmarkPrefill -test.benchtime 1x -test.count 3 | grep ^Bench
 	fi
-	"$test" -test.run XXX -test.bench "${BENCH:-BenchmarkDecode\$}" -test.benchtime "${DECODE}x" -test.count 3 | grep ^Bench
+	"$test" -test.run XXX -test.bench "${BENCH:-BenchmarkDecode\$}" -test.benchtime "${DECODE}x" -test.count "${COUNT:-3}" | grep ^Bench
 }
-lm() { LD_PRELOAD=${LD_PRELOAD_LM:-} "$PY" scripts/reference/mlxlm_bench.py "$MODEL" 128 "$PREFILL" "$DECODE" 3 "${BATCH:-1}"; }
+lm() {
+	LD_PRELOAD=${LD_PRELOAD_LM:-} SAMPLE_TEMP=${EXO_MLX_BENCH_TEMP:-0} SAMPLE_TOP_P=${EXO_MLX_BENCH_TOPP:-0} \
+		"$PY" scripts/reference/mlxlm_bench.py "$MODEL" 128 "$PREFILL" "$DECODE" "${REPS:-3}" "${BATCH:-1}"
+}
 [[ -f $MODEL/config.json ]] || "$test" -test.run XXX -test.bench BenchmarkPrefill -test.benchtime 1x >/dev/null # writes MODEL
 rounds=("$@")
 ((${#rounds[@]})) || rounds=(1 2)

@@ -3,17 +3,21 @@
 # plus process CPU ms per token and peak MLX memory above the weights during
 # prefill. Used by bench_vs_mlxlm.sh; the prompt ids match benchPrompt in
 # runners/engine/mlx/bench_mlx_test.go.
-# With BATCH > 1 it also times batched greedy decode of BATCH sequences
-# double-buffered as generate_step does (step n+1 built from the device's
-# argmax and async_eval'd before step n's tokens are read), DECODE steps
-# of BATCH tokens each.
+# With BATCH > 1 it also times batched decode of BATCH sequences, DECODE
+# steps of BATCH tokens each: double-buffered by hand as generate_step does
+# (step n+1 built from the device's argmax and async_eval'd before step n's
+# tokens are read), and through mlx-lm's own BatchGenerator (what
+# batch_generate runs). SAMPLE_TEMP > 0 (and SAMPLE_TOP_P) in the environment samples
+# with mlx-lm's make_sampler instead of the argmax (generate_step and
+# BatchGenerator; the synchronous loop stays greedy).
 # usage: mlxlm_bench.py MODEL_DIR CONTEXT PREFILL DECODE REPS [BATCH]
-import sys, time, resource
+import os, sys, time, resource
 from pathlib import Path
 import mlx.core as mx
 from mlx_lm.utils import load_model
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.generate import generate_step
+from mlx_lm.generate import generate_step, BatchGenerator
+from mlx_lm.sample_utils import make_sampler
 
 path, ctx_len, prefill_len, decode_n, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 batch = int(sys.argv[6]) if len(sys.argv) > 6 else 1
@@ -51,9 +55,13 @@ if prefill_len > 0:
 
 if decode_n == 0: sys.exit(0)
 greedy = lambda logprobs: mx.argmax(logprobs, axis=-1)
+temp, top_p = float(os.environ.get("SAMPLE_TEMP", "0")), float(os.environ.get("SAMPLE_TOP_P", "0"))
+sampler = make_sampler(temp, top_p) if temp > 0 else greedy
+if temp > 0:
+    print(f"mlx-lm sampling: make_sampler(temp={temp}, top_p={top_p})")
 def gen():
     cache = make_prompt_cache(model)
-    g = generate_step(mx.array(prompt(ctx_len)), model, max_tokens=decode_n + 1, sampler=greedy, prompt_cache=cache)
+    g = generate_step(mx.array(prompt(ctx_len)), model, max_tokens=decode_n + 1, sampler=sampler, prompt_cache=cache)
     next(g)
     def go():
         for _ in g:
@@ -98,3 +106,17 @@ if batch > 1:
             y.tolist()
         return go
     measure(f"decode batch {batch} (double-buffered, tok/s over all rows) after {ctx_len}", batched, decode_n * batch)
+
+    def batchgen():
+        g = BatchGenerator(model, stop_tokens=set(), sampler=sampler, completion_batch_size=batch, prefill_batch_size=batch)
+        g.insert([prompt(ctx_len)] * batch, max_tokens=decode_n + 1)
+        first = g.next()  # the prompts' prefill and first tokens, untimed
+        assert len(first) == batch, len(first)
+        def go():
+            n = 0
+            while responses := g.next():
+                n += len(responses)
+            assert n == decode_n * batch, (n, decode_n * batch)
+            g.close()
+        return go
+    measure(f"decode batch {batch} (BatchGenerator, tok/s over all rows) after {ctx_len}", batchgen, decode_n * batch)

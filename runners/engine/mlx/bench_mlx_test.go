@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/engine/weights"
+	"github.com/exo-pd/exo-pd/runners/sample"
 )
 
 // benchModel returns the model directory to benchmark: $EXO_MLX_BENCH_MODEL
@@ -46,13 +48,27 @@ func benchModel(b *testing.B) string {
 	// (the benchmark feeds token ids, not text).
 	spec := testmodel.Spec{Arch: "llama", DType: dt, Seed: 1, Layers: 30, Hidden: 576, Heads: 9, KVHeads: 3, HeadDim: 64,
 		Intermediate: 1536, Vocab: 512, MaxPositions: 8192}
+	vocab := 49152
+	if os.Getenv("EXO_MLX_BENCH_SHAPE") == "8b" {
+		// Llama-3-8B's width, heads and MLP with $EXO_MLX_BENCH_LAYERS
+		// layers (default 2) and tied embeddings (8B's are not), so that
+		// it fits in memory here: a step's per-layer work and its
+		// 128256-wide head are 8B's, its depth is not.
+		spec = testmodel.Spec{Arch: "llama", DType: dt, Seed: 1, Layers: benchInt("EXO_MLX_BENCH_LAYERS", 2), Hidden: 4096,
+			Heads: 32, KVHeads: 8, HeadDim: 128, Intermediate: 14336, Vocab: 512, MaxPositions: 8192}
+		vocab = 128256
+	}
 	if err := testmodel.Write(dir, spec); err != nil {
 		b.Fatal(err)
 	}
-	spec.Vocab = 49152
+	spec.Vocab = vocab
 	tensors, err := testmodel.Tensors(spec)
 	if err != nil {
 		b.Fatal(err)
+	}
+	tied := vocab == 128256 // 8B-shaped: the embedding is the head (2 GiB less in f32)
+	if tied {
+		tensors = slices.DeleteFunc(tensors, func(t engine.Tensor) bool { return strings.HasPrefix(t.Name, "lm_head.") })
 	}
 	if err := weights.WriteSafetensorsFile(filepath.Join(dir, "model.safetensors"), tensors, map[string]string{"format": "pt"}); err != nil {
 		b.Fatal(err)
@@ -67,6 +83,9 @@ func benchModel(b *testing.B) string {
 		b.Fatal(err)
 	}
 	cfg["vocab_size"] = spec.Vocab
+	if tied {
+		cfg["tie_word_embeddings"] = true
+	}
 	if raw, err = json.MarshalIndent(cfg, "", "  "); err != nil {
 		b.Fatal(err)
 	}
@@ -81,6 +100,17 @@ func benchInt(name string, def int) int {
 		return n
 	}
 	return def
+}
+
+// benchSampling is the sampling of the decode benchmarks: greedy, or
+// $EXO_MLX_BENCH_TEMP > 0 with $EXO_MLX_BENCH_TOPP (seeded per row).
+func benchSampling(row int) sample.Params {
+	t, _ := strconv.ParseFloat(os.Getenv("EXO_MLX_BENCH_TEMP"), 64)
+	p, _ := strconv.ParseFloat(os.Getenv("EXO_MLX_BENCH_TOPP"), 64)
+	if t <= 0 {
+		return sample.Params{}
+	}
+	return sample.Params{Temperature: t, TopP: p, Seed: int64(row + 1)}
 }
 
 func benchPrompt(n, vocab int) []int32 {
@@ -188,15 +218,17 @@ func BenchmarkPrefill(b *testing.B) {
 	}
 }
 
-// BenchmarkDecodeBatch measures batched greedy decode: one ForwardBatch of
-// B sequences (each after the $EXO_MLX_BENCH_CONTEXT-token prompt) per
-// iteration; tok/s counts every sequence's token.
+// BenchmarkDecodeBatch measures batched greedy decode (sampled on the host
+// with $EXO_MLX_BENCH_TEMP): one ForwardBatch of B sequences (each after
+// the $EXO_MLX_BENCH_CONTEXT-token prompt) per iteration; tok/s counts
+// every sequence's token, allocs/op are Go allocations per step. Batch
+// sizes from $EXO_MLX_BENCH_BATCHES (default "1,4,8").
 func BenchmarkDecodeBatch(b *testing.B) {
 	be := newTestBackend(b)
 	m := load(b, benchModel(b), be)
 	ctx := context.Background()
 	prompt := benchPrompt(benchInt("EXO_MLX_BENCH_CONTEXT", 128), m.Info().Vocab)
-	for _, B := range []int{1, 4, 8} {
+	for _, B := range benchBatches([]int{1, 4, 8}) {
 		b.Run(fmt.Sprintf("B=%d", B), func(b *testing.B) {
 			caches := make([]engine.KVCache, B)
 			toks := make([]int32, B)
@@ -208,6 +240,13 @@ func BenchmarkDecodeBatch(b *testing.B) {
 				}
 				toks[i] = prompt[len(prompt)-1-i]
 			}
+			samplers := make([]*sample.Sampler, B) // nil: argmax
+			for i := range samplers {
+				if p := benchSampling(i); p.Temperature > 0 {
+					samplers[i] = sample.New(p)
+				}
+			}
+			b.ReportAllocs()
 			n, steps := 0, 0
 			cpu0 := cpuTime()
 			var host time.Duration
@@ -223,7 +262,11 @@ func BenchmarkDecodeBatch(b *testing.B) {
 					b.Fatal(err)
 				}
 				for i := range toks {
-					toks[i] = argmax(logits[i])
+					if samplers[i] != nil {
+						toks[i] = samplers[i].Sample(logits[i], nil)
+					} else {
+						toks[i] = argmax(logits[i])
+					}
 				}
 				host += time.Since(t0) - time.Duration(be.evalNanos.Load()-e0)
 				n += B
@@ -236,30 +279,21 @@ func BenchmarkDecodeBatch(b *testing.B) {
 	}
 }
 
-// BenchmarkDecodeOverlap is BenchmarkDecodeBatch through
-// engine.GreedyOverlap: each step's tokens are the device's argmax and
+// BenchmarkDecodeOverlap is BenchmarkDecodeBatch through engine.Overlap:
+// each step's tokens are picked on the device (argmax, or with
+// $EXO_MLX_BENCH_TEMP the sampler's rules, SampleRows) and
 // the next step is queued (async_eval) before they are read back, as
 // mlx-lm's generate_step does. host-ms/step is a step's wall time outside
 // MLX's eval (the read-back's wait included in eval): the host's share,
 // which the overlap hides behind the step in flight. Batch sizes from
-// $EXO_MLX_BENCH_BATCHES (default "1,4").
+// $EXO_MLX_BENCH_BATCHES (default "1,4"); allocs/op are Go allocations
+// per step.
 func BenchmarkDecodeOverlap(b *testing.B) {
 	be := newTestBackend(b)
 	m := load(b, benchModel(b), be)
 	ctx := context.Background()
 	prompt := benchPrompt(benchInt("EXO_MLX_BENCH_CONTEXT", 128), m.Info().Vocab)
-	sizes := []int{1, 4}
-	if v := os.Getenv("EXO_MLX_BENCH_BATCHES"); v != "" {
-		sizes = sizes[:0]
-		for _, f := range strings.Split(v, ",") {
-			n, err := strconv.Atoi(f)
-			if err != nil || n < 1 {
-				b.Fatalf("EXO_MLX_BENCH_BATCHES: %q is not a batch size", f)
-			}
-			sizes = append(sizes, n)
-		}
-	}
-	for _, B := range sizes {
+	for _, B := range benchBatches([]int{1, 4}) {
 		b.Run(fmt.Sprintf("B=%d", B), func(b *testing.B) {
 			caches := make([]engine.KVCache, B)
 			toks := make([]int32, B)
@@ -271,10 +305,21 @@ func BenchmarkDecodeOverlap(b *testing.B) {
 				}
 				toks[i] = prompt[len(prompt)-1-i]
 			}
-			o, err := m.StartGreedy(ctx, caches, toks)
+			// Sampled rows (EXO_MLX_BENCH_TEMP) are picked on the device
+			// with uniforms drawn from each row's seeded Sampler.
+			specs := make([]engine.SampleSpec, B)
+			for i := range specs {
+				p := benchSampling(i)
+				specs[i].Params = p
+				if p.Temperature > 0 {
+					specs[i].Uniform = sample.New(p).Uniform
+				}
+			}
+			o, err := m.StartOverlap(ctx, caches, toks, specs)
 			if err != nil {
 				b.Fatal(err)
 			}
+			b.ReportAllocs()
 			n, steps := 0, 0
 			cpu0 := cpuTime()
 			var host time.Duration
@@ -286,7 +331,7 @@ func BenchmarkDecodeOverlap(b *testing.B) {
 					for _, c := range caches {
 						c.Truncate(len(prompt))
 					}
-					if o, err = m.StartGreedy(ctx, caches, toks); err != nil {
+					if o, err = m.StartOverlap(ctx, caches, toks, specs); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -308,4 +353,22 @@ func BenchmarkDecodeOverlap(b *testing.B) {
 			reportCPU(b, cpu0, n)
 		})
 	}
+}
+
+// benchBatches is $EXO_MLX_BENCH_BATCHES ("1,4"), or def.
+func benchBatches(def []int) []int {
+	v := os.Getenv("EXO_MLX_BENCH_BATCHES")
+	if v == "" {
+		return def
+	}
+	var sizes []int
+	for _, f := range strings.Split(v, ",") {
+		if n, err := strconv.Atoi(f); err == nil && n > 0 {
+			sizes = append(sizes, n)
+		}
+	}
+	if len(sizes) == 0 {
+		return def
+	}
+	return sizes
 }
