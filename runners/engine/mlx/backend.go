@@ -111,6 +111,9 @@ type backend struct {
 	gmmHalfErr error
 	// mlx_eval calls so far (tests count synchronizations).
 	evals int
+	// made counts the arrays ops have made (benchmarks: the graph's size
+	// per step, against mlx-lm's).
+	made atomic.Int64
 	// evalNanos is the time spent inside MLX's eval (the computation and
 	// the wait for it, a read-back's included), summed: the benchmarks
 	// subtract it from a step's time to get the host's share (building
@@ -436,6 +439,7 @@ func (b *backend) track(h C.xmx_array) *array {
 	a.dt = fromMLX(a.mdt)
 	a.ready.Store(true)
 	b.temps = append(b.temps, a)
+	b.made.Add(1)
 	return a
 }
 

@@ -321,7 +321,7 @@ func BenchmarkDecodeOverlap(b *testing.B) {
 			}
 			b.ReportAllocs()
 			n, steps := 0, 0
-			cpu0 := cpuTime()
+			cpu0, made0 := cpuTime(), be.made.Load()
 			var host time.Duration
 			for b.Loop() {
 				if caches[0].Len() >= len(prompt)+256 {
@@ -348,6 +348,9 @@ func BenchmarkDecodeOverlap(b *testing.B) {
 			if err := o.Stop(); err != nil {
 				b.Fatal(err)
 			}
+			// arrays/step: the MLX arrays the host made per step (the
+			// graph's nodes, views included), against mlx-lm's graph.
+			b.ReportMetric(float64(be.made.Load()-made0)/float64(steps), "arrays/step")
 			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "tok/s")
 			b.ReportMetric(host.Seconds()*1e3/float64(steps), "host-ms/step")
 			reportCPU(b, cpu0, n)
