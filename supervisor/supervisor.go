@@ -58,6 +58,8 @@ type Options struct {
 	// Executable starts runners (default: this process's executable).
 	Executable string
 	ExtraEnv   []string
+	// StateDir is where runners' files are written (reconcile.Options).
+	StateDir string
 	// APIListen overrides the file's [api] listen/port ("HOST:PORT").
 	APIListen string
 	Logger    *slog.Logger
@@ -153,7 +155,7 @@ func Run(ctx context.Context, o Options) error {
 		RunnerError: func(runner string) string { return s.set.LastError(runner) }})
 	s.gw.SetConfig(cfg, s.host)
 	s.hist = dashboard.NewHistory()
-	s.set = reconcile.New(reconcile.Options{Executable: o.Executable, ExtraEnv: o.ExtraEnv, Process: withLogger(livenessFrom(o.Process, cfg), s.log),
+	s.set = reconcile.New(reconcile.Options{Executable: o.Executable, ExtraEnv: o.ExtraEnv, StateDir: o.StateDir, Process: withLogger(livenessFrom(o.Process, cfg), s.log),
 		OnChange: s.hist.Observe})
 
 	addr := o.APIListen

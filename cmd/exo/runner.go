@@ -89,7 +89,10 @@ the stages form a ring over the stage link (docs/PROTOCOL.md "Stage link"):
 each listens on --stage-listen for the previous stage (stage 0 for the last,
 which sends back the tokens it samples) and dials --stage-next. Stage 0 serves
 the API on --listen; later stages serve only /health and /metrics there.
-Stage 0's /health is 200 only while the whole ring is up.
+Stage 0's /health is 200 only while the whole ring is up. Where every stage
+runs --backend mlx the hidden states go over MLX's ring: MLX_HOSTFILE with
+MLX_RANK = I (the supervisor writes both; any number of stages), else for 2
+stages a hostfile of --stage-listen/--stage-next port + 1.
 A stage may be a tensor group: give each of its ranks --layers, --stage and
 --tensor J/M --tensor-peers (the stage's own ranks); rank 0 alone takes
 --stage-listen and --stage-next and forwards each step to its ranks.

@@ -24,7 +24,9 @@ import (
 // offers it when it has a Group, and the stages join the group, once both
 // of a stage's links are up, only when both neighbours offered it too.
 // A stage sees every other stage's Hello only in a pipeline of at most
-// three stages, so a longer one keeps the TCP link (and says why).
+// three stages, so a longer one keeps the TCP link (and says why) unless
+// its Group is Whole: a hostfile that lists every stage, which the
+// supervisor writes only where every stage is one MLX runner.
 //
 // A process joins such a group once for its life (mlx-c cannot leave one):
 // once joined, a lost link, a carried transfer gone wrong or a join that
@@ -45,6 +47,13 @@ type Group struct {
 	// stage's requests in flight have failed by then. Required: the
 	// process cannot join the group again (a runner exits).
 	OnLost func(error)
+	// Whole says every stage offers the group (its plan was made for all
+	// of them: the supervisor's MLX_HOSTFILE lists every stage, and it
+	// writes one only where every stage runs MLX alone), so a pipeline of
+	// more than 3 stages may join it although a stage sees only its
+	// neighbours' Hellos. The Hellos still decide: a neighbour that does
+	// not offer keeps this stage on the link.
+	Whole bool
 }
 
 // maxGroupStages is the longest pipeline whose stages all see each
@@ -86,8 +95,8 @@ func newCarry(g *Group, stages int, met *stageMetrics, log *slog.Logger) (*carry
 	if g.JoinTimeout <= 0 {
 		g.JoinTimeout = 2 * time.Minute
 	}
-	if stages > maxGroupStages {
-		log.Warn("stage: hidden states stay on the stage link (TCP): the stages agree on a group through their neighbours' Hellos, which reach every stage only up to 3 stages",
+	if stages > maxGroupStages && !g.Whole {
+		log.Warn("stage: hidden states stay on the stage link (TCP): the stages agree on a group through their neighbours' Hellos, which reach every stage only up to 3 stages, and this stage's ring plan is not the supervisor's for every stage (MLX_HOSTFILE)",
 			"stages", stages, "transport", g.Transport)
 		return cs, nil
 	}

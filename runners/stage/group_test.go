@@ -110,6 +110,34 @@ func TestGroupCarriesHiddenStates(t *testing.T) {
 	}
 }
 
+// TestGroupFourStages: four stages join their group only when it is
+// Whole (the supervisor's hostfile lists every stage: a stage sees only
+// its neighbours' Hellos); without it they stay on the stage link. Both
+// give one runner's tokens.
+func TestGroupFourStages(t *testing.T) {
+	dir := writeModels(t)["gemma3"] // 4 layers
+	want := generate(t, single(t, dir, 4), requests(), false)
+	for _, whole := range []bool{true, false} {
+		t.Run(fmt.Sprintf("whole=%v", whole), func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			p := newPipeline(t, dir, []int{1, 2, 3}, pipeOpts{maxBatch: 4, group: true, whole: whole, metrics: stage.NewMetrics(reg)})
+			got := generate(t, p.srv, requests(), true)
+			for i := range want {
+				if got[i] != want[i] {
+					t.Errorf("request %d: %s, one runner %s", i, got[i], want[i])
+				}
+			}
+			sent, recv := linkBytes(t, reg, "chan", "sent"), linkBytes(t, reg, "chan", "received")
+			if whole && (sent <= 0 || sent != recv) {
+				t.Errorf("whole group: %v bytes sent over it, %v received; want equal and > 0", sent, recv)
+			}
+			if !whole && sent != 0 {
+				t.Errorf("4 stages without a whole plan sent %v bytes over the group", sent)
+			}
+		})
+	}
+}
+
 // TestGroupFallsBackToTheLink: a stage without a group (its backend is
 // cpu) keeps every stage on the stage link's Steps, and the tokens are one
 // runner's.

@@ -1,6 +1,7 @@
 package stage
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -29,8 +30,9 @@ type MLXPlan struct {
 // MLXGroup makes the stage's Group over MLX's ring backend on b, or says
 // why the stage cannot offer one (nil Group: the hidden states stay in
 // the stage link's Steps). The ring's hostfile is MLX_HOSTFILE with
-// MLX_RANK when both are set (MLX_RANK must be the stage's index);
-// otherwise, for two stages, one written from Listen and Next (port + 1).
+// MLX_RANK when set (MLX_RANK must be the stage's index, the file list
+// every stage: any number of them); otherwise, for two stages, one
+// written from Listen and Next (port + 1).
 // The caller sets the Group's OnLost.
 func MLXGroup(b engine.Backend, p MLXPlan) (*Group, string) {
 	if b == nil || b.Name() == "cpu" {
@@ -43,30 +45,15 @@ func MLXGroup(b engine.Backend, p MLXPlan) (*Group, string) {
 	case !avail:
 		return nil, "this libmlx has no ring backend (mlx_distributed_is_available(\"ring\") is false)"
 	}
-	hostfile, rank := os.Getenv("MLX_HOSTFILE"), os.Getenv("MLX_RANK")
-	switch {
-	case hostfile != "" && rank != strconv.Itoa(p.Stage):
-		return nil, fmt.Sprintf("MLX_HOSTFILE is set with MLX_RANK %q, not this stage's index %d", rank, p.Stage)
-	case hostfile == "" && p.Stages != 2:
-		return nil, fmt.Sprintf("MLX's ring hostfile is written for two stages only; %d stages need MLX_HOSTFILE and MLX_RANK", p.Stages)
-	}
-	var addrs []string
-	if hostfile == "" {
-		own, err1 := ringAddr(p.Listen)
-		next, err2 := ringAddr(p.Next)
-		if err1 != nil || err2 != nil {
-			return nil, fmt.Sprintf("no ring address from --stage-listen %q / --stage-next %q: %v", p.Listen, p.Next, firstErr(err1, err2))
-		}
-		addrs = []string{own, next}
-		if p.Stage == 1 {
-			addrs = []string{next, own}
-		}
+	addrs, whole, why := ringPlan(p, os.Getenv("MLX_HOSTFILE"), os.Getenv("MLX_RANK"))
+	if why != "" {
+		return nil, why
 	}
 	stall := p.StallAfter
 	if stall <= 0 {
 		stall = 10 * time.Minute
 	}
-	g := &Group{Transport: "mlx"}
+	g := &Group{Transport: "mlx", Whole: whole}
 	g.Join = func() (engine.Carrier, error) {
 		if addrs != nil {
 			path, err := mlx.WriteRingHostfile(addrs)
@@ -102,6 +89,44 @@ func (m *mlxCarrier) Recv(shape []int, dt engine.DType) engine.Array {
 	return m.c.Recv(shape, dt, m.prev)
 }
 func (m *mlxCarrier) Send(x engine.Array) engine.Array { return m.c.Send(x, m.next) }
+
+// ringPlan is where the stage's rank of MLX's ring comes from: hostfile
+// (MLX_HOSTFILE, with rank its MLX_RANK), which must name this stage's
+// rank and list every stage (whole: the supervisor writes one for a
+// pipeline whose stages all run MLX alone, any number of them); without
+// it, for two stages, the addresses of the hostfile to write (write, from
+// Listen and Next). why says why the stage cannot offer the ring.
+func ringPlan(p MLXPlan, hostfile, rank string) (write []string, whole bool, why string) {
+	if hostfile != "" {
+		if rank != strconv.Itoa(p.Stage) {
+			return nil, false, fmt.Sprintf("MLX_HOSTFILE is set with MLX_RANK %q, not this stage's index %d", rank, p.Stage)
+		}
+		b, err := os.ReadFile(hostfile)
+		if err != nil {
+			return nil, false, fmt.Sprintf("MLX_HOSTFILE: %v", err)
+		}
+		var hosts [][]string
+		if err := json.Unmarshal(b, &hosts); err != nil {
+			return nil, false, fmt.Sprintf("MLX_HOSTFILE %s: not MLX's ring hostfile (a JSON list of each rank's addresses): %v", hostfile, err)
+		}
+		if len(hosts) != p.Stages {
+			return nil, false, fmt.Sprintf("MLX_HOSTFILE %s lists %d ranks; this pipeline has %d stages", hostfile, len(hosts), p.Stages)
+		}
+		return nil, true, ""
+	}
+	if p.Stages != 2 {
+		return nil, false, fmt.Sprintf("%d stages need MLX_HOSTFILE and MLX_RANK (the supervisor writes them where every stage runs MLX; a runner writes its own for two stages only)", p.Stages)
+	}
+	own, err1 := ringAddr(p.Listen)
+	next, err2 := ringAddr(p.Next)
+	if err1 != nil || err2 != nil {
+		return nil, false, fmt.Sprintf("no ring address from --stage-listen %q / --stage-next %q: %v", p.Listen, p.Next, firstErr(err1, err2))
+	}
+	if p.Stage == 1 {
+		return []string{next, own}, false, ""
+	}
+	return []string{own, next}, false, ""
+}
 
 // ringAddr is a stage link address's MLX ring address (port + 1).
 func ringAddr(addr string) (string, error) {

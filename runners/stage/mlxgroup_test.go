@@ -1,7 +1,10 @@
 package stage
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -59,13 +62,76 @@ func TestMLXGroupPlan(t *testing.T) {
 	if g, why := MLXGroup(b, three); g != nil || !strings.Contains(why, "MLX_HOSTFILE") {
 		t.Errorf("three stages without MLX_HOSTFILE: %v, %q", g, why)
 	}
-	t.Setenv("MLX_HOSTFILE", "/nonexistent/hosts.json")
+	hf := filepath.Join(t.TempDir(), "hosts.json")
+	if err := os.WriteFile(hf, []byte(`[["127.0.0.1:8004"],["127.0.0.1:8014"],["127.0.0.1:8024"]]`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MLX_HOSTFILE", hf)
 	t.Setenv("MLX_RANK", "2")
 	if g, why := MLXGroup(b, three); g != nil || !strings.Contains(why, "MLX_RANK") {
 		t.Errorf("MLX_RANK of another stage: %v, %q", g, why)
 	}
 	t.Setenv("MLX_RANK", "1")
-	if g, why := MLXGroup(b, three); g == nil {
-		t.Errorf("three stages with MLX_HOSTFILE and this MLX_RANK: no group (%q)", why)
+	if g, why := MLXGroup(b, three); g == nil || !g.Whole {
+		t.Errorf("three stages with MLX_HOSTFILE and this MLX_RANK: no whole group (%v, %q)", g, why)
+	}
+}
+
+// TestRingPlan: where a stage's rank of MLX's ring comes from. The
+// supervisor's hostfile (MLX_HOSTFILE with this stage's MLX_RANK, listing
+// every stage) serves any number of stages and marks the group whole;
+// without it only two stages write their own; a hostfile of another
+// rank, another length, or not a hostfile keeps the stage on the link,
+// saying why.
+func TestRingPlan(t *testing.T) {
+	dir := t.TempDir()
+	file := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	ranks := func(n int) string {
+		s := "["
+		for i := range n {
+			if i > 0 {
+				s += ","
+			}
+			s += fmt.Sprintf(`["10.0.0.%d:52504"]`, i+1)
+		}
+		return s + "]"
+	}
+	three, four, five := file("3.json", ranks(3)), file("4.json", ranks(4)), file("5.json", ranks(5))
+	garbage := file("bad.json", `{"hosts": 1}`)
+	plan := func(stage, stages int) MLXPlan {
+		return MLXPlan{Stage: stage, Stages: stages, Listen: "127.0.0.1:8003", Next: "127.0.0.2:8003"}
+	}
+	for _, tc := range []struct {
+		name           string
+		p              MLXPlan
+		hostfile, rank string
+		write          []string
+		whole          bool
+		why            string // "" = offers the ring
+	}{
+		{"2 stages write their own (stage 0)", plan(0, 2), "", "", []string{"127.0.0.1:8004", "127.0.0.2:8004"}, false, ""},
+		{"2 stages write their own (stage 1)", plan(1, 2), "", "", []string{"127.0.0.2:8004", "127.0.0.1:8004"}, false, ""},
+		{"3 stages without a hostfile", plan(1, 3), "", "", nil, false, "3 stages need MLX_HOSTFILE"},
+		{"4 stages without a hostfile", plan(3, 4), "", "", nil, false, "4 stages need MLX_HOSTFILE"},
+		{"3 stages, the supervisor's hostfile", plan(2, 3), three, "2", nil, true, ""},
+		{"4 stages, the supervisor's hostfile", plan(1, 4), four, "1", nil, true, ""},
+		{"5 stages, the supervisor's hostfile", plan(4, 5), five, "4", nil, true, ""},
+		{"2 stages, a hostfile of 3", plan(0, 2), three, "0", nil, false, "lists 3 ranks; this pipeline has 2 stages"},
+		{"another stage's rank", plan(1, 4), four, "2", nil, false, `MLX_RANK "2", not this stage's index 1`},
+		{"no MLX_RANK", plan(0, 3), three, "", nil, false, `MLX_RANK ""`},
+		{"a missing hostfile", plan(0, 3), filepath.Join(dir, "none.json"), "0", nil, false, "MLX_HOSTFILE: open"},
+		{"not a hostfile", plan(0, 3), garbage, "0", nil, false, "not MLX's ring hostfile"},
+		{"no ring port", MLXPlan{Stage: 0, Stages: 2, Listen: "127.0.0.1:65535", Next: "127.0.0.2:8003"}, "", "", nil, false, "--stage-listen"},
+	} {
+		write, whole, why := ringPlan(tc.p, tc.hostfile, tc.rank)
+		if !slices.Equal(write, tc.write) || whole != tc.whole || (tc.why == "") != (why == "") || !strings.Contains(why, tc.why) {
+			t.Errorf("%s: write %v whole %v why %q; want %v %v %q", tc.name, write, whole, why, tc.write, tc.whole, tc.why)
+		}
 	}
 }

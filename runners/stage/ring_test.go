@@ -69,6 +69,7 @@ type pipeOpts struct {
 	// in-process stand-in for MLX's ring), except stage noGroup (> 0).
 	group   bool
 	noGroup int
+	whole   bool       // the Groups are Whole (the supervisor's hostfile)
 	lost    chan error // told each stage's OnLost
 	// health, when set, is each stage's own condition (its tensor
 	// group's Health; nil entries: none).
@@ -133,7 +134,7 @@ func newPipeline(t testing.TB, dir string, cuts []int, po pipeOpts) *pipeline {
 			}
 			b := models[i].Backend()
 			c := &chanCarrier{b: b, out: pipes[i], in: pipes[(i+N-1)%N]}
-			groups[i] = &stage.Group{Transport: "chan", Join: func() (engine.Carrier, error) { return c, nil },
+			groups[i] = &stage.Group{Transport: "chan", Whole: po.whole, Join: func() (engine.Carrier, error) { return c, nil },
 				OnLost: func(err error) {
 					if po.lost != nil {
 						po.lost <- err

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
@@ -73,6 +74,48 @@ type Runner struct {
 	// TensorRDMA is a JACCL group's RDMA device matrix (--tensor-rdma,
 	// JSON, rank order, null on the diagonal; "" = MLX's ring).
 	TensorRDMA string `json:"tensor_rdma,omitempty"`
+	// RingHostfile is MLX's ring hostfile (JSON, one ["IP:PORT"] per
+	// rank: each stage host's address at its stage link port + 1) of a
+	// decode pipeline whose stages are all on MLX hosts, one runner per
+	// stage; "" otherwise. The supervisor writes it to a file and starts
+	// the runner with MLX_HOSTFILE naming it and MLX_RANK = RingRank (its
+	// stage index). Every supervisor computes it from the same file.
+	RingHostfile string `json:"ring_hostfile,omitempty"`
+	RingRank     int    `json:"ring_rank,omitempty"`
+}
+
+// Env is what the runner's environment adds for its MLX ring (hostfile:
+// the path RingHostfile was written to): MLX_HOSTFILE and MLX_RANK, or
+// nil without a ring.
+func (r Runner) Env(hostfile string) []string {
+	if r.RingHostfile == "" {
+		return nil
+	}
+	return []string{"MLX_HOSTFILE=" + hostfile, "MLX_RANK=" + strconv.Itoa(r.RingRank)}
+}
+
+// ringHostfile is MLX's ring hostfile for a decode pipeline group's
+// stages on port (each stage's link port; its ring takes port + 1), or
+// "" unless every stage is one MLX runner (a tensor stage's process joins
+// its ranks' group, and a cpu stage has no distributed engine: those
+// stages keep the hidden states on the stage link).
+func (c *Config) ringHostfile(stages []Stage, ranks, port int) string {
+	if ranks != 1 || len(stages) < 2 {
+		return ""
+	}
+	hosts := make([][]string, len(stages))
+	for i, st := range stages {
+		h := c.Hosts[st.Host]
+		if h == nil || h.Backend == CPU {
+			return ""
+		}
+		hosts[i] = []string{net.JoinHostPort(h.Address, strconv.Itoa(port+1))}
+	}
+	b, err := json.Marshal(hosts)
+	if err != nil {
+		return ""
+	}
+	return string(b)
 }
 
 // Stage is one pipeline stage: the host and its layer range [Start, End)
@@ -281,7 +324,8 @@ func (r Runner) Args() []string {
 
 // Equal reports whether two runner specs describe the same process.
 func (r Runner) Equal(o Runner) bool {
-	return r.Name == o.Name && r.Host == o.Host && r.Group == o.Group && slices.Equal(r.Args(), o.Args())
+	return r.Name == o.Name && r.Host == o.Host && r.Group == o.Group && slices.Equal(r.Args(), o.Args()) &&
+		r.RingHostfile == o.RingHostfile && r.RingRank == o.RingRank
 }
 
 // LogValue makes runners log as their name, role, model and address.
@@ -369,6 +413,10 @@ func (c *Config) AllRunners() []Runner {
 			}
 		}
 		addGroup = func(role string, r *Role, g int, hosts []string, stages []Stage, peers []string) {
+			var ring string
+			if role == Decode && stages != nil {
+				ring = c.ringHostfile(stages, r.StageRanks(), c.StageLinkPort(mi))
+			}
 			for si, hn := range hosts {
 				h := c.Hosts[hn]
 				be, dev := runnerBackend(h.Backend)
@@ -396,6 +444,9 @@ func (c *Config) AllRunners() []Runner {
 						ru.StageNext = net.JoinHostPort(next.Address, strconv.Itoa(port))
 					}
 					ru.Group = groupString(stages)
+					if ring != "" {
+						ru.RingHostfile, ru.RingRank = ring, s
+					}
 					if M > 1 {
 						ranks := hosts[s*M : (s+1)*M]
 						ru.Name += fmt.Sprintf("-rank%d", j)

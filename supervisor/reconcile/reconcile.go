@@ -8,9 +8,13 @@ package reconcile
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -25,6 +29,11 @@ type Options struct {
 	// ExtraEnv is appended to the supervisor's environment (minus the
 	// systemd variables meant for the supervisor alone).
 	ExtraEnv []string
+	// StateDir is where the runners' files are written (a decode
+	// pipeline stage's MLX ring hostfile, MLX_HOSTFILE); "" =
+	// $STATE_DIRECTORY/runners under systemd, else
+	// $TMPDIR/exo-runners-<uid>.
+	StateDir string
 	// Process is the template for every runner's process options
 	// (policy, grace, logger); OnChange and Restarts are set per runner.
 	Process  process.Options
@@ -59,10 +68,21 @@ func New(o Options) *Set {
 		switch k {
 		case "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES":
 			continue
+		case "MLX_HOSTFILE", "MLX_RANK":
+			// One process's place in one MLX group: never right for
+			// every runner (a stage runner gets its own, Runner.Env).
+			continue
 		}
 		env = append(env, kv)
 	}
 	env = append(env, o.ExtraEnv...)
+	if o.StateDir == "" {
+		if d := os.Getenv("STATE_DIRECTORY"); d != "" {
+			o.StateDir = filepath.Join(d, "runners")
+		} else {
+			o.StateDir = filepath.Join(os.TempDir(), "exo-runners-"+strconv.Itoa(os.Getuid()))
+		}
+	}
 	return &Set{o: o, env: env, running: map[string]*entry{}, restarts: map[string]int{}}
 }
 
@@ -118,16 +138,59 @@ func (s *Set) start(r config.Runner) *process.Runner {
 	po := s.o.Process
 	po.Restarts = s.restarts[r.Name]
 	po.OnChange = s.o.OnChange
-	return process.Start(process.Spec{
+	return process.Start(s.spec(r), po)
+}
+
+// spec is r's process: its command line, and the supervisor's environment
+// with r's MLX ring (its hostfile written into the state dir).
+func (s *Set) spec(r config.Runner) process.Spec {
+	env := s.env
+	if r.RingHostfile != "" {
+		path, err := s.writeHostfile(r)
+		if err != nil {
+			// The stages then keep their hidden states on the stage link
+			// (the runner logs why).
+			s.logger().Error("runner's MLX ring hostfile not written: its stages stay on the stage link", "runner", r.Name, "err", err)
+		} else {
+			env = append(slices.Clip(env), r.Env(path)...)
+		}
+	}
+	return process.Spec{
 		Name:      r.Name,
 		Path:      s.o.Executable,
 		Args:      r.Args(),
-		Env:       s.env,
+		Env:       env,
 		HealthURL: "http://" + r.HealthAddr() + "/health",
 		// exo runners echo --instance in /health: a runner is ready only
 		// if the process answering is the one this supervisor started.
 		InstanceFlag: "--instance",
-	}, po)
+	}
+}
+
+// writeHostfile writes r's MLX ring hostfile into the state dir
+// (<host>-<runner>.mlx-ring.json: two supervisors of one test machine
+// do not share it) and returns its path.
+func (s *Set) writeHostfile(r config.Runner) (string, error) {
+	if err := os.MkdirAll(s.o.StateDir, 0o700); err != nil {
+		return "", fmt.Errorf("state dir: %w", err)
+	}
+	path := filepath.Join(s.o.StateDir, r.Host+"-"+r.Name+".mlx-ring.json")
+	tmp, err := os.CreateTemp(s.o.StateDir, ".mlx-ring-*")
+	if err != nil {
+		return "", fmt.Errorf("MLX ring hostfile: %w", err)
+	}
+	_, err = tmp.WriteString(r.RingHostfile)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("MLX ring hostfile %s: %w", path, err)
+	}
+	return path, nil
 }
 
 // Runners returns every running runner's spec and state, sorted by name.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -125,4 +126,43 @@ func syscallGone(pid int) error {
 		return nil
 	}
 	return fmt.Errorf("pid %d still running", pid)
+}
+
+// TestSpecRingHostfile: a stage runner with an MLX ring starts with
+// MLX_HOSTFILE naming the hostfile written into the state dir and MLX_RANK
+// its stage; other runners get neither, even when the supervisor's own
+// environment has them.
+func TestSpecRingHostfile(t *testing.T) {
+	t.Setenv("MLX_HOSTFILE", "/elsewhere.json")
+	t.Setenv("MLX_RANK", "7")
+	dir := t.TempDir()
+	s := New(Options{Executable: os.Args[0], StateDir: dir})
+	const hf = `[["10.0.0.1:52504"],["10.0.0.2:52504"],["10.0.0.3:52504"]]`
+	ring := config.Runner{Name: "m-decode-stage1", Host: "b", Role: config.Decode, Listen: "127.0.0.1:1", RingHostfile: hf, RingRank: 1}
+	env := s.spec(ring).Env
+	path := filepath.Join(dir, "b-m-decode-stage1.mlx-ring.json")
+	if got := envOf(env, "MLX_HOSTFILE"); got != path {
+		t.Errorf("MLX_HOSTFILE %q, want %q", got, path)
+	}
+	if got := envOf(env, "MLX_RANK"); got != "1" {
+		t.Errorf("MLX_RANK %q, want 1", got)
+	}
+	if b, err := os.ReadFile(path); err != nil || string(b) != hf {
+		t.Errorf("hostfile %q (%v), want %q", b, err, hf)
+	}
+	plain := config.Runner{Name: "m-decode", Host: "b", Role: config.Decode, Listen: "127.0.0.1:1"}
+	if env := s.spec(plain).Env; envOf(env, "MLX_HOSTFILE") != "" || envOf(env, "MLX_RANK") != "" {
+		t.Errorf("a runner without a ring has MLX_HOSTFILE %q MLX_RANK %q", envOf(env, "MLX_HOSTFILE"), envOf(env, "MLX_RANK"))
+	}
+}
+
+// envOf is the value exec gives key in env (the last one wins).
+func envOf(env []string, key string) string {
+	v := ""
+	for _, kv := range env {
+		if k, x, _ := strings.Cut(kv, "="); k == key {
+			v = x
+		}
+	}
+	return v
 }
