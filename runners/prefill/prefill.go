@@ -74,6 +74,7 @@ type Producer struct {
 	waiters []*waiter                     // requests on a later stage waiting for a computation (await)
 	claims  map[*kvwire.Request]*follower // registered by Follow, claimed by Produce
 	changed chan struct{}                 // closed (and replaced) when a job opens or ends
+	mark    uint64                        // the highest mark OpenMarked opened (stagehook.go)
 }
 
 // New makes a Producer.

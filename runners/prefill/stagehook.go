@@ -81,6 +81,30 @@ func (p *Producer) Open(tokens []int32, limit int) *Computation {
 	return &Computation{p: p, j: p.openLocked(tokens, 0, 0, limit), tokens: tokens, limit: limit}
 }
 
+// OpenMarked is Open for a stage hook that numbers the computations it
+// opens (mark, increasing in the order it opens them): p remembers the
+// highest mark in the same step as it opens the computation, and a
+// request that registers as waiting for its prompt later names that mark
+// in its Want (MarkedWanter), so that the stage computing upstream can
+// tell a computation this request will follow (a mark above it) from one
+// it will not. A tensor prefill group's follower opens rank 0's
+// computations so.
+func (p *Producer) OpenMarked(tokens []int32, limit int, mark uint64) *Computation {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.mark = max(p.mark, mark)
+	return &Computation{p: p, j: p.openLocked(tokens, 0, 0, limit), tokens: tokens, limit: limit}
+}
+
+// MarkedWanter is a StageHook whose Wants name the highest mark
+// (OpenMarked) p had opened when the asking request registered as waiting
+// for a computation of its prompt: every computation with a higher mark
+// opened after that, and the request follows the first of them. A hook
+// that implements it gets WantMarked instead of Want.
+type MarkedWanter interface {
+	WantMarked(prompt []int32, from int, seen uint64) error
+}
+
 // Run computes c with compute, as Drive does.
 func (c *Computation) Run(ctx context.Context, compute ComputeFunc) error {
 	_, _, err := c.p.run(ctx, c.tokens, 0, 0, nil, c.limit, compute, c.j)
@@ -155,6 +179,7 @@ type waiter struct {
 func (p *Producer) await(ctx context.Context, req *kvwire.Request, pl *plan) (f *follower, err error) {
 	end := len(req.Tokens) - 1
 	var w *waiter
+	var seen uint64 // p.mark when w registered
 	defer func() {
 		if w == nil {
 			return
@@ -204,7 +229,7 @@ func (p *Producer) await(ctx context.Context, req *kvwire.Request, pl *plan) (f 
 		if w == nil && !ending {
 			w = &waiter{tokens: req.Tokens, pl: pl, start: req.StartPos, got: make(chan *follower, 1)}
 			p.waiters = append(p.waiters, w)
-			ask = true
+			ask, seen = true, p.mark
 		}
 		changed := p.changed
 		p.mu.Unlock()
@@ -214,7 +239,13 @@ func (p *Producer) await(ctx context.Context, req *kvwire.Request, pl *plan) (f 
 		if ask {
 			// Asked after registering: a computation that begins from
 			// now on takes this request, however soon it ends.
-			if err := p.pipe.Want(req.Tokens, have); err != nil {
+			var err error
+			if mw, ok := p.pipe.(MarkedWanter); ok {
+				err = mw.WantMarked(req.Tokens, have, seen)
+			} else {
+				err = p.pipe.Want(req.Tokens, have)
+			}
+			if err != nil {
 				return nil, fmt.Errorf("%w: %v", kvwire.ErrRemoteInternal, err)
 			}
 		}

@@ -3,6 +3,7 @@ package tensor
 import (
 	"bytes"
 	"io"
+	"math"
 	"net"
 	"reflect"
 	"testing"
@@ -85,17 +86,18 @@ func (c nopConn) SetWriteDeadline(time.Time) error { return nil }
 // FuzzWant: a prefill rank's Want that decodes re-encodes to its bytes
 // (at least two tokens, from inside them), and no input panics.
 func FuzzWant(f *testing.F) {
-	f.Add(encodeWant([]int32{1, 2, 3}, 1))
-	f.Add(encodeWant([]int32{1}, 0))
+	f.Add(encodeWant([]int32{1, 2, 3}, 1, 7))
+	f.Add(encodeWant([]int32{1}, 0, 0))
+	f.Add(encodeWant([]int32{4, 5}, 0, math.MaxUint64))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		tokens, from, err := decodeWant(b)
+		tokens, from, seen, err := decodeWant(b)
 		if err != nil {
 			return
 		}
 		if len(tokens) < 2 || from < 0 || from >= len(tokens) {
 			t.Fatalf("decoded %d tokens from %d", len(tokens), from)
 		}
-		if got := encodeWant(tokens, from); !bytes.Equal(got, b) {
+		if got := encodeWant(tokens, from, seen); !bytes.Equal(got, b) {
 			t.Fatalf("re-encoded %x, decoded from %x", got, b)
 		}
 	})

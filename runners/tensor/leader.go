@@ -76,7 +76,7 @@ type Leader struct {
 	lost    chan struct{} // closed when a non-rejoinable group breaks
 	lostOne sync.Once
 	// want, when set, gets a prefill follower's Want (prefill.go).
-	want func(rank int, tokens []int32, from int)
+	want func(rank int, tokens []int32, from int, seen uint64)
 }
 
 // peer is one follower's link and its reader.
@@ -229,7 +229,7 @@ func (g *Leader) readLoop(p *peer) {
 			return
 		}
 		if typ == frameWant {
-			tokens, from, err := decodeWant(payload)
+			tokens, from, seen, err := decodeWant(payload)
 			g.mu.Lock()
 			w := g.want
 			if err != nil && g.peers[p.rank] == p {
@@ -243,7 +243,7 @@ func (g *Leader) readLoop(p *peer) {
 				g.log.Warn("tensor: a Want from a rank of a group that is not a prefill group: ignored", "rank", p.rank)
 				continue
 			}
-			go w(p.rank, tokens, from)
+			go w(p.rank, tokens, from, seen)
 			continue
 		}
 		select {

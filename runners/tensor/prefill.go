@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"slices"
+	"sync"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/prefill"
@@ -68,7 +71,22 @@ type leadHook struct {
 	m   *engine.Model
 	ctx context.Context
 	log *slog.Logger
+
+	mu     sync.Mutex
+	recent []begun // the last keepBegun computations every follower began
 }
+
+// begun is a computation every follower began (and so opened): its id,
+// prompt and first position.
+type begun struct {
+	id     uint64
+	tokens []int32
+	from   int
+}
+
+// keepBegun is how many begun computations rank 0 remembers for the
+// Wants that arrive after the computation they meet ended.
+const keepBegun = 256
 
 func (h *leadHook) Later() bool   { return false }
 func (h *leadHook) Up() bool      { return h.g.Health() == nil }
@@ -79,17 +97,31 @@ func (h *leadHook) Want([]int32, int) error { return nil }
 
 // wanted is rank 0's answer to a follower's Want: compute tokens from at
 // most from (the follower's cached prefix), unless a computation of them
-// from there is running.
-func (h *leadHook) wanted(rank int, tokens []int32, from int) {
+// from there is running, or one the follower had not opened when its
+// request registered (an id above seen) began on every rank — the
+// request follows that one, however soon it ended, and a Want read after
+// it ended is stale.
+func (h *leadHook) wanted(rank int, tokens []int32, from int, seen uint64) {
 	if len(tokens) < 2 || from >= len(tokens) || outsideVocab(tokens, h.m.Info().Vocab) {
 		h.log.Warn("tensor prefill: a rank's Want names tokens outside the model", "rank", rank, "tokens", len(tokens), "from", from)
 		return
 	}
-	if h.p.Computing(tokens, from) {
-		return
+	passed := func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return slices.ContainsFunc(h.recent, func(b begun) bool {
+			return b.id > seen && b.from <= from && slices.Equal(b.tokens, tokens)
+		})
 	}
-	if err := h.p.Drive(h.ctx, tokens, from, h.Compute); err != nil {
+	// Following a running computation or opening one is one step on the
+	// Producer: a request for the prompt on rank 0 that arrives meanwhile
+	// follows this one, or this Want is answered by the request's.
+	computed, err := h.p.DriveUnless(h.ctx, tokens, from, h.Compute, passed)
+	if err != nil {
 		h.log.Warn("tensor prefill: a computation rank asked for failed", "rank", rank, "tokens", len(tokens), "err", err)
+	}
+	if !computed {
+		h.log.Debug("tensor prefill: a rank's Want is answered by a computation running or begun since", "rank", rank, "tokens", len(tokens), "from", from)
 	}
 }
 
@@ -102,11 +134,25 @@ func outsideVocab(tokens []int32, vocab int) bool {
 	return false
 }
 
-// begin starts computation id of prompt from from on every follower.
-func (h *leadHook) begin(ctx context.Context, id uint64, prompt []int32, from int) error {
+// begin starts a computation of prompt from from on every follower and
+// returns its id. Ids are taken in the order the Begins go out, so a
+// follower opens them in increasing order (its Wants' seen).
+func (h *leadHook) begin(ctx context.Context, prompt []int32, from int) (uint64, error) {
 	h.g.callMu.Lock()
 	defer h.g.callMu.Unlock()
-	return h.g.call(ctx, &call{op: opBegin, ids: []uint64{id}, n: from, tokens: prompt}, true, func(context.Context) error { return nil })
+	id := h.g.nextID.Add(1)
+	err := h.g.call(ctx, &call{op: opBegin, ids: []uint64{id}, n: from, tokens: prompt}, true, func(context.Context) error { return nil })
+	if err == nil {
+		// Before the computation can end (rank 0's job closes after
+		// Compute returns): a Want that finds it closed finds it here.
+		h.mu.Lock()
+		h.recent = append(h.recent, begun{id: id, tokens: prompt, from: from})
+		if len(h.recent) > keepBegun {
+			h.recent = slices.Delete(h.recent, 0, len(h.recent)-keepBegun)
+		}
+		h.mu.Unlock()
+	}
+	return id, err
 }
 
 // end ends computation id on every follower (abort: it failed). A broken
@@ -126,9 +172,9 @@ func (h *leadHook) end(id uint64, abort bool) {
 // onChunk after each.
 func (h *leadHook) Compute(ctx context.Context, c engine.KVCache, prompt []int32, from, end int, onChunk func(start, n int) error) (err error) {
 	prompt = prompt[:end+1]
-	id := h.g.nextID.Add(1)
 	first := from // where the computation starts on every rank
-	if err := h.begin(ctx, id, prompt, from); err != nil {
+	id, err := h.begin(ctx, prompt, from)
+	if err != nil {
 		h.end(id, true)
 		if !errors.Is(err, ErrRank) || ctx.Err() != nil {
 			return err
@@ -138,8 +184,7 @@ func (h *leadHook) Compute(ctx context.Context, c engine.KVCache, prompt []int32
 		h.log.Info("tensor prefill: a rank's prefix cache differs from rank 0's: computing the prompt from position 0 on every rank", "from", from, "err", err)
 		c.Truncate(0)
 		first = 0
-		id = h.g.nextID.Add(1)
-		if err := h.begin(ctx, id, prompt, 0); err != nil {
+		if id, err = h.begin(ctx, prompt, 0); err != nil {
 			h.end(id, true)
 			return err
 		}
@@ -196,38 +241,49 @@ func (h followHook) Compute(context.Context, engine.KVCache, []int32, int, int, 
 	return fmt.Errorf("tensor prefill rank %d computes only what rank 0 drives", h.f.rank)
 }
 
-// Want sends rank 0 a Want for tokens from at most from.
+// Want sends rank 0 a Want for tokens from at most from that names no
+// computation as seen (rank 0 computes unless one is running). The
+// Producer calls WantMarked instead.
 func (h followHook) Want(tokens []int32, from int) error {
+	return h.WantMarked(tokens, from, math.MaxUint64)
+}
+
+// WantMarked implements prefill.MarkedWanter: it sends rank 0 a Want for
+// tokens from at most from, naming seen, the highest computation id this
+// rank had opened when the asking request registered.
+func (h followHook) WantMarked(tokens []int32, from int, seen uint64) error {
 	h.f.mu.Lock()
 	l := h.f.live
 	h.f.mu.Unlock()
 	if l == nil {
 		return fmt.Errorf("%w: rank %d is not linked to rank 0", ErrGroup, h.f.rank)
 	}
-	return l.write(frameWant, encodeWant(tokens, from))
+	return l.write(frameWant, encodeWant(tokens, from, seen))
 }
 
-// want = from u32 | n u32 | tokens i32[n]
-func encodeWant(tokens []int32, from int) []byte {
-	b := binary.LittleEndian.AppendUint32(nil, uint32(from))
+// want = seen u64 | from u32 | n u32 | tokens i32[n]
+func encodeWant(tokens []int32, from int, seen uint64) []byte {
+	b := binary.LittleEndian.AppendUint64(nil, seen)
+	b = binary.LittleEndian.AppendUint32(b, uint32(from))
 	return appendTokens(b, tokens)
 }
 
-func decodeWant(b []byte) (tokens []int32, from int, err error) {
+func decodeWant(b []byte) (tokens []int32, from int, seen uint64, err error) {
 	r := &reader{b: b}
+	seen = r.u64()
 	from = int(r.u32())
 	n := r.u32()
 	if n < 2 || n > maxCallTokens || uint32(from) >= n {
-		return nil, 0, fmt.Errorf("%w: a Want of %d tokens from %d", ErrLink, n, from)
+		return nil, 0, 0, fmt.Errorf("%w: a Want of %d tokens from %d", ErrLink, n, from)
 	}
 	tokens = r.tokens(int(n))
 	if r.err == nil && len(r.b) != 0 {
 		r.err = fmt.Errorf("%d trailing bytes", len(r.b))
 	}
 	if r.err != nil {
-		return nil, 0, fmt.Errorf("%w: a Want: %w", ErrLink, r.err)
+		return nil, 0, 0, fmt.Errorf("%w: a Want: %w", ErrLink, r.err)
 	}
-	return tokens, from, nil
+	return tokens, from, seen, nil
 }
 
 // drive is one computation rank 0 drives on a follower: a goroutine in
@@ -263,9 +319,13 @@ func (f *Follower) begin(ctx context.Context, m *engine.Model, id uint64, tokens
 	d := &drive{in: make(chan driveMsg), ready: make(chan error, 1), computed: make(chan error, 1),
 		done: make(chan struct{}), abort: make(chan struct{})}
 	f.drives[id] = d
+	// Opened here, marked with its id, before the ack: a request that
+	// registers as waiting for the prompt from now on follows it, and one
+	// that registered before names a lower id in its Want.
+	c := f.pre.OpenMarked(tokens, from, id)
 	go func() {
 		defer close(d.done)
-		d.err = f.pre.Drive(ctx, tokens, from, func(ctx context.Context, c engine.KVCache, prompt []int32, got, end int, onChunk func(int, int) error) error {
+		d.err = c.Run(ctx, func(ctx context.Context, c engine.KVCache, prompt []int32, got, end int, onChunk func(int, int) error) error {
 			if got != from {
 				err := fmt.Errorf("tensor prefill rank %d: its prefix cache gave %d of the %d positions rank 0 starts from", f.rank, got, from)
 				d.ready <- err

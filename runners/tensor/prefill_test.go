@@ -19,6 +19,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 	"github.com/exo-pd/exo-pd/runners/metrics"
 	"github.com/exo-pd/exo-pd/runners/prefill"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // prefillGroup is a tensor-parallel prefill group of goroutines: rank 0's
@@ -33,6 +34,8 @@ type prefillGroup struct {
 	addr  string
 	kv    []string // each rank's KV-wire address
 	prods []*prefill.Producer
+	mets  []*metrics.Runner // each rank's Producer's metrics
+	fols  []*Follower
 	stops []context.CancelFunc
 	done  []chan error
 }
@@ -53,8 +56,8 @@ func serveKV(t *testing.T, ctx context.Context, p *prefill.Producer) string {
 	return l.Addr().String()
 }
 
-func newProducer(m *engine.Model) *prefill.Producer {
-	return prefill.New(prefill.Options{Name: "m", Model: m, Chunk: testChunk, CacheBlock: testChunk, Metrics: metrics.New("prefill")})
+func newProducer(m *engine.Model, met *metrics.Runner) *prefill.Producer {
+	return prefill.New(prefill.Options{Name: "m", Model: m, Chunk: testChunk, CacheBlock: testChunk, Metrics: met})
 }
 
 func startPrefillGroup(t *testing.T, path string, n int) *prefillGroup {
@@ -71,7 +74,7 @@ func startPrefillGroup(t *testing.T, path string, n int) *prefillGroup {
 	served := make(chan error, 1)
 	go func() { served <- g.Serve(ctx, l) }()
 	pg := &prefillGroup{t: t, path: path, n: n, g: g, addr: l.Addr().String(), kv: make([]string, n),
-		prods: make([]*prefill.Producer, n), stops: make([]context.CancelFunc, n), done: make([]chan error, n)}
+		prods: make([]*prefill.Producer, n), mets: make([]*metrics.Runner, n), fols: make([]*Follower, n), stops: make([]context.CancelFunc, n), done: make([]chan error, n)}
 	t.Cleanup(func() {
 		for r := range pg.stops {
 			pg.stop(r)
@@ -85,7 +88,8 @@ func startPrefillGroup(t *testing.T, path string, n int) *prefillGroup {
 		}
 	})
 	m := load(t, path, g.Collective())
-	pg.prods[0] = newProducer(m)
+	pg.mets[0] = metrics.New("prefill")
+	pg.prods[0] = newProducer(m, pg.mets[0])
 	if err := g.PrefillLead(ctx, pg.prods[0], m, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -93,8 +97,25 @@ func startPrefillGroup(t *testing.T, path string, n int) *prefillGroup {
 	for r := 1; r < n; r++ {
 		pg.start(r)
 	}
-	testutil.Eventually(t, func() bool { return g.Health() == nil }, 30*time.Second, "the group is whole")
+	pg.whole()
 	return pg
+}
+
+// whole waits until rank 0 and every follower see the group whole (a
+// follower's requests fail while it sees its link down).
+func (pg *prefillGroup) whole() {
+	pg.t.Helper()
+	testutil.Eventually(pg.t, func() bool {
+		if pg.g.Health() != nil {
+			return false
+		}
+		for _, f := range pg.fols[1:] {
+			if f.Health() != nil {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, "the group is whole")
 }
 
 func (pg *prefillGroup) start(r int) {
@@ -106,10 +127,12 @@ func (pg *prefillGroup) start(r int) {
 	if pg.prods[r] != nil {
 		pg.prods[r].Close()
 	}
-	pg.prods[r] = newProducer(m)
+	pg.mets[r] = metrics.New("prefill")
+	pg.prods[r] = newProducer(m, pg.mets[r])
 	if err := f.PrefillFollow(pg.prods[r], m); err != nil {
 		pg.t.Fatal(err)
 	}
+	pg.fols[r] = f
 	ctx, cancel := context.WithCancel(context.Background())
 	pg.kv[r] = serveKV(pg.t, ctx, pg.prods[r])
 	done := make(chan error, 1)
@@ -272,8 +295,91 @@ func TestTensorPrefillHeads(t *testing.T) {
 		t.Fatal("rank 0 computed a new prompt without its group")
 	}
 	pg.start(1)
-	testutil.Eventually(t, func() bool { return pg.g.Health() == nil }, 30*time.Second, "the group is whole again")
+	pg.whole()
 	both("after rank 1 restarted", prompt, 0)
+}
+
+// computed is how many prompt tokens the Producer whose metrics are met
+// has computed.
+func computed(t *testing.T, met *metrics.Runner) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := met.PrefillTokens.WithLabelValues("prefill").Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// TestTensorPrefillWantMeetsRequest: a request on rank 0 and one on the
+// follower (whose Want asks rank 0 for a computation) for the same new
+// prompt, at once: every rank computes each token of the prompt exactly
+// once, whichever of the Want and rank 0's request comes first — rank 0
+// follows a computation of the prompt running now or opens one in one
+// step, and a Want that comes after a computation its request follows
+// began is not answered again — and both requests get their heads of a
+// whole model's prefill. Prompts of one chunk and of several; every other
+// round a Want is also handed to rank 0 directly, as its link reader
+// does, so that a Want races rank 0's request from the start.
+func TestTensorPrefillWantMeetsRequest(t *testing.T) {
+	path := t.TempDir()
+	if err := testmodel.Write(path, testmodel.Spec{Arch: "llama", Seed: 6, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 8, MaxPositions: 256}); err != nil {
+		t.Fatal(err)
+	}
+	whole := load(t, path, nil)
+	pg := startPrefillGroup(t, path, 2)
+	ctx := t.Context()
+	for round := range 6 {
+		// end a whole number of cache blocks: a request that comes after
+		// the computation ended reads the prompt from the prefix cache.
+		prompt := make([]int32, []int{1, 2, 3}[round%3]*testChunk+1)
+		for i := range prompt {
+			prompt[i] = int32(7 + (i*41+round*13)%300)
+		}
+		end := len(prompt) - 1
+		ref := whole.NewCache()
+		if err := whole.Prefill(ctx, ref, prompt[:end], testChunk, nil); err != nil {
+			t.Fatal(err)
+		}
+		before := []float64{computed(t, pg.mets[0]), computed(t, pg.mets[1])}
+		var wg sync.WaitGroup
+		sinks, errs := make([]*headSink, 2), make([]error, 2)
+		for r := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sinks[r], errs[r] = fetchHeads(ctx, whole, pg.kv[r], prompt, 0, r, r+1)
+			}()
+		}
+		if round%2 == 1 {
+			// Rank 1's Want as rank 0's link reader hands it on, naming
+			// every computation begun so far as seen, beside the two
+			// requests (rank 1's own Want may come too).
+			pg.g.mu.Lock()
+			want := pg.g.want
+			pg.g.mu.Unlock()
+			seen := pg.g.nextID.Load()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				want(1, prompt, 0, seen)
+			}()
+		}
+		wg.Wait()
+		// A rank counts its computed tokens when its computation ends,
+		// which may be after the requests following it were served.
+		testutil.Eventually(t, func() bool { return pg.prods[0].Idle() && pg.prods[1].Idle() }, 30*time.Second,
+			fmt.Sprintf("round %d: the ranks' computations end", round))
+		for r := range 2 {
+			if errs[r] != nil {
+				t.Fatalf("round %d: rank %d: %v", round, r, errs[r])
+			}
+			checkHeads(t, fmt.Sprintf("round %d, rank %d", round, r), sinks[r], ref, 2, 0, end, r, r+1)
+			if c := computed(t, pg.mets[r]) - before[r]; c != float64(end) {
+				t.Fatalf("round %d: rank %d computed %v tokens of a new %d-token prompt, want %d (each once)", round, r, c, len(prompt), end)
+			}
+		}
+		ref.Free()
+	}
 }
 
 // TestTensorPrefillIntoDecodeShares: a decode cache is filled from the
