@@ -133,7 +133,7 @@ func (r *KVRemote) headFill(ctx context.Context, reqID string, prompt []int32, s
 			defer wg.Done()
 			req, exp := wireRequest(r.Model, reqID, r.Name, prompt, start)
 			req.HeadStart, req.HeadEnd, exp.KVHeads = p.Start, p.End, p.End-p.Start
-			req.DType, req.Deadline, req.Streams = r.wireDType(cache), r.Deadline, r.Streams
+			req.DType, req.Deadline, req.Streams = r.wireDType(cache), fetchDeadline(r.Deadline), r.Streams
 			sink := &pieceSink{asm: asm, piece: i, heads: p.End - p.Start}
 			var last error
 			for _, addr := range p.Endpoints {

@@ -162,11 +162,12 @@ func TestSplitFillFromPrefillStages(t *testing.T) {
 	}
 }
 
-// stuckStage serves the KV wire like a prefill stage whose stages upstream
-// never compute: it sends a request's header, then nothing; it records the
+// stuckStage serves the KV wire like a prefill stage (or a tensor prefill
+// rank) whose stages upstream never compute: it sends a request's header
+// (the layers and KV heads it asks for), then nothing; it records the
 // deadline each request carried (a request whose deadline is longer than
 // a minute fails at once, so that the test need not wait for it).
-func stuckStage(t *testing.T, model *engine.Model, a, b int) (string, <-chan time.Duration) {
+func stuckStage(t *testing.T, model *engine.Model) (string, <-chan time.Duration) {
 	t.Helper()
 	got := make(chan time.Duration, 8)
 	info := model.Info()
@@ -175,7 +176,15 @@ func stuckStage(t *testing.T, model *engine.Model, a, b int) (string, <-chan tim
 		if r.Deadline > time.Minute {
 			return errors.New("a long deadline: recorded, not waited for")
 		}
-		hdr := kvwire.Header{Fingerprint: kvwire.Fingerprint(model.Fingerprint()), DType: kvwire.DTypeF32, KVHeads: info.KVHeads,
+		a, b := r.LayerStart, r.LayerEnd
+		if b == 0 {
+			a, b = 0, info.Layers
+		}
+		heads := info.KVHeads
+		if r.HasHeads() {
+			heads = r.HeadEnd - r.HeadStart
+		}
+		hdr := kvwire.Header{Fingerprint: kvwire.Fingerprint(model.Fingerprint()), DType: kvwire.DTypeF32, KVHeads: heads, FirstHead: r.HeadStart,
 			HeadDim: info.HeadDim, FirstLayer: a, Kinds: make([]kvwire.LayerKind, b-a), TokenStart: r.StartPos, TokenEnd: len(r.Tokens) - 1}
 		if err := e.Header(hdr); err != nil {
 			return err
@@ -203,8 +212,10 @@ func stuckStage(t *testing.T, model *engine.Model, a, b int) (string, <-chan tim
 // stage that sends its header and then never computes (its stages
 // upstream stuck) fails the fill with a timeout at that deadline, and the
 // cache is back at start (the decode side then prefills locally): from a
-// 2-stage prefill pipeline (KVRemote with parts) and for a decode stage's
-// own fill (StageFill).
+// 2-stage prefill pipeline (KVRemote with parts), from the ranks of a
+// tensor prefill group (head pieces: one rank's KV heads from a prefill
+// runner that computes, the other's from one that never does) and for a
+// decode stage's own fill (StageFill).
 func TestFillDeadline(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "qwen2")
 	if err := testmodel.Write(dir, testmodel.Spec{Arch: "qwen2", Seed: 5, Layers: 3, MaxPositions: 1024}); err != nil {
@@ -212,8 +223,27 @@ func TestFillDeadline(t *testing.T) {
 	}
 	addrs := prefillStages(t, dir, []int{0, 1, 3})
 	whole := load(t, dir, engine.LayerRange{})
-	stuck, seen := stuckStage(t, whole, 1, 3)
+	stuck, seen := stuckStage(t, whole)
 	_, parts, err := decode.ParsePrefillEndpoints([]string{addrs[0] + "@0:1", stuck + "@1:3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Head pieces: heads 0:1 from a prefill runner of the whole model, 1:2
+	// from the stuck one.
+	prod := prefill.New(prefill.Options{Name: "m", Model: whole, Chunk: 16, CacheBlock: 16})
+	t.Cleanup(prod.Close)
+	srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hctx, hcancel := context.WithCancel(context.Background())
+	t.Cleanup(hcancel)
+	go srv.Serve(hctx, hl)
+	_, headParts, err := decode.ParsePrefillEndpoints([]string{hl.Addr().String() + "#0:1", stuck + "#1:2"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,13 +253,17 @@ func TestFillDeadline(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name     string
+		heads    bool          // head pieces, else layer ranges
 		deadline time.Duration // KVRemote.Deadline
 		ctx      time.Duration // the fill's context (0: none)
 		lo, hi   time.Duration // the deadline the stuck stage must see
 	}{
-		{"configured", 2 * time.Second, 0, 2 * time.Second, 2 * time.Second},
-		{"from the context", 0, 2 * time.Second, time.Second, 3 * time.Second},
-		{"default", 0, 0, decode.DefaultFetchDeadline, decode.DefaultFetchDeadline},
+		{"configured", false, 2 * time.Second, 0, 2 * time.Second, 2 * time.Second},
+		{"from the context", false, 0, 2 * time.Second, time.Second, 3 * time.Second},
+		{"default", false, 0, 0, decode.DefaultFetchDeadline, decode.DefaultFetchDeadline},
+		{"head pieces, configured", true, 2 * time.Second, 0, 2 * time.Second, 2 * time.Second},
+		{"head pieces, from the context", true, 0, 2 * time.Second, time.Second, 3 * time.Second},
+		{"head pieces, default", true, 0, 0, decode.DefaultFetchDeadline, decode.DefaultFetchDeadline},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -238,7 +272,11 @@ func TestFillDeadline(t *testing.T) {
 				ctx, cancel = context.WithTimeout(ctx, tc.ctx)
 				defer cancel()
 			}
-			rem := &decode.KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{}), Name: "m", Model: whole, Parts: parts, Deadline: tc.deadline}
+			ps := parts
+			if tc.heads {
+				ps = headParts
+			}
+			rem := &decode.KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{}), Name: "m", Model: whole, Parts: ps, Deadline: tc.deadline}
 			c := whole.NewCache()
 			defer c.Free()
 			_, err := rem.Prefill(ctx, "stuck", prompt, 0, c, nil)
