@@ -2,7 +2,6 @@ package tensor
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
@@ -152,7 +151,11 @@ func (r *Rank) Collective(c RankConfig, b engine.Backend) (engine.Collective, er
 		}
 		c.Logger.Info("tensor: joining MLX's JACCL group", "coordinator", env["MLX_JACCL_COORDINATOR"], "devices", env["MLX_IBV_DEVICES"])
 	case os.Getenv("MLX_HOSTFILE") == "":
-		path, err := writeHostfile(c.Peers)
+		addrs, err := ringAddrs(c.Peers)
+		if err != nil {
+			return nil, err
+		}
+		path, err := mlx.WriteRingHostfile(addrs)
 		if err != nil {
 			return nil, err
 		}
@@ -211,34 +214,22 @@ func chooseMLXBackend(c RankConfig, cuda bool, avail func(string) (bool, error))
 	return "jaccl", ""
 }
 
-// writeHostfile writes MLX's ring hostfile: rank i listens on peer i's
-// host at its port + 1.
-func writeHostfile(peers []string) (string, error) {
-	var hosts [][]string
+// ringAddrs are MLX's ring addresses of the ranks (mlx.WriteRingHostfile
+// writes them): rank i listens on peer i's host at its port + 1.
+func ringAddrs(peers []string) ([]string, error) {
+	addrs := make([]string, len(peers))
 	for i, p := range peers {
 		h, port, err := net.SplitHostPort(p)
 		if err != nil {
-			return "", err
+			return nil, fmt.Errorf("--tensor-peers: rank %d: %w", i, err)
 		}
 		n, err := strconv.Atoi(port)
 		if err != nil || n < 1 || n >= 65535 {
-			return "", fmt.Errorf("--tensor-peers: rank %d's port %q (MLX's ring takes the next one)", i, port)
+			return nil, fmt.Errorf("--tensor-peers: rank %d's port %q (MLX's ring takes the next one)", i, port)
 		}
-		hosts = append(hosts, []string{net.JoinHostPort(h, strconv.Itoa(n+1))})
+		addrs[i] = net.JoinHostPort(h, strconv.Itoa(n+1))
 	}
-	b, err := json.Marshal(hosts)
-	if err != nil {
-		return "", err
-	}
-	f, err := os.CreateTemp("", "exo-mlx-hostfile-*.json")
-	if err != nil {
-		return "", fmt.Errorf("tensor: MLX hostfile: %w", err)
-	}
-	defer f.Close()
-	if _, err := f.Write(b); err != nil {
-		return "", fmt.Errorf("tensor: MLX hostfile: %w", err)
-	}
-	return f.Name(), nil
+	return addrs, nil
 }
 
 // Serve runs the rank until ctx ends: rank 0 accepts followers (m is
