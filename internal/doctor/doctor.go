@@ -111,7 +111,7 @@ type Options struct {
 
 // Checks are doctor's checks in the order Run runs them.
 func Checks(o Options) []Check {
-	return []Check{Files{}, NVML{}, MLX{Mode: o.MLX}, Disk{}, Memory{}, LocalPorts{}, Peers{}, KV{ProbeMiB: o.ProbeMiB}, StageLinks{ProbeMiB: o.ProbeMiB}, RDMA{}}
+	return []Check{Files{}, NVML{}, MLX{Mode: o.MLX}, Disk{}, Memory{}, LocalPorts{}, Peers{}, KV{ProbeMiB: o.ProbeMiB}, StageLinks{ProbeMiB: o.ProbeMiB}, StageRing{}, RDMA{}}
 }
 
 // Run loads the cluster file, identifies this host and runs every check.
@@ -829,6 +829,52 @@ func (k StageLinks) Run(ctx context.Context, d *Env) []Result {
 			}
 		}
 		rs = append(rs, c)
+	}
+	return rs
+}
+
+// StageRing checks, for each of this host's decode stages whose pipeline
+// carries hidden states over MLX's ring (the supervisor writes the ring's
+// hostfile: config.Runner.RingHostfile), the next stage's ring port (its
+// stage link port + 1), beside the stage link check. MLX's ring listens
+// only while the stages join, so a host that answers with a refusal is
+// reachable (a pipeline that runs, or is down, refuses); a connect that
+// times out or finds no route is a firewall or a wrong address, and the
+// stages would wait in their join (then restart).
+type StageRing struct{}
+
+func (StageRing) Name() string { return "stage MLX ring" }
+
+func (StageRing) Run(ctx context.Context, d *Env) []Result {
+	var rs []Result
+	for _, r := range d.Config.Runners(d.Host) {
+		if r.RingHostfile == "" {
+			continue
+		}
+		var ranks [][]string
+		if err := json.Unmarshal([]byte(r.RingHostfile), &ranks); err != nil || len(ranks) < 2 || r.RingRank >= len(ranks) {
+			rs = append(rs, Result{Name: "stage MLX ring " + r.Name, Status: Fail, Detail: fmt.Sprintf("the ring's hostfile %q: %v", r.RingHostfile, err)})
+			continue
+		}
+		nextRank := (r.RingRank + 1) % len(ranks)
+		target, next := ranks[nextRank][0], ""
+		if st := d.Config.RunnerStages(r); len(st) == len(ranks) {
+			next = st[nextRank].Host
+		}
+		name := fmt.Sprintf("stage MLX ring %s → %s (%s)", r.Name, next, target)
+		err := d.dial(ctx, target)
+		switch {
+		case err == nil:
+			rs = append(rs, Result{Name: name, Status: OK, Detail: "reachable; MLX's ring is listening (the stages are joining)",
+				Data: map[string]any{"listening": true}})
+		case errors.Is(err, syscall.ECONNREFUSED):
+			rs = append(rs, Result{Name: name, Status: OK, Detail: "the host answers on it (connection refused: MLX's ring listens only while the stages join, so a joined or stopped pipeline refuses; a firewall that rejects looks the same)",
+				Data: map[string]any{"listening": false}})
+		default:
+			_, port, _ := net.SplitHostPort(target)
+			rs = append(rs, Result{Name: name, Status: Fail, Detail: "unreachable: " + shortNetErr(err),
+				Fix: fmt.Sprintf("open TCP %s on %s to this host beside its stage link port (MLX's ring for the hidden states; services.exo.openFirewall does not open stage ports), and check its address in the cluster file", port, next)})
+		}
 	}
 	return rs
 }

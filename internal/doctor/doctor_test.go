@@ -549,3 +549,64 @@ decode = { groups = [["a", "b"], ["c", "d"]], shard = "pipeline", layers = [1, 1
 		t.Fatalf("results %+v, want group 1's stage 0 checking d", rs)
 	}
 }
+
+// TestStageRing: a decode stage whose pipeline carries hidden states over
+// MLX's ring probes the next stage's ring port: listening (the stages
+// join) and refused (joined, or down: the host answers) are reachable; no
+// answer is a failure naming the port to open. A pipeline with a cpu
+// stage has no ring and no check.
+func TestStageRing(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "cluster.toml")
+	cluster := func(third, backend string) string {
+		return fmt.Sprintf(`[cluster]
+insecure = true
+runner_port_base = %d
+[hosts.a]
+address = "127.0.0.2"
+backend = "mlx-cpu"
+[hosts.b]
+address = "127.0.0.3"
+backend = "metal"
+[hosts.c]
+address = %q
+backend = %q
+[[models]]
+name = "tiny"
+source = "/nonexistent"
+decode = { hosts = ["a", "b", "c"], shard = "pipeline", layers = [1, 1, 1] }
+`, freePort(t), third, backend)
+	}
+	load := func(src, host string) *Env {
+		t.Helper()
+		os.WriteFile(path, []byte(src), 0o644)
+		env, rs := Load(Options{Path: path, Host: host, Timeout: 500 * time.Millisecond})
+		if env == nil {
+			t.Fatalf("load: %+v", rs)
+		}
+		return env
+	}
+	env := load(cluster("127.0.0.4", "mlx-cpu"), "a")
+	ring := net.JoinHostPort("127.0.0.3", strconv.Itoa(env.Config.StageLinkPort(0)+1))
+	name := "stage MLX ring tiny-decode-stage0 → b (" + ring + ")"
+	rs := StageRing{}.Run(context.Background(), env)
+	if len(rs) != 1 {
+		t.Fatalf("results %+v", rs)
+	}
+	expect(t, rs, name, OK, "connection refused")
+	l, err := net.Listen("tcp", ring)
+	if err != nil {
+		t.Skipf("%s: %v", ring, err)
+	}
+	rs = StageRing{}.Run(context.Background(), env)
+	l.Close()
+	expect(t, rs, name, OK, "listening")
+	// Stage 1 probes stage 2's; an address that cannot be reached (here:
+	// a name that does not resolve; a dropping firewall times out) fails.
+	env = load(cluster("no-such-host.invalid", "mlx-cpu"), "b")
+	expect(t, StageRing{}.Run(context.Background(), env), "stage MLX ring tiny-decode-stage1 → c (no-such-host.invalid:", Fail, "open TCP")
+	env = load(cluster("127.0.0.4", "cpu"), "a")
+	if rs := (StageRing{}).Run(context.Background(), env); len(rs) != 0 {
+		t.Errorf("a pipeline with a cpu stage: %+v", rs)
+	}
+}

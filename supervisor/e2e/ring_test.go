@@ -1,0 +1,148 @@
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestPipelineThreeHostsRing: three supervisors (127.0.0.2–.4) run a
+// three-stage decode pipeline and answer as one runner. With
+// EXO_E2E_HOST_BACKEND=mlx-cpu (by hand, EXO_MLXC_PATH) each supervisor
+// writes MLX's ring hostfile and starts its stage with MLX_HOSTFILE and
+// MLX_RANK, and the stages carry their hidden states over MLX's ring:
+// each stage reports transport="mlx" bytes, each byte a stage sent
+// received by the next. On cpu nothing goes over MLX's ring.
+func TestPipelineThreeHostsRing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds exo and runs real runners")
+	}
+	names := []string{"spark", "mac", "studio"}
+	addrs := []string{"127.0.0.2", "127.0.0.3", "127.0.0.4"}
+	needAddrs(t, addrs...)
+	root, dir, exe, _ := buildExoAndModel(t)
+	model := filepath.Join(dir, "tiny4")
+	run(t, root, "go", "run", "./runners/engine/testmodel/cmd/gen", "-arch", "llama", "-layers", "4", model)
+	cfgPath, secret := filepath.Join(dir, "cluster.toml"), filepath.Join(dir, "secret")
+	if err := os.WriteFile(secret, []byte("e2e secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	prompts := []string{"hello there, how are you today?", "Tell me a story about a ring of three."}
+	want := oneRunnerAnswers(t, exe, dir, cfgPath, model, secret, prompts)
+
+	base, apiPort := freePort(t), freePort(t)
+	src := hostsCluster(base, apiPort, model, secret, names, addrs, `{ hosts = ["spark", "mac", "studio"], shard = "pipeline" }`)
+	if err := os.WriteFile(cfgPath, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stages := []string{"tiny-decode-stage0", "tiny-decode-stage1", "tiny-decode-stage2"}
+	hs, _ := startHosts(t, exe, dir, cfgPath, apiPort, names, addrs, [][]string{{stages[0]}, {stages[1]}, {stages[2]}})
+	for i, p := range prompts {
+		if _, text := chatText(t, hs[0].api, p); text != want[i] {
+			t.Errorf("prompt %d: 3 stages %q, one runner %q", i, text, want[i])
+		}
+	}
+	mlx := hostBackend() != "cpu"
+	var sent, recv []float64
+	for i, h := range hs {
+		m := stageMetrics(t, h, stages[i])
+		s, r := m[`direction="sent"`], m[`direction="received"`]
+		t.Logf("%s: hidden-state bytes over MLX's ring: %v sent, %v received", stages[i], s, r)
+		sent, recv = append(sent, s), append(recv, r)
+		logs, _ := os.ReadFile(h.log)
+		carried := strings.Contains(string(logs), "hidden states carried over the group")
+		if carried != mlx {
+			t.Errorf("%s: logged carrying over the group: %v, want %v (see %s)", h.name, carried, mlx, h.log)
+		}
+	}
+	for i := range hs {
+		next := (i + 1) % len(hs)
+		if i == len(hs)-1 {
+			continue // the last stage sends only tokens back, on the stage link
+		}
+		switch {
+		case mlx && (sent[i] <= 0 || sent[i] != recv[next]):
+			t.Errorf("stage %d sent %v bytes over MLX's ring, stage %d received %v: want equal and > 0", i, sent[i], next, recv[next])
+		case !mlx && (sent[i] != 0 || recv[next] != 0):
+			t.Errorf("cpu stages: %v / %v bytes over MLX's ring", sent[i], recv[next])
+		}
+	}
+	// exo doctor on each host probes the next stage's ring port (joined:
+	// nothing listens, the host answers) beside its stage link.
+	for _, h := range hs {
+		rep, _ := doctor(t, exe, "--config", cfgPath, "--host", h.name, "--probe-mib", "0")
+		rep.expect(t, "stage link ", "ok", "")
+		if !mlx {
+			if cs := rep.find("stage MLX ring"); len(cs) != 0 {
+				t.Errorf("doctor on %s (cpu): %+v", h.name, cs)
+			}
+			continue
+		}
+		rep.expect(t, "stage MLX ring ", "ok", "")
+		for _, c := range rep.find("stage MLX ring") {
+			t.Logf("doctor on %s: %s: %s", h.name, c.Name, c.Detail)
+		}
+	}
+}
+
+// stageMetrics is runner name's exo_stage_link_bytes_total{transport="mlx"}
+// by direction label, read from its /metrics (its listen address in h's
+// status).
+func stageMetrics(t *testing.T, h *host, name string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + h.api + "/exo/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Runners []struct {
+			Spec struct {
+				Name   string `json:"name"`
+				Listen string `json:"listen"`
+			} `json:"spec"`
+		} `json:"runners"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := ""
+	for _, r := range st.Runners {
+		if r.Spec.Name == name {
+			listen = r.Spec.Listen
+		}
+	}
+	if listen == "" {
+		t.Fatalf("%s does not run %s: %+v", h.name, name, st)
+	}
+	resp, err = http.Get("http://" + listen + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "exo_stage_link_bytes_total{") || !strings.Contains(line, `transport="mlx"`) {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			t.Fatalf("%s: %q: %v", name, line, err)
+		}
+		for _, d := range []string{`direction="sent"`, `direction="received"`} {
+			if strings.Contains(line, d) {
+				out[d] += v
+			}
+		}
+	}
+	return out
+}
