@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -11,20 +12,22 @@ import (
 	"testing"
 )
 
-// TestPipelineThreeHostsRing: three supervisors (127.0.0.2–.4) run a
-// three-stage decode pipeline and answer as one runner. With
+// TestPipelineRingHosts: three and four supervisors (127.0.0.2–.5) run a
+// decode pipeline of as many stages and answer as one runner. With
 // EXO_E2E_HOST_BACKEND=mlx-cpu (by hand, EXO_MLXC_PATH) each supervisor
 // writes MLX's ring hostfile and starts its stage with MLX_HOSTFILE and
-// MLX_RANK, and the stages carry their hidden states over MLX's ring:
-// each stage reports transport="mlx" bytes, each byte a stage sent
-// received by the next. On cpu nothing goes over MLX's ring.
-func TestPipelineThreeHostsRing(t *testing.T) {
+// MLX_RANK, and the stages carry their hidden states over MLX's ring (four
+// stages too, where a stage sees only its neighbours' Hellos): each stage
+// reports transport="mlx" bytes, each byte a stage sent received by the
+// next, and exo doctor's stage MLX ring check passes. On cpu nothing goes
+// over MLX's ring and doctor has no such check.
+func TestPipelineRingHosts(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds exo and runs real runners")
 	}
-	names := []string{"spark", "mac", "studio"}
-	addrs := []string{"127.0.0.2", "127.0.0.3", "127.0.0.4"}
-	needAddrs(t, addrs...)
+	allNames := []string{"spark", "mac", "studio", "mini"}
+	allAddrs := []string{"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"}
+	needAddrs(t, allAddrs...)
 	root, dir, exe, _ := buildExoAndModel(t)
 	model := filepath.Join(dir, "tiny4")
 	run(t, root, "go", "run", "./runners/engine/testmodel/cmd/gen", "-arch", "llama", "-layers", "4", model)
@@ -34,17 +37,32 @@ func TestPipelineThreeHostsRing(t *testing.T) {
 	}
 	prompts := []string{"hello there, how are you today?", "Tell me a story about a ring of three."}
 	want := oneRunnerAnswers(t, exe, dir, cfgPath, model, secret, prompts)
+	for _, n := range []int{3, 4} {
+		t.Run(fmt.Sprintf("%d-stages", n), func(t *testing.T) {
+			ringHosts(t, exe, dir, cfgPath, model, secret, allNames[:n], allAddrs[:n], prompts, want)
+		})
+	}
+}
 
+// ringHosts runs a pipeline with one stage on each of names and checks it
+// (TestPipelineRingHosts).
+func ringHosts(t *testing.T, exe, dir, cfgPath, model, secret string, names, addrs, prompts, want []string) {
+	hosts := `"` + strings.Join(names, `", "`) + `"`
 	base, apiPort := freePort(t), freePort(t)
-	src := hostsCluster(base, apiPort, model, secret, names, addrs, `{ hosts = ["spark", "mac", "studio"], shard = "pipeline" }`)
+	src := hostsCluster(base, apiPort, model, secret, names, addrs, `{ hosts = [`+hosts+`], shard = "pipeline" }`)
 	if err := os.WriteFile(cfgPath, []byte(src), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	stages := []string{"tiny-decode-stage0", "tiny-decode-stage1", "tiny-decode-stage2"}
-	hs, _ := startHosts(t, exe, dir, cfgPath, apiPort, names, addrs, [][]string{{stages[0]}, {stages[1]}, {stages[2]}})
+	var stages []string
+	var wants [][]string
+	for i := range names {
+		stages = append(stages, fmt.Sprintf("tiny-decode-stage%d", i))
+		wants = append(wants, []string{stages[i]})
+	}
+	hs, _ := startHosts(t, exe, dir, cfgPath, apiPort, names, addrs, wants)
 	for i, p := range prompts {
 		if _, text := chatText(t, hs[0].api, p); text != want[i] {
-			t.Errorf("prompt %d: 3 stages %q, one runner %q", i, text, want[i])
+			t.Errorf("prompt %d: %d stages %q, one runner %q", i, len(names), text, want[i])
 		}
 	}
 	mlx := hostBackend() != "cpu"
