@@ -38,23 +38,23 @@ func TestRunnerTensorFlags(t *testing.T) {
 		}
 	}
 	f, err := parseRunnerFlags(strings.Fields(base + "--tensor 1/3 --tensor-peers a:1,b:2,c:3"))
-	if err != nil || f.tensor != "1/3" || f.tensorPeers != "a:1,b:2,c:3" {
+	if err != nil || f.Tensor != "1/3" || f.TensorPeers != "a:1,b:2,c:3" {
 		t.Fatalf("%+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields(base + "--tensor 0/2 --tensor-peers a:1,b:2 --layers 2:4 --stage 1/2 --stage-listen :3 --stage-next :4"))
-	if err != nil || f.tensor != "0/2" || f.stage != 1 || f.stageListen != ":3" {
+	if err != nil || f.Tensor != "0/2" || f.Stage != 1 || f.StageListen != ":3" {
 		t.Fatalf("a stage's rank 0: %+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields(base + "--tensor 1/2 --tensor-peers a:1,b:2 --layers 2:4 --stage 1/2"))
-	if err != nil || f.tensor != "1/2" || f.stage != 1 || f.layers.Start != 2 {
+	if err != nil || f.Tensor != "1/2" || f.Stage != 1 || f.Layers.Start != 2 {
 		t.Fatalf("a stage's rank 1: %+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("prefill --model x --served-name m --listen :0 --metrics :1 --tensor 1/2 --tensor-peers a:1,b:2"))
-	if err != nil || f.tensor != "1/2" {
+	if err != nil || f.Tensor != "1/2" {
 		t.Fatalf("a tensor prefill rank: %+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields(base + `--backend mlx --tensor 1/2 --tensor-peers a:1,b:2 --tensor-rdma [[null,"rdma_en3"],["rdma_en4",null]]`))
-	if err != nil || f.tensorRDMA != `[[null,"rdma_en3"],["rdma_en4",null]]` {
+	if err != nil || f.TensorRDMA != `[[null,"rdma_en3"],["rdma_en4",null]]` {
 		t.Fatalf("--tensor-rdma: %+v %v", f, err)
 	}
 }

@@ -1,20 +1,12 @@
 package main
 
 import (
-	"context"
-	"encoding/json"
 	"errors"
-	"log/slog"
-	"net"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/exo-pd/exo-pd/runners/openai"
+	"github.com/exo-pd/exo-pd/runners/runner"
 )
 
 func TestRunnerFlags(t *testing.T) {
@@ -58,143 +50,51 @@ func TestRunnerFlags(t *testing.T) {
 		}
 	}
 	f, err := parseRunnerFlags(strings.Fields("decode --model builtin:smollm2 --served-name s --listen 127.0.0.1:9 --prefill a:1,b:2 --remote-prefill-min-tokens 100 --max-queue 5 --backend cpu"))
-	if err != nil || f.prefill != "a:1,b:2" || f.minRemote != 100 || f.maxQueue != 5 || f.backend != "cpu" {
+	if err != nil || f.Prefill != "a:1,b:2" || f.MinRemote != 100 || f.MaxQueue != 5 || f.Backend != "cpu" {
 		t.Fatalf("%+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("prefill --model x --served-name s --listen :1 --metrics :2 --layers 2:4 --stage 1/2 --stage-listen :5 --stage-next :6"))
-	if err != nil || f.stage != 1 || f.stages != 2 || f.layers.Start != 2 || f.layers.End != 4 || f.stageListen != ":5" || f.stageNext != ":6" {
+	if err != nil || f.Stage != 1 || f.Stages != 2 || f.Layers.Start != 2 || f.Layers.End != 4 || f.StageListen != ":5" || f.StageNext != ":6" {
 		t.Fatalf("prefill stage flags: %+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --remote-prefill-route cost"))
-	if err != nil || f.route != "cost" || f.kvWireDType != "native" {
+	if err != nil || f.Route != "cost" || f.KVWireDType != "native" {
 		t.Fatalf("%+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --prefill a:1,b:2 --prefill-health a:9,b:9"))
-	if err != nil || !slices.Equal(splitList(f.prefillHealth), []string{"a:9", "b:9"}) {
+	if err != nil || !slices.Equal(runner.SplitList(f.PrefillHealth), []string{"a:9", "b:9"}) {
 		t.Fatalf("%+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --kv-wire-dtype fp8"))
-	if err != nil || f.kvWireDType != "fp8" || f.kvStreams != 1 {
+	if err != nil || f.KVWireDType != "fp8" || f.KVStreams != 1 {
 		t.Fatalf("%+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --kv-streams 4"))
-	if err != nil || f.kvStreams != 4 {
+	if err != nil || f.KVStreams != 4 {
 		t.Fatalf("%+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --speculative draft --draft org/small"))
-	if err != nil || f.speculative != "draft" || f.draft != "org/small" {
+	if err != nil || f.Speculative != "draft" || f.Draft != "org/small" {
 		t.Fatalf("draft flags: %+v, %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9 --speculative prompt-lookup --speculative-tokens 6"))
-	if err != nil || f.speculative != "prompt-lookup" || f.specTokens != 6 {
+	if err != nil || f.Speculative != "prompt-lookup" || f.SpecTokens != 6 {
 		t.Fatalf("%+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("decode --model x --served-name s --listen 127.0.0.1:9"))
-	if err != nil || f.speculative != "off" {
+	if err != nil || f.Speculative != "off" {
 		t.Fatalf("speculation by default: %+v %v", f, err)
 	}
 	f, err = parseRunnerFlags(strings.Fields("prefill --model x --served-name s --listen 127.0.0.1:9 --metrics 127.0.0.1:10 --test-slow-prefill-tokens-per-sec 500"))
-	if err != nil || f.testPrefillRate != 500 {
+	if err != nil || f.TestPrefillRate != 500 {
 		t.Fatalf("%+v %v", f, err)
 	}
 	if strings.Contains(runnerUsage, "test-slow") {
 		t.Fatal("the test-only prefill cap is in the usage text")
 	}
 	f, err = parseRunnerFlags(strings.Fields("prefill --model m.gguf --served-name s --listen 127.0.0.1:9 --metrics 127.0.0.1:10 --secret-file /s"))
-	if err != nil || f.metricsAddr != "127.0.0.1:10" || f.secretFile != "/s" || f.minRemote != 0 {
+	if err != nil || f.MetricsAddr != "127.0.0.1:10" || f.SecretFile != "/s" || f.MinRemote != 0 {
 		t.Fatalf("%+v %v", f, err)
-	}
-}
-
-func TestLoadGate(t *testing.T) {
-	g := &loadGate{role: "decode", name: "m"}
-	g.setProgress(0.25)
-	get := func(path string) (int, map[string]any) {
-		rec := httptest.NewRecorder()
-		g.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
-		var body map[string]any
-		_ = json.Unmarshal(rec.Body.Bytes(), &body)
-		return rec.Code, body
-	}
-	code, body := get("/health")
-	if code != 503 || body["status"] != "loading" || body["progress"] != 0.25 {
-		t.Fatalf("loading health: %d %v", code, body)
-	}
-	if code, body := get("/v1/models"); code != 503 || body["error"] == nil {
-		t.Fatalf("API while loading: %d %v", code, body)
-	}
-	if body["phase"] != nil {
-		t.Fatalf("phase before any bytes: %v", body)
-	}
-	g.setBytes("download", 1<<20, 4<<20)
-	if _, body := get("/health"); body["phase"] != "download" || body["done_bytes"] != float64(1<<20) || body["total_bytes"] != float64(4<<20) {
-		t.Fatalf("downloading health: %v", body)
-	}
-	g.setBytes("load", 5, 10)
-	if _, body := get("/health"); body["phase"] != "load" || body["done_bytes"] != 5.0 || body["total_bytes"] != 10.0 {
-		t.Fatalf("loading health: %v", body)
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/v1/models", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`{"ok":true}`)) })
-	var h http.Handler = mux
-	g.load = func() (int, int) { return 3, 1 }
-	g.ready.Store(&h)
-	code, body = get("/health")
-	if code != 200 || body["status"] != "ok" || body["role"] != "decode" || body["model"] != "m" || body["waiting"] != 3.0 || body["running"] != 1.0 {
-		t.Fatalf("ready health: %d %v", code, body)
-	}
-	if code, body := get("/v1/models"); code != 200 || body["ok"] != true {
-		t.Fatalf("API when ready: %d %v", code, body)
-	}
-	// Stopping: out of rotation at once, whatever the load.
-	g.drain = openai.NewDrain()
-	g.drain.Stop(0)
-	if code, body = get("/health"); code != 503 || body["status"] != "stopping" {
-		t.Fatalf("stopping health: %d %v", code, body)
-	}
-}
-
-// TestRunnerHeaderBound: a runner's HTTP server (serveHTTP, as both roles
-// serve) answers a request whose headers pass openai.MaxHeaderBytes with
-// 431 before the handler runs, and serves one with large but bounded
-// headers; 1 MB of headers (which Go's 1 MiB default let through) is 431.
-func TestRunnerHeaderBound(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var served atomic.Int32
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served.Add(1); w.WriteHeader(204) })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- serveHTTP(ctx, l, h, openai.NewDrain(), 10*time.Second, slog.New(slog.DiscardHandler)) }()
-	defer func() { cancel(); <-done }()
-	for _, tc := range []struct {
-		name  string
-		bytes int
-		want  int
-	}{
-		{"32 KiB", 32 << 10, 204},
-		{"just under the bound", openai.MaxHeaderBytes - 1024, 204},
-		{"past the bound and its slack", openai.MaxHeaderBytes + 8<<10, 431},
-		{"1 MB", 1 << 20, 431},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			before := served.Load()
-			req, _ := http.NewRequest("GET", "http://"+l.Addr().String()+"/v1/models", nil)
-			req.Header.Set("X-Big", strings.Repeat("a", tc.bytes))
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Body.Close()
-			if resp.StatusCode != tc.want {
-				t.Fatalf("%d bytes of header: %s, want %d", tc.bytes, resp.Status, tc.want)
-			}
-			if ran := served.Load() != before; ran != (tc.want == 204) {
-				t.Fatalf("handler ran: %v with %s", ran, resp.Status)
-			}
-		})
 	}
 }
 
@@ -224,7 +124,7 @@ func TestRunnerStageFlags(t *testing.T) {
 		}
 	}
 	f, err := parseRunnerFlags(strings.Fields(base + "--layers 4:8 --stage 1/3 --stage-listen 127.0.0.1:1 --stage-next 127.0.0.1:2"))
-	if err != nil || f.layers.Start != 4 || f.layers.End != 8 || f.stage != 1 || f.stages != 3 || f.stageListen != "127.0.0.1:1" || f.stageNext != "127.0.0.1:2" {
+	if err != nil || f.Layers.Start != 4 || f.Layers.End != 8 || f.Stage != 1 || f.Stages != 3 || f.StageListen != "127.0.0.1:1" || f.StageNext != "127.0.0.1:2" {
 		t.Fatalf("%+v %v", f, err)
 	}
 }

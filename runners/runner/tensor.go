@@ -1,4 +1,4 @@
-package main
+package runner
 
 import (
 	"context"
@@ -15,20 +15,9 @@ import (
 )
 
 // tensorConfig is the runner's --tensor flags for runners/tensor.
-func tensorConfig(f *runnerFlags, secret []byte, log *slog.Logger) tensor.RunnerConfig {
-	return tensor.RunnerConfig{Tensor: f.tensor, Peers: f.tensorPeers, RDMA: f.tensorRDMA, Backend: f.backend,
-		Model: f.name, Secret: secret, Logger: log}
-}
-
-// checkTensorFlags validates --tensor, --tensor-peers and --tensor-rdma.
-func checkTensorFlags(f *runnerFlags) error {
-	if err := tensorConfig(f, nil, nil).Check(); err != nil {
-		return exitError{code: 2, msg: "runner: " + err.Error()}
-	}
-	if f.tensor != "" && f.testPrefillRate > 0 {
-		return exitError{code: 2, msg: "runner: --test-slow-prefill-tokens-per-sec is not supported with --tensor"}
-	}
-	return nil
+func tensorConfig(c *Config, secret []byte, log *slog.Logger) tensor.RunnerConfig {
+	return tensor.RunnerConfig{Tensor: c.Tensor, Peers: c.TensorPeers, RDMA: c.TensorRDMA, Backend: c.Backend,
+		Model: c.Name, Secret: secret, Logger: log}
 }
 
 // leadTensor makes rank 0's model adapter and serves the group; /health
@@ -47,8 +36,8 @@ func leadTensor(ctx context.Context, tr *tensor.Runner, m *engine.Model, met *me
 
 // runTensorFollower serves rank 0's calls on this rank's share, and only
 // /health and /metrics on --listen.
-func runTensorFollower(ctx context.Context, f *runnerFlags, m *engine.Model, tr *tensor.Runner, secret []byte, gate *loadGate, log *slog.Logger) error {
-	met := metrics.New(f.role)
+func runTensorFollower(ctx context.Context, c *Config, m *engine.Model, tr *tensor.Runner, secret []byte, gate *loadGate, log *slog.Logger) error {
+	met := metrics.New(c.Role)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", met.Handler())
 	var h http.Handler = mux
@@ -56,17 +45,17 @@ func runTensorFollower(ctx context.Context, f *runnerFlags, m *engine.Model, tr 
 	gate.health = tr.Health
 	gate.ready.Store(&h)
 	var fill decode.Remote
-	if f.prefill != "" {
-		w := newRemote(ctx, f, m, secret, met, log, tr, m)
+	if c.Prefill != "" {
+		w := newRemote(ctx, c, m, secret, met, log, tr, m)
 		fill, gate.endpoints = w.Remote, w.Breaker.Status
-	} else if f.stage > 0 {
+	} else if c.Stage > 0 {
 		// A later stage's rank with no --prefill of its own fetches its KV
 		// heads of the stage's layers from the prefill runner stage 0
 		// chose (its rank 0's fill names it). Stage 0's ranks fetch at
 		// once, before that choice: each needs --prefill.
 		fill = stage.ByEndpoint(func(endpoint string) decode.Remote {
-			g := *f
-			g.prefill, g.prefillHealth = endpoint, ""
+			g := *c
+			g.Prefill, g.PrefillHealth = endpoint, ""
 			return newRemote(ctx, &g, m, secret, met, log, tr, m).Remote
 		})
 	}
@@ -78,11 +67,11 @@ func runTensorFollower(ctx context.Context, f *runnerFlags, m *engine.Model, tr 
 
 // newRemote wires remote prefill (--prefill); a tensor-parallel rank
 // fetches its own KV heads into its share m (tensor.Runner.RemoteConfig).
-func newRemote(ctx context.Context, f *runnerFlags, dm decode.Model, secret []byte, met *metrics.Runner, log *slog.Logger, tr *tensor.Runner, m *engine.Model) *decode.RemoteWiring {
-	c := decode.RemoteConfig{Name: f.name, Model: dm, Endpoints: splitList(f.prefill), Health: splitList(f.prefillHealth),
-		Secret: secret, ConnectTimeout: f.connectTimeout, IdleFloor: f.idleFloor, FP8: f.kvWireDType == "fp8", Streams: f.kvStreams,
-		Cost: f.route == "cost", Chunk: f.chunk, Metrics: met, Logger: log}
-	return decode.NewRemote(ctx, tr.RemoteConfig(c, m))
+func newRemote(ctx context.Context, c *Config, dm decode.Model, secret []byte, met *metrics.Runner, log *slog.Logger, tr *tensor.Runner, m *engine.Model) *decode.RemoteWiring {
+	rc := decode.RemoteConfig{Name: c.Name, Model: dm, Endpoints: SplitList(c.Prefill), Health: SplitList(c.PrefillHealth),
+		Secret: secret, ConnectTimeout: c.ConnectTimeout, IdleFloor: c.IdleFloor, FP8: c.KVWireDType == "fp8", Streams: c.KVStreams,
+		Cost: c.Route == "cost", Chunk: c.Chunk, Metrics: met, Logger: log}
+	return decode.NewRemote(ctx, tr.RemoteConfig(rc, m))
 }
 
 // startTensorPrefill makes a prefill runner's Producer a rank of its

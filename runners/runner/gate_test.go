@@ -1,0 +1,108 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/exo-pd/exo-pd/runners/openai"
+)
+
+func TestLoadGate(t *testing.T) {
+	g := &loadGate{role: "decode", name: "m"}
+	g.setProgress(0.25)
+	get := func(path string) (int, map[string]any) {
+		rec := httptest.NewRecorder()
+		g.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		var body map[string]any
+		_ = json.Unmarshal(rec.Body.Bytes(), &body)
+		return rec.Code, body
+	}
+	code, body := get("/health")
+	if code != 503 || body["status"] != "loading" || body["progress"] != 0.25 {
+		t.Fatalf("loading health: %d %v", code, body)
+	}
+	if code, body := get("/v1/models"); code != 503 || body["error"] == nil {
+		t.Fatalf("API while loading: %d %v", code, body)
+	}
+	if body["phase"] != nil {
+		t.Fatalf("phase before any bytes: %v", body)
+	}
+	g.setBytes("download", 1<<20, 4<<20)
+	if _, body := get("/health"); body["phase"] != "download" || body["done_bytes"] != float64(1<<20) || body["total_bytes"] != float64(4<<20) {
+		t.Fatalf("downloading health: %v", body)
+	}
+	g.setBytes("load", 5, 10)
+	if _, body := get("/health"); body["phase"] != "load" || body["done_bytes"] != 5.0 || body["total_bytes"] != 10.0 {
+		t.Fatalf("loading health: %v", body)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/models", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`{"ok":true}`)) })
+	var h http.Handler = mux
+	g.load = func() (int, int) { return 3, 1 }
+	g.ready.Store(&h)
+	code, body = get("/health")
+	if code != 200 || body["status"] != "ok" || body["role"] != "decode" || body["model"] != "m" || body["waiting"] != 3.0 || body["running"] != 1.0 {
+		t.Fatalf("ready health: %d %v", code, body)
+	}
+	if code, body := get("/v1/models"); code != 200 || body["ok"] != true {
+		t.Fatalf("API when ready: %d %v", code, body)
+	}
+	// Stopping: out of rotation at once, whatever the load.
+	g.drain = openai.NewDrain()
+	g.drain.Stop(0)
+	if code, body = get("/health"); code != 503 || body["status"] != "stopping" {
+		t.Fatalf("stopping health: %d %v", code, body)
+	}
+}
+
+// TestRunnerHeaderBound: a runner's HTTP server (serveHTTP, as both roles
+// serve) answers a request whose headers pass openai.MaxHeaderBytes with
+// 431 before the handler runs, and serves one with large but bounded
+// headers; 1 MB of headers (which Go's 1 MiB default let through) is 431.
+func TestRunnerHeaderBound(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var served atomic.Int32
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served.Add(1); w.WriteHeader(204) })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serveHTTP(ctx, l, h, openai.NewDrain(), 10*time.Second, slog.New(slog.DiscardHandler)) }()
+	defer func() { cancel(); <-done }()
+	for _, tc := range []struct {
+		name  string
+		bytes int
+		want  int
+	}{
+		{"32 KiB", 32 << 10, 204},
+		{"just under the bound", openai.MaxHeaderBytes - 1024, 204},
+		{"past the bound and its slack", openai.MaxHeaderBytes + 8<<10, 431},
+		{"1 MB", 1 << 20, 431},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := served.Load()
+			req, _ := http.NewRequest("GET", "http://"+l.Addr().String()+"/v1/models", nil)
+			req.Header.Set("X-Big", strings.Repeat("a", tc.bytes))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Fatalf("%d bytes of header: %s, want %d", tc.bytes, resp.Status, tc.want)
+			}
+			if ran := served.Load() != before; ran != (tc.want == 204) {
+				t.Fatalf("handler ran: %v with %s", ran, resp.Status)
+			}
+		})
+	}
+}

@@ -1,0 +1,96 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/exo-pd/exo-pd/internal/paced"
+	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/metrics"
+	"github.com/exo-pd/exo-pd/runners/prefill"
+	"github.com/exo-pd/exo-pd/runners/prefill/pipeline"
+	"github.com/exo-pd/exo-pd/runners/stage"
+	"github.com/exo-pd/exo-pd/runners/tensor"
+)
+
+func runPrefill(ctx context.Context, c *Config, m *engine.Model, secret []byte, gate *loadGate, log *slog.Logger, tr *tensor.Runner) error {
+	met := metrics.New("prefill")
+	cacheBytes := int64(c.CacheMiB) << 20
+	if c.CacheMiB <= 0 {
+		cacheBytes = -1
+	}
+	var pm prefill.Model = m
+	if c.TestPrefillRate > 0 {
+		pm = paced.Model{Model: m, Rate: c.TestPrefillRate}
+		log.Warn("TEST ONLY: prefill capped (--test-slow-prefill-tokens-per-sec)", "tokens_per_s", c.TestPrefillRate)
+	}
+	var stageRange engine.LayerRange
+	if c.Stages > 0 {
+		if c.TestPrefillRate > 0 {
+			return fmt.Errorf("runner: --test-slow-prefill-tokens-per-sec with --stage: a prefill stage is not paced")
+		}
+		if _, err := (&stage.RunnerConfig{Stage: c.Stage, Stages: c.Stages, Layers: engine.LayerRange(c.Layers), Model: m}).Link(); err != nil {
+			return fmt.Errorf("runner: %w", err)
+		}
+		stageRange = engine.LayerRange(c.Layers)
+	}
+	prod := prefill.New(prefill.Options{Name: c.Name, Model: pm, Chunk: c.Chunk, CacheBytes: cacheBytes, Metrics: met, Logger: log, Stage: stageRange})
+	defer prod.Close()
+	if err := startTensorPrefill(ctx, tr, prod, m, met, gate, log); err != nil {
+		return err
+	}
+	if c.Stages > 0 {
+		pp, err := pipeline.NewPipe(prod, m, pipeline.PipeConfig{Stage: c.Stage, Stages: c.Stages, Listen: c.StageListen, Next: c.StageNext, Secret: secret, Logger: log})
+		if err != nil {
+			return fmt.Errorf("runner: %w", err)
+		}
+		pl, err := net.Listen("tcp", c.StageListen)
+		if err != nil {
+			return listenError(c.StageListen, err)
+		}
+		pp.SetListener(pl)
+		go func() {
+			if err := pp.Run(ctx); err != nil {
+				log.Error("prefill stage link", "err", err)
+			}
+		}()
+		gate.health = func() error {
+			if !pp.Up() {
+				return errors.New("prefill stage link down: a link to the previous or next prefill stage is not up")
+			}
+			return nil
+		}
+		log.Info("prefill pipeline stage", "stage", c.Stage, "stages", c.Stages, "layers", c.Layers.String(), "stage_listen", c.StageListen, "stage_next", c.StageNext)
+	}
+	ks, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod, Secret: secret, MaxQueue: c.MaxQueue, Logger: log})
+	if err != nil {
+		return fmt.Errorf("runner: %w", err)
+	}
+	kl, err := net.Listen("tcp", c.Listen)
+	if err != nil {
+		return listenError(c.Listen, err)
+	}
+	load := func() (int, int) { l := ks.Load(); return l.Waiting, l.Running }
+	mux := http.NewServeMux()
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		w2, r2 := load()
+		met.Waiting.Set(float64(w2))
+		met.Running.Set(float64(r2))
+		met.Handler().ServeHTTP(w, r)
+	})
+	var h http.Handler = mux
+	gate.load = load
+	gate.ready.Store(&h)
+	go trimWhenIdle(ctx, load, 5*time.Second, log)
+	log.Info("prefill runner ready", "kv_listen", kl.Addr().String(), "metrics", c.MetricsAddr)
+	if err := ks.Serve(ctx, kl); err != nil && !errors.Is(err, context.Canceled) && ctx.Err() == nil {
+		return fmt.Errorf("runner: kv wire: %w", err)
+	}
+	return nil
+}
