@@ -13,8 +13,11 @@
 // started (lost), or if a process grew past the bound after the warm-up:
 // its last sample above 1.5× its warm-up sample plus 32 MiB of RSS or plus
 // 25 goroutines; a prefill runner may grow by twice its prefix cache more
-// (32 MiB here: a successor of a killed one fills it again). It exits 2
-// when it could not run (build, cluster start).
+// (32 MiB here: a successor of a killed one fills it again). A runner's
+// goroutines are its exo_goroutines (counted before the scrape gathers;
+// its go_goroutines also counts the scrape's own collector goroutines and
+// moves by a few from one scrape to the next), a supervisor's its
+// go_goroutines. It exits 2 when it could not run (build, cluster start).
 //
 //	go run ./scripts/soak -duration 30m
 //	go run ./scripts/soak -duration 3m -reload 1m -kill 90s -warmup 1m   # CI (scripts/run-tests)
@@ -536,9 +539,11 @@ func (s *stats) event(e string) {
 	fmt.Println("soak:", line)
 }
 
-// sample reads process_resident_memory_bytes and go_goroutines of each
-// supervisor and (merged into its /metrics with a runner label) of each
-// of its runners.
+// sample reads process_resident_memory_bytes and the goroutines of each
+// supervisor (go_goroutines) and (merged into its /metrics with a runner
+// label) of each of its runners (exo_goroutines: a runner's go_goroutines
+// moves with the scrape's own goroutines, which would blur the flatness
+// check).
 func (s *stats) sample(hosts []*host) {
 	warm := !time.Now().Before(s.warmAt)
 	for _, h := range hosts {
@@ -556,14 +561,24 @@ func (s *stats) sample(hosts []*host) {
 			case strings.HasPrefix(line, "process_resident_memory_bytes"), strings.HasPrefix(line, "exo_supervisor_process_resident_memory_bytes"):
 				metric = "rss"
 			case strings.HasPrefix(line, "go_goroutines"):
-				metric = "goroutines"
+				metric = "go_goroutines"
+			case strings.HasPrefix(line, "exo_goroutines"):
+				metric = "exo_goroutines"
 			default:
 				continue
 			}
 			name := h.name + "/supervisor"
+			runner := false
 			if i := strings.Index(line, `runner="`); i >= 0 {
 				rest := line[i+len(`runner="`):]
 				name = h.name + "/" + rest[:strings.IndexByte(rest, '"')]
+				runner = true
+			}
+			switch {
+			case metric == "go_goroutines" && !runner, metric == "exo_goroutines" && runner:
+				metric = "goroutines"
+			case metric != "rss":
+				continue // a runner's go_goroutines (blurred by its scrape), or an unlabelled exo_goroutines
 			}
 			f := strings.Fields(line)
 			v, err := strconv.ParseFloat(f[len(f)-1], 64)

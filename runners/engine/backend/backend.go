@@ -23,7 +23,9 @@ func init() { engine.RegisterSourceOpener(weights.Open) }
 type Options struct {
 	// LibPath is libmlxc's path for the mlx backend ("" searches, see mlx.Options).
 	LibPath string
-	// Device is "gpu", "cpu" or "" for the mlx backend.
+	// Device is "gpu", "cpu" or "" for the mlx backend (MLX's device).
+	// The cpu backend runs on the CPU only: it takes "" or "cpu" and
+	// refuses "gpu" (or anything else) by name.
 	Device string
 	// Threads is the cpu backend's goroutine count (0: all cores).
 	Threads int
@@ -41,6 +43,9 @@ var Names = []string{"auto", "cpu", "mlx"}
 func Open(name string, o Options) (engine.Backend, error) {
 	switch name {
 	case "cpu":
+		if o.Device != "" && o.Device != "cpu" {
+			return nil, fmt.Errorf("backend cpu: --device %q is MLX's device: the cpu backend runs on the CPU only (drop --device, or use --backend mlx)", o.Device)
+		}
 		return cpu.New(o.Threads), nil
 	case "mlx":
 		b, err := mlx.New(mlx.Options{LibPath: o.LibPath, Device: o.Device})

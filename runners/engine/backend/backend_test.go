@@ -3,12 +3,38 @@ package backend
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine/mlx"
 )
+
+// TestCPUDevice: the cpu backend takes no --device or "cpu" (where it
+// runs) and refuses any other by name, rather than ignoring it.
+func TestCPUDevice(t *testing.T) {
+	for _, tc := range []struct {
+		device string
+		ok     bool
+	}{
+		{"", true},
+		{"cpu", true},
+		{"gpu", false},
+		{"cuda", false},
+	} {
+		b, err := Open("cpu", Options{Threads: 1, Device: tc.device})
+		if tc.ok {
+			if err != nil || b.Name() != "cpu" {
+				t.Errorf("--device %q: %v %v", tc.device, b, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), "--device") || !strings.Contains(err.Error(), fmt.Sprintf("%q", tc.device)) {
+			t.Errorf("--device %q: want a refusal naming it, got %v", tc.device, err)
+		}
+	}
+}
 
 func TestOpen(t *testing.T) {
 	b, err := Open("cpu", Options{Threads: 1})
