@@ -41,7 +41,10 @@ in
       description = ''
         Open the TCP ports this host serves: the API gateway (api.port,
         52415) and, for the runners placed on this host, the decode HTTP,
-        prefill KV and prefill metrics ports (computed like the supervisor does).
+        prefill KV and prefill metrics ports, pipeline stage links, tensor
+        links and (on hosts whose backend is not cpu) MLX's ring ports
+        (computed like the supervisor does: supervisor/config HostPorts,
+        checked against nix/lib by nix/tests/fixtures/ports-cluster.json).
       '';
     };
 

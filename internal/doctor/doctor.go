@@ -522,21 +522,29 @@ func (d *Env) hostPorts(host string) []portUse {
 	if api == "" || host != d.Host {
 		api = h.Address
 	}
-	ps := []portUse{{"API gateway", net.JoinHostPort(api, strconv.Itoa(d.Config.API.Port)), d.Config.API.Listen == ""}}
+	ps := []portUse{{"API gateway", net.JoinHostPort(api, strconv.Itoa(d.Config.API.Port)), d.Config.API.Listen == "", false}}
 	for _, r := range d.Config.Runners(host) {
 		what := "decode HTTP"
 		if r.Role == config.Prefill {
 			what = "prefill KV"
 		}
-		ps = append(ps, portUse{r.Name + " " + what, r.Listen, false})
+		ps = append(ps, portUse{r.Name + " " + what, r.Listen, false, false})
 		if r.StageListen != "" {
-			ps = append(ps, portUse{r.Name + " stage link", r.StageListen, false})
+			ps = append(ps, portUse{r.Name + " stage link", r.StageListen, false, false})
 		}
 		if strings.HasPrefix(r.Tensor, "0/") && len(r.TensorPeers) > 0 {
-			ps = append(ps, portUse{r.Name + " tensor link", r.TensorPeers[0], false})
+			ps = append(ps, portUse{r.Name + " tensor link", r.TensorPeers[0], false, false})
 		}
 		if r.Metrics != "" {
-			ps = append(ps, portUse{r.Name + " health/metrics", r.Metrics, false})
+			ps = append(ps, portUse{r.Name + " health/metrics", r.Metrics, false, false})
+		}
+	}
+	// MLX's ring ports (and JACCL's coordinator, NCCL's rendezvous): no
+	// runner field names them, so config.HostPorts, which the NixOS
+	// module's openFirewall follows, says which this host takes.
+	for _, p := range d.Config.HostPorts(host) {
+		if p.Ring {
+			ps = append(ps, portUse{p.What, net.JoinHostPort(h.Address, strconv.Itoa(p.Port)), false, true})
 		}
 	}
 	return ps
@@ -545,6 +553,10 @@ func (d *Env) hostPorts(host string) []portUse {
 type portUse struct {
 	what, addr string
 	anyAddr    bool // the gateway binds all interfaces
+	// ring: MLX's ring listens only while its group joins, so a running
+	// supervisor's ring port is not dialled (only checked free when the
+	// supervisor is not running).
+	ring bool
 }
 
 // LocalPorts: with this host's supervisor running, every port must
@@ -571,6 +583,10 @@ func (LocalPorts) Run(ctx context.Context, d *Env) []Result {
 	for _, p := range ports {
 		name := "port " + p.addr + " (" + p.what + ")"
 		_, port, _ := net.SplitHostPort(p.addr)
+		if running && p.ring {
+			rs = append(rs, Result{Name: name, Status: Skip, Detail: "not dialled: MLX's ring listens only while its group joins (`exo doctor` on a stopped host checks it is free; the stage MLX ring check probes a peer's)"})
+			continue
+		}
 		if running {
 			if err := d.dial(ctx, p.addr); err != nil {
 				rs = append(rs, Result{Name: name, Status: Fail, Detail: "this host's supervisor runs but nothing answers: " + shortNetErr(err),
@@ -873,7 +889,7 @@ func (StageRing) Run(ctx context.Context, d *Env) []Result {
 		default:
 			_, port, _ := net.SplitHostPort(target)
 			rs = append(rs, Result{Name: name, Status: Fail, Detail: "unreachable: " + shortNetErr(err),
-				Fix: fmt.Sprintf("open TCP %s on %s to this host beside its stage link port (MLX's ring for the hidden states; services.exo.openFirewall does not open stage ports), and check its address in the cluster file", port, next)})
+				Fix: fmt.Sprintf("open TCP %s on %s to this host beside its stage link port (MLX's ring for the hidden states; NixOS: services.exo.openFirewall = true opens it), and check its address in the cluster file", port, next)})
 		}
 	}
 	return rs

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -594,6 +595,11 @@ decode = { hosts = ["a", "b", "c"], shard = "pipeline", layers = [1, 1, 1] }
 		t.Fatalf("results %+v", rs)
 	}
 	expect(t, rs, name, OK, "connection refused")
+	// a's own ring port is among the ports its check covers.
+	own := net.JoinHostPort("127.0.0.2", strconv.Itoa(env.Config.StageLinkPort(0)+1))
+	if ps := env.hostPorts("a"); !slices.ContainsFunc(ps, func(p portUse) bool { return p.ring && p.addr == own }) {
+		t.Errorf("a's ports %+v lack its MLX ring %s", ps, own)
+	}
 	l, err := net.Listen("tcp", ring)
 	if err != nil {
 		t.Skipf("%s: %v", ring, err)

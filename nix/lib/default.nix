@@ -27,10 +27,17 @@ let
   orDefault = v: d: if v == null || v == 0 then d else v;
 in
 rec {
-  # The cluster file's port rules (supervisor/config): the API gateway on
-  # api.port (52415); model i (file order) gets runner_port_base + 10*i for
-  # its decode HTTP port, +1 for the prefill KV wire, +2 for the prefill
-  # /health and /metrics, unless the model gives ports itself.
+  # The cluster file's port rules (supervisor/config, Config.HostPorts):
+  # the API gateway on api.port (52415) on every host; model i (file order)
+  # has the block base = runner_port_base + 10*i: decode HTTP at base,
+  # prefill KV wire at base+1, prefill /health and /metrics at base+2
+  # (unless the model gives those three ports itself), a decode pipeline
+  # stage's link at base+3, a decode tensor rank 0's link at base+4, a
+  # prefill pipeline stage's link at base+6, a prefill tensor rank 0's
+  # link at base+8. MLX's ring (or JACCL's coordinator, or NCCL's
+  # rendezvous) takes the port after a link: base+4 for one-host pipeline
+  # stages, base+5 and base+9 for every tensor rank, on hosts whose
+  # backend is not cpu.
   defaults = {
     apiPort = 52415;
     runnerPortBase = 52500;
@@ -39,14 +46,24 @@ rec {
 
   # hostPorts { settings, host } -> sorted TCP ports `host` listens on.
   # settings is the cluster file as a Nix value (services.exo.settings, or
-  # builtins.fromTOML of a cluster file).
+  # builtins.fromTOML of a cluster file). nix/tests/fixtures/ports-cluster.json
+  # is what both this and the Go code give for nix/tests/ports-cluster.toml.
   hostPorts =
     { settings, host }:
     let
       apiPort = orDefault ((settings.api or { }).port or null) defaults.apiPort;
       base = orDefault ((settings.cluster or { }).runner_port_base or null) defaults.runnerPortBase;
       models = settings.models or [ ];
-      onHost = role: role != null && elem host (role.hosts or [ ]);
+      mlx = (((settings.hosts or { }).${host} or { }).backend or "cpu") != "cpu";
+      # host's place in a role's hosts (groups: every group's, in order), or -1
+      hostsOf = role: if role ? groups then builtins.concatLists role.groups else role.hosts or [ ];
+      indexOf =
+        xs:
+        let
+          go = i: if i >= length xs then -1 else if elemAt xs i == host then i else go (i + 1);
+        in
+        go 0;
+      when = cond: ports: if cond then ports else [ ];
       portsOf =
         i:
         let
@@ -54,16 +71,35 @@ rec {
           b = base + defaults.portsPerModel * i;
           d = m.decode or null;
           p = m.prefill or null;
+          shard = role: role.shard or "replicas";
+          dk = if d == null then -1 else indexOf (hostsOf d);
+          pk = if p == null then -1 else indexOf (hostsOf p);
+          pipeline = d != null && shard d == "pipeline";
+          # ranks per tensor group: a pipeline stage's (decode.tensor), or the whole tensor group's
+          ranks =
+            if pipeline && (d.tensor or 0) >= 2 then
+              d.tensor
+            else if d != null && shard d == "tensor" then
+              length (hostsOf d)
+            else
+              1;
+          lead = dk - ranks * (dk / ranks) == 0; # rank 0 of its stage or group
         in
-        (if onHost d then [ (orDefault (d.port or null) b) ] else [ ])
-        ++ (
-          if onHost p then
-            [
-              (orDefault (p.port or null) (b + 1))
-              (orDefault (p.metrics_port or null) (b + 2))
-            ]
-          else
-            [ ]
+        when (dk >= 0) (
+          [ (orDefault (d.port or null) b) ]
+          ++ when (pipeline && lead) [ (b + 3) ]
+          ++ when (pipeline && ranks == 1 && mlx) [ (b + 4) ]
+          ++ when (ranks > 1 && lead) [ (b + 4) ]
+          ++ when (ranks > 1 && mlx) [ (b + 5) ]
+        )
+        ++ when (pk >= 0) (
+          [
+            (orDefault (p.port or null) (b + 1))
+            (orDefault (p.metrics_port or null) (b + 2))
+          ]
+          ++ when (shard p == "pipeline") [ (b + 6) ]
+          ++ when (shard p == "tensor" && pk == 0) [ (b + 8) ]
+          ++ when (shard p == "tensor" && mlx) [ (b + 9) ]
         );
     in
     sort builtins.lessThan (unique ([ apiPort ] ++ concatMap portsOf (genList (i: i) (length models))));

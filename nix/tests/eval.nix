@@ -55,6 +55,13 @@ in
       host = "a";
     };
   };
+  # Every host of ports-cluster.toml: supervisor/config's
+  # TestHostPortsMatchNix checks Config.HostPorts against the same fixture.
+  "ports-cluster.json" =
+    let
+      s = builtins.fromTOML (builtins.readFile ./ports-cluster.toml);
+    in
+    builtins.toJSON (builtins.mapAttrs (host: _: lib.hostPorts { settings = s; inherit host; }) s.hosts);
   "supervise-args.json" = builtins.toJSON [
     (lib.supervisorArgs { exe = "exo"; })
     (lib.supervisorArgs { exe = "exo"; configFile = "/nix/store/x-cluster.toml"; host = "spark"; })
