@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -248,6 +249,18 @@ func TestPipelineStageKilled(t *testing.T) {
 	}
 	testutil.Eventually(t, func() bool { code, _ := health(s0); return code == http.StatusServiceUnavailable },
 		30*time.Second, "stage 0 unhealthy with stage 1 gone")
+	// A request stage 0 gets meanwhile is a 503 with Retry-After (the ring
+	// is down for now: a gateway retries elsewhere), never a 500.
+	resp, err := http.Post("http://"+s0.listen+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hello"}],"max_tokens":4}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("a request with the ring down: %d (Retry-After %q) %s, want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
 	pl.restart(t, 1)
 	waitHealthy(t, pl.stages...)
 	got := askAll(t, s0.listen, pipelineRequests()[:1], false)

@@ -15,6 +15,7 @@ package gen
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 )
@@ -286,3 +287,18 @@ type Generator interface {
 	// an error naming "tokens").
 	Detokenize(ctx context.Context, tokens []int32) (string, error)
 }
+
+// ErrUnavailable is what an error that ends a request because part of the
+// serving group is down for now (a pipeline stage, a tensor rank) matches
+// with errors.Is: the APIs answer it 503 with Retry-After, never 500, so a
+// gateway retries the request elsewhere or a client later.
+var ErrUnavailable = errors.New("temporarily unavailable")
+
+// Unavailable returns an error with text msg that is ErrUnavailable under
+// errors.Is (and is itself, for sentinels of its own package).
+func Unavailable(msg string) error { return &unavailableError{msg} }
+
+type unavailableError struct{ msg string }
+
+func (e *unavailableError) Error() string        { return e.msg }
+func (e *unavailableError) Is(target error) bool { return target == ErrUnavailable }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+
+	"github.com/exo-pd/exo-pd/runners/gen"
 )
 
 // Error is an API error with the HTTP status it maps to. It marshals to
@@ -67,12 +69,17 @@ func ContextTooLong(prompt, limit int) *Error {
 		Message: fmt.Sprintf("the prompt has %d tokens; this model's context is %d tokens", prompt, limit)}
 }
 
-// asError converts any error into an *Error (500 server_error unless it
-// already is one).
+// asError converts any error into an *Error: itself if it is one, 503
+// (Retry-After) for a part of the serving group that is down for now
+// (gen.ErrUnavailable: a pipeline stage, a tensor rank), else 500
+// server_error.
 func asError(err error) *Error {
 	var e *Error
 	if errors.As(err, &e) {
 		return e
+	}
+	if errors.Is(err, gen.ErrUnavailable) {
+		return &Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "unavailable", Message: err.Error()}
 	}
 	return &Error{Status: http.StatusInternalServerError, Type: "server_error", Message: err.Error()}
 }

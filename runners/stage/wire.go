@@ -103,8 +103,9 @@ var (
 	ErrMismatch = errors.New("stage link: peer mismatch")
 	// ErrVersion: the peer speaks another protocol or version.
 	ErrVersion = errors.New("stage link: version")
-	// ErrDown: the ring is not whole (a link is down or was lost).
-	ErrDown = errors.New("stage link: ring down")
+	// ErrDown: the ring is not whole (a link is down or was lost). It is
+	// gen.ErrUnavailable too: the APIs answer a request it ends 503.
+	ErrDown = gen.Unavailable("stage link: ring down")
 )
 
 func corruptf(format string, a ...any) error {

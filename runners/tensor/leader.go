@@ -11,16 +11,17 @@ import (
 	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/gen"
 )
 
 // ErrGroup is wrapped by the refusals of a call while the group is not
 // whole (a rank has not joined yet, or was lost and has not rejoined).
-var ErrGroup = errors.New("tensor group incomplete")
+var ErrGroup = gen.Unavailable("tensor group incomplete")
 
 // ErrCacheLost is wrapped by a call on a sequence whose cache the group
 // dropped when it was restarted (a rank was lost): the sequence must start
 // over from an empty cache.
-var ErrCacheLost = errors.New("tensor: the sequence's cache was lost when the group restarted")
+var ErrCacheLost = gen.Unavailable("tensor: the sequence's cache was lost when the group restarted")
 
 // errStopping is why the group of a rank 0 that stops ends.
 var errStopping = errors.New("rank 0 is stopping")
