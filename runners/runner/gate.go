@@ -97,7 +97,7 @@ func (g *loadGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // serveHTTP serves h on l until ctx ends, then drains (d.Stop: new
 // requests are refused with 503, those in hand finish or are cut with a
 // 503) and shuts down. Requests run under d's context, not ctx, so a
-// SIGTERM does not cut them.
+// SIGTERM does not cut them. When it returns, l is closed.
 func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, d *openai.Drain, readHeader time.Duration, log *slog.Logger) error {
 	srv := &http.Server{Handler: d.Handler(h), ReadHeaderTimeout: readHeader, MaxHeaderBytes: openai.MaxHeaderBytes,
 		BaseContext: func(net.Listener) context.Context { return d.Context() }}
@@ -115,5 +115,8 @@ func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, d *openai.Dr
 		log.Warn("http shutdown", "err", err)
 		_ = srv.Close()
 	}
+	// Serve returns at once now that the server is shut (one that had not
+	// started yet refuses to and closes l): once it has, l is closed.
+	<-errc
 	return nil
 }
