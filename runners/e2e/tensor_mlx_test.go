@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/exo-pd/exo-pd/internal/testutil"
 )
 
 // mlxRunner is the flags that put a runner on MLX's CPU device; it skips
@@ -112,6 +114,53 @@ func TestTensorPrefillMLX(t *testing.T) {
 				if n := p.metric(t, fmt.Sprintf(`exo_tensor_allsum_total{model="m",rank="%d"}`, r)); n == 0 {
 					t.Errorf("prefill rank %d ran no all_sums", r)
 				}
+			}
+		})
+	}
+}
+
+// TestTensorBackendMismatchMLX: a group whose rank 0 runs MLX and whose
+// follower runs cpu (and the reverse) does not wait in MLX's join for
+// ever: the ranks link first, each side refuses the other by name, and
+// the MLX rank exits with that error (the supervisor restarts it). By
+// hand (EXO_MLXC_PATH).
+func TestTensorBackendMismatchMLX(t *testing.T) {
+	mlx := mlxRunner(t)
+	dir := tinyModel(t, "main-long")
+	for _, mlxRank := range []int{0, 1} {
+		t.Run(fmt.Sprintf("mlx-rank%d", mlxRank), func(t *testing.T) {
+			peers := strings.Join([]string{freeAddr(t), freeAddr(t)}, ",")
+			ranks := make([]*proc, 2)
+			for r := range 2 {
+				p := &proc{t: t, name: fmt.Sprintf("tp-mismatch-rank%d", r), done: make(chan struct{})}
+				p.listen = freeAddr(t)
+				p.http = p.listen
+				args := []string{"runner", "decode", "--listen", p.listen, "--served-name", "m", "--backend", "cpu", "--offline",
+					"--model", dir, "--tensor", fmt.Sprintf("%d/2", r), "--tensor-peers", peers}
+				if r == mlxRank {
+					args = append(args, mlx...)
+				}
+				p.launch(t, args, p.name, 4000)
+				ranks[r] = p
+			}
+			select {
+			case <-ranks[mlxRank].done:
+			case <-time.After(120 * time.Second):
+				t.Fatalf("the MLX rank %d still runs 120 s after its cpu peer linked:\n%s", mlxRank, ranks[mlxRank].logs())
+			}
+			cpuRank := 1 - mlxRank
+			// Each side names the peer first: "rank P runs backend X
+			// (…), rank ME Y (…)".
+			for r, want := range map[int]string{
+				mlxRank: fmt.Sprintf("rank %d runs backend cpu (sums over the tensor link), rank %d mlx-cpu (over MLX's ring): every rank of a tensor group must run the same backend", cpuRank, mlxRank),
+				cpuRank: fmt.Sprintf("rank %d runs backend mlx-cpu (sums over MLX's ring), rank %d cpu (over the tensor link): every rank of a tensor group must run the same backend", mlxRank, cpuRank),
+			} {
+				// The cpu rank logs its side as the MLX rank exits.
+				testutil.Eventually(t, func() bool { return strings.Contains(ranks[r].logs(), want) }, 30*time.Second,
+					"rank %d logs %q", r, want)
+			}
+			if l := ranks[mlxRank].logs(); strings.Contains(l, "every rank linked: joining MLX's group") {
+				t.Errorf("the MLX rank went on to join MLX's group:\n%s", l)
 			}
 		})
 	}

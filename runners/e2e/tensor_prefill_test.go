@@ -52,8 +52,8 @@ func (g *tpPrefill) launch(t *testing.T, r int) {
 		p.listen, p.http = old.listen, old.http
 	}
 	// The flags start gives rank 0 (prefillBackendArgs: with
-	// EXO_E2E_PREFILL_BACKEND=mlx a cpu follower would leave an MLX rank 0
-	// waiting in MLX's ring for a peer that never joins it).
+	// EXO_E2E_PREFILL_BACKEND=mlx a cpu follower would be refused by an
+	// MLX rank 0, which then exits).
 	full := append([]string{"runner", "prefill", "--listen", p.listen, "--metrics", p.http, "--served-name", "m", "--backend", "cpu", "--offline"}, prefillBackendArgs()...)
 	full = append(full, g.args[r]...)
 	p.launch(t, full, p.name, 4000)

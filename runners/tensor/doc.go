@@ -12,7 +12,10 @@
 // rank 0, summed in rank order, so every rank gets the same bytes). On MLX
 // the ranks sum through MLX's own group (runners/engine/mlx JoinGroup) and
 // the link carries only the calls (MLX's ring, JACCL with an RDMA device
-// matrix, or NCCL on a CUDA GPU: join.go, jaccl.go, nccl.go).
+// matrix, or NCCL on a CUDA GPU: join.go, jaccl.go, nccl.go); there every
+// rank links first, so that the hellos refuse a rank on another backend
+// or group by name before anyone joins, and the link and the join are
+// each bounded (RankConfig.LinkTimeout, JoinTimeout).
 //
 // A prefill group (prefill.go) runs a prefill.Producer on every rank over
 // its share: rank 0 drives every computation with begin/chunk/end calls,

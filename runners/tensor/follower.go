@@ -29,6 +29,8 @@ type FollowerConfig struct {
 	Rejoin bool
 	// MLX says the ranks sum over MLX's group, not the link.
 	MLX bool
+	// Group and Backend: LeaderConfig's.
+	Group, Backend string
 	// Timeout bounds the wait for rank 0's sum within a call (0:
 	// DefaultTimeout).
 	Timeout time.Duration
@@ -54,6 +56,10 @@ type Follower struct {
 	// computations rank 0 drives (the call loop's; prefill.go).
 	pre    *prefill.Producer
 	drives map[uint64]*drive
+
+	// pending is the link made before joining MLX's group (link), which
+	// Run serves first.
+	pending *link
 
 	mu      sync.Mutex
 	linked  bool
@@ -109,10 +115,14 @@ func (f *Follower) setLinked(l *link, err error) {
 func (f *Follower) Run(ctx context.Context, m *engine.Model) error {
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
-		l, err := f.dial(ctx)
+		l, err := f.pending, error(nil)
+		f.pending = nil
+		if l == nil {
+			l, err = f.dial(ctx)
+		}
 		if err != nil {
 			f.setLinked(nil, err)
-			if errors.Is(err, ErrAuth) {
+			if errors.Is(err, ErrAuth) || errors.Is(err, ErrMismatch) {
 				f.log.Error("tensor link refused", "err", err)
 			}
 			select {
@@ -152,12 +162,38 @@ func (f *Follower) dial(ctx context.Context) (*link, error) {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	l, _, err := handshake(conn, hello{rank: f.rank, size: f.size, mlx: f.cfg.MLX}, f.cfg.Secret)
+	l, _, err := handshake(conn, hello{rank: f.rank, size: f.size, group: groupOf(f.cfg.MLX, f.cfg.Group), backend: f.cfg.Backend}, f.cfg.Secret)
 	if err != nil {
 		conn.Close()
 		return nil, err
 	}
 	return l, nil
+}
+
+// link links to rank 0 before the rank joins MLX's group (Run serves the
+// link later), dialling again until timeout; a refusal for another
+// backend, or a failed authentication, ends it at once.
+func (f *Follower) link(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	backoff := 50 * time.Millisecond
+	for {
+		l, err := f.dial(ctx)
+		if err == nil {
+			f.pending = l
+			return nil
+		}
+		if errors.Is(err, ErrAuth) || errors.Is(err, ErrMismatch) {
+			f.log.Error("tensor link refused", "err", err)
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("tensor: rank %d did not link to rank 0 at %s within %v: %w", f.rank, f.cfg.Leader, timeout, err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
 }
 
 // serveMLX is serve with the link read by a goroutine of its own: a call

@@ -44,17 +44,23 @@ func FuzzCall(f *testing.F) {
 	})
 }
 
-// FuzzFrame: a frame that reads re-writes to its bytes; hellos and acks
-// never panic.
+// FuzzFrame: a frame that reads re-writes to its bytes, as does a hello
+// that decodes; hellos and acks never panic.
 func FuzzFrame(f *testing.F) {
 	var buf bytes.Buffer
 	l := &link{conn: nopConn{&buf}}
 	_ = l.write(frameSum, []byte{1, 2, 3, 4})
 	f.Add(buf.Bytes())
 	f.Add(hello{rank: 1, size: 2, auth: true}.encode())
+	f.Add(hello{rank: 0, size: 2, backend: "cpu"}.encode())
+	f.Add(hello{rank: 1, size: 4, group: "ring", backend: "mlx-cpu"}.encode())
+	f.Add(hello{rank: 3, size: 4, auth: true, group: "nccl", backend: "mlx-gpu"}.encode())
+	f.Add(hello{rank: 2, size: 3, group: "jaccl", backend: "mlx-gpu"}.encode())
 	f.Add(encodeAck(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		_, _ = decodeHello(b)
+		if h, err := decodeHello(b); err == nil && !bytes.Equal(h.encode(), b) {
+			t.Fatalf("hello re-encoded %x, decoded from %x", h.encode(), b)
+		}
 		_ = decodeAck(b, 1)
 		typ, payload, err := readFrame(bytes.NewReader(b), nil, 1)
 		if err != nil {

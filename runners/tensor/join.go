@@ -2,6 +2,7 @@ package tensor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/mlx"
@@ -48,13 +50,32 @@ type RankConfig struct {
 	Model   string
 	Metrics *Metrics
 	Logger  *slog.Logger
+	// LinkTimeout bounds, on MLX, the wait for every rank's tensor link
+	// before joining MLX's group (0: DefaultLinkTimeout); JoinTimeout the
+	// join itself once every rank linked (0: DefaultJoinTimeout). Past
+	// either the rank's Collective fails naming the peers, and the
+	// runner exits for the supervisor to restart it.
+	LinkTimeout, JoinTimeout time.Duration
 }
+
+// DefaultLinkTimeout leaves a rank's peers time to resolve their model
+// (a download included) and open their backend before they link.
+const DefaultLinkTimeout = 10 * time.Minute
+
+// DefaultJoinTimeout bounds MLX's join once every rank linked (and so is
+// at its join): a rank dead before joining would leave it waiting for
+// ever (as runners/stage's Group.JoinTimeout).
+const DefaultJoinTimeout = 2 * time.Minute
 
 // Rank is this process's rank: Leader on rank 0, Follower elsewhere.
 type Rank struct {
 	Leader   *Leader
 	Follower *Follower
 	l        net.Listener
+	// served is rank 0's Leader.Serve's end once it serves (on MLX from
+	// before the join: the followers link first); stop ends it.
+	served chan error
+	stop   context.CancelFunc
 	// MLX is whether the ranks sum through MLX's group (a lost rank
 	// cannot rejoin it: every rank exits).
 	MLX bool
@@ -109,6 +130,11 @@ func Listen(c RankConfig) (*Rank, error) {
 // ring over the peers' hosts, or what MLX_HOSTFILE / MLX_RANK already
 // say) on mlx. Joining MLX's group blocks until its neighbours joined.
 func (r *Rank) Collective(c RankConfig, b engine.Backend) (engine.Collective, error) {
+	if r.Leader != nil {
+		r.Leader.cfg.Backend = b.Name()
+	} else {
+		r.Follower.cfg.Backend = b.Name()
+	}
 	if b.Name() == "cpu" {
 		var coll engine.Collective
 		if r.Leader != nil {
@@ -162,8 +188,35 @@ func (r *Rank) Collective(c RankConfig, b engine.Backend) (engine.Collective, er
 		os.Setenv("MLX_HOSTFILE", path)
 		os.Setenv("MLX_RANK", strconv.Itoa(c.Rank))
 	}
-	g, err := mlx.JoinGroup(b, mlx.GroupOptions{Backend: bk, Strict: true})
+	// Every rank links first (the hellos refuse a rank on another
+	// backend or group by name), then joins, within the bounds.
+	if c.LinkTimeout <= 0 {
+		c.LinkTimeout = DefaultLinkTimeout
+	}
+	if c.JoinTimeout <= 0 {
+		c.JoinTimeout = DefaultJoinTimeout
+	}
+	var lost <-chan struct{}
+	if r.Leader != nil {
+		r.Leader.cfg.Rejoin, r.Leader.cfg.MLX, r.Leader.cfg.Group = false, true, bk
+		r.serve()
+		c.Logger.Info("tensor: waiting for every rank to link before joining MLX's group", "group", bk, "timeout", c.LinkTimeout)
+		if err := r.Leader.awaitWhole(c.LinkTimeout, c.Peers); err != nil {
+			return nil, err
+		}
+		lost = r.Leader.Lost()
+	} else {
+		r.Follower.cfg.Rejoin, r.Follower.cfg.MLX, r.Follower.cfg.Group = false, true, bk
+		c.Logger.Info("tensor: linking to rank 0 before joining MLX's group", "group", bk, "rank0", c.Peers[0], "timeout", c.LinkTimeout)
+		if err := r.Follower.link(context.Background(), c.LinkTimeout); err != nil {
+			return nil, err
+		}
+	}
+	c.Logger.Info("tensor: every rank linked: joining MLX's group", "group", bk, "timeout", c.JoinTimeout)
+	g, err := boundedJoin(func() (*mlx.Collective, error) { return mlx.JoinGroup(b, mlx.GroupOptions{Backend: bk, Strict: true}) },
+		c.JoinTimeout, lost)
 	if err != nil {
+		err = fmt.Errorf("%w; ranks' tensor addresses %s", err, strings.Join(c.Peers, ","))
 		if bk == "nccl" {
 			return nil, fmt.Errorf("tensor: join MLX's NCCL group (NCCL_HOST_IP %s, NCCL_PORT %s, MLX_RANK %s, MLX_WORLD_SIZE %s): %w",
 				os.Getenv("NCCL_HOST_IP"), os.Getenv("NCCL_PORT"), os.Getenv("MLX_RANK"), os.Getenv("MLX_WORLD_SIZE"), err)
@@ -178,12 +231,37 @@ func (r *Rank) Collective(c RankConfig, b engine.Backend) (engine.Collective, er
 		return nil, fmt.Errorf("tensor: MLX's group says rank %d of %d, --tensor %d/%d", g.Rank(), g.Size(), c.Rank, c.Size)
 	}
 	r.MLX = true
-	if r.Leader != nil {
-		r.Leader.cfg.Rejoin, r.Leader.cfg.MLX = false, true
-	} else {
-		r.Follower.cfg.Rejoin, r.Follower.cfg.MLX = false, true
-	}
 	return Meter(g, c.Metrics, c.Model), nil
+}
+
+// errJoinTimeout is wrapped by a join that did not finish in its bound.
+var errJoinTimeout = errors.New("the join did not finish in its bound (a rank died or hangs before joining?): exiting so that the supervisor restarts every rank")
+
+// boundedJoin runs join, which may never return (MLX's join waits for
+// every rank), for at most timeout, or until lost closes (a rank's link
+// dropped: it will not join); the join is then left behind (the process
+// exits).
+func boundedJoin[G any](join func() (G, error), timeout time.Duration, lost <-chan struct{}) (G, error) {
+	type res struct {
+		g   G
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		g, err := join()
+		done <- res{g, err}
+	}()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	var zero G
+	select {
+	case r := <-done:
+		return r.g, r.err
+	case <-t.C:
+		return zero, fmt.Errorf("%w (%v)", errJoinTimeout, timeout)
+	case <-lost:
+		return zero, errors.New("a rank's tensor link dropped before MLX's group was joined: exiting so that the supervisor restarts every rank")
+	}
 }
 
 // chooseMLXBackend picks MLX's backend for c: on a CUDA GPU "nccl" when
@@ -240,18 +318,28 @@ func (r *Rank) Serve(ctx context.Context, m *engine.Model) error {
 	if r.Follower != nil {
 		return r.Follower.Run(ctx, m)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- r.Leader.Serve(ctx, r.l) }()
+	r.serve()
+	defer r.stop()
+	stop := context.AfterFunc(ctx, r.stop)
+	defer stop()
 	select {
-	case err := <-errc:
+	case err := <-r.served:
 		return err
 	case <-r.Leader.Lost():
-		cancel()
-		<-errc
+		r.stop()
+		<-r.served
 		return fmt.Errorf("tensor: a rank of MLX's group was lost (%v): every rank must restart", r.Leader.Health())
 	}
+}
+
+// serve starts rank 0's Leader.Serve on its listener, once.
+func (r *Rank) serve() {
+	if r.served != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.served, r.stop = make(chan error, 1), cancel
+	go func() { r.served <- r.Leader.Serve(ctx, r.l) }()
 }
 
 // Health is nil while the group is whole (rank 0) or linked (follower).
@@ -264,6 +352,9 @@ func (r *Rank) Health() error {
 
 // Close releases rank 0's listener (Serve closes it too).
 func (r *Rank) Close() {
+	if r.stop != nil {
+		r.stop()
+	}
 	if r.l != nil {
 		r.l.Close()
 	}

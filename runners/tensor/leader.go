@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +45,10 @@ type LeaderConfig struct {
 	// MLX says the ranks sum over MLX's group, not the link (every rank
 	// must say the same: checked at the handshake).
 	MLX bool
+	// Group is MLX's group ("ring", "nccl", "jaccl"; "" with MLX: the
+	// ring) and Backend the engine backend's name, which the hello
+	// carries (a mismatch is refused naming both).
+	Group, Backend string
 	// Timeout bounds a follower's silence within a call (0:
 	// DefaultTimeout).
 	Timeout time.Duration
@@ -76,6 +81,10 @@ type Leader struct {
 	lastErr error
 	lost    chan struct{} // closed when a non-rejoinable group breaks
 	lostOne sync.Once
+	won     chan struct{} // closed when the group is first whole
+	// refused gets (without blocking) a link refused because its rank
+	// runs another backend (awaitWhole's).
+	refused chan error
 	// want, when set, gets a prefill follower's Want (prefill.go).
 	want func(rank int, tokens []int32, from int, seen uint64)
 }
@@ -108,7 +117,7 @@ func NewLeader(cfg LeaderConfig) (*Leader, error) {
 		cfg.Logger = slog.Default()
 	}
 	return &Leader{cfg: cfg, size: cfg.Size, log: cfg.Logger, peers: make([]*peer, cfg.Size),
-		caches: map[uint64]*cache{}, lost: make(chan struct{}),
+		caches: map[uint64]*cache{}, lost: make(chan struct{}), won: make(chan struct{}), refused: make(chan error, 1),
 		lastErr: fmt.Errorf("%w: waiting for ranks 1 to %d to join", ErrGroup, cfg.Size-1)}, nil
 }
 
@@ -164,7 +173,16 @@ func (g *Leader) admit(conn net.Conn) {
 		_ = tc.SetNoDelay(true)
 		_ = tc.SetKeepAlivePeriod(5 * time.Second)
 	}
-	l, h, err := handshake(conn, hello{rank: 0, size: g.size, mlx: g.cfg.MLX}, g.cfg.Secret)
+	l, h, err := handshake(conn, g.cfg.hello(), g.cfg.Secret)
+	if errors.Is(err, ErrMismatch) {
+		g.log.Error("tensor link refused", "remote", conn.RemoteAddr().String(), "err", err)
+		conn.Close()
+		select {
+		case g.refused <- err:
+		default:
+		}
+		return
+	}
 	if err != nil {
 		g.log.Warn("tensor link refused", "remote", conn.RemoteAddr().String(), "err", err)
 		conn.Close()
@@ -212,8 +230,44 @@ func (g *Leader) admit(conn net.Conn) {
 			c.stale = true
 		}
 	}
+	if !g.everWon {
+		close(g.won)
+	}
 	g.whole, g.everWon, g.lastErr = true, true, nil
 	g.log.Info("tensor group whole", "ranks", g.size)
+}
+
+// hello is rank 0's hello.
+func (c LeaderConfig) hello() hello {
+	return hello{rank: 0, size: c.Size, group: groupOf(c.MLX, c.Group), backend: c.Backend}
+}
+
+// groupOf is a hello's group: "" on the link, MLX's group (the ring
+// unless named) on MLX.
+func groupOf(mlx bool, group string) string {
+	switch {
+	case !mlx:
+		return ""
+	case group == "":
+		return "ring"
+	}
+	return group
+}
+
+// awaitWhole waits, at most timeout, until every follower has linked (the
+// first time): it fails at once when a rank's link is refused for another
+// backend, and at the timeout naming the ranks still missing.
+func (g *Leader) awaitWhole(timeout time.Duration, peers []string) error {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-g.won:
+		return nil
+	case err := <-g.refused:
+		return err
+	case <-t.C:
+		return fmt.Errorf("tensor: the ranks did not all link to rank 0 within %v (%v; --tensor-peers %s)", timeout, g.Health(), strings.Join(peers, ","))
+	}
 }
 
 func (g *Leader) readLoop(p *peer) {

@@ -2,6 +2,7 @@ package tensor
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"hash/crc32"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -22,10 +24,15 @@ import (
 //
 // Handshake (each side writes its hello, then reads the other's):
 //
-//	hello  = magic "EXOTP" | version u8 | rank u16 | size u16 | auth u8 | sum u8 | nonce [32]
+//	hello  = magic "EXOTP" | version u8 | rank u16 | size u16 | auth u8 | sum u8 | backend [16] | nonce [32]
 //
-// (sum: 0 = the ranks sum over this link, 1 = over MLX's group; every
-// rank must say the same.)
+// (sum: 0 = the ranks sum over this link (the cpu backend), 1 = over
+// MLX's ring, 2 = MLX's NCCL group, 3 = MLX's JACCL group; backend: the
+// rank's engine backend name, "cpu", "mlx-cpu" or "mlx-gpu", NUL padded.
+// Every rank must say the same sum: a mismatch is refused, on both sides,
+// naming both ranks' backends. On MLX the ranks link before any joins
+// MLX's group, so that a rank on another backend is refused by name
+// instead of leaving the others waiting in MLX's join.)
 //
 // With a secret (auth = 1 on both sides, else refused) the follower then
 // writes HMAC-SHA256(secret, "exo-tensor/<version> follower" || n0 || nf)
@@ -39,8 +46,9 @@ import (
 
 const (
 	linkMagic   = "EXOTP"
-	linkVersion = 1
-	helloLen    = len(linkMagic) + 1 + 2 + 2 + 1 + 1 + 32
+	linkVersion = 2
+	backendLen  = 16
+	helloLen    = len(linkMagic) + 1 + 2 + 2 + 1 + 1 + backendLen + 32
 	// maxFrame bounds a frame's payload: an all_sum of a prefill chunk
 	// (chunk × hidden × 4 bytes) or a call's token ids.
 	maxFrame = 1 << 28
@@ -69,12 +77,31 @@ var ErrLink = errors.New("tensor link")
 // ErrAuth is wrapped (with ErrLink) by a failed authentication.
 var ErrAuth = errors.New("authentication failed")
 
+// ErrMismatch is wrapped (with ErrLink) by the refusal of a rank that runs
+// another backend, or sums over another group, than this one.
+var ErrMismatch = errors.New("every rank of a tensor group must run the same backend")
+
+// sums are the hello's sum values: where the ranks sum ("" = the link).
+var sums = []string{"", "ring", "nccl", "jaccl"}
+
+// sumName says where a group sums, for errors.
+func sumName(group string) string {
+	if group == "" {
+		return "the tensor link"
+	}
+	return "MLX's " + group
+}
+
 // hello is one side's first message.
 type hello struct {
 	rank, size int
 	auth       bool
-	mlx        bool // the ranks sum over MLX's group, not the link
-	nonce      [32]byte
+	// group is MLX's group the ranks sum over ("ring", "nccl",
+	// "jaccl"), "" for the link (the cpu backend).
+	group string
+	// backend is the rank's engine backend name ("" unknown).
+	backend string
+	nonce   [32]byte
 }
 
 func (h hello) encode() []byte {
@@ -88,22 +115,32 @@ func (h hello) encode() []byte {
 		a = 1
 	}
 	b = append(b, a)
-	m := byte(0)
-	if h.mlx {
-		m = 1
-	}
-	b = append(b, m)
+	b = append(b, byte(max(0, slices.Index(sums, h.group))))
+	var be [backendLen]byte
+	copy(be[:], h.backend)
+	b = append(b, be[:]...)
 	return append(b, h.nonce[:]...)
 }
 
+// checkHead checks a hello's magic and version (its first bytes).
+func checkHead(b []byte) error {
+	if len(b) < len(linkMagic)+1 || string(b[:len(linkMagic)]) != linkMagic {
+		return fmt.Errorf("%w: not a tensor link peer", ErrLink)
+	}
+	if v := b[len(linkMagic)]; v != linkVersion {
+		return fmt.Errorf("%w: peer speaks version %d, this runner %d (every rank must run the same exo)", ErrLink, v, linkVersion)
+	}
+	return nil
+}
+
 func decodeHello(b []byte) (hello, error) {
-	if len(b) != helloLen || string(b[:len(linkMagic)]) != linkMagic {
-		return hello{}, fmt.Errorf("%w: not a tensor link peer", ErrLink)
+	if err := checkHead(b); err != nil {
+		return hello{}, err
+	}
+	if len(b) != helloLen {
+		return hello{}, fmt.Errorf("%w: a hello of %d bytes, want %d", ErrLink, len(b), helloLen)
 	}
 	p := b[len(linkMagic):]
-	if p[0] != linkVersion {
-		return hello{}, fmt.Errorf("%w: peer speaks version %d, this runner %d", ErrLink, p[0], linkVersion)
-	}
 	h := hello{rank: int(binary.LittleEndian.Uint16(p[1:])), size: int(binary.LittleEndian.Uint16(p[3:]))}
 	switch p[5] {
 	case 0:
@@ -112,14 +149,22 @@ func decodeHello(b []byte) (hello, error) {
 	default:
 		return hello{}, fmt.Errorf("%w: bad auth flag %d", ErrLink, p[5])
 	}
-	switch p[6] {
-	case 0:
-	case 1:
-		h.mlx = true
-	default:
+	if int(p[6]) >= len(sums) {
 		return hello{}, fmt.Errorf("%w: bad sum flag %d", ErrLink, p[6])
 	}
-	copy(h.nonce[:], p[7:])
+	h.group = sums[p[6]]
+	be := p[7 : 7+backendLen]
+	n := bytes.IndexByte(be, 0)
+	if n < 0 {
+		n = backendLen
+	}
+	for i, c := range be {
+		if i < n && !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') || i >= n && c != 0 {
+			return hello{}, fmt.Errorf("%w: bad backend name %q", ErrLink, be)
+		}
+	}
+	h.backend = string(be[:n])
+	copy(h.nonce[:], p[7+backendLen:])
 	return h, nil
 }
 
@@ -149,8 +194,17 @@ func handshake(conn net.Conn, me hello, secret []byte) (*link, hello, error) {
 		return nil, hello{}, fmt.Errorf("%w: write hello: %w", ErrLink, err)
 	}
 	br := bufio.NewReaderSize(conn, 64<<10)
+	// The magic and version first: a peer of another version (whose
+	// hello may be shorter) is refused as that, not as a short read.
 	buf := make([]byte, helloLen)
-	if _, err := io.ReadFull(br, buf); err != nil {
+	head := len(linkMagic) + 1
+	if _, err := io.ReadFull(br, buf[:head]); err != nil {
+		return nil, hello{}, fmt.Errorf("%w: read hello: %w", ErrLink, err)
+	}
+	if string(buf[:len(linkMagic)]) != linkMagic || buf[len(linkMagic)] != linkVersion {
+		return nil, hello{}, checkHead(buf[:head])
+	}
+	if _, err := io.ReadFull(br, buf[head:]); err != nil {
 		return nil, hello{}, fmt.Errorf("%w: read hello: %w", ErrLink, err)
 	}
 	peer, err := decodeHello(buf)
@@ -160,15 +214,15 @@ func handshake(conn net.Conn, me hello, secret []byte) (*link, hello, error) {
 	if peer.size != me.size {
 		return nil, hello{}, fmt.Errorf("%w: peer rank %d is in a group of %d, this one of %d", ErrLink, peer.rank, peer.size, me.size)
 	}
-	if peer.mlx != me.mlx {
-		where := func(m bool) string {
-			if m {
-				return "MLX's group (--backend mlx)"
+	if peer.group != me.group {
+		name := func(b string) string {
+			if b == "" {
+				return "unknown"
 			}
-			return "the tensor link (--backend cpu)"
+			return b
 		}
-		return nil, hello{}, fmt.Errorf("%w: rank %d sums over %s, rank %d over %s: every rank needs the same backend",
-			ErrLink, peer.rank, where(peer.mlx), me.rank, where(me.mlx))
+		return nil, hello{}, fmt.Errorf("%w: rank %d runs backend %s (sums over %s), rank %d %s (over %s): %w",
+			ErrLink, peer.rank, name(peer.backend), sumName(peer.group), me.rank, name(me.backend), sumName(me.group), ErrMismatch)
 	}
 	if peer.auth != me.auth {
 		return nil, hello{}, fmt.Errorf("%w: %w: one side has a secret and the other none", ErrLink, ErrAuth)

@@ -3,6 +3,8 @@ package tensor
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"math"
 	"net"
 	"strings"
@@ -296,11 +298,37 @@ func TestWrongSecret(t *testing.T) {
 	}
 }
 
-// TestBackendsDiffer: a follower summing over MLX's group never joins a
-// rank 0 summing over the link (and the reverse), and says why.
+// TestBackendsDiffer: a rank on another backend (or MLX group) than rank
+// 0 is refused by name on both sides over real links, before any rank
+// would join MLX's group: the follower's dial and rank 0's awaitWhole
+// (which Collective runs before the join) fail at once with ErrMismatch
+// naming both ranks' backends, and the group never becomes whole.
 func TestBackendsDiffer(t *testing.T) {
-	for _, leaderMLX := range []bool{false, true} {
-		g, err := NewLeader(LeaderConfig{Size: 2, MLX: leaderMLX})
+	type side struct {
+		mlx            bool
+		group, backend string
+	}
+	cpu := side{false, "", "cpu"}
+	ring := side{true, "ring", "mlx-cpu"}
+	// says is how a side names itself in the refusal: backend (where).
+	says := func(s side) (string, string) {
+		if s.group == "" {
+			return s.backend, "the tensor link"
+		}
+		return s.backend, "MLX's " + s.group
+	}
+	for _, tc := range []struct{ leader, follower side }{
+		{ring, cpu},
+		{cpu, ring},
+		{side{true, "nccl", "mlx-gpu"}, ring},
+		{side{true, "jaccl", "mlx-gpu"}, side{true, "ring", "mlx-gpu"}},
+	} {
+		lb, lw := says(tc.leader)
+		fb, fw := says(tc.follower)
+		// Each side names the peer first, then itself.
+		want0 := fmt.Sprintf("rank 1 runs backend %s (sums over %s), rank 0 %s (over %s)", fb, fw, lb, lw)
+		want1 := fmt.Sprintf("rank 0 runs backend %s (sums over %s), rank 1 %s (over %s)", lb, lw, fb, fw)
+		g, err := NewLeader(LeaderConfig{Size: 2, MLX: tc.leader.mlx, Group: tc.leader.group, Backend: tc.leader.backend})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -309,15 +337,97 @@ func TestBackendsDiffer(t *testing.T) {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
-		go g.Serve(ctx, l)
-		f, err := NewFollower(FollowerConfig{Rank: 1, Size: 2, Leader: l.Addr().String(), MLX: !leaderMLX})
+		served := make(chan error, 1)
+		go func() { served <- g.Serve(ctx, l) }()
+		f, err := NewFollower(FollowerConfig{Rank: 1, Size: 2, Leader: l.Addr().String(),
+			MLX: tc.follower.mlx, Group: tc.follower.group, Backend: tc.follower.backend})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := f.dial(ctx); err == nil || !strings.Contains(err.Error(), "every rank needs the same backend") {
-			t.Fatalf("rank 0 mlx %v, rank 1 mlx %v: %v", leaderMLX, !leaderMLX, err)
+		// The follower's side: the pre-join link ends at once, not at
+		// its timeout.
+		err = f.link(ctx, time.Hour)
+		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), want1) {
+			t.Errorf("%+v/%+v: follower: %v, want %q", tc.leader, tc.follower, err, want1)
+		}
+		// Rank 0's side: awaitWhole fails on the refusal, not at its
+		// timeout.
+		err = g.awaitWhole(time.Hour, []string{l.Addr().String(), "127.0.0.1:1"})
+		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), want0) || !strings.Contains(err.Error(), ErrMismatch.Error()) {
+			t.Errorf("%+v/%+v: rank 0: %v, want %q", tc.leader, tc.follower, err, want0)
+		}
+		if g.Health() == nil {
+			t.Errorf("%+v/%+v: the group is whole", tc.leader, tc.follower)
 		}
 		cancel()
+		<-served
+	}
+}
+
+// TestSameBackendLinks: ranks on the same MLX group link (Follower.link,
+// before the join) and rank 0's awaitWhole sees the group whole; a rank
+// that never links fails awaitWhole at its bound naming the missing rank.
+func TestSameBackendLinks(t *testing.T) {
+	g, err := NewLeader(LeaderConfig{Size: 3, MLX: true, Group: "ring", Backend: "mlx-cpu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go g.Serve(ctx, l)
+	f, err := NewFollower(FollowerConfig{Rank: 1, Size: 3, Leader: l.Addr().String(), MLX: true, Group: "ring", Backend: "mlx-cpu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.link(ctx, time.Hour); err != nil || f.pending == nil {
+		t.Fatalf("link: %v", err)
+	}
+	// Rank 2 never links: the bound (a short one: nothing will come)
+	// names it.
+	err = g.awaitWhole(time.Millisecond, []string{"a:1", "b:2", "c:3"})
+	if err == nil || !strings.Contains(err.Error(), "waiting for ranks [2]") || !strings.Contains(err.Error(), "a:1,b:2,c:3") {
+		t.Fatalf("awaitWhole without rank 2: %v", err)
+	}
+	f2, err := NewFollower(FollowerConfig{Rank: 2, Size: 3, Leader: l.Addr().String(), MLX: true, Group: "ring", Backend: "mlx-cpu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f2.link(ctx, time.Hour); err != nil {
+		t.Fatalf("link rank 2: %v", err)
+	}
+	if err := g.awaitWhole(time.Hour, nil); err != nil {
+		t.Fatalf("awaitWhole: %v", err)
+	}
+	if err := g.Health(); err != nil {
+		t.Fatalf("whole group: %v", err)
+	}
+}
+
+// TestBoundedJoin: a join that never returns fails at the bound, or at
+// once when a rank's link drops (lost); a join that returns passes its
+// result through. The join is injected (MLX's is not needed).
+func TestBoundedJoin(t *testing.T) {
+	never := make(chan struct{})
+	defer close(never)
+	hang := func() (int, error) { <-never; return 0, errors.New("unreachable") }
+	if _, err := boundedJoin(hang, time.Millisecond, nil); !errors.Is(err, errJoinTimeout) {
+		t.Fatalf("hung join: %v", err)
+	}
+	lost := make(chan struct{})
+	close(lost)
+	if _, err := boundedJoin(hang, time.Hour, lost); err == nil || !strings.Contains(err.Error(), "link dropped") {
+		t.Fatalf("lost rank: %v", err)
+	}
+	if g, err := boundedJoin(func() (int, error) { return 7, nil }, time.Hour, nil); g != 7 || err != nil {
+		t.Fatalf("join: %v %v", g, err)
+	}
+	fail := errors.New("refused")
+	if _, err := boundedJoin(func() (int, error) { return 0, fail }, time.Hour, nil); !errors.Is(err, fail) {
+		t.Fatalf("failed join: %v", err)
 	}
 }
 
@@ -386,5 +496,34 @@ func TestFillAllOrNothing(t *testing.T) {
 	}
 	if cs := cosine(got, want); cs < 0.99999 {
 		t.Fatalf("after the refused fill: cosine %v to the whole model", cs)
+	}
+}
+
+// TestOldVersionPeer: a rank 0 that speaks version 1 of the link (a
+// shorter hello) is refused as that version, not as a short read.
+func TestOldVersionPeer(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		// Version 1's hello: magic, version, rank, size, auth, sum, nonce.
+		v1 := append([]byte(linkMagic), 1, 0, 0, 2, 0, 0, 0)
+		c.Write(append(v1, make([]byte, 32)...))
+		io.Copy(io.Discard, c)
+	}()
+	f, err := NewFollower(FollowerConfig{Rank: 1, Size: 2, Leader: l.Addr().String(), Backend: "cpu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.dial(context.Background())
+	if !errors.Is(err, ErrLink) || !strings.Contains(err.Error(), "peer speaks version 1, this runner 2") {
+		t.Fatalf("v1 rank 0: %v", err)
 	}
 }
