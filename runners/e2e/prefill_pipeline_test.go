@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -213,5 +214,66 @@ func TestPrefillPipelineIntoOneRunner(t *testing.T) {
 	}
 	if n := d2.metric(t, outcome("ok")); n != 0 {
 		t.Errorf("with a prefill stage dead the runner counts %v remote prefills ok", n)
+	}
+}
+
+// TestPrefillGroupsIntoOneRunner: two prefill pipeline groups of real
+// processes (prefill.groups, each its own ring) fill a one-process decode
+// runner told both as the supervisor plans them (`--prefill
+// G0S0@0:1,G0S1@1:3,G1S0@0:1,G1S1@1:3`: each range's stages, one per
+// group, are replicas tried in order); the answer equals local prefill's
+// at temperature 0. With group 0's stage 1 killed, the next long prompt
+// is answered the same with no error to the client: its 1:3 range goes to
+// group 1's stage 1 (which has its own stage 0 compute the prompt), or the
+// fill fails and the runner prefills locally. With all of group 0 dead,
+// group 1 fills every range remotely.
+func TestPrefillGroupsIntoOneRunner(t *testing.T) {
+	model := tinyModel(t, "other") // 3 layers
+	ask := func(seed int) []pipeReq {
+		return []pipeReq{{user(words(seed, 60)), 12, map[string]any{"temperature": 0, "ignore_eos": true}}}
+	}
+	one := start(t, "one", "decode", "--model", model)
+	want := [][]chatResult{askAll(t, one.listen, ask(5), false), askAll(t, one.listen, ask(6), false), askAll(t, one.listen, ask(7), false)}
+	one.stop()
+	bounds := []int{0, 1, 3}
+	var groups [][]*proc
+	var list []string
+	for g := range 2 {
+		base := testutil.Ports(t, 6)
+		links := []string{fmt.Sprintf("127.0.0.1:%d", base), fmt.Sprintf("127.0.0.1:%d", base+1)}
+		var pst []*proc
+		for i := range 2 {
+			pst = append(pst, launchPrefillStage(t, fmt.Sprintf("g%d", g), model, i, bounds, links,
+				fmt.Sprintf("127.0.0.1:%d", base+2+2*i), fmt.Sprintf("127.0.0.1:%d", base+3+2*i)))
+		}
+		groups = append(groups, pst)
+		list = append(list, pst[0].listen+"@0:1", pst[1].listen+"@1:3")
+	}
+	waitHealthy(t, append(slices.Clone(groups[0]), groups[1]...)...)
+	d := start(t, "d", "decode", "--model", model, "--prefill", strings.Join(list, ","), "--remote-prefill-min-tokens", "16")
+	if got := askAll(t, d.listen, ask(5), false); got[0].Text != want[0][0].Text {
+		t.Errorf("two prefill groups into one runner: %q, local %q", got[0].Text, want[0][0].Text)
+	}
+	if n := d.metric(t, outcome("ok")); n != 1 {
+		t.Errorf("the decode runner counts %v remote prefills ok, want 1\n%s", n, tail(d.logs(), 3000))
+	}
+
+	// Group 0's stage 1 gone: the answer is the same (askAll fails the
+	// test on any error status or error event).
+	groups[0][1].kill()
+	if got := askAll(t, d.listen, ask(6), false); got[0].Text != want[1][0].Text {
+		t.Errorf("with group 0's stage 1 dead: %q, local %q\n%s", got[0].Text, want[1][0].Text, tail(d.logs(), 3000))
+	}
+	ok := d.metric(t, outcome("ok"))
+	t.Logf("with group 0's stage 1 dead: remote prefills ok %v (2: group 1 served 1:3; 1: prefilled locally)", ok)
+
+	// All of group 0 gone: group 1 fills every range (the dead stages
+	// refuse connections, so each range goes on to group 1's stage).
+	groups[0][0].kill()
+	if got := askAll(t, d.listen, ask(7), false); got[0].Text != want[2][0].Text {
+		t.Errorf("with group 0 dead: %q, local %q\n%s", got[0].Text, want[2][0].Text, tail(d.logs(), 3000))
+	}
+	if n := d.metric(t, outcome("ok")); n != ok+1 {
+		t.Errorf("with group 0 dead the runner counts %v remote prefills ok, want %v (group 1's)\n%s", n, ok+1, tail(d.logs(), 3000))
 	}
 }

@@ -255,9 +255,9 @@ type Role struct {
 	// order, form the stages Tensor at a time (stage I: hosts
 	// [I·Tensor, (I+1)·Tensor)), the first of each its rank 0.
 	Tensor int `toml:"tensor"`
-	// Groups makes a decode pipeline several pipeline groups, replicas of
-	// each other: each inner list is one group's stage hosts in order
-	// (decode only, instead of hosts). Validation sets Hosts to every
+	// Groups makes a decode or prefill pipeline several pipeline groups,
+	// replicas of each other: each inner list is one group's stage hosts
+	// in order (instead of hosts). Validation sets Hosts to every
 	// group's hosts, group after group.
 	Groups [][]string `toml:"groups"`
 }

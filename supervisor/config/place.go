@@ -414,10 +414,20 @@ func (c *Config) PlaceWith(facts FactsFunc, o PlaceOptions) ([]Placement, error)
 					pl.Group, pl.Groups = g, len(r.Groups)
 					what = fmt.Sprintf("%s group %d", rr.role, g)
 				}
-				if p, err := c.placeGroup(f, ferr, m.Name, rr.role, r, g, hosts, o, pl); err != nil {
+				p, err := c.placeGroup(f, ferr, m.Name, rr.role, r, g, hosts, o, pl)
+				if err != nil {
 					bad(key, "model %s: %s: %v", m.Name, what, err)
-				} else {
-					out = append(out, p)
+					continue
+				}
+				out = append(out, p)
+				if rr.role == Prefill && g > 0 {
+					// Decode takes every group's stage i as replicas of
+					// one layer range (plan.go): the groups must split alike.
+					a, b := groupString(c.StageGroup(m.Name, Prefill, 0)), groupString(c.StageGroup(m.Name, Prefill, g))
+					if a != "" && b != "" && a != b {
+						c.setStages(m.Name, Prefill, g, nil) // group g does not run
+						bad(key, "model %s: %s splits the layers %s but group 0 %s: decode takes every prefill group's stage i as a replica of one layer range, so the groups must split alike (set prefill.layers, or give the groups alike hosts)", m.Name, what, b, a)
+					}
 				}
 			}
 		}

@@ -367,3 +367,45 @@ decode = { groups = [["a", "b"], ["c", "d"]], shard = "pipeline" }
 		t.Fatalf("placements %+v %v", ps, err)
 	}
 }
+
+// TestPlacePrefillGroups: decode takes prefill group g's stage i as a
+// replica of group 0's, so prefill groups split differently are refused
+// (naming both splits) and the odd group does not run.
+func TestPlacePrefillGroups(t *testing.T) {
+	src := threeHosts + `
+[hosts.d]
+address = "127.0.0.5"
+backend = "cpu"
+
+[[models]]
+name = "m"
+source = "s"
+decode = { hosts = ["a"] }
+prefill = { groups = [["b", "c"], ["d", "a"]], shard = "pipeline" }
+`
+	c, err := Parse("f.toml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f16 := func(string) (*modelinfo.Facts, error) { f := facts(16, 0, 0, false); f.MaxContext = 0; return f, nil }
+	alike := map[string]HostMemory{"a": {Total: 40 * gib}, "b": {Total: 40 * gib}, "c": {Total: 40 * gib}, "d": {Total: 40 * gib}}
+	if _, err := c.PlaceWith(f16, PlaceOptions{LocalHost: "a", Wait: true, Reported: alike}); err != nil {
+		t.Fatalf("alike groups: %v", err)
+	}
+	if n := len(c.Runners("d")); n != 1 {
+		t.Errorf("host d runs %d prefill stages, want 1", n)
+	}
+	unlike := map[string]HostMemory{"a": {Total: 40 * gib}, "b": {Total: 40 * gib}, "c": {Total: 104 * gib}, "d": {Total: 40 * gib}}
+	_, err = c.PlaceWith(f16, PlaceOptions{LocalHost: "a", Wait: true, Reported: unlike})
+	if err == nil || !strings.Contains(err.Error(), "model m: prefill group 1 splits the layers 0:8,8:16 but group 0 0:4,4:16") {
+		t.Fatalf("unlike groups: %v", err)
+	}
+	if n := len(c.Runners("d")); n != 0 {
+		t.Errorf("host d runs %d prefill stages of a group split unlike group 0, want 0", n)
+	}
+	for _, r := range c.Runners("a") {
+		if r.Role == Decode && len(r.Prefill) != 2 {
+			t.Errorf("decode --prefill %v, want group 0's stages only", r.Prefill)
+		}
+	}
+}

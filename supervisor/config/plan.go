@@ -361,27 +361,56 @@ func runnerBackend(b Backend) (backend, device string) {
 func (c *Config) AllRunners() []Runner {
 	var out []Runner
 	for mi, m := range c.Models {
-		var prefill, health []string
-		if m.Prefill != nil {
+		// pfEntries and pfHealth are the prefill endpoints, one list per
+		// prefill group (one for whole runners, tensor ranks or a single
+		// pipeline); a decode runner gets every group, its own rotation
+		// first (prefillFor).
+		var pfEntries [][]string
+		var pfHealth []string
+		if r := m.Prefill; r != nil {
 			// A pipeline prefill's stages are ADDR@A:B (contract C4), and
-			// only once its split is known (else decode prefills locally).
-			pst := c.stages[stageKey(m.Name, Prefill, 0)]
-			for si, hn := range m.Prefill.Hosts {
-				if m.Prefill.Pipeline() && pst == nil {
-					break
+			// only once its group's split is known (else decode prefills
+			// locally). With prefill.groups every group's stage i serves
+			// the same layers (Place refuses groups split differently), so
+			// decode takes them as replicas of that range.
+			groups := [][]string{r.Hosts}
+			if r.Pipeline() {
+				groups = r.StageGroups()
+			}
+			for g, hosts := range groups {
+				pst := c.stages[stageKey(m.Name, Prefill, g)]
+				if r.Pipeline() && pst == nil {
+					continue
 				}
-				h := c.Hosts[hn]
-				kv := net.JoinHostPort(h.Address, strconv.Itoa(m.Prefill.Port))
-				if m.Prefill.Pipeline() {
-					kv += fmt.Sprintf("@%d:%d", pst[si].Start, pst[si].End)
+				var kvs, hs []string
+				for si, hn := range hosts {
+					h := c.Hosts[hn]
+					kv := net.JoinHostPort(h.Address, strconv.Itoa(r.Port))
+					if r.Pipeline() {
+						kv += fmt.Sprintf("@%d:%d", pst[si].Start, pst[si].End)
+					}
+					if r.Shard == ShardTensor { // rank si of the group serves its KV heads
+						kv += fmt.Sprintf("#%d/%d", si, len(hosts))
+					}
+					kvs = append(kvs, kv)
+					hs = append(hs, net.JoinHostPort(h.Address, strconv.Itoa(r.MetricsPort)))
 				}
-				if m.Prefill.Shard == ShardTensor { // rank si of the group serves its KV heads
-					kv += fmt.Sprintf("#%d/%d", si, len(m.Prefill.Hosts))
-				}
-				prefill = append(prefill, kv)
-				health = append(health, net.JoinHostPort(h.Address, strconv.Itoa(m.Prefill.MetricsPort)))
+				pfEntries, pfHealth = append(pfEntries, kvs), append(pfHealth, hs...)
 			}
 		}
+		// prefillFor is decode runner k's --prefill list: every prefill
+		// group, group k mod G first, so decode replicas (or decode
+		// groups) prefer different prefill groups and each range's other
+		// groups are its failover (runners/decode tries a range's
+		// endpoints in order).
+		prefillFor := func(k int) []string {
+			var out []string
+			for j := range pfEntries {
+				out = append(out, pfEntries[(k+j)%len(pfEntries)]...)
+			}
+			return out
+		}
+		health := pfHealth
 		var addGroup func(role string, r *Role, g int, hosts []string, stages []Stage, peers []string)
 		add := func(role string, r *Role) {
 			if r == nil {
@@ -478,7 +507,11 @@ func (c *Config) AllRunners() []Runner {
 						ru.PrefixCacheMiB = &v
 					}
 				} else {
-					ru.Prefill = slices.Clone(prefill)
+					k := si // a whole decode runner: its replica index
+					if stages != nil {
+						k = g // every stage of a decode group: the same order
+					}
+					ru.Prefill = prefillFor(k)
 					ru.PrefillHealth = slices.Clone(health)
 					ru.RemotePrefillMinTokens = m.RemotePrefillMinTokens
 					ru.RemotePrefillRoute = m.RemotePrefillRoute

@@ -252,10 +252,74 @@ func TestPipelineGroupsInvalid(t *testing.T) {
 			}
 		})
 	}
-	// Prefill groups are refused.
-	src := fourHosts + "\n[[models]]\nname = \"m\"\nsource = \"s\"\ndecode = { hosts = [\"a\"] }\nprefill = { groups = [[\"b\", \"c\"]], shard = \"pipeline\" }\n"
-	if _, err := Parse("f.toml", []byte(src)); err == nil || !strings.Contains(err.Error(), "f.toml:24:13: model m: prefill.groups is not supported") {
-		t.Errorf("prefill groups: %v", err)
+	// Prefill groups are checked as decode's.
+	for _, tt := range []struct{ name, prefill, want string }{
+		{"prefill groups of replicas", `{ groups = [["b", "c"]] }`,
+			`f.toml:24:13: model m: prefill.groups makes replicas of a pipeline group: it needs shard = "pipeline"`},
+		{"prefill group of one", `{ groups = [["b", "c"], ["d"]], shard = "pipeline" }`,
+			`f.toml:24:35: model m: prefill.groups[1] has 1 host(s): a pipeline group needs at least 2 stages`},
+		{"prefill host in two groups", `{ groups = [["b", "c"], ["c", "d"]], shard = "pipeline" }`,
+			`f.toml:24:36: model m: host "c" listed twice in prefill.groups`},
+	} {
+		src := fourHosts + "\n[[models]]\nname = \"m\"\nsource = \"s\"\ndecode = { hosts = [\"a\"] }\nprefill = " + tt.prefill + "\n"
+		if _, err := Parse("f.toml", []byte(src)); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want %s", tt.name, err, tt.want)
+		}
+	}
+}
+
+const sixHosts = fourHosts + `
+[hosts.e]
+address = "127.0.0.6"
+backend = "cpu"
+[hosts.f]
+address = "127.0.0.7"
+backend = "cpu"
+`
+
+// TestPrefillGroupsPlan: prefill.groups plans each group as a prefill
+// pipeline of its own (runners <model>-prefill-group<G>-stage<S>, the ring
+// within the group), and every decode runner gets every group's stages as
+// ADDR@A:B replicas of their ranges, decode replica k's list starting at
+// group k mod G.
+func TestPrefillGroupsPlan(t *testing.T) {
+	src := sixHosts + `
+[[models]]
+name = "m"
+source = "s"
+decode = { hosts = ["a", "f"] }
+prefill = { groups = [["b", "c"], ["d", "e"]], shard = "pipeline", layers = [1, 3] }
+`
+	c, err := Parse("f.toml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]struct{ name, stage, layers, next string }{
+		"b": {"m-prefill-group0-stage0", "0/2", "0:1", "127.0.0.4:52506"},
+		"c": {"m-prefill-group0-stage1", "1/2", "1:4", "127.0.0.3:52506"},
+		"d": {"m-prefill-group1-stage0", "0/2", "0:1", "127.0.0.6:52506"},
+		"e": {"m-prefill-group1-stage1", "1/2", "1:4", "127.0.0.5:52506"},
+	}
+	for h, w := range want {
+		rs := c.Runners(h)
+		if len(rs) != 1 {
+			t.Fatalf("host %s runs %+v", h, rs)
+		}
+		r := rs[0]
+		if r.Name != w.name || r.Stage != w.stage || r.Layers != w.layers || r.StageNext != w.next {
+			t.Errorf("host %s: %s stage %s layers %s next %s, want %+v", h, r.Name, r.Stage, r.Layers, r.StageNext, w)
+		}
+	}
+	g0 := []string{"127.0.0.3:52501@0:1", "127.0.0.4:52501@1:4"}
+	g1 := []string{"127.0.0.5:52501@0:1", "127.0.0.6:52501@1:4"}
+	for h, w := range map[string][]string{"a": append(slices.Clone(g0), g1...), "f": append(slices.Clone(g1), g0...)} {
+		rs := c.Runners(h)
+		if len(rs) != 1 || !slices.Equal(rs[0].Prefill, w) {
+			t.Errorf("decode on %s: --prefill %v, want %v", h, rs, w)
+		}
+		if len(rs) == 1 && len(rs[0].PrefillHealth) != 4 {
+			t.Errorf("decode on %s: --prefill-health %v, want every stage's", h, rs[0].PrefillHealth)
+		}
 	}
 }
 

@@ -470,8 +470,6 @@ func (c *Config) validateGroups(i int, label, role string, r *Role, bad func(Pos
 	switch {
 	case len(r.Hosts) > 0:
 		bad(p, "%s: %s has both hosts and groups: groups lists every pipeline group's hosts; drop hosts", label, role)
-	case role != Decode:
-		bad(p, "%s: %s.groups is not supported (replicas of a pipeline group decode; a prefill pipeline is one group)", label, role)
 	case r.Shard != ShardPipeline:
 		bad(p, "%s: %s.groups makes replicas of a pipeline group: it needs shard = \"pipeline\" (for whole copies list the hosts in hosts)", label, role)
 	case len(r.Groups) == 0:
