@@ -405,3 +405,36 @@ decode = { hosts = ["b"], port = 52504 }
 		t.Errorf("cpu hosts: %v", err)
 	}
 }
+
+// TestPrefillGroupsIntoDecodeGroups: every stage of decode group k gets
+// the same --prefill list, starting at prefill group k mod G (a decode
+// group's stages fetch one prompt: they prefer the same prefill group).
+func TestPrefillGroupsIntoDecodeGroups(t *testing.T) {
+	src := sixHosts + `
+[hosts.g]
+address = "127.0.0.8"
+backend = "cpu"
+[hosts.h]
+address = "127.0.0.9"
+backend = "cpu"
+
+[[models]]
+name = "m"
+source = "s"
+decode = { groups = [["a", "b"], ["c", "d"]], shard = "pipeline", layers = [1, 3] }
+prefill = { groups = [["e", "f"], ["g", "h"]], shard = "pipeline", layers = [2, 2] }
+`
+	c, err := Parse("f.toml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g0 := []string{"127.0.0.6:52501@0:2", "127.0.0.7:52501@2:4"}
+	g1 := []string{"127.0.0.8:52501@0:2", "127.0.0.9:52501@2:4"}
+	first, second := append(slices.Clone(g0), g1...), append(slices.Clone(g1), g0...)
+	for h, w := range map[string][]string{"a": first, "b": first, "c": second, "d": second} {
+		rs := c.Runners(h)
+		if len(rs) != 1 || !slices.Equal(rs[0].Prefill, w) {
+			t.Errorf("decode stage on %s: --prefill %v, want %v", h, rs, w)
+		}
+	}
+}
