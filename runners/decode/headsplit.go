@@ -116,83 +116,19 @@ func (r *KVRemote) headFill(ctx context.Context, reqID string, prompt []int32, s
 		pieces[i] = [2]int{p.Start - x, p.End - p.Start}
 	}
 	asm := newAssembler(cache, start, pieces)
-	type result struct {
-		st  RemoteStats
-		end int
-		err error
-	}
-	res := make([]result, len(jobs))
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	var errMu sync.Mutex
-	var firstErr error
+	fetches := make([]partFetch, len(jobs))
 	for i, p := range jobs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			req, exp := wireRequest(r.Model, reqID, r.Name, prompt, start)
-			req.HeadStart, req.HeadEnd, exp.KVHeads = p.Start, p.End, p.End-p.Start
-			req.DType, req.Deadline, req.Streams = r.wireDType(cache), fetchDeadline(r.Deadline), r.Streams
-			sink := &pieceSink{asm: asm, piece: i, heads: p.End - p.Start}
-			var last error
-			for _, addr := range p.Endpoints {
-				if r.Breaker != nil && !r.Breaker.Allow(addr) {
-					last = fmt.Errorf("%w: %s", errAllOpen, addr)
-					continue
-				}
-				st, err := r.Client.Fetch(cctx, addr, req, exp, sink)
-				if r.Breaker != nil && cctx.Err() == nil {
-					r.Breaker.Report(addr, st, err)
-				}
-				res[i].st = RemoteStats{Endpoint: st.Addr, Bytes: st.PayloadBytes, Duration: st.Duration, Wait: st.WireWait}
-				if err == nil {
-					res[i].end, last = sink.end, nil
-					break
-				}
-				last = fmt.Errorf("prefill rank of kv heads %d:%d at %s: %w", p.Start, p.End, addr, err)
-				if sink.begun || !kvwire.Retryable(err) {
-					break // some of its KV may be assembled: no other replica
-				}
-			}
-			if last != nil {
-				res[i].err = last
-				errMu.Lock()
-				if firstErr == nil {
-					firstErr = last
-				}
-				errMu.Unlock()
-				cancel()
-			}
-		}()
+		req, exp := wireRequest(r.Model, reqID, r.Name, prompt, start)
+		req.HeadStart, req.HeadEnd, exp.KVHeads = p.Start, p.End, p.End-p.Start
+		req.DType, req.Deadline, req.Streams = r.wireDType(cache), fetchDeadline(r.Deadline), r.Streams
+		fetches[i] = partFetch{req: req, exp: exp, endpoints: p.Endpoints, what: fmt.Sprintf("prefill rank of kv heads %d:%d", p.Start, p.End),
+			sink: &pieceSink{asm: asm, piece: i, heads: p.End - p.Start}}
 	}
-	wg.Wait()
-	var total RemoteStats
-	first := firstErr
-	for _, x := range res {
-		total.Bytes += x.st.Bytes
-		total.Duration = max(total.Duration, x.st.Duration)
-		total.Wait = max(total.Wait, x.st.Wait)
-		if total.Endpoint != "" {
-			total.Endpoint += ","
-		}
-		total.Endpoint += x.st.Endpoint
-		if first == nil && x.end != res[0].end {
-			first = fmt.Errorf("%w: prefill ranks ended at %d and %d", kvwire.ErrCorrupt, res[0].end, x.end)
-		}
+	total, end, err := r.fetchParts(ctx, fetches, "prefill ranks")
+	if err == nil {
+		err = asm.complete(end)
 	}
-	if first == nil {
-		first = asm.complete(res[0].end)
-	}
-	if first != nil {
-		cache.Truncate(start)
-		return total, first
-	}
-	if err := cache.Commit(res[0].end); err != nil {
-		cache.Truncate(start)
-		return total, fmt.Errorf("commit injected KV: %w", err)
-	}
-	return total, checkFilled(cache, prompt, start)
+	return total, commitParts(cache, prompt, start, end, err)
 }
 
 // pieceSink is one prefill rank's stream of a head-split fill: its
@@ -259,6 +195,9 @@ func (s *pieceSink) Done(t kvwire.Totals) error {
 	s.end = t.TokenEnd
 	return nil
 }
+
+func (s *pieceSink) began() bool { return s.begun }
+func (s *pieceSink) ended() int  { return s.end }
 
 // Rollback leaves the imported KV to headFill, which truncates the whole
 // cache once every piece's stream has ended.

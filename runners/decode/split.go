@@ -107,11 +107,6 @@ func ParsePrefillEndpoints(list []string) (addrs []string, parts []PrefillPart, 
 func (r *KVRemote) splitFill(ctx context.Context, reqID string, prompt []int32, start int, cache engine.KVCache) (RemoteStats, error) {
 	x, y := modelLayers(r.Model)
 	var mu sync.Mutex // serializes the imports of the parts' streams
-	type result struct {
-		st  RemoteStats
-		end int
-		err error
-	}
 	var jobs []PrefillPart
 	for _, p := range r.Parts {
 		if a, b := max(p.Start, x), min(p.End, y); a < b {
@@ -128,41 +123,77 @@ func (r *KVRemote) splitFill(ctx context.Context, reqID string, prompt []int32, 
 	if covered != y {
 		return RemoteStats{}, fmt.Errorf("%w: no prefill stage holds layer %d", kvwire.ErrNoEndpoint, covered)
 	}
-	res := make([]result, len(jobs))
+	fetches := make([]partFetch, len(jobs))
+	for i, p := range jobs {
+		req, exp := rangeRequest(r.Model, reqID, r.Name, prompt, start, p.Start, p.End)
+		req.DType, req.Deadline, req.Streams = r.wireDType(cache), fetchDeadline(r.Deadline), r.Streams
+		fetches[i] = partFetch{req: req, exp: exp, endpoints: p.Endpoints, what: fmt.Sprintf("prefill stage %d:%d", p.Start, p.End),
+			sink: &partSink{cacheSink: cacheSink{cache: cache, start: start}, off: p.Start - x, mu: &mu}}
+	}
+	total, end, err := r.fetchParts(ctx, fetches, "prefill stages")
+	return total, commitParts(cache, prompt, start, end, err)
+}
+
+// partFetch is one request of a fill split over several prefill runners
+// (stages by layer range, tensor ranks by KV head range): tried on its
+// endpoints in order, the next only when the last failed retryably before
+// its stream began.
+type partFetch struct {
+	req       *kvwire.Request
+	exp       *kvwire.Expect
+	endpoints []string
+	what      string // names it in errors: "prefill stage 0:2"
+	sink      partStream
+}
+
+// partStream is a part's sink: whether its stream began (KV of it may be
+// in the cache: no other replica) and where it ended.
+type partStream interface {
+	kvwire.Sink
+	began() bool
+	ended() int
+}
+
+// fetchParts runs every part at once; the first to fail cancels the others.
+// It returns the summed stats, the token the parts ended at, and the first
+// failure (or the parts ending at different tokens); the caller commits or
+// rolls back. what names the parts in that last error ("prefill stages").
+func (r *KVRemote) fetchParts(ctx context.Context, parts []partFetch, what string) (RemoteStats, int, error) {
+	type result struct {
+		st  RemoteStats
+		end int
+	}
+	res := make([]result, len(parts))
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
 	var errMu sync.Mutex
 	var firstErr error
-	for i, p := range jobs {
+	for i, p := range parts {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			req, exp := rangeRequest(r.Model, reqID, r.Name, prompt, start, p.Start, p.End)
-			req.DType, req.Deadline, req.Streams = r.wireDType(cache), fetchDeadline(r.Deadline), r.Streams
-			sink := &partSink{cacheSink: cacheSink{cache: cache, start: start}, off: p.Start - x, mu: &mu}
 			var last error
-			for _, addr := range p.Endpoints {
+			for _, addr := range p.endpoints {
 				if r.Breaker != nil && !r.Breaker.Allow(addr) {
 					last = fmt.Errorf("%w: %s", errAllOpen, addr)
 					continue
 				}
-				st, err := r.Client.Fetch(cctx, addr, req, exp, sink)
+				st, err := r.Client.Fetch(cctx, addr, p.req, p.exp, p.sink)
 				if r.Breaker != nil && cctx.Err() == nil {
 					r.Breaker.Report(addr, st, err)
 				}
 				res[i].st = RemoteStats{Endpoint: st.Addr, Bytes: st.PayloadBytes, States: st.States, Duration: st.Duration, Wait: st.WireWait}
 				if err == nil {
-					res[i].end, last = sink.end, nil
+					res[i].end, last = p.sink.ended(), nil
 					break
 				}
-				last = fmt.Errorf("prefill stage %d:%d at %s: %w", p.Start, p.End, addr, err)
-				if sink.begun || !kvwire.Retryable(err) {
-					break // some of its KV may be staged: no other replica
+				last = fmt.Errorf("%s at %s: %w", p.what, addr, err)
+				if p.sink.began() || !kvwire.Retryable(err) {
+					break // some of its KV may be in the cache: no other replica
 				}
 			}
 			if last != nil {
-				res[i].err = last
 				errMu.Lock()
 				if firstErr == nil { // the first to fail; the others were cancelled by it
 					firstErr = last
@@ -185,18 +216,24 @@ func (r *KVRemote) splitFill(ctx context.Context, reqID string, prompt []int32, 
 		}
 		total.Endpoint += x.st.Endpoint
 		if first == nil && x.end != res[0].end {
-			first = fmt.Errorf("%w: prefill stages ended at %d and %d", kvwire.ErrCorrupt, res[0].end, x.end)
+			first = fmt.Errorf("%w: %s ended at %d and %d", kvwire.ErrCorrupt, what, res[0].end, x.end)
 		}
 	}
-	if first != nil {
+	return total, res[0].end, first
+}
+
+// commitParts commits a split fill's KV up to end, or, when err (or the
+// commit) fails, takes cache back to start.
+func commitParts(cache engine.KVCache, prompt []int32, start, end int, err error) error {
+	if err != nil {
 		cache.Truncate(start)
-		return total, first
+		return err
 	}
-	if err := cache.Commit(res[0].end); err != nil {
+	if err := cache.Commit(end); err != nil {
 		cache.Truncate(start)
-		return total, fmt.Errorf("commit injected KV: %w", err)
+		return fmt.Errorf("commit injected KV: %w", err)
 	}
-	return total, checkFilled(cache, prompt, start)
+	return checkFilled(cache, prompt, start)
 }
 
 // partSink injects one prefill stage's stream (its header's layer i is the
@@ -253,6 +290,9 @@ func (s *partSink) Done(t kvwire.Totals) error {
 	s.end = t.TokenEnd
 	return nil
 }
+
+func (s *partSink) began() bool { return s.begun }
+func (s *partSink) ended() int  { return s.end }
 
 // Rollback leaves the staged KV to splitFill, which truncates the whole
 // cache once every stage's stream has ended.
