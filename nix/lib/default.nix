@@ -98,6 +98,7 @@ rec {
             (orDefault (p.metrics_port or null) (b + 2))
           ]
           ++ when (shard p == "pipeline") [ (b + 6) ]
+          ++ when (shard p == "pipeline" && mlx) [ (b + 7) ]
           ++ when (shard p == "tensor" && pk == 0) [ (b + 8) ]
           ++ when (shard p == "tensor" && mlx) [ (b + 9) ]
         );

@@ -213,3 +213,49 @@ func TestPipelineMLXFallback(t *testing.T) {
 		t.Errorf("stage 1 (cpu) did not say why it offers no group:\n%s", tail(l, 3000))
 	}
 }
+
+// TestPrefillPipelineMLX: a 2-stage prefill pipeline on MLX's CPU device
+// carries its hidden states over MLX's ring (each stage's ring on its
+// stage link port + 1, the hostfile written by the runners) and fills a
+// one-process MLX decode runner, whose answer equals its own local
+// prefill's at temperature 0; each prefill stage counts the carried bytes
+// (transport "mlx": stage 0 sent what stage 1 received). By hand
+// (EXO_MLXC_PATH).
+func TestPrefillPipelineMLX(t *testing.T) {
+	if os.Getenv("EXO_MLXC_PATH") == "" {
+		t.Skip("by hand: set EXO_MLXC_PATH to libmlxc.so (README, \"Building MLX and mlx-c by hand\")")
+	}
+	model := tinyModel(t, "other") // 3 layers
+	reqs := []pipeReq{{user(words(5, 60)), 12, map[string]any{"temperature": 0, "ignore_eos": true}}}
+	one := start(t, "pf-mlx-one", "decode", append([]string{"--model", model}, mlxFlags...)...)
+	want := askAll(t, one.listen, reqs, false)
+	one.stop()
+	bounds := []int{0, 1, 3}
+	base := testutil.Ports(t, 8)
+	links := []string{fmt.Sprintf("127.0.0.1:%d", base), fmt.Sprintf("127.0.0.1:%d", base+2)} // base+1, base+3: the rings
+	var pst []*proc
+	for i := range 2 {
+		pst = append(pst, launchPrefillStage(t, "pf-mlx", model, i, bounds, links,
+			fmt.Sprintf("127.0.0.1:%d", base+4+2*i), fmt.Sprintf("127.0.0.1:%d", base+5+2*i), mlxFlags...))
+	}
+	waitHealthy(t, pst...)
+	list := fmt.Sprintf("%s@0:1,%s@1:3", pst[0].listen, pst[1].listen)
+	d := start(t, "pf-mlx-d", "decode", append([]string{"--model", model, "--prefill", list, "--remote-prefill-min-tokens", "16"}, mlxFlags...)...)
+	if got := askAll(t, d.listen, reqs, false); got[0].Text != want[0].Text {
+		t.Errorf("2-stage MLX prefill into one MLX runner: %q, local %q", got[0].Text, want[0].Text)
+	}
+	if n := d.metric(t, outcome("ok")); n != 1 {
+		t.Errorf("the decode runner counts %v remote prefills ok, want 1\n%s", n, tail(d.logs(), 3000))
+	}
+	sent := pst[0].metric(t, `exo_stage_link_bytes_total{direction="sent",model="m",stage="0",transport="mlx"}`)
+	recv := pst[1].metric(t, `exo_stage_link_bytes_total{direction="received",model="m",stage="1",transport="mlx"}`)
+	if sent <= 0 || recv != sent {
+		t.Errorf("prefill stage 0 sent %v bytes over MLX's ring, stage 1 received %v", sent, recv)
+	}
+	t.Logf("prefill stage 0 sent %v hidden-state bytes over MLX's ring, stage 1 received %v", sent, recv)
+	for i, p := range pst {
+		if l := p.logs(); !strings.Contains(l, "hidden states carried over the group") {
+			t.Errorf("prefill stage %d did not log that it carries the hidden states over MLX's ring:\n%s", i, tail(l, 3000))
+		}
+	}
+}

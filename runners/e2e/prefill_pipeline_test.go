@@ -13,13 +13,14 @@ import (
 
 // launchPrefillStage starts stage i of a prefill pipeline (contract C4)
 // without waiting for it: its health needs the other stages' links.
-func launchPrefillStage(t *testing.T, name, model string, i int, bounds []int, links []string, listen, metrics string) *proc {
+func launchPrefillStage(t *testing.T, name, model string, i int, bounds []int, links []string, listen, metrics string, extra ...string) *proc {
 	t.Helper()
 	N := len(bounds) - 1
 	p := &proc{t: t, name: fmt.Sprintf("%s-pstage%d", name, i), done: make(chan struct{}), listen: listen, http: metrics}
 	args := []string{"runner", "prefill", "--listen", listen, "--metrics", metrics, "--served-name", "m", "--backend", "cpu", "--offline",
 		"--model", model, "--prefill-chunk", "16", "--layers", fmt.Sprintf("%d:%d", bounds[i], bounds[i+1]), "--stage", fmt.Sprintf("%d/%d", i, N),
 		"--stage-listen", links[i], "--stage-next", links[(i+1)%N]}
+	args = append(args, extra...)
 	p.launch(t, args, p.name, 4000)
 	return p
 }

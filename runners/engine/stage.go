@@ -385,3 +385,50 @@ func (m *Model) stageSeqs(caches []KVCache, toks [][]int32, hidden []float32, c 
 	}
 	return nil, logits, nil
 }
+
+// SendHidden sends rows rows of host hidden states (a prefill pipeline
+// stage's output, [rows, D] float32) to the next stage with c, evaluated
+// at once; the result is the bytes sent. An error wraps ErrCarry: the
+// order of the carrier's transfers is then unknown.
+func (m *Model) SendHidden(c Carrier, hidden []float32, rows int) (n int64, err error) {
+	if rows <= 0 || len(hidden) != rows*m.cfg.Hidden {
+		return 0, fmt.Errorf("engine: SendHidden of %d values as %d rows of %d", len(hidden), rows, m.cfg.Hidden)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	defer wrapCarry(&err)
+	defer recoverInto(&err, "send carried hidden states")
+	defer m.b.Free()
+	if err := m.b.Eval(c.Send(m.b.FromFloat32(hidden, rows, m.cfg.Hidden))); err != nil {
+		return 0, err
+	}
+	return int64(len(hidden)) * 4, nil
+}
+
+// RecvHidden receives rows rows of the previous stage's hidden states
+// ([rows, D] float32, SendHidden's) from c onto the host; n is the bytes
+// received. An error wraps ErrCarry.
+func (m *Model) RecvHidden(c Carrier, rows int) (hidden []float32, n int64, err error) {
+	if rows <= 0 {
+		return nil, 0, fmt.Errorf("engine: RecvHidden of %d rows", rows)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	defer wrapCarry(&err)
+	defer recoverInto(&err, "receive carried hidden states")
+	defer m.b.Free()
+	h, err := m.b.Float32(c.Recv([]int{rows, m.cfg.Hidden}, F32))
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(h) != rows*m.cfg.Hidden {
+		return nil, 0, fmt.Errorf("engine: received %d hidden values for %d rows of %d", len(h), rows, m.cfg.Hidden)
+	}
+	return h, int64(len(h)) * 4, nil
+}
+
+func wrapCarry(err *error) {
+	if *err != nil && !errors.Is(*err, ErrCarry) {
+		*err = fmt.Errorf("%w: %w", ErrCarry, *err)
+	}
+}

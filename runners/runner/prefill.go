@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"syscall"
 	"time"
 
 	"github.com/exo-pd/exo-pd/internal/paced"
@@ -46,7 +47,8 @@ func runPrefill(ctx context.Context, c *Config, m *engine.Model, secret []byte, 
 		return err
 	}
 	if c.Stages > 0 {
-		pp, err := pipeline.NewPipe(prod, m, pipeline.PipeConfig{Stage: c.Stage, Stages: c.Stages, Listen: c.StageListen, Next: c.StageNext, Secret: secret, Logger: log})
+		pp, err := pipeline.NewPipe(prod, m, pipeline.PipeConfig{Stage: c.Stage, Stages: c.Stages, Listen: c.StageListen, Next: c.StageNext, Secret: secret, Logger: log,
+			Group: prefillGroup(c, m, tr, log), Metrics: stage.NewMetrics(met.Registry), Name: c.Name})
 		if err != nil {
 			return fmt.Errorf("runner: %w", err)
 		}
@@ -93,4 +95,32 @@ func runPrefill(ctx context.Context, c *Config, m *engine.Model, secret []byte, 
 		return fmt.Errorf("runner: kv wire: %w", err)
 	}
 	return nil
+}
+
+// prefillGroup plans a prefill pipeline stage's MLX group for its hidden
+// states (nil, logged: they go on the prefill stage link): MLX's ring on
+// the stage link's port + 1 (runner_port_base + 10i + 7), as a decode
+// pipeline's stages carry theirs. A lost group ends the process
+//
+//	and the supervisor restarts every stage.
+func prefillGroup(c *Config, m *engine.Model, tr *tensor.Runner, log *slog.Logger) *stage.Group {
+	if tr != nil {
+		log.Info("prefill pipeline stage: hidden states go on the stage link (TCP)",
+			"reason", "this stage is a tensor group: the process's MLX group is its ranks' all_sum, and a process joins one")
+		return nil
+	}
+	g, why := stage.MLXGroup(m.Backend(), stage.MLXPlan{Stage: c.Stage, Stages: c.Stages, Listen: c.StageListen, Next: c.StageNext})
+	if g == nil {
+		log.Info("prefill pipeline stage: hidden states go on the stage link (TCP)", "reason", why)
+		return nil
+	}
+	g.OnLost = func(err error) {
+		// The group cannot be joined again and a transfer may be stuck in
+		// MLX's ring for good: leave, and the supervisor restarts every
+		// stage (the requests in hand fail with the lost links).
+		log.Error("prefill pipeline stage: the stages' MLX group is lost: exiting so that every stage restarts", "err", err)
+		syscall.Exit(1)
+	}
+	log.Info("prefill pipeline stage: offering MLX's ring for the hidden states (joined once every stage offers it)")
+	return g
 }

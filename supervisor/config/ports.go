@@ -22,7 +22,8 @@ type HostPort struct {
 //   - a tensor group's rank 0 (decode.shard "tensor", or each stage of
 //     decode.tensor = M): the tensor link (base+4); every MLX rank: MLX's
 //     ring or JACCL's coordinator (base+5);
-//   - a prefill pipeline stage: its stage link (base+6);
+//   - a prefill pipeline stage: its stage link (base+6); on MLX, MLX's
+//     ring (base+7);
 //   - a tensor prefill's rank 0: its tensor link (base+8); every MLX rank:
 //     MLX's ring or NCCL's rendezvous (base+9).
 //
@@ -65,6 +66,9 @@ func (c *Config) HostPorts(host string) []HostPort {
 				out = append(out, HostPort{r.Port, what + " KV", false}, HostPort{r.MetricsPort, what + " health/metrics", false})
 				if r.Pipeline() {
 					out = append(out, HostPort{c.PrefillStageLinkPort(i), what + " stage link", false})
+				}
+				if r.Pipeline() && mlx {
+					out = append(out, HostPort{c.PrefillStageLinkPort(i) + 1, what + " stage MLX ring", true})
 				}
 				if r.Shard == ShardTensor && k == 0 {
 					out = append(out, HostPort{c.PrefillTensorLinkPort(i), what + " tensor link", false})

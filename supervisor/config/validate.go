@@ -271,6 +271,11 @@ func (c *Config) validate() Errors {
 				}
 				if rr.role == Prefill && r.Pipeline() {
 					claim(hn, c.PrefillStageLinkPort(i), what+" stage link", c.at("models", i, rr.role, "shard"))
+					if c.Hosts[hn].Backend != CPU {
+						// As a decode pipeline's: MLX's ring on the
+						// stage link port + 1.
+						claim(hn, c.PrefillStageLinkPort(i)+1, what+" stage MLX ring", c.at("models", i, rr.role, "shard"))
+					}
 				}
 				if rr.role == Decode && r.Shard == ShardTensor {
 					claim(hn, c.TensorLinkPort(i), what+" tensor link", c.at("models", i, rr.role, "shard"))

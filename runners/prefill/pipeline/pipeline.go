@@ -26,6 +26,7 @@ package pipeline
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -59,6 +60,24 @@ type PipeConfig struct {
 	// Listener, when set, is used instead of listening on Listen.
 	Listener net.Listener
 	Logger   *slog.Logger
+	// Group, when set, carries the hidden states over the backend's own
+	// group (MLX's ring: stage.MLXGroup) where every stage offers one
+	// (Hello flag GROUP, as a decode pipeline's stages agree); nil or not
+	// agreed: they go in the stage link's Steps. Its OnLost must end the
+	// process (a joined group cannot be joined again).
+	Group *stage.Group
+	// Metrics, when set, counts the hidden-state bytes carried over the
+	// group in LinkBytes (exo_stage_link_bytes_total, model Name,
+	// transport the Group's); the stage link's own frames are not counted.
+	Metrics *stage.Metrics
+	Name    string
+}
+
+// carriedModel is what a stage whose hidden states go over a group needs
+// of its model (*engine.Model).
+type carriedModel interface {
+	SendHidden(c engine.Carrier, hidden []float32, rows int) (int64, error)
+	RecvHidden(c engine.Carrier, rows int) ([]float32, int64, error)
 }
 
 // Pipe is one stage's end of a prefill pipeline.
@@ -79,6 +98,16 @@ type Pipe struct {
 	in     map[uint64]*inStream
 	seen   uint64   // a later stage: the highest origin of a computation received
 	recent []origin // stage 0: the computations passed on, the newest last
+
+	// The group (cfg.Group): offered while offer holds; decided once
+	// both links are up (carrier set when joined), then closed.
+	offer      atomic.Bool
+	decideOnce sync.Once
+	decided    chan struct{}
+	carrier    engine.Carrier
+	lostOnce   sync.Once
+	sendMu     sync.Mutex // a carried Step's frame and its transfer, in order
+	sent, recv atomic.Int64
 }
 
 // origin is a computation stage 0 passed on: its number, prompt and first
@@ -136,8 +165,155 @@ func NewPipe(p *prefill.Producer, model StageModel, cfg PipeConfig) (*Pipe, erro
 	pp.link = stage.LinkConfig{Stage: cfg.Stage, Stages: cfg.Stages, First: r.Start, End: r.End, Layers: info.Layers,
 		Hidden: info.Hidden, Fingerprint: model.Fingerprint(), Secret: cfg.Secret}
 	pp.origins.Store(uint64(time.Now().UnixNano()))
+	pp.decided = make(chan struct{})
+	if g := cfg.Group; g != nil {
+		if _, ok := model.(carriedModel); !ok {
+			return nil, fmt.Errorf("prefill pipeline: a Group needs a model that carries hidden states (%T does not)", model)
+		}
+		if g.Join == nil || g.OnLost == nil {
+			return nil, fmt.Errorf("prefill pipeline: a Group needs Join and OnLost")
+		}
+		if g.Transport == "" {
+			g.Transport = "group"
+		}
+		if g.JoinTimeout <= 0 {
+			g.JoinTimeout = 2 * time.Minute
+		}
+		if cfg.Stages > maxGroupStages && !g.Whole {
+			pp.log.Warn("prefill pipeline: hidden states stay on the stage link (TCP): the stages agree on a group through their neighbours' Hellos, which reach every stage only up to 3 stages, and this stage's ring plan is not one for every stage (MLX_HOSTFILE)",
+				"stages", cfg.Stages, "transport", g.Transport)
+		} else {
+			pp.offer.Store(true)
+		}
+	}
+	pp.link.Offer = pp.offer.Load
 	p.SetStage(pp)
 	return pp, nil
+}
+
+// maxGroupStages is the longest pipeline whose stages all see each
+// other's Hellos (as a decode pipeline's).
+const maxGroupStages = 3
+
+// Carried is the hidden-state bytes this stage sent and received over its
+// group (0 while they go over the stage link).
+func (pp *Pipe) Carried() (sent, received int64) { return pp.sent.Load(), pp.recv.Load() }
+
+// Transport is where the hidden states go: the group's transport once
+// joined, "tcp" once settled on the stage link, "" while undecided.
+func (pp *Pipe) Transport() string {
+	select {
+	case <-pp.decided:
+	default:
+		return ""
+	}
+	if pp.carrier != nil {
+		return pp.cfg.Group.Transport
+	}
+	return "tcp"
+}
+
+// decide runs once both links are up, the first time: it joins the group
+// when this stage and both neighbours offered it, or settles on the stage
+// link for the life of the process. A join that fails or does not finish
+// within the Group's JoinTimeout loses the group.
+func (pp *Pipe) decide(ctx context.Context, up, next *stage.Link) {
+	pp.decideOnce.Do(func() {
+		go func() {
+			c, err := pp.join(ctx, up, next)
+			pp.carrier = c
+			close(pp.decided)
+			if err != nil {
+				pp.lose(err)
+			}
+		}()
+	})
+}
+
+func (pp *Pipe) join(ctx context.Context, up, next *stage.Link) (engine.Carrier, error) {
+	g := pp.cfg.Group
+	if g == nil || !pp.offer.Load() {
+		return nil, nil
+	}
+	if !up.Group() || !next.Group() {
+		peer := up.Peer.Stage
+		if up.Group() {
+			peer = next.Peer.Stage
+		}
+		pp.log.Warn("prefill pipeline: hidden states stay on the stage link (TCP): a neighbouring stage does not offer the group (its backend is cpu, or it has no MLX ring plan)",
+			"stage", peer, "transport", g.Transport)
+		pp.offer.Store(false)
+		return nil, nil
+	}
+	pp.log.Info("prefill pipeline: joining the stages' group for the hidden states", "transport", g.Transport, "timeout", g.JoinTimeout)
+	type res struct {
+		c   engine.Carrier
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		c, err := g.Join()
+		done <- res{c, err}
+	}()
+	t := time.NewTimer(g.JoinTimeout)
+	defer t.Stop()
+	var r res
+	select {
+	case r = <-done:
+	case <-t.C:
+		r.err = fmt.Errorf("the join did not finish within %v (a neighbour died before joining?)", g.JoinTimeout)
+	case <-ctx.Done():
+		r.err = ctx.Err()
+	}
+	if r.err == nil && r.c == nil {
+		r.err = fmt.Errorf("the join returned no carrier")
+	}
+	if r.err != nil {
+		return nil, fmt.Errorf("%w: join: %w", stage.ErrGroupLost, r.err)
+	}
+	pp.log.Info("prefill pipeline: hidden states carried over the group", "transport", g.Transport)
+	return r.c, nil
+}
+
+// joined is the carrier once the group is joined (nil otherwise).
+func (pp *Pipe) joined() engine.Carrier {
+	select {
+	case <-pp.decided:
+		return pp.carrier
+	default:
+		return nil
+	}
+}
+
+// lose reports a lost group once (the Group's OnLost ends the process).
+func (pp *Pipe) lose(err error) {
+	if pp.cfg.Group == nil {
+		return
+	}
+	if !errors.Is(err, stage.ErrGroupLost) {
+		err = fmt.Errorf("%w: %w", stage.ErrGroupLost, err)
+	}
+	pp.lostOnce.Do(func() {
+		pp.log.Error("prefill pipeline: the stages' group is lost; this runner must restart with every stage", "err", err)
+		pp.cfg.Group.OnLost(err)
+	})
+}
+
+// pair is both links when both are up.
+func (pp *Pipe) pair() (up, next *stage.Link) {
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	if pp.up == nil || pp.next == nil {
+		return nil, nil
+	}
+	return pp.up, pp.next
+}
+
+// linked decides on the group once both links are up.
+func (pp *Pipe) linked(ctx context.Context) {
+	if up, next := pp.pair(); up != nil {
+		pp.decide(ctx, up, next)
+	}
 }
 
 // SetListener makes Run accept on l instead of listening on Listen.
@@ -200,6 +376,7 @@ func (pp *Pipe) dialLoop(ctx context.Context) {
 		pp.next = link
 		pp.mu.Unlock()
 		pp.log.Info("prefill stage link to the next stage up", "next", pp.cfg.Next)
+		pp.linked(ctx)
 		// Nothing comes back on it; Recv notices when it closes.
 		go func() {
 			for {
@@ -220,6 +397,10 @@ func (pp *Pipe) dialLoop(ctx context.Context) {
 		pp.mu.Unlock()
 		pp.p.StageChanged()
 		pp.log.Warn("prefill stage link to the next stage down", "err", link.Err())
+		if pp.joined() != nil && ctx.Err() == nil {
+			pp.lose(fmt.Errorf("the link to the next stage was lost: %w", link.Err()))
+			return
+		}
 	}
 }
 
@@ -243,6 +424,7 @@ func (pp *Pipe) serveUp(ctx context.Context, link *stage.Link) {
 	if old != nil {
 		old.Close(fmt.Errorf("%w: a newer link replaced it", stage.ErrDown))
 	}
+	pp.linked(ctx)
 	stop := context.AfterFunc(ctx, func() { link.Close(ctx.Err()) })
 	defer stop()
 	var mine []uint64 // the streams this link opened
@@ -261,6 +443,9 @@ func (pp *Pipe) serveUp(ctx context.Context, link *stage.Link) {
 		}
 		pp.mu.Unlock()
 		pp.p.StageChanged()
+		if pp.joined() != nil && ctx.Err() == nil {
+			pp.lose(fmt.Errorf("the link from the previous stage was lost: %w", err))
+		}
 		for _, s := range lost {
 			s.ch <- fmt.Errorf("%w: prefill stage %d lost the link from stage %d: %v", kvwire.ErrRemoteInternal, pp.cfg.Stage, pp.cfg.Stage-1, err)
 		}
@@ -304,6 +489,13 @@ func (pp *Pipe) serveUp(ctx context.Context, link *stage.Link) {
 				return
 			}
 		case *stage.Step:
+			if m.DType == stage.DTypeGroup {
+				if err := pp.recvCarried(ctx, m); err != nil {
+					link.Close(err)
+					pp.lose(err)
+					return
+				}
+			}
 			if s := pp.stream(m.Ticket, false); s != nil {
 				s.ch <- m
 			}
@@ -372,11 +564,80 @@ func (o *outStream) step(pos int, tokens []int32, hidden []float32) {
 	if o.err != nil {
 		return
 	}
+	if c := o.pp.joined(); c != nil {
+		o.stepCarried(c, pos, tokens, hidden)
+		return
+	}
 	o.err = o.pp.send(&stage.Step{Ticket: o.id, DType: stage.DTypeF32,
 		Seqs: []stage.StepSeq{{Seq: o.id, Pos: pos, N: len(tokens)}}, Tokens: tokens, Hidden: hidden})
 	if o.err != nil {
 		o.pp.log.Warn("prefill stage link: the next stage will not get the rest of this computation", "err", o.err)
 	}
+}
+
+// stepCarried sends a chunk's Step without its hidden states (DTypeGroup)
+// and then the hidden states over the group, both under sendMu so that the
+// next stage receives them in its Steps' order. A failed transfer loses
+// the group.
+func (o *outStream) stepCarried(c engine.Carrier, pos int, tokens []int32, hidden []float32) {
+	pp := o.pp
+	pp.sendMu.Lock()
+	defer pp.sendMu.Unlock()
+	o.err = pp.send(&stage.Step{Ticket: o.id, DType: stage.DTypeGroup,
+		Seqs: []stage.StepSeq{{Seq: o.id, Pos: pos, N: len(tokens)}}, Tokens: tokens})
+	if o.err != nil {
+		pp.log.Warn("prefill stage link: the next stage will not get the rest of this computation", "err", o.err)
+		return
+	}
+	n, err := pp.model.(carriedModel).SendHidden(c, hidden, len(tokens))
+	if err != nil {
+		o.err = err
+		pp.lose(fmt.Errorf("send a chunk's hidden states: %w", err))
+		return
+	}
+	pp.sent.Add(n)
+	pp.count("sent", n)
+}
+
+// count adds carried bytes to the metrics (Metrics).
+func (pp *Pipe) count(dir string, n int64) {
+	if m := pp.cfg.Metrics; m != nil {
+		m.LinkBytes.WithLabelValues(pp.cfg.Name, fmt.Sprint(pp.cfg.Stage), dir, pp.cfg.Group.Transport).Add(float64(n))
+	}
+}
+
+// recvCarried receives a carried Step's hidden states off the group, in
+// the order its Steps arrive (whether or not a computation takes them), so
+// that the next receive is the next Step's. It waits for this stage's
+// decision (bounded by the join's) and fails where the stage did not join.
+func (pp *Pipe) recvCarried(ctx context.Context, m *stage.Step) error {
+	if pp.cfg.Group == nil {
+		return fmt.Errorf("%w: a step whose hidden states go over the group on a stage without one", stage.ErrCorrupt)
+	}
+	t := time.NewTimer(pp.cfg.Group.JoinTimeout)
+	defer t.Stop()
+	select {
+	case <-pp.decided:
+	case <-t.C:
+		return fmt.Errorf("%w: a carried step came and this stage did not decide on the group within %v", stage.ErrGroupLost, pp.cfg.Group.JoinTimeout)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	c := pp.carrier
+	if c == nil {
+		return fmt.Errorf("%w: a step whose hidden states go over the group on a stage that did not join it", stage.ErrCorrupt)
+	}
+	if len(m.Seqs) != 1 || m.Seqs[0].N != len(m.Tokens) || len(m.Tokens) == 0 {
+		return fmt.Errorf("%w: a carried prefill step of %d seqs and %d tokens", stage.ErrCorrupt, len(m.Seqs), len(m.Tokens))
+	}
+	h, n, err := pp.model.(carriedModel).RecvHidden(c, len(m.Tokens))
+	if err != nil {
+		return fmt.Errorf("%w: receive a chunk's hidden states: %w", stage.ErrGroupLost, err)
+	}
+	pp.recv.Add(n)
+	pp.count("received", n)
+	m.Hidden = h
+	return nil
 }
 
 func (o *outStream) finish(err error) {

@@ -20,6 +20,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 	"github.com/exo-pd/exo-pd/runners/metrics"
 	"github.com/exo-pd/exo-pd/runners/prefill"
+	"github.com/exo-pd/exo-pd/runners/stage"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -92,6 +93,13 @@ func (g *gate) StageForward(ctx context.Context, c engine.KVCache, tokens []int3
 // loopback TCP. wrap, when set, wraps stage i's model.
 func startPipeline(t *testing.T, dir string, bounds []int, wrap func(i int, m *engine.Model) StageModel) []*stageProc {
 	t.Helper()
+	return startPipelineGroups(t, dir, bounds, wrap, nil)
+}
+
+// startPipelineGroups is startPipeline with stage i's Group from group
+// (nil: none).
+func startPipelineGroups(t *testing.T, dir string, bounds []int, wrap func(i int, m *engine.Model) StageModel, group func(i int, b engine.Backend) *stage.Group) []*stageProc {
+	t.Helper()
 	n := len(bounds) - 1
 	ls := make([]net.Listener, n)
 	for i := range ls {
@@ -104,7 +112,8 @@ func startPipeline(t *testing.T, dir string, bounds []int, wrap func(i int, m *e
 	procs := make([]*stageProc, n)
 	for i := range n {
 		r := engine.LayerRange{Start: bounds[i], End: bounds[i+1]}
-		m, err := engine.Load(context.Background(), dir, cpu.New(1), engine.LoadOptions{Layers: r})
+		b := cpu.New(1)
+		m, err := engine.Load(context.Background(), dir, b, engine.LoadOptions{Layers: r})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -116,7 +125,11 @@ func startPipeline(t *testing.T, dir string, bounds []int, wrap func(i int, m *e
 		met := metrics.New("prefill")
 		prod := prefill.New(prefill.Options{Name: "m", Model: sm, Chunk: 16, CacheBlock: 16, Metrics: met, Stage: r})
 		t.Cleanup(prod.Close)
-		pp, err := NewPipe(prod, sm, PipeConfig{Stage: i, Stages: n, Listener: ls[i], Next: ls[(i+1)%n].Addr().String(), Secret: []byte("s3cret")})
+		var g *stage.Group
+		if group != nil {
+			g = group(i, b)
+		}
+		pp, err := NewPipe(prod, sm, PipeConfig{Stage: i, Stages: n, Listener: ls[i], Next: ls[(i+1)%n].Addr().String(), Secret: []byte("s3cret"), Group: g})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -181,8 +194,51 @@ func counter(met *metrics.Runner) float64 {
 // 3-stage pipeline), and again (prefix caches, nothing computed); for a
 // dense and a sliding-window model over 2 stages and the dense one over
 // 3. Each stage computes each token of a new prompt exactly once, however
-// its requests and Wants race.
+// its requests and Wants race. Carried: the same with the hidden states
+// over the stages' group (chanCarrier standing in for MLX's ring): the
+// stage link's Steps carry none, and every byte a stage sent over the
+// group the next one received.
 func TestPipelineRanges(t *testing.T) {
+	for _, carried := range []bool{false, true} {
+		t.Run(map[bool]string{false: "tcp", true: "carried"}[carried], func(t *testing.T) { testPipelineRanges(t, carried) })
+	}
+}
+
+// chanCarrier stands in for MLX's ring on the cpu backend (whose ops run
+// at once), as runners/stage's tests' does: Send reads x and hands it to
+// the next stage (blocking until it receives, as a ring's large transfer
+// does), Recv takes the previous stage's next array.
+type chanCarrier struct {
+	b       engine.Backend
+	in, out chan []float32
+}
+
+func (c *chanCarrier) Send(x engine.Array) engine.Array {
+	v, err := c.b.Float32(x)
+	if err != nil {
+		panic(err)
+	}
+	select {
+	case c.out <- v:
+	case <-time.After(time.Minute): // a test's bound: nobody received
+		panic("chanCarrier: nobody received")
+	}
+	return x
+}
+
+func (c *chanCarrier) Recv(shape []int, dt engine.DType) engine.Array {
+	if dt != engine.F32 {
+		panic(fmt.Sprintf("chanCarrier: receive of %v", dt))
+	}
+	select {
+	case v := <-c.in:
+		return c.b.FromFloat32(v, shape...)
+	case <-time.After(time.Minute): // a test's bound: the sender never sent
+		panic("chanCarrier: nothing to receive")
+	}
+}
+
+func testPipelineRanges(t *testing.T, carried bool) {
 	for _, tcm := range []struct {
 		spec   testmodel.Spec
 		bounds []int
@@ -203,8 +259,31 @@ func TestPipelineRanges(t *testing.T) {
 			}
 			t.Cleanup(func() { whole.Close() })
 			bounds := tcm.bounds
-			procs := startPipeline(t, dir, bounds, nil)
+			var group func(int, engine.Backend) *stage.Group
+			lost := make(chan error, len(bounds))
+			if carried {
+				pipes := make([]chan []float32, len(bounds)-1)
+				for i := range pipes {
+					pipes[i] = make(chan []float32)
+				}
+				group = func(i int, b engine.Backend) *stage.Group {
+					c := &chanCarrier{b: b, in: pipes[(i+len(pipes)-1)%len(pipes)], out: pipes[i]}
+					return &stage.Group{Transport: "test", Join: func() (engine.Carrier, error) { return c, nil },
+						OnLost: func(err error) { lost <- err }}
+				}
+			}
+			procs := startPipelineGroups(t, dir, bounds, nil, group)
 			n := len(procs)
+			if carried {
+				testutil.Eventually(t, func() bool {
+					return !slices.ContainsFunc(procs, func(p *stageProc) bool { return p.pipe.Transport() == "" })
+				}, 30*time.Second, "the stages decide on the group")
+				for i, p := range procs {
+					if tr := p.pipe.Transport(); tr != "test" {
+						t.Fatalf("stage %d's hidden states go over %q, want the group", i, tr)
+					}
+				}
+			}
 			all := func(reverse bool) []int {
 				var s []int
 				for i := range n {
@@ -295,6 +374,29 @@ func TestPipelineRanges(t *testing.T) {
 						t.Fatalf("round %d: stage %d computed %v tokens, want %d (each once)", round, i, c, end)
 					case round >= 2 && c != 0:
 						t.Fatalf("round %d: stage %d computed %v tokens; its prefix cache holds the prompt", round, i, c)
+					}
+				}
+			}
+			select {
+			case err := <-lost:
+				t.Fatalf("the group was lost: %v", err)
+			default:
+			}
+			if carried {
+				// Each stage but the last sent each new prompt's hidden
+				// states once (70 and 53 tokens less the last, f32), and
+				// the next stage received them all.
+				want := int64((69 + 52) * whole.Info().Hidden * 4)
+				for i, p := range procs {
+					sent, recv := p.pipe.Carried()
+					prevSent, _ := procs[(i+n-1)%n].pipe.Carried()
+					switch {
+					case i < n-1 && sent != want:
+						t.Errorf("stage %d sent %d hidden-state bytes over the group, want %d", i, sent, want)
+					case i == n-1 && sent != 0:
+						t.Errorf("the last stage sent %d bytes over the group", sent)
+					case recv != prevSent:
+						t.Errorf("stage %d received %d bytes over the group, stage %d sent %d", i, recv, (i+n-1)%n, prevSent)
 					}
 				}
 			}
@@ -453,5 +555,60 @@ func TestPipelineStuckUpstream(t *testing.T) {
 	}
 	if s.hdr.FirstLayer != 1 || s.hdr.Layers() != 2 {
 		t.Fatalf("the later stage sent no header before waiting (got %+v)", s.hdr)
+	}
+}
+
+// TestPipelineGroupFallback: a stage without a group keeps its neighbour
+// on the stage link (TCP, said in the log) and neither joins; stages that
+// joined a group lose it (OnLost, once) when a neighbour's link goes.
+func TestPipelineGroupFallback(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "qwen2")
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "qwen2", Seed: 5, Layers: 3, MaxPositions: 1024}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		offers []bool
+		want   string
+	}{
+		{"one-offers", []bool{true, false}, "tcp"},
+		{"both-offer", []bool{true, true}, "test"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pipe := make(chan []float32)
+			lost := make(chan error, 2)
+			joins := make(chan int, 2)
+			procs := startPipelineGroups(t, dir, []int{0, 1, 3}, nil, func(i int, b engine.Backend) *stage.Group {
+				if !tc.offers[i] {
+					return nil
+				}
+				c := &chanCarrier{b: b, in: pipe, out: pipe}
+				return &stage.Group{Transport: "test", Join: func() (engine.Carrier, error) { joins <- i; return c, nil },
+					OnLost: func(err error) { lost <- err }}
+			})
+			testutil.Eventually(t, func() bool {
+				return procs[0].pipe.Transport() != "" && procs[1].pipe.Transport() != ""
+			}, 30*time.Second, "the stages decide")
+			for i, p := range procs {
+				if tr := p.pipe.Transport(); tr != tc.want {
+					t.Fatalf("stage %d: hidden states over %q, want %q", i, tr, tc.want)
+				}
+			}
+			if tc.want == "tcp" {
+				if len(joins) != 0 {
+					t.Fatalf("a stage joined a group its neighbour did not offer")
+				}
+				return
+			}
+			procs[1].cancel()
+			select {
+			case err := <-lost:
+				if !errors.Is(err, stage.ErrGroupLost) {
+					t.Fatalf("lost with %v, want ErrGroupLost", err)
+				}
+			case <-time.After(time.Minute): // a test's bound
+				t.Fatal("stage 0 did not lose its group when stage 1 went")
+			}
+		})
 	}
 }
