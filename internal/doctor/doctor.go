@@ -849,7 +849,7 @@ func (k StageLinks) Run(ctx context.Context, d *Env) []Result {
 	return rs
 }
 
-// StageRing checks, for each of this host's decode stages whose pipeline
+// StageRing checks, for each of this host's decode or prefill stages whose pipeline
 // carries hidden states over MLX's ring (the supervisor writes the ring's
 // hostfile: config.Runner.RingHostfile), the next stage's ring port (its
 // stage link port + 1), beside the stage link check. MLX's ring listens

@@ -77,7 +77,8 @@ type Runner struct {
 	// RingHostfile is MLX's ring hostfile (JSON, one ["IP:PORT"] per
 	// rank: each stage host's address at its stage link port + 1) of a
 	// decode pipeline whose stages are all on MLX hosts, one runner per
-	// stage; "" otherwise. The supervisor writes it to a file and starts
+	// stage, or of a prefill pipeline (group) whose stages all are; ""
+	// otherwise. The supervisor writes it to a file and starts
 	// the runner with MLX_HOSTFILE naming it and MLX_RANK = RingRank (its
 	// stage index). Every supervisor computes it from the same file.
 	RingHostfile string `json:"ring_hostfile,omitempty"`
@@ -94,8 +95,8 @@ func (r Runner) Env(hostfile string) []string {
 	return []string{"MLX_HOSTFILE=" + hostfile, "MLX_RANK=" + strconv.Itoa(r.RingRank)}
 }
 
-// ringHostfile is MLX's ring hostfile for a decode pipeline group's
-// stages on port (each stage's link port; its ring takes port + 1), or
+// ringHostfile is MLX's ring hostfile for a decode or prefill pipeline
+// group's stages on port (each stage's link port; its ring takes port + 1), or
 // "" unless every stage is one MLX runner (a tensor stage's process joins
 // its ranks' group, and a cpu stage has no distributed engine: those
 // stages keep the hidden states on the stage link).
@@ -443,8 +444,11 @@ func (c *Config) AllRunners() []Runner {
 		}
 		addGroup = func(role string, r *Role, g int, hosts []string, stages []Stage, peers []string) {
 			var ring string
-			if role == Decode && stages != nil {
+			switch {
+			case role == Decode && stages != nil:
 				ring = c.ringHostfile(stages, r.StageRanks(), c.StageLinkPort(mi))
+			case role == Prefill && stages != nil:
+				ring = c.ringHostfile(stages, 1, c.PrefillStageLinkPort(mi))
 			}
 			for si, hn := range hosts {
 				h := c.Hosts[hn]

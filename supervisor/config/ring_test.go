@@ -29,7 +29,8 @@ backend = "cpu"
 // TestRingHostfilePlan: a decode pipeline (or pipeline group) whose stages
 // are all single MLX runners gets MLX's ring hostfile (each stage host's
 // address at its stage link port + 1, in stage order) and each stage its
-// rank; a cpu stage, tensor stages and a prefill pipeline get none.
+// rank; so does a prefill pipeline's (its stage link port + 1); a cpu
+// stage and tensor stages get none.
 func TestRingHostfilePlan(t *testing.T) {
 	ring := func(addrs ...string) string {
 		s := "["
@@ -41,6 +42,7 @@ func TestRingHostfilePlan(t *testing.T) {
 		}
 		return s + "]"
 	}
+	pring := func(addrs ...string) string { return strings.ReplaceAll(ring(addrs...), ":52504", ":52507") }
 	tests := []struct {
 		name, model string
 		want        map[string]string // host → hostfile ("" none)
@@ -69,7 +71,10 @@ func TestRingHostfilePlan(t *testing.T) {
 		{"replicas", `decode = { hosts = ["m1", "m2"] }`,
 			map[string]string{"m1": "", "m2": ""}, nil},
 		{"a prefill pipeline", "decode = { hosts = [\"m1\"] }\nprefill = { hosts = [\"m2\", \"m3\"], shard = \"pipeline\", layers = [1, 1] }",
-			map[string]string{"m1": "", "m2": "", "m3": ""}, nil},
+			map[string]string{"m1": "", "m2": pring("10.0.0.2", "10.0.0.3"), "m3": pring("10.0.0.2", "10.0.0.3")},
+			map[string]int{"m2": 0, "m3": 1}},
+		{"a prefill pipeline with a cpu stage", "decode = { hosts = [\"m1\"] }\nprefill = { hosts = [\"m2\", \"c1\"], shard = \"pipeline\", layers = [1, 1] }",
+			map[string]string{"m1": "", "m2": "", "c1": ""}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
