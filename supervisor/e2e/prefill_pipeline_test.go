@@ -79,6 +79,16 @@ remote_prefill_min_tokens = 1`
 					t.Errorf("remote prefill outcome %q = %v on %s, want only ok", outcome, n, apiHost.name)
 				}
 			}
+			// On MLX hosts (EXO_E2E_HOST_BACKEND, by hand) the prefill
+			// stages carry their hidden states over MLX's ring (the
+			// supervisors' hostfile); on cpu they stay on the stage link.
+			mlx := hostBackend() != "cpu"
+			for _, h := range []*host{spark, mac} {
+				logs, _ := os.ReadFile(h.log)
+				if carried := strings.Contains(string(logs), "prefill pipeline: hidden states carried over the group"); carried != mlx {
+					t.Errorf("%s: a prefill stage logged carrying over MLX's ring: %v, want %v (see %s)", h.name, carried, mlx, h.log)
+				}
+			}
 		})
 	}
 }
