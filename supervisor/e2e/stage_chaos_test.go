@@ -1,10 +1,7 @@
 package e2e
 
 import (
-	"context"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,28 +21,11 @@ import (
 // link's keepalives, the supervisor's liveness check kills and restarts
 // the hung stage, and the group serves again.
 func TestPipelineMiddleStageChaos(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds exo and runs real runners")
-	}
-	names := []string{"spark", "mac", "studio"}
-	addrs := []string{"127.0.0.2", "127.0.0.3", "127.0.0.4"}
-	needAddrs(t, addrs...)
-	root, dir, exe, _ := buildExoAndModel(t)
-	model := tinyLong(t, root, dir)
-	cfgPath, secret := filepath.Join(dir, "cluster.toml"), filepath.Join(dir, "secret")
-	if err := os.WriteFile(secret, []byte("e2e secret\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	s := setupHosts(t, []string{"spark", "mac", "studio"}, []string{"127.0.0.2", "127.0.0.3", "127.0.0.4"})
 	prompt := "Tell me about the middle."
-	want := oneRunnerAnswers(t, exe, dir, cfgPath, model, secret, []string{prompt})[0]
-
-	base, apiPort := freePort(t), freePort(t)
-	src := hostsCluster(base, apiPort, model, secret, names, addrs, `{ hosts = ["spark", "mac", "studio"], shard = "pipeline" }`)
-	if err := os.WriteFile(cfgPath, []byte(src), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	want := s.oneRunner(t, prompt)[0]
 	stages := []string{"tiny-decode-stage0", "tiny-decode-stage1", "tiny-decode-stage2"}
-	hs, pids := startHosts(t, exe, dir, cfgPath, apiPort, names, addrs, [][]string{{stages[0]}, {stages[1]}, {stages[2]}})
+	hs, pids, _ := s.start(t, `{ hosts = ["spark", "mac", "studio"], shard = "pipeline" }`, oneEach(stages))
 	spark, mac := hs[0], hs[1]
 	if _, text := chatText(t, spark.api, prompt); text != want {
 		t.Fatalf("3 stages: %q, one runner %q", text, want)
@@ -57,24 +37,7 @@ func TestPipelineMiddleStageChaos(t *testing.T) {
 	// limit; it then checks a request sent at once.
 	breakMidStream := func(what string, hit func(), limit time.Duration) {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), limit+time.Minute)
-		defer cancel()
-		streaming := make(chan struct{})
-		done := make(chan streamResult, 1)
-		go func() { done <- streamChat(ctx, spark.api, "go on and on", 30000, func() { close(streaming) }) }()
-		select {
-		case <-streaming:
-		case r := <-done:
-			t.Fatalf("%s: the stream ended before the fault: %+v", what, r)
-		}
-		hit()
-		var r streamResult
-		select {
-		case r = <-done:
-		case <-time.After(limit):
-			t.Fatalf("%s: the stream did not end within %v of the fault", what, limit)
-		}
-		t.Logf("%s: the broken stream: status %d after %v, %d chars, error %q, err %v", what, r.Status, r.Took, len(r.Text), r.ErrorMsg, r.Err)
+		r := breakStream(t, spark.api, what, hit, limit)
 		if r.Status != http.StatusOK || r.Done || (r.ErrorMsg == "" && r.Err == nil) {
 			t.Errorf("%s: %+v, want a stream ending in an error", what, r)
 		}

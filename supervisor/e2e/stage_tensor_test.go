@@ -1,10 +1,7 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -23,34 +20,13 @@ import (
 // with an error event, its supervisor starts it again, and the model
 // answers as before once the stage's group and the ring are whole.
 func TestStageTensorHosts(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds exo and runs real runners")
-	}
-	names := []string{"s0r0", "s0r1", "s1r0", "s1r1"}
-	addrs := []string{"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"}
-	needAddrs(t, addrs...)
-	root, dir, exe, _ := buildExoAndModel(t)
-	model := tinyLong(t, root, dir)
-	cfgPath, secret := filepath.Join(dir, "cluster.toml"), filepath.Join(dir, "secret")
-	if err := os.WriteFile(secret, []byte("e2e secret\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	s := setupHosts(t, []string{"s0r0", "s0r1", "s1r0", "s1r1"}, []string{"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"})
 	prompt := "Tell me about the stages."
-	want := oneRunnerAnswers(t, exe, dir, cfgPath, model, secret, []string{prompt})[0]
-
-	base, apiPort := freePort(t), freePort(t)
-	src := hostsCluster(base, apiPort, model, secret, names, addrs, `{ hosts = ["s0r0", "s0r1", "s1r0", "s1r1"], shard = "pipeline", tensor = 2 }`)
-	if err := os.WriteFile(cfgPath, []byte(src), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	want := s.oneRunner(t, prompt)[0]
 	runners := []string{"tiny-decode-stage0-rank0", "tiny-decode-stage0-rank1", "tiny-decode-stage1-rank0", "tiny-decode-stage1-rank1"}
-	hs, pids := startHosts(t, exe, dir, cfgPath, apiPort, names, addrs, [][]string{{runners[0]}, {runners[1]}, {runners[2]}, {runners[3]}})
+	hs, pids, base := s.start(t, `{ hosts = ["s0r0", "s0r1", "s1r0", "s1r1"], shard = "pipeline", tensor = 2 }`, oneEach(runners))
 	serving := "s0r0/" + runners[0]
-	for _, h := range hs {
-		if !testutil.Until(90*time.Second, func() bool { v := h.gatewayView(t); return v[addrs[0]+":"+fmt.Sprint(base)].OK }) {
-			t.Fatalf("%s's gateway never saw stage 0's rank 0 healthy: %+v", h.name, h.gatewayView(t))
-		}
-	}
+	waitGateways(t, hs, 90*time.Second, "stage 0's rank 0", s.addrs[0]+":"+fmt.Sprint(base))
 	for _, h := range hs {
 		runner, text := chatText(t, h.api, prompt)
 		if text != want || runner != serving {
@@ -70,24 +46,7 @@ func TestStageTensorHosts(t *testing.T) {
 		})()`)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	streaming := make(chan struct{})
-	done := make(chan streamResult, 1)
-	go func() { done <- streamChat(ctx, hs[0].api, "go on and on", 30000, func() { close(streaming) }) }()
-	select {
-	case <-streaming:
-	case r := <-done:
-		t.Fatalf("the stream ended before the kill: %+v", r)
-	}
-	syscall.Kill(pids[3][runners[3]], syscall.SIGKILL)
-	var r streamResult
-	select {
-	case r = <-done:
-	case <-time.After(90 * time.Second):
-		t.Fatal("the stream did not end within 90 s of stage 1's rank 1 being killed")
-	}
-	t.Logf("the broken stream: status %d after %v, %d chars, error %q, done %v, err %v", r.Status, r.Took, len(r.Text), r.ErrorMsg, r.Done, r.Err)
+	r := breakStream(t, hs[0].api, "kill -9 of stage 1's rank 1", func() { syscall.Kill(pids[3][runners[3]], syscall.SIGKILL) }, 90*time.Second)
 	if r.Status != 200 || r.Done || (r.ErrorMsg == "" && r.Err == nil) {
 		t.Errorf("the stream whose stage lost a rank: %+v, want a 200 stream ending in an error", r)
 	}
@@ -109,37 +68,16 @@ func TestStageTensorHosts(t *testing.T) {
 // prefill rank of its KV heads for its stage's layers, every prompt is
 // filled remotely, and every gateway's answer equals one runner's.
 func TestStageTensorHostsTensorPrefill(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds exo and runs real runners")
-	}
-	names := []string{"s0r0", "s0r1", "s1r0", "s1r1"}
-	addrs := []string{"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"}
-	needAddrs(t, addrs...)
-	root, dir, exe, _ := buildExoAndModel(t)
-	model := tinyLong(t, root, dir)
-	cfgPath, secret := filepath.Join(dir, "cluster.toml"), filepath.Join(dir, "secret")
-	if err := os.WriteFile(secret, []byte("e2e secret\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	s := setupHosts(t, []string{"s0r0", "s0r1", "s1r0", "s1r1"}, []string{"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"})
 	prompts := []string{"hello there, how are you today?", strings.Repeat("A long prompt for the prefill ranks and the stages. ", 10)}
-	want := oneRunnerAnswers(t, exe, dir, cfgPath, model, secret, prompts)
-
-	base, apiPort := freePort(t), freePort(t)
-	src := hostsCluster(base, apiPort, model, secret, names, addrs, `{ hosts = ["s0r0", "s0r1", "s1r0", "s1r1"], shard = "pipeline", tensor = 2 }
+	want := s.oneRunner(t, prompts...)
+	hs, _, base := s.start(t, `{ hosts = ["s0r0", "s0r1", "s1r0", "s1r1"], shard = "pipeline", tensor = 2 }
 prefill = { hosts = ["s0r1", "s1r1"], shard = "tensor" }
 remote_prefill_min_tokens = 1
-remote_prefill_route = "floor"`)
-	if err := os.WriteFile(cfgPath, []byte(src), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	hs, _ := startHosts(t, exe, dir, cfgPath, apiPort, names, addrs, [][]string{
+remote_prefill_route = "floor"`, [][]string{
 		{"tiny-decode-stage0-rank0"}, {"tiny-decode-stage0-rank1", "tiny-prefill-rank0"},
 		{"tiny-decode-stage1-rank0"}, {"tiny-decode-stage1-rank1", "tiny-prefill-rank1"}})
-	for _, h := range hs {
-		if !testutil.Until(90*time.Second, func() bool { v := h.gatewayView(t); return v[addrs[0]+":"+fmt.Sprint(base)].OK }) {
-			t.Fatalf("%s's gateway never saw stage 0's rank 0 healthy: %+v", h.name, h.gatewayView(t))
-		}
-	}
+	waitGateways(t, hs, 90*time.Second, "stage 0's rank 0", s.addrs[0]+":"+fmt.Sprint(base))
 	n := 0
 	for _, h := range hs {
 		for i, p := range prompts {
