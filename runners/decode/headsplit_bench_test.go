@@ -3,7 +3,6 @@ package decode_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/kvwire/kvwiretest"
 	"github.com/exo-pd/exo-pd/runners/prefill"
 )
 
@@ -48,18 +48,7 @@ func BenchmarkHeadFill(b *testing.B) {
 	for i := range addrs {
 		prod := prefill.New(prefill.Options{Name: "m", Model: m, Chunk: 256})
 		b.Cleanup(prod.Close)
-		srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
-		if err != nil {
-			b.Fatal(err)
-		}
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			b.Fatal(err)
-		}
-		sctx, cancel := context.WithCancel(ctx)
-		b.Cleanup(cancel)
-		go srv.Serve(sctx, l)
-		addrs[i] = l.Addr().String()
+		addrs[i] = kvwiretest.Serve(b, ctx, prod)
 		warm := &decode.KVRemote{Client: cl, Name: "m", Model: m, Selector: kvwire.NewSelector([]kvwire.Endpoint{{Addr: addrs[i]}})}
 		c.Truncate(0)
 		if _, err := warm.Prefill(ctx, "warm", prompt, 0, c, nil); err != nil {

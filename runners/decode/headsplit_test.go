@@ -15,6 +15,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/kvwire/kvwiretest"
 	"github.com/exo-pd/exo-pd/runners/prefill"
 )
 
@@ -60,18 +61,7 @@ func TestHeadFill(t *testing.T) {
 	serve := func(chunk int) string {
 		prod := prefill.New(prefill.Options{Name: "m", Model: m, Chunk: chunk, CacheBlock: 16})
 		t.Cleanup(prod.Close)
-		srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		t.Cleanup(cancel)
-		go srv.Serve(ctx, l)
-		return l.Addr().String()
+		return kvwiretest.Serve(t, context.Background(), prod)
 	}
 	a, b := serve(16), serve(24)
 	ctx := t.Context()

@@ -2,13 +2,13 @@ package decode
 
 import (
 	"context"
-	"net"
 	"path/filepath"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/kvwire/kvwiretest"
 	"github.com/exo-pd/exo-pd/runners/metrics"
 	"github.com/exo-pd/exo-pd/runners/prefill"
 )
@@ -40,18 +40,7 @@ func servePrefill(t testing.TB, m *engine.Model, chunk int, met *metrics.Runner)
 	}
 	prod := prefill.New(prefill.Options{Name: "m", Model: m, Chunk: chunk, Metrics: met})
 	t.Cleanup(prod.Close)
-	srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go srv.Serve(ctx, l)
-	return l.Addr().String()
+	return kvwiretest.Serve(t, context.Background(), prod)
 }
 
 // loopbackRemote is a KVRemote for model "m" fetching into m from the one

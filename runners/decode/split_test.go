@@ -17,6 +17,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/kvwire/kvwiretest"
 	"github.com/exo-pd/exo-pd/runners/prefill"
 	"github.com/exo-pd/exo-pd/runners/prefill/pipeline"
 )
@@ -55,19 +56,10 @@ func prefillStages(t *testing.T, dir string, bounds []int) []string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
-		if err != nil {
-			t.Fatal(err)
-		}
-		kl, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
 		ctx, cancel := context.WithCancel(context.Background())
 		t.Cleanup(cancel)
-		go srv.Serve(ctx, kl)
+		addrs = append(addrs, kvwiretest.Serve(t, ctx, prod))
 		go pp.Run(ctx)
-		addrs = append(addrs, kl.Addr().String())
 		pipes = append(pipes, pp)
 	}
 	for i, pp := range pipes {
@@ -192,18 +184,7 @@ func stuckStage(t *testing.T, model *engine.Model) (string, <-chan time.Duration
 		<-ctx.Done()
 		return context.Cause(ctx)
 	})
-	srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: p})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go srv.Serve(ctx, l)
-	return l.Addr().String(), got
+	return kvwiretest.Serve(t, context.Background(), p), got
 }
 
 // TestFillDeadline: every remote fill sends the prefill side a deadline —
@@ -232,18 +213,7 @@ func TestFillDeadline(t *testing.T) {
 	// from the stuck one.
 	prod := prefill.New(prefill.Options{Name: "m", Model: whole, Chunk: 16, CacheBlock: 16})
 	t.Cleanup(prod.Close)
-	srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hctx, hcancel := context.WithCancel(context.Background())
-	t.Cleanup(hcancel)
-	go srv.Serve(hctx, hl)
-	_, headParts, err := decode.ParsePrefillEndpoints([]string{hl.Addr().String() + "#0:1", stuck + "#1:2"})
+	_, headParts, err := decode.ParsePrefillEndpoints([]string{kvwiretest.Serve(t, context.Background(), prod) + "#0:1", stuck + "#1:2"})
 	if err != nil {
 		t.Fatal(err)
 	}
