@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -17,44 +16,26 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/kvwire/kvwiretest"
 	"github.com/exo-pd/exo-pd/runners/metrics"
 	"github.com/exo-pd/exo-pd/runners/prefill"
 	dto "github.com/prometheus/client_model/go"
 )
 
-// prefillGroup is a tensor-parallel prefill group of goroutines: rank 0's
-// Leader and each rank's Producer serving the KV wire on loopback, over
-// real TCP links; followers can be stopped and started again (a fresh
-// model and prefix cache).
+// prefillGroup is a tensor-parallel prefill group of goroutines (ranks):
+// rank 0's Leader and each rank's Producer serving the KV wire on
+// loopback, over real TCP links; followers can be stopped and started
+// again (a fresh model and prefix cache).
 type prefillGroup struct {
-	t     *testing.T
-	path  string
+	*ranks
 	n     int
-	g     *Leader
-	addr  string
 	kv    []string // each rank's KV-wire address
 	prods []*prefill.Producer
 	mets  []*metrics.Runner // each rank's Producer's metrics
 	fols  []*Follower
-	stops []context.CancelFunc
-	done  []chan error
 }
 
 const testChunk = 16
-
-func serveKV(t *testing.T, ctx context.Context, p *prefill.Producer) string {
-	t.Helper()
-	s, err := kvwire.NewServer(kvwire.ServerConfig{Producer: p})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Serve(ctx, l) }()
-	return l.Addr().String()
-}
 
 func newProducer(m *engine.Model, met *metrics.Runner) *prefill.Producer {
 	return prefill.New(prefill.Options{Name: "m", Model: m, Chunk: testChunk, CacheBlock: testChunk, Metrics: met})
@@ -62,38 +43,23 @@ func newProducer(m *engine.Model, met *metrics.Runner) *prefill.Producer {
 
 func startPrefillGroup(t *testing.T, path string, n int) *prefillGroup {
 	t.Helper()
-	g, err := NewLeader(LeaderConfig{Size: n, Rejoin: true, Timeout: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- g.Serve(ctx, l) }()
-	pg := &prefillGroup{t: t, path: path, n: n, g: g, addr: l.Addr().String(), kv: make([]string, n),
-		prods: make([]*prefill.Producer, n), mets: make([]*metrics.Runner, n), fols: make([]*Follower, n), stops: make([]context.CancelFunc, n), done: make([]chan error, n)}
+	pg := &prefillGroup{n: n, kv: make([]string, n), prods: make([]*prefill.Producer, n), mets: make([]*metrics.Runner, n), fols: make([]*Follower, n)}
+	// After the ranks' cleanup (registered next), which stops them.
 	t.Cleanup(func() {
-		for r := range pg.stops {
-			pg.stop(r)
-		}
-		cancel()
-		<-served
 		for _, p := range pg.prods {
 			if p != nil {
 				p.Close()
 			}
 		}
 	})
-	m := load(t, path, g.Collective())
+	pg.ranks = startRanks(t, path, LeaderConfig{Size: n, Rejoin: true, Timeout: 20 * time.Second})
+	m := load(t, path, pg.g.Collective())
 	pg.mets[0] = metrics.New("prefill")
 	pg.prods[0] = newProducer(m, pg.mets[0])
-	if err := g.PrefillLead(ctx, pg.prods[0], m, nil); err != nil {
+	if err := pg.g.PrefillLead(pg.ctx, pg.prods[0], m, nil); err != nil {
 		t.Fatal(err)
 	}
-	pg.kv[0] = serveKV(t, ctx, pg.prods[0])
+	pg.kv[0] = kvwiretest.Serve(t, pg.ctx, pg.prods[0])
 	for r := 1; r < n; r++ {
 		pg.start(r)
 	}
@@ -133,22 +99,7 @@ func (pg *prefillGroup) start(r int) {
 		pg.t.Fatal(err)
 	}
 	pg.fols[r] = f
-	ctx, cancel := context.WithCancel(context.Background())
-	pg.kv[r] = serveKV(pg.t, ctx, pg.prods[r])
-	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx, m) }()
-	pg.stops[r], pg.done[r] = cancel, done
-}
-
-func (pg *prefillGroup) stop(r int) {
-	if pg.stops[r] == nil {
-		return
-	}
-	pg.stops[r]()
-	if err := <-pg.done[r]; err != nil {
-		pg.t.Errorf("rank %d: %v", r, err)
-	}
-	pg.stops[r] = nil
+	pg.follow(r, f, m, func(ctx context.Context) { pg.kv[r] = kvwiretest.Serve(pg.t, ctx, pg.prods[r]) })
 }
 
 // headSink collects one head range's stream: per layer, K and V of each
@@ -227,6 +178,31 @@ func f32s(b []byte) []float32 {
 	return out
 }
 
+// fetchEach asks every rank r of pg for its KV heads [r, r+1) of p from
+// start, all at once and beside more (when set), and returns what each
+// rank sent once every one has answered and more has returned. It fails
+// the test where a rank failed or sent other than those heads of
+// positions [start, len(p)-1) of ref, m's local prefill.
+func (pg *prefillGroup) fetchEach(ctx context.Context, what string, m *engine.Model, ref engine.KVCache, p []int32, start int, more func()) []*headSink {
+	pg.t.Helper()
+	var wg sync.WaitGroup
+	sinks, errs := make([]*headSink, pg.n), make([]error, pg.n)
+	for r := range pg.n {
+		wg.Go(func() { sinks[r], errs[r] = fetchHeads(ctx, m, pg.kv[r], p, start, r, r+1) })
+	}
+	if more != nil {
+		wg.Go(more)
+	}
+	wg.Wait()
+	for r := range pg.n {
+		if errs[r] != nil {
+			pg.t.Fatalf("%s: rank %d: %v", what, r, errs[r])
+		}
+		checkHeads(pg.t, fmt.Sprintf("%s, rank %d", what, r), sinks[r], ref, m.Info().KVHeads, start, len(p)-1, r, r+1)
+	}
+	return sinks
+}
+
 // TestTensorPrefillHeads: a 2-rank tensor-parallel prefill group serves
 // each rank's KV heads from that rank's KV port, equal to a whole model's
 // local prefill (layer 0 byte for byte; later layers, whose inputs went
@@ -255,22 +231,7 @@ func TestTensorPrefillHeads(t *testing.T) {
 	}
 	both := func(what string, p []int32, start int) {
 		t.Helper()
-		var wg sync.WaitGroup
-		sinks, errs := make([]*headSink, 2), make([]error, 2)
-		for r := range 2 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				sinks[r], errs[r] = fetchHeads(ctx, whole, pg.kv[r], p, start, r, r+1)
-			}()
-		}
-		wg.Wait()
-		for r := range 2 {
-			if errs[r] != nil {
-				t.Fatalf("%s: rank %d: %v", what, r, errs[r])
-			}
-			checkHeads(t, fmt.Sprintf("%s, rank %d", what, r), sinks[r], ref, 2, start, len(p)-1, r, r+1)
-		}
+		sinks := pg.fetchEach(ctx, what, whole, ref, p, start, nil)
 		if sinks[0].payload != sinks[1].payload || sinks[0].payload == 0 {
 			t.Fatalf("%s: the ranks shipped %d and %d bytes, want their equal shares", what, sinks[0].payload, sinks[1].payload)
 		}
@@ -341,39 +302,23 @@ func TestTensorPrefillWantMeetsRequest(t *testing.T) {
 			t.Fatal(err)
 		}
 		before := []float64{computed(t, pg.mets[0]), computed(t, pg.mets[1])}
-		var wg sync.WaitGroup
-		sinks, errs := make([]*headSink, 2), make([]error, 2)
-		for r := range 2 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				sinks[r], errs[r] = fetchHeads(ctx, whole, pg.kv[r], prompt, 0, r, r+1)
-			}()
-		}
+		var want func()
 		if round%2 == 1 {
 			// Rank 1's Want as rank 0's link reader hands it on, naming
 			// every computation begun so far as seen, beside the two
 			// requests (rank 1's own Want may come too).
 			pg.g.mu.Lock()
-			want := pg.g.want
+			handOn := pg.g.want
 			pg.g.mu.Unlock()
 			seen := pg.g.nextID.Load()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				want(1, prompt, 0, seen)
-			}()
+			want = func() { handOn(1, prompt, 0, seen) }
 		}
-		wg.Wait()
+		pg.fetchEach(ctx, fmt.Sprintf("round %d", round), whole, ref, prompt, 0, want)
 		// A rank counts its computed tokens when its computation ends,
 		// which may be after the requests following it were served.
 		testutil.Eventually(t, func() bool { return pg.prods[0].Idle() && pg.prods[1].Idle() }, 30*time.Second,
 			fmt.Sprintf("round %d: the ranks' computations end", round))
 		for r := range 2 {
-			if errs[r] != nil {
-				t.Fatalf("round %d: rank %d: %v", round, r, errs[r])
-			}
-			checkHeads(t, fmt.Sprintf("round %d, rank %d", round, r), sinks[r], ref, 2, 0, end, r, r+1)
 			if c := computed(t, pg.mets[r]) - before[r]; c != float64(end) {
 				t.Fatalf("round %d: rank %d computed %v tokens of a new %d-token prompt, want %d (each once)", round, r, c, len(prompt), end)
 			}

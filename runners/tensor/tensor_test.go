@@ -18,18 +18,13 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 )
 
-// group is a tensor-parallel group of goroutines over real TCP links on
-// loopback: rank 0's Leader and Model, and followers that can be stopped
-// (their link drops) and started again.
+// group is a tensor-parallel decode group of goroutines over real TCP
+// links on loopback (ranks): rank 0's Model, and followers that can be
+// stopped and started again (a fresh model and no caches).
 type group struct {
-	t      *testing.T
-	path   string
+	*ranks
 	secret []byte
-	g      *Leader
-	addr   string
 	model  *Model
-	stops  []context.CancelFunc // per follower rank (index rank)
-	done   []chan error
 	opts   engine.LoadOptions // every rank's (a pipeline stage's layers)
 }
 
@@ -61,30 +56,9 @@ func startGroup(t *testing.T, path string, n int, secret []byte) *group {
 // set per rank).
 func startGroupWith(t *testing.T, path string, n int, secret []byte, o engine.LoadOptions) *group {
 	t.Helper()
-	g, err := NewLeader(LeaderConfig{Size: n, Secret: secret, Rejoin: true, Timeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- g.Serve(ctx, l) }()
-	gr := &group{t: t, path: path, secret: secret, g: g, addr: l.Addr().String(),
-		stops: make([]context.CancelFunc, n), done: make([]chan error, n), opts: o}
-	t.Cleanup(func() {
-		for r := range gr.stops {
-			gr.stop(r)
-		}
-		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	o.Tensor = Meter(g.Collective(), NewMetrics(nil), "tiny")
-	gr.model = g.Model(loadWith(t, path, o))
+	gr := &group{ranks: startRanks(t, path, LeaderConfig{Size: n, Secret: secret, Rejoin: true, Timeout: 10 * time.Second}), secret: secret, opts: o}
+	o.Tensor = Meter(gr.g.Collective(), NewMetrics(nil), "tiny")
+	gr.model = gr.g.Model(loadWith(t, path, o))
 	for r := 1; r < n; r++ {
 		gr.start(r, secret)
 	}
@@ -99,22 +73,7 @@ func (gr *group) start(r int, secret []byte) {
 	}
 	o := gr.opts
 	o.Tensor = f.Collective()
-	m := loadWith(gr.t, gr.path, o)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx, m) }()
-	gr.stops[r], gr.done[r] = cancel, done
-}
-
-func (gr *group) stop(r int) {
-	if gr.stops[r] == nil {
-		return
-	}
-	gr.stops[r]()
-	if err := <-gr.done[r]; err != nil {
-		gr.t.Errorf("rank %d: %v", r, err)
-	}
-	gr.stops[r] = nil
+	gr.follow(r, f, loadWith(gr.t, gr.path, o), nil)
 }
 
 func (gr *group) waitWhole() {
