@@ -203,15 +203,23 @@ decode = { hosts = ["b", "a"], shard = "tensor" }
 	if ch := Diff(c.Runners("b"), c2.Runners("b")); len(ch.Restart) != 1 {
 		t.Errorf("rank 0 on b: %v, want a restart", ch)
 	}
-	// The tensor link and MLX's ring port are taken on every rank's host.
-	_, err = Parse("f.toml", []byte(src+`
+	// Rank 0's host (b, mlx-cpu) holds the tensor link and MLX's ring
+	// after it; rank 1's (a, cpu) neither: nothing listens there.
+	for _, tc := range []struct{ host, port, want string }{
+		{"b", "52504", "two runners on one port: model m decode tensor link and model n decode both use port 52504 on host b"},
+		{"b", "52505", "two runners on one port: model m decode tensor MLX ring and model n decode both use port 52505 on host b"},
+		{"a", "52504", ""},
+		{"a", "52505", ""},
+	} {
+		_, err = Parse("f.toml", []byte(src+`
 [[models]]
 name = "n"
 source = "s"
-decode = { hosts = ["a"], port = 52505 }
+decode = { hosts = ["`+tc.host+`"], port = `+tc.port+` }
 `))
-	if err == nil || !strings.Contains(err.Error(), "two runners on one port: model m decode tensor MLX ring and model n decode both use port 52505 on host a") {
-		t.Errorf("port clash: %v", err)
+		if (tc.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("port %s on %s: %v, want %q", tc.port, tc.host, err, tc.want)
+		}
 	}
 }
 

@@ -155,15 +155,26 @@ prefill = { hosts = ["a"] }
 	if _, err := c.Place(smol, "a", 0); err == nil || !strings.Contains(err.Error(), `f.toml:27:62: model m: decode.tensor = 2: 2 hosts: num_attention_heads 9 is not divisible by 2`) {
 		t.Errorf("heads 2 ranks cannot divide: %v", err)
 	}
-	// Every rank's host holds the tensor link and MLX's ring after it.
+	// A stage's rank 0 holds the tensor link; on these cpu hosts no rank
+	// has MLX's ring after it, and rank 1 (d) no link: nothing listens.
 	_, err = Parse("f.toml", []byte(src+`
 [[models]]
 name = "n"
 source = "s"
-decode = { hosts = ["d"], port = 52505 }
+decode = { hosts = ["c"], port = 52504 }
 `))
-	if err == nil || !strings.Contains(err.Error(), "model m decode stage tensor MLX ring and model n decode both use port 52505 on host d") {
+	if err == nil || !strings.Contains(err.Error(), "model m decode stage tensor link and model n decode both use port 52504 on host c") {
 		t.Errorf("port clash: %v", err)
+	}
+	for _, port := range []string{"52504", "52505"} {
+		if _, err := Parse("f.toml", []byte(src+`
+[[models]]
+name = "n"
+source = "s"
+decode = { hosts = ["d"], port = `+port+` }
+`)); err != nil {
+			t.Errorf("port %s on cpu rank 1 (nothing of m listens there): %v", port, err)
+		}
 	}
 }
 

@@ -78,8 +78,14 @@ prefill = { hosts = ["b", "a"], shard = "tensor" }
 		t.Errorf("Place beside a tensor decode: %v", err)
 	}
 
-	// The ring's (NCCL's) port is claimed.
-	_, err := Parse("f.toml", []byte(threeHosts+`
+	// The ring's (NCCL's) port is claimed on an MLX rank (b, rank 0, with
+	// the tensor link), not on a cpu one (a).
+	for _, tc := range []struct{ host, port, want string }{
+		{"b", "52508", "two runners on one port: model m prefill tensor link and model n decode both use port 52508 on host b"},
+		{"b", "52509", "two runners on one port: model m prefill tensor MLX ring or NCCL and model n decode both use port 52509 on host b"},
+		{"a", "52509", ""},
+	} {
+		_, err := Parse("f.toml", []byte(threeHosts+`
 [[models]]
 name = "m"
 source = "s"
@@ -89,10 +95,11 @@ prefill = { hosts = ["b", "a"], shard = "tensor" }
 [[models]]
 name = "n"
 source = "s"
-decode = { hosts = ["a"], port = 52509 }
+decode = { hosts = ["`+tc.host+`"], port = `+tc.port+` }
 `))
-	if err == nil || !strings.Contains(err.Error(), "model m prefill tensor MLX ring or NCCL and model n decode both use port 52509 on host a") {
-		t.Errorf("port clash: %v", err)
+		if (tc.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("port %s on %s: %v, want %q", tc.port, tc.host, err, tc.want)
+		}
 	}
 
 	// Beside a pipeline decode: every stage names the prefill ranks.

@@ -110,25 +110,6 @@ func (c *Config) validate() Errors {
 		bad(Pos{1, 1}, "no models: add at least one [[models]] table")
 	}
 	names := map[string]int{}
-	type use struct {
-		what string
-		pos  Pos
-	}
-	ports := map[string]map[int]use{} // host → port → first user
-	claim := func(host string, port int, what string, p Pos) {
-		if port < 1 || port > 65535 {
-			bad(p, "%s: port %d out of range 1-65535", what, port)
-			return
-		}
-		if ports[host] == nil {
-			ports[host] = map[int]use{c.API.Port: {"the API gateway ([api] port)", c.at("api", "port")}}
-		}
-		if u, ok := ports[host][port]; ok {
-			bad(p, "two runners on one port: %s and %s both use port %d on host %s", u.what, what, port, host)
-			return
-		}
-		ports[host][port] = use{what, p}
-	}
 	for i, m := range c.Models {
 		if m == nil {
 			continue
@@ -249,47 +230,32 @@ func (c *Config) validate() Errors {
 					continue
 				}
 				seen[hn] = true
-				what := fmt.Sprintf("%s %s", label, rr.role)
-				claim(hn, r.Port, what, c.at("models", i, rr.role, "port"))
-				if rr.role == "prefill" {
-					claim(hn, r.MetricsPort, what+" metrics", c.at("models", i, rr.role, "metrics_port"))
-				}
-				if rr.role == Decode && r.Pipeline() && r.Tensor >= 2 {
-					// A stage of tensor ranks: rank 0 on the stage link,
-					// every rank on the tensor link and MLX's ring after
-					// it; the stage's hidden states stay on TCP.
-					claim(hn, c.StageLinkPort(i), what+" stage link", c.at("models", i, rr.role, "shard"))
-					claim(hn, c.TensorLinkPort(i), what+" stage tensor link", c.at("models", i, rr.role, "tensor"))
-					claim(hn, c.TensorLinkPort(i)+1, what+" stage tensor MLX ring", c.at("models", i, rr.role, "tensor"))
-				} else if rr.role == Decode && r.Pipeline() {
-					claim(hn, c.StageLinkPort(i), what+" stage link", c.at("models", i, rr.role, "shard"))
-					if c.Hosts[hn].Backend != CPU {
-						// MLX stages carry hidden states over MLX's ring
-						// on the stage link port + 1.
-						claim(hn, c.StageLinkPort(i)+1, what+" stage MLX ring", c.at("models", i, rr.role, "shard"))
-					}
-				}
-				if rr.role == Prefill && r.Pipeline() {
-					claim(hn, c.PrefillStageLinkPort(i), what+" stage link", c.at("models", i, rr.role, "shard"))
-					if c.Hosts[hn].Backend != CPU {
-						// As a decode pipeline's: MLX's ring on the
-						// stage link port + 1.
-						claim(hn, c.PrefillStageLinkPort(i)+1, what+" stage MLX ring", c.at("models", i, rr.role, "shard"))
-					}
-				}
-				if rr.role == Decode && r.Shard == ShardTensor {
-					claim(hn, c.TensorLinkPort(i), what+" tensor link", c.at("models", i, rr.role, "shard"))
-					claim(hn, c.TensorLinkPort(i)+1, what+" tensor MLX ring", c.at("models", i, rr.role, "shard"))
-				}
-				if rr.role == Prefill && r.Shard == ShardTensor {
-					claim(hn, c.PrefillTensorLinkPort(i), what+" tensor link", c.at("models", i, rr.role, "shard"))
-					claim(hn, c.PrefillTensorLinkPort(i)+1, what+" tensor MLX ring or NCCL", c.at("models", i, rr.role, "shard"))
-				}
 			}
 			c.validateShard(i, label, rr.role, r, bad)
 		}
 	}
+	c.validatePorts(bad)
 	return errs
+}
+
+// validatePorts refuses a port out of range and two listeners on one port
+// of a host, at the key that chooses the later one (portClaims: the
+// ports HostPorts and openFirewall give).
+func (c *Config) validatePorts(bad func(Pos, string, ...any)) {
+	for _, host := range c.HostNames() {
+		first := map[int]string{} // port → what claimed it first
+		for j, p := range c.portClaims(host) {
+			if j > 0 && (p.Port < 1 || p.Port > 65535) { // the API port's range is checked at [api]
+				bad(c.at(p.key...), "%s: port %d out of range 1-65535", p.What, p.Port)
+				continue
+			}
+			if u, ok := first[p.Port]; ok {
+				bad(c.at(p.key...), "two runners on one port: %s and %s both use port %d on host %s", u, p.What, p.Port, host)
+				continue
+			}
+			first[p.Port] = p.What
+		}
+	}
 }
 
 // beyondLoopback says why the cluster's runners are reachable from other
