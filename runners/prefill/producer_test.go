@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -15,6 +14,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/kvwire/kvwiretest"
 	"github.com/exo-pd/exo-pd/runners/metrics"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -41,18 +41,7 @@ func serveProducer(t *testing.T, o Options) (*Producer, string) {
 	t.Helper()
 	prod := New(o)
 	t.Cleanup(prod.Close)
-	srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go srv.Serve(ctx, l)
-	return prod, l.Addr().String()
+	return prod, kvwiretest.Serve(t, context.Background(), prod)
 }
 
 // gated makes the model wait, after its first chunk, until the client has

@@ -14,6 +14,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/kvwire/kvwiretest"
 	"github.com/exo-pd/exo-pd/runners/prefill"
 )
 
@@ -78,20 +79,7 @@ func BenchmarkPrefillPipeline(b *testing.B) {
 		b.Cleanup(func() { m.Close() })
 		return m
 	}
-	serve := func(prod *prefill.Producer) string {
-		srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
-		if err != nil {
-			b.Fatal(err)
-		}
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			b.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		b.Cleanup(cancel)
-		go srv.Serve(ctx, l)
-		return l.Addr().String()
-	}
+	serve := func(prod *prefill.Producer) string { return kvwiretest.Serve(b, context.Background(), prod) }
 	fetch := func(addr string, p []int32, a, c int, id string) {
 		req := &kvwire.Request{ID: id, Model: "m", Tokens: p, LayerStart: a, LayerEnd: c}
 		if _, err := cl.Fetch(context.Background(), addr, req, nil, &sink{}); err != nil {

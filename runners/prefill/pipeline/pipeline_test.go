@@ -18,6 +18,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine/cpu"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
+	"github.com/exo-pd/exo-pd/runners/kvwire/kvwiretest"
 	"github.com/exo-pd/exo-pd/runners/metrics"
 	"github.com/exo-pd/exo-pd/runners/prefill"
 	"github.com/exo-pd/exo-pd/runners/stage"
@@ -133,24 +134,47 @@ func startPipelineGroups(t *testing.T, dir string, bounds []int, wrap func(i int
 		if err != nil {
 			t.Fatal(err)
 		}
-		srv, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod})
-		if err != nil {
-			t.Fatal(err)
-		}
-		kl, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
 		ctx, cancel := context.WithCancel(context.Background())
 		t.Cleanup(cancel)
-		go srv.Serve(ctx, kl)
+		addr := kvwiretest.Serve(t, ctx, prod)
 		go pp.Run(ctx)
-		procs[i] = &stageProc{m: m, prod: prod, met: met, addr: kl.Addr().String(), pipe: pp, cancel: cancel}
+		procs[i] = &stageProc{m: m, prod: prod, met: met, addr: addr, pipe: pp, cancel: cancel}
 		defer func(pp *Pipe) {
 			testutil.Eventually(t, pp.Up, 30*time.Second, "prefill stage %d's links up", i)
 		}(pp)
 	}
 	return procs
+}
+
+// qwen2 writes the 3-layer qwen2 test model (seed 5) that most of these
+// tests split, and returns its directory.
+func qwen2(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "qwen2")
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "qwen2", Seed: 5, Layers: 3, MaxPositions: 1024}); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// stage0 is a startPipeline wrap that wraps stage 0's model alone (wrap
+// gets it as loaded).
+func stage0(wrap func(m *engine.Model) StageModel) func(i int, m *engine.Model) StageModel {
+	return func(i int, m *engine.Model) StageModel {
+		if i == 0 {
+			return wrap(m)
+		}
+		return m
+	}
+}
+
+// ramp is the n-token prompt 3 + 13i mod 400.
+func ramp(n int) []int32 {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = int32(3 + i*13%400)
+	}
+	return p
 }
 
 // checkStream says how the stream in s for layers [a, b) of prompt from
@@ -409,25 +433,12 @@ func testPipelineRanges(t *testing.T, carried bool) {
 // (it does not wait for a deadline), and stage 1 alone asked
 // with stage 0 still gone fails at once.
 func TestPipelineStageDies(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "qwen2")
-	if err := testmodel.Write(dir, testmodel.Spec{Arch: "qwen2", Seed: 5, Layers: 3, MaxPositions: 1024}); err != nil {
-		t.Fatal(err)
-	}
 	g := &gate{release: make(chan struct{}), held: make(chan struct{})}
 	defer close(g.release)
-	procs := startPipeline(t, dir, []int{0, 1, 3}, func(i int, m *engine.Model) StageModel {
-		if i == 0 {
-			g.Model = m
-			return g
-		}
-		return m
-	})
+	procs := startPipeline(t, qwen2(t), []int{0, 1, 3}, stage0(func(m *engine.Model) StageModel { g.Model = m; return g }))
 	fp := kvwire.Fingerprint(procs[0].m.Fingerprint())
 	cl := kvwire.NewClient(kvwire.ClientConfig{})
-	prompt := make([]int32, 80)
-	for i := range prompt {
-		prompt[i] = int32(3 + i*13%400)
-	}
+	prompt := ramp(80)
 	s := &sink{}
 	done := make(chan error, 1)
 	go func() {
@@ -461,11 +472,7 @@ func TestPipelineStageDies(t *testing.T) {
 // its deadline (it hung before: the request asked stage 0 again, and the
 // computation that answered began and ended before the request looked).
 func TestPipelineStagesAskedInTurn(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "qwen2")
-	spec := testmodel.Spec{Arch: "qwen2", Seed: 5, Layers: 3, MaxPositions: 1024}
-	if err := testmodel.Write(dir, spec); err != nil {
-		t.Fatal(err)
-	}
+	dir := qwen2(t)
 	whole, err := engine.Load(context.Background(), dir, cpu.New(1), engine.LoadOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -528,25 +535,12 @@ func (h *held) StageForward(ctx context.Context, c engine.KVCache, tokens []int3
 // long as the request's deadline (it waited 10 minutes before the header
 // went first).
 func TestPipelineStuckUpstream(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "qwen2")
-	if err := testmodel.Write(dir, testmodel.Spec{Arch: "qwen2", Seed: 5, Layers: 3, MaxPositions: 1024}); err != nil {
-		t.Fatal(err)
-	}
 	h := &held{release: make(chan struct{})}
 	defer close(h.release)
-	procs := startPipeline(t, dir, []int{0, 1, 3}, func(i int, m *engine.Model) StageModel {
-		if i == 0 {
-			h.Model = m
-			return h
-		}
-		return m
-	})
+	procs := startPipeline(t, qwen2(t), []int{0, 1, 3}, stage0(func(m *engine.Model) StageModel { h.Model = m; return h }))
 	fp := kvwire.Fingerprint(procs[0].m.Fingerprint())
 	cl := kvwire.NewClient(kvwire.ClientConfig{ProgressTimeout: 300 * time.Millisecond})
-	prompt := make([]int32, 40)
-	for i := range prompt {
-		prompt[i] = int32(3 + i*13%400)
-	}
+	prompt := ramp(40)
 	s := &sink{}
 	req := &kvwire.Request{ID: "x", Model: "m", Fingerprint: fp, Tokens: prompt, LayerStart: 1, LayerEnd: 3, Deadline: 10 * time.Minute}
 	_, err := cl.Fetch(context.Background(), procs[1].addr, req, nil, s)
