@@ -1,16 +1,15 @@
 package decode_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"path/filepath"
 	"reflect"
 	"testing"
 	"time"
 
+	"github.com/exo-pd/exo-pd/internal/testutil"
 	"github.com/exo-pd/exo-pd/runners/decode"
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
@@ -65,15 +64,8 @@ func TestHeadFill(t *testing.T) {
 	}
 	a, b := serve(16), serve(24)
 	ctx := t.Context()
-	prompt := make([]int32, 75)
-	for i := range prompt {
-		prompt[i] = int32(11 + i*29%500)
-	}
-	ref := m.NewCache()
-	defer ref.Free()
-	if err := m.Prefill(ctx, ref, prompt[:len(prompt)-1], 16, nil); err != nil {
-		t.Fatal(err)
-	}
+	prompt := ramp(75, 11, 29, 500)
+	ref := localPrefill(t, m, prompt[:len(prompt)-1])
 	_, parts, err := decode.ParsePrefillEndpoints([]string{a + "#0:2", b + "#2:4"})
 	if err != nil {
 		t.Fatal(err)
@@ -101,21 +93,10 @@ func TestHeadFill(t *testing.T) {
 		if _, err := rem.Prefill(ctx, fmt.Sprint("fp8=", fp8), prompt, 0, c, nil); err != nil {
 			t.Fatalf("fp8 %v: %v", fp8, err)
 		}
-		for l := range 2 {
-			gk, gv, _ := c.Export(l, 0, len(prompt)-1)
-			wk, wv, _ := want.Export(l, 0, len(prompt)-1)
-			if !bytes.Equal(gk, wk) || !bytes.Equal(gv, wv) {
-				t.Fatalf("fp8 %v: layer %d differs from the reference", fp8, l)
-			}
-		}
+		sameLayers(t, fmt.Sprint("fp8 ", fp8), want, c, 0, 2, len(prompt)-1)
 		c.Free()
 	}
-	dl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := dl.Addr().String()
-	dl.Close()
+	dead := testutil.Addr(t)
 	_, parts, _ = decode.ParsePrefillEndpoints([]string{a + "#0:2", dead + "#2:4"})
 	rem := &decode.KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{ConnectTimeout: time.Second}), Name: "m", Model: m, Parts: parts}
 	c := m.NewCache()

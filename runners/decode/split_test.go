@@ -1,7 +1,6 @@
 package decode_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -87,16 +86,9 @@ func TestSplitFillFromPrefillStages(t *testing.T) {
 	}
 	whole := load(t, dir, engine.LayerRange{})
 	ctx := context.Background()
-	prompt := make([]int32, 75)
-	for i := range prompt {
-		prompt[i] = int32(7 + i*31%450)
-	}
+	prompt := ramp(75, 7, 31, 450)
 	end := len(prompt) - 1
-	ref := whole.NewCache()
-	defer ref.Free()
-	if err := whole.Prefill(ctx, ref, prompt[:end], 16, nil); err != nil {
-		t.Fatal(err)
-	}
+	ref := localPrefill(t, whole, prompt[:end])
 	for _, r := range []engine.LayerRange{{}, {Start: 0, End: 2}} {
 		m := whole
 		if r != (engine.LayerRange{}) {
@@ -114,19 +106,7 @@ func TestSplitFillFromPrefillStages(t *testing.T) {
 		if c.Len() != end {
 			t.Fatalf("layers %v: cache holds %d, want %d", r, c.Len(), end)
 		}
-		var share int64
-		for l := r.Start; l < r.End; l++ {
-			k, v, err := ref.Export(l, 0, end)
-			if err != nil {
-				t.Fatal(err)
-			}
-			gk, gv, err := c.Export(l-r.Start, 0, end)
-			if err != nil || !bytes.Equal(k, gk) || !bytes.Equal(v, gv) {
-				t.Fatalf("layers %v: layer %d differs from local prefill (%v)", r, l, err)
-			}
-			share += int64(len(k) + len(v))
-		}
-		if st.Bytes != share {
+		if share := sameLayers(t, fmt.Sprintf("layers %v, against local prefill", r), ref, c, r.Start, r.End, end); st.Bytes != share {
 			t.Fatalf("layers %v: received %d bytes, its layers' share is %d", r, st.Bytes, share)
 		}
 		c.Free()
@@ -217,10 +197,7 @@ func TestFillDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prompt := make([]int32, 40)
-	for i := range prompt {
-		prompt[i] = int32(9 + i*37%450)
-	}
+	prompt := ramp(40, 9, 37, 450)
 	for _, tc := range []struct {
 		name     string
 		heads    bool          // head pieces, else layer ranges
@@ -287,16 +264,9 @@ func TestSplitFillHybrid(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	prompt := make([]int32, 70)
-	for i := range prompt {
-		prompt[i] = int32(5 + i*17%300)
-	}
+	prompt := ramp(70, 5, 17, 300)
 	end := len(prompt) - 1
-	ref := whole.NewCache()
-	defer ref.Free()
-	if err := whole.Prefill(ctx, ref, prompt[:end], 16, nil); err != nil {
-		t.Fatal(err)
-	}
+	ref := localPrefill(t, whole, prompt[:end])
 	want, err := whole.Forward(ctx, ref, prompt[end:])
 	if err != nil {
 		t.Fatal(err)
