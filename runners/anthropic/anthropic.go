@@ -6,8 +6,8 @@
 // choice; no silent ignores) and run by the same gen.Generator (it reuses
 // runners/openai's strict JSON decoding, error values and SSE writer, not
 // its request types); the answer and the stream
-// (message_start, content_block_start, ping, content_block_delta…,
-// content_block_stop, message_delta, message_stop) take Anthropic's
+// (message_start, ping, then per content block content_block_start,
+// content_block_delta…, content_block_stop; message_delta, message_stop) take Anthropic's
 // shapes. Unless Handler.AcceptTools, tools, tool_choice and tool_use /
 // tool_result blocks are refused with a 400 naming them; with it, they
 // become the generation request's Tools/ToolChoice and its history of
@@ -591,19 +591,37 @@ type stream struct {
 	id      string
 	model   string
 	started bool
-	block   int    // index of the open content block
+	opened  bool   // a content block was started
+	block   int    // index of the open (or last) content block
 	kind    string // its type: "text" or "tool_use"
 	calls   map[int]int
 }
 
-// open closes the open block and starts block cb.
+// open closes the open block, if any, and starts block cb. Blocks open
+// as their content comes (not a text block up front), so a streamed
+// answer has the non-streamed answer's blocks: no empty text block
+// before tool_use blocks.
 func (s *stream) open(cb ContentBlock) error {
-	if err := s.sse.NamedEvent("content_block_stop", map[string]any{"type": "content_block_stop", "index": s.block}); err != nil {
-		return err
+	if s.opened {
+		if err := s.sse.NamedEvent("content_block_stop", map[string]any{"type": "content_block_stop", "index": s.block}); err != nil {
+			return err
+		}
+		s.block++
 	}
-	s.block++
+	s.opened = true
 	s.kind = cb.Type
 	return s.sse.NamedEvent("content_block_start", map[string]any{"type": "content_block_start", "index": s.block, "content_block": cb})
+}
+
+// finish closes the last block; an answer with no content at all still
+// gets one (empty) text block, as the non-streamed answer does.
+func (s *stream) finish() error {
+	if !s.opened {
+		if err := s.open(ContentBlock{Type: "text"}); err != nil {
+			return err
+		}
+	}
+	return s.sse.NamedEvent("content_block_stop", map[string]any{"type": "content_block_stop", "index": s.block})
 }
 
 // ToolCall implements gen.ToolCallEmitter: a tool_use block whose
@@ -632,10 +650,6 @@ func (s *stream) Start(promptTokens int) error {
 	if err := s.sse.NamedEvent("message_start", map[string]any{"type": "message_start", "message": msg}); err != nil {
 		return err
 	}
-	if err := s.sse.NamedEvent("content_block_start", map[string]any{"type": "content_block_start", "index": 0,
-		"content_block": ContentBlock{Type: "text", Text: ""}}); err != nil {
-		return err
-	}
 	return s.sse.NamedEvent("ping", map[string]any{"type": "ping"})
 }
 
@@ -643,7 +657,7 @@ func (s *stream) Text(t string, _ *gen.TokenLogprob) error {
 	if t == "" {
 		return nil
 	}
-	if s.kind == "tool_use" { // text after a call: a new text block
+	if !s.opened || s.kind == "tool_use" { // the first text, or text after a call: a new text block
 		if err := s.open(ContentBlock{Type: "text"}); err != nil {
 			return err
 		}
@@ -705,7 +719,7 @@ func (h *Handler) messages(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	reason, seq := stopReason(res)
-	_ = sse.NamedEvent("content_block_stop", map[string]any{"type": "content_block_stop", "index": st.block})
+	_ = st.finish()
 	_ = sse.NamedEvent("message_delta", map[string]any{"type": "message_delta",
 		"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq}, "usage": usage(res)})
 	_ = sse.NamedEvent("message_stop", map[string]any{"type": "message_stop"})

@@ -1,9 +1,11 @@
 package anthropic
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -21,8 +23,15 @@ var update = flag.Bool("update", false, "rewrite golden files")
 // package's tests over the same handler).
 type scriptGen struct {
 	pieces []string
+	calls  []scriptCall // reported after pieces, through gen.ToolCallEmitter
 	res    gen.Result
 	got    *gen.Request
+}
+
+// scriptCall is one tool call a scriptGen reports, its arguments in pieces.
+type scriptCall struct {
+	name string
+	args []string
 }
 
 func (g *scriptGen) Generate(ctx context.Context, req *gen.Request, em gen.Emitter) (gen.Result, error) {
@@ -33,6 +42,17 @@ func (g *scriptGen) Generate(ctx context.Context, req *gen.Request, em gen.Emitt
 	for _, p := range g.pieces {
 		if err := em.Text(p, nil); err != nil {
 			return gen.Result{}, err
+		}
+	}
+	for i, c := range g.calls {
+		te := em.(gen.ToolCallEmitter)
+		if err := te.ToolCall(i, fmt.Sprintf("call_%d", i), c.name, ""); err != nil {
+			return gen.Result{}, err
+		}
+		for _, a := range c.args {
+			if err := te.ToolCall(i, "", "", a); err != nil {
+				return gen.Result{}, err
+			}
 		}
 	}
 	return g.res, nil
@@ -49,7 +69,10 @@ func (g *scriptGen) Tokenize(_ context.Context, req *gen.Request) ([]int32, int,
 func (g *scriptGen) Detokenize(context.Context, []int32) (string, error) { return "", nil }
 
 func serve(t *testing.T, g *scriptGen) string {
-	h := &Handler{Gen: g, Served: []string{"tiny"}, NewID: func(p string) string { return p + "test" }}
+	return serveWith(t, &Handler{Gen: g, Served: []string{"tiny"}, NewID: func(p string) string { return p + "test" }})
+}
+
+func serveWith(t *testing.T, h *Handler) string {
 	mux := http.NewServeMux()
 	h.Register(mux)
 	srv := httptest.NewServer(mux)
@@ -243,5 +266,115 @@ func TestToolErrorsNameAnthropicFields(t *testing.T) {
 		if _, e := h.convert(&r); e == nil || e.Param != c.param || !strings.Contains(e.Message, c.has) {
 			t.Errorf("%s: %+v, want %s with %q", c.name, e, c.param, c.has)
 		}
+	}
+}
+
+// streamedContent rebuilds a message's content blocks from its event
+// stream as Anthropic's SDKs do, checking that blocks open and close in
+// order with consecutive indices and that deltas go to the open block.
+func streamedContent(t *testing.T, body string) []map[string]any {
+	t.Helper()
+	var blocks []map[string]any
+	var partial []string
+	open := -1
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		var ev struct {
+			Type         string         `json:"type"`
+			Index        int            `json:"index"`
+			ContentBlock map[string]any `json:"content_block"`
+			Delta        map[string]any `json:"delta"`
+		}
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			t.Fatalf("%v: %s", err, data)
+		}
+		switch ev.Type {
+		case "content_block_start":
+			if open != -1 || ev.Index != len(blocks) {
+				t.Fatalf("block %d starts while %d is open, after %d blocks", ev.Index, open, len(blocks))
+			}
+			open = ev.Index
+			blocks, partial = append(blocks, ev.ContentBlock), append(partial, "")
+		case "content_block_delta":
+			if ev.Index != open {
+				t.Fatalf("delta for block %d while %d is open", ev.Index, open)
+			}
+			switch ev.Delta["type"] {
+			case "text_delta":
+				blocks[open]["text"] = blocks[open]["text"].(string) + ev.Delta["text"].(string)
+			case "input_json_delta":
+				partial[open] += ev.Delta["partial_json"].(string)
+			}
+		case "content_block_stop":
+			if ev.Index != open {
+				t.Fatalf("stop of block %d while %d is open", ev.Index, open)
+			}
+			if blocks[open]["type"] == "tool_use" {
+				var in any = map[string]any{}
+				if partial[open] != "" {
+					if err := json.Unmarshal([]byte(partial[open]), &in); err != nil {
+						t.Fatalf("block %d input %q: %v", open, partial[open], err)
+					}
+				}
+				blocks[open]["input"] = in
+			}
+			open = -1
+		}
+	}
+	if open != -1 {
+		t.Fatalf("block %d never stopped", open)
+	}
+	return blocks
+}
+
+// TestStreamMatchesMessage: the content blocks a client rebuilds from the
+// stream are the non-streamed message's, with no empty text block before
+// tool_use blocks (Anthropic's SDKs keep such a block, and the Messages
+// API refuses an empty text block when the turn is sent back).
+func TestStreamMatchesMessage(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		pieces []string
+		calls  []scriptCall
+		reason string
+	}{
+		{"text", []string{"Hel", "lo"}, nil, "stop"},
+		{"nothing", nil, nil, "stop"},
+		{"calls only", nil, []scriptCall{{"get_weather", []string{`{"city":`, ` "Paris"}`}}, {"get_time", []string{`{}`}}}, "tool_calls"},
+		{"text then call", []string{"Let me check."}, []scriptCall{{"get_weather", []string{`{"city": "Paris"}`}}}, "tool_calls"},
+		{"call without arguments", nil, []scriptCall{{"ping", nil}}, "tool_calls"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := &Handler{Gen: &scriptGen{pieces: c.pieces, calls: c.calls, res: gen.Result{FinishReason: c.reason}},
+				Served: []string{"tiny"}, NewID: func(p string) string { return p + "test" }, AcceptTools: true}
+			url := serveWith(t, h)
+			req := `{"model":"tiny","max_tokens":50,%s"tools":[{"name":"get_weather","input_schema":{"type":"object"}},{"name":"get_time","input_schema":{"type":"object"}},{"name":"ping","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"hi"}]}`
+			code, body := post(t, url, fmt.Sprintf(req, ""))
+			var msg struct {
+				Content []map[string]any `json:"content"`
+			}
+			if err := json.Unmarshal([]byte(body), &msg); code != 200 || err != nil {
+				t.Fatalf("%d %s", code, body)
+			}
+			code, stream := post(t, url, fmt.Sprintf(req, `"stream":true,`))
+			if code != 200 {
+				t.Fatalf("%d %s", code, stream)
+			}
+			got := streamedContent(t, stream)
+			want, _ := json.Marshal(msg.Content)
+			have, _ := json.Marshal(got)
+			if string(want) != string(have) {
+				t.Fatalf("stream rebuilds %s\nmessage is    %s\n%s", have, want, stream)
+			}
+			for i, b := range got {
+				if b["type"] == "text" && b["text"] == "" && len(got) > 1 {
+					t.Fatalf("empty text block %d among %s", i, have)
+				}
+			}
+		})
 	}
 }
