@@ -257,6 +257,10 @@ func TestToolErrorsNameAnthropicFields(t *testing.T) {
 			"messages[1].content[0].name", "is required"},
 		{"tool_result without id", `{"model":"tiny","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","content":"18C"}]}]}`,
 			"messages[0].content[0].tool_use_id", "is required"},
+		{"tool without input_schema", `{"model":"tiny","max_tokens":5,"tools":[{"name":"f"}],"messages":[{"role":"user","content":"hi"}]}`,
+			"tools[0].input_schema", "tools[0].input_schema is required"},
+		{"tool with null input_schema", `{"model":"tiny","max_tokens":5,"tools":[{"name":"f","input_schema":null}],"messages":[{"role":"user","content":"hi"}]}`,
+			"tools[0].input_schema", "tools[0].input_schema is required"},
 		{"zero max_tokens", `{"model":"tiny","max_tokens":0,"messages":[{"role":"user","content":"hi"}]}`, "max_tokens", "at least 1"},
 	} {
 		var r Request

@@ -229,3 +229,24 @@ func TestDetokenize(t *testing.T) {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
 }
+
+// TestToolWithoutParameters: OpenAI defines a function whose parameters
+// are omitted (or null) as one with an empty parameter list, so its calls
+// must have no arguments, not any object the model writes.
+func TestToolWithoutParameters(t *testing.T) {
+	v := Validator{Served: func(string) bool { return true }, AcceptTools: true}
+	for _, params := range []string{``, `,"parameters":null`} {
+		var r ChatRequest
+		body := `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"ping"` + params + `}}],"tool_choice":"required"}`
+		if e := decodeJSON([]byte(body), &r, chatShape); e != nil {
+			t.Fatal(e)
+		}
+		g, e := v.ValidateChat(&r)
+		if e != nil {
+			t.Fatal(e)
+		}
+		if got := string(g.Tools[0].Parameters); got != NoParameters {
+			t.Errorf("parameters %q: the tool's schema is %q, want %s", params, got, NoParameters)
+		}
+	}
+}

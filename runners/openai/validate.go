@@ -386,6 +386,11 @@ func (v Validator) chatPrefill(r *ChatRequest, g *gen.Request) *Error {
 	return nil
 }
 
+// NoParameters is the schema of a function whose parameters are omitted
+// or null: OpenAI defines it as an empty parameter list, so its calls
+// carry no arguments ({}), and the prompt says so.
+const NoParameters = `{"type":"object","properties":{},"additionalProperties":false}`
+
 // fieldError is a shared check's *gen.FieldError as a 400 naming its
 // field (nil for nil).
 func fieldError(fe *gen.FieldError) *Error {
@@ -416,8 +421,12 @@ func (v Validator) constraints(r *ChatRequest, g *gen.Request) *Error {
 		}
 	}
 	for _, t := range r.Tools {
+		params := t.Function.Parameters
+		if len(params) == 0 || string(params) == "null" {
+			params = json.RawMessage(NoParameters)
+		}
 		g.Tools = append(g.Tools, gen.Tool{Name: t.Function.Name, Description: t.Function.Description,
-			Parameters: t.Function.Parameters, Strict: t.Function.Strict != nil && *t.Function.Strict})
+			Parameters: params, Strict: t.Function.Strict != nil && *t.Function.Strict})
 	}
 	if tc := r.ToolChoice; tc != nil {
 		g.ToolChoice = &gen.ToolChoice{Mode: tc.Mode, Name: tc.Name}
