@@ -189,6 +189,7 @@ func TestValidationErrors(t *testing.T) {
 		{"image part", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, 400, "", "image_url"},
 		{"negative max_tokens", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":-5}`, 400, "max_tokens", "at least 1"},
 		{"zero max_completion_tokens", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":0}`, 400, "max_completion_tokens", "at least 1"},
+		{"max_tokens disagrees with max_completion_tokens", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":7,"max_completion_tokens":5}`, 400, "max_tokens", "max_completion_tokens"},
 		{"temperature too high", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"temperature":3}`, 400, "temperature", "between 0 and 2"},
 		{"temperature negative", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"temperature":-0.1}`, 400, "temperature", "between 0 and 2"},
 		{"temperature string", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"temperature":"hot"}`, 400, "temperature", "temperature must be a number, got string"},

@@ -210,6 +210,10 @@ func validateSampling(f *SamplingFields, d gen.Defaults, g *gen.Request) *Error 
 	mt := f.MaxTokens
 	param := "max_tokens"
 	if f.MaxCompletionTokens != nil {
+		if mt != nil && *mt != *f.MaxCompletionTokens {
+			// one of them would be ignored: say so rather than pick
+			return Errorf("max_tokens", "max_tokens (%d) and max_completion_tokens (%d) disagree; set one of them (max_tokens is the older name)", *mt, *f.MaxCompletionTokens)
+		}
 		mt, param = f.MaxCompletionTokens, "max_completion_tokens"
 	}
 	if mt != nil {
