@@ -143,24 +143,9 @@ type pieceSink struct {
 }
 
 func (s *pieceSink) Begin(h *kvwire.Header) error {
-	if h.TokenStart != s.asm.start {
-		return fmt.Errorf("%w: stream starts at %d, cache holds %d", kvwire.ErrCorrupt, h.TokenStart, s.asm.start)
-	}
-	g := s.asm.cache.Geometry()
-	if h.Layers() != g.Layers || h.KVHeads != s.heads || h.HeadDim != g.HeadDim {
-		return fmt.Errorf("%w: stream geometry %d×%d×%d, want %d×%d×%d", kvwire.ErrMismatch, h.Layers(), h.KVHeads, h.HeadDim, g.Layers, s.heads, g.HeadDim)
-	}
-	for l := range g.Layers {
-		if h.Window(l) != g.Window(l) {
-			return fmt.Errorf("%w: stream layer %d window %d, cache %d", kvwire.ErrMismatch, l, h.Window(l), g.Window(l))
-		}
-	}
-	s.conv = cacheSink{cache: s.asm.cache, start: s.asm.start, wire: kvconv.Engine(h.DType), fp8: h.DType == kvwire.DTypeF8E4M3}
-	if s.conv.fp8 {
-		s.conv.wire, s.conv.heads = s.asm.cache.DType(), h.KVHeads
-	}
-	if s.conv.wire == 0 {
-		return fmt.Errorf("%w: wire dtype %v", kvwire.ErrMismatch, h.DType)
+	s.conv = cacheSink{cache: s.asm.cache, start: s.asm.start}
+	if err := s.conv.begin(h, 0, s.heads, true); err != nil {
+		return err
 	}
 	s.begun = true
 	return nil

@@ -346,26 +346,33 @@ func (s *cacheSink) widen(sec []byte, tokens int) ([]byte, error) {
 }
 
 func (s *cacheSink) Begin(h *kvwire.Header) error {
+	return s.begin(h, 0, s.cache.Geometry().KVHeads, true)
+}
+
+// begin checks a stream's header against the cache and takes its wire
+// dtype (an FP8 stream is widened straight into the cache dtype). The
+// stream must start at start and hold heads KV heads (the cache's, or a
+// head-split piece's) of the cache's layers from off on: all of them
+// where whole, else as many as the stream has (a pipeline stage's).
+func (s *cacheSink) begin(h *kvwire.Header, off, heads int, whole bool) error {
 	if h.TokenStart != s.start {
 		return fmt.Errorf("%w: stream starts at %d, cache holds %d", kvwire.ErrCorrupt, h.TokenStart, s.start)
 	}
-	s.wire = kvconv.Engine(h.DType)
-	s.fp8 = h.DType == kvwire.DTypeF8E4M3
+	s.wire, s.fp8 = kvconv.Engine(h.DType), h.DType == kvwire.DTypeF8E4M3
 	if s.fp8 {
-		s.wire = s.cache.DType() // widened straight into the cache dtype
-		s.heads = h.KVHeads
+		s.wire, s.heads = s.cache.DType(), h.KVHeads
 	}
 	if s.wire == 0 {
 		return fmt.Errorf("%w: wire dtype %v", kvwire.ErrMismatch, h.DType)
 	}
 	g := s.cache.Geometry()
-	if h.Layers() != g.Layers || h.KVHeads != g.KVHeads || h.HeadDim != g.HeadDim {
-		return fmt.Errorf("%w: stream geometry %d×%d×%d, cache %d×%d×%d", kvwire.ErrMismatch,
-			h.Layers(), h.KVHeads, h.HeadDim, g.Layers, g.KVHeads, g.HeadDim)
+	if off+h.Layers() > g.Layers || whole && h.Layers() != g.Layers || h.KVHeads != heads || h.HeadDim != g.HeadDim {
+		return fmt.Errorf("%w: stream geometry %d×%d×%d at layer %d, want %d×%d×%d of %d layers", kvwire.ErrMismatch,
+			h.Layers(), h.KVHeads, h.HeadDim, off, g.Layers-off, heads, g.HeadDim, g.Layers)
 	}
-	for l := range g.Layers {
-		if h.Window(l) != g.Window(l) {
-			return fmt.Errorf("%w: stream layer %d window %d, cache %d", kvwire.ErrMismatch, l, h.Window(l), g.Window(l))
+	for l := range h.Layers() {
+		if h.Window(l) != g.Window(off+l) {
+			return fmt.Errorf("%w: stream layer %d window %d, cache %d", kvwire.ErrMismatch, l, h.Window(l), g.Window(off+l))
 		}
 	}
 	return nil

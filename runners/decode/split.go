@@ -8,7 +8,6 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/hf"
-	"github.com/exo-pd/exo-pd/runners/kvconv"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 )
 
@@ -248,27 +247,8 @@ type partSink struct {
 }
 
 func (s *partSink) Begin(h *kvwire.Header) error {
-	if h.TokenStart != s.start {
-		return fmt.Errorf("%w: stream starts at %d, cache holds %d", kvwire.ErrCorrupt, h.TokenStart, s.start)
-	}
-	s.wire = kvconv.Engine(h.DType)
-	s.fp8 = h.DType == kvwire.DTypeF8E4M3
-	if s.fp8 {
-		s.wire = s.cache.DType()
-		s.heads = h.KVHeads
-	}
-	if s.wire == 0 {
-		return fmt.Errorf("%w: wire dtype %v", kvwire.ErrMismatch, h.DType)
-	}
-	g := s.cache.Geometry()
-	if s.off+h.Layers() > g.Layers || h.KVHeads != g.KVHeads || h.HeadDim != g.HeadDim {
-		return fmt.Errorf("%w: stream geometry %d×%d×%d at layer %d, cache %d×%d×%d", kvwire.ErrMismatch,
-			h.Layers(), h.KVHeads, h.HeadDim, s.off, g.Layers, g.KVHeads, g.HeadDim)
-	}
-	for l := range h.Layers() {
-		if h.Window(l) != g.Window(s.off+l) {
-			return fmt.Errorf("%w: stream layer %d window %d, cache %d", kvwire.ErrMismatch, l, h.Window(l), g.Window(s.off+l))
-		}
+	if err := s.begin(h, s.off, s.cache.Geometry().KVHeads, false); err != nil {
+		return err
 	}
 	s.begun = true
 	return nil
