@@ -124,18 +124,7 @@ func FreshSeed() uint64 {
 // seeded request picks the same tokens on the device (but for float
 // rounding at a boundary: the device computes in float32, this in float64).
 func (s *Sampler) Sample(logits []float32, history []int32) int32 {
-	if len(logits) == 0 {
-		return 0
-	}
-	l := s.Adjust(logits, history)
-	var tok int32
-	if s.p.Temperature <= 0 {
-		tok = argmax(l)
-	} else {
-		tok = s.draw(l)
-	}
-	s.count(tok)
-	return tok
+	return s.sample(logits, history, -1)
 }
 
 // Adjust returns the logits after logit bias and the repetition, presence
@@ -223,6 +212,11 @@ func argmax(l []float32) int32 {
 // SampleWith is Sample with the draw's uniform u given (in [0, 1), as
 // Uniform returns it) instead of drawn from s's stream.
 func (s *Sampler) SampleWith(logits []float32, history []int32, u float64) int32 {
+	return s.sample(logits, history, u)
+}
+
+// sample is Sample with the uniform u (drawU's: u < 0 draws one).
+func (s *Sampler) sample(logits []float32, history []int32, u float64) int32 {
 	if len(logits) == 0 {
 		return 0
 	}
