@@ -157,6 +157,43 @@ func TestGenericToolPromptRendersWithSmolLM2Template(t *testing.T) {
 	}
 }
 
+// TestToolHistoryWithoutToolsKeepsCalls: a conversation holding tool calls
+// and results, rendered with no tools offered (none given, or
+// tool_choice "none"), keeps them in the Hermes convention for a template
+// that takes no tools — else SmolLM2's template drops the calls (an empty
+// assistant turn) and shows the result under a role it never saw — but
+// without the tool-offering system prompt; a conversation with no tool
+// history renders as the template does.
+func TestToolHistoryWithoutToolsKeepsCalls(t *testing.T) {
+	tpl := testTemplate(t, "smollm2_chat_template.jinja", "", "<|im_end|>")
+	msgs := []Message{
+		{Role: "user", Content: "Weather in Paris?"},
+		{Role: "assistant", Content: "Checking.", ToolCalls: []ToolCall{{ID: "c1", Name: "get_weather", Arguments: `{"city": "Paris"}`}}},
+		{Role: "tool", ToolCallID: "c1", Content: "18 C"},
+	}
+	out, err := Detect(tpl).RenderTools(tpl, msgs, nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"<|im_start|>assistant\nChecking.\n<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n</tool_call><|im_end|>",
+		"<|im_start|>user\n<tool_response>\n18 C\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("rendered prompt lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "function calling AI model") || strings.Contains(out, "<|im_start|>tool") {
+		t.Errorf("no tools offered, yet:\n%s", out)
+	}
+	plain := []Message{{Role: "user", Content: "hi"}, {Role: "assistant", Content: "Hello."}, {Role: "user", Content: "Bye"}}
+	got, err := Detect(tpl).RenderTools(tpl, plain, nil, true)
+	want, err2 := tpl.Render(plain, true)
+	if err != nil || err2 != nil || got != want {
+		t.Errorf("no tool history: %q (%v), the template renders %q (%v)", got, err, want, err2)
+	}
+}
+
 // TestToolsRenderMatchesJinja2: tools rendered through the real Qwen3 and
 // Llama 3.1 templates equal Python jinja2's rendering (fixture by
 // scripts/tokenizer/make_tools_fixture.py).

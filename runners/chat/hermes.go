@@ -28,8 +28,13 @@ const (
 
 func (hermes) String() string { return "hermes" }
 
+// RenderTools: a template that takes tools renders them itself; else the
+// generic Hermes prompt offers them, and a history of calls and results
+// is rewritten in the same convention even when no tools are offered now
+// (none given, or tool_choice "none"), so the model still sees what it
+// called.
 func (hermes) RenderTools(t *Template, msgs []Message, tools []ToolDef, agp bool) (string, error) {
-	if len(tools) == 0 || t.nativeTools() {
+	if t.nativeTools() || (len(tools) == 0 && !toolHistory(msgs)) {
 		return t.renderTools(msgs, tools, agp)
 	}
 	gm, err := genericToolMessages(msgs, tools)
@@ -63,36 +68,35 @@ const genericToolPrompt = "You are a function calling AI model. You may call one
 	"For each function call, return a JSON object with the function name and arguments within <tool_call></tool_call> tags:\n" +
 	"<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>"
 
+// toolHistory reports whether msgs hold a tool call or a tool result.
+func toolHistory(msgs []Message) bool {
+	for _, m := range msgs {
+		if len(m.ToolCalls) > 0 || m.Role == "tool" {
+			return true
+		}
+	}
+	return false
+}
+
 // genericToolMessages rewrites a conversation for a template without tool
 // support: genericToolPrompt (before any system text) as the system
-// message; an assistant turn's calls appended to its content as
-// <tool_call> blocks; a tool result as a user turn holding
+// message when tools are offered; an assistant turn's calls appended to
+// its content as <tool_call> blocks; a tool result as a user turn holding
 // <tool_response>…</tool_response> (as Qwen2.5's template renders it).
 func genericToolMessages(msgs []Message, tools []ToolDef) ([]Message, error) {
-	var lines []string
-	for _, td := range tools {
-		type function struct {
-			Name        string          `json:"name"`
-			Description string          `json:"description,omitempty"`
-			Parameters  json.RawMessage `json:"parameters,omitempty"`
-		}
-		b, err := marshalNoEscape(struct {
-			Type     string   `json:"type"`
-			Function function `json:"function"`
-		}{"function", function{td.Name, td.Description, td.Parameters}})
-		if err != nil {
-			return nil, fmt.Errorf("chat: tool %q: %w", td.Name, err)
-		}
-		lines = append(lines, string(b))
-	}
-	sys := fmt.Sprintf(genericToolPrompt, strings.Join(lines, "\n"))
 	out := make([]Message, 0, len(msgs)+1)
 	rest := msgs
-	if len(msgs) > 0 && msgs[0].Role == "system" {
-		sys = msgs[0].Content + "\n\n" + sys
-		rest = msgs[1:]
+	if len(tools) > 0 {
+		sys, err := genericToolSystem(tools)
+		if err != nil {
+			return nil, err
+		}
+		if len(msgs) > 0 && msgs[0].Role == "system" {
+			sys = msgs[0].Content + "\n\n" + sys
+			rest = msgs[1:]
+		}
+		out = append(out, Message{Role: "system", Content: sys})
 	}
-	out = append(out, Message{Role: "system", Content: sys})
 	for _, m := range rest {
 		switch {
 		case m.Role == "assistant" && len(m.ToolCalls) > 0:
@@ -124,6 +128,28 @@ func genericToolMessages(msgs []Message, tools []ToolDef) ([]Message, error) {
 		}
 	}
 	return out, nil
+}
+
+// genericToolSystem is genericToolPrompt offering tools, one JSON object
+// a line.
+func genericToolSystem(tools []ToolDef) (string, error) {
+	var lines []string
+	for _, td := range tools {
+		type function struct {
+			Name        string          `json:"name"`
+			Description string          `json:"description,omitempty"`
+			Parameters  json.RawMessage `json:"parameters,omitempty"`
+		}
+		b, err := marshalNoEscape(struct {
+			Type     string   `json:"type"`
+			Function function `json:"function"`
+		}{"function", function{td.Name, td.Description, td.Parameters}})
+		if err != nil {
+			return "", fmt.Errorf("chat: tool %q: %w", td.Name, err)
+		}
+		lines = append(lines, string(b))
+	}
+	return fmt.Sprintf(genericToolPrompt, strings.Join(lines, "\n")), nil
 }
 
 // hermesParser streams <tool_call> blocks: text passes through except

@@ -27,7 +27,10 @@ func (t *tokText) Render(msgs []gen.Message, agp, continueFinal bool) (string, e
 	if t.tmpl == nil {
 		return "", errors.New("this model has no chat template; use /v1/completions")
 	}
-	return renderChat(t.tmpl.Render, chatMessages(msgs), agp, continueFinal)
+	// through the format with no tools: a history of calls and results is
+	// rendered in its convention where the template itself takes none
+	return renderChat(func(m []chat.Message, agp bool) (string, error) { return t.format.RenderTools(t.tmpl, m, nil, agp) },
+		chatMessages(msgs), agp, continueFinal)
 }
 
 // chatMessages converts validated API messages to the chat template's.
