@@ -269,27 +269,25 @@ func boundedJoin[G any](join func() (G, error), timeout time.Duration, lost <-ch
 // avail says this libmlx has JACCL; else "ring". why says why NCCL or an
 // RDMA matrix was not used ("" when it was, or when neither applies).
 func chooseMLXBackend(c RankConfig, cuda bool, avail func(string) (bool, error)) (backend, why string) {
-	if cuda {
-		ok, err := avail("nccl")
+	// use is name where avail says this libmlx has it, else "ring" and
+	// why not (missing, or avail's error).
+	use := func(name, missing string) (string, string) {
+		ok, err := avail(name)
 		switch {
 		case err != nil:
 			return "ring", err.Error()
 		case !ok:
-			return "ring", "this libmlx has no NCCL backend (mlx_distributed_is_available(\"nccl\") is false: a CUDA build of MLX with NCCL is needed)"
+			return "ring", missing
 		}
-		return "nccl", ""
+		return name, ""
 	}
-	if len(c.RDMA) == 0 {
-		return "ring", ""
-	}
-	ok, err := avail("jaccl")
 	switch {
-	case err != nil:
-		return "ring", err.Error()
-	case !ok:
-		return "ring", "this libmlx has no usable JACCL backend (mlx_distributed_is_available(\"jaccl\") is false: JACCL needs macOS 26.2+ with RDMA enabled, see docs/OPERATIONS.md)"
+	case cuda:
+		return use("nccl", "this libmlx has no NCCL backend (mlx_distributed_is_available(\"nccl\") is false: a CUDA build of MLX with NCCL is needed)")
+	case len(c.RDMA) > 0:
+		return use("jaccl", "this libmlx has no usable JACCL backend (mlx_distributed_is_available(\"jaccl\") is false: JACCL needs macOS 26.2+ with RDMA enabled, see docs/OPERATIONS.md)")
 	}
-	return "jaccl", ""
+	return "ring", ""
 }
 
 // ringAddrs are MLX's ring addresses of the ranks (mlx.WriteRingHostfile
