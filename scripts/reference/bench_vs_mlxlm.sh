@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The mlx backend against mlx-lm on MLX's CPU backend, in one run so both see
-# the same machine load. Rounds alternate which side goes first; each side
+# the same machine load. For decode, decode_vs_mlxlm.py is the fairer tool
+# (both sides resident, repetitions alternating one by one, every issue-31
+# configuration, one table); this script remains for prefill. Rounds alternate which side goes first; each side
 # times 3 prefills of 256 tokens (after one untimed) and greedy decode after a
 # 128-token prompt. Both sides run on the same libmlx: mlx-lm's bindings get
 # $PREFIX/lib/libmlx.so by LD_PRELOAD (PyPI's x86 CPU wheel uses a reference

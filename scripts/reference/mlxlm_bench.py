@@ -19,15 +19,95 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.generate import generate_step, BatchGenerator
 from mlx_lm.sample_utils import make_sampler
 
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+class Timed:
+    """The model, with the time spent in its calls (building the lazy graph:
+    nothing is evaluated there) added up in .host."""
+    def __init__(self, m):
+        self.__dict__.update(m=m, host=0.0)
+    def __call__(self, *a, **k):
+        t = time.perf_counter()
+        r = self.m(*a, **k)
+        self.__dict__["host"] += time.perf_counter() - t
+        return r
+    def __getattr__(self, name):
+        return getattr(self.m, name)
+
+def serve(path, C, N):
+    """The mlx-lm side of decode_vs_mlxlm.py (usage: mlxlm_bench.py --serve
+    MODEL_DIR CONTEXT STEPS). Loads the model, fills one cache with the first
+    C-1 prompt ids, prints READY, then for each line "rep B TEMP TOPP" on stdin
+    runs one repetition and prints "REP {json}": the cache is cut back to C-1;
+    generate_step (B = 1) or BatchGenerator over B copies of the cache (B > 1,
+    mlx-lm's batched path) is fed the prompt's last id and its first call is
+    untimed (it yields position C-1's token with position C's step in flight);
+    the window covers the next N calls (positions C ... C+N-1: the window starts
+    and ends with one step in flight, as exo's overlapped window does); the
+    generator is dropped and the stream synchronized outside the window.
+    TEMP > 0 samples with make_sampler(TEMP, TOPP) (mx.random.seed(1) first)."""
+    import json
+    mx.set_default_device(mx.cpu)
+    model, config = load_model(Path(path))
+    vocab = config["vocab_size"]
+    ids = [(i * 7919 + 13) % (vocab - 3) for i in range(C)]
+    tm = Timed(model)
+    base = make_prompt_cache(model)
+    model(mx.array(ids[:C - 1])[None], cache=base)
+    mx.eval([c.state for c in base])
+    print(f"READY {path} C={C} N={N}", flush=True)
+    for line in sys.stdin:
+        f = line.split()
+        if not f:
+            continue
+        if len(f) != 4 or f[0] != "rep":
+            sys.exit(f"command {line!r}: want rep B TEMP TOPP")
+        B, temp, top_p = int(f[1]), float(f[2]), float(f[3])
+        sampler = make_sampler(temp, top_p) if temp > 0 else None
+        mx.random.seed(1)
+        for c in base:
+            c.trim(c.offset - (C - 1))
+        if B == 1:
+            g = generate_step(mx.array(ids[C - 1:]), tm, max_tokens=N + 2, sampler=sampler, prompt_cache=base)
+            step = lambda: [next(g)[0]]
+            step()
+        else:
+            bg = BatchGenerator(tm, stop_tokens=set(), sampler=sampler, completion_batch_size=B, prefill_batch_size=B)
+            bg.insert([ids[C - 1:]] * B, max_tokens=N + 2, caches=[base] * B)
+            step = lambda: [r.token for r in bg.next()]
+            assert len(step()) == B
+        r = {"side": "mlx-lm", "loadavg": open("/proc/loadavg").read().split()[0], "batch": B, "sampled": temp > 0,
+             "context": C, "positions": [C, C + N], "mode": "generate_step" if B == 1 else "BatchGenerator"}
+        tm.host = 0.0
+        c0, t0 = cpu(), time.perf_counter()
+        r["start"] = time.strftime("%H:%M:%S", time.gmtime())
+        for k in range(N):
+            got = step()
+            if k == 0:
+                r["first"] = got
+            assert len(got) == B, (len(got), B)
+        r["seconds"], r["cpu_s"], r["host_s"] = time.perf_counter() - t0, cpu() - c0, tm.host
+        r["tokens"], r["steps"] = N * B, N
+        if B == 1:
+            g.close()
+        else:
+            bg.close()
+            del bg
+        mx.synchronize()
+        print("REP " + json.dumps(r), flush=True)
+
+if sys.argv[1] == "--serve":
+    serve(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    sys.exit(0)
+
 path, ctx_len, prefill_len, decode_n, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 batch = int(sys.argv[6]) if len(sys.argv) > 6 else 1
 mx.set_default_device(mx.cpu)
 model, config = load_model(Path(path))
 vocab = config["vocab_size"]
 prompt = lambda n: [(i * 7919 + 13) % (vocab - 3) for i in range(n)]
-def cpu():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 def measure(name, run, n):
     rates, cpus = [], []
@@ -92,10 +172,17 @@ print(f"mlx-lm decode host-ms/tok (graph building, eval excluded): min {1000 * m
 
 if batch > 1:
     def batched():
+        # The prompt's KV first, evaluated before the window (an earlier
+        # version only async_eval'd the prefill, so the window waited for it,
+        # logits of all batch x ctx_len positions included: ~15 GFLOP of head
+        # on a SmolLM2 shape, most of its 0.8 tok/s); the first token then
+        # comes from a one-position step.
         cache = make_prompt_cache(model)
-        logits = model(mx.array([prompt(ctx_len)] * batch), cache=cache)
-        y = mx.argmax(logits[:, -1, :], axis=-1)
-        mx.async_eval(y)
+        ids = mx.array([prompt(ctx_len)] * batch)
+        model(ids[:, :-1], cache=cache)
+        mx.eval([c.state for c in cache])
+        y = mx.argmax(model(ids[:, -1:], cache=cache)[:, -1, :], axis=-1)
+        mx.eval(y)
         def go():
             nonlocal y
             for _ in range(decode_n):

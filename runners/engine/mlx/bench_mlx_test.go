@@ -25,7 +25,7 @@ import (
 // (written there first, with SmolLM2-135M's shapes and random weights in
 // $EXO_MLX_BENCH_DTYPE f32|bf16, when it holds no config.json), or a small
 // generated model.
-func benchModel(b *testing.B) string {
+func benchModel(b testing.TB) string {
 	dir := os.Getenv("EXO_MLX_BENCH_MODEL")
 	if dir == "" {
 		dir = filepath.Join(b.TempDir(), "m")
