@@ -6,12 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/exo-pd/exo-pd/internal/testutil"
 	"github.com/exo-pd/exo-pd/runners/internal/testenv"
+	"github.com/exo-pd/exo-pd/runners/stage"
 )
 
 // mlxFlags run a runner on MLX's CPU device.
@@ -99,9 +99,7 @@ func checkMLXPipeline(t *testing.T, pl *pipeline, reqs []pipeReq, want []chatRes
 		}
 	}
 	for i, s := range pl.stages {
-		if l := s.logs(); !strings.Contains(l, "hidden states carried over the group") {
-			t.Errorf("stage %d did not log that it carries the hidden states over MLX's ring:\n%s", i, tail(l, 3000))
-		}
+		checkStageTransport(t, s, i, "mlx", "")
 	}
 }
 
@@ -149,9 +147,9 @@ func TestPipelineMLXSmolLM2(t *testing.T) {
 }
 
 // TestPipelineMLXStageKilled: kill -9 of stage 1 of an MLX pipeline mid
-// stream ends the request with an error (no hang), and stage 0 exits:
-// its MLX group cannot be joined again, so every stage restarts (the
-// supervisor's part). By hand (EXO_MLXC_PATH).
+// stream ends the request with an error (no hang), and stage 0 exits
+// with stage.ExitGroupLost: its MLX group cannot be joined again, so every
+// stage restarts (the supervisor's part). By hand (EXO_MLXC_PATH).
 func TestPipelineMLXStageKilled(t *testing.T) {
 	if os.Getenv("EXO_MLXC_PATH") == "" {
 		t.Skip("by hand: set EXO_MLXC_PATH to libmlxc.so (README, \"Building MLX and mlx-c by hand\")")
@@ -181,15 +179,16 @@ func TestPipelineMLXStageKilled(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatalf("stage 0 still runs a minute after its MLX group lost stage 1:\n%s", tail(pl.stages[0].logs(), 3000))
 	}
-	if l := pl.stages[0].logs(); !strings.Contains(l, "MLX group is lost") {
-		t.Errorf("stage 0 did not say why it exited:\n%s", tail(l, 3000))
+	if code := pl.stages[0].cmd.ProcessState.ExitCode(); code != stage.ExitGroupLost {
+		t.Errorf("stage 0 exited with status %d, want %d (its MLX group lost):\n%s", code, stage.ExitGroupLost, tail(pl.stages[0].logs(), 3000))
 	}
 }
 
 // TestPipelineMLXFallback: a pipeline whose stage 1 runs on the cpu
-// backend keeps every stage on the stage link (TCP): stage 0, on MLX,
-// logs why, nothing goes over MLX's ring, and requests are answered. By
-// hand (EXO_MLXC_PATH).
+// backend keeps every stage on the stage link (TCP): each stage's /health
+// and exo_stage_transport say why (stage 0, on MLX: its neighbour does not
+// offer the group; stage 1: the cpu backend), nothing goes over MLX's
+// ring, and requests are answered. By hand (EXO_MLXC_PATH).
 func TestPipelineMLXFallback(t *testing.T) {
 	if os.Getenv("EXO_MLXC_PATH") == "" {
 		t.Skip("by hand: set EXO_MLXC_PATH to libmlxc.so (README, \"Building MLX and mlx-c by hand\")")
@@ -206,12 +205,8 @@ func TestPipelineMLXFallback(t *testing.T) {
 	if n := mlxCarried(t, pl.stages[0], 0, "sent"); n != 0 {
 		t.Errorf("stage 0 sent %v bytes over MLX's ring beside a cpu stage", n)
 	}
-	if l := pl.stages[0].logs(); !strings.Contains(l, "hidden states stay on the stage link (TCP): a neighbouring stage does not offer the group") {
-		t.Errorf("stage 0 (MLX) did not say why it stays on TCP:\n%s", tail(l, 3000))
-	}
-	if l := pl.stages[1].logs(); !strings.Contains(l, "the cpu backend has no distributed engine") {
-		t.Errorf("stage 1 (cpu) did not say why it offers no group:\n%s", tail(l, 3000))
-	}
+	checkStageTransport(t, pl.stages[0], 0, "tcp", stage.ReasonPeer)
+	checkStageTransport(t, pl.stages[1], 1, "tcp", stage.ReasonCPUBackend)
 }
 
 // TestPrefillPipelineMLX: a 2-stage prefill pipeline on MLX's CPU device
@@ -254,8 +249,6 @@ func TestPrefillPipelineMLX(t *testing.T) {
 	}
 	t.Logf("prefill stage 0 sent %v hidden-state bytes over MLX's ring, stage 1 received %v", sent, recv)
 	for i, p := range pst {
-		if l := p.logs(); !strings.Contains(l, "hidden states carried over the group") {
-			t.Errorf("prefill stage %d did not log that it carries the hidden states over MLX's ring:\n%s", i, tail(l, 3000))
-		}
+		checkStageTransport(t, p, i, "mlx", "")
 	}
 }

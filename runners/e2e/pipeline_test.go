@@ -30,6 +30,37 @@ func launchStage(t *testing.T, name, model string, i int, bounds []int, links []
 	return p
 }
 
+// stageTransport is a stage runner's /health "stage_transport" once it
+// has decided (not "pending"): where its hidden states go and, on the
+// stage link, why not over MLX's ring.
+func stageTransport(t *testing.T, p *proc) (transport, reason string) {
+	t.Helper()
+	var body map[string]any
+	if !testutil.Until(time.Minute, func() bool {
+		_, body = health(p)
+		tr, _ := body["stage_transport"].(map[string]any)
+		transport, _ = tr["transport"].(string)
+		reason, _ = tr["reason"].(string)
+		return transport != "" && transport != "pending"
+	}) {
+		t.Fatalf("%s: /health has no decided stage_transport after a minute: %v\n%s", p.name, body, tail(p.logs(), 3000))
+	}
+	return transport, reason
+}
+
+// checkStageTransport: stage i's /health says its hidden states go over
+// transport (for reason), and exo_stage_transport says the same.
+func checkStageTransport(t *testing.T, p *proc, i int, transport, reason string) {
+	t.Helper()
+	if tr, why := stageTransport(t, p); tr != transport || why != reason {
+		t.Errorf("stage %d (%s): /health stage_transport %q (reason %q), want %q (%q)\n%s", i, p.name, tr, why, transport, reason, tail(p.logs(), 3000))
+	}
+	series := fmt.Sprintf(`exo_stage_transport{model="m",reason=%q,stage="%d",transport=%q}`, reason, i, transport)
+	if v := p.metric(t, series); v != 1 {
+		t.Errorf("stage %d (%s): %s = %v, want 1", i, p.name, series, v)
+	}
+}
+
 func waitHealthy(t *testing.T, ps ...*proc) {
 	t.Helper()
 	testutil.Eventually(t, func() bool {
@@ -190,6 +221,10 @@ func TestPipelineStagesEqualOneRunner(t *testing.T) {
 				}
 				if n := s0.metricPrefix(t, "exo_stage_link_bytes_total"); n <= 0 {
 					t.Errorf("stage 0 reports %v stage-link bytes", n)
+				}
+				// cpu stages: the hidden states on the stage link, and why.
+				for i, p := range pl.stages {
+					checkStageTransport(t, p, i, "tcp", "cpu_backend")
 				}
 				last := pl.stages[len(pl.stages)-1]
 				if n := last.metricPrefix(t, "exo_stage_step_seconds_count"); n <= 0 {

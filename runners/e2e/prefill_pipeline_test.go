@@ -123,6 +123,9 @@ func TestPrefillPipelineIntoPipeline(t *testing.T) {
 					t.Errorf("prefill stage %d served nothing:\n%s", i, tail(p.logs(), 3000))
 				}
 			}
+			for i, p := range pst { // cpu: on the prefill stage link, and why
+				checkStageTransport(t, p, i, "tcp", "cpu_backend")
+			}
 			got2 := askAll(t, dst[0].listen, turn2, false)
 			if got2[0].Text != want2[0].Text {
 				t.Errorf("second turn: %q, one runner %q", got2[0].Text, want2[0].Text)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/exo-pd/exo-pd/internal/testutil"
+	"github.com/exo-pd/exo-pd/runners/stage"
 )
 
 // stageTensor is a pipeline whose stages are tensor groups, as real runner
@@ -108,6 +109,9 @@ func TestStageTensorEqualsOneRunner(t *testing.T) {
 				}
 			}
 			for i := range st.ranks {
+				// A stage of tensor ranks keeps its hidden states on the
+				// stage link (its process's group is its ranks').
+				checkStageTransport(t, st.ranks[i][0], i, "tcp", stage.ReasonTensorStage)
 				for j, p := range st.ranks[i] {
 					if n := p.metric(t, fmt.Sprintf(`exo_tensor_allsum_total{model="m",rank="%d"}`, j)); n <= 0 {
 						t.Errorf("stage %d rank %d ran %v all_sums", i, j, n)
@@ -245,9 +249,7 @@ func TestStageTensorMLX(t *testing.T) {
 		}
 	}
 	for i := range st.ranks {
-		if len(st.ranks[i][0].records("pipeline stage: hidden states go on the stage link (TCP)")) == 0 {
-			t.Errorf("stage %d's rank 0 did not log why its hidden states stay on TCP", i)
-		}
+		checkStageTransport(t, st.ranks[i][0], i, "tcp", stage.ReasonTensorStage)
 		for j, p := range st.ranks[i] {
 			if r := p.records("model loaded"); len(r) != 1 || !strings.HasPrefix(r[0]["backend"], "mlx") {
 				t.Errorf("stage %d rank %d loaded %v, want one MLX model", i, j, r)

@@ -68,6 +68,7 @@ func runDecode(ctx context.Context, c *Config, m *engine.Model, path string, sec
 			return stageListenError(c, err)
 		}
 		dm, gate.health = ring, stage.Health(ring.Healthy, rc.Health)
+		gate.transport = func() any { return ring.Transport() }
 	}
 	if c.TestPrefillRate > 0 {
 		dm = paced.Model{Model: m, Rate: c.TestPrefillRate}
@@ -178,6 +179,7 @@ func runStage(ctx context.Context, c *Config, m *engine.Model, st *decode.Setup,
 	var h http.Handler = mux
 	gate.load = func() (int, int) { return 0, 0 }
 	gate.health = stage.Health(node.Healthy, rc.Health)
+	gate.transport = func() any { return node.Transport() }
 	gate.ready.Store(&h)
 	log.Info("pipeline stage ready", "stage", c.Stage, "stages", c.Stages, "layers", c.Layers.String(), "stage_listen", c.StageListen, "stage_next", c.StageNext)
 	if tensorDone == nil {

@@ -31,6 +31,10 @@ type loadGate struct {
 	// health, when set, is a condition of a loaded runner's /health (a
 	// tensor-parallel group is whole).
 	health func() error
+	// transport, when set, is a pipeline stage's stage.Transport (where
+	// its hidden states go, and why not over MLX's ring): /health's
+	// "stage_transport" once loaded, healthy or degraded.
+	transport func() any
 	// endpoints, when set, reports the prefill endpoints' breaker states.
 	endpoints func() []decode.EndpointHealth
 	drain     *openai.Drain // the runner's shutdown state: /health fails once it stops
@@ -70,8 +74,12 @@ func (g *loadGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if g.health != nil {
 			if err := g.health(); err != nil {
 				w.WriteHeader(http.StatusServiceUnavailable)
-				_ = json.NewEncoder(w).Encode(map[string]any{"status": "degraded", "role": g.role, "model": g.name,
-					"error": err.Error(), "instance": g.instance, "pid": os.Getpid()})
+				body := map[string]any{"status": "degraded", "role": g.role, "model": g.name,
+					"error": err.Error(), "instance": g.instance, "pid": os.Getpid()}
+				if g.transport != nil {
+					body["stage_transport"] = g.transport()
+				}
+				_ = json.NewEncoder(w).Encode(body)
 				return
 			}
 		}
@@ -80,6 +88,9 @@ func (g *loadGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"waiting": waiting, "running": running, "instance": g.instance, "pid": os.Getpid()}
 		if g.endpoints != nil {
 			body["prefill_endpoints"] = g.endpoints()
+		}
+		if g.transport != nil {
+			body["stage_transport"] = g.transport()
 		}
 		_ = json.NewEncoder(w).Encode(body)
 		return

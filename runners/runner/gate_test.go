@@ -3,16 +3,19 @@ package runner
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/exo-pd/exo-pd/runners/openai"
+	"github.com/exo-pd/exo-pd/runners/stage"
 )
 
 func TestLoadGate(t *testing.T) {
@@ -60,6 +63,38 @@ func TestLoadGate(t *testing.T) {
 	g.drain.Stop(0)
 	if code, body = get("/health"); code != 503 || body["status"] != "stopping" {
 		t.Fatalf("stopping health: %d %v", code, body)
+	}
+}
+
+// TestLoadGateStageTransport: a pipeline stage's /health carries its
+// stage.Transport ("stage_transport") when ready and when degraded (its
+// links down), and a runner that is no stage has none.
+func TestLoadGateStageTransport(t *testing.T) {
+	var h http.Handler = http.NewServeMux()
+	g := &loadGate{role: "decode", name: "m", load: func() (int, int) { return 0, 0 }}
+	g.ready.Store(&h)
+	get := func() (int, map[string]any) {
+		rec := httptest.NewRecorder()
+		g.ServeHTTP(rec, httptest.NewRequest("GET", "/health", nil))
+		var body map[string]any
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+			t.Fatal(err)
+		}
+		return rec.Code, body
+	}
+	if _, body := get(); body["stage_transport"] != nil {
+		t.Fatalf("not a stage: %v", body)
+	}
+	tr := stage.PeerDeclined(1)
+	g.transport = func() any { return tr }
+	want := map[string]any{"transport": "tcp", "reason": stage.ReasonPeer, "detail": tr.Detail}
+	if code, body := get(); code != 200 || !reflect.DeepEqual(body["stage_transport"], want) {
+		t.Fatalf("ready stage: %d %v, want stage_transport %v", code, body, want)
+	}
+	g.health = func() error { return errors.New("stage link down") }
+	tr = stage.Transport{Transport: "mlx"}
+	if code, body := get(); code != 503 || body["status"] != "degraded" || !reflect.DeepEqual(body["stage_transport"], map[string]any{"transport": "mlx"}) {
+		t.Fatalf("degraded stage: %d %v", code, body)
 	}
 }
 

@@ -47,8 +47,9 @@ func runPrefill(ctx context.Context, c *Config, m *engine.Model, secret []byte, 
 		return err
 	}
 	if c.Stages > 0 {
+		g, why := prefillGroup(c, m, tr, log)
 		pp, err := pipeline.NewPipe(prod, m, pipeline.PipeConfig{Stage: c.Stage, Stages: c.Stages, Listen: c.StageListen, Next: c.StageNext, Secret: secret, Logger: log,
-			Group: prefillGroup(c, m, tr, log), Metrics: stage.NewMetrics(met.Registry), Name: c.Name})
+			Group: g, Fallback: why, Metrics: stage.NewMetrics(met.Registry), Name: c.Name})
 		if err != nil {
 			return fmt.Errorf("runner: %w", err)
 		}
@@ -62,6 +63,7 @@ func runPrefill(ctx context.Context, c *Config, m *engine.Model, secret []byte, 
 				log.Error("prefill stage link", "err", err)
 			}
 		}()
+		gate.transport = func() any { return pp.Transport() }
 		gate.health = func() error {
 			if !pp.Up() {
 				return errors.New("prefill stage link down: a link to the previous or next prefill stage is not up")
@@ -98,29 +100,29 @@ func runPrefill(ctx context.Context, c *Config, m *engine.Model, secret []byte, 
 }
 
 // prefillGroup plans a prefill pipeline stage's MLX group for its hidden
-// states (nil, logged: they go on the prefill stage link): MLX's ring on
-// the stage link's port + 1 (runner_port_base + 10i + 7), as a decode
-// pipeline's stages carry theirs. A lost group ends the process
-//
-//	and the supervisor restarts every stage.
-func prefillGroup(c *Config, m *engine.Model, tr *tensor.Runner, log *slog.Logger) *stage.Group {
+// states (nil, logged: they go on the prefill stage link, for the reason
+// the Transport gives): MLX's ring on the stage link's port + 1
+// (runner_port_base + 10i + 7), as a decode pipeline's stages carry
+// theirs. A lost group ends the process and the supervisor restarts
+// every stage.
+func prefillGroup(c *Config, m *engine.Model, tr *tensor.Runner, log *slog.Logger) (*stage.Group, stage.Transport) {
 	if tr != nil {
-		log.Info("prefill pipeline stage: hidden states go on the stage link (TCP)",
-			"reason", "this stage is a tensor group: the process's MLX group is its ranks' all_sum, and a process joins one")
-		return nil
+		t := stage.TensorStage()
+		log.Info("prefill pipeline stage: hidden states go on the stage link (TCP)", "reason", t.Reason, "detail", t.Detail)
+		return nil, t
 	}
-	g, why := stage.MLXGroup(m.Backend(), stage.MLXPlan{Stage: c.Stage, Stages: c.Stages, Listen: c.StageListen, Next: c.StageNext})
+	g, t := stage.MLXGroup(m.Backend(), stage.MLXPlan{Stage: c.Stage, Stages: c.Stages, Listen: c.StageListen, Next: c.StageNext})
 	if g == nil {
-		log.Info("prefill pipeline stage: hidden states go on the stage link (TCP)", "reason", why)
-		return nil
+		log.Info("prefill pipeline stage: hidden states go on the stage link (TCP)", "reason", t.Reason, "detail", t.Detail)
+		return nil, t
 	}
 	g.OnLost = func(err error) {
 		// The group cannot be joined again and a transfer may be stuck in
 		// MLX's ring for good: leave, and the supervisor restarts every
 		// stage (the requests in hand fail with the lost links).
 		log.Error("prefill pipeline stage: the stages' MLX group is lost: exiting so that every stage restarts", "err", err)
-		syscall.Exit(1)
+		syscall.Exit(stage.ExitGroupLost)
 	}
 	log.Info("prefill pipeline stage: offering MLX's ring for the hidden states (joined once every stage offers it)")
-	return g
+	return g, t
 }

@@ -60,6 +60,11 @@ type Group struct {
 // other's Hellos (each stage sees its two neighbours').
 const maxGroupStages = 3
 
+// ExitGroupLost is the exit status of a stage runner whose group was lost
+// (it exits so that every stage restarts: a process cannot join MLX's
+// group again).
+const ExitGroupLost = 3
+
 // ErrGroupLost is wrapped by the errors of a stage whose group was lost.
 var ErrGroupLost = errors.New("stage: the stages' group was lost (every stage restarts)")
 
@@ -71,6 +76,7 @@ type carry struct {
 	log    *slog.Logger
 	met    *stageMetrics
 	offer  atomic.Bool
+	tr     *TransportReport // where the hidden states go, and why
 
 	mu      sync.Mutex
 	decided bool
@@ -81,9 +87,15 @@ type carry struct {
 	lostOnce sync.Once
 }
 
-func newCarry(g *Group, stages int, met *stageMetrics, log *slog.Logger) (*carry, error) {
+// newCarry is a stage's side of g; without g, fallback is why (its
+// Transport "tcp").
+func newCarry(g *Group, fallback Transport, stages int, met *stageMetrics, log *slog.Logger) (*carry, error) {
 	cs := &carry{g: g, stages: stages, log: log, met: met}
 	if g == nil {
+		if fallback.Transport == "" {
+			fallback = NoGroup()
+		}
+		cs.tr = met.report(fallback)
 		return cs, nil
 	}
 	if g.Join == nil || g.OnLost == nil {
@@ -96,13 +108,18 @@ func newCarry(g *Group, stages int, met *stageMetrics, log *slog.Logger) (*carry
 		g.JoinTimeout = 2 * time.Minute
 	}
 	if stages > maxGroupStages && !g.Whole {
-		log.Warn("stage: hidden states stay on the stage link (TCP): the stages agree on a group through their neighbours' Hellos, which reach every stage only up to 3 stages, and this stage's ring plan is not the supervisor's for every stage (MLX_HOSTFILE)",
-			"stages", stages, "transport", g.Transport)
+		cs.tr = met.report(LongPipeline(stages))
+		log.Warn("stage: hidden states stay on the stage link (TCP)", "reason", cs.tr.Get().Reason, "detail", cs.tr.Get().Detail, "transport", g.Transport)
 		return cs, nil
 	}
+	cs.tr = met.report(Offered())
 	cs.offer.Store(true)
 	return cs, nil
 }
+
+// transport is where the stage's hidden states go (Ring.Transport,
+// Node.Transport).
+func (cs *carry) transport() Transport { return cs.tr.Get() }
 
 // offered is LinkConfig.Offer.
 func (cs *carry) offered() bool { return cs.offer.Load() }
@@ -144,8 +161,9 @@ func (cs *carry) decide(ctx context.Context, in, out *Link) (engine.Carrier, err
 		if in.Group() {
 			peer = out.Peer.Stage
 		}
-		cs.log.Warn("stage: hidden states stay on the stage link (TCP): a neighbouring stage does not offer the group (its backend is cpu, or it has no MLX ring plan)",
-			"stage", peer, "transport", cs.g.Transport)
+		t := PeerDeclined(peer)
+		cs.log.Warn("stage: hidden states stay on the stage link (TCP)", "reason", t.Reason, "detail", t.Detail, "transport", cs.g.Transport)
+		cs.tr.Set(t)
 		cs.offer.Store(false)
 		cs.settle(nil)
 		return nil, nil
@@ -177,6 +195,7 @@ func (cs *carry) decide(ctx context.Context, in, out *Link) (engine.Carrier, err
 		return nil, fmt.Errorf("%w: join: %w", ErrGroupLost, r.err)
 	}
 	cs.settle(r.c)
+	cs.tr.Set(Transport{Transport: cs.g.Transport})
 	cs.log.Info("stage: hidden states carried over the group", "transport", cs.g.Transport)
 	return r.c, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"testing"
 	"time"
 
@@ -64,6 +65,49 @@ func linkBytes(t *testing.T, reg prometheus.Gatherer, transport, direction strin
 	return sum
 }
 
+// transports is exo_stage_transport's series: each stage's transport and
+// reason (as "transport/reason"), once every stage has decided (none
+// "pending"). A stage with other than one series, or one not 1, fails.
+func transports(t *testing.T, reg prometheus.Gatherer, stages int) map[string]string {
+	t.Helper()
+	var got map[string]string
+	testutil.Eventually(t, func() bool {
+		fams, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = map[string]string{}
+		for _, f := range fams {
+			if f.GetName() != "exo_stage_transport" {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				s := label(m, "stage")
+				if _, dup := got[s]; dup || m.GetGauge().GetValue() != 1 {
+					t.Fatalf("exo_stage_transport: stage %s has a second series or a value not 1: %v", s, f.GetMetric())
+				}
+				got[s] = label(m, "transport") + "/" + label(m, "reason")
+			}
+		}
+		for _, v := range got {
+			if v == stage.TransportPending+"/" {
+				return false
+			}
+		}
+		return len(got) == stages
+	}, time.Minute, "every one of %d stages decides its transport (exo_stage_transport)", stages)
+	return got
+}
+
+// each is want for every one of n stages (transports' map).
+func each(n int, want string) map[string]string {
+	m := map[string]string{}
+	for i := range n {
+		m[fmt.Sprint(i)] = want
+	}
+	return m
+}
+
 func label(m *dto.Metric, name string) string {
 	for _, l := range m.GetLabel() {
 		if l.GetName() == name {
@@ -105,6 +149,12 @@ func TestGroupCarriesHiddenStates(t *testing.T) {
 				if tcp := linkBytes(t, reg, "tcp", "sent"); tcp >= sent {
 					t.Errorf("the stage link sent %v bytes, the group %v: the hidden states went over TCP too?", tcp, sent)
 				}
+				if got, want := transports(t, reg, len(cuts)+1), each(len(cuts)+1, "chan/"); !maps.Equal(got, want) {
+					t.Errorf("exo_stage_transport: %v, want %v", got, want)
+				}
+				if tr := p.ring.Transport(); tr != (stage.Transport{Transport: "chan"}) {
+					t.Errorf("stage 0's Transport %+v, want the group's", tr)
+				}
 			})
 		}
 	}
@@ -134,6 +184,13 @@ func TestGroupFourStages(t *testing.T) {
 			if !whole && sent != 0 {
 				t.Errorf("4 stages without a whole plan sent %v bytes over the group", sent)
 			}
+			wantT := each(4, "chan/")
+			if !whole {
+				wantT = each(4, "tcp/"+stage.ReasonLongPipeline)
+			}
+			if got := transports(t, reg, 4); !maps.Equal(got, wantT) {
+				t.Errorf("exo_stage_transport: %v, want %v", got, wantT)
+			}
 		})
 	}
 }
@@ -157,6 +214,15 @@ func TestGroupFallsBackToTheLink(t *testing.T) {
 	}
 	if b := linkBytes(t, reg, "tcp", "sent"); b <= 0 {
 		t.Errorf("nothing on the stage link")
+	}
+	// Stage 1 was given no group (and no reason); stage 0 offered one and
+	// says which neighbour did not.
+	wantT := map[string]string{"0": "tcp/" + stage.ReasonPeer, "1": "tcp/" + stage.ReasonNoGroup}
+	if got := transports(t, reg, 2); !maps.Equal(got, wantT) {
+		t.Errorf("exo_stage_transport: %v, want %v", got, wantT)
+	}
+	if tr := p.ring.Transport(); tr != stage.PeerDeclined(1) {
+		t.Errorf("stage 0's Transport %+v, want %+v", tr, stage.PeerDeclined(1))
 	}
 }
 

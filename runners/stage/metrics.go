@@ -16,6 +16,7 @@ type Metrics struct {
 	LinkSeconds *prometheus.CounterVec   // model, stage: time spent writing frames to the links
 	InFlight    *prometheus.GaugeVec     // model, stage: steps sent down the ring and not answered (stage 0), or being computed
 	Bubble      *prometheus.GaugeVec     // model, stage: the stage's idle share of the time the ring had work
+	Transport   *prometheus.GaugeVec     // model, stage, transport, reason: 1 for where the stage's hidden states go (Transport)
 }
 
 // NewMetrics registers the stage metrics in reg.
@@ -32,8 +33,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Micro-batches stage 0 has sent down the ring and not had answered; on a later stage, the steps it is computing."}, []string{"model", "stage"}),
 		Bubble: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "exo_stage_bubble_ratio",
 			Help: "A stage's idle share of the time the pipeline had work: the gaps under a second between its steps over those gaps plus its compute."}, []string{"model", "stage"}),
+		Transport: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "exo_stage_transport",
+			Help: "1 for where a stage's hidden states go: transport mlx (MLX's ring, joined), tcp (the stage link; reason: why not a group, e.g. cpu_backend, peer_not_offering), pending (offered, links not both up yet)."}, []string{"model", "stage", "transport", "reason"}),
 	}
-	reg.MustRegister(m.StepSeconds, m.LinkBytes, m.LinkSeconds, m.InFlight, m.Bubble)
+	reg.MustRegister(m.StepSeconds, m.LinkBytes, m.LinkSeconds, m.InFlight, m.Bubble, m.Transport)
 	return m
 }
 
@@ -44,6 +47,7 @@ type stageMetrics struct {
 	model, stage     string
 	bytes            *prometheus.CounterVec
 	inFlight, bubble prometheus.Gauge
+	transport        *prometheus.GaugeVec
 
 	mu         sync.Mutex
 	lastEnd    time.Time
@@ -61,7 +65,15 @@ func (m *Metrics) bind(model string, stage int) *stageMetrics {
 	s := strconv.Itoa(stage)
 	return &stageMetrics{step: m.StepSeconds.WithLabelValues(model, s), model: model, stage: s, bytes: m.LinkBytes,
 		sent: m.LinkBytes.WithLabelValues(model, s, "sent", "tcp"), recv: m.LinkBytes.WithLabelValues(model, s, "received", "tcp"),
-		link: m.LinkSeconds.WithLabelValues(model, s), inFlight: m.InFlight.WithLabelValues(model, s), bubble: m.Bubble.WithLabelValues(model, s)}
+		link: m.LinkSeconds.WithLabelValues(model, s), inFlight: m.InFlight.WithLabelValues(model, s), bubble: m.Bubble.WithLabelValues(model, s),
+		transport: m.Transport}
+}
+
+// report starts the stage's Transport report at t.
+func (s *stageMetrics) report(t Transport) *TransportReport {
+	r := &TransportReport{gauge: s.transport, model: s.model, stage: s.stage}
+	r.Set(t)
+	return r
 }
 
 // count is a LinkConfig.Count.

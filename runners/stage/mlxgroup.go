@@ -29,25 +29,25 @@ type MLXPlan struct {
 
 // MLXGroup makes the stage's Group over MLX's ring backend on b, or says
 // why the stage cannot offer one (nil Group: the hidden states stay in
-// the stage link's Steps). The ring's hostfile is MLX_HOSTFILE with
+// the stage link's Steps; the Transport, "tcp", has the reason). The ring's hostfile is MLX_HOSTFILE with
 // MLX_RANK when set (MLX_RANK must be the stage's index, the file list
 // every stage: any number of them); otherwise, for two stages, one
 // written from Listen and Next (port + 1).
 // The caller sets the Group's OnLost.
-func MLXGroup(b engine.Backend, p MLXPlan) (*Group, string) {
+func MLXGroup(b engine.Backend, p MLXPlan) (*Group, Transport) {
 	if b == nil || b.Name() == "cpu" {
-		return nil, "the cpu backend has no distributed engine"
+		return nil, onLink(ReasonCPUBackend, "the cpu backend has no distributed engine")
 	}
 	avail, err := mlx.DistributedAvailable(b, "ring")
 	switch {
 	case err != nil:
-		return nil, err.Error()
+		return nil, onLink(ReasonNoRing, err.Error())
 	case !avail:
-		return nil, "this libmlx has no ring backend (mlx_distributed_is_available(\"ring\") is false)"
+		return nil, onLink(ReasonNoRing, "this libmlx has no ring backend (mlx_distributed_is_available(\"ring\") is false)")
 	}
 	addrs, whole, why := ringPlan(p, os.Getenv("MLX_HOSTFILE"), os.Getenv("MLX_RANK"))
 	if why != "" {
-		return nil, why
+		return nil, onLink(ReasonRingPlan, why)
 	}
 	stall := p.StallAfter
 	if stall <= 0 {
@@ -75,7 +75,7 @@ func MLXGroup(b engine.Backend, p MLXPlan) (*Group, string) {
 		}
 		return &mlxCarrier{c: c, prev: (p.Stage + p.Stages - 1) % p.Stages, next: (p.Stage + 1) % p.Stages}, nil
 	}
-	return g, ""
+	return g, Offered()
 }
 
 // mlxCarrier carries a stage's hidden states over MLX's ring: from the

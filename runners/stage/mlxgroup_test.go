@@ -36,8 +36,8 @@ func TestMLXGroupPlan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g, why := MLXGroup(cpu, MLXPlan{Stage: 0, Stages: 2, Listen: "127.0.0.1:1", Next: "127.0.0.1:3"}); g != nil || !strings.Contains(why, "cpu backend") {
-		t.Errorf("cpu backend: %v, %q", g, why)
+	if g, why := MLXGroup(cpu, MLXPlan{Stage: 0, Stages: 2, Listen: "127.0.0.1:1", Next: "127.0.0.1:3"}); g != nil || why.Transport != TransportTCP || why.Reason != ReasonCPUBackend || !strings.Contains(why.Detail, "cpu backend") {
+		t.Errorf("cpu backend: %v, %+v", g, why)
 	}
 	lib := os.Getenv("EXO_MLXC_PATH")
 	if lib == "" {
@@ -50,17 +50,17 @@ func TestMLXGroupPlan(t *testing.T) {
 	t.Setenv("MLX_HOSTFILE", "")
 	t.Setenv("MLX_RANK", "")
 	two := MLXPlan{Stage: 1, Stages: 2, Listen: "127.0.0.1:8013", Next: "127.0.0.1:8003"}
-	if g, why := MLXGroup(b, two); g == nil || g.Transport != "mlx" || g.Join == nil {
-		t.Errorf("two MLX stages: no group (%q)", why)
+	if g, why := MLXGroup(b, two); g == nil || g.Transport != "mlx" || g.Join == nil || why != Offered() {
+		t.Errorf("two MLX stages: no group (%+v)", why)
 	}
 	bad := two
 	bad.Listen = "127.0.0.1:65535"
-	if g, why := MLXGroup(b, bad); g != nil || !strings.Contains(why, "--stage-listen") {
-		t.Errorf("a stage link on the last port: %v, %q", g, why)
+	if g, why := MLXGroup(b, bad); g != nil || why.Reason != ReasonRingPlan || !strings.Contains(why.Detail, "--stage-listen") {
+		t.Errorf("a stage link on the last port: %v, %+v", g, why)
 	}
 	three := MLXPlan{Stage: 1, Stages: 3, Listen: "127.0.0.1:8013", Next: "127.0.0.1:8023"}
-	if g, why := MLXGroup(b, three); g != nil || !strings.Contains(why, "MLX_HOSTFILE") {
-		t.Errorf("three stages without MLX_HOSTFILE: %v, %q", g, why)
+	if g, why := MLXGroup(b, three); g != nil || why.Reason != ReasonRingPlan || !strings.Contains(why.Detail, "MLX_HOSTFILE") {
+		t.Errorf("three stages without MLX_HOSTFILE: %v, %+v", g, why)
 	}
 	hf := filepath.Join(t.TempDir(), "hosts.json")
 	if err := os.WriteFile(hf, []byte(`[["127.0.0.1:8004"],["127.0.0.1:8014"],["127.0.0.1:8024"]]`), 0o600); err != nil {
@@ -68,12 +68,12 @@ func TestMLXGroupPlan(t *testing.T) {
 	}
 	t.Setenv("MLX_HOSTFILE", hf)
 	t.Setenv("MLX_RANK", "2")
-	if g, why := MLXGroup(b, three); g != nil || !strings.Contains(why, "MLX_RANK") {
-		t.Errorf("MLX_RANK of another stage: %v, %q", g, why)
+	if g, why := MLXGroup(b, three); g != nil || why.Reason != ReasonRingPlan || !strings.Contains(why.Detail, "MLX_RANK") {
+		t.Errorf("MLX_RANK of another stage: %v, %+v", g, why)
 	}
 	t.Setenv("MLX_RANK", "1")
 	if g, why := MLXGroup(b, three); g == nil || !g.Whole {
-		t.Errorf("three stages with MLX_HOSTFILE and this MLX_RANK: no whole group (%v, %q)", g, why)
+		t.Errorf("three stages with MLX_HOSTFILE and this MLX_RANK: no whole group (%v, %+v)", g, why)
 	}
 }
 

@@ -44,8 +44,9 @@ type NodeConfig struct {
 	Logger    *slog.Logger
 	// TestPace, TEST ONLY: as RingConfig.TestPace.
 	TestPace float64
-	// Group: as RingConfig.Group.
-	Group *Group
+	// Group, Fallback: as RingConfig's.
+	Group    *Group
+	Fallback Transport
 }
 
 // Node is a stage after the first: it computes its layers for every Step
@@ -90,7 +91,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	n := &Node{cfg: cfg, last: last, log: cfg.Logger.With("stage", l.Stage), met: cfg.Metrics.bind(cfg.Name, l.Stage)}
 	n.cfg.Link.Count = n.met.count
 	n.cfg.Link.Wrote = func(d time.Duration) { n.met.link.Add(d.Seconds()) }
-	cs, err := newCarry(cfg.Group, l.Stages, n.met, n.log)
+	cs, err := newCarry(cfg.Group, cfg.Fallback, l.Stages, n.met, n.log)
 	if err != nil {
 		return nil, err
 	}
@@ -98,6 +99,10 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	n.cfg.Link.Offer = cs.offered
 	return n, nil
 }
+
+// Transport is where the stage's hidden states go, and why not over its
+// group when they stay on the stage link.
+func (n *Node) Transport() Transport { return n.cs.transport() }
 
 // Healthy: both of the stage's links are up.
 func (n *Node) Healthy() bool { return n.up.Load() }

@@ -51,6 +51,9 @@ type RingConfig struct {
 	// group where every stage offers one (see Group); nil: the Step
 	// frames carry them.
 	Group *Group
+	// Fallback, when Group is nil, says why (MLXGroup's Transport): the
+	// stage's Transport.
+	Fallback Transport
 }
 
 // Ring is stage 0 of a pipeline as a decode.PickingModel: the decode
@@ -129,7 +132,7 @@ func NewRing(cfg RingConfig) (*Ring, error) {
 		pending: map[uint64]*pending{}, downErr: fmt.Errorf("%w: not connected yet", ErrDown)}
 	r.cfg.Link.Count = r.met.count
 	r.cfg.Link.Wrote = func(d time.Duration) { r.met.link.Add(d.Seconds()) }
-	cs, err := newCarry(cfg.Group, l.Stages, r.met, r.log)
+	cs, err := newCarry(cfg.Group, cfg.Fallback, l.Stages, r.met, r.log)
 	if err != nil {
 		return nil, err
 	}
@@ -137,6 +140,10 @@ func NewRing(cfg RingConfig) (*Ring, error) {
 	r.cfg.Link.Offer = cs.offered
 	return r, nil
 }
+
+// Transport is where stage 0's hidden states go, and why not over its
+// group when they stay on the stage link.
+func (r *Ring) Transport() Transport { return r.cs.transport() }
 
 // Healthy: the whole ring is up (a probe went round it since the links
 // were made, and none has failed since).

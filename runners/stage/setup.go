@@ -43,8 +43,8 @@ type RunnerConfig struct {
 	// the MLX group is lost they get up to 5 s to be answered with their
 	// errors before the process exits.
 	Running func() int
-	// Exit ends the process when its MLX group is lost (default
-	// syscall.Exit: an evaluation may be stuck in MLX for good, so an
+	// Exit ends the process with ExitGroupLost when its MLX group is lost
+	// (default syscall.Exit: an evaluation may be stuck in MLX for good, so an
 	// orderly stop, which closes the model on MLX's thread, would never
 	// return; the supervisor restarts every stage).
 	Exit func(code int)
@@ -63,19 +63,19 @@ func (c *RunnerConfig) Link() (LinkConfig, error) {
 }
 
 // group plans the stage's MLX group (nil, logged: the stage link carries
-// the hidden states).
-func (c *RunnerConfig) group(log *slog.Logger) *Group {
+// the hidden states, for the reason the Transport gives).
+func (c *RunnerConfig) group(log *slog.Logger) (*Group, Transport) {
 	if c.Ranks != nil {
 		// A process joins one MLX group per backend for its life: a
 		// tensor stage's is its ranks' all_sum.
-		log.Info("pipeline stage: hidden states go on the stage link (TCP)",
-			"reason", "this stage is a tensor group: the process's MLX group (if any) is its ranks' all_sum, and a process joins one")
-		return nil
+		t := TensorStage()
+		log.Info("pipeline stage: hidden states go on the stage link (TCP)", "reason", t.Reason, "detail", t.Detail)
+		return nil, t
 	}
-	g, why := MLXGroup(c.Model.Backend(), MLXPlan{Stage: c.Stage, Stages: c.Stages, Listen: c.Listen, Next: c.Next})
+	g, t := MLXGroup(c.Model.Backend(), MLXPlan{Stage: c.Stage, Stages: c.Stages, Listen: c.Listen, Next: c.Next})
 	if g == nil {
-		log.Info("pipeline stage: hidden states go on the stage link (TCP)", "reason", why)
-		return nil
+		log.Info("pipeline stage: hidden states go on the stage link (TCP)", "reason", t.Reason, "detail", t.Detail)
+		return nil, t
 	}
 	exit := c.Exit
 	if exit == nil {
@@ -88,10 +88,10 @@ func (c *RunnerConfig) group(log *slog.Logger) *Group {
 				time.Sleep(50 * time.Millisecond)
 			}
 		}
-		exit(1)
+		exit(ExitGroupLost)
 	}
 	log.Info("pipeline stage: offering MLX's ring for the hidden states (joined once every stage offers it)")
-	return g
+	return g, t
 }
 
 // StartRing makes stage 0's Ring (listening on Listen for the last
@@ -106,8 +106,9 @@ func StartRing(ctx context.Context, c *RunnerConfig) (*Ring, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stage: listen %s (--stage-listen): %w", c.Listen, err)
 	}
+	g, why := c.group(log)
 	ring, err := NewRing(RingConfig{Name: c.Name, Link: lc, Model: c.layers(), Listen: l, Next: c.Next,
-		Metrics: c.Metrics, Logger: log, Group: c.group(log), Health: c.Health})
+		Metrics: c.Metrics, Logger: log, Group: g, Fallback: why, Health: c.Health})
 	if err != nil {
 		l.Close()
 		return nil, err
@@ -137,8 +138,9 @@ func NewStage(c *RunnerConfig) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stage: listen %s (--stage-listen): %w", c.Listen, err)
 	}
+	g, why := c.group(log)
 	n, err := NewNode(NodeConfig{Name: c.Name, Link: lc, Model: c.layers(), Listen: l, Next: c.Next, Picks: picks,
-		Remote: c.Remote, RemoteFor: c.RemoteFor, Metrics: c.Metrics, Logger: log, Group: c.group(log), Health: c.Health})
+		Remote: c.Remote, RemoteFor: c.RemoteFor, Metrics: c.Metrics, Logger: log, Group: g, Fallback: why, Health: c.Health})
 	if err != nil {
 		l.Close()
 		return nil, err

@@ -66,6 +66,9 @@ type PipeConfig struct {
 	// agreed: they go in the stage link's Steps. Its OnLost must end the
 	// process (a joined group cannot be joined again).
 	Group *stage.Group
+	// Fallback, when Group is nil, says why (stage.MLXGroup's Transport):
+	// the stage's Transport.
+	Fallback stage.Transport
 	// Metrics, when set, counts the hidden-state bytes carried over the
 	// group in LinkBytes (exo_stage_link_bytes_total, model Name,
 	// transport the Group's); the stage link's own frames are not counted.
@@ -108,6 +111,7 @@ type Pipe struct {
 	lostOnce   sync.Once
 	sendMu     sync.Mutex // a carried Step's frame and its transfer, in order
 	sent, recv atomic.Int64
+	tr         *stage.TransportReport // where the hidden states go, and why
 }
 
 // origin is a computation stage 0 passed on: its number, prompt and first
@@ -166,6 +170,13 @@ func NewPipe(p *prefill.Producer, model StageModel, cfg PipeConfig) (*Pipe, erro
 		Hidden: info.Hidden, Fingerprint: model.Fingerprint(), Secret: cfg.Secret}
 	pp.origins.Store(uint64(time.Now().UnixNano()))
 	pp.decided = make(chan struct{})
+	report := func(t stage.Transport) { pp.tr = stage.NewTransportReport(cfg.Metrics, cfg.Name, cfg.Stage, t) }
+	if cfg.Group == nil {
+		if cfg.Fallback.Transport == "" {
+			cfg.Fallback = stage.NoGroup()
+		}
+		report(cfg.Fallback)
+	}
 	if g := cfg.Group; g != nil {
 		if _, ok := model.(carriedModel); !ok {
 			return nil, fmt.Errorf("prefill pipeline: a Group needs a model that carries hidden states (%T does not)", model)
@@ -180,9 +191,11 @@ func NewPipe(p *prefill.Producer, model StageModel, cfg PipeConfig) (*Pipe, erro
 			g.JoinTimeout = 2 * time.Minute
 		}
 		if cfg.Stages > maxGroupStages && !g.Whole {
-			pp.log.Warn("prefill pipeline: hidden states stay on the stage link (TCP): the stages agree on a group through their neighbours' Hellos, which reach every stage only up to 3 stages, and this stage's ring plan is not one for every stage (MLX_HOSTFILE)",
-				"stages", cfg.Stages, "transport", g.Transport)
+			t := stage.LongPipeline(cfg.Stages)
+			report(t)
+			pp.log.Warn("prefill pipeline: hidden states stay on the stage link (TCP)", "reason", t.Reason, "detail", t.Detail, "transport", g.Transport)
 		} else {
+			report(stage.Offered())
 			pp.offer.Store(true)
 		}
 	}
@@ -199,19 +212,10 @@ const maxGroupStages = 3
 // group (0 while they go over the stage link).
 func (pp *Pipe) Carried() (sent, received int64) { return pp.sent.Load(), pp.recv.Load() }
 
-// Transport is where the hidden states go: the group's transport once
-// joined, "tcp" once settled on the stage link, "" while undecided.
-func (pp *Pipe) Transport() string {
-	select {
-	case <-pp.decided:
-	default:
-		return ""
-	}
-	if pp.carrier != nil {
-		return pp.cfg.Group.Transport
-	}
-	return "tcp"
-}
+// Transport is where the hidden states go (the group's transport once
+// joined, "tcp" on the stage link, "pending" while undecided), and why
+// not over the group when they stay on the stage link.
+func (pp *Pipe) Transport() stage.Transport { return pp.tr.Get() }
 
 // decide runs once both links are up, the first time: it joins the group
 // when this stage and both neighbours offered it, or settles on the stage
@@ -240,8 +244,9 @@ func (pp *Pipe) join(ctx context.Context, up, next *stage.Link) (engine.Carrier,
 		if up.Group() {
 			peer = next.Peer.Stage
 		}
-		pp.log.Warn("prefill pipeline: hidden states stay on the stage link (TCP): a neighbouring stage does not offer the group (its backend is cpu, or it has no MLX ring plan)",
-			"stage", peer, "transport", g.Transport)
+		t := stage.PeerDeclined(peer)
+		pp.log.Warn("prefill pipeline: hidden states stay on the stage link (TCP)", "reason", t.Reason, "detail", t.Detail, "transport", g.Transport)
+		pp.tr.Set(t)
 		pp.offer.Store(false)
 		return nil, nil
 	}
@@ -271,6 +276,7 @@ func (pp *Pipe) join(ctx context.Context, up, next *stage.Link) (engine.Carrier,
 	if r.err != nil {
 		return nil, fmt.Errorf("%w: join: %w", stage.ErrGroupLost, r.err)
 	}
+	pp.tr.Set(stage.Transport{Transport: g.Transport})
 	pp.log.Info("prefill pipeline: hidden states carried over the group", "transport", g.Transport)
 	return r.c, nil
 }

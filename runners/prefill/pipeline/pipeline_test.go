@@ -300,11 +300,11 @@ func testPipelineRanges(t *testing.T, carried bool) {
 			n := len(procs)
 			if carried {
 				testutil.Eventually(t, func() bool {
-					return !slices.ContainsFunc(procs, func(p *stageProc) bool { return p.pipe.Transport() == "" })
+					return !slices.ContainsFunc(procs, func(p *stageProc) bool { return p.pipe.Transport().Transport == stage.TransportPending })
 				}, 30*time.Second, "the stages decide on the group")
 				for i, p := range procs {
-					if tr := p.pipe.Transport(); tr != "test" {
-						t.Fatalf("stage %d's hidden states go over %q, want the group", i, tr)
+					if tr := p.pipe.Transport(); tr != (stage.Transport{Transport: "test"}) {
+						t.Fatalf("stage %d's hidden states go over %+v, want the group", i, tr)
 					}
 				}
 			}
@@ -553,7 +553,7 @@ func TestPipelineStuckUpstream(t *testing.T) {
 }
 
 // TestPipelineGroupFallback: a stage without a group keeps its neighbour
-// on the stage link (TCP, said in the log) and neither joins; stages that
+// on the stage link (each stage's Transport says why) and neither joins; stages that
 // joined a group lose it (OnLost, once) when a neighbour's link goes.
 func TestPipelineGroupFallback(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "qwen2")
@@ -563,10 +563,10 @@ func TestPipelineGroupFallback(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		offers []bool
-		want   string
+		want   []stage.Transport // each stage's
 	}{
-		{"one-offers", []bool{true, false}, "tcp"},
-		{"both-offer", []bool{true, true}, "test"},
+		{"one-offers", []bool{true, false}, []stage.Transport{stage.PeerDeclined(1), stage.NoGroup()}},
+		{"both-offer", []bool{true, true}, []stage.Transport{{Transport: "test"}, {Transport: "test"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pipe := make(chan []float32)
@@ -581,14 +581,14 @@ func TestPipelineGroupFallback(t *testing.T) {
 					OnLost: func(err error) { lost <- err }}
 			})
 			testutil.Eventually(t, func() bool {
-				return procs[0].pipe.Transport() != "" && procs[1].pipe.Transport() != ""
+				return procs[0].pipe.Transport().Transport != stage.TransportPending && procs[1].pipe.Transport().Transport != stage.TransportPending
 			}, 30*time.Second, "the stages decide")
 			for i, p := range procs {
-				if tr := p.pipe.Transport(); tr != tc.want {
-					t.Fatalf("stage %d: hidden states over %q, want %q", i, tr, tc.want)
+				if tr := p.pipe.Transport(); tr != tc.want[i] {
+					t.Fatalf("stage %d: hidden states over %+v, want %+v", i, tr, tc.want[i])
 				}
 			}
-			if tc.want == "tcp" {
+			if tc.want[0].Transport == stage.TransportTCP {
 				if len(joins) != 0 {
 					t.Fatalf("a stage joined a group its neighbour did not offer")
 				}
