@@ -231,28 +231,18 @@ func TestWrongSecret(t *testing.T) {
 	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Heads: 4, KVHeads: 2}); err != nil {
 		t.Fatal(err)
 	}
-	g, err := NewLeader(LeaderConfig{Size: 2, Secret: []byte("a"), Rejoin: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go g.Serve(ctx, l)
+	rs := startRanks(t, dir, LeaderConfig{Size: 2, Secret: []byte("a"), Rejoin: true})
 	for _, s := range [][]byte{[]byte("b"), nil} {
-		f, err := NewFollower(FollowerConfig{Rank: 1, Size: 2, Leader: l.Addr().String(), Secret: s})
+		f, err := NewFollower(FollowerConfig{Rank: 1, Size: 2, Leader: rs.addr, Secret: s})
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = f.dial(ctx)
+		_, err = f.dial(rs.ctx)
 		if !errors.Is(err, ErrAuth) {
 			t.Fatalf("secret %q: %v, want ErrAuth", s, err)
 		}
 	}
-	if g.Health() == nil {
+	if rs.g.Health() == nil {
 		t.Fatal("the group is whole without rank 1")
 	}
 }
@@ -287,18 +277,9 @@ func TestBackendsDiffer(t *testing.T) {
 		// Each side names the peer first, then itself.
 		want0 := fmt.Sprintf("rank 1 runs backend %s (sums over %s), rank 0 %s (over %s)", fb, fw, lb, lw)
 		want1 := fmt.Sprintf("rank 0 runs backend %s (sums over %s), rank 1 %s (over %s)", lb, lw, fb, fw)
-		g, err := NewLeader(LeaderConfig{Size: 2, MLX: tc.leader.mlx, Group: tc.leader.group, Backend: tc.leader.backend})
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		served := make(chan error, 1)
-		go func() { served <- g.Serve(ctx, l) }()
-		f, err := NewFollower(FollowerConfig{Rank: 1, Size: 2, Leader: l.Addr().String(),
+		rs := startRanks(t, "", LeaderConfig{Size: 2, MLX: tc.leader.mlx, Group: tc.leader.group, Backend: tc.leader.backend})
+		g, ctx := rs.g, rs.ctx
+		f, err := NewFollower(FollowerConfig{Rank: 1, Size: 2, Leader: rs.addr,
 			MLX: tc.follower.mlx, Group: tc.follower.group, Backend: tc.follower.backend})
 		if err != nil {
 			t.Fatal(err)
@@ -311,15 +292,13 @@ func TestBackendsDiffer(t *testing.T) {
 		}
 		// Rank 0's side: awaitWhole fails on the refusal, not at its
 		// timeout.
-		err = g.awaitWhole(time.Hour, []string{l.Addr().String(), "127.0.0.1:1"})
+		err = g.awaitWhole(time.Hour, []string{rs.addr, "127.0.0.1:1"})
 		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), want0) || !strings.Contains(err.Error(), ErrMismatch.Error()) {
 			t.Errorf("%+v/%+v: rank 0: %v, want %q", tc.leader, tc.follower, err, want0)
 		}
 		if g.Health() == nil {
 			t.Errorf("%+v/%+v: the group is whole", tc.leader, tc.follower)
 		}
-		cancel()
-		<-served
 	}
 }
 
@@ -327,18 +306,9 @@ func TestBackendsDiffer(t *testing.T) {
 // before the join) and rank 0's awaitWhole sees the group whole; a rank
 // that never links fails awaitWhole at its bound naming the missing rank.
 func TestSameBackendLinks(t *testing.T) {
-	g, err := NewLeader(LeaderConfig{Size: 3, MLX: true, Group: "ring", Backend: "mlx-cpu"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go g.Serve(ctx, l)
-	f, err := NewFollower(FollowerConfig{Rank: 1, Size: 3, Leader: l.Addr().String(), MLX: true, Group: "ring", Backend: "mlx-cpu"})
+	rs := startRanks(t, "", LeaderConfig{Size: 3, MLX: true, Group: "ring", Backend: "mlx-cpu"})
+	g, ctx := rs.g, rs.ctx
+	f, err := NewFollower(FollowerConfig{Rank: 1, Size: 3, Leader: rs.addr, MLX: true, Group: "ring", Backend: "mlx-cpu"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -351,7 +321,7 @@ func TestSameBackendLinks(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "waiting for ranks [2]") || !strings.Contains(err.Error(), "a:1,b:2,c:3") {
 		t.Fatalf("awaitWhole without rank 2: %v", err)
 	}
-	f2, err := NewFollower(FollowerConfig{Rank: 2, Size: 3, Leader: l.Addr().String(), MLX: true, Group: "ring", Backend: "mlx-cpu"})
+	f2, err := NewFollower(FollowerConfig{Rank: 2, Size: 3, Leader: rs.addr, MLX: true, Group: "ring", Backend: "mlx-cpu"})
 	if err != nil {
 		t.Fatal(err)
 	}
