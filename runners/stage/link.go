@@ -3,16 +3,14 @@ package stage
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/exo-pd/exo-pd/runners/internal/wireauth"
+	"github.com/exo-pd/exo-pd/runners/internal/link"
 )
 
 // LinkConfig is what both ends of a stage link know: who this stage is,
@@ -61,16 +59,15 @@ func (c *LinkConfig) defaults() {
 	}
 }
 
-func (c *LinkConfig) hello() *Hello {
-	h := &Hello{Version: Version, Stage: c.Stage, Stages: c.Stages, First: c.First, End: c.End, Fingerprint: c.Fingerprint}
-	rand.Read(h.Nonce[:])
-	if len(c.Secret) > 0 {
-		h.Flags |= flagAuth
-	}
+// handshake is this end's part in the link's handshake (PROTOCOL.md S1,
+// S2: runners/internal/link's); dialer: this end is the sender.
+func (c *LinkConfig) handshake(dialer bool) *link.Handshake {
+	me := link.Hello{Index: c.Stage, Count: c.Stages, First: c.First, End: c.End, Fingerprint: c.Fingerprint}
 	if c.Offer != nil && c.Offer() {
-		h.Flags |= flagGroup
+		me.Flags |= flagGroup
 	}
-	return h
+	check := func(peer *link.Hello) error { h := fromWire(*peer); return c.checkPeer(&h, !dialer) }
+	return &link.Handshake{Spec: &spec, Me: me, Secret: c.Secret, Dialer: dialer, Timeout: c.HandshakeTimeout, Check: check}
 }
 
 // checkPeer says why peer may not be this stage's neighbour: upstream
@@ -133,8 +130,6 @@ type Link struct {
 	stopKA chan struct{}
 }
 
-func authLabel() string { return fmt.Sprintf("exo-stage/%d", Version) }
-
 // Dial connects to the downstream stage at addr as its sender.
 func Dial(ctx context.Context, addr string, cfg LinkConfig) (*Link, error) {
 	cfg.defaults()
@@ -145,19 +140,14 @@ func Dial(ctx context.Context, addr string, cfg LinkConfig) (*Link, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stage link: dial %s: %w", addr, err)
 	}
-	dl, _ := hctx.Deadline()
-	conn.SetDeadline(dl)
-	stop := context.AfterFunc(hctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
 	l := newLink(conn, cfg)
-	if err := l.dialHandshake(); err != nil {
+	if err := l.handshake(hctx, true); err != nil {
 		conn.Close()
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
 		return nil, fmt.Errorf("stage link to %s: %w", addr, err)
 	}
-	conn.SetDeadline(time.Time{})
 	l.start()
 	return l, nil
 }
@@ -167,13 +157,11 @@ func Dial(ctx context.Context, addr string, cfg LinkConfig) (*Link, error) {
 // closed conn.
 func Accept(conn net.Conn, cfg LinkConfig) (*Link, error) {
 	cfg.defaults()
-	conn.SetDeadline(time.Now().Add(cfg.HandshakeTimeout))
 	l := newLink(conn, cfg)
-	if err := l.acceptHandshake(); err != nil {
+	if err := l.handshake(context.Background(), false); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("stage link from %s: %w", conn.RemoteAddr(), err)
 	}
-	conn.SetDeadline(time.Time{})
 	l.start()
 	return l, nil
 }
@@ -185,133 +173,12 @@ func newLink(conn net.Conn, cfg LinkConfig) *Link {
 	return &Link{cfg: cfg, conn: conn, br: bufio.NewReaderSize(conn, 64<<10), done: make(chan struct{}), stopKA: make(chan struct{})}
 }
 
-func (l *Link) refuse(code Code, err error) error {
-	b, _ := encode(ErrorFrame{Code: code, Reason: err.Error()})
-	l.conn.Write(b)
+func (l *Link) handshake(ctx context.Context, dialer bool) error {
+	me, peer, err := l.cfg.handshake(dialer).Run(ctx, l.conn, l.br)
+	l.Peer = fromWire(peer)
+	group, _ := link.Agree(&me, &peer) // a stage falls back to the link when its neighbour does not offer
+	l.group = group != ""
 	return err
-}
-
-func codeOf(err error) Code {
-	switch {
-	case errors.Is(err, ErrAuth):
-		return CodeAuth
-	case errors.Is(err, ErrMismatch):
-		return CodeMismatch
-	case errors.Is(err, ErrVersion):
-		return CodeVersion
-	case errors.Is(err, ErrCorrupt):
-		return CodeCorrupt
-	}
-	return CodeInternal
-}
-
-func (l *Link) dialHandshake() error {
-	me := l.cfg.hello()
-	if _, err := l.conn.Write(me.encode()); err != nil {
-		return fmt.Errorf("write hello: %w", err)
-	}
-	var hb [helloSize]byte
-	if _, err := io.ReadFull(l.br, hb[:]); err != nil {
-		return fmt.Errorf("read hello: %w", err)
-	}
-	peer, err := parseHello(hb[:])
-	if err != nil {
-		return l.refuse(CodeVersion, err)
-	}
-	l.Peer = peer
-	l.group = me.Flags&flagGroup != 0 && peer.Flags&flagGroup != 0
-	if err := l.cfg.checkPeer(&peer, false); err != nil {
-		return l.refuse(CodeMismatch, err)
-	}
-	auth := peer.Flags&flagAuth != 0
-	switch {
-	case auth && len(l.cfg.Secret) == 0:
-		return fmt.Errorf("%w: stage %d requires a secret and this stage has none", ErrAuth, peer.Stage)
-	case !auth && len(l.cfg.Secret) > 0:
-		return l.refuse(CodeAuth, fmt.Errorf("%w: stage %d does not authenticate; refusing an unauthenticated link", ErrAuth, peer.Stage))
-	case auth:
-		b, _ := encode(authFrame{typ: frameAuthProof, mac: wireauth.MAC(l.cfg.Secret, authLabel(), "client", &peer.Nonce, &me.Nonce)})
-		if _, err := l.conn.Write(b); err != nil {
-			return fmt.Errorf("write auth proof: %w", err)
-		}
-	}
-	typ, p, err := readFrame(l.br, nil, l.cfg.MaxStepBytes)
-	if err != nil {
-		return fmt.Errorf("read the handshake's end: %w", err)
-	}
-	msg, err := decodeFrame(typ, p, l.cfg.Hidden, l.group)
-	if err != nil {
-		return err
-	}
-	switch m := msg.(type) {
-	case ErrorFrame:
-		return &RemoteError{Code: m.Code, Reason: m.Reason}
-	case authFrame:
-		if auth && m.typ == frameAuthOK && wireauth.Equal(m.mac, wireauth.MAC(l.cfg.Secret, authLabel(), "server", &peer.Nonce, &me.Nonce)) {
-			return nil
-		}
-		if auth && m.typ == frameAuthOK {
-			return fmt.Errorf("%w: stage %d's proof is wrong (it does not know the secret)", ErrAuth, peer.Stage)
-		}
-	case keepalive:
-		if !auth {
-			return nil
-		}
-	}
-	return corruptf("frame type %d where the handshake's end belongs", typ)
-}
-
-func (l *Link) acceptHandshake() error {
-	me := l.cfg.hello()
-	var hb [helloSize]byte
-	if _, err := io.ReadFull(l.br, hb[:]); err != nil {
-		return fmt.Errorf("read hello: %w", err)
-	}
-	if _, err := l.conn.Write(me.encode()); err != nil {
-		return fmt.Errorf("write hello: %w", err)
-	}
-	peer, err := parseHello(hb[:])
-	if err != nil {
-		return l.refuse(CodeVersion, err)
-	}
-	l.Peer = peer
-	l.group = me.Flags&flagGroup != 0 && peer.Flags&flagGroup != 0
-	if err := l.cfg.checkPeer(&peer, true); err != nil {
-		return l.refuse(CodeMismatch, err)
-	}
-	if len(l.cfg.Secret) == 0 && peer.Flags&flagAuth != 0 {
-		return l.refuse(CodeAuth, fmt.Errorf("%w: stage %d has a secret and this stage none", ErrAuth, peer.Stage))
-	}
-	if len(l.cfg.Secret) == 0 {
-		b, _ := encode(keepalive{})
-		if _, err := l.conn.Write(b); err != nil {
-			return fmt.Errorf("write ready: %w", err)
-		}
-		return nil
-	}
-	if peer.Flags&flagAuth == 0 {
-		return l.refuse(CodeAuth, fmt.Errorf("%w: this stage requires a secret and stage %d has none", ErrAuth, peer.Stage))
-	}
-	typ, p, err := readFrame(l.br, nil, l.cfg.MaxStepBytes)
-	if err != nil {
-		return fmt.Errorf("read auth proof: %w", err)
-	}
-	msg, err := decodeFrame(typ, p, l.cfg.Hidden, l.group)
-	if err != nil {
-		return l.refuse(CodeCorrupt, err)
-	}
-	m, ok := msg.(authFrame)
-	if em, isErr := msg.(ErrorFrame); isErr {
-		return &RemoteError{Code: em.Code, Reason: em.Reason}
-	}
-	if !ok || m.typ != frameAuthProof || !wireauth.Equal(m.mac, wireauth.MAC(l.cfg.Secret, authLabel(), "client", &me.Nonce, &peer.Nonce)) {
-		return l.refuse(CodeAuth, fmt.Errorf("%w: stage %d's proof is wrong", ErrAuth, peer.Stage))
-	}
-	b, _ := encode(authFrame{typ: frameAuthOK, mac: wireauth.MAC(l.cfg.Secret, authLabel(), "server", &me.Nonce, &peer.Nonce)})
-	if _, err := l.conn.Write(b); err != nil {
-		return fmt.Errorf("write auth ok: %w", err)
-	}
-	return nil
 }
 
 // start begins the keepalives.

@@ -172,7 +172,7 @@ func drainBack(out *Link) {
 			return
 		}
 		if e, ok := msg.(ErrorFrame); ok {
-			out.Close(&RemoteError{Code: e.Code, Reason: e.Reason})
+			out.Close(remoteError(e.Code, e.Reason))
 			return
 		}
 	}
@@ -354,7 +354,7 @@ func (n *Node) handle(msg any, out *Link) error {
 		return out.Send(m)
 	case ErrorFrame:
 		if m.Ticket == 0 {
-			return &RemoteError{Code: m.Code, Reason: m.Reason}
+			return remoteError(m.Code, m.Reason)
 		}
 		return out.Send(m)
 	}

@@ -268,9 +268,9 @@ func (r *Ring) serve(ctx context.Context, in, out *Link) error {
 			t = m.Ticket
 		case ErrorFrame:
 			if m.Ticket == 0 {
-				return &RemoteError{Code: m.Code, Reason: m.Reason}
+				return remoteError(m.Code, m.Reason)
 			}
-			t, msg = m.Ticket, &RemoteError{Code: m.Code, Reason: m.Reason}
+			t, msg = m.Ticket, remoteError(m.Code, m.Reason)
 		default:
 			return fmt.Errorf("%w: a %T frame from the last stage", ErrCorrupt, msg)
 		}

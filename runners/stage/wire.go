@@ -3,14 +3,13 @@ package stage
 import (
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"math"
 
 	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/internal/half"
+	"github.com/exo-pd/exo-pd/runners/internal/link"
 )
 
 // Version is the stage link's protocol version (PROTOCOL.md S7): 2 added
@@ -18,17 +17,20 @@ import (
 // over an MLX group).
 const Version = 2
 
-const (
-	magic      = "EXOSTAGE"
-	helloSize  = 96
-	headerSize = 12
+// spec is the stage link's hello (runners/internal/link's, whose framing,
+// Error and Keepalive frames and handshake it uses too): no backend, and
+// GROUP offers only MLX's ring.
+var spec = link.Spec{Name: "stage link", Noun: "stage", Magic: "EXOSTAGE", Version: Version,
+	Flags: flagAuth | flagGroup, Label: fmt.Sprintf("exo-stage/%d", Version)}
 
-	flagAuth  = 1 << 0
-	flagGroup = 1 << 1 // the stage offers to carry hidden states over its backend's group
+const (
+	headerSize = link.HeaderSize
+
+	flagAuth  = link.FlagAuth
+	flagGroup = link.FlagGroup // the stage offers to carry hidden states over its backend's group
 
 	maxSeqs       = 256
 	maxStepTokens = 8192
-	maxReason     = 1024
 	maxOpenJSON   = 8 << 20
 	maxLogprobLen = 64 << 10
 	maxName       = 256     // a Fill's endpoint and request id
@@ -40,16 +42,16 @@ const (
 
 // Frame types (PROTOCOL.md S3).
 const (
-	frameAuthProof = 1
-	frameAuthOK    = 2
+	frameAuthProof = link.TypeAuthProof
+	frameAuthOK    = link.TypeAuthOK
 	frameOpen      = 3
 	frameStep      = 4
 	frameTruncate  = 5
 	frameDrop      = 6
 	framePicks     = 7
 	frameAck       = 8
-	frameError     = 9
-	frameKeepalive = 10
+	frameError     = link.TypeError
+	frameKeepalive = link.TypeKeepalive
 	frameFill      = 11
 )
 
@@ -62,79 +64,42 @@ const (
 	DTypeGroup = 3
 )
 
-// Code is an Error frame's code.
-type Code uint16
+// Code is an Error frame's code (PROTOCOL.md S3).
+type Code = link.Code
 
 // Error codes (PROTOCOL.md S3).
 const (
-	CodeVersion    Code = 1
-	CodeAuth       Code = 2
-	CodeMismatch   Code = 3
-	CodeBadRequest Code = 4
-	CodeInternal   Code = 5
-	CodeCorrupt    Code = 6
+	CodeVersion    = link.CodeVersion
+	CodeAuth       = link.CodeAuth
+	CodeMismatch   = link.CodeMismatch
+	CodeBadRequest = link.CodeBadRequest
+	CodeInternal   = link.CodeInternal
+	CodeCorrupt    = link.CodeCorrupt
 )
 
-func (c Code) String() string {
-	switch c {
-	case CodeVersion:
-		return "version"
-	case CodeAuth:
-		return "auth"
-	case CodeMismatch:
-		return "mismatch"
-	case CodeBadRequest:
-		return "bad_request"
-	case CodeInternal:
-		return "internal"
-	case CodeCorrupt:
-		return "corrupt"
-	}
-	return fmt.Sprintf("code %d", uint16(c))
-}
-
-// Errors callers branch on.
+// Errors callers branch on (the shared link's: RemoteError maps a peer's
+// codes to them).
 var (
 	// ErrCorrupt: a frame failed its checks (type, length, CRC, layout).
-	ErrCorrupt = errors.New("stage link: corrupt frame")
+	ErrCorrupt = link.ErrCorrupt
 	// ErrAuth: the peers do not share the secret, or one has none.
-	ErrAuth = errors.New("stage link: authentication failed")
+	ErrAuth = link.ErrAuth
 	// ErrMismatch: the peer is another model, stage count or layer split.
-	ErrMismatch = errors.New("stage link: peer mismatch")
+	ErrMismatch = link.ErrMismatch
 	// ErrVersion: the peer speaks another protocol or version.
-	ErrVersion = errors.New("stage link: version")
+	ErrVersion = link.ErrVersion
 	// ErrDown: the ring is not whole (a link is down or was lost). It is
 	// gen.ErrUnavailable too: the APIs answer a request it ends 503.
 	ErrDown = gen.Unavailable("stage link: ring down")
 )
 
-func corruptf(format string, a ...any) error {
-	return fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, a...))
-}
+var corruptf = link.Corruptf
 
 // RemoteError is an Error frame: a peer's refusal or a failed step.
-type RemoteError struct {
-	Code   Code
-	Reason string
-}
+type RemoteError = link.RemoteError
 
-func (e *RemoteError) Error() string {
-	return fmt.Sprintf("stage link: %s: %s", e.Code, e.Reason)
-}
-
-// Is maps codes to the sentinels.
-func (e *RemoteError) Is(target error) bool {
-	switch target {
-	case ErrAuth:
-		return e.Code == CodeAuth
-	case ErrMismatch:
-		return e.Code == CodeMismatch
-	case ErrVersion:
-		return e.Code == CodeVersion
-	case ErrCorrupt:
-		return e.Code == CodeCorrupt
-	}
-	return false
+func remoteError(code Code, reason string) error {
+	return &RemoteError{Link: spec.Name, Code: code, Reason: reason}
 }
 
 // Hello is one side's fixed introduction (PROTOCOL.md S1).
@@ -148,39 +113,21 @@ type Hello struct {
 	Nonce       [32]byte
 }
 
-func (h *Hello) encode() []byte {
-	b := make([]byte, helloSize)
-	copy(b, magic)
-	le := binary.LittleEndian
-	le.PutUint16(b[8:], h.Version)
-	le.PutUint16(b[10:], h.Flags)
-	le.PutUint16(b[12:], uint16(h.Stage))
-	le.PutUint16(b[14:], uint16(h.Stages))
-	le.PutUint32(b[16:], uint32(h.First))
-	le.PutUint32(b[20:], uint32(h.End))
-	copy(b[24:56], h.Fingerprint[:])
-	copy(b[56:88], h.Nonce[:])
-	return b
+func (h *Hello) encode() []byte { return spec.Encode(h.wire()) }
+
+func (h *Hello) wire() *link.Hello {
+	return &link.Hello{Version: h.Version, Flags: h.Flags, Index: h.Stage, Count: h.Stages, First: h.First, End: h.End,
+		Fingerprint: h.Fingerprint, Nonce: h.Nonce}
+}
+
+func fromWire(w link.Hello) Hello {
+	return Hello{Version: w.Version, Flags: w.Flags, Stage: w.Index, Stages: w.Count, First: w.First, End: w.End,
+		Fingerprint: w.Fingerprint, Nonce: w.Nonce}
 }
 
 func parseHello(b []byte) (Hello, error) {
-	var h Hello
-	if len(b) != helloSize || string(b[:8]) != magic {
-		return h, fmt.Errorf("%w: not a stage link peer (bad magic)", ErrVersion)
-	}
-	le := binary.LittleEndian
-	h.Version, h.Flags = le.Uint16(b[8:]), le.Uint16(b[10:])
-	if h.Version != Version {
-		return h, fmt.Errorf("%w: peer speaks version %d, this side %d", ErrVersion, h.Version, Version)
-	}
-	if h.Flags&^(flagAuth|flagGroup) != 0 || le.Uint64(b[88:]) != 0 {
-		return h, fmt.Errorf("%w: reserved hello bits set", ErrVersion)
-	}
-	h.Stage, h.Stages = int(le.Uint16(b[12:])), int(le.Uint16(b[14:]))
-	h.First, h.End = int(le.Uint32(b[16:])), int(le.Uint32(b[20:]))
-	copy(h.Fingerprint[:], b[24:56])
-	copy(h.Nonce[:], b[56:88])
-	return h, nil
+	w, err := spec.Parse(b)
+	return fromWire(w), err
 }
 
 // Messages (PROTOCOL.md S3, S5). Each is one frame.
@@ -269,18 +216,11 @@ type ErrorFrame struct {
 
 type keepalive struct{}
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+// authFrame is an AuthProof or AuthOK met after the handshake (which
+// runners/internal/link reads): work, not auth, belongs there.
+type authFrame struct{ typ byte }
 
-// frame prepends the header to payload (which starts headerSize bytes in).
-func frame(typ byte, b []byte) []byte {
-	le := binary.LittleEndian
-	b[0], b[1] = typ, 0
-	le.PutUint16(b[2:], 0)
-	le.PutUint32(b[4:], uint32(len(b)-headerSize))
-	c := crc32.Update(crc32.Checksum(b[:8], castagnoli), castagnoli, b[headerSize:])
-	le.PutUint32(b[8:], c)
-	return b
-}
+var frame = link.Seal
 
 // encode returns msg's frame bytes.
 func encode(msg any) ([]byte, error) {
@@ -378,30 +318,11 @@ func encode(msg any) ([]byte, error) {
 		}
 		return frame(framePicks, b), nil
 	case ErrorFrame:
-		r := m.Reason
-		if len(r) > maxReason {
-			r = r[:maxReason]
-		}
-		b := make([]byte, headerSize+12+len(r))
-		p := b[headerSize:]
-		le.PutUint64(p, m.Ticket)
-		le.PutUint16(p[8:], uint16(m.Code))
-		le.PutUint16(p[10:], uint16(len(r)))
-		copy(p[12:], r)
-		return frame(frameError, b), nil
+		return link.EncodeError(m.Ticket, m.Code, m.Reason), nil
 	case keepalive:
 		return frame(frameKeepalive, make([]byte, headerSize)), nil
-	case authFrame:
-		b := make([]byte, headerSize+32)
-		copy(b[headerSize:], m.mac)
-		return frame(m.typ, b), nil
 	}
 	return nil, fmt.Errorf("stage link: cannot encode %T", msg)
-}
-
-type authFrame struct {
-	typ byte
-	mac []byte
 }
 
 func encodeStep(m *Step) ([]byte, error) {
@@ -469,19 +390,13 @@ func encodeStep(m *Step) ([]byte, error) {
 	return frame(frameStep, b), nil
 }
 
-// limits is how big each frame type may be.
+// limitOf is how big each frame type may be (PROTOCOL.md S4).
 func limitOf(typ byte, maxStep int) (min, max int, ok bool) {
 	switch typ {
-	case frameAuthProof, frameAuthOK:
-		return 32, 32, true
 	case frameTruncate:
 		return 28, 28, true
 	case frameDrop, frameAck:
 		return 8, 8, true
-	case frameKeepalive:
-		return 0, 0, true
-	case frameError:
-		return 12, 12 + maxReason, true
 	case frameOpen:
 		return 16, 16 + maxOpenJSON, true
 	case framePicks:
@@ -491,42 +406,13 @@ func limitOf(typ byte, maxStep int) (min, max int, ok bool) {
 	case frameFill:
 		return fillFixed, fillFixed + 2*maxName + 4*maxFillTokens, true
 	}
-	return 0, 0, false
+	return link.Limit(typ)
 }
 
 // readFrame reads one frame's type and checked payload (into buf when it
 // has room).
 func readFrame(r io.Reader, buf []byte, maxStep int) (byte, []byte, error) {
-	var h [headerSize]byte
-	if _, err := io.ReadFull(r, h[:]); err != nil {
-		return 0, nil, err
-	}
-	le := binary.LittleEndian
-	typ, n := h[0], int(le.Uint32(h[4:]))
-	lo, hi, ok := limitOf(typ, maxStep)
-	switch {
-	case !ok:
-		return 0, nil, corruptf("unknown frame type %d", typ)
-	case h[1] != 0 || le.Uint16(h[2:]) != 0:
-		return 0, nil, corruptf("frame type %d: reserved header bits set", typ)
-	case n < lo || n > hi:
-		return 0, nil, corruptf("frame type %d of %d bytes (%d to %d)", typ, n, lo, hi)
-	}
-	if cap(buf) < n {
-		buf = make([]byte, n)
-	}
-	p := buf[:n]
-	if _, err := io.ReadFull(r, p); err != nil {
-		if errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
-		}
-		return 0, nil, err
-	}
-	c := crc32.Update(crc32.Checksum(h[:8], castagnoli), castagnoli, p)
-	if c != le.Uint32(h[8:]) {
-		return 0, nil, corruptf("frame type %d (%d bytes): crc32c %08x, header says %08x", typ, n, c, le.Uint32(h[8:]))
-	}
-	return typ, p, nil
+	return link.ReadFrame(r, buf, func(typ byte) (int, int, bool) { return limitOf(typ, maxStep) })
 }
 
 // decodeFrame parses a checked payload of typ; hidden is the model's hidden
@@ -558,15 +444,12 @@ func decodeFrame(typ byte, p []byte, hidden int, group bool) (any, error) {
 	case framePicks:
 		return decodePicks(p)
 	case frameError:
-		n := int(le.Uint16(p[10:]))
-		if n > maxReason || 12+n != len(p) {
-			return nil, corruptf("error frame: reason of %d bytes in %d", n, len(p))
-		}
-		return ErrorFrame{Ticket: le.Uint64(p), Code: Code(le.Uint16(p[8:])), Reason: string(p[12:])}, nil
+		t, code, reason, err := link.DecodeError(p)
+		return ErrorFrame{Ticket: t, Code: code, Reason: reason}, err
 	case frameKeepalive:
 		return keepalive{}, nil
 	case frameAuthProof, frameAuthOK:
-		return authFrame{typ: typ, mac: append([]byte(nil), p...)}, nil
+		return authFrame{typ: typ}, nil
 	}
 	return nil, corruptf("unknown frame type %d", typ)
 }
