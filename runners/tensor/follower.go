@@ -162,7 +162,7 @@ func (f *Follower) dial(ctx context.Context) (*link, error) {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	l, _, err := handshake(conn, hello{rank: f.rank, size: f.size, group: groupOf(f.cfg.MLX, f.cfg.Group), backend: f.cfg.Backend}, f.cfg.Secret)
+	l, _, err := handshake(conn, f.rank, f.size, groupOf(f.cfg.MLX, f.cfg.Group), f.cfg.Backend, f.cfg.Secret)
 	if err != nil {
 		conn.Close()
 		return nil, err

@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	wire "github.com/exo-pd/exo-pd/runners/internal/link"
 )
 
 // FuzzCall: a call that decodes re-encodes to its bytes, and no input
@@ -50,16 +52,24 @@ func FuzzFrame(f *testing.F) {
 	var buf bytes.Buffer
 	l := &link{conn: nopConn{&buf}}
 	_ = l.write(frameSum, []byte{1, 2, 3, 4})
+	_ = l.write(frameAck, encodeAck(nil))
 	f.Add(buf.Bytes())
-	f.Add(hello{rank: 1, size: 2, auth: true}.encode())
-	f.Add(hello{rank: 0, size: 2, backend: "cpu"}.encode())
-	f.Add(hello{rank: 1, size: 4, group: "ring", backend: "mlx-cpu"}.encode())
-	f.Add(hello{rank: 3, size: 4, auth: true, group: "nccl", backend: "mlx-gpu"}.encode())
-	f.Add(hello{rank: 2, size: 3, group: "jaccl", backend: "mlx-gpu"}.encode())
+	for _, h := range []struct {
+		rank, size     int
+		auth           bool
+		group, backend string
+	}{{1, 2, true, "", ""}, {0, 2, false, "", "cpu"}, {1, 4, false, "ring", "mlx-cpu"}, {3, 4, true, "nccl", "mlx-gpu"}, {2, 3, false, "jaccl", "mlx-gpu"}} {
+		flags, _ := wire.GroupFlags(h.group)
+		if h.auth {
+			flags |= wire.FlagAuth
+		}
+		f.Add(spec.Encode(&wire.Hello{Version: linkVersion, Flags: flags, Index: h.rank, Count: h.size, Backend: h.backend}))
+	}
+	f.Add(append([]byte("EXOTP\x02\x01\x00\x02\x00\x00\x01"), make([]byte, 48)...)) // version 2's hello
 	f.Add(encodeAck(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if h, err := decodeHello(b); err == nil && !bytes.Equal(h.encode(), b) {
-			t.Fatalf("hello re-encoded %x, decoded from %x", h.encode(), b)
+		if h, err := spec.Parse(b); err == nil && !bytes.Equal(spec.Encode(&h), b) {
+			t.Fatalf("hello re-encoded %x, decoded from %x", spec.Encode(&h), b)
 		}
 		_ = decodeAck(b, 1)
 		typ, payload, err := readFrame(bytes.NewReader(b), nil, 1)

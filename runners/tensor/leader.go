@@ -173,7 +173,7 @@ func (g *Leader) admit(conn net.Conn) {
 		_ = tc.SetNoDelay(true)
 		_ = tc.SetKeepAlivePeriod(5 * time.Second)
 	}
-	l, h, err := handshake(conn, g.cfg.hello(), g.cfg.Secret)
+	l, h, err := handshake(conn, 0, g.cfg.Size, groupOf(g.cfg.MLX, g.cfg.Group), g.cfg.Backend, g.cfg.Secret)
 	if errors.Is(err, ErrMismatch) {
 		g.log.Error("tensor link refused", "remote", conn.RemoteAddr().String(), "err", err)
 		conn.Close()
@@ -188,12 +188,12 @@ func (g *Leader) admit(conn net.Conn) {
 		conn.Close()
 		return
 	}
-	if h.rank < 1 || h.rank >= g.size {
-		g.log.Warn("tensor link refused", "remote", conn.RemoteAddr().String(), "rank", h.rank, "err", "rank out of range")
+	if h.Index < 1 || h.Index >= g.size {
+		g.log.Warn("tensor link refused", "remote", conn.RemoteAddr().String(), "rank", h.Index, "err", "rank out of range")
 		conn.Close()
 		return
 	}
-	p := &peer{rank: h.rank, l: l, in: make(chan frame, 4), dead: make(chan struct{}), gone: make(chan struct{}), tm: time.NewTimer(time.Hour)}
+	p := &peer{rank: h.Index, l: l, in: make(chan frame, 4), dead: make(chan struct{}), gone: make(chan struct{}), tm: time.NewTimer(time.Hour)}
 	p.tm.Stop()
 	go g.readLoop(p)
 	// A rank (re)joining a whole group means its old self is gone:
@@ -202,17 +202,17 @@ func (g *Leader) admit(conn net.Conn) {
 	defer g.callMu.Unlock()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.whole || g.peers[h.rank] != nil {
-		g.failLocked(fmt.Errorf("%w: rank %d joined again (its previous process is gone)", ErrGroup, h.rank))
+	if g.whole || g.peers[h.Index] != nil {
+		g.failLocked(fmt.Errorf("%w: rank %d joined again (its previous process is gone)", ErrGroup, h.Index))
 	}
 	if g.everWon && !g.cfg.Rejoin {
-		g.log.Warn("tensor link refused: this group cannot rejoin a rank (restart every rank)", "rank", h.rank)
+		g.log.Warn("tensor link refused: this group cannot rejoin a rank (restart every rank)", "rank", h.Index)
 		l.close()
 		close(p.gone)
 		return
 	}
-	g.peers[h.rank] = p
-	g.log.Info("tensor rank linked", "rank", h.rank, "remote", conn.RemoteAddr().String())
+	g.peers[h.Index] = p
+	g.log.Info("tensor rank linked", "rank", h.Index, "remote", conn.RemoteAddr().String())
 	var missing []int
 	for r := 1; r < g.size; r++ {
 		if g.peers[r] == nil {
@@ -235,11 +235,6 @@ func (g *Leader) admit(conn net.Conn) {
 	}
 	g.whole, g.everWon, g.lastErr = true, true, nil
 	g.log.Info("tensor group whole", "ranks", g.size)
-}
-
-// hello is rank 0's hello.
-func (c LeaderConfig) hello() hello {
-	return hello{rank: 0, size: c.Size, group: groupOf(c.MLX, c.Group), backend: c.Backend}
 }
 
 // groupOf is a hello's group: "" on the link, MLX's group (the ring

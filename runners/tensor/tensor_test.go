@@ -428,31 +428,37 @@ func TestFillAllOrNothing(t *testing.T) {
 	}
 }
 
-// TestOldVersionPeer: a rank 0 that speaks version 1 of the link (a
-// shorter hello) is refused as that version, not as a short read.
+// TestOldVersionPeer: a rank 0 that speaks version 1 or 2 of the link
+// (shorter hellos) is refused as that version, not as a short read.
 func TestOldVersionPeer(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		c, err := l.Accept()
+	for v, old := range map[int][]byte{
+		// magic, version, rank, size, auth, sum, nonce
+		1: append([]byte{'E', 'X', 'O', 'T', 'P', 1, 0, 0, 2, 0, 0, 0}, make([]byte, 32)...),
+		// … sum, backend [16], nonce
+		2: append([]byte{'E', 'X', 'O', 'T', 'P', 2, 0, 0, 2, 0, 0, 0}, make([]byte, 48)...),
+	} {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return
+			t.Fatal(err)
 		}
-		defer c.Close()
-		// Version 1's hello: magic, version, rank, size, auth, sum, nonce.
-		v1 := append([]byte(linkMagic), 1, 0, 0, 2, 0, 0, 0)
-		c.Write(append(v1, make([]byte, 32)...))
-		io.Copy(io.Discard, c)
-	}()
-	f, err := NewFollower(FollowerConfig{Rank: 1, Size: 2, Leader: l.Addr().String(), Backend: "cpu"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = f.dial(context.Background())
-	if !errors.Is(err, ErrLink) || !strings.Contains(err.Error(), "peer speaks version 1, this runner 2") {
-		t.Fatalf("v1 rank 0: %v", err)
+		defer l.Close()
+		go func() {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			c.Write(old)
+			io.Copy(io.Discard, c)
+		}()
+		f, err := NewFollower(FollowerConfig{Rank: 1, Size: 2, Leader: l.Addr().String(), Backend: "cpu"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = f.dial(context.Background())
+		want := fmt.Sprintf("the peer speaks tensor link version %d, this side 3", v)
+		if !errors.Is(err, ErrLink) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("v%d rank 0: %v, want %q", v, err, want)
+		}
 	}
 }
