@@ -1,7 +1,8 @@
 // Package tensor owns the runtime of a tensor-parallel decode or prefill
 // model served by N runner processes, one per rank (DESIGN.md §13, docs/PROTOCOL.md
-// "Tensor link"): the tensor link (link.go: framed, CRC32C-checked,
-// HMAC-authenticated TCP from each follower rank to rank 0), the calls
+// "Tensor link"): the tensor link (link.go: TCP from each follower rank
+// to rank 0, framed, CRC32C-checked and HMAC-authenticated by
+// runners/internal/link, whose hello carries each rank's backend and group), the calls
 // rank 0 sends over it (call.go), rank 0's Leader and its Model adapter
 // (leader.go, model.go: the decode server drives it as it drives an
 // engine.Model, and a pipeline stage's Ring or Node drives its StageStep

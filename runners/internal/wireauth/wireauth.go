@@ -1,6 +1,6 @@
 // Package wireauth owns the challenge-response construction the runners'
-// TCP protocols share (the KV wire, runners/kvwire, and the stage link,
-// runners/stage): an HMAC-SHA256 with the cluster secret over the
+// TCP protocols share (the KV wire, runners/kvwire, and the stage and
+// tensor links through runners/internal/link): an HMAC-SHA256 with the cluster secret over the
 // protocol's label, the prover's role and both peers' nonces, so the
 // secret never crosses the wire and a proof from one protocol, version or
 // direction is no proof in another. It holds no state and touches no
