@@ -77,17 +77,10 @@ const (
 	CodeCorrupt    = link.CodeCorrupt
 )
 
-// Errors callers branch on (the shared link's: RemoteError maps a peer's
-// codes to them).
+// Errors callers branch on: the shared link layer's (RemoteError maps a
+// peer's codes to them), and ErrDown.
 var (
-	// ErrCorrupt: a frame failed its checks (type, length, CRC, layout).
-	ErrCorrupt = link.ErrCorrupt
-	// ErrAuth: the peers do not share the secret, or one has none.
-	ErrAuth = link.ErrAuth
-	// ErrMismatch: the peer is another model, stage count or layer split.
-	ErrMismatch = link.ErrMismatch
-	// ErrVersion: the peer speaks another protocol or version.
-	ErrVersion = link.ErrVersion
+	ErrCorrupt, ErrAuth, ErrMismatch, ErrVersion = link.ErrCorrupt, link.ErrAuth, link.ErrMismatch, link.ErrVersion
 	// ErrDown: the ring is not whole (a link is down or was lost). It is
 	// gen.ErrUnavailable too: the APIs answer a request it ends 503.
 	ErrDown = gen.Unavailable("stage link: ring down")

@@ -2,6 +2,7 @@ package tensor
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -14,17 +15,9 @@ import (
 )
 
 // The tensor link (docs/PROTOCOL.md "Tensor link"): one TCP connection
-// from each follower rank (the dialer) to rank 0, carrying rank 0's calls
-// to the follower, the follower's acknowledgements and, on the cpu
-// backend, the all_sum partials and sums. Its framing, hello and
-// handshake are runners/internal/link's (as the stage link's): the hello
-// carries the rank, the group's size, the rank's engine backend ("cpu",
-// "mlx-cpu", "mlx-gpu") and the MLX group it sums over (none on the cpu
-// backend: the link; else ring, NCCL or JACCL). Every rank must name the
-// same group: a mismatch is refused, on both sides, naming both ranks'
-// backends. On MLX the ranks link before any joins MLX's group, so that a
-// rank on another backend is refused by name instead of leaving the others
-// waiting in MLX's join.
+// from each follower rank (the dialer) to rank 0, framed, hello'd and
+// authenticated by runners/internal/link, carrying rank 0's calls, the
+// followers' acks and, on the cpu backend, the all_sum partials and sums.
 
 const (
 	linkVersion = 3
@@ -103,12 +96,6 @@ func handshake(conn net.Conn, rank, size int, group, backend string, secret []by
 
 // checkPeer says why peer is not a rank of me's group.
 func checkPeer(me, peer *wire.Hello) error {
-	name := func(b string) string {
-		if b == "" {
-			return "unknown"
-		}
-		return b
-	}
 	switch {
 	case peer.Count != me.Count:
 		return fmt.Errorf("%w: peer rank %d is in a group of %d, this one of %d", wire.ErrMismatch, peer.Index, peer.Count, me.Count)
@@ -117,7 +104,7 @@ func checkPeer(me, peer *wire.Hello) error {
 	}
 	if _, same := wire.Agree(me, peer); !same {
 		return fmt.Errorf("rank %d runs backend %s (sums over %s), rank %d %s (over %s): %w",
-			peer.Index, name(peer.Backend), sumName(peer.Group()), me.Index, name(me.Backend), sumName(me.Group()), ErrMismatch)
+			peer.Index, cmp.Or(peer.Backend, "unknown"), sumName(peer.Group()), me.Index, cmp.Or(me.Backend, "unknown"), sumName(me.Group()), ErrMismatch)
 	}
 	return nil
 }

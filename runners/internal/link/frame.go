@@ -1,5 +1,5 @@
 // Package link owns what the runners' peer-to-peer links share (docs/PROTOCOL.md
-// "Shared framing and hello"): the stage link (runners/stage) and the tensor
+// "Shared link layer"): the stage link (runners/stage) and the tensor
 // link (runners/tensor). That is the frame header (type, length, CRC32C),
 // length limits checked before anything is allocated, fail-closed reading,
 // the frames every link has (AuthProof, AuthOK, Error, Keepalive), the
