@@ -23,13 +23,19 @@ import (
 
 // benchModel returns the model directory to benchmark: $EXO_MLX_BENCH_MODEL
 // (written there first, with SmolLM2-135M's shapes and random weights in
-// $EXO_MLX_BENCH_DTYPE f32|bf16, when it holds no config.json), or a small
-// generated model.
+// $EXO_MLX_BENCH_DTYPE f32|bf16, when it holds no config.json; with
+// $EXO_MLX_BENCH_SHAPE=8b Llama-3-8B's widths, =tiny the small model), or a
+// small generated model.
 func benchModel(b testing.TB) string {
 	dir := os.Getenv("EXO_MLX_BENCH_MODEL")
+	dt := engine.F32
+	if os.Getenv("EXO_MLX_BENCH_DTYPE") == "bf16" {
+		dt = engine.BF16
+	}
+	tiny := testmodel.Spec{Arch: "llama", DType: dt, Seed: 1, Layers: 4, Hidden: 256, Heads: 4, KVHeads: 2, Intermediate: 512, Vocab: 512, MaxPositions: 2048}
 	if dir == "" {
 		dir = filepath.Join(b.TempDir(), "m")
-		if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", DType: engine.F32, Seed: 1, Layers: 4, Hidden: 256, Heads: 4, KVHeads: 2, Intermediate: 512, Vocab: 512, MaxPositions: 2048}); err != nil {
+		if err := testmodel.Write(dir, tiny); err != nil {
 			b.Fatal(err)
 		}
 		return dir
@@ -37,9 +43,11 @@ func benchModel(b testing.TB) string {
 	if _, err := os.Stat(filepath.Join(dir, "config.json")); err == nil {
 		return dir
 	}
-	dt := engine.F32
-	if os.Getenv("EXO_MLX_BENCH_DTYPE") == "bf16" {
-		dt = engine.BF16
+	if os.Getenv("EXO_MLX_BENCH_SHAPE") == "tiny" { // the host-bound model, in a directory mlx-lm can load too
+		if err := testmodel.Write(dir, tiny); err != nil {
+			b.Fatal(err)
+		}
+		return dir
 	}
 	// SmolLM2-135M: 30 layers, width 576, 9 heads of 64 over 3 KV heads,
 	// MLP 1536, vocabulary 49152.
