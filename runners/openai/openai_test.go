@@ -24,6 +24,7 @@ var update = flag.Bool("update", false, "rewrite golden files")
 // real model is exercised by the e2e tests in runners/e2e).
 type scriptGen struct {
 	pieces   []string
+	calls    []scriptCall // reported after pieces, through gen.ToolCallEmitter
 	finish   string
 	failPre  error // returned before Start
 	failPost error // returned after the pieces
@@ -43,10 +44,27 @@ func (g *scriptGen) Generate(ctx context.Context, req *gen.Request, em gen.Emitt
 			return gen.Result{}, err
 		}
 	}
+	for i, c := range g.calls {
+		te := em.(gen.ToolCallEmitter)
+		if err := te.ToolCall(i, fmt.Sprintf("call_%d", i), c.name, ""); err != nil {
+			return gen.Result{}, err
+		}
+		for _, a := range c.args {
+			if err := te.ToolCall(i, "", "", a); err != nil {
+				return gen.Result{}, err
+			}
+		}
+	}
 	if g.failPost != nil {
 		return gen.Result{}, g.failPost
 	}
 	return gen.Result{PromptTokens: 7, CachedTokens: 3, CompletionTokens: len(g.pieces), FinishReason: g.finish}, nil
+}
+
+// scriptCall is one tool call a scriptGen reports, its arguments in pieces.
+type scriptCall struct {
+	name string
+	args []string
 }
 
 func (g *scriptGen) Detokenize(ctx context.Context, ids []int32) (string, error) {
@@ -74,8 +92,14 @@ func (g *scriptGen) Tokenize(ctx context.Context, req *gen.Request) ([]int32, in
 
 func newTestServer(t *testing.T, g gen.Generator) (*httptest.Server, *[]int) {
 	t.Helper()
+	return newTestServerWith(t, g, false)
+}
+
+// newTestServerWith is newTestServer with Handler.AcceptTools set to tools.
+func newTestServerWith(t *testing.T, g gen.Generator, tools bool) (*httptest.Server, *[]int) {
+	t.Helper()
 	var codes []int
-	h := &Handler{Gen: g, Served: []string{"tiny"},
+	h := &Handler{Gen: g, Served: []string{"tiny"}, AcceptTools: tools,
 		Now:      func() time.Time { return time.Unix(1700000000, 0) },
 		NewID:    func(p string) string { return p + "test" },
 		OnResult: func(_ string, code int) { codes = append(codes, code) },

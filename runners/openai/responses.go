@@ -353,26 +353,39 @@ func responsesUsage(res gen.Result) *ResponsesUsage {
 		TotalTokens: res.PromptTokens + res.CompletionTokens}
 }
 
-func finish(o *ResponseObject, res gen.Result, msgID, text string) {
+// finish sets o's final status and usage and returns its items' status.
+func finish(o *ResponseObject, res gen.Result) string {
 	o.Status = "completed"
 	itemStatus := "completed"
 	if res.FinishReason == "length" {
 		o.Status, itemStatus = "incomplete", "incomplete"
 		o.IncompleteDetails = &IncompleteDetails{Reason: "max_output_tokens"}
 	}
-	o.Output = []ResponseItem{{Type: "message", ID: msgID, Status: itemStatus, Role: "assistant",
-		Content: []ResponsePart{{Type: "output_text", Text: text, Annotations: []any{}, Logprobs: []any{}}}}}
 	o.Usage = responsesUsage(res)
+	return itemStatus
+}
+
+// messageItem is the answer's text as an output message.
+func messageItem(msgID, status, text string) ResponseItem {
+	return ResponseItem{Type: "message", ID: msgID, Status: status, Role: "assistant",
+		Content: []ResponsePart{{Type: "output_text", Text: text, Annotations: []any{}, Logprobs: []any{}}}}
 }
 
 // responsesStream writes the Responses streaming events as text arrives.
+// Items are added as their content begins (the message at its first
+// text, each call at its start), numbered in that order, so an answer
+// that is only calls has no empty message item, as the non-streamed
+// output has none.
 type responsesStream struct {
-	sse   *SSEWriter
-	seq   int
-	obj   ResponseObject
-	msgID string
-	text  strings.Builder
-	calls []ToolCallDelta
+	sse      *SSEWriter
+	seq      int
+	obj      ResponseObject
+	msgID    string
+	text     strings.Builder
+	calls    []ToolCallDelta
+	next     int   // the next item's output index
+	msgIndex int   // the message item's output index; -1: not added
+	callAt   []int // each call's output index
 }
 
 func (s *responsesStream) event(typ string, fields map[string]any) error {
@@ -386,22 +399,27 @@ func (s *responsesStream) Start(int) error {
 	if err := s.event("response.created", map[string]any{"response": s.obj}); err != nil {
 		return err
 	}
-	if err := s.event("response.in_progress", map[string]any{"response": s.obj}); err != nil {
-		return err
-	}
-	if err := s.event("response.output_item.added", map[string]any{"output_index": 0,
+	return s.event("response.in_progress", map[string]any{"response": s.obj})
+}
+
+// addMessage adds the message item and its output_text part.
+func (s *responsesStream) addMessage() error {
+	s.msgIndex = s.next
+	s.next++
+	if err := s.event("response.output_item.added", map[string]any{"output_index": s.msgIndex,
 		"item": ResponseItem{Type: "message", ID: s.msgID, Status: "in_progress", Role: "assistant", Content: []ResponsePart{}}}); err != nil {
 		return err
 	}
-	return s.event("response.content_part.added", map[string]any{"item_id": s.msgID, "output_index": 0, "content_index": 0,
+	return s.event("response.content_part.added", map[string]any{"item_id": s.msgID, "output_index": s.msgIndex, "content_index": 0,
 		"part": ResponsePart{Type: "output_text", Text: "", Annotations: []any{}, Logprobs: []any{}}})
 }
 
-// ToolCall implements gen.ToolCallEmitter: a function_call output item after
-// the message, its arguments streamed as deltas.
+// ToolCall implements gen.ToolCallEmitter: a function_call output item,
+// its arguments streamed as deltas.
 func (s *responsesStream) ToolCall(index int, id, name, args string) error {
 	for len(s.calls) <= index {
 		s.calls = append(s.calls, ToolCallDelta{Type: "function"})
+		s.callAt = append(s.callAt, -1)
 	}
 	c := &s.calls[index]
 	if id != "" {
@@ -410,25 +428,57 @@ func (s *responsesStream) ToolCall(index int, id, name, args string) error {
 	c.Function.Name += name
 	c.Function.Arguments += args
 	item := functionCallItems([]ToolCallDelta{*c}, "in_progress")[0]
-	if id != "" {
+	if s.callAt[index] < 0 {
+		s.callAt[index] = s.next
+		s.next++
 		item.Arguments = ""
-		if err := s.event("response.output_item.added", map[string]any{"output_index": index + 1, "item": item}); err != nil {
+		if err := s.event("response.output_item.added", map[string]any{"output_index": s.callAt[index], "item": item}); err != nil {
 			return err
 		}
 	}
 	if args == "" {
 		return nil
 	}
-	return s.event("response.function_call_arguments.delta", map[string]any{"item_id": item.ID, "output_index": index + 1, "delta": args})
+	return s.event("response.function_call_arguments.delta", map[string]any{"item_id": item.ID, "output_index": s.callAt[index], "delta": args})
 }
 
 func (s *responsesStream) Text(t string, _ *gen.TokenLogprob) error {
 	if t == "" {
 		return nil
 	}
+	if s.msgIndex < 0 {
+		if err := s.addMessage(); err != nil {
+			return err
+		}
+	}
 	s.text.WriteString(t)
-	return s.event("response.output_text.delta", map[string]any{"item_id": s.msgID, "output_index": 0, "content_index": 0,
+	return s.event("response.output_text.delta", map[string]any{"item_id": s.msgID, "output_index": s.msgIndex, "content_index": 0,
 		"delta": t, "logprobs": []any{}})
+}
+
+// end closes every item in output order (an answer with nothing at all
+// still gets its empty message) and returns the output.
+func (s *responsesStream) end(status string) []ResponseItem {
+	if s.msgIndex < 0 && len(s.calls) == 0 {
+		_ = s.addMessage()
+	}
+	out := make([]ResponseItem, s.next)
+	if s.msgIndex >= 0 {
+		out[s.msgIndex] = messageItem(s.msgID, status, s.text.String())
+	}
+	for i, it := range functionCallItems(s.calls, status) {
+		out[s.callAt[i]] = it
+	}
+	for i, it := range out {
+		if it.Type == "message" {
+			_ = s.event("response.output_text.done", map[string]any{"item_id": it.ID, "output_index": i, "content_index": 0, "text": it.Content[0].Text, "logprobs": []any{}})
+			_ = s.event("response.content_part.done", map[string]any{"item_id": it.ID, "output_index": i, "content_index": 0, "part": it.Content[0]})
+		} else {
+			_ = s.event("response.function_call_arguments.done", map[string]any{"item_id": it.ID, "output_index": i, "arguments": it.Arguments})
+		}
+		_ = s.event("response.output_item.done", map[string]any{"output_index": i, "item": it})
+	}
+	return out
 }
 
 func (h *Handler) responses(w http.ResponseWriter, r *http.Request) {
@@ -468,14 +518,24 @@ func (h *Handler) responses(w http.ResponseWriter, r *http.Request) {
 			h.fail(w, g.Model, AsRequestError(r.Context(), err))
 			return
 		}
-		finish(&obj, res, msgID, be.b.String())
-		obj.Output = append(obj.Output, functionCallItems(be.calls, obj.Output[0].Status)...)
+		status := finish(&obj, res)
+		// the message holds the text; an answer that is only calls has none
+		msg := []ResponseItem{messageItem(msgID, status, be.b.String())}
+		calls := functionCallItems(be.calls, status)
+		switch {
+		case be.b.Len() == 0 && len(calls) > 0:
+			obj.Output = calls
+		case be.callsFirst:
+			obj.Output = append(calls, msg...)
+		default:
+			obj.Output = append(msg, calls...)
+		}
 		writeJSON(w, http.StatusOK, obj)
 		h.result(g.Model, http.StatusOK)
 		return
 	}
 	sse := NewSSEWriter(w)
-	st := &responsesStream{sse: sse, obj: obj, msgID: msgID}
+	st := &responsesStream{sse: sse, obj: obj, msgID: msgID, msgIndex: -1}
 	res, err := h.Gen.Generate(r.Context(), g, st)
 	if err != nil {
 		oe := AsRequestError(r.Context(), err)
@@ -496,17 +556,7 @@ func (h *Handler) responses(w http.ResponseWriter, r *http.Request) {
 		h.result(g.Model, code)
 		return
 	}
-	text := st.text.String()
-	finish(&obj, res, msgID, text)
-	part := obj.Output[0].Content[0]
-	_ = st.event("response.output_text.done", map[string]any{"item_id": msgID, "output_index": 0, "content_index": 0, "text": text, "logprobs": []any{}})
-	_ = st.event("response.content_part.done", map[string]any{"item_id": msgID, "output_index": 0, "content_index": 0, "part": part})
-	_ = st.event("response.output_item.done", map[string]any{"output_index": 0, "item": obj.Output[0]})
-	for i, it := range functionCallItems(st.calls, obj.Output[0].Status) {
-		_ = st.event("response.function_call_arguments.done", map[string]any{"item_id": it.ID, "output_index": i + 1, "arguments": it.Arguments})
-		_ = st.event("response.output_item.done", map[string]any{"output_index": i + 1, "item": it})
-		obj.Output = append(obj.Output, it)
-	}
+	obj.Output = st.end(finish(&obj, res))
 	done := "response.completed"
 	if obj.Status == "incomplete" {
 		done = "response.incomplete"

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -114,5 +115,86 @@ func TestResponsesToolsKeptWhenAccepted(t *testing.T) {
 	}
 	if e := responsesItemTypes([]byte(body), false); e == nil || e.Param != "input[1].type" {
 		t.Fatalf("without AcceptTools: %v", e)
+	}
+}
+
+// TestResponsesStreamMatchesCreate: a streamed response ends with the
+// non-streamed one's output, its items added at the output indices they
+// end at and its deltas sent to those; an answer that is only function
+// calls has no (empty) message item before them, as OpenAI's has none.
+func TestResponsesStreamMatchesCreate(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		gen   scriptGen
+		types []string
+	}{
+		{"text", scriptGen{pieces: []string{"Hel", "lo"}, finish: "stop"}, []string{"message"}},
+		{"nothing", scriptGen{finish: "stop"}, []string{"message"}},
+		{"calls only", scriptGen{calls: []scriptCall{{"get_weather", []string{`{"city":`, `"Paris"}`}}, {"get_time", nil}}, finish: "tool_calls"},
+			[]string{"function_call", "function_call"}},
+		{"text then call", scriptGen{pieces: []string{"Checking."}, calls: []scriptCall{{"get_weather", []string{`{}`}}}, finish: "tool_calls"},
+			[]string{"message", "function_call"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			g := c.gen
+			srv, _ := newTestServerWith(t, &g, true)
+			req := `{"model":"tiny","input":"hi",%s"tools":[{"type":"function","name":"get_weather","parameters":{"type":"object"}},{"type":"function","name":"get_time","parameters":{"type":"object"}}]}`
+			resp, body := post(t, srv.URL+"/v1/responses", fmt.Sprintf(req, ""))
+			var created struct{ Output []map[string]any }
+			if err := json.Unmarshal([]byte(body), &created); resp.StatusCode != 200 || err != nil {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+			var types []string
+			for _, it := range created.Output {
+				types = append(types, it["type"].(string))
+			}
+			if fmt.Sprint(types) != fmt.Sprint(c.types) {
+				t.Fatalf("output items %v, want %v: %s", types, c.types, body)
+			}
+			g = c.gen
+			resp, stream := post(t, srv.URL+"/v1/responses", fmt.Sprintf(req, `"stream":true,`))
+			if resp.StatusCode != 200 {
+				t.Fatalf("%d %s", resp.StatusCode, stream)
+			}
+			var final []map[string]any
+			added := map[float64]string{} // output index → item type
+			for _, line := range strings.Split(stream, "\n") {
+				data, ok := strings.CutPrefix(line, "data: ")
+				if !ok {
+					continue
+				}
+				var ev map[string]any
+				if err := json.Unmarshal([]byte(data), &ev); err != nil {
+					t.Fatal(err)
+				}
+				idx, hasIdx := ev["output_index"].(float64)
+				switch ev["type"] {
+				case "response.output_item.added":
+					if _, dup := added[idx]; dup || int(idx) != len(added) {
+						t.Fatalf("item added at output index %v after %d items", idx, len(added))
+					}
+					added[idx] = ev["item"].(map[string]any)["type"].(string)
+				case "response.output_text.delta", "response.content_part.added":
+					if added[idx] != "message" {
+						t.Fatalf("%s at output index %v, a %q", ev["type"], idx, added[idx])
+					}
+				case "response.function_call_arguments.delta":
+					if added[idx] != "function_call" {
+						t.Fatalf("arguments delta at output index %v, a %q", idx, added[idx])
+					}
+				case "response.completed", "response.incomplete":
+					b, _ := json.Marshal(ev["response"].(map[string]any)["output"])
+					_ = json.Unmarshal(b, &final)
+				}
+				if hasIdx && int(idx) >= len(c.types) {
+					t.Fatalf("output index %v of %d items", idx, len(c.types))
+				}
+			}
+			want, _ := json.Marshal(created.Output)
+			got, _ := json.Marshal(final)
+			if string(want) != string(got) {
+				t.Fatalf("stream ends with %s\ncreate gives    %s", got, want)
+			}
+		})
 	}
 }

@@ -64,6 +64,10 @@ with client.messages.stream(model=model, max_tokens=100, extra_body={"temperatur
     smsg = stream.get_final_message()
 suse = [b for b in smsg.content if b.type == "tool_use"][0]
 assert {"name": suse.name, "input": suse.input} == out["tool_use"], (suse, use)
+# the streamed message has the created one's blocks: no empty text block before the tool_use (the Messages API
+# refuses an empty text block when such a turn is sent back)
+assert [b.type for b in smsg.content] == [b.type for b in msg.content], (smsg.content, msg.content)
+assert not any(b.type == "text" and not b.text for b in smsg.content), smsg.content
 final = client.messages.create(model=model, max_tokens=30, extra_body={"temperature": 0}, tools=tools, messages=q + [
     {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in msg.content]},
     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "18 C and sunny"}]}])
