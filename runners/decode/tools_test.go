@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -400,4 +401,56 @@ func TestToolCallMessageContentNull(t *testing.T) {
 	if c, ok := out.Choices[0].Message["content"]; !ok || string(c) != "null" {
 		t.Fatalf("content %q (present %v), want null", c, ok)
 	}
+}
+
+// TestAutoToolChoiceSingleCall: tool_choice auto with parallel_tool_calls
+// false ends the answer once its first call closes (at most one call, as
+// OpenAI defines it); with parallel calls allowed the text goes on.
+func TestAutoToolChoiceSingleCall(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "tiny")
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 1}); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := chat.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &Grammars{Text: NewText(tok, tmpl)}
+	no, yes := false, true
+	for _, c := range []struct {
+		parallel *bool
+		doneWant bool
+	}{{&no, true}, {&yes, false}, {nil, false}} {
+		cons, err := g.NewConstraint(&gen.Request{Chat: true, Tools: apiTools(t, weatherTools), ParallelToolCalls: c.parallel}, chat.Start{})
+		if err != nil || cons == nil {
+			t.Fatalf("NewConstraint: %v %v", cons, err)
+		}
+		logits := make([]float32, tok.VocabSize())
+		for _, id := range tok.Encode("Checking. <tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>") {
+			if cons.Done() {
+				t.Fatalf("parallel_tool_calls %s: done before the call closed", fmtBool(c.parallel))
+			}
+			if err := cons.Mask(logits); err != nil {
+				t.Fatal(err)
+			}
+			if err := cons.Accept(id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if cons.Done() != c.doneWant {
+			t.Errorf("parallel_tool_calls %s: done %v after the first call, want %v", fmtBool(c.parallel), cons.Done(), c.doneWant)
+		}
+		cons.(interface{ Close() }).Close()
+	}
+}
+
+func fmtBool(b *bool) string {
+	if b == nil {
+		return "unset"
+	}
+	return fmt.Sprint(*b)
 }

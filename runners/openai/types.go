@@ -27,8 +27,8 @@
 // model's own distribution (before sampling transforms).
 //
 // Accepted without effect (documented allow-list): user, metadata,
-// store: false, parallel_tool_calls, tool_choice "none"/"auto" without
-// tools, response_format {"type":"text"}. tools, forced tool_choice and
+// store: false, parallel_tool_calls and tool_choice "none"/"auto"
+// without tools, response_format {"type":"text"}. tools, forced tool_choice and
 // json_object/json_schema formats are parsed into gen.Request (the seam for
 // constrained decoding) and refused until Handler.AcceptTools is set.
 //
