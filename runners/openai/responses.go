@@ -220,20 +220,30 @@ func (h *Handler) convertResponses(r *ResponsesRequest) (*gen.Request, *Error) {
 		if e.Param == "max_tokens" {
 			e.Param, e.Message = "max_output_tokens", strings.ReplaceAll(e.Message, "max_tokens", "max_output_tokens")
 		}
-		// point at input[i]: instructions are message 0 when given
-		var i int
-		var rest string
-		if n, _ := fmt.Sscanf(e.Param, "messages[%d]%s", &i, &rest); n >= 1 && r.Input.Items != nil {
-			off := 0
-			if r.Instructions != nil {
-				off = 1
-			}
-			e.Message = strings.ReplaceAll(e.Message, fmt.Sprintf("messages[%d]", i), fmt.Sprintf("input[%d]", i-off))
-			e.Param = fmt.Sprintf("input[%d]%s", i-off, rest)
-		}
-		return nil, e
+		return nil, inputParam(e, r)
 	}
 	return g, nil
+}
+
+// inputParam renames an error's chat field to the Responses API's:
+// "messages" is input, messages[i] is input[i] (instructions are message
+// 0 when given).
+func inputParam(e *Error, r *ResponsesRequest) *Error {
+	if e.Param == "messages" {
+		e.Param = "input"
+		return e
+	}
+	var i int
+	var rest string
+	if n, _ := fmt.Sscanf(e.Param, "messages[%d]%s", &i, &rest); n >= 1 && r.Input.Items != nil {
+		off := 0
+		if r.Instructions != nil {
+			off = 1
+		}
+		e.Message = strings.ReplaceAll(e.Message, fmt.Sprintf("messages[%d]", i), fmt.Sprintf("input[%d]", i-off))
+		e.Param = fmt.Sprintf("input[%d]%s", i-off, rest)
+	}
+	return e
 }
 
 // ResponseObject is a Responses API response.
@@ -515,7 +525,7 @@ func (h *Handler) responses(w http.ResponseWriter, r *http.Request) {
 		var be bufferEmitter
 		res, err := h.Gen.Generate(r.Context(), g, &be)
 		if err != nil {
-			h.fail(w, g.Model, AsRequestError(r.Context(), err))
+			h.fail(w, g.Model, inputParam(AsRequestError(r.Context(), err), &req))
 			return
 		}
 		status := finish(&obj, res)
@@ -538,7 +548,7 @@ func (h *Handler) responses(w http.ResponseWriter, r *http.Request) {
 	st := &responsesStream{sse: sse, obj: obj, msgID: msgID, msgIndex: -1}
 	res, err := h.Gen.Generate(r.Context(), g, st)
 	if err != nil {
-		oe := AsRequestError(r.Context(), err)
+		oe := inputParam(AsRequestError(r.Context(), err), &req)
 		if !sse.Started() {
 			h.fail(w, g.Model, oe)
 			return

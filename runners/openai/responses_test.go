@@ -198,3 +198,19 @@ func TestResponsesStreamMatchesCreate(t *testing.T) {
 		})
 	}
 }
+
+// TestResponsesGeneratorErrorsNameInput: an error the generator blames on
+// the chat messages (a prompt over the context) names the Responses
+// API's own field, input.
+func TestResponsesGeneratorErrorsNameInput(t *testing.T) {
+	g := &scriptGen{failPre: &Error{Status: 400, Type: "invalid_request_error", Param: "messages", Code: "context_length_exceeded",
+		Message: "the prompt has 9000 tokens; this model's context is 8192 tokens"}}
+	srv, _ := newTestServer(t, g)
+	for _, stream := range []string{"false", "true"} {
+		resp, body := post(t, srv.URL+"/v1/responses", `{"model":"tiny","input":"hi","stream":`+stream+`}`)
+		var eb ErrorBody
+		if err := json.Unmarshal([]byte(body), &eb); err != nil || resp.StatusCode != 400 || eb.Error.Param == nil || *eb.Error.Param != "input" {
+			t.Errorf("stream %s: %d %s, want 400 naming input", stream, resp.StatusCode, body)
+		}
+	}
+}
