@@ -115,6 +115,18 @@ func TestMessagesGolden(t *testing.T) {
 	}
 }
 
+// TestNullFieldsAreAbsent: a field this server does not implement, sent
+// as null (clients that write every field of their model), asks for
+// nothing and is served; with a value it is refused (TestErrors).
+func TestNullFieldsAreAbsent(t *testing.T) {
+	g := &scriptGen{pieces: []string{"ok"}, res: gen.Result{FinishReason: "stop"}}
+	code, body := post(t, serve(t, g), `{"model":"tiny","max_tokens":5,"thinking":null,"service_tier":null,"container":null,
+		"messages":[{"role":"user","content":[{"type":"text","text":"hi","citations":null}]}]}`)
+	if code != 200 || g.got == nil {
+		t.Fatalf("%d %s", code, body)
+	}
+}
+
 func TestConversion(t *testing.T) {
 	g := &scriptGen{res: gen.Result{FinishReason: "length"}}
 	code, body := post(t, serve(t, g), `{"model":"tiny","max_tokens":7,"temperature":0.5,"top_k":3,"metadata":{"user_id":"u"},

@@ -82,6 +82,10 @@ func TestAcceptedFields(t *testing.T) {
 		{"tool history", `{"model":"tiny","messages":[{"role":"user","content":"weather?"},
 			{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},
 			{"role":"tool","tool_call_id":"call_1","content":"18C"}]}`},
+		// a null asks for nothing: clients that write every field of their
+		// model (null when unset) are served, at any depth
+		{"null unknown fields", `{"model":"tiny","messages":[{"role":"user","content":[{"type":"text","text":"hi","cache_control":null}],"audio":null}],
+			"audio":null,"functions":null,"function_call":null,"service_tier":null,"prediction":null,"reasoning_effort":null,"web_search_options":null}`},
 	}
 	for _, c := range cases {
 		gen := &scriptGen{pieces: []string{"ok"}, finish: "stop"}

@@ -22,7 +22,9 @@ const MaxBodyBytes = 32 << 20
 // Shape lists the JSON object keys a request may carry, recursively: the
 // value of a key is the shape of its value (nil: not checked here), and a
 // shape applies to every element of an array. Keys outside it get a 400
-// naming them, so no field is silently ignored.
+// naming them, so no field is silently ignored; one whose value is null
+// asks for nothing and passes, as if absent (clients that write every
+// field of their request model send null for those they leave unset).
 type Shape map[string]Shape
 
 var (
@@ -106,6 +108,9 @@ func (s Shape) check(v any, path string) string {
 			}
 			sub, ok := s[k]
 			if !ok {
+				if x[k] == nil {
+					continue // null asks for nothing: as if absent
+				}
 				return p
 			}
 			if q := sub.check(x[k], p); q != "" {
