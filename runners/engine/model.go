@@ -581,23 +581,11 @@ func (m *Model) forwardBatchLocked(ctx context.Context, caches []KVCache, tokens
 		}
 		starts[i], toks[i] = c.Len(), tokens[i:i+1]
 	}
-	for _, c := range caches {
-		beginStep(c, 1)
-	}
-	m.scr.flat = dst
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err != nil {
-			for i, c := range caches {
-				truncateHeld(c, starts[i])
-			}
-		}
-		m.b.Free()
-	}()
-	defer recoverInto(&err, "forward batch")
-	return m.stepSeqs(caches, toks, lastRows)
+	m.scr.flat = dst
+	return m.guardedSeqs(caches, starts, toks, lastRows, "forward batch")
 }
 
 // ForwardAllInto runs tokens at positions c.Len()… in one step, appends
@@ -681,20 +669,8 @@ func (m *Model) ForwardBatchAllInto(ctx context.Context, caches []KVCache, token
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	for i, c := range caches {
-		beginStep(c, len(tokens[i]))
-	}
 	m.scr.flat = dst
-	defer func() {
-		if err != nil {
-			for i, c := range caches {
-				truncateHeld(c, starts[i])
-			}
-		}
-		m.b.Free()
-	}()
-	defer recoverInto(&err, "forward batch all")
-	return m.stepSeqs(caches, tokens, everyRow)
+	return m.guardedSeqs(caches, starts, tokens, everyRow, "forward batch all")
 }
 
 // Prefill runs tokens in chunks of at most chunk tokens (0: 512), calling
@@ -741,6 +717,25 @@ func (m *Model) Prefill(ctx context.Context, c KVCache, tokens []int32, chunk in
 		}
 	}
 	return nil
+}
+
+// guardedSeqs is guarded for one step of several sequences: toks[i] on
+// caches[i], which holds starts[i] positions; on an error or a panic every
+// cache is truncated to where it was.
+func (m *Model) guardedSeqs(caches []KVCache, starts []int, toks [][]int32, want logitRows, op string) (logits [][]float32, err error) {
+	for i, c := range caches {
+		beginStep(c, len(toks[i]))
+	}
+	defer func() {
+		if err != nil {
+			for i, c := range caches {
+				truncateHeld(c, starts[i])
+			}
+		}
+		m.b.Free()
+	}()
+	defer recoverInto(&err, op)
+	return m.stepSeqs(caches, toks, want)
 }
 
 func (m *Model) guardedStep(c KVCache, tokens []int32) error {
