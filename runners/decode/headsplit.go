@@ -26,14 +26,8 @@ import (
 
 // parseHeads parses "H0:H1" (0 ≤ H0 < H1).
 func parseHeads(s string) (a, b int, err error) {
-	x, y, ok := strings.Cut(s, ":")
-	if ok {
-		a, err = strconv.Atoi(x)
-		if err == nil {
-			b, err = strconv.Atoi(y)
-		}
-	}
-	if !ok || err != nil || a < 0 || b <= a {
+	a, b, ok := cutInts(s, ":")
+	if !ok || a < 0 || b <= a {
 		return 0, 0, fmt.Errorf("kv heads %q: want H0:H1 with 0 ≤ H0 < H1", s)
 	}
 	return a, b, nil
@@ -41,17 +35,22 @@ func parseHeads(s string) (a, b int, err error) {
 
 // parseRank parses "I/N" (0 ≤ I < N).
 func parseRank(s string) (i, n int, err error) {
-	x, y, ok := strings.Cut(s, "/")
-	if ok {
-		i, err = strconv.Atoi(x)
-		if err == nil {
-			n, err = strconv.Atoi(y)
-		}
-	}
-	if !ok || err != nil || n < 1 || i < 0 || i >= n {
+	i, n, ok := cutInts(s, "/")
+	if !ok || n < 1 || i < 0 || i >= n {
 		return 0, 0, fmt.Errorf("tensor rank %q: want I/N with 0 ≤ I < N", s)
 	}
 	return i, n, nil
+}
+
+// cutInts parses "A<sep>B" as two integers.
+func cutInts(s, sep string) (a, b int, ok bool) {
+	x, y, ok := strings.Cut(s, sep)
+	if !ok {
+		return 0, 0, false
+	}
+	a, err1 := strconv.Atoi(x)
+	b, err2 := strconv.Atoi(y)
+	return a, b, err1 == nil && err2 == nil
 }
 
 // headParts resolves ADDR#I/N parts into KV heads of a model with
