@@ -73,6 +73,12 @@ func serveTinyDir(t *testing.T, dir string, configure func(text Text, o *Options
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveTinyOn(t, b, dir, configure)
+}
+
+// serveTinyOn is serveTinyDir on backend b.
+func serveTinyOn(t *testing.T, b engine.Backend, dir string, configure func(text Text, o *Options)) *tinyServer {
+	t.Helper()
 	m, err := engine.Load(context.Background(), dir, b, engine.LoadOptions{})
 	if err != nil {
 		t.Fatal(err)

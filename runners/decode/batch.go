@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -461,59 +462,131 @@ func (b *batcher) stepAll(batch []*stepReq, caches []engine.KVCache, sc allScrat
 	return sc
 }
 
-// batchCost is a batcher's measure of what verifying drafts costs its
-// steps: a plain step's time by batch size (every member one position),
-// and an extra position's cost — what a step of P positions and B
-// sequences takes beyond the plain step of B, per extra position, over
-// one sequence's share of that plain step (B·(T/plain(B) − 1)/(P − B)) —
-// averaged over every verifying step, whichever member drafted. Every
-// member waits for the positions any of them verifies, so a member's
-// draft pays only if it yields more than that cost for every position.
+// batchCost is what a step of the batch takes by its total positions P
+// (every member one, a member verifying k drafts k+1). A member choosing
+// its draft length weighs the tokens it expects against what its
+// positions add to the step every member waits for, at the size that step
+// will have (line): an extra position costs more in a larger step on a
+// compute-bound backend (0.33 of a sequence's share at 12 positions, 0.68
+// at 36 on the cpu backend with SmolLM2), so one average cost drafts too
+// much in a full batch and too little alone.
+//
+// What an extra position costs is measured between consecutive steps of
+// different sizes (a fraction of a second apart, so under the same load):
+// the larger one's time over the smaller's, less 1, per position — a
+// share of the step's time, which a load that slows every step alike
+// leaves as it is; line takes the median of the latest such pairs around
+// the size asked about. A size's own time is the median of its latest
+// steps (it scales a draft model's forward against the step). A least-squares fit of times against sizes
+// measured at different moments read a position as free under this
+// machine's changing load; medians of time-paired differences follow
+// neither a spike nor a drift.
+//
 // With every member drafting there would be no plain step to measure
 // against: the batch asks its members for one (plainDue) when its size
-// has none yet and every batchRemeasure steps.
+// has none yet and every batchRemeasure steps. It also keeps the batch's
+// share of drafted tokens accepted (a member counts the others' expected
+// tokens with it).
 type batchCost struct {
 	mu    sync.Mutex
-	plain []float64 // a plain step's seconds by batch size (moving averages; 0: unmeasured)
-	cost  float64   // an extra position's cost (moving average)
-	n     int       // verifying steps measured
-	since int       // steps since the last plain one
-	due   bool      // the members' next step should be plain
+	t     []posSamples // by P: the latest step times (seconds)
+	since int          // steps since the last plain one
+	due   bool         // the members' next step should be plain
+	// drafted and accepted: decayed counts of the members' drafted
+	// tokens and those accepted (prior: half).
+	drafted, accepted float64
+	// pairs: the latest consecutive steps' sizes and relative cost per
+	// position (a ring, np written so far); prev: the last step.
+	pairs   [costPairs]costPair
+	np      int
+	prevP   int
+	prevT   float64
+	prevAt  time.Time
+	scratch []float64
 }
+
+// costSamples: the step times kept per size (their median is the size's).
+const costSamples = 9
+
+// costPairs: the consecutive-step pairs kept; costMinPairs: fewer around
+// the size asked about and line takes every pair kept.
+const (
+	costPairs    = 256
+	costMinPairs = 5
+)
+
+// costPairGap: consecutive steps further apart than this (idle between)
+// are not paired.
+const costPairGap = 200 * time.Millisecond
 
 // batchRemeasure: every so many steps of a batch one is plain (its
 // members draft nothing), to keep the plain step's time measured.
 const batchRemeasure = 32
 
+// maxCostPositions bounds the sizes batchCost keeps (a larger step counts
+// as this one).
+const maxCostPositions = 1024
+
+// costSlopeFloor: an extra position costs at least this share of a
+// position's average time (a step bound by reading the weights is close
+// to it).
+const costSlopeFloor = 0.02
+
+// costPrior: an extra position's cost, in a position's average, until two
+// sizes have been paired.
+const costPrior = 0.25
+
+// costWindow: line takes the pairs within this many positions of the
+// range it is asked about.
+const costWindow = 4
+
+type posSamples struct {
+	s [costSamples]float64
+	n int
+}
+
+func (p *posSamples) add(t float64) {
+	p.s[p.n%costSamples] = t
+	p.n++
+}
+
+func (p *posSamples) median() float64 {
+	var v [costSamples]float64
+	n := copy(v[:], p.s[:min(p.n, costSamples)])
+	return median(v[:n])
+}
+
+// costPair is two consecutive steps: their sizes and what a position
+// adds to the smaller one, a share of its time (d).
+type costPair struct {
+	lo, hi int
+	d      float64
+}
+
 func (c *batchCost) observe(st stepStat) {
-	t, B, P := st.took.Seconds(), max(st.seqs, 1), st.positions
+	t, B, P := st.took.Seconds(), max(st.seqs, 1), min(max(st.positions, 1), maxCostPositions)
+	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.plain) <= B {
-		c.plain = append(c.plain, make([]float64, B+1-len(c.plain))...)
+	if len(c.t) <= P {
+		c.t = append(c.t, make([]posSamples, P+1-len(c.t))...)
 	}
-	p := &c.plain[B]
-	if P <= B {
-		if *p == 0 {
-			*p = t
-		} else {
-			*p += specAlpha * (t - *p)
+	c.t[P].add(t)
+	if c.prevP > 0 && c.prevP != P && now.Sub(c.prevAt)-st.took < costPairGap && t > 0 && c.prevT > 0 {
+		lo, hi, tl, th := c.prevP, P, c.prevT, t
+		if lo > hi {
+			lo, hi, tl, th = hi, lo, th, tl
 		}
+		c.pairs[c.np%costPairs] = costPair{lo, hi, (th/tl - 1) / float64(hi-lo)}
+		c.np++
+	}
+	c.prevP, c.prevT, c.prevAt = P, t, now
+	if P <= B {
 		c.since, c.due = 0, false
 		return
 	}
 	c.since++
-	c.due = *p == 0 || c.since >= batchRemeasure
-	if *p == 0 {
-		return
-	}
-	x := min(max(float64(B)*(t / *p - 1)/float64(P-B), 0), 4)
-	if c.n == 0 {
-		c.cost = x
-	} else {
-		c.cost += specAlpha * (x - c.cost)
-	}
-	c.n++
+	c.due = B >= len(c.t) || c.t[B].n == 0 || c.since >= batchRemeasure
 }
 
 // plainDue reports whether the batch wants its members' next step plain.
@@ -523,14 +596,105 @@ func (c *batchCost) plainDue() bool {
 	return c.due
 }
 
-// at is the measure for a batch of B sequences: a plain step's seconds
-// per sequence, and an extra position's cost in those units; ok false
-// until both are measured.
-func (c *batchCost) at(B int) (step, cost float64, ok bool) {
+// verified counts a member's verification: k drafted tokens, ok of them
+// accepted.
+func (c *batchCost) verified(k, ok int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.n == 0 || B >= len(c.plain) || c.plain[B] == 0 {
+	if c.drafted == 0 {
+		c.drafted, c.accepted = 2, 1
+	}
+	c.drafted = batchDecay*c.drafted + float64(k)
+	c.accepted = batchDecay*c.accepted + float64(ok)
+}
+
+// batchDecay: the weight of the past in the batch's acceptance, per
+// verification of any member.
+const batchDecay = 0.95
+
+// acceptance is the batch's share of drafted tokens accepted.
+func (c *batchCost) acceptance() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.drafted == 0 {
+		return 0.5
+	}
+	return c.accepted / c.drafted
+}
+
+// line is what a step of P0 + k positions takes, in seconds, as t0 +
+// slope·k for k from 0 to span; ok false while no step is measured. The
+// slope, a share ρ of t0, is the median over the pairs kept within
+// costWindow of P0 … P0 + span (every pair when fewer than costMinPairs
+// are there) of each pair's d moved from its smaller size to P0 (d/(1 +
+// d·(P0 − lo)): exact where a step's time is linear in its positions);
+// costPrior of a position's share when nothing is paired, at least
+// costSlopeFloor of it. t0 is the median time of the measured size nearest
+// P0, moved to P0 along the slope.
+func (c *batchCost) line(P0, span int) (t0, slope float64, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	q := 0 // the measured size nearest P0
+	for p := 1; p < len(c.t); p++ {
+		if c.t[p].n > 0 && (q == 0 || abs(p-P0) < abs(q-P0)) {
+			q = p
+		}
+	}
+	if q == 0 {
 		return 0, 0, false
 	}
-	return c.plain[B] / float64(B), c.cost, true
+	pairs := c.pairs[:min(c.np, costPairs)]
+	at := func(sl []float64, pr costPair) []float64 {
+		if x := 1 + pr.d*float64(P0-pr.lo); x > 0 {
+			sl = append(sl, pr.d/x)
+		}
+		return sl
+	}
+	lo, hi := P0-costWindow, P0+span+costWindow
+	sl := c.scratch[:0]
+	for _, pr := range pairs {
+		if pr.lo >= lo && pr.hi <= hi {
+			sl = at(sl, pr)
+		}
+	}
+	if len(sl) < costMinPairs {
+		sl = sl[:0]
+		for _, pr := range pairs {
+			sl = at(sl, pr)
+		}
+	}
+	rho := costPrior / float64(P0)
+	if len(sl) > 0 {
+		rho = max(median(sl), costSlopeFloor/float64(P0))
+	}
+	c.scratch = sl
+	x := 1 + rho*float64(q-P0)
+	if x <= 0 {
+		return 0, 0, false
+	}
+	t0 = c.t[q].median() / x
+	return t0, rho * t0, true
+}
+
+func abs(x int) int { return max(x, -x) }
+
+// steps returns how many steps of each size were measured (index P).
+func (c *batchCost) steps() []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := make([]int, len(c.t))
+	for p := range c.t {
+		n[p] = c.t[p].n
+	}
+	return n
+}
+
+// median sorts v and returns its median (v not empty).
+func median(v []float64) float64 {
+	slices.Sort(v)
+	n := len(v)
+	if n%2 == 1 {
+		return v[n/2]
+	}
+	return (v[n/2-1] + v[n/2]) / 2
 }

@@ -813,7 +813,7 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 				switch {
 				case err != nil:
 				case s.batchVerify(mem):
-					sp.observeBatch(out.stat)
+					sp.observeBatch(out.stat, 1)
 				default:
 					sp.observe(1, time.Since(t1))
 				}
@@ -904,7 +904,7 @@ func (s *Server) verifyBatched(ctx context.Context, mem *member, sp *speculator,
 		sp.draft = sp.draft[:0]
 		return nil, err
 	}
-	sp.observeBatch(st)
+	sp.observeBatch(st, len(feed))
 	return sp.begin(flat, len(pre)), nil
 }
 

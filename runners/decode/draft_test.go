@@ -259,7 +259,7 @@ func TestDraftingStopsWhenProbesCost(t *testing.T) {
 	}{{0.01, false}, {0.2, true}} {
 		sp := newSpeculator(nil, 0, 8)
 		sp.d = &drafter{step: 0.1, catch: c.catch}
-		sp.step, sp.cost = 1, 0.5
+		linearSteps(&sp.own, 1, 0.5, 10)
 		sp.ok[0], sp.fail[0] = 1, 9 // acceptance 0.1: drafting does not pay
 		probes := 0
 		for range 40 {

@@ -14,9 +14,11 @@ import (
 // Speculative decoding by prompt lookup (and the verification a draft
 // model's drafts share: see draft.go).
 //
-// After each sampled token the generation looks for the latest earlier
-// occurrence of the history's last n tokens (n from 3 down to 1) in the
-// prompt and the output so far and drafts the k tokens that followed it.
+// After each sampled token the generation looks for the earlier place in
+// the prompt and the output so far that ends with the longest run of the
+// history's last tokens (the latest of equally long ones) and drafts the k
+// tokens that followed it: an answer that copies a file keeps matching the
+// place it copies from, however often its lines recur elsewhere.
 // The token and its draft go through the model in one forward, which
 // returns the logits after each of them: the batch's step, shared with the
 // other generations' (the batcher runs every member's chunk in one
@@ -169,19 +171,21 @@ func (sp *speculator) pick(p *Picker, logits []float32) (Picked, error) {
 }
 
 // speculator is one generation's prompt-lookup state: what it has
-// measured of drafting (acceptance by n-gram length, the cost of a
-// verification against a plain step), the verification in progress and
-// its counts.
+// measured of drafting (acceptance by match length), the step it drafts
+// into, the verification in progress and its counts.
 //
 // How many tokens to draft is chosen per step by expected tokens per unit
-// of time: with acceptance a (per drafted token, given the ones before it
-// were accepted) a draft of k yields 1 + a + … + a^k tokens for a forward
-// that costs 1 + c·k plain steps, c the measured cost of an extra position
-// (close to 0 where a step is bound by reading the weights, larger on a
-// compute-bound cpu). The k that maximizes the ratio is drafted when the
-// ratio is above 1 with a margin; otherwise the step is plain, and that
-// n-gram length is probed with one drafted token after 1, 2, 4 … 64 plain
-// steps, so that a workload drafting cannot help pays almost nothing.
+// of time of the whole step: with acceptance a (per drafted token, given
+// the ones before it were accepted) a draft of k yields 1 + a + … + a^k
+// tokens, and the other members of the step (Bo sequences, Po positions
+// in the generation's last step) yield G = Bo + (Po − Bo)·(the batch's
+// acceptance); the step takes T(Po + 1 + k), from batchCost's line
+// through the measured times of steps of about that many positions. The k that maximizes (G + tokens)/T is
+// drafted when that beats a plain step's (G + 1)/T(Po + 1) by a margin
+// (specMargin's, shared by the step's expected tokens); otherwise the
+// step is plain, and that match length is probed with one drafted token
+// after 1, 2, 4 … 64 plain steps, so that a workload drafting cannot help
+// pays almost nothing. Alone, G is 0 and T the generation's own steps.
 type speculator struct {
 	v     verifier
 	vocab int
@@ -190,30 +194,27 @@ type speculator struct {
 	force bool     // Options.specForce
 
 	// ok and fail: decayed counts of drafted tokens accepted and of
-	// verifications that ended in a rejection, by n-gram length (1–3;
-	// 0: a draft model's drafts).
-	ok, fail [4]float64
-	// wait and gap: the plain steps left before that length is probed
+	// verifications that ended in a rejection, by match class (matchClass:
+	// 1–5; 0: a draft model's drafts).
+	ok, fail [matchClasses]float64
+	// wait and gap: the plain steps left before that class is probed
 	// again, and the current gap.
-	wait, gap [4]int
-	// step: a plain step's seconds, per sequence of its batch (its batch
-	// size's plain step over that size; moving average; 0: unmeasured).
-	step float64
-	// stepB: a plain batch step's seconds by batch size (moving averages;
-	// 0: unmeasured). Alone, stepB[1] is step.
-	stepB []float64
-	// cost: an extra verified position's cost, in plain steps per
-	// sequence: what it adds to its batch's step, over the step's share
-	// of one sequence (alone, over a plain step). Every member of a batch
-	// waits for the positions any of them verifies, so a draft of k pays
-	// when it yields more than the k·cost plain steps' worth it costs.
-	cost float64
-	// bc: the batch's cost model, when the generation verifies in a
-	// batch (nil: alone); once it can tell, it sets step and cost.
-	bc *batchCost
+	wait, gap [matchClasses]int
+	// bc: the step times the generation's drafts are weighed against: its
+	// batch's (verifying in a batch) or its own.
+	bc  *batchCost
+	own batchCost
+	// last: the last step the generation was in, and its own positions in
+	// it (the others' are what the next step is expected to hold).
+	last    stepStat
+	lastOwn int
+	// step: a plain step's seconds per sequence, and cost: an extra
+	// position's cost in those units, as the last plan saw them (logged;
+	// a draft model's costs are weighed against step).
+	step, cost float64
 
 	on    bool        // a verification's rows are being consumed
-	n     int         // the n-gram length its draft matched (0: a draft model's)
+	n     int         // the match class of its draft (0: a draft model's)
 	draft []int32     // the verification in progress: its drafted tokens
 	rows  [][]float32 // the logits after the fed token and each draft
 	all   [][]float32 // every row of the forward (rows is its tail)
@@ -226,13 +227,32 @@ type speculator struct {
 	steps              int // draft mode: decisions made (see propose)
 }
 
-// Priors (newSpeculator): acceptance 1/2 at every length, an extra
-// position a quarter of a step; measurements replace them within a few
-// steps.
+// Match classes: a prompt-lookup draft's acceptance is learnt by how long
+// a run of the history's last tokens its source place ends with.
+const (
+	matchClasses = 6
+	maxMatch     = 32 // a longer run counts as this long
+)
+
+// matchClass is the class of a match of n tokens: 1, 2, 3, 4–7 or 8 and
+// more.
+func matchClass(n int) int {
+	switch {
+	case n >= 8:
+		return 5
+	case n >= 4:
+		return 4
+	default:
+		return n
+	}
+}
+
+// Priors (newSpeculator): acceptance 1/2 in every class; batchCost's
+// costPrior until two step sizes are measured.
 const (
 	specDecay  = 0.8  // weight of the past in the acceptance counts, per verification
 	specAlpha  = 0.25 // weight of a new timing in the moving averages
-	specMargin = 1.05 // expected speed-up a draft must promise
+	specMargin = 1.05 // expected speed-up a draft must promise (alone; in a batch the tokens' share)
 	// specRemeasure: with a draft model, every so many steps is plain.
 	specRemeasure = 32
 	// specDraftCatchup bounds what feeding the draft the tokens of plain
@@ -247,7 +267,8 @@ const (
 )
 
 func newSpeculator(v verifier, vocab, max int) *speculator {
-	sp := &speculator{v: v, vocab: vocab, max: max, cost: 0.25}
+	sp := &speculator{v: v, vocab: vocab, max: max, cost: costPrior, last: stepStat{seqs: 1, positions: 1}, lastOwn: 1}
+	sp.bc = &sp.own
 	for n := range sp.ok {
 		sp.ok[n], sp.fail[n] = 1, 1
 	}
@@ -281,6 +302,7 @@ func (sp *speculator) end() {
 	}
 	k, ok := len(sp.draft), sp.row
 	sp.rejected += k - ok
+	sp.bc.verified(k, ok)
 	sp.ok[sp.n] = specDecay*sp.ok[sp.n] + float64(ok)
 	sp.fail[sp.n] *= specDecay
 	if ok < k {
@@ -293,70 +315,37 @@ func (sp *speculator) end() {
 // observe records how long a forward of rows positions of this
 // generation alone took (1: a plain step).
 func (sp *speculator) observe(rows int, d time.Duration) {
-	sp.observeStep(stepStat{took: d, seqs: 1, positions: rows})
+	st := stepStat{took: d, seqs: 1, positions: rows}
+	sp.own.observe(st)
+	sp.last, sp.lastOwn = st, rows
+	sp.plainStep()
 }
 
-// observeStep records how long a batch step of st.seqs sequences and
-// st.positions positions took (as many as sequences: a plain step).
-// Plain steps are averaged per batch size; a step with more positions
-// measures the cost of one against its size's plain step.
-func (sp *speculator) observeStep(st stepStat) {
-	t, B, P := st.took.Seconds(), max(st.seqs, 1), st.positions
-	if len(sp.stepB) <= B {
-		sp.stepB = append(sp.stepB, make([]float64, B+1-len(sp.stepB))...)
-	}
-	plain := &sp.stepB[B]
-	if P <= B {
-		if *plain == 0 {
-			*plain = t
-		} else {
-			*plain += specAlpha * (t - *plain)
-		}
-		sp.step = *plain / float64(B)
-		return
-	}
-	if *plain > 0 {
-		sp.step = *plain / float64(B)
-		c := min(max(float64(B)*(t / *plain - 1)/float64(P-B), 0), 2)
-		sp.cost += specAlpha * (c - sp.cost)
+// observeBatch records the batch step the generation was in, own of its
+// positions (its verification's chunk, or 1); the batcher measured its
+// time (batchCost).
+func (sp *speculator) observeBatch(st stepStat, own int) {
+	sp.last, sp.lastOwn = st, own
+	sp.plainStep()
+}
+
+// plainStep sets step from the generation's cost model: a plain step of
+// its last step's sequences, per sequence.
+func (sp *speculator) plainStep() {
+	B := max(sp.last.seqs, 1)
+	if t, _, ok := sp.bc.line(B, 0); ok {
+		sp.step = t / float64(B)
 	}
 }
 
-// observeBatch is observeStep for a step of the generation's batch: the
-// batch's measure (over all its members' steps: batchCost) replaces the
-// generation's own once it has one.
-func (sp *speculator) observeBatch(st stepStat) {
-	sp.observeStep(st)
-	if sp.bc == nil {
-		return
-	}
-	if step, c, ok := sp.bc.at(max(st.seqs, 1)); ok {
-		sp.step, sp.cost = step, c
-	}
-}
-
-// plan is how many of avail tokens to draft after an n-gram match of
-// length n, or with the draft model (n 0); 0: a plain step. A draft
-// model's k tokens cost k draft forwards more, each measured in plain
-// steps (dcost).
+// plan is how many of avail tokens to draft after a match of class n, or
+// with the draft model (n 0); 0: a plain step. A draft model's k tokens
+// cost k draft forwards more (measured: drafter.step).
 func (sp *speculator) plan(n, avail int) int {
 	if sp.force {
 		return avail
 	}
-	a := sp.ok[n] / (sp.ok[n] + sp.fail[n])
-	best, bestV := 0, specMargin
-	if sp.d != nil {
-		bestV = specDraftMargin
-	}
-	e, p := 1.0, 1.0
-	per := sp.cost + sp.dcost()
-	for k := 1; k <= avail; k++ {
-		p *= a
-		e += p
-		if v := e / (1 + per*float64(k)); v > bestV {
-			best, bestV = k, v
-		}
-	}
+	best := sp.best(n, avail)
 	if best > 0 {
 		sp.gap[n], sp.wait[n] = 0, 0
 		return best
@@ -371,6 +360,51 @@ func (sp *speculator) plan(n, avail int) int {
 	sp.gap[n] = min(64, max(1, 2*sp.gap[n]))
 	sp.wait[n] = sp.gap[n]
 	return 1 // a probe
+}
+
+// best is the draft length (≤ avail) that maximizes the expected tokens
+// per second of the step the generation drafts into (see speculator);
+// 0 when none beats a plain step by the margin or nothing is measured.
+func (sp *speculator) best(n, avail int) int {
+	Bo := max(sp.last.seqs-1, 0)
+	Po := max(sp.last.positions-sp.lastOwn, Bo)
+	P0 := Po + 1
+	T0, slope, ok := sp.bc.line(P0, 1)
+	if !ok {
+		return 0
+	}
+	if t, _, ok := sp.bc.line(Bo+1, 0); ok {
+		sp.step = t / float64(Bo+1)
+	}
+	sp.cost = slope / (T0 / float64(Bo+1))
+	G := float64(Bo)
+	if Po > Bo {
+		G += float64(Po-Bo) * sp.bc.acceptance()
+	}
+	margin := specMargin
+	dstep := 0.0 // a draft forward's seconds
+	if sp.d != nil {
+		margin = specDraftMargin
+		dstep = sp.dcost() * sp.step
+	}
+	a := sp.ok[n] / (sp.ok[n] + sp.fail[n])
+	best, bestV := 0, (G+1)/T0*(1+(margin-1)/(G+1))
+	e, p := 1.0, 1.0
+	for k := 1; k <= avail; k++ {
+		p *= a
+		e += p
+		// The step of P0 + k positions, from the line through the
+		// sizes around P0 … P0 + k.
+		if k > 1 {
+			if _, slope, ok = sp.bc.line(P0, k); !ok {
+				break
+			}
+		}
+		if v := (G + e) / (T0 + (slope+dstep)*float64(k)); v > bestV {
+			best, bestV = k, v
+		}
+	}
+	return best
 }
 
 // draftPlan is plan for a draft model's drafts (0: a plain step). When
@@ -453,36 +487,43 @@ func (sp *speculator) propose(ctx context.Context, history []int32, limit int) (
 	return sp.lookup(history, limit), nil
 }
 
-// lookup is propose by prompt lookup.
+// lookup is propose by prompt lookup: the place before the history's
+// last token that ends with the longest run of its last tokens (up to
+// maxMatch; the latest of equally long ones), and what followed it.
 func (sp *speculator) lookup(history []int32, limit int) []int32 {
 	limit = min(limit, sp.max)
 	L := len(history)
-	for n := min(3, L-1); n >= 1; n-- {
-		suffix := history[L-n:]
-		for i := L - n - 1; i >= 0; i-- {
-			if history[i] != suffix[0] || !equal32(history[i:i+n], suffix) {
-				continue
+	if L < 2 {
+		return nil
+	}
+	last := history[L-1]
+	from, n := -1, 0
+	for i := L - 2; i >= 0; i-- {
+		if history[i] != last {
+			continue
+		}
+		m := 1
+		for m < maxMatch && m <= i && history[i-m] == history[L-1-m] {
+			m++
+		}
+		if m > n {
+			from, n = i+1, m
+			if m == maxMatch {
+				break
 			}
-			from := i + n
-			k := sp.plan(n, min(limit, L-from))
-			if k == 0 {
-				return nil
-			}
-			sp.n = n
-			sp.draft = append(sp.draft[:0], history[from:from+k]...)
-			return sp.draft
 		}
 	}
-	return nil
-}
-
-func equal32(a, b []int32) bool {
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
+	if from < 0 {
+		return nil
 	}
-	return true
+	cl := matchClass(n)
+	k := sp.plan(cl, min(limit, L-from))
+	if k == 0 {
+		return nil
+	}
+	sp.n = cl
+	sp.draft = append(sp.draft[:0], history[from:from+k]...)
+	return sp.draft
 }
 
 // verify feeds tok and the proposed draft (none: a catch-up forward) in

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -50,23 +49,12 @@ func metricValue(t *testing.T, url, name string) float64 {
 // families) too; how many generations' draft steps batched together is
 // logged.
 func TestSpeculativeBatchSharesForwards(t *testing.T) {
-	reqs := specRequests()
-	body := func(name string, extra map[string]any) map[string]any {
-		b := map[string]any{}
-		for k, v := range reqs[name] {
-			b[k] = v
-		}
-		for k, v := range extra {
-			b[k] = v
-		}
-		return b
-	}
 	cases := []map[string]any{
-		body("greedy", nil),
-		body("grammar", nil),
-		body("seeded", nil),
-		body("tool call", nil),
-		body("penalties", map[string]any{"x_exo_speculative": false}),
+		specBody("greedy", nil),
+		specBody("grammar", nil),
+		specBody("seeded", nil),
+		specBody("tool call", nil),
+		specBody("penalties", map[string]any{"x_exo_speculative": false}),
 	}
 	drafts := map[string]bool{"llama": true, "gemma3": true, "qwen3_next": true}
 	for _, fam := range specFamilies() {
@@ -94,23 +82,7 @@ func TestSpeculativeBatchSharesForwards(t *testing.T) {
 						o.Draft = loadDraft(t, fam.draft(t), o.Model, text)
 					}
 				})
-				got := make([]string, len(cases))
-				var wg sync.WaitGroup
-				for i, c := range cases {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						a, err := answer(s.url, c)
-						if err != nil {
-							t.Errorf("%s, case %d: %v", mode, i, err)
-						}
-						got[i] = a
-					}()
-				}
-				wg.Wait()
-				if t.Failed() {
-					t.FailNow()
-				}
+				got := answerAll(t, s.url, cases)
 				for i := range cases {
 					if got[i] != want[i] {
 						t.Fatalf("%s, case %d: batched speculative answer\n%s\nplain\n%s", mode, i, got[i], want[i])
@@ -139,34 +111,96 @@ func TestSpeculativeBatchSharesForwards(t *testing.T) {
 	}
 }
 
-// TestBatchCost: the batch's measure of a verified position: unmeasured
-// until a plain step of the batch's size and a verifying one; then what a
-// step of P positions and B sequences takes beyond B's plain step, per
-// extra position, over one sequence's share of it; a plain step is asked
-// for (plainDue) while the size has none and every batchRemeasure steps.
+// TestBatchCost: the batch's step times: an extra position's cost comes
+// from consecutive steps of different sizes, so a load that triples while
+// they run, and a spike, leave it where it is; it is the cost around the
+// size asked about, not far from it; a size's time is the median of its
+// steps; steps an idle moment apart are not paired; a plain step is asked
+// for (plainDue) while the batch's size has none and every batchRemeasure
+// steps; the batch's acceptance starts at a half and follows its members'.
 func TestBatchCost(t *testing.T) {
 	var c batchCost
 	ms := func(n float64) time.Duration { return time.Duration(n * float64(time.Millisecond)) }
-	if _, _, ok := c.at(4); ok || c.plainDue() {
-		t.Fatal("a fresh measure claims a cost or asks for a plain step")
+	near := func(what string, got, want, tol float64) {
+		t.Helper()
+		if math.Abs(got-want) > tol*math.Abs(want) {
+			t.Errorf("%s = %v, want %v", what, got, want)
+		}
 	}
-	c.observe(stepStat{took: ms(50), seqs: 4, positions: 12}) // no plain step of 4 yet
-	if _, _, ok := c.at(4); ok || !c.plainDue() {
-		t.Fatal("without a plain step of the size: want no cost and a plain step asked for")
+	if _, _, ok := c.line(4, 8); ok || c.plainDue() {
+		t.Fatal("a fresh measure claims a time or asks for a plain step")
 	}
+	c.observe(stepStat{took: ms(60), seqs: 4, positions: 12}) // no plain step of 4 yet
+	if !c.plainDue() {
+		t.Fatal("without a plain step of the size: want a plain step asked for")
+	}
+	// Nothing paired: costPrior of a position's average.
+	t0, slope, _ := c.line(13, 0)
+	near("unpaired: T(13)", t0, 0.060/(1-costPrior/13), 1e-9)
+	near("unpaired: slope", slope, costPrior/13*t0, 1e-9)
+
+	// A step of P positions takes load·(10 + 5P) ms. First 4 positions
+	// for a while, then the load triples and 6 for a while (their
+	// medians, 30 and 120 ms, would read 45 ms a position, not 5 times
+	// the load), then the two alternating while the load triples again,
+	// with a spike.
+	f := func(P int) float64 { return 10 + 5*float64(P) }
+	var d batchCost
+	for i := range 10 {
+		d.observe(stepStat{took: ms(f(4) * float64(1+2*(i/9))), seqs: 4, positions: 4})
+	}
+	for range 10 {
+		d.observe(stepStat{took: ms(3 * f(6)), seqs: 4, positions: 6})
+	}
+	t0, slope, _ = d.line(4, 2)
+	near("slope at 4, sizes measured at different loads", slope/t0, 5/f(4), 0.05)
+	for i := range 40 {
+		P := 4 + 2*(i%2)
+		load := 3 + 6*float64(i)/40
+		if i == 17 {
+			load *= 10
+		}
+		d.observe(stepStat{took: ms(load * f(P)), seqs: 4, positions: P})
+	}
+	t0, slope, _ = d.line(4, 2)
+	near("slope at 4 under a tripling load", slope/t0, 5/f(4), 0.1)
+	// Far sizes with another cost (8 ms a position) do not move it.
+	g := func(P int) float64 { return 10 + 8*float64(P) }
+	for i := range 20 {
+		d.observe(stepStat{took: ms(g(30 + 2*(i%2))), seqs: 4, positions: 30 + 2*(i%2)})
+	}
+	t0b, slopeb, _ := d.line(4, 2)
+	near("slope at 4 with far sizes measured", slopeb/t0b, 5/f(4), 0.1)
+	_, slope30, _ := d.line(30, 2)
+	near("slope at 30", slope30, 0.008, 0.01)
+	// A size's time: its median.
+	var m batchCost
+	for _, x := range []float64{40, 41, 400, 39, 40} {
+		m.observe(stepStat{took: ms(x), seqs: 4, positions: 4})
+	}
+	t0, _, _ = m.line(4, 4)
+	near("T(4) with a spike", t0, 0.040, 1e-9)
+	// Equal times: the floor.
+	var flat batchCost
+	for P := 1; P <= 8; P++ {
+		flat.observe(stepStat{took: ms(100), seqs: 1, positions: P})
+	}
+	t0, slope, _ = flat.line(4, 4)
+	near("equal times: slope", slope, costSlopeFloor*t0/4, 1e-9)
+	// Steps an idle moment apart are not paired.
+	var idle batchCost
+	idle.observe(stepStat{took: ms(10), seqs: 1, positions: 1})
+	time.Sleep(costPairGap + 50*time.Millisecond)
+	idle.observe(stepStat{took: ms(10), seqs: 1, positions: 2})
+	if idle.np != 0 {
+		t.Errorf("steps %v apart paired", costPairGap+50*time.Millisecond)
+	}
+
 	c.observe(stepStat{took: ms(40), seqs: 4, positions: 4})
 	if c.plainDue() {
 		t.Fatal("a plain step was measured: none is due")
 	}
-	c.observe(stepStat{took: ms(60), seqs: 4, positions: 12}) // 8 extra positions add half a step
-	step, cost, ok := c.at(4)
-	if !ok || math.Abs(step-0.010) > 1e-12 || math.Abs(cost-4*0.5/8) > 1e-12 {
-		t.Fatalf("at(4) = %v, %v, %v; want 10 ms a sequence and cost 0.25", step, cost, ok)
-	}
-	if _, _, ok := c.at(3); ok {
-		t.Fatal("a cost for a batch size never measured plain")
-	}
-	for range batchRemeasure - 2 {
+	for range batchRemeasure - 1 {
 		c.observe(stepStat{took: ms(60), seqs: 4, positions: 12})
 	}
 	if c.plainDue() {
@@ -175,5 +209,12 @@ func TestBatchCost(t *testing.T) {
 	c.observe(stepStat{took: ms(60), seqs: 4, positions: 12})
 	if !c.plainDue() {
 		t.Fatalf("no plain step asked for after %d verifying steps", batchRemeasure)
+	}
+	if a := c.acceptance(); a != 0.5 {
+		t.Fatalf("prior acceptance %v", a)
+	}
+	c.verified(4, 3)
+	if a, want := c.acceptance(), (batchDecay*1+3)/(batchDecay*2+4); math.Abs(a-want) > 1e-12 {
+		t.Fatalf("acceptance %v, want %v", a, want)
 	}
 }

@@ -38,13 +38,36 @@ func codeFile() string {
 	return b.String()
 }
 
+// stepTime is a count-based estimate of the decode time of the steps a
+// batcher ran between two steps() snapshots: each step at ref's time for
+// its size (its line there: the medians of steps measured in the same
+// run), so that the machine's load while each mode ran does not enter a
+// comparison of two modes weighed by the same ref.
+func stepTime(before, after []int, ref *batchCost) float64 {
+	t := 0.0
+	for P := 1; P < len(after); P++ {
+		n := after[P]
+		if P < len(before) {
+			n -= before[P]
+		}
+		if n > 0 {
+			tp, _, _ := ref.line(P, 0)
+			t += float64(n) * tp
+		}
+	}
+	return t
+}
+
 // BenchmarkSpeculativeSmolLM2: SmolLM2 greedy decode tok/s on the cpu
 // backend (one thread) through a decode Server, without and with
 // prompt-lookup speculation, interleaved in one run, for a code edit (a
 // ~100-line file and an instruction to rename one function: the answer
 // repeats most of the file) and an open chat prompt. It fails unless both
 // modes produce the same text. Reported: each mode's decode tok/s (after
-// the first token), their ratio and the share of drafted tokens accepted.
+// the first token), their ratio, the share of drafted tokens accepted, and
+// est-speedup: the ratio of the two modes' decode steps, each weighed at
+// the median time of steps of its size (stepTime), which the machine's
+// load moves far less than the clock.
 func BenchmarkSpeculativeSmolLM2(b *testing.B) {
 	path := testenv.SmolLM2(b)
 	be, err := backend.Open("cpu", backend.Options{Threads: 1})
@@ -76,12 +99,13 @@ func BenchmarkSpeculativeSmolLM2(b *testing.B) {
 		{"chat", "Write a short story about a lighthouse keeper who finds a message in a bottle.", 200},
 	} {
 		b.Run(w.name, func(b *testing.B) {
-			rate := map[string]float64{}
+			rate, est := map[string]float64{}, map[string]float64{}
 			var accepted, verified int
 			for b.Loop() {
 				var texts []string
 				for _, mode := range []string{SpecOff, SpecPromptLookup} {
 					s := servers[mode]
+					before := s.batch.cost.steps()
 					var em textEmitter
 					req := &gen.Request{Chat: true, AddGenerationPrompt: true, MaxTokens: w.tokens, IgnoreEOS: true,
 						Messages: []gen.Message{{Role: "user", Content: w.prompt}}}
@@ -91,6 +115,7 @@ func BenchmarkSpeculativeSmolLM2(b *testing.B) {
 					j := s.journal.since(0)
 					r := j[len(j)-1]
 					rate[mode] += r.TokensPerSecond
+					est[mode] += stepTime(before, s.batch.cost.steps(), &servers[SpecPromptLookup].batch.cost)
 					accepted, verified = accepted+r.SpecAccepted, verified+r.SpecAccepted+r.SpecRejected
 					texts = append(texts, em.String())
 				}
@@ -101,6 +126,7 @@ func BenchmarkSpeculativeSmolLM2(b *testing.B) {
 			b.ReportMetric(rate[SpecOff]/float64(b.N), "off-tok/s")
 			b.ReportMetric(rate[SpecPromptLookup]/float64(b.N), "spec-tok/s")
 			b.ReportMetric(rate[SpecPromptLookup]/rate[SpecOff], "speedup")
+			b.ReportMetric(est[SpecOff]/est[SpecPromptLookup], "est-speedup")
 			if verified > 0 {
 				b.ReportMetric(float64(accepted)/float64(verified), "acceptance")
 			}
@@ -121,7 +147,9 @@ func BenchmarkSpeculativeSmolLM2(b *testing.B) {
 // Reported: aggregate decode tok/s of a round (every request's tokens after
 // its first, over the time from the first request's first token to the
 // last one's end), each mode's ratio to off and its drafted tokens' share
-// accepted. It fails unless every mode gives every request the same text.
+// accepted, and batched-est-speedup (off's steps over the batched mode's,
+// each weighed at the median time of steps of its size: stepTime). It fails
+// unless every mode gives every request the same text.
 func BenchmarkSpeculativeBatchSmolLM2(b *testing.B) {
 	path := testenv.SmolLM2(b)
 	be, err := backend.Open("cpu", backend.Options{Threads: 1})
@@ -164,7 +192,8 @@ func BenchmarkSpeculativeBatchSmolLM2(b *testing.B) {
 			"Write a letter from a cat to its owner about the new dog."}, 200},
 	} {
 		b.Run(w.name, func(b *testing.B) {
-			round := func(s *Server) (texts []string, rate float64, accepted, verified int) {
+			round := func(s *Server) (texts []string, rate float64, accepted, verified int, steps [2][]int) {
+				steps[0] = s.batch.cost.steps()
 				s.journal.mu.Lock()
 				seq := s.journal.seq
 				s.journal.mu.Unlock()
@@ -198,17 +227,19 @@ func BenchmarkSpeculativeBatchSmolLM2(b *testing.B) {
 					tokens += r.CompletionTokens - 1
 					accepted, verified = accepted+r.SpecAccepted, verified+r.SpecAccepted+r.SpecRejected
 				}
-				return texts, float64(tokens) / end.Sub(first).Seconds(), accepted, verified
+				steps[1] = s.batch.cost.steps()
+				return texts, float64(tokens) / end.Sub(first).Seconds(), accepted, verified, steps
 			}
 			for _, mode := range modes {
 				round(servers[mode]) // the prompts into the prefix cache
 			}
-			rate := map[string]float64{}
+			rate, est := map[string]float64{}, map[string]float64{}
 			accepted, verified := map[string]int{}, map[string]int{}
 			for b.Loop() {
 				var want []string
 				for _, mode := range modes {
-					texts, r, a, v := round(servers[mode])
+					texts, r, a, v, steps := round(servers[mode])
+					est[mode] += stepTime(steps[0], steps[1], &servers["batched"].batch.cost)
 					if want == nil {
 						want = texts
 					} else if !slices.Equal(texts, want) {
@@ -223,6 +254,9 @@ func BenchmarkSpeculativeBatchSmolLM2(b *testing.B) {
 				b.ReportMetric(rate[mode]/float64(b.N), mode+"-tok/s")
 				if mode != "off" {
 					b.ReportMetric(rate[mode]/rate["off"], mode+"-speedup")
+					if mode == "batched" {
+						b.ReportMetric(est["off"]/est[mode], mode+"-est-speedup")
+					}
 					if verified[mode] > 0 {
 						b.ReportMetric(float64(accepted[mode])/float64(verified[mode]), mode+"-acceptance")
 					}

@@ -86,6 +86,43 @@ func specRequests() map[string]map[string]any {
 	}
 }
 
+// specBody is specRequests' request name with extra fields set (nil:
+// removed).
+func specBody(name string, extra map[string]any) map[string]any {
+	b := map[string]any{}
+	for k, v := range specRequests()[name] {
+		b[k] = v
+	}
+	for k, v := range extra {
+		b[k] = v
+	}
+	return b
+}
+
+// answerAll posts every request at once and returns their answers in
+// order (failing the test if any fails).
+func answerAll(t *testing.T, url string, bodies []map[string]any) []string {
+	t.Helper()
+	got := make([]string, len(bodies))
+	var wg sync.WaitGroup
+	for i, b := range bodies {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a, err := answer(url, b)
+			if err != nil {
+				t.Errorf("request %d: %v", i, err)
+			}
+			got[i] = a
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	return got
+}
+
 // specFamilies are the tiny models of every architecture family, each
 // with a draft: for a generated model the same generator's one-layer model
 // of the same seed (it shares the embedding, the first layer and the
@@ -207,42 +244,18 @@ func testSpecBatchedRemote(t *testing.T, mode string) {
 			Selector: kvwire.NewSelector([]kvwire.Endpoint{{Addr: remoteAddr, Link: kvwire.LinkLoopback}})}
 		o.RemoteMinTokens = 1
 	})
-	reqs := specRequests()
-	body := func(name string, extra map[string]any) map[string]any {
-		b := map[string]any{}
-		for k, v := range reqs[name] {
-			b[k] = v
-		}
-		for k, v := range extra {
-			b[k] = v
-		}
-		return b
-	}
 	cases := []map[string]any{
-		body("seeded", nil), // prefilled remotely; drafts get verified (and rejected) on this model
-		body("seeded", map[string]any{"x_exo_speculative": false, "x_exo_disable_remote_prefill": true}),
-		body("greedy", map[string]any{"x_exo_disable_remote_prefill": true}),
-		body("penalties", map[string]any{"x_exo_speculative": false}),
+		specBody("seeded", nil), // prefilled remotely; drafts get verified (and rejected) on this model
+		specBody("seeded", map[string]any{"x_exo_speculative": false, "x_exo_disable_remote_prefill": true}),
+		specBody("greedy", map[string]any{"x_exo_disable_remote_prefill": true}),
+		specBody("penalties", map[string]any{"x_exo_speculative": false}),
 	}
 	want := make([]string, len(cases))
 	for i, c := range cases {
 		want[i] = answerOf(t, plain.url, c)
 	}
 	for round := range 2 {
-		got := make([]string, len(cases))
-		var wg sync.WaitGroup
-		for i, c := range cases {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				a, err := answer(s.url, c)
-				if err != nil {
-					t.Errorf("case %d: %v", i, err)
-				}
-				got[i] = a
-			}()
-		}
-		wg.Wait()
+		got := answerAll(t, s.url, cases)
 		for i := range cases {
 			if got[i] != want[i] {
 				t.Fatalf("round %d, case %d: batched speculative answer\n%s\nplain\n%s", round, i, got[i], want[i])
@@ -548,33 +561,43 @@ func TestChiSquareTail(t *testing.T) {
 	}
 }
 
-// TestSpeculatorPlan: the draft comes from the longest n-gram that recurs;
-// its length follows the measured acceptance and position cost; where
+// linearSteps makes c's step of P positions take step·(1 + cost·(P−1))
+// seconds, P from 1 to n.
+func linearSteps(c *batchCost, step, cost float64, n int) {
+	for P := 1; P <= n; P++ {
+		c.observe(stepStat{took: time.Duration(step * (1 + cost*float64(P-1)) * float64(time.Second)), seqs: 1, positions: P})
+	}
+}
+
+// TestSpeculatorPlan: the draft comes from the place that ends with the
+// longest run of the history's last tokens (the latest of equally long
+// ones); its length follows the measured acceptance and step times; where
 // drafting does not pay the steps are plain, with one-token probes after
 // 1, 2, 4 … 64 plain steps.
 func TestSpeculatorPlan(t *testing.T) {
 	sp := newSpeculator(nil, 0, 4)
 	for n := range sp.ok { // acceptance 0.9, nearly free positions
-		sp.ok[n], sp.fail[n], sp.cost = 9, 1, 0.05
+		sp.ok[n], sp.fail[n] = 9, 1
 	}
-	if d := sp.lookup([]int32{1, 2, 3, 9, 8, 1, 2, 3}, 10); !slices.Equal(d, []int32{9, 8, 1, 2}) || sp.n != 3 {
-		t.Fatalf("draft %v from a 3-gram (n %d), want [9 8 1 2]", d, sp.n)
-	}
-	if d := sp.lookup([]int32{5, 6, 7, 6}, 10); !slices.Equal(d, []int32{7, 6}) || sp.n != 1 {
-		t.Fatalf("draft %v (n %d), want the 2 tokens after the 1-gram's latest match", d, sp.n)
-	}
-	if d := sp.lookup([]int32{1, 2, 3}, 10); d != nil {
-		t.Fatalf("draft %v without a match", d)
+	linearSteps(&sp.own, 0.01, 0.05, 12)
+	for _, c := range []struct {
+		history, want []int32
+		class         int
+	}{
+		{[]int32{1, 2, 3, 9, 8, 1, 2, 3}, []int32{9, 8, 1, 2}, 3},
+		// The 3-gram 2 3 4 recurs later, but 7 1 2 3 4 is longer.
+		{[]int32{7, 1, 2, 3, 4, 5, 8, 2, 3, 4, 6, 7, 1, 2, 3, 4}, []int32{5, 8, 2, 3}, matchClass(5)},
+		{[]int32{5, 6, 7, 6}, []int32{7, 6}, 1},
+		{[]int32{1, 9, 1, 8, 1}, []int32{8, 1}, 1}, // equally long: the latest
+		{[]int32{1, 2, 3}, nil, 0},
+	} {
+		sp.n = 0
+		if d := sp.lookup(c.history, 10); !slices.Equal(d, c.want) || sp.n != c.class {
+			t.Errorf("%v: draft %v (class %d), want %v (class %d)", c.history, d, sp.n, c.want, c.class)
+		}
 	}
 	if d := sp.lookup([]int32{1, 2, 1}, 0); d != nil {
 		t.Fatalf("draft %v with no room", d)
-	}
-
-	sp.cost = 0.25
-	sp.observe(1, 10*time.Millisecond)
-	sp.observe(5, 30*time.Millisecond) // 4 extra positions cost 2 steps: 0.5 each
-	if want := 0.25 + specAlpha*(0.5-0.25); math.Abs(sp.cost-want) > 1e-12 {
-		t.Fatalf("position cost %v, want %v", sp.cost, want)
 	}
 
 	for _, c := range []struct {
@@ -587,10 +610,14 @@ func TestSpeculatorPlan(t *testing.T) {
 		{1, 9, 0.25, -1}, // 0.1 does not pay: probes
 	} {
 		sp := newSpeculator(nil, 0, 8)
-		sp.ok[2], sp.fail[2], sp.cost = c.ok, c.fail, c.cost
+		linearSteps(&sp.own, 0.01, c.cost, 12)
+		sp.ok[2], sp.fail[2] = c.ok, c.fail
 		if c.want >= 0 {
 			if k := sp.plan(2, 8); k != c.want {
 				t.Errorf("%+v: plan %d", c, k)
+			}
+			if math.Abs(sp.cost-c.cost) > 1e-9 {
+				t.Errorf("%+v: logged position cost %v", c, sp.cost)
 			}
 			continue
 		}
@@ -610,4 +637,51 @@ func TestSpeculatorPlan(t *testing.T) {
 			t.Errorf("%+v: probes at %v (plain steps between: %v)", c, probes, gaps)
 		}
 	}
+}
+
+// TestSpeculatorPlanBatch: in a batch the draft length weighs the
+// member's expected tokens against what its positions add to the step
+// every member waits for, at the size that step will have. On a step
+// whose extra positions cost more the larger it is (the cpu backend's),
+// a member drafts less beside three plain members than alone, less again
+// beside members that draft, and not at all (probes only) at chat's
+// acceptance; where extra positions are nearly free (a step bound by
+// reading the weights) it drafts all it may.
+func TestSpeculatorPlanBatch(t *testing.T) {
+	// Seconds of a step of P positions: each position costs more the
+	// more there are (an extra one 0.27 of a step alone, 0.76 of a
+	// sequence's share beside three).
+	convex := func(P int) float64 { return 0.02 + 0.006*float64(P) + 0.0004*float64(P*P) }
+	flat := func(P int) float64 { return 0.1 + 0.0005*float64(P) }
+	// plan is the member's draft length (0: a plain step or a probe).
+	plan := func(T func(int) float64, acc float64, seqs, positions, own int) int {
+		var bc batchCost
+		for P := 1; P <= 48; P++ {
+			bc.observe(stepStat{took: time.Duration(T(P) * float64(time.Second)), seqs: min(P, seqs), positions: P})
+		}
+		sp := newSpeculator(nil, 0, 8)
+		sp.bc = &bc
+		sp.ok[3], sp.fail[3] = acc, 1-acc
+		sp.observeBatch(stepStat{took: time.Duration(T(positions) * float64(time.Second)), seqs: seqs, positions: positions}, own)
+		if k := sp.plan(3, 8); sp.gap[3] == 0 {
+			return k
+		}
+		return 0
+	}
+	alone := plan(convex, 0.9, 1, 1, 1)
+	beside := plan(convex, 0.9, 4, 4, 1)
+	busy := plan(convex, 0.9, 4, 13, 1) // the other three verify 3 drafts each
+	if !(alone > beside && beside > busy) {
+		t.Errorf("acceptance 0.9, convex step: drafts %d alone, %d beside plain members, %d beside drafting ones; want decreasing", alone, beside, busy)
+	}
+	if k := plan(convex, 0.3, 1, 1, 1); k != 0 {
+		t.Errorf("acceptance 0.3 alone: plan %d, want probes only", k)
+	}
+	if k := plan(convex, 0.5, 4, 4, 1); k != 0 {
+		t.Errorf("acceptance 0.5 beside plain members: plan %d, want probes only", k)
+	}
+	if k := plan(flat, 0.75, 4, 16, 1); k != 8 {
+		t.Errorf("acceptance 0.75, nearly free positions: plan %d, want 8", k)
+	}
+	t.Logf("acceptance 0.9, convex step: %d alone, %d beside plain members, %d beside drafting ones", alone, beside, busy)
 }
