@@ -87,19 +87,20 @@ type carry struct {
 	lostOnce sync.Once
 }
 
-// newCarry is a stage's side of g; without g, fallback is why (its
-// Transport "tcp").
-func newCarry(g *Group, fallback Transport, stages int, met *stageMetrics, log *slog.Logger) (*carry, error) {
-	cs := &carry{g: g, stages: stages, log: log, met: met}
+// OfferGroup is how a stage with g (nil: none) among stages starts:
+// whether it offers the group (g's defaults filled in), and its Transport
+// until it decides: Offered, or why it does not offer (fallback where g is
+// nil, NoGroup without one; LongPipeline). A decode stage (Ring, Node)
+// and a prefill pipeline stage (runners/prefill/pipeline) both start so.
+func OfferGroup(g *Group, stages int, fallback Transport) (offer bool, t Transport, err error) {
 	if g == nil {
 		if fallback.Transport == "" {
 			fallback = NoGroup()
 		}
-		cs.tr = met.report(fallback)
-		return cs, nil
+		return false, fallback, nil
 	}
 	if g.Join == nil || g.OnLost == nil {
-		return nil, errors.New("stage: a Group needs Join and OnLost")
+		return false, Transport{}, errors.New("stage: a Group needs Join and OnLost")
 	}
 	if g.Transport == "" {
 		g.Transport = "group"
@@ -108,12 +109,69 @@ func newCarry(g *Group, fallback Transport, stages int, met *stageMetrics, log *
 		g.JoinTimeout = 2 * time.Minute
 	}
 	if stages > maxGroupStages && !g.Whole {
-		cs.tr = met.report(LongPipeline(stages))
-		log.Warn("stage: hidden states stay on the stage link (TCP)", "reason", cs.tr.Get().Reason, "detail", cs.tr.Get().Detail, "transport", g.Transport)
-		return cs, nil
+		return false, LongPipeline(stages), nil
 	}
-	cs.tr = met.report(Offered())
-	cs.offer.Store(true)
+	return true, Offered(), nil
+}
+
+// JoinAgreed decides, once both links of a stage that offers g are up,
+// where its hidden states go: over g when both neighbours offered it too
+// (Hello flag GROUP on in and out: it joins, within g.JoinTimeout), or on
+// the stage link for the life of the process (carrier nil, PeerDeclined).
+// An error, wrapping ErrGroupLost, is a join that failed or did not
+// finish: the group is lost.
+func JoinAgreed(ctx context.Context, g *Group, in, out *Link, log *slog.Logger) (engine.Carrier, Transport, error) {
+	if !in.Group() || !out.Group() {
+		peer := in.Peer.Stage
+		if in.Group() {
+			peer = out.Peer.Stage
+		}
+		t := PeerDeclined(peer)
+		log.Warn("stage: hidden states stay on the stage link (TCP)", "reason", t.Reason, "detail", t.Detail, "transport", g.Transport)
+		return nil, t, nil
+	}
+	log.Info("stage: joining the stages' group for the hidden states", "transport", g.Transport, "timeout", g.JoinTimeout)
+	type res struct {
+		c   engine.Carrier
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		c, err := g.Join()
+		done <- res{c, err}
+	}()
+	timer := time.NewTimer(g.JoinTimeout)
+	defer timer.Stop()
+	var r res
+	select {
+	case r = <-done:
+	case <-timer.C:
+		r.err = fmt.Errorf("the join did not finish within %v (a neighbour died before joining?)", g.JoinTimeout)
+	case <-ctx.Done():
+		r.err = ctx.Err()
+	}
+	if r.err == nil && r.c == nil {
+		r.err = errors.New("the join returned no carrier")
+	}
+	if r.err != nil {
+		return nil, Offered(), fmt.Errorf("%w: join: %w", ErrGroupLost, r.err)
+	}
+	log.Info("stage: hidden states carried over the group", "transport", g.Transport)
+	return r.c, Transport{Transport: g.Transport}, nil
+}
+
+// newCarry is a stage's side of g; without g, fallback is why (its
+// Transport "tcp").
+func newCarry(g *Group, fallback Transport, stages int, met *stageMetrics, log *slog.Logger) (*carry, error) {
+	offer, t, err := OfferGroup(g, stages, fallback)
+	if err != nil {
+		return nil, err
+	}
+	if g != nil && !offer {
+		log.Warn("stage: hidden states stay on the stage link (TCP)", "reason", t.Reason, "detail", t.Detail, "transport", g.Transport)
+	}
+	cs := &carry{g: g, stages: stages, log: log, met: met, tr: met.report(t)}
+	cs.offer.Store(offer)
 	return cs, nil
 }
 
@@ -156,48 +214,16 @@ func (cs *carry) decide(ctx context.Context, in, out *Link) (engine.Carrier, err
 		cs.settle(nil)
 		return nil, nil
 	}
-	if !in.Group() || !out.Group() {
-		peer := in.Peer.Stage
-		if in.Group() {
-			peer = out.Peer.Stage
-		}
-		t := PeerDeclined(peer)
-		cs.log.Warn("stage: hidden states stay on the stage link (TCP)", "reason", t.Reason, "detail", t.Detail, "transport", cs.g.Transport)
-		cs.tr.Set(t)
-		cs.offer.Store(false)
-		cs.settle(nil)
-		return nil, nil
+	c, t, err := JoinAgreed(ctx, cs.g, in, out, cs.log)
+	if err != nil {
+		return nil, err
 	}
-	cs.log.Info("stage: joining the stages' group for the hidden states", "transport", cs.g.Transport, "timeout", cs.g.JoinTimeout)
-	type res struct {
-		c   engine.Carrier
-		err error
+	if c == nil {
+		cs.offer.Store(false) // for the life of the process
 	}
-	done := make(chan res, 1)
-	go func() {
-		c, err := cs.g.Join()
-		done <- res{c, err}
-	}()
-	t := time.NewTimer(cs.g.JoinTimeout)
-	defer t.Stop()
-	var r res
-	select {
-	case r = <-done:
-	case <-t.C:
-		r.err = fmt.Errorf("the join did not finish within %v (a neighbour died before joining?)", cs.g.JoinTimeout)
-	case <-ctx.Done():
-		r.err = ctx.Err()
-	}
-	if r.err == nil && r.c == nil {
-		r.err = errors.New("the join returned no carrier")
-	}
-	if r.err != nil {
-		return nil, fmt.Errorf("%w: join: %w", ErrGroupLost, r.err)
-	}
-	cs.settle(r.c)
-	cs.tr.Set(Transport{Transport: cs.g.Transport})
-	cs.log.Info("stage: hidden states carried over the group", "transport", cs.g.Transport)
-	return r.c, nil
+	cs.tr.Set(t)
+	cs.settle(c)
+	return c, nil
 }
 
 func (cs *carry) settle(c engine.Carrier) {

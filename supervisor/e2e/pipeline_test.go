@@ -214,11 +214,16 @@ func shardedTwoHosts(t *testing.T, decode, flag, sparkRunner, macRunner string) 
 			}
 		}
 	}
-	if flag == "stage-next" && hostBackend() != "cpu" {
-		// On MLX the stages carry their hidden states over MLX's ring.
-		for _, h := range []*host{spark, mac} {
-			if b, _ := os.ReadFile(h.log); !strings.Contains(string(b), "hidden states carried over the group") {
-				t.Errorf("%s's stage did not carry its hidden states over MLX's ring (see %s)", h.name, h.log)
+	if flag == "stage-next" {
+		// On MLX the stages carry their hidden states over MLX's ring; on
+		// cpu they stay on the stage link.
+		want := "tcp/cpu_backend"
+		if hostBackend() != "cpu" {
+			want = "mlx/"
+		}
+		for h, runner := range map[*host]string{spark: sparkRunner, mac: macRunner} {
+			if got := stageTransport(t, h, runner); got != want {
+				t.Errorf("%s on %s: exo_stage_transport %q, want %q (see %s)", runner, h.name, got, want, h.log)
 			}
 		}
 	}

@@ -170,43 +170,24 @@ func NewPipe(p *prefill.Producer, model StageModel, cfg PipeConfig) (*Pipe, erro
 		Hidden: info.Hidden, Fingerprint: model.Fingerprint(), Secret: cfg.Secret}
 	pp.origins.Store(uint64(time.Now().UnixNano()))
 	pp.decided = make(chan struct{})
-	report := func(t stage.Transport) { pp.tr = stage.NewTransportReport(cfg.Metrics, cfg.Name, cfg.Stage, t) }
-	if cfg.Group == nil {
-		if cfg.Fallback.Transport == "" {
-			cfg.Fallback = stage.NoGroup()
-		}
-		report(cfg.Fallback)
-	}
-	if g := cfg.Group; g != nil {
+	if cfg.Group != nil {
 		if _, ok := model.(carriedModel); !ok {
 			return nil, fmt.Errorf("prefill pipeline: a Group needs a model that carries hidden states (%T does not)", model)
 		}
-		if g.Join == nil || g.OnLost == nil {
-			return nil, fmt.Errorf("prefill pipeline: a Group needs Join and OnLost")
-		}
-		if g.Transport == "" {
-			g.Transport = "group"
-		}
-		if g.JoinTimeout <= 0 {
-			g.JoinTimeout = 2 * time.Minute
-		}
-		if cfg.Stages > maxGroupStages && !g.Whole {
-			t := stage.LongPipeline(cfg.Stages)
-			report(t)
-			pp.log.Warn("prefill pipeline: hidden states stay on the stage link (TCP)", "reason", t.Reason, "detail", t.Detail, "transport", g.Transport)
-		} else {
-			report(stage.Offered())
-			pp.offer.Store(true)
-		}
 	}
+	offer, t, err := stage.OfferGroup(cfg.Group, cfg.Stages, cfg.Fallback)
+	if err != nil {
+		return nil, fmt.Errorf("prefill pipeline: %w", err)
+	}
+	if cfg.Group != nil && !offer {
+		pp.log.Warn("prefill pipeline: hidden states stay on the stage link (TCP)", "reason", t.Reason, "detail", t.Detail, "transport", cfg.Group.Transport)
+	}
+	pp.tr = stage.NewTransportReport(cfg.Metrics, cfg.Name, cfg.Stage, t)
+	pp.offer.Store(offer)
 	pp.link.Offer = pp.offer.Load
 	p.SetStage(pp)
 	return pp, nil
 }
-
-// maxGroupStages is the longest pipeline whose stages all see each
-// other's Hellos (as a decode pipeline's).
-const maxGroupStages = 3
 
 // Carried is the hidden-state bytes this stage sent and received over its
 // group (0 while they go over the stage link).
@@ -239,46 +220,15 @@ func (pp *Pipe) join(ctx context.Context, up, next *stage.Link) (engine.Carrier,
 	if g == nil || !pp.offer.Load() {
 		return nil, nil
 	}
-	if !up.Group() || !next.Group() {
-		peer := up.Peer.Stage
-		if up.Group() {
-			peer = next.Peer.Stage
-		}
-		t := stage.PeerDeclined(peer)
-		pp.log.Warn("prefill pipeline: hidden states stay on the stage link (TCP)", "reason", t.Reason, "detail", t.Detail, "transport", g.Transport)
-		pp.tr.Set(t)
-		pp.offer.Store(false)
-		return nil, nil
+	c, t, err := stage.JoinAgreed(ctx, g, up, next, pp.log)
+	if err != nil {
+		return nil, err
 	}
-	pp.log.Info("prefill pipeline: joining the stages' group for the hidden states", "transport", g.Transport, "timeout", g.JoinTimeout)
-	type res struct {
-		c   engine.Carrier
-		err error
+	if c == nil {
+		pp.offer.Store(false) // for the life of the process
 	}
-	done := make(chan res, 1)
-	go func() {
-		c, err := g.Join()
-		done <- res{c, err}
-	}()
-	t := time.NewTimer(g.JoinTimeout)
-	defer t.Stop()
-	var r res
-	select {
-	case r = <-done:
-	case <-t.C:
-		r.err = fmt.Errorf("the join did not finish within %v (a neighbour died before joining?)", g.JoinTimeout)
-	case <-ctx.Done():
-		r.err = ctx.Err()
-	}
-	if r.err == nil && r.c == nil {
-		r.err = fmt.Errorf("the join returned no carrier")
-	}
-	if r.err != nil {
-		return nil, fmt.Errorf("%w: join: %w", stage.ErrGroupLost, r.err)
-	}
-	pp.tr.Set(stage.Transport{Transport: g.Transport})
-	pp.log.Info("prefill pipeline: hidden states carried over the group", "transport", g.Transport)
-	return r.c, nil
+	pp.tr.Set(t)
+	return c, nil
 }
 
 // joined is the carrier once the group is joined (nil otherwise).
