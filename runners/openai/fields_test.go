@@ -37,7 +37,7 @@ func TestNoSilentIgnores(t *testing.T) {
 		{"frequency_penalty range", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"frequency_penalty":-3}`, "frequency_penalty"},
 		{"logit_bias key", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"logit_bias":{"abc":1}}`, "logit_bias"},
 		{"logit_bias value", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"logit_bias":{"5":101}}`, "logit_bias"},
-		{"wrong type names the field", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":7,"content":"hi"}]}`, "messages.role"},
+		{"wrong type names the field", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":7,"content":"hi"}]}`, "messages[0].role"},
 		{"tool message without id", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"tool","content":"42"}]}`, "messages[0].tool_call_id"},
 		{"tool_calls on a user message", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"x","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]}]}`, "messages[0].tool_calls"},
 		{"reasoning_content on a user message", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"x","reasoning_content":"r"}]}`, "messages[0].reasoning_content"},
@@ -251,6 +251,36 @@ func TestToolWithoutParameters(t *testing.T) {
 		}
 		if got := string(g.Tools[0].Parameters); got != NoParameters {
 			t.Errorf("parameters %q: the tool's schema is %q, want %s", params, got, NoParameters)
+		}
+	}
+}
+
+// TestDecodeErrorsNameTheField: a value of the wrong type or out of range
+// is a 400 naming its JSON path, even where a field decodes itself
+// (content, stop, tool_choice) or the number does not fit, and the
+// message names no Go type.
+func TestDecodeErrorsNameTheField(t *testing.T) {
+	const msgs = `"messages":[{"role":"user","content":"hi"}]`
+	for _, c := range []struct{ body, param, has string }{
+		{`{"model":"tiny",` + msgs + `,"stop":5}`, "stop", "stop must be a string or an array of strings"},
+		{`{"model":"tiny",` + msgs + `,"tool_choice":5}`, "tool_choice", "tool_choice must be"},
+		{`{"model":"tiny",` + msgs + `,"temperature":1e999}`, "temperature", "temperature"},
+		{`{"model":"tiny",` + msgs + `,"max_tokens":1e30}`, "max_tokens", "max_tokens"},
+		{`{"model":"tiny","messages":[{"role":"user","content":"hi"},{"role":"user","content":5}]}`, "messages[1].content", "content must be a string or an array of text parts"},
+		{`{"model":"tiny","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"}]}]}`, "messages[0].content[1]", "image_url"},
+		{`{"model":"tiny","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":{}}}]}]}`,
+			"messages[0].tool_calls[0].function.arguments", "arguments must be a string"},
+	} {
+		var r ChatRequest
+		e := decodeJSON([]byte(c.body), &r, chatShape)
+		if e == nil || e.Param != c.param || !strings.Contains(e.Message, c.has) {
+			t.Errorf("%s: %+v, want %s naming %q", c.body, e, c.param, c.has)
+			continue
+		}
+		for _, goName := range []string{"Go ", "float64", "int64", "openai.", "struct"} {
+			if strings.Contains(e.Message, goName) {
+				t.Errorf("%s: the error names a Go type (%q): %s", c.body, goName, e.Message)
+			}
 		}
 	}
 }

@@ -143,7 +143,13 @@ func decodeJSON(body []byte, v any, sh Shape) *Error {
 		return Errorf("", "request body is empty; expected a JSON object")
 	}
 	var generic any
-	if err := json.Unmarshal(body, &generic); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber() // a number too large for a float64 is the typed decoding's to name
+	err := dec.Decode(&generic)
+	if err == nil && dec.Decode(new(json.RawMessage)) != io.EOF {
+		err = errors.New("invalid character after top-level value")
+	}
+	if err != nil {
 		return Errorf("", "invalid JSON body: %v", err)
 	}
 	if _, ok := generic.(map[string]any); !ok {
@@ -153,14 +159,106 @@ func decodeJSON(body []byte, v any, sh Shape) *Error {
 		return Errorf(p, "%s is not supported by this server (exo-pd refuses fields it does not implement rather than ignore them)", p)
 	}
 	if err := json.Unmarshal(body, v); err != nil {
+		f := errorPath(body, reflect.TypeOf(v).Elem())
 		var ute *json.UnmarshalTypeError
-		if errors.As(err, &ute) && ute.Field != "" {
-			f := jsonPath(ute.Field)
-			return Errorf(f, "invalid JSON body: %s must be %s, got %s", f, jsonKind(ute.Type), ute.Value)
+		if errors.As(err, &ute) {
+			if f == "" && ute.Field != "" {
+				f = jsonPath(ute.Field)
+			}
+			if f != "" {
+				kind := jsonKind(ute.Type)
+				if strings.HasPrefix(ute.Value, "number") && (kind == "a number" || kind == "an integer") {
+					return Errorf(f, "invalid JSON body: %s is out of range: %s", f, ute.Value)
+				}
+				return Errorf(f, "invalid JSON body: %s must be %s, got %s", f, kind, ute.Value)
+			}
 		}
-		return Errorf("", "invalid JSON body: %v", err)
+		msg := strings.TrimPrefix(err.Error(), "json: ")
+		if strings.Contains(msg, "Go ") { // encoding/json's own words name Go types
+			msg = "a value has the wrong type"
+		}
+		return Errorf(f, "invalid JSON body: %s", msg)
 	}
 	return nil
+}
+
+// errorPath is the JSON path of the value in body that keeps it from
+// decoding into a t ("" if none is found): the key that fails on its own
+// and whose removal lets its object decode, then, inside its value, the
+// array element that fails alone, and so on down. Fields that decode
+// themselves (content, stop, tool_choice) report no path of their own;
+// this finds it. Only on the error path, and bounded: the documents it
+// decodes add up to twice the body at most.
+func errorPath(body []byte, t reflect.Type) string {
+	n := &narrower{t: t, left: 2*len(body) + 1<<16}
+	return strings.TrimPrefix(n.narrow(body, func(x []byte) []byte { return x }), ".")
+}
+
+type narrower struct {
+	t    reflect.Type
+	left int // bytes it may still decode
+}
+
+// fails reports whether doc does not decode; known is false once the
+// budget is spent.
+func (n *narrower) fails(doc []byte) (failed, known bool) {
+	if n.left -= len(doc); n.left < 0 {
+		return false, false
+	}
+	return json.Unmarshal(doc, reflect.New(n.t).Interface()) != nil, true
+}
+
+// narrow finds what inside val (a failing part of the document; wrap
+// rebuilds the whole document around a replacement of it) fails.
+func (n *narrower) narrow(val []byte, wrap func([]byte) []byte) string {
+	var arr []json.RawMessage
+	if json.Unmarshal(val, &arr) == nil {
+		in := func(x []byte) []byte { b, _ := json.Marshal([]json.RawMessage{x}); return wrap(b) }
+		for i, e := range arr {
+			f, ok := n.fails(in(e))
+			if !ok {
+				return ""
+			}
+			if f {
+				return fmt.Sprintf("[%d]", i) + n.narrow(e, in)
+			}
+		}
+		return ""
+	}
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(val, &obj) != nil {
+		return ""
+	}
+	keys := make([]string, 0, len(obj))
+	for k := range obj {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		alone := func(x []byte) []byte { b, _ := json.Marshal(map[string]json.RawMessage{k: x}); return wrap(b) }
+		f, ok := n.fails(alone(obj[k]))
+		if !ok {
+			return ""
+		}
+		if !f {
+			continue
+		}
+		rest := make(map[string]json.RawMessage, len(obj))
+		for k2, v2 := range obj {
+			if k2 != k {
+				rest[k2] = v2
+			}
+		}
+		without, _ := json.Marshal(rest)
+		if f, ok = n.fails(wrap(without)); !ok {
+			return ""
+		}
+		if f {
+			continue // not this key alone (a value that needs another key: a part's type)
+		}
+		return "." + k + n.narrow(obj[k], alone)
+	}
+	return ""
 }
 
 // jsonPath drops the Go names of embedded structs from a decoding error's
