@@ -723,19 +723,31 @@ func (m *Model) Prefill(ctx context.Context, c KVCache, tokens []int32, chunk in
 // caches[i], which holds starts[i] positions; on an error or a panic every
 // cache is truncated to where it was.
 func (m *Model) guardedSeqs(caches []KVCache, starts []int, toks [][]int32, want logitRows, op string) (logits [][]float32, err error) {
-	for i, c := range caches {
-		beginStep(c, len(toks[i]))
-	}
-	defer func() {
-		if err != nil {
-			for i, c := range caches {
-				truncateHeld(c, starts[i])
-			}
-		}
-		m.b.Free()
-	}()
+	beginSeqs(caches, starts, toks)
+	defer func() { m.endSeqs(caches, starts, err) }()
 	defer recoverInto(&err, op)
 	return m.stepSeqs(caches, toks, want)
+}
+
+// beginSeqs begins a step of toks[i] on each caches[i], noting in starts[i]
+// where it was.
+func beginSeqs(caches []KVCache, starts []int, toks [][]int32) {
+	for i, c := range caches {
+		starts[i] = c.Len()
+		beginStep(c, len(toks[i]))
+	}
+}
+
+// endSeqs ends a step begun by beginSeqs (m.mu held): when it failed (err)
+// every cache goes back to where it was; the step's temporaries are freed
+// either way.
+func (m *Model) endSeqs(caches []KVCache, starts []int, err error) {
+	if err != nil {
+		for i, c := range caches {
+			truncateHeld(c, starts[i])
+		}
+	}
+	m.b.Free()
 }
 
 func (m *Model) guardedStep(c KVCache, tokens []int32) error {

@@ -268,18 +268,8 @@ func (m *Model) stageStep(ctx context.Context, caches []KVCache, toks [][]int32,
 	}
 	computed = true
 	starts := make([]int, len(caches))
-	for i, c := range caches {
-		starts[i] = c.Len()
-		beginStep(c, len(toks[i]))
-	}
-	defer func() {
-		if err != nil {
-			for i, c := range caches {
-				truncateHeld(c, starts[i])
-			}
-		}
-		m.b.Free()
-	}()
+	beginSeqs(caches, starts, toks)
+	defer func() { m.endSeqs(caches, starts, err) }()
 	var sent bool // ready succeeded: the send may have begun
 	if c != nil {
 		defer func() {
