@@ -268,11 +268,18 @@ func tinyLong(t *testing.T, root, dir string) string {
 
 type served struct{ runner, text string }
 
-// tryChatVia is tryChat that also says which runner served.
+// tryChatVia is tryChat that also says which runner served, its request
+// bound to 2 minutes.
 func tryChatVia(api, prompt string) (int, served, string) {
+	return postChat(&http.Client{Timeout: 2 * time.Minute}, api, prompt)
+}
+
+// postChat sends a greedy chat of 12 tokens through api with c and returns
+// the status, the runner that served and the answer's text (when 200), and
+// the body (or the request's error).
+func postChat(c *http.Client, api, prompt string) (int, served, string) {
 	b, _ := json.Marshal(map[string]any{"model": "tiny", "messages": []map[string]string{{"role": "user", "content": prompt}},
 		"max_tokens": 12, "temperature": 0})
-	c := &http.Client{Timeout: 2 * time.Minute}
 	resp, err := c.Post("http://"+api+"/v1/chat/completions", "application/json", strings.NewReader(string(b)))
 	if err != nil {
 		return 0, served{}, err.Error()

@@ -40,24 +40,11 @@ func chatText(t *testing.T, api, prompt string) (string, string) {
 }
 
 // tryChat is chatText that reports the status and body instead of failing.
+// Its request may take up to 10 minutes (one that waits out a group's
+// 2-minute join still answers, as callers polling with Until expect).
 func tryChat(api, prompt string) (code int, text, body string) {
-	b, _ := json.Marshal(map[string]any{"model": "tiny", "messages": []map[string]string{{"role": "user", "content": prompt}},
-		"max_tokens": 12, "temperature": 0})
-	resp, err := http.Post("http://"+api+"/v1/chat/completions", "application/json", strings.NewReader(string(b)))
-	if err != nil {
-		return 0, "", err.Error()
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	var v struct {
-		Choices []struct {
-			Message struct{ Content string }
-		}
-	}
-	if resp.StatusCode != 200 || json.Unmarshal(raw, &v) != nil || len(v.Choices) != 1 {
-		return resp.StatusCode, "", string(raw)
-	}
-	return 200, v.Choices[0].Message.Content, string(raw)
+	code, s, body := postChat(&http.Client{Timeout: 10 * time.Minute}, api, prompt)
+	return code, s.text, body
 }
 
 // stopHost ends h's supervisor with SIGTERM and waits for it.
@@ -257,21 +244,7 @@ func shardedTwoHosts(t *testing.T, decode, flag, sparkRunner, macRunner string) 
 	// kill -9 of mac's runner: mac's supervisor starts it again, the group
 	// re-forms, and the next request through mac's gateway answers as before.
 	syscall.Kill(macPIDs[macRunner], syscall.SIGKILL)
-	var st status
-	if !testutil.Until(90*time.Second, func() bool {
-		var err error
-		if st, err = mac.status(t); err != nil {
-			return false
-		}
-		for _, r := range st.Runners {
-			if r.Spec.Name == macRunner && r.Status.PID != macPIDs[macRunner] && r.Status.State == "ready" {
-				return true
-			}
-		}
-		return false
-	}) {
-		t.Fatalf("%s not restarted: %+v", macRunner, st)
-	}
+	waitRestarted(t, mac, macRunner, macPIDs[macRunner])
 	spark.waitRunners(t, append([]string{sparkRunner}, map[bool][]string{true: {"tiny-prefill"}}[remote]...)...)
 	// The gateways learn from /health that the group is whole again.
 	var text string

@@ -8,9 +8,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
-
-	"github.com/exo-pd/exo-pd/internal/testutil"
 )
 
 // TestTensorPrefillTwoHosts: two real supervisors (spark 127.0.0.2, mac
@@ -69,20 +66,7 @@ remote_prefill_route = "floor"`
 	// kill -9 of mac's prefill rank: restarted by mac's supervisor, the
 	// prefill group whole again, and the answers the same.
 	syscall.Kill(macPIDs["tiny-prefill-rank1"], syscall.SIGKILL)
-	if !testutil.Until(90*time.Second, func() bool {
-		st, err := mac.status(t)
-		if err != nil {
-			return false
-		}
-		for _, r := range st.Runners {
-			if r.Spec.Name == "tiny-prefill-rank1" && r.Status.PID != macPIDs["tiny-prefill-rank1"] && r.Status.State == "ready" {
-				return true
-			}
-		}
-		return false
-	}) {
-		t.Fatal("tiny-prefill-rank1 not restarted")
-	}
+	waitRestarted(t, mac, "tiny-prefill-rank1", macPIDs["tiny-prefill-rank1"])
 	for i, p := range after {
 		if _, text := chatText(t, mac.api, p); text != want[len(prompts)+i] {
 			t.Errorf("after the restart, prompt %d: %q, one runner %q", i, text, want[len(prompts)+i])
