@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/exo-pd/exo-pd/internal/testutil"
+	"github.com/exo-pd/exo-pd/runners/tensor"
 )
 
 // mlxRunner is the flags that put a runner on MLX's CPU device; it skips
@@ -32,6 +33,7 @@ func TestTensorParallelTinyMLX(t *testing.T) {
 	ref := start(t, "tp-mlx-ref", "decode", append([]string{"--model", dir}, mlx...)...)
 	g := startTensor(t, dir, 2, mlx...)
 	checkTensorGroup(t, g, ref, []string{"hello there", words(11, 60)}, 2, true)
+	checkTensorSums(t, g, "ring", "")
 }
 
 // TestTensorParallelTinyMLXLostRank: on MLX a killed rank ends the
@@ -64,7 +66,8 @@ func TestTensorParallelRemotePrefillMLX(t *testing.T) {
 
 // TestTensorParallelTinyMLXJACCLFallback: ranks given a JACCL device
 // matrix (--tensor-rdma) on a host whose libmlx has no JACCL (any but a
-// Mac with RDMA enabled) log why and join MLX's ring instead, answering
+// Mac with RDMA enabled) say why on /health and exo_tensor_group
+// (jaccl_unavailable) and join MLX's ring instead, answering
 // as one MLX runner does. By hand (EXO_MLXC_PATH); not on macOS, where
 // JACCL may be there and the fake devices would fail it.
 func TestTensorParallelTinyMLXJACCLFallback(t *testing.T) {
@@ -76,11 +79,7 @@ func TestTensorParallelTinyMLXJACCLFallback(t *testing.T) {
 	ref := start(t, "tp-mlx-jaccl-ref", "decode", append([]string{"--model", dir}, mlx...)...)
 	g := startTensor(t, dir, 2, append(mlx, "--tensor-rdma", `[[null,"rdma_en3"],["rdma_en4",null]]`)...)
 	checkTensorGroup(t, g, ref, []string{"hello there"}, 2, true)
-	for i, r := range g.ranks {
-		if l := r.logs(); !strings.Contains(l, "JACCL unavailable, falling back to MLX's ring") {
-			t.Errorf("rank %d did not log the fallback:\n%s", i, l)
-		}
-	}
+	checkTensorSums(t, g, "ring", tensor.ReasonNoJACCL)
 }
 
 // TestTensorPrefillMLX is TestTensorPrefill on MLX's CPU device, by hand

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -137,6 +138,23 @@ func checkTensorGroup(t *testing.T, g *tpGroup, ref *proc, prompts []string, lay
 	}
 }
 
+// checkTensorSums: every rank's /health "tensor_group" and
+// exo_tensor_group say its all_sums run over group (for reason).
+func checkTensorSums(t *testing.T, g *tpGroup, group, reason string) {
+	t.Helper()
+	for r, p := range g.ranks {
+		_, body := health(p)
+		tg, _ := body["tensor_group"].(map[string]any)
+		if tg["group"] != group || fmt.Sprint(cmp.Or(tg["reason"], "")) != reason {
+			t.Errorf("rank %d: /health tensor_group %v, want group %q reason %q\n%s", r, body["tensor_group"], group, reason, tail(p.logs(), 3000))
+		}
+		series := fmt.Sprintf(`exo_tensor_group{group=%q,model="m",rank="%d",reason=%q}`, group, r, reason)
+		if v := p.metric(t, series); v != 1 {
+			t.Errorf("rank %d: %s = %v, want 1", r, series, v)
+		}
+	}
+}
+
 // TestTensorParallelTiny: two rank processes of the tiny model answer as
 // one runner does; a killed rank ends the request in hand with an error
 // naming the group, rank 0's /health fails, and once the rank is started
@@ -146,6 +164,7 @@ func TestTensorParallelTiny(t *testing.T) {
 	ref := start(t, "tp-ref", "decode", "--model", dir)
 	g := startTensor(t, dir, 2)
 	checkTensorGroup(t, g, ref, []string{"hello there", words(11, 60)}, 2, true)
+	checkTensorSums(t, g, "link", "") // the cpu backend: over the tensor link
 
 	// A long generation, and rank 1 killed while it streams.
 	killRankMidStream(t, g)

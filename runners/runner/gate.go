@@ -35,6 +35,9 @@ type loadGate struct {
 	// its hidden states go, and why not over MLX's ring): /health's
 	// "stage_transport" once loaded, healthy or degraded.
 	transport func() any
+	// tensor, when set, is a tensor rank's tensor.Sums (how its all_sums
+	// run, and why MLX fell back to its ring): /health's "tensor_group".
+	tensor func() any
 	// endpoints, when set, reports the prefill endpoints' breaker states.
 	endpoints func() []decode.EndpointHealth
 	drain     *openai.Drain // the runner's shutdown state: /health fails once it stops
@@ -76,9 +79,7 @@ func (g *loadGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				w.WriteHeader(http.StatusServiceUnavailable)
 				body := map[string]any{"status": "degraded", "role": g.role, "model": g.name,
 					"error": err.Error(), "instance": g.instance, "pid": os.Getpid()}
-				if g.transport != nil {
-					body["stage_transport"] = g.transport()
-				}
+				g.describe(body)
 				_ = json.NewEncoder(w).Encode(body)
 				return
 			}
@@ -89,9 +90,7 @@ func (g *loadGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if g.endpoints != nil {
 			body["prefill_endpoints"] = g.endpoints()
 		}
-		if g.transport != nil {
-			body["stage_transport"] = g.transport()
-		}
+		g.describe(body)
 		_ = json.NewEncoder(w).Encode(body)
 		return
 	}
@@ -103,6 +102,17 @@ func (g *loadGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	(*h).ServeHTTP(w, r)
+}
+
+// describe adds a loaded runner's group fields to its /health body: a
+// pipeline stage's stage_transport, a tensor rank's tensor_group.
+func (g *loadGate) describe(body map[string]any) {
+	if g.transport != nil {
+		body["stage_transport"] = g.transport()
+	}
+	if g.tensor != nil {
+		body["tensor_group"] = g.tensor()
+	}
 }
 
 // serveHTTP serves h on l until ctx ends, then drains (d.Stop: new

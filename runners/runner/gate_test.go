@@ -16,6 +16,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/openai"
 	"github.com/exo-pd/exo-pd/runners/stage"
+	"github.com/exo-pd/exo-pd/runners/tensor"
 )
 
 func TestLoadGate(t *testing.T) {
@@ -68,7 +69,8 @@ func TestLoadGate(t *testing.T) {
 
 // TestLoadGateStageTransport: a pipeline stage's /health carries its
 // stage.Transport ("stage_transport") when ready and when degraded (its
-// links down), and a runner that is no stage has none.
+// links down), and a runner that is no stage has none; a tensor rank's
+// carries its tensor.Sums ("tensor_group").
 func TestLoadGateStageTransport(t *testing.T) {
 	var h http.Handler = http.NewServeMux()
 	g := &loadGate{role: "decode", name: "m", load: func() (int, int) { return 0, 0 }}
@@ -90,6 +92,10 @@ func TestLoadGateStageTransport(t *testing.T) {
 	want := map[string]any{"transport": "tcp", "reason": stage.ReasonPeer, "detail": tr.Detail}
 	if code, body := get(); code != 200 || !reflect.DeepEqual(body["stage_transport"], want) {
 		t.Fatalf("ready stage: %d %v, want stage_transport %v", code, body, want)
+	}
+	g.tensor = func() any { return tensor.Sums{Group: "ring", Reason: tensor.ReasonNoJACCL, Detail: "no JACCL"} }
+	if _, body := get(); !reflect.DeepEqual(body["tensor_group"], map[string]any{"group": "ring", "reason": "jaccl_unavailable", "detail": "no JACCL"}) {
+		t.Fatalf("tensor rank: %v", body)
 	}
 	g.health = func() error { return errors.New("stage link down") }
 	tr = stage.Transport{Transport: "mlx"}

@@ -115,6 +115,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		<-httpDone
 		return fmt.Errorf("runner: %w", err)
 	}
+	if tr != nil {
+		gate.tensor = func() any { return tr.Sums() }
+	}
 	m, path, err := loadModel(ctx, c, gate, log, tr.Join())
 	if err != nil {
 		tr.Close()

@@ -94,6 +94,7 @@ type Metrics struct {
 	Calls   *prometheus.CounterVec
 	Bytes   *prometheus.CounterVec
 	Seconds *prometheus.CounterVec
+	Group   *prometheus.GaugeVec // exo_tensor_group (Sums)
 }
 
 // NewMetrics makes and registers exo_tensor_allsum_total,
@@ -107,6 +108,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Bytes of this rank's all_sum operands."}, []string{"model", "rank"}),
 		Seconds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "exo_tensor_allsum_seconds_total",
 			Help: "Time this rank spent in all_sums (on mlx: queuing the lazy op; its wait is in the step's eval)."}, []string{"model", "rank"}),
+		Group: newGroupGauge(),
 	}
 	if reg != nil {
 		m.Register(reg)
@@ -117,7 +119,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // Register registers m's counters on reg (a runner makes its Metrics
 // before its registry: the collective exists before the model loads).
 func (m *Metrics) Register(reg prometheus.Registerer) {
-	reg.MustRegister(m.Calls, m.Bytes, m.Seconds)
+	reg.MustRegister(m.Calls, m.Bytes, m.Seconds, m.Group)
 }
 
 // metered counts a Collective's all_sums.

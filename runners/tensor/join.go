@@ -79,7 +79,13 @@ type Rank struct {
 	// MLX is whether the ranks sum through MLX's group (a lost rank
 	// cannot rejoin it: every rank exits).
 	MLX bool
+	// sums is how the rank's all_sums run, once Collective chose.
+	sums sumsReport
 }
+
+// Sums is how the rank's all_sums run (zero before its collective is
+// made).
+func (r *Rank) Sums() Sums { return r.sums.get() }
 
 // Check validates c without side effects.
 func (c RankConfig) Check() error {
@@ -142,6 +148,7 @@ func (r *Rank) Collective(c RankConfig, b engine.Backend) (engine.Collective, er
 		} else {
 			coll = r.Follower.Collective()
 		}
+		r.sums.set(Sums{Group: "link"}, c.Metrics, c.Model, c.Rank)
 		return Meter(coll, c.Metrics, c.Model), nil
 	}
 	if c.Logger == nil {
@@ -150,6 +157,7 @@ func (r *Rank) Collective(c RankConfig, b engine.Backend) (engine.Collective, er
 	// MLX on a Linux GPU is CUDA: its ranks sum over NCCL.
 	cuda := b.Name() == "mlx-gpu" && runtime.GOOS == "linux"
 	bk, why := chooseMLXBackend(c, cuda, func(name string) (bool, error) { return mlx.DistributedAvailable(b, name) })
+	sums := mlxSums(bk, why, cuda)
 	if why != "" && cuda {
 		c.Logger.Warn("tensor: NCCL unavailable, falling back to MLX's ring", "reason", why)
 	} else if why != "" {
@@ -231,6 +239,7 @@ func (r *Rank) Collective(c RankConfig, b engine.Backend) (engine.Collective, er
 		return nil, fmt.Errorf("tensor: MLX's group says rank %d of %d, --tensor %d/%d", g.Rank(), g.Size(), c.Rank, c.Size)
 	}
 	r.MLX = true
+	r.sums.set(sums, c.Metrics, c.Model, c.Rank)
 	return Meter(g, c.Metrics, c.Model), nil
 }
 

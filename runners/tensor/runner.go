@@ -150,6 +150,15 @@ func (t *Runner) Leader() *Leader {
 	return t.r.Leader
 }
 
+// Sums is how this rank's all_sums run (its /health "tensor_group"):
+// zero before the model loaded, and for a whole model.
+func (t *Runner) Sums() Sums {
+	if t == nil {
+		return Sums{}
+	}
+	return t.r.Sums()
+}
+
 // Health is nil while the group is whole (rank 0) or linked (a
 // follower).
 func (t *Runner) Health() error {
