@@ -4,13 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
-	"github.com/exo-pd/exo-pd/runners/engine/cpu"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 	"github.com/exo-pd/exo-pd/runners/metrics"
@@ -77,27 +75,12 @@ func newSignalSink() *signalSink {
 // computed once. When the computation fails, the follower fails too
 // (ErrRemoteInternal), and its decode stage falls back.
 func TestRangeRequestsFollowOneComputation(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "tiny3")
-	if err := testmodel.Write(dir, testmodel.Spec{Arch: "qwen2", Seed: 7, Layers: 3, MaxPositions: 1024}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := engine.Load(context.Background(), dir, cpu.New(2), engine.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
+	m := loadSpec(t, "tiny3", testmodel.Spec{Arch: "qwen2", Seed: 7, Layers: 3, MaxPositions: 1024})
 	ctx := context.Background()
 	info := m.Info()
 	fp := kvwire.Fingerprint(m.Fingerprint())
-	prompt := make([]int32, 61)
-	for i := range prompt {
-		prompt[i] = int32(13 + i*31%450)
-	}
-	ref := m.NewCache()
-	defer ref.Free()
-	if err := m.Prefill(ctx, ref, prompt[:len(prompt)-1], 16, nil); err != nil {
-		t.Fatal(err)
-	}
+	prompt := ramp(61, 13, 31, 450)
+	ref := localPrefill(t, m, prompt[:len(prompt)-1], 16)
 
 	for _, fail := range []error{nil, errors.New("the device went away")} {
 		held := &holdAfterFirst{Model: m, release: make(chan struct{}), fail: fail}

@@ -5,11 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"testing"
 
-	"github.com/exo-pd/exo-pd/runners/engine"
-	"github.com/exo-pd/exo-pd/runners/engine/cpu"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 	"github.com/exo-pd/exo-pd/runners/metrics"
@@ -21,30 +18,15 @@ import (
 // local prefill computes, in native and FP8 wire dtypes, with a layer
 // range too; a range beyond the model's heads is a mismatch.
 func TestProduceHeadRange(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "tiny")
-	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 5, Layers: 2, Heads: 8, KVHeads: 4, HeadDim: 16, MaxPositions: 1024}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := engine.Load(context.Background(), dir, cpu.New(2), engine.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
+	m := loadSpec(t, "tiny", testmodel.Spec{Arch: "llama", Seed: 5, Layers: 2, Heads: 8, KVHeads: 4, HeadDim: 16, MaxPositions: 1024})
 	_, addr := serveProducer(t, Options{Name: "m", Model: m, Chunk: 16, CacheBlock: 16, Metrics: metrics.New("prefill")})
 	ctx := context.Background()
 	cl := kvwire.NewClient(kvwire.ClientConfig{})
 	info := m.Info()
 	fp := kvwire.Fingerprint(m.Fingerprint())
-	prompt := make([]int32, 45)
-	for i := range prompt {
-		prompt[i] = int32(7 + i*31%400)
-	}
+	prompt := ramp(45, 7, 31, 400)
 	const start = 5
-	ref := m.NewCache()
-	defer ref.Free()
-	if err := m.Prefill(ctx, ref, prompt[:len(prompt)-1], 16, nil); err != nil {
-		t.Fatal(err)
-	}
+	ref := localPrefill(t, m, prompt[:len(prompt)-1], 16)
 	for _, c := range []struct {
 		h      [2]int
 		layers [2]int

@@ -5,11 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"testing"
 
-	"github.com/exo-pd/exo-pd/runners/engine"
-	"github.com/exo-pd/exo-pd/runners/engine/cpu"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 	"github.com/exo-pd/exo-pd/runners/metrics"
@@ -45,31 +42,16 @@ func (s *layerSink) Rollback()                      {}
 // served from the prefix cache without computing; a range beyond the
 // model is a mismatch, for requests and prefix probes alike.
 func TestProduceLayerRange(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "tiny3")
-	if err := testmodel.Write(dir, testmodel.Spec{Arch: "qwen2", Seed: 5, Layers: 3, MaxPositions: 1024}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := engine.Load(context.Background(), dir, cpu.New(2), engine.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
+	m := loadSpec(t, "tiny3", testmodel.Spec{Arch: "qwen2", Seed: 5, Layers: 3, MaxPositions: 1024})
 	met := metrics.New("prefill")
 	_, addr := serveProducer(t, Options{Name: "m", Model: m, Chunk: 16, CacheBlock: 16, Metrics: met})
 	ctx := context.Background()
 	cl := kvwire.NewClient(kvwire.ClientConfig{})
 	info := m.Info()
 	fp := kvwire.Fingerprint(m.Fingerprint())
-	prompt := make([]int32, 61)
-	for i := range prompt {
-		prompt[i] = int32(11 + i*29%450)
-	}
+	prompt := ramp(61, 11, 29, 450)
 	const start = 7
-	ref := m.NewCache()
-	defer ref.Free()
-	if err := m.Prefill(ctx, ref, prompt[:len(prompt)-1], 16, nil); err != nil {
-		t.Fatal(err)
-	}
+	ref := localPrefill(t, m, prompt[:len(prompt)-1], 16)
 	n := len(prompt) - 1 - start
 	var computed float64
 	for i, r := range [][2]int{{1, 3}, {0, 1}, {2, 3}} {

@@ -3,11 +3,9 @@ package prefill
 import (
 	"bytes"
 	"context"
-	"path/filepath"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
-	"github.com/exo-pd/exo-pd/runners/engine/cpu"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 )
@@ -18,24 +16,13 @@ import (
 // ship everything, and the prefix cache counts a sliding layer at its ring's
 // size, not the prompt's.
 func TestProduceSlidingWindows(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "gemma3")
-	if err := testmodel.Write(dir, testmodel.Spec{Arch: "gemma3", Seed: 3, Layers: 3, MaxPositions: 1024}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := engine.Load(context.Background(), dir, cpu.New(2), engine.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() }) // after the producer's (serveProducer)
+	m := loadSpec(t, "gemma3", testmodel.Spec{Arch: "gemma3", Seed: 3, Layers: 3, MaxPositions: 1024})
 	info := m.Info()
 	prod, addr := serveProducer(t, Options{Name: "m", Model: m, Chunk: 32})
 	ctx := context.Background()
 	fp := kvwire.Fingerprint(m.Fingerprint())
 	exp := &kvwire.Expect{Fingerprint: fp, Kinds: make([]kvwire.LayerKind, info.Layers), Windows: info.Windows, KVHeads: info.KVHeads, HeadDim: info.HeadDim}
-	prompt := make([]int32, 300)
-	for i := range prompt {
-		prompt[i] = int32(7 + i*13%400)
-	}
+	prompt := ramp(300, 7, 13, 400)
 	sink := &collect{cache: m.NewCache(), received: make(chan struct{})}
 	st, err := kvwire.NewClient(kvwire.ClientConfig{}).Fetch(ctx, addr,
 		&kvwire.Request{ID: "a", Model: "m", Fingerprint: fp, Tokens: prompt}, exp, sink)
@@ -50,10 +37,7 @@ func TestProduceSlidingWindows(t *testing.T) {
 	if want := (2*7 + int64(end)) * perPos; st.PayloadBytes != want {
 		t.Fatalf("payload %d bytes, want %d (2 sliding layers × 7 positions + 1 full × %d)", st.PayloadBytes, want, end)
 	}
-	ref := m.NewCache()
-	if err := m.Prefill(ctx, ref, prompt[:end], 32, nil); err != nil {
-		t.Fatal(err)
-	}
+	ref := localPrefill(t, m, prompt[:end], 32)
 	for layer, w := range info.Windows {
 		from := engine.WindowStart(w, end)
 		a, _, err1 := sink.cache.Export(layer, from, end-from)
