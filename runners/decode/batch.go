@@ -76,6 +76,10 @@ type stepReq struct {
 	// dev is the generation's Picker when its tokens may be picked on the
 	// device (overlappable): the batcher may overlap its steps.
 	dev *Picker
+	// left is how many steps the generation may still take, this one
+	// included (its max_tokens; 0: no bound): an overlap queues none past
+	// them.
+	left int
 }
 
 // stepStat is what a step cost and with whom: the forward's time and the
@@ -126,6 +130,8 @@ type member struct {
 	// device (overlappable), so that its steps may be overlapped and
 	// return the picked token, not logits; nil otherwise.
 	dev *Picker
+	// left: stepReq.left for the member's next step.
+	left int
 }
 
 // joinMember registers a generation; leave must be called once when it
@@ -207,7 +213,7 @@ func (b *batcher) members() int {
 // member's own row: valid until its next step.
 func (m *member) step(cache engine.KVCache, tok int32) (stepOut, error) {
 	b, r := m.b, &m.req
-	r.cache, r.tok, r.feed, r.logits, r.err, r.dev = cache, tok, nil, nil, nil, m.dev
+	r.cache, r.tok, r.feed, r.logits, r.err, r.dev, r.left = cache, tok, nil, nil, nil, m.dev, m.left
 	select {
 	case b.reqs <- r:
 	case <-b.stopped:
@@ -236,7 +242,7 @@ func (m *member) step(cache engine.KVCache, tok int32) (stepOut, error) {
 // stepAll model (b.all).
 func (m *member) stepAll(cache engine.KVCache, feed []int32) ([]float32, stepStat, error) {
 	b, r := m.b, &m.req
-	r.cache, r.tok, r.feed, r.logits, r.err, r.dev = cache, feed[0], feed, nil, nil, nil
+	r.cache, r.tok, r.feed, r.logits, r.err, r.dev, r.left = cache, feed[0], feed, nil, nil, nil, 0
 	select {
 	case b.reqs <- r:
 	case <-b.stopped:

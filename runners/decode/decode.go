@@ -204,16 +204,17 @@ type Options struct {
 type Server struct {
 	o       Options
 	overlap bool // overlapped plain greedy steps (overlap.go)
-	// soloOverlapped counts the overlapped steps of lone generations (tests).
-	soloOverlapped atomic.Int64
-	info           engine.ModelInfo
-	adm            *admission
-	pool           *kvPool
-	m              *metrics.Runner
-	log            *slog.Logger
-	seq            atomic.Uint64
-	eos            map[int32]bool
-	format         chat.Format // the model's chat format (tool calls, reasoning)
+	// soloOverlapped counts the overlapped steps of lone generations,
+	// soloDropped the steps they computed for nothing (tests).
+	soloOverlapped, soloDropped atomic.Int64
+	info                        engine.ModelInfo
+	adm                         *admission
+	pool                        *kvPool
+	m                           *metrics.Runner
+	log                         *slog.Logger
+	seq                         atomic.Uint64
+	eos                         map[int32]bool
+	format                      chat.Format // the model's chat format (tool calls, reasoning)
 
 	specMax    int          // the most tokens drafted per step; 0: no speculation
 	draftPool  *kvPool      // draft mode: the draft model's caches, by prefix
@@ -733,6 +734,7 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 		defer func() {
 			solo.stop() // the cache without the step in flight
 			s.soloOverlapped.Add(int64(solo.served))
+			s.soloDropped.Add(int64(solo.dropped))
 		}()
 	}
 	for {
@@ -818,10 +820,21 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 					sp.observe(1, time.Since(t1))
 				}
 			}
-		} else if o, ok, oerr := solo.one(ctx, picker, entry.cache, tok); ok {
-			out, err = o, oerr
 		} else {
-			out, err = s.decodeStep(ctx, mem, pm, entry.cache, tok)
+			// the steps this generation may still take, this one
+			// included: an overlap queues none past them
+			left := maxNew - res.CompletionTokens
+			if s.info.MaxPositions > 0 {
+				left = min(left, s.info.MaxPositions-len(entry.tokens)-1)
+			}
+			if o, ok, oerr := solo.one(ctx, picker, entry.cache, tok, left); ok {
+				out, err = o, oerr
+			} else {
+				if mem != nil {
+					mem.left = left
+				}
+				out, err = s.decodeStep(ctx, mem, pm, entry.cache, tok)
+			}
 		}
 		if err != nil {
 			return res, fmt.Errorf("decode step %d: %w", res.CompletionTokens, err)

@@ -3,6 +3,7 @@ package decode
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -35,13 +36,14 @@ func overlapping(m Model) bool {
 
 // overlappable returns the generation's Picker when its tokens may be
 // picked on the device (engine.SampleSpec: greedy or sample.Sampler's
-// temperature, top-k/p, min-p, seeded draws, penalties and logit bias),
-// so that its steps can be overlapped; nil when a step must be serial: a
-// grammar or tool-call constraint (its mask needs the previous token on
-// the host), logprobs (they need the logits), speculation, a pipeline's
-// picking stage, or a sampler that is not sample.Sampler.
+// temperature, top-k/p, min-p, seeded draws, penalties, logit bias, a
+// grammar or tool-call constraint's mask made on the host while the
+// device computes the step, logprobs computed on the device), so that
+// its steps can be overlapped; nil when a step must be serial:
+// speculation, a pipeline's picking stage, or a sampler that is not
+// sample.Sampler.
 func overlappable(p *Picker, sp *speculator, pm PickingModel) *Picker {
-	if p == nil || p.cons != nil || p.logprobs || sp != nil || pm != nil {
+	if p == nil || sp != nil || pm != nil {
 		return nil
 	}
 	if _, ok := p.sampler.(*sample.Sampler); !ok {
@@ -54,25 +56,39 @@ func overlappable(p *Picker, sp *speculator, pm PickingModel) *Picker {
 // stay the same and every one is overlappable, each batch is one
 // engine.Overlap.Next (the step after it already queued); any other batch
 // stops it first (the caches drop the step in flight, the samplers take
-// back its draws) and runs serially.
+// back its draws) and runs serially. A member whose max_tokens ends with
+// the step in flight is not in the next one (engine.SampleSpec.Steps):
+// it leaves without stopping the others.
 type overlapRun struct {
 	m   overlapStarter
 	log *slog.Logger
 
-	mu     sync.Mutex
-	o      *engine.Overlap
-	caches []engine.KVCache // o's caches, in its order
-	pick   []*Picker        // their Pickers
-	// marks[j] are the random states before each draw of member j that
-	// no returned token has used yet (the step in flight's; two after a
-	// failed Next): Stop resets the sampler to the first.
-	marks [][]sample.Mark
-	next  []int32 // what o.Next returned last: each member's next token
-	idx   []int   // scratch: batch position → o's index
-	off   bool    // StartOverlap refused these caches' model kind: never again
-	// served counts batches served overlapped, sampled those with a row
-	// that is not plain greedy (tests).
-	served, sampled int
+	mu   sync.Mutex
+	o    *engine.Overlap
+	rows []*ovRow // o's rows in flight, in its order
+	read []*ovRow // scratch: the rows of the step Next reads
+	idx  []int    // scratch: batch position → rows' index
+	off  bool     // StartOverlap refused these caches' model kind: never again
+	// served counts batches served overlapped; sampled, constrained and
+	// logprobs the overlaps begun with a row that is not plain greedy,
+	// with a grammar's mask, with logprobs; dropped the steps stopped in
+	// flight, computed for nothing (tests).
+	served, sampled, constrained, logprobs, dropped int
+}
+
+// ovRow is one member of the overlap.
+type ovRow struct {
+	cache engine.KVCache
+	pick  *Picker
+	// marks are the random states before each draw that no returned
+	// token has used yet (the step in flight's; two after a failed
+	// Next): Stop resets the sampler to the first.
+	marks []sample.Mark
+	next  int32 // what Next returned last: the member's next token
+	// A constrained row's Accept: the constraint's error (the request
+	// fails with it) and whether it is complete.
+	err  error
+	done bool
 }
 
 // step serves batch through the overlap and signals its requests, or
@@ -91,27 +107,47 @@ func (v *overlapRun) step(batch []*stepReq) bool {
 			return false
 		}
 	}
+	v.read = append(v.read[:0], v.rows...)
 	toks, err := v.o.Next(ctx)
+	failed := false
 	if err != nil {
 		v.stopLocked()
 	} else {
-		v.next = append(v.next[:0], toks...)
 		v.served++
-		for j, p := range v.pick {
-			if len(v.marks[j]) > 0 { // the returned token used its step's draw
-				v.marks[j] = v.marks[j][1:]
+		for j, w := range v.read {
+			if len(w.marks) > 0 { // the returned token used its step's draw
+				w.marks = w.marks[1:]
 			}
-			p.accept(toks[j])
+			w.next = toks[j]
+			w.pick.accept(toks[j])
+			failed = failed || w.err != nil
 		}
 	}
 	for i, r := range batch {
-		if err != nil {
+		switch {
+		case err != nil:
 			r.err = err
-		} else {
-			r.picked, r.logits = Picked{Tok: toks[v.idx[i]]}, nil
+		case v.read[v.idx[i]].err != nil:
+			r.err = fmt.Errorf("constraint: %w", v.read[v.idx[i]].err)
+		default:
+			w, j := v.read[v.idx[i]], v.idx[i]
+			r.picked, r.logits = Picked{Tok: toks[j], Done: w.done}, nil
+			if w.pick.logprobs {
+				lp, top := v.o.Logprob(j)
+				r.picked.Logprob = w.pick.logprobOf(toks[j], lp, top)
+			}
 		}
 		r.done <- struct{}{}
 	}
+	if err == nil {
+		// the rows still in flight (those whose max_tokens ended are not)
+		in := v.o.Caches()
+		v.rows = slices.DeleteFunc(v.rows, func(w *ovRow) bool { return !slices.Contains(in, w.cache) })
+		if _, merr := v.o.Failed(); merr != nil || failed || len(v.rows) == 0 {
+			v.stopLocked() // a mask failed: the serial step meets the error; or nothing left in flight
+		}
+	}
+	clear(v.read)
 	return true
 }
 
@@ -119,22 +155,50 @@ func (v *overlapRun) step(batch []*stepReq) bool {
 func (v *overlapRun) start(ctx context.Context, batch []*stepReq) bool {
 	n := len(batch)
 	caches, toks, specs := make([]engine.KVCache, n), make([]int32, n), make([]engine.SampleSpec, n)
-	v.pick, v.marks = v.pick[:0], v.marks[:0]
-	sampled := false
+	v.rows = v.rows[:0]
+	sampled, constrained, logprobs := false, false, false
 	for i, r := range batch {
+		w := &ovRow{cache: r.cache, pick: r.dev}
+		v.rows = append(v.rows, w)
 		caches[i], toks[i] = r.cache, r.tok
-		v.pick, v.marks = append(v.pick, r.dev), append(v.marks, nil)
-		s := r.dev.sampler.(*sample.Sampler)
-		specs[i] = engine.SampleSpec{Params: s.Params(), History: r.dev.history, Counts: s.Counts()}
+		p := r.dev
+		s := p.sampler.(*sample.Sampler)
+		specs[i] = engine.SampleSpec{Params: s.Params(), History: p.history, Counts: s.Counts(),
+			Logprobs: p.logprobs, Top: p.top, Steps: r.left}
 		if specs[i].Params.Temperature > 0 {
 			specs[i].Uniform = func() float64 {
-				v.marks[i] = append(v.marks[i], s.Mark())
+				w.marks = append(w.marks, s.Mark())
 				return s.Uniform()
 			}
 		}
+		if p.cons != nil {
+			specs[i].Mask = func(dst []float32) error {
+				if w.err != nil || w.done {
+					return nil // its generation ends with the token before: the step in flight is dropped
+				}
+				return p.cons.Mask(dst)
+			}
+			specs[i].Accept = func(tok int32) error {
+				if w.err == nil {
+					w.err = p.cons.Accept(tok)
+					w.done = w.err == nil && p.cons.Done()
+				}
+				return nil // the request fails with w.err, not the batch
+			}
+			constrained = true
+		}
 		sampled = sampled || !specs[i].Plain()
+		logprobs = logprobs || p.logprobs
 	}
 	o, err := v.m.StartOverlap(ctx, caches, toks, specs)
+	if err == nil {
+		if _, merr := o.Failed(); merr != nil { // the serial step meets the error
+			err = merr
+			if serr := o.Stop(); serr != nil {
+				v.log.Error("overlapped decode: stopping", "err", serr)
+			}
+		}
+	}
 	if err != nil {
 		v.rewind()
 		if errors.Is(err, engine.ErrNoOverlap) {
@@ -142,7 +206,7 @@ func (v *overlapRun) start(ctx context.Context, batch []*stepReq) bool {
 		}
 		return false // the serial step reports any other error
 	}
-	v.o, v.caches = o, caches
+	v.o = o
 	v.idx = v.idx[:0]
 	for i := range batch {
 		v.idx = append(v.idx, i)
@@ -150,19 +214,25 @@ func (v *overlapRun) start(ctx context.Context, batch []*stepReq) bool {
 	if sampled {
 		v.sampled++
 	}
+	if constrained {
+		v.constrained++
+	}
+	if logprobs {
+		v.logprobs++
+	}
 	return true
 }
 
 // matches reports whether batch is exactly the overlap's members, each
 // feeding the token it was given last; it fills v.idx.
 func (v *overlapRun) matches(batch []*stepReq) bool {
-	if v.o == nil || len(batch) != len(v.caches) {
+	if v.o == nil || len(batch) != len(v.rows) {
 		return false
 	}
 	v.idx = v.idx[:0]
 	for _, r := range batch {
-		j := slices.Index(v.caches, r.cache)
-		if j < 0 || v.next[j] != r.tok || v.pick[j] != r.dev {
+		j := slices.IndexFunc(v.rows, func(w *ovRow) bool { return w.cache == r.cache })
+		if j < 0 || v.rows[j].next != r.tok || v.rows[j].pick != r.dev {
 			return false
 		}
 		v.idx = append(v.idx, j)
@@ -171,15 +241,17 @@ func (v *overlapRun) matches(batch []*stepReq) bool {
 }
 
 // one is step for a lone generation's step (no batcher): ok false when
-// v is nil or did not overlap it (the caller steps serially).
-func (v *overlapRun) one(ctx context.Context, p *Picker, cache engine.KVCache, tok int32) (out stepOut, ok bool, err error) {
+// v is nil or did not overlap it (the caller steps serially). left is how
+// many steps the generation may still take, this one included (0: no
+// bound).
+func (v *overlapRun) one(ctx context.Context, p *Picker, cache engine.KVCache, tok int32, left int) (out stepOut, ok bool, err error) {
 	if v == nil {
 		return stepOut{}, false, nil
 	}
 	if err := ctx.Err(); err != nil {
 		return stepOut{}, true, err
 	}
-	r := &stepReq{cache: cache, tok: tok, dev: p, done: make(chan struct{}, 1)}
+	r := &stepReq{cache: cache, tok: tok, dev: p, left: left, done: make(chan struct{}, 1)}
 	if !v.step([]*stepReq{r}) {
 		return stepOut{}, false, nil
 	}
@@ -190,12 +262,12 @@ func (v *overlapRun) one(ctx context.Context, p *Picker, cache engine.KVCache, t
 	return stepOut{picked: &r.picked}, true, nil
 }
 
-// release stops the overlap if it holds cache: a member that stops
-// stepping gets its cache back without the step in flight.
+// release stops the overlap if it holds cache in flight: a member that
+// stops stepping gets its cache back without the step in flight.
 func (v *overlapRun) release(cache engine.KVCache) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.o != nil && slices.Contains(v.caches, cache) {
+	if v.o != nil && slices.ContainsFunc(v.rows, func(w *ovRow) bool { return w.cache == cache }) {
 		v.stopLocked()
 	}
 }
@@ -210,23 +282,24 @@ func (v *overlapRun) stopLocked() {
 	if v.o == nil {
 		return
 	}
+	if len(v.o.Caches()) > 0 {
+		v.dropped++
+	}
 	if err := v.o.Stop(); err != nil {
 		v.log.Error("overlapped decode: stopping", "err", err)
 	}
 	v.o = nil
 	v.rewind()
-	clear(v.caches)
-	v.caches = v.caches[:0]
 }
 
 // rewind gives each sampler back the draws of the steps whose tokens
 // were dropped.
 func (v *overlapRun) rewind() {
-	for j, ms := range v.marks {
-		if len(ms) > 0 {
-			v.pick[j].sampler.(*sample.Sampler).Reset(ms[0])
+	for _, w := range v.rows {
+		if len(w.marks) > 0 {
+			w.pick.sampler.(*sample.Sampler).Reset(w.marks[0])
 		}
 	}
-	clear(v.pick)
-	v.pick, v.marks = v.pick[:0], v.marks[:0]
+	clear(v.rows)
+	v.rows = v.rows[:0]
 }

@@ -7,7 +7,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/chat"
@@ -18,12 +17,71 @@ import (
 )
 
 // TestOverlappedBatchEqualsSerialMLX: on the MLX backend the batcher
-// overlaps steps by itself (async_eval), and concurrent requests,
-// overlapped and serial ones mixed, answer exactly as a server whose steps
-// are all serial; so do requests sampled on the device (seeded
-// temperature, top-k/p, min-p, penalties, logit bias, greedy) batched
-// together.
+// overlaps steps by itself (async_eval), and concurrent requests of every
+// kind (greedy, a stop sequence, seeded sampling, penalties, logprobs
+// computed on the device, a grammar and a tool call whose masks are made
+// on the host while the device computes the step's forward) answer
+// exactly as a server whose steps are all serial; so do requests sampled
+// on the device (seeded temperature, top-k/p, min-p, penalties, logit
+// bias, greedy) batched together. A request alone that ends at max_tokens
+// computes no step for nothing.
 func TestOverlappedBatchEqualsSerialMLX(t *testing.T) {
+	serve := tinyMLXServer(t)
+	_, serialURL := serve(func(Model) bool { return false })
+	srv, url := serve(nil)
+	if srv.lanes[0].ov == nil {
+		t.Fatal("the batcher does not overlap on the mlx backend")
+	}
+	check := func(what string, cases []map[string]any) {
+		t.Helper()
+		want := make([]string, len(cases))
+		for i, c := range cases {
+			want[i] = answerOf(t, serialURL, c)
+		}
+		got := answersAtOnce(t, url, cases)
+		for i := range cases {
+			if !sameAnswer(got[i], want[i], 1e-4) { // logprobs: float32 on the device
+				t.Fatalf("%s case %d: overlapped on mlx\n%s\nserial\n%s", what, i, got[i], want[i])
+			}
+		}
+	}
+	cases := overlapMixedCases()
+	check("mixed", cases)
+	served, _, constrained, logprobs := overlapCounts(srv)
+	if served < 30 || constrained == 0 || logprobs == 0 {
+		t.Fatalf("%d batches served overlapped (%d overlaps with a grammar, %d with logprobs), want at least 30, 1 and 1",
+			served, constrained, logprobs)
+	}
+	t.Logf("%d batches served overlapped on mlx (%d overlaps with a grammar, %d with logprobs)", served, constrained, logprobs)
+	srv.lanes[0].ov.mu.Lock()
+	dropped := srv.lanes[0].ov.dropped
+	srv.lanes[0].ov.mu.Unlock()
+	for _, c := range []map[string]any{cases[0], cases[4], cases[10]} { // greedy, logprobs, grammar: alone
+		check("alone", []map[string]any{c})
+	}
+	srv.lanes[0].ov.mu.Lock()
+	dropped = srv.lanes[0].ov.dropped - dropped
+	srv.lanes[0].ov.mu.Unlock()
+	if dropped > 1 { // the grammar request may end on its constraint with a step in flight
+		t.Fatalf("%d steps computed for nothing by lone requests ending at max_tokens", dropped)
+	}
+	// Only overlappable requests, sampled on the device (MLX's
+	// SampleRows), members leaving with draws in flight.
+	before, _, _, _ := overlapCounts(srv)
+	check("sampled", overlapSampledCases())
+	served, n, _, _ := overlapCounts(srv)
+	if served-before < 10 || n == 0 {
+		t.Fatalf("%d more batches served overlapped (%d overlaps with sampled members), want at least 10 and 1", served-before, n)
+	}
+	t.Logf("%d batches of sampled requests served overlapped on mlx (%d overlaps with sampled members)", served-before, n)
+}
+
+// tinyMLXServer loads the tiny llama model on MLX (EXO_MLXC_PATH; the
+// test skips without it) and returns a function that starts a batching
+// Server over it (grammars and tools on), with overlap deciding whether
+// it overlaps steps (nil: on MLX, by itself), and its URL.
+func tinyMLXServer(t *testing.T) func(overlap func(Model) bool) (*Server, string) {
+	t.Helper()
 	b, err := backend.Open("mlx", backend.Options{LibPath: os.Getenv("EXO_MLXC_PATH"), Device: "cpu"})
 	if err != nil {
 		t.Skip(err)
@@ -46,103 +104,14 @@ func TestOverlappedBatchEqualsSerialMLX(t *testing.T) {
 		t.Fatal(err)
 	}
 	text := NewText(tok, tmpl)
-	serve := func(overlap func(Model) bool) (*Server, string) {
+	return func(overlap func(Model) bool) (*Server, string) {
+		g := &Grammars{Text: text}
 		o := Options{Name: "m", Model: m, Text: text, NewSampler: NewSampler, NewStopMatcher: NewStopMatcher,
-			MaxBatch: 8, CacheEntries: -1, overlap: overlap}
+			MaxBatch: 16, CacheEntries: -1, overlap: overlap, NewConstraint: g.NewConstraint, AcceptTools: true}
 		srv := New(o)
 		t.Cleanup(srv.Close)
 		hs := httptest.NewServer(apiMux(srv))
 		t.Cleanup(hs.Close)
 		return srv, hs.URL
 	}
-	_, serialURL := serve(func(Model) bool { return false })
-	srv, url := serve(nil)
-	if srv.lanes[0].ov == nil {
-		t.Fatal("the batcher does not overlap on the mlx backend")
-	}
-	reqs := specRequests()
-	with := func(name string, extra map[string]any) map[string]any {
-		b := map[string]any{}
-		for k, v := range reqs[name] {
-			b[k] = v
-		}
-		for k, v := range extra {
-			b[k] = v
-		}
-		return b
-	}
-	cases := []map[string]any{
-		with("greedy", map[string]any{"logprobs": false, "top_logprobs": nil}),
-		with("greedy", map[string]any{"logprobs": false, "top_logprobs": nil, "max_tokens": 7}),
-		with("greedy", map[string]any{"logprobs": false, "top_logprobs": nil, "max_tokens": 19,
-			"messages": []map[string]any{{"role": "user", "content": "five six"}}}),
-		with("stop", nil),
-		with("seeded", nil),
-		with("penalties", nil),
-	}
-	want := make([]string, len(cases))
-	for i, c := range cases {
-		want[i] = answerOf(t, serialURL, c)
-	}
-	got := make([]string, len(cases))
-	var wg sync.WaitGroup
-	for i, c := range cases {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			a, err := answer(url, c)
-			if err != nil {
-				t.Errorf("case %d: %v", i, err)
-			}
-			got[i] = a
-		}()
-	}
-	wg.Wait()
-	for i := range cases {
-		if got[i] != want[i] {
-			t.Fatalf("case %d: overlapped on mlx\n%s\nserial\n%s", i, got[i], want[i])
-		}
-	}
-	if a := answerOf(t, url, cases[0]); a != want[0] {
-		t.Fatalf("alone: %s, want %s", a, want[0])
-	}
-	srv.lanes[0].ov.mu.Lock()
-	served := srv.lanes[0].ov.served
-	srv.lanes[0].ov.mu.Unlock()
-	if served < 30 {
-		t.Fatalf("%d batches served overlapped, want at least the lone request's 38", served)
-	}
-	t.Logf("%d batches served overlapped on mlx", served)
-	// Only overlappable requests, sampled on the device (MLX's
-	// SampleRows), members leaving with draws in flight.
-	sampled := overlapSampledCases()
-	want = make([]string, len(sampled))
-	for i, c := range sampled {
-		want[i] = answerOf(t, serialURL, c)
-	}
-	got = make([]string, len(sampled))
-	for i, c := range sampled {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			a, err := answer(url, c)
-			if err != nil {
-				t.Errorf("sampled case %d: %v", i, err)
-			}
-			got[i] = a
-		}()
-	}
-	wg.Wait()
-	for i := range sampled {
-		if got[i] != want[i] {
-			t.Fatalf("sampled case %d: overlapped on mlx\n%s\nserial\n%s", i, got[i], want[i])
-		}
-	}
-	srv.lanes[0].ov.mu.Lock()
-	served, n := srv.lanes[0].ov.served-served, srv.lanes[0].ov.sampled
-	srv.lanes[0].ov.mu.Unlock()
-	if served < 10 || n == 0 {
-		t.Fatalf("%d more batches served overlapped (%d overlaps with sampled members), want at least 10 and 1", served, n)
-	}
-	t.Logf("%d batches of sampled requests served overlapped on mlx (%d overlaps with sampled members)", served, n)
 }

@@ -1,6 +1,8 @@
 package decode
 
 import (
+	"encoding/json"
+	"math"
 	"sync"
 	"testing"
 
@@ -13,11 +15,13 @@ import (
 // mid-flight, with a stop sequence that ends one mid-overlap) mixed with
 // seeded sampling (temperature, top-k, top-p, min-p; lengths that differ,
 // so that members leave while their draws are in flight), penalties and
-// logit bias (overlapped too: picked by the same rules), and ones that
-// take the serial step (logprobs, a grammar, a tool call), answer exactly
-// as one at a time on a server without batching; and the batcher did
-// serve overlapped steps (TestOverlappedSampledBatchEqualsSerial makes
-// sure that sampled ones are among them).
+// logit bias (overlapped too: picked by the same rules), logprobs, a
+// grammar and a tool call (overlapped: the mask made on the host between
+// the forward and the pick), answer exactly as one at a time on a server
+// without batching; and the batcher did serve overlapped steps, some with
+// a constrained member and some with logprobs
+// (TestOverlappedSampledBatchEqualsSerial makes sure that sampled ones
+// are among them).
 func TestOverlappedBatchEqualsSerial(t *testing.T) {
 	spec := testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}
 	plain := startTinyServer(t, spec, func(text Text, o *Options) {
@@ -29,52 +33,13 @@ func TestOverlappedBatchEqualsSerial(t *testing.T) {
 		o.NewConstraint, o.AcceptTools, o.MaxBatch = g.NewConstraint, true, 8
 		o.overlap = func(Model) bool { return true }
 	})
-	reqs := specRequests()
-	with := func(name string, extra map[string]any) map[string]any {
-		b := map[string]any{}
-		for k, v := range reqs[name] {
-			b[k] = v
-		}
-		for k, v := range extra {
-			b[k] = v
-		}
-		return b
-	}
-	cases := []map[string]any{
-		with("greedy", map[string]any{"logprobs": false, "top_logprobs": nil}),
-		with("greedy", map[string]any{"logprobs": false, "top_logprobs": nil, "max_tokens": 7}),
-		with("greedy", map[string]any{"logprobs": false, "top_logprobs": nil, "max_tokens": 19,
-			"messages": []map[string]any{{"role": "user", "content": "five six"}}}),
-		with("stop", nil),
-		with("greedy", nil), // logprobs: serial
-		with("seeded", nil),
-		with("seeded", map[string]any{"seed": 3, "max_tokens": 11, "top_k": 8, "temperature": 0.8}),
-		with("seeded", map[string]any{"seed": 5, "max_tokens": 23, "top_p": 0.9, "min_p": 0.05}),
-		with("seeded", map[string]any{"seed": 9, "presence_penalty": 0.6, "repetition_penalty": 1.2,
-			"logit_bias": map[string]any{"7": -100, "9": 3}}),
-		with("penalties", nil),
-		with("grammar", nil),
-		with("tool call", nil),
-	}
+	cases := overlapMixedCases()
 	want := make([]string, len(cases))
 	for i, c := range cases {
 		want[i] = answerOf(t, plain.url, c)
 	}
 	for round := range 2 {
-		got := make([]string, len(cases))
-		var wg sync.WaitGroup
-		for i, c := range cases {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				a, err := answer(s.url, c)
-				if err != nil {
-					t.Errorf("case %d: %v", i, err)
-				}
-				got[i] = a
-			}()
-		}
-		wg.Wait()
+		got := answersAtOnce(t, s.url, cases)
 		for i := range cases {
 			if got[i] != want[i] {
 				t.Fatalf("round %d, case %d: batched answer with overlapped steps\n%s\nserial\n%s", round, i, got[i], want[i])
@@ -85,43 +50,56 @@ func TestOverlappedBatchEqualsSerial(t *testing.T) {
 	if a := answerOf(t, s.url, cases[0]); a != want[0] {
 		t.Fatalf("alone: %s, want %s", a, want[0])
 	}
-	served, sampled := 0, 0
-	for _, b := range s.srv.lanes {
-		b.ov.mu.Lock()
-		served += b.ov.served
-		sampled += b.ov.sampled
-		b.ov.mu.Unlock()
+	served, sampled, constrained, logprobs := overlapCounts(s.srv)
+	if served < 30 || constrained == 0 || logprobs == 0 {
+		t.Fatalf("%d batches served overlapped (%d overlaps with a grammar, %d with logprobs), want at least the lone request's 38, 1 and 1",
+			served, constrained, logprobs)
 	}
-	if served < 30 {
-		t.Fatalf("%d batches served overlapped, want at least the lone request's 38", served)
-	}
-	t.Logf("%d batches served overlapped; %d overlaps began with a sampled or penalized member", served, sampled)
+	t.Logf("%d batches served overlapped; overlaps began with a sampled or penalized member %d times, a constrained one %d, logprobs %d",
+		served, sampled, constrained, logprobs)
 }
 
 // TestOverlappedLoneEqualsSerial: without a batcher (--max-batch 1) a
-// generation's steps are overlapped too (greedy, seeded, penalized), and
-// requests answer as with serial steps.
+// generation's steps are overlapped too (greedy with logprobs, seeded,
+// penalized, a grammar, a tool call), and requests answer as with serial
+// steps; one that ends at max_tokens computes no step for nothing.
 func TestOverlappedLoneEqualsSerial(t *testing.T) {
 	spec := testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}
-	plain := startTinyServer(t, spec, func(_ Text, o *Options) { o.MaxBatch = 1 })
-	s := startTinyServer(t, spec, func(_ Text, o *Options) {
-		o.MaxBatch = 1
+	opts := func(text Text, o *Options) {
+		g := &Grammars{Text: text}
+		o.NewConstraint, o.AcceptTools, o.MaxBatch = g.NewConstraint, true, 1
+	}
+	plain := startTinyServer(t, spec, opts)
+	s := startTinyServer(t, spec, func(text Text, o *Options) {
+		opts(text, o)
 		o.overlap = func(Model) bool { return true }
 	})
 	if !s.srv.overlap || s.srv.batch != nil {
 		t.Fatal("want a lone server with overlapped steps")
 	}
 	reqs := specRequests()
-	for _, c := range []map[string]any{reqs["stop"], reqs["greedy"], reqs["seeded"], reqs["penalties"]} {
-		c["logprobs"], c["top_logprobs"] = nil, nil
+	for _, c := range []map[string]any{reqs["greedy"], reqs["seeded"], reqs["penalties"]} {
 		if got, want := answerOf(t, s.url, c), answerOf(t, plain.url, c); got != want {
 			t.Fatalf("overlapped lone answer\n%s\nserial\n%s", got, want)
 		}
 	}
 	// The greedy, seeded and penalties ones (40 tokens each) overlapped
-	// from their second step, the stop one until its stop.
+	// from their second step and stopped at max_tokens with no step in
+	// flight.
 	if n := s.srv.soloOverlapped.Load(); n < 3*39 {
 		t.Fatalf("%d overlapped lone steps, want at least %d", n, 3*39)
+	}
+	if n := s.srv.soloDropped.Load(); n != 0 {
+		t.Fatalf("%d steps computed for nothing by requests that end at max_tokens", n)
+	}
+	before := s.srv.soloOverlapped.Load()
+	for _, c := range []map[string]any{reqs["stop"], reqs["grammar"], reqs["tool call"]} {
+		if got, want := answerOf(t, s.url, c), answerOf(t, plain.url, c); got != want {
+			t.Fatalf("overlapped lone answer\n%s\nserial\n%s", got, want)
+		}
+	}
+	if n := s.srv.soloOverlapped.Load() - before; n < 10 {
+		t.Fatalf("%d overlapped lone steps of the stop, grammar and tool call requests", n)
 	}
 }
 
@@ -144,32 +122,14 @@ func TestOverlappedSampledBatchEqualsSerial(t *testing.T) {
 		want[i] = answerOf(t, plain.url, c)
 	}
 	for round := range 3 {
-		got := make([]string, len(cases))
-		var wg sync.WaitGroup
-		for i, c := range cases {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				a, err := answer(s.url, c)
-				if err != nil {
-					t.Errorf("case %d: %v", i, err)
-				}
-				got[i] = a
-			}()
-		}
-		wg.Wait()
+		got := answersAtOnce(t, s.url, cases)
 		for i := range cases {
 			if got[i] != want[i] {
 				t.Fatalf("round %d, case %d: overlapped\n%s\nserial\n%s", round, i, got[i], want[i])
 			}
 		}
 	}
-	served, sampled := 0, 0
-	for _, b := range s.srv.lanes {
-		b.ov.mu.Lock()
-		served, sampled = served+b.ov.served, sampled+b.ov.sampled
-		b.ov.mu.Unlock()
-	}
+	served, sampled, _, _ := overlapCounts(s.srv)
 	if served < 10 || sampled == 0 {
 		t.Fatalf("%d batches served overlapped (%d overlaps with sampled members), want at least 10 and 1", served, sampled)
 	}
@@ -199,5 +159,139 @@ func overlapSampledCases() []map[string]any {
 		req(21, map[string]any{"temperature": 0, "repetition_penalty": 1.2}),
 		req(19, map[string]any{"temperature": 0, "frequency_penalty": -0.5, "presence_penalty": -2}), // raised: repeats
 		req(6, map[string]any{"temperature": 0}),
+	}
+}
+
+// reqWith is the request reqs[name] with extra's fields set (nil values
+// included: they clear a field).
+func reqWith(reqs map[string]map[string]any, name string, extra map[string]any) map[string]any {
+	b := map[string]any{}
+	for k, v := range reqs[name] {
+		b[k] = v
+	}
+	for k, v := range extra {
+		b[k] = v
+	}
+	return b
+}
+
+// answersAtOnce sends every case to url at once and returns the answers
+// in order (a failed request fails t).
+func answersAtOnce(t *testing.T, url string, cases []map[string]any) []string {
+	t.Helper()
+	got := make([]string, len(cases))
+	var wg sync.WaitGroup
+	for i, c := range cases {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a, err := answer(url, c)
+			if err != nil {
+				t.Errorf("case %d: %v", i, err)
+			}
+			got[i] = a
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	return got
+}
+
+// overlapCounts sums the lanes' overlap counters: batches served
+// overlapped, and the overlaps begun with a sampled, a constrained and a
+// logprobs member.
+func overlapCounts(s *Server) (served, sampled, constrained, logprobs int) {
+	for _, b := range s.lanes {
+		b.ov.mu.Lock()
+		served, sampled = served+b.ov.served, sampled+b.ov.sampled
+		constrained, logprobs = constrained+b.ov.constrained, logprobs+b.ov.logprobs
+		b.ov.mu.Unlock()
+	}
+	return served, sampled, constrained, logprobs
+}
+
+// overlapMixedCases are specRequests' requests mixed as a batch would
+// see them: plain greedy of three lengths, a stop sequence, seeded
+// sampling, penalties, logprobs, a grammar and a tool call.
+func overlapMixedCases() []map[string]any {
+	reqs := specRequests()
+	return []map[string]any{
+		reqWith(reqs, "greedy", map[string]any{"logprobs": false, "top_logprobs": nil}),
+		reqWith(reqs, "greedy", map[string]any{"logprobs": false, "top_logprobs": nil, "max_tokens": 7}),
+		reqWith(reqs, "greedy", map[string]any{"logprobs": false, "top_logprobs": nil, "max_tokens": 19,
+			"messages": []map[string]any{{"role": "user", "content": "five six"}}}),
+		reqWith(reqs, "stop", nil),
+		reqWith(reqs, "greedy", nil), // logprobs, top 2
+		reqWith(reqs, "seeded", nil),
+		reqWith(reqs, "seeded", map[string]any{"seed": 3, "max_tokens": 11, "top_k": 8, "temperature": 0.8}),
+		reqWith(reqs, "seeded", map[string]any{"seed": 5, "max_tokens": 23, "top_p": 0.9, "min_p": 0.05}),
+		reqWith(reqs, "seeded", map[string]any{"seed": 9, "presence_penalty": 0.6, "repetition_penalty": 1.2,
+			"logit_bias": map[string]any{"7": -100, "9": 3}}),
+		reqWith(reqs, "penalties", nil),
+		reqWith(reqs, "grammar", nil),
+		reqWith(reqs, "tool call", nil),
+		reqWith(reqs, "grammar", map[string]any{"temperature": 0.9, "seed": 4, "logprobs": true, "top_logprobs": 3}),
+	}
+}
+
+// sameAnswer reports whether the JSON answers a and b are equal but for
+// numbers that differ by at most tol (logprobs computed in float32 on the
+// device against float64 on the host).
+func sameAnswer(a, b string, tol float64) bool {
+	var x, y any
+	if json.Unmarshal([]byte(a), &x) != nil || json.Unmarshal([]byte(b), &y) != nil {
+		return a == b
+	}
+	var same func(x, y any) bool
+	same = func(x, y any) bool {
+		switch xv := x.(type) {
+		case float64:
+			yv, ok := y.(float64)
+			return ok && math.Abs(xv-yv) <= tol
+		case []any:
+			yv, ok := y.([]any)
+			if !ok || len(xv) != len(yv) {
+				return false
+			}
+			for i := range xv {
+				if !same(xv[i], yv[i]) {
+					return false
+				}
+			}
+			return true
+		case map[string]any:
+			yv, ok := y.(map[string]any)
+			if !ok || len(xv) != len(yv) {
+				return false
+			}
+			for k, v := range xv {
+				if w, ok := yv[k]; !ok || !same(v, w) {
+					return false
+				}
+			}
+			return true
+		default:
+			return x == y
+		}
+	}
+	return same(x, y)
+}
+
+func TestSameAnswer(t *testing.T) {
+	for _, c := range []struct {
+		a, b string
+		want bool
+	}{
+		{`{"x":[1,{"lp":-0.5}]}`, `{"x":[1,{"lp":-0.50001}]}`, true},
+		{`{"x":[1,{"lp":-0.5}]}`, `{"x":[1,{"lp":-0.6}]}`, false},
+		{`{"x":"a"}`, `{"x":"b"}`, false},
+		{`{"x":[1]}`, `{"x":[1,2]}`, false},
+		{`{"x":1}`, `{"y":1}`, false},
+	} {
+		if got := sameAnswer(c.a, c.b, 1e-4); got != c.want {
+			t.Errorf("sameAnswer(%s, %s) = %v", c.a, c.b, got)
+		}
 	}
 }

@@ -109,7 +109,8 @@ func (p *Picker) pick(logits []float32, d int32, q []float32) (Picked, error) {
 
 // accept records tok, picked on the device by the rules of p's sampler
 // (an overlapped step), as pick records its own: in the history and in
-// the sampler's counts. Only for an overlappable Picker (no constraint).
+// the sampler's counts. The constraint, if any, was told the token by the
+// overlap itself (engine.SampleSpec.Accept), before the next step's mask.
 func (p *Picker) accept(tok int32) {
 	p.history = append(p.history, tok)
 	if s, ok := p.sampler.(*sample.Sampler); ok {
@@ -122,6 +123,16 @@ func (p *Picker) Close() {
 	if cl, ok := p.cons.(interface{ Close() }); ok {
 		cl.Close()
 	}
+}
+
+// logprobOf describes tok by the logprob and top alternatives computed
+// on the device (an overlapped step), as logprob does from the logits.
+func (p *Picker) logprobOf(tok int32, lp float64, top []sample.TokenLogprob) *gen.TokenLogprob {
+	out := &gen.TokenLogprob{Bytes: p.text.TokenBytes(tok), Logprob: lp}
+	for _, b := range top {
+		out.Top = append(out.Top, gen.TopToken{Bytes: p.text.TokenBytes(b.ID), Logprob: b.Logprob})
+	}
+	return out
 }
 
 // logprob describes tok under the model's logits (before any sampling

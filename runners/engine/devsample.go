@@ -27,12 +27,34 @@ type SampleSpec struct {
 	// for each step queued when Params.Temperature > 0, in step order
 	// and before that step's logits exist.
 	Uniform func() float64
+	// Logprobs: each step also computes the log-probability of the row's
+	// token under the step's logits as the model gave them (before the
+	// mask, bias, penalties and temperature, as sample.Logprobs) and the
+	// Top (at most sample.MaxTopLogprobs) most likely tokens, which
+	// Overlap.Logprob returns with the token.
+	Logprobs bool
+	Top      int
+	// Mask, when set, constrains the row's picks (a grammar): before each
+	// pick it is asked for the tokens allowed next and sets dst[id] (V
+	// floats, zero on entry) to -Inf for each token not allowed. The
+	// first step's mask is asked by StartOverlap; each later one after
+	// Accept was told the token before it, while the device computes the
+	// step's forward.
+	Mask func(dst []float32) error
+	// Accept, when set, is told each token the row returns, in order,
+	// before the next step's Mask.
+	Accept func(tok int32) error
+	// Steps bounds how many tokens the row may still return, the first
+	// step's included (the request's remaining max_tokens): no step past
+	// the last is queued, so none is computed for nothing. 0: no bound.
+	Steps int
 }
 
-// Plain reports whether s is greedy with nothing that changes the logits.
+// Plain reports whether s is greedy with nothing that changes the logits
+// (no penalty, bias or mask).
 func (s *SampleSpec) Plain() bool {
 	p := &s.Params
-	return p.Temperature <= 0 && !repPenalty(p) && p.PresencePenalty == 0 && p.FrequencyPenalty == 0 && len(p.LogitBias) == 0
+	return s.Mask == nil && p.Temperature <= 0 && !repPenalty(p) && p.PresencePenalty == 0 && p.FrequencyPenalty == 0 && len(p.LogitBias) == 0
 }
 
 func repPenalty(p *sample.Params) bool { return p.RepetitionPenalty > 0 && p.RepetitionPenalty != 1 }
@@ -56,6 +78,11 @@ const (
 type SampleArrays struct {
 	Params Array // [B, SPCount] F32
 	U      Array // [B] F32: each row's uniform (nil when no row samples)
+	// Mask is the step's constraint ([B, V] F32, -Inf where a row may not
+	// pick the token, 0 elsewhere; nil when no row is constrained): -Inf
+	// replaces the logit before anything else (sample.Sampler is given
+	// the masked logits).
+	Mask Array
 	// Bias is each row's logit bias ([B, V] F32, -Inf for a banned
 	// token), Seen 1 where the repetition penalty applies (the row's
 	// history), Counts each token's count so far; nil when no row has
@@ -75,6 +102,19 @@ type RowSampler interface {
 	// of SampleSpec (and sample.Sampler): tok [B] I32, and Seen and
 	// Counts with the picked tokens added (nil where sa's are nil).
 	SampleRows(logits Array, sa *SampleArrays) (tok, seen, counts Array)
+}
+
+// RowLogprober is implemented by backends that compute logprobs on the
+// device (mlx), so that a step that reports them needs no read-back of
+// its logits.
+type RowLogprober interface {
+	// RowLogprobs returns, for logits [B, V] and the picked tokens tok
+	// [B] (I32), the log-softmax at each row's token (chosen [B] F32)
+	// and, with top > 0, the top most likely tokens of each row by
+	// descending logit, ties by id (ids [B, top] I32, vals [B, top] F32),
+	// as sample.Logprobs computes them (in float32; NaN logits count as
+	// -Inf).
+	RowLogprobs(logits, tok Array, top int) (chosen, ids, vals Array)
 }
 
 // sampleParams fills row's columns of SampleArrays.Params.
@@ -171,9 +211,23 @@ func SampleInputs(b Backend, specs []SampleSpec, V int) *SampleArrays {
 	return sa
 }
 
+// takeRows returns sa's arrays of the rows idx ([N] I32) as a new
+// SampleArrays (kept); sa is left as it was.
+func (sa *SampleArrays) takeRows(b Backend, idx Array) *SampleArrays {
+	out := *sa
+	out.U, out.Mask = nil, nil
+	for _, x := range []*Array{&out.Params, &out.Bias, &out.Seen, &out.Counts} {
+		if *x != nil {
+			*x = b.Take(*x, idx)
+			b.Keep(*x)
+		}
+	}
+	return &out
+}
+
 // Free releases sa's arrays.
 func (sa *SampleArrays) Free(b Backend) {
-	for _, a := range []Array{sa.Params, sa.Bias, sa.Seen, sa.Counts} {
+	for _, a := range []Array{sa.Params, sa.Bias, sa.Seen, sa.Counts, sa.Mask} {
 		if a != nil {
 			b.Free(a)
 		}

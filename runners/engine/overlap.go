@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/exo-pd/exo-pd/runners/sample"
@@ -33,36 +34,78 @@ var ErrNoOverlap = errors.New("engine: overlapped decode needs caches that can d
 // exactly those of Forward followed by a pick on the host; sampled ones
 // are too but for float rounding at a draw's boundary (the device
 // computes the probabilities in float32, sample.Sampler in float64).
+// Logprobs are computed on the device with the tokens (RowLogprober).
+//
+// A constrained row (SampleSpec.Mask: a grammar) needs step n's token on
+// the host before step n+1's mask exists, so a batch with one is split in
+// two graphs: Next queues step n+1's forward from the device tokens of
+// step n, reads step n's tokens, tells each row's Accept and asks its
+// Mask while the device runs that forward, then queues a small graph that
+// applies the masks and picks. The device waits only for that small graph.
+//
 // A backend without RowSampler (cpu) picks on the host, from the
-// evaluated logits, with sample.Sampler itself. Between calls the model is
-// free for other work (each call takes its lock); the caches must not be
-// used elsewhere until Stop.
+// evaluated logits, with sample.Sampler itself (and sample.Logprobs).
+// Between calls the model is free for other work (each call takes its
+// lock); the caches must not be used elsewhere until Stop.
 //
 // Cache contents: after StartOverlap(tokens) and k calls of Next, the
 // caches hold tokens and the first k-1 tokens Next returned, plus the
 // step in flight (the k-th); Stop drops that one, so that the caches hold
-// what a serial decode that picked the same tokens would. The step in
-// flight has drawn its Uniform already: the caller puts that draw back
+// what a serial decode that picked the same tokens would. A row whose
+// SampleSpec.Steps are used up is not in the following steps (Caches
+// lists the rows in flight): its cache holds what a serial decode's
+// holds after its last token, with nothing to drop. The step in flight
+// has drawn its Uniform already: the caller puts that draw back
 // (sample.Sampler.Reset) when it stops. Not safe for concurrent use.
 type Overlap struct {
-	m      *Model
+	m *Model
+	// The rows of the step in flight (after Next: of the next one).
 	caches []KVCache
-	starts []int   // each cache's length before the step in flight
-	tok    Array   // the step in flight's tokens [B] I32 (kept), nil after Stop
-	toks   []int32 // Next's result, reused
+	starts []int // each cache's length before the step in flight
+	specs  []SampleSpec
+	left   []int // steps each row may take after the one in flight (-1: no bound)
 	ph     [][]int32
 	phTok  []int32
 
-	specs []SampleSpec
-	plain bool          // every row greedy without penalties: the argmax
+	fl   flight // the step in flight; fl.tok nil: none
+	toks []int32
+	// Next's logprobs, by row of its tokens (lp: some row wants them).
+	lpc []float64
+	lpt [][]sample.TokenLogprob
+	lp  bool
+	top int // the most top logprobs a row wants
+
+	plain bool          // every row greedy without penalties or mask: the argmax
+	split bool          // some row is constrained: forward and pick are two graphs
 	rs    RowSampler    // the device's sampler; nil: picked on the host
+	rl    RowLogprober  // the device's logprobs; nil: computed on the host
 	sa    *SampleArrays // rs's inputs (kept arrays), made at the first step
 	u     []float32     // a step's uniforms (rs)
+	mask  []float32     // a step's masks (B×V), made on the host
+	bad   []error       // a row's Mask failed (Failed)
 	// The host's picks (no RowSampler): a Sampler per row with the
 	// row's counts, and the row's history.
 	ref  []*sample.Sampler
 	hist [][]int32
 	pick []int32
+}
+
+// flight is a queued step's arrays (kept).
+type flight struct {
+	tok        Array // [B] I32
+	lc, li, lv Array // RowLogprobs' chosen, ids, vals (nil: none, or on the host)
+	// host: the logprobs computed on the host (no RowLogprober).
+	hostC []float64
+	hostT [][]sample.TokenLogprob
+}
+
+func (f *flight) free(b Backend) {
+	for _, a := range []Array{f.tok, f.lc, f.li, f.lv} {
+		if a != nil {
+			b.Free(a)
+		}
+	}
+	f.tok, f.lc, f.li, f.lv = nil, nil, nil, nil
 }
 
 // GreedyOverlap is an Overlap whose rows are all plain greedy.
@@ -77,8 +120,9 @@ func (m *Model) StartGreedy(ctx context.Context, caches []KVCache, tokens []int3
 // caches[i] (one token per sequence, as ForwardBatch), picked by specs[i]
 // (nil: all plain greedy). It returns once the step is queued; Next
 // returns its tokens. Caches with a recurrent state are refused with
-// ErrNoOverlap, and so are rows that are not plain greedy on a lazy
-// backend that cannot sample on the device.
+// ErrNoOverlap, and so are rows that are not plain greedy (or want
+// logprobs) on a lazy backend that cannot sample (or compute logprobs) on
+// the device. A row's Mask failing fails StartOverlap.
 func (m *Model) StartOverlap(ctx context.Context, caches []KVCache, tokens []int32, specs []SampleSpec) (o *Overlap, err error) {
 	if len(caches) == 0 || len(caches) != len(tokens) || (specs != nil && len(specs) != len(caches)) {
 		return nil, fmt.Errorf("engine: StartOverlap with %d caches, %d tokens and %d specs", len(caches), len(tokens), len(specs))
@@ -102,11 +146,12 @@ func (m *Model) StartOverlap(ctx context.Context, caches []KVCache, tokens []int
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	o = &Overlap{m: m, caches: slices.Clone(caches), starts: make([]int, len(caches)),
-		toks: make([]int32, len(caches)), ph: make([][]int32, len(caches)), phTok: make([]int32, len(caches)),
+	n := len(caches)
+	o = &Overlap{m: m, caches: slices.Clone(caches), starts: make([]int, n), left: make([]int, n),
+		toks: make([]int32, n), ph: make([][]int32, n), phTok: make([]int32, n),
 		specs: slices.Clone(specs), plain: true}
 	if o.specs == nil {
-		o.specs = make([]SampleSpec, len(caches))
+		o.specs = make([]SampleSpec, n)
 	}
 	for i := range o.specs {
 		sp := &o.specs[i]
@@ -114,22 +159,49 @@ func (m *Model) StartOverlap(ctx context.Context, caches []KVCache, tokens []int
 			return nil, fmt.Errorf("engine: StartOverlap: row %d samples without a Uniform", i)
 		}
 		o.plain = o.plain && sp.Plain()
-	}
-	if !o.plain {
-		if rs, ok := m.b.(RowSampler); ok && rs.CanSampleRows() {
-			o.rs = rs
-			o.u = make([]float32, len(caches))
-		} else if _, lazy := m.b.(AsyncEvaler); lazy {
-			return nil, ErrNoOverlap
-		} else {
-			o.hostSamplers()
+		o.split = o.split || sp.Mask != nil
+		if sp.Logprobs {
+			o.lp, o.top = true, max(o.top, min(sp.Top, sample.MaxTopLogprobs))
 		}
+		o.left[i] = -1
+		if sp.Steps > 0 {
+			o.left[i] = sp.Steps - 1
+		}
+	}
+	_, lazy := m.b.(AsyncEvaler)
+	rs, _ := m.b.(RowSampler)
+	if rs != nil && !rs.CanSampleRows() {
+		rs = nil
+	}
+	if rl, ok := m.b.(RowLogprober); ok && rs != nil {
+		o.rl = rl // the mlx backend has both, or neither
+	}
+	switch {
+	case (o.plain && (!o.lp || o.rl != nil)) || (rs != nil && (!o.lp || o.rl != nil)):
+		if !o.plain {
+			o.rs = rs
+			o.u = make([]float32, n)
+		}
+	case lazy:
+		return nil, ErrNoOverlap
+	default:
+		o.plain = false
+		o.hostSamplers()
+	}
+	if o.lp {
+		o.lpc, o.lpt = make([]float64, n), make([][]sample.TokenLogprob, n)
 	}
 	for i := range o.ph {
 		o.ph[i] = o.phTok[i : i+1 : i+1]
 	}
 	copy(o.phTok, tokens)
-	if err := o.queue(m.b.FromInt32(o.phTok, len(tokens))); err != nil {
+	ids := m.b.FromInt32(o.phTok, n)
+	if o.split {
+		err = o.queueSplit(ids, nil)
+	} else {
+		err = o.queue(ids)
+	}
+	if err != nil {
 		o.freeInputs()
 		return nil, err
 	}
@@ -155,21 +227,21 @@ func (o *Overlap) hostSamplers() {
 }
 
 // queue builds a step of ids [B] over the caches, picks each row's token
-// on the device and starts evaluating it; o.tok becomes that step's
-// tokens. The caller holds m.mu. On failure the caches are truncated to
-// where the step began.
+// (on the device where it can) and starts evaluating it: o.fl becomes
+// that step. The caller holds m.mu. On failure the caches are truncated
+// to where the step began.
 func (o *Overlap) queue(ids Array) (err error) {
 	m, b := o.m, o.m.b
 	for i, c := range o.caches {
 		o.starts[i] = c.Len()
 	}
-	var tok, seen, counts Array
+	var fl flight
+	var seen, counts Array
 	defer func() {
 		if err != nil {
-			for i, c := range o.caches {
-				truncateHeld(c, o.starts[i])
-			}
-			for _, a := range []Array{tok, seen, counts} {
+			o.truncate()
+			fl.free(b)
+			for _, a := range []Array{seen, counts} {
 				if a != nil {
 					b.Free(a)
 				}
@@ -184,38 +256,181 @@ func (o *Overlap) queue(ids Array) (err error) {
 	if err != nil {
 		return err
 	}
+	fl, seen, counts, err = o.pickGraph(out, m.scr.evalArgs)
+	if err != nil {
+		return err
+	}
+	// the step's other arrays (none without recurrent layers)
+	return o.launch(&fl, seen, counts, m.scr.evalArgs[1:])
+}
+
+// queueSplit builds a step of ids [B] over the caches and queues its
+// forward alone (the logits kept); then, once before is done (Next reads
+// the previous step's tokens and tells Accept; nil: nothing to do), asks
+// the rows' masks while the device computes the forward and queues the
+// pick. On failure the caches are truncated to where the step began.
+func (o *Overlap) queueSplit(ids Array, before func() error) (err error) {
+	m, b := o.m, o.m.b
+	for i, c := range o.caches {
+		o.starts[i] = c.Len()
+	}
+	var out Array
+	var fl flight
+	var seen, counts Array
+	defer func() {
+		if err != nil {
+			if out != nil {
+				_ = b.Eval(out) // the forward must be done before its cache rows go
+			}
+			o.truncate()
+			fl.free(b)
+			for _, a := range []Array{seen, counts} {
+				if a != nil {
+					b.Free(a)
+				}
+			}
+		}
+		if out != nil {
+			b.Free(out)
+		}
+		b.Free()
+	}()
+	defer recoverInto(&err, "overlapped step")
+	err = func() error {
+		s := m.beginStep(o.caches, o.ph)
+		defer m.scr.endStep()
+		o1, err := m.stepGraph(s, ids, lastRows)
+		if err != nil {
+			return err
+		}
+		out = o1
+		b.Keep(out)
+		if ae, ok := b.(AsyncEvaler); ok {
+			return ae.AsyncEval(m.scr.evalArgs...)
+		}
+		return b.Eval(m.scr.evalArgs...)
+	}()
+	if err != nil {
+		return err
+	}
+	if before != nil {
+		if err := before(); err != nil {
+			return err
+		}
+	}
+	if err := o.fillMasks(out.Shape()[1]); err != nil {
+		return err
+	}
+	fl, seen, counts, err = o.pickGraph(out, []Array{out})
+	if err != nil {
+		return err
+	}
+	return o.launch(&fl, seen, counts, nil)
+}
+
+// truncate drops the step being queued from the caches.
+func (o *Overlap) truncate() {
+	for i, c := range o.caches {
+		truncateHeld(c, o.starts[i])
+	}
+}
+
+// fillMasks asks each constrained row's Mask for the step (V tokens a
+// row) into o.mask. A row whose Mask fails is recorded (Failed) and left
+// unconstrained: the caller stops before using its token.
+func (o *Overlap) fillMasks(V int) error {
+	B := len(o.caches)
+	if cap(o.mask) < B*V {
+		o.mask = make([]float32, B*V)
+	}
+	o.mask = o.mask[:B*V]
+	clear(o.mask)
+	if len(o.bad) != B {
+		o.bad = make([]error, B)
+	}
+	clear(o.bad)
+	for i := range o.specs {
+		if f := o.specs[i].Mask; f != nil {
+			row := o.mask[i*V : (i+1)*V]
+			if err := f(row); err != nil {
+				o.bad[i] = err
+				clear(row)
+			}
+		}
+	}
+	return nil
+}
+
+// Failed returns the first error of a row's Mask during the last call
+// (StartOverlap or Next) and the row (of the step in flight): that row's
+// token in flight is not constrained, and the caller must Stop before
+// taking it (the serial path then meets the error itself).
+func (o *Overlap) Failed() (int, error) {
+	for i, err := range o.bad {
+		if err != nil {
+			return i, err
+		}
+	}
+	return -1, nil
+}
+
+// pickGraph builds the pick of each row's token from the step's logits
+// out [B, V] (and its logprobs); eval is what must be evaluated for the
+// host to read out (the host's pick).
+func (o *Overlap) pickGraph(out Array, eval []Array) (fl flight, seen, counts Array, err error) {
+	b := o.m.b
+	var maskArr Array
+	if o.split && o.rs != nil {
+		V := out.Shape()[1]
+		maskArr = b.FromFloat32(o.mask, len(o.caches), V)
+	}
 	switch {
 	case o.plain:
-		tok = b.Argmax(out) // [B] I32
+		fl.tok = b.Argmax(out) // [B] I32
 	case o.rs != nil:
 		if o.sa == nil {
 			o.sa = SampleInputs(b, o.specs, out.Shape()[1])
 		}
-		o.sa.U = nil
-		if o.sa.Sampled {
+		// the step's own inputs (swept with the step) on a copy: the
+		// backend may read sa after SampleRows returns
+		sa := *o.sa
+		sa.U, sa.Mask = nil, maskArr
+		if sa.Sampled {
 			for i := range o.specs {
 				o.u[i] = 0
 				if o.specs[i].Params.Temperature > 0 {
 					o.u[i] = float32(o.specs[i].Uniform())
 				}
 			}
-			o.sa.U = b.FromFloat32(o.u, len(o.u))
+			sa.U = b.FromFloat32(o.u[:len(o.specs)], len(o.specs))
 		}
-		tok, seen, counts = o.rs.SampleRows(out, o.sa)
+		fl.tok, seen, counts = o.rs.SampleRows(out, &sa)
 	default:
-		if tok, err = o.hostPick(out); err != nil {
-			return err
+		if fl.tok, err = o.hostPick(out, eval, &fl); err != nil {
+			return fl, nil, nil, err
 		}
+		return fl, nil, nil, nil
 	}
-	b.Keep(tok)
-	args := append(m.scr.evalArgs[:0:0], tok)
-	for _, a := range []Array{seen, counts} {
+	if o.lp && o.rl != nil {
+		o.top = min(o.top, out.Shape()[1])
+		fl.lc, fl.li, fl.lv = o.rl.RowLogprobs(out, fl.tok, o.top)
+	}
+	return fl, seen, counts, nil
+}
+
+// launch keeps the step's arrays and starts evaluating them (with the
+// step's other arrays extra); o.fl becomes the step.
+func (o *Overlap) launch(fl *flight, seen, counts Array, extra []Array) error {
+	b := o.m.b
+	args := make([]Array, 0, 6+len(extra))
+	for _, a := range []Array{fl.tok, fl.lc, fl.li, fl.lv, seen, counts} {
 		if a != nil {
 			b.Keep(a)
 			args = append(args, a)
 		}
 	}
-	args = append(args, m.scr.evalArgs[1:]...) // the step's other arrays (none without recurrent layers)
+	args = append(args, extra...)
+	var err error
 	if ae, ok := b.(AsyncEvaler); ok {
 		err = ae.AsyncEval(args...)
 	} else {
@@ -232,32 +447,51 @@ func (o *Overlap) queue(ids Array) (err error) {
 		b.Free(o.sa.Counts)
 		o.sa.Counts = counts
 	}
-	o.tok = tok
+	o.fl = *fl
 	return nil
 }
 
 // hostPick evaluates the step's logits out and picks each row's token
-// with the rows' own Samplers (a backend without RowSampler).
-func (o *Overlap) hostPick(out Array) (Array, error) {
-	m, b := o.m, o.m.b
-	if err := b.Eval(m.scr.evalArgs...); err != nil {
+// with the rows' own Samplers (a backend without RowSampler), masked by
+// the rows' masks, and computes the rows' logprobs into fl.
+func (o *Overlap) hostPick(out Array, eval []Array, fl *flight) (Array, error) {
+	b := o.m.b
+	if err := b.Eval(eval...); err != nil {
 		return nil, err
 	}
 	f, err := b.Float32(out)
 	if err != nil {
 		return nil, err
 	}
-	V := len(f) / len(o.specs)
+	B := len(o.caches)
+	V := len(f) / B
+	if o.lp {
+		fl.hostC, fl.hostT = make([]float64, B), make([][]sample.TokenLogprob, B)
+	}
+	var masked []float32
 	for i := range o.specs {
 		row := f[i*V : (i+1)*V]
+		pr := row
+		if o.specs[i].Mask != nil && o.mask != nil {
+			masked = append(masked[:0], row...)
+			for j, v := range o.mask[i*V : (i+1)*V] {
+				if v < 0 {
+					masked[j] = float32(math.Inf(-1))
+				}
+			}
+			pr = masked
+		}
 		if o.specs[i].Params.Temperature > 0 {
-			o.pick[i] = o.ref[i].SampleWith(row, o.hist[i], o.specs[i].Uniform())
+			o.pick[i] = o.ref[i].SampleWith(pr, o.hist[i], o.specs[i].Uniform())
 		} else {
-			o.pick[i] = o.ref[i].Sample(row, o.hist[i])
+			o.pick[i] = o.ref[i].Sample(pr, o.hist[i])
 		}
 		o.hist[i] = append(o.hist[i], o.pick[i])
+		if o.lp && o.specs[i].Logprobs {
+			fl.hostC[i], fl.hostT[i] = sample.Logprobs(row, o.pick[i], o.specs[i].Top)
+		}
 	}
-	return b.FromInt32(o.pick, len(o.pick)), nil
+	return b.FromInt32(o.pick[:B], B), nil
 }
 
 // freeInputs releases the device sampler's inputs.
@@ -268,73 +502,257 @@ func (o *Overlap) freeInputs() {
 	}
 }
 
-// Next queues the following step, fed with the tokens of the step in
-// flight, then reads those tokens back and returns them (one per
-// sequence; the slice is o's, valid until the next call). On error the
-// caches hold what they held before the call's step.
+// Caches returns the rows of the step in flight, in order: those whose
+// tokens the next Next returns (nil when no step is in flight).
+func (o *Overlap) Caches() []KVCache {
+	if o.fl.tok == nil {
+		return nil
+	}
+	return o.caches
+}
+
+// Next queues the following step (of the rows that may still take one),
+// fed with the tokens of the step in flight, then reads those tokens
+// back and returns them (one per row of Caches before the call; the slice
+// is o's, valid until the next call). Each row's Accept is told its
+// token; a constrained batch's masks are asked then (see Overlap). On
+// error the caches hold what they held before the call's step. After the
+// last step (every row's Steps used up) no step is queued and Caches is
+// empty.
 func (o *Overlap) Next(ctx context.Context) ([]int32, error) {
-	if o.tok == nil {
-		return nil, errors.New("engine: Overlap.Next after Stop")
+	if o.fl.tok == nil {
+		return nil, errors.New("engine: Overlap.Next with no step in flight (after Stop, or after the rows' last step)")
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	m := o.m
+	m, b := o.m, o.m.b
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.checkWhole(); err != nil {
 		return nil, err
 	}
-	prev, prevStarts := o.tok, slices.Clone(o.starts)
-	if err := o.queue(prev); err != nil {
-		o.tok = prev
-		copy(o.starts, prevStarts)
-		return nil, err
+	prev := o.fl
+	prevSpecs := o.specs // Accept's, by row of prev
+	o.fl = flight{}
+	// the rows that take the next step
+	var keep []int32
+	for i, l := range o.left {
+		if l != 0 {
+			keep = append(keep, int32(i))
+		}
 	}
-	if err := o.read(prev); err != nil {
-		return nil, err
+	read := func() error {
+		err := o.read(&prev, prevSpecs)
+		if err != nil {
+			return err
+		}
+		for i := range prevSpecs {
+			if f := prevSpecs[i].Accept; f != nil {
+				if err := f(o.toks[i]); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
 	}
-	return o.toks, nil
+	if len(keep) == 0 { // every row's last step: nothing to queue
+		err := read()
+		clear(o.caches)
+		o.caches, o.specs, o.left = o.caches[:0], o.specs[:0], o.left[:0]
+		o.freeInputs()
+		if err != nil {
+			return nil, err
+		}
+		return o.toks[:len(prevSpecs)], nil
+	}
+	old := o.rows()
+	ids := prev.tok
+	if len(keep) < len(o.caches) {
+		idx := b.FromInt32(keep, len(keep))
+		ids = b.Take(prev.tok, idx)
+		var sa *SampleArrays
+		if o.sa != nil {
+			sa = o.sa.takeRows(b, idx)
+		}
+		o.compact(keep, sa)
+	}
+	for i := range o.left {
+		if o.left[i] > 0 {
+			o.left[i]--
+		}
+	}
+	var err error
+	readErr := error(nil)
+	if o.split {
+		err = o.queueSplit(ids, func() error { readErr = read(); return readErr })
+	} else {
+		if err = o.queue(ids); err == nil {
+			readErr = read()
+		}
+	}
+	switch {
+	case err != nil && readErr == nil && o.fl.tok == nil:
+		// nothing queued: back to the step in flight
+		o.restore(old)
+		o.fl = prev
+		return nil, err
+	case err != nil:
+		prev.free(b)
+		return nil, err
+	case readErr != nil:
+		return nil, readErr
+	}
+	if old.sa != nil && old.sa != o.sa {
+		old.sa.Free(b) // compacted: o.sa took its rows
+	}
+	return o.toks[:len(prevSpecs)], nil
 }
 
-// read copies tok's values into o.toks and frees tok.
-func (o *Overlap) read(tok Array) error {
-	b := o.m.b
-	raw, err := b.Bytes(tok)
-	b.Free(tok)
+// rowState is the rows' host state, kept across a Next that may fail.
+type rowState struct {
+	caches []KVCache
+	starts []int
+	specs  []SampleSpec
+	left   []int
+	ph     [][]int32
+	phTok  []int32
+	ref    []*sample.Sampler
+	hist   [][]int32
+	sa     *SampleArrays
+}
+
+func (o *Overlap) rows() rowState {
+	return rowState{caches: slices.Clone(o.caches), starts: slices.Clone(o.starts), specs: slices.Clone(o.specs),
+		left: slices.Clone(o.left), ph: slices.Clone(o.ph), phTok: slices.Clone(o.phTok), ref: slices.Clone(o.ref),
+		hist: slices.Clone(o.hist), sa: o.sa}
+}
+
+func (o *Overlap) restore(r rowState) {
+	if o.sa != r.sa && o.sa != nil {
+		o.sa.Free(o.m.b)
+	}
+	o.caches, o.starts, o.specs, o.left, o.ph, o.phTok, o.ref, o.hist, o.sa =
+		r.caches, r.starts, r.specs, r.left, r.ph, r.phTok, r.ref, r.hist, r.sa
+}
+
+// compact keeps the rows keep (in order) of the host state; sa (nil: no
+// device inputs) replaces o.sa, whose rows it took.
+func (o *Overlap) compact(keep []int32, sa *SampleArrays) {
+	n := len(keep)
+	caches, starts, specs, left := make([]KVCache, n), make([]int, n), make([]SampleSpec, n), make([]int, n)
+	phTok, ph := make([]int32, n), make([][]int32, n)
+	var ref []*sample.Sampler
+	var hist [][]int32
+	if o.ref != nil {
+		ref, hist = make([]*sample.Sampler, n), make([][]int32, n)
+	}
+	for d, s := range keep {
+		caches[d], starts[d], specs[d], left[d], phTok[d] = o.caches[s], o.starts[s], o.specs[s], o.left[s], o.phTok[s]
+		if ref != nil {
+			ref[d], hist[d] = o.ref[s], o.hist[s]
+		}
+	}
+	for i := range ph {
+		ph[i] = phTok[i : i+1 : i+1]
+	}
+	o.caches, o.starts, o.specs, o.left, o.ph, o.phTok, o.ref, o.hist = caches, starts, specs, left, ph, phTok, ref, hist
+	if sa != nil {
+		o.sa = sa // the old one is freed by Next once the step is queued
+	}
+}
+
+// read waits for fl's tokens (and logprobs), copies them into o.toks
+// (and o.lpc, o.lpt) for its rows (specs), and frees fl.
+func (o *Overlap) read(fl *flight, specs []SampleSpec) error {
+	b, n := o.m.b, len(specs)
+	defer fl.free(b)
+	raw, err := b.Bytes(fl.tok)
 	if err != nil {
 		return err
 	}
-	if len(raw) != 4*len(o.toks) {
-		return fmt.Errorf("engine: overlapped step read %d bytes for %d tokens", len(raw), len(o.toks))
+	if len(raw) != 4*n {
+		return fmt.Errorf("engine: overlapped step read %d bytes for %d tokens", len(raw), n)
 	}
-	for i := range o.toks {
+	for i := range n {
 		o.toks[i] = int32(binary.LittleEndian.Uint32(raw[4*i:]))
 	}
+	if !o.lp {
+		return nil
+	}
+	if fl.hostC != nil {
+		copy(o.lpc, fl.hostC)
+		copy(o.lpt, fl.hostT)
+		return nil
+	}
+	if fl.lc == nil {
+		return nil
+	}
+	c, err := b.Float32(fl.lc)
+	if err != nil {
+		return err
+	}
+	var ids []byte
+	var vals []float32
+	if fl.li != nil {
+		if ids, err = b.Bytes(fl.li); err != nil {
+			return err
+		}
+		if vals, err = b.Float32(fl.lv); err != nil {
+			return err
+		}
+	}
+	if len(c) != n || len(ids) != 4*n*o.top || len(vals) != n*o.top {
+		return fmt.Errorf("engine: overlapped step read %d logprobs and %d top for %d tokens", len(c), len(vals), n)
+	}
+	for i := range n {
+		o.lpc[i] = float64(c[i])
+		o.lpt[i] = o.lpt[i][:0]
+		if math.IsNaN(o.lpc[i]) { // no finite logit (sample.Logprobs: -Inf, no top)
+			o.lpc[i] = math.Inf(-1)
+			continue
+		}
+		k := min(o.top, specs[i].Top)
+		for j := range k {
+			at := i*o.top + j
+			o.lpt[i] = append(o.lpt[i], sample.TokenLogprob{ID: int32(binary.LittleEndian.Uint32(ids[4*at:])), Logprob: float64(vals[at])})
+		}
+	}
 	return nil
+}
+
+// Logprob returns the logprob of the i-th token the last Next returned
+// and its row's top alternatives (sample.Logprobs's numbers, computed in
+// float32 on the device; the slice is o's, valid until the next call),
+// for a row whose SampleSpec asked for them.
+func (o *Overlap) Logprob(i int) (float64, []sample.TokenLogprob) {
+	if !o.lp || i >= len(o.lpc) {
+		return math.Inf(-1), nil
+	}
+	return o.lpc[i], o.lpt[i]
 }
 
 // Stop waits for the step in flight, discards its tokens and truncates
 // the caches to where that step began. The caches are then the caller's
 // again. Stop is idempotent.
 func (o *Overlap) Stop() error {
-	if o.tok == nil {
-		return nil
-	}
 	m := o.m
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	tok := o.tok
-	o.tok = nil
-	err := o.read(tok) // waits: the step's arrays must be done before the caches drop them
-	for i, c := range o.caches {
-		if !c.CanTruncate(o.starts[i]) {
-			err = errors.Join(err, fmt.Errorf("engine: overlapped decode cannot drop the token in flight of cache %d", i))
-			continue
+	var err error
+	if o.fl.tok != nil {
+		_, err = m.b.Bytes(o.fl.tok) // waits: the step's arrays must be done before the caches drop them
+		o.fl.free(m.b)
+		for i, c := range o.caches {
+			if !c.CanTruncate(o.starts[i]) {
+				err = errors.Join(err, fmt.Errorf("engine: overlapped decode cannot drop the token in flight of cache %d", i))
+				continue
+			}
+			truncateHeld(c, o.starts[i])
 		}
-		truncateHeld(c, o.starts[i])
 	}
 	clear(o.caches)
+	o.caches = o.caches[:0]
 	o.freeInputs()
 	return err
 }

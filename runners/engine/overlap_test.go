@@ -164,3 +164,38 @@ func TestSampledOverlapEqualsSerial(t *testing.T) {
 	}
 	testmodel.CheckSampledOverlap(t, m, ps, 14)
 }
+
+// TestOverlapFeaturesEqualSerial: an Overlap whose rows ask for logprobs,
+// are constrained by a mask made on the host from the row's last token
+// (a grammar's shape: the step's forward and its pick are two graphs)
+// and end after their own number of steps (left out of the next steps),
+// greedy and sampled in one batch, gives serial decoding's tokens and
+// logprobs (testmodel.CheckOverlapFeatures).
+func TestOverlapFeaturesEqualSerial(t *testing.T) {
+	b, err := backend.Open("cpu", backend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 9}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := engine.Load(context.Background(), dir, b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ps := []sample.Params{
+		{},
+		{},
+		{Temperature: 1, Seed: 1},
+		{Temperature: 0.7, TopK: 5, Seed: 2},
+		{Temperature: 1.1, TopP: 0.8, MinP: 0.05, Seed: 3, RepetitionPenalty: 1.3},
+		{PresencePenalty: -1, LogitBias: map[int32]float32{3: 4, 5: -100}},
+	}
+	testmodel.CheckOverlapFeatures(t, m, ps, 12, 0)
+	// greedy rows only: the argmax and device-side logprobs alone
+	testmodel.CheckOverlapFeatures(t, m, []sample.Params{{}, {}, {}}, 8, 0)
+	// one row alone, bounded: no step past its last
+	testmodel.CheckOverlapFeatures(t, m, []sample.Params{{Temperature: 1, Seed: 5}}, 6, 0)
+}

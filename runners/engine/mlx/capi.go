@@ -925,7 +925,7 @@ int xmx_has_sample(void) {
 }
 
 int xmx_sample_rows(xmx_array* tok, xmx_array* seen_out, xmx_array* counts_out, xmx_array logits, xmx_array params,
-		xmx_array u, xmx_array bias, xmx_array seen, xmx_array counts, int sampled, int sorted, int topp, xmx_stream s) {
+		xmx_array u, xmx_array mask, xmx_array bias, xmx_array seen, xmx_array counts, int sampled, int sorted, int topp, xmx_stream s) {
 	if (!xmx_has_sample()) { snprintf(xmx_err, sizeof xmx_err, "mlx-c lacks the ops of device sampling"); return 3; }
 	xmx_pool pool = {.n = 0};
 	int rc = 0;
@@ -940,6 +940,12 @@ int xmx_sample_rows(xmx_array* tok, xmx_array* seen_out, xmx_array* counts_out, 
 		rc = X.slice(&col[i], params, start, 2, stop, 2, str, 2, s); // [B, 1]
 	}
 	XMX_DO(X.astype(l, logits, XMX_FLOAT32, s));
+	if (mask.ctx != NULL) { // a constraint's mask (-Inf: not allowed) replaces the logit, as the host's Mask does
+		XMX_T(off) XMX_T(lm)
+		XMX_DO(X.is_neginf(off, mask, s));
+		XMX_DO(X.where(lm, *off, *ninf, *l, s));
+		l = lm;
+	}
 	if (bias.ctx != NULL) {
 		XMX_T(lb)
 		XMX_DO(X.add(lb, *l, bias, s));
@@ -1092,6 +1098,49 @@ int xmx_sample_rows(xmx_array* tok, xmx_array* seen_out, xmx_array* counts_out, 
 	}
 out:
 	for (int i = 0; i < XMX_SP_N; i++) if (col[i].ctx) X.array_free(col[i]);
+	xmx_drain(&pool);
+	return rc;
+}
+
+// xmx_logprobs computes, for logits [B, V] and tok [B] (int32), the
+// log-softmax at each row's token (chosen [B] float32) and, with top > 0,
+// the top ids [B, top] (int32, by descending logit, ties by id: a stable
+// sort) and their log-softmax vals [B, top], as sample.Logprobs (NaN
+// logits count as -Inf).
+int xmx_logprobs(xmx_array* chosen, xmx_array* ids, xmx_array* vals, xmx_array logits, xmx_array tok, int top, xmx_stream s) {
+	if (!xmx_has_sample() || !X.log) { snprintf(xmx_err, sizeof xmx_err, "mlx-c lacks the ops of device logprobs"); return 3; }
+	xmx_pool pool = {.n = 0};
+	int rc = 0;
+	const int* ls = X.array_shape(logits);
+	int B = ls[0];
+	XMX_T(ninf) XMX_T(l) XMX_T(nan) XMX_T(lv) XMX_T(mx) XMX_T(d) XMX_T(e) XMX_T(sum) XMX_T(lg) XMX_T(lse) XMX_T(lp)
+	XMX_T(t2) XMX_T(ch)
+	if (rc == 0) { *ninf = X.array_new_float32(-INFINITY); rc = ninf->ctx == NULL; }
+	XMX_DO(X.astype(l, logits, XMX_FLOAT32, s));
+	XMX_DO(X.is_nan(nan, *l, s));
+	XMX_DO(X.where(lv, *nan, *ninf, *l, s));
+	XMX_DO(X.max_axis(mx, *lv, -1, true, s));
+	XMX_DO(X.subtract(d, *lv, *mx, s));
+	XMX_DO(X.exp(e, *d, s));
+	XMX_DO(X.sum_axis(sum, *e, -1, true, s));
+	XMX_DO(X.log(lg, *sum, s));
+	XMX_DO(X.add(lse, *mx, *lg, s));
+	XMX_DO(X.subtract(lp, *lv, *lse, s)); // [B, V]
+	if (rc == 0) { int sh[2] = {B, 1}; rc = X.reshape(t2, tok, sh, 2, s); }
+	XMX_DO(X.take_along_axis(ch, *lp, *t2, -1, s));
+	if (rc == 0) { int sh[1] = {B}; rc = X.reshape(chosen, *ch, sh, 1, s); }
+	if (top > 0 && rc == 0) {
+		XMX_T(nl) XMX_T(ord) XMX_T(ti)
+		XMX_DO(X.negative(nl, *lv, s));
+		XMX_DO(X.argsort_axis(ord, *nl, -1, s)); // stable: equal logits by id
+		if (rc == 0) {
+			int start[2] = {0, 0}, stop[2] = {B, top}, str[2] = {1, 1};
+			rc = X.slice(ti, *ord, start, 2, stop, 2, str, 2, s);
+		}
+		XMX_DO(X.astype(ids, *ti, XMX_INT32, s));
+		XMX_DO(X.take_along_axis(vals, *lp, *ids, -1, s));
+	}
+out:
 	xmx_drain(&pool);
 	return rc;
 }

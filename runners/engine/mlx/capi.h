@@ -125,7 +125,8 @@ int xmx_gated_delta_chunked(xmx_array* y, xmx_array* state_out, xmx_array q, xmx
 enum { XMX_SP_INVT, XMX_SP_GREEDY, XMX_SP_TOPK, XMX_SP_TOPP, XMX_SP_TOPPON, XMX_SP_MINP, XMX_SP_REP, XMX_SP_PRES, XMX_SP_FREQ, XMX_SP_N };
 int xmx_has_sample(void);
 int xmx_sample_rows(xmx_array* tok, xmx_array* seen_out, xmx_array* counts_out, xmx_array logits, xmx_array params,
-	xmx_array u, xmx_array bias, xmx_array seen, xmx_array counts, int sampled, int sorted, int topp, xmx_stream s);
+	xmx_array u, xmx_array mask, xmx_array bias, xmx_array seen, xmx_array counts, int sampled, int sorted, int topp, xmx_stream s);
+int xmx_logprobs(xmx_array* chosen, xmx_array* ids, xmx_array* vals, xmx_array logits, xmx_array tok, int top, xmx_stream s);
 int xmx_sdpa3(xmx_array* res, xmx_array q, xmx_array k, xmx_array v, float scale, const char* mask_mode, xmx_stream s);
 // xmx_sdpa_ext takes an explicit mask array (additive, mask_mode "") and
 // per-head sinks [H]; either may be {NULL}.

@@ -137,3 +137,32 @@ func TestSampledOverlapEqualsSerialMLX(t *testing.T) {
 		testmodel.CheckSampledOverlap(t, load(t, dir, b), ps, 16)
 	}
 }
+
+// TestOverlapFeaturesEqualSerialMLX: on MLX, rows that ask for logprobs
+// (computed on the device: RowLogprobs), rows constrained by a host mask
+// that depends on their last token (the forward queued before the mask
+// is made, then a pick graph with the mask: SampleRows' mask) and rows
+// that end after their own number of steps (left out of the next
+// steps), greedy and sampled in one batch, give serial decoding's tokens,
+// and its logprobs within float32 rounding (testmodel.CheckOverlapFeatures).
+func TestOverlapFeaturesEqualSerialMLX(t *testing.T) {
+	b := newTestBackend(t)
+	ps := []sample.Params{
+		{},
+		{},
+		{Temperature: 1, Seed: 1},
+		{Temperature: 0.7, TopK: 5, Seed: 2},
+		{Temperature: 1.1, TopP: 0.8, MinP: 0.05, Seed: 3, RepetitionPenalty: 1.3},
+		{PresencePenalty: -1, LogitBias: map[int32]float32{3: 4, 5: -100}},
+	}
+	for _, arch := range []string{"llama", "gemma3"} {
+		dir := t.TempDir()
+		if err := testmodel.Write(dir, testmodel.Spec{Arch: arch, Seed: 9}); err != nil {
+			t.Fatal(err)
+		}
+		m := load(t, dir, b)
+		testmodel.CheckOverlapFeatures(t, m, ps, 12, 1e-4)
+		testmodel.CheckOverlapFeatures(t, m, []sample.Params{{}, {}, {}}, 8, 1e-4)
+		testmodel.CheckOverlapFeatures(t, m, []sample.Params{{Temperature: 1, Seed: 5}}, 6, 1e-4)
+	}
+}

@@ -47,7 +47,7 @@ func (b *backend) SampleRows(logits engine.Array, sa *engine.SampleArrays) (tok,
 			u = handle(sa.Params) // unused: no row samples
 		}
 		var rt, rs, rc C.xmx_array
-		if C.xmx_sample_rows(&rt, &rs, &rc, la.h, pa.h, u, handle(sa.Bias), handle(sa.Seen), handle(sa.Counts),
+		if C.xmx_sample_rows(&rt, &rs, &rc, la.h, pa.h, u, handle(sa.Mask), handle(sa.Bias), handle(sa.Seen), handle(sa.Counts),
 			cbool(sa.Sampled), cbool(sa.Sorted), cbool(sa.TopP), b.stream) != 0 {
 			for _, r := range []C.xmx_array{rt, rs, rc} {
 				if r.ctx != nil {
@@ -72,6 +72,42 @@ func (b *backend) SampleRows(logits engine.Array, sa *engine.SampleArrays) (tok,
 		counts = cn
 	}
 	return tok, seen, counts
+}
+
+// RowLogprobs implements engine.RowLogprober: one mlx-c shim
+// (xmx_logprobs) computes the log-softmax at each row's token and the top
+// alternatives by a stable sort of the logits.
+func (b *backend) RowLogprobs(logits, tok engine.Array, top int) (chosen, ids, vals engine.Array) {
+	ca := &array{owner: b}
+	var ia, va *array
+	if top > 0 {
+		ia, va = &array{owner: b}, &array{owner: b}
+	}
+	b.post(func() {
+		la, ta := b.arr(logits), b.arr(tok)
+		if len(la.shape) != 2 || len(ta.shape) != 1 || ta.shape[0] != la.shape[0] || top > la.shape[1] {
+			panic(fmt.Sprintf("mlx: RowLogprobs: logits %v, tokens %v, top %d", la.shape, ta.shape, top))
+		}
+		var rc, ri, rv C.xmx_array
+		if C.xmx_logprobs(&rc, &ri, &rv, la.h, ta.h, C.int(top), b.stream) != 0 {
+			for _, r := range []C.xmx_array{rc, ri, rv} {
+				if r.ctx != nil {
+					C.xmx_array_free(r)
+				}
+			}
+			panic(mlxErr("row logprobs"))
+		}
+		b.adopt(ca, b.track(rc))
+		if ia != nil {
+			b.adopt(ia, b.track(ri))
+			b.adopt(va, b.track(rv))
+		}
+	})
+	chosen = ca
+	if ia != nil {
+		ids, vals = ia, va
+	}
+	return chosen, ids, vals
 }
 
 func cbool(v bool) C.int {
