@@ -155,6 +155,7 @@ func TestErrors(t *testing.T) {
 		{"tool_use block", `{"model":"tiny","max_tokens":5,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{}}]}]}`, 400, "invalid_request_error", "messages[0].content[0].type"},
 		{"temperature over 1", `{"model":"tiny","max_tokens":5,"temperature":1.5,"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request_error", "temperature"},
 		{"system role in messages", `{"model":"tiny","max_tokens":5,"messages":[{"role":"system","content":"hi"}]}`, 400, "invalid_request_error", "messages[0].role"},
+		{"content of the wrong type names its path", `{"model":"tiny","max_tokens":5,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":5}]}`, 400, "invalid_request_error", "messages[1].content"},
 		{"empty stop sequence", `{"model":"tiny","max_tokens":5,"stop_sequences":[""],"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request_error", "stop_sequences"},
 	}
 	for _, c := range cases {

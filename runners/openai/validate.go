@@ -177,6 +177,9 @@ func decodeJSON(body []byte, v any, sh Shape) *Error {
 		if strings.Contains(msg, "Go ") { // encoding/json's own words name Go types
 			msg = "a value has the wrong type"
 		}
+		if f != "" && !strings.HasPrefix(msg, f) { // the message says where (Anthropic's errors have no param)
+			msg = f + ": " + msg
+		}
 		return Errorf(f, "invalid JSON body: %s", msg)
 	}
 	return nil

@@ -69,4 +69,22 @@ try:
 except openai.BadRequestError as e:
     out["schema_error"] = e.body["message"] if "message" in e.body else str(e.body)
 
+# 5. a function without parameters takes none (OpenAI's definition): a forced call's arguments are {}.
+ping = client.chat.completions.create(model=model, temperature=0, max_tokens=30, parallel_tool_calls=False,
+                                      messages=[{"role": "user", "content": "Ping the server."}],
+                                      tools=[{"type": "function", "function": {"name": "ping", "description": "Ping the server"}}],
+                                      tool_choice="required")
+assert json.loads(ping.choices[0].message.tool_calls[0].function.arguments) == {}, ping
+out["no_parameters"] = "{}"
+
+# 6. the Responses API: an answer that is only a call is only a function_call item, created or streamed.
+rtools = [{"type": "function", "name": "get_weather", "parameters": tools[0]["function"]["parameters"]}]
+r = client.responses.create(model=model, temperature=0, max_output_tokens=60, input="What is the weather in Paris?",
+                            tools=rtools, tool_choice="required", parallel_tool_calls=False)
+with client.responses.stream(model=model, temperature=0, max_output_tokens=60, input="What is the weather in Paris?",
+                             tools=rtools, tool_choice="required", parallel_tool_calls=False) as st:
+    rs = st.get_final_response()
+out["responses_items"] = [[o.type for o in r.output], [o.type for o in rs.output]]
+assert out["responses_items"] == [["function_call"], ["function_call"]], out["responses_items"]
+
 print(json.dumps(out))
