@@ -308,3 +308,30 @@ func FuzzDecodeChatRequest(f *testing.F) {
 		}
 	})
 }
+
+// TestCompletionPromptForms: the prompt forms OpenAI's legacy completions
+// take for one prompt: a string, a list of one string, token ids, and a
+// list of one token-id list (a batch of one, as the SDK's types allow).
+func TestCompletionPromptForms(t *testing.T) {
+	for _, c := range []struct {
+		prompt string
+		text   string
+		ids    []int32
+	}{
+		{`"hi"`, "hi", nil},
+		{`["hi"]`, "hi", nil},
+		{`[5,6]`, "", []int32{5, 6}},
+		{`[[5,6]]`, "", []int32{5, 6}},
+	} {
+		gen := &scriptGen{finish: "stop"}
+		srv, _ := newTestServer(t, gen)
+		resp, body := post(t, srv.URL+"/v1/completions", `{"model":"tiny","max_tokens":2,"prompt":`+c.prompt+`}`)
+		if resp.StatusCode != 200 {
+			t.Errorf("prompt %s: %d %s", c.prompt, resp.StatusCode, body)
+			continue
+		}
+		if gen.got.Prompt != c.text || fmt.Sprint(gen.got.PromptIDs) != fmt.Sprint(c.ids) {
+			t.Errorf("prompt %s: text %q ids %v", c.prompt, gen.got.Prompt, gen.got.PromptIDs)
+		}
+	}
+}

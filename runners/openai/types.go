@@ -253,6 +253,12 @@ func (p *Prompt) UnmarshalJSON(b []byte) error {
 		*p = Prompt{Text: s, Set: true}
 		return nil
 	}
+	if len(raw) == 1 && len(bytes.TrimSpace(raw[0])) > 0 && bytes.TrimSpace(raw[0])[0] == '[' {
+		var inner []json.RawMessage // a batch of one token-id list: that list
+		if err := json.Unmarshal(raw[0], &inner); err == nil {
+			raw = inner
+		}
+	}
 	ids := make([]int32, len(raw))
 	for i, r := range raw {
 		var v int64
