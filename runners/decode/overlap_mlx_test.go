@@ -3,17 +3,12 @@
 package decode
 
 import (
-	"context"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"testing"
 
-	"github.com/exo-pd/exo-pd/runners/chat"
-	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
-	"github.com/exo-pd/exo-pd/runners/tokenizer"
 )
 
 // TestOverlappedBatchEqualsSerialMLX: on the MLX backend the batcher
@@ -38,7 +33,7 @@ func TestOverlappedBatchEqualsSerialMLX(t *testing.T) {
 		for i, c := range cases {
 			want[i] = answerOf(t, serialURL, c)
 		}
-		got := answersAtOnce(t, url, cases)
+		got := answerAll(t, url, cases)
 		for i := range cases {
 			if !sameAnswer(got[i], want[i], 1e-4) { // logprobs: float32 on the device
 				t.Fatalf("%s case %d: overlapped on mlx\n%s\nserial\n%s", what, i, got[i], want[i])
@@ -76,10 +71,10 @@ func TestOverlappedBatchEqualsSerialMLX(t *testing.T) {
 	t.Logf("%d batches of sampled requests served overlapped on mlx (%d overlaps with sampled members)", served-before, n)
 }
 
-// tinyMLXServer loads the tiny llama model on MLX (EXO_MLXC_PATH; the
-// test skips without it) and returns a function that starts a batching
-// Server over it (grammars and tools on), with overlap deciding whether
-// it overlaps steps (nil: on MLX, by itself), and its URL.
+// tinyMLXServer writes the tiny llama model and returns a function that
+// starts a batching Server over it on MLX (EXO_MLXC_PATH; the test skips
+// without it; grammars and tools on), with overlap deciding whether it
+// overlaps steps (nil: on MLX, by itself).
 func tinyMLXServer(t *testing.T) func(overlap func(Model) bool) (*Server, string) {
 	t.Helper()
 	b, err := backend.Open("mlx", backend.Options{LibPath: os.Getenv("EXO_MLXC_PATH"), Device: "cpu"})
@@ -90,28 +85,11 @@ func tinyMLXServer(t *testing.T) func(overlap func(Model) bool) (*Server, string
 	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}); err != nil {
 		t.Fatal(err)
 	}
-	m, err := engine.Load(context.Background(), dir, b, engine.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	tok, err := tokenizer.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl, err := chat.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := NewText(tok, tmpl)
 	return func(overlap func(Model) bool) (*Server, string) {
-		g := &Grammars{Text: text}
-		o := Options{Name: "m", Model: m, Text: text, NewSampler: NewSampler, NewStopMatcher: NewStopMatcher,
-			MaxBatch: 16, CacheEntries: -1, overlap: overlap, NewConstraint: g.NewConstraint, AcceptTools: true}
-		srv := New(o)
-		t.Cleanup(srv.Close)
-		hs := httptest.NewServer(apiMux(srv))
-		t.Cleanup(hs.Close)
-		return srv, hs.URL
+		s := serveTinyOn(t, b, dir, func(text Text, o *Options) {
+			g := &Grammars{Text: text}
+			o.NewConstraint, o.AcceptTools, o.MaxBatch, o.overlap = g.NewConstraint, true, 16, overlap
+		})
+		return s.srv, s.url
 	}
 }

@@ -3,7 +3,6 @@ package decode
 import (
 	"encoding/json"
 	"math"
-	"sync"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
@@ -39,7 +38,7 @@ func TestOverlappedBatchEqualsSerial(t *testing.T) {
 		want[i] = answerOf(t, plain.url, c)
 	}
 	for round := range 2 {
-		got := answersAtOnce(t, s.url, cases)
+		got := answerAll(t, s.url, cases)
 		for i := range cases {
 			if got[i] != want[i] {
 				t.Fatalf("round %d, case %d: batched answer with overlapped steps\n%s\nserial\n%s", round, i, got[i], want[i])
@@ -122,7 +121,7 @@ func TestOverlappedSampledBatchEqualsSerial(t *testing.T) {
 		want[i] = answerOf(t, plain.url, c)
 	}
 	for round := range 3 {
-		got := answersAtOnce(t, s.url, cases)
+		got := answerAll(t, s.url, cases)
 		for i := range cases {
 			if got[i] != want[i] {
 				t.Fatalf("round %d, case %d: overlapped\n%s\nserial\n%s", round, i, got[i], want[i])
@@ -162,43 +161,6 @@ func overlapSampledCases() []map[string]any {
 	}
 }
 
-// reqWith is the request reqs[name] with extra's fields set (nil values
-// included: they clear a field).
-func reqWith(reqs map[string]map[string]any, name string, extra map[string]any) map[string]any {
-	b := map[string]any{}
-	for k, v := range reqs[name] {
-		b[k] = v
-	}
-	for k, v := range extra {
-		b[k] = v
-	}
-	return b
-}
-
-// answersAtOnce sends every case to url at once and returns the answers
-// in order (a failed request fails t).
-func answersAtOnce(t *testing.T, url string, cases []map[string]any) []string {
-	t.Helper()
-	got := make([]string, len(cases))
-	var wg sync.WaitGroup
-	for i, c := range cases {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			a, err := answer(url, c)
-			if err != nil {
-				t.Errorf("case %d: %v", i, err)
-			}
-			got[i] = a
-		}()
-	}
-	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
-	}
-	return got
-}
-
 // overlapCounts sums the lanes' overlap counters: batches served
 // overlapped, and the overlaps begun with a sampled, a constrained and a
 // logprobs member.
@@ -216,23 +178,22 @@ func overlapCounts(s *Server) (served, sampled, constrained, logprobs int) {
 // see them: plain greedy of three lengths, a stop sequence, seeded
 // sampling, penalties, logprobs, a grammar and a tool call.
 func overlapMixedCases() []map[string]any {
-	reqs := specRequests()
 	return []map[string]any{
-		reqWith(reqs, "greedy", map[string]any{"logprobs": false, "top_logprobs": nil}),
-		reqWith(reqs, "greedy", map[string]any{"logprobs": false, "top_logprobs": nil, "max_tokens": 7}),
-		reqWith(reqs, "greedy", map[string]any{"logprobs": false, "top_logprobs": nil, "max_tokens": 19,
+		specBody("greedy", map[string]any{"logprobs": false, "top_logprobs": nil}),
+		specBody("greedy", map[string]any{"logprobs": false, "top_logprobs": nil, "max_tokens": 7}),
+		specBody("greedy", map[string]any{"logprobs": false, "top_logprobs": nil, "max_tokens": 19,
 			"messages": []map[string]any{{"role": "user", "content": "five six"}}}),
-		reqWith(reqs, "stop", nil),
-		reqWith(reqs, "greedy", nil), // logprobs, top 2
-		reqWith(reqs, "seeded", nil),
-		reqWith(reqs, "seeded", map[string]any{"seed": 3, "max_tokens": 11, "top_k": 8, "temperature": 0.8}),
-		reqWith(reqs, "seeded", map[string]any{"seed": 5, "max_tokens": 23, "top_p": 0.9, "min_p": 0.05}),
-		reqWith(reqs, "seeded", map[string]any{"seed": 9, "presence_penalty": 0.6, "repetition_penalty": 1.2,
+		specBody("stop", nil),
+		specBody("greedy", nil), // logprobs, top 2
+		specBody("seeded", nil),
+		specBody("seeded", map[string]any{"seed": 3, "max_tokens": 11, "top_k": 8, "temperature": 0.8}),
+		specBody("seeded", map[string]any{"seed": 5, "max_tokens": 23, "top_p": 0.9, "min_p": 0.05}),
+		specBody("seeded", map[string]any{"seed": 9, "presence_penalty": 0.6, "repetition_penalty": 1.2,
 			"logit_bias": map[string]any{"7": -100, "9": 3}}),
-		reqWith(reqs, "penalties", nil),
-		reqWith(reqs, "grammar", nil),
-		reqWith(reqs, "tool call", nil),
-		reqWith(reqs, "grammar", map[string]any{"temperature": 0.9, "seed": 4, "logprobs": true, "top_logprobs": 3}),
+		specBody("penalties", nil),
+		specBody("grammar", nil),
+		specBody("tool call", nil),
+		specBody("grammar", map[string]any{"temperature": 0.9, "seed": 4, "logprobs": true, "top_logprobs": 3}),
 	}
 }
 
