@@ -7,11 +7,8 @@ import (
 	"slices"
 )
 
-// HelloSize is a hello's size, each way.
-const HelloSize = 96
-
-// BackendLen bounds a hello's backend name ("cpu", "mlx-cpu", "mlx-gpu").
-const BackendLen = 8
+// A hello's size, each way, and the most bytes of its backend name.
+const HelloSize, BackendLen = 96, 8
 
 // Hello flags. FlagGroup offers to carry the link's heavy traffic (a
 // stage's hidden states, a tensor rank's all_sums) over an MLX group,
@@ -26,10 +23,7 @@ const (
 // groups are the MLX groups a hello names, by kind.
 var groups = []string{"ring", "nccl", "jaccl"}
 
-// Hello is one side's fixed introduction:
-//
-//	magic [8] | version u16 | flags u16 | index u16 | count u16 | first u32 | end u32 |
-//	fingerprint [32] | nonce [32] | backend [8]
+// Hello is one side's fixed introduction (PROTOCOL.md "Shared link layer").
 type Hello struct {
 	Version     uint16
 	Flags       uint16
@@ -38,9 +32,7 @@ type Hello struct {
 	First, End  int // the side's layers [First, End) (0 where the link has none)
 	Fingerprint [32]byte
 	Nonce       [32]byte
-	// Backend is the side's engine backend ([a-z0-9_-], at most
-	// BackendLen bytes; "" where the link does not carry it).
-	Backend string
+	Backend     string // the side's engine backend ("" where the link carries none)
 }
 
 // Auth says whether the hello's side has (dialer) or requires (acceptor) a secret.
@@ -92,11 +84,6 @@ type Spec struct {
 	Label string
 }
 
-// VersionError refuses a peer of version peer.
-func (s *Spec) VersionError(peer int) error {
-	return fmt.Errorf("%w: the peer speaks %s version %d, this side %d", ErrVersion, s.Name, peer, s.Version)
-}
-
 // Encode is h's bytes (h.Version as given; a backend longer than
 // BackendLen is cut).
 func (s *Spec) Encode(h *Hello) []byte {
@@ -133,7 +120,7 @@ func (s *Spec) Parse(b []byte) (Hello, error) {
 	le := binary.LittleEndian
 	h.Version, h.Flags = le.Uint16(b[8:]), le.Uint16(b[10:])
 	if h.Version != s.Version {
-		return h, s.VersionError(int(h.Version))
+		return h, fmt.Errorf("%w: the peer speaks %s version %d, this side %d", ErrVersion, s.Name, h.Version, s.Version)
 	}
 	if h.Flags&^s.Flags != 0 || h.Flags&FlagKinds != 0 && (h.Flags&FlagGroup == 0 || int(h.Flags&FlagKinds>>groupShift) >= len(groups)) {
 		return h, fmt.Errorf("%w: reserved hello bits set (flags %#x)", ErrVersion, h.Flags)
