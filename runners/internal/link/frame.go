@@ -1,16 +1,12 @@
-// Package link owns what the runners' peer-to-peer links share (docs/PROTOCOL.md
-// "Shared link layer"): the stage link (runners/stage) and the tensor
-// link (runners/tensor). That is the frame header (type, length, CRC32C),
-// length limits checked before anything is allocated, fail-closed reading,
-// the frames every link has (AuthProof, AuthOK, Error, Keepalive), the
-// 96-byte hello (magic, version, flags, index and count, layers, model
-// fingerprint, nonce, backend) with its MLX group offer, and the handshake:
-// hellos, version and flag checks, the agreement on authentication and the
-// challenge-response (runners/internal/wireauth) under one deadline.
-//
-// Each link keeps its own message types, their layouts and limits, and what
-// it checks of its peer (Spec, Handshake.Check). This package holds no
-// state, and must not import runners/stage, runners/tensor or any engine.
+// Package link owns what the runners' peer-to-peer links share, the stage
+// link (runners/stage) and the tensor link (runners/tensor): the frame
+// header and its fail-closed reading (limits checked before allocating,
+// then the CRC32C), the AuthProof, AuthOK, Error and Keepalive frames, the
+// 96-byte hello with its backend and MLX group offer, and the bounded,
+// authenticated handshake (docs/PROTOCOL.md "Shared link layer"). Each link
+// keeps its own message types, layouts, limits and peer checks (Spec,
+// Handshake.Check). It holds no state and must not import runners/stage,
+// runners/tensor or any engine.
 package link
 
 import (

@@ -12,13 +12,10 @@ import (
 	"github.com/exo-pd/exo-pd/runners/internal/wireauth"
 )
 
-// Handshake is one end's part in a link's opening: each side writes its
-// hello, then reads the peer's; each checks the other's (Spec.Parse, then
-// Check) and refuses with an Error frame naming why; then, when both have
-// a secret, the dialer proves it knows it (AuthProof =
-// HMAC-SHA256(secret, Label+" client" ‖ na ‖ nd), na the acceptor's nonce,
-// nd the dialer's) and the acceptor answers (AuthOK, the same with
-// "server"); without secrets the acceptor answers a Keepalive.
+// Handshake is one end's part in a link's opening (PROTOCOL.md "Shared
+// link layer"): hellos both ways, each checked (Spec.Parse, then Check)
+// and refused with an Error frame naming why, then the proofs or the
+// acceptor's Keepalive.
 type Handshake struct {
 	Spec *Spec
 	// Me is this side's hello; Run sets its version, nonce and FlagAuth.
