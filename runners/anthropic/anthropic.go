@@ -367,6 +367,9 @@ func (h *Handler) convert(r *Request) (*gen.Request, *openai.Error) {
 		if len(t.InputSchema) == 0 || string(t.InputSchema) == "null" {
 			return nil, openai.Errorf(fmt.Sprintf("tools[%d].input_schema", i), "tools[%d].input_schema is required (a JSON Schema object)", i)
 		}
+		if bytes.TrimSpace(t.InputSchema)[0] != '{' {
+			return nil, openai.Errorf(fmt.Sprintf("tools[%d].input_schema", i), "tools[%d].input_schema must be a JSON Schema object", i)
+		}
 		g.Tools = append(g.Tools, gen.Tool{Name: t.Name, Description: t.Description, Parameters: t.InputSchema})
 	}
 	if tc := r.ToolChoice; tc != nil {

@@ -274,6 +274,8 @@ func TestToolErrorsNameAnthropicFields(t *testing.T) {
 			"tools[0].input_schema", "tools[0].input_schema is required"},
 		{"tool with null input_schema", `{"model":"tiny","max_tokens":5,"tools":[{"name":"f","input_schema":null}],"messages":[{"role":"user","content":"hi"}]}`,
 			"tools[0].input_schema", "tools[0].input_schema is required"},
+		{"input_schema not an object", `{"model":"tiny","max_tokens":5,"tools":[{"name":"f","input_schema":"x"}],"messages":[{"role":"user","content":"hi"}]}`,
+			"tools[0].input_schema", "tools[0].input_schema must be a JSON Schema object"},
 		{"zero max_tokens", `{"model":"tiny","max_tokens":0,"messages":[{"role":"user","content":"hi"}]}`, "max_tokens", "at least 1"},
 	} {
 		var r Request

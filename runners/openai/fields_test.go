@@ -38,6 +38,8 @@ func TestNoSilentIgnores(t *testing.T) {
 		{"logit_bias key", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"logit_bias":{"abc":1}}`, "logit_bias"},
 		{"logit_bias value", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"logit_bias":{"5":101}}`, "logit_bias"},
 		{"wrong type names the field", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":7,"content":"hi"}]}`, "messages[0].role"},
+		{"tool parameters not an object", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"tools":[{"type":"function","function":{"name":"f","parameters":"x"}}]}`, "tools[0].function.parameters"},
+		{"tool parameters an array", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"tools":[{"type":"function","function":{"name":"f","parameters":[]}}]}`, "tools[0].function.parameters"},
 		{"tool message without id", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"tool","content":"42"}]}`, "messages[0].tool_call_id"},
 		{"tool_calls on a user message", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"x","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]}]}`, "messages[0].tool_calls"},
 		{"reasoning_content on a user message", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"x","reasoning_content":"r"}]}`, "messages[0].reasoning_content"},

@@ -227,8 +227,14 @@ func (h *Handler) convertResponses(r *ResponsesRequest) (*gen.Request, *Error) {
 
 // inputParam renames an error's chat field to the Responses API's:
 // "messages" is input, messages[i] is input[i] (instructions are message
-// 0 when given).
+// 0 when given), tools[i].function.x is tools[i].x.
 func inputParam(e *Error, r *ResponsesRequest) *Error {
+	if strings.HasPrefix(e.Param, "tools[") && strings.Contains(e.Param, ".function.") {
+		// a Responses tool has its fields at the top: tools[i].parameters
+		p := strings.Replace(e.Param, ".function.", ".", 1)
+		e.Message, e.Param = strings.ReplaceAll(e.Message, e.Param, p), p
+		return e
+	}
 	if e.Param == "messages" {
 		e.Param = "input"
 		return e

@@ -214,3 +214,15 @@ func TestResponsesGeneratorErrorsNameInput(t *testing.T) {
 		}
 	}
 }
+
+// TestResponsesToolErrorsNameResponsesFields: a tool's field in an error
+// is where the Responses API has it (tools[i].parameters).
+func TestResponsesToolErrorsNameResponsesFields(t *testing.T) {
+	srv, _ := newTestServerWith(t, &scriptGen{finish: "stop"}, true)
+	resp, body := post(t, srv.URL+"/v1/responses", `{"model":"tiny","input":"hi","tools":[{"type":"function","name":"f","parameters":"x"}]}`)
+	var eb ErrorBody
+	if err := json.Unmarshal([]byte(body), &eb); err != nil || resp.StatusCode != 400 || eb.Error.Param == nil ||
+		*eb.Error.Param != "tools[0].parameters" || !strings.Contains(eb.Error.Message, "tools[0].parameters must be a JSON Schema object") {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+}

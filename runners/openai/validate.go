@@ -518,6 +518,10 @@ func (v Validator) constraints(r *ChatRequest, g *gen.Request) *Error {
 		if t.Type != "function" {
 			return Errorf(fmt.Sprintf("tools[%d].type", i), "tools[%d].type must be \"function\", got %q", i, t.Type)
 		}
+		if p := bytes.TrimSpace(t.Function.Parameters); len(p) > 0 && p[0] != '{' && string(p) != "null" {
+			f := fmt.Sprintf("tools[%d].function.parameters", i)
+			return Errorf(f, "%s must be a JSON Schema object", f)
+		}
 	}
 	if rf := r.ResponseFormat; rf != nil {
 		switch rf.Type {
