@@ -283,8 +283,10 @@ type ModelRunner struct {
 	TotalBytes       int64                     `json:"total_bytes,omitempty"`
 	LoadETA          float64                   `json:"load_eta_s,omitempty"`
 	PrefillEndpoints []process.PrefillEndpoint `json:"prefill_endpoints,omitempty"`
-	History          []Transition              `json:"history,omitempty"`
-	EngineMemory     *EngineMemory             `json:"engine_memory,omitempty"`
+	// StageTransport: a pipeline stage's, where its hidden states go.
+	StageTransport *process.StageTransport `json:"stage_transport,omitempty"`
+	History        []Transition            `json:"history,omitempty"`
+	EngineMemory   *EngineMemory           `json:"engine_memory,omitempty"`
 }
 
 // ModelState is one model of the cluster file and its runners.
@@ -652,7 +654,7 @@ func models(c *config.Config, hosts []HostState) []ModelState {
 					mr.History, mr.EngineMemory = rv.History, rv.EngineMemory
 					if h := s.Health; h != nil {
 						mr.Health, mr.Waiting, mr.Running, mr.Progress = h.Status, h.Waiting, h.Running, h.Progress
-						mr.PrefillEndpoints = h.PrefillEndpoints
+						mr.PrefillEndpoints, mr.StageTransport = h.PrefillEndpoints, h.StageTransport
 						mr.Phase, mr.DoneBytes, mr.TotalBytes = h.Phase, h.DoneBytes, h.TotalBytes
 					}
 				}

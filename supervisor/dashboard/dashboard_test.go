@@ -145,7 +145,7 @@ prefill = { hosts = ["a"] }
 	// b: a peer supervisor's dashboard behind its API key.
 	hb := NewHistory()
 	bStatus := process.Status{Name: decodeB.Name, State: process.Ready, PID: 4242, Since: time.Now(),
-		Health: &process.Health{Status: "ok", Waiting: 1, Running: 2}}
+		Health: &process.Health{Status: "ok", Waiting: 1, Running: 2, StageTransport: &process.StageTransport{Transport: "tcp", Reason: "cpu_backend"}}}
 	hb.Observe(process.Status{Name: decodeB.Name, State: process.Starting})
 	hb.Observe(bStatus)
 	peerL := listenOn(t, "127.0.0.2:0")
@@ -218,6 +218,9 @@ func TestState(t *testing.T) {
 	if r := byName["b/decode"]; r.State != "ready" || r.Waiting != 1 || r.Running != 2 || r.PID != 4242 ||
 		len(r.History) != 2 || r.History[0].State != "starting" || r.History[1].State != "ready" {
 		t.Errorf("b's decode runner: %+v", r)
+	}
+	if tr := byName["b/decode"].StageTransport; tr == nil || *tr != (process.StageTransport{Transport: "tcp", Reason: "cpu_backend"}) {
+		t.Errorf("b's decode runner's stage transport: %+v", tr)
 	}
 	if m := byName["b/decode"].EngineMemory; m == nil || m.Active != 3<<30 || m.Cache != 1<<30 || m.Peak != 5<<30 {
 		t.Errorf("b's decode runner's engine memory: %+v", m)

@@ -133,6 +133,15 @@ func TestPipelineSplitByReportedMemory(t *testing.T) {
 		}
 	}
 	if p != nil {
+		// Each stage's card says where its hidden states go.
+		hidden := "stage link (TCP): cpu_backend"
+		if hostBackend() != "cpu" {
+			hidden = "MLX's ring"
+		}
+		p.wait("each stage's hidden states' transport", fmt.Sprintf(`(() => {
+			const s0 = document.querySelector('[data-runner="spark/tiny-decode-stage0"]'), s1 = document.querySelector('[data-runner="mac/tiny-decode-stage1"]');
+			return !!s0 && !!s1 && s0.textContent.includes(%[1]q) && s1.textContent.includes(%[1]q);
+		})()`, hidden))
 		p.wait("each stage's layers and the placement by reported memory", fmt.Sprintf(`(() => {
 			const pl = document.querySelector('[data-model="tiny"] [data-placement="decode"]');
 			const s0 = document.querySelector('[data-runner="spark/tiny-decode-stage0"]'), s1 = document.querySelector('[data-runner="mac/tiny-decode-stage1"]');

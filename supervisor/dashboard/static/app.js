@@ -295,6 +295,11 @@ function runnerCard(r) {
   if (r.state === "ready" && r.role === "prefill") {
     lines.push(el("div", { class: "kv" }, el("span", {}, "queue"), el("span", {}, r.waiting + " waiting, " + r.running + " running")));
   }
+  if (r.stage_transport) {
+    const t = r.stage_transport;
+    lines.push(el("div", { class: "kv", title: t.detail || "" }, el("span", {}, "hidden states"),
+      el("span", {}, t.transport === "tcp" ? "stage link (TCP)" + (t.reason ? ": " + t.reason : "") : t.transport === "mlx" ? "MLX's ring" : t.transport)));
+  }
   for (const e of r.prefill_endpoints || []) {
     lines.push(el("div", { class: "kv" }, el("span", {}, "prefill"), el("span", {}, e.addr + " " + (e.state === "closed" ? "used" : "skipped") + (e.state !== "closed" && e.last_error ? " (" + e.last_error + ")" : ""))));
   }
