@@ -178,6 +178,39 @@ func f32s(b []byte) []float32 {
 	return out
 }
 
+// wholeModel writes the test model of spec and loads it whole (load):
+// the reference the ranks' KV is compared with. It returns the model's
+// path too, for the ranks to load.
+func wholeModel(t *testing.T, spec testmodel.Spec) (string, *engine.Model) {
+	t.Helper()
+	path := t.TempDir()
+	if err := testmodel.Write(path, spec); err != nil {
+		t.Fatal(err)
+	}
+	return path, load(t, path, nil)
+}
+
+// ramp is the n-token prompt first + (step·i mod mod).
+func ramp(n, first, step, mod int) []int32 {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = int32(first + i*step%mod)
+	}
+	return p
+}
+
+// localPrefill is m's local prefill of tokens in the ranks' chunks, in a
+// cache freed when the test ends.
+func localPrefill(t *testing.T, m *engine.Model, tokens []int32) engine.KVCache {
+	t.Helper()
+	ref := m.NewCache()
+	t.Cleanup(ref.Free)
+	if err := m.Prefill(t.Context(), ref, tokens, testChunk, nil); err != nil {
+		t.Fatal(err)
+	}
+	return ref
+}
+
 // fetchEach asks every rank r of pg for its KV heads [r, r+1) of p from
 // start, all at once and beside more (when set), and returns what each
 // rank sent once every one has answered and more has returned. It fails
@@ -213,22 +246,11 @@ func (pg *prefillGroup) fetchEach(ctx context.Context, what string, m *engine.Mo
 // asked for heads it does not hold refuses by name; each rank ships its
 // heads' share of the bytes.
 func TestTensorPrefillHeads(t *testing.T) {
-	path := t.TempDir()
-	if err := testmodel.Write(path, testmodel.Spec{Arch: "llama", Seed: 3, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16, MaxPositions: 512}); err != nil {
-		t.Fatal(err)
-	}
-	whole := load(t, path, nil)
+	path, whole := wholeModel(t, testmodel.Spec{Arch: "llama", Seed: 3, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16, MaxPositions: 512})
 	pg := startPrefillGroup(t, path, 2)
 	ctx := t.Context()
-	prompt := make([]int32, 90)
-	for i := range prompt {
-		prompt[i] = int32(5 + i*37%300)
-	}
-	ref := whole.NewCache()
-	defer ref.Free()
-	if err := whole.Prefill(ctx, ref, prompt[:len(prompt)-1], testChunk, nil); err != nil {
-		t.Fatal(err)
-	}
+	prompt := ramp(90, 5, 37, 300)
+	ref := localPrefill(t, whole, prompt[:len(prompt)-1])
 	both := func(what string, p []int32, start int) {
 		t.Helper()
 		sinks := pg.fetchEach(ctx, what, whole, ref, p, start, nil)
@@ -282,11 +304,7 @@ func computed(t *testing.T, met *metrics.Runner) float64 {
 // round a Want is also handed to rank 0 directly, as its link reader
 // does, so that a Want races rank 0's request from the start.
 func TestTensorPrefillWantMeetsRequest(t *testing.T) {
-	path := t.TempDir()
-	if err := testmodel.Write(path, testmodel.Spec{Arch: "llama", Seed: 6, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 8, MaxPositions: 256}); err != nil {
-		t.Fatal(err)
-	}
-	whole := load(t, path, nil)
+	path, whole := wholeModel(t, testmodel.Spec{Arch: "llama", Seed: 6, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 8, MaxPositions: 256})
 	pg := startPrefillGroup(t, path, 2)
 	ctx := t.Context()
 	for round := range 6 {
@@ -336,21 +354,10 @@ func TestTensorPrefillWantMeetsRequest(t *testing.T) {
 // equals the heads of a whole model's local prefill, and each fill moves
 // exactly its heads' share of the bytes.
 func TestTensorPrefillIntoDecodeShares(t *testing.T) {
-	path := t.TempDir()
-	if err := testmodel.Write(path, testmodel.Spec{Arch: "llama", Seed: 8, Layers: 2, Heads: 8, KVHeads: 4, HeadDim: 8, MaxPositions: 512}); err != nil {
-		t.Fatal(err)
-	}
-	whole := load(t, path, nil)
+	path, whole := wholeModel(t, testmodel.Spec{Arch: "llama", Seed: 8, Layers: 2, Heads: 8, KVHeads: 4, HeadDim: 8, MaxPositions: 512})
 	ctx := t.Context()
-	prompt := make([]int32, 50)
-	for i := range prompt {
-		prompt[i] = int32(3 + i*53%400)
-	}
-	ref := whole.NewCache()
-	defer ref.Free()
-	if err := whole.Prefill(ctx, ref, prompt[:len(prompt)-1], testChunk, nil); err != nil {
-		t.Fatal(err)
-	}
+	prompt := ramp(50, 3, 53, 400)
+	ref := localPrefill(t, whole, prompt[:len(prompt)-1])
 	const start = 4
 	fullBytes := map[int]int64{} // the whole model's KV bytes from a position
 	for _, pos := range []int{0, start} {
