@@ -31,18 +31,53 @@ import (
 // evaluation).
 type array struct {
 	h     C.xmx_array
-	shape []int
-	dt    engine.DType
+	shape []int // shp[:ndim] when it fits there
+	shp   [inlineDims]int
+	owner *backend
 	mdt   C.int
+	dt    engine.DType
 	kept  bool // pinned: Free() sweeps leave it alone
 	freed bool // handle released; any further use panics
-	owner *backend
 	// ready is set once the MLX thread has filled h, shape and dt: an op
 	// returns its array at once and the thread makes it later, in order.
 	ready atomic.Bool
-	// pending is the op that will make it, until the MLX thread runs it
-	// (written before posting, read and cleared on the thread).
+	// The op that will make it, until the MLX thread runs it (written
+	// before posting, read and cleared on the thread): run with its
+	// inputs in args (the common ops: no closure to allocate), or
+	// pending.
+	run     opFunc
+	args    opArgs
 	pending func() *array
+}
+
+// inlineDims is how many dimensions an array's shape holds without an
+// allocation of its own (a decode step's arrays have at most four).
+const inlineDims = 4
+
+// opFunc makes the array of a queued op from a.args, on the MLX thread.
+// Only package-level functions are used: a func value that captures
+// nothing costs no allocation.
+type opFunc func(b *backend, a *array) *array
+
+// opArgs are the inputs of a queued op.
+type opArgs struct {
+	x, y, z engine.Array
+	lin     *engine.Linear
+	rope    *engine.RoPE
+	ints    [inlineDims]int
+	long    []int // the ints instead, where they do not fit
+	f       float32
+	n       uint8 // ints used (a shape's or a permutation's length)
+}
+
+// setShape makes a's shape a copy of the n dimensions at dims.
+func (a *array) setShape(dims []int) {
+	if len(dims) <= inlineDims {
+		a.shape = a.shp[:len(dims)]
+	} else {
+		a.shape = make([]int, len(dims))
+	}
+	copy(a.shape, dims)
 }
 
 // Shape returns the shape, waiting for the MLX thread to make the array.
@@ -84,7 +119,14 @@ type backend struct {
 	thread *osThread
 
 	// Owned by the MLX thread.
-	temps   []*array          // made since the last Free() sweep
+	temps []*array // made since the last Free() sweep
+	spare []*array // op results whose handles placeholders took (recycle)
+	// res is where mk's mlx-c call writes its handle (an allocation of
+	// its own, holding no Go pointers).
+	res *C.xmx_array
+	// ci is scratch for the int arguments of mlx-c calls (shapes, axes,
+	// slice bounds), used between building them and the call.
+	ci      [4][cIntsScratch]C.int
 	freeBuf []C.xmx_array     // releaseTempsExcept's handles, reused
 	pinned  map[*array]bool   // kept arrays, released by Close
 	qmmErr  error             // why quantized_matmul cannot run here (nil: it can)
@@ -92,6 +134,7 @@ type backend struct {
 	fuseErr error             // why SwiGLU runs unfused (nil: it is fused)
 	deq     map[*array]*array // dequantized copies of quantized weights when qmmErr != nil, float32 copies of experts when gmmHalfErr != nil
 	freqs   map[engine.RoPE]ropeFreqs
+	consts  map[constKey]*array // kept constants (scalar, ropeRows)
 	// On the CPU device (fallbackErr nil): rope's rotation compiled, one
 	// compiled rms_norm per (width, eps), and the cosine/sine tables of
 	// the positions lately rotated (a decode step's layers share one).
@@ -184,10 +227,12 @@ func newBackend(opts Options) (*backend, error) {
 		version: version,
 		log:     log,
 		thread:  startThread(),
+		res:     new(C.xmx_array),
 		pinned:  map[*array]bool{},
 		deq:     map[*array]*array{},
 		wT:      map[*array]*array{},
 		freqs:   map[engine.RoPE]ropeFreqs{},
+		consts:  map[constKey]*array{},
 		norms:   map[normKey]C.xmx_closure{},
 	}
 	var initErr error
@@ -415,27 +460,71 @@ func mlxErr(op string) error {
 
 // mk runs one mlx-c op writing a new handle and tracks the result as a
 // temporary. On failure it panics with an error wrapping engine.ErrBackend.
+// The handle is written to b.res (a Go local whose address went to C would
+// be a heap allocation per op; cgo's pointer check rejects the address of
+// a field of an object holding Go pointers, such as an array).
 func (b *backend) mk(op string, f func(res *C.xmx_array) C.int) *array {
-	var res C.xmx_array
-	if f(&res) != 0 {
-		if res.ctx != nil {
-			C.xmx_array_free(res)
+	*b.res = C.xmx_array{}
+	rc := f(b.res)
+	h := *b.res
+	*b.res = C.xmx_array{}
+	if rc != 0 {
+		if h.ctx != nil {
+			C.xmx_array_free(h)
 		}
 		panic(mlxErr(op))
 	}
-	return b.track(res)
+	return b.track(h)
 }
 
+// newArray returns an empty array of b, reusing one an op's result left
+// (adopt) when there is one.
+func (b *backend) newArray() *array {
+	if n := len(b.spare); n > 0 {
+		a := b.spare[n-1]
+		b.spare[n-1] = nil
+		b.spare = b.spare[:n-1]
+		return a
+	}
+	return &array{owner: b}
+}
+
+// maxSpare bounds the arrays kept for reuse.
+const maxSpare = 64
+
+// recycle keeps r, an op's result whose handle another array took over,
+// for newArray. Nothing else refers to it: the op made it (adoptSince
+// checks) and handed out only the placeholder.
+func (b *backend) recycle(r *array) {
+	if r.kept || len(b.spare) >= maxSpare {
+		return
+	}
+	*r = array{owner: b}
+	b.spare = append(b.spare, r)
+}
+
+// track tracks a new handle as a temporary.
 func (b *backend) track(h C.xmx_array) *array {
-	info := C.xmx_info(h)
+	a := b.newArray()
+	a.h = h
+	return b.trackIn(a)
+}
+
+// trackIn reads the shape and dtype of a.h and tracks a as a temporary.
+func (b *backend) trackIn(a *array) *array {
+	info := C.xmx_info(a.h)
 	n := int(info.ndim)
-	shape := make([]int, n)
+	if n <= inlineDims {
+		a.shape = a.shp[:n]
+	} else {
+		a.shape = make([]int, n)
+	}
 	if n > 0 {
 		for i, d := range unsafe.Slice(info.shape, n) {
-			shape[i] = int(d)
+			a.shape[i] = int(d)
 		}
 	}
-	a := &array{h: h, shape: shape, mdt: info.dtype, owner: b}
+	a.mdt = info.dtype
 	a.dt = fromMLX(a.mdt)
 	a.ready.Store(true)
 	b.temps = append(b.temps, a)
@@ -445,13 +534,22 @@ func (b *backend) track(h C.xmx_array) *array {
 
 // adopt makes the placeholder a (returned to the caller before the thread
 // ran the op) stand for r, the new array the op made.
-func (b *backend) adopt(a, r *array) {
+func (b *backend) adopt(a, r *array) { b.adoptSince(a, r, -1) }
+
+// adoptSince is adopt for a result the op made after the temporaries'
+// count was since (-1: unknown): such a result was never handed out, so
+// it is recycled.
+func (b *backend) adoptSince(a, r *array, since int) {
 	for i := len(b.temps) - 1; i >= 0; i-- {
 		if b.temps[i] == r {
 			b.temps[i] = a
-			a.h, a.shape, a.dt, a.mdt = r.h, r.shape, r.dt, r.mdt
+			a.h, a.dt, a.mdt = r.h, r.dt, r.mdt
+			a.setShape(r.shape)
 			r.freed = true // the handle is a's now
 			a.ready.Store(true)
+			if since >= 0 && i >= since {
+				b.recycle(r)
+			}
 			return
 		}
 	}
@@ -564,6 +662,36 @@ func cInts(v []int) []C.int {
 	return out
 }
 
+// cIntsScratch is how many ints one scratch slot holds.
+const cIntsScratch = 8
+
+// cints returns v as C ints in scratch slot i (on the MLX thread; valid
+// until the slot's next use), or in a new slice when v does not fit.
+func (b *backend) cints(i int, v []int) []C.int {
+	if len(v) > cIntsScratch {
+		return cInts(v)
+	}
+	out := b.ci[i][:len(v)]
+	for j, x := range v {
+		out[j] = C.int(x)
+	}
+	return out
+}
+
+// cfill returns n copies of x in scratch slot i, as cints does.
+func (b *backend) cfill(i, n int, x C.int) []C.int {
+	var out []C.int
+	if n > cIntsScratch {
+		out = make([]C.int, n)
+	} else {
+		out = b.ci[i][:n]
+	}
+	for j := range out {
+		out[j] = x
+	}
+	return out
+}
+
 func intsPtr(v []C.int) *C.int {
 	if len(v) == 0 {
 		return nil
@@ -593,6 +721,7 @@ func (b *backend) Close() error {
 			b.release(a) // weights and caches still held
 		}
 		clear(b.freqs)
+		clear(b.consts)
 		b.ropeTabs = nil
 		for k, f := range b.norms {
 			if f.ctx != nil {
@@ -626,7 +755,7 @@ func (b *backend) fromBytes(data []byte, shape []int, dt engine.DType) *array {
 	if len(data) != n*dt.Size() {
 		panic(fmt.Sprintf("mlx: FromBytes: %d bytes for %v %v (want %d)", len(data), dt, shape, n*dt.Size()))
 	}
-	cs := cInts(shape)
+	cs := b.cints(0, shape)
 	if n == 0 {
 		return b.mk("zeros", func(r *C.xmx_array) C.int {
 			return C.xmx_zeros(r, intsPtr(cs), C.size_t(len(cs)), toMLX(dt), b.stream)
@@ -855,39 +984,84 @@ func (b *backend) Free(arrays ...engine.Array) {
 // op queues f for the MLX thread and returns at once the array f will
 // make.
 func (b *backend) op(f func() *array) engine.Array {
-	a := &array{owner: b, pending: f}
+	return b.queue(&array{owner: b, pending: f})
+}
+
+// opOf is op without a closure: run makes the array from a.args. The
+// caller fills the rest of a.args.
+func (b *backend) opOf(run opFunc, x, y, z engine.Array) *array {
+	a := &array{owner: b, run: run}
+	a.args.x, a.args.y, a.args.z = x, y, z
+	return a
+}
+
+// queue posts the op of a (made by op or opOf) and returns a.
+func (b *backend) queue(a *array) engine.Array {
 	defer closedError()
 	b.thread.postOp(a)
 	return a
 }
 
-// runOp runs a's pending op on the MLX thread and makes a its result.
+// runOp runs a's op on the MLX thread and makes a its result.
 func (a *array) runOp() {
-	f := a.pending
-	a.pending = nil
-	a.owner.adopt(a, f())
+	b := a.owner
+	since := len(b.temps)
+	var r *array
+	if run := a.run; run != nil {
+		a.run = nil
+		r = run(b, a)
+		a.args = opArgs{} // the inputs may go
+	} else {
+		f := a.pending
+		a.pending = nil
+		r = f()
+	}
+	b.adoptSince(a, r, since)
 }
 
-func (b *backend) binary(name string, x, y engine.Array, f func(*C.xmx_array, C.xmx_array, C.xmx_array, C.xmx_stream) C.int) engine.Array {
-	return b.op(func() *array {
-		xa, ya := b.arr(x), b.arr(y)
-		return b.mk(name, func(r *C.xmx_array) C.int { return f(r, xa.h, ya.h, b.stream) })
-	})
+// appendOp is a KV cache's Append queued without a closure: the two
+// views' placeholders and the inputs in one allocation.
+type appendOp struct {
+	k, v     array
+	kIn, vIn engine.Array
+	layer    int
+	c        appender
 }
+
+// appender is a KV cache that appends on the MLX thread.
+type appender interface{ appendOn(o *appendOp) }
+
+func (o *appendOp) runOp() {
+	o.c.appendOn(o)
+	o.kIn, o.vIn = nil, nil
+}
+
+// queueAppend queues c's Append of k, v at layer and returns the views'
+// placeholders.
+func (b *backend) queueAppend(c appender, layer int, k, v engine.Array) (kAll, vAll engine.Array) {
+	o := &appendOp{kIn: k, vIn: v, layer: layer, c: c}
+	o.k.owner, o.v.owner = b, b
+	defer closedError()
+	b.thread.postOp(o)
+	return &o.k, &o.v
+}
+
+func runAdd(b *backend, a *array) *array { return b.add(b.arr(a.args.x), b.arr(a.args.y)) }
+func runMul(b *backend, a *array) *array { return b.mul(b.arr(a.args.x), b.arr(a.args.y)) }
 
 func (b *backend) matmul(x, y *array) *array {
 	return b.mk("matmul", func(r *C.xmx_array) C.int { return C.xmx_matmul(r, x.h, y.h, b.stream) })
 }
 
 func (b *backend) transpose(x *array, perm ...int) *array {
-	cp := cInts(perm)
+	cp := b.cints(0, perm)
 	return b.mk("transpose", func(r *C.xmx_array) C.int {
 		return C.xmx_transpose(r, x.h, intsPtr(cp), C.size_t(len(cp)), b.stream)
 	})
 }
 
 func (b *backend) reshape(x *array, shape ...int) *array {
-	cs := cInts(shape)
+	cs := b.cints(0, shape)
 	return b.mk("reshape", func(r *C.xmx_array) C.int {
 		return C.xmx_reshape(r, x.h, intsPtr(cs), C.size_t(len(cs)), b.stream)
 	})
@@ -920,10 +1094,7 @@ func (b *backend) slice(x *array, axis, start, end int) *array {
 	if axis < 0 || axis >= n || start < 0 || end < start || end > x.shape[axis] {
 		panic(fmt.Sprintf("mlx: Slice [%d, %d) of axis %d of %v", start, end, axis, x.shape))
 	}
-	lo, hi, st := make([]C.int, n), cInts(x.shape), make([]C.int, n)
-	for i := range st {
-		st[i] = 1
-	}
+	lo, hi, st := b.cfill(0, n, 0), b.cints(1, x.shape), b.cfill(2, n, 1)
 	lo[axis], hi[axis] = C.int(start), C.int(end)
 	return b.mk("slice", func(r *C.xmx_array) C.int {
 		return C.xmx_slice(r, x.h, intsPtr(lo), intsPtr(hi), intsPtr(st), C.size_t(n), b.stream)
@@ -934,10 +1105,7 @@ func (b *backend) slice(x *array, axis, start, end int) *array {
 // axis whole) and returns the new array.
 func (b *backend) sliceUpdate(src, upd *array, axis, start int) *array {
 	n := len(src.shape)
-	lo, hi, st := make([]C.int, n), cInts(src.shape), make([]C.int, n)
-	for i := range st {
-		st[i] = 1
-	}
+	lo, hi, st := b.cfill(0, n, 0), b.cints(1, src.shape), b.cfill(2, n, 1)
 	lo[axis], hi[axis] = C.int(start), C.int(start+upd.shape[axis])
 	return b.mk("slice_update", func(r *C.xmx_array) C.int {
 		return C.xmx_slice_update(r, src.h, upd.h, intsPtr(lo), intsPtr(hi), intsPtr(st), C.size_t(n), b.stream)
@@ -955,21 +1123,54 @@ func (b *backend) concat(axis int, as ...*array) *array {
 }
 
 func (b *backend) zeros(shape []int, dt engine.DType) *array {
-	cs := cInts(shape)
+	cs := b.cints(0, shape)
 	return b.mk("zeros", func(r *C.xmx_array) C.int {
 		return C.xmx_zeros(r, intsPtr(cs), C.size_t(len(cs)), toMLX(dt), b.stream)
 	})
 }
 
-// scalar is a 0-d array of value v in dtype mdt.
+// scalar is a 0-d array of value v in dtype mdt, made once and kept for
+// later steps (up to maxConsts constants).
 func (b *backend) scalar(v float32, mdt C.int) *array {
+	k := constKey{bits: math.Float32bits(v), mdt: mdt}
+	if a, ok := b.consts[k]; ok && !a.freed {
+		return a
+	}
 	s := b.mk("scalar", func(r *C.xmx_array) C.int { return C.xmx_scalar_f32(r, C.float(v)) })
-	return b.astype(s, mdt)
+	return b.constant(k, b.astype(s, mdt))
+}
+
+// constKey names a constant kept across steps: a scalar (bits, mdt) or
+// the rows a rope table is made from (l, dims, mdt).
+type constKey struct {
+	bits    uint32
+	l, dims int
+	mdt     C.int
+}
+
+// maxConsts bounds the constants kept; maxConstValues the size of one.
+const (
+	maxConsts      = 64
+	maxConstValues = 1 << 12
+)
+
+// constant keeps a (a temporary just made) as the constant k, while there
+// is room, and returns it.
+func (b *backend) constant(k constKey, a *array) *array {
+	if len(b.consts) < maxConsts {
+		b.keep(a)
+		b.consts[k] = a
+	}
+	return a
 }
 
 func (b *backend) Linear(x engine.Array, l *engine.Linear) engine.Array {
-	return b.op(func() *array { return b.linear(b.arr(x), l) })
+	a := b.opOf(runLinear, x, nil, nil)
+	a.args.lin = l
+	return b.queue(a)
 }
+
+func runLinear(b *backend, a *array) *array { return b.linear(b.arr(a.args.x), a.args.lin) }
 
 func (b *backend) linear(x *array, l *engine.Linear) *array {
 	w := b.arr(l.W)
@@ -1029,8 +1230,10 @@ func (b *backend) dequantizeRaw(w, s *array, bi C.xmx_array, l *engine.Linear) *
 }
 
 func (b *backend) MatMul(x, y engine.Array) engine.Array {
-	return b.op(func() *array { return b.matmul(b.arr(x), b.arr(y)) })
+	return b.queue(b.opOf(runMatMul, x, y, nil))
 }
+
+func runMatMul(b *backend, a *array) *array { return b.matmul(b.arr(a.args.x), b.arr(a.args.y)) }
 
 func (b *backend) Embedding(table *engine.Linear, ids engine.Array) engine.Array {
 	return b.op(func() *array {
@@ -1055,13 +1258,17 @@ func (b *backend) Embedding(table *engine.Linear, ids engine.Array) engine.Array
 }
 
 func (b *backend) RMSNorm(x, w engine.Array, eps float32) engine.Array {
-	return b.op(func() *array {
-		xa, wa := b.arr(x), b.arr(w)
-		if f, ok := b.normClosure(xa, eps); ok {
-			return b.mk("compiled rms_norm", func(r *C.xmx_array) C.int { return C.xmx_apply2(r, f, xa.h, wa.h) })
-		}
-		return b.rmsNorm(xa, wa, eps)
-	})
+	a := b.opOf(runRMSNorm, x, w, nil)
+	a.args.f = eps
+	return b.queue(a)
+}
+
+func runRMSNorm(b *backend, a *array) *array {
+	xa, wa, eps := b.arr(a.args.x), b.arr(a.args.y), a.args.f
+	if f, ok := b.normClosure(xa, eps); ok {
+		return b.mk("compiled rms_norm", func(r *C.xmx_array) C.int { return C.xmx_apply2(r, f, xa.h, wa.h) })
+	}
+	return b.rmsNorm(xa, wa, eps)
 }
 
 // rmsNorm is MLX's fast::rms_norm.
@@ -1093,14 +1300,11 @@ func (b *backend) normClosure(x *array, eps float32) (C.xmx_closure, bool) {
 		return C.xmx_closure{}, false
 	}
 	k := normKey{x.shape[len(x.shape)-1], eps}
-	f, ok := b.norms[k]
-	if !ok {
-		if C.xmx_rms_compile(&f, C.float(eps), b.stream) != 0 {
-			b.log.Warn("mlx: compiling rms_norm failed; it builds MLX's graph each call", "width", k.width, "reason", lastError())
-			f.ctx = nil
-		}
-		b.norms[k] = f // ctx nil: compiling failed, not tried again
+	if f, ok := b.norms[k]; ok {
+		return f, f.ctx != nil
 	}
+	f := b.compileNorm(k)
+	b.norms[k] = f // ctx nil: compiling failed, not tried again
 	return f, f.ctx != nil
 }
 
@@ -1110,6 +1314,17 @@ func (b *backend) normClosure(x *array, eps float32) (C.xmx_closure, bool) {
 // MLX's own rope applied to rows [1…1, 0…0] (then out₁ = 1·cos − 0·sin =
 // cos and out₂ = 1·sin + 0·cos = sin exactly), so they are the fallback's
 // tables bit for bit.
+// compileNorm compiles rms_norm for k (ctx nil: it failed). Apart from
+// normClosure so that the closure's address, which goes to C, is not a
+// heap allocation on every lookup.
+func (b *backend) compileNorm(k normKey) (f C.xmx_closure) {
+	if C.xmx_rms_compile(&f, C.float(k.eps), b.stream) != 0 {
+		b.log.Warn("mlx: compiling rms_norm failed; it builds MLX's graph each call", "width", k.width, "reason", lastError())
+		f.ctx = nil
+	}
+	return f
+}
+
 func (b *backend) ropeTable(key ropeTabKey, freqs C.xmx_array) (c, s *array) {
 	for i := len(b.ropeTabs) - 1; i >= 0; i-- {
 		if t := b.ropeTabs[i]; t.key == key {
@@ -1117,16 +1332,7 @@ func (b *backend) ropeTable(key ropeTabKey, freqs C.xmx_array) (c, s *array) {
 		}
 	}
 	h := key.dims / 2
-	rows := make([]float32, key.l*key.dims)
-	for i := range key.l {
-		for j := range h {
-			rows[i*key.dims+j] = 1
-		}
-	}
-	e := b.fromBytes(unsafe.Slice((*byte)(unsafe.Pointer(&rows[0])), 4*len(rows)), []int{1, key.l, key.dims}, engine.F32)
-	if key.mdt != e.mdt {
-		e = b.astype(e, key.mdt)
-	}
+	e := b.ropeRows(key.l, key.dims, key.mdt)
 	cs := b.mk("rope", func(r *C.xmx_array) C.int {
 		return C.xmx_rope(r, e.h, C.int(key.dims), C.bool(key.hasBase), C.float(key.base), 1, C.int(key.offset), freqs, b.stream)
 	})
@@ -1150,10 +1356,47 @@ func (b *backend) ropeTable(key ropeTabKey, freqs C.xmx_array) (c, s *array) {
 	return c, s
 }
 
+// ropeOp is a RoPE op's placeholder with its own copy of the parameters
+// (the caller's may change once RoPE returns): one allocation.
+type ropeOp struct {
+	array
+	rp engine.RoPE
+}
+
+// ropeRows returns the [1, l, dims] rows [1…1, 0…0] that ropeTable
+// rotates, in dtype mdt; kept for later steps when small (a decode step's:
+// only the positions change).
+func (b *backend) ropeRows(l, dims int, mdt C.int) *array {
+	k := constKey{l: l, dims: dims, mdt: mdt}
+	if e, ok := b.consts[k]; ok && !e.freed {
+		return e
+	}
+	rows := make([]float32, l*dims)
+	for i := range l {
+		for j := range dims / 2 {
+			rows[i*dims+j] = 1
+		}
+	}
+	e := b.fromBytes(unsafe.Slice((*byte)(unsafe.Pointer(&rows[0])), 4*len(rows)), []int{1, l, dims}, engine.F32)
+	if mdt != e.mdt {
+		e = b.astype(e, mdt)
+	}
+	if l*dims > maxConstValues {
+		return e
+	}
+	return b.constant(k, e)
+}
+
 func (b *backend) RoPE(x engine.Array, offset int, r *engine.RoPE) engine.Array {
-	rp := new(engine.RoPE)
-	*rp = *r
-	return b.op(func() *array { return b.rope(b.arr(x), offset, rp, b.fallbackErr == nil) })
+	o := &ropeOp{rp: *r}
+	a := &o.array
+	a.owner, a.run = b, runRoPE
+	a.args.x, a.args.rope, a.args.ints[0] = x, &o.rp, offset
+	return b.queue(a)
+}
+
+func runRoPE(b *backend, a *array) *array {
+	return b.rope(b.arr(a.args.x), a.args.ints[0], a.args.rope, b.fallbackErr == nil)
 }
 
 // rope is RoPE on the MLX thread; compiled picks the compiled rotation
@@ -1220,36 +1463,42 @@ var (
 )
 
 func (b *backend) Attention(q, k, v engine.Array, scale float32) engine.Array {
-	return b.op(func() *array {
-		qa, ka, va := b.arr(q), b.arr(k), b.arr(v)
-		if len(qa.shape) != 3 || len(ka.shape) != 3 || len(va.shape) != 3 {
-			panic(fmt.Sprintf("mlx: Attention wants q [H, L, Dh], k, v [Hkv, T, Dh]; got %v %v %v", qa.shape, ka.shape, va.shape))
-		}
-		h, l, dh := qa.shape[0], qa.shape[1], qa.shape[2]
-		if ka.shape[0] == 0 || h%ka.shape[0] != 0 || ka.shape[2] != dh || !slices.Equal(ka.shape, va.shape) || ka.shape[1] < l {
-			panic(fmt.Sprintf("mlx: Attention shapes q %v k %v v %v", qa.shape, ka.shape, va.shape))
-		}
-		mask := maskNone
-		if l > 1 {
-			mask = maskCausal // bottom-right aligned: query i sees keys ≤ T-L+i
-		}
-		return b.mk("scaled_dot_product_attention", func(r *C.xmx_array) C.int {
-			return C.xmx_sdpa3(r, qa.h, ka.h, va.h, C.float(scale), mask, b.stream)
-		})
+	a := b.opOf(runAttention, q, k, v)
+	a.args.f = scale
+	return b.queue(a)
+}
+
+func runAttention(b *backend, a *array) *array {
+	qa, ka, va, scale := b.arr(a.args.x), b.arr(a.args.y), b.arr(a.args.z), a.args.f
+	if len(qa.shape) != 3 || len(ka.shape) != 3 || len(va.shape) != 3 {
+		panic(fmt.Sprintf("mlx: Attention wants q [H, L, Dh], k, v [Hkv, T, Dh]; got %v %v %v", qa.shape, ka.shape, va.shape))
+	}
+	h, l, dh := qa.shape[0], qa.shape[1], qa.shape[2]
+	if ka.shape[0] == 0 || h%ka.shape[0] != 0 || ka.shape[2] != dh || !slices.Equal(ka.shape, va.shape) || ka.shape[1] < l {
+		panic(fmt.Sprintf("mlx: Attention shapes q %v k %v v %v", qa.shape, ka.shape, va.shape))
+	}
+	mask := maskNone
+	if l > 1 {
+		mask = maskCausal // bottom-right aligned: query i sees keys ≤ T-L+i
+	}
+	return b.mk("scaled_dot_product_attention", func(r *C.xmx_array) C.int {
+		return C.xmx_sdpa3(r, qa.h, ka.h, va.h, C.float(scale), mask, b.stream)
 	})
 }
 
 func (b *backend) SwiGLU(gate, up engine.Array) engine.Array {
-	return b.op(func() *array {
-		g, u := b.arr(gate), b.arr(up)
-		if !slices.Equal(g.shape, u.shape) {
-			panic(fmt.Sprintf("mlx: SwiGLU of %v and %v", g.shape, u.shape))
-		}
-		if b.fuseErr != nil {
-			return b.swigluOps(g, u)
-		}
-		return b.mk("compiled swiglu", func(r *C.xmx_array) C.int { return C.xmx_apply2(r, b.fused, g.h, u.h) })
-	})
+	return b.queue(b.opOf(runSwiGLU, gate, up, nil))
+}
+
+func runSwiGLU(b *backend, a *array) *array {
+	g, u := b.arr(a.args.x), b.arr(a.args.y)
+	if !slices.Equal(g.shape, u.shape) {
+		panic(fmt.Sprintf("mlx: SwiGLU of %v and %v", g.shape, u.shape))
+	}
+	if b.fuseErr != nil {
+		return b.swigluOps(g, u)
+	}
+	return b.mk("compiled swiglu", func(r *C.xmx_array) C.int { return C.xmx_apply2(r, b.fused, g.h, u.h) })
 }
 
 // swigluOps is SwiGLU as three ops, the graph the compiled closure fuses.
@@ -1257,55 +1506,78 @@ func (b *backend) swigluOps(g, u *array) *array {
 	return b.mk("swiglu", func(r *C.xmx_array) C.int { return C.xmx_swiglu(r, g.h, u.h, b.stream) })
 }
 
-func (b *backend) Add(x, y engine.Array) engine.Array {
-	return b.binary("add", x, y, func(r *C.xmx_array, p, q C.xmx_array, s C.xmx_stream) C.int { return C.xmx_add(r, p, q, s) })
-}
+func (b *backend) Add(x, y engine.Array) engine.Array { return b.queue(b.opOf(runAdd, x, y, nil)) }
 
-func (b *backend) Mul(x, y engine.Array) engine.Array {
-	return b.binary("multiply", x, y, func(r *C.xmx_array, p, q C.xmx_array, s C.xmx_stream) C.int {
-		return C.xmx_multiply(r, p, q, s)
-	})
-}
+func (b *backend) Mul(x, y engine.Array) engine.Array { return b.queue(b.opOf(runMul, x, y, nil)) }
 
 func (b *backend) Softmax(x engine.Array) engine.Array {
-	return b.op(func() *array {
-		xa := b.arr(x)
-		return b.mk("softmax", func(r *C.xmx_array) C.int { return C.xmx_softmax(r, xa.h, -1, b.stream) })
-	})
+	return b.queue(b.opOf(runSoftmax, x, nil, nil))
 }
 
-func (b *backend) Argmax(x engine.Array) engine.Array {
-	return b.op(func() *array {
-		xa := b.arr(x)
-		i := b.mk("argmax", func(r *C.xmx_array) C.int { return C.xmx_argmax(r, xa.h, -1, b.stream) })
-		return b.astype(i, C.XMX_INT32) // MLX's argmax is uint32
-	})
+func runSoftmax(b *backend, a *array) *array {
+	xa := b.arr(a.args.x)
+	return b.mk("softmax", func(r *C.xmx_array) C.int { return C.xmx_softmax(r, xa.h, -1, b.stream) })
+}
+
+func (b *backend) Argmax(x engine.Array) engine.Array { return b.queue(b.opOf(runArgmax, x, nil, nil)) }
+
+func runArgmax(b *backend, a *array) *array {
+	xa := b.arr(a.args.x)
+	i := b.mk("argmax", func(r *C.xmx_array) C.int { return C.xmx_argmax(r, xa.h, -1, b.stream) })
+	return b.astype(i, C.XMX_INT32) // MLX's argmax is uint32
+}
+
+// withInts queues an op whose int arguments are v (copied: the caller's
+// slice may change once the op returns): ints gives them to run.
+func (b *backend) withInts(run opFunc, x engine.Array, v []int) engine.Array {
+	if len(v) > inlineDims { // rare: more dimensions than fit
+		v = slices.Clone(v)
+		return b.op(func() *array { return run(b, &array{owner: b, args: opArgs{x: x, long: v}}) })
+	}
+	a := b.opOf(run, x, nil, nil)
+	a.args.n = uint8(copy(a.args.ints[:], v))
+	return b.queue(a)
+}
+
+// ints returns a withInts op's ints.
+func (a *array) ints() []int {
+	if a.args.long != nil {
+		return a.args.long
+	}
+	return a.args.ints[:a.args.n]
 }
 
 func (b *backend) Reshape(x engine.Array, shape ...int) engine.Array {
-	shape = slices.Clone(shape)
-	return b.op(func() *array {
-		xa := b.arr(x)
-		if numel(shape) != numel(xa.shape) && !slices.Contains(shape, -1) {
-			panic(fmt.Sprintf("mlx: Reshape %v to %v", xa.shape, shape))
-		}
-		return b.reshape(xa, shape...)
-	})
+	return b.withInts(runReshape, x, shape)
+}
+
+func runReshape(b *backend, a *array) *array {
+	xa, shape := b.arr(a.args.x), a.ints()
+	if numel(shape) != numel(xa.shape) && !slices.Contains(shape, -1) {
+		panic(fmt.Sprintf("mlx: Reshape %v to %v", xa.shape, shape))
+	}
+	return b.reshape(xa, shape...)
 }
 
 func (b *backend) Transpose(x engine.Array, perm ...int) engine.Array {
-	perm = slices.Clone(perm)
-	return b.op(func() *array {
-		xa := b.arr(x)
-		if len(perm) != len(xa.shape) {
-			panic(fmt.Sprintf("mlx: Transpose %v by %v", xa.shape, perm))
-		}
-		return b.transpose(xa, perm...)
-	})
+	return b.withInts(runTranspose, x, perm)
+}
+
+func runTranspose(b *backend, a *array) *array {
+	xa, perm := b.arr(a.args.x), a.ints()
+	if len(perm) != len(xa.shape) {
+		panic(fmt.Sprintf("mlx: Transpose %v by %v", xa.shape, perm))
+	}
+	return b.transpose(xa, perm...)
 }
 
 func (b *backend) Slice(x engine.Array, axis, start, end int) engine.Array {
-	return b.op(func() *array { return b.slice(b.arr(x), axis, start, end) })
+	return b.withInts(runSlice, x, []int{axis, start, end})
+}
+
+func runSlice(b *backend, a *array) *array {
+	v := a.ints()
+	return b.slice(b.arr(a.args.x), v[0], v[1], v[2])
 }
 
 func (b *backend) Concat(axis int, arrays ...engine.Array) engine.Array {

@@ -114,19 +114,20 @@ func (c *kvCache) checkStep(op string, k, v *array) {
 // Append is queued like an op; the views it returns are made in order.
 func (c *kvCache) Append(layer int, k, v engine.Array) (kAll, vAll engine.Array) {
 	c.checkLayer("Append", layer)
-	ka, va := &array{owner: c.b}, &array{owner: c.b}
-	c.b.post(func() {
-		kx, vx := c.b.arr(k), c.b.arr(v)
-		c.checkStep("Append", kx, vx)
-		end := c.n + kx.shape[1]
-		c.write(layer, c.n, kx, vx)
-		c.b.adopt(ka, c.b.slice(c.k[layer], 1, 0, end))
-		c.b.adopt(va, c.b.slice(c.v[layer], 1, 0, end))
-		if layer == c.g.Layers-1 {
-			c.n = end
-		}
-	})
-	return ka, va
+	return c.b.queueAppend(c, layer, k, v)
+}
+
+func (c *kvCache) appendOn(o *appendOp) {
+	kx, vx := c.b.arr(o.kIn), c.b.arr(o.vIn)
+	c.checkStep("Append", kx, vx)
+	end := c.n + kx.shape[1]
+	c.write(o.layer, c.n, kx, vx)
+	since := len(c.b.temps)
+	c.b.adoptSince(&o.k, c.b.slice(c.k[o.layer], 1, 0, end), since)
+	c.b.adoptSince(&o.v, c.b.slice(c.v[o.layer], 1, 0, end), since)
+	if o.layer == c.g.Layers-1 {
+		c.n = end
+	}
 }
 
 // CanTruncate: a cache without sliding layers can go back anywhere.

@@ -82,8 +82,9 @@ func TestHybridCacheKeepsNoGarbage(t *testing.T) {
 	pinned := func() (n int) {
 		// The weights' transposed views (made at first use, released
 		// with the weights) belong to the model, not the cache; the
-		// RoPE tables (at most maxRopeTabs pairs) to the backend.
-		b.do(func() { n = len(b.pinned) - len(b.wT) - 2*len(b.ropeTabs) })
+		// RoPE tables (at most maxRopeTabs pairs) and the constants (at
+		// most maxConsts) to the backend.
+		b.do(func() { n = len(b.pinned) - len(b.wT) - 2*len(b.ropeTabs) - len(b.consts) })
 		return n
 	}
 	base := pinned()

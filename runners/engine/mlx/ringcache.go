@@ -155,29 +155,30 @@ func (c *ringCache) Append(layer int, k, v engine.Array) (kAll, vAll engine.Arra
 	if layer < 0 || layer >= c.g.Layers {
 		panic(fmt.Sprintf("mlx: KVCache.Append: layer %d of %d", layer, c.g.Layers))
 	}
-	ka, va := &array{owner: c.b}, &array{owner: c.b}
-	c.b.post(func() {
-		kx, vx := c.b.arr(k), c.b.arr(v)
-		c.checkStep(kx, vx)
-		L := kx.shape[1]
-		l := &c.layers[layer]
-		if l.stage != nil {
-			c.freeSlab(l.stage)
-			l.stage = nil
+	return c.b.queueAppend(c, layer, k, v)
+}
+
+func (c *ringCache) appendOn(o *appendOp) {
+	kx, vx := c.b.arr(o.kIn), c.b.arr(o.vIn)
+	c.checkStep(kx, vx)
+	L := kx.shape[1]
+	l := &c.layers[o.layer]
+	if l.stage != nil {
+		c.freeSlab(l.stage)
+		l.stage = nil
+	}
+	c.room(l, c.keepFrom(l, c.n), c.n+L)
+	c.write(&l.s, c.n, kx, vx)
+	from := max(l.lo, engine.WindowStart(l.w, c.n)) - l.s.base
+	since := len(c.b.temps)
+	c.b.adoptSince(&o.k, c.b.slice(l.s.k, 1, from, c.n+L-l.s.base), since)
+	c.b.adoptSince(&o.v, c.b.slice(l.s.v, 1, from, c.n+L-l.s.base), since)
+	if o.layer == c.g.Layers-1 {
+		c.n += L
+		for i := range c.layers {
+			c.layers[i].extent = c.n
 		}
-		c.room(l, c.keepFrom(l, c.n), c.n+L)
-		c.write(&l.s, c.n, kx, vx)
-		from := max(l.lo, engine.WindowStart(l.w, c.n)) - l.s.base
-		c.b.adopt(ka, c.b.slice(l.s.k, 1, from, c.n+L-l.s.base))
-		c.b.adopt(va, c.b.slice(l.s.v, 1, from, c.n+L-l.s.base))
-		if layer == c.g.Layers-1 {
-			c.n += L
-			for i := range c.layers {
-				c.layers[i].extent = c.n
-			}
-		}
-	})
-	return ka, va
+	}
 }
 
 func (c *ringCache) canTruncate(n int) bool {
