@@ -13,11 +13,12 @@ import (
 
 // The OpenAI Responses API (POST /v1/responses) as a thin adapter over the
 // same Generator as chat completions: input (a string or message items),
-// instructions, max_output_tokens, temperature, top_p, stream. Text output
-// only for now: unless Handler.AcceptTools, function tools, forced
-// tool_choice, function_call / function_call_output items and non-text
-// formats are refused with a 400 naming them; with it, they become the
-// generation request's tools and OpenAI-shaped history. Nothing is
+// instructions, max_output_tokens, temperature, top_p, stream, text.format
+// (as chat's response_format). Unless Handler.AcceptTools, function tools,
+// forced tool_choice, function_call / function_call_output items and
+// non-text formats are refused with a 400 naming them; with it, they
+// become the generation request's tools, format and OpenAI-shaped
+// history. Nothing is
 // stored server-side: store must be absent or false, and
 // previous_response_id (which needs stored responses) is refused.
 
@@ -50,11 +51,20 @@ type ResponsesTool struct {
 	Strict      *bool           `json:"strict,omitempty"`
 }
 
-// ResponsesText is the request's "text" ({"format":{"type":"text"}}).
+// ResponsesText is the request's "text": its format is "text",
+// "json_object" or a flat "json_schema" ({"type","name","description",
+// "schema","strict"}), as chat's response_format.
 type ResponsesText struct {
-	Format *struct {
-		Type string `json:"type"`
-	} `json:"format,omitempty"`
+	Format *ResponsesFormat `json:"format,omitempty"`
+}
+
+// ResponsesFormat is text.format.
+type ResponsesFormat struct {
+	Type        string          `json:"type"`
+	Name        string          `json:"name,omitempty"`
+	Description string          `json:"description,omitempty"`
+	Schema      json.RawMessage `json:"schema,omitempty"`
+	Strict      *bool           `json:"strict,omitempty"`
 }
 
 // ResponsesInput is "input": a string, or a list of message items.
@@ -122,7 +132,7 @@ var responsesShape = withFields(reflect.TypeFor[ResponsesRequest](), Shape{
 	"input": {"type": nil, "role": nil, "id": nil, "status": nil, "content": {"type": nil, "text": nil, "annotations": nil},
 		"call_id": nil, "name": nil, "arguments": nil, "output": nil},
 	"tools": {"type": nil, "name": nil, "description": nil, "parameters": nil, "strict": nil},
-	"text":  {"format": {"type": nil}},
+	"text":  {"format": {"type": nil, "name": nil, "description": nil, "schema": nil, "strict": nil}},
 })
 
 // responsesItemTypes refuses input items and parts other than messages and
@@ -168,8 +178,6 @@ func (h *Handler) convertResponses(r *ResponsesRequest) (*gen.Request, *Error) {
 		return nil, Errorf("store", "store: true is not supported: this server stores no responses")
 	case r.PreviousResponseID != nil:
 		return nil, Errorf("previous_response_id", "previous_response_id is not supported: this server stores no responses; send the whole conversation as input")
-	case r.Text != nil && r.Text.Format != nil && r.Text.Format.Type != "text":
-		return nil, Errorf("text.format", "text.format type %q is not supported by this server yet", r.Text.Format.Type)
 	case !r.Input.Set:
 		return nil, Errorf("input", "input is required")
 	}
@@ -213,6 +221,16 @@ func (h *Handler) convertResponses(r *ResponsesRequest) (*gen.Request, *Error) {
 	for _, t := range r.Tools {
 		cr.Tools = append(cr.Tools, Tool{Type: t.Type, Function: FunctionDef{Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: t.Strict}})
 	}
+	if r.Text != nil && r.Text.Format != nil {
+		f := r.Text.Format
+		cr.ResponseFormat = &ResponseFormat{Type: f.Type}
+		if f.Type == "json_schema" {
+			if len(f.Schema) == 0 {
+				return nil, Errorf("text.format.schema", "text.format type json_schema needs text.format.schema")
+			}
+			cr.ResponseFormat.JSONSchema = &JSONSchemaFormat{Name: f.Name, Description: f.Description, Schema: f.Schema, Strict: f.Strict}
+		}
+	}
 	cr.ToolChoice, cr.ParallelToolCalls = r.ToolChoice, r.ParallelToolCalls
 	cr.MaxTokens, cr.Temperature, cr.TopP, cr.Stream = r.MaxOutputTokens, r.Temperature, r.TopP, r.Stream
 	g, e := h.validator().ValidateChat(&cr)
@@ -229,6 +247,11 @@ func (h *Handler) convertResponses(r *ResponsesRequest) (*gen.Request, *Error) {
 // "messages" is input, messages[i] is input[i] (instructions are message
 // 0 when given), tools[i].function.x is tools[i].x.
 func inputParam(e *Error, r *ResponsesRequest) *Error {
+	if p, ok := strings.CutPrefix(e.Param, "response_format"); ok {
+		p = "text.format" + strings.TrimPrefix(p, ".json_schema")
+		e.Message, e.Param = strings.ReplaceAll(e.Message, e.Param, p), p
+		return e
+	}
 	if strings.HasPrefix(e.Param, "tools[") && strings.Contains(e.Param, ".function.") {
 		// a Responses tool has its fields at the top: tools[i].parameters
 		p := strings.Replace(e.Param, ".function.", ".", 1)
@@ -351,7 +374,7 @@ func (h *Handler) responseObject(id string, r *ResponsesRequest, g *gen.Request,
 	o := ResponseObject{ID: id, Object: "response", CreatedAt: h.now().Unix(), Status: status, Instructions: r.Instructions,
 		MaxOutputTokens: r.MaxOutputTokens, Model: g.Model, Output: []ResponseItem{}, ParallelToolCalls: true,
 		Temperature: g.Sampling.Temperature, TopP: g.Sampling.TopP, ToolChoice: "auto", Tools: []any{},
-		Text: map[string]any{"format": map[string]any{"type": "text"}}, Metadata: meta, Truncation: "disabled",
+		Text: map[string]any{"format": textFormat(r)}, Metadata: meta, Truncation: "disabled",
 		Reasoning: map[string]any{"effort": nil, "summary": nil}, ServiceTier: "default"}
 	if r.ParallelToolCalls != nil {
 		o.ParallelToolCalls = *r.ParallelToolCalls
@@ -361,6 +384,14 @@ func (h *Handler) responseObject(id string, r *ResponsesRequest, g *gen.Request,
 		o.User = &u
 	}
 	return o
+}
+
+// textFormat is the response's text.format: the request's, or text.
+func textFormat(r *ResponsesRequest) any {
+	if r.Text == nil || r.Text.Format == nil {
+		return map[string]any{"type": "text"}
+	}
+	return r.Text.Format
 }
 
 func responsesUsage(res gen.Result) *ResponsesUsage {

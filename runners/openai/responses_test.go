@@ -46,7 +46,9 @@ func TestResponsesConversionAndErrors(t *testing.T) {
 		{`{"model":"tiny","input":"x","store":true}`, "store"},
 		{`{"model":"tiny","input":"x","previous_response_id":"resp_1"}`, "previous_response_id"},
 		{`{"model":"tiny","input":"x","reasoning":{"effort":"low"}}`, "reasoning"},
-		{`{"model":"tiny","input":"x","text":{"format":{"type":"json_schema"}}}`, "text.format"},
+		{`{"model":"tiny","input":"x","text":{"format":{"type":"json_object"}}}`, "text.format"}, // without AcceptTools
+		{`{"model":"tiny","input":"x","text":{"format":{"type":"json_schema"}}}`, "text.format.schema"},
+		{`{"model":"tiny","input":"x","text":{"format":{"type":"xml"}}}`, "text.format.type"},
 		{`{"model":"tiny","input":[{"type":"function_call_output","call_id":"c","output":"1"}]}`, "input[0].type"},
 		{`{"model":"tiny","input":[{"role":"user","content":[{"type":"input_image","image_url":"x"}]}]}`, "input[0].content[0].type"},
 		{`{"model":"tiny","instructions":"s","input":[{"role":"wizard","content":"x"}]}`, "input[0].role"},
@@ -224,5 +226,35 @@ func TestResponsesToolErrorsNameResponsesFields(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &eb); err != nil || resp.StatusCode != 400 || eb.Error.Param == nil ||
 		*eb.Error.Param != "tools[0].parameters" || !strings.Contains(eb.Error.Message, "tools[0].parameters must be a JSON Schema object") {
 		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+}
+
+// TestResponsesTextFormat: the Responses API's structured outputs
+// (text.format json_schema, flat, or json_object) become the generation
+// request's response format (the SDK's responses.parse sends them), and
+// the response echoes the format.
+func TestResponsesTextFormat(t *testing.T) {
+	g := &scriptGen{pieces: []string{`{"a":1}`}, finish: "stop"}
+	srv, _ := newTestServerWith(t, g, true)
+	resp, body := post(t, srv.URL+"/v1/responses", `{"model":"tiny","input":"hi","text":{"format":{"type":"json_schema","name":"p","description":"d",
+		"schema":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],"additionalProperties":false},"strict":true}}}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	rf := g.got.ResponseFormat
+	if rf == nil || rf.Type != "json_schema" || rf.Name != "p" || !strings.Contains(string(rf.Schema), `"additionalProperties":false`) {
+		t.Fatalf("response format %+v", rf)
+	}
+	if !strings.Contains(body, `"text":{"format":{"type":"json_schema"`) {
+		t.Fatalf("the response does not echo the format: %s", body)
+	}
+	g.got = nil
+	resp, body = post(t, srv.URL+"/v1/responses", `{"model":"tiny","input":"hi","text":{"format":{"type":"json_object"}}}`)
+	if resp.StatusCode != 200 || g.got.ResponseFormat == nil || g.got.ResponseFormat.Type != "json_object" {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	resp, body = post(t, srv.URL+"/v1/responses", `{"model":"tiny","input":"hi","text":{"format":{"type":"json_schema","name":"p"}}}`)
+	if resp.StatusCode != 400 || !strings.Contains(body, `"param":"text.format.schema"`) {
+		t.Fatalf("a json_schema format without schema: %d %s", resp.StatusCode, body)
 	}
 }

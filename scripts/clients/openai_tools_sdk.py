@@ -87,4 +87,10 @@ with client.responses.stream(model=model, temperature=0, max_output_tokens=60, i
 out["responses_items"] = [[o.type for o in r.output], [o.type for o in rs.output]]
 assert out["responses_items"] == [["function_call"], ["function_call"]], out["responses_items"]
 
+# 7. Responses structured outputs: responses.parse sends text.format json_schema and parses the answer.
+rp = client.responses.parse(model=model, temperature=0, max_output_tokens=120, text_format=City,
+                            input="Describe Paris as JSON with name, country, population_millions and is_capital.")
+assert isinstance(rp.output_parsed, City), rp
+out["responses_parsed"] = rp.output_parsed.model_dump()
+
 print(json.dumps(out))
