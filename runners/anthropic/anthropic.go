@@ -13,7 +13,9 @@
 // become the generation request's Tools/ToolChoice and its history of
 // calls and tool messages (convertMessage), and the calls the generator reports
 // (gen.ToolCallEmitter) come back as tool_use blocks (streamed as
-// input_json_delta) with stop_reason "tool_use". thinking is refused. Nothing is stored server-side.
+// input_json_delta) with stop_reason "tool_use". thinking is refused but for
+// {"type":"disabled"} (no thinking blocks: what this adapter returns).
+// Nothing is stored server-side.
 // The anthropic-version header is accepted (any value); x-api-key is not
 // checked. It must not import the engine or anything under supervisor/.
 package anthropic
@@ -49,6 +51,15 @@ type Request struct {
 	// by name unless Handler.AcceptTools).
 	Tools      []Tool      `json:"tools,omitempty"`
 	ToolChoice *ToolChoice `json:"tool_choice,omitempty"`
+	// Thinking may only be {"type":"disabled"}: this adapter returns no
+	// thinking blocks (a reasoning model's reasoning is dropped).
+	Thinking *Thinking `json:"thinking,omitempty"`
+}
+
+// Thinking is the request's extended-thinking setting.
+type Thinking struct {
+	Type         string `json:"type"`
+	BudgetTokens *int   `json:"budget_tokens,omitempty"`
 }
 
 // Tool is a client tool: a name, a description and a JSON Schema.
@@ -131,6 +142,7 @@ var (
 		"metadata":    {"user_id": nil},
 		"tools":       {"type": nil, "name": nil, "description": nil, "input_schema": nil, "cache_control": nil},
 		"tool_choice": {"type": nil, "name": nil, "disable_parallel_tool_use": nil},
+		"thinking":    {"type": nil, "budget_tokens": nil},
 	})
 )
 
@@ -338,6 +350,15 @@ func (h *Handler) convert(r *Request) (*gen.Request, *openai.Error) {
 	}
 	if t := r.Temperature; t != nil && (math.IsNaN(*t) || *t < 0 || *t > 1) {
 		return nil, openai.Errorf("temperature", "temperature must be between 0 and 1, got %v", *t)
+	}
+	if th := r.Thinking; th != nil {
+		switch {
+		case th.Type != "disabled":
+			return nil, openai.Errorf("thinking", "thinking %q is not supported by this server: its Messages API returns no thinking blocks; "+
+				"omit thinking or send {\"type\": \"disabled\"}", th.Type)
+		case th.BudgetTokens != nil:
+			return nil, openai.Errorf("thinking.budget_tokens", "thinking.budget_tokens is only for thinking enabled")
+		}
 	}
 	g := &gen.Request{Model: r.Model, Chat: true}
 	if r.System != nil {

@@ -127,6 +127,16 @@ func TestNullFieldsAreAbsent(t *testing.T) {
 	}
 }
 
+// TestThinkingDisabled: thinking {"type":"disabled"} asks for what this
+// adapter does (no thinking blocks in the answer) and is served.
+func TestThinkingDisabled(t *testing.T) {
+	g := &scriptGen{pieces: []string{"ok"}, res: gen.Result{FinishReason: "stop"}}
+	code, body := post(t, serve(t, g), `{"model":"tiny","max_tokens":5,"thinking":{"type":"disabled"},"messages":[{"role":"user","content":"hi"}]}`)
+	if code != 200 || g.got == nil {
+		t.Fatalf("%d %s", code, body)
+	}
+}
+
 func TestConversion(t *testing.T) {
 	g := &scriptGen{res: gen.Result{FinishReason: "length"}}
 	code, body := post(t, serve(t, g), `{"model":"tiny","max_tokens":7,"temperature":0.5,"top_k":3,"metadata":{"user_id":"u"},
@@ -150,7 +160,9 @@ func TestErrors(t *testing.T) {
 	}{
 		{"no max_tokens", `{"model":"tiny","messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request_error", "max_tokens"},
 		{"unknown model", `{"model":"claude-9","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, 404, "not_found_error", "claude-9"},
-		{"unknown field", `{"model":"tiny","max_tokens":5,"thinking":{"type":"enabled"},"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request_error", "thinking"},
+		{"unknown field", `{"model":"tiny","max_tokens":5,"mcp_servers":[],"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request_error", "mcp_servers"},
+		{"thinking enabled", `{"model":"tiny","max_tokens":5,"thinking":{"type":"enabled","budget_tokens":1024},"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request_error", "thinking"},
+		{"thinking disabled with a budget", `{"model":"tiny","max_tokens":5,"thinking":{"type":"disabled","budget_tokens":1024},"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request_error", "thinking.budget_tokens"},
 		{"tools", `{"model":"tiny","max_tokens":5,"tools":[{"name":"f","input_schema":{}}],"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request_error", "tools"},
 		{"tool_use block", `{"model":"tiny","max_tokens":5,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{}}]}]}`, 400, "invalid_request_error", "messages[0].content[0].type"},
 		{"temperature over 1", `{"model":"tiny","max_tokens":5,"temperature":1.5,"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request_error", "temperature"},
