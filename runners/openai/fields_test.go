@@ -22,6 +22,7 @@ func TestNoSilentIgnores(t *testing.T) {
 		{"echo on completions", "/v1/completions", `{"model":"tiny","prompt":"x","echo":true}`, "echo"},
 		{"best_of", "/v1/completions", `{"model":"tiny","prompt":"x","best_of":2}`, "best_of"},
 		{"suffix", "/v1/completions", `{"model":"tiny","prompt":"x","suffix":"y"}`, "suffix"},
+		{"modalities audio", "/v1/chat/completions", `{"model":"tiny",` + msgs + `,"modalities":["text","audio"]}`, "modalities"},
 		{"chat logprobs field on completions is an int", "/v1/completions", `{"model":"tiny","prompt":"x","logprobs":true}`, "logprobs"},
 		{"unknown message key", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi","audio":{}}]}`, "messages[0].audio"},
 		{"unknown content-part key", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":[{"type":"text","text":"a","cache":1}]}]}`, "messages[0].content[0].cache"},
@@ -86,6 +87,8 @@ func TestAcceptedFields(t *testing.T) {
 			{"role":"tool","tool_call_id":"call_1","content":"18C"}]}`},
 		// a null asks for nothing: clients that write every field of their
 		// model (null when unset) are served, at any depth
+		// the default values of fields this server does not implement ask for nothing
+		{"defaults of unimplemented fields", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"modalities":["text"]}`},
 		{"null unknown fields", `{"model":"tiny","messages":[{"role":"user","content":[{"type":"text","text":"hi","cache_control":null}],"audio":null}],
 			"audio":null,"functions":null,"function_call":null,"service_tier":null,"prediction":null,"reasoning_effort":null,"web_search_options":null}`},
 	}
@@ -284,5 +287,17 @@ func TestDecodeErrorsNameTheField(t *testing.T) {
 				t.Errorf("%s: the error names a Go type (%q): %s", c.body, goName, e.Message)
 			}
 		}
+	}
+}
+
+// TestCompletionDefaultsAccepted: echo false, best_of 1 and an empty
+// suffix are the legacy completions' defaults: they ask for nothing and
+// are served (clients that send every parameter send them).
+func TestCompletionDefaultsAccepted(t *testing.T) {
+	gen := &scriptGen{pieces: []string{"ok"}, finish: "stop"}
+	srv, _ := newTestServer(t, gen)
+	resp, body := post(t, srv.URL+"/v1/completions", `{"model":"tiny","prompt":"x","echo":false,"best_of":1,"suffix":""}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
 }

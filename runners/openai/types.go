@@ -28,7 +28,8 @@
 //
 // Accepted without effect (documented allow-list): user, metadata,
 // store: false, parallel_tool_calls and tool_choice "none"/"auto"
-// without tools, response_format {"type":"text"}. tools, forced tool_choice and
+// without tools, response_format {"type":"text"}, modalities ["text"];
+// completions' echo: false, best_of: 1, suffix: ""; any field as null. tools, forced tool_choice and
 // json_object/json_schema formats are parsed into gen.Request (the seam for
 // constrained decoding) and refused until Handler.AcceptTools is set.
 //
@@ -336,6 +337,8 @@ type ChatRequest struct {
 	// reasons first (harmony, <think>), the reasoning is ended after this
 	// many tokens and the answer begins.
 	MaxReasoningTokens *int `json:"max_reasoning_tokens,omitempty"`
+	// Modalities is taken as ["text"] only (what this server writes).
+	Modalities []string `json:"modalities,omitempty"`
 }
 
 // CompletionRequest is the body of POST /v1/completions.
@@ -346,6 +349,11 @@ type CompletionRequest struct {
 	// Logprobs is the legacy field: how many top alternatives to return
 	// per token (0: only the chosen token's).
 	Logprobs *int `json:"logprobs,omitempty"`
+	// Echo, BestOf and Suffix are taken at their defaults only (false, 1,
+	// ""); other values are refused by name.
+	Echo   *bool   `json:"echo,omitempty"`
+	BestOf *int    `json:"best_of,omitempty"`
+	Suffix *string `json:"suffix,omitempty"`
 }
 
 // TokenizeRequest is the body of POST /tokenize (vLLM's shape).

@@ -407,6 +407,9 @@ func (v Validator) ValidateChat(r *ChatRequest) (*gen.Request, *Error) {
 	if len(r.Messages) == 0 {
 		return nil, Errorf("messages", "messages is required and must not be empty")
 	}
+	if m := r.Modalities; m != nil && (len(m) != 1 || m[0] != "text") {
+		return nil, Errorf("modalities", "modalities must be [\"text\"]: this server writes text only, got %q", m)
+	}
 	g := &gen.Request{Model: r.Model, Chat: true}
 	for i, m := range r.Messages {
 		at := func(f string) string { return fmt.Sprintf("messages[%d].%s", i, f) }
@@ -573,6 +576,14 @@ func (v Validator) ValidateCompletion(r *CompletionRequest) (*gen.Request, *Erro
 	}
 	if !r.Prompt.Set {
 		return nil, Errorf("prompt", "prompt is required")
+	}
+	switch {
+	case r.Echo != nil && *r.Echo:
+		return nil, Errorf("echo", "echo: true is not supported by this server (the prompt is not returned)")
+	case r.BestOf != nil && *r.BestOf != 1:
+		return nil, Errorf("best_of", "only best_of=1 is supported, got %d", *r.BestOf)
+	case r.Suffix != nil && *r.Suffix != "":
+		return nil, Errorf("suffix", "suffix is not supported by this server (no fill-in-the-middle)")
 	}
 	g := &gen.Request{Model: r.Model}
 	if r.Prompt.IsIDs {
