@@ -27,7 +27,8 @@ func cmdDoctor(ctx context.Context, args []string) error {
 
 Checks that this host can serve its part of the cluster: the cluster file,
 the secret and API key files, MLX (library, version, device, a matmul on the
-GPU against the cpu backend), the model store's disk, this host's ports; and
+GPU against the cpu backend), the model store's disk, each runner's model
+source, this host's ports; and
 across hosts, through the other supervisors: the same cluster file, clocks,
 every runner port reachable, the same KV secret (proved with the KV wire's
 challenge, never sent) and the goodput of each prefill link. Every problem

@@ -111,7 +111,7 @@ type Options struct {
 
 // Checks are doctor's checks in the order Run runs them.
 func Checks(o Options) []Check {
-	return []Check{Files{}, NVML{}, MLX{Mode: o.MLX}, Disk{}, Memory{}, LocalPorts{}, Peers{}, KV{ProbeMiB: o.ProbeMiB}, StageLinks{ProbeMiB: o.ProbeMiB}, StageRing{}, RDMA{}}
+	return []Check{Files{}, NVML{}, MLX{Mode: o.MLX}, Disk{}, Sources{}, Memory{}, LocalPorts{}, Peers{}, KV{ProbeMiB: o.ProbeMiB}, StageLinks{ProbeMiB: o.ProbeMiB}, StageRing{}, RDMA{}}
 }
 
 // Run loads the cluster file, identifies this host and runs every check.
@@ -513,6 +513,66 @@ func (Disk) Run(_ context.Context, env *Env) []Result {
 		c.Status, c.Fix = Warn, fmt.Sprintf("an 8B model in bf16 needs about 16 GiB: free space under %s or set [cluster] models_dir to a larger disk", dir)
 	}
 	return []Result{c}
+}
+
+// Sources checks that each runner placed on this host can find its model
+// where it will start: a local directory or .gguf file that exists,
+// builtin:smollm2 installed, an HF id already in the store or, when it is
+// not, a cluster that may download and a store it can write to. Without it
+// a wrong source shows only as a runner that crash-loops.
+type Sources struct{}
+
+func (Sources) Name() string { return "model source" }
+
+func (Sources) Run(ctx context.Context, env *Env) []Result {
+	var rs []Result
+	for _, r := range env.Config.Runners(env.Host) {
+		name := "model source " + r.Name
+		path, err := hf.Resolve(ctx, r.Source, hf.Options{Offline: true, StoreDir: env.Config.Cluster.ModelsDir})
+		switch {
+		case err == nil:
+			rs = append(rs, Result{Name: name, Status: OK, Detail: r.Source + ": " + path})
+		case errors.Is(err, hf.ErrNotInStore) && env.Config.Cluster.Offline:
+			rs = append(rs, Result{Name: name, Status: Fail, Detail: err.Error(),
+				Fix: fmt.Sprintf("[cluster] offline = true forbids the download: run `exo model pull %s` on this host (or copy the store here)", r.Source)})
+		case errors.Is(err, hf.ErrNotInStore):
+			if dir, werr := storeWritable(env.Config.Cluster.ModelsDir); werr != nil {
+				rs = append(rs, Result{Name: name, Status: Fail, Detail: fmt.Sprintf("%s is not in the store and the store cannot take it: %v", r.Source, werr),
+					Fix: fmt.Sprintf("make %s writable by the supervisor's user, or set [cluster] models_dir (or EXO_MODELS_DIR) to a writable disk", dir)})
+				continue
+			}
+			rs = append(rs, Result{Name: name, Status: OK, Detail: r.Source + ": not in the store yet, downloaded on the runner's first start (`exo model pull` ahead of time avoids the wait)"})
+		default:
+			rs = append(rs, Result{Name: name, Status: Fail, Detail: err.Error(),
+				Fix: fmt.Sprintf("fix the source of model %s in the cluster file (a local directory or .gguf file present on this host, builtin:smollm2, or a Hugging Face id org/name[@rev])", r.Model)})
+		}
+	}
+	return rs
+}
+
+// storeWritable reports the model store directory and whether a download
+// could create files there: the directory, or its nearest existing parent
+// when it does not exist yet, takes a temporary file (removed at once;
+// access(2) is no test for root).
+func storeWritable(modelsDir string) (string, error) {
+	dir, err := hf.StoreDir(hf.Options{StoreDir: modelsDir})
+	if err != nil {
+		return modelsDir, err
+	}
+	probe := dir
+	for {
+		if _, err := os.Stat(probe); err == nil || probe == filepath.Dir(probe) {
+			break
+		}
+		probe = filepath.Dir(probe)
+	}
+	f, err := os.CreateTemp(probe, ".exo-doctor-*")
+	if err != nil {
+		return dir, err
+	}
+	f.Close()
+	os.Remove(f.Name())
+	return dir, nil
 }
 
 // hostPorts lists what host must serve: the gateway and its runners' ports.

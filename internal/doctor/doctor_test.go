@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -615,4 +616,62 @@ decode = { hosts = ["a", "b", "c"], shard = "pipeline", layers = [1, 1, 1] }
 	if rs := (StageRing{}).Run(context.Background(), env); len(rs) != 0 {
 		t.Errorf("a pipeline with a cpu stage: %+v", rs)
 	}
+}
+
+// TestSources: a model source this host cannot load is a failure before the
+// supervisor starts runners that would crash-loop on it; an HF id not yet in
+// the store is fine unless the cluster is offline or the store is not
+// writable (the download has nowhere to go).
+func TestSources(t *testing.T) {
+	env := testCluster(t, "south", "")
+	expect(t, Sources{}.Run(context.Background(), env), "model source tiny-decode", OK, env.Config.Runners("south")[0].Source)
+
+	missing := filepath.Join(t.TempDir(), "no-such-model")
+	for _, tt := range []struct {
+		name, source, extra, status, want string
+	}{
+		{"missing path", missing, "", Fail, "does not exist"},
+		{"not a gguf", mustWriteFile(t, "weights.bin"), "", Fail, "not a .gguf"},
+		{"unknown builtin", "builtin:nope", "", Fail, "unknown builtin"},
+		{"hf id to download", "org/model", "", OK, "downloaded on the runner's first start"},
+		{"hf id offline", "org/model", "offline = true\n", Fail, "exo model pull org/model"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			env := testCluster(t, "south", tt.extra)
+			rewriteSource(t, env, tt.source)
+			expect(t, Sources{}.Run(context.Background(), env), "model source tiny-decode", tt.status, tt.want)
+		})
+	}
+	if runtime.GOOS == "linux" {
+		// A store nobody can create (procfs refuses new entries, even to root):
+		// the download would fail after the runner started.
+		t.Run("store not writable", func(t *testing.T) {
+			env := testCluster(t, "south", "")
+			text := regexp.MustCompile(`models_dir = ".*"`).ReplaceAllString(string(mustRead(t, env.Config.Path)), `models_dir = "/proc/exo-doctor-test/models"`)
+			os.WriteFile(env.Config.Path, []byte(text), 0o644)
+			rewriteSource(t, env, "org/model")
+			expect(t, Sources{}.Run(context.Background(), env), "model source tiny-decode", Fail, "/proc/exo-doctor-test/models")
+		})
+	}
+}
+
+// rewriteSource points the test cluster's model at source and reloads env.
+func rewriteSource(t *testing.T, env *Env, source string) {
+	t.Helper()
+	text := regexp.MustCompile(`source = ".*"`).ReplaceAllString(string(mustRead(t, env.Config.Path)), fmt.Sprintf("source = %q", source))
+	os.WriteFile(env.Config.Path, []byte(text), 0o644)
+	e, rs := Load(Options{Path: env.Config.Path, Host: env.Host, Timeout: 2 * time.Second})
+	if e == nil {
+		t.Fatalf("load: %+v", rs)
+	}
+	*env = *e
+}
+
+func mustWriteFile(t *testing.T, name string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
