@@ -17,8 +17,8 @@
 // registers as waiting (the next computation of its prompt takes it) and
 // sends a Want round the ring to stage 0, which computes the prompt again
 // from where that stage's cache stops unless a computation the asking
-// stage will receive runs or was passed on after the last it had seen
-// (numbered computations: each stage computes a prompt once). The links form a ring as a decode
+// stage will receive runs or was passed on after the last of that prompt
+// it had seen (numbered computations: each stage computes a prompt once). The links form a ring as a decode
 // pipeline's do (contract C1): stage k dials stage k+1 and the last stage
 // dials stage 0, which carries only Wants.
 package pipeline
@@ -99,8 +99,11 @@ type Pipe struct {
 	next   *stage.Link // to the next stage, nil while down
 	up     *stage.Link // from the previous stage, the newest
 	in     map[uint64]*inStream
-	seen   uint64   // a later stage: the highest origin of a computation received
+	got    []origin // a later stage: the computations received, the newest last
+	floor  uint64   // a later stage: the highest origin dropped from got
 	recent []origin // stage 0: the computations passed on, the newest last
+
+	hooks atomic.Pointer[testHooks] // nil outside tests
 
 	// The group (cfg.Group): offered while offer holds; decided once
 	// both links are up (carrier set when joined), then closed.
@@ -114,8 +117,16 @@ type Pipe struct {
 	tr         *stage.TransportReport // where the hidden states go, and why
 }
 
-// origin is a computation stage 0 passed on: its number, prompt and first
-// position.
+// testHooks let a test order what races: beforeOut runs as a later
+// stage's computation from upstream starts, before it is passed on;
+// wantDone runs once stage 0 has answered a Want (computed: it computed).
+type testHooks struct {
+	beforeOut func(tokens []int32, origin uint64)
+	wantDone  func(computed bool)
+}
+
+// origin is a computation stage 0 passed on (or a later stage received):
+// its number, prompt and first position.
 type origin struct {
 	n      uint64
 	tokens []int32
@@ -140,8 +151,8 @@ type pipeMsg struct {
 	Tokens []int32 `json:"tokens"`
 	From   int     `json:"from"`
 	// Origin (begin) is the number stage 0 gave the computation, passed
-	// on unchanged by every stage; Seen (want) is the highest Origin the
-	// asking stage had received when it asked. Numbers grow (from the
+	// on unchanged by every stage; Seen (want) is the highest Origin of a
+	// computation of Tokens the asking stage had received when it asked. Numbers grow (from the
 	// clock at stage 0's start, so a restarted stage 0 continues above).
 	Origin uint64 `json:"origin,omitempty"`
 	Seen   uint64 `json:"seen,omitempty"`
@@ -436,7 +447,7 @@ func (pp *Pipe) serveUp(ctx context.Context, link *stage.Link) {
 				}
 				pp.mu.Lock()
 				pp.in[m.Ticket] = s
-				pp.seen = max(pp.seen, b.Origin)
+				pp.received(origin{n: b.Origin, tokens: b.Tokens, from: b.From})
 				pp.mu.Unlock()
 				mine = append(mine, m.Ticket)
 				go pp.driveFrom(ctx, s, c)
@@ -669,6 +680,9 @@ func (pp *Pipe) wanted(ctx context.Context, tokens []int32, from int, seen uint6
 	if !computed {
 		pp.log.Debug("prefill stage 0: a Want is answered by a computation already passed on", "tokens", len(tokens), "from", from)
 	}
+	if h := pp.hooks.Load(); h != nil && h.wantDone != nil {
+		h.wantDone(computed)
+	}
 }
 
 // driveFrom runs a computation the previous stage passes on (c, opened as
@@ -687,6 +701,9 @@ func (pp *Pipe) driveFrom(ctx context.Context, s *inStream, c *prefill.Computati
 	opened := false // the computation went on to the next stage
 	compute := func(ctx context.Context, c engine.KVCache, prompt []int32, from, end int, onChunk func(int, int) error) (err error) {
 		var out *outStream
+		if h := pp.hooks.Load(); h != nil && h.beforeOut != nil {
+			h.beforeOut(s.tokens, s.origin)
+		}
 		if !pp.last {
 			out = pp.openOut(prompt[:end+1], from, s.origin)
 			opened = true
@@ -755,14 +772,43 @@ func drain(ctx context.Context, s *inStream) {
 	}
 }
 
-// Want implements prefill.StageHook: it asks stage 0, round the ring, to
-// compute tokens from at most from, naming the newest computation this
-// stage has received (a request registered before asking follows any that
-// arrives after).
-func (pp *Pipe) Want(tokens []int32, from int) error {
+// received remembers a computation a later stage received (pp.mu held):
+// the last keepRecent, and the highest origin of those it forgot.
+func (pp *Pipe) received(o origin) {
+	pp.got = append(pp.got, o)
+	if len(pp.got) > keepRecent {
+		for _, x := range pp.got[:len(pp.got)-keepRecent] {
+			pp.floor = max(pp.floor, x.n)
+		}
+		pp.got = slices.Delete(pp.got, 0, len(pp.got)-keepRecent)
+	}
+}
+
+// seenOf is the highest origin of a computation of tokens this stage has
+// received (at least the floor of those it forgot). It is per prompt, not
+// the highest of any: the stages between stage 0 and this one pass
+// computations on from goroutines of their own, so two prompts' begins can
+// cross on the way (B's, numbered after A's, arriving first); a Want for
+// A naming B's number would make stage 0 compute A again although A's
+// computation is still on its way here.
+func (pp *Pipe) seenOf(tokens []int32) uint64 {
 	pp.mu.Lock()
-	seen := pp.seen
-	pp.mu.Unlock()
+	defer pp.mu.Unlock()
+	seen := pp.floor
+	for _, o := range pp.got {
+		if o.n > seen && slices.Equal(o.tokens, tokens) {
+			seen = o.n
+		}
+	}
+	return seen
+}
+
+// Want implements prefill.StageHook: it asks stage 0, round the ring, to
+// compute tokens from at most from, naming the newest computation of
+// tokens this stage has received (a request registered before asking
+// follows any that arrives after).
+func (pp *Pipe) Want(tokens []int32, from int) error {
+	seen := pp.seenOf(tokens)
 	body, _ := json.Marshal(pipeMsg{Kind: "want", Tokens: tokens, From: from, Seen: seen})
 	return pp.send(stage.Open{Ticket: uint64(pp.cfg.Stage)<<48 | pp.ids.Add(1), Body: body})
 }

@@ -606,3 +606,104 @@ func TestPipelineGroupFallback(t *testing.T) {
 		})
 	}
 }
+
+// TestPipelineCrossingPrompts: two prompts whose computations cross on the
+// way down a 3-stage ring (stage 1 passes B on before A, although stage 0
+// numbered A first: each computation from upstream runs in a goroutine of
+// its own) do not make stage 0 compute A again when stage 2 is asked for A
+// meanwhile: the Want names the newest computation of A stage 2 received
+// (none), not B's number, so stage 0 sees that A's is still on its way,
+// and stage 2's request follows it when stage 1 lets it go. Every stage
+// computes each prompt once and stage 2 serves A bit for bit. Hooks order
+// the crossing (no sleeps); the old Want (the highest origin of any
+// prompt) made stage 0 compute A twice here every time.
+func TestPipelineCrossingPrompts(t *testing.T) {
+	dir := qwen2(t)
+	whole, err := engine.Load(context.Background(), dir, cpu.New(1), engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { whole.Close() })
+	bounds := []int{0, 1, 2, 3}
+	procs := startPipeline(t, dir, bounds, nil)
+	a, b := ramp(30), ramp(31)[1:] // two chunks each: stage 1's stream buffer holds them and the Ack
+	holding, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	procs[1].pipe.hooks.Store(&testHooks{beforeOut: func(tokens []int32, _ uint64) {
+		if slices.Equal(tokens, a) {
+			once.Do(func() {
+				close(holding)
+				select {
+				case <-release:
+				case <-time.After(time.Minute): // a test's bound
+				}
+			})
+		}
+	}})
+	answered := make(chan bool, 4)
+	procs[0].pipe.hooks.Store(&testHooks{wantDone: func(computed bool) { answered <- computed }})
+	fp := kvwire.Fingerprint(whole.Fingerprint())
+	cl := kvwire.NewClient(kvwire.ClientConfig{})
+	fetch := func(i int, prompt []int32) (*sink, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		s := &sink{}
+		req := &kvwire.Request{ID: fmt.Sprint("s", i), Model: "m", Fingerprint: fp, Tokens: prompt,
+			LayerStart: bounds[i], LayerEnd: bounds[i+1], Deadline: time.Minute}
+		_, err := cl.Fetch(ctx, procs[i].addr, req, nil, s)
+		return s, err
+	}
+	// A on stage 0 (numbered first), held on stage 1; then B, which
+	// stage 1 passes on and stage 2 computes into its cache.
+	if _, err := fetch(0, a); err != nil {
+		t.Fatal(err)
+	}
+	<-holding
+	if _, err := fetch(0, b); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, func() bool { return procs[2].prod.Cached(b, len(b)-1) == len(b)-1 },
+		30*time.Second, "stage 2 holds B")
+	testutil.Eventually(t, procs[0].prod.Idle, 30*time.Second, "stage 0's computations end")
+	// Stage 2 asked for A now: it waits and asks stage 0, which must not
+	// compute A again.
+	type result struct {
+		s   *sink
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		s, err := fetch(2, a)
+		done <- result{s, err}
+	}()
+	select {
+	case computed := <-answered:
+		if computed {
+			t.Errorf("stage 0 computed A again for stage 2's Want while A's computation was on its way")
+		}
+	case <-time.After(time.Minute): // a test's bound
+		t.Fatal("stage 0 never answered stage 2's Want")
+	}
+	close(release)
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	end := len(a) - 1
+	ref := whole.NewCache()
+	defer ref.Free()
+	if err := whole.Prefill(context.Background(), ref, a[:end], 16, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := checkStream(r.s, ref, bounds[2], bounds[3], 0, end); err != nil {
+		t.Fatalf("stage 2's A: %v", err)
+	}
+	testutil.Eventually(t, func() bool {
+		return !slices.ContainsFunc(procs, func(p *stageProc) bool { return !p.prod.Idle() })
+	}, 30*time.Second, "the stages' computations end")
+	for i, p := range procs {
+		if c, want := counter(p.met), float64(len(a)-1+len(b)-1); c != want {
+			t.Errorf("stage %d computed %v tokens, want %v (A and B once each)", i, c, want)
+		}
+	}
+}
