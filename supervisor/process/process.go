@@ -537,12 +537,20 @@ func (l *lineLogger) emit(line []byte) {
 
 // childLine takes apart a line a runner logged with slog's text handler
 // ("time=… level=WARN msg=… k=v"): the level becomes the record's level and
-// the time is dropped (the supervisor's record has one). Other lines are
+// the time is dropped (the supervisor's record has one). A line starting
+// "exo: ", "panic: " or "fatal error: " is an error. Other lines are
 // logged as they are, at INFO.
 func childLine(line string) (slog.Level, string) {
 	lvl := slog.LevelInfo
 	rest, ok := strings.CutPrefix(line, "time=")
 	if !ok {
+		// The error a runner exits with (cmd/exo prints "exo: …") and the
+		// runtime's last words are what an operator greps for.
+		for _, p := range []string{"exo: ", "panic: ", "fatal error: "} {
+			if strings.HasPrefix(line, p) {
+				return slog.LevelError, line
+			}
+		}
 		return lvl, line
 	}
 	_, rest, ok = strings.Cut(rest, " ")

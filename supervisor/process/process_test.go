@@ -246,7 +246,12 @@ func TestChildLine(t *testing.T) {
 		{`time=2026-12-02T12:44:50.830Z level=INFO msg="runner starting" role=decode`, slog.LevelInfo, `runner starting role=decode`},
 		{`time=2026-12-02T12:44:50.830Z level=WARN msg=slow x="a b"`, slog.LevelWarn, `slow x="a b"`},
 		{`time=2026-12-02T12:44:50.830Z level=ERROR msg="bad \"q\""`, slog.LevelError, `bad "q"`},
-		{`panic: boom`, slog.LevelInfo, `panic: boom`},
+		// The error a runner exits with (cmd/exo prints "exo: …") and a Go
+		// panic are errors in the supervisor's log, not information.
+		{`exo: runner: model /m: hf: model path /m does not exist`, slog.LevelError, `exo: runner: model /m: hf: model path /m does not exist`},
+		{`panic: boom`, slog.LevelError, `panic: boom`},
+		{`fatal error: concurrent map writes`, slog.LevelError, `fatal error: concurrent map writes`},
+		{`goroutine 1 [running]:`, slog.LevelInfo, `goroutine 1 [running]:`},
 		{`time=x`, slog.LevelInfo, `time=x`},
 	} {
 		lvl, got := childLine(tt.in)
