@@ -20,6 +20,11 @@ type answerEmitter struct {
 	reasoning gen.ReasoningEmitter // nil: reasoning is dropped
 	p         chat.Parser
 	n         int // tool calls started
+	// callsOnly drops answer text, for an answer the grammar holds to
+	// tool calls (tool_choice required or named), where the only text the
+	// parser can give back is a call's markup cut off by max_tokens
+	// before the call could be read.
+	callsOnly bool
 }
 
 func newAnswerEmitter(em gen.Emitter, p chat.Parser) *answerEmitter {
@@ -45,6 +50,9 @@ func (a *answerEmitter) forward(ev []chat.Event, lp *gen.TokenLogprob) error {
 	for _, e := range ev {
 		switch e.Kind {
 		case chat.Content:
+			if a.callsOnly {
+				continue
+			}
 			if err := a.Emitter.Text(e.Text, lp); err != nil {
 				return err
 			}

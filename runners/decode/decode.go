@@ -503,6 +503,8 @@ func (s *Server) Generate(ctx context.Context, req *gen.Request, em gen.Emitter)
 	var ae *answerEmitter // a chat answer is parsed by the format: text, reasoning, tool calls
 	if req.Chat {
 		ae = newAnswerEmitter(em, s.format.NewParser(toolsOffered(req), st))
+		_, forced, _ := forcedTools(req) // an unknown named tool was refused with the grammar
+		ae.callsOnly = forced != "" && toolsOffered(req)
 		em = ae
 	}
 	res, err = s.generate(ctx, req, em, entry, first, picker, t0)
