@@ -37,7 +37,7 @@ func TestConfigCheckErrors(t *testing.T) {
 	if !errors.As(err, &ee) || ee.code != 1 {
 		t.Fatalf("err = %v, want exit 1", err)
 	}
-	want := p + ":1:1: no models: add at least one [[models]] table\n" + p + ":4:1: unknown key \"bogus\" (known keys here: address, backend, threads, memory_gib)\n"
+	want := p + ":1:1: no models: add at least one [[models]] table\n" + p + ":4:1: unknown key \"bogus\" (known keys here: address, backend, threads, memory_gib, rdma)\n"
 	if errOut.String() != want {
 		t.Errorf("stderr:\n%s\nwant:\n%s", errOut.String(), want)
 	}

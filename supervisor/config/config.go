@@ -438,7 +438,7 @@ var knownKeys = map[string][]string{
 	"cluster":            {"name", "secret_file", "models_dir", "runner_port_base", "offline", "insecure"},
 	"api":                {"listen", "port", "api_key_file", "open_paths", "cors_origins"},
 	"supervisor":         {"liveness_timeout", "liveness_starting_timeout"},
-	"hosts.*":            {"address", "backend", "threads", "memory_gib"},
+	"hosts.*":            {"address", "backend", "threads", "memory_gib", "rdma"},
 	"models":             {"name", "source", "decode", "prefill", "remote_prefill_min_tokens", "remote_prefill_route", "kv_wire_dtype", "kv_streams", "max_queue", "max_batch", "prefill_chunk", "prefill_connect_timeout_ms", "defaults", "speculative"},
 	"models.defaults":    {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"},
 	"models.speculative": {"mode", "tokens", "draft"},

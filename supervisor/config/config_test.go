@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -47,7 +48,7 @@ sauce = "a"
 decode = { hosts = ["mac"], source = "a", portt = 3 }
 `, []string{
 			`f.toml:14:1: unknown key "prot" (known keys here: listen, port, api_key_file, open_paths, cors_origins)`,
-			`f.toml:16:2: unknown key "extra" (known keys here: address, backend, threads, memory_gib)`,
+			`f.toml:16:2: unknown key "extra" (known keys here: address, backend, threads, memory_gib, rdma)`,
 			`f.toml:21:1: unknown key "sauce" (known keys here: name, source, decode, prefill, remote_prefill_min_tokens, remote_prefill_route, kv_wire_dtype, kv_streams, max_queue, max_batch, prefill_chunk, prefill_connect_timeout_ms, defaults, speculative)`,
 			`f.toml:22:43: unknown key "portt" (known keys here: hosts, groups, source, port, shard, layers, tensor)`,
 		}},
@@ -603,6 +604,55 @@ func TestSupervisorLiveness(t *testing.T) {
 		_, err := Parse("f.toml", []byte(twoHosts+"[supervisor]\n"+tt.src+model))
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%q: got %v, want %q", tt.src, err, tt.want)
+		}
+	}
+}
+
+// TestKnownKeysHint: the keys an "unknown key" error lists as known are
+// every key the file may hold there (the decoder's toml tags), so a typo's
+// hint never hides the key that was meant (it left out rdma).
+func TestKnownKeysHint(t *testing.T) {
+	tags := func(v any) []string {
+		var ks []string
+		rt := reflect.TypeOf(v)
+		for i := range rt.NumField() {
+			if k, _, _ := strings.Cut(rt.Field(i).Tag.Get("toml"), ","); k != "" && k != "-" {
+				ks = append(ks, k)
+			}
+		}
+		slices.Sort(ks)
+		return ks
+	}
+	sorted := func(kss ...[]string) []string {
+		var ks []string
+		for _, s := range kss {
+			for _, k := range s {
+				if !slices.Contains(ks, k) {
+					ks = append(ks, k)
+				}
+			}
+		}
+		slices.Sort(ks)
+		return ks
+	}
+	for _, tt := range []struct {
+		table string
+		known []string
+		v     any
+	}{
+		{"(top)", knownKeys[""], Config{}},
+		{"cluster", knownKeys["cluster"], Cluster{}},
+		{"api", knownKeys["api"], API{}},
+		{"supervisor", knownKeys["supervisor"], Supervisor{}},
+		{"hosts.*", knownKeys["hosts.*"], Host{}},
+		{"models", knownKeys["models"], Model{}},
+		{"models.defaults", knownKeys["models.defaults"], SamplingDefaults{}},
+		{"models.speculative", knownKeys["models.speculative"], Speculative{}},
+		// decode and prefill share Role; each lists the keys its role takes.
+		{"models.decode + models.prefill", sorted(knownKeys["models.decode"], knownKeys["models.prefill"]), Role{}},
+	} {
+		if got, want := sorted(tt.known), tags(tt.v); !slices.Equal(got, want) {
+			t.Errorf("[%s] known keys %v, the decoder takes %v", tt.table, got, want)
 		}
 	}
 }
