@@ -38,6 +38,8 @@ type KVRemote struct {
 	// ranks of a tensor-parallel prefill group (--prefill ADDR#H0:H1),
 	// asked for the cache's KV heads (headsplit.go).
 	Parts []PrefillPart
+
+	groups groupLoad // the fills in flight per prefill group (split.go)
 }
 
 // DefaultFetchDeadline is the deadline a remote fill sends the prefill

@@ -153,8 +153,57 @@ type partStream interface {
 	ended() int
 }
 
+// groupLoad is the fills a decode runner has in flight per prefill group.
+// A split fill's parts list their replicas group by group in one order
+// (the supervisor writes every group's stages or ranks, the groups rotated
+// per decode runner: --prefill S1@0:8,S2@8:16,S3@0:8,S4@8:16), so replica
+// j of every part is group j. Each fill picks the group with the fewest
+// fills in flight (ties: the earliest, the rotation's preference) and asks
+// every part there first, the other groups after it in list order as its
+// failover; two fills at once from one decode runner so go to different
+// groups while there is an idle one.
+type groupLoad struct {
+	mu       sync.Mutex
+	inFlight []int
+}
+
+// take picks the group of a fill over groups groups and counts it in
+// flight until done is called.
+func (g *groupLoad) take(groups int) (group int, done func()) {
+	if groups <= 1 {
+		return 0, func() {}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for len(g.inFlight) < groups {
+		g.inFlight = append(g.inFlight, 0)
+	}
+	for j := 1; j < groups; j++ {
+		if g.inFlight[j] < g.inFlight[group] {
+			group = j
+		}
+	}
+	g.inFlight[group]++
+	return group, func() {
+		g.mu.Lock()
+		g.inFlight[group]--
+		g.mu.Unlock()
+	}
+}
+
+// fromGroup is endpoints starting at replica group, the others after it
+// in order (wrapping round).
+func fromGroup(endpoints []string, group int) []string {
+	if len(endpoints) < 2 {
+		return endpoints
+	}
+	g := group % len(endpoints)
+	return append(append([]string(nil), endpoints[g:]...), endpoints[:g]...)
+}
+
 // fetchParts runs every part at once; the first to fail cancels the others.
-// It returns the summed stats, the token the parts ended at, and the first
+// Every part starts at the least loaded prefill group (groupLoad). It
+// returns the summed stats, the token the parts ended at, and the first
 // failure (or the parts ending at different tokens); the caller commits or
 // rolls back. what names the parts in that last error ("prefill stages").
 func (r *KVRemote) fetchParts(ctx context.Context, parts []partFetch, what string) (RemoteStats, int, error) {
@@ -162,6 +211,12 @@ func (r *KVRemote) fetchParts(ctx context.Context, parts []partFetch, what strin
 		st  RemoteStats
 		end int
 	}
+	groups := 0
+	for _, p := range parts {
+		groups = max(groups, len(p.endpoints))
+	}
+	group, done := r.groups.take(groups)
+	defer done()
 	res := make([]result, len(parts))
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -173,7 +228,7 @@ func (r *KVRemote) fetchParts(ctx context.Context, parts []partFetch, what strin
 		go func() {
 			defer wg.Done()
 			var last error
-			for _, addr := range p.endpoints {
+			for _, addr := range fromGroup(p.endpoints, group) {
 				if r.Breaker != nil && !r.Breaker.Allow(addr) {
 					last = fmt.Errorf("%w: %s", errAllOpen, addr)
 					continue

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,6 +36,13 @@ func load(t *testing.T, dir string, r engine.LayerRange) *engine.Model {
 // loopback TCP and returns each stage's KV address.
 func prefillStages(t *testing.T, dir string, bounds []int) []string {
 	t.Helper()
+	return prefillStagesWrap(t, dir, bounds, nil)
+}
+
+// prefillStagesWrap is prefillStages with stage i's model wrap(i, m)
+// (wrap nil: as loaded).
+func prefillStagesWrap(t *testing.T, dir string, bounds []int, wrap func(i int, m *engine.Model) pipeline.StageModel) []string {
+	t.Helper()
 	n := len(bounds) - 1
 	ls := make([]net.Listener, n)
 	for i := range ls {
@@ -48,7 +56,10 @@ func prefillStages(t *testing.T, dir string, bounds []int) []string {
 	var pipes []*pipeline.Pipe
 	for i := range n {
 		r := engine.LayerRange{Start: bounds[i], End: bounds[i+1]}
-		m := load(t, dir, r)
+		var m pipeline.StageModel = load(t, dir, r)
+		if wrap != nil {
+			m = wrap(i, m.(*engine.Model))
+		}
 		prod := prefill.New(prefill.Options{Name: "m", Model: m, Chunk: 16, CacheBlock: 16, Stage: r})
 		t.Cleanup(prod.Close)
 		pp, err := pipeline.NewPipe(prod, m, pipeline.PipeConfig{Stage: i, Stages: n, Listener: ls[i], Next: ls[(i+1)%n].Addr().String()})
@@ -286,5 +297,108 @@ func TestSplitFillHybrid(t *testing.T) {
 		if d := got[i] - want[i]; d > 1e-4 || d < -1e-4 {
 			t.Fatalf("logit %d: %v after the split fill, %v after local prefill", i, got[i], want[i])
 		}
+	}
+}
+
+// firstHeld is a prefill stage model whose first StageForward waits until
+// release is closed (held is closed as it starts waiting).
+type firstHeld struct {
+	*engine.Model
+	once          sync.Once
+	held, release chan struct{}
+}
+
+func (f *firstHeld) StageForward(ctx context.Context, c engine.KVCache, tokens []int32, hidden []float32) ([]float32, error) {
+	first := false
+	f.once.Do(func() { first = true })
+	if first {
+		close(f.held)
+		select {
+		case <-f.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return f.Model.StageForward(ctx, c, tokens, hidden)
+}
+
+// TestPrefillGroupPerFill: with two prefill groups (2-stage pipelines,
+// --prefill A0@0:1,A1@1:3,B0@0:1,B1@1:3) one decode runner picks the group
+// per fill, the one with the fewest of its fills in flight: a fill held
+// on group A's stage 0 leaves the next fill to group B (it went to A
+// before, behind the first, while B idled), each fill takes all its
+// ranges from its group (the answer equal to local prefill's), and once
+// both ended the next fill goes to A again (the earliest of equals).
+func TestPrefillGroupPerFill(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "qwen2")
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "qwen2", Seed: 5, Layers: 3, MaxPositions: 1024}); err != nil {
+		t.Fatal(err)
+	}
+	bounds := []int{0, 1, 3}
+	hold := &firstHeld{held: make(chan struct{}), release: make(chan struct{})}
+	var once sync.Once
+	release := func() { once.Do(func() { close(hold.release) }) }
+	defer release()
+	a := prefillStagesWrap(t, dir, bounds, func(i int, m *engine.Model) pipeline.StageModel {
+		if i == 0 {
+			hold.Model = m
+			return hold
+		}
+		return m
+	})
+	b := prefillStages(t, dir, bounds)
+	_, parts, err := decode.ParsePrefillEndpoints([]string{a[0] + "@0:1", a[1] + "@1:3", b[0] + "@0:1", b[1] + "@1:3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole := load(t, dir, engine.LayerRange{})
+	rem := &decode.KVRemote{Client: kvwire.NewClient(kvwire.ClientConfig{}), Name: "m", Model: whole, Parts: parts}
+	fill := func(name string, prompt []int32) (decode.RemoteStats, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a test's bound
+		defer cancel()
+		c := whole.NewCache()
+		defer c.Free()
+		st, err := rem.Prefill(ctx, name, prompt, 0, c, nil)
+		if err == nil {
+			end := len(prompt) - 1
+			sameLayers(t, name+" against local prefill", localPrefill(t, whole, prompt[:end]), c, 0, 3, end)
+		}
+		return st, err
+	}
+	group := func(st decode.RemoteStats) string {
+		switch st.Endpoint {
+		case a[0] + "," + a[1]:
+			return "A"
+		case b[0] + "," + b[1]:
+			return "B"
+		}
+		return "mixed " + st.Endpoint
+	}
+	type result struct {
+		st  decode.RemoteStats
+		err error
+	}
+	first := make(chan result, 1)
+	go func() {
+		st, err := fill("one", ramp(40, 3, 13, 400))
+		first <- result{st, err}
+	}()
+	select {
+	case <-hold.held:
+	case <-time.After(time.Minute): // a test's bound
+		t.Fatal("the first fill never reached group A's stage 0")
+	}
+	st, err := fill("two", ramp(45, 5, 17, 400))
+	if err != nil || group(st) != "B" {
+		t.Fatalf("the second fill, the first in flight on group A: %v, group %s; want group B", err, group(st))
+	}
+	release()
+	r := <-first
+	if r.err != nil || group(r.st) != "A" {
+		t.Fatalf("the first fill: %v, group %s; want group A", r.err, group(r.st))
+	}
+	st, err = fill("three", ramp(50, 7, 19, 400))
+	if err != nil || group(st) != "A" {
+		t.Fatalf("a fill with none in flight: %v, group %s; want group A", err, group(st))
 	}
 }
