@@ -1531,8 +1531,8 @@ func runArgmax(b *backend, a *array) *array {
 // slice may change once the op returns): ints gives them to run.
 func (b *backend) withInts(run opFunc, x engine.Array, v []int) engine.Array {
 	if len(v) > inlineDims { // rare: more dimensions than fit
-		v = slices.Clone(v)
-		return b.op(func() *array { return run(b, &array{owner: b, args: opArgs{x: x, long: v}}) })
+		long := slices.Clone(v) // not v: captured, v would escape on every call
+		return b.op(func() *array { return run(b, &array{owner: b, args: opArgs{x: x, long: long}}) })
 	}
 	a := b.opOf(run, x, nil, nil)
 	a.args.n = uint8(copy(a.args.ints[:], v))
