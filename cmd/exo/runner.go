@@ -96,7 +96,9 @@ the same A:B). On a decode pipeline give every decode stage that list.
 
 --instance TOKEN (both roles; the supervisor passes a fresh one per start)
 is echoed by /health as "instance", so a prober can tell this process from
-another one answering on the same port.`
+another one answering on the same port. --stop-grace D (both roles; the
+supervisor passes its --grace) is the time between SIGTERM and SIGKILL: on
+SIGTERM the requests in hand get all of it but 3s to finish (5s without it).`
 
 // runnerFlags are exo runner's flags (both roles): the settings
 // runners/runner runs the process from.
@@ -167,6 +169,7 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 	fs.IntVar(&f.Chunk, "prefill-chunk", 256, "prefill chunk in tokens")
 	fs.DurationVar(&f.ReadHeaderTimeout, "read-header-timeout", 10*time.Second, "HTTP connections that have not sent their headers within this are closed")
 	fs.StringVar(&f.Instance, "instance", "", "identity token /health reports (the supervisor's per-start token)")
+	fs.DurationVar(&f.StopGrace, "stop-grace", 0, "time between SIGTERM and SIGKILL (the supervisor passes its --grace): requests in hand get all of it but 3s to finish (0: 5s)")
 	// Not in the usage text: tests only (routing and scheduling tests make
 	// one machine look like several of different speeds).
 	fs.Float64Var(&f.TestPrefillRate, "test-slow-prefill-tokens-per-sec", 0, "TEST ONLY: cap this runner's prefill at N tokens/s (0: off)")

@@ -30,7 +30,7 @@ func cmdSupervise(ctx context.Context, args []string) error {
 	useDefault := fs.Bool("default", false, "supervise "+config.DefaultPath+" if it exists, else the embedded one-host default")
 	host := fs.String("host", "", "this host's name in the cluster file (default: hostname, then a local address)")
 	listen := fs.String("listen", "", "API gateway address HOST:PORT (overrides [api] in the file)")
-	grace := fs.Duration("grace", 10*time.Second, "time runners get between SIGTERM and SIGKILL")
+	grace := fs.Duration("grace", 10*time.Second, "time runners get between SIGTERM and SIGKILL; their requests in hand get all of it but 3s to finish (passed as --stop-grace)")
 	liveness := fs.Duration("liveness", 10*time.Second, "restart a ready runner whose /health stays unanswered this long (negative: never; overrides [supervisor] liveness_timeout)")
 	livenessStart := fs.Duration("liveness-starting", 2*time.Minute, "the same before a runner's first ready answer (a loading runner answers 503, which counts; overrides [supervisor] liveness_starting_timeout)")
 	readHeader := fs.Duration("read-header-timeout", 10*time.Second, "API connections that have not sent their headers within this are closed")

@@ -29,6 +29,26 @@ const MaxHeaderBytes = 64 << 10
 // stop grace (10 s), so a cut request is answered before SIGKILL.
 const DefaultDrainGrace = 5 * time.Second
 
+// drainMargin is what a stopping runner keeps of its stop grace after
+// draining: a second for the cut handlers to answer, the HTTP server's
+// shutdown, the process's exit.
+const drainMargin = 3 * time.Second
+
+// DrainGraceFor is the drain of a runner that has stop between SIGTERM
+// and SIGKILL (the supervisor's --grace, passed as --stop-grace): all of
+// it but drainMargin, so a long generation gets what the operator gave,
+// and half of it when that is less than twice the margin. 0 (a runner
+// started by hand) is DefaultDrainGrace.
+func DrainGraceFor(stop time.Duration) time.Duration {
+	switch {
+	case stop <= 0:
+		return DefaultDrainGrace
+	case stop < 2*drainMargin:
+		return stop / 2
+	}
+	return stop - drainMargin
+}
+
 // Drain is a runner's shutdown state. Requests served through Handler run
 // under Context, not under the process's signal context, so a SIGTERM
 // does not cancel them: Stop refuses new work at once (503 ErrStopping;

@@ -197,3 +197,19 @@ func TestDrainPassesReads(t *testing.T) {
 		t.Fatalf("GET /v1/models while stopping: %d", resp.StatusCode)
 	}
 }
+
+// TestDrainGraceFor: a runner drains for the supervisor's grace less a
+// margin to answer and exit before SIGKILL; unknown (0) is the default.
+func TestDrainGraceFor(t *testing.T) {
+	for _, tt := range []struct{ stop, want time.Duration }{
+		{0, DefaultDrainGrace},
+		{10 * time.Second, 7 * time.Second},
+		{60 * time.Second, 57 * time.Second},
+		{4 * time.Second, 2 * time.Second},
+		{time.Second, 500 * time.Millisecond},
+	} {
+		if got := DrainGraceFor(tt.stop); got != tt.want {
+			t.Errorf("DrainGraceFor(%v) = %v, want %v", tt.stop, got, tt.want)
+		}
+	}
+}

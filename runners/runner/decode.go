@@ -118,7 +118,7 @@ func runDecode(ctx context.Context, c *Config, m *engine.Model, path string, sec
 	case <-ctx.Done():
 	case err2 = <-tensorDone:
 	}
-	gate.drain.Stop(openai.DefaultDrainGrace) // the requests in hand end before the server closes under them
+	gate.drain.Stop(openai.DrainGraceFor(c.StopGrace)) // the requests in hand end before the server closes under them
 	return err2
 }
 

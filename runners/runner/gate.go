@@ -119,7 +119,7 @@ func (g *loadGate) describe(body map[string]any) {
 // requests are refused with 503, those in hand finish or are cut with a
 // 503) and shuts down. Requests run under d's context, not ctx, so a
 // SIGTERM does not cut them. When it returns, l is closed.
-func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, d *openai.Drain, readHeader time.Duration, log *slog.Logger) error {
+func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, d *openai.Drain, drain, readHeader time.Duration, log *slog.Logger) error {
 	srv := &http.Server{Handler: d.Handler(h), ReadHeaderTimeout: readHeader, MaxHeaderBytes: openai.MaxHeaderBytes,
 		BaseContext: func(net.Listener) context.Context { return d.Context() }}
 	errc := make(chan error, 1)
@@ -129,7 +129,7 @@ func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, d *openai.Dr
 		return fmt.Errorf("http: %w", err)
 	case <-ctx.Done():
 	}
-	d.Stop(openai.DefaultDrainGrace)
+	d.Stop(drain)
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {

@@ -117,7 +117,9 @@ func TestRunnerHeaderBound(t *testing.T) {
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served.Add(1); w.WriteHeader(204) })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serveHTTP(ctx, l, h, openai.NewDrain(), 10*time.Second, slog.New(slog.DiscardHandler)) }()
+	go func() {
+		done <- serveHTTP(ctx, l, h, openai.NewDrain(), openai.DefaultDrainGrace, 10*time.Second, slog.New(slog.DiscardHandler))
+	}()
 	defer func() { cancel(); <-done }()
 	for _, tc := range []struct {
 		name  string

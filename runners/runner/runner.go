@@ -45,6 +45,10 @@ type Config struct {
 	MaxQueue, MaxBatch, Threads, Chunk                          int
 	Offline                                                     bool
 	ReadHeaderTimeout                                           time.Duration
+	// StopGrace is the time between SIGTERM and SIGKILL (--stop-grace,
+	// from the supervisor's --grace; 0: unknown): the drain takes all of it
+	// but a margin (openai.DrainGraceFor).
+	StopGrace time.Duration
 	// decode
 	Prefill        string // comma-separated KV-wire addresses (ADDR@A:B: a prefill stage)
 	PrefillHealth  string // comma-separated, in Prefill's order
@@ -106,7 +110,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	httpDone := make(chan error, 1)
-	go func() { httpDone <- serveHTTP(ctx, hl, gate, gate.drain, c.ReadHeaderTimeout, log) }()
+	go func() {
+		httpDone <- serveHTTP(ctx, hl, gate, gate.drain, openai.DrainGraceFor(c.StopGrace), c.ReadHeaderTimeout, log)
+	}()
 	log.Info("runner starting", "http", hl.Addr().String(), "source", c.Model)
 
 	tr, err := tensor.StartRunner(tensorConfig(c, secret, log))

@@ -52,6 +52,9 @@ type Spec struct {
 	// answered by another process on the same port (a second supervisor's
 	// runner, a stale one) is not this runner starting.
 	InstanceFlag string
+	// GraceFlag, when set (e.g. "--stop-grace"), is appended to Args with
+	// Options.Grace, so the child knows how long it may drain after SIGTERM.
+	GraceFlag string
 }
 
 // Options tune a Runner; zero fields take defaults.
@@ -333,6 +336,9 @@ func (r *Runner) runOnce(ctx context.Context) (fatal string, err error) {
 	if r.spec.InstanceFlag != "" {
 		token = newToken()
 		args = append(append([]string(nil), args...), r.spec.InstanceFlag, token)
+	}
+	if r.spec.GraceFlag != "" {
+		args = append(append([]string(nil), args...), r.spec.GraceFlag, r.opt.Grace.String())
 	}
 	r.mu.Lock()
 	r.token = token

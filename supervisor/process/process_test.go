@@ -313,3 +313,16 @@ func TestLastErrorIsKept(t *testing.T) {
 		t.Fatalf("LastError %q", got)
 	}
 }
+
+// TestGraceFlag: the child is told its grace between SIGTERM and SIGKILL,
+// so a runner drains for what the supervisor's --grace gives it.
+func TestGraceFlag(t *testing.T) {
+	spec, _ := fake(t, "serve")
+	spec.GraceFlag = "--stop-grace"
+	log, buf := logger()
+	r := Start(spec, Options{Logger: log, Grace: 7 * time.Second})
+	defer stop(t, r)
+	waitFor(t, "the grace in the child's output", func() bool {
+		return strings.Contains(buf.String(), "fake runner m: stop grace 7s")
+	})
+}

@@ -164,6 +164,8 @@ func (s *Set) spec(r config.Runner) process.Spec {
 		// exo runners echo --instance in /health: a runner is ready only
 		// if the process answering is the one this supervisor started.
 		InstanceFlag: "--instance",
+		// and they drain for the time the supervisor gives them (--grace).
+		GraceFlag: "--stop-grace",
 	}
 }
 

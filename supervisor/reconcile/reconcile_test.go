@@ -166,3 +166,13 @@ func envOf(env []string, key string) string {
 	}
 	return v
 }
+
+// TestSpecFlags: exo runners get --instance (a fresh token per start) and
+// --stop-grace (the supervisor's grace, for their drain).
+func TestSpecFlags(t *testing.T) {
+	s := New(Options{Executable: os.Args[0], StateDir: t.TempDir()})
+	sp := s.spec(config.Runner{Name: "m-decode", Host: "b", Role: config.Decode, Listen: "127.0.0.1:1"})
+	if sp.InstanceFlag != "--instance" || sp.GraceFlag != "--stop-grace" {
+		t.Errorf("instance flag %q, grace flag %q", sp.InstanceFlag, sp.GraceFlag)
+	}
+}

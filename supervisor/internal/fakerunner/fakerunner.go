@@ -80,6 +80,9 @@ func run(args []string) int {
 		mode = "serve"
 	}
 	fmt.Printf("fake runner %s %s pid %d mode %s on %s\n", served, role, os.Getpid(), mode, addr)
+	if g := flagValue(args, "--stop-grace"); g != "" {
+		fmt.Printf("fake runner %s: stop grace %s\n", served, g)
+	}
 	fmt.Fprintln(os.Stderr, "a line on stderr")
 	switch {
 	case strings.HasPrefix(mode, "fail:"):
