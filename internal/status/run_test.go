@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -84,5 +85,34 @@ func TestRun(t *testing.T) {
 				t.Errorf("%v: UsageError %v, want %v", err, !tt.usage, tt.usage)
 			}
 		})
+	}
+}
+
+// TestRunListenAddress: without --api, status asks the gateway where the
+// cluster file binds it: [api] listen when it names one address (the
+// gateway is not on 127.0.0.1 then), 127.0.0.1 when it binds them all.
+func TestRunListenAddress(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		t.Skipf("127.0.0.2 is not usable here: %v", err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"cluster":"lab","host":"spark"}`))
+	}))
+	srv.Listener.Close()
+	srv.Listener = l
+	srv.Start()
+	defer srv.Close()
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	for _, listen := range []string{"127.0.0.2"} {
+		p := filepath.Join(t.TempDir(), "cluster.toml")
+		src := "[cluster]\nname = \"lab\"\n\n[hosts.spark]\naddress = \"127.0.0.1\"\nbackend = \"cpu\"\n\n[api]\nlisten = \"" + listen + "\"\nport = " + port + "\n\n[[models]]\nname = \"m\"\nsource = \"org/m\"\ndecode = { hosts = [\"spark\"] }\n"
+		if err := os.WriteFile(p, []byte(src), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		if err := Run(context.Background(), &out, Options{Config: p, JSON: true}); err != nil || !strings.Contains(out.String(), `"host":"spark"`) {
+			t.Errorf("listen %s: %v\n%s", listen, err, out.String())
+		}
 	}
 }

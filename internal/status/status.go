@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"sort"
 	"strconv"
@@ -29,7 +30,8 @@ import (
 // Options are `exo status`'s flags.
 type Options struct {
 	// API is the supervisor's API URL; empty means the cluster file's
-	// port on 127.0.0.1, else config.DefaultAPIPort.
+	// port on its [api] listen address when that names one, else on
+	// 127.0.0.1; without a cluster file config.DefaultAPIPort.
 	API string
 	// Config is the cluster file naming the API port and key file; when
 	// it is config.DefaultPath a missing or unreadable file is no error.
@@ -60,11 +62,15 @@ func Run(ctx context.Context, out io.Writer, o Options) error {
 		}
 	}
 	if url == "" {
-		port := config.DefaultAPIPort
+		host, port := "127.0.0.1", config.DefaultAPIPort
 		if cerr == nil {
 			port = c.API.Port
+			// A gateway bound to one address answers only there.
+			if l := c.API.Listen; l != "" && !net.ParseIP(l).IsUnspecified() {
+				host = l
+			}
 		}
-		url = "http://127.0.0.1:" + strconv.Itoa(port)
+		url = "http://" + net.JoinHostPort(host, strconv.Itoa(port))
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
