@@ -275,7 +275,7 @@ func (c *Config) memory(host string, o PlaceOptions) StageMemory {
 	case o.Wait:
 		m.Source, m.Why = MemWaiting, "its supervisor has not reported its memory yet"
 	default:
-		m.Source, m.Why = MemUnknown, "not asked here (its supervisor reports it at run time)"
+		m.Source, m.Why = MemUnknown, "not asked here: its supervisor reports it at run time; memory_gib fixes it"
 	}
 	return m
 }

@@ -256,7 +256,7 @@ func TestPlaceReportedMemory(t *testing.T) {
 		{"b cannot tell: even", "", map[string]HostMemory{"a": rep(40 * gib), "b": {Err: "memory size unknown on this system"}}, true, []int{8, 8}, nil,
 			[]string{MemReported, MemUnknown}, "b unknown (its supervisor cannot tell: memory size unknown on this system); a host's memory is unknown, so the split is even"},
 		{"config check asks no peer: even", "", map[string]HostMemory{"a": rep(40 * gib)}, false, []int{8, 8}, nil,
-			[]string{MemReported, MemUnknown}, "b unknown (not asked here (its supervisor reports it at run time))"},
+			[]string{MemReported, MemUnknown}, "b unknown (not asked here: its supervisor reports it at run time; memory_gib fixes it)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
