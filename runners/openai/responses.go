@@ -39,6 +39,10 @@ type ResponsesRequest struct {
 	Tools              []ResponsesTool `json:"tools,omitempty"`
 	Text               *ResponsesText  `json:"text,omitempty"`
 	PreviousResponseID *string         `json:"previous_response_id,omitempty"`
+	// Truncation and Include are taken at their defaults only ("disabled",
+	// empty); other values are refused by name.
+	Truncation *string  `json:"truncation,omitempty"`
+	Include    []string `json:"include,omitempty"`
 }
 
 // ResponsesTool is a function tool of the Responses API (flat, unlike
@@ -178,6 +182,10 @@ func (h *Handler) convertResponses(r *ResponsesRequest) (*gen.Request, *Error) {
 		return nil, Errorf("store", "store: true is not supported: this server stores no responses")
 	case r.PreviousResponseID != nil:
 		return nil, Errorf("previous_response_id", "previous_response_id is not supported: this server stores no responses; send the whole conversation as input")
+	case r.Truncation != nil && *r.Truncation != "disabled":
+		return nil, Errorf("truncation", "truncation %q is not supported: a prompt over the context is a 400, never cut", *r.Truncation)
+	case len(r.Include) > 0:
+		return nil, Errorf("include", "include %q is not supported by this server", r.Include)
 	case !r.Input.Set:
 		return nil, Errorf("input", "input is required")
 	}

@@ -46,6 +46,8 @@ func TestResponsesConversionAndErrors(t *testing.T) {
 		{`{"model":"tiny","input":"x","store":true}`, "store"},
 		{`{"model":"tiny","input":"x","previous_response_id":"resp_1"}`, "previous_response_id"},
 		{`{"model":"tiny","input":"x","reasoning":{"effort":"low"}}`, "reasoning"},
+		{`{"model":"tiny","input":"x","truncation":"auto"}`, "truncation"},
+		{`{"model":"tiny","input":"x","include":["message.output_text.logprobs"]}`, "include"},
 		{`{"model":"tiny","input":"x","text":{"format":{"type":"json_object"}}}`, "text.format"}, // without AcceptTools
 		{`{"model":"tiny","input":"x","text":{"format":{"type":"json_schema"}}}`, "text.format.schema"},
 		{`{"model":"tiny","input":"x","text":{"format":{"type":"xml"}}}`, "text.format.type"},
@@ -256,5 +258,15 @@ func TestResponsesTextFormat(t *testing.T) {
 	resp, body = post(t, srv.URL+"/v1/responses", `{"model":"tiny","input":"hi","text":{"format":{"type":"json_schema","name":"p"}}}`)
 	if resp.StatusCode != 400 || !strings.Contains(body, `"param":"text.format.schema"`) {
 		t.Fatalf("a json_schema format without schema: %d %s", resp.StatusCode, body)
+	}
+}
+
+// TestResponsesDefaultsAccepted: truncation "disabled" and an empty
+// include are the API's defaults: they ask for nothing and are served.
+func TestResponsesDefaultsAccepted(t *testing.T) {
+	srv, _ := newTestServer(t, &scriptGen{pieces: []string{"ok"}, finish: "stop"})
+	resp, body := post(t, srv.URL+"/v1/responses", `{"model":"tiny","input":"hi","truncation":"disabled","include":[]}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
 }
