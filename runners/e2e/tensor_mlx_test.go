@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/exo-pd/exo-pd/internal/testutil"
+	"github.com/exo-pd/exo-pd/runners/stage"
 	"github.com/exo-pd/exo-pd/runners/tensor"
 )
 
@@ -43,7 +44,8 @@ func TestTensorParallelTinyMLX(t *testing.T) {
 // (runners/engine/mlx TestDistributedPeerLost): rank 0's step may stay in
 // the ring all_sum for good, so the tensor link's loss ends the call in
 // hand (the step left behind) and the runner leaves with syscall.Exit
-// once its requests have their error events. By hand (EXO_MLXC_PATH).
+// (status stage.ExitGroupLost, as a lost pipeline stage) once its
+// requests have their error events. By hand (EXO_MLXC_PATH).
 func TestTensorParallelTinyMLXLostRank(t *testing.T) {
 	mlx := mlxRunner(t)
 	g := startTensor(t, tinyModel(t, "main-long"), 2, mlx...)
@@ -52,6 +54,9 @@ func TestTensorParallelTinyMLXLostRank(t *testing.T) {
 	case <-g.ranks[0].done:
 	case <-time.After(60 * time.Second):
 		t.Fatalf("rank 0 on MLX still runs 60 s after rank 1 died:\n%s", g.ranks[0].logs())
+	}
+	if code := g.ranks[0].cmd.ProcessState.ExitCode(); code != stage.ExitGroupLost {
+		t.Errorf("rank 0 exited with status %d, want %d (its MLX group lost):\n%s", code, stage.ExitGroupLost, g.ranks[0].logs())
 	}
 }
 

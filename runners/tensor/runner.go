@@ -12,6 +12,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/decode"
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/prefill"
+	"github.com/exo-pd/exo-pd/runners/stage"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -216,7 +217,9 @@ func (t *Runner) ServeFollower(ctx context.Context, m *engine.Model, reg prometh
 // (which closes the model on that thread) would never return. Rank 0's
 // requests in hand have been failed by the group (their error events
 // written); the process leaves once running (nil: none) says they are
-// gone, within 5 s, and the supervisor restarts every rank.
+// gone, within 5 s, and the supervisor restarts every rank. It exits with
+// stage.ExitGroupLost (3), as a pipeline stage whose group was lost does,
+// so that supervisors and operators tell a lost group from a failure.
 func ExitMLXGroup(err error, running func() int, log *slog.Logger) {
 	log.Error("tensor group on MLX lost a rank: exiting so that every rank restarts", "err", err)
 	deadline := time.Now().Add(5 * time.Second)
@@ -226,7 +229,7 @@ func ExitMLXGroup(err error, running func() int, log *slog.Logger) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	syscall.Exit(1)
+	syscall.Exit(stage.ExitGroupLost)
 }
 
 // RemoteConfig is decode.RemoteConfig for a rank: a tensor-parallel rank
