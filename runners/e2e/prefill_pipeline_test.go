@@ -282,3 +282,38 @@ func TestPrefillGroupsIntoOneRunner(t *testing.T) {
 		t.Errorf("with group 0 dead the runner counts %v remote prefills ok, want %v (group 1's)\n%s", n, ok+1, tail(d.logs(), 3000))
 	}
 }
+
+// TestPrefillPipelineIntoTensorDecode: a 2-stage prefill pipeline of real
+// processes fills a 2-rank tensor decode group (each rank told the stages
+// as `--prefill ADDR@A:B,…`): every rank asks every prefill stage for that
+// stage's layers of its own KV heads, at once, and the group answers as a
+// one-process runner with local prefill does (two turns and a seeded
+// request, each filled remotely); each prefill stage served each rank's
+// heads of every fill.
+func TestPrefillPipelineIntoTensorDecode(t *testing.T) {
+	model := tinyModel(t, "other") // 3 layers
+	bounds := []int{0, 1, 3}
+	base := testutil.Ports(t, 6)
+	links := []string{fmt.Sprintf("127.0.0.1:%d", base), fmt.Sprintf("127.0.0.1:%d", base+1)}
+	var pst []*proc
+	for i := range 2 {
+		pst = append(pst, launchPrefillStage(t, "ptd", model, i, bounds, links,
+			fmt.Sprintf("127.0.0.1:%d", base+2+2*i), fmt.Sprintf("127.0.0.1:%d", base+3+2*i)))
+	}
+	waitHealthy(t, pst...)
+	ref := start(t, "ptd-ref", "decode", "--model", model)
+	list := fmt.Sprintf("%s@0:1,%s@1:3", pst[0].listen, pst[1].listen)
+	g := startTensor(t, model, 2, "--prefill", list, "--remote-prefill-route", "floor")
+	checkRemoteEqualsLocal(t, "2-stage prefill into a 2-rank tensor decode group", g.ranks[0], ref, 700)
+	for i, p := range pst {
+		served := map[string]int{}
+		for _, msg := range []string{"prefill served", "prefill served (followed a request computing the same prompt)"} {
+			for _, r := range p.records(msg) {
+				served[r["kv_heads"]]++
+			}
+		}
+		if served["0:1"] != 3 || served["1:2"] != 3 || len(served) != 2 {
+			t.Errorf("prefill stage %d served kv heads %v, want 0:1 and 1:2 three times each", i, served)
+		}
+	}
+}

@@ -328,8 +328,8 @@ func (c *Config) Place(facts FactsFunc, localHost string, localMem int64) ([]Pla
 // PlaceWith decides every pipeline's split from the model's facts and the
 // hosts' memory, and refuses what cannot run: a split that does not fit,
 // layers that do not sum to the model's, a tensor group whose size does not
-// divide the model's heads or MLP widths or whose ranks do not fit, and (not
-// supported yet) a pipeline prefill beside a tensor decode. Errors carry the decode/prefill key's file:line:column.
+// divide the model's heads or MLP widths or whose ranks do not fit. Errors
+// carry the decode/prefill key's file:line:column.
 //
 // A stage host's memory is memory_gib, else UsableBytes of the physical
 // memory its supervisor reported (o.Reported), else unknown; the split is
@@ -390,12 +390,6 @@ func (c *Config) PlaceWith(facts FactsFunc, o PlaceOptions) ([]Placement, error)
 					continue
 				}
 				out = append(out, pl)
-				continue
-			}
-			if rr.role == Prefill && m.Decode != nil && m.Decode.Shard == ShardTensor {
-				// A tensor rank asks whole prefill runners for its KV heads;
-				// the stages' range requests carry no head range.
-				bad(c.at("models", i, rr.role, "shard"), "model %s: prefill.shard \"pipeline\" with decode.shard \"tensor\" is not supported (tensor ranks fetch their KV heads from whole prefill runners: leave prefill's shard out, or pipeline the decode)", m.Name)
 				continue
 			}
 			if m0name, m := m.Name, r.StageRanks(); m > 1 && f != nil {

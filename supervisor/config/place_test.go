@@ -186,16 +186,53 @@ decode = { hosts = ["a", "b"], shard = "tensor" }
 		return strings.Split(err.Error(), "\n")
 	}
 
-	// Heads that 2 ranks cannot divide, and a pipeline prefill beside tensor
-	// ranks: both refused.
+	// Heads that 2 ranks cannot divide: refused.
 	c := parse(`prefill = { hosts = ["a", "c"], shard = "pipeline" }`)
 	_, err := c.Place(smol, "a", 0)
 	want := []string{
 		`f.toml:19:12: model m: decode.shard "tensor": 2 hosts: num_attention_heads 9 is not divisible by 2; num_key_value_heads 3 is not divisible by 2; host counts that would: 3`,
-		`f.toml:20:33: model m: prefill.shard "pipeline" with decode.shard "tensor" is not supported (tensor ranks fetch their KV heads from whole prefill runners: leave prefill's shard out, or pipeline the decode)`,
 	}
 	if !slices.Equal(errs(err), want) {
 		t.Errorf("Place: %v\nwant %s", err, strings.Join(want, "\n"))
+	}
+	// A pipeline prefill beside tensor ranks (it was refused): every rank
+	// gets the same --prefill list, each stage's KV port and its layers.
+	c = parse(`prefill = { hosts = ["a", "c"], shard = "pipeline" }`)
+	if _, err = c.Place(even, "a", 0); err != nil {
+		t.Fatalf("tensor decode with a pipeline prefill: %v", err)
+	}
+	var lists []string
+	for _, h := range []string{"a", "b"} {
+		for _, r := range c.Runners(h) {
+			if r.Role != Decode {
+				continue
+			}
+			lists = append(lists, strings.Join(r.Prefill, ","))
+		}
+	}
+	if len(lists) != 2 || lists[0] != lists[1] || strings.Count(lists[0], "@") != 2 || !strings.Contains(lists[0], "@0:") {
+		t.Errorf("tensor ranks beside a 2-stage prefill pipeline got --prefill %q, want the same two ADDR@A:B entries each", lists)
+	}
+	// With two prefill groups every rank gets the groups in one order (a
+	// tensor decode is one replica: its ranks prefer the same group).
+	c = parse(`prefill = { groups = [["a", "c"], ["b", "d"]], shard = "pipeline" }
+
+[hosts.d]
+address = "127.0.0.5"
+backend = "cpu"`)
+	if _, err = c.Place(even, "a", 0); err != nil {
+		t.Fatalf("tensor decode with two prefill pipeline groups: %v", err)
+	}
+	lists = nil
+	for _, h := range []string{"a", "b"} {
+		for _, r := range c.Runners(h) {
+			if r.Role == Decode {
+				lists = append(lists, strings.Join(r.Prefill, ","))
+			}
+		}
+	}
+	if len(lists) != 2 || lists[0] != lists[1] || strings.Count(lists[0], "@") != 4 {
+		t.Errorf("tensor ranks beside two prefill pipeline groups got --prefill %q, want the same four ADDR@A:B entries each", lists)
 	}
 	// Prefill runners beside a tensor decode: every rank gets --prefill.
 	c = parse(`prefill = { hosts = ["c"] }`)

@@ -515,6 +515,9 @@ func (c *Config) AllRunners() []Runner {
 					if stages != nil {
 						k = g // every stage of a decode group: the same order
 					}
+					if peers != nil {
+						k = 0 // every rank of a tensor decode (one replica): the same order
+					}
 					ru.Prefill = prefillFor(k)
 					ru.PrefillHealth = slices.Clone(health)
 					ru.RemotePrefillMinTokens = m.RemotePrefillMinTokens

@@ -88,9 +88,6 @@ func TestPrefillPipelineRefused(t *testing.T) {
 	tests := []struct {
 		name, model, extra, want string
 	}{
-		{"beside a tensor decode", `decode = { hosts = ["a", "b"], shard = "tensor" }
-prefill = { hosts = ["b", "c"], shard = "pipeline" }`, "",
-			`f.toml:20:33: model m: prefill.shard "pipeline" with decode.shard "tensor" is not supported`},
 		{"stage link port taken", `decode = { hosts = ["c"] }
 prefill = { hosts = ["a", "b"], shard = "pipeline", layers = [4, 4] }`, `
 [[models]]
