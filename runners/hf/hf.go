@@ -66,7 +66,7 @@ var (
 	// not exist.
 	ErrUnauthorized = errors.New("hf: unauthorized (gated or private repository, or no such repository; for gated ones accept the terms on its page and set HF_TOKEN)")
 	// ErrNotInStore: offline mode and the model is not in the store.
-	ErrNotInStore = errors.New("hf: model not in the local store (offline)")
+	ErrNotInStore = errors.New("hf: model not in the local store")
 	// ErrNoSpace: the store's filesystem cannot hold the model.
 	ErrNoSpace = errors.New("not enough free disk space for the model")
 	// ErrChecksum: a downloaded file did not match its size or hash, even after re-fetching.
@@ -228,9 +228,14 @@ func Resolve(ctx context.Context, source string, o Options) (string, error) {
 		return "", err
 	}
 	if c.opts.offline() {
-		return "", fmt.Errorf("%s: %w", ref, ErrNotInStore)
+		return "", offlineErr(ref, ErrNotInStore)
 	}
 	return c.pull(ctx, ref)
+}
+
+// offlineErr is err for ref in offline mode, with what fixes it.
+func offlineErr(ref Ref, err error) error {
+	return fmt.Errorf("%s: %w (offline: nothing is downloaded; run `exo model pull %s` where the Hub is reachable, into this store)", ref, err, ref)
 }
 
 // Pull asks the Hub for the current commit of ref and makes sure that
@@ -245,7 +250,7 @@ func Pull(ctx context.Context, ref Ref, o Options) (string, error) {
 	if c.opts.offline() {
 		p, err := c.store.lookup(ref, c.opts.Layers)
 		if err != nil {
-			return "", fmt.Errorf("%s: %w", ref, err)
+			return "", offlineErr(ref, err)
 		}
 		return p, nil
 	}

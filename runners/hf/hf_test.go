@@ -410,8 +410,8 @@ func TestOffline(t *testing.T) {
 			t.Errorf("offline Resolve(%s) = %q, %v; want %q", src, p, err, dir)
 		}
 	}
-	if _, err := Resolve(context.Background(), "org/other", o); !errors.Is(err, ErrNotInStore) {
-		t.Errorf("offline Resolve of an absent model: %v, want ErrNotInStore", err)
+	if _, err := Resolve(context.Background(), "org/other", o); !errors.Is(err, ErrNotInStore) || !strings.Contains(err.Error(), "exo model pull org/other") {
+		t.Errorf("offline Resolve of an absent model: %v, want ErrNotInStore with the pull that fixes it", err)
 	}
 	if _, err := Resolve(context.Background(), "org/tiny@v2", o); !errors.Is(err, ErrNotInStore) {
 		t.Errorf("offline Resolve of an unknown revision: %v, want ErrNotInStore", err)
@@ -505,7 +505,8 @@ func TestRemove(t *testing.T) {
 	if ms, _ := List(o); len(ms) != 0 {
 		t.Fatalf("after Remove, List = %v", ms)
 	}
-	if err := Remove(context.Background(), "org/tiny", o); !errors.Is(err, ErrNotInStore) {
+	// Not "offline": nothing was asked of the Hub.
+	if err := Remove(context.Background(), "org/tiny", o); !errors.Is(err, ErrNotInStore) || strings.Contains(err.Error(), "offline") {
 		t.Fatalf("second Remove: %v, want ErrNotInStore", err)
 	}
 }
