@@ -71,7 +71,7 @@ func (a *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if ok {
 			msg = "invalid API key"
 		}
-		APIError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", msg)
+		APIError(w, r, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", msg)
 		return
 	}
 	a.next.ServeHTTP(w, r)

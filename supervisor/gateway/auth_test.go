@@ -31,6 +31,9 @@ func TestAuth(t *testing.T) {
 		{"metrics not open here", keyed, "/metrics", "", 401, "missing API key"},
 		{"x-api-key (Anthropic clients)", keyed, "/v1/messages", "x-api-key s3cret", 200, "served"},
 		{"wrong x-api-key", keyed, "/v1/messages", "x-api-key nope", 401, "invalid API key"},
+		{"Anthropic's shape on /v1/messages", keyed, "/v1/messages", "", 401, `{"error":{"message":"missing API key`},
+		{"Anthropic's error type", keyed, "/v1/messages", "x-api-key nope", 401, `"type":"authentication_error"},"type":"error"}`},
+		{"OpenAI's shape elsewhere", keyed, "/v1/chat/completions", "", 401, `"code":"invalid_api_key"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -306,26 +306,73 @@ func (g *Gateway) markDown(addr, why string) {
 	g.mu.Unlock()
 }
 
-// Handler serves /v1/models, /v1/models/{id}, /health and forwards the
-// rest of /v1/ and POST /tokenize to decode runners.
+// ForwardedPaths are the POST routes the gateway forwards to decode
+// runners, routed by the body's "model": the generation APIs and the
+// vLLM-shaped tokenizer endpoints (exo bench builds token-exact prompts
+// with them). Any other path is the gateway's own JSON 404.
+var ForwardedPaths = []string{
+	"/v1/chat/completions", "/v1/completions", "/v1/responses",
+	"/v1/messages", "/v1/messages/count_tokens",
+	"/tokenize", "/detokenize",
+}
+
+// Handler serves /v1/models, /v1/models/{id}, /health and forwards
+// ForwardedPaths to decode runners. A path it does not serve is a 404 and
+// a known path with the wrong method a 405 with Allow, both JSON in the
+// shape of the API the path belongs to (not net/http's plain text).
 func (g *Gateway) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/models", g.models)
 	mux.HandleFunc("GET /v1/models/{id...}", g.model)
 	mux.HandleFunc("GET /health", g.healthz)
-	mux.HandleFunc("POST /v1/", g.forward)
-	// vLLM-shaped tokenizer endpoint of the decode runners (exo bench
-	// builds token-exact prompts with it); routed by "model" like /v1/.
-	mux.HandleFunc("POST /tokenize", g.forward)
-	mux.HandleFunc("POST /detokenize", g.forward)
+	for _, p := range ForwardedPaths {
+		mux.HandleFunc("POST "+p, g.forward)
+	}
 	// The Responses API's retrieval routes: nothing is stored, say so.
 	mux.HandleFunc("GET /v1/responses/{id}", g.notStored)
 	mux.HandleFunc("DELETE /v1/responses/{id}", g.notStored)
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h, pattern := mux.Handler(r)
+		if pattern != "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		// No route: ask the mux what it would answer (404, or 405 with
+		// the methods it allows), and say it in JSON.
+		probe := &statusProbe{header: http.Header{}}
+		h.ServeHTTP(probe, r)
+		if probe.code == http.StatusMethodNotAllowed {
+			allow := probe.header.Get("Allow")
+			w.Header().Set("Allow", allow)
+			APIError(w, r, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
+				fmt.Sprintf("method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow))
+			return
+		}
+		APIError(w, r, http.StatusNotFound, "invalid_request_error", "not_found",
+			fmt.Sprintf("no route %s %s on this server", r.Method, r.URL.Path))
+	})
+}
+
+// statusProbe records the status and headers a handler writes and drops
+// its body.
+type statusProbe struct {
+	header http.Header
+	code   int
+}
+
+func (p *statusProbe) Header() http.Header { return p.header }
+func (p *statusProbe) WriteHeader(code int) {
+	if p.code == 0 {
+		p.code = code
+	}
+}
+func (p *statusProbe) Write(b []byte) (int, error) {
+	p.WriteHeader(http.StatusOK)
+	return len(b), nil
 }
 
 func (g *Gateway) notStored(w http.ResponseWriter, r *http.Request) {
-	APIError(w, http.StatusNotFound, "invalid_request_error", "not_found",
+	APIError(w, r, http.StatusNotFound, "invalid_request_error", "not_found",
 		fmt.Sprintf("response %q not found: this server stores no responses (send the whole conversation as input)", r.PathValue("id")))
 }
 
@@ -403,7 +450,7 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	g.unknownModel(w, id)
+	g.unknownModel(w, r, id)
 }
 
 func (g *Gateway) healthz(w http.ResponseWriter, r *http.Request) {
@@ -424,9 +471,45 @@ func (g *Gateway) healthz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"status": status, "host": s.host, "models": models})
 }
 
-// APIError writes an OpenAI-style error.
-func APIError(w http.ResponseWriter, code int, typ, errCode, msg string) {
+// APIError writes the gateway's own error in the shape of the API the
+// request speaks: Anthropic's {"type":"error","error":{"type","message"}}
+// on /v1/messages (its type from the status, so that Anthropic's SDKs
+// raise the matching exception), OpenAI's {"error":{"message","type",
+// "code","param"}} everywhere else.
+func APIError(w http.ResponseWriter, r *http.Request, code int, typ, errCode, msg string) {
+	if IsAnthropic(r.URL.Path) {
+		writeJSON(w, code, map[string]any{"type": "error", "error": map[string]any{"type": anthropicType(code), "message": msg}})
+		return
+	}
 	writeJSON(w, code, map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": errCode, "param": nil}})
+}
+
+// IsAnthropic reports whether path is one of Anthropic's Messages API routes.
+func IsAnthropic(path string) bool {
+	return path == "/v1/messages" || strings.HasPrefix(path, "/v1/messages/")
+}
+
+// anthropicType is Anthropic's error type for an HTTP status, as its API
+// documents them (and as runners/anthropic maps its own errors).
+func anthropicType(code int) string {
+	switch code {
+	case http.StatusUnauthorized:
+		return "authentication_error"
+	case http.StatusForbidden:
+		return "permission_error"
+	case http.StatusNotFound:
+		return "not_found_error"
+	case http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case http.StatusServiceUnavailable, 529:
+		return "overloaded_error"
+	}
+	if code >= 400 && code < 500 {
+		return "invalid_request_error"
+	}
+	return "api_error"
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -435,8 +518,8 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func (g *Gateway) unknownModel(w http.ResponseWriter, name string) {
-	APIError(w, http.StatusNotFound, "invalid_request_error", "model_not_found",
+func (g *Gateway) unknownModel(w http.ResponseWriter, r *http.Request, name string) {
+	APIError(w, r, http.StatusNotFound, "invalid_request_error", "model_not_found",
 		fmt.Sprintf("model %q is not served by this cluster (models: %s)", name, strings.Join(g.snap.Load().models, ", ")))
 }
 
@@ -448,31 +531,45 @@ var hopByHop = map[string]bool{
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
 	if err != nil {
-		APIError(w, http.StatusBadRequest, "invalid_request_error", "bad_body", "reading request body: "+err.Error())
+		APIError(w, r, http.StatusBadRequest, "invalid_request_error", "bad_body", "reading request body: "+err.Error())
 		return
 	}
 	if len(body) > MaxBody {
-		APIError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large", fmt.Sprintf("request body over %d bytes", MaxBody))
+		APIError(w, r, http.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large", fmt.Sprintf("request body over %d bytes", MaxBody))
 		return
 	}
 	var req struct {
 		Model string `json:"model"`
 	}
+	if !json.Valid(body) {
+		APIError(w, r, http.StatusBadRequest, "invalid_request_error", "invalid_json", "request body is not JSON: "+jsonSyntax(body))
+		return
+	}
+	if t := bytes.TrimSpace(body); len(t) == 0 || t[0] != '{' {
+		APIError(w, r, http.StatusBadRequest, "invalid_request_error", "invalid_json",
+			fmt.Sprintf("request body must be a JSON object, got %s", jsonKind(t)))
+		return
+	}
 	if err := json.Unmarshal(body, &req); err != nil {
-		APIError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "request body is not JSON: "+err.Error())
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field == "model" {
+			APIError(w, r, http.StatusBadRequest, "invalid_request_error", "invalid_model", `"model" must be a string, got `+te.Value)
+			return
+		}
+		APIError(w, r, http.StatusBadRequest, "invalid_request_error", "invalid_json", "request body is not valid: "+err.Error())
 		return
 	}
 	if req.Model == "" {
-		APIError(w, http.StatusBadRequest, "invalid_request_error", "missing_model", `request has no "model"`)
+		APIError(w, r, http.StatusBadRequest, "invalid_request_error", "missing_model", `request has no "model"`)
 		return
 	}
 	if snap := g.snap.Load(); len(snap.backends[req.Model]) == 0 {
 		if why, ok := snap.unplaced[req.Model]; ok {
 			w.Header().Set("Retry-After", "5")
-			APIError(w, http.StatusServiceUnavailable, "server_error", "not_placed", fmt.Sprintf("model %q: %s", req.Model, why))
+			APIError(w, r, http.StatusServiceUnavailable, "server_error", "not_placed", fmt.Sprintf("model %q: %s", req.Model, why))
 			return
 		}
-		g.unknownModel(w, req.Model)
+		g.unknownModel(w, r, req.Model)
 		return
 	}
 	cands, reasons := g.candidates(req.Model)
@@ -522,8 +619,33 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Retry-After", "1")
-	APIError(w, http.StatusServiceUnavailable, "server_error", "no_healthy_runner",
+	APIError(w, r, http.StatusServiceUnavailable, "server_error", "no_healthy_runner",
 		fmt.Sprintf("no healthy decode runner for model %q: %s", req.Model, strings.Join(reasons, "; ")))
+}
+
+// jsonSyntax describes why body is not JSON, without Go's type names.
+func jsonSyntax(body []byte) string {
+	var v any
+	err := json.Unmarshal(body, &v)
+	if err == nil {
+		return "invalid JSON"
+	}
+	return strings.TrimPrefix(err.Error(), "json: ")
+}
+
+// jsonKind names the kind of JSON value t starts (t is valid JSON).
+func jsonKind(t []byte) string {
+	switch t[0] {
+	case '[':
+		return "an array"
+	case '"':
+		return "a string"
+	case 'n':
+		return "null"
+	case 't', 'f':
+		return "a boolean"
+	}
+	return "a number"
 }
 
 // upstream is a runner's answer as far as the gateway has read it before

@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -474,5 +476,121 @@ func TestDetokenizeIsForwarded(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || resp.Header.Get("X-Exo-Runner") != "a/m-decode" {
 		t.Fatalf("status %d %v", resp.StatusCode, resp.Header)
+	}
+}
+
+// TestOwnErrorsInTheAPIsShape: what the gateway answers itself (bad body,
+// unknown model, no runner, unknown path, wrong method) is JSON in the
+// shape of the API the path belongs to: Anthropic's on /v1/messages (its
+// type from the status, which Anthropic's SDKs pick the exception by),
+// OpenAI's elsewhere; never Go type names, never net/http's plain text.
+func TestOwnErrorsInTheAPIsShape(t *testing.T) {
+	_, srv, _, _ := cluster(t, "a")
+	tests := []struct {
+		name, method, path, body string
+		status                   int
+		typ                      string // Anthropic: error.type; OpenAI: error.code
+		msg                      string // the message contains it
+		allow                    string
+	}{
+		{"messages: array body", "POST", "/v1/messages", `[{"model":"m"}]`, 400, "invalid_request_error", "must be a JSON object, got an array", ""},
+		{"messages: not JSON", "POST", "/v1/messages", `{"model":`, 400, "invalid_request_error", "request body is not JSON", ""},
+		{"messages: model not a string", "POST", "/v1/messages", `{"model":5}`, 400, "invalid_request_error", `"model" must be a string, got number`, ""},
+		{"messages: no model", "POST", "/v1/messages", `{"max_tokens":1}`, 400, "invalid_request_error", `request has no "model"`, ""},
+		{"messages: unknown model", "POST", "/v1/messages", `{"model":"gpt-5"}`, 404, "not_found_error", `model "gpt-5" is not served`, ""},
+		{"messages: no healthy runner", "POST", "/v1/messages", `{"model":"nobody"}`, 503, "overloaded_error", `no healthy decode runner for model "nobody"`, ""},
+		{"count_tokens: unknown model", "POST", "/v1/messages/count_tokens", `{"model":"gpt-5"}`, 404, "not_found_error", `model "gpt-5"`, ""},
+		{"messages: wrong method", "GET", "/v1/messages", ``, 405, "invalid_request_error", "method GET is not allowed on /v1/messages", "POST"},
+		{"messages: unknown sub-path", "POST", "/v1/messages/batches", `{"model":"m"}`, 404, "not_found_error", "no route POST /v1/messages/batches", ""},
+		{"chat: array body", "POST", "/v1/chat/completions", `[]`, 400, "invalid_json", "must be a JSON object, got an array", ""},
+		{"chat: null body", "POST", "/v1/chat/completions", `null`, 400, "invalid_json", "must be a JSON object, got null", ""},
+		{"chat: wrong method", "GET", "/v1/chat/completions", ``, 405, "method_not_allowed", "allowed: POST", "POST"},
+		{"models: wrong method", "POST", "/v1/models", `{}`, 405, "method_not_allowed", "method POST is not allowed on /v1/models", "GET, HEAD"},
+		{"unknown /v1 path", "POST", "/v1/embeddings", `{"model":"m"}`, 404, "not_found", "no route POST /v1/embeddings", ""},
+		{"unknown path", "GET", "/nope", ``, 404, "not_found", "no route GET /nope", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req, _ := http.NewRequest(tt.method, srv.URL+tt.path, strings.NewReader(tt.body))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			raw, _ := io.ReadAll(resp.Body)
+			var v map[string]any
+			if err := json.Unmarshal(raw, &v); err != nil {
+				t.Fatalf("%d %q: not JSON: %v", resp.StatusCode, raw, err)
+			}
+			if resp.StatusCode != tt.status || resp.Header.Get("Content-Type") != "application/json" {
+				t.Errorf("status %d %s, want %d application/json", resp.StatusCode, resp.Header.Get("Content-Type"), tt.status)
+			}
+			if got := resp.Header.Get("Allow"); got != tt.allow {
+				t.Errorf("Allow %q, want %q", got, tt.allow)
+			}
+			e, _ := v["error"].(map[string]any)
+			var typ string
+			if IsAnthropic(tt.path) {
+				if v["type"] != "error" || len(v) != 2 || len(e) != 2 {
+					t.Errorf("not Anthropic's error shape: %s", raw)
+				}
+				typ, _ = e["type"].(string)
+			} else {
+				if _, ok := v["type"]; ok || e["param"] != nil || e["type"] == nil {
+					t.Errorf("not OpenAI's error shape: %s", raw)
+				}
+				typ, _ = e["code"].(string)
+			}
+			msg, _ := e["message"].(string)
+			if typ != tt.typ || !strings.Contains(msg, tt.msg) {
+				t.Errorf("type/code %q message %q; want %q containing %q", typ, msg, tt.typ, tt.msg)
+			}
+			if strings.Contains(msg, "Go ") || strings.Contains(msg, "struct") {
+				t.Errorf("message shows Go types: %q", msg)
+			}
+		})
+	}
+}
+
+// TestAnthropicSDKRaisesOnOwnErrors: the official anthropic client raises
+// the exception class that matches each of the gateway's own errors (it
+// picks it by status; the error's type is the API's for that status).
+// Skips where python3 cannot import anthropic.
+func TestAnthropicSDKRaisesOnOwnErrors(t *testing.T) {
+	if exec.Command("python3", "-c", "import anthropic").Run() != nil {
+		t.Skip("python3 cannot import anthropic")
+	}
+	g, _, _, _ := cluster(t, "a")
+	srv := httptest.NewServer(NewAuth(g.Handler(), []byte("sk-key"), nil))
+	t.Cleanup(srv.Close)
+	out, err := exec.Command("python3", filepath.Join("testdata", "anthropic_errors.py"), srv.URL, "sk-key").Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("anthropic client: %v\n%s", err, stderr)
+	}
+	t.Logf("anthropic client: %s", out)
+	type result struct {
+		Class, Type string
+		Status      int
+	}
+	var got map[string]result
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("%s: %v", out, err)
+	}
+	want := map[string]result{
+		"wrong_key":     {"AuthenticationError", "authentication_error", 401},
+		"unknown_model": {"NotFoundError", "not_found_error", 404},
+		"no_runner":     {"ServiceUnavailableError", "overloaded_error", 503},
+		"array_body":    {"BadRequestError", "invalid_request_error", 400},
+		"unknown_path":  {"NotFoundError", "not_found_error", 404},
+		"wrong_method":  {"APIStatusError", "invalid_request_error", 405},
+	}
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("%s: got %+v, want %+v", k, got[k], w)
+		}
 	}
 }
