@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/exo-pd/exo-pd/internal/testutil"
 )
 
 func tokens(n int) []int32 {
@@ -671,4 +673,63 @@ func (s *notifySink) Chunk(layer, start, n int, k, v []byte) error {
 	err := s.recordSink.Chunk(layer, start, n, k, v)
 	s.once.Do(s.onChunk)
 	return err
+}
+
+// TestServerDrain: with DrainGrace, a server whose context ends stops
+// accepting at once but lets the transfer in hand finish (a prefill
+// runner's SIGTERM on a reload no longer throws away a prompt half
+// prefilled); Serve returns once it has.
+func TestServerDrain(t *testing.T) {
+	m := smallModel()
+	started, release := make(chan struct{}), make(chan struct{})
+	full := m.producer()
+	p := ProducerFunc(func(ctx context.Context, r *Request, e *Emitter) error {
+		close(started)
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return full(ctx, r, e)
+	})
+	srv, err := NewServer(ServerConfig{Producer: p, DrainGrace: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, l) }()
+	fetched := make(chan error, 1)
+	sink := &recordSink{}
+	go func() {
+		_, err := NewClient(ClientConfig{}).Fetch(context.Background(), addr, &Request{Tokens: tokens(40)}, m.expect(), sink)
+		fetched <- err
+	}()
+	<-started
+	cancel()
+	// Accepting has stopped: a new connection is refused.
+	testutil.Eventually(t, func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	}, 10*time.Second, "the listener still accepts")
+	select {
+	case err := <-served:
+		t.Fatalf("Serve returned (%v) with a transfer in hand", err)
+	default:
+	}
+	close(release)
+	if err := <-fetched; err != nil || sink.rollbacks != 0 {
+		t.Fatalf("the transfer in hand: %v, rollbacks %d", err, sink.rollbacks)
+	}
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
 }

@@ -68,6 +68,10 @@ type ServerConfig struct {
 	Limits     Limits
 	// HandshakeTimeout bounds Hello + auth + Request (default 10 s).
 	HandshakeTimeout time.Duration
+	// DrainGrace: when Serve's context ends, accepting stops at once and
+	// the connections in hand get this long to finish before they are cut
+	// (0: cut at once).
+	DrainGrace time.Duration
 	// IdleTimeout bounds one frame write (default 30 s).
 	IdleTimeout time.Duration
 	// KeepaliveEvery: a Keepalive goes out after this long without other
@@ -152,12 +156,33 @@ func (s *Server) ListenAndServe(ctx context.Context, addr string) error {
 	return s.Serve(ctx, l)
 }
 
-// Serve accepts connections on l until ctx ends, then closes l, cancels
-// the running requests and waits for them. It returns nil after ctx ends.
+// Serve accepts connections on l until ctx ends, then closes l, lets the
+// running requests finish for DrainGrace, cancels those still running and
+// waits for them. It returns nil after ctx ends.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(ctx, func() { l.Close() })
+	// The connections run under their own context, cut DrainGrace after
+	// ctx ends (or when Serve returns otherwise).
+	conns, cut := context.WithCancel(context.WithoutCancel(ctx))
+	defer cut()
+	var timer *time.Timer
+	var mu sync.Mutex
+	stop := context.AfterFunc(ctx, func() {
+		l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		if s.cfg.DrainGrace <= 0 {
+			cut()
+			return
+		}
+		timer = time.AfterFunc(s.cfg.DrainGrace, cut)
+	})
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	defer stop()
 	defer s.wg.Wait()
 	for {
@@ -165,6 +190,10 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
+			}
+			if errors.Is(err, net.ErrClosed) {
+				cut()
+				return fmt.Errorf("kvwire: accept: %w", err)
 			}
 			if errors.Is(err, net.ErrClosed) {
 				return fmt.Errorf("kvwire: accept: %w", err)
@@ -182,7 +211,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.handle(ctx, conn)
+			s.handle(conns, conn)
 		}()
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/kvwire"
 	"github.com/exo-pd/exo-pd/runners/metrics"
+	"github.com/exo-pd/exo-pd/runners/openai"
 	"github.com/exo-pd/exo-pd/runners/prefill"
 	"github.com/exo-pd/exo-pd/runners/prefill/pipeline"
 	"github.com/exo-pd/exo-pd/runners/stage"
@@ -72,7 +73,13 @@ func runPrefill(ctx context.Context, c *Config, m *engine.Model, secret []byte, 
 		}
 		log.Info("prefill pipeline stage", "stage", c.Stage, "stages", c.Stages, "layers", c.Layers.String(), "stage_listen", c.StageListen, "stage_next", c.StageNext)
 	}
-	ks, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod, Secret: secret, MaxQueue: c.MaxQueue, Logger: log})
+	// On SIGTERM the transfers in hand finish within the stop grace (a
+	// stage or tensor rank stops with its links: its transfers end with them).
+	var drain time.Duration
+	if c.Stages == 0 && tr == nil {
+		drain = openai.DrainGraceFor(c.StopGrace)
+	}
+	ks, err := kvwire.NewServer(kvwire.ServerConfig{Producer: prod, Secret: secret, MaxQueue: c.MaxQueue, Logger: log, DrainGrace: drain})
 	if err != nil {
 		return fmt.Errorf("runner: %w", err)
 	}
