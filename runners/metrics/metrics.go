@@ -189,8 +189,22 @@ func New(role string) *Runner {
 	}
 	m.PrefixHit.WithLabelValues(role)
 	m.KVBytes.WithLabelValues(role)
+	m.KVDuration.WithLabelValues(role)
 	m.PrefillTokens.WithLabelValues(role)
 	return m
+}
+
+// Expose creates a decode runner's per-model series at zero for model
+// (its served name), so a scrape before the first request finds every
+// name of DESIGN.md §7 (requests by code: 200 only; other codes appear
+// when they happen).
+func (m *Runner) Expose(model string) {
+	m.TTFT.WithLabelValues(model)
+	m.InterToken.WithLabelValues(model)
+	m.Duration.WithLabelValues(model)
+	m.PromptTokens.WithLabelValues(model)
+	m.GenTokens.WithLabelValues(model)
+	m.Requests.WithLabelValues(model, "200")
 }
 
 // Handler serves the registry in the Prometheus text format, setting

@@ -95,3 +95,32 @@ func TestGoroutinesBeforeGather(t *testing.T) {
 		t.Error("go_goroutines never counted more than exo_goroutines: the gather's goroutines are not where this test thinks")
 	}
 }
+
+// TestExposedBeforeFirstRequest: a decode runner's DESIGN.md §7 series
+// exist at zero for its model from the start, so a scrape of a fresh
+// cluster (an alert rule, a dashboard, a check of the names) finds them
+// before the first request; the KV transfer histogram of either role too.
+func TestExposedBeforeFirstRequest(t *testing.T) {
+	d, p := New("decode"), New("prefill")
+	d.Expose("m")
+	scrape := func(m *Runner) string {
+		rec := httptest.NewRecorder()
+		m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		b, _ := io.ReadAll(rec.Body)
+		return string(b)
+	}
+	dt, pt := scrape(d), scrape(p)
+	for _, want := range []string{
+		`exo_time_to_first_token_seconds_count{model="m"} 0`, `exo_inter_token_latency_seconds_count{model="m"} 0`,
+		`exo_request_duration_seconds_count{model="m"} 0`, `exo_prompt_tokens_total{model="m"} 0`,
+		`exo_generation_tokens_total{model="m"} 0`, `exo_requests_total{code="200",model="m"} 0`,
+		`exo_kv_transfer_duration_seconds_count{role="decode"} 0`,
+	} {
+		if !strings.Contains(dt, want) {
+			t.Errorf("decode exposition lacks %q", want)
+		}
+	}
+	if !strings.Contains(pt, `exo_kv_transfer_duration_seconds_count{role="prefill"} 0`) {
+		t.Errorf("prefill exposition lacks its KV transfer histogram:\n%s", pt)
+	}
+}

@@ -106,6 +106,7 @@ func runDecode(ctx context.Context, c *Config, m *engine.Model, path string, sec
 	srv := decode.New(o)
 	defer srv.Close()
 	mux := http.NewServeMux()
+	met.Expose(o.Name) // its series exist before the first request
 	httpapi.Mount(mux, httpapi.Options{Gen: srv, Name: o.Name, Defaults: o.Defaults, AcceptTools: o.AcceptTools, Metrics: met, Logger: log})
 	srv.Register(mux)
 	var h http.Handler = mux
