@@ -13,8 +13,14 @@
 // become the generation request's Tools/ToolChoice and its history of
 // calls and tool messages (convertMessage), and the calls the generator reports
 // (gen.ToolCallEmitter) come back as tool_use blocks (streamed as
-// input_json_delta) with stop_reason "tool_use". thinking is refused but for
-// {"type":"disabled"} (no thinking blocks: what this adapter returns).
+// input_json_delta) with stop_reason "tool_use". thinking {"type":"enabled",
+// "budget_tokens":N} (or "adaptive", no budget) returns a reasoning model's
+// reasoning (gen.ReasoningEmitter) as a thinking block before the answer,
+// streamed as thinking_delta then signature_delta; the budget becomes the
+// generation's MaxReasoningTokens (refused by the generator, with this
+// API's field name, where it cannot be honoured). Without it the reasoning
+// is dropped. thinking and redacted_thinking blocks sent back in history
+// are accepted and left out of the prompt.
 // Nothing is stored server-side.
 // The anthropic-version header is accepted (any value); x-api-key is not
 // checked. It must not import the engine or anything under supervisor/.
@@ -22,6 +28,8 @@ package anthropic
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -51,8 +59,8 @@ type Request struct {
 	// by name unless Handler.AcceptTools).
 	Tools      []Tool      `json:"tools,omitempty"`
 	ToolChoice *ToolChoice `json:"tool_choice,omitempty"`
-	// Thinking may only be {"type":"disabled"}: this adapter returns no
-	// thinking blocks (a reasoning model's reasoning is dropped).
+	// Thinking enabled (with budget_tokens) or adaptive returns the
+	// model's reasoning as thinking blocks; disabled or absent drops it.
 	Thinking *Thinking `json:"thinking,omitempty"`
 }
 
@@ -107,6 +115,10 @@ type Block struct {
 	ToolUseID string   `json:"tool_use_id,omitempty"`
 	Content   *Content `json:"content,omitempty"`
 	IsError   bool     `json:"is_error,omitempty"`
+	// thinking / redacted_thinking sent back: accepted, not prompted
+	Thinking  string `json:"thinking,omitempty"`
+	Signature string `json:"signature,omitempty"`
+	Data      string `json:"data,omitempty"`
 }
 
 // UnmarshalJSON accepts a string or an array of blocks.
@@ -135,7 +147,7 @@ func (c *Content) UnmarshalJSON(b []byte) error {
 var (
 	textBlockShape = openai.Shape{"type": nil, "text": nil, "cache_control": nil}
 	blockShape     = openai.Shape{"type": nil, "text": nil, "cache_control": nil, "id": nil, "name": nil, "input": nil,
-		"tool_use_id": nil, "is_error": nil, "content": textBlockShape}
+		"tool_use_id": nil, "is_error": nil, "content": textBlockShape, "thinking": nil, "signature": nil, "data": nil}
 	requestShape = openai.FieldsOf(reflect.TypeFor[Request](), openai.Shape{
 		"messages":    {"role": nil, "content": blockShape},
 		"system":      textBlockShape,
@@ -196,7 +208,8 @@ func blockTypes(body []byte, tools bool) *openai.Error {
 			return nil
 		}
 		for i, b := range blocks {
-			if b.Type != "text" && !(tools && path != "system" && (b.Type == "tool_use" || b.Type == "tool_result")) {
+			history := path != "system" && (b.Type == "thinking" || b.Type == "redacted_thinking")
+			if b.Type != "text" && !history && !(tools && path != "system" && (b.Type == "tool_use" || b.Type == "tool_result")) {
 				return openai.Errorf(fmt.Sprintf("%s[%d].type", path, i),
 					"%s[%d].type %q is not supported by this server yet", path, i, b.Type)
 			}
@@ -267,8 +280,11 @@ func (h *Handler) countTokens(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, req.Model, openai.UnknownModel(req.Model))
 		return
 	}
-	one := 1
-	req.MaxTokens, req.Stream = &one, false
+	n := 1 // count_tokens needs no max_tokens; one above a thinking budget passes its check
+	if th := req.Thinking; th != nil && th.BudgetTokens != nil && *th.BudgetTokens >= n {
+		n = *th.BudgetTokens + 1
+	}
+	req.MaxTokens, req.Stream = &n, false
 	g, e := h.convert(&req)
 	if e != nil {
 		h.fail(w, req.Model, e)
@@ -351,16 +367,27 @@ func (h *Handler) convert(r *Request) (*gen.Request, *openai.Error) {
 	if t := r.Temperature; t != nil && (math.IsNaN(*t) || *t < 0 || *t > 1) {
 		return nil, openai.Errorf("temperature", "temperature must be between 0 and 1, got %v", *t)
 	}
+	g := &gen.Request{Model: r.Model, Chat: true}
 	if th := r.Thinking; th != nil {
-		switch {
-		case th.Type != "disabled":
-			return nil, openai.Errorf("thinking", "thinking %q is not supported by this server: its Messages API returns no thinking blocks; "+
-				"omit thinking or send {\"type\": \"disabled\"}", th.Type)
-		case th.BudgetTokens != nil:
-			return nil, openai.Errorf("thinking.budget_tokens", "thinking.budget_tokens is only for thinking enabled")
+		switch th.Type {
+		case "disabled", "adaptive":
+			if th.BudgetTokens != nil {
+				return nil, openai.Errorf("thinking.budget_tokens", "thinking.budget_tokens is only for thinking enabled")
+			}
+		case "enabled":
+			switch n := th.BudgetTokens; {
+			case n == nil:
+				return nil, openai.Errorf("thinking.budget_tokens", "thinking.budget_tokens is required with thinking enabled")
+			case *n < 1:
+				return nil, openai.Errorf("thinking.budget_tokens", "thinking.budget_tokens must be at least 1, got %d", *n)
+			case *n >= *r.MaxTokens:
+				return nil, openai.Errorf("thinking.budget_tokens", "thinking.budget_tokens (%d) must be less than max_tokens (%d)", *n, *r.MaxTokens)
+			}
+			g.MaxReasoningTokens = *th.BudgetTokens
+		default:
+			return nil, openai.Errorf("thinking.type", "thinking.type must be enabled, adaptive or disabled, got %q", th.Type)
 		}
 	}
-	g := &gen.Request{Model: r.Model, Chat: true}
 	if r.System != nil {
 		sys, e := r.System.text("system")
 		if e != nil {
@@ -467,6 +494,13 @@ func convertMessage(m Message, path string) ([]gen.Message, *openai.Error) {
 		case "text":
 			text.WriteString(b.Text)
 			hasText = true
+		case "thinking", "redacted_thinking":
+			// Earlier reasoning sent back (as Anthropic's SDKs do with a
+			// whole assistant turn): accepted, and left out of the prompt,
+			// as Anthropic leaves out earlier turns' thinking.
+			if m.Role != "assistant" {
+				return nil, openai.Errorf(at+".type", "%s: %s blocks belong to assistant turns", at, b.Type)
+			}
 		case "tool_use":
 			if m.Role != "assistant" {
 				return nil, openai.Errorf(at+".type", "%s: tool_use blocks belong to assistant turns", at)
@@ -531,10 +565,20 @@ type ContentBlock struct {
 	ID    string          `json:"-"`
 	Name  string          `json:"-"`
 	Input json.RawMessage `json:"-"`
+	// thinking: the reasoning and its signature
+	Thinking  string `json:"-"`
+	Signature string `json:"-"`
 }
 
-// MarshalJSON writes a tool_use block in its own shape.
+// MarshalJSON writes a tool_use or thinking block in its own shape.
 func (b ContentBlock) MarshalJSON() ([]byte, error) {
+	if b.Type == "thinking" {
+		return json.Marshal(struct {
+			Type      string `json:"type"`
+			Thinking  string `json:"thinking"`
+			Signature string `json:"signature"`
+		}{b.Type, b.Thinking, b.Signature})
+	}
 	if b.Type == "tool_use" {
 		in := b.Input
 		if !json.Valid(in) {
@@ -580,9 +624,28 @@ func stopReason(res gen.Result) (reason string, seq *string) {
 	return "end_turn", nil
 }
 
+// signature is a thinking block's signature: exo's marker and the
+// SHA-256 of the reasoning. Anthropic's is an opaque proof its API checks
+// when the block is sent back; this server does not check it (it leaves
+// earlier thinking out of the prompt), so it is a checksum, not a proof.
+func signature(thinking string) string {
+	h := sha256.Sum256([]byte(thinking))
+	return "exo-sha256:" + base64.StdEncoding.EncodeToString(h[:])
+}
+
 type buffer struct {
-	b     strings.Builder
-	calls []ContentBlock
+	b        strings.Builder
+	calls    []ContentBlock
+	thinking bool // thinking enabled: reasoning is kept
+	reason   strings.Builder
+}
+
+// Reasoning implements gen.ReasoningEmitter: kept with thinking on.
+func (b *buffer) Reasoning(s string) error {
+	if b.thinking {
+		b.reason.WriteString(s)
+	}
+	return nil
 }
 
 func (b *buffer) Start(int) error                          { return nil }
@@ -602,11 +665,15 @@ func (b *buffer) ToolCall(index int, id, name, args string) error {
 	return nil
 }
 
-// content is the answer's blocks: its text (kept when empty only if there
-// is nothing else), then its tool_use blocks.
+// content is the answer's blocks: its thinking, its text (kept when
+// empty only if there is nothing else), then its tool_use blocks.
 func (b *buffer) content() []ContentBlock {
 	var out []ContentBlock
-	if t := b.b.String(); t != "" || len(b.calls) == 0 {
+	r := b.reason.String()
+	if r != "" {
+		out = append(out, ContentBlock{Type: "thinking", Thinking: r, Signature: signature(r)})
+	}
+	if t := b.b.String(); t != "" || (len(b.calls) == 0 && r == "") {
 		out = append(out, ContentBlock{Type: "text", Text: t})
 	}
 	return append(out, b.calls...)
@@ -620,8 +687,41 @@ type stream struct {
 	started bool
 	opened  bool   // a content block was started
 	block   int    // index of the open (or last) content block
-	kind    string // its type: "text" or "tool_use"
+	kind    string // its type: "thinking", "text" or "tool_use"
 	calls   map[int]int
+	// thinking enabled: reasoning streams as a thinking block, whose
+	// text so far is reason
+	thinking bool
+	reason   strings.Builder
+}
+
+// Reasoning implements gen.ReasoningEmitter: with thinking on, a
+// thinking block whose text streams as thinking_delta.
+func (s *stream) Reasoning(t string) error {
+	if !s.thinking || t == "" {
+		return nil
+	}
+	if !s.opened || s.kind != "thinking" {
+		if err := s.open(ContentBlock{Type: "thinking"}); err != nil {
+			return err
+		}
+	}
+	s.reason.WriteString(t)
+	return s.sse.NamedEvent("content_block_delta", map[string]any{"type": "content_block_delta", "index": s.block,
+		"delta": map[string]any{"type": "thinking_delta", "thinking": t}})
+}
+
+// stop ends the open block: a thinking block gets its signature_delta
+// first, as Anthropic sends it.
+func (s *stream) stop() error {
+	if s.kind == "thinking" {
+		if err := s.sse.NamedEvent("content_block_delta", map[string]any{"type": "content_block_delta", "index": s.block,
+			"delta": map[string]any{"type": "signature_delta", "signature": signature(s.reason.String())}}); err != nil {
+			return err
+		}
+		s.reason.Reset()
+	}
+	return s.sse.NamedEvent("content_block_stop", map[string]any{"type": "content_block_stop", "index": s.block})
 }
 
 // open closes the open block, if any, and starts block cb. Blocks open
@@ -630,7 +730,7 @@ type stream struct {
 // before tool_use blocks.
 func (s *stream) open(cb ContentBlock) error {
 	if s.opened {
-		if err := s.sse.NamedEvent("content_block_stop", map[string]any{"type": "content_block_stop", "index": s.block}); err != nil {
+		if err := s.stop(); err != nil {
 			return err
 		}
 		s.block++
@@ -648,7 +748,7 @@ func (s *stream) finish() error {
 			return err
 		}
 	}
-	return s.sse.NamedEvent("content_block_stop", map[string]any{"type": "content_block_stop", "index": s.block})
+	return s.stop()
 }
 
 // ToolCall implements gen.ToolCallEmitter: a tool_use block whose
@@ -684,13 +784,29 @@ func (s *stream) Text(t string, _ *gen.TokenLogprob) error {
 	if t == "" {
 		return nil
 	}
-	if !s.opened || s.kind == "tool_use" { // the first text, or text after a call: a new text block
+	if !s.opened || s.kind != "text" { // the first text, or text after a call or thinking: a new text block
 		if err := s.open(ContentBlock{Type: "text"}); err != nil {
 			return err
 		}
 	}
 	return s.sse.NamedEvent("content_block_delta", map[string]any{"type": "content_block_delta", "index": s.block,
 		"delta": map[string]any{"type": "text_delta", "text": t}})
+}
+
+// thinks reports whether the request asks for thinking blocks.
+func thinks(th *Thinking) bool { return th != nil && (th.Type == "enabled" || th.Type == "adaptive") }
+
+// genError is a generation error in this API's terms: the generator's
+// max_reasoning_tokens is this API's thinking.budget_tokens.
+func genError(e *openai.Error) *openai.Error {
+	if e.Param != "max_reasoning_tokens" {
+		return e
+	}
+	c := *e
+	c.Param = "thinking.budget_tokens"
+	c.Message = "thinking.budget_tokens cannot be honoured on this model (" + strings.ReplaceAll(e.Message, "max_reasoning_tokens", "a reasoning budget") +
+		"); send thinking {\"type\": \"adaptive\"} (reasoning bounded only by max_tokens) or leave thinking out"
+	return &c
 }
 
 func (h *Handler) messages(w http.ResponseWriter, r *http.Request) {
@@ -713,10 +829,10 @@ func (h *Handler) messages(w http.ResponseWriter, r *http.Request) {
 	}
 	id := h.id("msg_")
 	if !g.Stream {
-		var b buffer
+		b := buffer{thinking: thinks(req.Thinking)}
 		res, err := h.Gen.Generate(r.Context(), g, &b)
 		if err != nil {
-			h.fail(w, g.Model, openai.AsRequestError(r.Context(), err))
+			h.fail(w, g.Model, genError(openai.AsRequestError(r.Context(), err)))
 			return
 		}
 		reason, seq := stopReason(res)
@@ -727,10 +843,10 @@ func (h *Handler) messages(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sse := openai.NewSSEWriter(w)
-	st := &stream{sse: sse, id: id, model: g.Model}
+	st := &stream{sse: sse, id: id, model: g.Model, thinking: thinks(req.Thinking)}
 	res, err := h.Gen.Generate(r.Context(), g, st)
 	if err != nil {
-		oe := openai.AsRequestError(r.Context(), err)
+		oe := genError(openai.AsRequestError(r.Context(), err))
 		if !sse.Started() {
 			h.fail(w, g.Model, oe)
 			return

@@ -22,10 +22,12 @@ var update = flag.Bool("update", false, "rewrite golden files")
 // scriptGen replays fixed text pieces (the model is exercised by the decode
 // package's tests over the same handler).
 type scriptGen struct {
-	pieces []string
-	calls  []scriptCall // reported after pieces, through gen.ToolCallEmitter
-	res    gen.Result
-	got    *gen.Request
+	reasoning []string // reported first, through gen.ReasoningEmitter
+	err       error    // returned before Start
+	pieces    []string
+	calls     []scriptCall // reported after pieces, through gen.ToolCallEmitter
+	res       gen.Result
+	got       *gen.Request
 }
 
 // scriptCall is one tool call a scriptGen reports, its arguments in pieces.
@@ -36,8 +38,16 @@ type scriptCall struct {
 
 func (g *scriptGen) Generate(ctx context.Context, req *gen.Request, em gen.Emitter) (gen.Result, error) {
 	g.got = req
+	if g.err != nil {
+		return gen.Result{}, g.err
+	}
 	if err := em.Start(g.res.PromptTokens); err != nil {
 		return gen.Result{}, err
+	}
+	for _, r := range g.reasoning {
+		if err := em.(gen.ReasoningEmitter).Reasoning(r); err != nil {
+			return gen.Result{}, err
+		}
 	}
 	for _, p := range g.pieces {
 		if err := em.Text(p, nil); err != nil {
@@ -161,7 +171,7 @@ func TestErrors(t *testing.T) {
 		{"no max_tokens", `{"model":"tiny","messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request_error", "max_tokens"},
 		{"unknown model", `{"model":"claude-9","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, 404, "not_found_error", "claude-9"},
 		{"unknown field", `{"model":"tiny","max_tokens":5,"mcp_servers":[],"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request_error", "mcp_servers"},
-		{"thinking enabled", `{"model":"tiny","max_tokens":5,"thinking":{"type":"enabled","budget_tokens":1024},"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request_error", "thinking"},
+		{"thinking budget not below max_tokens", `{"model":"tiny","max_tokens":5,"thinking":{"type":"enabled","budget_tokens":1024},"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request_error", "thinking"},
 		{"thinking disabled with a budget", `{"model":"tiny","max_tokens":5,"thinking":{"type":"disabled","budget_tokens":1024},"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request_error", "thinking.budget_tokens"},
 		{"tools", `{"model":"tiny","max_tokens":5,"tools":[{"name":"f","input_schema":{}}],"messages":[{"role":"user","content":"hi"}]}`, 400, "invalid_request_error", "tools"},
 		{"tool_use block", `{"model":"tiny","max_tokens":5,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{}}]}]}`, 400, "invalid_request_error", "messages[0].content[0].type"},

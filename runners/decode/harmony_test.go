@@ -393,7 +393,7 @@ func postJSON(t *testing.T, url string, body any) (int, []byte) {
 
 // TestHarmonyAdapters: the Responses and Anthropic Messages APIs get a
 // harmony model's answer as their text and its call as their function
-// call / tool_use; they have no reasoning field here, so the analysis
+// call / tool_use; without Anthropic's thinking (anthropic_think_test.go) the analysis
 // channel is dropped, never leaked into the answer.
 func TestHarmonyAdapters(t *testing.T) {
 	respTools := []map[string]any{{"type": "function", "name": "get_weather",

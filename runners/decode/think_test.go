@@ -82,7 +82,7 @@ const qwen3Think = "<think>\nThe user greets me.\nReply briefly.\n</think>\n\nHe
 // back as reasoning_content and the rest as content, in a whole response
 // and (joined) in a stream; with tools, a call after the reasoning is a
 // tool call, and a call-shaped text inside the reasoning is not. The
-// Responses and Anthropic APIs, which have no reasoning field here, get
+// Responses and Anthropic APIs (no thinking asked for) get
 // the answer alone.
 func TestQwen3ThinkSplit(t *testing.T) {
 	call := "<think>\nNeed the weather. <tool_call> is how I call.\n</think>\n\n<tool_call>\n" +
