@@ -105,6 +105,9 @@ type supervisor struct {
 	digest     string // ClusterDigest of the file cfg was parsed from
 	lastReload Reload
 	started    time.Time
+	// initial is the file the supervisor started with: what of [api] and
+	// [supervisor] is in force until it restarts.
+	initial *config.Config
 }
 
 // Reload is the outcome of the last (re)load of the cluster file.
@@ -113,6 +116,45 @@ type Reload struct {
 	At      time.Time `json:"at"`
 	Error   string    `json:"error,omitempty"`
 	Changes string    `json:"changes,omitempty"`
+	// Pending: the settings of the file in force only after a restart of
+	// the supervisor ([api] but cors_origins, [supervisor]), changed since
+	// it started ("" when none).
+	Pending string `json:"pending,omitempty"`
+}
+
+// pendingRestart says what of now's [api] and [supervisor] differs from
+// what the supervisor started with, which only a restart applies ("":
+// nothing). With listenOverride (--listen) the file's [api] listen and
+// port are not used at all.
+func pendingRestart(start, now *config.Config, listenOverride bool) string {
+	var d []string
+	a, b := start.API, now.API
+	if !listenOverride && a.Listen != b.Listen {
+		d = append(d, fmt.Sprintf("[api] listen %q → %q", a.Listen, b.Listen))
+	}
+	if !listenOverride && a.Port != b.Port {
+		d = append(d, fmt.Sprintf("[api] port %d → %d", a.Port, b.Port))
+	}
+	if a.APIKeyFile != b.APIKeyFile {
+		d = append(d, fmt.Sprintf("[api] api_key_file %q → %q", a.APIKeyFile, b.APIKeyFile))
+	}
+	if !slices.Equal(a.OpenPaths, b.OpenPaths) {
+		d = append(d, fmt.Sprintf("[api] open_paths %q → %q", a.OpenPaths, b.OpenPaths))
+	}
+	if x, y := start.Supervisor, now.Supervisor; x.Liveness != y.Liveness {
+		d = append(d, fmt.Sprintf("[supervisor] liveness_timeout %s → %s", orDefault(x.LivenessTimeout), orDefault(y.LivenessTimeout)))
+	}
+	if x, y := start.Supervisor, now.Supervisor; x.LivenessStarting != y.LivenessStarting {
+		d = append(d, fmt.Sprintf("[supervisor] liveness_starting_timeout %s → %s", orDefault(x.LivenessStartingTimeout), orDefault(y.LivenessStartingTimeout)))
+	}
+	return strings.Join(d, ", ")
+}
+
+func orDefault(s string) string {
+	if s == "" {
+		return "(default)"
+	}
+	return s
 }
 
 // Run supervises this host's share of the cluster until ctx ends; then
@@ -134,7 +176,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	s.cfg, s.digest = cfg, digest
+	s.cfg, s.digest, s.initial = cfg, digest, cfg
 	if s.host, err = s.identify(cfg); err != nil {
 		return err
 	}
@@ -503,7 +545,10 @@ func (s *supervisor) reload(ctx context.Context, reason string) {
 	if err != nil {
 		first, _, _ := strings.Cut(err.Error(), "\n")
 		s.log.Error("cluster file invalid; the previous configuration keeps running", "err", err)
-		s.setReload(Reload{OK: false, At: time.Now(), Error: err.Error()})
+		s.mu.Lock()
+		pending := pendingRestart(s.initial, s.cfg, s.o.APIListen != "")
+		s.mu.Unlock()
+		s.setReload(Reload{OK: false, At: time.Now(), Error: err.Error(), Pending: pending})
 		s.sd.Ready("config reload FAILED, running the previous config: " + first)
 		return
 	}
@@ -511,14 +556,11 @@ func (s *supervisor) reload(ctx context.Context, reason string) {
 	old := s.cfg
 	s.cfg, s.digest = c, digest
 	s.mu.Unlock()
-	if old.API.Listen != c.API.Listen || old.API.Port != c.API.Port || old.API.APIKeyFile != c.API.APIKeyFile ||
-		!slices.Equal(old.API.OpenPaths, c.API.OpenPaths) { // cors_origins applies live
-		s.log.Warn("the [api] section changed; restart the supervisor to apply it", "old", old.API, "new", c.API)
-	}
-	if old.Supervisor.Liveness != c.Supervisor.Liveness || old.Supervisor.LivenessStarting != c.Supervisor.LivenessStarting {
-		s.log.Warn("the [supervisor] section changed; restart the supervisor to apply it",
-			"old", old.Supervisor.LivenessTimeout+"/"+old.Supervisor.LivenessStartingTimeout,
-			"new", c.Supervisor.LivenessTimeout+"/"+c.Supervisor.LivenessStartingTimeout)
+	// cors_origins applies live; the rest of [api] and [supervisor] waits
+	// for a restart, said on every reload until then (and in exo status).
+	pending := pendingRestart(s.initial, c, s.o.APIListen != "")
+	if pending != "" {
+		s.log.Warn("settings that apply only when the supervisor restarts changed; restart it to apply them", "pending", pending)
 	}
 	// The key file itself is re-read on every reload (key rotation by
 	// rewriting the file and `systemctl reload exo`).
@@ -532,7 +574,7 @@ func (s *supervisor) reload(ctx context.Context, reason string) {
 	}
 	ch := s.set.Apply(ctx, c.Runners(s.host))
 	s.gw.SetConfig(c, s.host)
-	s.setReload(Reload{OK: true, At: time.Now(), Changes: ch.String()})
+	s.setReload(Reload{OK: true, At: time.Now(), Changes: ch.String(), Pending: pending})
 	s.log.Info("cluster file applied", "changes", ch.String())
 	s.sd.Ready(s.statusLine())
 }

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exo-pd/exo-pd/supervisor/config"
 	"github.com/exo-pd/exo-pd/supervisor/internal/fakerunner"
 	"github.com/exo-pd/exo-pd/supervisor/process"
 	"github.com/exo-pd/exo-pd/supervisor/restart"
@@ -558,5 +559,53 @@ func TestCORSWrapsTheKeyCheck(t *testing.T) {
 	}
 	if r := do("POST", map[string]string{"Authorization": "Bearer k3y"}); r.StatusCode != 200 {
 		t.Fatalf("keyed POST: %d", r.StatusCode)
+	}
+}
+
+// TestPendingRestart: [api] (but cors_origins) and [supervisor] apply only
+// when the supervisor starts; a reload that changes them says so in the
+// status until the file matches again, and --listen makes [api] listen and
+// port moot.
+func TestPendingRestart(t *testing.T) {
+	load := func(extra string) *config.Config {
+		p := filepath.Join(t.TempDir(), "c.toml")
+		os.WriteFile(p, []byte(clusterFile(52600, "a=src-a")+extra), 0o644)
+		c, err := config.Load(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	initial := load("")
+	for _, tt := range []struct {
+		extra    string
+		override bool
+		want     string
+	}{
+		{"", false, ""},
+		{"\n[api]\ncors_origins = [\"*\"]\n", false, ""},
+		{"\n[api]\nport = 52416\n", false, "[api] port 52415 → 52416"},
+		{"\n[api]\nport = 52416\n", true, ""},
+		{"\n[api]\nopen_paths = []\n", true, `[api] open_paths ["/health" "/metrics"] → []`},
+		{"\n[supervisor]\nliveness_timeout = \"30s\"\n", false, "[supervisor] liveness_timeout (default) → 30s"},
+	} {
+		if got := pendingRestart(initial, load(tt.extra), tt.override); got != tt.want {
+			t.Errorf("%q (override %v): %q, want %q", tt.extra, tt.override, got, tt.want)
+		}
+	}
+
+	// Live: the status says it after the reload, and not once the file is back.
+	base := freePort(t)
+	h := start(t, clusterFile(base, "a=src-a"))
+	st := h.status()
+	h.write(clusterFile(base, "a=src-a") + "\n[api]\nopen_paths = []\n")
+	st = h.waitReload(st.LastReload.At)
+	if !st.LastReload.OK || !strings.Contains(st.LastReload.Pending, "open_paths") {
+		t.Errorf("after an [api] edit: %+v", st.LastReload)
+	}
+	h.write(clusterFile(base, "a=src-a"))
+	st = h.waitReload(st.LastReload.At)
+	if !st.LastReload.OK || st.LastReload.Pending != "" {
+		t.Errorf("after the edit is undone: %+v", st.LastReload)
 	}
 }

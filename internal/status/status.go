@@ -126,6 +126,9 @@ func Print(out io.Writer, st *dashboard.State, now time.Time) {
 		first, _, _ := strings.Cut(rl.Error, "\n")
 		fmt.Fprintf(out, "reload  FAILED at %s, previous config still running: %s\n", rl.At.Format(time.RFC3339), first)
 	}
+	if rl.Pending != "" {
+		fmt.Fprintf(out, "restart needed: the file changes what only a restart of the supervisor applies: %s\n", rl.Pending)
+	}
 	fmt.Fprintln(out, "\nRUNNERS ON THIS HOST")
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tROLE\tSTATE\tPID\tRESTARTS\tADDRESS\tDETAIL")

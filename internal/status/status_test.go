@@ -19,7 +19,7 @@ func TestPrintStatus(t *testing.T) {
 	me := &dashboard.HostView{
 		Name: "spark", Config: "/etc/exo/cluster.toml", API: "http://10.0.0.10:52415",
 		Started:    now.Add(-90 * time.Second),
-		LastReload: dashboard.Reload{OK: false, At: now.Add(-time.Minute), Error: "f.toml:3:1: unknown key \"x\"\nf.toml:4:1: more"},
+		LastReload: dashboard.Reload{OK: false, At: now.Add(-time.Minute), Error: "f.toml:3:1: unknown key \"x\"\nf.toml:4:1: more", Pending: "[api] port 52415 → 52416"},
 		Memory:     &dashboard.Memory{Total: 128 << 30, Used: 40 << 30},
 		GPUs:       []gpu.Sample{{Index: 0, Utilization: &util, MemoryUsed: &used, MemoryTotal: &total}},
 		Runners: []dashboard.RunnerView{
@@ -68,6 +68,7 @@ func TestPrintStatus(t *testing.T) {
 config  /etc/exo/cluster.toml
 api     http://10.0.0.10:52415/v1
 reload  FAILED at 2026-12-02T12:59:00Z, previous config still running: f.toml:3:1: unknown key "x"
+restart needed: the file changes what only a restart of the supervisor applies: [api] port 52415 → 52416
 
 RUNNERS ON THIS HOST
 NAME       ROLE     STATE     PID  RESTARTS  ADDRESS          DETAIL

@@ -56,6 +56,7 @@ type Reload struct {
 	At      time.Time `json:"at"`
 	Error   string    `json:"error,omitempty"`
 	Changes string    `json:"changes,omitempty"`
+	Pending string    `json:"pending,omitempty"` // changed settings only a restart applies
 }
 
 // Runner is one of this host's runners as the supervisor keeps it.
