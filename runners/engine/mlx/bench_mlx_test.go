@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -119,6 +120,33 @@ func benchSampling(row int) sample.Params {
 		return sample.Params{}
 	}
 	return sample.Params{Temperature: t, TopP: p, Seed: int64(row + 1)}
+}
+
+// benchFeatures are the decode benchmarks' request features:
+// $EXO_MLX_BENCH_LOGPROBS=N asks every row for logprobs with N top
+// alternatives (unset: none); $EXO_MLX_BENCH_GRAMMAR=1 constrains every
+// row with a mask made on the host from its last token (a grammar's
+// shape: tokens whose id plus the last token's is a multiple of 3 are
+// not allowed; its host cost is a pass over the vocabulary, as
+// maskConstraint's, not a JSON grammar's trie walk, which
+// maskConstraint prefetches on another goroutine).
+func benchFeatures() (logprobs bool, top int, grammar bool) {
+	if v, ok := os.LookupEnv("EXO_MLX_BENCH_LOGPROBS"); ok {
+		top, _ = strconv.Atoi(v)
+		logprobs = true
+	}
+	return logprobs, top, os.Getenv("EXO_MLX_BENCH_GRAMMAR") == "1"
+}
+
+// benchMask sets dst (V floats) to -Inf where benchFeatures' mask does
+// not allow a token after last.
+func benchMask(dst []float32, last int32) {
+	ninf := float32(math.Inf(-1))
+	for id := range dst {
+		if (int32(id)+last)%3 == 0 {
+			dst[id] = ninf
+		}
+	}
 }
 
 func benchPrompt(n, vocab int) []int32 {
@@ -254,6 +282,8 @@ func BenchmarkDecodeBatch(b *testing.B) {
 					samplers[i] = sample.New(p)
 				}
 			}
+			lp, top, grammar := benchFeatures()
+			var masked []float32
 			b.ReportAllocs()
 			n, steps := 0, 0
 			cpu0 := cpuTime()
@@ -270,10 +300,19 @@ func BenchmarkDecodeBatch(b *testing.B) {
 					b.Fatal(err)
 				}
 				for i := range toks {
+					row := logits[i]
+					if grammar {
+						masked = append(masked[:0], row...)
+						benchMask(masked, toks[i])
+						row = masked
+					}
 					if samplers[i] != nil {
-						toks[i] = samplers[i].Sample(logits[i], nil)
+						toks[i] = samplers[i].Sample(row, nil)
 					} else {
-						toks[i] = argmax(logits[i])
+						toks[i] = argmax(row)
+					}
+					if lp {
+						sinkLP, _ = sample.Logprobs(logits[i], toks[i], top)
 					}
 				}
 				host += time.Since(t0) - time.Duration(be.evalNanos.Load()-e0)
@@ -315,12 +354,21 @@ func BenchmarkDecodeOverlap(b *testing.B) {
 			}
 			// Sampled rows (EXO_MLX_BENCH_TEMP) are picked on the device
 			// with uniforms drawn from each row's seeded Sampler.
+			// With benchFeatures, logprobs on the device and the mask
+			// made on the host while the device runs the forward.
 			specs := make([]engine.SampleSpec, B)
+			lp, top, grammar := benchFeatures()
+			last := slices.Clone(toks)
 			for i := range specs {
 				p := benchSampling(i)
 				specs[i].Params = p
 				if p.Temperature > 0 {
 					specs[i].Uniform = sample.New(p).Uniform
+				}
+				specs[i].Logprobs, specs[i].Top = lp, top
+				if grammar {
+					specs[i].Mask = func(dst []float32) error { benchMask(dst, last[i]); return nil }
+					specs[i].Accept = func(tok int32) error { last[i] = tok; return nil }
 				}
 			}
 			o, err := m.StartOverlap(ctx, caches, toks, specs)
@@ -339,6 +387,7 @@ func BenchmarkDecodeOverlap(b *testing.B) {
 					for _, c := range caches {
 						c.Truncate(len(prompt))
 					}
+					copy(last, toks)
 					if o, err = m.StartOverlap(ctx, caches, toks, specs); err != nil {
 						b.Fatal(err)
 					}
@@ -349,6 +398,9 @@ func BenchmarkDecodeOverlap(b *testing.B) {
 					b.Fatal(err)
 				}
 				copy(toks, got)
+				if lp {
+					sinkLP, _ = o.Logprob(0)
+				}
 				host += time.Since(t0) - time.Duration(be.evalNanos.Load()-e0)
 				n += B
 				steps++
@@ -365,6 +417,9 @@ func BenchmarkDecodeOverlap(b *testing.B) {
 		})
 	}
 }
+
+// sinkLP keeps the benchmarks' logprobs alive.
+var sinkLP float64
 
 // benchBatches is $EXO_MLX_BENCH_BATCHES ("1,4"), or def.
 func benchBatches(def []int) []int {
