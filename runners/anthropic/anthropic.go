@@ -581,8 +581,8 @@ func (b ContentBlock) MarshalJSON() ([]byte, error) {
 	}
 	if b.Type == "tool_use" {
 		in := b.Input
-		if !json.Valid(in) {
-			in = json.RawMessage(`{}`)
+		if !json.Valid(in) { // cut off by max_tokens
+			in = completeInput(in)
 		}
 		return json.Marshal(struct {
 			Type  string          `json:"type"`
