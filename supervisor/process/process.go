@@ -275,7 +275,7 @@ func (r *Runner) loop(ctx context.Context) {
 		exit := describeExit(err)
 		var ke *killedError
 		killed := errors.As(err, &ke)
-		r.log.Warn("runner exited; restarting", "exit", exit, "after", d.Round(time.Millisecond), "state", state)
+		r.log.Warn("runner exited; restarting", "exit", exit, "ran", r.opt.Now().Sub(started).Round(time.Millisecond), "restart_in", d.Round(time.Millisecond), "state", state)
 		r.set(func(s *Status) {
 			s.State, s.PID, s.Health, s.LastExit, s.NextStart, s.Backoff = state, 0, nil, exit, r.opt.Now().Add(d), d
 			if killed {

@@ -326,3 +326,24 @@ func TestGraceFlag(t *testing.T) {
 		return strings.Contains(buf.String(), "fake runner m: stop grace 7s")
 	})
 }
+
+// TestExitLogSaysHowLongItRan: the restart line says how long the runner
+// ran and when it starts again, under names that cannot be read for one
+// another (it said after=48s for a runner that failed at once).
+func TestExitLogSaysHowLongItRan(t *testing.T) {
+	spec, _ := fake(t, "exit:3")
+	log, buf := logger()
+	r := Start(spec, Options{Logger: log})
+	defer stop(t, r)
+	waitFor(t, "the restart line", func() bool { return strings.Contains(buf.String(), `msg="runner exited; restarting"`) })
+	line := ""
+	for _, l := range strings.Split(buf.String(), "\n") {
+		if strings.Contains(l, `msg="runner exited; restarting"`) {
+			line = l
+			break
+		}
+	}
+	if !strings.Contains(line, " ran=") || !strings.Contains(line, " restart_in=") || strings.Contains(line, " after=") {
+		t.Errorf("restart line %q", line)
+	}
+}
