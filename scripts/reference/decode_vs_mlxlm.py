@@ -185,7 +185,16 @@ def main():
     ap.add_argument("--steps", type=int, default=0, help="override every model's decode steps per repetition")
     ap.add_argument("--jsonl", default="", help="append every repetition's JSON here")
     ap.add_argument("--timeout", type=float, default=1200, help="seconds a process may take to answer (load, or one repetition)")
+    ap.add_argument("--table", default="", help="print the table of a --jsonl file's repetitions and exit (runs nothing)")
     a = ap.parse_args()
+    if a.table:
+        results = {}
+        for line in open(a.table):
+            r = json.loads(line)
+            results.setdefault((r["model"], r["config"], r["side"]), []).append(r)
+        seen = {k[0] for k in results}
+        print_table([m for m in MODELS if m[0] in seen], CONFIGS, results, {}, a, 0)
+        return
 
     mlxc = os.environ.get("EXO_MLXC_PATH", "/work/build/mlxc/lib/libmlxc.so")
     py = os.environ.get("PY", "/tmp/mlxlm-venv/bin/python")
