@@ -194,6 +194,9 @@ func (c *client) info(ctx context.Context, ref Ref) (*modelInfo, error) {
 		if err == nil {
 			err = statusError(what, resp)
 			resp.Body.Close()
+		} else if ctx.Err() == nil {
+			// No answer at all: the network, DNS, a proxy, or a wrong endpoint.
+			err = fmt.Errorf("%s: cannot reach the Hugging Face Hub at %s (check the network, HTTPS_PROXY, or HF_ENDPOINT for a mirror; or pull with `exo model pull` where it is reachable, copy the store here and set offline = true): %w", what, c.base(), err)
 		} else {
 			err = fmt.Errorf("%s: %w", what, err)
 		}

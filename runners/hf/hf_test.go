@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -712,5 +713,26 @@ func TestResolveRefusesNamesThatLeaveTheStore(t *testing.T) {
 		if e.Name() != "store" {
 			t.Errorf("Resolve created %s outside the store", e.Name())
 		}
+	}
+}
+
+// TestHubUnreachable: a Hub that cannot be reached (no network, DNS, a
+// proxy) is said as such, with the endpoint and what to do, not only as
+// Go's dial error.
+func TestHubUnreachable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := "http://" + l.Addr().String()
+	l.Close() // nothing listens there now: connection refused
+	c, err := newClient(Options{StoreDir: t.TempDir(), Endpoint: ep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.backoff = time.Millisecond
+	_, err = c.pull(context.Background(), mustRef(t, "org/tiny"))
+	if err == nil || !strings.Contains(err.Error(), "cannot reach the Hugging Face Hub at "+ep) || !strings.Contains(err.Error(), "offline") {
+		t.Fatalf("unreachable Hub: %v", err)
 	}
 }
