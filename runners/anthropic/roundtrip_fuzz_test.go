@@ -16,6 +16,7 @@ func FuzzMessagesRoundTrip(f *testing.F) {
 	f.Add(`{"model":"tiny","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[{"name":"f","input_schema":{"type":"object","properties":{"a":{"type":"string","format":"date"}}}}],"tool_choice":{"type":"any"}}`)
 	f.Add(`{"model":"tiny","max_tokens":5,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"x","name":"f","input":{}}]}],"stop_sequences":["a"]}`)
 	f.Add("{\"model\":\"tiny\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"caf\xe9\"}]}")
+	f.Add(`{"model":"tiny","max_tokens":50,"thinking":{"type":"enabled","budget_tokens":10},"messages":[{"role":"assistant","content":[{"type":"thinking","thinking":"t","signature":"s"},{"type":"redacted_thinking","data":"d"}]}]}`)
 	f.Fuzz(func(t *testing.T, s string) {
 		if blockTypes([]byte(s), true) != nil {
 			return

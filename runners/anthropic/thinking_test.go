@@ -2,6 +2,8 @@ package anthropic
 
 import (
 	"encoding/json"
+	"os/exec"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -189,5 +191,48 @@ func TestThinkingInHistory(t *testing.T) {
 		if code, body := post(t, url, req); code != 400 || !strings.Contains(body, name) {
 			t.Errorf("%s: %d %s", name, code, body)
 		}
+	}
+}
+
+// TestSDKThinking: the official anthropic client parses the thinking
+// block (text and signature) and a tool_use cut off by max_tokens the
+// same from the whole answer and from the stream. Skips where python3
+// cannot import anthropic.
+func TestSDKThinking(t *testing.T) {
+	if exec.Command("python3", "-c", "import anthropic").Run() != nil {
+		t.Skip("python3 cannot import anthropic")
+	}
+	think := serve(t, &scriptGen{reasoning: []string{"The user ", "greets me."}, pieces: []string{"Hel", "lo!"}, res: gen.Result{FinishReason: "stop"}})
+	tool := serveWith(t, &Handler{Gen: &scriptGen{calls: []scriptCall{{"get_weather", []string{`{"city": "Paris", `, `"unit": "cel`}}},
+		res: gen.Result{FinishReason: "length"}}, Served: []string{"tiny"}, AcceptTools: true})
+	out, err := exec.Command("python3", filepath.Join("testdata", "sdk_thinking.py"), think, tool).Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("anthropic client: %v\n%s", err, stderr)
+	}
+	t.Logf("anthropic client: %s", out)
+	var got map[string]struct {
+		StopReason string           `json:"stop_reason"`
+		Content    []map[string]any `json:"content"`
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("%s: %v", out, err)
+	}
+	for _, name := range []string{"think", "tool"} {
+		if !reflect.DeepEqual(got[name+"_whole"], got[name+"_stream"]) {
+			t.Errorf("%s: whole %+v\nstream %+v", name, got[name+"_whole"], got[name+"_stream"])
+		}
+	}
+	th := got["think_stream"]
+	want := []map[string]any{{"type": "thinking", "thinking": "The user greets me.", "signature": signature("The user greets me.")}, {"type": "text", "text": "Hello!"}}
+	if th.StopReason != "end_turn" || !reflect.DeepEqual(th.Content, want) {
+		t.Errorf("thinking: %+v\nwant %+v", th, want)
+	}
+	tu := got["tool_stream"]
+	if tu.StopReason != "max_tokens" || len(tu.Content) != 1 || !reflect.DeepEqual(tu.Content[0]["input"], map[string]any{"city": "Paris"}) {
+		t.Errorf("cut-off tool_use: %+v", tu)
 	}
 }
