@@ -405,7 +405,8 @@ func (g *Gateway) CORS(next http.Handler) http.Handler {
 		preflight := r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != ""
 		if allow == "" {
 			if preflight {
-				http.Error(w, "origin not allowed by [api] cors_origins", http.StatusForbidden)
+				APIError(w, r, http.StatusForbidden, "invalid_request_error", "origin_not_allowed",
+					fmt.Sprintf("origin %q is not allowed by [api] cors_origins", origin))
 				return
 			}
 			next.ServeHTTP(w, r)

@@ -430,7 +430,8 @@ func TestCORS(t *testing.T) {
 		!strings.Contains(r.Header.Get("Access-Control-Allow-Methods"), "POST") || r.Header.Get("Access-Control-Allow-Headers") != "authorization, content-type" {
 		t.Fatalf("preflight: %d %v", r.StatusCode, r.Header)
 	}
-	if r := do("OPTIONS", "https://evil.example", pre); r.StatusCode != 403 || r.Header.Get("Access-Control-Allow-Origin") != "" {
+	if r := do("OPTIONS", "https://evil.example", pre); r.StatusCode != 403 || r.Header.Get("Access-Control-Allow-Origin") != "" ||
+		r.Header.Get("Content-Type") != "application/json" {
 		t.Fatalf("preflight from another origin: %d %v", r.StatusCode, r.Header)
 	}
 	if r := do("POST", "https://app.example", nil); r.StatusCode != 200 || r.Header.Get("Access-Control-Allow-Origin") != "https://app.example" {
