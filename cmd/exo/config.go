@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"strings"
 
@@ -53,6 +54,9 @@ func configCheck(out, errOut io.Writer, path string) error {
 				fmt.Fprintln(errOut, e)
 			}
 			return exitError{1, fmt.Sprintf("%s: %d error(s)", path, len(es))}
+		}
+		if errors.Is(err, fs.ErrNotExist) {
+			return exitError{1, fmt.Sprintf("%v (name a cluster file: exo config check PATH; `exo config default` prints the one-host default to start from, etc/exo/cluster.example.toml a Spark + two Macs)", err)}
 		}
 		return exitError{1, err.Error()}
 	}

@@ -102,3 +102,15 @@ decode = { hosts = ["a", "b"], shard = "pipeline" }
 		t.Errorf("model not here:\n%s", out.String())
 	}
 }
+
+// TestConfigCheckMissingFile: a file that is not there says how to get
+// one (the check of a fresh machine with no /etc/exo/cluster.toml).
+func TestConfigCheckMissingFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "none.toml")
+	var out, errOut bytes.Buffer
+	err := configCheck(&out, &errOut, p)
+	var ee exitError
+	if !errors.As(err, &ee) || ee.code != 1 || !strings.Contains(ee.msg, "no such file") || !strings.Contains(ee.msg, "exo config default") {
+		t.Fatalf("err = %v, want exit 1 naming `exo config default`", err)
+	}
+}
