@@ -29,7 +29,8 @@ wall time outside MLX's eval, mlx-lm: the time inside the model's __call__
 The table prints per configuration the median of each side, the ratio of the
 medians and the median (min-max) of the paired ratios (each exo repetition
 over the mlx-lm one next to it). First tokens: whether both sides' first
-timed tokens agree (greedy rows should, bar bf16 rounding near a tie).
+timed tokens agree (greedy rows should, bar bf16 rounding near a tie;
+sampled rows draw from different generators, so agreement there is chance).
 
 Usage (from the repository root; about 12 minutes at load 2, see
 docs/BENCHMARKS.md):
@@ -294,7 +295,7 @@ def print_table(models, configs, results, info, a, total):
             fmt = lambda xs: ", ".join(f"{x:.2f}" for x in xs)
             print(f"| {mname} | {cname} (B={B}{f', T={T}, top-p {P}' if T else ''}) | **{med(er):.2f}** ({fmt(er)}) | **{med(lr):.2f}** ({fmt(lr)}) "
                   f"| **{med(er) / med(lr):.2f}** | {med(paired):.2f} ({min(paired):.2f}–{max(paired):.2f}) | {ecpu:.0f} / {lcpu:.0f} "
-                  f"| {host} | {'same' if same else 'differ' if T == 0 else 'sampled'} | {min(loads):.1f}–{max(loads):.1f} |")
+                  f"| {host} | {('same' if same else 'differ') if T == 0 else ('same' if same else 'differ') + ' (sampled: own RNGs)'} | {min(loads):.1f}–{max(loads):.1f} |")
     print()
     for mname, *_ in models:
         for s in ("exo", "mlx-lm", "exo-serial"):
