@@ -1,15 +1,12 @@
 package decode
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
-	"github.com/exo-pd/exo-pd/runners/engine/backend"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/tokenizer"
@@ -34,12 +31,8 @@ import (
 func BenchmarkSpeculativeDraftPair(b *testing.B) {
 	const tokens = 128
 	// EXO_BENCH_BACKEND=mlx (with EXO_MLXC_PATH) runs it on MLX's CPU
-	// device instead.
-	name := cmp.Or(os.Getenv("EXO_BENCH_BACKEND"), "cpu")
-	be, err := backend.Open(name, backend.Options{Threads: 1, Device: "cpu"})
-	if err != nil {
-		b.Fatal(err)
-	}
+	// device instead (benchBackend).
+	be := benchBackend(b)
 	load := func(spec testmodel.Spec, beside *engine.Model) (*engine.Model, string) {
 		dir := filepath.Join(b.TempDir(), fmt.Sprintf("l%d", spec.Layers))
 		if err := testmodel.Write(dir, spec); err != nil {

@@ -1,8 +1,10 @@
 package decode
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -58,6 +60,17 @@ func stepTime(before, after []int, ref *batchCost) float64 {
 	return t
 }
 
+// benchBackend is the speculation benchmarks' backend: the cpu backend on
+// one thread, or with EXO_BENCH_BACKEND=mlx (and EXO_MLXC_PATH) MLX's CPU
+// device.
+func benchBackend(b *testing.B) engine.Backend {
+	be, err := backend.Open(cmp.Or(os.Getenv("EXO_BENCH_BACKEND"), "cpu"), backend.Options{Threads: 1, Device: "cpu"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return be
+}
+
 // BenchmarkSpeculativeSmolLM2: SmolLM2 greedy decode tok/s on the cpu
 // backend (one thread) through a decode Server, without and with
 // prompt-lookup speculation, interleaved in one run, for a code edit (a
@@ -70,10 +83,7 @@ func stepTime(before, after []int, ref *batchCost) float64 {
 // load moves far less than the clock.
 func BenchmarkSpeculativeSmolLM2(b *testing.B) {
 	path := testenv.SmolLM2(b)
-	be, err := backend.Open("cpu", backend.Options{Threads: 1})
-	if err != nil {
-		b.Fatal(err)
-	}
+	be := benchBackend(b)
 	m, err := engine.Load(context.Background(), path, be, engine.LoadOptions{})
 	if err != nil {
 		b.Fatal(err)
@@ -152,10 +162,7 @@ func BenchmarkSpeculativeSmolLM2(b *testing.B) {
 // unless every mode gives every request the same text.
 func BenchmarkSpeculativeBatchSmolLM2(b *testing.B) {
 	path := testenv.SmolLM2(b)
-	be, err := backend.Open("cpu", backend.Options{Threads: 1})
-	if err != nil {
-		b.Fatal(err)
-	}
+	be := benchBackend(b)
 	m, err := engine.Load(context.Background(), path, be, engine.LoadOptions{})
 	if err != nil {
 		b.Fatal(err)
