@@ -41,21 +41,25 @@ func codeFile() string {
 }
 
 // stepTime is a count-based estimate of the decode time of the steps a
-// batcher ran between two steps() snapshots: each step at ref's time for
-// its size (its line there: the medians of steps measured in the same
-// run), so that the machine's load while each mode ran does not enter a
-// comparison of two modes weighed by the same ref.
+// batcher ran between two steps() snapshots, in units of a one-position
+// step: a step of P positions at ref's time for P relative to 1 position,
+// chained size by size from ref's line (its cost of one more position
+// there, measured between consecutive steps: see batchCost), so that the
+// machine's load while each mode ran, and while each size was measured,
+// does not enter a comparison of two modes weighed by the same ref.
 func stepTime(before, after []int, ref *batchCost) float64 {
-	t := 0.0
+	t, rel := 0.0, 1.0
 	for P := 1; P < len(after); P++ {
+		if P > 1 {
+			if t0, slope, ok := ref.line(P-1, 1); ok {
+				rel *= 1 + slope/t0
+			}
+		}
 		n := after[P]
 		if P < len(before) {
 			n -= before[P]
 		}
-		if n > 0 {
-			tp, _, _ := ref.line(P, 0)
-			t += float64(n) * tp
-		}
+		t += float64(n) * rel
 	}
 	return t
 }
