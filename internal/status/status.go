@@ -339,7 +339,16 @@ func runnerDetail(s process.Status, eta float64, now time.Time) string {
 			}
 		}
 		for _, e := range h.PrefillEndpoints {
-			detail += fmt.Sprintf("; prefill %s %s", e.Addr, e.State)
+			// The breaker's words read backwards to an operator: a closed
+			// circuit is a prefill endpoint in use.
+			state := e.State
+			switch state {
+			case "closed":
+				state = "up"
+			case "open":
+				state = "skipped, circuit open"
+			}
+			detail += fmt.Sprintf("; prefill %s %s", e.Addr, state)
 			if e.State != "closed" && e.LastError != "" {
 				detail += " (" + e.LastError + ")"
 			}

