@@ -633,23 +633,41 @@ func signature(thinking string) string {
 	return "exo-sha256:" + base64.StdEncoding.EncodeToString(h[:])
 }
 
+// buffer collects a non-streamed answer: its thinking and text blocks in
+// the order they came (as the stream opens them), then its tool_use
+// blocks.
 type buffer struct {
-	b        strings.Builder
+	blocks   []ContentBlock // thinking and text
 	calls    []ContentBlock
 	thinking bool // thinking enabled: reasoning is kept
-	reason   strings.Builder
+}
+
+// add appends s to the last block if it is of type typ, else to a new one.
+func (b *buffer) add(typ, s string) {
+	if s == "" {
+		return
+	}
+	if n := len(b.blocks); n == 0 || b.blocks[n-1].Type != typ {
+		b.blocks = append(b.blocks, ContentBlock{Type: typ})
+	}
+	last := &b.blocks[len(b.blocks)-1]
+	if typ == "thinking" {
+		last.Thinking += s
+	} else {
+		last.Text += s
+	}
 }
 
 // Reasoning implements gen.ReasoningEmitter: kept with thinking on.
 func (b *buffer) Reasoning(s string) error {
 	if b.thinking {
-		b.reason.WriteString(s)
+		b.add("thinking", s)
 	}
 	return nil
 }
 
 func (b *buffer) Start(int) error                          { return nil }
-func (b *buffer) Text(t string, _ *gen.TokenLogprob) error { b.b.WriteString(t); return nil }
+func (b *buffer) Text(t string, _ *gen.TokenLogprob) error { b.add("text", t); return nil }
 
 // ToolCall implements gen.ToolCallEmitter.
 func (b *buffer) ToolCall(index int, id, name, args string) error {
@@ -665,16 +683,18 @@ func (b *buffer) ToolCall(index int, id, name, args string) error {
 	return nil
 }
 
-// content is the answer's blocks: its thinking, its text (kept when
-// empty only if there is nothing else), then its tool_use blocks.
+// content is the answer's blocks: its thinking and text blocks, each
+// thinking block signed, then its tool_use blocks; an answer with none
+// at all is one empty text block.
 func (b *buffer) content() []ContentBlock {
-	var out []ContentBlock
-	r := b.reason.String()
-	if r != "" {
-		out = append(out, ContentBlock{Type: "thinking", Thinking: r, Signature: signature(r)})
+	out := b.blocks
+	for i := range out {
+		if out[i].Type == "thinking" {
+			out[i].Signature = signature(out[i].Thinking)
+		}
 	}
-	if t := b.b.String(); t != "" || (len(b.calls) == 0 && r == "") {
-		out = append(out, ContentBlock{Type: "text", Text: t})
+	if len(out) == 0 && len(b.calls) == 0 {
+		return []ContentBlock{{Type: "text"}}
 	}
 	return append(out, b.calls...)
 }

@@ -1,6 +1,7 @@
 package anthropic
 
 import (
+	"context"
 	"encoding/json"
 	"os/exec"
 	"path/filepath"
@@ -234,5 +235,55 @@ func TestSDKThinking(t *testing.T) {
 	tu := got["tool_stream"]
 	if tu.StopReason != "max_tokens" || len(tu.Content) != 1 || !reflect.DeepEqual(tu.Content[0]["input"], map[string]any{"city": "Paris"}) {
 		t.Errorf("cut-off tool_use: %+v", tu)
+	}
+}
+
+// interleaveGen reports reasoning, text, reasoning, text (a harmony model
+// may reason again after a preamble).
+type interleaveGen struct{ scriptGen }
+
+func (g *interleaveGen) Generate(ctx context.Context, req *gen.Request, em gen.Emitter) (gen.Result, error) {
+	if err := em.Start(0); err != nil {
+		return gen.Result{}, err
+	}
+	re := em.(gen.ReasoningEmitter)
+	for _, step := range []func() error{
+		func() error { return re.Reasoning("First.") }, func() error { return em.Text("Let me check.", nil) },
+		func() error { return re.Reasoning("Second.") }, func() error { return em.Text("Done.", nil) },
+	} {
+		if err := step(); err != nil {
+			return gen.Result{}, err
+		}
+	}
+	return gen.Result{FinishReason: "stop"}, nil
+}
+
+// TestThinkingInterleaved: reasoning that comes again after text is a
+// second thinking block, in the order it came, whole or streamed.
+func TestThinkingInterleaved(t *testing.T) {
+	url := serveWith(t, &Handler{Gen: &interleaveGen{}, Served: []string{"tiny"}})
+	code, body := post(t, url, thinkBody(`{"type":"adaptive"}`, ""))
+	var r struct {
+		Content []struct{ Type, Text, Thinking string }
+	}
+	json.Unmarshal([]byte(body), &r)
+	var whole []string
+	for _, b := range r.Content {
+		whole = append(whole, b.Type+":"+b.Text+b.Thinking)
+	}
+	want := []string{"thinking:First.", "text:Let me check.", "thinking:Second.", "text:Done."}
+	if code != 200 || !reflect.DeepEqual(whole, want) {
+		t.Errorf("whole: %d %v\n%s", code, whole, body)
+	}
+	code, body = post(t, url, thinkBody(`{"type":"adaptive"}`, `"stream":true,`))
+	names, _ := events(t, body)
+	var starts []string
+	for _, n := range names {
+		if b, ok := strings.CutPrefix(n, "content_block_start:"); ok {
+			starts = append(starts, b)
+		}
+	}
+	if code != 200 || !reflect.DeepEqual(starts, []string{"thinking", "text", "thinking", "text"}) {
+		t.Errorf("stream: %d %v\n%s", code, starts, body)
 	}
 }
