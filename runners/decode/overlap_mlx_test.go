@@ -3,12 +3,14 @@
 package decode
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/internal/testenv"
 )
 
 // TestOverlappedBatchEqualsSerialMLX: on the MLX backend the batcher
@@ -92,4 +94,53 @@ func tinyMLXServer(t *testing.T) func(overlap func(Model) bool) (*Server, string
 		})
 		return s.srv, s.url
 	}
+}
+
+// TestOverlappedSmolLM2MLX (SmolLM2-135M's GGUF, testenv.SmolLM2; skipped
+// without it): with real weights on MLX, a JSON-schema request (greedy
+// and seeded), a forced tool call and a logprobs request answer with
+// overlapped steps as with serial ones, each alone and all at once (logprobs
+// within float32 rounding), and the overlaps did hold a constrained and a
+// logprobs member.
+func TestOverlappedSmolLM2MLX(t *testing.T) {
+	path := testenv.SmolLM2(t)
+	b, err := backend.Open("mlx", backend.Options{LibPath: os.Getenv("EXO_MLXC_PATH"), Device: "cpu"})
+	if err != nil {
+		t.Skip(err)
+	}
+	serve := func(overlap func(Model) bool) *tinyServer {
+		return serveTinyOn(t, b, path, func(text Text, o *Options) {
+			g := &Grammars{Text: text}
+			o.NewConstraint, o.AcceptTools, o.MaxBatch, o.overlap = g.NewConstraint, true, 8, overlap
+		})
+	}
+	serial, over := serve(func(Model) bool { return false }), serve(nil)
+	msgs := []map[string]any{{"role": "user", "content": "Give me a point with x 3 and y 4, and the weather in Paris."}}
+	point := map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "p", "schema": json.RawMessage(pointSchema)}}
+	cases := []map[string]any{
+		{"messages": msgs, "max_tokens": 24, "temperature": 0, "response_format": point},
+		{"messages": msgs, "max_tokens": 24, "temperature": 0.8, "seed": 3, "response_format": point},
+		{"messages": msgs, "max_tokens": 24, "temperature": 0, "tools": []any{cityTool}, "tool_choice": "required"},
+		{"messages": msgs, "max_tokens": 12, "temperature": 0, "logprobs": true, "top_logprobs": 3},
+	}
+	want := make([]string, len(cases))
+	for i, c := range cases {
+		want[i] = answerOf(t, serial.url, c)
+	}
+	for i, c := range cases {
+		if got := answerOf(t, over.url, c); !sameAnswer(got, want[i], 1e-3) {
+			t.Fatalf("case %d alone: overlapped on mlx\n%s\nserial\n%s", i, got, want[i])
+		}
+	}
+	got := answerAll(t, over.url, cases)
+	for i := range cases {
+		if !sameAnswer(got[i], want[i], 1e-3) {
+			t.Fatalf("case %d at once: overlapped on mlx\n%s\nserial\n%s", i, got[i], want[i])
+		}
+	}
+	served, _, constrained, logprobs := overlapCounts(over.srv)
+	if served == 0 || constrained == 0 || logprobs == 0 {
+		t.Fatalf("%d batches served overlapped, %d overlaps with a grammar, %d with logprobs", served, constrained, logprobs)
+	}
+	t.Logf("SmolLM2 on mlx: %d batches served overlapped (%d overlaps with a grammar, %d with logprobs); answers: %q", served, constrained, logprobs, want)
 }
