@@ -592,13 +592,14 @@ func (o *Overlap) Next(ctx context.Context) ([]int32, error) {
 		}
 	}
 	switch {
-	case err != nil && readErr == nil && o.fl.tok == nil:
-		// nothing queued: back to the step in flight
+	case err != nil && prev.tok != nil:
+		// nothing queued and the step in flight not read: back to it
 		o.restore(old)
 		o.fl = prev
 		return nil, err
 	case err != nil:
-		prev.free(b)
+		// the step in flight was read (its tokens are lost with the
+		// error) and the next one did not start: nothing is in flight
 		return nil, err
 	case readErr != nil:
 		return nil, readErr

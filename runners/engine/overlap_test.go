@@ -199,3 +199,79 @@ func TestOverlapFeaturesEqualSerial(t *testing.T) {
 	// one row alone, bounded: no step past its last
 	testmodel.CheckOverlapFeatures(t, m, []sample.Params{{Temperature: 1, Seed: 5}}, 6, 0)
 }
+
+// TestOverlapMaskFails: a row whose Mask fails is reported by Failed
+// (row and error) after the call that asked it, the other rows' tokens
+// still come, and Stop leaves the caches as serial decoding of the tokens
+// returned would; an Accept that fails fails Next.
+func TestOverlapMaskFails(t *testing.T) {
+	b, err := backend.Open("cpu", backend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 9}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := engine.Load(context.Background(), dir, b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ctx := context.Background()
+	mk := func() []engine.KVCache {
+		cs := []engine.KVCache{m.NewCache(), m.NewCache()}
+		for i, c := range cs {
+			if _, err := m.Forward(ctx, c, []int32{1, 2, int32(3 + i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return cs
+	}
+	boom := errors.New("no token allowed")
+	calls := 0
+	specs := []engine.SampleSpec{{}, {Mask: func(dst []float32) error {
+		if calls++; calls == 3 {
+			return boom
+		}
+		return nil
+	}}}
+	cs := mk()
+	o, err := m.StartOverlap(ctx, cs, []int32{4, 5}, specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if row, err := o.Failed(); err != nil {
+		t.Fatalf("row %d failed at the start: %v", row, err)
+	}
+	for step := 1; step <= 2; step++ {
+		if _, err := o.Next(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	row, err := o.Failed()
+	if row != 1 || !errors.Is(err, boom) {
+		t.Fatalf("Failed after the third mask: row %d, %v", row, err)
+	}
+	if err := o.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range cs {
+		if c.Len() != 3+2 { // the prompt, the start token and the first returned token
+			t.Fatalf("cache %d holds %d after Stop, want 5", i, c.Len())
+		}
+	}
+	// an Accept that fails fails Next
+	specs[1].Mask = nil
+	specs[1].Accept = func(int32) error { return boom }
+	o, err = m.StartOverlap(ctx, mk(), []int32{4, 5}, specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.Next(ctx); !errors.Is(err, boom) {
+		t.Fatalf("Next with a failing Accept: %v", err)
+	}
+	if err := o.Stop(); err != nil {
+		t.Fatal(err)
+	}
+}
