@@ -811,7 +811,6 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 				out.logits, err = s.verifyBatched(ctx, mem, sp, entry.cache, pre, tok)
 			case d != nil || len(pre) > 0:
 				out.logits, err = s.verifyStep(ctx, mem, sp, entry.cache, pre, tok)
-				sp.observe(len(pre)+1+len(d), time.Since(t1))
 			default:
 				out, err = s.decodeStep(ctx, mem, pm, entry.cache, tok)
 				switch {
@@ -819,7 +818,7 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 				case s.batchVerify(mem):
 					sp.observeBatch(out.stat, 1)
 				default:
-					sp.observe(1, time.Since(t1))
+					sp.observePlain(out.stat, mem != nil, time.Since(t1))
 				}
 			}
 		} else {

@@ -321,6 +321,21 @@ func (sp *speculator) observe(rows int, d time.Duration) {
 	sp.plainStep()
 }
 
+// observePlain records a plain step of a generation that verifies on its
+// own: waited is the step's time as the generation saw it, in a batch
+// (mem) its forward's stat. In a batch the generation's verifications
+// step aside into forwards of their own (Server.batchVerify false), so
+// its plain step is what that step's forward spent on it, its share of
+// the batch's positions — not the wait for the batch, which made an
+// extra verified position look almost free and drafted where it could
+// not pay.
+func (sp *speculator) observePlain(st stepStat, batched bool, waited time.Duration) {
+	if batched && st.took > 0 {
+		waited = st.took / time.Duration(max(st.positions, st.seqs, 1))
+	}
+	sp.observe(1, waited)
+}
+
 // observeBatch records the batch step the generation was in, own of its
 // positions (its verification's chunk, or 1); the batcher measured its
 // time (batchCost).
@@ -530,7 +545,8 @@ func (sp *speculator) lookup(history []int32, limit int) []int32 {
 // one forward of their own and returns the logits after tok (row 0); the
 // rows after the drafts follow through next. pre are tokens the cache
 // lacks before tok (a hybrid cache's rollback went back to where the last
-// verification began: the tokens it kept are fed again).
+// verification began: the tokens it kept are fed again). It records the
+// forward's time (observe).
 // (Server.verifyBatched does the same in a batch's forward.)
 func (sp *speculator) verify(ctx context.Context, c engine.KVCache, pre []int32, tok int32) ([]float32, error) {
 	feed := sp.feedFor(pre, tok)
@@ -538,10 +554,12 @@ func (sp *speculator) verify(ctx context.Context, c engine.KVCache, pre []int32,
 	if cap(sp.buf) < n*sp.vocab {
 		sp.buf = make([]float32, 0, (sp.max+1+len(pre))*sp.vocab)
 	}
+	t0 := time.Now()
 	if _, err := sp.v.ForwardAllInto(ctx, c, feed, sp.buf[:0]); err != nil {
 		sp.draft = sp.draft[:0]
 		return nil, err
 	}
+	sp.observe(n, time.Since(t0)) // the forward alone (see observePlain)
 	// The model's row headers are its scratch (another generation's step
 	// may reuse them): the rows are read from buf, which is this
 	// generation's own.

@@ -685,3 +685,44 @@ func TestSpeculatorPlanBatch(t *testing.T) {
 	}
 	t.Logf("acceptance 0.9, convex step: %d alone, %d beside plain members, %d beside drafting ones", alone, beside, busy)
 }
+
+// TestSpeculatorPlanSolo: a generation whose verifications step aside from
+// its batch (Server.batchVerify false) weighs them against what its plain
+// steps cost the model — its share of the batch's forward — not against
+// the time it waited for the batch. There a position verified alone costs
+// more than a whole plain step and drafting at chat's acceptance does not
+// pay (probes only); alone, where a plain step is a forward of its own,
+// the same verification times make drafting pay.
+func TestSpeculatorPlanSolo(t *testing.T) {
+	ms := func(x float64) time.Duration { return time.Duration(x * float64(time.Millisecond)) }
+	// A batch of 8 plain steps' forward takes 12 ms; the member saw 40
+	// (the wait for the batch included); a verification of 4 drafts on
+	// its own takes 11 ms; a plain forward alone 10 ms.
+	batch := stepStat{took: ms(12), seqs: 8, positions: 8}
+	plan := func(batched bool) (*speculator, []int) {
+		sp := newSpeculator(nil, 0, 8)
+		sp.ok[3], sp.fail[3] = 0.6, 0.4
+		for range 12 {
+			if batched {
+				sp.observePlain(batch, true, ms(40))
+			} else {
+				sp.observePlain(stepStat{}, false, ms(10))
+			}
+			sp.observe(5, ms(11))
+		}
+		sp.observePlain(batch, batched, ms(10))
+		var ks []int
+		for range 8 {
+			ks = append(ks, sp.plan(3, 8))
+		}
+		return sp, ks
+	}
+	sp, ks := plan(true)
+	if sp.cost < 1 || !slices.Equal(ks, []int{1, 0, 1, 0, 0, 1, 0, 0}) {
+		t.Errorf("beside a batch: position cost %.3f (want ≥ 1: more than a plain step's share), plans %v (want probes only)", sp.cost, ks)
+	}
+	sp, ks = plan(false)
+	if sp.cost > 0.1 || ks[0] < 2 {
+		t.Errorf("alone: position cost %.3f (want ≤ 0.1), plans %v (want drafts)", sp.cost, ks)
+	}
+}
