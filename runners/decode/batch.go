@@ -509,6 +509,9 @@ type batchCost struct {
 	prevT   float64
 	prevAt  time.Time
 	scratch []float64
+	// now is the clock that pairs consecutive steps (nil: time.Now;
+	// tests set it).
+	now func() time.Time
 }
 
 // costSamples: the step times kept per size (their median is the size's).
@@ -572,6 +575,9 @@ type costPair struct {
 func (c *batchCost) observe(st stepStat) {
 	t, B, P := st.took.Seconds(), max(st.seqs, 1), min(max(st.positions, 1), maxCostPositions)
 	now := time.Now()
+	if c.now != nil {
+		now = c.now()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.t) <= P {

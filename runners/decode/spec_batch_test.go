@@ -188,9 +188,10 @@ func TestBatchCost(t *testing.T) {
 	t0, slope, _ = flat.line(4, 4)
 	near("equal times: slope", slope, costSlopeFloor*t0/4, 1e-9)
 	// Steps an idle moment apart are not paired.
-	var idle batchCost
+	clock := time.Unix(1000, 0)
+	idle := batchCost{now: func() time.Time { return clock }}
 	idle.observe(stepStat{took: ms(10), seqs: 1, positions: 1})
-	time.Sleep(costPairGap + 50*time.Millisecond)
+	clock = clock.Add(costPairGap + 50*time.Millisecond)
 	idle.observe(stepStat{took: ms(10), seqs: 1, positions: 2})
 	if idle.np != 0 {
 		t.Errorf("steps %v apart paired", costPairGap+50*time.Millisecond)
