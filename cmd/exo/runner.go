@@ -164,7 +164,6 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 	fs.StringVar(&f.ModelsDir, "models-dir", "", "model store directory")
 	fs.BoolVar(&f.Offline, "offline", false, "do not download models")
 	fs.IntVar(&f.MaxQueue, "max-queue", 0, "requests that may wait (decode default 64, prefill default 8)")
-	fs.IntVar(&f.MaxBatch, "max-batch", 0, "decode: generations run at once, their steps batched (default 4; 1: one at a time)")
 	fs.IntVar(&f.Threads, "threads", 0, "cpu backend threads (0: all cores)")
 	fs.IntVar(&f.Chunk, "prefill-chunk", 256, "prefill chunk in tokens")
 	fs.DurationVar(&f.ReadHeaderTimeout, "read-header-timeout", 10*time.Second, "HTTP connections that have not sent their headers within this are closed")
@@ -174,6 +173,7 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 	// one machine look like several of different speeds).
 	fs.Float64Var(&f.TestPrefillRate, "test-slow-prefill-tokens-per-sec", 0, "TEST ONLY: cap this runner's prefill at N tokens/s (0: off)")
 	if f.Role == "decode" {
+		fs.IntVar(&f.MaxBatch, "max-batch", 0, "generations run at once, their steps batched (default 4; 1: one at a time)")
 		fs.Var(optFloat{&f.Defaults.Temperature}, "default-temperature", "default temperature (over the model's)")
 		fs.Var(optFloat{&f.Defaults.TopP}, "default-top-p", "default top_p (over the model's)")
 		fs.Var(optInt{&f.Defaults.TopK}, "default-top-k", "default top_k (over the model's)")

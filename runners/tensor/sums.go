@@ -52,11 +52,14 @@ type sumsReport struct {
 
 func (r *sumsReport) set(s Sums, m *Metrics, model string, rank int) {
 	r.mu.Lock()
-	r.s = s
-	r.mu.Unlock()
+	defer r.mu.Unlock()
 	if m != nil {
+		if r.s != (Sums{}) && r.s != s {
+			m.Group.DeleteLabelValues(model, strconv.Itoa(rank), r.s.Group, r.s.Reason)
+		}
 		m.Group.WithLabelValues(model, strconv.Itoa(rank), s.Group, s.Reason).Set(1)
 	}
+	r.s = s
 }
 
 func (r *sumsReport) get() Sums {
