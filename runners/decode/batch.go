@@ -1,6 +1,7 @@
 package decode
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -87,6 +88,10 @@ type stepReq struct {
 type stepStat struct {
 	took            time.Duration
 	seqs, positions int
+	// wall: the step's time as its caller saw it, when that differs from
+	// took (a plain step's share of a batch's forward); batchCost pairs
+	// consecutive steps by it (0: took).
+	wall time.Duration
 }
 
 // stepAll is the model method a batch that verifies drafts runs
@@ -584,7 +589,7 @@ func (c *batchCost) observe(st stepStat) {
 		c.t = append(c.t, make([]posSamples, P+1-len(c.t))...)
 	}
 	c.t[P].add(t)
-	if c.prevP > 0 && c.prevP != P && now.Sub(c.prevAt)-st.took < costPairGap && t > 0 && c.prevT > 0 {
+	if c.prevP > 0 && c.prevP != P && now.Sub(c.prevAt)-cmp.Or(st.wall, st.took) < costPairGap && t > 0 && c.prevT > 0 {
 		lo, hi, tl, th := c.prevP, P, c.prevT, t
 		if lo > hi {
 			lo, hi, tl, th = hi, lo, th, tl

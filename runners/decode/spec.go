@@ -315,7 +315,11 @@ func (sp *speculator) end() {
 // observe records how long a forward of rows positions of this
 // generation alone took (1: a plain step).
 func (sp *speculator) observe(rows int, d time.Duration) {
-	st := stepStat{took: d, seqs: 1, positions: rows}
+	sp.record(stepStat{took: d, seqs: 1, positions: rows}, rows)
+}
+
+// record is observe of a step's stat.
+func (sp *speculator) record(st stepStat, rows int) {
 	sp.own.observe(st)
 	sp.last, sp.lastOwn = st, rows
 	sp.plainStep()
@@ -329,11 +333,12 @@ func (sp *speculator) observe(rows int, d time.Duration) {
 // the batch's positions — not the wait for the batch, which made an
 // extra verified position look almost free and drafted where it could
 // not pay.
-func (sp *speculator) observePlain(st stepStat, batched bool, waited time.Duration) {
-	if batched && st.took > 0 {
-		waited = st.took / time.Duration(max(st.positions, st.seqs, 1))
+func (sp *speculator) observePlain(b stepStat, batched bool, waited time.Duration) {
+	st := stepStat{took: waited, seqs: 1, positions: 1, wall: waited}
+	if batched && b.took > 0 {
+		st.took = b.took / time.Duration(max(b.positions, b.seqs, 1))
 	}
-	sp.observe(1, waited)
+	sp.record(st, 1)
 }
 
 // observeBatch records the batch step the generation was in, own of its

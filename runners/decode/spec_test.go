@@ -702,14 +702,23 @@ func TestSpeculatorPlanSolo(t *testing.T) {
 	plan := func(batched bool) (*speculator, []int) {
 		sp := newSpeculator(nil, 0, 8)
 		sp.ok[3], sp.fail[3] = 0.6, 0.4
+		// A clock that moves by each step's wall time: consecutive steps
+		// pair however slow the machine running the test is.
+		clock := time.Unix(1000, 0)
+		sp.own.now = func() time.Time { return clock }
+		step := func(d time.Duration) { clock = clock.Add(d) }
 		for range 12 {
 			if batched {
+				step(ms(40))
 				sp.observePlain(batch, true, ms(40))
 			} else {
+				step(ms(10))
 				sp.observePlain(stepStat{}, false, ms(10))
 			}
+			step(ms(11))
 			sp.observe(5, ms(11))
 		}
+		step(ms(10))
 		sp.observePlain(batch, batched, ms(10))
 		var ks []int
 		for range 8 {
@@ -724,5 +733,23 @@ func TestSpeculatorPlanSolo(t *testing.T) {
 	sp, ks = plan(false)
 	if sp.cost > 0.1 || ks[0] < 2 {
 		t.Errorf("alone: position cost %.3f (want ≤ 0.1), plans %v (want drafts)", sp.cost, ks)
+	}
+}
+
+// TestSpeculatorPairsSlowBatchSteps: a plain step that waited on a batch
+// forward longer than costPairGap still pairs with the verification before
+// it (the gap is measured against the wall time the generation saw, not
+// its share of the forward), so slow models measure a position's cost.
+func TestSpeculatorPairsSlowBatchSteps(t *testing.T) {
+	sp := newSpeculator(nil, 0, 8)
+	clock := time.Unix(1000, 0)
+	sp.own.now = func() time.Time { return clock }
+	batch := stepStat{took: 300 * time.Millisecond, seqs: 8, positions: 8}
+	clock = clock.Add(11 * time.Millisecond)
+	sp.observe(5, 11*time.Millisecond)
+	clock = clock.Add(400 * time.Millisecond)
+	sp.observePlain(batch, true, 400*time.Millisecond)
+	if sp.own.np != 1 {
+		t.Fatalf("a verification and the 400 ms plain step after it: %d pairs, want 1", sp.own.np)
 	}
 }
