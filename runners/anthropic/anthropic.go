@@ -39,6 +39,7 @@ import (
 	"reflect"
 	"strings"
 
+	"github.com/exo-pd/exo-pd/internal/apierr"
 	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/openai"
 )
@@ -330,21 +331,10 @@ type ErrorDetail struct {
 	Message string `json:"message"`
 }
 
+// errorBody is e in Anthropic's shape, its type the one Anthropic
+// documents for the status (the gateway's own errors use the same map).
 func errorBody(e *openai.Error) ErrorBody {
-	typ := "api_error"
-	switch {
-	case e.Status == http.StatusNotFound:
-		typ = "not_found_error"
-	case e.Status == http.StatusTooManyRequests:
-		typ = "rate_limit_error"
-	case e.Status == http.StatusServiceUnavailable:
-		typ = "overloaded_error"
-	case e.Status == http.StatusRequestEntityTooLarge:
-		typ = "request_too_large"
-	case e.Status >= 400 && e.Status < 500:
-		typ = "invalid_request_error"
-	}
-	return ErrorBody{Type: "error", Error: ErrorDetail{Type: typ, Message: e.Message}}
+	return ErrorBody{Type: "error", Error: ErrorDetail{Type: apierr.AnthropicType(e.Status), Message: e.Message}}
 }
 
 func (h *Handler) fail(w http.ResponseWriter, model string, e *openai.Error) {
@@ -633,13 +623,13 @@ func signature(thinking string) string {
 	return "exo-sha256:" + base64.StdEncoding.EncodeToString(h[:])
 }
 
-// buffer collects a non-streamed answer: its thinking and text blocks in
-// the order they came (as the stream opens them), then its tool_use
-// blocks.
+// buffer collects a non-streamed answer: its thinking, text and tool_use
+// blocks in the order the model produced them, as the stream opens them
+// (text after a call is a new text block after it).
 type buffer struct {
-	blocks   []ContentBlock // thinking and text
-	calls    []ContentBlock
-	thinking bool // thinking enabled: reasoning is kept
+	blocks   []ContentBlock
+	calls    map[int]int // a call's index → its block
+	thinking bool        // thinking enabled: reasoning is kept
 }
 
 // add appends s to the last block if it is of type typ, else to a new one.
@@ -669,12 +659,19 @@ func (b *buffer) Reasoning(s string) error {
 func (b *buffer) Start(int) error                          { return nil }
 func (b *buffer) Text(t string, _ *gen.TokenLogprob) error { b.add("text", t); return nil }
 
-// ToolCall implements gen.ToolCallEmitter.
+// ToolCall implements gen.ToolCallEmitter: a call's first piece opens its
+// tool_use block where the answer stands.
 func (b *buffer) ToolCall(index int, id, name, args string) error {
-	for len(b.calls) <= index {
-		b.calls = append(b.calls, ContentBlock{Type: "tool_use"})
+	if b.calls == nil {
+		b.calls = map[int]int{}
 	}
-	c := &b.calls[index]
+	at, ok := b.calls[index]
+	if !ok {
+		at = len(b.blocks)
+		b.calls[index] = at
+		b.blocks = append(b.blocks, ContentBlock{Type: "tool_use"})
+	}
+	c := &b.blocks[at]
 	if id != "" {
 		c.ID = toolUseID(id)
 	}
@@ -683,20 +680,18 @@ func (b *buffer) ToolCall(index int, id, name, args string) error {
 	return nil
 }
 
-// content is the answer's blocks: its thinking and text blocks, each
-// thinking block signed, then its tool_use blocks; an answer with none
-// at all is one empty text block.
+// content is the answer's blocks, each thinking block signed; an answer
+// with none at all is one empty text block.
 func (b *buffer) content() []ContentBlock {
-	out := b.blocks
-	for i := range out {
-		if out[i].Type == "thinking" {
-			out[i].Signature = signature(out[i].Thinking)
-		}
-	}
-	if len(out) == 0 && len(b.calls) == 0 {
+	if len(b.blocks) == 0 {
 		return []ContentBlock{{Type: "text"}}
 	}
-	return append(out, b.calls...)
+	for i := range b.blocks {
+		if b.blocks[i].Type == "thinking" {
+			b.blocks[i].Signature = signature(b.blocks[i].Thinking)
+		}
+	}
+	return b.blocks
 }
 
 // stream writes Anthropic's event sequence as text arrives.

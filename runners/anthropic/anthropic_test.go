@@ -26,6 +26,7 @@ type scriptGen struct {
 	err       error    // returned before Start
 	pieces    []string
 	calls     []scriptCall // reported after pieces, through gen.ToolCallEmitter
+	after     []string     // text reported after the calls
 	res       gen.Result
 	got       *gen.Request
 }
@@ -63,6 +64,11 @@ func (g *scriptGen) Generate(ctx context.Context, req *gen.Request, em gen.Emitt
 			if err := te.ToolCall(i, "", "", a); err != nil {
 				return gen.Result{}, err
 			}
+		}
+	}
+	for _, p := range g.after {
+		if err := em.Text(p, nil); err != nil {
+			return gen.Result{}, err
 		}
 	}
 	return g.res, nil
@@ -381,16 +387,21 @@ func TestStreamMatchesMessage(t *testing.T) {
 		name   string
 		pieces []string
 		calls  []scriptCall
+		after  []string
 		reason string
 	}{
-		{"text", []string{"Hel", "lo"}, nil, "stop"},
-		{"nothing", nil, nil, "stop"},
-		{"calls only", nil, []scriptCall{{"get_weather", []string{`{"city":`, ` "Paris"}`}}, {"get_time", []string{`{}`}}}, "tool_calls"},
-		{"text then call", []string{"Let me check."}, []scriptCall{{"get_weather", []string{`{"city": "Paris"}`}}}, "tool_calls"},
-		{"call without arguments", nil, []scriptCall{{"ping", nil}}, "tool_calls"},
+		{"text", []string{"Hel", "lo"}, nil, nil, "stop"},
+		{"nothing", nil, nil, nil, "stop"},
+		{"calls only", nil, []scriptCall{{"get_weather", []string{`{"city":`, ` "Paris"}`}}, {"get_time", []string{`{}`}}}, nil, "tool_calls"},
+		{"text then call", []string{"Let me check."}, []scriptCall{{"get_weather", []string{`{"city": "Paris"}`}}}, nil, "tool_calls"},
+		{"call without arguments", nil, []scriptCall{{"ping", nil}}, nil, "tool_calls"},
+		// the non-streamed blocks keep the order the model produced them
+		// in, as the stream does: text, tool_use, text
+		{"text, call, text", []string{"Let me check."}, []scriptCall{{"get_weather", []string{`{"city": "Paris"}`}}}, []string{"Done."}, "tool_calls"},
+		{"call, text", nil, []scriptCall{{"get_weather", []string{`{}`}}, {"get_time", []string{`{}`}}}, []string{"Both asked."}, "tool_calls"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			h := &Handler{Gen: &scriptGen{pieces: c.pieces, calls: c.calls, res: gen.Result{FinishReason: c.reason}},
+			h := &Handler{Gen: &scriptGen{pieces: c.pieces, calls: c.calls, after: c.after, res: gen.Result{FinishReason: c.reason}},
 				Served: []string{"tiny"}, NewID: func(p string) string { return p + "test" }, AcceptTools: true}
 			url := serveWith(t, h)
 			req := `{"model":"tiny","max_tokens":50,%s"tools":[{"name":"get_weather","input_schema":{"type":"object"}},{"name":"get_time","input_schema":{"type":"object"}},{"name":"ping","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"hi"}]}`
@@ -417,5 +428,19 @@ func TestStreamMatchesMessage(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestErrorTypes: the runner's Anthropic error bodies take the type
+// Anthropic documents for each status, the same as the gateway's own
+// (internal/apierr): 401 authentication_error, 403 permission_error,
+// 529 overloaded_error among them.
+func TestErrorTypes(t *testing.T) {
+	for status, want := range map[int]string{400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+		404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error", 503: "overloaded_error",
+		504: "timeout_error", 529: "overloaded_error"} {
+		if got := errorBody(&openai.Error{Status: status, Message: "m"}); got.Type != "error" || got.Error.Type != want {
+			t.Errorf("status %d: %+v, want type %q", status, got, want)
+		}
 	}
 }

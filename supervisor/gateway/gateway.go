@@ -23,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/exo-pd/exo-pd/internal/apierr"
 	"github.com/exo-pd/exo-pd/supervisor/config"
 )
 
@@ -474,12 +475,12 @@ func (g *Gateway) healthz(w http.ResponseWriter, r *http.Request) {
 
 // APIError writes the gateway's own error in the shape of the API the
 // request speaks: Anthropic's {"type":"error","error":{"type","message"}}
-// on /v1/messages (its type from the status, so that Anthropic's SDKs
-// raise the matching exception), OpenAI's {"error":{"message","type",
+// on /v1/messages (its type from the status as Anthropic documents it,
+// internal/apierr, the map runners/anthropic uses too), OpenAI's {"error":{"message","type",
 // "code","param"}} everywhere else.
 func APIError(w http.ResponseWriter, r *http.Request, code int, typ, errCode, msg string) {
 	if IsAnthropic(r.URL.Path) {
-		writeJSON(w, code, map[string]any{"type": "error", "error": map[string]any{"type": anthropicType(code), "message": msg}})
+		writeJSON(w, code, map[string]any{"type": "error", "error": map[string]any{"type": apierr.AnthropicType(code), "message": msg}})
 		return
 	}
 	writeJSON(w, code, map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": errCode, "param": nil}})
@@ -488,29 +489,6 @@ func APIError(w http.ResponseWriter, r *http.Request, code int, typ, errCode, ms
 // IsAnthropic reports whether path is one of Anthropic's Messages API routes.
 func IsAnthropic(path string) bool {
 	return path == "/v1/messages" || strings.HasPrefix(path, "/v1/messages/")
-}
-
-// anthropicType is Anthropic's error type for an HTTP status, as its API
-// documents them (and as runners/anthropic maps its own errors).
-func anthropicType(code int) string {
-	switch code {
-	case http.StatusUnauthorized:
-		return "authentication_error"
-	case http.StatusForbidden:
-		return "permission_error"
-	case http.StatusNotFound:
-		return "not_found_error"
-	case http.StatusRequestEntityTooLarge:
-		return "request_too_large"
-	case http.StatusTooManyRequests:
-		return "rate_limit_error"
-	case http.StatusServiceUnavailable, 529:
-		return "overloaded_error"
-	}
-	if code >= 400 && code < 500 {
-		return "invalid_request_error"
-	}
-	return "api_error"
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
