@@ -256,18 +256,14 @@ func (s *streamEmitter) Reasoning(t string) error {
 
 // bufferEmitter collects the text (and logprobs) of a non-streaming request.
 type bufferEmitter struct {
-	b          strings.Builder
-	r          strings.Builder // reasoning
-	lps        []*gen.TokenLogprob
-	calls      []ToolCallDelta
-	callsFirst bool // a call came before any text
+	b     strings.Builder
+	r     strings.Builder // reasoning
+	lps   []*gen.TokenLogprob
+	calls []ToolCallDelta
 }
 
 // ToolCall implements gen.ToolCallEmitter.
 func (b *bufferEmitter) ToolCall(index int, id, name, args string) error {
-	if len(b.calls) == 0 && b.b.Len() == 0 {
-		b.callsFirst = true
-	}
 	for len(b.calls) <= index {
 		b.calls = append(b.calls, ToolCallDelta{Type: "function"})
 	}

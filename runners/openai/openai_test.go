@@ -25,6 +25,7 @@ var update = flag.Bool("update", false, "rewrite golden files")
 type scriptGen struct {
 	pieces   []string
 	calls    []scriptCall // reported after pieces, through gen.ToolCallEmitter
+	after    []string     // text reported after the calls
 	finish   string
 	failPre  error // returned before Start
 	failPost error // returned after the pieces
@@ -53,6 +54,11 @@ func (g *scriptGen) Generate(ctx context.Context, req *gen.Request, em gen.Emitt
 			if err := te.ToolCall(i, "", "", a); err != nil {
 				return gen.Result{}, err
 			}
+		}
+	}
+	for _, p := range g.after {
+		if err := em.Text(p, nil); err != nil {
+			return gen.Result{}, err
 		}
 	}
 	if g.failPost != nil {

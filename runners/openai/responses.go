@@ -426,21 +426,112 @@ func messageItem(msgID, status, text string) ResponseItem {
 		Content: []ResponsePart{{Type: "output_text", Text: text, Annotations: []any{}, Logprobs: []any{}}}}
 }
 
+// outputItems collects a response's output items in the order the model
+// produced them, as OpenAI's output lists them: a message item holds the
+// text up to the next call, each function_call item one call, and text
+// after a call is a new message item after it. The stream and the whole
+// answer build their output with it, so they agree.
+type outputItems struct {
+	items []*outputItem
+	calls map[int]*outputItem // a call's index → its item
+	msgID func() string       // a new message item's id
+}
+
+// outputItem is a message (msgID, text) or a function call (call).
+type outputItem struct {
+	at    int // its output index
+	msgID string
+	text  strings.Builder
+	call  *ToolCallDelta
+}
+
+// id is the item's id (a function call's from its call id).
+func (it *outputItem) id() string {
+	if it.call != nil {
+		return "fc_" + strings.TrimPrefix(it.call.ID, "call_")
+	}
+	return it.msgID
+}
+
+// text adds t to the message item being written (a new one when the last
+// item is not a message) and returns it, its output index and whether it
+// was added now.
+func (o *outputItems) addText(t string) (it *outputItem, at int, added bool) {
+	if n := len(o.items); n > 0 && o.items[n-1].call == nil {
+		it, at = o.items[n-1], n-1
+	} else {
+		it, at, added = &outputItem{at: n, msgID: o.msgID()}, n, true
+		o.items = append(o.items, it)
+	}
+	it.text.WriteString(t)
+	return it, at, added
+}
+
+// addCall adds a piece of call index (its item is added at its first
+// piece) and returns the item, its output index and whether it was added
+// now.
+func (o *outputItems) addCall(index int, id, name, args string) (it *outputItem, at int, added bool) {
+	if o.calls == nil {
+		o.calls = map[int]*outputItem{}
+	}
+	it, ok := o.calls[index]
+	if !ok {
+		it, added = &outputItem{at: len(o.items), call: &ToolCallDelta{Type: "function"}}, true
+		o.calls[index] = it
+		o.items = append(o.items, it)
+	}
+	if id != "" {
+		it.call.ID = id
+	}
+	it.call.Function.Name += name
+	it.call.Function.Arguments += args
+	return it, it.at, added
+}
+
+// output is the items with the given status; an answer with nothing at
+// all is one empty message.
+func (o *outputItems) output(status string) []ResponseItem {
+	if len(o.items) == 0 {
+		o.addText("")
+	}
+	out := make([]ResponseItem, len(o.items))
+	for i, it := range o.items {
+		if it.call != nil {
+			out[i] = functionCallItems([]ToolCallDelta{*it.call}, status)[0]
+		} else {
+			out[i] = messageItem(it.msgID, status, it.text.String())
+		}
+	}
+	return out
+}
+
+// responsesBuffer collects a non-streamed response's output.
+type responsesBuffer struct{ out outputItems }
+
+func (b *responsesBuffer) Start(int) error { return nil }
+func (b *responsesBuffer) Text(t string, _ *gen.TokenLogprob) error {
+	if t != "" {
+		b.out.addText(t)
+	}
+	return nil
+}
+
+// ToolCall implements gen.ToolCallEmitter.
+func (b *responsesBuffer) ToolCall(index int, id, name, args string) error {
+	b.out.addCall(index, id, name, args)
+	return nil
+}
+
 // responsesStream writes the Responses streaming events as text arrives.
-// Items are added as their content begins (the message at its first
-// text, each call at its start), numbered in that order, so an answer
-// that is only calls has no empty message item, as the non-streamed
-// output has none.
+// Items are added as their content begins (a message at its first text,
+// each call at its start), numbered in that order (outputItems), so an
+// answer that is only calls has no empty message item, as the
+// non-streamed output has none.
 type responsesStream struct {
-	sse      *SSEWriter
-	seq      int
-	obj      ResponseObject
-	msgID    string
-	text     strings.Builder
-	calls    []ToolCallDelta
-	next     int   // the next item's output index
-	msgIndex int   // the message item's output index; -1: not added
-	callAt   []int // each call's output index
+	sse *SSEWriter
+	seq int
+	obj ResponseObject
+	out outputItems
 }
 
 func (s *responsesStream) event(typ string, fields map[string]any) error {
@@ -457,73 +548,55 @@ func (s *responsesStream) Start(int) error {
 	return s.event("response.in_progress", map[string]any{"response": s.obj})
 }
 
-// addMessage adds the message item and its output_text part.
-func (s *responsesStream) addMessage() error {
-	s.msgIndex = s.next
-	s.next++
-	if err := s.event("response.output_item.added", map[string]any{"output_index": s.msgIndex,
-		"item": ResponseItem{Type: "message", ID: s.msgID, Status: "in_progress", Role: "assistant", Content: []ResponsePart{}}}); err != nil {
+// added announces a new message item and its output_text part.
+func (s *responsesStream) added(it *outputItem, at int) error {
+	if err := s.event("response.output_item.added", map[string]any{"output_index": at,
+		"item": ResponseItem{Type: "message", ID: it.msgID, Status: "in_progress", Role: "assistant", Content: []ResponsePart{}}}); err != nil {
 		return err
 	}
-	return s.event("response.content_part.added", map[string]any{"item_id": s.msgID, "output_index": s.msgIndex, "content_index": 0,
+	return s.event("response.content_part.added", map[string]any{"item_id": it.msgID, "output_index": at, "content_index": 0,
 		"part": ResponsePart{Type: "output_text", Text: "", Annotations: []any{}, Logprobs: []any{}}})
 }
 
 // ToolCall implements gen.ToolCallEmitter: a function_call output item,
 // its arguments streamed as deltas.
 func (s *responsesStream) ToolCall(index int, id, name, args string) error {
-	for len(s.calls) <= index {
-		s.calls = append(s.calls, ToolCallDelta{Type: "function"})
-		s.callAt = append(s.callAt, -1)
-	}
-	c := &s.calls[index]
-	if id != "" {
-		c.ID = id
-	}
-	c.Function.Name += name
-	c.Function.Arguments += args
-	item := functionCallItems([]ToolCallDelta{*c}, "in_progress")[0]
-	if s.callAt[index] < 0 {
-		s.callAt[index] = s.next
-		s.next++
+	it, at, added := s.out.addCall(index, id, name, args)
+	if added {
+		item := functionCallItems([]ToolCallDelta{*it.call}, "in_progress")[0]
 		item.Arguments = ""
-		if err := s.event("response.output_item.added", map[string]any{"output_index": s.callAt[index], "item": item}); err != nil {
+		if err := s.event("response.output_item.added", map[string]any{"output_index": at, "item": item}); err != nil {
 			return err
 		}
 	}
 	if args == "" {
 		return nil
 	}
-	return s.event("response.function_call_arguments.delta", map[string]any{"item_id": item.ID, "output_index": s.callAt[index], "delta": args})
+	return s.event("response.function_call_arguments.delta", map[string]any{"item_id": it.id(), "output_index": at, "delta": args})
 }
 
 func (s *responsesStream) Text(t string, _ *gen.TokenLogprob) error {
 	if t == "" {
 		return nil
 	}
-	if s.msgIndex < 0 {
-		if err := s.addMessage(); err != nil {
+	it, at, added := s.out.addText(t)
+	if added {
+		if err := s.added(it, at); err != nil {
 			return err
 		}
 	}
-	s.text.WriteString(t)
-	return s.event("response.output_text.delta", map[string]any{"item_id": s.msgID, "output_index": s.msgIndex, "content_index": 0,
+	return s.event("response.output_text.delta", map[string]any{"item_id": it.msgID, "output_index": at, "content_index": 0,
 		"delta": t, "logprobs": []any{}})
 }
 
 // end closes every item in output order (an answer with nothing at all
 // still gets its empty message) and returns the output.
 func (s *responsesStream) end(status string) []ResponseItem {
-	if s.msgIndex < 0 && len(s.calls) == 0 {
-		_ = s.addMessage()
+	if len(s.out.items) == 0 {
+		it, at, _ := s.out.addText("")
+		_ = s.added(it, at)
 	}
-	out := make([]ResponseItem, s.next)
-	if s.msgIndex >= 0 {
-		out[s.msgIndex] = messageItem(s.msgID, status, s.text.String())
-	}
-	for i, it := range functionCallItems(s.calls, status) {
-		out[s.callAt[i]] = it
-	}
+	out := s.out.output(status)
 	for i, it := range out {
 		if it.Type == "message" {
 			_ = s.event("response.output_text.done", map[string]any{"item_id": it.ID, "output_index": i, "content_index": 0, "text": it.Content[0].Text, "logprobs": []any{}})
@@ -564,33 +637,22 @@ func (h *Handler) responses(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, req.Model, e)
 		return
 	}
-	id, msgID := h.id("resp_"), h.id("msg_")
-	obj := h.responseObject(id, &req, g, "in_progress")
+	obj := h.responseObject(h.id("resp_"), &req, g, "in_progress")
+	out := outputItems{msgID: func() string { return h.id("msg_") }}
 	if !g.Stream {
-		var be bufferEmitter
-		res, err := h.Gen.Generate(r.Context(), g, &be)
+		b := responsesBuffer{out: out}
+		res, err := h.Gen.Generate(r.Context(), g, &b)
 		if err != nil {
 			h.fail(w, g.Model, inputParam(AsRequestError(r.Context(), err), &req))
 			return
 		}
-		status := finish(&obj, res)
-		// the message holds the text; an answer that is only calls has none
-		msg := []ResponseItem{messageItem(msgID, status, be.b.String())}
-		calls := functionCallItems(be.calls, status)
-		switch {
-		case be.b.Len() == 0 && len(calls) > 0:
-			obj.Output = calls
-		case be.callsFirst:
-			obj.Output = append(calls, msg...)
-		default:
-			obj.Output = append(msg, calls...)
-		}
+		obj.Output = b.out.output(finish(&obj, res))
 		writeJSON(w, http.StatusOK, obj)
 		h.result(g.Model, http.StatusOK)
 		return
 	}
 	sse := NewSSEWriter(w)
-	st := &responsesStream{sse: sse, obj: obj, msgID: msgID, msgIndex: -1}
+	st := &responsesStream{sse: sse, obj: obj, out: out}
 	res, err := h.Gen.Generate(r.Context(), g, st)
 	if err != nil {
 		oe := inputParam(AsRequestError(r.Context(), err), &req)

@@ -138,6 +138,12 @@ func TestResponsesStreamMatchesCreate(t *testing.T) {
 			[]string{"function_call", "function_call"}},
 		{"text then call", scriptGen{pieces: []string{"Checking."}, calls: []scriptCall{{"get_weather", []string{`{}`}}}, finish: "tool_calls"},
 			[]string{"message", "function_call"}},
+		// output items in generation order, as OpenAI's: text after a
+		// call is a new message item after it
+		{"call then text", scriptGen{calls: []scriptCall{{"get_weather", []string{`{}`}}}, after: []string{"Asked."}, finish: "tool_calls"},
+			[]string{"function_call", "message"}},
+		{"text, calls, text", scriptGen{pieces: []string{"Checking."}, calls: []scriptCall{{"get_weather", []string{`{}`}}, {"get_time", nil}},
+			after: []string{"Asked ", "both."}, finish: "tool_calls"}, []string{"message", "function_call", "function_call", "message"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			g := c.gen
