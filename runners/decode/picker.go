@@ -102,7 +102,8 @@ func (p *Picker) pick(logits []float32, d int32, q []float32) (Picked, error) {
 	p.history = append(p.history, tok)
 	pk := Picked{Tok: tok, Done: p.cons != nil && p.cons.Done()}
 	if p.logprobs {
-		pk.Logprob = logprob(p.text, logits, tok, p.top)
+		lp, top := sample.Logprobs(logits, tok, p.top) // under the model's logits, before any sampling transform
+		pk.Logprob = p.logprobOf(tok, lp, top)
 	}
 	return pk, nil
 }
@@ -125,23 +126,13 @@ func (p *Picker) Close() {
 	}
 }
 
-// logprobOf describes tok by the logprob and top alternatives computed
-// on the device (an overlapped step), as logprob does from the logits.
+// logprobOf describes tok by its log-probability lp and the top most
+// likely tokens, computed from the logits on the host (pick) or on the
+// device (an overlapped step).
 func (p *Picker) logprobOf(tok int32, lp float64, top []sample.TokenLogprob) *gen.TokenLogprob {
 	out := &gen.TokenLogprob{Bytes: p.text.TokenBytes(tok), Logprob: lp}
 	for _, b := range top {
 		out.Top = append(out.Top, gen.TopToken{Bytes: p.text.TokenBytes(b.ID), Logprob: b.Logprob})
-	}
-	return out
-}
-
-// logprob describes tok under the model's logits (before any sampling
-// transform): its log-probability and the top most likely tokens.
-func logprob(text Text, logits []float32, tok int32, top int) *gen.TokenLogprob {
-	lp, best := sample.Logprobs(logits, tok, top)
-	out := &gen.TokenLogprob{Bytes: text.TokenBytes(tok), Logprob: lp}
-	for _, b := range best {
-		out.Top = append(out.Top, gen.TopToken{Bytes: text.TokenBytes(b.ID), Logprob: b.Logprob})
 	}
 	return out
 }
