@@ -3,13 +3,13 @@ package stage
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"strconv"
 	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/mlx"
+	"github.com/exo-pd/exo-pd/runners/internal/groupaddr"
 )
 
 // MLXPlan is where a stage's rank of MLX's ring listens and what it joins.
@@ -117,8 +117,8 @@ func ringPlan(p MLXPlan, hostfile, rank string) (write []string, whole bool, why
 	if p.Stages != 2 {
 		return nil, false, fmt.Sprintf("%d stages need MLX_HOSTFILE and MLX_RANK (the supervisor writes them where every stage runs MLX; a runner writes its own for two stages only)", p.Stages)
 	}
-	own, err1 := ringAddr(p.Listen)
-	next, err2 := ringAddr(p.Next)
+	own, err1 := groupaddr.After(p.Listen)
+	next, err2 := groupaddr.After(p.Next)
 	if err1 != nil || err2 != nil {
 		return nil, false, fmt.Sprintf("no ring address from --stage-listen %q / --stage-next %q: %v", p.Listen, p.Next, firstErr(err1, err2))
 	}
@@ -126,19 +126,6 @@ func ringPlan(p MLXPlan, hostfile, rank string) (write []string, whole bool, why
 		return []string{next, own}, false, ""
 	}
 	return []string{own, next}, false, ""
-}
-
-// ringAddr is a stage link address's MLX ring address (port + 1).
-func ringAddr(addr string) (string, error) {
-	h, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return "", err
-	}
-	n, err := strconv.Atoi(port)
-	if err != nil || n < 1 || n >= 65535 {
-		return "", fmt.Errorf("port %q (MLX's ring takes the next one)", port)
-	}
-	return net.JoinHostPort(h, strconv.Itoa(n+1)), nil
 }
 
 func firstErr(errs ...error) error {

@@ -11,23 +11,6 @@ import (
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
 )
 
-// TestRingAddr: MLX's ring listens on a stage link's port + 1.
-func TestRingAddr(t *testing.T) {
-	for _, tc := range []struct{ in, want string }{
-		{"127.0.0.1:8003", "127.0.0.1:8004"},
-		{"[::1]:9", "[::1]:10"},
-		{"host:65535", ""},
-		{"host:0", ""},
-		{"nohost", ""},
-		{"h:x", ""},
-	} {
-		got, err := ringAddr(tc.in)
-		if (err != nil) != (tc.want == "") || got != tc.want {
-			t.Errorf("ringAddr(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
-		}
-	}
-}
-
 // TestMLXGroupPlan: which stages offer MLX's ring, and why not. On the
 // cpu backend never; with MLX (EXO_MLXC_PATH, by hand) two stages plan
 // their own hostfile, three need MLX_HOSTFILE with their own MLX_RANK.

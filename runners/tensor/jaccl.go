@@ -3,9 +3,10 @@ package tensor
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"strconv"
+
+	"github.com/exo-pd/exo-pd/runners/internal/groupaddr"
 )
 
 // JACCL is MLX's RDMA backend over Thunderbolt 5 (macOS 26.2+ with RDMA
@@ -76,13 +77,9 @@ func jacclEnv(c RankConfig, dir string) (map[string]string, error) {
 	if err := CheckMesh(c.RDMA, c.Size); err != nil {
 		return nil, err
 	}
-	h, port, err := net.SplitHostPort(c.Peers[0])
+	coord, err := groupaddr.After(c.Peers[0])
 	if err != nil {
-		return nil, fmt.Errorf("--tensor-peers: rank 0's address %q: %w", c.Peers[0], err)
-	}
-	n, err := strconv.Atoi(port)
-	if err != nil || n < 1 || n >= 65535 {
-		return nil, fmt.Errorf("--tensor-peers: rank 0's port %q (JACCL's coordinator takes the next one)", port)
+		return nil, fmt.Errorf("--tensor-peers: rank 0's address %q (JACCL's coordinator): %w", c.Peers[0], err)
 	}
 	m := make([][]*string, len(c.RDMA))
 	for i, row := range c.RDMA {
@@ -108,6 +105,6 @@ func jacclEnv(c RankConfig, dir string) (map[string]string, error) {
 	return map[string]string{
 		"MLX_RANK":              strconv.Itoa(c.Rank),
 		"MLX_IBV_DEVICES":       f.Name(),
-		"MLX_JACCL_COORDINATOR": net.JoinHostPort(h, strconv.Itoa(n+1)),
+		"MLX_JACCL_COORDINATOR": coord,
 	}, nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/mlx"
+	"github.com/exo-pd/exo-pd/runners/internal/groupaddr"
 )
 
 // ParseRank parses a runner's --tensor value "I/N" (0 ≤ I < N, N ≥ 2).
@@ -304,15 +305,11 @@ func chooseMLXBackend(c RankConfig, cuda bool, avail func(string) (bool, error))
 func ringAddrs(peers []string) ([]string, error) {
 	addrs := make([]string, len(peers))
 	for i, p := range peers {
-		h, port, err := net.SplitHostPort(p)
+		a, err := groupaddr.After(p)
 		if err != nil {
 			return nil, fmt.Errorf("--tensor-peers: rank %d: %w", i, err)
 		}
-		n, err := strconv.Atoi(port)
-		if err != nil || n < 1 || n >= 65535 {
-			return nil, fmt.Errorf("--tensor-peers: rank %d's port %q (MLX's ring takes the next one)", i, port)
-		}
-		addrs[i] = net.JoinHostPort(h, strconv.Itoa(n+1))
+		addrs[i] = a
 	}
 	return addrs, nil
 }

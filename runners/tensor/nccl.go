@@ -5,6 +5,8 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+
+	"github.com/exo-pd/exo-pd/runners/internal/groupaddr"
 )
 
 // NCCL (CUDA hosts: a tensor-parallel prefill across Sparks). MLX's NCCL
@@ -29,14 +31,15 @@ func ncclEnv(c RankConfig) (map[string]string, error) {
 	if a, err := netip.ParseAddr(h); err == nil && !a.Unmap().Is4() {
 		return nil, fmt.Errorf("--tensor-peers: rank 0's address %q is IPv6: MLX's NCCL rendezvous (NCCL_HOST_IP) takes IPv4 addresses or host names", c.Peers[0])
 	}
-	n, err := strconv.Atoi(port)
-	if err != nil || n < 1 || n >= 65535 {
-		return nil, fmt.Errorf("--tensor-peers: rank 0's port %q (NCCL's rendezvous takes the next one)", port)
+	rv, err := groupaddr.After(c.Peers[0])
+	if err != nil {
+		return nil, fmt.Errorf("--tensor-peers: rank 0's address %q (NCCL's rendezvous): %w", c.Peers[0], err)
 	}
+	_, port, _ = net.SplitHostPort(rv)
 	return map[string]string{
 		"MLX_RANK":       strconv.Itoa(c.Rank),
 		"MLX_WORLD_SIZE": strconv.Itoa(c.Size),
 		"NCCL_HOST_IP":   h,
-		"NCCL_PORT":      strconv.Itoa(n + 1),
+		"NCCL_PORT":      port,
 	}, nil
 }
