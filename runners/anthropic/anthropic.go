@@ -37,6 +37,8 @@ import (
 	"math"
 	"net/http"
 	"reflect"
+	"slices"
+	"sort"
 	"strings"
 
 	"github.com/exo-pd/exo-pd/internal/apierr"
@@ -145,10 +147,29 @@ func (c *Content) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// blockFields are the fields of each content block type this server
+// takes: Block is their union, and a block carrying another type's field
+// is refused by name (checkBlocks).
+var blockFields = map[string][]string{
+	"text":              {"type", "text", "cache_control"},
+	"tool_use":          {"type", "id", "name", "input", "cache_control"},
+	"tool_result":       {"type", "tool_use_id", "content", "is_error", "cache_control"},
+	"thinking":          {"type", "thinking", "signature"},
+	"redacted_thinking": {"type", "data"},
+}
+
 var (
 	textBlockShape = openai.Shape{"type": nil, "text": nil, "cache_control": nil}
-	blockShape     = openai.Shape{"type": nil, "text": nil, "cache_control": nil, "id": nil, "name": nil, "input": nil,
-		"tool_use_id": nil, "is_error": nil, "content": textBlockShape, "thinking": nil, "signature": nil, "data": nil}
+	blockShape     = func() openai.Shape { // the union of blockFields
+		s := openai.Shape{}
+		for _, fs := range blockFields {
+			for _, f := range fs {
+				s[f] = nil
+			}
+		}
+		s["content"] = textBlockShape // tool_result's: a string or text blocks
+		return s
+	}()
 	requestShape = openai.FieldsOf(reflect.TypeFor[Request](), openai.Shape{
 		"messages":    {"role": nil, "content": blockShape},
 		"system":      textBlockShape,
@@ -188,10 +209,13 @@ var countShape = func() openai.Shape {
 	return s
 }()
 
-// blockTypes refuses content blocks other than text (and, with tools,
-// tool_use and tool_result) by their type, before their other keys are
-// checked, so the error says what is missing.
-func blockTypes(body []byte, tools bool) *openai.Error {
+// checkBlocks refuses content blocks other than text (and, with tools,
+// tool_use and tool_result; in history, thinking and redacted_thinking)
+// by their type, before their other keys are checked, so the error says
+// what is missing; then a field of another block type on a block
+// (signature on a text block, text on a tool_use), by name. Keys no block
+// type has are left to the strict decode, which refuses them too.
+func checkBlocks(body []byte, tools bool) *openai.Error {
 	var loose struct {
 		System   json.RawMessage `json:"system"`
 		Messages []struct {
@@ -202,17 +226,31 @@ func blockTypes(body []byte, tools bool) *openai.Error {
 		return nil // the strict decode reports it
 	}
 	check := func(raw json.RawMessage, path string) *openai.Error {
-		var blocks []struct {
-			Type string `json:"type"`
-		}
+		var blocks []map[string]json.RawMessage
 		if json.Unmarshal(raw, &blocks) != nil {
 			return nil
 		}
 		for i, b := range blocks {
-			history := path != "system" && (b.Type == "thinking" || b.Type == "redacted_thinking")
-			if b.Type != "text" && !history && !(tools && path != "system" && (b.Type == "tool_use" || b.Type == "tool_result")) {
+			var typ string
+			if json.Unmarshal(b["type"], &typ) != nil {
+				continue // the strict decode reports it
+			}
+			history := path != "system" && (typ == "thinking" || typ == "redacted_thinking")
+			if typ != "text" && !history && !(tools && path != "system" && (typ == "tool_use" || typ == "tool_result")) {
 				return openai.Errorf(fmt.Sprintf("%s[%d].type", path, i),
-					"%s[%d].type %q is not supported by this server yet", path, i, b.Type)
+					"%s[%d].type %q is not supported by this server yet", path, i, typ)
+			}
+			keys := make([]string, 0, len(b))
+			for k := range b {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				if _, some := blockShape[k]; !some || slices.Contains(blockFields[typ], k) || string(bytes.TrimSpace(b[k])) == "null" {
+					continue
+				}
+				f := fmt.Sprintf("%s[%d].%s", path, i, k)
+				return openai.Errorf(f, "%s is not a field of a %s block", f, typ)
 			}
 		}
 		return nil
@@ -258,7 +296,7 @@ func (h *Handler) readRequest(w http.ResponseWriter, r *http.Request, shape open
 		h.fail(w, "", e)
 		return Request{}, false
 	}
-	if e := blockTypes(body, h.AcceptTools); e != nil {
+	if e := checkBlocks(body, h.AcceptTools); e != nil {
 		h.fail(w, "", e)
 		return Request{}, false
 	}

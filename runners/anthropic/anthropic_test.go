@@ -207,7 +207,7 @@ func FuzzMessagesRequest(f *testing.F) {
 	f.Add(`{"model":"tiny","messages":"x","stop_sequences":[""]}`)
 	h := &Handler{Served: []string{"tiny"}}
 	f.Fuzz(func(t *testing.T, s string) {
-		if blockTypes([]byte(s), true) != nil {
+		if checkBlocks([]byte(s), true) != nil {
 			return
 		}
 		var r Request
@@ -228,7 +228,7 @@ func TestToolsKeptWhenAccepted(t *testing.T) {
 		"messages":[{"role":"user","content":"Weather in Paris?"},
 		{"role":"assistant","content":[{"type":"text","text":"Checking."},{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"city":"Paris"}}]},
 		{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":[{"type":"text","text":"18C"}]},{"type":"text","text":"Thanks"}]}]}`
-	if e := blockTypes([]byte(body), true); e != nil {
+	if e := checkBlocks([]byte(body), true); e != nil {
 		t.Fatal(e)
 	}
 	var r Request
@@ -250,7 +250,7 @@ func TestToolsKeptWhenAccepted(t *testing.T) {
 		t.Fatalf("%+v", m)
 	}
 	// without AcceptTools the same request is refused by name
-	if e := blockTypes([]byte(body), false); e == nil || e.Param != "messages[1].content[1].type" {
+	if e := checkBlocks([]byte(body), false); e == nil || e.Param != "messages[1].content[1].type" {
 		t.Fatalf("tool_use block: %v", e)
 	}
 	h.AcceptTools = false
@@ -441,6 +441,45 @@ func TestErrorTypes(t *testing.T) {
 		504: "timeout_error", 529: "overloaded_error"} {
 		if got := errorBody(&openai.Error{Status: status, Message: "m"}); got.Type != "error" || got.Error.Type != want {
 			t.Errorf("status %d: %+v, want type %q", status, got, want)
+		}
+	}
+}
+
+// TestBlockFieldsBelongToTheirType: a content block carries only its own
+// type's fields (Anthropic's blocks are a union by type): a field of
+// another block type is a 400 naming it, not silently dropped; null asks
+// for nothing and passes, as elsewhere.
+func TestBlockFieldsBelongToTheirType(t *testing.T) {
+	h := &Handler{Gen: &scriptGen{pieces: []string{"ok"}, res: gen.Result{FinishReason: "stop"}}, Served: []string{"tiny"}, AcceptTools: true}
+	url := serveWith(t, h)
+	msg := func(blocks string) string {
+		return `{"model":"tiny","max_tokens":5,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[` + blocks + `]},{"role":"user","content":"go on"}]}`
+	}
+	for _, c := range []struct{ name, body, param string }{
+		{"signature on text", msg(`{"type":"text","text":"a","signature":"s"}`), "messages[1].content[0].signature"},
+		{"input on text", msg(`{"type":"text","text":"a","input":{}}`), "messages[1].content[0].input"},
+		{"text on tool_use", msg(`{"type":"tool_use","id":"t","name":"f","input":{},"text":"x"}`), "messages[1].content[0].text"},
+		{"is_error on tool_use", msg(`{"type":"tool_use","id":"t","name":"f","input":{},"is_error":true}`), "messages[1].content[0].is_error"},
+		{"text on thinking", msg(`{"type":"thinking","thinking":"t","signature":"s","text":"x"}`), "messages[1].content[0].text"},
+		{"thinking on redacted_thinking", msg(`{"type":"redacted_thinking","data":"d","thinking":"t"}`), "messages[1].content[0].thinking"},
+		{"name on tool_result", `{"model":"tiny","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"1","name":"f"}]}]}`,
+			"messages[0].content[0].name"},
+		{"data on text in a tool_result", `{"model":"tiny","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"1","data":"d"}]}]}]}`,
+			"messages[0].content[0].content[0].data"},
+	} {
+		code, body := post(t, url, c.body)
+		var eb ErrorBody
+		if err := json.Unmarshal([]byte(body), &eb); err != nil || code != 400 || eb.Error.Type != "invalid_request_error" || !strings.Contains(eb.Error.Message, c.param) {
+			t.Errorf("%s: %d %s, want a 400 naming %s", c.name, code, body, c.param)
+		}
+	}
+	for _, c := range []struct{ name, body string }{
+		{"each type's own fields", msg(`{"type":"thinking","thinking":"t","signature":"s"},{"type":"redacted_thinking","data":"d"},{"type":"text","text":"a","cache_control":{"type":"ephemeral"}},{"type":"tool_use","id":"t","name":"f","input":{},"cache_control":{"type":"ephemeral"}}`)},
+		{"a foreign field sent as null", msg(`{"type":"text","text":"a","signature":null,"input":null}`)},
+		{"tool_result's own fields", `{"model":"tiny","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"1"}],"is_error":false,"cache_control":{"type":"ephemeral"}}]}]}`},
+	} {
+		if code, body := post(t, url, c.body); code != 200 {
+			t.Errorf("%s: %d %s", c.name, code, body)
 		}
 	}
 }

@@ -18,7 +18,7 @@ func FuzzMessagesRoundTrip(f *testing.F) {
 	f.Add("{\"model\":\"tiny\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"caf\xe9\"}]}")
 	f.Add(`{"model":"tiny","max_tokens":50,"thinking":{"type":"enabled","budget_tokens":10},"messages":[{"role":"assistant","content":[{"type":"thinking","thinking":"t","signature":"s"},{"type":"redacted_thinking","data":"d"}]}]}`)
 	f.Fuzz(func(t *testing.T, s string) {
-		if blockTypes([]byte(s), true) != nil {
+		if checkBlocks([]byte(s), true) != nil {
 			return
 		}
 		var r Request

@@ -224,6 +224,7 @@ func TestValidationErrors(t *testing.T) {
 		{"temperature negative", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"temperature":-0.1}`, 400, "temperature", "between 0 and 2"},
 		{"temperature string", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"temperature":"hot"}`, 400, "temperature", "temperature must be a number, got string"},
 		{"top_p zero", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"top_p":0}`, 400, "top_p", "top_p"},
+		{"json_schema beside type text", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"text","json_schema":{"name":"p","schema":{}}}}`, 400, "response_format.json_schema", "only with type json_schema"},
 		{"n=2", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"n":2}`, 400, "n", "n=1"},
 		{"completion no prompt", "/v1/completions", `{"model":"tiny"}`, 400, "prompt", "prompt"},
 		{"completion batched prompt", "/v1/completions", `{"model":"tiny","prompt":[[1,2],[3]]}`, 400, "", "batched"},

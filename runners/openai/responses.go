@@ -231,6 +231,19 @@ func (h *Handler) convertResponses(r *ResponsesRequest) (*gen.Request, *Error) {
 	}
 	if r.Text != nil && r.Text.Format != nil {
 		f := r.Text.Format
+		if f.Type == "text" || f.Type == "json_object" {
+			// OpenAI's text and json_object formats are {"type"} alone:
+			// a json_schema format's field beside them is refused, not
+			// ignored (and echoed back as if honoured)
+			for _, x := range []struct {
+				name string
+				set  bool
+			}{{"name", f.Name != ""}, {"description", f.Description != ""}, {"schema", len(f.Schema) > 0 && string(f.Schema) != "null"}, {"strict", f.Strict != nil}} {
+				if x.set {
+					return nil, Errorf("text.format."+x.name, "text.format.%s is only for text.format type json_schema, not %q", x.name, f.Type)
+				}
+			}
+		}
 		cr.ResponseFormat = &ResponseFormat{Type: f.Type}
 		if f.Type == "json_schema" {
 			if len(f.Schema) == 0 {

@@ -51,6 +51,12 @@ func TestResponsesConversionAndErrors(t *testing.T) {
 		{`{"model":"tiny","input":"x","text":{"format":{"type":"json_object"}}}`, "text.format"}, // without AcceptTools
 		{`{"model":"tiny","input":"x","text":{"format":{"type":"json_schema"}}}`, "text.format.schema"},
 		{`{"model":"tiny","input":"x","text":{"format":{"type":"xml"}}}`, "text.format.type"},
+		// a json_schema format's fields beside another type: refused, as
+		// OpenAI's text and json_object formats have only "type"
+		{`{"model":"tiny","input":"x","text":{"format":{"type":"text","name":"p"}}}`, "text.format.name"},
+		{`{"model":"tiny","input":"x","text":{"format":{"type":"text","description":"d"}}}`, "text.format.description"},
+		{`{"model":"tiny","input":"x","text":{"format":{"type":"json_object","schema":{"type":"object"}}}}`, "text.format.schema"},
+		{`{"model":"tiny","input":"x","text":{"format":{"type":"json_object","strict":false}}}`, "text.format.strict"},
 		{`{"model":"tiny","input":[{"type":"function_call_output","call_id":"c","output":"1"}]}`, "input[0].type"},
 		{`{"model":"tiny","input":[{"role":"user","content":[{"type":"input_image","image_url":"x"}]}]}`, "input[0].content[0].type"},
 		{`{"model":"tiny","instructions":"s","input":[{"role":"wizard","content":"x"}]}`, "input[0].role"},

@@ -529,6 +529,9 @@ func (v Validator) constraints(r *ChatRequest, g *gen.Request) *Error {
 	if rf := r.ResponseFormat; rf != nil {
 		switch rf.Type {
 		case "text", "json_object":
+			if rf.JSONSchema != nil {
+				return Errorf("response_format.json_schema", "response_format.json_schema is allowed only with type json_schema, not %q", rf.Type)
+			}
 		case "json_schema":
 			if rf.JSONSchema == nil || len(rf.JSONSchema.Schema) == 0 {
 				return Errorf("response_format.json_schema", "response_format type json_schema needs json_schema.schema")
