@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/exo-pd/exo-pd/internal/testutil"
 	"github.com/exo-pd/exo-pd/runners/chat"
 	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/hf"
@@ -15,7 +16,8 @@ import (
 
 // smolGGUF finds the SmolLM2 GGUF the way builtin:smollm2 does
 // (hf.FindSmolLM2; cmd/ cannot import runners/internal/testenv): it skips
-// when the model is not installed and fails when $EXO_SMOLLM2_GGUF is wrong.
+// when the model is not installed (fails under $EXO_REQUIRE_TEST_DEPS) and
+// fails when $EXO_SMOLLM2_GGUF is wrong.
 func smolGGUF(t *testing.T) string {
 	t.Helper()
 	p, err := hf.FindSmolLM2(context.Background())
@@ -23,7 +25,7 @@ func smolGGUF(t *testing.T) string {
 		if os.Getenv("EXO_SMOLLM2_GGUF") != "" {
 			t.Fatal(err)
 		}
-		t.Skip(err)
+		testutil.Missing(t, "%v", err)
 	}
 	return p
 }

@@ -120,3 +120,37 @@ func TestPortRange(t *testing.T) {
 		t.Fatalf("portRange [%d, %d) overlaps the ephemeral range [%d, %d]", lo, hi, elo, ehi)
 	}
 }
+
+// skipTB records a skip or a failure instead of ending the test.
+type skipTB struct {
+	testing.TB
+	skipped, failed string
+}
+
+func (f *skipTB) Helper()                           {}
+func (f *skipTB) Skip(args ...any)                  { f.skipped = fmt.Sprint(args...) }
+func (f *skipTB) Fatalf(format string, args ...any) { f.failed = fmt.Sprintf(format, args...) }
+
+// TestMissing: a missing dependency skips the test, and fails it under
+// $EXO_REQUIRE_TEST_DEPS (set by scripts/run-tests); "0" is off.
+func TestMissing(t *testing.T) {
+	for _, tc := range []struct {
+		env        string
+		skip, fail bool
+	}{{"", true, false}, {"0", true, false}, {"1", false, true}, {"yes", false, true}} {
+		t.Run("env="+tc.env, func(t *testing.T) {
+			t.Setenv(RequireEnv, tc.env)
+			f := &skipTB{TB: t}
+			Missing(f, "python3 cannot import %s", "anthropic")
+			if (f.skipped != "") != tc.skip || (f.failed != "") != tc.fail {
+				t.Fatalf("skipped %q failed %q; want skip %v fail %v", f.skipped, f.failed, tc.skip, tc.fail)
+			}
+			if got := f.skipped + f.failed; !strings.Contains(got, "python3 cannot import anthropic") {
+				t.Errorf("message %q does not say what is missing", got)
+			}
+			if tc.fail && !strings.Contains(f.failed, RequireEnv) {
+				t.Errorf("failure %q does not name %s", f.failed, RequireEnv)
+			}
+		})
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/exo-pd/exo-pd/internal/testutil"
 	"github.com/exo-pd/exo-pd/runners/gen"
 )
 
@@ -67,7 +68,7 @@ func jsonEqual(t *testing.T, a, b []byte) bool {
 // anthropic SDK builds from the same text streamed (skips without jiter).
 func TestCompleteInputMatchesTheSDK(t *testing.T) {
 	if exec.Command("python3", "-c", "import jiter").Run() != nil {
-		t.Skip("python3 cannot import jiter (the anthropic SDK's partial JSON parser)")
+		testutil.Missing(t, "python3 cannot import jiter, the anthropic SDK's partial JSON parser (pip install anthropic)")
 	}
 	var args []string
 	for _, c := range partialCases {

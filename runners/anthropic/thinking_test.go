@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/exo-pd/exo-pd/internal/testutil"
 	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/openai"
 )
@@ -201,7 +202,7 @@ func TestThinkingInHistory(t *testing.T) {
 // cannot import anthropic.
 func TestSDKThinking(t *testing.T) {
 	if exec.Command("python3", "-c", "import anthropic").Run() != nil {
-		t.Skip("python3 cannot import anthropic")
+		testutil.Missing(t, "python3 cannot import anthropic (pip install anthropic)")
 	}
 	think := serve(t, &scriptGen{reasoning: []string{"The user ", "greets me."}, pieces: []string{"Hel", "lo!"}, res: gen.Result{FinishReason: "stop"}})
 	tool := serveWith(t, &Handler{Gen: &scriptGen{calls: []scriptCall{{"get_weather", []string{`{"city": "Paris", `, `"unit": "cel`}}},

@@ -15,8 +15,8 @@ import (
 )
 
 // python returns the interpreter for the SDK tests ($EXO_PYTHON, else
-// python3) if it can import module; else the test skips (scripts/run-tests
-// installs the SDKs, so CI runs them).
+// python3) if it can import module; else the test skips, or fails under
+// $EXO_REQUIRE_TEST_DEPS (scripts/run-tests installs the SDKs and sets it).
 func python(t *testing.T, module string) string {
 	t.Helper()
 	py := os.Getenv("EXO_PYTHON")
@@ -24,7 +24,7 @@ func python(t *testing.T, module string) string {
 		py = "python3"
 	}
 	if err := exec.Command(py, "-c", "import "+module).Run(); err != nil {
-		t.Skipf("%s cannot import %s (pip install %s): %v", py, module, module, err)
+		testutil.Missing(t, "%s cannot import %s (pip install %s): %v", py, module, module, err)
 	}
 	return py
 }

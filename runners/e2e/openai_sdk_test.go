@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/exo-pd/exo-pd/internal/testutil"
 )
 
 // TestOpenAISDKToolsAndStructuredOutputs: clients no one here wrote,
@@ -59,7 +61,7 @@ func nodeSDK(t *testing.T, root, url string) {
 	mods := os.Getenv("EXO_NODE_OPENAI")
 	node, err := exec.LookPath("node")
 	if mods == "" || err != nil {
-		t.Skip("needs node and $EXO_NODE_OPENAI (a node_modules with the openai package)")
+		testutil.Missing(t, "needs node and $EXO_NODE_OPENAI (a node_modules with the openai package: npm install openai)")
 	}
 	cmd := exec.Command(node, filepath.Join(root, "scripts", "clients", "openai_runtools.cjs"), url, "m")
 	cmd.Env = append(os.Environ(), "NODE_PATH="+mods)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/exo-pd/exo-pd/internal/testutil"
 	"github.com/exo-pd/exo-pd/runners/engine/weights"
 )
 
@@ -181,7 +182,7 @@ func gemmaGGUFVocab(t *testing.T, dir string) []byte {
 func TestRealGemma3GGUF(t *testing.T) {
 	root := os.Getenv("EXO_REAL_TOKENIZERS")
 	if root == "" {
-		t.Skip("set EXO_REAL_TOKENIZERS (see TestRealTokenizersMatchHF)")
+		testutil.Missing(t, "set EXO_REAL_TOKENIZERS (see TestRealTokenizersMatchHF)")
 	}
 	g, err := weights.ParseGGUF(gemmaGGUFVocab(t, filepath.Join(root, "gemma3")))
 	if err != nil {
@@ -277,7 +278,7 @@ func byteLevelGGUFVocab(t *testing.T, dir, pre string) []byte {
 func TestRealO200kGGUF(t *testing.T) {
 	root := os.Getenv("EXO_REAL_TOKENIZERS")
 	if root == "" {
-		t.Skip("set EXO_REAL_TOKENIZERS (see TestRealTokenizersMatchHF)")
+		testutil.Missing(t, "set EXO_REAL_TOKENIZERS (see TestRealTokenizersMatchHF)")
 	}
 	g, err := weights.ParseGGUF(byteLevelGGUFVocab(t, filepath.Join(root, "gpt4o"), "gpt-4o"))
 	if err != nil {

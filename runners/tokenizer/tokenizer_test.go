@@ -10,6 +10,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/exo-pd/exo-pd/internal/testutil"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 	"github.com/exo-pd/exo-pd/runners/internal/testenv"
 	"golang.org/x/text/unicode/norm"
@@ -459,7 +460,7 @@ func TestSplitterForPattern(t *testing.T) {
 func TestRealTokenizersMatchHF(t *testing.T) {
 	root := os.Getenv("EXO_REAL_TOKENIZERS")
 	if root == "" {
-		t.Skip("set EXO_REAL_TOKENIZERS (see the comment)")
+		testutil.Missing(t, "set EXO_REAL_TOKENIZERS (see the comment)")
 	}
 	ts := texts(t)
 	for _, c := range []struct {
@@ -683,7 +684,7 @@ func broadTexts(t testing.TB) []string {
 func TestRealTokenizersBroadMatchHF(t *testing.T) {
 	root := os.Getenv("EXO_REAL_TOKENIZERS")
 	if root == "" {
-		t.Skip("set EXO_REAL_TOKENIZERS (see TestRealTokenizersMatchHF)")
+		testutil.Missing(t, "set EXO_REAL_TOKENIZERS (see TestRealTokenizersMatchHF)")
 	}
 	ts := broadTexts(t)
 	for _, name := range []string{"llama3", "llama3_1", "qwen3", "llama2", "gemma3", "gptoss", "gpt4o"} {

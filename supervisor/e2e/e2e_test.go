@@ -457,7 +457,7 @@ func TestAPIKey(t *testing.T) {
 		t.Skip("builds exo and runs real runners")
 	}
 	if err := exec.Command("python3", "-c", "import openai").Run(); err != nil {
-		t.Skip("python3 with the openai package needed (scripts/run-tests installs it)")
+		testutil.Missing(t, "python3 cannot import openai (pip install openai)")
 	}
 	root, dir, exe, model := buildExoAndModel(t)
 	keyFile := filepath.Join(dir, "api-key")

