@@ -309,22 +309,15 @@ func (h *Handler) readRequest(w http.ResponseWriter, r *http.Request, shape open
 }
 
 // countTokens answers POST /v1/messages/count_tokens: the prompt tokens the
-// same request would have ({"input_tokens": N}); max_tokens is not needed.
+// same request would have ({"input_tokens": N}). It takes the fields that
+// make the prompt (countShape, checked by prompt) and refuses the
+// generation's own, max_tokens among them.
 func (h *Handler) countTokens(w http.ResponseWriter, r *http.Request) {
 	req, ok := h.readRequest(w, r, countShape)
-	if !ok {
+	if !ok || !h.checkModel(w, req.Model) {
 		return
 	}
-	if !h.served(req.Model) {
-		h.fail(w, req.Model, openai.UnknownModel(req.Model))
-		return
-	}
-	n := 1 // count_tokens needs no max_tokens; one above a thinking budget passes its check
-	if th := req.Thinking; th != nil && th.BudgetTokens != nil && *th.BudgetTokens >= n {
-		n = *th.BudgetTokens + 1
-	}
-	req.MaxTokens, req.Stream = &n, false
-	g, e := h.convert(&req)
+	g, e := h.prompt(&req)
 	if e != nil {
 		h.fail(w, req.Model, e)
 		return
@@ -336,6 +329,20 @@ func (h *Handler) countTokens(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]int{"input_tokens": len(toks)})
+}
+
+// checkModel refuses a missing or unknown model; on an error it has
+// answered the client and returns false.
+func (h *Handler) checkModel(w http.ResponseWriter, model string) bool {
+	switch {
+	case strings.TrimSpace(model) == "":
+		h.fail(w, "", openai.Errorf("model", "model is required"))
+	case !h.served(model):
+		h.fail(w, model, openai.UnknownModel(model))
+	default:
+		return true
+	}
+	return false
 }
 
 func (h *Handler) id(prefix string) string { return openai.NewID(h.NewID, prefix) }
@@ -395,6 +402,38 @@ func (h *Handler) convert(r *Request) (*gen.Request, *openai.Error) {
 	if t := r.Temperature; t != nil && (math.IsNaN(*t) || *t < 0 || *t > 1) {
 		return nil, openai.Errorf("temperature", "temperature must be between 0 and 1, got %v", *t)
 	}
+	g, e := h.prompt(r)
+	if e != nil {
+		return nil, e
+	}
+	if n := g.MaxReasoningTokens; n > 0 && n >= *r.MaxTokens {
+		return nil, openai.Errorf("thinking.budget_tokens", "thinking.budget_tokens (%d) must be less than max_tokens (%d)", n, *r.MaxTokens)
+	}
+	if fe := gen.CheckMaxTokens(*r.MaxTokens, "max_tokens"); fe != nil {
+		return nil, fieldError(fe)
+	}
+	g.MaxTokens = *r.MaxTokens
+	s, err := h.Defaults.Over(gen.Defaults{Temperature: r.Temperature, TopP: r.TopP, TopK: r.TopK}).Sampling()
+	var fe *gen.FieldError
+	switch {
+	case errors.As(err, &fe):
+		return nil, fieldError(fe)
+	case err != nil:
+		return nil, openai.Errorf("", "%v", err)
+	}
+	if fe := gen.CheckStops(r.StopSequences, "stop_sequences", "stop_sequences"); fe != nil {
+		return nil, fieldError(fe)
+	}
+	g.Sampling, g.Stop = s, append([]string(nil), r.StopSequences...)
+	g.Stream, g.IncludeUsage = r.Stream, true
+	return g, nil
+}
+
+// prompt validates and converts what makes the prompt — system,
+// messages, tools, tool_choice, thinking — the fields count_tokens takes
+// too; the generation's own (max_tokens, sampling, stops, stream) are
+// convert's.
+func (h *Handler) prompt(r *Request) (*gen.Request, *openai.Error) {
 	g := &gen.Request{Model: r.Model, Chat: true}
 	if th := r.Thinking; th != nil {
 		switch th.Type {
@@ -408,8 +447,6 @@ func (h *Handler) convert(r *Request) (*gen.Request, *openai.Error) {
 				return nil, openai.Errorf("thinking.budget_tokens", "thinking.budget_tokens is required with thinking enabled")
 			case *n < 1:
 				return nil, openai.Errorf("thinking.budget_tokens", "thinking.budget_tokens must be at least 1, got %d", *n)
-			case *n >= *r.MaxTokens:
-				return nil, openai.Errorf("thinking.budget_tokens", "thinking.budget_tokens (%d) must be less than max_tokens (%d)", *n, *r.MaxTokens)
 			}
 			g.MaxReasoningTokens = *th.BudgetTokens
 		default:
@@ -462,23 +499,6 @@ func (h *Handler) convert(r *Request) (*gen.Request, *openai.Error) {
 	if len(r.Messages) == 0 {
 		return nil, openai.Errorf("messages", "messages is required and must not be empty")
 	}
-	if fe := gen.CheckMaxTokens(*r.MaxTokens, "max_tokens"); fe != nil {
-		return nil, fieldError(fe)
-	}
-	g.MaxTokens = *r.MaxTokens
-	s, err := h.Defaults.Over(gen.Defaults{Temperature: r.Temperature, TopP: r.TopP, TopK: r.TopK}).Sampling()
-	var fe *gen.FieldError
-	switch {
-	case errors.As(err, &fe):
-		return nil, fieldError(fe)
-	case err != nil:
-		return nil, openai.Errorf("", "%v", err)
-	}
-	if fe := gen.CheckStops(r.StopSequences, "stop_sequences", "stop_sequences"); fe != nil {
-		return nil, fieldError(fe)
-	}
-	g.Sampling, g.Stop = s, append([]string(nil), r.StopSequences...)
-	g.Stream, g.IncludeUsage = r.Stream, true
 	if err := g.SetTurn(nil, nil); err != nil { // the default turn: a final assistant message is continued
 		return nil, openai.Errorf("messages", "messages: %v", err)
 	}
@@ -864,15 +884,7 @@ func genError(e *openai.Error) *openai.Error {
 
 func (h *Handler) messages(w http.ResponseWriter, r *http.Request) {
 	req, ok := h.readRequest(w, r, requestShape)
-	if !ok {
-		return
-	}
-	if !h.served(req.Model) {
-		if strings.TrimSpace(req.Model) == "" {
-			h.fail(w, "", openai.Errorf("model", "model is required"))
-		} else {
-			h.fail(w, req.Model, openai.UnknownModel(req.Model))
-		}
+	if !ok || !h.checkModel(w, req.Model) {
 		return
 	}
 	g, e := h.convert(&req)

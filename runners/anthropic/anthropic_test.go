@@ -483,3 +483,54 @@ func TestBlockFieldsBelongToTheirType(t *testing.T) {
 		}
 	}
 }
+
+// TestCountTokensFields: count_tokens takes what Anthropic's count_tokens
+// takes (model, messages, system, tools, tool_choice, thinking) and
+// refuses by name what it does not — the generation-only fields
+// (max_tokens is not a count_tokens field) — with no max_tokens to check
+// a thinking budget against.
+func TestCountTokensFields(t *testing.T) {
+	url := serveWith(t, &Handler{Gen: &scriptGen{}, Served: []string{"tiny"}, AcceptTools: true})
+	count := func(body string) (int, string) {
+		t.Helper()
+		resp, err := http.Post(url+"/v1/messages/count_tokens", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	const msgs = `"messages":[{"role":"user","content":"hello"}]`
+	for _, f := range []string{`"max_tokens":5`, `"stream":false`, `"stop_sequences":["x"]`, `"temperature":0.5`, `"top_p":0.9`, `"top_k":3`,
+		`"metadata":{"user_id":"u"}`} {
+		name, _, _ := strings.Cut(strings.Trim(f, `"`), `"`)
+		code, body := count(`{"model":"tiny",` + f + `,` + msgs + `}`)
+		var eb ErrorBody
+		if err := json.Unmarshal([]byte(body), &eb); err != nil || code != 400 || eb.Error.Type != "invalid_request_error" || !strings.Contains(eb.Error.Message, name) {
+			t.Errorf("%s: %d %s, want a 400 naming %s", f, code, body, name)
+		}
+	}
+	for _, c := range []struct{ name, body string }{
+		{"thinking with any budget", `{"model":"tiny","thinking":{"type":"enabled","budget_tokens":50000},` + msgs + `}`},
+		{"tools and tool_choice", `{"model":"tiny","tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"any"},"system":[{"type":"text","text":"s"}],` + msgs + `}`},
+	} {
+		if code, body := count(c.body); code != 200 || !strings.Contains(body, `"input_tokens"`) {
+			t.Errorf("%s: %d %s", c.name, code, body)
+		}
+	}
+	for _, c := range []struct{ name, body, has string }{
+		{"no messages", `{"model":"tiny"}`, "messages"},
+		{"no model", msgsOnly(msgs), "model"},
+		{"thinking budget under 1", `{"model":"tiny","thinking":{"type":"enabled","budget_tokens":0},` + msgs + `}`, "thinking.budget_tokens"},
+		{"thinking enabled without a budget", `{"model":"tiny","thinking":{"type":"enabled"},` + msgs + `}`, "thinking.budget_tokens"},
+		{"tool_choice any without tools", `{"model":"tiny","tool_choice":{"type":"any"},` + msgs + `}`, "tool_choice"},
+	} {
+		code, body := count(c.body)
+		if code != 400 || !strings.Contains(body, c.has) || strings.Contains(body, "max_tokens") {
+			t.Errorf("%s: %d %s, want a 400 naming %s (and not max_tokens)", c.name, code, body, c.has)
+		}
+	}
+}
+
+func msgsOnly(msgs string) string { return "{" + msgs + "}" }
