@@ -477,12 +477,6 @@ func (h *Handler) prompt(r *Request) (*gen.Request, *openai.Error) {
 		if t.Type != "" && t.Type != "custom" {
 			return nil, openai.Errorf(fmt.Sprintf("tools[%d].type", i), "tools[%d].type %q is not supported (server tools are not run here)", i, t.Type)
 		}
-		if len(t.InputSchema) == 0 || string(t.InputSchema) == "null" {
-			return nil, openai.Errorf(fmt.Sprintf("tools[%d].input_schema", i), "tools[%d].input_schema is required (a JSON Schema object)", i)
-		}
-		if bytes.TrimSpace(t.InputSchema)[0] != '{' {
-			return nil, openai.Errorf(fmt.Sprintf("tools[%d].input_schema", i), "tools[%d].input_schema must be a JSON Schema object", i)
-		}
 		g.Tools = append(g.Tools, gen.Tool{Name: t.Name, Description: t.Description, Parameters: t.InputSchema})
 	}
 	if tc := r.ToolChoice; tc != nil {
@@ -508,8 +502,9 @@ func (h *Handler) prompt(r *Request) (*gen.Request, *openai.Error) {
 // toolFields name the fields gen's tool checks report, as the Messages
 // API spells them.
 var toolFields = gen.ToolFields{
-	ToolName: func(i int) string { return fmt.Sprintf("tools[%d].name", i) },
-	Choice:   "tool_choice",
+	ToolName:   func(i int) string { return fmt.Sprintf("tools[%d].name", i) },
+	Parameters: func(i int) string { return fmt.Sprintf("tools[%d].input_schema", i) },
+	Choice:     "tool_choice",
 	ChoiceMode: func(mode string) string {
 		return map[string]string{"required": "any", "function": "tool"}[mode]
 	},

@@ -1,6 +1,7 @@
 package gen
 
 import (
+	"bytes"
 	"errors"
 	"strings"
 )
@@ -79,6 +80,9 @@ func (r *Request) SetTurn(addGenerationPrompt, continueFinal *bool) error {
 type ToolFields struct {
 	// ToolName names tool i's name ("tools[0].function.name").
 	ToolName func(i int) string
+	// Parameters names tool i's JSON Schema ("tools[0].function.parameters",
+	// Anthropic's "tools[0].input_schema").
+	Parameters func(i int) string
 	// Choice names the tool choice and ChoiceMode spells its mode as the
 	// API does (nil: the Mode itself).
 	Choice     string
@@ -87,7 +91,9 @@ type ToolFields struct {
 	Format string
 }
 
-// CheckTools checks r's tools and tool choice against each other, and,
+// CheckTools checks r's tools (each named, with a JSON Schema object: an
+// API whose tools may omit it gives the schema it means instead, as
+// OpenAI's no-parameters schema) and tool choice against each other, and,
 // unless accept (the generator honours them), refuses
 // whatever needs the grammar engine: tools, a tool choice other than
 // auto or none, a response format other than text.
@@ -96,6 +102,14 @@ func (r *Request) CheckTools(accept bool, f ToolFields) *FieldError {
 		if t.Name == "" {
 			n := f.ToolName(i)
 			return fieldErr(n, "%s is required", n)
+		}
+		switch p := bytes.TrimSpace(t.Parameters); {
+		case len(p) == 0 || string(p) == "null":
+			n := f.Parameters(i)
+			return fieldErr(n, "%s is required (a JSON Schema object)", n)
+		case p[0] != '{':
+			n := f.Parameters(i)
+			return fieldErr(n, "%s must be a JSON Schema object", n)
 		}
 	}
 	tc := r.ToolChoice

@@ -1,6 +1,7 @@
 package gen
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -44,9 +45,11 @@ func TestSetTurn(t *testing.T) {
 
 // TestChecks: the shared checks name the field as the caller spells it.
 func TestChecks(t *testing.T) {
-	f := ToolFields{ToolName: func(i int) string { return fmt.Sprintf("tools[%d].name", i) }, Choice: "tool_choice",
+	f := ToolFields{ToolName: func(i int) string { return fmt.Sprintf("tools[%d].name", i) },
+		Parameters: func(i int) string { return fmt.Sprintf("tools[%d].input_schema", i) }, Choice: "tool_choice",
 		ChoiceMode: func(m string) string { return "any" }, Format: "response_format"}
-	tools := []Tool{{Name: "f"}}
+	obj := json.RawMessage(`{"type":"object"}`)
+	tools := []Tool{{Name: "f", Parameters: obj}}
 	for _, c := range []struct {
 		name   string
 		err    *FieldError
@@ -58,7 +61,12 @@ func TestChecks(t *testing.T) {
 		{"empty stop", CheckStops([]string{"a", ""}, "stop_sequences", "stop_sequences"), "stop_sequences", "stop_sequences must not be empty"},
 		{"many stops", CheckStops(make([]string, 17), "stop", "stop sequences"), "stop", "at most 16 stop sequences"},
 		{"stops ok", CheckStops([]string{"a"}, "stop", "stop sequences"), "", ""},
-		{"unnamed tool", (&Request{Tools: []Tool{{Name: "f"}, {}}}).CheckTools(true, f), "tools[1].name", "tools[1].name is required"},
+		{"unnamed tool", (&Request{Tools: []Tool{{Name: "f", Parameters: obj}, {Parameters: obj}}}).CheckTools(true, f), "tools[1].name", "tools[1].name is required"},
+		{"no schema", (&Request{Tools: []Tool{{Name: "f", Parameters: obj}, {Name: "g"}}}).CheckTools(true, f), "tools[1].input_schema", "tools[1].input_schema is required (a JSON Schema object)"},
+		{"null schema", (&Request{Tools: []Tool{{Name: "f", Parameters: json.RawMessage(" null")}}}).CheckTools(false, f), "tools[0].input_schema", "is required"},
+		{"schema not an object", (&Request{Tools: []Tool{{Name: "f", Parameters: json.RawMessage(`"x"`)}}}).CheckTools(true, f), "tools[0].input_schema", "tools[0].input_schema must be a JSON Schema object"},
+		{"schema an array", (&Request{Tools: []Tool{{Name: "f", Parameters: json.RawMessage(` [{}]`)}}}).CheckTools(true, f), "tools[0].input_schema", "must be a JSON Schema object"},
+		{"schema ok", (&Request{Tools: []Tool{{Name: "f", Parameters: json.RawMessage(" \n{}")}}}).CheckTools(true, f), "", ""},
 		{"choice without tools", (&Request{ToolChoice: &ToolChoice{Mode: "required"}}).CheckTools(true, f), "tool_choice", `tool_choice "any" needs tools`},
 		{"tools refused", (&Request{Tools: tools}).CheckTools(false, f), "tools", "not supported"},
 		{"choice refused", (&Request{ToolChoice: &ToolChoice{Mode: "function", Name: "f"}, Tools: tools}).CheckTools(true, f), "", ""},

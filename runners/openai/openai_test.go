@@ -225,6 +225,8 @@ func TestValidationErrors(t *testing.T) {
 		{"temperature string", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"temperature":"hot"}`, 400, "temperature", "temperature must be a number, got string"},
 		{"top_p zero", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"top_p":0}`, 400, "top_p", "top_p"},
 		{"json_schema beside type text", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"text","json_schema":{"name":"p","schema":{}}}}`, 400, "response_format.json_schema", "only with type json_schema"},
+		{"json_schema with a null schema", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"p","schema":null}}}`, 400, "response_format.json_schema", "needs json_schema.schema"},
+		{"tool parameters not an object", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":[1]}}]}`, 400, "tools[0].function.parameters", "tools[0].function.parameters must be a JSON Schema object"},
 		{"n=2", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"n":2}`, 400, "n", "n=1"},
 		{"completion no prompt", "/v1/completions", `{"model":"tiny"}`, 400, "prompt", "prompt"},
 		{"completion batched prompt", "/v1/completions", `{"model":"tiny","prompt":[[1,2],[3]]}`, 400, "", "batched"},

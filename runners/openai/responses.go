@@ -231,7 +231,8 @@ func (h *Handler) convertResponses(r *ResponsesRequest) (*gen.Request, *Error) {
 	}
 	if r.Text != nil && r.Text.Format != nil {
 		f := r.Text.Format
-		if f.Type == "text" || f.Type == "json_object" {
+		switch f.Type {
+		case "text", "json_object":
 			// OpenAI's text and json_object formats are {"type"} alone:
 			// a json_schema format's field beside them is refused, not
 			// ignored (and echoed back as if honoured)
@@ -243,18 +244,23 @@ func (h *Handler) convertResponses(r *ResponsesRequest) (*gen.Request, *Error) {
 					return nil, Errorf("text.format."+x.name, "text.format.%s is only for text.format type json_schema, not %q", x.name, f.Type)
 				}
 			}
+		case "json_schema":
+			if len(f.Schema) == 0 || string(f.Schema) == "null" {
+				return nil, Errorf("text.format.schema", "text.format type json_schema needs text.format.schema")
+			}
+		default:
+			return nil, Errorf("text.format.type", "text.format.type must be text, json_object or json_schema, got %q", f.Type)
 		}
 		cr.ResponseFormat = &ResponseFormat{Type: f.Type}
 		if f.Type == "json_schema" {
-			if len(f.Schema) == 0 {
-				return nil, Errorf("text.format.schema", "text.format type json_schema needs text.format.schema")
-			}
 			cr.ResponseFormat.JSONSchema = &JSONSchemaFormat{Name: f.Name, Description: f.Description, Schema: f.Schema, Strict: f.Strict}
 		}
 	}
 	cr.ToolChoice, cr.ParallelToolCalls = r.ToolChoice, r.ParallelToolCalls
 	cr.MaxTokens, cr.Temperature, cr.TopP, cr.Stream = r.MaxOutputTokens, r.Temperature, r.TopP, r.Stream
-	g, e := h.validator().ValidateChat(&cr)
+	v := h.validator()
+	v.ToolFields = &responsesToolFields
+	g, e := v.ValidateChat(&cr)
 	if e != nil {
 		if e.Param == "max_tokens" {
 			e.Param, e.Message = "max_output_tokens", strings.ReplaceAll(e.Message, "max_tokens", "max_output_tokens")
@@ -264,21 +270,21 @@ func (h *Handler) convertResponses(r *ResponsesRequest) (*gen.Request, *Error) {
 	return g, nil
 }
 
-// inputParam renames an error's chat field to the Responses API's:
-// "messages" is input, messages[i] is input[i] (instructions are message
-// 0 when given), tools[i].function.x is tools[i].x.
+// responsesToolFields name the fields gen's tool checks report, as the
+// Responses API spells them: a tool's fields are at its top, the format
+// is text.format (text.format's own fields are checked in
+// convertResponses, so no chat field name reaches the client).
+var responsesToolFields = gen.ToolFields{
+	ToolName:   func(i int) string { return fmt.Sprintf("tools[%d].name", i) },
+	Parameters: func(i int) string { return fmt.Sprintf("tools[%d].parameters", i) },
+	Choice:     "tool_choice",
+	Format:     "text.format",
+}
+
+// inputParam renames an error about the chat messages to the Responses
+// API's field: "messages" is input, messages[i] is input[i] (instructions
+// are message 0 when given).
 func inputParam(e *Error, r *ResponsesRequest) *Error {
-	if p, ok := strings.CutPrefix(e.Param, "response_format"); ok {
-		p = "text.format" + strings.TrimPrefix(p, ".json_schema")
-		e.Message, e.Param = strings.ReplaceAll(e.Message, e.Param, p), p
-		return e
-	}
-	if strings.HasPrefix(e.Param, "tools[") && strings.Contains(e.Param, ".function.") {
-		// a Responses tool has its fields at the top: tools[i].parameters
-		p := strings.Replace(e.Param, ".function.", ".", 1)
-		e.Message, e.Param = strings.ReplaceAll(e.Message, e.Param, p), p
-		return e
-	}
 	if e.Param == "messages" {
 		e.Param = "input"
 		return e

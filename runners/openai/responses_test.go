@@ -50,6 +50,7 @@ func TestResponsesConversionAndErrors(t *testing.T) {
 		{`{"model":"tiny","input":"x","include":["message.output_text.logprobs"]}`, "include"},
 		{`{"model":"tiny","input":"x","text":{"format":{"type":"json_object"}}}`, "text.format"}, // without AcceptTools
 		{`{"model":"tiny","input":"x","text":{"format":{"type":"json_schema"}}}`, "text.format.schema"},
+		{`{"model":"tiny","input":"x","text":{"format":{"type":"json_schema","name":"p","schema":null}}}`, "text.format.schema"},
 		{`{"model":"tiny","input":"x","text":{"format":{"type":"xml"}}}`, "text.format.type"},
 		// a json_schema format's fields beside another type: refused, as
 		// OpenAI's text and json_object formats have only "type"
@@ -235,11 +236,23 @@ func TestResponsesGeneratorErrorsNameInput(t *testing.T) {
 // is where the Responses API has it (tools[i].parameters).
 func TestResponsesToolErrorsNameResponsesFields(t *testing.T) {
 	srv, _ := newTestServerWith(t, &scriptGen{finish: "stop"}, true)
-	resp, body := post(t, srv.URL+"/v1/responses", `{"model":"tiny","input":"hi","tools":[{"type":"function","name":"f","parameters":"x"}]}`)
-	var eb ErrorBody
-	if err := json.Unmarshal([]byte(body), &eb); err != nil || resp.StatusCode != 400 || eb.Error.Param == nil ||
-		*eb.Error.Param != "tools[0].parameters" || !strings.Contains(eb.Error.Message, "tools[0].parameters must be a JSON Schema object") {
-		t.Fatalf("%d %s", resp.StatusCode, body)
+	for _, c := range []struct{ tools, param, has string }{
+		{`[{"type":"function","name":"f","parameters":"x"}]`, "tools[0].parameters", "tools[0].parameters must be a JSON Schema object"},
+		{`[{"type":"function","name":"f"},{"type":"function","name":"","parameters":{}}]`, "tools[1].name", "tools[1].name is required"},
+		{`[{"type":"function","name":"f"}]`, "", ""}, // no parameters: none (OpenAI's rule)
+	} {
+		resp, body := post(t, srv.URL+"/v1/responses", `{"model":"tiny","input":"hi","tools":`+c.tools+`}`)
+		var eb ErrorBody
+		if c.param == "" {
+			if resp.StatusCode != 200 {
+				t.Errorf("%s: %d %s", c.tools, resp.StatusCode, body)
+			}
+			continue
+		}
+		if err := json.Unmarshal([]byte(body), &eb); err != nil || resp.StatusCode != 400 || eb.Error.Param == nil ||
+			*eb.Error.Param != c.param || !strings.Contains(eb.Error.Message, c.has) {
+			t.Errorf("%s: %d %s, want %s with %q", c.tools, resp.StatusCode, body, c.param, c.has)
+		}
 	}
 }
 

@@ -310,6 +310,10 @@ type Validator struct {
 	// AcceptTools: the generator honours tools, tool_choice and
 	// response_format (else they are refused with a 400).
 	AcceptTools bool
+	// ToolFields name the fields the shared tool checks report, for an
+	// API that converts to a chat request but spells them its own way
+	// (the Responses API); nil: Chat Completions' names.
+	ToolFields *gen.ToolFields
 }
 
 func validateSampling(f *SamplingFields, d gen.Defaults, g *gen.Request) *Error {
@@ -521,10 +525,6 @@ func (v Validator) constraints(r *ChatRequest, g *gen.Request) *Error {
 		if t.Type != "function" {
 			return Errorf(fmt.Sprintf("tools[%d].type", i), "tools[%d].type must be \"function\", got %q", i, t.Type)
 		}
-		if p := bytes.TrimSpace(t.Function.Parameters); len(p) > 0 && p[0] != '{' && string(p) != "null" {
-			f := fmt.Sprintf("tools[%d].function.parameters", i)
-			return Errorf(f, "%s must be a JSON Schema object", f)
-		}
 	}
 	if rf := r.ResponseFormat; rf != nil {
 		switch rf.Type {
@@ -533,7 +533,7 @@ func (v Validator) constraints(r *ChatRequest, g *gen.Request) *Error {
 				return Errorf("response_format.json_schema", "response_format.json_schema is allowed only with type json_schema, not %q", rf.Type)
 			}
 		case "json_schema":
-			if rf.JSONSchema == nil || len(rf.JSONSchema.Schema) == 0 {
+			if rf.JSONSchema == nil || len(rf.JSONSchema.Schema) == 0 || string(rf.JSONSchema.Schema) == "null" {
 				return Errorf("response_format.json_schema", "response_format type json_schema needs json_schema.schema")
 			}
 		default:
@@ -542,8 +542,8 @@ func (v Validator) constraints(r *ChatRequest, g *gen.Request) *Error {
 	}
 	for _, t := range r.Tools {
 		params := t.Function.Parameters
-		if len(params) == 0 || string(params) == "null" {
-			params = json.RawMessage(NoParameters)
+		if p := bytes.TrimSpace(params); len(p) == 0 || string(p) == "null" {
+			params = json.RawMessage(NoParameters) // omitted: no parameters (gen.CheckTools checks the rest)
 		}
 		g.Tools = append(g.Tools, gen.Tool{Name: t.Function.Name, Description: t.Function.Description,
 			Parameters: params, Strict: t.Function.Strict != nil && *t.Function.Strict})
@@ -558,15 +558,20 @@ func (v Validator) constraints(r *ChatRequest, g *gen.Request) *Error {
 		}
 	}
 	g.ParallelToolCalls = r.ParallelToolCalls
-	return fieldError(g.CheckTools(v.AcceptTools, chatToolFields))
+	f := chatToolFields
+	if v.ToolFields != nil {
+		f = *v.ToolFields
+	}
+	return fieldError(g.CheckTools(v.AcceptTools, f))
 }
 
 // chatToolFields name the fields gen's tool checks report, as Chat
 // Completions spells them.
 var chatToolFields = gen.ToolFields{
-	ToolName: func(i int) string { return fmt.Sprintf("tools[%d].function.name", i) },
-	Choice:   "tool_choice",
-	Format:   "response_format",
+	ToolName:   func(i int) string { return fmt.Sprintf("tools[%d].function.name", i) },
+	Parameters: func(i int) string { return fmt.Sprintf("tools[%d].function.parameters", i) },
+	Choice:     "tool_choice",
+	Format:     "response_format",
 }
 
 // ValidateCompletion checks a completion request and converts it.
