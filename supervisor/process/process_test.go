@@ -3,17 +3,20 @@ package process
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/exo-pd/exo-pd/internal/testutil"
 	"github.com/exo-pd/exo-pd/supervisor/internal/fakerunner"
 	"github.com/exo-pd/exo-pd/supervisor/restart"
 )
@@ -315,35 +318,58 @@ func TestLastErrorIsKept(t *testing.T) {
 }
 
 // TestGraceFlag: the child is told its grace between SIGTERM and SIGKILL,
-// so a runner drains for what the supervisor's --grace gives it.
+// so a runner drains for what the supervisor's --grace gives it: its
+// command line (as the fake runner records it) ends with --stop-grace 7s.
 func TestGraceFlag(t *testing.T) {
-	spec, _ := fake(t, "serve")
+	argsFile := filepath.Join(t.TempDir(), "args.json")
+	spec, _ := fake(t, "serve", fakerunner.EnvArgsFile+"="+argsFile)
 	spec.GraceFlag = "--stop-grace"
-	log, buf := logger()
-	r := Start(spec, Options{Logger: log, Grace: 7 * time.Second})
+	r := Start(spec, Options{Grace: 7 * time.Second})
 	defer stop(t, r)
-	waitFor(t, "the grace in the child's output", func() bool {
-		return strings.Contains(buf.String(), "fake runner m: stop grace 7s")
+	var b []byte
+	waitFor(t, "the child's arguments", func() bool {
+		b, _ = os.ReadFile(argsFile)
+		return json.Valid(b)
 	})
+	var args []string
+	if err := json.Unmarshal(b, &args); err != nil {
+		t.Fatalf("%s: %v", b, err)
+	}
+	if i := slices.Index(args, "--stop-grace"); i < 0 || i+1 >= len(args) || args[i+1] != "7s" {
+		t.Errorf("child's arguments %q, want --stop-grace 7s", args)
+	}
 }
 
-// TestExitLogSaysHowLongItRan: the restart line says how long the runner
-// ran and when it starts again, under names that cannot be read for one
-// another (it said after=48s for a runner that failed at once).
+// TestExitLogSaysHowLongItRan: the restart record (documented in
+// docs/OPERATIONS.md) says how long the runner ran and when it starts
+// again, under names that cannot be read for one another (it said
+// after=48s for a runner that failed at once): restart_in is the backoff
+// the runner's status shows, ran is how long the process lived, far less
+// for a runner that exits at once.
 func TestExitLogSaysHowLongItRan(t *testing.T) {
 	spec, _ := fake(t, "exit:3")
 	log, buf := logger()
-	r := Start(spec, Options{Logger: log})
+	p := restart.Policy{Attempts: 10, Interval: time.Minute, Initial: time.Hour, Max: time.Hour, StableAfter: time.Hour, CrashLoopDelay: time.Hour}
+	r := Start(spec, Options{Logger: log, Policy: p})
 	defer stop(t, r)
-	waitFor(t, "the restart line", func() bool { return strings.Contains(buf.String(), `msg="runner exited; restarting"`) })
-	line := ""
-	for _, l := range strings.Split(buf.String(), "\n") {
-		if strings.Contains(l, `msg="runner exited; restarting"`) {
-			line = l
-			break
-		}
+	waitFor(t, "the backoff", func() bool { return r.Status().State == Backoff })
+	st := r.Status()
+	recs := testutil.Records(buf.String(), "runner exited; restarting")
+	if len(recs) != 1 {
+		t.Fatalf("%d restart records, want 1:\n%s", len(recs), buf)
 	}
-	if !strings.Contains(line, " ran=") || !strings.Contains(line, " restart_in=") || strings.Contains(line, " after=") {
-		t.Errorf("restart line %q", line)
+	rec := recs[0]
+	ran, err := time.ParseDuration(rec["ran"])
+	if err != nil || ran < 0 || ran >= time.Minute {
+		t.Errorf("ran=%q (%v): want how long the process lived, well under a minute", rec["ran"], err)
+	}
+	if in, err := time.ParseDuration(rec["restart_in"]); err != nil || in != st.Backoff || st.Backoff != time.Hour {
+		t.Errorf("restart_in=%q (%v), status backoff %v: want the one-hour backoff", rec["restart_in"], err, st.Backoff)
+	}
+	if rec["exit"] != st.LastExit || rec["exit"] != "exit status 3" || rec["state"] != string(st.State) {
+		t.Errorf("record %v, status %+v", rec, st)
+	}
+	if _, ok := rec["after"]; ok {
+		t.Errorf("record %v has after=, which reads as either", rec)
 	}
 }

@@ -27,6 +27,7 @@ const (
 	EnvGrandchildPID = "EXO_FAKE_GRANDCHILD_PID" // file for the grandchild's PID
 	EnvModeFor       = "EXO_FAKE_MODE_"          // + served name + "_" + role: per-runner mode override
 	EnvListenDelay   = "EXO_FAKE_LISTEN_DELAY"   // a duration to wait before listening (a slow-loading runner)
+	EnvArgsFile      = "EXO_FAKE_ARGS_FILE"      // a file the runner writes its arguments to (JSON), first thing
 )
 
 // MaybeRun becomes a fake runner and never returns when EXO_FAKE_RUNNER=1.
@@ -79,10 +80,14 @@ func run(args []string) int {
 	if mode == "" {
 		mode = "serve"
 	}
-	fmt.Printf("fake runner %s %s pid %d mode %s on %s\n", served, role, os.Getpid(), mode, addr)
-	if g := flagValue(args, "--stop-grace"); g != "" {
-		fmt.Printf("fake runner %s: stop grace %s\n", served, g)
+	if f := os.Getenv(EnvArgsFile); f != "" {
+		b, _ := json.Marshal(args)
+		if err := os.WriteFile(f, b, 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "write args:", err)
+			return 1
+		}
 	}
+	fmt.Printf("fake runner %s %s pid %d mode %s on %s\n", served, role, os.Getpid(), mode, addr)
 	fmt.Fprintln(os.Stderr, "a line on stderr")
 	switch {
 	case strings.HasPrefix(mode, "fail:"):
