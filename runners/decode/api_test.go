@@ -77,13 +77,9 @@ func serveTinyDir(t *testing.T, dir string, configure func(text Text, o *Options
 }
 
 // serveTinyOn is serveTinyDir on backend b.
-func serveTinyOn(t *testing.T, b engine.Backend, dir string, configure func(text Text, o *Options)) *tinyServer {
+// loadText loads the tokenizer and chat template of the model in dir.
+func loadText(t *testing.T, dir string) (*tokenizer.Tokenizer, Text) {
 	t.Helper()
-	m, err := engine.Load(context.Background(), dir, b, engine.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
 	tok, err := tokenizer.Load(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +88,17 @@ func serveTinyOn(t *testing.T, b engine.Backend, dir string, configure func(text
 	if err != nil {
 		t.Fatal(err)
 	}
-	text := NewText(tok, tmpl)
+	return tok, NewText(tok, tmpl)
+}
+
+func serveTinyOn(t *testing.T, b engine.Backend, dir string, configure func(text Text, o *Options)) *tinyServer {
+	t.Helper()
+	m, err := engine.Load(context.Background(), dir, b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	tok, text := loadText(t, dir)
 	o := Options{Name: "m", Model: m, Text: text, NewSampler: NewSampler, NewStopMatcher: NewStopMatcher,
 		MaxBatch: 2, CacheEntries: -1}
 	configure(text, &o)

@@ -290,6 +290,18 @@ func TestResponsesFunctionCall(t *testing.T) {
 	}
 }
 
+// tinyGrammars writes a one-layer tiny llama and returns the grammars of
+// its chat template and tokenizer, and the tokenizer.
+func tinyGrammars(t *testing.T) (*Grammars, *tokenizer.Tokenizer) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "tiny")
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 1}); err != nil {
+		t.Fatal(err)
+	}
+	tok, text := loadText(t, dir)
+	return &Grammars{Text: text}, tok
+}
+
 type fcItem struct {
 	Type      string `json:"type"`
 	CallID    string `json:"call_id"`
@@ -301,19 +313,7 @@ type fcItem struct {
 // free, a call the model opens is held to an offered tool's schema until
 // it closes, and then the text is free again.
 func TestAutoToolChoiceConstrainsCallsOnly(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "tiny")
-	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 1}); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := tokenizer.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl, err := chat.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := &Grammars{Text: NewText(tok, tmpl)}
+	g, tok := tinyGrammars(t)
 	tools := apiTools(t, weatherTools)
 	cons, err := g.NewConstraint(&gen.Request{Chat: true, Tools: tools}, chat.Start{})
 	if err != nil || cons == nil {
@@ -407,19 +407,7 @@ func TestToolCallMessageContentNull(t *testing.T) {
 // false ends the answer once its first call closes (at most one call, as
 // OpenAI defines it); with parallel calls allowed the text goes on.
 func TestAutoToolChoiceSingleCall(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "tiny")
-	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 1}); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := tokenizer.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl, err := chat.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := &Grammars{Text: NewText(tok, tmpl)}
+	g, tok := tinyGrammars(t)
 	no, yes := false, true
 	for _, c := range []struct {
 		parallel *bool

@@ -285,6 +285,30 @@ address = "127.0.0.7"
 backend = "cpu"
 `
 
+// stageWant is how one host's only runner is planned as a pipeline stage.
+type stageWant struct{ name, stage, layers, next string }
+
+// parseStages parses src and checks that each host of want runs exactly
+// one runner, the stage want says (name, --stage, --layers, --stage-next).
+func parseStages(t *testing.T, src string, want map[string]stageWant) *Config {
+	t.Helper()
+	c, err := Parse("f.toml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for h, w := range want {
+		rs := c.Runners(h)
+		if len(rs) != 1 {
+			t.Fatalf("host %s runs %+v", h, rs)
+		}
+		r := rs[0]
+		if r.Name != w.name || r.Stage != w.stage || r.Layers != w.layers || r.StageNext != w.next {
+			t.Errorf("host %s: %s stage %s layers %s next %s, want %+v", h, r.Name, r.Stage, r.Layers, r.StageNext, w)
+		}
+	}
+	return c
+}
+
 // TestPrefillGroupsPlan: prefill.groups plans each group as a prefill
 // pipeline of its own (runners <model>-prefill-group<G>-stage<S>, the ring
 // within the group), and every decode runner gets every group's stages as
@@ -298,26 +322,12 @@ source = "s"
 decode = { hosts = ["a", "f"] }
 prefill = { groups = [["b", "c"], ["d", "e"]], shard = "pipeline", layers = [1, 3] }
 `
-	c, err := Parse("f.toml", []byte(src))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]struct{ name, stage, layers, next string }{
+	c := parseStages(t, src, map[string]stageWant{
 		"b": {"m-prefill-group0-stage0", "0/2", "0:1", "127.0.0.4:52506"},
 		"c": {"m-prefill-group0-stage1", "1/2", "1:4", "127.0.0.3:52506"},
 		"d": {"m-prefill-group1-stage0", "0/2", "0:1", "127.0.0.6:52506"},
 		"e": {"m-prefill-group1-stage1", "1/2", "1:4", "127.0.0.5:52506"},
-	}
-	for h, w := range want {
-		rs := c.Runners(h)
-		if len(rs) != 1 {
-			t.Fatalf("host %s runs %+v", h, rs)
-		}
-		r := rs[0]
-		if r.Name != w.name || r.Stage != w.stage || r.Layers != w.layers || r.StageNext != w.next {
-			t.Errorf("host %s: %s stage %s layers %s next %s, want %+v", h, r.Name, r.Stage, r.Layers, r.StageNext, w)
-		}
-	}
+	})
 	g0 := []string{"127.0.0.3:52501@0:1", "127.0.0.4:52501@1:4"}
 	g1 := []string{"127.0.0.5:52501@0:1", "127.0.0.6:52501@1:4"}
 	for h, w := range map[string][]string{"a": append(slices.Clone(g0), g1...), "f": append(slices.Clone(g1), g0...)} {
@@ -341,25 +351,14 @@ name = "m"
 source = "s"
 decode = { groups = [["a", "b"], ["c", "d"]], shard = "pipeline", layers = [1, 3] }
 `
-	c, err := Parse("f.toml", []byte(src))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]struct{ name, stage, layers, next string }{
+	c := parseStages(t, src, map[string]stageWant{
 		"a": {"m-decode-group0-stage0", "0/2", "0:1", "127.0.0.3:52503"},
 		"b": {"m-decode-group0-stage1", "1/2", "1:4", "127.0.0.2:52503"},
 		"c": {"m-decode-group1-stage0", "0/2", "0:1", "127.0.0.5:52503"},
 		"d": {"m-decode-group1-stage1", "1/2", "1:4", "127.0.0.4:52503"},
-	}
-	for h, w := range want {
-		rs := c.Runners(h)
-		if len(rs) != 1 {
-			t.Fatalf("host %s runs %+v", h, rs)
-		}
-		r := rs[0]
-		if r.Name != w.name || r.Stage != w.stage || r.Layers != w.layers || r.StageNext != w.next {
-			t.Errorf("host %s: %s stage %s layers %s next %s, want %+v", h, r.Name, r.Stage, r.Layers, r.StageNext, w)
-		}
+	})
+	for _, h := range []string{"a", "b", "c", "d"} {
+		r := c.Runners(h)[0]
 		if st := c.RunnerStages(r); len(st) != 2 || (st[0].Host != "a" && st[0].Host != "c") || st[0].Host != map[string]string{"a": "a", "b": "a", "c": "c", "d": "c"}[h] {
 			t.Errorf("RunnerStages(%s) = %+v", r.Name, st)
 		}
