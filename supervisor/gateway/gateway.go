@@ -333,43 +333,29 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/responses/{id}", g.notStored)
 	mux.HandleFunc("DELETE /v1/responses/{id}", g.notStored)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h, pattern := mux.Handler(r)
-		if pattern != "" {
+		if _, pattern := mux.Handler(r); pattern != "" {
 			mux.ServeHTTP(w, r)
 			return
 		}
-		// No route: ask the mux what it would answer (404, or 405 with
-		// the methods it allows), and say it in JSON.
-		probe := &statusProbe{header: http.Header{}}
-		h.ServeHTTP(probe, r)
-		if probe.code == http.StatusMethodNotAllowed {
-			allow := probe.header.Get("Allow")
-			w.Header().Set("Allow", allow)
-			APIError(w, r, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
-				fmt.Sprintf("method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow))
+		// No route for this method: the methods that have one on this
+		// path make it a 405 with Allow, none a 404; said in JSON.
+		var allow []string
+		for _, m := range []string{http.MethodDelete, http.MethodGet, http.MethodHead, http.MethodPost} {
+			other := *r // a shallow copy: only the method differs
+			other.Method = m
+			if _, p := mux.Handler(&other); p != "" {
+				allow = append(allow, m)
+			}
+		}
+		if len(allow) == 0 {
+			APIError(w, r, http.StatusNotFound, "invalid_request_error", "not_found",
+				fmt.Sprintf("no route %s %s on this server", r.Method, r.URL.Path))
 			return
 		}
-		APIError(w, r, http.StatusNotFound, "invalid_request_error", "not_found",
-			fmt.Sprintf("no route %s %s on this server", r.Method, r.URL.Path))
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		APIError(w, r, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
+			fmt.Sprintf("method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(allow, ", ")))
 	})
-}
-
-// statusProbe records the status and headers a handler writes and drops
-// its body.
-type statusProbe struct {
-	header http.Header
-	code   int
-}
-
-func (p *statusProbe) Header() http.Header { return p.header }
-func (p *statusProbe) WriteHeader(code int) {
-	if p.code == 0 {
-		p.code = code
-	}
-}
-func (p *statusProbe) Write(b []byte) (int, error) {
-	p.WriteHeader(http.StatusOK)
-	return len(b), nil
 }
 
 func (g *Gateway) notStored(w http.ResponseWriter, r *http.Request) {
@@ -517,25 +503,12 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 		APIError(w, r, http.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large", fmt.Sprintf("request body over %d bytes", MaxBody))
 		return
 	}
-	var req struct {
+	var req *struct { // nil: the body was null
 		Model string `json:"model"`
 	}
-	if !json.Valid(body) {
-		APIError(w, r, http.StatusBadRequest, "invalid_request_error", "invalid_json", "request body is not JSON: "+jsonSyntax(body))
-		return
-	}
-	if t := bytes.TrimSpace(body); len(t) == 0 || t[0] != '{' {
-		APIError(w, r, http.StatusBadRequest, "invalid_request_error", "invalid_json",
-			fmt.Sprintf("request body must be a JSON object, got %s", jsonKind(t)))
-		return
-	}
-	if err := json.Unmarshal(body, &req); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) && te.Field == "model" {
-			APIError(w, r, http.StatusBadRequest, "invalid_request_error", "invalid_model", `"model" must be a string, got `+te.Value)
-			return
-		}
-		APIError(w, r, http.StatusBadRequest, "invalid_request_error", "invalid_json", "request body is not valid: "+err.Error())
+	if err := json.Unmarshal(body, &req); err != nil || req == nil {
+		code, msg := bodyError(err)
+		APIError(w, r, http.StatusBadRequest, "invalid_request_error", code, msg)
 		return
 	}
 	if req.Model == "" {
@@ -602,29 +575,24 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request) {
 		fmt.Sprintf("no healthy decode runner for model %q: %s", req.Model, strings.Join(reasons, "; ")))
 }
 
-// jsonSyntax describes why body is not JSON, without Go's type names.
-func jsonSyntax(body []byte) string {
-	var v any
-	err := json.Unmarshal(body, &v)
-	if err == nil {
-		return "invalid JSON"
+// bodyError is the error code and message for a body that is not a JSON
+// object with a string "model" (err: json.Unmarshal's into a pointer to
+// such a struct; nil when the body was null), without Go's type names.
+func bodyError(err error) (code, msg string) {
+	var te *json.UnmarshalTypeError
+	switch {
+	case err == nil:
+		return "invalid_json", "request body must be a JSON object, got null"
+	case errors.As(err, &te) && te.Field == "model":
+		return "invalid_model", `"model" must be a string, got ` + te.Value
+	case errors.As(err, &te) && te.Field == "":
+		kind := map[string]string{"array": "an array", "string": "a string", "number": "a number", "bool": "a boolean"}[te.Value]
+		if kind == "" {
+			kind = te.Value
+		}
+		return "invalid_json", "request body must be a JSON object, got " + kind
 	}
-	return strings.TrimPrefix(err.Error(), "json: ")
-}
-
-// jsonKind names the kind of JSON value t starts (t is valid JSON).
-func jsonKind(t []byte) string {
-	switch t[0] {
-	case '[':
-		return "an array"
-	case '"':
-		return "a string"
-	case 'n':
-		return "null"
-	case 't', 'f':
-		return "a boolean"
-	}
-	return "a number"
+	return "invalid_json", "request body is not JSON: " + strings.TrimPrefix(err.Error(), "json: ")
 }
 
 // upstream is a runner's answer as far as the gateway has read it before
