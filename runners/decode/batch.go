@@ -514,6 +514,10 @@ type batchCost struct {
 	prevT   float64
 	prevAt  time.Time
 	scratch []float64
+	// memo: line's answers since the last observe (a member's plan asks
+	// for 2 + k lines a step, every member of a batch about the same
+	// ones; each is a median over up to costPairs pairs).
+	memo map[[2]int]costLine
 	// now is the clock that pairs consecutive steps (nil: time.Now;
 	// tests set it).
 	now func() time.Time
@@ -585,6 +589,7 @@ func (c *batchCost) observe(st stepStat) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	clear(c.memo)
 	if len(c.t) <= P {
 		c.t = append(c.t, make([]posSamples, P+1-len(c.t))...)
 	}
@@ -651,6 +656,26 @@ func (c *batchCost) acceptance() float64 {
 func (c *batchCost) line(P0, span int) (t0, slope float64, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	key := [2]int{P0, span}
+	if l, hit := c.memo[key]; hit {
+		return l.t0, l.slope, l.ok
+	}
+	t0, slope, ok = c.lineLocked(P0, span)
+	if c.memo == nil {
+		c.memo = map[[2]int]costLine{}
+	}
+	c.memo[key] = costLine{t0, slope, ok}
+	return t0, slope, ok
+}
+
+// costLine is one of line's answers.
+type costLine struct {
+	t0, slope float64
+	ok        bool
+}
+
+// lineLocked is line without the memo; c.mu is held.
+func (c *batchCost) lineLocked(P0, span int) (t0, slope float64, ok bool) {
 	q := 0 // the measured size nearest P0
 	for p := 1; p < len(c.t); p++ {
 		if c.t[p].n > 0 && (q == 0 || abs(p-P0) < abs(q-P0)) {

@@ -225,6 +225,13 @@ type speculator struct {
 
 	accepted, rejected int
 	steps              int // draft mode: decisions made (see propose)
+
+	// at indexes the history lookup searches: each token's positions,
+	// in order, for the first indexed tokens (see index).
+	at      map[int32][]int32
+	indexed int
+	first   int32 // history[0] and history[indexed-1] when indexed
+	lastIdx int32
 }
 
 // Match classes: a prompt-lookup draft's acceptance is learnt by how long
@@ -510,18 +517,37 @@ func (sp *speculator) propose(ctx context.Context, history []int32, limit int) (
 // lookup is propose by prompt lookup: the place before the history's
 // last token that ends with the longest run of its last tokens (up to
 // maxMatch; the latest of equally long ones), and what followed it.
+// It looks only where the last token occurred (index), latest first.
 func (sp *speculator) lookup(history []int32, limit int) []int32 {
 	limit = min(limit, sp.max)
-	L := len(history)
-	if L < 2 {
+	from, n := sp.match(history)
+	if from < 0 {
 		return nil
 	}
-	last := history[L-1]
-	from, n := -1, 0
-	for i := L - 2; i >= 0; i-- {
-		if history[i] != last {
-			continue
-		}
+	cl := matchClass(n)
+	k := sp.plan(cl, min(limit, len(history)-from))
+	if k == 0 {
+		return nil
+	}
+	sp.n = cl
+	sp.draft = append(sp.draft[:0], history[from:from+k]...)
+	return sp.draft
+}
+
+// match is lookup's search: where the draft begins (after the place that
+// ends with the longest run of the history's last tokens, the latest of
+// equally long ones) and the run's length (up to maxMatch); -1 when the
+// last token did not occur before.
+func (sp *speculator) match(history []int32) (from, n int) {
+	L := len(history)
+	if L < 2 {
+		return -1, 0
+	}
+	sp.index(history[:L-1])
+	from = -1
+	pos := sp.at[history[L-1]]
+	for j := len(pos) - 1; j >= 0; j-- {
+		i := int(pos[j])
 		m := 1
 		for m < maxMatch && m <= i && history[i-m] == history[L-1-m] {
 			m++
@@ -533,17 +559,30 @@ func (sp *speculator) lookup(history []int32, limit int) []int32 {
 			}
 		}
 	}
-	if from < 0 {
-		return nil
+	return from, n
+}
+
+// index brings sp.at up to h, the history before its last token. The
+// history of a generation only grows between lookups (generate's), so
+// only its new tokens are indexed; one that is shorter, or whose first
+// or last indexed token differs, is indexed anew.
+func (sp *speculator) index(h []int32) {
+	if sp.at == nil || len(h) < sp.indexed || (sp.indexed > 0 && (h[0] != sp.first || h[sp.indexed-1] != sp.lastIdx)) {
+		if sp.at == nil {
+			sp.at = map[int32][]int32{}
+		}
+		for k, v := range sp.at {
+			sp.at[k] = v[:0]
+		}
+		sp.indexed = 0
 	}
-	cl := matchClass(n)
-	k := sp.plan(cl, min(limit, L-from))
-	if k == 0 {
-		return nil
+	for i := sp.indexed; i < len(h); i++ {
+		sp.at[h[i]] = append(sp.at[h[i]], int32(i))
 	}
-	sp.n = cl
-	sp.draft = append(sp.draft[:0], history[from:from+k]...)
-	return sp.draft
+	sp.indexed = len(h)
+	if len(h) > 0 {
+		sp.first, sp.lastIdx = h[0], h[len(h)-1]
+	}
 }
 
 // verify feeds tok and the proposed draft (none: a catch-up forward) in

@@ -180,6 +180,12 @@ func TestBatchCost(t *testing.T) {
 	}
 	t0, _, _ = m.line(4, 4)
 	near("T(4) with a spike", t0, 0.040, 1e-9)
+	// line's answers are kept until the next step is observed.
+	for range 4 {
+		m.observe(stepStat{took: ms(400), seqs: 4, positions: 4})
+	}
+	t0, _, _ = m.line(4, 4)
+	near("T(4) after slow steps", t0, 0.400, 1e-9)
 	// Equal times: the floor.
 	var flat batchCost
 	for P := 1; P <= 8; P++ {

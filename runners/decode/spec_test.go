@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -751,5 +752,67 @@ func TestSpeculatorPairsSlowBatchSteps(t *testing.T) {
 	sp.observePlain(batch, true, 400*time.Millisecond)
 	if sp.own.np != 1 {
 		t.Fatalf("a verification and the 400 ms plain step after it: %d pairs, want 1", sp.own.np)
+	}
+}
+
+// TestLookupIndexMatchesScan: prompt lookup's search through its index of
+// each token's positions finds the place a scan of the whole history does
+// (the longest run of the last tokens, the latest of equally long ones),
+// on histories that grow token by token (a generation's: indexed
+// incrementally) and on unrelated ones (indexed anew).
+func TestLookupIndexMatchesScan(t *testing.T) {
+	scan := func(h []int32) (from, n int) {
+		L := len(h)
+		from = -1
+		if L < 2 {
+			return from, 0
+		}
+		for i := L - 2; i >= 0; i-- {
+			if h[i] != h[L-1] {
+				continue
+			}
+			m := 1
+			for m < maxMatch && m <= i && h[i-m] == h[L-1-m] {
+				m++
+			}
+			if m > n {
+				from, n = i+1, m
+				if m == maxMatch {
+					break
+				}
+			}
+		}
+		return from, n
+	}
+	rng := rand.New(rand.NewPCG(3, 5))
+	sp := newSpeculator(nil, 0, 8)
+	found := 0
+	for _, alphabet := range []int{2, 5, 40} {
+		var h []int32
+		for range 600 {
+			// mostly copies of an earlier stretch (long matches), some new tokens
+			if len(h) > 40 && rng.IntN(3) > 0 {
+				at := rng.IntN(len(h) - 20)
+				h = append(h, h[at:at+1+rng.IntN(20)]...)
+			} else {
+				h = append(h, int32(rng.IntN(alphabet)))
+			}
+			gf, gn := sp.match(h)
+			wf, wn := scan(h)
+			if gf != wf || gn != wn {
+				t.Fatalf("alphabet %d, %d tokens: match (%d, %d), scan (%d, %d)", alphabet, len(h), gf, gn, wf, wn)
+			}
+			if gn == maxMatch {
+				found++
+			}
+		}
+		// an unrelated history on the same speculator
+		u := []int32{9, 1, 2, 9, 1}
+		if gf, gn := sp.match(u); gf != 2 || gn != 2 {
+			t.Fatalf("unrelated history: match (%d, %d), want (2, 2)", gf, gn)
+		}
+	}
+	if found == 0 {
+		t.Fatal("no match of maxMatch tokens: the early stop was not exercised")
 	}
 }
