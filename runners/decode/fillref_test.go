@@ -2,36 +2,15 @@ package decode_test
 
 import (
 	"bytes"
-	"context"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 )
 
 // The remote-fill tests' (split_test.go, headsplit_test.go) shared
-// reference: a prompt, the whole model's local prefill of it, and a
-// filled cache compared with that layer by layer.
-
-// ramp is the n-token prompt first + (step·i mod mod).
-func ramp(n, first, step, mod int) []int32 {
-	p := make([]int32, n)
-	for i := range p {
-		p[i] = int32(first + i*step%mod)
-	}
-	return p
-}
-
-// localPrefill is m's local prefill of tokens in chunks of 16, in a cache
-// freed when the test ends.
-func localPrefill(t *testing.T, m *engine.Model, tokens []int32) engine.KVCache {
-	t.Helper()
-	ref := m.NewCache()
-	t.Cleanup(ref.Free)
-	if err := m.Prefill(context.Background(), ref, tokens, 16, nil); err != nil {
-		t.Fatal(err)
-	}
-	return ref
-}
+// reference: a filled cache compared layer by layer with the whole
+// model's local prefill (testmodel.LocalPrefill) of a prompt
+// (testmodel.Ramp).
 
 // sameLayers fails the test unless cache got, holding the layers [a, b)
 // of a model from its layer 0, holds for each of them byte for byte what

@@ -64,8 +64,8 @@ func TestHeadFill(t *testing.T) {
 	}
 	a, b := serve(16), serve(24)
 	ctx := t.Context()
-	prompt := ramp(75, 11, 29, 500)
-	ref := localPrefill(t, m, prompt[:len(prompt)-1])
+	prompt := testmodel.Ramp(75, 11, 29, 500)
+	ref := testmodel.LocalPrefill(t, m, prompt[:len(prompt)-1], 16)
 	_, parts, err := decode.ParsePrefillEndpoints([]string{a + "#0:2", b + "#2:4"})
 	if err != nil {
 		t.Fatal(err)

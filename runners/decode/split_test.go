@@ -97,9 +97,9 @@ func TestSplitFillFromPrefillStages(t *testing.T) {
 	}
 	whole := load(t, dir, engine.LayerRange{})
 	ctx := context.Background()
-	prompt := ramp(75, 7, 31, 450)
+	prompt := testmodel.Ramp(75, 7, 31, 450)
 	end := len(prompt) - 1
-	ref := localPrefill(t, whole, prompt[:end])
+	ref := testmodel.LocalPrefill(t, whole, prompt[:end], 16)
 	for _, r := range []engine.LayerRange{{}, {Start: 0, End: 2}} {
 		m := whole
 		if r != (engine.LayerRange{}) {
@@ -208,7 +208,7 @@ func TestFillDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prompt := ramp(40, 9, 37, 450)
+	prompt := testmodel.Ramp(40, 9, 37, 450)
 	for _, tc := range []struct {
 		name     string
 		heads    bool          // head pieces, else layer ranges
@@ -275,9 +275,9 @@ func TestSplitFillHybrid(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	prompt := ramp(70, 5, 17, 300)
+	prompt := testmodel.Ramp(70, 5, 17, 300)
 	end := len(prompt) - 1
-	ref := localPrefill(t, whole, prompt[:end])
+	ref := testmodel.LocalPrefill(t, whole, prompt[:end], 16)
 	want, err := whole.Forward(ctx, ref, prompt[end:])
 	if err != nil {
 		t.Fatal(err)
@@ -361,7 +361,7 @@ func TestPrefillGroupPerFill(t *testing.T) {
 		st, err := rem.Prefill(ctx, name, prompt, 0, c, nil)
 		if err == nil {
 			end := len(prompt) - 1
-			sameLayers(t, name+" against local prefill", localPrefill(t, whole, prompt[:end]), c, 0, 3, end)
+			sameLayers(t, name+" against local prefill", testmodel.LocalPrefill(t, whole, prompt[:end], 16), c, 0, 3, end)
 		}
 		return st, err
 	}
@@ -380,7 +380,7 @@ func TestPrefillGroupPerFill(t *testing.T) {
 	}
 	first := make(chan result, 1)
 	go func() {
-		st, err := fill("one", ramp(40, 3, 13, 400))
+		st, err := fill("one", testmodel.Ramp(40, 3, 13, 400))
 		first <- result{st, err}
 	}()
 	select {
@@ -388,7 +388,7 @@ func TestPrefillGroupPerFill(t *testing.T) {
 	case <-time.After(time.Minute): // a test's bound
 		t.Fatal("the first fill never reached group A's stage 0")
 	}
-	st, err := fill("two", ramp(45, 5, 17, 400))
+	st, err := fill("two", testmodel.Ramp(45, 5, 17, 400))
 	if err != nil || group(st) != "B" {
 		t.Fatalf("the second fill, the first in flight on group A: %v, group %s; want group B", err, group(st))
 	}
@@ -397,7 +397,7 @@ func TestPrefillGroupPerFill(t *testing.T) {
 	if r.err != nil || group(r.st) != "A" {
 		t.Fatalf("the first fill: %v, group %s; want group A", r.err, group(r.st))
 	}
-	st, err = fill("three", ramp(50, 7, 19, 400))
+	st, err = fill("three", testmodel.Ramp(50, 7, 19, 400))
 	if err != nil || group(st) != "A" {
 		t.Fatalf("a fill with none in flight: %v, group %s; want group A", err, group(st))
 	}

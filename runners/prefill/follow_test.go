@@ -79,8 +79,8 @@ func TestRangeRequestsFollowOneComputation(t *testing.T) {
 	ctx := context.Background()
 	info := m.Info()
 	fp := kvwire.Fingerprint(m.Fingerprint())
-	prompt := ramp(61, 13, 31, 450)
-	ref := localPrefill(t, m, prompt[:len(prompt)-1], 16)
+	prompt := testmodel.Ramp(61, 13, 31, 450)
+	ref := testmodel.LocalPrefill(t, m, prompt[:len(prompt)-1], 16)
 
 	for _, fail := range []error{nil, errors.New("the device went away")} {
 		held := &holdAfterFirst{Model: m, release: make(chan struct{}), fail: fail}

@@ -24,9 +24,9 @@ func TestProduceHeadRange(t *testing.T) {
 	cl := kvwire.NewClient(kvwire.ClientConfig{})
 	info := m.Info()
 	fp := kvwire.Fingerprint(m.Fingerprint())
-	prompt := ramp(45, 7, 31, 400)
+	prompt := testmodel.Ramp(45, 7, 31, 400)
 	const start = 5
-	ref := localPrefill(t, m, prompt[:len(prompt)-1], 16)
+	ref := testmodel.LocalPrefill(t, m, prompt[:len(prompt)-1], 16)
 	for _, c := range []struct {
 		h      [2]int
 		layers [2]int

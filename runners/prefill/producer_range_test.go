@@ -49,9 +49,9 @@ func TestProduceLayerRange(t *testing.T) {
 	cl := kvwire.NewClient(kvwire.ClientConfig{})
 	info := m.Info()
 	fp := kvwire.Fingerprint(m.Fingerprint())
-	prompt := ramp(61, 11, 29, 450)
+	prompt := testmodel.Ramp(61, 11, 29, 450)
 	const start = 7
-	ref := localPrefill(t, m, prompt[:len(prompt)-1], 16)
+	ref := testmodel.LocalPrefill(t, m, prompt[:len(prompt)-1], 16)
 	n := len(prompt) - 1 - start
 	var computed float64
 	for i, r := range [][2]int{{1, 3}, {0, 1}, {2, 3}} {

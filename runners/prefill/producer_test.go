@@ -42,28 +42,6 @@ func loadSpec(t *testing.T, name string, spec testmodel.Spec) *engine.Model {
 	return m
 }
 
-// ramp is the n-token prompt first + (step·i mod mod).
-func ramp(n, first, step, mod int) []int32 {
-	p := make([]int32, n)
-	for i := range p {
-		p[i] = int32(first + i*step%mod)
-	}
-	return p
-}
-
-// localPrefill is m's local prefill of tokens in chunks of chunk, the
-// reference a producer's KV must equal, in a cache freed when the test
-// ends.
-func localPrefill(t *testing.T, m *engine.Model, tokens []int32, chunk int) engine.KVCache {
-	t.Helper()
-	ref := m.NewCache()
-	t.Cleanup(ref.Free)
-	if err := m.Prefill(context.Background(), ref, tokens, chunk, nil); err != nil {
-		t.Fatal(err)
-	}
-	return ref
-}
-
 // serveProducer serves a producer of o over the KV wire on a loopback TCP
 // port until the test ends (then closes it, before the model's own
 // cleanup) and returns it and the address.
@@ -129,7 +107,7 @@ func TestProduceStreamsWhileComputingAndCaches(t *testing.T) {
 	info := m.Info()
 	exp := &kvwire.Expect{Fingerprint: fp, Kinds: make([]kvwire.LayerKind, info.Layers), KVHeads: info.KVHeads, HeadDim: info.HeadDim}
 
-	prompt := ramp(150, 7, 13, 400)
+	prompt := testmodel.Ramp(150, 7, 13, 400)
 	// Prefix probes (PROTOCOL.md §18) answer what a Produce would reuse,
 	// without computing: nothing before the first request, 149 after it.
 	probe := func(model string, toks []int32) (int, error) {
@@ -146,7 +124,7 @@ func TestProduceStreamsWhileComputingAndCaches(t *testing.T) {
 		t.Fatalf("received %d tokens (header end %d), want N-1 = %d", sink.cache.Len(), sink.hdr.TokenEnd, len(prompt)-1)
 	}
 	// The shipped KV is what a local prefill computes, bit for bit.
-	ref := localPrefill(t, m, prompt[:len(prompt)-1], 32)
+	ref := testmodel.LocalPrefill(t, m, prompt[:len(prompt)-1], 32)
 	same := func(a, b engine.KVCache, from, n int) {
 		t.Helper()
 		for layer := range info.Layers {
@@ -186,7 +164,7 @@ func TestProduceStreamsWhileComputingAndCaches(t *testing.T) {
 	if d := counter(met.PrefillTokens.WithLabelValues("prefill")) - computed; d != float64(len(ext)-len(prompt)) {
 		t.Fatalf("computed %v tokens for the extension, want %d", d, len(ext)-len(prompt))
 	}
-	ref2 := localPrefill(t, m, ext[:len(ext)-1], 32)
+	ref2 := testmodel.LocalPrefill(t, m, ext[:len(ext)-1], 32)
 	same(sink2.cache, ref2, 0, len(ext)-1)
 
 	// Requests for another model name or fingerprint are a mismatch.

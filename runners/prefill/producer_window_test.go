@@ -22,7 +22,7 @@ func TestProduceSlidingWindows(t *testing.T) {
 	ctx := context.Background()
 	fp := kvwire.Fingerprint(m.Fingerprint())
 	exp := &kvwire.Expect{Fingerprint: fp, Kinds: make([]kvwire.LayerKind, info.Layers), Windows: info.Windows, KVHeads: info.KVHeads, HeadDim: info.HeadDim}
-	prompt := ramp(300, 7, 13, 400)
+	prompt := testmodel.Ramp(300, 7, 13, 400)
 	sink := &collect{cache: m.NewCache(), received: make(chan struct{})}
 	st, err := kvwire.NewClient(kvwire.ClientConfig{}).Fetch(ctx, addr,
 		&kvwire.Request{ID: "a", Model: "m", Fingerprint: fp, Tokens: prompt}, exp, sink)
@@ -37,7 +37,7 @@ func TestProduceSlidingWindows(t *testing.T) {
 	if want := (2*7 + int64(end)) * perPos; st.PayloadBytes != want {
 		t.Fatalf("payload %d bytes, want %d (2 sliding layers × 7 positions + 1 full × %d)", st.PayloadBytes, want, end)
 	}
-	ref := localPrefill(t, m, prompt[:end], 32)
+	ref := testmodel.LocalPrefill(t, m, prompt[:end], 32)
 	for layer, w := range info.Windows {
 		from := engine.WindowStart(w, end)
 		a, _, err1 := sink.cache.Export(layer, from, end-from)

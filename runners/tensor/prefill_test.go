@@ -190,27 +190,6 @@ func wholeModel(t *testing.T, spec testmodel.Spec) (string, *engine.Model) {
 	return path, load(t, path, nil)
 }
 
-// ramp is the n-token prompt first + (step·i mod mod).
-func ramp(n, first, step, mod int) []int32 {
-	p := make([]int32, n)
-	for i := range p {
-		p[i] = int32(first + i*step%mod)
-	}
-	return p
-}
-
-// localPrefill is m's local prefill of tokens in the ranks' chunks, in a
-// cache freed when the test ends.
-func localPrefill(t *testing.T, m *engine.Model, tokens []int32) engine.KVCache {
-	t.Helper()
-	ref := m.NewCache()
-	t.Cleanup(ref.Free)
-	if err := m.Prefill(t.Context(), ref, tokens, testChunk, nil); err != nil {
-		t.Fatal(err)
-	}
-	return ref
-}
-
 // fetchEach asks every rank r of pg for its KV heads [r, r+1) of p from
 // start, all at once and beside more (when set), and returns what each
 // rank sent once every one has answered and more has returned. It fails
@@ -249,8 +228,8 @@ func TestTensorPrefillHeads(t *testing.T) {
 	path, whole := wholeModel(t, testmodel.Spec{Arch: "llama", Seed: 3, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16, MaxPositions: 512})
 	pg := startPrefillGroup(t, path, 2)
 	ctx := t.Context()
-	prompt := ramp(90, 5, 37, 300)
-	ref := localPrefill(t, whole, prompt[:len(prompt)-1])
+	prompt := testmodel.Ramp(90, 5, 37, 300)
+	ref := testmodel.LocalPrefill(t, whole, prompt[:len(prompt)-1], testChunk)
 	both := func(what string, p []int32, start int) {
 		t.Helper()
 		sinks := pg.fetchEach(ctx, what, whole, ref, p, start, nil)
@@ -356,8 +335,8 @@ func TestTensorPrefillWantMeetsRequest(t *testing.T) {
 func TestTensorPrefillIntoDecodeShares(t *testing.T) {
 	path, whole := wholeModel(t, testmodel.Spec{Arch: "llama", Seed: 8, Layers: 2, Heads: 8, KVHeads: 4, HeadDim: 8, MaxPositions: 512})
 	ctx := t.Context()
-	prompt := ramp(50, 3, 53, 400)
-	ref := localPrefill(t, whole, prompt[:len(prompt)-1])
+	prompt := testmodel.Ramp(50, 3, 53, 400)
+	ref := testmodel.LocalPrefill(t, whole, prompt[:len(prompt)-1], testChunk)
 	const start = 4
 	fullBytes := map[int]int64{} // the whole model's KV bytes from a position
 	for _, pos := range []int{0, start} {
