@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
+	"github.com/exo-pd/exo-pd/runners/internal/bounded"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -131,33 +132,18 @@ func JoinAgreed(ctx context.Context, g *Group, in, out *Link, log *slog.Logger) 
 		return nil, t, nil
 	}
 	log.Info("stage: joining the stages' group for the hidden states", "transport", g.Transport, "timeout", g.JoinTimeout)
-	type res struct {
-		c   engine.Carrier
-		err error
+	c, err := bounded.Call(ctx, g.JoinTimeout, g.Join)
+	switch {
+	case errors.Is(err, bounded.ErrTimeout):
+		err = fmt.Errorf("the join did not finish within %v (a neighbour died before joining?)", g.JoinTimeout)
+	case err == nil && c == nil:
+		err = errors.New("the join returned no carrier")
 	}
-	done := make(chan res, 1)
-	go func() {
-		c, err := g.Join()
-		done <- res{c, err}
-	}()
-	timer := time.NewTimer(g.JoinTimeout)
-	defer timer.Stop()
-	var r res
-	select {
-	case r = <-done:
-	case <-timer.C:
-		r.err = fmt.Errorf("the join did not finish within %v (a neighbour died before joining?)", g.JoinTimeout)
-	case <-ctx.Done():
-		r.err = ctx.Err()
-	}
-	if r.err == nil && r.c == nil {
-		r.err = errors.New("the join returned no carrier")
-	}
-	if r.err != nil {
-		return nil, Offered(), fmt.Errorf("%w: join: %w", ErrGroupLost, r.err)
+	if err != nil {
+		return nil, Offered(), fmt.Errorf("%w: join: %w", ErrGroupLost, err)
 	}
 	log.Info("stage: hidden states carried over the group", "transport", g.Transport)
-	return r.c, Transport{Transport: g.Transport}, nil
+	return c, Transport{Transport: g.Transport}, nil
 }
 
 // newCarry is a stage's side of g; without g, fallback is why (its

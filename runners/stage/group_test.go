@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"testing"
 	"time"
 
@@ -259,5 +260,27 @@ func TestGroupLostEndsRequests(t *testing.T) {
 	}
 	if p.ring.Healthy() {
 		t.Error("the ring reports healthy after its group was lost")
+	}
+}
+
+// TestGroupJoinBound: a stage whose group's join never returns (a
+// neighbour that offered the group died before joining) does not wait in
+// it for ever: at its JoinTimeout the group is lost (OnLost, wrapping
+// ErrGroupLost and naming the bound), and the runner would exit.
+func TestGroupJoinBound(t *testing.T) {
+	dir := writeModels(t)["llama"]
+	lost := make(chan error, 8)
+	newPipeline(t, dir, []int{1}, pipeOpts{maxBatch: 1, group: true, lost: lost, hangJoin: 1})
+	want := "join: the join did not finish within 1s"
+	for {
+		select {
+		case err := <-lost:
+			if errors.Is(err, stage.ErrGroupLost) && strings.Contains(err.Error(), want) {
+				return
+			}
+			t.Logf("another stage's loss first: %v", err)
+		case <-time.After(time.Minute): // a test's bound: the fix is what ends it
+			t.Fatalf("no stage lost its group at its 1 s JoinTimeout within a minute (want an error saying %q)", want)
+		}
 	}
 }

@@ -69,8 +69,11 @@ type pipeOpts struct {
 	// in-process stand-in for MLX's ring), except stage noGroup (> 0).
 	group   bool
 	noGroup int
-	whole   bool       // the Groups are Whole (the supervisor's hostfile)
-	lost    chan error // told each stage's OnLost
+	whole   bool // the Groups are Whole (the supervisor's hostfile)
+	// hangJoin (> 0): that stage's Join never returns (a neighbour died
+	// before joining), bounded by a 1 s JoinTimeout.
+	hangJoin int
+	lost     chan error // told each stage's OnLost
 	// health, when set, is each stage's own condition (its tensor
 	// group's Health; nil entries: none).
 	health []func() error
@@ -140,6 +143,12 @@ func newPipeline(t testing.TB, dir string, cuts []int, po pipeOpts) *pipeline {
 						po.lost <- err
 					}
 				}}
+			if po.hangJoin > 0 && i == po.hangJoin {
+				never := make(chan struct{})
+				t.Cleanup(func() { close(never) })
+				groups[i].Join = func() (engine.Carrier, error) { <-never; return nil, errors.New("never") }
+				groups[i].JoinTimeout = time.Second
+			}
 		}
 	}
 	listen := func(i int) net.Listener {
@@ -202,7 +211,9 @@ func newPipeline(t testing.TB, dir string, cuts []int, po pipeOpts) *pipeline {
 			<-p.done[i]
 		}
 	})
-	testutil.Eventually(t, ring.Healthy, 20*time.Second, "the ring is up")
+	if po.hangJoin == 0 { // else the ring comes up only if the join is not bounded
+		testutil.Eventually(t, ring.Healthy, 20*time.Second, "the ring is up")
+	}
 	return p
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/mlx"
+	"github.com/exo-pd/exo-pd/runners/internal/bounded"
 	"github.com/exo-pd/exo-pd/runners/internal/groupaddr"
 )
 
@@ -247,31 +248,31 @@ func (r *Rank) Collective(c RankConfig, b engine.Backend) (engine.Collective, er
 // errJoinTimeout is wrapped by a join that did not finish in its bound.
 var errJoinTimeout = errors.New("the join did not finish in its bound (a rank died or hangs before joining?): exiting so that the supervisor restarts every rank")
 
+// errRankLost ends a join whose rank's tensor link dropped: that rank
+// will not join.
+var errRankLost = errors.New("a rank's tensor link dropped before MLX's group was joined: exiting so that the supervisor restarts every rank")
+
 // boundedJoin runs join, which may never return (MLX's join waits for
 // every rank), for at most timeout, or until lost closes (a rank's link
 // dropped: it will not join); the join is then left behind (the process
 // exits).
 func boundedJoin[G any](join func() (G, error), timeout time.Duration, lost <-chan struct{}) (G, error) {
-	type res struct {
-		g   G
-		err error
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	if lost != nil {
+		go func() {
+			select {
+			case <-lost:
+				cancel(errRankLost)
+			case <-ctx.Done():
+			}
+		}()
 	}
-	done := make(chan res, 1)
-	go func() {
-		g, err := join()
-		done <- res{g, err}
-	}()
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	var zero G
-	select {
-	case r := <-done:
-		return r.g, r.err
-	case <-t.C:
-		return zero, fmt.Errorf("%w (%v)", errJoinTimeout, timeout)
-	case <-lost:
-		return zero, errors.New("a rank's tensor link dropped before MLX's group was joined: exiting so that the supervisor restarts every rank")
+	g, err := bounded.Call(ctx, timeout, join)
+	if errors.Is(err, bounded.ErrTimeout) {
+		err = fmt.Errorf("%w (%v)", errJoinTimeout, timeout)
 	}
+	return g, err
 }
 
 // chooseMLXBackend picks MLX's backend for c: on a CUDA GPU "nccl" when
