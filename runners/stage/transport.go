@@ -2,8 +2,8 @@ package stage
 
 import (
 	"strconv"
-	"sync"
 
+	"github.com/exo-pd/exo-pd/runners/internal/statusgauge"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -63,8 +63,7 @@ func onLink(code, detail string) Transport {
 // (Ring, Node) and a prefill pipeline stage (runners/prefill/pipeline)
 // each keep one.
 type TransportReport struct {
-	mu    sync.Mutex
-	cur   Transport
+	v     statusgauge.Value[Transport]
 	gauge *prometheus.GaugeVec // nil: not reported
 	model string
 	stage string
@@ -83,21 +82,15 @@ func NewTransportReport(m *Metrics, model string, stage int, t Transport) *Trans
 
 // Set records the stage's new Transport.
 func (r *TransportReport) Set(t Transport) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.gauge != nil {
-		r.gauge.DeleteLabelValues(r.model, r.stage, r.cur.Transport, r.cur.Reason)
-		r.gauge.WithLabelValues(r.model, r.stage, t.Transport, t.Reason).Set(1)
+	if r.gauge == nil {
+		r.v.Set(t, nil)
+		return
 	}
-	r.cur = t
+	r.v.Set(t, r.gauge, r.model, r.stage, t.Transport, t.Reason)
 }
 
 // Get is the stage's Transport now.
-func (r *TransportReport) Get() Transport {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.cur
-}
+func (r *TransportReport) Get() Transport { return r.v.Get() }
 
 // Offered is the Transport of a stage that offers its group and has not
 // decided yet.

@@ -2,8 +2,8 @@ package tensor
 
 import (
 	"strconv"
-	"sync"
 
+	"github.com/exo-pd/exo-pd/runners/internal/statusgauge"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -44,29 +44,19 @@ func mlxSums(bk, why string, cuda bool) Sums {
 	return s
 }
 
-// sumsReport holds a rank's Sums once its collective is chosen.
-type sumsReport struct {
-	mu sync.Mutex
-	s  Sums
-}
+// sumsReport holds a rank's Sums once its collective is chosen, and its
+// exo_tensor_group series (one, = 1).
+type sumsReport struct{ v statusgauge.Value[Sums] }
 
 func (r *sumsReport) set(s Sums, m *Metrics, model string, rank int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if m != nil {
-		if r.s != (Sums{}) && r.s != s {
-			m.Group.DeleteLabelValues(model, strconv.Itoa(rank), r.s.Group, r.s.Reason)
-		}
-		m.Group.WithLabelValues(model, strconv.Itoa(rank), s.Group, s.Reason).Set(1)
+	if m == nil {
+		r.v.Set(s, nil)
+		return
 	}
-	r.s = s
+	r.v.Set(s, m.Group, model, strconv.Itoa(rank), s.Group, s.Reason)
 }
 
-func (r *sumsReport) get() Sums {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.s
-}
+func (r *sumsReport) get() Sums { return r.v.Get() }
 
 // newGroupGauge is exo_tensor_group.
 func newGroupGauge() *prometheus.GaugeVec {
