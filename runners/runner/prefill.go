@@ -37,9 +37,6 @@ func runPrefill(ctx context.Context, c *Config, m *engine.Model, secret []byte, 
 		if c.TestPrefillRate > 0 {
 			return fmt.Errorf("runner: --test-slow-prefill-tokens-per-sec with --stage: a prefill stage is not paced")
 		}
-		if _, err := (&stage.RunnerConfig{Stage: c.Stage, Stages: c.Stages, Layers: engine.LayerRange(c.Layers), Model: m}).Link(); err != nil {
-			return fmt.Errorf("runner: %w", err)
-		}
 		stageRange = engine.LayerRange(c.Layers)
 	}
 	prod := prefill.New(prefill.Options{Name: c.Name, Model: pm, Chunk: c.Chunk, CacheBytes: cacheBytes, Metrics: met, Logger: log, Stage: stageRange})

@@ -53,13 +53,30 @@ type RunnerConfig struct {
 // Link checks the stage's layers against the model and returns its end of
 // the stage links.
 func (c *RunnerConfig) Link() (LinkConfig, error) {
-	info := c.Model.Info()
-	if c.Layers.End > info.Layers || (c.Stage == c.Stages-1 && c.Layers.End != info.Layers) {
+	return NewLinkConfig(c.Stage, c.Stages, c.Layers, c.Model, c.Secret)
+}
+
+// LinkModel is what a stage's end of the stage links needs of its model:
+// the whole model's layer count and hidden size, and its fingerprint.
+type LinkModel interface {
+	Info() engine.ModelInfo
+	Fingerprint() engine.Fingerprint
+}
+
+// NewLinkConfig is the end of the stage links of stage (of stages) holding
+// layers of m, which the stages' Hellos compare (secret: the links'). It
+// refuses layers past the model's end, and a last stage that does not end
+// at the model's last layer, naming --stage and --layers: a decode stage
+// (RunnerConfig.Link) and a prefill pipeline stage
+// (runners/prefill/pipeline) both start from it.
+func NewLinkConfig(stage, stages int, layers engine.LayerRange, m LinkModel, secret []byte) (LinkConfig, error) {
+	info := m.Info()
+	if layers.End > info.Layers || (stage == stages-1 && layers.End != info.Layers) {
 		return LinkConfig{}, fmt.Errorf("stage: --stage %d/%d --layers %d:%d of a %d-layer model: the last stage ends at layer %d and no stage past it",
-			c.Stage, c.Stages, c.Layers.Start, c.Layers.End, info.Layers, info.Layers)
+			stage, stages, layers.Start, layers.End, info.Layers, info.Layers)
 	}
-	return LinkConfig{Stage: c.Stage, Stages: c.Stages, First: c.Layers.Start, End: c.Layers.End, Layers: info.Layers,
-		Hidden: c.Model.Config().Hidden, Fingerprint: c.Model.Fingerprint(), Secret: c.Secret}, nil
+	return LinkConfig{Stage: stage, Stages: stages, First: layers.Start, End: layers.End, Layers: info.Layers,
+		Hidden: info.Hidden, Fingerprint: m.Fingerprint(), Secret: secret}, nil
 }
 
 // group plans the stage's MLX group (nil, logged: the stage link carries

@@ -175,10 +175,12 @@ func NewPipe(p *prefill.Producer, model StageModel, cfg PipeConfig) (*Pipe, erro
 	if r != p.Layers() {
 		return nil, fmt.Errorf("prefill pipeline: the producer holds layers %v, the model %v", p.Layers(), r)
 	}
+	link, err := stage.NewLinkConfig(cfg.Stage, cfg.Stages, r, model, cfg.Secret)
+	if err != nil {
+		return nil, fmt.Errorf("prefill pipeline: %w", err)
+	}
 	pp := &Pipe{cfg: cfg, p: p, model: model, last: cfg.Stage == cfg.Stages-1, in: map[uint64]*inStream{},
-		log: cfg.Logger.With("prefill_stage", fmt.Sprintf("%d/%d", cfg.Stage, cfg.Stages))}
-	pp.link = stage.LinkConfig{Stage: cfg.Stage, Stages: cfg.Stages, First: r.Start, End: r.End, Layers: info.Layers,
-		Hidden: info.Hidden, Fingerprint: model.Fingerprint(), Secret: cfg.Secret}
+		log: cfg.Logger.With("prefill_stage", fmt.Sprintf("%d/%d", cfg.Stage, cfg.Stages)), link: link}
 	pp.origins.Store(uint64(time.Now().UnixNano()))
 	pp.decided = make(chan struct{})
 	if cfg.Group != nil {
