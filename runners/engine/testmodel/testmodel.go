@@ -8,7 +8,9 @@
 // sigmoid gate, whose gate is 8-bit like the router when quantized), in f32 or bf16, dense or MLX affine-quantized (4/8-bit,
 // loadable by mlx-lm), with a real byte-level BPE tokenizer.json (merges
 // learned from an embedded text) and a ChatML chat template.
-// WriteHarmony gives the gpt-oss one a harmony tokenizer instead.
+// WriteHarmony gives the gpt-oss one a harmony tokenizer instead. Dense
+// presents a quantized checkpoint (a real model's GGUF, say) as a dense
+// f32 or bf16 one, for benchmarks of the dense matrix products.
 //
 // It owns only the generation of such directories; it must not depend on
 // backends or runners. Output is byte-identical for the same Spec on every

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"math"
 	"os"
 	"path/filepath"
@@ -209,4 +210,94 @@ func TestSpecValidation(t *testing.T) {
 			t.Errorf("%+v accepted", s)
 		}
 	}
+}
+
+// TestDense reads quantized models through Dense: no scales or biases are
+// left, the config is a dense one of the asked dtype, every linear's
+// weight is within half a quantization step of the dense model of the same
+// seed (the bit order and groups are MLX's), bf16 is float32 rounded, and
+// the other tensors keep their values.
+func TestDense(t *testing.T) {
+	dense, err := Tensors(Spec{Arch: "qwen3", Seed: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig := map[string]engine.Tensor{}
+	for _, x := range dense {
+		orig[x.Name] = x
+	}
+	for _, c := range []struct {
+		bits, group int
+		dt          engine.DType
+	}{{4, 32, engine.F32}, {8, 64, engine.F32}, {4, 64, engine.BF16}} {
+		dir := t.TempDir()
+		if err := Write(dir, Spec{Arch: "qwen3", Seed: 5, QuantBits: c.bits, GroupSize: c.group}); err != nil {
+			t.Fatal(err)
+		}
+		src, err := weights.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds, err := Dense(src, c.dt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := engine.ParseConfig(ds.Config())
+		if err != nil || cfg.Quant.Bits != 0 || cfg.DType != c.dt {
+			t.Fatalf("%+v: config %+v %v", c, cfg, err)
+		}
+		quantized := 0
+		for _, n := range ds.Names() {
+			if strings.HasSuffix(n, ".scales") || strings.HasSuffix(n, ".biases") {
+				t.Fatalf("%+v: %s listed", c, n)
+			}
+			p, _ := strings.CutSuffix(n, ".weight")
+			sc, _ := src.Tensor(p + ".scales")
+			got, err := ds.Tensor(n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := orig[n]
+			if got.DType != c.dt || !slices.Equal(got.Shape, want.Shape) {
+				t.Fatalf("%+v: %s: %v %v, want %v %v", c, n, got.DType, got.Shape, c.dt, want.Shape)
+			}
+			g, w := floatsOf(t, got), floatsOf(t, want)
+			var step []float32
+			if src.Quant(p).Bits > 0 {
+				quantized++
+				step = floatsOf(t, sc)
+			}
+			for i := range w {
+				tol := 0.0
+				if step != nil {
+					tol = float64(step[i/c.group])*0.5001 + 1e-6
+				}
+				if c.dt == engine.BF16 {
+					tol += math.Abs(float64(g[i])) / 128 // bf16 keeps 8 significant bits
+				}
+				if d := math.Abs(float64(g[i] - w[i])); d > tol {
+					t.Fatalf("%+v: %s[%d] = %v, want %v (±%v)", c, n, i, g[i], w[i], tol)
+				}
+			}
+		}
+		if quantized == 0 {
+			t.Fatalf("%+v: no quantized linear checked", c)
+		}
+		if _, err := ds.Tensor("model.layers.0.mlp.up_proj.scales"); !errors.Is(err, engine.ErrNotFound) {
+			t.Errorf("%+v: scales read through Dense: %v", c, err)
+		}
+		ds.Close()
+	}
+	if _, err := Dense(nil, engine.F16); err == nil {
+		t.Error("Dense to float16 accepted")
+	}
+}
+
+func floatsOf(t *testing.T, x engine.Tensor) []float32 {
+	t.Helper()
+	v, err := floats(x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
