@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
@@ -363,5 +364,52 @@ func BenchmarkGemmIQ(b *testing.B) {
 				be.Free(be.Linear(x, lin))
 			}
 		})
+	}
+}
+
+// BenchmarkSmallM: what a step of M positions costs per position, one
+// thread, for the products a speculative verification step runs (M = 1 is
+// a plain decode step, 2..17 one sequence verifying 1..16 drafts, or a
+// batch of such). Shapes are SmolLM2-135M's MLP up [1536, 576] and down
+// [576, 1536]; kinds are its GGUF conversions (Q4_1: 4-bit with float16
+// scale and bias; Q8_0: 8-bit symmetric) and dense f32/bf16. "bytes" are
+// multiply-adds (MB/s reads as millions of multiply-adds per second);
+// ns/row is the time per input row, cpu-ns/row the thread's CPU time per
+// input row (it moves much less with the machine's load).
+func BenchmarkSmallM(b *testing.B) {
+	for _, shape := range [][2]int{{1536, 576}, {576, 1536}} {
+		N, K := shape[0], shape[1]
+		for _, kind := range []string{"q4_1", "q8_0", "f32", "bf16"} {
+			for _, M := range []int{1, 2, 3, 4, 8, 9, 16, 17} {
+				b.Run(fmt.Sprintf("%dx%d/%s/M=%d", N, K, kind, M), func(b *testing.B) {
+					r := rand.New(rand.NewPCG(11, uint64(M)))
+					be := newBackend(1) // the kernels this machine runs
+					var lin *engine.Linear
+					switch kind {
+					case "q4_1":
+						lin, _ = iqLinear(be, r, N, K, 4, 32, engine.F16)
+					case "q8_0":
+						lin, _ = iqLinearSym(be, r, N, K, 8, 32, engine.F16, true)
+					default:
+						lin = benchWeights(b, be, N, K, kind)
+					}
+					w := be.newWeight(lin)
+					x, out := randF32(r, M*K), make([]float32, M*N)
+					be.matmulT(out, x, M, w) // warm: scratch and regrouped scales
+					b.SetBytes(int64(M * N * K))
+					b.ReportAllocs()
+					runtime.LockOSThread()
+					defer runtime.UnlockOSThread()
+					cpu0 := threadCPU()
+					for b.Loop() {
+						be.matmulT(out, x, M, w)
+					}
+					b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*M), "ns/row")
+					if cpu := threadCPU() - cpu0; cpu0 > 0 {
+						b.ReportMetric(float64(cpu)/float64(b.N*M), "cpu-ns/row")
+					}
+				})
+			}
+		}
 	}
 }

@@ -1,0 +1,6 @@
+//go:build !linux
+
+package cpu
+
+// threadCPU is not measured here (see threadcpu_linux_test.go).
+func threadCPU() int64 { return 0 }
