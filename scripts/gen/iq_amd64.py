@@ -113,12 +113,16 @@ def gemm(vnni=False):
     L += [f"{name}next:", "\tVMOVUPS Y12, (BX)", "\tADDQ R8, BX", "\tDECQ R9", f"\tJNZ {name}row", "\tVZEROUPPER", "\tRET", ""]
     return "\n".join(L)
 
-def unpackT(bits):
+def unpackT(bits, wide=False):
     """Like unpack, but pair-interleaved for the VNNI gemm: in each block's
     512 bytes, the dword at 32j + 4r holds values 2j and 2j+1 (kernel order)
     of row r, so one register holds one pair of all eight rows. Each half of
-    a block (pairs 0-7, 8-15) is an 8x8 dword transpose."""
-    name=f"q{bits}i16unpack8TAVX"
+    a block (pairs 0-7, 8-15) is an 8x8 dword transpose. The wide variant
+    (for gemmZ) leaves room for a second group of eight rows: pair j at
+    64j, blocks 1024 bytes apart; it is called once per group, the second
+    time 32 bytes further on."""
+    name=f"q{bits}i16unpack8T{'W' if wide else ''}AVX"
+    ps, bs = (64, 1024) if wide else (32, 512)
     step = 16 if bits==4 else 32
     L=[f"// func {name}(words *uint32, wstride, nblk int, dst *int16)", f"TEXT ·{name}(SB), NOSPLIT, $0-32",
        "\tMOVQ words+0(FP), DI", "\tMOVQ wstride+8(FP), R9", "\tMOVQ nblk+16(FP), CX", "\tMOVQ dst+24(FP), SI",
@@ -141,9 +145,9 @@ def unpackT(bits):
               "\tVPUNPCKLQDQ Y15, Y12, Y4", "\tVPUNPCKHQDQ Y15, Y12, Y5", "\tVPUNPCKLQDQ Y1, Y14, Y6", "\tVPUNPCKHQDQ Y1, Y14, Y7"]
         # pairs: 0 from (Y0,Y4), 1 (Y2,Y5), 2 (Y3,Y6), 3 (Y8,Y7); 4-7 the high lanes.
         for j,(lo,hi) in enumerate([(0,4),(2,5),(3,6),(8,7)]):
-            L += [f"\tVPERM2I128 $0x20, Y{hi}, Y{lo}, Y9", f"\tVMOVDQU Y9, {32*(8*h+j)}(SI)",
-                  f"\tVPERM2I128 $0x31, Y{hi}, Y{lo}, Y9", f"\tVMOVDQU Y9, {32*(8*h+j+4)}(SI)"]
-    L += [f"\tADDQ ${step}, DI", f"\tADDQ ${step}, BX", "\tADDQ $512, SI", "\tDECQ CX", f"\tJNZ {name}loop", "\tVZEROUPPER", "\tRET", ""]
+            L += [f"\tVPERM2I128 $0x20, Y{hi}, Y{lo}, Y9", f"\tVMOVDQU Y9, {ps*(8*h+j)}(SI)",
+                  f"\tVPERM2I128 $0x31, Y{hi}, Y{lo}, Y9", f"\tVMOVDQU Y9, {ps*(8*h+j+4)}(SI)"]
+    L += [f"\tADDQ ${step}, DI", f"\tADDQ ${step}, BX", f"\tADDQ ${bs}, SI", "\tDECQ CX", f"\tJNZ {name}loop", "\tVZEROUPPER", "\tRET", ""]
     return "\n".join(L)
 def gemmT(M):
     """M (1-8) input rows against eight pair-interleaved weight rows
@@ -197,6 +201,70 @@ def gemmT(M):
     L += [f"{name}done:", "\tMOVQ p+0(FP), R12", "\tMOVQ 80(R12), BX", "\tMOVQ 88(R12), R8"]
     for m in range(M):
         L += [f"\tVMOVUPS Y{fa(m)}, (BX)"] + (["\tADDQ R8, BX"] if m < M-1 else [])
+    L += ["\tVZEROUPPER", "\tRET", ""]
+    return "\n".join(L)
+def gemmZ(M):
+    """gemmT on 512-bit registers: M (1-8) input rows against sixteen weight
+    rows (two groups of eight, unpacked by the wide unpackT: a register holds
+    one pair of all sixteen rows), so each VPDPWSSD does twice the work of
+    gemmT's at the same issue rate. The float part is gemmT's on sixteen
+    lanes (the same operations per lane, so the same bits); the second
+    group's scales and biases are sstride bytes after the first's. It runs
+    nblk blocks of input rows rowblk blocks long; with cont set it goes on
+    from the sums already in out (the same float32 running sum: a product
+    cut into runs of blocks gives the same bits), so the caller can unpack
+    a few blocks at a time and keep them in the first-level cache."""
+    name=f"i16gemm16x{M}VNNI"
+    c = max(1, 8 // M)
+    xa = ["(SI)", "(SI)(R13*1)", "(SI)(R13*2)", "(SI)(R8*1)", "(BX)", "(BX)(R13*1)", "(BX)(R13*2)", "(BX)(R8*1)"]
+    ma = ["(DX)", "(DX)(R14*1)", "(DX)(R14*2)", "(DX)(R9*1)", "(R12)", "(R12)(R14*1)", "(R12)(R14*2)", "(R12)(R9*1)"]
+    acc = lambda m, k: m*c + k
+    fa = lambda m: 8 + m
+    L=[f"// func {name}(p *iqArgs)", f"TEXT ·{name}(SB), NOSPLIT, $16-8",
+       "\tMOVQ p+0(FP), R12", "\tMOVQ 80(R12), BX", "\tMOVQ 88(R12), R8", "\tCMPQ 128(R12), $0", f"\tJEQ {name}zero"]
+    for m in range(M):
+        L += [f"\tVMOVUPS (BX), Z{fa(m)}"] + (["\tADDQ R8, BX"] if m < M-1 else [])
+    L += [f"\tJMP {name}start", f"{name}zero:"]
+    L += [f"\tVXORPS Z{fa(m)}, Z{fa(m)}, Z{fa(m)}" for m in range(M)]
+    L += [f"{name}start:",
+       "\tMOVQ 0(R12), SI", "\tMOVQ 8(R12), DX", "\tMOVQ 16(R12), CX",
+       "\tMOVQ 120(R12), R13", "\tSHLQ $6, R13", "\tMOVQ 120(R12), R14", "\tSHLQ $4, R14",
+       "\tLEAQ (R13)(R13*2), R8", "\tLEAQ (R14)(R14*2), R9",
+       "\tMOVQ 96(R12), DI", "\tMOVQ 40(R12), R10", "\tMOVQ 48(R12), R11", "\tMOVQ 64(R12), AX", "\tMOVQ 112(R12), R15",
+       "\tMOVQ 56(R12), BX", "\tMOVQ BX, half-8(SP)", "\tMOVL 104(R12), BX", "\tMOVL BX, negzp-16(SP)",
+       "\tLEAQ (SI)(R13*4), BX", "\tLEAQ (DX)(R14*4), R12"]
+    L += modejump("half-8(SP)", name)
+    for kind in KINDS:
+        lab=f"{name}{kind}"
+        L += [f"{lab}:"]
+        if kind == "f32":
+            L += ["\tVMOVUPS (R10), Y16", "\tVMOVUPS (R10)(R15*1), Y18", "\tVINSERTF64X4 $1, Y18, Z16, Z16"]
+        else:
+            L += ["\tVCVTPH2PS (R10), Y16", "\tVCVTPH2PS (R10)(R15*1), Y18", "\tVINSERTF64X4 $1, Y18, Z16, Z16"]
+        if kind == "hs":
+            L += ["\tVMULPS.BCST negzp-16(SP), Z16, Z17"]
+        elif kind == "h":
+            L += ["\tVCVTPH2PS (R11), Y17", "\tVCVTPH2PS (R11)(R15*1), Y19", "\tVINSERTF64X4 $1, Y19, Z17, Z17"]
+        else:
+            L += ["\tVMOVUPS (R11), Y17", "\tVMOVUPS (R11)(R15*1), Y19", "\tVINSERTF64X4 $1, Y19, Z17, Z17"]
+        L += [f"\tVPXORD Z{acc(m,k)}, Z{acc(m,k)}, Z{acc(m,k)}" for m in range(M) for k in range(c)]
+        for j in range(16):
+            wr = 20 + j % 12
+            L += [f"\tVMOVDQU32 {64*j}(DI), Z{wr}"]
+            L += [f"\tVPDPWSSD.BCST {off(xa[m], 4*j)}, Z{wr}, Z{acc(m, j % c)}" for m in range(M)]
+        for m in range(M):
+            a0 = acc(m, 0)
+            for k in range(1, c):
+                L += [f"\tVPADDD Z{acc(m,k)}, Z{a0}, Z{a0}"]
+            L += [f"\tVCVTDQ2PS Z{a0}, Z{a0}", f"\tVMULPS.BCST {ma[m]}, Z16, Z18", f"\tVMULPS Z18, Z{a0}, Z{a0}", f"\tVADDPS Z{a0}, Z{fa(m)}, Z{fa(m)}",
+                  f"\tVMULPS.BCST {off(ma[m],4)}, Z17, Z19", f"\tVADDPS Z19, Z{fa(m)}, Z{fa(m)}"]
+        L += ["\tADDQ $64, SI", "\tADDQ $64, BX", "\tADDQ $16, DX", "\tADDQ $16, R12", "\tADDQ $1024, DI",
+              "\tDECQ AX", f"\tJNZ {lab}same", "\tMOVQ p+0(FP), AX", "\tMOVQ 64(AX), AX",
+              f"\tADDQ ${32 if kind=='f32' else 16}, R10", f"\tADDQ ${32 if kind=='f32' else 16}, R11",
+              f"{lab}same:", "\tDECQ CX", f"\tJNZ {lab}", f"\tJMP {name}done"]
+    L += [f"{name}done:", "\tMOVQ p+0(FP), R12", "\tMOVQ 80(R12), BX", "\tMOVQ 88(R12), R8"]
+    for m in range(M):
+        L += [f"\tVMOVUPS Z{fa(m)}, (BX)"] + (["\tADDQ R8, BX"] if m < M-1 else [])
     L += ["\tVZEROUPPER", "\tRET", ""]
     return "\n".join(L)
 QUANT = r'''
@@ -304,6 +372,6 @@ src = """
 DATA iqnib<>+0(SB)/4, $0x0f0f0f0f
 GLOBL iqnib<>(SB), RODATA|NOPTR, $4
 
-""" + dot(4) + "\n" + dot(8) + "\n" + dot(4, True) + "\n" + dot(8, True) + "\n" + unpack(4) + "\n" + unpack(8) + "\n" + unpackT(4) + "\n" + unpackT(8) + "\n" + gemm() + "\n" + "\n".join(gemmT(m) for m in range(1, 9)) + QUANT
+""" + dot(4) + "\n" + dot(8) + "\n" + dot(4, True) + "\n" + dot(8, True) + "\n" + unpack(4) + "\n" + unpack(8) + "\n" + unpackT(4) + "\n" + unpackT(8) + "\n" + unpackT(4, True) + "\n" + unpackT(8, True) + "\n" + gemm() + "\n" + "\n".join(gemmT(m) for m in range(1, 9)) + "\n" + "\n".join(gemmZ(m) for m in range(1, 9)) + QUANT
 import sys
 sys.stdout.write(HEADER + src.lstrip("\n"))

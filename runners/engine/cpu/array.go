@@ -72,6 +72,7 @@ type Backend struct {
 	simd    bool // use the AVX2+FMA kernels (amd64 with both features)
 	iq      bool // quantized weights multiply integer activations (iq.go)
 	vnni    bool // iq.go's kernels may use AVX-512 VNNI (simd too)
+	zmm     bool // iq.go's gemm may use 512-bit VNNI registers (vnni too)
 
 	pool  *pool // workers, started on first use (pool.go)
 	arena arena // the step's temporaries (arena.go)
@@ -92,7 +93,7 @@ func newBackend(threads int) *Backend {
 	if threads <= 0 {
 		threads = runtime.NumCPU()
 	}
-	return &Backend{threads: threads, simd: hasSIMD(), vnni: hasVNNI(), iq: true}
+	return &Backend{threads: threads, simd: hasSIMD(), vnni: hasVNNI(), zmm: hasVNNI512(), iq: true}
 }
 
 // Name is "cpu".

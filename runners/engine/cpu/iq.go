@@ -31,13 +31,22 @@ import (
 //     multiply-add):   acc = acc + float32(Σ w·q)·(sc·d);  acc = acc + bi·s
 //     block after block, from 0.
 //
-// Every kernel here (the AVX2 ones, eight weight rows at a time, and the
-// Go one, one row) computes exactly this, so a row's result does not
+// Every kernel here (the AVX2 and AVX-512 VNNI ones, eight weight rows at
+// a time; the 512-bit VNNI gemm, sixteen; the Go one, one row) computes
+// exactly this, so a row's result does not
 // depend on how many input rows are multiplied at once, which kernel ran,
 // or the thread count: the chunk-invariance, batched = alone and remote =
 // local guarantees of matmul.go hold unchanged. The integer sums are exact
 // (|Σ w·q| < 2³¹), so the order in which the kernels add products does not
 // matter.
+//
+// Which kernel runs: one input row (a decode step) or two take the
+// one-row kernels, which widen the packed words in registers; from three
+// rows on (a prompt, a batch, a speculative step verifying drafts) the
+// weight rows are unpacked to int16 once and every input row runs over
+// them — sixteen rows at a time on 512-bit registers where the machine has
+// AVX-512 VNNI (1.1–1.6× less CPU time per row than eight at a time for
+// 3–17 rows, more with more rows: BenchmarkSmallM in docs/BENCHMARKS.md).
 //
 // Against float arithmetic on the dequantized weights the result moves by
 // the activation rounding: at most half a step of max|x|/32767 per element.
@@ -314,6 +323,46 @@ func (b *Backend) iqRows(out []float32, a *iqActs, L int, w *weight, lo, hi int,
 			_ = m.s32[so+ng*8-1]
 			p.sc, p.bi = unsafe.Pointer(&m.s32[so]), unsafe.Pointer(&m.b32[so])
 		}
+		if b.zmm && L >= iqGemmMinRows && blk+1 < hi && j+16 <= N {
+			// Sixteen rows (this block and the next) on 512-bit
+			// registers: twice the work per instruction of the eight-row
+			// gemm below, the same bits.
+			_ = w.q[(j+16)*w.wpr-1]
+			if m.s16 != nil {
+				_ = m.s16[so+2*ng*8-1]
+				p.sstride = 2 * ng * 8
+			} else {
+				_ = m.s32[so+2*ng*8-1]
+				p.sstride = 4 * ng * 8
+			}
+			w16 := buf[:iqUnpackFloats(w)]
+			w8 := (*int16)(unsafe.Pointer(&w16[0]))
+			second := (*int16)(unsafe.Pointer(&w16[8])) // 32 bytes on: rows j+8..j+15
+			p.w8, p.ldo, p.rowblk = w8, 4*N, nb
+			// A run of blocks at a time (whole groups), so that the
+			// unpacked rows stay in the first-level cache for the gemm.
+			bpg := w.gs / iqBlock
+			run := max(bpg, iqWideRun/bpg*bpg)
+			sc, bi := p.sc, p.bi
+			for k0 := 0; k0 < nb; k0 += run {
+				n := min(run, nb-k0)
+				words := k0 * w.bits // a block is 32 values of w.bits bits
+				if w.bits == 4 {
+					q4i16unpack8TWAVX(&w.q[j*w.wpr+words], p.wstride, n, w8)
+					q4i16unpack8TWAVX(&w.q[(j+8)*w.wpr+words], p.wstride, n, second)
+				} else {
+					q8i16unpack8TWAVX(&w.q[j*w.wpr+words], p.wstride, n, w8)
+					q8i16unpack8TWAVX(&w.q[(j+8)*w.wpr+words], p.wstride, n, second)
+				}
+				// Group k0/bpg's eight scales: 8 values on per group.
+				at := uintptr(k0/bpg) * 8 * uintptr(p.sstride/(ng*8))
+				p.sc, p.bi = unsafe.Add(sc, at), unsafe.Add(bi, at)
+				p.nblk, p.cont = n, min(k0, 1)
+				iqGemmZ(&p, a, L, K, N, j, k0, out)
+			}
+			blk++
+			continue
+		}
 		if L < iqGemmMinRows {
 			for i := range L {
 				p.x, p.m = &a.q[i*K], &a.m[i*nb]
@@ -388,18 +437,53 @@ func iqGemmT(p *iqArgs, a *iqActs, L, K, N, j int, out []float32) {
 	}
 }
 
-// iqGemmMinRows is the row count from which iqRows unpacks weights first;
+// iqGemmZ is iqGemmT for the sixteen weight rows from j on 512-bit
+// registers (p describes them, unpacked by the TW variants), over the
+// p.nblk blocks from block k0 of each input row.
+func iqGemmZ(p *iqArgs, a *iqActs, L, K, N, j, k0 int, out []float32) {
+	nb := K / iqBlock
+	for i0 := 0; i0 < L; i0 += 8 {
+		n := min(8, L-i0)
+		p.x, p.m, p.out = &a.q[i0*K+k0*iqBlock], &a.m[i0*nb+k0], &out[i0*N+j]
+		_ = out[(i0+n-1)*N+j+15]
+		_ = a.q[(i0+n)*K-1]
+		switch n {
+		case 8:
+			i16gemm16x8VNNI(p)
+		case 7:
+			i16gemm16x7VNNI(p)
+		case 6:
+			i16gemm16x6VNNI(p)
+		case 5:
+			i16gemm16x5VNNI(p)
+		case 4:
+			i16gemm16x4VNNI(p)
+		case 3:
+			i16gemm16x3VNNI(p)
+		case 2:
+			i16gemm16x2VNNI(p)
+		default:
+			i16gemm16x1VNNI(p)
+		}
+	}
+}
+
+// iqGemmMinRows is the row count from which iqRows unpacks weights first
+// (two rows run as fast on the one-row kernel: BenchmarkSmallM);
 // iqGemmTile bounds the input rows run over them in one pass (their int16
 // data stays in the core's cache).
 const (
 	iqGemmMinRows = 3
-	iqGemmTile    = 128
+	// iqWideRun is how many blocks the 512-bit gemm unpacks at a time
+	// (16 rows × 12 blocks × 64 bytes = 12 KiB).
+	iqWideRun  = 12
+	iqGemmTile = 128
 )
 
-// iqUnpackFloats is the scratch iqRows needs for eight unpacked rows, in
+// iqUnpackFloats is the scratch iqRows needs for sixteen unpacked rows, in
 // float32s.
 func iqUnpackFloats(w *weight) int {
-	return 8 * (w.in / iqBlock) * 64 / 4 // 32 int16 per row and block
+	return 16 * (w.in / iqBlock) * 64 / 4 // 32 int16 per row and block
 }
 
 // iqArgs is the kernels' argument block (one pointer crosses into the
@@ -420,4 +504,11 @@ type iqArgs struct {
 	w8   *int16   // 96: the unpacked weight rows
 	// negzp is −zp when half is 2: every bias is scale·(−zp) (iqLayout).
 	negzp float32 // 104
+	// sstride is the bytes from one group of eight rows' scales and biases
+	// to the next (the 512-bit gemm only).
+	sstride int // 112
+	// rowblk is the blocks in an input row (nblk is how many the kernel
+	// runs); cont ≠ 0: go on from the sums in out (the 512-bit gemm only).
+	rowblk int // 120
+	cont   int // 128
 }

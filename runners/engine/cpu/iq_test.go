@@ -53,14 +53,7 @@ func iqLinearSym(b *Backend, r *rand.Rand, N, K, bits, gs int, sdt engine.DType,
 // the activation rounding of the float product.
 func TestIQMatchesIntegerDefinition(t *testing.T) {
 	r := rand.New(rand.NewPCG(81, 82))
-	type kernel struct{ simd, vnni bool }
-	kernels := []kernel{{}}
-	if hasSIMD() {
-		kernels = append(kernels, kernel{simd: true})
-	}
-	if hasVNNI() {
-		kernels = append(kernels, kernel{simd: true, vnni: true})
-	}
+	kernels := iqKernels()
 	const L = 5
 	for _, c := range []struct {
 		N, K, bits, gs int
@@ -75,7 +68,7 @@ func TestIQMatchesIntegerDefinition(t *testing.T) {
 		for _, k := range kernels {
 			name := fmt.Sprintf("q%d g%d %v sym=%v N%d K%d %+v", c.bits, c.gs, c.sdt, c.sym, c.N, c.K, k)
 			t.Run(name, func(t *testing.T) {
-				b := &Backend{threads: 3, simd: k.simd, vnni: k.vnni, iq: true}
+				b := &Backend{threads: 3, simd: k.simd, vnni: k.vnni, zmm: k.zmm, iq: true}
 				lin, deq := iqLinearSym(b, r, c.N, c.K, c.bits, c.gs, c.sdt, c.sym)
 				x := randF32(r, L*c.K)
 				x[3] = 0 // a block with a zero, and one all zero:
@@ -121,6 +114,84 @@ func TestIQMatchesIntegerDefinition(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// iqKernel is one set of integer kernels iqRows may run.
+type iqKernel struct{ simd, vnni, zmm bool }
+
+// iqKernels is every set this machine can run: Go, AVX2, AVX-512 VNNI on
+// 256-bit registers, and with the 512-bit gemm.
+func iqKernels() []iqKernel {
+	kernels := []iqKernel{{}}
+	if hasSIMD() {
+		kernels = append(kernels, iqKernel{simd: true})
+	}
+	if hasVNNI() {
+		kernels = append(kernels, iqKernel{simd: true, vnni: true})
+	}
+	if hasVNNI512() {
+		kernels = append(kernels, iqKernel{simd: true, vnni: true, zmm: true})
+	}
+	return kernels
+}
+
+// TestIQSmallM: a step of M = 1..17 positions (a verification of up to 16
+// drafts, or a batch of such) gives every row exactly its definition's
+// bits, on every kernel, for each weight kind the GGUF conversions and
+// MLX files produce (4-bit with float16 scale and bias as Q4_1, 8-bit
+// symmetric as Q8_0, 4-bit symmetric as Q4_0, 8-bit with float32 scales,
+// larger groups), whatever the thread count splits the rows into (N = 40
+// is five groups of eight: two pairs for the 512-bit gemm and one left
+// over, or a pair split between two threads), and K one run of blocks
+// of the 512-bit gemm or several (iqWideRun).
+func TestIQSmallM(t *testing.T) {
+	r := rand.New(rand.NewPCG(97, 98))
+	for _, c := range []struct {
+		name     string
+		bits, gs int
+		sdt      engine.DType
+		sym      bool
+		N, K     int
+	}{
+		{"q4_1", 4, 32, engine.F16, false, 40, 576},
+		{"q8_0", 8, 32, engine.F16, true, 40, 576},
+		{"q4_0", 4, 32, engine.F16, true, 48, 96},
+		{"q8 f32 scales", 8, 32, engine.F32, false, 40, 832},
+		{"q4 g64 bf16", 4, 64, engine.BF16, false, 33, 1024},
+		{"q8 g128", 8, 128, engine.F16, false, 24, 1024},
+		{"q4 short rows", 4, 32, engine.F16, false, 32, 64},
+	} {
+		lin, _ := iqLinearSym(newBackend(1), r, c.N, c.K, c.bits, c.gs, c.sdt, c.sym)
+		x := randF32(r, 17*c.K)
+		for k := range 32 { // an all-zero block
+			x[2*c.K+k] = 0
+		}
+		for _, k := range iqKernels() {
+			for _, threads := range []int{1, 2, 3} {
+				b := &Backend{threads: threads, simd: k.simd, vnni: k.vnni, zmm: k.zmm, iq: true}
+				w := &weight{}
+				b.setWeight(w, lin)
+				if w.iq == nil || (w.iq.negzp != 0) != c.sym {
+					t.Fatalf("%s: integer path %v, symmetric %v", c.name, w.iq != nil, c.sym)
+				}
+				want := make([][]float32, 17)
+				for i := range want {
+					want[i] = iqDefinition(x[i*c.K:(i+1)*c.K], w)
+				}
+				for M := 1; M <= 17; M++ {
+					out := make([]float32, M*c.N)
+					b.matmulT(out, x[:M*c.K], M, w)
+					for i := range M {
+						for j := range c.N {
+							if math.Float32bits(out[i*c.N+j]) != math.Float32bits(want[i][j]) {
+								t.Fatalf("%s %+v threads %d M=%d: row %d col %d = %v, definition %v", c.name, k, threads, M, i, j, out[i*c.N+j], want[i][j])
+							}
+						}
+					}
+				}
+			}
 		}
 	}
 }

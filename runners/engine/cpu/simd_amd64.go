@@ -191,6 +191,49 @@ func i16gemm8x7VNNI(p *iqArgs)
 //go:noescape
 func i16gemm8x8VNNI(p *iqArgs)
 
+// hasVNNI512 reports whether the 512-bit gemm (i16gemm16x*VNNI) can run.
+func hasVNNI512() bool { return hasVNNI() && cpu.X86.HasAVX512F }
+
+// q4i16unpack8TWAVX and q8i16unpack8TWAVX are the T variants for the
+// 512-bit gemm: the same 32-byte pair registers, 64 bytes apart (pair j of
+// the block at 64j, blocks 1024 bytes apart), so that a second call 32
+// bytes further on fills in eight more rows.
+//
+//go:noescape
+func q4i16unpack8TWAVX(words *uint32, wstride, nblk int, dst *int16)
+
+//go:noescape
+func q8i16unpack8TWAVX(words *uint32, wstride, nblk int, dst *int16)
+
+// i16gemm16x1VNNI … i16gemm16x8VNNI are i16gemm8x*VNNI on 512-bit
+// registers: sixteen weight rows (two groups of eight, unpacked by the TW
+// variants; the second group's scales and biases p.sstride bytes after the
+// first's), the same operations per lane and so the same bits.
+//
+//go:noescape
+func i16gemm16x1VNNI(p *iqArgs)
+
+//go:noescape
+func i16gemm16x2VNNI(p *iqArgs)
+
+//go:noescape
+func i16gemm16x3VNNI(p *iqArgs)
+
+//go:noescape
+func i16gemm16x4VNNI(p *iqArgs)
+
+//go:noescape
+func i16gemm16x5VNNI(p *iqArgs)
+
+//go:noescape
+func i16gemm16x6VNNI(p *iqArgs)
+
+//go:noescape
+func i16gemm16x7VNNI(p *iqArgs)
+
+//go:noescape
+func i16gemm16x8VNNI(p *iqArgs)
+
 // expSumAVX is expSum's vector part for n (a multiple of 8) elements:
 // row[j] = exp32(row[j] − m), acc[j mod 8] += row[j].
 //

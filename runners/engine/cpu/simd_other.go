@@ -118,6 +118,32 @@ func i16gemm8x7VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") 
 
 func i16gemm8x8VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
 
+func hasVNNI512() bool { return false }
+
+func q4i16unpack8TWAVX(words *uint32, wstride, nblk int, dst *int16) {
+	panic("cpu: no SIMD kernels on this platform")
+}
+
+func q8i16unpack8TWAVX(words *uint32, wstride, nblk int, dst *int16) {
+	panic("cpu: no SIMD kernels on this platform")
+}
+
+func i16gemm16x1VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
+
+func i16gemm16x2VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
+
+func i16gemm16x3VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
+
+func i16gemm16x4VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
+
+func i16gemm16x5VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
+
+func i16gemm16x6VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
+
+func i16gemm16x7VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
+
+func i16gemm16x8VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") }
+
 func expSumAVX(row *float32, n int, m float32, acc *[8]float32) {
 	panic("cpu: no SIMD kernels on this platform")
 }
