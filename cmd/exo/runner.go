@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -14,9 +13,7 @@ import (
 
 	"github.com/exo-pd/exo-pd/runners/decode"
 	"github.com/exo-pd/exo-pd/runners/hf"
-	"github.com/exo-pd/exo-pd/runners/kvwire"
 	"github.com/exo-pd/exo-pd/runners/runner"
-	"github.com/exo-pd/exo-pd/runners/tensor"
 )
 
 const runnerUsage = `usage:
@@ -182,7 +179,7 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 		fs.StringVar(&f.Prefill, "prefill", "", "prefill runners' KV-wire addresses, comma-separated; ADDR@A:B names a prefill pipeline stage holding layers [A, B) (every entry then names its layers)")
 		fs.StringVar(&f.PrefillHealth, "prefill-health", "", "the prefill runners' HTTP (--metrics) addresses, comma-separated, in --prefill's order: their /health load ranks busy hosts later")
 		fs.IntVar(&f.MinRemote, "remote-prefill-min-tokens", 256, "uncached prompt tokens needed to prefill remotely")
-		fs.StringVar(&f.Route, "remote-prefill-route", "cost", "how a long prompt picks local or remote prefill: cost (predicted time from measured rates, queues and links; the min tokens a floor) or floor (the min tokens alone)")
+		fs.StringVar(&f.Route, "remote-prefill-route", "", "how a long prompt picks local or remote prefill: cost (predicted time from measured rates, queues and links; the min tokens a floor) or floor (the min tokens alone); default cost, but floor on a pipeline stage, a tensor rank or with prefill stages or ranks, which refuse cost")
 		fs.DurationVar(&f.ConnectTimeout, "prefill-connect-timeout", time.Second, "connect + hello deadline of a prefill endpoint; past it the endpoint is skipped until it answers a probe")
 		fs.StringVar(&f.KVWireDType, "kv-wire-dtype", "native", "KV dtype asked of prefill runners: native (this cache's dtype) or fp8 (E4M3, per-head scales; half of bf16's bytes)")
 		fs.IntVar(&f.KVStreams, "kv-streams", 1, "TCP connections each KV transfer from a prefill runner is striped over (1 to 16; the prefill runner must speak kvwire version 4)")
@@ -216,99 +213,13 @@ func parseRunnerFlags(args []string) (*runnerFlags, error) {
 	if err := parseFlags(fs, runnerUsage, args[1:]); err != nil {
 		return nil, err
 	}
-	switch {
-	case fs.NArg() != 0:
+	if fs.NArg() != 0 {
 		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: unexpected arguments %q", fs.Args())}
-	case f.Model == "":
-		return nil, exitError{code: 2, msg: "runner: --model is required"}
-	case f.Name == "":
-		return nil, exitError{code: 2, msg: "runner: --served-name is required"}
-	case f.Listen == "":
-		return nil, exitError{code: 2, msg: "runner: --listen is required"}
-	case f.Role == "prefill" && f.MetricsAddr == "":
-		return nil, exitError{code: 2, msg: "runner: prefill needs --metrics HOST:PORT"}
-	case f.ReadHeaderTimeout <= 0:
-		return nil, exitError{code: 2, msg: "runner: --read-header-timeout must be positive"}
-	case f.TestPrefillRate < 0 || math.IsNaN(f.TestPrefillRate) || math.IsInf(f.TestPrefillRate, 0):
-		return nil, exitError{code: 2, msg: "runner: --test-slow-prefill-tokens-per-sec must be a finite number ≥ 0"}
-	case f.Role == "decode" && f.Route != "cost" && f.Route != "floor":
-		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --remote-prefill-route %q: want cost or floor", f.Route)}
-	case f.Role == "decode" && decode.CheckSpeculative(f.Speculative, f.SpecTokens) != nil:
-		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --speculative %q --speculative-tokens %d: %v", f.Speculative, f.SpecTokens, decode.CheckSpeculative(f.Speculative, f.SpecTokens))}
-	case f.Role == "decode" && (f.Speculative == decode.SpecDraft) != (f.Draft != ""):
-		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --speculative %q with --draft %q: --draft is the draft model of --speculative draft, and that mode needs it", f.Speculative, f.Draft)}
-	case f.Role == "decode" && f.ConnectTimeout <= 0:
-		return nil, exitError{code: 2, msg: "runner: --prefill-connect-timeout must be positive"}
-	case f.Role == "decode" && f.KVWireDType != "native" && f.KVWireDType != "fp8":
-		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --kv-wire-dtype %q: want native or fp8", f.KVWireDType)}
-	case f.Role == "decode" && f.PrefillHealth != "" && len(runner.SplitList(f.PrefillHealth)) != len(runner.SplitList(f.Prefill)):
-		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --prefill-health lists %d addresses, --prefill %d: want one per prefill endpoint, in the same order",
-			len(runner.SplitList(f.PrefillHealth)), len(runner.SplitList(f.Prefill)))}
-	case f.Role == "decode" && f.Prefill != "" && prefillListErr(f.Prefill) != nil:
-		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --prefill: %v", prefillListErr(f.Prefill))}
-	case f.Role == "decode" && (f.KVStreams < 1 || f.KVStreams > kvwire.MaxStreams):
-		return nil, exitError{code: 2, msg: fmt.Sprintf("runner: --kv-streams %d: want 1 to %d", f.KVStreams, kvwire.MaxStreams)}
-	case f.Role == "decode" && f.IdleFloor <= 0:
-		return nil, exitError{code: 2, msg: "runner: --prefill-idle-floor must be positive"}
 	}
-	if err := f.CheckTensor(); err != nil {
+	if err := f.Check(); err != nil {
 		return nil, exitError{code: 2, msg: "runner: " + err.Error()}
-	}
-	if f.Tensor != "" && f.TestPrefillRate > 0 {
-		return nil, exitError{code: 2, msg: "runner: --test-slow-prefill-tokens-per-sec is not supported with --tensor"}
-	}
-	if err := f.checkStage(); err != nil {
-		return nil, exitError{code: 2, msg: "runner: " + err.Error()}
-	}
-	if err := f.Defaults.Check(); err != nil {
-		return nil, exitError{code: 2, msg: "runner: --default-*: " + err.Error()}
 	}
 	return f, nil
-}
-
-// prefillListErr is why a --prefill list is not ADDR,… or ADDR@A:B,….
-func prefillListErr(list string) error {
-	_, _, err := decode.ParsePrefillEndpoints(runner.SplitList(list))
-	return err
-}
-
-// checkStage refuses a pipeline stage's flags that do not go together.
-func (f *runnerFlags) checkStage() error {
-	given := map[string]bool{"--layers": !f.Layers.IsZero(), "--stage": f.Stages > 0, "--stage-listen": f.StageListen != "", "--stage-next": f.StageNext != ""}
-	if f.Stages == 0 {
-		for _, name := range []string{"--layers", "--stage-listen", "--stage-next"} {
-			if given[name] {
-				return fmt.Errorf("%s is a pipeline stage's: it needs --stage I/N (and --layers, --stage-listen, --stage-next)", name)
-			}
-		}
-		return nil
-	}
-	follower := false // rank > 0 of a stage's tensor group: it talks only to its rank 0
-	if f.Tensor != "" {
-		if f.Role == "prefill" {
-			return fmt.Errorf("--tensor with --stage on a prefill runner: a prefill stage is not tensor-parallel")
-		}
-		rank, _, err := tensor.ParseRank(f.Tensor)
-		if err != nil {
-			return err
-		}
-		follower = rank > 0
-	}
-	for _, name := range []string{"--layers", "--stage-listen", "--stage-next"} {
-		switch {
-		case follower && name != "--layers" && given[name]:
-			return fmt.Errorf("%s with --tensor %s: a stage's rank > 0 talks only to its rank 0 over the tensor link; only rank 0 (--tensor 0/N) is on the stage ring", name, f.Tensor)
-		case !given[name] && (!follower || name == "--layers"):
-			return fmt.Errorf("--stage %d/%d needs %s", f.Stage, f.Stages, name)
-		}
-	}
-	switch {
-	case f.Stage == 0 && f.Layers.Start != 0:
-		return fmt.Errorf("--stage 0/%d holds the embedding: its --layers start at 0, not %d", f.Stages, f.Layers.Start)
-	case f.TestPrefillRate > 0:
-		return fmt.Errorf("--test-slow-prefill-tokens-per-sec with --stage: a pipeline stage is not paced")
-	}
-	return nil
 }
 
 func cmdRunner(ctx context.Context, args []string) error {

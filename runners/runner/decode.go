@@ -91,16 +91,14 @@ func runDecode(ctx context.Context, c *Config, m *engine.Model, path string, sec
 		log.Info("draft model loaded", "source", c.Draft, "path", dpath, "arch", draft.Info().Arch, "layers", draft.Info().Layers)
 	}
 	if ring, ok := dm.(*stage.Ring); ok && c.Prefill != "" {
-		w := stageRemote(ctx, c, m, secret, met, log)
+		w := newRemote(ctx, c, c.Prefill, c.PrefillHealth, m, secret, met, log, tr, m)
 		// A stage of tensor ranks: each rank fetches its KV heads of the
 		// stage's layers (one request names both ranges).
 		o.Remote, gate.endpoints = &stage.Remote{Ring: ring, Local: tr.Remote(w.Remote)}, w.Breaker.Status
 	} else if c.Prefill != "" {
-		w := newRemote(ctx, c, dm, secret, met, log, tr, m)
+		w := newRemote(ctx, c, c.Prefill, c.PrefillHealth, dm, secret, met, log, tr, m)
 		o.Remote, o.Router, gate.endpoints = w.Remote, w.Router, w.Breaker.Status
 		o.Remote = tr.Remote(o.Remote) // a tensor group: every rank fetches its KV heads
-		log.Info("remote prefill enabled", "endpoints", c.Prefill, "min_tokens", c.MinRemote, "route", c.Route, "kv_wire_dtype", c.KVWireDType, "kv_streams", c.KVStreams,
-			"connect_timeout", c.ConnectTimeout, "idle_floor", c.IdleFloor)
 	}
 	o.Stopping = gate.drain.Begun() // queued requests are answered 503 as soon as it stops
 	srv := decode.New(o)
@@ -138,16 +136,6 @@ func stageListenError(c *Config, err error) error {
 	return fmt.Errorf("runner: %w", err)
 }
 
-// stageRemote is a pipeline stage's KV-wire client of the prefill
-// runners: it asks for the stage's layers only. A pipeline routes by
-// --remote-prefill-min-tokens (the cost model needs a whole model).
-func stageRemote(ctx context.Context, c *Config, m *engine.Model, secret []byte, met *metrics.Runner, log *slog.Logger) *decode.RemoteWiring {
-	log.Info("pipeline stage: remote prefill of this stage's layers", "endpoints", c.Prefill, "min_tokens", c.MinRemote, "layers", c.Layers.String())
-	return decode.NewRemote(ctx, decode.RemoteConfig{Name: c.Name, Model: m, Endpoints: SplitList(c.Prefill), Health: SplitList(c.PrefillHealth),
-		Secret: secret, ConnectTimeout: c.ConnectTimeout, IdleFloor: c.IdleFloor, FP8: c.KVWireDType == "fp8", Streams: c.KVStreams,
-		Chunk: c.Chunk, Metrics: met, Logger: log})
-}
-
 // runStage serves a pipeline stage after the first: its layers on the
 // stage link, and /health and /metrics on --listen.
 // rc is the stage's (with its tensor group on a tensor stage's rank 0:
@@ -161,14 +149,12 @@ func runStage(ctx context.Context, c *Config, m *engine.Model, st *decode.Setup,
 	}
 	rc.Picks = &st.Options // the last stage samples: the decode runner's tokenizer, sampler and grammars
 	if c.Prefill != "" {
-		rc.Remote = tr.Remote(stageRemote(ctx, c, m, secret, met, log).Remote)
+		rc.Remote = tr.Remote(newRemote(ctx, c, c.Prefill, c.PrefillHealth, m, secret, met, log, tr, m).Remote)
 	} else {
 		// Without --prefill of its own, the stage fetches its layers from
 		// the prefill runner stage 0's remote fill names.
 		rc.RemoteFor = func(endpoint string) decode.Remote {
-			g := *c
-			g.Prefill, g.PrefillHealth = endpoint, ""
-			return tr.Remote(stageRemote(ctx, &g, m, secret, met, log).Remote)
+			return tr.Remote(newRemote(ctx, c, endpoint, "", m, secret, met, log, tr, m).Remote)
 		}
 	}
 	node, err := stage.NewStage(rc)

@@ -34,9 +34,6 @@ func runPrefill(ctx context.Context, c *Config, m *engine.Model, secret []byte, 
 	}
 	var stageRange engine.LayerRange
 	if c.Stages > 0 {
-		if c.TestPrefillRate > 0 {
-			return fmt.Errorf("runner: --test-slow-prefill-tokens-per-sec with --stage: a prefill stage is not paced")
-		}
 		stageRange = engine.LayerRange(c.Layers)
 	}
 	prod := prefill.New(prefill.Options{Name: c.Name, Model: pm, Chunk: c.Chunk, CacheBytes: cacheBytes, Metrics: met, Logger: log, Stage: stageRange})

@@ -36,7 +36,7 @@ import (
 )
 
 // Config is one runner process's settings, as exo runner's flags give
-// them (cmd/exo checks which go together; docs/OPERATIONS.md and
+// them (Check says which go together; docs/OPERATIONS.md and
 // `exo runner --help` say what each means).
 type Config struct {
 	Role                                                        string // "decode" or "prefill"
@@ -53,7 +53,7 @@ type Config struct {
 	Prefill        string // comma-separated KV-wire addresses (ADDR@A:B: a prefill stage)
 	PrefillHealth  string // comma-separated, in Prefill's order
 	MinRemote      int
-	Route          string // cost | floor
+	Route          string // cost | floor ("": cost where it applies, else floor)
 	ConnectTimeout time.Duration
 	IdleFloor      time.Duration
 	KVWireDType    string // native | fp8
@@ -87,6 +87,9 @@ func (c *Config) CheckTensor() error { return tensorConfig(c, nil, nil).Check() 
 // role fails; log is the process's logger.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	c := &cfg
+	if err := c.Check(); err != nil {
+		return fmt.Errorf("runner: %w", err)
+	}
 	var secret []byte
 	if c.SecretFile != "" {
 		b, err := os.ReadFile(c.SecretFile)

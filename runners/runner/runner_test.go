@@ -14,7 +14,7 @@ import (
 )
 
 // TestRunRefusesBeforeLoading: Run's refusals that come before any model
-// is touched: an empty secret file names the file, and a taken HTTP port
+// is touched: settings that do not go together (Check), an empty secret file names the file, and a taken HTTP port
 // (--listen for decode, --metrics for prefill) says it is taken and which
 // cluster settings choose it, wrapping EADDRINUSE.
 func TestRunRefusesBeforeLoading(t *testing.T) {
@@ -27,22 +27,24 @@ func TestRunRefusesBeforeLoading(t *testing.T) {
 	if err := os.WriteFile(empty, []byte(" \n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	base := Config{Model: "builtin:none", Name: "m", ReadHeaderTimeout: time.Second}
 	for _, c := range []struct {
 		name  string
+		base  Config
 		edit  func(*Config)
 		want  string
 		inUse bool
 	}{
-		{"empty secret", func(c *Config) { c.Role, c.Listen, c.SecretFile = "decode", "127.0.0.1:0", empty }, "secret file " + empty + " is empty", false},
-		{"missing secret", func(c *Config) { c.Role, c.Listen, c.SecretFile = "decode", "127.0.0.1:0", empty+".no" }, "runner: secret:", false},
-		{"decode port taken", func(c *Config) { c.Role, c.Listen = "decode", taken.Addr().String() }, "is taken", true},
-		{"prefill metrics port taken", func(c *Config) {
-			c.Role, c.Listen, c.MetricsAddr = "prefill", "127.0.0.1:0", taken.Addr().String()
+		{"unchecked settings", decodeConfig(), func(c *Config) { c.ConnectTimeout = 0 }, "runner: --prefill-connect-timeout must be positive", false},
+		{"empty secret", decodeConfig(), func(c *Config) { c.Listen, c.SecretFile = "127.0.0.1:0", empty }, "secret file " + empty + " is empty", false},
+		{"missing secret", decodeConfig(), func(c *Config) { c.Listen, c.SecretFile = "127.0.0.1:0", empty+".no" }, "runner: secret:", false},
+		{"decode port taken", decodeConfig(), func(c *Config) { c.Listen = taken.Addr().String() }, "is taken", true},
+		{"prefill metrics port taken", prefillConfig(), func(c *Config) {
+			c.Listen, c.MetricsAddr = "127.0.0.1:0", taken.Addr().String()
 		}, "is taken", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cfg := base
+			cfg := c.base
+			cfg.Model = "builtin:none"
 			c.edit(&cfg)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -71,7 +73,8 @@ func TestRunModelMissing(t *testing.T) {
 	addr := l.Addr().String()
 	l.Close()
 	src := filepath.Join(t.TempDir(), "absent")
-	cfg := Config{Role: "decode", Model: src, Name: "m", Listen: addr, Backend: "cpu", Offline: true, ReadHeaderTimeout: time.Second}
+	cfg := decodeConfig()
+	cfg.Model, cfg.Listen, cfg.Backend, cfg.Offline = src, addr, "cpu", true
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	err = Run(ctx, cfg, slog.New(slog.DiscardHandler))

@@ -46,7 +46,7 @@ func runTensorFollower(ctx context.Context, c *Config, m *engine.Model, tr *tens
 	gate.ready.Store(&h)
 	var fill decode.Remote
 	if c.Prefill != "" {
-		w := newRemote(ctx, c, m, secret, met, log, tr, m)
+		w := newRemote(ctx, c, c.Prefill, c.PrefillHealth, m, secret, met, log, tr, m)
 		fill, gate.endpoints = w.Remote, w.Breaker.Status
 	} else if c.Stage > 0 {
 		// A later stage's rank with no --prefill of its own fetches its KV
@@ -54,9 +54,7 @@ func runTensorFollower(ctx context.Context, c *Config, m *engine.Model, tr *tens
 		// chose (its rank 0's fill names it). Stage 0's ranks fetch at
 		// once, before that choice: each needs --prefill.
 		fill = stage.ByEndpoint(func(endpoint string) decode.Remote {
-			g := *c
-			g.Prefill, g.PrefillHealth = endpoint, ""
-			return newRemote(ctx, &g, m, secret, met, log, tr, m).Remote
+			return newRemote(ctx, c, endpoint, "", m, secret, met, log, tr, m).Remote
 		})
 	}
 	if err := tr.ServeFollower(ctx, m, met.Registry, fill); err != nil {
@@ -65,12 +63,28 @@ func runTensorFollower(ctx context.Context, c *Config, m *engine.Model, tr *tens
 	return nil
 }
 
-// newRemote wires remote prefill (--prefill); a tensor-parallel rank
-// fetches its own KV heads into its share m (tensor.Runner.RemoteConfig).
-func newRemote(ctx context.Context, c *Config, dm decode.Model, secret []byte, met *metrics.Runner, log *slog.Logger, tr *tensor.Runner, m *engine.Model) *decode.RemoteWiring {
-	rc := decode.RemoteConfig{Name: c.Name, Model: dm, Endpoints: SplitList(c.Prefill), Health: SplitList(c.PrefillHealth),
+// newRemote wires remote prefill from endpoints (health: their /health
+// addresses, in order; both comma-separated) for every kind of decode
+// runner: dm is the model the cost route calibrates on (a whole runner's)
+// and whose KV geometry the fetches fill; a pipeline stage passes its
+// layers' model, and a tensor rank fetches its own KV heads into its
+// share m (tensor.Runner.RemoteConfig). The route is the runner's
+// (Config.costRoute: a stage, a rank and prefill stages or ranks route by
+// the floor, and Check refuses --remote-prefill-route cost there).
+func newRemote(ctx context.Context, c *Config, endpoints, health string, dm decode.Model, secret []byte, met *metrics.Runner, log *slog.Logger, tr *tensor.Runner, m *engine.Model) *decode.RemoteWiring {
+	route := RouteFloor
+	if c.costRoute() {
+		route = RouteCost
+	}
+	attrs := []any{"endpoints", endpoints, "min_tokens", c.MinRemote, "route", route, "kv_wire_dtype", c.KVWireDType, "kv_streams", c.KVStreams,
+		"connect_timeout", c.ConnectTimeout, "idle_floor", c.IdleFloor}
+	if c.Stages > 0 {
+		attrs = append(attrs, "stage_layers", c.Layers.String()) // a pipeline stage asks for its layers only
+	}
+	log.Info("remote prefill enabled", attrs...)
+	rc := decode.RemoteConfig{Name: c.Name, Model: dm, Endpoints: SplitList(endpoints), Health: SplitList(health),
 		Secret: secret, ConnectTimeout: c.ConnectTimeout, IdleFloor: c.IdleFloor, FP8: c.KVWireDType == "fp8", Streams: c.KVStreams,
-		Cost: c.Route == "cost", Chunk: c.Chunk, Metrics: met, Logger: log}
+		Cost: route == RouteCost, Chunk: c.Chunk, Metrics: met, Logger: log}
 	return decode.NewRemote(ctx, tr.RemoteConfig(rc, m))
 }
 

@@ -181,7 +181,8 @@ type Model struct {
 	// RemotePrefillRoute is how a long prompt picks local or remote
 	// prefill (--remote-prefill-route): "cost" (predicted time from
 	// measured rates, queues and links) or "floor" (the min tokens alone);
-	// "" = the runner's default, cost.
+	// "" = the runner's default: cost, but floor for pipelined or
+	// tensor-parallel models (validate refuses "cost" there).
 	RemotePrefillRoute string `toml:"remote_prefill_route"`
 	// KVWireDType is the KV dtype the decode runners ask of prefill runners
 	// (--kv-wire-dtype): "fp8" (E4M3 with per-head scales, half of bf16's

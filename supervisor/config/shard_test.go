@@ -74,6 +74,36 @@ name = "n"
 source = "s"
 decode = { hosts = ["a"], port = 52503 }
 `, []string{`f.toml:23:27: two runners on one port: model m decode stage link and model n decode both use port 52503 on host a`}},
+		{"cost route on pipeline stages", `
+[[models]]
+name = "m"
+source = "s"
+remote_prefill_route = "cost"
+decode = { hosts = ["a", "b"], shard = "pipeline", layers = [1, 1] }
+`, []string{`f.toml:19:1: model m: remote_prefill_route "cost": the decode runners are pipeline stages: leave it out (they route by remote_prefill_min_tokens) or set "floor"`}},
+		{"cost route on tensor ranks", `
+[[models]]
+name = "m"
+source = "s"
+remote_prefill_route = "cost"
+decode = { hosts = ["a", "b"], shard = "tensor" }
+`, []string{`f.toml:19:1: model m: remote_prefill_route "cost": the decode runners are tensor ranks: leave it out (they route by remote_prefill_min_tokens) or set "floor"`}},
+		{"cost route from prefill stages", `
+[[models]]
+name = "m"
+source = "s"
+remote_prefill_route = "cost"
+decode = { hosts = ["a"] }
+prefill = { hosts = ["b", "c"], shard = "pipeline", layers = [1, 1] }
+`, []string{`f.toml:19:1: model m: remote_prefill_route "cost": the prefill runners are pipeline stages: leave it out (they route by remote_prefill_min_tokens) or set "floor"`}},
+		{"cost route from prefill ranks", `
+[[models]]
+name = "m"
+source = "s"
+remote_prefill_route = "cost"
+decode = { hosts = ["a"] }
+prefill = { hosts = ["b", "c"], shard = "tensor" }
+`, []string{`f.toml:19:1: model m: remote_prefill_route "cost": the prefill runners are tensor ranks: leave it out (they route by remote_prefill_min_tokens) or set "floor"`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -132,6 +132,8 @@ func (c *Config) validate() Errors {
 		}
 		if r := m.RemotePrefillRoute; r != "" && r != "cost" && r != "floor" {
 			bad(c.at("models", i, "remote_prefill_route"), "%s: remote_prefill_route %q: want \"cost\" or \"floor\"", label, r)
+		} else if why := noCostRoute(m); r == "cost" && why != "" {
+			bad(c.at("models", i, "remote_prefill_route"), "%s: remote_prefill_route \"cost\": %s: leave it out (they route by remote_prefill_min_tokens) or set \"floor\"", label, why)
 		}
 		if d := m.KVWireDType; d != "" && d != "fp8" {
 			bad(c.at("models", i, "kv_wire_dtype"), "%s: kv_wire_dtype %q: want \"fp8\" (or leave it out for the cache's dtype)", label, d)
@@ -482,4 +484,23 @@ func handStages(hosts []string, layers []int) []Stage {
 		a += n
 	}
 	return st
+}
+
+// noCostRoute says why m's decode runners cannot route remote prefill by
+// cost ("": they can): the cost model calibrates on a whole model's local
+// prefill and measures whole prefill runners, so pipeline stages, tensor
+// ranks and runners fed by prefill stages or ranks route by the floor
+// (the runner refuses --remote-prefill-route cost there).
+func noCostRoute(m *Model) string {
+	switch {
+	case m.Decode.Pipeline():
+		return "the decode runners are pipeline stages"
+	case m.Decode != nil && m.Decode.Shard == ShardTensor:
+		return "the decode runners are tensor ranks"
+	case m.Prefill.Pipeline():
+		return "the prefill runners are pipeline stages"
+	case m.Prefill != nil && m.Prefill.Shard == ShardTensor:
+		return "the prefill runners are tensor ranks"
+	}
+	return ""
 }
