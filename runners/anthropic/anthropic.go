@@ -48,20 +48,20 @@ import (
 
 // Request is the body of POST /v1/messages.
 type Request struct {
-	Model         string          `json:"model"`
-	MaxTokens     *int            `json:"max_tokens"`
-	Messages      []Message       `json:"messages"`
-	System        *Content        `json:"system,omitempty"`
-	StopSequences []string        `json:"stop_sequences,omitempty"`
-	Stream        bool            `json:"stream,omitempty"`
-	Temperature   *float64        `json:"temperature,omitempty"`
-	TopP          *float64        `json:"top_p,omitempty"`
-	TopK          *int            `json:"top_k,omitempty"`
-	Metadata      json.RawMessage `json:"metadata,omitempty"`
+	Model         string               `json:"model"`
+	MaxTokens     *int                 `json:"max_tokens"`
+	Messages      openai.List[Message] `json:"messages"`
+	System        *Content             `json:"system,omitempty"`
+	StopSequences openai.List[string]  `json:"stop_sequences,omitempty"`
+	Stream        bool                 `json:"stream,omitempty"`
+	Temperature   *float64             `json:"temperature,omitempty"`
+	TopP          *float64             `json:"top_p,omitempty"`
+	TopK          *int                 `json:"top_k,omitempty"`
+	Metadata      json.RawMessage      `json:"metadata,omitempty"`
 	// Tools and ToolChoice become the generation request's tools (refused
 	// by name unless Handler.AcceptTools).
-	Tools      []Tool      `json:"tools,omitempty"`
-	ToolChoice *ToolChoice `json:"tool_choice,omitempty"`
+	Tools      openai.List[Tool] `json:"tools,omitempty"`
+	ToolChoice *ToolChoice       `json:"tool_choice,omitempty"`
 	// Thinking enabled (with budget_tokens) or adaptive returns the
 	// model's reasoning as thinking blocks; disabled or absent drops it.
 	Thinking *Thinking `json:"thinking,omitempty"`
@@ -124,24 +124,28 @@ type Block struct {
 	Data      string `json:"data,omitempty"`
 }
 
-// UnmarshalJSON accepts a string or an array of blocks.
+// JSONKind implements openai.JSONKinder (for decoding errors).
+func (Content) JSONKind() string { return "a string or an array of content blocks" }
+
+// UnmarshalJSON accepts a string or an array of blocks; an error names
+// its path inside the content (openai.List).
 func (c *Content) UnmarshalJSON(b []byte) error {
 	b = bytes.TrimSpace(b)
 	if bytes.Equal(b, []byte("null")) { // as if absent (encoding/json's convention)
 		*c = Content{}
 		return nil
 	}
-	if len(b) > 0 && b[0] == '"' {
-		var s string
-		if err := json.Unmarshal(b, &s); err != nil {
-			return err
-		}
+	var s string
+	if json.Unmarshal(b, &s) == nil {
 		*c = Content{Text: s, Set: true}
 		return nil
 	}
-	var blocks []Block
+	if len(b) == 0 || b[0] != '[' {
+		return openai.TypeError(b, reflect.TypeFor[Content]())
+	}
+	var blocks openai.List[Block]
 	if err := json.Unmarshal(b, &blocks); err != nil {
-		return fmt.Errorf("content must be a string or an array of content blocks")
+		return err
 	}
 	*c = Content{Blocks: blocks, Set: true}
 	return nil

@@ -534,3 +534,26 @@ func TestCountTokensFields(t *testing.T) {
 }
 
 func msgsOnly(msgs string) string { return "{" + msgs + "}" }
+
+// TestDecodeErrorsNamePaths: a value that does not decode is a 400 naming
+// its JSON path through blocks and nested tool_result content.
+func TestDecodeErrorsNamePaths(t *testing.T) {
+	url := serveWith(t, &Handler{Gen: &scriptGen{}, Served: []string{"tiny"}, AcceptTools: true})
+	for _, c := range []struct{ body, has string }{
+		{`{"model":"tiny","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":5}]}]}`,
+			"messages[0].content[1].text must be a string, got number"},
+		{`{"model":"tiny","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"a"},{"type":"text","text":[]}]}]}]}`,
+			"messages[0].content[0].content[1].text must be a string, got array"},
+		{`{"model":"tiny","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":5}]}]}`,
+			"messages[0].content[0].content must be a string or an array of content blocks, got number"},
+		{`{"model":"tiny","max_tokens":5,"system":7,"messages":[{"role":"user","content":"hi"}]}`, "system must be a string or an array of content blocks, got number"},
+		{`{"model":"tiny","max_tokens":5,"stop_sequences":["a",1],"messages":[{"role":"user","content":"hi"}]}`, "stop_sequences[1] must be a string, got number"},
+		{`{"model":"tiny","max_tokens":5,"tools":[{"name":"f","input_schema":{}},{"name":1,"input_schema":{}}],"messages":[{"role":"user","content":"hi"}]}`, "tools[1].name must be a string, got number"},
+		{`{"model":"tiny","max_tokens":"5","messages":[{"role":"user","content":"hi"}]}`, "max_tokens must be an integer, got string"},
+	} {
+		code, body := post(t, url, c.body)
+		if code != 400 || !strings.Contains(body, c.has) || strings.Contains(body, "Go ") {
+			t.Errorf("%s: %d %s, want a 400 with %q", c.body, code, body, c.has)
+		}
+	}
+}

@@ -275,6 +275,19 @@ func TestDecodeErrorsNameTheField(t *testing.T) {
 		{`{"model":"tiny","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"}]}]}`, "messages[0].content[1]", "image_url"},
 		{`{"model":"tiny","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":{}}}]}]}`,
 			"messages[0].tool_calls[0].function.arguments", "arguments must be a string"},
+		// each type that decodes itself reports where, as does every
+		// array element on the way there
+		{`{"model":"tiny","messages":[{"role":"user","content":"hi"},{"role":5,"content":"x"}]}`, "messages[1].role", "messages[1].role must be a string, got number"},
+		{`{"model":"tiny","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":7}]}]}`, "messages[0].content[1].text", "messages[0].content[1].text must be a string, got number"},
+		{`{"model":"tiny","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"}]}]}`, "messages[0].content[1]", `got part type "image_url"`},
+		{`{"model":"tiny",` + msgs + `,"stop":["a",5]}`, "stop[1]", "stop[1] must be a string, got number"},
+		{`{"model":"tiny",` + msgs + `,"stop":{"a":1}}`, "stop", "stop must be a string or an array of strings, got object"},
+		{`{"model":"tiny",` + msgs + `,"tool_choice":"always"}`, "tool_choice", `got string "always"`},
+		{`{"model":"tiny",` + msgs + `,"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":5}}]}`, "tools[1].function.name", "must be a string"},
+		{`{"model":"tiny","messages":{"role":"user"}}`, "messages", "messages must be an array, got object"},
+		{`{"model":"tiny","messages":[5]}`, "messages[0]", "messages[0] must be an object, got number"},
+		{`{"model":"tiny",` + msgs + `,"modalities":["text",1]}`, "modalities[1]", "must be a string"},
+		{`{"model":"tiny",` + msgs + `,"logprobs":"yes"}`, "logprobs", "logprobs must be a boolean, got string"},
 	} {
 		var r ChatRequest
 		e := decodeJSON([]byte(c.body), &r, chatShape)
@@ -299,5 +312,36 @@ func TestCompletionDefaultsAccepted(t *testing.T) {
 	resp, body := post(t, srv.URL+"/v1/completions", `{"model":"tiny","prompt":"x","echo":false,"best_of":1,"suffix":""}`)
 	if resp.StatusCode != 200 {
 		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+}
+
+// TestDecodeErrorsNameThePathElsewhere: completions, tokenize, detokenize
+// and the Responses API name the JSON path of a value that does not
+// decode, array indices included.
+func TestDecodeErrorsNameThePathElsewhere(t *testing.T) {
+	for _, c := range []struct {
+		body, param, has string
+		v                any
+		sh               Shape
+	}{
+		{`{"model":"tiny","prompt":[1,-2]}`, "prompt[1]", "prompt[1] is out of range: number -2", &CompletionRequest{}, completionShape},
+		{`{"model":"tiny","prompt":[1,2.5]}`, "prompt[1]", "prompt[1] must be an integer, got number 2.5", &CompletionRequest{}, completionShape},
+		{`{"model":"tiny","prompt":[1,"a"]}`, "prompt[1]", "prompt[1] must be an integer, got string", &CompletionRequest{}, completionShape},
+		{`{"model":"tiny","prompt":[[1,2],[3]]}`, "prompt", "batched prompts are not supported", &CompletionRequest{}, completionShape},
+		{`{"model":"tiny","prompt":[[1,-2]]}`, "prompt[0][1]", "out of range", &CompletionRequest{}, completionShape},
+		{`{"model":"tiny","prompt":{}}`, "prompt", "prompt must be a string or an array of token ids, got object", &CompletionRequest{}, completionShape},
+		{`{"model":"tiny","messages":[{"role":"user","content":5}]}`, "messages[0].content", "must be a string or an array of text parts", &TokenizeRequest{}, tokenizeShape},
+		{`{"model":"tiny","tokens":[1,"x"]}`, "tokens[1]", "tokens[1] must be an integer, got string", &DetokenizeRequest{}, detokenizeShape},
+		{`{"model":"tiny","input":5}`, "input", "input must be a string or an array of input items, got number", &ResponsesRequest{}, responsesShape},
+		{`{"model":"tiny","input":[{"role":"user","content":"a"},{"role":"user","content":[{"type":"input_text","text":1}]}]}`,
+			"input[1].content[0].text", "input[1].content[0].text must be a string, got number", &ResponsesRequest{}, responsesShape},
+		{`{"model":"tiny","input":[{"role":"user","content":true}]}`, "input[0].content", "must be a string or an array of content parts, got bool", &ResponsesRequest{}, responsesShape},
+		{`{"model":"tiny","input":"x","include":["a",3]}`, "include[1]", "must be a string", &ResponsesRequest{}, responsesShape},
+		{`{"model":"tiny","input":"x","tools":[{"type":"function","name":"f","strict":"yes"}]}`, "tools[0].strict", "must be a boolean", &ResponsesRequest{}, responsesShape},
+	} {
+		e := decodeJSON([]byte(c.body), c.v, c.sh)
+		if e == nil || e.Param != c.param || !strings.Contains(e.Message, c.has) {
+			t.Errorf("%s: %+v, want %s naming %q", c.body, e, c.param, c.has)
+		}
 	}
 }

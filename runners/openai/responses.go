@@ -1,7 +1,6 @@
 package openai
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -24,25 +23,25 @@ import (
 
 // ResponsesRequest is the body of POST /v1/responses.
 type ResponsesRequest struct {
-	Model              string          `json:"model"`
-	Input              ResponsesInput  `json:"input"`
-	Instructions       *string         `json:"instructions,omitempty"`
-	MaxOutputTokens    *int            `json:"max_output_tokens,omitempty"`
-	Temperature        *float64        `json:"temperature,omitempty"`
-	TopP               *float64        `json:"top_p,omitempty"`
-	Stream             bool            `json:"stream,omitempty"`
-	Store              *bool           `json:"store,omitempty"`
-	Metadata           json.RawMessage `json:"metadata,omitempty"`
-	User               string          `json:"user,omitempty"`
-	ParallelToolCalls  *bool           `json:"parallel_tool_calls,omitempty"`
-	ToolChoice         *ToolChoice     `json:"tool_choice,omitempty"`
-	Tools              []ResponsesTool `json:"tools,omitempty"`
-	Text               *ResponsesText  `json:"text,omitempty"`
-	PreviousResponseID *string         `json:"previous_response_id,omitempty"`
+	Model              string              `json:"model"`
+	Input              ResponsesInput      `json:"input"`
+	Instructions       *string             `json:"instructions,omitempty"`
+	MaxOutputTokens    *int                `json:"max_output_tokens,omitempty"`
+	Temperature        *float64            `json:"temperature,omitempty"`
+	TopP               *float64            `json:"top_p,omitempty"`
+	Stream             bool                `json:"stream,omitempty"`
+	Store              *bool               `json:"store,omitempty"`
+	Metadata           json.RawMessage     `json:"metadata,omitempty"`
+	User               string              `json:"user,omitempty"`
+	ParallelToolCalls  *bool               `json:"parallel_tool_calls,omitempty"`
+	ToolChoice         *ToolChoice         `json:"tool_choice,omitempty"`
+	Tools              List[ResponsesTool] `json:"tools,omitempty"`
+	Text               *ResponsesText      `json:"text,omitempty"`
+	PreviousResponseID *string             `json:"previous_response_id,omitempty"`
 	// Truncation and Include are taken at their defaults only ("disabled",
 	// empty); other values are refused by name.
-	Truncation *string  `json:"truncation,omitempty"`
-	Include    []string `json:"include,omitempty"`
+	Truncation *string      `json:"truncation,omitempty"`
+	Include    List[string] `json:"include,omitempty"`
 }
 
 // ResponsesTool is a function tool of the Responses API (flat, unlike
@@ -96,40 +95,51 @@ type ResponsesItem struct {
 // ResponsesParts is an item's content: a string or a list of parts.
 type ResponsesParts struct {
 	Text  string
-	Parts []struct {
-		Type        string          `json:"type"`
-		Text        string          `json:"text"`
-		Annotations json.RawMessage `json:"annotations,omitempty"`
-	}
-	Set bool
+	Parts []ResponsesPart
+	Set   bool
 }
+
+// ResponsesPart is one content part of an input item.
+type ResponsesPart struct {
+	Type        string          `json:"type"`
+	Text        string          `json:"text"`
+	Annotations json.RawMessage `json:"annotations,omitempty"`
+}
+
+// JSONKind implements JSONKinder.
+func (ResponsesInput) JSONKind() string { return "a string or an array of input items" }
 
 // UnmarshalJSON accepts a string or a list of items.
 func (in *ResponsesInput) UnmarshalJSON(b []byte) error {
-	b = bytes.TrimSpace(b)
-	if len(b) > 0 && b[0] == '"' {
-		*in = ResponsesInput{Set: true}
-		return json.Unmarshal(b, &in.Text)
-	}
 	*in = ResponsesInput{Set: true}
-	if err := json.Unmarshal(b, &in.Items); err != nil {
-		return fmt.Errorf("input must be a string or an array of input items")
+	switch valueKind(b) {
+	case "string":
+		return json.Unmarshal(b, &in.Text)
+	case "array", "null":
+		var items List[ResponsesItem]
+		err := json.Unmarshal(b, &items)
+		in.Items = items
+		return err
 	}
-	return nil
+	return TypeError(b, reflect.TypeFor[ResponsesInput]())
 }
+
+// JSONKind implements JSONKinder.
+func (ResponsesParts) JSONKind() string { return "a string or an array of content parts" }
 
 // UnmarshalJSON accepts a string or a list of parts.
 func (c *ResponsesParts) UnmarshalJSON(b []byte) error {
-	b = bytes.TrimSpace(b)
-	if len(b) > 0 && b[0] == '"' {
-		*c = ResponsesParts{Set: true}
-		return json.Unmarshal(b, &c.Text)
-	}
 	*c = ResponsesParts{Set: true}
-	if err := json.Unmarshal(b, &c.Parts); err != nil {
-		return fmt.Errorf("content must be a string or an array of content parts")
+	switch valueKind(b) {
+	case "string":
+		return json.Unmarshal(b, &c.Text)
+	case "array", "null":
+		var parts List[ResponsesPart]
+		err := json.Unmarshal(b, &parts)
+		c.Parts = parts
+		return err
 	}
-	return nil
+	return TypeError(b, reflect.TypeFor[ResponsesParts]())
 }
 
 var responsesShape = withFields(reflect.TypeFor[ResponsesRequest](), Shape{

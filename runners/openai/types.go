@@ -53,7 +53,9 @@ package openai
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"reflect"
 )
 
 // Message is one chat message. Content may be a string or an array of
@@ -61,11 +63,11 @@ import (
 // An assistant message may carry tool_calls (and then content null); a
 // "tool" message answers one of them by tool_call_id.
 type Message struct {
-	Role       string     `json:"role"`
-	Content    Content    `json:"content"`
-	Name       string     `json:"name,omitempty"`
-	ToolCalls  []ToolCall `json:"tool_calls,omitempty"`
-	ToolCallID string     `json:"tool_call_id,omitempty"`
+	Role       string         `json:"role"`
+	Content    Content        `json:"content"`
+	Name       string         `json:"name,omitempty"`
+	ToolCalls  List[ToolCall] `json:"tool_calls,omitempty"`
+	ToolCallID string         `json:"tool_call_id,omitempty"`
 	// ReasoningContent is an assistant turn's reasoning as this server
 	// (and vLLM, llama.cpp) returned it; rendered where the model's chat
 	// template reads it, else refused by the generator.
@@ -108,6 +110,11 @@ type ToolChoice struct {
 	Name string
 }
 
+// JSONKind implements JSONKinder.
+func (ToolChoice) JSONKind() string {
+	return `"auto", "none", "required" or {"type":"function","function":{"name":…}}`
+}
+
 // UnmarshalJSON accepts "auto" | "none" | "required" |
 // {"type":"function","function":{"name":…}}.
 func (t *ToolChoice) UnmarshalJSON(b []byte) error {
@@ -118,7 +125,9 @@ func (t *ToolChoice) UnmarshalJSON(b []byte) error {
 			*t = ToolChoice{Mode: s}
 			return nil
 		}
-		return fmt.Errorf("tool_choice must be \"auto\", \"none\", \"required\" or {\"type\":\"function\",\"function\":{\"name\":…}}, got %q", s)
+		te := TypeError(b, reflect.TypeFor[ToolChoice]())
+		te.Value = fmt.Sprintf("string %q", s)
+		return te
 	}
 	var o struct {
 		Type     string `json:"type"`
@@ -127,7 +136,7 @@ func (t *ToolChoice) UnmarshalJSON(b []byte) error {
 		} `json:"function"`
 	}
 	if err := json.Unmarshal(b, &o); err != nil || o.Type != "function" || o.Function.Name == "" {
-		return fmt.Errorf("tool_choice must be \"auto\", \"none\", \"required\" or {\"type\":\"function\",\"function\":{\"name\":…}}")
+		return TypeError(b, reflect.TypeFor[ToolChoice]())
 	}
 	*t = ToolChoice{Mode: "function", Name: o.Function.Name}
 	return nil
@@ -156,36 +165,59 @@ type Content struct {
 	Set bool
 }
 
+// JSONKind implements JSONKinder.
+func (Content) JSONKind() string { return "a string or an array of text parts" }
+
 // UnmarshalJSON accepts a string, null, or an array of text parts.
 func (c *Content) UnmarshalJSON(b []byte) error {
-	b = bytes.TrimSpace(b)
-	if bytes.Equal(b, []byte("null")) {
+	if isNull(b) {
 		*c = Content{}
 		return nil
 	}
-	if len(b) > 0 && b[0] == '"' {
-		var s string
-		if err := json.Unmarshal(b, &s); err != nil {
-			return err
-		}
+	var s string
+	if json.Unmarshal(b, &s) == nil {
 		*c = Content{Text: s, Set: true}
 		return nil
 	}
-	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
+	if valueKind(b) != "array" {
+		return TypeError(b, reflect.TypeFor[Content]())
 	}
+	var parts List[textPart]
 	if err := json.Unmarshal(b, &parts); err != nil {
-		return fmt.Errorf("content must be a string or an array of text parts")
+		return err
 	}
 	var buf bytes.Buffer
 	for _, p := range parts {
-		if p.Type != "text" {
-			return fmt.Errorf("content part type %q is not supported (only \"text\")", p.Type)
-		}
 		buf.WriteString(p.Text)
 	}
 	*c = Content{Text: buf.String(), Set: true}
+	return nil
+}
+
+// textPart is a content part: {"type":"text","text":…} only.
+type textPart struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+// JSONKind implements JSONKinder.
+func (textPart) JSONKind() string { return `a text part ({"type":"text","text":…})` }
+
+// UnmarshalJSON refuses a part of another type.
+func (p *textPart) UnmarshalJSON(b []byte) error {
+	type plain textPart
+	if err := json.Unmarshal(b, (*plain)(p)); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field == "" { // the part is not an object
+			return TypeError(b, reflect.TypeFor[textPart]())
+		}
+		return err
+	}
+	if p.Type != "text" {
+		te := TypeError(b, reflect.TypeFor[textPart]())
+		te.Value = fmt.Sprintf("part type %q (only \"text\" is supported)", p.Type)
+		return te
+	}
 	return nil
 }
 
@@ -195,27 +227,31 @@ func (c Content) MarshalJSON() ([]byte, error) { return json.Marshal(c.Text) }
 // StringList is a JSON string or array of strings (the "stop" field).
 type StringList []string
 
+// JSONKind implements JSONKinder.
+func (StringList) JSONKind() string { return "a string or an array of strings" }
+
 // UnmarshalJSON accepts null, a string or an array of strings.
 func (s *StringList) UnmarshalJSON(b []byte) error {
-	b = bytes.TrimSpace(b)
-	if bytes.Equal(b, []byte("null")) {
+	var one string
+	switch valueKind(b) {
+	case "null":
 		*s = nil
 		return nil
-	}
-	if len(b) > 0 && b[0] == '"' {
-		var one string
+	case "string":
 		if err := json.Unmarshal(b, &one); err != nil {
 			return err
 		}
 		*s = StringList{one}
 		return nil
+	case "array":
+		var many List[string]
+		if err := json.Unmarshal(b, &many); err != nil {
+			return err
+		}
+		*s = StringList(many)
+		return nil
 	}
-	var many []string
-	if err := json.Unmarshal(b, &many); err != nil {
-		return fmt.Errorf("stop must be a string or an array of strings")
-	}
-	*s = many
-	return nil
+	return TypeError(b, reflect.TypeFor[StringList]())
 }
 
 // Prompt is the "prompt" of /v1/completions: a string, or an array of token
@@ -227,47 +263,57 @@ type Prompt struct {
 	Set    bool
 }
 
-// UnmarshalJSON accepts a string, [string] (one element), or [int…].
+// JSONKind implements JSONKinder.
+func (Prompt) JSONKind() string { return "a string or an array of token ids" }
+
+// UnmarshalJSON accepts a string, [string] (one element), or [int…] (or
+// [[int…]], a batch of one).
 func (p *Prompt) UnmarshalJSON(b []byte) error {
-	b = bytes.TrimSpace(b)
-	if bytes.Equal(b, []byte("null")) {
+	if isNull(b) {
 		*p = Prompt{}
 		return nil
 	}
-	if len(b) > 0 && b[0] == '"' {
-		var s string
-		if err := json.Unmarshal(b, &s); err != nil {
-			return err
-		}
+	var s string
+	if json.Unmarshal(b, &s) == nil {
 		*p = Prompt{Text: s, Set: true}
 		return nil
 	}
 	var raw []json.RawMessage
 	if err := json.Unmarshal(b, &raw); err != nil {
-		return fmt.Errorf("prompt must be a string or an array of token ids")
+		return TypeError(b, reflect.TypeFor[Prompt]())
 	}
-	if len(raw) == 1 && len(bytes.TrimSpace(raw[0])) > 0 && bytes.TrimSpace(raw[0])[0] == '"' {
-		var s string
+	if len(raw) == 1 && valueKind(raw[0]) == "string" {
 		if err := json.Unmarshal(raw[0], &s); err != nil {
 			return err
 		}
 		*p = Prompt{Text: s, Set: true}
 		return nil
 	}
-	if len(raw) == 1 && len(bytes.TrimSpace(raw[0])) > 0 && bytes.TrimSpace(raw[0])[0] == '[' {
+	at := func(i int) string { return fmt.Sprintf("[%d]", i) }
+	if len(raw) == 1 && valueKind(raw[0]) == "array" {
 		var inner []json.RawMessage // a batch of one token-id list: that list
 		if err := json.Unmarshal(raw[0], &inner); err == nil {
-			raw = inner
+			raw, at = inner, func(i int) string { return fmt.Sprintf("[0][%d]", i) }
 		}
 	}
 	ids := make([]int32, len(raw))
 	for i, r := range raw {
+		if valueKind(r) == "array" {
+			te := TypeError(b, reflect.TypeFor[Prompt]())
+			te.Value = "several prompts (batched prompts are not supported)"
+			return te
+		}
 		var v int64
 		if err := json.Unmarshal(r, &v); err != nil {
-			return fmt.Errorf("prompt must be a string or one array of token ids (batched prompts are not supported)")
+			te := TypeError(r, reflect.TypeFor[int32]())
+			if te.Value == "number" {
+				te.Value = "number " + string(bytes.TrimSpace(r))
+			}
+			te.Field = at(i)
+			return te
 		}
 		if v < 0 || v > 1<<31-1 {
-			return fmt.Errorf("prompt token id %d out of range", v)
+			return &json.UnmarshalTypeError{Value: fmt.Sprintf("number %d", v), Type: reflect.TypeFor[int32](), Field: at(i)}
 		}
 		ids[i] = int32(v)
 	}
@@ -314,13 +360,13 @@ type SamplingFields struct {
 
 // ChatRequest is the body of POST /v1/chat/completions.
 type ChatRequest struct {
-	Model    string    `json:"model"`
-	Messages []Message `json:"messages"`
+	Model    string        `json:"model"`
+	Messages List[Message] `json:"messages"`
 	SamplingFields
 	Logprobs    *bool `json:"logprobs,omitempty"`
 	TopLogprobs *int  `json:"top_logprobs,omitempty"`
 
-	Tools             []Tool          `json:"tools,omitempty"`
+	Tools             List[Tool]      `json:"tools,omitempty"`
 	ToolChoice        *ToolChoice     `json:"tool_choice,omitempty"`
 	ParallelToolCalls *bool           `json:"parallel_tool_calls,omitempty"`
 	ResponseFormat    *ResponseFormat `json:"response_format,omitempty"`
@@ -338,7 +384,7 @@ type ChatRequest struct {
 	// many tokens and the answer begins.
 	MaxReasoningTokens *int `json:"max_reasoning_tokens,omitempty"`
 	// Modalities is taken as ["text"] only (what this server writes).
-	Modalities []string `json:"modalities,omitempty"`
+	Modalities List[string] `json:"modalities,omitempty"`
 }
 
 // CompletionRequest is the body of POST /v1/completions.
@@ -358,17 +404,17 @@ type CompletionRequest struct {
 
 // TokenizeRequest is the body of POST /tokenize (vLLM's shape).
 type TokenizeRequest struct {
-	Model                string    `json:"model"`
-	Messages             []Message `json:"messages,omitempty"`
-	Prompt               *string   `json:"prompt,omitempty"`
-	AddGenerationPrompt  *bool     `json:"add_generation_prompt,omitempty"`
-	ContinueFinalMessage *bool     `json:"continue_final_message,omitempty"`
+	Model                string        `json:"model"`
+	Messages             List[Message] `json:"messages,omitempty"`
+	Prompt               *string       `json:"prompt,omitempty"`
+	AddGenerationPrompt  *bool         `json:"add_generation_prompt,omitempty"`
+	ContinueFinalMessage *bool         `json:"continue_final_message,omitempty"`
 }
 
 // DetokenizeRequest is the body of POST /detokenize (vLLM's shape).
 type DetokenizeRequest struct {
-	Model  string  `json:"model"`
-	Tokens []int64 `json:"tokens"`
+	Model  string      `json:"model"`
+	Tokens List[int64] `json:"tokens"`
 }
 
 // DetokenizeResponse is the answer of POST /detokenize.

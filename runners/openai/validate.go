@@ -2,6 +2,7 @@ package openai
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -159,114 +160,37 @@ func decodeJSON(body []byte, v any, sh Shape) *Error {
 		return Errorf(p, "%s is not supported by this server (exo-pd refuses fields it does not implement rather than ignore them)", p)
 	}
 	if err := json.Unmarshal(body, v); err != nil {
-		f := errorPath(body, reflect.TypeOf(v).Elem())
 		var ute *json.UnmarshalTypeError
-		if errors.As(err, &ute) {
-			if f == "" && ute.Field != "" {
-				f = jsonPath(ute.Field)
+		if !errors.As(err, &ute) {
+			msg := strings.TrimPrefix(err.Error(), "json: ")
+			if strings.Contains(msg, "Go ") { // encoding/json's own words name Go types
+				msg = "a value has the wrong type"
 			}
-			if f != "" {
-				kind := jsonKind(ute.Type)
-				if strings.HasPrefix(ute.Value, "number") && (kind == "a number" || kind == "an integer") {
-					return Errorf(f, "invalid JSON body: %s is out of range: %s", f, ute.Value)
-				}
-				return Errorf(f, "invalid JSON body: %s must be %s, got %s", f, kind, ute.Value)
-			}
+			return Errorf("", "invalid JSON body: %s", msg)
 		}
-		msg := strings.TrimPrefix(err.Error(), "json: ")
-		if strings.Contains(msg, "Go ") { // encoding/json's own words name Go types
-			msg = "a value has the wrong type"
+		// the path, from the types and Lists on the way (list.go)
+		f, kind := jsonPath(ute.Field), jsonKind(ute.Type)
+		name := cmp.Or(f, "the body")
+		if strings.HasPrefix(ute.Value, "number") && (kind == "a number" || kind == "an integer") && !fraction(ute.Value, kind) {
+			return Errorf(f, "invalid JSON body: %s is out of range: %s", name, ute.Value)
 		}
-		if f != "" && !strings.HasPrefix(msg, f) { // the message says where (Anthropic's errors have no param)
-			msg = f + ": " + msg
-		}
-		return Errorf(f, "invalid JSON body: %s", msg)
+		return Errorf(f, "invalid JSON body: %s must be %s, got %s", name, kind, ute.Value)
 	}
 	return nil
 }
 
-// errorPath is the JSON path of the value in body that keeps it from
-// decoding into a t ("" if none is found): the key that fails on its own
-// and whose removal lets its object decode, then, inside its value, the
-// array element that fails alone, and so on down. Fields that decode
-// themselves (content, stop, tool_choice) report no path of their own;
-// this finds it. Only on the error path, and bounded: the documents it
-// decodes add up to twice the body at most.
-func errorPath(body []byte, t reflect.Type) string {
-	n := &narrower{t: t, left: 2*len(body) + 1<<16}
-	return strings.TrimPrefix(n.narrow(body, func(x []byte) []byte { return x }), ".")
+// fraction reports whether a number that does not decode into an
+// integer kind is not a whole number ("number 2.5"), which is no range
+// error.
+func fraction(value, kind string) bool {
+	return kind == "an integer" && strings.ContainsAny(strings.TrimPrefix(value, "number"), ".eE")
 }
 
-type narrower struct {
-	t    reflect.Type
-	left int // bytes it may still decode
-}
-
-// fails reports whether doc does not decode; known is false once the
-// budget is spent.
-func (n *narrower) fails(doc []byte) (failed, known bool) {
-	if n.left -= len(doc); n.left < 0 {
-		return false, false
-	}
-	return json.Unmarshal(doc, reflect.New(n.t).Interface()) != nil, true
-}
-
-// narrow finds what inside val (a failing part of the document; wrap
-// rebuilds the whole document around a replacement of it) fails.
-func (n *narrower) narrow(val []byte, wrap func([]byte) []byte) string {
-	var arr []json.RawMessage
-	if json.Unmarshal(val, &arr) == nil {
-		in := func(x []byte) []byte { b, _ := json.Marshal([]json.RawMessage{x}); return wrap(b) }
-		for i, e := range arr {
-			f, ok := n.fails(in(e))
-			if !ok {
-				return ""
-			}
-			if f {
-				return fmt.Sprintf("[%d]", i) + n.narrow(e, in)
-			}
-		}
-		return ""
-	}
-	var obj map[string]json.RawMessage
-	if json.Unmarshal(val, &obj) != nil {
-		return ""
-	}
-	keys := make([]string, 0, len(obj))
-	for k := range obj {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		alone := func(x []byte) []byte { b, _ := json.Marshal(map[string]json.RawMessage{k: x}); return wrap(b) }
-		f, ok := n.fails(alone(obj[k]))
-		if !ok {
-			return ""
-		}
-		if !f {
-			continue
-		}
-		rest := make(map[string]json.RawMessage, len(obj))
-		for k2, v2 := range obj {
-			if k2 != k {
-				rest[k2] = v2
-			}
-		}
-		without, _ := json.Marshal(rest)
-		if f, ok = n.fails(wrap(without)); !ok {
-			return ""
-		}
-		if f {
-			continue // not this key alone (a value that needs another key: a part's type)
-		}
-		return "." + k + n.narrow(obj[k], alone)
-	}
-	return ""
-}
-
-// jsonPath drops the Go names of embedded structs from a decoding error's
-// field path ("SamplingFields.temperature" → "temperature"): JSON fields
-// here are all lower case.
+// jsonPath is the JSON path of a decoding error's field path: the Go
+// names of embedded structs dropped ("SamplingFields.temperature" →
+// "temperature"; JSON fields here are all lower case) and array indices
+// (List) joined to what they index ("messages.[1].content" →
+// "messages[1].content").
 func jsonPath(p string) string {
 	parts := strings.Split(p, ".")
 	out := parts[:0]
@@ -275,13 +199,16 @@ func jsonPath(p string) string {
 			out = append(out, s)
 		}
 	}
-	return strings.Join(out, ".")
+	return strings.ReplaceAll(strings.Join(out, "."), ".[", "[")
 }
 
 // jsonKind names the JSON type a Go type is decoded from.
 func jsonKind(t reflect.Type) string {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
+	}
+	if k, ok := reflect.Zero(t).Interface().(JSONKinder); ok {
+		return k.JSONKind()
 	}
 	switch t.Kind() {
 	case reflect.String:
