@@ -575,7 +575,10 @@ func storeWritable(modelsDir string) (string, error) {
 	return dir, nil
 }
 
-// hostPorts lists what host must serve: the gateway and its runners' ports.
+// hostPorts lists what host must serve: the gateway first, then every
+// other port config.HostPorts gives it (its runners' ports, and MLX's ring
+// ports, which no runner field names: the same list validate checks and
+// the NixOS module's openFirewall opens), at the host's address.
 func (d *Env) hostPorts(host string) []portUse {
 	h := d.Config.Hosts[host]
 	api := d.Config.API.Listen
@@ -583,29 +586,11 @@ func (d *Env) hostPorts(host string) []portUse {
 		api = h.Address
 	}
 	ps := []portUse{{"API gateway", net.JoinHostPort(api, strconv.Itoa(d.Config.API.Port)), d.Config.API.Listen == "", false}}
-	for _, r := range d.Config.Runners(host) {
-		what := "decode HTTP"
-		if r.Role == config.Prefill {
-			what = "prefill KV"
-		}
-		ps = append(ps, portUse{r.Name + " " + what, r.Listen, false, false})
-		if r.StageListen != "" {
-			ps = append(ps, portUse{r.Name + " stage link", r.StageListen, false, false})
-		}
-		if strings.HasPrefix(r.Tensor, "0/") && len(r.TensorPeers) > 0 {
-			ps = append(ps, portUse{r.Name + " tensor link", r.TensorPeers[0], false, false})
-		}
-		if r.Metrics != "" {
-			ps = append(ps, portUse{r.Name + " health/metrics", r.Metrics, false, false})
-		}
-	}
-	// MLX's ring ports (and JACCL's coordinator, NCCL's rendezvous): no
-	// runner field names them, so config.HostPorts, which the NixOS
-	// module's openFirewall follows, says which this host takes.
 	for _, p := range d.Config.HostPorts(host) {
-		if p.Ring {
-			ps = append(ps, portUse{p.What, net.JoinHostPort(h.Address, strconv.Itoa(p.Port)), false, true})
+		if p.Port == d.Config.API.Port {
+			continue // the gateway, above (validate gives each of a host's ports one claim)
 		}
+		ps = append(ps, portUse{p.What, net.JoinHostPort(h.Address, strconv.Itoa(p.Port)), false, p.Ring})
 	}
 	return ps
 }

@@ -400,9 +400,10 @@ prefill = { hosts = ["north"] }`, `decode = { hosts = ["north", "south"], shard 
 		t.Errorf("data %+v", rs[0].Data)
 	}
 	// The stage link port is one of north's ports.
+	link := net.JoinHostPort("127.0.0.2", strconv.Itoa(env.Config.StageLinkPort(0)))
 	found := false
 	for _, p := range env.hostPorts("north") {
-		found = found || p.what == "tiny-decode-stage0 stage link"
+		found = found || (p.what == "model tiny decode stage link" && p.addr == link)
 	}
 	if !found {
 		t.Errorf("north's ports %+v lack the stage link", env.hostPorts("north"))
@@ -476,7 +477,7 @@ prefill = { hosts = ["north"] }`, `decode = { hosts = ["north", "south"], shard 
 	expect(t, StageLinks{}.Run(context.Background(), env), "tensor link tiny-decode-rank1", OK, "connect latency")
 	found := false
 	for _, p := range env.hostPorts("north") {
-		found = found || (p.what == "tiny-decode-rank0 tensor link" && p.addr == addr)
+		found = found || (p.what == "model tiny decode tensor link" && p.addr == addr)
 	}
 	if !found {
 		t.Errorf("north's ports %+v lack rank 0's tensor link", env.hostPorts("north"))

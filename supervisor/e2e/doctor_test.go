@@ -156,7 +156,7 @@ func TestDoctor(t *testing.T) {
 		t.Errorf("port taken: exit %d\n%s", code, rep)
 	}
 	rep.expect(t, "(API gateway)", "fail", "is taken: find the process with `ss -ltnp")
-	rep.expect(t, "tiny-decode decode HTTP)", "ok", "")
+	rep.expect(t, "(model tiny decode)", "ok", "")
 
 	rep, code = doctor(t, exe, "--config", cfgPath, "--host", "spark", "--probe-mib", "0")
 	if code != 1 {
