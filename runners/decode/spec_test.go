@@ -605,10 +605,10 @@ func TestSpeculatorPlan(t *testing.T) {
 		ok, fail, cost float64
 		want           int
 	}{
-		{9, 1, 0.05, 8},  // acceptance 0.9, nearly free positions: all it may
-		{9, 1, 0.3, 5},   // costly positions: fewer
-		{1, 1, 0.05, 3},  // acceptance 0.5
-		{1, 9, 0.25, -1}, // 0.1 does not pay: probes
+		{9, 1, 0.05, 8}, // acceptance 0.9, nearly free positions: all it may
+		{9, 1, 0.3, 5},  // costly positions: fewer
+		{1, 1, 0.05, 3}, // acceptance 0.5
+		{1, 9, 0.1, -1}, // 0.1 does not pay: probes (cheap ones: within specProbeBudget)
 	} {
 		sp := newSpeculator(nil, 0, 8)
 		linearSteps(&sp.own, 0.01, c.cost, 12)
@@ -624,6 +624,7 @@ func TestSpeculatorPlan(t *testing.T) {
 		}
 		var probes []int
 		for step := range 300 {
+			sp.looks++ // propose counts the step
 			if k := sp.plan(2, 8); k == 1 {
 				probes = append(probes, step)
 			} else if k != 0 {
@@ -728,8 +729,10 @@ func TestSpeculatorPlanSolo(t *testing.T) {
 		return sp, ks
 	}
 	sp, ks := plan(true)
-	if sp.cost < 1 || !slices.Equal(ks, []int{1, 0, 1, 0, 0, 1, 0, 0}) {
-		t.Errorf("beside a batch: position cost %.3f (want ≥ 1: more than a plain step's share), plans %v (want probes only)", sp.cost, ks)
+	// One probe: a position costing more than a plain step, the next
+	// ones wait for specProbeBudget (TestSpeculatorProbeBudget).
+	if sp.cost < 1 || !slices.Equal(ks, []int{1, 0, 0, 0, 0, 0, 0, 0}) {
+		t.Errorf("beside a batch: position cost %.3f (want ≥ 1: more than a plain step's share), plans %v (want one probe)", sp.cost, ks)
 	}
 	sp, ks = plan(false)
 	if sp.cost > 0.1 || ks[0] < 2 {
@@ -814,5 +817,57 @@ func TestLookupIndexMatchesScan(t *testing.T) {
 	}
 	if found == 0 {
 		t.Fatal("no match of maxMatch tokens: the early stop was not exercised")
+	}
+}
+
+// TestSpeculatorProbeBudget: where an extra position costs most of a step
+// and the probes are rejected (an open chat on a compute-bound backend),
+// the probes' cost stays within specProbeBudget of the steps (plus
+// specProbeStart) instead of the schedule's one probe per class after 1,
+// 2, 4 … 64 steps; where probes are accepted, or positions are nearly
+// free, the budget holds none back.
+func TestSpeculatorProbeBudget(t *testing.T) {
+	const steps = 200
+	// run steps steps of class-1 matches at position cost c; each probe
+	// is accepted or rejected as accept says. It returns the probes and
+	// those the budget held back.
+	run := func(c float64, accept bool) (sp *speculator, probes int) {
+		sp = newSpeculator(nil, 0, 8)
+		linearSteps(&sp.own, 0.01, c, 12)
+		sp.ok[1], sp.fail[1] = 0.02, 0.98 // drafting does not pay: probes only
+		for range steps {
+			if d := sp.lookup([]int32{7, 3, 5, 3}, 8); len(d) > 0 {
+				if len(d) != 1 {
+					t.Fatalf("cost %v: a draft of %d where only probes pay", c, len(d))
+				}
+				probes++
+				sp.on, sp.rows = true, make([][]float32, 2)
+				if accept {
+					sp.next(d[0])
+				}
+				sp.end()
+				sp.ok[1], sp.fail[1] = 0.02, 0.98 // keep probing
+			}
+			sp.looks++ // propose counts the step
+		}
+		return sp, probes
+	}
+	sp, probes := run(0.85, false)
+	if spent := float64(probes) * 0.85; sp.held == 0 || spent > specProbeStart+specProbeBudget*steps+0.85 || probes < 2 {
+		t.Errorf("position cost 0.85, probes rejected: %d probes (%.2f steps' worth), %d held back; want at least 2 within %.2f + one probe",
+			probes, spent, sp.held, specProbeStart+specProbeBudget*steps)
+	}
+	_, unbudgeted := run(0.01, false)
+	t.Logf("%d steps: %d probes at position cost 0.85 (%d held back), %d at 0.01", steps, probes, sp.held, unbudgeted)
+	if unbudgeted < 8 || probes >= unbudgeted {
+		t.Errorf("probes: %d at position cost 0.85, %d at 0.01 (the schedule's; want ≥ 8)", probes, unbudgeted)
+	}
+	for _, c := range []struct {
+		cost   float64
+		accept bool
+	}{{0.85, true}, {0.01, false}} {
+		if sp, n := run(c.cost, c.accept); sp.held != 0 || n != unbudgeted {
+			t.Errorf("%+v: %d probes, %d held back; want the schedule's %d", c, n, sp.held, unbudgeted)
+		}
 	}
 }
