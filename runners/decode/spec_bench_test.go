@@ -8,11 +8,14 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/backend"
+	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/engine/weights"
 	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/internal/testenv"
 )
@@ -75,74 +78,173 @@ func benchBackend(b *testing.B) engine.Backend {
 	return be
 }
 
-// BenchmarkSpeculativeSmolLM2: SmolLM2 greedy decode tok/s on the cpu
-// backend (one thread) through a decode Server, without and with
-// prompt-lookup speculation, interleaved in one run, for a code edit (a
-// ~100-line file and an instruction to rename one function: the answer
-// repeats most of the file) and an open chat prompt. It fails unless both
-// modes produce the same text. Reported: each mode's decode tok/s (after
-// the first token), their ratio, the share of drafted tokens accepted, and
-// est-speedup: the ratio of the two modes' decode steps, each weighed at
-// the median time of steps of its size (stepTime), which the machine's
-// load moves far less than the clock.
-func BenchmarkSpeculativeSmolLM2(b *testing.B) {
-	path := testenv.SmolLM2(b)
-	be := benchBackend(b)
-	m, err := engine.Load(context.Background(), path, be, engine.LoadOptions{})
+// chatPrompts are open chat requests: the answers rarely repeat their
+// context.
+var chatPrompts = []string{"Write a short story about a lighthouse keeper who finds a message in a bottle.",
+	"Explain how a bicycle stays upright, for a ten-year-old.", "Describe a busy market in a small coastal town.",
+	"Write a letter from a cat to its owner about the new dog."}
+
+// processCPU is the CPU time the process has used (every thread: MLX's
+// included), which a loaded machine moves less than the clock.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// benchModel loads SmolLM2's GGUF at path onto be for the speculation
+// benchmarks: as it is (Q4_1), or with EXO_BENCH_DENSE=f32 or bf16 its
+// weights dequantized to that dtype at load (testmodel.Dense: the same
+// numbers, a dense model's matrix products — on MLX's CPU device its BLAS
+// sgemv and sgemm instead of scalar Q4 kernels, so that a decode step is
+// bound by reading the weights as on a Mac's GPU rather than by
+// arithmetic) with a KV cache of that dtype.
+func benchModel(b *testing.B, path string, be engine.Backend) *engine.Model {
+	var dt engine.DType
+	switch d := os.Getenv("EXO_BENCH_DENSE"); d {
+	case "":
+		m, err := engine.Load(context.Background(), path, be, engine.LoadOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return m
+	case "f32":
+		dt = engine.F32
+	case "bf16":
+		dt = engine.BF16
+	default:
+		b.Fatalf("EXO_BENCH_DENSE=%q: want f32 or bf16 (or unset: the GGUF's Q4_1)", d)
+	}
+	src, err := weights.Open(path)
 	if err != nil {
 		b.Fatal(err)
 	}
+	defer src.Close()
+	ds, err := testmodel.Dense(src, dt)
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := engine.LoadSource(context.Background(), ds, be, engine.LoadOptions{CacheDType: dt})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return m
+}
+
+// BenchmarkSpeculativeSmolLM2: SmolLM2 greedy decode tok/s through a
+// decode Server (benchBackend's backend, benchModel's weights), without
+// and with prompt-lookup speculation, interleaved in one run, for a code
+// edit (a ~100-line file and an instruction to rename one function: the
+// answer repeats most of the file) and an open chat prompt. On a backend
+// whose plain steps are overlapped (MLX), where a speculating generation's
+// steps are serial, a third server without speculation runs every step
+// serially (off-serial): the cost of speculation beside the cost of
+// leaving the overlapped path. It fails unless every mode produces the
+// same text. Reported: each mode's decode tok/s (after the first token),
+// speedup (prompt lookup over off) and, with off-serial, spec-vs-serial;
+// the share of drafted tokens accepted and the drafted tokens per answer;
+// position-cost, what one more position costs a lone step in a plain
+// step's units, as the speculating server measured it (the runner logs the
+// same number as position_cost); and est-speedup: the ratio of the plain
+// mode's decode steps (off's, or off-serial's where off's are overlapped
+// and untimed) to the speculating mode's, each weighed at its size's time
+// relative to one position (stepTime), which the machine's load moves far
+// less than the clock.
+func BenchmarkSpeculativeSmolLM2(b *testing.B) {
+	path := testenv.SmolLM2(b)
+	be := benchBackend(b)
+	m := benchModel(b, path, be)
 	defer m.Close()
+	const offSerial = "off-serial"
+	modes := []string{SpecOff, SpecPromptLookup}
 	servers := map[string]*Server{}
-	for _, mode := range []string{SpecOff, SpecPromptLookup} {
+	newServer := func(mode string) *Server {
 		st, err := NewSetup("m", m, path, gen.Defaults{})
 		if err != nil {
 			b.Fatal(err)
 		}
 		o := st.Options
-		o.Speculative, o.CacheEntries = mode, -1
+		o.CacheEntries = -1
+		if mode == offSerial {
+			o.overlap = func(Model) bool { return false }
+		} else {
+			o.Speculative = mode
+		}
 		s := New(o)
-		defer s.Close()
+		b.Cleanup(func() { s.Close() })
 		servers[mode] = s
+		return s
 	}
+	for _, mode := range modes {
+		newServer(mode)
+	}
+	if servers[SpecOff].overlap {
+		modes = append(modes, offSerial)
+		newServer(offSerial)
+	}
+	plain := SpecOff // the mode whose steps est-speedup counts
+	if servers[SpecOff].overlap {
+		plain = offSerial
+	}
+	spec := &servers[SpecPromptLookup].batch.cost
 	for _, w := range []struct {
-		name, prompt string
-		tokens       int
+		name    string
+		prompts []string // iteration i asks prompts[i % len]
+		tokens  int
 	}{
-		{"code-edit", "Rename the function compute_price to line_price everywhere in this file. Reply with the whole file and nothing else.\n\n```python\n" + codeFile() + "```", 400},
-		{"chat", "Write a short story about a lighthouse keeper who finds a message in a bottle.", 200},
+		{"code-edit", []string{"Rename the function compute_price to line_price everywhere in this file. Reply with the whole file and nothing else.\n\n```python\n" + codeFile() + "```"}, 400},
+		{"chat", chatPrompts, 200},
 	} {
 		b.Run(w.name, func(b *testing.B) {
-			rate, est := map[string]float64{}, map[string]float64{}
+			rate, est, cpu := map[string]float64{}, map[string]float64{}, map[string]float64{}
 			var accepted, verified int
-			for b.Loop() {
+			for i := 0; b.Loop(); i++ {
 				var texts []string
-				for _, mode := range []string{SpecOff, SpecPromptLookup} {
+				for _, mode := range modes {
 					s := servers[mode]
 					before := s.batch.cost.steps()
 					var em textEmitter
 					req := &gen.Request{Chat: true, AddGenerationPrompt: true, MaxTokens: w.tokens, IgnoreEOS: true,
-						Messages: []gen.Message{{Role: "user", Content: w.prompt}}}
+						Messages: []gen.Message{{Role: "user", Content: w.prompts[i%len(w.prompts)]}}}
+					c0 := processCPU(b)
 					if _, err := s.Generate(context.Background(), req, &em); err != nil {
 						b.Fatal(err)
 					}
+					cpu[mode] += (processCPU(b) - c0).Seconds() / float64(w.tokens)
 					j := s.journal.since(0)
 					r := j[len(j)-1]
 					rate[mode] += r.TokensPerSecond
-					est[mode] += stepTime(before, s.batch.cost.steps(), &servers[SpecPromptLookup].batch.cost)
+					est[mode] += stepTime(before, s.batch.cost.steps(), spec)
 					accepted, verified = accepted+r.SpecAccepted, verified+r.SpecAccepted+r.SpecRejected
 					texts = append(texts, em.String())
 				}
-				if texts[0] != texts[1] {
-					b.Fatalf("speculative text differs from plain:\n%q\n%q", texts[1], texts[0])
+				for i, t := range texts[1:] {
+					if t != texts[0] {
+						b.Fatalf("%s text differs from off's:\n%q\n%q", modes[i+1], t, texts[0])
+					}
 				}
 			}
 			b.ReportMetric(rate[SpecOff]/float64(b.N), "off-tok/s")
 			b.ReportMetric(rate[SpecPromptLookup]/float64(b.N), "spec-tok/s")
 			b.ReportMetric(rate[SpecPromptLookup]/rate[SpecOff], "speedup")
-			b.ReportMetric(est[SpecOff]/est[SpecPromptLookup], "est-speedup")
+			if r, ok := rate[offSerial]; ok {
+				b.ReportMetric(r/float64(b.N), "serial-tok/s")
+				b.ReportMetric(rate[SpecPromptLookup]/r, "spec-vs-serial")
+			}
+			if est[SpecPromptLookup] > 0 {
+				b.ReportMetric(est[plain]/est[SpecPromptLookup], "est-speedup")
+			}
+			if t0, slope, ok := spec.line(1, 1); ok {
+				b.ReportMetric(slope/t0, "position-cost")
+			}
 			if verified > 0 {
 				b.ReportMetric(float64(accepted)/float64(verified), "acceptance")
+				b.ReportMetric(float64(verified)/float64(b.N), "drafted/answer")
+			}
+			for _, mode := range modes {
+				b.ReportMetric(1000*cpu[mode]/float64(b.N), map[string]string{SpecOff: "off", SpecPromptLookup: "spec", offSerial: "serial"}[mode]+"-cpu-ms/tok")
 			}
 		})
 	}
@@ -167,10 +269,7 @@ func BenchmarkSpeculativeSmolLM2(b *testing.B) {
 func BenchmarkSpeculativeBatchSmolLM2(b *testing.B) {
 	path := testenv.SmolLM2(b)
 	be := benchBackend(b)
-	m, err := engine.Load(context.Background(), path, be, engine.LoadOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
+	m := benchModel(b, path, be)
 	defer m.Close()
 	modes := []string{"off", "batched", "solo"}
 	servers := map[string]*Server{}
@@ -198,9 +297,7 @@ func BenchmarkSpeculativeBatchSmolLM2(b *testing.B) {
 	}{
 		{"code-edit", []string{edit("the function compute_price", "line_price"), edit("the class Item", "LineItem"),
 			edit("the function main", "run"), edit("the function total_apples", "sum_apples")}, 200},
-		{"chat", []string{"Write a short story about a lighthouse keeper who finds a message in a bottle.",
-			"Explain how a bicycle stays upright, for a ten-year-old.", "Describe a busy market in a small coastal town.",
-			"Write a letter from a cat to its owner about the new dog."}, 200},
+		{"chat", chatPrompts, 200},
 	} {
 		b.Run(w.name, func(b *testing.B) {
 			round := func(s *Server) (texts []string, rate float64, accepted, verified int, steps [2][]int) {
