@@ -65,6 +65,10 @@ type Follower struct {
 	linked  bool
 	lastErr error
 	live    *link // the link to rank 0 while linked
+	// refused is rank 0's last refusal of this rank (another backend, a
+	// failed authentication) since it last linked: Health keeps naming it
+	// after rank 0 is gone (a rank 0 of another backend exits).
+	refused error
 }
 
 // NewFollower makes rank cfg.Rank's side; Run serves it.
@@ -97,12 +101,21 @@ func (f *Follower) Health() error {
 	if f.linked {
 		return nil
 	}
+	if f.refused != nil && f.refused != f.lastErr {
+		return fmt.Errorf("%w (rank 0 refused this rank before: %w)", f.lastErr, f.refused)
+	}
 	return f.lastErr
 }
 
 func (f *Follower) setLinked(l *link, err error) {
 	f.mu.Lock()
 	f.linked, f.lastErr, f.live = l != nil, err, l
+	switch {
+	case l != nil:
+		f.refused = nil
+	case errors.Is(err, ErrAuth) || errors.Is(err, ErrMismatch):
+		f.refused = err
+	}
 	f.mu.Unlock()
 	if f.pre != nil {
 		f.pre.StageChanged() // requests waiting for a computation see the link

@@ -177,6 +177,11 @@ func (g *Leader) admit(conn net.Conn) {
 	if errors.Is(err, ErrMismatch) {
 		g.log.Error("tensor link refused", "remote", conn.RemoteAddr().String(), "err", err)
 		conn.Close()
+		g.mu.Lock()
+		if !g.whole { // Health says why the group is not whole yet
+			g.lastErr = fmt.Errorf("%w: a rank was refused: %w", ErrGroup, err)
+		}
+		g.mu.Unlock()
 		select {
 		case g.refused <- err:
 		default:
