@@ -197,8 +197,9 @@ func TestThinkingInHistory(t *testing.T) {
 }
 
 // TestSDKThinking: the official anthropic client parses the thinking
-// block (text and signature) and a tool_use cut off by max_tokens the
-// same from the whole answer and from the stream. Skips where python3
+// block (text and signature), a tool_use cut off by max_tokens, and text
+// after a tool_use (blocks in the order produced) the same from the whole
+// answer and from the stream. Skips where python3
 // cannot import anthropic.
 func TestSDKThinking(t *testing.T) {
 	if exec.Command("python3", "-c", "import anthropic").Run() != nil {
@@ -207,7 +208,9 @@ func TestSDKThinking(t *testing.T) {
 	think := serve(t, &scriptGen{reasoning: []string{"The user ", "greets me."}, pieces: []string{"Hel", "lo!"}, res: gen.Result{FinishReason: "stop"}})
 	tool := serveWith(t, &Handler{Gen: &scriptGen{calls: []scriptCall{{"get_weather", []string{`{"city": "Paris", `, `"unit": "cel`}}},
 		res: gen.Result{FinishReason: "length"}}, Served: []string{"tiny"}, AcceptTools: true})
-	out, err := exec.Command("python3", filepath.Join("testdata", "sdk_thinking.py"), think, tool).Output()
+	mixed := serveWith(t, &Handler{Gen: &scriptGen{pieces: []string{"Let me check."}, calls: []scriptCall{{"get_weather", []string{`{"city": "Paris"}`}}},
+		after: []string{"Asked."}, res: gen.Result{FinishReason: "tool_calls"}}, Served: []string{"tiny"}, AcceptTools: true})
+	out, err := exec.Command("python3", filepath.Join("testdata", "sdk_thinking.py"), think, tool, mixed).Output()
 	if err != nil {
 		var stderr []byte
 		if ee, ok := err.(*exec.ExitError); ok {
@@ -223,7 +226,7 @@ func TestSDKThinking(t *testing.T) {
 	if err := json.Unmarshal(out, &got); err != nil {
 		t.Fatalf("%s: %v", out, err)
 	}
-	for _, name := range []string{"think", "tool"} {
+	for _, name := range []string{"think", "tool", "mixed"} {
 		if !reflect.DeepEqual(got[name+"_whole"], got[name+"_stream"]) {
 			t.Errorf("%s: whole %+v\nstream %+v", name, got[name+"_whole"], got[name+"_stream"])
 		}
@@ -232,6 +235,13 @@ func TestSDKThinking(t *testing.T) {
 	want := []map[string]any{{"type": "thinking", "thinking": "The user greets me.", "signature": signature("The user greets me.")}, {"type": "text", "text": "Hello!"}}
 	if th.StopReason != "end_turn" || !reflect.DeepEqual(th.Content, want) {
 		t.Errorf("thinking: %+v\nwant %+v", th, want)
+	}
+	var order []string
+	for _, b := range got["mixed_whole"].Content {
+		order = append(order, b["type"].(string))
+	}
+	if !reflect.DeepEqual(order, []string{"text", "tool_use", "text"}) {
+		t.Errorf("text, call, text: the SDK reads blocks %v", order)
 	}
 	tu := got["tool_stream"]
 	if tu.StopReason != "max_tokens" || len(tu.Content) != 1 || !reflect.DeepEqual(tu.Content[0]["input"], map[string]any{"city": "Paris"}) {

@@ -3,6 +3,11 @@ package openai
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -293,5 +298,40 @@ func TestResponsesDefaultsAccepted(t *testing.T) {
 	resp, body := post(t, srv.URL+"/v1/responses", `{"model":"tiny","input":"hi","truncation":"disabled","include":[]}`)
 	if resp.StatusCode != 200 {
 		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+}
+
+// TestSDKResponsesOrder: the official openai client reads a response of
+// text, a function call, then text as three output items in that order,
+// the same from responses.create and from the stream. Skips where python3
+// cannot import openai.
+func TestSDKResponsesOrder(t *testing.T) {
+	if exec.Command("python3", "-c", "import openai").Run() != nil {
+		t.Skip("python3 cannot import openai")
+	}
+	g := &scriptGen{pieces: []string{"Let me ", "check."}, calls: []scriptCall{{"get_weather", []string{`{}`}}},
+		after: []string{"Asked."}, finish: "tool_calls"}
+	mux := http.NewServeMux()
+	(&Handler{Gen: g, Served: []string{"tiny"}, AcceptTools: true}).Register(mux) // random ids: each item its own
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	out, err := exec.Command("python3", filepath.Join("testdata", "sdk_responses.py"), srv.URL).Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("openai client: %v\n%s", err, stderr)
+	}
+	t.Logf("openai client: %s", out)
+	var got map[string][]map[string]string
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("%s: %v", out, err)
+	}
+	want := []map[string]string{{"type": "message", "text": "Let me check."}, {"type": "function_call", "name": "get_weather"}, {"type": "message", "text": "Asked."}}
+	for _, form := range []string{"whole", "stream"} {
+		if !reflect.DeepEqual(got[form], want) {
+			t.Errorf("%s: %v, want %v", form, got[form], want)
+		}
 	}
 }

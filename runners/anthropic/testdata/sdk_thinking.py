@@ -1,6 +1,6 @@
 """The official anthropic client on thinking blocks and a cut-off tool_use.
 
-Usage: sdk_thinking.py THINK_URL TOOL_URL. Prints one JSON object: each
+Usage: sdk_thinking.py THINK_URL TOOL_URL MIXED_URL. Prints one JSON object: each
 answer's content blocks and stop_reason as the SDK parsed them, from the
 whole answer and from the stream (stream().get_final_message()).
 """
@@ -9,7 +9,7 @@ import sys
 
 import anthropic
 
-think_url, tool_url = sys.argv[1:3]
+think_url, tool_url, mixed_url = sys.argv[1:4]
 out = {}
 
 
@@ -26,4 +26,5 @@ def both(name, url, **kw):
 
 both("think", think_url, thinking={"type": "enabled", "budget_tokens": 20})
 both("tool", tool_url, tools=[{"name": "get_weather", "input_schema": {"type": "object"}}])
+both("mixed", mixed_url, tools=[{"name": "get_weather", "input_schema": {"type": "object"}}])
 print(json.dumps(out))
