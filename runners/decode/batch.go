@@ -81,6 +81,13 @@ type stepReq struct {
 	// included (its max_tokens; 0: no bound): an overlap queues none past
 	// them.
 	left int
+	// last: an overlap running this step queues no step after it
+	// (engine.Overlap.Drain): the generation verifies drafts next, and
+	// the step it would queue would be dropped.
+	last bool
+	// ahead (the batcher's answer): the step was overlapped and the
+	// generation's next one is already in flight, fed with its token.
+	ahead bool
 }
 
 // stepStat is what a step cost and with whom: the forward's time and the
@@ -92,6 +99,11 @@ type stepStat struct {
 	// took (a plain step's share of a batch's forward); batchCost pairs
 	// consecutive steps by it (0: took).
 	wall time.Duration
+	// untimed: took is not a serial forward's time (an overlapped step
+	// after its overlap's first: its forward ran while the host handled
+	// the step before, see overlapRun.step); the cost model counts the
+	// step but takes no time from it.
+	untimed bool
 }
 
 // stepAll is the model method a batch that verifies drafts runs
@@ -121,7 +133,7 @@ func newBatcher(m Model, maxBatch int, gather time.Duration) *batcher {
 // overlap makes b overlap the batches it can (before run starts).
 func (b *batcher) overlap(log *slog.Logger) {
 	if gs, ok := b.model.(overlapStarter); ok {
-		b.ov = &overlapRun{m: gs, log: log}
+		b.ov = newOverlapRun(gs, log)
 	}
 }
 
@@ -135,8 +147,9 @@ type member struct {
 	// device (overlappable), so that its steps may be overlapped and
 	// return the picked token, not logits; nil otherwise.
 	dev *Picker
-	// left: stepReq.left for the member's next step.
+	// left and last: stepReq.left and last for the member's next step.
 	left int
+	last bool
 }
 
 // joinMember registers a generation; leave must be called once when it
@@ -218,7 +231,7 @@ func (b *batcher) members() int {
 // member's own row: valid until its next step.
 func (m *member) step(cache engine.KVCache, tok int32) (stepOut, error) {
 	b, r := m.b, &m.req
-	r.cache, r.tok, r.feed, r.logits, r.err, r.dev, r.left = cache, tok, nil, nil, nil, m.dev, m.left
+	r.cache, r.tok, r.feed, r.logits, r.err, r.dev, r.left, r.last, r.ahead = cache, tok, nil, nil, nil, m.dev, m.left, m.last, false
 	select {
 	case b.reqs <- r:
 	case <-b.stopped:
@@ -230,7 +243,7 @@ func (m *member) step(cache engine.KVCache, tok int32) (stepOut, error) {
 			return stepOut{}, r.err
 		}
 		if r.logits == nil {
-			return stepOut{picked: &r.picked, stat: r.st}, nil
+			return stepOut{picked: &r.picked, stat: r.st, ahead: r.ahead}, nil
 		}
 		return stepOut{logits: r.logits, stat: r.st}, nil
 	case <-b.stopped:
@@ -247,7 +260,7 @@ func (m *member) step(cache engine.KVCache, tok int32) (stepOut, error) {
 // stepAll model (b.all).
 func (m *member) stepAll(cache engine.KVCache, feed []int32) ([]float32, stepStat, error) {
 	b, r := m.b, &m.req
-	r.cache, r.tok, r.feed, r.logits, r.err, r.dev, r.left = cache, feed[0], feed, nil, nil, nil, 0
+	r.cache, r.tok, r.feed, r.logits, r.err, r.dev, r.left, r.last, r.ahead = cache, feed[0], feed, nil, nil, nil, 0, false, false
 	select {
 	case b.reqs <- r:
 	case <-b.stopped:
@@ -339,10 +352,16 @@ func (b *batcher) run(ctx context.Context) {
 			b.sizes(len(batch))
 		}
 		// A verifying member is never overlappable (dev nil): the overlap
-		// (if running) stops for its batch.
-		if b.ov != nil && b.ov.step(batch) {
-			clear(caches)
-			continue
+		// (if running) stops for its batch (its members' last step drained
+		// it, so that nothing in flight is dropped: stepReq.last).
+		if b.ov != nil {
+			if st, ok := b.ov.step(batch); ok {
+				if st.seqs > 0 {
+					b.cost.observe(st)
+				}
+				clear(caches)
+				continue
+			}
 		}
 		if positions > len(batch) {
 			if b.verified != nil {
@@ -501,6 +520,7 @@ func (b *batcher) stepAll(batch []*stepReq, caches []engine.KVCache, sc allScrat
 type batchCost struct {
 	mu    sync.Mutex
 	t     []posSamples // by P: the latest step times (seconds)
+	count []int        // by P: the steps observed, timed or not
 	since int          // steps since the last plain one
 	due   bool         // the members' next step should be plain
 	// drafted and accepted: decayed counts of the members' drafted
@@ -592,6 +612,17 @@ func (c *batchCost) observe(st stepStat) {
 	clear(c.memo)
 	if len(c.t) <= P {
 		c.t = append(c.t, make([]posSamples, P+1-len(c.t))...)
+		c.count = append(c.count, make([]int, P+1-len(c.count))...)
+	}
+	c.count[P]++
+	if st.untimed {
+		// An overlapped step: no time, and the steps around it are not
+		// consecutive serial ones; it is a plain step all the same.
+		c.prevP = 0
+		if P <= B {
+			c.since, c.due = 0, false
+		}
+		return
 	}
 	c.t[P].add(t)
 	if c.prevP > 0 && c.prevP != P && now.Sub(c.prevAt)-cmp.Or(st.wall, st.took) < costPairGap && t > 0 && c.prevT > 0 {
@@ -720,15 +751,12 @@ func (c *batchCost) lineLocked(P0, span int) (t0, slope float64, ok bool) {
 
 func abs(x int) int { return max(x, -x) }
 
-// steps returns how many steps of each size were measured (index P).
+// steps returns how many steps of each size were observed (index P),
+// timed or not.
 func (c *batchCost) steps() []int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	n := make([]int, len(c.t))
-	for p := range c.t {
-		n[p] = c.t[p].n
-	}
-	return n
+	return slices.Clone(c.count)
 }
 
 // median sorts v and returns its median (v not empty).

@@ -207,14 +207,18 @@ type Server struct {
 	// soloOverlapped counts the overlapped steps of lone generations,
 	// soloDropped the steps they computed for nothing (tests).
 	soloOverlapped, soloDropped atomic.Int64
-	info                        engine.ModelInfo
-	adm                         *admission
-	pool                        *kvPool
-	m                           *metrics.Runner
-	log                         *slog.Logger
-	seq                         atomic.Uint64
-	eos                         map[int32]bool
-	format                      chat.Format // the model's chat format (tool calls, reasoning)
+	// specHeld counts the drafts whose first token an overlapped step
+	// checked (speculator.settle; tests).
+	specHeld atomic.Int64
+
+	info   engine.ModelInfo
+	adm    *admission
+	pool   *kvPool
+	m      *metrics.Runner
+	log    *slog.Logger
+	seq    atomic.Uint64
+	eos    map[int32]bool
+	format chat.Format // the model's chat format (tool calls, reasoning)
 
 	specMax    int          // the most tokens drafted per step; 0: no speculation
 	draftPool  *kvPool      // draft mode: the draft model's caches, by prefix
@@ -668,6 +672,9 @@ type stepOut struct {
 	picked *Picked
 	took   time.Duration // the first step's: a one-token forward's time (speculation's cost model)
 	stat   stepStat      // a batched step's: its cost and size (speculation's cost model)
+	// ahead: the step was overlapped and the generation's next step is
+	// in flight already, fed with picked (overlapRun.step).
+	ahead bool
 }
 
 // generate runs the generation from the step after the prompt: picker
@@ -714,6 +721,12 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 			sp.observe(1, out.took)
 		}
 		defer func() {
+			// An overlap's step in flight leaves the cache first (the
+			// batcher's overlap would drop it later, beside the
+			// truncation below; a lone generation's stops before this).
+			if mem != nil && mem.b.ov != nil {
+				mem.b.ov.release(entry.cache)
+			}
 			// Ending mid-verification (a stop, the length, an error): the
 			// drafts past the last emitted token leave the cache (a
 			// hybrid cache may go back further: it keeps what it holds).
@@ -729,10 +742,10 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 		}()
 	}
 	var solo *overlapRun // a lone generation's overlapped steps (no batcher)
-	if dev := overlappable(picker, sp, pm); mem != nil && mem.b.ov != nil {
+	if dev := overlappable(picker, pm); mem != nil && mem.b.ov != nil {
 		mem.dev = dev
 	} else if gs, ok := s.o.Model.(overlapStarter); ok && mem == nil && s.overlap && dev != nil {
-		solo = &overlapRun{m: gs, log: s.log}
+		solo = newOverlapRun(gs, s.log)
 		defer func() {
 			solo.stop() // the cache without the step in flight
 			s.soloOverlapped.Add(int64(solo.served))
@@ -783,6 +796,23 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 			res.FinishReason = "length"
 			break
 		}
+		// plain is a step of tok alone: overlapped where it can be (last:
+		// the overlap queues nothing after it), else serial.
+		plain := func(last bool) (stepOut, error) {
+			// the steps this generation may still take, this one
+			// included: an overlap queues none past them
+			left := maxNew - res.CompletionTokens
+			if s.info.MaxPositions > 0 {
+				left = min(left, s.info.MaxPositions-len(entry.tokens)-1)
+			}
+			if o, ok, oerr := solo.one(ctx, picker, entry.cache, tok, left, last); ok {
+				return o, oerr
+			}
+			if mem != nil {
+				mem.left, mem.last = left, last
+			}
+			return s.decodeStep(ctx, mem, pm, entry.cache, tok)
+		}
 		if sp != nil && sp.active() {
 			if next, ok := sp.next(tok); ok { // tok was drafted: its row is computed
 				out = stepOut{logits: next}
@@ -792,7 +822,18 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 			sp.end()
 			entry.cache.Truncate(len(entry.tokens)) // the rejected drafts
 		}
-		if sp != nil {
+		if sp != nil && sp.pending() && sp.settle(tok) {
+			// tok, picked by the overlapped step that followed the held
+			// draft's place, is its first token: the rest are verified
+			// after it (the overlap was drained, nothing is in flight).
+			out = stepOut{}
+			if s.batchVerify(mem) {
+				out.logits, err = s.verifyBatched(ctx, mem, sp, entry.cache, nil, tok)
+			} else {
+				solo.stop()
+				out.logits, err = s.verifyStep(ctx, mem, sp, entry.cache, nil, tok)
+			}
+		} else if sp != nil {
 			limit := maxNew - res.CompletionTokens - 1
 			if s.info.MaxPositions > 0 {
 				limit = min(limit, s.info.MaxPositions-len(entry.tokens)-2)
@@ -804,38 +845,38 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 			t1 := time.Now()
 			// pre: what a hybrid cache's rollback took back (fed again).
 			pre := entry.tokens[min(entry.cache.Len(), len(entry.tokens)):]
+			ahead, stepped := out.ahead, true
 			switch {
+			case d != nil && ahead && len(pre) == 0:
+				// The overlap's step in flight, fed with tok, picks the
+				// token the draft's first one guesses: the draft is held
+				// (settled with that token) and, when more tokens follow,
+				// that step is the overlap's last, so that they are
+				// verified next with nothing in flight dropped. A draft of
+				// one costs no forward at all.
+				sp.hold()
+				out, err = plain(len(d) > 1)
 			case (d != nil || len(pre) > 0) && s.batchVerify(mem):
 				// One forward of the batch verifies the drafts beside the
 				// other members' steps.
+				out, stepped = stepOut{}, false
 				out.logits, err = s.verifyBatched(ctx, mem, sp, entry.cache, pre, tok)
 			case d != nil || len(pre) > 0:
+				out, stepped = stepOut{}, false
+				solo.stop() // nothing in flight on the cache it verifies on
 				out.logits, err = s.verifyStep(ctx, mem, sp, entry.cache, pre, tok)
 			default:
-				out, err = s.decodeStep(ctx, mem, pm, entry.cache, tok)
-				switch {
-				case err != nil:
-				case s.batchVerify(mem):
-					sp.observeBatch(out.stat, 1)
-				default:
-					sp.observePlain(out.stat, mem != nil, time.Since(t1))
-				}
+				out, err = plain(false)
+			}
+			switch {
+			case err != nil || !stepped:
+			case s.batchVerify(mem):
+				sp.observeBatch(out.stat, 1)
+			default:
+				sp.observePlain(out.stat, mem != nil, time.Since(t1))
 			}
 		} else {
-			// the steps this generation may still take, this one
-			// included: an overlap queues none past them
-			left := maxNew - res.CompletionTokens
-			if s.info.MaxPositions > 0 {
-				left = min(left, s.info.MaxPositions-len(entry.tokens)-1)
-			}
-			if o, ok, oerr := solo.one(ctx, picker, entry.cache, tok, left); ok {
-				out, err = o, oerr
-			} else {
-				if mem != nil {
-					mem.left = left
-				}
-				out, err = s.decodeStep(ctx, mem, pm, entry.cache, tok)
-			}
+			out, err = plain(false)
 		}
 		if err != nil {
 			return res, fmt.Errorf("decode step %d: %w", res.CompletionTokens, err)
@@ -885,6 +926,7 @@ func (s *Server) noteSpec(ctx context.Context, sp *speculator) {
 	s.m.SpecTokens.WithLabelValues(metrics.SpecAccepted).Add(float64(sp.accepted))
 	s.m.SpecTokens.WithLabelValues(metrics.SpecRejected).Add(float64(sp.rejected))
 	s.note(ctx, func(r *RequestRecord) { r.SpecAccepted, r.SpecRejected = sp.accepted, sp.rejected })
+	s.specHeld.Add(int64(sp.inFlight))
 	acc := 0.0
 	if n := sp.accepted + sp.rejected; n > 0 {
 		acc = float64(sp.accepted) / float64(n)
@@ -895,7 +937,7 @@ func (s *Server) noteSpec(ctx context.Context, sp *speculator) {
 		id = rec.ID
 	}
 	s.log.Info("speculative decoding", "req", id, "accepted", sp.accepted, "rejected", sp.rejected, "acceptance", acc,
-		"position_cost", sp.cost, "draft_cost", sp.dcost(), "draft_catchup", sp.catchup(), "draft_stopped", sp.d != nil && sp.d.off)
+		"checked_in_flight", sp.inFlight, "position_cost", sp.cost, "draft_cost", sp.dcost(), "draft_catchup", sp.catchup(), "draft_stopped", sp.d != nil && sp.d.off)
 }
 
 // batchVerify reports whether a generation's verifications go through its

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/sample"
@@ -34,16 +35,27 @@ func overlapping(m Model) bool {
 	return async
 }
 
+// newOverlapRun is m's overlapped decode.
+func newOverlapRun(m overlapStarter, log *slog.Logger) *overlapRun {
+	eager := true
+	if bm, ok := m.(interface{ Backend() engine.Backend }); ok {
+		_, async := bm.Backend().(engine.AsyncEvaler)
+		eager = !async
+	}
+	return &overlapRun{m: m, log: log, eager: eager}
+}
+
 // overlappable returns the generation's Picker when its tokens may be
 // picked on the device (engine.SampleSpec: greedy or sample.Sampler's
 // temperature, top-k/p, min-p, seeded draws, penalties, logit bias, a
 // grammar or tool-call constraint's mask made on the host while the
 // device computes the step, logprobs computed on the device), so that
-// its steps can be overlapped; nil when a step must be serial:
-// speculation, a pipeline's picking stage, or a sampler that is not
-// sample.Sampler.
-func overlappable(p *Picker, sp *speculator, pm PickingModel) *Picker {
-	if p == nil || sp != nil || pm != nil {
+// its steps can be overlapped; nil when a step must be serial: a
+// pipeline's picking stage, or a sampler that is not sample.Sampler.
+// A speculating generation's plain steps are overlapped too; its
+// verifications are serial (see Server.generate).
+func overlappable(p *Picker, pm PickingModel) *Picker {
+	if p == nil || pm != nil {
 		return nil
 	}
 	if _, ok := p.sampler.(*sample.Sampler); !ok {
@@ -62,6 +74,11 @@ func overlappable(p *Picker, sp *speculator, pm PickingModel) *Picker {
 type overlapRun struct {
 	m   overlapStarter
 	log *slog.Logger
+	// eager: the backend computes a step when it is queued (no
+	// engine.AsyncEvaler: the cpu backend, in tests), which step's
+	// timing of an overlap's first step allows for.
+	eager bool
+	req   stepReq // one's request, reused
 
 	mu   sync.Mutex
 	o    *engine.Overlap
@@ -92,26 +109,51 @@ type ovRow struct {
 }
 
 // step serves batch through the overlap and signals its requests, or
-// returns false (the overlap stopped) for the serial step.
-func (v *overlapRun) step(batch []*stepReq) bool {
+// returns false (the overlap stopped) for the serial step. A request with
+// last set drains the overlap (engine.Overlap.Drain): its step is the
+// last, nothing is queued after it. The stat returned (seqs 0 after an
+// error) is the step's for the batch's cost model; only the first step of
+// an overlap is timed, as a serial step would be: on an asynchronous
+// backend StartOverlap queues it and the first Next queues the second
+// while the device computes the first, then waits for the first (≈ the
+// graph's building plus the forward, what a serial step takes); on an
+// eager one (tests) StartOverlap computes it alone. Later steps are
+// untimed (stepStat.untimed): their forward ran while the host handled
+// the step before, so their time is not comparable with a serial step's,
+// which the verifications a speculating member weighs are.
+func (v *overlapRun) step(batch []*stepReq) (stepStat, bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.off || slices.ContainsFunc(batch, func(r *stepReq) bool { return r.dev == nil }) {
 		v.stopLocked()
-		return false
+		return stepStat{}, false
 	}
 	ctx := context.Background()
+	st := stepStat{seqs: len(batch), positions: len(batch), untimed: true}
+	var t0 time.Time
 	if !v.matches(batch) {
 		v.stopLocked()
+		t0 = time.Now()
 		if !v.start(ctx, batch) {
-			return false
+			return stepStat{}, false
 		}
+		st.untimed = false
+		if v.eager {
+			st.took = time.Since(t0)
+		}
+	}
+	if slices.ContainsFunc(batch, func(r *stepReq) bool { return r.last }) {
+		v.o.Drain()
 	}
 	v.read = append(v.read[:0], v.rows...)
 	toks, err := v.o.Next(ctx)
+	if !st.untimed && !v.eager {
+		st.took = time.Since(t0)
+	}
 	failed := false
 	if err != nil {
 		v.stopLocked()
+		st = stepStat{}
 	} else {
 		v.served++
 		for j, w := range v.read {
@@ -124,6 +166,7 @@ func (v *overlapRun) step(batch []*stepReq) bool {
 		}
 	}
 	for i, r := range batch {
+		r.st, r.ahead = st, false
 		switch {
 		case err != nil:
 			r.err = err
@@ -137,7 +180,6 @@ func (v *overlapRun) step(batch []*stepReq) bool {
 				r.picked.Logprob = w.pick.logprobOf(toks[j], lp, top)
 			}
 		}
-		r.done <- struct{}{}
 	}
 	if err == nil {
 		// the rows still in flight (those whose max_tokens ended are not)
@@ -147,8 +189,12 @@ func (v *overlapRun) step(batch []*stepReq) bool {
 			v.stopLocked() // a mask failed: the serial step meets the error; or nothing left in flight
 		}
 	}
+	for i, r := range batch {
+		r.ahead = r.err == nil && v.o != nil && slices.Contains(v.rows, v.read[v.idx[i]])
+		r.done <- struct{}{}
+	}
 	clear(v.read)
-	return true
+	return st, true
 }
 
 // start begins an overlap of batch's members, in batch order.
@@ -243,23 +289,27 @@ func (v *overlapRun) matches(batch []*stepReq) bool {
 // one is step for a lone generation's step (no batcher): ok false when
 // v is nil or did not overlap it (the caller steps serially). left is how
 // many steps the generation may still take, this one included (0: no
-// bound).
-func (v *overlapRun) one(ctx context.Context, p *Picker, cache engine.KVCache, tok int32, left int) (out stepOut, ok bool, err error) {
+// bound); last drains the overlap (stepReq.last).
+func (v *overlapRun) one(ctx context.Context, p *Picker, cache engine.KVCache, tok int32, left int, last bool) (out stepOut, ok bool, err error) {
 	if v == nil {
 		return stepOut{}, false, nil
 	}
 	if err := ctx.Err(); err != nil {
 		return stepOut{}, true, err
 	}
-	r := &stepReq{cache: cache, tok: tok, dev: p, left: left, done: make(chan struct{}, 1)}
-	if !v.step([]*stepReq{r}) {
+	v.req = stepReq{cache: cache, tok: tok, dev: p, left: left, last: last, done: v.req.done}
+	if v.req.done == nil {
+		v.req.done = make(chan struct{}, 1)
+	}
+	r := &v.req
+	if _, ok := v.step([]*stepReq{r}); !ok {
 		return stepOut{}, false, nil
 	}
 	<-r.done
 	if r.err != nil {
 		return stepOut{}, true, r.err
 	}
-	return stepOut{picked: &r.picked}, true, nil
+	return stepOut{picked: &r.picked, stat: r.st, ahead: r.ahead}, true, nil
 }
 
 // release stops the overlap if it holds cache in flight: a member that
@@ -273,6 +323,9 @@ func (v *overlapRun) release(cache engine.KVCache) {
 }
 
 func (v *overlapRun) stop() {
+	if v == nil {
+		return
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.stopLocked()

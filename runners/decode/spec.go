@@ -225,6 +225,8 @@ type speculator struct {
 	step, cost float64
 
 	on    bool        // a verification's rows are being consumed
+	pend  bool        // draft is held for the step in flight to check its first token (hold)
+	base  int         // the drafts the verification's rows start after (settle: 1)
 	n     int         // the match class of its draft (0: a draft model's)
 	draft []int32     // the verification in progress: its drafted tokens
 	rows  [][]float32 // the logits after the fed token and each draft
@@ -236,6 +238,7 @@ type speculator struct {
 
 	accepted, rejected int
 	steps              int // draft mode: decisions made (see propose)
+	inFlight           int // drafts whose first token an overlapped step checked (settle)
 
 	// at indexes the history lookup searches: each token's positions,
 	// in order, for the first indexed tokens (see index).
@@ -310,26 +313,68 @@ func newSpeculator(v verifier, vocab, max int) *speculator {
 // active reports whether a verification's rows are being consumed.
 func (sp *speculator) active() bool { return sp.on }
 
+// pending reports whether a draft is held (hold).
+func (sp *speculator) pending() bool { return sp.pend }
+
+// hold keeps the draft just proposed for the step already in flight (an
+// overlapped step fed with the token the draft follows) to check its
+// first token: settle is called with that step's token. The counts and
+// the learning are those of a verification of the whole draft from that
+// token on.
+func (sp *speculator) hold() {
+	sp.pend = true
+	if sp.probing && len(sp.draft) == 1 {
+		// A probe checked this way costs no position and saves no
+		// step (no row follows its token): outside the probes' budget.
+		sp.probeDebt -= max(sp.cost, 0)
+		sp.probing = false
+	}
+}
+
+// settle checks the held draft's first token against tok, the token the
+// step after the draft's place picked. It returns true when tok is that
+// token and more drafts follow: the caller verifies them after tok (feed
+// and rows start at the second draft); otherwise the verification ends
+// here (end), as a serial one whose first row picked tok would.
+func (sp *speculator) settle(tok int32) bool {
+	sp.pend, sp.on, sp.row = false, true, 0
+	sp.inFlight++
+	if len(sp.draft) > 0 && tok == sp.draft[0] {
+		sp.accepted++
+		sp.row = 1
+		if len(sp.draft) > 1 {
+			sp.base = 1
+			return true
+		}
+	}
+	sp.end()
+	return false
+}
+
 // next is called with the token sampled from the current row: when it is
 // the drafted one (already in the cache) it returns the next row.
 func (sp *speculator) next(tok int32) ([]float32, bool) {
 	if sp.row < len(sp.draft) && tok == sp.draft[sp.row] {
 		sp.accepted++
 		sp.row++
-		return sp.rows[sp.row], true
+		return sp.rows[sp.row-sp.base], true
 	}
 	return nil, false
 }
 
 // end closes the verification in progress: the drafts past the current
 // row were rejected (the caller truncates the cache); the acceptance of
-// its n-gram length learns from it.
+// its n-gram length learns from it. A held draft (the generation ended
+// before its check) counts as a verification with nothing accepted.
 func (sp *speculator) end() {
+	if sp.pend {
+		sp.pend, sp.on, sp.row = false, true, 0
+	}
 	if !sp.on {
 		return
 	}
 	if len(sp.draft) == 0 { // a catch-up forward (see verify): nothing drafted
-		sp.on, sp.rows, sp.row = false, sp.rows[:0], 0
+		sp.on, sp.rows, sp.row, sp.base = false, sp.rows[:0], 0, 0
 		return
 	}
 	k, ok := len(sp.draft), sp.row
@@ -345,7 +390,7 @@ func (sp *speculator) end() {
 		sp.fail[sp.n]++
 	}
 	clear(sp.rows)
-	sp.on, sp.rows, sp.draft, sp.row, sp.q = false, sp.rows[:0], sp.draft[:0], 0, nil
+	sp.on, sp.rows, sp.draft, sp.row, sp.q, sp.base = false, sp.rows[:0], sp.draft[:0], 0, nil, 0
 }
 
 // observe records how long a forward of rows positions of this
@@ -369,10 +414,18 @@ func (sp *speculator) record(st stepStat, rows int) {
 // the batch's positions — not the wait for the batch, which made an
 // extra verified position look almost free and drafted where it could
 // not pay.
+//
+// An overlapped step is counted untimed but for its overlap's first,
+// timed as a serial step would be (see overlapRun.step): b.took.
 func (sp *speculator) observePlain(b stepStat, batched bool, waited time.Duration) {
 	st := stepStat{took: waited, seqs: 1, positions: 1, wall: waited}
-	if batched && b.took > 0 {
+	switch {
+	case b.untimed:
+		st = stepStat{seqs: 1, positions: 1, untimed: true}
+	case batched && b.took > 0:
 		st.took = b.took / time.Duration(max(b.positions, b.seqs, 1))
+	case b.took > 0:
+		st.took = b.took
 	}
 	sp.record(st, 1)
 }
@@ -653,7 +706,7 @@ func (sp *speculator) verify(ctx context.Context, c engine.KVCache, pre []int32,
 
 // feedFor is the chunk a verification feeds: pre, tok and the draft.
 func (sp *speculator) feedFor(pre []int32, tok int32) []int32 {
-	sp.feed = append(append(append(sp.feed[:0], pre...), tok), sp.draft...)
+	sp.feed = append(append(append(sp.feed[:0], pre...), tok), sp.draft[sp.base:]...)
 	return sp.feed
 }
 
@@ -666,6 +719,6 @@ func (sp *speculator) begin(flat []float32, pre int) []float32 {
 		sp.all = append(sp.all, flat[i*sp.vocab:(i+1)*sp.vocab:(i+1)*sp.vocab])
 	}
 	sp.rows = sp.all[pre:]
-	sp.on, sp.row = true, 0
+	sp.on, sp.row = true, sp.base
 	return sp.rows[0]
 }

@@ -59,3 +59,16 @@ func TestSpeculativeBatchSharesForwardsMLX(t *testing.T) {
 	}
 	t.Logf("%v verifying steps shared, %v drafted tokens kept", shared, accepted)
 }
+
+// TestSpeculativeOverlappedMLX is TestSpeculativeOverlapped on the MLX
+// backend (whose overlapped steps are queued before the step before them
+// is read back).
+func TestSpeculativeOverlappedMLX(t *testing.T) {
+	b, err := backend.Open("mlx", backend.Options{LibPath: os.Getenv("EXO_MLXC_PATH"), Device: "cpu"})
+	if err != nil {
+		t.Skip(err)
+	}
+	testSpecOverlapped(t, 1e-4, func(dir string, configure func(Text, *Options)) *tinyServer {
+		return serveTinyOn(t, b, dir, configure)
+	})
+}

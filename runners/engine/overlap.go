@@ -722,6 +722,17 @@ func (o *Overlap) read(fl *flight, specs []SampleSpec) error {
 	return nil
 }
 
+// Drain makes the step in flight the last one: the next Next reads its
+// tokens and queues none (every row leaves, as at the end of its Steps),
+// so that the caches keep that step and nothing is computed for nothing.
+// A caller that must run a step of another shape next (a speculative
+// verification) drains instead of stopping, which would drop the step.
+func (o *Overlap) Drain() {
+	for i := range o.left {
+		o.left[i] = 0
+	}
+}
+
 // Logprob returns the logprob of the i-th token the last Next returned
 // and its row's top alternatives (sample.Logprobs's numbers, computed in
 // float32 on the device; the slice is o's, valid until the next call),

@@ -275,3 +275,92 @@ func TestOverlapMaskFails(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestOverlapDrain: after Drain the next Next returns the step in
+// flight's tokens and queues nothing (Caches empty, a further Next
+// refused); the caches keep that step, so that decoding goes on serially
+// from its tokens exactly as greedy serial decoding does, and Stop has
+// nothing to drop.
+func TestOverlapDrain(t *testing.T) {
+	b, err := backend.Open("cpu", backend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 9}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := engine.Load(context.Background(), dir, b, engine.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ctx := context.Background()
+	prompts := [][]int32{{3, 9, 4, 1, 7}, {5, 2, 8, 6, 2, 3, 1, 4}}
+	mk := func() []engine.KVCache {
+		cs := make([]engine.KVCache, len(prompts))
+		for i, p := range prompts {
+			cs[i] = m.NewCache()
+			if _, err := m.Forward(ctx, cs[i], p[:len(p)-1]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return cs
+	}
+	// serial greedy: want[s] are the tokens of step s
+	serial := mk()
+	toks := []int32{prompts[0][4], prompts[1][7]}
+	var want [][]int32
+	for range 6 {
+		rows, err := m.ForwardBatch(ctx, serial, toks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range rows {
+			toks[i] = int32(argmax(r))
+		}
+		want = append(want, slices.Clone(toks))
+	}
+	for _, k := range []int{0, 2} { // Drain after k Nexts
+		over := mk()
+		o, err := m.StartGreedy(ctx, over, []int32{prompts[0][4], prompts[1][7]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for s := range k {
+			if got, err := o.Next(ctx); err != nil || !slices.Equal(got, want[s]) {
+				t.Fatalf("step %d: %v, %v; want %v", s, got, err, want[s])
+			}
+		}
+		o.Drain()
+		got, err := o.Next(ctx)
+		if err != nil || !slices.Equal(got, want[k]) {
+			t.Fatalf("drained after %d: %v, %v; want %v", k, got, err, want[k])
+		}
+		if c := o.Caches(); c != nil {
+			t.Fatalf("drained overlap still has %d rows in flight", len(c))
+		}
+		if _, err := o.Next(ctx); err == nil {
+			t.Fatal("Next after the drained step: no error")
+		}
+		if err := o.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range over {
+			if c.Len() != len(prompts[i])+k {
+				t.Fatalf("drained after %d: cache %d holds %d, want %d", k, i, c.Len(), len(prompts[i])+k)
+			}
+			lg, err := m.Forward(ctx, c, want[k][i:i+1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g := int32(argmax(lg)); g != want[k+1][i] {
+				t.Fatalf("drained after %d: cache %d continues with %d, serial %d", k, i, g, want[k+1][i])
+			}
+			c.Free()
+		}
+	}
+	for _, c := range serial {
+		c.Free()
+	}
+}
