@@ -39,16 +39,10 @@ func TestRefusalOnHealth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				handshake(c, 0, 2, "ring", "mlx-cpu", nil)
-			}()
+	go func() { // rank 0 on MLX's ring: its handshake refuses each dial
+		for c, err := l.Accept(); err == nil; c, err = l.Accept() {
+			handshake(c, 0, 2, "ring", "mlx-cpu", nil)
+			c.Close()
 		}
 	}()
 	f, err := NewFollower(FollowerConfig{Rank: 1, Size: 2, Leader: l.Addr().String(), Backend: "cpu", Rejoin: true})

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"cmp"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -74,36 +76,6 @@ name = "n"
 source = "s"
 decode = { hosts = ["a"], port = 52503 }
 `, []string{`f.toml:23:27: two runners on one port: model m decode stage link and model n decode both use port 52503 on host a`}},
-		{"cost route on pipeline stages", `
-[[models]]
-name = "m"
-source = "s"
-remote_prefill_route = "cost"
-decode = { hosts = ["a", "b"], shard = "pipeline", layers = [1, 1] }
-`, []string{`f.toml:19:1: model m: remote_prefill_route "cost": the decode runners are pipeline stages: leave it out (they route by remote_prefill_min_tokens) or set "floor"`}},
-		{"cost route on tensor ranks", `
-[[models]]
-name = "m"
-source = "s"
-remote_prefill_route = "cost"
-decode = { hosts = ["a", "b"], shard = "tensor" }
-`, []string{`f.toml:19:1: model m: remote_prefill_route "cost": the decode runners are tensor ranks: leave it out (they route by remote_prefill_min_tokens) or set "floor"`}},
-		{"cost route from prefill stages", `
-[[models]]
-name = "m"
-source = "s"
-remote_prefill_route = "cost"
-decode = { hosts = ["a"] }
-prefill = { hosts = ["b", "c"], shard = "pipeline", layers = [1, 1] }
-`, []string{`f.toml:19:1: model m: remote_prefill_route "cost": the prefill runners are pipeline stages: leave it out (they route by remote_prefill_min_tokens) or set "floor"`}},
-		{"cost route from prefill ranks", `
-[[models]]
-name = "m"
-source = "s"
-remote_prefill_route = "cost"
-decode = { hosts = ["a"] }
-prefill = { hosts = ["b", "c"], shard = "tensor" }
-`, []string{`f.toml:19:1: model m: remote_prefill_route "cost": the prefill runners are tensor ranks: leave it out (they route by remote_prefill_min_tokens) or set "floor"`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -472,6 +444,34 @@ prefill = { groups = [["e", "f"], ["g", "h"]], shard = "pipeline", layers = [2, 
 		rs := c.Runners(h)
 		if len(rs) != 1 || !slices.Equal(rs[0].Prefill, w) {
 			t.Errorf("decode stage on %s: --prefill %v, want %v", h, rs, w)
+		}
+	}
+}
+
+// TestCostRouteRefused: remote_prefill_route = "cost" is refused, saying
+// why, where the runners would route by the floor (the cost model needs
+// whole decode and prefill runners); floor and the default are not.
+func TestCostRouteRefused(t *testing.T) {
+	for _, tc := range []struct{ roles, why string }{
+		{`decode = { hosts = ["a", "b"], shard = "pipeline", layers = [1, 1] }`, "the decode runners are pipeline stages"},
+		{`decode = { hosts = ["a", "b"], shard = "tensor" }`, "the decode runners are tensor ranks"},
+		{"decode = { hosts = [\"a\"] }\nprefill = { hosts = [\"b\", \"c\"], shard = \"pipeline\", layers = [1, 1] }", "the prefill runners are pipeline stages"},
+		{"decode = { hosts = [\"a\"] }\nprefill = { hosts = [\"b\", \"c\"], shard = \"tensor\" }", "the prefill runners are tensor ranks"},
+	} {
+		for _, route := range []string{"cost", "floor", ""} {
+			src := threeHosts + "\n[[models]]\nname = \"m\"\nsource = \"s\"\n"
+			if route != "" {
+				src += "remote_prefill_route = \"" + route + "\"\n" // line 19
+			}
+			src += tc.roles + "\n"
+			_, err := Parse("f.toml", []byte(src))
+			want := ""
+			if route == "cost" {
+				want = `f.toml:19:1: model m: remote_prefill_route "cost": ` + tc.why + `: leave it out (they route by remote_prefill_min_tokens) or set "floor"`
+			}
+			if got := fmt.Sprint(err); (want == "" && err != nil) || (want != "" && got != want) {
+				t.Errorf("%s, route %q: %v\nwant: %s", tc.roles, route, err, cmp.Or(want, "no error"))
+			}
 		}
 	}
 }
