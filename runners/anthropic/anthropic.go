@@ -135,20 +135,8 @@ func (c *Content) UnmarshalJSON(b []byte) error {
 		*c = Content{}
 		return nil
 	}
-	var s string
-	if json.Unmarshal(b, &s) == nil {
-		*c = Content{Text: s, Set: true}
-		return nil
-	}
-	if len(b) == 0 || b[0] != '[' {
-		return openai.TypeError(b, reflect.TypeFor[Content]())
-	}
-	var blocks openai.List[Block]
-	if err := json.Unmarshal(b, &blocks); err != nil {
-		return err
-	}
-	*c = Content{Blocks: blocks, Set: true}
-	return nil
+	*c = Content{Set: true}
+	return openai.StringOrList(b, &c.Text, &c.Blocks, reflect.TypeFor[Content]())
 }
 
 // blockFields are the fields of each content block type this server

@@ -47,6 +47,22 @@ func (l *List[T]) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// StringOrList decodes b, a field that is a string or an array of T, into
+// *s or *l (null: a nil list); another value is a type error naming t,
+// the field's type.
+func StringOrList[T any](b []byte, s *string, l *[]T, t reflect.Type) error {
+	switch valueKind(b) {
+	case "string":
+		return json.Unmarshal(b, s)
+	case "array", "null":
+		var items List[T]
+		err := json.Unmarshal(b, &items)
+		*l = items
+		return err
+	}
+	return TypeError(b, t)
+}
+
 // TypeError is the error of a value b that cannot decode into a t.
 func TypeError(b []byte, t reflect.Type) *json.UnmarshalTypeError {
 	return &json.UnmarshalTypeError{Value: valueKind(b), Type: t}

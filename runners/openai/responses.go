@@ -112,16 +112,7 @@ func (ResponsesInput) JSONKind() string { return "a string or an array of input 
 // UnmarshalJSON accepts a string or a list of items.
 func (in *ResponsesInput) UnmarshalJSON(b []byte) error {
 	*in = ResponsesInput{Set: true}
-	switch valueKind(b) {
-	case "string":
-		return json.Unmarshal(b, &in.Text)
-	case "array", "null":
-		var items List[ResponsesItem]
-		err := json.Unmarshal(b, &items)
-		in.Items = items
-		return err
-	}
-	return TypeError(b, reflect.TypeFor[ResponsesInput]())
+	return StringOrList(b, &in.Text, &in.Items, reflect.TypeFor[ResponsesInput]())
 }
 
 // JSONKind implements JSONKinder.
@@ -130,16 +121,7 @@ func (ResponsesParts) JSONKind() string { return "a string or an array of conten
 // UnmarshalJSON accepts a string or a list of parts.
 func (c *ResponsesParts) UnmarshalJSON(b []byte) error {
 	*c = ResponsesParts{Set: true}
-	switch valueKind(b) {
-	case "string":
-		return json.Unmarshal(b, &c.Text)
-	case "array", "null":
-		var parts List[ResponsesPart]
-		err := json.Unmarshal(b, &parts)
-		c.Parts = parts
-		return err
-	}
-	return TypeError(b, reflect.TypeFor[ResponsesParts]())
+	return StringOrList(b, &c.Text, &c.Parts, reflect.TypeFor[ResponsesParts]())
 }
 
 var responsesShape = withFields(reflect.TypeFor[ResponsesRequest](), Shape{
