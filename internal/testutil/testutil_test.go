@@ -1,7 +1,9 @@
 package testutil
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -152,5 +154,102 @@ func TestMissing(t *testing.T) {
 				t.Errorf("failure %q does not name %s", f.failed, RequireEnv)
 			}
 		})
+	}
+}
+
+// TestServe: the server gets a listener whose address Serve returns and
+// runs until the test ends; then its context is done and an error it
+// returns fails the test.
+func TestServe(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{{"clean", nil}, {"error", fmt.Errorf("boom")}} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &cleanTB{TB: t}
+			stopped := make(chan struct{})
+			addr := Serve(f, context.Background(), func(ctx context.Context, l net.Listener) error {
+				go func() { <-ctx.Done(); l.Close() }()
+				for {
+					c, err := l.Accept()
+					if err != nil {
+						close(stopped)
+						return tc.err
+					}
+					c.Write([]byte("hi"))
+					c.Close()
+				}
+			})
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(c)
+			c.Close()
+			if string(b) != "hi" {
+				t.Fatalf("read %q from the server", b)
+			}
+			select {
+			case <-stopped:
+				t.Fatal("the server stopped before the test ended")
+			default:
+			}
+			f.cleanup()
+			<-stopped
+			if (f.errored != "") != (tc.err != nil) {
+				t.Errorf("serve returned %v; the test's error: %q", tc.err, f.errored)
+			}
+		})
+	}
+}
+
+// TestPeer: the script gets the one connection a client opens; a script
+// still blocked on it when the test ends returns, as the connection is
+// closed.
+func TestPeer(t *testing.T) {
+	f := &cleanTB{TB: t}
+	got := make(chan string, 1)
+	returned := false
+	addr := Peer(f, func(c net.Conn) {
+		c.Write([]byte("EXO\x01"))
+		b := make([]byte, 1)
+		io.ReadFull(c, b)
+		got <- string(b)
+		io.Copy(io.Discard, c) // blocks until the cleanup closes c
+		returned = true
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	b := make([]byte, 4)
+	if _, err := io.ReadFull(c, b); err != nil || string(b) != "EXO\x01" {
+		t.Fatalf("read %q: %v", b, err)
+	}
+	c.Write([]byte("x"))
+	if s := <-got; s != "x" {
+		t.Errorf("script read %q", s)
+	}
+	f.cleanup() // returns once the script has
+	if !returned || f.errored != "" {
+		t.Errorf("script returned %v; the test's error: %q", returned, f.errored)
+	}
+}
+
+// cleanTB runs the cleanups registered on it when the test calls cleanup,
+// and records an error instead of failing the test.
+type cleanTB struct {
+	testing.TB
+	fns     []func()
+	errored string
+}
+
+func (f *cleanTB) Helper()                           {}
+func (f *cleanTB) Cleanup(fn func())                 { f.fns = append(f.fns, fn) }
+func (f *cleanTB) Errorf(format string, args ...any) { f.errored = fmt.Sprintf(format, args...) }
+func (f *cleanTB) cleanup() {
+	for i := len(f.fns) - 1; i >= 0; i-- {
+		f.fns[i]()
 	}
 }

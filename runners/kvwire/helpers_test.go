@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/exo-pd/exo-pd/internal/testutil"
 )
 
 // pattern fills b with bytes determined by (seed, layer, position, which).
@@ -254,20 +256,7 @@ func startServer(t testing.TB, cfg ServerConfig) (string, *Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, l) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	return l.Addr().String(), srv
+	return testutil.Serve(t, context.Background(), srv.Serve), srv
 }
 
 // proxy forwards TCP between a client and target. With mangle, the

@@ -144,27 +144,6 @@ func TestFrameCodecs(t *testing.T) {
 	}
 }
 
-// fakeServer accepts one connection and runs script on it.
-func fakeServer(t *testing.T, script func(c net.Conn)) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		c, err := l.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		script(c)
-	}()
-	t.Cleanup(func() { l.Close(); <-done })
-	return l.Addr().String()
-}
-
 // fakeHello reads the client's Hello and answers with version v and the
 // given magic; then it reads the request.
 func fakeHello(c net.Conn, m [4]byte, v uint16) {
@@ -230,7 +209,7 @@ func TestClientErrors(t *testing.T) {
 		}
 	}
 	fake := func(script func(c net.Conn)) func(t *testing.T) string {
-		return func(t *testing.T) string { return fakeServer(t, script) }
+		return func(t *testing.T) string { return testutil.Peer(t, script) }
 	}
 	flipAt := func(at int64) func(t *testing.T) string {
 		return func(t *testing.T) string {
@@ -576,22 +555,14 @@ func TestServerShutdownMidStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ctx, l) }()
+	addr := testutil.Serve(t, ctx, srv.Serve) // which must end without an error
 	received := make(chan struct{})
 	go func() { <-emitted; <-received; cancel() }()
 	sink := &notifySink{recordSink: &recordSink{}, onChunk: func() { close(received) }}
-	_, err = NewClient(ClientConfig{}).Fetch(context.Background(), l.Addr().String(), &Request{Tokens: tokens(40)}, m.expect(), sink)
+	_, err = NewClient(ClientConfig{}).Fetch(context.Background(), addr, &Request{Tokens: tokens(40)}, m.expect(), sink)
 	if !errors.Is(err, ErrClosed) || sink.rollbacks != 1 || sink.begins != 1 || len(sink.chunks) != 1 || sink.totals != nil {
 		t.Fatalf("err %v, begins %d, rollbacks %d", err, sink.begins, sink.rollbacks)
-	}
-	if err := <-served; err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/exo-pd/exo-pd/internal/testutil"
 )
 
 // rangeModel has every kind of layer: full attention, sliding window and
@@ -118,7 +120,7 @@ func TestLayerRangeRefused(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			k, v := m.chunkBytes(0, 0, 9)
-			addr := fakeServer(t, scripted(tc.header, chunkFrame(0, 0, 9, k, v)))
+			addr := testutil.Peer(t, scripted(tc.header, chunkFrame(0, 0, 9, k, v)))
 			sink := &recordSink{}
 			req := &Request{Model: "m", Tokens: tokens(10), LayerStart: tc.start, LayerEnd: tc.end}
 			exp := m.expect()

@@ -2,9 +2,9 @@ package tensor
 
 import (
 	"context"
-	"net"
 	"testing"
 
+	"github.com/exo-pd/exo-pd/internal/testutil"
 	"github.com/exo-pd/exo-pd/runners/engine"
 )
 
@@ -31,23 +31,15 @@ func startRanks(t *testing.T, path string, cfg LeaderConfig) *ranks {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- g.Serve(ctx, l) }()
-	rs := &ranks{t: t, path: path, g: g, addr: l.Addr().String(), ctx: ctx,
+	addr := testutil.Serve(t, ctx, g.Serve) // cancelled after the cleanup below
+	rs := &ranks{t: t, path: path, g: g, addr: addr, ctx: ctx,
 		stops: make([]context.CancelFunc, cfg.Size), done: make([]chan error, cfg.Size)}
 	t.Cleanup(func() {
 		for r := range rs.stops {
 			rs.stop(r)
 		}
 		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("serve: %v", err)
-		}
 	})
 	return rs
 }

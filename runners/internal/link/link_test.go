@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/exo-pd/exo-pd/internal/testutil"
 )
 
 // The two kinds of spec the links use: one without a backend whose group
@@ -265,26 +267,13 @@ func TestHandshake(t *testing.T) {
 // TestHandshakeBounded: a peer that says nothing, or a cancelled
 // context, ends the handshake at its deadline, not later.
 func TestHandshakeBounded(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close() // silent: reads nothing, writes nothing
-		}
-	}()
 	for _, tc := range []struct {
 		what    string
 		timeout time.Duration
 		cancel  bool
 	}{{"timeout", 50 * time.Millisecond, false}, {"cancelled", time.Hour, true}} {
-		c, err := net.Dial("tcp", l.Addr().String())
+		silent := testutil.Peer(t, func(c net.Conn) { io.Copy(io.Discard, c) }) // writes nothing
+		c, err := net.Dial("tcp", silent)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -306,21 +295,11 @@ func TestHandshakeBounded(t *testing.T) {
 // TestLegacyPeer: a peer of an older, shorter hello is refused as that
 // version, not as a short read.
 func TestLegacyPeer(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		c, err := l.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
+	legacy := testutil.Peer(t, func(c net.Conn) {
 		c.Write([]byte("EXOF\x02\x01\x00\x02"))
 		io.Copy(io.Discard, c)
-	}()
-	c, err := net.Dial("tcp", l.Addr().String())
+	})
+	c, err := net.Dial("tcp", legacy)
 	if err != nil {
 		t.Fatal(err)
 	}
