@@ -26,12 +26,6 @@ func TestExposition(t *testing.T) {
 	d.KVDuration.WithLabelValues("decode").Observe(0.3)
 	p.PrefixHit.WithLabelValues("prefill").Add(64)
 
-	scrape := func(m *Runner) string {
-		rec := httptest.NewRecorder()
-		m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-		b, _ := io.ReadAll(rec.Body)
-		return string(b)
-	}
 	dt, pt := scrape(d), scrape(p)
 	for _, want := range []string{
 		"exo_time_to_first_token_seconds_bucket", "exo_inter_token_latency_seconds_count", "exo_request_duration_seconds_sum",
@@ -103,12 +97,6 @@ func TestGoroutinesBeforeGather(t *testing.T) {
 func TestExposedBeforeFirstRequest(t *testing.T) {
 	d, p := New("decode"), New("prefill")
 	d.Expose("m")
-	scrape := func(m *Runner) string {
-		rec := httptest.NewRecorder()
-		m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-		b, _ := io.ReadAll(rec.Body)
-		return string(b)
-	}
 	dt, pt := scrape(d), scrape(p)
 	for _, want := range []string{
 		`exo_time_to_first_token_seconds_count{model="m"} 0`, `exo_inter_token_latency_seconds_count{model="m"} 0`,
@@ -123,4 +111,12 @@ func TestExposedBeforeFirstRequest(t *testing.T) {
 	if !strings.Contains(pt, `exo_kv_transfer_duration_seconds_count{role="prefill"} 0`) {
 		t.Errorf("prefill exposition lacks its KV transfer histogram:\n%s", pt)
 	}
+}
+
+// scrape is m's /metrics page.
+func scrape(m *Runner) string {
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	b, _ := io.ReadAll(rec.Body)
+	return string(b)
 }

@@ -362,11 +362,7 @@ func TestUsableBytes(t *testing.T) {
 // TestPlaceGroups: each pipeline group is split on its own hosts' memory,
 // and a group that waits for a report does not hold the other back.
 func TestPlaceGroups(t *testing.T) {
-	src := threeHosts + `
-[hosts.d]
-address = "127.0.0.5"
-backend = "cpu"
-
+	src := fourHosts + `
 [[models]]
 name = "m"
 source = "s"
@@ -409,11 +405,7 @@ decode = { groups = [["a", "b"], ["c", "d"]], shard = "pipeline" }
 // replica of group 0's, so prefill groups split differently are refused
 // (naming both splits) and the odd group does not run.
 func TestPlacePrefillGroups(t *testing.T) {
-	src := threeHosts + `
-[hosts.d]
-address = "127.0.0.5"
-backend = "cpu"
-
+	src := fourHosts + `
 [[models]]
 name = "m"
 source = "s"
