@@ -34,11 +34,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"net/http"
 	"reflect"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/exo-pd/exo-pd/internal/apierr"
@@ -232,12 +232,7 @@ func checkBlocks(body []byte, tools bool) *openai.Error {
 				return openai.Errorf(fmt.Sprintf("%s[%d].type", path, i),
 					"%s[%d].type %q is not supported by this server yet", path, i, typ)
 			}
-			keys := make([]string, 0, len(b))
-			for k := range b {
-				keys = append(keys, k)
-			}
-			sort.Strings(keys)
-			for _, k := range keys {
+			for _, k := range slices.Sorted(maps.Keys(b)) {
 				if _, some := blockShape[k]; !some || slices.Contains(blockFields[typ], k) || string(bytes.TrimSpace(b[k])) == "null" {
 					continue
 				}

@@ -35,12 +35,12 @@ func (l *List[T]) UnmarshalJSON(b []byte) error {
 	}
 	var raw []json.RawMessage
 	if err := json.Unmarshal(b, &raw); err != nil {
-		return TypeError(b, reflect.TypeFor[List[T]]())
+		return typeError(b, reflect.TypeFor[List[T]]())
 	}
 	out := make(List[T], len(raw))
 	for i, r := range raw {
 		if err := json.Unmarshal(r, &out[i]); err != nil {
-			return AtIndex(i, err)
+			return atIndex(i, err)
 		}
 	}
 	*l = out
@@ -60,17 +60,17 @@ func StringOrList[T any](b []byte, s *string, l *[]T, t reflect.Type) error {
 		*l = items
 		return err
 	}
-	return TypeError(b, t)
+	return typeError(b, t)
 }
 
-// TypeError is the error of a value b that cannot decode into a t.
-func TypeError(b []byte, t reflect.Type) *json.UnmarshalTypeError {
+// typeError is the error of a value b that cannot decode into a t.
+func typeError(b []byte, t reflect.Type) *json.UnmarshalTypeError {
 	return &json.UnmarshalTypeError{Value: valueKind(b), Type: t}
 }
 
-// AtIndex puts element i of an array in front of a decoding error's path
+// atIndex puts element i of an array in front of a decoding error's path
 // (an error of another kind is returned as it is).
-func AtIndex(i int, err error) error {
+func atIndex(i int, err error) error {
 	var te *json.UnmarshalTypeError
 	if !errors.As(err, &te) {
 		return err

@@ -125,7 +125,7 @@ func (t *ToolChoice) UnmarshalJSON(b []byte) error {
 			*t = ToolChoice{Mode: s}
 			return nil
 		}
-		te := TypeError(b, reflect.TypeFor[ToolChoice]())
+		te := typeError(b, reflect.TypeFor[ToolChoice]())
 		te.Value = fmt.Sprintf("string %q", s)
 		return te
 	}
@@ -136,7 +136,7 @@ func (t *ToolChoice) UnmarshalJSON(b []byte) error {
 		} `json:"function"`
 	}
 	if err := json.Unmarshal(b, &o); err != nil || o.Type != "function" || o.Function.Name == "" {
-		return TypeError(b, reflect.TypeFor[ToolChoice]())
+		return typeError(b, reflect.TypeFor[ToolChoice]())
 	}
 	*t = ToolChoice{Mode: "function", Name: o.Function.Name}
 	return nil
@@ -180,7 +180,7 @@ func (c *Content) UnmarshalJSON(b []byte) error {
 		return nil
 	}
 	if valueKind(b) != "array" {
-		return TypeError(b, reflect.TypeFor[Content]())
+		return typeError(b, reflect.TypeFor[Content]())
 	}
 	var parts List[textPart]
 	if err := json.Unmarshal(b, &parts); err != nil {
@@ -209,12 +209,12 @@ func (p *textPart) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, (*plain)(p)); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) && te.Field == "" { // the part is not an object
-			return TypeError(b, reflect.TypeFor[textPart]())
+			return typeError(b, reflect.TypeFor[textPart]())
 		}
 		return err
 	}
 	if p.Type != "text" {
-		te := TypeError(b, reflect.TypeFor[textPart]())
+		te := typeError(b, reflect.TypeFor[textPart]())
 		te.Value = fmt.Sprintf("part type %q (only \"text\" is supported)", p.Type)
 		return te
 	}
@@ -251,7 +251,7 @@ func (s *StringList) UnmarshalJSON(b []byte) error {
 		*s = StringList(many)
 		return nil
 	}
-	return TypeError(b, reflect.TypeFor[StringList]())
+	return typeError(b, reflect.TypeFor[StringList]())
 }
 
 // Prompt is the "prompt" of /v1/completions: a string, or an array of token
@@ -280,7 +280,7 @@ func (p *Prompt) UnmarshalJSON(b []byte) error {
 	}
 	var raw []json.RawMessage
 	if err := json.Unmarshal(b, &raw); err != nil {
-		return TypeError(b, reflect.TypeFor[Prompt]())
+		return typeError(b, reflect.TypeFor[Prompt]())
 	}
 	if len(raw) == 1 && valueKind(raw[0]) == "string" {
 		if err := json.Unmarshal(raw[0], &s); err != nil {
@@ -299,13 +299,13 @@ func (p *Prompt) UnmarshalJSON(b []byte) error {
 	ids := make([]int32, len(raw))
 	for i, r := range raw {
 		if valueKind(r) == "array" {
-			te := TypeError(b, reflect.TypeFor[Prompt]())
+			te := typeError(b, reflect.TypeFor[Prompt]())
 			te.Value = "several prompts (batched prompts are not supported)"
 			return te
 		}
 		var v int64
 		if err := json.Unmarshal(r, &v); err != nil {
-			te := TypeError(r, reflect.TypeFor[int32]())
+			te := typeError(r, reflect.TypeFor[int32]())
 			if te.Value == "number" {
 				te.Value = "number " + string(bytes.TrimSpace(r))
 			}
