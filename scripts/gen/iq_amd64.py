@@ -113,6 +113,13 @@ def gemm(vnni=False):
     L += [f"{name}next:", "\tVMOVUPS Y12, (BX)", "\tADDQ R8, BX", "\tDECQ R9", f"\tJNZ {name}row", "\tVZEROUPPER", "\tRET", ""]
     return "\n".join(L)
 
+def prefetchAhead():
+    """The wide unpackings' prefetch: the same block of the eight rows
+    ahead bytes further on (the next sixteen rows' group), so that its
+    words are on their way while the gemm runs over this group's."""
+    return ["\tLEAQ (DI)(R10*1), R11", "\tPREFETCHT0 (R11)", "\tPREFETCHT0 (R11)(R9*1)", "\tPREFETCHT0 (R11)(R9*2)",
+            "\tPREFETCHT0 (R11)(R12*1)", "\tLEAQ (BX)(R10*1), R11", "\tPREFETCHT0 (R11)", "\tPREFETCHT0 (R11)(R9*1)",
+            "\tPREFETCHT0 (R11)(R9*2)", "\tPREFETCHT0 (R11)(R12*1)"]
 def unpackT(bits, wide=False):
     """Like unpack, but pair-interleaved for the VNNI gemm: in each block's
     512 bytes, the dword at 32j + 4r holds values 2j and 2j+1 (kernel order)
@@ -124,9 +131,15 @@ def unpackT(bits, wide=False):
     name=f"q{bits}i16unpack8T{'W' if wide else ''}AVX"
     ps, bs = (64, 1024) if wide else (32, 512)
     step = 16 if bits==4 else 32
-    L=[f"// func {name}(words *uint32, wstride, nblk int, dst *int16)", f"TEXT ·{name}(SB), NOSPLIT, $0-32",
-       "\tMOVQ words+0(FP), DI", "\tMOVQ wstride+8(FP), R9", "\tMOVQ nblk+16(FP), CX", "\tMOVQ dst+24(FP), SI",
+    if wide:
+        L=[f"// func {name}(words *uint32, wstride, nblk int, dst *int16, ahead int)", f"TEXT ·{name}(SB), NOSPLIT, $0-40",
+           "\tMOVQ ahead+32(FP), R10"]
+    else:
+        L=[f"// func {name}(words *uint32, wstride, nblk int, dst *int16)", f"TEXT ·{name}(SB), NOSPLIT, $0-32"]
+    L+=["\tMOVQ words+0(FP), DI", "\tMOVQ wstride+8(FP), R9", "\tMOVQ nblk+16(FP), CX", "\tMOVQ dst+24(FP), SI",
        "\tLEAQ (DI)(R9*4), BX", "\tLEAQ (R9)(R9*2), R12", "\tVPBROADCASTD iqnib<>(SB), Y13", f"{name}loop:"]
+    if wide:
+        L += prefetchAhead()
     for h in range(2):
         for r,a in enumerate(addrs):
             if bits==4:
@@ -202,6 +215,48 @@ def gemmT(M):
     for m in range(M):
         L += [f"\tVMOVUPS Y{fa(m)}, (BX)"] + (["\tADDQ R8, BX"] if m < M-1 else [])
     L += ["\tVZEROUPPER", "\tRET", ""]
+    return "\n".join(L)
+def vbmiIndex():
+    """unpackTV's byte indices, as DATA lines: four vectors, vector i
+    gathering for pairs 2i and 2i+1 (kernel order: the low nibbles of bytes
+    2j and 2j+1) the bytes 2j, 2j, 2j+1, 2j+1 of each row into its dword
+    lanes (lanes 0-7 pair 2i, 8-15 pair 2i+1, lane = row), from a table of
+    eight rows of 16 bytes."""
+    vecs = []
+    for i in range(4):
+        for lane in range(16):
+            r, p = lane % 8, 2*i + lane // 8
+            vecs += [16*r + 2*p, 16*r + 2*p, 16*r + 2*p + 1, 16*r + 2*p + 1]
+    L = []
+    for o in range(0, len(vecs), 8):
+        q = sum(b << (8*k) for k, b in enumerate(vecs[o:o+8]))
+        L.append(f"DATA iqperm4<>+{o}(SB)/8, $0x{q:016x}")
+    L.append(f"GLOBL iqperm4<>(SB), RODATA|NOPTR, ${len(vecs)}")
+    return "\n".join(L) + "\n"
+def unpackTV():
+    """The 4-bit wide unpackT with AVX-512 VBMI byte permutes instead of the
+    zero-extensions and the 8x8 dword transposes: the eight rows' 16 bytes
+    of a block are gathered into two 512-bit tables, one VPERMI2B gathers
+    two pairs' bytes of all eight rows, a mask and a shift split the two
+    nibbles, and each half of a result is one 32-byte store of the same
+    layout. (For 8-bit weights the same takes two of these permutes per
+    pair of pairs, which run no faster than unpackT: measured, not used.)"""
+    name="q4i16unpack8TWVBMI"
+    L=[f"// func {name}(words *uint32, wstride, nblk int, dst *int16, ahead int)", f"TEXT ·{name}(SB), NOSPLIT, $0-40",
+       "\tMOVQ words+0(FP), DI", "\tMOVQ wstride+8(FP), R9", "\tMOVQ nblk+16(FP), CX", "\tMOVQ dst+24(FP), SI",
+       "\tMOVQ ahead+32(FP), R10", "\tLEAQ (DI)(R9*4), BX", "\tLEAQ (R9)(R9*2), R12",
+       "\tVPBROADCASTD iqlow4w<>(SB), Z13"] + [f"\tVMOVDQU64 iqperm4<>+{64*i}(SB), Z{4+i}" for i in range(4)]
+    # rows 0-3 in Z0, 4-7 in Z1 (row r's 16 bytes at 16r of the pair)
+    L += [f"{name}loop:"] + prefetchAhead() + [
+          "\tVMOVDQU (DI), X0", "\tVINSERTI32X4 $1, (DI)(R9*1), Z0, Z0", "\tVINSERTI32X4 $2, (DI)(R9*2), Z0, Z0",
+          "\tVINSERTI32X4 $3, (DI)(R12*1), Z0, Z0",
+          "\tVMOVDQU (BX), X1", "\tVINSERTI32X4 $1, (BX)(R9*1), Z1, Z1", "\tVINSERTI32X4 $2, (BX)(R9*2), Z1, Z1",
+          "\tVINSERTI32X4 $3, (BX)(R12*1), Z1, Z1"]
+    for i in range(4):
+        L += [f"\tVMOVDQA64 Z{4+i}, Z8", "\tVPERMI2B Z1, Z0, Z8", "\tVPSRLW $4, Z8, Z9", "\tVPANDD Z13, Z8, Z8", "\tVPANDD Z13, Z9, Z9",
+              f"\tVMOVDQU Y8, {64*(2*i)}(SI)", f"\tVEXTRACTI64X4 $1, Z8, {64*(2*i+1)}(SI)",
+              f"\tVMOVDQU Y9, {64*(2*i+8)}(SI)", f"\tVEXTRACTI64X4 $1, Z9, {64*(2*i+9)}(SI)"]
+    L += ["\tADDQ $16, DI", "\tADDQ $16, BX", "\tADDQ $1024, SI", "\tDECQ CX", f"\tJNZ {name}loop", "\tVZEROUPPER", "\tRET", ""]
     return "\n".join(L)
 def gemmZ(M):
     """gemmT on 512-bit registers: M (1-8) input rows against sixteen weight
@@ -372,6 +427,6 @@ src = """
 DATA iqnib<>+0(SB)/4, $0x0f0f0f0f
 GLOBL iqnib<>(SB), RODATA|NOPTR, $4
 
-""" + dot(4) + "\n" + dot(8) + "\n" + dot(4, True) + "\n" + dot(8, True) + "\n" + unpack(4) + "\n" + unpack(8) + "\n" + unpackT(4) + "\n" + unpackT(8) + "\n" + unpackT(4, True) + "\n" + unpackT(8, True) + "\n" + gemm() + "\n" + "\n".join(gemmT(m) for m in range(1, 9)) + "\n" + "\n".join(gemmZ(m) for m in range(1, 9)) + QUANT
+""" + dot(4) + "\n" + dot(8) + "\n" + dot(4, True) + "\n" + dot(8, True) + "\n" + unpack(4) + "\n" + unpack(8) + "\n" + unpackT(4) + "\n" + unpackT(8) + "\n" + unpackT(4, True) + "\n" + unpackT(8, True) + "\n" + "DATA iqlow4w<>+0(SB)/4, $0x000f000f\nGLOBL iqlow4w<>(SB), RODATA|NOPTR, $4\n" + vbmiIndex() + "\n" + unpackTV() + "\n" + gemm() + "\n" + "\n".join(gemmT(m) for m in range(1, 9)) + "\n" + "\n".join(gemmZ(m) for m in range(1, 9)) + QUANT
 import sys
 sys.stdout.write(HEADER + src.lstrip("\n"))

@@ -73,6 +73,7 @@ type Backend struct {
 	iq      bool // quantized weights multiply integer activations (iq.go)
 	vnni    bool // iq.go's kernels may use AVX-512 VNNI (simd too)
 	zmm     bool // iq.go's gemm may use 512-bit VNNI registers (vnni too)
+	vbmi    bool // and unpack its 4-bit weights with AVX-512 VBMI (zmm too)
 
 	pool  *pool // workers, started on first use (pool.go)
 	arena arena // the step's temporaries (arena.go)
@@ -93,7 +94,7 @@ func newBackend(threads int) *Backend {
 	if threads <= 0 {
 		threads = runtime.NumCPU()
 	}
-	return &Backend{threads: threads, simd: hasSIMD(), vnni: hasVNNI(), zmm: hasVNNI512(), iq: true}
+	return &Backend{threads: threads, simd: hasSIMD(), vnni: hasVNNI(), zmm: hasVNNI512(), vbmi: hasVBMI(), iq: true}
 }
 
 // Name is "cpu".

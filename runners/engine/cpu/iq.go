@@ -46,7 +46,12 @@ import (
 // weight rows are unpacked to int16 once and every input row runs over
 // them — sixteen rows at a time on 512-bit registers where the machine has
 // AVX-512 VNNI (1.1–1.6× less CPU time per row than eight at a time for
-// 3–17 rows, more with more rows: BenchmarkSmallM in docs/BENCHMARKS.md).
+// 3–17 rows, more with more rows: BenchmarkSmallM in docs/BENCHMARKS.md),
+// 4-bit rows unpacked with VBMI byte permutes where it has those, and the
+// next group's words prefetched while the gemm runs over this one's (a
+// model's weights are not in the core's caches: without it a step of 3–9
+// positions spent a quarter of its time waiting on them,
+// BenchmarkSmolLM2StepPositions).
 //
 // Against float arithmetic on the dequantized weights the result moves by
 // the activation rounding: at most half a step of max|x|/32767 per element.
@@ -344,15 +349,22 @@ func (b *Backend) iqRows(out []float32, a *iqActs, L int, w *weight, lo, hi int,
 			bpg := w.gs / iqBlock
 			run := max(bpg, iqWideRun/bpg*bpg)
 			sc, bi := p.sc, p.bi
+			// The unpacking prefetches the next group's words (a prefetch
+			// past the weight's end, for its last group, is harmless).
+			ahead := 16 * p.wstride
 			for k0 := 0; k0 < nb; k0 += run {
 				n := min(run, nb-k0)
 				words := k0 * w.bits // a block is 32 values of w.bits bits
-				if w.bits == 4 {
-					q4i16unpack8TWAVX(&w.q[j*w.wpr+words], p.wstride, n, w8)
-					q4i16unpack8TWAVX(&w.q[(j+8)*w.wpr+words], p.wstride, n, second)
-				} else {
-					q8i16unpack8TWAVX(&w.q[j*w.wpr+words], p.wstride, n, w8)
-					q8i16unpack8TWAVX(&w.q[(j+8)*w.wpr+words], p.wstride, n, second)
+				switch {
+				case b.vbmi && w.bits == 4:
+					q4i16unpack8TWVBMI(&w.q[j*w.wpr+words], p.wstride, n, w8, ahead)
+					q4i16unpack8TWVBMI(&w.q[(j+8)*w.wpr+words], p.wstride, n, second, ahead)
+				case w.bits == 4:
+					q4i16unpack8TWAVX(&w.q[j*w.wpr+words], p.wstride, n, w8, ahead)
+					q4i16unpack8TWAVX(&w.q[(j+8)*w.wpr+words], p.wstride, n, second, ahead)
+				default:
+					q8i16unpack8TWAVX(&w.q[j*w.wpr+words], p.wstride, n, w8, ahead)
+					q8i16unpack8TWAVX(&w.q[(j+8)*w.wpr+words], p.wstride, n, second, ahead)
 				}
 				// Group k0/bpg's eight scales: 8 values on per group.
 				at := uintptr(k0/bpg) * 8 * uintptr(p.sstride/(ng*8))

@@ -68,7 +68,7 @@ func TestIQMatchesIntegerDefinition(t *testing.T) {
 		for _, k := range kernels {
 			name := fmt.Sprintf("q%d g%d %v sym=%v N%d K%d %+v", c.bits, c.gs, c.sdt, c.sym, c.N, c.K, k)
 			t.Run(name, func(t *testing.T) {
-				b := &Backend{threads: 3, simd: k.simd, vnni: k.vnni, zmm: k.zmm, iq: true}
+				b := &Backend{threads: 3, simd: k.simd, vnni: k.vnni, zmm: k.zmm, vbmi: k.vbmi, iq: true}
 				lin, deq := iqLinearSym(b, r, c.N, c.K, c.bits, c.gs, c.sdt, c.sym)
 				x := randF32(r, L*c.K)
 				x[3] = 0 // a block with a zero, and one all zero:
@@ -119,10 +119,10 @@ func TestIQMatchesIntegerDefinition(t *testing.T) {
 }
 
 // iqKernel is one set of integer kernels iqRows may run.
-type iqKernel struct{ simd, vnni, zmm bool }
+type iqKernel struct{ simd, vnni, zmm, vbmi bool }
 
 // iqKernels is every set this machine can run: Go, AVX2, AVX-512 VNNI on
-// 256-bit registers, and with the 512-bit gemm.
+// 256-bit registers, with the 512-bit gemm, and with its VBMI unpacking.
 func iqKernels() []iqKernel {
 	kernels := []iqKernel{{}}
 	if hasSIMD() {
@@ -133,6 +133,9 @@ func iqKernels() []iqKernel {
 	}
 	if hasVNNI512() {
 		kernels = append(kernels, iqKernel{simd: true, vnni: true, zmm: true})
+	}
+	if hasVBMI() {
+		kernels = append(kernels, iqKernel{simd: true, vnni: true, zmm: true, vbmi: true})
 	}
 	return kernels
 }
@@ -170,7 +173,7 @@ func TestIQSmallM(t *testing.T) {
 		}
 		for _, k := range iqKernels() {
 			for _, threads := range []int{1, 2, 3} {
-				b := &Backend{threads: threads, simd: k.simd, vnni: k.vnni, zmm: k.zmm, iq: true}
+				b := &Backend{threads: threads, simd: k.simd, vnni: k.vnni, zmm: k.zmm, vbmi: k.vbmi, iq: true}
 				w := &weight{}
 				b.setWeight(w, lin)
 				if w.iq == nil || (w.iq.negzp != 0) != c.sym {

@@ -197,13 +197,15 @@ func hasVNNI512() bool { return hasVNNI() && cpu.X86.HasAVX512F }
 // q4i16unpack8TWAVX and q8i16unpack8TWAVX are the T variants for the
 // 512-bit gemm: the same 32-byte pair registers, 64 bytes apart (pair j of
 // the block at 64j, blocks 1024 bytes apart), so that a second call 32
-// bytes further on fills in eight more rows.
+// bytes further on fills in eight more rows. They prefetch the same blocks
+// of the rows ahead bytes further on (the next group's: its words arrive
+// while the gemm runs; the one-row kernels prefetch likewise).
 //
 //go:noescape
-func q4i16unpack8TWAVX(words *uint32, wstride, nblk int, dst *int16)
+func q4i16unpack8TWAVX(words *uint32, wstride, nblk int, dst *int16, ahead int)
 
 //go:noescape
-func q8i16unpack8TWAVX(words *uint32, wstride, nblk int, dst *int16)
+func q8i16unpack8TWAVX(words *uint32, wstride, nblk int, dst *int16, ahead int)
 
 // i16gemm16x1VNNI … i16gemm16x8VNNI are i16gemm8x*VNNI on 512-bit
 // registers: sixteen weight rows (two groups of eight, unpacked by the TW
@@ -244,3 +246,13 @@ func expSumAVX(row *float32, n int, m float32, acc *[8]float32)
 //
 //go:noescape
 func swigluAVX(out, gate, up *float32, n int)
+
+// hasVBMI reports whether q4i16unpack8TWVBMI can run.
+func hasVBMI() bool { return hasVNNI512() && cpu.X86.HasAVX512VBMI && cpu.X86.HasAVX512BW }
+
+// q4i16unpack8TWVBMI writes what q4i16unpack8TWAVX does with AVX-512
+// VBMI byte permutes (about half the instructions; for 8-bit weights the
+// permutes gain nothing, so there is no 8-bit variant).
+//
+//go:noescape
+func q4i16unpack8TWVBMI(words *uint32, wstride, nblk int, dst *int16, ahead int)

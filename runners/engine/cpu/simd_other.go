@@ -120,11 +120,11 @@ func i16gemm8x8VNNI(p *iqArgs) { panic("cpu: no SIMD kernels on this platform") 
 
 func hasVNNI512() bool { return false }
 
-func q4i16unpack8TWAVX(words *uint32, wstride, nblk int, dst *int16) {
+func q4i16unpack8TWAVX(words *uint32, wstride, nblk int, dst *int16, ahead int) {
 	panic("cpu: no SIMD kernels on this platform")
 }
 
-func q8i16unpack8TWAVX(words *uint32, wstride, nblk int, dst *int16) {
+func q8i16unpack8TWAVX(words *uint32, wstride, nblk int, dst *int16, ahead int) {
 	panic("cpu: no SIMD kernels on this platform")
 }
 
@@ -149,3 +149,9 @@ func expSumAVX(row *float32, n int, m float32, acc *[8]float32) {
 }
 
 func swigluAVX(out, gate, up *float32, n int) { panic("cpu: no SIMD kernels on this platform") }
+
+func hasVBMI() bool { return false }
+
+func q4i16unpack8TWVBMI(words *uint32, wstride, nblk int, dst *int16, ahead int) {
+	panic("cpu: no SIMD kernels on this platform")
+}

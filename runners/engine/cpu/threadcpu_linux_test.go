@@ -13,3 +13,6 @@ func threadCPU() int64 {
 	}
 	return ru.Utime.Nano() + ru.Stime.Nano()
 }
+
+// ThreadCPU is threadCPU for the package's external tests.
+var ThreadCPU = threadCPU
