@@ -1,9 +1,12 @@
 // Package testutil holds the helpers tests share across runners/ and
 // supervisor/ (which must not import each other): waiting on state with a
 // deadline instead of sleeping, reading a process's log records by key
-// instead of matching its lines with regular expressions, and picking ports
-// for servers a test starts where no outgoing connection can take them. It must not import any package of this
-// module, and only tests import it.
+// instead of matching its lines with regular expressions, picking ports
+// for servers a test starts where no outgoing connection can take them,
+// serving on loopback until the test ends (Serve, Peer), and skipping a
+// test whose outside dependency is missing, or failing it where
+// $EXO_REQUIRE_TEST_DEPS requires it (Missing). It must not import any
+// package of this module, and only tests import it.
 package testutil
 
 import (
