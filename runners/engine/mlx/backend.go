@@ -18,6 +18,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -152,6 +153,12 @@ type backend struct {
 	// Why gather_mm cannot take 16-bit floats here (MLX's CPU backend:
 	// float32 only); nil: it can.
 	gmmHalfErr error
+	// readerLoad: FromBytes makes arrays of readerLoadMin bytes or more
+	// through MLX's safetensors loader with huge-page advice (see
+	// fromBytes); set by init on Linux's CPU device when libmlxc has the
+	// functions. hugeMiB sums the MiB of buffers advised so far.
+	readerLoad bool
+	hugeMiB    int
 	// mlx_eval calls so far (tests count synchronizations).
 	evals int
 	// made counts the arrays ops have made (benchmarks: the graph's size
@@ -368,6 +375,7 @@ func (b *backend) init(device string) error {
 	b.fuseErr = b.probeFusion()
 	b.fallbackErr = b.compileFallbacks()
 	b.gmmHalfErr = b.probeGatherMMHalf()
+	b.readerLoad = !useGPU && runtime.GOOS == "linux" && C.xmx_has_reader_load() != 0
 	return nil
 }
 
@@ -761,9 +769,71 @@ func (b *backend) fromBytes(data []byte, shape []int, dt engine.DType) *array {
 			return C.xmx_zeros(r, intsPtr(cs), C.size_t(len(cs)), toMLX(dt), b.stream)
 		})
 	}
+	if b.readerLoad && len(data) >= readerLoadMin {
+		return b.loadViaReader(data, shape, dt)
+	}
 	return b.mk("array_new_data", func(r *C.xmx_array) C.int {
 		return C.xmx_array_from(r, unsafe.Pointer(&data[0]), intsPtr(cs), C.int(len(cs)), toMLX(dt))
 	})
+}
+
+// readerLoadMin is the size from which fromBytes loads through MLX's
+// safetensors reader: a buffer of 4 MiB holds at least one aligned 2 MiB
+// page wherever it starts.
+const readerLoadMin = 4 << 20
+
+// loadViaReader makes the array as mlx.core.load would from a safetensors
+// file (xmx_array_load: a one-tensor stream over data), which lets the
+// stream's read see MLX's freshly allocated buffer before anything is
+// written to it and advise it as transparent huge pages.
+//
+// Why: on MLX's CPU device the decode step of a model in f32 runs the BLAS
+// sgemm over every weight once per token, and how fast that reads the
+// weights depends on the pages behind them. Copied into plain 4 KiB pages
+// (mlx_array_new_data) the same weight ran 5-12 % slower or faster from one
+// allocation to the next in one process, whichever loader made it; huge
+// pages gave every weight the fast end (docs/BENCHMARKS.md, "8B-shaped f32
+// stack"). Weights are read whole on every step, so the 2 MiB granularity
+// costs nothing.
+func (b *backend) loadViaReader(data []byte, shape []int, dt engine.DType) *array {
+	hdr := safetensorsHeader(shape, dt, len(data))
+	var advised C.int
+	a := b.mk("load_safetensors_reader", func(r *C.xmx_array) C.int {
+		return C.xmx_array_load(r, (*C.char)(unsafe.Pointer(unsafe.SliceData(hdr))), C.size_t(len(hdr)),
+			unsafe.Pointer(&data[0]), C.size_t(len(data)), 1, &advised, b.stream)
+	})
+	b.hugeMiB += int(advised)
+	return a
+}
+
+// dataAddr is the address of a's buffer, evaluating it first (tests: where
+// its pages lie). On the MLX thread.
+func (b *backend) dataAddr(a *array) (uintptr, error) {
+	if err := b.eval(a); err != nil {
+		return 0, err
+	}
+	return uintptr(C.xmx_data(a.h, a.mdt)), nil
+}
+
+// safetensorsHeader is the JSON header of a safetensors stream holding one
+// tensor, "w", of n bytes.
+func safetensorsHeader(shape []int, dt engine.DType, n int) []byte {
+	name := map[engine.DType]string{engine.F32: "F32", engine.F16: "F16", engine.BF16: "BF16",
+		engine.I32: "I32", engine.U32: "U32", engine.U8: "U8"}[dt]
+	if name == "" {
+		panic(fmt.Sprintf("mlx: no safetensors name for dtype %v", dt))
+	}
+	h := append([]byte(`{"w":{"dtype":"`), name...)
+	h = append(h, `","shape":[`...)
+	for i, d := range shape {
+		if i > 0 {
+			h = append(h, ',')
+		}
+		h = strconv.AppendInt(h, int64(d), 10)
+	}
+	h = append(h, `],"data_offsets":[0,`...)
+	h = strconv.AppendInt(h, int64(n), 10)
+	return append(h, "]}}"...)
 }
 
 // syncFromBytes is the size above which FromBytes copies on the MLX thread

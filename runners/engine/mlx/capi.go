@@ -14,6 +14,9 @@ package mlx
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 #include "capi.h"
 
 typedef void (*xmx_err_fn)(const char* msg, void* data);
@@ -117,6 +120,14 @@ static struct {
 	int (*closure_free)(xmx_closure);
 	int (*closure_apply)(xmx_vector_array*, xmx_closure, xmx_vector_array);
 	int (*compile)(xmx_closure*, xmx_closure, bool);
+
+	// Optional: weights through MLX's own safetensors loader (xmx_array_load).
+	xmx_io_reader (*io_reader_new)(void*, xmx_io_vtable);
+	int (*io_reader_free)(xmx_io_reader);
+	int (*load_safetensors_reader)(xmx_map*, xmx_map*, xmx_io_reader, xmx_stream);
+	int (*map_string_to_array_get)(xmx_array*, xmx_map, const char*);
+	int (*map_string_to_array_free)(xmx_map);
+	int (*map_string_to_string_free)(xmx_map);
 } X;
 
 // The last error mlx-c reported on this thread (all our calls come from the
@@ -249,6 +260,12 @@ int xmx_load(const char* path, const char* preload, char* err, size_t errlen) {
 	XMX_SYM(closure_free, "mlx_closure_free", 0);
 	XMX_SYM(closure_apply, "mlx_closure_apply", 0);
 	XMX_SYM(compile, "mlx_compile", 0);
+	XMX_SYM(io_reader_new, "mlx_io_reader_new", 0);
+	XMX_SYM(io_reader_free, "mlx_io_reader_free", 0);
+	XMX_SYM(load_safetensors_reader, "mlx_load_safetensors_reader", 0);
+	XMX_SYM(map_string_to_array_get, "mlx_map_string_to_array_get", 0);
+	XMX_SYM(map_string_to_array_free, "mlx_map_string_to_array_free", 0);
+	XMX_SYM(map_string_to_string_free, "mlx_map_string_to_string_free", 0);
 	X.lib = h;
 	return 0;
 }
@@ -294,6 +311,134 @@ int xmx_array_from(xmx_array* res, const void* data, const int* shape, int ndim,
 	*res = X.array_new_data(data, shape, ndim, dtype);
 	return res->ctx == NULL;
 }
+
+// ---- Weights through MLX's safetensors loader ----
+//
+// xmx_array_load makes an array from bytes in memory the way mlx.core.load
+// makes one from a file: a one-tensor safetensors stream (an 8-byte length,
+// the JSON header, the bytes) is handed to mlx_load_safetensors_reader, MLX
+// allocates the array's buffer and asks the stream to fill it
+// (read_at_offset). That call is the one moment the destination exists and
+// none of its pages has been touched: on Linux it asks for transparent huge
+// pages on the buffer's 2 MiB-aligned interior (madvise MADV_HUGEPAGE; THP
+// in "madvise" mode serves it at the first write) before copying. See
+// backend.go's loadViaReader for why.
+
+typedef struct {
+	char* hdr;         // length prefix + JSON header (owned, malloc'd)
+	size_t hdrlen;
+	const char* data;  // the tensor's bytes (the caller's; NULL once closed)
+	size_t n;
+	size_t pos;        // for the sequential reads of the header
+	int huge;          // advise huge pages on the destination
+	int failed;        // a read outside the stream, or after close
+	int advised;       // bytes advised (for tests: xmx_array_load's *advised)
+} xmx_memreader;
+
+static bool xmr_is_open(void* d) { return ((xmx_memreader*)d)->data != NULL; }
+static bool xmr_good(void* d) { return ((xmx_memreader*)d)->failed == 0; }
+static size_t xmr_tell(void* d) { return ((xmx_memreader*)d)->pos; }
+static void xmr_seek(void* d, int64_t off, int whence) {
+	xmx_memreader* r = d;
+	int64_t base = whence == SEEK_CUR ? (int64_t)r->pos : whence == SEEK_END ? (int64_t)(r->hdrlen + r->n) : 0;
+	if (base + off < 0 || base + off > (int64_t)(r->hdrlen + r->n)) {
+		r->failed = 1;
+		return;
+	}
+	r->pos = (size_t)(base + off);
+}
+
+// xmr_fill copies stream bytes [off, off+n) to dst; outside the stream (or
+// once closed) it zeroes dst and marks the reader failed, which
+// xmx_array_load reports: MLX's reader interface has no error return.
+static void xmr_fill(xmx_memreader* r, char* dst, size_t n, size_t off) {
+	if (r->data == NULL || off > r->hdrlen + r->n || n > r->hdrlen + r->n - off) {
+		memset(dst, 0, n);
+		r->failed = 1;
+		return;
+	}
+	if (off < r->hdrlen) {
+		size_t k = r->hdrlen - off < n ? r->hdrlen - off : n;
+		memcpy(dst, r->hdr + off, k);
+		dst += k, off += k, n -= k;
+	}
+	if (n > 0) memcpy(dst, r->data + (off - r->hdrlen), n);
+}
+
+static void xmr_read(void* d, char* dst, size_t n) {
+	xmx_memreader* r = d;
+	xmr_fill(r, dst, n, r->pos);
+	r->pos += n;
+}
+
+static void xmr_read_at(void* d, char* dst, size_t n, size_t off) {
+	xmx_memreader* r = d;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+	if (r->huge) {
+		const uintptr_t huge = (uintptr_t)2 << 20;
+		uintptr_t lo = ((uintptr_t)dst + huge - 1) & ~(huge - 1);
+		uintptr_t hi = ((uintptr_t)dst + n) & ~(huge - 1);
+		// Advice only: where THP is off or no 2 MiB page is free the
+		// kernel uses small pages, as without it.
+		if (hi > lo && madvise((void*)lo, hi - lo, MADV_HUGEPAGE) == 0) r->advised += (int)((hi - lo) >> 20);
+	}
+#endif
+	xmr_fill(r, dst, n, off);
+}
+
+static void xmr_write(void* d, const char* data, size_t n) { (void)data; (void)n; ((xmx_memreader*)d)->failed = 1; }
+static const char* xmr_label(void* d) { (void)d; return "exo weight bytes"; }
+static void xmr_free(void* d) {
+	xmx_memreader* r = d;
+	free(r->hdr);
+	free(r);
+}
+
+int xmx_has_reader_load(void) {
+	return X.io_reader_new && X.io_reader_free && X.load_safetensors_reader && X.map_string_to_array_get &&
+		X.map_string_to_array_free && X.map_string_to_string_free;
+}
+
+// xmx_array_load makes *res from n bytes at data described by the
+// safetensors JSON header hdr (one tensor named "w"), evaluated before it
+// returns: the stream's pointer to data is dropped before the return, so no
+// caller memory is kept. *advised is the MiB advised as huge pages.
+int xmx_array_load(xmx_array* res, const char* hdr, size_t hdrlen, const void* data, size_t n, int huge, int* advised, xmx_stream s) {
+	XMX_NEED(io_reader_new);
+	*advised = 0;
+	xmx_memreader* r = calloc(1, sizeof *r);
+	if (r == NULL) { snprintf(xmx_err, sizeof xmx_err, "out of memory"); return 1; }
+	r->hdrlen = 8 + hdrlen;
+	r->hdr = malloc(r->hdrlen);
+	if (r->hdr == NULL) { free(r); snprintf(xmx_err, sizeof xmx_err, "out of memory"); return 1; }
+	for (int i = 0; i < 8; i++) r->hdr[i] = (char)((uint64_t)hdrlen >> (8 * i)); // little-endian length
+	memcpy(r->hdr + 8, hdr, hdrlen);
+	r->data = data;
+	r->n = n;
+	r->huge = huge;
+	xmx_io_vtable vt = {xmr_is_open, xmr_good, xmr_tell, xmr_seek, xmr_read, xmr_read_at, xmr_write, xmr_label, xmr_free};
+	xmx_io_reader rd = X.io_reader_new(r, vt); // owns r from here (xmr_free)
+	if (rd.ctx == NULL) { xmr_free(r); return 1; }
+	xmx_map arrays = {NULL}, meta = {NULL};
+	int rc = X.load_safetensors_reader(&arrays, &meta, rd, s);
+	if (rc == 0) rc = X.map_string_to_array_get(res, arrays, "w");
+	if (rc == 0) {
+		xmx_vector_array v = X.vector_array_new_data(res, 1);
+		rc = X.eval(v);
+		X.vector_array_free(v);
+	}
+	if (rc == 0 && r->failed) {
+		snprintf(xmx_err, sizeof xmx_err, "weight stream read outside its %zu bytes", r->hdrlen + n);
+		rc = 1;
+	}
+	*advised = r->advised;
+	r->data = NULL; // MLX may hold the stream longer (its Load primitive); it keeps no caller memory
+	X.map_string_to_array_free(arrays);
+	X.map_string_to_string_free(meta);
+	X.io_reader_free(rd);
+	return rc;
+}
+
 int xmx_scalar_f32(xmx_array* res, float v) {
 	*res = X.array_new_float32(v);
 	return res->ctx == NULL;

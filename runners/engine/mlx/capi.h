@@ -16,6 +16,19 @@ typedef struct { void* ctx; } xmx_device;
 typedef struct { void* ctx; } xmx_vector_array;
 typedef struct { void* ctx; } xmx_string;
 typedef struct { void* ctx; } xmx_closure;
+typedef struct { void* ctx; } xmx_io_reader;
+typedef struct { void* ctx; } xmx_map; // mlx_map_string_to_array or _to_string
+typedef struct {
+	bool (*is_open)(void*);
+	bool (*good)(void*);
+	size_t (*tell)(void*);
+	void (*seek)(void*, int64_t off, int whence);
+	void (*read)(void*, char* data, size_t n);
+	void (*read_at_offset)(void*, char* data, size_t n, size_t off);
+	void (*write)(void*, const char* data, size_t n);
+	const char* (*label)(void*);
+	void (*free)(void*);
+} xmx_io_vtable; // mlx_io_vtable
 typedef struct { int value; bool has_value; } xmx_opt_int;
 typedef struct { float value; bool has_value; } xmx_opt_float;
 typedef struct { int value; bool has_value; } xmx_opt_dtype;
@@ -64,6 +77,13 @@ int xmx_array_free(xmx_array a);
 // xmx_array_free_n frees n handles in one crossing.
 void xmx_array_free_n(const xmx_array* a, size_t n);
 int xmx_array_from(xmx_array* res, const void* data, const int* shape, int ndim, int dtype);
+// xmx_array_load: an array from bytes through mlx_load_safetensors_reader
+// (hdr: the one-tensor JSON header, tensor "w"), evaluated; on Linux with
+// huge != 0 the buffer's 2 MiB-aligned interior is advised as huge pages
+// before the copy (*advised: MiB advised). xmx_has_reader_load is 0 when
+// the library lacks the functions it needs.
+int xmx_has_reader_load(void);
+int xmx_array_load(xmx_array* res, const char* hdr, size_t hdrlen, const void* data, size_t n, int huge, int* advised, xmx_stream s);
 int xmx_scalar_f32(xmx_array* res, float v);
 size_t xmx_ndim(xmx_array a);
 const int* xmx_shape(xmx_array a);
