@@ -65,6 +65,9 @@ type Request struct {
 	// Thinking enabled (with budget_tokens) or adaptive returns the
 	// model's reasoning as thinking blocks; disabled or absent drops it.
 	Thinking *Thinking `json:"thinking,omitempty"`
+	// Speculative is exo's extension, as chat's: false turns speculative
+	// decoding off for this request.
+	Speculative *bool `json:"x_exo_speculative,omitempty"`
 }
 
 // Thinking is the request's extended-thinking setting.
@@ -193,7 +196,7 @@ var countShape = func() openai.Shape {
 	s := openai.Shape{}
 	for k, v := range requestShape {
 		switch k {
-		case "max_tokens", "stream", "stop_sequences", "temperature", "top_p", "top_k", "metadata":
+		case "max_tokens", "stream", "stop_sequences", "temperature", "top_p", "top_k", "metadata", "x_exo_speculative":
 		default:
 			s[k] = v
 		}
@@ -413,6 +416,7 @@ func (h *Handler) convert(r *Request) (*gen.Request, *openai.Error) {
 	}
 	g.Sampling, g.Stop = s, append([]string(nil), r.StopSequences...)
 	g.Stream, g.IncludeUsage = r.Stream, true
+	g.NoSpeculation = r.Speculative != nil && !*r.Speculative
 	return g, nil
 }
 

@@ -503,7 +503,7 @@ func TestCountTokensFields(t *testing.T) {
 	}
 	const msgs = `"messages":[{"role":"user","content":"hello"}]`
 	for _, f := range []string{`"max_tokens":5`, `"stream":false`, `"stop_sequences":["x"]`, `"temperature":0.5`, `"top_p":0.9`, `"top_k":3`,
-		`"metadata":{"user_id":"u"}`} {
+		`"metadata":{"user_id":"u"}`, `"x_exo_speculative":false`} {
 		name, _, _ := strings.Cut(strings.Trim(f, `"`), `"`)
 		code, body := count(`{"model":"tiny",` + f + `,` + msgs + `}`)
 		var eb ErrorBody

@@ -42,6 +42,9 @@ type ResponsesRequest struct {
 	// empty); other values are refused by name.
 	Truncation *string      `json:"truncation,omitempty"`
 	Include    List[string] `json:"include,omitempty"`
+	// Speculative is exo's extension, as chat's: false turns speculative
+	// decoding off for this request.
+	Speculative *bool `json:"x_exo_speculative,omitempty"`
 }
 
 // ResponsesTool is a function tool of the Responses API (flat, unlike
@@ -250,6 +253,7 @@ func (h *Handler) convertResponses(r *ResponsesRequest) (*gen.Request, *Error) {
 	}
 	cr.ToolChoice, cr.ParallelToolCalls = r.ToolChoice, r.ParallelToolCalls
 	cr.MaxTokens, cr.Temperature, cr.TopP, cr.Stream = r.MaxOutputTokens, r.Temperature, r.TopP, r.Stream
+	cr.Speculative = r.Speculative
 	v := h.validator()
 	v.ToolFields = &responsesToolFields
 	g, e := v.ValidateChat(&cr)

@@ -44,7 +44,8 @@
 //   - x_exo_disable_remote_prefill: prefill this request locally even when a
 //     prefill runner is configured (exo bench --compare-local).
 //   - x_exo_speculative: false: no speculative decoding for this request
-//     (true, the default, lets the runner's --speculative apply).
+//     (true, the default, lets the runner's --speculative apply); the
+//     Responses API (and runners/anthropic's Messages) take it too.
 //   - POST /tokenize {"model","messages"|"prompt","add_generation_prompt"}
 //     → {"count","tokens","max_model_len"} and POST /detokenize
 //     {"model","tokens"} → {"prompt"} (vLLM's shapes).
