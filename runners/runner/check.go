@@ -63,6 +63,8 @@ func (c *Config) checkDecode() error {
 		return fmt.Errorf("--remote-prefill-route %q: want %s or %s", c.Route, RouteCost, RouteFloor)
 	case decode.CheckSpeculative(c.Speculative, c.SpecTokens) != nil:
 		return fmt.Errorf("--speculative %q --speculative-tokens %d: %w", c.Speculative, c.SpecTokens, decode.CheckSpeculative(c.Speculative, c.SpecTokens))
+	case c.SpecTokens != 0 && (c.Speculative == "" || c.Speculative == decode.SpecOff):
+		return fmt.Errorf("--speculative-tokens %d with --speculative %q: it bounds the drafts of --speculative prompt-lookup or draft", c.SpecTokens, c.Speculative)
 	case (c.Speculative == decode.SpecDraft) != (c.Draft != ""):
 		return fmt.Errorf("--speculative %q with --draft %q: --draft is the draft model of --speculative draft, and that mode needs it", c.Speculative, c.Draft)
 	case c.ConnectTimeout <= 0:

@@ -61,6 +61,8 @@ func TestConfigCheck(t *testing.T) {
 		{"route cost from prefill ranks", decodeConfig(), func(c *Config) { c.Route, c.Prefill = "cost", "a:1#0/2,b:1#1/2" }, "--remote-prefill-route cost with --prefill stages or ranks"},
 		{"speculative mode", decodeConfig(), func(c *Config) { c.Speculative = "ngram" }, "--speculative"},
 		{"speculative tokens", decodeConfig(), func(c *Config) { c.SpecTokens = 65 }, "--speculative-tokens"},
+		{"speculative tokens without a mode", decodeConfig(), func(c *Config) { c.SpecTokens = 6 }, "--speculative-tokens 6 with --speculative \"off\""},
+		{"speculative tokens with a mode", decodeConfig(), func(c *Config) { c.Speculative, c.SpecTokens = "prompt-lookup", 6 }, ""},
 		{"draft mode without --draft", decodeConfig(), func(c *Config) { c.Speculative = "draft" }, "--draft"},
 		{"--draft without draft mode", decodeConfig(), func(c *Config) { c.Draft = "y" }, "--draft"},
 		{"draft", decodeConfig(), func(c *Config) { c.Speculative, c.Draft = "draft", "y" }, ""},

@@ -514,6 +514,8 @@ tokens = 6
 		{"[models.speculative]\nmode = \"prompt-lookup\"\ntokens = 65\n", "model m: speculative.tokens 65: want 1 to 64"},
 		{"[models.speculative]\nmode = \"prompt-lookup\"\ndraft = \"org/small\"\n", `model m: speculative.draft "org/small" with mode "prompt-lookup"`},
 		{"[models.speculative]\nk = 3\n", `unknown key "k" (known keys here: mode, tokens, draft)`},
+		{"[models.speculative]\ntokens = 6\n", `model m: speculative.tokens 6 with mode "": tokens bounds the drafts`},
+		{"[models.speculative]\nmode = \"off\"\ntokens = 6\n", `model m: speculative.tokens 6 with mode "off"`},
 	} {
 		_, err := Parse("f", []byte(twoHosts+"\n[[models]]\nname = \"m\"\nsource = \"org/m-4bit\"\ndecode = { hosts = [\"mac\"] }\n"+bad.src))
 		if err == nil || !strings.Contains(err.Error(), bad.want) {

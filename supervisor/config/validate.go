@@ -180,6 +180,8 @@ func (c *Config) validate() Errors {
 			}
 			if sp.Tokens < 0 || sp.Tokens > 64 {
 				bad(c.at("models", i, "speculative", "tokens"), "%s: speculative.tokens %d: want 1 to 64 (0: the runner's default, 8)", label, sp.Tokens)
+			} else if sp.Tokens != 0 && (sp.Mode == "" || sp.Mode == "off") {
+				bad(c.at("models", i, "speculative", "tokens"), "%s: speculative.tokens %d with mode %q: tokens bounds the drafts of mode \"prompt-lookup\" or \"draft\"", label, sp.Tokens, sp.Mode)
 			}
 			if (sp.Mode == "draft") != (sp.Draft != "") {
 				bad(c.at("models", i, "speculative", "draft"), "%s: speculative.draft %q with mode %q: draft names the draft model of mode \"draft\", and that mode needs it", label, sp.Draft, sp.Mode)
