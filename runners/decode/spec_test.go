@@ -148,7 +148,7 @@ func specFamilies() []specFamily {
 	for _, arch := range []string{"llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "mistral", "gemma3", "gptoss"} {
 		fams = append(fams, specFamily{arch, gen(arch, 2), gen(arch, 1)})
 	}
-	for _, ref := range []string{"smollm3", "olmo2", "qwen3_next", "qwen3_5"} {
+	for _, ref := range []string{"smollm3", "olmo2", "qwen3_next", "qwen3_5", "qwen3_5_moe"} {
 		dir := func(*testing.T) string { return filepath.Join("..", "engine", "testdata", "reference", ref) }
 		fams = append(fams, specFamily{ref, dir, dir})
 	}

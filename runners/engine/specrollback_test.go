@@ -88,6 +88,7 @@ func TestSpeculativeRollbackEqualsRecompute(t *testing.T) {
 		{"llama", gen(testmodel.Spec{Arch: "llama", Seed: 3})},
 		{"qwen3_next", ref("qwen3_next")},
 		{"qwen3_5", ref("qwen3_5")},
+		{"qwen3_5_moe", ref("qwen3_5_moe")},
 	} {
 		t.Run(mc.name, func(t *testing.T) {
 			m, err := engine.Load(ctx, mc.dir(t), b, engine.LoadOptions{})
