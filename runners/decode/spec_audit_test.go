@@ -4,11 +4,16 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"log/slog"
+	"math"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/exo-pd/exo-pd/internal/testutil"
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
 )
@@ -274,4 +279,74 @@ func streamedChat(t *testing.T, url string, body map[string]any) (string, string
 		}
 	}
 	return content.String(), finish
+}
+
+// lockedBuffer is a bytes.Buffer for a logger written from many
+// goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestSpeculationLoggedPerRequest: each speculating request logs one
+// "speculative decoding" record naming it, with its drafted tokens
+// accepted and rejected (the journal's counts) and its acceptance; a
+// request with x_exo_speculative: false logs none.
+func TestSpeculationLoggedPerRequest(t *testing.T) {
+	logs := &lockedBuffer{}
+	s := startTinyServer(t, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}, func(_ Text, o *Options) {
+		o.Speculative, o.SpecTokens, o.specForce, o.Draft = SpecDraft, 4, true, o.Model
+		o.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	answerOf(t, s.url, specBody("greedy", nil))
+	answerOf(t, s.url, specBody("penalties", nil))
+	answerOf(t, s.url, specBody("seeded", map[string]any{"x_exo_speculative": false}))
+	recs := s.srv.journal.since(0)
+	if len(recs) != 3 {
+		t.Fatalf("%d journal records, want 3", len(recs))
+	}
+	logged := map[string]testutil.Record{}
+	for _, r := range testutil.Records(logs.String(), "speculative decoding") {
+		if _, dup := logged[r["req"]]; dup {
+			t.Fatalf("request %s logged twice", r["req"])
+		}
+		logged[r["req"]] = r
+	}
+	if len(logged) != 2 {
+		t.Fatalf("%d requests logged their speculation, want 2: %v", len(logged), logged)
+	}
+	verified := 0
+	for i, rec := range recs[:2] {
+		r, ok := logged[rec.ID]
+		if !ok {
+			t.Fatalf("request %d (%s) logged no speculation", i, rec.ID)
+		}
+		acc, _ := strconv.ParseFloat(r["acceptance"], 64)
+		want := 0.0
+		if n := rec.SpecAccepted + rec.SpecRejected; n > 0 {
+			want = float64(rec.SpecAccepted) / float64(n)
+		}
+		if r["accepted"] != strconv.Itoa(rec.SpecAccepted) || r["rejected"] != strconv.Itoa(rec.SpecRejected) || math.Abs(acc-want) > 1e-9 {
+			t.Fatalf("request %s logged %v, journal %d accepted, %d rejected", rec.ID, r, rec.SpecAccepted, rec.SpecRejected)
+		}
+		verified += rec.SpecAccepted + rec.SpecRejected
+	}
+	if verified == 0 {
+		t.Fatal("no drafted token verified: the counts logged were not exercised")
+	}
+	if _, ok := logged[recs[2].ID]; ok {
+		t.Fatal("a request with x_exo_speculative: false logged speculation")
+	}
 }
