@@ -26,6 +26,11 @@ CPU time (all threads) in the window per token; host-ms/step = exo: a step's
 wall time outside MLX's eval, mlx-lm: the time inside the model's __call__
 (building the lazy graph; its sampler and Python loop are not counted).
 
+--exo-b K=V[,K=V] puts a second exo process, with those extra environment
+variables, where mlx-lm was: an A/B of exo against itself in the same
+alternation (EXO_MLX_BENCH_PLAIN_LOAD=1: weights copied with
+mlx_array_new_data into 4 KiB pages, the load before huge pages).
+
 The table prints per configuration the median of each side, the ratio of the
 medians and the median (min-max) of the paired ratios (each exo repetition
 over the mlx-lm one next to it). First tokens: whether both sides' first
@@ -183,10 +188,13 @@ def main():
     ap.add_argument("--models", default=".", help="regular expression: which models (%s)" % ", ".join(m[0] for m in MODELS))
     ap.add_argument("--configs", default=".", help="regular expression: which configurations (%s)" % ", ".join(c[0] for c in CONFIGS))
     ap.add_argument("--serial", action="store_true", help="also time exo's serial step (host time before the overlap)")
+    ap.add_argument("--exo-b", default="", metavar="K=V[,K=V]",
+                    help="run a second exo process with these extra environment variables instead of mlx-lm, as the baseline "
+                         "side 'exo-b' (e.g. EXO_MLX_BENCH_PLAIN_LOAD=1: weights copied with mlx_array_new_data, no huge pages)")
     ap.add_argument("--steps", type=int, default=0, help="override every model's decode steps per repetition")
     ap.add_argument("--jsonl", default="", help="append every repetition's JSON here")
     ap.add_argument("--timeout", type=float, default=1200, help="seconds a process may take to answer (load, or one repetition)")
-    ap.add_argument("--table", default="", help="print the table of a --jsonl file's repetitions and exit (runs nothing)")
+    ap.add_argument("--table", default="", help="print the table of a --jsonl file's repetitions and exit (runs nothing; with --exo-b for such a run)")
     a = ap.parse_args()
     if a.table:
         results = {}
@@ -228,11 +236,18 @@ def run(a, models, configs, test, mlxc, py, bench_dir, t_start, results, info):
         log(f"{mname}: starting exo (writes {path} if absent) and mlx-lm, context {C}, {N} steps a repetition")
         t0 = time.monotonic()
         exo = Server("exo", [test, "-test.run", "^TestDecodeBenchServe$", "-test.timeout", "0"], env, a.timeout)
-        lm = Server("mlx-lm", [py, os.path.join(ROOT, "scripts/reference/mlxlm_bench.py"), "--serve", path, str(C), str(N)],
-                    dict(os.environ), a.timeout)
-        info[mname] = {"startup_s": round(time.monotonic() - t0), "threads": {"exo": exo.threads(), "mlx-lm": lm.threads()}}
+        if a.exo_b:
+            extra = dict(kv.split("=", 1) for kv in a.exo_b.split(","))
+            lm = Server("exo-b", [test, "-test.run", "^TestDecodeBenchServe$", "-test.timeout", "0"], dict(env, **extra), a.timeout)
+            base_cmd = "rep overlap"
+        else:
+            lm = Server("mlx-lm", [py, os.path.join(ROOT, "scripts/reference/mlxlm_bench.py"), "--serve", path, str(C), str(N)],
+                        dict(os.environ), a.timeout)
+            base_cmd = "rep"
+        base = base_side(a)
+        info[mname] = {"startup_s": round(time.monotonic() - t0), "threads": {"exo": exo.threads(), base: lm.threads()}}
         sides = {"exo": lambda B, T, P: exo.rep(f"rep overlap {B} {T} {P}"),
-                 "mlx-lm": lambda B, T, P: lm.rep(f"rep {B} {T} {P}")}
+                 base: lambda B, T, P: lm.rep(f"{base_cmd} {B} {T} {P}")}
         if a.serial:
             sides["exo-serial"] = lambda B, T, P: exo.rep(f"rep serial {B} {T} {P}")
         try:
@@ -250,7 +265,7 @@ def run(a, models, configs, test, mlxc, py, bench_dir, t_start, results, info):
                         order.reverse()  # A B, then B A, ...
                     for s in order:
                         r = sides[s](B, T, P)
-                        r.update(model=mname, config=cname, round=rnd)
+                        r.update(model=mname, config=cname, round=rnd, side=s)
                         if jl:
                             jl.write(json.dumps(r) + "\n")
                             jl.flush()
@@ -262,24 +277,33 @@ def run(a, models, configs, test, mlxc, py, bench_dir, t_start, results, info):
                 if deadline and rnd >= a.min_reps and time.monotonic() + took > deadline:
                     log(f"{mname}: stopping after {rnd} rounds (budget)")
                     break
-            info[mname]["threads_after"] = {"exo": exo.threads(), "mlx-lm": lm.threads()}
+            info[mname]["threads_after"] = {"exo": exo.threads(), base: lm.threads()}
         finally:
             exo.close()
             lm.close()
 
 
+def base_side(a):
+    """The side exo is compared with: mlx-lm, or a second exo process (--exo-b)."""
+    return "exo-b" if a.exo_b else "mlx-lm"
+
+
 def print_table(models, configs, results, info, a, total):
+    base = base_side(a)
     print()
     print(f"decode_vs_mlxlm.py: {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, {total / 60:.1f} min, "
           f"reps {a.reps} (min {a.min_reps}), budget {a.budget or 'none'} s")
     print()
-    print("| model | config | exo tok/s (median; reps) | mlx-lm tok/s (median; reps) | ratio of medians | paired ratio median (min–max) "
-          "| cpu-ms/tok exo / mlx-lm | host-ms/step exo / mlx-lm" + (" / exo serial" if a.serial else "") +
+    if a.exo_b:
+        print(f"exo-b: a second exo process with {a.exo_b}")
+        print()
+    print(f"| model | config | exo tok/s (median; reps) | {base} tok/s (median; reps) | ratio of medians | paired ratio median (min–max) "
+          f"| cpu-ms/tok exo / {base} | host-ms/step exo / {base}" + (" / exo serial" if a.serial else "") +
           " | first tokens | load |")
     print("|---|---|---|---|---:|---|---|---|---|---|")
     for mname, *_ in models:
         for cname, B, T, P in configs:
-            e, l = results.get((mname, cname, "exo"), []), results.get((mname, cname, "mlx-lm"), [])
+            e, l = results.get((mname, cname, "exo"), []), results.get((mname, cname, base), [])
             if not e or not l:
                 continue
             rate = lambda rs: [r["tokens"] / r["seconds"] for r in rs]
@@ -298,7 +322,7 @@ def print_table(models, configs, results, info, a, total):
                   f"| {host} | {('same' if same else 'differ') if T == 0 else ('same' if same else 'differ') + ' (sampled: own RNGs)'} | {min(loads):.1f}–{max(loads):.1f} |")
     print()
     for mname, *_ in models:
-        for s in ("exo", "mlx-lm", "exo-serial"):
+        for s in ("exo", base, "exo-serial"):
             shares = [tuple(r.get("thread_shares", [])) for c in configs for r in results.get((mname, c[0], s), [])]
             if shares:
                 busy = med([len(x) for x in shares])
@@ -306,9 +330,9 @@ def print_table(models, configs, results, info, a, total):
                       f"e.g. shares {list(shares[-1])}; cores busy (cpu/wall) median "
                       f"{med([r['cpu_s'] / r['seconds'] for c in configs for r in results.get((mname, c[0], s), [])]):.2f}")
     for mname, i in info.items():
-        print(f"- {mname}: startup (load, write if absent, prefill) {i['startup_s']} s; threads exo/mlx-lm at start "
-              f"{i['threads']['exo']}/{i['threads']['mlx-lm']}, after {i.get('threads_after', {}).get('exo', '?')}/"
-              f"{i.get('threads_after', {}).get('mlx-lm', '?')}")
+        print(f"- {mname}: startup (load, write if absent, prefill) {i['startup_s']} s; threads exo/{base} at start "
+              f"{i['threads']['exo']}/{i['threads'][base]}, after {i.get('threads_after', {}).get('exo', '?')}/"
+              f"{i.get('threads_after', {}).get(base, '?')}")
 
 
 if __name__ == "__main__":

@@ -60,11 +60,17 @@ type serveRep struct {
 //
 // TEMP > 0 (with TOPP) samples, seeded per row, the same seeds every
 // repetition; the overlapped path samples on the device.
+// EXO_MLX_BENCH_PLAIN_LOAD=1 loads the weights the old way (no huge pages).
 func TestDecodeBenchServe(t *testing.T) {
 	if os.Getenv("EXO_MLX_BENCH_SERVE") != "1" {
 		t.Skip("the exo side of scripts/reference/decode_vs_mlxlm.py; set EXO_MLX_BENCH_SERVE=1")
 	}
 	be := newTestBackend(t)
+	if os.Getenv("EXO_MLX_BENCH_PLAIN_LOAD") == "1" {
+		// The load before huge pages (decode_vs_mlxlm.py --exo-b): every
+		// weight copied with mlx_array_new_data into 4 KiB pages.
+		be.do(func() { be.readerLoad = false })
+	}
 	dir := benchModel(t)
 	m := load(t, dir, be)
 	ctx := context.Background()
