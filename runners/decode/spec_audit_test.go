@@ -2,7 +2,9 @@ package decode
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"math"
@@ -14,8 +16,10 @@ import (
 	"testing"
 
 	"github.com/exo-pd/exo-pd/internal/testutil"
+	"github.com/exo-pd/exo-pd/runners/chat"
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/engine/testmodel"
+	"github.com/exo-pd/exo-pd/runners/gen"
 )
 
 // TestSpeculationOffOnEveryAPI: x_exo_speculative: false turns speculative
@@ -348,5 +352,63 @@ func TestSpeculationLoggedPerRequest(t *testing.T) {
 	}
 	if _, ok := logged[recs[2].ID]; ok {
 		t.Fatal("a request with x_exo_speculative: false logged speculation")
+	}
+}
+
+// pickingTiny is a Model that claims to pick its tokens on a last stage
+// (a pipeline's stage 0 looks so to the decode Server); its steps are
+// never taken here.
+type pickingTiny struct{ *engine.Model }
+
+func (pickingTiny) StartPicking(context.Context, engine.KVCache, *gen.Request, chat.Start, []int32) error {
+	return errors.New("not a pipeline")
+}
+
+func (pickingTiny) ForwardPick(context.Context, engine.KVCache, []int32) (Picked, error) {
+	return Picked{}, errors.New("not a pipeline")
+}
+
+func (pickingTiny) ForwardBatchPick(context.Context, []engine.KVCache, []int32) ([]Picked, error) {
+	return nil, errors.New("not a pipeline")
+}
+
+// TestSpeculationRefusedWithReason: a model that cannot speculate (a
+// pipeline's stage 0, whose logits live on its last stage) or draft mode
+// without a draft model leaves speculation off (no drafting at all) and
+// logs one "speculative decoding off for this model" record naming the
+// model, the mode and the reason; a model that can speculate logs none.
+func TestSpeculationRefusedWithReason(t *testing.T) {
+	for _, c := range []struct {
+		name, mode string
+		picking    bool
+		reason     string // "": speculation on
+	}{
+		{"pipeline stage 0", SpecPromptLookup, true, "last stage"},
+		{"draft mode without a draft", SpecDraft, false, "without a draft model"},
+		{"prompt lookup", SpecPromptLookup, false, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			logs := &lockedBuffer{}
+			s := startTinyServer(t, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 1}, func(_ Text, o *Options) {
+				o.Speculative, o.SpecTokens = c.mode, 4
+				o.Logger = slog.New(slog.NewTextHandler(logs, nil))
+				if c.picking {
+					o.Model = pickingTiny{o.Model.(*engine.Model)}
+				}
+			})
+			recs := testutil.Records(logs.String(), "speculative decoding off for this model")
+			if c.reason == "" {
+				if s.srv.specMax != 4 || len(recs) != 0 {
+					t.Fatalf("speculation %d, refusals logged %v: want it on", s.srv.specMax, recs)
+				}
+				return
+			}
+			if s.srv.specMax != 0 {
+				t.Fatalf("speculation on (%d tokens), want it refused", s.srv.specMax)
+			}
+			if len(recs) != 1 || recs[0]["model"] != "m" || recs[0]["mode"] != c.mode || !strings.Contains(recs[0]["reason"], c.reason) {
+				t.Fatalf("refusals logged %v, want one naming model m, mode %s and %q", recs, c.mode, c.reason)
+			}
+		})
 	}
 }
