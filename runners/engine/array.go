@@ -251,6 +251,24 @@ type Backend interface {
 	// for bit) and MLX's fused attention takes the mask and the sinks
 	// together.
 	WindowedAttention(q, k, v Array, scale float32, window int, sinks Array) Array
+	// RoPERows rotates x [N, H, Dh] row by row: row n (all its heads) as
+	// RoPE rotates position positions[n] (len(positions) == N, any
+	// order). A decode step of N sequences rotates its rows with one op
+	// whatever their positions; row n's values are RoPE's bit for bit.
+	// The backend copies positions (the caller may reuse the slice).
+	RoPERows(x Array, positions []int, r *RoPE) Array
+	// BatchAttention is the attention of a decode step of B sequences of
+	// one row each: q [B, H, Dh], k, v [B, Hkv, Dh] (rotated). It appends
+	// row b's k and v to caches[b] at layer, as caches[b].Append(layer,
+	// k_b, v_b) with k_b [Hkv, 1, Dh] does, and returns [B, H, Dh] whose
+	// row b is WindowedAttention(q_b, kAll_b, vAll_b, scale, window,
+	// sinks) over the views that Append returns. One op so that a lazy
+	// backend can keep the B sequences' K/V in one padded layout and run
+	// one attention with a mask over it (the mlx backend does for full-
+	// attention caches), so that the graph per layer does not grow with B;
+	// the cpu backend loops over the rows. The caches are distinct. The
+	// backend copies the caches slice.
+	BatchAttention(caches []KVCache, layer int, q, k, v Array, scale float32, window int, sinks Array) Array
 
 	// SwiGLU is silu(gate) · up, silu(x) = x·sigmoid(x), for gate and up of
 	// one shape: the gated MLP's activation, one op so that a backend can

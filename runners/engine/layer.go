@@ -231,6 +231,22 @@ func (a *attention) forward(s *step, slot int, h Array) Array {
 	if !a.normWhole && a.qNorm != nil {
 		q, k = b.RMSNorm(q, a.qNorm, a.eps), b.RMSNorm(k, a.kNorm, a.eps)
 	}
+	if s.decode && !s.tail {
+		// A decode step of several sequences: RoPE, the cache appends and
+		// attention are one op each over all the rows, so the graph of a
+		// layer does not grow with the batch (the backend may still loop
+		// where a cache cannot take the padded layout: the mlx backend's
+		// ring caches of sliding-window models). Prefill chunks and
+		// verification rows (several rows a sequence) take the loop below.
+		if a.rope != nil {
+			q, k = b.RoPERows(q, s.offsets, a.rope), b.RoPERows(k, s.offsets, a.rope)
+		}
+		o := b.Reshape(b.BatchAttention(s.cs, slot, q, k, v, a.scale, a.window, a.sinks), s.dims(n, H*Dh)...)
+		if gate != nil {
+			o = b.Mul(o, b.Sigmoid(gate))
+		}
+		return s.allSum(b.Linear(o, &a.o))
+	}
 	outs := s.outs
 	for i, c := range s.cs {
 		L := s.lens[i]

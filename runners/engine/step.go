@@ -15,6 +15,9 @@ type step struct {
 	offsets []int     // each sequence's position before the step
 	n       int       // rows in all
 	batched bool      // more than one sequence: blocks slice and concatenate rows
+	// decode: batched with one row per sequence (a decode step): attention
+	// runs as one op over every row (Backend.RoPERows, BatchAttention).
+	decode bool
 	// tail: the block being run is the last of a step that wants no
 	// logits: it only fills the caches (nothing reads its output).
 	tail bool
@@ -167,6 +170,7 @@ func (m *Model) beginStep(cs []KVCache, toks [][]int32) *step {
 		all = append(all, t...)
 	}
 	scr.ids = all
+	s.decode = s.batched && s.n == len(cs)
 	return s
 }
 

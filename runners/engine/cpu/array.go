@@ -84,6 +84,10 @@ type Backend struct {
 	// srcIdx is the gather ops' scratch index list (gather.go).
 	srcIdx []int
 	rope   ropeCache
+	// batchOuts holds BatchAttention's per-row results until they are
+	// concatenated (batch.go).
+	batchOuts []engine.Array
+	dimBuf    [3]int // BatchAttention's shapes (Reshape copies them)
 }
 
 // New returns a cpu backend using threads goroutines for the heavy ops;

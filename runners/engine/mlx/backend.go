@@ -141,9 +141,13 @@ type backend struct {
 	// the positions lately rotated (a decode step's layers share one).
 	// fallbackErr says why rope and rms_norm build MLX's fallback graphs
 	// instead (not the CPU, no fusion, or the compile failed).
-	ropeFused   C.xmx_closure
-	norms       map[normKey]C.xmx_closure
-	ropeTabs    []ropeTab
+	ropeFused C.xmx_closure
+	norms     map[normKey]C.xmx_closure
+	ropeTabs  []ropeTab
+	rowTab    rowTab // RoPERows' stacked tables of the step's positions
+	// slabErr says why a batched decode's attention runs row by row
+	// (nil: it runs over a slab, batch.go).
+	slabErr     error
 	fallbackErr error
 	// wT holds the transposed view of each kept dense weight a product
 	// used (kept, released with the weight): a decode step then builds
@@ -374,6 +378,9 @@ func (b *backend) init(device string) error {
 	b.qmmErr = b.probeQuantizedMatmul()
 	b.fuseErr = b.probeFusion()
 	b.fallbackErr = b.compileFallbacks()
+	if !C.xmx_has_put_along_axis() {
+		b.slabErr = errors.New("mlx-c has no mlx_put_along_axis")
+	}
 	b.gmmHalfErr = b.probeGatherMMHalf()
 	b.readerLoad = !useGPU && runtime.GOOS == "linux" && C.xmx_has_reader_load() != 0
 	return nil
@@ -1398,6 +1405,10 @@ func (b *backend) compileNorm(k normKey) (f C.xmx_closure) {
 func (b *backend) ropeTable(key ropeTabKey, freqs C.xmx_array) (c, s *array) {
 	for i := len(b.ropeTabs) - 1; i >= 0; i-- {
 		if t := b.ropeTabs[i]; t.key == key {
+			// Used last, evicted last: RoPERows stacks up to
+			// maxRopeTabs tables looked up in a row.
+			copy(b.ropeTabs[i:], b.ropeTabs[i+1:])
+			b.ropeTabs[len(b.ropeTabs)-1] = t
 			return t.c, t.s
 		}
 	}
@@ -1472,6 +1483,42 @@ func runRoPE(b *backend, a *array) *array {
 // rope is RoPE on the MLX thread; compiled picks the compiled rotation
 // with shared tables over MLX's fast::rope (see ropeTable).
 func (b *backend) rope(xa *array, offset int, rp *engine.RoPE, compiled bool) *array {
+	xa, ra := b.ropeSetup(xa, rp)
+	if compiled && len(xa.shape) >= 3 && xa.shape[len(xa.shape)-2] > 0 && ra.dims%2 == 0 {
+		c, s := b.ropeTable(ra.key(offset, xa.shape[len(xa.shape)-2], xa.mdt), ra.freqs)
+		return b.ropeApply(xa, c, s, ra.dims)
+	}
+	return b.mk("rope", func(r *C.xmx_array) C.int {
+		return C.xmx_rope(r, xa.h, C.int(ra.dims), C.bool(ra.hasBase), C.float(ra.base), 1, C.int(offset), ra.freqs, b.stream)
+	})
+}
+
+// ropeApply rotates the first dims of xa's last axis with the compiled
+// rotation and the tables c, s.
+func (b *backend) ropeApply(xa, c, s *array, dims int) *array {
+	return b.mk("compiled rope", func(r *C.xmx_array) C.int {
+		return C.xmx_rope_apply(r, b.ropeFused, xa.h, c.h, s.h, C.int(dims), b.stream)
+	})
+}
+
+// ropeArgs is what MLX's rope takes for one engine.RoPE: the rotated
+// dims, and a base or (scaled schemes) the periods.
+type ropeArgs struct {
+	dims    int
+	freqs   C.xmx_array // null: rotate with base
+	periods *array
+	hasBase bool
+	base    float32
+}
+
+// key is ropeTable's key for l positions from offset in dtype mdt.
+func (ra *ropeArgs) key(offset, l int, mdt C.int) ropeTabKey {
+	return ropeTabKey{offset: offset, l: l, dims: ra.dims, mdt: mdt, hasBase: ra.hasBase, base: ra.base, periods: ra.periods}
+}
+
+// ropeSetup returns rp's arguments for x and x with a scaled scheme's
+// attention factor applied to its rotated part.
+func (b *backend) ropeSetup(xa *array, rp *engine.RoPE) (*array, ropeArgs) {
 	if len(xa.shape) < 2 {
 		panic(fmt.Sprintf("mlx: RoPE of %v", xa.shape))
 	}
@@ -1480,9 +1527,7 @@ func (b *backend) rope(xa *array, offset int, rp *engine.RoPE, compiled bool) *a
 	if dims <= 0 || dims > dh {
 		dims = dh
 	}
-	var freqs C.xmx_array // null: rotate with base
-	var periods *array
-	hasBase, base := true, float32(rp.Base)
+	ra := ropeArgs{dims: dims, hasBase: true, base: float32(rp.Base)}
 	mscale := float32(1)
 	if t := rp.Scale.Type; t != "" && t != "default" {
 		// Scaled schemes: the frequencies the engine computes for
@@ -1504,7 +1549,7 @@ func (b *backend) rope(xa *array, offset int, rp *engine.RoPE, compiled bool) *a
 			f.attn = attn
 			b.freqs[key] = f
 		}
-		freqs, periods, hasBase, mscale = f.periods.h, f.periods, false, f.attn
+		ra.freqs, ra.periods, ra.hasBase, mscale = f.periods.h, f.periods, false, f.attn
 	}
 	if mscale != 1 {
 		ms := b.scalar(mscale, xa.mdt)
@@ -1515,16 +1560,7 @@ func (b *backend) rope(xa *array, offset int, rp *engine.RoPE, compiled bool) *a
 			xa = b.concat(axis, b.mul(b.slice(xa, axis, 0, dims), ms), b.slice(xa, axis, dims, dh))
 		}
 	}
-	if compiled && len(xa.shape) >= 3 && xa.shape[len(xa.shape)-2] > 0 && dims%2 == 0 {
-		key := ropeTabKey{offset: offset, l: xa.shape[len(xa.shape)-2], dims: dims, mdt: xa.mdt, hasBase: hasBase, base: base, periods: periods}
-		c, s := b.ropeTable(key, freqs)
-		return b.mk("compiled rope", func(r *C.xmx_array) C.int {
-			return C.xmx_rope_apply(r, b.ropeFused, xa.h, c.h, s.h, C.int(dims), b.stream)
-		})
-	}
-	return b.mk("rope", func(r *C.xmx_array) C.int {
-		return C.xmx_rope(r, xa.h, C.int(dims), C.bool(hasBase), C.float(base), 1, C.int(offset), freqs, b.stream)
-	})
+	return xa, ra
 }
 
 var (

@@ -22,6 +22,10 @@ type kvCache struct {
 	k, v   []*array // per layer; nil until first written
 	n      int      // Len()
 	extent []int    // per layer: positions written by Import beyond n
+	// slab: the batched decode's slab that holds this cache's K/V as its
+	// row row (k and v are nil meanwhile; batch.go), or nil.
+	slab *kvSlab
+	row  int
 }
 
 func (b *backend) NewKVCache(g engine.CacheGeometry, dt engine.DType) engine.KVCache {
@@ -120,6 +124,7 @@ func (c *kvCache) Append(layer int, k, v engine.Array) (kAll, vAll engine.Array)
 func (c *kvCache) appendOn(o *appendOp) {
 	kx, vx := c.b.arr(o.kIn), c.b.arr(o.vIn)
 	c.checkStep("Append", kx, vx)
+	c.detach()
 	end := c.n + kx.shape[1]
 	c.write(o.layer, c.n, kx, vx)
 	since := len(c.b.temps)
@@ -151,6 +156,7 @@ func (c *kvCache) Truncate(n int) {
 func (c *kvCache) Export(layer, start, n int) (kb, vb []byte, err error) {
 	err = c.b.doErr(func() error {
 		c.checkLayer("Export", layer)
+		c.detach()
 		if start < 0 || n < 0 || start+n > max(c.n, c.extent[layer]) {
 			return fmt.Errorf("mlx: KVCache.Export: positions [%d, %d) of %d cached", start, start+n, c.n)
 		}
@@ -177,6 +183,7 @@ func (c *kvCache) Export(layer, start, n int) (kb, vb []byte, err error) {
 func (c *kvCache) Import(layer, start, n int, kb, vb []byte) error {
 	return c.b.doErr(func() error {
 		c.checkLayer("Import", layer)
+		c.detach()
 		if start < 0 || n < 0 || start > max(c.n, c.extent[layer]) {
 			return fmt.Errorf("mlx: KVCache.Import at %d with %d cached in layer %d", start, max(c.n, c.extent[layer]), layer)
 		}
@@ -218,6 +225,9 @@ func (c *kvCache) Commit(n int) error {
 
 func (c *kvCache) Free() {
 	c.b.do(func() {
+		if c.slab != nil {
+			c.slab.leave(c.b, c)
+		}
 		for l := range c.k {
 			c.b.release(c.k[l])
 			c.b.release(c.v[l])

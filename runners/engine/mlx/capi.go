@@ -84,6 +84,8 @@ static struct {
 	int (*argpartition_axis)(xmx_array*, xmx_array, int, int, xmx_stream);
 	int (*argsort_axis)(xmx_array*, xmx_array, int, xmx_stream);
 	int (*take_along_axis)(xmx_array*, xmx_array, xmx_array, int, xmx_stream);
+	// Optional: a batched decode's cache writes (batch.go).
+	int (*put_along_axis)(xmx_array*, xmx_array, xmx_array, xmx_array, int, xmx_stream);
 	int (*gather_mm)(xmx_array*, xmx_array, xmx_array, xmx_array, xmx_array, bool, xmx_stream);
 	int (*gather_qmm)(xmx_array*, xmx_array, xmx_array, xmx_array, xmx_array, xmx_array, xmx_array, bool, xmx_opt_int, xmx_opt_int, const char*, bool, xmx_stream);
 	// Optional: the gated delta rule.
@@ -227,6 +229,7 @@ int xmx_load(const char* path, const char* preload, char* err, size_t errlen) {
 	XMX_SYM(argpartition_axis, "mlx_argpartition_axis", 0);
 	XMX_SYM(argsort_axis, "mlx_argsort_axis", 0);
 	XMX_SYM(take_along_axis, "mlx_take_along_axis", 0);
+	XMX_SYM(put_along_axis, "mlx_put_along_axis", 0);
 	XMX_SYM(gather_mm, "mlx_gather_mm", 0);
 	XMX_SYM(gather_qmm, "mlx_gather_qmm", 0);
 	XMX_SYM(exp, "mlx_exp", 0);
@@ -547,6 +550,11 @@ int xmx_take_along_axis(xmx_array* res, xmx_array a, xmx_array idx, int axis, xm
 	XMX_NEED(take_along_axis);
 	return X.take_along_axis(res, a, idx, axis, s);
 }
+int xmx_put_along_axis(xmx_array* res, xmx_array a, xmx_array idx, xmx_array values, int axis, xmx_stream s) {
+	XMX_NEED(put_along_axis);
+	return X.put_along_axis(res, a, idx, values, axis, s);
+}
+bool xmx_has_put_along_axis(void) { return X.put_along_axis != NULL; }
 // The gathered matmuls take only rhs_indices (which matrix of b / w each
 // batch row uses); lhs_indices is null, so a's batch rows are taken in
 // order (broadcast against rhs when a has one).
