@@ -31,7 +31,9 @@ import (
 // RoPERows rotates x [N, H, Dh] with row n at positions[n]. On the CPU
 // device (compiled rotation) the tables of the rows' positions are the
 // ones RoPE uses for each position alone, stacked [N, 1, dims/2], so
-// every row is RoPE's bit for bit; elsewhere it rotates row by row.
+// every row is RoPE's bit for bit; elsewhere (a GPU) it is MLX's rope with
+// one offset per row (mlx_fast_rope_dynamic, as mlx-lm's batched caches
+// rotate), and row by row where mlx-c lacks it.
 func (b *backend) RoPERows(x engine.Array, positions []int, r *engine.RoPE) engine.Array {
 	pos, rp := slices.Clone(positions), *r
 	return b.op(func() *array {
@@ -48,6 +50,20 @@ func (b *backend) RoPERows(x engine.Array, positions []int, r *engine.RoPE) engi
 				c, s := b.ropeRowTables(&ra, pos, xs.mdt)
 				return b.ropeApply(xs, c, s, ra.dims)
 			}
+		}
+		if C.xmx_has_rope_dynamic() {
+			// MLX's rope with one offset per row: x as [N, H, 1, Dh].
+			xs, ra := b.ropeSetup(xa, &rp)
+			off := make([]byte, 4*len(pos))
+			for n, p := range pos {
+				binary.LittleEndian.PutUint32(off[4*n:], uint32(p))
+			}
+			oa := b.fromBytes(off, []int{len(pos)}, engine.I32)
+			x4 := b.expandDims(xs, 2)
+			r := b.mk("rope", func(r *C.xmx_array) C.int {
+				return C.xmx_rope_dynamic(r, x4.h, C.int(ra.dims), C.bool(ra.hasBase), C.float(ra.base), 1, oa.h, ra.freqs, b.stream)
+			})
+			return b.reshape(r, xa.shape[0], xa.shape[1], xa.shape[2])
 		}
 		outs := make([]*array, len(pos))
 		for n, p := range pos {

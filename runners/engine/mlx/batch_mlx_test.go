@@ -197,3 +197,58 @@ func TestBatchDecodeArraysMLX(t *testing.T) {
 		t.Errorf("two more sequences add %d arrays a step over %d layers; want at most %d (the graph of a layer must not grow with B)", d, layers, layers)
 	}
 }
+
+// TestRoPERowsMatchesRoPEMLX: RoPERows rotates row n of [N, H, Dh] exactly
+// as RoPE rotates that row alone at its position, bit for bit, compiled
+// (the CPU device's stacked tables) and through MLX's rope with one offset
+// per row (the path of devices with rope kernels, forced here), for plain
+// and scaled schemes, partial rotation, float32 and bfloat16, and more
+// rows than the table cache holds.
+func TestRoPERowsMatchesRoPEMLX(t *testing.T) {
+	b := newTestBackend(t)
+	compiled := b.fallbackErr
+	t.Cleanup(func() { b.fallbackErr = compiled })
+	ropes := []engine.RoPE{
+		{Dims: 16, Base: 10000},
+		{Dims: 8, Base: 500000, Scale: engine.RoPEScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 64}},
+		{Dims: 16, Base: 150000, Scale: engine.RoPEScaling{Type: "yarn", Factor: 32, OriginalMaxPositions: 64, BetaFast: 32, BetaSlow: 1}},
+	}
+	for _, mode := range []string{"compiled", "rope_dynamic"} {
+		if mode == "compiled" && compiled != nil {
+			continue
+		}
+		b.fallbackErr = compiled
+		if mode == "rope_dynamic" {
+			b.fallbackErr = errors.New("test: MLX's rope")
+		}
+		for _, dt := range []engine.DType{engine.F32, engine.BF16} {
+			for ri := range ropes {
+				r := &ropes[ri]
+				for _, pos := range [][]int{{7}, {3, 40, 3, 0, 129}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}} {
+					N, H, Dh := len(pos), 3, 16
+					vals := make([]float32, N*H*Dh)
+					for i := range vals {
+						vals[i] = float32(i%23)/7 - 1.5
+					}
+					x := b.AsType(b.FromFloat32(vals, N, H, Dh), dt)
+					got, err := b.Bytes(b.RoPERows(x, pos, r))
+					if err != nil {
+						t.Fatal(err)
+					}
+					row := len(got) / N
+					for n, p := range pos {
+						one := b.Transpose(b.Slice(x, 0, n, n+1), 1, 0, 2) // [H, 1, Dh]
+						want, err := b.Bytes(b.Transpose(b.RoPE(one, p, r), 1, 0, 2))
+						if err != nil {
+							t.Fatal(err)
+						}
+						if string(got[n*row:(n+1)*row]) != string(want) {
+							t.Fatalf("%s %v %+v positions %v: row %d differs from RoPE at %d", mode, dt, *r, pos, n, p)
+						}
+					}
+					b.Free()
+				}
+			}
+		}
+	}
+}

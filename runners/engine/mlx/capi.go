@@ -86,6 +86,7 @@ static struct {
 	int (*take_along_axis)(xmx_array*, xmx_array, xmx_array, int, xmx_stream);
 	// Optional: a batched decode's cache writes (batch.go).
 	int (*put_along_axis)(xmx_array*, xmx_array, xmx_array, xmx_array, int, xmx_stream);
+	int (*rope_dynamic)(xmx_array*, xmx_array, int, bool, xmx_opt_float, float, xmx_array, xmx_array, xmx_stream);
 	int (*gather_mm)(xmx_array*, xmx_array, xmx_array, xmx_array, xmx_array, bool, xmx_stream);
 	int (*gather_qmm)(xmx_array*, xmx_array, xmx_array, xmx_array, xmx_array, xmx_array, xmx_array, bool, xmx_opt_int, xmx_opt_int, const char*, bool, xmx_stream);
 	// Optional: the gated delta rule.
@@ -230,6 +231,7 @@ int xmx_load(const char* path, const char* preload, char* err, size_t errlen) {
 	XMX_SYM(argsort_axis, "mlx_argsort_axis", 0);
 	XMX_SYM(take_along_axis, "mlx_take_along_axis", 0);
 	XMX_SYM(put_along_axis, "mlx_put_along_axis", 0);
+	XMX_SYM(rope_dynamic, "mlx_fast_rope_dynamic", 0);
 	XMX_SYM(gather_mm, "mlx_gather_mm", 0);
 	XMX_SYM(gather_qmm, "mlx_gather_qmm", 0);
 	XMX_SYM(exp, "mlx_exp", 0);
@@ -555,6 +557,14 @@ int xmx_put_along_axis(xmx_array* res, xmx_array a, xmx_array idx, xmx_array val
 	return X.put_along_axis(res, a, idx, values, axis, s);
 }
 bool xmx_has_put_along_axis(void) { return X.put_along_axis != NULL; }
+// xmx_rope_dynamic is xmx_rope with one offset per row of x (offset I32
+// [x.shape[0]]).
+int xmx_rope_dynamic(xmx_array* res, xmx_array x, int dims, bool has_base, float base, float scale, xmx_array offset, xmx_array freqs, xmx_stream s) {
+	XMX_NEED(rope_dynamic);
+	xmx_opt_float b = {base, has_base};
+	return X.rope_dynamic(res, x, dims, false, b, scale, offset, freqs, s);
+}
+bool xmx_has_rope_dynamic(void) { return X.rope_dynamic != NULL; }
 // The gathered matmuls take only rhs_indices (which matrix of b / w each
 // batch row uses); lhs_indices is null, so a's batch rows are taken in
 // order (broadcast against rhs when a has one).

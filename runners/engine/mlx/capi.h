@@ -136,6 +136,8 @@ int xmx_argsort(xmx_array* res, xmx_array a, int axis, xmx_stream s);
 int xmx_take_along_axis(xmx_array* res, xmx_array a, xmx_array idx, int axis, xmx_stream s);
 int xmx_put_along_axis(xmx_array* res, xmx_array a, xmx_array idx, xmx_array values, int axis, xmx_stream s);
 bool xmx_has_put_along_axis(void);
+int xmx_rope_dynamic(xmx_array* res, xmx_array x, int dims, bool has_base, float base, float scale, xmx_array offset, xmx_array freqs, xmx_stream s);
+bool xmx_has_rope_dynamic(void);
 int xmx_gather_mm(xmx_array* res, xmx_array a, xmx_array b, xmx_array rhs, bool sorted, xmx_stream s);
 int xmx_gather_qmm(xmx_array* res, xmx_array x, xmx_array w, xmx_array scales, xmx_array biases, xmx_array rhs, int group, int bits, const char* mode, bool sorted, xmx_stream s);
 // Gated delta rule (optional symbols as above): the float32 gates, and the
