@@ -139,7 +139,11 @@ func specFamilies() []specFamily {
 	gen := func(arch string, layers int) func(t *testing.T) string {
 		return func(t *testing.T) string {
 			dir := filepath.Join(t.TempDir(), "m")
-			if err := testmodel.Write(dir, testmodel.Spec{Arch: arch, Seed: 7, Layers: layers}); err != nil {
+			spec := testmodel.Spec{Arch: arch, Seed: 7, Layers: layers}
+			if arch == "mistral" {
+				spec.SlidingWindow = 8 // every layer slides (testmodel's mistral has none by default)
+			}
+			if err := testmodel.Write(dir, spec); err != nil {
 				t.Fatal(err)
 			}
 			return dir
