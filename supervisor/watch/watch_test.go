@@ -9,6 +9,11 @@ import (
 	"time"
 )
 
+// debounce is long against the microseconds between a burst's writes, so that a test
+// goroutine descheduled on a loaded machine cannot split one burst into two changes (at
+// 50 ms, TestInPlaceWriteDebounced failed under CI load); quiet waits out three of them.
+const debounce = 500 * time.Millisecond
+
 type harness struct {
 	t       *testing.T
 	changes chan string
@@ -20,7 +25,7 @@ func start(t *testing.T, path string) *harness {
 	ctx, cancel := context.WithCancel(context.Background())
 	done, started := make(chan error, 1), make(chan struct{})
 	go func() {
-		o := Options{Debounce: 50 * time.Millisecond, Trigger: h.trigger, Started: func() { close(started) }}
+		o := Options{Debounce: debounce, Trigger: h.trigger, Started: func() { close(started) }}
 		done <- Run(ctx, path, o, func(r string) { h.changes <- r })
 	}()
 	t.Cleanup(func() {
@@ -49,7 +54,7 @@ func (h *harness) expectQuiet() {
 	select {
 	case r := <-h.changes:
 		h.t.Fatalf("unexpected change: %s", r)
-	case <-time.After(300 * time.Millisecond):
+	case <-time.After(3 * debounce):
 	}
 }
 
