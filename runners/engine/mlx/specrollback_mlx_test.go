@@ -33,7 +33,10 @@ func TestSpeculativeRollbackMatchesRecompute(t *testing.T) {
 	for _, c := range []struct{ name, dir string }{
 		{"mistral", gen(testmodel.Spec{Arch: "mistral", Seed: 3, SlidingWindow: 8})},
 		{"gemma3", gen(testmodel.Spec{Arch: "gemma3", Seed: 3, Layers: 3})},
+		{"gptoss", gen(testmodel.Spec{Arch: "gptoss", Seed: 3})},
 		{"qwen3_next", filepath.Join("..", "testdata", "reference", "qwen3_next")},
+		{"qwen3_5", filepath.Join("..", "testdata", "reference", "qwen3_5")},
+		{"qwen3_5_moe", filepath.Join("..", "testdata", "reference", "qwen3_5_moe")},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			m := load(t, c.dir, b)
