@@ -34,7 +34,9 @@ const runnerUsage = `usage:
                      [--layers A:B --stage I/N --stage-listen HOST:PORT --stage-next HOST:PORT]
 
 The decode runner serves the OpenAI API (POST /v1/chat/completions,
-/v1/completions, /tokenize; GET /v1/models, /health, /metrics) on --listen.
+/v1/completions, /v1/responses, /tokenize, /detokenize), Anthropic's (POST
+/v1/messages, /v1/messages/count_tokens) and GET /v1/models, /health,
+/metrics on --listen.
 The prefill runner serves the KV wire on --listen and /health, /metrics on
 --metrics. SRC is a model directory, a .gguf file, builtin:smollm2 or a
 Hugging Face id.

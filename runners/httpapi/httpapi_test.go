@@ -2,13 +2,17 @@ package httpapi
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/exo-pd/exo-pd/internal/testutil"
 	"github.com/exo-pd/exo-pd/runners/gen"
 	"github.com/exo-pd/exo-pd/runners/metrics"
 )
@@ -68,5 +72,86 @@ func TestMountServesBothAPIs(t *testing.T) {
 		if !strings.Contains(rec.Body.String(), want) {
 			t.Errorf("the runner's metrics lack %s", want)
 		}
+	}
+}
+
+// blockGen holds every generation until its request's context ends, as a
+// long generation does when its client goes away, and reports each start.
+type blockGen struct {
+	echoGen
+	started chan struct{}
+}
+
+func (g blockGen) Generate(ctx context.Context, _ *gen.Request, _ gen.Emitter) (gen.Result, error) {
+	g.started <- struct{}{}
+	<-ctx.Done()
+	return gen.Result{}, fmt.Errorf("generation: %w", ctx.Err())
+}
+
+// TestClientGoneIs499: a request whose client goes away before any output
+// (a non-streamed request is always such, a stream before its first event)
+// is counted as 499, the code exo_requests_total's help gives for it, on
+// every API, never as a 500 (which an operator's alert reads as the
+// runner failing).
+func TestClientGoneIs499(t *testing.T) {
+	met := metrics.New("decode")
+	g := blockGen{started: make(chan struct{}, 1)}
+	mux := http.NewServeMux()
+	Mount(mux, Options{Gen: g, Name: "m", Metrics: met, Logger: slog.New(slog.DiscardHandler)})
+	hs := httptest.NewServer(mux)
+	t.Cleanup(hs.Close)
+	chat := `"messages":[{"role":"user","content":"x"}]`
+	cases := []struct{ path, body string }{
+		{"/v1/chat/completions", `{"model":"m",` + chat + `}`},
+		{"/v1/chat/completions", `{"model":"m","stream":true,` + chat + `}`},
+		{"/v1/completions", `{"model":"m","prompt":"x"}`},
+		{"/v1/responses", `{"model":"m","input":"x"}`},
+		{"/v1/responses", `{"model":"m","input":"x","stream":true}`},
+		{"/v1/messages", `{"model":"m","max_tokens":8,` + chat + `}`},
+		{"/v1/messages", `{"model":"m","max_tokens":8,"stream":true,` + chat + `}`},
+	}
+	for _, c := range cases {
+		ctx, cancel := context.WithCancel(t.Context())
+		req, err := http.NewRequestWithContext(ctx, "POST", hs.URL+c.path, strings.NewReader(c.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			resp, err := http.DefaultClient.Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			done <- err
+		}()
+		select {
+		case <-g.started:
+		case err := <-done:
+			t.Fatalf("%s %s: answered before the generation began (err %v)", c.path, c.body, err)
+		case <-time.After(time.Minute):
+			t.Fatalf("%s %s: the generation never began", c.path, c.body)
+		}
+		cancel()
+		<-done
+	}
+	count := func(code string) string {
+		rec := httptest.NewRecorder()
+		met.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		for _, l := range strings.Split(rec.Body.String(), "\n") {
+			if strings.HasPrefix(l, `exo_requests_total{code="`+code+`",model="m"} `) {
+				return strings.Fields(l)[1]
+			}
+		}
+		return "0"
+	}
+	counted := func() int {
+		a, _ := strconv.Atoi(count("499"))
+		b, _ := strconv.Atoi(count("500"))
+		return a + b
+	}
+	testutil.Eventually(t, func() bool { return counted() == len(cases) }, time.Minute,
+		"not every cancelled request was counted as 499 or 500")
+	if got, want := count("499"), strconv.Itoa(len(cases)); got != want {
+		t.Fatalf("exo_requests_total: 499 counted %s times, want %s; 500 counted %s times", got, want, count("500"))
 	}
 }

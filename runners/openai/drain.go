@@ -174,11 +174,21 @@ func Stopped(ctx context.Context) bool {
 // ClientGone reports whether ctx ended because the client went away.
 func ClientGone(ctx context.Context) bool { return ctx.Err() != nil && !Stopped(ctx) }
 
+// ErrClientGone is the answer to a request whose client went away: 499
+// (nginx's "client closed request"), so that exo_requests_total counts it
+// apart from the runner's own failures. Nobody reads its body.
+var ErrClientGone = &Error{Status: 499, Type: "invalid_request_error", Code: "client_closed_request",
+	Message: "the client closed the request"}
+
 // AsRequestError is asError for a request under ctx: a failure caused by
-// the runner stopping is ErrStopping (503), not a 500.
+// the runner stopping is ErrStopping (503), one caused by the client going
+// away ErrClientGone (499), not a 500.
 func AsRequestError(ctx context.Context, err error) *Error {
 	if Stopped(ctx) {
 		return ErrStopping
+	}
+	if ClientGone(ctx) {
+		return ErrClientGone
 	}
 	return asError(err)
 }
