@@ -45,7 +45,10 @@ docs/BENCHMARKS.md):
 Environment: EXO_MLXC_PATH (libmlxc.so, default /work/build/mlxc/lib/...),
 PY (mlx-lm's python, default /tmp/mlxlm-venv/bin/python), TEST (a prebuilt
 `go test -c -tags mlx ./runners/engine/mlx/` binary; built when absent),
-BENCH_DIR (where the models are or get written, default /tmp).
+BENCH_DIR (where the models are or get written, default /tmp), TEST_BASE
+(optional: a second test binary, e.g. built from an earlier commit, served
+beside the first as side "exo-base" and alternated with the others; the
+table's notes then give exo over exo-base per configuration).
 """
 import argparse
 import json
@@ -244,12 +247,17 @@ def run(a, models, configs, test, mlxc, py, bench_dir, t_start, results, info):
             lm = Server("mlx-lm", [py, os.path.join(ROOT, "scripts/reference/mlxlm_bench.py"), "--serve", path, str(C), str(N)],
                         dict(os.environ), a.timeout)
             base_cmd = "rep"
+        old = None
+        if os.environ.get("TEST_BASE"):
+            old = Server("exo-base", [os.environ["TEST_BASE"], "-test.run", "^TestDecodeBenchServe$", "-test.timeout", "0"], env, a.timeout)
         base = base_side(a)
         info[mname] = {"startup_s": round(time.monotonic() - t0), "threads": {"exo": exo.threads(), base: lm.threads()}}
         sides = {"exo": lambda B, T, P: exo.rep(f"rep overlap {B} {T} {P}"),
                  base: lambda B, T, P: lm.rep(f"{base_cmd} {B} {T} {P}")}
         if a.serial:
             sides["exo-serial"] = lambda B, T, P: exo.rep(f"rep serial {B} {T} {P}")
+        if old:
+            sides["exo-base"] = lambda B, T, P: old.rep(f"rep overlap {B} {T} {P}")
         try:
             for _ in range(a.warmup):
                 for cname, B, T, P in configs:
@@ -281,6 +289,8 @@ def run(a, models, configs, test, mlxc, py, bench_dir, t_start, results, info):
         finally:
             exo.close()
             lm.close()
+            if old:
+                old.close()
 
 
 def base_side(a):
@@ -322,7 +332,16 @@ def print_table(models, configs, results, info, a, total):
                   f"| {host} | {('same' if same else 'differ') if T == 0 else ('same' if same else 'differ') + ' (sampled: own RNGs)'} | {min(loads):.1f}–{max(loads):.1f} |")
     print()
     for mname, *_ in models:
-        for s in ("exo", base, "exo-serial"):
+        for cname, B, T, P in configs:
+            e, b = results.get((mname, cname, "exo"), []), results.get((mname, cname, "exo-base"), [])
+            if e and b:
+                er, br = [r["tokens"] / r["seconds"] for r in e], [r["tokens"] / r["seconds"] for r in b]
+                paired = [x / y for x, y in zip(er, br)]
+                print(f"- {mname} {cname}: exo-base (TEST_BASE) {med(br):.2f} tok/s ({', '.join(f'{x:.2f}' for x in br)}), "
+                      f"{med([per_tok(r, 'cpu_s') for r in b]):.0f} cpu-ms/tok, host {med([per_step(r, 'host_s') for r in b]):.2f} ms/step; "
+                      f"exo / exo-base: ratio of medians {med(er) / med(br):.2f}, paired {med(paired):.2f} ({min(paired):.2f}–{max(paired):.2f})")
+    for mname, *_ in models:
+        for s in ("exo", base, "exo-serial", "exo-base"):
             shares = [tuple(r.get("thread_shares", [])) for c in configs for r in results.get((mname, c[0], s), [])]
             if shares:
                 busy = med([len(x) for x in shares])
