@@ -191,13 +191,15 @@ func (c Content) text(path string) (string, *openai.Error) {
 	return sb.String(), nil
 }
 
+// generationOnly are the fields of /v1/messages that count_tokens does
+// not take: they shape the answer, not the prompt.
+var generationOnly = []string{"max_tokens", "stream", "stop_sequences", "temperature", "top_p", "top_k", "metadata", "x_exo_speculative"}
+
 // countShape is requestShape without the generation-only fields.
 var countShape = func() openai.Shape {
 	s := openai.Shape{}
 	for k, v := range requestShape {
-		switch k {
-		case "max_tokens", "stream", "stop_sequences", "temperature", "top_p", "top_k", "metadata", "x_exo_speculative":
-		default:
+		if !slices.Contains(generationOnly, k) {
 			s[k] = v
 		}
 	}
@@ -281,6 +283,12 @@ func (h *Handler) Register(mux *http.ServeMux) {
 // (content block types checked first); on an error it has answered the
 // client and returns false.
 func (h *Handler) readRequest(w http.ResponseWriter, r *http.Request, shape openai.Shape) (Request, bool) {
+	return h.readRequestAs(w, r, shape, nil)
+}
+
+// readRequestAs is readRequest with the decoding's error passed through
+// refine (when set) before it is answered.
+func (h *Handler) readRequestAs(w http.ResponseWriter, r *http.Request, shape openai.Shape, refine func(*openai.Error) *openai.Error) (Request, bool) {
 	body, e := openai.ReadBody(w, r)
 	if e != nil {
 		h.fail(w, "", e)
@@ -292,6 +300,9 @@ func (h *Handler) readRequest(w http.ResponseWriter, r *http.Request, shape open
 	}
 	var req Request
 	if e := openai.DecodeStrict(body, &req, shape); e != nil {
+		if refine != nil {
+			e = refine(e)
+		}
 		h.fail(w, "", e)
 		return Request{}, false
 	}
@@ -303,7 +314,13 @@ func (h *Handler) readRequest(w http.ResponseWriter, r *http.Request, shape open
 // make the prompt (countShape, checked by prompt) and refuses the
 // generation's own, max_tokens among them.
 func (h *Handler) countTokens(w http.ResponseWriter, r *http.Request) {
-	req, ok := h.readRequest(w, r, countShape)
+	req, ok := h.readRequestAs(w, r, countShape, func(e *openai.Error) *openai.Error {
+		if slices.Contains(generationOnly, e.Param) {
+			return openai.Errorf(e.Param, "%s is a field of /v1/messages, not of count_tokens, which counts the prompt "+
+				"(model, messages, system, tools, tool_choice, thinking): leave it out", e.Param)
+		}
+		return e
+	})
 	if !ok || !h.checkModel(w, req.Model) {
 		return
 	}

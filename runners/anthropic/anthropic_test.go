@@ -510,6 +510,11 @@ func TestCountTokensFields(t *testing.T) {
 		if err := json.Unmarshal([]byte(body), &eb); err != nil || code != 400 || eb.Error.Type != "invalid_request_error" || !strings.Contains(eb.Error.Message, name) {
 			t.Errorf("%s: %d %s, want a 400 naming %s", f, code, body, name)
 		}
+		// The field is served on /v1/messages: the error says where it
+		// belongs, not that this server lacks it.
+		if strings.Contains(eb.Error.Message, "not supported") || !strings.Contains(eb.Error.Message, "/v1/messages") {
+			t.Errorf("%s: %q, want it named as a field of /v1/messages, not of count_tokens", f, eb.Error.Message)
+		}
 	}
 	for _, c := range []struct{ name, body string }{
 		{"thinking with any budget", `{"model":"tiny","thinking":{"type":"enabled","budget_tokens":50000},` + msgs + `}`},
