@@ -26,7 +26,9 @@ import (
 // (one copy of their K/V); a cache used on its own again (a single
 // sequence's step, several rows, Export, Import) first copies its row out.
 // Ring caches (sliding-window models) and hybrid caches keep the row loop:
-// their views are not positions 0…T-1 of one buffer.
+// their views are not positions 0…T-1 of one buffer. So does a batch whose
+// lengths differ so much that the padding would more than double its KV
+// memory (slabPays).
 
 // RoPERows rotates x [N, H, Dh] with row n at positions[n]. On the CPU
 // device (compiled rotation) the tables of the rows' positions are the
@@ -115,6 +117,7 @@ type rowTab struct {
 func (b *backend) BatchAttention(caches []engine.KVCache, layer int, q, k, v engine.Array, scale float32, window int, sinks engine.Array) engine.Array {
 	cs := make([]*kvCache, len(caches))
 	slab := window <= 0 && b.slabErr == nil
+	longest, total := 0, 0
 	for i, c := range caches {
 		kc, ok := c.(*kvCache)
 		if !ok || kc.b != b {
@@ -122,11 +125,23 @@ func (b *backend) BatchAttention(caches []engine.KVCache, layer int, q, k, v eng
 			break
 		}
 		cs[i] = kc
+		n := kc.Len() + 1
+		longest, total = max(longest, n), total+n
 	}
-	if !slab {
+	// The slab pads every row to the longest: where that would hold much
+	// more than the caches themselves (one long sequence beside short
+	// ones), the rows keep their own storage and the loop.
+	if !slab || !slabPays(len(caches), longest, total) {
 		return b.batchRows(caches, layer, q, k, v, scale, window, sinks)
 	}
 	return b.op(func() *array { return b.slabAttention(cs, layer, b.arr(q), b.arr(k), b.arr(v), scale, sinks) })
+}
+
+// slabPays reports whether a slab of B rows padded to longest positions
+// holds at most about twice the total positions of the rows (a cache's
+// own storage also rounds up to kvStep).
+func slabPays(B, longest, total int) bool {
+	return B*longest <= 2*total+B*kvStep
 }
 
 // batchRows is BatchAttention one row at a time: each sequence's own

@@ -252,3 +252,56 @@ func TestRoPERowsMatchesRoPEMLX(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchAttentionUnevenMLX: a batch of one long sequence and short ones
+// keeps the row loop (a slab padded to the long one would hold about B
+// times its KV), and still gives each sequence its own step's logits; once
+// the lengths are close enough the slab takes over.
+func TestBatchAttentionUnevenMLX(t *testing.T) {
+	b := newTestBackend(t)
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "m")
+	if err := testmodel.Write(dir, testmodel.Spec{Arch: "llama", Seed: 4, MaxPositions: 2048}); err != nil {
+		t.Fatal(err)
+	}
+	m := load(t, dir, b)
+	lens := []int{900, 5, 7, 9}
+	alone, batch := make([]engine.KVCache, len(lens)), make([]engine.KVCache, len(lens))
+	next := make([]int32, len(lens))
+	for i, n := range lens {
+		p := make([]int32, n)
+		for j := range p {
+			p[j] = int32(10 + (7*j+13*i)%400)
+		}
+		alone[i], batch[i] = m.NewCache(), m.NewCache()
+		defer alone[i].Free()
+		defer batch[i].Free()
+		next[i] = argmax(forward(t, m, alone[i], p...))
+		forward(t, m, batch[i], p...)
+	}
+	check := func(cs []int, wantSlab bool) {
+		t.Helper()
+		var caches []engine.KVCache
+		var toks []int32
+		for _, i := range cs {
+			caches, toks = append(caches, batch[i]), append(toks, next[i])
+		}
+		got, err := m.ForwardBatch(ctx, caches, toks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, i := range cs {
+			if has := batch[i].(*kvCache).slab != nil; has != wantSlab {
+				t.Fatalf("sequences %v: %d in a slab %v, want %v", cs, i, has, wantSlab)
+			}
+			want := forward(t, m, alone[i], next[i])
+			if c := fixture.Cosine(got[j], want); c < 0.9999 || argmax(got[j]) != argmax(want) {
+				t.Fatalf("sequences %v: sequence %d cosine %.7f, argmax %d vs %d", cs, i, c, argmax(got[j]), argmax(want))
+			}
+			next[i] = argmax(want)
+		}
+	}
+	check([]int{0, 1, 2, 3}, false)
+	check([]int{1, 2, 3}, true)
+	check([]int{0, 1, 2, 3}, false) // the long one joins: the rows copy out
+}
