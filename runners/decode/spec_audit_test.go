@@ -134,7 +134,7 @@ func TestSpeculativeRemoteEveryFamily(t *testing.T) {
 
 // TestSpeculationEveryRequestKind: every request kind of specRequests
 // (logprobs, penalties and bias, a stop sequence, seeded sampling, a
-// grammar, a forced tool call) speculates — verifies drafted tokens, and
+// grammar, a forced tool call, tools the model may call) speculates — verifies drafted tokens, and
 // keeps some where drafts are not constrained — rather than falling back to plain steps, on a runner whose
 // model drafts for itself, and answers as plain decoding does.
 func TestSpeculationEveryRequestKind(t *testing.T) {
@@ -151,7 +151,9 @@ func TestSpeculationEveryRequestKind(t *testing.T) {
 		grammar(text, o)
 		o.Speculative, o.SpecTokens, o.specForce, o.Draft = SpecDraft, 4, true, o.Model
 	})
-	for name, body := range specRequests() {
+	kinds := specRequests()
+	kinds["tool auto"] = specBody("tool call", map[string]any{"tool_choice": "auto"})
+	for name, body := range kinds {
 		if name == "stop" {
 			continue // it stops at its first token: TestSpeculativeStopInsideDrafts
 		}
