@@ -68,6 +68,9 @@ type Request struct {
 	// Speculative is exo's extension, as chat's: false turns speculative
 	// decoding off for this request.
 	Speculative *bool `json:"x_exo_speculative,omitempty"`
+	// DisableRemotePrefill is exo's extension, as chat's: prefill this
+	// request locally.
+	DisableRemotePrefill bool `json:"x_exo_disable_remote_prefill,omitempty"`
 }
 
 // Thinking is the request's extended-thinking setting.
@@ -193,7 +196,7 @@ func (c Content) text(path string) (string, *openai.Error) {
 
 // generationOnly are the fields of /v1/messages that count_tokens does
 // not take: they shape the answer, not the prompt.
-var generationOnly = []string{"max_tokens", "stream", "stop_sequences", "temperature", "top_p", "top_k", "metadata", "x_exo_speculative"}
+var generationOnly = []string{"max_tokens", "stream", "stop_sequences", "temperature", "top_p", "top_k", "metadata", "x_exo_speculative", "x_exo_disable_remote_prefill"}
 
 // countShape is requestShape without the generation-only fields.
 var countShape = func() openai.Shape {
@@ -434,6 +437,7 @@ func (h *Handler) convert(r *Request) (*gen.Request, *openai.Error) {
 	g.Sampling, g.Stop = s, append([]string(nil), r.StopSequences...)
 	g.Stream, g.IncludeUsage = r.Stream, true
 	g.NoSpeculation = r.Speculative != nil && !*r.Speculative
+	g.DisableRemotePrefill = r.DisableRemotePrefill
 	return g, nil
 }
 

@@ -155,3 +155,73 @@ func TestClientGoneIs499(t *testing.T) {
 		t.Fatalf("exo_requests_total: 499 counted %s times, want %s; 500 counted %s times", got, want, count("500"))
 	}
 }
+
+// recordGen answers like echoGen and keeps the last request it was given.
+type recordGen struct {
+	echoGen
+	got chan *gen.Request
+}
+
+func (g recordGen) Generate(ctx context.Context, req *gen.Request, em gen.Emitter) (gen.Result, error) {
+	g.got <- req
+	return g.echoGen.Generate(ctx, req, em)
+}
+
+// TestExtensionsOnEveryAPI: exo's per-request extensions
+// x_exo_disable_remote_prefill and x_exo_speculative reach the generator
+// from every generating API (chat, completions, responses, messages), and
+// count_tokens, which generates nothing, refuses them by name.
+func TestExtensionsOnEveryAPI(t *testing.T) {
+	g := recordGen{got: make(chan *gen.Request, 1)}
+	mux := http.NewServeMux()
+	Mount(mux, Options{Gen: g, Name: "m", Logger: slog.New(slog.DiscardHandler)})
+	hs := httptest.NewServer(mux)
+	t.Cleanup(hs.Close)
+	chat := `"messages":[{"role":"user","content":"x"}]`
+	apis := []struct{ path, body string }{
+		{"/v1/chat/completions", `{"model":"m",` + chat},
+		{"/v1/completions", `{"model":"m","prompt":"x"`},
+		{"/v1/responses", `{"model":"m","input":"x"`},
+		{"/v1/messages", `{"model":"m","max_tokens":8,` + chat},
+	}
+	for _, api := range apis {
+		for _, c := range []struct {
+			ext                string
+			local, noSpeculate bool
+		}{
+			{"", false, false},
+			{`,"x_exo_disable_remote_prefill":true`, true, false},
+			{`,"x_exo_disable_remote_prefill":false,"x_exo_speculative":false`, false, true},
+			{`,"x_exo_speculative":true`, false, false},
+		} {
+			body := api.body + c.ext + "}"
+			resp, err := http.Post(hs.URL+api.path, "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Errorf("%s %s: %d %s", api.path, body, resp.StatusCode, b)
+				continue
+			}
+			got := <-g.got
+			if got.DisableRemotePrefill != c.local || got.NoSpeculation != c.noSpeculate {
+				t.Errorf("%s %s: DisableRemotePrefill %v NoSpeculation %v, want %v %v",
+					api.path, body, got.DisableRemotePrefill, got.NoSpeculation, c.local, c.noSpeculate)
+			}
+		}
+	}
+	for _, ext := range []string{"x_exo_disable_remote_prefill", "x_exo_speculative"} {
+		resp, err := http.Post(hs.URL+"/v1/messages/count_tokens", "application/json",
+			strings.NewReader(`{"model":"m",`+chat+`,"`+ext+`":false}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 400 || !strings.Contains(string(b), ext) {
+			t.Errorf("count_tokens with %s: %d %s, want a 400 naming it", ext, resp.StatusCode, b)
+		}
+	}
+}

@@ -45,6 +45,8 @@ type ResponsesRequest struct {
 	// Speculative is exo's extension, as chat's: false turns speculative
 	// decoding off for this request.
 	Speculative *bool `json:"x_exo_speculative,omitempty"`
+	// DisableRemotePrefill is exo's extension, as chat's: prefill locally.
+	DisableRemotePrefill bool `json:"x_exo_disable_remote_prefill,omitempty"`
 }
 
 // ResponsesTool is a function tool of the Responses API (flat, unlike
@@ -253,7 +255,7 @@ func (h *Handler) convertResponses(r *ResponsesRequest) (*gen.Request, *Error) {
 	}
 	cr.ToolChoice, cr.ParallelToolCalls = r.ToolChoice, r.ParallelToolCalls
 	cr.MaxTokens, cr.Temperature, cr.TopP, cr.Stream = r.MaxOutputTokens, r.Temperature, r.TopP, r.Stream
-	cr.Speculative = r.Speculative
+	cr.Speculative, cr.DisableRemotePrefill = r.Speculative, r.DisableRemotePrefill
 	v := h.validator()
 	v.ToolFields = &responsesToolFields
 	g, e := v.ValidateChat(&cr)

@@ -42,7 +42,8 @@
 //   - max_reasoning_tokens (chat): bounds the reasoning of a model that
 //     reasons before a constrained answer (see ChatRequest).
 //   - x_exo_disable_remote_prefill: prefill this request locally even when a
-//     prefill runner is configured (exo bench --compare-local).
+//     prefill runner is configured (exo bench --compare-local); the
+//     Responses API (and runners/anthropic's Messages) take it too.
 //   - x_exo_speculative: false: no speculative decoding for this request
 //     (true, the default, lets the runner's --speculative apply); the
 //     Responses API (and runners/anthropic's Messages) take it too.
