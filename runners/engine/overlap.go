@@ -88,24 +88,35 @@ type Overlap struct {
 	ref  []*sample.Sampler
 	hist [][]int32
 	pick []int32
+	// Reused step after step by Next: the rows' state before the call
+	// (put back if the step cannot be queued: restore; also the rows of
+	// the step Next reads), the rows that take the next step, and
+	// launch's arrays.
+	saved rowState
+	keep  []int32
+	args  []Array
 }
 
 // flight is a queued step's arrays (kept).
 type flight struct {
 	tok        Array // [B] I32
 	lc, li, lv Array // RowLogprobs' chosen, ids, vals (nil: none, or on the host)
+	// With top logprobs, what the host reads back in two arrays rather
+	// than four: ints the tokens then the ids [B + B·top] I32, floats
+	// the chosen values then the top ones [B + B·top] F32.
+	ints, floats Array
 	// host: the logprobs computed on the host (no RowLogprober).
 	hostC []float64
 	hostT [][]sample.TokenLogprob
 }
 
 func (f *flight) free(b Backend) {
-	for _, a := range []Array{f.tok, f.lc, f.li, f.lv} {
+	for _, a := range []Array{f.tok, f.lc, f.li, f.lv, f.ints, f.floats} {
 		if a != nil {
 			b.Free(a)
 		}
 	}
-	f.tok, f.lc, f.li, f.lv = nil, nil, nil, nil
+	*f = flight{}
 }
 
 // GreedyOverlap is an Overlap whose rows are all plain greedy.
@@ -318,9 +329,7 @@ func (o *Overlap) queueSplit(ids Array, before func() error) (err error) {
 			return err
 		}
 	}
-	if err := o.fillMasks(out.Shape()[1]); err != nil {
-		return err
-	}
+	o.fillMasks(out.Shape()[1])
 	fl, seen, counts, err = o.pickGraph(out, []Array{out})
 	if err != nil {
 		return err
@@ -336,9 +345,11 @@ func (o *Overlap) truncate() {
 }
 
 // fillMasks asks each constrained row's Mask for the step (V tokens a
-// row) into o.mask. A row whose Mask fails is recorded (Failed) and left
-// unconstrained: the caller stops before using its token.
-func (o *Overlap) fillMasks(V int) error {
+// row) into o.mask. A row whose Mask fails does not fail the step (the
+// other rows go on): its error is recorded for Failed, the one way it
+// reaches the caller, and the row is left unconstrained; the caller stops
+// before using its token.
+func (o *Overlap) fillMasks(V int) {
 	B := len(o.caches)
 	if cap(o.mask) < B*V {
 		o.mask = make([]float32, B*V)
@@ -358,7 +369,6 @@ func (o *Overlap) fillMasks(V int) error {
 			}
 		}
 	}
-	return nil
 }
 
 // Failed returns the first error of a row's Mask during the last call
@@ -414,6 +424,11 @@ func (o *Overlap) pickGraph(out Array, eval []Array) (fl flight, seen, counts Ar
 	if o.lp && o.rl != nil {
 		o.top = min(o.top, out.Shape()[1])
 		fl.lc, fl.li, fl.lv = o.rl.RowLogprobs(out, fl.tok, o.top)
+		if fl.li != nil {
+			B := len(o.caches)
+			fl.ints = b.Concat(0, fl.tok, b.Reshape(b.AsType(fl.li, I32), B*o.top))
+			fl.floats = b.Concat(0, b.AsType(fl.lc, F32), b.Reshape(b.AsType(fl.lv, F32), B*o.top))
+		}
 	}
 	return fl, seen, counts, nil
 }
@@ -422,8 +437,8 @@ func (o *Overlap) pickGraph(out Array, eval []Array) (fl flight, seen, counts Ar
 // step's other arrays extra); o.fl becomes the step.
 func (o *Overlap) launch(fl *flight, seen, counts Array, extra []Array) error {
 	b := o.m.b
-	args := make([]Array, 0, 6+len(extra))
-	for _, a := range []Array{fl.tok, fl.lc, fl.li, fl.lv, seen, counts} {
+	args := o.args[:0]
+	for _, a := range []Array{fl.tok, fl.lc, fl.li, fl.lv, fl.ints, fl.floats, seen, counts} {
 		if a != nil {
 			b.Keep(a)
 			args = append(args, a)
@@ -436,6 +451,8 @@ func (o *Overlap) launch(fl *flight, seen, counts Array, extra []Array) error {
 	} else {
 		err = b.Eval(args...)
 	}
+	clear(args)
+	o.args = args[:0]
 	if err != nil {
 		return err
 	}
@@ -533,18 +550,22 @@ func (o *Overlap) Next(ctx context.Context) ([]int32, error) {
 		return nil, err
 	}
 	prev := o.fl
-	prevSpecs := o.specs // Accept's, by row of prev
+	o.save()
+	prevSpecs := o.saved.specs // Accept's, by row of prev
 	o.fl = flight{}
 	// the rows that take the next step
-	var keep []int32
+	o.keep = o.keep[:0]
 	for i, l := range o.left {
 		if l != 0 {
-			keep = append(keep, int32(i))
+			o.keep = append(o.keep, int32(i))
 		}
 	}
-	read := func() error {
-		err := o.read(&prev, prevSpecs)
-		if err != nil {
+	// read: prev's tokens were read (prev is freed and its tokens are in
+	// o.toks, or lost with the error of reading them).
+	read := false
+	readPrev := func() error {
+		read = true
+		if err := o.read(&prev, prevSpecs); err != nil {
 			return err
 		}
 		for i := range prevSpecs {
@@ -556,9 +577,10 @@ func (o *Overlap) Next(ctx context.Context) ([]int32, error) {
 		}
 		return nil
 	}
-	if len(keep) == 0 { // every row's last step: nothing to queue
-		err := read()
+	if len(o.keep) == 0 { // every row's last step: nothing to queue
+		err := readPrev()
 		clear(o.caches)
+		clear(o.saved.caches)
 		o.caches, o.specs, o.left = o.caches[:0], o.specs[:0], o.left[:0]
 		o.freeInputs()
 		if err != nil {
@@ -566,16 +588,15 @@ func (o *Overlap) Next(ctx context.Context) ([]int32, error) {
 		}
 		return o.toks[:len(prevSpecs)], nil
 	}
-	old := o.rows()
 	ids := prev.tok
-	if len(keep) < len(o.caches) {
-		idx := b.FromInt32(keep, len(keep))
+	if len(o.keep) < len(o.caches) {
+		idx := b.FromInt32(o.keep, len(o.keep))
 		ids = b.Take(prev.tok, idx)
 		var sa *SampleArrays
 		if o.sa != nil {
 			sa = o.sa.takeRows(b, idx)
 		}
-		o.compact(keep, sa)
+		o.compact(o.keep, sa)
 	}
 	for i := range o.left {
 		if o.left[i] > 0 {
@@ -585,16 +606,16 @@ func (o *Overlap) Next(ctx context.Context) ([]int32, error) {
 	var err error
 	readErr := error(nil)
 	if o.split {
-		err = o.queueSplit(ids, func() error { readErr = read(); return readErr })
+		err = o.queueSplit(ids, func() error { readErr = readPrev(); return readErr })
 	} else {
 		if err = o.queue(ids); err == nil {
-			readErr = read()
+			readErr = readPrev()
 		}
 	}
 	switch {
-	case err != nil && prev.tok != nil:
+	case err != nil && !read:
 		// nothing queued and the step in flight not read: back to it
-		o.restore(old)
+		o.restore()
 		o.fl = prev
 		return nil, err
 	case err != nil:
@@ -604,8 +625,8 @@ func (o *Overlap) Next(ctx context.Context) ([]int32, error) {
 	case readErr != nil:
 		return nil, readErr
 	}
-	if old.sa != nil && old.sa != o.sa {
-		old.sa.Free(b) // compacted: o.sa took its rows
+	if old := o.saved.sa; old != nil && old != o.sa {
+		old.Free(b) // compacted: o.sa took its rows
 	}
 	return o.toks[:len(prevSpecs)], nil
 }
@@ -616,48 +637,69 @@ type rowState struct {
 	starts []int
 	specs  []SampleSpec
 	left   []int
-	ph     [][]int32
 	phTok  []int32
 	ref    []*sample.Sampler
 	hist   [][]int32
 	sa     *SampleArrays
 }
 
-func (o *Overlap) rows() rowState {
-	return rowState{caches: slices.Clone(o.caches), starts: slices.Clone(o.starts), specs: slices.Clone(o.specs),
-		left: slices.Clone(o.left), ph: slices.Clone(o.ph), phTok: slices.Clone(o.phTok), ref: slices.Clone(o.ref),
-		hist: slices.Clone(o.hist), sa: o.sa}
+// save copies the rows' state into o.saved (its buffers reused).
+func (o *Overlap) save() {
+	r := &o.saved
+	r.caches = append(r.caches[:0], o.caches...)
+	r.starts = append(r.starts[:0], o.starts...)
+	r.specs = append(r.specs[:0], o.specs...)
+	r.left = append(r.left[:0], o.left...)
+	r.phTok = append(r.phTok[:0], o.phTok...)
+	r.ref = append(r.ref[:0], o.ref...)
+	r.hist = append(r.hist[:0], o.hist...)
+	r.sa = o.sa
 }
 
-func (o *Overlap) restore(r rowState) {
+// restore puts back the rows' state save kept.
+func (o *Overlap) restore() {
+	r := &o.saved
 	if o.sa != r.sa && o.sa != nil {
 		o.sa.Free(o.m.b)
 	}
-	o.caches, o.starts, o.specs, o.left, o.ph, o.phTok, o.ref, o.hist, o.sa =
-		r.caches, r.starts, r.specs, r.left, r.ph, r.phTok, r.ref, r.hist, r.sa
+	o.caches = append(o.caches[:0], r.caches...)
+	o.starts = append(o.starts[:0], r.starts...)
+	o.specs = append(o.specs[:0], r.specs...)
+	o.left = append(o.left[:0], r.left...)
+	o.phTok = append(o.phTok[:0], r.phTok...)
+	if o.ref != nil {
+		o.ref = append(o.ref[:0], r.ref...)
+		o.hist = append(o.hist[:0], r.hist...)
+	}
+	o.sa = r.sa
+	o.placeholders()
 }
 
-// compact keeps the rows keep (in order) of the host state; sa (nil: no
-// device inputs) replaces o.sa, whose rows it took.
+// placeholders points each row's ph at its phTok.
+func (o *Overlap) placeholders() {
+	o.ph = o.ph[:0]
+	for i := range o.phTok {
+		o.ph = append(o.ph, o.phTok[i:i+1:i+1])
+	}
+}
+
+// compact keeps the rows keep (ascending) of the host state, in place;
+// sa (nil: no device inputs) replaces o.sa, whose rows it took.
 func (o *Overlap) compact(keep []int32, sa *SampleArrays) {
 	n := len(keep)
-	caches, starts, specs, left := make([]KVCache, n), make([]int, n), make([]SampleSpec, n), make([]int, n)
-	phTok, ph := make([]int32, n), make([][]int32, n)
-	var ref []*sample.Sampler
-	var hist [][]int32
-	if o.ref != nil {
-		ref, hist = make([]*sample.Sampler, n), make([][]int32, n)
-	}
-	for d, s := range keep {
-		caches[d], starts[d], specs[d], left[d], phTok[d] = o.caches[s], o.starts[s], o.specs[s], o.left[s], o.phTok[s]
-		if ref != nil {
-			ref[d], hist[d] = o.ref[s], o.hist[s]
+	for d, s := range keep { // d ≤ s: in place
+		o.caches[d], o.starts[d], o.specs[d], o.left[d], o.phTok[d] = o.caches[s], o.starts[s], o.specs[s], o.left[s], o.phTok[s]
+		if o.ref != nil {
+			o.ref[d], o.hist[d] = o.ref[s], o.hist[s]
 		}
 	}
-	for i := range ph {
-		ph[i] = phTok[i : i+1 : i+1]
+	clear(o.caches[n:]) // hold no cache, nor a spec's functions, past them
+	clear(o.specs[n:])
+	o.caches, o.starts, o.specs, o.left, o.phTok = o.caches[:n], o.starts[:n], o.specs[:n], o.left[:n], o.phTok[:n]
+	if o.ref != nil {
+		o.ref, o.hist = o.ref[:n], o.hist[:n]
 	}
-	o.caches, o.starts, o.specs, o.left, o.ph, o.phTok, o.ref, o.hist = caches, starts, specs, left, ph, phTok, ref, hist
+	o.placeholders()
 	if sa != nil {
 		o.sa = sa // the old one is freed by Next once the step is queued
 	}
@@ -668,11 +710,15 @@ func (o *Overlap) compact(keep []int32, sa *SampleArrays) {
 func (o *Overlap) read(fl *flight, specs []SampleSpec) error {
 	b, n := o.m.b, len(specs)
 	defer fl.free(b)
-	raw, err := b.Bytes(fl.tok)
+	toks := fl.tok
+	if fl.ints != nil {
+		toks = fl.ints // the tokens, then the top ids
+	}
+	raw, err := b.Bytes(toks)
 	if err != nil {
 		return err
 	}
-	if len(raw) != 4*n {
+	if len(raw) < 4*n || (fl.ints == nil && len(raw) != 4*n) {
 		return fmt.Errorf("engine: overlapped step read %d bytes for %d tokens", len(raw), n)
 	}
 	for i := range n {
@@ -689,19 +735,19 @@ func (o *Overlap) read(fl *flight, specs []SampleSpec) error {
 	if fl.lc == nil {
 		return nil
 	}
-	c, err := b.Float32(fl.lc)
-	if err != nil {
-		return err
-	}
+	var c, vals []float32
 	var ids []byte
-	var vals []float32
-	if fl.li != nil {
-		if ids, err = b.Bytes(fl.li); err != nil {
+	if fl.floats != nil {
+		f, err := b.Float32(fl.floats) // the chosen values, then the top ones
+		if err != nil {
 			return err
 		}
-		if vals, err = b.Float32(fl.lv); err != nil {
-			return err
+		if len(f) < n {
+			return fmt.Errorf("engine: overlapped step read %d logprobs for %d tokens", len(f), n)
 		}
+		c, vals, ids = f[:n], f[n:], raw[4*n:]
+	} else if c, err = b.Float32(fl.lc); err != nil {
+		return err
 	}
 	if len(c) != n || len(ids) != 4*n*o.top || len(vals) != n*o.top {
 		return fmt.Errorf("engine: overlapped step read %d logprobs and %d top for %d tokens", len(c), len(vals), n)
@@ -764,6 +810,8 @@ func (o *Overlap) Stop() error {
 		}
 	}
 	clear(o.caches)
+	clear(o.saved.caches)
+	clear(o.saved.specs)
 	o.caches = o.caches[:0]
 	o.freeInputs()
 	return err
