@@ -844,8 +844,15 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 			}
 			t1 := time.Now()
 			// pre: what a hybrid cache's rollback took back (fed again).
-			pre := entry.tokens[min(entry.cache.Len(), len(entry.tokens)):]
+			// A cache with an overlapped step in flight (ahead) is the
+			// overlap's until its next step (another member's change of
+			// the batch may stop it and truncate the cache meanwhile):
+			// not read here; it is never hybrid, so nothing was taken back.
 			ahead, stepped := out.ahead, true
+			var pre []int32
+			if !ahead {
+				pre = entry.tokens[min(entry.cache.Len(), len(entry.tokens)):]
+			}
 			switch {
 			case d != nil && ahead && len(pre) == 0:
 				// The overlap's step in flight, fed with tok, picks the
