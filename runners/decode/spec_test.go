@@ -341,19 +341,27 @@ func (r recordingSampler) Verify(logits []float32, history []int32, d int32, q [
 // (fresh randomness: p < 1e-6 fails one run in a million), the one-layer
 // model of the same seed sampling its drafts, kept or replaced by
 // speculative sampling's rule (both must happen).
+//
+// Batched ("draft-sampled batched"): the unseeded requests four at a time
+// in one batch, so that sampled drafts are verified in the batch's shared
+// forwards (some steps must be shared).
 func TestSpeculativeSamplingMatchesTarget(t *testing.T) {
 	for _, mode := range []string{SpecPromptLookup, SpecDraft, "draft-sampled"} {
-		t.Run(mode, func(t *testing.T) { testSpecSampling(t, mode) })
+		t.Run(mode, func(t *testing.T) { testSpecSampling(t, mode, 1) })
 	}
+	t.Run("draft-sampled batched", func(t *testing.T) { testSpecSampling(t, "draft-sampled", 4) })
 }
 
-func testSpecSampling(t *testing.T, mode string) {
+// testSpecSampling runs the generations batch at a time (1: one after
+// another on a runner without a batcher).
+func testSpecSampling(t *testing.T, mode string, batch int) {
 	const n = 3000
 	abc := []int32{40, 41, 42}
 	bias := map[int32]float32{}
-	var outs [][]int32
+	var mu sync.Mutex
+	var outs []*[]int32
 	s := startTinyServer(t, testmodel.Spec{Arch: "llama", Seed: 7, Layers: 2}, func(text Text, o *Options) {
-		o.Speculative, o.SpecTokens, o.MaxBatch, o.specForce = mode, 4, 1, true
+		o.Speculative, o.SpecTokens, o.MaxBatch, o.specForce = mode, 4, batch, true
 		switch mode {
 		case SpecDraft:
 			o.Draft = o.Model
@@ -365,8 +373,11 @@ func testSpecSampling(t *testing.T, mode string) {
 			o.Speculative, o.Draft = SpecDraft, loadDraft(t, dir, o.Model, text)
 		}
 		o.NewSampler = func(p gen.Sampling) Sampler {
-			outs = append(outs, nil)
-			return recordingSampler{NewSampler(p), &outs[len(outs)-1]}
+			out := new([]int32)
+			mu.Lock()
+			outs = append(outs, out)
+			mu.Unlock()
+			return recordingSampler{NewSampler(p), out}
 		}
 	})
 	prompt := []int32{7, 40, 41, 42, 9, 40, 41, 42, 11, 40, 41, 42, 40}
@@ -405,12 +416,29 @@ func testSpecSampling(t *testing.T, mode string) {
 			bias[a] = min(100, top-l[a]+2)
 		}
 	}
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, batch)
 	for seed := range int64(n) {
 		req := &gen.Request{PromptIDs: prompt, MaxTokens: 3, IgnoreEOS: true,
 			Sampling: gen.Sampling{Temperature: 1, TopP: 1, LogitBias: bias, Seed: seed + 1, SeedSet: mode != "draft-sampled"}}
-		if _, err := s.srv.Generate(ctx, req, discard{}); err != nil {
-			t.Fatal(err)
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			if _, err := s.srv.Generate(ctx, req, discard{}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	if shared := metricValue(t, s.url, "exo_speculative_shared_steps_total"); batch > 1 {
+		if shared == 0 {
+			t.Fatal("no verifying step was shared with another generation: the batched verification was not exercised")
 		}
+		t.Logf("%v verifying steps shared with another generation", shared)
 	}
 	accepted, rejected := 0, 0
 	for _, r := range s.srv.journal.since(0) {
@@ -462,7 +490,8 @@ func testSpecSampling(t *testing.T, mode string) {
 	}
 	observed := map[cell]int{}
 	other := cell{-1, -1, -1}
-	for _, o := range outs {
+	for _, op := range outs {
+		o := *op
 		if len(o) != 3 {
 			t.Fatalf("sampled %d tokens, want 3", len(o))
 		}
