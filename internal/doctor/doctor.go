@@ -516,10 +516,12 @@ func (Disk) Run(_ context.Context, env *Env) []Result {
 }
 
 // Sources checks that each runner placed on this host can find its model
-// where it will start: a local directory or .gguf file that exists,
-// builtin:smollm2 installed, an HF id already in the store or, when it is
-// not, a cluster that may download and a store it can write to. Without it
-// a wrong source shows only as a runner that crash-loops.
+// where it will start — and its draft model ([models.speculative] draft),
+// which the decode runner loads at start too: a local directory or .gguf
+// file that exists, builtin:smollm2 installed, an HF id already in the
+// store or, when it is not, a cluster that may download and a store it can
+// write to. Without it a wrong source shows only as a runner that
+// crash-loops.
 type Sources struct{}
 
 func (Sources) Name() string { return "model source" }
@@ -527,27 +529,36 @@ func (Sources) Name() string { return "model source" }
 func (Sources) Run(ctx context.Context, env *Env) []Result {
 	var rs []Result
 	for _, r := range env.Config.Runners(env.Host) {
-		name := "model source " + r.Name
-		path, err := hf.Resolve(ctx, r.Source, hf.Options{Offline: true, StoreDir: env.Config.Cluster.ModelsDir})
-		switch {
-		case err == nil:
-			rs = append(rs, Result{Name: name, Status: OK, Detail: r.Source + ": " + path})
-		case errors.Is(err, hf.ErrNotInStore) && env.Config.Cluster.Offline:
-			rs = append(rs, Result{Name: name, Status: Fail, Detail: err.Error(),
-				Fix: fmt.Sprintf("[cluster] offline = true forbids the download: run `exo model pull %s` on this host (or copy the store here)", r.Source)})
-		case errors.Is(err, hf.ErrNotInStore):
-			if dir, werr := storeWritable(env.Config.Cluster.ModelsDir); werr != nil {
-				rs = append(rs, Result{Name: name, Status: Fail, Detail: fmt.Sprintf("%s is not in the store and the store cannot take it: %v", r.Source, werr),
-					Fix: fmt.Sprintf("make %s writable by the supervisor's user, or set [cluster] models_dir (or EXO_MODELS_DIR) to a writable disk", dir)})
-				continue
-			}
-			rs = append(rs, Result{Name: name, Status: OK, Detail: r.Source + ": not in the store yet, downloaded on the runner's first start (`exo model pull` ahead of time avoids the wait)"})
-		default:
-			rs = append(rs, Result{Name: name, Status: Fail, Detail: err.Error(),
-				Fix: fmt.Sprintf("fix the source of model %s in the cluster file (a local directory or .gguf file present on this host, builtin:smollm2, or a Hugging Face id org/name[@rev])", r.Model)})
+		rs = append(rs, sourceResult(ctx, env, "model source "+r.Name, r.Source,
+			fmt.Sprintf("fix the source of model %s in the cluster file", r.Model)))
+		if r.Draft != "" {
+			rs = append(rs, sourceResult(ctx, env, "draft source "+r.Name, r.Draft,
+				fmt.Sprintf("fix [models.speculative] draft of model %s in the cluster file", r.Model)))
 		}
 	}
 	return rs
+}
+
+// sourceResult is the check of one source named name; fix says where the
+// source is set.
+func sourceResult(ctx context.Context, env *Env, name, source, fix string) Result {
+	path, err := hf.Resolve(ctx, source, hf.Options{Offline: true, StoreDir: env.Config.Cluster.ModelsDir})
+	switch {
+	case err == nil:
+		return Result{Name: name, Status: OK, Detail: source + ": " + path}
+	case errors.Is(err, hf.ErrNotInStore) && env.Config.Cluster.Offline:
+		return Result{Name: name, Status: Fail, Detail: err.Error(),
+			Fix: fmt.Sprintf("[cluster] offline = true forbids the download: run `exo model pull %s` on this host (or copy the store here)", source)}
+	case errors.Is(err, hf.ErrNotInStore):
+		if dir, werr := storeWritable(env.Config.Cluster.ModelsDir); werr != nil {
+			return Result{Name: name, Status: Fail, Detail: fmt.Sprintf("%s is not in the store and the store cannot take it: %v", source, werr),
+				Fix: fmt.Sprintf("make %s writable by the supervisor's user, or set [cluster] models_dir (or EXO_MODELS_DIR) to a writable disk", dir)}
+		}
+		return Result{Name: name, Status: OK, Detail: source + ": not in the store yet, downloaded on the runner's first start (`exo model pull` ahead of time avoids the wait)"}
+	default:
+		return Result{Name: name, Status: Fail, Detail: err.Error(),
+			Fix: fix + " (a local directory or .gguf file present on this host, builtin:smollm2, or a Hugging Face id org/name[@rev])"}
+	}
 }
 
 // storeWritable reports the model store directory and whether a download
