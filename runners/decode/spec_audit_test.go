@@ -414,3 +414,78 @@ func TestSpeculationRefusedWithReason(t *testing.T) {
 		})
 	}
 }
+
+// TestSpeculativeNextTurnReusesCache: a conversation's second turn, whose
+// prompt holds the first turn's speculatively decoded answer, reuses at
+// least as much of the first turn's cache as after plain decoding (the
+// positions its verifications kept, rejected drafts gone) and answers as
+// plain decoding does, on a full, two sliding and a Gated DeltaNet model,
+// with prompt lookup and a draft model. (The tiny gemma3's window of 8
+// keeps too little of a 47-token prompt for either to reuse it; a Gated
+// DeltaNet cache resumes only at kept positions, and its verifications'
+// once pushed the end of the prompt out of them.)
+func TestSpeculativeNextTurnReusesCache(t *testing.T) {
+	type chatAnswer struct {
+		Choices []struct {
+			Message struct {
+				Content string `json:"content"`
+			} `json:"message"`
+		} `json:"choices"`
+		Usage struct {
+			Details struct {
+				Cached int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	parse := func(t *testing.T, a string) chatAnswer {
+		t.Helper()
+		var c chatAnswer
+		if err := json.Unmarshal([]byte(a), &c); err != nil || len(c.Choices) != 1 {
+			t.Fatalf("%v: %s", err, a)
+		}
+		return c
+	}
+	for _, fam := range specFamilies() {
+		if fam.name != "llama" && fam.name != "gemma3" && fam.name != "mistral" && fam.name != "qwen3_next" {
+			continue
+		}
+		t.Run(fam.name, func(t *testing.T) {
+			dir, draftDir := fam.dir(t), fam.draft(t)
+			plain := serveTinyDir(t, dir, func(_ Text, o *Options) { o.CacheEntries = 4 })
+			turn := func(url string) (first, second chatAnswer) {
+				body := specBody("greedy", map[string]any{"logprobs": nil, "top_logprobs": nil})
+				first = parse(t, answerOf(t, url, body))
+				msgs := append(append([]map[string]any(nil), body["messages"].([]map[string]any)...),
+					map[string]any{"role": "assistant", "content": first.Choices[0].Message.Content},
+					map[string]any{"role": "user", "content": "one two three four once more"})
+				second = parse(t, answerOf(t, url, specBody("greedy", map[string]any{"messages": msgs, "logprobs": nil, "top_logprobs": nil})))
+				return first, second
+			}
+			w1, w2 := turn(plain.url)
+			for _, mode := range []string{SpecPromptLookup, SpecDraft} {
+				s := serveTinyDir(t, dir, func(text Text, o *Options) {
+					o.Speculative, o.SpecTokens, o.specForce, o.CacheEntries = mode, 4, true, 4
+					if mode == SpecDraft {
+						o.Draft = loadDraft(t, draftDir, o.Model, text)
+					}
+				})
+				g1, g2 := turn(s.url)
+				if g1.Choices[0].Message.Content != w1.Choices[0].Message.Content || g2.Choices[0].Message.Content != w2.Choices[0].Message.Content {
+					t.Fatalf("%s: speculative turns %q, %q; plain %q, %q", mode, g1.Choices[0].Message.Content, g2.Choices[0].Message.Content,
+						w1.Choices[0].Message.Content, w2.Choices[0].Message.Content)
+				}
+				if g2.Usage.Details.Cached < w2.Usage.Details.Cached || (fam.name != "gemma3" && g2.Usage.Details.Cached == 0) {
+					t.Fatalf("%s: the second turn reused %d cached tokens, plain decoding %d", mode, g2.Usage.Details.Cached, w2.Usage.Details.Cached)
+				}
+				verified := 0
+				for _, r := range s.srv.journal.since(0) {
+					verified += r.SpecAccepted + r.SpecRejected
+				}
+				if verified == 0 {
+					t.Fatalf("%s: no drafted token verified", mode)
+				}
+				t.Logf("%s: second turn cached %d tokens (plain %d)", mode, g2.Usage.Details.Cached, w2.Usage.Details.Cached)
+			}
+		})
+	}
+}

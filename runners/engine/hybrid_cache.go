@@ -180,7 +180,13 @@ func (c *hybridCache) begin(tokens int) {
 }
 
 // snapshot keeps the current states at Len() (not at 0: the empty state
-// needs no copy), dropping the oldest beyond maxSnapshots.
+// needs no copy). Beyond maxSnapshots it drops the kept position closest
+// to the one before it (the oldest among equals; never the newest), so
+// what a later Truncate loses by going back to a kept position stays
+// small: speculative decoding's verifications, a few positions apart,
+// give way before the end of a prompt's prefill (a chunk or a whole
+// prompt after the position before it), where a chat's next turn
+// resumes; equal prefill chunks drop the oldest as before.
 func (c *hybridCache) snapshot() {
 	n := c.Len()
 	if n == 0 {
@@ -193,8 +199,14 @@ func (c *hybridCache) snapshot() {
 	}
 	c.snaps = append(c.snaps, snapshot{n: n, states: append([]deltaState(nil), c.states...)})
 	if len(c.snaps) > maxSnapshots {
-		old := c.snaps[0]
-		c.snaps = c.snaps[1:]
+		drop, gap := 0, c.snaps[0].n
+		for i := 1; i < len(c.snaps)-1; i++ {
+			if g := c.snaps[i].n - c.snaps[i-1].n; g < gap {
+				drop, gap = i, g
+			}
+		}
+		old := c.snaps[drop]
+		c.snaps = append(c.snaps[:drop], c.snaps[drop+1:]...)
 		for i, s := range old.states {
 			c.release(s, i)
 		}
