@@ -799,9 +799,9 @@ const readerLoadMin = 4 << 20
 // weights depends on the pages behind them. Copied into plain 4 KiB pages
 // (mlx_array_new_data) the same weight ran 5-12 % slower or faster from one
 // allocation to the next in one process, whichever loader made it; huge
-// pages gave every weight the fast end (docs/BENCHMARKS.md, "8B-shaped f32
-// stack"). Weights are read whole on every step, so the 2 MiB granularity
-// costs nothing.
+// pages gave every weight the fast end (docs/BENCHMARKS.md, "Weight pages:
+// the 8B-shaped f32 gap"). Weights are read whole on every step, so the
+// 2 MiB granularity costs nothing.
 func (b *backend) loadViaReader(data []byte, shape []int, dt engine.DType) *array {
 	hdr := safetensorsHeader(shape, dt, len(data))
 	var advised C.int
