@@ -78,9 +78,10 @@ def dot(bits, vnni=False):
 def unpack(bits):
     name=f"q{bits}i16unpack8AVX"
     step = 16 if bits==4 else 32
-    L=[f"// func {name}(words *uint32, wstride, nblk int, dst *int16)", f"TEXT ·{name}(SB), NOSPLIT, $0-32",
+    L=[f"// func {name}(words *uint32, wstride, nblk int, dst *int16, ahead int)", f"TEXT ·{name}(SB), NOSPLIT, $0-40",
        "\tMOVQ words+0(FP), DI", "\tMOVQ wstride+8(FP), R9", "\tMOVQ nblk+16(FP), CX", "\tMOVQ dst+24(FP), SI",
-       "\tLEAQ (DI)(R9*4), BX", "\tLEAQ (R9)(R9*2), R12", "\tVPBROADCASTD iqnib<>(SB), Y13", f"{name}loop:"]
+       "\tMOVQ ahead+32(FP), R10", "\tLEAQ (DI)(R9*4), BX", "\tLEAQ (R9)(R9*2), R12", "\tVPBROADCASTD iqnib<>(SB), Y13",
+       f"{name}loop:"] + prefetchAhead()
     for r,a in enumerate(addrs):
         if bits==4:
             L += [f"\tVMOVDQU {a}, X8", "\tVPSRLW $4, X8, X9", "\tVPAND X13, X8, X8", "\tVPAND X13, X9, X9",
@@ -114,9 +115,9 @@ def gemm(vnni=False):
     return "\n".join(L)
 
 def prefetchAhead():
-    """The wide unpackings' prefetch: the same block of the eight rows
-    ahead bytes further on (the next sixteen rows' group), so that its
-    words are on their way while the gemm runs over this group's."""
+    """The unpackings' prefetch: the same block of the eight rows ahead
+    bytes further on (the next group's rows), so that its words are on
+    their way while the gemm runs over this group's."""
     return ["\tLEAQ (DI)(R10*1), R11", "\tPREFETCHT0 (R11)", "\tPREFETCHT0 (R11)(R9*1)", "\tPREFETCHT0 (R11)(R9*2)",
             "\tPREFETCHT0 (R11)(R12*1)", "\tLEAQ (BX)(R10*1), R11", "\tPREFETCHT0 (R11)", "\tPREFETCHT0 (R11)(R9*1)",
             "\tPREFETCHT0 (R11)(R9*2)", "\tPREFETCHT0 (R11)(R12*1)"]
@@ -131,15 +132,11 @@ def unpackT(bits, wide=False):
     name=f"q{bits}i16unpack8T{'W' if wide else ''}AVX"
     ps, bs = (64, 1024) if wide else (32, 512)
     step = 16 if bits==4 else 32
-    if wide:
-        L=[f"// func {name}(words *uint32, wstride, nblk int, dst *int16, ahead int)", f"TEXT ·{name}(SB), NOSPLIT, $0-40",
-           "\tMOVQ ahead+32(FP), R10"]
-    else:
-        L=[f"// func {name}(words *uint32, wstride, nblk int, dst *int16)", f"TEXT ·{name}(SB), NOSPLIT, $0-32"]
-    L+=["\tMOVQ words+0(FP), DI", "\tMOVQ wstride+8(FP), R9", "\tMOVQ nblk+16(FP), CX", "\tMOVQ dst+24(FP), SI",
+    L=[f"// func {name}(words *uint32, wstride, nblk int, dst *int16, ahead int)", f"TEXT ·{name}(SB), NOSPLIT, $0-40",
+       "\tMOVQ ahead+32(FP), R10",
+       "\tMOVQ words+0(FP), DI", "\tMOVQ wstride+8(FP), R9", "\tMOVQ nblk+16(FP), CX", "\tMOVQ dst+24(FP), SI",
        "\tLEAQ (DI)(R9*4), BX", "\tLEAQ (R9)(R9*2), R12", "\tVPBROADCASTD iqnib<>(SB), Y13", f"{name}loop:"]
-    if wide:
-        L += prefetchAhead()
+    L += prefetchAhead()
     for h in range(2):
         for r,a in enumerate(addrs):
             if bits==4:

@@ -397,19 +397,22 @@ func (b *Backend) iqRows(out []float32, a *iqActs, L int, w *weight, lo, hi int,
 		w16 := buf[:iqUnpackFloats(w)]
 		w8 := (*int16)(unsafe.Pointer(&w16[0]))
 		p.w8, p.ldo = w8, 4*N
+		// The unpacking prefetches the next group's words (past the
+		// weight's end for its last group: harmless).
+		ahead := 8 * p.wstride
 		if b.vnni {
 			if w.bits == 4 {
-				q4i16unpack8TAVX(p.words, p.wstride, nb, w8)
+				q4i16unpack8TAVX(p.words, p.wstride, nb, w8, ahead)
 			} else {
-				q8i16unpack8TAVX(p.words, p.wstride, nb, w8)
+				q8i16unpack8TAVX(p.words, p.wstride, nb, w8, ahead)
 			}
 			iqGemmT(&p, a, L, K, N, j, out)
 			continue
 		}
 		if w.bits == 4 {
-			q4i16unpack8AVX(p.words, p.wstride, nb, w8)
+			q4i16unpack8AVX(p.words, p.wstride, nb, w8, ahead)
 		} else {
-			q8i16unpack8AVX(p.words, p.wstride, nb, w8)
+			q8i16unpack8AVX(p.words, p.wstride, nb, w8, ahead)
 		}
 		for i0 := 0; i0 < L; i0 += iqGemmTile {
 			p.x, p.m, p.rows, p.out = &a.q[i0*K], &a.m[i0*nb], min(iqGemmTile, L-i0), &out[i0*N+j]

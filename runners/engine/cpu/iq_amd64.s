@@ -1228,16 +1228,27 @@ q8i16dot8VNNIdone:
 	VZEROUPPER
 	RET
 
-// func q4i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16)
-TEXT ·q4i16unpack8AVX(SB), NOSPLIT, $0-32
+// func q4i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16, ahead int)
+TEXT ·q4i16unpack8AVX(SB), NOSPLIT, $0-40
 	MOVQ words+0(FP), DI
 	MOVQ wstride+8(FP), R9
 	MOVQ nblk+16(FP), CX
 	MOVQ dst+24(FP), SI
+	MOVQ ahead+32(FP), R10
 	LEAQ (DI)(R9*4), BX
 	LEAQ (R9)(R9*2), R12
 	VPBROADCASTD iqnib<>(SB), Y13
 q4i16unpack8AVXloop:
+	LEAQ (DI)(R10*1), R11
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R11)(R9*1)
+	PREFETCHT0 (R11)(R9*2)
+	PREFETCHT0 (R11)(R12*1)
+	LEAQ (BX)(R10*1), R11
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R11)(R9*1)
+	PREFETCHT0 (R11)(R9*2)
+	PREFETCHT0 (R11)(R12*1)
 	VMOVDQU (DI), X8
 	VPSRLW $4, X8, X9
 	VPAND X13, X8, X8
@@ -1310,16 +1321,27 @@ q4i16unpack8AVXloop:
 	VZEROUPPER
 	RET
 
-// func q8i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16)
-TEXT ·q8i16unpack8AVX(SB), NOSPLIT, $0-32
+// func q8i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16, ahead int)
+TEXT ·q8i16unpack8AVX(SB), NOSPLIT, $0-40
 	MOVQ words+0(FP), DI
 	MOVQ wstride+8(FP), R9
 	MOVQ nblk+16(FP), CX
 	MOVQ dst+24(FP), SI
+	MOVQ ahead+32(FP), R10
 	LEAQ (DI)(R9*4), BX
 	LEAQ (R9)(R9*2), R12
 	VPBROADCASTD iqnib<>(SB), Y13
 q8i16unpack8AVXloop:
+	LEAQ (DI)(R10*1), R11
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R11)(R9*1)
+	PREFETCHT0 (R11)(R9*2)
+	PREFETCHT0 (R11)(R12*1)
+	LEAQ (BX)(R10*1), R11
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R11)(R9*1)
+	PREFETCHT0 (R11)(R9*2)
+	PREFETCHT0 (R11)(R12*1)
 	VPMOVZXBW (DI), Y8
 	VPMOVZXBW 16(DI), Y9
 	VMOVDQU Y8, 0(SI)
@@ -1360,8 +1382,9 @@ q8i16unpack8AVXloop:
 	VZEROUPPER
 	RET
 
-// func q4i16unpack8TAVX(words *uint32, wstride, nblk int, dst *int16)
-TEXT ·q4i16unpack8TAVX(SB), NOSPLIT, $0-32
+// func q4i16unpack8TAVX(words *uint32, wstride, nblk int, dst *int16, ahead int)
+TEXT ·q4i16unpack8TAVX(SB), NOSPLIT, $0-40
+	MOVQ ahead+32(FP), R10
 	MOVQ words+0(FP), DI
 	MOVQ wstride+8(FP), R9
 	MOVQ nblk+16(FP), CX
@@ -1370,6 +1393,16 @@ TEXT ·q4i16unpack8TAVX(SB), NOSPLIT, $0-32
 	LEAQ (R9)(R9*2), R12
 	VPBROADCASTD iqnib<>(SB), Y13
 q4i16unpack8TAVXloop:
+	LEAQ (DI)(R10*1), R11
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R11)(R9*1)
+	PREFETCHT0 (R11)(R9*2)
+	PREFETCHT0 (R11)(R12*1)
+	LEAQ (BX)(R10*1), R11
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R11)(R9*1)
+	PREFETCHT0 (R11)(R9*2)
+	PREFETCHT0 (R11)(R12*1)
 	VMOVDQU (DI), X0
 	VPAND X13, X0, X0
 	VPMOVZXBW X0, Y0
@@ -1498,8 +1531,9 @@ q4i16unpack8TAVXloop:
 	VZEROUPPER
 	RET
 
-// func q8i16unpack8TAVX(words *uint32, wstride, nblk int, dst *int16)
-TEXT ·q8i16unpack8TAVX(SB), NOSPLIT, $0-32
+// func q8i16unpack8TAVX(words *uint32, wstride, nblk int, dst *int16, ahead int)
+TEXT ·q8i16unpack8TAVX(SB), NOSPLIT, $0-40
+	MOVQ ahead+32(FP), R10
 	MOVQ words+0(FP), DI
 	MOVQ wstride+8(FP), R9
 	MOVQ nblk+16(FP), CX
@@ -1508,6 +1542,16 @@ TEXT ·q8i16unpack8TAVX(SB), NOSPLIT, $0-32
 	LEAQ (R9)(R9*2), R12
 	VPBROADCASTD iqnib<>(SB), Y13
 q8i16unpack8TAVXloop:
+	LEAQ (DI)(R10*1), R11
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R11)(R9*1)
+	PREFETCHT0 (R11)(R9*2)
+	PREFETCHT0 (R11)(R12*1)
+	LEAQ (BX)(R10*1), R11
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R11)(R9*1)
+	PREFETCHT0 (R11)(R9*2)
+	PREFETCHT0 (R11)(R12*1)
 	VPMOVZXBW (DI), Y0
 	VPMOVZXBW (DI)(R9*1), Y1
 	VPMOVZXBW (DI)(R9*2), Y2

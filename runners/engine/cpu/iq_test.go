@@ -487,3 +487,45 @@ func BenchmarkSmallM(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSmallMCold is BenchmarkSmallM's up projection (Q4_1) over 48
+// different weights in turn (24 MB, more than the core's L2), as a model's
+// step meets them, for each set of integer kernels this machine has: what
+// the unpacking's prefetch of the next group's words is worth (cpu-ns/row,
+// the thread's CPU time per input row).
+func BenchmarkSmallMCold(b *testing.B) {
+	r := rand.New(rand.NewPCG(5, 6))
+	const N, K = 1536, 576
+	for _, k := range iqKernels() {
+		if !k.simd || k.zmm != k.vbmi {
+			continue // the Go kernels; the 512-bit gemm without VBMI
+		}
+		be := &Backend{threads: 1, simd: k.simd, vnni: k.vnni, zmm: k.zmm, vbmi: k.vbmi, iq: true}
+		ws := make([]*weight, 48)
+		for i := range ws {
+			lin, _ := iqLinear(be, r, N, K, 4, 32, engine.F16)
+			ws[i] = be.newWeight(lin)
+		}
+		name := map[bool]string{false: "avx2", true: "vnni256"}[k.vnni]
+		if k.zmm {
+			name = "vnni512"
+		}
+		for _, M := range []int{1, 3, 9} {
+			b.Run(fmt.Sprintf("%s/M=%d", name, M), func(b *testing.B) {
+				x, out := randF32(r, M*K), make([]float32, M*N)
+				b.SetBytes(int64(M * N * K))
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				cpu0 := threadCPU()
+				i := 0
+				for b.Loop() {
+					be.matmulT(out, x, M, ws[i%len(ws)])
+					i++
+				}
+				if cpu := threadCPU() - cpu0; cpu0 > 0 {
+					b.ReportMetric(float64(cpu)/float64(b.N*M), "cpu-ns/row")
+				}
+			})
+		}
+	}
+}

@@ -114,15 +114,17 @@ func q8i16dot8AVX(p *iqArgs, res *[8]float32)
 
 // q4i16unpack8AVX writes 4-bit weight rows 0..7 (words, wstride bytes
 // apart) as int16 for i16gemm8AVX: for each of nblk blocks, eight rows of
-// 32 values in nibble order (even elements, then odd ones).
+// 32 values in nibble order (even elements, then odd ones). Every
+// unpacking prefetches the same blocks of the rows ahead bytes further on
+// (the next group's: its words arrive while the gemm runs over these).
 //
 //go:noescape
-func q4i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16)
+func q4i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16, ahead int)
 
 // q8i16unpack8AVX is q4i16unpack8AVX for 8-bit rows (element order).
 //
 //go:noescape
-func q8i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16)
+func q8i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16, ahead int)
 
 // i16gemm8AVX is q4i16dot8AVX for p.rows input rows against eight weight
 // rows unpacked by q4i16unpack8AVX or q8i16unpack8AVX (p.w8), writing each
@@ -156,10 +158,10 @@ func q8i16dot8VNNI(p *iqArgs, res *[8]float32)
 // r (kernel order).
 //
 //go:noescape
-func q4i16unpack8TAVX(words *uint32, wstride, nblk int, dst *int16)
+func q4i16unpack8TAVX(words *uint32, wstride, nblk int, dst *int16, ahead int)
 
 //go:noescape
-func q8i16unpack8TAVX(words *uint32, wstride, nblk int, dst *int16)
+func q8i16unpack8TAVX(words *uint32, wstride, nblk int, dst *int16, ahead int)
 
 // i16gemm8x1VNNI … i16gemm8x8VNNI compute exactly what i16gemm8AVX does
 // for 1 … 8 input rows (p.rows is not read) against eight weight rows
@@ -197,9 +199,7 @@ func hasVNNI512() bool { return hasVNNI() && cpu.X86.HasAVX512F }
 // q4i16unpack8TWAVX and q8i16unpack8TWAVX are the T variants for the
 // 512-bit gemm: the same 32-byte pair registers, 64 bytes apart (pair j of
 // the block at 64j, blocks 1024 bytes apart), so that a second call 32
-// bytes further on fills in eight more rows. They prefetch the same blocks
-// of the rows ahead bytes further on (the next group's: its words arrive
-// while the gemm runs; the one-row kernels prefetch likewise).
+// bytes further on fills in eight more rows.
 //
 //go:noescape
 func q4i16unpack8TWAVX(words *uint32, wstride, nblk int, dst *int16, ahead int)

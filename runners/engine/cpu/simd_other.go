@@ -74,11 +74,11 @@ func q4i16dot8AVX(p *iqArgs, res *[8]float32) { panic("cpu: no SIMD kernels on t
 
 func q8i16dot8AVX(p *iqArgs, res *[8]float32) { panic("cpu: no SIMD kernels on this platform") }
 
-func q4i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16) {
+func q4i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16, ahead int) {
 	panic("cpu: no SIMD kernels on this platform")
 }
 
-func q8i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16) {
+func q8i16unpack8AVX(words *uint32, wstride, nblk int, dst *int16, ahead int) {
 	panic("cpu: no SIMD kernels on this platform")
 }
 
@@ -94,11 +94,11 @@ func q4i16dot8VNNI(p *iqArgs, res *[8]float32) { panic("cpu: no SIMD kernels on 
 
 func q8i16dot8VNNI(p *iqArgs, res *[8]float32) { panic("cpu: no SIMD kernels on this platform") }
 
-func q4i16unpack8TAVX(words *uint32, wstride, nblk int, dst *int16) {
+func q4i16unpack8TAVX(words *uint32, wstride, nblk int, dst *int16, ahead int) {
 	panic("cpu: no SIMD kernels on this platform")
 }
 
-func q8i16unpack8TAVX(words *uint32, wstride, nblk int, dst *int16) {
+func q8i16unpack8TAVX(words *uint32, wstride, nblk int, dst *int16, ahead int) {
 	panic("cpu: no SIMD kernels on this platform")
 }
 
