@@ -752,6 +752,7 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 			s.soloDropped.Add(int64(solo.dropped))
 		}()
 	}
+	timePlain := true // the next plain step of a speculating generation is serial (see below)
 	for {
 		var pk Picked
 		if out.picked != nil {
@@ -797,19 +798,26 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 			break
 		}
 		// plain is a step of tok alone: overlapped where it can be (last:
-		// the overlap queues nothing after it), else serial.
-		plain := func(last bool) (stepOut, error) {
+		// the overlap queues nothing after it) unless serial, else serial.
+		plain := func(last, serial bool) (stepOut, error) {
 			// the steps this generation may still take, this one
 			// included: an overlap queues none past them
 			left := maxNew - res.CompletionTokens
 			if s.info.MaxPositions > 0 {
 				left = min(left, s.info.MaxPositions-len(entry.tokens)-1)
 			}
-			if o, ok, oerr := solo.one(ctx, picker, entry.cache, tok, left, last); ok {
-				return o, oerr
+			if !serial {
+				if o, ok, oerr := solo.one(ctx, picker, entry.cache, tok, left, last); ok {
+					return o, oerr
+				}
 			}
 			if mem != nil {
 				mem.left, mem.last = left, last
+				if serial && mem.dev != nil {
+					dev := mem.dev
+					mem.dev = nil // not overlappable: the batch steps serially
+					defer func() { mem.dev = dev }()
+				}
 			}
 			return s.decodeStep(ctx, mem, pm, entry.cache, tok)
 		}
@@ -823,6 +831,7 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 			entry.cache.Truncate(len(entry.tokens)) // the rejected drafts
 		}
 		if sp != nil && sp.pending() && sp.settle(tok) {
+			timePlain = true
 			// tok, picked by the overlapped step that followed the held
 			// draft's place, is its first token: the rest are verified
 			// after it (the overlap was drained, nothing is in flight).
@@ -862,18 +871,23 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 				// verified next with nothing in flight dropped. A draft of
 				// one costs no forward at all.
 				sp.hold()
-				out, err = plain(len(d) > 1)
+				out, err = plain(len(d) > 1, false)
 			case (d != nil || len(pre) > 0) && s.batchVerify(mem):
 				// One forward of the batch verifies the drafts beside the
 				// other members' steps.
-				out, stepped = stepOut{}, false
+				out, stepped, timePlain = stepOut{}, false, true
 				out.logits, err = s.verifyBatched(ctx, mem, sp, entry.cache, pre, tok)
 			case d != nil || len(pre) > 0:
-				out, stepped = stepOut{}, false
+				out, stepped, timePlain = stepOut{}, false, true
 				solo.stop() // nothing in flight on the cache it verifies on
 				out.logits, err = s.verifyStep(ctx, mem, sp, entry.cache, pre, tok)
 			default:
-				out, err = plain(false)
+				// The plain step after a verification (or the first) is
+				// serial: the cost model's plain step time (overlapped
+				// steps are untimed: overlapRun.step), paired with the
+				// verification before it; the following ones overlap.
+				out, err = plain(false, timePlain)
+				timePlain = false
 			}
 			switch {
 			case err != nil || !stepped:
@@ -883,7 +897,7 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 				sp.observePlain(out.stat, mem != nil, time.Since(t1))
 			}
 		} else {
-			out, err = plain(false)
+			out, err = plain(false, false)
 		}
 		if err != nil {
 			return res, fmt.Errorf("decode step %d: %w", res.CompletionTokens, err)

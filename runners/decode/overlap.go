@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
 	"github.com/exo-pd/exo-pd/runners/sample"
@@ -37,12 +36,7 @@ func overlapping(m Model) bool {
 
 // newOverlapRun is m's overlapped decode.
 func newOverlapRun(m overlapStarter, log *slog.Logger) *overlapRun {
-	eager := true
-	if bm, ok := m.(interface{ Backend() engine.Backend }); ok {
-		_, async := bm.Backend().(engine.AsyncEvaler)
-		eager = !async
-	}
-	return &overlapRun{m: m, log: log, eager: eager}
+	return &overlapRun{m: m, log: log}
 }
 
 // overlappable returns the generation's Picker when its tokens may be
@@ -74,11 +68,7 @@ func overlappable(p *Picker, pm PickingModel) *Picker {
 type overlapRun struct {
 	m   overlapStarter
 	log *slog.Logger
-	// eager: the backend computes a step when it is queued (no
-	// engine.AsyncEvaler: the cpu backend, in tests), which step's
-	// timing of an overlap's first step allows for.
-	eager bool
-	req   stepReq // one's request, reused
+	req stepReq // one's request, reused
 
 	mu   sync.Mutex
 	o    *engine.Overlap
@@ -112,15 +102,15 @@ type ovRow struct {
 // returns false (the overlap stopped) for the serial step. A request with
 // last set drains the overlap (engine.Overlap.Drain): its step is the
 // last, nothing is queued after it. The stat returned (seqs 0 after an
-// error) is the step's for the batch's cost model; only the first step of
-// an overlap is timed, as a serial step would be: on an asynchronous
-// backend StartOverlap queues it and the first Next queues the second
-// while the device computes the first, then waits for the first (≈ the
-// graph's building plus the forward, what a serial step takes); on an
-// eager one (tests) StartOverlap computes it alone. Later steps are
-// untimed (stepStat.untimed): their forward ran while the host handled
-// the step before, so their time is not comparable with a serial step's,
-// which the verifications a speculating member weighs are.
+// error) is the step's for the batch's cost model: untimed
+// (stepStat.untimed), since an overlapped step's forward runs while the
+// host handles the step before, so its time is not comparable with a
+// serial step's, which the verifications a speculating member weighs
+// are; nor is an overlap's first step's (its Next queues the second
+// step, and on MLX's CPU device read 0.05–1.0 of a step for an extra
+// position where serial steps read 0.77). A speculating generation's
+// plain step after a verification is serial instead (Server.generate),
+// and times the plain step.
 func (v *overlapRun) step(batch []*stepReq) (stepStat, bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -130,16 +120,10 @@ func (v *overlapRun) step(batch []*stepReq) (stepStat, bool) {
 	}
 	ctx := context.Background()
 	st := stepStat{seqs: len(batch), positions: len(batch), untimed: true}
-	var t0 time.Time
 	if !v.matches(batch) {
 		v.stopLocked()
-		t0 = time.Now()
 		if !v.start(ctx, batch) {
 			return stepStat{}, false
-		}
-		st.untimed = false
-		if v.eager {
-			st.took = time.Since(t0)
 		}
 	}
 	if slices.ContainsFunc(batch, func(r *stepReq) bool { return r.last }) {
@@ -147,9 +131,6 @@ func (v *overlapRun) step(batch []*stepReq) (stepStat, bool) {
 	}
 	v.read = append(v.read[:0], v.rows...)
 	toks, err := v.o.Next(ctx)
-	if !st.untimed && !v.eager {
-		st.took = time.Since(t0)
-	}
 	failed := false
 	if err != nil {
 		v.stopLocked()

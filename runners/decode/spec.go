@@ -415,8 +415,7 @@ func (sp *speculator) record(st stepStat, rows int) {
 // extra verified position look almost free and drafted where it could
 // not pay.
 //
-// An overlapped step is counted untimed but for its overlap's first,
-// timed as a serial step would be (see overlapRun.step): b.took.
+// An overlapped step is counted untimed (see overlapRun.step).
 func (sp *speculator) observePlain(b stepStat, batched bool, waited time.Duration) {
 	st := stepStat{took: waited, seqs: 1, positions: 1, wall: waited}
 	switch {
@@ -424,8 +423,6 @@ func (sp *speculator) observePlain(b stepStat, batched bool, waited time.Duratio
 		st = stepStat{seqs: 1, positions: 1, untimed: true}
 	case batched && b.took > 0:
 		st.took = b.took / time.Duration(max(b.positions, b.seqs, 1))
-	case b.took > 0:
-		st.took = b.took
 	}
 	sp.record(st, 1)
 }
