@@ -73,66 +73,83 @@ func TestBatchedDecodeEqualsAlone(t *testing.T) {
 			vocab := min(m.Info().Vocab, 500)
 			for B := 1; B <= 5; B++ {
 				t.Run(fmt.Sprintf("B=%d", B), func(t *testing.T) {
-					alone, batch := make([]engine.KVCache, B), make([]engine.KVCache, B)
-					next := make([]int32, B)
+					prompts := make([][]int32, B)
 					for i := range B {
 						p := make([]int32, 5+4*i)
 						for j := range p {
 							p[j] = int32(10 + (7*j+13*i+3)%(vocab-10))
 						}
-						alone[i], batch[i] = m.NewCache(), m.NewCache()
-						defer alone[i].Free()
-						defer batch[i].Free()
-						lg, err := m.Forward(ctx, alone[i], p)
-						if err != nil {
-							t.Fatal(err)
-						}
-						if _, err := m.Forward(ctx, batch[i], p); err != nil {
-							t.Fatal(err)
-						}
-						next[i] = int32(argmax(lg))
+						prompts[i] = p
 					}
-					for step := range 5 {
-						got, err := m.ForwardBatch(ctx, batch, next)
-						if err != nil {
-							t.Fatal(err)
-						}
-						for i, c := range alone {
-							want, err := m.Forward(ctx, c, next[i:i+1])
-							if err != nil {
-								t.Fatal(err)
-							}
-							if !slices.Equal(got[i], want) {
-								t.Fatalf("step %d sequence %d: batched logits differ from its own step's", step, i)
-							}
-							next[i] = int32(argmax(want))
-						}
-					}
-					for i := range alone {
-						if alone[i].Len() != batch[i].Len() {
-							t.Fatalf("sequence %d: %d cached positions batched, %d alone", i, batch[i].Len(), alone[i].Len())
-						}
-						for l := range m.Info().Layers {
-							n := alone[i].Len()
-							start := engine.WindowStart(alone[i].Geometry().Window(l), n)
-							k1, v1, err1 := alone[i].Export(l, start, n-start)
-							k2, v2, err2 := batch[i].Export(l, start, n-start)
-							if err1 != nil || err2 != nil {
-								// A recurrent layer holds no positions.
-								if (err1 == nil) != (err2 == nil) {
-									t.Fatalf("sequence %d layer %d: export %v vs %v", i, l, err1, err2)
-								}
-								continue
-							}
-							if string(k1) != string(k2) || string(v1) != string(v2) {
-								t.Fatalf("sequence %d layer %d: KV differs", i, l)
-							}
-						}
-					}
+					batchEqualsAlone(t, m, prompts, 5)
 				})
 			}
 		})
 	}
+}
+
+// batchEqualsAlone prefills each prompt into two caches, then runs steps
+// batched decode steps (ForwardBatch) on one set and the same tokens one
+// sequence at a time (Forward) on the other, and fails unless the logits
+// and the cached KV (the window each layer keeps; a recurrent layer holds
+// none) are bit for bit the same. It returns the batched caches, freed when
+// the test ends.
+func batchEqualsAlone(t *testing.T, m *engine.Model, prompts [][]int32, steps int) []engine.KVCache {
+	t.Helper()
+	ctx := context.Background()
+	alone, batch := make([]engine.KVCache, len(prompts)), make([]engine.KVCache, len(prompts))
+	next := make([]int32, len(prompts))
+	for i, p := range prompts {
+		alone[i], batch[i] = m.NewCache(), m.NewCache()
+		t.Cleanup(alone[i].Free)
+		t.Cleanup(batch[i].Free)
+		lg, err := m.Forward(ctx, alone[i], p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Forward(ctx, batch[i], p); err != nil {
+			t.Fatal(err)
+		}
+		next[i] = int32(argmax(lg))
+	}
+	for step := range steps {
+		got, err := m.ForwardBatch(ctx, batch, next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range alone {
+			want, err := m.Forward(ctx, c, next[i:i+1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got[i], want) {
+				t.Fatalf("step %d sequence %d: batched logits differ from its own step's", step, i)
+			}
+			next[i] = int32(argmax(want))
+		}
+	}
+	for i := range alone {
+		if alone[i].Len() != batch[i].Len() {
+			t.Fatalf("sequence %d: %d cached positions batched, %d alone", i, batch[i].Len(), alone[i].Len())
+		}
+		for l := range m.Info().Layers {
+			n := alone[i].Len()
+			start := engine.WindowStart(alone[i].Geometry().Window(l), n)
+			k1, v1, err1 := alone[i].Export(l, start, n-start)
+			k2, v2, err2 := batch[i].Export(l, start, n-start)
+			if err1 != nil || err2 != nil {
+				// A recurrent layer holds no positions.
+				if (err1 == nil) != (err2 == nil) {
+					t.Fatalf("sequence %d layer %d: export %v vs %v", i, l, err1, err2)
+				}
+				continue
+			}
+			if string(k1) != string(k2) || string(v1) != string(v2) {
+				t.Fatalf("sequence %d layer %d: KV differs", i, l)
+			}
+		}
+	}
+	return batch
 }
 
 // countingBackend counts the batched attention ops the model calls.

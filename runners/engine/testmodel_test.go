@@ -165,45 +165,7 @@ func TestForwardBatchEqualsForward(t *testing.T) {
 	} {
 		t.Run(spec.Arch, func(t *testing.T) {
 			m := writeAndLoad(t, b, spec)
-			var alone, batch []engine.KVCache
-			next := make([]int32, len(prompts))
-			for i, p := range prompts {
-				a, c := m.NewCache(), m.NewCache()
-				lg, err := m.Forward(ctx, a, p)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, err := m.Forward(ctx, c, p); err != nil {
-					t.Fatal(err)
-				}
-				alone, batch = append(alone, a), append(batch, c)
-				next[i] = int32(argmax(lg))
-			}
-			for step := range 6 {
-				got, err := m.ForwardBatch(ctx, batch, next)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for i, c := range alone {
-					want, err := m.Forward(ctx, c, next[i:i+1])
-					if err != nil {
-						t.Fatal(err)
-					}
-					if !slices.Equal(got[i], want) {
-						t.Fatalf("step %d sequence %d: batched logits differ from Forward's", step, i)
-					}
-					next[i] = int32(argmax(want))
-				}
-			}
-			for i := range alone {
-				for l := range m.Info().Layers {
-					k1, v1, _ := alone[i].Export(l, 0, alone[i].Len())
-					k2, v2, _ := batch[i].Export(l, 0, batch[i].Len())
-					if string(k1) != string(k2) || string(v1) != string(v2) {
-						t.Fatalf("sequence %d layer %d: KV differs", i, l)
-					}
-				}
-			}
+			batch := batchEqualsAlone(t, m, prompts, 6)
 			// Bad calls change nothing.
 			lens := []int{batch[0].Len(), batch[1].Len()}
 			for _, bad := range []struct {
