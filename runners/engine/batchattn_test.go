@@ -21,18 +21,6 @@ func batchAttnModels() []struct {
 	name string
 	dir  func(t *testing.T) string
 } {
-	gen := func(spec testmodel.Spec) func(t *testing.T) string {
-		return func(t *testing.T) string {
-			dir := filepath.Join(t.TempDir(), "m")
-			if err := testmodel.Write(dir, spec); err != nil {
-				t.Fatal(err)
-			}
-			return dir
-		}
-	}
-	ref := func(name string) func(*testing.T) string {
-		return func(*testing.T) string { return filepath.Join("testdata", "reference", name) }
-	}
 	return []struct {
 		name string
 		dir  func(t *testing.T) string
@@ -150,6 +138,16 @@ func batchEqualsAlone(t *testing.T, m *engine.Model, prompts [][]int32, steps in
 		}
 	}
 	return batch
+}
+
+// gen and ref name a model directory made when a subtest asks for it:
+// one testmodel writes, or one of testdata/reference's models.
+func gen(spec testmodel.Spec) func(t *testing.T) string {
+	return func(t *testing.T) string { return testmodel.Dir(t, spec) }
+}
+
+func ref(name string) func(*testing.T) string {
+	return func(*testing.T) string { return filepath.Join("testdata", "reference", name) }
 }
 
 // countingBackend counts the batched attention ops the model calls.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"path/filepath"
 	"testing"
 	"unsafe"
 
@@ -68,18 +67,6 @@ func TestSpeculativeRollbackEqualsRecompute(t *testing.T) {
 	type model struct {
 		name string
 		dir  func(t *testing.T) string
-	}
-	gen := func(spec testmodel.Spec) func(t *testing.T) string {
-		return func(t *testing.T) string {
-			dir := filepath.Join(t.TempDir(), "m")
-			if err := testmodel.Write(dir, spec); err != nil {
-				t.Fatal(err)
-			}
-			return dir
-		}
-	}
-	ref := func(name string) func(*testing.T) string {
-		return func(*testing.T) string { return filepath.Join("testdata", "reference", name) }
 	}
 	for _, mc := range []model{
 		{"gemma3", gen(testmodel.Spec{Arch: "gemma3", Seed: 3, Layers: 3})},

@@ -26,13 +26,7 @@ import (
 func TestBatchAttentionSlabMLX(t *testing.T) {
 	b := newTestBackend(t)
 	ctx := context.Background()
-	gen := func(spec testmodel.Spec) string {
-		dir := filepath.Join(t.TempDir(), spec.Arch)
-		if err := testmodel.Write(dir, spec); err != nil {
-			t.Fatal(err)
-		}
-		return dir
-	}
+	gen := func(spec testmodel.Spec) string { return testmodel.Dir(t, spec) }
 	for _, mc := range []struct {
 		name string
 		dir  string

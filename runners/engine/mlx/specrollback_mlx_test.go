@@ -23,13 +23,7 @@ import (
 func TestSpeculativeRollbackMatchesRecompute(t *testing.T) {
 	b := newTestBackend(t)
 	ctx := context.Background()
-	gen := func(spec testmodel.Spec) string {
-		dir := filepath.Join(t.TempDir(), spec.Arch)
-		if err := testmodel.Write(dir, spec); err != nil {
-			t.Fatal(err)
-		}
-		return dir
-	}
+	gen := func(spec testmodel.Spec) string { return testmodel.Dir(t, spec) }
 	for _, c := range []struct{ name, dir string }{
 		{"mistral", gen(testmodel.Spec{Arch: "mistral", Seed: 3, SlidingWindow: 8})},
 		{"gemma3", gen(testmodel.Spec{Arch: "gemma3", Seed: 3, Layers: 3})},

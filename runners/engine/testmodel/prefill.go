@@ -1,6 +1,7 @@
 package testmodel
 
 import (
+	"path/filepath"
 	"testing"
 
 	"github.com/exo-pd/exo-pd/runners/engine"
@@ -27,4 +28,15 @@ func LocalPrefill(t testing.TB, m *engine.Model, tokens []int32, chunk int) engi
 		t.Fatal(err)
 	}
 	return ref
+}
+
+// Dir writes the model of spec into a fresh directory under t's TempDir
+// and returns it, failing t when it cannot.
+func Dir(t testing.TB, spec Spec) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "m")
+	if err := Write(dir, spec); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
