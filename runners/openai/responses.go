@@ -23,21 +23,21 @@ import (
 
 // ResponsesRequest is the body of POST /v1/responses.
 type ResponsesRequest struct {
-	Model              string              `json:"model"`
-	Input              ResponsesInput      `json:"input"`
-	Instructions       *string             `json:"instructions,omitempty"`
-	MaxOutputTokens    *int                `json:"max_output_tokens,omitempty"`
-	Temperature        *float64            `json:"temperature,omitempty"`
-	TopP               *float64            `json:"top_p,omitempty"`
-	Stream             bool                `json:"stream,omitempty"`
-	Store              *bool               `json:"store,omitempty"`
-	Metadata           json.RawMessage     `json:"metadata,omitempty"`
-	User               string              `json:"user,omitempty"`
-	ParallelToolCalls  *bool               `json:"parallel_tool_calls,omitempty"`
-	ToolChoice         *ToolChoice         `json:"tool_choice,omitempty"`
-	Tools              List[ResponsesTool] `json:"tools,omitempty"`
-	Text               *ResponsesText      `json:"text,omitempty"`
-	PreviousResponseID *string             `json:"previous_response_id,omitempty"`
+	Model              string               `json:"model"`
+	Input              ResponsesInput       `json:"input"`
+	Instructions       *string              `json:"instructions,omitempty"`
+	MaxOutputTokens    *int                 `json:"max_output_tokens,omitempty"`
+	Temperature        *float64             `json:"temperature,omitempty"`
+	TopP               *float64             `json:"top_p,omitempty"`
+	Stream             bool                 `json:"stream,omitempty"`
+	Store              *bool                `json:"store,omitempty"`
+	Metadata           json.RawMessage      `json:"metadata,omitempty"`
+	User               string               `json:"user,omitempty"`
+	ParallelToolCalls  *bool                `json:"parallel_tool_calls,omitempty"`
+	ToolChoice         *ResponsesToolChoice `json:"tool_choice,omitempty"`
+	Tools              List[ResponsesTool]  `json:"tools,omitempty"`
+	Text               *ResponsesText       `json:"text,omitempty"`
+	PreviousResponseID *string              `json:"previous_response_id,omitempty"`
 	// Truncation and Include are taken at their defaults only ("disabled",
 	// empty); other values are refused by name.
 	Truncation *string      `json:"truncation,omitempty"`
@@ -253,7 +253,7 @@ func (h *Handler) convertResponses(r *ResponsesRequest) (*gen.Request, *Error) {
 			cr.ResponseFormat.JSONSchema = &JSONSchemaFormat{Name: f.Name, Description: f.Description, Schema: f.Schema, Strict: f.Strict}
 		}
 	}
-	cr.ToolChoice, cr.ParallelToolCalls = r.ToolChoice, r.ParallelToolCalls
+	cr.ToolChoice, cr.ParallelToolCalls = (*ToolChoice)(r.ToolChoice), r.ParallelToolCalls
 	cr.MaxTokens, cr.Temperature, cr.TopP, cr.Stream = r.MaxOutputTokens, r.Temperature, r.TopP, r.Stream
 	cr.Speculative, cr.DisableRemotePrefill = r.Speculative, r.DisableRemotePrefill
 	v := h.validator()
@@ -315,7 +315,7 @@ type ResponseObject struct {
 	ParallelToolCalls bool               `json:"parallel_tool_calls"`
 	Temperature       float64            `json:"temperature"`
 	TopP              float64            `json:"top_p"`
-	ToolChoice        string             `json:"tool_choice"`
+	ToolChoice        any                `json:"tool_choice"`
 	Tools             []any              `json:"tools"`
 	Text              map[string]any     `json:"text"`
 	Store             bool               `json:"store"`
@@ -391,6 +391,40 @@ type ResponsesUsage struct {
 	TotalTokens         int            `json:"total_tokens"`
 }
 
+// ResponsesToolChoice is /v1/responses' "tool_choice": "auto", "none",
+// "required" or a forced function named flat, {"type":"function","name":…}
+// (chat's nested {"function":{"name":…}} is not this API's shape).
+type ResponsesToolChoice ToolChoice
+
+// JSONKind implements JSONKinder.
+func (ResponsesToolChoice) JSONKind() string {
+	return `"auto", "none", "required" or {"type":"function","name":…}`
+}
+
+// UnmarshalJSON accepts "auto" | "none" | "required" | {"type":"function","name":…}.
+func (t *ResponsesToolChoice) UnmarshalJSON(b []byte) error {
+	var s string
+	if json.Unmarshal(b, &s) == nil {
+		switch s {
+		case "auto", "none", "required":
+			*t = ResponsesToolChoice{Mode: s}
+			return nil
+		}
+	}
+	var o map[string]json.RawMessage
+	var name string
+	if json.Unmarshal(b, &o) != nil || len(o) != 2 || string(o["type"]) != `"function"` ||
+		json.Unmarshal(o["name"], &name) != nil || name == "" {
+		te := typeError(b, reflect.TypeFor[ResponsesToolChoice]())
+		if s != "" {
+			te.Value = fmt.Sprintf("string %q", s)
+		}
+		return te
+	}
+	*t = ResponsesToolChoice{Mode: "function", Name: name}
+	return nil
+}
+
 func (h *Handler) responseObject(id string, r *ResponsesRequest, g *gen.Request, status string) ResponseObject {
 	meta := r.Metadata
 	if len(meta) == 0 {
@@ -403,6 +437,12 @@ func (h *Handler) responseObject(id string, r *ResponsesRequest, g *gen.Request,
 		Reasoning: map[string]any{"effort": nil, "summary": nil}, ServiceTier: "default"}
 	if r.ParallelToolCalls != nil {
 		o.ParallelToolCalls = *r.ParallelToolCalls
+	}
+	if c := r.ToolChoice; c != nil {
+		o.ToolChoice = c.Mode
+		if c.Mode == "function" {
+			o.ToolChoice = map[string]string{"type": "function", "name": c.Name}
+		}
 	}
 	if r.User != "" {
 		u := r.User

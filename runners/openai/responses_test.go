@@ -335,3 +335,46 @@ func TestSDKResponsesOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestResponsesForcedToolChoice: the Responses API names a forced function
+// flat ({"type":"function","name":…}, not chat's nested "function" object);
+// it reaches the generation request and the response echoes the choice as
+// it was given. Chat's nested form is a 400 naming tool_choice there.
+func TestResponsesForcedToolChoice(t *testing.T) {
+	h := &Handler{Served: []string{"tiny"}, AcceptTools: true}
+	tools := `"tools":[{"type":"function","name":"get_weather","parameters":{"type":"object"}}],"input":"Weather?"`
+	for _, c := range []struct {
+		choice, mode, name, echo string
+	}{
+		{`{"type":"function","name":"get_weather"}`, "function", "get_weather", `{"name":"get_weather","type":"function"}`},
+		{`"required"`, "required", "", `"required"`},
+		{`"none"`, "none", "", `"none"`},
+		{``, "", "", `"auto"`},
+	} {
+		body := `{"model":"tiny",` + tools
+		if c.choice != "" {
+			body += `,"tool_choice":` + c.choice
+		}
+		body += `}`
+		var r ResponsesRequest
+		if e := decodeJSON([]byte(body), &r, responsesShape); e != nil {
+			t.Fatalf("%s: %v", c.choice, e)
+		}
+		g, e := h.convertResponses(&r)
+		if e != nil {
+			t.Fatalf("%s: %v", c.choice, e)
+		}
+		if c.mode != "" && (g.ToolChoice == nil || g.ToolChoice.Mode != c.mode || g.ToolChoice.Name != c.name) {
+			t.Fatalf("%s: tool choice %+v", c.choice, g.ToolChoice)
+		}
+		echo, err := json.Marshal(h.responseObject("resp_1", &r, g, "completed").ToolChoice)
+		if err != nil || string(echo) != c.echo {
+			t.Fatalf("%s: echoed %s (%v), want %s", c.choice, echo, err, c.echo)
+		}
+	}
+	var r ResponsesRequest
+	body := `{"model":"tiny",` + tools + `,"tool_choice":{"type":"function","function":{"name":"get_weather"}}}`
+	if e := decodeJSON([]byte(body), &r, responsesShape); e == nil || e.Param != "tool_choice" {
+		t.Fatalf("chat's nested form on /v1/responses: %v", e)
+	}
+}
