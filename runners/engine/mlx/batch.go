@@ -31,11 +31,13 @@ import (
 // memory (slabPays).
 
 // RoPERows rotates x [N, H, Dh] with row n at positions[n]. On the CPU
-// device (compiled rotation) the tables of the rows' positions are the
-// ones RoPE uses for each position alone, stacked [N, 1, dims/2], so
-// every row is RoPE's bit for bit; elsewhere (a GPU) it is MLX's rope with
-// one offset per row (mlx_fast_rope_dynamic, as mlx-lm's batched caches
-// rotate), and row by row where mlx-c lacks it.
+// device (compiled rotation) and up to maxRopeTabs rows, the tables of the
+// rows' positions are the ones RoPE uses for each position alone, stacked
+// [N, 1, dims/2], so every row is RoPE's bit for bit. Elsewhere (a GPU, or
+// more rows than the table cache holds) it is MLX's rope with one offset
+// per row (mlx_fast_rope_dynamic, as mlx-lm's batched caches rotate):
+// equal to RoPE within float rounding, not bit for bit. Row by row where
+// mlx-c lacks it.
 func (b *backend) RoPERows(x engine.Array, positions []int, r *engine.RoPE) engine.Array {
 	pos, rp := slices.Clone(positions), *r
 	return b.op(func() *array {
