@@ -353,7 +353,7 @@ func TestBoundedJoin(t *testing.T) {
 	}
 	lost := make(chan struct{})
 	close(lost)
-	if _, err := boundedJoin(hang, time.Hour, lost); err == nil || !strings.Contains(err.Error(), "link dropped") {
+	if _, err := boundedJoin(hang, time.Hour, lost); !errors.Is(err, errRankLost) {
 		t.Fatalf("lost rank: %v", err)
 	}
 	if g, err := boundedJoin(func() (int, error) { return 7, nil }, time.Hour, nil); g != 7 || err != nil {
