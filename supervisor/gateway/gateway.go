@@ -338,9 +338,12 @@ func (g *Gateway) Handler() http.Handler {
 			return
 		}
 		// No route for this method: the methods that have one on this
-		// path make it a 405 with Allow, none a 404; said in JSON.
+		// path make it a 405 with Allow, none a 404; said in JSON. Every
+		// method net/http names is asked, so a route added later with
+		// another method is listed without a change here.
 		var allow []string
-		for _, m := range []string{http.MethodDelete, http.MethodGet, http.MethodHead, http.MethodPost} {
+		for _, m := range []string{http.MethodDelete, http.MethodGet, http.MethodHead, http.MethodOptions,
+			http.MethodPatch, http.MethodPost, http.MethodPut} {
 			other := *r // a shallow copy: only the method differs
 			other.Method = m
 			if _, p := mux.Handler(&other); p != "" {
