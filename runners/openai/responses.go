@@ -1,10 +1,13 @@
 package openai
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/exo-pd/exo-pd/runners/gen"
@@ -136,6 +139,14 @@ var responsesShape = withFields(reflect.TypeFor[ResponsesRequest](), Shape{
 	"text":  {"format": {"type": nil, "name": nil, "description": nil, "schema": nil, "strict": nil}},
 })
 
+// responsesItemFields are the fields each input item type takes (type
+// itself, id and status on all).
+var responsesItemFields = map[string][]string{
+	"message":              {"type", "id", "status", "role", "content"},
+	"function_call":        {"type", "id", "status", "call_id", "name", "arguments"},
+	"function_call_output": {"type", "id", "status", "call_id", "output"},
+}
+
 // responsesItemTypes refuses input items and parts other than messages and
 // text by their type, before their other keys are checked.
 func responsesItemTypes(body []byte, tools bool) *Error {
@@ -149,12 +160,21 @@ func responsesItemTypes(body []byte, tools bool) *Error {
 		Type    string          `json:"type"`
 		Content json.RawMessage `json:"content"`
 	}
-	if json.Unmarshal(loose.Input, &items) != nil {
+	var fields []map[string]json.RawMessage
+	if json.Unmarshal(loose.Input, &items) != nil || json.Unmarshal(loose.Input, &fields) != nil {
 		return nil
 	}
 	for i, it := range items {
 		if it.Type != "" && it.Type != "message" && !(tools && (it.Type == "function_call" || it.Type == "function_call_output")) {
 			return Errorf(fmt.Sprintf("input[%d].type", i), "input[%d].type %q is not supported by this server yet (message items only)", i, it.Type)
+		}
+		// ResponsesItem is every item type's fields together: one of
+		// another type is refused by name, not dropped.
+		own := responsesItemFields[cmp.Or(it.Type, "message")]
+		for _, f := range slices.Sorted(maps.Keys(fields[i])) {
+			if _, union := responsesShape["input"][f]; union && !slices.Contains(own, f) {
+				return Errorf(fmt.Sprintf("input[%d].%s", i, f), "input[%d].%s is not a field of a %s item", i, f, cmp.Or(it.Type, "message"))
+			}
 		}
 		var parts []struct {
 			Type string `json:"type"`

@@ -378,3 +378,30 @@ func TestResponsesForcedToolChoice(t *testing.T) {
 		t.Fatalf("chat's nested form on /v1/responses: %v", e)
 	}
 }
+
+// TestResponsesItemFieldsBelongToTheirType: an input item carrying a field
+// of another item type (content on a function_call_output, output or
+// call_id on a message, arguments on an output) is a 400 naming it, not
+// dropped; each type's own fields pass.
+func TestResponsesItemFieldsBelongToTheirType(t *testing.T) {
+	for _, c := range []struct{ item, param string }{
+		{`{"role":"user","content":"hi","id":"m1","status":"completed"}`, ""},
+		{`{"type":"message","role":"user","content":"hi"}`, ""},
+		{`{"type":"function_call","call_id":"c","name":"f","arguments":"{}","id":"fc1","status":"completed"}`, ""},
+		{`{"type":"function_call_output","call_id":"c","output":"o"}`, ""},
+		{`{"type":"function_call_output","call_id":"c","output":"o","content":"x"}`, "input[0].content"},
+		{`{"type":"function_call_output","call_id":"c","output":"o","arguments":"{}"}`, "input[0].arguments"},
+		{`{"type":"function_call","call_id":"c","name":"f","arguments":"{}","role":"assistant"}`, "input[0].role"},
+		{`{"role":"user","content":"hi","call_id":"c"}`, "input[0].call_id"},
+		{`{"type":"message","role":"user","content":"hi","output":"o"}`, "input[0].output"},
+	} {
+		body := `{"model":"tiny","input":[` + c.item + `]}`
+		e := responsesItemTypes([]byte(body), true)
+		switch {
+		case c.param == "" && e != nil:
+			t.Errorf("%s: %v", c.item, e)
+		case c.param != "" && (e == nil || e.Param != c.param):
+			t.Errorf("%s: got %v, want a 400 naming %s", c.item, e, c.param)
+		}
+	}
+}
