@@ -863,7 +863,7 @@ func (s *Server) generate(ctx context.Context, req *gen.Request, em gen.Emitter,
 				pre = entry.tokens[min(entry.cache.Len(), len(entry.tokens)):]
 			}
 			switch {
-			case d != nil && ahead && len(pre) == 0:
+			case d != nil && ahead: // pre is empty: it is read only when not ahead
 				// The overlap's step in flight, fed with tok, picks the
 				// token the draft's first one guesses: the draft is held
 				// (settled with that token) and, when more tokens follow,
